@@ -1,0 +1,40 @@
+"""simwar: a discrete-event simulator of LLM-serving overlap scheduling.
+
+Public API (imported lazily so that ``simwar.program``, ``simwar.trace`` and
+``simwar.harness`` load on a machine with only the standard library and torch):
+
+- ``load_config(path_or_dict, overrides=None) -> Config``
+- ``build_program(config) -> Program``
+- ``simulate(config) -> Result`` (``.steps``, ``.summary``, ``.trace``, ``.races``)
+- ``sweep(spec) -> DataFrame``
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "load_config": ("simwar.config", "load_config"),
+    "Config": ("simwar.config", "Config"),
+    "ConfigError": ("simwar.config", "ConfigError"),
+    "build_program": ("simwar.builder", "build_program"),
+    "simulate": ("simwar.api", "simulate"),
+    "Result": ("simwar.api", "Result"),
+    "Program": ("simwar.program", "Program"),
+    "Trace": ("simwar.trace", "Trace"),
+    "analyze": ("simwar.metrics", "analyze"),
+    "sweep": ("simwar.sweep", "sweep"),
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'simwar' has no attribute {name!r}")

@@ -1,0 +1,257 @@
+"""Config → Program, following SGLang's overlap loop (DESIGN.md, reference §(b)).
+
+One scheduler iteration ``k`` issues, in order:
+
+1. ``[loop_top]`` the WAR barrier for forward k-1 (before #31687);
+2. ingest (CPU), schedule (CPU);
+3. ``[host_sync, loop_top]`` the legacy DFLASH ``verify_done.synchronize()``
+   at the start of prepare; prepare (CPU); the shared-buffer writes for step k
+   on the schedule stream, or on the plan stream (``plan.wait_stream(schedule)``,
+   writes, ``schedule.wait_stream(plan)``);
+4. ``run_batch``: ``[needs_cpu_seq_lens]`` host block on forward k-1's
+   FutureMap publish; ``forward.wait_stream(schedule)``; each phase
+   (dispatch CPU, ``load_batch`` kernels, graph launch with in-graph prep and
+   body, read-done record per the publish rule); the FutureMap publish record;
+   the result copy (``copy.wait_stream(forward)``, D2H, ``copy_done[k]``);
+5. ``[after_launch]`` the WAR barrier for forward k;
+6. process the result of step k-1: ``copy_done[k-1].synchronize()``, CPU
+   work, result-processing writes (radix insert, frees) on the schedule stream.
+
+A final drain processes the last result. Durations are drawn per step from
+one generator seeded by ``config.seed``. Imports: numpy, no simpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .config import Config, Dist, Phase, load_config
+from .policies import PublishPoint, effective_barrier, publish_point
+from .program import (
+    CpuWork,
+    GraphLaunch,
+    GraphRecord,
+    HostOp,
+    Kernel,
+    Launch,
+    Marker,
+    Program,
+    Record,
+    StepMarker,
+    Synchronize,
+    WaitEvent,
+    WaitStream,
+)
+
+
+class _Sampler:
+    """Draws durations; constants never touch the generator."""
+
+    def __init__(self, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, d) -> float:
+        if not isinstance(d, Dist):
+            return d
+        rng = self.rng
+        if d.dist == "normal":
+            x = rng.normal(d.mean, d.std)
+        elif d.dist == "lognormal":
+            # parameters of the distribution itself: mean and std of the samples
+            var = np.log1p((d.std / d.mean) ** 2)
+            x = rng.lognormal(np.log(d.mean) - var / 2, np.sqrt(var))
+        elif d.dist == "uniform":
+            x = rng.uniform(d.low, d.high)
+        else:
+            x = d.values[int(rng.integers(len(d.values)))]
+        return float(max(d.min, x))
+
+
+def build_program(cfg: Config | dict | str | None) -> Program:
+    cfg = load_config(cfg)
+    return _Builder(cfg).build()
+
+
+class _Builder:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.phases: list[Phase] = cfg.phase_table()
+        pol = cfg.policy
+        self.point: PublishPoint = publish_point(self.phases, pol.publish_phase,
+                                                 pol.external_events, pol.in_replay_fallback)
+        self.barrier = effective_barrier(pol.barrier, self.point)
+        self.draw = _Sampler(cfg.seed)
+        self.ops: list[HostOp] = []
+        self.writes = tuple(cfg.gpu.writes)
+        # the step-k event each barrier kind waits/syncs on
+        self.read_done: dict[int, str] = {}
+
+    # ---- host API calls, with their costs drawn per call
+    def _cost(self, d) -> float:
+        return self.draw(d) + self.draw(self.cfg.costs.host_call_us)
+
+    def launch(self, stream: str, label: str, dur, step: int, phase: str = "",
+               reads=(), writes=()) -> None:
+        k = Kernel(label, self.draw(dur), tuple(reads), tuple(writes), phase)
+        self.ops.append(Launch(stream, k, step, self._cost(self.cfg.costs.launch_us)))
+
+    def record(self, event: str, stream: str, step: int) -> None:
+        self.ops.append(Record(event, stream, step, self._cost(self.cfg.costs.event_record_us)))
+
+    def wait_event(self, stream: str, event: str, step: int) -> None:
+        c = self.cfg.costs
+        self.ops.append(WaitEvent(stream, event, step, self._cost(c.wait_event_us),
+                                  self.draw(c.cross_stream_us)))
+
+    def wait_stream(self, stream: str, other: str, step: int) -> None:
+        c = self.cfg.costs
+        self.ops.append(WaitStream(stream, other, step, self._cost(c.wait_stream_us),
+                                   self.draw(c.cross_stream_us)))
+
+    def sync(self, event: str, step: int, site: str) -> None:
+        c = self.cfg.costs
+        self.ops.append(Synchronize(event, step, site, self._cost(c.sync_us),
+                                    self.draw(c.sync_wake_us)))
+
+    def cpu(self, label: str, dur, step: int) -> None:
+        d = self.draw(dur)
+        if d > 0:
+            self.ops.append(CpuWork(label, d, step))
+
+    # ---- the loop
+    def build(self) -> Program:
+        cfg = self.cfg
+        for k in range(cfg.steps):
+            self.iteration(k)
+        self.drain(cfg.steps)
+        p = self.point
+        meta = {
+            "name": cfg.name, "seed": cfg.seed, "steps": cfg.steps,
+            "warmup_steps": cfg.warmup_steps, "algorithm": cfg.algorithm,
+            "batch_size": cfg.batch_size, "accept_tokens": cfg.accept.tokens,
+            "barrier": cfg.policy.barrier, "barrier_effective": self.barrier,
+            "placement": cfg.policy.placement, "publish_phase": p.phase,
+            "publish_position": p.position, "publish_reason": p.reason,
+            "forward_stream": "forward",
+        }
+        return Program(ops=self.ops, meta=meta)
+
+    def iteration(self, k: int) -> None:
+        cfg, pol = self.cfg, self.cfg.policy
+        self.ops.append(StepMarker(k))
+        if pol.placement == "loop_top" and k > 0 and self.barrier != "host_sync":
+            self.war_barrier(k - 1)
+        self.cpu("ingest", cfg.cpu.ingest_us, k)
+        self.cpu("schedule", cfg.cpu.schedule_us, k)
+        if self.barrier == "host_sync" and pol.placement == "loop_top" and k > 0:
+            self.sync(self.read_done[k - 1], k, "verify_done")
+        self.cpu("prepare", cfg.cpu.prepare_us, k)
+        self.schedule_writes(k)
+        self.run_batch(k)
+        if pol.placement == "after_launch":
+            self.war_barrier(k)
+        if k > 0:
+            self.process_result(k - 1, k)
+
+    def drain(self, k: int) -> None:
+        self.ops.append(StepMarker(k))
+        self.process_result(k - 1, k)
+
+    def schedule_writes(self, k: int) -> None:
+        gpu = self.cfg.gpu
+        stream = "plan" if self.cfg.policy.plan_stream else "schedule"
+        if stream == "plan":
+            self.wait_stream("plan", "schedule", k)
+        if _positive(gpu.schedule_prep_us):  # schedule-stream work before the write itself
+            self.launch(stream, "schedule_prep", gpu.schedule_prep_us, k)
+        self.launch(stream, "schedule_writes", gpu.schedule_writes_us, k, writes=self.writes)
+        if stream == "plan":
+            self.wait_stream("schedule", "plan", k)
+
+    def run_batch(self, k: int) -> None:
+        cfg, pol = self.cfg, self.cfg.policy
+        self.ops.append(Marker("run_batch", k))
+        if pol.needs_cpu_seq_lens and k > 0:
+            # resolve_seq_lens_cpu: D2H on a private stream gated on k-1's publish, then a host block
+            self.wait_event("d2h", f"publish_ready[{k - 1}]", k)
+            self.launch("d2h", "seq_lens_d2h", cfg.gpu.seq_lens_copy_us, k)
+            self.record(f"seq_lens_d2h[{k}]", "d2h", k)
+            self.sync(f"seq_lens_d2h[{k}]", k, "seq_lens")
+        self.wait_stream("forward", "schedule", k)
+        for i, phase in enumerate(self.phases):
+            self.phase(k, i, phase)
+            if phase.future_publish:
+                self.record(f"publish_ready[{k}]", "forward", k)
+        if self.barrier == "host_sync" and self.point.phase is None:
+            self.record(f"forward_done[{k}]", "forward", k)
+            self.read_done[k] = f"forward_done[{k}]"
+        copy_stream = cfg.gpu.result_copy_stream
+        if copy_stream != "forward":
+            self.wait_stream(copy_stream, "forward", k)
+        self.launch(copy_stream, "result_copy", cfg.gpu.result_copy_us, k)
+        self.record(f"copy_done[{k}]", copy_stream, k)
+
+    def phase(self, k: int, i: int, ph: Phase) -> None:
+        costs = self.cfg.costs
+        publishes = self.point.index == i and self.point.phase is not None
+        pos = self.point.position if publishes else None
+        reads = tuple(ph.reads)
+        name = ph.name
+        self.cpu(f"{name}.dispatch", ph.host_us, k)
+        if _positive(ph.load_batch_us):
+            self.launch("forward", f"{name}.load_batch", ph.load_batch_us, k, name, reads=reads)
+        body_reads = reads if ph.graph == "breakable" else ()
+        if ph.graph == "eager":
+            if pos == "pre_replay":
+                self.publish_record(k)
+            if _positive(ph.prep_us):
+                self.launch("forward", f"{name}.prep", ph.prep_us, k, name, reads=reads)
+            if pos == "in_replay":
+                self.publish_record(k)
+            self.launch("forward", f"{name}.body", ph.body_us, k, name)
+            if pos == "post_replay":
+                self.publish_record(k)
+            return
+        if pos == "pre_replay":
+            self.publish_record(k)
+        nodes: list = []
+        if _positive(ph.prep_us):
+            nodes.append(Kernel(f"{name}.prep", self.draw(ph.prep_us), reads, (), name))
+        if pos == "in_replay" and self.point.in_graph:
+            event = f"{name}.read_done"
+            nodes.append(GraphRecord(event))
+            self.read_done[k] = event
+        nodes.append(Kernel(f"{name}.body", self.draw(ph.body_us), body_reads, (), name))
+        self.ops.append(GraphLaunch("forward", f"{name}.graph", tuple(nodes), k, name,
+                                    self._cost(costs.graph_launch_us)))
+        if pos == "post_replay" or (pos == "in_replay" and not self.point.in_graph):
+            self.publish_record(k)
+
+    def publish_record(self, k: int) -> None:
+        event = f"read_done[{k}]"
+        self.record(event, "forward", k)
+        self.read_done[k] = event
+
+    def war_barrier(self, k: int) -> None:
+        """The WAR barrier for forward k (never blocks the CPU except host_sync)."""
+        if self.barrier == "none":
+            return
+        if self.barrier == "coarse" or (self.barrier == "fine" and k not in self.read_done):
+            self.wait_stream("schedule", "forward", k)
+        elif self.barrier == "fine":
+            self.wait_event("schedule", self.read_done[k], k)
+        elif self.barrier == "host_sync":
+            self.sync(self.read_done[k], k, "barrier")
+
+    def process_result(self, j: int, k: int) -> None:
+        """Iteration k processes the result of step j = k-1."""
+        cfg = self.cfg
+        self.sync(f"copy_done[{j}]", k, "result_copy")
+        self.cpu("process_result", cfg.cpu.process_result_us, k)
+        if _positive(cfg.gpu.result_writes_us):
+            self.launch("schedule", "result_writes", cfg.gpu.result_writes_us, k,
+                        writes=self.writes)
+
+
+def _positive(d) -> bool:
+    return isinstance(d, Dist) or d > 0
