@@ -8,13 +8,25 @@ user can cause is reported as one line on stderr with a non-zero exit.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import sys
 
-#: modules that contribute subcommands (each has ``register(subparsers)``)
-_COMMAND_MODULES: tuple[str, ...] = ()
+#: modules that contribute subcommands: each has ``register(subparsers)``, and may have
+#: ``extend_run(run_parser)`` (extra ``run`` options) and ``after_run(args, result)``.
+_COMMAND_MODULES: tuple[str, ...] = (
+    "simwar.cli_sweep",
+    "simwar.cli_plot",
+    "simwar.cli_harness",
+    "simwar.cli_import",
+)
+
+
+def _command_modules() -> list:
+    import importlib.util
+
+    return [importlib.import_module(n) for n in _COMMAND_MODULES
+            if importlib.util.find_spec(n) is not None]
 
 
 class UserError(Exception):
@@ -48,9 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="simwar", description="Simulate LLM-serving overlap scheduling and its WAR barriers.")
     parser.add_argument("--version", action="version", version=f"simwar {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    register_run(sub)
-    for name in _COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    run_parser = register_run(sub)
+    for mod in _command_modules():
+        mod.register(sub)
+        if hasattr(mod, "extend_run"):
+            mod.extend_run(run_parser)
     return parser
 
 
@@ -67,11 +81,7 @@ def register_run(sub) -> None:
     p.add_argument("--races", type=int, default=5, metavar="N",
                    help="list up to N races in the text summary (default 5)")
     p.set_defaults(func=cmd_run)
-    add_run_outputs(p)
-
-
-def add_run_outputs(p) -> None:
-    """Hook for output options other modules add to ``run`` (trace, timeline)."""
+    return p
 
 
 def costs_overrides(path: str | None) -> dict:
@@ -96,17 +106,14 @@ def cmd_run(args) -> int:
         overrides[key] = value
     cfg = load_config(args.config, overrides)
     result = simulate(cfg)
-    for hook in _RUN_HOOKS:
-        hook(args, result)
+    for mod in _command_modules():
+        if hasattr(mod, "after_run"):
+            mod.after_run(args, result)
     if args.json:
         print(json.dumps(_jsonable(result.summary), sort_keys=True))
     else:
         print(format_summary(result, args.races))
     return 0
-
-
-#: callables (args, result) run after a simulation (e.g. writing a trace file)
-_RUN_HOOKS: list = []
 
 
 def _jsonable(obj):
