@@ -12,8 +12,9 @@ Walking ``trace.ops`` in host issue order:
 Two accesses to the same buffer conflict when at least one writes and they
 run on different lanes. The earlier-issued one must happen-before the later
 one; if not, the pair is a **latent race** (even if this run's timing kept
-them apart). If their device intervals actually intersect, it is also an
-**observed overlap**. Only pairs whose steps differ by at most ``window``
+them apart). If the later-issued access actually started before the earlier
+one ended (it overtook it, wholly or in part), it is also an **observed
+overlap**, of ``earlier end - later start`` µs. Only pairs whose steps differ by at most ``window``
 are compared (a step's buffers are reused by the next steps, not by steps
 far away; the default covers the k / k+1 reuse of the overlap loop).
 
@@ -40,7 +41,7 @@ class Race(NamedTuple):
     second_lane: str
     second_label: str
     latent: bool  # no happens-before path from first to second
-    overlap_us: float  # > 0: the two really overlapped in time
+    overlap_us: float  # > 0: the second started this long before the first ended
 
     @property
     def observed(self) -> bool:
@@ -117,7 +118,7 @@ def detect(trace: Trace, window: int = 2) -> HazardReport:
                     continue
                 la = index[oa.lane]
                 latent = op_clock[a.op_id][la] > vb[la]
-                overlap = min(oa.end_us, ob.end_us) - max(oa.start_us, ob.start_us)
+                overlap = oa.end_us - ob.start_us
                 if not latent and overlap <= 0:
                     continue
                 kind = {("read", "write"): "WAR", ("write", "read"): "RAW"}.get(
