@@ -1,0 +1,499 @@
+"""Sweeps: expand a sweep spec into runs, execute them locally or on Ray, resume, tabulate.
+
+A sweep spec (YAML file or mapping) names a ``base`` config (a path relative to
+the sweep file, or an inline mapping), a ``grid`` of dotted keys whose value
+lists are crossed, an optional ``zip`` of equally long lists advanced
+together, and ``repeats``. Each run is the base with ``--set`` overrides, then
+its grid and zip values, applied as dotted keys (the same rules as
+``simwar run --set``), and the seed ``base seed + repeat``. Seeds depend on the
+repeat only, not on the grid point, so every policy of a repeat sees the same
+random draws (common random numbers): differences between rows come from the
+swept keys, not from sampling noise.
+
+Each run is identified by a *run key*: a hash of the resolved config (seed
+excluded: that is ``config_hash``), the seed and the simwar version. A run's
+summary is written atomically to ``runs/<run key>.json`` as soon as it
+finishes, so a sweep killed at any point loses only the runs in flight, and a
+rerun skips every run whose file exists. The tables ``results.parquet`` and
+``results.csv`` are rebuilt from the run files when all runs are done.
+
+Backends: ``local`` (in-process for one job, else a process pool) and ``ray``
+(tasks on a Ray cluster; results come back to the driver, which writes them).
+Both produce identical rows because rows are always built from the
+JSON-normalised summaries, the form stored in the run files.
+
+Imports: ray only inside the Ray backend; tqdm only when a progress bar is
+asked for. Nothing here prints; a progress bar goes to stderr only when
+``progress=True``.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import copy
+import hashlib
+import itertools
+import json
+import math
+import multiprocessing
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, \
+    model_validator
+
+from . import __version__
+from .config import ConfigError, _first_error, load_config, parse_override, read_yaml
+
+#: columns every result row carries besides the swept keys and the summary metrics
+ID_COLUMNS = ("run_id", "repeat", "seed", "config_hash", "run_key")
+BACKENDS = ("local", "ray")
+RUNS_DIR = "runs"
+_TMP_SUFFIX = ".tmp"
+
+
+# --------------------------------------------------------------------------- the spec
+class SweepSpec(BaseModel):
+    """The sweep file schema. ``base`` is a path (relative to the sweep file) or a mapping."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str | dict
+    grid: dict[str, list] = Field(default_factory=dict)
+    zip: dict[str, list] = Field(default_factory=dict)
+    repeats: int = Field(default=1, ge=1)
+
+    @field_validator("grid")
+    @classmethod
+    def _grid_lists(cls, grid: dict[str, list]) -> dict[str, list]:
+        for key, values in grid.items():
+            _check_key(key)
+            if not values:
+                raise ValueError(f"grid.{key}: expected a non-empty list of values")
+        return grid
+
+    @field_validator("zip")
+    @classmethod
+    def _zip_lists(cls, zipped: dict[str, list]) -> dict[str, list]:
+        for key, values in zipped.items():
+            _check_key(key)
+            if not values:
+                raise ValueError(f"zip.{key}: expected a non-empty list of values")
+        lengths = {key: len(values) for key, values in zipped.items()}
+        if len(set(lengths.values())) > 1:
+            described = ", ".join(f"{k} has {n}" for k, n in lengths.items())
+            raise ValueError(f"zip: lists must all have the same length ({described})")
+        return zipped
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> SweepSpec:
+        both = [k for k in self.zip if k in self.grid]
+        if both:
+            raise ValueError(f"{both[0]}: swept in both grid and zip; keep it in one of them")
+        return self
+
+    @property
+    def swept_keys(self) -> list[str]:
+        return list(self.grid) + list(self.zip)
+
+
+def _check_key(key: str) -> None:
+    if not key or any(not part for part in key.split(".")):
+        raise ValueError(f"'{key}': expected a dotted key such as policy.barrier")
+    if key == "seed":
+        # the seed column is the derived per-repeat seed; sweeping it would hide that
+        raise ValueError("seed: not sweepable; use repeats (seeds are base seed + repeat)")
+    if key in ID_COLUMNS:
+        raise ValueError(f"{key}: reserved for a result column")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One expanded run: its swept values, seed and fully validated config mapping."""
+
+    run_id: int
+    repeat: int
+    seed: int
+    values: dict[str, Any]
+    config: dict
+    config_hash: str
+    run_key: str
+
+
+@dataclass
+class Sweep:
+    """A validated, expanded sweep: the spec, the base mapping it resolved to, and its runs."""
+
+    spec: SweepSpec
+    base: dict
+    runs: list[Run]
+    label: str = "<sweep>"
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def resolved(self) -> dict:
+        """A self-contained sweep mapping (base inlined, overrides applied) that expands the same."""
+        out: dict[str, Any] = {"base": copy.deepcopy(self.base)}
+        if self.spec.grid:
+            out["grid"] = copy.deepcopy(self.spec.grid)
+        if self.spec.zip:
+            out["zip"] = copy.deepcopy(self.spec.zip)
+        out["repeats"] = self.spec.repeats
+        return out
+
+
+def is_sweep_mapping(data: dict) -> bool:
+    """True when a top-level YAML mapping is a sweep rather than a config."""
+    return any(key in data for key in ("base", "grid", "zip", "repeats"))
+
+
+def load_sweep(spec: str | Path | dict | Sweep,
+               overrides: list[str] | dict[str, Any] | None = None) -> Sweep:
+    """Validate and expand a sweep (path, mapping or Sweep); errors are one-line ConfigErrors."""
+    if isinstance(spec, Sweep) and not overrides:
+        return spec
+    if isinstance(spec, Sweep):
+        spec = spec.resolved()
+    if isinstance(spec, dict):
+        label, data, root = "<sweep>", copy.deepcopy(spec), Path.cwd()
+    else:
+        label, data, root = str(spec), read_yaml(spec), Path(spec).parent
+    try:
+        parsed = SweepSpec(**data)
+    except ValidationError as e:
+        message = _first_error(e)
+        if e.errors()[0]["type"] == "extra_forbidden":
+            message += " (a sweep has base, grid, zip, repeats)"
+        raise ConfigError(f"{label}: {message}") from None
+
+    override_items = _override_items(overrides)
+    for key, _ in override_items:
+        if key in parsed.swept_keys:
+            raise ConfigError(f"--set {key}: this key is swept by {label}; "
+                              f"change the sweep file instead")
+    # validate the base with its overrides on its own first, so its errors name the base
+    if isinstance(parsed.base, str):
+        base_path = root / parsed.base
+        if not base_path.exists():
+            raise ConfigError(f"{label}: base: {parsed.base}: file not found "
+                              f"(paths are relative to the sweep file)")
+        base, base_label = read_yaml(base_path), str(base_path)
+        base_config = load_config(base_path, dict(override_items))
+    else:
+        base, base_label = copy.deepcopy(parsed.base), f"{label}: base"
+        try:
+            base_config = load_config(base, dict(override_items))
+        except ConfigError as e:
+            raise ConfigError(f"{base_label}: {str(e).removeprefix('<config>: ')}") from None
+    for key, value in override_items:
+        _set(base, key, value, base_label)
+
+    runs: list[Run] = []
+    for run_id, (repeat, values) in enumerate(_points(parsed)):
+        data = copy.deepcopy(base)
+        for key, value in values.items():
+            _set(data, key, value, label)
+        seed = int(data.get("seed", base_config.seed)) + repeat
+        data["seed"] = seed
+        try:
+            cfg = load_config(data)
+        except ConfigError as e:
+            where = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
+            detail = str(e).removeprefix("<config>: ")
+            raise ConfigError(f"{label}: run {run_id} ({where}): {detail}") from None
+        resolved = cfg.model_dump(mode="json")
+        config_hash = _hash({k: v for k, v in resolved.items() if k != "seed"})
+        run_key = _hash({"config_hash": config_hash, "seed": seed, "version": __version__})
+        runs.append(Run(run_id, repeat, seed, values, resolved, config_hash, run_key))
+    return Sweep(parsed, base, runs, label, dict(override_items))
+
+
+def _override_items(overrides) -> list[tuple[str, Any]]:
+    if not overrides:
+        return []
+    if isinstance(overrides, dict):
+        return list(overrides.items())
+    return [parse_override(item) for item in overrides]
+
+
+def _set(data: dict, key: str, value: Any, label: str) -> None:
+    from .config import set_dotted
+
+    try:
+        set_dotted(data, key, copy.deepcopy(value))
+    except ConfigError as e:
+        raise ConfigError(f"{label}: {e}") from None
+
+
+def _points(spec: SweepSpec) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(repeat, {key: value}) in run-id order: grid outermost, then zip, repeats innermost."""
+    grid_keys = list(spec.grid)
+    zip_rows = [dict(zip(spec.zip, row)) for row in zip(*spec.zip.values())] or [{}]
+    for combo in itertools.product(*spec.grid.values()):
+        for zipped in zip_rows:
+            for repeat in range(spec.repeats):
+                yield repeat, dict(zip(grid_keys, combo)) | zipped
+
+
+def _short(value: Any) -> str:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
+def _hash(obj: Any) -> str:
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- one run
+def run_one(config: dict) -> dict:
+    """Simulate one resolved config and return its JSON-normalised summary.
+
+    Module-level so process pools and Ray can ship it by reference.
+    """
+    from .api import simulate
+
+    return _normalise(simulate(config).summary)
+
+
+def _normalise(obj: Any) -> Any:
+    """The JSON form of a summary: string keys, non-finite floats as None."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _normalise(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_normalise(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return _normalise(obj.item())
+    return obj
+
+
+# --------------------------------------------------------------------------- storage
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    """Write a file so that readers see either the old content or the new, never a torn one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+class RunStore:
+    """``DIR/runs/<run key>.json`` files: one per finished run, written atomically."""
+
+    def __init__(self, out_dir: str | Path):
+        self.out_dir = Path(out_dir)
+        self.runs_dir = self.out_dir / RUNS_DIR
+
+    def path(self, run: Run) -> Path:
+        return self.runs_dir / f"{run.run_key}.json"
+
+    def load(self, run: Run) -> dict | None:
+        """The stored summary of a run, or None if it has not finished (or the file is foreign)."""
+        try:
+            record = json.loads(self.path(run).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        if not isinstance(record, dict) or record.get("run_key") != run.run_key:
+            return None
+        return record.get("summary")
+
+    def save(self, run: Run, summary: dict) -> None:
+        record = {"run_key": run.run_key, "config_hash": run.config_hash, "seed": run.seed,
+                  "simwar_version": __version__, "summary": summary, "config": run.config}
+        payload = json.dumps(record, sort_keys=True, indent=1, allow_nan=False).encode()
+        atomic_write_bytes(self.path(run), payload)
+
+    def remove_stale_temporaries(self) -> None:
+        """Delete half-written temporaries left by a killed sweep (the real files are intact)."""
+        if self.runs_dir.is_dir():
+            for stale in self.runs_dir.glob(f".*{_TMP_SUFFIX}"):
+                with contextlib.suppress(FileNotFoundError):
+                    stale.unlink()
+
+
+def write_tables(frame: pd.DataFrame, out_dir: str | Path) -> None:
+    """``results.parquet`` and ``results.csv``, each written atomically."""
+    out_dir = Path(out_dir)
+    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".tables.") as staging:
+        for name, writer in (("results.parquet", lambda p: frame.to_parquet(p, index=False)),
+                             ("results.csv", lambda p: frame.to_csv(p, index=False))):
+            staged = Path(staging) / name
+            writer(staged)
+            os.replace(staged, out_dir / name)
+
+
+def write_resolved_spec(sweep: Sweep, out_dir: str | Path) -> None:
+    header = (f"# resolved from {sweep.label} by simwar {__version__}: base inlined, "
+              f"--set overrides applied; {len(sweep.runs)} runs\n")
+    body = yaml.safe_dump(sweep.resolved(), sort_keys=False)
+    atomic_write_bytes(Path(out_dir) / "sweep.yaml", (header + body).encode())
+
+
+# --------------------------------------------------------------------------- tables
+def results_frame(sweep: Sweep, summaries: dict[str, dict]) -> pd.DataFrame:
+    """One row per run (in run-id order): swept keys, id columns, every summary metric.
+
+    Non-scalar values (e.g. ``launch_ahead_hist``, a swept distribution) become JSON strings.
+    """
+    rows = []
+    for run in sweep.runs:
+        summary = summaries[run.run_key]
+        row: dict[str, Any] = dict(run.values)
+        row.update(run_id=run.run_id, repeat=run.repeat, seed=run.seed,
+                   config_hash=run.config_hash, run_key=run.run_key)
+        for metric, value in summary.items():
+            if metric in row:  # never let a metric shadow a swept key or an id column
+                metric = f"summary.{metric}"
+            row[metric] = value
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    for column in frame.columns:
+        if frame[column].map(lambda v: isinstance(v, (dict, list))).any():
+            frame[column] = frame[column].map(_as_json_text)
+        elif frame[column].map(lambda v: isinstance(v, str)).any() and \
+                not frame[column].map(lambda v: isinstance(v, str) or v is None).all():
+            # a column mixing strings and numbers cannot go to Parquet as is
+            frame[column] = frame[column].map(_as_json_text)
+    return frame
+
+
+def _as_json_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+# --------------------------------------------------------------------------- execution
+ProgressCallback = Callable[[int], None]
+
+
+def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *, jobs: int = 1,
+          backend: str = "local", ray_address: str | None = None,
+          progress: bool | ProgressCallback = False,
+          overrides: list[str] | dict[str, Any] | None = None) -> pd.DataFrame:
+    """Run a sweep and return one row per run (see :func:`results_frame`).
+
+    ``spec``: a sweep YAML path, a mapping (``base``, ``grid``, ``zip``, ``repeats``) or a
+    :class:`Sweep`. ``out_dir``: where to write ``runs/``, ``sweep.yaml`` and the tables; runs
+    already stored there are not run again. ``jobs``: local worker processes (0: one per
+    core). ``backend``: ``local`` or ``ray`` (``ray_address``: an existing cluster; without
+    it, an already initialised Ray is used, else a local one is started and stopped).
+    ``progress``: True for a tqdm bar on stderr, or a callable given the number of newly
+    finished runs. ``overrides``: ``--set``-style overrides applied to the base.
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend: '{backend}' is not one of {', '.join(BACKENDS)}")
+    if jobs < 0:
+        raise ConfigError(f"jobs: expected 0 (one per core) or a positive number, got {jobs}")
+    jobs = jobs or os.cpu_count() or 1
+    plan = load_sweep(spec, overrides)
+    store = RunStore(out_dir) if out_dir is not None else None
+    summaries: dict[str, dict] = {}
+    if store is not None:
+        store.out_dir.mkdir(parents=True, exist_ok=True)
+        store.remove_stale_temporaries()
+        write_resolved_spec(plan, store.out_dir)
+        for run in plan.runs:
+            stored = store.load(run)
+            if stored is not None:
+                summaries[run.run_key] = stored
+    # identical configs (same run key) are simulated once
+    pending = list({run.run_key: run for run in plan.runs if run.run_key not in summaries}
+                   .values())
+
+    with _progress_reporter(progress, total=len({r.run_key for r in plan.runs}),
+                            initial=len(summaries)) as advance:
+        execute = _execute_ray if backend == "ray" else _execute_local
+        for run, summary in execute(pending, jobs=jobs, ray_address=ray_address):
+            summaries[run.run_key] = summary
+            if store is not None:
+                store.save(run, summary)
+            advance(1)
+
+    frame = results_frame(plan, summaries)
+    if store is not None:
+        write_tables(frame, store.out_dir)
+    return frame
+
+
+@contextlib.contextmanager
+def _progress_reporter(progress: bool | ProgressCallback, total: int,
+                       initial: int) -> Iterator[ProgressCallback]:
+    if callable(progress):
+        yield progress
+    elif progress:
+        import sys
+
+        from tqdm import tqdm
+
+        with tqdm(total=total, initial=initial, unit="run", file=sys.stderr,
+                  dynamic_ncols=True, smoothing=0.1) as bar:
+            yield bar.update
+    else:
+        yield lambda n: None
+
+
+def _execute_local(runs: list[Run], *, jobs: int, ray_address: str | None
+                   ) -> Iterable[tuple[Run, dict]]:
+    if jobs == 1 or len(runs) <= 1:
+        for run in runs:
+            yield run, run_one(run.config)
+        return
+    # forkserver: workers start from a clean process that has simwar's simulator imported,
+    # avoiding both fork-with-threads hazards and a full import per task
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["simwar.api"])
+    executor = concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(runs)),
+                                                      mp_context=context)
+    try:
+        futures = {executor.submit(run_one, run.config): run for run in runs}
+        for future in concurrent.futures.as_completed(futures):
+            yield futures[future], future.result()
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _execute_ray(runs: list[Run], *, jobs: int, ray_address: str | None
+                 ) -> Iterable[tuple[Run, dict]]:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("backend ray: Ray is not installed (pip install 'simwar[ray]')") \
+            from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    try:
+        remote_run = ray.remote(num_cpus=1)(run_one)
+        refs = {remote_run.remote(run.config): run for run in runs}
+        waiting = list(refs)
+        try:
+            while waiting:
+                done, waiting = ray.wait(waiting, num_returns=1)
+                for ref in done:
+                    yield refs[ref], ray.get(ref)
+        finally:
+            # interrupted (or a run failed): do not leave work queued on a shared cluster
+            for ref in waiting:
+                ray.cancel(ref)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+__all__ = ["ID_COLUMNS", "Run", "RunStore", "Sweep", "SweepSpec", "atomic_write_bytes",
+           "is_sweep_mapping", "load_sweep", "results_frame", "run_one", "sweep", "write_tables"]
