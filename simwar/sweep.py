@@ -38,6 +38,7 @@ import json
 import math
 import multiprocessing
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -414,10 +415,11 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
     pending = list({run.run_key: run for run in plan.runs if run.run_key not in summaries}
                    .values())
 
-    with _progress_reporter(progress, total=len({r.run_key for r in plan.runs}),
-                            initial=len(summaries)) as advance:
-        execute = _execute_ray if backend == "ray" else _execute_local
-        for run, summary in execute(pending, jobs=jobs, ray_address=ray_address):
+    # the backend starts (worker processes fork) before the progress bar starts its thread
+    with _backend(backend, jobs=jobs, pending=len(pending), ray_address=ray_address) as execute, \
+            _progress_reporter(progress, total=len({r.run_key for r in plan.runs}),
+                               initial=len(summaries)) as advance:
+        for run, summary in execute(pending):
             summaries[run.run_key] = summary
             if store is not None:
                 store.save(run, summary)
@@ -435,8 +437,6 @@ def _progress_reporter(progress: bool | ProgressCallback, total: int,
     if callable(progress):
         yield progress
     elif progress:
-        import sys
-
         from tqdm import tqdm
 
         with tqdm(total=total, initial=initial, unit="run", file=sys.stderr,
@@ -446,28 +446,58 @@ def _progress_reporter(progress: bool | ProgressCallback, total: int,
         yield lambda n: None
 
 
-def _execute_local(runs: list[Run], *, jobs: int, ray_address: str | None
-                   ) -> Iterable[tuple[Run, dict]]:
-    if jobs == 1 or len(runs) <= 1:
-        for run in runs:
-            yield run, run_one(run.config)
-        return
-    # forkserver: workers start from a clean process that has simwar's simulator imported,
-    # avoiding both fork-with-threads hazards and a full import per task
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["simwar.api"])
-    executor = concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(runs)),
-                                                      mp_context=context)
-    try:
+Executor = Callable[[list[Run]], Iterable[tuple[Run, dict]]]
+
+
+@contextlib.contextmanager
+def _backend(name: str, *, jobs: int, pending: int, ray_address: str | None
+             ) -> Iterator[Executor]:
+    """An executor of runs (yielding ``(run, summary)`` as each finishes), torn down on exit."""
+    if name == "ray":
+        with _ray_backend(ray_address) as execute:
+            yield execute
+    elif jobs == 1 or pending <= 1:
+        yield lambda runs: ((run, run_one(run.config)) for run in runs)
+    else:
+        with _process_pool(min(jobs, pending)) as execute:
+            yield execute
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    # fork on Linux: workers inherit the imported simulator and never re-import the caller's
+    # __main__ (stdin, notebooks and unguarded scripts all work); elsewhere fork is unsafe
+    # (macOS) or missing, and the platform default (spawn) needs the usual __main__ guard
+    if sys.platform.startswith("linux"):
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context()
+
+
+@contextlib.contextmanager
+def _process_pool(workers: int) -> Iterator[Executor]:
+    from . import api  # noqa: F401  (imported once here, inherited by forked workers)
+
+    executor = concurrent.futures.ProcessPoolExecutor(max_workers=workers,
+                                                      mp_context=_pool_context())
+    # start every worker now, while this process has no other threads
+    executor.submit(os.getpid).result()
+
+    def execute(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
         futures = {executor.submit(run_one, run.config): run for run in runs}
-        for future in concurrent.futures.as_completed(futures):
-            yield futures[future], future.result()
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                yield futures[future], future.result()
+        finally:
+            for future in futures:
+                future.cancel()
+
+    try:
+        yield execute
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _execute_ray(runs: list[Run], *, jobs: int, ray_address: str | None
-                 ) -> Iterable[tuple[Run, dict]]:
+@contextlib.contextmanager
+def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
     try:
         import ray
     except ImportError:
@@ -477,8 +507,9 @@ def _execute_ray(runs: list[Run], *, jobs: int, ray_address: str | None
     if started_here:
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
-    try:
-        remote_run = ray.remote(num_cpus=1)(run_one)
+    remote_run = ray.remote(num_cpus=1)(run_one)
+
+    def execute(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
         refs = {remote_run.remote(run.config): run for run in runs}
         waiting = list(refs)
         try:
@@ -487,9 +518,12 @@ def _execute_ray(runs: list[Run], *, jobs: int, ray_address: str | None
                 for ref in done:
                     yield refs[ref], ray.get(ref)
         finally:
-            # interrupted (or a run failed): do not leave work queued on a shared cluster
+            # interrupted (or a run failed): leave no work queued on a shared cluster
             for ref in waiting:
                 ray.cancel(ref)
+
+    try:
+        yield execute
     finally:
         if started_here:
             ray.shutdown()
