@@ -1,0 +1,139 @@
+"""A deterministic stream backend on a virtual clock, for testing the harness without a GPU.
+
+It implements the replay's :class:`~simwar.harness.replay.Backend` with the
+CUDA rules of DESIGN.md resolved eagerly at each host call (which is exact:
+every operation's inputs — its stream's tail and the record a wait bound to —
+are known when it is issued): streams are FIFO, a record fires at its
+stream's tail or its issue time, a wait holds its stream until the bound
+record fired (plus ``cross_stream_us`` across streams), a synchronize returns
+at once or at the firing plus ``sync_wake_us``. Each host call costs the
+``costs`` entry of its kind (config names: ``launch_us``, ``graph_launch_us``,
+``event_record_us``, ``wait_event_us``, ``wait_stream_us``, ``sync_us``);
+timing points cost nothing. Buffers keep their write history, so each read
+snapshot is the stamp of the latest write that *started* before the read
+*ended* — the simulator's definition of an observed overlap.
+
+With costs equal to a program's ``host_us`` the fake reproduces the SimPy
+engine's timeline, which is what the CPU tests check.
+
+Imports: the standard library only.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from .plan import GraphStep, KernelStep, ReplayPlan
+
+
+class FakeBackend:
+    def __init__(self, costs: dict | None = None, *, sync_wake_us: float = 0.0,
+                 cross_stream_us: float = 0.0):
+        self.costs = dict(costs or {})
+        self.sync_wake_us = sync_wake_us
+        self.cross_stream_us = cross_stream_us
+
+    # ---- lifecycle
+    def setup(self, plan: ReplayPlan) -> None:
+        self.plan = plan
+        self.now = 0.0
+        self.tail: dict[str, float] = {}
+        self.points = [float("nan")] * plan.timing_points
+        self.events: dict[tuple, tuple[float, str]] = {}
+        self.writes: list[list[tuple[float, int]]] = [[] for _ in plan.buffers]
+        self.read_at: dict[int, tuple[int, float]] = {}
+        self.calls: list[str] = []  # the call log, for tests
+
+    def info(self) -> dict:
+        return {"backend": "fake"}
+
+    def finish(self) -> tuple[list[float], list[int]]:
+        snaps = [0] * self.plan.snapshot_slots
+        for slot, (buf, t) in self.read_at.items():
+            hist = self.writes[buf]
+            # latest write that started strictly before the read ended (issue order breaks ties)
+            i = bisect.bisect_left(hist, (t, -1))
+            snaps[slot] = hist[i - 1][1] if i else 0
+        return self.points, snaps
+
+    # ---- host clock
+    def clock_us(self) -> float:
+        return self.now
+
+    def busy_until(self, t_us: float) -> float:
+        self.now = max(self.now, t_us)
+        return self.now
+
+    def _call(self, kind: str, name: str) -> float:
+        self.now += self.costs.get(kind, 0.0)
+        self.calls.append(name)
+        return self.now
+
+    # ---- device work
+    def _run(self, stream: str, ready: float, duration: float, writes, reads) -> float:
+        start = max(self.tail.get(stream, 0.0), ready)
+        for buf, stamp in writes:
+            bisect.insort(self.writes[buf], (start, stamp))
+        end = start + duration
+        for buf, slot in reads:
+            self.read_at[slot] = (buf, end)
+        self.tail[stream] = end
+        return end
+
+    def kernel(self, step: KernelStep) -> float:
+        ready = self._call("launch_us", f"launch {step.stream} {step.kernel.label}")
+        self._run(step.stream, ready, step.kernel.duration_us,
+                  [(w.buffer, w.stamp) for w in step.writes],
+                  [(r.buffer, r.slot) for r in step.reads])
+        return ready
+
+    def graph_launch(self, step: GraphStep) -> float:
+        ready = self._call("graph_launch_us", f"graph {step.stream} {step.graph}")
+        arrays = self.plan.stamp_arrays
+        for node in self.plan.graphs[step.graph].nodes:
+            if node.kernel is None:
+                t = max(self.tail.get(step.stream, 0.0), ready)
+                self.events[("graph", step.graph, node.event)] = (t, step.stream)
+                continue
+            self._run(step.stream, ready, node.kernel.duration_us,
+                      [(w.buffer, arrays[w.stamp][step.launch]) for w in node.writes],
+                      [(r.buffer, r.slot + step.launch) for r in node.reads])
+        return ready
+
+    def record_point(self, point: int, stream: str) -> None:
+        t = max(self.tail.get(stream, 0.0), self.now)
+        self.points[point] = t
+        self.tail[stream] = t
+
+    def record(self, event: str, stream: str) -> None:
+        ready = self._call("event_record_us", f"record {event} {stream}")
+        t = max(self.tail.get(stream, 0.0), ready)
+        self.events[("host", event)] = (t, stream)
+        self.tail[stream] = t
+
+    def _hold(self, stream: str, ready: float, fired: float, lane: str) -> None:
+        reach = max(self.tail.get(stream, 0.0), ready)
+        release = fired + (self.cross_stream_us if lane != stream else 0.0)
+        self.tail[stream] = max(reach, release)
+
+    def wait_event(self, stream: str, key: tuple | None) -> None:
+        ready = self._call("wait_event_us", f"wait_event {stream} {key and key[-1]}")
+        if key is None:
+            return
+        fired, lane = self.events[key]
+        self._hold(stream, ready, fired, lane)
+
+    def wait_stream(self, stream: str, other: str) -> None:
+        ready = self._call("wait_stream_us", f"wait_stream {stream} {other}")
+        fired = max(self.tail.get(other, 0.0), ready)
+        self.tail[other] = fired
+        self._hold(stream, ready, fired, other)
+
+    def synchronize(self, key: tuple | None) -> None:
+        t1 = self._call("sync_us", f"synchronize {key and key[-1]}")
+        if key is None:
+            return
+        fired, _ = self.events[key]
+        if fired > t1:
+            t1 = fired + self.sync_wake_us
+        self.now = t1

@@ -1,0 +1,294 @@
+"""Replay a plan on a stream backend and assemble the measured Trace.
+
+:func:`replay` walks a :class:`~simwar.harness.plan.ReplayPlan` and makes the
+host calls, in program order, on a *backend* (the real one in
+``simwar.harness.cuda``, a deterministic one in ``simwar.harness.fake``). It
+keeps one host clock: every host op's span runs from the end of the previous
+op to the end of its own call, so the loop's own overhead is charged to the
+calls (as the simulator charges ``host_us``), and CPU work busy-waits up to an
+absolute deadline. Device times come back from the backend's timing points,
+already on that host clock.
+
+:func:`assemble` turns what was measured into a :class:`~simwar.trace.Trace`
+in the simulator's schema:
+
+- eager kernels and graph launches span from their start point (or the host
+  time the launch reached the driver, if later: a starved stream cannot start
+  a kernel before it is launched) to their end point;
+- nodes inside a graph are placed by interpolating the graph's measured span
+  with the nodes' nominal durations (a captured graph cannot be timed per
+  node from the host);
+- records fire at their stream's tail or their issue time, whichever is
+  later; a stream wait spans from reaching the wait to its bound record's
+  firing; syncs are host spans (``blocked``, with their ``site``);
+- every read's snapshot is checked against the stamp it should have seen:
+  a mismatch is a **measured race** (``meta.measured_races``).
+
+Per-call host costs and device latencies seen in the run are summarised in
+``meta.host_costs`` for calibration.
+
+Imports: the standard library and simwar's stdlib-only modules.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Protocol
+
+from ..program import (
+    CpuWork,
+    Kernel,
+    Marker,
+    Record,
+    StepMarker,
+    Synchronize,
+    WaitEvent,
+    WaitStream,
+)
+from ..trace import HOST, Access, Op, Span, Trace
+from ..trace import Marker as TraceMarker
+from .plan import GraphStep, KernelStep, ReplayPlan
+
+#: host-cost kinds, named as the config's ``costs.*`` keys they calibrate
+COST_KINDS = ("launch_us", "graph_launch_us", "event_record_us", "wait_event_us",
+              "wait_stream_us", "sync_us")
+
+
+class Backend(Protocol):
+    """What the replay needs from a stream implementation.
+
+    Event keys are ``("host", name)`` for host-recorded events and
+    ``("graph", graph, name)`` for in-graph record nodes.
+    """
+
+    def setup(self, plan: ReplayPlan) -> None: ...
+    def clock_us(self) -> float: ...
+    def busy_until(self, t_us: float) -> float: ...
+    def kernel(self, step: KernelStep) -> float: ...  # returns host time after its first call
+    def graph_launch(self, step: GraphStep) -> float: ...
+    def record_point(self, point: int, stream: str) -> None: ...
+    def record(self, event: str, stream: str) -> None: ...
+    def wait_event(self, stream: str, key: tuple | None) -> None: ...  # None: never recorded
+    def wait_stream(self, stream: str, other: str) -> None: ...
+    def synchronize(self, key: tuple | None) -> None: ...
+    def finish(self) -> tuple[list[float], list[int]]: ...  # point times (host µs), snapshots
+    def info(self) -> dict: ...
+
+
+def replay(plan: ReplayPlan, backend: Backend) -> Trace:
+    """Run ``plan`` on ``backend``; return the measured Trace."""
+    backend.setup(plan)
+    steps = plan.steps
+    n = len(steps)
+    t0 = [0.0] * n
+    t1 = [0.0] * n
+    first = [0.0] * n
+    recorded = [False] * plan.timing_points
+    bound: dict[str, tuple] = {}  # event name -> key of its latest record
+    bound_at_issue: list[tuple | None] = [None] * n
+    clock = backend.clock_us
+    t = clock()
+    for i, st in enumerate(steps):
+        kind = type(st)
+        t0[i] = t
+        if kind is CpuWork:
+            t = backend.busy_until(t + st.duration_us)
+        elif kind is KernelStep:
+            if not recorded[st.start_point]:
+                backend.record_point(st.start_point, st.stream)
+                recorded[st.start_point] = True
+            first[i] = backend.kernel(st)
+            backend.record_point(st.end_point, st.stream)
+            recorded[st.end_point] = True
+            t = clock()
+        elif kind is GraphStep:
+            if not recorded[st.start_point]:
+                backend.record_point(st.start_point, st.stream)
+                recorded[st.start_point] = True
+            first[i] = backend.graph_launch(st)
+            backend.record_point(st.end_point, st.stream)
+            recorded[st.end_point] = True
+            for node in plan.graphs[st.graph].nodes:
+                if node.kernel is None:
+                    bound[node.event] = ("graph", st.graph, node.event)
+            t = clock()
+        elif kind is Record:
+            backend.record(st.event, st.stream)
+            bound[st.event] = ("host", st.event)
+            t = clock()
+        elif kind is WaitEvent:
+            key = bound.get(st.event)
+            bound_at_issue[i] = key
+            # key None: a never-recorded event, the wait is a no-op (as in CUDA)
+            backend.wait_event(st.stream, key)
+            t = clock()
+        elif kind is WaitStream:
+            backend.wait_stream(st.stream, st.other)
+            t = clock()
+        elif kind is Synchronize:
+            key = bound.get(st.event)
+            bound_at_issue[i] = key
+            backend.synchronize(key)
+            t = clock()
+        t1[i] = t
+    points, snapshots = backend.finish()
+    return assemble(plan, t0, t1, first, bound_at_issue, points, snapshots, backend.info())
+
+
+# --------------------------------------------------------------------------- assembly
+def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[float],
+             bound_at_issue: list, points: list[float], snapshots: list[int],
+             info: dict) -> Trace:
+    """Build the Trace from host times, timing-point times and read snapshots."""
+    spans: list[Span] = []
+    rows: list[Op] = []
+    accesses: list[Access] = []
+    markers: list[TraceMarker] = []
+    tail: dict[str, float] = {}
+    latest_row: dict[tuple, Op] = {}  # event key -> its latest record row
+    host_costs: dict[str, list[float]] = {k: [] for k in COST_KINDS}
+    wake: list[float] = []
+    cross: list[float] = []
+    pending_release: dict[str, tuple[float, str]] = {}  # stream -> (release, bound lane)
+
+    def add_row(lane, kind, step, label, event, bound, issue, start, end, phase=""):
+        row = Op(len(rows), lane, kind, step, label, event, bound, issue, start, end, phase)
+        rows.append(row)
+        return row
+
+    def kernel_row(lane, k: Kernel, step, issue, start, end):
+        row = add_row(lane, "kernel", step, k.label, "", -1, issue, start, end, k.phase)
+        spans.append(Span(lane, k.label, "kernel", step, start, end, k.phase))
+        for b in k.reads:
+            accesses.append(Access(row.op_id, b, "read", step, k.phase))
+        for b in k.writes:
+            accesses.append(Access(row.op_id, b, "write", step, k.phase))
+
+    def started(lane: str, start: float, launched: float) -> None:
+        # a held stream released by another lane, with the host already past the launch:
+        # the delay from release to start is the cross-stream latency
+        rel = pending_release.pop(lane, None)
+        if rel is not None and rel[1] != lane and launched < rel[0]:
+            cross.append(max(0.0, start - rel[0]))
+
+    def _wait(lane: str, rec: Op | None, event: str, step: int, issue: float, label: str):
+        reach = max(tail.get(lane, issue), issue)
+        release = max(reach, rec.end_us) if rec is not None else reach
+        add_row(lane, "wait", step, label, event, rec.op_id if rec is not None else -1, issue,
+                reach, release)
+        if release > reach:
+            spans.append(Span(lane, label, "wait", step, reach, release))
+        if rec is not None:
+            pending_release[lane] = (release, rec.lane)
+        tail[lane] = release
+
+    for i, st in enumerate(plan.steps):
+        kind = type(st)
+        a, b = t0[i], t1[i]
+        if kind is CpuWork:
+            spans.append(Span(HOST, st.label, "cpu", st.step, a, b))
+        elif kind is KernelStep:
+            host_costs["launch_us"].append(b - a)
+            spans.append(Span(HOST, st.kernel.label, "api", st.step, a, b, st.kernel.phase))
+            start = max(points[st.start_point], first[i], tail.get(st.stream, a))
+            end = max(points[st.end_point], start)
+            started(st.stream, start, first[i])
+            kernel_row(st.stream, st.kernel, st.step, b, start, end)
+            tail[st.stream] = end
+        elif kind is GraphStep:
+            host_costs["graph_launch_us"].append(b - a)
+            gp = plan.graphs[st.graph]
+            spans.append(Span(HOST, st.graph, "api", st.step, a, b,
+                              next((n.kernel.phase for n in gp.nodes if n.kernel), "")))
+            gs = max(points[st.start_point], first[i], tail.get(st.stream, a))
+            ge = max(points[st.end_point], gs)
+            started(st.stream, gs, first[i])
+            nominal = sum(n.kernel.duration_us for n in gp.nodes if n.kernel is not None)
+            scale = (ge - gs) / nominal if nominal > 0 else 0.0
+            t = gs
+            for node in gp.nodes:
+                if node.kernel is None:
+                    key = ("graph", st.graph, node.event)
+                    latest_row[key] = add_row(st.stream, "record", st.step,
+                                              f"{st.graph}:{node.event}", node.event, -1, b,
+                                              t, t)
+                else:
+                    end = t + node.kernel.duration_us * scale
+                    kernel_row(st.stream, node.kernel, st.step, b, t, end)
+                    t = end
+            tail[st.stream] = ge
+        elif kind is Record:
+            host_costs["event_record_us"].append(b - a)
+            spans.append(Span(HOST, f"record {st.event}", "api", st.step, a, b))
+            fire = max(tail.get(st.stream, b), b)
+            latest_row[("host", st.event)] = add_row(st.stream, "record", st.step, st.event,
+                                                     st.event, -1, b, fire, fire)
+            tail[st.stream] = fire
+        elif kind is WaitEvent:
+            host_costs["wait_event_us"].append(b - a)
+            spans.append(Span(HOST, f"{st.stream}.wait_event({st.event})", "api", st.step, a, b))
+            rec = latest_row.get(bound_at_issue[i]) if bound_at_issue[i] else None
+            _wait(st.stream, rec, st.event, st.step, b, f"wait {st.event}")
+        elif kind is WaitStream:
+            host_costs["wait_stream_us"].append(b - a)
+            spans.append(Span(HOST, f"{st.stream}.wait_stream({st.other})", "api", st.step,
+                              a, b))
+            name = f"{st.other}.tail"
+            fire = max(tail.get(st.other, b), b)
+            rec = add_row(st.other, "record", st.step, name, name, -1, b, fire, fire)
+            tail[st.other] = fire
+            _wait(st.stream, rec, name, st.step, b, f"wait {st.other}")
+        elif kind is Synchronize:
+            rec = latest_row.get(bound_at_issue[i]) if bound_at_issue[i] else None
+            add_row(HOST, "sync", st.step, f"sync {st.event}", st.event,
+                    rec.op_id if rec is not None else -1, a, a, b)
+            spans.append(Span(HOST, f"sync {st.event}", "blocked", st.step, a, b, site=st.site))
+            if rec is not None and rec.end_us > a:
+                wake.append(b - rec.end_us)  # really blocked: return minus firing
+            else:
+                host_costs["sync_us"].append(b - a)
+        elif kind is StepMarker:
+            markers.append(TraceMarker("step", st.step, a))
+        elif kind is Marker:
+            markers.append(TraceMarker(st.name, st.step, a))
+    markers.append(TraceMarker("end", -1, t1[-1] if t1 else 0.0))
+
+    races = value_check(plan, snapshots)
+    meta = dict(plan.program.meta)
+    meta.update({
+        "source": "harness",
+        "device": info,
+        "measured_races": races,
+        "host_costs": {k: _stats(v) for k, v in host_costs.items()},
+        "sync_wake_us": _stats(wake),
+        "cross_stream_us": _stats(cross),
+        "graph_nodes": "interpolated from the graph's measured span by nominal durations",
+    })
+    spans.sort(key=lambda s: (s.start_us, s.end_us))
+    return Trace(spans=spans, ops=rows, accesses=accesses, markers=markers, meta=meta)
+
+
+def _stats(values: list[float]) -> dict:
+    if not values:
+        return {"n": 0}
+    q = statistics.quantiles(values, n=10) if len(values) > 1 else [values[0]] * 9
+    return {"n": len(values), "mean": statistics.fmean(values),
+            "median": statistics.median(values), "p10": q[0], "p90": q[-1]}
+
+
+def value_check(plan: ReplayPlan, snapshots: list[int]) -> list[dict]:
+    """Reads that saw a stamp other than the latest earlier-issued write's: measured races."""
+    out = []
+    for r in plan.reads:
+        seen = int(snapshots[r.slot])
+        if seen == r.expected:
+            continue
+        out.append({
+            "buffer": r.buffer, "read_step": r.step, "read_label": r.label,
+            "expected_step": plan.stamp_steps.get(r.expected, -1),
+            "seen_step": plan.stamp_steps.get(seen, -1),
+            "seen_label": plan.stamp_labels.get(seen, "initial"),
+            # a later-issued write landed first (WAR), or the read ran before its write (RAW)
+            "kind": "WAR" if seen > r.expected else "RAW",
+        })
+    return out
