@@ -1,0 +1,93 @@
+"""Config validation, overrides, and the CLI's one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import simwar
+from simwar.config import ConfigError, load_config
+
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "simwar", *args], capture_output=True,
+                          text=True, cwd=cwd)
+
+
+def test_default_run_prints_a_summary():
+    out = cli("run", "--set", "steps=60", "--set", "warmup_steps=5")
+    assert out.returncode == 0, out.stderr
+    assert "dspark-fine" in out.stdout and "launch-ahead depth" in out.stdout
+
+
+def test_json_output_is_one_object():
+    out = cli("run", "--json", "--set", "steps=60", "--set", "warmup_steps=5",
+              "--set", "policy.barrier=coarse")
+    assert out.returncode == 0, out.stderr
+    s = json.loads(out.stdout)
+    assert s["barrier"] == "coarse" and s["steps_measured"] == 54
+
+
+BAD = {
+    "unknown_key.yaml": ("policy:\n  barier: fine\n", "policy.barier: unknown key"),
+    "wrong_type.yaml": ("steps: many\n", "steps: Input should be a valid integer"),
+    "negative.yaml": ("cpu:\n  schedule_us: -5\n", "cpu.schedule_us: a duration must be >= 0"),
+    "algorithm.yaml": ("algorithm: medusa\n", "algorithm: Input should be"),
+    "yaml.yaml": ("cpu: [1,\n", "invalid YAML"),
+    "dist.yaml": ("cpu:\n  schedule_us: {dist: normal, mean: 3}\n",
+                  "cpu.schedule_us: dist normal needs 'std'"),
+    "phase.yaml": ("phases:\n  - {name: verify, bogus: 1}\n", "phases.0.bogus: unknown key"),
+    "phase_name.yaml": ("phases:\n  - {name: draft_extend}\n",
+                        "phases.0.name: 'draft_extend' is not a phase of dspark"),
+    "custom.yaml": ("algorithm: custom\n", "phases: algorithm custom needs"),
+    "publish.yaml": ("policy:\n  publish_phase: nope\n", "policy.publish_phase: 'nope'"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_config_gives_one_line(tmp_path, name):
+    text, expected = BAD[name]
+    path = tmp_path / name
+    path.write_text(text)
+    out = cli("run", str(path))
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert str(path) in lines[0] and expected in lines[0], lines[0]
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_missing_file_and_bad_override():
+    out = cli("run", "does/not/exist.yaml")
+    assert out.returncode == 2 and "does/not/exist.yaml: file not found" in out.stderr
+    out = cli("run", "--set", "policy.barrier=sometimes")
+    assert out.returncode == 2 and out.stderr.startswith("simwar: error: --set policy.barrier:")
+    out = cli("run", "--set", "novalue")
+    assert out.returncode == 2 and "expected key.path=value" in out.stderr
+
+
+def test_overrides_by_phase_name_and_index():
+    cfg = load_config(None, {"phases.verify.body_us": 1234})
+    assert next(p for p in cfg.phase_table() if p.name == "verify").body_us == 1234
+    custom = {"algorithm": "custom", "phases": [{"name": "a", "body_us": 5}]}
+    cfg = load_config(custom, ["phases.0.body_us=7"])
+    assert cfg.phase_table()[0].body_us == 7
+
+
+def test_resolved_config_revalidates_to_itself():
+    cfg = load_config(None)
+    again = load_config(cfg.model_dump())
+    assert again == cfg
+
+
+def test_api_raises_config_error():
+    with pytest.raises(ConfigError, match="policy.barrier"):
+        simwar.simulate(None, {"policy.barrier": "sometimes"})
+
+
+def test_python_m_and_console_script_agree():
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("simwar ")
