@@ -1,0 +1,40 @@
+"""Importers: real GPU captures → :class:`simwar.trace.Trace`.
+
+- :mod:`.kineto`: torch.profiler (Kineto) Chrome-trace JSON, streamed;
+- :mod:`.mapping`: the YAML mapping of streams, steps, phases and sync sites;
+- :mod:`.stalls`: step metrics plus HTA's idle breakdown of an import;
+- :mod:`.fit`: per-phase duration distributions in the config schema;
+- :mod:`.synthetic`: a simulated Trace written as a Kineto capture.
+
+Importing this package loads only the standard-library parts; the names below
+load their modules on first use.
+"""
+
+from __future__ import annotations
+
+_LAZY = {
+    "import_kineto": ("simwar.importers.kineto", "import_kineto"),
+    "read_capture": ("simwar.importers.kineto", "read_capture"),
+    "KinetoImport": ("simwar.importers.kineto", "KinetoImport"),
+    "KinetoFormatError": ("simwar.importers.kineto", "KinetoFormatError"),
+    "Mapping": ("simwar.importers.mapping", "Mapping"),
+    "load_mapping": ("simwar.importers.mapping", "load_mapping"),
+    "idle_breakdown": ("simwar.importers.stalls", "idle_breakdown"),
+    "import_report": ("simwar.importers.stalls", "import_report"),
+    "fit_durations": ("simwar.importers.fit", "fit_durations"),
+    "write_kineto": ("simwar.importers.synthetic", "write_kineto"),
+}
+
+__all__ = ["KinetoFormatError", "KinetoImport", "Mapping", "fit_durations", "idle_breakdown",
+           "import_kineto", "import_report", "load_mapping", "read_capture", "write_kineto"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'simwar.importers' has no attribute {name!r}")

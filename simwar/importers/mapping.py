@@ -1,0 +1,137 @@
+"""The import mapping: how a real capture's names map onto simwar's vocabulary.
+
+A mapping is a small YAML file (every key optional)::
+
+    name: sglang-dspark-h200
+    streams: {7: forward, 13: schedule, 20: copy}   # CUDA stream id -> lane
+    forward_stream: forward          # lane (or stream id) whose kernels make a step's forward
+    host_thread: 31337               # tid of the scheduler thread (default: most launches)
+    steps: '^ProfilerStep#\\d+$'     # annotation regex that delimits decode steps
+    run_batch: '^run_batch$'         # annotation whose start is the run_batch marker
+    phases:                          # regex -> phase, tried in order on the kernel name,
+      'draft': draft                 #   then on the annotations enclosing its launch
+      'verify|target': verify
+    default_phase: ''                # phase of kernels no regex matches
+    sites: {'copy_done|process_result': result_copy}   # annotation regex -> sync site
+    gpu_clock_offset_us: 0           # added to device times; 'auto' aligns kernels with launches
+    warmup_steps: 2
+    batch_size: 32
+    accept_tokens: 3.2
+
+Stream keys are CUDA stream ids, or ``"DEVICE:STREAM"`` when a capture holds
+several GPUs. Errors are :class:`simwar.config.ConfigError` with one line
+naming the file and key.
+
+Imports: pydantic and yaml (through :mod:`simwar.config`); no pandas.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..config import ConfigError, _first_error, read_yaml
+
+#: ProfilerStep ranges that torch.profiler's ``prof.step()`` writes.
+PROFILER_STEP = r"^ProfilerStep#\d+$"
+
+
+class Mapping(BaseModel):
+    """Validated import mapping (see the module docstring for the YAML form)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = ""
+    streams: dict[str, str] = Field(default_factory=dict)
+    forward_stream: str | None = None
+    host_thread: int | None = None
+    steps: str = PROFILER_STEP
+    run_batch: str | None = None
+    phases: dict[str, str] = Field(default_factory=dict)
+    default_phase: str | None = None
+    sites: dict[str, str] = Field(default_factory=dict)
+    gpu_clock_offset_us: float | Literal["auto"] = 0.0
+    warmup_steps: int = Field(default=0, ge=0)
+    batch_size: int = Field(default=1, ge=1)
+    accept_tokens: float = Field(default=1.0, gt=0)
+
+    @field_validator("streams", mode="before")
+    @classmethod
+    def _stream_keys(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for key, lane in v.items():
+            text = str(key).strip()
+            if not re.fullmatch(r"(\d+:)?\d+", text):
+                raise ValueError(f"stream key {key!r} must be a stream id or DEVICE:STREAM")
+            if not isinstance(lane, str) or not lane:
+                raise ValueError(f"stream {key}: lane name must be a non-empty string")
+            out[text] = lane
+        return out
+
+    @field_validator("forward_stream", mode="before")
+    @classmethod
+    def _forward(cls, v: Any) -> Any:
+        return None if v is None else str(v)
+
+    @field_validator("steps", "run_batch")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            _compile(v)
+        return v
+
+    @field_validator("phases", "sites")
+    @classmethod
+    def _regex_keys(cls, v: dict[str, str]) -> dict[str, str]:
+        for pattern in v:
+            _compile(pattern)
+        return v
+
+    # ---- compiled views used by the importer
+    def phase_rules(self) -> list[tuple[re.Pattern, str]]:
+        return [(re.compile(p), name) for p, name in self.phases.items()]
+
+    def site_rules(self) -> list[tuple[re.Pattern, str]]:
+        return [(re.compile(p), name) for p, name in self.sites.items()]
+
+    def unmatched_phase(self) -> str:
+        """Phase of kernels no rule matches: '' with rules (not forward work), else 'forward'."""
+        if self.default_phase is not None:
+            return self.default_phase
+        return "" if self.phases else "forward"
+
+    def lane_for(self, device: int, stream: int, multi_device: bool) -> str:
+        lane = self.streams.get(f"{device}:{stream}") or self.streams.get(str(stream))
+        if lane:
+            return lane
+        return f"gpu{device}.stream{stream}" if multi_device else f"stream{stream}"
+
+
+def _compile(pattern: str) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"invalid regex '{pattern}': {e}") from None
+
+
+def load_mapping(source: str | Path | dict | Mapping | None) -> Mapping:
+    """A Mapping from a YAML path, a dict, a Mapping, or None (all defaults)."""
+    if isinstance(source, Mapping):
+        return source
+    label = "<mapping>"
+    if source is None:
+        data: dict = {}
+    elif isinstance(source, dict):
+        data = source
+    else:
+        label = str(source)
+        data = read_yaml(source)
+    try:
+        return Mapping(**data)
+    except ValidationError as e:
+        raise ConfigError(f"{label}: {_first_error(e)}") from None

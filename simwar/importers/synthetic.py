@@ -1,0 +1,233 @@
+"""Write a simulated Trace as a Kineto (torch.profiler) Chrome-trace capture.
+
+The round trip simulate → Kineto JSON → :func:`simwar.importers.import_kineto`
+checks the importer against a timeline whose every figure is known, and the
+import benchmark uses it to make captures of any size. The capture has what
+``export_chrome_trace`` writes for a run profiled with CPU and CUDA activities
+and ``_ExperimentalConfig(enable_cuda_sync_events=True)``:
+
+- ``cuda_runtime`` calls on one host thread: ``cudaLaunchKernel`` per kernel,
+  ``cudaGraphLaunch`` per graph (its kernels share the correlation id),
+  ``cudaEventRecord``, ``cudaStreamWaitEvent`` (a ``wait_stream`` is a record
+  plus a wait, as torch issues it), ``cudaEventSynchronize``;
+- ``kernel`` events on numbered streams, with ``ac2g`` flow pairs;
+- ``cuda_sync`` events (``Stream Wait Event``, ``Event Sync``) carrying
+  ``wait_on_stream`` and ``wait_on_cuda_event_record_corr_id``; a record node
+  inside a CUDA graph is reported against the graph launch's correlation id;
+- ``user_annotation`` ranges: ``ProfilerStep#k`` per step, ``run_batch`` from
+  each run_batch marker, and one range named after each sync's site around it;
+- process/thread metadata and one ``cpu_op`` per step (ignored on import).
+
+Host calls must have positive cost (as in every shipped config): a call is
+matched to its ops by the host time at which it returned.
+
+Imports: the standard library only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..trace import HOST, Trace
+
+#: CUDA stream ids given to simwar's stream names (others get ids from 30 up)
+STREAM_IDS = {"forward": 7, "schedule": 13, "copy": 20, "plan": 22, "d2h": 24}
+#: CUPTI runtime callback ids of the calls written here
+CBID = {"cudaLaunchKernel": 211, "cudaGraphLaunch": 311, "cudaEventRecord": 135,
+        "cudaStreamWaitEvent": 147, "cudaEventSynchronize": 137}
+PID, TID = 4242, 4242
+DEVICE = 0
+ORIGIN_US = 1_000_000.0  # ts of the trace's time zero (Kineto writes ts relative to a base)
+
+
+def stream_ids(trace: Trace) -> dict[str, int]:
+    ids = {}
+    nxt = 30
+    for lane in trace.lanes():
+        if lane == HOST:
+            continue
+        if lane in STREAM_IDS:
+            ids[lane] = STREAM_IDS[lane]
+        else:
+            ids[lane] = nxt
+            nxt += 1
+    return ids
+
+
+def kineto_events(trace: Trace, origin_us: float = ORIGIN_US) -> Iterator[dict]:
+    """The capture's ``traceEvents``, in an order Kineto could have written them."""
+    streams = stream_ids(trace)
+    for op in trace.ops:
+        if op.lane != HOST and op.lane not in streams:
+            streams[op.lane] = 30 + len(streams)
+
+    def ts(t: float) -> float:
+        return round(origin_us + t, 3)
+
+    yield {"name": "process_name", "ph": "M", "ts": ts(0), "pid": PID, "tid": 0,
+           "args": {"name": "python3"}}
+    yield {"name": "thread_name", "ph": "M", "ts": ts(0), "pid": PID, "tid": TID,
+           "args": {"name": "thread 4242 (python3)"}}
+    yield {"name": "process_name", "ph": "M", "ts": ts(0), "pid": DEVICE, "tid": 0,
+           "args": {"name": "python3"}}
+    for sid in streams.values():
+        yield {"name": "thread_name", "ph": "M", "ts": ts(0), "pid": DEVICE, "tid": sid,
+               "args": {"name": f"stream {sid}"}}
+
+    yield from _annotations(trace, ts)
+
+    api = defaultdict(list)  # end time -> api spans ending then, in order
+    for s in trace.spans:
+        if s.lane == HOST and s.kind == "api":
+            api[s.end_us].append(s)
+    groups: list[tuple[float, list]] = []
+    for op in trace.ops:
+        if op.kind == "sync":
+            groups.append((op.issue_us, [op]))
+        elif groups and groups[-1][1][0].kind != "sync" and groups[-1][0] == op.issue_us:
+            groups[-1][1].append(op)
+        else:
+            groups.append((op.issue_us, [op]))
+
+    corr = 100
+    record_corr: dict[int, int] = {}  # record op id -> correlation of the call that placed it
+    for issue, ops in groups:
+        if ops[0].kind == "sync":
+            op = ops[0]
+            corr += 1
+            yield _runtime("cudaEventSynchronize", ts(op.start_us), op.end_us - op.start_us, corr)
+            if op.bound >= 0:
+                rec = trace.ops[op.bound]
+                yield _sync("Event Sync", ts(op.start_us), op.end_us - op.start_us, corr,
+                            streams[rec.lane], record_corr.get(op.bound, -1), rec.event,
+                            stream=-1)
+            continue
+        span = api[issue].pop(0)
+        kinds = [o.kind for o in ops]
+        start, dur = span.start_us, span.end_us - span.start_us
+        kernels = [o for o in ops if o.kind == "kernel"]
+        if kernels and (len(ops) > 1 or span.label.endswith(".graph")):
+            corr += 1
+            yield _runtime("cudaGraphLaunch", ts(start), dur, corr)
+            yield _flow("s", corr, PID, TID, ts(start))
+            for o in ops:
+                if o.kind == "kernel":
+                    yield _kernel(o, streams[o.lane], ts(o.start_us), corr)
+                    yield _flow("f", corr, DEVICE, streams[o.lane], ts(o.start_us))
+                else:
+                    record_corr[o.op_id] = corr
+        elif kinds == ["kernel"]:
+            corr += 1
+            o = ops[0]
+            yield _runtime("cudaLaunchKernel", ts(start), dur, corr)
+            yield _flow("s", corr, PID, TID, ts(start))
+            yield _kernel(o, streams[o.lane], ts(o.start_us), corr)
+            yield _flow("f", corr, DEVICE, streams[o.lane], ts(o.start_us))
+        else:
+            # records and waits; a wait_stream is one simwar call = a record, then a wait
+            share = dur / len(ops)
+            for i, o in enumerate(ops):
+                corr += 1
+                t0 = start + i * share
+                if o.kind == "record":
+                    record_corr[o.op_id] = corr
+                    yield _runtime("cudaEventRecord", ts(t0), share, corr)
+                elif o.kind == "wait":
+                    yield _runtime("cudaStreamWaitEvent", ts(t0), share, corr)
+                    rec = trace.ops[o.bound] if o.bound >= 0 else None
+                    yield _sync("Stream Wait Event", ts(t0), share, corr,
+                                streams[rec.lane] if rec else -1,
+                                record_corr.get(o.bound, -1), rec.event if rec else "",
+                                stream=streams[o.lane])
+                else:
+                    raise ValueError(f"op {o.op_id}: unexpected {o.kind} in a host call group")
+    end = max((m.time_us for m in trace.markers), default=0.0)
+    yield {"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "",
+           "ts": ts(end + 1.0)}
+
+
+def _annotations(trace: Trace, ts) -> Iterator[dict]:
+    steps = sorted((m.time_us, m.step) for m in trace.markers if m.name == "step")
+    end = max((m.time_us for m in trace.markers if m.name == "end"), default=None)
+    bounds = [t for t, _ in steps[1:]] + [end if end is not None else steps[-1][0]] \
+        if steps else []
+    blocked = sorted((s.start_us, s.end_us, s.site) for s in trace.spans
+                     if s.lane == HOST and s.kind == "blocked")
+    ext = 1
+    for (t, k), t_end in zip(steps, bounds):
+        ext += 1
+        yield _annotation(f"ProfilerStep#{k}", ts(t), t_end - t, ext)
+        yield {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "pid": PID, "tid": TID,
+               "ts": ts(t), "dur": 0.0, "args": {"External id": ext, "Sequence number": k}}
+    starts = [t for t, _ in steps]
+    for m in sorted((m for m in trace.markers if m.name == "run_batch"),
+                    key=lambda m: m.time_us):
+        nxt = next((b for b in starts if b > m.time_us), None)
+        stop = next((a for a, _, _ in blocked if a >= m.time_us), None)
+        cands = [x for x in (nxt, stop) if x is not None]
+        ext += 1
+        yield _annotation("run_batch", ts(m.time_us), (min(cands) if cands else m.time_us)
+                          - m.time_us, ext)
+    for a, b, site in blocked:
+        ext += 1
+        yield _annotation(site or "sync", ts(a), b - a, ext)
+
+
+def _annotation(name: str, t: float, dur: float, ext: int) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": PID, "tid": TID,
+            "ts": t, "dur": round(dur, 3), "args": {"External id": ext, "Record function id": 0,
+                                                    "Ev Idx": ext}}
+
+
+def _runtime(name: str, t: float, dur: float, corr: int) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": PID, "tid": TID, "ts": t,
+            "dur": round(dur, 3), "args": {"cbid": CBID[name], "correlation": corr}}
+
+
+def _kernel(op, stream: int, t: float, corr: int) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": op.label, "pid": DEVICE, "tid": stream,
+            "ts": t, "dur": round(op.end_us - op.start_us, 3),
+            "args": {"queued": 0, "device": DEVICE, "context": 1, "stream": stream,
+                     "correlation": corr, "registers per thread": 32, "shared memory": 0,
+                     "blocks per SM": 1.0, "warps per SM": 4.0, "grid": [132, 1, 1],
+                     "block": [128, 1, 1], "est. achieved occupancy %": 6}}
+
+
+def _sync(kind: str, t: float, dur: float, corr: int, wait_on_stream: int, record_corr: int,
+          event: str, stream: int) -> dict:
+    return {"ph": "X", "cat": "cuda_sync", "name": kind, "pid": DEVICE,
+            "tid": abs(stream) if stream >= 0 else 1, "ts": t, "dur": round(dur, 3),
+            "args": {"cuda_sync_kind": kind, "wait_on_stream": wait_on_stream,
+                     "wait_on_cuda_event_record_corr_id": record_corr,
+                     "wait_on_cuda_event_id": zlib.crc32(event.encode()) % 100000,
+                     "stream": stream if stream >= 0 else 4294967295, "correlation": corr,
+                     "device": DEVICE, "context": 1}}
+
+
+def _flow(ph: str, corr: int, pid, tid, t: float) -> dict:
+    ev = {"ph": ph, "id": corr, "pid": pid, "tid": tid, "ts": t, "cat": "ac2g", "name": "ac2g"}
+    if ph == "f":
+        ev["bp"] = "e"
+    return ev
+
+
+def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US) -> Path:
+    """Write the capture (``.gz`` compresses); events are streamed, one per line."""
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt") as fh:
+        fh.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {"id": 0, '
+                 '"name": "NVIDIA H200", "totalGlobalMem": 150000000000, "computeMajor": 9, '
+                 '"computeMinor": 0, "numSms": 132}\n  ],\n  "displayTimeUnit": "ms",\n'
+                 '  "baseTimeNanoseconds": 1700000000000000000,\n  "traceEvents": [\n')
+        first = True
+        for ev in kineto_events(trace, origin_us):
+            fh.write(("  " if first else ",\n  ") + json.dumps(ev, separators=(", ", ": ")))
+            first = False
+        fh.write('\n  ],\n  "traceName": "' + path.name + '"\n}\n')
+    return path
