@@ -1,0 +1,693 @@
+"""Plots of runs and sweeps: each function takes data and an optional Axes and returns the Axes.
+
+- :func:`timeline`: one lane per actor (the CPU thread, then each stream),
+  spans coloured by kind, host blocks hatched, record→wait / record→sync
+  edges as arrows, races outlined in red on both accesses, step boundaries
+  labelled, forward-stream bubbles shaded and explained (:func:`bubbles`
+  finds them and follows the waits that caused them).
+- :func:`stall_figure`: a timeline over a few steps above a zoom on the
+  first bubble: the picture that shows what a barrier costs.
+- comparisons: :func:`stall_breakdown` (GPU idle by cause and CPU blocked by
+  site, per run), :func:`launch_ahead_hist`, :func:`step_time_ecdf`;
+  sweeps: :func:`sweep_lines` (a metric against a swept key, one line per
+  hue) and :func:`sweep_heatmap`.
+
+Data: a :class:`simwar.api.Result` or a :class:`simwar.trace.Trace` for the
+timeline; for comparisons a mapping ``label -> Result | summary dict | steps
+DataFrame`` (or a DataFrame of summaries indexed by label); for sweeps the
+DataFrame ``simwar.sweep`` returns (or its ``results.parquet``).
+
+Imports: matplotlib (never pyplot, so any backend and no global figure
+state), numpy, pandas and simwar's trace-level modules. Nothing here prints
+or writes files: callers save the figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
+from matplotlib.transforms import blended_transform_factory
+
+from .perfetto import launch_links, ordered_lanes
+from .trace import HOST, Span, Trace
+
+#: fill colours by span kind; ``graph`` is a kernel launched as a CUDA-graph node
+KIND_COLORS = {
+    "cpu": "#4c78a8",
+    "api": "#f58518",
+    "blocked": "#d8d8d8",
+    "kernel": "#54a24b",
+    "graph": "#9bd18b",
+    "wait": "#f2cf5b",
+}
+KIND_NAMES = {
+    "cpu": "CPU work",
+    "api": "host API call",
+    "blocked": "host blocked (synchronize)",
+    "kernel": "kernel",
+    "graph": "CUDA-graph kernel",
+    "wait": "stream held by a wait",
+}
+RACE_COLOR = "#d62728"
+BUBBLE_COLOR = "#d62728"
+CAUSE_COLOR = "#7a3da8"
+EDGE_COLORS = {"record_wait": "#444444", "record_sync": "#7a3da8"}
+LANE_TITLES = {HOST: "CPU thread"}
+_LANE_HEIGHT = 0.72
+
+
+# --------------------------------------------------------------------------- inputs
+def _unpack(data, races=None):
+    """(trace, steps frame, races list, warm-up) from a Result or a Trace."""
+    trace = getattr(data, "trace", data)
+    if not isinstance(trace, Trace):
+        raise TypeError(f"expected a Result or a Trace, got {type(data).__name__}")
+    steps = getattr(data, "steps", None)
+    warmup = int(trace.meta.get("warmup_steps", 0))
+    if steps is None:
+        from .metrics import step_frame
+
+        steps = step_frame(trace)
+    if races is None:
+        hazards = getattr(data, "hazards", None)
+        if hazards is None and trace.accesses:
+            from .hazards import detect
+
+            hazards = detect(trace)
+        races = hazards.races if hazards is not None else []
+    return trace, steps, list(races), warmup
+
+
+def default_window(trace: Trace, n: int = 3) -> tuple[int, int]:
+    """``n`` steps starting right after warm-up (or as late as the run allows)."""
+    steps = sorted({m.step for m in trace.markers if m.name == "step" and m.step >= 0})
+    if not steps:
+        return (0, n - 1)
+    last = steps[-2] if len(steps) > 1 else steps[-1]  # the final marker is the drain
+    first = min(int(trace.meta.get("warmup_steps", 0)), max(steps[0], last - n + 1))
+    return (first, min(first + n - 1, last))
+
+
+def _time_range(trace: Trace, window: tuple[int, int]) -> tuple[float, float]:
+    a, b = window
+    starts = [m.time_us for m in trace.markers if m.name == "step" and m.step == a]
+    in_window = [s for s in trace.spans if a <= s.step <= b]
+    if not in_window:
+        raise ValueError(f"steps {a}..{b}: no spans in this trace")
+    x0 = starts[0] if starts else min(s.start_us for s in in_window)
+    x1 = max(s.end_us for s in in_window)
+    return x0, x1
+
+
+# --------------------------------------------------------------------------- bubbles
+class Hop(NamedTuple):
+    """One link of a bubble's cause: ``lane`` was held by ``span`` (a wait or a host block)."""
+
+    lane: str
+    span: Span
+    released_by: str  # the lane whose work released it ('' for the host's own work)
+    api_label: str  # the host call that issued the wait ('' when unknown)
+    released_at_us: float = float("nan")  # when the releasing record fired
+
+
+@dataclass(frozen=True)
+class Bubble:
+    """An idle gap on the forward stream before forward ``step``, and why it happened."""
+
+    step: int
+    start_us: float
+    end_us: float
+    hops: tuple[Hop, ...]
+    cause: str  # one-line explanation
+
+    @property
+    def idle_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+def bubbles(data, window: tuple[int, int] | None = None, min_us: float = 1.0) -> list[Bubble]:
+    """Forward-stream gaps of at least ``min_us`` before forwards in ``window`` (default: all).
+
+    Each gap's cause is found by walking the synchronization backwards from the
+    forward that started late: the wait that held the forward stream, the
+    stream whose record released it, the wait that held *that* stream, and so
+    on (at most three hops), or, when nothing held the stream, the host: the
+    forward was launched late because the CPU was busy or blocked.
+    """
+    trace, steps, _, _ = _unpack(data, races=())
+    fwd = trace.meta.get("forward_stream", "forward")
+    index = _TraceIndex(trace)
+    out = []
+    for row in steps.itertuples():
+        if window is not None and not (window[0] <= row.step <= window[1]):
+            continue
+        gap = row.fwd_gap_us
+        if not np.isfinite(gap) or gap < min_us:
+            continue
+        start, end = row.fwd_start_us - gap, row.fwd_start_us
+        hops = index.hops(fwd, start, end)
+        out.append(Bubble(int(row.step), start, end, tuple(hops),
+                          _explain(index, fwd, int(row.step), start, end, hops)))
+    return out
+
+
+class _TraceIndex:
+    """Look-ups the cause walk needs: waits by lane and end, edges by destination."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.waits: dict[str, list[Span]] = {}
+        self.kernels: dict[str, list[Span]] = {}
+        for s in trace.spans:
+            if s.kind == "wait":
+                self.waits.setdefault(s.lane, []).append(s)
+            elif s.kind == "kernel":
+                self.kernels.setdefault(s.lane, []).append(s)
+        self.edges_into: dict[tuple[str, float], object] = {
+            (e.dst_lane, round(e.dst_us, 6)): e for e in trace.edges()}
+        # the host call that issued each stream wait: ops carry their issue time, the api span
+        # ending then is the call
+        api_by_end = {round(s.end_us, 6): s.label for s in trace.spans
+                      if s.lane == HOST and s.kind == "api"}
+        self.wait_api = {(op.lane, round(op.end_us, 6)): api_by_end.get(round(op.issue_us, 6), "")
+                         for op in trace.ops if op.kind == "wait"}
+
+    def hops(self, lane: str, start: float, end: float) -> list[Hop]:
+        hops: list[Hop] = []
+        t = end
+        for _ in range(3):
+            held = [w for w in self.waits.get(lane, []) if abs(w.end_us - t) < 1e-6
+                    or (w.start_us < t <= w.end_us + 1e-6 and w.end_us > start)]
+            if not held:
+                break
+            wait = max(held, key=lambda w: w.end_us)
+            edge = self.edges_into.get((lane, round(wait.end_us, 6)))
+            src = edge.src_lane if edge is not None else ""
+            hops.append(Hop(lane, wait, src, self.wait_api.get((lane, round(wait.end_us, 6)), ""),
+                            edge.src_us if edge is not None else float("nan")))
+            if edge is None or src == lane:
+                break
+            # the source stream's work that ran up to the record; if a wait held that stream
+            # inside the gap, it is the next link
+            lane, t = src, edge.src_us
+            work = [k for k in self.kernels.get(lane, []) if start - 1e-6 <= k.start_us
+                    and k.end_us <= t + 1e-6]
+            if work:
+                t = min(k.start_us for k in work)
+            if t <= start + 1e-6:
+                break
+        return hops
+
+    def work_between(self, lane: str, lo: float, hi: float) -> list[Span]:
+        return sorted((k for k in self.kernels.get(lane, [])
+                       if k.start_us >= lo - 1e-6 and k.end_us <= hi + 1e-6),
+                      key=lambda k: k.start_us)
+
+
+def _explain(index: _TraceIndex, fwd: str, step: int, start: float, end: float,
+             hops: list[Hop]) -> str:
+    idle = f"{end - start:.0f} µs"
+    if not hops:
+        # the host issued the forward's first kernel late: what was it doing until then?
+        issued = min((op.issue_us for op in index.trace.ops if op.kind == "kernel"
+                      and op.lane == fwd and op.step == step and op.phase), default=end)
+        host = [s for s in index.trace.spans if s.lane == HOST and s.kind in ("blocked", "cpu")
+                and s.end_us > start and s.start_us < issued]
+        blocked = [s for s in host if s.kind == "blocked"]
+        if blocked:
+            last = max(blocked, key=lambda s: s.end_us)
+            return (f"{fwd} idle {idle} before forward {step}: nothing was enqueued; the CPU "
+                    f"was blocked in {last.label} ({last.site}) until {last.end_us - start:.0f} "
+                    f"µs into the gap, then took {issued - last.end_us:.0f} µs to launch the "
+                    f"forward")
+        if host:
+            worst = max(host, key=lambda s: min(s.end_us, end) - max(s.start_us, start))
+            return (f"{fwd} idle {idle} before forward {step}: nothing was enqueued; the CPU "
+                    f"was busy with {worst.label}")
+        return f"{fwd} idle {idle} before forward {step}: nothing was enqueued"
+    parts = [f"{fwd} idle {idle} before forward {step}"]
+    for i, hop in enumerate(hops):
+        if not hop.released_by:
+            parts.append(f"{hop.lane} held by '{hop.span.label}'")
+            continue
+        edge_src_work = index.work_between(hop.released_by, start, hop.span.end_us)
+        names = ", ".join(dict.fromkeys(k.label for k in edge_src_work))
+        waiting = f"{hop.lane} waits for {hop.released_by}" + (f" ({names})" if names else "")
+        issued = f" [{hop.api_label}]" if hop.api_label else ""
+        parts.append(waiting + issued)
+    return parts[0] + ": " + "; ".join(parts[1:])
+
+
+# --------------------------------------------------------------------------- timeline
+def timeline(data, ax: Axes | None = None, *, steps: tuple[int, int] | None = None,
+             xlim_us: tuple[float, float] | None = None, races=None, edges: bool = True,
+             annotate: bool = True, explain: bool = True, labels: bool = True,
+             legend: bool = True, title: str | None = None) -> Axes:
+    """A stall timeline of ``data`` (Result or Trace) over steps ``a..b`` (inclusive).
+
+    One lane per actor: ``cpu`` (the scheduler thread) on top, then the streams
+    (``schedule``, ``plan``, ``forward``, ``copy``, ``d2h``, those present).
+    ``xlim_us`` zooms to a time range instead of whole steps. ``races`` defaults
+    to the run's races after warm-up; pass ``()`` to hide them. With
+    ``annotate`` each forward-stream bubble is shaded, its idle time written on
+    it, and the waits that caused it outlined; with ``explain`` the first one's
+    cause is written out below the axes (:func:`story`).
+    """
+    trace, step_df, race_list, warmup = _unpack(data, races)
+    if races is None:
+        race_list = [r for r in race_list if r.second_step >= warmup]
+    window = steps if steps is not None else default_window(trace)
+    if window[0] > window[1]:
+        raise ValueError(f"steps window {window[0]}:{window[1]} is empty")
+    x0, x1 = xlim_us if xlim_us is not None else _time_range(trace, window)
+    if ax is None:
+        ax = Figure(figsize=(13, 4.2), layout="constrained").add_subplot()
+
+    lanes = ordered_lanes({s.lane for s in trace.spans})
+    y = {lane: i for i, lane in enumerate(lanes)}
+    visible = [s for s in trace.spans if s.end_us >= x0 and s.start_us <= x1]
+    graph_kernels = {link.kernel for link in launch_links(_steps_subtrace(trace, visible))
+                     if link.graph}
+    ms = 1e-3  # the axis is in ms: steps are milliseconds long
+
+    for lane in lanes:
+        for kind in ("cpu", "api", "blocked", "kernel", "graph", "wait"):
+            spans = [s for s in visible if s.lane == lane and _draw_kind(s, graph_kernels) == kind]
+            if not spans:
+                continue
+            ax.broken_barh([(s.start_us * ms, (s.end_us - s.start_us) * ms) for s in spans],
+                           (y[lane] - _LANE_HEIGHT / 2, _LANE_HEIGHT),
+                           facecolors=KIND_COLORS[kind],
+                           edgecolors="#555555" if kind == "blocked" else "white",
+                           linewidth=0.4, hatch="////" if kind == "blocked" else None,
+                           gid=f"span:{lane}:{kind}")
+
+    _step_boundaries(ax, trace, x0, x1, ms)
+    if edges:
+        _edges(ax, trace, y, x0, x1, ms)
+    raced = _race_spans(visible, race_list)
+    if raced:
+        ax.broken_barh([(s.start_us * ms, (s.end_us - s.start_us) * ms) for s in raced],
+                       (0, 1), facecolors="none", edgecolors=RACE_COLOR, linewidth=1.8,
+                       gid="races")
+        # broken_barh takes one y-range; move each outline to its own lane
+        coll = ax.collections[-1]
+        coll.set_verts([[(s.start_us * ms, y[s.lane] - _LANE_HEIGHT / 2),
+                         (s.start_us * ms, y[s.lane] + _LANE_HEIGHT / 2),
+                         (s.end_us * ms, y[s.lane] + _LANE_HEIGHT / 2),
+                         (s.end_us * ms, y[s.lane] - _LANE_HEIGHT / 2)] for s in raced])
+
+    ax.set_xlim(x0 * ms, x1 * ms)
+    ax.set_ylim(len(lanes) - 0.5, -0.5)
+    ax.set_yticks(range(len(lanes)), [_lane_title(lane) for lane in lanes])
+    ax.set_xlabel("time (ms)")
+    ax.grid(axis="x", color="#eeeeee", linewidth=0.6)
+    ax.set_axisbelow(True)
+
+    if annotate:
+        window_bubbles = [b for b in bubbles(_Data(trace, step_df))
+                          if b.end_us > x0 and b.start_us < x1]
+        _draw_bubbles(ax, window_bubbles, y, ms, _TraceIndex(trace) if explain else None)
+    if labels:
+        _span_labels(ax, visible, graph_kernels, y, ms)
+    if title is None:
+        m = trace.meta
+        title = (f"{m.get('name', '')}: {m.get('algorithm', '')}, barrier "
+                 f"{m.get('barrier_effective', m.get('barrier', '?'))}"
+                 + (f", steps {window[0]}–{window[1]}" if xlim_us is None else ""))
+    ax.set_title(title, loc="left", fontsize=10, pad=14)
+    if legend:
+        _legend(ax, visible, graph_kernels, bool(raced), edges)
+    return ax
+
+
+@dataclass
+class _Data:
+    trace: Trace
+    steps: pd.DataFrame
+    hazards: object = None
+
+
+def _lane_title(lane: str) -> str:
+    return lane  # lane names are the vocabulary of configs and frames; keep them verbatim
+
+
+def _draw_kind(span: Span, graph_kernels: set) -> str:
+    if span.kind == "kernel" and span in graph_kernels:
+        return "graph"
+    return span.kind
+
+
+def _steps_subtrace(trace: Trace, visible: list[Span]) -> Trace:
+    """The spans and ops of the steps touching the visible range (launch matching needs both)."""
+    steps = {s.step for s in visible}
+    return Trace(spans=[s for s in trace.spans if s.step in steps],
+                 ops=[op for op in trace.ops if op.step in steps], meta=trace.meta)
+
+
+def _step_boundaries(ax: Axes, trace: Trace, x0: float, x1: float, ms: float) -> None:
+    top = blended_transform_factory(ax.transData, ax.transAxes)
+    for m in trace.markers:
+        if m.name == "step" and x0 - 1e-6 <= m.time_us <= x1:
+            ax.axvline(m.time_us * ms, color="#888888", linestyle=":", linewidth=0.9,
+                       gid=f"step:{m.step}")
+            ax.text(m.time_us * ms, 1.0, f" step {m.step}", transform=top, fontsize=8,
+                    va="bottom", ha="left", color="#555555", gid=f"steplabel:{m.step}")
+
+
+def _edges(ax: Axes, trace: Trace, y: dict, x0: float, x1: float, ms: float) -> None:
+    for e in trace.edges():
+        if e.src_lane not in y or e.dst_lane not in y or e.src_lane == e.dst_lane:
+            continue
+        if not (x0 <= e.src_us <= x1 and x0 <= e.dst_us <= x1):
+            continue
+        sy, dy = y[e.src_lane], y[e.dst_lane]
+        off = _LANE_HEIGHT / 2 * (1 if dy > sy else -1)
+        arrow = FancyArrowPatch((e.src_us * ms, sy + off), (e.dst_us * ms, dy - off),
+                                arrowstyle="-|>", mutation_scale=7, linewidth=0.8,
+                                color=EDGE_COLORS.get(e.kind, "#444444"), alpha=0.8,
+                                shrinkA=0, shrinkB=0, zorder=4, gid=f"edge:{e.kind}")
+        ax.add_patch(arrow)
+
+
+def _race_spans(visible: list[Span], races) -> list[Span]:
+    keys = set()
+    for r in races:
+        keys.add((r.first_lane, r.first_label, r.first_step))
+        keys.add((r.second_lane, r.second_label, r.second_step))
+    return [s for s in visible if s.kind == "kernel" and (s.lane, s.label, s.step) in keys]
+
+
+def _draw_bubbles(ax: Axes, found: list[Bubble], y: dict, ms: float,
+                  explain: _TraceIndex | None) -> None:
+    for i, b in enumerate(found):
+        fy = y.get(b.hops[0].lane if b.hops else "forward", y.get("forward", 0))
+        ax.add_patch(Rectangle((b.start_us * ms, -0.5), b.idle_us * ms, len(y),
+                               facecolor=BUBBLE_COLOR, alpha=0.10, edgecolor="none",
+                               zorder=0.5, gid="bubble"))
+        ax.add_patch(Rectangle((b.start_us * ms, fy - _LANE_HEIGHT / 2), b.idle_us * ms,
+                               _LANE_HEIGHT, facecolor="none", edgecolor=BUBBLE_COLOR,
+                               linewidth=1.6, zorder=5, gid="bubble"))
+        ax.annotate(f"GPU idle\n{b.idle_us:.0f} µs", ((b.start_us + b.end_us) / 2 * ms,
+                                                     fy + _LANE_HEIGHT / 2),
+                    xytext=(0, -2), textcoords="offset points", ha="center", va="top",
+                    fontsize=7, color=BUBBLE_COLOR, fontweight="bold", zorder=6,
+                    gid="bubble_label")
+        for hop in b.hops[1:]:  # the waits upstream of the forward stream's own wait
+            s = hop.span
+            ax.add_patch(Rectangle((s.start_us * ms, y[hop.lane] - _LANE_HEIGHT / 2),
+                                   (s.end_us - s.start_us) * ms, _LANE_HEIGHT,
+                                   facecolor="none", edgecolor=CAUSE_COLOR, linewidth=1.8,
+                                   linestyle="--", zorder=5, gid="bubble_cause"))
+        if explain is not None and i == 0:
+            _explain_box(ax, b, y, ms, explain)
+
+
+def story(data_or_index, b: Bubble) -> list[str]:
+    """A bubble's cause as sentences, from the root wait to the forward that started late."""
+    index = data_or_index if isinstance(data_or_index, _TraceIndex) else _TraceIndex(
+        _unpack(data_or_index, races=())[0])
+    if not b.hops:
+        return [b.cause]
+    fwd = b.hops[0].lane
+    root = b.hops[-1]
+    captured = [k for k in index.kernels.get(root.released_by, [])
+                if abs(k.end_us - root.released_at_us) < 1e-6]
+    what = (f"{captured[0].label} of step {captured[0].step}" if captured
+            else f"its {root.released_by} work")
+    barrier = index.trace.meta.get("barrier_effective", "")
+    role = (f" (the {barrier} WAR barrier)" if barrier and root.released_by == fwd
+            and root.lane != fwd else "")
+    call = root.api_label or f"a wait on {root.lane}"
+    lines = [f"{call}{role} holds the {root.lane} stream until {what} finishes."]
+    hops = list(b.hops)
+    for upstream, downstream in zip(reversed(hops), list(reversed(hops))[1:]):
+        work = index.work_between(upstream.lane, upstream.span.end_us, downstream.span.end_us)
+        names = ", ".join(dict.fromkeys(k.label for k in work)) or "its work"
+        lines.append(f"Only then does the {upstream.lane} stream run {names}; "
+                     f"{downstream.api_label or downstream.lane + ' waits'} makes the "
+                     f"{downstream.lane} stream wait for it.")
+    lines.append(f"Result: {fwd} idles {b.idle_us:.0f} µs before forward {b.step}.")
+    return lines
+
+
+def _explain_box(ax: Axes, b: Bubble, y: dict, ms: float, index: _TraceIndex) -> None:
+    text = "Why the GPU idles:\n" + "\n".join(f"{i + 1}. {line}"
+                                              for i, line in enumerate(story(index, b)))
+    root = b.hops[-1] if b.hops else None
+    if root is not None:
+        s = root.span
+        x_lo, x_hi = (v / ms for v in ax.get_xlim())
+        tip = min(s.end_us, x_hi) - 0.05 * (min(s.end_us, x_hi) - max(s.start_us, x_lo))
+        target = (tip * ms, y[root.lane])
+    else:
+        target = ((b.start_us + b.end_us) / 2 * ms, y.get("forward", 0))
+    ax.annotate(text, target, xytext=(0.0, -0.22), textcoords="axes fraction",
+                fontsize=8, ha="left", va="top", color="#222222", linespacing=1.4,
+                bbox={"boxstyle": "round,pad=0.5", "fc": "#fff6f6", "ec": BUBBLE_COLOR, "lw": 0.8},
+                arrowprops={"arrowstyle": "->", "color": CAUSE_COLOR, "lw": 1.0,
+                                "connectionstyle": "arc3,rad=-0.2"},
+                annotation_clip=False, zorder=7, gid="bubble_explain")
+
+
+def _span_labels(ax: Axes, visible: list[Span], graph_kernels: set, y: dict, ms: float) -> None:
+    """Write a span's label inside it when it fits (measured in pixels after layout)."""
+    x0, x1 = ax.get_xlim()
+    width_px = ax.get_window_extent().width or 800.0
+    px_per_ms = width_px / max(x1 - x0, 1e-9)
+    char_px = 4.6  # 7-pt sans serif, about
+    for s in visible:
+        if s.kind == "api":
+            continue
+        lo, hi = max(s.start_us * ms, x0), min(s.end_us * ms, x1)
+        room = (hi - lo) * px_per_ms
+        label = s.label
+        if s.kind == "wait":
+            label = s.label.replace("wait ", "wait for ")
+        if room < char_px * len(label) + 6:
+            continue
+        dark = _draw_kind(s, graph_kernels) in ("cpu",)
+        ax.text((lo + hi) / 2, y[s.lane], label, ha="center", va="center", fontsize=7,
+                color="white" if dark else "#222222", clip_on=True, zorder=3, gid="span_label")
+
+
+def _legend(ax: Axes, visible: list[Span], graph_kernels: set, raced: bool, edges: bool) -> None:
+    kinds = {_draw_kind(s, graph_kernels) for s in visible}
+    handles = [Patch(facecolor=KIND_COLORS[k], edgecolor="#555555" if k == "blocked" else "none",
+                     hatch="////" if k == "blocked" else None, label=KIND_NAMES[k])
+               for k in KIND_COLORS if k in kinds]
+    if edges:
+        handles.append(Line2D([], [], color=EDGE_COLORS["record_wait"], lw=0.9, marker=">",
+                              markersize=4, label="record → wait"))
+        handles.append(Line2D([], [], color=EDGE_COLORS["record_sync"], lw=0.9, marker=">",
+                              markersize=4, label="record → host sync"))
+    if any(getattr(a, "get_gid", lambda: None)() == "bubble" for a in ax.patches):
+        handles.append(Patch(facecolor=BUBBLE_COLOR, alpha=0.25, label="forward-stream bubble"))
+        if any(a.get_gid() == "bubble_cause" for a in ax.patches):
+            handles.append(Patch(facecolor="none", edgecolor=CAUSE_COLOR, linestyle="--",
+                                 label="wait that caused it"))
+    if raced:
+        handles.append(Patch(facecolor="none", edgecolor=RACE_COLOR, lw=1.8,
+                             label="race (both accesses)"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7,
+              frameon=False)
+
+
+def stall_figure(data, steps: tuple[int, int] | None = None, *, zoom_us: float = 900.0,
+                 figsize=(13, 7.2)) -> Figure:
+    """A timeline over ``steps`` above a zoom on its first forward-stream bubble.
+
+    Without a bubble in the window the figure holds the timeline alone.
+    """
+    trace, step_df, race_list, warmup = _unpack(data)
+    window = steps if steps is not None else default_window(trace)
+    found = bubbles(_Data(trace, step_df), window=window)
+    fig = Figure(figsize=figsize if found else (figsize[0], figsize[1] * 0.55),
+                 layout="constrained")
+    races = [r for r in race_list if r.second_step >= warmup]
+    if not found:
+        timeline(data, fig.add_subplot(), steps=window, races=races)
+        return fig
+    top, bottom = fig.subplots(2, 1, height_ratios=(1.2, 1))
+    timeline(data, top, steps=window, races=races, explain=False)
+    b = found[0]
+    pad = max(zoom_us - b.idle_us, 0.0) / 2
+    timeline(data, bottom, xlim_us=(b.start_us - pad, b.end_us + pad), races=races,
+             legend=False, title=f"Zoom: the {b.idle_us:.0f} µs bubble before forward {b.step}")
+    return fig
+
+
+# --------------------------------------------------------------------------- comparisons
+def _summaries(data) -> pd.DataFrame:
+    """One row of summary metrics per label."""
+    if isinstance(data, pd.DataFrame):
+        return data
+    rows = {}
+    for label, value in _as_mapping(data).items():
+        if isinstance(value, Mapping):
+            rows[label] = dict(value)
+        elif isinstance(value, pd.DataFrame):
+            rows[label] = {f"{c}_mean": float(value[c].mean()) for c in value.columns
+                           if c.endswith("_us")}
+        else:
+            rows[label] = dict(value.summary)
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _step_frames(data) -> dict[str, pd.DataFrame]:
+    """Measured steps (after warm-up, with a successor) per label."""
+    from .metrics import measured
+
+    out = {}
+    for label, value in _as_mapping(data).items():
+        if isinstance(value, pd.DataFrame):
+            out[label] = value
+        else:
+            out[label] = measured(value.steps, value.config.warmup_steps)
+    return out
+
+
+def _as_mapping(data) -> Mapping:
+    if isinstance(data, Mapping):
+        return data
+    if hasattr(data, "summary"):
+        return {getattr(data.config, "name", "run"): data}
+    raise TypeError("expected a mapping label -> Result / summary / steps frame")
+
+
+def _new_ax(ax: Axes | None, figsize=(7, 4)) -> Axes:
+    return ax if ax is not None else Figure(figsize=figsize, layout="constrained").add_subplot()
+
+
+def stall_breakdown(data, ax: Axes | None = None) -> Axes:
+    """Per run, two stacked bars (µs per step): GPU idle by cause, CPU blocked by site."""
+    df = _summaries(data)
+    ax = _new_ax(ax)
+    gpu = [("gpu_idle_dep_us_mean", "GPU idle: waiting on a dependency", "#f2cf5b"),
+           ("gpu_idle_host_us_mean", "GPU idle: nothing enqueued (host)", "#e45756")]
+    sites = sorted(c for c in df.columns if c.startswith("cpu_blocked_") and c.endswith("_us_mean")
+                   and c != "cpu_blocked_us_mean")
+    site_colors = ["#bab0ac", "#9d755d", "#b279a2", "#72b7b2", "#4c78a8", "#ff9da6"]
+    cpu = [(c, f"CPU blocked: {c[len('cpu_blocked_'):-len('_us_mean')]}",
+            site_colors[i % len(site_colors)]) for i, c in enumerate(sites)]
+    x = np.arange(len(df))
+    width = 0.38
+    for offset, parts, group in ((-width / 2 - 0.01, gpu, "gpu"), (width / 2 + 0.01, cpu, "cpu")):
+        bottom = np.zeros(len(df))
+        for col, label, color in parts:
+            vals = df[col].fillna(0.0).to_numpy(dtype=float) if col in df else np.zeros(len(df))
+            if not vals.any():
+                continue
+            ax.bar(x + offset, vals, width, bottom=bottom, color=color, label=label,
+                   hatch="////" if group == "cpu" else None, edgecolor="white", linewidth=0.5,
+                   gid=f"bar:{col}")
+            bottom += vals
+    ax.set_xticks(x, [str(i) for i in df.index], rotation=20 if len(df) > 4 else 0)
+    ax.set_ylabel("µs per step")
+    ax.set_title("Stalls per step: GPU idle (left bar) and CPU blocked (right bar)",
+                 loc="left", fontsize=10)
+    top = max((b.get_y() + b.get_height() for b in ax.patches), default=1.0)
+    ax.set_ylim(0, top * 1.35 or 1.0)  # headroom for the legend
+    ax.legend(fontsize=7, frameon=False, loc="upper left", ncol=2)
+    ax.grid(axis="y", color="#eeeeee")
+    ax.set_axisbelow(True)
+    return ax
+
+
+def launch_ahead_hist(data, ax: Axes | None = None) -> Axes:
+    """Share of launches at each launch-ahead depth, one bar group per depth, a bar per run."""
+    frames = _step_frames(data)
+    ax = _new_ax(ax)
+    depths = sorted({int(d) for f in frames.values() for d in f.launch_ahead.dropna()})
+    width = 0.8 / max(len(frames), 1)
+    for i, (label, f) in enumerate(frames.items()):
+        share = f.launch_ahead.dropna().astype(int).value_counts(normalize=True)
+        ax.bar(np.arange(len(depths)) + (i - (len(frames) - 1) / 2) * width,
+               [share.get(d, 0.0) for d in depths], width, label=str(label), gid=f"hist:{label}")
+    ax.set_xticks(range(len(depths)), [str(d) for d in depths])
+    ax.set_xlabel("forwards launched ahead and unfinished at each launch")
+    ax.set_ylabel("share of launches")
+    ax.set_ylim(0, 1.3)  # headroom for the legend
+    ax.set_yticks(np.linspace(0, 1, 6))
+    ax.legend(fontsize=7, frameon=False, loc="upper left", ncol=min(len(frames), 4))
+    ax.set_title("Launch-ahead depth", loc="left", fontsize=10)
+    return ax
+
+
+def step_time_ecdf(data, ax: Axes | None = None) -> Axes:
+    """Step-time distribution per run as an empirical CDF (reads well when runs are constant)."""
+    frames = _step_frames(data)
+    ax = _new_ax(ax)
+    for label, f in frames.items():
+        v = np.sort(f.step_us.dropna().to_numpy(dtype=float))
+        if len(v) == 0:
+            continue
+        ax.step(np.concatenate([[v[0]], v]), np.concatenate([[0.0], np.arange(1, len(v) + 1)
+                                                             / len(v)]),
+                where="post", label=f"{label} (mean {v.mean():.0f} µs)", gid=f"ecdf:{label}")
+    ax.set_xlabel("step time (µs)")
+    ax.set_ylabel("fraction of steps ≤ x")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7, frameon=False)
+    ax.grid(color="#eeeeee")
+    ax.set_title("Step-time distribution", loc="left", fontsize=10)
+    return ax
+
+
+# --------------------------------------------------------------------------- sweeps
+def _check_columns(df: pd.DataFrame, *cols: str | None) -> None:
+    missing = [c for c in cols if c is not None and c not in df.columns]
+    if missing:
+        raise KeyError(f"column(s) {', '.join(missing)} not in the sweep frame "
+                       f"(has: {', '.join(map(str, df.columns))})")
+
+
+def sweep_lines(df: pd.DataFrame, x: str, y: str, hue: str | None = None,
+                ax: Axes | None = None) -> Axes:
+    """``y`` against swept key ``x``, one line per value of ``hue``; repeats as mean ± range."""
+    _check_columns(df, x, y, hue)
+    ax = _new_ax(ax)
+    groups = df.groupby(hue, sort=True) if hue else [(None, df)]
+    for key, g in groups:
+        agg = g.groupby(x, sort=True)[y].agg(["mean", "min", "max"])
+        label = f"{hue}={key}" if hue else y
+        line, = ax.plot(agg.index, agg["mean"], marker="o", markersize=3.5, label=label,
+                        gid=f"line:{key}")
+        if (agg["max"] > agg["min"]).any():
+            ax.fill_between(agg.index, agg["min"], agg["max"], color=line.get_color(), alpha=0.15)
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    if hue:
+        ax.legend(fontsize=8, frameon=False)
+    ax.grid(color="#eeeeee")
+    return ax
+
+
+def sweep_heatmap(df: pd.DataFrame, x: str, y: str, value: str, ax: Axes | None = None,
+                  fmt: str = "{:.0f}", cmap: str = "viridis") -> Axes:
+    """Mean of ``value`` over the grid of two swept keys, annotated cell by cell."""
+    _check_columns(df, x, y, value)
+    ax = _new_ax(ax)
+    grid = df.pivot_table(index=y, columns=x, values=value, aggfunc="mean").sort_index()
+    im = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", origin="lower", cmap=cmap)
+    ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns])
+    ax.set_yticks(range(grid.shape[0]), [str(i) for i in grid.index])
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    values = grid.to_numpy(dtype=float)
+    finite = values[np.isfinite(values)]
+    mid = (finite.min() + finite.max()) / 2 if finite.size else 0.0
+    for (i, j), v in np.ndenumerate(values):
+        if np.isfinite(v):
+            ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=7,
+                    color="white" if v < mid else "black")
+    ax.figure.colorbar(im, ax=ax, label=value)
+    return ax
