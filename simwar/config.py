@@ -351,8 +351,7 @@ def _list_item(node: list, part: str, key: str) -> Any:
 
 
 def load_config(source: str | Path | dict | Config | None = None,
-                overrides: list[str] | dict | None = None,
-                base: dict | None = None) -> Config:
+                overrides: list[str] | dict | None = None) -> Config:
     """Load and validate a config.
 
     ``source``: a YAML path, a mapping, a Config, or None for the packaged
@@ -371,7 +370,6 @@ def load_config(source: str | Path | dict | Config | None = None,
     else:
         label = str(source)
         data = read_yaml(source)
-    data = copy.deepcopy(base or {}) | data if base else data
     items = overrides.items() if isinstance(overrides, dict) else \
         [parse_override(o) for o in (overrides or [])]
     items = list(items)
