@@ -1,0 +1,174 @@
+"""``simwar plot`` and the picture options of ``simwar run``: the command line of plots and traces.
+
+- ``simwar plot SWEEP_DIR --x KEY --y METRIC [--hue KEY] -o out.png``: a metric
+  against a swept key from a sweep's ``results.parquet`` (one line per value
+  of ``--hue``), or ``--kind heatmap`` (``--hue`` is then the second axis);
+- ``simwar run ... --timeline out.png [--steps-window A:B]``: the stall
+  timeline of the run (with a zoom on the first forward-stream bubble);
+- ``simwar run ... --trace out.json``: Chrome trace-event JSON for Perfetto.
+
+Drawing and export live in :mod:`simwar.plots` and :mod:`simwar.perfetto`;
+this module parses arguments, checks paths and writes files. It uses
+matplotlib's Agg canvas directly, so no display is ever needed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .cli import UserError
+
+RESULTS_FILE = "results.parquet"
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "plot", help="plot a sweep's results: a metric against a swept key",
+        description="Plot METRIC against swept KEY from SWEEP_DIR/results.parquet (or a "
+                    ".parquet/.csv table), one line per value of --hue; repeats are drawn "
+                    "as their mean and min-max band. --kind heatmap puts --hue on the y axis.")
+    p.add_argument("sweep_dir", metavar="SWEEP_DIR",
+                   help="a sweep output directory, or its results.parquet / results.csv")
+    p.add_argument("--x", required=True, metavar="KEY", help="swept key on the x axis")
+    p.add_argument("--y", required=True, metavar="METRIC", help="metric, e.g. step_us_mean")
+    p.add_argument("--hue", metavar="KEY", help="one line per value of this swept key")
+    p.add_argument("--kind", choices=("line", "heatmap"), default="line")
+    p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
+                   help="keep only rows where KEY equals VALUE (repeatable)")
+    p.add_argument("-o", "--out", required=True, metavar="OUT.png", help="image to write")
+    p.set_defaults(func=cmd_plot)
+
+
+def extend_run(run_parser) -> None:
+    run_parser.add_argument("--timeline", metavar="OUT.png",
+                            help="write the stall timeline of a few steps (and a zoom on the "
+                                 "first GPU bubble) to this image")
+    run_parser.add_argument("--steps-window", metavar="A:B",
+                            help="steps shown by --timeline, inclusive (default: three steps "
+                                 "after warm-up)")
+    run_parser.add_argument("--trace", metavar="OUT.json",
+                            help="write the run as Chrome trace-event JSON (open it in "
+                                 "ui.perfetto.dev or chrome://tracing)")
+
+
+def after_run(args, result) -> None:
+    timeline_path = getattr(args, "timeline", None)
+    window_text = getattr(args, "steps_window", None)
+    trace_path = getattr(args, "trace", None)
+    if window_text and not timeline_path:
+        raise UserError("--steps-window: only used with --timeline OUT.png")
+    if timeline_path:
+        out = _output_path(timeline_path, "--timeline", image=True)
+        window = parse_window(window_text, result.config.steps) if window_text else None
+        from . import plots
+
+        _save(plots.stall_figure(result, window), out)
+        print(f"simwar: wrote {out}", file=sys.stderr)
+    if trace_path:
+        out = _output_path(trace_path, "--trace")
+        from .perfetto import write_chrome_trace
+
+        write_chrome_trace(result.trace, out)
+        print(f"simwar: wrote {out}", file=sys.stderr)
+
+
+def parse_window(text: str, steps: int) -> tuple[int, int]:
+    """``"A:B"`` -> (A, B), with 0 <= A <= B < steps."""
+    parts = text.split(":")
+    try:
+        a, b = (int(p) for p in parts)
+    except ValueError:
+        raise UserError(f"--steps-window: expected A:B (two step numbers), got '{text}'") from None
+    if not 0 <= a <= b < steps:
+        raise UserError(f"--steps-window: expected 0 <= A <= B < {steps} (the run's steps), "
+                        f"got '{text}'")
+    return a, b
+
+
+def _output_path(path: str, option: str, image: bool = False) -> Path:
+    out = Path(path)
+    if not out.parent.exists():
+        raise UserError(f"{option}: directory {out.parent} does not exist")
+    if image:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        kinds = FigureCanvasAgg.get_supported_filetypes()
+        if out.suffix.lstrip(".").lower() not in kinds:
+            raise UserError(f"{option}: {out.name}: expected an image file name ending in "
+                            f"{', '.join('.' + k for k in sorted(kinds))}")
+    return out
+
+
+def _save(fig, out: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.savefig(out, dpi=110)
+
+
+def read_results(path: str):
+    """A sweep's results table from its directory or the table file itself."""
+    import pandas as pd
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / RESULTS_FILE
+        if not p.exists():
+            raise UserError(f"{path}: no {RESULTS_FILE} here (run `simwar sweep SWEEP.yaml "
+                            f"--out {path}` first)")
+    elif not p.exists():
+        raise UserError(f"{path}: no such sweep directory or results file")
+    try:
+        if p.suffix == ".csv":
+            return pd.read_csv(p)
+        return pd.read_parquet(p)
+    except (OSError, ValueError) as e:  # corrupt or foreign (Arrow errors subclass these)
+        raise UserError(f"{p}: cannot read a results table ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else 'unreadable'})") from None
+
+
+def _filter(df, items: list[str]):
+    from .config import parse_override
+
+    for item in items:
+        key, value = parse_override(item)
+        if key not in df.columns:
+            raise UserError(f"--where {item}: no column '{key}'")
+        col = df[key]
+        keep = col == value
+        if not keep.any():  # tables store some values as text: compare as text too
+            keep = col.astype(str) == str(value)
+        df = df[keep]
+        if df.empty:
+            raise UserError(f"--where {item}: no rows match")
+    return df
+
+
+def cmd_plot(args) -> int:
+    df = _filter(read_results(args.sweep_dir), args.where)
+    for option, col in (("--x", args.x), ("--y", args.y), ("--hue", args.hue)):
+        if col is not None and col not in df.columns:
+            cols = list(df.columns)  # sweep tables put the swept keys before run_id
+            swept = cols[:cols.index("run_id")] if "run_id" in cols else []
+            raise UserError(f"{option} {col}: not a column of {args.sweep_dir} (swept keys: "
+                            f"{', '.join(swept) or 'none'}; metrics like step_us_mean, "
+                            f"fwd_gap_us_mean, gpu_idle_us_mean)")
+    if args.kind == "heatmap" and not args.hue:
+        raise UserError("--kind heatmap: needs --hue KEY for the y axis")
+    out = _output_path(args.out, "-o", image=True)
+    from matplotlib.figure import Figure
+
+    from . import plots
+
+    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    if args.kind == "heatmap":
+        plots.sweep_heatmap(df, args.x, args.hue, args.y, ax=ax)
+    else:
+        plots.sweep_lines(df, args.x, args.y, hue=args.hue, ax=ax)
+    ax.set_title(f"{args.y} by {args.x}" + (f" and {args.hue}" if args.hue else ""),
+                 loc="left", fontsize=10)
+    _save(fig, out)
+    print(f"simwar: wrote {out}", file=sys.stderr)
+    return 0
