@@ -454,7 +454,7 @@ class _Builder:
         out: list[tuple[float, float, str]] = []
         for a in cand:
             s, e = a.ts - self.origin, a.ts + a.dur - self.origin
-            if out and s < out[-1][1]:  # nested or overlapping: keep the outer range
+            if out and e <= out[-1][1]:  # nested in the previous step: keep the outer range
                 continue
             out.append((s, e, a.name))
         if not out and (self.cap.device_events or self.cap.runtime_calls):

@@ -1,0 +1,164 @@
+"""``simwar import``: read a torch.profiler (Kineto) capture, print its stall figures, fit durations.
+
+    simwar import TRACE [--mapping MAP.yaml] [--json]
+    simwar import TRACE --mapping MAP.yaml --fit -o fitted.yaml [--dist best]
+
+The summary is the one ``simwar run`` prints for a simulation (same metrics
+code), plus event counts and HTA's idle breakdown per stream. ``--json``
+prints one object. ``--fit`` writes per-phase duration distributions and host
+costs as a partial config (``simwar run --costs fitted.yaml`` uses its costs).
+Progress goes to stderr while the file is read (on a terminal).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "import", help="import a torch.profiler (Kineto) trace and print its stall metrics",
+        description="Read a Kineto Chrome-trace capture (.json or .json.gz), build a simwar "
+                    "trace from it and print the same step metrics a simulation reports.")
+    p.add_argument("trace", help="Kineto trace written by export_chrome_trace (.json, .json.gz)")
+    p.add_argument("--mapping", metavar="YAML",
+                   help="stream names, step/run_batch annotations, phase and site regexes")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--fit", action="store_true",
+                   help="fit per-phase durations and host costs; write them with -o")
+    p.add_argument("-o", "--output", metavar="YAML", help="where --fit writes its config")
+    p.add_argument("--dist", choices=("best", "empirical", "normal", "lognormal"),
+                   default="best", help="distribution --fit writes (default: best by KS)")
+    p.add_argument("--save-trace", metavar="FILE",
+                   help="also save the imported simwar trace (.json or .json.gz)")
+    p.add_argument("--steps-csv", metavar="FILE", help="also write the per-step table as CSV")
+    p.add_argument("--kernel-wait-us", type=float, default=None, metavar="US",
+                   help="HTA's consecutive-kernel delay threshold (default 0.03 µs)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_import)
+
+
+def cmd_import(args) -> int:
+    from .cli import UserError, _jsonable
+    from .importers.kineto import KinetoFormatError, import_kineto
+    from .importers.mapping import load_mapping
+    from .importers.stalls import HTA_KERNEL_WAIT_US, import_report
+
+    if args.fit and not args.output:
+        raise UserError("--fit needs -o FILE (where to write the fitted config)")
+    mapping = load_mapping(args.mapping)
+    path = Path(args.trace)
+    if not path.exists():
+        raise UserError(f"{path}: file not found")
+    try:
+        with _progress(path, disabled=args.no_progress) as progress:
+            result = import_kineto(path, mapping, progress=progress)
+    except KinetoFormatError as e:
+        raise UserError(str(e)) from None
+    steps, report = import_report(result, args.kernel_wait_us if args.kernel_wait_us is not None
+                                  else HTA_KERNEL_WAIT_US)
+    if args.save_trace:
+        result.trace.save(args.save_trace)
+    if args.steps_csv:
+        steps.to_csv(args.steps_csv, index=False)
+    if args.fit:
+        report["fit"] = _write_fit(result.trace, args.output, args.dist, path.name)
+    for w in report["warnings"]:
+        print(f"simwar: warning: {w}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(_jsonable(report), sort_keys=True))
+    else:
+        print(format_report(report))
+        if args.fit:
+            print(f"  fitted              {len(report['fit'])} distributions -> {args.output}")
+    return 0
+
+
+class _progress:
+    """A tqdm bar over the file's bytes, as a ``progress(done, total)`` callback."""
+
+    def __init__(self, path: Path, disabled: bool):
+        self.path = path
+        self.disabled = disabled
+        self.bar = None
+
+    def __enter__(self):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=self.path.stat().st_size, unit="B", unit_scale=True,
+                        desc=f"reading {self.path.name}", file=sys.stderr, leave=False,
+                        disable=True if self.disabled else None)
+        return self.update
+
+    def update(self, done: int, total: int) -> None:
+        self.bar.update(max(0, done - self.bar.n))
+
+    def __exit__(self, *exc):
+        self.bar.close()
+        return False
+
+
+def _write_fit(trace, output: str, dist: str, source: str) -> dict:
+    import yaml
+
+    from .importers.fit import fit_durations
+
+    fit = fit_durations(trace, dist)
+    lines = [f"# Durations fitted by `simwar import --fit` from {source} "
+             f"(steps after warm-up {trace.meta.get('warmup_steps', 0)}).",
+             "# GPU time per phase is written as body_us (a capture does not show the "
+             "load_batch/prep split).",
+             "# Fits compared (KS distance; a fit is rejected above the critical value):"]
+    for key, d in fit.details.items():
+        if "ks" in d:
+            ks = ", ".join(f"{k} {v}" for k, v in d["ks"].items())
+            lines.append(f"#   {key}: n={d['n']} mean={d['mean']} std={d['std']} KS: {ks} "
+                         f"(critical {d['ks_critical']}) -> {d['chosen']}")
+        else:
+            lines.append(f"#   {key}: n={d['n']} constant {d['mean']}")
+    text = "\n".join(lines) + "\n" + yaml.safe_dump(fit.config, sort_keys=False,
+                                                    default_flow_style=None, width=100)
+    Path(output).write_text(text)
+    return fit.details
+
+
+def format_report(r: dict) -> str:
+    c = r["counts"]
+    s = r["metrics"]
+    lines = [f"{r['file']}: {c['kernels']} kernels, {c['memcpys']} memcpys, {c['memsets']} "
+             f"memsets, {c['sync_events']} sync events, {c['host_runtime_calls']} host runtime "
+             f"calls, {c['ignored_events']} ignored events",
+             f"  steps               {r['steps']} in the capture; {s.get('steps_measured', 0)} "
+             f"measured; forward stream '{r['forward_stream']}'"]
+    if s.get("steps_measured", 0) > 0:
+        blocked = ", ".join(f"{k[len('cpu_blocked_'):-len('_us_mean')]} {v:.1f}"
+                            for k, v in s.items()
+                            if k.startswith("cpu_blocked_") and k.endswith("_us_mean")
+                            and k != "cpu_blocked_us_mean" and v > 0)
+        lines += [
+            f"  step time           mean {s['step_us_mean']:.1f} µs   p50 {s['step_us_p50']:.1f}"
+            f"   p99 {s['step_us_p99']:.1f}",
+            f"  forward             {s['fwd_us_mean']:.1f} µs; gap before it "
+            f"{s['fwd_gap_us_mean']:.1f} µs",
+            f"  GPU idle (forward)  {s['gpu_idle_us_mean']:.1f} µs/step (waiting on a dependency "
+            f"{s['gpu_idle_dep_us_mean']:.1f}, on the host {s['gpu_idle_host_us_mean']:.1f}); "
+            f"busy {100 * s['gpu_busy_fraction']:.1f}%",
+            f"  CPU blocked         {s['cpu_blocked_us_mean']:.1f} µs/step {blocked}".rstrip(),
+            f"  launch lead         mean {s['launch_lead_us_mean']:.1f} µs; run-ahead fraction "
+            f"{s['run_ahead_fraction']:.3f}",
+            f"  launch-ahead depth  mean {s['launch_ahead_mean']:.3f}; histogram "
+            + ", ".join(f"{k}: {v:.2f}" for k, v in s["launch_ahead_hist"].items()),
+        ]
+    else:
+        lines.append("  (no measured steps: need at least two steps with forward kernels "
+                     "after warm-up)")
+    if r["idle"]:
+        lines.append("  stream idle (HTA)   µs after warm-up: busy / idle = host-wait + "
+                     "kernel-wait + dependency + other")
+        for lane, d in r["idle"].items():
+            lines.append(f"    {lane:<17} {d['busy_us']:.1f} / {d['idle_us']:.1f} = "
+                         f"{d['host_wait_us']:.1f} + {d['kernel_wait_us']:.1f} + "
+                         f"{d['dependency_us']:.1f} + {d['other_us']:.1f}")
+    return "\n".join(lines)
