@@ -172,7 +172,8 @@ class _Builder:
         cfg, pol = self.cfg, self.cfg.policy
         self.ops.append(Marker("run_batch", k))
         if pol.needs_cpu_seq_lens and k > 0:
-            # resolve_seq_lens_cpu: D2H on a private stream gated on k-1's publish, then a host block
+            # resolve_seq_lens_cpu: a D2H on a private stream gated on the publish of k-1,
+            # then a host block on it
             self.wait_event("d2h", f"publish_ready[{k - 1}]", k)
             self.launch("d2h", "seq_lens_d2h", cfg.gpu.seq_lens_copy_us, k)
             self.record(f"seq_lens_d2h[{k}]", "d2h", k)
