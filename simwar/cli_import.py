@@ -1,4 +1,4 @@
-"""``simwar import``: read a torch.profiler (Kineto) capture, print its stall figures, fit durations.
+"""``simwar import``: read a torch.profiler (Kineto) capture, print its stalls, fit durations.
 
     simwar import TRACE [--mapping MAP.yaml] [--json]
     simwar import TRACE --mapping MAP.yaml --fit -o fitted.yaml [--dist best]

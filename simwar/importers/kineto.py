@@ -134,6 +134,8 @@ def read_capture(path: str | Path, progress: ProgressFn | None = None,
     ``progress(done_bytes, total_bytes)`` is called after each chunk (bytes of
     the file on disk, compressed for ``.gz``).
     """
+    import ijson
+
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: file not found")
@@ -156,7 +158,7 @@ def read_capture(path: str | Path, progress: ProgressFn | None = None,
                                             if progress is not None else None)
         except (OSError, EOFError) as e:
             raise KinetoFormatError(f"{path}: cannot decompress: {_one_line(e)}") from None
-        except ValueError as e:  # ijson.JSONError and its subclasses
+        except ijson.JSONError as e:
             raise KinetoFormatError(f"{path}: not valid JSON: {_one_line(e)}") from None
     if first == b"{" and not seen_key:
         raise KinetoFormatError(f"{path}: no 'traceEvents' array (not a Kineto/Chrome trace)")
