@@ -1,0 +1,236 @@
+"""Plot functions on the Agg backend: the lanes, artists and explanations they draw."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from simwar import plots  # noqa: E402
+from simwar.api import simulate  # noqa: E402
+from simwar.cli import main  # noqa: E402
+
+SMALL = {"steps": 14, "warmup_steps": 4}
+WINDOW = (5, 7)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {
+        "coarse": simulate(None, {**SMALL, "policy.barrier": "coarse"}),
+        "fine": simulate(None, {**SMALL, "policy.barrier": "fine"}),
+        "none": simulate(None, {**SMALL, "policy.barrier": "none"}),
+    }
+
+
+def _gids(ax: Axes) -> list[str]:
+    return [a.get_gid() for a in [*ax.collections, *ax.patches, *ax.texts, *ax.lines]
+            if a.get_gid()]
+
+
+def _ylabels(ax: Axes) -> list[str]:
+    return [t.get_text() for t in ax.get_yticklabels()]
+
+
+def test_timeline_lanes_kinds_edges_and_steps(runs):
+    ax = plots.timeline(runs["fine"], steps=WINDOW)
+    assert isinstance(ax, Axes)
+    assert _ylabels(ax) == ["cpu", "schedule", "forward", "copy"]
+    gids = set(_gids(ax))
+    for gid in ("span:cpu:cpu", "span:cpu:api", "span:cpu:blocked", "span:forward:kernel",
+                "span:forward:graph", "span:copy:wait", "edge:record_wait", "edge:record_sync"):
+        assert gid in gids, gid
+    # host blocks are hatched, nothing else is
+    hatched = {c.get_gid() for c in ax.collections if c.get_hatch()}
+    assert hatched == {"span:cpu:blocked"}
+    # every step of the window is marked and labelled
+    for k in range(WINDOW[0], WINDOW[1] + 1):
+        assert f"step:{k}" in gids and f"steplabel:{k}" in gids
+    lo, hi = ax.get_xlim()
+    start = next(m.time_us for m in runs["fine"].trace.markers
+                 if m.name == "step" and m.step == WINDOW[0])
+    assert lo == pytest.approx(start * 1e-3)
+    # the fine barrier leaves no forward-stream bubble and no race
+    assert "bubble" not in gids and "races" not in gids
+
+
+def test_timeline_lanes_include_plan_and_d2h_when_present():
+    r = simulate(None, {**SMALL, "policy.plan_stream": True, "policy.needs_cpu_seq_lens": True})
+    ax = plots.timeline(r, steps=WINDOW, annotate=False)
+    assert _ylabels(ax) == ["cpu", "schedule", "plan", "forward", "copy", "d2h"]
+
+
+def test_timeline_takes_a_trace_and_an_axes(runs):
+    fig = Figure()
+    ax = fig.add_subplot()
+    out = plots.timeline(runs["coarse"].trace, ax=ax, steps=WINDOW)
+    assert out is ax
+    assert "bubble" in _gids(ax)
+
+
+def test_coarse_bubble_is_shaded_and_its_cause_explained(runs):
+    r = runs["coarse"]
+    ax = plots.timeline(r, steps=WINDOW)
+    gids = _gids(ax)
+    assert "bubble" in gids and "bubble_cause" in gids
+    explain = [t for t in ax.texts if t.get_gid() == "bubble_explain"]
+    assert len(explain) == 1
+    text = explain[0].get_text()
+    assert "schedule.wait_stream(forward)" in text and "coarse WAR barrier" in text
+    assert "schedule_writes" in text
+    labels = [t.get_text() for t in ax.texts if t.get_gid() == "bubble_label"]
+    gap = float(r.steps.set_index("step").fwd_gap_us[WINDOW[0] + 1])
+    assert f"{gap:.0f} µs" in labels[0]
+
+
+def test_bubbles_walk_back_to_the_barrier(runs):
+    r = runs["coarse"]
+    found = plots.bubbles(r, window=(5, 10))
+    steps = r.steps.set_index("step")
+    assert [b.step for b in found] == list(range(5, 11))
+    for b in found:
+        assert b.idle_us == pytest.approx(steps.fwd_gap_us[b.step])
+        # forward held by its wait on schedule; schedule held by the coarse barrier on forward
+        assert [(h.lane, h.released_by) for h in b.hops] == [("forward", "schedule"),
+                                                            ("schedule", "forward")]
+        assert b.hops[0].api_label == "forward.wait_stream(schedule)"
+        assert b.hops[1].api_label == "schedule.wait_stream(forward)"
+        # the barrier released exactly when the previous forward ended
+        assert b.hops[1].released_at_us == pytest.approx(b.start_us)
+    lines = plots.story(r, found[0])
+    assert lines[-1].startswith(f"Result: forward idles {found[0].idle_us:.0f} µs")
+    assert plots.bubbles(runs["fine"]) == []
+
+
+def test_host_caused_bubble_names_the_host_block():
+    r = simulate(None, {**SMALL, "policy.needs_cpu_seq_lens": True})
+    found = plots.bubbles(r, window=WINDOW)
+    assert found and all(not b.hops for b in found)
+    assert "seq_lens" in found[0].cause and "nothing was enqueued" in found[0].cause
+
+
+def test_races_outline_both_accesses_in_red(runs):
+    r = runs["none"]
+    ax = plots.timeline(r, steps=WINDOW)
+    coll = [c for c in ax.collections if c.get_gid() == "races"]
+    assert len(coll) == 1
+    assert tuple(coll[0].get_edgecolor()[0][:3]) == pytest.approx(
+        matplotlib.colors.to_rgb(plots.RACE_COLOR))
+    # both sides of WAR on req_to_token: the forward's reads and the schedule stream's writes
+    ys = {round(float(np.mean(p.vertices[:, 1]))) for p in coll[0].get_paths()}
+    lanes = _ylabels(ax)
+    assert {lanes[y] for y in ys} == {"forward", "schedule"}
+    assert plots.timeline(r, steps=WINDOW, races=()).collections  # hiding races still draws
+    assert "races" not in _gids(plots.timeline(r, steps=WINDOW, races=()))
+
+
+def test_timeline_window_errors(runs):
+    with pytest.raises(ValueError, match="empty"):
+        plots.timeline(runs["fine"], steps=(6, 5))
+    with pytest.raises(ValueError, match="no spans"):
+        plots.timeline(runs["fine"], steps=(500, 501))
+
+
+def test_stall_figure_zooms_on_the_first_bubble(runs):
+    fig = plots.stall_figure(runs["coarse"], WINDOW)
+    top, zoom = fig.axes[:2]
+    b = plots.bubbles(runs["coarse"], window=WINDOW)[0]
+    lo, hi = zoom.get_xlim()
+    assert lo * 1e3 < b.start_us and b.end_us < hi * 1e3
+    assert "bubble_explain" in _gids(zoom) and "bubble_explain" not in _gids(top)
+    FigureCanvasAgg(fig).draw()  # renders without error
+    assert len(plots.stall_figure(runs["fine"], WINDOW).axes) == 1
+
+
+def test_comparison_plots(runs):
+    ax = plots.stall_breakdown(runs)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["coarse", "fine", "none"]
+    bars = {p.get_gid() for p in ax.patches if p.get_gid()}
+    assert "bar:gpu_idle_dep_us_mean" in bars and "bar:cpu_blocked_result_copy_us_mean" in bars
+    dep = [p.get_height() for p in ax.patches if p.get_gid() == "bar:gpu_idle_dep_us_mean"]
+    assert dep[0] == pytest.approx(runs["coarse"].summary["gpu_idle_dep_us_mean"])
+
+    ax = plots.launch_ahead_hist(runs)
+    assert sum(1 for p in ax.patches if p.get_gid() == "hist:fine") >= 1
+
+    ax = plots.step_time_ecdf(runs)
+    assert [ln.get_gid() for ln in ax.lines] == ["ecdf:coarse", "ecdf:fine", "ecdf:none"]
+    coarse_x = ax.lines[0].get_xdata()
+    assert coarse_x.max() == pytest.approx(runs["coarse"].steps.step_us.max())
+
+    # summaries as plain dicts work too
+    summaries = {k: r.summary for k, r in runs.items()}
+    assert plots.stall_breakdown(summaries).patches
+
+
+def _sweep_frame() -> pd.DataFrame:
+    rows = []
+    for barrier in ("coarse", "fine"):
+        for sched in (250, 1000, 4000):
+            for repeat in range(2):
+                rows.append({"policy.barrier": barrier, "cpu.schedule_us": sched,
+                             "run_id": len(rows), "repeat": repeat,
+                             "step_us_mean": 5000 + sched * (barrier == "coarse") + repeat})
+    return pd.DataFrame(rows)
+
+
+def test_sweep_lines_and_heatmap():
+    df = _sweep_frame()
+    ax = plots.sweep_lines(df, "cpu.schedule_us", "step_us_mean", hue="policy.barrier")
+    assert [ln.get_gid() for ln in ax.lines] == ["line:coarse", "line:fine"]
+    assert list(ax.lines[0].get_xdata()) == [250, 1000, 4000]
+    assert list(ax.lines[0].get_ydata()) == [5250.5, 6000.5, 9000.5]  # mean of the repeats
+    assert len(ax.collections) == 2  # a min-max band per line
+    assert ax.get_xlabel() == "cpu.schedule_us" and ax.get_ylabel() == "step_us_mean"
+
+    ax = plots.sweep_heatmap(df, "cpu.schedule_us", "policy.barrier", "step_us_mean")
+    assert ax.images[0].get_array().shape == (2, 3)
+    with pytest.raises(KeyError, match="nope"):
+        plots.sweep_lines(df, "nope", "step_us_mean")
+
+
+def _png(path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_run_timeline(tmp_path, capsys):
+    out = tmp_path / "t.png"
+    rc = main(["run", "--set", "steps=14", "--set", "warmup_steps=4", "--set",
+               "policy.barrier=coarse", "--timeline", str(out), "--steps-window", "5:7", "--json"])
+    assert rc == 0 and _png(out)
+    assert "wrote" in capsys.readouterr().err
+    small = ["run", "--set", "steps=14", "--set", "warmup_steps=4"]
+    for bad in ("7:5", "x", "5:99"):
+        assert main([*small, "--timeline", str(out), "--steps-window", bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("simwar: error: --steps-window") and len(err.splitlines()) == 1
+    assert main([*small, "--timeline", str(tmp_path / "t.txt")]) == 2
+    assert main([*small, "--steps-window", "1:2"]) == 2
+    assert capsys.readouterr().err.count("simwar: error:") == 2
+
+
+def test_cli_plot(tmp_path, capsys):
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    _sweep_frame().to_parquet(sweep_dir / "results.parquet", index=False)
+    out = tmp_path / "s.png"
+    args = ["plot", str(sweep_dir), "--x", "cpu.schedule_us", "--y", "step_us_mean"]
+    assert main([*args, "--hue", "policy.barrier", "-o", str(out)]) == 0 and _png(out)
+    out.unlink()
+    assert main([*args, "--hue", "policy.barrier", "--kind", "heatmap", "-o", str(out)]) == 0
+    assert _png(out)
+    assert main([*args, "--where", "policy.barrier=fine", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main([*args, "--hue", "nope", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--hue nope" in err and "policy.barrier" in err and len(err.splitlines()) == 1
+    assert main(["plot", str(tmp_path), "--x", "a", "--y", "b", "-o", str(out)]) == 2
+    assert main([*args, "--kind", "heatmap", "-o", str(out)]) == 2
+    assert main([*args, "-o", str(tmp_path / "missing" / "s.png")]) == 2
