@@ -234,7 +234,7 @@ def _explain(index: _TraceIndex, fwd: str, step: int, start: float, end: float,
                     f"was busy with {worst.label}")
         return f"{fwd} idle {idle} before forward {step}: nothing was enqueued"
     parts = [f"{fwd} idle {idle} before forward {step}"]
-    for i, hop in enumerate(hops):
+    for hop in hops:
         if not hop.released_by:
             parts.append(f"{hop.lane} held by '{hop.span.label}'")
             continue
@@ -502,16 +502,18 @@ def _legend(ax: Axes, visible: list[Span], graph_kernels: set, raced: bool, edge
 
 
 def stall_figure(data, steps: tuple[int, int] | None = None, *, zoom_us: float = 900.0,
-                 figsize=(13, 7.2)) -> Figure:
+                 figsize=(13, 7.2), fig: Figure | None = None) -> Figure:
     """A timeline over ``steps`` above a zoom on its first forward-stream bubble.
 
-    Without a bubble in the window the figure holds the timeline alone.
+    Without a bubble in the window the figure holds the timeline alone. ``fig``:
+    draw into this (empty) figure, e.g. one made by pyplot in a notebook.
     """
     trace, step_df, race_list, warmup = _unpack(data)
     window = steps if steps is not None else default_window(trace)
     found = bubbles(_Data(trace, step_df), window=window)
-    fig = Figure(figsize=figsize if found else (figsize[0], figsize[1] * 0.55),
-                 layout="constrained")
+    if fig is None:
+        fig = Figure(figsize=figsize if found else (figsize[0], figsize[1] * 0.55),
+                     layout="constrained")
     races = [r for r in race_list if r.second_step >= warmup]
     if not found:
         timeline(data, fig.add_subplot(), steps=window, races=races)
