@@ -1,0 +1,416 @@
+"""The Kineto (torch.profiler) importer: schema handling, inference, metrics, fitting, CLI.
+
+Hand-made captures live in tests/data/kineto_synthetic (see each test for the
+timeline they encode); round trips write simulated runs as Kineto captures and
+check that the import gives back the simulator's own figures. Real GPU captures,
+when present under tests/data/kineto, are compared with the event-based metrics
+recorded beside them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from simwar.api import simulate
+from simwar.cli import main
+from simwar.config import ConfigError, load_config
+from simwar.importers.fit import fit_durations, fit_values
+from simwar.importers.kineto import KinetoFormatError, import_kineto, read_capture
+from simwar.importers.mapping import load_mapping
+from simwar.importers.stalls import idle_breakdown, import_report
+from simwar.importers.synthetic import write_kineto
+from simwar.metrics import analyze
+
+DATA = Path(__file__).parent / "data" / "kineto_synthetic"
+REAL = Path(__file__).parent / "data" / "kineto"
+
+# three_steps.json: steps at B = 1000, 2000, 3000 µs on the host thread (pid/tid 100).
+# Per step: "draft" annotation around a launch at B+12 (kernel gemm_a on stream 7 at
+# B+100..B+300); "verify" around a graph launch at B+42 (k_verify_1 B+300..450,
+# k_verify_2 B+450..550); cudaEventRecord at B+80; cudaStreamWaitEvent at B+85 (stream 13
+# waits on that record); a launch at B+90 of schedule_write on stream 13 at B+560..590;
+# "result_copy" around cudaEventSynchronize B+500..560 on the record; memcpy and memset on
+# stream 13. Plus a runtime call on another thread, a python_function per step, an unknown
+# category, flows, metadata and the window-end instant.
+MAPPING = {"streams": {7: "forward", 13: "schedule"},
+           "phases": {"^draft$": "draft", "^verify$": "verify"},
+           "sites": {"^result_copy$": "result_copy"}}
+
+
+@pytest.fixture(scope="module")
+def three_steps():
+    return import_kineto(DATA / "three_steps.json", MAPPING)
+
+
+# --------------------------------------------------------------------------- schema
+def test_counts_and_ignored_kinds(three_steps):
+    c = three_steps.counts
+    assert (c["kernel"], c["memcpy"], c["memset"], c["cuda_sync"]) == (12, 3, 3, 6)
+    assert c["host_runtime_calls"] == 24 and c["runtime"] == 25
+    ig = three_steps.ignored
+    assert ig["python_function"] == 3
+    assert ig["some_future_category"] == 1
+    assert ig["ac2g:s"] == 3 and ig["ac2g:f"] == 3
+    assert ig["metadata"] == 2 and ig["runtime_other_threads"] == 1
+    assert three_steps.ignored_total == 14
+    assert three_steps.warnings == []
+    assert three_steps.trace.meta["devices"][0]["name"] == "NVIDIA H200"
+
+
+def test_lanes_steps_and_phases(three_steps):
+    t = three_steps.trace
+    assert t.meta["forward_stream"] == "forward"
+    assert t.meta["step_names"] == ["ProfilerStep#10", "ProfilerStep#11", "ProfilerStep#12"]
+    kernels = [s for s in t.spans if s.kind == "kernel"]
+    assert {s.lane for s in kernels} == {"forward", "schedule"}
+    by_label = {(s.label, s.step): s for s in kernels}
+    assert by_label[("gemm_a", 1)].phase == "draft"  # from the enclosing annotation
+    assert by_label[("k_verify_2", 2)].phase == "verify"  # graph kernels share the launch
+    assert by_label[("schedule_write", 0)].phase == ""  # phase rules given, none matched
+    assert (by_label[("gemm_a", 0)].start_us, by_label[("gemm_a", 0)].end_us) == (100.0, 300.0)
+    assert [m.time_us for m in t.markers if m.name == "step"] == [0.0, 1000.0, 2000.0]
+    # run_batch: the first forward launch of each step
+    assert [m.time_us for m in t.markers if m.name == "run_batch"] == [12.0, 1012.0, 2012.0]
+
+
+def test_records_waits_and_syncs_are_bound_and_timed(three_steps):
+    t = three_steps.trace
+    ops = t.ops
+    waits = [o for o in ops if o.kind == "wait"]
+    syncs = [o for o in ops if o.kind == "sync"]
+    assert len(waits) == len(syncs) == 3
+    for k, (w, s) in enumerate(zip(waits, syncs)):
+        rec = ops[w.bound]
+        assert rec.kind == "record" and rec.lane == "forward" and ops[s.bound] is rec
+        assert rec.end_us == 1000 * k + 550  # fired when forward drained its work
+        assert w.lane == "schedule" and w.event == "event5"
+        # reached at the wait call's return, held until the queued kernel ran
+        assert (w.start_us, w.end_us) == (1000 * k + 87, 1000 * k + 560)
+        assert (s.start_us, s.end_us) == (1000 * k + 500, 1000 * k + 560)
+    held = [s for s in t.spans if s.kind == "wait"]
+    assert [(s.lane, s.start_us, s.end_us) for s in held] == \
+        [("schedule", 1000 * k + 87.0, 1000 * k + 560.0) for k in range(3)]
+    blocked = [s for s in t.spans if s.kind == "blocked"]
+    assert {s.site for s in blocked} == {"result_copy"}
+    assert len(t.edges()) == 6
+    assert [o.op_id for o in ops] == list(range(len(ops)))
+    assert all(a.issue_us <= b.issue_us for a, b in zip(ops, ops[1:]))
+
+
+def test_step_metrics_match_the_hand_computed_timeline(three_steps):
+    steps, summary, hazards = analyze(three_steps.trace)
+    assert steps.step_us.tolist()[:2] == [1000.0, 1000.0]
+    assert steps.fwd_us.tolist() == [450.0] * 3
+    assert steps.fwd_gap_us.tolist()[1:] == [550.0, 550.0]
+    assert steps.cpu_blocked_result_copy_us.tolist() == [60.0] * 3
+    assert steps.launch_lead_us.tolist()[:2] == [550 - 1012.0, 550 - 1012.0]
+    assert steps.launch_ahead.tolist() == [0.0, 0.0, 0.0]
+    assert summary["steps_measured"] == 2
+    assert summary["gpu_idle_host_us_mean"] == 550.0 and summary["gpu_idle_dep_us_mean"] == 0
+    assert hazards.races == []
+
+
+def test_idle_breakdown_by_hta_categories(three_steps):
+    idle = idle_breakdown(three_steps.trace)
+    fwd, sched = idle["forward"], idle["schedule"]
+    assert fwd["busy_us"] == 3 * 450 and fwd["idle_us"] == fwd["host_wait_us"] == 2 * 550
+    # schedule: 120 and 10 µs gaps inside each step, 828 µs between steps; every next op
+    # was issued after the previous one ended, so all of it is host-wait
+    assert sched["idle_us"] == sched["host_wait_us"] == 3 * 130 + 2 * 828
+    assert idle_breakdown(three_steps.trace, from_step=2)["forward"]["idle_us"] == 0.0
+
+
+def test_gzip_and_small_chunks_give_the_same_trace(three_steps):
+    gz = import_kineto(DATA / "three_steps.json.gz", MAPPING).trace
+    assert gz.spans == three_steps.trace.spans and gz.ops == three_steps.trace.ops
+    cap = read_capture(DATA / "three_steps.json", chunk_bytes=97)  # keys straddle chunks
+    assert cap.counts == read_capture(DATA / "three_steps.json").counts
+
+
+def test_progress_reports_bytes_up_to_the_file_size():
+    seen = []
+    read_capture(DATA / "three_steps.json", progress=lambda d, t: seen.append((d, t)),
+                 chunk_bytes=1000)
+    size = (DATA / "three_steps.json").stat().st_size
+    assert len(seen) > 5 and seen[-1] == (size, size)
+    assert all(a[0] <= b[0] for a, b in zip(seen, seen[1:]))
+
+
+# --------------------------------------------------------------------------- edge cases
+def test_empty_trace_is_not_an_error():
+    imp = import_kineto(DATA / "empty.json")
+    assert imp.trace.spans == [] and imp.trace.ops == [] and imp.ignored_total == 0
+    _, report = import_report(imp)
+    assert report["metrics"]["steps_measured"] == 0 and report["counts"]["kernels"] == 0
+
+
+def test_absolute_clock_and_skewed_gpu_clock(three_steps):
+    # ts since the epoch and a GPU clock 700 µs behind the host's
+    skewed = import_kineto(DATA / "clock_offset.json", MAPPING)
+    assert skewed.counts["device_before_launch"] == 18
+    assert any("GPU clock looks offset" in w for w in skewed.warnings)
+    base = analyze(three_steps.trace)[0]
+    got = analyze(skewed.trace)[0]
+    for col in ("step_us", "fwd_gap_us", "fwd_us", "cpu_blocked_us"):
+        np.testing.assert_array_equal(got[col], base[col])
+    assert got.launch_lead_us[0] == base.launch_lead_us[0] - 700
+    fixed = import_kineto(DATA / "clock_offset.json", {**MAPPING, "gpu_clock_offset_us": "auto"})
+    assert fixed.counts["device_before_launch"] == 0 and fixed.warnings == []
+    # auto aligns the earliest device op with its launch: 10 µs after it in the unskewed file
+    assert fixed.trace.meta["gpu_clock_offset_us"] == 690.0
+    explicit = import_kineto(DATA / "clock_offset.json", {**MAPPING, "gpu_clock_offset_us": 700})
+    assert analyze(explicit.trace)[0].launch_lead_us.tolist()[:2] == \
+        base.launch_lead_us.tolist()[:2]
+
+
+def test_missing_stream_args_fall_back_to_the_tid(three_steps):
+    imp = import_kineto(DATA / "no_stream_args.json", MAPPING)
+    assert imp.trace.spans == three_steps.trace.spans
+
+
+def test_mapping_naming_absent_streams_warns_and_still_imports():
+    imp = import_kineto(DATA / "three_steps.json",
+                        {**MAPPING, "streams": {7: "forward", 99: "copy"},
+                         "forward_stream": "nowhere"})
+    assert any("99" in w for w in imp.warnings)
+    assert any("forward_stream 'nowhere'" in w for w in imp.warnings)
+    _, report = import_report(imp)
+    assert report["metrics"]["steps_measured"] == 0
+    assert "stream13" in report["idle"]
+
+
+def test_kernels_without_a_launch_are_kept_and_stepped_by_time():
+    imp = import_kineto(DATA / "kernel_no_launch.json")
+    assert imp.counts["device_without_launch"] == 2
+    assert any("no host call" in w for w in imp.warnings)
+    spans = {s.label: s for s in imp.trace.spans if s.kind == "kernel"}
+    assert spans["nccl_from_another_process"].step == 0
+    assert spans["nccl_from_another_process"].lane == "stream9"
+    assert spans["no_correlation"].step == 1
+    assert imp.trace.meta["forward_stream"] == "stream7"  # busiest stream, no mapping
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("truncated.json", "not valid JSON"),
+    ("not_kineto.json", "no 'traceEvents' array"),
+])
+def test_malformed_files_give_one_clear_error(name, fragment):
+    with pytest.raises(KinetoFormatError) as info:
+        import_kineto(DATA / name)
+    msg = str(info.value)
+    assert fragment in msg and name in msg and "\n" not in msg
+
+
+def test_not_json_and_broken_gzip(tmp_path):
+    text = tmp_path / "notes.json"
+    text.write_text("hello")
+    with pytest.raises(KinetoFormatError, match="not JSON"):
+        read_capture(text)
+    broken = tmp_path / "cut.json.gz"
+    broken.write_bytes((DATA / "three_steps.json.gz").read_bytes()[:600])
+    with pytest.raises(KinetoFormatError, match="decompress|not valid JSON"):
+        read_capture(broken)
+    empty = tmp_path / "zero.json"
+    empty.write_text("")
+    with pytest.raises(KinetoFormatError, match="empty file"):
+        read_capture(empty)
+
+
+def test_chrome_array_format_is_read(tmp_path):
+    events = json.loads((DATA / "three_steps.json").read_text())["traceEvents"]
+    path = tmp_path / "array.json"
+    path.write_text(json.dumps(events))
+    assert import_kineto(path, MAPPING).counts == import_kineto(DATA / "three_steps.json",
+                                                                MAPPING).counts
+
+
+@pytest.mark.parametrize("mapping, fragment", [
+    ({"phases": {"(": "draft"}}, "phases: Value error, invalid regex"),
+    ({"streams": {"x7": "forward"}}, "streams"),
+    ({"stream": {7: "forward"}}, "stream: unknown key"),
+    ({"warmup_steps": -1}, "warmup_steps"),
+])
+def test_mapping_errors_are_one_line(mapping, fragment):
+    with pytest.raises(ConfigError) as info:
+        load_mapping(mapping)
+    assert "\n" not in str(info.value)
+    assert fragment.split(":")[0] in str(info.value)
+
+
+# --------------------------------------------------------------------------- round trips
+ROUND_TRIP_MAPPING = {
+    "streams": {7: "forward", 13: "schedule", 20: "copy"},
+    "phases": {r"^draft\.": "draft", r"^verify\.": "verify", r"^sample\.": "sample",
+               r"^materialize\.": "materialize"},
+    "run_batch": "^run_batch$", "warmup_steps": 5, "batch_size": 32, "accept_tokens": 3.2,
+    "sites": {"^result_copy$": "result_copy", "^barrier$": "barrier",
+              "^verify_done$": "verify_done"},
+}
+VARIED = {"steps": 40, "warmup_steps": 5,
+          "phases.verify.body_us": {"dist": "lognormal", "mean": 5100, "std": 400},
+          "cpu.process_result_us": {"dist": "normal", "mean": 800, "std": 300},
+          "costs.launch_us": {"dist": "normal", "mean": 6, "std": 1, "min": 1}}
+COLUMNS = ["fwd_start_us", "fwd_us", "step_us", "fwd_gap_us", "gpu_idle_us", "gpu_idle_dep_us",
+           "gpu_idle_host_us", "cpu_blocked_us", "launch_us", "launch_lead_us", "launch_ahead"]
+
+
+@pytest.mark.parametrize("policy", [
+    {},
+    {"policy.barrier": "coarse"},
+    {"algorithm": "dflash", "policy.barrier": "host_sync", "policy.placement": "loop_top"},
+])
+def test_round_trip_reproduces_the_simulated_step_table(tmp_path, policy):
+    sim = simulate(None, {**VARIED, **policy})
+    path = write_kineto(sim.trace, tmp_path / "sim.json.gz")
+    imp = import_kineto(path, ROUND_TRIP_MAPPING)
+    assert imp.warnings == []
+    got = analyze(imp.trace)[0].set_index("step")[COLUMNS]
+    want = sim.steps.set_index("step")[COLUMNS]
+    assert list(got.index) == list(want.index)
+    np.testing.assert_allclose(got.to_numpy(float), want.to_numpy(float), atol=0.01)
+    _, report = import_report(imp)
+    for key in ("step_us_mean", "fwd_gap_us_mean", "cpu_blocked_us_mean",
+                "launch_lead_us_mean", "tokens_per_s"):
+        assert report["metrics"][key] == pytest.approx(sim.summary[key], rel=1e-5, abs=0.01)
+    for lane, d in report["idle"].items():
+        parts = d["host_wait_us"] + d["kernel_wait_us"] + d["dependency_us"] + d["other_us"]
+        assert parts == pytest.approx(d["idle_us"]), lane
+
+
+def test_round_trip_binds_the_copy_stream_to_forward(tmp_path):
+    sim = simulate(None, {"steps": 20, "warmup_steps": 2})
+    imp = import_kineto(write_kineto(sim.trace, tmp_path / "s.json"), ROUND_TRIP_MAPPING)
+    idle = idle_breakdown(imp.trace, from_step=2)
+    # the result copy of step k is issued a step ahead and held by copy.wait_stream(forward)
+    assert idle["copy"]["dependency_us"] > 0.9 * idle["copy"]["idle_us"] > 0
+    assert imp.counts["waits_unbound"] == 0 and imp.counts["syncs_unbound"] == 0
+
+
+# --------------------------------------------------------------------------- fitting
+def test_fit_values_picks_a_fitting_family_and_rejects_bad_ones():
+    rng = np.random.default_rng(1)
+    dist, detail = fit_values(rng.normal(500, 20, 400))
+    assert detail["chosen"] in ("normal", "lognormal") and dist["mean"] == pytest.approx(500, 0.01)
+    dist, detail = fit_values(rng.lognormal(np.log(300), 0.8, 400))
+    assert detail["chosen"] == "lognormal"
+    assert dist["mean"] == pytest.approx(300 * math.exp(0.32), rel=0.1)
+    bimodal = np.concatenate([np.full(100, 10.0), np.full(100, 90.0)])
+    dist, detail = fit_values(bimodal, max_values=20)
+    assert detail["chosen"] == "empirical" and len(dist["values"]) == 20
+    assert fit_values([7.0, 7.0, 7.0])[0] == 7.0
+    with pytest.raises(ValueError, match="choose"):
+        fit_values([1, 2], choose="gamma")
+
+
+def test_fit_recovers_the_simulated_durations_and_loads_as_config(tmp_path):
+    sim = simulate(None, {**VARIED, "steps": 120})
+    imp = import_kineto(write_kineto(sim.trace, tmp_path / "s.json"), ROUND_TRIP_MAPPING)
+    fit = fit_durations(imp.trace, "lognormal")
+    verify = next(p for p in fit.config["phases"] if p["name"] == "verify")
+    # GPU time = the built-in prep (60) + the drawn body (lognormal mean 5100, std 400)
+    assert verify["body_us"]["dist"] == "lognormal"
+    assert verify["body_us"]["mean"] == pytest.approx(5160, rel=0.03)
+    assert verify["body_us"]["std"] == pytest.approx(400, rel=0.3)
+    assert fit.config["costs"]["launch_us"]["mean"] == pytest.approx(6, rel=0.1)
+    assert fit.config["costs"]["sync_wake_us"]["mean"] == pytest.approx(16, abs=0.01)
+    cfg = load_config(None, {"phases": fit.config["phases"], **{
+        f"costs.{k}": v for k, v in fit.config["costs"].items()}})
+    assert cfg.phase_table()[1].body_us.dist == "lognormal"
+
+
+# --------------------------------------------------------------------------- CLI
+def test_cli_json_has_counts_and_metrics(capsys, tmp_path):
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text(yaml.safe_dump(MAPPING))
+    assert main(["import", str(DATA / "three_steps.json"), "--mapping", str(mapping),
+                 "--json", "--no-progress"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["counts"]["kernels"] == 12 and out["counts"]["memcpys"] == 3
+    assert out["counts"]["memsets"] == 3 and out["counts"]["sync_events"] == 6
+    assert out["counts"]["host_runtime_calls"] == 24 and out["counts"]["ignored_events"] == 14
+    assert out["metrics"]["step_us_mean"] == 1000.0
+    assert out["metrics"]["fwd_gap_us_mean"] == 550.0
+    assert out["idle"]["forward"]["host_wait_us"] == 1100.0
+
+
+def test_cli_text_fit_and_saved_trace(capsys, tmp_path):
+    sim = simulate(None, {**VARIED, "steps": 30})
+    trace = write_kineto(sim.trace, tmp_path / "sim.json")
+    mapping = tmp_path / "map.yaml"
+    mapping.write_text(yaml.safe_dump(ROUND_TRIP_MAPPING))
+    fitted, saved = tmp_path / "fitted.yaml", tmp_path / "imported.json.gz"
+    assert main(["import", str(trace), "--mapping", str(mapping), "--fit", "-o", str(fitted),
+                 "--save-trace", str(saved), "--steps-csv", str(tmp_path / "steps.csv"),
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "step time" in out and "stream idle (HTA)" in out and str(fitted) in out
+    assert fitted.read_text().startswith("# Durations fitted")
+    assert (tmp_path / "steps.csv").read_text().startswith("step,")
+    from simwar.trace import Trace
+
+    assert len(Trace.load(saved).ops) > 0
+    # the fitted costs drive a simulation directly
+    assert main(["run", "--costs", str(fitted), "--set", "steps=30", "--set",
+                 "warmup_steps=5", "--json"]) == 0
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["import", str(DATA / "truncated.json")], "not valid JSON"),
+    (["import", str(DATA / "missing.json")], "file not found"),
+    (["import", str(DATA / "three_steps.json"), "--fit"], "--fit needs -o"),
+])
+def test_cli_user_errors_are_one_line(capsys, argv, fragment):
+    assert main(argv + ["--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("simwar: error:") and fragment in err and "\n" not in err
+
+
+def test_reader_does_not_import_pandas():
+    code = ("import sys; from simwar.importers.kineto import import_kineto; "
+            f"import_kineto({str(DATA / 'three_steps.json')!r}); "
+            "assert 'pandas' not in sys.modules, 'pandas imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------- real captures
+def _real_captures():
+    if not REAL.is_dir():
+        return []
+    return sorted(p for p in REAL.iterdir()
+                  if p.name.endswith((".json", ".json.gz")) and ".metrics" not in p.name
+                  and "mapping" not in p.name)
+
+
+def _beside(capture: Path, suffix: str) -> Path | None:
+    stem = capture.name.removesuffix(".gz").removesuffix(".json")
+    for cand in (capture.with_name(stem + suffix), capture.with_name(suffix.lstrip("."))):
+        if cand.exists():
+            return cand
+    return None
+
+
+@pytest.mark.skipif(not _real_captures(), reason="no GPU captures under tests/data/kineto yet")
+@pytest.mark.parametrize("capture", _real_captures(), ids=lambda p: p.name)
+def test_real_capture_matches_the_replays_event_timing(capture):
+    metrics_file = _beside(capture, ".metrics.json")
+    if metrics_file is None:
+        pytest.skip(f"{capture.name}: no metrics file beside it")
+    expected = json.loads(metrics_file.read_text())
+    expected = expected.get("summary", expected)
+    mapping = _beside(capture, ".mapping.yaml")
+    imp = import_kineto(capture, mapping)
+    _, report = import_report(imp)
+    got = report["metrics"]
+    assert got["steps_measured"] > 0
+    assert got["step_us_mean"] == pytest.approx(expected["step_us_mean"], rel=0.03)
+    gap = expected["fwd_gap_us_mean"]
+    assert got["fwd_gap_us_mean"] == pytest.approx(gap, rel=0.03,
+                                                   abs=0.03 * expected["step_us_mean"])
