@@ -1,4 +1,4 @@
-"""``simwar sweep``, ``simwar validate`` and ``simwar show``: the command line of sweeps and configs.
+"""``simwar sweep``, ``simwar validate`` and ``simwar show``: sweeps and configs on the CLI.
 
 ``sweep`` runs a sweep file (locally or on Ray) into an output directory, with
 a progress bar on stderr; ``validate`` checks config and sweep files and says

@@ -46,8 +46,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, \
-    model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import __version__
 from .config import ConfigError, _first_error, load_config, parse_override, read_yaml
@@ -138,7 +137,7 @@ class Sweep:
     overrides: dict[str, Any] = field(default_factory=dict)
 
     def resolved(self) -> dict:
-        """A self-contained sweep mapping (base inlined, overrides applied) that expands the same."""
+        """A self-contained sweep mapping (base inlined, overrides applied); expands the same."""
         out: dict[str, Any] = {"base": copy.deepcopy(self.base)}
         if self.spec.grid:
             out["grid"] = copy.deepcopy(self.spec.grid)
@@ -314,7 +313,8 @@ class RunStore:
     def save(self, run: Run, summary: dict) -> None:
         record = {"run_key": run.run_key, "config_hash": run.config_hash, "seed": run.seed,
                   "simwar_version": __version__, "summary": summary, "config": run.config}
-        payload = json.dumps(record, sort_keys=True, indent=1, allow_nan=False).encode()
+        # key order kept: the summary's metric order becomes the table's column order
+        payload = json.dumps(record, indent=1, allow_nan=False).encode()
         atomic_write_bytes(self.path(run), payload)
 
     def remove_stale_temporaries(self) -> None:

@@ -1,4 +1,4 @@
-"""Every shipped config and sweep file validates, runs, and shows the behaviour its comment claims."""
+"""Every shipped config and sweep file validates, runs, and behaves as its comment claims."""
 
 from __future__ import annotations
 
