@@ -15,10 +15,11 @@ so that the timed loop does no bookkeeping beyond the calls themselves:
   from a per-node array indexed by it, read nodes snapshot into a contiguous
   slot range indexed by it.
 - **timing points**: a timing event is recorded before and after every eager
-  kernel and every graph launch (the span a metric can use); consecutive
-  timed launches on one stream with only records between them share the
-  boundary point. Records, waits and in-graph nodes are placed afterwards from
-  these anchors (``replay.assemble``).
+  kernel and every graph launch (the span a metric can use). Points are never
+  shared between neighbours, so every launch makes the same host calls and
+  costs the host the same (one calibrated ``launch_us`` then fits them all).
+  Records, waits and in-graph nodes are placed afterwards from these anchors
+  (``replay.assemble``).
 
 Imports: the standard library and ``simwar.program`` only (the plan is made
 on the GPU machine, which has torch but no simpy, pydantic or pandas).
@@ -42,9 +43,6 @@ from ..program import (
     WaitEvent,
     WaitStream,
 )
-
-NO_POINT = -1
-
 
 @dataclass(frozen=True, slots=True)
 class ReadSite:
@@ -157,21 +155,11 @@ def make_plan(program: Program) -> ReplayPlan:
     events: dict[str, None] = {}
     graph_events: dict[tuple[str, str], None] = {}
     streams: dict[str, None] = {s: None for s in program.streams}
-    # stream -> timing point at its tail, while only timed work and records followed it
-    open_tail: dict[str, int] = {}
     steps: list = []
 
-    def point_before(stream: str) -> int:
-        nonlocal next_point
-        if stream in open_tail:
-            return open_tail[stream]
-        next_point += 1
-        return next_point - 1
-
-    def point_after(stream: str) -> int:
+    def new_point() -> int:
         nonlocal next_point
         next_point += 1
-        open_tail[stream] = next_point - 1
         return next_point - 1
 
     for index, op in enumerate(program.ops):
@@ -192,9 +180,9 @@ def make_plan(program: Program) -> ReplayPlan:
                                        latest_stamp.get(b, 0)))
                 rs.append(ReadSite(buf_index[b], next_slot))
                 next_slot += 1
-            start = point_before(op.stream)
+            start = new_point()
             steps.append(KernelStep(index, op.stream, k, op.step, tuple(writes), tuple(rs),
-                                    start, point_after(op.stream)))
+                                    start, new_point()))
         elif kind is GraphLaunch:
             streams.setdefault(op.stream, None)
             gp = graphs.get(op.graph)
@@ -220,14 +208,13 @@ def make_plan(program: Program) -> ReplayPlan:
                     buf = buffers[r.buffer]
                     reads.append(ReadCheck(r.slot + launch, index, node_no, buf, op.step,
                                            node.kernel.label, latest_stamp.get(buf, 0)))
-            start = point_before(op.stream)
+            start = new_point()
             steps.append(GraphStep(index, op.stream, op.graph, launch, op.step, start,
-                                   point_after(op.stream)))
+                                   new_point()))
         elif kind is Record:
             events.setdefault(op.event, None)
-            steps.append(op)  # zero device time: the stream's open tail point stays valid
+            steps.append(op)
         elif kind in (WaitEvent, WaitStream):
-            open_tail.pop(op.stream, None)
             if kind is WaitStream:
                 streams.setdefault(op.other, None)
             steps.append(op)

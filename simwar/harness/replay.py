@@ -75,15 +75,19 @@ class Backend(Protocol):
     def info(self) -> dict: ...
 
 
-def replay(plan: ReplayPlan, backend: Backend) -> Trace:
-    """Run ``plan`` on ``backend``; return the measured Trace."""
+def replay(plan: ReplayPlan, backend: Backend, step_hook=None) -> Trace:
+    """Run ``plan`` on ``backend``; return the measured Trace.
+
+    ``step_hook(step)``, if given, is called at the start of each host
+    iteration (e.g. to open a profiler range); its time is charged to the
+    iteration's first op.
+    """
     backend.setup(plan)
     steps = plan.steps
     n = len(steps)
     t0 = [0.0] * n
     t1 = [0.0] * n
     first = [0.0] * n
-    recorded = [False] * plan.timing_points
     bound: dict[str, tuple] = {}  # event name -> key of its latest record
     bound_at_issue: list[tuple | None] = [None] * n
     clock = backend.clock_us
@@ -93,21 +97,18 @@ def replay(plan: ReplayPlan, backend: Backend) -> Trace:
         t0[i] = t
         if kind is CpuWork:
             t = backend.busy_until(t + st.duration_us)
+        elif kind is StepMarker:
+            if step_hook is not None:
+                step_hook(st.step)
         elif kind is KernelStep:
-            if not recorded[st.start_point]:
-                backend.record_point(st.start_point, st.stream)
-                recorded[st.start_point] = True
+            backend.record_point(st.start_point, st.stream)
             first[i] = backend.kernel(st)
             backend.record_point(st.end_point, st.stream)
-            recorded[st.end_point] = True
             t = clock()
         elif kind is GraphStep:
-            if not recorded[st.start_point]:
-                backend.record_point(st.start_point, st.stream)
-                recorded[st.start_point] = True
+            backend.record_point(st.start_point, st.stream)
             first[i] = backend.graph_launch(st)
             backend.record_point(st.end_point, st.stream)
-            recorded[st.end_point] = True
             for node in plan.graphs[st.graph].nodes:
                 if node.kernel is None:
                     bound[node.event] = ("graph", st.graph, node.event)

@@ -1,0 +1,142 @@
+"""Entry point on the GPU machine: replay serialized programs, write traces and benchmarks.
+
+``python -m simwar.harness.gpu_main PROGRAMS OUT [--repeats N] [--bench]
+[--profile DIR]`` replays every ``PROGRAMS/*.json`` (``Program.to_json``)
+``N`` times, in case order within each repeat, and writes one tar of
+``<case>.trace.json.gz`` per repeat (``OUT/traces_r<N>.tar``: few files to
+bring back). ``--bench`` writes the primitive micro-benchmarks to
+``OUT/bench.json``; ``--profile DIR`` replays each program of DIR under
+``torch.profiler`` (CPU and CUDA activities, CUDA sync events where this torch
+has them), with each host iteration inside ``record_function("step#<k>")``,
+and writes ``OUT/kineto.tar`` holding ``<case>.kineto.json.gz`` and the
+harness's own ``<case>.trace.json.gz`` of the same run.
+
+Imports: torch and the standard library (no simpy, pydantic or pandas there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import shutil
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from ..program import Program
+from .plan import make_plan
+from .replay import replay
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = int(time.time())
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _trace_bytes(trace) -> bytes:
+    return gzip.compress(json.dumps(trace.to_dict()).encode(), compresslevel=6)
+
+
+class _StepRanges:
+    """Wraps each host iteration in a profiler range named ``step#<k>``."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.current = None
+
+    def __call__(self, step: int) -> None:
+        self.close()
+        self.current = self.torch.profiler.record_function(f"step#{step}")
+        self.current.__enter__()
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.__exit__(None, None, None)
+            self.current = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m simwar.harness.gpu_main")
+    ap.add_argument("programs", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--profile", type=Path)
+    ap.add_argument("--only", help="comma-separated case names")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from .cuda import CudaBackend, calibrate_device
+
+    if not torch.cuda.is_available():
+        print("no CUDA device", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    t_all = time.time()
+    if args.bench:
+        from .bench import run_benchmarks
+
+        bench = run_benchmarks()
+        (args.out / "bench.json").write_text(json.dumps(bench, indent=1))
+        print("bench:", json.dumps(bench["primitives"]), flush=True)
+    cal = calibrate_device()
+    print("device calibration:", cal, flush=True)
+    files = sorted(args.programs.glob("*.json"))
+    if args.only:
+        keep = set(args.only.split(","))
+        files = [f for f in files if f.stem in keep]
+    programs = [(f.stem, Program.from_json(f.read_text())) for f in files]
+    for rep in range(1, args.repeats + 1):
+        with tarfile.open(args.out / f"traces_r{rep}.tar", "w") as tar:
+            for name, program in programs:
+                t = time.time()
+                trace = replay(make_plan(program), CudaBackend(cal))
+                races = len([r for r in trace.meta["measured_races"]
+                             if r["read_step"] >= program.meta.get("warmup_steps", 0)])
+                _add(tar, f"{name}.trace.json.gz", _trace_bytes(trace))
+                print(f"r{rep} {name}: {time.time() - t:.1f}s, measured races {races}",
+                      flush=True)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        kwargs = {}
+        exp = getattr(getattr(torch._C, "_profiler", None), "_ExperimentalConfig", None)
+        with tarfile.open(args.out / "kineto.tar", "w") as tar:
+            for i, f in enumerate(sorted(args.profile.glob("*.json"))):
+                program = Program.from_json(f.read_text())
+                backend = CudaBackend(cal)
+                kwargs = {}
+                if i == 0 and exp is not None:
+                    try:
+                        kwargs["experimental_config"] = exp(enable_cuda_sync_events=True)
+                    except TypeError:
+                        kwargs = {}
+                ranges = _StepRanges()
+                with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                             **kwargs) as prof:
+                    trace = replay(make_plan(program), backend, step_hook=ranges)
+                    ranges.close()
+                tmp = Path(tempfile.mkdtemp())
+                prof.export_chrome_trace(str(tmp / "k.json"))
+                raw = (tmp / "k.json").read_bytes()
+                shutil.rmtree(tmp)
+                _add(tar, f"{f.stem}.kineto.json.gz", gzip.compress(raw, compresslevel=9))
+                _add(tar, f"{f.stem}.trace.json.gz", _trace_bytes(trace))
+                _add(tar, f"{f.stem}.profiler.json", json.dumps(
+                    {"sync_events": bool(kwargs)}).encode())
+                print(f"profiled {f.stem}: {len(raw) / 1e6:.1f} MB raw", flush=True)
+    print(f"total {time.time() - t_all:.0f}s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

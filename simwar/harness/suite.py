@@ -1,0 +1,120 @@
+"""The harness suite: the cases replayed on the GPU and checked against the simulator.
+
+Each case is a config mapping: a built-in algorithm, a barrier policy and a
+regime, from the packaged default config:
+
+- ``gpu``: the algorithm's forward at its built-in lengths with a fast host
+  (CPU stages at a tenth of the default): GPU-bound, the host runs ahead, and
+  without a barrier the next step's write overtakes the forward's shared
+  reads (a racy case for every algorithm that reads late in its forward);
+- ``cpu``: the forward at a fifth of its length with the default host work:
+  CPU-bound, the GPU waits on the host each step.
+
+Every algorithm × barrier × regime (4 × 4 × 2 = 32 cases), plus variants:
+all phases eager (no graphs), the plan stream, the barrier at the loop top,
+in-replay publish without external events (post-replay fallback) and the
+unsound pre-replay fallback (racy under the fine barrier).
+
+Imports: simwar's config and builder (run where simulation runs; the GPU
+machine receives the built programs as JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..algorithms import BUILTIN, builtin_phases
+
+BARRIERS = ("none", "coarse", "fine", "host_sync")
+REGIMES = ("gpu", "cpu")
+STEPS = 170
+WARMUP = 20
+CPU_KEYS = ("ingest_us", "schedule_us", "prepare_us", "process_result_us")
+CPU_DEFAULT = {"ingest_us": 100.0, "schedule_us": 900.0, "prepare_us": 300.0,
+               "process_result_us": 800.0}
+
+
+def _regime(algorithm: str, regime: str) -> dict:
+    """Overrides (dotted keys) for a regime."""
+    out: dict = {}
+    if regime == "gpu":
+        for k in CPU_KEYS:
+            out[f"cpu.{k}"] = CPU_DEFAULT[k] / 10
+    else:
+        for k in CPU_KEYS:
+            out[f"cpu.{k}"] = CPU_DEFAULT[k]
+        for ph in builtin_phases(algorithm):
+            for key in ("load_batch_us", "prep_us", "body_us"):
+                if ph.get(key):
+                    out[f"phases.{ph['name']}.{key}"] = round(ph[key] / 5, 3)
+    return out
+
+
+def case_overrides(algorithm: str, barrier: str, regime: str, **extra) -> dict:
+    ov = {"steps": STEPS, "warmup_steps": WARMUP, "algorithm": algorithm,
+          "policy.barrier": barrier, "seed": 0}
+    ov.update(_regime(algorithm, regime))
+    ov.update(extra)
+    return ov
+
+
+def cases() -> dict[str, dict]:
+    """Case name → dotted overrides of the packaged default config."""
+    out: dict[str, dict] = {}
+    for algorithm in BUILTIN:
+        for barrier in BARRIERS:
+            for regime in REGIMES:
+                out[f"{algorithm}-{barrier}-{regime}"] = case_overrides(algorithm, barrier, regime)
+    for algorithm in ("dspark", "eagle"):
+        eager = {f"phases.{ph['name']}.graph": "eager" for ph in builtin_phases(algorithm)}
+        for barrier, regime in (("fine", "gpu"), ("none", "gpu"), ("coarse", "cpu")):
+            out[f"{algorithm}-{barrier}-{regime}-eager"] = case_overrides(
+                algorithm, barrier, regime, **eager)
+    out["dspark-fine-gpu-planstream"] = case_overrides("dspark", "fine", "gpu",
+                                                       **{"policy.plan_stream": True})
+    out["dspark-coarse-gpu-looptop"] = case_overrides("dspark", "coarse", "gpu",
+                                                      **{"policy.placement": "loop_top"})
+    out["dspark-fine-gpu-noexternal"] = case_overrides("dspark", "fine", "gpu",
+                                                       **{"policy.external_events": False})
+    out["dspark-fine-gpu-prereplay"] = case_overrides(
+        "dspark", "fine", "gpu", **{"policy.external_events": False,
+                                    "policy.in_replay_fallback": "pre_replay"})
+    return out
+
+
+def case_config(name: str, costs: dict | None = None):
+    """The validated Config of case ``name`` (``costs``: a ``costs.*`` mapping to apply)."""
+    from ..config import load_config
+
+    table = cases()
+    if name not in table:
+        raise KeyError(name)
+    ov = dict(table[name], name=name)
+    for k, v in (costs or {}).items():
+        ov[f"costs.{k}"] = v
+    return load_config(None, ov)
+
+
+def write_programs(directory: str | Path, names=None, steps: int | None = None,
+                   warmup: int | None = None) -> list[Path]:
+    """Build each case's Program and write ``<case>.json`` into ``directory``."""
+    from ..builder import build_program
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in names or cases():
+        cfg = case_config(name)
+        if steps is not None:
+            cfg = cfg.model_copy(update={"steps": steps, "warmup_steps": warmup or 0})
+        program = build_program(cfg)
+        path = directory / f"{name}.json"
+        path.write_text(program.to_json())
+        written.append(path)
+    return written
+
+
+def config_mapping(name: str) -> dict:
+    """The case's full config as a plain mapping (to write next to results)."""
+    return json.loads(case_config(name).model_dump_json())
