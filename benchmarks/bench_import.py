@@ -1,0 +1,84 @@
+"""Import benchmark: peak memory and time to import a ~100 MB Kineto capture.
+
+Writes a synthetic capture (a simulated DSPARK run, written by
+``simwar.importers.synthetic``) into a temporary directory, then imports it in
+a fresh process with progress reported to stderr, and prints the file size,
+event count, wall time and peak RSS as one JSON line. Nothing is kept.
+
+    python benchmarks/bench_import.py [--mb 100] [--gzip]
+
+The target (issue 6): a 100 MB capture imports in under 2 GB of memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+#: simulated steps per MB of written capture (measured: ~10 kB of JSON per step)
+STEPS_PER_MB = 100
+
+CHILD = r"""
+import json, resource, sys, time
+from simwar.importers.kineto import import_kineto
+from simwar.importers.stalls import import_report
+
+path, mapping = sys.argv[1], json.loads(sys.argv[2])
+last = [0]
+def progress(done, total):
+    pct = int(100 * done / total) if total else 100
+    if pct >= last[0] + 10 or done == total:
+        last[0] = pct
+        print(f"  read {pct:3d}% ({done / 1e6:.0f} / {total / 1e6:.0f} MB)", file=sys.stderr)
+t0 = time.perf_counter()
+imp = import_kineto(path, mapping, progress=progress)
+t1 = time.perf_counter()
+_, report = import_report(imp)
+t2 = time.perf_counter()
+print(json.dumps({"import_s": round(t1 - t0, 2), "metrics_s": round(t2 - t1, 2),
+                  "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+                  "kernels": imp.counts["kernel"], "runtime_calls": imp.counts["runtime"],
+                  "ignored_events": imp.ignored_total,
+                  "steps_measured": report["metrics"]["steps_measured"],
+                  "step_us_mean": round(report["metrics"]["step_us_mean"], 1)}))
+"""
+
+MAPPING = {"streams": {7: "forward", 13: "schedule", 20: "copy"},
+           "phases": {r"^draft\.": "draft", r"^verify\.": "verify", r"^sample\.": "sample"},
+           "run_batch": "^run_batch$", "sites": {"^result_copy$": "result_copy"},
+           "warmup_steps": 20}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=float, default=100.0, help="approximate capture size (MB)")
+    ap.add_argument("--gzip", action="store_true", help="write and read .json.gz")
+    args = ap.parse_args()
+
+    from simwar.api import simulate
+    from simwar.importers.synthetic import write_kineto
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        sim = simulate(None, {"steps": max(50, int(args.mb * STEPS_PER_MB))})
+        path = write_kineto(sim.trace, Path(tmp) / ("capture.json.gz" if args.gzip
+                                                     else "capture.json"))
+        size_mb = path.stat().st_size / 1e6
+        print(f"wrote {size_mb:.1f} MB in {time.perf_counter() - t0:.1f} s; importing",
+              file=sys.stderr)
+        out = subprocess.run([sys.executable, "-c", CHILD, str(path), json.dumps(MAPPING)],
+                             check=True, stdout=subprocess.PIPE, text=True)
+        result = json.loads(out.stdout)
+        result.update(file_mb=round(size_mb, 1), sim_step_us_mean=round(
+            sim.summary["step_us_mean"], 1))
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
