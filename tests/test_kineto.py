@@ -381,36 +381,37 @@ def test_reader_does_not_import_pandas():
 
 
 # --------------------------------------------------------------------------- real captures
+# tests/data/kineto: harness replays profiled on an H200 (see its README). Each host
+# iteration k is a record_function("step#<k>") range; <case>.metrics.json holds the
+# harness's own CUDA-timing-event metrics of the same run, <case>.config.yaml its config.
 def _real_captures():
     if not REAL.is_dir():
         return []
-    return sorted(p for p in REAL.iterdir()
-                  if p.name.endswith((".json", ".json.gz")) and ".metrics" not in p.name
-                  and "mapping" not in p.name)
+    return sorted(p for p in REAL.iterdir() if p.name.endswith((".json", ".json.gz"))
+                  and not p.name.endswith(".metrics.json"))
 
 
-def _beside(capture: Path, suffix: str) -> Path | None:
-    stem = capture.name.removesuffix(".gz").removesuffix(".json")
-    for cand in (capture.with_name(stem + suffix), capture.with_name(suffix.lstrip("."))):
-        if cand.exists():
-            return cand
-    return None
+def _case(capture: Path) -> str:
+    return capture.name.removesuffix(".gz").removesuffix(".json").removesuffix(".kineto")
 
 
-@pytest.mark.skipif(not _real_captures(), reason="no GPU captures under tests/data/kineto yet")
-@pytest.mark.parametrize("capture", _real_captures(), ids=lambda p: p.name)
+@pytest.mark.skipif(not _real_captures(), reason="no GPU captures under tests/data/kineto")
+@pytest.mark.parametrize("capture", _real_captures(), ids=_case)
 def test_real_capture_matches_the_replays_event_timing(capture):
-    metrics_file = _beside(capture, ".metrics.json")
-    if metrics_file is None:
-        pytest.skip(f"{capture.name}: no metrics file beside it")
-    expected = json.loads(metrics_file.read_text())
-    expected = expected.get("summary", expected)
-    mapping = _beside(capture, ".mapping.yaml")
-    imp = import_kineto(capture, mapping)
+    case = _case(capture)
+    expected = json.loads((REAL / f"{case}.metrics.json").read_text())["summary"]
+    config = yaml.safe_load((REAL / f"{case}.config.yaml").read_text())
+    imp = import_kineto(capture, {"steps": r"^step#\d+$",
+                                  "warmup_steps": config["warmup_steps"]})
     _, report = import_report(imp)
     got = report["metrics"]
-    assert got["steps_measured"] > 0
+    assert got["steps_measured"] == expected["steps_measured"]
     assert got["step_us_mean"] == pytest.approx(expected["step_us_mean"], rel=0.03)
-    gap = expected["fwd_gap_us_mean"]
-    assert got["fwd_gap_us_mean"] == pytest.approx(gap, rel=0.03,
-                                                   abs=0.03 * expected["step_us_mean"])
+    # the forward gap is compared on the step's scale: in GPU-bound replays it is ~1 µs,
+    # below what kernel boundaries resolve (the stamp kernels sit in it)
+    assert abs(got["fwd_gap_us_mean"] - expected["fwd_gap_us_mean"]) <= \
+        0.03 * expected["step_us_mean"]
+    assert got["cpu_blocked_us_mean"] == pytest.approx(expected["cpu_blocked_us_mean"],
+                                                       rel=0.03, abs=10.0)
+    assert got["launch_ahead_mean"] == expected["launch_ahead_mean"]
+    assert report["counts"]["device_before_launch"] == 0
