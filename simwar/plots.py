@@ -320,8 +320,9 @@ def timeline(data, ax: Axes | None = None, *, steps: tuple[int, int] | None = No
         _span_labels(ax, visible, graph_kernels, y, ms)
     if title is None:
         m = trace.meta
-        title = (f"{m.get('name', '')}: {m.get('algorithm', '')}, barrier "
-                 f"{m.get('barrier_effective', m.get('barrier', '?'))}"
+        asked, applied = m.get("barrier", "?"), m.get("barrier_effective", m.get("barrier", "?"))
+        title = (f"{m.get('algorithm', '')}: barrier {asked}"
+                 + (f" (applied: {applied})" if applied != asked else "")
                  + (f", steps {window[0]}–{window[1]}" if xlim_us is None else ""))
     ax.set_title(title, loc="left", fontsize=10, pad=14)
     if legend:
@@ -428,6 +429,10 @@ def story(data_or_index, b: Bubble) -> list[str]:
             and root.lane != fwd else "")
     call = root.api_label or f"a wait on {root.lane}"
     lines = [f"{call}{role} holds the {root.lane} stream until {what} finishes."]
+    if captured and root.released_by != fwd:
+        late = _late_issue(index, captured[0], b.start_us)
+        if late:
+            lines.append(late)
     hops = list(b.hops)
     for upstream, downstream in zip(reversed(hops), list(reversed(hops))[1:]):
         work = index.work_between(upstream.lane, upstream.span.end_us, downstream.span.end_us)
@@ -437,6 +442,33 @@ def story(data_or_index, b: Bubble) -> list[str]:
                      f"{downstream.lane} stream wait for it.")
     lines.append(f"Result: {fwd} idles {b.idle_us:.0f} µs before forward {b.step}.")
     return lines
+
+
+def _late_issue(index: _TraceIndex, kernel: Span, gap_start: float) -> str:
+    """Why the host issued ``kernel`` late, if it did: the block and the CPU work before it."""
+    issue = next((op.issue_us for op in index.trace.ops if op.kind == "kernel"
+                  and op.lane == kernel.lane and op.step == kernel.step
+                  and op.label == kernel.label and abs(op.start_us - kernel.start_us) < 1e-6),
+                 None)
+    # the kernel started as soon as it was issued, and that was inside the gap: the host was late
+    if issue is None or issue <= gap_start or kernel.start_us - issue > 1.0 + 1e-6 * issue:
+        return ""
+    # the host iteration that issued it
+    host = [s for s in index.trace.spans if s.lane == HOST and s.step == kernel.step
+            and s.end_us <= issue + 1e-6]
+    blocked = [s for s in host if s.kind == "blocked"]
+    text = f"The CPU issued {kernel.label} only {issue - gap_start:.0f} µs into the gap"
+    if blocked:
+        last = max(blocked, key=lambda s: s.end_us)
+        work = [s for s in host if s.kind == "cpu" and s.start_us >= last.end_us - 1e-6]
+        spent = ", ".join(f"{s.label} {s.end_us - s.start_us:.0f} µs" for s in work)
+        when = (f"{gap_start - last.end_us:.0f} µs before the gap opened"
+                if last.end_us <= gap_start else f"{last.end_us - gap_start:.0f} µs into the gap")
+        text += (f": it was blocked in {last.label} ({last.site}) until {when}, then ran "
+                 f"{spent or 'host calls'} before the launch.")
+    else:
+        text += "."
+    return text
 
 
 def _explain_box(ax: Axes, b: Bubble, y: dict, ms: float, index: _TraceIndex) -> None:

@@ -1,0 +1,41 @@
+"""The notebooks run top to bottom, headless, and are stored with their outputs stripped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+
+
+def test_the_four_notebooks_are_there():
+    assert [p.name for p in NOTEBOOKS] == ["01_quickstart.ipynb", "02_barrier_policies.ipynb",
+                                           "03_sweeps.ipynb", "04_dflash_verify_done.ipynb"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_without_outputs(path):
+    book = nbformat.read(path, as_version=4)
+    nbformat.validate(book)
+    for cell in book.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, \
+                f"{path.name}: strip outputs before committing"
+
+
+@pytest.mark.slow  # a kernel start and a few short simulations each: ~5-15 s per notebook
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_executes_headless(path, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")  # no display, whatever the machine has
+    book = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(book, timeout=180, kernel_name="python3",
+                                     resources={"metadata": {"path": str(path.parent)}})
+    client.execute()  # raises CellExecutionError, with the cell and traceback, on any failure
+    errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs
+              if o.output_type == "error"]
+    assert not errors
