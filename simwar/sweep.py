@@ -29,7 +29,6 @@ asked for. Nothing here prints; a progress bar goes to stderr only when
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import copy
 import hashlib
@@ -38,6 +37,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -472,28 +472,39 @@ def _pool_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context()
 
 
+def _ignore_interrupts() -> None:
+    # Ctrl-C reaches the whole process group; only the parent decides what it means
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_numbered(item: tuple[int, dict]) -> tuple[int, dict]:
+    number, config = item
+    return number, run_one(config)
+
+
 @contextlib.contextmanager
 def _process_pool(workers: int) -> Iterator[Executor]:
     from . import api  # noqa: F401  (imported once here, inherited by forked workers)
 
-    executor = concurrent.futures.ProcessPoolExecutor(max_workers=workers,
-                                                      mp_context=_pool_context())
-    # start every worker now, while this process has no other threads
-    executor.submit(os.getpid).result()
+    # multiprocessing.Pool rather than concurrent.futures: on Ctrl-C or an error it can
+    # terminate runs in flight instead of waiting for them
+    pool = _pool_context().Pool(workers, initializer=_ignore_interrupts)
 
     def execute(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
-        futures = {executor.submit(run_one, run.config): run for run in runs}
-        try:
-            for future in concurrent.futures.as_completed(futures):
-                yield futures[future], future.result()
-        finally:
-            for future in futures:
-                future.cancel()
+        numbered = ((i, run.config) for i, run in enumerate(runs))
+        for number, summary in pool.imap_unordered(_run_numbered, numbered, chunksize=1):
+            yield runs[number], summary
 
+    finished = False
     try:
         yield execute
+        finished = True
     finally:
-        executor.shutdown(wait=True, cancel_futures=True)
+        if finished:
+            pool.close()
+        else:
+            pool.terminate()
+        pool.join()
 
 
 @contextlib.contextmanager

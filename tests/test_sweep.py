@@ -257,6 +257,32 @@ def test_sigkill_midway_then_rerun_gives_exactly_the_uninterrupted_table(tmp_pat
     assert len(list(runs_dir.glob("*.json"))) == total
 
 
+@pytest.mark.slow  # two sweeps through fresh interpreters
+def test_ctrl_c_stops_the_pool_at_once_and_the_rerun_completes(tmp_path):
+    out = tmp_path / "out"
+    args = ("sweep", str(REPO / "configs" / "sweeps" / "cost_coarse_vs_fine.yaml"), "--out",
+            str(out), "--jobs", "2", "--no-progress", "--set=steps=300")
+    # a shell's background jobs start with SIGINT ignored; a terminal's Ctrl-C does not
+    interrupted = _cli(*args, start_new_session=True,
+                       preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    runs_dir = out / "runs"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (runs_dir.is_dir() and any(runs_dir.iterdir())):
+        time.sleep(0.01)
+    os.killpg(interrupted.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
+    _, stderr = interrupted.communicate(timeout=10)
+    assert interrupted.returncode == 130
+    assert stderr.decode().strip() == "simwar: interrupted"
+    with pytest.raises(ProcessLookupError):  # no pool worker left running
+        os.killpg(interrupted.pid, 0)
+    done = len(list(runs_dir.glob("*.json")))
+    resumed = _cli(*args)
+    stdout, stderr = resumed.communicate(timeout=120)
+    assert resumed.returncode == 0, stderr.decode()
+    assert f"({done} already done, {36 - done} simulated" in stdout.decode()
+    assert len(pd.read_parquet(out / "results.parquet")) == 36
+
+
 # --------------------------------------------------------------------------- ray
 @pytest.mark.slow  # starting a local Ray takes several seconds on two cores
 def test_ray_backend_gives_the_same_rows_as_the_local_pool(tmp_path):
