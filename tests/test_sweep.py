@@ -261,7 +261,7 @@ def test_sigkill_midway_then_rerun_gives_exactly_the_uninterrupted_table(tmp_pat
 def test_ctrl_c_stops_the_pool_at_once_and_the_rerun_completes(tmp_path):
     out = tmp_path / "out"
     args = ("sweep", str(REPO / "configs" / "sweeps" / "cost_coarse_vs_fine.yaml"), "--out",
-            str(out), "--jobs", "2", "--no-progress", "--set=steps=300")
+            str(out), "--jobs", "2", "--no-progress", "--set=steps=150")
     # a shell's background jobs start with SIGINT ignored; a terminal's Ctrl-C does not
     interrupted = _cli(*args, start_new_session=True,
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
