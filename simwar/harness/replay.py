@@ -32,6 +32,7 @@ Imports: the standard library and simwar's stdlib-only modules.
 
 from __future__ import annotations
 
+import gc
 import statistics
 from typing import Protocol
 
@@ -80,8 +81,19 @@ def replay(plan: ReplayPlan, backend: Backend, step_hook=None) -> Trace:
 
     ``step_hook(step)``, if given, is called at the start of each host
     iteration (e.g. to open a profiler range); its time is charged to the
-    iteration's first op.
+    iteration's first op. The garbage collector is paused during the loop: a
+    collection would be charged to whichever host call it lands in.
     """
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _replay(plan, backend, step_hook)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _replay(plan: ReplayPlan, backend: Backend, step_hook) -> Trace:
     backend.setup(plan)
     steps = plan.steps
     n = len(steps)

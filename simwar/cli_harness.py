@@ -1,0 +1,214 @@
+"""``simwar harness``, ``simwar calibrate`` and ``simwar compare``.
+
+- ``harness CONFIG... -o DIR``: build each config's program and write it as
+  ``DIR/<name>.json`` (``--suite`` adds the committed suite's cases); with
+  ``--replay`` (needs torch and a CUDA device) also replay each one on the GPU
+  and write ``DIR/<name>.trace.json.gz`` (the measured Trace);
+- ``calibrate MEASURED... -o FILE``: fit ``costs.*`` from measured traces (a
+  directory or tar of ``*.trace.json.gz``) or measured-summary JSON files,
+  plus ``--bench`` micro-benchmarks; writes a versioned YAML that
+  ``simwar run --costs FILE`` reads;
+- ``compare MEASURED... [--costs FILE] --csv FILE [--plot FILE]``: simulate
+  each measured case (suite case or ``--config``) and write the error table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CALIBRATION_FORMAT = 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser("harness", help="build programs for the GPU harness (and replay them)",
+                       description="Write each config's Program as JSON; with --replay, also "
+                                   "replay it on CUDA streams and write the measured Trace.")
+    p.add_argument("configs", nargs="*", help="YAML configs")
+    p.add_argument("--suite", action="store_true", help="add the harness suite's cases")
+    p.add_argument("-o", "--out", required=True, help="output directory")
+    p.add_argument("--replay", action="store_true", help="replay on the GPU (needs torch, CUDA)")
+    p.set_defaults(func=cmd_harness)
+
+    c = sub.add_parser("calibrate", help="fit costs.* from measured harness runs",
+                       description="Fit the config's host and device costs from measured "
+                                   "traces or summaries and micro-benchmarks.")
+    c.add_argument("measured", nargs="+",
+                   help="trace dir/tar/file, or a measured-summary JSON (calibration/*.json)")
+    c.add_argument("--bench", help="micro-benchmark JSON (python -m simwar.harness.gpu_main "
+                                   "--bench)")
+    c.add_argument("-o", "--output", required=True, help="calibration YAML to write")
+    c.set_defaults(func=cmd_calibrate)
+
+    m = sub.add_parser("compare", help="simulated vs measured error table",
+                       description="Simulate each measured case and write config, metric, "
+                                   "simulated, measured, abs and relative error as CSV.")
+    m.add_argument("measured", nargs="+", help="as for calibrate")
+    m.add_argument("--costs", help="calibration YAML (its costs replace each config's)")
+    m.add_argument("--config", help="one YAML config for every measured case (default: the "
+                                    "suite case of the same name)")
+    m.add_argument("--csv", required=True, help="error table to write")
+    m.add_argument("--plot", help="PNG of simulated vs measured step time and forward gap")
+    m.set_defaults(func=cmd_compare)
+
+
+def _user_error(msg: str):
+    from .cli import UserError
+
+    return UserError(msg)
+
+
+# --------------------------------------------------------------------------- harness
+def cmd_harness(args) -> int:
+    from .builder import build_program
+    from .config import load_config
+    from .harness import suite
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    programs = {}
+    for path in args.configs:
+        cfg = load_config(path)
+        programs[cfg.name] = build_program(cfg)
+    if args.suite:
+        for name in suite.cases():
+            programs[name] = build_program(suite.case_config(name))
+    if not programs:
+        raise _user_error("harness: give at least one CONFIG or --suite")
+    for name, program in programs.items():
+        (out / f"{name}.json").write_text(program.to_json())
+    print(f"wrote {len(programs)} programs to {out}")
+    if args.replay:
+        try:
+            import torch
+        except ImportError:
+            raise _user_error("harness --replay: torch is not installed "
+                              "(pip install simwar[gpu])") from None
+        if not torch.cuda.is_available():
+            raise _user_error("harness --replay: no CUDA device")
+        from .harness import make_plan, replay
+        from .harness.cuda import CudaBackend, calibrate_device
+
+        cal = calibrate_device()
+        for name, program in programs.items():
+            trace = replay(make_plan(program), CudaBackend(cal))
+            trace.save(out / f"{name}.trace.json.gz")
+            print(f"{name}: measured races {len(trace.meta['measured_races'])}")
+    return 0
+
+
+# --------------------------------------------------------------------------- measured inputs
+def load_measured(sources: list[str]) -> dict[str, dict]:
+    """Case → measured summary, from traces (dir/tar/file) or summary JSON files."""
+    from .harness.fit import load_traces, measured_summary
+
+    out: dict[str, dict] = {}
+    for src in sources:
+        path = Path(src)
+        if not path.exists():
+            raise _user_error(f"{src}: file not found")
+        if path.suffix == ".json" and not path.name.endswith(".trace.json"):
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise _user_error(f"{src}: invalid JSON ({e.msg}, line {e.lineno})") from None
+            cases = data.get("cases") if isinstance(data, dict) else None
+            if not isinstance(cases, dict):
+                raise _user_error(f"{src}: expected a measured-summary file with a 'cases' "
+                                  f"mapping")
+            out.update(cases)
+            continue
+        try:
+            traces = load_traces(path)
+        except (ValueError, OSError) as e:
+            raise _user_error(f"{src}: not a simwar trace, trace directory or tar ({e})") \
+                from None
+        if not traces:
+            raise _user_error(f"{src}: no *.trace.json(.gz) found")
+        out.update({k: measured_summary(t) for k, t in traces.items()})
+    return out
+
+
+def _case_configs(names, config_path: str | None) -> dict[str, dict]:
+    from .config import load_config
+    from .harness import suite
+
+    known = suite.cases()
+    out = {}
+    for name in names:
+        if config_path:
+            out[name] = json.loads(load_config(config_path).model_dump_json())
+        elif name in known:
+            out[name] = suite.config_mapping(name)
+        else:
+            raise _user_error(f"{name}: not a suite case; give its config with --config")
+    return out
+
+
+# --------------------------------------------------------------------------- calibrate
+def cmd_calibrate(args) -> int:
+    import yaml
+
+    from .harness import suite
+    from .harness.fit import fit_costs
+
+    measured = load_measured(args.measured)
+    bench = None
+    if args.bench:
+        try:
+            bench = json.loads(Path(args.bench).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise _user_error(f"{args.bench}: cannot read micro-benchmark JSON ({e})") from None
+    known = suite.cases()
+    cpu_bound = {n: suite.config_mapping(n) for n in measured
+                 if n in known and "-cpu" in n}
+    costs = fit_costs(measured, bench, cpu_bound)
+    device = next((m.get("device") for m in measured.values() if m.get("device")), {})
+    doc = {
+        "format": "simwar.calibration",
+        "version": CALIBRATION_FORMAT,
+        "device": {k: device.get(k) for k in ("device", "capability", "driver", "torch", "cuda")},
+        "spin": {k: device.get(k) for k in ("sleep_cycles_per_us", "sleep_base_us", "fill_us",
+                                            "copy_us") if k in device},
+        "fitted_from": {"cases": len(measured), "sources": [str(s) for s in args.measured]},
+        "costs": costs,
+    }
+    if bench:
+        doc["primitives"] = {k: round(v, 4) for k, v in bench.get("primitives", {}).items()}
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(yaml.safe_dump(doc, sort_keys=False))
+    print(f"wrote {args.output}: " + ", ".join(f"{k} {v:g}" for k, v in costs.items()))
+    return 0
+
+
+# --------------------------------------------------------------------------- compare
+def cmd_compare(args) -> int:
+    from .cli import costs_overrides
+    from .harness.fit import compare, criteria, plot_compare
+
+    measured = load_measured(args.measured)
+    configs = _case_configs(measured, args.config)
+    costs = {k[len("costs."):]: v for k, v in costs_overrides(args.costs).items()}
+    for cfg in configs.values():
+        cfg["costs"] = dict(cfg.get("costs", {}), **costs)
+    table = compare(configs, measured)
+    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.csv, index=False, float_format="%.4f")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        ax_step, _ = plot_compare(table)
+        ax_step.figure.tight_layout()
+        ax_step.figure.savefig(args.plot, dpi=90)
+        plt.close(ax_step.figure)
+    c = criteria(table)
+    print(f"{c['cases']} cases: step time |error| median {100 * c['step_rel_error_median']:.2f}%"
+          f", max {100 * c['step_rel_error_max']:.2f}%; forward gap within max(25 µs, 10%) in "
+          f"{c['fwd_gap_within_bound']}; launch-ahead |error| max "
+          f"{c['launch_ahead_abs_error_max']:.3f}; race presence mismatches "
+          f"{c['race_presence_mismatches']} ({c['racy_cases']} racy cases)")
+    print(f"wrote {args.csv}" + (f" and {args.plot}" if args.plot else ""))
+    return 0
