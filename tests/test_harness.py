@@ -1,0 +1,207 @@
+"""The harness's own logic on the CPU: replay plans, graph grouping, timing points, the value
+check and trace assembly, through the virtual-clock fake backend (no torch, no GPU)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from simwar.api import simulate
+from simwar.config import load_config
+from simwar.harness import make_plan, replay
+from simwar.harness.fake import FakeBackend
+from simwar.harness.plan import GraphStep, KernelStep
+from simwar.metrics import analyze
+from simwar.program import (
+    GraphLaunch,
+    GraphRecord,
+    Kernel,
+    Launch,
+    Program,
+    Record,
+    StepMarker,
+    Synchronize,
+    WaitEvent,
+)
+
+COST_KEYS = ("launch_us", "graph_launch_us", "event_record_us", "wait_event_us",
+             "wait_stream_us", "sync_us")
+
+
+def fake_for(cfg) -> FakeBackend:
+    c = cfg.costs
+    return FakeBackend({k: getattr(c, k) for k in COST_KEYS}, sync_wake_us=c.sync_wake_us,
+                       cross_stream_us=c.cross_stream_us)
+
+
+@pytest.mark.parametrize("overrides", [
+    {},
+    {"policy.barrier": "coarse"},
+    {"policy.barrier": "host_sync"},
+    {"policy.barrier": "none", "cpu.schedule_us": 50, "cpu.process_result_us": 50},
+    {"algorithm": "eagle", "policy.barrier": "none"},
+    {"algorithm": "dflash", "policy.plan_stream": True},
+    {"policy.placement": "loop_top", "policy.barrier": "coarse"},
+])
+def test_fake_replay_reproduces_the_simulator(overrides):
+    """With the program's own host costs, the replayed trace gives the simulator's metrics."""
+    cfg = load_config(None, dict({"steps": 60, "warmup_steps": 5}, **overrides))
+    sim = simulate(cfg)
+    trace = replay(make_plan(sim.program), fake_for(cfg))
+    _, measured, hazards = analyze(trace)
+    for key in ("step_us_mean", "fwd_us_mean", "fwd_gap_us_mean", "cpu_blocked_us_mean",
+                "launch_ahead_mean", "launch_lead_us_mean", "races"):
+        assert measured[key] == pytest.approx(sim.summary[key], abs=1e-6), key
+    # the value check agrees with the simulator's observed overlaps, step by step
+    warm = cfg.warmup_steps
+    value_steps = {r["read_step"] for r in trace.meta["measured_races"]
+                   if r["read_step"] >= warm}
+    sim_steps = {r.first_step for r in sim.hazards.observed
+                 if r.kind == "WAR" and r.first_step >= warm}
+    assert value_steps == sim_steps
+    assert trace.meta["source"] == "harness"
+
+
+def test_racy_config_is_caught_by_the_value_check():
+    cfg = load_config(None, {"steps": 40, "warmup_steps": 5, "policy.barrier": "none",
+                             "cpu.schedule_us": 20, "cpu.process_result_us": 20})
+    trace = replay(make_plan(simulate(cfg).program), fake_for(cfg))
+    races = trace.meta["measured_races"]
+    assert races and all(r["kind"] == "WAR" for r in races)
+    # the read of step k saw a write issued after it (result writes of step k, or the next
+    # step's schedule writes), never an older one
+    assert all(r["seen_step"] >= r["read_step"] for r in races)
+    assert any(r["seen_step"] > r["read_step"] for r in races)
+
+
+def _tiny_graph_program() -> Program:
+    body = Kernel("g.body", 10.0, reads=("buf",), phase="p")
+    write = Kernel("w", 2.0, writes=("buf",))
+    ops = []
+    for k in range(3):
+        ops += [StepMarker(k), Launch("schedule", write, k), Record(f"w[{k}]", "schedule", k),
+                WaitEvent("forward", f"w[{k}]", k),
+                GraphLaunch("forward", "g", (Kernel("g.prep", 4.0, phase="p"), GraphRecord("rd"),
+                                             body), k, "p"),
+                Record(f"done[{k}]", "forward", k), Synchronize("rd", k, "barrier"),
+                Synchronize(f"done[{k}]", k, "result_copy")]
+    return Program(ops=ops, meta={"warmup_steps": 0})
+
+
+def test_plan_groups_graph_launches_and_lays_out_stamps():
+    plan = make_plan(_tiny_graph_program())
+    assert list(plan.graphs) == ["g"]
+    g = plan.graphs["g"]
+    assert g.launches == 3
+    assert [n.event for n in g.nodes] == ["", "rd", ""]
+    # the graph's read node owns one snapshot slot per launch
+    graph_reads = [r for r in plan.reads if r.node >= 0]
+    assert [r.slot for r in graph_reads] == [0, 1, 2]
+    # each read expects the stamp of the write issued just before it, in the same step
+    assert [plan.stamp_steps[r.expected] for r in graph_reads] == [0, 1, 2]
+    assert plan.graph_events == (("g", "rd"),)
+    assert set(plan.events) == {f"{e}[{k}]" for e in ("w", "done") for k in range(3)}
+
+
+def test_every_launch_gets_its_own_start_and_end_point():
+    plan = make_plan(_tiny_graph_program())
+    timed = [s for s in plan.steps if type(s) in (KernelStep, GraphStep)]
+    points = [p for s in timed for p in (s.start_point, s.end_point)]
+    assert len(points) == len(set(points)) == plan.timing_points == 2 * len(timed)
+
+
+def test_graph_nodes_are_interpolated_and_records_bound():
+    program = _tiny_graph_program()
+    backend = FakeBackend({"launch_us": 1.0, "graph_launch_us": 1.0})
+    trace = replay(make_plan(program), backend)
+    kernels = [o for o in trace.ops if o.kind == "kernel" and o.label.startswith("g.")]
+    assert [round(o.end_us - o.start_us, 6) for o in kernels[:2]] == [4.0, 10.0]
+    # the sync binds to the in-graph record node of the same launch
+    syncs = [o for o in trace.ops if o.kind == "sync" and o.event == "rd"]
+    by_id = {o.op_id: o for o in trace.ops}
+    assert len(syncs) == 3
+    assert all(by_id[s.bound].label == "g:rd" and by_id[s.bound].step == s.step for s in syncs)
+    assert trace.meta["measured_races"] == []
+    calls = backend.calls
+    assert calls.count("graph forward g") == 3
+
+
+def test_never_recorded_event_makes_wait_and_sync_no_ops():
+    ops = [StepMarker(0), WaitEvent("forward", "nope", 0), Synchronize("nope", 0, "barrier"),
+           Launch("forward", Kernel("k", 5.0, phase="p"), 0)]
+    trace = replay(make_plan(Program(ops=ops)), FakeBackend({"sync_us": 1.0}))
+    waits = [o for o in trace.ops if o.kind in ("wait", "sync")]
+    assert all(o.bound == -1 for o in waits)
+
+
+def test_harness_modules_import_without_simwar_dependencies():
+    """The GPU machine has torch and the standard library only."""
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('simpy','pydantic','pandas','numpy','yaml',"
+        "'matplotlib'):\n"
+        "            raise ImportError('blocked ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import simwar.harness, simwar.harness.plan, simwar.harness.replay, "
+        "simwar.harness.fake, simwar.harness.gpu_main\n"
+        "from simwar.program import Program\n"
+        "from simwar.trace import Trace\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_cli_harness_writes_programs_and_rejects_bad_input(tmp_path, capsys):
+    from simwar.cli import main
+
+    assert main(["harness", "-o", str(tmp_path)]) == 2
+    assert "give at least one CONFIG" in capsys.readouterr().err
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("name: tiny\nsteps: 5\nwarmup_steps: 1\n")
+    assert main(["harness", str(cfg), "-o", str(tmp_path / "p")]) == 0
+    assert Program.from_json((tmp_path / "p" / "tiny.json").read_text()).steps() == 6
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["compare", str(bad), "--csv", str(tmp_path / "t.csv")]) == 2
+    assert "'cases' mapping" in capsys.readouterr().err
+
+
+def test_calibrate_and_compare_on_fake_traces(tmp_path, capsys):
+    """End to end on the CPU: fake-measured suite cases -> calibrate -> compare."""
+    from simwar.cli import main
+    from simwar.harness import suite
+
+    costs = {"launch_us": 20.0, "graph_launch_us": 10.0, "event_record_us": 3.0,
+             "wait_event_us": 3.0, "wait_stream_us": 6.0, "sync_us": 4.0}
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for name in ("dspark-fine-cpu", "dspark-none-gpu"):
+        cfg = suite.case_config(name).model_copy(update={"steps": 40, "warmup_steps": 5})
+        program = simulate(cfg).program
+        trace = replay(make_plan(program), FakeBackend(costs, sync_wake_us=2.0,
+                                                       cross_stream_us=1.0))
+        trace.save(traces / f"{name}.trace.json.gz")
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", str(traces), "-o", str(out)]) == 0
+    import yaml
+
+    fitted = yaml.safe_load(out.read_text())["costs"]
+    for k, v in costs.items():
+        assert fitted[k] == pytest.approx(v), k
+    assert fitted["sync_wake_us"] == pytest.approx(2.0)
+    capsys.readouterr()
+    csv = tmp_path / "t.csv"
+    assert main(["compare", str(traces), "--costs", str(out), "--csv", str(csv)]) == 0
+    import pandas as pd
+
+    table = pd.read_csv(csv)
+    assert set(table.columns) == {"config", "metric", "simulated", "measured", "abs_error",
+                                  "rel_error"}
+    races = table[table.metric == "races"].set_index("config").measured
+    assert races["dspark-none-gpu"] == 1 and races["dspark-fine-cpu"] == 0
