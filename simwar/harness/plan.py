@@ -44,6 +44,7 @@ from ..program import (
     WaitStream,
 )
 
+
 @dataclass(frozen=True, slots=True)
 class ReadSite:
     """A read access: ``slot`` in the snapshot array (first slot of a graph node's range)."""
