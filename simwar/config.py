@@ -157,7 +157,7 @@ class Costs(_Strict):
 
     ``host_call_us`` is a per-call host overhead added to every API call (the
     interpreter and framework dispatch around the driver call); fit it with
-    ``simwar.calibration`` rather than guessing.
+    ``simwar calibrate`` (or ``simwar.calibrate.fit_host_call_us``) rather than guessing.
     """
 
     launch_us: Duration = 6.0
