@@ -202,6 +202,13 @@ def test_two_local_jobs_give_the_same_rows_as_one(tmp_path):
     pd.testing.assert_frame_equal(one, two)
 
 
+def test_simwar_sweep_is_callable_after_importing_the_submodule():
+    code = ("from simwar.sweep import load_sweep; import simwar; "
+            "frame = simwar.sweep({'base': {'steps': 20, 'warmup_steps': 2}, "
+            "'grid': {'policy.barrier': ['coarse', 'fine']}}); assert len(frame) == 2")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
 def test_local_sweep_never_imports_ray():
     code = ("import sys, simwar; simwar.sweep({'base': {'steps': 20, 'warmup_steps': 2}, "
             "'grid': {'policy.barrier': ['coarse', 'fine']}}, jobs=2); "
