@@ -23,7 +23,7 @@ _LAZY = {
     "Program": ("simwar.program", "Program"),
     "Trace": ("simwar.trace", "Trace"),
     "analyze": ("simwar.metrics", "analyze"),
-    "sweep": ("simwar.sweep", "sweep"),
+    "sweep": ("simwar.sweeps", "sweep"),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -4,7 +4,7 @@
 a progress bar on stderr; ``validate`` checks config and sweep files and says
 what each one is; ``show`` prints a config with every default filled in, or a
 sweep with its base inlined and its runs listed. The work is done by
-:mod:`simwar.sweep` and :mod:`simwar.config`; this module only parses
+:mod:`simwar.sweeps` and :mod:`simwar.config`; this module only parses
 arguments and prints.
 """
 
@@ -55,7 +55,7 @@ def register(sub) -> None:
 
 def _is_sweep_file(path: str) -> bool:
     from .config import read_yaml
-    from .sweep import is_sweep_mapping
+    from .sweeps import is_sweep_mapping
 
     return is_sweep_mapping(read_yaml(path))
 
@@ -63,7 +63,7 @@ def _is_sweep_file(path: str) -> bool:
 # --------------------------------------------------------------------------- sweep
 def cmd_sweep(args) -> int:
     from .cli import UserError
-    from .sweep import RunStore, load_sweep, sweep
+    from .sweeps import RunStore, load_sweep, sweep
 
     if args.jobs < 0:
         raise UserError(f"--jobs {args.jobs}: expected 0 (one per core) or a positive number")
@@ -91,7 +91,7 @@ def cmd_sweep(args) -> int:
 # --------------------------------------------------------------------------- validate
 def cmd_validate(args) -> int:
     from .config import ConfigError, load_config
-    from .sweep import load_sweep
+    from .sweeps import load_sweep
 
     failures = 0
     for path in args.files:
@@ -113,7 +113,7 @@ def cmd_validate(args) -> int:
 # --------------------------------------------------------------------------- show
 def cmd_show(args) -> int:
     from .config import load_config
-    from .sweep import load_sweep
+    from .sweeps import load_sweep
 
     if args.file and _is_sweep_file(args.file):
         plan = load_sweep(args.file, args.overrides)

@@ -10,7 +10,7 @@ import yaml
 from simwar.api import simulate
 from simwar.cli import main
 from simwar.config import load_config
-from simwar.sweep import load_sweep, sweep
+from simwar.sweeps import load_sweep, sweep
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CONFIG_FILES = sorted(CONFIGS.glob("*.yaml"))

@@ -40,7 +40,6 @@ import os
 import signal
 import sys
 import tempfile
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -539,21 +538,6 @@ def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
     finally:
         if started_here:
             ray.shutdown()
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``simwar.sweep(spec)`` work whichever way this module was imported.
-
-    Importing ``simwar.sweep`` (e.g. ``from simwar.sweep import load_sweep``) rebinds the
-    package attribute ``simwar.sweep`` from the lazily exported function to this module;
-    calling the module forwards to :func:`sweep`, so the public call keeps working.
-    """
-
-    def __call__(self, *args, **kwargs) -> pd.DataFrame:
-        return sweep(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
 
 
 __all__ = ["ID_COLUMNS", "Run", "RunStore", "Sweep", "SweepSpec", "atomic_write_bytes",
