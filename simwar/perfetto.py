@@ -35,7 +35,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from .trace import HOST, Op, Span, Trace
+from .trace import HOST, Op, Span, Trace, write_text_atomic
 
 #: streams in display order; others follow alphabetically
 STREAM_ORDER = ("schedule", "plan", "forward", "copy", "d2h")
@@ -295,15 +295,4 @@ class _LaneIndex:
 
 def write_chrome_trace(trace: Trace, path: str | Path) -> Path:
     """Write :func:`chrome_trace` as JSON (``.json``; Perfetto also reads ``.json.gz``)."""
-    import gzip
-
-    path = Path(path)
-    text = json.dumps(chrome_trace(trace), separators=(",", ":"))
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".gz":
-        with gzip.open(tmp, "wt") as fh:
-            fh.write(text)
-    else:
-        tmp.write_text(text)
-    tmp.replace(path)
-    return path
+    return write_text_atomic(path, json.dumps(chrome_trace(trace), separators=(",", ":")))

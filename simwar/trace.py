@@ -157,15 +157,7 @@ class Trace:
         )
 
     def save(self, path: str | Path) -> None:
-        path = Path(path)
-        text = json.dumps(self.to_dict())
-        tmp = path.with_name(path.name + ".tmp")
-        if path.suffix == ".gz":
-            with gzip.open(tmp, "wt") as fh:
-                fh.write(text)
-        else:
-            tmp.write_text(text)
-        tmp.replace(path)
+        write_text_atomic(path, json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
@@ -173,3 +165,16 @@ class Trace:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as fh:
             return cls.from_dict(json.load(fh))
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` (gzipped for ``.gz``) through a rename: never half-written."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    if path.suffix == ".gz":
+        with gzip.open(tmp, "wt") as fh:
+            fh.write(text)
+    else:
+        tmp.write_text(text)
+    tmp.replace(path)
+    return path
