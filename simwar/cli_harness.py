@@ -175,10 +175,18 @@ def cmd_calibrate(args) -> int:
     }
     if bench:
         doc["primitives"] = {k: round(v, 4) for k, v in bench.get("primitives", {}).items()}
+        if "host_drift" in bench:
+            doc["host_drift"] = _rounded(bench["host_drift"])
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(yaml.safe_dump(doc, sort_keys=False))
     print(f"wrote {args.output}: " + ", ".join(f"{k} {v:g}" for k, v in costs.items()))
     return 0
+
+
+def _rounded(x):
+    if isinstance(x, dict):
+        return {k: _rounded(v) for k, v in x.items()}
+    return round(x, 3) if isinstance(x, float) else x
 
 
 # --------------------------------------------------------------------------- compare

@@ -105,11 +105,50 @@ def test_plan_groups_graph_launches_and_lays_out_stamps():
     assert set(plan.events) == {f"{e}[{k}]" for e in ("w", "done") for k in range(3)}
 
 
-def test_every_launch_gets_its_own_start_and_end_point():
+def test_timing_points_only_around_each_steps_forward():
+    """One start point on the first forward-phase launch of a step, one end point on the last:
+    every other launch (the schedule stream's writes, here) makes no timing call."""
     plan = make_plan(_tiny_graph_program())
     timed = [s for s in plan.steps if type(s) in (KernelStep, GraphStep)]
-    points = [p for s in timed for p in (s.start_point, s.end_point)]
-    assert len(points) == len(set(points)) == plan.timing_points == 2 * len(timed)
+    writes = [s for s in timed if type(s) is KernelStep]
+    assert all(s.start_point == s.end_point == -1 for s in writes)
+    graphs = [s for s in timed if type(s) is GraphStep]
+    points = [p for s in graphs for p in (s.start_point, s.end_point)]
+    assert sorted(points) == list(range(plan.timing_points)) and plan.timing_points == 6
+
+
+def test_forward_bounds_of_a_built_program():
+    from simwar.harness.plan import forward_bounds
+
+    cfg = load_config(None, {"steps": 6, "warmup_steps": 1, "algorithm": "eagle"})
+    program = simulate(cfg).program
+    first, last = forward_bounds(program)
+    assert len(first) == len(last) == 6
+    labels = {program.ops[i].kernel.label if type(program.ops[i]) is Launch
+              else program.ops[i].graph for i in first | last}
+    assert labels == {"draft.load_batch", "draft_extend.graph"}
+
+
+def test_measured_start_earlier_than_the_estimate_wins_and_clips_it():
+    """An untimed wait estimated to release after the measured forward start is clipped."""
+    from simwar.harness.plan import make_plan as plan_of
+    from simwar.harness.replay import assemble
+
+    ops = [StepMarker(0), Launch("schedule", Kernel("w", 50.0, writes=("b",)), 0),
+           Record("w", "schedule", 0), WaitEvent("forward", "w", 0),
+           Launch("forward", Kernel("f", 10.0, reads=("b",), phase="p"), 0)]
+    plan = plan_of(Program(ops=ops))
+    n = len(plan.steps)
+    t0 = [float(i) for i in range(n)]
+    t1 = [float(i + 1) for i in range(n)]
+    first = list(t1)
+    # the write is estimated to end at 2 + 50 = 52; the forward was measured starting at 40
+    trace = assemble(plan, t0, t1, first, [None, None, None, ("host", "w"), None],
+                     [40.0, 50.0], [1], {"cross_stream_us": 0.0})
+    fwd = [s for s in trace.spans if s.lane == "forward"]
+    kernel = next(s for s in fwd if s.kind == "kernel")
+    assert (kernel.start_us, kernel.end_us) == (40.0, 50.0)
+    assert all(s.end_us <= 40.0 for s in fwd if s.kind == "wait")
 
 
 def test_graph_nodes_are_interpolated_and_records_bound():
@@ -188,13 +227,17 @@ def test_calibrate_and_compare_on_fake_traces(tmp_path, capsys):
                                                        cross_stream_us=1.0))
         trace.save(traces / f"{name}.trace.json.gz")
     out = tmp_path / "cal.yaml"
-    assert main(["calibrate", str(traces), "-o", str(out)]) == 0
+    bench = tmp_path / "bench.json"
+    bench.write_text('{"primitives": {"sync_wake_after_200us_us": 2.0, "cross_stream_us": 1.0}}')
+    assert main(["calibrate", str(traces), "--bench", str(bench), "-o", str(out)]) == 0
     import yaml
 
     fitted = yaml.safe_load(out.read_text())["costs"]
     for k, v in costs.items():
         assert fitted[k] == pytest.approx(v), k
+    # device latencies are not timed by the replay: they come from the micro-benchmarks
     assert fitted["sync_wake_us"] == pytest.approx(2.0)
+    assert fitted["cross_stream_us"] == pytest.approx(1.0)
     capsys.readouterr()
     csv = tmp_path / "t.csv"
     assert main(["compare", str(traces), "--costs", str(out), "--csv", str(csv)]) == 0

@@ -13,7 +13,10 @@ named as in ``data/h200_overlap_run1.json`` where the figure is the same:
 - ``synchronize`` wake-up: host return minus the event's firing, after a spin
   of 50/200/1000 µs, for spinning and for blocking-sync events;
 - cross-stream dependency latency: a wait released by another stream's
-  record, from the record firing to the waiting stream's next event.
+  record, from the record firing to the waiting stream's next event;
+- host drift (:func:`host_drift`): the per-call host time of a spin launch
+  and of a fixed piece of pure-Python work, window by window over several
+  seconds, to tell a host that changes speed from a noisy driver call.
 
 Imports: torch and the standard library.
 """
@@ -25,7 +28,7 @@ import time
 
 import torch
 
-from .cuda import calibrate_device, device_info
+from .cuda import calibrate_device, cross_stream_latency, device_info
 
 
 def _host_us(fn, n: int = 200, batches: int = 7, before=None) -> float:
@@ -109,18 +112,44 @@ def run_benchmarks() -> dict:
             key = "blocking_" if blocking else ""
             res[f"{key}sync_wake_after_{spin_us}us_us"] = statistics.median(wakes)
 
-    # cross-stream dependency latency (device side)
-    lat = []
-    for _ in range(20):
-        torch.cuda.synchronize()
-        fired = torch.cuda.Event(enable_timing=True)
-        released = torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(int(200 * rate))
-        fired.record(s)
-        other.wait_event(fired)
-        released.record(other)
-        released.synchronize()
-        lat.append(fired.elapsed_time(released) * 1e3)
-    res["cross_stream_us"] = statistics.median(lat)
+    res["cross_stream_us"] = cross_stream_latency(rate)
     torch.cuda.synchronize()
-    return {"info": device_info(), "primitives": res}
+    return {"info": device_info(), "primitives": res, "host_drift": host_drift(rate)}
+
+
+def _python_work() -> int:
+    total = 0
+    for i in range(200):
+        total += i * i
+    return total
+
+
+def host_drift(cycles_per_us: float, windows: int = 120, calls: int = 400) -> dict:
+    """Per-call host time of a spin launch and of fixed Python work, per window (µs).
+
+    Each window (about 35 ms; a few seconds in all, the host always busy)
+    times ``calls`` launches behind a long spin, so none waits on the device,
+    and ``calls`` runs of the Python work, then lets the device drain. A host
+    whose speed drifts moves both together; a noisy driver path moves only
+    the launch.
+    """
+    launch, python = [], []
+    for _ in range(windows):
+        torch.cuda._sleep(int(30_000 * cycles_per_us))
+        t = time.perf_counter_ns()
+        for _ in range(calls):
+            torch.cuda._sleep(0)
+        launch.append((time.perf_counter_ns() - t) / 1e3 / calls)
+        t = time.perf_counter_ns()
+        for _ in range(calls):
+            _python_work()
+        python.append((time.perf_counter_ns() - t) / 1e3 / calls)
+        torch.cuda.synchronize()
+
+    def spread(v):
+        v = sorted(v)
+        return {"min": v[0], "p10": v[len(v) // 10], "median": v[len(v) // 2],
+                "p90": v[len(v) * 9 // 10], "max": v[-1]}
+
+    return {"windows": windows, "calls": calls, "launch_sleep_kernel_us": spread(launch),
+            "python_work_us": spread(python)}

@@ -5,10 +5,13 @@ What each piece of a plan becomes on the device:
 - a kernel of ``d`` µs: ``fill_`` of each buffer it writes with its stamp (a
   write lands at the kernel's start), ``torch.cuda._sleep`` for the rest of
   ``d``, then a one-element copy of each buffer it reads into its snapshot
-  slot (a read happens at the end). A kernel that writes or reads nothing
-  fills and copies a scratch slot instead, so every kernel is the same three
-  launches and costs the host the same. The spin length subtracts the
-  measured device time of the fills and copies, so the whole kernel lasts ``d``;
+  slot (a read happens at the end). The spin length subtracts the measured
+  device time of the fills and copies, so the whole kernel lasts ``d``.
+  A kernel without shared accesses is the spin alone when the backend is
+  *lean*; a *uniform* backend (the default) gives it one copy of a scratch
+  slot instead, so that every eager kernel with at most one access is the
+  same two launches and costs the host the same, as the config's one
+  ``costs.launch_us`` assumes;
 - a graph: captured once (``torch.cuda.graph``) with the same kernels, a
   device launch counter that picks each write's stamp (``index_select`` from
   a per-node stamp array) and each read's snapshot slot (``index_copy_``),
@@ -81,7 +84,27 @@ def calibrate_device(samples: int = 5) -> dict:
         "sleep_base_us": my - slope * mx,
         "fill_us": per_call(lambda: w.fill_(7)),
         "copy_us": per_call(lambda: r.copy_(w)),
+        "cross_stream_us": cross_stream_latency(1.0 / slope),
     }
+
+
+def cross_stream_latency(cycles_per_us: float, samples: int = 20) -> float:
+    """Median device delay from a record firing to the start of a stream waiting on it (µs)."""
+    s = torch.cuda.current_stream()
+    other = torch.cuda.Stream()
+    lat = []
+    for _ in range(samples):
+        torch.cuda.synchronize()
+        fired = torch.cuda.Event(enable_timing=True)
+        released = torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(200 * cycles_per_us))  # both calls issued before the record fires
+        fired.record(s)
+        other.wait_event(fired)
+        released.record(other)
+        released.synchronize()
+        lat.append(fired.elapsed_time(released) * 1e3)
+    lat.sort()
+    return lat[len(lat) // 2]
 
 
 def device_info() -> dict:
@@ -106,10 +129,11 @@ def device_info() -> dict:
 class CudaBackend:
     """Replays a plan on real CUDA streams (see the module docstring)."""
 
-    def __init__(self, calibration: dict | None = None):
+    def __init__(self, calibration: dict | None = None, *, uniform: bool = True):
         torch.cuda.init()
         self.cal = calibration or calibrate_device()
         self.rate = self.cal["sleep_cycles_per_us"]
+        self.uniform = uniform
 
     # ---- lifecycle
     def setup(self, plan: ReplayPlan) -> None:
@@ -125,6 +149,14 @@ class CudaBackend:
         self.snap = torch.full((plan.snapshot_slots + 1,), -1, dtype=torch.int64, device=dev)
         eager_slots = {r.slot for st in plan.steps if type(st) is KernelStep for r in st.reads}
         self.snap_views = {s: self.snap[s:s + 1] for s in eager_slots}
+        # spin lengths decided before the timed loop
+        self.kernel_cycles = {}
+        for st in plan.steps:
+            if type(st) is KernelStep:
+                plain = not (st.writes or st.reads)
+                self.kernel_cycles[st.index] = self._cycles(
+                    st.kernel.duration_us, len(st.writes),
+                    len(st.reads) + (1 if plain and self.uniform else 0))
         self.scratch_snap = self.snap[plan.snapshot_slots:]
         self.stamp_arrays = [torch.tensor(a, dtype=torch.int64, device=dev)
                              for a in plan.stamp_arrays]
@@ -133,6 +165,10 @@ class CudaBackend:
         self.graph_events = {key: torch.cuda.Event(external=True) for key in plan.graph_events}
         self.counters = {}
         self.graphs = {name: self._capture(g) for name, g in plan.graphs.items()}
+        # torch creates a CUDA event at its first record: do that here, not in the timed loop
+        warm = torch.cuda.current_stream()
+        for ev in list(self.points) + list(self.events.values()):
+            ev.record(warm)
         torch.cuda.synchronize()
         self.origin_ns = time.perf_counter_ns()
         self.anchor_a = self._anchor()
@@ -203,18 +239,18 @@ class CudaBackend:
 
     def kernel(self, step: KernelStep) -> float:
         self._use(step.stream)
+        cycles = self.kernel_cycles[step.index]
         if step.writes:
             for w in step.writes:
                 self.buf_views[w.buffer].fill_(w.stamp)
+            first = self.clock_us()
+            torch.cuda._sleep(cycles)
         else:
-            self.scratch.fill_(0)
-        first = self.clock_us()
-        torch.cuda._sleep(self._cycles(step.kernel.duration_us, max(1, len(step.writes)),
-                                       max(1, len(step.reads))))
-        if step.reads:
-            for r in step.reads:
-                self.snap_views[r.slot].copy_(self.buf_views[r.buffer])
-        else:
+            torch.cuda._sleep(cycles)
+            first = self.clock_us()
+        for r in step.reads:
+            self.snap_views[r.slot].copy_(self.buf_views[r.buffer])
+        if self.uniform and not (step.writes or step.reads):
             self.scratch_snap.copy_(self.scratch)
         return first
 

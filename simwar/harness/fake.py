@@ -45,7 +45,7 @@ class FakeBackend:
         self.calls: list[str] = []  # the call log, for tests
 
     def info(self) -> dict:
-        return {"backend": "fake"}
+        return {"backend": "fake", "cross_stream_us": self.cross_stream_us}
 
     def finish(self) -> tuple[list[float], list[int]]:
         snaps = [0] * self.plan.snapshot_slots

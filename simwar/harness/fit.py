@@ -6,9 +6,10 @@
 - :func:`fit_costs`: the config's ``costs.*`` from measured summaries (and
   the micro-benchmarks). Each host cost is the count-weighted mean of that
   call's measured host time over all cases (every call of a kind makes the
-  same host calls in the replay, so one figure fits all); ``sync_wake_us`` is
-  the median wake-up of syncs that really blocked; ``cross_stream_us`` the
-  median delay from a wait's release to its stream's next start. No figure is
+  same host calls in the replay, so one figure fits all); ``sync_wake_us`` and
+  ``cross_stream_us`` are device latencies the replay does not time (it times
+  each step's forward only), so they come from the micro-benchmarks (a
+  summary that carries them, from an older replay, still takes precedence). No figure is
   fitted to step times, so comparing step times afterwards is a real check.
   ``host_call_us`` then takes up what per-call costs miss, by least squares on
   the CPU-bound cases (``simwar.calibrate.fit_host_call_us``);
@@ -60,6 +61,7 @@ def measured_summary(trace: Trace) -> dict:
         "sync_wake_us": trace.meta.get("sync_wake_us", {}),
         "cross_stream_us": trace.meta.get("cross_stream_us", {}),
         "device": trace.meta.get("device", {}),
+        "host_probe_us": trace.meta.get("host_probe_us", {}),
     })
 
 

@@ -2,7 +2,8 @@
 
 ``python -m simwar.harness.gpu_main PROGRAMS OUT [--repeats N] [--bench]
 [--profile DIR]`` replays every ``PROGRAMS/*.json`` (``Program.to_json``)
-``N`` times, in case order within each repeat, and writes one tar of
+``N`` times, in case order within each repeat (``--lean``: kernels without
+shared accesses are a bare spin, see ``cuda``), and writes one tar of
 ``<case>.trace.json.gz`` per repeat (``OUT/traces_r<N>.tar``: few files to
 bring back). ``--bench`` writes the primitive micro-benchmarks to
 ``OUT/bench.json``; ``--profile DIR`` replays each program of DIR under
@@ -25,6 +26,7 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -64,6 +66,29 @@ class _StepRanges:
             self.current = None
 
 
+def python_work_us(calls: int = 2000) -> float:
+    """Host speed right now: µs per run of a fixed piece of pure-Python work (~15 ms)."""
+    t = time.perf_counter_ns()
+    for _ in range(calls):
+        total = 0
+        for i in range(200):
+            total += i * i
+    return (time.perf_counter_ns() - t) / 1e3 / calls
+
+
+def step_us_mean(trace) -> float:
+    """Mean step time after warm-up (the metric of ``simwar.metrics``, stdlib only)."""
+    fwd = trace.meta.get("forward_stream", "forward")
+    start: dict[int, float] = {}
+    for sp in trace.spans:
+        if sp.lane == fwd and sp.kind == "kernel" and sp.phase:
+            start[sp.step] = min(start.get(sp.step, sp.start_us), sp.start_us)
+    steps = sorted(start)
+    warm = int(trace.meta.get("warmup_steps", 0))
+    gaps = [start[b] - start[a] for a, b in zip(steps, steps[1:]) if a >= warm]
+    return sum(gaps) / len(gaps) if gaps else float("nan")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m simwar.harness.gpu_main")
     ap.add_argument("programs", type=Path)
@@ -73,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", type=Path)
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--cpu", type=int, help="pin the host thread to this CPU core")
+    ap.add_argument("--lean", action="store_true",
+                    help="kernels without shared accesses are a bare spin (not uniform)")
     args = ap.parse_args(argv)
 
     import torch
@@ -82,8 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         return 2
+    # initialise CUDA first: the driver's own threads keep every core, and only this
+    # thread is pinned (one core: no migrations inside a timed loop)
+    torch.cuda.init()
+    torch.zeros(1, device="cuda")
     if args.cpu is not None and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {args.cpu})  # one core: no migrations inside a timed loop
+        os.sched_setaffinity(threading.get_native_id(), {args.cpu})
     args.out.mkdir(parents=True, exist_ok=True)
     t_all = time.time()
     if args.bench:
@@ -100,19 +131,23 @@ def main(argv: list[str] | None = None) -> int:
         files = [f for f in files if f.stem in keep]
     programs = [(f.stem, Program.from_json(f.read_text())) for f in files]
     if programs:  # one untimed replay first: lazy initialisation stays out of the first case
-        replay(make_plan(programs[0][1]), CudaBackend(cal))
+        replay(make_plan(programs[0][1]), CudaBackend(cal, uniform=not args.lean))
     for rep in range(1, args.repeats + 1):
         # each repeat starts at another case, so no case is always the first after a pause
         shift = (rep - 1) * len(programs) // max(1, args.repeats)
         with tarfile.open(args.out / f"traces_r{rep}.tar", "w") as tar:
             for name, program in programs[shift:] + programs[:shift]:
                 t = time.time()
-                trace = replay(make_plan(program), CudaBackend(cal))
+                probe_us = python_work_us()
+                trace = replay(make_plan(program), CudaBackend(cal, uniform=not args.lean))
+                trace.meta["host_probe_us"] = {"before": probe_us, "after": python_work_us()}
                 races = len([r for r in trace.meta["measured_races"]
                              if r["read_step"] >= program.meta.get("warmup_steps", 0)])
                 _add(tar, f"{name}.trace.json.gz", _trace_bytes(trace))
-                print(f"r{rep} {name}: {time.time() - t:.1f}s, measured races {races}",
-                      flush=True)
+                launch = trace.meta["host_costs"]["launch_us"].get("mean", float("nan"))
+                print(f"r{rep} {name}: {time.time() - t:.1f}s, step {step_us_mean(trace):.1f} "
+                      f"us, launch {launch:.1f} us, host probe {probe_us:.2f} us, "
+                      f"measured races {races}", flush=True)
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 

@@ -14,12 +14,15 @@ so that the timed loop does no bookkeeping beyond the calls themselves:
   graph keeps a launch counter on the device: write nodes pick their stamp
   from a per-node array indexed by it, read nodes snapshot into a contiguous
   slot range indexed by it.
-- **timing points**: a timing event is recorded before and after every eager
-  kernel and every graph launch (the span a metric can use). Points are never
-  shared between neighbours, so every launch makes the same host calls and
-  costs the host the same (one calibrated ``launch_us`` then fits them all).
-  Records, waits and in-graph nodes are placed afterwards from these anchors
-  (``replay.assemble``).
+- **timing points**: timing events only where the metrics need a device
+  time: before the first and after the last forward-phase launch of each step
+  (a kernel or graph launch on the forward stream with a phase), which give
+  the forward's start and end (``simwar.metrics``: step time, forward gap,
+  launch lead and launch-ahead). Every other device time is placed by the
+  CUDA rules from measured host times and nominal durations
+  (``replay.assemble``), so the replay adds little host time of its own: on a
+  host-paced step every host call is time the device waits for. Points are
+  never shared between neighbours (each is its own event record).
 
 Imports: the standard library and ``simwar.program`` only (the plan is made
 on the GPU machine, which has torch but no simpy, pydantic or pandas).
@@ -71,8 +74,8 @@ class KernelStep:
     step: int
     writes: tuple[WriteSite, ...]
     reads: tuple[ReadSite, ...]
-    start_point: int
-    end_point: int
+    start_point: int  # -1: untimed
+    end_point: int  # -1: untimed
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,8 +103,8 @@ class GraphStep:
     graph: str
     launch: int  # 0-based launch number of this graph
     step: int
-    start_point: int
-    end_point: int
+    start_point: int  # -1: untimed
+    end_point: int  # -1: untimed
 
 
 @dataclass(slots=True)
@@ -158,8 +161,12 @@ def make_plan(program: Program) -> ReplayPlan:
     streams: dict[str, None] = {s: None for s in program.streams}
     steps: list = []
 
-    def new_point() -> int:
+    first_fwd, last_fwd = forward_bounds(program)
+
+    def new_point(timed: bool) -> int:
         nonlocal next_point
+        if not timed:
+            return -1
         next_point += 1
         return next_point - 1
 
@@ -181,9 +188,9 @@ def make_plan(program: Program) -> ReplayPlan:
                                        latest_stamp.get(b, 0)))
                 rs.append(ReadSite(buf_index[b], next_slot))
                 next_slot += 1
-            start = new_point()
+            start = new_point(index in first_fwd)
             steps.append(KernelStep(index, op.stream, k, op.step, tuple(writes), tuple(rs),
-                                    start, new_point()))
+                                    start, new_point(index in last_fwd)))
         elif kind is GraphLaunch:
             streams.setdefault(op.stream, None)
             gp = graphs.get(op.graph)
@@ -209,9 +216,9 @@ def make_plan(program: Program) -> ReplayPlan:
                     buf = buffers[r.buffer]
                     reads.append(ReadCheck(r.slot + launch, index, node_no, buf, op.step,
                                            node.kernel.label, latest_stamp.get(buf, 0)))
-            start = new_point()
+            start = new_point(index in first_fwd)
             steps.append(GraphStep(index, op.stream, op.graph, launch, op.step, start,
-                                   new_point()))
+                                   new_point(index in last_fwd)))
         elif kind is Record:
             events.setdefault(op.event, None)
             steps.append(op)
@@ -228,6 +235,29 @@ def make_plan(program: Program) -> ReplayPlan:
                       stamp_labels=stamp_labels, reads=reads, snapshot_slots=next_slot,
                       timing_points=next_point, events=tuple(events),
                       graph_events=tuple(graph_events), streams=tuple(streams))
+
+
+def forward_bounds(program: Program) -> tuple[set[int], set[int]]:
+    """Op indexes of the first and of the last forward-phase launch of each step.
+
+    A forward-phase launch is what ``simwar.metrics`` counts as the forward: a
+    kernel with a phase (or a graph with a phased node) on the forward stream.
+    """
+    fwd = program.meta.get("forward_stream", "forward")
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for index, op in enumerate(program.ops):
+        kind = type(op)
+        if kind is Launch:
+            phased = bool(op.kernel.phase)
+        elif kind is GraphLaunch:
+            phased = any(type(n) is Kernel and n.phase for n in op.nodes)
+        else:
+            continue
+        if op.stream == fwd and phased:
+            first.setdefault(op.step, index)
+            last[op.step] = index
+    return set(first.values()), set(last.values())
 
 
 def _graph_plan(op: GraphLaunch, buf_index: dict[str, int], launches: int,

@@ -6,26 +6,36 @@ host calls, in program order, on a *backend* (the real one in
 keeps one host clock: every host op's span runs from the end of the previous
 op to the end of its own call, so the loop's own overhead is charged to the
 calls (as the simulator charges ``host_us``), and CPU work busy-waits up to an
-absolute deadline. Device times come back from the backend's timing points,
-already on that host clock.
+absolute deadline. Device times come back from the backend's timing points
+(the plan puts them around each step's forward only), already on that host
+clock.
 
 :func:`assemble` turns what was measured into a :class:`~simwar.trace.Trace`
 in the simulator's schema:
 
-- eager kernels and graph launches span from their start point (or the host
-  time the launch reached the driver, if later: a starved stream cannot start
-  a kernel before it is launched) to their end point;
-- nodes inside a graph are placed by interpolating the graph's measured span
-  with the nodes' nominal durations (a captured graph cannot be timed per
-  node from the host);
+- a timed launch (a step's first or last forward launch) starts at its
+  start point (or the host time the launch reached the driver, if later: a
+  starved stream cannot start a kernel before it is launched) and ends at its
+  end point;
+- an untimed launch is placed by the CUDA rules, as the simulator places it:
+  it starts when its stream is free and its launch call has returned, and
+  lasts its nominal duration (the spin is calibrated to it); a measured
+  start that is earlier than such an estimate wins, and the estimate before
+  it on that lane is clipped to it;
+- nodes inside a graph are placed by interpolating the graph's span with the
+  nodes' nominal durations (a captured graph cannot be timed per node from
+  the host);
 - records fire at their stream's tail or their issue time, whichever is
   later; a stream wait spans from reaching the wait to its bound record's
-  firing; syncs are host spans (``blocked``, with their ``site``);
+  firing, plus the device's cross-stream latency (``info["cross_stream_us"]``)
+  when the record is on another stream; syncs are host spans (``blocked``,
+  with their ``site``);
 - every read's snapshot is checked against the stamp it should have seen:
   a mismatch is a **measured race** (``meta.measured_races``).
 
-Per-call host costs and device latencies seen in the run are summarised in
-``meta.host_costs`` for calibration.
+Per-call host costs seen in the run are summarised in ``meta.host_costs``
+for calibration (device latencies, which the run does not time, come from
+the micro-benchmarks).
 
 Imports: the standard library and simwar's stdlib-only modules.
 """
@@ -49,6 +59,10 @@ from ..program import (
 from ..trace import HOST, Access, Op, Span, Trace
 from ..trace import Marker as TraceMarker
 from .plan import GraphStep, KernelStep, ReplayPlan
+
+#: a sync counts towards ``sync_us`` only if its record's (estimated) firing is at least this
+#: long before the call, so that no waiting hides in the figure
+SYNC_FIRED_MARGIN_US = 20.0
 
 #: host-cost kinds, named as the config's ``costs.*`` keys they calibrate
 COST_KINDS = ("launch_us", "graph_launch_us", "event_record_us", "wait_event_us",
@@ -113,14 +127,18 @@ def _replay(plan: ReplayPlan, backend: Backend, step_hook) -> Trace:
             if step_hook is not None:
                 step_hook(st.step)
         elif kind is KernelStep:
-            backend.record_point(st.start_point, st.stream)
+            if st.start_point >= 0:
+                backend.record_point(st.start_point, st.stream)
             first[i] = backend.kernel(st)
-            backend.record_point(st.end_point, st.stream)
+            if st.end_point >= 0:
+                backend.record_point(st.end_point, st.stream)
             t = clock()
         elif kind is GraphStep:
-            backend.record_point(st.start_point, st.stream)
+            if st.start_point >= 0:
+                backend.record_point(st.start_point, st.stream)
             first[i] = backend.graph_launch(st)
-            backend.record_point(st.end_point, st.stream)
+            if st.end_point >= 0:
+                backend.record_point(st.end_point, st.stream)
             for node in plan.graphs[st.graph].nodes:
                 if node.kernel is None:
                     bound[node.event] = ("graph", st.graph, node.event)
@@ -160,9 +178,10 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
     tail: dict[str, float] = {}
     latest_row: dict[tuple, Op] = {}  # event key -> its latest record row
     host_costs: dict[str, list[float]] = {k: [] for k in COST_KINDS}
-    wake: list[float] = []
-    cross: list[float] = []
-    pending_release: dict[str, tuple[float, str]] = {}  # stream -> (release, bound lane)
+    cross_us = float(info.get("cross_stream_us", 0.0))
+    # per lane: (span index, row index) of device work placed by estimate since the lane's
+    # last measured time, to clip when a measured start turns out earlier
+    estimated: dict[str, list[tuple[int, int]]] = {}
 
     def add_row(lane, kind, step, label, event, bound, issue, start, end, phase=""):
         row = Op(len(rows), lane, kind, step, label, event, bound, issue, start, end, phase)
@@ -176,23 +195,39 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
             accesses.append(Access(row.op_id, b, "read", step, k.phase))
         for b in k.writes:
             accesses.append(Access(row.op_id, b, "write", step, k.phase))
+        return row
 
-    def started(lane: str, start: float, launched: float) -> None:
-        # a held stream released by another lane, with the host already past the launch:
-        # the delay from release to start is the cross-stream latency
-        rel = pending_release.pop(lane, None)
-        if rel is not None and rel[1] != lane and launched < rel[0]:
-            cross.append(max(0.0, start - rel[0]))
+    def begin(lane: str, launched: float, point: int) -> float:
+        """Start of a launch on ``lane``: measured if ``point`` is timed, else estimated."""
+        if point < 0:
+            return max(tail.get(lane, launched), launched)
+        start = max(points[point], launched)
+        if start < tail.get(lane, start):
+            clip(lane, start)
+        estimated[lane] = []
+        return start
+
+    def clip(lane: str, t: float) -> None:
+        for si, ri in estimated.get(lane, ()):
+            sp, row = spans[si], rows[ri]
+            if sp.end_us > t:
+                spans[si] = sp._replace(start_us=min(sp.start_us, t), end_us=t)
+                rows[ri] = row._replace(start_us=min(row.start_us, t), end_us=t)
+
+    def note(lane: str, timed: bool) -> None:
+        if not timed:  # the span and row just added were placed by estimate
+            estimated.setdefault(lane, []).append((len(spans) - 1, len(rows) - 1))
 
     def _wait(lane: str, rec: Op | None, event: str, step: int, issue: float, label: str):
         reach = max(tail.get(lane, issue), issue)
-        release = max(reach, rec.end_us) if rec is not None else reach
+        release = reach
+        if rec is not None:
+            release = max(reach, rec.end_us + (cross_us if rec.lane != lane else 0.0))
         add_row(lane, "wait", step, label, event, rec.op_id if rec is not None else -1, issue,
                 reach, release)
         if release > reach:
             spans.append(Span(lane, label, "wait", step, reach, release))
-        if rec is not None:
-            pending_release[lane] = (release, rec.lane)
+            estimated.setdefault(lane, []).append((len(spans) - 1, len(rows) - 1))
         tail[lane] = release
 
     for i, st in enumerate(plan.steps):
@@ -203,20 +238,25 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
         elif kind is KernelStep:
             host_costs["launch_us"].append(b - a)
             spans.append(Span(HOST, st.kernel.label, "api", st.step, a, b, st.kernel.phase))
-            start = max(points[st.start_point], first[i], tail.get(st.stream, a))
-            end = max(points[st.end_point], start)
-            started(st.stream, start, first[i])
+            start = begin(st.stream, first[i], st.start_point)
+            end = start + st.kernel.duration_us
+            if st.end_point >= 0:
+                end = max(points[st.end_point], start)
+                estimated[st.stream] = []
             kernel_row(st.stream, st.kernel, st.step, b, start, end)
+            note(st.stream, st.end_point >= 0)
             tail[st.stream] = end
         elif kind is GraphStep:
             host_costs["graph_launch_us"].append(b - a)
             gp = plan.graphs[st.graph]
             spans.append(Span(HOST, st.graph, "api", st.step, a, b,
                               next((n.kernel.phase for n in gp.nodes if n.kernel), "")))
-            gs = max(points[st.start_point], first[i], tail.get(st.stream, a))
-            ge = max(points[st.end_point], gs)
-            started(st.stream, gs, first[i])
             nominal = sum(n.kernel.duration_us for n in gp.nodes if n.kernel is not None)
+            gs = begin(st.stream, first[i], st.start_point)
+            ge = gs + nominal
+            if st.end_point >= 0:
+                ge = max(points[st.end_point], gs)
+            timed = st.end_point >= 0
             scale = (ge - gs) / nominal if nominal > 0 else 0.0
             t = gs
             for node in gp.nodes:
@@ -228,7 +268,10 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
                 else:
                     end = t + node.kernel.duration_us * scale
                     kernel_row(st.stream, node.kernel, st.step, b, t, end)
+                    note(st.stream, timed)
                     t = end
+            if timed:
+                estimated[st.stream] = []
             tail[st.stream] = ge
         elif kind is Record:
             host_costs["event_record_us"].append(b - a)
@@ -253,13 +296,11 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
             _wait(st.stream, rec, name, st.step, b, f"wait {st.other}")
         elif kind is Synchronize:
             rec = latest_row.get(bound_at_issue[i]) if bound_at_issue[i] else None
+            if rec is None or rec.end_us < a - SYNC_FIRED_MARGIN_US:
+                host_costs["sync_us"].append(b - a)  # surely fired before: the call's own cost
             add_row(HOST, "sync", st.step, f"sync {st.event}", st.event,
                     rec.op_id if rec is not None else -1, a, a, b)
             spans.append(Span(HOST, f"sync {st.event}", "blocked", st.step, a, b, site=st.site))
-            if rec is not None and rec.end_us > a:
-                wake.append(b - rec.end_us)  # really blocked: return minus firing
-            else:
-                host_costs["sync_us"].append(b - a)
         elif kind is StepMarker:
             markers.append(TraceMarker("step", st.step, a))
         elif kind is Marker:
@@ -273,9 +314,9 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
         "device": info,
         "measured_races": races,
         "host_costs": {k: _stats(v) for k, v in host_costs.items()},
-        "sync_wake_us": _stats(wake),
-        "cross_stream_us": _stats(cross),
-        "graph_nodes": "interpolated from the graph's measured span by nominal durations",
+        "timed": "each step's forward start and end; other device times placed by the CUDA "
+                 "rules from host times and nominal durations",
+        "graph_nodes": "interpolated from the graph's span by nominal durations",
     })
     spans.sort(key=lambda s: (s.start_us, s.end_us))
     return Trace(spans=spans, ops=rows, accesses=accesses, markers=markers, meta=meta)
