@@ -8,7 +8,7 @@
   directory or tar of ``*.trace.json.gz``) or measured-summary JSON files,
   plus ``--bench`` micro-benchmarks; writes a versioned YAML that
   ``simwar run --costs FILE`` reads;
-- ``compare MEASURED... [--costs FILE] --csv FILE [--plot FILE]``: simulate
+- ``compare MEASURED... [--costs FILE] [--host-speed measured] --csv FILE [--plot FILE]``: simulate
   each measured case (suite case or ``--config``) and write the error table.
 """
 
@@ -47,6 +47,10 @@ def register(sub) -> None:
     m.add_argument("--costs", help="calibration YAML (its costs replace each config's)")
     m.add_argument("--config", help="one YAML config for every measured case (default: the "
                                     "suite case of the same name)")
+    m.add_argument("--host-speed", choices=("calibrated", "measured"), default="calibrated",
+                   help="'measured' scales the host costs of each case by its own measured "
+                        "launch cost over the calibrated one (the host's speed during that "
+                        "replay); default: the calibrated costs as they are")
     m.add_argument("--csv", required=True, help="error table to write")
     m.add_argument("--plot", help="PNG of simulated vs measured step time and forward gap")
     m.set_defaults(func=cmd_compare)
@@ -192,13 +196,16 @@ def _rounded(x):
 # --------------------------------------------------------------------------- compare
 def cmd_compare(args) -> int:
     from .cli import costs_overrides
-    from .harness.fit import compare, criteria, plot_compare
+    from .harness.fit import compare, criteria, plot_compare, with_host_speed
 
     measured = load_measured(args.measured)
     configs = _case_configs(measured, args.config)
     costs = {k[len("costs."):]: v for k, v in costs_overrides(args.costs).items()}
-    for cfg in configs.values():
-        cfg["costs"] = dict(cfg.get("costs", {}), **costs)
+    for name, cfg in configs.items():
+        if args.host_speed == "measured" and name in measured:
+            configs[name] = with_host_speed(cfg, measured[name], costs)
+        else:
+            cfg["costs"] = dict(cfg.get("costs", {}), **costs)
     table = compare(configs, measured)
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(args.csv, index=False, float_format="%.4f")

@@ -15,7 +15,13 @@
   the CPU-bound cases (``simwar.calibrate.fit_host_call_us``);
 - :func:`compare`: simulate each case with the calibrated costs and tabulate
   simulated vs measured per metric (abs and relative error), race presence
-  included; :func:`plot_compare` draws step time and forward gap per case.
+  included; :func:`plot_compare` draws step time and forward gap per case;
+- :func:`with_host_speed`: the calibrated host costs scaled by one measured
+  factor per case, the case's own mean launch cost over the calibrated one.
+  The GPU machine's host changes speed by up to 2x within a session (see
+  calibration/README.md); this factor is measured during the very replay being
+  compared, never fitted to its step time, so a comparison that uses it checks
+  the model under the host speed the case actually ran at.
 
 Imports: simwar's full stack (pandas; matplotlib lazily). Not for the GPU machine.
 """
@@ -152,6 +158,28 @@ def _with_costs(cfg: dict, costs: dict) -> dict:
     out = dict(cfg)
     out["costs"] = dict(cfg.get("costs", {}), **costs)
     return out
+
+
+#: the host-side costs a host-speed factor scales (device latencies are not host speed)
+HOST_COSTS = ("launch_us", "graph_launch_us", "event_record_us", "wait_event_us",
+              "wait_stream_us", "sync_us", "host_call_us")
+
+
+def host_speed_factor(case: dict, costs: dict) -> float:
+    """The case's measured mean launch cost over the calibrated ``launch_us`` (1.0 if unknown)."""
+    launch = case.get("host_costs", {}).get("launch_us", {})
+    cal = costs.get("launch_us")
+    if not launch.get("n") or not isinstance(cal, (int, float)) or cal <= 0:
+        return 1.0
+    return float(launch["mean"]) / float(cal)
+
+
+def with_host_speed(cfg: dict, case: dict, costs: dict) -> dict:
+    """``cfg`` with ``costs`` applied and its host costs scaled by the case's host speed."""
+    f = host_speed_factor(case, costs)
+    scaled = {k: (v * f if k in HOST_COSTS and isinstance(v, (int, float)) else v)
+              for k, v in costs.items()}
+    return _with_costs(cfg, scaled)
 
 
 def compare(configs: dict[str, dict], measured: dict[str, dict],
