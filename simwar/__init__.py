@@ -11,6 +11,8 @@ Public API (imported lazily so that ``simwar.program``, ``simwar.trace`` and
 
 from __future__ import annotations
 
+from ._lazy import lazy_getattr
+
 __version__ = "0.1.0"
 
 _LAZY = {
@@ -29,12 +31,4 @@ _LAZY = {
 __all__ = sorted(_LAZY) + ["__version__"]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'simwar' has no attribute {name!r}")
+__getattr__ = lazy_getattr("simwar", _LAZY, globals())

@@ -12,6 +12,8 @@ load their modules on first use.
 
 from __future__ import annotations
 
+from .._lazy import lazy_getattr
+
 _LAZY = {
     "import_kineto": ("simwar.importers.kineto", "import_kineto"),
     "read_capture": ("simwar.importers.kineto", "read_capture"),
@@ -29,12 +31,4 @@ __all__ = ["KinetoFormatError", "KinetoImport", "Mapping", "fit_durations", "idl
            "import_kineto", "import_report", "load_mapping", "read_capture", "write_kineto"]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'simwar.importers' has no attribute {name!r}")
+__getattr__ = lazy_getattr("simwar.importers", _LAZY, globals())
