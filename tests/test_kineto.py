@@ -407,10 +407,11 @@ def test_real_capture_matches_the_replays_event_timing(capture):
     got = report["metrics"]
     assert got["steps_measured"] == expected["steps_measured"]
     assert got["step_us_mean"] == pytest.approx(expected["step_us_mean"], rel=0.03)
-    # the forward gap is compared on the step's scale: in GPU-bound replays it is ~1 µs,
-    # below what kernel boundaries resolve (the stamp kernels sit in it)
+    # the forward gap within 3%, or 5 µs where the gap itself is a few µs: the harness times a
+    # forward with events recorded just before its first and after its last launch, the import
+    # with the kernels' own boundaries, ~2 µs inside each event (GPU-bound gaps: 1.5 vs 5 µs)
     assert abs(got["fwd_gap_us_mean"] - expected["fwd_gap_us_mean"]) <= \
-        0.03 * expected["step_us_mean"]
+        max(0.03 * expected["fwd_gap_us_mean"], 5.0)
     assert got["cpu_blocked_us_mean"] == pytest.approx(expected["cpu_blocked_us_mean"],
                                                        rel=0.03, abs=10.0)
     assert got["launch_ahead_mean"] == expected["launch_ahead_mean"]
