@@ -187,12 +187,10 @@ class Engine:
             op_id = len(rows)
             row = [op_id, stream, "kernel", step, k.label, "", -1, ready, -1.0, -1.0, k.phase]
             new_row(row)
-            if k.reads:
-                for b in k.reads:
-                    accesses.append(_new_access((op_id, b, "read", step, k.phase)))
-            if k.writes:
-                for b in k.writes:
-                    accesses.append(_new_access((op_id, b, "write", step, k.phase)))
+            for b in k.reads:
+                accesses.append(_new_access((op_id, b, "read", step, k.phase)))
+            for b in k.writes:
+                accesses.append(_new_access((op_id, b, "write", step, k.phase)))
             enqueue(stream, (_KERNEL, ready, row, k.duration_us, 0.0))
 
         def record(event: str, stream: str, step: int, ready: float, label: str) -> _Rec:
@@ -213,25 +211,11 @@ class Engine:
         t = 0.0  # the host thread's own clock; env.now <= t always
         for op in self.program.ops:
             kind = type(op)
-            if kind is Launch:  # the most frequent op: kernel() and enqueue() inlined
+            if kind is Launch:
                 k = op.kernel
-                step = op.step
                 t0, t = t, t + op.host_us
-                append_span(_new_span((HOST, k.label, "api", step, t0, t, k.phase, "")))
-                op_id = len(rows)
-                row = [op_id, op.stream, "kernel", step, k.label, "", -1, t, -1.0, -1.0, k.phase]
-                new_row(row)
-                if k.reads:
-                    for b in k.reads:
-                        accesses.append(_new_access((op_id, b, "read", step, k.phase)))
-                if k.writes:
-                    for b in k.writes:
-                        accesses.append(_new_access((op_id, b, "write", step, k.phase)))
-                st = streams.get(op.stream) or self._stream(op.stream)
-                st.queue.append((_KERNEL, t, row, k.duration_us, 0.0))
-                if st.wake is not None:
-                    wake, st.wake = st.wake, None
-                    wake.succeed()
+                append_span(_new_span((HOST, k.label, "api", op.step, t0, t, k.phase, "")))
+                kernel(op.stream, k, op.step, t)
             elif kind is CpuWork:
                 append_span(_new_span((HOST, op.label, "cpu", op.step, t, t + op.duration_us,
                                        "", "")))
