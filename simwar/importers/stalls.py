@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 
-from ..metrics import analyze, step_frame
+from ..metrics import analyze
 from ..trace import HOST, Trace
 from .kineto import KinetoImport
 
@@ -82,13 +82,7 @@ def _covered(spans: list[tuple[float, float]], starts: list[float], lo: float,
 def import_report(result: KinetoImport, kernel_wait_us: float = HTA_KERNEL_WAIT_US):
     """``(steps_df, report)``: the per-step frame and one JSON-ready dict for the capture."""
     trace = result.trace
-    if any(s.kind == "kernel" and s.phase and s.lane == trace.meta.get("forward_stream")
-           for s in trace.spans):
-        steps, summary, _ = analyze(trace)
-    else:
-        # no forward work to measure: metrics.summarize expects a full step frame
-        steps, summary = step_frame(trace), {"name": trace.meta.get("name", ""),
-                                             "steps_measured": 0}
+    steps, summary, _ = analyze(trace)
     warm = int(trace.meta.get("warmup_steps", 0))
     counts = result.counts
     names = trace.meta.get("step_names") or []
