@@ -69,22 +69,18 @@ class SweepSpec(BaseModel):
     zip: dict[str, list] = Field(default_factory=dict)
     repeats: int = Field(default=1, ge=1)
 
-    @field_validator("grid")
+    @field_validator("grid", "zip")
     @classmethod
-    def _grid_lists(cls, grid: dict[str, list]) -> dict[str, list]:
-        for key, values in grid.items():
+    def _non_empty_lists(cls, swept: dict[str, list], info) -> dict[str, list]:
+        for key, values in swept.items():
             _check_key(key)
             if not values:
-                raise ValueError(f"grid.{key}: expected a non-empty list of values")
-        return grid
+                raise ValueError(f"{info.field_name}.{key}: expected a non-empty list of values")
+        return swept
 
     @field_validator("zip")
     @classmethod
-    def _zip_lists(cls, zipped: dict[str, list]) -> dict[str, list]:
-        for key, values in zipped.items():
-            _check_key(key)
-            if not values:
-                raise ValueError(f"zip.{key}: expected a non-empty list of values")
+    def _zip_lengths(cls, zipped: dict[str, list]) -> dict[str, list]:
         lengths = {key: len(values) for key, values in zipped.items()}
         if len(set(lengths.values())) > 1:
             described = ", ".join(f"{k} has {n}" for k, n in lengths.items())
