@@ -24,7 +24,7 @@ _LAZY = {
     "Result": ("simwar.api", "Result"),
     "Program": ("simwar.program", "Program"),
     "Trace": ("simwar.trace", "Trace"),
-    "analyze": ("simwar.metrics", "analyze"),
+    "analyze": ("simwar.analysis.metrics", "analyze"),
     "sweep": ("simwar.sweeps", "sweep"),
 }
 

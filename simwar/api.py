@@ -13,8 +13,8 @@ import pandas as pd
 from .builder import build_program
 from .config import Config, load_config
 from .engine import Engine
-from .hazards import HazardReport
-from .metrics import analyze
+from .analysis.hazards import HazardReport
+from .analysis.metrics import analyze
 from .program import Program
 from .trace import Trace
 

@@ -1,9 +1,11 @@
 """The SimPy executor: runs a Program on simulated CUDA streams, returns a Trace.
 
-This is the only module that imports simpy. It must not import pandas, yaml,
-matplotlib or torch (a test checks ``sys.modules``).
+This is the only module that imports simpy, and the reference executor: the
+one-pass executor (:mod:`simwar.fast`) is held equal to it by tests. It must
+not import pandas, yaml, matplotlib or torch (a test checks ``sys.modules``).
 
-CUDA rules honoured (DESIGN.md, "CUDA semantics"):
+The CUDA rules (DESIGN.md, "CUDA semantics") are :mod:`simwar.rules`; here
+they run inside SimPy processes:
 
 - each stream runs its operations in FIFO order; streams run concurrently;
 - ``record(E, S)`` captures the tail of S at the host call: it is a stream
@@ -25,14 +27,19 @@ so it runs ahead on its own clock and hands each stream operation a
 ``ready_us`` (the host time its call returned); it only yields to SimPy at a
 synchronize. Streams are SimPy processes that honour ``ready_us``. The
 resulting timeline is identical to yielding at every host call, with far
-fewer events.
+fewer events. Times are computed by the rules from the values involved, and
+SimPy's clock only orders the processes, so the figures do not depend on how
+SimPy accumulates time.
+
+Everything is recorded through :class:`simwar.recorder.Recorder`, which hands
+out the op and span ids that tie each span to its op and each op to the host
+call that issued it.
 """
 
 from __future__ import annotations
 
 import gc
 from collections import deque
-from functools import partial
 
 import simpy
 
@@ -49,12 +56,11 @@ from .program import (
     WaitEvent,
     WaitStream,
 )
-from .trace import HOST, Access, Op, Span, Trace
-from .trace import Marker as TraceMarker
+from .recorder import Recorder
+from .rules import begins, released, returns
+from .trace import HOST, Call, OpKind, SpanKind, Trace
 
 _KERNEL, _RECORD, _WAIT = 0, 1, 2
-# indices into an op row (a list, finalized into trace.Op at the end)
-_START, _END = 8, 9
 
 
 class _Rec:
@@ -78,16 +84,29 @@ class _Stream:
         self.wake: simpy.Event | None = None
 
 
-class Engine:
-    """Executes one Program. ``run()`` returns the Trace; ``events`` counts SimPy events."""
+class _CountingEnvironment(simpy.Environment):
+    """An Environment that counts the events it schedules (a public hook, no private state)."""
 
-    def __init__(self, program: Program):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduled = 0
+
+    def schedule(self, event, priority=simpy.core.NORMAL, delay=0) -> None:
+        self.scheduled += 1
+        super().schedule(event, priority, delay)
+
+
+class Engine:
+    """Executes one Program. ``run()`` returns the Trace; ``events`` counts SimPy events.
+
+    ``progress(step)``, if given, is called at the start of each host iteration.
+    """
+
+    def __init__(self, program: Program, progress=None):
         self.program = program
-        self.env = simpy.Environment()
-        self.spans: list[Span] = []
-        self.rows: list[list] = []
-        self.accesses: list[Access] = []
-        self.markers: list[TraceMarker] = []
+        self.progress = progress
+        self.env = _CountingEnvironment()
+        self.rec = Recorder()
         self.streams: dict[str, _Stream] = {}
         self.latest: dict[str, _Rec] = {}  # event name -> most recent record instance
         self.events = 0
@@ -104,16 +123,13 @@ class Engine:
         gc.disable()
         try:
             env.run()
-            ops = list(map(_new_op, self.rows))
         finally:
             if gc_was_enabled:
                 gc.enable()
-        self.events = _event_count(env)
+        self.events = env.scheduled
         meta = dict(self.program.meta)
         meta.setdefault("source", "sim")
-        # spans are in completion order per lane; consumers sort when they need to
-        return Trace(spans=self.spans, ops=ops, accesses=self.accesses, markers=self.markers,
-                     meta=meta)
+        return self.rec.finish(meta)
 
     # ------------------------------------------------------------------ streams
     def _stream(self, name: str) -> _Stream:
@@ -129,52 +145,56 @@ class Engine:
         queue = s.queue
         popleft = queue.popleft
         lane = s.name
-        append_span = self.spans.append
+        rec = self.rec
+        op_start, op_end = rec.op_start, rec.op_end
+        device = rec.device
+        free = 0.0  # when the stream finished its previous operation
         while True:
             while not queue:
                 s.wake = env.event()
                 yield s.wake
-            code, ready, row, arg, latency = popleft()
-            if ready > env.now:
-                yield timeout(ready - env.now)
-            now = env.now
+            code, ready, op_id, arg, latency, step, label, phase = popleft()
+            start = begins(free, ready)
+            if start > env.now:
+                yield timeout(start - env.now)
             if code == _KERNEL:
-                end = now + arg
-                row[_START] = now
-                row[_END] = end
+                free = start + arg
+                op_start[op_id] = start
+                op_end[op_id] = free
                 if arg > 0:
                     yield timeout(arg)
-                append_span(_new_span((lane, row[4], "kernel", row[3], now, end, row[10], "")))
+                device(SpanKind.KERNEL, lane, step, start, free, label, op_id, phase)
             elif code == _RECORD:
-                row[_START] = row[_END] = now
-                arg.time = now
+                op_start[op_id] = op_end[op_id] = free = start
+                arg.time = start
                 if arg.event is not None:
                     arg.event.succeed()
             else:  # wait
-                row[_START] = now
+                free = start
                 if arg is not None:
                     if arg.time is None:
                         if arg.event is None:
                             arg.event = env.event()
                         yield arg.event
-                    release = arg.time + (latency if arg.lane != lane else 0.0)
-                    if release > env.now:
-                        yield timeout(release - env.now)
-                    if env.now > now:
-                        append_span(_new_span((lane, row[4], "wait", row[3], now, env.now, "",
-                                               "")))
-                row[_END] = env.now
+                    free = released(start, arg.time, latency, arg.lane == lane)
+                    if free > env.now:
+                        yield timeout(free - env.now)
+                    if free > start:
+                        device(SpanKind.WAIT, lane, step, start, free, label, op_id)
+                op_start[op_id] = start
+                op_end[op_id] = free
 
     # ------------------------------------------------------------------ host
     def _host(self):
         env = self.env
-        append_span = self.spans.append
-        rows = self.rows
-        new_row = rows.append
-        accesses = self.accesses
+        rec = self.rec
+        host = rec.host
+        new_op = rec.op
+        access = rec.access
+        marker = rec.marker
         latest = self.latest
         streams = self.streams
-        markers = self.markers
+        progress = self.progress
 
         def enqueue(stream: str, item: tuple) -> None:
             st = streams.get(stream) or self._stream(stream)
@@ -183,30 +203,27 @@ class Engine:
                 wake, st.wake = st.wake, None
                 wake.succeed()
 
-        def kernel(stream: str, k, step: int, ready: float) -> None:
-            op_id = len(rows)
-            row = [op_id, stream, "kernel", step, k.label, "", -1, ready, -1.0, -1.0, k.phase]
-            new_row(row)
+        def kernel(stream: str, k, step: int, ready: float, call: int) -> None:
+            op_id = new_op(OpKind.KERNEL, stream, step, k.label, issue=ready, phase=k.phase,
+                           call=call)
             for b in k.reads:
-                accesses.append(_new_access((op_id, b, "read", step, k.phase)))
+                access(op_id, b, False, step, k.phase)
             for b in k.writes:
-                accesses.append(_new_access((op_id, b, "write", step, k.phase)))
-            enqueue(stream, (_KERNEL, ready, row, k.duration_us, 0.0))
+                access(op_id, b, True, step, k.phase)
+            enqueue(stream, (_KERNEL, ready, op_id, k.duration_us, 0.0, step, k.label, k.phase))
 
-        def record(event: str, stream: str, step: int, ready: float, label: str) -> _Rec:
-            op_id = len(rows)
-            row = [op_id, stream, "record", step, label, event, -1, ready, -1.0, -1.0, ""]
-            new_row(row)
-            rec = _Rec(op_id, stream)
-            enqueue(stream, (_RECORD, ready, row, rec, 0.0))
-            return rec
+        def record(event: str, stream: str, step: int, ready: float, call: int) -> _Rec:
+            op_id = new_op(OpKind.RECORD, stream, step, event, event=event, issue=ready,
+                           call=call)
+            r = _Rec(op_id, stream)
+            enqueue(stream, (_RECORD, ready, op_id, r, 0.0, step, event, ""))
+            return r
 
-        def wait(stream: str, rec, event: str, step: int, ready: float, label: str,
-                 latency_us: float) -> None:
-            row = [len(rows), stream, "wait", step, label, event,
-                   rec.op_id if rec is not None else -1, ready, -1.0, -1.0, ""]
-            new_row(row)
-            enqueue(stream, (_WAIT, ready, row, rec, latency_us))
+        def wait(stream: str, r, event: str, step: int, ready: float, latency_us: float,
+                 call: int) -> None:
+            op_id = new_op(OpKind.WAIT, stream, step, event, event=event,
+                           bound=r.op_id if r is not None else -1, issue=ready, call=call)
+            enqueue(stream, (_WAIT, ready, op_id, r, latency_us, step, event, ""))
 
         t = 0.0  # the host thread's own clock; env.now <= t always
         for op in self.program.ops:
@@ -214,79 +231,66 @@ class Engine:
             if kind is Launch:
                 k = op.kernel
                 t0, t = t, t + op.host_us
-                append_span(_new_span((HOST, k.label, "api", op.step, t0, t, k.phase, "")))
-                kernel(op.stream, k, op.step, t)
+                call = host(Call.LAUNCH, op.step, t0, t, k.label, phase=k.phase, op=rec.next_op)
+                kernel(op.stream, k, op.step, t, call)
             elif kind is CpuWork:
-                append_span(_new_span((HOST, op.label, "cpu", op.step, t, t + op.duration_us,
-                                       "", "")))
+                host(Call.CPU, op.step, t, t + op.duration_us, op.label)
                 t += op.duration_us
             elif kind is Record:
                 t0, t = t, t + op.host_us
-                append_span(_new_span((HOST, "record " + op.event, "api", op.step, t0, t, "",
-                                       "")))
-                latest[op.event] = record(op.event, op.stream, op.step, t, op.event)
+                call = host(Call.RECORD, op.step, t0, t, op.event, op=rec.next_op)
+                latest[op.event] = record(op.event, op.stream, op.step, t, call)
             elif kind is WaitStream:
                 t0, t = t, t + op.host_us
-                append_span(_new_span((HOST, f"{op.stream}.wait_stream({op.other})", "api",
-                                       op.step, t0, t, "", "")))
+                call = host(Call.WAIT_STREAM, op.step, t0, t, op.other, op=rec.next_op + 1)
                 name = op.other + ".tail"
-                rec = record(name, op.other, op.step, t, name)
-                wait(op.stream, rec, name, op.step, t, "wait " + op.other, op.latency_us)
+                r = record(name, op.other, op.step, t, call)
+                wait(op.stream, r, name, op.step, t, op.latency_us, call)
             elif kind is GraphLaunch:
                 t0, t = t, t + op.host_us
-                append_span(_new_span((HOST, op.graph, "api", op.step, t0, t, op.phase, "")))
+                call = host(Call.GRAPH_LAUNCH, op.step, t0, t, op.graph, phase=op.phase,
+                            op=rec.next_op)
                 for node in op.nodes:
                     if type(node) is GraphRecord:
                         # the launch re-arms the node: later waits bind to this launch's record
-                        latest[node.event] = record(node.event, op.stream, op.step, t,
-                                                    f"{op.graph}:{node.event}")
+                        latest[node.event] = record(node.event, op.stream, op.step, t, call)
                     else:
-                        kernel(op.stream, node, op.step, t)
+                        kernel(op.stream, node, op.step, t, call)
             elif kind is WaitEvent:
                 t0, t = t, t + op.host_us
-                append_span(_new_span((HOST, f"{op.stream}.wait_event({op.event})", "api",
-                                       op.step, t0, t, "", "")))
-                wait(op.stream, latest.get(op.event), op.event, op.step, t, "wait " + op.event,
-                     op.latency_us)
+                call = host(Call.WAIT_EVENT, op.step, t0, t, op.event, op=rec.next_op)
+                wait(op.stream, latest.get(op.event), op.event, op.step, t, op.latency_us, call)
             elif kind is Synchronize:
-                t0, t1 = t, t + op.host_us
-                rec = latest.get(op.event)
-                row = [len(rows), HOST, "sync", op.step, "sync " + op.event, op.event,
-                       rec.op_id if rec is not None else -1, t0, t0, t0, ""]
-                new_row(row)
-                if rec is not None:
+                t0 = t
+                r = latest.get(op.event)
+                op_id = rec.next_op
+                call = host(Call.SYNCHRONIZE, op.step, t0, t0, op.event, site=op.site, op=op_id)
+                new_op(OpKind.SYNC, HOST, op.step, op.event, event=op.event,
+                       bound=r.op_id if r is not None else -1, issue=t0, start=t0, call=call)
+                fired = None
+                if r is not None:
+                    t1 = t0 + op.host_us
                     if t1 > env.now:
                         yield env.timeout(t1 - env.now)
-                    if rec.time is None:
-                        if rec.event is None:
-                            rec.event = env.event()
-                        yield rec.event
-                    if rec.time > t1:  # really blocked: pay the wake-up latency
-                        t1 = rec.time + op.wake_us
-                row[_END] = t = t1
-                append_span(_new_span((HOST, "sync " + op.event, "blocked", op.step, t0, t1,
-                                       "", op.site)))
+                    if r.time is None:
+                        if r.event is None:
+                            r.event = env.event()
+                        yield r.event
+                    fired = r.time
+                t = returns(t0, op.host_us, fired, op.wake_us)
+                rec.op_end[op_id] = t
+                rec.end_span(call, t)
             elif kind is StepMarker:
-                markers.append(TraceMarker("step", op.step, t))
+                marker("step", op.step, t)
+                if progress is not None:
+                    progress(op.step)
             elif kind is Marker:
-                markers.append(TraceMarker(op.name, op.step, t))
+                marker(op.name, op.step, t)
             else:
                 raise TypeError(f"unknown host op {op!r}")
         if t > env.now:
             yield env.timeout(t - env.now)
-        markers.append(TraceMarker("end", -1, t))
-
-
-# NamedTuple constructors without the Python-level __new__ frame (the engine makes ~50 a step)
-_new_span = partial(tuple.__new__, Span)
-_new_op = partial(tuple.__new__, Op)
-_new_access = partial(tuple.__new__, Access)
-
-
-def _event_count(env: simpy.Environment) -> int:
-    # SimPy numbers every scheduled event from one counter; read it without advancing it twice.
-    eid = getattr(env, "_eid", None)
-    return next(eid) if eid is not None else -1
+        marker("end", -1, t)
 
 
 def run(program: Program) -> Trace:

@@ -17,7 +17,7 @@ its own traces so that a simulated run can be opened next to a measured one:
   ended;
 - counter tracks (``C``) on the host: ``forwards_in_flight`` (forwards
   launched and not yet finished, over time) and ``launch_ahead`` (the depth
-  at each launch, the metric of ``simwar.metrics``);
+  at each launch, the metric of ``simwar.analysis.metrics``);
 - record operations as instant events (``i``) on their stream.
 
 Also here: :func:`launch_links`, which pairs each kernel with the host API

@@ -73,13 +73,13 @@ def _unpack(data, races=None):
     steps = getattr(data, "steps", None)
     warmup = int(trace.meta.get("warmup_steps", 0))
     if steps is None:
-        from .metrics import step_frame
+        from .analysis.metrics import step_frame
 
         steps = step_frame(trace)
     if races is None:
         hazards = getattr(data, "hazards", None)
         if hazards is None and trace.accesses:
-            from .hazards import detect
+            from .analysis.hazards import detect
 
             hazards = detect(trace)
         races = hazards.races if hazards is not None else []
@@ -578,7 +578,7 @@ def _summaries(data) -> pd.DataFrame:
 
 def _step_frames(data) -> dict[str, pd.DataFrame]:
     """Measured steps (after warm-up, with a successor) per label."""
-    from .metrics import measured
+    from .analysis.metrics import measured
 
     out = {}
     for label, value in _as_mapping(data).items():

@@ -189,4 +189,4 @@ def test_invariants_hold_for_random_programs(program):
     assert all(a[1] <= b[0] + 1e-9 for a, b in zip(host, host[1:]))
     # deterministic
     again = run(program)
-    assert again.ops == trace.ops and sorted(again.spans) == sorted(trace.spans)
+    assert list(again.ops) == list(trace.ops) and list(again.spans) == list(trace.spans)

@@ -13,7 +13,7 @@ from simwar.config import load_config
 from simwar.harness import make_plan, replay
 from simwar.harness.fake import FakeBackend
 from simwar.harness.plan import GraphStep, KernelStep
-from simwar.metrics import analyze
+from simwar.analysis.metrics import analyze
 from simwar.program import (
     GraphLaunch,
     GraphRecord,

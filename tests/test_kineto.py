@@ -27,7 +27,7 @@ from simwar.importers.kineto import KinetoFormatError, import_kineto, read_captu
 from simwar.importers.mapping import load_mapping
 from simwar.importers.stalls import idle_breakdown, import_report
 from simwar.importers.synthetic import write_kineto
-from simwar.metrics import analyze
+from simwar.analysis.metrics import analyze
 
 DATA = Path(__file__).parent / "data" / "kineto_synthetic"
 REAL = Path(__file__).parent / "data" / "kineto"

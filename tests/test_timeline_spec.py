@@ -25,6 +25,7 @@ TINY = dict(
 )
 
 # (label, step, start_us, end_us) per lane: device kernels, and host blocks on lane cpu
+# (a host block is labelled with the event it synchronized on)
 EXPECTED = {
     "none": {
         "forward": [
@@ -44,9 +45,9 @@ EXPECTED = {
             ('result_writes', 3, 29, 30),
         ],
         "cpu": [
-            ('sync copy_done[0]', 1, 2, 12),
-            ('sync copy_done[1]', 2, 14, 20),
-            ('sync copy_done[2]', 3, 21, 28),
+            ('copy_done[0]', 1, 2, 12),
+            ('copy_done[1]', 2, 14, 20),
+            ('copy_done[2]', 3, 21, 28),
         ],
     },
     "coarse": {
@@ -67,9 +68,9 @@ EXPECTED = {
             ('result_writes', 3, 34, 35),
         ],
         "cpu": [
-            ('sync copy_done[0]', 1, 2, 12),
-            ('sync copy_done[1]', 2, 14, 22),
-            ('sync copy_done[2]', 3, 23, 33),
+            ('copy_done[0]', 1, 2, 12),
+            ('copy_done[1]', 2, 14, 22),
+            ('copy_done[2]', 3, 23, 33),
         ],
     },
     "fine": {
@@ -90,9 +91,9 @@ EXPECTED = {
             ('result_writes', 3, 29, 30),
         ],
         "cpu": [
-            ('sync copy_done[0]', 1, 2, 12),
-            ('sync copy_done[1]', 2, 14, 20),
-            ('sync copy_done[2]', 3, 21, 28),
+            ('copy_done[0]', 1, 2, 12),
+            ('copy_done[1]', 2, 14, 20),
+            ('copy_done[2]', 3, 21, 28),
         ],
     },
     "host_sync": {
@@ -113,12 +114,12 @@ EXPECTED = {
             ('result_writes', 3, 29, 30),
         ],
         "cpu": [
-            ('sync read_done[0]', 0, 1, 5),
-            ('sync read_done[1]', 1, 6, 13),
-            ('sync copy_done[0]', 1, 13, 13),
-            ('sync read_done[2]', 2, 15, 21),
-            ('sync copy_done[1]', 2, 21, 21),
-            ('sync copy_done[2]', 3, 22, 28),
+            ('read_done[0]', 0, 1, 5),
+            ('read_done[1]', 1, 6, 13),
+            ('copy_done[0]', 1, 13, 13),
+            ('read_done[2]', 2, 15, 21),
+            ('copy_done[1]', 2, 21, 21),
+            ('copy_done[2]', 3, 22, 28),
         ],
     },
 }

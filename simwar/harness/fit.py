@@ -35,11 +35,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..metrics import analyze
+from ..analysis.metrics import analyze
 from ..trace import Trace
 from .replay import COST_KINDS
 
-#: metrics compared per case (summary keys of ``simwar.metrics``)
+#: metrics compared per case (summary keys of ``simwar.analysis.metrics``)
 METRICS = ("step_us_mean", "step_us_p50", "fwd_us_mean", "fwd_gap_us_mean", "gpu_idle_us_mean",
            "cpu_blocked_us_mean", "launch_lead_us_mean", "launch_ahead_mean", "tokens_per_s")
 

@@ -77,7 +77,7 @@ def python_work_us(calls: int = 2000) -> float:
 
 
 def step_us_mean(trace) -> float:
-    """Mean step time after warm-up (the metric of ``simwar.metrics``, stdlib only)."""
+    """Mean step time after warm-up (the metric of ``simwar.analysis.metrics``, stdlib only)."""
     fwd = trace.meta.get("forward_stream", "forward")
     start: dict[int, float] = {}
     for sp in trace.spans:

@@ -17,7 +17,7 @@ so that the timed loop does no bookkeeping beyond the calls themselves:
 - **timing points**: timing events only where the metrics need a device
   time: before the first and after the last forward-phase launch of each step
   (a kernel or graph launch on the forward stream with a phase), which give
-  the forward's start and end (``simwar.metrics``: step time, forward gap,
+  the forward's start and end (``simwar.analysis.metrics``: step time, forward gap,
   launch lead and launch-ahead). Every other device time is placed by the
   CUDA rules from measured host times and nominal durations
   (``replay.assemble``), so the replay adds little host time of its own: on a
@@ -240,7 +240,7 @@ def make_plan(program: Program) -> ReplayPlan:
 def forward_bounds(program: Program) -> tuple[set[int], set[int]]:
     """Op indexes of the first and of the last forward-phase launch of each step.
 
-    A forward-phase launch is what ``simwar.metrics`` counts as the forward: a
+    A forward-phase launch is what ``simwar.analysis.metrics`` counts as the forward: a
     kernel with a phase (or a graph with a phased node) on the forward stream.
     """
     fwd = program.meta.get("forward_stream", "forward")

@@ -32,11 +32,11 @@ Host calls become ``api`` spans; syncs become ``blocked`` spans and ``sync``
 ops; records and stream waits become ``record``/``wait`` ops, their device
 times inferred from stream order (a record fires when its stream drains the
 work issued before it; a wait is released when its record fired). A wait that
-held its stream becomes a ``wait`` span, which ``simwar.metrics`` counts as
+held its stream becomes a ``wait`` span, which ``simwar.analysis.metrics`` counts as
 dependency idle.
 
 Imports: ijson, the standard library and simwar's stdlib-only modules; no
-pandas (the caller runs ``simwar.metrics`` on the result). Nothing prints:
+pandas (the caller runs ``simwar.analysis.metrics`` on the result). Nothing prints:
 progress goes to an optional callback.
 """
 

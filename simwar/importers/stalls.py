@@ -1,6 +1,6 @@
 """Stall figures of an imported capture: the step metrics plus HTA's idle breakdown.
 
-The per-step table and summary are :func:`simwar.metrics.analyze`'s, unchanged,
+The per-step table and summary are :func:`simwar.analysis.metrics.analyze`'s, unchanged,
 so a measured capture and a simulated run are compared by the same code. On
 top of it, :func:`idle_breakdown` splits each stream's idle time between
 consecutive device ops the way Holistic Trace Analysis does:
@@ -14,7 +14,7 @@ consecutive device ops the way Holistic Trace Analysis does:
   "other", simwar's metrics call it kernel-wait/dependency idle;
 - ``other``: the rest.
 
-Imports: numpy and pandas (through :mod:`simwar.metrics`).
+Imports: numpy and pandas (through :mod:`simwar.analysis.metrics`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 
-from ..metrics import analyze
+from ..analysis.metrics import analyze
 from ..trace import HOST, Trace
 from .kineto import KinetoImport
 

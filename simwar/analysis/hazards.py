@@ -18,7 +18,10 @@ overlap**, of ``earlier end - later start`` µs. Only pairs whose steps differ b
 are compared (a step's buffers are reused by the next steps, not by steps
 far away; the default covers the k / k+1 reuse of the overlap loop).
 
-Imports: the standard library (``frame()`` imports pandas lazily).
+Each race names its two accesses by op id (``first_op``, ``second_op``), so a reader finds
+the spans of both without matching labels or times.
+
+Imports: the standard library and numpy (``frame()`` imports pandas lazily).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from .trace import HOST, Trace
+import numpy as np
+
+from ..trace import HOST, Mode, OpKind, Trace
 
 
 class Race(NamedTuple):
@@ -36,10 +41,12 @@ class Race(NamedTuple):
     first_phase: str
     first_lane: str
     first_label: str
+    first_op: int
     second_step: int
     second_phase: str
     second_lane: str
     second_label: str
+    second_op: int
     latent: bool  # no happens-before path from first to second
     overlap_us: float  # > 0: the second started this long before the first ended
 
@@ -72,59 +79,68 @@ class HazardReport:
 
 def detect(trace: Trace, window: int = 2) -> HazardReport:
     ops = trace.ops
-    lanes = sorted({op.lane for op in ops} | {HOST})
-    index = {lane: i for i, lane in enumerate(lanes)}
+    strings = trace.strings
+    lane_of = ops.lane.tolist()
+    kind_of = ops.kind.tolist()
+    bound_of = ops.bound.tolist()
+    lanes = sorted({strings[c] for c in set(lane_of)} | {HOST})
+    index = {trace.code(lane): i for i, lane in enumerate(lanes)}
     n = len(lanes)
     host = [0] * n
-    clocks = {lane: [0] * n for lane in lanes}
+    clocks = {code: [0] * n for code in index}
     op_clock: dict[int, tuple[int, ...]] = {}
-    need = {a.op_id for a in trace.accesses}
-    by_id = {}
-    for op in ops:
-        by_id[op.op_id] = op
-        if op.kind == "sync":
-            if op.bound >= 0:
-                host = _join(host, op_clock[op.bound])
+    acc = trace.accesses
+    need = set(acc.op.tolist())
+    SYNC, WAIT, RECORD = OpKind.SYNC, OpKind.WAIT, OpKind.RECORD
+    for op_id, (lane, kind, bound) in enumerate(zip(lane_of, kind_of, bound_of)):
+        if kind == SYNC:
+            if bound >= 0:
+                host = _join(host, op_clock[bound])
             continue
-        v = _join(clocks[op.lane], host)
-        if op.kind == "wait" and op.bound >= 0:
-            v = _join(v, op_clock[op.bound])
-        v[index[op.lane]] += 1
-        clocks[op.lane] = v
-        if op.kind == "record" or op.op_id in need:
-            op_clock[op.op_id] = tuple(v)
+        v = _join(clocks[lane], host)
+        if kind == WAIT and bound >= 0:
+            v = _join(v, op_clock[bound])
+        v[index[lane]] += 1
+        clocks[lane] = v
+        if kind == RECORD or op_id in need:
+            op_clock[op_id] = tuple(v)
 
-    per_buffer: dict[str, list] = {}
-    for a in sorted(trace.accesses, key=lambda a: a.op_id):
-        per_buffer.setdefault(a.buffer, []).append(a)
+    order = np.argsort(acc.op, kind="stable")
+    per_buffer: dict[int, list] = {}
+    for a in zip(acc.op[order].tolist(), acc.buffer[order].tolist(), acc.mode[order].tolist(),
+                 acc.step[order].tolist(), acc.phase[order].tolist()):
+        per_buffer.setdefault(a[1], []).append(a)
 
+    start_of, end_of = ops.start_us, ops.end_us
+    label_of = ops.label
     races: list[Race] = []
     for buf, accs in per_buffer.items():
-        for j, b in enumerate(accs):
-            ob = by_id[b.op_id]
-            vb = op_clock[b.op_id]
+        for j, (b_op, _, b_mode, b_step, b_phase) in enumerate(accs):
+            vb = op_clock[b_op]
             i = j - 1
             while i >= 0:
-                a = accs[i]
+                a_op, _, a_mode, a_step, a_phase = accs[i]
                 i -= 1
-                if b.step - a.step > window:
+                if b_step - a_step > window:
                     break
-                if abs(a.step - b.step) > window:
+                if abs(a_step - b_step) > window:
                     continue
-                if a.mode == "read" and b.mode == "read":
+                if a_mode == Mode.READ and b_mode == Mode.READ:
                     continue
-                oa = by_id[a.op_id]
-                if oa.lane == ob.lane or a.op_id == b.op_id:
+                la_code = lane_of[a_op]
+                if la_code == lane_of[b_op] or a_op == b_op:
                     continue
-                la = index[oa.lane]
-                latent = op_clock[a.op_id][la] > vb[la]
-                overlap = oa.end_us - ob.start_us
+                la = index[la_code]
+                latent = op_clock[a_op][la] > vb[la]
+                overlap = float(end_of[a_op] - start_of[b_op])
                 if not latent and overlap <= 0:
                     continue
-                kind = {("read", "write"): "WAR", ("write", "read"): "RAW"}.get(
-                    (a.mode, b.mode), "WAW")
-                races.append(Race(buf, kind, a.step, a.phase, oa.lane, oa.label,
-                                  b.step, b.phase, ob.lane, ob.label, latent, max(0.0, overlap)))
+                kind = {(Mode.READ, Mode.WRITE): "WAR", (Mode.WRITE, Mode.READ): "RAW"}.get(
+                    (a_mode, b_mode), "WAW")
+                races.append(Race(strings[buf], kind, a_step, strings[a_phase],
+                                  strings[la_code], strings[label_of[a_op]], a_op,
+                                  b_step, strings[b_phase], strings[lane_of[b_op]],
+                                  strings[label_of[b_op]], b_op, latent, max(0.0, overlap)))
     return HazardReport(races)
 
 

@@ -1,7 +1,7 @@
 """Trace → per-step DataFrame → summary. The same code for simulated and measured traces.
 
 Per step k (forward = the kernels of the algorithm's phases on the forward
-stream, i.e. forward-lane kernel spans with a non-empty ``phase``):
+stream, i.e. forward-lane kernel ops with a non-empty ``phase``):
 
 - ``step_us``: forward k+1 start minus forward k start;
 - ``fwd_gap_us``: forward k start minus forward k-1 end (the bubble between forwards);
@@ -19,6 +19,9 @@ stream, i.e. forward-lane kernel spans with a non-empty ``phase``):
 
 The summary drops warm-up steps (``meta.warmup_steps``) and the last step
 (it has no successor).
+
+Everything is computed on the Trace's columns (numpy); the only DataFrame is
+the per-step table itself. Imports: numpy, pandas.
 """
 
 from __future__ import annotations
@@ -26,85 +29,103 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..trace import OpKind, SpanKind, Trace
 from .hazards import HazardReport, detect
-from .trace import Trace
 
 SITES = ("result_copy", "verify_done", "seq_lens", "barrier")
 
 
+def forward_kernels(trace: Trace) -> np.ndarray:
+    """Op ids of the forward's kernels: phased kernel ops on the forward stream."""
+    ops = trace.ops
+    fwd = trace.code(trace.meta.get("forward_stream", "forward"))
+    return np.flatnonzero((ops.kind == OpKind.KERNEL) & (ops.lane == fwd)
+                          & (ops.phase != trace.code("")))
+
+
 def step_frame(trace: Trace) -> pd.DataFrame:
-    fwd = trace.meta.get("forward_stream", "forward")
-    spans = pd.DataFrame(trace.spans, columns=["lane", "label", "kind", "step", "start_us",
-                                               "end_us", "phase", "site"])
-    lane = spans[spans.lane == fwd]
-    kern = lane[(lane.kind == "kernel") & (lane.phase != "")]
-    if kern.empty:
+    ops, spans = trace.ops, trace.spans
+    fwd = trace.code(trace.meta.get("forward_stream", "forward"))
+    kern = forward_kernels(trace)
+    if len(kern) == 0:
         return pd.DataFrame(columns=["step"])
-    g = kern.groupby("step")
-    df = pd.DataFrame({"fwd_start_us": g.start_us.min(), "fwd_end_us": g.end_us.max()})
-    df.index.name = "step"
-    df = df.sort_index()
-    start = df.fwd_start_us.to_numpy()
-    end = df.fwd_end_us.to_numpy()
+    steps, inv = np.unique(ops.step[kern], return_inverse=True)
+    start = np.full(len(steps), np.inf)
+    end = np.full(len(steps), -np.inf)
+    np.minimum.at(start, inv, ops.start_us[kern])
+    np.maximum.at(end, inv, ops.end_us[kern])
     nxt = np.append(start[1:], np.nan)
+    df = pd.DataFrame({"fwd_start_us": start, "fwd_end_us": end},
+                      index=pd.Index(steps, name="step"))
     df["fwd_us"] = end - start
     df["step_us"] = nxt - start
     df["fwd_gap_us"] = start - np.insert(end[:-1], 0, np.nan)
 
     # idle on the forward stream within [start_k, start_{k+1})
-    busy = _busy_in_windows(lane[lane.kind == "kernel"], start, nxt)
-    dep = _busy_in_windows(lane[lane.kind == "wait"], start, nxt)
+    on_lane = (ops.kind == OpKind.KERNEL) & (ops.lane == fwd)
+    busy = _busy_in_windows(ops.start_us[on_lane], ops.end_us[on_lane], start, nxt)
+    held = (spans.kind == SpanKind.WAIT) & (spans.lane == fwd)
+    dep = _busy_in_windows(spans.start_us[held], spans.end_us[held], start, nxt)
     df["gpu_idle_us"] = df.step_us - busy
     df["gpu_idle_dep_us"] = np.minimum(dep, df.gpu_idle_us)
     df["gpu_idle_host_us"] = df.gpu_idle_us - df.gpu_idle_dep_us
 
-    blocked = spans[spans.kind == "blocked"]
-    per_site = blocked.assign(d=blocked.end_us - blocked.start_us).pivot_table(
-        index="step", columns="site", values="d", aggfunc="sum")
+    blocked = np.flatnonzero(spans.kind == SpanKind.BLOCKED)
+    site_codes = spans.site[blocked]
+    sites = sorted(set(SITES) | {trace.text(c) for c in np.unique(site_codes)})
+    row = np.searchsorted(steps, spans.step[blocked])
+    inside = (row < len(steps)) & (steps[np.minimum(row, len(steps) - 1)] == spans.step[blocked])
+    length = spans.end_us[blocked] - spans.start_us[blocked]
     df["cpu_blocked_us"] = 0.0
-    for site in sorted(set(SITES) | set(per_site.columns)):
-        col = per_site[site] if site in per_site.columns else None
-        vals = col.reindex(df.index).fillna(0.0) if col is not None else 0.0
+    for site in sites:
+        pick = inside & (site_codes == trace.code(site))
+        vals = np.zeros(len(steps))
+        np.add.at(vals, row[pick], length[pick])
         df[f"cpu_blocked_{site}_us"] = vals
         df["cpu_blocked_us"] += vals
 
-    markers = pd.DataFrame(trace.markers, columns=["name", "step", "time_us"])
-    launch = markers[markers.name == "run_batch"].set_index("step").time_us
+    markers = trace.markers
+    rb = markers.name == trace.code("run_batch")
+    launch = pd.Series(markers.time_us[rb], index=markers.step[rb])
+    launch = launch[~launch.index.duplicated(keep="last")]
     df["launch_us"] = launch.reindex(df.index)
-    launch_next = np.append(df.launch_us.to_numpy()[1:], np.nan)
-    df["launch_lead_us"] = end - launch_next
-    # forwards issued before k and still unfinished at launch k (forward ends are in FIFO order)
     lau = df.launch_us.to_numpy()
-    ahead = np.array([i - np.searchsorted(end[:i], t, side="right") if not np.isnan(t) else np.nan
-                      for i, t in enumerate(lau)], dtype=float)
-    df["launch_ahead"] = ahead
+    df["launch_lead_us"] = end - np.append(lau[1:], np.nan)
+    df["launch_ahead"] = _launch_ahead(end, lau)
     tok = float(trace.meta.get("accept_tokens", 1.0)) * int(trace.meta.get("batch_size", 1))
     df["tokens"] = tok
     return df.reset_index()
 
 
-def _busy_in_windows(spans: pd.DataFrame, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Per window [lo_i, hi_i): total length of ``spans`` inside it (spans do not overlap)."""
+def _launch_ahead(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
+    """Per forward k: forwards before k still unfinished at launch k (NaN without a launch)."""
+    index = np.arange(len(end))
+    if np.all(end[1:] >= end[:-1]):  # forward ends in FIFO order: one search for all
+        done = np.minimum(np.searchsorted(end, launch, side="right"), index)
+    else:  # a measured trace need not be FIFO: search each prefix
+        done = np.array([np.searchsorted(end[:i], t, side="right") for i, t in enumerate(launch)])
+    return np.where(np.isnan(launch), np.nan, index - done)
+
+
+def _busy_in_windows(s: np.ndarray, e: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per window [lo_i, hi_i): total length of intervals [s, e) inside it (no overlaps)."""
     out = np.zeros(len(lo))
-    if spans.empty:
+    out[np.isnan(hi)] = np.nan
+    if len(s) == 0:
         return out
-    s = spans.start_us.to_numpy()
-    e = spans.end_us.to_numpy()
-    order = np.argsort(s)
+    order = np.argsort(s, kind="stable")
     s, e = s[order], e[order]
     cum = np.concatenate([[0.0], np.cumsum(e - s)])
-    for i, (a, b) in enumerate(zip(lo, hi)):
-        if np.isnan(b):
-            out[i] = np.nan
-            continue
-        i0 = np.searchsorted(e, a, side="right")  # first span ending after a
-        i1 = np.searchsorted(s, b, side="left")  # spans starting before b
-        if i1 <= i0:
-            continue
-        total = cum[i1] - cum[i0]
-        total -= max(0.0, a - s[i0])  # clip the first
-        total -= max(0.0, e[i1 - 1] - b)  # clip the last
-        out[i] = max(0.0, total)
+    ok = ~np.isnan(hi)
+    a, b = lo[ok], hi[ok]
+    i0 = np.searchsorted(e, a, side="right")  # first interval ending after a
+    i1 = np.searchsorted(s, b, side="left")  # intervals starting before b
+    has = i1 > i0
+    j0, j1 = np.where(has, i0, 0), np.where(has, i1 - 1, 0)
+    total = cum[i1] - cum[i0]
+    total = total - np.maximum(0.0, a - s[j0])  # clip the first
+    total = total - np.maximum(0.0, e[j1] - b)  # clip the last
+    out[ok] = np.where(has, np.maximum(0.0, total), 0.0)
     return out
 
 

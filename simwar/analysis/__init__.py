@@ -1,0 +1,29 @@
+"""Analyses of a Trace, one question each, every one a function of the Trace.
+
+- :mod:`.metrics`: the per-step table and the summary (step time, forward
+  gap, GPU idle by cause, CPU blocked by site, launch lead and launch-ahead);
+- :mod:`.hazards`: latent races by happens-before and observed overlaps.
+
+They read the Trace's columns and its explicit relations (op ids, the
+issuing call of each op, the record each wait or sync bound to); none
+parses a label or matches times. Plots and exporters draw what these
+return. The names below load their modules on first use.
+"""
+
+from __future__ import annotations
+
+from .._lazy import lazy_getattr
+
+_LAZY = {
+    "analyze": ("simwar.analysis.metrics", "analyze"),
+    "step_frame": ("simwar.analysis.metrics", "step_frame"),
+    "summarize": ("simwar.analysis.metrics", "summarize"),
+    "measured": ("simwar.analysis.metrics", "measured"),
+    "detect": ("simwar.analysis.hazards", "detect"),
+    "HazardReport": ("simwar.analysis.hazards", "HazardReport"),
+    "Race": ("simwar.analysis.hazards", "Race"),
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__ = lazy_getattr("simwar.analysis", _LAZY, globals())

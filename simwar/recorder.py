@@ -1,0 +1,186 @@
+"""The one recorder every executor writes its Trace through.
+
+It hands out the ids that make relations data (an op id per device-visible
+operation, in host issue order; a span id per interval) and stores rows as
+typed columns: rows are buffered as tuples in small chunks and moved into
+``array.array`` columns chunk by chunk (text interned into one string
+table), so a long run costs a few dozen bytes per row, not a Python object.
+Times an executor only learns later (a kernel's start and end, a host
+block's end) live in their own columns and are set by id.
+
+The CUDA stream rules (when a record fires, when a wait releases, when a
+host sync returns) are :mod:`simwar.rules`; ``Recorder.lanes`` gives
+one-pass executors (the replay's assembly, the importer) per-stream tails
+advanced by them.
+
+Imports: the standard library, numpy (at :meth:`Recorder.finish`) and
+simwar's stdlib-only modules.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from .rules import Lanes
+from .trace import (
+    ACCESS_COLUMNS,
+    HOST,
+    MARKER_COLUMNS,
+    OP_COLUMNS,
+    SPAN_COLUMNS,
+    Call,
+    OpKind,
+    SpanKind,
+    Table,
+    Trace,
+)
+
+_CHUNK = 4096
+_TYPECODES = {np.int8: "b", np.int32: "i", np.float64: "d"}
+_SPAN_FOR_CALL = {Call.CPU: SpanKind.CPU, Call.SYNCHRONIZE: SpanKind.BLOCKED}
+_NAN = float("nan")
+
+
+class _Interner(dict):
+    """Text → code; a new text gets the next code (code 0 is the empty text)."""
+
+    def __init__(self, strings: list[str]):
+        super().__init__()
+        self.strings = strings
+        self[""] = 0
+        strings.append("")
+
+    def __missing__(self, key: str) -> int:
+        code = len(self.strings)
+        self.strings.append(key)
+        self[key] = code
+        return code
+
+
+class _Columns:
+    """Rows of fixed columns, buffered as tuples and flushed into typed arrays."""
+
+    def __init__(self, schema, names: tuple[str, ...], interner: _Interner):
+        types = {col: (dtype, how) for col, dtype, how in schema}
+        self.names = names
+        self.kinds = [types[n][1] == "str" for n in names]
+        self.arrays = [array(_TYPECODES[types[n][0]]) for n in names]
+        self.pending: list[tuple] = []
+        self.interner = interner
+        self.n = 0
+
+    def add(self, row: tuple) -> int:
+        pending = self.pending
+        pending.append(row)
+        if len(pending) >= _CHUNK:
+            self.flush()
+        self.n += 1
+        return self.n - 1
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        code = self.interner.__getitem__
+        for values, arr, is_text in zip(zip(*self.pending), self.arrays, self.kinds):
+            arr.extend(map(code, values) if is_text else values)
+        self.pending.clear()
+
+    def columns(self) -> dict[str, np.ndarray]:
+        self.flush()
+        return {name: np.frombuffer(arr, dtype=arr.typecode) if len(arr) else
+                np.zeros(0, dtype=arr.typecode) for name, arr in zip(self.names, self.arrays)}
+
+
+# columns given at add time (the rest are set by id later)
+_SPAN_ADD = ("lane", "label", "kind", "step", "start_us", "phase", "site", "op", "call")
+_OP_ADD = ("lane", "kind", "step", "label", "event", "bound", "issue_us", "phase", "call")
+
+
+class Recorder:
+    """Builds one Trace. ``finish(meta)`` returns it; the recorder is then spent."""
+
+    def __init__(self) -> None:
+        self.strings: list[str] = []
+        self.interner = _Interner(self.strings)
+        self._spans = _Columns(SPAN_COLUMNS, _SPAN_ADD, self.interner)
+        self._ops = _Columns(OP_COLUMNS, _OP_ADD, self.interner)
+        self._accesses = _Columns(ACCESS_COLUMNS, tuple(c for c, _, _ in ACCESS_COLUMNS),
+                                  self.interner)
+        self._markers = _Columns(MARKER_COLUMNS, tuple(c for c, _, _ in MARKER_COLUMNS),
+                                 self.interner)
+        # times set by id after the row was added
+        self.span_end = array("d")
+        self.op_start = array("d")
+        self.op_end = array("d")
+        self.lanes = Lanes()
+
+    # ------------------------------------------------------------------ ids
+    @property
+    def next_op(self) -> int:
+        return self._ops.n
+
+    @property
+    def next_span(self) -> int:
+        return self._spans.n
+
+    # ------------------------------------------------------------------ spans
+    def host(self, call: Call, step: int, start: float, end: float, label: str, *,
+             phase: str = "", site: str = "", op: int = -1) -> int:
+        """A span on the host lane: cpu work, an API call or a synchronize (blocked)."""
+        self.span_end.append(end)
+        return self._spans.add((HOST, label, _SPAN_FOR_CALL.get(call, SpanKind.API), step, start,
+                                phase, site, op, call))
+
+    def device(self, kind: SpanKind, lane: str, step: int, start: float, end: float,
+               label: str, op: int, phase: str = "") -> int:
+        """A kernel or wait span of op ``op`` on stream ``lane``."""
+        self.span_end.append(end)
+        return self._spans.add((lane, label, kind, step, start, phase, "", op, Call.NONE))
+
+    def end_span(self, span: int, end: float) -> None:
+        self.span_end[span] = end
+
+    # ------------------------------------------------------------------ ops
+    def op(self, kind: OpKind, lane: str, step: int, label: str, *, event: str = "",
+           bound: int = -1, issue: float = _NAN, start: float = _NAN, end: float = _NAN,
+           phase: str = "", call: int = -1) -> int:
+        """A device-visible operation, in issue order; times may be set later by id."""
+        self.op_start.append(start)
+        self.op_end.append(end)
+        return self._ops.add((lane, kind, step, label, event, bound, issue, phase, call))
+
+    def set_times(self, op: int, start: float, end: float) -> None:
+        self.op_start[op] = start
+        self.op_end[op] = end
+
+    def access(self, op: int, buffer: str, write: bool, step: int, phase: str = "") -> None:
+        self._accesses.add((op, buffer, 1 if write else 0, step, phase))
+
+    def marker(self, name: str, step: int, time_us: float) -> None:
+        self._markers.add((name, step, time_us))
+
+    # ------------------------------------------------------------------ finish
+    def finish(self, meta: dict | None = None) -> Trace:
+        """The Trace: spans ordered by step (stable), ops in issue order."""
+        spans = self._spans.columns()
+        spans["end_us"] = np.frombuffer(self.span_end, dtype="d") if len(self.span_end) \
+            else np.zeros(0)
+        ops = self._ops.columns()
+        ops["start_us"] = np.frombuffer(self.op_start, dtype="d") if len(self.op_start) \
+            else np.zeros(0)
+        ops["end_us"] = np.frombuffer(self.op_end, dtype="d") if len(self.op_end) \
+            else np.zeros(0)
+        order = np.argsort(spans["step"], kind="stable")
+        if len(order) and np.any(order != np.arange(len(order))):
+            spans = {k: v[order] for k, v in spans.items()}
+            new_id = np.empty(len(order), dtype=np.int32)
+            new_id[order] = np.arange(len(order), dtype=np.int32)
+            call = ops["call"]
+            ops["call"] = np.where(call >= 0, new_id[np.maximum(call, 0)], -1).astype(np.int32)
+        s = self.strings
+        return Trace(spans=Table("spans", spans, s), ops=Table("ops", ops, s),
+                     accesses=Table("accesses", self._accesses.columns(), s),
+                     markers=Table("markers", self._markers.columns(), s),
+                     strings=s, meta=dict(meta or {}))

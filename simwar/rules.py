@@ -1,0 +1,82 @@
+"""The CUDA stream rules (DESIGN.md, "CUDA semantics"), in one place.
+
+Every executor and reader that places device work in time uses these
+functions: the SimPy engine (inside its stream processes), the one-pass
+executor, the GPU replay's assembly (for device times it does not measure),
+the fake stream backend and the Kineto importer (for record firings and
+wait releases a capture does not show). Written once, they cannot drift
+apart.
+
+- a stream runs its operations in FIFO order, each no earlier than the host
+  call that issued it returned: an operation **begins** at
+  ``max(stream tail, ready)``;
+- ``record(E, S)`` captures the tail of S at the host call: it **fires** when
+  S drains the work issued before it, i.e. at ``max(tail, ready)``;
+- a stream wait is reached at ``max(tail, ready)`` and **released** when its
+  bound record has fired, plus the cross-stream latency when the record is
+  on another stream; a wait bound to nothing (never recorded) is a no-op;
+- a host ``synchronize`` **returns** after its own call cost, or, if its
+  record fires later than that, at the firing plus the host's wake-up
+  latency.
+
+:class:`Lanes` applies the first three to per-stream tails for executors
+that compute a schedule in one pass (the host's issue order is a valid
+evaluation order: every input of an operation was issued before it).
+
+Imports: the standard library only.
+"""
+
+from __future__ import annotations
+
+
+def begins(tail: float, ready: float) -> float:
+    """Start of an operation on a FIFO stream whose tail is ``tail``, issued at ``ready``."""
+    return tail if tail > ready else ready
+
+
+# a record fires when its stream reaches it: the same rule as a kernel's start
+fires = begins
+
+
+def released(reach: float, fired: float, latency_us: float, same_stream: bool) -> float:
+    """When a stream wait reached at ``reach`` lets its stream go on."""
+    t = fired if same_stream else fired + latency_us
+    return t if t > reach else reach
+
+
+def returns(called: float, cost_us: float, fired: float | None, wake_us: float) -> float:
+    """When a host ``synchronize`` called at ``called`` returns (``fired`` None: no record)."""
+    t = called + cost_us
+    if fired is not None and fired > t:  # really blocked: the thread pays the wake-up
+        return fired + wake_us
+    return t
+
+
+class Lanes:
+    """Per-stream tails, advanced by the rules above (one-pass schedules)."""
+
+    __slots__ = ("tail",)
+
+    def __init__(self) -> None:
+        self.tail: dict[str, float] = {}
+
+    def run(self, lane: str, ready: float, duration_us: float) -> tuple[float, float]:
+        """Place an operation of ``duration_us`` issued at ``ready``: ``(start, end)``."""
+        start = begins(self.tail.get(lane, ready), ready)
+        end = start + duration_us
+        self.tail[lane] = end
+        return start, end
+
+    def fire(self, lane: str, ready: float) -> float:
+        """A record issued at ``ready`` on ``lane``: when it fires."""
+        t = fires(self.tail.get(lane, ready), ready)
+        self.tail[lane] = t
+        return t
+
+    def hold(self, lane: str, ready: float, fired: float | None, latency_us: float,
+             same_stream: bool) -> tuple[float, float]:
+        """A wait issued at ``ready``: ``(reached, released)``; ``fired`` None is a no-op."""
+        reach = begins(self.tail.get(lane, ready), ready)
+        release = reach if fired is None else released(reach, fired, latency_us, same_stream)
+        self.tail[lane] = release
+        return reach, release
