@@ -94,7 +94,7 @@ class _Columns:
 
 
 # columns given at add time (the rest are set by id later)
-_SPAN_ADD = ("lane", "label", "kind", "step", "start_us", "phase", "site", "op", "call")
+_SPAN_ADD = ("lane", "label", "kind", "step", "phase", "site", "op", "call")
 _OP_ADD = ("lane", "kind", "step", "label", "event", "bound", "issue_us", "phase", "call")
 
 
@@ -111,6 +111,7 @@ class Recorder:
         self._markers = _Columns(MARKER_COLUMNS, tuple(c for c, _, _ in MARKER_COLUMNS),
                                  self.interner)
         # times set by id after the row was added
+        self.span_start = array("d")
         self.span_end = array("d")
         self.op_start = array("d")
         self.op_end = array("d")
@@ -129,17 +130,23 @@ class Recorder:
     def host(self, call: Call, step: int, start: float, end: float, label: str, *,
              phase: str = "", site: str = "", op: int = -1) -> int:
         """A span on the host lane: cpu work, an API call or a synchronize (blocked)."""
+        self.span_start.append(start)
         self.span_end.append(end)
-        return self._spans.add((HOST, label, _SPAN_FOR_CALL.get(call, SpanKind.API), step, start,
+        return self._spans.add((HOST, label, _SPAN_FOR_CALL.get(call, SpanKind.API), step,
                                 phase, site, op, call))
 
     def device(self, kind: SpanKind, lane: str, step: int, start: float, end: float,
                label: str, op: int, phase: str = "") -> int:
         """A kernel or wait span of op ``op`` on stream ``lane``."""
+        self.span_start.append(start)
         self.span_end.append(end)
-        return self._spans.add((lane, label, kind, step, start, phase, "", op, Call.NONE))
+        return self._spans.add((lane, label, kind, step, phase, "", op, Call.NONE))
 
     def end_span(self, span: int, end: float) -> None:
+        self.span_end[span] = end
+
+    def set_span(self, span: int, start: float, end: float) -> None:
+        self.span_start[span] = start
         self.span_end[span] = end
 
     # ------------------------------------------------------------------ ops
@@ -165,13 +172,11 @@ class Recorder:
     def finish(self, meta: dict | None = None) -> Trace:
         """The Trace: spans ordered by step (stable), ops in issue order."""
         spans = self._spans.columns()
-        spans["end_us"] = np.frombuffer(self.span_end, dtype="d") if len(self.span_end) \
-            else np.zeros(0)
+        spans["start_us"] = _floats(self.span_start)
+        spans["end_us"] = _floats(self.span_end)
         ops = self._ops.columns()
-        ops["start_us"] = np.frombuffer(self.op_start, dtype="d") if len(self.op_start) \
-            else np.zeros(0)
-        ops["end_us"] = np.frombuffer(self.op_end, dtype="d") if len(self.op_end) \
-            else np.zeros(0)
+        ops["start_us"] = _floats(self.op_start)
+        ops["end_us"] = _floats(self.op_end)
         order = np.argsort(spans["step"], kind="stable")
         if len(order) and np.any(order != np.arange(len(order))):
             spans = {k: v[order] for k, v in spans.items()}
@@ -184,3 +189,7 @@ class Recorder:
                      accesses=Table("accesses", self._accesses.columns(), s),
                      markers=Table("markers", self._markers.columns(), s),
                      strings=s, meta=dict(meta or {}))
+
+
+def _floats(values: array) -> np.ndarray:
+    return np.frombuffer(values, dtype="d") if len(values) else np.zeros(0)

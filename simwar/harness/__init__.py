@@ -3,7 +3,7 @@
 - ``plan``: Program → replay plan (stamps, snapshot slots, graph grouping,
   timing points); stdlib only.
 - ``replay``: walks a plan on a stream backend and assembles a Trace in the
-  simulator's schema, with the value check (measured races); stdlib only.
+  simulator's schema, with the value check (measured races); stdlib and numpy.
 - ``fake``: a deterministic virtual-clock backend for CPU tests.
 - ``cuda``: the PyTorch backend (spin kernels, real events, captured graphs):
   the only module of simwar that imports torch.

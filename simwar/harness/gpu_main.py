@@ -12,7 +12,8 @@ has them), with each host iteration inside ``record_function("step#<k>")``,
 and writes ``OUT/kineto.tar`` holding ``<case>.kineto.json.gz`` and the
 harness's own ``<case>.trace.json.gz`` of the same run.
 
-Imports: torch and the standard library (no simpy, pydantic or pandas there).
+Imports: torch, numpy (through the Trace) and the standard library (no simpy, pydantic or
+pandas there).
 """
 
 from __future__ import annotations
@@ -77,16 +78,17 @@ def python_work_us(calls: int = 2000) -> float:
 
 
 def step_us_mean(trace) -> float:
-    """Mean step time after warm-up (the metric of ``simwar.analysis.metrics``, stdlib only)."""
-    fwd = trace.meta.get("forward_stream", "forward")
-    start: dict[int, float] = {}
-    for sp in trace.spans:
-        if sp.lane == fwd and sp.kind == "kernel" and sp.phase:
-            start[sp.step] = min(start.get(sp.step, sp.start_us), sp.start_us)
-    steps = sorted(start)
+    """Mean step time after warm-up (the metric of ``simwar.analysis.metrics``, numpy only)."""
+    import numpy as np
+
+    ops = trace.ops
+    fwd = trace.code(trace.meta.get("forward_stream", "forward"))
+    kern = (ops.kind == 0) & (ops.lane == fwd) & (ops.phase != trace.code(""))  # kernel ops
+    steps, first = np.unique(ops.step[kern], return_index=True)
+    start = ops.start_us[kern][first]  # forward kernels are in issue order: the first starts
     warm = int(trace.meta.get("warmup_steps", 0))
-    gaps = [start[b] - start[a] for a, b in zip(steps, steps[1:]) if a >= warm]
-    return sum(gaps) / len(gaps) if gaps else float("nan")
+    gaps = np.diff(start)[steps[:-1] >= warm]
+    return float(gaps.mean()) if len(gaps) else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,7 +37,7 @@ Per-call host costs seen in the run are summarised in ``meta.host_costs``
 for calibration (device latencies, which the run does not time, come from
 the micro-benchmarks).
 
-Imports: the standard library and simwar's stdlib-only modules.
+Imports: the standard library and simwar's recorder, rules and trace (stdlib and numpy).
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ from ..program import (
     WaitEvent,
     WaitStream,
 )
-from ..trace import HOST, Access, Op, Span, Trace
-from ..trace import Marker as TraceMarker
+from ..recorder import Recorder
+from ..rules import begins
+from ..trace import HOST, Call, OpKind, SpanKind, Trace
 from .plan import GraphStep, KernelStep, ReplayPlan
 
 #: a sync counts towards ``sync_us`` only if its record's (estimated) firing is at least this
@@ -171,36 +172,31 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
              bound_at_issue: list, points: list[float], snapshots: list[int],
              info: dict) -> Trace:
     """Build the Trace from host times, timing-point times and read snapshots."""
-    spans: list[Span] = []
-    rows: list[Op] = []
-    accesses: list[Access] = []
-    markers: list[TraceMarker] = []
-    tail: dict[str, float] = {}
-    latest_row: dict[tuple, Op] = {}  # event key -> its latest record row
+    rec = Recorder()
+    tail = rec.lanes.tail  # per stream: when its last placed operation ends
+    latest: dict[tuple, tuple[int, str, float]] = {}  # event key -> (record op, lane, firing)
     host_costs: dict[str, list[float]] = {k: [] for k in COST_KINDS}
     cross_us = float(info.get("cross_stream_us", 0.0))
-    # per lane: (span index, row index) of device work placed by estimate since the lane's
-    # last measured time, to clip when a measured start turns out earlier
+    # per lane: (span id, op id) of device work placed by estimate since the lane's last
+    # measured time, to clip when a measured start turns out earlier
     estimated: dict[str, list[tuple[int, int]]] = {}
 
-    def add_row(lane, kind, step, label, event, bound, issue, start, end, phase=""):
-        row = Op(len(rows), lane, kind, step, label, event, bound, issue, start, end, phase)
-        rows.append(row)
-        return row
-
-    def kernel_row(lane, k: Kernel, step, issue, start, end):
-        row = add_row(lane, "kernel", step, k.label, "", -1, issue, start, end, k.phase)
-        spans.append(Span(lane, k.label, "kernel", step, start, end, k.phase))
+    def kernel(lane: str, k: Kernel, step: int, issue: float, start: float, end: float,
+               call: int, timed: bool) -> None:
+        op = rec.op(OpKind.KERNEL, lane, step, k.label, issue=issue, start=start, end=end,
+                    phase=k.phase, call=call)
+        span = rec.device(SpanKind.KERNEL, lane, step, start, end, k.label, op, k.phase)
         for b in k.reads:
-            accesses.append(Access(row.op_id, b, "read", step, k.phase))
+            rec.access(op, b, False, step, k.phase)
         for b in k.writes:
-            accesses.append(Access(row.op_id, b, "write", step, k.phase))
-        return row
+            rec.access(op, b, True, step, k.phase)
+        if not timed:  # placed by the CUDA rules from nominal durations
+            estimated.setdefault(lane, []).append((span, op))
 
     def begin(lane: str, launched: float, point: int) -> float:
-        """Start of a launch on ``lane``: measured if ``point`` is timed, else estimated."""
+        """Start of a launch on ``lane``: measured if ``point`` is timed, else by the rules."""
         if point < 0:
-            return max(tail.get(lane, launched), launched)
+            return begins(tail.get(lane, launched), launched)
         start = max(points[point], launched)
         if start < tail.get(lane, start):
             clip(lane, start)
@@ -208,104 +204,98 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
         return start
 
     def clip(lane: str, t: float) -> None:
-        for si, ri in estimated.get(lane, ()):
-            sp, row = spans[si], rows[ri]
-            if sp.end_us > t:
-                spans[si] = sp._replace(start_us=min(sp.start_us, t), end_us=t)
-                rows[ri] = row._replace(start_us=min(row.start_us, t), end_us=t)
+        for span, op in estimated.get(lane, ()):
+            if rec.span_end[span] > t:
+                rec.set_span(span, min(rec.span_start[span], t), t)
+                rec.set_times(op, min(rec.op_start[op], t), t)
 
-    def note(lane: str, timed: bool) -> None:
-        if not timed:  # the span and row just added were placed by estimate
-            estimated.setdefault(lane, []).append((len(spans) - 1, len(rows) - 1))
+    def record(key: tuple, lane: str, step: int, label: str, issue: float, call: int) -> None:
+        fire = rec.lanes.fire(lane, issue)
+        op = rec.op(OpKind.RECORD, lane, step, label, event=key[-1], issue=issue, start=fire,
+                    end=fire, call=call)
+        latest[key] = (op, lane, fire)
 
-    def _wait(lane: str, rec: Op | None, event: str, step: int, issue: float, label: str):
-        reach = max(tail.get(lane, issue), issue)
-        release = reach
-        if rec is not None:
-            release = max(reach, rec.end_us + (cross_us if rec.lane != lane else 0.0))
-        add_row(lane, "wait", step, label, event, rec.op_id if rec is not None else -1, issue,
-                reach, release)
+    def wait(lane: str, bound, event: str, step: int, issue: float, call: int) -> None:
+        src, src_lane, fired = bound if bound is not None else (-1, lane, None)
+        reach, release = rec.lanes.hold(lane, issue, fired, cross_us, src_lane == lane)
+        op = rec.op(OpKind.WAIT, lane, step, event, event=event, bound=src, issue=issue,
+                    start=reach, end=release, call=call)
         if release > reach:
-            spans.append(Span(lane, label, "wait", step, reach, release))
-            estimated.setdefault(lane, []).append((len(spans) - 1, len(rows) - 1))
-        tail[lane] = release
+            span = rec.device(SpanKind.WAIT, lane, step, reach, release, event, op)
+            estimated.setdefault(lane, []).append((span, op))
 
     for i, st in enumerate(plan.steps):
         kind = type(st)
         a, b = t0[i], t1[i]
         if kind is CpuWork:
-            spans.append(Span(HOST, st.label, "cpu", st.step, a, b))
+            rec.host(Call.CPU, st.step, a, b, st.label)
         elif kind is KernelStep:
             host_costs["launch_us"].append(b - a)
-            spans.append(Span(HOST, st.kernel.label, "api", st.step, a, b, st.kernel.phase))
+            k = st.kernel
+            call = rec.host(Call.LAUNCH, st.step, a, b, k.label, phase=k.phase, op=rec.next_op)
             start = begin(st.stream, first[i], st.start_point)
-            end = start + st.kernel.duration_us
+            end = start + k.duration_us
             if st.end_point >= 0:
                 end = max(points[st.end_point], start)
                 estimated[st.stream] = []
-            kernel_row(st.stream, st.kernel, st.step, b, start, end)
-            note(st.stream, st.end_point >= 0)
+            kernel(st.stream, k, st.step, b, start, end, call, st.end_point >= 0)
             tail[st.stream] = end
         elif kind is GraphStep:
             host_costs["graph_launch_us"].append(b - a)
             gp = plan.graphs[st.graph]
-            spans.append(Span(HOST, st.graph, "api", st.step, a, b,
-                              next((n.kernel.phase for n in gp.nodes if n.kernel), "")))
+            phase = next((n.kernel.phase for n in gp.nodes if n.kernel), "")
+            call = rec.host(Call.GRAPH_LAUNCH, st.step, a, b, st.graph, phase=phase,
+                            op=rec.next_op)
             nominal = sum(n.kernel.duration_us for n in gp.nodes if n.kernel is not None)
             gs = begin(st.stream, first[i], st.start_point)
             ge = gs + nominal
-            if st.end_point >= 0:
-                ge = max(points[st.end_point], gs)
             timed = st.end_point >= 0
+            if timed:
+                ge = max(points[st.end_point], gs)
             scale = (ge - gs) / nominal if nominal > 0 else 0.0
             t = gs
             for node in gp.nodes:
-                if node.kernel is None:
-                    key = ("graph", st.graph, node.event)
-                    latest_row[key] = add_row(st.stream, "record", st.step,
-                                              f"{st.graph}:{node.event}", node.event, -1, b,
-                                              t, t)
+                if node.kernel is None:  # an in-graph record node fires where graph work reached
+                    op = rec.op(OpKind.RECORD, st.stream, st.step, node.event,
+                                event=node.event, issue=b, start=t, end=t, call=call)
+                    latest[("graph", st.graph, node.event)] = (op, st.stream, t)
                 else:
                     end = t + node.kernel.duration_us * scale
-                    kernel_row(st.stream, node.kernel, st.step, b, t, end)
-                    note(st.stream, timed)
+                    kernel(st.stream, node.kernel, st.step, b, t, end, call, timed)
                     t = end
             if timed:
                 estimated[st.stream] = []
             tail[st.stream] = ge
         elif kind is Record:
             host_costs["event_record_us"].append(b - a)
-            spans.append(Span(HOST, f"record {st.event}", "api", st.step, a, b))
-            fire = max(tail.get(st.stream, b), b)
-            latest_row[("host", st.event)] = add_row(st.stream, "record", st.step, st.event,
-                                                     st.event, -1, b, fire, fire)
-            tail[st.stream] = fire
+            call = rec.host(Call.RECORD, st.step, a, b, st.event, op=rec.next_op)
+            record(("host", st.event), st.stream, st.step, st.event, b, call)
         elif kind is WaitEvent:
             host_costs["wait_event_us"].append(b - a)
-            spans.append(Span(HOST, f"{st.stream}.wait_event({st.event})", "api", st.step, a, b))
-            rec = latest_row.get(bound_at_issue[i]) if bound_at_issue[i] else None
-            _wait(st.stream, rec, st.event, st.step, b, f"wait {st.event}")
+            call = rec.host(Call.WAIT_EVENT, st.step, a, b, st.event, op=rec.next_op)
+            key = bound_at_issue[i]
+            wait(st.stream, latest.get(key) if key else None, st.event, st.step, b, call)
         elif kind is WaitStream:
             host_costs["wait_stream_us"].append(b - a)
-            spans.append(Span(HOST, f"{st.stream}.wait_stream({st.other})", "api", st.step,
-                              a, b))
+            call = rec.host(Call.WAIT_STREAM, st.step, a, b, st.other, op=rec.next_op + 1)
             name = f"{st.other}.tail"
-            fire = max(tail.get(st.other, b), b)
-            rec = add_row(st.other, "record", st.step, name, name, -1, b, fire, fire)
-            tail[st.other] = fire
-            _wait(st.stream, rec, name, st.step, b, f"wait {st.other}")
+            record(("tail", name), st.other, st.step, name, b, call)
+            wait(st.stream, latest[("tail", name)], name, st.step, b, call)
         elif kind is Synchronize:
-            rec = latest_row.get(bound_at_issue[i]) if bound_at_issue[i] else None
-            if rec is None or rec.end_us < a - SYNC_FIRED_MARGIN_US:
+            key = bound_at_issue[i]
+            bound = latest.get(key) if key else None
+            if bound is None or bound[2] < a - SYNC_FIRED_MARGIN_US:
                 host_costs["sync_us"].append(b - a)  # surely fired before: the call's own cost
-            add_row(HOST, "sync", st.step, f"sync {st.event}", st.event,
-                    rec.op_id if rec is not None else -1, a, a, b)
-            spans.append(Span(HOST, f"sync {st.event}", "blocked", st.step, a, b, site=st.site))
+            op = rec.next_op
+            call = rec.host(Call.SYNCHRONIZE, st.step, a, b, st.event, site=st.site, op=op)
+            rec.op(OpKind.SYNC, HOST, st.step, st.event, event=st.event,
+                   bound=bound[0] if bound is not None else -1, issue=a, start=a, end=b,
+                   call=call)
         elif kind is StepMarker:
-            markers.append(TraceMarker("step", st.step, a))
+            rec.marker("step", st.step, a)
         elif kind is Marker:
-            markers.append(TraceMarker(st.name, st.step, a))
-    markers.append(TraceMarker("end", -1, t1[-1] if t1 else 0.0))
+            rec.marker(st.name, st.step, a)
+    rec.marker("end", -1, t1[-1] if t1 else 0.0)
 
     races = value_check(plan, snapshots)
     meta = dict(plan.program.meta)
@@ -318,8 +308,7 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
                  "rules from host times and nominal durations",
         "graph_nodes": "interpolated from the graph's span by nominal durations",
     })
-    spans.sort(key=lambda s: (s.start_us, s.end_us))
-    return Trace(spans=spans, ops=rows, accesses=accesses, markers=markers, meta=meta)
+    return rec.finish(meta)
 
 
 def _stats(values: list[float]) -> dict:
