@@ -7,10 +7,11 @@ Trace → metrics and hazards. Nothing here prints or writes files.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import pandas as pd
 
-from .builder import build_program
+from .builder import build_program, stream_program
 from .config import Config, load_config
 from .engine import Engine
 from .analysis.hazards import HazardReport
@@ -21,15 +22,22 @@ from .trace import Trace
 
 @dataclass
 class Result:
-    """One simulated run. ``steps``: per-step DataFrame; ``summary``: a flat dict."""
+    """One simulated run. ``steps``: per-step DataFrame; ``summary``: a flat dict.
+
+    ``program`` is rebuilt from the config on first use (building is deterministic),
+    so a long run does not keep its op list alongside its trace.
+    """
 
     config: Config
-    program: Program
     trace: Trace
     steps: pd.DataFrame
     summary: dict
     hazards: HazardReport
     events: int = 0
+
+    @cached_property
+    def program(self) -> Program:
+        return build_program(self.config)
 
     @property
     def races(self) -> pd.DataFrame:
@@ -40,8 +48,7 @@ class Result:
 def simulate(cfg: Config | dict | str | None = None, overrides=None) -> Result:
     """Simulate a config (path, mapping, Config, or None for the packaged default)."""
     cfg = load_config(cfg, overrides)
-    program = build_program(cfg)
-    engine = Engine(program)
+    engine = Engine(stream_program(cfg))
     trace = engine.run()
     steps, summary, hazards = analyze(trace)
-    return Result(cfg, program, trace, steps, summary, hazards, engine.events)
+    return Result(cfg, trace, steps, summary, hazards, engine.events)

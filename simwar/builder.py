@@ -72,6 +72,18 @@ def build_program(cfg: Config | dict | str | None) -> Program:
     return _Builder(cfg).build()
 
 
+def stream_program(cfg: Config | dict | str | None) -> Program:
+    """The same Program with its ops generated one iteration at a time as they are read.
+
+    For executors that read the ops once, in order (the SimPy engine): a long run
+    then never holds the whole op list. ``ops`` is a one-shot iterator; use
+    :func:`build_program` for a Program to inspect, serialize or replay.
+    """
+    cfg = load_config(cfg)
+    builder = _Builder(cfg)
+    return Program(ops=builder.iter_ops(), meta=builder.meta())
+
+
 class _Builder:
     def __init__(self, cfg: Config):
         self.cfg = cfg
@@ -120,12 +132,22 @@ class _Builder:
 
     # ---- the loop
     def build(self) -> Program:
-        cfg = self.cfg
-        for k in range(cfg.steps):
+        ops = list(self.iter_ops())
+        return Program(ops=ops, meta=self.meta())
+
+    def iter_ops(self):
+        """The ops of every iteration and the final drain, generated iteration by iteration."""
+        for k in range(self.cfg.steps):
             self.iteration(k)
-        self.drain(cfg.steps)
-        p = self.point
-        meta = {
+            yield from self.ops
+            self.ops.clear()
+        self.drain(self.cfg.steps)
+        yield from self.ops
+        self.ops.clear()
+
+    def meta(self) -> dict:
+        cfg, p = self.cfg, self.point
+        return {
             "name": cfg.name, "seed": cfg.seed, "steps": cfg.steps,
             "warmup_steps": cfg.warmup_steps, "algorithm": cfg.algorithm,
             "batch_size": cfg.batch_size, "accept_tokens": cfg.accept.tokens,
@@ -134,7 +156,6 @@ class _Builder:
             "publish_position": p.position, "publish_reason": p.reason,
             "forward_stream": "forward",
         }
-        return Program(ops=self.ops, meta=meta)
 
     def iteration(self, k: int) -> None:
         cfg, pol = self.cfg, self.cfg.policy

@@ -87,10 +87,16 @@ class _Columns:
             arr.extend(map(code, values) if is_text else values)
         self.pending.clear()
 
-    def columns(self) -> dict[str, np.ndarray]:
+    def take(self) -> dict[str, np.ndarray]:
+        """The columns as numpy arrays; each buffer is released once copied (a copy at a time)."""
         self.flush()
-        return {name: np.frombuffer(arr, dtype=arr.typecode) if len(arr) else
-                np.zeros(0, dtype=arr.typecode) for name, arr in zip(self.names, self.arrays)}
+        out = {}
+        for name in self.names:
+            arr = self.arrays.pop(0)
+            out[name] = np.array(arr, dtype=arr.typecode) if len(arr) else \
+                np.zeros(0, dtype=arr.typecode)
+            del arr
+        return out
 
 
 # columns given at add time (the rest are set by id later)
@@ -170,26 +176,36 @@ class Recorder:
 
     # ------------------------------------------------------------------ finish
     def finish(self, meta: dict | None = None) -> Trace:
-        """The Trace: spans ordered by step (stable), ops in issue order."""
-        spans = self._spans.columns()
-        spans["start_us"] = _floats(self.span_start)
-        spans["end_us"] = _floats(self.span_end)
-        ops = self._ops.columns()
-        ops["start_us"] = _floats(self.op_start)
-        ops["end_us"] = _floats(self.op_end)
+        """The Trace: spans ordered by step (stable), ops in issue order.
+
+        Columns move into the Trace one at a time and each buffer is released as soon as it
+        is moved, so finishing a long run needs one column's worth of extra memory.
+        """
+        spans = self._spans.take()
+        spans["start_us"] = _take(self, "span_start")
+        spans["end_us"] = _take(self, "span_end")
+        ops = self._ops.take()
+        ops["start_us"] = _take(self, "op_start")
+        ops["end_us"] = _take(self, "op_end")
         order = np.argsort(spans["step"], kind="stable")
-        if len(order) and np.any(order != np.arange(len(order))):
-            spans = {k: v[order] for k, v in spans.items()}
+        if len(order) and np.any(order[1:] < order[:-1]):
+            for name in list(spans):  # reorder column by column
+                spans[name] = spans.pop(name)[order]
             new_id = np.empty(len(order), dtype=np.int32)
             new_id[order] = np.arange(len(order), dtype=np.int32)
             call = ops["call"]
             ops["call"] = np.where(call >= 0, new_id[np.maximum(call, 0)], -1).astype(np.int32)
+        del order
         s = self.strings
-        return Trace(spans=Table("spans", spans, s), ops=Table("ops", ops, s),
-                     accesses=Table("accesses", self._accesses.columns(), s),
-                     markers=Table("markers", self._markers.columns(), s),
-                     strings=s, meta=dict(meta or {}))
+        trace = Trace(spans=Table("spans", spans, s), ops=Table("ops", ops, s),
+                      accesses=Table("accesses", self._accesses.take(), s),
+                      markers=Table("markers", self._markers.take(), s),
+                      strings=s, meta=dict(meta or {}))
+        self.__dict__.clear()  # spent: the Trace owns what it needs
+        return trace
 
 
-def _floats(values: array) -> np.ndarray:
-    return np.frombuffer(values, dtype="d") if len(values) else np.zeros(0)
+def _take(rec: Recorder, name: str) -> np.ndarray:
+    """Move a float buffer out of the recorder into a numpy array (the buffer is released)."""
+    values = rec.__dict__.pop(name)
+    return np.array(values, dtype=np.float64) if len(values) else np.zeros(0)

@@ -78,70 +78,96 @@ class HazardReport:
 
 
 def detect(trace: Trace, window: int = 2) -> HazardReport:
-    ops = trace.ops
+    """Latent races and observed overlaps among accesses at most ``window`` steps apart.
+
+    One pass in issue order: a lane's clock is joined and ticked per op; a record's clock
+    is kept only until the last wait or sync bound to it; each buffer keeps the accesses of
+    the last ``window`` steps, which a new access is compared with.
+    """
+    ops, acc = trace.ops, trace.accesses
     strings = trace.strings
-    lane_of = ops.lane.tolist()
-    kind_of = ops.kind.tolist()
-    bound_of = ops.bound.tolist()
-    lanes = sorted({strings[c] for c in set(lane_of)} | {HOST})
+    n_ops = len(ops)
+    lanes = sorted({strings[c] for c in np.unique(ops.lane).tolist()} | {HOST})
     index = {trace.code(lane): i for i, lane in enumerate(lanes)}
     n = len(lanes)
     host = [0] * n
     clocks = {code: [0] * n for code in index}
-    op_clock: dict[int, tuple[int, ...]] = {}
-    acc = trace.accesses
-    need = set(acc.op.tolist())
-    SYNC, WAIT, RECORD = OpKind.SYNC, OpKind.WAIT, OpKind.RECORD
-    for op_id, (lane, kind, bound) in enumerate(zip(lane_of, kind_of, bound_of)):
-        if kind == SYNC:
-            if bound >= 0:
-                host = _join(host, op_clock[bound])
-            continue
-        v = _join(clocks[lane], host)
-        if kind == WAIT and bound >= 0:
-            v = _join(v, op_clock[bound])
-        v[index[lane]] += 1
-        clocks[lane] = v
-        if kind == RECORD or op_id in need:
-            op_clock[op_id] = tuple(v)
-
+    # the last op that needs each record's clock (records nobody waits on keep none)
+    bound = ops.bound
+    users = np.flatnonzero(bound >= 0)
+    last_use = np.full(n_ops, -1, dtype=np.int64)
+    np.maximum.at(last_use, bound[users], users)
+    del users
+    kept = np.flatnonzero(last_use >= 0)
+    kept = kept[np.argsort(last_use[kept], kind="stable")]  # in the order they may be freed
+    free_at = last_use[kept]
+    free_ptr = 0
+    rec_clock: dict[int, tuple[int, ...]] = {}
+    # accesses in op order; ops that have some are flagged
     order = np.argsort(acc.op, kind="stable")
-    per_buffer: dict[int, list] = {}
-    for a in zip(acc.op[order].tolist(), acc.buffer[order].tolist(), acc.mode[order].tolist(),
-                 acc.step[order].tolist(), acc.phase[order].tolist()):
-        per_buffer.setdefault(a[1], []).append(a)
-
+    accesses = _rows_in_chunks(acc.op[order], acc.buffer[order], acc.mode[order],
+                               acc.step[order], acc.phase[order])
+    has_access = np.zeros(n_ops, dtype=bool)
+    has_access[acc.op] = True
+    n_of = np.bincount(acc.op, minlength=n_ops) if len(acc) else np.zeros(n_ops, dtype=int)
+    buffers_seen: dict[int, int] = {}  # buffer -> rank of first appearance (report order)
+    recent: dict[int, list] = {}  # buffer -> accesses of the last `window` steps
     start_of, end_of = ops.start_us, ops.end_us
     label_of = ops.label
-    races: list[Race] = []
-    for buf, accs in per_buffer.items():
-        for j, (b_op, _, b_mode, b_step, b_phase) in enumerate(accs):
-            vb = op_clock[b_op]
-            i = j - 1
-            while i >= 0:
-                a_op, _, a_mode, a_step, a_phase = accs[i]
-                i -= 1
-                if b_step - a_step > window:
-                    break
-                if abs(a_step - b_step) > window:
-                    continue
-                if a_mode == Mode.READ and b_mode == Mode.READ:
-                    continue
-                la_code = lane_of[a_op]
-                if la_code == lane_of[b_op] or a_op == b_op:
-                    continue
-                la = index[la_code]
-                latent = op_clock[a_op][la] > vb[la]
-                overlap = float(end_of[a_op] - start_of[b_op])
-                if not latent and overlap <= 0:
-                    continue
-                kind = {(Mode.READ, Mode.WRITE): "WAR", (Mode.WRITE, Mode.READ): "RAW"}.get(
-                    (a_mode, b_mode), "WAW")
-                races.append(Race(strings[buf], kind, a_step, strings[a_phase],
-                                  strings[la_code], strings[label_of[a_op]], a_op,
-                                  b_step, strings[b_phase], strings[lane_of[b_op]],
-                                  strings[label_of[b_op]], b_op, latent, max(0.0, overlap)))
-    return HazardReport(races)
+    found: list[tuple] = []
+    SYNC, WAIT, RECORD = OpKind.SYNC, OpKind.WAIT, OpKind.RECORD
+    for op_id, kind, lane, b, touches in _rows_in_chunks(np.arange(n_ops), ops.kind, ops.lane,
+                                                        ops.bound, has_access):
+        if kind == SYNC:
+            if b >= 0:
+                host = _join(host, rec_clock[b])
+        else:
+            v = _join(clocks[lane], host)
+            if kind == WAIT and b >= 0:
+                v = _join(v, rec_clock[b])
+            v[index[lane]] += 1
+            clocks[lane] = v
+            if kind == RECORD and last_use[op_id] >= 0:
+                rec_clock[op_id] = tuple(v)
+            for _ in range(n_of[op_id] if touches else 0):
+                _, buf, mode, step, phase = next(accesses)
+                rank = buffers_seen.setdefault(buf, len(buffers_seen))
+                hist = recent.setdefault(buf, [])
+                while hist and step - hist[0][3] > window:
+                    hist.pop(0)
+                for k in range(len(hist) - 1, -1, -1):
+                    a_op, a_lane, a_mode, a_step, a_phase, a_clock = hist[k]
+                    if abs(a_step - step) > window:
+                        continue
+                    if a_mode == Mode.READ and mode == Mode.READ:
+                        continue
+                    if a_lane == lane or a_op == op_id:
+                        continue
+                    la = index[a_lane]
+                    latent = a_clock[la] > v[la]
+                    overlap = float(end_of[a_op] - start_of[op_id])
+                    if not latent and overlap <= 0:
+                        continue
+                    kind_name = {(Mode.READ, Mode.WRITE): "WAR",
+                                 (Mode.WRITE, Mode.READ): "RAW"}.get((a_mode, mode), "WAW")
+                    found.append(((rank, op_id, -a_op, -k), Race(
+                        strings[buf], kind_name, a_step, strings[a_phase], strings[a_lane],
+                        strings[label_of[a_op]], a_op, step, strings[phase], strings[lane],
+                        strings[label_of[op_id]], op_id, latent, max(0.0, overlap))))
+                hist.append((op_id, lane, mode, step, phase, tuple(v)))
+        while free_ptr < len(kept) and free_at[free_ptr] == op_id:
+            rec_clock.pop(int(kept[free_ptr]), None)
+            free_ptr += 1
+    found.sort(key=lambda item: item[0])
+    return HazardReport([race for _, race in found])
+
+
+def _rows_in_chunks(*columns, size: int = 1 << 15):
+    """Rows of equal-length arrays as tuples, converted to Python a chunk at a time."""
+    n = len(columns[0])
+    for lo in range(0, n, size):
+        hi = min(lo + size, n)
+        yield from zip(*(c[lo:hi].tolist() for c in columns))
 
 
 def _join(a, b) -> list[int]:
