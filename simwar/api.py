@@ -11,11 +11,11 @@ from functools import cached_property
 
 import pandas as pd
 
+from .analysis.hazards import HazardReport
+from .analysis.metrics import analyze
 from .builder import build_program, stream_program
 from .config import Config, load_config
 from .engine import Engine
-from .analysis.hazards import HazardReport
-from .analysis.metrics import analyze
 from .program import Program
 from .trace import Trace
 

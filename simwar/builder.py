@@ -26,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from .config import Config, Dist, Phase, load_config
-from .policies import PublishPoint, effective_barrier, publish_point
+from .policies import PublishPoint, barrier, publish_point
 from .program import (
     CpuWork,
     GraphLaunch,
@@ -91,7 +91,8 @@ class _Builder:
         pol = cfg.policy
         self.point: PublishPoint = publish_point(self.phases, pol.publish_phase,
                                                  pol.external_events, pol.in_replay_fallback)
-        self.barrier = effective_barrier(pol.barrier, self.point)
+        self.policy = barrier(pol.barrier).resolve(self.point)
+        self.barrier = self.policy.name
         self.draw = _Sampler(cfg.seed)
         self.ops: list[HostOp] = []
         self.writes = tuple(cfg.gpu.writes)
@@ -160,17 +161,18 @@ class _Builder:
     def iteration(self, k: int) -> None:
         cfg, pol = self.cfg, self.cfg.policy
         self.ops.append(StepMarker(k))
-        if pol.placement == "loop_top" and k > 0 and self.barrier != "host_sync":
-            self.war_barrier(k - 1)
+        loop_top = pol.placement == "loop_top" and k > 0
+        if loop_top and not self.policy.blocks_at_prepare:
+            self.policy.fence(self, k - 1)
         self.cpu("ingest", cfg.cpu.ingest_us, k)
         self.cpu("schedule", cfg.cpu.schedule_us, k)
-        if self.barrier == "host_sync" and pol.placement == "loop_top" and k > 0:
-            self.sync(self.read_done[k - 1], k, "verify_done")
+        if loop_top and self.policy.blocks_at_prepare:
+            self.policy.before_prepare(self, k)
         self.cpu("prepare", cfg.cpu.prepare_us, k)
         self.schedule_writes(k)
         self.run_batch(k)
         if pol.placement == "after_launch":
-            self.war_barrier(k)
+            self.policy.fence(self, k)
         if k > 0:
             self.process_result(k - 1, k)
 
@@ -204,9 +206,7 @@ class _Builder:
             self.phase(k, i, phase)
             if phase.future_publish:
                 self.record(f"publish_ready[{k}]", "forward", k)
-        if self.barrier == "host_sync" and self.point.phase is None:
-            self.record(f"forward_done[{k}]", "forward", k)
-            self.read_done[k] = f"forward_done[{k}]"
+        self.policy.after_phases(self, k)
         copy_stream = cfg.gpu.result_copy_stream
         if copy_stream != "forward":
             self.wait_stream(copy_stream, "forward", k)
@@ -253,17 +253,6 @@ class _Builder:
         event = f"read_done[{k}]"
         self.record(event, "forward", k)
         self.read_done[k] = event
-
-    def war_barrier(self, k: int) -> None:
-        """The WAR barrier for forward k (never blocks the CPU except host_sync)."""
-        if self.barrier == "none":
-            return
-        if self.barrier == "coarse" or (self.barrier == "fine" and k not in self.read_done):
-            self.wait_stream("schedule", "forward", k)
-        elif self.barrier == "fine":
-            self.wait_event("schedule", self.read_done[k], k)
-        elif self.barrier == "host_sync":
-            self.sync(self.read_done[k], k, "barrier")
 
     def process_result(self, j: int, k: int) -> None:
         """Iteration k processes the result of step j = k-1."""

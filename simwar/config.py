@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .algorithms import BUILTIN, builtin_phases
 
@@ -124,13 +132,21 @@ class Phase(_Strict):
 
 
 class Policy(_Strict):
-    barrier: Literal["none", "coarse", "fine", "host_sync"] = "fine"
+    barrier: str = "fine"  # a registered barrier policy (simwar.policies.BARRIERS)
     placement: Literal["after_launch", "loop_top"] = "after_launch"
     external_events: bool = True
     in_replay_fallback: Literal["post_replay", "pre_replay"] = "post_replay"
     plan_stream: bool = False
     needs_cpu_seq_lens: bool = False
     publish_phase: str = "auto"
+
+    @field_validator("barrier")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from .policies import barrier
+
+        barrier(name)  # raises with the registered names
+        return name
 
 
 class Cpu(_Strict):

@@ -13,7 +13,15 @@ declared end:
 - ``unknown``: nothing is published, and a fine barrier falls back to coarse.
 
 For an eager phase the same names mean: after ``load_batch``, after the prep
-kernel, after the body. Imports: nothing beyond the standard library.
+kernel, after the body.
+
+Barrier policies are classes registered by name (:func:`register_barrier`):
+each says what the scheduler issues to order step k+1's shared writes after
+forward k's reads, and the builder only calls their hooks. A new policy is
+one subclass in one place, inside the package or outside it; the config
+schema accepts every registered name.
+
+Imports: nothing beyond the standard library.
 """
 
 from __future__ import annotations
@@ -57,8 +65,118 @@ def publish_point(phases: Sequence, publish_phase: str = "auto", external_events
     return PublishPoint(p.name, idx, declared, False, f"{p.name}: {declared} record")
 
 
-def effective_barrier(barrier: str, point: PublishPoint) -> str:
-    """The barrier actually applied each step: a fine barrier with no read-done is coarse."""
-    if barrier == "fine" and point.phase is None:
-        return "coarse"
-    return barrier
+# --------------------------------------------------------------------------- barrier policies
+class Barrier:
+    """A WAR barrier policy. Subclass, set ``name``, override the hooks, register.
+
+    The hooks receive the builder (``simwar.builder``), whose host-API methods
+    (``wait_stream``, ``wait_event``, ``sync``, ``record``) issue the ops, and
+    the step ``k`` whose forward the barrier fences:
+
+    - :meth:`fence`: the barrier for forward ``k`` (after the launch, or at the
+      top of iteration k+1 under ``placement: loop_top``);
+    - :meth:`after_phases`: right after forward ``k``'s phases are launched
+      (e.g. to record an event a later host block waits on);
+    - :meth:`before_prepare`: in iteration ``k``, before the next batch is
+      prepared, when the placement is ``loop_top`` and :attr:`blocks_at_prepare`
+      (the legacy DFLASH ``verify_done`` position).
+    """
+
+    name = ""
+    #: a short description for listings (``simwar advise``, docs)
+    doc = ""
+    #: whether the policy is expected to be race-free when the publish rule holds
+    safe = True
+    #: under loop_top placement, fence at prepare (a host block) instead of the loop top
+    blocks_at_prepare = False
+
+    def resolve(self, point: PublishPoint) -> Barrier:
+        """The policy actually applied, given where read-done is published."""
+        return self
+
+    def fence(self, b, k: int) -> None:  # pragma: no cover - every policy overrides it
+        raise TypeError(f"barrier policy {self.name!r} does not define fence()")
+
+    def after_phases(self, b, k: int) -> None:
+        return None
+
+    def before_prepare(self, b, k: int) -> None:
+        self.fence(b, k - 1)
+
+
+BARRIERS: dict[str, Barrier] = {}
+
+
+def register_barrier(cls: type[Barrier]) -> type[Barrier]:
+    """Class decorator: make ``cls.name`` a valid ``policy.barrier``."""
+    if not cls.name or not cls.name.isidentifier():
+        raise ValueError(f"barrier policy {cls.__name__}: name must be an identifier")
+    BARRIERS[cls.name] = cls()
+    return cls
+
+
+def barrier(name: str) -> Barrier:
+    try:
+        return BARRIERS[name]
+    except KeyError:
+        raise ValueError(f"'{name}' is not a barrier policy "
+                         f"({', '.join(BARRIERS)})") from None
+
+
+@register_barrier
+class NoBarrier(Barrier):
+    name = "none"
+    doc = "no barrier: the next step's writes may overtake the forward's reads (unsafe)"
+    safe = False
+
+    def fence(self, b, k: int) -> None:
+        return None
+
+
+@register_barrier
+class Coarse(Barrier):
+    name = "coarse"
+    doc = "schedule.wait_stream(forward): the next writes wait for the whole forward"
+
+    def fence(self, b, k: int) -> None:
+        b.wait_stream("schedule", "forward", k)
+
+
+@register_barrier
+class Fine(Barrier):
+    name = "fine"
+    doc = "schedule.wait_event(read_done): the next writes wait for the published read-done"
+
+    def resolve(self, point: PublishPoint) -> Barrier:
+        # nothing published: SGLang's barrier finds the mailbox empty and goes coarse
+        return BARRIERS["coarse"] if point.phase is None else self
+
+    def fence(self, b, k: int) -> None:
+        if k in b.read_done:
+            b.wait_event("schedule", b.read_done[k], k)
+        else:  # this step published nothing: coarse, as the cleared mailbox makes it
+            b.wait_stream("schedule", "forward", k)
+
+
+@register_barrier
+class HostSync(Barrier):
+    name = "host_sync"
+    doc = "the CPU blocks on read-done (legacy DFLASH verify_done.synchronize())"
+    blocks_at_prepare = True
+
+    def after_phases(self, b, k: int) -> None:
+        if b.point.phase is None:  # nothing published: block on the whole forward
+            b.record(f"forward_done[{k}]", "forward", k)
+            b.read_done[k] = f"forward_done[{k}]"
+
+    def fence(self, b, k: int) -> None:
+        b.sync(b.read_done[k], k, "barrier")
+
+    def before_prepare(self, b, k: int) -> None:
+        b.sync(b.read_done[k - 1], k, "verify_done")
+
+
+def effective_barrier(name: str, point: PublishPoint) -> str:
+    """The name of the barrier actually applied each step (a fine barrier without a
+    read-done is coarse)."""
+    return barrier(name).resolve(point).name
