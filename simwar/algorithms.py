@@ -64,9 +64,6 @@ _TABLES: dict[str, list[dict]] = {
     ],
 }
 
-#: accepted tokens per request per step, a representative default per algorithm
-DEFAULT_ACCEPT = {"none": 1.0, "eagle": 3.2, "dflash": 3.5, "dspark": 3.2}
-
 BUILTIN = tuple(_TABLES)
 
 

@@ -69,14 +69,6 @@ class Dist(_Strict):
             raise ValueError("empirical needs a non-empty list of values >= 0")
         return self
 
-    @property
-    def expected(self) -> float:
-        if self.dist == "uniform":
-            return (self.low + self.high) / 2
-        if self.dist == "empirical":
-            return sum(self.values) / len(self.values)
-        return float(self.mean)
-
 
 def _duration(v: Any) -> Any:
     if isinstance(v, Dist):
@@ -94,10 +86,6 @@ def _duration(v: Any) -> Any:
 
 
 Duration = Annotated[Union[float, Dist], BeforeValidator(_duration)]
-
-
-def expected(d: Duration) -> float:
-    return float(d) if not isinstance(d, Dist) else d.expected
 
 
 # --------------------------------------------------------------------------- sections
@@ -124,11 +112,6 @@ class Phase(_Strict):
     host_us: Duration = 0.0
     reads: list[str] = Field(default_factory=list)
     future_publish: bool = False
-
-
-    @property
-    def reads_shared(self) -> bool:
-        return bool(self.reads)
 
 
 class Policy(_Strict):
@@ -412,4 +395,4 @@ def validate(data: dict, label: str = "<config>") -> Config:
 
 
 __all__ = ["BUILTIN", "Config", "ConfigError", "Dist", "Duration", "Phase", "Policy",
-           "expected", "load_config", "parse_override", "read_yaml", "set_dotted", "validate"]
+           "load_config", "parse_override", "read_yaml", "set_dotted", "validate"]
