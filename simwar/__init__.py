@@ -4,7 +4,7 @@ Public API (imported lazily so that ``simwar.program``, ``simwar.trace`` and
 ``simwar.harness`` load on a machine with only the standard library and torch):
 
 - ``load_config(path_or_dict, overrides=None) -> Config``
-- ``build_program(config) -> Program``
+- ``build_program(config) -> Program`` (a validated Config)
 - ``simulate(config) -> Result`` (``.steps``, ``.summary``, ``.trace``, ``.races``)
 - ``sweep(spec) -> DataFrame``
 """

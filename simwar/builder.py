@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import Config, Dist, Phase, load_config
+from .config import Config, Dist, Phase
 from .policies import PublishPoint, barrier, publish_point
 from .program import (
     CpuWork,
@@ -67,19 +67,18 @@ class _Sampler:
         return float(max(d.min, x))
 
 
-def build_program(cfg: Config | dict | str | None) -> Program:
-    cfg = load_config(cfg)
+def build_program(cfg: Config) -> Program:
+    """The Program of a validated config (``simwar.load_config`` validates)."""
     return _Builder(cfg).build()
 
 
-def stream_program(cfg: Config | dict | str | None) -> Program:
+def stream_program(cfg: Config) -> Program:
     """The same Program with its ops generated one iteration at a time as they are read.
 
     For executors that read the ops once, in order (the SimPy engine): a long run
     then never holds the whole op list. ``ops`` is a one-shot iterator; use
     :func:`build_program` for a Program to inspect, serialize or replay.
     """
-    cfg = load_config(cfg)
     builder = _Builder(cfg)
     return Program(ops=builder.iter_ops(), meta=builder.meta())
 
