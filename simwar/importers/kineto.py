@@ -40,7 +40,8 @@ the mapping names one) and one lane per stream:
 - device work (kernels, memcpys, memsets) becomes ``kernel`` ops whose
   ``ops.call`` is the span of the runtime call with the same correlation id
   (-1 for device work whose call is not on the host thread or not in the
-  capture); a call's span names the first op it issued (``spans.op``);
+  capture); a call's span names the first op it issued (``spans.op``; a
+  stream sync names its sync op, not the tail record it implies);
 - records, stream waits and syncs become ``record``/``wait``/``sync`` ops,
   bound (``ops.bound``) by the ``cuda_sync`` events' correlation data. Their
   device times are inferred by :mod:`simwar.rules` on each stream's measured
