@@ -11,23 +11,27 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
+from simwar.analysis.idle import gap_cause, idle_breakdown
+from simwar.analysis.metrics import analyze
 from simwar.api import simulate
 from simwar.cli import main
 from simwar.config import ConfigError, load_config
-from simwar.importers.fit import fit_durations, fit_values
+from simwar.importers.fit import cost_samples, fit_durations, fit_values
 from simwar.importers.kineto import KinetoFormatError, import_kineto, read_capture
 from simwar.importers.mapping import load_mapping
-from simwar.importers.stalls import idle_breakdown, import_report
+from simwar.importers.stalls import import_report
 from simwar.importers.synthetic import write_kineto
-from simwar.analysis.metrics import analyze
+from simwar.trace import Call, OpKind
 
 DATA = Path(__file__).parent / "data" / "kineto_synthetic"
 REAL = Path(__file__).parent / "data" / "kineto"
@@ -83,13 +87,13 @@ def test_lanes_steps_and_phases(three_steps):
 
 def test_records_waits_and_syncs_are_bound_and_timed(three_steps):
     t = three_steps.trace
-    ops = t.ops
+    ops = list(t.ops)
     waits = [o for o in ops if o.kind == "wait"]
     syncs = [o for o in ops if o.kind == "sync"]
     assert len(waits) == len(syncs) == 3
     for k, (w, s) in enumerate(zip(waits, syncs)):
         rec = ops[w.bound]
-        assert rec.kind == "record" and rec.lane == "forward" and ops[s.bound] is rec
+        assert rec.kind == "record" and rec.lane == "forward" and s.bound == w.bound
         assert rec.end_us == 1000 * k + 550  # fired when forward drained its work
         assert w.lane == "schedule" and w.event == "event5"
         # reached at the wait call's return, held until the queued kernel ran
@@ -100,9 +104,44 @@ def test_records_waits_and_syncs_are_bound_and_timed(three_steps):
         [("schedule", 1000 * k + 87.0, 1000 * k + 560.0) for k in range(3)]
     blocked = [s for s in t.spans if s.kind == "blocked"]
     assert {s.site for s in blocked} == {"result_copy"}
-    assert len(t.edges()) == 6
+    bound = [e for e in t.edges() if e.kind != "launch"]
+    assert sorted((e.kind, e.src, e.dst) for e in bound) == sorted(
+        [("record_wait", w.bound, w.op_id) for w in waits]
+        + [("record_sync", s.bound, s.op_id) for s in syncs])
     assert [o.op_id for o in ops] == list(range(len(ops)))
     assert all(a.issue_us <= b.issue_us for a, b in zip(ops, ops[1:]))
+
+
+def test_host_calls_are_typed_and_tied_to_the_ops_they_issued(three_steps):
+    t = three_steps.trace
+    spans, ops = list(t.spans), list(t.ops)
+    host = [s for s in spans if s.lane == "cpu"]
+    kinds = {(s.label, s.call) for s in host}
+    # memcpy/memset calls that issued device work are launches
+    assert kinds == {("cudaLaunchKernel", "launch"), ("cudaGraphLaunch", "graph_launch"),
+                     ("cudaEventRecord", "record"), ("cudaStreamWaitEvent", "wait_event"),
+                     ("cudaEventSynchronize", "synchronize"), ("cudaMemcpyAsync", "launch"),
+                     ("cudaMemsetAsync", "launch")}
+    assert all((s.kind == "blocked") == (s.call == "synchronize") for s in host)
+    for o in ops:
+        call = spans[o.call]  # every op here was issued by a host call on the host thread
+        assert call.lane == "cpu" and call.step == o.step
+        # each call names the first op it issued; an op is issued when its call returned
+        assert ops[call.op].call == o.call and call.op <= o.op_id
+        assert o.issue_us == (call.start_us if o.kind == "sync" else call.end_us)
+    for s in spans:  # device spans belong to their op
+        if s.lane != "cpu":
+            assert ops[s.op].lane == s.lane and ops[s.op].label == s.label
+    kernel_calls = {(ops[e.dst].label, spans[e.src].label) for e in t.edges()
+                    if e.kind == "launch"}
+    assert kernel_calls == {("gemm_a", "cudaLaunchKernel"), ("k_verify_1", "cudaGraphLaunch"),
+                            ("k_verify_2", "cudaGraphLaunch"),
+                            ("schedule_write", "cudaLaunchKernel"),
+                            ("Memcpy DtoH (Device -> Pinned)", "cudaMemcpyAsync"),
+                            ("Memset (Device)", "cudaMemsetAsync")}
+    assert [o.label for o, g in zip(ops, t.graph_node()) if g] == \
+        ["k_verify_1", "k_verify_2"] * 3
+    assert _launch_pairs(t) == _correlation_pairs(DATA / "three_steps.json")
 
 
 def test_step_metrics_match_the_hand_computed_timeline(three_steps):
@@ -128,9 +167,21 @@ def test_idle_breakdown_by_hta_categories(three_steps):
     assert idle_breakdown(three_steps.trace, from_step=2)["forward"]["idle_us"] == 0.0
 
 
+def test_idle_breakdown_is_an_analysis_of_any_trace(three_steps):
+    import simwar.analysis as analysis
+
+    assert analysis.idle_breakdown is idle_breakdown
+    assert idle_breakdown(three_steps.trace) == import_report(three_steps)[1]["idle"]
+    # one gap, filed by the launch call's return against the end of the work before it
+    assert gap_cause(5.0, 10.0, 12.0, 11.0) == "host_wait"
+    assert gap_cause(0.02, 1.0, 2.0, 3.0) == "kernel_wait"
+    assert gap_cause(5.0, 1.0, 2.0, 3.0) == "other"
+
+
 def test_gzip_and_small_chunks_give_the_same_trace(three_steps):
     gz = import_kineto(DATA / "three_steps.json.gz", MAPPING).trace
-    assert gz.spans == three_steps.trace.spans and gz.ops == three_steps.trace.ops
+    assert list(gz.spans) == list(three_steps.trace.spans)
+    assert list(gz.ops) == list(three_steps.trace.ops)
     cap = read_capture(DATA / "three_steps.json", chunk_bytes=97)  # keys straddle chunks
     assert cap.counts == read_capture(DATA / "three_steps.json").counts
 
@@ -147,7 +198,7 @@ def test_progress_reports_bytes_up_to_the_file_size():
 # --------------------------------------------------------------------------- edge cases
 def test_empty_trace_is_not_an_error():
     imp = import_kineto(DATA / "empty.json")
-    assert imp.trace.spans == [] and imp.trace.ops == [] and imp.ignored_total == 0
+    assert len(imp.trace.spans) == 0 and len(imp.trace.ops) == 0 and imp.ignored_total == 0
     _, report = import_report(imp)
     assert report["metrics"]["steps_measured"] == 0 and report["counts"]["kernels"] == 0
 
@@ -173,7 +224,7 @@ def test_absolute_clock_and_skewed_gpu_clock(three_steps):
 
 def test_missing_stream_args_fall_back_to_the_tid(three_steps):
     imp = import_kineto(DATA / "no_stream_args.json", MAPPING)
-    assert imp.trace.spans == three_steps.trace.spans
+    assert list(imp.trace.spans) == list(three_steps.trace.spans)
 
 
 def test_mapping_naming_absent_streams_warns_and_still_imports():
@@ -283,6 +334,16 @@ def test_round_trip_reproduces_the_simulated_step_table(tmp_path, policy):
     for lane, d in report["idle"].items():
         parts = d["host_wait_us"] + d["kernel_wait_us"] + d["dependency_us"] + d["other_us"]
         assert parts == pytest.approx(d["idle_us"]), lane
+    # each kernel is tied to its launch: per kernel in issue order, its label, whether it is
+    # a graph node and the kind of the call that launched it are the simulator's
+    assert _launches(imp.trace) == _launches(sim.trace)
+    assert any(_launches(sim.trace)[1]) and not all(_launches(sim.trace)[1])
+
+
+def _launches(trace) -> tuple[list, list, list]:
+    kernels = trace.ops.kind == OpKind.KERNEL
+    return (trace.ops.decoded("label")[kernels].tolist(), trace.graph_node()[kernels].tolist(),
+            trace.spans.call[trace.ops.call[kernels]].tolist())
 
 
 def test_round_trip_binds_the_copy_stream_to_forward(tmp_path):
@@ -308,6 +369,18 @@ def test_fit_values_picks_a_fitting_family_and_rejects_bad_ones():
     assert fit_values([7.0, 7.0, 7.0])[0] == 7.0
     with pytest.raises(ValueError, match="choose"):
         fit_values([1, 2], choose="gamma")
+
+
+def test_cost_samples_come_from_call_kinds_and_bound_ops(three_steps):
+    samples = cost_samples(three_steps.trace)
+    # per step: two kernel launches (5 and 4 µs) and the memcpy and memset calls (5, 3 µs),
+    # which issued device work, so they are launches too
+    assert sorted(samples["launch_us"]) == sorted([5.0, 4.0, 5.0, 3.0] * 3)
+    assert samples["graph_launch_us"] == [8.0] * 3
+    assert samples["event_record_us"] == [3.0] * 3 and samples["wait_event_us"] == [2.0] * 3
+    # the sync returned 10 µs after its record fired; the wait released 10 µs after it
+    assert samples["sync_wake_us"] == [10.0] * 3 and samples["cross_stream_us"] == [10.0] * 3
+    assert cost_samples(three_steps.trace, from_step=2)["launch_us"] == [5.0, 4.0, 5.0, 3.0]
 
 
 def test_fit_recovers_the_simulated_durations_and_loads_as_config(tmp_path):
@@ -416,3 +489,85 @@ def test_real_capture_matches_the_replays_event_timing(capture):
                                                        rel=0.03, abs=10.0)
     assert got["launch_ahead_mean"] == expected["launch_ahead_mean"]
     assert report["counts"]["device_before_launch"] == 0
+
+
+def _correlation_pairs(capture: Path, steps: str = r"^ProfilerStep#\d+$") -> list[tuple]:
+    """The capture's launch relation, computed from the raw events: per device op whose
+    runtime call (same correlation id) is on the host thread inside the steps,
+    ``(call name, call start, device op name, device op start)`` in µs from the capture's
+    first event (no GPU clock offset)."""
+    cap = read_capture(capture)
+    origin = min(e.ts for seq in (cap.device_events, cap.runtime_calls, cap.annotations,
+                                  cap.sync_events) for e in seq)
+    launched = {d.correlation for d in cap.device_events}
+    host = Counter((c.pid, c.tid) for c in cap.runtime_calls
+                   if c.correlation in launched).most_common(1)[0][0]
+    ranges = [a for a in cap.annotations if (a.pid, a.tid) == host and re.search(steps, a.name)]
+    lo, hi = min(a.ts for a in ranges), max(a.ts + a.dur for a in ranges)
+    calls = {c.correlation: c for c in cap.runtime_calls
+             if (c.pid, c.tid) == host and lo <= c.ts <= hi}
+    return sorted((c.name, c.ts - origin, d.name, d.ts - origin) for d in cap.device_events
+                  if (c := calls.get(d.correlation)) is not None)
+
+
+def _launch_pairs(trace) -> list[tuple]:
+    """The trace's launch edges as ``(call label, call start, op label, op start)``."""
+    spans, ops = list(trace.spans), list(trace.ops)
+    return sorted((spans[e.src].label, spans[e.src].start_us, ops[e.dst].label,
+                   ops[e.dst].start_us) for e in trace.edges() if e.kind == "launch")
+
+
+@pytest.mark.skipif(not _real_captures(), reason="no GPU captures under tests/data/kineto")
+@pytest.mark.parametrize("capture", _real_captures(), ids=_case)
+def test_real_capture_device_ops_point_at_their_launch(capture):
+    t = import_kineto(capture, {"steps": r"^step#\d+$"}).trace
+    ops, spans = t.ops, t.spans
+    device = np.flatnonzero(ops.kind == OpKind.KERNEL)
+    calls = ops.call[device]
+    # every imported device op was launched by a call on the host thread in the capture
+    assert (calls >= 0).all()
+    assert set(spans.call[calls].tolist()) == {Call.LAUNCH, Call.GRAPH_LAUNCH}
+    # launch edges are the capture's correlation pairs, one per device op
+    pairs = _correlation_pairs(capture, r"^step#\d+$")
+    assert len(pairs) == len(device)
+    assert _launch_pairs(t) == pairs
+    # graph nodes: exactly the ops launched by cudaGraphLaunch
+    by_graph = device[spans.decoded("label")[calls] == "cudaGraphLaunch"]
+    np.testing.assert_array_equal(np.flatnonzero(t.graph_node()), by_graph)
+    # each launch span names the first op it issued
+    first = {}
+    for op, call in zip(device.tolist(), calls.tolist()):
+        first.setdefault(call, op)
+    assert {c: int(spans.op[c]) for c in first} == first
+    # host calls keep the runtime call's name; the call kind is typed
+    host = spans.lane == t.code("cpu")
+    kinds = set(zip(spans.decoded("label")[host].tolist(), spans.decoded("call")[host].tolist()))
+    assert {k for k in kinds if k[0] in ("cudaLaunchKernel", "cudaGraphLaunch",
+                                         "cudaEventRecordWithFlags", "cudaStreamWaitEvent",
+                                         "cudaEventSynchronize", "cudaMemcpyAsync",
+                                         "cudaEventQuery")} == \
+        {("cudaLaunchKernel", "launch"), ("cudaGraphLaunch", "graph_launch"),
+         ("cudaEventRecordWithFlags", "record"), ("cudaStreamWaitEvent", "wait_event"),
+         ("cudaEventSynchronize", "synchronize"), ("cudaMemcpyAsync", "launch"),
+         ("cudaEventQuery", "other")}
+
+
+@pytest.mark.skipif(not (REAL / "dspark-fine-gpu.kineto.json.gz").exists(),
+                    reason="no GPU captures under tests/data/kineto")
+def test_dspark_fine_capture_launch_and_graph_counts():
+    path = REAL / "dspark-fine-gpu.kineto.json.gz"
+    cap = read_capture(path)
+    names = {c.correlation: c.name for c in cap.runtime_calls}
+    # the capture: 1131 device ops (890 kernels, 241 memcpys), each with its runtime call
+    assert Counter(names.get(d.correlation) for d in cap.device_events) == \
+        {"cudaLaunchKernel": 490, "cudaGraphLaunch": 400, "cudaMemcpyAsync": 241}
+    imp = import_kineto(path, {"steps": r"^step#\d+$"})
+    t = imp.trace
+    device = np.flatnonzero(t.ops.kind == OpKind.KERNEL)
+    launched_by = Counter(t.spans.decoded("label")[t.ops.call[device]].tolist())
+    # 9 of the 490 eagerly launched kernels (8 buffer fills and one spin warm-up) are
+    # launched before the first step#k range opens: outside the steps, not imported
+    assert launched_by == {"cudaLaunchKernel": 481, "cudaGraphLaunch": 400,
+                           "cudaMemcpyAsync": 241}
+    assert int(t.graph_node().sum()) == 400
+    assert sum(e.kind == "launch" for e in t.edges()) == 1122

@@ -2,7 +2,8 @@
 
 - :mod:`.metrics`: the per-step table and the summary (step time, forward
   gap, GPU idle by cause, CPU blocked by site, launch lead and launch-ahead);
-- :mod:`.hazards`: latent races by happens-before and observed overlaps.
+- :mod:`.hazards`: latent races by happens-before and observed overlaps;
+- :mod:`.idle`: each stream's idle time split by cause, HTA-style.
 
 They read the Trace's columns and its explicit relations (op ids, the
 issuing call of each op, the record each wait or sync bound to); none
@@ -22,6 +23,8 @@ _LAZY = {
     "detect": ("simwar.analysis.hazards", "detect"),
     "HazardReport": ("simwar.analysis.hazards", "HazardReport"),
     "Race": ("simwar.analysis.hazards", "Race"),
+    "idle_breakdown": ("simwar.analysis.idle", "idle_breakdown"),
+    "gap_cause": ("simwar.analysis.idle", "gap_cause"),
 }
 
 __all__ = sorted(_LAZY)

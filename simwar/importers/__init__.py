@@ -2,7 +2,8 @@
 
 - :mod:`.kineto`: torch.profiler (Kineto) Chrome-trace JSON, streamed;
 - :mod:`.mapping`: the YAML mapping of streams, steps, phases and sync sites;
-- :mod:`.stalls`: step metrics plus HTA's idle breakdown of an import;
+- :mod:`.stalls`: step metrics plus HTA's idle breakdown (:mod:`simwar.analysis.idle`)
+  of an import;
 - :mod:`.fit`: per-phase duration distributions in the config schema;
 - :mod:`.synthetic`: a simulated Trace written as a Kineto capture.
 
@@ -21,7 +22,7 @@ _LAZY = {
     "KinetoFormatError": ("simwar.importers.kineto", "KinetoFormatError"),
     "Mapping": ("simwar.importers.mapping", "Mapping"),
     "load_mapping": ("simwar.importers.mapping", "load_mapping"),
-    "idle_breakdown": ("simwar.importers.stalls", "idle_breakdown"),
+    "idle_breakdown": ("simwar.analysis.idle", "idle_breakdown"),
     "import_report": ("simwar.importers.stalls", "import_report"),
     "fit_durations": ("simwar.importers.fit", "fit_durations"),
     "write_kineto": ("simwar.importers.synthetic", "write_kineto"),

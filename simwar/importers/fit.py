@@ -6,11 +6,15 @@ Samples (after warm-up):
   (all lanes). A capture cannot see the split into pre-replay reads, in-graph
   prep and body, so the fit writes it all as ``body_us`` with
   ``load_batch_us`` and ``prep_us`` set to 0;
-- host API costs, from the ``api`` spans of an imported capture:
-  ``launch_us`` (kernel launches), ``graph_launch_us``, ``event_record_us``,
-  ``wait_event_us``; ``sync_wake_us`` from host syncs that really blocked
-  (return minus the inferred record time); ``cross_stream_us`` from stream
-  waits released by another stream's record (next op start minus the record).
+- host API costs, from the host spans by their typed call kind
+  (``spans.call``): ``launch_us`` from launches (an imported capture's
+  memcpy/memset calls that issued device work are launches too),
+  ``graph_launch_us`` from graph launches, ``event_record_us`` from event
+  records, ``wait_event_us`` from stream waits on an event;
+- from the bound ops (``ops.bound``): ``sync_wake_us`` from host syncs that
+  really blocked (return minus the bound record's firing) and
+  ``cross_stream_us`` from stream waits released by a record on another
+  stream (release minus the record's firing).
 
 Each sample set gets an empirical distribution (at most ``max_values``
 evenly spaced quantiles), a normal and a lognormal fit (maximum likelihood;
@@ -34,14 +38,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace import HOST, Trace
-from .kineto import RECORD_CALLS, WAIT_CALLS
+from ..trace import Call, OpKind, Trace
 
-LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
-                "cudaLaunchCooperativeKernel"}
-GRAPH_CALLS = {"cudaGraphLaunch", "cuGraphLaunch"}
-COST_CALLS = {"launch_us": LAUNCH_CALLS, "graph_launch_us": GRAPH_CALLS,
-              "event_record_us": RECORD_CALLS, "wait_event_us": WAIT_CALLS}
+#: host cost key -> the call kind whose spans sample it
+COST_CALLS = {"launch_us": Call.LAUNCH, "graph_launch_us": Call.GRAPH_LAUNCH,
+              "event_record_us": Call.RECORD, "wait_event_us": Call.WAIT_EVENT}
 CHOICES = ("best", "empirical", "normal", "lognormal")
 
 
@@ -55,31 +56,38 @@ class FitResult:
 
 def phase_samples(trace: Trace, from_step: int = 0) -> dict[str, list[float]]:
     """Per phase (in first-seen order): GPU µs per step."""
+    ops = trace.ops
+    pick = np.flatnonzero((ops.kind == OpKind.KERNEL) & (ops.phase != trace.code(""))
+                          & (ops.step >= from_step))
     per: dict[str, dict[int, float]] = {}
-    for op in trace.ops:
-        if op.kind == "kernel" and op.phase and op.step >= from_step:
-            per.setdefault(op.phase, defaultdict(float))[op.step] += op.end_us - op.start_us
+    for code, step, dur in zip(ops.phase[pick].tolist(), ops.step[pick].tolist(),
+                               (ops.end_us[pick] - ops.start_us[pick]).tolist()):
+        per.setdefault(trace.text(code), defaultdict(float))[step] += dur
     return {phase: [steps[k] for k in sorted(steps)] for phase, steps in per.items()}
 
 
 def cost_samples(trace: Trace, from_step: int = 0) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = defaultdict(list)
-    for s in trace.spans:
-        if s.lane == HOST and s.kind == "api" and s.step >= from_step:
-            for key, names in COST_CALLS.items():
-                if s.label in names:
-                    out[key].append(s.end_us - s.start_us)
-    by_id = {op.op_id: op for op in trace.ops}
-    for op in trace.ops:
-        if op.step < from_step or op.bound < 0:
-            continue
-        rec = by_id[op.bound]
-        if op.kind == "sync" and rec.end_us > op.start_us and op.end_us >= rec.end_us:
-            out["sync_wake_us"].append(op.end_us - rec.end_us)
-        elif (op.kind == "wait" and rec.lane != op.lane and op.end_us > op.start_us
-              and op.end_us >= rec.end_us > op.start_us):
-            out["cross_stream_us"].append(op.end_us - rec.end_us)
-    return dict(out)
+    """Host-cost samples by config key (see the module docstring)."""
+    out: dict[str, list[float]] = {}
+    spans = trace.spans
+    later = spans.step >= from_step
+    for key, call in COST_CALLS.items():
+        pick = later & (spans.call == call)
+        if pick.any():
+            out[key] = (spans.end_us[pick] - spans.start_us[pick]).tolist()
+    ops = trace.ops
+    bound = np.flatnonzero((ops.step >= from_step) & (ops.bound >= 0))
+    rec = ops.bound[bound]
+    fired = ops.end_us[rec]
+    start, end = ops.start_us[bound], ops.end_us[bound]
+    kind = ops.kind[bound]
+    sync = (kind == OpKind.SYNC) & (fired > start) & (end >= fired)
+    cross = ((kind == OpKind.WAIT) & (ops.lane[rec] != ops.lane[bound]) & (end > start)
+             & (end >= fired) & (fired > start))
+    for key, pick in (("sync_wake_us", sync), ("cross_stream_us", cross)):
+        if pick.any():
+            out[key] = (end[pick] - fired[pick]).tolist()
+    return out
 
 
 def fit_values(values, choose: str = "best", max_values: int = 200) -> tuple:

@@ -26,18 +26,32 @@ Every other event (``cpu_op``, ``python_function``, ``ac2g`` flows, metadata,
 instants, ...) is counted and ignored. The file is read with a streaming
 JSON parser, so memory grows with the number of *used* events, not the file.
 
-The resulting Trace has lane ``cpu`` (the scheduler thread: the thread that
-issued most launches unless the mapping names one) and one lane per stream.
-Host calls become ``api`` spans; syncs become ``blocked`` spans and ``sync``
-ops; records and stream waits become ``record``/``wait`` ops, their device
-times inferred from stream order (a record fires when its stream drains the
-work issued before it; a wait is released when its record fired). A wait that
-held its stream becomes a ``wait`` span, which ``simwar.analysis.metrics`` counts as
-dependency idle.
+The Trace is built through :class:`simwar.recorder.Recorder`. It has lane
+``cpu`` (the scheduler thread: the thread that issued most launches unless
+the mapping names one) and one lane per stream:
 
-Imports: ijson, the standard library and simwar's stdlib-only modules; no
-pandas (the caller runs ``simwar.analysis.metrics`` on the result). Nothing prints:
-progress goes to an optional callback.
+- every runtime call on that thread is a host span labelled with the call's
+  name, with a typed ``call`` kind (:func:`call_kind`): ``launch``
+  (``cudaLaunchKernel`` & co, and any call that issued device work: a
+  ``cudaMemcpyAsync`` or ``cudaMemsetAsync`` whose memcpy/memset is in the
+  capture is a launch), ``graph_launch`` (``cudaGraphLaunch``), ``record``,
+  ``wait_event``, ``synchronize`` (a ``blocked`` span with its site) and
+  ``other``;
+- device work (kernels, memcpys, memsets) becomes ``kernel`` ops whose
+  ``ops.call`` is the span of the runtime call with the same correlation id
+  (-1 for device work whose call is not on the host thread or not in the
+  capture); a call's span names the first op it issued (``spans.op``; a
+  stream sync names its sync op, not the tail record it implies);
+- records, stream waits and syncs become ``record``/``wait``/``sync`` ops,
+  bound (``ops.bound``) by the ``cuda_sync`` events' correlation data. Their
+  device times are inferred by :mod:`simwar.rules` on each stream's measured
+  tail (see ``_Builder._device_times``); a wait that held its stream becomes
+  a ``wait`` span, which :mod:`simwar.analysis.metrics` counts as dependency
+  idle.
+
+Imports: ijson, numpy, the standard library and simwar's stdlib-only modules;
+no pandas (the caller runs :mod:`simwar.analysis.metrics` on the result).
+Nothing prints: progress goes to an optional callback.
 """
 
 from __future__ import annotations
@@ -49,10 +63,13 @@ import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import accumulate
 from pathlib import Path
 from typing import NamedTuple
 
-from ..trace import HOST, Marker, Op, Span, Trace
+from ..recorder import Recorder
+from ..rules import begins, fires, released
+from ..trace import HOST, Call, OpKind, SpanKind, Trace
 from .mapping import Mapping, load_mapping
 
 #: categories of device work (older captures spell some differently)
@@ -64,10 +81,34 @@ RECORD_CALLS = {"cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord",
 WAIT_CALLS = {"cudaStreamWaitEvent", "cuStreamWaitEvent"}
 SYNC_CALLS = {"cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize",
               "cuEventSynchronize", "cuStreamSynchronize", "cuCtxSynchronize"}
+LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                "cudaLaunchCooperativeKernel"}
+GRAPH_CALLS = {"cudaGraphLaunch", "cuGraphLaunch"}
+#: the typed call kind of a runtime call, by name (see :func:`call_kind`)
+CALL_KINDS: dict[str, Call] = {
+    **dict.fromkeys(LAUNCH_CALLS, Call.LAUNCH), **dict.fromkeys(GRAPH_CALLS, Call.GRAPH_LAUNCH),
+    **dict.fromkeys(RECORD_CALLS, Call.RECORD), **dict.fromkeys(WAIT_CALLS, Call.WAIT_EVENT),
+    **dict.fromkeys(SYNC_CALLS, Call.SYNCHRONIZE)}
 #: CUPTI writes an invalid stream id as uint32 -1
 _INVALID_STREAMS = {-1, 4294967295}
 
 ProgressFn = Callable[[int, int], None]
+
+
+def call_kind(name: str, issued_work: bool) -> Call:
+    """The call kind of a host runtime call named ``name``.
+
+    A call that issued device work in the capture (its correlation id is on a
+    kernel, memcpy or memset) is a launch: ``cudaGraphLaunch`` a graph launch,
+    anything else (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ``cudaMemsetAsync``,
+    ...) a kernel launch. Otherwise the name decides (a launch that issued
+    nothing in the capture, e.g. during stream capture, is still a launch);
+    calls of no known kind are ``Call.OTHER``.
+    """
+    kind = CALL_KINDS.get(name)
+    if issued_work:
+        return Call.GRAPH_LAUNCH if kind is Call.GRAPH_LAUNCH else Call.LAUNCH
+    return Call.OTHER if kind is None else kind
 
 
 class KinetoFormatError(ValueError):
@@ -521,11 +562,15 @@ class _Builder:
             if s.correlation >= 0:
                 syncs_by_corr[s.correlation] = s
         record_streams: dict[int, tuple[int, int]] = {}  # record call corr -> (device, stream)
+        record_events: dict[int, str] = {}  # record call corr -> the event it recorded
         for s in self.cap.sync_events:
-            if s.record_correlation is not None and s.wait_on_stream is not None:
-                record_streams[s.record_correlation] = (s.device, s.wait_on_stream)
+            if s.record_correlation is not None:
+                if s.wait_on_stream is not None:
+                    record_streams[s.record_correlation] = (s.device, s.wait_on_stream)
+                if s.event_id is not None:
+                    record_events.setdefault(s.record_correlation, f"event{s.event_id}")
 
-        # issue-ordered host items: (issue_us, order, kind, payload)
+        # issue-ordered host items: (issue_us, order, index, payload)
         items: list[tuple] = []
         host_corrs = set()
         for i, c in enumerate(host_calls):
@@ -550,28 +595,33 @@ class _Builder:
                                  f"the capture (step from their start time)")
         items.sort(key=lambda x: (x[0], x[1], x[2]))
 
-        spans: list[Span] = []
-        rows: list[list] = []  # op rows, finalized into Op at the end
+        rec = Recorder()
+        measured = _MeasuredLanes()
         record_op: dict[int, int] = {}  # record call correlation -> op id
-        lane_ops: dict[str, list[int]] = defaultdict(list)  # lane -> device op ids, issue order
-        pending_records: list[int] = []
-        pending_waits: list[int] = []
+        records: list[_PendingRecord] = []
+        waits: list[_PendingWait] = []
         outside = 0
         unbound = Counter()
         first_launch: dict[int, float] = {}  # step -> first forward-kernel launch start
+        fwd = self.forward_lane_hint
 
-        def add_row(lane, kind, step, label, event, bound, issue, start, end, phase=""):
-            rows.append([len(rows), lane, kind, step, label, event, bound, issue, start, end,
-                         phase])
-            return len(rows) - 1
+        def place_record(corr: int | None, lane: str, step: int, label: str, event: str,
+                         issue: float, call: int) -> int:
+            op = rec.op(OpKind.RECORD, lane, step, label, event=event, issue=issue, call=call)
+            records.append(_PendingRecord(op, lane, issue))
+            if corr is not None:
+                record_op[corr] = op
+            return op
 
         for issue, _, _, item in items:
             if isinstance(item, DeviceEvent):
+                # device work whose host call is not on the host thread or not in the capture
                 step = self.step_at(issue)
                 if step < 0:
                     outside += 1
                     continue
-                self._device_op(item, step, issue, None, add_row, lane_ops, spans)
+                self._device_op(rec, measured, item, step, issue,
+                                self.kernel_phase(item.name, None), -1)
                 continue
             c: RuntimeCall = item
             start, end = c.ts - o, c.ts + c.dur - o
@@ -582,55 +632,57 @@ class _Builder:
             ann_phase, site = enclosing[id(c)]
             devs = by_corr.get(c.correlation)
             name = c.name
+            kind = call_kind(name, bool(devs))
             if devs:
-                phases = [self._device_op(d, step, end, ann_phase, add_row, lane_ops, spans)
-                          for d in sorted(devs, key=lambda d: d.ts)]
+                devs = sorted(devs, key=lambda d: d.ts)
+                phases = [self.kernel_phase(d.name, ann_phase) for d in devs]
                 phase = next((p for p in phases if p), "")
-                spans.append(Span(HOST, name, "api", step, start, end, phase))
+                call = rec.host(kind, step, start, end, name, phase=phase, op=rec.next_op)
+                for d, p in zip(devs, phases):
+                    self._device_op(rec, measured, d, step, end, p, call)
                 where = record_streams.get(c.correlation)
                 if where is not None:
-                    # an event recorded by a node inside the launched graph: place it after the
-                    # graph's work on that stream (where in the graph is not in the capture)
-                    lane = self._lane(*where)
-                    record_op[c.correlation] = add_row(lane, "record", step, f"{name} record",
-                                                       "", -1, end, end, end)
-                    pending_records.append(record_op[c.correlation])
-                fwd = self.forward_lane_hint
+                    # an event recorded by a node inside the launched graph (where in the graph
+                    # is not in the capture): it fires when its stream drains the work issued
+                    # before the launch returned, the earliest the node can fire
+                    place_record(c.correlation, self._lane(*where), step, f"{name} record",
+                                 record_events.get(c.correlation, ""), end, call)
                 if step not in first_launch and phase and any(
                         self.lane_of[(d.device, d.stream)] == fwd for d in devs):
                     first_launch[step] = start
-            elif name in SYNC_CALLS:
-                spans.append(Span(HOST, name, "blocked", step, start, end,
-                                  site=site or "sync"))
+            elif kind is Call.SYNCHRONIZE:
                 sev = syncs_by_corr.get(c.correlation)
+                tail = sev is not None and sev.kind == "Stream Sync" and sev.stream is not None
+                # the span names the sync op (after the stream's tail record, if any)
+                call = rec.host(kind, step, start, end, name, site=site or "sync",
+                                op=rec.next_op + (1 if tail else 0))
                 bound, event = -1, ""
-                if sev is not None and sev.kind == "Stream Sync" and sev.stream is not None:
-                    lane = self._lane(sev.device, sev.stream)
+                if tail:
                     # a stream sync waits for the stream's tail: a fresh record at the call
-                    bound = add_row(lane, "record", step, f"{lane}.tail", f"{lane}.tail", -1,
-                                    start, start, start)
-                    pending_records.append(bound)
+                    lane = self._lane(sev.device, sev.stream)
                     event = f"{lane}.tail"
+                    bound = place_record(None, lane, step, event, event, start, call)
                 elif sev is not None and sev.record_correlation is not None:
                     bound = record_op.get(sev.record_correlation, -1)
                     event = f"event{sev.event_id}" if sev.event_id is not None else ""
                 if bound < 0:
                     unbound["sync"] += 1
-                add_row(HOST, "sync", step, name, event, bound, start, start, end)
-            elif name in RECORD_CALLS:
-                spans.append(Span(HOST, name, "api", step, start, end))
+                rec.op(OpKind.SYNC, HOST, step, name, event=event, bound=bound, issue=start,
+                       start=start, end=end, call=call)
+            elif kind is Call.RECORD:
                 where = record_streams.get(c.correlation)
+                call = rec.host(kind, step, start, end, name,
+                                op=rec.next_op if where is not None else -1)
                 if where is None:
                     unbound["record"] += 1
                     continue
-                lane = self._lane(*where)
-                record_op[c.correlation] = add_row(lane, "record", step, name, "", -1, end,
-                                                   end, end)
-                pending_records.append(record_op[c.correlation])
-            elif name in WAIT_CALLS:
-                spans.append(Span(HOST, name, "api", step, start, end))
+                place_record(c.correlation, self._lane(*where), step, name,
+                             record_events.get(c.correlation, ""), end, call)
+            elif kind is Call.WAIT_EVENT:
                 sev = syncs_by_corr.get(c.correlation)
-                if sev is None or sev.stream is None:
+                placed = sev is not None and sev.stream is not None
+                call = rec.host(kind, step, start, end, name, op=rec.next_op if placed else -1)
+                if not placed:
                     unbound["wait"] += 1
                     continue
                 lane = self._lane(sev.device, sev.stream)
@@ -639,25 +691,21 @@ class _Builder:
                 if bound < 0:
                     unbound["wait"] += 1
                 event = f"event{sev.event_id}" if sev.event_id is not None else ""
-                if event and bound >= 0:
-                    rows[bound][5] = rows[bound][5] or event
-                wid = add_row(lane, "wait", step, f"wait {event}".strip(), event, bound, end,
-                              end, end)
-                pending_waits.append(wid)
-                lane_ops[lane].append(wid)
+                label = f"wait {event}".strip()
+                op = rec.op(OpKind.WAIT, lane, step, label, event=event, bound=bound, issue=end,
+                            call=call)
+                waits.append(_PendingWait(op, lane, step, end, label, bound))
             else:
-                spans.append(Span(HOST, name, "api", step, start, end))
+                rec.host(kind, step, start, end, name)
 
         self.counts["outside_steps"] = outside
         self.counts["records_unplaced"] = unbound["record"]
         self.counts["waits_unbound"] = unbound["wait"]
         self.counts["syncs_unbound"] = unbound["sync"]
-        self._device_times(rows, lane_ops, pending_records, pending_waits, spans)
-
-        markers = self._markers(first_launch, host_ann)
-        spans.sort(key=lambda s: (s.start_us, s.end_us))
+        self._device_times(rec, measured, records, waits)
+        self._markers(rec, first_launch, host_ann)
         meta = {
-            "source": "kineto", "name": self.m.name, "forward_stream": self.forward_lane_hint,
+            "source": "kineto", "name": self.m.name, "forward_stream": fwd,
             "warmup_steps": self.m.warmup_steps, "batch_size": self.m.batch_size,
             "accept_tokens": self.m.accept_tokens, "gpu_clock_offset_us": self.gpu_offset,
             "host_thread": list(self.host) if self.host else None,
@@ -665,7 +713,7 @@ class _Builder:
             "step_names": [n for _, _, n in self.steps],
             **self.cap.meta,
         }
-        return Trace(spans=spans, ops=[Op(*r) for r in rows], markers=markers, meta=meta)
+        return rec.finish(meta)
 
     def _lane(self, device: int, stream: int) -> str:
         key = (device, stream)
@@ -699,67 +747,65 @@ class _Builder:
             busy[self.lane_of[(d.device, d.stream)]] += d.dur
         return busy.most_common(1)[0][0] if busy else "forward"
 
-    def _device_op(self, d: DeviceEvent, step: int, issue: float, ann_phase, add_row,
-                   lane_ops, spans) -> str:
+    def _device_op(self, rec: Recorder, measured: _MeasuredLanes, d: DeviceEvent, step: int,
+                   issue: float, phase: str, call: int) -> int:
+        """A measured kernel, memcpy or memset: a kernel op and its span (``call``: its launch)."""
         lane = self.lane_of[(d.device, d.stream)]
         start = d.ts + self.gpu_offset - self.origin
         end = start + d.dur
-        phase = self.kernel_phase(d.name, ann_phase)
-        oid = add_row(lane, "kernel", step, d.name, "", -1, issue, start, end, phase)
-        lane_ops[lane].append(oid)
-        spans.append(Span(lane, d.name, "kernel", step, start, end, phase))
-        return phase
+        op = rec.op(OpKind.KERNEL, lane, step, d.name, issue=issue, start=start, end=end,
+                    phase=phase, call=call)
+        rec.device(SpanKind.KERNEL, lane, step, start, end, d.name, op, phase)
+        measured.add(lane, issue, start, end)
+        return op
 
-    def _device_times(self, rows, lane_ops, records, waits, spans) -> None:
-        """Infer when records fired and how long waits held their stream."""
-        # per lane: issue times and running max of device end over kernel ops, in issue order
-        tails: dict[str, tuple[list[float], list[float]]] = {}
-        starts_after: dict[str, tuple[list[float], list[float]]] = {}
-        for lane, ids in lane_ops.items():
-            kern = sorted((rows[i][7], rows[i][9], rows[i][8]) for i in ids
-                          if rows[i][2] == "kernel")
-            issue = [k[0] for k in kern]
-            run, best = [], float("-inf")
-            for k in kern:
-                best = max(best, k[1])
-                run.append(best)
-            tails[lane] = (issue, run)
-            starts_after[lane] = (issue, [k[2] for k in kern])
+    def _device_times(self, rec: Recorder, measured: _MeasuredLanes,
+                      records: list[_PendingRecord], waits: list[_PendingWait]) -> None:
+        """Infer when records fired and how long waits held their stream.
 
-        def drained(lane: str, t: float) -> float:
-            """When ``lane`` finishes the work issued before host time t."""
-            issue, run = tails.get(lane, ([], []))
-            i = bisect.bisect_left(issue, t)
-            return max(t, run[i - 1]) if i > 0 else t
+        The capture measures device work but not records and waits, so they are
+        placed by :mod:`simwar.rules` on each stream's measured tail (the latest
+        end of the device work issued before the host call returned):
 
-        for rid in records:
-            row = rows[rid]
-            fire = drained(row[1], row[7])
-            row[8] = row[9] = fire
-        for wid in waits:
-            row = rows[wid]
-            lane, t = row[1], row[7]
-            reached = drained(lane, t)
-            release = reached
-            if row[6] >= 0:
-                release = max(reached, rows[row[6]][9])
-            issue, st = starts_after.get(lane, ([], []))
-            i = bisect.bisect_left(issue, t)
-            if i < len(st) and st[i] >= reached:
-                if issue[i] <= release:
-                    # the next op was queued behind the wait: the wait held it until it ran
-                    # (the dependency plus the cross-stream latency)
-                    release = st[i]
-                else:
-                    release = min(release, st[i])  # it ran then, so the wait was released
-            row[8], row[9] = reached, release
-            if release > reached:
-                spans.append(Span(lane, row[4], "wait", row[3], reached, release))
+        - a record fires at ``fires(tail, issue)``: when its stream drains the
+          work issued before it;
+        - a wait is reached at ``begins(tail, issue)`` and released, by the
+          rule, at ``released(reach, record firing, 0, ...)`` (unbound: at its
+          reach): the capture does not show the cross-stream latency, so this
+          is a lower bound. The next device op issued on the stream after the
+          wait bounds it from the measurement: if that op was issued by the
+          rule's release, it was queued behind the wait and ran as soon as the
+          wait let it go, so its measured start *is* the release (dependency
+          plus latency); if it was issued later, the wait had let go by the
+          time it started, so the release is at most its start.
 
-    def _markers(self, first_launch: dict[int, float], host_ann) -> list[Marker]:
-        markers = [Marker("step", i, s) for i, (s, _, _) in enumerate(self.steps)]
+        A wait that held its stream becomes a ``wait`` span (dependency idle).
+        """
+        lane_of_record = {r.op: r.lane for r in records}
+        for r in records:
+            t = fires(measured.tail(r.lane, r.issue), r.issue)
+            rec.set_times(r.op, t, t)
+        fired = rec.op_end
+        for w in waits:
+            reach = begins(measured.tail(w.lane, w.issue), w.issue)
+            release = reach
+            if w.bound >= 0:
+                release = released(reach, fired[w.bound], 0.0, lane_of_record[w.bound] == w.lane)
+            nxt = measured.next_issued(w.lane, w.issue)
+            if nxt is not None and nxt.start >= reach:
+                if nxt.issue <= release:  # queued behind the wait: held until it ran
+                    release = nxt.start
+                else:  # it ran then, so the wait was released by then
+                    release = min(release, nxt.start)
+            rec.set_times(w.op, reach, release)
+            if release > reach:
+                rec.device(SpanKind.WAIT, w.lane, w.step, reach, release, w.label, w.op)
+
+    def _markers(self, rec: Recorder, first_launch: dict[int, float], host_ann) -> None:
+        for i, (s, _, _) in enumerate(self.steps):
+            rec.marker("step", i, s)
         if not self.steps and (first_launch or self.cap.device_events):
-            markers.append(Marker("step", 0, 0.0))
+            rec.marker("step", 0, 0.0)
         run_batch: dict[int, float] = {}
         if self.run_batch_re is not None:
             for a in host_ann:
@@ -773,7 +819,69 @@ class _Builder:
                                      f"using the first forward launch of each step")
         if not run_batch:
             run_batch = first_launch
-        markers += [Marker("run_batch", k, t) for k, t in sorted(run_batch.items())]
+        for k, t in sorted(run_batch.items()):
+            rec.marker("run_batch", k, t)
         if self.steps:
-            markers.append(Marker("end", -1, self.steps[-1][1]))
-        return markers
+            rec.marker("end", -1, self.steps[-1][1])
+
+
+class _PendingRecord(NamedTuple):
+    """A record op whose firing is inferred once every measured kernel is known."""
+
+    op: int
+    lane: str
+    issue: float  # when the host call that issued it returned (a stream sync: its start)
+
+
+class _PendingWait(NamedTuple):
+    """A stream-wait op whose reach and release are inferred after the pass."""
+
+    op: int
+    lane: str
+    step: int
+    issue: float
+    label: str
+    bound: int  # the record op it waits for, -1: none
+
+
+class _Issued(NamedTuple):
+    issue: float
+    start: float
+
+
+class _MeasuredLanes:
+    """Per stream, the measured device work in issue order.
+
+    ``tail(lane, t)`` is the running tail: the latest measured end of the work
+    issued strictly before host time ``t`` (-inf: none), what a record or wait
+    issued at ``t`` queues behind. ``next_issued(lane, t)`` is the first work
+    issued at or after ``t``. Work is ordered by (issue, end, start); the
+    lookups index it once it is complete.
+    """
+
+    def __init__(self) -> None:
+        self._work: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+        self._index: dict[str, tuple[list[float], list[float], list[float]]] | None = None
+
+    def add(self, lane: str, issue: float, start: float, end: float) -> None:
+        self._work[lane].append((issue, end, start))
+        self._index = None
+
+    def _lane(self, lane: str) -> tuple[list[float], list[float], list[float]]:
+        if self._index is None:
+            self._index = {}
+            for name, work in self._work.items():
+                work.sort()
+                self._index[name] = ([w[0] for w in work], list(accumulate(
+                    (w[1] for w in work), max)), [w[2] for w in work])
+        return self._index.get(lane, ([], [], []))
+
+    def tail(self, lane: str, t: float) -> float:
+        issue, tail, _ = self._lane(lane)
+        i = bisect.bisect_left(issue, t)
+        return tail[i - 1] if i > 0 else float("-inf")
+
+    def next_issued(self, lane: str, t: float) -> _Issued | None:
+        issue, _, start = self._lane(lane)
+        i = bisect.bisect_left(issue, t)
+        return _Issued(issue[i], start[i]) if i < len(issue) else None

@@ -18,10 +18,10 @@ and ``_ExperimentalConfig(enable_cuda_sync_events=True)``:
   each run_batch marker, and one range named after each sync's site around it;
 - process/thread metadata and one ``cpu_op`` per step (ignored on import).
 
-Host calls must have positive cost (as in every shipped config): a call is
-matched to its ops by the host time at which it returned.
+A host call is tied to the ops it issued by ``ops.call`` and written
+according to its typed ``spans.call`` kind.
 
-Imports: the standard library only.
+Imports: the standard library and numpy.
 """
 
 from __future__ import annotations
@@ -29,11 +29,13 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
-from ..trace import HOST, Trace
+import numpy as np
+
+from ..trace import HOST, Call, OpKind, SpanKind, Trace
 
 #: CUDA stream ids given to simwar's stream names (others get ids from 30 up)
 STREAM_IDS = {"forward": 7, "schedule": 13, "copy": 20, "plan": 22, "d2h": 24}
@@ -59,12 +61,58 @@ def stream_ids(trace: Trace) -> dict[str, int]:
     return ids
 
 
+class _Op(NamedTuple):
+    """The fields of one op the writer needs (text decoded)."""
+
+    op_id: int
+    kind: OpKind
+    lane: str
+    label: str
+    event: str
+    bound: int
+    start_us: float
+    end_us: float
+
+
+def _op_rows(trace: Trace) -> list[_Op]:
+    ops = trace.ops
+    return [_Op(i, OpKind(k), lane, label, event, b, s, e) for i, (k, lane, label, event, b, s, e)
+            in enumerate(zip(ops.kind.tolist(), ops.decoded("lane").tolist(),
+                             ops.decoded("label").tolist(), ops.decoded("event").tolist(),
+                             ops.bound.tolist(), ops.start_us.tolist(), ops.end_us.tolist()))]
+
+
+def _by_call(trace: Trace, ops: list[_Op]) -> Iterator[tuple[int, list[_Op]]]:
+    """Ops grouped by the host call that issued them (``ops.call``), in issue order."""
+    calls = trace.ops.call.tolist()
+    group: list[_Op] = []
+    current = None
+    for op, call in zip(ops, calls):
+        if group and (call != current or call < 0):
+            yield current, group
+            group = []
+        current = call
+        group.append(op)
+    if group:
+        yield current, group
+
+
 def kineto_events(trace: Trace, origin_us: float = ORIGIN_US) -> Iterator[dict]:
-    """The capture's ``traceEvents``, in an order Kineto could have written them."""
+    """The capture's ``traceEvents``, in an order Kineto could have written them.
+
+    Each host call's ops come from ``ops.call`` and what the call was from its
+    span's ``call`` kind: a launch writes ``cudaLaunchKernel`` and its kernel
+    under one correlation id, a graph launch ``cudaGraphLaunch`` and every
+    kernel of the graph under one, ... A kernel with no host call in the
+    trace is written as device work with a correlation id no runtime call has.
+    """
     streams = stream_ids(trace)
-    for op in trace.ops:
+    ops = _op_rows(trace)
+    for op in ops:
         if op.lane != HOST and op.lane not in streams:
             streams[op.lane] = 30 + len(streams)
+    spans = trace.spans
+    span_kind, span_start, span_end = spans.call, spans.start_us, spans.end_us
 
     def ts(t: float) -> float:
         return round(origin_us + t, 3)
@@ -81,83 +129,78 @@ def kineto_events(trace: Trace, origin_us: float = ORIGIN_US) -> Iterator[dict]:
 
     yield from _annotations(trace, ts)
 
-    api = defaultdict(list)  # end time -> api spans ending then, in order
-    for s in trace.spans:
-        if s.lane == HOST and s.kind == "api":
-            api[s.end_us].append(s)
-    groups: list[tuple[float, list]] = []
-    for op in trace.ops:
-        if op.kind == "sync":
-            groups.append((op.issue_us, [op]))
-        elif groups and groups[-1][1][0].kind != "sync" and groups[-1][0] == op.issue_us:
-            groups[-1][1].append(op)
-        else:
-            groups.append((op.issue_us, [op]))
-
     corr = 100
     record_corr: dict[int, int] = {}  # record op id -> correlation of the call that placed it
-    for issue, ops in groups:
-        if ops[0].kind == "sync":
-            op = ops[0]
+    for call, group in _by_call(trace, ops):
+        if call < 0:  # device work with no host call in the trace
+            for o in group:
+                if o.kind is not OpKind.KERNEL:
+                    raise ValueError(f"op {o.op_id}: a {o.kind.name.lower()} with no host call")
+                corr += 1
+                yield _kernel(o, streams[o.lane], ts(o.start_us), corr)
+            continue
+        kind = Call(int(span_kind[call]))
+        start, end = float(span_start[call]), float(span_end[call])
+        dur = end - start
+        if kind is Call.SYNCHRONIZE:
+            op = group[-1]  # after the tail record of a stream sync, if any
             corr += 1
             yield _runtime("cudaEventSynchronize", ts(op.start_us), op.end_us - op.start_us, corr)
             if op.bound >= 0:
-                rec = trace.ops[op.bound]
+                rec = ops[op.bound]
                 yield _sync("Event Sync", ts(op.start_us), op.end_us - op.start_us, corr,
                             streams[rec.lane], record_corr.get(op.bound, -1), rec.event,
                             stream=-1)
-            continue
-        span = api[issue].pop(0)
-        kinds = [o.kind for o in ops]
-        start, dur = span.start_us, span.end_us - span.start_us
-        kernels = [o for o in ops if o.kind == "kernel"]
-        if kernels and (len(ops) > 1 or span.label.endswith(".graph")):
+        elif kind in (Call.LAUNCH, Call.GRAPH_LAUNCH):
             corr += 1
-            yield _runtime("cudaGraphLaunch", ts(start), dur, corr)
+            name = "cudaGraphLaunch" if kind is Call.GRAPH_LAUNCH else "cudaLaunchKernel"
+            yield _runtime(name, ts(start), dur, corr)
             yield _flow("s", corr, PID, TID, ts(start))
-            for o in ops:
-                if o.kind == "kernel":
+            for o in group:
+                if o.kind is OpKind.KERNEL:
                     yield _kernel(o, streams[o.lane], ts(o.start_us), corr)
                     yield _flow("f", corr, DEVICE, streams[o.lane], ts(o.start_us))
-                else:
+                else:  # an in-graph record node: reported against the launch
                     record_corr[o.op_id] = corr
-        elif kinds == ["kernel"]:
-            corr += 1
-            o = ops[0]
-            yield _runtime("cudaLaunchKernel", ts(start), dur, corr)
-            yield _flow("s", corr, PID, TID, ts(start))
-            yield _kernel(o, streams[o.lane], ts(o.start_us), corr)
-            yield _flow("f", corr, DEVICE, streams[o.lane], ts(o.start_us))
         else:
             # records and waits; a wait_stream is one simwar call = a record, then a wait
-            share = dur / len(ops)
-            for i, o in enumerate(ops):
+            share = dur / len(group)
+            for i, o in enumerate(group):
                 corr += 1
                 t0 = start + i * share
-                if o.kind == "record":
+                if o.kind is OpKind.RECORD:
                     record_corr[o.op_id] = corr
                     yield _runtime("cudaEventRecord", ts(t0), share, corr)
-                elif o.kind == "wait":
+                elif o.kind is OpKind.WAIT:
                     yield _runtime("cudaStreamWaitEvent", ts(t0), share, corr)
-                    rec = trace.ops[o.bound] if o.bound >= 0 else None
+                    rec = ops[o.bound] if o.bound >= 0 else None
                     yield _sync("Stream Wait Event", ts(t0), share, corr,
                                 streams[rec.lane] if rec else -1,
                                 record_corr.get(o.bound, -1), rec.event if rec else "",
                                 stream=streams[o.lane])
                 else:
-                    raise ValueError(f"op {o.op_id}: unexpected {o.kind} in a host call group")
-    end = max((m.time_us for m in trace.markers), default=0.0)
+                    raise ValueError(f"op {o.op_id}: unexpected {o.kind.name.lower()} in a "
+                                     f"{kind.name.lower()} call")
+    markers = trace.markers
+    end = float(markers.time_us.max()) if len(markers) else 0.0
     yield {"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "",
            "ts": ts(end + 1.0)}
 
 
 def _annotations(trace: Trace, ts) -> Iterator[dict]:
-    steps = sorted((m.time_us, m.step) for m in trace.markers if m.name == "step")
-    end = max((m.time_us for m in trace.markers if m.name == "end"), default=None)
+    markers, spans = trace.markers, trace.spans
+    names, times, marker_steps = markers.name, markers.time_us.tolist(), markers.step.tolist()
+
+    def named(name: str) -> list[int]:
+        return np.flatnonzero(names == trace.code(name)).tolist()
+
+    steps = sorted((times[i], marker_steps[i]) for i in named("step"))
+    end = max((times[i] for i in named("end")), default=None)
     bounds = [t for t, _ in steps[1:]] + [end if end is not None else steps[-1][0]] \
         if steps else []
-    blocked = sorted((s.start_us, s.end_us, s.site) for s in trace.spans
-                     if s.lane == HOST and s.kind == "blocked")
+    pick = np.flatnonzero((spans.lane == trace.code(HOST)) & (spans.kind == SpanKind.BLOCKED))
+    blocked = sorted(zip(spans.start_us[pick].tolist(), spans.end_us[pick].tolist(),
+                         spans.decoded("site")[pick].tolist()))
     ext = 1
     for (t, k), t_end in zip(steps, bounds):
         ext += 1
@@ -165,14 +208,12 @@ def _annotations(trace: Trace, ts) -> Iterator[dict]:
         yield {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "pid": PID, "tid": TID,
                "ts": ts(t), "dur": 0.0, "args": {"External id": ext, "Sequence number": k}}
     starts = [t for t, _ in steps]
-    for m in sorted((m for m in trace.markers if m.name == "run_batch"),
-                    key=lambda m: m.time_us):
-        nxt = next((b for b in starts if b > m.time_us), None)
-        stop = next((a for a, _, _ in blocked if a >= m.time_us), None)
+    for t in sorted(times[i] for i in named("run_batch")):
+        nxt = next((b for b in starts if b > t), None)
+        stop = next((a for a, _, _ in blocked if a >= t), None)
         cands = [x for x in (nxt, stop) if x is not None]
         ext += 1
-        yield _annotation("run_batch", ts(m.time_us), (min(cands) if cands else m.time_us)
-                          - m.time_us, ext)
+        yield _annotation("run_batch", ts(t), (min(cands) if cands else t) - t, ext)
     for a, b, site in blocked:
         ext += 1
         yield _annotation(site or "sync", ts(a), b - a, ext)
@@ -189,7 +230,7 @@ def _runtime(name: str, t: float, dur: float, corr: int) -> dict:
             "dur": round(dur, 3), "args": {"cbid": CBID[name], "correlation": corr}}
 
 
-def _kernel(op, stream: int, t: float, corr: int) -> dict:
+def _kernel(op: _Op, stream: int, t: float, corr: int) -> dict:
     return {"ph": "X", "cat": "kernel", "name": op.label, "pid": DEVICE, "tid": stream,
             "ts": t, "dur": round(op.end_us - op.start_us, 3),
             "args": {"queued": 0, "device": DEVICE, "context": 1, "stream": stream,
