@@ -35,7 +35,8 @@ def register(sub) -> None:
                    help="also save the imported simwar trace (.json or .json.gz)")
     p.add_argument("--steps-csv", metavar="FILE", help="also write the per-step table as CSV")
     p.add_argument("--kernel-wait-us", type=float, default=None, metavar="US",
-                   help="HTA's consecutive-kernel delay threshold (default 0.03 µs)")
+                   help="HTA's consecutive-kernel delay threshold (default 30 µs, as HTA applies "
+                        "its default of 30)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_import)
 
@@ -154,6 +155,11 @@ def format_report(r: dict) -> str:
     else:
         lines.append("  (no measured steps: need at least two steps with forward kernels "
                      "after warm-up)")
+    t = r.get("temporal")
+    if t and t["span_us"] > 0:
+        lines.append(f"  device time (HTA)   span {t['span_us']:.1f} µs: idle "
+                     f"{100 * t['idle_share']:.2f}%, compute {100 * t['compute_share']:.2f}%, "
+                     f"non-compute {100 * t['non_compute_share']:.2f}%")
     if r["idle"]:
         lines.append("  stream idle (HTA)   µs after warm-up: busy / idle = host-wait + "
                      "kernel-wait + dependency + other")

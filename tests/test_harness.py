@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
+from simwar.analysis.metrics import analyze
 from simwar.api import simulate
 from simwar.config import load_config
 from simwar.harness import make_plan, replay
 from simwar.harness.fake import FakeBackend
 from simwar.harness.plan import GraphStep, KernelStep
-from simwar.analysis.metrics import analyze
 from simwar.program import (
     GraphLaunch,
     GraphRecord,

@@ -28,9 +28,9 @@ def calibration():
 
 
 def test_gpu_bound_replay_matches_the_simulated_step(calibration):
+    from simwar.analysis.metrics import analyze
     from simwar.harness import make_plan, replay
     from simwar.harness.cuda import CudaBackend
-    from simwar.analysis.metrics import analyze
 
     sim = _program(("dspark-fine-gpu", 40))
     trace = replay(make_plan(sim.program), CudaBackend(calibration))

@@ -161,9 +161,12 @@ def test_idle_breakdown_by_hta_categories(three_steps):
     idle = idle_breakdown(three_steps.trace)
     fwd, sched = idle["forward"], idle["schedule"]
     assert fwd["busy_us"] == 3 * 450 and fwd["idle_us"] == fwd["host_wait_us"] == 2 * 550
-    # schedule: 120 and 10 µs gaps inside each step, 828 µs between steps; every next op
-    # was issued after the previous one ended, so all of it is host-wait
-    assert sched["idle_us"] == sched["host_wait_us"] == 3 * 130 + 2 * 828
+    # schedule: 120 and 10 µs gaps inside each step, 828 µs between steps. The 10 µs gap
+    # before each memset: its launch call (720-723) started when the memcpy ended (720), so by
+    # HTA's rule (launch *start* after the previous end) it is not host-wait but kernel-wait
+    # (< 30 µs); everything else was launched after the previous op ended: host-wait
+    assert sched["idle_us"] == 3 * 130 + 2 * 828
+    assert sched["host_wait_us"] == 3 * 120 + 2 * 828 and sched["kernel_wait_us"] == 3 * 10
     assert idle_breakdown(three_steps.trace, from_step=2)["forward"]["idle_us"] == 0.0
 
 
@@ -172,10 +175,13 @@ def test_idle_breakdown_is_an_analysis_of_any_trace(three_steps):
 
     assert analysis.idle_breakdown is idle_breakdown
     assert idle_breakdown(three_steps.trace) == import_report(three_steps)[1]["idle"]
-    # one gap, filed by the launch call's return against the end of the work before it
-    assert gap_cause(5.0, 10.0, 12.0, 11.0) == "host_wait"
+    # one gap, filed by the launch call's start against the end of the work before it (HTA)
+    assert gap_cause(50.0, 12.0, 13.0, 11.0) == "host_wait"
+    assert gap_cause(50.0, 10.0, 12.0, 11.0) == "other"  # the launch straddles the end
+    assert gap_cause(5.0, 10.0, 12.0, 11.0) == "kernel_wait"  # ... and the gap is < 30 µs
     assert gap_cause(0.02, 1.0, 2.0, 3.0) == "kernel_wait"
-    assert gap_cause(5.0, 1.0, 2.0, 3.0) == "other"
+    assert gap_cause(50.0, 1.0, 2.0, 3.0) == "other"
+    assert gap_cause(50.0, float("nan"), float("nan"), 3.0) == "other"  # no launch call
 
 
 def test_gzip_and_small_chunks_give_the_same_trace(three_steps):

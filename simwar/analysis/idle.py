@@ -1,21 +1,41 @@
-"""Idle time of each stream, split by cause in the manner of Holistic Trace Analysis.
+"""Idle time of each stream, split by cause as Holistic Trace Analysis splits it.
 
-:func:`idle_breakdown` walks each stream's device ops in start order and
-files every gap between one op's start and the end of the work before it
-(the stream's running tail) under one cause; :func:`gap_cause` decides it
-from the gap, the call that launched the op and the previous op's end:
+:func:`idle_breakdown` is HTA's idle time breakdown (``TraceAnalysis.
+get_idle_time_breakdown`` of HolisticTraceAnalysis 0.5.0, run with
+``HTA_DISABLE_NS_ROUNDING=1``), computed on a Trace; a test runs HTA itself
+on the project's captures and asserts equality per stream within
+max(1 µs, 0.5 %). Definitions, each beside HTA's:
 
-- ``host_wait``: the op's launch call returned after the previous op ended:
-  the host was not feeding the stream fast enough;
-- ``kernel_wait``: the gap is shorter than ``kernel_wait_us`` (HTA's
-  ``consecutive_kernel_delay``, 30 ns): back-to-back launch overhead;
-- ``other``: the rest, of which the part during which the stream was held by
-  a cross-stream wait (a ``wait`` span) is reported as ``dependency`` (HTA
-  files it under "other"; :mod:`simwar.analysis.metrics` calls it
-  kernel-wait/dependency idle).
+- **ops**: every device op of a stream (kernels, memcpys, memsets; in-graph
+  kernels included), in start order. HTA: the same categories, sorted by
+  ``ts``.
+- **gap**: an op's start minus the end of the work before it. simwar uses
+  the running maximum of the previous ends and ignores overlaps (a gap <= 0
+  is no idle time); HTA uses the immediately previous op's end and sums
+  negative gaps into kernel-wait. They differ only where ops on one stream
+  overlap (a measured trace can show that: 3.5 µs on one stream of the
+  project's captures).
+- **host_wait**: the op's launch call *started* after that end: the host
+  was not feeding the stream (HTA: ``ts_runtime > prev_end_ts``, the
+  correlated runtime call's start). An op without a launch call in the trace
+  is never host-wait (HTA: a NaN launch time).
+- **kernel_wait**: not host-wait and the gap is shorter than
+  ``kernel_wait_us`` = 30 µs. HTA's ``consecutive_kernel_delay`` defaults to
+  30 and is compared with gaps in µs (its docstring says 30 ns; its code makes
+  it 30 µs), so 30 µs is HTA's effective default.
+- **other**: the rest. simwar refines it: the part during which the stream
+  was held by a cross-stream wait (a ``wait`` span) is ``dependency_us``,
+  the remainder ``other_us``; HTA's "other" is their sum.
 
-The launch call of an op is ``ops.call`` (its span's start and end); an op
-with no call in the trace uses its ``issue_us`` for both.
+:func:`temporal_breakdown` is HTA's temporal breakdown: over the device ops
+of all streams pooled, the device span (first start to last end), its idle
+part (not covered by any op), compute (covered by compute ops) and
+non-compute (covered only by memory or communication ops: HTA classifies by
+kernel name, ``Memcpy``/``Memset``/``dma``/``nccl*Kernel``/``*Sync``, and so
+does this function, since that is HTA's definition), as µs and as shares of
+the span. HTA also pools CUPTI's stream-wait and stream-sync markers, which a
+Trace keeps as wait ops without device duration (a few µs of span on the
+project's captures).
 
 Imports: numpy.
 """
@@ -23,13 +43,17 @@ Imports: numpy.
 from __future__ import annotations
 
 import bisect
+import re
 
 import numpy as np
 
 from ..trace import HOST, OpKind, SpanKind, Trace
 
-#: HTA's default consecutive_kernel_delay (30 ns)
-HTA_KERNEL_WAIT_US = 0.03
+#: HTA's default consecutive_kernel_delay, as its code applies it: 30, compared with µs gaps
+HTA_KERNEL_WAIT_US = 30.0
+#: HTA's non-compute kernels (hta/utils/utils.py: memory, communication and sync kernels)
+_NON_COMPUTE = re.compile(r"(^nccl.*Kernel)|(^Memcpy)|(^Memset)|(^dma)|(.*(Memcpy)|(Memset))|"
+                          r"(.*Sync)")
 
 HOST_WAIT, KERNEL_WAIT, OTHER = "host_wait", "kernel_wait", "other"
 
@@ -38,7 +62,7 @@ def gap_cause(gap_us: float, launch_start: float, launch_end: float, prev_end: f
               kernel_wait_us: float = HTA_KERNEL_WAIT_US) -> str:
     """The cause of a ``gap_us`` idle gap before an op launched by a call over
     ``[launch_start, launch_end]``, after work that ended at ``prev_end``."""
-    if launch_end > prev_end:
+    if launch_start > prev_end:  # NaN (no launch call in the trace): never host-wait
         return HOST_WAIT
     if gap_us < kernel_wait_us:
         return KERNEL_WAIT
@@ -55,9 +79,10 @@ def idle_breakdown(trace: Trace, kernel_wait_us: float = HTA_KERNEL_WAIT_US,
                           & (ops.step >= from_step))
     calls = ops.call[pick]
     has_call = calls >= 0
-    launch_end = ops.issue_us[pick]
-    launch_start = launch_end.copy()
+    launch_end = np.full(len(pick), np.nan)
+    launch_start = np.full(len(pick), np.nan)
     launch_start[has_call] = spans.start_us[calls[has_call]]
+    launch_end[has_call] = spans.end_us[calls[has_call]]
     lane_codes = ops.lane[pick]
     held = spans.kind == SpanKind.WAIT
     out: dict[str, dict[str, float]] = {}
@@ -106,3 +131,47 @@ def _covered(spans: list[tuple[float, float]], starts: list[float], lo: float,
         total += max(0.0, min(b, hi) - max(a, lo))
         i += 1
     return total
+
+
+def temporal_breakdown(trace: Trace, from_step: int = 0) -> dict[str, float]:
+    """HTA's temporal breakdown of the device (see the module docstring)."""
+    ops = trace.ops
+    pick = np.flatnonzero((ops.kind == OpKind.KERNEL) & (ops.lane != trace.code(HOST))
+                          & (ops.step >= from_step))
+    out = {"span_us": 0.0, "idle_us": 0.0, "compute_us": 0.0, "non_compute_us": 0.0,
+           "idle_share": 0.0, "compute_share": 0.0, "non_compute_share": 0.0}
+    if len(pick) == 0:
+        return out
+    start, end = ops.start_us[pick], ops.end_us[pick]
+    origin = start.min()  # sums of absolute µs lose precision: measure from the first start
+    start, end = start - origin, end - origin
+    names = ops.label[pick]
+    compute_code = np.array([_NON_COMPUTE.match(trace.text(c)) is None
+                             for c in range(len(trace.strings))], dtype=bool)
+    compute = compute_code[names]
+    span = float(end.max() - start.min())
+    busy = _union_length(start, end)
+    comp = _union_length(start[compute], end[compute])
+    out.update(span_us=span, idle_us=span - busy, compute_us=comp,
+               non_compute_us=span - comp - (span - busy))
+    if span > 0:
+        for key in ("idle", "compute", "non_compute"):
+            out[f"{key}_share"] = out[f"{key}_us"] / span
+    return out
+
+
+def _union_length(start: np.ndarray, end: np.ndarray) -> float:
+    """Length of the union of intervals [start, end) (HTA's merge of kernel intervals)."""
+    if len(start) == 0:
+        return 0.0
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    group = np.cumsum(new) - 1
+    lo = s[new]
+    hi = np.full(group[-1] + 1, -np.inf)
+    np.maximum.at(hi, group, e)
+    return float((hi - lo).sum())

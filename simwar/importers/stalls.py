@@ -4,14 +4,16 @@ The per-step table and summary are :func:`simwar.analysis.metrics.analyze`'s,
 unchanged, so a measured capture and a simulated run are compared by the same
 code. On top of it, the report carries :func:`simwar.analysis.idle.idle_breakdown`:
 each stream's idle time between consecutive device ops, split by cause the way
-Holistic Trace Analysis does (host-wait, kernel-wait, dependency, other).
+Holistic Trace Analysis does (host-wait, kernel-wait, dependency, other), and
+:func:`simwar.analysis.idle.temporal_breakdown`: HTA's idle / compute / non-compute
+shares of the device span.
 
 Imports: numpy and pandas (through :mod:`simwar.analysis.metrics`).
 """
 
 from __future__ import annotations
 
-from ..analysis.idle import HTA_KERNEL_WAIT_US, idle_breakdown
+from ..analysis.idle import HTA_KERNEL_WAIT_US, idle_breakdown, temporal_breakdown
 from ..analysis.metrics import analyze
 from .kineto import KinetoImport
 
@@ -49,6 +51,7 @@ def import_report(result: KinetoImport, kernel_wait_us: float = HTA_KERNEL_WAIT_
         "ignored": dict(sorted(result.ignored.items())),
         "metrics": summary,
         "idle": idle_breakdown(trace, kernel_wait_us, from_step=warm),
+        "temporal": temporal_breakdown(trace, from_step=warm),
         "gpu_clock_offset_us": trace.meta.get("gpu_clock_offset_us", 0.0),
         "warnings": list(result.warnings),
     }
