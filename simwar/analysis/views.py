@@ -187,25 +187,45 @@ def lane_position(trace: Trace, op: int) -> tuple[np.ndarray, int]:
     return on_lane, int(np.searchsorted(on_lane, op))
 
 
-def previous_kernel(trace: Trace, op: int) -> int:
-    """The last kernel op issued on ``op``'s lane before it (-1: none)."""
-    on_lane, i = lane_position(trace, op)
-    kinds = trace.ops.kind
-    while i > 0:
-        i -= 1
-        if kinds[on_lane[i]] == OpKind.KERNEL:
-            return int(on_lane[i])
-    return -1
+def _kernel_neighbours(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """Per op: the last kernel op issued on its lane before it, and the first after (-1)."""
+    def build():
+        order, bounds = _lane_index(trace)
+        n = len(order)
+        pos = np.arange(n)
+        group = np.zeros(n, dtype=np.int64)  # where each position's lane group starts
+        group_end = np.full(n, n, dtype=np.int64)
+        for a, b in bounds.values():
+            group[a:b] = a
+            group_end[a:b] = b
+        is_kernel = trace.ops.kind[order] == OpKind.KERNEL
+        at_or_before = np.maximum.accumulate(np.where(is_kernel, pos, -1))
+        before = np.append(-1, at_or_before[:-1])
+        before = np.where(before >= group, before, -1)
+        at_or_after = np.minimum.accumulate(np.where(is_kernel, pos, n)[::-1])[::-1]
+        after = np.append(at_or_after[1:], n)
+        after = np.where(after < group_end, after, n)
+        prev = np.full(n, -1, dtype=np.int64)
+        nxt = np.full(n, -1, dtype=np.int64)
+        prev[order] = np.where(before >= 0, order[np.maximum(before, 0)], -1)
+        nxt[order] = np.where(after < n, order[np.minimum(after, n - 1)], -1)
+        prev.flags.writeable = False
+        nxt.flags.writeable = False
+        return prev, nxt
+
+    return _cached(trace, "kernel_neighbours", build)
 
 
-def next_kernel(trace: Trace, op: int) -> int:
-    """The first kernel op issued on ``op``'s lane after it (-1: none)."""
-    on_lane, i = lane_position(trace, op)
-    kinds = trace.ops.kind
-    for j in range(i + 1, len(on_lane)):
-        if kinds[on_lane[j]] == OpKind.KERNEL:
-            return int(on_lane[j])
-    return -1
+def previous_kernel(trace: Trace, op):
+    """The last kernel op issued on ``op``'s lane before it (-1: none); ops: an array works."""
+    prev = _kernel_neighbours(trace)[0][op]
+    return int(prev) if np.ndim(prev) == 0 else prev
+
+
+def next_kernel(trace: Trace, op):
+    """The first kernel op issued on ``op``'s lane after it (-1: none); ops: an array works."""
+    nxt = _kernel_neighbours(trace)[1][op]
+    return int(nxt) if np.ndim(nxt) == 0 else nxt
 
 
 def _lane_span_index(trace: Trace):
