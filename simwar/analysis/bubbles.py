@@ -148,9 +148,6 @@ class _Walk:
     def label(self, op: int) -> str:
         return self.trace.text(int(self.ops.label[op]))
 
-    def span_row(self, span: int) -> Span:
-        return self.spans.rows(np.array([span]))[0]
-
     # ---- the walk
     def held(self, x: int, t: float, gap_start: float) -> int:
         """The wait op that held ``x``'s stream until ``t``: issued on that stream before ``x``
@@ -210,7 +207,7 @@ class _Walk:
             src = trace.text(int(ops.lane[record])) if record >= 0 else ""
             call = int(ops.call[wait])
             fired = float(ops.end_us[record]) if record >= 0 else _NAN
-            hops.append(Hop(lane, self.span_row(int(self.op_span[wait])), src,
+            hops.append(Hop(lane, views.span_row(trace, int(self.op_span[wait])), src,
                             views.call_text(trace, call) if call >= 0 else "", fired, wait,
                             record))
             if record < 0 or src == lane:
