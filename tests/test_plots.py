@@ -209,11 +209,15 @@ def test_graph_nodes_of_the_h200_capture_are_the_graph_launched_kernels():
     assert len(kernels) == 1131
     calls = ops.call[kernels]
     call_kind = np.where(calls >= 0, trace.spans.call[np.maximum(calls, 0)], -1)
-    assert (call_kind == Call.LAUNCH).sum() == 490
-    assert (call_kind == Call.GRAPH_LAUNCH).sum() == 400
+    call_name = np.array([trace.text(int(trace.spans.label[c])) if c >= 0 else ""
+                          for c in calls.tolist()])
+    launched, graphed = call_name == "cudaLaunchKernel", call_name == "cudaGraphLaunch"
+    assert launched.sum() == 490 and graphed.sum() == 400
+    assert (call_kind[launched] == Call.LAUNCH).all()
+    assert (call_kind[graphed] == Call.GRAPH_LAUNCH).all()
     node = trace.graph_node()[kernels]
     assert np.array_equal(node, call_kind == Call.GRAPH_LAUNCH)
-    assert not node[call_kind == Call.LAUNCH].any()
+    assert np.array_equal(node, graphed) and not node[launched].any()
     # the timeline of the whole capture draws the 400 graph nodes, and only them, as such
     spans = trace.spans
     ax = plots.timeline(trace, xlim_us=(float(spans.start_us.min()), float(spans.end_us.max())),
