@@ -38,7 +38,6 @@ from ..trace import CALLS, HOST, SPAN_KINDS, Call, Edge, OpKind, Span, SpanKind,
 #: streams in display order; others follow alphabetically
 STREAM_ORDER = ("schedule", "plan", "forward", "copy", "d2h")
 
-_EPS = 1e-6
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
