@@ -14,7 +14,10 @@ exporter draw and export what these return.
 - :func:`launch_links`: each kernel with the host call that issued it, from
   ``ops.call`` and the call's kind (a graph launch makes it a graph node).
 - :func:`op_spans`, :func:`lane_ops`, :func:`lane_spans`: the span of an op,
-  the ops of a lane in issue order, the spans of a lane in a time range.
+  the ops of a lane in issue order, the spans of a lane in a time range;
+  :func:`previous_kernel` / :func:`next_kernel` on a lane (the work a record
+  captured, the work a wait released); :func:`forwards`: each step's forward
+  (first kernel, extent); :func:`span_row`: one named span in O(1).
 - :func:`call_text`, :func:`span_text`: display text of host calls and
   spans, composed from the call kind, the label and the op's lane (e.g.
   ``schedule.wait_stream(forward)``, ``forward.wait_event(read_done[5])``).
