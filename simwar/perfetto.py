@@ -10,130 +10,60 @@ its own traces so that a simulated run can be opened next to a measured one:
 - ``X`` (complete) slices with float µs timestamps (``ts``, ``dur``);
   slices on one track never overlap: a lane whose spans do overlap (a
   measured trace can have that) is split over extra threads of its process;
+  host calls are named by their call kind, label and lane
+  (``forward.wait_stream(schedule)``, ``record copy_done[5]``, ``sync
+  copy_done[4]``), stream waits by what they wait for;
 - flow events ``s``/``f`` (binding point ``e``, as Kineto writes them):
-  ``launch`` flows from each host launch call to the kernel(s) it launched,
-  ``record_wait`` flows from the work an event record captured to the stream
-  wait (or the work) it released, ``record_sync`` flows to the host block it
-  ended;
+  ``launch`` flows from each host call to the kernel(s) it issued
+  (``ops.call``), ``record_wait`` flows from the work an event record
+  captured (the last kernel issued on its stream before it) to the stream
+  wait it released (``ops.bound``; the wait's span, or, for a wait that never
+  held its stream, the next kernel issued there), ``record_sync`` flows to
+  the host block of the synchronize it ended;
 - counter tracks (``C``) on the host: ``forwards_in_flight`` (forwards
   launched and not yet finished, over time) and ``launch_ahead`` (the depth
   at each launch, the metric of ``simwar.analysis.metrics``);
 - record operations as instant events (``i``) on their stream.
 
-Also here: :func:`launch_links`, which pairs each kernel with the host API
-call that launched it (the timeline plot reuses it).
+Every relation is looked up by id (:mod:`simwar.analysis.views`); nothing
+here parses a label. ``ordered_lanes`` and ``launch_links`` live in
+:mod:`simwar.analysis.views` and are re-exported here.
 
-Imports: the standard library and ``simwar.trace`` only (a trace written on
-a GPU machine can be exported there).
+Imports: numpy, ``simwar.trace``, ``simwar._io`` and
+``simwar.analysis.views`` only (a trace written on a GPU machine can be
+exported there).
 """
 
 from __future__ import annotations
 
 import bisect
 import json
-from collections import defaultdict
 from pathlib import Path
-from typing import NamedTuple
 
-from .trace import HOST, Op, Span, Trace, write_text_atomic
+import numpy as np
 
-#: streams in display order; others follow alphabetically
-STREAM_ORDER = ("schedule", "plan", "forward", "copy", "d2h")
+from ._io import write_text_atomic
+from .analysis import views
+from .analysis.views import STREAM_ORDER, LaunchLink, launch_links, ordered_lanes
+from .trace import CALLS, HOST, SPAN_KINDS, Call, OpKind, SpanKind, Trace
+
+__all__ = ["chrome_trace", "write_chrome_trace", "STREAM_ORDER", "LaunchLink", "launch_links",
+           "ordered_lanes"]
 
 HOST_PID = 1
 _TS_DIGITS = 3  # ns resolution: Perfetto stores integer ns
 
 
-class LaunchLink(NamedTuple):
-    """A kernel and the host API span that launched it (``graph``: it was a graph node)."""
-
-    api: Span
-    kernel: Span
-    graph: bool
-
-
-def ordered_lanes(lanes) -> list[str]:
-    """``cpu`` first, then the known streams in ``STREAM_ORDER``, then the rest by name."""
-    lanes = set(lanes)
-    known = [s for s in STREAM_ORDER if s in lanes]
-    rest = sorted(lanes - set(STREAM_ORDER) - {HOST})
-    return ([HOST] if HOST in lanes else []) + known + rest
-
-
-def _is_launch_call(span: Span) -> bool:
-    # records, waits and syncs have fixed label shapes (engine.py); every other
-    # host API span launches something
-    label = span.label
-    return not (label.startswith("record ") or ".wait_event(" in label
-                or ".wait_stream(" in label)
-
-
-def kernel_spans_by_op(trace: Trace) -> dict[int, Span]:
-    """The kernel span of each kernel op, matched on lane, step, label and start."""
-    spans = {(s.lane, s.step, s.label, s.start_us): s for s in trace.spans if s.kind == "kernel"}
-    out = {}
-    for op in trace.ops:
-        if op.kind == "kernel":
-            span = spans.get((op.lane, op.step, op.label, op.start_us))
-            if span is not None:
-                out[op.op_id] = span
-    return out
-
-
-def launch_links(trace: Trace) -> list[LaunchLink]:
-    """Pair kernels with the host calls that launched them, per step in issue order.
-
-    A ``Launch`` shows as an ``api`` span with the kernel's label, a
-    ``GraphLaunch`` as an ``api`` span named after the graph, followed on the
-    device by its node kernels; a kernel is issued when its call returns.
-    Walking both in issue order, a kernel belongs to the last launch call that
-    returned at or before its issue time: the call itself if the labels agree,
-    otherwise the graph launch whose nodes it is.
-    """
-    calls: dict[int, list[Span]] = defaultdict(list)
-    for s in trace.spans:
-        if s.lane == HOST and s.kind == "api" and _is_launch_call(s):
-            calls[s.step].append(s)
-    for lst in calls.values():
-        lst.sort(key=lambda s: (s.start_us, s.end_us))
-    kernels = kernel_spans_by_op(trace)
-    per_step: dict[int, list[Op]] = defaultdict(list)
-    for op in trace.ops:
-        if op.kind == "kernel" and op.op_id in kernels:
-            per_step[op.step].append(op)
-
-    links: list[LaunchLink] = []
-    eps = 1e-6
-    for step, ops in per_step.items():
-        lst = calls.get(step, [])
-        i = -1  # index of the launch call owning the previous kernel
-        for op in ops:
-            # advance to the last call that had returned by this kernel's issue time
-            while i + 1 < len(lst) and lst[i + 1].end_us <= op.issue_us + eps:
-                i += 1
-                if lst[i].label == op.label:
-                    break
-            if i < 0:
-                continue
-            call = lst[i]
-            links.append(LaunchLink(call, kernels[op.op_id], call.label != op.label))
-    return links
-
-
-# --------------------------------------------------------------------------- export
 def _t(x: float) -> float:
     return float(round(x, _TS_DIGITS))
 
 
-def _split_tracks(spans: list[Span]) -> list[list[tuple[float, float, Span]]]:
-    """Greedy interval partitioning on rounded times: each track's slices never overlap.
-
-    Returns tracks of ``(start, end, span)`` with the times as written to the file.
-    """
-    rows = sorted((_t(s.start_us), _t(s.end_us), s) for s in spans)
-    tracks: list[list[tuple[float, float, Span]]] = []
+def _split_tracks(rows: list[tuple[float, float, int]]) -> list[list[tuple[float, float, int]]]:
+    """Greedy interval partitioning of ``(start, end, span id)`` rows on their written times:
+    each track's slices never overlap."""
+    tracks: list[list[tuple[float, float, int]]] = []
     ends: list[float] = []
-    for row in rows:
+    for row in sorted(rows):
         for i, end in enumerate(ends):
             if row[0] >= end:
                 tracks[i].append(row)
@@ -145,26 +75,36 @@ def _split_tracks(spans: list[Span]) -> list[list[tuple[float, float, Span]]]:
     return tracks
 
 
-def _forward_ends(trace: Trace) -> dict[int, float]:
-    fwd = trace.meta.get("forward_stream", "forward")
-    out: dict[int, float] = {}
-    for s in trace.spans:
-        if s.lane == fwd and s.kind == "kernel" and s.phase:
-            out[s.step] = max(out.get(s.step, s.end_us), s.end_us)
-    return out
+def _names(trace: Trace) -> list[str]:
+    """Each span's slice name: host calls and waits composed (views.span_text), others' labels."""
+    spans = trace.spans
+    names = spans.decoded("label").tolist()
+    calls = spans.call
+    compose = np.flatnonzero(((calls != Call.NONE) & (calls != Call.CPU))
+                             | (spans.kind == SpanKind.WAIT))
+    for s in compose.tolist():
+        names[s] = views.span_text(trace, s)
+    return names
 
 
 def chrome_trace(trace: Trace) -> dict:
     """The trace as a Chrome trace-event JSON object (see the module docstring)."""
-    lanes = ordered_lanes({s.lane for s in trace.spans} | {op.lane for op in trace.ops})
+    spans, ops = trace.spans, trace.ops
+    lanes = views.lanes(trace)
     pid = {lane: HOST_PID + i for i, lane in enumerate(lanes)}
     events: list[dict] = []
-    by_lane: dict[str, list[Span]] = defaultdict(list)
-    for s in trace.spans:
-        by_lane[s.lane].append(s)
+    names = _names(trace)
+    starts = [_t(x) for x in spans.start_us.tolist()]
+    ends = [_t(x) for x in spans.end_us.tolist()]
+    steps, kinds = spans.step.tolist(), spans.kind.tolist()
+    phases, sites, calls = spans.phase.tolist(), spans.site.tolist(), spans.call.tolist()
+    text = trace.text
+    by_lane: dict[str, list[int]] = {}
+    for s, code in enumerate(spans.lane.tolist()):
+        by_lane.setdefault(text(code), []).append(s)
 
-    # where each span landed: (pid, tid); used to bind flows
-    where: dict[Span, tuple[int, int]] = {}
+    # where each span landed: (pid, tid) by span id; used to bind flows
+    where: list[tuple[int, int] | None] = [None] * len(spans)
     for i, lane in enumerate(lanes):
         p = pid[lane]
         pname = "host" if lane == HOST else f"stream {lane}"
@@ -172,7 +112,8 @@ def chrome_trace(trace: Trace) -> dict:
                        "args": {"name": pname}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": p, "tid": 0,
                        "args": {"sort_index": i}})
-        tracks = _split_tracks(by_lane.get(lane, [])) or [[]]
+        rows = [(starts[s], ends[s], s) for s in by_lane.get(lane, [])]
+        tracks = _split_tracks(rows) or [[]]
         for j, track in enumerate(tracks):
             tid = j + 1
             tname = lane if j == 0 else f"{lane} (overlapping {j})"
@@ -180,22 +121,28 @@ def chrome_trace(trace: Trace) -> dict:
                            "args": {"name": tname}})
             for start, end, s in track:
                 where[s] = (p, tid)
-                args = {"step": s.step, "kind": s.kind}
-                if s.phase:
-                    args["phase"] = s.phase
-                if s.site:
-                    args["site"] = s.site
-                events.append({"ph": "X", "name": s.label, "cat": s.kind, "pid": p, "tid": tid,
+                kind = SPAN_KINDS[kinds[s]]
+                args = {"step": steps[s], "kind": kind}
+                phase, site = text(phases[s]), text(sites[s])
+                if phase:
+                    args["phase"] = phase
+                if site:
+                    args["site"] = site
+                if calls[s] != Call.NONE:
+                    args["call"] = CALLS[calls[s]]
+                events.append({"ph": "X", "name": names[s], "cat": kind, "pid": p, "tid": tid,
                                "ts": start, "dur": _t(end - start), "args": args})
 
-    for op in trace.ops:
-        if op.kind == "record" and op.start_us >= 0:
-            events.append({"ph": "i", "s": "t", "name": f"record {op.event}", "cat": "record",
-                           "pid": pid[op.lane], "tid": 1, "ts": _t(op.start_us),
-                           "args": {"step": op.step, "event": op.event}})
+    records = np.flatnonzero((ops.kind == OpKind.RECORD) & (ops.start_us >= 0))
+    for op in records.tolist():
+        event = text(int(ops.event[op]))
+        events.append({"ph": "i", "s": "t", "name": f"record {event}", "cat": "record",
+                       "pid": pid[text(int(ops.lane[op]))], "tid": 1,
+                       "ts": _t(float(ops.start_us[op])),
+                       "args": {"step": int(ops.step[op]), "event": event}})
 
     events.extend(_counters(trace))
-    events.extend(_flows(trace, where, by_lane))
+    events.extend(_flows(trace, where, names))
     meta = {k: v for k, v in trace.meta.items() if isinstance(v, (str, int, float, bool))}
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"generator": "simwar", **meta}}
@@ -203,8 +150,11 @@ def chrome_trace(trace: Trace) -> dict:
 
 def _counters(trace: Trace) -> list[dict]:
     """forwards_in_flight (+1 at each launch, -1 at each forward end) and launch_ahead."""
-    launches = {m.step: m.time_us for m in trace.markers if m.name == "run_batch"}
-    ends = _forward_ends(trace)
+    m = trace.markers
+    rb = m.name == trace.code("run_batch")
+    launches = dict(zip(m.step[rb].tolist(), m.time_us[rb].tolist()))  # the last one wins
+    fw = views.forwards(trace)
+    ends = dict(zip(fw.steps.tolist(), fw.end_us.tolist()))
     changes = [(t, +1) for k, t in launches.items() if k in ends]
     changes += [(t, -1) for k, t in ends.items() if k in launches]
     # at equal times a forward's end is counted before the next launch, as in metrics
@@ -227,70 +177,52 @@ def _counters(trace: Trace) -> list[dict]:
     return out
 
 
-def _flows(trace: Trace, where: dict, by_lane: dict[str, list[Span]]) -> list[dict]:
+def _flows(trace: Trace, where: list, names: list[str]) -> list[dict]:
+    spans, ops = trace.spans, trace.ops
     out: list[dict] = []
     flow_id = 0
 
-    def near(s: Span, end: bool) -> float:
+    def near(s: int, end: bool) -> float:
         # a binding point 1 ns inside the slice (Perfetto binds 'e' flows to the slice
         # enclosing ts), at the end the edge leaves or enters by, so that time runs forward
-        start, stop = _t(s.start_us), _t(s.end_us)
+        start, stop = _t(float(spans.start_us[s])), _t(float(spans.end_us[s]))
         inset = min(10 ** -_TS_DIGITS, (stop - start) / 2)
         return _t(stop - inset) if end else _t(start + inset)
 
-    def add(cat: str, name: str, src: Span, dst: Span, args: dict) -> None:
+    def add(cat: str, name: str, src: int, dst: int, args: dict) -> None:
         nonlocal flow_id
+        if src < 0 or dst < 0 or where[src] is None or where[dst] is None:
+            return
         flow_id += 1
         (sp, st), (dp, dt) = where[src], where[dst]
         out.append({"ph": "s", "id": flow_id, "cat": cat, "name": name, "pid": sp, "tid": st,
                     "ts": near(src, end=True), "bp": "e", "args": args})
         # a wait or host block is left at its end; work is entered at its start
+        held = spans.kind[dst] in (SpanKind.WAIT, SpanKind.BLOCKED)
         out.append({"ph": "f", "id": flow_id, "cat": cat, "name": name, "pid": dp, "tid": dt,
-                    "ts": near(dst, end=dst.kind in ("wait", "blocked")), "bp": "e",
-                    "args": args})
+                    "ts": near(dst, end=held), "bp": "e", "args": args})
 
     for link in launch_links(trace):
-        add("launch", link.api.label, link.api, link.kernel,
-            {"step": link.kernel.step, "graph": link.graph})
+        if link.span >= 0:
+            add("launch", names[link.call], link.call, link.span,
+                {"step": int(spans.step[link.span]), "graph": link.graph})
 
-    lanes = {lane: _LaneIndex(spans) for lane, spans in by_lane.items()}
-    empty = _LaneIndex([])
+    op_span = views.op_spans(trace)
     for e in trace.edges():
-        src = lanes.get(e.src_lane, empty).captured_by(e.src_us)
-        dst = lanes.get(e.dst_lane, empty).released(e.dst_us, e.kind)
-        if src is not None and dst is not None and src in where and dst in where:
-            add(e.kind, e.event, src, dst, {"step": e.step, "event": e.event})
+        if e.kind == "launch":
+            continue
+        # the record's source: the work it captured, the last kernel issued before it
+        captured = views.previous_kernel(trace, e.src)
+        src = int(op_span[captured]) if captured >= 0 else -1
+        # its destination: the wait's span or the sync's host block, by op id; a wait that
+        # never held its stream releases the next kernel issued there
+        dst = int(op_span[e.dst])
+        if dst < 0 and e.kind == "record_wait":
+            nxt = views.next_kernel(trace, e.dst)
+            dst = int(op_span[nxt]) if nxt >= 0 else -1
+        event = trace.text(int(ops.event[e.dst]))
+        add(e.kind, event, src, dst, {"step": int(ops.step[e.dst]), "event": event})
     return out
-
-
-class _LaneIndex:
-    """One lane's spans, searchable by time (an edge's two ends are looked up here)."""
-
-    _EPS = 1e-6
-
-    def __init__(self, spans: list[Span]):
-        self.kernels = sorted((s for s in spans if s.kind == "kernel"), key=lambda s: s.end_us)
-        self.kernel_ends = [s.end_us for s in self.kernels]
-        self.work = sorted((s for s in spans if s.kind in ("kernel", "cpu", "api")),
-                           key=lambda s: s.start_us)
-        self.work_starts = [s.start_us for s in self.work]
-        self.held = {}  # (kind, rounded end) -> the wait or host block ending then
-        for s in spans:
-            if s.kind in ("wait", "blocked"):
-                self.held[(s.kind, _t(s.end_us))] = s
-
-    def captured_by(self, t: float) -> Span | None:
-        """The last kernel finished by the time a record fired: the work it captured."""
-        i = bisect.bisect_right(self.kernel_ends, t + self._EPS)
-        return self.kernels[i - 1] if i else None
-
-    def released(self, t: float, kind: str) -> Span | None:
-        """The wait (or host block) the edge ended at ``t``, else the next work after ``t``."""
-        held = self.held.get(("blocked" if kind == "record_sync" else "wait", _t(t)))
-        if held is not None:
-            return held
-        i = bisect.bisect_left(self.work_starts, t - self._EPS)
-        return self.work[i] if i < len(self.work) else None
 
 
 def write_chrome_trace(trace: Trace, path: str | Path) -> Path:

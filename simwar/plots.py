@@ -1,12 +1,18 @@
 """Plots of runs and sweeps: each function takes data and an optional Axes and returns the Axes.
 
 - :func:`timeline`: one lane per actor (the CPU thread, then each stream),
-  spans coloured by kind, host blocks hatched, record→wait / record→sync
-  edges as arrows, races outlined in red on both accesses, step boundaries
-  labelled, forward-stream bubbles shaded and explained (:func:`bubbles`
-  finds them and follows the waits that caused them).
+  spans coloured by kind (a kernel in the graph colour when its issuing call
+  was a graph launch: ``Trace.graph_node``), host blocks hatched,
+  record→wait / record→sync edges (``ops.bound``) as arrows, races outlined
+  in red on both accesses (by op id), step boundaries labelled,
+  forward-stream bubbles shaded and explained (:func:`bubbles` and
+  :func:`story`, from :mod:`simwar.analysis.bubbles`, find them and follow
+  the waits that caused them).
 - :func:`stall_figure`: a timeline over a few steps above a zoom on the
   first bubble: the picture that shows what a barrier costs.
+
+Both look only at their window (:func:`simwar.analysis.views.window`): its
+spans, ops and bubbles, so a few steps of a long run cost a few steps.
 - comparisons: :func:`stall_breakdown` (GPU idle by cause and CPU blocked by
   site, per run), :func:`launch_ahead_hist`, :func:`step_time_ecdf`;
   sweeps: :func:`sweep_lines` (a metric against a swept key, one line per
@@ -17,6 +23,10 @@ timeline; for comparisons a mapping ``label -> Result | summary dict | steps
 DataFrame`` (or a DataFrame of summaries indexed by label); for sweeps the
 DataFrame ``simwar.sweep`` returns (or its ``results.parquet``).
 
+Everything drawn is read from the Trace's columns, :mod:`simwar.analysis`
+(views, bubbles, metrics, hazards) and the relations by id; nothing here
+matches labels or times.
+
 Imports: matplotlib (never pyplot, so any backend and no global figure
 state), numpy, pandas and simwar's trace-level modules. Nothing here prints
 or writes files: callers save the figure.
@@ -25,8 +35,6 @@ or writes files: callers save the figure.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -36,8 +44,13 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 from matplotlib.transforms import blended_transform_factory
 
-from .perfetto import launch_links, ordered_lanes
-from .trace import HOST, Span, Trace
+from .analysis import views
+from .analysis.bubbles import Bubble, Hop, _Walk, bubbles, story
+from .trace import HOST, SPAN_KINDS, SpanKind, Trace
+
+__all__ = ["timeline", "stall_figure", "bubbles", "story", "Bubble", "Hop", "default_window",
+           "stall_breakdown", "launch_ahead_hist", "step_time_ecdf", "sweep_lines",
+           "sweep_heatmap"]
 
 #: fill colours by span kind; ``graph`` is a kernel launched as a CUDA-graph node
 KIND_COLORS = {
@@ -66,29 +79,32 @@ _LANE_HEIGHT = 0.72
 
 # --------------------------------------------------------------------------- inputs
 def _unpack(data, races=None):
-    """(trace, steps frame, races list, warm-up) from a Result or a Trace."""
+    """(trace, races list, warm-up) from a Result or a Trace."""
     trace = getattr(data, "trace", data)
     if not isinstance(trace, Trace):
         raise TypeError(f"expected a Result or a Trace, got {type(data).__name__}")
-    steps = getattr(data, "steps", None)
     warmup = int(trace.meta.get("warmup_steps", 0))
-    if steps is None:
-        from .analysis.metrics import step_frame
-
-        steps = step_frame(trace)
     if races is None:
         hazards = getattr(data, "hazards", None)
-        if hazards is None and trace.accesses:
+        if hazards is None and len(trace.accesses):
             from .analysis.hazards import detect
 
             hazards = detect(trace)
         races = hazards.races if hazards is not None else []
-    return trace, steps, list(races), warmup
+    return trace, list(races), warmup
+
+
+def _step_markers(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
+    """(step, time) of the ``step`` markers."""
+    m = trace.markers
+    pick = m.name == trace.code("step")
+    return m.step[pick], m.time_us[pick]
 
 
 def default_window(trace: Trace, n: int = 3) -> tuple[int, int]:
     """``n`` steps starting right after warm-up (or as late as the run allows)."""
-    steps = sorted({m.step for m in trace.markers if m.name == "step" and m.step >= 0})
+    marked, _ = _step_markers(trace)
+    steps = np.unique(marked[marked >= 0]).tolist()
     if not steps:
         return (0, n - 1)
     last = steps[-2] if len(steps) > 1 else steps[-1]  # the final marker is the drain
@@ -97,156 +113,51 @@ def default_window(trace: Trace, n: int = 3) -> tuple[int, int]:
 
 
 def _time_range(trace: Trace, window: tuple[int, int]) -> tuple[float, float]:
+    """From step ``a``'s marker to the end of step ``b``'s spans (``b`` inclusive)."""
     a, b = window
-    starts = [m.time_us for m in trace.markers if m.name == "step" and m.step == a]
-    in_window = [s for s in trace.spans if a <= s.step <= b]
-    if not in_window:
+    sl = trace.step_slice(a, b)
+    if sl.stop <= sl.start:
         raise ValueError(f"steps {a}..{b}: no spans in this trace")
-    x0 = starts[0] if starts else min(s.start_us for s in in_window)
-    x1 = max(s.end_us for s in in_window)
-    return x0, x1
-
-
-# --------------------------------------------------------------------------- bubbles
-class Hop(NamedTuple):
-    """One link of a bubble's cause: ``lane`` was held by ``span`` (a wait or a host block)."""
-
-    lane: str
-    span: Span
-    released_by: str  # the lane whose work released it ('' for the host's own work)
-    api_label: str  # the host call that issued the wait ('' when unknown)
-    released_at_us: float = float("nan")  # when the releasing record fired
-
-
-@dataclass(frozen=True)
-class Bubble:
-    """An idle gap on the forward stream before forward ``step``, and why it happened."""
-
-    step: int
-    start_us: float
-    end_us: float
-    hops: tuple[Hop, ...]
-    cause: str  # one-line explanation
-
-    @property
-    def idle_us(self) -> float:
-        return self.end_us - self.start_us
-
-
-def bubbles(data, window: tuple[int, int] | None = None, min_us: float = 1.0) -> list[Bubble]:
-    """Forward-stream gaps of at least ``min_us`` before forwards in ``window`` (default: all).
-
-    Each gap's cause is found by walking the synchronization backwards from the
-    forward that started late: the wait that held the forward stream, the
-    stream whose record released it, the wait that held *that* stream, and so
-    on (at most three hops), or, when nothing held the stream, the host: the
-    forward was launched late because the CPU was busy or blocked.
-    """
-    trace, steps, _, _ = _unpack(data, races=())
-    fwd = trace.meta.get("forward_stream", "forward")
-    index = _TraceIndex(trace)
-    out = []
-    for row in steps.itertuples():
-        if window is not None and not (window[0] <= row.step <= window[1]):
-            continue
-        gap = row.fwd_gap_us
-        if not np.isfinite(gap) or gap < min_us:
-            continue
-        start, end = row.fwd_start_us - gap, row.fwd_start_us
-        hops = index.hops(fwd, start, end)
-        out.append(Bubble(int(row.step), start, end, tuple(hops),
-                          _explain(index, fwd, int(row.step), start, end, hops)))
-    return out
-
-
-class _TraceIndex:
-    """Look-ups the cause walk needs: waits by lane and end, edges by destination."""
-
-    def __init__(self, trace: Trace):
-        self.trace = trace
-        self.waits: dict[str, list[Span]] = {}
-        self.kernels: dict[str, list[Span]] = {}
-        for s in trace.spans:
-            if s.kind == "wait":
-                self.waits.setdefault(s.lane, []).append(s)
-            elif s.kind == "kernel":
-                self.kernels.setdefault(s.lane, []).append(s)
-        self.edges_into: dict[tuple[str, float], object] = {
-            (e.dst_lane, round(e.dst_us, 6)): e for e in trace.edges()}
-        # the host call that issued each stream wait: ops carry their issue time, the api span
-        # ending then is the call
-        api_by_end = {round(s.end_us, 6): s.label for s in trace.spans
-                      if s.lane == HOST and s.kind == "api"}
-        self.wait_api = {(op.lane, round(op.end_us, 6)): api_by_end.get(round(op.issue_us, 6), "")
-                         for op in trace.ops if op.kind == "wait"}
-
-    def hops(self, lane: str, start: float, end: float) -> list[Hop]:
-        hops: list[Hop] = []
-        t = end
-        for _ in range(3):
-            held = [w for w in self.waits.get(lane, []) if abs(w.end_us - t) < 1e-6
-                    or (w.start_us < t <= w.end_us + 1e-6 and w.end_us > start)]
-            if not held:
-                break
-            wait = max(held, key=lambda w: w.end_us)
-            edge = self.edges_into.get((lane, round(wait.end_us, 6)))
-            src = edge.src_lane if edge is not None else ""
-            hops.append(Hop(lane, wait, src, self.wait_api.get((lane, round(wait.end_us, 6)), ""),
-                            edge.src_us if edge is not None else float("nan")))
-            if edge is None or src == lane:
-                break
-            # the source stream's work that ran up to the record; if a wait held that stream
-            # inside the gap, it is the next link
-            lane, t = src, edge.src_us
-            work = [k for k in self.kernels.get(lane, []) if start - 1e-6 <= k.start_us
-                    and k.end_us <= t + 1e-6]
-            if work:
-                t = min(k.start_us for k in work)
-            if t <= start + 1e-6:
-                break
-        return hops
-
-    def work_between(self, lane: str, lo: float, hi: float) -> list[Span]:
-        return sorted((k for k in self.kernels.get(lane, [])
-                       if k.start_us >= lo - 1e-6 and k.end_us <= hi + 1e-6),
-                      key=lambda k: k.start_us)
-
-
-def _explain(index: _TraceIndex, fwd: str, step: int, start: float, end: float,
-             hops: list[Hop]) -> str:
-    idle = f"{end - start:.0f} µs"
-    if not hops:
-        # the host issued the forward's first kernel late: what was it doing until then?
-        issued = min((op.issue_us for op in index.trace.ops if op.kind == "kernel"
-                      and op.lane == fwd and op.step == step and op.phase), default=end)
-        host = [s for s in index.trace.spans if s.lane == HOST and s.kind in ("blocked", "cpu")
-                and s.end_us > start and s.start_us < issued]
-        blocked = [s for s in host if s.kind == "blocked"]
-        if blocked:
-            last = max(blocked, key=lambda s: s.end_us)
-            return (f"{fwd} idle {idle} before forward {step}: nothing was enqueued; the CPU "
-                    f"was blocked in {last.label} ({last.site}) until {last.end_us - start:.0f} "
-                    f"µs into the gap, then took {issued - last.end_us:.0f} µs to launch the "
-                    f"forward")
-        if host:
-            worst = max(host, key=lambda s: min(s.end_us, end) - max(s.start_us, start))
-            return (f"{fwd} idle {idle} before forward {step}: nothing was enqueued; the CPU "
-                    f"was busy with {worst.label}")
-        return f"{fwd} idle {idle} before forward {step}: nothing was enqueued"
-    parts = [f"{fwd} idle {idle} before forward {step}"]
-    for hop in hops:
-        if not hop.released_by:
-            parts.append(f"{hop.lane} held by '{hop.span.label}'")
-            continue
-        edge_src_work = index.work_between(hop.released_by, start, hop.span.end_us)
-        names = ", ".join(dict.fromkeys(k.label for k in edge_src_work))
-        waiting = f"{hop.lane} waits for {hop.released_by}" + (f" ({names})" if names else "")
-        issued = f" [{hop.api_label}]" if hop.api_label else ""
-        parts.append(waiting + issued)
-    return parts[0] + ": " + "; ".join(parts[1:])
+    steps, times = _step_markers(trace)
+    starts = times[steps == a]
+    x0 = float(starts[0]) if len(starts) else float(trace.spans.start_us[sl].min())
+    return x0, float(trace.spans.end_us[sl].max())
 
 
 # --------------------------------------------------------------------------- timeline
+class _Drawn:
+    """What a timeline draws: the spans over ``[x0, x1]`` (none of a step after ``last``),
+    and the window of their steps (for ops, edges and bubbles)."""
+
+    def __init__(self, trace: Trace, x0: float, x1: float, last: int | None):
+        spans = trace.spans
+        ids = views.spans_between(trace, x0, x1)
+        if last is not None:
+            ids = ids[spans.step[ids] <= last]
+        self.trace, self.x0, self.x1, self.last = trace, x0, x1, last
+        self.ids = ids
+        steps = spans.step[ids]
+        first = int(steps.min()) if len(ids) else 0
+        self.window = views.window(trace, first, last if last is not None else
+                                   (int(steps.max()) if len(ids) else 0))
+        # draw kinds: a kernel issued by a graph launch is a graph node
+        kinds = np.array(SPAN_KINDS, dtype=object)[spans.kind[ids]]
+        kern = spans.kind[ids] == SpanKind.KERNEL
+        graph = np.zeros(len(ids), dtype=bool)
+        kops = spans.op[ids][kern]
+        has = kops >= 0
+        graph_k = np.zeros(len(kops), dtype=bool)
+        graph_k[has] = views.graph_node(trace, kops[has])
+        graph[np.flatnonzero(kern)] = graph_k
+        kinds[graph] = "graph"
+        self.kinds = kinds
+
+    def of(self, lane_code: int, kind: str) -> np.ndarray:
+        """Positions (into ``ids``) of the drawn spans of one lane and draw kind."""
+        return np.flatnonzero((self.trace.spans.lane[self.ids] == lane_code)
+                              & (self.kinds == kind))
+
+
 def timeline(data, ax: Axes | None = None, *, steps: tuple[int, int] | None = None,
              xlim_us: tuple[float, float] | None = None, races=None, edges: bool = True,
              annotate: bool = True, explain: bool = True, labels: bool = True,
@@ -254,56 +165,65 @@ def timeline(data, ax: Axes | None = None, *, steps: tuple[int, int] | None = No
     """A stall timeline of ``data`` (Result or Trace) over steps ``a..b`` (inclusive).
 
     One lane per actor: ``cpu`` (the scheduler thread) on top, then the streams
-    (``schedule``, ``plan``, ``forward``, ``copy``, ``d2h``, those present).
-    ``xlim_us`` zooms to a time range instead of whole steps. ``races`` defaults
-    to the run's races after warm-up; pass ``()`` to hide them. With
-    ``annotate`` each forward-stream bubble is shaded, its idle time written on
-    it, and the waits that caused it outlined; with ``explain`` the first one's
-    cause is written out below the axes (:func:`story`).
+    (``schedule``, ``plan``, ``forward``, ``copy``, ``d2h``, those present). The
+    time range runs from step ``a``'s marker to the end of step ``b``'s spans;
+    nothing of step ``b + 1`` is drawn. ``xlim_us`` zooms to a time range
+    instead (every span in it is drawn). ``races`` defaults to the run's races
+    after warm-up; pass ``()`` to hide them. With ``annotate`` each
+    forward-stream bubble is shaded, its idle time written on it, and the
+    waits that caused it outlined; with ``explain`` the first one's cause is
+    written out below the axes (:func:`story`). The cost is that of the
+    window: only its spans, ops and bubbles are looked at.
     """
-    trace, step_df, race_list, warmup = _unpack(data, races)
+    trace, race_list, warmup = _unpack(data, races)
     if races is None:
         race_list = [r for r in race_list if r.second_step >= warmup]
     window = steps if steps is not None else default_window(trace)
     if window[0] > window[1]:
         raise ValueError(f"steps window {window[0]}:{window[1]} is empty")
-    x0, x1 = xlim_us if xlim_us is not None else _time_range(trace, window)
+    if xlim_us is None:
+        x0, x1 = _time_range(trace, window)
+        drawn = _Drawn(trace, x0, x1, window[1])
+    else:
+        x0, x1 = xlim_us
+        drawn = _Drawn(trace, x0, x1, None)
     if ax is None:
         ax = Figure(figsize=(13, 4.2), layout="constrained").add_subplot()
 
-    lanes = ordered_lanes({s.lane for s in trace.spans})
+    spans = trace.spans
+    lanes = views.lanes(trace, ops=False)
     y = {lane: i for i, lane in enumerate(lanes)}
-    visible = [s for s in trace.spans if s.end_us >= x0 and s.start_us <= x1]
-    graph_kernels = {link.kernel for link in launch_links(_steps_subtrace(trace, visible))
-                     if link.graph}
     ms = 1e-3  # the axis is in ms: steps are milliseconds long
+    start, end = spans.start_us[drawn.ids], spans.end_us[drawn.ids]
 
     for lane in lanes:
+        code = trace.code(lane)
         for kind in ("cpu", "api", "blocked", "kernel", "graph", "wait"):
-            spans = [s for s in visible if s.lane == lane and _draw_kind(s, graph_kernels) == kind]
-            if not spans:
+            pos = drawn.of(code, kind)
+            if not len(pos):
                 continue
-            ax.broken_barh([(s.start_us * ms, (s.end_us - s.start_us) * ms) for s in spans],
+            ax.broken_barh(list(zip((start[pos] * ms).tolist(),
+                                    ((end[pos] - start[pos]) * ms).tolist())),
                            (y[lane] - _LANE_HEIGHT / 2, _LANE_HEIGHT),
                            facecolors=KIND_COLORS[kind],
                            edgecolors="#555555" if kind == "blocked" else "white",
                            linewidth=0.4, hatch="////" if kind == "blocked" else None,
                            gid=f"span:{lane}:{kind}")
 
-    _step_boundaries(ax, trace, x0, x1, ms)
+    _step_boundaries(ax, trace, x0, x1, ms, drawn.last)
     if edges:
-        _edges(ax, trace, y, x0, x1, ms)
-    raced = _race_spans(visible, race_list)
-    if raced:
-        ax.broken_barh([(s.start_us * ms, (s.end_us - s.start_us) * ms) for s in raced],
-                       (0, 1), facecolors="none", edgecolors=RACE_COLOR, linewidth=1.8,
-                       gid="races")
+        _edges(ax, drawn, y, ms)
+    raced = _race_spans(drawn, race_list)
+    if len(raced):
+        lane_of = [trace.text(int(c)) for c in spans.lane[raced]]
+        rs, re_ = spans.start_us[raced] * ms, spans.end_us[raced] * ms
+        ax.broken_barh(list(zip(rs.tolist(), (re_ - rs).tolist())), (0, 1), facecolors="none",
+                       edgecolors=RACE_COLOR, linewidth=1.8, gid="races")
         # broken_barh takes one y-range; move each outline to its own lane
         coll = ax.collections[-1]
-        coll.set_verts([[(s.start_us * ms, y[s.lane] - _LANE_HEIGHT / 2),
-                         (s.start_us * ms, y[s.lane] + _LANE_HEIGHT / 2),
-                         (s.end_us * ms, y[s.lane] + _LANE_HEIGHT / 2),
-                         (s.end_us * ms, y[s.lane] - _LANE_HEIGHT / 2)] for s in raced])
+        coll.set_verts([[(a, y[lane] - _LANE_HEIGHT / 2), (a, y[lane] + _LANE_HEIGHT / 2),
+                         (b, y[lane] + _LANE_HEIGHT / 2), (b, y[lane] - _LANE_HEIGHT / 2)]
+                        for a, b, lane in zip(rs.tolist(), re_.tolist(), lane_of)])
 
     ax.set_xlim(x0 * ms, x1 * ms)
     ax.set_ylim(len(lanes) - 0.5, -0.5)
@@ -313,11 +233,11 @@ def timeline(data, ax: Axes | None = None, *, steps: tuple[int, int] | None = No
     ax.set_axisbelow(True)
 
     if annotate:
-        window_bubbles = [b for b in bubbles(_Data(trace, step_df))
-                          if b.end_us > x0 and b.start_us < x1]
-        _draw_bubbles(ax, window_bubbles, y, ms, _TraceIndex(trace) if explain else None)
+        walk = _Walk(trace)
+        window_bubbles = [b for b in bubbles(drawn.window) if b.end_us > x0 and b.start_us < x1]
+        _draw_bubbles(ax, window_bubbles, y, ms, walk if explain else None)
     if labels:
-        _span_labels(ax, visible, graph_kernels, y, ms)
+        _span_labels(ax, drawn, y, ms)
     if title is None:
         m = trace.meta
         asked, applied = m.get("barrier", "?"), m.get("barrier_effective", m.get("barrier", "?"))
@@ -326,69 +246,61 @@ def timeline(data, ax: Axes | None = None, *, steps: tuple[int, int] | None = No
                  + (f", steps {window[0]}–{window[1]}" if xlim_us is None else ""))
     ax.set_title(title, loc="left", fontsize=10, pad=14)
     if legend:
-        _legend(ax, visible, graph_kernels, bool(raced), edges)
+        _legend(ax, set(drawn.kinds.tolist()), bool(len(raced)), edges)
     return ax
-
-
-@dataclass
-class _Data:
-    trace: Trace
-    steps: pd.DataFrame
-    hazards: object = None
 
 
 def _lane_title(lane: str) -> str:
     return lane  # lane names are the vocabulary of configs and frames; keep them verbatim
 
 
-def _draw_kind(span: Span, graph_kernels: set) -> str:
-    if span.kind == "kernel" and span in graph_kernels:
-        return "graph"
-    return span.kind
-
-
-def _steps_subtrace(trace: Trace, visible: list[Span]) -> Trace:
-    """The spans and ops of the steps touching the visible range (launch matching needs both)."""
-    steps = {s.step for s in visible}
-    return Trace(spans=[s for s in trace.spans if s.step in steps],
-                 ops=[op for op in trace.ops if op.step in steps], meta=trace.meta)
-
-
-def _step_boundaries(ax: Axes, trace: Trace, x0: float, x1: float, ms: float) -> None:
+def _step_boundaries(ax: Axes, trace: Trace, x0: float, x1: float, ms: float,
+                     last: int | None) -> None:
     top = blended_transform_factory(ax.transData, ax.transAxes)
-    for m in trace.markers:
-        if m.name == "step" and x0 - 1e-6 <= m.time_us <= x1:
-            ax.axvline(m.time_us * ms, color="#888888", linestyle=":", linewidth=0.9,
-                       gid=f"step:{m.step}")
-            ax.text(m.time_us * ms, 1.0, f" step {m.step}", transform=top, fontsize=8,
-                    va="bottom", ha="left", color="#555555", gid=f"steplabel:{m.step}")
+    steps, times = _step_markers(trace)
+    pick = (times >= x0 - 1e-6) & (times <= x1)
+    if last is not None:
+        pick &= steps <= last
+    for step, t in zip(steps[pick].tolist(), times[pick].tolist()):
+        ax.axvline(t * ms, color="#888888", linestyle=":", linewidth=0.9, gid=f"step:{step}")
+        ax.text(t * ms, 1.0, f" step {step}", transform=top, fontsize=8, va="bottom",
+                ha="left", color="#555555", gid=f"steplabel:{step}")
 
 
-def _edges(ax: Axes, trace: Trace, y: dict, x0: float, x1: float, ms: float) -> None:
-    for e in trace.edges():
-        if e.src_lane not in y or e.dst_lane not in y or e.src_lane == e.dst_lane:
+def _edges(ax: Axes, drawn: _Drawn, y: dict, ms: float) -> None:
+    """record → wait and record → host sync arrows whose two ends are in the drawn range."""
+    trace = drawn.trace
+    ops = trace.ops
+    x0, x1 = drawn.x0, drawn.x1
+    for e in views.edges(drawn.window):
+        if e.kind == "launch":
             continue
-        if not (x0 <= e.src_us <= x1 and x0 <= e.dst_us <= x1):
+        src_lane, dst_lane = trace.text(int(ops.lane[e.src])), trace.text(int(ops.lane[e.dst]))
+        if src_lane not in y or dst_lane not in y or src_lane == dst_lane:
             continue
-        sy, dy = y[e.src_lane], y[e.dst_lane]
+        src_us, dst_us = float(ops.end_us[e.src]), float(ops.end_us[e.dst])
+        if not (x0 <= src_us <= x1 and x0 <= dst_us <= x1):
+            continue
+        sy, dy = y[src_lane], y[dst_lane]
         off = _LANE_HEIGHT / 2 * (1 if dy > sy else -1)
-        arrow = FancyArrowPatch((e.src_us * ms, sy + off), (e.dst_us * ms, dy - off),
+        arrow = FancyArrowPatch((src_us * ms, sy + off), (dst_us * ms, dy - off),
                                 arrowstyle="-|>", mutation_scale=7, linewidth=0.8,
                                 color=EDGE_COLORS.get(e.kind, "#444444"), alpha=0.8,
                                 shrinkA=0, shrinkB=0, zorder=4, gid=f"edge:{e.kind}")
         ax.add_patch(arrow)
 
 
-def _race_spans(visible: list[Span], races) -> list[Span]:
-    keys = set()
-    for r in races:
-        keys.add((r.first_lane, r.first_label, r.first_step))
-        keys.add((r.second_lane, r.second_label, r.second_step))
-    return [s for s in visible if s.kind == "kernel" and (s.lane, s.label, s.step) in keys]
+def _race_spans(drawn: _Drawn, races) -> np.ndarray:
+    """The drawn kernel spans of both accesses of each race (by op id)."""
+    raced_ops = {op for r in races for op in (r.first_op, r.second_op)}
+    if not raced_ops:
+        return np.zeros(0, dtype=np.int64)
+    spans = drawn.trace.spans
+    ids = drawn.ids[spans.kind[drawn.ids] == SpanKind.KERNEL]
+    return ids[np.isin(spans.op[ids], np.fromiter(raced_ops, dtype=np.int64))]
 
 
-def _draw_bubbles(ax: Axes, found: list[Bubble], y: dict, ms: float,
-                  explain: _TraceIndex | None) -> None:
+def _draw_bubbles(ax: Axes, found: list[Bubble], y: dict, ms: float, walk) -> None:
     for i, b in enumerate(found):
         fy = y.get(b.hops[0].lane if b.hops else "forward", y.get("forward", 0))
         ax.add_patch(Rectangle((b.start_us * ms, -0.5), b.idle_us * ms, len(y),
@@ -408,72 +320,13 @@ def _draw_bubbles(ax: Axes, found: list[Bubble], y: dict, ms: float,
                                    (s.end_us - s.start_us) * ms, _LANE_HEIGHT,
                                    facecolor="none", edgecolor=CAUSE_COLOR, linewidth=1.8,
                                    linestyle="--", zorder=5, gid="bubble_cause"))
-        if explain is not None and i == 0:
-            _explain_box(ax, b, y, ms, explain)
+        if walk is not None and i == 0:
+            _explain_box(ax, b, y, ms, walk)
 
 
-def story(data_or_index, b: Bubble) -> list[str]:
-    """A bubble's cause as sentences, from the root wait to the forward that started late."""
-    index = data_or_index if isinstance(data_or_index, _TraceIndex) else _TraceIndex(
-        _unpack(data_or_index, races=())[0])
-    if not b.hops:
-        return [b.cause]
-    fwd = b.hops[0].lane
-    root = b.hops[-1]
-    captured = [k for k in index.kernels.get(root.released_by, [])
-                if abs(k.end_us - root.released_at_us) < 1e-6]
-    what = (f"{captured[0].label} of step {captured[0].step}" if captured
-            else f"its {root.released_by} work")
-    barrier = index.trace.meta.get("barrier_effective", "")
-    role = (f" (the {barrier} WAR barrier)" if barrier and root.released_by == fwd
-            and root.lane != fwd else "")
-    call = root.api_label or f"a wait on {root.lane}"
-    lines = [f"{call}{role} holds the {root.lane} stream until {what} finishes."]
-    if captured and root.released_by != fwd:
-        late = _late_issue(index, captured[0], b.start_us)
-        if late:
-            lines.append(late)
-    hops = list(b.hops)
-    for upstream, downstream in zip(reversed(hops), list(reversed(hops))[1:]):
-        work = index.work_between(upstream.lane, upstream.span.end_us, downstream.span.end_us)
-        names = ", ".join(dict.fromkeys(k.label for k in work)) or "its work"
-        lines.append(f"Only then does the {upstream.lane} stream run {names}; "
-                     f"{downstream.api_label or downstream.lane + ' waits'} makes the "
-                     f"{downstream.lane} stream wait for it.")
-    lines.append(f"Result: {fwd} idles {b.idle_us:.0f} µs before forward {b.step}.")
-    return lines
-
-
-def _late_issue(index: _TraceIndex, kernel: Span, gap_start: float) -> str:
-    """Why the host issued ``kernel`` late, if it did: the block and the CPU work before it."""
-    issue = next((op.issue_us for op in index.trace.ops if op.kind == "kernel"
-                  and op.lane == kernel.lane and op.step == kernel.step
-                  and op.label == kernel.label and abs(op.start_us - kernel.start_us) < 1e-6),
-                 None)
-    # the kernel started as soon as it was issued, and that was inside the gap: the host was late
-    if issue is None or issue <= gap_start or kernel.start_us - issue > 1.0 + 1e-6 * issue:
-        return ""
-    # the host iteration that issued it
-    host = [s for s in index.trace.spans if s.lane == HOST and s.step == kernel.step
-            and s.end_us <= issue + 1e-6]
-    blocked = [s for s in host if s.kind == "blocked"]
-    text = f"The CPU issued {kernel.label} only {issue - gap_start:.0f} µs into the gap"
-    if blocked:
-        last = max(blocked, key=lambda s: s.end_us)
-        work = [s for s in host if s.kind == "cpu" and s.start_us >= last.end_us - 1e-6]
-        spent = ", ".join(f"{s.label} {s.end_us - s.start_us:.0f} µs" for s in work)
-        when = (f"{gap_start - last.end_us:.0f} µs before the gap opened"
-                if last.end_us <= gap_start else f"{last.end_us - gap_start:.0f} µs into the gap")
-        text += (f": it was blocked in {last.label} ({last.site}) until {when}, then ran "
-                 f"{spent or 'host calls'} before the launch.")
-    else:
-        text += "."
-    return text
-
-
-def _explain_box(ax: Axes, b: Bubble, y: dict, ms: float, index: _TraceIndex) -> None:
+def _explain_box(ax: Axes, b: Bubble, y: dict, ms: float, walk) -> None:
     text = "Why the GPU idles:\n" + "\n".join(f"{i + 1}. {line}"
-                                              for i, line in enumerate(story(index, b)))
+                                              for i, line in enumerate(story(walk, b)))
     root = b.hops[-1] if b.hops else None
     if root is not None:
         s = root.span
@@ -490,29 +343,31 @@ def _explain_box(ax: Axes, b: Bubble, y: dict, ms: float, index: _TraceIndex) ->
                 annotation_clip=False, zorder=7, gid="bubble_explain")
 
 
-def _span_labels(ax: Axes, visible: list[Span], graph_kernels: set, y: dict, ms: float) -> None:
+def _span_labels(ax: Axes, drawn: _Drawn, y: dict, ms: float) -> None:
     """Write a span's label inside it when it fits (measured in pixels after layout)."""
+    trace = drawn.trace
+    spans = trace.spans
     x0, x1 = ax.get_xlim()
     width_px = ax.get_window_extent().width or 800.0
     px_per_ms = width_px / max(x1 - x0, 1e-9)
     char_px = 4.6  # 7-pt sans serif, about
-    for s in visible:
-        if s.kind == "api":
+    ids = drawn.ids
+    lo = np.maximum(spans.start_us[ids] * ms, x0)
+    hi = np.minimum(spans.end_us[ids] * ms, x1)
+    room = (hi - lo) * px_per_ms
+    # a label needs room for a few characters at least; API calls are too short to label
+    for i in np.flatnonzero((room >= char_px + 6) & (drawn.kinds != "api")).tolist():
+        s = int(ids[i])
+        label = views.span_text(trace, s)
+        if room[i] < char_px * len(label) + 6:
             continue
-        lo, hi = max(s.start_us * ms, x0), min(s.end_us * ms, x1)
-        room = (hi - lo) * px_per_ms
-        label = s.label
-        if s.kind == "wait":
-            label = s.label.replace("wait ", "wait for ")
-        if room < char_px * len(label) + 6:
-            continue
-        dark = _draw_kind(s, graph_kernels) in ("cpu",)
-        ax.text((lo + hi) / 2, y[s.lane], label, ha="center", va="center", fontsize=7,
-                color="white" if dark else "#222222", clip_on=True, zorder=3, gid="span_label")
+        dark = drawn.kinds[i] == "cpu"
+        ax.text((lo[i] + hi[i]) / 2, y[trace.text(int(spans.lane[s]))], label, ha="center",
+                va="center", fontsize=7, color="white" if dark else "#222222", clip_on=True,
+                zorder=3, gid="span_label")
 
 
-def _legend(ax: Axes, visible: list[Span], graph_kernels: set, raced: bool, edges: bool) -> None:
-    kinds = {_draw_kind(s, graph_kernels) for s in visible}
+def _legend(ax: Axes, kinds: set, raced: bool, edges: bool) -> None:
     handles = [Patch(facecolor=KIND_COLORS[k], edgecolor="#555555" if k == "blocked" else "none",
                      hatch="////" if k == "blocked" else None, label=KIND_NAMES[k])
                for k in KIND_COLORS if k in kinds]
@@ -538,23 +393,24 @@ def stall_figure(data, steps: tuple[int, int] | None = None, *, zoom_us: float =
     """A timeline over ``steps`` above a zoom on its first forward-stream bubble.
 
     Without a bubble in the window the figure holds the timeline alone. ``fig``:
-    draw into this (empty) figure, e.g. one made by pyplot in a notebook.
+    draw into this (empty) figure, e.g. one made by pyplot in a notebook. Only
+    the window's steps are examined.
     """
-    trace, step_df, race_list, warmup = _unpack(data)
+    trace, race_list, warmup = _unpack(data)
     window = steps if steps is not None else default_window(trace)
-    found = bubbles(_Data(trace, step_df), window=window)
+    found = bubbles(views.window(trace, *window)) if window[0] <= window[1] else []
     if fig is None:
         fig = Figure(figsize=figsize if found else (figsize[0], figsize[1] * 0.55),
                      layout="constrained")
     races = [r for r in race_list if r.second_step >= warmup]
     if not found:
-        timeline(data, fig.add_subplot(), steps=window, races=races)
+        timeline(trace, fig.add_subplot(), steps=window, races=races)
         return fig
     top, bottom = fig.subplots(2, 1, height_ratios=(1.2, 1))
-    timeline(data, top, steps=window, races=races, explain=False)
+    timeline(trace, top, steps=window, races=races, explain=False)
     b = found[0]
     pad = max(zoom_us - b.idle_us, 0.0) / 2
-    timeline(data, bottom, xlim_us=(b.start_us - pad, b.end_us + pad), races=races,
+    timeline(trace, bottom, xlim_us=(b.start_us - pad, b.end_us + pad), races=races,
              legend=False, title=f"Zoom: the {b.idle_us:.0f} µs bubble before forward {b.step}")
     return fig
 

@@ -8,10 +8,12 @@ from collections import Counter, defaultdict
 
 import pytest
 
+from simwar.analysis.views import launch_links, ordered_lanes
 from simwar.api import simulate
 from simwar.cli import main
-from simwar.perfetto import chrome_trace, launch_links, ordered_lanes, write_chrome_trace
-from simwar.trace import HOST, Span, Trace
+from simwar.perfetto import chrome_trace, write_chrome_trace
+from simwar.recorder import Recorder
+from simwar.trace import HOST, Call, SpanKind, Trace
 
 SMALL = {"steps": 12, "warmup_steps": 2}
 
@@ -132,27 +134,51 @@ def test_launch_ahead_counter_matches_the_metric(coarse):
 
 
 def test_launch_links_pair_each_kernel_with_its_call(coarse):
-    links = launch_links(coarse.trace)
-    kernels = [s for s in coarse.trace.spans if s.kind == "kernel"]
-    assert sorted(link.kernel for link in links) == sorted(kernels)
+    trace = coarse.trace
+    links = launch_links(trace)
+    spans = {s.span_id: s for s in trace.spans}
+    kernels = [s for s in trace.spans if s.kind == "kernel"]
+    assert sorted(spans[link.span] for link in links) == sorted(kernels)
     for link in links:
-        assert link.api.lane == HOST and link.api.kind == "api"
-        assert link.api.step == link.kernel.step
-        assert link.api.end_us <= link.kernel.start_us
+        api, kernel = spans[link.call], spans[link.span]
+        assert kernel.op == link.op
+        assert api.lane == HOST and api.kind == "api"
+        assert api.call == ("graph_launch" if link.graph else "launch")
+        assert api.step == kernel.step
+        assert api.end_us <= kernel.start_us
         if link.graph:  # DSPARK's draft and verify are CUDA graphs: prep and body are nodes
-            assert link.api.label == link.kernel.phase + ".graph"
+            assert api.label == kernel.phase + ".graph"
         else:
-            assert link.api.label == link.kernel.label
-    assert {link.kernel.label for link in links if link.graph} == {
+            assert api.label == kernel.label
+    assert {spans[link.span].label for link in links if link.graph} == {
         "draft.prep", "draft.body", "verify.prep", "verify.body"}
 
 
+def test_host_calls_and_waits_are_named_by_call_kind_label_and_lane(coarse):
+    doc = chrome_trace(coarse.trace)
+    names = {e["name"] for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert {"forward.wait_stream(schedule)", "schedule.wait_stream(forward)",
+            "copy.wait_stream(forward)", "record copy_done[5]", "sync copy_done[4]",
+            "wait for forward", "wait for schedule"} <= names
+    flows = {(e["cat"], e["name"]) for e in doc["traceEvents"] if e["ph"] == "s"}
+    assert ("record_sync", "copy_done[4]") in flows and ("launch", "draft.graph") in flows
+
+
+def _trace(device=(), host=()) -> Trace:
+    """A trace of bare spans: ``device`` (lane, label, start, end) kernels, ``host`` cpu work."""
+    rec = Recorder()
+    for lane, label, start, end in device:
+        rec.device(SpanKind.KERNEL, lane, 0, start, end, label, op=-1)
+    for label, start, end in host:
+        rec.host(Call.CPU, 0, start, end, label)
+    return rec.finish()
+
+
 def test_overlapping_spans_are_split_onto_extra_tracks():
-    spans = [Span("forward", "a", "kernel", 0, 0.0, 10.0),
-             Span("forward", "b", "kernel", 0, 5.0, 12.0),  # overlaps a
-             Span("forward", "c", "kernel", 0, 10.0, 11.0),  # fits after a on the first track
-             Span(HOST, "w", "cpu", 0, 0.0, 1.0)]
-    trace = Trace(spans=spans)
+    trace = _trace(device=[("forward", "a", 0.0, 10.0),
+                           ("forward", "b", 5.0, 12.0),  # overlaps a
+                           ("forward", "c", 10.0, 11.0)],  # fits after a on the first track
+                   host=[("w", 0.0, 1.0)])
     doc = chrome_trace(trace)
     check_tracks = defaultdict(list)
     for e in doc["traceEvents"]:
@@ -167,8 +193,7 @@ def test_overlapping_spans_are_split_onto_extra_tracks():
 def test_timestamps_are_rounded_to_ns_without_creating_overlaps():
     # back-to-back spans whose float ends are not exactly representable
     t = [0.1 * i for i in range(40)]
-    spans = [Span("forward", f"k{i}", "kernel", 0, t[i], t[i + 1]) for i in range(39)]
-    doc = chrome_trace(Trace(spans=spans))
+    doc = chrome_trace(_trace(device=[("forward", f"k{i}", t[i], t[i + 1]) for i in range(39)]))
     xs = sorted((e["ts"], e["dur"]) for e in doc["traceEvents"] if e["ph"] == "X")
     tids = {e["tid"] for e in doc["traceEvents"] if e["ph"] == "X"}
     assert tids == {1}  # nothing needed splitting

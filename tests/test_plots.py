@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -16,6 +21,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from simwar import plots  # noqa: E402
 from simwar.api import simulate  # noqa: E402
 from simwar.cli import main  # noqa: E402
+from simwar.trace import Call, OpKind  # noqa: E402
 
 SMALL = {"steps": 14, "warmup_steps": 4}
 WINDOW = (5, 7)
@@ -54,9 +60,19 @@ def test_timeline_lanes_kinds_edges_and_steps(runs):
     for k in range(WINDOW[0], WINDOW[1] + 1):
         assert f"step:{k}" in gids and f"steplabel:{k}" in gids
     lo, hi = ax.get_xlim()
-    start = next(m.time_us for m in runs["fine"].trace.markers
-                 if m.name == "step" and m.step == WINDOW[0])
-    assert lo == pytest.approx(start * 1e-3)
+    trace = runs["fine"].trace
+    marks = {m.step: m.time_us for m in trace.markers if m.name == "step"}
+    assert lo == pytest.approx(marks[WINDOW[0]] * 1e-3)
+    # the window is inclusive: it ends with the last of step B's spans, and nothing of step
+    # B + 1 is drawn (neither its boundary nor its host work, which starts at its marker)
+    assert hi == pytest.approx(max(s.end_us for s in trace.spans
+                                   if WINDOW[0] <= s.step <= WINDOW[1]) * 1e-3)
+    nxt = WINDOW[1] + 1
+    assert f"step:{nxt}" not in gids and f"steplabel:{nxt}" not in gids
+    assert marks[nxt] * 1e-3 < hi  # step B + 1 began inside the range, yet is not drawn
+    cpu_bars = [x for c in ax.collections if c.get_gid().startswith("span:cpu:")
+                for x in c.get_paths()]
+    assert cpu_bars and all(p.vertices[:, 0].min() < marks[nxt] * 1e-3 for p in cpu_bars)
     # the fine barrier leaves no forward-stream bubble and no race
     assert "bubble" not in gids and "races" not in gids
 
@@ -138,6 +154,76 @@ def test_timeline_window_errors(runs):
         plots.timeline(runs["fine"], steps=(500, 501))
 
 
+def _bars(ax: Axes, suffix: str) -> int:
+    return sum(len(c.get_paths()) for c in ax.collections
+               if (c.get_gid() or "").startswith("span:") and c.get_gid().endswith(suffix))
+
+
+def test_graph_colour_marks_exactly_the_kernels_a_graph_launch_issued():
+    # an eager phase (every kernel its own launch) and a CUDA-graph phase (load_batch launched
+    # eagerly, prep and body nodes of one graph launch)
+    r = simulate(None, {**SMALL, "algorithm": "custom", "phases": [
+        {"name": "eager", "graph": "eager", "load_batch_us": 20, "prep_us": 30, "body_us": 300},
+        {"name": "graphed", "graph": "full", "load_batch_us": 20, "prep_us": 30,
+         "body_us": 400}]})
+    trace = r.trace
+    spans = {s.span_id: s for s in trace.spans}
+    kernels = [op for op in trace.ops if op.kind == "kernel"]
+    node = trace.graph_node()
+    graph_ops = {op.op_id for op in kernels if node[op.op_id]}
+    assert graph_ops == {op.op_id for op in kernels if spans[op.call].call == "graph_launch"}
+    assert {op.label for op in kernels if op.op_id in graph_ops} == {"graphed.prep",
+                                                                     "graphed.body"}
+    assert {op.label for op in kernels if spans[op.call].call == "launch"} >= {
+        "eager.load_batch", "eager.prep", "eager.body", "graphed.load_batch"}
+    # the timeline draws those, and only those, in the graph colour
+    ax = plots.timeline(r, steps=WINDOW, annotate=False, labels=False)
+    lo, hi = (x * 1e3 for x in ax.get_xlim())
+    drawn = [s for s in trace.spans if s.kind == "kernel" and s.step <= WINDOW[1]
+             and s.end_us >= lo and s.start_us <= hi]
+    assert _bars(ax, ":graph") == sum(1 for s in drawn if s.op in graph_ops) > 0
+    assert _bars(ax, ":kernel") == sum(1 for s in drawn if s.op not in graph_ops) > 0
+
+
+REAL_FINE = Path(__file__).parent / "data" / "kineto" / "dspark-fine-gpu.kineto.json.gz"
+
+
+@pytest.mark.skipif(not REAL_FINE.exists(), reason="no H200 capture under tests/data/kineto")
+def test_graph_nodes_of_the_h200_capture_are_the_graph_launched_kernels():
+    # the capture itself: each device kernel or copy correlates with the runtime call issuing it
+    doc = json.load(gzip.open(REAL_FINE, "rt"))
+    runtime = {e["args"]["correlation"]: e["name"] for e in doc["traceEvents"]
+               if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {})}
+    issued_by = Counter(runtime.get(e["args"].get("correlation")) for e in doc["traceEvents"]
+                        if e.get("cat") in ("kernel", "gpu_memcpy"))
+    assert sum(issued_by.values()) == 1131
+    assert issued_by["cudaLaunchKernel"] == 490 and issued_by["cudaGraphLaunch"] == 400
+
+    from simwar.importers.kineto import import_kineto
+
+    trace = import_kineto(REAL_FINE, {"steps": r"^step#\d+$", "warmup_steps": 10}).trace
+    ops = trace.ops
+    kernels = np.flatnonzero(ops.kind == OpKind.KERNEL)
+    assert len(kernels) == 1131
+    calls = ops.call[kernels]
+    call_kind = np.where(calls >= 0, trace.spans.call[np.maximum(calls, 0)], -1)
+    call_name = np.array([trace.text(int(trace.spans.label[c])) if c >= 0 else ""
+                          for c in calls.tolist()])
+    launched, graphed = call_name == "cudaLaunchKernel", call_name == "cudaGraphLaunch"
+    assert launched.sum() == 490 and graphed.sum() == 400
+    assert (call_kind[launched] == Call.LAUNCH).all()
+    assert (call_kind[graphed] == Call.GRAPH_LAUNCH).all()
+    node = trace.graph_node()[kernels]
+    assert np.array_equal(node, call_kind == Call.GRAPH_LAUNCH)
+    assert np.array_equal(node, graphed) and not node[launched].any()
+    # the timeline of the whole capture draws the 400 graph nodes, and only them, as such
+    spans = trace.spans
+    ax = plots.timeline(trace, xlim_us=(float(spans.start_us.min()), float(spans.end_us.max())),
+                        races=(), annotate=False, labels=False, edges=False)
+    assert _bars(ax, ":graph") == 400
+    assert _bars(ax, ":graph") + _bars(ax, ":kernel") == 1131
+
+
 def test_stall_figure_zooms_on_the_first_bubble(runs):
     fig = plots.stall_figure(runs["coarse"], WINDOW)
     top, zoom = fig.axes[:2]
@@ -147,6 +233,26 @@ def test_stall_figure_zooms_on_the_first_bubble(runs):
     assert "bubble_explain" in _gids(zoom) and "bubble_explain" not in _gids(top)
     FigureCanvasAgg(fig).draw()  # renders without error
     assert len(plots.stall_figure(runs["fine"], WINDOW).axes) == 1
+
+
+def test_timeline_and_stall_figure_examine_only_their_window(runs, monkeypatch):
+    from simwar.analysis import bubbles as walk
+
+    seen = []
+    hops = walk._Walk.hops
+
+    def counting(self, kernel, start, end):
+        seen.append(int(self.ops.step[kernel]))
+        return hops(self, kernel, start, end)
+
+    monkeypatch.setattr(walk._Walk, "hops", counting)
+    plots.stall_figure(runs["coarse"], WINDOW)
+    # the window's bubbles, and those of the steps whose spans the zoom shows: not the run's
+    assert set(range(WINDOW[0], WINDOW[1] + 1)) <= set(seen)
+    assert min(seen) >= WINDOW[0] - 2 and max(seen) <= WINDOW[1]
+    seen.clear()
+    assert [b.step for b in plots.bubbles(runs["coarse"], window=(6, 6))] == [6]
+    assert seen == [6]
 
 
 def test_comparison_plots(runs):

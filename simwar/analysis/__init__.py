@@ -3,7 +3,12 @@
 - :mod:`.metrics`: the per-step table and the summary (step time, forward
   gap, GPU idle by cause, CPU blocked by site, launch lead and launch-ahead);
 - :mod:`.hazards`: latent races by happens-before and observed overlaps;
-- :mod:`.idle`: each stream's idle time split by cause, HTA-style.
+- :mod:`.idle`: each stream's idle time split by cause and the device's
+  temporal breakdown, as HolisticTraceAnalysis computes them;
+- :mod:`.bubbles`: forward-stream bubbles and the chain of waits (or the
+  host) that caused each;
+- :mod:`.views`: windows of steps, lanes, launch links and the look-ups
+  plots and exporters need, each costing what its window costs.
 
 They read the Trace's columns and its explicit relations (op ids, the
 issuing call of each op, the record each wait or sync bound to); none
@@ -24,7 +29,14 @@ _LAZY = {
     "HazardReport": ("simwar.analysis.hazards", "HazardReport"),
     "Race": ("simwar.analysis.hazards", "Race"),
     "idle_breakdown": ("simwar.analysis.idle", "idle_breakdown"),
+    "temporal_breakdown": ("simwar.analysis.idle", "temporal_breakdown"),
     "gap_cause": ("simwar.analysis.idle", "gap_cause"),
+    "bubbles": ("simwar.analysis.bubbles", "bubbles"),
+    "story": ("simwar.analysis.bubbles", "story"),
+    "Bubble": ("simwar.analysis.bubbles", "Bubble"),
+    "Hop": ("simwar.analysis.bubbles", "Hop"),
+    "window": ("simwar.analysis.views", "window"),
+    "launch_links": ("simwar.analysis.views", "launch_links"),
 }
 
 __all__ = sorted(_LAZY)

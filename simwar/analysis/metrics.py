@@ -31,29 +31,18 @@ import pandas as pd
 
 from ..trace import OpKind, SpanKind, Trace
 from .hazards import HazardReport, detect
+from .views import forward_kernels, forwards
 
 SITES = ("result_copy", "verify_done", "seq_lens", "barrier")
-
-
-def forward_kernels(trace: Trace) -> np.ndarray:
-    """Op ids of the forward's kernels: phased kernel ops on the forward stream."""
-    ops = trace.ops
-    fwd = trace.code(trace.meta.get("forward_stream", "forward"))
-    return np.flatnonzero((ops.kind == OpKind.KERNEL) & (ops.lane == fwd)
-                          & (ops.phase != trace.code("")))
 
 
 def step_frame(trace: Trace) -> pd.DataFrame:
     ops, spans = trace.ops, trace.spans
     fwd = trace.code(trace.meta.get("forward_stream", "forward"))
-    kern = forward_kernels(trace)
-    if len(kern) == 0:
+    if len(forward_kernels(trace)) == 0:
         return pd.DataFrame(columns=["step"])
-    steps, inv = np.unique(ops.step[kern], return_inverse=True)
-    start = np.full(len(steps), np.inf)
-    end = np.full(len(steps), -np.inf)
-    np.minimum.at(start, inv, ops.start_us[kern])
-    np.maximum.at(end, inv, ops.end_us[kern])
+    fw = forwards(trace)  # the same extents the bubble walk uses
+    steps, start, end = fw.steps, fw.start_us, fw.end_us
     nxt = np.append(start[1:], np.nan)
     df = pd.DataFrame({"fwd_start_us": start, "fwd_end_us": end},
                       index=pd.Index(steps, name="step"))
