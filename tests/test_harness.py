@@ -248,3 +248,25 @@ def test_calibrate_and_compare_on_fake_traces(tmp_path, capsys):
                                   "rel_error"}
     races = table[table.metric == "races"].set_index("config").measured
     assert races["dspark-none-gpu"] == 1 and races["dspark-fine-cpu"] == 0
+
+
+def test_fake_program_costs_use_each_ops_own_host_cost_and_latencies():
+    from simwar.engine import run
+    from simwar.program import WaitStream
+
+    ops = [StepMarker(0), Launch("a", Kernel("k", 10.0), 0, host_us=2.0),
+           Record("e", "a", 0, host_us=3.0), WaitEvent("b", "e", 0, host_us=1.0, latency_us=4.0),
+           WaitStream("c", "a", 0, host_us=0.5, latency_us=1.5),
+           Launch("b", Kernel("kb", 1.0), 0, host_us=1.0),
+           Launch("c", Kernel("kc", 1.0), 0, host_us=1.0),
+           Synchronize("e", 0, "x", host_us=0.25, wake_us=7.0)]
+    program = Program(ops, streams=("a", "b", "c"))
+    backend = FakeBackend("program")
+    trace = replay(make_plan(program), backend)
+    assert backend.info()["latency"] == "program"
+    want = {(o.label, o.start_us, o.end_us) for o in run(program).ops}
+    assert {(o.label, o.start_us, o.end_us) for o in trace.ops} == want
+    kb = next(o for o in trace.ops if o.label == "kb")
+    assert kb.start_us == 2.0 + 10.0 + 4.0  # k ends at 12, plus the wait's own latency
+    sync = next(o for o in trace.ops if o.kind == "sync")
+    assert sync.end_us == 12.0 + 7.0  # the record fires at 12, plus the sync's own wake-up

@@ -14,7 +14,13 @@ snapshot is the stamp of the latest write that *started* before the read
 *ended* — the simulator's definition of an observed overlap.
 
 With costs equal to a program's ``host_us`` the fake reproduces the SimPy
-engine's timeline, which is what the CPU tests check.
+engine's timeline, which is what the CPU tests check. ``costs="program"``
+takes each call's cost from its own op instead (``host_us``), and each
+synchronize's wake-up and each wait's cross-stream latency from the op too
+(``wake_us``, ``latency_us``), as the engine does: then the fake reproduces
+the engine on any program, whatever its per-op costs (``info()`` says
+``latency: program`` so that the assembly places waits with each op's own
+latency).
 
 Imports: the standard library only.
 """
@@ -22,14 +28,21 @@ Imports: the standard library only.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 
+from ..program import Record, Synchronize, WaitEvent, WaitStream
 from .plan import GraphStep, KernelStep, ReplayPlan
+
+#: the cost kind of each call, by plan step type
+_CALL_KIND = {KernelStep: "launch_us", GraphStep: "graph_launch_us", Record: "event_record_us",
+              WaitEvent: "wait_event_us", WaitStream: "wait_stream_us", Synchronize: "sync_us"}
 
 
 class FakeBackend:
-    def __init__(self, costs: dict | None = None, *, sync_wake_us: float = 0.0,
+    def __init__(self, costs: dict | str | None = None, *, sync_wake_us: float = 0.0,
                  cross_stream_us: float = 0.0):
-        self.costs = dict(costs or {})
+        self.per_op = costs == "program"
+        self.costs = {} if self.per_op else dict(costs or {})
         self.sync_wake_us = sync_wake_us
         self.cross_stream_us = cross_stream_us
 
@@ -43,9 +56,26 @@ class FakeBackend:
         self.writes: list[list[tuple[float, int]]] = [[] for _ in plan.buffers]
         self.read_at: dict[int, tuple[int, float]] = {}
         self.calls: list[str] = []  # the call log, for tests
+        # program mode: (kind, host_us, wake_us, latency_us) of each call, in call order
+        self.pending: deque = deque()
+        if self.per_op:
+            ops = plan.program.ops
+            for st in plan.steps:
+                kind = _CALL_KIND.get(type(st))
+                if kind is None:
+                    continue
+                op = ops[st.index] if kind in ("launch_us", "graph_launch_us") else st
+                self.pending.append((kind, op.host_us, getattr(op, "wake_us", 0.0),
+                                     getattr(op, "latency_us", 0.0)))
+        # the current call's device latencies (the op's own in program mode)
+        self.wake_us = self.sync_wake_us
+        self.latency_us = self.cross_stream_us
 
     def info(self) -> dict:
-        return {"backend": "fake", "cross_stream_us": self.cross_stream_us}
+        out = {"backend": "fake", "cross_stream_us": self.cross_stream_us}
+        if self.per_op:
+            out["latency"] = "program"
+        return out
 
     def finish(self) -> tuple[list[float], list[int]]:
         snaps = [0] * self.plan.snapshot_slots
@@ -65,7 +95,13 @@ class FakeBackend:
         return self.now
 
     def _call(self, kind: str, name: str) -> float:
-        self.now += self.costs.get(kind, 0.0)
+        if self.per_op:
+            expected, cost, self.wake_us, self.latency_us = self.pending.popleft()
+            if expected != kind:
+                raise RuntimeError(f"call {name!r} out of program order (expected {expected})")
+            self.now += cost
+        else:
+            self.now += self.costs.get(kind, 0.0)
         self.calls.append(name)
         return self.now
 
@@ -113,7 +149,7 @@ class FakeBackend:
 
     def _hold(self, stream: str, ready: float, fired: float, lane: str) -> None:
         reach = max(self.tail.get(stream, 0.0), ready)
-        release = fired + (self.cross_stream_us if lane != stream else 0.0)
+        release = fired + (self.latency_us if lane != stream else 0.0)
         self.tail[stream] = max(reach, release)
 
     def wait_event(self, stream: str, key: tuple | None) -> None:
@@ -135,5 +171,5 @@ class FakeBackend:
             return
         fired, _ = self.events[key]
         if fired > t1:
-            t1 = fired + self.sync_wake_us
+            t1 = fired + self.wake_us
         self.now = t1

@@ -27,9 +27,10 @@ in the simulator's schema:
   the host);
 - records fire at their stream's tail or their issue time, whichever is
   later; a stream wait spans from reaching the wait to its bound record's
-  firing, plus the device's cross-stream latency (``info["cross_stream_us"]``)
-  when the record is on another stream; syncs are host spans (``blocked``,
-  with their ``site``);
+  firing, plus the device's cross-stream latency (``info["cross_stream_us"]``;
+  each wait's own ``latency_us`` where ``info["latency"]`` is ``program``, as
+  the fake backend's program mode reports) when the record is on another
+  stream; syncs are host spans (``blocked``, with their ``site``);
 - every read's snapshot is checked against the stamp it should have seen:
   a mismatch is a **measured race** (``meta.measured_races``).
 
@@ -179,6 +180,7 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
     latest_row: dict[tuple, Op] = {}  # event key -> its latest record row
     host_costs: dict[str, list[float]] = {k: [] for k in COST_KINDS}
     cross_us = float(info.get("cross_stream_us", 0.0))
+    own_latency = info.get("latency") == "program"  # each wait's own latency_us
     # per lane: (span index, row index) of device work placed by estimate since the lane's
     # last measured time, to clip when a measured start turns out earlier
     estimated: dict[str, list[tuple[int, int]]] = {}
@@ -218,11 +220,12 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
         if not timed:  # the span and row just added were placed by estimate
             estimated.setdefault(lane, []).append((len(spans) - 1, len(rows) - 1))
 
-    def _wait(lane: str, rec: Op | None, event: str, step: int, issue: float, label: str):
+    def _wait(lane: str, rec: Op | None, event: str, step: int, issue: float, label: str,
+              latency: float):
         reach = max(tail.get(lane, issue), issue)
         release = reach
         if rec is not None:
-            release = max(reach, rec.end_us + (cross_us if rec.lane != lane else 0.0))
+            release = max(reach, rec.end_us + (latency if rec.lane != lane else 0.0))
         add_row(lane, "wait", step, label, event, rec.op_id if rec is not None else -1, issue,
                 reach, release)
         if release > reach:
@@ -284,7 +287,8 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
             host_costs["wait_event_us"].append(b - a)
             spans.append(Span(HOST, f"{st.stream}.wait_event({st.event})", "api", st.step, a, b))
             rec = latest_row.get(bound_at_issue[i]) if bound_at_issue[i] else None
-            _wait(st.stream, rec, st.event, st.step, b, f"wait {st.event}")
+            _wait(st.stream, rec, st.event, st.step, b, f"wait {st.event}",
+                  st.latency_us if own_latency else cross_us)
         elif kind is WaitStream:
             host_costs["wait_stream_us"].append(b - a)
             spans.append(Span(HOST, f"{st.stream}.wait_stream({st.other})", "api", st.step,
@@ -293,7 +297,8 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
             fire = max(tail.get(st.other, b), b)
             rec = add_row(st.other, "record", st.step, name, name, -1, b, fire, fire)
             tail[st.other] = fire
-            _wait(st.stream, rec, name, st.step, b, f"wait {st.other}")
+            _wait(st.stream, rec, name, st.step, b, f"wait {st.other}",
+                  st.latency_us if own_latency else cross_us)
         elif kind is Synchronize:
             rec = latest_row.get(bound_at_issue[i]) if bound_at_issue[i] else None
             if rec is None or rec.end_us < a - SYNC_FIRED_MARGIN_US:
