@@ -250,6 +250,20 @@ def test_calibrate_and_compare_on_fake_traces(tmp_path, capsys):
     assert races["dspark-none-gpu"] == 1 and races["dspark-fine-cpu"] == 0
 
 
+def test_graph_launch_span_carries_the_launchs_phase_as_in_the_engine():
+    """The host span of a graph launch has the GraphLaunch's phase (the engine's), also when
+    it differs from its first node's."""
+    from simwar.engine import run
+
+    g = (GraphRecord("e"), Kernel("n", 3.0, phase="node"))
+    program = Program([StepMarker(0), GraphLaunch("s", "g", g, 0, "launch", host_us=1.0)],
+                      streams=("s",))
+    api = [(sp.label, sp.phase) for t in (run(program), replay(make_plan(program),
+                                                                FakeBackend("program")))
+           for sp in t.spans if sp.kind == "api"]
+    assert api == [("g", "launch"), ("g", "launch")]
+
+
 def test_fake_program_costs_use_each_ops_own_host_cost_and_latencies():
     from simwar.engine import run
     from simwar.program import WaitStream

@@ -252,8 +252,9 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
         elif kind is GraphStep:
             host_costs["graph_launch_us"].append(b - a)
             gp = plan.graphs[st.graph]
+            # the launch's own phase (the engine's), not its first node's
             spans.append(Span(HOST, st.graph, "api", st.step, a, b,
-                              next((n.kernel.phase for n in gp.nodes if n.kernel), "")))
+                              plan.program.ops[st.index].phase))
             nominal = sum(n.kernel.duration_us for n in gp.nodes if n.kernel is not None)
             gs = begin(st.stream, first[i], st.start_point)
             ge = gs + nominal
