@@ -264,6 +264,22 @@ def test_graph_launch_span_carries_the_launchs_phase_as_in_the_engine():
     assert api == [("g", "launch"), ("g", "launch")]
 
 
+def test_fake_reads_see_writes_ordered_before_them_at_the_same_instant():
+    """Zero-length kernels: a kernel reads its own write, and a read ordered after a write
+    that starts at the same instant sees it (stream order), so no measured race."""
+    ops = [StepMarker(0), Launch("a", Kernel("rw", 0.0, reads=("b",), writes=("b",)), 0),
+           Launch("a", Kernel("w", 0.0, writes=("b",)), 0),
+           Launch("a", Kernel("r", 0.0, reads=("b",)), 0)]
+    trace = replay(make_plan(Program(ops, streams=("a",))), FakeBackend())
+    assert trace.meta["measured_races"] == []
+    # a write issued after a read and starting when it ends did not overtake it
+    ops = [StepMarker(0), Launch("a", Kernel("r", 2.0, reads=("b",)), 0),
+           Record("r", "a", 0), WaitEvent("c", "r", 0),
+           Launch("c", Kernel("w", 1.0, writes=("b",)), 0)]
+    trace = replay(make_plan(Program(ops, streams=("a", "c"))), FakeBackend())
+    assert trace.meta["measured_races"] == []
+
+
 def test_fake_program_costs_use_each_ops_own_host_cost_and_latencies():
     from simwar.engine import run
     from simwar.program import WaitStream

@@ -11,7 +11,10 @@ at once or at the firing plus ``sync_wake_us``. Each host call costs the
 ``event_record_us``, ``wait_event_us``, ``wait_stream_us``, ``sync_us``);
 timing points cost nothing. Buffers keep their write history, so each read
 snapshot is the stamp of the latest write that *started* before the read
-*ended* — the simulator's definition of an observed overlap.
+*ended* — the simulator's definition of an observed overlap — or exactly when
+it ended, if it was issued before the read (stream order: a zero-length
+kernel reads its own write, and a zero-length read sees a write ordered
+before it that starts at the same instant).
 
 With costs equal to a program's ``host_us`` the fake reproduces the SimPy
 engine's timeline, which is what the CPU tests check. ``costs="program"``
@@ -54,7 +57,8 @@ class FakeBackend:
         self.points = [float("nan")] * plan.timing_points
         self.events: dict[tuple, tuple[float, str]] = {}
         self.writes: list[list[tuple[float, int]]] = [[] for _ in plan.buffers]
-        self.read_at: dict[int, tuple[int, float]] = {}
+        self.read_at: dict[int, tuple[int, float, int]] = {}  # slot -> (buffer, end, issued)
+        self.issued = 0  # the latest stamp issued so far (stamps follow issue order)
         self.calls: list[str] = []  # the call log, for tests
         # program mode: (kind, host_us, wake_us, latency_us) of each call, in call order
         self.pending: deque = deque()
@@ -79,10 +83,11 @@ class FakeBackend:
 
     def finish(self) -> tuple[list[float], list[int]]:
         snaps = [0] * self.plan.snapshot_slots
-        for slot, (buf, t) in self.read_at.items():
+        for slot, (buf, t, issued) in self.read_at.items():
             hist = self.writes[buf]
-            # latest write that started strictly before the read ended (issue order breaks ties)
-            i = bisect.bisect_left(hist, (t, -1))
+            # latest write that started before the read ended, or when it ended if issued
+            # before it (issue order breaks ties)
+            i = bisect.bisect_right(hist, (t, issued))
             snaps[slot] = hist[i - 1][1] if i else 0
         return self.points, snaps
 
@@ -110,9 +115,10 @@ class FakeBackend:
         start = max(self.tail.get(stream, 0.0), ready)
         for buf, stamp in writes:
             bisect.insort(self.writes[buf], (start, stamp))
+            self.issued = max(self.issued, stamp)
         end = start + duration
         for buf, slot in reads:
-            self.read_at[slot] = (buf, end)
+            self.read_at[slot] = (buf, end, self.issued)
         self.tail[stream] = end
         return end
 
