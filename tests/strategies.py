@@ -77,14 +77,16 @@ def _graph_nodes(draw, name, buffers):
 
 
 @st.composite
-def programs(draw, max_ops: int = 30, max_steps: int = 4):
+def programs(draw, max_ops: int = 30, max_steps: int = 4, graphs: bool = True):
+    """Any valid Program (``graphs=False``: no graph launches, all kernels eager)."""
+    kinds = OP_KINDS if graphs else tuple(k for k in OP_KINDS if k != "graph")
     streams = STREAM_NAMES[:draw(st.integers(1, len(STREAM_NAMES)))]
     buffers = BUFFER_NAMES[:draw(st.integers(1, len(BUFFER_NAMES)))]
-    graphs: dict[str, tuple] = {}
+    captured: dict[str, tuple] = {}
     step = 0
     ops: list = [StepMarker(0)]
     for i in range(draw(st.integers(1, max_ops))):
-        kind = draw(st.sampled_from(OP_KINDS))
+        kind = draw(st.sampled_from(kinds))
         s = draw(st.sampled_from(streams))
         if kind == "launch":
             reads, writes = _accesses(draw, buffers)
@@ -92,9 +94,9 @@ def programs(draw, max_ops: int = 30, max_steps: int = 4):
             ops.append(Launch(s, k, step, draw(host_costs)))
         elif kind == "graph":
             g = draw(st.sampled_from(GRAPHS))
-            if g not in graphs:
-                graphs[g] = _graph_nodes(draw, g, buffers)
-            ops.append(GraphLaunch(s, g, graphs[g], step, draw(st.sampled_from(PHASES)),
+            if g not in captured:
+                captured[g] = _graph_nodes(draw, g, buffers)
+            ops.append(GraphLaunch(s, g, captured[g], step, draw(st.sampled_from(PHASES)),
                                    draw(host_costs)))
         elif kind == "record":
             ops.append(Record(draw(st.sampled_from(EVENTS[:-1])), s, step, draw(host_costs)))

@@ -301,3 +301,26 @@ def test_shared_scratch_slot_would_be_reported(collector):
                for s, e in collector.raw]
     assert [(r["kind"], r["name"]) for r in reports] == [(INTERNAL, "scratch_snap[a]")]
     assert _model_run(program, collector) == []
+
+
+def test_csan_handler_agrees_with_simwar_on_random_eager_programs(collector):
+    """On random all-eager programs (tests/strategies.py), CSAN's logic fed the CUDA backend's
+    operators reports a shared buffer iff simwar finds a latent race (any step distance),
+    on the same buffers, and never the harness's own tensors."""
+    from hypothesis import HealthCheck, given, settings
+    from strategies import programs
+
+    from simwar.engine import run
+    from simwar.harness.csan import sanitize
+    from simwar.hazards import detect
+
+    @settings(max_examples=300, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(programs(graphs=False))
+    def check(program):
+        r = sanitize(program, None, collector, backend=CsanModelBackend(collector))
+        latent = {x.buffer for x in detect(run(program), window=10**6).latent}
+        assert set(r["csan"]["all"][SHARED]) == latent
+        assert r["csan_internal"] == 0
+
+    check()
