@@ -3,7 +3,9 @@
 - ``harness CONFIG... -o DIR``: build each config's program and write it as
   ``DIR/<name>.json`` (``--suite`` adds the committed suite's cases); with
   ``--replay`` (needs torch and a CUDA device) also replay each one on the GPU
-  and write ``DIR/<name>.trace.json.gz`` (the measured Trace);
+  and write ``DIR/<name>.trace.json.gz`` (the measured Trace); ``--csan`` adds
+  the CSAN matrix (all phases eager, 12 steps, simwar's latent races in each
+  program's meta) for ``python -m simwar.harness.csan DIR OUT_JSON``;
 - ``calibrate MEASURED... -o FILE``: fit ``costs.*`` from measured traces (a
   directory or tar of ``*.trace.json.gz``) or measured-summary JSON files,
   plus ``--bench`` micro-benchmarks; writes a versioned YAML that
@@ -26,6 +28,9 @@ def register(sub) -> None:
                                    "replay it on CUDA streams and write the measured Trace.")
     p.add_argument("configs", nargs="*", help="YAML configs")
     p.add_argument("--suite", action="store_true", help="add the harness suite's cases")
+    p.add_argument("--csan", action="store_true",
+                   help="add the CSAN matrix (all-eager cases with simwar's latent races in "
+                        "their meta, for python -m simwar.harness.csan)")
     p.add_argument("-o", "--out", required=True, help="output directory")
     p.add_argument("--replay", action="store_true", help="replay on the GPU (needs torch, CUDA)")
     p.set_defaults(func=cmd_harness)
@@ -77,8 +82,11 @@ def cmd_harness(args) -> int:
     if args.suite:
         for name in suite.cases():
             programs[name] = build_program(suite.case_config(name))
+    if args.csan:
+        for name, overrides in suite.csan_cases().items():
+            programs[name] = suite.csan_program(name, overrides)
     if not programs:
-        raise _user_error("harness: give at least one CONFIG or --suite")
+        raise _user_error("harness: give at least one CONFIG, --suite or --csan")
     for name, program in programs.items():
         (out / f"{name}.json").write_text(program.to_json())
     print(f"wrote {len(programs)} programs to {out}")

@@ -250,3 +250,55 @@ def test_calibrate_and_compare_on_fake_traces(tmp_path, capsys):
                                   "rel_error"}
     races = table[table.metric == "races"].set_index("config").measured
     assert races["dspark-none-gpu"] == 1 and races["dspark-fine-cpu"] == 0
+
+
+def test_graph_launch_span_carries_the_launchs_phase_as_in_the_engine():
+    """The host span of a graph launch has the GraphLaunch's phase (the engine's), also when
+    it differs from its first node's."""
+    from simwar.engine import run
+
+    g = (GraphRecord("e"), Kernel("n", 3.0, phase="node"))
+    program = Program([StepMarker(0), GraphLaunch("s", "g", g, 0, "launch", host_us=1.0)],
+                      streams=("s",))
+    api = [(sp.label, sp.phase) for t in (run(program), replay(make_plan(program),
+                                                                FakeBackend("program")))
+           for sp in t.spans if sp.kind == "api"]
+    assert api == [("g", "launch"), ("g", "launch")]
+
+
+def test_fake_reads_see_writes_ordered_before_them_at_the_same_instant():
+    """Zero-length kernels: a kernel reads its own write, and a read ordered after a write
+    that starts at the same instant sees it (stream order), so no measured race."""
+    ops = [StepMarker(0), Launch("a", Kernel("rw", 0.0, reads=("b",), writes=("b",)), 0),
+           Launch("a", Kernel("w", 0.0, writes=("b",)), 0),
+           Launch("a", Kernel("r", 0.0, reads=("b",)), 0)]
+    trace = replay(make_plan(Program(ops, streams=("a",))), FakeBackend())
+    assert trace.meta["measured_races"] == []
+    # a write issued after a read and starting when it ends did not overtake it
+    ops = [StepMarker(0), Launch("a", Kernel("r", 2.0, reads=("b",)), 0),
+           Record("r", "a", 0), WaitEvent("c", "r", 0),
+           Launch("c", Kernel("w", 1.0, writes=("b",)), 0)]
+    trace = replay(make_plan(Program(ops, streams=("a", "c"))), FakeBackend())
+    assert trace.meta["measured_races"] == []
+
+
+def test_fake_program_costs_use_each_ops_own_host_cost_and_latencies():
+    from simwar.engine import run
+    from simwar.program import WaitStream
+
+    ops = [StepMarker(0), Launch("a", Kernel("k", 10.0), 0, host_us=2.0),
+           Record("e", "a", 0, host_us=3.0), WaitEvent("b", "e", 0, host_us=1.0, latency_us=4.0),
+           WaitStream("c", "a", 0, host_us=0.5, latency_us=1.5),
+           Launch("b", Kernel("kb", 1.0), 0, host_us=1.0),
+           Launch("c", Kernel("kc", 1.0), 0, host_us=1.0),
+           Synchronize("e", 0, "x", host_us=0.25, wake_us=7.0)]
+    program = Program(ops, streams=("a", "b", "c"))
+    backend = FakeBackend("program")
+    trace = replay(make_plan(program), backend)
+    assert backend.info()["latency"] == "program"
+    want = {(o.label, o.start_us, o.end_us) for o in run(program).ops}
+    assert {(o.label, o.start_us, o.end_us) for o in trace.ops} == want
+    kb = next(o for o in trace.ops if o.label == "kb")
+    assert kb.start_us == 2.0 + 10.0 + 4.0  # k ends at 12, plus the wait's own latency
+    sync = next(o for o in trace.ops if o.kind == "sync")
+    assert sync.end_us == 12.0 + 7.0  # the record fires at 12, plus the sync's own wake-up

@@ -11,7 +11,9 @@ What each piece of a plan becomes on the device:
   *lean*; a *uniform* backend (the default) gives it one copy of a scratch
   slot instead, so that every eager kernel with at most one access is the
   same two launches and costs the host the same, as the config's one
-  ``costs.launch_us`` assumes;
+  ``costs.launch_us`` assumes. Each stream copies its own scratch source
+  into its own scratch snapshot slot (``ReplayPlan.scratch_buffer`` and
+  ``scratch_slot``), so these copies are ordered by their stream alone;
 - a graph: captured once (``torch.cuda.graph``) with the same kernels, a
   device launch counter that picks each write's stamp (``index_select`` from
   a per-node stamp array) and each read's snapshot slot (``index_copy_``),
@@ -142,13 +144,16 @@ class CudaBackend:
         torch.cuda.synchronize()
         self.streams = {name: torch.cuda.Stream() for name in plan.streams}
         self.current = None
-        # one slot per shared buffer, plus a scratch slot (last) for kernels without accesses
-        self.buffers = torch.zeros(len(plan.buffers) + 1, dtype=torch.int64, device=dev)
-        self.buf_views = [self.buffers[i:i + 1] for i in range(len(plan.buffers) + 1)]
-        self.scratch = self.buf_views[-1]
-        self.snap = torch.full((plan.snapshot_slots + 1,), -1, dtype=torch.int64, device=dev)
+        # one slot per shared buffer, then one scratch source slot per stream (for kernels
+        # without accesses); snapshots: one slot per read, then one scratch slot per stream
+        self.buffers = torch.zeros(plan.buffer_slots, dtype=torch.int64, device=dev)
+        self.buf_views = [self.buffers[i:i + 1] for i in range(plan.buffer_slots)]
+        self.snap = torch.full((plan.snap_slots,), -1, dtype=torch.int64, device=dev)
         eager_slots = {r.slot for st in plan.steps if type(st) is KernelStep for r in st.reads}
         self.snap_views = {s: self.snap[s:s + 1] for s in eager_slots}
+        # stream -> (its scratch snapshot slot, its scratch source slot)
+        self.scratch = {s: (self.snap[plan.scratch_slot(s):plan.scratch_slot(s) + 1],
+                            self.buf_views[plan.scratch_buffer(s)]) for s in plan.streams}
         # spin lengths decided before the timed loop
         self.kernel_cycles = {}
         for st in plan.steps:
@@ -157,7 +162,6 @@ class CudaBackend:
                 self.kernel_cycles[st.index] = self._cycles(
                     st.kernel.duration_us, len(st.writes),
                     len(st.reads) + (1 if plain and self.uniform else 0))
-        self.scratch_snap = self.snap[plan.snapshot_slots:]
         self.stamp_arrays = [torch.tensor(a, dtype=torch.int64, device=dev)
                              for a in plan.stamp_arrays]
         self.points = [torch.cuda.Event(enable_timing=True) for _ in range(plan.timing_points)]
@@ -251,7 +255,8 @@ class CudaBackend:
         for r in step.reads:
             self.snap_views[r.slot].copy_(self.buf_views[r.buffer])
         if self.uniform and not (step.writes or step.reads):
-            self.scratch_snap.copy_(self.scratch)
+            dst, src = self.scratch[step.stream]
+            dst.copy_(src)
         return first
 
     def graph_launch(self, step: GraphStep) -> float:

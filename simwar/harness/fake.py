@@ -11,10 +11,19 @@ at once or at the firing plus ``sync_wake_us``. Each host call costs the
 ``event_record_us``, ``wait_event_us``, ``wait_stream_us``, ``sync_us``);
 timing points cost nothing. Buffers keep their write history, so each read
 snapshot is the stamp of the latest write that *started* before the read
-*ended* — the simulator's definition of an observed overlap.
+*ended* — the simulator's definition of an observed overlap — or exactly when
+it ended, if it was issued before the read (stream order: a zero-length
+kernel reads its own write, and a zero-length read sees a write ordered
+before it that starts at the same instant).
 
 With costs equal to a program's ``host_us`` the fake reproduces the SimPy
-engine's timeline, which is what the CPU tests check.
+engine's timeline, which is what the CPU tests check. ``costs="program"``
+takes each call's cost from its own op instead (``host_us``), and each
+synchronize's wake-up and each wait's cross-stream latency from the op too
+(``wake_us``, ``latency_us``), as the engine does: then the fake reproduces
+the engine on any program, whatever its per-op costs (``info()`` says
+``latency: program`` so that the assembly places waits with each op's own
+latency).
 
 Imports: the standard library only.
 """
@@ -22,14 +31,21 @@ Imports: the standard library only.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 
+from ..program import Record, Synchronize, WaitEvent, WaitStream
 from .plan import GraphStep, KernelStep, ReplayPlan
+
+#: the cost kind of each call, by plan step type
+_CALL_KIND = {KernelStep: "launch_us", GraphStep: "graph_launch_us", Record: "event_record_us",
+              WaitEvent: "wait_event_us", WaitStream: "wait_stream_us", Synchronize: "sync_us"}
 
 
 class FakeBackend:
-    def __init__(self, costs: dict | None = None, *, sync_wake_us: float = 0.0,
+    def __init__(self, costs: dict | str | None = None, *, sync_wake_us: float = 0.0,
                  cross_stream_us: float = 0.0):
-        self.costs = dict(costs or {})
+        self.per_op = costs == "program"
+        self.costs = {} if self.per_op else dict(costs or {})
         self.sync_wake_us = sync_wake_us
         self.cross_stream_us = cross_stream_us
 
@@ -41,18 +57,37 @@ class FakeBackend:
         self.points = [float("nan")] * plan.timing_points
         self.events: dict[tuple, tuple[float, str]] = {}
         self.writes: list[list[tuple[float, int]]] = [[] for _ in plan.buffers]
-        self.read_at: dict[int, tuple[int, float]] = {}
+        self.read_at: dict[int, tuple[int, float, int]] = {}  # slot -> (buffer, end, issued)
+        self.issued = 0  # the latest stamp issued so far (stamps follow issue order)
         self.calls: list[str] = []  # the call log, for tests
+        # program mode: (kind, host_us, wake_us, latency_us) of each call, in call order
+        self.pending: deque = deque()
+        if self.per_op:
+            ops = plan.program.ops
+            for st in plan.steps:
+                kind = _CALL_KIND.get(type(st))
+                if kind is None:
+                    continue
+                op = ops[st.index] if kind in ("launch_us", "graph_launch_us") else st
+                self.pending.append((kind, op.host_us, getattr(op, "wake_us", 0.0),
+                                     getattr(op, "latency_us", 0.0)))
+        # the current call's device latencies (the op's own in program mode)
+        self.wake_us = self.sync_wake_us
+        self.latency_us = self.cross_stream_us
 
     def info(self) -> dict:
-        return {"backend": "fake", "cross_stream_us": self.cross_stream_us}
+        out = {"backend": "fake", "cross_stream_us": self.cross_stream_us}
+        if self.per_op:
+            out["latency"] = "program"
+        return out
 
     def finish(self) -> tuple[list[float], list[int]]:
         snaps = [0] * self.plan.snapshot_slots
-        for slot, (buf, t) in self.read_at.items():
+        for slot, (buf, t, issued) in self.read_at.items():
             hist = self.writes[buf]
-            # latest write that started strictly before the read ended (issue order breaks ties)
-            i = bisect.bisect_left(hist, (t, -1))
+            # latest write that started before the read ended, or when it ended if issued
+            # before it (issue order breaks ties)
+            i = bisect.bisect_right(hist, (t, issued))
             snaps[slot] = hist[i - 1][1] if i else 0
         return self.points, snaps
 
@@ -65,7 +100,13 @@ class FakeBackend:
         return self.now
 
     def _call(self, kind: str, name: str) -> float:
-        self.now += self.costs.get(kind, 0.0)
+        if self.per_op:
+            expected, cost, self.wake_us, self.latency_us = self.pending.popleft()
+            if expected != kind:
+                raise RuntimeError(f"call {name!r} out of program order (expected {expected})")
+            self.now += cost
+        else:
+            self.now += self.costs.get(kind, 0.0)
         self.calls.append(name)
         return self.now
 
@@ -74,9 +115,10 @@ class FakeBackend:
         start = max(self.tail.get(stream, 0.0), ready)
         for buf, stamp in writes:
             bisect.insort(self.writes[buf], (start, stamp))
+            self.issued = max(self.issued, stamp)
         end = start + duration
         for buf, slot in reads:
-            self.read_at[slot] = (buf, end)
+            self.read_at[slot] = (buf, end, self.issued)
         self.tail[stream] = end
         return end
 
@@ -113,7 +155,7 @@ class FakeBackend:
 
     def _hold(self, stream: str, ready: float, fired: float, lane: str) -> None:
         reach = max(self.tail.get(stream, 0.0), ready)
-        release = fired + (self.cross_stream_us if lane != stream else 0.0)
+        release = fired + (self.latency_us if lane != stream else 0.0)
         self.tail[stream] = max(reach, release)
 
     def wait_event(self, stream: str, key: tuple | None) -> None:
@@ -135,5 +177,5 @@ class FakeBackend:
             return
         fired, _ = self.events[key]
         if fired > t1:
-            t1 = fired + self.sync_wake_us
+            t1 = fired + self.wake_us
         self.now = t1

@@ -23,6 +23,13 @@ so that the timed loop does no bookkeeping beyond the calls themselves:
   (``replay.assemble``), so the replay adds little host time of its own: on a
   host-paced step every host call is time the device waits for. Points are
   never shared between neighbours (each is its own event record).
+- **scratch**: a kernel without shared accesses may still copy one element
+  (the backend's *uniform* mode, so that every eager kernel is the same two
+  launches). Each stream has its own scratch source slot (after the shared
+  buffers' slots) and its own scratch snapshot slot (after the read
+  snapshots): kernels on different streams never touch the same scratch
+  memory, so the harness adds no unordered accesses of its own (PyTorch's
+  CUDA sanitizer checks this, ``simwar.harness.csan``).
 
 Imports: the standard library and ``simwar.program`` only (the plan is made
 on the GPU machine, which has torch but no simpy, pydantic or pandas).
@@ -135,6 +142,25 @@ class ReplayPlan:
     events: tuple[str, ...]  # host-recorded event names (one device event each)
     graph_events: tuple[tuple[str, str], ...]  # (graph, event) in-graph record nodes
     streams: tuple[str, ...] = field(default_factory=tuple)
+
+    # ---- per-stream scratch layout (see the module docstring)
+    def scratch_buffer(self, stream: str) -> int:
+        """Index of ``stream``'s scratch source slot in the backend's buffer array."""
+        return len(self.buffers) + self.streams.index(stream)
+
+    def scratch_slot(self, stream: str) -> int:
+        """Index of ``stream``'s scratch snapshot slot in the backend's snapshot array."""
+        return self.snapshot_slots + self.streams.index(stream)
+
+    @property
+    def buffer_slots(self) -> int:
+        """Length of the backend's buffer array: shared buffers, then one scratch per stream."""
+        return len(self.buffers) + len(self.streams)
+
+    @property
+    def snap_slots(self) -> int:
+        """Length of the backend's snapshot array: read snapshots, then one scratch per stream."""
+        return self.snapshot_slots + len(self.streams)
 
 
 def make_plan(program: Program) -> ReplayPlan:

@@ -27,9 +27,10 @@ in the simulator's schema:
   the host);
 - records fire at their stream's tail or their issue time, whichever is
   later; a stream wait spans from reaching the wait to its bound record's
-  firing, plus the device's cross-stream latency (``info["cross_stream_us"]``)
-  when the record is on another stream; syncs are host spans (``blocked``,
-  with their ``site``);
+  firing, plus the device's cross-stream latency (``info["cross_stream_us"]``;
+  each wait's own ``latency_us`` where ``info["latency"]`` is ``program``, as
+  the fake backend's program mode reports) when the record is on another
+  stream; syncs are host spans (``blocked``, with their ``site``);
 - every read's snapshot is checked against the stamp it should have seen:
   a mismatch is a **measured race** (``meta.measured_races``).
 
@@ -177,6 +178,7 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
     latest: dict[tuple, tuple[int, str, float]] = {}  # event key -> (record op, lane, firing)
     host_costs: dict[str, list[float]] = {k: [] for k in COST_KINDS}
     cross_us = float(info.get("cross_stream_us", 0.0))
+    own_latency = info.get("latency") == "program"  # each wait's own latency_us
     # per lane: (span id, op id) of device work placed by estimate since the lane's last
     # measured time, to clip when a measured start turns out earlier
     estimated: dict[str, list[tuple[int, int]]] = {}
@@ -215,9 +217,10 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
                     end=fire, call=call)
         latest[key] = (op, lane, fire)
 
-    def wait(lane: str, bound, event: str, step: int, issue: float, call: int) -> None:
+    def wait(lane: str, bound, event: str, step: int, issue: float, call: int,
+             latency: float) -> None:
         src, src_lane, fired = bound if bound is not None else (-1, lane, None)
-        reach, release = rec.lanes.hold(lane, issue, fired, cross_us, src_lane == lane)
+        reach, release = rec.lanes.hold(lane, issue, fired, latency, src_lane == lane)
         op = rec.op(OpKind.WAIT, lane, step, event, event=event, bound=src, issue=issue,
                     start=reach, end=release, call=call)
         if release > reach:
@@ -243,9 +246,9 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
         elif kind is GraphStep:
             host_costs["graph_launch_us"].append(b - a)
             gp = plan.graphs[st.graph]
-            phase = next((n.kernel.phase for n in gp.nodes if n.kernel), "")
-            call = rec.host(Call.GRAPH_LAUNCH, st.step, a, b, st.graph, phase=phase,
-                            op=rec.next_op)
+            # the launch's own phase (the engine's), not its first node's
+            call = rec.host(Call.GRAPH_LAUNCH, st.step, a, b, st.graph,
+                            phase=plan.program.ops[st.index].phase, op=rec.next_op)
             nominal = sum(n.kernel.duration_us for n in gp.nodes if n.kernel is not None)
             gs = begin(st.stream, first[i], st.start_point)
             ge = gs + nominal
@@ -274,13 +277,15 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
             host_costs["wait_event_us"].append(b - a)
             call = rec.host(Call.WAIT_EVENT, st.step, a, b, st.event, op=rec.next_op)
             key = bound_at_issue[i]
-            wait(st.stream, latest.get(key) if key else None, st.event, st.step, b, call)
+            wait(st.stream, latest.get(key) if key else None, st.event, st.step, b, call,
+                 st.latency_us if own_latency else cross_us)
         elif kind is WaitStream:
             host_costs["wait_stream_us"].append(b - a)
             call = rec.host(Call.WAIT_STREAM, st.step, a, b, st.other, op=rec.next_op + 1)
             name = f"{st.other}.tail"
             record(("tail", name), st.other, st.step, name, b, call)
-            wait(st.stream, latest[("tail", name)], name, st.step, b, call)
+            wait(st.stream, latest[("tail", name)], name, st.step, b, call,
+                 st.latency_us if own_latency else cross_us)
         elif kind is Synchronize:
             key = bound_at_issue[i]
             bound = latest.get(key) if key else None

@@ -15,6 +15,12 @@ all phases eager (no graphs), the plan stream, the barrier at the loop top,
 in-replay publish without external events (post-replay fallback) and the
 unsound pre-replay fallback (racy under the fine barrier).
 
+The CSAN matrix (:func:`csan_cases`, :func:`write_csan_programs`) is a
+second, smaller set for ``simwar.harness.csan``: every algorithm × barrier
+with all phases eager (PyTorch's CUDA sanitizer does not see graph replays),
+plus unsafe variants, each written with simwar's own latent races in its
+meta so that the GPU machine needs no simulator.
+
 Imports: simwar's config and builder (run where simulation runs; the GPU
 machine receives the built programs as JSON).
 """
@@ -120,3 +126,82 @@ def write_programs(directory: str | Path, names=None, steps: int | None = None,
 def config_mapping(name: str) -> dict:
     """The case's full config as a plain mapping (to write next to results)."""
     return json.loads(case_config(name).model_dump_json())
+
+
+# --------------------------------------------------------------------------- CSAN matrix
+#: short runs: the sanitizer runs Python for every operator
+CSAN_STEPS = 12
+CSAN_WARMUP = 4
+
+
+def _all_eager(algorithm: str) -> dict:
+    return {f"phases.{ph['name']}.graph": "eager" for ph in builtin_phases(algorithm)}
+
+
+def csan_cases() -> dict[str, dict]:
+    """Case name → dotted overrides: every algorithm × barrier with all phases eager, plus
+    unsafe variants (early publish, loop-top barrier with result writes, no barrier with the
+    plan stream) and a few safe ones (plan stream, host block on the published lengths)."""
+    out: dict[str, dict] = {}
+
+    def add(name: str, algorithm: str, barrier: str, **extra) -> None:
+        ov = case_overrides(algorithm, barrier, "gpu", **_all_eager(algorithm), **extra)
+        ov.update({"steps": CSAN_STEPS, "warmup_steps": CSAN_WARMUP})
+        out[name] = ov
+
+    for algorithm in BUILTIN:
+        for barrier in BARRIERS:
+            add(f"{algorithm}-{barrier}-eager", algorithm, barrier)
+    # early publish: the read-done record before the last in-graph-prep read of the table
+    add("dspark-fine-eager-verify-pre-replay", "dspark", "fine",
+        **{"phases.verify.read_ends": "pre_replay"})
+    add("none-fine-eager-decode-pre-replay", "none", "fine",
+        **{"phases.decode.read_ends": "pre_replay"})
+    # ... or at a phase before the last reader (draft_extend reads after verify)
+    add("eagle-fine-eager-publish-verify", "eagle", "fine", **{"policy.publish_phase": "verify"})
+    # the barrier at the loop top: result writes of the same iteration are not ordered
+    for barrier in ("coarse", "fine"):
+        add(f"dspark-{barrier}-eager-loop-top", "dspark", barrier,
+            **{"policy.placement": "loop_top", "gpu.result_writes_us": 50.0})
+    add("none-coarse-eager-loop-top", "none", "coarse",
+        **{"policy.placement": "loop_top", "gpu.result_writes_us": 50.0})
+    # the plan stream: no barrier races, the fine barrier does not
+    add("dspark-none-eager-planstream", "dspark", "none", **{"policy.plan_stream": True})
+    add("dflash-none-eager-planstream", "dflash", "none", **{"policy.plan_stream": True})
+    add("dspark-fine-eager-planstream", "dspark", "fine", **{"policy.plan_stream": True})
+    # the host block on forward k-1's published lengths (a d2h stream gated on it)
+    add("dspark-fine-eager-seqlens", "dspark", "fine", **{"policy.needs_cpu_seq_lens": True})
+    return out
+
+
+def csan_program(name: str, overrides: dict | None = None):
+    """Case ``name``'s Program with simwar's latent races after warm-up in its meta:
+    ``latent_races`` (access pairs), ``latent_race_buffers`` (sorted names) and
+    ``latent_races_all`` (warm-up included)."""
+    from ..api import simulate
+    from ..config import load_config
+
+    ov = dict(overrides if overrides is not None else csan_cases()[name], name=name)
+    result = simulate(load_config(None, ov))
+    warm = result.config.warmup_steps
+    latent = result.hazards.since(warm).latent
+    program = result.program
+    program.meta.update({
+        "latent_races": len(latent),
+        "latent_race_buffers": sorted({r.buffer for r in latent}),
+        "latent_races_all": len(result.hazards.latent),
+    })
+    return program
+
+
+def write_csan_programs(directory: str | Path, names=None) -> list[Path]:
+    """Write each CSAN case's Program (with simwar's verdict in its meta) as ``<case>.json``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    table = csan_cases()
+    written = []
+    for name in names or table:
+        path = directory / f"{name}.json"
+        path.write_text(csan_program(name, table[name]).to_json())
+        written.append(path)
+    return written
