@@ -153,7 +153,7 @@ def test_csan_module_imports_without_torch_or_simwar_dependencies():
         "import sys\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name.split('.')[0] in ('torch','simpy','pydantic','pandas','numpy','yaml'):\n"
+        "        if name.split('.')[0] in ('torch','simpy','pydantic','pandas','yaml'):\n"
         "            raise ImportError('blocked ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "import simwar.harness.csan\n"
