@@ -13,7 +13,8 @@ import math
 import sys
 
 #: modules that contribute subcommands: each has ``register(subparsers)``, and may have
-#: ``extend_run(run_parser)`` (extra ``run`` options) and ``after_run(args, result)``.
+#: ``extend_run(run_parser)`` (extra ``run`` options), ``before_run(args, config)`` (checks
+#: made before simulating, so that a mistake costs no run) and ``after_run(args, result)``.
 _COMMAND_MODULES: tuple[str, ...] = (
     "simwar.cli_sweep",
     "simwar.cli_plot",
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
-    except (UserError, ConfigError, FileNotFoundError) as e:
+    except (UserError, ConfigError) as e:
         print(f"simwar: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -51,6 +52,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a path given on the command line cannot be read or written
+        print(f"simwar: error: {os_error_text(e)}", file=sys.stderr)
+        return 2
+
+
+def os_error_text(e: OSError) -> str:
+    """``PATH: what went wrong``, one line, for an OSError (``str(e)`` when it names no file)."""
+    if e.filename is None or not e.strerror:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"{e.filename}: {e.strerror[:1].lower()}{e.strerror[1:]}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,8 +116,12 @@ def cmd_run(args) -> int:
         key, value = parse_override(item)
         overrides[key] = value
     cfg = load_config(args.config, overrides)
+    modules = _command_modules()
+    for mod in modules:
+        if hasattr(mod, "before_run"):
+            mod.before_run(args, cfg)
     result = simulate(cfg)
-    for mod in _command_modules():
+    for mod in modules:
         if hasattr(mod, "after_run"):
             mod.after_run(args, result)
     if args.json:

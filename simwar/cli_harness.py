@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ._io import write_bytes_atomic, write_text_atomic
+
 CALIBRATION_FORMAT = 1
 
 
@@ -182,7 +184,7 @@ def cmd_calibrate(args) -> int:
         if "host_drift" in bench:
             doc["host_drift"] = _rounded(bench["host_drift"])
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(yaml.safe_dump(doc, sort_keys=False))
+    write_text_atomic(args.output, yaml.safe_dump(doc, sort_keys=False))
     print(f"wrote {args.output}: " + ", ".join(f"{k} {v:g}" for k, v in costs.items()))
     return 0
 
@@ -208,7 +210,7 @@ def cmd_compare(args) -> int:
             cfg["costs"] = dict(cfg.get("costs", {}), **costs)
     table = compare(configs, measured)
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.csv, index=False, float_format="%.4f")
+    write_bytes_atomic(args.csv, table.to_csv(index=False, float_format="%.4f").encode())
     if args.plot:
         import matplotlib
 

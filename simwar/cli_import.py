@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from ._io import write_bytes_atomic, write_text_atomic
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -62,7 +64,7 @@ def cmd_import(args) -> int:
     if args.save_trace:
         result.trace.save(args.save_trace)
     if args.steps_csv:
-        steps.to_csv(args.steps_csv, index=False)
+        write_bytes_atomic(args.steps_csv, steps.to_csv(index=False).encode())
     if args.fit:
         report["fit"] = _write_fit(result.trace, args.output, args.dist, path.name)
     for w in report["warnings"]:
@@ -120,7 +122,7 @@ def _write_fit(trace, output: str, dist: str, source: str) -> dict:
             lines.append(f"#   {key}: n={d['n']} constant {d['mean']}")
     text = "\n".join(lines) + "\n" + yaml.safe_dump(fit.config, sort_keys=False,
                                                     default_flow_style=None, width=100)
-    Path(output).write_text(text)
+    write_text_atomic(output, text)
     return fit.details
 
 

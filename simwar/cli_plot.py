@@ -52,12 +52,25 @@ def extend_run(run_parser) -> None:
                                  "ui.perfetto.dev or chrome://tracing)")
 
 
+def before_run(args, config) -> None:
+    """Check the picture options before simulating, so that a mistake is reported at once."""
+    timeline_path = getattr(args, "timeline", None)
+    window_text = getattr(args, "steps_window", None)
+    if window_text and not timeline_path:
+        raise UserError("--steps-window: only used with --timeline OUT.png")
+    if timeline_path:
+        _output_path(timeline_path, "--timeline", image=True)
+        if window_text:
+            parse_window(window_text, config.steps)
+    if getattr(args, "trace", None):
+        _output_path(args.trace, "--trace")
+
+
 def after_run(args, result) -> None:
     timeline_path = getattr(args, "timeline", None)
     window_text = getattr(args, "steps_window", None)
     trace_path = getattr(args, "trace", None)
-    if window_text and not timeline_path:
-        raise UserError("--steps-window: only used with --timeline OUT.png")
+    before_run(args, result.config)
     if timeline_path:
         out = _output_path(timeline_path, "--timeline", image=True)
         window = parse_window(window_text, result.config.steps) if window_text else None
@@ -88,23 +101,32 @@ def parse_window(text: str, steps: int) -> tuple[int, int]:
 
 def _output_path(path: str, option: str, image: bool = False) -> Path:
     out = Path(path)
-    if not out.parent.exists():
-        raise UserError(f"{option}: directory {out.parent} does not exist")
+    if out.is_dir():
+        raise UserError(f"{option} {path}: is a directory (expected the name of a file to "
+                        f"write)")
+    if not out.parent.is_dir():
+        raise UserError(f"{option} {path}: directory {out.parent} does not exist")
     if image:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         kinds = FigureCanvasAgg.get_supported_filetypes()
         if out.suffix.lstrip(".").lower() not in kinds:
-            raise UserError(f"{option}: {out.name}: expected an image file name ending in "
+            raise UserError(f"{option} {path}: expected an image file name ending in "
                             f"{', '.join('.' + k for k in sorted(kinds))}")
     return out
 
 
 def _save(fig, out: Path) -> None:
+    import io
+
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    from ._io import write_bytes_atomic
+
     FigureCanvasAgg(fig)
-    fig.savefig(out, dpi=110)
+    image = io.BytesIO()  # rendered first, then written whole: a failed save leaves nothing
+    fig.savefig(image, format=out.suffix.lstrip(".").lower(), dpi=110)
+    write_bytes_atomic(out, image.getvalue())
 
 
 def read_results(path: str):

@@ -23,7 +23,7 @@ its own traces so that a simulated run can be opened next to a measured one:
 Also here: :func:`launch_links`, which pairs each kernel with the host API
 call that launched it (the timeline plot reuses it).
 
-Imports: the standard library and ``simwar.trace`` only (a trace written on
+Imports: the standard library, ``simwar.trace`` and ``simwar._io`` only (a trace written on
 a GPU machine can be exported there).
 """
 
@@ -35,7 +35,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import NamedTuple
 
-from .trace import HOST, Op, Span, Trace, write_text_atomic
+from ._io import write_text_atomic
+from .trace import HOST, Op, Span, Trace
 
 #: streams in display order; others follow alphabetically
 STREAM_ORDER = ("schedule", "plan", "forward", "copy", "d2h")

@@ -39,7 +39,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -49,13 +48,13 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import __version__
+from ._io import atomic_file, stale_temporaries, write_bytes_atomic
 from .config import ConfigError, _first_error, load_config, parse_override, read_yaml
 
 #: columns every result row carries besides the swept keys and the summary metrics
 ID_COLUMNS = ("run_id", "repeat", "seed", "config_hash", "run_key")
 BACKENDS = ("local", "ray")
 RUNS_DIR = "runs"
-_TMP_SUFFIX = ".tmp"
 
 
 # --------------------------------------------------------------------------- the spec
@@ -270,22 +269,6 @@ def _normalise(obj: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- storage
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write a file so that readers see either the old content or the new, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 class RunStore:
     """``DIR/runs/<run key>.json`` files: one per finished run, written atomically."""
 
@@ -311,32 +294,29 @@ class RunStore:
                   "simwar_version": __version__, "summary": summary, "config": run.config}
         # key order kept: the summary's metric order becomes the table's column order
         payload = json.dumps(record, indent=1, allow_nan=False).encode()
-        atomic_write_bytes(self.path(run), payload)
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(self.path(run), payload)
 
     def remove_stale_temporaries(self) -> None:
         """Delete half-written temporaries left by a killed sweep (the real files are intact)."""
-        if self.runs_dir.is_dir():
-            for stale in self.runs_dir.glob(f".*{_TMP_SUFFIX}"):
-                with contextlib.suppress(FileNotFoundError):
-                    stale.unlink()
+        for stale in stale_temporaries(self.runs_dir):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
 
 
 def write_tables(frame: pd.DataFrame, out_dir: str | Path) -> None:
     """``results.parquet`` and ``results.csv``, each written atomically."""
     out_dir = Path(out_dir)
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".tables.") as staging:
-        for name, writer in (("results.parquet", lambda p: frame.to_parquet(p, index=False)),
-                             ("results.csv", lambda p: frame.to_csv(p, index=False))):
-            staged = Path(staging) / name
-            writer(staged)
-            os.replace(staged, out_dir / name)
+    with atomic_file(out_dir / "results.parquet") as handle:
+        frame.to_parquet(handle, index=False)
+    write_bytes_atomic(out_dir / "results.csv", frame.to_csv(index=False).encode())
 
 
 def write_resolved_spec(sweep: Sweep, out_dir: str | Path) -> None:
     header = (f"# resolved from {sweep.label} by simwar {__version__}: base inlined, "
               f"--set overrides applied; {len(sweep.runs)} runs\n")
     body = yaml.safe_dump(sweep.resolved(), sort_keys=False)
-    atomic_write_bytes(Path(out_dir) / "sweep.yaml", (header + body).encode())
+    write_bytes_atomic(Path(out_dir) / "sweep.yaml", (header + body).encode())
 
 
 # --------------------------------------------------------------------------- tables
@@ -536,5 +516,5 @@ def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
             ray.shutdown()
 
 
-__all__ = ["ID_COLUMNS", "Run", "RunStore", "Sweep", "SweepSpec", "atomic_write_bytes",
-           "is_sweep_mapping", "load_sweep", "results_frame", "run_one", "sweep", "write_tables"]
+__all__ = ["ID_COLUMNS", "Run", "RunStore", "Sweep", "SweepSpec", "is_sweep_mapping", "load_sweep",
+           "results_frame", "run_one", "sweep", "write_tables"]

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from ._io import write_text_atomic
+
 FORMAT_VERSION = 1
 
 HOST = "cpu"  # the lane of the scheduler thread
@@ -165,16 +167,3 @@ class Trace:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rt") as fh:
             return cls.from_dict(json.load(fh))
-
-
-def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` (gzipped for ``.gz``) through a rename: never half-written."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".gz":
-        with gzip.open(tmp, "wt") as fh:
-            fh.write(text)
-    else:
-        tmp.write_text(text)
-    tmp.replace(path)
-    return path
