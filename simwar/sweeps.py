@@ -49,7 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import __version__
 from ._io import atomic_file, stale_temporaries, write_bytes_atomic
-from .config import ConfigError, _first_error, load_config, parse_override, read_yaml
+from .config import ConfigError, _first_error, load_config, override_list, read_yaml
 
 #: columns every result row carries besides the swept keys and the summary metrics
 ID_COLUMNS = ("run_id", "repeat", "seed", "config_hash", "run_key")
@@ -166,10 +166,10 @@ def load_sweep(spec: str | Path | dict | Sweep,
             message += " (a sweep has base, grid, zip, repeats)"
         raise ConfigError(f"{label}: {message}") from None
 
-    override_items = _override_items(overrides)
-    for key, _ in override_items:
-        if key in parsed.swept_keys:
-            raise ConfigError(f"--set {key}: this key is swept by {label}; "
+    override_items = override_list(overrides)
+    for item in override_items:
+        if item.key in parsed.swept_keys:
+            raise ConfigError(f"--set {item.key}: this key is swept by {label}; "
                               f"change the sweep file instead")
     # validate the base with its overrides on its own first, so its errors name the base
     if isinstance(parsed.base, str):
@@ -178,15 +178,15 @@ def load_sweep(spec: str | Path | dict | Sweep,
             raise ConfigError(f"{label}: base: {parsed.base}: file not found "
                               f"(paths are relative to the sweep file)")
         base, base_label = read_yaml(base_path), str(base_path)
-        base_config = load_config(base_path, dict(override_items))
+        base_config = load_config(base_path, override_items)
     else:
         base, base_label = copy.deepcopy(parsed.base), f"{label}: base"
         try:
-            base_config = load_config(base, dict(override_items))
+            base_config = load_config(base, override_items)
         except ConfigError as e:
             raise ConfigError(f"{base_label}: {str(e).removeprefix('<config>: ')}") from None
-    for key, value in override_items:
-        _set(base, key, value, base_label)
+    for item in override_items:
+        _set(base, item.key, item.value, base_label)
 
     runs: list[Run] = []
     for run_id, (repeat, values) in enumerate(_points(parsed)):
@@ -205,15 +205,7 @@ def load_sweep(spec: str | Path | dict | Sweep,
         config_hash = _hash({k: v for k, v in resolved.items() if k != "seed"})
         run_key = _hash({"config_hash": config_hash, "seed": seed, "version": __version__})
         runs.append(Run(run_id, repeat, seed, values, resolved, config_hash, run_key))
-    return Sweep(parsed, base, runs, label, dict(override_items))
-
-
-def _override_items(overrides) -> list[tuple[str, Any]]:
-    if not overrides:
-        return []
-    if isinstance(overrides, dict):
-        return list(overrides.items())
-    return [parse_override(item) for item in overrides]
+    return Sweep(parsed, base, runs, label, {item.key: item.value for item in override_items})
 
 
 def _set(data: dict, key: str, value: Any, label: str) -> None:
