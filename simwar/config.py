@@ -274,6 +274,8 @@ def _first_error(e: ValidationError, prefix: str = "") -> str:
         msg = "unknown key"
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
+        if key and (msg.startswith(key + ".") or msg.startswith(key + ":")):
+            key = ""  # the message names the key itself (e.g. grid.policy.barrier: ...)
     if "input" in err and err["type"] not in ("extra_forbidden", "missing", "value_error"):
         got = err["input"]
         if not isinstance(got, (dict, list)):
