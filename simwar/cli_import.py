@@ -6,7 +6,7 @@
 The summary is the one ``simwar run`` prints for a simulation (same metrics
 code), plus event counts and HTA's idle breakdown per stream. ``--json``
 prints one object. ``--fit`` writes per-phase duration distributions and host
-costs as a partial config (``simwar run --costs fitted.yaml`` uses its costs).
+costs as a partial config (``simwar run --costs fitted.yaml`` applies both).
 Progress goes to stderr while the file is read (on a terminal).
 """
 

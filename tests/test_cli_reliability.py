@@ -6,6 +6,7 @@ quietly replaced, a misleading figure) and checks the behaviour that replaced it
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -18,9 +19,11 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 import simwar  # noqa: E402
+from simwar import cli  # noqa: E402
 from simwar.api import simulate  # noqa: E402
-from simwar.cli import main  # noqa: E402
+from simwar.cli import format_summary, main  # noqa: E402
 from simwar.config import ConfigError, load_config  # noqa: E402
+from simwar.metrics import measured  # noqa: E402
 from simwar.sweeps import load_sweep, sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,6 +53,14 @@ def test_every_builtin_suite_case_and_shipped_config_still_validates():
         suite.case_config(name)
     for path in sorted((REPO / "configs").glob("*.yaml")):
         load_config(path)
+
+
+def test_a_summary_without_measured_steps_prints_without_crashing():
+    cfg = load_config(None, {"steps": 30}).model_copy(update={"steps": 21})  # unvalidated
+    result = simulate(cfg)
+    assert result.summary["steps_measured"] == 0
+    text = format_summary(result)
+    assert "steps measured      0" in text and "step time" not in text
 
 
 # --------------------------------------------------------------------------- 2, 3: directories
@@ -167,12 +178,106 @@ def test_results_without_a_resolved_sweep_are_not_overwritten(tmp_path, capsys):
     assert sorted(os.listdir(out)) == ["results.csv"]
 
 
+# --------------------------------------------------------------------------- 9: --costs phases
+def test_costs_file_phases_are_applied(tmp_path, capsys):
+    fitted = tmp_path / "fitted.yaml"
+    fitted.write_text("phases:\n  - {name: verify, load_batch_us: 0.0, prep_us: 0.0, "
+                      "body_us: 1234.0}\ncosts: {launch_us: 7.5}\n")
+    assert main(["run", *SHORT, "--costs", str(fitted), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    expected = simulate(None, {"steps": 30, "warmup_steps": 5, "costs.launch_us": 7.5,
+                               "phases.verify.load_batch_us": 0.0,
+                               "phases.verify.prep_us": 0.0,
+                               "phases.verify.body_us": 1234.0}).summary
+    assert got["fwd_us_mean"] == pytest.approx(expected["fwd_us_mean"])
+    assert got["step_us_mean"] == pytest.approx(expected["step_us_mean"])
+    assert got["fwd_us_mean"] != simulate(None, {"steps": 30, "warmup_steps": 5}).summary[
+        "fwd_us_mean"]
+    # --set still wins over the file
+    assert main(["run", *SHORT, "--costs", str(fitted), "--set",
+                 "phases.verify.body_us=5100", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["fwd_us_mean"] > got["fwd_us_mean"]
+
+
+def test_an_import_fit_file_round_trips_through_run_costs(tmp_path, capsys):
+    from simwar.importers.fit import fit_durations
+
+    sim = simulate(None, {"steps": 40, "warmup_steps": 5, "phases.verify.body_us": 3000})
+    fitted = tmp_path / "fitted.yaml"
+    fitted.write_text(yaml.safe_dump(fit_durations(sim.trace).config))
+    assert main(["run", *SHORT, "--costs", str(fitted), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["fwd_us_mean"] == pytest.approx(sim.summary["fwd_us_mean"], rel=1e-3)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("phases:\n  - {name: draft_extend, body_us: 1}\n",
+     "phases.0.name: 'draft_extend' is not a phase of the config (draft, verify, sample)"),
+    ("costs: {launch_us: 5}\nfit: {n: 3}\n",
+     "fit: not used (a costs file sets 'costs' and 'phases' only)"),
+])
+def test_costs_file_keys_it_would_not_use_are_errors(tmp_path, capsys, text, message):
+    path = tmp_path / "f.yaml"
+    path.write_text(text)
+    assert main(["run", "--costs", str(path)]) == 2
+    assert one_error_line(capsys) == f"simwar: error: --costs {path}: {message}"
+
+
+def test_a_calibration_file_still_works_as_costs(capsys):
+    assert main(["run", *SHORT, "--costs", str(REPO / "calibration" / "h200.yaml"),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps_measured"] == 24
+
+
+def test_run_help_says_what_a_costs_file_may_hold(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "'phases' list" in text and "any other top-level key is an error" in text
+
+
+# --------------------------------------------------------------------------- 11: smaller ones
+def test_the_summary_header_says_what_was_overridden(capsys):
+    assert main(["run", *SHORT, "--set", "policy.barrier=coarse"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("dspark-fine [--set steps=30, --set warmup_steps=5, --set "
+                            "policy.barrier=coarse]: dspark, barrier coarse")
+    assert main(["run", *SHORT, "--set", "name=mine"]) == 0
+    assert capsys.readouterr().out.startswith("mine [--set steps=30, --set warmup_steps=5]:")
+
+
 def test_the_sweep_table_names_each_run_by_what_it_changed():
     frame = sweep({"base": {"name": "base", "steps": 30, "warmup_steps": 5},
                    "grid": {"policy.barrier": ["coarse", "fine"]}},
                   overrides=["cpu.schedule_us=700"])
     assert list(frame["name"]) == ["base [--set cpu.schedule_us=700, policy.barrier=coarse]",
                                    "base [--set cpu.schedule_us=700, policy.barrier=fine]"]
+
+
+def test_negative_zero_is_never_printed():
+    noisy = {"steps": 100, "warmup_steps": 5, "policy.barrier": "none",
+             "costs.launch_us": {"dist": "normal", "mean": 6, "std": 3}}
+    result = simulate(None, noisy)
+    assert -1e-6 < result.summary["gpu_idle_us_mean"] < 0  # float noise below zero
+    assert "-0.0" not in format_summary(result)
+    assert cli._num(-1e-12) == "0.0" and cli._num(-0.04, ".2f") == "-0.04"
+    assert cli._num(-0.0, ".3f") == "0.000" and cli._num(-12.0) == "-12.0"
+
+
+def test_races_are_listed_and_counted_over_the_steps_measured(capsys):
+    result = simulate(None, {"steps": 30, "warmup_steps": 5, "policy.barrier": "none"})
+    steps = set(measured(result.steps, 5).step)
+    text = format_summary(result, max_races=1000)
+    listed = [line for line in text.splitlines() if line.startswith("    WAR")]
+    assert listed
+    for line in listed:
+        first, second = (int(part.split(")")[0]) for part in line.split("(step ")[1:])
+        assert first in steps and second in steps, line
+    s = result.summary
+    assert s["race_steps"] == s["steps_measured"] == 24
+    assert "(in 24 of the 24 steps measured)" in text
+    assert all(r.first_step >= 5 for r in result.hazards.since(5).races)
 
 
 # --------------------------------------------------------------------------- the API too
