@@ -7,6 +7,7 @@ Trace → metrics and hazards. Nothing here prints or writes files.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import pandas as pd
 
@@ -37,11 +38,15 @@ class Result:
         return self.hazards.since(self.config.warmup_steps).frame()
 
 
-def simulate(cfg: Config | dict | str | None = None, overrides=None) -> Result:
-    """Simulate a config (path, mapping, Config, or None for the packaged default)."""
+def simulate(cfg: Config | dict | str | None = None, overrides=None,
+             progress: Callable[[int], None] | None = None) -> Result:
+    """Simulate a config (path, mapping, Config, or None for the packaged default).
+
+    ``progress``: called with the step number as the simulation reaches each step.
+    """
     cfg = load_config(cfg, overrides)
     program = build_program(cfg)
-    engine = Engine(program)
+    engine = Engine(program, progress=progress)
     trace = engine.run()
     steps, summary, hazards = analyze(trace)
     return Result(cfg, program, trace, steps, summary, hazards, engine.events)

@@ -3,12 +3,14 @@
 Subcommands live in small ``register(subparsers)`` functions: ``run`` here,
 the others in the ``cli_*`` modules listed in ``_COMMAND_MODULES``. Any error a
 user can cause is reported as one line on stderr (``simwar: error: ...``) with a
-non-zero exit, before anything is written.
+non-zero exit, before anything is written; ``tests/data/bad`` holds the corpus.
+The progress bar of ``run`` lives here too: the engine only calls a callback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -81,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # --------------------------------------------------------------------------- run
+#: seconds a run must take before its progress bar shows (short runs print nothing extra)
+PROGRESS_DELAY_S = 2.0
 #: the top-level keys a --costs file may set: host and device costs, and per-phase durations
 #: by phase name (what ``simwar import --fit`` writes)
 COSTS_FILE_KEYS = ("costs", "phases")
@@ -92,7 +96,9 @@ CALIBRATION_INFO_KEYS = ("format", "version", "device", "spin", "fitted_from", "
 def register_run(sub) -> None:
     p = sub.add_parser("run", help="simulate one config and print its summary",
                        description="Simulate one config (default: the packaged DSPARK fine "
-                                   "barrier config) and print a summary.")
+                                   "barrier config) and print a summary. Runs longer than a "
+                                   "couple of seconds show a progress bar on stderr (when it "
+                                   "is a terminal).")
     p.add_argument("config", nargs="?", help="YAML config (default: packaged dspark-fine)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a dotted key, e.g. --set policy.barrier=coarse (repeatable; "
@@ -106,6 +112,8 @@ def register_run(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--races", type=int, default=5, metavar="N",
                    help="list up to N races in the text summary (default 5)")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar and no notes on stderr (errors still print)")
     p.set_defaults(func=cmd_run)
     return p
 
@@ -185,7 +193,8 @@ def cmd_run(args) -> int:
     for mod in modules:
         if hasattr(mod, "before_run"):
             mod.before_run(args, cfg)
-    result = simulate(cfg)
+    with run_progress(cfg.steps, quiet=args.quiet) as progress:
+        result = simulate(cfg, progress=progress)
     result.summary["name"] = run_label(cfg.name, items)
     for mod in modules:
         if hasattr(mod, "after_run"):
@@ -195,6 +204,38 @@ def cmd_run(args) -> int:
     else:
         print(format_summary(result, args.races))
     return 0
+
+
+@contextlib.contextmanager
+def run_progress(steps: int, quiet: bool = False):
+    """A progress callback for ``simulate``: a tqdm bar on stderr, or None.
+
+    The bar shows only after ``PROGRESS_DELAY_S`` seconds and only when stderr is a
+    terminal (tqdm's own rule); ``quiet`` turns it off.
+    """
+    if quiet:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=steps, unit="step", desc="simulating", file=sys.stderr, leave=False,
+               delay=PROGRESS_DELAY_S, dynamic_ncols=True, disable=None)
+    if bar.disable:
+        bar.close()
+        yield None
+        return
+    stride = max(1, steps // 500)  # a few hundred updates at most, whatever the run's length
+
+    def progress(step: int) -> None:
+        if step % stride == 0 or step >= steps - 1:
+            bar.update(min(step + 1, steps) - bar.n)
+            if step >= steps - 1:  # the rest is draining the streams and the analysis
+                bar.set_description_str("analysing")
+
+    try:
+        yield progress
+    finally:
+        bar.close()
 
 
 def _jsonable(obj):

@@ -77,13 +77,18 @@ def after_run(args, result) -> None:
         from . import plots
 
         _save(plots.stall_figure(result, window), out)
-        print(f"simwar: wrote {out}", file=sys.stderr)
+        _note(args, f"simwar: wrote {out}")
     if trace_path:
         out = _output_path(trace_path, "--trace")
         from .perfetto import write_chrome_trace
 
         write_chrome_trace(result.trace, out)
-        print(f"simwar: wrote {out}", file=sys.stderr)
+        _note(args, f"simwar: wrote {out}")
+
+
+def _note(args, text: str) -> None:
+    if not getattr(args, "quiet", False):
+        print(text, file=sys.stderr)
 
 
 def parse_window(text: str, steps: int) -> tuple[int, int]:

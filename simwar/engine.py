@@ -33,6 +33,7 @@ from __future__ import annotations
 import gc
 from collections import deque
 from functools import partial
+from typing import Callable
 
 import simpy
 
@@ -79,10 +80,15 @@ class _Stream:
 
 
 class Engine:
-    """Executes one Program. ``run()`` returns the Trace; ``events`` counts SimPy events."""
+    """Executes one Program. ``run()`` returns the Trace; ``events`` counts SimPy events.
 
-    def __init__(self, program: Program):
+    ``progress``: called with the step number as the host reaches each step (an observer;
+    the engine itself never prints).
+    """
+
+    def __init__(self, program: Program, progress: Callable[[int], None] | None = None):
         self.program = program
+        self.progress = progress
         self.env = simpy.Environment()
         self.spans: list[Span] = []
         self.rows: list[list] = []
@@ -175,6 +181,7 @@ class Engine:
         latest = self.latest
         streams = self.streams
         markers = self.markers
+        progress = self.progress
 
         def enqueue(stream: str, item: tuple) -> None:
             st = streams.get(stream) or self._stream(stream)
@@ -268,6 +275,8 @@ class Engine:
                                        "", op.site)))
             elif kind is StepMarker:
                 markers.append(TraceMarker("step", op.step, t))
+                if progress is not None:
+                    progress(op.step)
             elif kind is Marker:
                 markers.append(TraceMarker(op.name, op.step, t))
             else:

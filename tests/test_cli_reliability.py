@@ -6,8 +6,10 @@ quietly replaced, a misleading figure) and checks the behaviour that replaced it
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -280,7 +282,57 @@ def test_races_are_listed_and_counted_over_the_steps_measured(capsys):
     assert all(r.first_step >= 5 for r in result.hazards.since(5).races)
 
 
+# --------------------------------------------------------------------------- progress
+def test_simulate_reports_each_step_to_a_progress_callback():
+    seen = []
+    result = simulate(None, {"steps": 30, "warmup_steps": 5}, progress=seen.append)
+    assert seen == sorted(seen) and seen[0] == 0 and seen[-1] >= 29
+    assert result.summary == simulate(None, {"steps": 30, "warmup_steps": 5}).summary
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_run_shows_a_progress_bar_on_a_terminal_unless_quiet(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "PROGRESS_DELAY_S", 0.0)
+    for quiet, shown in ((False, True), (True, False)):
+        terminal = _Terminal()
+        monkeypatch.setattr("sys.stderr", terminal)
+        assert main(["run", "--set", "steps=300", "--set", "warmup_steps=5",
+                     *(["--quiet"] if quiet else [])]) == 0
+        assert ("simulating" in terminal.getvalue() or "analysing" in terminal.getvalue()) \
+            == shown
+    capsys.readouterr()
+    # not a terminal: no bar (capsys' stderr is not one)
+    monkeypatch.undo()
+    assert main(["run", *SHORT]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_the_engine_stays_free_of_tqdm_and_printing():
+    import subprocess
+    import sys
+
+    code = ("import sys, io, contextlib; from simwar.api import simulate\n"
+            "out = io.StringIO()\n"
+            "with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):\n"
+            "    simulate(None, {'steps': 30, 'warmup_steps': 5}, progress=lambda k: None)\n"
+            "assert out.getvalue() == '', out.getvalue()\n"
+            "assert 'tqdm' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
 # --------------------------------------------------------------------------- the API too
 def test_set_blame_in_the_api():
     with pytest.raises(ConfigError, match=r"^--set warmup_steps=2000: warmup_steps \(2000\)"):
         simwar.simulate(None, {"warmup_steps": 2000})
+
+
+def test_readme_quickstart_run_still_works(tmp_path):
+    shutil.copy(REPO / "configs" / "dspark_coarse.yaml", tmp_path / "c.yaml")
+    assert main(["run", str(tmp_path / "c.yaml"), "--set", "steps=60", "--quiet",
+                 "--timeline", str(tmp_path / "t.png"), "--steps-window", "20:22",
+                 "--trace", str(tmp_path / "t.json")]) == 0
+    assert (tmp_path / "t.png").exists() and (tmp_path / "t.json").exists()

@@ -90,7 +90,7 @@ def test_sweep_files_and_run_outputs_follow_the_umask(tmp_path, umask_022, capsy
              *sorted((out / "runs").glob("*.json"))]
     assert len(files) == 5
     assert {_mode(p) for p in files} == {0o644}
-    assert main(["run", "--set", "steps=30", "--set", "warmup_steps=5",
+    assert main(["run", "--set", "steps=30", "--set", "warmup_steps=5", "--quiet",
                  "--trace", str(tmp_path / "t.json"), "--timeline",
                  str(tmp_path / "t.png")]) == 0
     assert _mode(tmp_path / "t.json") == 0o644 and _mode(tmp_path / "t.png") == 0o644
