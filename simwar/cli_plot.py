@@ -45,7 +45,8 @@ def extend_run(run_parser) -> None:
                             help="write the stall timeline of a few steps (and a zoom on the "
                                  "first GPU bubble) to this image")
     run_parser.add_argument("--steps-window", metavar="A:B",
-                            help="steps shown by --timeline, inclusive (default: three steps "
+                            help="steps shown by --timeline, A and B included: from step A's "
+                                 "start to step B+1's start (default: three steps "
                                  "after warm-up)")
     run_parser.add_argument("--trace", metavar="OUT.json",
                             help="write the run as Chrome trace-event JSON (open it in "
@@ -172,6 +173,26 @@ def _filter(df, items: list[str]):
     return df
 
 
+def plot_title(df, x: str, y: str, hue: str | None, kind: str = "line") -> str:
+    """``Y by X [and HUE]``, and a second line saying what each point averages over."""
+    import pandas as pd
+
+    from . import plots
+
+    title = f"{plots.column_label(y)} by {plots.column_label(x)}"
+    if hue:
+        title += f" and {plots.column_label(hue)}"
+    over = plots.averaged_over(df, x, y, hue)
+    if over:
+        parts = [f"{n} repeats" if c == "repeat" else f"up to {n} rows" if c == "rows"
+                 else f"{c} ({n} values)" for c, n in over.items()]
+        spread = ("" if kind == "heatmap" else "; bars: min to max"
+                  if not pd.api.types.is_numeric_dtype(df[x]) else "; band: min to max")
+        title += f"\neach {'cell' if kind == 'heatmap' else 'point'} is the mean over " \
+                 f"{', '.join(parts)}{spread}"
+    return title
+
+
 def cmd_plot(args) -> int:
     df = _filter(read_results(args.sweep_dir), args.where)
     for option, col in (("--x", args.x), ("--y", args.y), ("--hue", args.hue)):
@@ -183,19 +204,25 @@ def cmd_plot(args) -> int:
                             f"fwd_gap_us_mean, gpu_idle_us_mean)")
     if args.kind == "heatmap" and not args.hue:
         raise UserError("--kind heatmap: needs --hue KEY for the y axis")
+    from . import plots
+
+    if args.y not in plots.numeric_columns(df):
+        raise UserError(f"--y {args.y}: not a numeric column of {args.sweep_dir} (numeric: "
+                        f"{', '.join(plots.numeric_columns(df)) or 'none'})")
     out = _output_path(args.out, "-o", image=True)
     from matplotlib.figure import Figure
-
-    from . import plots
 
     fig = Figure(figsize=(7.5, 4.5), layout="constrained")
     ax = fig.add_subplot()
     if args.kind == "heatmap":
         plots.sweep_heatmap(df, args.x, args.hue, args.y, ax=ax)
+        ax.set_ylabel(plots.column_label(args.hue))
+        ax.images[0].colorbar.set_label(plots.column_label(args.y))
     else:
         plots.sweep_lines(df, args.x, args.y, hue=args.hue, ax=ax)
-    ax.set_title(f"{args.y} by {args.x}" + (f" and {args.hue}" if args.hue else ""),
-                 loc="left", fontsize=10)
+        ax.set_ylabel(plots.column_label(args.y))
+    ax.set_xlabel(plots.column_label(args.x))
+    ax.set_title(plot_title(df, args.x, args.y, args.hue, args.kind), loc="left", fontsize=10)
     _save(fig, out)
     print(f"simwar: wrote {out}", file=sys.stderr)
     return 0

@@ -21,7 +21,7 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 import simwar  # noqa: E402
-from simwar import cli  # noqa: E402
+from simwar import cli, plots  # noqa: E402
 from simwar.api import simulate  # noqa: E402
 from simwar.cli import format_summary, main  # noqa: E402
 from simwar.config import ConfigError, load_config  # noqa: E402
@@ -80,6 +80,30 @@ def test_an_output_that_is_a_directory_is_refused_before_running(tmp_path, capsy
     assert one_error_line(capsys) == (f"simwar: error: {option} {target}: is a directory "
                                       f"(expected the name of a file to write)")
     assert sorted(os.listdir(tmp_path)) == ["out"] and os.listdir(target) == []
+
+
+# --------------------------------------------------------------------------- 4: non-numeric --y
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "out"
+    sweep({"base": str(REPO / "configs" / "dspark_fine.yaml"),
+           "grid": {"policy.barrier": ["coarse", "fine"], "cpu.schedule_us": [500, 4000],
+                    "phases.verify.body_us": [2000, 5100]}, "repeats": 2},
+          out, overrides={"steps": 30, "warmup_steps": 5})
+    return out
+
+
+@pytest.mark.parametrize("metric", ["launch_ahead_hist", "barrier"])
+def test_plotting_a_non_numeric_metric_names_the_numeric_ones(sweep_dir, tmp_path, capsys,
+                                                               metric):
+    out = tmp_path / "p.png"
+    assert main(["plot", str(sweep_dir), "--x", "cpu.schedule_us", "--y", metric,
+                 "-o", str(out)]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"simwar: error: --y {metric}: not a numeric column of {sweep_dir} "
+                           f"(numeric: ")
+    assert "step_us_mean" in line and "launch_ahead_mean" in line and "config_hash" not in line
+    assert not out.exists()
 
 
 # --------------------------------------------------------------------------- 5: empty config
@@ -280,6 +304,74 @@ def test_races_are_listed_and_counted_over_the_steps_measured(capsys):
     assert s["race_steps"] == s["steps_measured"] == 24
     assert "(in 24 of the 24 steps measured)" in text
     assert all(r.first_step >= 5 for r in result.hazards.since(5).races)
+
+
+def test_steps_window_is_inclusive_and_stops_where_the_next_step_begins():
+    result = simulate(REPO / "configs" / "dspark_coarse.yaml", {"steps": 40})
+    markers = {m.step: m.time_us for m in result.trace.markers if m.name == "step"}
+    x0, x1 = plots.time_range(result.trace, (20, 22))
+    assert (x0, x1) == (markers[20], markers[23])
+    ax = plots.timeline(result, steps=(20, 22))
+    gids = {a.get_gid() for a in [*ax.lines, *ax.texts] if a.get_gid()}
+    assert {"step:20", "step:21", "step:22"} <= gids and "step:23" not in gids
+    drawn = [s for s in result.trace.spans if s.end_us >= x0 and s.start_us < x1]
+    assert max(s.step for s in drawn) == 22  # nothing of step 23
+    last = max(markers)
+    assert plots.time_range(result.trace, (last, last))[1] > markers[last]  # no next step
+
+
+def test_plot_says_what_it_averages_and_labels_axes_in_words(sweep_dir, tmp_path):
+    df = pd.read_parquet(sweep_dir / "results.parquet")
+    assert plots.averaged_over(df, "cpu.schedule_us", "step_us_mean", "policy.barrier") == {
+        "phases.verify.body_us": 2, "repeat": 2}
+    title = cli_plot_title(df, "cpu.schedule_us", "step_us_mean", "policy.barrier")
+    assert title.splitlines()[1] == ("each point is the mean over phases.verify.body_us "
+                                     "(2 values), 2 repeats; band: min to max")
+    assert plots.column_label("step_us_mean") == "step time, mean (µs)"
+    assert plots.column_label("phases.verify.body_us") == "verify body time (µs)"
+    assert plots.column_label("some_new_metric") == "some_new_metric"
+    fig = _plot(sweep_dir, tmp_path, "--x", "cpu.schedule_us", "--hue", "policy.barrier")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "CPU schedule time (µs)"
+    assert ax.get_ylabel() == "step time, mean (µs)"
+
+
+def cli_plot_title(*args):
+    from simwar.cli_plot import plot_title
+
+    return plot_title(*args)
+
+
+def _plot(sweep_dir, tmp_path, *args):
+    """Run ``simwar plot`` and return the figure it saved."""
+    from simwar import cli_plot
+
+    saved = {}
+    original = cli_plot._save
+
+    def keep(fig, out):
+        saved["fig"] = fig
+        original(fig, out)
+
+    cli_plot._save = keep
+    try:
+        assert main(["plot", str(sweep_dir), "--y", "step_us_mean", *args,
+                     "-o", str(tmp_path / "p.png")]) == 0
+    finally:
+        cli_plot._save = original
+    return saved["fig"]
+
+
+def test_a_categorical_x_is_drawn_as_points_not_lines(sweep_dir, tmp_path):
+    fig = _plot(sweep_dir, tmp_path, "--x", "policy.barrier", "--hue", "cpu.schedule_us")
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["coarse", "fine"]
+    data_lines = [ln for ln in ax.lines if str(ln.get_gid()).startswith("points:")]
+    assert len(data_lines) == 2
+    assert all(ln.get_linestyle() == "None" for ln in data_lines)  # markers, no joining line
+    numeric = plots.sweep_lines(pd.read_parquet(sweep_dir / "results.parquet"),
+                                "cpu.schedule_us", "step_us_mean", hue="policy.barrier")
+    assert all(ln.get_linestyle() == "-" for ln in numeric.lines)
 
 
 # --------------------------------------------------------------------------- progress
