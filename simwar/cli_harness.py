@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from ._io import write_bytes_atomic, write_text_atomic
@@ -71,7 +72,8 @@ def cmd_harness(args) -> int:
     from .harness import suite
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise _user_error(f"-o {out}: exists and is not a directory")
     programs = {}
     for path in args.configs:
         cfg = load_config(path)
@@ -81,6 +83,7 @@ def cmd_harness(args) -> int:
             programs[name] = build_program(suite.case_config(name))
     if not programs:
         raise _user_error("harness: give at least one CONFIG or --suite")
+    out.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     for name, program in programs.items():
         (out / f"{name}.json").write_text(program.to_json())
     print(f"wrote {len(programs)} programs to {out}")
@@ -122,6 +125,10 @@ def load_measured(sources: list[str]) -> dict[str, dict]:
             if not isinstance(cases, dict):
                 raise _user_error(f"{src}: expected a measured-summary file with a 'cases' "
                                   f"mapping")
+            for name, case in cases.items():
+                if not isinstance(case, dict) or not isinstance(case.get("summary"), dict):
+                    raise _user_error(f"{src}: cases.{name}: expected a measured summary (a "
+                                      f"mapping with a 'summary' mapping)")
             out.update(cases)
             continue
         try:
@@ -156,7 +163,7 @@ def cmd_calibrate(args) -> int:
     import yaml
 
     from .harness import suite
-    from .harness.fit import fit_costs
+    from .harness.fit import DEVICE_LATENCIES, fit_costs
 
     measured = load_measured(args.measured)
     bench = None
@@ -164,11 +171,23 @@ def cmd_calibrate(args) -> int:
         try:
             bench = json.loads(Path(args.bench).read_text())
         except (OSError, json.JSONDecodeError) as e:
-            raise _user_error(f"{args.bench}: cannot read micro-benchmark JSON ({e})") from None
+            raise _user_error(f"--bench {args.bench}: cannot read micro-benchmark JSON "
+                              f"({e})") from None
+        if not isinstance(bench, dict) or not isinstance(bench.get("primitives"), dict):
+            raise _user_error(f"--bench {args.bench}: expected a JSON object with a "
+                              f"'primitives' mapping (python -m simwar.harness.gpu_main --bench)")
     known = suite.cases()
     cpu_bound = {n: suite.config_mapping(n) for n in measured
                  if n in known and "-cpu" in n}
     costs = fit_costs(measured, bench, cpu_bound)
+    unmeasured = [key for key in DEVICE_LATENCIES if key not in costs]
+    if unmeasured:
+        from .config import Costs
+
+        kept = ", ".join(f"{k} {Costs.model_fields[k].default:g}" for k in unmeasured)
+        print(f"simwar: warning: {', '.join(unmeasured)}: not timed by these replays and no "
+              f"--bench given; left out of {args.output}, so a config that applies it keeps "
+              f"its own figures (the defaults: {kept} µs)", file=sys.stderr)
     device = next((m.get("device") for m in measured.values() if m.get("device")), {})
     doc = {
         "format": "simwar.calibration",

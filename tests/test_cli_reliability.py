@@ -263,6 +263,20 @@ def test_run_help_says_what_a_costs_file_may_hold(capsys):
     assert "'phases' list" in text and "any other top-level key is an error" in text
 
 
+# --------------------------------------------------------------------------- 10: calibrate
+def test_calibrate_without_bench_keeps_device_latencies_and_says_so(tmp_path, capsys):
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", str(REPO / "calibration" / "h200_suite_run1.json"),
+                 "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("simwar: warning: sync_wake_us, "
+                                                   "cross_stream_us: not timed")
+    costs = yaml.safe_load(out.read_text())["costs"]
+    assert "sync_wake_us" not in costs and "cross_stream_us" not in costs
+    cfg = load_config(None, {f"costs.{k}": v for k, v in costs.items()})
+    assert cfg.costs.sync_wake_us == 16.0 and cfg.costs.cross_stream_us == 3.0
+
+
 # --------------------------------------------------------------------------- 11: smaller ones
 def test_the_summary_header_says_what_was_overridden(capsys):
     assert main(["run", *SHORT, "--set", "policy.barrier=coarse"]) == 0
