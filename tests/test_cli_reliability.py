@@ -305,6 +305,20 @@ def test_negative_zero_is_never_printed():
     assert cli._num(-0.0, ".3f") == "0.000" and cli._num(-12.0) == "-12.0"
 
 
+def test_the_import_report_never_prints_negative_zero_either():
+    from simwar.cli_import import format_report
+    from simwar.importers.kineto import import_kineto
+    from simwar.importers.stalls import import_report
+
+    _, report = import_report(import_kineto(
+        REPO / "tests" / "data" / "kineto_synthetic" / "three_steps.json",
+        {"streams": {7: "forward", 13: "schedule"}}))
+    report["metrics"]["fwd_gap_us_mean"] = -1e-9  # float noise below zero
+    next(iter(report["idle"].values()))["other_us"] = -1e-9
+    text = format_report(report)
+    assert "gap before it 0.0 µs" in text and "-0.0" not in text
+
+
 def test_races_are_listed_and_counted_over_the_steps_measured(capsys):
     result = simulate(None, {"steps": 30, "warmup_steps": 5, "policy.barrier": "none"})
     steps = set(measured(result.steps, 5).step)
