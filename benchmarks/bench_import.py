@@ -23,30 +23,49 @@ from pathlib import Path
 #: simulated steps per MB of written capture (measured: ~10 kB of JSON per step)
 STEPS_PER_MB = 100
 
-CHILD = r"""
-import json, resource, sys, time
-from simwar.importers.kineto import import_kineto
-from simwar.importers.stalls import import_report
+class ProgressPrinter:
+    """``progress(done, total)`` for the importer: one line per 10 %, the last one once.
 
-path, mapping = sys.argv[1], json.loads(sys.argv[2])
-last = [0]
-def progress(done, total):
-    pct = int(100 * done / total) if total else 100
-    if pct >= last[0] + 10 or done == total:
-        last[0] = pct
-        print(f"  read {pct:3d}% ({done / 1e6:.0f} / {total / 1e6:.0f} MB)", file=sys.stderr)
-t0 = time.perf_counter()
-imp = import_kineto(path, mapping, progress=progress)
-t1 = time.perf_counter()
-_, report = import_report(imp)
-t2 = time.perf_counter()
-print(json.dumps({"import_s": round(t1 - t0, 2), "metrics_s": round(t2 - t1, 2),
-                  "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-                  "kernels": imp.counts["kernel"], "runtime_calls": imp.counts["runtime"],
-                  "ignored_events": imp.ignored_total,
-                  "steps_measured": report["metrics"]["steps_measured"],
-                  "step_us_mean": round(report["metrics"]["step_us_mean"], 1)}))
-"""
+    Sizes are bytes of the file on disk (compressed for ``.gz``), in MB with enough
+    decimals to tell a small file's progress from zero.
+    """
+
+    def __init__(self, compressed: bool, out=sys.stderr):
+        self.unit = "MB compressed" if compressed else "MB"
+        self.out = out
+        self.last = -100
+
+    def __call__(self, done: int, total: int) -> None:
+        pct = int(100 * done / total) if total else 100
+        if pct >= self.last + 10 or (pct == 100 and self.last < 100):
+            self.last = pct
+            print(f"  read {pct:3d}% ({_mb(done)} / {_mb(total)} {self.unit})", file=self.out)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.{2 if n < 1e6 else 1 if n < 1e8 else 0}f}"
+
+
+def child(path: str, mapping: dict) -> None:
+    """Import ``path`` in this (fresh) process and print the timings as one JSON line."""
+    import resource
+
+    from simwar.importers.kineto import import_kineto
+    from simwar.importers.stalls import import_report
+
+    t0 = time.perf_counter()
+    imp = import_kineto(path, mapping, progress=ProgressPrinter(path.endswith(".gz")))
+    t1 = time.perf_counter()
+    _, report = import_report(imp)
+    t2 = time.perf_counter()
+    print(json.dumps({"import_s": round(t1 - t0, 2), "metrics_s": round(t2 - t1, 2),
+                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                                           / 1024),
+                      "kernels": imp.counts["kernel"], "runtime_calls": imp.counts["runtime"],
+                      "ignored_events": imp.ignored_total,
+                      "steps_measured": report["metrics"]["steps_measured"],
+                      "step_us_mean": round(report["metrics"]["step_us_mean"], 1)}))
+
 
 MAPPING = {"streams": {7: "forward", 13: "schedule", 20: "copy"},
            "phases": {r"^draft\.": "draft", r"^verify\.": "verify", r"^sample\.": "sample"},
@@ -58,7 +77,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=100.0, help="approximate capture size (MB)")
     ap.add_argument("--gzip", action="store_true", help="write and read .json.gz")
+    ap.add_argument("--child", nargs=2, metavar=("CAPTURE", "MAPPING_JSON"),
+                    help=argparse.SUPPRESS)  # the fresh process that does the import
     args = ap.parse_args()
+    if args.child:
+        child(args.child[0], json.loads(args.child[1]))
+        return 0
 
     from simwar.api import simulate
     from simwar.importers.synthetic import write_kineto
@@ -71,8 +95,8 @@ def main() -> int:
         size_mb = path.stat().st_size / 1e6
         print(f"wrote {size_mb:.1f} MB in {time.perf_counter() - t0:.1f} s; importing",
               file=sys.stderr)
-        out = subprocess.run([sys.executable, "-c", CHILD, str(path), json.dumps(MAPPING)],
-                             check=True, stdout=subprocess.PIPE, text=True)
+        out = subprocess.run([sys.executable, __file__, "--child", str(path),
+                              json.dumps(MAPPING)], check=True, stdout=subprocess.PIPE, text=True)
         result = json.loads(out.stdout)
         result.update(file_mb=round(size_mb, 1), sim_step_us_mean=round(
             sim.summary["step_us_mean"], 1))

@@ -1,22 +1,88 @@
 """Atomic file writes: readers see the old content or the new, never a torn file.
 
-Imports: the standard library only.
+Every file simwar writes whole (traces, Chrome trace exports, sweep run files,
+results tables, the resolved sweep, images, calibration and fit outputs) goes
+through :func:`atomic_file`: the content is written to a temporary file in the
+destination's directory (``.NAME.XXXX.tmp``), flushed to disk, given the
+permissions a plain ``open()`` would give (``0o666`` less the umask), then
+renamed over the destination. Any failure, an interrupt included, removes the
+temporary file and leaves the destination as it was.
+
+Imports: the standard library only (the GPU harness writes traces with it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import gzip
+import os
+import tempfile
 from pathlib import Path
+from typing import BinaryIO, Iterator
+
+#: suffix of the temporary files (a killed writer can leave one; see ``stale_temporaries``)
+TMP_SUFFIX = ".tmp"
+
+
+def _umask() -> int:
+    # the only portable way to read the umask is to set it; set it straight back
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary handle whose content replaces ``path`` when the block ends without error.
+
+    Raises ``IsADirectoryError`` when ``path`` is a directory and ``FileNotFoundError``
+    when its directory does not exist, before anything is written.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+    parent = path.parent
+    if not parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, "directory does not exist", str(parent))
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600; a plain open() would not
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_bytes_atomic(path: str | Path, payload: bytes) -> Path:
+    """Write ``payload`` to ``path`` atomically (see :func:`atomic_file`)."""
+    with atomic_file(path) as handle:
+        handle.write(payload)
+    return Path(path)
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` (gzipped for ``.gz``) through a rename: never half-written."""
+    """Write ``text`` (UTF-8) to ``path`` atomically, gzipped when the name ends in ``.gz``."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".gz":
-        with gzip.open(tmp, "wt") as fh:
-            fh.write(text)
-    else:
-        tmp.write_text(text)
-    tmp.replace(path)
+    with atomic_file(path) as handle:
+        if path.suffix == ".gz":
+            with gzip.GzipFile(filename=path.name, mode="wb", fileobj=handle) as gz:
+                gz.write(text.encode())
+        else:
+            handle.write(text.encode())
     return path
+
+
+def stale_temporaries(directory: str | Path) -> list[Path]:
+    """Temporary files a killed writer left in ``directory`` (the real files are intact)."""
+    directory = Path(directory)
+    return sorted(directory.glob(f".*{TMP_SUFFIX}")) if directory.is_dir() else []
+
+
+__all__ = ["TMP_SUFFIX", "atomic_file", "stale_temporaries", "write_bytes_atomic",
+           "write_text_atomic"]

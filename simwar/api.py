@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Callable
 
 import pandas as pd
 
@@ -45,10 +46,14 @@ class Result:
         return self.hazards.since(self.config.warmup_steps).frame()
 
 
-def simulate(cfg: Config | dict | str | None = None, overrides=None) -> Result:
-    """Simulate a config (path, mapping, Config, or None for the packaged default)."""
+def simulate(cfg: Config | dict | str | None = None, overrides=None,
+             progress: Callable[[int], None] | None = None) -> Result:
+    """Simulate a config (path, mapping, Config, or None for the packaged default).
+
+    ``progress``: called with the step number as the simulation reaches each step.
+    """
     cfg = load_config(cfg, overrides)
-    engine = Engine(stream_program(cfg))
+    engine = Engine(stream_program(cfg), progress=progress)
     trace = engine.run()
     steps, summary, hazards = analyze(trace)
     return Result(cfg, trace, steps, summary, hazards, engine.events)

@@ -2,18 +2,22 @@
 
 Subcommands live in small ``register(subparsers)`` functions: ``run`` here,
 the others in the ``cli_*`` modules listed in ``_COMMAND_MODULES``. Any error a
-user can cause is reported as one line on stderr with a non-zero exit.
+user can cause is reported as one line on stderr (``simwar: error: ...``) with a
+non-zero exit, before anything is written; ``tests/data/bad`` holds the corpus.
+The progress bar of ``run`` lives here too: the engine only calls a callback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
 
 #: modules that contribute subcommands: each has ``register(subparsers)``, and may have
-#: ``extend_run(run_parser)`` (extra ``run`` options) and ``after_run(args, result)``.
+#: ``extend_run(run_parser)`` (extra ``run`` options), ``before_run(args, config)`` (checks
+#: made before simulating, so that a mistake costs no run) and ``after_run(args, result)``.
 _COMMAND_MODULES: tuple[str, ...] = (
     "simwar.cli_sweep",
     "simwar.cli_plot",
@@ -43,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
-    except (UserError, ConfigError, FileNotFoundError) as e:
+    except (UserError, ConfigError) as e:
         print(f"simwar: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -51,6 +55,16 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a path given on the command line cannot be read or written
+        print(f"simwar: error: {os_error_text(e)}", file=sys.stderr)
+        return 2
+
+
+def os_error_text(e: OSError) -> str:
+    """``PATH: what went wrong``, one line, for an OSError (``str(e)`` when it names no file)."""
+    if e.filename is None or not e.strerror:
+        return str(e).splitlines()[0] if str(e) else type(e).__name__
+    return f"{e.filename}: {e.strerror[:1].lower()}{e.strerror[1:]}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,44 +83,120 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # --------------------------------------------------------------------------- run
+#: seconds a run must take before its progress bar shows (short runs print nothing extra)
+PROGRESS_DELAY_S = 2.0
+#: the top-level keys a --costs file may set: host and device costs, and per-phase durations
+#: by phase name (what ``simwar import --fit`` writes)
+COSTS_FILE_KEYS = ("costs", "phases")
+#: keys a ``simwar calibrate`` file carries to describe itself; they set nothing
+CALIBRATION_INFO_KEYS = ("format", "version", "device", "spin", "fitted_from", "primitives",
+                         "host_drift")
+
+
 def register_run(sub) -> None:
     p = sub.add_parser("run", help="simulate one config and print its summary",
                        description="Simulate one config (default: the packaged DSPARK fine "
-                                   "barrier config) and print a summary.")
+                                   "barrier config) and print a summary. Runs longer than a "
+                                   "couple of seconds show a progress bar on stderr (when it "
+                                   "is a terminal).")
     p.add_argument("config", nargs="?", help="YAML config (default: packaged dspark-fine)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a dotted key, e.g. --set policy.barrier=coarse (repeatable)")
-    p.add_argument("--costs", help="YAML file whose 'costs' mapping replaces the config's costs")
+                   help="override a dotted key, e.g. --set policy.barrier=coarse (repeatable; "
+                        "applied after --costs)")
+    p.add_argument("--costs", metavar="FILE",
+                   help="YAML file (from simwar calibrate or simwar import --fit) whose "
+                        "'costs' mapping overrides the config's costs and whose 'phases' list "
+                        "overrides the durations of the config's phases of the same names; any "
+                        "other top-level key is an error (a calibration file's own "
+                        "description, format to host_drift, excepted)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--races", type=int, default=5, metavar="N",
                    help="list up to N races in the text summary (default 5)")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar and no notes on stderr (errors still print)")
     p.set_defaults(func=cmd_run)
     return p
 
 
-def costs_overrides(path: str | None) -> dict:
-    if not path:
-        return {}
+def read_costs_file(path: str, option: str = "--costs") -> tuple[dict, list[dict]]:
+    """``(costs, phase entries)`` of a costs file; a key it would not use is an error."""
     from .config import ConfigError, read_yaml
 
-    data = read_yaml(path)
-    costs = data.get("costs", data)
+    try:
+        data = read_yaml(path)
+    except ConfigError as e:
+        raise UserError(f"{option} {e}") from None
+    where = f"{option} {path}"
+    info = CALIBRATION_INFO_KEYS if data.get("format") == "simwar.calibration" else ()
+    for key in data:
+        if key not in COSTS_FILE_KEYS and key not in info:
+            raise UserError(f"{where}: {key}: not used (a costs file sets 'costs' and "
+                            f"'phases' only)")
+    if not any(key in data for key in COSTS_FILE_KEYS):
+        raise UserError(f"{where}: expected a 'costs' mapping or a 'phases' list")
+    costs = data.get("costs", {})
     if not isinstance(costs, dict):
-        raise ConfigError(f"{path}: costs: expected a mapping")
+        raise UserError(f"{where}: costs: expected a mapping of cost names to µs")
+    phases = data.get("phases", [])
+    if not isinstance(phases, list):
+        raise UserError(f"{where}: phases: expected a list of phases, each with a 'name'")
+    for i, entry in enumerate(phases):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise UserError(f"{where}: phases.{i}: expected a mapping with a 'name'")
+    return costs, phases
+
+
+def costs_overrides(path: str | None) -> dict:
+    """``{costs.KEY: value}`` of a costs file, for commands that apply costs only."""
+    if not path:
+        return {}
+    costs, phases = read_costs_file(path)
+    if phases:
+        raise UserError(f"--costs {path}: phases: only costs apply here (each case keeps its "
+                        f"own phases)")
     return {f"costs.{k}": v for k, v in costs.items()}
+
+
+def costs_file_overrides(path: str, phase_names: list[str]) -> list:
+    """The overrides of a costs file for a config whose phases are ``phase_names``."""
+    from .config import Override
+
+    costs, phases = read_costs_file(path)
+    origin = f"--costs {path}"
+    items = [Override(f"costs.{k}", v, origin) for k, v in costs.items()]
+    for i, entry in enumerate(phases):
+        name = entry["name"]
+        if name not in phase_names:
+            raise UserError(f"{origin}: phases.{i}.name: '{name}' is not a phase of the config "
+                            f"({', '.join(phase_names)})")
+        items += [Override(f"phases.{name}.{k}", v, origin) for k, v in entry.items()
+                  if k != "name"]
+    return items
+
+
+def run_label(name: str, overrides: list) -> str:
+    """The config's name, followed by what the command line changed in it."""
+    changed = list(dict.fromkeys(o.origin for o in overrides if o.key != "name"))
+    return f"{name} [{', '.join(changed)}]" if changed else name
 
 
 def cmd_run(args) -> int:
     from .api import simulate
-    from .config import load_config, parse_override
+    from .config import load_config, override_list
 
-    overrides = costs_overrides(args.costs)
-    for item in args.overrides:
-        key, value = parse_override(item)
-        overrides[key] = value
-    cfg = load_config(args.config, overrides)
-    result = simulate(cfg)
-    for mod in _command_modules():
+    items = override_list(args.overrides)
+    if args.costs:
+        phases = [p.name for p in load_config(args.config, items).phase_table()]
+        items = costs_file_overrides(args.costs, phases) + items  # --set wins
+    cfg = load_config(args.config, items)
+    modules = _command_modules()
+    for mod in modules:
+        if hasattr(mod, "before_run"):
+            mod.before_run(args, cfg)
+    with run_progress(cfg.steps, quiet=args.quiet) as progress:
+        result = simulate(cfg, progress=progress)
+    result.summary["name"] = run_label(cfg.name, items)
+    for mod in modules:
         if hasattr(mod, "after_run"):
             mod.after_run(args, result)
     if args.json:
@@ -114,6 +204,38 @@ def cmd_run(args) -> int:
     else:
         print(format_summary(result, args.races))
     return 0
+
+
+@contextlib.contextmanager
+def run_progress(steps: int, quiet: bool = False):
+    """A progress callback for ``simulate``: a tqdm bar on stderr, or None.
+
+    The bar shows only after ``PROGRESS_DELAY_S`` seconds and only when stderr is a
+    terminal (tqdm's own rule); ``quiet`` turns it off.
+    """
+    if quiet:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=steps, unit="step", desc="simulating", file=sys.stderr, leave=False,
+               delay=PROGRESS_DELAY_S, dynamic_ncols=True, disable=None)
+    if bar.disable:
+        bar.close()
+        yield None
+        return
+    stride = max(1, steps // 500)  # a few hundred updates at most, whatever the run's length
+
+    def progress(step: int) -> None:
+        if step % stride == 0 or step >= steps - 1:
+            bar.update(min(step + 1, steps) - bar.n)
+            if step >= steps - 1:  # the rest is draining the streams and the analysis
+                bar.set_description_str("analysing")
+
+    try:
+        yield progress
+    finally:
+        bar.close()
 
 
 def _jsonable(obj):
@@ -126,39 +248,59 @@ def _jsonable(obj):
     return obj
 
 
+def _num(value, spec: str = ".1f") -> str:
+    """``format(value, spec)``, never ``-0.0`` (a tiny negative rounds to plain zero)."""
+    text = format(value, spec)
+    if text.startswith("-") and not any(c in "123456789" for c in text):
+        text = text[1:]
+    return text
+
+
 def format_summary(result, max_races: int = 5) -> str:
+    from .metrics import measured
+
     s = result.summary
     cfg = result.config
     m = result.program.meta
+    header = (f"{s.get('name') or cfg.name}: {cfg.algorithm}, barrier {s.get('barrier')} "
+              f"(applied: {s.get('barrier_effective')}, {s.get('placement')}); "
+              f"read-done: {m.get('publish_reason')}")
+    measured_line = (f"  steps measured      {s['steps_measured']} (warm-up {cfg.warmup_steps} "
+                     f"and the last step excluded)")
+    if not s.get("steps_measured"):
+        return "\n".join([header, measured_line])
+    f = _num
+    blocked = ", ".join(f"{k[len('cpu_blocked_'):-len('_us_mean')]} {f(v)}"
+                        for k, v in s.items()
+                        if k.startswith("cpu_blocked_") and k.endswith("_us_mean")
+                        and k != "cpu_blocked_us_mean" and v > 0)
     lines = [
-        f"{cfg.name}: {cfg.algorithm}, barrier {s.get('barrier')} "
-        f"(applied: {s.get('barrier_effective')}, {s.get('placement')}); "
-        f"read-done: {m.get('publish_reason')}",
-        f"  steps measured      {s['steps_measured']} (warm-up {cfg.warmup_steps} excluded)",
-        f"  step time           mean {s['step_us_mean']:.1f} µs   p50 {s['step_us_p50']:.1f}"
-        f"   p99 {s['step_us_p99']:.1f}",
-        f"  forward             {s['fwd_us_mean']:.1f} µs; gap before it {s['fwd_gap_us_mean']:.1f}"
-        f" µs",
-        f"  GPU idle (forward)  {s['gpu_idle_us_mean']:.1f} µs/step "
-        f"(waiting on a dependency {s['gpu_idle_dep_us_mean']:.1f}, "
-        f"on the host {s['gpu_idle_host_us_mean']:.1f}); busy {100 * s['gpu_busy_fraction']:.1f}%",
-        f"  CPU blocked         {s['cpu_blocked_us_mean']:.1f} µs/step "
-        + ", ".join(f"{k[len('cpu_blocked_'):-len('_us_mean')]} {v:.1f}" for k, v in s.items()
-                    if k.startswith("cpu_blocked_") and k.endswith("_us_mean")
-                    and k != "cpu_blocked_us_mean" and v > 0),
-        f"  launch lead         mean {s['launch_lead_us_mean']:.1f} µs; run-ahead fraction "
-        f"{s['run_ahead_fraction']:.3f}",
-        f"  launch-ahead depth  mean {s['launch_ahead_mean']:.3f}; histogram "
-        + ", ".join(f"{k}: {v:.2f}" for k, v in s["launch_ahead_hist"].items()),
-        f"  throughput          {s['tokens_per_s']:.0f} tokens/s "
+        header,
+        measured_line,
+        f"  step time           mean {f(s['step_us_mean'])} µs   p50 {f(s['step_us_p50'])}"
+        f"   p99 {f(s['step_us_p99'])}",
+        f"  forward             {f(s['fwd_us_mean'])} µs; gap before it "
+        f"{f(s['fwd_gap_us_mean'])} µs",
+        f"  GPU idle (forward)  {f(s['gpu_idle_us_mean'])} µs/step "
+        f"(waiting on a dependency {f(s['gpu_idle_dep_us_mean'])}, "
+        f"on the host {f(s['gpu_idle_host_us_mean'])}); busy "
+        f"{f(100 * s['gpu_busy_fraction'])}%",
+        f"  CPU blocked         {f(s['cpu_blocked_us_mean'])} µs/step {blocked}".rstrip(),
+        f"  launch lead         mean {f(s['launch_lead_us_mean'])} µs; run-ahead fraction "
+        f"{f(s['run_ahead_fraction'], '.3f')}",
+        f"  launch-ahead depth  mean {f(s['launch_ahead_mean'], '.3f')}; histogram "
+        + ", ".join(f"{k}: {f(v, '.2f')}" for k, v in s["launch_ahead_hist"].items()),
+        f"  throughput          {f(s['tokens_per_s'], '.0f')} tokens/s "
         f"(batch {cfg.batch_size} x {cfg.accept.tokens} accepted)",
         f"  races               {s['races']} latent, {s['overlaps']} observed overlaps "
-        f"(in {s['race_steps']} steps)",
+        f"(in {s['race_steps']} of the {s['steps_measured']} steps measured)",
     ]
-    races = result.hazards.since(cfg.warmup_steps)
+    # the same steps as every figure above: after the warm-up, without the last step
+    races = result.hazards.within(measured(result.steps, cfg.warmup_steps).step)
     shown = (races.observed or races.latent)[:max_races]
     for r in shown:
-        what = f"overlapped {r.overlap_us:.1f} µs" if r.observed else "no happens-before path"
+        what = (f"overlapped {f(r.overlap_us)} µs" if r.observed
+                else "no happens-before path")
         lines.append(f"    {r.kind} on {r.buffer}: {r.first_lane}:{r.first_label} (step "
                      f"{r.first_step}) vs {r.second_lane}:{r.second_label} (step "
                      f"{r.second_step}): {what}")

@@ -17,7 +17,10 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+
+from ._io import write_bytes_atomic, write_text_atomic
 
 CALIBRATION_FORMAT = 1
 
@@ -74,7 +77,8 @@ def cmd_harness(args) -> int:
     from .harness import suite
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise _user_error(f"-o {out}: exists and is not a directory")
     programs = {}
     for path in args.configs:
         cfg = load_config(path)
@@ -87,6 +91,7 @@ def cmd_harness(args) -> int:
             programs[name] = suite.csan_program(name, overrides)
     if not programs:
         raise _user_error("harness: give at least one CONFIG, --suite or --csan")
+    out.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     for name, program in programs.items():
         (out / f"{name}.json").write_text(program.to_json())
     print(f"wrote {len(programs)} programs to {out}")
@@ -128,6 +133,10 @@ def load_measured(sources: list[str]) -> dict[str, dict]:
             if not isinstance(cases, dict):
                 raise _user_error(f"{src}: expected a measured-summary file with a 'cases' "
                                   f"mapping")
+            for name, case in cases.items():
+                if not isinstance(case, dict) or not isinstance(case.get("summary"), dict):
+                    raise _user_error(f"{src}: cases.{name}: expected a measured summary (a "
+                                      f"mapping with a 'summary' mapping)")
             out.update(cases)
             continue
         try:
@@ -162,7 +171,7 @@ def cmd_calibrate(args) -> int:
     import yaml
 
     from .harness import suite
-    from .harness.fit import fit_costs
+    from .harness.fit import DEVICE_LATENCIES, fit_costs
 
     measured = load_measured(args.measured)
     bench = None
@@ -170,11 +179,23 @@ def cmd_calibrate(args) -> int:
         try:
             bench = json.loads(Path(args.bench).read_text())
         except (OSError, json.JSONDecodeError) as e:
-            raise _user_error(f"{args.bench}: cannot read micro-benchmark JSON ({e})") from None
+            raise _user_error(f"--bench {args.bench}: cannot read micro-benchmark JSON "
+                              f"({e})") from None
+        if not isinstance(bench, dict) or not isinstance(bench.get("primitives"), dict):
+            raise _user_error(f"--bench {args.bench}: expected a JSON object with a "
+                              f"'primitives' mapping (python -m simwar.harness.gpu_main --bench)")
     known = suite.cases()
     cpu_bound = {n: suite.config_mapping(n) for n in measured
                  if n in known and "-cpu" in n}
     costs = fit_costs(measured, bench, cpu_bound)
+    unmeasured = [key for key in DEVICE_LATENCIES if key not in costs]
+    if unmeasured:
+        from .config import Costs
+
+        kept = ", ".join(f"{k} {Costs.model_fields[k].default:g}" for k in unmeasured)
+        print(f"simwar: warning: {', '.join(unmeasured)}: not timed by these replays and no "
+              f"--bench given; left out of {args.output}, so a config that applies it keeps "
+              f"its own figures (the defaults: {kept} µs)", file=sys.stderr)
     device = next((m.get("device") for m in measured.values() if m.get("device")), {})
     doc = {
         "format": "simwar.calibration",
@@ -190,7 +211,7 @@ def cmd_calibrate(args) -> int:
         if "host_drift" in bench:
             doc["host_drift"] = _rounded(bench["host_drift"])
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(yaml.safe_dump(doc, sort_keys=False))
+    write_text_atomic(args.output, yaml.safe_dump(doc, sort_keys=False))
     print(f"wrote {args.output}: " + ", ".join(f"{k} {v:g}" for k, v in costs.items()))
     return 0
 
@@ -216,7 +237,7 @@ def cmd_compare(args) -> int:
             cfg["costs"] = dict(cfg.get("costs", {}), **costs)
     table = compare(configs, measured)
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.csv, index=False, float_format="%.4f")
+    write_bytes_atomic(args.csv, table.to_csv(index=False, float_format="%.4f").encode())
     if args.plot:
         import matplotlib
 

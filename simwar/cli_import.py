@@ -6,7 +6,7 @@
 The summary is the one ``simwar run`` prints for a simulation (same metrics
 code), plus event counts and HTA's idle breakdown per stream. ``--json``
 prints one object. ``--fit`` writes per-phase duration distributions and host
-costs as a partial config (``simwar run --costs fitted.yaml`` uses its costs).
+costs as a partial config (``simwar run --costs fitted.yaml`` applies both).
 Progress goes to stderr while the file is read (on a terminal).
 """
 
@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+from ._io import write_bytes_atomic, write_text_atomic
 
 
 def register(sub) -> None:
@@ -63,7 +65,7 @@ def cmd_import(args) -> int:
     if args.save_trace:
         result.trace.save(args.save_trace)
     if args.steps_csv:
-        steps.to_csv(args.steps_csv, index=False)
+        write_bytes_atomic(args.steps_csv, steps.to_csv(index=False).encode())
     if args.fit:
         report["fit"] = _write_fit(result.trace, args.output, args.dist, path.name)
     for w in report["warnings"]:
@@ -121,11 +123,13 @@ def _write_fit(trace, output: str, dist: str, source: str) -> dict:
             lines.append(f"#   {key}: n={d['n']} constant {d['mean']}")
     text = "\n".join(lines) + "\n" + yaml.safe_dump(fit.config, sort_keys=False,
                                                     default_flow_style=None, width=100)
-    Path(output).write_text(text)
+    write_text_atomic(output, text)
     return fit.details
 
 
 def format_report(r: dict) -> str:
+    from .cli import _num as f  # never -0.0
+
     c = r["counts"]
     s = r["metrics"]
     lines = [f"{r['file']}: {c['kernels']} kernels, {c['memcpys']} memcpys, {c['memsets']} "
@@ -134,23 +138,23 @@ def format_report(r: dict) -> str:
              f"  steps               {r['steps']} in the capture; {s.get('steps_measured', 0)} "
              f"measured; forward stream '{r['forward_stream']}'"]
     if s.get("steps_measured", 0) > 0:
-        blocked = ", ".join(f"{k[len('cpu_blocked_'):-len('_us_mean')]} {v:.1f}"
+        blocked = ", ".join(f"{k[len('cpu_blocked_'):-len('_us_mean')]} {f(v)}"
                             for k, v in s.items()
                             if k.startswith("cpu_blocked_") and k.endswith("_us_mean")
                             and k != "cpu_blocked_us_mean" and v > 0)
         lines += [
-            f"  step time           mean {s['step_us_mean']:.1f} µs   p50 {s['step_us_p50']:.1f}"
-            f"   p99 {s['step_us_p99']:.1f}",
-            f"  forward             {s['fwd_us_mean']:.1f} µs; gap before it "
-            f"{s['fwd_gap_us_mean']:.1f} µs",
-            f"  GPU idle (forward)  {s['gpu_idle_us_mean']:.1f} µs/step (waiting on a dependency "
-            f"{s['gpu_idle_dep_us_mean']:.1f}, on the host {s['gpu_idle_host_us_mean']:.1f}); "
-            f"busy {100 * s['gpu_busy_fraction']:.1f}%",
-            f"  CPU blocked         {s['cpu_blocked_us_mean']:.1f} µs/step {blocked}".rstrip(),
-            f"  launch lead         mean {s['launch_lead_us_mean']:.1f} µs; run-ahead fraction "
-            f"{s['run_ahead_fraction']:.3f}",
-            f"  launch-ahead depth  mean {s['launch_ahead_mean']:.3f}; histogram "
-            + ", ".join(f"{k}: {v:.2f}" for k, v in s["launch_ahead_hist"].items()),
+            f"  step time           mean {f(s['step_us_mean'])} µs   p50 {f(s['step_us_p50'])}"
+            f"   p99 {f(s['step_us_p99'])}",
+            f"  forward             {f(s['fwd_us_mean'])} µs; gap before it "
+            f"{f(s['fwd_gap_us_mean'])} µs",
+            f"  GPU idle (forward)  {f(s['gpu_idle_us_mean'])} µs/step (waiting on a dependency "
+            f"{f(s['gpu_idle_dep_us_mean'])}, on the host {f(s['gpu_idle_host_us_mean'])}); "
+            f"busy {f(100 * s['gpu_busy_fraction'])}%",
+            f"  CPU blocked         {f(s['cpu_blocked_us_mean'])} µs/step {blocked}".rstrip(),
+            f"  launch lead         mean {f(s['launch_lead_us_mean'])} µs; run-ahead fraction "
+            f"{f(s['run_ahead_fraction'], '.3f')}",
+            f"  launch-ahead depth  mean {f(s['launch_ahead_mean'], '.3f')}; histogram "
+            + ", ".join(f"{k}: {f(v, '.2f')}" for k, v in s["launch_ahead_hist"].items()),
         ]
     else:
         lines.append("  (no measured steps: need at least two steps with forward kernels "
@@ -164,7 +168,7 @@ def format_report(r: dict) -> str:
         lines.append("  stream idle (HTA)   µs after warm-up: busy / idle = host-wait + "
                      "kernel-wait + dependency + other")
         for lane, d in r["idle"].items():
-            lines.append(f"    {lane:<17} {d['busy_us']:.1f} / {d['idle_us']:.1f} = "
-                         f"{d['host_wait_us']:.1f} + {d['kernel_wait_us']:.1f} + "
-                         f"{d['dependency_us']:.1f} + {d['other_us']:.1f}")
+            lines.append(f"    {lane:<17} {f(d['busy_us'])} / {f(d['idle_us'])} = "
+                         f"{f(d['host_wait_us'])} + {f(d['kernel_wait_us'])} + "
+                         f"{f(d['dependency_us'])} + {f(d['other_us'])}")
     return "\n".join(lines)

@@ -45,32 +45,51 @@ def extend_run(run_parser) -> None:
                             help="write the stall timeline of a few steps (and a zoom on the "
                                  "first GPU bubble) to this image")
     run_parser.add_argument("--steps-window", metavar="A:B",
-                            help="steps shown by --timeline, inclusive (default: three steps "
+                            help="steps shown by --timeline, A and B included: from step A's "
+                                 "start to step B+1's start (default: three steps "
                                  "after warm-up)")
     run_parser.add_argument("--trace", metavar="OUT.json",
                             help="write the run as Chrome trace-event JSON (open it in "
                                  "ui.perfetto.dev or chrome://tracing)")
 
 
+def before_run(args, config) -> None:
+    """Check the picture options before simulating, so that a mistake is reported at once."""
+    timeline_path = getattr(args, "timeline", None)
+    window_text = getattr(args, "steps_window", None)
+    if window_text and not timeline_path:
+        raise UserError("--steps-window: only used with --timeline OUT.png")
+    if timeline_path:
+        _output_path(timeline_path, "--timeline", image=True)
+        if window_text:
+            parse_window(window_text, config.steps)
+    if getattr(args, "trace", None):
+        _output_path(args.trace, "--trace")
+
+
 def after_run(args, result) -> None:
     timeline_path = getattr(args, "timeline", None)
     window_text = getattr(args, "steps_window", None)
     trace_path = getattr(args, "trace", None)
-    if window_text and not timeline_path:
-        raise UserError("--steps-window: only used with --timeline OUT.png")
+    before_run(args, result.config)
     if timeline_path:
         out = _output_path(timeline_path, "--timeline", image=True)
         window = parse_window(window_text, result.config.steps) if window_text else None
         from . import plots
 
         _save(plots.stall_figure(result, window), out)
-        print(f"simwar: wrote {out}", file=sys.stderr)
+        _note(args, f"simwar: wrote {out}")
     if trace_path:
         out = _output_path(trace_path, "--trace")
         from .perfetto import write_chrome_trace
 
         write_chrome_trace(result.trace, out)
-        print(f"simwar: wrote {out}", file=sys.stderr)
+        _note(args, f"simwar: wrote {out}")
+
+
+def _note(args, text: str) -> None:
+    if not getattr(args, "quiet", False):
+        print(text, file=sys.stderr)
 
 
 def parse_window(text: str, steps: int) -> tuple[int, int]:
@@ -88,23 +107,32 @@ def parse_window(text: str, steps: int) -> tuple[int, int]:
 
 def _output_path(path: str, option: str, image: bool = False) -> Path:
     out = Path(path)
-    if not out.parent.exists():
-        raise UserError(f"{option}: directory {out.parent} does not exist")
+    if out.is_dir():
+        raise UserError(f"{option} {path}: is a directory (expected the name of a file to "
+                        f"write)")
+    if not out.parent.is_dir():
+        raise UserError(f"{option} {path}: directory {out.parent} does not exist")
     if image:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         kinds = FigureCanvasAgg.get_supported_filetypes()
         if out.suffix.lstrip(".").lower() not in kinds:
-            raise UserError(f"{option}: {out.name}: expected an image file name ending in "
+            raise UserError(f"{option} {path}: expected an image file name ending in "
                             f"{', '.join('.' + k for k in sorted(kinds))}")
     return out
 
 
 def _save(fig, out: Path) -> None:
+    import io
+
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
+    from ._io import write_bytes_atomic
+
     FigureCanvasAgg(fig)
-    fig.savefig(out, dpi=110)
+    image = io.BytesIO()  # rendered first, then written whole: a failed save leaves nothing
+    fig.savefig(image, format=out.suffix.lstrip(".").lower(), dpi=110)
+    write_bytes_atomic(out, image.getvalue())
 
 
 def read_results(path: str):
@@ -145,6 +173,26 @@ def _filter(df, items: list[str]):
     return df
 
 
+def plot_title(df, x: str, y: str, hue: str | None, kind: str = "line") -> str:
+    """``Y by X [and HUE]``, and a second line saying what each point averages over."""
+    import pandas as pd
+
+    from . import plots
+
+    title = f"{plots.column_label(y)} by {plots.column_label(x)}"
+    if hue:
+        title += f" and {plots.column_label(hue)}"
+    over = plots.averaged_over(df, x, y, hue)
+    if over:
+        parts = [f"{n} repeats" if c == "repeat" else f"up to {n} rows" if c == "rows"
+                 else f"{c} ({n} values)" for c, n in over.items()]
+        spread = ("" if kind == "heatmap" else "; bars: min to max"
+                  if not pd.api.types.is_numeric_dtype(df[x]) else "; band: min to max")
+        title += f"\neach {'cell' if kind == 'heatmap' else 'point'} is the mean over " \
+                 f"{', '.join(parts)}{spread}"
+    return title
+
+
 def cmd_plot(args) -> int:
     df = _filter(read_results(args.sweep_dir), args.where)
     for option, col in (("--x", args.x), ("--y", args.y), ("--hue", args.hue)):
@@ -156,19 +204,25 @@ def cmd_plot(args) -> int:
                             f"fwd_gap_us_mean, gpu_idle_us_mean)")
     if args.kind == "heatmap" and not args.hue:
         raise UserError("--kind heatmap: needs --hue KEY for the y axis")
+    from . import plots
+
+    if args.y not in plots.numeric_columns(df):
+        raise UserError(f"--y {args.y}: not a numeric column of {args.sweep_dir} (numeric: "
+                        f"{', '.join(plots.numeric_columns(df)) or 'none'})")
     out = _output_path(args.out, "-o", image=True)
     from matplotlib.figure import Figure
-
-    from . import plots
 
     fig = Figure(figsize=(7.5, 4.5), layout="constrained")
     ax = fig.add_subplot()
     if args.kind == "heatmap":
         plots.sweep_heatmap(df, args.x, args.hue, args.y, ax=ax)
+        ax.set_ylabel(plots.column_label(args.hue))
+        ax.images[0].colorbar.set_label(plots.column_label(args.y))
     else:
         plots.sweep_lines(df, args.x, args.y, hue=args.hue, ax=ax)
-    ax.set_title(f"{args.y} by {args.x}" + (f" and {args.hue}" if args.hue else ""),
-                 loc="left", fontsize=10)
+        ax.set_ylabel(plots.column_label(args.y))
+    ax.set_xlabel(plots.column_label(args.x))
+    ax.set_title(plot_title(df, args.x, args.y, args.hue, args.kind), loc="left", fontsize=10)
     _save(fig, out)
     print(f"simwar: wrote {out}", file=sys.stderr)
     return 0

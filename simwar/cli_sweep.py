@@ -22,7 +22,9 @@ def register(sub) -> None:
         "sweep", help="run a sweep file into a results table (resumable)",
         description="Expand a sweep file (base config, grid, zip, repeats), simulate every run "
                     "and write DIR/results.parquet, DIR/results.csv, DIR/sweep.yaml and "
-                    "DIR/runs/<key>.json. Rerunning the same command skips finished runs.")
+                    "DIR/runs/<key>.json. Rerunning the same sweep into DIR skips finished "
+                    "runs; a different sweep into a DIR that holds results is refused unless "
+                    "--force is given.")
     p.add_argument("sweep_file", metavar="SWEEP.yaml", help="sweep file")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
@@ -34,6 +36,9 @@ def register(sub) -> None:
                         "(default: start a local Ray)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a dotted key of the base config (repeatable)")
+    p.add_argument("--force", action="store_true",
+                   help="DIR holds a different sweep's results: replace its sweep.yaml and "
+                        "results tables (run files are kept)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_sweep)
 
@@ -63,7 +68,7 @@ def _is_sweep_file(path: str) -> bool:
 # --------------------------------------------------------------------------- sweep
 def cmd_sweep(args) -> int:
     from .cli import UserError
-    from .sweeps import RunStore, load_sweep, sweep
+    from .sweeps import RunStore, SweepConflict, load_sweep, sweep
 
     if args.jobs < 0:
         raise UserError(f"--jobs {args.jobs}: expected 0 (one per core) or a positive number")
@@ -76,8 +81,12 @@ def cmd_sweep(args) -> int:
     already = sum(store.load(run) is not None for run in {r.run_key: r for r in plan.runs}
                   .values())
     started = time.perf_counter()
-    frame = sweep(plan, args.out, jobs=args.jobs, backend=args.backend,
-                  ray_address=args.ray_address, progress=not args.no_progress)
+    try:
+        frame = sweep(plan, args.out, jobs=args.jobs, backend=args.backend,
+                      ray_address=args.ray_address, progress=not args.no_progress,
+                      force=args.force)
+    except SweepConflict as e:
+        raise UserError(f"--out {e}") from None
     elapsed = time.perf_counter() - started
     simulated = len({r.run_key for r in plan.runs}) - already
     rate = f", {simulated / elapsed:.2f} runs/s" if simulated and elapsed > 0 else ""

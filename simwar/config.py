@@ -13,8 +13,10 @@ one line: ``FILE: dotted.key: what was expected``.
 from __future__ import annotations
 
 import copy
+import json
+import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, NamedTuple, Union
 
 import yaml
 from pydantic import (
@@ -176,6 +178,11 @@ class Accept(_Strict):
 
 
 # --------------------------------------------------------------------------- top level
+#: the fewest steps a run must measure (after the warm-up, without the last step): a step
+#: time needs a successor, a spread needs two of them
+MIN_MEASURED = 2
+
+
 class Config(_Strict):
     name: str = "unnamed"
     seed: int = 0
@@ -194,6 +201,11 @@ class Config(_Strict):
     def _resolve(self) -> Config:
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be < steps ({self.steps})")
+        if self.steps < self.warmup_steps + MIN_MEASURED + 1:
+            raise ValueError(f"steps ({self.steps}) must be at least warmup_steps + "
+                             f"{MIN_MEASURED + 1} ({self.warmup_steps + MIN_MEASURED + 1}) so "
+                             f"that at least {MIN_MEASURED} steps are measured (the last "
+                             f"step, having no successor, is not)")
         resolved = resolve_phases(self.algorithm, self.phases)
         # store the resolved table (idempotent: resolving it again gives the same)
         object.__setattr__(self, "phases", [p.model_dump() for p in resolved])
@@ -261,6 +273,8 @@ def _first_error(e: ValidationError, prefix: str = "") -> str:
         msg = "unknown key"
     elif msg.startswith("Value error, "):
         msg = msg[len("Value error, "):]
+        if key and (msg.startswith(key + ".") or msg.startswith(key + ":")):
+            key = ""  # the message names the key itself (e.g. grid.policy.barrier: ...)
     if "input" in err and err["type"] not in ("extra_forbidden", "missing", "value_error"):
         got = err["input"]
         if not isinstance(got, (dict, list)):
@@ -269,21 +283,56 @@ def _first_error(e: ValidationError, prefix: str = "") -> str:
 
 
 def read_yaml(path: str | Path) -> dict:
+    """The top-level mapping of a YAML file; a missing, unreadable or empty file is an error."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: file not found")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory (expected a YAML file)")
     try:
         data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (expected YAML)") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
-    if data is None:
-        data = {}
+    if data is None:  # nothing but blank lines and comments
+        raise ConfigError(f"{path}: the file is empty (expected a YAML mapping)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return data
+
+
+class Override(NamedTuple):
+    """A dotted-key override and where it came from, as an error message names it."""
+
+    key: str
+    value: Any
+    origin: str  # "--set policy.barrier=coarse", "--costs fitted.yaml", ...
+
+
+def override_list(overrides: list | dict | None) -> list[Override]:
+    """``["key=value", ...]``, ``{key: value}`` or Overrides, as a list of :class:`Override`."""
+    if not overrides:
+        return []
+    if isinstance(overrides, dict):
+        return [Override(k, v, f"--set {k}={_value_text(v)}") for k, v in overrides.items()]
+    out = []
+    for item in overrides:
+        if isinstance(item, Override):
+            out.append(item)
+        else:
+            key, value = parse_override(item)
+            out.append(Override(key, value, f"--set {item}"))
+    return out
+
+
+def _value_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
 def parse_override(item: str) -> tuple[str, Any]:
@@ -369,20 +418,49 @@ def load_config(source: str | Path | dict | Config | None = None,
     else:
         label = str(source)
         data = read_yaml(source)
-    items = overrides.items() if isinstance(overrides, dict) else \
-        [parse_override(o) for o in (overrides or [])]
-    items = list(items)
-    for key, value in items:
-        set_dotted(data, key, value)
+    items = override_list(overrides)
+    source_data = copy.deepcopy(data) if items else data
+    for item in items:
+        try:
+            set_dotted(data, item.key, item.value)
+        except ConfigError as e:
+            raise ConfigError(f"{item.origin}: {e}") from None
     try:
         return validate(data, label)
     except ConfigError as e:
-        # blame the --set override when the failing key is one the user just set
-        bad = str(e)[len(label) + 2:]
-        for key, _ in items:
-            if bad.startswith(key + ":") or bad.startswith(key + "."):
-                raise ConfigError(f"--set {key}: {bad[len(key) + 1:].strip()}") from None
-        raise
+        raise _blame(e, label, source_data, items) from None
+
+
+def _blame(error: ConfigError, label: str, source_data: dict,
+           items: list[Override]) -> ConfigError:
+    """The error, naming the override that caused it rather than the file when it was one."""
+    if not items:
+        return error
+    text = str(error)
+    bad = text[len(label) + 2:] if text.startswith(label + ": ") else text
+    match = re.match(r"([\w.-]+): ", bad)
+    failing = match.group(1) if match else None
+    if failing is not None:
+        for item in reversed(items):  # the last override of a key is the one that counts
+            if failing == item.key or failing.startswith(item.key + "."):
+                if item.origin.startswith("--set "):
+                    return ConfigError(f"--set {item.key}: {bad[len(item.key) + 1:].strip()}")
+                return ConfigError(f"{item.origin}: {bad}")
+            if item.key.startswith(failing + "."):  # e.g. --set bogus.key=3: bogus: unknown key
+                return ConfigError(f"{item.origin}: {bad}")
+    # a rule across keys (warmup_steps < steps, ...): the overrides are to blame when the
+    # source is valid without them; name those the message mentions (all if none is)
+    try:
+        validate(source_data, label)
+    except ConfigError:
+        return error
+    named = [item for item in items if _mentions(bad, item.key)] or items
+    return ConfigError(f"{' '.join(dict.fromkeys(item.origin for item in named))}: {bad}")
+
+
+def _mentions(message: str, key: str) -> bool:
+    return any(re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", message)
+               for name in (key, key.split(".")[-1]))
 
 
 def validate(data: dict, label: str = "<config>") -> Config:
@@ -394,5 +472,6 @@ def validate(data: dict, label: str = "<config>") -> Config:
         raise ConfigError(f"{label}: {e}") from None
 
 
-__all__ = ["BUILTIN", "Config", "ConfigError", "Dist", "Duration", "Phase", "Policy",
-           "load_config", "parse_override", "read_yaml", "set_dotted", "validate"]
+__all__ = ["BUILTIN", "MIN_MEASURED", "Config", "ConfigError", "Dist", "Duration", "Override",
+           "Phase", "Policy", "load_config", "override_list", "parse_override",
+           "read_yaml", "set_dotted", "validate"]

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import gc
 from collections import deque
+from typing import Callable
 
 import simpy
 
@@ -99,10 +100,11 @@ class _CountingEnvironment(simpy.Environment):
 class Engine:
     """Executes one Program. ``run()`` returns the Trace; ``events`` counts SimPy events.
 
-    ``progress(step)``, if given, is called at the start of each host iteration.
+    ``progress``: called with the step number as the host reaches each step (an observer;
+    the engine itself never prints).
     """
 
-    def __init__(self, program: Program, progress=None):
+    def __init__(self, program: Program, progress: Callable[[int], None] | None = None):
         self.program = program
         self.progress = progress
         self.env = _CountingEnvironment()

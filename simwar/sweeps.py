@@ -17,6 +17,21 @@ finishes, so a sweep killed at any point loses only the runs in flight, and a
 rerun skips every run whose file exists. The tables ``results.parquet`` and
 ``results.csv`` are rebuilt from the run files when all runs are done.
 
+One output directory holds one sweep. Its ``sweep.yaml`` is the resolved sweep
+(base inlined, ``--set`` overrides applied); a sweep whose resolved form is the
+same (comments and the header aside) is the *same sweep*, and running it again
+into that directory resumes it. A different sweep, or a directory holding
+results tables but no ``sweep.yaml``, is refused with
+:class:`SweepConflict` before anything is written, so that no results table
+is ever replaced without a word; ``force=True`` (``simwar sweep --force``)
+replaces the resolved sweep and the tables (run files are kept: they are
+named by run key, so a later sweep reuses those it shares).
+
+A sweep must sweep something: a ``grid`` or ``zip`` given must name at
+least one key, and a sweep with neither needs ``repeats`` above 1. The
+``name`` column of the table is the base config's name followed by the run's
+swept values and ``--set`` overrides, e.g. ``dspark-fine [policy.barrier=coarse]``.
+
 Backends: ``local`` (in-process for one job, else a process pool) and ``ray``
 (tasks on a Ray cluster; results come back to the driver, which writes them).
 Both produce identical rows because rows are always built from the
@@ -39,7 +54,6 @@ import multiprocessing
 import os
 import signal
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -49,13 +63,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import __version__
-from .config import ConfigError, _first_error, load_config, parse_override, read_yaml
+from ._io import atomic_file, stale_temporaries, write_bytes_atomic
+from .config import ConfigError, _first_error, load_config, override_list, read_yaml
 
 #: columns every result row carries besides the swept keys and the summary metrics
 ID_COLUMNS = ("run_id", "repeat", "seed", "config_hash", "run_key")
 BACKENDS = ("local", "ray")
 RUNS_DIR = "runs"
-_TMP_SUFFIX = ".tmp"
+
+
+class SweepConflict(ConfigError):
+    """The output directory holds another sweep's results (see the module docstring)."""
 
 
 # --------------------------------------------------------------------------- the spec
@@ -72,6 +90,10 @@ class SweepSpec(BaseModel):
     @field_validator("grid", "zip")
     @classmethod
     def _non_empty_lists(cls, swept: dict[str, list], info) -> dict[str, list]:
+        if not swept:
+            raise ValueError(f"expected at least one dotted key, e.g. {info.field_name}: "
+                             f"{{policy.barrier: [coarse, fine]}} (leave {info.field_name} out "
+                             f"to sweep nothing there)")
         for key, values in swept.items():
             _check_key(key)
             if not values:
@@ -92,6 +114,9 @@ class SweepSpec(BaseModel):
         both = [k for k in self.zip if k in self.grid]
         if both:
             raise ValueError(f"{both[0]}: swept in both grid and zip; keep it in one of them")
+        if not self.grid and not self.zip and self.repeats == 1:
+            raise ValueError("nothing to sweep: expected a grid, a zip or repeats above 1 "
+                             "(for one run, use simwar run)")
         return self
 
     @property
@@ -167,10 +192,10 @@ def load_sweep(spec: str | Path | dict | Sweep,
             message += " (a sweep has base, grid, zip, repeats)"
         raise ConfigError(f"{label}: {message}") from None
 
-    override_items = _override_items(overrides)
-    for key, _ in override_items:
-        if key in parsed.swept_keys:
-            raise ConfigError(f"--set {key}: this key is swept by {label}; "
+    override_items = override_list(overrides)
+    for item in override_items:
+        if item.key in parsed.swept_keys:
+            raise ConfigError(f"--set {item.key}: this key is swept by {label}; "
                               f"change the sweep file instead")
     # validate the base with its overrides on its own first, so its errors name the base
     if isinstance(parsed.base, str):
@@ -179,15 +204,15 @@ def load_sweep(spec: str | Path | dict | Sweep,
             raise ConfigError(f"{label}: base: {parsed.base}: file not found "
                               f"(paths are relative to the sweep file)")
         base, base_label = read_yaml(base_path), str(base_path)
-        base_config = load_config(base_path, dict(override_items))
+        base_config = load_config(base_path, override_items)
     else:
         base, base_label = copy.deepcopy(parsed.base), f"{label}: base"
         try:
-            base_config = load_config(base, dict(override_items))
+            base_config = load_config(base, override_items)
         except ConfigError as e:
             raise ConfigError(f"{base_label}: {str(e).removeprefix('<config>: ')}") from None
-    for key, value in override_items:
-        _set(base, key, value, base_label)
+    for item in override_items:
+        _set(base, item.key, item.value, base_label)
 
     runs: list[Run] = []
     for run_id, (repeat, values) in enumerate(_points(parsed)):
@@ -206,15 +231,7 @@ def load_sweep(spec: str | Path | dict | Sweep,
         config_hash = _hash({k: v for k, v in resolved.items() if k != "seed"})
         run_key = _hash({"config_hash": config_hash, "seed": seed, "version": __version__})
         runs.append(Run(run_id, repeat, seed, values, resolved, config_hash, run_key))
-    return Sweep(parsed, base, runs, label, dict(override_items))
-
-
-def _override_items(overrides) -> list[tuple[str, Any]]:
-    if not overrides:
-        return []
-    if isinstance(overrides, dict):
-        return list(overrides.items())
-    return [parse_override(item) for item in overrides]
+    return Sweep(parsed, base, runs, label, {item.key: item.value for item in override_items})
 
 
 def _set(data: dict, key: str, value: Any, label: str) -> None:
@@ -270,22 +287,6 @@ def _normalise(obj: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- storage
-def atomic_write_bytes(path: Path, payload: bytes) -> None:
-    """Write a file so that readers see either the old content or the new, never a torn one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=_TMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(payload)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 class RunStore:
     """``DIR/runs/<run key>.json`` files: one per finished run, written atomically."""
 
@@ -311,32 +312,51 @@ class RunStore:
                   "simwar_version": __version__, "summary": summary, "config": run.config}
         # key order kept: the summary's metric order becomes the table's column order
         payload = json.dumps(record, indent=1, allow_nan=False).encode()
-        atomic_write_bytes(self.path(run), payload)
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(self.path(run), payload)
 
     def remove_stale_temporaries(self) -> None:
         """Delete half-written temporaries left by a killed sweep (the real files are intact)."""
-        if self.runs_dir.is_dir():
-            for stale in self.runs_dir.glob(f".*{_TMP_SUFFIX}"):
-                with contextlib.suppress(FileNotFoundError):
-                    stale.unlink()
+        for stale in stale_temporaries(self.runs_dir):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
 
 
 def write_tables(frame: pd.DataFrame, out_dir: str | Path) -> None:
     """``results.parquet`` and ``results.csv``, each written atomically."""
     out_dir = Path(out_dir)
-    with tempfile.TemporaryDirectory(dir=out_dir, prefix=".tables.") as staging:
-        for name, writer in (("results.parquet", lambda p: frame.to_parquet(p, index=False)),
-                             ("results.csv", lambda p: frame.to_csv(p, index=False))):
-            staged = Path(staging) / name
-            writer(staged)
-            os.replace(staged, out_dir / name)
+    with atomic_file(out_dir / "results.parquet") as handle:
+        frame.to_parquet(handle, index=False)
+    write_bytes_atomic(out_dir / "results.csv", frame.to_csv(index=False).encode())
+
+
+def check_out_dir(sweep: Sweep, out_dir: str | Path) -> None:
+    """Raise :class:`SweepConflict` if ``out_dir`` holds the results of another sweep."""
+    out_dir = Path(out_dir)
+    stored = out_dir / "sweep.yaml"
+    tables = [name for name in ("results.parquet", "results.csv") if (out_dir / name).exists()]
+    if stored.exists():
+        try:
+            previous = yaml.safe_load(stored.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            previous = None
+        # compared through a YAML round trip: the form the file holds
+        if previous == yaml.safe_load(yaml.safe_dump(sweep.resolved(), sort_keys=False)):
+            return
+        raise SweepConflict(f"{out_dir}: holds the results of a different sweep ({stored} "
+                            f"differs from {sweep.label}); use another output directory, or "
+                            f"--force to replace its results table")
+    if tables:
+        raise SweepConflict(f"{out_dir}: holds {' and '.join(tables)} but no sweep.yaml (not "
+                            f"this sweep's); use another output directory, or --force to "
+                            f"replace them")
 
 
 def write_resolved_spec(sweep: Sweep, out_dir: str | Path) -> None:
     header = (f"# resolved from {sweep.label} by simwar {__version__}: base inlined, "
               f"--set overrides applied; {len(sweep.runs)} runs\n")
     body = yaml.safe_dump(sweep.resolved(), sort_keys=False)
-    atomic_write_bytes(Path(out_dir) / "sweep.yaml", (header + body).encode())
+    write_bytes_atomic(Path(out_dir) / "sweep.yaml", (header + body).encode())
 
 
 # --------------------------------------------------------------------------- tables
@@ -354,6 +374,8 @@ def results_frame(sweep: Sweep, summaries: dict[str, dict]) -> pd.DataFrame:
         for metric, value in summary.items():
             if metric in row:  # never let a metric shadow a swept key or an id column
                 metric = f"summary.{metric}"
+            elif metric == "name":
+                value = run_name(value, run, sweep.overrides)
             row[metric] = value
         rows.append(row)
     frame = pd.DataFrame(rows)
@@ -365,6 +387,13 @@ def results_frame(sweep: Sweep, summaries: dict[str, dict]) -> pd.DataFrame:
             # a column mixing strings and numbers cannot go to Parquet as is
             frame[column] = frame[column].map(_as_json_text)
     return frame
+
+
+def run_name(name: str, run: Run, overrides: dict[str, Any]) -> str:
+    """The base config's name, then what the sweep changed in it: ``--set`` and swept values."""
+    changed = [f"--set {k}={_short(v)}" for k, v in overrides.items() if k != "name"]
+    changed += [f"{k}={_short(v)}" for k, v in run.values.items()]
+    return f"{name} [{', '.join(changed)}]" if changed else name
 
 
 def _as_json_text(value: Any) -> str | None:
@@ -380,7 +409,8 @@ ProgressCallback = Callable[[int], None]
 def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *, jobs: int = 1,
           backend: str = "local", ray_address: str | None = None,
           progress: bool | ProgressCallback = False,
-          overrides: list[str] | dict[str, Any] | None = None) -> pd.DataFrame:
+          overrides: list[str] | dict[str, Any] | None = None,
+          force: bool = False) -> pd.DataFrame:
     """Run a sweep and return one row per run (see :func:`results_frame`).
 
     ``spec``: a sweep YAML path, a mapping (``base``, ``grid``, ``zip``, ``repeats``) or a
@@ -389,7 +419,8 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
     core). ``backend``: ``local`` or ``ray`` (``ray_address``: an existing cluster; without
     it, an already initialised Ray is used, else a local one is started and stopped).
     ``progress``: True for a tqdm bar on stderr, or a callable given the number of newly
-    finished runs. ``overrides``: ``--set``-style overrides applied to the base.
+    finished runs. ``overrides``: ``--set``-style overrides applied to the base. ``force``:
+    replace the results of a different sweep in ``out_dir`` (else :class:`SweepConflict`).
     """
     if backend not in BACKENDS:
         raise ConfigError(f"backend: '{backend}' is not one of {', '.join(BACKENDS)}")
@@ -400,6 +431,8 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
     store = RunStore(out_dir) if out_dir is not None else None
     summaries: dict[str, dict] = {}
     if store is not None:
+        if not force:
+            check_out_dir(plan, store.out_dir)
         store.out_dir.mkdir(parents=True, exist_ok=True)
         store.remove_stale_temporaries()
         write_resolved_spec(plan, store.out_dir)
@@ -536,5 +569,6 @@ def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
             ray.shutdown()
 
 
-__all__ = ["ID_COLUMNS", "Run", "RunStore", "Sweep", "SweepSpec", "atomic_write_bytes",
-           "is_sweep_mapping", "load_sweep", "results_frame", "run_one", "sweep", "write_tables"]
+__all__ = ["ID_COLUMNS", "Run", "RunStore", "Sweep", "SweepConflict", "SweepSpec",
+           "check_out_dir", "is_sweep_mapping", "load_sweep", "results_frame", "run_one", "sweep",
+           "write_tables"]

@@ -153,3 +153,22 @@ def test_the_host_speed_probe_moves_with_host_paced_repeats():
         probes = [v for r in runs for v in r[name]["host_probe_us"].values()]
         if max(steps) / min(steps) - 1 > 0.05:
             assert max(probes) / min(probes) > 1.3, name
+
+
+def test_the_committed_calibration_is_reproduced_from_its_inputs(tmp_path, monkeypatch, capsys):
+    """``simwar calibrate`` on run 1 and the shipped micro-benchmarks gives h200.yaml again.
+
+    The whole file matches, not only ``costs``: run from the repository root, as the
+    calibration README says, so that ``fitted_from.sources`` reads the same.
+    """
+    from simwar.cli import main
+
+    monkeypatch.chdir(CAL.parent)
+    out = tmp_path / "h200.yaml"
+    assert main(["calibrate", "calibration/h200_suite_run1.json", "--bench",
+                 "calibration/h200_bench.json", "-o", str(out)]) == 0
+    assert capsys.readouterr().err == ""  # nothing left unmeasured
+    committed = yaml.safe_load((CAL / "h200.yaml").read_text())
+    again = yaml.safe_load(out.read_text())
+    assert again["costs"] == committed["costs"]
+    assert out.read_text() == (CAL / "h200.yaml").read_text()

@@ -1,4 +1,4 @@
-"""Agreement with real H200 measurements (../shared/data/h200_overlap_run1.json).
+"""Agreement with real H200 measurements (tests/data/h200_overlap_run1.json).
 
 Every case except ``policy: host`` is expressed as a simwar config with the
 measured primitive costs (``simwar.calibrate.loop_case_config``); the one cost
@@ -17,7 +17,6 @@ hides it).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -25,10 +24,8 @@ import pytest
 import simwar
 from simwar.calibrate import fit_host_call_us, loop_case_config
 
-DATA = Path(os.environ.get("SIMWAR_SHARED", Path(__file__).resolve().parents[2] / "shared")) \
-    / "data" / "h200_overlap_run1.json"
-
-pytestmark = pytest.mark.skipif(not DATA.exists(), reason=f"reference data not found at {DATA}")
+#: shipped with the tests (its description: h200_overlap_run1.README.md beside it)
+DATA = Path(__file__).resolve().parent / "data" / "h200_overlap_run1.json"
 
 
 @pytest.fixture(scope="module")

@@ -68,8 +68,15 @@ class HazardReport:
         return [r for r in self.races if r.observed]
 
     def since(self, step: int) -> HazardReport:
-        """Only races whose later access belongs to a step >= ``step`` (warm-up excluded)."""
-        return HazardReport([r for r in self.races if r.second_step >= step])
+        """Only races whose two accesses belong to steps >= ``step`` (warm-up excluded)."""
+        return HazardReport([r for r in self.races if r.first_step >= step
+                             and r.second_step >= step])
+
+    def within(self, steps) -> HazardReport:
+        """Only races whose two accesses belong to ``steps`` (e.g. the measured steps)."""
+        steps = set(steps)
+        return HazardReport([r for r in self.races if r.first_step in steps
+                             and r.second_step in steps])
 
     def frame(self):
         import pandas as pd

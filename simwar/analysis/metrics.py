@@ -163,7 +163,7 @@ def summarize(df: pd.DataFrame, meta: dict, hazards: HazardReport | None = None)
         "tokens_per_s": float(m.tokens.sum() / m.step_us.sum() * 1e6),
     })
     if hazards is not None:
-        h = hazards.since(warm)
+        h = hazards.within(m.step)  # the steps measured, as every other figure
         out["races"] = len(h.latent)
         out["overlaps"] = len(h.observed)
         out["race_steps"] = len({r.second_step for r in h.latent})

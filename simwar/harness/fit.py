@@ -9,7 +9,8 @@
   same host calls in the replay, so one figure fits all); ``sync_wake_us`` and
   ``cross_stream_us`` are device latencies the replay does not time (it times
   each step's forward only), so they come from the micro-benchmarks (a
-  summary that carries them, from an older replay, still takes precedence). No figure is
+  summary that carries them, from an older replay, still takes precedence; with
+  neither they are left out, not set to 0). No figure is
   fitted to step times, so comparing step times afterwards is a real check.
   ``host_call_us`` then takes up what per-call costs miss, by least squares on
   the CPU-bound cases (``simwar.calibrate.fit_host_call_us``);
@@ -99,7 +100,7 @@ def load_traces(source: str | Path) -> dict[str, Trace]:
 def _pooled_mean(summaries: list[dict], kind: str) -> float | None:
     num = den = 0.0
     for s in summaries:
-        st = s["host_costs"].get(kind, {})
+        st = s.get("host_costs", {}).get(kind, {})
         if st.get("n"):
             num += st["mean"] * st["n"]
             den += st["n"]
@@ -111,11 +112,18 @@ def _pooled_median(summaries: list[dict], key: str) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+#: the device latencies the replay does not time, and the micro-benchmark figure of each
+DEVICE_LATENCIES = {"sync_wake_us": "sync_wake_after_200us_us",
+                    "cross_stream_us": "cross_stream_us"}
+
+
 def fit_costs(summaries: dict[str, dict], bench: dict | None = None,
               cpu_bound: dict[str, dict] | None = None) -> dict:
     """``costs.*`` from measured summaries; ``cpu_bound``: case configs for ``host_call_us``.
 
-    Micro-benchmark figures fill any kind no replay measured.
+    Micro-benchmark figures fill any kind no replay measured; a cost that neither
+    measured is left out (never written as 0), so a config that applies the result
+    keeps its own figure for it.
     """
     recs = list(summaries.values())
     prim = (bench or {}).get("primitives", {})
@@ -132,13 +140,13 @@ def fit_costs(summaries: dict[str, dict], bench: dict | None = None,
             v = fallback.get(kind)
         if v is not None:
             costs[kind] = round(float(v), 3)
-    wake = _pooled_median(recs, "sync_wake_us")
-    # clock-alignment noise can put a host return a little before the estimated firing
-    costs["sync_wake_us"] = round(max(0.0, wake if wake is not None
-                                      else prim.get("sync_wake_after_200us_us", 0.0)), 3)
-    cross = _pooled_median(recs, "cross_stream_us")
-    costs["cross_stream_us"] = round(max(0.0, cross if cross is not None
-                                         else prim.get("cross_stream_us", 0.0)), 3)
+    for key, bench_key in DEVICE_LATENCIES.items():
+        v = _pooled_median(recs, key)
+        if v is None:
+            v = prim.get(bench_key)
+        if v is not None:  # measured by neither: left out, so a config keeps its own figure
+            # clock-alignment noise can put a host return a little before the estimated firing
+            costs[key] = round(max(0.0, float(v)), 3)
     costs["host_call_us"] = 0.0
     if cpu_bound:
         from ..calibrate import fit_host_call_us
