@@ -257,7 +257,7 @@ def _num(value, spec: str = ".1f") -> str:
 
 
 def format_summary(result, max_races: int = 5) -> str:
-    from .metrics import measured
+    from .analysis.metrics import measured
 
     s = result.summary
     cfg = result.config

@@ -22,10 +22,10 @@ import yaml  # noqa: E402
 
 import simwar  # noqa: E402
 from simwar import cli, plots  # noqa: E402
+from simwar.analysis.metrics import measured  # noqa: E402
 from simwar.api import simulate  # noqa: E402
 from simwar.cli import format_summary, main  # noqa: E402
 from simwar.config import ConfigError, load_config  # noqa: E402
-from simwar.metrics import measured  # noqa: E402
 from simwar.sweeps import load_sweep, sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

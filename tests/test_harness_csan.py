@@ -310,9 +310,9 @@ def test_csan_handler_agrees_with_simwar_on_random_eager_programs(collector):
     from hypothesis import HealthCheck, given, settings
     from strategies import programs
 
+    from simwar.analysis.hazards import detect
     from simwar.engine import run
     from simwar.harness.csan import sanitize
-    from simwar.analysis.hazards import detect
 
     @settings(max_examples=300, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

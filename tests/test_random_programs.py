@@ -31,10 +31,10 @@ from typing import NamedTuple
 from hypothesis import HealthCheck, event, given, settings
 from strategies import ordered_programs, programs
 
+from simwar.analysis.hazards import detect
 from simwar.engine import run
 from simwar.harness import make_plan, replay
 from simwar.harness.fake import FakeBackend
-from simwar.analysis.hazards import detect
 from simwar.program import Program, WaitEvent, WaitStream
 from simwar.trace import HOST
 
