@@ -2,7 +2,9 @@
 
 - :mod:`.metrics`: the per-step table and the summary (step time, forward
   gap, GPU idle by cause, CPU blocked by site, launch lead and launch-ahead);
-- :mod:`.hazards`: latent races by happens-before and observed overlaps.
+- :mod:`.hazards`: latent races by happens-before and observed overlaps;
+- :mod:`.critical_path`: per step, the chain of binding constraints behind each
+  forward's start, its forward gap and its step time, cut into causes in µs.
 
 They read the Trace's columns and its explicit relations (op ids, the
 issuing call of each op, the record each wait or sync bound to); none
@@ -22,6 +24,8 @@ _LAZY = {
     "detect": ("simwar.analysis.hazards", "detect"),
     "HazardReport": ("simwar.analysis.hazards", "HazardReport"),
     "Race": ("simwar.analysis.hazards", "Race"),
+    "critical_path": ("simwar.analysis.critical_path", "critical_path"),
+    "CriticalPath": ("simwar.analysis.critical_path", "CriticalPath"),
 }
 
 __all__ = sorted(_LAZY)
