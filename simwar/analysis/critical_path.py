@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..trace import HOST, Call, OpKind, SpanKind, Trace
+from ..trace import HOST, Call, OpKind, Trace
 
 KINDS = ("device", "cross_stream", "host", "host_api", "wake_up", "launch_latency",
          "unexplained")
