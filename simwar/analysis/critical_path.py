@@ -211,7 +211,6 @@ class Walker:
         self.span_end = spans.end_us.tolist()
         self.span_call = spans.call.tolist()
         self.span_op = spans.op.tolist()
-        self.span_kind = spans.kind.tolist()
         self._names: dict[int, str] = {}
         self.gates: dict[str, tuple[str, str]] = {}
         meta = trace.meta
