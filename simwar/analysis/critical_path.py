@@ -371,7 +371,12 @@ class Walker:
                         t = f
                     item = r
                 else:  # a record, a wait that did not hold: bound like any op at its start
-                    t, state = min(start[item], t), "op"
+                    s0 = min(start[item], t)
+                    if s0 < t:  # held by a wait whose record the trace does not have
+                        lane = self.lane_name(item)
+                        emit(s0, t, "unexplained", f"{lane} held by a wait on an unknown "
+                             "record", lane, item)
+                    t, state = s0, "op"
             elif state == "span":
                 s0 = min(span_start[item], t)
                 if self.span_call[item] == Call.SYNCHRONIZE:
@@ -455,29 +460,31 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None) -> Critica
     Step k's gap chain runs from forward k-1's end to forward k's start (none for the
     first forward); its step chain from forward k's start to forward k+1's start (none
     for the last). Raises :class:`NoForward` without forward work, ValueError for a range
-    outside the run.
+    outside the steps with forward work.
     """
     all_steps, first, start, end = forward_extents(trace)
     if steps is None:
         steps = measured_steps(trace)
     a, b = steps
-    lo_ok, hi_ok = int(all_steps[0]), int(all_steps[-2]) if len(all_steps) > 1 else None
-    if hi_ok is None:
-        raise NoForward("only one step has forward work: there is no step time to explain")
+    lo_ok, hi_ok = int(all_steps[0]), int(all_steps[-1])
     if a > b or a < lo_ok or b > hi_ok:
-        raise ValueError(f"steps {a}:{b} are outside the run: steps with forward work and a "
-                         f"successor are {lo_ok}..{hi_ok}")
+        raise ValueError(f"steps {a}:{b} are outside the run: steps with forward work are "
+                         f"{lo_ok}..{hi_ok}")
     walker = Walker(trace)
     out = CriticalPath(trace, (int(a), int(b)), gates=walker.gates)
     index = {int(s): i for i, s in enumerate(all_steps.tolist())}
     for k in range(a, b + 1):
         i = index.get(k)
-        if i is None or i + 1 >= len(all_steps):
+        if i is None:
             continue
         if i > 0:
             period = float(start[i] - start[i - 1])
             out.gaps.append(walker.chain(int(first[i]), float(end[i - 1]), "gap", k, period))
-        out.periods.append(walker.chain(int(first[i + 1]), float(start[i]), "step", k))
+        if i + 1 < len(all_steps):
+            out.periods.append(walker.chain(int(first[i + 1]), float(start[i]), "step", k))
+    if not out.gaps and not out.periods:
+        raise ValueError(f"steps {a}:{b}: nothing to explain (the first forward has no gap "
+                         "before it and the last no step after it)")
     return out
 
 
@@ -517,7 +524,8 @@ def sentence(cp: CriticalPath, max_causes: int = 4) -> str:
             said.add(gate)
             waiter, source = cp.gates.get(gate, ("", ""))
             if waiter == HOST:
-                text += f", issued after the CPU blocked in {_gate_words(gate)}"
+                text += (", issued" if c["kind"] == "device" else ",")
+                text += f" after the CPU blocked in {_gate_words(gate)}"
             elif source == forward and waiter != forward:
                 text += (f", which could not start until forward k-1 ended because of "
                          f"{_gate_words(gate)}")
