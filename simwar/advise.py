@@ -26,7 +26,9 @@ config's mean within a few standard errors of the long run) and checked for
 latent races. Racy candidates are reported, never recommended, and neither is
 a policy the registry marks unsafe (``none``). Among race-free candidates
 within ``tie`` (relative, default 0.1 %) of the best objective, the one with
-the fewest changes to the input wins. The winner and the input are then
+the largest launch lead wins (a policy that blocks the CPU leaves less margin
+for host jitter), then the one with the fewest changes to the input, then one
+that needs no new in-graph node. The winner and the input are then
 re-simulated at the config's own length with the reference executor, so the
 advised figures are the ones ``simwar run`` prints for the advised config.
 
@@ -468,4 +470,11 @@ def _choose(eligible: list[Candidate], objective: str, tie: float, order) -> Can
     most = max(lead(c) for c in close)
     if math.isfinite(most):
         close = [c for c in close if most - lead(c) <= max(1.0, tie * abs(most))]
-    return min(close, key=lambda c: (len(c.overrides), order(c)))
+    return min(close, key=lambda c: (len(c.overrides), _effort(c), order(c)))
+
+
+def _effort(c: Candidate) -> int:
+    """Engine work beyond the number of changes: a new in-graph node needs external events
+    in capture, so a host record that does as well is preferred to it."""
+    return int(c.knobs.publish is not None and c.summary.get("publish_position") == "in_replay"
+               and any("in-graph event record node" in n for n in c.needs))
