@@ -360,3 +360,71 @@ def test_capture_cpu_bound_gap_is_host_time_as_simulated():
         seg = next(s for c in cp.gaps for s in c.segments if s.cause == top["cause"])
         by_lane[cp is sim] = seg.lane
     assert by_lane == {True: "cpu", False: "cpu"}
+
+
+# --------------------------------------------------------------------------- HTA
+# tests/data/hta/reference.json: HTA 0.5.0's critical_path_analysis on Kineto captures of three
+# simulated runs (made by tests/data/hta/make_reference.py, in a pandas<3 environment). HTA's
+# nodes carry no simwar ids, so its path's last node is found here by event name and time.
+HTA = json.loads((ROOT / "tests" / "data" / "hta" / "reference.json").read_text())
+
+
+def _hta_node_op(trace: Trace, node: dict) -> int:
+    ops = trace.ops
+    times = ops.start_us if node["is_start"] else ops.end_us
+    found = [o for o in range(len(ops)) if trace.text(ops.label[o]) == node["name"]
+             and abs(times[o] - node["ts"]) < 0.5]
+    assert len(found) == 1, node
+    return found[0]
+
+
+def _hta_by_name(edges: dict, edge_type: str) -> dict:
+    out: dict = {}
+    for key, us in edges.items():
+        name, kind, _ = key.split("|")
+        if kind == edge_type and us > 0:
+            out[name] = out.get(name, 0.0) + us
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(HTA["cases"]))
+def test_critical_path_agrees_with_hta(case):
+    from simwar.analysis.critical_path import Walker
+
+    ref = HTA["cases"][case]
+    trace = simulate(None, ref["overrides"]).trace
+    walker = Walker(trace)
+    for step in ref["steps"].values():
+        assert step["ok"]  # HTA succeeded on every step asked (its captures have sync events)
+        chain = walker.chain(_hta_node_op(trace, step["last"]), step["first"]["ts"],
+                             from_end=not step["last"]["is_start"])
+        # the same length, except that HTA weighs its sync edges 0: our cross-stream latency
+        latency = sum(s.us for s in chain.segments if s.kind == "cross_stream")
+        assert chain.us == pytest.approx(step["length"] + latency, abs=1.0)
+        mine: dict = {}
+        for s in chain.segments:
+            if s.kind == "device":
+                mine[s.what] = mine.get(s.what, 0.0) + s.us
+        theirs = _hta_by_name(step["edges"], "critical_path_operator")
+        overhead = _hta_by_name(step["edges"], "critical_path_kernel_kernel_delay")
+        if case.startswith("eager"):  # no CUDA graphs: the same kernels, the same µs
+            assert theirs == pytest.approx(mine) and not overhead
+        else:
+            # with graphs HTA counts the in-graph prep kernels as kernel-kernel overhead of
+            # the kernel before them; the critical path names them as device work
+            graph_kernels = {k: v for k, v in mine.items() if k not in theirs}
+            assert graph_kernels == {"draft.prep": 20.0, "verify.prep": 60.0}
+            assert sum(overhead.values()) == pytest.approx(sum(graph_kernels.values()))
+
+
+def test_hta_path_of_a_cpu_bound_step_misses_the_host():
+    # HTA's path per ProfilerStep is GPU-bound on the CPU-bound case: a capture has no event
+    # for the scheduler's python work, so HTA's graph has no node for the time the forward
+    # stream waits on the host; the critical path of the step names it
+    ref = HTA["cases"]["eager-fine-cpu"]
+    for step in ref["steps"].values():
+        assert _hta_by_name(step["edges"], "critical_path_operator").keys() >= {"verify.body"}
+        assert not any("cpu_bound" in key for key in step["edges"])
+    cp = critical_path(simulate(None, ref["overrides"]).trace, (4, 8))
+    host = sum(c["us"] for c in cp.gap_causes() if c["kind"] == "host")
+    assert host > 1000 and cp.gap_causes()[0]["cause"] == "cpu: schedule"

@@ -301,8 +301,8 @@ class Walker:
 
     # ---- the walk
     def chain(self, target: int, stop: float, what: str = "gap", step: int = -1,
-              root_horizon_us: float = 0.0) -> Chain:
-        """The chain that bound op ``target``'s start, back to time ``stop``.
+              root_horizon_us: float = 0.0, from_end: bool = False) -> Chain:
+        """The chain that bound op ``target``'s start (``from_end``: its end), back to ``stop``.
 
         With ``root_horizon_us`` > 0 the walk goes on past ``stop`` (emitting nothing) until
         it meets a gate, at most that far back, so the earliest segments name the gate the
@@ -311,7 +311,7 @@ class Walker:
         """
         segs: list[Segment] = []
         gates: list[tuple[float, str]] = []  # (time it opened, name), in walk order
-        t = self.start[target]
+        t = self.end[target] if from_end else self.start[target]
         end = t
         limit = stop - max(root_horizon_us, 0.0)
         pred, call, kind, bound = self.pred, self.call, self.kind, self.bound
@@ -326,7 +326,7 @@ class Walker:
 
         # state "op": bind op `item`'s start (at t); "end": op `item` ended at t;
         # "span": host span `item` ended at t; "host": host span `item` began at t
-        state, item = "op", target
+        state, item = ("end" if from_end else "op"), target
         for _ in range(_MAX_LINKS):
             if t <= stop and (t <= limit or (gates and gates[-1][0] <= stop)):
                 break
