@@ -202,7 +202,7 @@ def format_explain(cp, what: str, top: int = 8) -> str:
     lines += textwrap.wrap(sentence(cp), width=100, initial_indent="  in words            ",
                            subsequent_indent=" " * 22)
     tables = (("forward gap by cause", cp.gap_causes()), ("step time by cause", cp.step_causes()))
-    width = min(64, max([len(title) - 2 for title, _ in tables]
+    width = min(72, max([len(title) - 2 for title, _ in tables]
                         + [len(r["cause"]) for _, rows in tables for r in rows[:top]]))
     for title, rows in tables:
         lines.append(f"  {title:<{width + 2}} {'µs':>8} {'share':>7}  {'kind':<14} after")
