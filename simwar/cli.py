@@ -23,6 +23,7 @@ _COMMAND_MODULES: tuple[str, ...] = (
     "simwar.cli_plot",
     "simwar.cli_harness",
     "simwar.cli_import",
+    "simwar.cli_explain",
 )
 
 

@@ -9,6 +9,8 @@
   host) that caused each;
 - :mod:`.views`: windows of steps, lanes, launch links and the look-ups
   plots and exporters need, each costing what its window costs.
+- :mod:`.critical_path`: per step, the chain of binding constraints behind each
+  forward's start, its forward gap and its step time, cut into causes in µs.
 
 They read the Trace's columns and its explicit relations (op ids, the
 issuing call of each op, the record each wait or sync bound to); none
@@ -37,6 +39,8 @@ _LAZY = {
     "Hop": ("simwar.analysis.bubbles", "Hop"),
     "window": ("simwar.analysis.views", "window"),
     "launch_links": ("simwar.analysis.views", "launch_links"),
+    "critical_path": ("simwar.analysis.critical_path", "critical_path"),
+    "CriticalPath": ("simwar.analysis.critical_path", "CriticalPath"),
 }
 
 __all__ = sorted(_LAZY)

@@ -1,0 +1,545 @@
+"""The critical path behind each forward: what bound its start, link by link, in µs.
+
+Every operation's start is bound by one constraint, read from the Trace's
+relations (never from labels or matched times):
+
+- a device op (kernel, record, wait) begins at the **later** of its stream
+  predecessor's end (the previous op on its lane, in issue order) and its
+  issue time (the end of its host call, ``spans.end_us[ops.call]``); on a
+  tie the stream predecessor binds;
+- a stream wait that was released after it was reached is bound at its end
+  by the record it bound to (``ops.bound``) firing; the stretch from the
+  firing to the release is **cross-stream latency** when the record is on
+  another lane;
+- a host span begins when the previous host span ends (host program order:
+  host spans by start time, ties by id);
+- a host ``synchronize`` that really blocked (its record fired inside it)
+  ends at the firing plus the **wake-up**; otherwise its length is the
+  call's own cost.
+
+Walking back from forward k's first kernel to the end of forward k-1 gives the
+chain that set the forward-stream gap before forward k; walking back from
+forward k+1's first kernel to forward k's start gives the chain of step k. The
+walk emits contiguous :class:`Segment` s, each with a cause in words and a
+kind, so a chain's segments add up to the interval exactly. On measured
+traces a binding constraint may end before the op starts (launch latency,
+clock skew, untraced host time): that slack is a segment of its own kind
+(``launch_latency`` or ``unexplained``), so the sum rule still holds.
+
+Kinds: ``device`` (device work, by stream and label), ``cross_stream`` (a
+wait's release after its record fired, named after the wait), ``host`` (cpu
+work by site), ``host_api`` (host API calls by kind), ``wake_up`` (the end of
+a blocking synchronize, named after its site), ``launch_latency`` and
+``unexplained`` (slack on measured traces; none on simulated ones).
+
+Each segment also names ``after``: the gate (a held wait or a blocking
+synchronize) that the part of the chain it lies in came through, e.g. the
+schedule-stream writes of a coarse run come ``after`` the coarse barrier.
+
+Imports: numpy and simwar's trace module (pandas only in :func:`explain`'s
+step table, through :mod:`.metrics`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from ..trace import HOST, Call, OpKind, Trace
+
+KINDS = ("device", "cross_stream", "host", "host_api", "wake_up", "launch_latency",
+         "unexplained")
+
+_CALL_NAMES = {Call.CPU: "cpu", Call.LAUNCH: "launch", Call.GRAPH_LAUNCH: "graph_launch",
+               Call.RECORD: "record", Call.WAIT_EVENT: "wait_event",
+               Call.WAIT_STREAM: "wait_stream", Call.SYNCHRONIZE: "synchronize",
+               Call.OTHER: "other", Call.NONE: ""}
+_MAX_LINKS = 1_000_000  # a walk never needs more; guards a malformed measured trace
+
+
+class Segment(NamedTuple):
+    """One link of a chain: ``[start_us, end_us)`` spent on ``cause``."""
+
+    start_us: float
+    end_us: float
+    kind: str
+    cause: str
+    lane: str
+    op: int = -1  # the op this time belongs to (-1: a host span or slack)
+    span: int = -1  # the host span it belongs to (-1: a device op or slack)
+    after: str = ""  # the gate this part of the chain came through ('' before any)
+    what: str = ""  # the short name in the cause: a kernel label, a wait, a site
+
+    @property
+    def us(self) -> float:
+        return self.end_us - self.start_us
+
+    def words(self) -> str:
+        """The cause as a phrase: ``schedule_writes on the schedule stream``, ..."""
+        if self.kind == "device":
+            return f"{self.what} on the {self.lane} stream"
+        return self.cause
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The chain that set ``end_us`` (a forward's start), back to ``start_us``.
+
+    ``what`` is ``gap`` (back to the previous forward's end) or ``step`` (from
+    forward ``step+1``'s start back to forward ``step``'s start). ``segments``
+    are in time order and cover ``[start_us, end_us]`` exactly.
+    """
+
+    what: str
+    step: int
+    start_us: float
+    end_us: float
+    target: int  # op id of the kernel the walk started from
+    segments: tuple[Segment, ...]
+
+    @property
+    def us(self) -> float:
+        return self.end_us - self.start_us
+
+    def total_us(self) -> float:
+        return float(sum(s.us for s in self.segments))
+
+
+@dataclass
+class CriticalPath:
+    """Gap and step chains of the steps asked for, and their causes aggregated."""
+
+    trace: Trace
+    steps: tuple[int, int]
+    gaps: list[Chain] = field(default_factory=list)
+    periods: list[Chain] = field(default_factory=list)
+    #: each gate's name -> (the lane that waited or blocked, the lane of the record it bound to)
+    gates: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+    @property
+    def fwd_gap_us(self) -> float:
+        return _mean([c.us for c in self.gaps])
+
+    @property
+    def step_us(self) -> float:
+        return _mean([c.us for c in self.periods])
+
+    def gap_causes(self) -> list[dict]:
+        return causes(self.gaps)
+
+    def step_causes(self) -> list[dict]:
+        return causes(self.periods)
+
+    def to_dict(self) -> dict:
+        """``{"steps", "step_us", "fwd_gap_us", "gap_causes", "step_causes", ...}``."""
+        return {"steps": list(self.steps), "steps_explained": len(self.periods),
+                "step_us": self.step_us, "fwd_gap_us": self.fwd_gap_us,
+                "gap_causes": self.gap_causes(), "step_causes": self.step_causes()}
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.mean(values)) if values else float("nan")
+
+
+# --------------------------------------------------------------------------- aggregation
+def causes(chains: list[Chain]) -> list[dict]:
+    """Mean µs per chain by (cause, kind), largest first, with its share of the mean length.
+
+    Each entry: ``cause``, ``kind``, ``us`` (mean over the chains), ``share`` (of the mean
+    chain length), ``after`` (the gate most of its time came through, '' if none) and
+    ``words`` (the cause as a phrase).
+    """
+    if not chains:
+        return []
+    total: dict[tuple[str, str], float] = defaultdict(float)
+    gates: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    example: dict[tuple[str, str], Segment] = {}
+    for chain in chains:
+        for s in chain.segments:
+            key = (s.cause, s.kind)
+            total[key] += s.us
+            gates[key][s.after] += s.us
+            example.setdefault(key, s)
+    n = len(chains)
+    mean_len = sum(c.us for c in chains) / n
+    out = []
+    for (cause, kind), us in total.items():
+        us /= n
+        after = max(gates[(cause, kind)].items(), key=lambda kv: (kv[1], kv[0]))[0]
+        out.append({"cause": cause, "kind": kind, "us": us,
+                    "share": us / mean_len if mean_len > 0 else 0.0, "after": after,
+                    "words": example[(cause, kind)].words()})
+    out.sort(key=lambda d: (-d["us"], d["cause"]))
+    return out
+
+
+# --------------------------------------------------------------------------- the walk
+class Walker:
+    """The binding constraint of every op and host span of one trace, and the walk back.
+
+    Built once per trace (per-lane predecessors and the host program order are numpy
+    indexes); :meth:`chain` walks back from an op to a stop time.
+    """
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        ops, spans = trace.ops, trace.spans
+        n_ops = len(ops)
+        ids = np.arange(n_ops)
+        # stream predecessor: the previous op on the same lane in issue order
+        order = np.lexsort((ids, ops.lane))
+        pred = np.full(n_ops, -1, dtype=np.int64)
+        same = ops.lane[order][1:] == ops.lane[order][:-1]
+        pred[order[1:][same]] = order[:-1][same]
+        self.pred = pred.tolist()
+        # host program order: host spans by start, ties by id
+        host = np.flatnonzero(spans.lane == trace.code(HOST))
+        host = host[np.lexsort((host, spans.start_us[host]))]
+        hpred = np.full(len(spans), -1, dtype=np.int64)
+        hpred[host[1:]] = host[:-1]
+        self.hpred = hpred.tolist()
+        self.kind = ops.kind.tolist()
+        self.lane = ops.lane.tolist()
+        self.start = ops.start_us.tolist()
+        self.end = ops.end_us.tolist()
+        self.call = ops.call.tolist()
+        self.bound = ops.bound.tolist()
+        self.span_start = spans.start_us.tolist()
+        self.span_end = spans.end_us.tolist()
+        self.span_call = spans.call.tolist()
+        self.span_op = spans.op.tolist()
+        self._names: dict[int, str] = {}
+        self.gates: dict[str, tuple[str, str]] = {}
+        meta = trace.meta
+        self.forward = meta.get("forward_stream", "forward")
+        self.barrier = meta.get("barrier_effective", "")
+        self.schedule = "schedule"
+
+    # ---- words
+    def _text(self, code: int) -> str:
+        return self.trace.text(int(code))
+
+    def lane_name(self, op: int) -> str:
+        return self._text(self.lane[op])
+
+    def label(self, op: int) -> str:
+        return self._text(self.trace.ops.label[op])
+
+    def wait_name(self, op: int) -> str:
+        """A wait in words: ``schedule.wait_stream(forward) = the coarse barrier``, ...
+
+        From data only: the wait's lane, its host call's kind, the lane of the record it
+        bound to, and the run's effective barrier (``meta.barrier_effective``) for the role.
+        """
+        name = self._names.get(op)
+        if name is not None:
+            return name
+        lane = self.lane_name(op)
+        rec = self.bound[op]
+        other = self.lane_name(rec) if rec >= 0 else "?"
+        c = self.call[op]
+        call = self.span_call[c] if c >= 0 else Call.NONE
+        role = ""
+        if call == Call.WAIT_STREAM:
+            name = f"{lane}.wait_stream({other})"
+            if (lane == self.schedule and other == self.forward
+                    and self.barrier in ("coarse", "fine")):
+                role = " = the coarse barrier"
+        elif call == Call.WAIT_EVENT:
+            fine = lane == self.schedule and other == self.forward and self.barrier == "fine"
+            name = f"{lane}.wait_event({self.event_name(rec, 'read_done' if fine else 'event')})"
+            role = " = the fine barrier" if fine else ""
+        else:
+            name = f"{lane} waits on {other}"
+        name += role
+        self._names[op] = name
+        self.gates[name] = (lane, other)
+        return name
+
+    def event_name(self, rec: int, what: str = "event") -> str:
+        """A record by where it sits: ``read_done@verify``, the phase of the work before it
+        (an in-graph node: its graph launch's phase; else the kernel issued before it on its
+        stream: its phase, or its label when it has none)."""
+        if rec < 0:
+            return "?"
+        spans = self.trace.spans
+        c = self.call[rec]
+        if c >= 0 and self.span_call[c] == Call.GRAPH_LAUNCH:
+            return f"{what}@{self._text(spans.phase[c]) or self._text(spans.label[c])}"
+        p = self.pred[rec]
+        while p >= 0 and self.kind[p] != OpKind.KERNEL:
+            p = self.pred[p]
+        if p < 0:
+            return f"{what}@{self.lane_name(rec)}"
+        return f"{what}@{self._text(self.trace.ops.phase[p]) or self.label(p)}"
+
+    def sync_name(self, span: int) -> str:
+        """``synchronize(<site>)``; a sync without a site is named by its record."""
+        site = self._text(self.trace.spans.site[span])
+        if not site:
+            op = self.span_op[span]
+            site = self.event_name(self.bound[op] if op >= 0 else -1)
+        name = f"synchronize({site})"
+        if self.barrier == "host_sync" and site in ("barrier", "verify_done"):
+            name += " = the host_sync barrier"
+        op = self.span_op[span]
+        rec = self.bound[op] if op >= 0 else -1
+        self.gates[name] = (HOST, self.lane_name(rec) if rec >= 0 else "?")
+        return name
+
+    def host_cause(self, span: int) -> tuple[str, str, str]:
+        """(kind, cause, what) of a host span's own time."""
+        call = self.span_call[span]
+        if call == Call.CPU:
+            label = self._text(self.trace.spans.label[span])
+            return "host", f"cpu: {label}", label
+        what = _CALL_NAMES.get(call, "other") or "call"
+        return "host_api", f"host API: {what}", what
+
+    # ---- the walk
+    def chain(self, target: int, stop: float, what: str = "gap", step: int = -1,
+              root_horizon_us: float = 0.0, from_end: bool = False) -> Chain:
+        """The chain that bound op ``target``'s start (``from_end``: its end), back to ``stop``.
+
+        With ``root_horizon_us`` > 0 the walk goes on past ``stop`` (emitting nothing) until
+        it meets a gate, at most that far back, so the earliest segments name the gate the
+        chain entered the interval through (e.g. the host sync that held the CPU before
+        it issued the work that filled a gap).
+        """
+        segs: list[Segment] = []
+        gates: list[tuple[float, str]] = []  # (time it opened, name), in walk order
+        t = self.end[target] if from_end else self.start[target]
+        end = t
+        limit = stop - max(root_horizon_us, 0.0)
+        pred, call, kind, bound = self.pred, self.call, self.kind, self.bound
+        start, fin = self.start, self.end
+        span_start, span_end = self.span_start, self.span_end
+
+        def emit(a: float, b: float, k: str, cause: str, lane: str, op=-1, span=-1,
+                 what="") -> None:
+            lo = a if a > stop else stop  # clipped at stop: nothing is emitted past it
+            if b > lo:
+                segs.append(Segment(lo, b, k, cause, lane, op, span, "", what or cause))
+
+        # state "op": bind op `item`'s start (at t); "end": op `item` ended at t;
+        # "span": host span `item` ended at t; "host": host span `item` began at t
+        state, item = ("end" if from_end else "op"), target
+        for _ in range(_MAX_LINKS):
+            if t <= stop and (t <= limit or (gates and gates[-1][0] <= stop)):
+                break
+            if state == "op":
+                p, c = pred[item], call[item]
+                if p < 0 and c < 0:
+                    emit(stop, t, "unexplained", "before the first traced operation",
+                         self.lane_name(item), item)
+                    break
+                pe = fin[p] if p >= 0 else -np.inf
+                ie = span_end[c] if c >= 0 else -np.inf
+                if pe >= ie:  # on a tie the stream predecessor binds
+                    b, nxt, slack = pe, ("end", p), (
+                        "unexplained", f"{self.lane_name(item)} stream idle after its "
+                                       "predecessor")
+                else:
+                    b, nxt, slack = ie, ("span", c), (
+                        "launch_latency", f"launch latency ({self.lane_name(item)})")
+                if b < t:
+                    emit(b, t, slack[0], slack[1], self.lane_name(item), item)
+                    t = b
+                state, item = nxt
+            elif state == "end":
+                k = kind[item]
+                if k == OpKind.KERNEL:
+                    s0 = min(start[item], t)
+                    lane, label = self.lane_name(item), self.label(item)
+                    emit(s0, t, "device", f"{lane} stream: {label}", lane, item, -1, label)
+                    t, state = s0, "op"
+                elif k == OpKind.WAIT and bound[item] >= 0 and fin[item] > start[item]:
+                    r = bound[item]  # held: released by its record's firing
+                    f = min(fin[r], t)
+                    name = self.wait_name(item)
+                    gates.append((f, name))
+                    if t > f:
+                        if self.lane[r] != self.lane[item]:
+                            emit(f, t, "cross_stream", f"cross-stream latency: {name}",
+                                 self.lane_name(item), item, -1, name)
+                        else:
+                            emit(f, t, "unexplained", f"{name}: released after its record "
+                                 "fired", self.lane_name(item), item, -1, name)
+                        t = f
+                    item = r
+                else:  # a record, a wait that did not hold: bound like any op at its start
+                    s0 = min(start[item], t)
+                    if s0 < t:  # held by a wait whose record the trace does not have
+                        lane = self.lane_name(item)
+                        emit(s0, t, "unexplained", f"{lane} held by a wait on an unknown "
+                             "record", lane, item)
+                    t, state = s0, "op"
+            elif state == "span":
+                s0 = min(span_start[item], t)
+                if self.span_call[item] == Call.SYNCHRONIZE:
+                    op = self.span_op[item]
+                    r = bound[op] if op >= 0 else -1
+                    f = fin[r] if r >= 0 else -np.inf
+                    if r >= 0 and s0 < f <= t:  # really blocked: woken by the record's firing
+                        name = self.sync_name(item)
+                        gates.append((f, name))
+                        emit(f, t, "wake_up", f"{name}: wake-up", HOST, -1, item, name)
+                        t, state, item = f, "end", r
+                        continue
+                k_, cause, name = self.host_cause(item)
+                emit(s0, t, k_, cause, HOST, -1, item, name)
+                t, state = s0, "host"
+            else:  # "host": span `item` began at t, bound by the previous host span's end
+                q = self.hpred[item]
+                if q < 0:
+                    emit(stop, t, "unexplained", "before the first traced host call", HOST)
+                    break
+                e = min(span_end[q], t)
+                if e < t:
+                    emit(e, t, "unexplained", "host: untraced time", HOST)
+                    t = e
+                state, item = "span", q
+        segs.reverse()
+        return Chain(what, step, stop, end, target, tuple(_with_gates(segs, gates)))
+
+
+def _with_gates(segs: list[Segment], gates: list[tuple[float, str]]) -> list[Segment]:
+    """Each segment's ``after``: the latest gate that opened at or before its start."""
+    if not gates:
+        return segs
+    opened = sorted(gates, key=lambda g: g[0])
+    out, i, current = [], 0, ""
+    for s in segs:
+        while i < len(opened) and opened[i][0] <= s.start_us:
+            current = opened[i][1]
+            i += 1
+        out.append(s._replace(after=current))
+    return out
+
+
+# --------------------------------------------------------------------------- per step
+class NoForward(ValueError):
+    """The trace has no forward work (no phased kernels on the forward stream)."""
+
+
+def forward_extents(trace: Trace):
+    """Per step with forward work: (steps, first kernel op id, start, end), numpy arrays."""
+    from .metrics import forward_kernels
+
+    kern = forward_kernels(trace)
+    if len(kern) == 0:
+        raise NoForward("no forward work: the trace has no phased kernels on the forward "
+                        f"stream '{trace.meta.get('forward_stream', 'forward')}'")
+    ops = trace.ops
+    order = np.lexsort((kern, ops.start_us[kern], ops.step[kern]))
+    kern = kern[order]
+    steps, first = np.unique(ops.step[kern], return_index=True)
+    start = ops.start_us[kern[first]]
+    end = np.full(len(steps), -np.inf)
+    np.maximum.at(end, np.searchsorted(steps, ops.step[kern]), ops.end_us[kern])
+    return steps, kern[first], start, end
+
+
+def measured_steps(trace: Trace) -> tuple[int, int]:
+    """The steps a summary counts: after warm-up, with a successor (inclusive range)."""
+    steps, _, _, _ = forward_extents(trace)
+    warm = int(trace.meta.get("warmup_steps", 0))
+    usable = steps[:-1][steps[:-1] >= warm]
+    if len(usable) == 0:
+        raise NoForward(f"no measured steps: need two steps with forward work after warm-up "
+                        f"({warm}); the trace has forward work in {len(steps)} step(s)")
+    return int(usable[0]), int(usable[-1])
+
+
+def critical_path(trace: Trace, steps: tuple[int, int] | None = None) -> CriticalPath:
+    """Gap and step chains of steps ``a..b`` (inclusive; default: the measured steps).
+
+    Step k's gap chain runs from forward k-1's end to forward k's start (none for the
+    first forward); its step chain from forward k's start to forward k+1's start (none
+    for the last). Raises :class:`NoForward` without forward work, ValueError for a range
+    outside the steps with forward work.
+    """
+    all_steps, first, start, end = forward_extents(trace)
+    if steps is None:
+        steps = measured_steps(trace)
+    a, b = steps
+    lo_ok, hi_ok = int(all_steps[0]), int(all_steps[-1])
+    if a > b or a < lo_ok or b > hi_ok:
+        raise ValueError(f"steps {a}:{b} are outside the run: steps with forward work are "
+                         f"{lo_ok}..{hi_ok}")
+    walker = Walker(trace)
+    out = CriticalPath(trace, (int(a), int(b)), gates=walker.gates)
+    index = {int(s): i for i, s in enumerate(all_steps.tolist())}
+    for k in range(a, b + 1):
+        i = index.get(k)
+        if i is None:
+            continue
+        if i > 0:
+            period = float(start[i] - start[i - 1])
+            out.gaps.append(walker.chain(int(first[i]), float(end[i - 1]), "gap", k, period))
+        if i + 1 < len(all_steps):
+            out.periods.append(walker.chain(int(first[i + 1]), float(start[i]), "step", k))
+    if not out.gaps and not out.periods:
+        raise ValueError(f"steps {a}:{b}: nothing to explain (the first forward has no gap "
+                         "before it and the last no step after it)")
+    return out
+
+
+# --------------------------------------------------------------------------- words
+def _fmt_us(us: float) -> str:
+    return f"{us:.0f} µs" if abs(us - round(us)) < 0.05 or us >= 100 else f"{us:.1f} µs"
+
+
+def sentence(cp: CriticalPath, max_causes: int = 4) -> str:
+    """The forward gap in one sentence: its causes, largest first, and the gate behind each.
+
+    e.g. "forward k waited 356 µs: 300 µs schedule_writes on the schedule stream, which
+    could not start until forward k-1 ended because of the coarse barrier
+    (schedule.wait_stream(forward)), + 50 µs ...". Cross-stream latencies are summed.
+    """
+    gap = cp.fwd_gap_us
+    if not cp.gaps or not np.isfinite(gap):
+        return "no forward gap to explain in these steps"
+    if gap < 0.5:
+        return f"forward k started {_fmt_us(gap)} after forward k-1 ended: no bubble"
+    forward = cp.trace.meta.get("forward_stream", "forward")
+    found = cp.gap_causes()
+    latency = [c for c in found if c["kind"] == "cross_stream"]
+    items = [c for c in found if c["kind"] != "cross_stream"]
+    if latency:
+        us = sum(c["us"] for c in latency)
+        n = len(latency)
+        items.append({"us": us, "kind": "cross_stream", "after": "",
+                      "words": "cross-stream latency" + (f" ({n} waits)" if n > 1 else "")})
+        items.sort(key=lambda c: -c["us"])
+    parts, said = [], set()
+    top = items[:max_causes]
+    for c in top:
+        text = f"{_fmt_us(c['us'])} {c['words']}"
+        gate = c["after"]
+        if gate and gate not in said and c["kind"] not in ("cross_stream", "wake_up"):
+            said.add(gate)
+            waiter, source = cp.gates.get(gate, ("", ""))
+            if waiter == HOST:
+                text += (", issued" if c["kind"] == "device" else ",")
+                text += f" after the CPU blocked in {_gate_words(gate)}"
+            elif source == forward and waiter != forward:
+                text += (f", which could not start until forward k-1 ended because of "
+                         f"{_gate_words(gate)}")
+            else:
+                text += f", after {_gate_words(gate)}"
+        parts.append(text)
+    rest = gap - sum(c["us"] for c in top)
+    if rest >= 0.5:
+        parts.append(f"{_fmt_us(rest)} other")
+    return f"forward k waited {_fmt_us(gap)}: " + ", + ".join(parts)
+
+
+def _gate_words(gate: str) -> str:
+    """``schedule.wait_stream(forward) = the coarse barrier`` -> ``the coarse barrier
+    (schedule.wait_stream(forward))``."""
+    name, _, role = gate.partition(" = ")
+    return f"{role} ({name})" if role else name
