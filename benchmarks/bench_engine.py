@@ -54,10 +54,10 @@ def bench(algorithm: str, steps: int, repeat: int) -> dict:
     for _ in range(repeat):
         engine = Engine(program)
         t0 = time.process_time()
-        engine.run()
+        trace = engine.run()
         best = min(best, time.process_time() - t0)
         events = engine.events
-        operations = len(program.ops) + len(engine.rows)
+        operations = len(program.ops) + len(trace.ops)
         bare = min(bare, bare_simpy(events))
         bare_ops = min(bare_ops, bare_simpy(operations))
     return {

@@ -33,7 +33,7 @@ SimPy accumulates time.
 
 Everything is recorded through :class:`simwar.recorder.Recorder`, which hands
 out the op and span ids that tie each span to its op and each op to the host
-call that issued it.
+call that issued it, and derives the device spans from the ops' times.
 """
 
 from __future__ import annotations
@@ -59,9 +59,11 @@ from .program import (
 )
 from .recorder import Recorder
 from .rules import begins, released, returns
-from .trace import HOST, Call, OpKind, SpanKind, Trace
+from .trace import HOST, Call, OpKind, Trace
 
 _KERNEL, _RECORD, _WAIT = 0, 1, 2
+KERNEL, RECORD, WAIT, SYNC = OpKind.KERNEL, OpKind.RECORD, OpKind.WAIT, OpKind.SYNC
+NAN = float("nan")
 
 
 class _Rec:
@@ -149,13 +151,12 @@ class Engine:
         lane = s.name
         rec = self.rec
         op_start, op_end = rec.op_start, rec.op_end
-        device = rec.device
         free = 0.0  # when the stream finished its previous operation
         while True:
             while not queue:
                 s.wake = env.event()
                 yield s.wake
-            code, ready, op_id, arg, latency, step, label, phase = popleft()
+            code, ready, op_id, arg, latency = popleft()
             start = begins(free, ready)
             if start > env.now:
                 yield timeout(start - env.now)
@@ -165,7 +166,6 @@ class Engine:
                 op_end[op_id] = free
                 if arg > 0:
                     yield timeout(arg)
-                device(SpanKind.KERNEL, lane, step, start, free, label, op_id, phase)
             elif code == _RECORD:
                 op_start[op_id] = op_end[op_id] = free = start
                 arg.time = start
@@ -181,8 +181,6 @@ class Engine:
                     free = released(start, arg.time, latency, arg.lane == lane)
                     if free > env.now:
                         yield timeout(free - env.now)
-                    if free > start:
-                        device(SpanKind.WAIT, lane, step, start, free, label, op_id)
                 op_start[op_id] = start
                 op_end[op_id] = free
 
@@ -206,26 +204,24 @@ class Engine:
                 wake.succeed()
 
         def kernel(stream: str, k, step: int, ready: float, call: int) -> None:
-            op_id = new_op(OpKind.KERNEL, stream, step, k.label, issue=ready, phase=k.phase,
-                           call=call)
+            op_id = new_op(KERNEL, stream, step, k.label, "", -1, ready, NAN, NAN, k.phase, call)
             for b in k.reads:
                 access(op_id, b, False, step, k.phase)
             for b in k.writes:
                 access(op_id, b, True, step, k.phase)
-            enqueue(stream, (_KERNEL, ready, op_id, k.duration_us, 0.0, step, k.label, k.phase))
+            enqueue(stream, (_KERNEL, ready, op_id, k.duration_us, 0.0))
 
         def record(event: str, stream: str, step: int, ready: float, call: int) -> _Rec:
-            op_id = new_op(OpKind.RECORD, stream, step, event, event=event, issue=ready,
-                           call=call)
+            op_id = new_op(RECORD, stream, step, event, event, -1, ready, NAN, NAN, "", call)
             r = _Rec(op_id, stream)
-            enqueue(stream, (_RECORD, ready, op_id, r, 0.0, step, event, ""))
+            enqueue(stream, (_RECORD, ready, op_id, r, 0.0))
             return r
 
         def wait(stream: str, r, event: str, step: int, ready: float, latency_us: float,
                  call: int) -> None:
-            op_id = new_op(OpKind.WAIT, stream, step, event, event=event,
-                           bound=r.op_id if r is not None else -1, issue=ready, call=call)
-            enqueue(stream, (_WAIT, ready, op_id, r, latency_us, step, event, ""))
+            op_id = new_op(WAIT, stream, step, event, event, r.op_id if r is not None else -1,
+                           ready, NAN, NAN, "", call)
+            enqueue(stream, (_WAIT, ready, op_id, r, latency_us))
 
         t = 0.0  # the host thread's own clock; env.now <= t always
         for op in self.program.ops:
@@ -233,25 +229,25 @@ class Engine:
             if kind is Launch:
                 k = op.kernel
                 t0, t = t, t + op.host_us
-                call = host(Call.LAUNCH, op.step, t0, t, k.label, phase=k.phase, op=rec.next_op)
+                call = host(Call.LAUNCH, op.step, t0, t, k.label, k.phase, "", rec.next_op)
                 kernel(op.stream, k, op.step, t, call)
             elif kind is CpuWork:
                 host(Call.CPU, op.step, t, t + op.duration_us, op.label)
                 t += op.duration_us
             elif kind is Record:
                 t0, t = t, t + op.host_us
-                call = host(Call.RECORD, op.step, t0, t, op.event, op=rec.next_op)
+                call = host(Call.RECORD, op.step, t0, t, op.event, "", "", rec.next_op)
                 latest[op.event] = record(op.event, op.stream, op.step, t, call)
             elif kind is WaitStream:
                 t0, t = t, t + op.host_us
-                call = host(Call.WAIT_STREAM, op.step, t0, t, op.other, op=rec.next_op + 1)
+                call = host(Call.WAIT_STREAM, op.step, t0, t, op.other, "", "", rec.next_op + 1)
                 name = op.other + ".tail"
                 r = record(name, op.other, op.step, t, call)
                 wait(op.stream, r, name, op.step, t, op.latency_us, call)
             elif kind is GraphLaunch:
                 t0, t = t, t + op.host_us
-                call = host(Call.GRAPH_LAUNCH, op.step, t0, t, op.graph, phase=op.phase,
-                            op=rec.next_op)
+                call = host(Call.GRAPH_LAUNCH, op.step, t0, t, op.graph, op.phase, "",
+                            rec.next_op)
                 for node in op.nodes:
                     if type(node) is GraphRecord:
                         # the launch re-arms the node: later waits bind to this launch's record
@@ -260,15 +256,11 @@ class Engine:
                         kernel(op.stream, node, op.step, t, call)
             elif kind is WaitEvent:
                 t0, t = t, t + op.host_us
-                call = host(Call.WAIT_EVENT, op.step, t0, t, op.event, op=rec.next_op)
+                call = host(Call.WAIT_EVENT, op.step, t0, t, op.event, "", "", rec.next_op)
                 wait(op.stream, latest.get(op.event), op.event, op.step, t, op.latency_us, call)
             elif kind is Synchronize:
                 t0 = t
                 r = latest.get(op.event)
-                op_id = rec.next_op
-                call = host(Call.SYNCHRONIZE, op.step, t0, t0, op.event, site=op.site, op=op_id)
-                new_op(OpKind.SYNC, HOST, op.step, op.event, event=op.event,
-                       bound=r.op_id if r is not None else -1, issue=t0, start=t0, call=call)
                 fired = None
                 if r is not None:
                     t1 = t0 + op.host_us
@@ -280,8 +272,10 @@ class Engine:
                         yield r.event
                     fired = r.time
                 t = returns(t0, op.host_us, fired, op.wake_us)
-                rec.op_end[op_id] = t
-                rec.end_span(call, t)
+                # recorded once it returned: no other host op is issued while the host blocks
+                call = host(Call.SYNCHRONIZE, op.step, t0, t, op.event, "", op.site, rec.next_op)
+                new_op(SYNC, HOST, op.step, op.event, op.event,
+                       r.op_id if r is not None else -1, t0, t0, t, "", call)
             elif kind is StepMarker:
                 marker("step", op.step, t)
                 if progress is not None:

@@ -99,13 +99,19 @@ class _Columns:
         return out
 
 
-# columns given at add time (the rest are set by id later)
-_SPAN_ADD = ("lane", "label", "kind", "step", "phase", "site", "op", "call")
+# columns of the rows an executor adds (the rest are set by id later, or derived)
+_SPAN_ADD = ("lane", "label", "kind", "step", "start_us", "end_us", "phase", "site", "op",
+             "call")
 _OP_ADD = ("lane", "kind", "step", "label", "event", "bound", "issue_us", "phase", "call")
 
 
 class Recorder:
-    """Builds one Trace. ``finish(meta)`` returns it; the recorder is then spent."""
+    """Builds one Trace. ``finish(meta)`` returns it; the recorder is then spent.
+
+    Executors add host spans and ops; the device spans (a kernel's run, a wait that held its
+    stream) are not added but derived from the ops' final times when the Trace is made, so
+    every executor produces them the same way and an op's times are set in one place.
+    """
 
     def __init__(self) -> None:
         self.strings: list[str] = []
@@ -116,9 +122,7 @@ class Recorder:
                                   self.interner)
         self._markers = _Columns(MARKER_COLUMNS, tuple(c for c, _, _ in MARKER_COLUMNS),
                                  self.interner)
-        # times set by id after the row was added
-        self.span_start = array("d")
-        self.span_end = array("d")
+        # an op's device times, set by id once known (the engine learns them later)
         self.op_start = array("d")
         self.op_end = array("d")
         self.lanes = Lanes()
@@ -132,31 +136,15 @@ class Recorder:
     def next_span(self) -> int:
         return self._spans.n
 
-    # ------------------------------------------------------------------ spans
-    def host(self, call: Call, step: int, start: float, end: float, label: str, *,
+    # ------------------------------------------------------------------ host spans
+    def host(self, call: Call, step: int, start: float, end: float, label: str,
              phase: str = "", site: str = "", op: int = -1) -> int:
         """A span on the host lane: cpu work, an API call or a synchronize (blocked)."""
-        self.span_start.append(start)
-        self.span_end.append(end)
         return self._spans.add((HOST, label, _SPAN_FOR_CALL.get(call, SpanKind.API), step,
-                                phase, site, op, call))
-
-    def device(self, kind: SpanKind, lane: str, step: int, start: float, end: float,
-               label: str, op: int, phase: str = "") -> int:
-        """A kernel or wait span of op ``op`` on stream ``lane``."""
-        self.span_start.append(start)
-        self.span_end.append(end)
-        return self._spans.add((lane, label, kind, step, phase, "", op, Call.NONE))
-
-    def end_span(self, span: int, end: float) -> None:
-        self.span_end[span] = end
-
-    def set_span(self, span: int, start: float, end: float) -> None:
-        self.span_start[span] = start
-        self.span_end[span] = end
+                                start, end, phase, site, op, call))
 
     # ------------------------------------------------------------------ ops
-    def op(self, kind: OpKind, lane: str, step: int, label: str, *, event: str = "",
+    def op(self, kind: OpKind, lane: str, step: int, label: str, event: str = "",
            bound: int = -1, issue: float = _NAN, start: float = _NAN, end: float = _NAN,
            phase: str = "", call: int = -1) -> int:
         """A device-visible operation, in issue order; times may be set later by id."""
@@ -178,15 +166,26 @@ class Recorder:
     def finish(self, meta: dict | None = None) -> Trace:
         """The Trace: spans ordered by step (stable), ops in issue order.
 
-        Columns move into the Trace one at a time and each buffer is released as soon as it
-        is moved, so finishing a long run needs one column's worth of extra memory.
+        Device spans are derived here: one kernel span per kernel op, one wait span per wait
+        op that held its stream (released after it was reached). Columns move into the
+        Trace one at a time and each buffer is released as soon as it is moved.
         """
-        spans = self._spans.take()
-        spans["start_us"] = _take(self, "span_start")
-        spans["end_us"] = _take(self, "span_end")
         ops = self._ops.take()
         ops["start_us"] = _take(self, "op_start")
         ops["end_us"] = _take(self, "op_end")
+        spans = self._spans.take()
+        kind, start, end = ops["kind"], ops["start_us"], ops["end_us"]
+        device = np.flatnonzero((kind == OpKind.KERNEL) | ((kind == OpKind.WAIT) & (end > start)))
+        derived = {
+            "lane": ops["lane"][device], "label": ops["label"][device],
+            "kind": np.where(kind[device] == OpKind.KERNEL, SpanKind.KERNEL,
+                             SpanKind.WAIT).astype(np.int8),
+            "step": ops["step"][device], "start_us": start[device], "end_us": end[device],
+            "phase": ops["phase"][device], "site": np.zeros(len(device), dtype=np.int32),
+            "op": device.astype(np.int32), "call": np.zeros(len(device), dtype=np.int8)}
+        for name in list(spans):  # host spans first, then the derived ones
+            spans[name] = np.concatenate([spans.pop(name), derived.pop(name)])
+        del derived, device
         order = np.argsort(spans["step"], kind="stable")
         if len(order) and np.any(order[1:] < order[:-1]):
             for name in list(spans):  # reorder column by column
@@ -195,6 +194,7 @@ class Recorder:
             new_id[order] = np.arange(len(order), dtype=np.int32)
             call = ops["call"]
             ops["call"] = np.where(call >= 0, new_id[np.maximum(call, 0)], -1).astype(np.int32)
+            del new_id
         del order
         s = self.strings
         trace = Trace(spans=Table("spans", spans, s), ops=Table("ops", ops, s),

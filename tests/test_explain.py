@@ -27,7 +27,7 @@ from simwar.program import (
     WaitStream,
 )
 from simwar.recorder import Recorder
-from simwar.trace import Call, OpKind, SpanKind, Trace
+from simwar.trace import Call, OpKind, Trace
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -171,12 +171,10 @@ def measured_trace() -> Trace:
         rec.marker("step", step, t0)
         if kernel == "B":
             call = rec.host(Call.WAIT_EVENT, 0, 18, 19, "wait", op=rec.next_op)
-            w = rec.op(OpKind.WAIT, "forward", 0, "wait", issue=19, start=50, end=60, call=call)
-            rec.device(SpanKind.WAIT, "forward", 0, 50, 60, "wait", w)
+            rec.op(OpKind.WAIT, "forward", 0, "wait", issue=19, start=50, end=60, call=call)
         call = rec.host(Call.LAUNCH, step, t0, t1, kernel, op=rec.next_op)
-        op = rec.op(OpKind.KERNEL, "forward", step, kernel, issue=t1, start=ks, end=ke,
-                    phase="p", call=call)
-        rec.device(SpanKind.KERNEL, "forward", step, ks, ke, kernel, op, "p")
+        rec.op(OpKind.KERNEL, "forward", step, kernel, issue=t1, start=ks, end=ke, phase="p",
+               call=call)
     return rec.finish({"forward_stream": "forward", "warmup_steps": 0})
 
 

@@ -13,7 +13,7 @@ from simwar.api import simulate
 from simwar.cli import main
 from simwar.perfetto import chrome_trace, write_chrome_trace
 from simwar.recorder import Recorder
-from simwar.trace import HOST, Call, SpanKind, Trace
+from simwar.trace import HOST, Call, OpKind, Trace
 
 SMALL = {"steps": 12, "warmup_steps": 2}
 
@@ -165,10 +165,11 @@ def test_host_calls_and_waits_are_named_by_call_kind_label_and_lane(coarse):
 
 
 def _trace(device=(), host=()) -> Trace:
-    """A trace of bare spans: ``device`` (lane, label, start, end) kernels, ``host`` cpu work."""
+    """A trace of bare kernels: ``device`` (lane, label, start, end) kernel ops with no launch
+    call (as a capture can have), ``host`` cpu work."""
     rec = Recorder()
     for lane, label, start, end in device:
-        rec.device(SpanKind.KERNEL, lane, 0, start, end, label, op=-1)
+        rec.op(OpKind.KERNEL, lane, 0, label, issue=start, start=start, end=end)
     for label, start, end in host:
         rec.host(Call.CPU, 0, start, end, label)
     return rec.finish()

@@ -105,7 +105,8 @@ BAD_SWEEPS = {
     "base file missing": ("base: nowhere.yaml\ngrid: {policy.barrier: [fine]}\n",
                           "base: nowhere.yaml: file not found"),
     "bad value": ("base: {}\ngrid: {policy.barrier: [fine, sideways]}\n",
-                  "run 1 (policy.barrier=sideways): policy.barrier: 'sideways' is not a barrier policy"),
+                  "run 1 (policy.barrier=sideways): policy.barrier: 'sideways' is not a "
+                  "barrier policy"),
     "unknown config key": ("base: {}\ngrid: {cpu.scheduel_us: [1]}\n",
                            "cpu.scheduel_us: unknown key"),
     "grid not a list": ("base: {}\ngrid: {policy.barrier: fine}\n",

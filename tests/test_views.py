@@ -7,7 +7,7 @@ import pytest
 from simwar.analysis import views
 from simwar.api import simulate
 from simwar.recorder import Recorder
-from simwar.trace import HOST, Call, OpKind, SpanKind
+from simwar.trace import HOST, Call, OpKind
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +100,7 @@ def test_lanes_in_display_order(fine):
     assert views.lanes(fine.trace) == ["cpu", "schedule", "forward", "copy"]
     assert views.ordered_lanes({"zeta", "copy", "cpu", "plan"}) == ["cpu", "plan", "copy", "zeta"]
     rec = Recorder()
-    rec.device(SpanKind.KERNEL, "forward", 0, 0.0, 1.0, "k", op=-1)
+    rec.op(OpKind.KERNEL, "forward", 0, "k", start=0.0, end=1.0)
     rec.op(OpKind.RECORD, "d2h", 0, "e", event="e")
     trace = rec.finish()
     assert views.lanes(trace) == ["cpu", "forward", "d2h"]

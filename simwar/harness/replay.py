@@ -59,7 +59,7 @@ from ..program import (
 )
 from ..recorder import Recorder
 from ..rules import begins
-from ..trace import HOST, Call, OpKind, SpanKind, Trace
+from ..trace import HOST, Call, OpKind, Trace
 from .plan import GraphStep, KernelStep, ReplayPlan
 
 #: a sync counts towards ``sync_us`` only if its record's (estimated) firing is at least this
@@ -179,21 +179,20 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
     host_costs: dict[str, list[float]] = {k: [] for k in COST_KINDS}
     cross_us = float(info.get("cross_stream_us", 0.0))
     own_latency = info.get("latency") == "program"  # each wait's own latency_us
-    # per lane: (span id, op id) of device work placed by estimate since the lane's last
-    # measured time, to clip when a measured start turns out earlier
-    estimated: dict[str, list[tuple[int, int]]] = {}
+    # per lane: ops placed by estimate since the lane's last measured time, to clip when a
+    # measured start turns out earlier (the recorder derives their spans from the final times)
+    estimated: dict[str, list[int]] = {}
 
     def kernel(lane: str, k: Kernel, step: int, issue: float, start: float, end: float,
                call: int, timed: bool) -> None:
         op = rec.op(OpKind.KERNEL, lane, step, k.label, issue=issue, start=start, end=end,
                     phase=k.phase, call=call)
-        span = rec.device(SpanKind.KERNEL, lane, step, start, end, k.label, op, k.phase)
         for b in k.reads:
             rec.access(op, b, False, step, k.phase)
         for b in k.writes:
             rec.access(op, b, True, step, k.phase)
         if not timed:  # placed by the CUDA rules from nominal durations
-            estimated.setdefault(lane, []).append((span, op))
+            estimated.setdefault(lane, []).append(op)
 
     def begin(lane: str, launched: float, point: int) -> float:
         """Start of a launch on ``lane``: measured if ``point`` is timed, else by the rules."""
@@ -206,9 +205,8 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
         return start
 
     def clip(lane: str, t: float) -> None:
-        for span, op in estimated.get(lane, ()):
-            if rec.span_end[span] > t:
-                rec.set_span(span, min(rec.span_start[span], t), t)
+        for op in estimated.get(lane, ()):
+            if rec.op_end[op] > t:
                 rec.set_times(op, min(rec.op_start[op], t), t)
 
     def record(key: tuple, lane: str, step: int, label: str, issue: float, call: int) -> None:
@@ -223,9 +221,8 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
         reach, release = rec.lanes.hold(lane, issue, fired, latency, src_lane == lane)
         op = rec.op(OpKind.WAIT, lane, step, event, event=event, bound=src, issue=issue,
                     start=reach, end=release, call=call)
-        if release > reach:
-            span = rec.device(SpanKind.WAIT, lane, step, reach, release, event, op)
-            estimated.setdefault(lane, []).append((span, op))
+        if release > reach:  # it held its stream
+            estimated.setdefault(lane, []).append(op)
 
     for i, st in enumerate(plan.steps):
         kind = type(st)

@@ -69,7 +69,7 @@ from typing import NamedTuple
 
 from ..recorder import Recorder
 from ..rules import begins, fires, released
-from ..trace import HOST, Call, OpKind, SpanKind, Trace
+from ..trace import HOST, Call, OpKind, Trace
 from .mapping import Mapping, load_mapping
 
 #: categories of device work (older captures spell some differently)
@@ -749,13 +749,13 @@ class _Builder:
 
     def _device_op(self, rec: Recorder, measured: _MeasuredLanes, d: DeviceEvent, step: int,
                    issue: float, phase: str, call: int) -> int:
-        """A measured kernel, memcpy or memset: a kernel op and its span (``call``: its launch)."""
+        """A measured kernel, memcpy or memset: a kernel op (``call``: its launch); the
+        recorder derives its span."""
         lane = self.lane_of[(d.device, d.stream)]
         start = d.ts + self.gpu_offset - self.origin
         end = start + d.dur
         op = rec.op(OpKind.KERNEL, lane, step, d.name, issue=issue, start=start, end=end,
                     phase=phase, call=call)
-        rec.device(SpanKind.KERNEL, lane, step, start, end, d.name, op, phase)
         measured.add(lane, issue, start, end)
         return op
 
@@ -797,9 +797,7 @@ class _Builder:
                     release = nxt.start
                 else:  # it ran then, so the wait was released by then
                     release = min(release, nxt.start)
-            rec.set_times(w.op, reach, release)
-            if release > reach:
-                rec.device(SpanKind.WAIT, w.lane, w.step, reach, release, w.label, w.op)
+            rec.set_times(w.op, reach, release)  # held (release > reach): a wait span
 
     def _markers(self, rec: Recorder, first_launch: dict[int, float], host_ann) -> None:
         for i, (s, _, _) in enumerate(self.steps):
