@@ -140,8 +140,13 @@ class Recorder:
     def host(self, call: Call, step: int, start: float, end: float, label: str,
              phase: str = "", site: str = "", op: int = -1) -> int:
         """A span on the host lane: cpu work, an API call or a synchronize (blocked)."""
-        return self._spans.add((HOST, label, _SPAN_FOR_CALL.get(call, SpanKind.API), step,
-                                start, end, phase, site, op, call))
+        cols = self._spans  # _Columns.add, inlined: this is the engine's hot path
+        cols.pending.append((HOST, label, _SPAN_FOR_CALL.get(call, SpanKind.API), step, start,
+                             end, phase, site, op, call))
+        if len(cols.pending) >= _CHUNK:
+            cols.flush()
+        cols.n += 1
+        return cols.n - 1
 
     # ------------------------------------------------------------------ ops
     def op(self, kind: OpKind, lane: str, step: int, label: str, event: str = "",
@@ -150,7 +155,12 @@ class Recorder:
         """A device-visible operation, in issue order; times may be set later by id."""
         self.op_start.append(start)
         self.op_end.append(end)
-        return self._ops.add((lane, kind, step, label, event, bound, issue, phase, call))
+        cols = self._ops  # _Columns.add, inlined: this is the engine's hot path
+        cols.pending.append((lane, kind, step, label, event, bound, issue, phase, call))
+        if len(cols.pending) >= _CHUNK:
+            cols.flush()
+        cols.n += 1
+        return cols.n - 1
 
     def set_times(self, op: int, start: float, end: float) -> None:
         self.op_start[op] = start
