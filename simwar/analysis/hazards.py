@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..trace import HOST, Mode, OpKind, Trace
+from ..trace import Mode, OpKind, Trace
 
 
 class Race(NamedTuple):
@@ -81,16 +81,49 @@ def detect(trace: Trace, window: int = 2) -> HazardReport:
     ops = trace.ops
     strings = trace.strings
     lane_of = ops.lane.tolist()
-    kind_of = ops.kind.tolist()
-    bound_of = ops.bound.tolist()
-    lanes = sorted({strings[c] for c in set(lane_of)} | {HOST})
-    index = {trace.code(lane): i for i, lane in enumerate(lanes)}
-    n = len(lanes)
+    acc = trace.accesses
+    order = np.argsort(acc.op, kind="stable")
+    a_op = acc.op[order].tolist()
+    a_buf = acc.buffer[order].tolist()
+    a_mode = acc.mode[order].tolist()
+    a_step = acc.step[order].tolist()
+    a_phase = acc.phase[order].tolist()
+    start_of, end_of = ops.start_us, ops.end_us
+    label_of = ops.label
+    races: list[Race] = []
+    for i, j, latent in candidate_pairs(lane_of, ops.kind.tolist(), ops.bound.tolist(), a_op,
+                                        a_buf, a_mode, a_step, window):
+        first, second = a_op[i], a_op[j]
+        overlap = float(end_of[first] - start_of[second])
+        if not latent and overlap <= 0:
+            continue
+        races.append(Race(strings[a_buf[j]], race_kind(a_mode[i], a_mode[j]), a_step[i],
+                          strings[a_phase[i]], strings[lane_of[first]],
+                          strings[label_of[first]], first, a_step[j], strings[a_phase[j]],
+                          strings[lane_of[second]], strings[label_of[second]], second, latent,
+                          max(0.0, overlap)))
+    return HazardReport(races)
+
+
+def race_kind(first_mode: int, second_mode: int) -> str:
+    """WAR, RAW or WAW by issue order (earlier access, then later)."""
+    return {(Mode.READ, Mode.WRITE): "WAR", (Mode.WRITE, Mode.READ): "RAW"}.get(
+        (first_mode, second_mode), "WAW")
+
+
+def happens_before(lane_of: list, kind_of: list, bound_of: list, need) -> tuple[dict, dict]:
+    """Vector clocks of the ops in ``need`` (and of every record), walking in issue order.
+
+    ``lane_of``/``kind_of``/``bound_of``: per op (issue order) its lane (any hashable code),
+    :class:`OpKind` and bound record (-1: none). Returns ``(op_clock, index)``: op id ->
+    clock tuple, and lane code -> component. An op ``a`` on lane ``L`` happens before ``b``
+    iff ``op_clock[a][index[L]] <= op_clock[b][index[L]]``.
+    """
+    index = {code: i for i, code in enumerate(sorted(set(lane_of), key=str))}
+    n = len(index)
     host = [0] * n
     clocks = {code: [0] * n for code in index}
     op_clock: dict[int, tuple[int, ...]] = {}
-    acc = trace.accesses
-    need = set(acc.op.tolist())
     SYNC, WAIT, RECORD = OpKind.SYNC, OpKind.WAIT, OpKind.RECORD
     for op_id, (lane, kind, bound) in enumerate(zip(lane_of, kind_of, bound_of)):
         if kind == SYNC:
@@ -104,44 +137,48 @@ def detect(trace: Trace, window: int = 2) -> HazardReport:
         clocks[lane] = v
         if kind == RECORD or op_id in need:
             op_clock[op_id] = tuple(v)
+    return op_clock, index
 
-    order = np.argsort(acc.op, kind="stable")
-    per_buffer: dict[int, list] = {}
-    for a in zip(acc.op[order].tolist(), acc.buffer[order].tolist(), acc.mode[order].tolist(),
-                 acc.step[order].tolist(), acc.phase[order].tolist()):
-        per_buffer.setdefault(a[1], []).append(a)
 
-    start_of, end_of = ops.start_us, ops.end_us
-    label_of = ops.label
-    races: list[Race] = []
-    for buf, accs in per_buffer.items():
-        for j, (b_op, _, b_mode, b_step, b_phase) in enumerate(accs):
+def candidate_pairs(lane_of: list, kind_of: list, bound_of: list, acc_op: list, acc_buf: list,
+                    acc_mode: list, acc_step: list, window: int = 2):
+    """The access pairs :func:`detect` compares, with their latent flag.
+
+    Ops are given per op id (issue order): ``lane_of``, ``kind_of``, ``bound_of``; accesses
+    sorted by op id: ``acc_op``, ``acc_buf``, ``acc_mode``, ``acc_step``. Yields
+    ``(i, j, latent)`` (indices into the accesses, ``i`` issued before ``j``) for every pair on
+    one buffer, on different lanes, not both reads, whose steps differ by at most ``window``:
+    per buffer in order of first access, ``j`` in issue order, ``i`` from the nearest back.
+    Every executor's race list comes from here (the trace's, and the one-pass executor's per
+    iteration shape), so the two cannot disagree on which pairs count.
+    """
+    op_clock, index = happens_before(lane_of, kind_of, bound_of, set(acc_op))
+    per_buffer: dict = {}
+    for n, buf in enumerate(acc_buf):
+        per_buffer.setdefault(buf, []).append(n)
+    READ = Mode.READ
+    for accs in per_buffer.values():
+        for j, b in enumerate(accs):
+            b_op, b_mode, b_step = acc_op[b], acc_mode[b], acc_step[b]
             vb = op_clock[b_op]
+            b_lane = lane_of[b_op]
             i = j - 1
             while i >= 0:
-                a_op, _, a_mode, a_step, a_phase = accs[i]
+                a = accs[i]
                 i -= 1
+                a_step = acc_step[a]
                 if b_step - a_step > window:
                     break
-                if abs(a_step - b_step) > window:
+                if a_step - b_step > window:
                     continue
-                if a_mode == Mode.READ and b_mode == Mode.READ:
+                if acc_mode[a] == READ and b_mode == READ:
                     continue
+                a_op = acc_op[a]
                 la_code = lane_of[a_op]
-                if la_code == lane_of[b_op] or a_op == b_op:
+                if la_code == b_lane or a_op == b_op:
                     continue
                 la = index[la_code]
-                latent = op_clock[a_op][la] > vb[la]
-                overlap = float(end_of[a_op] - start_of[b_op])
-                if not latent and overlap <= 0:
-                    continue
-                kind = {(Mode.READ, Mode.WRITE): "WAR", (Mode.WRITE, Mode.READ): "RAW"}.get(
-                    (a_mode, b_mode), "WAW")
-                races.append(Race(strings[buf], kind, a_step, strings[a_phase],
-                                  strings[la_code], strings[label_of[a_op]], a_op,
-                                  b_step, strings[b_phase], strings[lane_of[b_op]],
-                                  strings[label_of[b_op]], b_op, latent, max(0.0, overlap)))
-    return HazardReport(races)
+                yield a, b, op_clock[a_op][la] > vb[la]
 
 
 def _join(a, b) -> list[int]:
