@@ -54,7 +54,8 @@ class _Sampler:
     """
 
     def __init__(self, seed: int, counts: dict[int, tuple[Dist, int]]):
-        rng = np.random.default_rng(seed)
+        # (numpy.random is imported only when there is something to draw)
+        rng = np.random.default_rng(seed) if counts else None
         self.arrays: dict[int, np.ndarray] = {key: _sample(rng, d, n)
                                               for key, (d, n) in counts.items()}
         self._next: dict[int, object] = {}

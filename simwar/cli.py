@@ -80,6 +80,13 @@ def register_run(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--races", type=int, default=5, metavar="N",
                    help="list up to N races in the text summary (default 5)")
+    p.add_argument("--engine", choices=("simpy", "fast", "auto"), default=None,
+                   help="executor: simpy (reference, keeps the trace), fast (one pass, no "
+                        "trace) or auto (fast unless --trace/--timeline; default: the "
+                        "config's engine, auto)")
+    p.add_argument("--summary-only", action="store_true",
+                   help="keep no per-step table: the summary is computed as the run goes "
+                        "(quantiles from a sketch, 1e-4 relative); for very long runs")
     p.set_defaults(func=cmd_run)
     return p
 
@@ -105,7 +112,19 @@ def cmd_run(args) -> int:
         key, value = parse_override(item)
         overrides[key] = value
     cfg = load_config(args.config, overrides)
-    result = simulate(cfg)
+    want = [flag for flag, attr in (("--trace", "trace"), ("--timeline", "timeline"))
+            if getattr(args, attr, None)]
+    requested = args.engine or cfg.engine
+    if want and requested == "fast":
+        raise UserError(f"{want[0]}: the fast engine keeps no trace; use --engine simpy "
+                        f"(or auto)")
+    if want and args.summary_only:
+        raise UserError(f"{want[0]}: not with --summary-only")
+    engine = "simpy" if want else requested
+    if args.summary_only and engine == "simpy":
+        raise UserError("--summary-only: needs the fast engine (--engine fast or auto)")
+    result = simulate(cfg, engine=engine, summary_only=args.summary_only)
+    print(f"simwar: executor {result.engine}", file=sys.stderr)
     for mod in _command_modules():
         if hasattr(mod, "after_run"):
             mod.after_run(args, result)
@@ -129,7 +148,7 @@ def _jsonable(obj):
 def format_summary(result, max_races: int = 5) -> str:
     s = result.summary
     cfg = result.config
-    m = result.program.meta
+    m = result.meta
     lines = [
         f"{cfg.name}: {cfg.algorithm}, barrier {s.get('barrier')} "
         f"(applied: {s.get('barrier_effective')}, {s.get('placement')}); "

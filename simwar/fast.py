@@ -647,10 +647,16 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
 
 # =========================================================================== execution
 class _State:
-    """What carries from one block to the next (and the per-step accumulators)."""
+    """What carries from one block to the next (and the per-step accumulators).
 
-    def __init__(self, lo: int, hi: int, sites, depth: int, collect: bool):
-        n = hi - lo + 1
+    Accumulators are indexed by step minus ``origin``; ``rows`` (summary-only runs) gives
+    them a fixed length, moved along the run by :class:`_Flusher`.
+    """
+
+    def __init__(self, lo: int, hi: int, sites, depth: int, collect: bool,
+                 rows: int | None = None):
+        n = rows if rows is not None else hi - lo + 1
+        self.origin = lo
         self.t = 0.0
         self.tails: dict[str, float] = {}
         self.hist = [()] * depth
@@ -668,13 +674,28 @@ class _State:
         self.kin, self.kout, self.win, self.wout = (array("d") for _ in range(4))
         self.logs: list = []  # the current block's log arrays, in its log order
 
+    def grow(self, by: int) -> None:
+        for arr, value in ((self.fs, _INF), (self.fe, -_INF), (self.launch, float("nan")),
+                           *((a, 0.0) for a in self.blocked.values())):
+            arr.extend(_filled(by, value))
+        for arr in (self.busy, self.dep):  # keep the spare slot last
+            spare = arr.pop()
+            arr.extend(_filled(by, 0.0))
+            arr.append(spare)
+
 
 def _filled(n: int, value: float) -> array:
     return array("d", [value]) * n
 
 
-def execute(plan: Plan, window: int = 2, collect: bool | None = None) -> FastRun:
-    """Run a plan: the per-step columns, and the races (see the module docstring)."""
+def execute(plan: Plan, window: int = 2, collect: bool | None = None,
+            summary_only: bool = False) -> FastRun:
+    """Run a plan: the per-step columns, and the races (see the module docstring).
+
+    ``summary_only``: keep no per-step table; rows are summarized as they become final
+    (:class:`simwar.streaming.StreamingSummary`), in a window of per-step accumulators
+    that moves with the run, so memory does not grow with its length.
+    """
     meta = plan.meta
     fwd = meta.get("forward_stream", "forward")
     blocks = plan.blocks
@@ -685,11 +706,15 @@ def execute(plan: Plan, window: int = 2, collect: bool | None = None) -> FastRun
                 depth = max(depth, h[-1][0])
     races = _RacePlan(plan, window)
     sites = set(SITES) | plan.sites
+    streaming = summary_only and _monotone(blocks)
     bad = collect
     for attempt in (False, True):
         if bad is not None and attempt != bad:
             continue
-        state = _State(plan.lo, plan.hi, sites, depth, attempt)
+        rolling = streaming and not attempt
+        state = _State(plan.lo, plan.hi, sites, depth, attempt,
+                       rows=2 * CHUNK + 64 if rolling else None)
+        flusher = _Flusher(state, plan, fwd) if rolling else None
         races.reset()
         for bi, b in enumerate(blocks):
             slots = tuple(c is None for c in b.consts)
@@ -698,10 +723,12 @@ def execute(plan: Plan, window: int = 2, collect: bool | None = None) -> FastRun
             fn = compile_block(b.shape, slots, fwd, attempt, log, depth)
             consts = tuple(c for c in b.consts if c is not None)
             keys = b.steps
-            lo = plan.lo
             for start in range(0, b.n, CHUNK):
                 stop = min(b.n, start + CHUNK)
                 ks = keys[start:stop]
+                if flusher is not None:
+                    flusher.before(min(ks), max(ks))
+                lo = state.origin
                 ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
                     [k - lo for k in ks]
                 cols = b.columns(start, stop) if any(slots) else []
@@ -709,7 +736,142 @@ def execute(plan: Plan, window: int = 2, collect: bool | None = None) -> FastRun
         if attempt or not state.bad:
             break
         bad = True  # forward steps issued out of order: windows from the intervals
-    return _finish(plan, state, races, fwd)
+    if flusher is not None and not state.collect:
+        hazards = races.finish(state)
+        out = FastRun(None, plan.meta, hazards, plan.segments)
+        out._summary = flusher.finish(hazards)
+        out.paths = ("windowed" if races.windowed else "full", "streamed")
+        return out
+    out = _finish(plan, state, races, fwd)
+    if summary_only:
+        out.columns = None  # computed (a fallback path), then dropped
+    return out
+
+
+def _monotone(blocks: list[Block]) -> bool:
+    """Marker steps never decrease (rows become final in order)."""
+    last = None
+    for b in blocks:
+        steps = b.steps
+        first = steps[0] if isinstance(steps, range) else min(steps)
+        if isinstance(steps, list) and steps != sorted(steps):
+            return False
+        if last is not None and first < last:
+            return False
+        last = steps[-1]
+    return True
+
+
+class _Flusher:
+    """Moves the per-step accumulators along a run and summarizes the rows left behind.
+
+    Before a chunk of passes, the rows no later op can write (below the chunk's first step
+    plus the smallest step offset of any op that writes one, and below the open step
+    window) are final. They are turned into table rows by ``columns_from_arrays``, with the
+    last rows before them as context (the previous forward's end, the launch-ahead
+    history) and the row after them (the next forward's start and launch), and fed to a
+    :class:`~simwar.streaming.StreamingSummary`; the accumulators then shift down.
+    """
+
+    HISTORY = 4096  # rows kept as context for launch-ahead (forwards in flight)
+
+    def __init__(self, state: _State, plan: Plan, fwd: str):
+        from .streaming import StreamingSummary
+
+        self.state = state
+        self.plan = plan
+        self.sink = StreamingSummary(plan.meta)
+        self.tokens = tokens(plan.meta)
+        offs = [0]
+        for b in plan.blocks:
+            for h in b.shape.host:
+                if h[0] == "sync" or h[0] == "run_batch":
+                    offs.append(h[1])
+            for op in b.shape.ops:
+                if op.kind == OpKind.KERNEL and op.lane == fwd and op.phase:
+                    offs.append(op.off)
+        self.min_off, self.max_off = min(offs), max(offs)
+        self.hist: dict | None = None  # facts of the last rows summarized
+        self.dropped = 0  # rows summarized before the history
+
+    def _views(self) -> dict:
+        st = self.state
+        out = {"start": st.fs, "end": st.fe, "launch": st.launch, "busy": st.busy,
+               "dep": st.dep}
+        out.update({("blocked", site): arr for site, arr in st.blocked.items()})
+        return out
+
+    def before(self, first: int, last: int) -> None:
+        st = self.state
+        rows = len(st.fs)
+        if last + self.max_off - st.origin < rows:
+            return
+        final = first + self.min_off
+        if st.cw >= 0:
+            final = min(final, st.origin + st.cw)
+        self._emit(final - st.origin, keep_last=True)
+        need = last + self.max_off - st.origin + 1
+        if need > len(st.fs):
+            st.grow(need - len(st.fs) + CHUNK)
+
+    def _emit(self, upto: int, keep_last: bool) -> None:
+        """Summarize the present rows below ``upto`` (all but the last, if ``keep_last``)."""
+        st = self.state
+        upto = max(0, min(upto, len(st.fs)))
+        fs = np.frombuffer(st.fs, dtype=np.float64)
+        present = np.flatnonzero(fs[:upto] < _INF)
+        if keep_last:
+            if len(present) == 0:
+                self._shift(upto)
+                return
+            nxt, present = present[-1], present[:-1]
+            rows = np.append(present, nxt)
+        else:
+            rows = present
+        del fs
+        facts = {key: np.frombuffer(arr, dtype=np.float64)[rows].copy()
+                 for key, arr in self._views().items()}
+        facts["step"] = (rows + st.origin).astype(np.int64)
+        self._summarize(facts, has_next=keep_last)
+        self._shift(int(rows[-1]) if keep_last else upto)
+
+    def _summarize(self, facts: dict, has_next: bool) -> None:
+        hist = self.hist
+        h = 0 if hist is None else len(hist["step"])
+        if hist is not None:
+            facts = {k: np.concatenate([hist[k], v]) for k, v in facts.items()}
+        n = len(facts["step"]) - (1 if has_next else 0)
+        if n > h:
+            blocked = {key[1]: v for key, v in facts.items() if isinstance(key, tuple)}
+            cols = columns_from_arrays(facts["step"], facts["start"], facts["end"],
+                                       facts["busy"], facts["dep"], blocked, facts["launch"],
+                                       self.tokens)
+            ahead = cols["launch_ahead"][h:n]
+            if self.dropped and np.any(ahead == np.arange(h, n)):
+                raise RuntimeError("launch-ahead deeper than the streaming history")
+            self.sink.add({k: v[h:n] for k, v in cols.items()})
+        keep = max(0, n - self.HISTORY)
+        self.dropped += keep
+        self.hist = {k: v[keep:n] for k, v in facts.items()}
+
+    def _shift(self, by: int) -> None:
+        if by <= 0:
+            return
+        st = self.state
+        for key, arr in self._views().items():
+            v = np.frombuffer(arr, dtype=np.float64)
+            n = len(st.fs)
+            v[:n - by] = v[by:n]
+            v[n - by:n] = _INF if key == "start" else -_INF if key == "end" else \
+                np.nan if key == "launch" else 0.0
+            del v
+        st.origin += by
+        if st.cw >= 0:
+            st.cw -= by
+
+    def finish(self, hazards) -> dict:
+        self._emit(len(self.state.fs), keep_last=False)
+        return self.sink.result(hazards)
 
 
 class FastRun:
@@ -732,9 +894,9 @@ class FastRun:
 def _finish(plan: Plan, state: _State, races: _RacePlan, fwd: str) -> FastRun:
     fs = np.frombuffer(state.fs, dtype=np.float64)
     idx = np.flatnonzero(fs < _INF)
-    steps = (idx + plan.lo).astype(np.int32)
-    start = fs[idx].copy()
-    end = np.frombuffer(state.fe, dtype=np.float64)[idx].copy()
+    steps = (idx + state.origin).astype(np.int32)
+    start = fs[idx]
+    end = np.frombuffer(state.fe, dtype=np.float64)[idx]
     nxt = np.append(start[1:], np.nan)
     if state.collect:
         from .analysis.metrics import busy_in_windows
@@ -742,11 +904,11 @@ def _finish(plan: Plan, state: _State, races: _RacePlan, fwd: str) -> FastRun:
         busy = busy_in_windows(_np(state.kin), _np(state.kout), start, nxt)
         dep = busy_in_windows(_np(state.win), _np(state.wout), start, nxt)
     else:
-        busy = np.frombuffer(state.busy, dtype=np.float64)[idx].copy()
-        dep = np.frombuffer(state.dep, dtype=np.float64)[idx].copy()
-    blocked = {site: np.frombuffer(vals, dtype=np.float64)[idx].copy()
+        busy = np.frombuffer(state.busy, dtype=np.float64)[idx]
+        dep = np.frombuffer(state.dep, dtype=np.float64)[idx]
+    blocked = {site: np.frombuffer(vals, dtype=np.float64)[idx]
                for site, vals in state.blocked.items()}
-    launch = np.frombuffer(state.launch, dtype=np.float64)[idx].copy()
+    launch = np.frombuffer(state.launch, dtype=np.float64)[idx]
     if len(idx) == 0:  # no forward kernels: no steps (as step_columns of such a trace)
         columns = {"step": np.zeros(0, dtype=np.int32)}
     else:
@@ -1069,3 +1231,20 @@ class FastHazards:
 
     def frame(self):
         return self.report().frame()
+
+
+# =========================================================================== entry points
+def run_config(cfg, window: int = 2, summary_only: bool = False) -> FastRun:
+    """Simulate a config in one pass (its Program is never built)."""
+    try:
+        plan = plan_config(cfg)
+    except RuntimeError:  # iterations that never settle into one shape: take the Program
+        from .builder import build_program
+
+        plan = plan_program(build_program(cfg))
+    return execute(plan, window, summary_only=summary_only)
+
+
+def run(program: Program, window: int = 2) -> FastRun:
+    """Simulate any Program in one pass: the per-step columns, summary and races."""
+    return execute(plan_program(program), window)

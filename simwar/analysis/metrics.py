@@ -212,11 +212,24 @@ def summarize(df, meta: dict, hazards=None) -> dict:
     out: dict = {"name": meta.get("name", ""), "steps_measured": int(len(keep))}
     if len(keep) == 0:
         return out
+    if keep[-1] - keep[0] + 1 == len(keep):  # one run of rows (the usual case): views
+        keep = slice(int(keep[0]), int(keep[-1]) + 1)
     m = {name: col[keep] for name, col in cols.items()}
 
     def q(col, p):
         return float(np.percentile(m[col], p))
 
+    with np.errstate(divide="ignore", invalid="ignore"):
+        _summary_values(out, m, q)
+    out.update(hazard_counts(hazards, warm))
+    for key in ("barrier", "barrier_effective", "placement", "publish_phase",
+                "publish_position"):
+        if key in meta:
+            out[key] = meta[key]
+    return out
+
+
+def _summary_values(out: dict, m: dict, q) -> None:
     out.update({
         "step_us_mean": _mean(m["step_us"]),
         "step_us_p50": q("step_us", 50),
@@ -248,12 +261,6 @@ def summarize(df, meta: dict, hazards=None) -> dict:
                               zip(values.tolist(), counts.tolist())},
         "tokens_per_s": float(_sum(m["tokens"]) / _sum(m["step_us"]) * 1e6),
     })
-    out.update(hazard_counts(hazards, warm))
-    for key in ("barrier", "barrier_effective", "placement", "publish_phase",
-                "publish_position"):
-        if key in meta:
-            out[key] = meta[key]
-    return out
 
 
 def hazard_counts(hazards, warm: int) -> dict:
