@@ -42,7 +42,6 @@ Imports: numpy and simwar's own modules; no simpy, no pandas.
 
 from __future__ import annotations
 
-import itertools
 from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -305,8 +304,11 @@ def plan_program(program: Program) -> Plan:
             steps = range(steps[0], steps[0] + len(steps))
         blocks.append(Block(shapes[g], g, steps, consts, _list_columns(rows, consts), marked))
         g = h
-    all_steps = [getattr(op, "step") for op in program.ops if hasattr(op, "step")]
+    all_steps = [op.step for op in program.ops]
     lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0, 0)
+    if hi - lo > 4 * len(all_steps) + 4096:
+        raise ValueError(f"steps {lo}..{hi} are too sparse for the one-pass executor (it "
+                         f"keeps one row per step in that range); use the simpy engine")
     return Plan(blocks, dict(program.meta), lo, hi, shaper.negative, shaper.offsets,
                 _sites(shapes))
 
@@ -342,11 +344,10 @@ def plan_config(cfg) -> Plan:
         shapes.append(sh)
         params.append(p)
     steps_total = cfg.steps
-    if steps_total > n:
-        steady = shapes[2:n]
-        if len(steady) < 2 or any(s != steady[0] for s in steady) or any(
-                _same_template(params[i], params[n - 1]) is False for i in range(2, n)):
-            raise RuntimeError("the builder's iterations do not settle into one shape")
+    if steps_total > n and any(shapes[i] != shapes[n - 1] or
+                               not _same_template(params[i], params[n - 1])
+                               for i in range(2, n)):
+        raise RuntimeError("the builder's iterations do not settle into one shape")
     # the run's segments: skeleton iteration role(k) for k in 0..steps
     roles: list[tuple[int, int, int]] = []  # (skeleton index, first step, count)
     if steps_total <= n:
@@ -1002,6 +1003,10 @@ def _pairs(shapes: list, steps: list, window: int, last_only: bool) -> list:
     return out
 
 
+#: latent pairs per window of shapes (a window's pairs depend on its shapes only)
+_WINDOWS: dict = {}
+
+
 class _RacePlan:
     """Which pairs to check where, which op times to log, and the races once run.
 
@@ -1022,16 +1027,14 @@ class _RacePlan:
             self.op_base.append(base)
             base += b.n * len(b.shape.ops)
         marked = [b for b in blocks if b.marked]
-        steps = [s for b in marked for s in (b.steps if isinstance(b.steps, list) else
-                                              [b.steps[0], b.steps[-1]])]
         consecutive = all(isinstance(b.steps, range) for b in marked) and all(
             x.steps[-1] + 1 == y.steps[0] for x, y in zip(marked, marked[1:]))
         prefix_ok = all(b.marked or not any(op.accesses for op in b.shape.ops) for b in blocks)
         self.windowed = (not plan.negative and plan.offsets <= {0} and consecutive
-                         and prefix_ok and steps is not None)
+                         and prefix_ok)
         self.logs: list[list[tuple[int, str]]] = [[] for _ in blocks]
         self.groups: list[tuple[int, int, int, tuple]] = []  # (block, first pass, count, key)
-        self.cache: dict[tuple, list[_RaceTpl]] = {}
+        self.cache = _WINDOWS
         if self.windowed:
             self._plan_windows()
         else:
@@ -1072,10 +1075,12 @@ class _RacePlan:
             for i, count in parts:
                 g = b.g0 + i
                 key = tuple(self._shape_at(g - w + j) for j in range(w + 1))
-                tpls = self.cache.get(key)
+                tpls = self.cache.get((key, w))
                 if tpls is None:
-                    tpls = self.cache[key] = [r for r, _, _ in _pairs(list(key),
-                                                                      list(range(w + 1)), w, True)]
+                    tpls = [r for r, _, _ in _pairs(list(key), list(range(w + 1)), w, True)]
+                    if len(self.cache) >= _CODE_LIMIT:
+                        self.cache.clear()
+                    self.cache[(key, w)] = tpls
                 if not tpls:
                     continue
                 self.groups.append((bi, i, count, key))
@@ -1111,7 +1116,7 @@ class _RacePlan:
         for bi, i, count, key in self.groups:
             b = blocks[bi]
             nops = len(b.shape.ops)
-            for r in self.cache[key]:
+            for r in self.cache[(key, w)]:
                 s_b = self._log(bi, r.b_dev, "s")[i:i + count]
                 if i >= w:  # the earlier access is in the same block
                     e_a = self._log(bi, r.a_dev, "e")[i - r.a_back:i - r.a_back + count]

@@ -26,10 +26,15 @@ the per-step table itself. Imports: numpy (pandas only to build that DataFrame).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..trace import OpKind, SpanKind, Trace
 from .hazards import HazardReport, detect
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SITES = ("result_copy", "verify_done", "seq_lens", "barrier")
 
