@@ -1033,7 +1033,7 @@ class _RacePlan:
         self.windowed = (not plan.negative and plan.offsets <= {0} and consecutive
                          and prefix_ok)
         self.logs: list[list[tuple[int, str]]] = [[] for _ in blocks]
-        self.groups: list[tuple[int, int, int, tuple]] = []  # (block, first pass, count, key)
+        self.groups: list[tuple] = []  # (block, first pass, count, pairs)
         self.cache = _WINDOWS
         if self.windowed:
             self._plan_windows()
@@ -1083,7 +1083,7 @@ class _RacePlan:
                     self.cache[(key, w)] = tpls
                 if not tpls:
                     continue
-                self.groups.append((bi, i, count, key))
+                self.groups.append((bi, i, count, tpls))
                 for r in tpls:
                     need[bi].add((r.b_dev, "s"))
                     abi, _ = self._segment(g - r.a_back) if i < w else (bi, None)
@@ -1113,10 +1113,10 @@ class _RacePlan:
         w = self.window
         blocks = self.plan.blocks
         rows = []
-        for bi, i, count, key in self.groups:
+        for bi, i, count, tpls in self.groups:
             b = blocks[bi]
             nops = len(b.shape.ops)
-            for r in self.cache[(key, w)]:
+            for r in tpls:
                 s_b = self._log(bi, r.b_dev, "s")[i:i + count]
                 if i >= w:  # the earlier access is in the same block
                     e_a = self._log(bi, r.a_dev, "e")[i - r.a_back:i - r.a_back + count]
