@@ -714,7 +714,7 @@ def execute(plan: Plan, window: int = 2, collect: bool | None = None,
             continue
         rolling = streaming and not attempt
         state = _State(plan.lo, plan.hi, sites, depth, attempt,
-                       rows=2 * CHUNK + 64 if rolling else None)
+                       rows=min(2 * CHUNK + 64, plan.hi - plan.lo + 1) if rolling else None)
         flusher = _Flusher(state, plan, fwd) if rolling else None
         races.reset()
         for bi, b in enumerate(blocks):

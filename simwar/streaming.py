@@ -8,12 +8,13 @@
 - means and sums are running sums of each chunk's (pairwise) sum: equal to the table's to
   about 1e-15 relative (the summation order differs);
 - quantiles (``step_us_p50``, ``step_us_p99``, ``fwd_gap_us_p50``, ``launch_lead_us_p50``)
-  come from :class:`QuantileSketch`: exact (numpy's ``linear`` percentile of the same
-  values) while a column has at most ``exact_limit`` distinct values, as a constant or
-  few-valued config has; beyond that, values are counted in logarithmic buckets whose
+  come from :class:`QuantileSketch`. While a column has at most ``exact_limit`` (4096)
+  distinct values, as a constant or few-valued config has, it counts each value and gives
+  numpy's ``linear`` percentile (and median) exactly, with numpy's arithmetic (the sign of
+  a zero aside). Beyond that, values are counted in logarithmic buckets whose
   representative is within ``alpha`` (1e-4) relative of every value in it (the DDSketch
-  construction), so a quantile is within ``alpha`` relative of the two order statistics
-  it interpolates between. ``benchmarks/bench_fast.py`` measures the error.
+  construction): a quantile is then within ``alpha`` relative of the order statistics it
+  interpolates between. ``benchmarks/bench_fast.py quantiles`` measures the error.
 
 Imports: numpy.
 """
@@ -98,14 +99,15 @@ class QuantileSketch:
 
     def quantile(self, q: float, median: bool = False) -> float:
         """numpy's ``percentile(values, q)`` (``linear``), or ``median(values)``; NaN if a
-        value was NaN or none was added. Exact (numpy on the same values) in exact mode."""
+        value was NaN or none was added. Exact in exact mode, else within ``alpha``."""
         if self.nan or self.n == 0:
             return float("nan")
         values, counts = self._sorted()
-        if self.exact is not None:
-            x = np.repeat(values, counts)
-            return float(np.median(x) if median else np.percentile(x, q))
         cum = np.cumsum(counts)
+        if self.exact is not None:
+            def at(i):  # the i-th smallest value
+                return float(values[np.searchsorted(cum, i, side="right")])
+            return _numpy_median(at, self.n) if median else _numpy_percentile(at, self.n, q)
         rank = (50 if median else q) / 100 * (self.n - 1)
         i = int(math.floor(rank))
         j = min(i + 1, self.n - 1)
@@ -113,6 +115,26 @@ class QuantileSketch:
         b = float(values[np.searchsorted(cum, j, side="right")])
         t = rank - i
         return a + (b - a) * t if t < 0.5 else b - (b - a) * (1 - t)
+
+
+def _numpy_percentile(at, n: int, q: float) -> float:
+    """``numpy.percentile`` (method ``linear``) of ``n`` values, ``at(i)`` the i-th smallest:
+    numpy's own arithmetic (virtual index, then its two-sided lerp), without the array."""
+    virtual = (n - 1) * float(np.true_divide(q, 100))
+    if virtual >= n - 1:
+        return at(n - 1)
+    prev = math.floor(virtual)
+    gamma = virtual - prev
+    a, b = at(prev), at(prev + 1)
+    diff = b - a
+    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+
+def _numpy_median(at, n: int) -> float:
+    """``numpy.median``: the middle value, or the mean of the two middle ones."""
+    if n % 2:
+        return at(n // 2)
+    return (0.0 + at(n // 2 - 1) + at(n // 2)) / 2
 
 
 class _Sum:

@@ -334,12 +334,16 @@ def test_quantile_sketch_error_is_within_its_accuracy(dist):
 
 
 def test_quantile_sketch_is_numpy_exact_for_few_values():
-    x = np.array([5840.0, 5840.0, 5841.5, 0.0, 7000.25] * 1000)
-    sketch = QuantileSketch()
-    sketch.add(x[:2500])
-    sketch.add(x[2500:])
-    for q in (0, 13, 50, 99, 100):
-        assert sketch.quantile(q) == np.percentile(x, q)
-    assert sketch.quantile(50, median=True) == np.median(x)
+    rng = np.random.default_rng(3)
+    for trial in range(400):
+        n = int(rng.integers(1, 80))
+        x = [rng.normal(0, 1e3, n), rng.choice([0.0, 1.5, 5840.0, 1e-300, 3.3333333], n),
+             rng.lognormal(5, 3, n), rng.integers(-5, 5, n) * 0.1][trial % 4]
+        sketch = QuantileSketch()
+        for part in np.array_split(x, 3):
+            sketch.add(part)
+        for q in (0, 1, 13.7, 50, 99, 99.9, 100, float(rng.uniform(0, 100))):
+            assert sketch.quantile(q) == np.percentile(x, q)
+        assert sketch.quantile(50, median=True) == np.median(x)
     sketch.add(np.array([np.nan]))
     assert math.isnan(sketch.quantile(50))
