@@ -57,7 +57,7 @@ def bench(algorithm: str, steps: int, repeat: int) -> dict:
         engine.run()
         best = min(best, time.process_time() - t0)
         events = engine.events
-        operations = len(program.ops) + len(engine.rows)
+        operations = len(program.ops) + engine.rec.next_op
         bare = min(bare, bare_simpy(events))
         bare_ops = min(bare_ops, bare_simpy(operations))
     return {

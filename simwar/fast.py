@@ -1116,20 +1116,18 @@ class _RacePlan:
         for bi, i, count, tpls in self.groups:
             b = blocks[bi]
             nops = len(b.shape.ops)
+            b_step = b.steps[0] + i
             for r in tpls:
                 s_b = self._log(bi, r.b_dev, "s")[i:i + count]
                 if i >= w:  # the earlier access is in the same block
                     e_a = self._log(bi, r.a_dev, "e")[i - r.a_back:i - r.a_back + count]
-                    a_op = (self.op_base[bi] + (np.arange(i, i + count) - r.a_back) * nops
-                            + r.a_dev)
+                    a_op = self.op_base[bi] + (i - r.a_back) * nops + r.a_dev
                 else:
                     abi, ap = self._segment(b.g0 + i - r.a_back)
                     e_a = self._log(abi, r.a_dev, "e")[ap:ap + 1]
-                    a_op = np.array([self.op_base[abi] + ap * len(blocks[abi].shape.ops)
-                                     + r.a_dev])
-                b_op = self.op_base[bi] + np.arange(i, i + count) * nops + r.b_dev
-                step = b.steps[0] + np.arange(i, i + count)
-                rows.append((r, step - r.a_back, step, a_op, b_op, e_a - s_b))
+                    a_op = self.op_base[abi] + ap * len(blocks[abi].shape.ops) + r.a_dev
+                rows.append(_Rows(r, b_step - r.a_back, b_step, a_op,
+                                  self.op_base[bi] + i * nops + r.b_dev, nops, e_a - s_b))
         return FastHazards(rows, self._buffer_order(), self.plan.lo, self.plan.hi)
 
     def _finish_full(self) -> FastHazards:
@@ -1150,9 +1148,9 @@ class _RacePlan:
                 continue
             a_op = self.op_base[seg_block[ga]] + seg_pass[ga] * len(shapes[ga].ops) + r.a_dev
             b_op = self.op_base[seg_block[gb]] + seg_pass[gb] * len(shapes[gb].ops) + r.b_dev
-            rows.append((r, np.array([steps[ga] + shapes[ga].ops[r.a_dev].off]),
-                         np.array([steps[gb] + shapes[gb].ops[r.b_dev].off]),
-                         np.array([a_op]), np.array([b_op]), np.array([overlap])))
+            rows.append(_Rows(r, steps[ga] + shapes[ga].ops[r.a_dev].off,
+                              steps[gb] + shapes[gb].ops[r.b_dev].off, a_op, b_op, 0,
+                              np.array([overlap])))
         return FastHazards(rows, self._buffer_order(), self.plan.lo, self.plan.hi)
 
     def _buffer_order(self) -> dict:
@@ -1167,75 +1165,156 @@ class _RacePlan:
         return first
 
 
-class FastHazards:
-    """Races of a one-pass run: counts without building them, the list on demand.
+class _Rows:
+    """Races of one pair of a window over consecutive segments, as progressions.
 
-    Quacks like :class:`~simwar.analysis.hazards.HazardReport` (``races``, ``latent``,
-    ``observed``, ``since``, ``frame``) and adds ``counts(since_step)``, which the summary
-    uses. ``races`` is the engine's list, in its order.
+    Race ``j`` (``0 <= j < len(overlap)``): steps ``a_step + j`` and ``b_step + j``, ops
+    ``a_op + j * stride`` and ``b_op + j * stride``, overlap ``overlap[j]`` (> 0: observed).
     """
 
-    def __init__(self, rows: list, buffer_order: dict, lo: int, hi: int):
-        self.rows = rows  # (pair, first steps, second steps, first ops, second ops, overlaps)
+    __slots__ = ("pair", "a_step", "b_step", "a_op", "b_op", "stride", "overlap")
+
+    def __init__(self, pair: _RaceTpl, a_step: int, b_step: int, a_op: int, b_op: int,
+                 stride: int, overlap: np.ndarray):
+        self.pair = pair
+        self.a_step, self.b_step = int(a_step), int(b_step)
+        self.a_op, self.b_op = int(a_op), int(b_op)
+        self.stride = int(stride)
+        self.overlap = overlap
+
+    def __len__(self) -> int:
+        return len(self.overlap)
+
+    def since(self, step: int) -> _Rows | None:
+        j = max(0, step - self.b_step)
+        if j >= len(self.overlap):
+            return None
+        if j == 0:
+            return self
+        return _Rows(self.pair, self.a_step + j, self.b_step + j, self.a_op + j * self.stride,
+                     self.b_op + j * self.stride, self.stride, self.overlap[j:])
+
+    def race(self, j: int) -> Race:
+        r = self.pair
+        ov = float(self.overlap[j])
+        return Race(r.buffer, r.kind, self.a_step + j, r.a_phase, r.a_lane, r.a_label,
+                    self.a_op + j * self.stride, self.b_step + j, r.b_phase, r.b_lane,
+                    r.b_label, self.b_op + j * self.stride, r.latent, ov if ov > 0 else 0.0)
+
+    def picks(self, which: str):
+        """Indices of the races that are ``all``, ``latent`` or ``observed`` (a range or an
+        array)."""
+        if which == "observed":
+            return np.flatnonzero(self.overlap > 0)
+        if which == "latent" and not self.pair.latent:
+            return range(0)
+        return range(len(self.overlap))
+
+
+class FastHazards:
+    """Races of a one-pass run, kept as progressions; counted without building them.
+
+    Quacks like :class:`~simwar.analysis.hazards.HazardReport`: ``races`` (the engine's
+    list, in its order), ``latent`` and ``observed`` (sequences whose length, truth and
+    first items cost no more than they show), ``since(step)``, ``frame()``; and adds
+    ``counts(since_step)`` for the summary.
+    """
+
+    def __init__(self, rows: list[_Rows], buffer_order: dict, lo: int, hi: int):
+        self.rows = rows
         self.buffer_order = buffer_order
+        self.rank = {buf: n for n, buf in enumerate(sorted(buffer_order,
+                                                           key=buffer_order.get))}
         self.lo, self.hi = lo, hi
         self._races: list[Race] | None = None
 
     def counts(self, since: int) -> tuple[int, int, int]:
         races = overlaps = 0
         seen = np.zeros(max(0, self.hi - self.lo + 1), dtype=bool)
-        for r, _, second, _, _, overlap in self.rows:
-            keep = second >= since
-            if r.latent:
-                races += int(np.count_nonzero(keep))
-                seen[second[keep] - self.lo] = True
-            overlaps += int(np.count_nonzero(keep & (overlap > 0)))
+        for row in self.rows:
+            row = row.since(since)
+            if row is None:
+                continue
+            if row.pair.latent:
+                races += len(row)
+                seen[row.b_step - self.lo:row.b_step - self.lo + len(row)] = True
+            overlaps += int(np.count_nonzero(row.overlap > 0))
         return races, overlaps, int(np.count_nonzero(seen))
+
+    def since(self, step: int) -> FastHazards:
+        """Only races whose later access belongs to a step >= ``step``."""
+        rows = [r for r in (row.since(step) for row in self.rows) if r is not None]
+        return FastHazards(rows, self.buffer_order, self.lo, self.hi)
+
+    def _key(self, row: _Rows, j: int) -> tuple:
+        r = row.pair
+        return (self.rank[r.buffer], row.b_op + j * row.stride, r.b_sub,
+                -(row.a_op + j * row.stride), -r.a_sub)
+
+    def _ordered(self, which: str):
+        """Races in the engine's order (per buffer, by later op, then earlier op nearest)."""
+        import heapq
+
+        def each(row: _Rows):
+            picks = row.picks(which)
+            for n in range(0, len(picks), 4096):  # lazily: a long run has millions
+                part = picks[n:n + 4096]
+                for j in (part if isinstance(part, range) else part.tolist()):
+                    yield self._key(row, j), j, row
+
+        return (row.race(j) for _, j, row in heapq.merge(*(each(r) for r in self.rows),
+                                                         key=lambda item: item[0]))
 
     @property
     def races(self) -> list[Race]:
         if self._races is None:
-            self._races = self._build()
+            self._races = list(self._ordered("all"))
         return self._races
 
-    def _build(self) -> list[Race]:
-        if not self.rows:
-            return []
-        rank = {buf: n for n, buf in enumerate(sorted(self.buffer_order,
-                                                      key=self.buffer_order.get))}
-        keys, items = [], []
-        for r, first, second, a_op, b_op, overlap in self.rows:
-            n = len(second)
-            keys.append(np.stack([np.full(n, rank[r.buffer]), b_op, np.full(n, r.b_sub),
-                                  -a_op, np.full(n, -r.a_sub)]))
-            items.append((r, first.tolist(), second.tolist(), a_op.tolist(), b_op.tolist(),
-                          overlap.tolist()))
-        key = np.concatenate(keys, axis=1)
-        order = np.lexsort(key[::-1])
-        flat = []
-        for r, first, second, a_op, b_op, overlap in items:
-            for f, s2, ao, bo, ov in zip(first, second, a_op, b_op, overlap):
-                flat.append(Race(r.buffer, r.kind, f, r.a_phase, r.a_lane, r.a_label, ao, s2,
-                                 r.b_phase, r.b_lane, r.b_label, bo, r.latent,
-                                 ov if ov > 0 else 0.0))
-        return [flat[i] for i in order.tolist()]
+    @property
+    def latent(self) -> _RaceList:
+        return _RaceList(self, "latent")
 
     @property
-    def latent(self) -> list[Race]:
-        return [r for r in self.races if r.latent]
-
-    @property
-    def observed(self) -> list[Race]:
-        return [r for r in self.races if r.observed]
-
-    def since(self, step: int) -> HazardReport:
-        return HazardReport([r for r in self.races if r.second_step >= step])
+    def observed(self) -> _RaceList:
+        return _RaceList(self, "observed")
 
     def report(self) -> HazardReport:
         return HazardReport(list(self.races))
 
     def frame(self):
         return self.report().frame()
+
+
+class _RaceList:
+    """The latent or observed races of a :class:`FastHazards`, built only as far as read."""
+
+    def __init__(self, hazards: FastHazards, which: str):
+        self.hazards = hazards
+        self.which = which
+
+    def __len__(self) -> int:
+        return sum(len(row.picks(self.which)) for row in self.hazards.rows)
+
+    def __bool__(self) -> bool:
+        return any(len(row.picks(self.which)) for row in self.hazards.rows)
+
+    def __iter__(self):
+        return self.hazards._ordered(self.which)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice) and (index.start or 0) == 0 and index.step in (None, 1) \
+                and index.stop is not None and index.stop >= 0:
+            import itertools
+
+            return list(itertools.islice(iter(self), index.stop))
+        return list(self)[index]
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} {self.which} races>"
 
 
 # =========================================================================== entry points
