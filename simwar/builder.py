@@ -17,8 +17,14 @@ One scheduler iteration ``k`` issues, in order:
 6. process the result of step k-1: ``copy_done[k-1].synchronize()``, CPU
    work, result-processing writes (radix insert, frees) on the schedule stream.
 
-A final drain processes the last result. Durations are drawn per step from
-one generator seeded by ``config.seed``. Imports: numpy, no simpy.
+A final drain processes the last result.
+
+Durations come from one generator seeded by ``config.seed``: each distribution is
+drawn in a single call holding all of its uses in program order (distributions in order
+of first use), before the ops are built (:class:`_Sampler`). The same iteration code,
+given symbolic durations, builds the first iterations and the drain as templates
+(:func:`plan_iterations`), from which :mod:`simwar.fast` runs a config without building
+its Program; both take the same numbers from the same draws. Imports: numpy, no simpy.
 """
 
 from __future__ import annotations
