@@ -37,6 +37,20 @@ consecutive, accesses labelled with another step, negative durations) is analyse
 all its accesses instead; a program whose forward steps are issued out of order gets its
 step windows from the logged forward-stream intervals. Both give the engine's answers.
 
+**Exactness.** Every number is computed by the same operations in the same order as on
+the engine's path, so the per-step table, the summary and the race list are equal, not
+close (``tests/test_fast.py``): the rules are the same functions; forward-stream busy
+and held time per step window are added interval by interval in issue order, the order
+:func:`~simwar.analysis.metrics.busy_in_windows` adds them for a Trace (issue order is
+start order on a FIFO stream); host blocked time is added per step and site in issue
+order, as ``np.add.at`` does.
+
+**Long runs.** A config's run is planned from its first iterations
+(:func:`plan_config`), never materialized as a Program. ``summary_only`` keeps the
+per-step accumulators in a window that moves with the run and summarizes rows as they
+become final (:class:`_Flusher`, :mod:`simwar.streaming`), so memory does not grow with
+the number of steps.
+
 Imports: numpy and simwar's own modules; no simpy, no pandas.
 """
 
@@ -133,7 +147,7 @@ class _Shaper:
         latest = self.latest
 
         def num(x):
-            if isinstance(x, float) and x < 0:
+            if isinstance(x, (int, float)) and x < 0:
                 self.negative = True
             params.append(x)
 
@@ -427,14 +441,9 @@ _CODE_LIMIT = 512
 class _Src:
     def __init__(self) -> None:
         self.lines: list[str] = []
-        self.n = 0
 
     def __call__(self, line: str, indent: int = 2) -> None:
         self.lines.append("    " * indent + line)
-
-    def tmp(self, prefix: str) -> str:
-        self.n += 1
-        return f"{prefix}{self.n}"
 
 
 def _lanevar(lane: str, lanes: dict) -> str:
