@@ -1,59 +1,187 @@
 """The Python API: ``simulate(config) -> Result``.
 
-Ties the pipeline together: config → builder → Program → SimPy engine →
-Trace → metrics and hazards. Nothing here prints or writes files.
+Ties the pipeline together: config → builder → executor → per-step table, summary and
+races. Two executors give the same table, summary and races (a test holds them equal on
+every shipped config and on random programs):
+
+- ``simpy``: the reference (:mod:`simwar.engine`); builds the Program and keeps the full
+  :class:`~simwar.trace.Trace` (timelines, Perfetto, the GPU harness's comparisons);
+- ``fast``: the one-pass executor (:mod:`simwar.fast`); no Program of a million objects,
+  no trace, 30-100x quicker, memory that grows only with the per-step table;
+- ``auto`` (the default, also the config's ``engine:`` default): ``fast``; the trace is
+  simulated by the reference engine the first time ``Result.trace`` is read.
+
+Nothing here prints or writes files.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+import contextlib
+import gc
 from typing import Callable
 
-import pandas as pd
+from .config import Config, ConfigError, load_config
 
-from .analysis.hazards import HazardReport
-from .analysis.metrics import analyze
-from .builder import build_program, stream_program
-from .config import Config, load_config
-from .engine import Engine
-from .program import Program
-from .trace import Trace
+ENGINES = ("simpy", "fast", "auto")
 
 
-@dataclass
+class NoTraceError(RuntimeError):
+    """A trace (timeline, Perfetto export) was asked of a run simulated without one."""
+
+
 class Result:
-    """One simulated run. ``steps``: per-step DataFrame; ``summary``: a flat dict.
+    """One simulated run.
 
-    ``program`` is rebuilt from the config on first use (building is deterministic),
-    so a long run does not keep its op list alongside its trace.
+    ``summary``: a flat dict; ``steps``: the per-step DataFrame (``columns``: the same as
+    numpy arrays); ``hazards``/``races``: latent races and observed overlaps; ``engine``:
+    the executor that ran (``simpy`` or ``fast``). ``program`` is built on first use for a
+    fast run. ``trace`` is the reference engine's Trace: kept by a ``simpy`` run, simulated
+    on first use after an ``auto`` run, and a :class:`NoTraceError` after ``engine="fast"``.
     """
 
-    config: Config
-    trace: Trace
-    steps: pd.DataFrame
-    summary: dict
-    hazards: HazardReport
-    events: int = 0
+    def __init__(self, config: Config, engine: str, summary: dict, hazards, *,
+                 columns: dict | None = None, program=None, trace=None, events: int = 0,
+                 meta: dict | None = None, requested: str = "auto"):
+        self.config = config
+        self.engine = engine
+        self.requested = requested
+        self.summary = summary
+        self.hazards = hazards
+        self.columns = columns
+        self.events = events
+        self._program = program
+        self._trace = trace
+        self._steps = None
+        self._meta = meta
 
-    @cached_property
-    def program(self) -> Program:
-        return build_program(self.config)
+    def __repr__(self) -> str:
+        return (f"Result({self.config.name!r}, engine={self.engine!r}, "
+                f"steps_measured={self.summary.get('steps_measured')})")
 
     @property
-    def races(self) -> pd.DataFrame:
+    def meta(self) -> dict:
+        """Run facts (the Program's ``meta``)."""
+        if self._meta is None:
+            self._meta = dict(self.program.meta)
+        return self._meta
+
+    @property
+    def program(self):
+        if self._program is None:
+            from .builder import build_program
+
+            self._program = build_program(self.config)
+        return self._program
+
+    @property
+    def has_trace(self) -> bool:
+        """Whether ``trace`` is available (kept, or simulated on first use)."""
+        return self._trace is not None or self.requested != "fast"
+
+    @property
+    def trace(self):
+        if self._trace is None:
+            if self.requested == "fast":
+                raise NoTraceError(
+                    "this run used engine 'fast', which keeps no trace: simulate it with "
+                    "engine='simpy' (or 'auto', which simulates the trace when first read)")
+            from .engine import Engine
+
+            engine = Engine(self.program)
+            with gc_paused():
+                self._trace = engine.run()
+            self.events = engine.events
+        return self._trace
+
+    @property
+    def steps(self):
+        """Per-step DataFrame (pandas, built on first use)."""
+        if self._steps is None:
+            if self.columns is None:
+                raise ValueError("this run kept no per-step table (summary_only=True)")
+            from .analysis.metrics import frame
+
+            self._steps = frame(self.columns)
+        return self._steps
+
+    @property
+    def races(self):
         """Latent races and observed overlaps after warm-up, one row per access pair."""
         return self.hazards.since(self.config.warmup_steps).frame()
 
 
-def simulate(cfg: Config | dict | str | None = None, overrides=None,
+@contextlib.contextmanager
+def gc_paused():
+    """The cyclic garbage collector off, and what exists frozen out of its sight.
+
+    A run allocates many small objects and no cycles worth collecting; the collector alone
+    cost 1.4-1.6x the run. Nested uses are harmless.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
+def resolve_engine(requested: str | None, cfg: Config, want_trace: bool = False) -> str:
+    """The executor to run: ``simpy`` or ``fast`` (``auto``: fast unless a trace is wanted)."""
+    name = requested or cfg.engine
+    if name not in ENGINES:
+        raise ConfigError(f"engine: '{name}' is not one of {', '.join(ENGINES)}")
+    if name == "auto":
+        return "simpy" if want_trace else "fast"
+    return name
+
+
+def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str | None = None,
+             *, summary_only: bool = False,
              progress: Callable[[int], None] | None = None) -> Result:
     """Simulate a config (path, mapping, Config, or None for the packaged default).
 
-    ``progress``: called with the step number as the simulation reaches each step.
+    ``engine``: ``simpy``, ``fast`` or ``auto`` (default: the config's ``engine``, itself
+    ``auto`` by default). ``summary_only``: keep no per-step table (fast engine: the summary
+    is computed as the run goes, its quantiles from a sketch; see :mod:`simwar.streaming`).
+    ``progress``: called with the step number as the SimPy engine reaches each step (the
+    fast engine, which runs a million steps in seconds, calls it once at the end).
     """
     cfg = load_config(cfg, overrides)
-    engine = Engine(stream_program(cfg), progress=progress)
+    requested = engine or cfg.engine
+    actual = resolve_engine(requested, cfg)
+    with gc_paused():
+        if actual == "simpy":
+            return _simulate_simpy(cfg, requested, progress)
+        result = _simulate_fast(cfg, requested, summary_only)
+    if progress is not None:
+        progress(cfg.steps)
+    return result
+
+
+def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
+    from .analysis.hazards import detect
+    from .analysis.metrics import step_columns, summarize
+    from .builder import stream_program
+    from .engine import Engine
+
+    # the ops are generated as the engine reads them: a long run holds its trace, not its
+    # ops (Result.program rebuilds them on demand: building is deterministic)
+    program = stream_program(cfg)
+    engine = Engine(program, progress=progress)
     trace = engine.run()
-    steps, summary, hazards = analyze(trace)
-    return Result(cfg, trace, steps, summary, hazards, engine.events)
+    columns = step_columns(trace)
+    hazards = detect(trace)
+    summary = summarize(columns, trace.meta, hazards)
+    return Result(cfg, "simpy", summary, hazards, columns=columns, trace=trace,
+                  events=engine.events, meta=dict(program.meta), requested=requested)
+
+
+def _simulate_fast(cfg: Config, requested: str, summary_only: bool) -> Result:
+    from . import fast
+
+    run = fast.run_config(cfg, summary_only=summary_only)
+    return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns, meta=run.meta,
+                  requested=requested)

@@ -17,8 +17,14 @@ One scheduler iteration ``k`` issues, in order:
 6. process the result of step k-1: ``copy_done[k-1].synchronize()``, CPU
    work, result-processing writes (radix insert, frees) on the schedule stream.
 
-A final drain processes the last result. Durations are drawn per step from
-one generator seeded by ``config.seed``. Imports: numpy, no simpy.
+A final drain processes the last result.
+
+Durations come from one generator seeded by ``config.seed``: each distribution is
+drawn in a single call holding all of its uses in program order (distributions in order
+of first use), before the ops are built (:class:`_Sampler`). The same iteration code,
+given symbolic durations, builds the first iterations and the drain as templates
+(:func:`plan_iterations`), from which :mod:`simwar.fast` runs a config without building
+its Program; both take the same numbers from the same draws. Imports: numpy, no simpy.
 """
 
 from __future__ import annotations
@@ -45,31 +51,185 @@ from .program import (
 
 
 class _Sampler:
-    """Draws durations; constants never touch the generator."""
+    """Draws every duration of a run up front: one generator call per distribution.
 
-    def __init__(self, seed: int):
-        self.rng = np.random.default_rng(seed)
+    The distributions (config values that are a :class:`Dist`) are drawn in order of their
+    first use in the program, each as one array holding all of its uses in program order
+    (iteration by iteration, and within one in the order the builder asks). Constants never
+    touch the generator. ``next_value(d)`` hands out the draws in that order.
+    """
 
-    def __call__(self, d) -> float:
+    def __init__(self, seed: int, counts: dict[int, tuple[Dist, int]]):
+        # (numpy.random is imported only when there is something to draw)
+        rng = np.random.default_rng(seed) if counts else None
+        self.arrays: dict[int, np.ndarray] = {key: _sample(rng, d, n)
+                                              for key, (d, n) in counts.items()}
+        self._next: dict[int, object] = {}
+
+    def __call__(self, d):
+        it = self._next.get(id(d))
+        if it is None:
+            if not isinstance(d, Dist):
+                return d
+            it = self._next[id(d)] = iter(self.arrays[id(d)].tolist())
+        return next(it)
+
+
+def _sample(rng: np.random.Generator, d: Dist, n: int) -> np.ndarray:
+    """``n`` draws of ``d`` in one call, clipped at ``d.min``."""
+    if d.dist == "normal":
+        x = rng.normal(d.mean, d.std, n)
+    elif d.dist == "lognormal":
+        # parameters of the distribution itself: mean and std of the samples
+        var = np.log1p((d.std / d.mean) ** 2)
+        x = rng.lognormal(np.log(d.mean) - var / 2, np.sqrt(var), n)
+    elif d.dist == "uniform":
+        x = rng.uniform(d.low, d.high, n)
+    else:
+        x = np.asarray(d.values, dtype=float)[rng.integers(len(d.values), size=n)]
+    return np.maximum(float(d.min), x)
+
+
+class Use:
+    """A symbolic draw: use ``index`` (within one iteration) of distribution ``key``."""
+
+    __slots__ = ("key", "index")
+
+    def __init__(self, key: int, index: int):
+        self.key = key
+        self.index = index
+
+    def __add__(self, other):
+        return Sum(self, other)
+
+    def __radd__(self, other):
+        return Sum(other, self)
+
+    def __gt__(self, other) -> bool:  # a drawn duration may be positive: the op is kept
+        return True
+
+    def __repr__(self) -> str:
+        return f"Use({self.key}, {self.index})"
+
+
+class Sum:
+    """A symbolic host-call cost: ``a + b``, each a constant or a :class:`Use`."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a = a
+        self.b = b
+
+    def __gt__(self, other) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"Sum({self.a!r}, {self.b!r})"
+
+
+class _Symbolic:
+    """A drawer that hands out :class:`Use` placeholders instead of numbers (templates)."""
+
+    def __init__(self) -> None:
+        self.dists: dict[int, Dist] = {}  # key -> Dist, in order of first use
+        self.uses: dict[int, int] = {}  # key -> uses in the current iteration
+
+    def new_iteration(self) -> dict[int, int]:
+        done, self.uses = self.uses, {}
+        return done
+
+    def __call__(self, d):
         if not isinstance(d, Dist):
             return d
-        rng = self.rng
-        if d.dist == "normal":
-            x = rng.normal(d.mean, d.std)
-        elif d.dist == "lognormal":
-            # parameters of the distribution itself: mean and std of the samples
-            var = np.log1p((d.std / d.mean) ** 2)
-            x = rng.lognormal(np.log(d.mean) - var / 2, np.sqrt(var))
-        elif d.dist == "uniform":
-            x = rng.uniform(d.low, d.high)
-        else:
-            x = d.values[int(rng.integers(len(d.values)))]
-        return float(max(d.min, x))
+        key = id(d)
+        self.dists.setdefault(key, d)
+        n = self.uses.get(key, 0)
+        self.uses[key] = n + 1
+        return Use(key, n)
 
 
 def build_program(cfg: Config) -> Program:
-    """The Program of a validated config (``simwar.load_config`` validates)."""
-    return _Builder(cfg).build()
+    """The run's Program: every host operation of every iteration, durations drawn (a
+    validated Config: ``simwar.load_config`` validates)."""
+    return _drawing_builder(cfg).build()
+
+
+def _drawing_builder(cfg: Config) -> _Builder:
+    plan = plan_iterations(cfg)
+    return _Builder(cfg, _Sampler(cfg.seed, plan.draw_counts()), plan.phases)
+
+
+#: iterations built symbolically to find the steady-state iteration (see :func:`plan_iterations`)
+SKELETON = 6
+
+
+class IterationPlan:
+    """The run as iteration templates: which template each iteration (and the drain) uses.
+
+    ``ops[i]`` is the host ops of skeleton iteration i (durations as numbers or :class:`Use`),
+    ``uses[i]`` its draws per distribution; ``role(k)`` maps run iteration k (``steps`` is the
+    drain) to its skeleton iteration. Iterations from the third on are identical up to the
+    step number (checked by :mod:`simwar.fast` on the skeleton), so a run of any length is the
+    first iterations, the steady one repeated, and the drain.
+    """
+
+    def __init__(self, cfg: Config, ops: list[list], uses: list[dict], dists: dict, meta: dict,
+                 phases: list[Phase]):
+        self.cfg = cfg
+        self.phases = phases
+        self.ops = ops
+        self.uses = uses
+        self.dists = dists
+        self.meta = meta
+        self.steps = cfg.steps
+
+    def role(self, k: int) -> int:
+        """Skeleton iteration standing for run iteration ``k`` (``steps``: the drain)."""
+        n = len(self.ops) - 1  # skeleton iterations (the last entry is the drain)
+        if k >= self.steps:
+            return n
+        return k if k < n - 1 else n - 1
+
+    def counts(self, k: int) -> dict[int, int]:
+        return self.uses[self.role(k)]
+
+    def draw_counts(self) -> dict[int, tuple[Dist, int]]:
+        """Per distribution (in order of first use): the Dist and its draws in the whole run."""
+        total: dict[int, int] = {key: 0 for key in self.dists}
+        n = len(self.ops) - 1
+        if self.steps <= n:
+            for uses in self.uses:
+                for key, c in uses.items():
+                    total[key] += c
+        else:
+            for i in range(n):
+                times = 1 if i < n - 1 else self.steps - (n - 1)
+                for key, c in self.uses[i].items():
+                    total[key] += c * times
+            for key, c in self.uses[n].items():
+                total[key] += c
+        return {key: (self.dists[key], total[key]) for key in self.dists}
+
+
+def plan_iterations(cfg: Config) -> IterationPlan:
+    """Build the first iterations and the drain symbolically (no numbers drawn)."""
+    sym = _Symbolic()
+    b = _Builder(cfg, sym)
+    n = min(cfg.steps, SKELETON)
+    ops: list[list] = []
+    uses: list[dict] = []
+    sym.new_iteration()
+    for k in range(n):
+        start = len(b.ops)
+        b.iteration(k)
+        ops.append(b.ops[start:])
+        uses.append(sym.new_iteration())
+    start = len(b.ops)
+    b.drain(n)
+    ops.append(b.ops[start:])
+    uses.append(sym.new_iteration())
+    return IterationPlan(cfg, ops, uses, dict(sym.dists), b.meta(), b.phases)
 
 
 def stream_program(cfg: Config) -> Program:
@@ -79,20 +239,21 @@ def stream_program(cfg: Config) -> Program:
     then never holds the whole op list. ``ops`` is a one-shot iterator; use
     :func:`build_program` for a Program to inspect, serialize or replay.
     """
-    builder = _Builder(cfg)
+    builder = _drawing_builder(cfg)
     return Program(ops=builder.iter_ops(), meta=builder.meta())
 
 
 class _Builder:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, draw, phases: list[Phase] | None = None):
         self.cfg = cfg
-        self.phases: list[Phase] = cfg.phase_table()
+        # distributions are keyed by object: builders of one run share the phase table
+        self.phases: list[Phase] = phases if phases is not None else cfg.phase_table()
         pol = cfg.policy
         self.point: PublishPoint = publish_point(self.phases, pol.publish_phase,
                                                  pol.external_events, pol.in_replay_fallback)
         self.policy = barrier(pol.barrier).resolve(self.point)
         self.barrier = self.policy.name
-        self.draw = _Sampler(cfg.seed)
+        self.draw = draw
         self.ops: list[HostOp] = []
         self.writes = tuple(cfg.gpu.writes)
         # the step-k event each barrier kind waits/syncs on

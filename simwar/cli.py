@@ -115,6 +115,13 @@ def register_run(sub) -> None:
                    help="list up to N races in the text summary (default 5)")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar and no notes on stderr (errors still print)")
+    p.add_argument("--engine", choices=("simpy", "fast", "auto"), default=None,
+                   help="executor: simpy (reference, keeps the trace), fast (one pass, no "
+                        "trace) or auto (fast unless --trace/--timeline; default: the "
+                        "config's engine, auto)")
+    p.add_argument("--summary-only", action="store_true",
+                   help="keep no per-step table: the summary is computed as the run goes "
+                        "(quantiles from a sketch, 1e-4 relative); for very long runs")
     p.set_defaults(func=cmd_run)
     return p
 
@@ -190,12 +197,26 @@ def cmd_run(args) -> int:
         phases = [p.name for p in load_config(args.config, items).phase_table()]
         items = costs_file_overrides(args.costs, phases) + items  # --set wins
     cfg = load_config(args.config, items)
+    want = [flag for flag, attr in (("--trace", "trace"), ("--timeline", "timeline"))
+            if getattr(args, attr, None)]
+    requested = args.engine or cfg.engine
+    if want and requested == "fast":
+        raise UserError(f"{want[0]}: the fast engine keeps no trace; use --engine simpy "
+                        f"(or auto)")
+    if want and args.summary_only:
+        raise UserError(f"{want[0]}: not with --summary-only")
+    engine = "simpy" if want else requested
+    if args.summary_only and engine == "simpy":
+        raise UserError("--summary-only: needs the fast engine (--engine fast or auto)")
     modules = _command_modules()
     for mod in modules:
         if hasattr(mod, "before_run"):
             mod.before_run(args, cfg)
     with run_progress(cfg.steps, quiet=args.quiet) as progress:
-        result = simulate(cfg, progress=progress)
+        result = simulate(cfg, engine=engine, summary_only=args.summary_only,
+                          progress=progress)
+    if not args.quiet:
+        print(f"simwar: executor {result.engine}", file=sys.stderr)
     result.summary["name"] = run_label(cfg.name, items)
     for mod in modules:
         if hasattr(mod, "after_run"):
@@ -257,12 +278,22 @@ def _num(value, spec: str = ".1f") -> str:
     return text
 
 
+def measured_steps(columns: dict | None, warmup: int) -> list[int]:
+    """The steps a summary counts (after warm-up, with a successor), from the per-step
+    columns; with no table kept (``--summary-only``), none."""
+    if columns is None or "step_us" not in columns:
+        return []
+    import numpy as np
+
+    step, step_us = columns["step"], columns["step_us"]
+    return step[(step >= warmup) & ~np.isnan(step_us)].tolist()
+
+
 def format_summary(result, max_races: int = 5) -> str:
-    from .analysis.metrics import measured
 
     s = result.summary
     cfg = result.config
-    m = result.program.meta
+    m = result.meta
     header = (f"{s.get('name') or cfg.name}: {cfg.algorithm}, barrier {s.get('barrier')} "
               f"(applied: {s.get('barrier_effective')}, {s.get('placement')}); "
               f"read-done: {m.get('publish_reason')}")
@@ -297,7 +328,9 @@ def format_summary(result, max_races: int = 5) -> str:
         f"(in {s['race_steps']} of the {s['steps_measured']} steps measured)",
     ]
     # the same steps as every figure above: after the warm-up, without the last step
-    races = result.hazards.within(measured(result.steps, cfg.warmup_steps).step)
+    steps = measured_steps(result.columns, cfg.warmup_steps)
+    races = (result.hazards.within(steps) if steps  # --summary-only keeps no table
+             else result.hazards.since(cfg.warmup_steps))
     shown = (races.observed or races.latent)[:max_races]
     for r in shown:
         what = (f"overlapped {f(r.overlap_us)} µs" if r.observed

@@ -196,6 +196,9 @@ class Config(_Strict):
     costs: Costs = Field(default_factory=Costs)
     accept: Accept = Field(default_factory=lambda: Accept(tokens=3.2))
     batch_size: int = Field(default=32, ge=1)
+    #: executor: ``simpy`` (the reference, keeps a full trace), ``fast`` (one pass, no trace;
+    #: same per-step table and summary) or ``auto`` (fast unless a trace is asked for)
+    engine: Literal["simpy", "fast", "auto"] = "auto"
 
     @model_validator(mode="after")
     def _resolve(self) -> Config:

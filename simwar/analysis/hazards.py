@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..trace import HOST, Mode, OpKind, Trace
+from ..trace import Mode, OpKind, Trace
 
 
 class Race(NamedTuple):
@@ -85,96 +85,108 @@ class HazardReport:
 
 
 def detect(trace: Trace, window: int = 2) -> HazardReport:
-    """Latent races and observed overlaps among accesses at most ``window`` steps apart.
-
-    One pass in issue order: a lane's clock is joined and ticked per op; a record's clock
-    is kept only until the last wait or sync bound to it; each buffer keeps the accesses of
-    the last ``window`` steps, which a new access is compared with.
-    """
+    """Latent races and observed overlaps among accesses at most ``window`` steps apart
+    (the pairs of :func:`candidate_pairs`, with their times)."""
     ops, acc = trace.ops, trace.accesses
     strings = trace.strings
-    n_ops = len(ops)
-    lanes = sorted({strings[c] for c in np.unique(ops.lane).tolist()} | {HOST})
-    index = {trace.code(lane): i for i, lane in enumerate(lanes)}
-    n = len(lanes)
-    host = [0] * n
-    clocks = {code: [0] * n for code in index}
-    # the last op that needs each record's clock (records nobody waits on keep none)
-    bound = ops.bound
-    users = np.flatnonzero(bound >= 0)
-    last_use = np.full(n_ops, -1, dtype=np.int64)
-    np.maximum.at(last_use, bound[users], users)
-    del users
-    kept = np.flatnonzero(last_use >= 0)
-    kept = kept[np.argsort(last_use[kept], kind="stable")]  # in the order they may be freed
-    free_at = last_use[kept]
-    free_ptr = 0
-    rec_clock: dict[int, tuple[int, ...]] = {}
-    # accesses in op order; ops that have some are flagged
+    lane_of = ops.lane.tolist()
     order = np.argsort(acc.op, kind="stable")
-    accesses = _rows_in_chunks(acc.op[order], acc.buffer[order], acc.mode[order],
-                               acc.step[order], acc.phase[order])
-    has_access = np.zeros(n_ops, dtype=bool)
-    has_access[acc.op] = True
-    n_of = np.bincount(acc.op, minlength=n_ops) if len(acc) else np.zeros(n_ops, dtype=int)
-    buffers_seen: dict[int, int] = {}  # buffer -> rank of first appearance (report order)
-    recent: dict[int, list] = {}  # buffer -> accesses of the last `window` steps
+    a_op = acc.op[order].tolist()
+    a_buf = acc.buffer[order].tolist()
+    a_mode = acc.mode[order].tolist()
+    a_step = acc.step[order].tolist()
+    a_phase = acc.phase[order].tolist()
     start_of, end_of = ops.start_us, ops.end_us
     label_of = ops.label
-    found: list[tuple] = []
+    races: list[Race] = []
+    for i, j, latent in candidate_pairs(lane_of, ops.kind.tolist(), ops.bound.tolist(), a_op,
+                                        a_buf, a_mode, a_step, window):
+        first, second = a_op[i], a_op[j]
+        overlap = float(end_of[first] - start_of[second])
+        if not latent and overlap <= 0:
+            continue
+        races.append(Race(strings[a_buf[j]], race_kind(a_mode[i], a_mode[j]), a_step[i],
+                          strings[a_phase[i]], strings[lane_of[first]],
+                          strings[label_of[first]], first, a_step[j], strings[a_phase[j]],
+                          strings[lane_of[second]], strings[label_of[second]], second, latent,
+                          max(0.0, overlap)))
+    return HazardReport(races)
+
+
+def race_kind(first_mode: int, second_mode: int) -> str:
+    """WAR, RAW or WAW by issue order (earlier access, then later)."""
+    return {(Mode.READ, Mode.WRITE): "WAR", (Mode.WRITE, Mode.READ): "RAW"}.get(
+        (first_mode, second_mode), "WAW")
+
+
+def happens_before(lane_of: list, kind_of: list, bound_of: list, need) -> tuple[dict, dict]:
+    """Vector clocks of the ops in ``need`` (and of every record), walking in issue order.
+
+    ``lane_of``/``kind_of``/``bound_of``: per op (issue order) its lane (any hashable code),
+    :class:`OpKind` and bound record (-1: none). Returns ``(op_clock, index)``: op id ->
+    clock tuple, and lane code -> component. An op ``a`` on lane ``L`` happens before ``b``
+    iff ``op_clock[a][index[L]] <= op_clock[b][index[L]]``.
+    """
+    index = {code: i for i, code in enumerate(sorted(set(lane_of), key=str))}
+    n = len(index)
+    host = [0] * n
+    clocks = {code: [0] * n for code in index}
+    op_clock: dict[int, tuple[int, ...]] = {}
     SYNC, WAIT, RECORD = OpKind.SYNC, OpKind.WAIT, OpKind.RECORD
-    for op_id, kind, lane, b, touches in _rows_in_chunks(np.arange(n_ops), ops.kind, ops.lane,
-                                                        ops.bound, has_access):
+    for op_id, (lane, kind, bound) in enumerate(zip(lane_of, kind_of, bound_of)):
         if kind == SYNC:
-            if b >= 0:
-                host = _join(host, rec_clock[b])
-        else:
-            v = _join(clocks[lane], host)
-            if kind == WAIT and b >= 0:
-                v = _join(v, rec_clock[b])
-            v[index[lane]] += 1
-            clocks[lane] = v
-            if kind == RECORD and last_use[op_id] >= 0:
-                rec_clock[op_id] = tuple(v)
-            for _ in range(n_of[op_id] if touches else 0):
-                _, buf, mode, step, phase = next(accesses)
-                rank = buffers_seen.setdefault(buf, len(buffers_seen))
-                hist = recent.setdefault(buf, [])
-                while hist and step - hist[0][3] > window:
-                    hist.pop(0)
-                for k in range(len(hist) - 1, -1, -1):
-                    a_op, a_lane, a_mode, a_step, a_phase, a_clock = hist[k]
-                    if abs(a_step - step) > window:
-                        continue
-                    if a_mode == Mode.READ and mode == Mode.READ:
-                        continue
-                    if a_lane == lane or a_op == op_id:
-                        continue
-                    la = index[a_lane]
-                    latent = a_clock[la] > v[la]
-                    overlap = float(end_of[a_op] - start_of[op_id])
-                    if not latent and overlap <= 0:
-                        continue
-                    kind_name = {(Mode.READ, Mode.WRITE): "WAR",
-                                 (Mode.WRITE, Mode.READ): "RAW"}.get((a_mode, mode), "WAW")
-                    found.append(((rank, op_id, -a_op, -k), Race(
-                        strings[buf], kind_name, a_step, strings[a_phase], strings[a_lane],
-                        strings[label_of[a_op]], a_op, step, strings[phase], strings[lane],
-                        strings[label_of[op_id]], op_id, latent, max(0.0, overlap))))
-                hist.append((op_id, lane, mode, step, phase, tuple(v)))
-        while free_ptr < len(kept) and free_at[free_ptr] == op_id:
-            rec_clock.pop(int(kept[free_ptr]), None)
-            free_ptr += 1
-    found.sort(key=lambda item: item[0])
-    return HazardReport([race for _, race in found])
+            if bound >= 0:
+                host = _join(host, op_clock[bound])
+            continue
+        v = _join(clocks[lane], host)
+        if kind == WAIT and bound >= 0:
+            v = _join(v, op_clock[bound])
+        v[index[lane]] += 1
+        clocks[lane] = v
+        if kind == RECORD or op_id in need:
+            op_clock[op_id] = tuple(v)
+    return op_clock, index
 
 
-def _rows_in_chunks(*columns, size: int = 1 << 15):
-    """Rows of equal-length arrays as tuples, converted to Python a chunk at a time."""
-    n = len(columns[0])
-    for lo in range(0, n, size):
-        hi = min(lo + size, n)
-        yield from zip(*(c[lo:hi].tolist() for c in columns))
+def candidate_pairs(lane_of: list, kind_of: list, bound_of: list, acc_op: list, acc_buf: list,
+                    acc_mode: list, acc_step: list, window: int = 2):
+    """The access pairs :func:`detect` compares, with their latent flag.
+
+    Ops are given per op id (issue order): ``lane_of``, ``kind_of``, ``bound_of``; accesses
+    sorted by op id: ``acc_op``, ``acc_buf``, ``acc_mode``, ``acc_step``. Yields
+    ``(i, j, latent)`` (indices into the accesses, ``i`` issued before ``j``) for every pair on
+    one buffer, on different lanes, not both reads, whose steps differ by at most ``window``:
+    per buffer in order of first access, ``j`` in issue order, ``i`` from the nearest back.
+    Every executor's race list comes from here (the trace's, and the one-pass executor's per
+    iteration shape), so the two cannot disagree on which pairs count.
+    """
+    op_clock, index = happens_before(lane_of, kind_of, bound_of, set(acc_op))
+    per_buffer: dict = {}
+    for n, buf in enumerate(acc_buf):
+        per_buffer.setdefault(buf, []).append(n)
+    READ = Mode.READ
+    for accs in per_buffer.values():
+        for j, b in enumerate(accs):
+            b_op, b_mode, b_step = acc_op[b], acc_mode[b], acc_step[b]
+            vb = op_clock[b_op]
+            b_lane = lane_of[b_op]
+            i = j - 1
+            while i >= 0:
+                a = accs[i]
+                i -= 1
+                a_step = acc_step[a]
+                if b_step - a_step > window:
+                    break
+                if a_step - b_step > window:
+                    continue
+                if acc_mode[a] == READ and b_mode == READ:
+                    continue
+                a_op = acc_op[a]
+                la_code = lane_of[a_op]
+                if la_code == b_lane or a_op == b_op:
+                    continue
+                la = index[la_code]
+                yield a, b, op_clock[a_op][la] > vb[la]
 
 
 def _join(a, b) -> list[int]:

@@ -21,43 +21,51 @@ The summary drops warm-up steps (``meta.warmup_steps``) and the last step
 (it has no successor).
 
 Everything is computed on the Trace's columns (numpy); the only DataFrame is
-the per-step table itself. Imports: numpy, pandas.
+the per-step table itself. Imports: numpy (pandas only to build that DataFrame).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from ..trace import OpKind, SpanKind, Trace
 from .hazards import HazardReport, detect
 from .views import forward_kernels, forwards
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 SITES = ("result_copy", "verify_done", "seq_lens", "barrier")
 
 
 def step_frame(trace: Trace) -> pd.DataFrame:
+    return frame(step_columns(trace))
+
+
+def frame(columns: dict) -> pd.DataFrame:
+    """The per-step DataFrame of :func:`step_columns` (or :func:`columns_from_arrays`)."""
+    import pandas as pd
+
+    return pd.DataFrame(columns)
+
+
+def step_columns(trace: Trace) -> dict[str, np.ndarray]:
+    """The per-step table of a Trace as numpy columns (see the module docstring)."""
     ops, spans = trace.ops, trace.spans
     fwd = trace.code(trace.meta.get("forward_stream", "forward"))
     if len(forward_kernels(trace)) == 0:
-        return pd.DataFrame(columns=["step"])
+        return {"step": np.zeros(0, dtype=np.int32)}
     fw = forwards(trace)  # the same extents the bubble walk uses
     steps, start, end = fw.steps, fw.start_us, fw.end_us
     nxt = np.append(start[1:], np.nan)
-    df = pd.DataFrame({"fwd_start_us": start, "fwd_end_us": end},
-                      index=pd.Index(steps, name="step"))
-    df["fwd_us"] = end - start
-    df["step_us"] = nxt - start
-    df["fwd_gap_us"] = start - np.insert(end[:-1], 0, np.nan)
 
-    # idle on the forward stream within [start_k, start_{k+1})
+    # time on the forward stream within [start_k, start_{k+1}): kernels, and waits that held it
     on_lane = (ops.kind == OpKind.KERNEL) & (ops.lane == fwd)
-    busy = _busy_in_windows(ops.start_us[on_lane], ops.end_us[on_lane], start, nxt)
+    busy = busy_in_windows(ops.start_us[on_lane], ops.end_us[on_lane], start, nxt)
     held = (spans.kind == SpanKind.WAIT) & (spans.lane == fwd)
-    dep = _busy_in_windows(spans.start_us[held], spans.end_us[held], start, nxt)
-    df["gpu_idle_us"] = df.step_us - busy
-    df["gpu_idle_dep_us"] = np.minimum(dep, df.gpu_idle_us)
-    df["gpu_idle_host_us"] = df.gpu_idle_us - df.gpu_idle_dep_us
+    dep = busy_in_windows(spans.start_us[held], spans.end_us[held], start, nxt)
 
     blocked = np.flatnonzero(spans.kind == SpanKind.BLOCKED)
     site_codes = spans.site[blocked]
@@ -65,25 +73,69 @@ def step_frame(trace: Trace) -> pd.DataFrame:
     row = np.searchsorted(steps, spans.step[blocked])
     inside = (row < len(steps)) & (steps[np.minimum(row, len(steps) - 1)] == spans.step[blocked])
     length = spans.end_us[blocked] - spans.start_us[blocked]
-    df["cpu_blocked_us"] = 0.0
+    by_site = {}
     for site in sites:
         pick = inside & (site_codes == trace.code(site))
         vals = np.zeros(len(steps))
         np.add.at(vals, row[pick], length[pick])
-        df[f"cpu_blocked_{site}_us"] = vals
-        df["cpu_blocked_us"] += vals
+        by_site[site] = vals
 
     markers = trace.markers
-    rb = markers.name == trace.code("run_batch")
-    launch = pd.Series(markers.time_us[rb], index=markers.step[rb])
-    launch = launch[~launch.index.duplicated(keep="last")]
-    df["launch_us"] = launch.reindex(df.index)
-    lau = df.launch_us.to_numpy()
-    df["launch_lead_us"] = end - np.append(lau[1:], np.nan)
-    df["launch_ahead"] = _launch_ahead(end, lau)
-    tok = float(trace.meta.get("accept_tokens", 1.0)) * int(trace.meta.get("batch_size", 1))
-    df["tokens"] = tok
-    return df.reset_index()
+    rb = np.flatnonzero(markers.name == trace.code("run_batch"))
+    launch = np.full(len(steps), np.nan)
+    # the last run_batch marker of a step wins
+    last = len(rb) - 1 - np.unique(markers.step[rb][::-1], return_index=True)[1]
+    rb = rb[last]
+    row = np.searchsorted(steps, markers.step[rb])
+    ok = (row < len(steps)) & (steps[np.minimum(row, len(steps) - 1)] == markers.step[rb])
+    launch[row[ok]] = markers.time_us[rb][ok]
+    return columns_from_arrays(steps, start, end, busy, dep, by_site, launch, tokens(trace.meta))
+
+
+def tokens(meta: dict) -> float:
+    """Tokens produced per step: accepted tokens per request times the batch size."""
+    return float(meta.get("accept_tokens", 1.0)) * int(meta.get("batch_size", 1))
+
+
+def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
+                        busy: np.ndarray, dep: np.ndarray, blocked: dict[str, np.ndarray],
+                        launch: np.ndarray, tokens_per_step: float) -> dict[str, np.ndarray]:
+    """The per-step columns from per-step facts; every executor's table is assembled here.
+
+    Per row (a step with forward kernels, ascending): forward start and end, the time the
+    forward stream was busy (``busy``) and held by waits (``dep``) in [start_k, start_{k+1}),
+    host time blocked in synchronize calls per site, and the ``run_batch`` instant (NaN: none).
+    """
+    nxt = np.append(start[1:], np.nan)
+    step_us = nxt - start
+    busy = np.where(np.isnan(nxt), np.nan, busy)
+    dep = np.where(np.isnan(nxt), np.nan, dep)
+    idle = step_us - busy
+    idle_dep = np.minimum(dep, idle)
+    out = {
+        "step": np.asarray(steps, dtype=np.int32),
+        "fwd_start_us": start,
+        "fwd_end_us": end,
+        "fwd_us": end - start,
+        "step_us": step_us,
+        "fwd_gap_us": start - np.insert(end[:-1], 0, np.nan),
+        "gpu_idle_us": idle,
+        "gpu_idle_dep_us": idle_dep,
+        "gpu_idle_host_us": idle - idle_dep,
+    }
+    total = np.zeros(len(start))
+    sites = {}
+    for site in sorted(blocked):
+        vals = blocked[site]
+        sites[f"cpu_blocked_{site}_us"] = vals
+        total = total + vals
+    out["cpu_blocked_us"] = total
+    out.update(sites)
+    out["launch_us"] = launch
+    out["launch_lead_us"] = end - np.append(launch[1:], np.nan)
+    out["launch_ahead"] = _launch_ahead(end, launch)
+    out["tokens"] = np.full(len(start), float(tokens_per_step))
+    return out
 
 
 def _launch_ahead(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
@@ -96,25 +148,38 @@ def _launch_ahead(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(launch), np.nan, index - done)
 
 
-def _busy_in_windows(s: np.ndarray, e: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Per window [lo_i, hi_i): total length of intervals [s, e) inside it (no overlaps)."""
+def busy_in_windows(s: np.ndarray, e: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Per window [lo_i, hi_i): total length of intervals [s, e) inside it (no overlaps).
+
+    Each interval's part inside a window, ``min(e, hi) - max(s, lo)``, is added to the
+    window's total one by one in order of start (ties: given order), from 0. No prefix sums:
+    a difference of two large running totals would lose the low digits of a long run, and
+    this order is the one a one-pass executor adds the same parts in, so both agree exactly.
+    Windows with NaN ``hi`` get NaN.
+    """
     out = np.zeros(len(lo))
     out[np.isnan(hi)] = np.nan
     if len(s) == 0:
         return out
     order = np.argsort(s, kind="stable")
     s, e = s[order], e[order]
-    cum = np.concatenate([[0.0], np.cumsum(e - s)])
-    ok = ~np.isnan(hi)
+    ok = np.flatnonzero(~np.isnan(hi))
     a, b = lo[ok], hi[ok]
-    i0 = np.searchsorted(e, a, side="right")  # first interval ending after a
-    i1 = np.searchsorted(s, b, side="left")  # intervals starting before b
-    has = i1 > i0
-    j0, j1 = np.where(has, i0, 0), np.where(has, i1 - 1, 0)
-    total = cum[i1] - cum[i0]
-    total = total - np.maximum(0.0, a - s[j0])  # clip the first
-    total = total - np.maximum(0.0, e[j1] - b)  # clip the last
-    out[ok] = np.where(has, np.maximum(0.0, total), 0.0)
+    # intervals [i0, i1) may touch window i: ending after its start, starting before its end
+    emax = np.maximum.accumulate(e)
+    i0 = np.searchsorted(emax, a, side="right")
+    i1 = np.searchsorted(s, b, side="left")
+    count = np.maximum(i1 - i0, 0)
+    win = np.repeat(np.arange(len(ok)), count)
+    if len(win) == 0:
+        out[ok] = 0.0
+        return out
+    first = np.repeat(i0, count)
+    idx = first + (np.arange(len(win)) - np.repeat(np.cumsum(count) - count, count))
+    part = np.minimum(e[idx], b[win]) - np.maximum(s[idx], a[win])
+    keep = part > 0
+    total = np.bincount(win[keep], weights=part[keep], minlength=len(ok))
+    out[ok] = total
     return out
 
 
@@ -125,53 +190,111 @@ def measured(df: pd.DataFrame, warmup: int) -> pd.DataFrame:
     return df[(df.step >= warmup) & df.step_us.notna()]
 
 
-def summarize(df: pd.DataFrame, meta: dict, hazards: HazardReport | None = None) -> dict:
+def summarize(df, meta: dict, hazards=None) -> dict:
+    """The run's summary from its per-step table (a DataFrame or a mapping of numpy columns).
+
+    Computed with numpy exactly as pandas would (means skip NaN, percentiles do not), so the
+    summary needs no pandas. ``hazards``: a :class:`HazardReport`, or anything with
+    ``counts(first_step, last_step) -> (races, overlaps, race_steps)``.
+    """
+    cols = _columns(df)
     warm = int(meta.get("warmup_steps", 0))
-    m = measured(df, warm)
-    out: dict = {"name": meta.get("name", ""), "steps_measured": int(len(m))}
-    if m.empty:
+    if "step_us" not in cols:  # a trace with no forward kernels has no steps
+        keep = np.zeros(0, dtype=np.intp)
+    else:
+        keep = np.flatnonzero((cols["step"] >= warm) & ~np.isnan(cols["step_us"]))
+    out: dict = {"name": meta.get("name", ""), "steps_measured": int(len(keep))}
+    if len(keep) == 0:
         return out
+    if keep[-1] - keep[0] + 1 == len(keep):  # one run of rows (the usual case): views
+        keep = slice(int(keep[0]), int(keep[-1]) + 1)
+    m = {name: col[keep] for name, col in cols.items()}
 
     def q(col, p):
         return float(np.percentile(m[col], p))
 
-    out.update({
-        "step_us_mean": float(m.step_us.mean()),
-        "step_us_p50": q("step_us", 50),
-        "step_us_p99": q("step_us", 99),
-        "fwd_us_mean": float(m.fwd_us.mean()),
-        "fwd_gap_us_mean": float(m.fwd_gap_us.mean()),
-        "fwd_gap_us_p50": q("fwd_gap_us", 50),
-        "gpu_idle_us_mean": float(m.gpu_idle_us.mean()),
-        "gpu_idle_dep_us_mean": float(m.gpu_idle_dep_us.mean()),
-        "gpu_idle_host_us_mean": float(m.gpu_idle_host_us.mean()),
-        "gpu_busy_fraction": float(1 - m.gpu_idle_us.sum() / m.step_us.sum()),
-        "cpu_blocked_us_mean": float(m.cpu_blocked_us.mean()),
-    })
-    for col in sorted(c for c in m.columns if c.startswith("cpu_blocked_") and c.endswith("_us")
-                      and c != "cpu_blocked_us"):
-        out[f"{col}_mean"] = float(m[col].mean())
-    lead = m.launch_lead_us.dropna()
-    ahead = m.launch_ahead.dropna()
-    out.update({
-        "launch_lead_us_mean": float(lead.mean()) if len(lead) else float("nan"),
-        "launch_lead_us_p50": float(lead.median()) if len(lead) else float("nan"),
-        "run_ahead_fraction": float((lead > 0).mean()) if len(lead) else float("nan"),
-        "launch_ahead_mean": float(ahead.mean()) if len(ahead) else float("nan"),
-        "launch_ahead_hist": {int(k): float(v) for k, v in
-                              ahead.value_counts(normalize=True).sort_index().items()},
-        "tokens_per_s": float(m.tokens.sum() / m.step_us.sum() * 1e6),
-    })
-    if hazards is not None:
-        h = hazards.within(m.step)  # the steps measured, as every other figure
-        out["races"] = len(h.latent)
-        out["overlaps"] = len(h.observed)
-        out["race_steps"] = len({r.second_step for r in h.latent})
+    with np.errstate(divide="ignore", invalid="ignore"):
+        _summary_values(out, m, q)
+    out.update(hazard_counts(hazards, m["step"]))
     for key in ("barrier", "barrier_effective", "placement", "publish_phase",
                 "publish_position"):
         if key in meta:
             out[key] = meta[key]
     return out
+
+
+def _summary_values(out: dict, m: dict, q) -> None:
+    out.update({
+        "step_us_mean": _mean(m["step_us"]),
+        "step_us_p50": q("step_us", 50),
+        "step_us_p99": q("step_us", 99),
+        "fwd_us_mean": _mean(m["fwd_us"]),
+        "fwd_gap_us_mean": _mean(m["fwd_gap_us"]),
+        "fwd_gap_us_p50": q("fwd_gap_us", 50),
+        "gpu_idle_us_mean": _mean(m["gpu_idle_us"]),
+        "gpu_idle_dep_us_mean": _mean(m["gpu_idle_dep_us"]),
+        "gpu_idle_host_us_mean": _mean(m["gpu_idle_host_us"]),
+        "gpu_busy_fraction": float(1 - _sum(m["gpu_idle_us"]) / _sum(m["step_us"])),
+        "cpu_blocked_us_mean": _mean(m["cpu_blocked_us"]),
+    })
+    for col in sorted(c for c in m if c.startswith("cpu_blocked_") and c.endswith("_us")
+                      and c != "cpu_blocked_us"):
+        out[f"{col}_mean"] = _mean(m[col])
+    lead = m["launch_lead_us"]
+    lead = lead[~np.isnan(lead)]
+    ahead = m["launch_ahead"]
+    ahead = ahead[~np.isnan(ahead)]
+    nan = float("nan")
+    values, counts = np.unique(ahead, return_counts=True)
+    out.update({
+        "launch_lead_us_mean": _mean(lead) if len(lead) else nan,
+        "launch_lead_us_p50": float(np.median(lead)) if len(lead) else nan,
+        "run_ahead_fraction": _fraction(lead > 0) if len(lead) else nan,
+        "launch_ahead_mean": _mean(ahead) if len(ahead) else nan,
+        "launch_ahead_hist": {int(k): float(c / len(ahead)) for k, c in
+                              zip(values.tolist(), counts.tolist())},
+        "tokens_per_s": float(_sum(m["tokens"]) / _sum(m["step_us"]) * 1e6),
+    })
+
+
+def hazard_counts(hazards, steps: np.ndarray) -> dict:
+    """``races``, ``overlaps`` and ``race_steps`` among races whose two accesses both belong
+    to ``steps`` (the measured steps, as every other figure; empty without a report)."""
+    if hazards is None:
+        return {}
+    if hasattr(hazards, "counts"):  # the one-pass executor's races, counted without a list
+        lo, hi = int(steps.min()), int(steps.max())
+        if hi - lo + 1 != len(steps):
+            raise ValueError("measured steps are not one run of consecutive steps")
+        races, overlaps, race_steps = hazards.counts(lo, hi)
+    else:
+        h = hazards.within(steps.tolist())
+        latent = h.latent
+        races, overlaps = len(latent), len(h.observed)
+        race_steps = len({r.second_step for r in latent})
+    return {"races": races, "overlaps": overlaps, "race_steps": race_steps}
+
+
+def _columns(df) -> dict[str, np.ndarray]:
+    if isinstance(df, dict):
+        return df
+    return {str(c): df[c].to_numpy() for c in df.columns}
+
+
+def _sum(x: np.ndarray) -> float:
+    """pandas' sum: NaN skipped (as zeros, so the pairwise summation is the same)."""
+    nan = np.isnan(x)
+    return (np.where(nan, 0.0, x) if nan.any() else x).sum()
+
+
+def _mean(x: np.ndarray) -> float:
+    """pandas' mean: the sum above over the count of values that are not NaN."""
+    n = len(x) - int(np.count_nonzero(np.isnan(x)))
+    return float(_sum(x) / n) if n else float("nan")
+
+
+def _fraction(flags: np.ndarray) -> float:
+    return float(np.sum(flags, dtype=np.float64) / len(flags))
 
 
 def analyze(trace: Trace, window: int = 2) -> tuple[pd.DataFrame, dict, HazardReport]:

@@ -1,0 +1,349 @@
+"""The one-pass executor equals the SimPy engine, exactly.
+
+"Equal" means: every column of the per-step table is bit for bit the same (``==``, NaN
+where NaN, same dtype), every summary key has the same value (floats ``==``), and the race
+list is the same list of ``Race`` tuples in the same order. No tolerance is needed: both
+executors place every op with the functions of :mod:`simwar.rules`, in the same order, and
+the table and summary are assembled and computed by the same functions of
+:mod:`simwar.analysis.metrics` (forward-stream busy time per step window is added interval
+by interval in start order on both paths). Only ``--summary-only`` summaries differ: means
+by summation order (<= 1e-12 relative), sketched quantiles by the sketch's accuracy.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fast_programs import programs
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_engine_semantics import programs as single_step_programs
+
+import simwar
+from simwar import fast
+from simwar.analysis.hazards import detect
+from simwar.analysis.metrics import step_columns, summarize
+from simwar.api import NoTraceError
+from simwar.builder import _Builder, _Sampler, build_program, plan_iterations
+from simwar.config import ConfigError, load_config
+from simwar.engine import Engine
+from simwar.streaming import QuantileSketch
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_FILES = sorted(CONFIGS.glob("*.yaml"))
+
+NOISY = {"cpu.schedule_us": {"dist": "lognormal", "mean": 900, "std": 300},
+         "gpu.schedule_writes_us": {"dist": "uniform", "low": 100, "high": 400},
+         "cpu.process_result_us": {"dist": "empirical", "values": [600, 800, 1500]},
+         "cpu.ingest_us": {"dist": "normal", "mean": 20, "std": 40},  # often clipped to 0
+         "costs.host_call_us": {"dist": "normal", "mean": 2, "std": 3},
+         "costs.cross_stream_us": {"dist": "uniform", "low": 0, "high": 30}}
+
+VARIANTS = {
+    "short": {"steps": 60, "warmup_steps": 10},
+    "one_step": {"steps": 1, "warmup_steps": 0},
+    "two_steps": {"steps": 2, "warmup_steps": 0},
+    "seven_steps": {"steps": 7, "warmup_steps": 0},
+    "noisy": {"steps": 80, "warmup_steps": 5, **NOISY},
+    "noisy_host_bound": {"steps": 80, "warmup_steps": 0, **NOISY,
+                         "cpu.schedule_us": {"dist": "lognormal", "mean": 9000, "std": 3000}},
+    "loop_top_seq_lens": {"steps": 40, "warmup_steps": 5, "policy.placement": "loop_top",
+                          "policy.needs_cpu_seq_lens": True},
+    "plan_stream_copy_on_forward": {"steps": 40, "warmup_steps": 5, "policy.plan_stream": True,
+                                    "gpu.result_copy_stream": "forward",
+                                    "gpu.schedule_prep_us": 7},
+}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    return a == b
+
+
+def assert_same_run(ref_columns: dict, ref_summary: dict, ref_races: list, run) -> None:
+    assert list(run.columns) == list(ref_columns)
+    for name, col in ref_columns.items():
+        got = run.columns[name]
+        assert got.dtype == col.dtype, name
+        assert np.array_equal(got, col, equal_nan=True), name
+    assert list(run.summary) == list(ref_summary)
+    for key, value in ref_summary.items():
+        assert _same(run.summary[key], value), (key, run.summary[key], value)
+    assert run.hazards.races == ref_races
+
+
+def reference(program):
+    trace = Engine(program).run()
+    columns = step_columns(trace)
+    hazards = detect(trace)
+    return columns, summarize(columns, trace.meta, hazards), hazards.races
+
+
+# ---------------------------------------------------------------------------- shipped configs
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
+def test_fast_equals_simpy_on_every_shipped_config(path, variant):
+    cfg = load_config(path, VARIANTS[variant])
+    program = build_program(cfg)
+    ref = reference(program)
+    assert_same_run(*ref, fast.run_config(cfg))  # from the builder's iteration plan
+    assert_same_run(*ref, fast.run(program))  # from the materialized Program
+
+
+def test_simulate_engines_agree_on_every_result_field():
+    a = simwar.simulate(CONFIGS / "dspark_none.yaml", {"steps": 120}, engine="simpy")
+    b = simwar.simulate(CONFIGS / "dspark_none.yaml", {"steps": 120}, engine="fast")
+    assert (a.engine, b.engine) == ("simpy", "fast")
+    assert a.summary == b.summary and a.summary["races"] > 0
+    assert a.steps.equals(b.steps)
+    assert a.races.equals(b.races)
+    assert a.hazards.races == b.hazards.races
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(algorithm=st.sampled_from(["none", "eagle", "dflash", "dspark"]),
+       barrier=st.sampled_from(["none", "coarse", "fine", "host_sync"]),
+       placement=st.sampled_from(["after_launch", "loop_top"]),
+       external=st.booleans(), fallback=st.sampled_from(["post_replay", "pre_replay"]),
+       plan_stream=st.booleans(), seq_lens=st.booleans(),
+       copy=st.sampled_from(["copy", "forward"]),
+       read_ends=st.sampled_from([None, "pre_replay", "in_replay", "post_replay", "unknown"]),
+       graph=st.sampled_from([None, "full", "breakable", "eager"]),
+       noisy=st.booleans(), steps=st.integers(1, 30), seed=st.integers(0, 3))
+def test_fast_equals_simpy_on_random_configs(algorithm, barrier, placement, external, fallback,
+                                             plan_stream, seq_lens, copy, read_ends, graph,
+                                             noisy, steps, seed):
+    phase = {"none": "decode"}.get(algorithm, "draft")
+    overrides = {"algorithm": algorithm, "policy.barrier": barrier,
+                 "policy.placement": placement, "policy.external_events": external,
+                 "policy.in_replay_fallback": fallback, "policy.plan_stream": plan_stream,
+                 "policy.needs_cpu_seq_lens": seq_lens, "gpu.result_copy_stream": copy,
+                 "steps": steps, "warmup_steps": min(3, steps - 1), "seed": seed,
+                 **(NOISY if noisy else {})}
+    if read_ends:
+        overrides[f"phases.{phase}.read_ends"] = read_ends
+    if graph:
+        overrides[f"phases.{phase}.graph"] = graph
+    cfg = load_config(None, overrides)
+    assert_same_run(*reference(build_program(cfg)), fast.run_config(cfg))
+
+
+# ---------------------------------------------------------------------------- random programs
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(programs())
+def test_fast_equals_simpy_on_random_programs(program):
+    assert_same_run(*reference(program), fast.run(program))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(single_step_programs())
+def test_fast_equals_simpy_on_the_engine_semantics_programs(program):
+    assert_same_run(*reference(program), fast.run(program))
+
+
+def test_every_path_of_the_fast_executor_is_taken_by_the_random_programs():
+    """Windowed and all-pairs race analysis, streamed and collected step windows."""
+    seen = set()
+
+    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck),
+              database=None)
+    @given(programs())
+    def collect(program):
+        seen.update(fast.run(program).paths)
+
+    collect()
+    assert seen >= {"windowed", "full", "stream", "collect"}
+
+
+def test_a_long_run_is_a_few_blocks_whatever_its_length():
+    plan = fast.plan_config(load_config(None, {"steps": 1_000_000}))
+    assert len(plan.blocks) <= 4 and plan.segments == 1_000_001
+
+
+# ---------------------------------------------------------------------------- the builder
+GOLDEN = {  # sha256 of Program.to_json() as the builder made it before drawing vectorised
+    ("dspark_fine", ()): "6a1497a83e18216169c221d116c5ad3b1b5a3c5119c010aa11ad4c0f06d217d3",
+    ("dflash_legacy_host_sync", ()):
+        "6f5b86e5762258a30317a956f720c50fb318b5ca5f5f51bb131560b8fdc0f17c",
+    ("eagle_none", (("policy.needs_cpu_seq_lens", True), ("policy.plan_stream", True))):
+        "befaa45b7351ae6981c222ff1331d0531cd892da44b6c772f1d866000fa273f1",
+    ("none_coarse_loop_top", (("gpu.schedule_prep_us", 4),)):
+        "768d60a673eff9b54a0dcb80865c339d744a2a49b643bf5dee0a500454901bbc",
+}
+
+
+@pytest.mark.parametrize("key", sorted(GOLDEN), ids=lambda k: k[0])
+def test_constant_configs_build_the_same_program_as_before(key):
+    stem, extra = key
+    cfg = load_config(CONFIGS / f"{stem}.yaml", {"steps": 30, "warmup_steps": 5, **dict(extra)})
+    assert hashlib.sha256(build_program(cfg).to_json().encode()).hexdigest() == GOLDEN[key]
+
+
+def test_each_distribution_is_drawn_in_one_call_and_every_draw_is_used(monkeypatch):
+    cfg = load_config(None, {"steps": 50, "warmup_steps": 5, **NOISY})
+    plan = plan_iterations(cfg)
+    calls = []
+    make = np.random.default_rng
+
+    class Counting:
+        def __init__(self, seed):
+            self.rng = make(seed)
+
+        def __getattr__(self, name):
+            def call(*args, **kwargs):
+                calls.append(name)
+                return getattr(self.rng, name)(*args, **kwargs)
+            return call
+
+    monkeypatch.setattr(np.random, "default_rng", Counting)
+    sampler = _Sampler(cfg.seed, plan.draw_counts())
+    assert len(calls) == len(NOISY) == len(sampler.arrays)
+    _Builder(cfg, sampler, plan.phases).build()
+    for it in sampler._next.values():
+        assert next(it, None) is None, "draws left over"
+    assert set(sampler._next) == set(sampler.arrays)
+
+
+# ---------------------------------------------------------------------------- API and CLI
+def test_fast_engine_has_no_trace_and_says_so():
+    r = simwar.simulate(None, {"steps": 30, "warmup_steps": 5}, engine="fast")
+    assert not r.has_trace
+    with pytest.raises(NoTraceError, match="engine='simpy'"):
+        print(r.trace)
+    assert r.program.meta["name"] == "dspark-fine"  # built on demand
+
+
+def test_auto_engine_simulates_the_trace_when_first_read():
+    r = simwar.simulate(None, {"steps": 30, "warmup_steps": 5})
+    assert r.engine == "fast" and r.has_trace
+    assert len(r.trace.spans) > 0 and r.events > 0
+    assert np.array_equal(step_columns(r.trace)["step_us"], r.columns["step_us"], equal_nan=True)
+
+
+def test_unknown_engine_is_rejected_by_the_schema_and_the_api(tmp_path):
+    with pytest.raises(ConfigError, match="engine"):
+        load_config(None, {"engine": "turbo"})
+    with pytest.raises(ConfigError, match="engine: 'turbo'"):
+        simwar.simulate(None, {"steps": 10, "warmup_steps": 1}, engine="turbo")
+    path = tmp_path / "c.yaml"
+    path.write_text("engine: turbo\n")
+    out = cli("run", str(path))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "engine" in out.stderr
+
+
+def test_config_engine_key_chooses_the_executor():
+    assert simwar.simulate(None, {"steps": 10, "warmup_steps": 1, "engine": "simpy"}).engine \
+        == "simpy"
+
+
+def test_gc_is_restored_after_a_run():
+    assert gc.isenabled()
+    simwar.simulate(None, {"steps": 10, "warmup_steps": 1})
+    assert gc.isenabled()
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "simwar", *args], capture_output=True,
+                          text=True, cwd=Path(__file__).resolve().parents[1])
+
+
+@pytest.mark.parametrize("flag", ["--trace", "--timeline"])
+def test_cli_fast_engine_with_a_trace_export_is_a_one_line_error(tmp_path, flag):
+    out = cli("run", "--engine", "fast", flag, str(tmp_path / "x.png"), "--set", "steps=30")
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "--engine simpy" in lines[0]
+    assert out.stdout == ""
+
+
+def test_cli_unknown_engine_is_rejected():
+    out = cli("run", "--engine", "turbo")
+    assert out.returncode == 2 and "invalid choice" in out.stderr
+
+
+def test_cli_says_which_executor_ran():
+    out = cli("run", "--set", "steps=20", "--set", "warmup_steps=2")
+    assert out.returncode == 0 and "executor fast" in out.stderr
+    out = cli("run", "--engine", "simpy", "--set", "steps=20", "--set", "warmup_steps=2")
+    assert out.returncode == 0 and "executor simpy" in out.stderr
+
+
+def test_cli_engines_print_the_same_summary():
+    args = ("run", "--json", "configs/dspark_none.yaml", "--set", "steps=80")
+    fast_out, simpy_out = cli(*args), cli(*args, "--engine", "simpy")
+    assert json.loads(fast_out.stdout) == json.loads(simpy_out.stdout)
+    summary_only = json.loads(cli(*args, "--summary-only").stdout)
+    assert summary_only == json.loads(fast_out.stdout)
+
+
+def test_run_imports_neither_pandas_nor_simpy():
+    code = ("import sys; from simwar.cli import main; main(['run', '--set', 'steps=30', "
+            "'--set', 'warmup_steps=2']); "
+            "bad = [m for m in ('pandas', 'simpy') if m in sys.modules]; "
+            "sys.exit(print(bad) or (1 if bad else 0))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------------------- summary only
+@pytest.mark.parametrize("chunk", [7, 50])
+@pytest.mark.parametrize("variant", ["short", "noisy", "noisy_host_bound", "loop_top_seq_lens"])
+@pytest.mark.parametrize("stem", ["dspark_fine", "dspark_none", "eagle_coarse",
+                                  "dflash_legacy_host_sync", "none_coarse_loop_top"])
+def test_summary_only_equals_the_table_summary(monkeypatch, stem, variant, chunk):
+    monkeypatch.setattr(fast, "CHUNK", chunk)  # many moves of the accumulators
+    cfg = load_config(CONFIGS / f"{stem}.yaml", {**VARIANTS[variant], "steps": 300})
+    full = fast.run_config(cfg).summary
+    streamed = fast.run_config(cfg, summary_only=True)
+    assert streamed.columns is None and streamed.paths[1] == "streamed"
+    s = streamed.summary
+    assert list(s) == list(full)
+    for key, value in full.items():
+        if isinstance(value, float) and not key.endswith(("_p50", "_p99")):
+            assert s[key] == pytest.approx(value, rel=1e-12, nan_ok=True), key
+        else:  # counts, histograms, and quantiles (exact: fewer than 4096 distinct values)
+            assert _same(s[key], value), key
+
+
+@pytest.mark.parametrize("dist", ["lognormal", "normal", "mixed_sign"])
+def test_quantile_sketch_error_is_within_its_accuracy(dist):
+    rng = np.random.default_rng(1)
+    x = {"lognormal": rng.lognormal(8, 0.5, 200_000),
+         "normal": rng.normal(5000, 300, 200_000),
+         "mixed_sign": np.concatenate([rng.normal(-300, 200, 100_000), np.zeros(50),
+                                       rng.normal(3000, 800, 100_000)])}[dist]
+    sketch = QuantileSketch(alpha=1e-4)
+    for chunk in np.array_split(x, 13):
+        sketch.add(chunk)
+    assert sketch.exact is None  # far more distinct values than the exact limit
+    for q in (1, 25, 50, 90, 99, 99.9):
+        exact = np.percentile(x, q)
+        assert abs(sketch.quantile(q) - exact) <= 1e-4 * abs(exact) + 1e-9, q
+    assert abs(sketch.quantile(50, median=True) - np.median(x)) <= 1e-4 * abs(np.median(x))
+
+
+def test_quantile_sketch_is_numpy_exact_for_few_values():
+    rng = np.random.default_rng(3)
+    for trial in range(400):
+        n = int(rng.integers(1, 80))
+        x = [rng.normal(0, 1e3, n), rng.choice([0.0, 1.5, 5840.0, 1e-300, 3.3333333], n),
+             rng.lognormal(5, 3, n), rng.integers(-5, 5, n) * 0.1][trial % 4]
+        sketch = QuantileSketch()
+        for part in np.array_split(x, 3):
+            sketch.add(part)
+        for q in (0, 1, 13.7, 50, 99, 99.9, 100, float(rng.uniform(0, 100))):
+            assert sketch.quantile(q) == np.percentile(x, q)
+        assert sketch.quantile(50, median=True) == np.median(x)
+    sketch.add(np.array([np.nan]))
+    assert math.isnan(sketch.quantile(50))
