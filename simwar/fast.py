@@ -1196,9 +1196,12 @@ class _Rows:
 
     def within(self, first: int, last: int | None = None) -> _Rows | None:
         """The races whose two accesses belong to steps ``first..last`` (None: no end)."""
-        j0 = max(0, first - self.a_step)  # the earlier access is never in a later step
-        j1 = len(self.overlap) if last is None else min(len(self.overlap),
-                                                         last - self.b_step + 1)
+        # both accesses' steps advance with j (a hand-made program may label the earlier
+        # access with the later step)
+        j0 = max(0, first - self.a_step, first - self.b_step)
+        j1 = len(self.overlap)
+        if last is not None:
+            j1 = min(j1, last - self.a_step + 1, last - self.b_step + 1)
         if j0 >= j1:
             return None
         if j0 == 0 and j1 == len(self.overlap):

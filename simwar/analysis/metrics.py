@@ -262,12 +262,13 @@ def hazard_counts(hazards, steps: np.ndarray) -> dict:
     to ``steps`` (the measured steps, as every other figure; empty without a report)."""
     if hazards is None:
         return {}
-    if hasattr(hazards, "counts"):  # the one-pass executor's races, counted without a list
-        lo, hi = int(steps.min()), int(steps.max())
-        if hi - lo + 1 != len(steps):
-            raise ValueError("measured steps are not one run of consecutive steps")
+    lo, hi = int(steps.min()), int(steps.max())
+    if hasattr(hazards, "counts") and hi - lo + 1 == len(steps):
+        # the one-pass executor's races, counted over a run of steps without a list
         races, overlaps, race_steps = hazards.counts(lo, hi)
     else:
+        if hasattr(hazards, "report"):  # steps with holes (hand-made programs): the list
+            hazards = hazards.report()
         h = hazards.within(steps.tolist())
         latent = h.latent
         races, overlaps = len(latent), len(h.observed)
