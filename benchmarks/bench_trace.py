@@ -1,14 +1,16 @@
 """Memory of a full trace, and the cost of a windowed timeline.
 
     python benchmarks/bench_trace.py [--config configs/dspark_fine.yaml] [--small 2000]
-                                     [--large 42000] [--window-steps 2000 20000]
+                                     [--large 42000] [--timeline-config configs/dspark_coarse.yaml]
+                                     [--window-steps 2000 20000]
 
 - **Memory per simulated step**: the peak RSS of a process that simulates the
   config with its full Trace kept (``simwar.simulate``: program, engine, trace,
   per-step table, races), at ``--small`` and ``--large`` steps, each in a fresh
   process; the difference over the difference of steps is what one more step
   costs. Also the bytes of the Trace's own columns per step.
-- **Windowed timeline**: ``--timeline`` of steps 20..22 on runs of each
+- **Windowed timeline**: ``--timeline`` of steps 20..22 (of the coarse DSPARK config by
+  default: a bubble before every forward, each explained) on runs of each
   ``--window-steps`` length: the time of the run alone and of the run plus the
   figure (process CPU time, so other load on the machine matters less), both in
   one fresh process each.
@@ -22,22 +24,25 @@ import subprocess
 import sys
 
 MEMORY = """
-import json, resource, sys
+import json, inspect, resource, sys
 import simwar
-r = simwar.simulate(sys.argv[1], {"steps": int(sys.argv[2])})
+ENGINE = {"engine": "simpy"} if "engine" in inspect.signature(simwar.simulate).parameters else {}
+r = simwar.simulate(sys.argv[1], {"steps": int(sys.argv[2])}, **ENGINE)
 t = r.trace
-columns = sum(a.nbytes for tab in (t.spans, t.ops, t.accesses, t.markers)
-              for a in tab.columns().values())
+tables = () if isinstance(t.spans, list) else (t.spans, t.ops, t.accesses, t.markers)  # v1: lists
+columns = sum(a.nbytes for tab in tables for a in tab.columns().values())
 print(json.dumps({"peak_rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                  "trace_column_bytes": columns, "strings": len(t.strings)}))
+                  "trace_column_bytes": columns, "strings": len(getattr(t, "strings", []))}))
 """
 
 TIMELINE = """
-import json, sys, time
+import json, inspect, sys, time
 import simwar
 from simwar import plots
+# the reference engine (the timeline needs its trace), where simulate() offers a choice
+ENGINE = {"engine": "simpy"} if "engine" in inspect.signature(simwar.simulate).parameters else {}
 t0 = time.process_time()
-r = simwar.simulate(sys.argv[1], {"steps": int(sys.argv[2])})
+r = simwar.simulate(sys.argv[1], {"steps": int(sys.argv[2])}, **ENGINE)
 t1 = time.process_time()
 if sys.argv[3] == "1":
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -60,6 +65,7 @@ def main() -> None:
     ap.add_argument("--config", default="configs/dspark_fine.yaml")
     ap.add_argument("--small", type=int, default=2000)
     ap.add_argument("--large", type=int, default=42000)
+    ap.add_argument("--timeline-config", default="configs/dspark_coarse.yaml")
     ap.add_argument("--window-steps", type=int, nargs="*", default=[2000, 20000])
     args = ap.parse_args()
 
@@ -71,8 +77,8 @@ def main() -> None:
           f"{per_step:.2f} KiB per simulated step; the trace's columns "
           f"{large['trace_column_bytes'] / args.large / 1024:.2f} KiB per step")
     for steps in args.window_steps:
-        alone = child(TIMELINE, args.config, steps, 0)
-        drawn = child(TIMELINE, args.config, steps, 1)
+        alone = child(TIMELINE, args.timeline_config, steps, 0)
+        drawn = child(TIMELINE, args.timeline_config, steps, 1)
         print(f"  {steps} steps: run {alone['run_s']:.2f} s CPU; timeline of steps 20..22 "
               f"{drawn['timeline_s']:.2f} s CPU ({drawn['timeline_s'] / alone['run_s']:.2f}x "
               f"the run)")
