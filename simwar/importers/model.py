@@ -298,11 +298,7 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
     where = capture or trace.meta.get("file", "capture")
     if len(trace.ops) == 0 or not np.any(trace.ops.kind == OpKind.KERNEL):
         raise FitError(f"{where}: no device work in the capture (nothing to fit)")
-    bad = unmatched_keys(mapping, imp.device_names, [a[0] for a in imp.annotations])
-    bad += _absent_streams(trace, mapping)
-    if bad:
-        raise FitError(f"{mapping_name or 'mapping'}: {bad[0]}"
-                       + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""))
+    check_mapping(imp, mapping, mapping_name or "mapping")
     roles, role_notes = detect_roles(trace, mapping)
     all_lays = step_layouts(trace, roles)
     warm = int(trace.meta.get("warmup_steps", 0))
@@ -356,6 +352,15 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
     header = _header(trace, imp, lays, all_lays, roles, role_notes, names, pol, cfg, s,
                      graph_cost, cpu_notes, capture, mapping_name, version, warm)
     return ModelFit(cfg, header, details, pol, roles, warnings)
+
+
+def check_mapping(imp, mapping: Mapping, name: str = "mapping") -> None:
+    """A mapping key that matches nothing in the capture is an error (:class:`FitError`)."""
+    bad = unmatched_keys(mapping, imp.device_names, [a[0] for a in imp.annotations])
+    bad += _absent_streams(imp.trace, mapping)
+    if bad:
+        raise FitError(f"{name}: {bad[0]}" + (f" (and {len(bad) - 1} more)"
+                                               if len(bad) > 1 else ""))
 
 
 def _absent_streams(trace: Trace, mapping: Mapping) -> list[str]:
