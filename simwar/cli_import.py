@@ -56,6 +56,9 @@ def register(sub) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="with --check: override a key of the fitted config before simulating "
                         "(a what-if: --set policy.barrier=coarse)")
+    p.add_argument("--add", dest="additions", action="append", default=[], metavar="KEY=US",
+                   help="with --check: add US µs to a duration of the fitted config (a number or "
+                        "a distribution, shifted), e.g. --add cpu.process_result_us=1000")
     p.add_argument("--save-trace", metavar="FILE",
                    help="also save the imported simwar trace (.json or .json.gz)")
     p.add_argument("--steps-csv", metavar="FILE", help="also write the per-step table as CSV")
@@ -79,8 +82,9 @@ def cmd_import(args) -> int:
                         f"write the fitted config)")
     if args.output and not (args.fit or args.fit_costs):
         raise UserError("-o needs --fit or --fit-costs (what to write)")
-    if args.overrides and not args.check:
-        raise UserError("--set applies to --check (the simulation of a fitted config)")
+    if (args.overrides or args.additions) and not args.check:
+        raise UserError(f"{'--set' if args.overrides else '--add'} applies to --check (the "
+                        f"simulation of a fitted config)")
     if args.policy is not None and not args.fit:
         raise UserError("--policy applies to --fit")
     if args.policy is not None:
@@ -143,8 +147,69 @@ def _check_config(args):
     read, so that a bad file or override costs no import."""
     from .config import load_config, override_list
 
-    items = override_list(args.overrides)
+    items = _additions(args.check, args.additions) + override_list(args.overrides)
     return load_config(args.check, items), items
+
+
+def _additions(path: str, additions: list[str]) -> list:
+    """``--add KEY=US`` as overrides: the fitted file's duration at KEY, shifted by US µs."""
+    from .config import ConfigError, Override, load_config
+
+    if not additions:
+        return []
+    cfg = load_config(path).model_dump()
+    out = []
+    for item in additions:
+        key, _, text = item.partition("=")
+        key = key.strip()
+        try:
+            us = float(text)
+        except ValueError:
+            raise UserError(f"--add {item}: expected KEY=US (a number of µs)") from None
+        try:
+            value = _dotted(cfg, key)
+        except (KeyError, IndexError, TypeError):
+            raise UserError(f"--add {item}: {key} is not a key of {path}") from None
+        try:
+            shifted = _shift(value, us)
+        except (TypeError, ValueError) as e:
+            raise UserError(f"--add {item}: {key}: {e}") from None
+        out.append(Override(key, shifted, f"--add {item}"))
+    try:  # the shifted file must still be valid (a duration pushed below 0 is not)
+        load_config(path, out)
+    except ConfigError as e:
+        raise UserError(str(e)) from None
+    return out
+
+
+def _dotted(cfg: dict, key: str):
+    node = cfg
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if isinstance(node, list):
+            node = next(p for p in node if p.get("name") == part) if not part.isdigit() \
+                else node[int(part)]
+        else:
+            node = node[part]
+    return node
+
+
+def _shift(value, us: float):
+    """A duration plus ``us`` µs: a number, or a distribution moved as a whole."""
+    if isinstance(value, bool) or value is None:
+        raise TypeError("not a duration")
+    if isinstance(value, (int, float)):
+        return float(value) + us
+    if not isinstance(value, dict) or "dist" not in value:
+        raise TypeError("not a duration")
+    d = {k: v for k, v in value.items() if v is not None}
+    if d["dist"] in ("normal", "lognormal"):
+        d["mean"] = d["mean"] + us
+    elif d["dist"] == "uniform":
+        d["low"], d["high"] = d["low"] + us, d["high"] + us
+    else:
+        d["values"] = [v + us for v in d["values"]]
+    return d
 
 
 def _check(result, mapping, args, loaded, report) -> dict:

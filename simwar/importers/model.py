@@ -493,14 +493,14 @@ def _call_costs(trace: Trace, lays, s: _Samples) -> None:
 
 
 def _binds(trace: Trace, wait_call: int, record_call: int) -> bool:
-    """The wait issued by ``wait_call`` binds to the record of ``record_call`` (or to
-    nothing the capture names: an unbound wait right after a record is taken as its pair)."""
+    """The wait issued by ``wait_call`` binds to the record of ``record_call`` (a capture
+    whose waits name no record pairs nothing: ``wait_stream_us`` is then record + wait)."""
     ops = trace.ops
     waits = [o for o in _ops_of_call(trace, wait_call) if ops.kind[o] == OpKind.WAIT]
     if not waits:
-        return True
+        return False
     b = int(ops.bound[waits[0]])
-    return b < 0 or int(ops.call[b]) == record_call
+    return b >= 0 and int(ops.call[b]) == record_call
 
 
 def _sync_costs(trace: Trace, lays, roles, s: _Samples) -> None:
