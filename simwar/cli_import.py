@@ -153,6 +153,7 @@ def _check_config(args):
 
 def _additions(path: str, additions: list[str]) -> list:
     """``--add KEY=US`` as overrides: the fitted file's duration at KEY, shifted by US µs."""
+    from .cli import UserError
     from .config import ConfigError, Override, load_config
 
     if not additions:
@@ -168,7 +169,7 @@ def _additions(path: str, additions: list[str]) -> list:
             raise UserError(f"--add {item}: expected KEY=US (a number of µs)") from None
         try:
             value = _dotted(cfg, key)
-        except (KeyError, IndexError, TypeError):
+        except (KeyError, IndexError, TypeError, StopIteration):
             raise UserError(f"--add {item}: {key} is not a key of {path}") from None
         try:
             shifted = _shift(value, us)
@@ -185,7 +186,7 @@ def _additions(path: str, additions: list[str]) -> list:
 def _dotted(cfg: dict, key: str):
     node = cfg
     parts = key.split(".")
-    for i, part in enumerate(parts):
+    for part in parts:
         if isinstance(node, list):
             node = next(p for p in node if p.get("name") == part) if not part.isdigit() \
                 else node[int(part)]
@@ -254,7 +255,8 @@ def _write_model(result, mapping, args, path: Path):
 
     try:
         model = fit_model(result, mapping, capture=path.name, mapping_name=args.mapping or "",
-                          dist=args.dist, policy=args.policy, version=__version__)
+                          dist=args.dist, policy=args.policy, version=__version__,
+                          where=str(path))
     except FitError as e:
         raise UserError(str(e)) from None
     lines = [f"# {line}" for line in model.header]

@@ -171,7 +171,10 @@ def unmatched_keys(mapping: Mapping, kernel_names, annotation_names) -> list[str
     def check(key: str, pattern: str, names: list[str], what: str) -> None:
         rx = re.compile(pattern)
         if not any(rx.search(n) for n in names):
-            out.append(f"{key} '{pattern}' matches none of the capture's {len(names)} {what}")
+            shapes = sorted({re.sub(r"\d+", "N", n) for n in names})
+            some = ", ".join(shapes[:5]) + (", ..." if len(shapes) > 5 else "")
+            out.append(f"{key} '{pattern}' matches none of the capture's {len(names)} {what}"
+                       + (f" ({some})" if some else ""))
 
     for pattern in mapping.phases:
         check("phases", pattern, kernels + notes, "kernel and annotation names")

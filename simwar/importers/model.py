@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..trace import HOST, Call, OpKind, Trace
+from ..trace import Call, OpKind, Trace
 from .fit import fit_values
 from .layout import Roles, StepLayout, queued_gap, regions, step_layouts, work_us
 from .mapping import CPU_ITEMS, Mapping, unmatched_keys
@@ -291,11 +291,15 @@ def _adjacent(lay: StepLayout, record_call: int, wait_call: int) -> bool:
 # --------------------------------------------------------------------------- the fit
 def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "",
               dist: str = "best", policy: str | None = None, steps: int = FIT_STEPS,
-              warmup: int = FIT_WARMUP, version: str = "") -> ModelFit:
-    """The whole loop of an imported capture (a :class:`KinetoImport`) as a config."""
+              warmup: int = FIT_WARMUP, version: str = "", where: str = "") -> ModelFit:
+    """The whole loop of an imported capture (a :class:`KinetoImport`) as a config.
+
+    ``capture`` and ``mapping_name`` are the names the header cites, ``where`` the name
+    errors start with (default: ``capture``).
+    """
     trace: Trace = imp.trace
     warnings: list[str] = []
-    where = capture or trace.meta.get("file", "capture")
+    where = where or capture or trace.meta.get("file", "capture")
     if len(trace.ops) == 0 or not np.any(trace.ops.kind == OpKind.KERNEL):
         raise FitError(f"{where}: no device work in the capture (nothing to fit)")
     check_mapping(imp, mapping, mapping_name or "mapping")
@@ -421,7 +425,7 @@ def _device_and_costs(trace: Trace, lays, roles, names, mapping, s: _Samples) ->
     ops, spans = trace.ops, trace.spans
     graph_cost: dict[int, list[float]] = {}
     graph_nodes: dict[int, list[int]] = {}
-    for k, lay in lays.items():
+    for lay in lays.values():
         units = lay.units
         for i, u in enumerate(units):
             name = names[i]
@@ -652,7 +656,7 @@ def _cpu(trace, imp, lays, mapping: Mapping, names, cfg, s: _Samples, shape, gra
     clipped = Counter()
     spans = trace.spans
     n_units = len(names)
-    for k, lay in lays.items():
+    for lay in lays.values():
         cap = regions(trace, lay, shape)
         cpu = _merge(cap, dict(model_r))
         # a costlier graph launch: its extra host time goes before it (where the device
