@@ -187,23 +187,25 @@ class _Cuda:
         self.torch.cuda.synchronize()
 
     def capture(self, fn):
-        """A CUDA graph of ``fn`` (warmed up on a side stream first); returns its replay."""
+        """A CUDA graph of ``fn(capturing)``, warmed up on a side stream first (``fn(False)``:
+        no in-graph event record outside the capture); returns its replay."""
         torch = self.torch
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(3):
-                fn()
+                fn(False)
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            fn()
+            fn(True)
         torch.cuda.synchronize()
         return graph.replay
 
-    def time_us(self, fn, n: int = 20) -> float:
-        """Median device time of ``fn`` (µs), timed with CUDA events behind a warm stream."""
+    def time_us(self, fn, n: int = 9, reps: int = 10) -> float:
+        """Median device time of one ``fn`` (µs): ``reps`` calls between two CUDA events
+        (the host queues them faster than the device runs them), ``n`` times."""
         torch = self.torch
         for _ in range(3):
             fn()
@@ -211,10 +213,11 @@ class _Cuda:
         for _ in range(n):
             a, b = self.event(True), self.event(True)
             a.record()
-            fn()
+            for _ in range(reps):
+                fn()
             b.record()
             b.synchronize()
-            out.append(a.elapsed_time(b) * 1e3)
+            out.append(a.elapsed_time(b) * 1e3 / reps)
         torch.cuda.synchronize()
         return statistics.median(out)
 
@@ -270,9 +273,9 @@ class _Dry(_Cuda):
         return None
 
     def capture(self, fn):
-        return fn
+        return lambda: fn(False)
 
-    def time_us(self, fn, n: int = 3) -> float:
+    def time_us(self, fn, n: int = 3, reps: int = 1) -> float:
         t = time.perf_counter()
         for _ in range(n):
             fn()
@@ -339,7 +342,7 @@ class Model:
         snap.copy_(g[self.shape.marker])
         return torch.remainder(g.sum(0), self.shape.vocab)
 
-    def draft(self) -> None:
+    def draft(self, capturing: bool = False) -> None:
         torch = self.torch
         x = self.emb.index_select(0, self.read_table(self.snap_draft))
         for _ in range(self.shape.draft_steps):
@@ -347,9 +350,9 @@ class Model:
                 x = self.layer(torch, x, w)
         self.draft_out.copy_(x)
 
-    def verify(self) -> None:
+    def verify(self, capturing: bool = False) -> None:
         torch = self.torch
-        ids = self.read_table(self.snap_verify, self.read_done)
+        ids = self.read_table(self.snap_verify, self.read_done if capturing else None)
         x = self.emb.index_select(0, ids) + self.draft_out
         for w in self.verify_w:
             x = self.layer(torch, x, w)
@@ -397,6 +400,10 @@ class Loop:
         ops.synchronize()
         t0 = [ops.event(True) for _ in range(steps)] if timing else None
         t1 = [ops.event(True) for _ in range(steps)] if timing else None
+        if timing:  # torch creates a CUDA event at its first record: not in the loop
+            for e in t0 + t1:
+                e.record()
+            ops.synchronize()
         ahead: list[float] = []
         stamps: list[int] = []
         racy: list[int] = []

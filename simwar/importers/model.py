@@ -879,6 +879,12 @@ def _header(trace, imp, lays, all_lays, roles, role_notes, names, pol, cfg, s, g
     for name in names:
         lines.append(f"  phases.{name}.host_us {s.mean(f'phases.{name}.host_us'):.1f} "
                      f"(host time before its launch: dispatch, residual)")
+    unseen = [f"{k} {v}" for k, v in COST_DEFAULTS.items() if not s.get(f"costs.{k}")
+              and k != "graph_launch_us"]
+    if unseen:
+        lines.append("Not in the capture, the config's defaults: " + ", ".join(unseen) + " µs"
+                     " (a wait never held its stream behind another's record, a sync never"
+                     " returned at once, ...).")
     ignored = _unmodeled(trace, lays, roles)
     if ignored:
         lines.append("Not modeled: " + "; ".join(ignored) + ".")
