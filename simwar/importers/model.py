@@ -99,7 +99,7 @@ class ModelFit:
 # --------------------------------------------------------------------------- roles
 def detect_roles(trace: Trace, mapping: Mapping) -> tuple[Roles, list[str]]:
     """The lane of each builder stream, and one note per auto-detected lane."""
-    ops, spans = trace.ops, trace.spans
+    ops = trace.ops
     fwd = trace.meta.get("forward_stream", "forward")
     kernel = ops.kind == OpKind.KERNEL
     lanes = {trace.text(int(c)) for c in np.unique(ops.lane[kernel])}
@@ -150,13 +150,12 @@ def detect_roles(trace: Trace, mapping: Mapping) -> tuple[Roles, list[str]]:
             roles["copy"] = votes.most_common(1)[0][0]
             notes.append(f"copy stream '{roles['copy']}': the stream with work issued after "
                          f"the forward's last launch")
-    del spans
     return roles, notes
 
 
 # --------------------------------------------------------------------------- policy
 def infer_policy(trace: Trace, lays: dict[int, StepLayout], roles: Roles,
-                 sync_events: int, bound_events: int) -> PolicyInference | str:
+                 sync_events: int) -> PolicyInference | str:
     """The barrier the capture shows, or a sentence saying why it cannot be inferred.
 
     Per measured step, the schedule stream's waits (and host syncs other than the result
@@ -323,8 +322,7 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
         raise FitError(f"{mapping_name or 'mapping'}: reads: '{unknown[0]}' is not a phase of "
                        f"the capture ({', '.join(names)})")
 
-    inferred = infer_policy(trace, lays, roles, imp.counts.get("cuda_sync", 0),
-                            imp.counts.get("sync_with_record", 0))
+    inferred = infer_policy(trace, lays, roles, imp.counts.get("cuda_sync", 0))
     if isinstance(inferred, str):
         if policy is None:
             raise FitError(f"{where}: cannot infer the barrier policy: {inferred}; name it "
@@ -478,7 +476,7 @@ def _call_costs(trace: Trace, lays, s: _Samples) -> None:
     """Host cost per call kind over the measured steps. A record immediately followed by
     a stream wait (what torch's ``wait_stream`` issues: a fresh event, recorded and waited
     on) is one ``wait_stream_us`` sample, from the record's start to the wait's end."""
-    spans, ops = trace.spans, trace.ops
+    spans = trace.spans
     kinds = {Call.LAUNCH: "costs.launch_us", Call.RECORD: "costs.event_record_us",
              Call.WAIT_EVENT: "costs.wait_event_us", Call.WAIT_STREAM: "costs.wait_stream_us"}
     for lay in lays.values():
@@ -493,7 +491,6 @@ def _call_costs(trace: Trace, lays, s: _Samples) -> None:
             key = kinds.get(Call(int(spans.call[c])))
             if key is not None and c not in paired:
                 s.add(key, float(spans.end_us[c] - spans.start_us[c]))
-    del ops
 
 
 def _binds(trace: Trace, wait_call: int, record_call: int) -> bool:
@@ -879,12 +876,12 @@ def _header(trace, imp, lays, all_lays, roles, role_notes, names, pol, cfg, s, g
     for name in names:
         lines.append(f"  phases.{name}.host_us {s.mean(f'phases.{name}.host_us'):.1f} "
                      f"(host time before its launch: dispatch, residual)")
-    unseen = [f"{k} {v}" for k, v in COST_DEFAULTS.items() if not s.get(f"costs.{k}")
-              and k != "graph_launch_us"]
+    why = {"sync_us": "every synchronize blocked", "sync_wake_us": "no synchronize blocked",
+           "cross_stream_us": "no wait held its stream behind another stream's work"}
+    unseen = [f"{k} {v} ({why.get(k, 'no such call')})" for k, v in COST_DEFAULTS.items()
+              if not s.get(f"costs.{k}") and k != "graph_launch_us"]
     if unseen:
-        lines.append("Not in the capture, the config's defaults: " + ", ".join(unseen) + " µs"
-                     " (a wait never held its stream behind another's record, a sync never"
-                     " returned at once, ...).")
+        lines.append("Not in the capture, so the config's defaults: " + "; ".join(unseen) + ".")
     ignored = _unmodeled(trace, lays, roles)
     if ignored:
         lines.append("Not modeled: " + "; ".join(ignored) + ".")
