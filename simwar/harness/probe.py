@@ -573,40 +573,58 @@ def main(argv: list[str] | None = None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([] if ops.dry else [ProfilerActivity.CUDA])
+    failed = []
     for name in variants:
-        barrier, extra = VARIANTS[name]
-        extra = args.extra_host_us if extra is None else extra
-        host = HostWork(extra=extra)
-        loop = Loop(ops, model, host)
         t = time.time()
-        measured = loop.run(args.measured_steps, barrier, extra, warmup=args.warmup,
-                            timing=True)
-        loop.run(5, barrier, extra)  # settle after the timing events
-        with profile(activities=activities, **prof_kwargs) as prof:
-            profiled = loop.run(args.steps, barrier, extra, step_ranges=True)
-        tmp = Path(tempfile.mkdtemp())
-        prof.export_chrome_trace(str(tmp / "k.json"))
-        raw = (tmp / "k.json").read_bytes()
-        (tmp / "k.json").unlink()
-        tmp.rmdir()
-        out = args.out / f"probe_{name}.kineto.json.gz"
-        out.write_bytes(gzip.compress(raw, compresslevel=9))
-        metrics["variants"][name] = {
-            "barrier": barrier, "host_work_us": asdict(host), "measured": measured,
+        try:
+            metrics["variants"][name] = _variant(name, args, ops, model, profile, activities,
+                                                 prof_kwargs, log)
+        except Exception as e:  # noqa: BLE001 - one run on the GPU: keep the other variants
+            failed.append(name)
+            log(f"{name}: FAILED: {type(e).__name__}: {e}")
+            ops.synchronize()
+        log(f"{name}: {time.time() - t:.1f}s")
+        _write(args.out, metrics, log_lines, t_all)
+    log(f"total {time.time() - t_all:.0f}s" + (f"; failed: {', '.join(failed)}"
+                                                if failed else ""))
+    _write(args.out, metrics, log_lines, t_all)
+    return 1 if failed else 0
+
+
+def _write(out: Path, metrics: dict, log_lines: list[str], t_all: float) -> None:
+    """Metrics and log so far (after each variant: a failure later keeps what ran)."""
+    metrics["seconds"] = round(time.time() - t_all, 1)
+    (out / "probe_metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
+    (out / "probe_log.txt").write_text("\n".join(log_lines) + "\n")
+
+
+def _variant(name: str, args, ops: _Cuda, model: Model, profile, activities, prof_kwargs,
+             log) -> dict:
+    """One variant: the timed un-profiled run, then the profiled run and its capture."""
+    barrier, extra = VARIANTS[name]
+    extra = args.extra_host_us if extra is None else extra
+    host = HostWork(extra=extra)
+    loop = Loop(ops, model, host)
+    measured = loop.run(args.measured_steps, barrier, extra, warmup=args.warmup, timing=True)
+    loop.run(5, barrier, extra)  # settle after the timing events
+    with profile(activities=activities, **prof_kwargs) as prof:
+        profiled = loop.run(args.steps, barrier, extra, step_ranges=True)
+    tmp = Path(tempfile.mkdtemp())
+    prof.export_chrome_trace(str(tmp / "k.json"))
+    raw = (tmp / "k.json").read_bytes()
+    (tmp / "k.json").unlink()
+    tmp.rmdir()
+    out = args.out / f"probe_{name}.kineto.json.gz"
+    out.write_bytes(gzip.compress(raw, compresslevel=9))
+    log(f"{name}: step {measured.get('step_us_mean', float('nan')):.1f} µs, forward "
+        f"{measured.get('fwd_us_mean', float('nan')):.1f}, gap "
+        f"{measured.get('fwd_gap_us_mean', float('nan')):.1f}, launch-ahead "
+        f"{measured.get('launch_ahead_mean', float('nan')):.3f}, racy steps "
+        f"{measured['racy_steps']} (profiled: {profiled['racy_steps_all']}); capture "
+        f"{out.stat().st_size / 1e6:.2f} MB gz ({len(raw) / 1e6:.1f} MB raw)")
+    return {"barrier": barrier, "host_work_us": asdict(host), "measured": measured,
             "profiled": {"steps": args.steps, "racy_steps_all": profiled["racy_steps_all"]},
             "capture": out.name, "capture_bytes": out.stat().st_size}
-        log(f"{name}: step {measured.get('step_us_mean', float('nan')):.1f} µs, forward "
-            f"{measured.get('fwd_us_mean', float('nan')):.1f}, gap "
-            f"{measured.get('fwd_gap_us_mean', float('nan')):.1f}, launch-ahead "
-            f"{measured.get('launch_ahead_mean', float('nan')):.3f}, racy steps "
-            f"{measured['racy_steps']} (profiled: {profiled['racy_steps_all']}); capture "
-            f"{out.stat().st_size / 1e6:.2f} MB gz ({len(raw) / 1e6:.1f} MB raw); "
-            f"{time.time() - t:.1f}s")
-    metrics["seconds"] = round(time.time() - t_all, 1)
-    (args.out / "probe_metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
-    log(f"total {time.time() - t_all:.0f}s")
-    (args.out / "probe_log.txt").write_text("\n".join(log_lines) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
