@@ -38,10 +38,10 @@ class Row(NamedTuple):
         if not (math.isfinite(self.error)):
             return "-"
         if self.kind == "rel":
-            return f"{100 * self.error:+.2f}%"
+            return _plain(f"{100 * self.error:+.2f}") + "%"
         if self.kind == "count":
-            return f"{self.error:+.3f}"
-        return f"{self.error:+.1f} µs"
+            return _plain(f"{self.error:+.3f}")
+        return _plain(f"{self.error:+.1f}") + " µs"
 
     def bound_text(self) -> str:
         if self.bound is None:
@@ -51,6 +51,13 @@ class Row(NamedTuple):
         if self.kind == "count":
             return f"{self.bound:.2f}"
         return f"{self.bound:.1f} µs"
+
+
+def _plain(text: str, signed: bool = True) -> str:
+    """A number's text, never a negative zero (``+0.0`` where signed, else ``0.0``)."""
+    if text.startswith("-") and not any(c in "123456789" for c in text):
+        return ("+" if signed else "") + text[1:]
+    return text
 
 
 def _get(d: dict, key: str) -> float:
@@ -106,7 +113,7 @@ def format_rows(rows: list[Row], races: dict) -> str:
     def num(v: float, kind: str) -> str:
         if not math.isfinite(v):
             return "-"
-        return f"{v:.3f}" if kind == "count" else f"{v:.1f}"
+        return _plain(f"{v:.3f}" if kind == "count" else f"{v:.1f}", signed=False)
 
     lines = [f"  {'':<22}{'capture':>12}{'simulated':>12}{'error':>12}  {'bound':<9}"]
     for r in rows:
