@@ -13,7 +13,8 @@ One scheduler iteration ``k`` issues, in order:
    (dispatch CPU, ``load_batch`` kernels, graph launch with in-graph prep and
    body, read-done record per the publish rule); the FutureMap publish record;
    the result copy (``copy.wait_stream(forward)``, D2H, ``copy_done[k]``);
-5. ``[after_launch]`` the WAR barrier for forward k;
+5. ``[after_launch]`` the WAR barrier for forward k; post-launch host work
+   (``cpu.post_launch_us``, none by default);
 6. process the result of step k-1: ``copy_done[k-1].synchronize()``, CPU
    work, result-processing writes (radix insert, frees) on the schedule stream.
 
@@ -333,6 +334,7 @@ class _Builder:
         self.run_batch(k)
         if pol.placement == "after_launch":
             self.policy.fence(self, k)
+        self.cpu("post_launch", cfg.cpu.post_launch_us, k)
         if k > 0:
             self.process_result(k - 1, k)
 

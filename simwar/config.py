@@ -139,6 +139,9 @@ class Cpu(_Strict):
     schedule_us: Duration = 900.0
     prepare_us: Duration = 300.0
     process_result_us: Duration = 800.0
+    #: host work after the launch and its barrier, before the previous result is processed
+    #: (result queue, loop overhead); 0 issues nothing (``simwar import --fit`` measures it)
+    post_launch_us: Duration = 0.0
 
 
 

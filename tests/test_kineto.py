@@ -426,7 +426,8 @@ def test_cli_text_fit_and_saved_trace(capsys, tmp_path):
     mapping = tmp_path / "map.yaml"
     mapping.write_text(yaml.safe_dump(ROUND_TRIP_MAPPING))
     fitted, saved = tmp_path / "fitted.yaml", tmp_path / "imported.json.gz"
-    assert main(["import", str(trace), "--mapping", str(mapping), "--fit", "-o", str(fitted),
+    # --fit-costs: the costs-only file (--fit writes the whole loop, tests/test_fit_loop.py)
+    assert main(["import", str(trace), "--mapping", str(mapping), "--fit-costs", "-o", str(fitted),
                  "--save-trace", str(saved), "--steps-csv", str(tmp_path / "steps.csv"),
                  "--no-progress"]) == 0
     out = capsys.readouterr().out

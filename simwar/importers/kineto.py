@@ -364,6 +364,11 @@ class KinetoImport:
     counts: dict
     ignored: dict
     warnings: list[str]
+    #: the host thread's annotation ranges (``record_function``), ``(name, start_us, end_us)``
+    #: on the trace's clock, by start; what ``simwar import --fit`` maps to CPU work
+    annotations: list[tuple[str, float, float]] = field(default_factory=list)
+    #: the names of the device work in the capture (what ``phases`` rules are tried on)
+    device_names: list[str] = field(default_factory=list)
 
     @property
     def ignored_total(self) -> int:
@@ -402,6 +407,10 @@ class _Builder:
         self.counts.update({k: cap.counts.get(k, 0) for k in
                             ("kernel", "memcpy", "memset", "cuda_sync", "runtime",
                              "annotation")})
+        # waits and event syncs that name the cudaEventRecord they bind to (torch builds
+        # whose profiler reports no record correlation write -1: nothing to bind)
+        self.counts["sync_with_record"] = sum(
+            1 for e in cap.sync_events if e.record_correlation is not None)
         devices = {d.device for d in cap.device_events}
         multi = len(devices) > 1
         self.lane_of = {}
@@ -430,7 +439,11 @@ class _Builder:
         enclosing = self._enclosing(host_calls, host_ann)
 
         trace = self._assemble(host_calls, by_corr, calls_by_corr, enclosing, host_ann)
-        return KinetoImport(trace, dict(self.counts), dict(self.ignored), self.warnings)
+        annotations = [(a.name, a.ts - self.origin, a.ts + a.dur - self.origin)
+                       for a in host_ann]
+        names = sorted({d.name for d in cap.device_events})
+        return KinetoImport(trace, dict(self.counts), dict(self.ignored), self.warnings,
+                            annotations, names)
 
     # ------------------------------------------------------------------ setup
     def _check_mapping_streams(self, devices: set[int]) -> None:

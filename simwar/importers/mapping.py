@@ -13,14 +13,23 @@ A mapping is a small YAML file (every key optional)::
       'verify|target': verify
     default_phase: ''                # phase of kernels no regex matches
     sites: {'copy_done|process_result': result_copy}   # annotation regex -> sync site
+    cpu:                             # host annotation regex -> the config's CPU work
+      '^get_next_batch_to_run$': schedule  #   (ingest, schedule, prepare, process_result)
+      '^process_batch_result$': process_result
+    reads: {verify: [req_to_token]}  # phase -> shared buffers it reads (a capture cannot
+                                     #   show reads; used by --fit)
     gpu_clock_offset_us: 0           # added to device times; 'auto' aligns kernels with launches
     warmup_steps: 2
     batch_size: 32
     accept_tokens: 3.2
 
 Stream keys are CUDA stream ids, or ``"DEVICE:STREAM"`` when a capture holds
-several GPUs. Errors are :class:`simwar.config.ConfigError` with one line
-naming the file and key.
+several GPUs; the lanes ``forward``, ``schedule``, ``plan`` and ``copy`` are
+the builder's streams (``simwar import --fit`` detects the forward, schedule and
+copy streams when they are not named). Errors are
+:class:`simwar.config.ConfigError` with one line naming the file and key; a
+regex that matches nothing in a capture is checked where the capture is read
+(:func:`unmatched_keys`).
 
 Imports: pydantic and yaml (through :mod:`simwar.config`); no pandas.
 """
@@ -37,6 +46,8 @@ from ..config import ConfigError, _first_error, read_yaml
 
 #: ProfilerStep ranges that torch.profiler's ``prof.step()`` writes.
 PROFILER_STEP = r"^ProfilerStep#\d+$"
+#: the config's CPU work a ``cpu`` rule may name (``simwar.config.Cpu``)
+CPU_ITEMS = ("ingest", "schedule", "prepare", "process_result")
 
 
 class Mapping(BaseModel):
@@ -53,6 +64,8 @@ class Mapping(BaseModel):
     phases: dict[str, str] = Field(default_factory=dict)
     default_phase: str | None = None
     sites: dict[str, str] = Field(default_factory=dict)
+    cpu: dict[str, str] = Field(default_factory=dict)
+    reads: dict[str, list[str]] = Field(default_factory=dict)
     gpu_clock_offset_us: float | Literal["auto"] = 0.0
     warmup_steps: int = Field(default=0, ge=0)
     batch_size: int = Field(default=1, ge=1)
@@ -85,12 +98,37 @@ class Mapping(BaseModel):
             _compile(v)
         return v
 
-    @field_validator("phases", "sites")
+    @field_validator("phases", "sites", "cpu")
     @classmethod
     def _regex_keys(cls, v: dict[str, str]) -> dict[str, str]:
         for pattern in v:
             _compile(pattern)
         return v
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu_items(cls, v: dict[str, str]) -> dict[str, str]:
+        for pattern, item in v.items():
+            if item not in CPU_ITEMS:
+                raise ValueError(f"'{pattern}': '{item}' is not CPU work of the config "
+                                 f"({', '.join(CPU_ITEMS)})")
+        return v
+
+    @field_validator("reads", mode="before")
+    @classmethod
+    def _reads(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for phase, buffers in v.items():
+            if isinstance(buffers, str):
+                buffers = [buffers]
+            if not isinstance(buffers, list) or not buffers or not all(
+                    isinstance(b, str) and b for b in buffers):
+                raise ValueError(f"{phase}: expected a list of buffer names, e.g. "
+                                 f"[req_to_token]")
+            out[str(phase)] = list(buffers)
+        return out
 
     # ---- compiled views used by the importer
     def phase_rules(self) -> list[tuple[re.Pattern, str]]:
@@ -98,6 +136,13 @@ class Mapping(BaseModel):
 
     def site_rules(self) -> list[tuple[re.Pattern, str]]:
         return [(re.compile(p), name) for p, name in self.sites.items()]
+
+    def cpu_rules(self) -> list[tuple[re.Pattern, str]]:
+        return [(re.compile(p), item) for p, item in self.cpu.items()]
+
+    def lane_of_role(self, role: str) -> str | None:
+        """The lane the mapping gives the builder's stream ``role`` (None: not named)."""
+        return role if role in self.streams.values() else None
 
     def unmatched_phase(self) -> str:
         """Phase of kernels no rule matches: '' with rules (not forward work), else 'forward'."""
@@ -110,6 +155,36 @@ class Mapping(BaseModel):
         if lane:
             return lane
         return f"gpu{device}.stream{stream}" if multi_device else f"stream{stream}"
+
+
+def unmatched_keys(mapping: Mapping, kernel_names, annotation_names) -> list[str]:
+    """The mapping's regexes that match nothing in a capture, one sentence each.
+
+    ``phases`` rules are tried on kernel names and annotation names (as the
+    importer does), ``sites``, ``cpu``, ``steps`` and ``run_batch`` on annotation names.
+    Each sentence names the key and how many candidates there were.
+    """
+    kernels = sorted(set(kernel_names))
+    notes = sorted(set(annotation_names))
+    out = []
+
+    def check(key: str, pattern: str, names: list[str], what: str) -> None:
+        rx = re.compile(pattern)
+        if not any(rx.search(n) for n in names):
+            shapes = sorted({re.sub(r"\d+", "N", n) for n in names})
+            some = ", ".join(shapes[:5]) + (", ..." if len(shapes) > 5 else "")
+            out.append(f"{key} '{pattern}' matches none of the capture's {len(names)} {what}"
+                       + (f" ({some})" if some else ""))
+
+    for pattern in mapping.phases:
+        check("phases", pattern, kernels + notes, "kernel and annotation names")
+    for key in ("sites", "cpu"):
+        for pattern in getattr(mapping, key):
+            check(key, pattern, notes, "annotation names")
+    check("steps", mapping.steps, notes, "annotation names")
+    if mapping.run_batch is not None:
+        check("run_batch", mapping.run_batch, notes, "annotation names")
+    return out
 
 
 def _compile(pattern: str) -> re.Pattern:

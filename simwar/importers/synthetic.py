@@ -16,6 +16,12 @@ and ``_ExperimentalConfig(enable_cuda_sync_events=True)``:
   inside a CUDA graph is reported against the graph launch's correlation id;
 - ``user_annotation`` ranges: ``ProfilerStep#k`` per step, ``run_batch`` from
   each run_batch marker, and one range named after each sync's site around it;
+  with ``cpu_ranges`` (the default), the scheduler's CPU work under SGLang's
+  names (:data:`SGLANG_RANGES`): ``recv_requests`` around ingest,
+  ``get_next_batch_to_run`` from schedule to the end of the schedule-stream
+  launches, ``prepare_for_decode`` nested in it from prepare, and
+  ``process_batch_result`` from the result-copy synchronize to the end of the
+  step's host work (the synchronize inside it, as in SGLang);
 - process/thread metadata and one ``cpu_op`` per step (ignored on import).
 
 A host call is tied to the ops it issued by ``ops.call`` and written
@@ -42,6 +48,11 @@ STREAM_IDS = {"forward": 7, "schedule": 13, "copy": 20, "plan": 22, "d2h": 24}
 #: CUPTI runtime callback ids of the calls written here
 CBID = {"cudaLaunchKernel": 211, "cudaGraphLaunch": 311, "cudaEventRecord": 135,
         "cudaStreamWaitEvent": 147, "cudaEventSynchronize": 137}
+#: record_function ranges written around the simulator's CPU work (SGLang's names)
+SGLANG_RANGES = {"ingest": "recv_requests", "schedule": "get_next_batch_to_run",
+                 "prepare": "prepare_for_decode", "process_result": "process_batch_result"}
+#: the import mapping's ``cpu`` rules for those ranges
+SGLANG_CPU_MAPPING = {f"^{name}$": item for item, name in SGLANG_RANGES.items()}
 PID, TID = 4242, 4242
 DEVICE = 0
 ORIGIN_US = 1_000_000.0  # ts of the trace's time zero (Kineto writes ts relative to a base)
@@ -97,7 +108,8 @@ def _by_call(trace: Trace, ops: list[_Op]) -> Iterator[tuple[int, list[_Op]]]:
         yield current, group
 
 
-def kineto_events(trace: Trace, origin_us: float = ORIGIN_US) -> Iterator[dict]:
+def kineto_events(trace: Trace, origin_us: float = ORIGIN_US,
+                  cpu_ranges: bool = True) -> Iterator[dict]:
     """The capture's ``traceEvents``, in an order Kineto could have written them.
 
     Each host call's ops come from ``ops.call`` and what the call was from its
@@ -127,7 +139,7 @@ def kineto_events(trace: Trace, origin_us: float = ORIGIN_US) -> Iterator[dict]:
         yield {"name": "thread_name", "ph": "M", "ts": ts(0), "pid": DEVICE, "tid": sid,
                "args": {"name": f"stream {sid}"}}
 
-    yield from _annotations(trace, ts)
+    yield from _annotations(trace, ts, cpu_ranges)
 
     corr = 100
     record_corr: dict[int, int] = {}  # record op id -> correlation of the call that placed it
@@ -187,7 +199,7 @@ def kineto_events(trace: Trace, origin_us: float = ORIGIN_US) -> Iterator[dict]:
            "ts": ts(end + 1.0)}
 
 
-def _annotations(trace: Trace, ts) -> Iterator[dict]:
+def _annotations(trace: Trace, ts, cpu_ranges: bool = True) -> Iterator[dict]:
     markers, spans = trace.markers, trace.spans
     names, times, marker_steps = markers.name, markers.time_us.tolist(), markers.step.tolist()
 
@@ -217,6 +229,44 @@ def _annotations(trace: Trace, ts) -> Iterator[dict]:
     for a, b, site in blocked:
         ext += 1
         yield _annotation(site or "sync", ts(a), b - a, ext)
+    if cpu_ranges:
+        for name, a, b in _cpu_ranges(trace):
+            ext += 1
+            yield _annotation(name, ts(a), b - a, ext)
+
+
+def _cpu_ranges(trace: Trace) -> list[tuple[str, float, float]]:
+    """SGLang-named ranges around the CPU work of each step (see the module docstring)."""
+    spans = trace.spans
+    host = np.flatnonzero(spans.lane == trace.code(HOST))
+    rows = sorted(zip(spans.step[host].tolist(), spans.start_us[host].tolist(),
+                      spans.end_us[host].tolist(), spans.call[host].tolist(),
+                      spans.decoded("label")[host].tolist(),
+                      spans.decoded("site")[host].tolist()))
+    markers = trace.markers
+    rb = markers.name == trace.code("run_batch")
+    launch_at = dict(zip(markers.step[rb].tolist(), markers.time_us[rb].tolist()))
+    by_step: dict[int, list] = {}
+    for row in rows:
+        by_step.setdefault(row[0], []).append(row[1:])
+    out = []
+    for k, items in sorted(by_step.items()):
+        cpu = {label: (a, b) for a, b, call, label, _ in items if call == Call.CPU}
+        for a, b, call, label, _ in items:
+            if call == Call.CPU and label == "ingest":
+                out.append((SGLANG_RANGES["ingest"], a, b))
+        rb_t = launch_at.get(k)
+        if rb_t is not None:
+            end = max((b for a, b, *_ in items if a < rb_t), default=None)
+            for item in ("schedule", "prepare"):
+                if item in cpu and end is not None:
+                    out.append((SGLANG_RANGES[item], cpu[item][0], end))
+        sync = next(((a, b) for a, b, call, _, site in items
+                     if call == Call.SYNCHRONIZE and site == "result_copy"), None)
+        if sync is not None:
+            end = max(b for a, b, *_ in items if a >= sync[0])
+            out.append((SGLANG_RANGES["process_result"], sync[0], end))
+    return out
 
 
 def _annotation(name: str, t: float, dur: float, ext: int) -> dict:
@@ -257,8 +307,13 @@ def _flow(ph: str, corr: int, pid, tid, t: float) -> dict:
     return ev
 
 
-def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US) -> Path:
-    """Write the capture (``.gz`` compresses); events are streamed, one per line."""
+def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
+                 cpu_ranges: bool = True) -> Path:
+    """Write the capture (``.gz`` compresses); events are streamed, one per line.
+
+    ``cpu_ranges``: write SGLang-named ranges around the CPU work (see the module
+    docstring).
+    """
     path = Path(path)
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wt") as fh:
@@ -267,7 +322,7 @@ def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US) -
                  '"computeMinor": 0, "numSms": 132}\n  ],\n  "displayTimeUnit": "ms",\n'
                  '  "baseTimeNanoseconds": 1700000000000000000,\n  "traceEvents": [\n')
         first = True
-        for ev in kineto_events(trace, origin_us):
+        for ev in kineto_events(trace, origin_us, cpu_ranges):
             fh.write(("  " if first else ",\n  ") + json.dumps(ev, separators=(", ", ": ")))
             first = False
         fh.write('\n  ],\n  "traceName": "' + path.name + '"\n}\n')
