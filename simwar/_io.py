@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import gzip
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -86,3 +87,17 @@ def stale_temporaries(directory: str | Path) -> list[Path]:
 
 __all__ = ["TMP_SUFFIX", "atomic_file", "stale_temporaries", "write_bytes_atomic",
            "write_text_atomic"]
+
+
+def jsonable(obj):
+    """``obj`` as JSON can hold it: string keys, lists for tuples, numpy scalars as Python
+    numbers, and non-finite floats (NaN, infinities) as None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return jsonable(obj.item())
+    return obj

@@ -12,8 +12,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import sys
+
+from .cli_common import (  # noqa: F401  (UserError and the costs helpers: the CLI's API)
+    UserError,
+    costs_file_overrides,
+    costs_overrides,
+    jsonable,
+    num,
+    read_costs_file,
+    run_label,
+    stall_lines,
+)
 
 #: modules that contribute subcommands: each has ``register(subparsers)``, and may have
 #: ``extend_run(run_parser)`` (extra ``run`` options), ``before_run(args, config)`` (checks
@@ -32,10 +42,6 @@ def _command_modules() -> list:
 
     return [importlib.import_module(n) for n in _COMMAND_MODULES
             if importlib.util.find_spec(n) is not None]
-
-
-class UserError(Exception):
-    """An error the user can fix; printed as one line."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,12 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
 PROGRESS_DELAY_S = 2.0
 #: the top-level keys a --costs file may set: host and device costs, and per-phase durations
 #: by phase name (what ``simwar import --fit`` writes)
-COSTS_FILE_KEYS = ("costs", "phases")
-#: keys a ``simwar calibrate`` file carries to describe itself; they set nothing
-CALIBRATION_INFO_KEYS = ("format", "version", "device", "spin", "fitted_from", "primitives",
-                         "host_drift")
-
-
 def register_run(sub) -> None:
     p = sub.add_parser("run", help="simulate one config and print its summary",
                        description="Simulate one config (default: the packaged DSPARK fine "
@@ -124,68 +124,6 @@ def register_run(sub) -> None:
                         "(quantiles from a sketch, 1e-4 relative); for very long runs")
     p.set_defaults(func=cmd_run)
     return p
-
-
-def read_costs_file(path: str, option: str = "--costs") -> tuple[dict, list[dict]]:
-    """``(costs, phase entries)`` of a costs file; a key it would not use is an error."""
-    from .config import ConfigError, read_yaml
-
-    try:
-        data = read_yaml(path)
-    except ConfigError as e:
-        raise UserError(f"{option} {e}") from None
-    where = f"{option} {path}"
-    info = CALIBRATION_INFO_KEYS if data.get("format") == "simwar.calibration" else ()
-    for key in data:
-        if key not in COSTS_FILE_KEYS and key not in info:
-            raise UserError(f"{where}: {key}: not used (a costs file sets 'costs' and "
-                            f"'phases' only)")
-    if not any(key in data for key in COSTS_FILE_KEYS):
-        raise UserError(f"{where}: expected a 'costs' mapping or a 'phases' list")
-    costs = data.get("costs", {})
-    if not isinstance(costs, dict):
-        raise UserError(f"{where}: costs: expected a mapping of cost names to µs")
-    phases = data.get("phases", [])
-    if not isinstance(phases, list):
-        raise UserError(f"{where}: phases: expected a list of phases, each with a 'name'")
-    for i, entry in enumerate(phases):
-        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise UserError(f"{where}: phases.{i}: expected a mapping with a 'name'")
-    return costs, phases
-
-
-def costs_overrides(path: str | None) -> dict:
-    """``{costs.KEY: value}`` of a costs file, for commands that apply costs only."""
-    if not path:
-        return {}
-    costs, phases = read_costs_file(path)
-    if phases:
-        raise UserError(f"--costs {path}: phases: only costs apply here (each case keeps its "
-                        f"own phases)")
-    return {f"costs.{k}": v for k, v in costs.items()}
-
-
-def costs_file_overrides(path: str, phase_names: list[str]) -> list:
-    """The overrides of a costs file for a config whose phases are ``phase_names``."""
-    from .config import Override
-
-    costs, phases = read_costs_file(path)
-    origin = f"--costs {path}"
-    items = [Override(f"costs.{k}", v, origin) for k, v in costs.items()]
-    for i, entry in enumerate(phases):
-        name = entry["name"]
-        if name not in phase_names:
-            raise UserError(f"{origin}: phases.{i}.name: '{name}' is not a phase of the config "
-                            f"({', '.join(phase_names)})")
-        items += [Override(f"phases.{name}.{k}", v, origin) for k, v in entry.items()
-                  if k != "name"]
-    return items
-
-
-def run_label(name: str, overrides: list) -> str:
-    """The config's name, followed by what the command line changed in it."""
-    changed = list(dict.fromkeys(o.origin for o in overrides if o.key != "name"))
-    return f"{name} [{', '.join(changed)}]" if changed else name
 
 
 def cmd_run(args) -> int:
@@ -222,7 +160,7 @@ def cmd_run(args) -> int:
         if hasattr(mod, "after_run"):
             mod.after_run(args, result)
     if args.json:
-        print(json.dumps(_jsonable(result.summary), sort_keys=True))
+        print(json.dumps(jsonable(result.summary), sort_keys=True))
     else:
         print(format_summary(result, args.races))
     return 0
@@ -260,24 +198,6 @@ def run_progress(steps: int, quiet: bool = False):
         bar.close()
 
 
-def _jsonable(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    return obj
-
-
-def _num(value, spec: str = ".1f") -> str:
-    """``format(value, spec)``, never ``-0.0`` (a tiny negative rounds to plain zero)."""
-    text = format(value, spec)
-    if text.startswith("-") and not any(c in "123456789" for c in text):
-        text = text[1:]
-    return text
-
-
 def measured_steps(columns: dict | None, warmup: int) -> list[int]:
     """The steps a summary counts (after warm-up, with a successor), from the per-step
     columns; with no table kept (``--summary-only``), none."""
@@ -301,27 +221,11 @@ def format_summary(result, max_races: int = 5) -> str:
                      f"and the last step excluded)")
     if not s.get("steps_measured"):
         return "\n".join([header, measured_line])
-    f = _num
-    blocked = ", ".join(f"{k[len('cpu_blocked_'):-len('_us_mean')]} {f(v)}"
-                        for k, v in s.items()
-                        if k.startswith("cpu_blocked_") and k.endswith("_us_mean")
-                        and k != "cpu_blocked_us_mean" and v > 0)
+    f = num
     lines = [
         header,
         measured_line,
-        f"  step time           mean {f(s['step_us_mean'])} µs   p50 {f(s['step_us_p50'])}"
-        f"   p99 {f(s['step_us_p99'])}",
-        f"  forward             {f(s['fwd_us_mean'])} µs; gap before it "
-        f"{f(s['fwd_gap_us_mean'])} µs",
-        f"  GPU idle (forward)  {f(s['gpu_idle_us_mean'])} µs/step "
-        f"(waiting on a dependency {f(s['gpu_idle_dep_us_mean'])}, "
-        f"on the host {f(s['gpu_idle_host_us_mean'])}); busy "
-        f"{f(100 * s['gpu_busy_fraction'])}%",
-        f"  CPU blocked         {f(s['cpu_blocked_us_mean'])} µs/step {blocked}".rstrip(),
-        f"  launch lead         mean {f(s['launch_lead_us_mean'])} µs; run-ahead fraction "
-        f"{f(s['run_ahead_fraction'], '.3f')}",
-        f"  launch-ahead depth  mean {f(s['launch_ahead_mean'], '.3f')}; histogram "
-        + ", ".join(f"{k}: {f(v, '.2f')}" for k, v in s["launch_ahead_hist"].items()),
+        *stall_lines(s),
         f"  throughput          {f(s['tokens_per_s'], '.0f')} tokens/s "
         f"(batch {cfg.batch_size} x {cfg.accept.tokens} accepted)",
         f"  races               {s['races']} latent, {s['overlaps']} observed overlaps "

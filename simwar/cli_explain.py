@@ -67,7 +67,7 @@ def register(sub) -> None:
 # --------------------------------------------------------------------------- explain
 def cmd_explain(args) -> int:
     from .analysis.critical_path import NoForward, critical_path, sentence
-    from .cli import UserError, _jsonable
+    from .cli_common import UserError, jsonable
 
     trace, what = load_source(args.source, args.mapping, args.overrides)
     steps = _parse_steps(args.steps) if args.steps else None
@@ -89,14 +89,14 @@ def cmd_explain(args) -> int:
         d = cp.to_dict()
         d["source"] = what
         d["sentence"] = sentence(cp)
-        print(json.dumps(_jsonable(d), sort_keys=True))
+        print(json.dumps(jsonable(d), sort_keys=True))
     else:
         print(format_explain(cp, what, args.top))
     return 0
 
 
 def _parse_steps(text: str) -> tuple[int, int]:
-    from .cli import UserError
+    from .cli_common import UserError
 
     parts = text.split(":")
     try:
@@ -111,7 +111,7 @@ def _parse_steps(text: str) -> tuple[int, int]:
 def _image_path(path: str) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from .cli import UserError
+    from .cli_common import UserError
 
     out = Path(path)
     if not out.parent.exists():
@@ -129,7 +129,7 @@ def load_source(path: str, mapping: str | None = None, overrides=()):
     Told apart by content: a simwar trace's JSON starts with ``"format": "simwar.trace"``;
     other JSON is read as a Kineto capture; anything else as a YAML config.
     """
-    from .cli import UserError
+    from .cli_common import UserError
 
     p = Path(path)
     if not p.exists():
@@ -297,7 +297,7 @@ def chain_figure(cp, step: int, figsize=(13, 4.6)):
 # --------------------------------------------------------------------------- advise
 def cmd_advise(args) -> int:
     from .advise import OBJECTIVES, SCREEN_STEPS, AdviseError, advise
-    from .cli import UserError, _jsonable
+    from .cli_common import UserError, jsonable
     from .config import load_config, parse_override
 
     if args.objective not in OBJECTIVES:
@@ -326,7 +326,7 @@ def cmd_advise(args) -> int:
             + yaml.safe_dump(best.model_dump(mode="json"), sort_keys=False))
         print(f"simwar: wrote {args.output}", file=sys.stderr)
     if args.json:
-        print(json.dumps(_jsonable(advice.to_dict()), sort_keys=True))
+        print(json.dumps(jsonable(advice.to_dict()), sort_keys=True))
     else:
         print(format_advice(advice, args.config, args.overrides, args.top))
     return 0

@@ -65,7 +65,7 @@ def register(sub) -> None:
 
 
 def _user_error(msg: str):
-    from .cli import UserError
+    from .cli_common import UserError
 
     return UserError(msg)
 
@@ -224,7 +224,7 @@ def _rounded(x):
 
 # --------------------------------------------------------------------------- compare
 def cmd_compare(args) -> int:
-    from .cli import costs_overrides
+    from .cli_common import costs_overrides
     from .harness.fit import compare, criteria, plot_compare, with_host_speed
 
     measured = load_measured(args.measured)

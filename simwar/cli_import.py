@@ -70,7 +70,7 @@ def register(sub) -> None:
 
 
 def cmd_import(args) -> int:
-    from .cli import UserError, _jsonable
+    from .cli_common import UserError, jsonable
     from .importers.kineto import KinetoFormatError, import_kineto
     from .importers.mapping import load_mapping
     from .importers.stalls import HTA_KERNEL_WAIT_US, import_report
@@ -126,7 +126,7 @@ def cmd_import(args) -> int:
     for w in report["warnings"]:
         print(f"simwar: warning: {w}", file=sys.stderr)
     if args.json:
-        print(json.dumps(_jsonable(report), sort_keys=True))
+        print(json.dumps(jsonable(report), sort_keys=True))
     else:
         print(format_report(report))
         if args.fit_costs:
@@ -153,7 +153,7 @@ def _check_config(args):
 
 def _additions(path: str, additions: list[str]) -> list:
     """``--add KEY=US`` as overrides: the fitted file's duration at KEY, shifted by US µs."""
-    from .cli import UserError
+    from .cli_common import UserError
     from .config import ConfigError, Override, load_config
 
     if not additions:
@@ -215,7 +215,7 @@ def _shift(value, us: float):
 
 def _check(result, mapping, args, loaded, report) -> dict:
     from .api import simulate
-    from .cli import UserError, run_label
+    from .cli_common import UserError, run_label
     from .importers.check import accepted, compare, format_rows, relaunch
     from .importers.model import FitError, check_mapping
 
@@ -250,7 +250,7 @@ def _write_model(result, mapping, args, path: Path):
     import yaml
 
     from . import __version__
-    from .cli import UserError
+    from .cli_common import UserError
     from .importers.model import FitError, fit_model
 
     try:
@@ -323,7 +323,8 @@ def _write_fit(trace, output: str, dist: str, source: str) -> dict:
 
 
 def format_report(r: dict) -> str:
-    from .cli import _num as f  # never -0.0
+    from .cli_common import num as f  # never -0.0
+    from .cli_common import stall_lines
 
     c = r["counts"]
     s = r["metrics"]
@@ -333,24 +334,7 @@ def format_report(r: dict) -> str:
              f"  steps               {r['steps']} in the capture; {s.get('steps_measured', 0)} "
              f"measured; forward stream '{r['forward_stream']}'"]
     if s.get("steps_measured", 0) > 0:
-        blocked = ", ".join(f"{k[len('cpu_blocked_'):-len('_us_mean')]} {f(v)}"
-                            for k, v in s.items()
-                            if k.startswith("cpu_blocked_") and k.endswith("_us_mean")
-                            and k != "cpu_blocked_us_mean" and v > 0)
-        lines += [
-            f"  step time           mean {f(s['step_us_mean'])} µs   p50 {f(s['step_us_p50'])}"
-            f"   p99 {f(s['step_us_p99'])}",
-            f"  forward             {f(s['fwd_us_mean'])} µs; gap before it "
-            f"{f(s['fwd_gap_us_mean'])} µs",
-            f"  GPU idle (forward)  {f(s['gpu_idle_us_mean'])} µs/step (waiting on a dependency "
-            f"{f(s['gpu_idle_dep_us_mean'])}, on the host {f(s['gpu_idle_host_us_mean'])}); "
-            f"busy {f(100 * s['gpu_busy_fraction'])}%",
-            f"  CPU blocked         {f(s['cpu_blocked_us_mean'])} µs/step {blocked}".rstrip(),
-            f"  launch lead         mean {f(s['launch_lead_us_mean'])} µs; run-ahead fraction "
-            f"{f(s['run_ahead_fraction'], '.3f')}",
-            f"  launch-ahead depth  mean {f(s['launch_ahead_mean'], '.3f')}; histogram "
-            + ", ".join(f"{k}: {f(v, '.2f')}" for k, v in s["launch_ahead_hist"].items()),
-        ]
+        lines += stall_lines(s)
     else:
         lines.append("  (no measured steps: need at least two steps with forward kernels "
                      "after warm-up)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .cli import UserError
+from .cli_common import UserError
 
 RESULTS_FILE = "results.parquet"
 

@@ -67,7 +67,7 @@ def _is_sweep_file(path: str) -> bool:
 
 # --------------------------------------------------------------------------- sweep
 def cmd_sweep(args) -> int:
-    from .cli import UserError
+    from .cli_common import UserError
     from .sweeps import RunStore, SweepConflict, load_sweep, sweep
 
     if args.jobs < 0:

@@ -49,7 +49,6 @@ import copy
 import hashlib
 import itertools
 import json
-import math
 import multiprocessing
 import os
 import signal
@@ -63,7 +62,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import __version__
-from ._io import atomic_file, stale_temporaries, write_bytes_atomic
+from ._io import atomic_file, jsonable, stale_temporaries, write_bytes_atomic
 from .config import ConfigError, _first_error, load_config, override_list, read_yaml
 
 #: columns every result row carries besides the swept keys and the summary metrics
@@ -270,20 +269,7 @@ def run_one(config: dict) -> dict:
     """
     from .api import simulate
 
-    return _normalise(simulate(config).summary)
-
-
-def _normalise(obj: Any) -> Any:
-    """The JSON form of a summary: string keys, non-finite floats as None."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _normalise(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_normalise(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return _normalise(obj.item())
-    return obj
+    return jsonable(simulate(config).summary)
 
 
 # --------------------------------------------------------------------------- storage

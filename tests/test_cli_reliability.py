@@ -304,8 +304,8 @@ def test_negative_zero_is_never_printed():
     result.summary["gpu_idle_us_mean"] = -1e-9
     result.summary["fwd_gap_us_mean"] = -3e-13
     assert "-0.0" not in format_summary(result)
-    assert cli._num(-1e-12) == "0.0" and cli._num(-0.04, ".2f") == "-0.04"
-    assert cli._num(-0.0, ".3f") == "0.000" and cli._num(-12.0) == "-12.0"
+    assert cli.num(-1e-12) == "0.0" and cli.num(-0.04, ".2f") == "-0.04"
+    assert cli.num(-0.0, ".3f") == "0.000" and cli.num(-12.0) == "-12.0"
 
 
 def test_the_import_report_never_prints_negative_zero_either():

@@ -120,7 +120,8 @@ def race_kind(first_mode: int, second_mode: int) -> str:
 
 
 def happens_before(lane_of: list, kind_of: list, bound_of: list, need) -> tuple[dict, dict]:
-    """Vector clocks of the ops in ``need`` (and of every record), walking in issue order.
+    """Vector clocks of the ops in ``need``, walking in issue order (a record's clock is
+    kept while a later wait or sync may still bind to it).
 
     ``lane_of``/``kind_of``/``bound_of``: per op (issue order) its lane (any hashable code),
     :class:`OpKind` and bound record (-1: none). Returns ``(op_clock, index)``: op id ->
@@ -132,19 +133,31 @@ def happens_before(lane_of: list, kind_of: list, bound_of: list, need) -> tuple[
     host = [0] * n
     clocks = {code: [0] * n for code in index}
     op_clock: dict[int, tuple[int, ...]] = {}
+    # a record's clock is needed until the last wait or sync bound to it (then dropped,
+    # unless the record is itself asked for): a long trace keeps few of them at once
+    last_use: dict[int, int] = {}
+    for op_id, bound in enumerate(bound_of):
+        if bound >= 0:
+            last_use[bound] = op_id
+    drop_at: dict[int, list[int]] = {}
+    for rec, last in last_use.items():
+        if rec not in need:
+            drop_at.setdefault(last, []).append(rec)
     SYNC, WAIT, RECORD = OpKind.SYNC, OpKind.WAIT, OpKind.RECORD
     for op_id, (lane, kind, bound) in enumerate(zip(lane_of, kind_of, bound_of)):
         if kind == SYNC:
             if bound >= 0:
                 host = _join(host, op_clock[bound])
-            continue
-        v = _join(clocks[lane], host)
-        if kind == WAIT and bound >= 0:
-            v = _join(v, op_clock[bound])
-        v[index[lane]] += 1
-        clocks[lane] = v
-        if kind == RECORD or op_id in need:
-            op_clock[op_id] = tuple(v)
+        else:
+            v = _join(clocks[lane], host)
+            if kind == WAIT and bound >= 0:
+                v = _join(v, op_clock[bound])
+            v[index[lane]] += 1
+            clocks[lane] = v
+            if (kind == RECORD and op_id in last_use) or op_id in need:
+                op_clock[op_id] = tuple(v)
+        for rec in drop_at.pop(op_id, ()):
+            del op_clock[rec]
     return op_clock, index
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .._io import jsonable
 from ..analysis.metrics import analyze
 from ..trace import Trace
 from .replay import COST_KINDS
@@ -45,22 +46,12 @@ METRICS = ("step_us_mean", "step_us_p50", "fwd_us_mean", "fwd_gap_us_mean", "gpu
            "cpu_blocked_us_mean", "launch_lead_us_mean", "launch_ahead_mean", "tokens_per_s")
 
 
-def _finite(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {str(k): _finite(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x
-
-
 def measured_summary(trace: Trace) -> dict:
     """The compact record of one measured run (what ``calibration/`` keeps)."""
     _, summary, _ = analyze(trace)
     warm = int(trace.meta.get("warmup_steps", 0))
     races = [r for r in trace.meta.get("measured_races", []) if r["read_step"] >= warm]
-    return _finite({
+    return jsonable({
         "summary": summary,
         "measured_races": len(races),
         "measured_race_steps": len({r["read_step"] for r in races}),
