@@ -1196,9 +1196,11 @@ class _Rows:
 
     def within(self, first: int, last: int | None = None) -> _Rows | None:
         """The races whose two accesses belong to steps ``first..last`` (None: no end)."""
-        j0 = max(0, first - self.a_step)  # the earlier access is never in a later step
-        j1 = len(self.overlap) if last is None else min(len(self.overlap),
-                                                         last - self.b_step + 1)
+        # both accesses in [first, last] (an op may be labelled with an earlier step than
+        # the op it races with: a program's labels need not follow issue order)
+        j0 = max(0, first - min(self.a_step, self.b_step))
+        j1 = len(self.overlap) if last is None else min(
+            len(self.overlap), last - max(self.a_step, self.b_step) + 1)
         if j0 >= j1:
             return None
         if j0 == 0 and j1 == len(self.overlap):

@@ -405,9 +405,14 @@ def test_a_categorical_x_is_drawn_as_points_not_lines(sweep_dir, tmp_path):
 # --------------------------------------------------------------------------- progress
 def test_simulate_reports_each_step_to_a_progress_callback():
     seen = []
-    result = simulate(None, {"steps": 30, "warmup_steps": 5}, progress=seen.append)
+    short = {"steps": 30, "warmup_steps": 5}
+    result = simulate(None, short, engine="simpy", progress=seen.append)
     assert seen == sorted(seen) and seen[0] == 0 and seen[-1] >= 29
-    assert result.summary == simulate(None, {"steps": 30, "warmup_steps": 5}).summary
+    assert result.summary == simulate(None, short).summary
+    # the one-pass executor (the default) runs the whole run at once: it reports the end
+    seen.clear()
+    simulate(None, short, progress=seen.append)
+    assert seen == [30]
 
 
 class _Terminal(io.StringIO):
@@ -425,10 +430,10 @@ def test_run_shows_a_progress_bar_on_a_terminal_unless_quiet(monkeypatch, capsys
         assert ("simulating" in terminal.getvalue() or "analysing" in terminal.getvalue()) \
             == shown
     capsys.readouterr()
-    # not a terminal: no bar (capsys' stderr is not one)
+    # not a terminal: no bar (capsys' stderr is not one), only the executor's name
     monkeypatch.undo()
     assert main(["run", *SHORT]) == 0
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == "simwar: executor fast\n"
 
 
 def test_the_engine_stays_free_of_tqdm_and_printing():

@@ -262,10 +262,10 @@ def hazard_counts(hazards, steps: np.ndarray) -> dict:
     to ``steps`` (the measured steps, as every other figure; empty without a report)."""
     if hazards is None:
         return {}
+    lo, hi = int(steps.min()), int(steps.max())
+    if hasattr(hazards, "counts") and hi - lo + 1 != len(steps):
+        hazards = hazards.report()  # steps with a gap (no forward): as a list, like the engine's
     if hasattr(hazards, "counts"):  # the one-pass executor's races, counted without a list
-        lo, hi = int(steps.min()), int(steps.max())
-        if hi - lo + 1 != len(steps):
-            raise ValueError("measured steps are not one run of consecutive steps")
         races, overlaps, race_steps = hazards.counts(lo, hi)
     else:
         h = hazards.within(steps.tolist())
