@@ -353,3 +353,24 @@ def test_fast_realizes_arrivals_without_building_the_program(monkeypatch):
     monkeypatch.setattr(workload, "_CACHE", type(workload._CACHE)())
     run = fast.run_config(load_config(None, ARRIVALS))
     assert run.summary["requests_completed"] > 0
+
+
+# ---------------------------------------------------------------------------- plots
+def test_workload_figure_draws_the_batches_and_shades_host_bound_steps(tmp_path):
+    from simwar import plots
+    from simwar.cli import main
+
+    r = simwar.simulate(REPO / "configs" / "dspark_fine_bimodal.yaml", {"steps": 120})
+    fig = plots.workload_figure(r, (24, 71))
+    left, right = fig.axes[:2]
+    assert {c.get_gid() for c in left.collections} == {"step:8", "gap:8", "step:64", "gap:64"}
+    shaded = {p.get_gid() for p in right.patches if str(p.get_gid()).startswith("host_bound")}
+    steps = r.steps[(r.steps.step >= 24) & (r.steps.step <= 71)]
+    assert shaded == {f"host_bound:{k}" for k in steps.step[steps.gpu_idle_host_us > 0]}
+    assert len(shaded) == 24  # two runs of 12 small-batch steps
+    out = tmp_path / "w.png"
+    assert main(["plot", str(REPO / "configs" / "dspark_fine_bimodal.yaml"), "--set",
+                 "steps=100", "--steps-window", "24:60", "-o", str(out)]) == 0
+    assert out.stat().st_size > 10_000
+    assert main(["plot", str(REPO / "configs" / "dspark_fine_bimodal.yaml"), "--y", "step_us",
+                 "-o", str(out)]) == 2
