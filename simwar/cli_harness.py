@@ -73,6 +73,9 @@ def register(sub) -> None:
                         "included)")
     m.add_argument("--description", default="",
                    help="description written into --save-measured's file")
+    m.add_argument("--markdown", metavar="FILE",
+                   help="also write a per-case Markdown table (step time, median per-step "
+                        "error, forward gap, launch-ahead, races)")
     m.set_defaults(func=cmd_compare)
 
 
@@ -258,6 +261,11 @@ def cmd_compare(args) -> int:
         write_text_atomic(args.save_measured, json.dumps(doc, indent=1) + "\n")
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(args.csv, table.to_csv(index=False, float_format="%.4f").encode())
+    if args.markdown:
+        from .harness.fit import markdown_table
+
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.markdown, markdown_table(table))
     if args.plot:
         import matplotlib
 
@@ -278,6 +286,6 @@ def cmd_compare(args) -> int:
         print(f"{c['per_step_cases']} cases with per-step figures: median per-step step-time "
               f"|error| {100 * c['per_step_rel_error_median_median']:.2f}% (median over cases)"
               f", {100 * c['per_step_rel_error_median_max']:.2f}% (worst case)")
-    written = [args.csv] + [f for f in (args.plot, args.save_measured) if f]
+    written = [args.csv] + [f for f in (args.plot, args.save_measured, args.markdown) if f]
     print(f"wrote {', '.join(written)}")
     return 0

@@ -319,6 +319,52 @@ def workload_targets_met(c: dict) -> dict[str, bool]:
     return {k: c.get(k, float("inf")) <= limit for k, limit in WORKLOAD_TARGETS.items()}
 
 
+def case_rows(table: pd.DataFrame) -> list[dict]:
+    """Per case, the figures the calibration tables show: step time simulated and measured
+    and its error, the median per-step error (cases with per-step figures), the forward gap,
+    launch-ahead and race presence."""
+    out = []
+    for name, t in table.groupby("config", sort=True):
+        m = t.set_index("metric")
+
+        def get(metric, col, m=m):
+            return float(m.at[metric, col]) if metric in m.index else float("nan")
+
+        out.append({
+            "case": name,
+            "step_sim": get("step_us_mean", "simulated"),
+            "step_meas": get("step_us_mean", "measured"),
+            "step_err": get("step_us_mean", "rel_error"),
+            "per_step_err": get(PER_STEP, "rel_error"),
+            "gap_sim": get("fwd_gap_us_mean", "simulated"),
+            "gap_meas": get("fwd_gap_us_mean", "measured"),
+            "ahead_sim": get("launch_ahead_mean", "simulated"),
+            "ahead_meas": get("launch_ahead_mean", "measured"),
+            "races_sim": get("races", "simulated"),
+            "races_meas": get("races", "measured"),
+        })
+    return out
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """:func:`case_rows` as a Markdown table (the form ``calibration/README.md`` shows)."""
+    def pct(x):
+        return "–" if x != x else f"{100 * x:.2f}%"
+
+    def us(x):
+        return "–" if x != x else f"{x:.0f}"
+
+    lines = ["| case | step sim | step meas | step err | per-step err (median) | gap sim | "
+             "gap meas | ahead sim/meas | races sim/meas |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in case_rows(table):
+        lines.append(f"| {r['case']} | {us(r['step_sim'])} | {us(r['step_meas'])} | "
+                     f"{pct(r['step_err'])} | {pct(r['per_step_err'])} | {us(r['gap_sim'])} | "
+                     f"{us(r['gap_meas'])} | {r['ahead_sim']:.2f}/{r['ahead_meas']:.2f} | "
+                     f"{r['races_sim']:.0f}/{r['races_meas']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def plot_compare(table: pd.DataFrame, ax_step=None, ax_gap=None):
     """Simulated vs measured step time and forward gap per case (two Axes); returns them."""
     import matplotlib.pyplot as plt
