@@ -371,11 +371,17 @@ def plot_compare(table: pd.DataFrame, ax_step=None, ax_gap=None):
 
     if ax_step is None or ax_gap is None:
         _, (ax_step, ax_gap) = plt.subplots(1, 2, figsize=(10, 4.6))
+    varying = set(table.config[table.metric == PER_STEP])
     for ax, metric, title in ((ax_step, "step_us_mean", "step time (µs)"),
                               (ax_gap, "fwd_gap_us_mean", "forward gap (µs)")):
         t = table[table.metric == metric]
         cpu = t.config.str.contains("-cpu")
-        for mask, label, marker in ((~cpu, "GPU-bound", "o"), (cpu, "CPU-bound", "s")):
+        vary = t.config.isin(varying)
+        for mask, label, marker in ((~cpu & ~vary, "GPU-bound", "o"), (cpu & ~vary, "CPU-bound",
+                                                                       "s"),
+                                    (vary, "batch varies per step", "^")):
+            if not mask.any():
+                continue
             ax.scatter(t.measured[mask], t.simulated[mask], s=16, marker=marker, label=label)
         hi = max(t.measured.max(), t.simulated.max(), 1.0) * 1.05
         ax.plot([0, hi], [0, hi], lw=0.8, color="grey")
