@@ -21,6 +21,15 @@ parameters, constant over the block or one column per parameter. Each shape is c
 once into straight-line Python (generated source, cached per process) that runs a whole
 block in a loop; a run of the builder is three or four blocks, whatever its length.
 
+**Workloads that change every step.** A step's batch, graph bucket and accepted tokens
+change numbers, never structure: a duration that scales with them is a parameter column of
+the block like a drawn one (:class:`simwar.builder.AffineTable` lays its per-use values out as
+the draws are), and a graph launch's name (which carries its bucket, ``verify.graph@32``) is
+not part of a shape. So a varying run is still three or four blocks. A workload whose batches
+depend on simulated time (arrivals) is realized first by :func:`realize`: the same plan, run
+one segment at a time, fixing each step's batch from the host clock at its marker before the
+segment's parameters are read (:mod:`simwar.workload`).
+
 **Races.** Latent races depend only on issue order, streams, records, waits and syncs.
 :func:`simwar.analysis.hazards.detect` compares accesses whose steps differ by at most
 ``window``; when every access belongs to its segment's step and segments are consecutive
