@@ -25,14 +25,26 @@ drawn in a single call holding all of its uses in program order (distributions i
 of first use), before the ops are built (:class:`_Sampler`). The same iteration code,
 given symbolic durations, builds the first iterations and the drain as templates
 (:func:`plan_iterations`), from which :mod:`simwar.fast` runs a config without building
-its Program; both take the same numbers from the same draws. Imports: numpy, no simpy.
+its Program; both take the same numbers from the same draws.
+
+**Durations that vary with the step.** A run's per-step sizes (batch, graph bucket,
+accepted tokens: :mod:`simwar.workload`) are arrays computed before any op. An affine
+duration (:class:`simwar.config.Affine`) is drawn like a distribution: each use asks for
+the size of a step (the step being prepared, or the one whose result is processed, see
+:func:`simwar.config.duration_keys`) and whether it is padded to the graph bucket; the
+symbolic build records that context per use, and :class:`AffineTable` evaluates every use
+of the run at once, vectorised, into one array per duration in program order (its noise
+draws added), which the builder and the one-pass executor read as they read the draws.
+The structure of an iteration never depends on the sizes: only numbers do (graph launches
+carry their size in their name, ``verify.graph@32``, which is not part of an iteration's
+shape). Imports: numpy, no simpy.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .config import Config, Dist, Phase
+from .config import Affine, Config, ConfigError, Dist, Phase, affine_error, duration_keys
 from .policies import PublishPoint, barrier, publish_point
 from .program import (
     CpuWork,
@@ -67,10 +79,10 @@ class _Sampler:
                                               for key, (d, n) in counts.items()}
         self._next: dict[int, object] = {}
 
-    def __call__(self, d):
+    def __call__(self, d, at: int = 0, padded: bool = False):
         it = self._next.get(id(d))
         if it is None:
-            if not isinstance(d, Dist):
+            if not isinstance(d, _DRAWN):
                 return d
             it = self._next[id(d)] = iter(self.arrays[id(d)].tolist())
         return next(it)
@@ -89,6 +101,25 @@ def _sample(rng: np.random.Generator, d: Dist, n: int) -> np.ndarray:
     else:
         x = np.asarray(d.values, dtype=float)[rng.integers(len(d.values), size=n)]
     return np.maximum(float(d.min), x)
+
+
+class Series:
+    """A builder-made duration read from a per-iteration array of the run's sizes
+    (``idle``: the wait for a first request under arrivals)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Series({self.name!r})"
+
+
+#: the host's wait for a request at the top of an iteration (arrivals only)
+WAIT_REQUESTS = Series("idle")
+#: config values handed out per use from an array (the others are constants)
+_DRAWN = (Dist, Affine, Series)
 
 
 class Use:
@@ -130,21 +161,37 @@ class Sum:
 
 
 class _Symbolic:
-    """A drawer that hands out :class:`Use` placeholders instead of numbers (templates)."""
+    """A drawer that hands out :class:`Use` placeholders instead of numbers (templates).
+
+    For a duration that varies with the step (affine, series) it also records, per use, the
+    context: the step whose sizes it takes, relative to the iteration's, and whether the
+    size is padded to the graph bucket.
+    """
 
     def __init__(self) -> None:
         self.dists: dict[int, Dist] = {}  # key -> Dist, in order of first use
+        self.affines: dict[int, object] = {}  # key -> Affine or Series, in order of first use
         self.uses: dict[int, int] = {}  # key -> uses in the current iteration
+        self.contexts: dict[int, list] = {}  # affine key -> [(step offset, padded)] per use
+        self.k = 0  # the current iteration
 
-    def new_iteration(self) -> dict[int, int]:
+    def new_iteration(self, k: int = 0) -> tuple[dict[int, int], dict[int, list]]:
         done, self.uses = self.uses, {}
-        return done
+        ctx, self.contexts = self.contexts, {}
+        self.k = k
+        return done, ctx
 
-    def __call__(self, d):
-        if not isinstance(d, Dist):
+    def __call__(self, d, at: int = 0, padded: bool = False):
+        if not isinstance(d, _DRAWN):
             return d
         key = id(d)
-        self.dists.setdefault(key, d)
+        if type(d) is Dist:
+            self.dists.setdefault(key, d)
+        else:
+            self.affines.setdefault(key, d)
+            self.contexts.setdefault(key, []).append((at - self.k, padded))
+            if type(d) is Affine and d.noise is not None:
+                self(d.noise)  # one noise draw per use, from the run's generator
         n = self.uses.get(key, 0)
         self.uses[key] = n + 1
         return Use(key, n)
@@ -157,8 +204,11 @@ def build_program(cfg: Config) -> Program:
 
 
 def _drawing_builder(cfg: Config) -> _Builder:
-    plan = plan_iterations(cfg)
-    return _Builder(cfg, _Sampler(cfg.seed, plan.draw_counts()), plan.phases)
+    from .workload import resolve
+
+    sizes = resolve(cfg)
+    plan = plan_iterations(cfg, sizes)
+    return _Builder(cfg, plan.sampler(), plan.phases, sizes)
 
 
 #: iterations built symbolically to find the steady-state iteration (see :func:`plan_iterations`)
@@ -176,7 +226,8 @@ class IterationPlan:
     """
 
     def __init__(self, cfg: Config, ops: list[list], uses: list[dict], dists: dict, meta: dict,
-                 phases: list[Phase]):
+                 phases: list[Phase], affines: dict | None = None,
+                 contexts: list[dict] | None = None, sizes=None):
         self.cfg = cfg
         self.phases = phases
         self.ops = ops
@@ -184,6 +235,29 @@ class IterationPlan:
         self.dists = dists
         self.meta = meta
         self.steps = cfg.steps
+        self.affines = affines or {}  # key -> Affine or Series (per-use arrays, not draws)
+        self.contexts = contexts or [{} for _ in ops]  # per skeleton iteration
+        self.sizes = sizes
+
+    def segments(self) -> list[tuple[int, int, int]]:
+        """The run's iterations (the drain last) as ``(skeleton iteration, first, count)``."""
+        n = len(self.ops) - 1
+        if self.steps <= n:
+            out = [(i, i, 1) for i in range(n)]
+        else:
+            out = [(i, i, 1) for i in range(n - 1)] + [(n - 1, n - 1, self.steps - (n - 1))]
+        return out + [(n, self.steps, 1)]
+
+    def sampler(self, fill: bool = True) -> _Sampler:
+        """The run's draws, and the per-use values of its affine durations
+        (``fill=False``: left to :meth:`AffineTable.fill`, as the sizes become known)."""
+        sampler = _Sampler(self.cfg.seed, self.draw_counts())
+        if self.affines:
+            table = AffineTable(self, self.sizes, sampler.arrays)
+            if fill:
+                table.fill(0, self.steps + 1)
+            sampler.table = table
+        return sampler
 
     def role(self, k: int) -> int:
         """Skeleton iteration standing for run iteration ``k`` (``steps``: the drain)."""
@@ -198,39 +272,112 @@ class IterationPlan:
     def draw_counts(self) -> dict[int, tuple[Dist, int]]:
         """Per distribution (in order of first use): the Dist and its draws in the whole run."""
         total: dict[int, int] = {key: 0 for key in self.dists}
-        n = len(self.ops) - 1
-        if self.steps <= n:
-            for uses in self.uses:
-                for key, c in uses.items():
-                    total[key] += c
-        else:
-            for i in range(n):
-                times = 1 if i < n - 1 else self.steps - (n - 1)
-                for key, c in self.uses[i].items():
-                    total[key] += c * times
-            for key, c in self.uses[n].items():
-                total[key] += c
+        for i, _, count in self.segments():
+            for key, c in self.uses[i].items():
+                if key in total:
+                    total[key] += c * count
         return {key: (self.dists[key], total[key]) for key in self.dists}
 
 
-def plan_iterations(cfg: Config) -> IterationPlan:
-    """Build the first iterations and the drain symbolically (no numbers drawn)."""
+class AffineTable:
+    """The value of every use of every step-dependent duration of a run, in program order.
+
+    One flat array per duration (``arrays[key]``), laid out as the draws of a distribution
+    are: iteration by iteration, and within one in the order of its uses. A use of an
+    :class:`~simwar.config.Affine` at iteration ``k`` with context ``(offset, padded)`` is
+    ``base + per_seq * S + per_token * S * A`` plus its noise draw, where ``S`` is the batch of
+    step ``k + offset`` (its graph bucket if ``padded``) and ``A`` that step's accepted tokens;
+    a :class:`Series` use is the series' value at that step. :meth:`fill` computes iterations
+    ``[k0, k1)`` at once (all of them for a run whose sizes are known; one at a time while
+    arrivals are realized). The noise draws are taken out of ``draws``.
+    """
+
+    def __init__(self, plan: IterationPlan, sizes, draws: dict):
+        self.plan = plan
+        self.sizes = sizes
+        self.segments = plan.segments()
+        self.names = {id(v): key for key, v, _ in duration_keys(plan.cfg, plan.phases)}
+        self.arrays: dict[int, np.ndarray] = {}
+        self.offsets: dict[int, list[int]] = {}
+        self.noise: dict[int, np.ndarray] = {}
+        for key, obj in plan.affines.items():
+            pos, offs = 0, []
+            for role, _, count in self.segments:
+                offs.append(pos)
+                pos += count * len(plan.contexts[role].get(key, ()))
+            self.arrays[key] = np.zeros(pos)
+            self.offsets[key] = offs
+            if type(obj) is Affine and obj.noise is not None:
+                self.noise[key] = draws.pop(id(obj.noise))
+        draws.update(self.arrays)
+
+    def fill(self, k0: int, k1: int) -> None:
+        """Evaluate every use of iterations ``k0 <= k < k1`` (the drain is ``steps``)."""
+        sizes = self.sizes
+        last = len(sizes.batch) - 1
+        for si, (role, s0, count) in enumerate(self.segments):
+            a, b = max(k0, s0), min(k1, s0 + count)
+            if a >= b:
+                continue
+            ks = np.arange(a, b)
+            for key, ctx in self.plan.contexts[role].items():
+                obj = self.plan.affines[key]
+                c = len(ctx)
+                block = np.empty((len(ks), c))
+                for j, (off, padded) in enumerate(ctx):
+                    idx = np.minimum(ks + off, last)
+                    if type(obj) is Series:
+                        block[:, j] = getattr(sizes, obj.name)[idx]
+                        continue
+                    size = (sizes.bucket if padded else sizes.batch)[idx].astype(float)
+                    tokens = sizes.accept[idx]
+                    v = obj.value(size, tokens)
+                    bad = np.flatnonzero(v < 0)
+                    if len(bad):
+                        i = bad[0]
+                        raise ConfigError(affine_error(
+                            self.names.get(key, "a duration"), obj, float(size[i]),
+                            float(tokens[i]), float(v[i]), int(idx[i])))
+                    block[:, j] = v
+                start = self.offsets[key][si] + (a - s0) * c
+                stop = start + len(ks) * c
+                flat = block.ravel()
+                if key in self.noise:
+                    flat = flat + self.noise[key][start:stop]
+                self.arrays[key][start:stop] = flat
+
+
+def plan_iterations(cfg: Config, sizes=None) -> IterationPlan:
+    """Build the first iterations and the drain symbolically (no numbers drawn).
+
+    ``sizes``: the run's per-step sizes (:func:`simwar.workload.resolve` by default).
+    """
+    if sizes is None:
+        from .workload import resolve
+
+        sizes = resolve(cfg)
     sym = _Symbolic()
-    b = _Builder(cfg, sym)
+    b = _Builder(cfg, sym, sizes=sizes)
     n = min(cfg.steps, SKELETON)
     ops: list[list] = []
     uses: list[dict] = []
-    sym.new_iteration()
+    contexts: list[dict] = []
+    sym.new_iteration(0)
     for k in range(n):
         start = len(b.ops)
         b.iteration(k)
         ops.append(b.ops[start:])
-        uses.append(sym.new_iteration())
+        u, c = sym.new_iteration(k + 1)
+        uses.append(u)
+        contexts.append(c)
     start = len(b.ops)
     b.drain(n)
     ops.append(b.ops[start:])
-    uses.append(sym.new_iteration())
-    return IterationPlan(cfg, ops, uses, dict(sym.dists), b.meta(), b.phases)
+    u, c = sym.new_iteration()
+    uses.append(u)
+    contexts.append(c)
+    return IterationPlan(cfg, ops, uses, dict(sym.dists), b.meta(), b.phases,
+                         dict(sym.affines), contexts, sizes)
 
 
 def stream_program(cfg: Config) -> Program:
@@ -245,8 +392,10 @@ def stream_program(cfg: Config) -> Program:
 
 
 class _Builder:
-    def __init__(self, cfg: Config, draw, phases: list[Phase] | None = None):
+    def __init__(self, cfg: Config, draw, phases: list[Phase] | None = None, sizes=None):
         self.cfg = cfg
+        self.sizes = sizes  # simwar.workload.StepSizes (None: constant sizes)
+        self._at = 0  # the step whose sizes the durations drawn now use
         # distributions are keyed by object: builders of one run share the phase table
         self.phases: list[Phase] = phases if phases is not None else cfg.phase_table()
         pol = cfg.policy
@@ -261,12 +410,15 @@ class _Builder:
         self.read_done: dict[int, str] = {}
 
     # ---- host API calls, with their costs drawn per call
+    def _draw(self, d, padded: bool = False):
+        return self.draw(d, self._at, padded)
+
     def _cost(self, d) -> float:
-        return self.draw(d) + self.draw(self.cfg.costs.host_call_us)
+        return self._draw(d) + self._draw(self.cfg.costs.host_call_us)
 
     def launch(self, stream: str, label: str, dur, step: int, phase: str = "",
                reads=(), writes=()) -> None:
-        k = Kernel(label, self.draw(dur), tuple(reads), tuple(writes), phase)
+        k = Kernel(label, self._draw(dur), tuple(reads), tuple(writes), phase)
         self.ops.append(Launch(stream, k, step, self._cost(self.cfg.costs.launch_us)))
 
     def record(self, event: str, stream: str, step: int) -> None:
@@ -275,20 +427,20 @@ class _Builder:
     def wait_event(self, stream: str, event: str, step: int) -> None:
         c = self.cfg.costs
         self.ops.append(WaitEvent(stream, event, step, self._cost(c.wait_event_us),
-                                  self.draw(c.cross_stream_us)))
+                                  self._draw(c.cross_stream_us)))
 
     def wait_stream(self, stream: str, other: str, step: int) -> None:
         c = self.cfg.costs
         self.ops.append(WaitStream(stream, other, step, self._cost(c.wait_stream_us),
-                                   self.draw(c.cross_stream_us)))
+                                   self._draw(c.cross_stream_us)))
 
     def sync(self, event: str, step: int, site: str) -> None:
         c = self.cfg.costs
         self.ops.append(Synchronize(event, step, site, self._cost(c.sync_us),
-                                    self.draw(c.sync_wake_us)))
+                                    self._draw(c.sync_wake_us)))
 
     def cpu(self, label: str, dur, step: int) -> None:
-        d = self.draw(dur)
+        d = self._draw(dur)
         if d > 0:
             self.ops.append(CpuWork(label, d, step))
 
@@ -309,7 +461,7 @@ class _Builder:
 
     def meta(self) -> dict:
         cfg, p = self.cfg, self.point
-        return {
+        out = {
             "name": cfg.name, "seed": cfg.seed, "steps": cfg.steps,
             "warmup_steps": cfg.warmup_steps, "algorithm": cfg.algorithm,
             "batch_size": cfg.batch_size, "accept_tokens": cfg.accept.tokens,
@@ -318,10 +470,20 @@ class _Builder:
             "publish_position": p.position, "publish_reason": p.reason,
             "forward_stream": "forward",
         }
+        sz = self.sizes
+        if sz is not None and sz.per_step:
+            # the run's means stand in for the constants; the steps' own values follow
+            out["batch_size"] = float(sz.batch.mean()) if len(sz.batch) else 0.0
+            out["accept_tokens"] = float(sz.accept.mean()) if len(sz.accept) else 0.0
+            out["workload"] = sz.meta()
+        return out
 
     def iteration(self, k: int) -> None:
         cfg, pol = self.cfg, self.cfg.policy
         self.ops.append(StepMarker(k))
+        self._at = k
+        if self.sizes is not None and self.sizes.idle is not None:
+            self.cpu("wait_requests", WAIT_REQUESTS, k)
         loop_top = pol.placement == "loop_top" and k > 0
         if loop_top and not self.policy.blocks_at_prepare:
             self.policy.fence(self, k - 1)
@@ -400,13 +562,17 @@ class _Builder:
             self.publish_record(k)
         nodes: list = []
         if _positive(ph.prep_us):
-            nodes.append(Kernel(f"{name}.prep", self.draw(ph.prep_us), reads, (), name))
+            nodes.append(Kernel(f"{name}.prep", self._draw(ph.prep_us, True), reads, (), name))
         if pos == "in_replay" and self.point.in_graph:
             event = f"{name}.read_done"
             nodes.append(GraphRecord(event))
             self.read_done[k] = event
-        nodes.append(Kernel(f"{name}.body", self.draw(ph.body_us), body_reads, (), name))
-        self.ops.append(GraphLaunch("forward", f"{name}.graph", tuple(nodes), k, name,
+        nodes.append(Kernel(f"{name}.body", self._draw(ph.body_us, True), body_reads, (), name))
+        graph = f"{name}.graph"
+        sz = self.sizes
+        if sz is not None and sz.suffix:  # one captured graph per (phase, bucket)
+            graph += f"@{int(sz.bucket[k])}"
+        self.ops.append(GraphLaunch("forward", graph, tuple(nodes), k, name,
                                     self._cost(costs.graph_launch_us)))
         if pos == "post_replay" or (pos == "in_replay" and not self.point.in_graph):
             self.publish_record(k)
@@ -419,12 +585,14 @@ class _Builder:
     def process_result(self, j: int, k: int) -> None:
         """Iteration k processes the result of step j = k-1."""
         cfg = self.cfg
+        at, self._at = self._at, j  # the durations of processing scale with step j's batch
         self.sync(f"copy_done[{j}]", k, "result_copy")
         self.cpu("process_result", cfg.cpu.process_result_us, k)
         if _positive(cfg.gpu.result_writes_us):
             self.launch("schedule", "result_writes", cfg.gpu.result_writes_us, k,
                         writes=self.writes)
+        self._at = at
 
 
 def _positive(d) -> bool:
-    return isinstance(d, Dist) or d > 0
+    return isinstance(d, (Dist, Affine)) or d > 0

@@ -209,6 +209,27 @@ def measured_steps(columns: dict | None, warmup: int) -> list[int]:
     return step[(step >= warmup) & ~np.isnan(step_us)].tolist()
 
 
+def _workload_lines(s: dict) -> list[str]:
+    """Per graph bucket, and the requests, of a run whose steps differ."""
+    if "by_bucket" not in s:
+        return []
+    f = num
+    lines = ["  per graph bucket    bucket  steps  step µs  fwd gap  GPU idle  CPU blocked"
+             "  launch lead"]
+    for b, v in s["by_bucket"].items():
+        lines.append(f"                      {b:>6}  {v['steps']:>5}  {f(v['step_us_mean']):>7}"
+                     f"  {f(v['fwd_gap_us_mean']):>7}  {f(v['gpu_idle_us_mean']):>8}"
+                     f"  {f(v['cpu_blocked_us_mean']):>11}  {f(v['launch_lead_us_mean']):>11}")
+    if "requests_completed" in s:
+        lines.append(
+            f"  requests            {s['requests_completed']} completed, "
+            f"{f(s['requests_per_s'])}/s; decode latency mean "
+            f"{f(s['request_latency_us_mean'], '.0f')} µs, p50 "
+            f"{f(s['request_latency_us_p50'], '.0f')}, p99 {f(s['request_latency_us_p99'], '.0f')}"
+            f"; queued {f(s['request_queue_us_mean'], '.0f')} µs before joining")
+    return lines
+
+
 def format_summary(result, max_races: int = 5) -> str:
 
     s = result.summary
@@ -226,8 +247,11 @@ def format_summary(result, max_races: int = 5) -> str:
         header,
         measured_line,
         *stall_lines(s),
-        f"  throughput          {f(s['tokens_per_s'], '.0f')} tokens/s "
-        f"(batch {cfg.batch_size} x {cfg.accept.tokens} accepted)",
+        f"  throughput          {f(s['tokens_per_s'], '.0f')} tokens/s " + (
+            f"(batch mean {f(s['batch_size_mean'])} x {f(s['accepted_tokens_mean'], '.2f')} "
+            f"accepted, per step)" if "batch_size_mean" in s
+            else f"(batch {cfg.batch_size} x {cfg.accept.tokens} accepted)"),
+        *_workload_lines(s),
         f"  races               {s['races']} latent, {s['overlaps']} observed overlaps "
         f"(in {s['race_steps']} of the {s['steps_measured']} steps measured)",
     ]

@@ -1,7 +1,8 @@
 """``simwar harness``, ``simwar calibrate`` and ``simwar compare``.
 
 - ``harness CONFIG... -o DIR``: build each config's program and write it as
-  ``DIR/<name>.json`` (``--suite`` adds the committed suite's cases); with
+  ``DIR/<name>.json`` (``--suite`` adds the committed suite's cases, ``--workloads`` the
+  varying-workload cases); with
   ``--replay`` (needs torch and a CUDA device) also replay each one on the GPU
   and write ``DIR/<name>.trace.json.gz`` (the measured Trace); ``--csan`` adds
   the CSAN matrix (all phases eager, 12 steps, simwar's latent races in each
@@ -11,7 +12,9 @@
   plus ``--bench`` micro-benchmarks; writes a versioned YAML that
   ``simwar run --costs FILE`` reads;
 - ``compare MEASURED... [--costs FILE] [--host-speed measured] --csv FILE [--plot FILE]``: simulate
-  each measured case (suite case or ``--config``) and write the error table.
+  each measured case (suite case or ``--config``) and write the error table (with each
+  varying-workload case's median per-step error); ``--save-measured FILE`` also writes the
+  measured summaries (the ``calibration/*.json`` form) of what was read.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ def register(sub) -> None:
                                    "replay it on CUDA streams and write the measured Trace.")
     p.add_argument("configs", nargs="*", help="YAML configs")
     p.add_argument("--suite", action="store_true", help="add the harness suite's cases")
+    p.add_argument("--workloads", action="store_true",
+                   help="add the varying-workload cases (bimodal, ramp, uniform batches under "
+                        "the fine, coarse and no barrier)")
     p.add_argument("--csan", action="store_true",
                    help="add the CSAN matrix (all-eager cases with simwar's latent races in "
                         "their meta, for python -m simwar.harness.csan)")
@@ -61,6 +67,15 @@ def register(sub) -> None:
                         "replay); default: the calibrated costs as they are")
     m.add_argument("--csv", required=True, help="error table to write")
     m.add_argument("--plot", help="PNG of simulated vs measured step time and forward gap")
+    m.add_argument("--save-measured", metavar="FILE",
+                   help="also write the measured summaries read (a JSON file of the form "
+                        "calibration/*.json holds, per-step figures of varying workloads "
+                        "included)")
+    m.add_argument("--description", default="",
+                   help="description written into --save-measured's file")
+    m.add_argument("--markdown", metavar="FILE",
+                   help="also write a per-case Markdown table (step time, median per-step "
+                        "error, forward gap, launch-ahead, races)")
     m.set_defaults(func=cmd_compare)
 
 
@@ -86,11 +101,14 @@ def cmd_harness(args) -> int:
     if args.suite:
         for name in suite.cases():
             programs[name] = build_program(suite.case_config(name))
+    if args.workloads:
+        for name in suite.workload_cases():
+            programs[name] = build_program(suite.case_config(name))
     if args.csan:
         for name, overrides in suite.csan_cases().items():
             programs[name] = suite.csan_program(name, overrides)
     if not programs:
-        raise _user_error("harness: give at least one CONFIG, --suite or --csan")
+        raise _user_error("harness: give at least one CONFIG, --suite, --workloads or --csan")
     out.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     for name, program in programs.items():
         (out / f"{name}.json").write_text(program.to_json())
@@ -154,7 +172,7 @@ def _case_configs(names, config_path: str | None) -> dict[str, dict]:
     from .config import load_config
     from .harness import suite
 
-    known = suite.cases()
+    known = suite.all_cases()
     out = {}
     for name in names:
         if config_path:
@@ -236,8 +254,18 @@ def cmd_compare(args) -> int:
         else:
             cfg["costs"] = dict(cfg.get("costs", {}), **costs)
     table = compare(configs, measured)
+    if args.save_measured:
+        doc = {"format": "simwar.measured_summaries", "version": 1,
+               "description": args.description, "cases": measured}
+        Path(args.save_measured).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.save_measured, json.dumps(doc, indent=1) + "\n")
     Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
     write_bytes_atomic(args.csv, table.to_csv(index=False, float_format="%.4f").encode())
+    if args.markdown:
+        from .harness.fit import markdown_table
+
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.markdown, markdown_table(table))
     if args.plot:
         import matplotlib
 
@@ -254,5 +282,10 @@ def cmd_compare(args) -> int:
           f"{c['fwd_gap_within_bound']}; launch-ahead |error| max "
           f"{c['launch_ahead_abs_error_max']:.3f}; race presence mismatches "
           f"{c['race_presence_mismatches']} ({c['racy_cases']} racy cases)")
-    print(f"wrote {args.csv}" + (f" and {args.plot}" if args.plot else ""))
+    if "per_step_cases" in c:
+        print(f"{c['per_step_cases']} cases with per-step figures: median per-step step-time "
+              f"|error| {100 * c['per_step_rel_error_median_median']:.2f}% (median over cases)"
+              f", {100 * c['per_step_rel_error_median_max']:.2f}% (worst case)")
+    written = [args.csv] + [f for f in (args.plot, args.save_measured, args.markdown) if f]
+    print(f"wrote {', '.join(written)}")
     return 0

@@ -3,6 +3,9 @@
 - ``simwar plot SWEEP_DIR --x KEY --y METRIC [--hue KEY] -o out.png``: a metric
   against a swept key from a sweep's ``results.parquet`` (one line per value
   of ``--hue``), or ``--kind heatmap`` (``--hue`` is then the second axis);
+- ``simwar plot CONFIG.yaml -o out.png [--set K=V] [--steps-window A:B]``: a run whose
+  steps differ (a ``workload``): step time and forward gap against the batch size, and
+  the regime flips step by step (:func:`simwar.plots.workload_figure`);
 - ``simwar run ... --timeline out.png [--steps-window A:B]``: the stall
   timeline of the run (with a zoom on the first forward-stream bubble);
 - ``simwar run ... --trace out.json``: Chrome trace-event JSON for Perfetto.
@@ -24,18 +27,28 @@ RESULTS_FILE = "results.parquet"
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "plot", help="plot a sweep's results: a metric against a swept key",
+        "plot", help="plot a sweep's results (a metric against a swept key), or a run's steps "
+                     "against their batch size",
         description="Plot METRIC against swept KEY from SWEEP_DIR/results.parquet (or a "
                     ".parquet/.csv table), one line per value of --hue; repeats are drawn "
-                    "as their mean and min-max band. --kind heatmap puts --hue on the y axis.")
+                    "as their mean and min-max band. --kind heatmap puts --hue on the y axis. "
+                    "Given a YAML config instead, simulate it and plot its steps: step time "
+                    "and forward gap against the batch size, and the host-/device-bound "
+                    "regime step by step (--steps-window A:B).")
     p.add_argument("sweep_dir", metavar="SWEEP_DIR",
-                   help="a sweep output directory, or its results.parquet / results.csv")
-    p.add_argument("--x", required=True, metavar="KEY", help="swept key on the x axis")
-    p.add_argument("--y", required=True, metavar="METRIC", help="metric, e.g. step_us_mean")
+                   help="a sweep output directory, or its results.parquet / results.csv; or "
+                        "a YAML config (a run's steps by batch size)")
+    p.add_argument("--x", metavar="KEY", help="swept key on the x axis (sweeps)")
+    p.add_argument("--y", metavar="METRIC", help="metric, e.g. step_us_mean (sweeps)")
     p.add_argument("--hue", metavar="KEY", help="one line per value of this swept key")
     p.add_argument("--kind", choices=("line", "heatmap"), default="line")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                    help="keep only rows where KEY equals VALUE (repeatable)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a dotted key of the config (a config's steps; repeatable)")
+    p.add_argument("--steps-window", metavar="A:B",
+                   help="steps drawn step by step, A and B included (a config's steps; "
+                        "default: the first 72 measured)")
     p.add_argument("-o", "--out", required=True, metavar="OUT.png", help="image to write")
     p.set_defaults(func=cmd_plot)
 
@@ -193,7 +206,45 @@ def plot_title(df, x: str, y: str, hue: str | None, kind: str = "line") -> str:
     return title
 
 
+def _is_config(path: str) -> bool:
+    p = Path(path)
+    return p.suffix.lower() in (".yaml", ".yml") and not p.is_dir()
+
+
+def cmd_plot_steps(args) -> int:
+    """``simwar plot CONFIG.yaml``: the run's steps against their batch size."""
+    from .api import simulate
+    from .config import load_config
+
+    for option, value in (("--x", args.x), ("--y", args.y), ("--hue", args.hue),
+                          ("--where", args.where)):
+        if value:
+            raise UserError(f"{option}: only for a sweep's results (a config plots its steps "
+                            f"by batch size)")
+    if args.kind != "line":
+        raise UserError("--kind: only for a sweep's results")
+    cfg = load_config(args.sweep_dir, args.overrides)
+    window = parse_window(args.steps_window, cfg.steps) if args.steps_window else None
+    out = _output_path(args.out, "-o", image=True)
+    from . import plots
+
+    result = simulate(cfg)
+    _save(plots.workload_figure(result, window), out)
+    print(f"simwar: wrote {out}", file=sys.stderr)
+    return 0
+
+
 def cmd_plot(args) -> int:
+    if _is_config(args.sweep_dir):
+        return cmd_plot_steps(args)
+    for option, value in (("--set", args.overrides), ("--steps-window", args.steps_window)):
+        if value:
+            raise UserError(f"{option}: only for a config (a sweep's results are plotted as "
+                            f"they are)")
+    for option, value in (("--x", args.x), ("--y", args.y)):
+        if not value:
+            raise UserError(f"{option}: required to plot a sweep's results (e.g. --x "
+                            f"cpu.schedule_us --y step_us_mean)")
     df = _filter(read_results(args.sweep_dir), args.where)
     for option, col in (("--x", args.x), ("--y", args.y), ("--hue", args.hue)):
         if col is not None and col not in df.columns:

@@ -1,10 +1,12 @@
 """The config schema (pydantic v2), loading, dotted overrides and clear errors.
 
 A config describes one simulated run: the speculative algorithm (a phase
-table), the barrier policy, CPU and GPU durations, host API costs. Every
-duration is either a number of microseconds or a distribution
-``{dist: normal|lognormal|uniform|empirical, ...}``; the builder draws each
-one per step from the run's single generator.
+table), the barrier policy, CPU and GPU durations, host API costs, and optionally
+a ``workload`` (per-step batch sizes, graph buckets, arrivals). Every duration is
+a number of microseconds, a distribution ``{dist: normal|lognormal|uniform|empirical,
+...}`` (the builder draws each one per use from the run's single generator), or an
+affine function of the step's batch ``{base, per_seq, per_token, noise}``
+(:class:`Affine`; which batch each duration uses: :func:`duration_keys`).
 
 Errors a user can cause are raised as :class:`ConfigError`, whose message is
 one line: ``FILE: dotted.key: what was expected``.
@@ -13,7 +15,9 @@ one line: ``FILE: dotted.key: what was expected``.
 from __future__ import annotations
 
 import copy
+import csv
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple, Union
@@ -24,6 +28,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -72,22 +77,70 @@ class Dist(_Strict):
         return self
 
 
+class Affine(_Strict):
+    """A duration that scales with the step: ``base + per_seq * size + per_token * size *
+    accepted tokens``, plus a ``noise`` draw (a :class:`Dist`) on top.
+
+    ``size`` is the step's batch, padded to its graph bucket for the ``prep_us`` and
+    ``body_us`` of graph phases; ``accepted tokens`` the step's accepted tokens per request
+    (which step each key uses: :func:`duration_keys`). A negative result for a batch the
+    run can have is an error naming the key and the batch.
+    """
+
+    base: float = 0.0
+    per_seq: float = 0.0
+    per_token: float = 0.0
+    noise: Dist | None = None
+
+    @field_validator("base", "per_seq", "per_token", mode="before")
+    @classmethod
+    def _number(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"expected a number of µs, got {v!r}")
+        return v
+
+    @field_validator("noise", mode="before")
+    @classmethod
+    def _noise(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, (dict, Dist)):
+            raise ValueError(f"expected a distribution {{dist: ...}}, got {v!r}")
+        return v
+
+    def value(self, size, tokens=1.0):
+        """The deterministic part at ``size`` (scalars or numpy arrays), without noise."""
+        return self.base + self.per_seq * size + self.per_token * size * tokens
+
+    def text(self) -> str:
+        parts = [f"base {self.base:g}"]
+        if self.per_seq:
+            parts.append(f"per_seq {self.per_seq:g}")
+        if self.per_token:
+            parts.append(f"per_token {self.per_token:g}")
+        return ", ".join(parts)
+
+
+#: keys that make a mapping an affine duration (a mapping with ``dist`` is a distribution)
+AFFINE_KEYS = ("base", "per_seq", "per_token", "noise")
+
+
 def _duration(v: Any) -> Any:
-    if isinstance(v, Dist):
+    if isinstance(v, (Dist, Affine)):
         return v
     if isinstance(v, dict):
+        cls = Affine if "dist" not in v and any(k in v for k in AFFINE_KEYS) else Dist
         try:
-            return Dist(**v)
+            return cls(**v)
         except ValidationError as e:
             raise ValueError(_first_error(e)) from None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"expected a number of µs or {{dist: ...}}, got {v!r}")
+        raise ValueError(f"expected a number of µs, {{dist: ...}} or {{base: ..., per_seq: "
+                         f"...}}, got {v!r}")
     if v < 0:
         raise ValueError(f"a duration must be >= 0 µs, got {v}")
     return float(v)
 
 
-Duration = Annotated[Union[float, Dist], BeforeValidator(_duration)]
+Duration = Annotated[Union[float, Dist, Affine], BeforeValidator(_duration)]
 
 
 # --------------------------------------------------------------------------- sections
@@ -176,8 +229,247 @@ class Costs(_Strict):
 
 
 
+def _tokens(v: Any) -> Any:
+    """``accept.tokens``: a number > 0, a distribution, or a non-empty per-step list."""
+    if isinstance(v, Dist):
+        return v
+    if isinstance(v, dict):
+        try:
+            return Dist(**v)
+        except ValidationError as e:
+            raise ValueError(_first_error(e)) from None
+    if isinstance(v, (list, tuple)):
+        if not v:
+            raise ValueError("empty list (give one accepted-token count per step, or a "
+                             "number)")
+        for i, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 \
+                    or not math.isfinite(x):
+                raise ValueError(f"item {i}: accepted tokens per request must be a number > 0, "
+                                 f"got {x!r}")
+        return [float(x) for x in v]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected a number > 0, a per-step list or {{dist: ...}}, got {v!r}")
+    if not v > 0:
+        raise ValueError(f"Input should be greater than 0 (got {v!r})")
+    return float(v)
+
+
 class Accept(_Strict):
-    tokens: float = Field(default=1.0, gt=0)
+    """Accepted tokens per request per step: a number, a per-step list (cycled) or a
+    distribution drawn once per step (clipped at its ``min``)."""
+
+    tokens: Annotated[Union[float, Dist, list[float]], BeforeValidator(_tokens)] = 1.0
+
+    @property
+    def varies(self) -> bool:
+        return not isinstance(self.tokens, float)
+
+
+# --------------------------------------------------------------------------- workload
+class Arrivals(_Strict):
+    """Requests arriving as a Poisson process of ``rate_per_s`` requests per second."""
+
+    rate_per_s: float = Field(gt=0)
+
+
+def _positive_int(x: Any) -> bool:
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, float) and x.is_integer():
+        x = int(x)
+    return isinstance(x, int) and x >= 1
+
+
+def _batch_error(where: str, x: Any) -> str:
+    return f"{where}: a batch size is a positive integer, got {x!r}"
+
+
+def read_batch_sizes(path: str | Path) -> list[int]:
+    """The ``batch_size`` column of a CSV file, as positive integers (one line on error)."""
+    where = f"workload.batch_sizes_file: {path}"
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{where}: file not found")
+    if path.is_dir():
+        raise ValueError(f"{where}: is a directory (expected a CSV file)")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: not a text file (expected CSV)") from None
+    except OSError as e:
+        raise ValueError(f"{where}: cannot read: {e.strerror or e}") from None
+    try:
+        rows = list(csv.reader(text.splitlines()))
+    except csv.Error as e:
+        raise ValueError(f"{where}: malformed CSV ({e})") from None
+    rows = [r for r in rows if any(cell.strip() for cell in r)]
+    if not rows:
+        raise ValueError(f"{where}: the file is empty (expected a header with a "
+                         f"'batch_size' column)")
+    header = [c.strip() for c in rows[0]]
+    if "batch_size" not in header:
+        raise ValueError(f"{where}: no column 'batch_size' (columns: {', '.join(header)})")
+    col = header.index("batch_size")
+    out = []
+    for line, row in enumerate(rows[1:], start=2):
+        cell = row[col].strip() if col < len(row) else ""
+        try:
+            value = float(cell)
+        except ValueError:
+            value = None
+        if value is None or not _positive_int(value):
+            raise ValueError(_batch_error(f"{where}: line {line}", cell))
+        out.append(int(value))
+    if not out:
+        raise ValueError(f"{where}: no rows (expected one batch size per step)")
+    return out
+
+
+def bucket_of(batch: int, buckets: list[int] | None) -> int:
+    """The graph bucket a batch runs at: the smallest bucket >= it (the batch itself
+    without buckets)."""
+    if not buckets:
+        return batch
+    for b in buckets:
+        if b >= batch:
+            return b
+    raise ValueError(f"batch {batch} is above the largest graph bucket ({buckets[-1]})")
+
+
+class Workload(_Strict):
+    """What changes from step to step: the batch, its graph bucket, arriving requests.
+
+    One batch source at most: ``batch_sizes`` (one per step, cycled), ``batch_sizes_file``
+    (a CSV column ``batch_size``, relative to the config file), ``batch_size`` (a plain int,
+    or a distribution drawn per step and rounded to an integer >= 1; ``uniform`` draws the
+    integers ``ceil(low)..floor(high)`` with equal odds), or ``arrivals`` (requests join at
+    the next schedule when there is room, up to ``max_batch``, and leave once their
+    ``output_tokens`` are produced: see :mod:`simwar.workload`). None of them: the
+    config's constant ``batch_size``. ``graph_buckets``: graph phases run the graph
+    captured for the smallest bucket >= the batch.
+    """
+
+    batch_sizes: list | None = None
+    batch_sizes_file: str | None = None
+    batch_size: Any = None
+    graph_buckets: list | None = None
+    arrivals: Arrivals | None = None
+    output_tokens: Any = None
+    max_batch: int | None = None
+    initial_batch: int = Field(default=0, ge=0)
+    _file_sizes: list[int] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check(self) -> Workload:
+        sources = [k for k in ("batch_sizes", "batch_sizes_file", "batch_size", "arrivals")
+                   if getattr(self, k) is not None]
+        if len(sources) > 1:
+            raise ValueError(f"workload: {' and '.join(sources)}: give one batch source "
+                             f"(batch_sizes, batch_sizes_file, batch_size or arrivals)")
+        buckets = self.graph_buckets
+        if buckets is not None:
+            if not buckets:
+                raise ValueError("workload.graph_buckets: empty (give the captured batch "
+                                 "sizes, or leave the key out)")
+            for i, b in enumerate(buckets):
+                if not _positive_int(b):
+                    raise ValueError(f"workload.graph_buckets.{i}: a bucket is a positive "
+                                     f"integer, got {b!r}")
+            ints = [int(b) for b in buckets]
+            if len(set(ints)) != len(ints):
+                raise ValueError("workload.graph_buckets: duplicate buckets")
+            object.__setattr__(self, "graph_buckets", sorted(ints))
+        if self.batch_sizes is not None:
+            if not self.batch_sizes:
+                raise ValueError("workload.batch_sizes: empty (give at least one batch size)")
+            for i, x in enumerate(self.batch_sizes):
+                if not _positive_int(x):
+                    raise ValueError(_batch_error(f"workload.batch_sizes.{i}", x))
+            sizes = [int(x) for x in self.batch_sizes]
+            object.__setattr__(self, "batch_sizes", sizes)
+            self._check_buckets(sizes, "workload.batch_sizes.{i}")
+        if self.batch_sizes_file is not None:
+            sizes = read_batch_sizes(self.batch_sizes_file)
+            self._check_buckets(sizes, f"workload.batch_sizes_file: {self.batch_sizes_file}: "
+                                       "line {line}")
+            self._file_sizes = sizes
+        if self.batch_size is not None:
+            v = self.batch_size
+            if isinstance(v, dict):
+                try:
+                    v = Dist(**v)
+                except ValidationError as e:
+                    raise ValueError(f"workload.batch_size: {_first_error(e)}") from None
+                object.__setattr__(self, "batch_size", v)
+            if isinstance(v, Dist):
+                if v.dist == "empirical":
+                    for i, x in enumerate(v.values):
+                        if not _positive_int(x):
+                            raise ValueError(_batch_error(f"workload.batch_size.values.{i}", x))
+                if v.dist == "uniform" and math.floor(v.high) < max(1, math.ceil(v.low)):
+                    raise ValueError("workload.batch_size: uniform has no integer >= 1 between "
+                                     "low and high")
+            elif _positive_int(v):
+                object.__setattr__(self, "batch_size", int(v))
+                self._check_buckets([int(v)], "workload.batch_size")
+            else:
+                raise ValueError(_batch_error("workload.batch_size", v) +
+                                 " (or a distribution {dist: ...})")
+        arrival_keys = [k for k in ("output_tokens", "max_batch") if getattr(self, k) is not None]
+        if self.initial_batch:
+            arrival_keys.append("initial_batch")
+        if self.arrivals is None:
+            if arrival_keys:
+                raise ValueError(f"workload.{arrival_keys[0]}: only used with arrivals")
+            return self
+        for key in ("output_tokens", "max_batch"):
+            if getattr(self, key) is None:
+                raise ValueError(f"workload.arrivals: needs workload.{key}")
+        if not _positive_int(self.max_batch):
+            raise ValueError(f"workload.max_batch: a positive integer, got {self.max_batch!r}")
+        if self.initial_batch > self.max_batch:
+            raise ValueError(f"workload.initial_batch: {self.initial_batch} is above max_batch "
+                             f"({self.max_batch})")
+        if buckets and self.max_batch > self.graph_buckets[-1]:
+            raise ValueError(f"workload.max_batch: {self.max_batch} is above the largest graph "
+                             f"bucket ({self.graph_buckets[-1]})")
+        out = self.output_tokens
+        if isinstance(out, dict):
+            try:
+                out = Dist(**out)
+            except ValidationError as e:
+                raise ValueError(f"workload.output_tokens: {_first_error(e)}") from None
+            object.__setattr__(self, "output_tokens", out)
+        elif not isinstance(out, Dist):
+            if not _positive_int(out):
+                raise ValueError(f"workload.output_tokens: a positive integer or a "
+                                 f"distribution {{dist: ...}}, got {out!r}")
+            object.__setattr__(self, "output_tokens", int(out))
+        return self
+
+    def _check_buckets(self, sizes: list[int], where: str) -> None:
+        if not self.graph_buckets:
+            return
+        top = self.graph_buckets[-1]
+        for i, x in enumerate(sizes):
+            if x > top:
+                place = where.format(i=i, line=i + 2)
+                raise ValueError(f"{place}: batch {x} at step {i} is above the largest graph "
+                                 f"bucket ({top})")
+
+    @property
+    def source(self) -> str:
+        """``batch_sizes``, ``batch_sizes_file``, ``batch_size``, ``arrivals`` or ``constant``."""
+        for key in ("batch_sizes", "batch_sizes_file", "batch_size", "arrivals"):
+            if getattr(self, key) is not None:
+                return key
+        return "constant"
+
+    def file_sizes(self) -> list[int]:
+        if self._file_sizes is None:
+            self._file_sizes = read_batch_sizes(self.batch_sizes_file)
+        return self._file_sizes
 
 
 # --------------------------------------------------------------------------- top level
@@ -199,6 +491,8 @@ class Config(_Strict):
     costs: Costs = Field(default_factory=Costs)
     accept: Accept = Field(default_factory=lambda: Accept(tokens=3.2))
     batch_size: int = Field(default=32, ge=1)
+    #: what changes from step to step (None: every step has ``batch_size`` requests)
+    workload: Workload | None = None
     #: executor: ``simpy`` (the reference, keeps a full trace), ``fast`` (one pass, no trace;
     #: same per-step table and summary) or ``auto`` (fast unless a trace is asked for)
     engine: Literal["simpy", "fast", "auto"] = "auto"
@@ -219,10 +513,118 @@ class Config(_Strict):
         pp = self.policy.publish_phase
         if pp != "auto" and pp not in names:
             raise ValueError(f"policy.publish_phase: '{pp}' is not a phase ({', '.join(names)})")
+        wl = self.workload
+        if wl is not None and wl.source == "constant" and wl.graph_buckets \
+                and self.batch_size > wl.graph_buckets[-1]:
+            raise ValueError(f"batch_size: {self.batch_size} is above the largest graph bucket "
+                             f"({wl.graph_buckets[-1]})")
+        check_affine(self)
         return self
 
     def phase_table(self) -> list[Phase]:
         return [Phase(**p) for p in self.phases]
+
+    @property
+    def varies(self) -> bool:
+        """Whether steps differ in batch or accepted tokens (a ``workload`` section, or
+        ``accept.tokens`` that is a list or a distribution)."""
+        return self.workload is not None or self.accept.varies
+
+
+# --------------------------------------------------------------------------- duration keys
+#: which step's batch the host and GPU durations outside the phase table use: the step being
+#: prepared (its schedule) or the step whose result is processed
+PROCESSED_KEYS = ("cpu.process_result_us", "gpu.result_writes_us")
+
+
+def duration_keys(cfg: Config, phases: list[Phase] | None = None) -> list[tuple[str, Any, bool]]:
+    """Every duration of a config as ``(dotted key, value, padded)``.
+
+    ``padded``: the size is the step's graph bucket (the ``prep_us`` and ``body_us`` of a
+    graph phase); otherwise the real batch. The step: the one whose result is processed for
+    :data:`PROCESSED_KEYS`, the one being prepared for everything else (host API costs
+    included: the batch of the step the scheduler is working on).
+    """
+    out: list[tuple[str, Any, bool]] = []
+    for section in ("cpu", "gpu", "costs"):
+        model = getattr(cfg, section)
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            if isinstance(value, (float, Dist, Affine)):
+                out.append((f"{section}.{name}", value, False))
+    for ph in phases if phases is not None else cfg.phase_table():
+        for name in ("load_batch_us", "prep_us", "body_us", "host_us"):
+            padded = ph.graph != "eager" and name in ("prep_us", "body_us")
+            out.append((f"phases.{ph.name}.{name}", getattr(ph, name), padded))
+    return out
+
+
+def _size_range(cfg: Config) -> list[int] | None:
+    """The batch sizes a run can have (None: not bounded before drawing)."""
+    wl = cfg.workload
+    src = wl.source if wl is not None else "constant"
+    if src == "constant":
+        return [cfg.batch_size]
+    if src == "batch_sizes":
+        return sorted(set(wl.batch_sizes))
+    if src == "batch_sizes_file":
+        return sorted(set(wl.file_sizes()))
+    if src == "arrivals":
+        return list(range(1, wl.max_batch + 1))
+    d = wl.batch_size
+    if isinstance(d, int):
+        return [d]
+    if d.dist == "uniform":
+        return list(range(max(1, math.ceil(d.low)), math.floor(d.high) + 1))
+    if d.dist == "empirical":
+        return sorted({int(x) for x in d.values})
+    return None
+
+
+def _token_range(cfg: Config) -> tuple[float, float] | None:
+    t = cfg.accept.tokens
+    if isinstance(t, float):
+        return t, t
+    if isinstance(t, list):
+        return min(t), max(t)
+    if t.dist == "uniform":
+        return max(t.min, t.low), max(t.min, t.high)
+    if t.dist == "empirical":
+        return max(t.min, min(t.values)), max(t.min, max(t.values))
+    return None
+
+
+def affine_error(key: str, a: Affine, size, tokens, value, step: int | None = None) -> str:
+    """The one line for an affine duration that is negative at some batch."""
+    at = f"batch {size:g}" + (f" and {tokens:g} accepted tokens" if a.per_token else "")
+    when = f" (step {step})" if step is not None else ""
+    return (f"{key}: {a.text()} gives {value:g} µs at {at}{when}; a duration must be >= 0 µs")
+
+
+def check_affine(cfg: Config) -> None:
+    """Each affine duration is >= 0 at every batch (and bucket) the run can have."""
+    keys = [(k, v, p) for k, v, p in duration_keys(cfg) if isinstance(v, Affine)]
+    if not keys:
+        return
+    sizes = _size_range(cfg)
+    tokens = _token_range(cfg)
+    if sizes is None:
+        return  # checked as the sizes are drawn (simwar.workload)
+    import numpy as np
+
+    buckets = cfg.workload.graph_buckets if cfg.workload is not None else None
+    real = np.asarray(sizes, dtype=float)
+    padded_sizes = np.asarray(sorted({bucket_of(x, buckets) for x in sizes
+                                      if not buckets or x <= buckets[-1]}), dtype=float)
+    for key, a, padded in keys:
+        if a.per_token and tokens is None:
+            continue
+        at = padded_sizes if padded else real
+        for tok in (tokens or (1.0,)):
+            v = a.value(at, tok)
+            bad = np.flatnonzero(v < 0)
+            if len(bad):
+                raise ValueError(affine_error(key, a, float(at[bad[0]]), tok, float(v[bad[0]])))
 
 
 def resolve_phases(algorithm: str, entries: list[dict]) -> list[Phase]:
@@ -272,7 +674,7 @@ def _first_error(e: ValidationError, prefix: str = "") -> str:
     err = e.errors()[0]
     loc = [str(x) for x in err["loc"]]
     # drop union-branch tags pydantic adds ("float", "Dist", "function-after[...]")
-    loc = [x for x in loc if not (x in ("float", "Dist", "int") or "[" in x)]
+    loc = [x for x in loc if not (x in ("float", "Dist", "Affine", "int") or "[" in x)]
     key = ".".join(([prefix] if prefix else []) + loc)
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
@@ -310,6 +712,17 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: the file is empty (expected a YAML mapping)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def resolve_paths(data: dict, root: str | Path) -> dict:
+    """``data`` with its relative file paths (``workload.batch_sizes_file``) made relative to
+    ``root`` (the directory of the file they were written in)."""
+    wl = data.get("workload")
+    if isinstance(wl, dict) and isinstance(wl.get("batch_sizes_file"), str):
+        path = Path(wl["batch_sizes_file"]).expanduser()
+        if not path.is_absolute():
+            wl["batch_sizes_file"] = str(Path(root) / path)
     return data
 
 
@@ -423,7 +836,7 @@ def load_config(source: str | Path | dict | Config | None = None,
         data = copy.deepcopy(source)
     else:
         label = str(source)
-        data = read_yaml(source)
+        data = resolve_paths(read_yaml(source), Path(source).parent)
     items = override_list(overrides)
     source_data = copy.deepcopy(data) if items else data
     for item in items:
@@ -478,6 +891,7 @@ def validate(data: dict, label: str = "<config>") -> Config:
         raise ConfigError(f"{label}: {e}") from None
 
 
-__all__ = ["BUILTIN", "MIN_MEASURED", "Config", "ConfigError", "Dist", "Duration", "Override",
-           "Phase", "Policy", "load_config", "override_list", "parse_override",
-           "read_yaml", "set_dotted", "validate"]
+__all__ = ["BUILTIN", "MIN_MEASURED", "Affine", "Config", "ConfigError", "Dist", "Duration",
+           "Override", "Phase", "Policy", "Workload", "bucket_of", "duration_keys", "load_config",
+           "override_list", "parse_override", "read_yaml", "resolve_paths", "set_dotted",
+           "validate"]

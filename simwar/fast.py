@@ -21,6 +21,15 @@ parameters, constant over the block or one column per parameter. Each shape is c
 once into straight-line Python (generated source, cached per process) that runs a whole
 block in a loop; a run of the builder is three or four blocks, whatever its length.
 
+**Workloads that change every step.** A step's batch, graph bucket and accepted tokens
+change numbers, never structure: a duration that scales with them is a parameter column of
+the block like a drawn one (:class:`simwar.builder.AffineTable` lays its per-use values out as
+the draws are), and a graph launch's name (which carries its bucket, ``verify.graph@32``) is
+not part of a shape. So a varying run is still three or four blocks. A workload whose batches
+depend on simulated time (arrivals) is realized first by :func:`realize`: the same plan, run
+one segment at a time, fixing each step's batch from the host clock at its marker before the
+segment's parameters are read (:mod:`simwar.workload`).
+
 **Races.** Latent races depend only on issue order, streams, records, waits and syncs.
 :func:`simwar.analysis.hazards.detect` compares accesses whose steps differ by at most
 ``window``; when every access belongs to its segment's step and segments are consecutive
@@ -64,7 +73,7 @@ import numpy as np
 
 from . import rules
 from .analysis.hazards import HazardReport, Race, candidate_pairs, race_kind
-from .analysis.metrics import SITES, columns_from_arrays, summarize, tokens
+from .analysis.metrics import SITES, StepFacts, columns_from_arrays, summarize
 from .program import (
     CpuWork,
     GraphLaunch,
@@ -277,6 +286,7 @@ class Plan:
     negative: bool = False
     offsets: set = field(default_factory=set)
     sites: set = field(default_factory=set)
+    table: object = None  # a config's AffineTable (per-use values of varying durations)
 
     @property
     def segments(self) -> int:
@@ -336,18 +346,24 @@ def _sites(shapes) -> set:
     return {h[2] for sh in shapes for h in sh.host if h[0] == "sync"}
 
 
-def plan_config(cfg) -> Plan:
+def plan_config(cfg, sizes=None, *, fill: bool = True) -> Plan:
     """Shapes and blocks of a config's run, without building its Program.
 
     The builder builds the first iterations and the drain with symbolic durations
     (:func:`simwar.builder.plan_iterations`); iterations from the third on must share one
     shape (checked here on the skeleton), so the run is the first iterations, the steady
     one repeated and the drain. Every distribution is drawn once for the whole run, in the
-    same layout :func:`simwar.builder.build_program` uses, so both give the same numbers.
-    """
-    from .builder import Sum, Use, _Sampler, plan_iterations
+    same layout :func:`simwar.builder.build_program` uses, so both give the same numbers;
+    durations that vary with the step's batch are per-step values of the same layout
+    (:class:`simwar.builder.AffineTable`), never new shapes.
 
-    plan = plan_iterations(cfg)
+    ``sizes``: the run's per-step sizes (:func:`simwar.workload.resolve` by default);
+    ``fill=False`` leaves the affine values to be filled as the run goes (``plan.table``,
+    see :func:`realize`).
+    """
+    from .builder import Sum, Use, plan_iterations
+
+    plan = plan_iterations(cfg, sizes)
     n = len(plan.ops) - 1
     shaper = _Shaper()
     shapes: list[Shape] = []
@@ -378,9 +394,9 @@ def plan_config(cfg) -> Plan:
         else:
             merged.append([i, first, count])
 
-    sampler = _Sampler(cfg.seed, plan.draw_counts())
+    sampler = plan.sampler(fill=fill)
     arrays = sampler.arrays
-    offset = {key: 0 for key in arrays}
+    offset = {key: 0 for uses in plan.uses for key in uses}
     blocks: list[Block] = []
     g = 0
     for i, first, count in merged:
@@ -397,7 +413,9 @@ def plan_config(cfg) -> Plan:
         g += count
     lo = 0
     hi = steps_total
-    return Plan(blocks, dict(plan.meta), lo, hi, False, shaper.offsets, _sites(shapes))
+    out = Plan(blocks, dict(plan.meta), lo, hi, False, shaper.offsets, _sites(shapes))
+    out.table = getattr(sampler, "table", None)
+    return out
 
 
 def _same_template(a: list, b: list) -> bool:
@@ -699,12 +717,15 @@ def _filled(n: int, value: float) -> array:
 
 
 def execute(plan: Plan, window: int = 2, collect: bool | None = None,
-            summary_only: bool = False) -> FastRun:
+            summary_only: bool = False, before_pass=None) -> FastRun:
     """Run a plan: the per-step columns, and the races (see the module docstring).
 
     ``summary_only``: keep no per-step table; rows are summarized as they become final
     (:class:`simwar.streaming.StreamingSummary`), in a window of per-step accumulators
     that moves with the run, so memory does not grow with its length.
+    ``before_pass(step, t)``: called before each segment with its marker step and the host
+    clock there; the segments then run one at a time and their parameters are read after
+    the call (:func:`realize`).
     """
     meta = plan.meta
     fwd = meta.get("forward_stream", "forward")
@@ -733,9 +754,11 @@ def execute(plan: Plan, window: int = 2, collect: bool | None = None,
             fn = compile_block(b.shape, slots, fwd, attempt, log, depth)
             consts = tuple(c for c in b.consts if c is not None)
             keys = b.steps
-            for start in range(0, b.n, CHUNK):
-                stop = min(b.n, start + CHUNK)
+            for start in range(0, b.n, CHUNK if before_pass is None else 1):
+                stop = min(b.n, start + (CHUNK if before_pass is None else 1))
                 ks = keys[start:stop]
+                if before_pass is not None:
+                    before_pass(ks[0], state.t)
                 if flusher is not None:
                     flusher.before(min(ks), max(ks))
                 lo = state.origin
@@ -791,7 +814,7 @@ class _Flusher:
         self.state = state
         self.plan = plan
         self.sink = StreamingSummary(plan.meta)
-        self.tokens = tokens(plan.meta)
+        self.facts = StepFacts(plan.meta)
         offs = [0]
         for b in plan.blocks:
             for h in b.shape.host:
@@ -855,7 +878,7 @@ class _Flusher:
             blocked = {key[1]: v for key, v in facts.items() if isinstance(key, tuple)}
             cols = columns_from_arrays(facts["step"], facts["start"], facts["end"],
                                        facts["busy"], facts["dep"], blocked, facts["launch"],
-                                       self.tokens)
+                                       self.facts)
             ahead = cols["launch_ahead"][h:n]
             if self.dropped and np.any(ahead == np.arange(h, n)):
                 raise RuntimeError("launch-ahead deeper than the streaming history")
@@ -923,7 +946,7 @@ def _finish(plan: Plan, state: _State, races: _RacePlan, fwd: str) -> FastRun:
         columns = {"step": np.zeros(0, dtype=np.int32)}
     else:
         columns = columns_from_arrays(steps, start, end, busy, dep, blocked, launch,
-                                      tokens(plan.meta))
+                                      StepFacts(plan.meta))
     hazards = races.finish(state)
     out = FastRun(columns, plan.meta, hazards, plan.segments)
     out.paths = ("windowed" if races.windowed else "full",
@@ -1344,6 +1367,29 @@ class _RaceList:
 
 
 # =========================================================================== entry points
+def realize(cfg, sizes, model) -> None:
+    """Fix a feedback workload's per-step sizes by running the config one iteration at a time.
+
+    Before iteration ``k`` (the drain is ``steps``) the host clock at its step marker is
+    read and ``model.schedule(k, t)`` fixes ``sizes`` for step k (see
+    :mod:`simwar.workload`); iteration k's durations are then evaluated and it runs. An
+    iteration only uses the sizes of steps <= its own, so what already ran stays valid: the
+    sizes realized are exactly those a run of the finished arrays reproduces.
+    """
+    plan = plan_config(cfg, sizes, fill=False)
+    table = plan.table
+    steps = cfg.steps
+
+    def before(k: int, t: float) -> None:
+        if k < steps:
+            model.schedule(k, t)
+        if table is not None:
+            table.fill(k, k + 1)
+
+    execute(plan, before_pass=before)
+    model.finish_run()
+
+
 def run_config(cfg, window: int = 2, summary_only: bool = False) -> FastRun:
     """Simulate a config in one pass (its Program is never built)."""
     try:

@@ -176,6 +176,20 @@ class StreamingSummary:
         self.measured = 0
         self.first = self.last = None  # the measured steps' range
         self.columns: list[str] | None = None
+        # a varying workload: per-bucket sums, and requests finished in the rows seen
+        self.workload = meta.get("workload") or None
+        self.batch_sum = _Sum()
+        self.accept_sum = _Sum()
+        self.buckets: dict[int, dict[str, _Sum]] = {}
+        self.latency = QuantileSketch(alpha)
+        self.latency_sum = _Sum()
+        self.queue_sum = _Sum()
+        req = (self.workload or {}).get("requests")
+        self.requests = req
+        if req is not None:
+            finish = np.asarray(req["finish_step"], dtype=np.int64)
+            self.req_order = np.argsort(finish, kind="stable")
+            self.req_finish = finish[self.req_order]
 
     def add(self, cols: dict) -> None:
         """Rows of the per-step table (a mapping of equal-length numpy columns)."""
@@ -206,6 +220,34 @@ class StreamingSummary:
         values, counts = np.unique(ahead, return_counts=True)
         for v, c in zip(values.tolist(), counts.tolist()):
             self.ahead[int(v)] = self.ahead.get(int(v), 0) + c
+        if self.workload is not None:
+            self._add_workload(m)
+
+    def _add_workload(self, m: dict) -> None:
+        from .analysis.metrics import BUCKET_METRICS, request_latencies
+
+        self.batch_sum.add(m["batch_size"].astype(np.float64))
+        self.accept_sum.add(m["accepted_tokens"])
+        buckets = m["graph_bucket"]
+        for b in np.unique(buckets).tolist():
+            rows = buckets == b
+            sums = self.buckets.setdefault(int(b), {c: _Sum() for c in BUCKET_METRICS})
+            for c in BUCKET_METRICS:
+                sums[c].add(m[c][rows])
+        if self.requests is None:
+            return
+        steps = m["step"]
+        lo = np.searchsorted(self.req_finish, steps.min(), side="left")
+        hi = np.searchsorted(self.req_finish, steps.max(), side="right")
+        if hi <= lo:
+            return
+        pick = np.sort(self.req_order[lo:hi])  # in request order, as the table's summary
+        req = {k: np.asarray(self.requests[k])[pick] for k in ("finish_step", "admit_us",
+                                                                "arrival_us")}
+        lat, queue = request_latencies(req, steps, m["fwd_end_us"])
+        self.latency.add(lat)
+        self.latency_sum.add(lat)
+        self.queue_sum.add(queue)
 
     def result(self, hazards=None) -> dict:
         from .analysis.metrics import hazard_counts
@@ -249,6 +291,22 @@ class StreamingSummary:
             "launch_ahead_hist": {k: float(c / n_ahead) for k, c in sorted(self.ahead.items())},
             "tokens_per_s": float(ratio(s["tokens"].total, s["step_us"].total) * 1e6),
         })
+        if self.workload is not None:
+            out["batch_size_mean"] = self.batch_sum.mean()
+            out["accepted_tokens_mean"] = self.accept_sum.mean()
+            out["by_bucket"] = {b: {"steps": sums["step_us"].count,
+                                    **{f"{c}_mean": v.mean() for c, v in sums.items()}}
+                                for b, sums in sorted(self.buckets.items())}
+            if self.requests is not None:
+                n = self.latency.n
+                out.update({
+                    "requests_completed": n,
+                    "requests_per_s": float(ratio(n, s["step_us"].total) * 1e6),
+                    "request_latency_us_mean": self.latency_sum.mean(),
+                    "request_latency_us_p50": self.latency.quantile(50) if n else nan,
+                    "request_latency_us_p99": self.latency.quantile(99) if n else nan,
+                    "request_queue_us_mean": self.queue_sum.mean(),
+                })
         out.update(hazard_counts(hazards, np.arange(self.first, self.last + 1)))
         for key in ("barrier", "barrier_effective", "placement", "publish_phase",
                     "publish_position"):

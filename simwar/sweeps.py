@@ -63,7 +63,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import __version__
 from ._io import atomic_file, jsonable, stale_temporaries, write_bytes_atomic
-from .config import ConfigError, _first_error, load_config, override_list, read_yaml
+from .config import (
+    ConfigError,
+    _first_error,
+    load_config,
+    override_list,
+    read_yaml,
+    resolve_paths,
+)
 
 #: columns every result row carries besides the swept keys and the summary metrics
 ID_COLUMNS = ("run_id", "repeat", "seed", "config_hash", "run_key")
@@ -202,10 +209,10 @@ def load_sweep(spec: str | Path | dict | Sweep,
         if not base_path.exists():
             raise ConfigError(f"{label}: base: {parsed.base}: file not found "
                               f"(paths are relative to the sweep file)")
-        base, base_label = read_yaml(base_path), str(base_path)
+        base, base_label = resolve_paths(read_yaml(base_path), base_path.parent), str(base_path)
         base_config = load_config(base_path, override_items)
     else:
-        base, base_label = copy.deepcopy(parsed.base), f"{label}: base"
+        base, base_label = resolve_paths(copy.deepcopy(parsed.base), root), f"{label}: base"
         try:
             base_config = load_config(base, override_items)
         except ConfigError as e:

@@ -65,6 +65,7 @@ CLAIMS = {
     "dspark_before_34816": ("coarse", False),
     "dspark_fine": ("fine", False),
     "dspark_fine_no_external_events": ("fine", False),
+    "dspark_fine_bimodal": ("fine", False),
 }
 
 

@@ -47,10 +47,17 @@ NOISY = {"cpu.schedule_us": {"dist": "lognormal", "mean": 900, "std": 300},
          "costs.host_call_us": {"dist": "normal", "mean": 2, "std": 3},
          "costs.cross_stream_us": {"dist": "uniform", "low": 0, "high": 30}}
 
+#: durations that scale with the batch, on host and device, eager and in graphs
+AFFINE = {"cpu.schedule_us": {"base": 150, "per_seq": 25},
+          "cpu.process_result_us": {"base": 80, "per_seq": 12, "per_token": 2,
+                                    "noise": {"dist": "normal", "mean": 20, "std": 15}},
+          "gpu.schedule_writes_us": {"base": 20, "per_seq": 4},
+          "gpu.result_writes_us": {"base": 5, "per_seq": 1},
+          "costs.launch_us": {"base": 5, "per_seq": 0.05}}
+
 VARIANTS = {
     "short": {"steps": 60, "warmup_steps": 10},
-    # the shortest runs a config accepts (two measured steps: see config.MIN_MEASURED)
-    "three_steps": {"steps": 3, "warmup_steps": 0},
+    "three_steps": {"steps": 3, "warmup_steps": 0},  # the fewest a config may have
     "four_steps": {"steps": 4, "warmup_steps": 1},
     "seven_steps": {"steps": 7, "warmup_steps": 0},
     "noisy": {"steps": 80, "warmup_steps": 5, **NOISY},
@@ -61,12 +68,25 @@ VARIANTS = {
     "plan_stream_copy_on_forward": {"steps": 40, "warmup_steps": 5, "policy.plan_stream": True,
                                     "gpu.result_copy_stream": "forward",
                                     "gpu.schedule_prep_us": 7},
+    # workloads that change every step: the durations are per-step values, never new shapes
+    "workload_bimodal": {"steps": 50, "warmup_steps": 3,
+                         "workload": {"batch_sizes": [2] * 6 + [60] * 6,
+                                      "graph_buckets": [4, 16, 64]},
+                         **AFFINE},
+    "workload_arrivals": {"steps": 70, "warmup_steps": 3,
+                          "workload": {"arrivals": {"rate_per_s": 900}, "max_batch": 24,
+                                       "output_tokens": {"dist": "uniform", "low": 2, "high": 30},
+                                       "initial_batch": 2},
+                          "accept.tokens": {"dist": "empirical", "values": [1, 2, 3, 4]},
+                          **AFFINE, **NOISY},
 }
 
 
 def _same(a, b) -> bool:
     if isinstance(a, float) and isinstance(b, float):
         return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):  # per-bucket figures
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
     return a == b
 
 
@@ -119,10 +139,11 @@ def test_simulate_engines_agree_on_every_result_field():
        copy=st.sampled_from(["copy", "forward"]),
        read_ends=st.sampled_from([None, "pre_replay", "in_replay", "post_replay", "unknown"]),
        graph=st.sampled_from([None, "full", "breakable", "eager"]),
-       noisy=st.booleans(), steps=st.integers(3, 30), seed=st.integers(0, 3))
+       noisy=st.booleans(), steps=st.integers(3, 30), seed=st.integers(0, 3),
+       workload=st.sampled_from([None, None, "list", "dist", "arrivals"]))
 def test_fast_equals_simpy_on_random_configs(algorithm, barrier, placement, external, fallback,
                                              plan_stream, seq_lens, copy, read_ends, graph,
-                                             noisy, steps, seed):
+                                             noisy, steps, seed, workload):
     phase = {"none": "decode"}.get(algorithm, "draft")
     overrides = {"algorithm": algorithm, "policy.barrier": barrier,
                  "policy.placement": placement, "policy.external_events": external,
@@ -134,6 +155,16 @@ def test_fast_equals_simpy_on_random_configs(algorithm, barrier, placement, exte
         overrides[f"phases.{phase}.read_ends"] = read_ends
     if graph:
         overrides[f"phases.{phase}.graph"] = graph
+    if workload:
+        overrides.update(AFFINE)
+        overrides[f"phases.{phase}.body_us"] = {"base": 300, "per_seq": 40, "per_token": 5}
+        overrides[f"phases.{phase}.prep_us"] = {"base": 10, "per_seq": 1}
+        overrides["workload"] = {
+            "list": {"batch_sizes": [1, 7, 33, 64, 2], "graph_buckets": [8, 32, 64]},
+            "dist": {"batch_size": {"dist": "lognormal", "mean": 12, "std": 10}},
+            "arrivals": {"arrivals": {"rate_per_s": 700}, "max_batch": 16, "output_tokens": 9,
+                         "initial_batch": seed, "graph_buckets": [4, 16]}}[workload]
+        overrides["accept.tokens"] = [1.0, 2.5, 3.0]
     cfg = load_config(None, overrides)
     assert_same_run(*reference(build_program(cfg)), fast.run_config(cfg))
 
@@ -299,7 +330,8 @@ def test_run_imports_neither_pandas_nor_simpy():
 
 # ---------------------------------------------------------------------------- summary only
 @pytest.mark.parametrize("chunk", [7, 50])
-@pytest.mark.parametrize("variant", ["short", "noisy", "noisy_host_bound", "loop_top_seq_lens"])
+@pytest.mark.parametrize("variant", ["short", "noisy", "noisy_host_bound", "loop_top_seq_lens",
+                                     "workload_bimodal", "workload_arrivals"])
 @pytest.mark.parametrize("stem", ["dspark_fine", "dspark_none", "eagle_coarse",
                                   "dflash_legacy_host_sync", "none_coarse_loop_top"])
 def test_summary_only_equals_the_table_summary(monkeypatch, stem, variant, chunk):
@@ -308,10 +340,19 @@ def test_summary_only_equals_the_table_summary(monkeypatch, stem, variant, chunk
     full = fast.run_config(cfg).summary
     streamed = fast.run_config(cfg, summary_only=True)
     assert streamed.columns is None and streamed.paths[1] == "streamed"
-    s = streamed.summary
+    assert_close_summaries(streamed.summary, full)
+
+
+def assert_close_summaries(s: dict, full: dict) -> None:
+    """Means within 1e-12 (summation order), everything else equal (quantiles: exact below
+    4096 distinct values)."""
     assert list(s) == list(full)
     for key, value in full.items():
-        if isinstance(value, float) and not key.endswith(("_p50", "_p99")):
+        if isinstance(value, dict) and key == "by_bucket":
+            assert list(s[key]) == list(value)
+            for bucket, figures in value.items():
+                assert_close_summaries(s[key][bucket], figures)
+        elif isinstance(value, float) and not key.endswith(("_p50", "_p99")):
             assert s[key] == pytest.approx(value, rel=1e-12, nan_ok=True), key
         else:  # counts, histograms, and quantiles (exact: fewer than 4096 distinct values)
             assert _same(s[key], value), key

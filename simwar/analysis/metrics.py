@@ -15,10 +15,19 @@ stream, i.e. forward-lane kernel ops with a non-empty ``phase``):
 - ``launch_lead_us``: forward k end minus launch k+1, i.e. how far ahead of
   the GPU the next forward was launched (positive = run-ahead, the sign used
   in SGLang #31468);
-- ``launch_ahead``: forwards launched but unfinished when forward k is launched.
+- ``launch_ahead``: forwards launched but unfinished when forward k is launched;
+- ``tokens``, ``batch_size``, ``graph_bucket``, ``accepted_tokens``: step k's tokens
+  (batch x accepted tokens per request), its batch, the graph bucket its graph phases ran
+  at, its accepted tokens per request: from ``meta.workload`` (per-step arrays) or the
+  run's constants (:class:`StepFacts`).
 
 The summary drops warm-up steps (``meta.warmup_steps``) and the last step
-(it has no successor).
+(it has no successor). A run with a ``meta.workload`` also gets its mean batch and accepted
+tokens, step time, forward gap, GPU idle, CPU blocked time and launch lead per graph bucket
+(``by_bucket``), and, when requests arrived (``meta.workload.requests``), the request
+throughput and each request's decode latency: from the start of the iteration that admitted
+it to the end of the forward of the step that produced its last token (mean, p50, p99), and
+its queueing time before admission.
 
 Everything is computed on the Trace's columns (numpy); the only DataFrame is
 the per-step table itself. Imports: numpy (pandas only to build that DataFrame).
@@ -89,22 +98,62 @@ def step_columns(trace: Trace) -> dict[str, np.ndarray]:
     row = np.searchsorted(steps, markers.step[rb])
     ok = (row < len(steps)) & (steps[np.minimum(row, len(steps) - 1)] == markers.step[rb])
     launch[row[ok]] = markers.time_us[rb][ok]
-    return columns_from_arrays(steps, start, end, busy, dep, by_site, launch, tokens(trace.meta))
+    return columns_from_arrays(steps, start, end, busy, dep, by_site, launch,
+                               StepFacts(trace.meta))
 
 
 def tokens(meta: dict) -> float:
-    """Tokens produced per step: accepted tokens per request times the batch size."""
+    """Tokens produced per step of a constant run: accepted tokens per request times the
+    batch size."""
     return float(meta.get("accept_tokens", 1.0)) * int(meta.get("batch_size", 1))
+
+
+class StepFacts:
+    """Per-step batch, graph bucket, accepted tokens and tokens of a run, from its meta.
+
+    ``meta.workload`` holds one value per step (a run whose steps differ); otherwise every
+    step has the constants ``batch_size`` and ``accept_tokens``.
+    """
+
+    def __init__(self, meta: dict):
+        wl = meta.get("workload")
+        self.varying = bool(wl)
+        if self.varying:
+            self.batch = np.asarray(wl["batch_size"], dtype=np.int64)
+            self.bucket = np.asarray(wl["graph_bucket"], dtype=np.int64)
+            self.accept = np.asarray(wl["accepted_tokens"], dtype=np.float64)
+        else:
+            self.batch_size = int(meta.get("batch_size", 1))
+            self.accept_tokens = float(meta.get("accept_tokens", 1.0))
+
+    def __call__(self, steps: np.ndarray) -> dict[str, np.ndarray]:
+        n = len(steps)
+        if not self.varying:
+            return {"tokens": np.full(n, self.accept_tokens * self.batch_size),
+                    "batch_size": np.full(n, self.batch_size, dtype=np.int64),
+                    "graph_bucket": np.full(n, self.batch_size, dtype=np.int64),
+                    "accepted_tokens": np.full(n, self.accept_tokens)}
+        if len(self.batch) == 0:
+            idx = np.zeros(n, dtype=np.intp)
+            return {"tokens": np.zeros(n), "batch_size": np.zeros(n, dtype=np.int64),
+                    "graph_bucket": np.zeros(n, dtype=np.int64),
+                    "accepted_tokens": np.zeros(n)}
+        idx = np.clip(np.asarray(steps, dtype=np.int64), 0, len(self.batch) - 1)
+        batch = self.batch[idx]
+        accept = self.accept[idx]
+        return {"tokens": accept * batch, "batch_size": batch, "graph_bucket": self.bucket[idx],
+                "accepted_tokens": accept}
 
 
 def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
                         busy: np.ndarray, dep: np.ndarray, blocked: dict[str, np.ndarray],
-                        launch: np.ndarray, tokens_per_step: float) -> dict[str, np.ndarray]:
+                        launch: np.ndarray, facts: StepFacts) -> dict[str, np.ndarray]:
     """The per-step columns from per-step facts; every executor's table is assembled here.
 
     Per row (a step with forward kernels, ascending): forward start and end, the time the
     forward stream was busy (``busy``) and held by waits (``dep``) in [start_k, start_{k+1}),
-    host time blocked in synchronize calls per site, and the ``run_batch`` instant (NaN: none).
+    host time blocked in synchronize calls per site, and the ``run_batch`` instant (NaN: none);
+    ``facts`` gives each step's batch, bucket and accepted tokens.
     """
     nxt = np.append(start[1:], np.nan)
     step_us = nxt - start
@@ -134,7 +183,7 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     out["launch_us"] = launch
     out["launch_lead_us"] = end - np.append(launch[1:], np.nan)
     out["launch_ahead"] = _launch_ahead(end, launch)
-    out["tokens"] = np.full(len(start), float(tokens_per_step))
+    out.update(facts(np.asarray(steps)))
     return out
 
 
@@ -215,6 +264,8 @@ def summarize(df, meta: dict, hazards=None) -> dict:
 
     with np.errstate(divide="ignore", invalid="ignore"):
         _summary_values(out, m, q)
+        if meta.get("workload"):
+            _workload_values(out, m, meta["workload"])
     out.update(hazard_counts(hazards, m["step"]))
     for key in ("barrier", "barrier_effective", "placement", "publish_phase",
                 "publish_position"):
@@ -255,6 +306,58 @@ def _summary_values(out: dict, m: dict, q) -> None:
                               zip(values.tolist(), counts.tolist())},
         "tokens_per_s": float(_sum(m["tokens"]) / _sum(m["step_us"]) * 1e6),
     })
+
+
+#: per graph bucket: the summary's means of these per-step columns
+BUCKET_METRICS = ("step_us", "fwd_gap_us", "gpu_idle_us", "cpu_blocked_us", "launch_lead_us")
+
+
+def _workload_values(out: dict, m: dict, workload: dict) -> None:
+    """Mean batch and accepted tokens, per-bucket means, and the requests' figures."""
+    out["batch_size_mean"] = _mean(m["batch_size"].astype(np.float64))
+    out["accepted_tokens_mean"] = _mean(m["accepted_tokens"])
+    buckets = m["graph_bucket"]
+    by = {}
+    for b in np.unique(buckets).tolist():
+        rows = buckets == b
+        by[int(b)] = {"steps": int(np.count_nonzero(rows)),
+                      **{f"{c}_mean": _mean(m[c][rows]) for c in BUCKET_METRICS}}
+    out["by_bucket"] = by
+    req = workload.get("requests")
+    if req is not None:
+        out.update(request_values(req, m["step"], m["fwd_end_us"], _sum(m["step_us"])))
+
+
+def request_values(req: dict, steps: np.ndarray, fwd_end: np.ndarray, time_us: float) -> dict:
+    """Requests completed in ``steps`` (a run of the measured steps, ascending, with their
+    forward ends): their count and rate over ``time_us``, and their decode latency and
+    queueing time (see the module docstring)."""
+    lat, queue = request_latencies(req, steps, fwd_end)
+    nan = float("nan")
+    return {
+        "requests_completed": int(len(lat)),
+        "requests_per_s": float(len(lat) / time_us * 1e6) if time_us else nan,
+        "request_latency_us_mean": _mean(lat) if len(lat) else nan,
+        "request_latency_us_p50": float(np.percentile(lat, 50)) if len(lat) else nan,
+        "request_latency_us_p99": float(np.percentile(lat, 99)) if len(lat) else nan,
+        "request_queue_us_mean": _mean(queue) if len(queue) else nan,
+    }
+
+
+def request_latencies(req: dict, steps: np.ndarray, fwd_end: np.ndarray) -> \
+        tuple[np.ndarray, np.ndarray]:
+    """Decode latency and queueing time of the requests finished in ``steps`` (in request
+    order)."""
+    finish = np.asarray(req["finish_step"], dtype=np.int64)
+    if len(steps) == 0 or len(finish) == 0:
+        return np.zeros(0), np.zeros(0)
+    row = np.searchsorted(steps, finish)
+    ok = (finish >= 0) & (row < len(steps))
+    ok[ok] = steps[row[ok]] == finish[ok]
+    admit = np.asarray(req["admit_us"], dtype=np.float64)[ok]
+    lat = fwd_end[row[ok]] - admit
+    queue = admit - np.asarray(req["arrival_us"], dtype=np.float64)[ok]
+    return lat, queue
 
 
 def hazard_counts(hazards, steps: np.ndarray) -> dict:

@@ -16,7 +16,9 @@
   the CPU-bound cases (``simwar.calibrate.fit_host_call_us``);
 - :func:`compare`: simulate each case with the calibrated costs and tabulate
   simulated vs measured per metric (abs and relative error), race presence
-  included; :func:`plot_compare` draws step time and forward gap per case;
+  included, and for cases whose steps differ (a ``workload``) the median over steps of
+  each step's own step-time error (``step_us_per_step``); :func:`plot_compare` draws
+  step time and forward gap per case;
 - :func:`with_host_speed`: the calibrated host costs scaled by one measured
   factor per case, the case's own mean launch cost over the calibrated one.
   The GPU machine's host changes speed by up to 2x within a session (see
@@ -46,11 +48,25 @@ METRICS = ("step_us_mean", "step_us_p50", "fwd_us_mean", "fwd_gap_us_mean", "gpu
            "cpu_blocked_us_mean", "launch_lead_us_mean", "launch_ahead_mean", "tokens_per_s")
 
 
+#: per-step columns a measured record keeps for a run whose steps differ
+STEP_COLUMNS = ("step", "batch_size", "graph_bucket", "step_us", "fwd_gap_us", "launch_ahead")
+
+
 def measured_summary(trace: Trace) -> dict:
-    """The compact record of one measured run (what ``calibration/`` keeps)."""
-    _, summary, _ = analyze(trace)
+    """The compact record of one measured run (what ``calibration/`` keeps).
+
+    A run whose steps differ (``meta.workload``) also keeps its measured steps' own
+    figures (:data:`STEP_COLUMNS`, after warm-up), for per-step errors.
+    """
+    df, summary, _ = analyze(trace)
     warm = int(trace.meta.get("warmup_steps", 0))
     races = [r for r in trace.meta.get("measured_races", []) if r["read_step"] >= warm]
+    extra = {}
+    if trace.meta.get("workload"):
+        from ..analysis.metrics import measured as measured_rows
+
+        rows = measured_rows(df, warm)
+        extra["steps"] = {c: rows[c].tolist() for c in STEP_COLUMNS if c in rows.columns}
     return jsonable({
         "summary": summary,
         "measured_races": len(races),
@@ -60,6 +76,7 @@ def measured_summary(trace: Trace) -> dict:
         "cross_stream_us": trace.meta.get("cross_stream_us", {}),
         "device": trace.meta.get("device", {}),
         "host_probe_us": trace.meta.get("host_probe_us", {}),
+        **extra,
     })
 
 
@@ -194,17 +211,58 @@ def compare(configs: dict[str, dict], measured: dict[str, dict],
 
     rows = []
     for name in sorted(set(configs) & set(measured)):
-        sim = simulate(configs[name]).summary
+        result = simulate(configs[name])
+        sim = result.summary
         meas = measured[name]["summary"]
         for m in metrics:
             s, r = sim.get(m), meas.get(m)
             if s is None or r is None:
                 continue
             rows.append(_row(name, m, float(s), float(r)))
+        if measured[name].get("steps"):
+            rows.append(per_step_row(name, result.columns, measured[name]["steps"]))
         rows.append(_row(name, "races", float(sim.get("overlaps", 0) > 0),
                          float(measured[name]["measured_races"] > 0)))
     return pd.DataFrame(rows, columns=["config", "metric", "simulated", "measured",
                                        "abs_error", "rel_error"])
+
+
+#: the per-step row of :func:`compare`: medians over the steps both runs measured
+PER_STEP = "step_us_per_step"
+
+
+def per_step_errors(columns: dict, steps: dict, column: str = "step_us"):
+    """Simulated and measured ``column`` of the steps both have, and the per-step errors:
+    ``(sim, meas, abs_error, rel_error)`` as numpy arrays in step order."""
+    import numpy as np
+
+    sim_steps = np.asarray(columns["step"])
+    meas_steps = np.asarray(steps["step"])
+    common, i_sim, i_meas = np.intersect1d(sim_steps, meas_steps, return_indices=True)
+    sim = np.asarray(columns[column], dtype=float)[i_sim]
+    meas = np.asarray(steps[column], dtype=float)[i_meas]
+    ok = ~(np.isnan(sim) | np.isnan(meas))
+    sim, meas = sim[ok], meas[ok]
+    err = np.abs(sim - meas)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(meas != 0, err / np.abs(meas), np.where(err == 0, 0.0, np.inf))
+    return sim, meas, err, rel
+
+
+def per_step_row(name: str, columns: dict, steps: dict) -> dict:
+    """Row ``step_us_per_step``: the medians of the simulated and measured step times of the
+    steps both measured, and the median of each step's own abs and relative error (not the
+    error of the medians)."""
+    import numpy as np
+
+    sim, meas, err, rel = per_step_errors(columns, steps)
+    if len(sim) == 0:
+        nan = float("nan")
+        return {"config": name, "metric": PER_STEP, "simulated": nan, "measured": nan,
+                "abs_error": nan, "rel_error": nan}
+    return {"config": name, "metric": PER_STEP, "simulated": float(np.median(sim)),
+            "measured": float(np.median(meas)), "abs_error": float(np.median(err)),
+            "rel_error": float(np.median(rel))}
 
 
 def _row(name, metric, sim, meas):
@@ -224,7 +282,7 @@ def criteria(table: pd.DataFrame) -> dict:
     gap_ok = gap.abs_error <= (gap.measured.abs() * 0.10).clip(lower=25.0)
     ahead = rows("launch_ahead_mean")
     races = rows("races")
-    return {
+    out = {
         "cases": int(len(step)),
         "step_rel_error_median": float(step.rel_error.median()),
         "step_rel_error_max": float(step.rel_error.max()),
@@ -234,6 +292,68 @@ def criteria(table: pd.DataFrame) -> dict:
         "race_presence_mismatches": int((races.abs_error > 0).sum()),
         "racy_cases": int((races.measured > 0).sum()),
     }
+    per_step = rows(PER_STEP)
+    if len(per_step):  # cases whose steps differ: each case's median per-step error
+        out["per_step_cases"] = int(len(per_step))
+        out["per_step_rel_error_median_max"] = float(per_step.rel_error.max())
+        out["per_step_rel_error_median_median"] = float(per_step.rel_error.median())
+    return out
+
+
+#: the targets of the workload cases (issue 12), as for the constant cases
+WORKLOAD_TARGETS = {"step_rel_error_median": 0.03, "per_step_rel_error_median_max": 0.05,
+                    "launch_ahead_abs_error_max": 0.15, "race_presence_mismatches": 0}
+
+
+def workload_targets_met(c: dict) -> dict[str, bool]:
+    """Each target of :data:`WORKLOAD_TARGETS` against :func:`criteria`'s figures."""
+    return {k: c.get(k, float("inf")) <= limit for k, limit in WORKLOAD_TARGETS.items()}
+
+
+def case_rows(table: pd.DataFrame) -> list[dict]:
+    """Per case, the figures the calibration tables show: step time simulated and measured
+    and its error, the median per-step error (cases with per-step figures), the forward gap,
+    launch-ahead and race presence."""
+    out = []
+    for name, t in table.groupby("config", sort=True):
+        m = t.set_index("metric")
+
+        def get(metric, col, m=m):
+            return float(m.at[metric, col]) if metric in m.index else float("nan")
+
+        out.append({
+            "case": name,
+            "step_sim": get("step_us_mean", "simulated"),
+            "step_meas": get("step_us_mean", "measured"),
+            "step_err": get("step_us_mean", "rel_error"),
+            "per_step_err": get(PER_STEP, "rel_error"),
+            "gap_sim": get("fwd_gap_us_mean", "simulated"),
+            "gap_meas": get("fwd_gap_us_mean", "measured"),
+            "ahead_sim": get("launch_ahead_mean", "simulated"),
+            "ahead_meas": get("launch_ahead_mean", "measured"),
+            "races_sim": get("races", "simulated"),
+            "races_meas": get("races", "measured"),
+        })
+    return out
+
+
+def markdown_table(table: pd.DataFrame) -> str:
+    """:func:`case_rows` as a Markdown table (the form ``calibration/README.md`` shows)."""
+    def pct(x):
+        return "–" if x != x else f"{100 * x:.2f}%"
+
+    def us(x):
+        return "–" if x != x else f"{x:.0f}"
+
+    lines = ["| case | step sim | step meas | step err | per-step err (median) | gap sim | "
+             "gap meas | ahead sim/meas | races sim/meas |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in case_rows(table):
+        lines.append(f"| {r['case']} | {us(r['step_sim'])} | {us(r['step_meas'])} | "
+                     f"{pct(r['step_err'])} | {pct(r['per_step_err'])} | {us(r['gap_sim'])} | "
+                     f"{us(r['gap_meas'])} | {r['ahead_sim']:.2f}/{r['ahead_meas']:.2f} | "
+                     f"{r['races_sim']:.0f}/{r['races_meas']:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def plot_compare(table: pd.DataFrame, ax_step=None, ax_gap=None):
@@ -242,11 +362,17 @@ def plot_compare(table: pd.DataFrame, ax_step=None, ax_gap=None):
 
     if ax_step is None or ax_gap is None:
         _, (ax_step, ax_gap) = plt.subplots(1, 2, figsize=(10, 4.6))
+    varying = set(table.config[table.metric == PER_STEP])
     for ax, metric, title in ((ax_step, "step_us_mean", "step time (µs)"),
                               (ax_gap, "fwd_gap_us_mean", "forward gap (µs)")):
         t = table[table.metric == metric]
         cpu = t.config.str.contains("-cpu")
-        for mask, label, marker in ((~cpu, "GPU-bound", "o"), (cpu, "CPU-bound", "s")):
+        vary = t.config.isin(varying)
+        for mask, label, marker in ((~cpu & ~vary, "GPU-bound", "o"), (cpu & ~vary, "CPU-bound",
+                                                                       "s"),
+                                    (vary, "batch varies per step", "^")):
+            if not mask.any():
+                continue
             ax.scatter(t.measured[mask], t.simulated[mask], s=16, marker=marker, label=label)
         hi = max(t.measured.max(), t.simulated.max(), 1.0) * 1.05
         ax.plot([0, hi], [0, hi], lw=0.8, color="grey")

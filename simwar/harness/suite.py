@@ -15,6 +15,15 @@ all phases eager (no graphs), the plan stream, the barrier at the loop top,
 in-replay publish without external events (post-replay fallback) and the
 unsound pre-replay fallback (racy under the fine barrier).
 
+The workload cases (:func:`workload_cases`, :func:`write_workload_programs`) are a third
+set, kept apart so that the constant cases' calibration tables stay as measured: DSPARK
+under the fine, coarse and no barrier on batches that change every step (a bimodal
+sequence alternating 12 small-batch, host-bound steps with 12 large-batch, device-bound
+ones; a ramp 1 → 64 → 1; uniform 1..64 drawn per step), with host and device work that
+scale with the batch and graphs captured per bucket (8, 16, 32, 64). Graph-phase
+durations are a function of the bucket only and nothing is drawn but the batches, so one
+captured graph per (phase, bucket) replays every launch of it exactly.
+
 The CSAN matrix (:func:`csan_cases`, :func:`write_csan_programs`) is a
 second, smaller set for ``simwar.harness.csan``: every algorithm × barrier
 with all phases eager (PyTorch's CUDA sanitizer does not see graph replays),
@@ -91,11 +100,68 @@ def cases() -> dict[str, dict]:
     return out
 
 
+# --------------------------------------------------------------------------- workloads
+#: graph buckets of the workload cases (SGLang captures graphs for a list of batch sizes)
+BUCKETS = [8, 16, 32, 64]
+#: durations that scale with the batch (dotted keys). Small batches are host-bound: about
+#: 2.4 ms of host work (plus the host API calls) against a 1.4 ms forward at bucket 8, and still
+#: against 2.3 ms at bucket 16; larger ones are device-bound: at most 3.0 ms of host work against
+#: 4.1 ms at bucket 32 and 7.8 ms at 64. So each step is clearly one or the other (by 0.4 ms or
+#: more at the H200's host costs), and the flips are where the batch crosses 16 -> 17. The draft
+#: at bucket 64 (4.5 ms) keeps verify's shared reads far behind the next step's writes, so that
+#: without a barrier those writes clearly overtake them (a race, not a near miss)
+SCALING = {
+    "cpu.ingest_us": 100.0,
+    "cpu.schedule_us": {"base": 1100.0, "per_seq": 4.0},
+    "cpu.prepare_us": {"base": 500.0, "per_seq": 2.0},
+    "cpu.process_result_us": {"base": 700.0, "per_seq": 4.0},
+    "gpu.schedule_writes_us": {"base": 40.0, "per_seq": 4.0},
+    "gpu.result_writes_us": {"base": 10.0, "per_seq": 1.0},
+    "phases.draft.body_us": {"base": 40.0, "per_seq": 70.0},
+    "phases.verify.body_us": {"base": 250.0, "per_seq": 43.0},
+}
+SMALL = [4, 5, 3, 6, 4, 5, 3, 4, 6, 5, 4, 3]
+LARGE = [57, 49, 60, 52, 64, 55, 50, 58, 61, 49, 53, 56]
+#: batch sources: one bimodal period (12 host-bound steps, 12 device-bound), a ramp
+#: 1 -> 64 -> 1 (cycled), and uniform 1..64 drawn per step
+SEQUENCES = {
+    "bimodal": {"batch_sizes": SMALL + LARGE},
+    "ramp": {"batch_sizes": list(range(1, 65)) + list(range(63, 1, -1))},
+    "uniform": {"batch_size": {"dist": "uniform", "low": 1, "high": 64}},
+}
+WORKLOAD_BARRIERS = ("fine", "coarse", "none")
+WORKLOAD_STEPS = 400
+WORKLOAD_WARMUP = 24
+
+
+def workload_cases() -> dict[str, dict]:
+    """Case name → dotted overrides: DSPARK × (fine, coarse, none) × (bimodal, ramp, uniform)."""
+    out: dict[str, dict] = {}
+    for seq, source in SEQUENCES.items():
+        for barrier in WORKLOAD_BARRIERS:
+            ov = {"steps": WORKLOAD_STEPS, "warmup_steps": WORKLOAD_WARMUP,
+                  "algorithm": "dspark", "policy.barrier": barrier, "seed": 0,
+                  "accept.tokens": 3.2, **SCALING,
+                  "workload": {**source, "graph_buckets": list(BUCKETS)}}
+            out[f"dspark-{barrier}-{seq}"] = ov
+    return out
+
+
+def all_cases() -> dict[str, dict]:
+    """The constant cases and the workload cases."""
+    return {**cases(), **workload_cases()}
+
+
+def write_workload_programs(directory: str | Path, names=None) -> list[Path]:
+    """Build each workload case's Program and write ``<case>.json`` into ``directory``."""
+    return write_programs(directory, names or list(workload_cases()))
+
+
 def case_config(name: str, costs: dict | None = None):
     """The validated Config of case ``name`` (``costs``: a ``costs.*`` mapping to apply)."""
     from ..config import load_config
 
-    table = cases()
+    table = all_cases()
     if name not in table:
         raise KeyError(name)
     ov = dict(table[name], name=name)
