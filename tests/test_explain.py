@@ -305,15 +305,12 @@ def test_cli_explain_errors_are_one_line(capsys, tmp_path, argv, fragment):
 
 # --------------------------------------------------------------------------- H200 captures
 def _capture_trace(case: str) -> Trace:
-    """Import an H200 capture; skip (saying why) while the importer cannot read it here."""
+    """Import an H200 capture with its step ranges and warm-up."""
     from simwar.importers.kineto import import_kineto
 
     config = yaml.safe_load((REAL / f"{case}.config.yaml").read_text())
-    try:
-        imp = import_kineto(REAL / f"{case}.kineto.json.gz",
-                            {"steps": r"^step#\d+$", "warmup_steps": config["warmup_steps"]})
-    except TypeError as e:  # the importer of this tree predates the Trace v2 recorder
-        pytest.skip(f"the Kineto importer of this tree cannot build a Trace v2: {e}")
+    imp = import_kineto(REAL / f"{case}.kineto.json.gz",
+                        {"steps": r"^step#\d+$", "warmup_steps": config["warmup_steps"]})
     return imp.trace
 
 
