@@ -25,6 +25,7 @@ import pytest
 from fast_programs import programs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from strategies import programs as harness_programs
 from test_engine_semantics import programs as single_step_programs
 
 import simwar
@@ -173,6 +174,15 @@ def test_fast_equals_simpy_on_random_configs(algorithm, barrier, placement, exte
 @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
 @given(programs())
 def test_fast_equals_simpy_on_random_programs(program):
+    assert_same_run(*reference(program), fast.run(program))
+
+
+@settings(max_examples=500, deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))
+@given(harness_programs())
+def test_fast_equals_simpy_on_the_random_program_generator_of_the_harness(program):
+    """The generator every executor is held to (tests/strategies.py): 1-5 streams, graphs with
+    in-graph records, waits and syncs, host costs and latencies."""
     assert_same_run(*reference(program), fast.run(program))
 
 
