@@ -86,31 +86,42 @@ class HazardReport:
 
 def detect(trace: Trace, window: int = 2) -> HazardReport:
     """Latent races and observed overlaps among accesses at most ``window`` steps apart
-    (the pairs of :func:`candidate_pairs`, with their times)."""
+    (the pairs of :func:`candidate_pairs`, with their times), in :func:`race_order`."""
     ops, acc = trace.ops, trace.accesses
     strings = trace.strings
-    lane_of = ops.lane.tolist()
     order = np.argsort(acc.op, kind="stable")
-    a_op = acc.op[order].tolist()
-    a_buf = acc.buffer[order].tolist()
-    a_mode = acc.mode[order].tolist()
-    a_step = acc.step[order].tolist()
-    a_phase = acc.phase[order].tolist()
+    a_op, a_buf, a_mode = acc.op[order], acc.buffer[order], acc.mode[order]
+    a_step, a_phase = acc.step[order], acc.phase[order]
     start_of, end_of = ops.start_us, ops.end_us
-    label_of = ops.label
-    races: list[Race] = []
-    for i, j, latent in candidate_pairs(lane_of, ops.kind.tolist(), ops.bound.tolist(), a_op,
-                                        a_buf, a_mode, a_step, window):
-        first, second = a_op[i], a_op[j]
+    lane_of, label_of = ops.lane, ops.label
+    rank = _first_seen(a_buf)
+    found: list[tuple] = []
+    for i, j, latent in candidate_pairs(ops.lane, ops.kind, ops.bound, a_op, a_buf, a_mode,
+                                        a_step, window):
+        first, second = int(a_op[i]), int(a_op[j])
         overlap = float(end_of[first] - start_of[second])
         if not latent and overlap <= 0:
             continue
-        races.append(Race(strings[a_buf[j]], race_kind(a_mode[i], a_mode[j]), a_step[i],
-                          strings[a_phase[i]], strings[lane_of[first]],
-                          strings[label_of[first]], first, a_step[j], strings[a_phase[j]],
-                          strings[lane_of[second]], strings[label_of[second]], second, latent,
-                          max(0.0, overlap)))
-    return HazardReport(races)
+        found.append(((rank[int(a_buf[j])], j, -i), Race(
+            strings[a_buf[j]], race_kind(a_mode[i], a_mode[j]), int(a_step[i]),
+            strings[a_phase[i]], strings[lane_of[first]], strings[label_of[first]], first,
+            int(a_step[j]), strings[a_phase[j]], strings[lane_of[second]],
+            strings[label_of[second]], second, latent, max(0.0, overlap))))
+    found.sort(key=lambda item: item[0])
+    return HazardReport([race for _, race in found])
+
+
+def race_order(buffer_rank: int, second: int, first: int) -> tuple:
+    """The order races are listed in: per buffer (in order of its first access), by the
+    later access (in issue order), then by the earlier access, nearest first. Accesses are
+    indices into the accesses sorted by op id."""
+    return (buffer_rank, second, -first)
+
+
+def _first_seen(buffers) -> dict[int, int]:
+    """Buffer code -> rank of its first access (accesses in op order)."""
+    codes, first = np.unique(np.asarray(buffers), return_index=True)
+    return {int(c): r for r, c in enumerate(codes[np.argsort(first, kind="stable")])}
 
 
 def race_kind(first_mode: int, second_mode: int) -> str:
@@ -119,87 +130,100 @@ def race_kind(first_mode: int, second_mode: int) -> str:
         (first_mode, second_mode), "WAW")
 
 
-def happens_before(lane_of: list, kind_of: list, bound_of: list, need) -> tuple[dict, dict]:
-    """Vector clocks of the ops in ``need``, walking in issue order (a record's clock is
-    kept while a later wait or sync may still bind to it).
+def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_step,
+                    window: int = 2):
+    """The access pairs :func:`detect` compares, with their latent flag.
 
-    ``lane_of``/``kind_of``/``bound_of``: per op (issue order) its lane (any hashable code),
-    :class:`OpKind` and bound record (-1: none). Returns ``(op_clock, index)``: op id ->
-    clock tuple, and lane code -> component. An op ``a`` on lane ``L`` happens before ``b``
-    iff ``op_clock[a][index[L]] <= op_clock[b][index[L]]``.
+    Ops are given per op id (issue order): ``lane_of`` (any hashable codes), ``kind_of``
+    (:class:`OpKind`), ``bound_of`` (the bound record, -1: none); accesses sorted by op id:
+    ``acc_op``, ``acc_buf``, ``acc_mode``, ``acc_step`` (lists or numpy arrays). Yields
+    ``(i, j, latent)`` (indices into the accesses, ``i`` issued before ``j``) for every pair
+    on one buffer, on different lanes, not both reads, whose steps differ by at most
+    ``window``, scanning from ``j`` back to the nearest earlier access and stopping at the
+    first one more than ``window`` steps before it; in issue order of ``j`` (sort with
+    :func:`race_order` for the listed order). Every executor's race list comes from here
+    (the trace's, and the one-pass executor's per iteration shape), so the two cannot
+    disagree on which pairs count.
+
+    One pass in issue order: each lane's vector clock (stream order, record→wait edges, host
+    syncs; as PyTorch's CUDA sanitizer) is joined and ticked per op; a record's clock is
+    kept only until the last wait or sync bound to it; each buffer keeps the accesses the
+    scan can still reach (when access steps never decrease in issue order, those of the last
+    ``window`` steps), so a long trace is analysed in bounded memory.
     """
-    index = {code: i for i, code in enumerate(sorted(set(lane_of), key=str))}
+    n_ops = len(lane_of)
+    lanes = sorted({int(x) if isinstance(x, np.integer) else x for x in _values(lane_of)},
+                   key=str)
+    index = {code: i for i, code in enumerate(lanes)}
     n = len(index)
     host = [0] * n
     clocks = {code: [0] * n for code in index}
-    op_clock: dict[int, tuple[int, ...]] = {}
-    # a record's clock is needed until the last wait or sync bound to it (then dropped,
-    # unless the record is itself asked for): a long trace keeps few of them at once
-    last_use: dict[int, int] = {}
-    for op_id, bound in enumerate(bound_of):
-        if bound >= 0:
-            last_use[bound] = op_id
-    drop_at: dict[int, list[int]] = {}
-    for rec, last in last_use.items():
-        if rec not in need:
-            drop_at.setdefault(last, []).append(rec)
+    # per record, the last op bound to it (-1: none), and the records in that order
+    bounds = np.asarray(bound_of, dtype=np.int64)
+    users = np.flatnonzero(bounds >= 0)
+    last_use = np.full(n_ops, -1, dtype=np.int64)
+    np.maximum.at(last_use, bounds[users], users)
+    kept = np.flatnonzero(last_use >= 0)
+    kept = kept[np.argsort(last_use[kept], kind="stable")]
+    free_at = last_use[kept]
+    del bounds, users
+    free = 0
+    rec_clock: dict[int, tuple[int, ...]] = {}
+    steps = np.asarray(acc_step)
+    prune = bool(len(steps) < 2 or np.all(steps[1:] >= steps[:-1]))  # steps never decrease
+    accesses = zip(_values(acc_op), _values(acc_buf), _values(acc_mode), _values(acc_step))
+    nxt = next(accesses, None)
+    ai = 0
+    hist: dict = {}  # buffer -> [(access index, op, mode, step, lane, clock)]
+    READ = Mode.READ
     SYNC, WAIT, RECORD = OpKind.SYNC, OpKind.WAIT, OpKind.RECORD
-    for op_id, (lane, kind, bound) in enumerate(zip(lane_of, kind_of, bound_of)):
+    for op_id, lane, kind, bound in zip(range(n_ops), _values(lane_of), _values(kind_of),
+                                        _values(bound_of)):
         if kind == SYNC:
             if bound >= 0:
-                host = _join(host, op_clock[bound])
+                host = _join(host, rec_clock[bound])
         else:
             v = _join(clocks[lane], host)
             if kind == WAIT and bound >= 0:
-                v = _join(v, op_clock[bound])
+                v = _join(v, rec_clock[bound])
             v[index[lane]] += 1
             clocks[lane] = v
-            if (kind == RECORD and op_id in last_use) or op_id in need:
-                op_clock[op_id] = tuple(v)
-        for rec in drop_at.pop(op_id, ()):
-            del op_clock[rec]
-    return op_clock, index
+            if kind == RECORD and last_use[op_id] >= 0:
+                rec_clock[op_id] = tuple(v)
+            while nxt is not None and nxt[0] == op_id:
+                _, buf, b_mode, b_step = nxt
+                h = hist.setdefault(buf, [])
+                k = len(h) - 1
+                while k >= 0:
+                    a, a_op, a_mode, a_step, a_lane, a_clock = h[k]
+                    if b_step - a_step > window:
+                        break
+                    k -= 1
+                    if a_step - b_step > window:
+                        continue
+                    if a_mode == READ and b_mode == READ:
+                        continue
+                    if a_lane == lane or a_op == op_id:
+                        continue
+                    la = index[a_lane]
+                    yield a, ai, a_clock[la] > v[la]
+                if prune and k >= 0:  # h[k] and all before it are out of reach from now on
+                    del h[:k + 1]
+                h.append((ai, op_id, b_mode, b_step, lane, tuple(v)))
+                ai += 1
+                nxt = next(accesses, None)
+        while free < len(kept) and free_at[free] == op_id:
+            rec_clock.pop(int(kept[free]), None)
+            free += 1
 
 
-def candidate_pairs(lane_of: list, kind_of: list, bound_of: list, acc_op: list, acc_buf: list,
-                    acc_mode: list, acc_step: list, window: int = 2):
-    """The access pairs :func:`detect` compares, with their latent flag.
-
-    Ops are given per op id (issue order): ``lane_of``, ``kind_of``, ``bound_of``; accesses
-    sorted by op id: ``acc_op``, ``acc_buf``, ``acc_mode``, ``acc_step``. Yields
-    ``(i, j, latent)`` (indices into the accesses, ``i`` issued before ``j``) for every pair on
-    one buffer, on different lanes, not both reads, whose steps differ by at most ``window``:
-    per buffer in order of first access, ``j`` in issue order, ``i`` from the nearest back.
-    Every executor's race list comes from here (the trace's, and the one-pass executor's per
-    iteration shape), so the two cannot disagree on which pairs count.
-    """
-    op_clock, index = happens_before(lane_of, kind_of, bound_of, set(acc_op))
-    per_buffer: dict = {}
-    for n, buf in enumerate(acc_buf):
-        per_buffer.setdefault(buf, []).append(n)
-    READ = Mode.READ
-    for accs in per_buffer.values():
-        for j, b in enumerate(accs):
-            b_op, b_mode, b_step = acc_op[b], acc_mode[b], acc_step[b]
-            vb = op_clock[b_op]
-            b_lane = lane_of[b_op]
-            i = j - 1
-            while i >= 0:
-                a = accs[i]
-                i -= 1
-                a_step = acc_step[a]
-                if b_step - a_step > window:
-                    break
-                if a_step - b_step > window:
-                    continue
-                if acc_mode[a] == READ and b_mode == READ:
-                    continue
-                a_op = acc_op[a]
-                la_code = lane_of[a_op]
-                if la_code == b_lane or a_op == b_op:
-                    continue
-                la = index[la_code]
-                yield a, b, op_clock[a_op][la] > vb[la]
+def _values(seq, size: int = 1 << 15):
+    """The items of a list, or of a numpy array as Python numbers a chunk at a time."""
+    if not isinstance(seq, np.ndarray):
+        yield from seq
+        return
+    for lo in range(0, len(seq), size):
+        yield from seq[lo:lo + size].tolist()
 
 
 def _join(a, b) -> list[int]:
