@@ -133,6 +133,11 @@ class Engine:
         self.events = env.scheduled
         meta = dict(self.program.meta)
         meta.setdefault("source", "sim")
+        # the run's bookkeeping (a record per event name, the streams' processes) is done
+        # with: free it before the recorder moves its columns into the Trace
+        self.latest.clear()
+        self.streams.clear()
+        self.env = None
         return self.rec.finish(meta)
 
     # ------------------------------------------------------------------ streams

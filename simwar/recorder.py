@@ -186,20 +186,16 @@ class Recorder:
         spans = self._spans.take()
         kind, start, end = ops["kind"], ops["start_us"], ops["end_us"]
         device = np.flatnonzero((kind == OpKind.KERNEL) | ((kind == OpKind.WAIT) & (end > start)))
-        derived = {
-            "lane": ops["lane"][device], "label": ops["label"][device],
-            "kind": np.where(kind[device] == OpKind.KERNEL, SpanKind.KERNEL,
-                             SpanKind.WAIT).astype(np.int8),
-            "step": ops["step"][device], "start_us": start[device], "end_us": end[device],
-            "phase": ops["phase"][device], "site": np.zeros(len(device), dtype=np.int32),
-            "op": device.astype(np.int32), "call": np.zeros(len(device), dtype=np.int8)}
-        for name in list(spans):  # host spans first, then the derived ones
-            spans[name] = np.concatenate([spans.pop(name), derived.pop(name)])
-        del derived, device
-        order = np.argsort(spans["step"], kind="stable")
-        if len(order) and np.any(order[1:] < order[:-1]):
-            for name in list(spans):  # reorder column by column
-                spans[name] = spans.pop(name)[order]
+        steps = np.concatenate([spans["step"], _device_column("step", ops, device)])
+        order = np.argsort(steps, kind="stable")
+        del steps
+        moved = bool(len(order) and np.any(order[1:] < order[:-1]))
+        for name in list(spans):  # host spans first, then the derived ones; by step
+            column = np.concatenate([spans.pop(name), _device_column(name, ops, device)])
+            spans[name] = column[order] if moved else column
+            del column
+        del device
+        if moved:
             new_id = np.empty(len(order), dtype=np.int32)
             new_id[order] = np.arange(len(order), dtype=np.int32)
             call = ops["call"]
@@ -213,6 +209,18 @@ class Recorder:
                       strings=s, meta=dict(meta or {}))
         self.__dict__.clear()  # spent: the Trace owns what it needs
         return trace
+
+
+def _device_column(name: str, ops: dict, device: np.ndarray) -> np.ndarray:
+    """Span column ``name`` of the device spans, read off the device ops ``device``."""
+    if name == "kind":
+        return np.where(ops["kind"][device] == OpKind.KERNEL, SpanKind.KERNEL,
+                        SpanKind.WAIT).astype(np.int8)
+    if name == "op":
+        return device.astype(np.int32)
+    if name in ("site", "call"):  # no site; not a host call
+        return np.zeros(len(device), dtype=np.int32 if name == "site" else np.int8)
+    return ops[name][device]  # lane, label, step, start_us, end_us, phase: the op's own
 
 
 def _take(rec: Recorder, name: str) -> np.ndarray:

@@ -264,11 +264,21 @@ class Trace:
 
     # ---- text codes
     def code(self, text: str) -> int:
-        """The code of ``text`` in this trace's string table (-2 if absent: matches nothing)."""
-        index = self.__dict__.get("_codes")
-        if index is None:
-            index = self.__dict__["_codes"] = {s: i for i, s in enumerate(self.strings)}
-        return index.get(text, -2)
+        """The code of ``text`` in this trace's string table (-2 if absent: matches nothing).
+
+        Looked up by a scan and remembered per text: readers ask for a few names (lanes,
+        markers, sites), and an index of every string (event names are per step) would cost
+        more memory than the scans.
+        """
+        known = self.__dict__.setdefault("_codes", {})
+        code = known.get(text)
+        if code is None:
+            try:
+                code = self.strings.index(text)
+            except ValueError:
+                code = -2
+            known[text] = code
+        return code
 
     def text(self, code: int) -> str:
         return self.strings[code] if code >= 0 else ""
