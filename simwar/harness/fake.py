@@ -25,7 +25,9 @@ the engine on any program, whatever its per-op costs (``info()`` says
 ``latency: program`` so that the assembly places waits with each op's own
 latency).
 
-Imports: the standard library only.
+The rules are :mod:`simwar.rules`, the functions every executor uses.
+
+Imports: the standard library and simwar's stdlib-only modules.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import bisect
 from collections import deque
 
 from ..program import Record, Synchronize, WaitEvent, WaitStream
+from ..rules import begins, fires, released, returns
 from .plan import GraphStep, KernelStep, ReplayPlan
 
 #: the cost kind of each call, by plan step type
@@ -112,7 +115,7 @@ class FakeBackend:
 
     # ---- device work
     def _run(self, stream: str, ready: float, duration: float, writes, reads) -> float:
-        start = max(self.tail.get(stream, 0.0), ready)
+        start = begins(self.tail.get(stream, 0.0), ready)
         for buf, stamp in writes:
             bisect.insort(self.writes[buf], (start, stamp))
             self.issued = max(self.issued, stamp)
@@ -134,7 +137,7 @@ class FakeBackend:
         arrays = self.plan.stamp_arrays
         for node in self.plan.graphs[step.graph].nodes:
             if node.kernel is None:
-                t = max(self.tail.get(step.stream, 0.0), ready)
+                t = fires(self.tail.get(step.stream, 0.0), ready)
                 self.events[("graph", step.graph, node.event)] = (t, step.stream)
                 continue
             self._run(step.stream, ready, node.kernel.duration_us,
@@ -143,20 +146,19 @@ class FakeBackend:
         return ready
 
     def record_point(self, point: int, stream: str) -> None:
-        t = max(self.tail.get(stream, 0.0), self.now)
+        t = fires(self.tail.get(stream, 0.0), self.now)
         self.points[point] = t
         self.tail[stream] = t
 
     def record(self, event: str, stream: str) -> None:
         ready = self._call("event_record_us", f"record {event} {stream}")
-        t = max(self.tail.get(stream, 0.0), ready)
+        t = fires(self.tail.get(stream, 0.0), ready)
         self.events[("host", event)] = (t, stream)
         self.tail[stream] = t
 
     def _hold(self, stream: str, ready: float, fired: float, lane: str) -> None:
-        reach = max(self.tail.get(stream, 0.0), ready)
-        release = fired + (self.latency_us if lane != stream else 0.0)
-        self.tail[stream] = max(reach, release)
+        reach = begins(self.tail.get(stream, 0.0), ready)
+        self.tail[stream] = released(reach, fired, self.latency_us, lane == stream)
 
     def wait_event(self, stream: str, key: tuple | None) -> None:
         ready = self._call("wait_event_us", f"wait_event {stream} {key and key[-1]}")
@@ -167,7 +169,7 @@ class FakeBackend:
 
     def wait_stream(self, stream: str, other: str) -> None:
         ready = self._call("wait_stream_us", f"wait_stream {stream} {other}")
-        fired = max(self.tail.get(other, 0.0), ready)
+        fired = fires(self.tail.get(other, 0.0), ready)
         self.tail[other] = fired
         self._hold(stream, ready, fired, other)
 
@@ -176,6 +178,4 @@ class FakeBackend:
         if key is None:
             return
         fired, _ = self.events[key]
-        if fired > t1:
-            t1 = fired + self.wake_us
-        self.now = t1
+        self.now = returns(t1, 0.0, fired, self.wake_us)  # t1: the call, cost included
