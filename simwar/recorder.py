@@ -132,10 +132,6 @@ class Recorder:
     def next_op(self) -> int:
         return self._ops.n
 
-    @property
-    def next_span(self) -> int:
-        return self._spans.n
-
     # ------------------------------------------------------------------ host spans
     def host(self, call: Call, step: int, start: float, end: float, label: str,
              phase: str = "", site: str = "", op: int = -1) -> int:

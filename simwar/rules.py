@@ -60,13 +60,6 @@ class Lanes:
     def __init__(self) -> None:
         self.tail: dict[str, float] = {}
 
-    def run(self, lane: str, ready: float, duration_us: float) -> tuple[float, float]:
-        """Place an operation of ``duration_us`` issued at ``ready``: ``(start, end)``."""
-        start = begins(self.tail.get(lane, ready), ready)
-        end = start + duration_us
-        self.tail[lane] = end
-        return start, end
-
     def fire(self, lane: str, ready: float) -> float:
         """A record issued at ``ready`` on ``lane``: when it fires."""
         t = fires(self.tail.get(lane, ready), ready)

@@ -200,9 +200,6 @@ class Table:
     def __len__(self) -> int:
         return self._n
 
-    def column(self, name: str) -> np.ndarray:
-        return getattr(self, name)
-
     def columns(self) -> dict[str, np.ndarray]:
         return {col: getattr(self, col) for col, _, _ in self._schema}
 

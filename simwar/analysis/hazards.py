@@ -102,7 +102,7 @@ def detect(trace: Trace, window: int = 2) -> HazardReport:
         overlap = float(end_of[first] - start_of[second])
         if not latent and overlap <= 0:
             continue
-        found.append(((rank[int(a_buf[j])], j, -i), Race(
+        found.append((race_order(rank[int(a_buf[j])], j, i), Race(
             strings[a_buf[j]], race_kind(a_mode[i], a_mode[j]), int(a_step[i]),
             strings[a_phase[i]], strings[lane_of[first]], strings[label_of[first]], first,
             int(a_step[j]), strings[a_phase[j]], strings[lane_of[second]],
