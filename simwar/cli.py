@@ -199,14 +199,12 @@ def run_progress(steps: int, quiet: bool = False):
 
 
 def measured_steps(columns: dict | None, warmup: int) -> list[int]:
-    """The steps a summary counts (after warm-up, with a successor), from the per-step
-    columns; with no table kept (``--summary-only``), none."""
-    if columns is None or "step_us" not in columns:
+    """The steps a summary counts; with no table kept (``--summary-only``), none."""
+    if columns is None:
         return []
-    import numpy as np
+    from .analysis.metrics import measured_rows
 
-    step, step_us = columns["step"], columns["step_us"]
-    return step[(step >= warmup) & ~np.isnan(step_us)].tolist()
+    return columns["step"][measured_rows(columns, warmup)].tolist()
 
 
 def _workload_lines(s: dict) -> list[str]:

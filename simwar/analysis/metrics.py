@@ -232,6 +232,13 @@ def busy_in_windows(s: np.ndarray, e: np.ndarray, lo: np.ndarray, hi: np.ndarray
     return out
 
 
+def measured_rows(columns: dict, warmup: int) -> np.ndarray:
+    """Rows of the per-step columns that count (after warm-up, with a successor)."""
+    if "step_us" not in columns:  # a trace with no forward kernels has no steps
+        return np.zeros(0, dtype=np.intp)
+    return np.flatnonzero((columns["step"] >= warmup) & ~np.isnan(columns["step_us"]))
+
+
 def measured(df: pd.DataFrame, warmup: int) -> pd.DataFrame:
     """Steps that count: after warm-up, with a successor."""
     if "step_us" not in df.columns:  # a trace with no forward kernels has no steps
@@ -248,10 +255,7 @@ def summarize(df, meta: dict, hazards=None) -> dict:
     """
     cols = _columns(df)
     warm = int(meta.get("warmup_steps", 0))
-    if "step_us" not in cols:  # a trace with no forward kernels has no steps
-        keep = np.zeros(0, dtype=np.intp)
-    else:
-        keep = np.flatnonzero((cols["step"] >= warm) & ~np.isnan(cols["step_us"]))
+    keep = measured_rows(cols, warm)
     out: dict = {"name": meta.get("name", ""), "steps_measured": int(len(keep))}
     if len(keep) == 0:
         return out
