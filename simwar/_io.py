@@ -3,7 +3,7 @@
 Every file simwar writes whole (traces, Chrome trace exports, sweep run files,
 results tables, the resolved sweep, images, calibration and fit outputs) goes
 through :func:`atomic_file`: the content is written to a temporary file in the
-destination's directory (``.NAME.XXXX.tmp``), flushed to disk, given the
+destination's directory (``.NAME.<random>.tmp``), flushed to disk, given the
 permissions a plain ``open()`` would give (``0o666`` less the umask), then
 renamed over the destination. Any failure, an interrupt included, removes the
 temporary file and leaves the destination as it was.

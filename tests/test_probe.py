@@ -108,11 +108,17 @@ def test_probe_mapping_names_the_probe_ranges():
     assert set(m.reads) == {"draft", "verify"}
 
 
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
 @pytest.mark.gpu
+@pytest.mark.skipif(not _cuda(), reason="needs torch and a CUDA device")
 def test_probe_on_the_gpu(tmp_path):
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     from simwar.harness.probe import main
 
     assert main([str(tmp_path), "--steps", "3", "--measured-steps", "8", "--warmup", "2",
