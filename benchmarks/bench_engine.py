@@ -26,9 +26,9 @@ import time
 
 import simpy
 
-from simwar.builder import build_program
-from simwar.config import load_config
-from simwar.engine import Engine
+from simwar.build.loop import build_program
+from simwar.config.schema import load_config
+from simwar.executors.engine import Engine
 
 
 def bare_simpy(n_events: int) -> float:

@@ -1,7 +1,7 @@
 """Import benchmark: peak memory and time to import a ~100 MB Kineto capture.
 
 Writes a synthetic capture (a simulated DSPARK run, written by
-``simwar.importers.synthetic``) into a temporary directory, then imports it in
+``simwar.capture.synthetic``) into a temporary directory, then imports it in
 a fresh process with progress reported to stderr, and prints the file size,
 event count, wall time and peak RSS as one JSON line. Nothing is kept.
 
@@ -50,8 +50,8 @@ def child(path: str, mapping: dict) -> None:
     """Import ``path`` in this (fresh) process and print the timings as one JSON line."""
     import resource
 
-    from simwar.importers.kineto import import_kineto
-    from simwar.importers.stalls import import_report
+    from simwar.capture.kineto import import_kineto
+    from simwar.capture.stalls import import_report
 
     t0 = time.perf_counter()
     imp = import_kineto(path, mapping, progress=ProgressPrinter(path.endswith(".gz")))
@@ -85,7 +85,7 @@ def main() -> int:
         return 0
 
     from simwar.api import simulate
-    from simwar.importers.synthetic import write_kineto
+    from simwar.capture.synthetic import write_kineto
 
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()

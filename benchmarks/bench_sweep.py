@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from simwar.sweeps import load_sweep, sweep
+from simwar.study.sweeps import load_sweep, sweep
 
 ALGORITHMS = ["none", "eagle", "dflash", "dspark"]
 ACCEPT = [1.0, 3.2, 3.5, 3.2]

@@ -1,6 +1,6 @@
 """simwar: a discrete-event simulator of LLM-serving overlap scheduling.
 
-Public API (imported lazily so that ``simwar.program``, ``simwar.trace`` and
+Public API (imported lazily so that ``simwar.core.program``, ``simwar.core.trace`` and
 ``simwar.harness`` load on a machine with only the standard library and torch):
 
 - ``load_config(path_or_dict, overrides=None) -> Config``
@@ -11,21 +11,21 @@ Public API (imported lazily so that ``simwar.program``, ``simwar.trace`` and
 
 from __future__ import annotations
 
-from ._lazy import lazy_getattr
+from simwar.core.lazy import lazy_getattr
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load_config": ("simwar.config", "load_config"),
-    "Config": ("simwar.config", "Config"),
-    "ConfigError": ("simwar.config", "ConfigError"),
-    "build_program": ("simwar.builder", "build_program"),
+    "load_config": ("simwar.config.schema", "load_config"),
+    "Config": ("simwar.config.schema", "Config"),
+    "ConfigError": ("simwar.config.schema", "ConfigError"),
+    "build_program": ("simwar.build.loop", "build_program"),
     "simulate": ("simwar.api", "simulate"),
     "Result": ("simwar.api", "Result"),
     "Program": ("simwar.program", "Program"),
     "Trace": ("simwar.trace", "Trace"),
     "analyze": ("simwar.analysis.metrics", "analyze"),
-    "sweep": ("simwar.sweeps", "sweep"),
+    "sweep": ("simwar.study.sweeps", "sweep"),
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

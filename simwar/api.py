@@ -4,9 +4,9 @@ Ties the pipeline together: config → builder → executor → per-step table, 
 races. Two executors give the same table, summary and races (a test holds them equal on
 every shipped config and on random programs):
 
-- ``simpy``: the reference (:mod:`simwar.engine`); builds the Program and keeps the full
-  :class:`~simwar.trace.Trace` (timelines, Perfetto, the GPU harness's comparisons);
-- ``fast``: the one-pass executor (:mod:`simwar.fast`); no Program of a million objects,
+- ``simpy``: the reference (:mod:`simwar.executors.engine`); builds the Program and keeps the full
+  :class:`~simwar.core.trace.Trace` (timelines, Perfetto, the GPU harness's comparisons);
+- ``fast``: the one-pass executor (:mod:`simwar.executors.fast.core`); no Program of a million objects,
   no trace, 30-100x quicker, memory that grows only with the per-step table;
 - ``auto`` (the default, also the config's ``engine:`` default): ``fast``; the trace is
   simulated by the reference engine the first time ``Result.trace`` is read.
@@ -20,7 +20,7 @@ import contextlib
 import gc
 from typing import Callable
 
-from .config import Config, ConfigError, load_config
+from simwar.config.schema import Config, ConfigError, load_config
 
 ENGINES = ("simpy", "fast", "auto")
 
@@ -68,7 +68,7 @@ class Result:
     @property
     def program(self):
         if self._program is None:
-            from .builder import build_program
+            from simwar.build.loop import build_program
 
             self._program = build_program(self.config)
         return self._program
@@ -85,7 +85,7 @@ class Result:
                 raise NoTraceError(
                     "this run used engine 'fast', which keeps no trace: simulate it with "
                     "engine='simpy' (or 'auto', which simulates the trace when first read)")
-            from .engine import Engine
+            from simwar.executors.engine import Engine
 
             engine = Engine(self.program)
             with gc_paused():
@@ -99,7 +99,7 @@ class Result:
         if self._steps is None:
             if self.columns is None:
                 raise ValueError("this run kept no per-step table (summary_only=True)")
-            from .analysis.metrics import frame
+            from simwar.analysis.metrics import frame
 
             self._steps = frame(self.columns)
         return self._steps
@@ -145,7 +145,7 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
 
     ``engine``: ``simpy``, ``fast`` or ``auto`` (default: the config's ``engine``, itself
     ``auto`` by default). ``summary_only``: keep no per-step table (fast engine: the summary
-    is computed as the run goes, its quantiles from a sketch; see :mod:`simwar.streaming`).
+    is computed as the run goes, its quantiles from a sketch; see :mod:`simwar.analysis.streaming`).
     ``progress``: called with the step number as the SimPy engine reaches each step (the
     fast engine, which runs a million steps in seconds, calls it once at the end).
     """
@@ -162,10 +162,10 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
 
 
 def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
-    from .analysis.hazards import detect
-    from .analysis.metrics import step_columns, summarize
-    from .builder import stream_program
-    from .engine import Engine
+    from simwar.analysis.hazards import detect
+    from simwar.analysis.metrics import step_columns, summarize
+    from simwar.build.loop import stream_program
+    from simwar.executors.engine import Engine
 
     # the ops are generated as the engine reads them: a long run holds its trace, not its
     # ops (Result.program rebuilds them on demand: building is deterministic)
@@ -180,7 +180,7 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
 
 
 def _simulate_fast(cfg: Config, requested: str, summary_only: bool) -> Result:
-    from . import fast
+    from simwar.executors.fast import core as fast
 
     run = fast.run_config(cfg, summary_only=summary_only)
     return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns, meta=run.meta,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from simwar.program import (
+from simwar.core.program import (
     CpuWork,
     GraphLaunch,
     GraphRecord,

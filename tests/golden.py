@@ -84,7 +84,7 @@ def digest_trace(trace) -> str:
 
 
 def cli_text(args: list[str]) -> str:
-    from simwar.cli import main
+    from simwar.cli.app import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -6,7 +6,7 @@ reading and writing 1-3 shared buffers, host records, CUDA graphs with kernel an
 in-graph record nodes (a graph name always has the same nodes, and graphs are launched
 several times), ``wait_event`` (also on events never recorded: a no-op), ``wait_stream``,
 host synchronizes (also on never-recorded events), CPU work and markers, grouped into steps
-by :class:`~simwar.program.StepMarker`. Host costs are random per op; the device latencies
+by :class:`~simwar.core.program.StepMarker`. Host costs are random per op; the device latencies
 (a wait's ``latency_us``, a synchronize's ``wake_us``) are random per op too.
 
 :func:`ordered_programs` builds programs constructively: it draws kernels with shared
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from simwar.program import (
+from simwar.core.program import (
     CpuWork,
     GraphLaunch,
     GraphRecord,

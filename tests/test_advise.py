@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from simwar.advise import AdviseError, advise, space
 from simwar.api import simulate
-from simwar.cli import main
-from simwar.config import load_config
+from simwar.cli.app import main
+from simwar.config.schema import load_config
+from simwar.study.advise import AdviseError, advise, space
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simwar.cli import main
+from simwar.cli.app import main
 
 REPO = Path(__file__).resolve().parents[1]
 BAD = Path(__file__).resolve().parent / "data" / "bad"

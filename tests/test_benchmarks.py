@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from simwar.sweeps import load_sweep
+from simwar.study.sweeps import load_sweep
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simwar.harness import fit, suite
+from simwar.fit import replays as fit
+from simwar.harness import suite
 
 CAL = Path(__file__).resolve().parents[1] / "calibration"
 
@@ -161,7 +162,7 @@ def test_the_committed_calibration_is_reproduced_from_its_inputs(tmp_path, monke
     The whole file matches, not only ``costs``: run from the repository root, as the
     calibration README says, so that ``fitted_from.sources`` reads the same.
     """
-    from simwar.cli import main
+    from simwar.cli.app import main
 
     monkeypatch.chdir(CAL.parent)
     out = tmp_path / "h200.yaml"

@@ -21,12 +21,14 @@ import pytest  # noqa: E402
 import yaml  # noqa: E402
 
 import simwar  # noqa: E402
-from simwar import cli, plots  # noqa: E402
+from simwar import plots  # noqa: E402
 from simwar.analysis.metrics import measured  # noqa: E402
 from simwar.api import simulate  # noqa: E402
-from simwar.cli import format_summary, main  # noqa: E402
-from simwar.config import ConfigError, load_config  # noqa: E402
-from simwar.sweeps import load_sweep, sweep  # noqa: E402
+from simwar.cli import app as cli_main  # noqa: E402
+from simwar.cli import common as cli_common  # noqa: E402
+from simwar.cli.app import format_summary, main  # noqa: E402
+from simwar.config.schema import ConfigError, load_config  # noqa: E402
+from simwar.study.sweeps import load_sweep, sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = ["--set", "steps=30", "--set", "warmup_steps=5"]
@@ -227,7 +229,7 @@ def test_costs_file_phases_are_applied(tmp_path, capsys):
 
 
 def test_an_import_fit_file_round_trips_through_run_costs(tmp_path, capsys):
-    from simwar.importers.fit import fit_durations
+    from simwar.fit.durations import fit_durations
 
     sim = simulate(None, {"steps": 40, "warmup_steps": 5, "phases.verify.body_us": 3000})
     fitted = tmp_path / "fitted.yaml"
@@ -304,14 +306,14 @@ def test_negative_zero_is_never_printed():
     result.summary["gpu_idle_us_mean"] = -1e-9
     result.summary["fwd_gap_us_mean"] = -3e-13
     assert "-0.0" not in format_summary(result)
-    assert cli.num(-1e-12) == "0.0" and cli.num(-0.04, ".2f") == "-0.04"
-    assert cli.num(-0.0, ".3f") == "0.000" and cli.num(-12.0) == "-12.0"
+    assert cli_common.num(-1e-12) == "0.0" and cli_common.num(-0.04, ".2f") == "-0.04"
+    assert cli_common.num(-0.0, ".3f") == "0.000" and cli_common.num(-12.0) == "-12.0"
 
 
 def test_the_import_report_never_prints_negative_zero_either():
-    from simwar.cli_import import format_report
-    from simwar.importers.kineto import import_kineto
-    from simwar.importers.stalls import import_report
+    from simwar.capture.kineto import import_kineto
+    from simwar.capture.stalls import import_report
+    from simwar.cli.capture import format_report
 
     _, report = import_report(import_kineto(
         REPO / "tests" / "data" / "kineto_synthetic" / "three_steps.json",
@@ -365,14 +367,14 @@ def test_plot_says_what_it_averages_and_labels_axes_in_words(sweep_dir, tmp_path
 
 
 def cli_plot_title(*args):
-    from simwar.cli_plot import plot_title
+    from simwar.cli.plot import plot_title
 
     return plot_title(*args)
 
 
 def _plot(sweep_dir, tmp_path, *args):
     """Run ``simwar plot`` and return the figure it saved."""
-    from simwar import cli_plot
+    from simwar.cli import plot as cli_plot
 
     saved = {}
     original = cli_plot._save
@@ -421,7 +423,7 @@ class _Terminal(io.StringIO):
 
 
 def test_run_shows_a_progress_bar_on_a_terminal_unless_quiet(monkeypatch, capsys):
-    monkeypatch.setattr(cli, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(cli_main, "PROGRESS_DELAY_S", 0.0)
     for quiet, shown in ((False, True), (True, False)):
         terminal = _Terminal()
         monkeypatch.setattr("sys.stderr", terminal)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import simwar
-from simwar.config import ConfigError, load_config
+from simwar.config.schema import ConfigError, load_config
 
 
 def cli(*args, cwd=None):

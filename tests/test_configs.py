@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from simwar.api import simulate
-from simwar.cli import main
-from simwar.config import load_config
-from simwar.sweeps import load_sweep, sweep
+from simwar.cli.app import main
+from simwar.config.schema import load_config
+from simwar.study.sweeps import load_sweep, sweep
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CONFIG_FILES = sorted(CONFIGS.glob("*.yaml"))

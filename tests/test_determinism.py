@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import simwar
-from simwar.builder import build_program
+from simwar.build.loop import build_program
 
 NOISY = {"steps": 150, "warmup_steps": 10,
          "cpu.schedule_us": {"dist": "lognormal", "mean": 900, "std": 300},
@@ -28,7 +28,7 @@ def test_other_seed_other_draws():
 
 def test_distributions_respect_their_parameters():
     p = build_program(simwar.load_config(None, {**NOISY, "steps": 2000}))
-    from simwar.program import CpuWork, Launch
+    from simwar.core.program import CpuWork, Launch
 
     sched = [op.duration_us for op in p.ops if type(op) is CpuWork and op.label == "schedule"]
     writes = [op.kernel.duration_us for op in p.ops
@@ -41,7 +41,7 @@ def test_distributions_respect_their_parameters():
 
 def test_program_round_trips_through_json():
     p = build_program(simwar.load_config(None, {"steps": 5, "warmup_steps": 1}))
-    from simwar.program import Program
+    from simwar.core.program import Program
 
     q = Program.from_json(p.to_json())
     assert q.ops == p.ops and q.meta == p.meta

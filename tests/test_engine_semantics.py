@@ -8,8 +8,7 @@ import sys
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simwar.engine import run
-from simwar.program import (
+from simwar.core.program import (
     CpuWork,
     GraphLaunch,
     GraphRecord,
@@ -22,6 +21,7 @@ from simwar.program import (
     WaitEvent,
     WaitStream,
 )
+from simwar.executors.engine import run
 
 
 def K(label, us, **kw):
@@ -130,7 +130,7 @@ def test_host_runs_ahead_of_the_gpu_until_a_sync():
 
 
 def test_engine_imports_no_heavy_modules():
-    code = ("import sys, simwar.engine; "
+    code = ("import sys, simwar.executors.engine; "
             "bad = [m for m in ('pandas', 'yaml', 'matplotlib', 'torch', 'pydantic') "
             "if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

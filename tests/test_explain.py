@@ -11,9 +11,8 @@ import yaml
 
 from simwar.analysis.critical_path import KINDS, NoForward, critical_path, sentence
 from simwar.api import simulate
-from simwar.cli import main
-from simwar.engine import run
-from simwar.program import (
+from simwar.cli.app import main
+from simwar.core.program import (
     CpuWork,
     GraphLaunch,
     GraphRecord,
@@ -26,8 +25,9 @@ from simwar.program import (
     WaitEvent,
     WaitStream,
 )
-from simwar.recorder import Recorder
-from simwar.trace import Call, OpKind, Trace
+from simwar.core.recorder import Recorder
+from simwar.core.trace import Call, OpKind, Trace
+from simwar.executors.engine import run
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -306,7 +306,7 @@ def test_cli_explain_errors_are_one_line(capsys, tmp_path, argv, fragment):
 # --------------------------------------------------------------------------- H200 captures
 def _capture_trace(case: str) -> Trace:
     """Import an H200 capture with its step ranges and warm-up."""
-    from simwar.importers.kineto import import_kineto
+    from simwar.capture.kineto import import_kineto
 
     config = yaml.safe_load((REAL / f"{case}.config.yaml").read_text())
     imp = import_kineto(REAL / f"{case}.kineto.json.gz",

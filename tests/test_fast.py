@@ -3,7 +3,7 @@
 "Equal" means: every column of the per-step table is bit for bit the same (``==``, NaN
 where NaN, same dtype), every summary key has the same value (floats ``==``), and the race
 list is the same list of ``Race`` tuples in the same order. No tolerance is needed: both
-executors place every op with the functions of :mod:`simwar.rules`, in the same order, and
+executors place every op with the functions of :mod:`simwar.core.rules`, in the same order, and
 the table and summary are assembled and computed by the same functions of
 :mod:`simwar.analysis.metrics` (forward-stream busy time per step window is added interval
 by interval in start order on both paths). Only ``--summary-only`` summaries differ: means
@@ -29,14 +29,14 @@ from strategies import programs as harness_programs
 from test_engine_semantics import programs as single_step_programs
 
 import simwar
-from simwar import fast
 from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import step_columns, summarize
+from simwar.analysis.streaming import QuantileSketch
 from simwar.api import NoTraceError
-from simwar.builder import _Builder, _Sampler, build_program, plan_iterations
-from simwar.config import ConfigError, load_config
-from simwar.engine import Engine
-from simwar.streaming import QuantileSketch
+from simwar.build.loop import _Builder, _Sampler, build_program, plan_iterations
+from simwar.config.schema import ConfigError, load_config
+from simwar.executors.engine import Engine
+from simwar.executors.fast import core as fast
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CONFIG_FILES = sorted(CONFIGS.glob("*.yaml"))
@@ -329,7 +329,7 @@ def test_cli_engines_print_the_same_summary():
 
 
 def test_run_imports_neither_pandas_nor_simpy():
-    code = ("import sys; from simwar.cli import main; main(['run', '--set', 'steps=30', "
+    code = ("import sys; from simwar.cli.app import main; main(['run', '--set', 'steps=30', "
             "'--set', 'warmup_steps=2']); "
             "bad = [m for m in ('pandas', 'simpy') if m in sys.modules]; "
             "sys.exit(print(bad) or (1 if bad else 0))")

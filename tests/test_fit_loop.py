@@ -1,9 +1,9 @@
 """Fit → check → what-if on captures whose every figure is known.
 
-A simulated run written as a Kineto capture (``simwar.importers.synthetic``: runtime
+A simulated run written as a Kineto capture (``simwar.capture.synthetic``: runtime
 calls, kernels, CUDA sync events with the record each wait binds to, SGLang-named
 ``record_function`` ranges around the CPU work) is fitted with
-``simwar.importers.model.fit_model``; the fitted config is simulated and compared with the
+``simwar.fit.from_capture.fit_model``; the fitted config is simulated and compared with the
 capture. On these captures the fit must infer the config's own policy from the sync
 events and reproduce the capture within the acceptance bounds (step time 2 %, forward gap
 max(10 µs, 10 %), launch-ahead 0.05) and much closer; a what-if asked of the fit of one
@@ -20,14 +20,14 @@ import pytest
 import yaml
 
 from simwar.api import simulate
-from simwar.cli import main
-from simwar.config import load_config
-from simwar.importers.check import ACCEPTANCE, accepted, compare
-from simwar.importers.kineto import import_kineto
-from simwar.importers.mapping import load_mapping
-from simwar.importers.model import FitError, fit_model
-from simwar.importers.stalls import import_report
-from simwar.importers.synthetic import SGLANG_CPU_MAPPING, SGLANG_RANGES, _cpu_ranges, write_kineto
+from simwar.capture.kineto import import_kineto
+from simwar.capture.mapping import load_mapping
+from simwar.capture.stalls import import_report
+from simwar.capture.synthetic import SGLANG_CPU_MAPPING, SGLANG_RANGES, _cpu_ranges, write_kineto
+from simwar.cli.app import main
+from simwar.config.schema import load_config
+from simwar.fit.check import ACCEPTANCE, accepted, compare
+from simwar.fit.from_capture import FitError, fit_model
 
 ROOT = Path(__file__).resolve().parents[1]
 # every shipped config whose steps are alike: the fit writes one loop (per-phase and per-call
@@ -296,7 +296,7 @@ def test_h200_capture_fit_meets_the_acceptance(case):
     mapping = {"steps": r"^step#\d+$", "warmup_steps": 10,
                "reads": {"forward": ["req_to_token"], "forward_2": ["req_to_token"]}}
     imp, fit = fit_capture(REAL / f"{case}.kineto.json.gz", mapping, policy=REAL_CASES[case])
-    from simwar.importers.check import relaunch
+    from simwar.fit.check import relaunch
 
     sim = simulate(fit.config)
     summary = relaunch(sim.trace, sim.summary)  # the mapping names no run_batch

@@ -9,7 +9,7 @@ fitted from itself must meet the acceptance bounds. Until the captures are commi
 the tests that read them FAIL (not skip) and say how to make them.
 
 The same loop runs first on a synthetic probe folder (simulated runs of a probe-shaped
-config written as Kineto captures), so ``simwar.harness.probe_fit`` is tested whatever
+config written as Kineto captures), so ``simwar.fit.probe`` is tested whatever
 data is present.
 """
 
@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from simwar.api import simulate
-from simwar.harness.probe_fit import evaluate, markdown
-from simwar.importers.synthetic import SGLANG_CPU_MAPPING, write_kineto
+from simwar.capture.synthetic import SGLANG_CPU_MAPPING, write_kineto
+from simwar.fit.probe import evaluate, markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "data" / "probe"

@@ -10,11 +10,8 @@ import pytest
 
 from simwar.analysis.metrics import analyze
 from simwar.api import simulate
-from simwar.config import load_config
-from simwar.harness import make_plan, replay
-from simwar.harness.fake import FakeBackend
-from simwar.harness.plan import GraphStep, KernelStep
-from simwar.program import (
+from simwar.config.schema import load_config
+from simwar.core.program import (
     GraphLaunch,
     GraphRecord,
     Kernel,
@@ -25,6 +22,9 @@ from simwar.program import (
     Synchronize,
     WaitEvent,
 )
+from simwar.harness import make_plan, replay
+from simwar.harness.fake import FakeBackend
+from simwar.harness.plan import GraphStep, KernelStep
 
 COST_KEYS = ("launch_us", "graph_launch_us", "event_record_us", "wait_event_us",
              "wait_stream_us", "sync_us")
@@ -189,8 +189,8 @@ def test_harness_modules_import_without_simwar_dependencies():
         "sys.meta_path.insert(0, Block())\n"
         "import simwar.harness, simwar.harness.plan, simwar.harness.replay, "
         "simwar.harness.fake, simwar.harness.gpu_main\n"
-        "from simwar.program import Program\n"
-        "from simwar.trace import Trace\n"
+        "from simwar.core.program import Program\n"
+        "from simwar.core.trace import Trace\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -199,7 +199,7 @@ def test_harness_modules_import_without_simwar_dependencies():
 
 
 def test_cli_harness_writes_programs_and_rejects_bad_input(tmp_path, capsys):
-    from simwar.cli import main
+    from simwar.cli.app import main
 
     assert main(["harness", "-o", str(tmp_path)]) == 2
     assert "give at least one CONFIG" in capsys.readouterr().err
@@ -215,7 +215,7 @@ def test_cli_harness_writes_programs_and_rejects_bad_input(tmp_path, capsys):
 
 def test_calibrate_and_compare_on_fake_traces(tmp_path, capsys):
     """End to end on the CPU: fake-measured suite cases -> calibrate -> compare."""
-    from simwar.cli import main
+    from simwar.cli.app import main
     from simwar.harness import suite
 
     costs = {"launch_us": 20.0, "graph_launch_us": 10.0, "event_record_us": 3.0,
@@ -255,7 +255,7 @@ def test_calibrate_and_compare_on_fake_traces(tmp_path, capsys):
 def test_graph_launch_span_carries_the_launchs_phase_as_in_the_engine():
     """The host span of a graph launch has the GraphLaunch's phase (the engine's), also when
     it differs from its first node's."""
-    from simwar.engine import run
+    from simwar.executors.engine import run
 
     g = (GraphRecord("e"), Kernel("n", 3.0, phase="node"))
     program = Program([StepMarker(0), GraphLaunch("s", "g", g, 0, "launch", host_us=1.0)],
@@ -283,8 +283,8 @@ def test_fake_reads_see_writes_ordered_before_them_at_the_same_instant():
 
 
 def test_fake_program_costs_use_each_ops_own_host_cost_and_latencies():
-    from simwar.engine import run
-    from simwar.program import WaitStream
+    from simwar.core.program import WaitStream
+    from simwar.executors.engine import run
 
     ops = [StepMarker(0), Launch("a", Kernel("k", 10.0), 0, host_us=2.0),
            Record("e", "a", 0, host_us=3.0), WaitEvent("b", "e", 0, host_us=1.0, latency_us=4.0),

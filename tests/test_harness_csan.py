@@ -10,6 +10,16 @@ import sys
 
 import pytest
 
+from simwar.core.program import (
+    GraphLaunch,
+    GraphRecord,
+    Kernel,
+    Launch,
+    Program,
+    Record,
+    StepMarker,
+    WaitEvent,
+)
 from simwar.harness import make_plan
 from simwar.harness.csan import (
     INTERNAL,
@@ -25,16 +35,6 @@ from simwar.harness.csan import (
 from simwar.harness.fake import FakeBackend
 from simwar.harness.plan import KernelStep
 from simwar.harness.replay import replay
-from simwar.program import (
-    GraphLaunch,
-    GraphRecord,
-    Kernel,
-    Launch,
-    Program,
-    Record,
-    StepMarker,
-    WaitEvent,
-)
 
 B, S = 0x10000, 0x200000  # fake base pointers of the buffer and snapshot arrays
 
@@ -58,7 +58,7 @@ def _plain_program() -> Program:
 
 # --------------------------------------------------------------------------- the matrix
 def test_case_matrix_is_all_eager_with_simwars_verdict(matrix):
-    from simwar.algorithms import BUILTIN
+    from simwar.config.algorithms import BUILTIN
     from simwar.harness.suite import BARRIERS, CSAN_STEPS, CSAN_WARMUP
 
     for algorithm in BUILTIN:
@@ -82,7 +82,7 @@ def test_case_matrix_is_all_eager_with_simwars_verdict(matrix):
 
 
 def test_write_csan_programs_and_cli(tmp_path):
-    from simwar.cli import main
+    from simwar.cli.app import main
     from simwar.harness import suite
 
     names = ["dspark-none-eager", "dspark-fine-eager"]
@@ -311,7 +311,7 @@ def test_csan_handler_agrees_with_simwar_on_random_eager_programs(collector):
     from strategies import programs
 
     from simwar.analysis.hazards import detect
-    from simwar.engine import run
+    from simwar.executors.engine import run
     from simwar.harness.csan import sanitize
 
     @settings(max_examples=300, deadline=None, derandomize=True,

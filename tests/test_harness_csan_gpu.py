@@ -35,7 +35,7 @@ def _names():
 
 def _program(name):
     if PROGRAMS:
-        from simwar.program import Program
+        from simwar.core.program import Program
 
         return Program.from_json((Path(PROGRAMS) / f"{name}.json").read_text())
     from simwar.harness import suite

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from simwar.analysis.idle import idle_breakdown, temporal_breakdown
-from simwar.importers.kineto import import_kineto
+from simwar.capture.kineto import import_kineto
 
 DATA = Path(__file__).parent / "data" / "kineto"
 CAPTURES = ("dspark-fine-gpu", "dspark-none-gpu", "eagle-coarse-cpu")
@@ -74,7 +74,7 @@ def test_op_counts_per_stream_equal_hta(capture, hta):
     name, _, _, trace = capture
     import numpy as np
 
-    from simwar.trace import OpKind
+    from simwar.core.trace import OpKind
 
     ops = trace.ops
     kern = ops.kind == OpKind.KERNEL

@@ -1,4 +1,4 @@
-"""The one atomic writer (simwar._io): whole files or nothing, no temporaries left, umask modes."""
+"""The one atomic writer (simwar.core.files): whole files or nothing, no temporaries left, umask modes."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from simwar import _io, perfetto, sweeps, trace
 from simwar.api import simulate
-from simwar.cli import main
+from simwar.cli.app import main
+from simwar.core import files as _io
+from simwar.core import trace
+from simwar.plots import perfetto
+from simwar.study import sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 

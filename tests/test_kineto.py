@@ -24,14 +24,14 @@ import yaml
 from simwar.analysis.idle import gap_cause, idle_breakdown
 from simwar.analysis.metrics import analyze
 from simwar.api import simulate
-from simwar.cli import main
-from simwar.config import ConfigError, load_config
-from simwar.importers.fit import cost_samples, fit_durations, fit_values
-from simwar.importers.kineto import KinetoFormatError, import_kineto, read_capture
-from simwar.importers.mapping import load_mapping
-from simwar.importers.stalls import import_report
-from simwar.importers.synthetic import write_kineto
-from simwar.trace import Call, OpKind
+from simwar.capture.kineto import KinetoFormatError, import_kineto, read_capture
+from simwar.capture.mapping import load_mapping
+from simwar.capture.stalls import import_report
+from simwar.capture.synthetic import write_kineto
+from simwar.cli.app import main
+from simwar.config.schema import ConfigError, load_config
+from simwar.core.trace import Call, OpKind
+from simwar.fit.durations import cost_samples, fit_durations, fit_values
 
 DATA = Path(__file__).parent / "data" / "kineto_synthetic"
 REAL = Path(__file__).parent / "data" / "kineto"
@@ -434,7 +434,7 @@ def test_cli_text_fit_and_saved_trace(capsys, tmp_path):
     assert "step time" in out and "stream idle (HTA)" in out and str(fitted) in out
     assert fitted.read_text().startswith("# Durations fitted")
     assert (tmp_path / "steps.csv").read_text().startswith("step,")
-    from simwar.trace import Trace
+    from simwar.core.trace import Trace
 
     assert len(Trace.load(saved).ops) > 0
     # the fitted costs drive a simulation directly
@@ -454,7 +454,7 @@ def test_cli_user_errors_are_one_line(capsys, argv, fragment):
 
 
 def test_reader_does_not_import_pandas():
-    code = ("import sys; from simwar.importers.kineto import import_kineto; "
+    code = ("import sys; from simwar.capture.kineto import import_kineto; "
             f"import_kineto({str(DATA / 'three_steps.json')!r}); "
             "assert 'pandas' not in sys.modules, 'pandas imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,10 +10,10 @@ import pytest
 
 from simwar.analysis.views import launch_links, ordered_lanes
 from simwar.api import simulate
-from simwar.cli import main
-from simwar.perfetto import chrome_trace, write_chrome_trace
-from simwar.recorder import Recorder
-from simwar.trace import HOST, Call, OpKind, Trace
+from simwar.cli.app import main
+from simwar.core.recorder import Recorder
+from simwar.core.trace import HOST, Call, OpKind, Trace
+from simwar.plots.perfetto import chrome_trace, write_chrome_trace
 
 SMALL = {"steps": 12, "warmup_steps": 2}
 

@@ -20,8 +20,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from simwar import plots  # noqa: E402
 from simwar.api import simulate  # noqa: E402
-from simwar.cli import main  # noqa: E402
-from simwar.trace import Call, OpKind  # noqa: E402
+from simwar.cli.app import main  # noqa: E402
+from simwar.core.trace import Call, OpKind  # noqa: E402
 
 SMALL = {"steps": 14, "warmup_steps": 4}
 WINDOW = (5, 7)
@@ -199,7 +199,7 @@ def test_graph_nodes_of_the_h200_capture_are_the_graph_launched_kernels():
     assert sum(issued_by.values()) == 1131
     assert issued_by["cudaLaunchKernel"] == 490 and issued_by["cudaGraphLaunch"] == 400
 
-    from simwar.importers.kineto import import_kineto
+    from simwar.capture.kineto import import_kineto
 
     # the whole capture (no step ranges: nothing is left outside the steps)
     trace = import_kineto(REAL_FINE).trace

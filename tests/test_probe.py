@@ -68,8 +68,8 @@ def test_probe_imports_only_torch_and_the_standard_library():
 
 def test_dry_run_writes_captures_and_metrics(tmp_path):
     pytest.importorskip("torch")
+    from simwar.capture.kineto import import_kineto
     from simwar.harness.probe import main
-    from simwar.importers.kineto import import_kineto
 
     assert main([str(tmp_path), "--dry-run", "--steps", "3", "--measured-steps", "6",
                  "--warmup", "1", "--variants", "fine,none"]) == 0
@@ -98,7 +98,7 @@ def test_dry_run_writes_captures_and_metrics(tmp_path):
 
 
 def test_probe_mapping_names_the_probe_ranges():
-    from simwar.importers.mapping import load_mapping
+    from simwar.capture.mapping import load_mapping
 
     m = load_mapping(ROOT / "tests" / "data" / "probe" / "mapping.yaml")
     names = set(RANGES)

@@ -15,7 +15,7 @@
   link appear.
 
 Times are compared within ``TOL`` = 1e-9 µs, not exactly: both compute every time with
-``simwar.rules``, but the replay places a timed graph's nodes by interpolating the graph's
+``simwar.core.rules``, but the replay places a timed graph's nodes by interpolating the graph's
 measured span with the nodes' nominal durations (a scale of 1 up to rounding), so a node's
 end can differ in the last place; the times themselves are below 1e4 µs.
 
@@ -32,11 +32,11 @@ from hypothesis import HealthCheck, event, given, settings
 from strategies import ordered_programs, programs
 
 from simwar.analysis.hazards import detect
-from simwar.engine import run
+from simwar.core.program import Program, WaitEvent, WaitStream
+from simwar.core.trace import HOST
+from simwar.executors.engine import run
 from simwar.harness import make_plan, replay
 from simwar.harness.fake import FakeBackend
-from simwar.program import Program, WaitEvent, WaitStream
-from simwar.trace import HOST
 
 TOL = 1e-9
 WINDOW = 2  # hazards.detect's default step window
@@ -337,7 +337,7 @@ def test_ordered_programs_have_no_latent_race_until_a_link_is_dropped(case):
 
 
 def test_dropping_the_one_link_makes_exactly_its_race_appear():
-    from simwar.program import Kernel, Launch, Record, StepMarker
+    from simwar.core.program import Kernel, Launch, Record, StepMarker
 
     ops = [StepMarker(0), Launch("s1", Kernel("w", 5.0, writes=("b",)), 0),
            Record("after_w", "s1", 0), WaitEvent("s2", "after_w", 0),

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from simwar.api import simulate
-from simwar.cli import main
-from simwar.config import ConfigError
-from simwar.sweeps import ID_COLUMNS, load_sweep, sweep
+from simwar.cli.app import main
+from simwar.config.schema import ConfigError
+from simwar.study.sweeps import ID_COLUMNS, load_sweep, sweep
 
 REPO = Path(__file__).resolve().parents[1]
 DSPARK_FINE = REPO / "configs" / "dspark_fine.yaml"
@@ -204,7 +204,7 @@ def test_two_local_jobs_give_the_same_rows_as_one(tmp_path):
 
 
 def test_simwar_sweep_is_callable_after_importing_the_submodule():
-    code = ("from simwar.sweeps import load_sweep; import simwar; "
+    code = ("from simwar.study.sweeps import load_sweep; import simwar; "
             "frame = simwar.sweep({'base': {'steps': 20, 'warmup_steps': 2}, "
             "'grid': {'policy.barrier': ['coarse', 'fine']}}); assert len(frame) == 2")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

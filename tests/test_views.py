@@ -6,8 +6,8 @@ import pytest
 
 from simwar.analysis import views
 from simwar.api import simulate
-from simwar.recorder import Recorder
-from simwar.trace import HOST, Call, OpKind
+from simwar.core.recorder import Recorder
+from simwar.core.trace import HOST, Call, OpKind
 
 
 @pytest.fixture(scope="module")

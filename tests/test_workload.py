@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 import simwar
-from simwar import fast, workload
-from simwar.builder import build_program
-from simwar.config import ConfigError, load_config
-from simwar.engine import Engine
-from simwar.program import CpuWork, GraphLaunch, Launch, StepMarker
+from simwar.build import sizes as workload
+from simwar.build.loop import build_program
+from simwar.config.schema import ConfigError, load_config
+from simwar.core.program import CpuWork, GraphLaunch, Launch, StepMarker
+from simwar.executors.engine import Engine
+from simwar.executors.fast import core as fast
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = {"steps": 40, "warmup_steps": 4}
@@ -135,7 +136,7 @@ def test_batch_file_is_read_relative_to_the_config(tmp_path):
     # a sweep of that config (base by path) finds the file too
     sweep = tmp_path / "s.yaml"
     sweep.write_text("# s\nbase: sub/c.yaml\ngrid: {policy.barrier: [fine, coarse]}\n")
-    from simwar.sweeps import load_sweep
+    from simwar.study.sweeps import load_sweep
 
     assert len(load_sweep(sweep).runs) == 2
 
@@ -277,7 +278,7 @@ def test_per_bucket_summary_shows_the_regime_flip():
 
 
 def test_cli_prints_the_workload_lines():
-    from simwar.cli import format_summary
+    from simwar.cli.app import format_summary
 
     r = simwar.simulate(REPO / "configs" / "dspark_fine_bimodal.yaml", {"steps": 100})
     text = format_summary(r)
@@ -288,9 +289,9 @@ def test_cli_prints_the_workload_lines():
 
 # ---------------------------------------------------------------------------- harness
 def test_workload_programs_capture_one_graph_per_phase_and_bucket(tmp_path):
-    from simwar.cli import main
+    from simwar.cli.app import main
+    from simwar.core.program import Program
     from simwar.harness import make_plan, suite
-    from simwar.program import Program
 
     assert main(["harness", "--workloads", "-o", str(tmp_path)]) == 0
     names = {p.stem for p in tmp_path.glob("*.json")}
@@ -311,10 +312,10 @@ def test_workload_programs_capture_one_graph_per_phase_and_bucket(tmp_path):
 def test_compare_checks_workload_cases_step_by_step(tmp_path, capsys):
     """Fake-measured workload cases (the engine's own timeline) meet every target, with a
     per-step error of zero; ``--save-measured`` keeps the per-step figures."""
-    from simwar.cli import main
+    from simwar.cli.app import main
+    from simwar.fit.replays import criteria, workload_targets_met
     from simwar.harness import make_plan, replay, suite
     from simwar.harness.fake import FakeBackend
-    from simwar.harness.fit import criteria, workload_targets_met
 
     traces = tmp_path / "traces"
     traces.mkdir()
@@ -344,7 +345,7 @@ def test_compare_checks_workload_cases_step_by_step(tmp_path, capsys):
 
 
 def test_fast_realizes_arrivals_without_building_the_program(monkeypatch):
-    import simwar.builder as builder
+    import simwar.build.loop as builder
 
     def refuse(*a, **k):
         raise AssertionError("built a Program")
@@ -358,7 +359,7 @@ def test_fast_realizes_arrivals_without_building_the_program(monkeypatch):
 # ---------------------------------------------------------------------------- plots
 def test_workload_figure_draws_the_batches_and_shades_host_bound_steps(tmp_path):
     from simwar import plots
-    from simwar.cli import main
+    from simwar.cli.app import main
 
     r = simwar.simulate(REPO / "configs" / "dspark_fine_bimodal.yaml", {"steps": 120})
     fig = plots.workload_figure(r, (24, 71))

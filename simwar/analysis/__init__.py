@@ -20,7 +20,7 @@ return. The names below load their modules on first use.
 
 from __future__ import annotations
 
-from .._lazy import lazy_getattr
+from simwar.core.lazy import lazy_getattr
 
 _LAZY = {
     "analyze": ("simwar.analysis.metrics", "analyze"),

@@ -32,8 +32,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..trace import HOST, OpKind, Span, SpanKind, Trace
-from . import views
+from simwar.analysis import views
+from simwar.core.trace import HOST, OpKind, Span, SpanKind, Trace
 
 _EPS = 1e-6
 _NAN = float("nan")

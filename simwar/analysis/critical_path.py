@@ -48,7 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..trace import HOST, Call, OpKind, Trace
+from simwar.core.trace import HOST, Call, OpKind, Trace
 
 KINDS = ("device", "cross_stream", "host", "host_api", "wake_up", "launch_latency",
          "unexplained")
@@ -427,7 +427,7 @@ class NoForward(ValueError):
 
 def forward_extents(trace: Trace):
     """Per step with forward work: (steps, first kernel op id, start, end), numpy arrays."""
-    from .metrics import forward_kernels
+    from simwar.analysis.metrics import forward_kernels
 
     kern = forward_kernels(trace)
     if len(kern) == 0:

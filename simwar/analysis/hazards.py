@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..trace import Mode, OpKind, Trace
+from simwar.core.trace import Mode, OpKind, Trace
 
 
 class Race(NamedTuple):

@@ -47,7 +47,7 @@ import re
 
 import numpy as np
 
-from ..trace import HOST, OpKind, SpanKind, Trace
+from simwar.core.trace import HOST, OpKind, SpanKind, Trace
 
 #: HTA's default consecutive_kernel_delay, as its code applies it: 30, compared with µs gaps
 HTA_KERNEL_WAIT_US = 30.0

@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..trace import OpKind, SpanKind, Trace
-from .hazards import HazardReport, detect
-from .views import forward_kernels, forwards
+from simwar.analysis.hazards import HazardReport, detect
+from simwar.analysis.views import forward_kernels, forwards
+from simwar.core.trace import OpKind, SpanKind, Trace
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -25,7 +25,7 @@ exporter draw and export what these return.
 Whole-trace indexes (per-lane orders, the op → span index) are numpy passes
 over the columns, built once per Trace and cached (Traces are read-only).
 
-Imports: numpy and ``simwar.trace`` only (a trace written on a GPU machine
+Imports: numpy and ``simwar.core.trace`` only (a trace written on a GPU machine
 can be exported there).
 """
 
@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..trace import CALLS, HOST, SPAN_KINDS, Call, Edge, OpKind, Span, SpanKind, Trace
+from simwar.core.trace import CALLS, HOST, SPAN_KINDS, Call, Edge, OpKind, Span, SpanKind, Trace
 
 #: streams in display order; others follow alphabetically
 STREAM_ORDER = ("schedule", "plan", "forward", "copy", "d2h")

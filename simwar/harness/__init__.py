@@ -19,7 +19,7 @@ GPU machine has torch but none of simwar's other dependencies.
 
 from __future__ import annotations
 
-from .plan import ReplayPlan, make_plan
-from .replay import replay
+from simwar.harness.plan import ReplayPlan, make_plan
+from simwar.harness.replay import replay
 
 __all__ = ["ReplayPlan", "make_plan", "replay"]

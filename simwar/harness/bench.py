@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from .cuda import calibrate_device, cross_stream_latency, device_info
+from simwar.harness.cuda import calibrate_device, cross_stream_latency, device_info
 
 
 def _host_us(fn, n: int = 200, batches: int = 7, before=None) -> float:

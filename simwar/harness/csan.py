@@ -46,9 +46,9 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from ..program import GraphLaunch, Program
-from .plan import ReplayPlan, make_plan
-from .replay import replay
+from simwar.core.program import GraphLaunch, Program
+from simwar.harness.plan import ReplayPlan, make_plan
+from simwar.harness.replay import replay
 
 ELEMENT_BYTES = 8  # the harness's device arrays are int64
 
@@ -232,7 +232,7 @@ def _sanitized_backend_class():
     global _BACKEND_CLASS
     if _BACKEND_CLASS is not None:
         return _BACKEND_CLASS
-    from .cuda import CudaBackend
+    from simwar.harness.cuda import CudaBackend
 
     class SanitizedBackend(CudaBackend):
         def __init__(self, calibration, collector: CsanCollector, *, uniform: bool = True):
@@ -321,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         return 2
-    from .cuda import calibrate_device, device_info
+    from simwar.harness.cuda import calibrate_device, device_info
 
     files = sorted(args.programs.glob("*.json"))
     if args.only:

@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from .plan import GraphStep, KernelStep, ReplayPlan
+from simwar.harness.plan import GraphStep, KernelStep, ReplayPlan
 
 
 def _now_us() -> float:

@@ -25,7 +25,7 @@ the engine on any program, whatever its per-op costs (``info()`` says
 ``latency: program`` so that the assembly places waits with each op's own
 latency).
 
-The rules are :mod:`simwar.rules`, the functions every executor uses.
+The rules are :mod:`simwar.core.rules`, the functions every executor uses.
 
 Imports: the standard library and simwar's stdlib-only modules.
 """
@@ -35,9 +35,9 @@ from __future__ import annotations
 import bisect
 from collections import deque
 
-from ..program import Record, Synchronize, WaitEvent, WaitStream
-from ..rules import begins, fires, released, returns
-from .plan import GraphStep, KernelStep, ReplayPlan
+from simwar.core.program import Record, Synchronize, WaitEvent, WaitStream
+from simwar.core.rules import begins, fires, released, returns
+from simwar.harness.plan import GraphStep, KernelStep, ReplayPlan
 
 #: the cost kind of each call, by plan step type
 _CALL_KIND = {KernelStep: "launch_us", GraphStep: "graph_launch_us", Record: "event_record_us",

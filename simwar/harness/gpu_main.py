@@ -31,9 +31,9 @@ import threading
 import time
 from pathlib import Path
 
-from ..program import Program
-from .plan import make_plan
-from .replay import replay
+from simwar.core.program import Program
+from simwar.harness.plan import make_plan
+from simwar.harness.replay import replay
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from .cuda import CudaBackend, calibrate_device
+    from simwar.harness.cuda import CudaBackend, calibrate_device
 
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     t_all = time.time()
     if args.bench:
-        from .bench import run_benchmarks
+        from simwar.harness.bench import run_benchmarks
 
         bench = run_benchmarks()
         (args.out / "bench.json").write_text(json.dumps(bench, indent=1))

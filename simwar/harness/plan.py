@@ -31,7 +31,7 @@ so that the timed loop does no bookkeeping beyond the calls themselves:
   memory, so the harness adds no unordered accesses of its own (PyTorch's
   CUDA sanitizer checks this, ``simwar.harness.csan``).
 
-Imports: the standard library and ``simwar.program`` only (the plan is made
+Imports: the standard library and ``simwar.core.program`` only (the plan is made
 on the GPU machine, which has torch but no simpy, pydantic or pandas).
 """
 
@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..program import (
+from simwar.core.program import (
     CpuWork,
     GraphLaunch,
     GraphRecord,

@@ -10,7 +10,7 @@ absolute deadline. Device times come back from the backend's timing points
 (the plan puts them around each step's forward only), already on that host
 clock.
 
-:func:`assemble` turns what was measured into a :class:`~simwar.trace.Trace`
+:func:`assemble` turns what was measured into a :class:`~simwar.core.trace.Trace`
 in the simulator's schema:
 
 - a timed launch (a step's first or last forward launch) starts at its
@@ -47,7 +47,7 @@ import gc
 import statistics
 from typing import Protocol
 
-from ..program import (
+from simwar.core.program import (
     CpuWork,
     Kernel,
     Marker,
@@ -57,10 +57,10 @@ from ..program import (
     WaitEvent,
     WaitStream,
 )
-from ..recorder import Recorder
-from ..rules import begins
-from ..trace import HOST, Call, OpKind, Trace
-from .plan import GraphStep, KernelStep, ReplayPlan
+from simwar.core.recorder import Recorder
+from simwar.core.rules import begins
+from simwar.core.trace import HOST, Call, OpKind, Trace
+from simwar.harness.plan import GraphStep, KernelStep, ReplayPlan
 
 #: a sync counts towards ``sync_us`` only if its record's (estimated) firing is at least this
 #: long before the call, so that no waiting hides in the figure

@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..algorithms import BUILTIN, builtin_phases
+from simwar.config.algorithms import BUILTIN, builtin_phases
 
 BARRIERS = ("none", "coarse", "fine", "host_sync")
 REGIMES = ("gpu", "cpu")
@@ -159,7 +159,7 @@ def write_workload_programs(directory: str | Path, names=None) -> list[Path]:
 
 def case_config(name: str, costs: dict | None = None):
     """The validated Config of case ``name`` (``costs``: a ``costs.*`` mapping to apply)."""
-    from ..config import load_config
+    from simwar.config.schema import load_config
 
     table = all_cases()
     if name not in table:
@@ -173,7 +173,7 @@ def case_config(name: str, costs: dict | None = None):
 def write_programs(directory: str | Path, names=None, steps: int | None = None,
                    warmup: int | None = None) -> list[Path]:
     """Build each case's Program and write ``<case>.json`` into ``directory``."""
-    from ..builder import build_program
+    from simwar.build.loop import build_program
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -244,8 +244,8 @@ def csan_program(name: str, overrides: dict | None = None):
     """Case ``name``'s Program with simwar's latent races after warm-up in its meta:
     ``latent_races`` (access pairs), ``latent_race_buffers`` (sorted names) and
     ``latent_races_all`` (warm-up included)."""
-    from ..api import simulate
-    from ..config import load_config
+    from simwar.api import simulate
+    from simwar.config.schema import load_config
 
     ov = dict(overrides if overrides is not None else csan_cases()[name], name=name)
     result = simulate(load_config(None, ov))

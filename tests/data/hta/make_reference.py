@@ -4,7 +4,7 @@ HTA (HolisticTraceAnalysis 0.5.0) needs pandas < 3 and simwar needs pandas 3, so
 runs in two steps, each in its own environment:
 
 1. ``python3 tests/data/hta/make_reference.py captures DIR`` (simwar, with the Trace v2
-   Kineto writer ``simwar.importers.synthetic.write_kineto``): simulates each case of
+   Kineto writer ``simwar.capture.synthetic.write_kineto``): simulates each case of
    ``CASES`` and writes ``DIR/<case>/rank0.json``, a Kineto capture with CUDA sync events;
 2. ``VENV/bin/python tests/data/hta/make_reference.py hta DIR > tests/data/hta/reference.json``
    in a virtual environment with ``holistictraceanalysis==0.5.0`` and ``pandas<3`` from
@@ -39,7 +39,7 @@ STEPS = range(3, 10)
 
 def captures(out: Path) -> None:
     from simwar.api import simulate
-    from simwar.importers.synthetic import write_kineto
+    from simwar.capture.synthetic import write_kineto
 
     for case, overrides in CASES.items():
         (out / case).mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,598 @@
+"""Config → Program, following SGLang's overlap loop (DESIGN.md, reference §(b)).
+
+One scheduler iteration ``k`` issues, in order:
+
+1. ``[loop_top]`` the WAR barrier for forward k-1 (before #31687);
+2. ingest (CPU), schedule (CPU);
+3. ``[host_sync, loop_top]`` the legacy DFLASH ``verify_done.synchronize()``
+   at the start of prepare; prepare (CPU); the shared-buffer writes for step k
+   on the schedule stream, or on the plan stream (``plan.wait_stream(schedule)``,
+   writes, ``schedule.wait_stream(plan)``);
+4. ``run_batch``: ``[needs_cpu_seq_lens]`` host block on forward k-1's
+   FutureMap publish; ``forward.wait_stream(schedule)``; each phase
+   (dispatch CPU, ``load_batch`` kernels, graph launch with in-graph prep and
+   body, read-done record per the publish rule); the FutureMap publish record;
+   the result copy (``copy.wait_stream(forward)``, D2H, ``copy_done[k]``);
+5. ``[after_launch]`` the WAR barrier for forward k; post-launch host work
+   (``cpu.post_launch_us``, none by default);
+6. process the result of step k-1: ``copy_done[k-1].synchronize()``, CPU
+   work, result-processing writes (radix insert, frees) on the schedule stream.
+
+A final drain processes the last result.
+
+Durations come from one generator seeded by ``config.seed``: each distribution is
+drawn in a single call holding all of its uses in program order (distributions in order
+of first use), before the ops are built (:class:`_Sampler`). The same iteration code,
+given symbolic durations, builds the first iterations and the drain as templates
+(:func:`plan_iterations`), from which :mod:`simwar.executors.fast.core` runs a config without building
+its Program; both take the same numbers from the same draws.
+
+**Durations that vary with the step.** A run's per-step sizes (batch, graph bucket,
+accepted tokens: :mod:`simwar.build.sizes`) are arrays computed before any op. An affine
+duration (:class:`simwar.config.schema.Affine`) is drawn like a distribution: each use asks for
+the size of a step (the step being prepared, or the one whose result is processed, see
+:func:`simwar.config.schema.duration_keys`) and whether it is padded to the graph bucket; the
+symbolic build records that context per use, and :class:`AffineTable` evaluates every use
+of the run at once, vectorised, into one array per duration in program order (its noise
+draws added), which the builder and the one-pass executor read as they read the draws.
+The structure of an iteration never depends on the sizes: only numbers do (graph launches
+carry their size in their name, ``verify.graph@32``, which is not part of an iteration's
+shape). Imports: numpy, no simpy.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simwar.config.schema import Affine, Config, ConfigError, Dist, Phase, affine_error, duration_keys
+from simwar.config.policies import PublishPoint, barrier, publish_point
+from simwar.core.program import (
+    CpuWork,
+    GraphLaunch,
+    GraphRecord,
+    HostOp,
+    Kernel,
+    Launch,
+    Marker,
+    Program,
+    Record,
+    StepMarker,
+    Synchronize,
+    WaitEvent,
+    WaitStream,
+)
+
+
+class _Sampler:
+    """Draws every duration of a run up front: one generator call per distribution.
+
+    The distributions (config values that are a :class:`Dist`) are drawn in order of their
+    first use in the program, each as one array holding all of its uses in program order
+    (iteration by iteration, and within one in the order the builder asks). Constants never
+    touch the generator. ``next_value(d)`` hands out the draws in that order.
+    """
+
+    def __init__(self, seed: int, counts: dict[int, tuple[Dist, int]]):
+        # (numpy.random is imported only when there is something to draw)
+        rng = np.random.default_rng(seed) if counts else None
+        self.arrays: dict[int, np.ndarray] = {key: _sample(rng, d, n)
+                                              for key, (d, n) in counts.items()}
+        self._next: dict[int, object] = {}
+
+    def __call__(self, d, at: int = 0, padded: bool = False):
+        it = self._next.get(id(d))
+        if it is None:
+            if not isinstance(d, _DRAWN):
+                return d
+            it = self._next[id(d)] = iter(self.arrays[id(d)].tolist())
+        return next(it)
+
+
+def _sample(rng: np.random.Generator, d: Dist, n: int) -> np.ndarray:
+    """``n`` draws of ``d`` in one call, clipped at ``d.min``."""
+    if d.dist == "normal":
+        x = rng.normal(d.mean, d.std, n)
+    elif d.dist == "lognormal":
+        # parameters of the distribution itself: mean and std of the samples
+        var = np.log1p((d.std / d.mean) ** 2)
+        x = rng.lognormal(np.log(d.mean) - var / 2, np.sqrt(var), n)
+    elif d.dist == "uniform":
+        x = rng.uniform(d.low, d.high, n)
+    else:
+        x = np.asarray(d.values, dtype=float)[rng.integers(len(d.values), size=n)]
+    return np.maximum(float(d.min), x)
+
+
+class Series:
+    """A builder-made duration read from a per-iteration array of the run's sizes
+    (``idle``: the wait for a first request under arrivals)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Series({self.name!r})"
+
+
+#: the host's wait for a request at the top of an iteration (arrivals only)
+WAIT_REQUESTS = Series("idle")
+#: config values handed out per use from an array (the others are constants)
+_DRAWN = (Dist, Affine, Series)
+
+
+class Use:
+    """A symbolic draw: use ``index`` (within one iteration) of distribution ``key``."""
+
+    __slots__ = ("key", "index")
+
+    def __init__(self, key: int, index: int):
+        self.key = key
+        self.index = index
+
+    def __add__(self, other):
+        return Sum(self, other)
+
+    def __radd__(self, other):
+        return Sum(other, self)
+
+    def __gt__(self, other) -> bool:  # a drawn duration may be positive: the op is kept
+        return True
+
+    def __repr__(self) -> str:
+        return f"Use({self.key}, {self.index})"
+
+
+class Sum:
+    """A symbolic host-call cost: ``a + b``, each a constant or a :class:`Use`."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a = a
+        self.b = b
+
+    def __gt__(self, other) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"Sum({self.a!r}, {self.b!r})"
+
+
+class _Symbolic:
+    """A drawer that hands out :class:`Use` placeholders instead of numbers (templates).
+
+    For a duration that varies with the step (affine, series) it also records, per use, the
+    context: the step whose sizes it takes, relative to the iteration's, and whether the
+    size is padded to the graph bucket.
+    """
+
+    def __init__(self) -> None:
+        self.dists: dict[int, Dist] = {}  # key -> Dist, in order of first use
+        self.affines: dict[int, object] = {}  # key -> Affine or Series, in order of first use
+        self.uses: dict[int, int] = {}  # key -> uses in the current iteration
+        self.contexts: dict[int, list] = {}  # affine key -> [(step offset, padded)] per use
+        self.k = 0  # the current iteration
+
+    def new_iteration(self, k: int = 0) -> tuple[dict[int, int], dict[int, list]]:
+        done, self.uses = self.uses, {}
+        ctx, self.contexts = self.contexts, {}
+        self.k = k
+        return done, ctx
+
+    def __call__(self, d, at: int = 0, padded: bool = False):
+        if not isinstance(d, _DRAWN):
+            return d
+        key = id(d)
+        if type(d) is Dist:
+            self.dists.setdefault(key, d)
+        else:
+            self.affines.setdefault(key, d)
+            self.contexts.setdefault(key, []).append((at - self.k, padded))
+            if type(d) is Affine and d.noise is not None:
+                self(d.noise)  # one noise draw per use, from the run's generator
+        n = self.uses.get(key, 0)
+        self.uses[key] = n + 1
+        return Use(key, n)
+
+
+def build_program(cfg: Config) -> Program:
+    """The run's Program: every host operation of every iteration, durations drawn (a
+    validated Config: ``simwar.load_config`` validates)."""
+    return _drawing_builder(cfg).build()
+
+
+def _drawing_builder(cfg: Config) -> _Builder:
+    from simwar.build.sizes import resolve
+
+    sizes = resolve(cfg)
+    plan = plan_iterations(cfg, sizes)
+    return _Builder(cfg, plan.sampler(), plan.phases, sizes)
+
+
+#: iterations built symbolically to find the steady-state iteration (see :func:`plan_iterations`)
+SKELETON = 6
+
+
+class IterationPlan:
+    """The run as iteration templates: which template each iteration (and the drain) uses.
+
+    ``ops[i]`` is the host ops of skeleton iteration i (durations as numbers or :class:`Use`),
+    ``uses[i]`` its draws per distribution; ``role(k)`` maps run iteration k (``steps`` is the
+    drain) to its skeleton iteration. Iterations from the third on are identical up to the
+    step number (checked by :mod:`simwar.executors.fast.core` on the skeleton), so a run of any length is the
+    first iterations, the steady one repeated, and the drain.
+    """
+
+    def __init__(self, cfg: Config, ops: list[list], uses: list[dict], dists: dict, meta: dict,
+                 phases: list[Phase], affines: dict | None = None,
+                 contexts: list[dict] | None = None, sizes=None):
+        self.cfg = cfg
+        self.phases = phases
+        self.ops = ops
+        self.uses = uses
+        self.dists = dists
+        self.meta = meta
+        self.steps = cfg.steps
+        self.affines = affines or {}  # key -> Affine or Series (per-use arrays, not draws)
+        self.contexts = contexts or [{} for _ in ops]  # per skeleton iteration
+        self.sizes = sizes
+
+    def segments(self) -> list[tuple[int, int, int]]:
+        """The run's iterations (the drain last) as ``(skeleton iteration, first, count)``."""
+        n = len(self.ops) - 1
+        if self.steps <= n:
+            out = [(i, i, 1) for i in range(n)]
+        else:
+            out = [(i, i, 1) for i in range(n - 1)] + [(n - 1, n - 1, self.steps - (n - 1))]
+        return out + [(n, self.steps, 1)]
+
+    def sampler(self, fill: bool = True) -> _Sampler:
+        """The run's draws, and the per-use values of its affine durations
+        (``fill=False``: left to :meth:`AffineTable.fill`, as the sizes become known)."""
+        sampler = _Sampler(self.cfg.seed, self.draw_counts())
+        if self.affines:
+            table = AffineTable(self, self.sizes, sampler.arrays)
+            if fill:
+                table.fill(0, self.steps + 1)
+            sampler.table = table
+        return sampler
+
+    def role(self, k: int) -> int:
+        """Skeleton iteration standing for run iteration ``k`` (``steps``: the drain)."""
+        n = len(self.ops) - 1  # skeleton iterations (the last entry is the drain)
+        if k >= self.steps:
+            return n
+        return k if k < n - 1 else n - 1
+
+    def counts(self, k: int) -> dict[int, int]:
+        return self.uses[self.role(k)]
+
+    def draw_counts(self) -> dict[int, tuple[Dist, int]]:
+        """Per distribution (in order of first use): the Dist and its draws in the whole run."""
+        total: dict[int, int] = {key: 0 for key in self.dists}
+        for i, _, count in self.segments():
+            for key, c in self.uses[i].items():
+                if key in total:
+                    total[key] += c * count
+        return {key: (self.dists[key], total[key]) for key in self.dists}
+
+
+class AffineTable:
+    """The value of every use of every step-dependent duration of a run, in program order.
+
+    One flat array per duration (``arrays[key]``), laid out as the draws of a distribution
+    are: iteration by iteration, and within one in the order of its uses. A use of an
+    :class:`~simwar.config.schema.Affine` at iteration ``k`` with context ``(offset, padded)`` is
+    ``base + per_seq * S + per_token * S * A`` plus its noise draw, where ``S`` is the batch of
+    step ``k + offset`` (its graph bucket if ``padded``) and ``A`` that step's accepted tokens;
+    a :class:`Series` use is the series' value at that step. :meth:`fill` computes iterations
+    ``[k0, k1)`` at once (all of them for a run whose sizes are known; one at a time while
+    arrivals are realized). The noise draws are taken out of ``draws``.
+    """
+
+    def __init__(self, plan: IterationPlan, sizes, draws: dict):
+        self.plan = plan
+        self.sizes = sizes
+        self.segments = plan.segments()
+        self.names = {id(v): key for key, v, _ in duration_keys(plan.cfg, plan.phases)}
+        self.arrays: dict[int, np.ndarray] = {}
+        self.offsets: dict[int, list[int]] = {}
+        self.noise: dict[int, np.ndarray] = {}
+        for key, obj in plan.affines.items():
+            pos, offs = 0, []
+            for role, _, count in self.segments:
+                offs.append(pos)
+                pos += count * len(plan.contexts[role].get(key, ()))
+            self.arrays[key] = np.zeros(pos)
+            self.offsets[key] = offs
+            if type(obj) is Affine and obj.noise is not None:
+                self.noise[key] = draws.pop(id(obj.noise))
+        draws.update(self.arrays)
+
+    def fill(self, k0: int, k1: int) -> None:
+        """Evaluate every use of iterations ``k0 <= k < k1`` (the drain is ``steps``)."""
+        sizes = self.sizes
+        last = len(sizes.batch) - 1
+        for si, (role, s0, count) in enumerate(self.segments):
+            a, b = max(k0, s0), min(k1, s0 + count)
+            if a >= b:
+                continue
+            ks = np.arange(a, b)
+            for key, ctx in self.plan.contexts[role].items():
+                obj = self.plan.affines[key]
+                c = len(ctx)
+                block = np.empty((len(ks), c))
+                for j, (off, padded) in enumerate(ctx):
+                    idx = np.minimum(ks + off, last)
+                    if type(obj) is Series:
+                        block[:, j] = getattr(sizes, obj.name)[idx]
+                        continue
+                    size = (sizes.bucket if padded else sizes.batch)[idx].astype(float)
+                    tokens = sizes.accept[idx]
+                    v = obj.value(size, tokens)
+                    bad = np.flatnonzero(v < 0)
+                    if len(bad):
+                        i = bad[0]
+                        raise ConfigError(affine_error(
+                            self.names.get(key, "a duration"), obj, float(size[i]),
+                            float(tokens[i]), float(v[i]), int(idx[i])))
+                    block[:, j] = v
+                start = self.offsets[key][si] + (a - s0) * c
+                stop = start + len(ks) * c
+                flat = block.ravel()
+                if key in self.noise:
+                    flat = flat + self.noise[key][start:stop]
+                self.arrays[key][start:stop] = flat
+
+
+def plan_iterations(cfg: Config, sizes=None) -> IterationPlan:
+    """Build the first iterations and the drain symbolically (no numbers drawn).
+
+    ``sizes``: the run's per-step sizes (:func:`simwar.build.sizes.resolve` by default).
+    """
+    if sizes is None:
+        from simwar.build.sizes import resolve
+
+        sizes = resolve(cfg)
+    sym = _Symbolic()
+    b = _Builder(cfg, sym, sizes=sizes)
+    n = min(cfg.steps, SKELETON)
+    ops: list[list] = []
+    uses: list[dict] = []
+    contexts: list[dict] = []
+    sym.new_iteration(0)
+    for k in range(n):
+        start = len(b.ops)
+        b.iteration(k)
+        ops.append(b.ops[start:])
+        u, c = sym.new_iteration(k + 1)
+        uses.append(u)
+        contexts.append(c)
+    start = len(b.ops)
+    b.drain(n)
+    ops.append(b.ops[start:])
+    u, c = sym.new_iteration()
+    uses.append(u)
+    contexts.append(c)
+    return IterationPlan(cfg, ops, uses, dict(sym.dists), b.meta(), b.phases,
+                         dict(sym.affines), contexts, sizes)
+
+
+def stream_program(cfg: Config) -> Program:
+    """The same Program with its ops generated one iteration at a time as they are read.
+
+    For executors that read the ops once, in order (the SimPy engine): a long run
+    then never holds the whole op list. ``ops`` is a one-shot iterator; use
+    :func:`build_program` for a Program to inspect, serialize or replay.
+    """
+    builder = _drawing_builder(cfg)
+    return Program(ops=builder.iter_ops(), meta=builder.meta())
+
+
+class _Builder:
+    def __init__(self, cfg: Config, draw, phases: list[Phase] | None = None, sizes=None):
+        self.cfg = cfg
+        self.sizes = sizes  # simwar.build.sizes.StepSizes (None: constant sizes)
+        self._at = 0  # the step whose sizes the durations drawn now use
+        # distributions are keyed by object: builders of one run share the phase table
+        self.phases: list[Phase] = phases if phases is not None else cfg.phase_table()
+        pol = cfg.policy
+        self.point: PublishPoint = publish_point(self.phases, pol.publish_phase,
+                                                 pol.external_events, pol.in_replay_fallback)
+        self.policy = barrier(pol.barrier).resolve(self.point)
+        self.barrier = self.policy.name
+        self.draw = draw
+        self.ops: list[HostOp] = []
+        self.writes = tuple(cfg.gpu.writes)
+        # the step-k event each barrier kind waits/syncs on
+        self.read_done: dict[int, str] = {}
+
+    # ---- host API calls, with their costs drawn per call
+    def _draw(self, d, padded: bool = False):
+        return self.draw(d, self._at, padded)
+
+    def _cost(self, d) -> float:
+        return self._draw(d) + self._draw(self.cfg.costs.host_call_us)
+
+    def launch(self, stream: str, label: str, dur, step: int, phase: str = "",
+               reads=(), writes=()) -> None:
+        k = Kernel(label, self._draw(dur), tuple(reads), tuple(writes), phase)
+        self.ops.append(Launch(stream, k, step, self._cost(self.cfg.costs.launch_us)))
+
+    def record(self, event: str, stream: str, step: int) -> None:
+        self.ops.append(Record(event, stream, step, self._cost(self.cfg.costs.event_record_us)))
+
+    def wait_event(self, stream: str, event: str, step: int) -> None:
+        c = self.cfg.costs
+        self.ops.append(WaitEvent(stream, event, step, self._cost(c.wait_event_us),
+                                  self._draw(c.cross_stream_us)))
+
+    def wait_stream(self, stream: str, other: str, step: int) -> None:
+        c = self.cfg.costs
+        self.ops.append(WaitStream(stream, other, step, self._cost(c.wait_stream_us),
+                                   self._draw(c.cross_stream_us)))
+
+    def sync(self, event: str, step: int, site: str) -> None:
+        c = self.cfg.costs
+        self.ops.append(Synchronize(event, step, site, self._cost(c.sync_us),
+                                    self._draw(c.sync_wake_us)))
+
+    def cpu(self, label: str, dur, step: int) -> None:
+        d = self._draw(dur)
+        if d > 0:
+            self.ops.append(CpuWork(label, d, step))
+
+    # ---- the loop
+    def build(self) -> Program:
+        ops = list(self.iter_ops())
+        return Program(ops=ops, meta=self.meta())
+
+    def iter_ops(self):
+        """The ops of every iteration and the final drain, generated iteration by iteration."""
+        for k in range(self.cfg.steps):
+            self.iteration(k)
+            yield from self.ops
+            self.ops.clear()
+        self.drain(self.cfg.steps)
+        yield from self.ops
+        self.ops.clear()
+
+    def meta(self) -> dict:
+        cfg, p = self.cfg, self.point
+        out = {
+            "name": cfg.name, "seed": cfg.seed, "steps": cfg.steps,
+            "warmup_steps": cfg.warmup_steps, "algorithm": cfg.algorithm,
+            "batch_size": cfg.batch_size, "accept_tokens": cfg.accept.tokens,
+            "barrier": cfg.policy.barrier, "barrier_effective": self.barrier,
+            "placement": cfg.policy.placement, "publish_phase": p.phase,
+            "publish_position": p.position, "publish_reason": p.reason,
+            "forward_stream": "forward",
+        }
+        sz = self.sizes
+        if sz is not None and sz.per_step:
+            # the run's means stand in for the constants; the steps' own values follow
+            out["batch_size"] = float(sz.batch.mean()) if len(sz.batch) else 0.0
+            out["accept_tokens"] = float(sz.accept.mean()) if len(sz.accept) else 0.0
+            out["workload"] = sz.meta()
+        return out
+
+    def iteration(self, k: int) -> None:
+        cfg, pol = self.cfg, self.cfg.policy
+        self.ops.append(StepMarker(k))
+        self._at = k
+        if self.sizes is not None and self.sizes.idle is not None:
+            self.cpu("wait_requests", WAIT_REQUESTS, k)
+        loop_top = pol.placement == "loop_top" and k > 0
+        if loop_top and not self.policy.blocks_at_prepare:
+            self.policy.fence(self, k - 1)
+        self.cpu("ingest", cfg.cpu.ingest_us, k)
+        self.cpu("schedule", cfg.cpu.schedule_us, k)
+        if loop_top and self.policy.blocks_at_prepare:
+            self.policy.before_prepare(self, k)
+        self.cpu("prepare", cfg.cpu.prepare_us, k)
+        self.schedule_writes(k)
+        self.run_batch(k)
+        if pol.placement == "after_launch":
+            self.policy.fence(self, k)
+        self.cpu("post_launch", cfg.cpu.post_launch_us, k)
+        if k > 0:
+            self.process_result(k - 1, k)
+
+    def drain(self, k: int) -> None:
+        self.ops.append(StepMarker(k))
+        self.process_result(k - 1, k)
+
+    def schedule_writes(self, k: int) -> None:
+        gpu = self.cfg.gpu
+        stream = "plan" if self.cfg.policy.plan_stream else "schedule"
+        if stream == "plan":
+            self.wait_stream("plan", "schedule", k)
+        if _positive(gpu.schedule_prep_us):  # schedule-stream work before the write itself
+            self.launch(stream, "schedule_prep", gpu.schedule_prep_us, k)
+        self.launch(stream, "schedule_writes", gpu.schedule_writes_us, k, writes=self.writes)
+        if stream == "plan":
+            self.wait_stream("schedule", "plan", k)
+
+    def run_batch(self, k: int) -> None:
+        cfg, pol = self.cfg, self.cfg.policy
+        self.ops.append(Marker("run_batch", k))
+        if pol.needs_cpu_seq_lens and k > 0:
+            # resolve_seq_lens_cpu: a D2H on a private stream gated on the publish of k-1,
+            # then a host block on it
+            self.wait_event("d2h", f"publish_ready[{k - 1}]", k)
+            self.launch("d2h", "seq_lens_d2h", cfg.gpu.seq_lens_copy_us, k)
+            self.record(f"seq_lens_d2h[{k}]", "d2h", k)
+            self.sync(f"seq_lens_d2h[{k}]", k, "seq_lens")
+        self.wait_stream("forward", "schedule", k)
+        for i, phase in enumerate(self.phases):
+            self.phase(k, i, phase)
+            if phase.future_publish:
+                self.record(f"publish_ready[{k}]", "forward", k)
+        self.policy.after_phases(self, k)
+        copy_stream = cfg.gpu.result_copy_stream
+        if copy_stream != "forward":
+            self.wait_stream(copy_stream, "forward", k)
+        self.launch(copy_stream, "result_copy", cfg.gpu.result_copy_us, k)
+        self.record(f"copy_done[{k}]", copy_stream, k)
+
+    def phase(self, k: int, i: int, ph: Phase) -> None:
+        costs = self.cfg.costs
+        publishes = self.point.index == i and self.point.phase is not None
+        pos = self.point.position if publishes else None
+        reads = tuple(ph.reads)
+        name = ph.name
+        self.cpu(f"{name}.dispatch", ph.host_us, k)
+        if _positive(ph.load_batch_us):
+            self.launch("forward", f"{name}.load_batch", ph.load_batch_us, k, name, reads=reads)
+        body_reads = reads if ph.graph == "breakable" else ()
+        if ph.graph == "eager":
+            if pos == "pre_replay":
+                self.publish_record(k)
+            if _positive(ph.prep_us):
+                self.launch("forward", f"{name}.prep", ph.prep_us, k, name, reads=reads)
+            if pos == "in_replay":
+                self.publish_record(k)
+            self.launch("forward", f"{name}.body", ph.body_us, k, name)
+            if pos == "post_replay":
+                self.publish_record(k)
+            return
+        if pos == "pre_replay":
+            self.publish_record(k)
+        nodes: list = []
+        if _positive(ph.prep_us):
+            nodes.append(Kernel(f"{name}.prep", self._draw(ph.prep_us, True), reads, (), name))
+        if pos == "in_replay" and self.point.in_graph:
+            event = f"{name}.read_done"
+            nodes.append(GraphRecord(event))
+            self.read_done[k] = event
+        nodes.append(Kernel(f"{name}.body", self._draw(ph.body_us, True), body_reads, (), name))
+        graph = f"{name}.graph"
+        sz = self.sizes
+        if sz is not None and sz.suffix:  # one captured graph per (phase, bucket)
+            graph += f"@{int(sz.bucket[k])}"
+        self.ops.append(GraphLaunch("forward", graph, tuple(nodes), k, name,
+                                    self._cost(costs.graph_launch_us)))
+        if pos == "post_replay" or (pos == "in_replay" and not self.point.in_graph):
+            self.publish_record(k)
+
+    def publish_record(self, k: int) -> None:
+        event = f"read_done[{k}]"
+        self.record(event, "forward", k)
+        self.read_done[k] = event
+
+    def process_result(self, j: int, k: int) -> None:
+        """Iteration k processes the result of step j = k-1."""
+        cfg = self.cfg
+        at, self._at = self._at, j  # the durations of processing scale with step j's batch
+        self.sync(f"copy_done[{j}]", k, "result_copy")
+        self.cpu("process_result", cfg.cpu.process_result_us, k)
+        if _positive(cfg.gpu.result_writes_us):
+            self.launch("schedule", "result_writes", cfg.gpu.result_writes_us, k,
+                        writes=self.writes)
+        self._at = at
+
+
+def _positive(d) -> bool:
+    return isinstance(d, (Dist, Affine)) or d > 0

@@ -1,0 +1,294 @@
+"""Per-step sizes of a run: batch, graph bucket, accepted tokens, and arriving requests.
+
+:func:`resolve` turns a config's ``workload`` and ``accept`` sections into arrays over the
+run's steps (:class:`StepSizes`), computed once, before any op is built:
+
+- ``batch[k]``: the requests in step k's batch (``workload.batch_sizes`` cycled, the
+  ``batch_sizes_file`` column cycled, ``workload.batch_size`` drawn per step, the arrivals
+  model below, or the config's constant ``batch_size``);
+- ``bucket[k]``: the graph bucket step k's graph phases run at (the smallest of
+  ``workload.graph_buckets`` >= the batch; the batch itself without buckets);
+- ``accept[k]``: accepted tokens per request in step k (``accept.tokens``: a number, a
+  per-step list cycled, or a distribution drawn once per step).
+
+The durations that scale with the step (:class:`simwar.config.schema.Affine`) are evaluated on
+these arrays by :class:`simwar.build.loop.AffineTable`, vectorised, in the same layout as the
+distribution draws, so every executor reads the same numbers.
+
+**Seeds.** Each random source has its own generator, seeded by ``(config.seed, stream)``
+(``batch``, ``accept``, ``arrivals``, ``output``), separate from the durations' generator
+(``config.seed``, as without a workload): changing the batch source does not move the
+duration draws, and a config without ``workload`` draws exactly what it drew before.
+
+**Arrivals (feedback).** With ``workload.arrivals`` the batch depends on simulated time:
+requests arrive as a Poisson process, join at the next schedule when there is room (up to
+``max_batch``), and leave once their ``output_tokens`` are produced (each step advances every
+request in the batch by that step's accepted tokens). The scheduler learns that a request
+finished when it processes that step's result, which the overlap loop does in the *next*
+iteration, after scheduling it: a request completed by step k is still in batch k+1 (the
+overlap loop's extra step) and leaves before batch k+2. Step k's batch is fixed at the host
+time iteration k begins (its step marker: what arrived by then is admitted); if nothing is
+running or waiting, the host waits for the next arrival there (a ``wait_requests`` CPU span).
+
+The sequence is realized by the one-pass executor running the run's own plan one iteration
+at a time (:func:`simwar.executors.fast.core.realize`): before iteration k it reads the host clock, fixes
+batch k (and the wait), and evaluates iteration k's durations; iteration k's ops only use
+the batches of steps <= k, so nothing already run changes. The realized sequence is then a
+fixed per-step array like any other: the one Program every executor runs (the SimPy engine,
+the one-pass executor, the GPU harness) is built from it, and it is exported in the
+per-step table (``batch_size``) and the program's ``meta.workload``. The same seed gives the
+same sequence. It is computed once per config (cached by its content).
+
+Imports: numpy and simwar's config (the fast executor only for arrivals, lazily).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from simwar.config.schema import Config, ConfigError, Dist, bucket_of
+
+#: the generator stream of each random source: ``default_rng([seed, STREAMS[name]])``
+STREAMS = {"batch": 1, "accept": 2, "arrivals": 3, "output": 4}
+#: arrival gaps and output lengths are drawn in chunks of this many (whatever the run's length)
+CHUNK = 4096
+
+
+def rng(seed: int, stream: str) -> np.random.Generator:
+    return np.random.default_rng([seed, STREAMS[stream]])
+
+
+@dataclass
+class StepSizes:
+    """Per-step arrays of one run (see the module docstring)."""
+
+    batch: np.ndarray  # int64, one per step
+    bucket: np.ndarray  # int64
+    accept: np.ndarray  # float64
+    buckets: list[int] | None = None
+    #: arrivals only: host time waited for a request at the top of each iteration
+    #: (steps + 1 entries: the drain waits for nothing)
+    idle: np.ndarray | None = None
+    #: arrivals only: per admitted request (arrays of equal length)
+    requests: dict | None = None
+    #: the program's meta carries the per-step arrays (a workload section, or varying
+    #: accepted tokens)
+    per_step: bool = False
+    #: graph launches carry their size in their name (``verify.graph@32``): one captured
+    #: graph per (phase, bucket)
+    suffix: bool = False
+    source: str = "constant"
+
+    def meta(self) -> dict:
+        """The ``meta.workload`` block (plain lists: programs and traces are JSON)."""
+        out = {"source": self.source, "batch_size": self.batch.tolist(),
+               "graph_bucket": self.bucket.tolist(), "accepted_tokens": self.accept.tolist(),
+               "graph_buckets": self.buckets}
+        if self.requests is not None:
+            out["requests"] = {k: v.tolist() for k, v in self.requests.items()}
+        return out
+
+
+def sample(generator: np.random.Generator, d: Dist, n: int) -> np.ndarray:
+    from simwar.build.loop import _sample
+
+    return _sample(generator, d, n)
+
+
+def _batches(cfg: Config, n: int) -> np.ndarray:
+    wl = cfg.workload
+    src = wl.source if wl is not None else "constant"
+    if src == "constant":
+        return np.full(n, cfg.batch_size, dtype=np.int64)
+    if src in ("batch_sizes", "batch_sizes_file"):
+        seq = np.asarray(wl.batch_sizes if src == "batch_sizes" else wl.file_sizes(),
+                         dtype=np.int64)
+        return np.resize(seq, n)
+    if src == "arrivals":
+        return np.zeros(n, dtype=np.int64)  # realized later
+    d = wl.batch_size
+    if isinstance(d, int):
+        return np.full(n, d, dtype=np.int64)
+    g = rng(cfg.seed, "batch")
+    if d.dist == "uniform":
+        lo, hi = max(1, math.ceil(d.low)), math.floor(d.high)
+        return g.integers(lo, hi + 1, size=n).astype(np.int64)
+    return np.maximum(1, np.rint(sample(g, d, n))).astype(np.int64)
+
+
+def _accepted(cfg: Config, n: int) -> np.ndarray:
+    t = cfg.accept.tokens
+    if isinstance(t, float):
+        return np.full(n, t)
+    if isinstance(t, list):
+        return np.resize(np.asarray(t, dtype=float), n)
+    return sample(rng(cfg.seed, "accept"), t, n)
+
+
+def buckets_of(batch: np.ndarray, buckets: list[int] | None, where: str = "workload") -> \
+        np.ndarray:
+    """The graph bucket of each batch; a batch above the largest bucket is an error naming
+    its step."""
+    if not buckets:
+        return batch.copy()
+    b = np.asarray(buckets, dtype=np.int64)
+    idx = np.searchsorted(b, batch, side="left")
+    over = np.flatnonzero(idx >= len(b))
+    if len(over):
+        k = int(over[0])
+        raise ConfigError(f"{where}: batch {int(batch[k])} at step {k} is above the largest "
+                          f"graph bucket ({buckets[-1]})")
+    return b[idx]
+
+
+def draw_sizes(cfg: Config) -> StepSizes:
+    """The per-step arrays, arrivals not yet realized (their batches are zeros)."""
+    n = cfg.steps
+    wl = cfg.workload
+    src = wl.source if wl is not None else "constant"
+    batch = _batches(cfg, n)
+    buckets = wl.graph_buckets if wl is not None else None
+    where = f"workload.{src}" if src in ("batch_size", "batch_sizes", "batch_sizes_file") \
+        else "batch_size"
+    bucket = buckets_of(batch, buckets, where) if src != "arrivals" else batch.copy()
+    return StepSizes(batch, bucket, _accepted(cfg, n), buckets,
+                     idle=np.zeros(n + 1) if src == "arrivals" else None,
+                     per_step=cfg.varies, suffix=wl is not None, source=src)
+
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_LIMIT = 8
+
+
+def resolve(cfg: Config) -> StepSizes:
+    """The run's per-step arrays (arrivals realized; see the module docstring)."""
+    sizes = draw_sizes(cfg)
+    if sizes.source != "arrivals":
+        return sizes
+    key = cfg.model_dump_json()
+    hit = _CACHE.get(key)
+    if hit is not None:
+        _CACHE.move_to_end(key)
+        return hit
+    from simwar.executors.fast.core import realize
+
+    realize(cfg, sizes, Arrivals(cfg, sizes))
+    _CACHE[key] = sizes
+    if len(_CACHE) > _CACHE_LIMIT:
+        _CACHE.popitem(last=False)
+    return sizes
+
+
+class Arrivals:
+    """The arrivals model, advanced one iteration at a time by :func:`simwar.executors.fast.core.realize`.
+
+    ``schedule(k, t)`` fixes batch k at host time ``t`` (iteration k's step marker) and
+    returns the time waited for a first request; ``advance(k)`` applies step k's accepted
+    tokens to the requests in its batch.
+    """
+
+    def __init__(self, cfg: Config, sizes: StepSizes):
+        wl = cfg.workload
+        self.sizes = sizes
+        self.max_batch = int(wl.max_batch)
+        self.gap_us = 1e6 / wl.arrivals.rate_per_s
+        self.output = wl.output_tokens
+        self._arr_rng = rng(cfg.seed, "arrivals")
+        self._out_rng = rng(cfg.seed, "output")
+        self._gaps: list[float] = []
+        self._outs: list[int] = []
+        self.last_arrival = 0.0
+        # per request (by id): arrival, output, admit step/time, finish step
+        self.arrival: list[float] = []
+        self.out_tokens: list[int] = []
+        self.admit_step: list[int] = []
+        self.admit_us: list[float] = []
+        self.finish: list[int] = []
+        self.remaining: list[float] = []
+        self.queue: deque[int] = deque()
+        self.running: list[int] = []
+        self.next_time = 0.0  # the next arrival not yet in the queue
+        for _ in range(wl.initial_batch):
+            self._new(0.0)
+        self.next_time = self._gap()
+        self.done = -1  # last iteration scheduled
+
+    def _gap(self) -> float:
+        if not self._gaps:
+            self._gaps = self._arr_rng.exponential(self.gap_us, CHUNK).tolist()[::-1]
+        return self.last_arrival + self._gaps.pop()
+
+    def _output(self) -> int:
+        if isinstance(self.output, int):
+            return self.output
+        if not self._outs:
+            draws = sample(self._out_rng, self.output, CHUNK)
+            self._outs = np.maximum(1, np.ceil(draws)).astype(np.int64).tolist()[::-1]
+        return self._outs.pop()
+
+    def _new(self, t: float) -> None:
+        rid = len(self.arrival)
+        self.arrival.append(t)
+        self.out_tokens.append(self._output())
+        self.remaining.append(float(self.out_tokens[-1]))
+        self.admit_step.append(-1)
+        self.admit_us.append(math.nan)
+        self.finish.append(-1)
+        self.queue.append(rid)
+
+    def _arrive_until(self, t: float) -> None:
+        while self.next_time <= t:
+            self.last_arrival = self.next_time
+            self._new(self.next_time)
+            self.next_time = self._gap()
+
+    def schedule(self, k: int, t: float) -> float:
+        """Fix batch k at host time ``t``; return the time waited for a request."""
+        if k <= self.done:  # the executor may re-run a pass: the decision stands
+            return float(self.sizes.idle[k])
+        self.done = k
+        finish = self.finish
+        # finished by step k-2: the scheduler processed that result in iteration k-1
+        self.running = [r for r in self.running if not (0 <= finish[r] <= k - 2)]
+        self._arrive_until(t)
+        idle = 0.0
+        if not self.running and not self.queue:
+            idle = self.next_time - t
+            t = self.next_time
+            self._arrive_until(t)
+        room = self.max_batch - len(self.running)
+        while room > 0 and self.queue:
+            rid = self.queue.popleft()
+            self.admit_step[rid] = k
+            self.admit_us[rid] = t
+            self.running.append(rid)
+            room -= 1
+        self.sizes.batch[k] = len(self.running)
+        self.sizes.bucket[k] = bucket_of(len(self.running), self.sizes.buckets)
+        self.sizes.idle[k] = idle
+        acc = float(self.sizes.accept[k])
+        for r in self.running:
+            if finish[r] < 0:
+                self.remaining[r] -= acc
+                if self.remaining[r] <= 1e-9:
+                    finish[r] = k
+        return idle
+
+    def finish_run(self) -> None:
+        s = self.sizes
+        s.bucket[:] = buckets_of(s.batch, s.buckets, "workload.arrivals")
+        admitted = np.flatnonzero(np.asarray(self.admit_step, dtype=np.int64) >= 0)
+        s.requests = {
+            "arrival_us": np.asarray(self.arrival, dtype=float)[admitted],
+            "output_tokens": np.asarray(self.out_tokens, dtype=np.int64)[admitted],
+            "admit_step": np.asarray(self.admit_step, dtype=np.int64)[admitted],
+            "admit_us": np.asarray(self.admit_us, dtype=float)[admitted],
+            "finish_step": np.asarray(self.finish, dtype=np.int64)[admitted],
+        }
+
+
+__all__ = ["Arrivals", "StepSizes", "buckets_of", "draw_sizes", "resolve", "rng"]

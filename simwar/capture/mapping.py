@@ -1,0 +1,212 @@
+"""The import mapping: how a real capture's names map onto simwar's vocabulary.
+
+A mapping is a small YAML file (every key optional)::
+
+    name: sglang-dspark-h200
+    streams: {7: forward, 13: schedule, 20: copy}   # CUDA stream id -> lane
+    forward_stream: forward          # lane (or stream id) whose kernels make a step's forward
+    host_thread: 31337               # tid of the scheduler thread (default: most launches)
+    steps: '^ProfilerStep#\\d+$'     # annotation regex that delimits decode steps
+    run_batch: '^run_batch$'         # annotation whose start is the run_batch marker
+    phases:                          # regex -> phase, tried in order on the kernel name,
+      'draft': draft                 #   then on the annotations enclosing its launch
+      'verify|target': verify
+    default_phase: ''                # phase of kernels no regex matches
+    sites: {'copy_done|process_result': result_copy}   # annotation regex -> sync site
+    cpu:                             # host annotation regex -> the config's CPU work
+      '^get_next_batch_to_run$': schedule  #   (ingest, schedule, prepare, process_result)
+      '^process_batch_result$': process_result
+    reads: {verify: [req_to_token]}  # phase -> shared buffers it reads (a capture cannot
+                                     #   show reads; used by --fit)
+    gpu_clock_offset_us: 0           # added to device times; 'auto' aligns kernels with launches
+    warmup_steps: 2
+    batch_size: 32
+    accept_tokens: 3.2
+
+Stream keys are CUDA stream ids, or ``"DEVICE:STREAM"`` when a capture holds
+several GPUs; the lanes ``forward``, ``schedule``, ``plan`` and ``copy`` are
+the builder's streams (``simwar import --fit`` detects the forward, schedule and
+copy streams when they are not named). Errors are
+:class:`simwar.config.schema.ConfigError` with one line naming the file and key; a
+regex that matches nothing in a capture is checked where the capture is read
+(:func:`unmatched_keys`).
+
+Imports: pydantic and yaml (through :mod:`simwar.config.schema`); no pandas.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from simwar.config.schema import ConfigError, _first_error, read_yaml
+
+#: ProfilerStep ranges that torch.profiler's ``prof.step()`` writes.
+PROFILER_STEP = r"^ProfilerStep#\d+$"
+#: the config's CPU work a ``cpu`` rule may name (``simwar.config.schema.Cpu``)
+CPU_ITEMS = ("ingest", "schedule", "prepare", "process_result")
+
+
+class Mapping(BaseModel):
+    """Validated import mapping (see the module docstring for the YAML form)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = ""
+    streams: dict[str, str] = Field(default_factory=dict)
+    forward_stream: str | None = None
+    host_thread: int | None = None
+    steps: str = PROFILER_STEP
+    run_batch: str | None = None
+    phases: dict[str, str] = Field(default_factory=dict)
+    default_phase: str | None = None
+    sites: dict[str, str] = Field(default_factory=dict)
+    cpu: dict[str, str] = Field(default_factory=dict)
+    reads: dict[str, list[str]] = Field(default_factory=dict)
+    gpu_clock_offset_us: float | Literal["auto"] = 0.0
+    warmup_steps: int = Field(default=0, ge=0)
+    batch_size: int = Field(default=1, ge=1)
+    accept_tokens: float = Field(default=1.0, gt=0)
+
+    @field_validator("streams", mode="before")
+    @classmethod
+    def _stream_keys(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for key, lane in v.items():
+            text = str(key).strip()
+            if not re.fullmatch(r"(\d+:)?\d+", text):
+                raise ValueError(f"stream key {key!r} must be a stream id or DEVICE:STREAM")
+            if not isinstance(lane, str) or not lane:
+                raise ValueError(f"stream {key}: lane name must be a non-empty string")
+            out[text] = lane
+        return out
+
+    @field_validator("forward_stream", mode="before")
+    @classmethod
+    def _forward(cls, v: Any) -> Any:
+        return None if v is None else str(v)
+
+    @field_validator("steps", "run_batch")
+    @classmethod
+    def _regex(cls, v: str | None) -> str | None:
+        if v is not None:
+            _compile(v)
+        return v
+
+    @field_validator("phases", "sites", "cpu")
+    @classmethod
+    def _regex_keys(cls, v: dict[str, str]) -> dict[str, str]:
+        for pattern in v:
+            _compile(pattern)
+        return v
+
+    @field_validator("cpu")
+    @classmethod
+    def _cpu_items(cls, v: dict[str, str]) -> dict[str, str]:
+        for pattern, item in v.items():
+            if item not in CPU_ITEMS:
+                raise ValueError(f"'{pattern}': '{item}' is not CPU work of the config "
+                                 f"({', '.join(CPU_ITEMS)})")
+        return v
+
+    @field_validator("reads", mode="before")
+    @classmethod
+    def _reads(cls, v: Any) -> Any:
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for phase, buffers in v.items():
+            if isinstance(buffers, str):
+                buffers = [buffers]
+            if not isinstance(buffers, list) or not buffers or not all(
+                    isinstance(b, str) and b for b in buffers):
+                raise ValueError(f"{phase}: expected a list of buffer names, e.g. "
+                                 f"[req_to_token]")
+            out[str(phase)] = list(buffers)
+        return out
+
+    # ---- compiled views used by the importer
+    def phase_rules(self) -> list[tuple[re.Pattern, str]]:
+        return [(re.compile(p), name) for p, name in self.phases.items()]
+
+    def site_rules(self) -> list[tuple[re.Pattern, str]]:
+        return [(re.compile(p), name) for p, name in self.sites.items()]
+
+    def cpu_rules(self) -> list[tuple[re.Pattern, str]]:
+        return [(re.compile(p), item) for p, item in self.cpu.items()]
+
+    def lane_of_role(self, role: str) -> str | None:
+        """The lane the mapping gives the builder's stream ``role`` (None: not named)."""
+        return role if role in self.streams.values() else None
+
+    def unmatched_phase(self) -> str:
+        """Phase of kernels no rule matches: '' with rules (not forward work), else 'forward'."""
+        if self.default_phase is not None:
+            return self.default_phase
+        return "" if self.phases else "forward"
+
+    def lane_for(self, device: int, stream: int, multi_device: bool) -> str:
+        lane = self.streams.get(f"{device}:{stream}") or self.streams.get(str(stream))
+        if lane:
+            return lane
+        return f"gpu{device}.stream{stream}" if multi_device else f"stream{stream}"
+
+
+def unmatched_keys(mapping: Mapping, kernel_names, annotation_names) -> list[str]:
+    """The mapping's regexes that match nothing in a capture, one sentence each.
+
+    ``phases`` rules are tried on kernel names and annotation names (as the
+    importer does), ``sites``, ``cpu``, ``steps`` and ``run_batch`` on annotation names.
+    Each sentence names the key and how many candidates there were.
+    """
+    kernels = sorted(set(kernel_names))
+    notes = sorted(set(annotation_names))
+    out = []
+
+    def check(key: str, pattern: str, names: list[str], what: str) -> None:
+        rx = re.compile(pattern)
+        if not any(rx.search(n) for n in names):
+            shapes = sorted({re.sub(r"\d+", "N", n) for n in names})
+            some = ", ".join(shapes[:5]) + (", ..." if len(shapes) > 5 else "")
+            out.append(f"{key} '{pattern}' matches none of the capture's {len(names)} {what}"
+                       + (f" ({some})" if some else ""))
+
+    for pattern in mapping.phases:
+        check("phases", pattern, kernels + notes, "kernel and annotation names")
+    for key in ("sites", "cpu"):
+        for pattern in getattr(mapping, key):
+            check(key, pattern, notes, "annotation names")
+    check("steps", mapping.steps, notes, "annotation names")
+    if mapping.run_batch is not None:
+        check("run_batch", mapping.run_batch, notes, "annotation names")
+    return out
+
+
+def _compile(pattern: str) -> re.Pattern:
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise ValueError(f"invalid regex '{pattern}': {e}") from None
+
+
+def load_mapping(source: str | Path | dict | Mapping | None) -> Mapping:
+    """A Mapping from a YAML path, a dict, a Mapping, or None (all defaults)."""
+    if isinstance(source, Mapping):
+        return source
+    label = "<mapping>"
+    if source is None:
+        data: dict = {}
+    elif isinstance(source, dict):
+        data = source
+    else:
+        label = str(source)
+        data = read_yaml(source)
+    try:
+        return Mapping(**data)
+    except ValidationError as e:
+        raise ConfigError(f"{label}: {_first_error(e)}") from None

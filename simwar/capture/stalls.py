@@ -1,0 +1,58 @@
+"""Stall figures of an imported capture: the step metrics plus HTA's idle breakdown.
+
+The per-step table and summary are :func:`simwar.analysis.metrics.analyze`'s,
+unchanged, so a measured capture and a simulated run are compared by the same
+code. On top of it, the report carries :func:`simwar.analysis.idle.idle_breakdown`:
+each stream's idle time between consecutive device ops, split by cause the way
+Holistic Trace Analysis does (host-wait, kernel-wait, dependency, other), and
+:func:`simwar.analysis.idle.temporal_breakdown`: HTA's idle / compute / non-compute
+shares of the device span.
+
+Imports: numpy and pandas (through :mod:`simwar.analysis.metrics`).
+"""
+
+from __future__ import annotations
+
+from simwar.analysis.idle import HTA_KERNEL_WAIT_US, idle_breakdown, temporal_breakdown
+from simwar.analysis.metrics import analyze
+from simwar.capture.kineto import KinetoImport
+
+__all__ = ["HTA_KERNEL_WAIT_US", "idle_breakdown", "import_report"]
+
+
+def import_report(result: KinetoImport, kernel_wait_us: float = HTA_KERNEL_WAIT_US):
+    """``(steps_df, report)``: the per-step frame and one JSON-ready dict for the capture."""
+    trace = result.trace
+    steps, summary, _ = analyze(trace)
+    warm = int(trace.meta.get("warmup_steps", 0))
+    counts = result.counts
+    names = trace.meta.get("step_names") or []
+    n_steps = len(names) if names else (int(steps.step.nunique()) if len(steps) else 0)
+    report = {
+        "file": trace.meta.get("file", ""),
+        "forward_stream": trace.meta.get("forward_stream"),
+        "steps": n_steps,
+        "counts": {
+            "kernels": counts.get("kernel", 0),
+            "memcpys": counts.get("memcpy", 0),
+            "memsets": counts.get("memset", 0),
+            "sync_events": counts.get("cuda_sync", 0),
+            "host_runtime_calls": counts.get("host_runtime_calls", 0),
+            "runtime_calls": counts.get("runtime", 0),
+            "annotations": counts.get("annotation", 0),
+            "device_without_launch": counts.get("device_without_launch", 0),
+            "device_before_launch": counts.get("device_before_launch", 0),
+            "outside_steps": counts.get("outside_steps", 0),
+            "records_unplaced": counts.get("records_unplaced", 0),
+            "waits_unbound": counts.get("waits_unbound", 0),
+            "syncs_unbound": counts.get("syncs_unbound", 0),
+            "ignored_events": result.ignored_total,
+        },
+        "ignored": dict(sorted(result.ignored.items())),
+        "metrics": summary,
+        "idle": idle_breakdown(trace, kernel_wait_us, from_step=warm),
+        "temporal": temporal_breakdown(trace, from_step=warm),
+        "gpu_clock_offset_us": trace.meta.get("gpu_clock_offset_us", 0.0),
+        "warnings": list(result.warnings),
+    }
+    return steps, report

@@ -1,0 +1,329 @@
+"""Write a simulated Trace as a Kineto (torch.profiler) Chrome-trace capture.
+
+The round trip simulate → Kineto JSON → :func:`simwar.capture.import_kineto`
+checks the importer against a timeline whose every figure is known, and the
+import benchmark uses it to make captures of any size. The capture has what
+``export_chrome_trace`` writes for a run profiled with CPU and CUDA activities
+and ``_ExperimentalConfig(enable_cuda_sync_events=True)``:
+
+- ``cuda_runtime`` calls on one host thread: ``cudaLaunchKernel`` per kernel,
+  ``cudaGraphLaunch`` per graph (its kernels share the correlation id),
+  ``cudaEventRecord``, ``cudaStreamWaitEvent`` (a ``wait_stream`` is a record
+  plus a wait, as torch issues it), ``cudaEventSynchronize``;
+- ``kernel`` events on numbered streams, with ``ac2g`` flow pairs;
+- ``cuda_sync`` events (``Stream Wait Event``, ``Event Sync``) carrying
+  ``wait_on_stream`` and ``wait_on_cuda_event_record_corr_id``; a record node
+  inside a CUDA graph is reported against the graph launch's correlation id;
+- ``user_annotation`` ranges: ``ProfilerStep#k`` per step, ``run_batch`` from
+  each run_batch marker, and one range named after each sync's site around it;
+  with ``cpu_ranges`` (the default), the scheduler's CPU work under SGLang's
+  names (:data:`SGLANG_RANGES`): ``recv_requests`` around ingest,
+  ``get_next_batch_to_run`` from schedule to the end of the schedule-stream
+  launches, ``prepare_for_decode`` nested in it from prepare, and
+  ``process_batch_result`` from the result-copy synchronize to the end of the
+  step's host work (the synchronize inside it, as in SGLang);
+- process/thread metadata and one ``cpu_op`` per step (ignored on import).
+
+A host call is tied to the ops it issued by ``ops.call`` and written
+according to its typed ``spans.call`` kind.
+
+Imports: the standard library and numpy.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from simwar.core.trace import HOST, Call, OpKind, SpanKind, Trace
+
+#: CUDA stream ids given to simwar's stream names (others get ids from 30 up)
+STREAM_IDS = {"forward": 7, "schedule": 13, "copy": 20, "plan": 22, "d2h": 24}
+#: CUPTI runtime callback ids of the calls written here
+CBID = {"cudaLaunchKernel": 211, "cudaGraphLaunch": 311, "cudaEventRecord": 135,
+        "cudaStreamWaitEvent": 147, "cudaEventSynchronize": 137}
+#: record_function ranges written around the simulator's CPU work (SGLang's names)
+SGLANG_RANGES = {"ingest": "recv_requests", "schedule": "get_next_batch_to_run",
+                 "prepare": "prepare_for_decode", "process_result": "process_batch_result"}
+#: the import mapping's ``cpu`` rules for those ranges
+SGLANG_CPU_MAPPING = {f"^{name}$": item for item, name in SGLANG_RANGES.items()}
+PID, TID = 4242, 4242
+DEVICE = 0
+ORIGIN_US = 1_000_000.0  # ts of the trace's time zero (Kineto writes ts relative to a base)
+
+
+def stream_ids(trace: Trace) -> dict[str, int]:
+    ids = {}
+    nxt = 30
+    for lane in trace.lanes():
+        if lane == HOST:
+            continue
+        if lane in STREAM_IDS:
+            ids[lane] = STREAM_IDS[lane]
+        else:
+            ids[lane] = nxt
+            nxt += 1
+    return ids
+
+
+class _Op(NamedTuple):
+    """The fields of one op the writer needs (text decoded)."""
+
+    op_id: int
+    kind: OpKind
+    lane: str
+    label: str
+    event: str
+    bound: int
+    start_us: float
+    end_us: float
+
+
+def _op_rows(trace: Trace) -> list[_Op]:
+    ops = trace.ops
+    return [_Op(i, OpKind(k), lane, label, event, b, s, e) for i, (k, lane, label, event, b, s, e)
+            in enumerate(zip(ops.kind.tolist(), ops.decoded("lane").tolist(),
+                             ops.decoded("label").tolist(), ops.decoded("event").tolist(),
+                             ops.bound.tolist(), ops.start_us.tolist(), ops.end_us.tolist()))]
+
+
+def _by_call(trace: Trace, ops: list[_Op]) -> Iterator[tuple[int, list[_Op]]]:
+    """Ops grouped by the host call that issued them (``ops.call``), in issue order."""
+    calls = trace.ops.call.tolist()
+    group: list[_Op] = []
+    current = None
+    for op, call in zip(ops, calls):
+        if group and (call != current or call < 0):
+            yield current, group
+            group = []
+        current = call
+        group.append(op)
+    if group:
+        yield current, group
+
+
+def kineto_events(trace: Trace, origin_us: float = ORIGIN_US,
+                  cpu_ranges: bool = True) -> Iterator[dict]:
+    """The capture's ``traceEvents``, in an order Kineto could have written them.
+
+    Each host call's ops come from ``ops.call`` and what the call was from its
+    span's ``call`` kind: a launch writes ``cudaLaunchKernel`` and its kernel
+    under one correlation id, a graph launch ``cudaGraphLaunch`` and every
+    kernel of the graph under one, ... A kernel with no host call in the
+    trace is written as device work with a correlation id no runtime call has.
+    """
+    streams = stream_ids(trace)
+    ops = _op_rows(trace)
+    for op in ops:
+        if op.lane != HOST and op.lane not in streams:
+            streams[op.lane] = 30 + len(streams)
+    spans = trace.spans
+    span_kind, span_start, span_end = spans.call, spans.start_us, spans.end_us
+
+    def ts(t: float) -> float:
+        return round(origin_us + t, 3)
+
+    yield {"name": "process_name", "ph": "M", "ts": ts(0), "pid": PID, "tid": 0,
+           "args": {"name": "python3"}}
+    yield {"name": "thread_name", "ph": "M", "ts": ts(0), "pid": PID, "tid": TID,
+           "args": {"name": "thread 4242 (python3)"}}
+    yield {"name": "process_name", "ph": "M", "ts": ts(0), "pid": DEVICE, "tid": 0,
+           "args": {"name": "python3"}}
+    for sid in streams.values():
+        yield {"name": "thread_name", "ph": "M", "ts": ts(0), "pid": DEVICE, "tid": sid,
+               "args": {"name": f"stream {sid}"}}
+
+    yield from _annotations(trace, ts, cpu_ranges)
+
+    corr = 100
+    record_corr: dict[int, int] = {}  # record op id -> correlation of the call that placed it
+    for call, group in _by_call(trace, ops):
+        if call < 0:  # device work with no host call in the trace
+            for o in group:
+                if o.kind is not OpKind.KERNEL:
+                    raise ValueError(f"op {o.op_id}: a {o.kind.name.lower()} with no host call")
+                corr += 1
+                yield _kernel(o, streams[o.lane], ts(o.start_us), corr)
+            continue
+        kind = Call(int(span_kind[call]))
+        start, end = float(span_start[call]), float(span_end[call])
+        dur = end - start
+        if kind is Call.SYNCHRONIZE:
+            op = group[-1]  # after the tail record of a stream sync, if any
+            corr += 1
+            yield _runtime("cudaEventSynchronize", ts(op.start_us), op.end_us - op.start_us, corr)
+            if op.bound >= 0:
+                rec = ops[op.bound]
+                yield _sync("Event Sync", ts(op.start_us), op.end_us - op.start_us, corr,
+                            streams[rec.lane], record_corr.get(op.bound, -1), rec.event,
+                            stream=-1)
+        elif kind in (Call.LAUNCH, Call.GRAPH_LAUNCH):
+            corr += 1
+            name = "cudaGraphLaunch" if kind is Call.GRAPH_LAUNCH else "cudaLaunchKernel"
+            yield _runtime(name, ts(start), dur, corr)
+            yield _flow("s", corr, PID, TID, ts(start))
+            for o in group:
+                if o.kind is OpKind.KERNEL:
+                    yield _kernel(o, streams[o.lane], ts(o.start_us), corr)
+                    yield _flow("f", corr, DEVICE, streams[o.lane], ts(o.start_us))
+                else:  # an in-graph record node: reported against the launch
+                    record_corr[o.op_id] = corr
+        else:
+            # records and waits; a wait_stream is one simwar call = a record, then a wait
+            share = dur / len(group)
+            for i, o in enumerate(group):
+                corr += 1
+                t0 = start + i * share
+                if o.kind is OpKind.RECORD:
+                    record_corr[o.op_id] = corr
+                    yield _runtime("cudaEventRecord", ts(t0), share, corr)
+                elif o.kind is OpKind.WAIT:
+                    yield _runtime("cudaStreamWaitEvent", ts(t0), share, corr)
+                    rec = ops[o.bound] if o.bound >= 0 else None
+                    yield _sync("Stream Wait Event", ts(t0), share, corr,
+                                streams[rec.lane] if rec else -1,
+                                record_corr.get(o.bound, -1), rec.event if rec else "",
+                                stream=streams[o.lane])
+                else:
+                    raise ValueError(f"op {o.op_id}: unexpected {o.kind.name.lower()} in a "
+                                     f"{kind.name.lower()} call")
+    markers = trace.markers
+    end = float(markers.time_us.max()) if len(markers) else 0.0
+    yield {"name": "Record Window End", "ph": "i", "s": "g", "pid": "", "tid": "",
+           "ts": ts(end + 1.0)}
+
+
+def _annotations(trace: Trace, ts, cpu_ranges: bool = True) -> Iterator[dict]:
+    markers, spans = trace.markers, trace.spans
+    names, times, marker_steps = markers.name, markers.time_us.tolist(), markers.step.tolist()
+
+    def named(name: str) -> list[int]:
+        return np.flatnonzero(names == trace.code(name)).tolist()
+
+    steps = sorted((times[i], marker_steps[i]) for i in named("step"))
+    end = max((times[i] for i in named("end")), default=None)
+    bounds = [t for t, _ in steps[1:]] + [end if end is not None else steps[-1][0]] \
+        if steps else []
+    pick = np.flatnonzero((spans.lane == trace.code(HOST)) & (spans.kind == SpanKind.BLOCKED))
+    blocked = sorted(zip(spans.start_us[pick].tolist(), spans.end_us[pick].tolist(),
+                         spans.decoded("site")[pick].tolist()))
+    ext = 1
+    for (t, k), t_end in zip(steps, bounds):
+        ext += 1
+        yield _annotation(f"ProfilerStep#{k}", ts(t), t_end - t, ext)
+        yield {"ph": "X", "cat": "cpu_op", "name": "aten::copy_", "pid": PID, "tid": TID,
+               "ts": ts(t), "dur": 0.0, "args": {"External id": ext, "Sequence number": k}}
+    starts = [t for t, _ in steps]
+    for t in sorted(times[i] for i in named("run_batch")):
+        nxt = next((b for b in starts if b > t), None)
+        stop = next((a for a, _, _ in blocked if a >= t), None)
+        cands = [x for x in (nxt, stop) if x is not None]
+        ext += 1
+        yield _annotation("run_batch", ts(t), (min(cands) if cands else t) - t, ext)
+    for a, b, site in blocked:
+        ext += 1
+        yield _annotation(site or "sync", ts(a), b - a, ext)
+    if cpu_ranges:
+        for name, a, b in _cpu_ranges(trace):
+            ext += 1
+            yield _annotation(name, ts(a), b - a, ext)
+
+
+def _cpu_ranges(trace: Trace) -> list[tuple[str, float, float]]:
+    """SGLang-named ranges around the CPU work of each step (see the module docstring)."""
+    spans = trace.spans
+    host = np.flatnonzero(spans.lane == trace.code(HOST))
+    rows = sorted(zip(spans.step[host].tolist(), spans.start_us[host].tolist(),
+                      spans.end_us[host].tolist(), spans.call[host].tolist(),
+                      spans.decoded("label")[host].tolist(),
+                      spans.decoded("site")[host].tolist()))
+    markers = trace.markers
+    rb = markers.name == trace.code("run_batch")
+    launch_at = dict(zip(markers.step[rb].tolist(), markers.time_us[rb].tolist()))
+    by_step: dict[int, list] = {}
+    for row in rows:
+        by_step.setdefault(row[0], []).append(row[1:])
+    out = []
+    for k, items in sorted(by_step.items()):
+        cpu = {label: (a, b) for a, b, call, label, _ in items if call == Call.CPU}
+        for a, b, call, label, _ in items:
+            if call == Call.CPU and label == "ingest":
+                out.append((SGLANG_RANGES["ingest"], a, b))
+        rb_t = launch_at.get(k)
+        if rb_t is not None:
+            end = max((b for a, b, *_ in items if a < rb_t), default=None)
+            for item in ("schedule", "prepare"):
+                if item in cpu and end is not None:
+                    out.append((SGLANG_RANGES[item], cpu[item][0], end))
+        sync = next(((a, b) for a, b, call, _, site in items
+                     if call == Call.SYNCHRONIZE and site == "result_copy"), None)
+        if sync is not None:
+            end = max(b for a, b, *_ in items if a >= sync[0])
+            out.append((SGLANG_RANGES["process_result"], sync[0], end))
+    return out
+
+
+def _annotation(name: str, t: float, dur: float, ext: int) -> dict:
+    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": PID, "tid": TID,
+            "ts": t, "dur": round(dur, 3), "args": {"External id": ext, "Record function id": 0,
+                                                    "Ev Idx": ext}}
+
+
+def _runtime(name: str, t: float, dur: float, corr: int) -> dict:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": PID, "tid": TID, "ts": t,
+            "dur": round(dur, 3), "args": {"cbid": CBID[name], "correlation": corr}}
+
+
+def _kernel(op: _Op, stream: int, t: float, corr: int) -> dict:
+    return {"ph": "X", "cat": "kernel", "name": op.label, "pid": DEVICE, "tid": stream,
+            "ts": t, "dur": round(op.end_us - op.start_us, 3),
+            "args": {"queued": 0, "device": DEVICE, "context": 1, "stream": stream,
+                     "correlation": corr, "registers per thread": 32, "shared memory": 0,
+                     "blocks per SM": 1.0, "warps per SM": 4.0, "grid": [132, 1, 1],
+                     "block": [128, 1, 1], "est. achieved occupancy %": 6}}
+
+
+def _sync(kind: str, t: float, dur: float, corr: int, wait_on_stream: int, record_corr: int,
+          event: str, stream: int) -> dict:
+    return {"ph": "X", "cat": "cuda_sync", "name": kind, "pid": DEVICE,
+            "tid": abs(stream) if stream >= 0 else 1, "ts": t, "dur": round(dur, 3),
+            "args": {"cuda_sync_kind": kind, "wait_on_stream": wait_on_stream,
+                     "wait_on_cuda_event_record_corr_id": record_corr,
+                     "wait_on_cuda_event_id": zlib.crc32(event.encode()) % 100000,
+                     "stream": stream if stream >= 0 else 4294967295, "correlation": corr,
+                     "device": DEVICE, "context": 1}}
+
+
+def _flow(ph: str, corr: int, pid, tid, t: float) -> dict:
+    ev = {"ph": ph, "id": corr, "pid": pid, "tid": tid, "ts": t, "cat": "ac2g", "name": "ac2g"}
+    if ph == "f":
+        ev["bp"] = "e"
+    return ev
+
+
+def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
+                 cpu_ranges: bool = True) -> Path:
+    """Write the capture (``.gz`` compresses); events are streamed, one per line.
+
+    ``cpu_ranges``: write SGLang-named ranges around the CPU work (see the module
+    docstring).
+    """
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "wt") as fh:
+        fh.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {"id": 0, '
+                 '"name": "NVIDIA H200", "totalGlobalMem": 150000000000, "computeMajor": 9, '
+                 '"computeMinor": 0, "numSms": 132}\n  ],\n  "displayTimeUnit": "ms",\n'
+                 '  "baseTimeNanoseconds": 1700000000000000000,\n  "traceEvents": [\n')
+        first = True
+        for ev in kineto_events(trace, origin_us, cpu_ranges):
+            fh.write(("  " if first else ",\n  ") + json.dumps(ev, separators=(", ", ": ")))
+            first = False
+        fh.write('\n  ],\n  "traceName": "' + path.name + '"\n}\n')
+    return path

@@ -1,0 +1,5 @@
+"""The ``simwar`` command."""
+
+from simwar.cli.app import main
+
+__all__ = ["main"]

@@ -1,0 +1,897 @@
+"""The config schema (pydantic v2), loading, dotted overrides and clear errors.
+
+A config describes one simulated run: the speculative algorithm (a phase
+table), the barrier policy, CPU and GPU durations, host API costs, and optionally
+a ``workload`` (per-step batch sizes, graph buckets, arrivals). Every duration is
+a number of microseconds, a distribution ``{dist: normal|lognormal|uniform|empirical,
+...}`` (the builder draws each one per use from the run's single generator), or an
+affine function of the step's batch ``{base, per_seq, per_token, noise}``
+(:class:`Affine`; which batch each duration uses: :func:`duration_keys`).
+
+Errors a user can cause are raised as :class:`ConfigError`, whose message is
+one line: ``FILE: dotted.key: what was expected``.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, NamedTuple, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from simwar.config.algorithms import BUILTIN, builtin_phases
+
+DEFAULT_CONFIG = Path(__file__).parents[1] / "data" / "default.yaml"
+
+
+class ConfigError(ValueError):
+    """One-line, user-facing configuration error (file, key, expectation)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# --------------------------------------------------------------------------- durations
+class Dist(_Strict):
+    """A duration distribution in microseconds; samples are clipped at ``min`` (default 0)."""
+
+    dist: Literal["normal", "lognormal", "uniform", "empirical"]
+    mean: float | None = None
+    std: float | None = Field(default=None, ge=0)
+    low: float | None = None
+    high: float | None = None
+    values: list[float] | None = None
+    min: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Dist:
+        need = {"normal": ("mean", "std"), "lognormal": ("mean", "std"),
+                "uniform": ("low", "high"), "empirical": ("values",)}[self.dist]
+        for key in need:
+            if getattr(self, key) is None:
+                raise ValueError(f"dist {self.dist} needs '{key}'")
+        if self.dist in ("normal", "lognormal") and self.mean < 0:
+            raise ValueError("mean must be >= 0 (a duration)")
+        if self.dist == "lognormal" and self.mean == 0:
+            raise ValueError("lognormal needs mean > 0")
+        if self.dist == "uniform" and not (0 <= self.low <= self.high):
+            raise ValueError("uniform needs 0 <= low <= high")
+        if self.dist == "empirical" and (not self.values or min(self.values) < 0):
+            raise ValueError("empirical needs a non-empty list of values >= 0")
+        return self
+
+
+class Affine(_Strict):
+    """A duration that scales with the step: ``base + per_seq * size + per_token * size *
+    accepted tokens``, plus a ``noise`` draw (a :class:`Dist`) on top.
+
+    ``size`` is the step's batch, padded to its graph bucket for the ``prep_us`` and
+    ``body_us`` of graph phases; ``accepted tokens`` the step's accepted tokens per request
+    (which step each key uses: :func:`duration_keys`). A negative result for a batch the
+    run can have is an error naming the key and the batch.
+    """
+
+    base: float = 0.0
+    per_seq: float = 0.0
+    per_token: float = 0.0
+    noise: Dist | None = None
+
+    @field_validator("base", "per_seq", "per_token", mode="before")
+    @classmethod
+    def _number(cls, v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"expected a number of µs, got {v!r}")
+        return v
+
+    @field_validator("noise", mode="before")
+    @classmethod
+    def _noise(cls, v: Any) -> Any:
+        if v is not None and not isinstance(v, (dict, Dist)):
+            raise ValueError(f"expected a distribution {{dist: ...}}, got {v!r}")
+        return v
+
+    def value(self, size, tokens=1.0):
+        """The deterministic part at ``size`` (scalars or numpy arrays), without noise."""
+        return self.base + self.per_seq * size + self.per_token * size * tokens
+
+    def text(self) -> str:
+        parts = [f"base {self.base:g}"]
+        if self.per_seq:
+            parts.append(f"per_seq {self.per_seq:g}")
+        if self.per_token:
+            parts.append(f"per_token {self.per_token:g}")
+        return ", ".join(parts)
+
+
+#: keys that make a mapping an affine duration (a mapping with ``dist`` is a distribution)
+AFFINE_KEYS = ("base", "per_seq", "per_token", "noise")
+
+
+def _duration(v: Any) -> Any:
+    if isinstance(v, (Dist, Affine)):
+        return v
+    if isinstance(v, dict):
+        cls = Affine if "dist" not in v and any(k in v for k in AFFINE_KEYS) else Dist
+        try:
+            return cls(**v)
+        except ValidationError as e:
+            raise ValueError(_first_error(e)) from None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected a number of µs, {{dist: ...}} or {{base: ..., per_seq: "
+                         f"...}}, got {v!r}")
+    if v < 0:
+        raise ValueError(f"a duration must be >= 0 µs, got {v}")
+    return float(v)
+
+
+Duration = Annotated[Union[float, Dist, Affine], BeforeValidator(_duration)]
+
+
+# --------------------------------------------------------------------------- sections
+GraphKind = Literal["full", "breakable", "eager"]
+ReadEnds = Literal["pre_replay", "in_replay", "post_replay", "unknown"]
+
+
+class Phase(_Strict):
+    """One phase of a decode step on the forward stream.
+
+    GPU time = ``load_batch_us`` (pre-replay shared reads, eager kernels) +
+    ``prep_us`` (in-graph metadata prep; shared reads) + ``body_us`` (no shared
+    reads, except in breakable graphs, which re-read per segment).
+    ``read_ends`` declares where this phase's shared reads end.
+    """
+
+    name: str
+    runner: Literal["target", "draft"] = "target"
+    graph: GraphKind = "full"
+    read_ends: ReadEnds = "unknown"
+    load_batch_us: Duration = 0.0
+    prep_us: Duration = 0.0
+    body_us: Duration = 0.0
+    host_us: Duration = 0.0
+    reads: list[str] = Field(default_factory=list)
+    future_publish: bool = False
+
+
+class Policy(_Strict):
+    barrier: str = "fine"  # a registered barrier policy (simwar.config.policies.BARRIERS)
+    placement: Literal["after_launch", "loop_top"] = "after_launch"
+    external_events: bool = True
+    in_replay_fallback: Literal["post_replay", "pre_replay"] = "post_replay"
+    plan_stream: bool = False
+    needs_cpu_seq_lens: bool = False
+    publish_phase: str = "auto"
+
+    @field_validator("barrier")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        from simwar.config.policies import barrier
+
+        barrier(name)  # raises with the registered names
+        return name
+
+
+class Cpu(_Strict):
+    ingest_us: Duration = 100.0
+    schedule_us: Duration = 900.0
+    prepare_us: Duration = 300.0
+    process_result_us: Duration = 800.0
+    #: host work after the launch and its barrier, before the previous result is processed
+    #: (result queue, loop overhead); 0 issues nothing (``simwar import --fit`` measures it)
+    post_launch_us: Duration = 0.0
+
+
+
+class Gpu(_Strict):
+    schedule_prep_us: Duration = 0.0
+    schedule_writes_us: Duration = 300.0
+    result_writes_us: Duration = 50.0
+    result_copy_us: Duration = 10.0
+    seq_lens_copy_us: Duration = 5.0
+    result_copy_stream: Literal["copy", "forward"] = "copy"
+    writes: list[str] = Field(default_factory=lambda: ["req_to_token"])
+
+
+
+class Costs(_Strict):
+    """Host cost of each API call (µs), plus two device-model latencies.
+
+    ``host_call_us`` is a per-call host overhead added to every API call (the
+    interpreter and framework dispatch around the driver call); fit it with
+    ``simwar calibrate`` (or ``simwar.fit.calibrate.fit_host_call_us``) rather than guessing.
+    """
+
+    launch_us: Duration = 6.0
+    event_record_us: Duration = 9.0
+    wait_event_us: Duration = 2.0
+    wait_stream_us: Duration = 12.0
+    graph_launch_us: Duration = 5.0
+    sync_us: Duration = 1.0
+    sync_wake_us: Duration = 16.0
+    cross_stream_us: Duration = 3.0
+    host_call_us: Duration = 0.0
+
+
+
+def _tokens(v: Any) -> Any:
+    """``accept.tokens``: a number > 0, a distribution, or a non-empty per-step list."""
+    if isinstance(v, Dist):
+        return v
+    if isinstance(v, dict):
+        try:
+            return Dist(**v)
+        except ValidationError as e:
+            raise ValueError(_first_error(e)) from None
+    if isinstance(v, (list, tuple)):
+        if not v:
+            raise ValueError("empty list (give one accepted-token count per step, or a "
+                             "number)")
+        for i, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 \
+                    or not math.isfinite(x):
+                raise ValueError(f"item {i}: accepted tokens per request must be a number > 0, "
+                                 f"got {x!r}")
+        return [float(x) for x in v]
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected a number > 0, a per-step list or {{dist: ...}}, got {v!r}")
+    if not v > 0:
+        raise ValueError(f"Input should be greater than 0 (got {v!r})")
+    return float(v)
+
+
+class Accept(_Strict):
+    """Accepted tokens per request per step: a number, a per-step list (cycled) or a
+    distribution drawn once per step (clipped at its ``min``)."""
+
+    tokens: Annotated[Union[float, Dist, list[float]], BeforeValidator(_tokens)] = 1.0
+
+    @property
+    def varies(self) -> bool:
+        return not isinstance(self.tokens, float)
+
+
+# --------------------------------------------------------------------------- workload
+class Arrivals(_Strict):
+    """Requests arriving as a Poisson process of ``rate_per_s`` requests per second."""
+
+    rate_per_s: float = Field(gt=0)
+
+
+def _positive_int(x: Any) -> bool:
+    if isinstance(x, bool):
+        return False
+    if isinstance(x, float) and x.is_integer():
+        x = int(x)
+    return isinstance(x, int) and x >= 1
+
+
+def _batch_error(where: str, x: Any) -> str:
+    return f"{where}: a batch size is a positive integer, got {x!r}"
+
+
+def read_batch_sizes(path: str | Path) -> list[int]:
+    """The ``batch_size`` column of a CSV file, as positive integers (one line on error)."""
+    where = f"workload.batch_sizes_file: {path}"
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{where}: file not found")
+    if path.is_dir():
+        raise ValueError(f"{where}: is a directory (expected a CSV file)")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: not a text file (expected CSV)") from None
+    except OSError as e:
+        raise ValueError(f"{where}: cannot read: {e.strerror or e}") from None
+    try:
+        rows = list(csv.reader(text.splitlines()))
+    except csv.Error as e:
+        raise ValueError(f"{where}: malformed CSV ({e})") from None
+    rows = [r for r in rows if any(cell.strip() for cell in r)]
+    if not rows:
+        raise ValueError(f"{where}: the file is empty (expected a header with a "
+                         f"'batch_size' column)")
+    header = [c.strip() for c in rows[0]]
+    if "batch_size" not in header:
+        raise ValueError(f"{where}: no column 'batch_size' (columns: {', '.join(header)})")
+    col = header.index("batch_size")
+    out = []
+    for line, row in enumerate(rows[1:], start=2):
+        cell = row[col].strip() if col < len(row) else ""
+        try:
+            value = float(cell)
+        except ValueError:
+            value = None
+        if value is None or not _positive_int(value):
+            raise ValueError(_batch_error(f"{where}: line {line}", cell))
+        out.append(int(value))
+    if not out:
+        raise ValueError(f"{where}: no rows (expected one batch size per step)")
+    return out
+
+
+def bucket_of(batch: int, buckets: list[int] | None) -> int:
+    """The graph bucket a batch runs at: the smallest bucket >= it (the batch itself
+    without buckets)."""
+    if not buckets:
+        return batch
+    for b in buckets:
+        if b >= batch:
+            return b
+    raise ValueError(f"batch {batch} is above the largest graph bucket ({buckets[-1]})")
+
+
+class Workload(_Strict):
+    """What changes from step to step: the batch, its graph bucket, arriving requests.
+
+    One batch source at most: ``batch_sizes`` (one per step, cycled), ``batch_sizes_file``
+    (a CSV column ``batch_size``, relative to the config file), ``batch_size`` (a plain int,
+    or a distribution drawn per step and rounded to an integer >= 1; ``uniform`` draws the
+    integers ``ceil(low)..floor(high)`` with equal odds), or ``arrivals`` (requests join at
+    the next schedule when there is room, up to ``max_batch``, and leave once their
+    ``output_tokens`` are produced: see :mod:`simwar.build.sizes`). None of them: the
+    config's constant ``batch_size``. ``graph_buckets``: graph phases run the graph
+    captured for the smallest bucket >= the batch.
+    """
+
+    batch_sizes: list | None = None
+    batch_sizes_file: str | None = None
+    batch_size: Any = None
+    graph_buckets: list | None = None
+    arrivals: Arrivals | None = None
+    output_tokens: Any = None
+    max_batch: int | None = None
+    initial_batch: int = Field(default=0, ge=0)
+    _file_sizes: list[int] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _check(self) -> Workload:
+        sources = [k for k in ("batch_sizes", "batch_sizes_file", "batch_size", "arrivals")
+                   if getattr(self, k) is not None]
+        if len(sources) > 1:
+            raise ValueError(f"workload: {' and '.join(sources)}: give one batch source "
+                             f"(batch_sizes, batch_sizes_file, batch_size or arrivals)")
+        buckets = self.graph_buckets
+        if buckets is not None:
+            if not buckets:
+                raise ValueError("workload.graph_buckets: empty (give the captured batch "
+                                 "sizes, or leave the key out)")
+            for i, b in enumerate(buckets):
+                if not _positive_int(b):
+                    raise ValueError(f"workload.graph_buckets.{i}: a bucket is a positive "
+                                     f"integer, got {b!r}")
+            ints = [int(b) for b in buckets]
+            if len(set(ints)) != len(ints):
+                raise ValueError("workload.graph_buckets: duplicate buckets")
+            object.__setattr__(self, "graph_buckets", sorted(ints))
+        if self.batch_sizes is not None:
+            if not self.batch_sizes:
+                raise ValueError("workload.batch_sizes: empty (give at least one batch size)")
+            for i, x in enumerate(self.batch_sizes):
+                if not _positive_int(x):
+                    raise ValueError(_batch_error(f"workload.batch_sizes.{i}", x))
+            sizes = [int(x) for x in self.batch_sizes]
+            object.__setattr__(self, "batch_sizes", sizes)
+            self._check_buckets(sizes, "workload.batch_sizes.{i}")
+        if self.batch_sizes_file is not None:
+            sizes = read_batch_sizes(self.batch_sizes_file)
+            self._check_buckets(sizes, f"workload.batch_sizes_file: {self.batch_sizes_file}: "
+                                       "line {line}")
+            self._file_sizes = sizes
+        if self.batch_size is not None:
+            v = self.batch_size
+            if isinstance(v, dict):
+                try:
+                    v = Dist(**v)
+                except ValidationError as e:
+                    raise ValueError(f"workload.batch_size: {_first_error(e)}") from None
+                object.__setattr__(self, "batch_size", v)
+            if isinstance(v, Dist):
+                if v.dist == "empirical":
+                    for i, x in enumerate(v.values):
+                        if not _positive_int(x):
+                            raise ValueError(_batch_error(f"workload.batch_size.values.{i}", x))
+                if v.dist == "uniform" and math.floor(v.high) < max(1, math.ceil(v.low)):
+                    raise ValueError("workload.batch_size: uniform has no integer >= 1 between "
+                                     "low and high")
+            elif _positive_int(v):
+                object.__setattr__(self, "batch_size", int(v))
+                self._check_buckets([int(v)], "workload.batch_size")
+            else:
+                raise ValueError(_batch_error("workload.batch_size", v) +
+                                 " (or a distribution {dist: ...})")
+        arrival_keys = [k for k in ("output_tokens", "max_batch") if getattr(self, k) is not None]
+        if self.initial_batch:
+            arrival_keys.append("initial_batch")
+        if self.arrivals is None:
+            if arrival_keys:
+                raise ValueError(f"workload.{arrival_keys[0]}: only used with arrivals")
+            return self
+        for key in ("output_tokens", "max_batch"):
+            if getattr(self, key) is None:
+                raise ValueError(f"workload.arrivals: needs workload.{key}")
+        if not _positive_int(self.max_batch):
+            raise ValueError(f"workload.max_batch: a positive integer, got {self.max_batch!r}")
+        if self.initial_batch > self.max_batch:
+            raise ValueError(f"workload.initial_batch: {self.initial_batch} is above max_batch "
+                             f"({self.max_batch})")
+        if buckets and self.max_batch > self.graph_buckets[-1]:
+            raise ValueError(f"workload.max_batch: {self.max_batch} is above the largest graph "
+                             f"bucket ({self.graph_buckets[-1]})")
+        out = self.output_tokens
+        if isinstance(out, dict):
+            try:
+                out = Dist(**out)
+            except ValidationError as e:
+                raise ValueError(f"workload.output_tokens: {_first_error(e)}") from None
+            object.__setattr__(self, "output_tokens", out)
+        elif not isinstance(out, Dist):
+            if not _positive_int(out):
+                raise ValueError(f"workload.output_tokens: a positive integer or a "
+                                 f"distribution {{dist: ...}}, got {out!r}")
+            object.__setattr__(self, "output_tokens", int(out))
+        return self
+
+    def _check_buckets(self, sizes: list[int], where: str) -> None:
+        if not self.graph_buckets:
+            return
+        top = self.graph_buckets[-1]
+        for i, x in enumerate(sizes):
+            if x > top:
+                place = where.format(i=i, line=i + 2)
+                raise ValueError(f"{place}: batch {x} at step {i} is above the largest graph "
+                                 f"bucket ({top})")
+
+    @property
+    def source(self) -> str:
+        """``batch_sizes``, ``batch_sizes_file``, ``batch_size``, ``arrivals`` or ``constant``."""
+        for key in ("batch_sizes", "batch_sizes_file", "batch_size", "arrivals"):
+            if getattr(self, key) is not None:
+                return key
+        return "constant"
+
+    def file_sizes(self) -> list[int]:
+        if self._file_sizes is None:
+            self._file_sizes = read_batch_sizes(self.batch_sizes_file)
+        return self._file_sizes
+
+
+# --------------------------------------------------------------------------- top level
+#: the fewest steps a run must measure (after the warm-up, without the last step): a step
+#: time needs a successor, a spread needs two of them
+MIN_MEASURED = 2
+
+
+class Config(_Strict):
+    name: str = "unnamed"
+    seed: int = 0
+    steps: int = Field(default=2000, ge=1)
+    warmup_steps: int = Field(default=20, ge=0)
+    algorithm: Literal["none", "eagle", "dflash", "dspark", "custom"] = "dspark"
+    phases: list[dict] = Field(default_factory=list)
+    policy: Policy = Field(default_factory=Policy)
+    cpu: Cpu = Field(default_factory=Cpu)
+    gpu: Gpu = Field(default_factory=Gpu)
+    costs: Costs = Field(default_factory=Costs)
+    accept: Accept = Field(default_factory=lambda: Accept(tokens=3.2))
+    batch_size: int = Field(default=32, ge=1)
+    #: what changes from step to step (None: every step has ``batch_size`` requests)
+    workload: Workload | None = None
+    #: executor: ``simpy`` (the reference, keeps a full trace), ``fast`` (one pass, no trace;
+    #: same per-step table and summary) or ``auto`` (fast unless a trace is asked for)
+    engine: Literal["simpy", "fast", "auto"] = "auto"
+
+    @model_validator(mode="after")
+    def _resolve(self) -> Config:
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be < steps ({self.steps})")
+        if self.steps < self.warmup_steps + MIN_MEASURED + 1:
+            raise ValueError(f"steps ({self.steps}) must be at least warmup_steps + "
+                             f"{MIN_MEASURED + 1} ({self.warmup_steps + MIN_MEASURED + 1}) so "
+                             f"that at least {MIN_MEASURED} steps are measured (the last "
+                             f"step, having no successor, is not)")
+        resolved = resolve_phases(self.algorithm, self.phases)
+        # store the resolved table (idempotent: resolving it again gives the same)
+        object.__setattr__(self, "phases", [p.model_dump() for p in resolved])
+        names = [p.name for p in resolved]
+        pp = self.policy.publish_phase
+        if pp != "auto" and pp not in names:
+            raise ValueError(f"policy.publish_phase: '{pp}' is not a phase ({', '.join(names)})")
+        wl = self.workload
+        if wl is not None and wl.source == "constant" and wl.graph_buckets \
+                and self.batch_size > wl.graph_buckets[-1]:
+            raise ValueError(f"batch_size: {self.batch_size} is above the largest graph bucket "
+                             f"({wl.graph_buckets[-1]})")
+        check_affine(self)
+        return self
+
+    def phase_table(self) -> list[Phase]:
+        return [Phase(**p) for p in self.phases]
+
+    @property
+    def varies(self) -> bool:
+        """Whether steps differ in batch or accepted tokens (a ``workload`` section, or
+        ``accept.tokens`` that is a list or a distribution)."""
+        return self.workload is not None or self.accept.varies
+
+
+# --------------------------------------------------------------------------- duration keys
+#: which step's batch the host and GPU durations outside the phase table use: the step being
+#: prepared (its schedule) or the step whose result is processed
+PROCESSED_KEYS = ("cpu.process_result_us", "gpu.result_writes_us")
+
+
+def duration_keys(cfg: Config, phases: list[Phase] | None = None) -> list[tuple[str, Any, bool]]:
+    """Every duration of a config as ``(dotted key, value, padded)``.
+
+    ``padded``: the size is the step's graph bucket (the ``prep_us`` and ``body_us`` of a
+    graph phase); otherwise the real batch. The step: the one whose result is processed for
+    :data:`PROCESSED_KEYS`, the one being prepared for everything else (host API costs
+    included: the batch of the step the scheduler is working on).
+    """
+    out: list[tuple[str, Any, bool]] = []
+    for section in ("cpu", "gpu", "costs"):
+        model = getattr(cfg, section)
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            if isinstance(value, (float, Dist, Affine)):
+                out.append((f"{section}.{name}", value, False))
+    for ph in phases if phases is not None else cfg.phase_table():
+        for name in ("load_batch_us", "prep_us", "body_us", "host_us"):
+            padded = ph.graph != "eager" and name in ("prep_us", "body_us")
+            out.append((f"phases.{ph.name}.{name}", getattr(ph, name), padded))
+    return out
+
+
+def _size_range(cfg: Config) -> list[int] | None:
+    """The batch sizes a run can have (None: not bounded before drawing)."""
+    wl = cfg.workload
+    src = wl.source if wl is not None else "constant"
+    if src == "constant":
+        return [cfg.batch_size]
+    if src == "batch_sizes":
+        return sorted(set(wl.batch_sizes))
+    if src == "batch_sizes_file":
+        return sorted(set(wl.file_sizes()))
+    if src == "arrivals":
+        return list(range(1, wl.max_batch + 1))
+    d = wl.batch_size
+    if isinstance(d, int):
+        return [d]
+    if d.dist == "uniform":
+        return list(range(max(1, math.ceil(d.low)), math.floor(d.high) + 1))
+    if d.dist == "empirical":
+        return sorted({int(x) for x in d.values})
+    return None
+
+
+def _token_range(cfg: Config) -> tuple[float, float] | None:
+    t = cfg.accept.tokens
+    if isinstance(t, float):
+        return t, t
+    if isinstance(t, list):
+        return min(t), max(t)
+    if t.dist == "uniform":
+        return max(t.min, t.low), max(t.min, t.high)
+    if t.dist == "empirical":
+        return max(t.min, min(t.values)), max(t.min, max(t.values))
+    return None
+
+
+def affine_error(key: str, a: Affine, size, tokens, value, step: int | None = None) -> str:
+    """The one line for an affine duration that is negative at some batch."""
+    at = f"batch {size:g}" + (f" and {tokens:g} accepted tokens" if a.per_token else "")
+    when = f" (step {step})" if step is not None else ""
+    return (f"{key}: {a.text()} gives {value:g} µs at {at}{when}; a duration must be >= 0 µs")
+
+
+def check_affine(cfg: Config) -> None:
+    """Each affine duration is >= 0 at every batch (and bucket) the run can have."""
+    keys = [(k, v, p) for k, v, p in duration_keys(cfg) if isinstance(v, Affine)]
+    if not keys:
+        return
+    sizes = _size_range(cfg)
+    tokens = _token_range(cfg)
+    if sizes is None:
+        return  # checked as the sizes are drawn (simwar.build.sizes)
+    import numpy as np
+
+    buckets = cfg.workload.graph_buckets if cfg.workload is not None else None
+    real = np.asarray(sizes, dtype=float)
+    padded_sizes = np.asarray(sorted({bucket_of(x, buckets) for x in sizes
+                                      if not buckets or x <= buckets[-1]}), dtype=float)
+    for key, a, padded in keys:
+        if a.per_token and tokens is None:
+            continue
+        at = padded_sizes if padded else real
+        for tok in (tokens or (1.0,)):
+            v = a.value(at, tok)
+            bad = np.flatnonzero(v < 0)
+            if len(bad):
+                raise ValueError(affine_error(key, a, float(at[bad[0]]), tok, float(v[bad[0]])))
+
+
+def resolve_phases(algorithm: str, entries: list[dict]) -> list[Phase]:
+    """Built-in table with overrides by name, or the custom table as given."""
+    if algorithm == "custom":
+        if not entries:
+            raise ValueError("phases: algorithm custom needs a non-empty phases list")
+        out = []
+        for i, e in enumerate(entries):
+            out.append(_phase(e, f"phases.{i}"))
+        _unique([p.name for p in out])
+        return out
+    table = [dict(p) for p in builtin_phases(algorithm)]
+    by_name = {p["name"]: p for p in table}
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or "name" not in e:
+            raise ValueError(f"phases.{i}: each override needs a 'name'")
+        for key in e:
+            if key not in Phase.model_fields:
+                raise ValueError(f"phases.{i}.{key}: unknown key")
+        if e["name"] not in by_name:
+            raise ValueError(f"phases.{i}.name: '{e['name']}' is not a phase of {algorithm} "
+                             f"({', '.join(by_name)}); use algorithm: custom to add phases")
+        by_name[e["name"]].update(e)
+    return [_phase(p, f"phases.{i}") for i, p in enumerate(table)]
+
+
+def _phase(entry: Any, where: str) -> Phase:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: expected a mapping")
+    try:
+        return Phase(**entry)
+    except ValidationError as e:
+        raise ValueError(_first_error(e, prefix=where)) from None
+
+
+def _unique(names: list[str]) -> None:
+    seen = set()
+    for n in names:
+        if n in seen:
+            raise ValueError(f"phases: duplicate phase name '{n}'")
+        seen.add(n)
+
+
+# --------------------------------------------------------------------------- loading
+def _first_error(e: ValidationError, prefix: str = "") -> str:
+    err = e.errors()[0]
+    loc = [str(x) for x in err["loc"]]
+    # drop union-branch tags pydantic adds ("float", "Dist", "function-after[...]")
+    loc = [x for x in loc if not (x in ("float", "Dist", "Affine", "int") or "[" in x)]
+    key = ".".join(([prefix] if prefix else []) + loc)
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+        if key and (msg.startswith(key + ".") or msg.startswith(key + ":")):
+            key = ""  # the message names the key itself (e.g. grid.policy.barrier: ...)
+    if "input" in err and err["type"] not in ("extra_forbidden", "missing", "value_error"):
+        got = err["input"]
+        if not isinstance(got, (dict, list)):
+            msg += f" (got {got!r})"
+    return f"{key}: {msg}" if key else msg
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The top-level mapping of a YAML file; a missing, unreadable or empty file is an error."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: file not found")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory (expected a YAML file)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (expected YAML)") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    if data is None:  # nothing but blank lines and comments
+        raise ConfigError(f"{path}: the file is empty (expected a YAML mapping)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def resolve_paths(data: dict, root: str | Path) -> dict:
+    """``data`` with its relative file paths (``workload.batch_sizes_file``) made relative to
+    ``root`` (the directory of the file they were written in)."""
+    wl = data.get("workload")
+    if isinstance(wl, dict) and isinstance(wl.get("batch_sizes_file"), str):
+        path = Path(wl["batch_sizes_file"]).expanduser()
+        if not path.is_absolute():
+            wl["batch_sizes_file"] = str(Path(root) / path)
+    return data
+
+
+class Override(NamedTuple):
+    """A dotted-key override and where it came from, as an error message names it."""
+
+    key: str
+    value: Any
+    origin: str  # "--set policy.barrier=coarse", "--costs fitted.yaml", ...
+
+
+def override_list(overrides: list | dict | None) -> list[Override]:
+    """``["key=value", ...]``, ``{key: value}`` or Overrides, as a list of :class:`Override`."""
+    if not overrides:
+        return []
+    if isinstance(overrides, dict):
+        return [Override(k, v, f"--set {k}={_value_text(v)}") for k, v in overrides.items()]
+    out = []
+    for item in overrides:
+        if isinstance(item, Override):
+            out.append(item)
+        else:
+            key, value = parse_override(item)
+            out.append(Override(key, value, f"--set {item}"))
+    return out
+
+
+def _value_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``key.path=value`` → (key.path, YAML-parsed value)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item}: expected key.path=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set {item}: empty key")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    """Set ``a.b.0.c`` in nested dicts/lists; ``phases.NAME.key`` targets a phase by name."""
+    parts = key.split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        nxt_is_last = i == len(parts) - 2
+        if isinstance(node, list):
+            node = _list_item(node, part, key)
+            continue
+        if part == "phases" and not nxt_is_last and not parts[i + 1].isdigit():
+            phases = node.setdefault("phases", [])
+            name = parts[i + 1]
+            entry = next((p for p in phases if isinstance(p, dict) and p.get("name") == name),
+                         None)
+            if entry is None:
+                entry = {"name": name}
+                phases.append(entry)
+            node = {"__phase__": entry}
+            continue
+        if "__phase__" in node:
+            node = node["__phase__"]
+            continue
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        node = child
+    last = parts[-1]
+    if isinstance(node, dict) and "__phase__" in node:
+        node = node["__phase__"]
+    if isinstance(node, list):
+        idx = _index(node, last, key)
+        node[idx] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ConfigError(f"{key}: cannot set a key inside a {type(node).__name__}")
+
+
+def _index(node: list, part: str, key: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"{key}: '{part}' is not an index of a list of {len(node)}")
+    return int(part)
+
+
+def _list_item(node: list, part: str, key: str) -> Any:
+    return node[_index(node, part, key)]
+
+
+def load_config(source: str | Path | dict | Config | None = None,
+                overrides: list[str] | dict | None = None) -> Config:
+    """Load and validate a config.
+
+    ``source``: a YAML path, a mapping, a Config, or None for the packaged
+    default (DSPARK, fine barrier). ``overrides``: ``["key.path=value", ...]``
+    or a ``{dotted.key: value}`` mapping, applied before validation.
+    """
+    if isinstance(source, Config) and not overrides:
+        return source
+    label = "<config>"
+    if source is None:
+        source = DEFAULT_CONFIG
+    if isinstance(source, Config):
+        data = source.model_dump()
+    elif isinstance(source, dict):
+        data = copy.deepcopy(source)
+    else:
+        label = str(source)
+        data = resolve_paths(read_yaml(source), Path(source).parent)
+    items = override_list(overrides)
+    source_data = copy.deepcopy(data) if items else data
+    for item in items:
+        try:
+            set_dotted(data, item.key, item.value)
+        except ConfigError as e:
+            raise ConfigError(f"{item.origin}: {e}") from None
+    try:
+        return validate(data, label)
+    except ConfigError as e:
+        raise _blame(e, label, source_data, items) from None
+
+
+def _blame(error: ConfigError, label: str, source_data: dict,
+           items: list[Override]) -> ConfigError:
+    """The error, naming the override that caused it rather than the file when it was one."""
+    if not items:
+        return error
+    text = str(error)
+    bad = text[len(label) + 2:] if text.startswith(label + ": ") else text
+    match = re.match(r"([\w.-]+): ", bad)
+    failing = match.group(1) if match else None
+    if failing is not None:
+        for item in reversed(items):  # the last override of a key is the one that counts
+            if failing == item.key or failing.startswith(item.key + "."):
+                if item.origin.startswith("--set "):
+                    return ConfigError(f"--set {item.key}: {bad[len(item.key) + 1:].strip()}")
+                return ConfigError(f"{item.origin}: {bad}")
+            if item.key.startswith(failing + "."):  # e.g. --set bogus.key=3: bogus: unknown key
+                return ConfigError(f"{item.origin}: {bad}")
+    # a rule across keys (warmup_steps < steps, ...): the overrides are to blame when the
+    # source is valid without them; name those the message mentions (all if none is)
+    try:
+        validate(source_data, label)
+    except ConfigError:
+        return error
+    named = [item for item in items if _mentions(bad, item.key)] or items
+    return ConfigError(f"{' '.join(dict.fromkeys(item.origin for item in named))}: {bad}")
+
+
+def _mentions(message: str, key: str) -> bool:
+    return any(re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", message)
+               for name in (key, key.split(".")[-1]))
+
+
+def validate(data: dict, label: str = "<config>") -> Config:
+    try:
+        return Config(**data)
+    except ValidationError as e:
+        raise ConfigError(f"{label}: {_first_error(e)}") from None
+    except ValueError as e:
+        raise ConfigError(f"{label}: {e}") from None
+
+
+__all__ = ["BUILTIN", "MIN_MEASURED", "Affine", "Config", "ConfigError", "Dist", "Duration",
+           "Override", "Phase", "Policy", "Workload", "bucket_of", "duration_keys", "load_config",
+           "override_list", "parse_override", "read_yaml", "resolve_paths", "set_dotted",
+           "validate"]

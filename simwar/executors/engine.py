@@ -1,0 +1,299 @@
+"""The SimPy executor: runs a Program on simulated CUDA streams, returns a Trace.
+
+This is the only module that imports simpy, and the reference executor: the
+one-pass executor (:mod:`simwar.executors.fast.core`) is held equal to it by tests. It must
+not import pandas, yaml, matplotlib or torch (a test checks ``sys.modules``).
+
+The CUDA rules (DESIGN.md, "CUDA semantics") are :mod:`simwar.core.rules`; here
+they run inside SimPy processes:
+
+- each stream runs its operations in FIFO order; streams run concurrently;
+- ``record(E, S)`` captures the tail of S at the host call: it is a stream
+  operation that fires when S reaches it. Re-recording E moves the pointer
+  that later waits bind to; earlier waits keep their binding;
+- ``wait_event(T, E)`` binds, at the host call, to the most recent record of E
+  issued before it; an event never recorded makes it a no-op;
+- ``wait_stream(T, S)`` is a fresh record on S followed by a wait on T;
+- an in-graph record node is re-armed by each graph launch (the host call)
+  and fires when graph execution reaches it;
+- a host ``synchronize(E)`` returns at once if E already fired, else when it
+  fires plus the op's wake-up latency ``wake_us``;
+- every host call costs its ``host_us``; the device sees the operation when
+  the call returns;
+- a wait released by another stream's record adds the op's ``latency_us``.
+
+Speed: the host thread never looks at device state except in a synchronize,
+so it runs ahead on its own clock and hands each stream operation a
+``ready_us`` (the host time its call returned); it only yields to SimPy at a
+synchronize. Streams are SimPy processes that honour ``ready_us``. The
+resulting timeline is identical to yielding at every host call, with far
+fewer events. Times are computed by the rules from the values involved, and
+SimPy's clock only orders the processes, so the figures do not depend on how
+SimPy accumulates time.
+
+Everything is recorded through :class:`simwar.core.recorder.Recorder`, which hands
+out the op and span ids that tie each span to its op and each op to the host
+call that issued it, and derives the device spans from the ops' times.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import deque
+from typing import Callable
+
+import simpy
+
+from simwar.core.program import (
+    CpuWork,
+    GraphLaunch,
+    GraphRecord,
+    Launch,
+    Marker,
+    Program,
+    Record,
+    StepMarker,
+    Synchronize,
+    WaitEvent,
+    WaitStream,
+)
+from simwar.core.recorder import Recorder
+from simwar.core.rules import begins, released, returns
+from simwar.core.trace import HOST, Call, OpKind, Trace
+
+_KERNEL, _RECORD, _WAIT = 0, 1, 2
+KERNEL, RECORD, WAIT, SYNC = OpKind.KERNEL, OpKind.RECORD, OpKind.WAIT, OpKind.SYNC
+NAN = float("nan")
+
+
+class _Rec:
+    """One record instance: fires once, when its stream reaches it."""
+
+    __slots__ = ("op_id", "lane", "time", "event")
+
+    def __init__(self, op_id: int, lane: str):
+        self.op_id = op_id
+        self.lane = lane
+        self.time: float | None = None
+        self.event: simpy.Event | None = None
+
+
+class _Stream:
+    __slots__ = ("name", "queue", "wake")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.queue: deque = deque()
+        self.wake: simpy.Event | None = None
+
+
+class _CountingEnvironment(simpy.Environment):
+    """An Environment that counts the events it schedules (a public hook, no private state)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scheduled = 0
+
+    def schedule(self, event, priority=simpy.core.NORMAL, delay=0) -> None:
+        self.scheduled += 1
+        super().schedule(event, priority, delay)
+
+
+class Engine:
+    """Executes one Program. ``run()`` returns the Trace; ``events`` counts SimPy events.
+
+    ``progress``: called with the step number as the host reaches each step (an observer;
+    the engine itself never prints).
+    """
+
+    def __init__(self, program: Program, progress: Callable[[int], None] | None = None):
+        self.program = program
+        self.progress = progress
+        self.env = _CountingEnvironment()
+        self.rec = Recorder()
+        self.streams: dict[str, _Stream] = {}
+        self.latest: dict[str, _Rec] = {}  # event name -> most recent record instance
+        self.events = 0
+
+    # ------------------------------------------------------------------ public
+    def run(self) -> Trace:
+        env = self.env
+        for name in self.program.streams:
+            self._stream(name)
+        env.process(self._host())
+        # the run allocates many small tuples and no reference cycles worth collecting:
+        # pausing the cyclic collector saves a third of the time
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            env.run()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        self.events = env.scheduled
+        meta = dict(self.program.meta)
+        meta.setdefault("source", "sim")
+        # the run's bookkeeping (a record per event name, the streams' processes) is done
+        # with: free it before the recorder moves its columns into the Trace
+        self.latest.clear()
+        self.streams.clear()
+        self.env = None
+        return self.rec.finish(meta)
+
+    # ------------------------------------------------------------------ streams
+    def _stream(self, name: str) -> _Stream:
+        s = self.streams.get(name)
+        if s is None:
+            s = self.streams[name] = _Stream(name)
+            self.env.process(self._stream_loop(s))
+        return s
+
+    def _stream_loop(self, s: _Stream):
+        env = self.env
+        timeout = env.timeout
+        queue = s.queue
+        popleft = queue.popleft
+        lane = s.name
+        rec = self.rec
+        op_start, op_end = rec.op_start, rec.op_end
+        free = 0.0  # when the stream finished its previous operation
+        while True:
+            while not queue:
+                s.wake = env.event()
+                yield s.wake
+            code, ready, op_id, arg, latency = popleft()
+            start = begins(free, ready)
+            if start > env.now:
+                yield timeout(start - env.now)
+            if code == _KERNEL:
+                free = start + arg
+                op_start[op_id] = start
+                op_end[op_id] = free
+                if arg > 0:
+                    yield timeout(arg)
+            elif code == _RECORD:
+                op_start[op_id] = op_end[op_id] = free = start
+                arg.time = start
+                if arg.event is not None:
+                    arg.event.succeed()
+            else:  # wait
+                free = start
+                if arg is not None:
+                    if arg.time is None:
+                        if arg.event is None:
+                            arg.event = env.event()
+                        yield arg.event
+                    free = released(start, arg.time, latency, arg.lane == lane)
+                    if free > env.now:
+                        yield timeout(free - env.now)
+                op_start[op_id] = start
+                op_end[op_id] = free
+
+    # ------------------------------------------------------------------ host
+    def _host(self):
+        env = self.env
+        rec = self.rec
+        host = rec.host
+        new_op = rec.op
+        access = rec.access
+        marker = rec.marker
+        latest = self.latest
+        streams = self.streams
+        progress = self.progress
+
+        def enqueue(stream: str, item: tuple) -> None:
+            st = streams.get(stream) or self._stream(stream)
+            st.queue.append(item)
+            if st.wake is not None:
+                wake, st.wake = st.wake, None
+                wake.succeed()
+
+        def kernel(stream: str, k, step: int, ready: float, call: int) -> None:
+            op_id = new_op(KERNEL, stream, step, k.label, "", -1, ready, NAN, NAN, k.phase, call)
+            for b in k.reads:
+                access(op_id, b, False, step, k.phase)
+            for b in k.writes:
+                access(op_id, b, True, step, k.phase)
+            enqueue(stream, (_KERNEL, ready, op_id, k.duration_us, 0.0))
+
+        def record(event: str, stream: str, step: int, ready: float, call: int) -> _Rec:
+            op_id = new_op(RECORD, stream, step, event, event, -1, ready, NAN, NAN, "", call)
+            r = _Rec(op_id, stream)
+            enqueue(stream, (_RECORD, ready, op_id, r, 0.0))
+            return r
+
+        def wait(stream: str, r, event: str, step: int, ready: float, latency_us: float,
+                 call: int) -> None:
+            op_id = new_op(WAIT, stream, step, event, event, r.op_id if r is not None else -1,
+                           ready, NAN, NAN, "", call)
+            enqueue(stream, (_WAIT, ready, op_id, r, latency_us))
+
+        t = 0.0  # the host thread's own clock; env.now <= t always
+        for op in self.program.ops:
+            kind = type(op)
+            if kind is Launch:
+                k = op.kernel
+                t0, t = t, t + op.host_us
+                call = host(Call.LAUNCH, op.step, t0, t, k.label, k.phase, "", rec.next_op)
+                kernel(op.stream, k, op.step, t, call)
+            elif kind is CpuWork:
+                host(Call.CPU, op.step, t, t + op.duration_us, op.label)
+                t += op.duration_us
+            elif kind is Record:
+                t0, t = t, t + op.host_us
+                call = host(Call.RECORD, op.step, t0, t, op.event, "", "", rec.next_op)
+                latest[op.event] = record(op.event, op.stream, op.step, t, call)
+            elif kind is WaitStream:
+                t0, t = t, t + op.host_us
+                call = host(Call.WAIT_STREAM, op.step, t0, t, op.other, "", "", rec.next_op + 1)
+                name = op.other + ".tail"
+                r = record(name, op.other, op.step, t, call)
+                wait(op.stream, r, name, op.step, t, op.latency_us, call)
+            elif kind is GraphLaunch:
+                t0, t = t, t + op.host_us
+                call = host(Call.GRAPH_LAUNCH, op.step, t0, t, op.graph, op.phase, "",
+                            rec.next_op)
+                for node in op.nodes:
+                    if type(node) is GraphRecord:
+                        # the launch re-arms the node: later waits bind to this launch's record
+                        latest[node.event] = record(node.event, op.stream, op.step, t, call)
+                    else:
+                        kernel(op.stream, node, op.step, t, call)
+            elif kind is WaitEvent:
+                t0, t = t, t + op.host_us
+                call = host(Call.WAIT_EVENT, op.step, t0, t, op.event, "", "", rec.next_op)
+                wait(op.stream, latest.get(op.event), op.event, op.step, t, op.latency_us, call)
+            elif kind is Synchronize:
+                t0 = t
+                r = latest.get(op.event)
+                fired = None
+                if r is not None:
+                    t1 = t0 + op.host_us
+                    if t1 > env.now:
+                        yield env.timeout(t1 - env.now)
+                    if r.time is None:
+                        if r.event is None:
+                            r.event = env.event()
+                        yield r.event
+                    fired = r.time
+                t = returns(t0, op.host_us, fired, op.wake_us)
+                # recorded once it returned: no other host op is issued while the host blocks
+                call = host(Call.SYNCHRONIZE, op.step, t0, t, op.event, "", op.site, rec.next_op)
+                new_op(SYNC, HOST, op.step, op.event, op.event,
+                       r.op_id if r is not None else -1, t0, t0, t, "", call)
+            elif kind is StepMarker:
+                marker("step", op.step, t)
+                if progress is not None:
+                    progress(op.step)
+            elif kind is Marker:
+                marker(op.name, op.step, t)
+            else:
+                raise TypeError(f"unknown host op {op!r}")
+        if t > env.now:
+            yield env.timeout(t - env.now)
+        marker("end", -1, t)
+
+
+def run(program: Program) -> Trace:
+    """Simulate ``program`` and return its Trace."""
+    return Engine(program).run()

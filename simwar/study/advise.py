@@ -1,0 +1,480 @@
+"""Search the barrier-policy space of a config for the fastest race-free policy.
+
+The search keeps the workload's **facts** fixed: the phase table (which
+phases read shared buffers, with which kernels: the reads the race detector
+judges), the durations, the costs, the seed. It varies only what a scheduler
+author controls:
+
+- ``policy.barrier``: every registered policy (:data:`simwar.config.policies.BARRIERS`);
+- where read-done is published, for the policies that consume it (all but
+  ``none`` and ``coarse``): the publishing phase, any phase that reads
+  (``policy.publish_phase``), and its position (``phases.<P>.read_ends``):
+  ``pre_replay``, ``in_replay`` (for a graph phase only with
+  ``policy.external_events``: the in-graph node; for an eager phase, after its
+  prep kernel) or ``post_replay``. Moving the record does not move the reads:
+  a record placed before a read is caught as a latent race;
+- ``policy.placement``: ``after_launch`` or ``loop_top``;
+- ``policy.plan_stream``: off or on;
+- ``policy.needs_cpu_seq_lens``: a property of the attention backend. An author
+  may remove the CPU mirror (as SGLang #29343 did for fa3) but never needs to
+  add it, so it is searched as {as the input, off}.
+
+Every candidate is simulated with fewer steps than the config (``screen_steps``,
+default 200, warm-up 20, the same seed: deterministic configs reach their
+steady state within a few steps, and 180 measured steps put a stochastic
+config's mean within a few standard errors of the long run) and checked for
+latent races. Racy candidates are reported, never recommended, and neither is
+a policy the registry marks unsafe (``none``). Among race-free candidates
+within ``tie`` (relative, default 0.1 %) of the best objective, the one with
+the largest launch lead wins (a policy that blocks the CPU leaves less margin
+for host jitter), then the one with the fewest changes to the input, then one
+that needs no new in-graph node. The winner and the input are then
+re-simulated at the config's own length with the reference executor, so the
+advised figures are the ones ``simwar run`` prints for the advised config.
+
+:func:`simulate_config` is the one place a candidate is simulated (the
+one-pass executor is used when :func:`simwar.api.simulate` offers it).
+
+Imports: simwar's config, policies and api modules (numpy, pandas, simpy through them).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import yaml
+
+from simwar.config.policies import BARRIERS, barrier, publish_point
+from simwar.config.schema import Config, load_config
+
+#: objective name -> (summary key, direction: +1 larger is better, -1 smaller is better)
+OBJECTIVES = {
+    "step_us_mean": ("step_us_mean", -1),
+    "tokens_per_s": ("tokens_per_s", +1),
+    "p99": ("step_us_p99", -1),
+}
+#: policies whose ordering ignores where read-done is published (the search does not move it)
+IGNORES_READ_DONE = frozenset({"none", "coarse"})
+POSITIONS = ("pre_replay", "in_replay", "post_replay")
+SCREEN_STEPS = 200
+SCREEN_WARMUP = 20
+TIE = 1e-3
+
+
+class AdviseError(ValueError):
+    """A config or an objective the search cannot work with (one line)."""
+
+
+# --------------------------------------------------------------------------- candidates
+@dataclass(frozen=True)
+class Knobs:
+    """One point of the policy space. ``publish`` None: as the input declares it."""
+
+    barrier: str
+    placement: str
+    plan_stream: bool
+    needs_cpu_seq_lens: bool
+    publish: tuple[str, str] | None = None  # (phase, read_ends)
+
+
+@dataclass
+class Candidate:
+    knobs: Knobs
+    overrides: dict  # dotted key -> value, relative to the input config
+    changes: list[str]  # what changed, in words
+    needs: list[str]  # what each change needs in the engine
+    description: str = ""
+    summary: dict = field(default_factory=dict)  # of the screening run
+    confirmed: dict | None = None  # of the full-length run (the best and the input only)
+
+    @property
+    def races(self) -> int:
+        return int((self.confirmed or self.summary).get("races", 0))
+
+    @property
+    def racy(self) -> bool:
+        return self.races > 0
+
+    @property
+    def safe_policy(self) -> bool:
+        return barrier(self.knobs.barrier).safe
+
+    def figures(self) -> dict:
+        """The full-length figures when there are some, else the screening ones."""
+        return self.confirmed or self.summary
+
+    def set_items(self) -> list[str]:
+        """The change as ``simwar run --set`` items."""
+        return [f"{k}={_yaml_scalar(v)}" for k, v in self.overrides.items()]
+
+    def policy(self) -> dict:
+        s = self.summary
+        return {"barrier": self.knobs.barrier, "applied": s.get("barrier_effective"),
+                "placement": self.knobs.placement, "plan_stream": self.knobs.plan_stream,
+                "needs_cpu_seq_lens": self.knobs.needs_cpu_seq_lens,
+                "publish_phase": s.get("publish_phase"),
+                "publish_position": s.get("publish_position")}
+
+    def to_dict(self, objective: str) -> dict:
+        f = self.figures()
+        return {"policy": self.policy(), "description": self.description,
+                "step_us_mean": f.get("step_us_mean"), "step_us_p99": f.get("step_us_p99"),
+                "tokens_per_s": f.get("tokens_per_s"), "objective": _value(f, objective),
+                "races": self.races, "racy": self.racy, "changes": self.changes,
+                "needs": self.needs, "set": self.set_items(),
+                "screened": {k: self.summary.get(k) for k in
+                             ("step_us_mean", "step_us_p99", "tokens_per_s", "races")},
+                "full_length": self.confirmed is not None}
+
+
+def _yaml_scalar(v) -> str:
+    return yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("\n...").strip()
+
+
+def readers(cfg: Config) -> list:
+    return [p for p in cfg.phase_table() if p.reads]
+
+
+def positions(phase, external_events: bool) -> list[str]:
+    """Where ``phase`` may publish: an in-graph node needs a graph and external events."""
+    return [p for p in POSITIONS
+            if p != "in_replay" or phase.graph == "eager" or external_events]
+
+
+def space(cfg: Config) -> list[Candidate]:
+    """Every distinct candidate of the policy space of ``cfg`` (the input's own first)."""
+    phases = cfg.phase_table()
+    reading = [p for p in phases if p.reads]
+    if not reading:
+        raise AdviseError(f"{cfg.name}: no phase reads a shared buffer (every phases.*.reads "
+                          "is empty): there is no read-done to publish and no barrier to choose")
+    pol = cfg.policy
+    publish_options: list[tuple[str, str] | None] = [None] + [
+        (p.name, pos) for p in reading for pos in positions(p, pol.external_events)]
+    seq_options = [pol.needs_cpu_seq_lens] + ([False] if pol.needs_cpu_seq_lens else [])
+    plan_options = [pol.plan_stream, not pol.plan_stream]
+    names = [pol.barrier] + [b for b in BARRIERS if b != pol.barrier]
+    seen: set = set()
+    out: list[Candidate] = []
+    for name in names:
+        pubs = [None] if name in IGNORES_READ_DONE else publish_options
+        placements = [pol.placement] + [p for p in ("after_launch", "loop_top")
+                                        if p != pol.placement]
+        for placement, plan, seq, pub in itertools.product(placements, plan_options,
+                                                           seq_options, pubs):
+            knobs = Knobs(name, placement, plan, seq, pub)
+            cand = _candidate(cfg, phases, knobs)
+            if cand is None:
+                continue
+            key = _program_key(cfg, phases, knobs)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(cand)
+    return out
+
+
+def _effective_publish_phase(cfg: Config, phases) -> str | None:
+    pp = cfg.policy.publish_phase
+    if pp != "auto":
+        return pp
+    reading = [p.name for p in phases if p.reads]
+    return reading[-1] if reading else None
+
+
+def _point(cfg: Config, phases, knobs: Knobs):
+    pol = cfg.policy
+    if knobs.publish is None:
+        return publish_point(phases, pol.publish_phase, pol.external_events,
+                             pol.in_replay_fallback)
+    name, pos = knobs.publish
+    table = [p.model_copy(update={"read_ends": pos}) if p.name == name else p for p in phases]
+    return publish_point(table, name, pol.external_events, pol.in_replay_fallback)
+
+
+def _program_key(cfg: Config, phases, knobs: Knobs) -> tuple:
+    """Candidates with equal keys build the same program: simulate one of them."""
+    point = _point(cfg, phases, knobs)
+    placement = knobs.placement if knobs.barrier != "none" else "-"  # none fences nothing
+    return (knobs.barrier, placement, knobs.plan_stream, knobs.needs_cpu_seq_lens,
+            point.phase, point.position, point.in_graph)
+
+
+def _candidate(cfg: Config, phases, knobs: Knobs) -> Candidate | None:
+    pol = cfg.policy
+    over: dict = {}
+    changes: list[str] = []
+    needs: list[str] = []
+    if knobs.barrier != pol.barrier:
+        over["policy.barrier"] = knobs.barrier
+        changes.append(f"barrier {pol.barrier} -> {knobs.barrier}")
+        needs.append(_barrier_needs(pol.barrier, knobs.barrier))
+    old = _point(cfg, phases, Knobs(pol.barrier, pol.placement, pol.plan_stream,
+                                    pol.needs_cpu_seq_lens))
+    if knobs.publish is not None:
+        name, pos = knobs.publish
+        phase = next(p for p in phases if p.name == name)
+        new = _point(cfg, phases, knobs)
+        if (new.phase, new.position, new.in_graph) == (old.phase, old.position, old.in_graph):
+            return None  # the same as publishing as the input declares: listed once
+        if _effective_publish_phase(cfg, phases) != name:
+            last = [p.name for p in phases if p.reads][-1]
+            over["policy.publish_phase"] = "auto" if name == last else name
+        if phase.read_ends != pos:
+            over[f"phases.{name}.read_ends"] = pos
+        where = _position_words(phase, pos, new.in_graph)
+        changes.append(f"read-done published {where}"
+                       + (f" (was: {_point_words(phases, old)})" if old.phase else
+                          " (was: nothing published)"))
+        needs.append(_publish_needs(phase, pos, new.in_graph, old.phase != name))
+    if knobs.placement != pol.placement:
+        over["policy.placement"] = knobs.placement
+        changes.append(f"placement {pol.placement} -> {knobs.placement}")
+        needs.append("issue the barrier right after run_batch's launches (SGLang #31687)"
+                     if knobs.placement == "after_launch" else
+                     "issue the barrier at the top of the next iteration (before #31687)")
+    if knobs.plan_stream != pol.plan_stream:
+        over["policy.plan_stream"] = knobs.plan_stream
+        changes.append(f"plan stream {'on' if knobs.plan_stream else 'off'}")
+        needs.append("the shared writes on the plan stream (plan.wait_stream(schedule), the "
+                     "writes, schedule.wait_stream(plan))" if knobs.plan_stream else
+                     "the shared writes on the schedule stream (no plan stream)")
+    if knobs.needs_cpu_seq_lens != pol.needs_cpu_seq_lens:
+        over["policy.needs_cpu_seq_lens"] = knobs.needs_cpu_seq_lens
+        changes.append("no CPU seq_lens mirror")
+        needs.append("an attention backend that builds its page table on the device: no "
+                     "resolve_seq_lens_cpu D2H and host block (as SGLang #29343 did for fa3)")
+    cand = Candidate(knobs, over, changes, needs)
+    cand.description = _describe(cfg, phases, knobs)
+    return cand
+
+
+def _position_words(phase, pos: str, in_graph: bool) -> str:
+    if phase.graph == "eager":
+        return {"pre_replay": f"after {phase.name}'s load_batch",
+                "in_replay": f"after {phase.name}'s prep",
+                "post_replay": f"after {phase.name}'s body"}[pos]
+    if pos == "in_replay" and in_graph:
+        return f"at {phase.name}'s in-graph node"
+    return {"pre_replay": f"before {phase.name}'s graph launch",
+            "in_replay": f"after {phase.name}'s graph launch",
+            "post_replay": f"after {phase.name}'s graph launch"}[pos]
+
+
+def _point_words(phases, point) -> str:
+    phase = next(p for p in phases if p.name == point.phase)
+    return _position_words(phase, point.position, point.in_graph)
+
+
+def _describe(cfg: Config, phases, knobs: Knobs) -> str:
+    parts = [knobs.barrier]
+    if knobs.barrier not in IGNORES_READ_DONE:
+        point = _point(cfg, phases, knobs)
+        parts.append(f"read-done {_point_words(phases, point)}" if point.phase
+                     else "nothing published")
+    if knobs.barrier != "none":
+        parts.append(knobs.placement)
+    if knobs.plan_stream:
+        parts.append("plan stream")
+    if knobs.needs_cpu_seq_lens:
+        parts.append("CPU seq_lens")
+    return ", ".join(parts)
+
+
+def _barrier_needs(old: str, new: str) -> str:
+    if new == "fine":
+        text = ("the fine barrier: schedule.wait_event(read_done) after each launch, on the "
+                "event the publishing phase records")
+        if old == "host_sync":
+            text = ("drop the host-blocking read-done synchronize (the legacy "
+                    "verify_done.synchronize()); " + text + " (SGLang #29541/#29556)")
+        return text
+    if new == "coarse":
+        return ("the coarse barrier: schedule.wait_stream(forward) after each launch "
+                "(no read-done needed)")
+    if new == "host_sync":
+        return "a host synchronize on read-done before the next writes (blocks the CPU)"
+    if new == "none":
+        return "no barrier (unsafe: the next writes are not ordered after the reads)"
+    return barrier(new).doc or f"the {new} barrier"
+
+
+def _publish_needs(phase, pos: str, in_graph: bool, new_phase: bool) -> str:
+    who = (f"{phase.name}'s runner publishes read-done (the scheduler reads its mailbox); "
+           if new_phase else "")
+    if phase.graph == "eager":
+        where = _position_words(phase, pos, False)
+        return who + f"a read-done record on the forward stream {where}"
+    if pos == "in_replay" and in_graph:
+        return who + (f"an in-graph event record node in {phase.name}'s graph after its "
+                      "in-graph prep (external events in capture)")
+    if pos == "pre_replay":
+        return who + (f"a host record of read-done after {phase.name}'s load_batch, before "
+                      "its graph launch")
+    return who + f"a host record of read-done after {phase.name}'s graph launch"
+
+
+# --------------------------------------------------------------------------- simulation
+def simulate_config(cfg: Config, fast: bool = True):
+    """Simulate one candidate: the only simulate call of the search.
+
+    ``fast``: use the one-pass executor when :func:`simwar.api.simulate` offers one
+    (``engine="fast"``); the confirming runs pass False to use the reference.
+    """
+    from simwar.api import simulate
+
+    if fast and "engine" in inspect.signature(simulate).parameters:
+        return simulate(cfg, engine="fast")
+    return simulate(cfg)
+
+
+def _value(summary: dict, objective: str) -> float:
+    key, _ = OBJECTIVES[objective]
+    v = summary.get(key)
+    return float(v) if v is not None else math.nan
+
+
+def _better(a: float, b: float, direction: int) -> bool:
+    return (a - b) * direction > 0
+
+
+# --------------------------------------------------------------------------- advice
+@dataclass
+class Advice:
+    config: Config
+    objective: str
+    candidates: list[Candidate]  # ranked: race-free by objective, then racy
+    baseline: Candidate
+    best: Candidate | None
+    screen_steps: int
+    screen_warmup: int
+
+    @property
+    def saving_us(self) -> float:
+        if self.best is None:
+            return 0.0
+        return (self.baseline.figures()["step_us_mean"]
+                - self.best.figures()["step_us_mean"])
+
+    def config_diff(self) -> str:
+        """The best candidate's changes as YAML in the config's layout ('' when none)."""
+        if self.best is None or not self.best.overrides:
+            return ""
+        return yaml.safe_dump(diff_tree(self.best.overrides), sort_keys=False,
+                              default_flow_style=None).strip()
+
+    def to_dict(self) -> dict:
+        base = self.baseline.to_dict(self.objective)
+        base["racy"] = self.baseline.racy
+        out = {"config": self.config.name, "objective": self.objective,
+               "screen": {"steps": self.screen_steps, "warmup_steps": self.screen_warmup,
+                          "seed": self.config.seed},
+               "baseline": base,
+               "candidates": [c.to_dict(self.objective) for c in self.candidates],
+               "best": None}
+        if self.best is not None:
+            best = self.best.to_dict(self.objective)
+            best["saving_us"] = self.saving_us
+            best["config_diff"] = self.config_diff()
+            out["best"] = best
+        return out
+
+
+def diff_tree(overrides: dict) -> dict:
+    """Dotted overrides as nested YAML: ``phases.verify.read_ends`` -> a phases entry."""
+    tree: dict = {}
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if parts[0] == "phases":
+            phases = tree.setdefault("phases", [])
+            entry = next((p for p in phases if p["name"] == parts[1]), None)
+            if entry is None:
+                entry = {"name": parts[1]}
+                phases.append(entry)
+            entry[parts[2]] = value
+            continue
+        node = tree
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return tree
+
+
+def advise(cfg, objective: str = "step_us_mean", *, screen_steps: int = SCREEN_STEPS,
+           screen_warmup: int = SCREEN_WARMUP, tie: float = TIE, confirm: bool = True,
+           progress=None) -> Advice:
+    """Search the policy space of ``cfg`` (a path, mapping or Config) for ``objective``.
+
+    ``progress(done, total)``, if given, is called after each screened candidate.
+    """
+    if objective not in OBJECTIVES:
+        raise AdviseError(f"objective '{objective}' is not known (expected one of "
+                          f"{', '.join(OBJECTIVES)})")
+    cfg = load_config(cfg)
+    cands = space(cfg)
+    steps = min(cfg.steps, screen_steps)
+    warm = min(cfg.warmup_steps, screen_warmup, steps - 1)
+    short = {"steps": steps, "warmup_steps": warm}
+    for i, cand in enumerate(cands):
+        run = simulate_config(load_config(cfg, {**cand.overrides, **short}))
+        cand.summary = dict(run.summary)
+        if progress is not None:
+            progress(i + 1, len(cands))
+    _, direction = OBJECTIVES[objective]
+    baseline = next(c for c in cands if not c.overrides)
+
+    def order(c: Candidate):
+        v = _value(c.summary, objective)
+        return (c.racy, math.isnan(v), -direction * v if not math.isnan(v) else 0.0,
+                len(c.overrides), c.description)
+
+    ranked = sorted(cands, key=order)
+    eligible = [c for c in ranked if not c.racy and c.safe_policy
+                and not math.isnan(_value(c.summary, objective))]
+    best = None
+    while eligible:
+        best = _choose(eligible, objective, tie, order)
+        if confirm:
+            best.confirmed = _full_length(cfg, best)
+            if best.racy:  # the long run found a race the short one did not: never advise it
+                eligible.remove(best)
+                best = None
+                continue
+        ranked.remove(best)
+        ranked.insert(0, best)
+        break
+    if confirm and baseline.confirmed is None:
+        baseline.confirmed = _full_length(cfg, baseline)
+    return Advice(cfg, objective, ranked, baseline, best, steps, warm)
+
+
+def _full_length(cfg: Config, cand: Candidate) -> dict:
+    return dict(simulate_config(load_config(cfg, cand.overrides), fast=False).summary)
+
+
+def _choose(eligible: list[Candidate], objective: str, tie: float, order) -> Candidate:
+    """The best of the ranked race-free candidates, ties broken towards robustness, then
+    simplicity: within ``tie`` of the best objective, the largest launch lead (the run-ahead
+    margin that absorbs host jitter: a policy that blocks the CPU has less), then the fewest
+    changes to the input."""
+    top = _value(eligible[0].summary, objective)
+    close = [c for c in eligible if abs(_value(c.summary, objective) - top) <= tie * abs(top)]
+
+    def lead(c: Candidate) -> float:
+        v = c.summary.get("launch_lead_us_mean")
+        return float(v) if v is not None and not math.isnan(v) else -math.inf
+
+    most = max(lead(c) for c in close)
+    if math.isfinite(most):
+        close = [c for c in close if most - lead(c) <= max(1.0, tie * abs(most))]
+    return min(close, key=lambda c: (len(c.overrides), _effort(c), order(c)))
+
+
+def _effort(c: Candidate) -> int:
+    """Engine work beyond the number of changes: a new in-graph node needs external events
+    in capture, so a host record that does as well is preferred to it."""
+    return int(c.knobs.publish is not None and c.summary.get("publish_position") == "in_replay"
+               and any("in-graph event record node" in n for n in c.needs))

@@ -1,0 +1,567 @@
+"""Sweeps: expand a sweep spec into runs, execute them locally or on Ray, resume, tabulate.
+
+A sweep spec (YAML file or mapping) names a ``base`` config (a path relative to
+the sweep file, or an inline mapping), a ``grid`` of dotted keys whose value
+lists are crossed, an optional ``zip`` of equally long lists advanced
+together, and ``repeats``. Each run is the base with ``--set`` overrides, then
+its grid and zip values, applied as dotted keys (the same rules as
+``simwar run --set``), and the seed ``base seed + repeat``. Seeds depend on the
+repeat only, not on the grid point, so every policy of a repeat sees the same
+random draws (common random numbers): differences between rows come from the
+swept keys, not from sampling noise.
+
+Each run is identified by a *run key*: a hash of the resolved config (seed
+excluded: that is ``config_hash``), the seed and the simwar version. A run's
+summary is written atomically to ``runs/<run key>.json`` as soon as it
+finishes, so a sweep killed at any point loses only the runs in flight, and a
+rerun skips every run whose file exists. The tables ``results.parquet`` and
+``results.csv`` are rebuilt from the run files when all runs are done.
+
+One output directory holds one sweep. Its ``sweep.yaml`` is the resolved sweep
+(base inlined, ``--set`` overrides applied); a sweep whose resolved form is the
+same (comments and the header aside) is the *same sweep*, and running it again
+into that directory resumes it. A different sweep, or a directory holding
+results tables but no ``sweep.yaml``, is refused with
+:class:`SweepConflict` before anything is written, so that no results table
+is ever replaced without a word; ``force=True`` (``simwar sweep --force``)
+replaces the resolved sweep and the tables (run files are kept: they are
+named by run key, so a later sweep reuses those it shares).
+
+A sweep must sweep something: a ``grid`` or ``zip`` given must name at
+least one key, and a sweep with neither needs ``repeats`` above 1. The
+``name`` column of the table is the base config's name followed by the run's
+swept values and ``--set`` overrides, e.g. ``dspark-fine [policy.barrier=coarse]``.
+
+Backends: ``local`` (in-process for one job, else a process pool) and ``ray``
+(tasks on a Ray cluster; results come back to the driver, which writes them).
+Both produce identical rows because rows are always built from the
+JSON-normalised summaries, the form stored in the run files.
+
+Imports: ray only inside the Ray backend; tqdm only when a progress bar is
+asked for. Nothing here prints; a progress bar goes to stderr only when
+``progress=True``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import pandas as pd
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from simwar import __version__
+from simwar.config.schema import (
+    ConfigError,
+    _first_error,
+    load_config,
+    override_list,
+    read_yaml,
+    resolve_paths,
+)
+from simwar.core.files import atomic_file, jsonable, stale_temporaries, write_bytes_atomic
+
+#: columns every result row carries besides the swept keys and the summary metrics
+ID_COLUMNS = ("run_id", "repeat", "seed", "config_hash", "run_key")
+BACKENDS = ("local", "ray")
+RUNS_DIR = "runs"
+
+
+class SweepConflict(ConfigError):
+    """The output directory holds another sweep's results (see the module docstring)."""
+
+
+# --------------------------------------------------------------------------- the spec
+class SweepSpec(BaseModel):
+    """The sweep file schema. ``base`` is a path (relative to the sweep file) or a mapping."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str | dict
+    grid: dict[str, list] = Field(default_factory=dict)
+    zip: dict[str, list] = Field(default_factory=dict)
+    repeats: int = Field(default=1, ge=1)
+
+    @field_validator("grid", "zip")
+    @classmethod
+    def _non_empty_lists(cls, swept: dict[str, list], info) -> dict[str, list]:
+        if not swept:
+            raise ValueError(f"expected at least one dotted key, e.g. {info.field_name}: "
+                             f"{{policy.barrier: [coarse, fine]}} (leave {info.field_name} out "
+                             f"to sweep nothing there)")
+        for key, values in swept.items():
+            _check_key(key)
+            if not values:
+                raise ValueError(f"{info.field_name}.{key}: expected a non-empty list of values")
+        return swept
+
+    @field_validator("zip")
+    @classmethod
+    def _zip_lengths(cls, zipped: dict[str, list]) -> dict[str, list]:
+        lengths = {key: len(values) for key, values in zipped.items()}
+        if len(set(lengths.values())) > 1:
+            described = ", ".join(f"{k} has {n}" for k, n in lengths.items())
+            raise ValueError(f"zip: lists must all have the same length ({described})")
+        return zipped
+
+    @model_validator(mode="after")
+    def _disjoint(self) -> SweepSpec:
+        both = [k for k in self.zip if k in self.grid]
+        if both:
+            raise ValueError(f"{both[0]}: swept in both grid and zip; keep it in one of them")
+        if not self.grid and not self.zip and self.repeats == 1:
+            raise ValueError("nothing to sweep: expected a grid, a zip or repeats above 1 "
+                             "(for one run, use simwar run)")
+        return self
+
+    @property
+    def swept_keys(self) -> list[str]:
+        return list(self.grid) + list(self.zip)
+
+
+def _check_key(key: str) -> None:
+    if not key or any(not part for part in key.split(".")):
+        raise ValueError(f"'{key}': expected a dotted key such as policy.barrier")
+    if key == "seed":
+        # the seed column is the derived per-repeat seed; sweeping it would hide that
+        raise ValueError("seed: not sweepable; use repeats (seeds are base seed + repeat)")
+    if key in ID_COLUMNS:
+        raise ValueError(f"{key}: reserved for a result column")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One expanded run: its swept values, seed and fully validated config mapping."""
+
+    run_id: int
+    repeat: int
+    seed: int
+    values: dict[str, Any]
+    config: dict
+    config_hash: str
+    run_key: str
+
+
+@dataclass
+class Sweep:
+    """A validated, expanded sweep: the spec, the base mapping it resolved to, and its runs."""
+
+    spec: SweepSpec
+    base: dict
+    runs: list[Run]
+    label: str = "<sweep>"
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def resolved(self) -> dict:
+        """A self-contained sweep mapping (base inlined, overrides applied); expands the same."""
+        out: dict[str, Any] = {"base": copy.deepcopy(self.base)}
+        if self.spec.grid:
+            out["grid"] = copy.deepcopy(self.spec.grid)
+        if self.spec.zip:
+            out["zip"] = copy.deepcopy(self.spec.zip)
+        out["repeats"] = self.spec.repeats
+        return out
+
+
+def is_sweep_mapping(data: dict) -> bool:
+    """True when a top-level YAML mapping is a sweep rather than a config."""
+    return any(key in data for key in ("base", "grid", "zip", "repeats"))
+
+
+def load_sweep(spec: str | Path | dict | Sweep,
+               overrides: list[str] | dict[str, Any] | None = None) -> Sweep:
+    """Validate and expand a sweep (path, mapping or Sweep); errors are one-line ConfigErrors."""
+    if isinstance(spec, Sweep) and not overrides:
+        return spec
+    if isinstance(spec, Sweep):
+        spec = spec.resolved()
+    if isinstance(spec, dict):
+        label, data, root = "<sweep>", copy.deepcopy(spec), Path.cwd()
+    else:
+        label, data, root = str(spec), read_yaml(spec), Path(spec).parent
+    try:
+        parsed = SweepSpec(**data)
+    except ValidationError as e:
+        message = _first_error(e)
+        if e.errors()[0]["type"] == "extra_forbidden":
+            message += " (a sweep has base, grid, zip, repeats)"
+        raise ConfigError(f"{label}: {message}") from None
+
+    override_items = override_list(overrides)
+    for item in override_items:
+        if item.key in parsed.swept_keys:
+            raise ConfigError(f"--set {item.key}: this key is swept by {label}; "
+                              f"change the sweep file instead")
+    # validate the base with its overrides on its own first, so its errors name the base
+    if isinstance(parsed.base, str):
+        base_path = root / parsed.base
+        if not base_path.exists():
+            raise ConfigError(f"{label}: base: {parsed.base}: file not found "
+                              f"(paths are relative to the sweep file)")
+        base, base_label = resolve_paths(read_yaml(base_path), base_path.parent), str(base_path)
+        base_config = load_config(base_path, override_items)
+    else:
+        base, base_label = resolve_paths(copy.deepcopy(parsed.base), root), f"{label}: base"
+        try:
+            base_config = load_config(base, override_items)
+        except ConfigError as e:
+            raise ConfigError(f"{base_label}: {str(e).removeprefix('<config>: ')}") from None
+    for item in override_items:
+        _set(base, item.key, item.value, base_label)
+
+    runs: list[Run] = []
+    for run_id, (repeat, values) in enumerate(_points(parsed)):
+        data = copy.deepcopy(base)
+        for key, value in values.items():
+            _set(data, key, value, label)
+        seed = int(data.get("seed", base_config.seed)) + repeat
+        data["seed"] = seed
+        try:
+            cfg = load_config(data)
+        except ConfigError as e:
+            where = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
+            detail = str(e).removeprefix("<config>: ")
+            raise ConfigError(f"{label}: run {run_id} ({where}): {detail}") from None
+        resolved = cfg.model_dump(mode="json")
+        config_hash = _hash({k: v for k, v in resolved.items() if k != "seed"})
+        run_key = _hash({"config_hash": config_hash, "seed": seed, "version": __version__})
+        runs.append(Run(run_id, repeat, seed, values, resolved, config_hash, run_key))
+    return Sweep(parsed, base, runs, label, {item.key: item.value for item in override_items})
+
+
+def _set(data: dict, key: str, value: Any, label: str) -> None:
+    from simwar.config.schema import set_dotted
+
+    try:
+        set_dotted(data, key, copy.deepcopy(value))
+    except ConfigError as e:
+        raise ConfigError(f"{label}: {e}") from None
+
+
+def _points(spec: SweepSpec) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(repeat, {key: value}) in run-id order: grid outermost, then zip, repeats innermost."""
+    grid_keys = list(spec.grid)
+    zip_rows = [dict(zip(spec.zip, row)) for row in zip(*spec.zip.values())] or [{}]
+    for combo in itertools.product(*spec.grid.values()):
+        for zipped in zip_rows:
+            for repeat in range(spec.repeats):
+                yield repeat, dict(zip(grid_keys, combo)) | zipped
+
+
+def _short(value: Any) -> str:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
+def _hash(obj: Any) -> str:
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# --------------------------------------------------------------------------- one run
+def run_one(config: dict) -> dict:
+    """Simulate one resolved config and return its JSON-normalised summary.
+
+    Module-level so process pools and Ray can ship it by reference.
+    """
+    from simwar.api import simulate
+
+    return jsonable(simulate(config).summary)
+
+
+# --------------------------------------------------------------------------- storage
+class RunStore:
+    """``DIR/runs/<run key>.json`` files: one per finished run, written atomically."""
+
+    def __init__(self, out_dir: str | Path):
+        self.out_dir = Path(out_dir)
+        self.runs_dir = self.out_dir / RUNS_DIR
+
+    def path(self, run: Run) -> Path:
+        return self.runs_dir / f"{run.run_key}.json"
+
+    def load(self, run: Run) -> dict | None:
+        """The stored summary of a run, or None if it has not finished (or the file is foreign)."""
+        try:
+            record = json.loads(self.path(run).read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        if not isinstance(record, dict) or record.get("run_key") != run.run_key:
+            return None
+        return record.get("summary")
+
+    def save(self, run: Run, summary: dict) -> None:
+        record = {"run_key": run.run_key, "config_hash": run.config_hash, "seed": run.seed,
+                  "simwar_version": __version__, "summary": summary, "config": run.config}
+        # key order kept: the summary's metric order becomes the table's column order
+        payload = json.dumps(record, indent=1, allow_nan=False).encode()
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(self.path(run), payload)
+
+    def remove_stale_temporaries(self) -> None:
+        """Delete half-written temporaries left by a killed sweep (the real files are intact)."""
+        for stale in stale_temporaries(self.runs_dir):
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
+
+
+def write_tables(frame: pd.DataFrame, out_dir: str | Path) -> None:
+    """``results.parquet`` and ``results.csv``, each written atomically."""
+    out_dir = Path(out_dir)
+    with atomic_file(out_dir / "results.parquet") as handle:
+        frame.to_parquet(handle, index=False)
+    write_bytes_atomic(out_dir / "results.csv", frame.to_csv(index=False).encode())
+
+
+def check_out_dir(sweep: Sweep, out_dir: str | Path) -> None:
+    """Raise :class:`SweepConflict` if ``out_dir`` holds the results of another sweep."""
+    out_dir = Path(out_dir)
+    stored = out_dir / "sweep.yaml"
+    tables = [name for name in ("results.parquet", "results.csv") if (out_dir / name).exists()]
+    if stored.exists():
+        try:
+            previous = yaml.safe_load(stored.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            previous = None
+        # compared through a YAML round trip: the form the file holds
+        if previous == yaml.safe_load(yaml.safe_dump(sweep.resolved(), sort_keys=False)):
+            return
+        raise SweepConflict(f"{out_dir}: holds the results of a different sweep ({stored} "
+                            f"differs from {sweep.label}); use another output directory, or "
+                            f"--force to replace its results table")
+    if tables:
+        raise SweepConflict(f"{out_dir}: holds {' and '.join(tables)} but no sweep.yaml (not "
+                            f"this sweep's); use another output directory, or --force to "
+                            f"replace them")
+
+
+def write_resolved_spec(sweep: Sweep, out_dir: str | Path) -> None:
+    header = (f"# resolved from {sweep.label} by simwar {__version__}: base inlined, "
+              f"--set overrides applied; {len(sweep.runs)} runs\n")
+    body = yaml.safe_dump(sweep.resolved(), sort_keys=False)
+    write_bytes_atomic(Path(out_dir) / "sweep.yaml", (header + body).encode())
+
+
+# --------------------------------------------------------------------------- tables
+def results_frame(sweep: Sweep, summaries: dict[str, dict]) -> pd.DataFrame:
+    """One row per run (in run-id order): swept keys, id columns, every summary metric.
+
+    Non-scalar values (e.g. ``launch_ahead_hist``, a swept distribution) become JSON strings.
+    """
+    rows = []
+    for run in sweep.runs:
+        summary = summaries[run.run_key]
+        row: dict[str, Any] = dict(run.values)
+        row.update(run_id=run.run_id, repeat=run.repeat, seed=run.seed,
+                   config_hash=run.config_hash, run_key=run.run_key)
+        for metric, value in summary.items():
+            if metric in row:  # never let a metric shadow a swept key or an id column
+                metric = f"summary.{metric}"
+            elif metric == "name":
+                value = run_name(value, run, sweep.overrides)
+            row[metric] = value
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    for column in frame.columns:
+        if frame[column].map(lambda v: isinstance(v, (dict, list))).any():
+            frame[column] = frame[column].map(_as_json_text)
+        elif frame[column].map(lambda v: isinstance(v, str)).any() and \
+                not frame[column].map(lambda v: isinstance(v, str) or v is None).all():
+            # a column mixing strings and numbers cannot go to Parquet as is
+            frame[column] = frame[column].map(_as_json_text)
+    return frame
+
+
+def run_name(name: str, run: Run, overrides: dict[str, Any]) -> str:
+    """The base config's name, then what the sweep changed in it: ``--set`` and swept values."""
+    changed = [f"--set {k}={_short(v)}" for k, v in overrides.items() if k != "name"]
+    changed += [f"{k}={_short(v)}" for k, v in run.values.items()]
+    return f"{name} [{', '.join(changed)}]" if changed else name
+
+
+def _as_json_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+# --------------------------------------------------------------------------- execution
+ProgressCallback = Callable[[int], None]
+
+
+def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *, jobs: int = 1,
+          backend: str = "local", ray_address: str | None = None,
+          progress: bool | ProgressCallback = False,
+          overrides: list[str] | dict[str, Any] | None = None,
+          force: bool = False) -> pd.DataFrame:
+    """Run a sweep and return one row per run (see :func:`results_frame`).
+
+    ``spec``: a sweep YAML path, a mapping (``base``, ``grid``, ``zip``, ``repeats``) or a
+    :class:`Sweep`. ``out_dir``: where to write ``runs/``, ``sweep.yaml`` and the tables; runs
+    already stored there are not run again. ``jobs``: local worker processes (0: one per
+    core). ``backend``: ``local`` or ``ray`` (``ray_address``: an existing cluster; without
+    it, an already initialised Ray is used, else a local one is started and stopped).
+    ``progress``: True for a tqdm bar on stderr, or a callable given the number of newly
+    finished runs. ``overrides``: ``--set``-style overrides applied to the base. ``force``:
+    replace the results of a different sweep in ``out_dir`` (else :class:`SweepConflict`).
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend: '{backend}' is not one of {', '.join(BACKENDS)}")
+    if jobs < 0:
+        raise ConfigError(f"jobs: expected 0 (one per core) or a positive number, got {jobs}")
+    jobs = jobs or os.cpu_count() or 1
+    plan = load_sweep(spec, overrides)
+    store = RunStore(out_dir) if out_dir is not None else None
+    summaries: dict[str, dict] = {}
+    if store is not None:
+        if not force:
+            check_out_dir(plan, store.out_dir)
+        store.out_dir.mkdir(parents=True, exist_ok=True)
+        store.remove_stale_temporaries()
+        write_resolved_spec(plan, store.out_dir)
+        for run in plan.runs:
+            stored = store.load(run)
+            if stored is not None:
+                summaries[run.run_key] = stored
+    # identical configs (same run key) are simulated once
+    pending = list({run.run_key: run for run in plan.runs if run.run_key not in summaries}
+                   .values())
+
+    # the backend starts (worker processes fork) before the progress bar starts its thread
+    with _backend(backend, jobs=jobs, pending=len(pending), ray_address=ray_address) as execute, \
+            _progress_reporter(progress, total=len({r.run_key for r in plan.runs}),
+                               initial=len(summaries)) as advance:
+        for run, summary in execute(pending):
+            summaries[run.run_key] = summary
+            if store is not None:
+                store.save(run, summary)
+            advance(1)
+
+    frame = results_frame(plan, summaries)
+    if store is not None:
+        write_tables(frame, store.out_dir)
+    return frame
+
+
+@contextlib.contextmanager
+def _progress_reporter(progress: bool | ProgressCallback, total: int,
+                       initial: int) -> Iterator[ProgressCallback]:
+    if callable(progress):
+        yield progress
+    elif progress:
+        from tqdm import tqdm
+
+        with tqdm(total=total, initial=initial, unit="run", file=sys.stderr,
+                  dynamic_ncols=True, smoothing=0.1) as bar:
+            yield bar.update
+    else:
+        yield lambda n: None
+
+
+Executor = Callable[[list[Run]], Iterable[tuple[Run, dict]]]
+
+
+@contextlib.contextmanager
+def _backend(name: str, *, jobs: int, pending: int, ray_address: str | None
+             ) -> Iterator[Executor]:
+    """An executor of runs (yielding ``(run, summary)`` as each finishes), torn down on exit."""
+    if name == "ray":
+        with _ray_backend(ray_address) as execute:
+            yield execute
+    elif jobs == 1 or pending <= 1:
+        yield lambda runs: ((run, run_one(run.config)) for run in runs)
+    else:
+        with _process_pool(min(jobs, pending)) as execute:
+            yield execute
+
+
+def _pool_context() -> multiprocessing.context.BaseContext:
+    # fork on Linux: workers inherit the imported simulator and never re-import the caller's
+    # __main__ (stdin, notebooks and unguarded scripts all work); elsewhere fork is unsafe
+    # (macOS) or missing, and the platform default (spawn) needs the usual __main__ guard
+    if sys.platform.startswith("linux"):
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context()
+
+
+def _ignore_interrupts() -> None:
+    # Ctrl-C reaches the whole process group; only the parent decides what it means
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_numbered(item: tuple[int, dict]) -> tuple[int, dict]:
+    number, config = item
+    return number, run_one(config)
+
+
+@contextlib.contextmanager
+def _process_pool(workers: int) -> Iterator[Executor]:
+    from simwar import api  # noqa: F401  (imported once here, inherited by forked workers)
+
+    # multiprocessing.Pool rather than concurrent.futures: on Ctrl-C or an error it can
+    # terminate runs in flight instead of waiting for them
+    pool = _pool_context().Pool(workers, initializer=_ignore_interrupts)
+
+    def execute(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
+        numbered = ((i, run.config) for i, run in enumerate(runs))
+        for number, summary in pool.imap_unordered(_run_numbered, numbered, chunksize=1):
+            yield runs[number], summary
+
+    finished = False
+    try:
+        yield execute
+        finished = True
+    finally:
+        if finished:
+            pool.close()
+        else:
+            pool.terminate()
+        pool.join()
+
+
+@contextlib.contextmanager
+def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("backend ray: Ray is not installed (pip install 'simwar[ray]')") \
+            from None
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+    remote_run = ray.remote(num_cpus=1)(run_one)
+
+    def execute(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
+        refs = {remote_run.remote(run.config): run for run in runs}
+        waiting = list(refs)
+        try:
+            while waiting:
+                done, waiting = ray.wait(waiting, num_returns=1)
+                for ref in done:
+                    yield refs[ref], ray.get(ref)
+        finally:
+            # interrupted (or a run failed): leave no work queued on a shared cluster
+            for ref in waiting:
+                ray.cancel(ref)
+
+    try:
+        yield execute
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+__all__ = ["ID_COLUMNS", "Run", "RunStore", "Sweep", "SweepConflict", "SweepSpec",
+           "check_out_dir", "is_sweep_mapping", "load_sweep", "results_frame", "run_one", "sweep",
+           "write_tables"]
