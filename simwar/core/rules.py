@@ -1,4 +1,4 @@
-"""The CUDA stream rules (DESIGN.md, "CUDA semantics"), in one place.
+"""The CUDA stream rules (docs/design.md, "CUDA semantics"), in one place.
 
 Every executor and reader that places device work in time uses these
 functions: the SimPy engine (inside its stream processes), the one-pass

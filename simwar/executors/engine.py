@@ -4,7 +4,7 @@ This is the only module that imports simpy, and the reference executor: the
 one-pass executor (:mod:`simwar.executors.fast.core`) is held equal to it by tests. It must
 not import pandas, yaml, matplotlib or torch (a test checks ``sys.modules``).
 
-The CUDA rules (DESIGN.md, "CUDA semantics") are :mod:`simwar.core.rules`; here
+The CUDA rules (docs/design.md, "CUDA semantics") are :mod:`simwar.core.rules`; here
 they run inside SimPy processes:
 
 - each stream runs its operations in FIFO order; streams run concurrently;

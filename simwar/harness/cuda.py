@@ -38,10 +38,6 @@ import torch
 from simwar.harness.plan import GraphStep, KernelStep, ReplayPlan
 
 
-def _now_us() -> float:
-    return time.perf_counter_ns() / 1e3
-
-
 def calibrate_device(samples: int = 5) -> dict:
     """Spin-kernel rate and the device time of the helper kernels, on the current device.
 

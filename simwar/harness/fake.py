@@ -1,7 +1,7 @@
 """A deterministic stream backend on a virtual clock, for testing the harness without a GPU.
 
 It implements the replay's :class:`~simwar.harness.replay.Backend` with the
-CUDA rules of DESIGN.md resolved eagerly at each host call (which is exact:
+CUDA rules of docs/design.md resolved eagerly at each host call (which is exact:
 every operation's inputs — its stream's tail and the record a wait bound to —
 are known when it is issued): streams are FIFO, a record fires at its
 stream's tail or its issue time, a wait holds its stream until the bound

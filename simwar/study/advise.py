@@ -337,10 +337,6 @@ def _value(summary: dict, objective: str) -> float:
     return float(v) if v is not None else math.nan
 
 
-def _better(a: float, b: float, direction: int) -> bool:
-    return (a - b) * direction > 0
-
-
 # --------------------------------------------------------------------------- advice
 @dataclass
 class Advice:
