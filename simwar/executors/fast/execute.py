@@ -143,8 +143,8 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
                        ("windowed" if races.windowed else "full", "streamed"),
                        summary=flusher.finish(hazards))
     out = _finish(plan, state, races, fwd)
-    if summary_only:
-        out.columns = None  # computed (a fallback path), then dropped
+    if summary_only:  # a fallback path: the table was computed; summarize it, then drop it
+        out = FastRun(None, out.meta, out.hazards, out.segments, out.paths, out.summary)
     return out
 
 
