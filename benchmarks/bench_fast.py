@@ -201,7 +201,7 @@ def bench_quantiles(steps: int) -> dict:
     sys.path.insert(0, str(ROOT))
     from simwar.analysis.streaming import QuantileSketch
     from simwar.config.schema import load_config
-    from simwar.executors.fast import core as fast
+    from simwar.executors import fast
 
     cfg = load_config(ROOT / CONFIG, {"steps": steps, **NOISY})
     exact = fast.run_config(cfg).summary

@@ -180,7 +180,7 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
 
 
 def _simulate_fast(cfg: Config, requested: str, summary_only: bool) -> Result:
-    from simwar.executors.fast import core as fast
+    from simwar.executors import fast
 
     run = fast.run_config(cfg, summary_only=summary_only)
     return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns, meta=run.meta,

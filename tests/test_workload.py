@@ -19,8 +19,8 @@ from simwar.build import sizes as workload
 from simwar.build.loop import build_program
 from simwar.config.schema import ConfigError, load_config
 from simwar.core.program import CpuWork, GraphLaunch, Launch, StepMarker
+from simwar.executors import fast
 from simwar.executors.engine import Engine
-from simwar.executors.fast import core as fast
 
 REPO = Path(__file__).resolve().parents[1]
 SHORT = {"steps": 40, "warmup_steps": 4}

@@ -174,7 +174,7 @@ def resolve(cfg: Config) -> StepSizes:
     if hit is not None:
         _CACHE.move_to_end(key)
         return hit
-    from simwar.executors.fast.core import realize
+    from simwar.executors.fast import realize
 
     realize(cfg, sizes, Arrivals(cfg, sizes))
     _CACHE[key] = sizes

@@ -1,7 +1,7 @@
 """The SimPy executor: runs a Program on simulated CUDA streams, returns a Trace.
 
 This is the only module that imports simpy, and the reference executor: the
-one-pass executor (:mod:`simwar.executors.fast.core`) is held equal to it by tests. It must
+one-pass executor (:mod:`simwar.executors.fast`) is held equal to it by tests. It must
 not import pandas, yaml, matplotlib or torch (a test checks ``sys.modules``).
 
 The CUDA rules (docs/design.md, "CUDA semantics") are :mod:`simwar.core.rules`; here

@@ -1,3 +1,128 @@
-"""The one-pass executor."""
+"""The one-pass executor: a Program's per-step table, summary and races without SimPy.
 
-from simwar.executors.fast.core import *  # noqa: F401,F403
+Once durations are drawn the schedule is deterministic, and the host's issue order is a
+valid evaluation order (every input of an operation was issued before it). So one pass
+over the host operations, placing each device operation by :mod:`simwar.core.rules` (the
+functions the SimPy engine calls: ``begins``, ``fires``, ``released``, ``returns``),
+gives the engine's times exactly. Nothing is recorded per operation: the per-step facts
+the metrics need (forward start and end, forward-stream busy and held time per step
+window, host blocked time per site, the ``run_batch`` instant) are accumulated as the pass
+goes, into one array per fact, and assembled by the same
+:func:`simwar.analysis.metrics.columns_from_arrays` and :func:`~simwar.analysis.metrics.summarize`
+as the engine's Trace.
+
+**Iteration shapes.** The program is cut at its step markers into *segments* (one
+scheduler iteration each). A segment's *shape* is its structure: the kinds, streams,
+labels, phases and buffer accesses of its operations, step numbers relative to the
+segment's step, and each wait's and sync's binding as "record ``i`` of the segment ``d``
+back" (resolved once, like the engine does at the host call). Consecutive segments of one
+shape form a *block*; the numbers (durations, host costs, latencies) are the block's
+parameters, constant over the block or one column per parameter. Each shape is compiled
+once into straight-line Python (generated source, cached per process) that runs a whole
+block in a loop; a run of the builder is three or four blocks, whatever its length.
+
+**Workloads that change every step.** A step's batch, graph bucket and accepted tokens
+change numbers, never structure: a duration that scales with them is a parameter column of
+the block like a drawn one (:class:`simwar.build.loop.AffineTable` lays its per-use values out as
+the draws are), and a graph launch's name (which carries its bucket, ``verify.graph@32``) is
+not part of a shape. So a varying run is still three or four blocks. A workload whose batches
+depend on simulated time (arrivals) is realized first by :func:`realize`: the same plan, run
+one segment at a time, fixing each step's batch from the host clock at its marker before the
+segment's parameters are read (:mod:`simwar.build.sizes`).
+
+**Races.** Latent races depend only on issue order, streams, records, waits and syncs.
+:func:`simwar.analysis.hazards.detect` compares accesses whose steps differ by at most
+``window``; when every access belongs to its segment's step and segments are consecutive
+steps, the pairs whose later access is in segment ``g`` lie in segments ``g - window .. g``,
+and whether one happens before the other depends only on the operations issued between
+them. So the pairs and their latent flag are a function of the ``window + 1`` shapes
+ending at ``g``: they are computed once per distinct window by the same
+:func:`~simwar.analysis.hazards.candidate_pairs` the engine's analysis uses, and mapped
+onto every segment with that window. An observed overlap needs a latent pair (an
+operation that happens before another ends before it starts: every rule only adds
+non-negative times), so the executor logs the times of the operations of latent pairs
+only, and the overlaps come from those. A program that does not fit (steps not
+consecutive, accesses labelled with another step, negative durations) is analysed over
+all its accesses instead; a program whose forward steps are issued out of order gets its
+step windows from the logged forward-stream intervals. Both give the engine's answers.
+
+**Exactness.** Every number is computed by the same operations in the same order as on
+the engine's path, so the per-step table, the summary and the race list are equal, not
+close (``tests/test_fast.py``): the rules are the same functions; forward-stream busy
+and held time per step window are added interval by interval in issue order, the order
+:func:`~simwar.analysis.metrics.busy_in_windows` adds them for a Trace (issue order is
+start order on a FIFO stream); host blocked time is added per step and site in issue
+order, as ``np.add.at`` does.
+
+**Long runs.** A config's run is planned from its first iterations
+(:func:`~simwar.executors.fast.plan.plan_config`), never materialized as a Program.
+``summary_only`` keeps the per-step accumulators in a window that moves with the run and
+summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fast.execute`,
+:mod:`simwar.analysis.streaming`), so memory does not grow with the number of steps.
+
+**The parts.**
+
+- :mod:`~simwar.executors.fast.plan`: shapes and blocks (a Program or a config's run cut
+  into iteration shapes and their parameters: :func:`~simwar.executors.fast.plan.plan_program`,
+  :func:`~simwar.executors.fast.plan.plan_config`);
+- :mod:`~simwar.executors.fast.codegen`: a shape compiled into the straight-line function
+  that runs a block of it;
+- :mod:`~simwar.executors.fast.races`: which access pairs are compared where, and the races
+  as progressions (:class:`~simwar.executors.fast.races.FastHazards`);
+- :mod:`~simwar.executors.fast.execute`: the pass
+  (:func:`~simwar.executors.fast.execute.run_plan`), the streaming summary of long runs, and
+  the result (:class:`~simwar.executors.fast.execute.FastRun`);
+- here: the entry points, :func:`run_config` (a config), :func:`run` (any Program) and
+  :func:`realize` (a workload whose batches depend on simulated time).
+
+Each part imports only parts above it in this list (codegen and races only the plan).
+
+Imports: numpy and simwar's own modules (core, analysis; build only inside the functions
+that take a config); no simpy, no pandas.
+"""
+
+from __future__ import annotations
+
+from simwar.core.program import Program
+from simwar.executors.fast.execute import FastRun, run_plan
+from simwar.executors.fast.plan import plan_config, plan_program
+
+
+def realize(cfg, sizes, model) -> None:
+    """Fix a feedback workload's per-step sizes by running the config one iteration at a time.
+
+    Before iteration ``k`` (the drain is ``steps``) the host clock at its step marker is
+    read and ``model.schedule(k, t)`` fixes ``sizes`` for step k (see
+    :mod:`simwar.build.sizes`); iteration k's durations are then evaluated and it runs. An
+    iteration only uses the sizes of steps <= its own, so what already ran stays valid: the
+    sizes realized are exactly those a run of the finished arrays reproduces.
+    """
+    plan = plan_config(cfg, sizes, fill=False)
+    table = plan.table
+    steps = cfg.steps
+
+    def before(k: int, t: float) -> None:
+        if k < steps:
+            model.schedule(k, t)
+        if table is not None:
+            table.fill(k, k + 1)
+
+    run_plan(plan, before_pass=before)
+    model.finish_run()
+
+
+def run_config(cfg, window: int = 2, summary_only: bool = False) -> FastRun:
+    """Simulate a config in one pass (its Program is never built)."""
+    try:
+        plan = plan_config(cfg)
+    except RuntimeError:  # iterations that never settle into one shape: take the Program
+        # lazy: the builder imports the config schema (pydantic); run() needs neither
+        from simwar.build.loop import build_program
+
+        plan = plan_program(build_program(cfg))
+    return run_plan(plan, window, summary_only=summary_only)
+
+
+def run(program: Program, window: int = 2) -> FastRun:
+    """Simulate any Program in one pass: the per-step columns, summary and races."""
+    return run_plan(plan_program(program), window)

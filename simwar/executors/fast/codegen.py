@@ -1,0 +1,253 @@
+"""Compiling a shape into the straight-line Python function that runs a block of it.
+
+:func:`compile_block` generates the source of ``block(KS, K, C, S)`` for a
+:class:`~simwar.executors.fast.plan.Shape` and compiles it once (cached per process, by
+the shape and the way it is run): one loop over the block's segments whose body is the
+shape's host ops in order, each device op placed by :mod:`simwar.core.rules` (``begins``,
+``released``, ``returns``: the functions the SimPy engine calls) on local variables, with
+no per-op objects. ``KS`` are the segments' step indices (relative to the state's origin),
+``K`` the block's constant parameters, ``C`` its parameter columns, in slot order.
+
+``S`` is the run's state (:mod:`simwar.executors.fast.execute` makes it); the function
+reads and writes back its attributes: the host clock ``t``, the stream tails ``tails``, the
+record times of earlier segments ``hist``, the per-step accumulators ``fs``, ``fe``,
+``launch``, ``blocked`` and either ``busy``, ``dep``, ``cw``, ``w``, ``dp``, ``bad`` (step
+windows summed as it goes) or ``kin``, ``kout``, ``win``, ``wout`` (forward-stream intervals
+collected), and appends the logged op times to ``logs``.
+
+Imports: simwar.core and the plan's types; must not import races or execute (the pass calls this).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from simwar.core import rules
+from simwar.core.trace import OpKind
+from simwar.executors.fast.plan import Shape
+
+_CODE: OrderedDict = OrderedDict()  # compiled block functions, by (shape, slot kinds, ...)
+_CODE_LIMIT = 512
+
+
+class _Src:
+    """The generated source, one line at a time, indented by levels of four spaces."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def __call__(self, line: str, indent: int = 2) -> None:
+        self.lines.append("    " * indent + line)
+
+
+def _lanevar(lane: str, lanes: dict) -> str:
+    """The local variable holding ``lane``'s tail (``T0``, ``T1``, ... in order of use)."""
+    if lane not in lanes:
+        lanes[lane] = f"T{len(lanes)}"
+    return lanes[lane]
+
+
+def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple,
+                  depth: int):
+    """The function running a block of ``shape`` (cached).
+
+    ``slots``: per parameter, True for a column, False for a constant; ``log``: sorted
+    ``(device op index, 's' | 'e')`` whose times are appended to logs; ``depth``: segments
+    of record times kept for bindings to earlier segments; ``collect``: append the forward
+    stream's intervals instead of adding them up per step window.
+    """
+    key = (shape.host, slots, fwd, collect, log, depth)
+    fn = _CODE.get(key)
+    if fn is not None:
+        _CODE.move_to_end(key)
+        return fn
+    fn = _generate(shape, slots, fwd, collect, log, depth)
+    _CODE[key] = fn
+    if len(_CODE) > _CODE_LIMIT:
+        _CODE.popitem(last=False)
+    return fn
+
+
+def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, depth: int):
+    """Write and compile the block function of :func:`compile_block` (its ``.source``: the
+    generated text)."""
+    src = _Src()
+    lanes: dict[str, str] = {}
+    params = [f"k{j}" if not col else f"c{j}" for j, col in enumerate(slots)]
+    pi = iter(params)
+    logs = {entry: f"LG{n}" for n, entry in enumerate(log)}
+    nrec = len(shape.records)
+    body: list[tuple[str, int]] = []
+    sites = sorted({h[2] for h in shape.host if h[0] == "sync"})
+
+    def emit(line: str, indent: int = 2) -> None:
+        body.append((line, indent))
+
+    def step_index(off: int) -> str:
+        return "ki" if off == 0 else f"(ki + {off})" if off > 0 else f"(ki - {-off})"
+
+    def fired(bind) -> str:
+        d, idx = bind[0], bind[1]
+        if d == 0:
+            return f"r{idx}"
+        return f"H{d}[{idx}]"
+
+    def log_times(dev_index: int, s: str, e: str) -> None:
+        if (dev_index, "s") in logs:
+            emit(f"{logs[(dev_index, 's')]}({s})")
+        if (dev_index, "e") in logs:
+            emit(f"{logs[(dev_index, 'e')]}({e})")
+
+    # step offsets whose first / last forward kernel opens the window / ends the forward
+    fwd_kernels = [(i, op) for i, op in enumerate(shape.ops)
+                   if op.kind == OpKind.KERNEL and op.lane == fwd and op.phase]
+    first_of: dict[int, int] = {}
+    last_of: dict[int, int] = {}
+    for i, op in fwd_kernels:
+        first_of.setdefault(op.off, i)
+        last_of[op.off] = i
+
+    def kernel(dev_index: int, lane: str, dur: str) -> None:
+        op = shape.ops[dev_index]
+        tv = _lanevar(lane, lanes)
+        emit(f"s = begins({tv}, t)")
+        emit(f"{tv} = e = s + {dur}")
+        if lane == fwd:
+            ks = step_index(op.off)
+            if op.phase:
+                if collect:
+                    emit(f"if s < FS[{ks}]: FS[{ks}] = s")
+                    emit(f"if e > FE[{ks}]: FE[{ks}] = e")
+                else:
+                    if first_of.get(op.off) == dev_index:
+                        emit(f"if {ks} != cw:")
+                        emit(f"if {ks} < cw: bad = True", 3)
+                        emit("BU[cw] = W; DE[cw] = Dp; W = 0.0; Dp = 0.0", 3)
+                        emit(f"cw = {ks}; FS[cw] = s", 3)
+                    if last_of.get(op.off) == dev_index:
+                        emit(f"FE[{ks}] = e")
+            if collect:
+                emit("KS_(s); KE_(e)")
+            else:
+                emit("W += e - s")
+        log_times(dev_index, "s", "e")
+
+    dev = 0  # device op index
+    rec = 0  # record index
+    for h in shape.host:
+        kind = h[0]
+        if kind == "cpu":
+            emit(f"t += {next(pi)}")
+        elif kind == "launch":
+            emit(f"t += {next(pi)}")
+            kernel(dev, h[1], next(pi))
+            dev += 1
+        elif kind == "graph":
+            emit(f"t += {next(pi)}")
+            tv = _lanevar(h[1], lanes)
+            for node in h[3]:
+                if node[0] == "r":
+                    emit(f"r{rec} = {tv} = begins({tv}, t)")
+                    log_times(dev, f"r{rec}", f"r{rec}")
+                    rec += 1
+                else:
+                    kernel(dev, h[1], next(pi))
+                dev += 1
+        elif kind == "record":
+            emit(f"t += {next(pi)}")
+            tv = _lanevar(h[1], lanes)
+            emit(f"r{rec} = {tv} = begins({tv}, t)")
+            log_times(dev, f"r{rec}", f"r{rec}")
+            rec += 1
+            dev += 1
+        elif kind == "wait_stream":
+            stream, other = h[1], h[2]
+            host, lat = next(pi), next(pi)
+            emit(f"t += {host}")
+            to, ts = _lanevar(other, lanes), _lanevar(stream, lanes)
+            emit(f"x = {to} = begins({to}, t)")
+            log_times(dev, "x", "x")
+            emit(f"reach = begins({ts}, t)")
+            emit(f"{ts} = rel = released(reach, x, {lat}, {stream == other})")
+            if stream == fwd:
+                emit("if rel > reach:")
+                emit("WS_(reach); WE_(rel)" if collect else "Dp += rel - reach", 3)
+            log_times(dev + 1, "reach", "rel")
+            dev += 2
+        elif kind == "wait_event":
+            stream, bind = h[1], h[3]
+            host, lat = next(pi), next(pi)
+            emit(f"t += {host}")
+            ts = _lanevar(stream, lanes)
+            if bind is None:
+                emit(f"{ts} = reach = rel = begins({ts}, t)")
+            else:
+                emit(f"reach = begins({ts}, t)")
+                emit(f"{ts} = rel = released(reach, {fired(bind)}, {lat}, {bind[2]})")
+                if stream == fwd:
+                    emit("if rel > reach:")
+                    emit("WS_(reach); WE_(rel)" if collect else "Dp += rel - reach", 3)
+            log_times(dev, "reach", "rel")
+            dev += 1
+        elif kind == "sync":
+            off, site, bind = h[1], h[2], h[3]
+            host, wake = next(pi), next(pi)
+            f = "None" if bind is None else fired(bind)
+            emit("t0 = t")
+            emit(f"t = returns(t0, {host}, {f}, {wake})")
+            emit(f"B{sites.index(site)}[{step_index(off)}] += t - t0")
+            dev += 1
+        elif kind == "run_batch":
+            emit(f"LA[{step_index(h[1])}] = t")
+        else:  # pragma: no cover
+            raise AssertionError(kind)
+    # record times kept for later segments
+    if depth:
+        for d in range(depth, 1, -1):
+            emit(f"H{d} = H{d - 1}")
+        emit("H1 = (" + "".join(f"r{i}, " for i in range(nrec)) + ")")
+
+    cols = [p for p in params if p.startswith("c")]
+    consts = [p for p in params if p.startswith("k")]
+    src("def block(KS, K, C, S):", 0)
+    if consts:
+        src(f"({', '.join(consts)},) = K", 1)
+    src("t = S.t", 1)
+    src("TL = S.tails", 1)
+    for lane, var in lanes.items():
+        src(f"{var} = TL.get({lane!r}, 0.0)", 1)
+    for d in range(1, depth + 1):
+        src(f"H{d} = S.hist[{d - 1}]", 1)
+    src("FS = S.fs; FE = S.fe; LA = S.launch", 1)
+    for n, site in enumerate(sites):
+        src(f"B{n} = S.blocked[{site!r}]", 1)
+    if collect:
+        src("KS_ = S.kin.append; KE_ = S.kout.append; WS_ = S.win.append; "
+            "WE_ = S.wout.append", 1)
+    else:
+        src("BU = S.busy; DE = S.dep; cw = S.cw; W = S.w; Dp = S.dp; bad = S.bad", 1)
+    for n, var in enumerate(logs.values()):
+        src(f"{var} = S.logs[{n}].append", 1)
+    src("begins = _begins; released = _released; returns = _returns", 1)
+    header = "for ki" + "".join(f", {c}" for c in cols) + " in " + (
+        f"zip(KS, {', '.join(f'C[{i}]' for i in range(len(cols)))}):" if cols else "KS:")
+    src(header, 1)
+    for line, indent in body:
+        src(line, indent)
+    if not body:
+        src("pass", 2)
+    src("S.t = t", 1)
+    for lane, var in lanes.items():
+        src(f"TL[{lane!r}] = {var}", 1)
+    if depth:
+        src("S.hist = [" + "".join(f"H{d}, " for d in range(1, depth + 1)) + "]", 1)
+    if not collect:
+        src("S.cw = cw; S.w = W; S.dp = Dp; S.bad = bad", 1)
+    code = "\n".join(src.lines) + "\n"
+    namespace = {"_begins": rules.begins, "_released": rules.released,
+                 "_returns": rules.returns}
+    filename = f"<simwar.executors.fast.codegen block {abs(hash(shape)):x}>"
+    exec(compile(code, filename, "exec"), namespace)
+    fn = namespace["block"]
+    fn.source = code
+    return fn

@@ -1,0 +1,397 @@
+"""Shapes and blocks: a program, or a config's run, cut into iteration shapes and their numbers.
+
+- :class:`DeviceOp`, :class:`Shape`: the structure of one *segment* (the host ops from one step
+  marker to the next: one scheduler iteration), hashable, with each wait's and sync's binding
+  resolved as "record ``i`` of the segment ``d`` back"; ``_Shaper`` makes them from host ops,
+  in program order, and ``_segments`` cuts a program at its step markers.
+- :class:`Block`, :class:`Plan`: consecutive segments of one shape with their parameters
+  (durations, host costs, latencies: a constant or one column per parameter slot); a plan is
+  the whole run as a few blocks.
+- :func:`plan_program` (any :class:`~simwar.core.program.Program`, parameters taken from its
+  ops) and :func:`plan_config` (a config's run from the builder's first iterations, never
+  materialized as a Program).
+
+The package docstring (:mod:`simwar.executors.fast`) says why a run is a few blocks.
+
+Imports: simwar.core; :mod:`simwar.build.loop` only inside :func:`plan_config` (lazily, see
+there). Must not import the executor's other parts (codegen, execute, races): they build on
+this one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from simwar.core.program import (
+    CpuWork,
+    GraphLaunch,
+    GraphRecord,
+    Launch,
+    Marker,
+    Program,
+    Record,
+    StepMarker,
+    Synchronize,
+    WaitEvent,
+    WaitStream,
+)
+from simwar.core.trace import Mode, OpKind
+
+
+@dataclass
+class DeviceOp:
+    """One device-visible op of a shape, in issue order (its op id is base + index)."""
+
+    kind: int  # OpKind
+    lane: str
+    off: int  # step offset from the segment's step
+    label: str = ""
+    phase: str = ""
+    accesses: tuple = ()  # ((buffer, Mode), ...) in the engine's order: reads, then writes
+    bind: tuple | None = None  # waits and syncs: (segments back, record index) or None
+    bound_op: int | None = None  # a wait_stream's wait: the device op index of its record
+
+
+class Shape:
+    """The structure of one segment, hashable; ``params`` slots are filled per segment.
+
+    ``host`` lists the host operations as tuples (see :meth:`_Shaper.segment`); ``ops`` the
+    device ops they issue; ``records`` maps a record index to its device op index.
+    """
+
+    __slots__ = ("host", "ops", "records", "nparams", "_hash")
+
+    def __init__(self, host: tuple, ops: list[DeviceOp], records: list[int], nparams: int):
+        self.host = host
+        self.ops = ops
+        self.records = records
+        self.nparams = nparams
+        self._hash = hash(host)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Shape) and self.host == other.host
+
+
+def _accesses(k) -> tuple:
+    return tuple((b, Mode.READ) for b in k.reads) + tuple((b, Mode.WRITE) for b in k.writes)
+
+
+class _Shaper:
+    """Turns segments (lists of host ops) into shapes and parameter lists, in program order.
+
+    Bindings are resolved across segments as the engine resolves them at the host call:
+    a wait or sync binds to the most recent record of its event issued before it.
+    """
+
+    def __init__(self) -> None:
+        self.latest: dict[str, tuple[int, int, str]] = {}  # event -> (segment, record, lane)
+        self.negative = False  # a negative number was seen (the overlap shortcut needs >= 0)
+        self.offsets: set[int] = set()  # step offsets of accesses
+
+    def segment(self, g: int, base: int, ops) -> tuple[Shape, list]:
+        host: list[tuple] = []
+        dev: list[DeviceOp] = []
+        records: list[int] = []
+        params: list = []
+        latest = self.latest
+
+        def num(x):
+            if isinstance(x, (int, float)) and x < 0:
+                self.negative = True
+            params.append(x)
+
+        def record(event: str, lane: str, off: int) -> None:
+            latest[event] = (g, len(records), lane)
+            records.append(len(dev))
+            dev.append(DeviceOp(OpKind.RECORD, lane, off, event))
+
+        def binding(event: str):
+            r = latest.get(event)
+            return None if r is None else (g - r[0], r[1], r[2])
+
+        for op in ops:
+            kind = type(op)
+            if kind is CpuWork:
+                host.append(("cpu",))
+                num(op.duration_us)
+            elif kind is Launch:
+                k = op.kernel
+                off = op.step - base
+                acc = _accesses(k)
+                host.append(("launch", op.stream, off, k.label, k.phase, acc))
+                num(op.host_us)
+                num(k.duration_us)
+                if acc:
+                    self.offsets.add(off)
+                dev.append(DeviceOp(OpKind.KERNEL, op.stream, off, k.label, k.phase, acc))
+            elif kind is GraphLaunch:
+                off = op.step - base
+                nodes = []
+                num(op.host_us)
+                for node in op.nodes:
+                    if type(node) is GraphRecord:
+                        nodes.append(("r",))
+                        record(node.event, op.stream, off)
+                    else:
+                        acc = _accesses(node)
+                        nodes.append(("k", node.label, node.phase, acc))
+                        num(node.duration_us)
+                        if acc:
+                            self.offsets.add(off)
+                        dev.append(DeviceOp(OpKind.KERNEL, op.stream, off, node.label,
+                                            node.phase, acc))
+                host.append(("graph", op.stream, off, tuple(nodes)))
+            elif kind is Record:
+                off = op.step - base
+                host.append(("record", op.stream, off))
+                num(op.host_us)
+                record(op.event, op.stream, off)
+            elif kind is WaitStream:
+                off = op.step - base
+                host.append(("wait_stream", op.stream, op.other, off))
+                num(op.host_us)
+                num(op.latency_us)
+                dev.append(DeviceOp(OpKind.RECORD, op.other, off, op.other + ".tail"))
+                dev.append(DeviceOp(OpKind.WAIT, op.stream, off, op.other + ".tail",
+                                    bound_op=len(dev) - 1))
+            elif kind is WaitEvent:
+                off = op.step - base
+                b = binding(op.event)
+                bind = None if b is None else (b[0], b[1], b[2] == op.stream)
+                host.append(("wait_event", op.stream, off, bind))
+                num(op.host_us)
+                num(op.latency_us)
+                dev.append(DeviceOp(OpKind.WAIT, op.stream, off, op.event,
+                                    bind=None if b is None else b[:2]))
+            elif kind is Synchronize:
+                off = op.step - base
+                b = binding(op.event)
+                bind = None if b is None else b[:2]
+                host.append(("sync", off, op.site, bind))
+                num(op.host_us)
+                num(op.wake_us)
+                dev.append(DeviceOp(OpKind.SYNC, "cpu", off, op.event, bind=bind))
+            elif kind is Marker:
+                if op.name == "run_batch":
+                    host.append(("run_batch", op.step - base))
+            elif kind is StepMarker:
+                pass
+            else:
+                raise TypeError(f"unknown host op {op!r}")
+        return Shape(tuple(host), dev, records, len(params)), params
+
+
+def _segments(ops) -> list[tuple[int | None, list]]:
+    """Cut host ops at step markers: ``(step or None for a prefix, ops)``."""
+    out: list[tuple[int | None, list]] = []
+    cur: list = []
+    step = None
+    for op in ops:
+        if type(op) is StepMarker:
+            if cur or step is not None:
+                out.append((step, cur))
+            cur, step = [op], op.step
+        else:
+            cur.append(op)
+    if cur or step is not None:
+        out.append((step, cur))
+    return out
+
+
+# =========================================================================== plans
+@dataclass
+class Block:
+    """Consecutive segments of one shape: ``steps`` (their marker steps), parameters."""
+
+    shape: Shape
+    g0: int  # first segment index
+    steps: range | list  # marker step of each segment (0 for a prefix)
+    consts: tuple  # per parameter slot: a number, or None for a column
+    columns: object  # callable(start, stop) -> list of column lists, in slot order
+    marked: bool = True  # False: a prefix before the first step marker
+
+    @property
+    def n(self) -> int:
+        return len(self.steps)
+
+
+@dataclass
+class Plan:
+    """A program as blocks of shapes, ready for
+    :func:`simwar.executors.fast.execute.run_plan`."""
+
+    blocks: list[Block]
+    meta: dict
+    lo: int  # smallest step
+    hi: int  # largest step
+    negative: bool = False
+    offsets: set = field(default_factory=set)
+    sites: set = field(default_factory=set)
+    table: object = None  # a config's AffineTable (per-use values of varying durations)
+
+    @property
+    def segments(self) -> int:
+        return sum(b.n for b in self.blocks)
+
+
+def _list_columns(rows: list[list], consts: tuple):
+    cols = [j for j, c in enumerate(consts) if c is None]
+
+    def columns(start: int, stop: int) -> list[list]:
+        return [[r[j] for r in rows[start:stop]] for j in cols]
+
+    return columns
+
+
+def plan_program(program: Program) -> Plan:
+    """Shapes and blocks of any Program (parameters taken from its ops)."""
+    shaper = _Shaper()
+    segs = _segments(program.ops)
+    shapes: list[Shape] = []
+    params: list[list] = []
+    for g, (step, ops) in enumerate(segs):
+        sh, p = shaper.segment(g, step if step is not None else 0, ops)
+        shapes.append(sh)
+        params.append(p)
+    blocks: list[Block] = []
+    g = 0
+    while g < len(segs):
+        h = g + 1
+        marked = segs[g][0] is not None
+        while h < len(segs) and shapes[h] == shapes[g] and segs[h][0] is not None and marked:
+            h += 1
+        rows = params[g:h]
+        consts = tuple(rows[0][j] if all(r[j] == rows[0][j] and _same(r[j], rows[0][j])
+                                         for r in rows) else None
+                       for j in range(shapes[g].nparams))
+        steps = [s if s is not None else 0 for s, _ in segs[g:h]]
+        if steps == list(range(steps[0], steps[0] + len(steps))):
+            steps = range(steps[0], steps[0] + len(steps))
+        blocks.append(Block(shapes[g], g, steps, consts, _list_columns(rows, consts), marked))
+        g = h
+    all_steps = [op.step for op in program.ops]
+    lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0, 0)
+    if hi - lo > 4 * len(all_steps) + 4096:
+        raise ValueError(f"steps {lo}..{hi} are too sparse for the one-pass executor (it "
+                         f"keeps one row per step in that range); use the simpy engine")
+    return Plan(blocks, dict(program.meta), lo, hi, shaper.negative, shaper.offsets,
+                _sites(shapes))
+
+
+def _same(a, b) -> bool:
+    """Equal as numbers and in sign (``-0.0`` and ``0.0`` add differently)."""
+    return not isinstance(a, float) or str(a) == str(b)
+
+
+def _sites(shapes) -> set:
+    return {h[2] for sh in shapes for h in sh.host if h[0] == "sync"}
+
+
+def plan_config(cfg, sizes=None, *, fill: bool = True) -> Plan:
+    """Shapes and blocks of a config's run, without building its Program.
+
+    The builder builds the first iterations and the drain with symbolic durations
+    (:func:`simwar.build.loop.plan_iterations`); iterations from the third on must share one
+    shape (checked here on the skeleton), so the run is the first iterations, the steady
+    one repeated and the drain. Every distribution is drawn once for the whole run, in the
+    same layout :func:`simwar.build.loop.build_program` uses, so both give the same numbers;
+    durations that vary with the step's batch are per-step values of the same layout
+    (:class:`simwar.build.loop.AffineTable`), never new shapes.
+
+    ``sizes``: the run's per-step sizes (:func:`simwar.build.sizes.resolve` by default);
+    ``fill=False`` leaves the affine values to be filled as the run goes (``plan.table``,
+    see :func:`simwar.executors.fast.realize`).
+    """
+    # lazy: the builder imports the config schema (pydantic); running a Program needs neither
+    from simwar.build.loop import Sum, Use, plan_iterations
+
+    plan = plan_iterations(cfg, sizes)
+    n = len(plan.ops) - 1
+    shaper = _Shaper()
+    shapes: list[Shape] = []
+    params: list[list] = []
+    for i, ops in enumerate(plan.ops):
+        step = i
+        sh, p = shaper.segment(i, step, ops)
+        shapes.append(sh)
+        params.append(p)
+    steps_total = cfg.steps
+    if steps_total > n and any(shapes[i] != shapes[n - 1] or
+                               not _same_template(params[i], params[n - 1])
+                               for i in range(2, n)):
+        raise RuntimeError("the builder's iterations do not settle into one shape")
+    # the run's segments: skeleton iteration role(k) for k in 0..steps
+    roles: list[tuple[int, int, int]] = []  # (skeleton index, first step, count)
+    if steps_total <= n:
+        roles = [(i, i, 1) for i in range(n)]
+    else:
+        roles = [(i, i, 1) for i in range(n - 1)] + [(n - 1, n - 1, steps_total - (n - 1))]
+    roles.append((n, steps_total, 1))
+    # merge consecutive roles of one shape and identical constants
+    merged: list[list] = []
+    for i, first, count in roles:
+        if merged and shapes[merged[-1][0]] == shapes[i] and \
+                _same_template(params[merged[-1][0]], params[i]):
+            merged[-1][2] += count
+        else:
+            merged.append([i, first, count])
+
+    sampler = plan.sampler(fill=fill)
+    arrays = sampler.arrays
+    offset = {key: 0 for uses in plan.uses for key in uses}
+    blocks: list[Block] = []
+    g = 0
+    for i, first, count in merged:
+        p = params[i]
+        consts = tuple(x if not isinstance(x, (Use, Sum)) else None for x in p)
+        # per distribution: where this block's draws start, and draws per segment
+        uses = plan.uses[i]
+        starts = {key: offset[key] for key in uses}
+        for key, c in uses.items():
+            offset[key] += c * count
+        specs = [x for x in p if isinstance(x, (Use, Sum))]
+        blocks.append(Block(shapes[i], g, range(first, first + count), consts,
+                            _draw_columns(specs, arrays, starts, uses)))
+        g += count
+    lo = 0
+    hi = steps_total
+    out = Plan(blocks, dict(plan.meta), lo, hi, False, shaper.offsets, _sites(shapes))
+    out.table = getattr(sampler, "table", None)
+    return out
+
+
+def _same_template(a: list, b: list) -> bool:
+    """Same constants in the same slots and draws of the same distributions."""
+    from simwar.build.loop import Sum, Use  # lazy: as in plan_config
+
+    def key(x):
+        if isinstance(x, Use):
+            return ("u", x.key, x.index)
+        if isinstance(x, Sum):
+            return ("s", key(x.a), key(x.b))
+        return ("c", str(x))
+
+    return [key(x) for x in a] == [key(x) for x in b]
+
+
+def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict):
+    """Column lists for the symbolic slots of a block, sliced from the run's draws."""
+    from simwar.build.loop import Sum, Use  # lazy: as in plan_config
+
+    def values(x, start: int, stop: int):
+        if isinstance(x, Use):
+            per = uses[x.key]
+            base = starts[x.key] + x.index
+            return arrays[x.key][base + start * per: base + stop * per: per]
+        if isinstance(x, Sum):
+            return values(x.a, start, stop) + values(x.b, start, stop)
+        return x
+
+    def columns(start: int, stop: int) -> list[list]:
+        return [values(x, start, stop).tolist() for x in specs]
+
+    return columns
+

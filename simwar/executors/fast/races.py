@@ -1,0 +1,442 @@
+"""Races of a one-pass run: which access pairs to compare where, and the races as progressions.
+
+- ``_RaceTpl`` and ``_pairs``: the compared access pairs of a window of consecutive
+  segments, relative to the later access's segment, found by the same
+  :func:`~simwar.analysis.hazards.candidate_pairs` the engine's analysis uses (cached per
+  distinct window of shapes).
+- :class:`RacePlan`: which pairs to check on which segments, and which op times the pass
+  logs for them (windowed, or over all accesses when the program does not fit).
+- ``_Rows``: the races of one pair over consecutive segments, as a progression (steps and
+  op ids advance with the segment); :class:`FastHazards` holds them and answers as a
+  :class:`~simwar.analysis.hazards.HazardReport` does, building races only as far as read
+  (``_RaceList``).
+
+The package docstring (:mod:`simwar.executors.fast`) says why the windows are exact.
+
+Imports: numpy, simwar.analysis.hazards and the plan's types; must not import codegen or
+execute (the pass calls this).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from simwar.analysis.hazards import HazardReport, Race, candidate_pairs, race_kind
+from simwar.executors.fast.plan import Plan
+
+
+@dataclass(frozen=True)
+class _RaceTpl:
+    """A pair of accesses of a window of shapes, relative to the later access's segment."""
+
+    buffer: str
+    kind: str
+    latent: bool
+    a_back: int  # segments between the earlier access's segment and the later's
+    a_dev: int
+    a_sub: int  # index of the access within its op (ordering ties)
+    a_label: str
+    a_lane: str
+    a_phase: str
+    b_dev: int
+    b_sub: int
+    b_label: str
+    b_lane: str
+    b_phase: str
+
+
+def _pairs(shapes: list, steps: list, window: int, last_only: bool) -> list:
+    """The compared access pairs of consecutive segments (``None``: a segment left out).
+
+    ``steps``: each segment's step; ``last_only``: only latent pairs whose later access is in
+    the last segment. Runs :func:`~simwar.analysis.hazards.candidate_pairs` on the segments'
+    ops; returns ``(pair, earlier segment, later segment)`` in its order.
+    """
+    lane: list = []
+    kind: list = []
+    bound: list = []
+    where: list[tuple[int, int]] = []  # local op -> (segment, device op)
+    acc_op: list[int] = []
+    acc_buf: list = []
+    acc_mode: list = []
+    acc_step: list = []
+    acc_sub: list = []
+    base: list[int | None] = []
+    for j, sh in enumerate(shapes):
+        if sh is None:
+            base.append(None)
+            continue
+        b0 = len(lane)
+        base.append(b0)
+        for dev, op in enumerate(sh.ops):
+            bnd = -1
+            if op.bound_op is not None:
+                bnd = b0 + op.bound_op
+            elif op.bind is not None:
+                jp = j - op.bind[0]
+                if jp >= 0 and shapes[jp] is not None:
+                    bnd = base[jp] + shapes[jp].records[op.bind[1]]
+            lane.append(op.lane)
+            kind.append(op.kind)
+            bound.append(bnd)
+            where.append((j, dev))
+            for sub, (buf, mode) in enumerate(op.accesses):
+                acc_op.append(b0 + dev)
+                acc_buf.append(buf)
+                acc_mode.append(mode)
+                acc_step.append(steps[j] + op.off)
+                acc_sub.append(sub)
+    last = len(shapes) - 1
+    out: list = []
+    for i, k, latent in candidate_pairs(lane, kind, bound, acc_op, acc_buf, acc_mode, acc_step,
+                                        window):
+        ja, da = where[acc_op[i]]
+        jb, db = where[acc_op[k]]
+        if last_only and (jb != last or not latent):
+            continue
+        a, b = shapes[ja].ops[da], shapes[jb].ops[db]
+        out.append((_RaceTpl(acc_buf[k], race_kind(acc_mode[i], acc_mode[k]), latent, jb - ja,
+                             da, acc_sub[i], a.label, a.lane, a.phase, db, acc_sub[k], b.label,
+                             b.lane, b.phase), ja, jb))
+    return out
+
+
+#: latent pairs per window of shapes (a window's pairs depend on its shapes only)
+_WINDOWS: dict = {}
+_WINDOWS_LIMIT = 512  # windows kept before the cache is emptied
+
+
+class RacePlan:
+    """Which pairs to check where, which op times to log, and the races once run.
+
+    *Windowed* (the program's steps are consecutive segments and every access belongs to
+    its segment's step): pairs per distinct window of ``window + 1`` shapes, mapped onto
+    segments; only latent pairs are kept, and only their ops' times are logged.
+    *Full* (anything else): every access op's times are logged and all pairs are compared
+    over the whole program, as :func:`~simwar.analysis.hazards.detect` does on a Trace.
+
+    The pass asks it, per block, which op times to log (:meth:`logs_of`) and where
+    (:meth:`log_arrays`, emptied by :meth:`reset` before each attempt); :meth:`finish` then
+    turns the logged times into the races.
+    """
+
+    def __init__(self, plan: Plan, window: int):
+        self.plan = plan
+        self.window = window
+        blocks = plan.blocks
+        self.op_base: list[int] = []
+        base = 0
+        for b in blocks:
+            self.op_base.append(base)
+            base += b.n * len(b.shape.ops)
+        marked = [b for b in blocks if b.marked]
+        consecutive = all(isinstance(b.steps, range) for b in marked) and all(
+            x.steps[-1] + 1 == y.steps[0] for x, y in zip(marked, marked[1:]))
+        prefix_ok = all(b.marked or not any(op.accesses for op in b.shape.ops) for b in blocks)
+        self.windowed = (not plan.negative and plan.offsets <= {0} and consecutive
+                         and prefix_ok)
+        self.logs: list[list[tuple[int, str]]] = [[] for _ in blocks]
+        self.groups: list[tuple] = []  # (block, first pass, count, pairs)
+        self.cache = _WINDOWS
+        if self.windowed:
+            self._plan_windows()
+        else:
+            for bi, b in enumerate(blocks):
+                self.logs[bi] = sorted({(d, w) for d, op in enumerate(b.shape.ops)
+                                        if op.accesses for w in "se"})
+        self.arrays: list[list[array]] = []
+
+    # ---- planning
+    def _segment(self, g: int) -> tuple[int, int]:
+        """(block, pass) of segment ``g``."""
+        lo, hi = 0, len(self.plan.blocks) - 1
+        blocks = self.plan.blocks
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if blocks[mid].g0 <= g:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo, g - blocks[lo].g0
+
+    def _shape_at(self, g: int):
+        if g < 0:
+            return None
+        bi, _ = self._segment(g)
+        b = self.plan.blocks[bi]
+        return b.shape if b.marked else None
+
+    def _plan_windows(self) -> None:
+        w = self.window
+        need: list[set] = [set() for _ in self.plan.blocks]
+        for bi, b in enumerate(self.plan.blocks):
+            if not b.marked:
+                continue
+            parts = [(i, 1) for i in range(min(b.n, w))]
+            if b.n > w:
+                parts.append((w, b.n - w))
+            for i, count in parts:
+                g = b.g0 + i
+                key = tuple(self._shape_at(g - w + j) for j in range(w + 1))
+                tpls = self.cache.get((key, w))
+                if tpls is None:
+                    tpls = [r for r, _, _ in _pairs(list(key), list(range(w + 1)), w, True)]
+                    if len(self.cache) >= _WINDOWS_LIMIT:
+                        self.cache.clear()
+                    self.cache[(key, w)] = tpls
+                if not tpls:
+                    continue
+                self.groups.append((bi, i, count, tpls))
+                for r in tpls:
+                    need[bi].add((r.b_dev, "s"))
+                    abi, _ = self._segment(g - r.a_back) if i < w else (bi, None)
+                    need[abi].add((r.a_dev, "e"))
+        self.logs = [sorted(x) for x in need]
+
+    def logs_of(self, bi: int) -> tuple:
+        """Block ``bi``'s logged op times: sorted ``(device op index, 's' | 'e')``."""
+        return tuple(self.logs[bi])
+
+    def reset(self) -> None:
+        """Empty logs for a run of the plan (one array per logged time of each block)."""
+        self.arrays = [[array("d") for _ in log] for log in self.logs]
+
+    def log_arrays(self, bi: int) -> list:
+        """Block ``bi``'s log arrays, in the order of :meth:`logs_of`."""
+        return self.arrays[bi]
+
+    def _log(self, bi: int, dev: int, what: str) -> np.ndarray:
+        arr = self.arrays[bi][self.logs[bi].index((dev, what))]
+        return np.frombuffer(arr, dtype=np.float64) if len(arr) else np.zeros(0)
+
+    # ---- results
+    def finish(self, state) -> FastHazards:
+        """The races of the run whose times were logged (``state``: the pass's state)."""
+        if self.windowed:
+            return self._finish_windowed()
+        return self._finish_full()
+
+    def _finish_windowed(self) -> FastHazards:
+        w = self.window
+        blocks = self.plan.blocks
+        rows = []
+        for bi, i, count, tpls in self.groups:
+            b = blocks[bi]
+            nops = len(b.shape.ops)
+            b_step = b.steps[0] + i
+            for r in tpls:
+                s_b = self._log(bi, r.b_dev, "s")[i:i + count]
+                if i >= w:  # the earlier access is in the same block
+                    e_a = self._log(bi, r.a_dev, "e")[i - r.a_back:i - r.a_back + count]
+                    a_op = self.op_base[bi] + (i - r.a_back) * nops + r.a_dev
+                else:
+                    abi, ap = self._segment(b.g0 + i - r.a_back)
+                    e_a = self._log(abi, r.a_dev, "e")[ap:ap + 1]
+                    a_op = self.op_base[abi] + ap * len(blocks[abi].shape.ops) + r.a_dev
+                rows.append(_Rows(r, b_step - r.a_back, b_step, a_op,
+                                  self.op_base[bi] + i * nops + r.b_dev, nops, e_a - s_b))
+        return FastHazards(rows, self._buffer_order(), self.plan.lo, self.plan.hi)
+
+    def _finish_full(self) -> FastHazards:
+        blocks = self.plan.blocks
+        shapes: list = []
+        steps: list = []
+        for b in blocks:
+            shapes += [b.shape] * b.n
+            steps += list(b.steps)
+        seg_block = [bi for bi, b in enumerate(blocks) for _ in range(b.n)]
+        seg_pass = [i for b in blocks for i in range(b.n)]
+        rows = []
+        for r, ga, gb in _pairs(shapes, steps, self.window, False):
+            e_a = self._log(seg_block[ga], r.a_dev, "e")[seg_pass[ga]]
+            s_b = self._log(seg_block[gb], r.b_dev, "s")[seg_pass[gb]]
+            overlap = float(e_a - s_b)
+            if not r.latent and overlap <= 0:
+                continue
+            a_op = self.op_base[seg_block[ga]] + seg_pass[ga] * len(shapes[ga].ops) + r.a_dev
+            b_op = self.op_base[seg_block[gb]] + seg_pass[gb] * len(shapes[gb].ops) + r.b_dev
+            rows.append(_Rows(r, steps[ga] + shapes[ga].ops[r.a_dev].off,
+                              steps[gb] + shapes[gb].ops[r.b_dev].off, a_op, b_op, 0,
+                              np.array([overlap])))
+        return FastHazards(rows, self._buffer_order(), self.plan.lo, self.plan.hi)
+
+    def _buffer_order(self) -> dict:
+        """Buffer -> (op id, access index) of its first access: the engine lists races so."""
+        first: dict = {}
+        for bi, b in enumerate(self.plan.blocks):
+            for dev, op in enumerate(b.shape.ops):
+                for sub, (buf, _) in enumerate(op.accesses):
+                    here = (self.op_base[bi] + dev, sub)
+                    if buf not in first or here < first[buf]:
+                        first[buf] = here
+        return first
+
+
+class _Rows:
+    """Races of one pair of a window over consecutive segments, as progressions.
+
+    Race ``j`` (``0 <= j < len(overlap)``): steps ``a_step + j`` and ``b_step + j``, ops
+    ``a_op + j * stride`` and ``b_op + j * stride``, overlap ``overlap[j]`` (> 0: observed).
+    """
+
+    __slots__ = ("pair", "a_step", "b_step", "a_op", "b_op", "stride", "overlap")
+
+    def __init__(self, pair: _RaceTpl, a_step: int, b_step: int, a_op: int, b_op: int,
+                 stride: int, overlap: np.ndarray):
+        self.pair = pair
+        self.a_step, self.b_step = int(a_step), int(b_step)
+        self.a_op, self.b_op = int(a_op), int(b_op)
+        self.stride = int(stride)
+        self.overlap = overlap
+
+    def __len__(self) -> int:
+        return len(self.overlap)
+
+    def within(self, first: int, last: int | None = None) -> _Rows | None:
+        """The races whose two accesses belong to steps ``first..last`` (None: no end)."""
+        # both accesses' steps advance with j (a hand-made program may label the earlier
+        # access with the later step)
+        j0 = max(0, first - self.a_step, first - self.b_step)
+        j1 = len(self.overlap)
+        if last is not None:
+            j1 = min(j1, last - self.a_step + 1, last - self.b_step + 1)
+        if j0 >= j1:
+            return None
+        if j0 == 0 and j1 == len(self.overlap):
+            return self
+        return _Rows(self.pair, self.a_step + j0, self.b_step + j0,
+                     self.a_op + j0 * self.stride, self.b_op + j0 * self.stride, self.stride,
+                     self.overlap[j0:j1])
+
+    def race(self, j: int) -> Race:
+        r = self.pair
+        ov = float(self.overlap[j])
+        return Race(r.buffer, r.kind, self.a_step + j, r.a_phase, r.a_lane, r.a_label,
+                    self.a_op + j * self.stride, self.b_step + j, r.b_phase, r.b_lane,
+                    r.b_label, self.b_op + j * self.stride, r.latent, ov if ov > 0 else 0.0)
+
+    def picks(self, which: str):
+        """Indices of the races that are ``all``, ``latent`` or ``observed`` (a range or an
+        array)."""
+        if which == "observed":
+            return np.flatnonzero(self.overlap > 0)
+        if which == "latent" and not self.pair.latent:
+            return range(0)
+        return range(len(self.overlap))
+
+
+class FastHazards:
+    """Races of a one-pass run, kept as progressions; counted without building them.
+
+    Quacks like :class:`~simwar.analysis.hazards.HazardReport`: ``races`` (the engine's
+    list, in its order), ``latent`` and ``observed`` (sequences whose length, truth and
+    first items cost no more than they show), ``since(step)``, ``within(steps)``,
+    ``frame()``; and adds ``counts(first_step, last_step)`` for the summary.
+    """
+
+    def __init__(self, rows: list[_Rows], buffer_order: dict, lo: int, hi: int):
+        self.rows = rows
+        self.buffer_order = buffer_order
+        self.rank = {buf: n for n, buf in enumerate(sorted(buffer_order,
+                                                           key=buffer_order.get))}
+        self.lo, self.hi = lo, hi
+        self._races: list[Race] | None = None
+
+    def counts(self, first: int, last: int) -> tuple[int, int, int]:
+        """``(races, overlaps, race steps)`` of the races within steps ``first..last``."""
+        races = overlaps = 0
+        seen = np.zeros(max(0, self.hi - self.lo + 1), dtype=bool)
+        for row in self.rows:
+            row = row.within(first, last)
+            if row is None:
+                continue
+            if row.pair.latent:
+                races += len(row)
+                seen[row.b_step - self.lo:row.b_step - self.lo + len(row)] = True
+            overlaps += int(np.count_nonzero(row.overlap > 0))
+        return races, overlaps, int(np.count_nonzero(seen))
+
+    def since(self, step: int) -> FastHazards:
+        """Only races whose two accesses belong to steps >= ``step`` (as HazardReport)."""
+        rows = [r for r in (row.within(step) for row in self.rows) if r is not None]
+        return FastHazards(rows, self.buffer_order, self.lo, self.hi)
+
+    def within(self, steps) -> FastHazards:
+        """Only races whose two accesses belong to ``steps`` (consecutive steps)."""
+        steps = sorted(steps)
+        if not steps:
+            return FastHazards([], self.buffer_order, self.lo, self.hi)
+        rows = [r for r in (row.within(steps[0], steps[-1]) for row in self.rows)
+                if r is not None]
+        return FastHazards(rows, self.buffer_order, self.lo, self.hi)
+
+    def _key(self, row: _Rows, j: int) -> tuple:
+        r = row.pair
+        return (self.rank[r.buffer], row.b_op + j * row.stride, r.b_sub,
+                -(row.a_op + j * row.stride), -r.a_sub)
+
+    def _ordered(self, which: str):
+        """Races in the engine's order (per buffer, by later op, then earlier op nearest)."""
+        def each(row: _Rows):
+            picks = row.picks(which)
+            for n in range(0, len(picks), 4096):  # lazily: a long run has millions
+                part = picks[n:n + 4096]
+                for j in (part if isinstance(part, range) else part.tolist()):
+                    yield self._key(row, j), j, row
+
+        return (row.race(j) for _, j, row in heapq.merge(*(each(r) for r in self.rows),
+                                                         key=lambda item: item[0]))
+
+    @property
+    def races(self) -> list[Race]:
+        if self._races is None:
+            self._races = list(self._ordered("all"))
+        return self._races
+
+    @property
+    def latent(self) -> _RaceList:
+        return _RaceList(self, "latent")
+
+    @property
+    def observed(self) -> _RaceList:
+        return _RaceList(self, "observed")
+
+    def report(self) -> HazardReport:
+        return HazardReport(list(self.races))
+
+    def frame(self):
+        return self.report().frame()
+
+
+class _RaceList:
+    """The latent or observed races of a :class:`FastHazards`, built only as far as read."""
+
+    def __init__(self, hazards: FastHazards, which: str):
+        self.hazards = hazards
+        self.which = which
+
+    def __len__(self) -> int:
+        return sum(len(row.picks(self.which)) for row in self.hazards.rows)
+
+    def __bool__(self) -> bool:
+        return any(len(row.picks(self.which)) for row in self.hazards.rows)
+
+    def __iter__(self):
+        return self.hazards._ordered(self.which)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice) and (index.start or 0) == 0 and index.step in (None, 1) \
+                and index.stop is not None and index.stop >= 0:
+            return list(itertools.islice(iter(self), index.stop))
+        return list(self)[index]
+
+    def __eq__(self, other) -> bool:
+        return list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} {self.which} races>"
