@@ -27,7 +27,7 @@ import time
 import simpy
 
 from simwar.build.loop import build_program
-from simwar.config.schema import load_config
+from simwar.config import load_config
 from simwar.executors.engine import Engine
 
 

@@ -56,7 +56,7 @@ def child(tree: Path, args: list[str]) -> str:
 RATIO_CODE = """
 import gc, time
 from simwar.api import simulate
-from simwar.config.schema import load_config
+from simwar.config import load_config
 cfg = load_config({config!r}, {{"steps": {steps}}})
 engines = {engines!r}
 def once(engine):
@@ -200,7 +200,7 @@ def bench_quantiles(steps: int) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from simwar.analysis.streaming import QuantileSketch
-    from simwar.config.schema import load_config
+    from simwar.config import load_config
     from simwar.executors.fast import core as fast
 
     cfg = load_config(ROOT / CONFIG, {"steps": steps, **NOISY})

@@ -20,9 +20,7 @@ import contextlib
 import gc
 from typing import Callable
 
-from simwar.config.schema import Config, ConfigError, load_config
-
-ENGINES = ("simpy", "fast", "auto")
+from simwar.config import ENGINES, Config, ConfigError, load_config
 
 
 class NoTraceError(RuntimeError):

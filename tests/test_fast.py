@@ -34,7 +34,7 @@ from simwar.analysis.metrics import step_columns, summarize
 from simwar.analysis.streaming import QuantileSketch
 from simwar.api import NoTraceError
 from simwar.build.loop import _Builder, _Sampler, build_program, plan_iterations
-from simwar.config.schema import ConfigError, load_config
+from simwar.config import ConfigError, load_config
 from simwar.executors.engine import Engine
 from simwar.executors.fast import core as fast
 

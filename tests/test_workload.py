@@ -17,7 +17,7 @@ import pytest
 import simwar
 from simwar.build import sizes as workload
 from simwar.build.loop import build_program
-from simwar.config.schema import ConfigError, load_config
+from simwar.config import ConfigError, load_config
 from simwar.core.program import CpuWork, GraphLaunch, Launch, StepMarker
 from simwar.executors.engine import Engine
 from simwar.executors.fast import core as fast

@@ -7,7 +7,8 @@ run's steps (:class:`StepSizes`), computed once, before any op is built:
   ``batch_sizes_file`` column cycled, ``workload.batch_size`` drawn per step, the arrivals
   model below, or the config's constant ``batch_size``);
 - ``bucket[k]``: the graph bucket step k's graph phases run at (the smallest of
-  ``workload.graph_buckets`` >= the batch; the batch itself without buckets);
+  ``workload.graph_buckets`` >= the batch, the batch itself without buckets:
+  :func:`simwar.config.schema.buckets_of`, the rule the validation applies);
 - ``accept[k]``: accepted tokens per request in step k (``accept.tokens``: a number, a
   per-step list cycled, or a distribution drawn once per step).
 
@@ -50,7 +51,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simwar.config.schema import Config, ConfigError, Dist, bucket_of
+from simwar.config.schema import Config, Dist, buckets_of
 
 #: the generator stream of each random source: ``default_rng([seed, STREAMS[name]])``
 STREAMS = {"batch": 1, "accept": 2, "arrivals": 3, "output": 4}
@@ -129,22 +130,6 @@ def _accepted(cfg: Config, n: int) -> np.ndarray:
     return sample(rng(cfg.seed, "accept"), t, n)
 
 
-def buckets_of(batch: np.ndarray, buckets: list[int] | None, where: str = "workload") -> \
-        np.ndarray:
-    """The graph bucket of each batch; a batch above the largest bucket is an error naming
-    its step."""
-    if not buckets:
-        return batch.copy()
-    b = np.asarray(buckets, dtype=np.int64)
-    idx = np.searchsorted(b, batch, side="left")
-    over = np.flatnonzero(idx >= len(b))
-    if len(over):
-        k = int(over[0])
-        raise ConfigError(f"{where}: batch {int(batch[k])} at step {k} is above the largest "
-                          f"graph bucket ({buckets[-1]})")
-    return b[idx]
-
-
 def draw_sizes(cfg: Config) -> StepSizes:
     """The per-step arrays, arrivals not yet realized (their batches are zeros)."""
     n = cfg.steps
@@ -195,6 +180,9 @@ class Arrivals:
         wl = cfg.workload
         self.sizes = sizes
         self.max_batch = int(wl.max_batch)
+        # the bucket of every batch the run can have (validated: max_batch fits the buckets)
+        self.bucket_at = buckets_of(np.arange(self.max_batch + 1), sizes.buckets,
+                                    "workload.max_batch")
         self.gap_us = 1e6 / wl.arrivals.rate_per_s
         self.output = wl.output_tokens
         self._arr_rng = rng(cfg.seed, "arrivals")
@@ -268,7 +256,7 @@ class Arrivals:
             self.running.append(rid)
             room -= 1
         self.sizes.batch[k] = len(self.running)
-        self.sizes.bucket[k] = bucket_of(len(self.running), self.sizes.buckets)
+        self.sizes.bucket[k] = self.bucket_at[len(self.running)]
         self.sizes.idle[k] = idle
         acc = float(self.sizes.accept[k])
         for r in self.running:
@@ -280,7 +268,6 @@ class Arrivals:
 
     def finish_run(self) -> None:
         s = self.sizes
-        s.bucket[:] = buckets_of(s.batch, s.buckets, "workload.arrivals")
         admitted = np.flatnonzero(np.asarray(self.admit_step, dtype=np.int64) >= 0)
         s.requests = {
             "arrival_us": np.asarray(self.arrival, dtype=float)[admitted],
@@ -291,4 +278,4 @@ class Arrivals:
         }
 
 
-__all__ = ["Arrivals", "StepSizes", "buckets_of", "draw_sizes", "resolve", "rng"]
+__all__ = ["Arrivals", "StepSizes", "draw_sizes", "resolve", "rng"]

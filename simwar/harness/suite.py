@@ -159,7 +159,7 @@ def write_workload_programs(directory: str | Path, names=None) -> list[Path]:
 
 def case_config(name: str, costs: dict | None = None):
     """The validated Config of case ``name`` (``costs``: a ``costs.*`` mapping to apply)."""
-    from simwar.config.schema import load_config
+    from simwar.config import load_config
 
     table = all_cases()
     if name not in table:
@@ -245,7 +245,7 @@ def csan_program(name: str, overrides: dict | None = None):
     ``latent_races`` (access pairs), ``latent_race_buffers`` (sorted names) and
     ``latent_races_all`` (warm-up included)."""
     from simwar.api import simulate
-    from simwar.config.schema import load_config
+    from simwar.config import load_config
 
     ov = dict(overrides if overrides is not None else csan_cases()[name], name=name)
     result = simulate(load_config(None, ov))
