@@ -26,7 +26,7 @@ import time
 
 import simpy
 
-from simwar.build.loop import build_program
+from simwar.api import build_program
 from simwar.config import load_config
 from simwar.executors.engine import Engine
 

@@ -200,12 +200,14 @@ def bench_quantiles(steps: int) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from simwar.analysis.streaming import QuantileSketch
+    from simwar.api import resolve_sizes
     from simwar.config import load_config
     from simwar.executors.fast import core as fast
 
     cfg = load_config(ROOT / CONFIG, {"steps": steps, **NOISY})
-    exact = fast.run_config(cfg).summary
-    sketch = fast.run_config(cfg, summary_only=True).summary
+    sizes = resolve_sizes(cfg)
+    exact = fast.run_config(cfg, sizes).summary
+    sketch = fast.run_config(cfg, sizes, summary_only=True).summary
     out = {"config": {k: {"exact": exact[k], "sketch": sketch[k],
                           "rel_error": abs(sketch[k] - exact[k]) / abs(exact[k])
                           if exact[k] else abs(sketch[k])} for k in QUANTILE_KEYS}}

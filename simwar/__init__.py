@@ -19,7 +19,7 @@ _LAZY = {
     "load_config": ("simwar.config", "load_config"),
     "Config": ("simwar.config", "Config"),
     "ConfigError": ("simwar.config", "ConfigError"),
-    "build_program": ("simwar.build.loop", "build_program"),
+    "build_program": ("simwar.api", "build_program"),
     "simulate": ("simwar.api", "simulate"),
     "Result": ("simwar.api", "Result"),
     "Program": ("simwar.core.program", "Program"),

@@ -87,7 +87,7 @@ def _user_error(msg: str):
 
 # --------------------------------------------------------------------------- harness
 def cmd_harness(args) -> int:
-    from simwar.build.loop import build_program
+    from simwar.api import build_program
     from simwar.config import load_config
     from simwar.harness import suite
 

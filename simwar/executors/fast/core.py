@@ -23,7 +23,7 @@ block in a loop; a run of the builder is three or four blocks, whatever its leng
 
 **Workloads that change every step.** A step's batch, graph bucket and accepted tokens
 change numbers, never structure: a duration that scales with them is a parameter column of
-the block like a drawn one (:class:`simwar.build.loop.AffineTable` lays its per-use values out as
+the block like a drawn one (:class:`simwar.build.draws.AffineTable` lays its per-use values out as
 the draws are), and a graph launch's name (which carries its bucket, ``verify.graph@32``) is
 not part of a shape. So a varying run is still three or four blocks. A workload whose batches
 depend on simulated time (arrivals) is realized first by :func:`realize`: the same plan, run
@@ -73,6 +73,8 @@ import numpy as np
 
 from simwar.analysis.hazards import HazardReport, Race, candidate_pairs, race_kind
 from simwar.analysis.metrics import SITES, StepFacts, columns_from_arrays, summarize
+from simwar.build.draws import Sum, Use
+from simwar.build.loop import build_program, plan_iterations
 from simwar.core import rules
 from simwar.core.program import (
     CpuWork,
@@ -346,7 +348,7 @@ def _sites(shapes) -> set:
     return {h[2] for sh in shapes for h in sh.host if h[0] == "sync"}
 
 
-def plan_config(cfg, sizes=None, *, fill: bool = True) -> Plan:
+def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
     """Shapes and blocks of a config's run, without building its Program.
 
     The builder builds the first iterations and the drain with symbolic durations
@@ -355,14 +357,12 @@ def plan_config(cfg, sizes=None, *, fill: bool = True) -> Plan:
     one repeated and the drain. Every distribution is drawn once for the whole run, in the
     same layout :func:`simwar.build.loop.build_program` uses, so both give the same numbers;
     durations that vary with the step's batch are per-step values of the same layout
-    (:class:`simwar.build.loop.AffineTable`), never new shapes.
+    (:class:`simwar.build.draws.AffineTable`), never new shapes.
 
-    ``sizes``: the run's per-step sizes (:func:`simwar.build.sizes.resolve` by default);
+    ``sizes``: the run's per-step sizes (:func:`simwar.api.resolve_sizes`);
     ``fill=False`` leaves the affine values to be filled as the run goes (``plan.table``,
     see :func:`realize`).
     """
-    from simwar.build.loop import Sum, Use, plan_iterations
-
     plan = plan_iterations(cfg, sizes)
     n = len(plan.ops) - 1
     shaper = _Shaper()
@@ -420,8 +420,6 @@ def plan_config(cfg, sizes=None, *, fill: bool = True) -> Plan:
 
 def _same_template(a: list, b: list) -> bool:
     """Same constants in the same slots and draws of the same distributions."""
-    from simwar.build.loop import Sum, Use
-
     def key(x):
         if isinstance(x, Use):
             return ("u", x.key, x.index)
@@ -434,8 +432,6 @@ def _same_template(a: list, b: list) -> bool:
 
 def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict):
     """Column lists for the symbolic slots of a block, sliced from the run's draws."""
-    from simwar.build.loop import Sum, Use
-
     def values(x, start: int, stop: int):
         if isinstance(x, Use):
             per = uses[x.key]
@@ -1390,14 +1386,13 @@ def realize(cfg, sizes, model) -> None:
     model.finish_run()
 
 
-def run_config(cfg, window: int = 2, summary_only: bool = False) -> FastRun:
-    """Simulate a config in one pass (its Program is never built)."""
+def run_config(cfg, sizes, window: int = 2, summary_only: bool = False) -> FastRun:
+    """Simulate a config in one pass at its per-step ``sizes`` (arrivals realized:
+    :func:`simwar.api.resolve_sizes`); its Program is never built."""
     try:
-        plan = plan_config(cfg)
+        plan = plan_config(cfg, sizes)
     except RuntimeError:  # iterations that never settle into one shape: take the Program
-        from simwar.build.loop import build_program
-
-        plan = plan_program(build_program(cfg))
+        plan = plan_program(build_program(cfg, sizes))
     return execute(plan, window, summary_only=summary_only)
 
 
