@@ -26,8 +26,8 @@ import time
 
 import simpy
 
-from simwar.build.loop import build_program
-from simwar.config.schema import load_config
+from simwar.api import build_program
+from simwar.config import load_config
 from simwar.executors.engine import Engine
 
 

@@ -56,7 +56,7 @@ def child(tree: Path, args: list[str]) -> str:
 RATIO_CODE = """
 import gc, time
 from simwar.api import simulate
-from simwar.config.schema import load_config
+from simwar.config import load_config
 cfg = load_config({config!r}, {{"steps": {steps}}})
 engines = {engines!r}
 def once(engine):
@@ -200,12 +200,14 @@ def bench_quantiles(steps: int) -> dict:
 
     sys.path.insert(0, str(ROOT))
     from simwar.analysis.streaming import QuantileSketch
-    from simwar.config.schema import load_config
+    from simwar.api import resolve_sizes
+    from simwar.config import load_config
     from simwar.executors import fast
 
     cfg = load_config(ROOT / CONFIG, {"steps": steps, **NOISY})
-    exact = fast.run_config(cfg).summary
-    sketch = fast.run_config(cfg, summary_only=True).summary
+    sizes = resolve_sizes(cfg)
+    exact = fast.run_config(cfg, sizes).summary
+    sketch = fast.run_config(cfg, sizes, summary_only=True).summary
     out = {"config": {k: {"exact": exact[k], "sketch": sketch[k],
                           "rel_error": abs(sketch[k] - exact[k]) / abs(exact[k])
                           if exact[k] else abs(sketch[k])} for k in QUANTILE_KEYS}}

@@ -16,14 +16,14 @@ from simwar.core.lazy import lazy_getattr
 __version__ = "0.1.0"
 
 _LAZY = {
-    "load_config": ("simwar.config.schema", "load_config"),
-    "Config": ("simwar.config.schema", "Config"),
-    "ConfigError": ("simwar.config.schema", "ConfigError"),
-    "build_program": ("simwar.build.loop", "build_program"),
+    "load_config": ("simwar.config", "load_config"),
+    "Config": ("simwar.config", "Config"),
+    "ConfigError": ("simwar.config", "ConfigError"),
+    "build_program": ("simwar.api", "build_program"),
     "simulate": ("simwar.api", "simulate"),
     "Result": ("simwar.api", "Result"),
-    "Program": ("simwar.program", "Program"),
-    "Trace": ("simwar.trace", "Trace"),
+    "Program": ("simwar.core.program", "Program"),
+    "Trace": ("simwar.core.trace", "Trace"),
     "analyze": ("simwar.analysis.metrics", "analyze"),
     "sweep": ("simwar.study.sweeps", "sweep"),
 }

@@ -1,28 +1,70 @@
-"""The Python API: ``simulate(config) -> Result``.
+"""The Python API: ``simulate(config) -> Result``, ``build_program(config) -> Program``.
 
-Ties the pipeline together: config → builder → executor → per-step table, summary and
-races. Two executors give the same table, summary and races (a test holds them equal on
-every shipped config and on random programs):
+The one place that orders the pipeline: config → per-step sizes (:func:`resolve_sizes`:
+drawn, then, for arrivals, realized by the one-pass executor) → builder → executor →
+per-step table, summary and races. Two executors give the same table, summary and races
+(a test holds them equal on every shipped config and on random programs):
 
-- ``simpy``: the reference (:mod:`simwar.executors.engine`); builds the Program and keeps the full
-  :class:`~simwar.core.trace.Trace` (timelines, Perfetto, the GPU harness's comparisons);
-- ``fast``: the one-pass executor (:mod:`simwar.executors.fast.core`); no Program of a million objects,
-  no trace, 30-100x quicker, memory that grows only with the per-step table;
+- ``simpy``: the reference (:mod:`simwar.executors.engine`); builds the Program and keeps the
+  full :class:`~simwar.core.trace.Trace` (timelines, Perfetto, the GPU harness's comparisons);
+- ``fast``: the one-pass executor (:mod:`simwar.executors.fast`); no Program of a million
+  objects, no trace, 30-100x quicker, memory that grows only with the per-step table;
 - ``auto`` (the default, also the config's ``engine:`` default): ``fast``; the trace is
   simulated by the reference engine the first time ``Result.trace`` is read.
 
 Nothing here prints or writes files.
+
+Imports: config, build, the one-pass executor and the analysis; the SimPy engine lazily
+(``simulate`` with the fast engine loads no simpy; pandas only for ``Result.steps``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+from collections import OrderedDict
 from typing import Callable
 
-from simwar.config.schema import Config, ConfigError, load_config
+from simwar.analysis.hazards import detect
+from simwar.analysis.metrics import frame, step_columns, summarize
+from simwar.build import loop
+from simwar.build.sizes import ArrivalProcess, StepSizes, draw_sizes
+from simwar.config import ENGINES, Config, ConfigError, load_config
+from simwar.core.program import Program
+from simwar.executors import fast
 
-ENGINES = ("simpy", "fast", "auto")
+#: realized arrivals sequences kept, by the config's content (realizing one runs the config)
+SIZES_CACHE_LIMIT = 8
+_sizes_cache: OrderedDict[str, StepSizes] = OrderedDict()
+
+
+def resolve_sizes(cfg: Config) -> StepSizes:
+    """The run's per-step sizes (:mod:`simwar.build.sizes`), arrivals realized.
+
+    An arrivals run's batches depend on simulated time: the one-pass executor runs the
+    config one iteration at a time to fix them (:func:`simwar.executors.fast.realize`).
+    That is computed once per config (cached by its content; the sizes returned are shared,
+    not to be changed). Every other run's sizes are drawn afresh (cheap, and deterministic).
+    """
+    sizes = draw_sizes(cfg)
+    if sizes.source != "arrivals":
+        return sizes
+    key = cfg.model_dump_json()
+    hit = _sizes_cache.get(key)
+    if hit is not None:
+        _sizes_cache.move_to_end(key)
+        return hit
+    fast.realize(cfg, sizes, ArrivalProcess(cfg, sizes))
+    _sizes_cache[key] = sizes
+    if len(_sizes_cache) > SIZES_CACHE_LIMIT:
+        _sizes_cache.popitem(last=False)
+    return sizes
+
+
+def build_program(cfg: Config) -> Program:
+    """The run's Program: every host operation of every iteration, durations drawn (a
+    validated Config: :func:`simwar.config.load_config` validates), at its sizes."""
+    return loop.build_program(cfg, resolve_sizes(cfg))
 
 
 class NoTraceError(RuntimeError):
@@ -68,8 +110,6 @@ class Result:
     @property
     def program(self):
         if self._program is None:
-            from simwar.build.loop import build_program
-
             self._program = build_program(self.config)
         return self._program
 
@@ -85,7 +125,7 @@ class Result:
                 raise NoTraceError(
                     "this run used engine 'fast', which keeps no trace: simulate it with "
                     "engine='simpy' (or 'auto', which simulates the trace when first read)")
-            from simwar.executors.engine import Engine
+            from simwar.executors.engine import Engine  # lazy: simpy, for a trace only
 
             engine = Engine(self.program)
             with gc_paused():
@@ -99,8 +139,6 @@ class Result:
         if self._steps is None:
             if self.columns is None:
                 raise ValueError("this run kept no per-step table (summary_only=True)")
-            from simwar.analysis.metrics import frame
-
             self._steps = frame(self.columns)
         return self._steps
 
@@ -129,7 +167,12 @@ def gc_paused():
 
 
 def resolve_engine(requested: str | None, cfg: Config, want_trace: bool = False) -> str:
-    """The executor to run: ``simpy`` or ``fast`` (``auto``: fast unless a trace is wanted)."""
+    """The executor a run uses, ``simpy`` or ``fast``: the one place that chooses it.
+
+    ``requested``: one of :data:`simwar.config.ENGINES`, or None for the config's ``engine``;
+    ``auto`` is ``fast`` unless ``want_trace`` (a trace is asked for before the run), then
+    ``simpy``. Another name is a :class:`~simwar.config.ConfigError`.
+    """
     name = requested or cfg.engine
     if name not in ENGINES:
         raise ConfigError(f"engine: '{name}' is not one of {', '.join(ENGINES)}")
@@ -162,14 +205,11 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
 
 
 def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
-    from simwar.analysis.hazards import detect
-    from simwar.analysis.metrics import step_columns, summarize
-    from simwar.build.loop import stream_program
-    from simwar.executors.engine import Engine
+    from simwar.executors.engine import Engine  # lazy: simpy, for this engine only
 
     # the ops are generated as the engine reads them: a long run holds its trace, not its
     # ops (Result.program rebuilds them on demand: building is deterministic)
-    program = stream_program(cfg)
+    program = loop.stream_program(cfg, resolve_sizes(cfg))
     engine = Engine(program, progress=progress)
     trace = engine.run()
     columns = step_columns(trace)
@@ -180,8 +220,6 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
 
 
 def _simulate_fast(cfg: Config, requested: str, summary_only: bool) -> Result:
-    from simwar.executors import fast
-
-    run = fast.run_config(cfg, summary_only=summary_only)
+    run = fast.run_config(cfg, resolve_sizes(cfg), summary_only=summary_only)
     return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns, meta=run.meta,
                   requested=requested)

@@ -14,7 +14,7 @@ import pytest
 
 from simwar.api import simulate
 from simwar.cli.app import main
-from simwar.config.schema import load_config
+from simwar.config import load_config
 from simwar.study.advise import AdviseError, advise, space
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -64,8 +64,8 @@ def test_the_workload_check_fails_loudly_without_its_measured_file(tmp_path):
 def test_the_workload_check_holds_on_the_simulators_own_timeline(tmp_path):
     """The check itself, end to end, on fake-measured cases (the engine's timeline through the
     harness's replay and assembly at the calibrated costs): every target holds."""
-    from simwar.build.loop import build_program
-    from simwar.config.schema import load_config
+    from simwar.api import build_program
+    from simwar.config import load_config
     from simwar.harness import make_plan, replay
     from simwar.harness.fake import FakeBackend
 

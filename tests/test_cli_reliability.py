@@ -27,7 +27,7 @@ from simwar.api import simulate  # noqa: E402
 from simwar.cli import app as cli_main  # noqa: E402
 from simwar.cli import common as cli_common  # noqa: E402
 from simwar.cli.app import format_summary, main  # noqa: E402
-from simwar.config.schema import ConfigError, load_config  # noqa: E402
+from simwar.config import ConfigError, load_config  # noqa: E402
 from simwar.study.sweeps import load_sweep, sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import simwar
-from simwar.config.schema import ConfigError, load_config
+from simwar.config import ConfigError, load_config
 
 
 def cli(*args, cwd=None):
@@ -91,3 +91,43 @@ def test_api_raises_config_error():
 def test_python_m_and_console_script_agree():
     out = cli("--version")
     assert out.returncode == 0 and out.stdout.startswith("simwar ")
+
+
+# --------------------------------------------------------------------------- one list of names
+def test_engine_names_are_one_tuple_for_the_config_the_cli_and_the_api():
+    from typing import get_args
+
+    from simwar.api import resolve_engine
+    from simwar.cli.app import build_parser
+    from simwar.config import ENGINES, Config
+
+    assert get_args(Config.model_fields["engine"].annotation) == ENGINES
+    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    assert next(a for a in run._actions if a.dest == "engine").choices == ENGINES
+    cfg = load_config(None)
+    assert {resolve_engine(name, cfg) for name in ENGINES} == {"simpy", "fast"}
+    assert resolve_engine("auto", cfg, want_trace=True) == "simpy"
+    with pytest.raises(ConfigError, match="engine: 'turbo' is not one of simpy, fast, auto"):
+        resolve_engine("turbo", cfg)
+
+
+def test_algorithm_names_are_the_built_in_tables_and_custom():
+    from typing import get_args
+
+    from simwar.config import ALGORITHMS, Config
+    from simwar.config.algorithms import BUILTIN
+
+    assert get_args(Config.model_fields["algorithm"].annotation) == ALGORITHMS
+    assert ALGORITHMS == (*BUILTIN, "custom")
+    for name in BUILTIN:
+        assert load_config(None, {"algorithm": name}).algorithm == name
+    with pytest.raises(ConfigError, match="algorithm: Input should be 'none', 'eagle', "
+                                          "'dflash', 'dspark' or 'custom'"):
+        load_config(None, {"algorithm": "medusa"})
+
+
+def test_every_public_name_of_the_package_resolves():
+    for name in simwar.__all__:
+        assert getattr(simwar, name) is not None, name
+    cfg = load_config(None, {"steps": 30, "warmup_steps": 5})
+    assert type(simwar.build_program(cfg)) is simwar.Program

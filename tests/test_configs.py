@@ -9,7 +9,7 @@ import yaml
 
 from simwar.api import simulate
 from simwar.cli.app import main
-from simwar.config.schema import load_config
+from simwar.config import load_config
 from simwar.study.sweeps import load_sweep, sweep
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

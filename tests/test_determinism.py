@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import simwar
-from simwar.build.loop import build_program
+from simwar.api import build_program
 
 NOISY = {"steps": 150, "warmup_steps": 10,
          "cpu.schedule_us": {"dist": "lognormal", "mean": 900, "std": 300},

@@ -32,9 +32,10 @@ import simwar
 from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import step_columns, summarize
 from simwar.analysis.streaming import QuantileSketch
-from simwar.api import NoTraceError
-from simwar.build.loop import _Builder, _Sampler, build_program, plan_iterations
-from simwar.config.schema import ConfigError, load_config
+from simwar.api import NoTraceError, build_program, resolve_sizes
+from simwar.build.draws import Sampler
+from simwar.build.loop import LoopBuilder, plan_iterations
+from simwar.config import ConfigError, load_config
 from simwar.executors import fast
 from simwar.executors.engine import Engine
 
@@ -117,7 +118,7 @@ def test_fast_equals_simpy_on_every_shipped_config(path, variant):
     cfg = load_config(path, VARIANTS[variant])
     program = build_program(cfg)
     ref = reference(program)
-    assert_same_run(*ref, fast.run_config(cfg))  # from the builder's iteration plan
+    assert_same_run(*ref, fast.run_config(cfg, resolve_sizes(cfg)))  # the iteration plan
     assert_same_run(*ref, fast.run(program))  # from the materialized Program
 
 
@@ -167,7 +168,7 @@ def test_fast_equals_simpy_on_random_configs(algorithm, barrier, placement, exte
                          "initial_batch": seed, "graph_buckets": [4, 16]}}[workload]
         overrides["accept.tokens"] = [1.0, 2.5, 3.0]
     cfg = load_config(None, overrides)
-    assert_same_run(*reference(build_program(cfg)), fast.run_config(cfg))
+    assert_same_run(*reference(build_program(cfg)), fast.run_config(cfg, resolve_sizes(cfg)))
 
 
 # ---------------------------------------------------------------------------- random programs
@@ -207,7 +208,8 @@ def test_every_path_of_the_fast_executor_is_taken_by_the_random_programs():
 
 
 def test_a_long_run_is_a_few_blocks_whatever_its_length():
-    plan = fast.plan_config(load_config(None, {"steps": 1_000_000}))
+    cfg = load_config(None, {"steps": 1_000_000})
+    plan = fast.plan_config(cfg, resolve_sizes(cfg))
     assert len(plan.blocks) <= 4 and plan.segments == 1_000_001
 
 
@@ -232,7 +234,8 @@ def test_constant_configs_build_the_same_program_as_before(key):
 
 def test_each_distribution_is_drawn_in_one_call_and_every_draw_is_used(monkeypatch):
     cfg = load_config(None, {"steps": 50, "warmup_steps": 5, **NOISY})
-    plan = plan_iterations(cfg)
+    sizes = resolve_sizes(cfg)
+    plan = plan_iterations(cfg, sizes)
     calls = []
     make = np.random.default_rng
 
@@ -247,12 +250,10 @@ def test_each_distribution_is_drawn_in_one_call_and_every_draw_is_used(monkeypat
             return call
 
     monkeypatch.setattr(np.random, "default_rng", Counting)
-    sampler = _Sampler(cfg.seed, plan.draw_counts())
+    sampler = Sampler(cfg.seed, plan.draw_counts())
     assert len(calls) == len(NOISY) == len(sampler.arrays)
-    _Builder(cfg, sampler, plan.phases).build()
-    for it in sampler._next.values():
-        assert next(it, None) is None, "draws left over"
-    assert set(sampler._next) == set(sampler.arrays)
+    LoopBuilder(cfg, sampler, sizes, plan.phases).build()
+    assert sampler.unused() == [], "draws left over, or a distribution never drawn"
 
 
 # ---------------------------------------------------------------------------- API and CLI
@@ -347,8 +348,9 @@ def test_run_imports_neither_pandas_nor_simpy():
 def test_summary_only_equals_the_table_summary(monkeypatch, stem, variant, chunk):
     monkeypatch.setattr(fast.execute, "CHUNK", chunk)  # many moves of the accumulators
     cfg = load_config(CONFIGS / f"{stem}.yaml", {**VARIANTS[variant], "steps": 300})
-    full = fast.run_config(cfg).summary
-    streamed = fast.run_config(cfg, summary_only=True)
+    sizes = resolve_sizes(cfg)
+    full = fast.run_config(cfg, sizes).summary
+    streamed = fast.run_config(cfg, sizes, summary_only=True)
     assert streamed.columns is None and streamed.paths[1] == "streamed"
     assert_close_summaries(streamed.summary, full)
 

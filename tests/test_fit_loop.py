@@ -25,7 +25,7 @@ from simwar.capture.mapping import load_mapping
 from simwar.capture.stalls import import_report
 from simwar.capture.synthetic import SGLANG_CPU_MAPPING, SGLANG_RANGES, _cpu_ranges, write_kineto
 from simwar.cli.app import main
-from simwar.config.schema import load_config
+from simwar.config import load_config
 from simwar.fit.check import ACCEPTANCE, accepted, compare
 from simwar.fit.from_capture import FitError, fit_model
 

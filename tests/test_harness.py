@@ -10,7 +10,7 @@ import pytest
 
 from simwar.analysis.metrics import analyze
 from simwar.api import simulate
-from simwar.config.schema import load_config
+from simwar.config import load_config
 from simwar.core.program import (
     GraphLaunch,
     GraphRecord,

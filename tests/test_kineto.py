@@ -29,7 +29,7 @@ from simwar.capture.mapping import load_mapping
 from simwar.capture.stalls import import_report
 from simwar.capture.synthetic import write_kineto
 from simwar.cli.app import main
-from simwar.config.schema import ConfigError, load_config
+from simwar.config import ConfigError, load_config
 from simwar.core.trace import Call, OpKind
 from simwar.fit.durations import cost_samples, fit_durations, fit_values
 

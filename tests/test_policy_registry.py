@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import simwar
+from simwar.config import ConfigError
 from simwar.config.policies import BARRIERS, Barrier, register_barrier
-from simwar.config.schema import ConfigError
 
 
 @pytest.fixture

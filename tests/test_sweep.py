@@ -17,7 +17,7 @@ import yaml
 
 from simwar.api import simulate
 from simwar.cli.app import main
-from simwar.config.schema import ConfigError
+from simwar.config import ConfigError
 from simwar.study.sweeps import ID_COLUMNS, load_sweep, sweep
 
 REPO = Path(__file__).resolve().parents[1]

@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 import simwar
-from simwar.build import sizes as workload
-from simwar.build.loop import build_program
-from simwar.config.schema import ConfigError, load_config
+from simwar.api import build_program, resolve_sizes
+from simwar.build.loop import LoopBuilder
+from simwar.build.sizes import ArrivalProcess, draw_sizes
+from simwar.config import ConfigError, buckets_of, load_config
 from simwar.core.program import CpuWork, GraphLaunch, Launch, StepMarker
 from simwar.executors import fast
 from simwar.executors.engine import Engine
@@ -103,11 +104,11 @@ def test_drawn_batches_are_integers_reproducible_and_leave_the_duration_draws_al
     noisy = {"cpu.prepare_us": {"dist": "lognormal", "mean": 300, "std": 100}}
     uniform = {"workload": {"batch_size": {"dist": "uniform", "low": 1, "high": 64}}}
     a = load_config(None, {**SHORT, **noisy, **uniform, "steps": 4000})
-    sizes = workload.resolve(a).batch
+    sizes = resolve_sizes(a).batch
     assert sizes.min() == 1 and sizes.max() == 64 and len(np.unique(sizes)) == 64
-    assert np.array_equal(sizes, workload.resolve(a.model_copy()).batch)
+    assert np.array_equal(sizes, resolve_sizes(a.model_copy()).batch)
     b = load_config(None, {**SHORT, **noisy, **uniform, "steps": 4000, "seed": 1})
-    assert not np.array_equal(sizes, workload.resolve(b).batch)
+    assert not np.array_equal(sizes, resolve_sizes(b).batch)
     # the durations' generator is the config's own: the same prepare draws with or without
     prepare = [[op.duration_us for _, op in ops_of(build_program(c), CpuWork)
                 if op.label == "prepare"]
@@ -116,7 +117,7 @@ def test_drawn_batches_are_integers_reproducible_and_leave_the_duration_draws_al
     assert prepare[0] == prepare[1]
     normal = load_config(None, {**SHORT, "workload": {
         "batch_size": {"dist": "normal", "mean": 2, "std": 3}}})
-    assert workload.resolve(normal).batch.min() == 1  # rounded, at least one request
+    assert resolve_sizes(normal).batch.min() == 1  # rounded, at least one request
 
 
 def test_a_constant_config_is_unchanged_by_the_new_columns():
@@ -199,7 +200,7 @@ ARRIVALS = {"steps": 300, "warmup_steps": 10,
 
 def test_arrivals_batch_follows_simulated_time_and_requests_leave_after_their_output():
     cfg = load_config(None, ARRIVALS)
-    sizes = workload.resolve(cfg)
+    sizes = resolve_sizes(cfg)
     req = sizes.requests
     batch, acc = sizes.batch, sizes.accept
     assert batch.min() >= 1 and batch.max() <= 16 and len(np.unique(batch)) > 3
@@ -345,15 +346,42 @@ def test_compare_checks_workload_cases_step_by_step(tmp_path, capsys):
 
 
 def test_fast_realizes_arrivals_without_building_the_program(monkeypatch):
-    import simwar.build.loop as builder
-
     def refuse(*a, **k):
         raise AssertionError("built a Program")
 
-    monkeypatch.setattr(builder, "build_program", refuse)
-    monkeypatch.setattr(workload, "_CACHE", type(workload._CACHE)())
-    run = fast.run_config(load_config(None, ARRIVALS))
+    monkeypatch.setattr(LoopBuilder, "iter_ops", refuse)  # what build and stream_program call
+    cfg = load_config(None, ARRIVALS)
+    sizes = draw_sizes(cfg)
+    fast.realize(cfg, sizes, ArrivalProcess(cfg, sizes))
+    assert sizes.batch.min() >= 1
+    run = fast.run_config(cfg, sizes)
     assert run.summary["requests_completed"] > 0
+
+
+def test_the_graph_bucket_rule_is_one_for_the_validation_the_sizes_and_the_arrivals():
+    buckets = [4, 8, 16, 64]
+    batches = list(range(1, 65))
+    want = [min(b for b in buckets if b >= x) for x in batches]
+    assert buckets_of(batches, buckets).tolist() == want
+    assert buckets_of(batches, None).tolist() == batches
+    listed = load_config(None, {**SHORT, "steps": 64,
+                                "workload": {"batch_sizes": batches, "graph_buckets": buckets}})
+    assert draw_sizes(listed).bucket.tolist() == want
+    arrivals = load_config(None, ARRIVALS)
+    sizes = resolve_sizes(arrivals)
+    assert sizes.bucket.tolist() == buckets_of(sizes.batch,
+                                               arrivals.workload.graph_buckets).tolist()
+    # above the largest bucket: the same line, whether the config names the batch (checked
+    # as it is validated) or it is drawn (checked as the sizes are drawn)
+    with pytest.raises(ConfigError) as listed:
+        load_config({**SHORT, "workload": {"batch_sizes": [3, 70], "graph_buckets": [64]}})
+    assert str(listed.value) == ("<config>: workload.batch_sizes.1: batch 70 at step 1 is above "
+                                 "the largest graph bucket (64)")
+    drawn = load_config(None, {**SHORT, "seed": 3, "workload": {
+        "batch_size": {"dist": "empirical", "values": [3, 70]}, "graph_buckets": [64]}})
+    with pytest.raises(ConfigError, match=r"^workload.batch_size: batch 70 at step \d+ is "
+                                          r"above the largest graph bucket \(64\)$"):
+        draw_sizes(drawn)
 
 
 # ---------------------------------------------------------------------------- plots

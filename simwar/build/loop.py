@@ -1,4 +1,4 @@
-"""Config → Program, following SGLang's overlap loop (DESIGN.md, reference §(b)).
+"""Config and per-step sizes → Program, following SGLang's overlap loop (docs/design.md).
 
 One scheduler iteration ``k`` issues, in order:
 
@@ -22,30 +22,36 @@ A final drain processes the last result.
 
 Durations come from one generator seeded by ``config.seed``: each distribution is
 drawn in a single call holding all of its uses in program order (distributions in order
-of first use), before the ops are built (:class:`_Sampler`). The same iteration code,
-given symbolic durations, builds the first iterations and the drain as templates
-(:func:`plan_iterations`), from which :mod:`simwar.executors.fast.core` runs a config without building
-its Program; both take the same numbers from the same draws.
+of first use), before the ops are built (:class:`simwar.build.draws.Sampler`). The same
+iteration code, given symbolic durations (:class:`simwar.build.draws.Symbolic`), builds the
+first iterations and the drain as templates (:func:`plan_iterations`), from which
+:mod:`simwar.executors.fast` runs a config without building its Program; both take the
+same numbers from the same draws.
 
 **Durations that vary with the step.** A run's per-step sizes (batch, graph bucket,
-accepted tokens: :mod:`simwar.build.sizes`) are arrays computed before any op. An affine
-duration (:class:`simwar.config.schema.Affine`) is drawn like a distribution: each use asks for
-the size of a step (the step being prepared, or the one whose result is processed, see
-:func:`simwar.config.schema.duration_keys`) and whether it is padded to the graph bucket; the
-symbolic build records that context per use, and :class:`AffineTable` evaluates every use
-of the run at once, vectorised, into one array per duration in program order (its noise
-draws added), which the builder and the one-pass executor read as they read the draws.
+accepted tokens: :mod:`simwar.build.sizes`) are arrays computed before any op and given to
+every function here (:func:`simwar.api.resolve_sizes` draws them, and realizes arrivals
+first). An affine duration (:class:`simwar.config.schema.Affine`) is drawn like a
+distribution: each use asks for the size of a step (the step being prepared, or the one
+whose result is processed, see :func:`simwar.config.schema.duration_keys`) and whether it is
+padded to the graph bucket; the symbolic build records that context per use, and
+:class:`~simwar.build.draws.AffineTable` evaluates every use of the run at once, vectorised,
+into one array per duration in program order (its noise draws added), which the builder and
+the one-pass executor read as they read the draws.
 The structure of an iteration never depends on the sizes: only numbers do (graph launches
 carry their size in their name, ``verify.graph@32``, which is not part of an iteration's
-shape). Imports: numpy, no simpy.
+shape).
+
+Imports: :mod:`simwar.core.program`, :mod:`simwar.config` and the other build modules; no
+simpy, nothing from executors or above.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
-from simwar.config.schema import Affine, Config, ConfigError, Dist, Phase, affine_error, duration_keys
+from simwar.build.draws import WAIT_REQUESTS, AffineTable, Sampler, Symbolic
+from simwar.build.sizes import StepSizes
 from simwar.config.policies import PublishPoint, barrier, publish_point
+from simwar.config.schema import Affine, Config, Dist, Phase
 from simwar.core.program import (
     CpuWork,
     GraphLaunch,
@@ -63,152 +69,16 @@ from simwar.core.program import (
 )
 
 
-class _Sampler:
-    """Draws every duration of a run up front: one generator call per distribution.
-
-    The distributions (config values that are a :class:`Dist`) are drawn in order of their
-    first use in the program, each as one array holding all of its uses in program order
-    (iteration by iteration, and within one in the order the builder asks). Constants never
-    touch the generator. ``next_value(d)`` hands out the draws in that order.
-    """
-
-    def __init__(self, seed: int, counts: dict[int, tuple[Dist, int]]):
-        # (numpy.random is imported only when there is something to draw)
-        rng = np.random.default_rng(seed) if counts else None
-        self.arrays: dict[int, np.ndarray] = {key: _sample(rng, d, n)
-                                              for key, (d, n) in counts.items()}
-        self._next: dict[int, object] = {}
-
-    def __call__(self, d, at: int = 0, padded: bool = False):
-        it = self._next.get(id(d))
-        if it is None:
-            if not isinstance(d, _DRAWN):
-                return d
-            it = self._next[id(d)] = iter(self.arrays[id(d)].tolist())
-        return next(it)
-
-
-def _sample(rng: np.random.Generator, d: Dist, n: int) -> np.ndarray:
-    """``n`` draws of ``d`` in one call, clipped at ``d.min``."""
-    if d.dist == "normal":
-        x = rng.normal(d.mean, d.std, n)
-    elif d.dist == "lognormal":
-        # parameters of the distribution itself: mean and std of the samples
-        var = np.log1p((d.std / d.mean) ** 2)
-        x = rng.lognormal(np.log(d.mean) - var / 2, np.sqrt(var), n)
-    elif d.dist == "uniform":
-        x = rng.uniform(d.low, d.high, n)
-    else:
-        x = np.asarray(d.values, dtype=float)[rng.integers(len(d.values), size=n)]
-    return np.maximum(float(d.min), x)
-
-
-class Series:
-    """A builder-made duration read from a per-iteration array of the run's sizes
-    (``idle``: the wait for a first request under arrivals)."""
-
-    __slots__ = ("name",)
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"Series({self.name!r})"
-
-
-#: the host's wait for a request at the top of an iteration (arrivals only)
-WAIT_REQUESTS = Series("idle")
-#: config values handed out per use from an array (the others are constants)
-_DRAWN = (Dist, Affine, Series)
-
-
-class Use:
-    """A symbolic draw: use ``index`` (within one iteration) of distribution ``key``."""
-
-    __slots__ = ("key", "index")
-
-    def __init__(self, key: int, index: int):
-        self.key = key
-        self.index = index
-
-    def __add__(self, other):
-        return Sum(self, other)
-
-    def __radd__(self, other):
-        return Sum(other, self)
-
-    def __gt__(self, other) -> bool:  # a drawn duration may be positive: the op is kept
-        return True
-
-    def __repr__(self) -> str:
-        return f"Use({self.key}, {self.index})"
-
-
-class Sum:
-    """A symbolic host-call cost: ``a + b``, each a constant or a :class:`Use`."""
-
-    __slots__ = ("a", "b")
-
-    def __init__(self, a, b):
-        self.a = a
-        self.b = b
-
-    def __gt__(self, other) -> bool:
-        return True
-
-    def __repr__(self) -> str:
-        return f"Sum({self.a!r}, {self.b!r})"
-
-
-class _Symbolic:
-    """A drawer that hands out :class:`Use` placeholders instead of numbers (templates).
-
-    For a duration that varies with the step (affine, series) it also records, per use, the
-    context: the step whose sizes it takes, relative to the iteration's, and whether the
-    size is padded to the graph bucket.
-    """
-
-    def __init__(self) -> None:
-        self.dists: dict[int, Dist] = {}  # key -> Dist, in order of first use
-        self.affines: dict[int, object] = {}  # key -> Affine or Series, in order of first use
-        self.uses: dict[int, int] = {}  # key -> uses in the current iteration
-        self.contexts: dict[int, list] = {}  # affine key -> [(step offset, padded)] per use
-        self.k = 0  # the current iteration
-
-    def new_iteration(self, k: int = 0) -> tuple[dict[int, int], dict[int, list]]:
-        done, self.uses = self.uses, {}
-        ctx, self.contexts = self.contexts, {}
-        self.k = k
-        return done, ctx
-
-    def __call__(self, d, at: int = 0, padded: bool = False):
-        if not isinstance(d, _DRAWN):
-            return d
-        key = id(d)
-        if type(d) is Dist:
-            self.dists.setdefault(key, d)
-        else:
-            self.affines.setdefault(key, d)
-            self.contexts.setdefault(key, []).append((at - self.k, padded))
-            if type(d) is Affine and d.noise is not None:
-                self(d.noise)  # one noise draw per use, from the run's generator
-        n = self.uses.get(key, 0)
-        self.uses[key] = n + 1
-        return Use(key, n)
-
-
-def build_program(cfg: Config) -> Program:
+def build_program(cfg: Config, sizes: StepSizes) -> Program:
     """The run's Program: every host operation of every iteration, durations drawn (a
-    validated Config: ``simwar.load_config`` validates)."""
-    return _drawing_builder(cfg).build()
+    validated Config: ``simwar.load_config`` validates; its sizes, arrivals realized:
+    :func:`simwar.api.resolve_sizes`)."""
+    return _drawing_builder(cfg, sizes).build()
 
 
-def _drawing_builder(cfg: Config) -> _Builder:
-    from simwar.build.sizes import resolve
-
-    sizes = resolve(cfg)
+def _drawing_builder(cfg: Config, sizes: StepSizes) -> LoopBuilder:
     plan = plan_iterations(cfg, sizes)
-    return _Builder(cfg, plan.sampler(), plan.phases, sizes)
+    return LoopBuilder(cfg, plan.sampler(), sizes, plan.phases)
 
 
 #: iterations built symbolically to find the steady-state iteration (see :func:`plan_iterations`)
@@ -218,16 +88,17 @@ SKELETON = 6
 class IterationPlan:
     """The run as iteration templates: which template each iteration (and the drain) uses.
 
-    ``ops[i]`` is the host ops of skeleton iteration i (durations as numbers or :class:`Use`),
-    ``uses[i]`` its draws per distribution; ``role(k)`` maps run iteration k (``steps`` is the
-    drain) to its skeleton iteration. Iterations from the third on are identical up to the
-    step number (checked by :mod:`simwar.executors.fast.core` on the skeleton), so a run of any length is the
-    first iterations, the steady one repeated, and the drain.
+    ``ops[i]`` is the host ops of skeleton iteration i (durations as numbers or
+    :class:`~simwar.build.draws.Use`), ``uses[i]`` its draws per distribution; ``role(k)``
+    maps run iteration k (``steps`` is the drain) to its skeleton iteration. Iterations from
+    the third on are identical up to the step number (checked by
+    :mod:`simwar.executors.fast` on the skeleton), so a run of any length is the first
+    iterations, the steady one repeated, and the drain.
     """
 
     def __init__(self, cfg: Config, ops: list[list], uses: list[dict], dists: dict, meta: dict,
                  phases: list[Phase], affines: dict | None = None,
-                 contexts: list[dict] | None = None, sizes=None):
+                 contexts: list[dict] | None = None, sizes: StepSizes | None = None):
         self.cfg = cfg
         self.phases = phases
         self.ops = ops
@@ -248,10 +119,11 @@ class IterationPlan:
             out = [(i, i, 1) for i in range(n - 1)] + [(n - 1, n - 1, self.steps - (n - 1))]
         return out + [(n, self.steps, 1)]
 
-    def sampler(self, fill: bool = True) -> _Sampler:
+    def sampler(self, fill: bool = True) -> Sampler:
         """The run's draws, and the per-use values of its affine durations
-        (``fill=False``: left to :meth:`AffineTable.fill`, as the sizes become known)."""
-        sampler = _Sampler(self.cfg.seed, self.draw_counts())
+        (``fill=False``: left to :meth:`~simwar.build.draws.AffineTable.fill`, as the sizes
+        become known)."""
+        sampler = Sampler(self.cfg.seed, self.draw_counts())
         if self.affines:
             table = AffineTable(self, self.sizes, sampler.arrays)
             if fill:
@@ -279,85 +151,14 @@ class IterationPlan:
         return {key: (self.dists[key], total[key]) for key in self.dists}
 
 
-class AffineTable:
-    """The value of every use of every step-dependent duration of a run, in program order.
-
-    One flat array per duration (``arrays[key]``), laid out as the draws of a distribution
-    are: iteration by iteration, and within one in the order of its uses. A use of an
-    :class:`~simwar.config.schema.Affine` at iteration ``k`` with context ``(offset, padded)`` is
-    ``base + per_seq * S + per_token * S * A`` plus its noise draw, where ``S`` is the batch of
-    step ``k + offset`` (its graph bucket if ``padded``) and ``A`` that step's accepted tokens;
-    a :class:`Series` use is the series' value at that step. :meth:`fill` computes iterations
-    ``[k0, k1)`` at once (all of them for a run whose sizes are known; one at a time while
-    arrivals are realized). The noise draws are taken out of ``draws``.
-    """
-
-    def __init__(self, plan: IterationPlan, sizes, draws: dict):
-        self.plan = plan
-        self.sizes = sizes
-        self.segments = plan.segments()
-        self.names = {id(v): key for key, v, _ in duration_keys(plan.cfg, plan.phases)}
-        self.arrays: dict[int, np.ndarray] = {}
-        self.offsets: dict[int, list[int]] = {}
-        self.noise: dict[int, np.ndarray] = {}
-        for key, obj in plan.affines.items():
-            pos, offs = 0, []
-            for role, _, count in self.segments:
-                offs.append(pos)
-                pos += count * len(plan.contexts[role].get(key, ()))
-            self.arrays[key] = np.zeros(pos)
-            self.offsets[key] = offs
-            if type(obj) is Affine and obj.noise is not None:
-                self.noise[key] = draws.pop(id(obj.noise))
-        draws.update(self.arrays)
-
-    def fill(self, k0: int, k1: int) -> None:
-        """Evaluate every use of iterations ``k0 <= k < k1`` (the drain is ``steps``)."""
-        sizes = self.sizes
-        last = len(sizes.batch) - 1
-        for si, (role, s0, count) in enumerate(self.segments):
-            a, b = max(k0, s0), min(k1, s0 + count)
-            if a >= b:
-                continue
-            ks = np.arange(a, b)
-            for key, ctx in self.plan.contexts[role].items():
-                obj = self.plan.affines[key]
-                c = len(ctx)
-                block = np.empty((len(ks), c))
-                for j, (off, padded) in enumerate(ctx):
-                    idx = np.minimum(ks + off, last)
-                    if type(obj) is Series:
-                        block[:, j] = getattr(sizes, obj.name)[idx]
-                        continue
-                    size = (sizes.bucket if padded else sizes.batch)[idx].astype(float)
-                    tokens = sizes.accept[idx]
-                    v = obj.value(size, tokens)
-                    bad = np.flatnonzero(v < 0)
-                    if len(bad):
-                        i = bad[0]
-                        raise ConfigError(affine_error(
-                            self.names.get(key, "a duration"), obj, float(size[i]),
-                            float(tokens[i]), float(v[i]), int(idx[i])))
-                    block[:, j] = v
-                start = self.offsets[key][si] + (a - s0) * c
-                stop = start + len(ks) * c
-                flat = block.ravel()
-                if key in self.noise:
-                    flat = flat + self.noise[key][start:stop]
-                self.arrays[key][start:stop] = flat
-
-
-def plan_iterations(cfg: Config, sizes=None) -> IterationPlan:
-    """Build the first iterations and the drain symbolically (no numbers drawn).
-
-    ``sizes``: the run's per-step sizes (:func:`simwar.build.sizes.resolve` by default).
-    """
-    if sizes is None:
-        from simwar.build.sizes import resolve
-
-        sizes = resolve(cfg)
-    sym = _Symbolic()
-    b = _Builder(cfg, sym, sizes=sizes)
+def plan_iterations(cfg: Config, sizes: StepSizes) -> IterationPlan:
+    """Build the first iterations and the drain symbolically (no numbers drawn), at the
+    run's per-step ``sizes``. An arrivals run's may not be realized yet (while
+    :func:`simwar.executors.fast.realize` fixes them): the templates' structure never
+    depends on the sizes, and their step-dependent values are filled later
+    (:meth:`~simwar.build.draws.AffineTable.fill`)."""
+    sym = Symbolic()
+    b = LoopBuilder(cfg, sym, sizes)
     n = min(cfg.steps, SKELETON)
     ops: list[list] = []
     uses: list[dict] = []
@@ -380,21 +181,31 @@ def plan_iterations(cfg: Config, sizes=None) -> IterationPlan:
                          dict(sym.affines), contexts, sizes)
 
 
-def stream_program(cfg: Config) -> Program:
+def stream_program(cfg: Config, sizes: StepSizes) -> Program:
     """The same Program with its ops generated one iteration at a time as they are read.
 
     For executors that read the ops once, in order (the SimPy engine): a long run
     then never holds the whole op list. ``ops`` is a one-shot iterator; use
     :func:`build_program` for a Program to inspect, serialize or replay.
     """
-    builder = _drawing_builder(cfg)
+    builder = _drawing_builder(cfg, sizes)
     return Program(ops=builder.iter_ops(), meta=builder.meta())
 
 
-class _Builder:
-    def __init__(self, cfg: Config, draw, phases: list[Phase] | None = None, sizes=None):
+class LoopBuilder:
+    """Issues the host operations of SGLang's overlap loop for one config (module docstring).
+
+    ``draw`` hands out each duration as it is issued (a :class:`~simwar.build.draws.Sampler`
+    for numbers, a :class:`~simwar.build.draws.Symbolic` for templates); ``sizes``: the
+    run's per-step sizes; ``phases``: the phase table (the config's by default; builders of
+    one run share it, since draws are keyed by object). The barrier policy's hooks
+    (:mod:`simwar.config.policies`) call its host-API methods (``launch``, ``record``,
+    ``wait_event``, ``wait_stream``, ``sync``, ``cpu``).
+    """
+
+    def __init__(self, cfg: Config, draw, sizes: StepSizes, phases: list[Phase] | None = None):
         self.cfg = cfg
-        self.sizes = sizes  # simwar.build.sizes.StepSizes (None: constant sizes)
+        self.sizes = sizes
         self._at = 0  # the step whose sizes the durations drawn now use
         # distributions are keyed by object: builders of one run share the phase table
         self.phases: list[Phase] = phases if phases is not None else cfg.phase_table()
@@ -471,7 +282,7 @@ class _Builder:
             "forward_stream": "forward",
         }
         sz = self.sizes
-        if sz is not None and sz.per_step:
+        if sz.per_step:
             # the run's means stand in for the constants; the steps' own values follow
             out["batch_size"] = float(sz.batch.mean()) if len(sz.batch) else 0.0
             out["accept_tokens"] = float(sz.accept.mean()) if len(sz.accept) else 0.0
@@ -482,7 +293,7 @@ class _Builder:
         cfg, pol = self.cfg, self.cfg.policy
         self.ops.append(StepMarker(k))
         self._at = k
-        if self.sizes is not None and self.sizes.idle is not None:
+        if self.sizes.idle is not None:
             self.cpu("wait_requests", WAIT_REQUESTS, k)
         loop_top = pol.placement == "loop_top" and k > 0
         if loop_top and not self.policy.blocks_at_prepare:
@@ -570,7 +381,7 @@ class _Builder:
         nodes.append(Kernel(f"{name}.body", self._draw(ph.body_us, True), body_reads, (), name))
         graph = f"{name}.graph"
         sz = self.sizes
-        if sz is not None and sz.suffix:  # one captured graph per (phase, bucket)
+        if sz.suffix:  # one captured graph per (phase, bucket)
             graph += f"@{int(sz.bucket[k])}"
         self.ops.append(GraphLaunch("forward", graph, tuple(nodes), k, name,
                                     self._cost(costs.graph_launch_us)))
@@ -596,3 +407,7 @@ class _Builder:
 
 def _positive(d) -> bool:
     return isinstance(d, (Dist, Affine)) or d > 0
+
+
+__all__ = ["SKELETON", "IterationPlan", "LoopBuilder", "build_program", "plan_iterations",
+           "stream_program"]

@@ -1,18 +1,19 @@
 """Per-step sizes of a run: batch, graph bucket, accepted tokens, and arriving requests.
 
-:func:`resolve` turns a config's ``workload`` and ``accept`` sections into arrays over the
+:func:`draw_sizes` turns a config's ``workload`` and ``accept`` sections into arrays over the
 run's steps (:class:`StepSizes`), computed once, before any op is built:
 
 - ``batch[k]``: the requests in step k's batch (``workload.batch_sizes`` cycled, the
   ``batch_sizes_file`` column cycled, ``workload.batch_size`` drawn per step, the arrivals
   model below, or the config's constant ``batch_size``);
 - ``bucket[k]``: the graph bucket step k's graph phases run at (the smallest of
-  ``workload.graph_buckets`` >= the batch; the batch itself without buckets);
+  ``workload.graph_buckets`` >= the batch, the batch itself without buckets:
+  :func:`simwar.config.schema.buckets_of`, the rule the validation applies);
 - ``accept[k]``: accepted tokens per request in step k (``accept.tokens``: a number, a
   per-step list cycled, or a distribution drawn once per step).
 
 The durations that scale with the step (:class:`simwar.config.schema.Affine`) are evaluated on
-these arrays by :class:`simwar.build.loop.AffineTable`, vectorised, in the same layout as the
+these arrays by :class:`simwar.build.draws.AffineTable`, vectorised, in the same layout as the
 distribution draws, so every executor reads the same numbers.
 
 **Seeds.** Each random source has its own generator, seeded by ``(config.seed, stream)``
@@ -30,27 +31,31 @@ overlap loop's extra step) and leaves before batch k+2. Step k's batch is fixed 
 time iteration k begins (its step marker: what arrived by then is admitted); if nothing is
 running or waiting, the host waits for the next arrival there (a ``wait_requests`` CPU span).
 
-The sequence is realized by the one-pass executor running the run's own plan one iteration
-at a time (:func:`simwar.executors.fast.core.realize`): before iteration k it reads the host clock, fixes
-batch k (and the wait), and evaluates iteration k's durations; iteration k's ops only use
-the batches of steps <= k, so nothing already run changes. The realized sequence is then a
-fixed per-step array like any other: the one Program every executor runs (the SimPy engine,
-the one-pass executor, the GPU harness) is built from it, and it is exported in the
+:func:`draw_sizes` leaves an arrivals run's batches at zero; :class:`ArrivalProcess` is
+the model that fixes them, and the one-pass executor realizes the sequence with it, running
+the run's own plan one iteration at a time (:func:`simwar.executors.fast.realize`,
+called by :func:`simwar.api.resolve_sizes`): before iteration k it reads the host clock,
+fixes batch k (and the wait), and evaluates iteration k's durations; iteration k's ops only
+use the batches of steps <= k, so nothing already run changes. The realized sequence is then
+a fixed per-step array like any other: the one Program every executor runs (the SimPy
+engine, the one-pass executor, the GPU harness) is built from it, and it is exported in the
 per-step table (``batch_size``) and the program's ``meta.workload``. The same seed gives the
-same sequence. It is computed once per config (cached by its content).
+same sequence.
 
-Imports: numpy and simwar's config (the fast executor only for arrivals, lazily).
+Imports: numpy, :mod:`simwar.config` and :mod:`simwar.build.draws`; nothing from executors
+(realizing arrivals runs the executor: :mod:`simwar.api` orders it).
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
-from simwar.config.schema import Config, ConfigError, Dist, bucket_of
+from simwar.build.draws import sample
+from simwar.config.schema import Config, buckets_of
 
 #: the generator stream of each random source: ``default_rng([seed, STREAMS[name]])``
 STREAMS = {"batch": 1, "accept": 2, "arrivals": 3, "output": 4}
@@ -59,6 +64,7 @@ CHUNK = 4096
 
 
 def rng(seed: int, stream: str) -> np.random.Generator:
+    """The generator of one random source of the sizes (a name of :data:`STREAMS`)."""
     return np.random.default_rng([seed, STREAMS[stream]])
 
 
@@ -93,12 +99,6 @@ class StepSizes:
         return out
 
 
-def sample(generator: np.random.Generator, d: Dist, n: int) -> np.ndarray:
-    from simwar.build.loop import _sample
-
-    return _sample(generator, d, n)
-
-
 def _batches(cfg: Config, n: int) -> np.ndarray:
     wl = cfg.workload
     src = wl.source if wl is not None else "constant"
@@ -129,24 +129,9 @@ def _accepted(cfg: Config, n: int) -> np.ndarray:
     return sample(rng(cfg.seed, "accept"), t, n)
 
 
-def buckets_of(batch: np.ndarray, buckets: list[int] | None, where: str = "workload") -> \
-        np.ndarray:
-    """The graph bucket of each batch; a batch above the largest bucket is an error naming
-    its step."""
-    if not buckets:
-        return batch.copy()
-    b = np.asarray(buckets, dtype=np.int64)
-    idx = np.searchsorted(b, batch, side="left")
-    over = np.flatnonzero(idx >= len(b))
-    if len(over):
-        k = int(over[0])
-        raise ConfigError(f"{where}: batch {int(batch[k])} at step {k} is above the largest "
-                          f"graph bucket ({buckets[-1]})")
-    return b[idx]
-
-
 def draw_sizes(cfg: Config) -> StepSizes:
-    """The per-step arrays, arrivals not yet realized (their batches are zeros)."""
+    """The per-step arrays; an arrivals run's are not realized yet (its batches are zeros,
+    its ``idle`` waits too: :class:`ArrivalProcess` fills them)."""
     n = cfg.steps
     wl = cfg.workload
     src = wl.source if wl is not None else "constant"
@@ -160,41 +145,24 @@ def draw_sizes(cfg: Config) -> StepSizes:
                      per_step=cfg.varies, suffix=wl is not None, source=src)
 
 
-_CACHE: OrderedDict = OrderedDict()
-_CACHE_LIMIT = 8
+class ArrivalProcess:
+    """The arrivals model of ``workload.arrivals``, which fills ``sizes`` (from
+    :func:`draw_sizes`) one step at a time, as :func:`simwar.executors.fast.realize`
+    runs the iterations.
 
-
-def resolve(cfg: Config) -> StepSizes:
-    """The run's per-step arrays (arrivals realized; see the module docstring)."""
-    sizes = draw_sizes(cfg)
-    if sizes.source != "arrivals":
-        return sizes
-    key = cfg.model_dump_json()
-    hit = _CACHE.get(key)
-    if hit is not None:
-        _CACHE.move_to_end(key)
-        return hit
-    from simwar.executors.fast import realize
-
-    realize(cfg, sizes, Arrivals(cfg, sizes))
-    _CACHE[key] = sizes
-    if len(_CACHE) > _CACHE_LIMIT:
-        _CACHE.popitem(last=False)
-    return sizes
-
-
-class Arrivals:
-    """The arrivals model, advanced one iteration at a time by :func:`simwar.executors.fast.core.realize`.
-
-    ``schedule(k, t)`` fixes batch k at host time ``t`` (iteration k's step marker) and
-    returns the time waited for a first request; ``advance(k)`` applies step k's accepted
-    tokens to the requests in its batch.
+    ``schedule(k, t)`` fixes batch k (and its bucket) at host time ``t`` (iteration k's step
+    marker), applies step k's accepted tokens to the requests in its batch, and returns the
+    time waited for a first request; ``finish_run()``, once every step is fixed, stores the
+    admitted requests (``sizes.requests``).
     """
 
     def __init__(self, cfg: Config, sizes: StepSizes):
         wl = cfg.workload
         self.sizes = sizes
         self.max_batch = int(wl.max_batch)
+        # the bucket of every batch the run can have (validated: max_batch fits the buckets)
+        self.bucket_at = buckets_of(np.arange(self.max_batch + 1), sizes.buckets,
+                                    "workload.max_batch")
         self.gap_us = 1e6 / wl.arrivals.rate_per_s
         self.output = wl.output_tokens
         self._arr_rng = rng(cfg.seed, "arrivals")
@@ -268,7 +236,7 @@ class Arrivals:
             self.running.append(rid)
             room -= 1
         self.sizes.batch[k] = len(self.running)
-        self.sizes.bucket[k] = bucket_of(len(self.running), self.sizes.buckets)
+        self.sizes.bucket[k] = self.bucket_at[len(self.running)]
         self.sizes.idle[k] = idle
         acc = float(self.sizes.accept[k])
         for r in self.running:
@@ -280,7 +248,6 @@ class Arrivals:
 
     def finish_run(self) -> None:
         s = self.sizes
-        s.bucket[:] = buckets_of(s.batch, s.buckets, "workload.arrivals")
         admitted = np.flatnonzero(np.asarray(self.admit_step, dtype=np.int64) >= 0)
         s.requests = {
             "arrival_us": np.asarray(self.arrival, dtype=float)[admitted],
@@ -291,4 +258,4 @@ class Arrivals:
         }
 
 
-__all__ = ["Arrivals", "StepSizes", "buckets_of", "draw_sizes", "resolve", "rng"]
+__all__ = ["CHUNK", "STREAMS", "ArrivalProcess", "StepSizes", "draw_sizes", "rng"]

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from simwar.config.schema import ConfigError, _first_error, read_yaml
+from simwar.config import ConfigError, first_error, read_yaml
 
 #: ProfilerStep ranges that torch.profiler's ``prof.step()`` writes.
 PROFILER_STEP = r"^ProfilerStep#\d+$"
@@ -209,4 +209,4 @@ def load_mapping(source: str | Path | dict | Mapping | None) -> Mapping:
     try:
         return Mapping(**data)
     except ValidationError as e:
-        raise ConfigError(f"{label}: {_first_error(e)}") from None
+        raise ConfigError(f"{label}: {first_error(e)}") from None

@@ -24,6 +24,7 @@ from simwar.cli.common import (  # noqa: F401  (UserError and the costs helpers:
     run_label,
     stall_lines,
 )
+from simwar.config import ENGINES
 
 #: modules that contribute subcommands: each has ``register(subparsers)``, and may have
 #: ``extend_run(run_parser)`` (extra ``run`` options), ``before_run(args, config)`` (checks
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from simwar.config.schema import ConfigError
+    from simwar.config import ConfigError
 
     try:
         return int(args.func(args) or 0)
@@ -115,7 +116,7 @@ def register_run(sub) -> None:
                    help="list up to N races in the text summary (default 5)")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar and no notes on stderr (errors still print)")
-    p.add_argument("--engine", choices=("simpy", "fast", "auto"), default=None,
+    p.add_argument("--engine", choices=ENGINES, default=None,
                    help="executor: simpy (reference, keeps the trace), fast (one pass, no "
                         "trace) or auto (fast unless --trace/--timeline; default: the "
                         "config's engine, auto)")
@@ -128,7 +129,7 @@ def register_run(sub) -> None:
 
 def cmd_run(args) -> int:
     from simwar.api import simulate
-    from simwar.config.schema import load_config, override_list
+    from simwar.config import load_config, override_list
 
     items = override_list(args.overrides)
     if args.costs:

@@ -145,7 +145,7 @@ def cmd_import(args) -> int:
 def _check_config(args):
     """The fitted config ``--check`` simulates, loaded (with ``--set``) before the capture is
     read, so that a bad file or override costs no import."""
-    from simwar.config.schema import load_config, override_list
+    from simwar.config import load_config, override_list
 
     items = _additions(args.check, args.additions) + override_list(args.overrides)
     return load_config(args.check, items), items
@@ -154,7 +154,7 @@ def _check_config(args):
 def _additions(path: str, additions: list[str]) -> list:
     """``--add KEY=US`` as overrides: the fitted file's duration at KEY, shifted by US µs."""
     from simwar.cli.common import UserError
-    from simwar.config.schema import ConfigError, Override, load_config
+    from simwar.config import ConfigError, Override, load_config
 
     if not additions:
         return []

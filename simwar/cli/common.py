@@ -28,7 +28,7 @@ CALIBRATION_INFO_KEYS = ("format", "version", "device", "spin", "fitted_from", "
 
 def read_costs_file(path: str, option: str = "--costs") -> tuple[dict, list[dict]]:
     """``(costs, phase entries)`` of a costs file; a key it would not use is an error."""
-    from simwar.config.schema import ConfigError, read_yaml
+    from simwar.config import ConfigError, read_yaml
 
     try:
         data = read_yaml(path)
@@ -67,7 +67,7 @@ def costs_overrides(path: str | None) -> dict:
 
 def costs_file_overrides(path: str, phase_names: list[str]) -> list:
     """The overrides of a costs file for a config whose phases are ``phase_names``."""
-    from simwar.config.schema import Override
+    from simwar.config import Override
 
     costs, phases = read_costs_file(path)
     origin = f"--costs {path}"

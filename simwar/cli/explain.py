@@ -143,7 +143,7 @@ def load_source(path: str, mapping: str | None = None, overrides=()):
         raise UserError(f"--mapping: only for a Kineto capture; {p} is a {kind} file")
     if kind == "config":
         from simwar.api import simulate
-        from simwar.config.schema import load_config, parse_override
+        from simwar.config import load_config, parse_override
 
         cfg = load_config(str(p), dict(parse_override(o) for o in overrides))
         return simulate(cfg).trace, f"config {p} (simulated, {cfg.steps} steps)"
@@ -297,7 +297,7 @@ def chain_figure(cp, step: int, figsize=(13, 4.6)):
 # --------------------------------------------------------------------------- advise
 def cmd_advise(args) -> int:
     from simwar.cli.common import UserError, jsonable
-    from simwar.config.schema import load_config, parse_override
+    from simwar.config import load_config, parse_override
     from simwar.study.advise import OBJECTIVES, SCREEN_STEPS, AdviseError, advise
 
     if args.objective not in OBJECTIVES:

@@ -87,8 +87,8 @@ def _user_error(msg: str):
 
 # --------------------------------------------------------------------------- harness
 def cmd_harness(args) -> int:
-    from simwar.build.loop import build_program
-    from simwar.config.schema import load_config
+    from simwar.api import build_program
+    from simwar.config import load_config
     from simwar.harness import suite
 
     out = Path(args.out)
@@ -169,7 +169,7 @@ def load_measured(sources: list[str]) -> dict[str, dict]:
 
 
 def _case_configs(names, config_path: str | None) -> dict[str, dict]:
-    from simwar.config.schema import load_config
+    from simwar.config import load_config
     from simwar.harness import suite
 
     known = suite.all_cases()

@@ -170,7 +170,7 @@ def read_results(path: str):
 
 
 def _filter(df, items: list[str]):
-    from simwar.config.schema import parse_override
+    from simwar.config import parse_override
 
     for item in items:
         key, value = parse_override(item)
@@ -214,7 +214,7 @@ def _is_config(path: str) -> bool:
 def cmd_plot_steps(args) -> int:
     """``simwar plot CONFIG.yaml``: the run's steps against their batch size."""
     from simwar.api import simulate
-    from simwar.config.schema import load_config
+    from simwar.config import load_config
 
     for option, value in (("--x", args.x), ("--y", args.y), ("--hue", args.hue),
                           ("--where", args.where)):

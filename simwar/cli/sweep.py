@@ -59,7 +59,7 @@ def register(sub) -> None:
 
 
 def _is_sweep_file(path: str) -> bool:
-    from simwar.config.schema import read_yaml
+    from simwar.config import read_yaml
     from simwar.study.sweeps import is_sweep_mapping
 
     return is_sweep_mapping(read_yaml(path))
@@ -99,7 +99,7 @@ def cmd_sweep(args) -> int:
 
 # --------------------------------------------------------------------------- validate
 def cmd_validate(args) -> int:
-    from simwar.config.schema import ConfigError, load_config
+    from simwar.config import ConfigError, load_config
     from simwar.study.sweeps import load_sweep
 
     failures = 0
@@ -121,7 +121,7 @@ def cmd_validate(args) -> int:
 
 # --------------------------------------------------------------------------- show
 def cmd_show(args) -> int:
-    from simwar.config.schema import load_config
+    from simwar.config import load_config
     from simwar.study.sweeps import load_sweep
 
     if args.file and _is_sweep_file(args.file):

@@ -1,1 +1,46 @@
-"""placeholder"""
+"""The config: what one simulated run is, validated, with one-line errors.
+
+``from simwar.config import load_config`` (and the names below) is the API; the submodules:
+
+- :mod:`simwar.config.schema`: the pydantic models (durations, sections, workload, Config),
+  the rules later layers share (graph buckets, engine and algorithm names, which batch each
+  duration uses);
+- :mod:`simwar.config.load`: YAML files, dotted overrides, validation, the error's blame;
+- :mod:`simwar.config.algorithms`: the built-in phase tables (plain data);
+- :mod:`simwar.config.policies`: barrier policies and the read-done publish rule.
+
+Imports: pydantic and yaml (through schema and load); nothing from build, executors or above.
+"""
+
+from __future__ import annotations
+
+from simwar.config.load import (
+    DEFAULT_CONFIG,
+    Override,
+    load_config,
+    override_list,
+    parse_override,
+    read_yaml,
+    resolve_paths,
+    set_dotted,
+    validate,
+)
+from simwar.config.schema import (
+    ALGORITHMS,
+    ENGINES,
+    Affine,
+    Config,
+    ConfigError,
+    Dist,
+    Phase,
+    Policy,
+    Workload,
+    buckets_of,
+    duration_keys,
+    first_error,
+)
+
+__all__ = ["ALGORITHMS", "DEFAULT_CONFIG", "ENGINES", "Affine", "Config", "ConfigError", "Dist",
+           "Override", "Phase", "Policy", "Workload", "buckets_of", "duration_keys",
+           "first_error", "load_config", "override_list", "parse_override", "read_yaml",
+           "resolve_paths", "set_dotted", "validate"]

@@ -2,7 +2,7 @@
 
 Each entry is one phase of a decode step, in forward-stream order, with the
 schema of :class:`simwar.config.schema.Phase`. The tables follow SGLang 0.5.23 as
-described in reference/sglang_overlap_war.md §(d):
+described in docs/design.md:
 
 - ``none``: one decode graph; its in-graph metadata prep re-gathers the live
   page table, so the backend declares IN_REPLAY (planted node).

@@ -1,6 +1,6 @@
 """Barrier policies and the read-done publish rule.
 
-The rule (reference §(d), "Rule the simulator should implement"): the
+The rule (docs/design.md, the rule the simulator implements): the
 read-done event is published by the **last phase that reads shared buffers**
 (or the phase named by ``policy.publish_phase``), recorded at that phase's
 declared end:
@@ -69,9 +69,9 @@ def publish_point(phases: Sequence, publish_phase: str = "auto", external_events
 class Barrier:
     """A WAR barrier policy. Subclass, set ``name``, override the hooks, register.
 
-    The hooks receive the builder (``simwar.build.loop``), whose host-API methods
-    (``wait_stream``, ``wait_event``, ``sync``, ``record``) issue the ops, and
-    the step ``k`` whose forward the barrier fences:
+    The hooks receive the builder (:class:`simwar.build.loop.LoopBuilder`), whose host-API
+    methods (``wait_stream``, ``wait_event``, ``sync``, ``record``) issue the ops, and the
+    step ``k`` whose forward the barrier fences:
 
     - :meth:`fence`: the barrier for forward ``k`` (after the launch, or at the
       top of iteration k+1 under ``placement: loop_top``);

@@ -1,4 +1,4 @@
-"""The config schema (pydantic v2), loading, dotted overrides and clear errors.
+"""The config schema (pydantic v2): durations, sections, the workload and the Config.
 
 A config describes one simulated run: the speculative algorithm (a phase
 table), the barrier policy, CPU and GPU durations, host API costs, and optionally
@@ -9,20 +9,30 @@ affine function of the step's batch ``{base, per_seq, per_token, noise}``
 (:class:`Affine`; which batch each duration uses: :func:`duration_keys`).
 
 Errors a user can cause are raised as :class:`ConfigError`, whose message is
-one line: ``FILE: dotted.key: what was expected``.
+one line: ``FILE: dotted.key: what was expected``; each validator raises a one-line
+``ValueError`` naming its key, and :func:`first_error` turns pydantic's errors into that
+line. Reading files, dotted overrides and naming the override to blame:
+:mod:`simwar.config.load`.
+
+The rules every later layer must apply the same way are defined here, once: the graph-bucket
+rule (:func:`buckets_of`: the validation, the drawn sizes and the arrivals model), the engine
+names (:data:`ENGINES`), the algorithm names (:data:`ALGORITHMS`) and which step's batch each
+duration uses (:func:`duration_keys`).
+
+Size (~720 lines): each model is kept with the validators that give its errors their one
+line, which are most of the file; splitting them would part a model from its checks.
+
+Imports: pydantic and :mod:`simwar.config.algorithms` / :mod:`simwar.config.policies` (numpy
+lazily); nothing from build, executors or above.
 """
 
 from __future__ import annotations
 
-import copy
 import csv
-import json
 import math
-import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -35,12 +45,43 @@ from pydantic import (
 )
 
 from simwar.config.algorithms import BUILTIN, builtin_phases
+from simwar.config.policies import barrier
 
-DEFAULT_CONFIG = Path(__file__).parents[1] / "data" / "default.yaml"
+#: the executors a config's ``engine`` may name: ``simpy`` (the reference, keeps a full
+#: trace), ``fast`` (one pass, no trace; same per-step table and summary) or ``auto`` (fast
+#: unless a trace is asked for); :func:`simwar.api.resolve_engine` chooses between them
+ENGINES = ("simpy", "fast", "auto")
+#: the config's ``algorithm``: a built-in phase table, or ``custom`` (the config's own)
+ALGORITHMS = (*BUILTIN, "custom")
 
 
 class ConfigError(ValueError):
     """One-line, user-facing configuration error (file, key, expectation)."""
+
+
+def first_error(e: ValidationError, prefix: str = "") -> str:
+    """The first error of a pydantic validation as one line: ``dotted.key: message``.
+
+    ``prefix`` is put before the key (the place of a nested model, ``phases.0``). A
+    validator's own message that already names its key is kept as it is.
+    """
+    err = e.errors()[0]
+    loc = [str(x) for x in err["loc"]]
+    # drop union-branch tags pydantic adds ("float", "Dist", "function-after[...]")
+    loc = [x for x in loc if not (x in ("float", "Dist", "Affine", "int") or "[" in x)]
+    key = ".".join(([prefix] if prefix else []) + loc)
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+        if key and (msg.startswith(key + ".") or msg.startswith(key + ":")):
+            key = ""  # the message names the key itself (e.g. grid.policy.barrier: ...)
+    if "input" in err and err["type"] not in ("extra_forbidden", "missing", "value_error"):
+        got = err["input"]
+        if not isinstance(got, (dict, list)):
+            msg += f" (got {got!r})"
+    return f"{key}: {msg}" if key else msg
 
 
 class _Strict(BaseModel):
@@ -131,7 +172,7 @@ def _duration(v: Any) -> Any:
         try:
             return cls(**v)
         except ValidationError as e:
-            raise ValueError(_first_error(e)) from None
+            raise ValueError(first_error(e)) from None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"expected a number of µs, {{dist: ...}} or {{base: ..., per_seq: "
                          f"...}}, got {v!r}")
@@ -181,8 +222,6 @@ class Policy(_Strict):
     @field_validator("barrier")
     @classmethod
     def _registered(cls, name: str) -> str:
-        from simwar.config.policies import barrier
-
         barrier(name)  # raises with the registered names
         return name
 
@@ -237,7 +276,7 @@ def _tokens(v: Any) -> Any:
         try:
             return Dist(**v)
         except ValidationError as e:
-            raise ValueError(_first_error(e)) from None
+            raise ValueError(first_error(e)) from None
     if isinstance(v, (list, tuple)):
         if not v:
             raise ValueError("empty list (give one accepted-token count per step, or a "
@@ -326,15 +365,31 @@ def read_batch_sizes(path: str | Path) -> list[int]:
     return out
 
 
-def bucket_of(batch: int, buckets: list[int] | None) -> int:
-    """The graph bucket a batch runs at: the smallest bucket >= it (the batch itself
-    without buckets)."""
+def buckets_of(batch, buckets: list[int] | None,
+               where: str | Callable[[int], str] = "workload"):
+    """The graph bucket each step's batch runs at: the smallest of ``buckets`` >= it (the
+    batch itself without buckets); an int64 numpy array, one entry per step.
+
+    ``batch``: the batch sizes, one per step (a sequence or an array); ``buckets``: sorted,
+    as :class:`Workload` stores them. A batch above the largest bucket is a
+    :class:`ConfigError` naming the first such step: ``WHERE: batch B at step K is above the
+    largest graph bucket (TOP)``, ``where`` a place or a function of the step giving it. The
+    rule's one definition: the validation, the drawn sizes and the arrivals model use it.
+    """
+    import numpy as np  # lazy: loading a config without graph buckets needs no numpy
+
+    batch = np.asarray(batch, dtype=np.int64)
     if not buckets:
-        return batch
-    for b in buckets:
-        if b >= batch:
-            return b
-    raise ValueError(f"batch {batch} is above the largest graph bucket ({buckets[-1]})")
+        return batch.copy()
+    b = np.asarray(buckets, dtype=np.int64)
+    idx = np.searchsorted(b, batch, side="left")
+    over = np.flatnonzero(idx >= len(b))
+    if len(over):
+        k = int(over[0])
+        place = where(k) if callable(where) else where
+        raise ConfigError(f"{place}: batch {int(batch[k])} at step {k} is above the largest "
+                          f"graph bucket ({buckets[-1]})")
+    return b[idx]
 
 
 class Workload(_Strict):
@@ -388,11 +443,12 @@ class Workload(_Strict):
                     raise ValueError(_batch_error(f"workload.batch_sizes.{i}", x))
             sizes = [int(x) for x in self.batch_sizes]
             object.__setattr__(self, "batch_sizes", sizes)
-            self._check_buckets(sizes, "workload.batch_sizes.{i}")
+            self._check_buckets(sizes, lambda i: f"workload.batch_sizes.{i}")
         if self.batch_sizes_file is not None:
             sizes = read_batch_sizes(self.batch_sizes_file)
-            self._check_buckets(sizes, f"workload.batch_sizes_file: {self.batch_sizes_file}: "
-                                       "line {line}")
+            path = self.batch_sizes_file
+            self._check_buckets(sizes, lambda i: f"workload.batch_sizes_file: {path}: "
+                                                 f"line {i + 2}")
             self._file_sizes = sizes
         if self.batch_size is not None:
             v = self.batch_size
@@ -400,7 +456,7 @@ class Workload(_Strict):
                 try:
                     v = Dist(**v)
                 except ValidationError as e:
-                    raise ValueError(f"workload.batch_size: {_first_error(e)}") from None
+                    raise ValueError(f"workload.batch_size: {first_error(e)}") from None
                 object.__setattr__(self, "batch_size", v)
             if isinstance(v, Dist):
                 if v.dist == "empirical":
@@ -439,7 +495,7 @@ class Workload(_Strict):
             try:
                 out = Dist(**out)
             except ValidationError as e:
-                raise ValueError(f"workload.output_tokens: {_first_error(e)}") from None
+                raise ValueError(f"workload.output_tokens: {first_error(e)}") from None
             object.__setattr__(self, "output_tokens", out)
         elif not isinstance(out, Dist):
             if not _positive_int(out):
@@ -448,15 +504,9 @@ class Workload(_Strict):
             object.__setattr__(self, "output_tokens", int(out))
         return self
 
-    def _check_buckets(self, sizes: list[int], where: str) -> None:
-        if not self.graph_buckets:
-            return
-        top = self.graph_buckets[-1]
-        for i, x in enumerate(sizes):
-            if x > top:
-                place = where.format(i=i, line=i + 2)
-                raise ValueError(f"{place}: batch {x} at step {i} is above the largest graph "
-                                 f"bucket ({top})")
+    def _check_buckets(self, sizes: list[int], where: str | Callable[[int], str]) -> None:
+        if self.graph_buckets:
+            buckets_of(sizes, self.graph_buckets, where)
 
     @property
     def source(self) -> str:
@@ -483,7 +533,7 @@ class Config(_Strict):
     seed: int = 0
     steps: int = Field(default=2000, ge=1)
     warmup_steps: int = Field(default=20, ge=0)
-    algorithm: Literal["none", "eagle", "dflash", "dspark", "custom"] = "dspark"
+    algorithm: Literal[ALGORITHMS] = "dspark"
     phases: list[dict] = Field(default_factory=list)
     policy: Policy = Field(default_factory=Policy)
     cpu: Cpu = Field(default_factory=Cpu)
@@ -493,9 +543,8 @@ class Config(_Strict):
     batch_size: int = Field(default=32, ge=1)
     #: what changes from step to step (None: every step has ``batch_size`` requests)
     workload: Workload | None = None
-    #: executor: ``simpy`` (the reference, keeps a full trace), ``fast`` (one pass, no trace;
-    #: same per-step table and summary) or ``auto`` (fast unless a trace is asked for)
-    engine: Literal["simpy", "fast", "auto"] = "auto"
+    #: the executor (one of :data:`ENGINES`)
+    engine: Literal[ENGINES] = "auto"
 
     @model_validator(mode="after")
     def _resolve(self) -> Config:
@@ -532,18 +581,16 @@ class Config(_Strict):
 
 
 # --------------------------------------------------------------------------- duration keys
-#: which step's batch the host and GPU durations outside the phase table use: the step being
-#: prepared (its schedule) or the step whose result is processed
-PROCESSED_KEYS = ("cpu.process_result_us", "gpu.result_writes_us")
-
-
 def duration_keys(cfg: Config, phases: list[Phase] | None = None) -> list[tuple[str, Any, bool]]:
     """Every duration of a config as ``(dotted key, value, padded)``.
 
     ``padded``: the size is the step's graph bucket (the ``prep_us`` and ``body_us`` of a
-    graph phase); otherwise the real batch. The step: the one whose result is processed for
-    :data:`PROCESSED_KEYS`, the one being prepared for everything else (host API costs
-    included: the batch of the step the scheduler is working on).
+    graph phase); otherwise the real batch. The step whose batch a duration uses is the one
+    the scheduler is working on when it is drawn: in iteration k, processing the result of
+    step k-1 (the result-copy sync, ``cpu.process_result_us``, ``gpu.result_writes_us``, and
+    the host API costs of those calls) uses step k-1; everything else (the iteration's
+    schedule, prepare, launches, phases, barrier and their host API costs) uses step k, the
+    step being prepared.
     """
     out: list[tuple[str, Any, bool]] = []
     for section in ("cpu", "gpu", "costs"):
@@ -610,12 +657,13 @@ def check_affine(cfg: Config) -> None:
     tokens = _token_range(cfg)
     if sizes is None:
         return  # checked as the sizes are drawn (simwar.build.sizes)
-    import numpy as np
+    import numpy as np  # lazy: loading a config without affine durations needs no numpy
 
     buckets = cfg.workload.graph_buckets if cfg.workload is not None else None
     real = np.asarray(sizes, dtype=float)
-    padded_sizes = np.asarray(sorted({bucket_of(x, buckets) for x in sizes
-                                      if not buckets or x <= buckets[-1]}), dtype=float)
+    # a batch above the largest bucket is an error of the drawn sizes, not of the duration
+    fits = [x for x in sizes if not buckets or x <= buckets[-1]]
+    padded_sizes = np.unique(buckets_of(fits, buckets)).astype(float)
     for key, a, padded in keys:
         if a.per_token and tokens is None:
             continue
@@ -658,7 +706,7 @@ def _phase(entry: Any, where: str) -> Phase:
     try:
         return Phase(**entry)
     except ValidationError as e:
-        raise ValueError(_first_error(e, prefix=where)) from None
+        raise ValueError(first_error(e, prefix=where)) from None
 
 
 def _unique(names: list[str]) -> None:
@@ -669,229 +717,6 @@ def _unique(names: list[str]) -> None:
         seen.add(n)
 
 
-# --------------------------------------------------------------------------- loading
-def _first_error(e: ValidationError, prefix: str = "") -> str:
-    err = e.errors()[0]
-    loc = [str(x) for x in err["loc"]]
-    # drop union-branch tags pydantic adds ("float", "Dist", "function-after[...]")
-    loc = [x for x in loc if not (x in ("float", "Dist", "Affine", "int") or "[" in x)]
-    key = ".".join(([prefix] if prefix else []) + loc)
-    msg = err["msg"]
-    if err["type"] == "extra_forbidden":
-        msg = "unknown key"
-    elif msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-        if key and (msg.startswith(key + ".") or msg.startswith(key + ":")):
-            key = ""  # the message names the key itself (e.g. grid.policy.barrier: ...)
-    if "input" in err and err["type"] not in ("extra_forbidden", "missing", "value_error"):
-        got = err["input"]
-        if not isinstance(got, (dict, list)):
-            msg += f" (got {got!r})"
-    return f"{key}: {msg}" if key else msg
-
-
-def read_yaml(path: str | Path) -> dict:
-    """The top-level mapping of a YAML file; a missing, unreadable or empty file is an error."""
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"{path}: file not found")
-    if path.is_dir():
-        raise ConfigError(f"{path}: is a directory (expected a YAML file)")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file (expected YAML)") from None
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
-    if data is None:  # nothing but blank lines and comments
-        raise ConfigError(f"{path}: the file is empty (expected a YAML mapping)")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
-    return data
-
-
-def resolve_paths(data: dict, root: str | Path) -> dict:
-    """``data`` with its relative file paths (``workload.batch_sizes_file``) made relative to
-    ``root`` (the directory of the file they were written in)."""
-    wl = data.get("workload")
-    if isinstance(wl, dict) and isinstance(wl.get("batch_sizes_file"), str):
-        path = Path(wl["batch_sizes_file"]).expanduser()
-        if not path.is_absolute():
-            wl["batch_sizes_file"] = str(Path(root) / path)
-    return data
-
-
-class Override(NamedTuple):
-    """A dotted-key override and where it came from, as an error message names it."""
-
-    key: str
-    value: Any
-    origin: str  # "--set policy.barrier=coarse", "--costs fitted.yaml", ...
-
-
-def override_list(overrides: list | dict | None) -> list[Override]:
-    """``["key=value", ...]``, ``{key: value}`` or Overrides, as a list of :class:`Override`."""
-    if not overrides:
-        return []
-    if isinstance(overrides, dict):
-        return [Override(k, v, f"--set {k}={_value_text(v)}") for k, v in overrides.items()]
-    out = []
-    for item in overrides:
-        if isinstance(item, Override):
-            out.append(item)
-        else:
-            key, value = parse_override(item)
-            out.append(Override(key, value, f"--set {item}"))
-    return out
-
-
-def _value_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    """``key.path=value`` → (key.path, YAML-parsed value)."""
-    if "=" not in item:
-        raise ConfigError(f"--set {item}: expected key.path=value")
-    key, raw = item.split("=", 1)
-    key = key.strip()
-    if not key:
-        raise ConfigError(f"--set {item}: empty key")
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        value = raw
-    return key, value
-
-
-def set_dotted(data: dict, key: str, value: Any) -> None:
-    """Set ``a.b.0.c`` in nested dicts/lists; ``phases.NAME.key`` targets a phase by name."""
-    parts = key.split(".")
-    node: Any = data
-    for i, part in enumerate(parts[:-1]):
-        nxt_is_last = i == len(parts) - 2
-        if isinstance(node, list):
-            node = _list_item(node, part, key)
-            continue
-        if part == "phases" and not nxt_is_last and not parts[i + 1].isdigit():
-            phases = node.setdefault("phases", [])
-            name = parts[i + 1]
-            entry = next((p for p in phases if isinstance(p, dict) and p.get("name") == name),
-                         None)
-            if entry is None:
-                entry = {"name": name}
-                phases.append(entry)
-            node = {"__phase__": entry}
-            continue
-        if "__phase__" in node:
-            node = node["__phase__"]
-            continue
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        node = child
-    last = parts[-1]
-    if isinstance(node, dict) and "__phase__" in node:
-        node = node["__phase__"]
-    if isinstance(node, list):
-        idx = _index(node, last, key)
-        node[idx] = value
-    elif isinstance(node, dict):
-        node[last] = value
-    else:
-        raise ConfigError(f"{key}: cannot set a key inside a {type(node).__name__}")
-
-
-def _index(node: list, part: str, key: str) -> int:
-    if not part.isdigit() or int(part) >= len(node):
-        raise ConfigError(f"{key}: '{part}' is not an index of a list of {len(node)}")
-    return int(part)
-
-
-def _list_item(node: list, part: str, key: str) -> Any:
-    return node[_index(node, part, key)]
-
-
-def load_config(source: str | Path | dict | Config | None = None,
-                overrides: list[str] | dict | None = None) -> Config:
-    """Load and validate a config.
-
-    ``source``: a YAML path, a mapping, a Config, or None for the packaged
-    default (DSPARK, fine barrier). ``overrides``: ``["key.path=value", ...]``
-    or a ``{dotted.key: value}`` mapping, applied before validation.
-    """
-    if isinstance(source, Config) and not overrides:
-        return source
-    label = "<config>"
-    if source is None:
-        source = DEFAULT_CONFIG
-    if isinstance(source, Config):
-        data = source.model_dump()
-    elif isinstance(source, dict):
-        data = copy.deepcopy(source)
-    else:
-        label = str(source)
-        data = resolve_paths(read_yaml(source), Path(source).parent)
-    items = override_list(overrides)
-    source_data = copy.deepcopy(data) if items else data
-    for item in items:
-        try:
-            set_dotted(data, item.key, item.value)
-        except ConfigError as e:
-            raise ConfigError(f"{item.origin}: {e}") from None
-    try:
-        return validate(data, label)
-    except ConfigError as e:
-        raise _blame(e, label, source_data, items) from None
-
-
-def _blame(error: ConfigError, label: str, source_data: dict,
-           items: list[Override]) -> ConfigError:
-    """The error, naming the override that caused it rather than the file when it was one."""
-    if not items:
-        return error
-    text = str(error)
-    bad = text[len(label) + 2:] if text.startswith(label + ": ") else text
-    match = re.match(r"([\w.-]+): ", bad)
-    failing = match.group(1) if match else None
-    if failing is not None:
-        for item in reversed(items):  # the last override of a key is the one that counts
-            if failing == item.key or failing.startswith(item.key + "."):
-                if item.origin.startswith("--set "):
-                    return ConfigError(f"--set {item.key}: {bad[len(item.key) + 1:].strip()}")
-                return ConfigError(f"{item.origin}: {bad}")
-            if item.key.startswith(failing + "."):  # e.g. --set bogus.key=3: bogus: unknown key
-                return ConfigError(f"{item.origin}: {bad}")
-    # a rule across keys (warmup_steps < steps, ...): the overrides are to blame when the
-    # source is valid without them; name those the message mentions (all if none is)
-    try:
-        validate(source_data, label)
-    except ConfigError:
-        return error
-    named = [item for item in items if _mentions(bad, item.key)] or items
-    return ConfigError(f"{' '.join(dict.fromkeys(item.origin for item in named))}: {bad}")
-
-
-def _mentions(message: str, key: str) -> bool:
-    return any(re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", message)
-               for name in (key, key.split(".")[-1]))
-
-
-def validate(data: dict, label: str = "<config>") -> Config:
-    try:
-        return Config(**data)
-    except ValidationError as e:
-        raise ConfigError(f"{label}: {_first_error(e)}") from None
-    except ValueError as e:
-        raise ConfigError(f"{label}: {e}") from None
-
-
-__all__ = ["BUILTIN", "MIN_MEASURED", "Affine", "Config", "ConfigError", "Dist", "Duration",
-           "Override", "Phase", "Policy", "Workload", "bucket_of", "duration_keys", "load_config",
-           "override_list", "parse_override", "read_yaml", "resolve_paths", "set_dotted",
-           "validate"]
+__all__ = ["ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "Affine", "Config", "ConfigError",
+           "Dist", "Duration", "Phase", "Policy", "Workload", "buckets_of", "duration_keys",
+           "first_error"]

@@ -1,1 +1,8 @@
-"""placeholder"""
+"""Executors: a Program (or a config's iteration plan) → times, per-step facts and races.
+
+- :mod:`.engine`: the SimPy engine, the reference, which keeps the full Trace;
+- :mod:`.fast`: the one-pass executor, equal to the engine bit for bit.
+
+Every faster path is held equal to the SimPy engine by the tests (docs/design.md,
+"Executors and exactness"). Imports: numpy, simpy (the engine only) and the layers below.
+"""

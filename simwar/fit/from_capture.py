@@ -345,7 +345,7 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
         for v in graph_cost["cost"][cheapest]:
             s.add("costs.graph_launch_us", v)
     _fill(cfg, s, dist, details)
-    from simwar.config.schema import ConfigError, load_config
+    from simwar.config import ConfigError, load_config
 
     try:
         load_config(cfg)

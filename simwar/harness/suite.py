@@ -39,6 +39,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from simwar.api import build_program, simulate
+from simwar.config import load_config
 from simwar.config.algorithms import BUILTIN, builtin_phases
 
 BARRIERS = ("none", "coarse", "fine", "host_sync")
@@ -159,8 +161,6 @@ def write_workload_programs(directory: str | Path, names=None) -> list[Path]:
 
 def case_config(name: str, costs: dict | None = None):
     """The validated Config of case ``name`` (``costs``: a ``costs.*`` mapping to apply)."""
-    from simwar.config.schema import load_config
-
     table = all_cases()
     if name not in table:
         raise KeyError(name)
@@ -173,8 +173,6 @@ def case_config(name: str, costs: dict | None = None):
 def write_programs(directory: str | Path, names=None, steps: int | None = None,
                    warmup: int | None = None) -> list[Path]:
     """Build each case's Program and write ``<case>.json`` into ``directory``."""
-    from simwar.build.loop import build_program
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
@@ -244,9 +242,6 @@ def csan_program(name: str, overrides: dict | None = None):
     """Case ``name``'s Program with simwar's latent races after warm-up in its meta:
     ``latent_races`` (access pairs), ``latent_race_buffers`` (sorted names) and
     ``latent_races_all`` (warm-up included)."""
-    from simwar.api import simulate
-    from simwar.config.schema import load_config
-
     ov = dict(overrides if overrides is not None else csan_cases()[name], name=name)
     result = simulate(load_config(None, ov))
     warm = result.config.warmup_steps

@@ -47,8 +47,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from simwar.config import Config, load_config
 from simwar.config.policies import BARRIERS, barrier, publish_point
-from simwar.config.schema import Config, load_config
 
 #: objective name -> (summary key, direction: +1 larger is better, -1 smaller is better)
 OBJECTIVES = {

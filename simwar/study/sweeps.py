@@ -62,13 +62,14 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simwar import __version__
-from simwar.config.schema import (
+from simwar.config import (
     ConfigError,
-    _first_error,
+    first_error,
     load_config,
     override_list,
     read_yaml,
     resolve_paths,
+    set_dotted,
 )
 from simwar.core.files import atomic_file, jsonable, stale_temporaries, write_bytes_atomic
 
@@ -193,7 +194,7 @@ def load_sweep(spec: str | Path | dict | Sweep,
     try:
         parsed = SweepSpec(**data)
     except ValidationError as e:
-        message = _first_error(e)
+        message = first_error(e)
         if e.errors()[0]["type"] == "extra_forbidden":
             message += " (a sweep has base, grid, zip, repeats)"
         raise ConfigError(f"{label}: {message}") from None
@@ -241,8 +242,6 @@ def load_sweep(spec: str | Path | dict | Sweep,
 
 
 def _set(data: dict, key: str, value: Any, label: str) -> None:
-    from simwar.config.schema import set_dotted
-
     try:
         set_dotted(data, key, copy.deepcopy(value))
     except ConfigError as e:

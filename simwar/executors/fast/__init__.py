@@ -83,6 +83,7 @@ that take a config); no simpy, no pandas.
 
 from __future__ import annotations
 
+from simwar.build.loop import build_program
 from simwar.core.program import Program
 from simwar.executors.fast.execute import FastRun, run_plan
 from simwar.executors.fast.plan import plan_config, plan_program
@@ -111,15 +112,13 @@ def realize(cfg, sizes, model) -> None:
     model.finish_run()
 
 
-def run_config(cfg, window: int = 2, summary_only: bool = False) -> FastRun:
-    """Simulate a config in one pass (its Program is never built)."""
+def run_config(cfg, sizes, window: int = 2, summary_only: bool = False) -> FastRun:
+    """Simulate a config in one pass (its Program is never built); ``sizes``: the run's
+    per-step sizes (:func:`simwar.api.resolve_sizes`)."""
     try:
-        plan = plan_config(cfg)
+        plan = plan_config(cfg, sizes)
     except RuntimeError:  # iterations that never settle into one shape: take the Program
-        # lazy: the builder imports the config schema (pydantic); run() needs neither
-        from simwar.build.loop import build_program
-
-        plan = plan_program(build_program(cfg))
+        plan = plan_program(build_program(cfg, sizes))
     return run_plan(plan, window, summary_only=summary_only)
 
 

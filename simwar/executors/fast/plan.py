@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from simwar.build.draws import Sum, Use
+from simwar.build.loop import plan_iterations
 from simwar.core.program import (
     CpuWork,
     GraphLaunch,
@@ -290,7 +292,7 @@ def _sites(shapes) -> set:
     return {h[2] for sh in shapes for h in sh.host if h[0] == "sync"}
 
 
-def plan_config(cfg, sizes=None, *, fill: bool = True) -> Plan:
+def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
     """Shapes and blocks of a config's run, without building its Program.
 
     The builder builds the first iterations and the drain with symbolic durations
@@ -299,15 +301,12 @@ def plan_config(cfg, sizes=None, *, fill: bool = True) -> Plan:
     one repeated and the drain. Every distribution is drawn once for the whole run, in the
     same layout :func:`simwar.build.loop.build_program` uses, so both give the same numbers;
     durations that vary with the step's batch are per-step values of the same layout
-    (:class:`simwar.build.loop.AffineTable`), never new shapes.
+    (:class:`simwar.build.draws.AffineTable`), never new shapes.
 
-    ``sizes``: the run's per-step sizes (:func:`simwar.build.sizes.resolve` by default);
+    ``sizes``: the run's per-step sizes (:func:`simwar.api.resolve_sizes`);
     ``fill=False`` leaves the affine values to be filled as the run goes (``plan.table``,
     see :func:`simwar.executors.fast.realize`).
     """
-    # lazy: the builder imports the config schema (pydantic); running a Program needs neither
-    from simwar.build.loop import Sum, Use, plan_iterations
-
     plan = plan_iterations(cfg, sizes)
     n = len(plan.ops) - 1
     shaper = _Shaper()
@@ -365,7 +364,6 @@ def plan_config(cfg, sizes=None, *, fill: bool = True) -> Plan:
 
 def _same_template(a: list, b: list) -> bool:
     """Same constants in the same slots and draws of the same distributions."""
-    from simwar.build.loop import Sum, Use  # lazy: as in plan_config
 
     def key(x):
         if isinstance(x, Use):
@@ -379,7 +377,6 @@ def _same_template(a: list, b: list) -> bool:
 
 def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict):
     """Column lists for the symbolic slots of a block, sliced from the run's draws."""
-    from simwar.build.loop import Sum, Use  # lazy: as in plan_config
 
     def values(x, start: int, stop: int):
         if isinstance(x, Use):

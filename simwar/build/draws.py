@@ -1,0 +1,241 @@
+"""Drawing a run's durations: the samples, the drawers the builder calls, the affine table.
+
+The builder asks a *drawer* for each duration as it issues an op: ``draw(value, at,
+padded)``, ``at`` the step whose sizes the duration uses and ``padded`` whether the size is
+the step's graph bucket. Two drawers:
+
+- :class:`Sampler`: numbers. Every distribution of a run is drawn up front, in one generator
+  call holding all of its uses in program order (:func:`sample`); step-dependent durations
+  (:class:`~simwar.config.schema.Affine`, :class:`Series`) are read from the arrays of an
+  :class:`AffineTable`, laid out the same way;
+- :class:`Symbolic`: placeholders (:class:`Use`, :class:`Sum` for a host call's cost),
+  recording each step-dependent use's context, for the iteration templates of
+  :func:`simwar.build.loop.plan_iterations`, which the one-pass executor fills from the same
+  arrays.
+
+Imports: numpy and :mod:`simwar.config`; nothing from executors or above.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simwar.config.schema import Affine, ConfigError, Dist, affine_error, duration_keys
+
+
+class Sampler:
+    """Draws every duration of a run up front: one generator call per distribution.
+
+    The distributions (config values that are a :class:`Dist`) are drawn in order of their
+    first use in the program, each as one array holding all of its uses in program order
+    (iteration by iteration, and within one in the order the builder asks). Constants never
+    touch the generator. Calling it with a config value hands out that value's draws in
+    that order (a constant as it is). ``table``: the run's :class:`AffineTable` when it has
+    step-dependent durations (their per-use values are in ``arrays`` too).
+    """
+
+    def __init__(self, seed: int, counts: dict[int, tuple[Dist, int]]):
+        rng = np.random.default_rng(seed) if counts else None  # no generator: nothing drawn
+        self.arrays: dict[int, np.ndarray] = {key: sample(rng, d, n)
+                                              for key, (d, n) in counts.items()}
+        self.table: AffineTable | None = None
+        self._next: dict[int, object] = {}
+
+    def __call__(self, d, at: int = 0, padded: bool = False):
+        it = self._next.get(id(d))
+        if it is None:
+            if not isinstance(d, _DRAWN):
+                return d
+            it = self._next[id(d)] = iter(self.arrays[id(d)].tolist())
+        return next(it)
+
+    def unused(self) -> list[int]:
+        """The arrays not handed out to the last draw (keys): one never read, or one with
+        draws left. A check once a build is done (it reads one draw further)."""
+        return [key for key in self.arrays
+                if key not in self._next or next(self._next[key], None) is not None]
+
+
+def sample(rng: np.random.Generator, d: Dist, n: int) -> np.ndarray:
+    """``n`` draws of ``d`` in one call, clipped at ``d.min``."""
+    if d.dist == "normal":
+        x = rng.normal(d.mean, d.std, n)
+    elif d.dist == "lognormal":
+        # parameters of the distribution itself: mean and std of the samples
+        var = np.log1p((d.std / d.mean) ** 2)
+        x = rng.lognormal(np.log(d.mean) - var / 2, np.sqrt(var), n)
+    elif d.dist == "uniform":
+        x = rng.uniform(d.low, d.high, n)
+    else:
+        x = np.asarray(d.values, dtype=float)[rng.integers(len(d.values), size=n)]
+    return np.maximum(float(d.min), x)
+
+
+class Series:
+    """A builder-made duration read from a per-iteration array of the run's sizes
+    (``idle``: the wait for a first request under arrivals)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Series({self.name!r})"
+
+
+#: the host's wait for a request at the top of an iteration (arrivals only)
+WAIT_REQUESTS = Series("idle")
+#: config values handed out per use from an array (the others are constants)
+_DRAWN = (Dist, Affine, Series)
+
+
+class Use:
+    """A symbolic draw: use ``index`` (within one iteration) of distribution ``key``."""
+
+    __slots__ = ("key", "index")
+
+    def __init__(self, key: int, index: int):
+        self.key = key
+        self.index = index
+
+    def __add__(self, other):
+        return Sum(self, other)
+
+    def __radd__(self, other):
+        return Sum(other, self)
+
+    def __gt__(self, other) -> bool:  # a drawn duration may be positive: the op is kept
+        return True
+
+    def __repr__(self) -> str:
+        return f"Use({self.key}, {self.index})"
+
+
+class Sum:
+    """A symbolic host-call cost: ``a + b``, each a constant or a :class:`Use`."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a = a
+        self.b = b
+
+    def __gt__(self, other) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"Sum({self.a!r}, {self.b!r})"
+
+
+class Symbolic:
+    """A drawer that hands out :class:`Use` placeholders instead of numbers (templates).
+
+    For a duration that varies with the step (affine, series) it also records, per use, the
+    context: the step whose sizes it takes, relative to the iteration's, and whether the
+    size is padded to the graph bucket.
+    """
+
+    def __init__(self) -> None:
+        self.dists: dict[int, Dist] = {}  # key -> Dist, in order of first use
+        self.affines: dict[int, object] = {}  # key -> Affine or Series, in order of first use
+        self.uses: dict[int, int] = {}  # key -> uses in the current iteration
+        self.contexts: dict[int, list] = {}  # affine key -> [(step offset, padded)] per use
+        self.k = 0  # the current iteration
+
+    def new_iteration(self, k: int = 0) -> tuple[dict[int, int], dict[int, list]]:
+        done, self.uses = self.uses, {}
+        ctx, self.contexts = self.contexts, {}
+        self.k = k
+        return done, ctx
+
+    def __call__(self, d, at: int = 0, padded: bool = False):
+        if not isinstance(d, _DRAWN):
+            return d
+        key = id(d)
+        if type(d) is Dist:
+            self.dists.setdefault(key, d)
+        else:
+            self.affines.setdefault(key, d)
+            self.contexts.setdefault(key, []).append((at - self.k, padded))
+            if type(d) is Affine and d.noise is not None:
+                self(d.noise)  # one noise draw per use, from the run's generator
+        n = self.uses.get(key, 0)
+        self.uses[key] = n + 1
+        return Use(key, n)
+
+
+class AffineTable:
+    """The value of every use of every step-dependent duration of a run, in program order.
+
+    One flat array per duration (``arrays[key]``), laid out as the draws of a distribution
+    are: iteration by iteration, and within one in the order of its uses. A use of an
+    :class:`~simwar.config.schema.Affine` at iteration ``k`` with context ``(offset, padded)`` is
+    ``base + per_seq * S + per_token * S * A`` plus its noise draw, where ``S`` is the batch of
+    step ``k + offset`` (its graph bucket if ``padded``) and ``A`` that step's accepted tokens;
+    a :class:`Series` use is the series' value at that step. :meth:`fill` computes iterations
+    ``[k0, k1)`` at once (all of them for a run whose sizes are known; one at a time while
+    arrivals are realized). The noise draws are taken out of ``draws``.
+
+    ``plan``: the run's :class:`simwar.build.loop.IterationPlan` (its config, phase table,
+    step-dependent durations, their contexts per skeleton iteration and its segments);
+    ``sizes``: its :class:`simwar.build.sizes.StepSizes`.
+    """
+
+    def __init__(self, plan, sizes, draws: dict):
+        self.plan = plan
+        self.sizes = sizes
+        self.segments = plan.segments()
+        self.names = {id(v): key for key, v, _ in duration_keys(plan.cfg, plan.phases)}
+        self.arrays: dict[int, np.ndarray] = {}
+        self.offsets: dict[int, list[int]] = {}
+        self.noise: dict[int, np.ndarray] = {}
+        for key, obj in plan.affines.items():
+            pos, offs = 0, []
+            for role, _, count in self.segments:
+                offs.append(pos)
+                pos += count * len(plan.contexts[role].get(key, ()))
+            self.arrays[key] = np.zeros(pos)
+            self.offsets[key] = offs
+            if type(obj) is Affine and obj.noise is not None:
+                self.noise[key] = draws.pop(id(obj.noise))
+        draws.update(self.arrays)
+
+    def fill(self, k0: int, k1: int) -> None:
+        """Evaluate every use of iterations ``k0 <= k < k1`` (the drain is ``steps``)."""
+        sizes = self.sizes
+        last = len(sizes.batch) - 1
+        for si, (role, s0, count) in enumerate(self.segments):
+            a, b = max(k0, s0), min(k1, s0 + count)
+            if a >= b:
+                continue
+            ks = np.arange(a, b)
+            for key, ctx in self.plan.contexts[role].items():
+                obj = self.plan.affines[key]
+                c = len(ctx)
+                block = np.empty((len(ks), c))
+                for j, (off, padded) in enumerate(ctx):
+                    idx = np.minimum(ks + off, last)
+                    if type(obj) is Series:
+                        block[:, j] = getattr(sizes, obj.name)[idx]
+                        continue
+                    size = (sizes.bucket if padded else sizes.batch)[idx].astype(float)
+                    tokens = sizes.accept[idx]
+                    v = obj.value(size, tokens)
+                    bad = np.flatnonzero(v < 0)
+                    if len(bad):
+                        i = bad[0]
+                        raise ConfigError(affine_error(
+                            self.names.get(key, "a duration"), obj, float(size[i]),
+                            float(tokens[i]), float(v[i]), int(idx[i])))
+                    block[:, j] = v
+                start = self.offsets[key][si] + (a - s0) * c
+                stop = start + len(ks) * c
+                flat = block.ravel()
+                if key in self.noise:
+                    flat = flat + self.noise[key][start:stop]
+                self.arrays[key][start:stop] = flat
+
+
+__all__ = ["WAIT_REQUESTS", "AffineTable", "Sampler", "Series", "Sum", "Symbolic", "Use",
+           "sample"]

@@ -1,0 +1,232 @@
+"""Loading a config: YAML files, dotted overrides, validation, and the error's blame.
+
+:func:`load_config` reads a YAML file (or takes a mapping or a Config), applies the dotted
+overrides (``--set policy.barrier=coarse``, a costs file's keys: :class:`Override`) and
+validates the result against :class:`simwar.config.schema.Config`. A :class:`ConfigError`
+names the place to fix: the file and key, or the override that caused it (:func:`_blame`).
+
+Imports: yaml and :mod:`simwar.config.schema`; nothing from build, executors or above.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import yaml
+from pydantic import ValidationError
+
+from simwar.config.schema import Config, ConfigError, first_error
+
+#: the packaged default config (DSPARK, fine barrier): ``load_config(None)``
+DEFAULT_CONFIG = Path(__file__).parents[1] / "data" / "default.yaml"
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The top-level mapping of a YAML file; a missing, unreadable or empty file is an error."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"{path}: file not found")
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory (expected a YAML file)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (expected YAML)") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
+    if data is None:  # nothing but blank lines and comments
+        raise ConfigError(f"{path}: the file is empty (expected a YAML mapping)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def resolve_paths(data: dict, root: str | Path) -> dict:
+    """``data`` with its relative file paths (``workload.batch_sizes_file``) made relative to
+    ``root`` (the directory of the file they were written in)."""
+    wl = data.get("workload")
+    if isinstance(wl, dict) and isinstance(wl.get("batch_sizes_file"), str):
+        path = Path(wl["batch_sizes_file"]).expanduser()
+        if not path.is_absolute():
+            wl["batch_sizes_file"] = str(Path(root) / path)
+    return data
+
+
+class Override(NamedTuple):
+    """A dotted-key override and where it came from, as an error message names it."""
+
+    key: str
+    value: Any
+    origin: str  # "--set policy.barrier=coarse", "--costs fitted.yaml", ...
+
+
+def override_list(overrides: list | dict | None) -> list[Override]:
+    """``["key=value", ...]``, ``{key: value}`` or Overrides, as a list of :class:`Override`."""
+    if not overrides:
+        return []
+    if isinstance(overrides, dict):
+        return [Override(k, v, f"--set {k}={_value_text(v)}") for k, v in overrides.items()]
+    out = []
+    for item in overrides:
+        if isinstance(item, Override):
+            out.append(item)
+        else:
+            key, value = parse_override(item)
+            out.append(Override(key, value, f"--set {item}"))
+    return out
+
+
+def _value_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """``key.path=value`` → (key.path, YAML-parsed value)."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item}: expected key.path=value")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"--set {item}: empty key")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    """Set ``a.b.0.c`` in nested dicts/lists; ``phases.NAME.key`` targets a phase by name."""
+    parts = key.split(".")
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        nxt_is_last = i == len(parts) - 2
+        if isinstance(node, list):
+            node = _list_item(node, part, key)
+            continue
+        if part == "phases" and not nxt_is_last and not parts[i + 1].isdigit():
+            phases = node.setdefault("phases", [])
+            name = parts[i + 1]
+            entry = next((p for p in phases if isinstance(p, dict) and p.get("name") == name),
+                         None)
+            if entry is None:
+                entry = {"name": name}
+                phases.append(entry)
+            node = {"__phase__": entry}
+            continue
+        if "__phase__" in node:
+            node = node["__phase__"]
+            continue
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        node = child
+    last = parts[-1]
+    if isinstance(node, dict) and "__phase__" in node:
+        node = node["__phase__"]
+    if isinstance(node, list):
+        idx = _index(node, last, key)
+        node[idx] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise ConfigError(f"{key}: cannot set a key inside a {type(node).__name__}")
+
+
+def _index(node: list, part: str, key: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"{key}: '{part}' is not an index of a list of {len(node)}")
+    return int(part)
+
+
+def _list_item(node: list, part: str, key: str) -> Any:
+    return node[_index(node, part, key)]
+
+
+def load_config(source: str | Path | dict | Config | None = None,
+                overrides: list[str] | dict | None = None) -> Config:
+    """Load and validate a config.
+
+    ``source``: a YAML path, a mapping, a Config, or None for the packaged
+    default (DSPARK, fine barrier). ``overrides``: ``["key.path=value", ...]``
+    or a ``{dotted.key: value}`` mapping, applied before validation.
+    """
+    if isinstance(source, Config) and not overrides:
+        return source
+    label = "<config>"
+    if source is None:
+        source = DEFAULT_CONFIG
+    if isinstance(source, Config):
+        data = source.model_dump()
+    elif isinstance(source, dict):
+        data = copy.deepcopy(source)
+    else:
+        label = str(source)
+        data = resolve_paths(read_yaml(source), Path(source).parent)
+    items = override_list(overrides)
+    source_data = copy.deepcopy(data) if items else data
+    for item in items:
+        try:
+            set_dotted(data, item.key, item.value)
+        except ConfigError as e:
+            raise ConfigError(f"{item.origin}: {e}") from None
+    try:
+        return validate(data, label)
+    except ConfigError as e:
+        raise _blame(e, label, source_data, items) from None
+
+
+def _blame(error: ConfigError, label: str, source_data: dict,
+           items: list[Override]) -> ConfigError:
+    """The error, naming the override that caused it rather than the file when it was one."""
+    if not items:
+        return error
+    text = str(error)
+    bad = text[len(label) + 2:] if text.startswith(label + ": ") else text
+    match = re.match(r"([\w.-]+): ", bad)
+    failing = match.group(1) if match else None
+    if failing is not None:
+        for item in reversed(items):  # the last override of a key is the one that counts
+            if failing == item.key or failing.startswith(item.key + "."):
+                if item.origin.startswith("--set "):
+                    return ConfigError(f"--set {item.key}: {bad[len(item.key) + 1:].strip()}")
+                return ConfigError(f"{item.origin}: {bad}")
+            if item.key.startswith(failing + "."):  # e.g. --set bogus.key=3: bogus: unknown key
+                return ConfigError(f"{item.origin}: {bad}")
+    # a rule across keys (warmup_steps < steps, ...): the overrides are to blame when the
+    # source is valid without them; name those the message mentions (all if none is)
+    try:
+        validate(source_data, label)
+    except ConfigError:
+        return error
+    named = [item for item in items if _mentions(bad, item.key)] or items
+    return ConfigError(f"{' '.join(dict.fromkeys(item.origin for item in named))}: {bad}")
+
+
+def _mentions(message: str, key: str) -> bool:
+    return any(re.search(rf"(?<![\w.]){re.escape(name)}(?!\w)", message)
+               for name in (key, key.split(".")[-1]))
+
+
+def validate(data: dict, label: str = "<config>") -> Config:
+    """``data`` (a config mapping, overrides applied) as a Config; an error is a
+    :class:`ConfigError` of one line, ``LABEL: dotted.key: what was expected``."""
+    try:
+        return Config(**data)
+    except ValidationError as e:
+        raise ConfigError(f"{label}: {first_error(e)}") from None
+    except ValueError as e:
+        raise ConfigError(f"{label}: {e}") from None
+
+
+__all__ = ["DEFAULT_CONFIG", "Override", "load_config", "override_list", "parse_override",
+           "read_yaml", "resolve_paths", "set_dotted", "validate"]
