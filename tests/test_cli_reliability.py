@@ -28,6 +28,7 @@ from simwar.cli import app as cli_main  # noqa: E402
 from simwar.cli import common as cli_common  # noqa: E402
 from simwar.cli.app import format_summary, main  # noqa: E402
 from simwar.config.schema import ConfigError, load_config  # noqa: E402
+from simwar.plots.timelines import time_range  # noqa: E402
 from simwar.study.sweeps import load_sweep, sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -342,7 +343,7 @@ def test_races_are_listed_and_counted_over_the_steps_measured(capsys):
 def test_steps_window_is_inclusive_and_draws_nothing_of_the_next_step():
     result = simulate(REPO / "configs" / "dspark_coarse.yaml", {"steps": 40})
     markers = {m.step: m.time_us for m in result.trace.markers if m.name == "step"}
-    x0, x1 = plots.time_range(result.trace, (20, 22))
+    x0, x1 = time_range(result.trace, (20, 22))
     step22_end = max(s.end_us for s in result.trace.spans if s.step == 22)
     assert (x0, x1) == (markers[20], step22_end)  # step 22's forward is drawn to its end
     ax = plots.timeline(result, steps=(20, 22))

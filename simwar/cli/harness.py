@@ -243,7 +243,7 @@ def _rounded(x):
 # --------------------------------------------------------------------------- compare
 def cmd_compare(args) -> int:
     from simwar.cli.common import costs_overrides
-    from simwar.fit.replays import compare, criteria, plot_compare, with_host_speed
+    from simwar.fit.replays import compare, criteria, with_host_speed
 
     measured = load_measured(args.measured)
     configs = _case_configs(measured, args.config)
@@ -267,15 +267,14 @@ def cmd_compare(args) -> int:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.markdown, markdown_table(table))
     if args.plot:
-        import matplotlib
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from simwar.plots.compare import plot_compare
 
         ax_step, _ = plot_compare(table)
+        FigureCanvasAgg(ax_step.figure)
         ax_step.figure.tight_layout()
         ax_step.figure.savefig(args.plot, dpi=90)
-        plt.close(ax_step.figure)
     c = criteria(table)
     print(f"{c['cases']} cases: step time |error| median {100 * c['step_rel_error_median']:.2f}%"
           f", max {100 * c['step_rel_error_max']:.2f}%; forward gap within max(25 µs, 10%) in "
