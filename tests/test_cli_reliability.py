@@ -24,9 +24,10 @@ import simwar  # noqa: E402
 from simwar import plots  # noqa: E402
 from simwar.analysis.metrics import measured  # noqa: E402
 from simwar.api import simulate  # noqa: E402
-from simwar.cli import app as cli_main  # noqa: E402
 from simwar.cli import common as cli_common  # noqa: E402
-from simwar.cli.app import format_summary, main  # noqa: E402
+from simwar.cli import run as cli_run  # noqa: E402
+from simwar.cli.app import main  # noqa: E402
+from simwar.cli.run import format_summary  # noqa: E402
 from simwar.config.schema import ConfigError, load_config  # noqa: E402
 from simwar.plots.timelines import time_range  # noqa: E402
 from simwar.study.sweeps import load_sweep, sweep  # noqa: E402
@@ -378,18 +379,18 @@ def _plot(sweep_dir, tmp_path, *args):
     from simwar.cli import plot as cli_plot
 
     saved = {}
-    original = cli_plot._save
+    original = cli_plot.save_figure
 
     def keep(fig, out):
         saved["fig"] = fig
         original(fig, out)
 
-    cli_plot._save = keep
+    cli_plot.save_figure = keep
     try:
         assert main(["plot", str(sweep_dir), "--y", "step_us_mean", *args,
                      "-o", str(tmp_path / "p.png")]) == 0
     finally:
-        cli_plot._save = original
+        cli_plot.save_figure = original
     return saved["fig"]
 
 
@@ -424,7 +425,7 @@ class _Terminal(io.StringIO):
 
 
 def test_run_shows_a_progress_bar_on_a_terminal_unless_quiet(monkeypatch, capsys):
-    monkeypatch.setattr(cli_main, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(cli_run, "PROGRESS_DELAY_S", 0.0)
     for quiet, shown in ((False, True), (True, False)):
         terminal = _Terminal()
         monkeypatch.setattr("sys.stderr", terminal)
