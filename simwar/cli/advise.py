@@ -47,8 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args) -> int:
-    # lazy: start-up time of the CLI (the search runs the simulator; the config loads pydantic)
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config.schema import load_config, parse_override
+
+    # lazy: start-up time of the CLI (the search runs the simulator)
     from simwar.study.advise import OBJECTIVES, SCREEN_STEPS, AdviseError, advise
 
     if args.objective not in OBJECTIVES:
@@ -109,7 +111,7 @@ def format_advice(advice, config_path: str, input_sets=(), top: int = 10) -> str
     """What ``simwar advise`` prints: the input, the ranked candidates and the advice."""
     # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config.policies import publish_point
-    from simwar.study.advise import OBJECTIVES
+    from simwar.study.advise import OBJECTIVES  # lazy: start-up time of the CLI
 
     cfg = advice.config
     pol = cfg.policy

@@ -39,9 +39,9 @@ def command(args) -> int:
     # lazy: start-up time of the CLI (yaml, pandas; the suite loads the config schema)
     import yaml
 
-    from simwar.config.schema import Costs
-    from simwar.fit.replays import DEVICE_LATENCIES, fit_costs
-    from simwar.harness import suite
+    from simwar.config.schema import Costs  # lazy: start-up time of the CLI
+    from simwar.fit.replays import DEVICE_LATENCIES, fit_costs  # lazy: start-up time of the CLI
+    from simwar.harness import suite  # lazy: start-up time of the CLI
 
     measured = load_measured(args.measured)
     bench = None

@@ -80,8 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the importer loads numpy)
     from simwar.capture.kineto import KinetoFormatError, import_kineto
-    from simwar.capture.mapping import load_mapping
-    from simwar.capture.stalls import HTA_KERNEL_WAIT_US, import_report
+    from simwar.capture.mapping import load_mapping  # lazy: start-up time of the CLI
+    from simwar.capture.stalls import HTA_KERNEL_WAIT_US, import_report  # lazy: start-up time
 
     if args.fit and args.fit_costs:
         raise UserError("--fit and --fit-costs: choose one")
@@ -227,8 +227,8 @@ def _check(result, mapping, args, loaded, report) -> dict:
     """Simulate the ``--check`` config and compare it with the capture's ``report``."""
     # lazy: start-up time of the CLI (the simulator)
     from simwar.api import simulate
-    from simwar.fit.check import accepted, compare, format_rows, relaunch
-    from simwar.fit.from_capture import FitError, check_mapping
+    from simwar.fit.check import accepted, compare, format_rows, relaunch  # lazy: start-up time
+    from simwar.fit.from_capture import FitError, check_mapping  # lazy: start-up time of the CLI
 
     try:
         check_mapping(result, mapping, args.mapping or "mapping")
@@ -262,7 +262,7 @@ def _write_model(result, mapping, args, path: Path):
     # lazy: start-up time of the CLI (yaml; the fit loads numpy)
     import yaml
 
-    from simwar.fit.from_capture import FitError, fit_model
+    from simwar.fit.from_capture import FitError, fit_model  # lazy: start-up time of the CLI
 
     try:
         model = fit_model(result, mapping, capture=path.name, mapping_name=args.mapping or "",
@@ -315,7 +315,7 @@ def _write_fit(trace, output: str, dist: str, source: str) -> dict:
     # lazy: start-up time of the CLI (yaml; the fit loads numpy)
     import yaml
 
-    from simwar.fit.durations import fit_durations
+    from simwar.fit.durations import fit_durations  # lazy: start-up time of the CLI
 
     fit = fit_durations(trace, dist)
     lines = [f"# Durations fitted by `simwar import --fit-costs` from {source} "

@@ -198,7 +198,7 @@ def is_sweep_file(path: str) -> bool:
     """Whether the YAML file at ``path`` is a sweep (rather than a config)."""
     # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config.schema import read_yaml
-    from simwar.study.sweeps import is_sweep_mapping
+    from simwar.study.sweeps import is_sweep_mapping  # lazy: start-up time of the CLI
 
     return is_sweep_mapping(read_yaml(path))
 

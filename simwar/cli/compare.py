@@ -52,7 +52,7 @@ def case_configs(names, config_path: str | None) -> dict[str, dict]:
     """Each measured case's config mapping: ``--config`` for all, else its suite case."""
     # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config.schema import load_config
-    from simwar.harness import suite
+    from simwar.harness import suite  # lazy: start-up time of the CLI
 
     known = suite.all_cases()
     out = {}
@@ -93,7 +93,7 @@ def command(args) -> int:
         # lazy: start-up time of the CLI (matplotlib)
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-        from simwar.plots.compare import plot_compare
+        from simwar.plots.compare import plot_compare  # lazy: start-up time of the CLI
 
         ax_step, _ = plot_compare(table)
         FigureCanvasAgg(ax_step.figure)

@@ -65,7 +65,7 @@ def command(args) -> int:
         # lazy: start-up time of the CLI (matplotlib)
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-        from simwar.plots.chain import chain_figure
+        from simwar.plots.chain import chain_figure  # lazy: start-up time of the CLI
 
         fig = chain_figure(cp, cp.steps[0])
         FigureCanvasAgg(fig)
@@ -125,7 +125,7 @@ def load_source(path: str, mapping: str | None = None, overrides=()):
     if kind == "config":
         # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
         from simwar.api import simulate
-        from simwar.config.schema import load_config, parse_override
+        from simwar.config.schema import load_config, parse_override  # lazy: start-up time
 
         cfg = load_config(str(p), dict(parse_override(o) for o in overrides))
         return simulate(cfg).trace, f"config {p} (simulated, {cfg.steps} steps)"
@@ -139,7 +139,7 @@ def load_source(path: str, mapping: str | None = None, overrides=()):
             raise UserError(f"{p}: {e}") from None
     # lazy: start-up time of the CLI (the importer loads numpy)
     from simwar.capture.kineto import KinetoFormatError, import_kineto
-    from simwar.capture.mapping import load_mapping
+    from simwar.capture.mapping import load_mapping  # lazy: start-up time of the CLI
 
     try:
         result = import_kineto(p, load_mapping(mapping))

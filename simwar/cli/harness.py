@@ -40,8 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the builder; the config schema loads pydantic)
     from simwar.build.loop import build_program
-    from simwar.config.schema import load_config
-    from simwar.harness import suite
+    from simwar.config.schema import load_config  # lazy: start-up time of the CLI
+    from simwar.harness import suite  # lazy: start-up time of the CLI
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -74,9 +74,9 @@ def command(args) -> int:
                             "(pip install simwar[gpu])") from None
         if not torch.cuda.is_available():
             raise UserError("harness --replay: no CUDA device")
-        # lazy: the CUDA backend imports torch
+        # lazy: the GPU side, for --replay only (the CUDA backend imports torch)
         from simwar.harness import make_plan, replay
-        from simwar.harness.cuda import CudaBackend, calibrate_device
+        from simwar.harness.cuda import CudaBackend, calibrate_device  # lazy: the GPU side
 
         cal = calibrate_device()
         for name, program in programs.items():

@@ -100,7 +100,7 @@ def plot_title(df, x: str, y: str, hue: str | None, kind: str = "line") -> str:
     # lazy: start-up time of the CLI (pandas, matplotlib)
     import pandas as pd
 
-    from simwar.plots.sweeps import averaged_over, column_label
+    from simwar.plots.sweeps import averaged_over, column_label  # lazy: start-up time of the CLI
 
     title = f"{column_label(y)} by {column_label(x)}"
     if hue:
@@ -125,7 +125,7 @@ def plot_steps(args) -> int:
     """``simwar plot CONFIG.yaml``: the run's steps against their batch size."""
     # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
     from simwar.api import simulate
-    from simwar.config.schema import load_config
+    from simwar.config.schema import load_config  # lazy: start-up time of the CLI
 
     for option, value in (("--x", args.x), ("--y", args.y), ("--hue", args.hue),
                           ("--where", args.where)):
@@ -170,6 +170,7 @@ def command(args) -> int:
     # lazy: start-up time of the CLI (matplotlib)
     from matplotlib.figure import Figure
 
+    # lazy: start-up time of the CLI (the plots load pandas)
     from simwar.plots.sweeps import column_label, numeric_columns, sweep_heatmap, sweep_lines
 
     if args.y not in numeric_columns(df):

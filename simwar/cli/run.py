@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
     from simwar.api import simulate
-    from simwar.config.schema import load_config, override_list
+    from simwar.config.schema import load_config, override_list  # lazy: start-up time of the CLI
 
     items = override_list(args.overrides)
     if args.costs:

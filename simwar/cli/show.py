@@ -30,8 +30,8 @@ def command(args) -> int:
     # lazy: start-up time of the CLI (yaml; the config schema loads pydantic)
     import yaml
 
-    from simwar.config.schema import load_config
-    from simwar.study.sweeps import load_sweep
+    from simwar.config.schema import load_config  # lazy: start-up time of the CLI
+    from simwar.study.sweeps import load_sweep  # lazy: start-up time of the CLI
 
     if args.file and is_sweep_file(args.file):
         plan = load_sweep(args.file, args.overrides)

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config.schema import ConfigError, load_config
-    from simwar.study.sweeps import load_sweep
+    from simwar.study.sweeps import load_sweep  # lazy: start-up time of the CLI
 
     failures = 0
     for path in args.files:
