@@ -2,6 +2,6 @@
 
 import sys
 
-from simwar.cli.app import main
+from simwar.cli import main
 
 sys.exit(main())

@@ -24,10 +24,12 @@ import simwar  # noqa: E402
 from simwar import plots  # noqa: E402
 from simwar.analysis.metrics import measured  # noqa: E402
 from simwar.api import simulate  # noqa: E402
-from simwar.cli import app as cli_main  # noqa: E402
 from simwar.cli import common as cli_common  # noqa: E402
-from simwar.cli.app import format_summary, main  # noqa: E402
+from simwar.cli import run as cli_run  # noqa: E402
+from simwar.cli.app import main  # noqa: E402
+from simwar.cli.run import format_summary  # noqa: E402
 from simwar.config import ConfigError, load_config  # noqa: E402
+from simwar.plots.timelines import time_range  # noqa: E402
 from simwar.study.sweeps import load_sweep, sweep  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -342,7 +344,7 @@ def test_races_are_listed_and_counted_over_the_steps_measured(capsys):
 def test_steps_window_is_inclusive_and_draws_nothing_of_the_next_step():
     result = simulate(REPO / "configs" / "dspark_coarse.yaml", {"steps": 40})
     markers = {m.step: m.time_us for m in result.trace.markers if m.name == "step"}
-    x0, x1 = plots.time_range(result.trace, (20, 22))
+    x0, x1 = time_range(result.trace, (20, 22))
     step22_end = max(s.end_us for s in result.trace.spans if s.step == 22)
     assert (x0, x1) == (markers[20], step22_end)  # step 22's forward is drawn to its end
     ax = plots.timeline(result, steps=(20, 22))
@@ -377,18 +379,18 @@ def _plot(sweep_dir, tmp_path, *args):
     from simwar.cli import plot as cli_plot
 
     saved = {}
-    original = cli_plot._save
+    original = cli_plot.save_figure
 
     def keep(fig, out):
         saved["fig"] = fig
         original(fig, out)
 
-    cli_plot._save = keep
+    cli_plot.save_figure = keep
     try:
         assert main(["plot", str(sweep_dir), "--y", "step_us_mean", *args,
                      "-o", str(tmp_path / "p.png")]) == 0
     finally:
-        cli_plot._save = original
+        cli_plot.save_figure = original
     return saved["fig"]
 
 
@@ -423,7 +425,7 @@ class _Terminal(io.StringIO):
 
 
 def test_run_shows_a_progress_bar_on_a_terminal_unless_quiet(monkeypatch, capsys):
-    monkeypatch.setattr(cli_main, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(cli_run, "PROGRESS_DELAY_S", 0.0)
     for quiet, shown in ((False, True), (True, False)):
         terminal = _Terminal()
         monkeypatch.setattr("sys.stderr", terminal)

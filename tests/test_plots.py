@@ -19,9 +19,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from simwar import plots  # noqa: E402
+from simwar.analysis.bubbles import bubbles, story  # noqa: E402
 from simwar.api import simulate  # noqa: E402
 from simwar.cli.app import main  # noqa: E402
 from simwar.core.trace import Call, OpKind  # noqa: E402
+from simwar.plots.timelines import RACE_COLOR  # noqa: E402
 
 SMALL = {"steps": 14, "warmup_steps": 4}
 WINDOW = (5, 7)
@@ -108,7 +110,7 @@ def test_coarse_bubble_is_shaded_and_its_cause_explained(runs):
 
 def test_bubbles_walk_back_to_the_barrier(runs):
     r = runs["coarse"]
-    found = plots.bubbles(r, window=(5, 10))
+    found = bubbles(r, window=(5, 10))
     steps = r.steps.set_index("step")
     assert [b.step for b in found] == list(range(5, 11))
     for b in found:
@@ -120,14 +122,14 @@ def test_bubbles_walk_back_to_the_barrier(runs):
         assert b.hops[1].api_label == "schedule.wait_stream(forward)"
         # the barrier released exactly when the previous forward ended
         assert b.hops[1].released_at_us == pytest.approx(b.start_us)
-    lines = plots.story(r, found[0])
+    lines = story(r, found[0])
     assert lines[-1].startswith(f"Result: forward idles {found[0].idle_us:.0f} µs")
-    assert plots.bubbles(runs["fine"]) == []
+    assert bubbles(runs["fine"]) == []
 
 
 def test_host_caused_bubble_names_the_host_block():
     r = simulate(None, {**SMALL, "policy.needs_cpu_seq_lens": True})
-    found = plots.bubbles(r, window=WINDOW)
+    found = bubbles(r, window=WINDOW)
     assert found and all(not b.hops for b in found)
     assert "seq_lens" in found[0].cause and "nothing was enqueued" in found[0].cause
 
@@ -138,7 +140,7 @@ def test_races_outline_both_accesses_in_red(runs):
     coll = [c for c in ax.collections if c.get_gid() == "races"]
     assert len(coll) == 1
     assert tuple(coll[0].get_edgecolor()[0][:3]) == pytest.approx(
-        matplotlib.colors.to_rgb(plots.RACE_COLOR))
+        matplotlib.colors.to_rgb(RACE_COLOR))
     # both sides of WAR on req_to_token: the forward's reads and the schedule stream's writes
     ys = {round(float(np.mean(p.vertices[:, 1]))) for p in coll[0].get_paths()}
     lanes = _ylabels(ax)
@@ -228,7 +230,7 @@ def test_graph_nodes_of_the_h200_capture_are_the_graph_launched_kernels():
 def test_stall_figure_zooms_on_the_first_bubble(runs):
     fig = plots.stall_figure(runs["coarse"], WINDOW)
     top, zoom = fig.axes[:2]
-    b = plots.bubbles(runs["coarse"], window=WINDOW)[0]
+    b = bubbles(runs["coarse"], window=WINDOW)[0]
     lo, hi = zoom.get_xlim()
     assert lo * 1e3 < b.start_us and b.end_us < hi * 1e3
     assert "bubble_explain" in _gids(zoom) and "bubble_explain" not in _gids(top)
@@ -252,7 +254,7 @@ def test_timeline_and_stall_figure_examine_only_their_window(runs, monkeypatch):
     assert set(range(WINDOW[0], WINDOW[1] + 1)) <= set(seen)
     assert min(seen) >= WINDOW[0] - 2 and max(seen) <= WINDOW[1]
     seen.clear()
-    assert [b.step for b in plots.bubbles(runs["coarse"], window=(6, 6))] == [6]
+    assert [b.step for b in bubbles(runs["coarse"], window=(6, 6))] == [6]
     assert seen == [6]
 
 

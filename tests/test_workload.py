@@ -279,7 +279,7 @@ def test_per_bucket_summary_shows_the_regime_flip():
 
 
 def test_cli_prints_the_workload_lines():
-    from simwar.cli.app import format_summary
+    from simwar.cli.run import format_summary
 
     r = simwar.simulate(REPO / "configs" / "dspark_fine_bimodal.yaml", {"steps": 100})
     text = format_summary(r)

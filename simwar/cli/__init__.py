@@ -1,4 +1,4 @@
-"""The ``simwar`` command."""
+"""The ``simwar`` command (the console script ``simwar.cli:main``): see :mod:`simwar.cli.app`."""
 
 from simwar.cli.app import main
 

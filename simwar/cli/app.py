@@ -1,56 +1,63 @@
-"""The ``simwar`` command line: the only place that chooses file names and prints.
+"""The ``simwar`` command line: :func:`main`, the parser and the table of commands.
 
-Subcommands live in small ``register(subparsers)`` functions: ``run`` here,
-the others in the ``cli_*`` modules listed in ``_COMMAND_MODULES``. Any error a
-user can cause is reported as one line on stderr (``simwar: error: ...``) with a
-non-zero exit, before anything is written; ``tests/data/bad`` holds the corpus.
-The progress bar of ``run`` lives here too: the engine only calls a callback.
+Each command is one module of this package, listed in :data:`COMMANDS` (the order of
+``simwar --help``) and imported here like any other module. A command module has
+``HELP`` and ``DESCRIPTION`` (its lines in ``--help``), ``add_arguments(parser)`` and
+``command(args) -> exit code``; what several commands share is :mod:`simwar.cli.common`.
+The command line is the only place that chooses file names and prints: any error a user
+can cause is reported as one line on stderr (``simwar: error: ...``) with a non-zero
+exit, before anything is written; ``tests/data/bad`` holds the corpus.
+
+Imports: the command modules, which import nothing heavy at their top (the simulator,
+pandas, matplotlib and pydantic load inside each command), so that ``simwar --help`` and
+an argument error cost no more than the standard library.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import sys
 
-from simwar.cli.common import (  # noqa: F401  (UserError and the costs helpers: the CLI's API)
-    UserError,
-    costs_file_overrides,
-    costs_overrides,
-    jsonable,
-    num,
-    read_costs_file,
-    run_label,
-    stall_lines,
+from simwar import __version__
+from simwar.cli import (
+    advise,
+    calibrate,
+    capture,
+    compare,
+    explain,
+    harness,
+    plot,
+    run,
+    show,
+    sweep,
+    validate,
 )
-from simwar.config import ENGINES
+from simwar.cli.common import UserError
 
-#: modules that contribute subcommands: each has ``register(subparsers)``, and may have
-#: ``extend_run(run_parser)`` (extra ``run`` options), ``before_run(args, config)`` (checks
-#: made before simulating, so that a mistake costs no run) and ``after_run(args, result)``.
-_COMMAND_MODULES: tuple[str, ...] = (
-    "simwar.cli.sweep",
-    "simwar.cli.plot",
-    "simwar.cli.harness",
-    "simwar.cli.capture",
-    "simwar.cli.explain",
-)
-
-
-def _command_modules() -> list:
-    import importlib.util
-
-    return [importlib.import_module(n) for n in _COMMAND_MODULES
-            if importlib.util.find_spec(n) is not None]
+#: command name -> its module, in the order ``simwar --help`` lists them
+COMMANDS = {
+    "run": run,
+    "sweep": sweep,
+    "validate": validate,
+    "show": show,
+    "plot": plot,
+    "harness": harness,
+    "calibrate": calibrate,
+    "compare": compare,
+    "import": capture,  # the module cannot be named after the keyword
+    "explain": explain,
+    "advise": advise,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``simwar ARGV`` (default: ``sys.argv[1:]``) and return its exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import ConfigError
 
     try:
@@ -76,196 +83,16 @@ def os_error_text(e: OSError) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from simwar import __version__
-
+    """The parser of ``simwar``: one subparser per entry of :data:`COMMANDS`."""
     parser = argparse.ArgumentParser(
         prog="simwar", description="Simulate LLM-serving overlap scheduling and its WAR barriers.")
     parser.add_argument("--version", action="version", version=f"simwar {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    run_parser = register_run(sub)
-    for mod in _command_modules():
-        mod.register(sub)
-        if hasattr(mod, "extend_run"):
-            mod.extend_run(run_parser)
+    for name, module in COMMANDS.items():
+        p = sub.add_parser(name, help=module.HELP, description=module.DESCRIPTION)
+        module.add_arguments(p)
+        p.set_defaults(func=module.command)
     return parser
-
-
-# --------------------------------------------------------------------------- run
-#: seconds a run must take before its progress bar shows (short runs print nothing extra)
-PROGRESS_DELAY_S = 2.0
-#: the top-level keys a --costs file may set: host and device costs, and per-phase durations
-#: by phase name (what ``simwar import --fit`` writes)
-def register_run(sub) -> None:
-    p = sub.add_parser("run", help="simulate one config and print its summary",
-                       description="Simulate one config (default: the packaged DSPARK fine "
-                                   "barrier config) and print a summary. Runs longer than a "
-                                   "couple of seconds show a progress bar on stderr (when it "
-                                   "is a terminal).")
-    p.add_argument("config", nargs="?", help="YAML config (default: packaged dspark-fine)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a dotted key, e.g. --set policy.barrier=coarse (repeatable; "
-                        "applied after --costs)")
-    p.add_argument("--costs", metavar="FILE",
-                   help="YAML file (from simwar calibrate or simwar import --fit) whose "
-                        "'costs' mapping overrides the config's costs and whose 'phases' list "
-                        "overrides the durations of the config's phases of the same names; any "
-                        "other top-level key is an error (a calibration file's own "
-                        "description, format to host_drift, excepted)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--races", type=int, default=5, metavar="N",
-                   help="list up to N races in the text summary (default 5)")
-    p.add_argument("--quiet", "-q", action="store_true",
-                   help="no progress bar and no notes on stderr (errors still print)")
-    p.add_argument("--engine", choices=ENGINES, default=None,
-                   help="executor: simpy (reference, keeps the trace), fast (one pass, no "
-                        "trace) or auto (fast unless --trace/--timeline; default: the "
-                        "config's engine, auto)")
-    p.add_argument("--summary-only", action="store_true",
-                   help="keep no per-step table: the summary is computed as the run goes "
-                        "(quantiles from a sketch, 1e-4 relative); for very long runs")
-    p.set_defaults(func=cmd_run)
-    return p
-
-
-def cmd_run(args) -> int:
-    from simwar.api import simulate
-    from simwar.config import load_config, override_list
-
-    items = override_list(args.overrides)
-    if args.costs:
-        phases = [p.name for p in load_config(args.config, items).phase_table()]
-        items = costs_file_overrides(args.costs, phases) + items  # --set wins
-    cfg = load_config(args.config, items)
-    want = [flag for flag, attr in (("--trace", "trace"), ("--timeline", "timeline"))
-            if getattr(args, attr, None)]
-    requested = args.engine or cfg.engine
-    if want and requested == "fast":
-        raise UserError(f"{want[0]}: the fast engine keeps no trace; use --engine simpy "
-                        f"(or auto)")
-    if want and args.summary_only:
-        raise UserError(f"{want[0]}: not with --summary-only")
-    engine = "simpy" if want else requested
-    if args.summary_only and engine == "simpy":
-        raise UserError("--summary-only: needs the fast engine (--engine fast or auto)")
-    modules = _command_modules()
-    for mod in modules:
-        if hasattr(mod, "before_run"):
-            mod.before_run(args, cfg)
-    with run_progress(cfg.steps, quiet=args.quiet) as progress:
-        result = simulate(cfg, engine=engine, summary_only=args.summary_only,
-                          progress=progress)
-    if not args.quiet:
-        print(f"simwar: executor {result.engine}", file=sys.stderr)
-    result.summary["name"] = run_label(cfg.name, items)
-    for mod in modules:
-        if hasattr(mod, "after_run"):
-            mod.after_run(args, result)
-    if args.json:
-        print(json.dumps(jsonable(result.summary), sort_keys=True))
-    else:
-        print(format_summary(result, args.races))
-    return 0
-
-
-@contextlib.contextmanager
-def run_progress(steps: int, quiet: bool = False):
-    """A progress callback for ``simulate``: a tqdm bar on stderr, or None.
-
-    The bar shows only after ``PROGRESS_DELAY_S`` seconds and only when stderr is a
-    terminal (tqdm's own rule); ``quiet`` turns it off.
-    """
-    if quiet:
-        yield None
-        return
-    from tqdm import tqdm
-
-    bar = tqdm(total=steps, unit="step", desc="simulating", file=sys.stderr, leave=False,
-               delay=PROGRESS_DELAY_S, dynamic_ncols=True, disable=None)
-    if bar.disable:
-        bar.close()
-        yield None
-        return
-    stride = max(1, steps // 500)  # a few hundred updates at most, whatever the run's length
-
-    def progress(step: int) -> None:
-        if step % stride == 0 or step >= steps - 1:
-            bar.update(min(step + 1, steps) - bar.n)
-            if step >= steps - 1:  # the rest is draining the streams and the analysis
-                bar.set_description_str("analysing")
-
-    try:
-        yield progress
-    finally:
-        bar.close()
-
-
-def measured_steps(columns: dict | None, warmup: int) -> list[int]:
-    """The steps a summary counts; with no table kept (``--summary-only``), none."""
-    if columns is None:
-        return []
-    from simwar.analysis.metrics import measured_rows
-
-    return columns["step"][measured_rows(columns, warmup)].tolist()
-
-
-def _workload_lines(s: dict) -> list[str]:
-    """Per graph bucket, and the requests, of a run whose steps differ."""
-    if "by_bucket" not in s:
-        return []
-    f = num
-    lines = ["  per graph bucket    bucket  steps  step µs  fwd gap  GPU idle  CPU blocked"
-             "  launch lead"]
-    for b, v in s["by_bucket"].items():
-        lines.append(f"                      {b:>6}  {v['steps']:>5}  {f(v['step_us_mean']):>7}"
-                     f"  {f(v['fwd_gap_us_mean']):>7}  {f(v['gpu_idle_us_mean']):>8}"
-                     f"  {f(v['cpu_blocked_us_mean']):>11}  {f(v['launch_lead_us_mean']):>11}")
-    if "requests_completed" in s:
-        lines.append(
-            f"  requests            {s['requests_completed']} completed, "
-            f"{f(s['requests_per_s'])}/s; decode latency mean "
-            f"{f(s['request_latency_us_mean'], '.0f')} µs, p50 "
-            f"{f(s['request_latency_us_p50'], '.0f')}, p99 {f(s['request_latency_us_p99'], '.0f')}"
-            f"; queued {f(s['request_queue_us_mean'], '.0f')} µs before joining")
-    return lines
-
-
-def format_summary(result, max_races: int = 5) -> str:
-
-    s = result.summary
-    cfg = result.config
-    m = result.meta
-    header = (f"{s.get('name') or cfg.name}: {cfg.algorithm}, barrier {s.get('barrier')} "
-              f"(applied: {s.get('barrier_effective')}, {s.get('placement')}); "
-              f"read-done: {m.get('publish_reason')}")
-    measured_line = (f"  steps measured      {s['steps_measured']} (warm-up {cfg.warmup_steps} "
-                     f"and the last step excluded)")
-    if not s.get("steps_measured"):
-        return "\n".join([header, measured_line])
-    f = num
-    lines = [
-        header,
-        measured_line,
-        *stall_lines(s),
-        f"  throughput          {f(s['tokens_per_s'], '.0f')} tokens/s " + (
-            f"(batch mean {f(s['batch_size_mean'])} x {f(s['accepted_tokens_mean'], '.2f')} "
-            f"accepted, per step)" if "batch_size_mean" in s
-            else f"(batch {cfg.batch_size} x {cfg.accept.tokens} accepted)"),
-        *_workload_lines(s),
-        f"  races               {s['races']} latent, {s['overlaps']} observed overlaps "
-        f"(in {s['race_steps']} of the {s['steps_measured']} steps measured)",
-    ]
-    # the same steps as every figure above: after the warm-up, without the last step
-    steps = measured_steps(result.columns, cfg.warmup_steps)
-    races = (result.hazards.within(steps) if steps  # --summary-only keeps no table
-             else result.hazards.since(cfg.warmup_steps))
-    shown = (races.observed or races.latent)[:max_races]
-    for r in shown:
-        what = (f"overlapped {f(r.overlap_us)} µs" if r.observed
-                else "no happens-before path")
-        lines.append(f"    {r.kind} on {r.buffer}: {r.first_lane}:{r.first_label} (step "
-                     f"{r.first_step}) vs {r.second_lane}:{r.second_label} (step "
-                     f"{r.second_step}): {what}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":  # pragma: no cover

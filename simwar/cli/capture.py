@@ -16,22 +16,31 @@ against the acceptance bounds (:mod:`simwar.fit.check`); it exits 1 when a
 bound is missed. ``--fit-costs`` writes only per-phase duration distributions
 and host costs, for ``simwar run --costs``. Progress goes to stderr while the
 file is read (on a terminal).
+
+The module is ``capture``, not ``import``: ``import`` is a Python keyword.
+
+Imports: ``simwar.cli.common`` and ``simwar.core.files`` at the top; the importer, the fit
+modules, the config schema, the simulator, yaml and tqdm inside the functions that use
+them. Never another command's module.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
 
-from simwar.core.files import write_bytes_atomic, write_text_atomic
+from simwar import __version__
+from simwar.cli.common import UserError, num, run_label, stall_lines
+from simwar.core.files import jsonable, write_bytes_atomic, write_text_atomic
+
+HELP = "import a torch.profiler (Kineto) trace and print its stall metrics"
+DESCRIPTION = ("Read a Kineto Chrome-trace capture (.json or .json.gz), build a simwar trace "
+               "from it and print the same step metrics a simulation reports.")
 
 
-def register(sub) -> None:
-    p = sub.add_parser(
-        "import", help="import a torch.profiler (Kineto) trace and print its stall metrics",
-        description="Read a Kineto Chrome-trace capture (.json or .json.gz), build a simwar "
-                    "trace from it and print the same step metrics a simulation reports.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="Kineto trace written by export_chrome_trace (.json, .json.gz)")
     p.add_argument("--mapping", metavar="YAML",
                    help="stream names, step/run_batch annotations, phase and site regexes")
@@ -66,14 +75,13 @@ def register(sub) -> None:
                    help="HTA's consecutive-kernel delay threshold (default 30 µs, as HTA applies "
                         "its default of 30)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_import)
 
 
-def cmd_import(args) -> int:
+def command(args) -> int:
+    # lazy: start-up time of the CLI (the importer loads numpy)
     from simwar.capture.kineto import KinetoFormatError, import_kineto
-    from simwar.capture.mapping import load_mapping
-    from simwar.capture.stalls import HTA_KERNEL_WAIT_US, import_report
-    from simwar.cli.common import UserError, jsonable
+    from simwar.capture.mapping import load_mapping  # lazy: start-up time of the CLI
+    from simwar.capture.stalls import HTA_KERNEL_WAIT_US, import_report  # lazy: start-up time
 
     if args.fit and args.fit_costs:
         raise UserError("--fit and --fit-costs: choose one")
@@ -88,6 +96,7 @@ def cmd_import(args) -> int:
     if args.policy is not None and not args.fit:
         raise UserError("--policy applies to --fit")
     if args.policy is not None:
+        # lazy: start-up time of the CLI (the fit loads numpy)
         from simwar.fit.from_capture import POLICIES
 
         if args.policy not in POLICIES:
@@ -99,7 +108,7 @@ def cmd_import(args) -> int:
     if not path.exists():
         raise UserError(f"{path}: file not found")
     try:
-        with _progress(path, disabled=args.no_progress) as progress:
+        with _ReadProgress(path, disabled=args.no_progress) as progress:
             result = import_kineto(path, mapping, progress=progress)
     except KinetoFormatError as e:
         raise UserError(str(e)) from None
@@ -145,6 +154,7 @@ def cmd_import(args) -> int:
 def _check_config(args):
     """The fitted config ``--check`` simulates, loaded (with ``--set``) before the capture is
     read, so that a bad file or override costs no import."""
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import load_config, override_list
 
     items = _additions(args.check, args.additions) + override_list(args.overrides)
@@ -153,7 +163,7 @@ def _check_config(args):
 
 def _additions(path: str, additions: list[str]) -> list:
     """``--add KEY=US`` as overrides: the fitted file's duration at KEY, shifted by US µs."""
-    from simwar.cli.common import UserError
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import ConfigError, Override, load_config
 
     if not additions:
@@ -214,10 +224,11 @@ def _shift(value, us: float):
 
 
 def _check(result, mapping, args, loaded, report) -> dict:
+    """Simulate the ``--check`` config and compare it with the capture's ``report``."""
+    # lazy: start-up time of the CLI (the simulator)
     from simwar.api import simulate
-    from simwar.cli.common import UserError, run_label
-    from simwar.fit.check import accepted, compare, format_rows, relaunch
-    from simwar.fit.from_capture import FitError, check_mapping
+    from simwar.fit.check import accepted, compare, format_rows, relaunch  # lazy: start-up time
+    from simwar.fit.from_capture import FitError, check_mapping  # lazy: start-up time of the CLI
 
     try:
         check_mapping(result, mapping, args.mapping or "mapping")
@@ -247,11 +258,11 @@ def _check(result, mapping, args, loaded, report) -> dict:
 
 
 def _write_model(result, mapping, args, path: Path):
+    """Fit the capture's whole loop (``--fit``) and write it as a config with ``-o``."""
+    # lazy: start-up time of the CLI (yaml; the fit loads numpy)
     import yaml
 
-    from simwar import __version__
-    from simwar.cli.common import UserError
-    from simwar.fit.from_capture import FitError, fit_model
+    from simwar.fit.from_capture import FitError, fit_model  # lazy: start-up time of the CLI
 
     try:
         model = fit_model(result, mapping, capture=path.name, mapping_name=args.mapping or "",
@@ -274,7 +285,7 @@ def _write_model(result, mapping, args, path: Path):
     return model
 
 
-class _progress:
+class _ReadProgress:
     """A tqdm bar over the file's bytes, as a ``progress(done, total)`` callback."""
 
     def __init__(self, path: Path, disabled: bool):
@@ -283,6 +294,7 @@ class _progress:
         self.bar = None
 
     def __enter__(self):
+        # lazy: start-up time of the CLI (tqdm)
         from tqdm import tqdm
 
         self.bar = tqdm(total=self.path.stat().st_size, unit="B", unit_scale=True,
@@ -299,9 +311,11 @@ class _progress:
 
 
 def _write_fit(trace, output: str, dist: str, source: str) -> dict:
+    """Fit per-phase durations and host costs (``--fit-costs``) and write them to ``output``."""
+    # lazy: start-up time of the CLI (yaml; the fit loads numpy)
     import yaml
 
-    from simwar.fit.durations import fit_durations
+    from simwar.fit.durations import fit_durations  # lazy: start-up time of the CLI
 
     fit = fit_durations(trace, dist)
     lines = [f"# Durations fitted by `simwar import --fit-costs` from {source} "
@@ -323,9 +337,8 @@ def _write_fit(trace, output: str, dist: str, source: str) -> dict:
 
 
 def format_report(r: dict) -> str:
-    from simwar.cli.common import num as f  # never -0.0
-    from simwar.cli.common import stall_lines
-
+    """What ``simwar import`` prints: event counts, the stall lines, HTA's breakdowns."""
+    f = num  # never -0.0
     c = r["counts"]
     s = r["metrics"]
     lines = [f"{r['file']}: {c['kernels']} kernels, {c['memcpys']} memcpys, {c['memsets']} "

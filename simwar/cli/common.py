@@ -1,25 +1,45 @@
-"""What every ``simwar`` subcommand shares: its error type, its JSON and number formatting,
-the stall summary that ``run`` and ``import`` both print, and the costs files that ``run``
-and ``compare`` both read.
+"""What several ``simwar`` commands share, and nothing else.
 
-A leaf module: ``simwar.cli.app`` and the ``cli_*`` modules import from here, never from each
-other, so there is no import cycle between the command line's modules.
+- :class:`UserError`, the one error type a command raises for a mistake its user can fix
+  (``simwar.cli.app.main`` prints it as one line);
+- the costs files that ``run`` and ``compare`` read (:func:`costs_file_overrides`,
+  :func:`costs_overrides`);
+- the numbers and stall lines that ``run`` and ``import`` print (:func:`num`,
+  :func:`run_label`, :func:`stall_lines`), and :func:`clip_text` of ``explain`` and
+  ``advise``'s tables;
+- the picture options of ``run`` and ``plot``: :func:`parse_window` (``--steps-window``),
+  :func:`output_path` (a file name checked before anything runs) and :func:`save_figure`;
+- :func:`is_sweep_file` (``validate``, ``show``) and :func:`load_measured` (``calibrate``,
+  ``compare``).
 
-Imports: the standard library (and ``simwar.core.files``).
+A leaf of the command line: the command modules import from here, never from each other.
+
+Imports: the standard library and :mod:`simwar.core.files` at the top; the config schema,
+the sweep and fit modules and matplotlib inside the functions that need them, so that
+``simwar --help`` and a command's argument checks load none of them. Never a command's
+module.
 """
 
 from __future__ import annotations
 
-from simwar.core.files import jsonable
+import io
+import json
+from pathlib import Path
 
-__all__ = ["UserError", "costs_file_overrides", "costs_overrides", "jsonable", "num",
-           "read_costs_file", "run_label", "stall_lines"]
+from simwar.core.files import write_bytes_atomic
+
+__all__ = ["UserError", "costs_file_overrides", "costs_overrides", "read_costs_file", "num",
+           "run_label", "stall_lines", "clip_text", "parse_window", "output_path",
+           "save_figure", "is_sweep_file", "load_measured"]
 
 
 class UserError(Exception):
     """An error the user can fix; printed as one line."""
 
 
+# --------------------------------------------------------------------------- costs files
+#: the top-level keys a --costs file may set: host and device costs, and per-phase durations
+#: by phase name (what ``simwar import --fit-costs`` writes)
 COSTS_FILE_KEYS = ("costs", "phases")
 #: keys a ``simwar calibrate`` file carries to describe itself; they set nothing
 CALIBRATION_INFO_KEYS = ("format", "version", "device", "spin", "fitted_from", "primitives",
@@ -28,6 +48,7 @@ CALIBRATION_INFO_KEYS = ("format", "version", "device", "spin", "fitted_from", "
 
 def read_costs_file(path: str, option: str = "--costs") -> tuple[dict, list[dict]]:
     """``(costs, phase entries)`` of a costs file; a key it would not use is an error."""
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import ConfigError, read_yaml
 
     try:
@@ -67,6 +88,7 @@ def costs_overrides(path: str | None) -> dict:
 
 def costs_file_overrides(path: str, phase_names: list[str]) -> list:
     """The overrides of a costs file for a config whose phases are ``phase_names``."""
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import Override
 
     costs, phases = read_costs_file(path)
@@ -82,6 +104,7 @@ def costs_file_overrides(path: str, phase_names: list[str]) -> list:
     return items
 
 
+# --------------------------------------------------------------------------- printing
 def num(value, spec: str = ".1f") -> str:
     """``format(value, spec)``, never ``-0.0`` (a tiny negative rounds to plain zero)."""
     text = format(value, spec)
@@ -118,3 +141,99 @@ def stall_lines(s: dict) -> list[str]:
         f"  launch-ahead depth  mean {f(s['launch_ahead_mean'], '.3f')}; histogram "
         + ", ".join(f"{k}: {f(v, '.2f')}" for k, v in s["launch_ahead_hist"].items()),
     ]
+
+
+def clip_text(text: str, n: int) -> str:
+    """``text`` cut to ``n`` characters, the last one an ellipsis when it was cut."""
+    return text if len(text) <= n else text[:n - 1] + "…"
+
+
+# --------------------------------------------------------------------------- pictures
+def parse_window(text: str, steps: int) -> tuple[int, int]:
+    """``--steps-window A:B`` -> (A, B), with 0 <= A <= B < steps."""
+    parts = text.split(":")
+    try:
+        a, b = (int(p) for p in parts)
+    except ValueError:
+        raise UserError(f"--steps-window: expected A:B (two step numbers), got '{text}'") from None
+    if not 0 <= a <= b < steps:
+        raise UserError(f"--steps-window: expected 0 <= A <= B < {steps} (the run's steps), "
+                        f"got '{text}'")
+    return a, b
+
+
+def output_path(path: str, option: str, image: bool = False) -> Path:
+    """The file ``option`` writes, checked: not a directory, in one that exists, and for an
+    image a name whose suffix matplotlib can render."""
+    out = Path(path)
+    if out.is_dir():
+        raise UserError(f"{option} {path}: is a directory (expected the name of a file to "
+                        f"write)")
+    if not out.parent.is_dir():
+        raise UserError(f"{option} {path}: directory {out.parent} does not exist")
+    if image:
+        # lazy: start-up time of the CLI (matplotlib)
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        kinds = FigureCanvasAgg.get_supported_filetypes()
+        if out.suffix.lstrip(".").lower() not in kinds:
+            raise UserError(f"{option} {path}: expected an image file name ending in "
+                            f"{', '.join('.' + k for k in sorted(kinds))}")
+    return out
+
+
+def save_figure(fig, out: Path) -> None:
+    """Render ``fig`` (110 dpi, the format of ``out``'s suffix) and write it whole."""
+    # lazy: start-up time of the CLI (matplotlib)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    image = io.BytesIO()  # rendered first, then written whole: a failed save leaves nothing
+    fig.savefig(image, format=out.suffix.lstrip(".").lower(), dpi=110)
+    write_bytes_atomic(out, image.getvalue())
+
+
+# --------------------------------------------------------------------------- inputs
+def is_sweep_file(path: str) -> bool:
+    """Whether the YAML file at ``path`` is a sweep (rather than a config)."""
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
+    from simwar.config import read_yaml
+    from simwar.study.sweeps import is_sweep_mapping  # lazy: start-up time of the CLI
+
+    return is_sweep_mapping(read_yaml(path))
+
+
+def load_measured(sources: list[str]) -> dict[str, dict]:
+    """Case → measured summary, from traces (dir/tar/file) or summary JSON files."""
+    # lazy: start-up time of the CLI (pandas and the analysis)
+    from simwar.fit.replays import load_traces, measured_summary
+
+    out: dict[str, dict] = {}
+    for src in sources:
+        path = Path(src)
+        if not path.exists():
+            raise UserError(f"{src}: file not found")
+        if path.suffix == ".json" and not path.name.endswith(".trace.json"):
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise UserError(f"{src}: invalid JSON ({e.msg}, line {e.lineno})") from None
+            cases = data.get("cases") if isinstance(data, dict) else None
+            if not isinstance(cases, dict):
+                raise UserError(f"{src}: expected a measured-summary file with a 'cases' "
+                                f"mapping")
+            for name, case in cases.items():
+                if not isinstance(case, dict) or not isinstance(case.get("summary"), dict):
+                    raise UserError(f"{src}: cases.{name}: expected a measured summary (a "
+                                    f"mapping with a 'summary' mapping)")
+            out.update(cases)
+            continue
+        try:
+            traces = load_traces(path)
+        except (ValueError, OSError) as e:
+            raise UserError(f"{src}: not a simwar trace, trace directory or tar ({e})") \
+                from None
+        if not traces:
+            raise UserError(f"{src}: no *.trace.json(.gz) found")
+        out.update({k: measured_summary(t) for k, t in traces.items()})
+    return out

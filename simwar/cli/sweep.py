@@ -1,30 +1,30 @@
-"""``simwar sweep``, ``simwar validate`` and ``simwar show``: sweeps and configs on the CLI.
+"""``simwar sweep``: run a sweep file (locally or on Ray) into an output directory.
 
-``sweep`` runs a sweep file (locally or on Ray) into an output directory, with
-a progress bar on stderr; ``validate`` checks config and sweep files and says
-what each one is; ``show`` prints a config with every default filled in, or a
-sweep with its base inlined and its runs listed. The work is done by
-:mod:`simwar.study.sweeps` and :mod:`simwar.config.schema`; this module only parses
-arguments and prints.
+The work, resuming included, is :func:`simwar.study.sweeps.sweep`'s; this module parses
+arguments, checks them before anything runs, and prints what was done. The progress bar
+on stderr is the sweep's own.
+
+Imports: ``simwar.cli.common`` at the top; the sweep module inside :func:`command`. Never
+another command's module.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 import time
 
-import yaml
+from simwar.cli.common import UserError
+
+HELP = "run a sweep file into a results table (resumable)"
+DESCRIPTION = ("Expand a sweep file (base config, grid, zip, repeats), simulate every run and "
+               "write DIR/results.parquet, DIR/results.csv, DIR/sweep.yaml and "
+               "DIR/runs/<key>.json. Rerunning the same sweep into DIR skips finished runs; a "
+               "different sweep into a DIR that holds results is refused unless --force is "
+               "given.")
 
 
-def register(sub) -> None:
-    p = sub.add_parser(
-        "sweep", help="run a sweep file into a results table (resumable)",
-        description="Expand a sweep file (base config, grid, zip, repeats), simulate every run "
-                    "and write DIR/results.parquet, DIR/results.csv, DIR/sweep.yaml and "
-                    "DIR/runs/<key>.json. Rerunning the same sweep into DIR skips finished "
-                    "runs; a different sweep into a DIR that holds results is refused unless "
-                    "--force is given.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep_file", metavar="SWEEP.yaml", help="sweep file")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument("--jobs", "-j", type=int, default=1, metavar="N",
@@ -40,34 +40,10 @@ def register(sub) -> None:
                    help="DIR holds a different sweep's results: replace its sweep.yaml and "
                         "results tables (run files are kept)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_sweep)
-
-    p = sub.add_parser("validate", help="check config and sweep files",
-                       description="Validate each config or sweep file; print one line per file. "
-                                   "Exit 2 if any is invalid.")
-    p.add_argument("files", nargs="+", metavar="FILE")
-    p.set_defaults(func=cmd_validate)
-
-    p = sub.add_parser("show", help="print a config (or sweep) with every default resolved",
-                       description="Print the resolved config with defaults as YAML; for a "
-                                   "sweep, print it with the base inlined and list its runs.")
-    p.add_argument("file", metavar="CONFIG", nargs="?",
-                   help="config or sweep file (default: the packaged dspark-fine config)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a dotted key (repeatable)")
-    p.set_defaults(func=cmd_show)
 
 
-def _is_sweep_file(path: str) -> bool:
-    from simwar.config import read_yaml
-    from simwar.study.sweeps import is_sweep_mapping
-
-    return is_sweep_mapping(read_yaml(path))
-
-
-# --------------------------------------------------------------------------- sweep
-def cmd_sweep(args) -> int:
-    from simwar.cli.common import UserError
+def command(args) -> int:
+    # lazy: start-up time of the CLI (the sweep module loads pandas and the simulator)
     from simwar.study.sweeps import RunStore, SweepConflict, load_sweep, sweep
 
     if args.jobs < 0:
@@ -95,53 +71,3 @@ def cmd_sweep(args) -> int:
     print(f"wrote {os.path.join(args.out, 'results.parquet')} and "
           f"{os.path.join(args.out, 'results.csv')}")
     return 0
-
-
-# --------------------------------------------------------------------------- validate
-def cmd_validate(args) -> int:
-    from simwar.config import ConfigError, load_config
-    from simwar.study.sweeps import load_sweep
-
-    failures = 0
-    for path in args.files:
-        try:
-            if _is_sweep_file(path):
-                plan = load_sweep(path)
-                swept = ", ".join(plan.spec.swept_keys) or "nothing swept"
-                print(f"{path}: ok (sweep of {len(plan.runs)} runs over {swept})")
-            else:
-                cfg = load_config(path)
-                print(f"{path}: ok (config {cfg.name}: {cfg.algorithm}, barrier "
-                      f"{cfg.policy.barrier}, {cfg.policy.placement})")
-        except ConfigError as e:
-            failures += 1
-            print(f"simwar: error: {e}", file=sys.stderr)
-    return 2 if failures else 0
-
-
-# --------------------------------------------------------------------------- show
-def cmd_show(args) -> int:
-    from simwar.config import load_config
-    from simwar.study.sweeps import load_sweep
-
-    if args.file and _is_sweep_file(args.file):
-        plan = load_sweep(args.file, args.overrides)
-        print(yaml.safe_dump(plan.resolved(), sort_keys=False), end="")
-        print(f"# {len(plan.runs)} runs")
-        keys = plan.spec.swept_keys
-        header = ["run_id", "repeat", "seed", "config_hash", *keys]
-        rows = [[str(r.run_id), str(r.repeat), str(r.seed), r.config_hash,
-                 *(_cell(r.values[k]) for k in keys)] for r in plan.runs]
-        widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-        for row in [header, *rows]:
-            print("# " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
-        return 0
-    cfg = load_config(args.file, args.overrides)
-    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
-    return 0
-
-
-def _cell(value) -> str:
-    import json
-
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)

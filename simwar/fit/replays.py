@@ -17,8 +17,8 @@
 - :func:`compare`: simulate each case with the calibrated costs and tabulate
   simulated vs measured per metric (abs and relative error), race presence
   included, and for cases whose steps differ (a ``workload``) the median over steps of
-  each step's own step-time error (``step_us_per_step``); :func:`plot_compare` draws
-  step time and forward gap per case;
+  each step's own step-time error (``step_us_per_step``); ``simwar.plots.plot_compare``
+  draws step time and forward gap per case;
 - :func:`with_host_speed`: the calibrated host costs scaled by one measured
   factor per case, the case's own mean launch cost over the calibrated one.
   The GPU machine's host changes speed by up to 2x within a session (see
@@ -26,7 +26,7 @@
   compared, never fitted to its step time, so a comparison that uses it checks
   the model under the host speed the case actually ran at.
 
-Imports: simwar's full stack (pandas; matplotlib lazily). Not for the GPU machine.
+Imports: simwar's full stack (pandas). Not for the GPU machine.
 """
 
 from __future__ import annotations
@@ -355,30 +355,3 @@ def markdown_table(table: pd.DataFrame) -> str:
                      f"{r['races_sim']:.0f}/{r['races_meas']:.0f} |")
     return "\n".join(lines) + "\n"
 
-
-def plot_compare(table: pd.DataFrame, ax_step=None, ax_gap=None):
-    """Simulated vs measured step time and forward gap per case (two Axes); returns them."""
-    import matplotlib.pyplot as plt
-
-    if ax_step is None or ax_gap is None:
-        _, (ax_step, ax_gap) = plt.subplots(1, 2, figsize=(10, 4.6))
-    varying = set(table.config[table.metric == PER_STEP])
-    for ax, metric, title in ((ax_step, "step_us_mean", "step time (µs)"),
-                              (ax_gap, "fwd_gap_us_mean", "forward gap (µs)")):
-        t = table[table.metric == metric]
-        cpu = t.config.str.contains("-cpu")
-        vary = t.config.isin(varying)
-        for mask, label, marker in ((~cpu & ~vary, "GPU-bound", "o"), (cpu & ~vary, "CPU-bound",
-                                                                       "s"),
-                                    (vary, "batch varies per step", "^")):
-            if not mask.any():
-                continue
-            ax.scatter(t.measured[mask], t.simulated[mask], s=16, marker=marker, label=label)
-        hi = max(t.measured.max(), t.simulated.max(), 1.0) * 1.05
-        ax.plot([0, hi], [0, hi], lw=0.8, color="grey")
-        ax.set_xlabel(f"measured {title}")
-        ax.set_ylabel(f"simulated {title}")
-        ax.set_xlim(0, hi)
-        ax.set_ylim(0, hi)
-        ax.legend(loc="upper left", fontsize=8)
-    return ax_step, ax_gap

@@ -1,5 +1,43 @@
-"""Figures (interim: re-exports simwar.plots.figures while the package is split)."""
+"""simwar's figures: each function takes data (and an optional Axes) and returns what it drew.
 
-from simwar.plots import figures as _figures
+Notebooks use them as ``from simwar import plots; plots.timeline(result, steps=(20, 22))``:
 
-globals().update({k: v for k, v in vars(_figures).items() if not k.startswith("__")})
+- runs: :func:`timeline` and :func:`stall_figure` (:mod:`simwar.plots.timelines`);
+- comparisons of runs: :func:`stall_breakdown`, :func:`launch_ahead_hist`,
+  :func:`step_time_ecdf` (:mod:`simwar.plots.summary`);
+- runs whose steps differ: :func:`by_batch`, :func:`regime_steps`, :func:`workload_figure`
+  (:mod:`simwar.plots.workload`);
+- sweeps: :func:`sweep_lines`, :func:`sweep_heatmap`, and the words of their axes
+  :func:`column_label`, :func:`numeric_columns`, :func:`averaged_over`
+  (:mod:`simwar.plots.sweeps`);
+- the critical-path chain of ``simwar explain``: :func:`chain_figure`
+  (:mod:`simwar.plots.chain`);
+- simulated against measured: :func:`plot_compare` (:mod:`simwar.plots.compare`).
+
+:mod:`simwar.plots.perfetto` writes a Trace as Chrome trace-event JSON (import it by its
+module name). The bubbles a timeline explains are :func:`simwar.analysis.bubbles.bubbles`
+and :func:`simwar.analysis.bubbles.story`.
+
+Every figure uses matplotlib's object API (``Figure``, never pyplot): any backend, no
+global figure state; pass ``ax=``/``fig=`` from pyplot to draw into a notebook's figure.
+Nothing here prints or writes files: callers save the figure. Importing this package
+loads matplotlib and pandas.
+"""
+
+from simwar.plots.chain import chain_figure
+from simwar.plots.compare import plot_compare
+from simwar.plots.summary import launch_ahead_hist, stall_breakdown, step_time_ecdf
+from simwar.plots.sweeps import (
+    averaged_over,
+    column_label,
+    numeric_columns,
+    sweep_heatmap,
+    sweep_lines,
+)
+from simwar.plots.timelines import stall_figure, timeline
+from simwar.plots.workload import by_batch, regime_steps, workload_figure
+
+__all__ = ["timeline", "stall_figure", "stall_breakdown", "launch_ahead_hist",
+           "step_time_ecdf", "by_batch", "regime_steps", "workload_figure", "sweep_lines",
+           "sweep_heatmap", "column_label", "numeric_columns", "averaged_over",
+           "chain_figure", "plot_compare"]

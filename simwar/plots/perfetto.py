@@ -6,7 +6,7 @@ its own traces so that a simulated run can be opened next to a measured one:
 
 - one process for the host (the scheduler thread: CPU work, host API calls,
   host blocks) and one process per stream, each named by ``M`` metadata
-  events and ordered host first, then the streams in ``STREAM_ORDER``;
+  events and ordered host first, then the streams in ``simwar.analysis.views.STREAM_ORDER``;
 - ``X`` (complete) slices with float µs timestamps (``ts``, ``dur``);
   slices on one track never overlap: a lane whose spans do overlap (a
   measured trace can have that) is split over extra threads of its process;
@@ -26,12 +26,11 @@ its own traces so that a simulated run can be opened next to a measured one:
 - record operations as instant events (``i``) on their stream.
 
 Every relation is looked up by id (:mod:`simwar.analysis.views`); nothing
-here parses a label. ``ordered_lanes`` and ``launch_links`` live in
-:mod:`simwar.analysis.views` and are re-exported here.
+here parses a label.
 
 Imports: numpy, ``simwar.core.trace``, ``simwar.core.files`` and
-``simwar.analysis.views`` only (a trace written on a GPU machine can be
-exported there).
+``simwar.analysis.views`` only; importing it loads the package ``simwar.plots`` too,
+and with it matplotlib and pandas (the figures).
 """
 
 from __future__ import annotations
@@ -43,12 +42,11 @@ from pathlib import Path
 import numpy as np
 
 from simwar.analysis import views
-from simwar.analysis.views import STREAM_ORDER, LaunchLink, launch_links, ordered_lanes
+from simwar.analysis.views import launch_links
 from simwar.core.files import write_text_atomic
 from simwar.core.trace import CALLS, HOST, SPAN_KINDS, Call, OpKind, SpanKind, Trace
 
-__all__ = ["chrome_trace", "write_chrome_trace", "STREAM_ORDER", "LaunchLink", "launch_links",
-           "ordered_lanes"]
+__all__ = ["chrome_trace", "write_chrome_trace"]
 
 HOST_PID = 1
 _TS_DIGITS = 3  # ns resolution: Perfetto stores integer ns

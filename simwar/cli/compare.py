@@ -1,0 +1,114 @@
+"""``simwar compare``: simulate each measured case and write the sim-vs-real error table.
+
+``compare MEASURED... [--costs FILE] [--host-speed measured] --csv FILE [--plot FILE]``
+simulates each measured case (its suite case, or ``--config``) and writes the error table
+of :func:`simwar.fit.replays.compare` (with each varying-workload case's median per-step
+error), then prints the acceptance criteria. ``--plot`` draws
+:func:`simwar.plots.plot_compare`; ``--save-measured FILE`` also writes the measured
+summaries read (the ``calibration/*.json`` form); ``--markdown`` a per-case table.
+
+Imports: ``simwar.cli.common`` and ``simwar.core.files`` at the top; the fit module, the
+suite, the config schema and matplotlib inside the functions that use them. Never another
+command's module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from simwar.cli.common import UserError, costs_overrides, load_measured
+from simwar.core.files import write_bytes_atomic, write_text_atomic
+
+HELP = "simulated vs measured error table"
+DESCRIPTION = ("Simulate each measured case and write config, metric, simulated, measured, abs "
+               "and relative error as CSV.")
+
+
+def add_arguments(m: argparse.ArgumentParser) -> None:
+    m.add_argument("measured", nargs="+", help="as for calibrate")
+    m.add_argument("--costs", help="calibration YAML (its costs replace each config's)")
+    m.add_argument("--config", help="one YAML config for every measured case (default: the "
+                                    "suite case of the same name)")
+    m.add_argument("--host-speed", choices=("calibrated", "measured"), default="calibrated",
+                   help="'measured' scales the host costs of each case by its own measured "
+                        "launch cost over the calibrated one (the host's speed during that "
+                        "replay); default: the calibrated costs as they are")
+    m.add_argument("--csv", required=True, help="error table to write")
+    m.add_argument("--plot", help="PNG of simulated vs measured step time and forward gap")
+    m.add_argument("--save-measured", metavar="FILE",
+                   help="also write the measured summaries read (a JSON file of the form "
+                        "calibration/*.json holds, per-step figures of varying workloads "
+                        "included)")
+    m.add_argument("--description", default="",
+                   help="description written into --save-measured's file")
+    m.add_argument("--markdown", metavar="FILE",
+                   help="also write a per-case Markdown table (step time, median per-step "
+                        "error, forward gap, launch-ahead, races)")
+
+
+def case_configs(names, config_path: str | None) -> dict[str, dict]:
+    """Each measured case's config mapping: ``--config`` for all, else its suite case."""
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
+    from simwar.config import load_config
+    from simwar.harness import suite  # lazy: start-up time of the CLI
+
+    known = suite.all_cases()
+    out = {}
+    for name in names:
+        if config_path:
+            out[name] = json.loads(load_config(config_path).model_dump_json())
+        elif name in known:
+            out[name] = suite.config_mapping(name)
+        else:
+            raise UserError(f"{name}: not a suite case; give its config with --config")
+    return out
+
+
+def command(args) -> int:
+    # lazy: start-up time of the CLI (pandas and the simulator)
+    from simwar.fit.replays import compare, criteria, markdown_table, with_host_speed
+
+    measured = load_measured(args.measured)
+    configs = case_configs(measured, args.config)
+    costs = {k[len("costs."):]: v for k, v in costs_overrides(args.costs).items()}
+    for name, cfg in configs.items():
+        if args.host_speed == "measured" and name in measured:
+            configs[name] = with_host_speed(cfg, measured[name], costs)
+        else:
+            cfg["costs"] = dict(cfg.get("costs", {}), **costs)
+    table = compare(configs, measured)
+    if args.save_measured:
+        doc = {"format": "simwar.measured_summaries", "version": 1,
+               "description": args.description, "cases": measured}
+        Path(args.save_measured).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.save_measured, json.dumps(doc, indent=1) + "\n")
+    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(args.csv, table.to_csv(index=False, float_format="%.4f").encode())
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(args.markdown, markdown_table(table))
+    if args.plot:
+        # lazy: start-up time of the CLI (matplotlib)
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        from simwar.plots.compare import plot_compare  # lazy: start-up time of the CLI
+
+        ax_step, _ = plot_compare(table)
+        FigureCanvasAgg(ax_step.figure)
+        ax_step.figure.tight_layout()
+        ax_step.figure.savefig(args.plot, dpi=90)
+    c = criteria(table)
+    print(f"{c['cases']} cases: step time |error| median {100 * c['step_rel_error_median']:.2f}%"
+          f", max {100 * c['step_rel_error_max']:.2f}%; forward gap within max(25 µs, 10%) in "
+          f"{c['fwd_gap_within_bound']}; launch-ahead |error| max "
+          f"{c['launch_ahead_abs_error_max']:.3f}; race presence mismatches "
+          f"{c['race_presence_mismatches']} ({c['racy_cases']} racy cases)")
+    if "per_step_cases" in c:
+        print(f"{c['per_step_cases']} cases with per-step figures: median per-step step-time "
+              f"|error| {100 * c['per_step_rel_error_median_median']:.2f}% (median over cases)"
+              f", {100 * c['per_step_rel_error_median_max']:.2f}% (worst case)")
+    written = [args.csv] + [f for f in (args.plot, args.save_measured, args.markdown) if f]
+    print(f"wrote {', '.join(written)}")
+    return 0

@@ -1,0 +1,76 @@
+"""The picture and trace options of ``simwar run``: ``--timeline``, ``--steps-window``, ``--trace``.
+
+``simwar.cli.run`` calls the three steps explicitly: :func:`add_arguments` to its parser,
+:func:`check` before simulating (a wrong path or window costs no run), :func:`write` after.
+``--timeline`` draws :func:`simwar.plots.stall_figure` (the stall timeline of a few steps
+and a zoom on the first forward-stream bubble); ``--trace`` writes Chrome trace-event JSON
+for Perfetto (:mod:`simwar.plots.perfetto`). Both need the run's Trace:
+:func:`trace_options` names the options given, so that ``run`` picks the SimPy engine.
+
+Imports: ``simwar.cli.common`` at the top; matplotlib and the plots inside :func:`write`.
+Never a command's module (``run`` imports this one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from simwar.cli.common import UserError, output_path, parse_window, save_figure
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--timeline", metavar="OUT.png",
+                        help="write the stall timeline of a few steps (and a zoom on the "
+                             "first GPU bubble) to this image")
+    parser.add_argument("--steps-window", metavar="A:B",
+                        help="steps shown by --timeline, A and B included: from step A's "
+                             "start to step B+1's start (default: three steps "
+                             "after warm-up)")
+    parser.add_argument("--trace", metavar="OUT.json",
+                        help="write the run as Chrome trace-event JSON (open it in "
+                             "ui.perfetto.dev or chrome://tracing)")
+
+
+def trace_options(args) -> list[str]:
+    """The options given that need the run's Trace (``--trace`` first)."""
+    return [flag for flag, value in (("--trace", args.trace), ("--timeline", args.timeline))
+            if value]
+
+
+def check(args, config) -> None:
+    """Check the picture options before simulating, so that a mistake is reported at once."""
+    if args.steps_window and not args.timeline:
+        raise UserError("--steps-window: only used with --timeline OUT.png")
+    if args.timeline:
+        output_path(args.timeline, "--timeline", image=True)
+        if args.steps_window:
+            parse_window(args.steps_window, config.steps)
+    if args.trace:
+        output_path(args.trace, "--trace")
+
+
+def write(args, result) -> None:
+    """Write what the options ask for, each file noted on stderr (unless ``--quiet``)."""
+    check(args, result.config)
+    if args.timeline:
+        out = output_path(args.timeline, "--timeline", image=True)
+        window = (parse_window(args.steps_window, result.config.steps) if args.steps_window
+                  else None)
+        # lazy: start-up time of the CLI (matplotlib, pandas)
+        from simwar.plots.timelines import stall_figure
+
+        save_figure(stall_figure(result, window), out)
+        _note(args, f"simwar: wrote {out}")
+    if args.trace:
+        out = output_path(args.trace, "--trace")
+        # lazy: start-up time of the CLI (the plots package loads matplotlib)
+        from simwar.plots.perfetto import write_chrome_trace
+
+        write_chrome_trace(result.trace, out)
+        _note(args, f"simwar: wrote {out}")
+
+
+def _note(args, text: str) -> None:
+    if not args.quiet:
+        print(text, file=sys.stderr)

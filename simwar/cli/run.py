@@ -1,0 +1,199 @@
+"""``simwar run``: simulate one config and print its summary (or its JSON).
+
+Here: the command (:func:`add_arguments`, :func:`command`), the progress bar the run
+shows on a terminal (:func:`run_progress`: the executors only call a callback) and the
+summary it prints (:func:`format_summary`, which notebooks use too). The picture and
+trace options (``--timeline``, ``--steps-window``, ``--trace``) live in
+:mod:`simwar.cli.outputs`, called here to add them, to check them before simulating and
+to write them after.
+
+Imports: ``simwar.cli.common``, ``simwar.cli.outputs``, the engine names of
+``simwar.config.schema`` and ``simwar.core.files`` at the top; the simulator, the config schema, the analysis and tqdm inside the functions that use
+them (start-up time of the CLI). Never another command's module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+
+from simwar.cli import outputs
+from simwar.cli.common import UserError, costs_file_overrides, num, run_label, stall_lines
+from simwar.config.schema import ENGINES
+from simwar.core.files import jsonable
+
+HELP = "simulate one config and print its summary"
+DESCRIPTION = ("Simulate one config (default: the packaged DSPARK fine barrier config) and "
+               "print a summary. Runs longer than a couple of seconds show a progress bar on "
+               "stderr (when it is a terminal).")
+#: seconds a run must take before its progress bar shows (short runs print nothing extra)
+PROGRESS_DELAY_S = 2.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="YAML config (default: packaged dspark-fine)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a dotted key, e.g. --set policy.barrier=coarse (repeatable; "
+                        "applied after --costs)")
+    p.add_argument("--costs", metavar="FILE",
+                   help="YAML file (from simwar calibrate or simwar import --fit) whose "
+                        "'costs' mapping overrides the config's costs and whose 'phases' list "
+                        "overrides the durations of the config's phases of the same names; any "
+                        "other top-level key is an error (a calibration file's own "
+                        "description, format to host_drift, excepted)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--races", type=int, default=5, metavar="N",
+                   help="list up to N races in the text summary (default 5)")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar and no notes on stderr (errors still print)")
+    p.add_argument("--engine", choices=ENGINES, default=None,
+                   help="executor: simpy (reference, keeps the trace), fast (one pass, no "
+                        "trace) or auto (fast unless --trace/--timeline; default: the "
+                        "config's engine, auto)")
+    p.add_argument("--summary-only", action="store_true",
+                   help="keep no per-step table: the summary is computed as the run goes "
+                        "(quantiles from a sketch, 1e-4 relative); for very long runs")
+    outputs.add_arguments(p)
+
+
+def command(args) -> int:
+    # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
+    from simwar.api import resolve_engine, simulate
+    from simwar.config import load_config, override_list  # lazy: start-up time of the CLI
+
+    items = override_list(args.overrides)
+    if args.costs:
+        phases = [p.name for p in load_config(args.config, items).phase_table()]
+        items = costs_file_overrides(args.costs, phases) + items  # --set wins
+    cfg = load_config(args.config, items)
+    want = outputs.trace_options(args)
+    engine = resolve_engine(args.engine, cfg, want_trace=bool(want))
+    if want and engine == "fast":
+        raise UserError(f"{want[0]}: the fast engine keeps no trace; use --engine simpy "
+                        f"(or auto)")
+    if want and args.summary_only:
+        raise UserError(f"{want[0]}: not with --summary-only")
+    if args.summary_only and engine == "simpy":
+        raise UserError("--summary-only: needs the fast engine (--engine fast or auto)")
+    outputs.check(args, cfg)
+    with run_progress(cfg.steps, quiet=args.quiet) as progress:
+        # the requested name, not the resolved one: an 'auto' run simulates its trace on demand
+        result = simulate(cfg, engine=engine if want else args.engine,
+                          summary_only=args.summary_only,
+                          progress=progress)
+    if not args.quiet:
+        print(f"simwar: executor {result.engine}", file=sys.stderr)
+    result.summary["name"] = run_label(cfg.name, items)
+    outputs.write(args, result)
+    if args.json:
+        print(json.dumps(jsonable(result.summary), sort_keys=True))
+    else:
+        print(format_summary(result, args.races))
+    return 0
+
+
+@contextlib.contextmanager
+def run_progress(steps: int, quiet: bool = False):
+    """A progress callback for ``simulate``: a tqdm bar on stderr, or None.
+
+    The bar shows only after ``PROGRESS_DELAY_S`` seconds and only when stderr is a
+    terminal (tqdm's own rule); ``quiet`` turns it off.
+    """
+    if quiet:
+        yield None
+        return
+    # lazy: start-up time of the CLI (tqdm)
+    from tqdm import tqdm
+
+    bar = tqdm(total=steps, unit="step", desc="simulating", file=sys.stderr, leave=False,
+               delay=PROGRESS_DELAY_S, dynamic_ncols=True, disable=None)
+    if bar.disable:
+        bar.close()
+        yield None
+        return
+    stride = max(1, steps // 500)  # a few hundred updates at most, whatever the run's length
+
+    def progress(step: int) -> None:
+        if step % stride == 0 or step >= steps - 1:
+            bar.update(min(step + 1, steps) - bar.n)
+            if step >= steps - 1:  # the rest is draining the streams and the analysis
+                bar.set_description_str("analysing")
+
+    try:
+        yield progress
+    finally:
+        bar.close()
+
+
+def measured_steps(columns: dict | None, warmup: int) -> list[int]:
+    """The steps a summary counts; with no table kept (``--summary-only``), none."""
+    if columns is None:
+        return []
+    # lazy: start-up time of the CLI (the analysis loads numpy and pandas)
+    from simwar.analysis.metrics import measured_rows
+
+    return columns["step"][measured_rows(columns, warmup)].tolist()
+
+
+def workload_lines(s: dict) -> list[str]:
+    """Per graph bucket, and the requests, of a run whose steps differ."""
+    if "by_bucket" not in s:
+        return []
+    f = num
+    lines = ["  per graph bucket    bucket  steps  step µs  fwd gap  GPU idle  CPU blocked"
+             "  launch lead"]
+    for b, v in s["by_bucket"].items():
+        lines.append(f"                      {b:>6}  {v['steps']:>5}  {f(v['step_us_mean']):>7}"
+                     f"  {f(v['fwd_gap_us_mean']):>7}  {f(v['gpu_idle_us_mean']):>8}"
+                     f"  {f(v['cpu_blocked_us_mean']):>11}  {f(v['launch_lead_us_mean']):>11}")
+    if "requests_completed" in s:
+        lines.append(
+            f"  requests            {s['requests_completed']} completed, "
+            f"{f(s['requests_per_s'])}/s; decode latency mean "
+            f"{f(s['request_latency_us_mean'], '.0f')} µs, p50 "
+            f"{f(s['request_latency_us_p50'], '.0f')}, p99 {f(s['request_latency_us_p99'], '.0f')}"
+            f"; queued {f(s['request_queue_us_mean'], '.0f')} µs before joining")
+    return lines
+
+
+def format_summary(result, max_races: int = 5) -> str:
+    """What ``simwar run`` prints for a Result: the config, the stall figures of the steps
+    measured, the throughput, per-bucket lines of a varying workload, and up to
+    ``max_races`` races (observed overlaps first)."""
+    s = result.summary
+    cfg = result.config
+    m = result.meta
+    header = (f"{s.get('name') or cfg.name}: {cfg.algorithm}, barrier {s.get('barrier')} "
+              f"(applied: {s.get('barrier_effective')}, {s.get('placement')}); "
+              f"read-done: {m.get('publish_reason')}")
+    measured_line = (f"  steps measured      {s['steps_measured']} (warm-up {cfg.warmup_steps} "
+                     f"and the last step excluded)")
+    if not s.get("steps_measured"):
+        return "\n".join([header, measured_line])
+    f = num
+    lines = [
+        header,
+        measured_line,
+        *stall_lines(s),
+        f"  throughput          {f(s['tokens_per_s'], '.0f')} tokens/s " + (
+            f"(batch mean {f(s['batch_size_mean'])} x {f(s['accepted_tokens_mean'], '.2f')} "
+            f"accepted, per step)" if "batch_size_mean" in s
+            else f"(batch {cfg.batch_size} x {cfg.accept.tokens} accepted)"),
+        *workload_lines(s),
+        f"  races               {s['races']} latent, {s['overlaps']} observed overlaps "
+        f"(in {s['race_steps']} of the {s['steps_measured']} steps measured)",
+    ]
+    # the same steps as every figure above: after the warm-up, without the last step
+    steps = measured_steps(result.columns, cfg.warmup_steps)
+    races = (result.hazards.within(steps) if steps  # --summary-only keeps no table
+             else result.hazards.since(cfg.warmup_steps))
+    shown = (races.observed or races.latent)[:max_races]
+    for r in shown:
+        what = (f"overlapped {f(r.overlap_us)} µs" if r.observed
+                else "no happens-before path")
+        lines.append(f"    {r.kind} on {r.buffer}: {r.first_lane}:{r.first_label} (step "
+                     f"{r.first_step}) vs {r.second_lane}:{r.second_label} (step "
+                     f"{r.second_step}): {what}")
+    return "\n".join(lines)

@@ -1,0 +1,104 @@
+"""Figures of a run whose steps differ (a ``workload``): steps by batch, regime flips.
+
+- :func:`by_batch`: step time and forward gap against the batch size, by graph bucket;
+- :func:`regime_steps`: batch, step time, forward gap and launch lead step by step,
+  host-bound steps shaded;
+- :func:`workload_figure`: both, side by side (what ``simwar plot CONFIG.yaml`` draws).
+
+Data: a :class:`simwar.api.Result` or its measured per-step DataFrame.
+
+Imports: matplotlib (never pyplot), pandas and :mod:`simwar.analysis.metrics`. Nothing
+here prints or writes files.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+
+from simwar.analysis.metrics import measured
+from simwar.plots.axes import new_axes
+
+__all__ = ["by_batch", "regime_steps", "workload_figure"]
+
+
+def _measured_steps(data) -> pd.DataFrame:
+    """The measured steps (after warm-up, with a successor) of a Result or a steps frame."""
+    if isinstance(data, pd.DataFrame):
+        return data
+    return measured(data.steps, data.config.warmup_steps)
+
+
+def by_batch(data, ax: Axes | None = None) -> Axes:
+    """Step time and forward gap of every measured step against its batch size, coloured by
+    graph bucket (a Result, or a per-step DataFrame)."""
+    df = _measured_steps(data)
+    ax = new_axes(ax)
+    buckets = sorted(df.graph_bucket.unique())
+    cmap = {b: f"C{i % 10}" for i, b in enumerate(buckets)}
+    for b in buckets:
+        g = df[df.graph_bucket == b]
+        ax.scatter(g.batch_size, g.step_us, s=14, color=cmap[b], label=f"bucket {b}: step time",
+                   gid=f"step:{b}")
+        ax.scatter(g.batch_size, g.fwd_gap_us, s=14, color=cmap[b], marker="x",
+                   label=f"bucket {b}: forward gap", gid=f"gap:{b}")
+    ax.set_xlabel("batch size (requests in the step)")
+    ax.set_ylabel("µs")
+    ax.set_title("Step time (dots) and gap before the forward (crosses) by batch", loc="left",
+                 fontsize=10)
+    ax.legend(fontsize=7, frameon=False, ncol=2)
+    ax.grid(color="#eeeeee")
+    return ax
+
+
+def regime_steps(data, ax: Axes | None = None, steps: tuple[int, int] | None = None) -> Axes:
+    """Step by step over ``steps`` (A and B included; default: the first 72 measured): step
+    time, forward gap and launch lead, the batch size on a second axis, and the host-bound
+    steps (the forward stream idle with nothing enqueued) shaded."""
+    df = _measured_steps(data)
+    if steps is None:
+        first = int(df.step.min()) if len(df) else 0
+        steps = (first, first + 71)
+    df = df[(df.step >= steps[0]) & (df.step <= steps[1])]
+    ax = new_axes(ax, figsize=(11, 4))
+    x = df.step.to_numpy()
+    host_bound = (df.gpu_idle_host_us > 0).to_numpy()
+    for k, flag in zip(x, host_bound):
+        if flag:
+            ax.axvspan(k - 0.5, k + 0.5, color="#fde0dd", lw=0, gid=f"host_bound:{k}")
+    ax.plot(x, df.step_us, "-o", ms=3, label="step time", color="#4c78a8", gid="line:step_us")
+    ax.plot(x, df.fwd_gap_us, "-", label="gap before the forward", color="#e45756",
+            gid="line:fwd_gap_us")
+    ax.plot(x, df.launch_lead_us, "--", label="launch lead (next launch ahead of this "
+            "forward's end)", color="#54a24b", gid="line:launch_lead_us")
+    ax.axhline(0, color="#999999", lw=0.6)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(lo, hi + (hi - lo) * 0.3)  # room for the legend
+    ax.set_xlabel("step")
+    ax.set_ylabel("µs")
+    twin = ax.twinx()
+    twin.step(x, df.batch_size, where="mid", color="#888888", lw=1.0, gid="line:batch_size")
+    twin.set_ylabel("batch size", color="#666666")
+    twin.set_ylim(0, max(1, df.batch_size.max() if len(df) else 1) * 1.9)
+    handles, labels = ax.get_legend_handles_labels()
+    handles += [Patch(color="#fde0dd", label="host-bound step (GPU waited on the host)"),
+                Line2D([], [], color="#888888", label="batch size (right axis)")]
+    ax.legend(handles=handles, fontsize=7, frameon=False, loc="upper left", ncol=3)
+    ax.set_title("Regime flips: host-bound (shaded) and device-bound steps", loc="left",
+                 fontsize=10)
+    return ax
+
+
+def workload_figure(data, steps: tuple[int, int] | None = None, *, fig: Figure | None = None) \
+        -> Figure:
+    """:func:`by_batch` beside :func:`regime_steps`."""
+    fig = fig or Figure(figsize=(15, 4.6), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=[1, 2.2])
+    by_batch(data, ax=left)
+    regime_steps(data, ax=right, steps=steps)
+    return fig
+
+
