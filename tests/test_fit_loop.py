@@ -20,10 +20,15 @@ import pytest
 import yaml
 
 from simwar.api import simulate
-from simwar.capture.kineto import import_kineto
 from simwar.capture.mapping import load_mapping
 from simwar.capture.stalls import import_report
-from simwar.capture.synthetic import SGLANG_CPU_MAPPING, SGLANG_RANGES, _cpu_ranges, write_kineto
+from simwar.capture.synthetic import (
+    SGLANG_CPU_MAPPING,
+    SGLANG_RANGES,
+    sglang_cpu_ranges,
+    write_kineto,
+)
+from simwar.capture.to_trace import import_kineto
 from simwar.cli.app import main
 from simwar.config.schema import load_config
 from simwar.fit.check import ACCEPTANCE, accepted, compare
@@ -310,7 +315,7 @@ def test_h200_capture_fit_meets_the_acceptance(case):
 # --------------------------------------------------------------------------- pieces
 def test_synthetic_captures_write_sglang_ranges_around_cpu_work():
     sim = simulate(FINE, {"steps": 6, "warmup_steps": 1})
-    ranges = _cpu_ranges(sim.trace)
+    ranges = sglang_cpu_ranges(sim.trace)
     names = [r[0] for r in ranges]
     assert set(names) == set(SGLANG_RANGES.values())
     by = {}

@@ -70,9 +70,10 @@ def register(sub) -> None:
 
 
 def cmd_import(args) -> int:
-    from simwar.capture.kineto import KinetoFormatError, import_kineto
     from simwar.capture.mapping import load_mapping
+    from simwar.capture.reader import KinetoFormatError
     from simwar.capture.stalls import HTA_KERNEL_WAIT_US, import_report
+    from simwar.capture.to_trace import import_kineto
     from simwar.cli.common import UserError, jsonable
 
     if args.fit and args.fit_costs:

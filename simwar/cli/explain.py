@@ -154,8 +154,9 @@ def load_source(path: str, mapping: str | None = None, overrides=()):
             return Trace.load(p), f"simwar trace {p}"
         except (ValueError, KeyError, OSError) as e:
             raise UserError(f"{p}: {e}") from None
-    from simwar.capture.kineto import KinetoFormatError, import_kineto
     from simwar.capture.mapping import load_mapping
+    from simwar.capture.reader import KinetoFormatError
+    from simwar.capture.to_trace import import_kineto
 
     try:
         result = import_kineto(p, load_mapping(mapping))

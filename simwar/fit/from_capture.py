@@ -642,7 +642,7 @@ def _cpu(trace, imp, lays, mapping: Mapping, names, cfg, s: _Samples, shape, gra
     model: dict[str, list[float]] = {}
     for k in range(3, 7):
         if k in zlays:
-            for name, v in regions(zero, zlays[k], shape).items():
+            for name, v in regions(zero, zlays[k]).items():
                 model.setdefault(name, []).append(v)
     model_r = {name: float(np.median(v)) for name, v in model.items()}
     graph_mean = costs["graph_launch_us"]
@@ -654,7 +654,7 @@ def _cpu(trace, imp, lays, mapping: Mapping, names, cfg, s: _Samples, shape, gra
     spans = trace.spans
     n_units = len(names)
     for lay in lays.values():
-        cap = regions(trace, lay, shape)
+        cap = regions(trace, lay)
         cpu = _merge(cap, dict(model_r))
         # a costlier graph launch: its extra host time goes before it (where the device
         # waits for it), out of the region that holds the launch

@@ -26,9 +26,9 @@ import sys
 from pathlib import Path
 
 from simwar.api import simulate
-from simwar.capture.kineto import import_kineto
 from simwar.capture.mapping import load_mapping
 from simwar.capture.stalls import import_report
+from simwar.capture.to_trace import import_kineto
 from simwar.fit.check import accepted, compare
 from simwar.fit.from_capture import FitError, fit_model
 
