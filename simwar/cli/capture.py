@@ -70,9 +70,10 @@ def register(sub) -> None:
 
 
 def cmd_import(args) -> int:
+    from simwar.analysis.idle import HTA_KERNEL_WAIT_US
     from simwar.capture.mapping import load_mapping
     from simwar.capture.reader import KinetoFormatError
-    from simwar.capture.stalls import HTA_KERNEL_WAIT_US, import_report
+    from simwar.capture.stalls import import_report
     from simwar.capture.to_trace import import_kineto
     from simwar.cli.common import UserError, jsonable
 
@@ -217,7 +218,7 @@ def _shift(value, us: float):
 def _check(result, mapping, args, loaded, report) -> dict:
     from simwar.api import simulate
     from simwar.cli.common import UserError, run_label
-    from simwar.fit.check import accepted, compare, format_rows, relaunch
+    from simwar.fit.check import accepted, check_rows, format_rows, relaunch
     from simwar.fit.from_capture import FitError, check_mapping
 
     try:
@@ -232,7 +233,7 @@ def _check(result, mapping, args, loaded, report) -> dict:
     summary = sim.summary
     if mapping.run_batch is None:  # the capture's launches are its first forward launches
         summary = relaunch(sim.trace, summary)
-    rows = compare(report["metrics"], summary)
+    rows = check_rows(report["metrics"], summary)
     ok = accepted(rows)
     races = {"latent": sim.summary.get("races", 0), "overlaps": sim.summary.get("overlaps", 0)}
     m = report["metrics"]

@@ -243,7 +243,7 @@ def _rounded(x):
 # --------------------------------------------------------------------------- compare
 def cmd_compare(args) -> int:
     from simwar.cli.common import costs_overrides
-    from simwar.fit.replays import compare, criteria, plot_compare, with_host_speed
+    from simwar.fit.replays import criteria, error_table, plot_compare, with_host_speed
 
     measured = load_measured(args.measured)
     configs = _case_configs(measured, args.config)
@@ -253,7 +253,7 @@ def cmd_compare(args) -> int:
             configs[name] = with_host_speed(cfg, measured[name], costs)
         else:
             cfg["costs"] = dict(cfg.get("costs", {}), **costs)
-    table = compare(configs, measured)
+    table = error_table(configs, measured)
     if args.save_measured:
         doc = {"format": "simwar.measured_summaries", "version": 1,
                "description": args.description, "cases": measured}

@@ -8,7 +8,7 @@ one in ``tests/data/probe``), fits the **fine** capture only
 events, or ``fine`` when they name no record), then asks the fitted config
 what-if for every other variant (``policy.barrier=coarse``, ``none``; the
 process_result CPU work plus the variant's known extra µs) and compares each
-prediction with that variant's own capture (:func:`simwar.fit.check.compare`).
+prediction with that variant's own capture (:func:`simwar.fit.check.check_rows`).
 Each capture is also fitted from itself (its own barrier named when it cannot
 be read) as the fit's own check. Races: the probe's value check (a gather that
 read a later step's stamp) in the profiled and the un-profiled run, against the
@@ -29,7 +29,7 @@ from simwar.api import simulate
 from simwar.capture.mapping import load_mapping
 from simwar.capture.stalls import import_report
 from simwar.capture.to_trace import import_kineto
-from simwar.fit.check import accepted, compare
+from simwar.fit.check import accepted, check_rows
 from simwar.fit.from_capture import FitError, fit_model
 
 DEFAULT_MAPPING = Path(__file__).resolve().parents[2] / "tests" / "data" / "probe" / \
@@ -99,10 +99,10 @@ def evaluate(folder: Path, mapping_path: Path | None = None) -> dict:
             overrides["cpu.process_result_us"] = _shift(fine.config["cpu"]["process_result_us"],
                                                         extra)
         predicted = simulate(cfg, overrides)
-        rows = compare(captured, predicted.summary)
+        rows = check_rows(captured, predicted.summary)
         own = _fit(imp, mapping, f"probe_{variant}.kineto.json.gz", BARRIER[variant])
         own_sim = simulate(own.config)
-        own_rows = compare(captured, own_sim.summary)
+        own_rows = check_rows(captured, own_sim.summary)
         v = metrics["variants"][variant]
         out["variants"][variant] = {
             "what_if": {**change, **({"add cpu.process_result_us": extra} if extra else {})},
