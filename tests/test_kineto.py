@@ -461,6 +461,16 @@ def test_reader_does_not_import_pandas():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_capture_never_imports_the_simulator():
+    # capture/ reads; running the simulator (api, executors, build) is fit/'s and the CLI's
+    modules = ("reader", "to_trace", "device_times", "mapping", "layout", "stalls", "synthetic")
+    code = ("import sys\n" + "".join(f"import simwar.capture.{m}\n" for m in modules)
+            + "bad = [m for m in sys.modules if m.split('.')[:2] in "
+              "(['simwar', 'api'], ['simwar', 'executors'], ['simwar', 'build'])]\n"
+              "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 # --------------------------------------------------------------------------- real captures
 # tests/data/kineto: harness replays profiled on an H200 (see its README). Each host
 # iteration k is a record_function("step#<k>") range; <case>.metrics.json holds the

@@ -18,10 +18,10 @@ simulated run and an imported capture:
   last synchronize after the forward launches), a barrier sync before the
   schedule calls (loop top) or between the launches and the result sync;
 - host **regions** between those anchors, with the time the host spent in
-  each outside synchronize calls: what :mod:`simwar.fit.from_capture` turns
+  each outside synchronize calls: what :mod:`simwar.fit.samples` turns
   into the config's CPU work.
 
-Imports: numpy and simwar's stdlib-only modules.
+Imports: numpy and simwar's stdlib-only modules; never the simulator.
 """
 
 from __future__ import annotations
@@ -192,6 +192,22 @@ def _syncs(syncs, fl, start, span_op, bound, ops, copy_lane, fwd, sched_calls, f
     post = next((s for s in after if s != result and start[s] < start[result]
                  and record_lane(s) in (fwd, None)), None) if result is not None else None
     return result, top, post
+
+
+def ops_of_call(trace: Trace, call: int) -> list[int]:
+    """The ops host call span ``call`` issued (``ops.call == call``), in op order.
+
+    The index is built on first use and kept on the Trace (a Trace is not changed
+    once recorded), so that asking for every call of a trace stays linear.
+    """
+    index = trace.__dict__.get("_simwar_ops_of_call")
+    if index is None:
+        index = {}
+        for o, c in enumerate(trace.ops.call.tolist()):
+            if c >= 0:
+                index.setdefault(c, []).append(o)
+        trace.__dict__["_simwar_ops_of_call"] = index
+    return index.get(call, [])
 
 
 # --------------------------------------------------------------------------- regions

@@ -131,7 +131,7 @@ class CaptureTraceBuilder:
             key = (d.device, d.stream)
             if key not in self.lane_of:
                 self.lane_of[key] = m.lane_for(d.device, d.stream, multi)
-        self._check_mapping_streams(devices)
+        self._check_mapping_streams()
 
         by_corr: dict[int, list[DeviceEvent]] = defaultdict(list)
         for d in cap.device_events:
@@ -159,7 +159,7 @@ class CaptureTraceBuilder:
                             annotations, names)
 
     # ------------------------------------------------------------------ setup
-    def _check_mapping_streams(self, devices: set[int]) -> None:
+    def _check_mapping_streams(self) -> None:
         present = {str(s) for _, s in self.lane_of} | {f"{d}:{s}" for d, s in self.lane_of}
         missing = [k for k in self.m.streams if k not in present]
         if missing:

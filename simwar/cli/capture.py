@@ -90,7 +90,7 @@ def cmd_import(args) -> int:
     if args.policy is not None and not args.fit:
         raise UserError("--policy applies to --fit")
     if args.policy is not None:
-        from simwar.fit.from_capture import POLICIES
+        from simwar.fit.policy import POLICIES
 
         if args.policy not in POLICIES:
             raise UserError(f"--policy: '{args.policy}' is not a barrier policy "

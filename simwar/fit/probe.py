@@ -15,7 +15,9 @@ read a later step's stamp) in the profiled and the un-profiled run, against the
 simulation's latent races and the steps where it observes an overlap.
 
 Prints a Markdown table (``--json`` for the numbers). Runs where simulation
-runs (simwar's full stack), not on the GPU machine.
+runs (simwar's full stack), not on the GPU machine: it reads the captures through
+:mod:`simwar.capture`, never through :mod:`simwar.harness` (the GPU side, which does
+not import the capture reader).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import sys
 from pathlib import Path
 
+from simwar.analysis.metrics import measured
 from simwar.api import simulate
 from simwar.capture.mapping import load_mapping
 from simwar.capture.stalls import import_report
@@ -32,6 +35,11 @@ from simwar.capture.to_trace import import_kineto
 from simwar.fit.check import accepted, check_rows
 from simwar.fit.from_capture import FitError, fit_model
 
+#: The probe on the GPU machine writes captures and metrics but no mapping: the mapping for
+#: its SGLang range names is committed with the code, beside the committed captures in
+#: tests/data/probe, and a folder fresh from the GPU machine is read with it. It exists in a
+#: source checkout only (an installed simwar has no tests/): elsewhere pass ``--mapping`` or
+#: put a mapping.yaml in the folder.
 DEFAULT_MAPPING = Path(__file__).resolve().parents[2] / "tests" / "data" / "probe" / \
     "mapping.yaml"
 BARRIER = {"fine": "fine", "coarse": "coarse", "none": "none", "fine_host1000": "fine"}
@@ -60,7 +68,8 @@ def _fit(imp, mapping, name: str, barrier: str):
 
 
 def what_if(metrics: dict, variant: str) -> dict:
-    """The ``--set`` changes that turn the fine probe into ``variant`` (as the probe ran it)."""
+    """``(changes, extra_us)``: the ``--set`` changes that turn the fine probe into
+    ``variant`` (as the probe ran it), and the µs of CPU work it adds to process_result."""
     v = metrics["variants"][variant]
     change = {}
     if v["barrier"] != "fine":
@@ -70,8 +79,6 @@ def what_if(metrics: dict, variant: str) -> dict:
 
 
 def _observed_steps(result) -> int:
-    from simwar.analysis.metrics import measured
-
     steps = set(measured(result.steps, result.config.warmup_steps).step.tolist())
     return len({r.second_step for r in result.hazards.observed if r.second_step in steps})
 
