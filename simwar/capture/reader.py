@@ -47,6 +47,7 @@ import ijson
 
 from simwar.core.trace import Call
 
+#: categories of device work (older captures spell some differently)
 DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy",
                "Memcpy": "memcpy", "gpu_memset": "memset", "Memset": "memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
@@ -66,6 +67,7 @@ CALL_KINDS: dict[str, Call] = {
 #: CUPTI writes an invalid stream id as uint32 -1
 _INVALID_STREAMS = {-1, 4294967295}
 
+#: ``progress(done_bytes, total_bytes)``, called as the file is read
 ProgressFn = Callable[[int, int], None]
 
 
@@ -91,6 +93,8 @@ class KinetoFormatError(ValueError):
 
 # --------------------------------------------------------------------------- raw records
 class DeviceEvent(NamedTuple):
+    """A kernel, memcpy or memset (µs on the device clock)."""
+
     kind: str  # kernel | memcpy | memset
     name: str
     device: int
@@ -101,6 +105,8 @@ class DeviceEvent(NamedTuple):
 
 
 class RuntimeCall(NamedTuple):
+    """A CUDA runtime or driver API call on a host thread."""
+
     name: str
     pid: int
     tid: int
@@ -110,6 +116,8 @@ class RuntimeCall(NamedTuple):
 
 
 class SyncEvent(NamedTuple):
+    """A ``cuda_sync`` event: a stream wait or host sync, and the record it binds to."""
+
     kind: str  # Stream Wait Event | Event Sync | Stream Sync | Context Sync
     device: int
     stream: int | None
@@ -121,6 +129,8 @@ class SyncEvent(NamedTuple):
 
 
 class Annotation(NamedTuple):
+    """A ``record_function`` range (or a ProfilerStep) on a host thread."""
+
     name: str
     pid: int
     tid: int

@@ -27,7 +27,8 @@ and ``_ExperimentalConfig(enable_cuda_sync_events=True)``:
 A host call is tied to the ops it issued by ``ops.call`` and written
 according to its typed ``spans.call`` kind.
 
-Imports: the standard library and numpy.
+Imports: the standard library, numpy and :mod:`simwar.core.trace`; never the simulator
+(it writes a Trace it is given).
 """
 
 from __future__ import annotations

@@ -26,10 +26,9 @@ names one) and one lane per stream:
   as dependency idle.
 
 Imports: the standard library and simwar's capture and core modules (numpy through
-them);
-never the simulator (api, executors, build) and no pandas (the caller runs
-:mod:`simwar.analysis.metrics` on the result). Nothing prints: progress goes to
-an optional callback.
+them); never the simulator (api, executors, build) and no pandas (the caller runs
+:mod:`simwar.analysis.metrics` on the result). Nothing prints: progress goes to an
+optional callback.
 """
 
 from __future__ import annotations
