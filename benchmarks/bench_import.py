@@ -50,8 +50,8 @@ def child(path: str, mapping: dict) -> None:
     """Import ``path`` in this (fresh) process and print the timings as one JSON line."""
     import resource
 
-    from simwar.capture.kineto import import_kineto
     from simwar.capture.stalls import import_report
+    from simwar.capture.to_trace import import_kineto
 
     t0 = time.perf_counter()
     imp = import_kineto(path, mapping, progress=ProgressPrinter(path.endswith(".gz")))

@@ -30,7 +30,7 @@ def table():
         cfg = suite.config_mapping(name)
         cfg["costs"] = dict(cfg["costs"], **costs)
         configs[name] = cfg
-    return fit.compare(configs, measured,
+    return fit.error_table(configs, measured,
                        metrics=("step_us_mean", "fwd_gap_us_mean", "launch_ahead_mean"))
 
 
@@ -41,7 +41,7 @@ def table_host_speed():
     measured = json.loads((CAL / "h200_suite_run2.json").read_text())["cases"]
     configs = {name: fit.with_host_speed(suite.config_mapping(name), m, costs)
                for name, m in measured.items()}
-    return fit.compare(configs, measured,
+    return fit.error_table(configs, measured,
                        metrics=("step_us_mean", "fwd_gap_us_mean", "launch_ahead_mean"))
 
 

@@ -43,7 +43,7 @@ def check_h200_workload_cases(measured_file: Path = WORKLOAD_RUN) -> dict:
         assert case.get("steps"), f"{name}: no per-step figures in {measured_file.name}"
     configs = {name: fit.with_host_speed(suite.config_mapping(name), m, costs)
                for name, m in measured.items()}
-    table = fit.compare(configs, measured, metrics=METRICS)
+    table = fit.error_table(configs, measured, metrics=METRICS)
     c = fit.criteria(table)
     assert c["cases"] == c["per_step_cases"] == len(suite.workload_cases())
     met = fit.workload_targets_met(c)

@@ -313,8 +313,8 @@ def test_negative_zero_is_never_printed():
 
 
 def test_the_import_report_never_prints_negative_zero_either():
-    from simwar.capture.kineto import import_kineto
     from simwar.capture.stalls import import_report
+    from simwar.capture.to_trace import import_kineto
     from simwar.cli.capture import format_report
 
     _, report = import_report(import_kineto(

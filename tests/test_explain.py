@@ -306,7 +306,7 @@ def test_cli_explain_errors_are_one_line(capsys, tmp_path, argv, fragment):
 # --------------------------------------------------------------------------- H200 captures
 def _capture_trace(case: str) -> Trace:
     """Import an H200 capture with its step ranges and warm-up."""
-    from simwar.capture.kineto import import_kineto
+    from simwar.capture.to_trace import import_kineto
 
     config = yaml.safe_load((REAL / f"{case}.config.yaml").read_text())
     imp = import_kineto(REAL / f"{case}.kineto.json.gz",

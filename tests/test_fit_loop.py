@@ -20,13 +20,18 @@ import pytest
 import yaml
 
 from simwar.api import simulate
-from simwar.capture.kineto import import_kineto
 from simwar.capture.mapping import load_mapping
 from simwar.capture.stalls import import_report
-from simwar.capture.synthetic import SGLANG_CPU_MAPPING, SGLANG_RANGES, _cpu_ranges, write_kineto
+from simwar.capture.synthetic import (
+    SGLANG_CPU_MAPPING,
+    SGLANG_RANGES,
+    sglang_cpu_ranges,
+    write_kineto,
+)
+from simwar.capture.to_trace import import_kineto
 from simwar.cli.app import main
 from simwar.config import load_config
-from simwar.fit.check import ACCEPTANCE, accepted, compare
+from simwar.fit.check import ACCEPTANCE, accepted, check_rows
 from simwar.fit.from_capture import FitError, fit_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +76,7 @@ def measured(imp) -> dict:
 
 def assert_close(capture_metrics: dict, summary: dict, step_rel: float = 1e-3,
                  gap_us: float = 1.0) -> None:
-    rows = compare(capture_metrics, summary)
+    rows = check_rows(capture_metrics, summary)
     assert accepted(rows), [r for r in rows if r.ok is False]
     by = {r.key: r for r in rows}
     assert abs(by["step_us_mean"].error) <= step_rel
@@ -145,7 +150,7 @@ def test_fit_of_noisy_durations_is_within_the_bounds(tmp_path):
     sim, path = capture(tmp_path, None, noisy)
     imp, fit = fit_capture(path, mapping_for(sim.config))
     assert isinstance(fit.config["cpu"]["schedule_us"], dict)  # a fitted distribution
-    assert accepted(compare(measured(imp), simulate(fit.config).summary))
+    assert accepted(check_rows(measured(imp), simulate(fit.config).summary))
 
 
 # --------------------------------------------------------------------------- what-if
@@ -300,7 +305,7 @@ def test_h200_capture_fit_meets_the_acceptance(case):
 
     sim = simulate(fit.config)
     summary = relaunch(sim.trace, sim.summary)  # the mapping names no run_batch
-    rows = compare(measured(imp), summary)
+    rows = check_rows(measured(imp), summary)
     assert accepted(rows), [r for r in rows if r.ok is False]
     by = {r.key: r for r in rows}
     assert abs(by["step_us_mean"].error) < 0.005
@@ -310,7 +315,7 @@ def test_h200_capture_fit_meets_the_acceptance(case):
 # --------------------------------------------------------------------------- pieces
 def test_synthetic_captures_write_sglang_ranges_around_cpu_work():
     sim = simulate(FINE, {"steps": 6, "warmup_steps": 1})
-    ranges = _cpu_ranges(sim.trace)
+    ranges = sglang_cpu_ranges(sim.trace)
     names = [r[0] for r in ranges]
     assert set(names) == set(SGLANG_RANGES.values())
     by = {}
@@ -327,9 +332,9 @@ def test_synthetic_captures_write_sglang_ranges_around_cpu_work():
 
 def test_acceptance_bounds_are_the_issues():
     assert ACCEPTANCE == {"step_rel": 0.02, "gap_us": 10.0, "gap_rel": 0.10, "ahead": 0.05}
-    rows = compare({"step_us_mean": 1000, "fwd_gap_us_mean": 200, "launch_ahead_mean": 1.0},
-                   {"step_us_mean": 1019, "fwd_gap_us_mean": 219, "launch_ahead_mean": 0.96})
+    rows = check_rows({"step_us_mean": 1000, "fwd_gap_us_mean": 200, "launch_ahead_mean": 1.0},
+                      {"step_us_mean": 1019, "fwd_gap_us_mean": 219, "launch_ahead_mean": 0.96})
     assert accepted(rows)
-    rows = compare({"step_us_mean": 1000, "fwd_gap_us_mean": 50, "launch_ahead_mean": 1.0},
-                   {"step_us_mean": 1000, "fwd_gap_us_mean": 61, "launch_ahead_mean": 1.0})
+    rows = check_rows({"step_us_mean": 1000, "fwd_gap_us_mean": 50, "launch_ahead_mean": 1.0},
+                      {"step_us_mean": 1000, "fwd_gap_us_mean": 61, "launch_ahead_mean": 1.0})
     assert not accepted(rows) and [r.key for r in rows if r.ok is False] == ["fwd_gap_us_mean"]

@@ -1,7 +1,7 @@
 """Agreement with real H200 measurements (tests/data/h200_overlap_run1.json).
 
 Every case except ``policy: host`` is expressed as a simwar config with the
-measured primitive costs (``simwar.fit.calibrate.loop_case_config``); the one cost
+measured primitive costs (``simwar.fit.replays.loop_case_config``); the one cost
 the primitives lack, the per-call host overhead of the measuring loop, is
 fitted on the CPU-bound cases (``fit_host_call_us``). Tolerances are the
 project's: step time within 5 %, forward-stream gap within max(25 µs, 10 %),
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 import simwar
-from simwar.fit.calibrate import fit_host_call_us, loop_case_config
+from simwar.fit.replays import fit_host_call_us, loop_case_config
 
 #: shipped with the tests (its description: h200_overlap_run1.README.md beside it)
 DATA = Path(__file__).resolve().parent / "data" / "h200_overlap_run1.json"

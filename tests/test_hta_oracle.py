@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from simwar.analysis.idle import idle_breakdown, temporal_breakdown
-from simwar.capture.kineto import import_kineto
+from simwar.capture.to_trace import import_kineto
 
 DATA = Path(__file__).parent / "data" / "kineto"
 CAPTURES = ("dspark-fine-gpu", "dspark-none-gpu", "eagle-coarse-cpu")

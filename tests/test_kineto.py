@@ -24,10 +24,11 @@ import yaml
 from simwar.analysis.idle import gap_cause, idle_breakdown
 from simwar.analysis.metrics import analyze
 from simwar.api import simulate
-from simwar.capture.kineto import KinetoFormatError, import_kineto, read_capture
 from simwar.capture.mapping import load_mapping
+from simwar.capture.reader import KinetoFormatError, read_capture
 from simwar.capture.stalls import import_report
 from simwar.capture.synthetic import write_kineto
+from simwar.capture.to_trace import import_kineto
 from simwar.cli.app import main
 from simwar.config import ConfigError, load_config
 from simwar.core.trace import Call, OpKind
@@ -454,9 +455,19 @@ def test_cli_user_errors_are_one_line(capsys, argv, fragment):
 
 
 def test_reader_does_not_import_pandas():
-    code = ("import sys; from simwar.capture.kineto import import_kineto; "
+    code = ("import sys; from simwar.capture.to_trace import import_kineto; "
             f"import_kineto({str(DATA / 'three_steps.json')!r}); "
             "assert 'pandas' not in sys.modules, 'pandas imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_capture_never_imports_the_simulator():
+    # capture/ reads; running the simulator (api, executors, build) is fit/'s and the CLI's
+    modules = ("reader", "to_trace", "device_times", "mapping", "layout", "stalls", "synthetic")
+    code = ("import sys\n" + "".join(f"import simwar.capture.{m}\n" for m in modules)
+            + "bad = [m for m in sys.modules if m.split('.')[:2] in "
+              "(['simwar', 'api'], ['simwar', 'executors'], ['simwar', 'build'])]\n"
+              "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

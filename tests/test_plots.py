@@ -201,7 +201,7 @@ def test_graph_nodes_of_the_h200_capture_are_the_graph_launched_kernels():
     assert sum(issued_by.values()) == 1131
     assert issued_by["cudaLaunchKernel"] == 490 and issued_by["cudaGraphLaunch"] == 400
 
-    from simwar.capture.kineto import import_kineto
+    from simwar.capture.to_trace import import_kineto
 
     # the whole capture (no step ranges: nothing is left outside the steps)
     trace = import_kineto(REAL_FINE).trace

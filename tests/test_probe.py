@@ -68,7 +68,7 @@ def test_probe_imports_only_torch_and_the_standard_library():
 
 def test_dry_run_writes_captures_and_metrics(tmp_path):
     pytest.importorskip("torch")
-    from simwar.capture.kineto import import_kineto
+    from simwar.capture.to_trace import import_kineto
     from simwar.harness.probe import main
 
     assert main([str(tmp_path), "--dry-run", "--steps", "3", "--measured-steps", "6",

@@ -182,12 +182,12 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     out.update(sites)
     out["launch_us"] = launch
     out["launch_lead_us"] = end - np.append(launch[1:], np.nan)
-    out["launch_ahead"] = _launch_ahead(end, launch)
+    out["launch_ahead"] = launch_ahead_depth(end, launch)
     out.update(facts(np.asarray(steps)))
     return out
 
 
-def _launch_ahead(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
+def launch_ahead_depth(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
     """Per forward k: forwards before k still unfinished at launch k (NaN without a launch)."""
     index = np.arange(len(end))
     if np.all(end[1:] >= end[:-1]):  # forward ends in FIFO order: one search for all

@@ -1,14 +1,18 @@
-"""Importers: real GPU captures → :class:`simwar.core.trace.Trace`.
+"""Readers: real GPU captures → :class:`simwar.core.trace.Trace`, and the loop's layout in one.
 
-- :mod:`.kineto`: torch.profiler (Kineto) Chrome-trace JSON, streamed;
+- :mod:`.reader`: torch.profiler (Kineto) Chrome-trace JSON, streamed into a ``Capture``;
+- :mod:`.to_trace`: a ``Capture`` and a mapping → the Trace (:func:`import_kineto`),
+  with :mod:`.device_times` inferring when records fired and waits released;
 - :mod:`.mapping`: the YAML mapping of streams, steps, phases and sync sites;
 - :mod:`.stalls`: step metrics plus HTA's idle breakdown (:mod:`simwar.analysis.idle`)
   of an import;
-- :mod:`.fit`: per-phase duration distributions in the config schema;
+- :mod:`.layout`: which host call is which in each step of any Trace (what
+  :mod:`simwar.fit` fits a config from);
 - :mod:`.synthetic`: a simulated Trace written as a Kineto capture.
 
-Importing this package loads only the standard-library parts; the names below
-load their modules on first use.
+This package reads: it never imports the simulator (:mod:`simwar.api`,
+:mod:`simwar.executors`, :mod:`simwar.build`) nor anything above it. Importing it
+loads only the standard-library parts; the names below load their modules on first use.
 """
 
 from __future__ import annotations
@@ -16,20 +20,18 @@ from __future__ import annotations
 from simwar.core.lazy import lazy_getattr
 
 _LAZY = {
-    "import_kineto": ("simwar.capture.kineto", "import_kineto"),
-    "read_capture": ("simwar.capture.kineto", "read_capture"),
-    "KinetoImport": ("simwar.capture.kineto", "KinetoImport"),
-    "KinetoFormatError": ("simwar.capture.kineto", "KinetoFormatError"),
+    "import_kineto": ("simwar.capture.to_trace", "import_kineto"),
+    "KinetoImport": ("simwar.capture.to_trace", "KinetoImport"),
+    "read_capture": ("simwar.capture.reader", "read_capture"),
+    "KinetoFormatError": ("simwar.capture.reader", "KinetoFormatError"),
     "Mapping": ("simwar.capture.mapping", "Mapping"),
     "load_mapping": ("simwar.capture.mapping", "load_mapping"),
-    "idle_breakdown": ("simwar.analysis.idle", "idle_breakdown"),
     "import_report": ("simwar.capture.stalls", "import_report"),
-    "fit_durations": ("simwar.fit.durations", "fit_durations"),
     "write_kineto": ("simwar.capture.synthetic", "write_kineto"),
 }
 
-__all__ = ["KinetoFormatError", "KinetoImport", "Mapping", "fit_durations", "idle_breakdown",
-           "import_kineto", "import_report", "load_mapping", "read_capture", "write_kineto"]
+__all__ = ["KinetoFormatError", "KinetoImport", "Mapping", "import_kineto", "import_report",
+           "load_mapping", "read_capture", "write_kineto"]
 
 
 __getattr__ = lazy_getattr("simwar.capture", _LAZY, globals())

@@ -18,10 +18,10 @@ simulated run and an imported capture:
   last synchronize after the forward launches), a barrier sync before the
   schedule calls (loop top) or between the launches and the result sync;
 - host **regions** between those anchors, with the time the host spent in
-  each outside synchronize calls: what :mod:`simwar.fit.from_capture` turns
+  each outside synchronize calls: what :mod:`simwar.fit.samples` turns
   into the config's CPU work.
 
-Imports: numpy and simwar's stdlib-only modules.
+Imports: numpy and simwar's stdlib-only modules; never the simulator.
 """
 
 from __future__ import annotations
@@ -67,10 +67,6 @@ class StepLayout:
     def first_forward(self) -> int:
         return self.units[0].calls[0]
 
-    @property
-    def last_forward(self) -> int:
-        return self.units[-1].calls[-1]
-
     def signature(self) -> tuple:
         """What must agree between steps (and between a capture and its model)."""
         return (bool(self.sched_calls), tuple((u.phase, u.kind) for u in self.units),
@@ -80,9 +76,6 @@ class StepLayout:
 
 class Roles(dict):
     """Lane of each builder stream in a trace: ``forward``, ``schedule``, ``plan``, ``copy``."""
-
-    def lane(self, role: str) -> str | None:
-        return self.get(role)
 
 
 def step_layouts(trace: Trace, roles: Roles) -> dict[int, StepLayout]:
@@ -201,11 +194,27 @@ def _syncs(syncs, fl, start, span_op, bound, ops, copy_lane, fwd, sched_calls, f
     return result, top, post
 
 
+def ops_of_call(trace: Trace, call: int) -> list[int]:
+    """The ops host call span ``call`` issued (``ops.call == call``), in op order.
+
+    The index is built on first use and kept on the Trace (a Trace is not changed
+    once recorded), so that asking for every call of a trace stays linear.
+    """
+    index = trace.__dict__.get("_simwar_ops_of_call")
+    if index is None:
+        index = {}
+        for o, c in enumerate(trace.ops.call.tolist()):
+            if c >= 0:
+                index.setdefault(c, []).append(o)
+        trace.__dict__["_simwar_ops_of_call"] = index
+    return index.get(call, [])
+
+
 # --------------------------------------------------------------------------- regions
-def regions(trace: Trace, lay: StepLayout, shape: tuple) -> dict[str, float]:
+def regions(trace: Trace, lay: StepLayout) -> dict[str, float]:
     """Host time per region of a step, synchronize calls left out.
 
-    ``shape`` is the signature every layout compared must share (:meth:`StepLayout.signature`).
+    Layouts whose regions are compared must share their :meth:`StepLayout.signature`.
     The regions, by their anchors: ``A`` step start → the first of (top sync, schedule calls,
     forward); ``A2`` top sync end → schedule calls (or the forward); ``host_0`` schedule calls
     → the forward; ``host_i`` unit i-1's first call → unit i's; ``tail`` the last unit's first
@@ -243,7 +252,7 @@ def regions(trace: Trace, lay: StepLayout, shape: tuple) -> dict[str, float]:
     return out
 
 
-def work_us(trace: Trace, op_ids: list[int], include_queued_gaps: bool = True) -> float:
+def work_us(trace: Trace, op_ids: list[int]) -> float:
     """Device time of ops on one stream: their lengths plus every gap between two of them
     where the later was already issued when the earlier ended (device-side latency, e.g.
     between a graph's own nodes); a gap the host caused (the later op issued after the
@@ -256,7 +265,7 @@ def work_us(trace: Trace, op_ids: list[int], include_queued_gaps: bool = True) -
     for o in op_ids:
         s, e, issue = float(ops.start_us[o]), float(ops.end_us[o]), float(ops.issue_us[o])
         total += e - s
-        if prev_end is not None and include_queued_gaps and issue <= prev_end and s > prev_end:
+        if prev_end is not None and issue <= prev_end and s > prev_end:
             total += s - prev_end
         prev_end = e if prev_end is None else max(prev_end, e)
     return total

@@ -31,7 +31,8 @@ copy streams when they are not named). Errors are
 regex that matches nothing in a capture is checked where the capture is read
 (:func:`unmatched_keys`).
 
-Imports: pydantic and yaml (through :mod:`simwar.config.schema`); no pandas.
+Imports: pydantic and yaml (through :mod:`simwar.config.schema`); no pandas, and never the
+simulator (api, executors, build).
 """
 
 from __future__ import annotations

@@ -8,16 +8,15 @@ Holistic Trace Analysis does (host-wait, kernel-wait, dependency, other), and
 :func:`simwar.analysis.idle.temporal_breakdown`: HTA's idle / compute / non-compute
 shares of the device span.
 
-Imports: numpy and pandas (through :mod:`simwar.analysis.metrics`).
+Imports: numpy and pandas (through :mod:`simwar.analysis.metrics`); never the
+simulator (api, executors, build).
 """
 
 from __future__ import annotations
 
 from simwar.analysis.idle import HTA_KERNEL_WAIT_US, idle_breakdown, temporal_breakdown
 from simwar.analysis.metrics import analyze
-from simwar.capture.kineto import KinetoImport
-
-__all__ = ["HTA_KERNEL_WAIT_US", "idle_breakdown", "import_report"]
+from simwar.capture.to_trace import KinetoImport
 
 
 def import_report(result: KinetoImport, kernel_wait_us: float = HTA_KERNEL_WAIT_US):

@@ -27,7 +27,8 @@ and ``_ExperimentalConfig(enable_cuda_sync_events=True)``:
 A host call is tied to the ops it issued by ``ops.call`` and written
 according to its typed ``spans.call`` kind.
 
-Imports: the standard library and numpy.
+Imports: the standard library, numpy and :mod:`simwar.core.trace`; never the simulator
+(it writes a Trace it is given).
 """
 
 from __future__ import annotations
@@ -230,13 +231,14 @@ def _annotations(trace: Trace, ts, cpu_ranges: bool = True) -> Iterator[dict]:
         ext += 1
         yield _annotation(site or "sync", ts(a), b - a, ext)
     if cpu_ranges:
-        for name, a, b in _cpu_ranges(trace):
+        for name, a, b in sglang_cpu_ranges(trace):
             ext += 1
             yield _annotation(name, ts(a), b - a, ext)
 
 
-def _cpu_ranges(trace: Trace) -> list[tuple[str, float, float]]:
-    """SGLang-named ranges around the CPU work of each step (see the module docstring)."""
+def sglang_cpu_ranges(trace: Trace) -> list[tuple[str, float, float]]:
+    """``(name, start_us, end_us)``: SGLang-named ranges around the CPU work of each step,
+    as the capture writes them (see the module docstring)."""
     spans = trace.spans
     host = np.flatnonzero(spans.lane == trace.code(HOST))
     rows = sorted(zip(spans.step[host].tolist(), spans.start_us[host].tolist(),

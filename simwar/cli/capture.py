@@ -79,9 +79,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args) -> int:
     # lazy: start-up time of the CLI (the importer loads numpy)
-    from simwar.capture.kineto import KinetoFormatError, import_kineto
+    from simwar.analysis.idle import HTA_KERNEL_WAIT_US
     from simwar.capture.mapping import load_mapping  # lazy: start-up time of the CLI
-    from simwar.capture.stalls import HTA_KERNEL_WAIT_US, import_report  # lazy: start-up time
+    from simwar.capture.reader import KinetoFormatError  # lazy: start-up time of the CLI
+    from simwar.capture.stalls import import_report  # lazy: start-up time of the CLI
+    from simwar.capture.to_trace import import_kineto  # lazy: start-up time of the CLI
 
     if args.fit and args.fit_costs:
         raise UserError("--fit and --fit-costs: choose one")
@@ -97,7 +99,7 @@ def command(args) -> int:
         raise UserError("--policy applies to --fit")
     if args.policy is not None:
         # lazy: start-up time of the CLI (the fit loads numpy)
-        from simwar.fit.from_capture import POLICIES
+        from simwar.fit.policy import POLICIES
 
         if args.policy not in POLICIES:
             raise UserError(f"--policy: '{args.policy}' is not a barrier policy "
@@ -227,7 +229,12 @@ def _check(result, mapping, args, loaded, report) -> dict:
     """Simulate the ``--check`` config and compare it with the capture's ``report``."""
     # lazy: start-up time of the CLI (the simulator)
     from simwar.api import simulate
-    from simwar.fit.check import accepted, compare, format_rows, relaunch  # lazy: start-up time
+    from simwar.fit.check import (  # lazy: start-up time
+        accepted,
+        check_rows,
+        format_rows,
+        relaunch,
+    )
     from simwar.fit.from_capture import FitError, check_mapping  # lazy: start-up time of the CLI
 
     try:
@@ -242,7 +249,7 @@ def _check(result, mapping, args, loaded, report) -> dict:
     summary = sim.summary
     if mapping.run_batch is None:  # the capture's launches are its first forward launches
         summary = relaunch(sim.trace, summary)
-    rows = compare(report["metrics"], summary)
+    rows = check_rows(report["metrics"], summary)
     ok = accepted(rows)
     races = {"latent": sim.summary.get("races", 0), "overlaps": sim.summary.get("overlaps", 0)}
     m = report["metrics"]

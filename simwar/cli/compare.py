@@ -68,7 +68,7 @@ def case_configs(names, config_path: str | None) -> dict[str, dict]:
 
 def command(args) -> int:
     # lazy: start-up time of the CLI (pandas and the simulator)
-    from simwar.fit.replays import compare, criteria, markdown_table, with_host_speed
+    from simwar.fit.replays import criteria, error_table, markdown_table, with_host_speed
 
     measured = load_measured(args.measured)
     configs = case_configs(measured, args.config)
@@ -78,7 +78,7 @@ def command(args) -> int:
             configs[name] = with_host_speed(cfg, measured[name], costs)
         else:
             cfg["costs"] = dict(cfg.get("costs", {}), **costs)
-    table = compare(configs, measured)
+    table = error_table(configs, measured)
     if args.save_measured:
         doc = {"format": "simwar.measured_summaries", "version": 1,
                "description": args.description, "cases": measured}

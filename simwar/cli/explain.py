@@ -138,8 +138,9 @@ def load_source(path: str, mapping: str | None = None, overrides=()):
         except (ValueError, KeyError, OSError) as e:
             raise UserError(f"{p}: {e}") from None
     # lazy: start-up time of the CLI (the importer loads numpy)
-    from simwar.capture.kineto import KinetoFormatError, import_kineto
-    from simwar.capture.mapping import load_mapping  # lazy: start-up time of the CLI
+    from simwar.capture.mapping import load_mapping
+    from simwar.capture.reader import KinetoFormatError  # lazy: start-up time of the CLI
+    from simwar.capture.to_trace import import_kineto  # lazy: start-up time of the CLI
 
     try:
         result = import_kineto(p, load_mapping(mapping))

@@ -253,7 +253,7 @@ class Costs(_Strict):
 
     ``host_call_us`` is a per-call host overhead added to every API call (the
     interpreter and framework dispatch around the driver call); fit it with
-    ``simwar calibrate`` (or ``simwar.fit.calibrate.fit_host_call_us``) rather than guessing.
+    ``simwar calibrate`` (or ``simwar.fit.replays.fit_host_call_us``) rather than guessing.
     """
 
     launch_us: Duration = 6.0

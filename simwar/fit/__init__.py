@@ -1,4 +1,23 @@
-"""Fitting and calibration: configs from captures, costs from replays, and their checks.
+"""Fitting: configs from real captures, costs from harness replays, and how well they agree.
 
-Imports: simwar.api, simwar.capture and the layers below.
+From a Kineto capture (read by :mod:`simwar.capture`):
+
+- :mod:`.from_capture`: the whole overlap loop as a runnable config (``simwar import
+  --fit``), from :mod:`.policy` (which stream is which, the barrier policy) and
+  :mod:`.samples` (per step: device times, host costs, CPU work);
+- :mod:`.durations`: per-phase duration distributions and host costs only
+  (``simwar import --fit-costs``), and the distribution fit every fitted value goes
+  through;
+- :mod:`.check`: the capture against the simulation of a fitted config (``simwar
+  import --check``), with the acceptance bounds;
+- :mod:`.probe`: the probe's captures, fitted from one variant and predicting the others.
+
+From measured harness replays (:mod:`simwar.harness`'s traces and summaries):
+
+- :mod:`.replays`: measured summaries, the host-cost calibration (``simwar
+  calibrate``) and the error table of every case (``simwar compare``).
+
+Both comparisons are :mod:`.compare`'s: one measured summary against one simulated.
+This package sits above the simulator (it simulates fitted configs) and below the CLI;
+the CLI imports its modules inside its commands.
 """

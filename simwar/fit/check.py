@@ -1,6 +1,6 @@
 """Capture against simulation: the figures ``simwar import --check`` prints side by side.
 
-:func:`compare` takes the capture's summary (:func:`simwar.capture.stalls.import_report`'s
+:func:`check_rows` takes the capture's summary (:func:`simwar.capture.stalls.import_report`'s
 ``metrics``) and a simulation's summary (:func:`simwar.analysis.metrics.summarize`, the
 same code) and returns one :class:`Row` per figure with its error. Three figures carry the
 acceptance bounds a fitted config must meet on the capture it was fitted from
@@ -12,7 +12,7 @@ A capture whose mapping names no ``run_batch`` annotation times each launch at t
 forward's first launch call (the importer's rule); :func:`relaunch` re-times a
 simulation's launch figures the same way, so that both sides are measured alike.
 
-Imports: the standard library; numpy and pandas in :func:`relaunch`.
+Imports: numpy, pandas (through :mod:`simwar.analysis.metrics`) and the standard library.
 """
 
 from __future__ import annotations
@@ -20,11 +20,19 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
+
+from simwar.analysis.metrics import launch_ahead_depth, measured, step_frame
+from simwar.analysis.views import forward_kernels
+from simwar.fit.compare import compare_figure, figure
+
 #: (step time relative error, forward gap µs, forward gap relative error, launch-ahead)
 ACCEPTANCE = {"step_rel": 0.02, "gap_us": 10.0, "gap_rel": 0.10, "ahead": 0.05}
 
 
 class Row(NamedTuple):
+    """One figure of ``simwar import --check``: the capture's, the simulation's, the error."""
+
     label: str
     key: str
     capture: float
@@ -60,32 +68,25 @@ def _plain(text: str, signed: bool = True) -> str:
     return text
 
 
-def _get(d: dict, key: str) -> float:
-    v = d.get(key)
-    return float(v) if isinstance(v, (int, float)) else float("nan")
-
-
-def compare(capture: dict, simulated: dict) -> list[Row]:
+def check_rows(capture: dict, simulated: dict) -> list[Row]:
     """One row per figure (see the module docstring), acceptance rows first judged."""
     rows: list[Row] = []
 
     def rel(label, key, bound=None):
-        c, s = _get(capture, key), _get(simulated, key)
-        err = (s - c) / c if c else float("nan")
-        ok = None if bound is None else (math.isfinite(err) and abs(err) <= bound)
-        rows.append(Row(label, key, c, s, err, "rel", bound, ok))
+        c = compare_figure(key, figure(capture, key), figure(simulated, key))
+        ok = None if bound is None else (math.isfinite(c.relative) and abs(c.relative) <= bound)
+        rows.append(Row(label, key, c.measured, c.simulated, c.relative, "rel", bound, ok))
 
     def ab(label, key, bound=None, kind="abs"):
-        c, s = _get(capture, key), _get(simulated, key)
-        err = s - c
-        ok = None if bound is None else (math.isfinite(err) and abs(err) <= bound + 1e-9)
-        rows.append(Row(label, key, c, s, err, kind, bound, ok))
+        c = compare_figure(key, figure(capture, key), figure(simulated, key))
+        ok = None if bound is None else (math.isfinite(c.error) and abs(c.error) <= bound + 1e-9)
+        rows.append(Row(label, key, c.measured, c.simulated, c.error, kind, bound, ok))
 
     rel("step time mean", "step_us_mean", ACCEPTANCE["step_rel"])
     rel("step time p50", "step_us_p50")
     rel("step time p99", "step_us_p99")
     ab("forward", "fwd_us_mean")
-    gap = _get(capture, "fwd_gap_us_mean")
+    gap = figure(capture, "fwd_gap_us_mean")
     ab("forward gap", "fwd_gap_us_mean",
        max(ACCEPTANCE["gap_us"], ACCEPTANCE["gap_rel"] * abs(gap)) if math.isfinite(gap)
        else ACCEPTANCE["gap_us"])
@@ -96,7 +97,7 @@ def compare(capture: dict, simulated: dict) -> list[Row]:
     sites = sorted({k for d in (capture, simulated) for k in d
                     if k.startswith("cpu_blocked_") and k.endswith("_us_mean")
                     and k != "cpu_blocked_us_mean"
-                    and (_get(capture, k) > 0 or _get(simulated, k) > 0)})
+                    and (figure(capture, k) > 0 or figure(simulated, k) > 0)})
     for key in sites:
         ab(f"  {key[len('cpu_blocked_'):-len('_us_mean')]}", key)
     ab("launch lead", "launch_lead_us_mean")
@@ -136,11 +137,6 @@ def relaunch(trace, summary: dict) -> dict:
     launch. Launch lead, run-ahead fraction and launch-ahead depth are recomputed on the
     measured steps with that launch time.
     """
-    import numpy as np
-
-    from simwar.analysis.metrics import _launch_ahead, measured, step_frame
-    from simwar.analysis.views import forward_kernels
-
     df = step_frame(trace)
     if "step_us" not in df.columns:
         return summary
@@ -153,7 +149,7 @@ def relaunch(trace, summary: dict) -> dict:
     launch = np.array([first.get(k, np.nan) for k in df.step.tolist()])
     end = df.fwd_end_us.to_numpy()
     df["launch_lead_us"] = end - np.append(launch[1:], np.nan)
-    df["launch_ahead"] = _launch_ahead(end, launch)
+    df["launch_ahead"] = launch_ahead_depth(end, launch)
     m = measured(df, int(trace.meta.get("warmup_steps", 0)))
     lead, ahead = m.launch_lead_us.dropna(), m.launch_ahead.dropna()
     out = dict(summary)

@@ -8,14 +8,16 @@ one in ``tests/data/probe``), fits the **fine** capture only
 events, or ``fine`` when they name no record), then asks the fitted config
 what-if for every other variant (``policy.barrier=coarse``, ``none``; the
 process_result CPU work plus the variant's known extra µs) and compares each
-prediction with that variant's own capture (:func:`simwar.fit.check.compare`).
+prediction with that variant's own capture (:func:`simwar.fit.check.check_rows`).
 Each capture is also fitted from itself (its own barrier named when it cannot
 be read) as the fit's own check. Races: the probe's value check (a gather that
 read a later step's stamp) in the profiled and the un-profiled run, against the
 simulation's latent races and the steps where it observes an overlap.
 
 Prints a Markdown table (``--json`` for the numbers). Runs where simulation
-runs (simwar's full stack), not on the GPU machine.
+runs (simwar's full stack), not on the GPU machine: it reads the captures through
+:mod:`simwar.capture`, never through :mod:`simwar.harness` (the GPU side, which does
+not import the capture reader).
 """
 
 from __future__ import annotations
@@ -25,13 +27,19 @@ import json
 import sys
 from pathlib import Path
 
+from simwar.analysis.metrics import measured
 from simwar.api import simulate
-from simwar.capture.kineto import import_kineto
 from simwar.capture.mapping import load_mapping
 from simwar.capture.stalls import import_report
-from simwar.fit.check import accepted, compare
+from simwar.capture.to_trace import import_kineto
+from simwar.fit.check import accepted, check_rows
 from simwar.fit.from_capture import FitError, fit_model
 
+#: The probe on the GPU machine writes captures and metrics but no mapping: the mapping for
+#: its SGLang range names is committed with the code, beside the committed captures in
+#: tests/data/probe, and a folder fresh from the GPU machine is read with it. It exists in a
+#: source checkout only (an installed simwar has no tests/): elsewhere pass ``--mapping`` or
+#: put a mapping.yaml in the folder.
 DEFAULT_MAPPING = Path(__file__).resolve().parents[2] / "tests" / "data" / "probe" / \
     "mapping.yaml"
 BARRIER = {"fine": "fine", "coarse": "coarse", "none": "none", "fine_host1000": "fine"}
@@ -60,7 +68,8 @@ def _fit(imp, mapping, name: str, barrier: str):
 
 
 def what_if(metrics: dict, variant: str) -> dict:
-    """The ``--set`` changes that turn the fine probe into ``variant`` (as the probe ran it)."""
+    """``(changes, extra_us)``: the ``--set`` changes that turn the fine probe into
+    ``variant`` (as the probe ran it), and the µs of CPU work it adds to process_result."""
     v = metrics["variants"][variant]
     change = {}
     if v["barrier"] != "fine":
@@ -70,8 +79,6 @@ def what_if(metrics: dict, variant: str) -> dict:
 
 
 def _observed_steps(result) -> int:
-    from simwar.analysis.metrics import measured
-
     steps = set(measured(result.steps, result.config.warmup_steps).step.tolist())
     return len({r.second_step for r in result.hazards.observed if r.second_step in steps})
 
@@ -99,10 +106,10 @@ def evaluate(folder: Path, mapping_path: Path | None = None) -> dict:
             overrides["cpu.process_result_us"] = _shift(fine.config["cpu"]["process_result_us"],
                                                         extra)
         predicted = simulate(cfg, overrides)
-        rows = compare(captured, predicted.summary)
+        rows = check_rows(captured, predicted.summary)
         own = _fit(imp, mapping, f"probe_{variant}.kineto.json.gz", BARRIER[variant])
         own_sim = simulate(own.config)
-        own_rows = compare(captured, own_sim.summary)
+        own_rows = check_rows(captured, own_sim.summary)
         v = metrics["variants"][variant]
         out["variants"][variant] = {
             "what_if": {**change, **({"add cpu.process_result_us": extra} if extra else {})},

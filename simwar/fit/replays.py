@@ -1,4 +1,4 @@
-"""Calibration from measured harness traces, and the sim-vs-real error table.
+"""Calibration from measured harness replays, and the sim-vs-real error table.
 
 - :func:`measured_summary`: one measured Trace → a small JSON-able record:
   the ``analyze`` summary (the simulator's own metric code), the measured
@@ -12,13 +12,24 @@
   summary that carries them, from an older replay, still takes precedence; with
   neither they are left out, not set to 0). No figure is
   fitted to step times, so comparing step times afterwards is a real check.
-  ``host_call_us`` then takes up what per-call costs miss, by least squares on
-  the CPU-bound cases (``simwar.fit.calibrate.fit_host_call_us``);
-- :func:`compare`: simulate each case with the calibrated costs and tabulate
-  simulated vs measured per metric (abs and relative error), race presence
-  included, and for cases whose steps differ (a ``workload``) the median over steps of
-  each step's own step-time error (``step_us_per_step``); ``simwar.plots.plot_compare``
-  draws step time and forward gap per case;
+  ``host_call_us`` then takes up what per-call costs miss: :func:`fit_host_call_us`,
+  the per-call overhead of the host loop around each API call (interpreter,
+  framework dispatch, bookkeeping). On a CPU-bound loop the step time is linear
+  in it, so it is the least-squares slope over the CPU-bound cases, found by
+  simulating each case twice;
+- :func:`loop_case_config`: one case of the measured overlap-loop replay
+  (``tests/data/h200_overlap_run1.json``: a host loop with planning ``P``,
+  schedule-stream work ``W`` before a one-element shared write, a forward that
+  reads the buffer after ``R`` and computes ``C`` more, a WAR barrier, and
+  result processing ``Q``) as a config, with the measured primitive costs for
+  the host API calls;
+- :func:`error_table`: simulate each case with the calibrated costs and tabulate
+  simulated vs measured per metric (abs and relative error, by
+  :func:`simwar.fit.compare.compare_figures`, the comparison ``simwar import
+  --check`` uses too), race presence included, and for cases whose steps differ
+  (a ``workload``) the median over steps of each step's own step-time error
+  (``step_us_per_step``); :func:`criteria` and :func:`markdown_table` summarize
+  it, ``simwar.plots.plot_compare`` draws step time and forward gap per case;
 - :func:`with_host_speed`: the calibrated host costs scaled by one measured
   factor per case, the case's own mean launch cost over the calibrated one.
   The GPU machine's host changes speed by up to 2x within a session (see
@@ -31,16 +42,22 @@ Imports: simwar's full stack (pandas). Not for the GPU machine.
 
 from __future__ import annotations
 
-import math
+import gzip
+import json
 import statistics
 import tarfile
+from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from simwar.analysis.metrics import analyze
+from simwar.analysis.metrics import measured as measured_steps
+from simwar.api import simulate
 from simwar.core.files import jsonable
 from simwar.core.trace import Trace
+from simwar.fit.compare import FigureComparison, compare_figure, compare_figures, relative_error
 from simwar.harness.replay import COST_KINDS
 
 #: metrics compared per case (summary keys of ``simwar.analysis.metrics``)
@@ -63,9 +80,7 @@ def measured_summary(trace: Trace) -> dict:
     races = [r for r in trace.meta.get("measured_races", []) if r["read_step"] >= warm]
     extra = {}
     if trace.meta.get("workload"):
-        from simwar.analysis.metrics import measured as measured_rows
-
-        rows = measured_rows(df, warm)
+        rows = measured_steps(df, warm)
         extra["steps"] = {c: rows[c].tolist() for c in STEP_COLUMNS if c in rows.columns}
     return jsonable({
         "summary": summary,
@@ -89,9 +104,6 @@ def load_traces(source: str | Path) -> dict[str, Trace]:
             out[f.name.split(".trace.json")[0]] = Trace.load(f)
         return out
     if tarfile.is_tarfile(source):
-        import gzip
-        import json
-
         with tarfile.open(source) as tar:
             for m in tar.getmembers():
                 if ".trace.json" in m.name:
@@ -157,8 +169,6 @@ def fit_costs(summaries: dict[str, dict], bench: dict | None = None,
             costs[key] = round(max(0.0, float(v)), 3)
     costs["host_call_us"] = 0.0
     if cpu_bound:
-        from simwar.fit.calibrate import fit_host_call_us
-
         configs = []
         measured = []
         for name, cfg in cpu_bound.items():
@@ -174,6 +184,85 @@ def _with_costs(cfg: dict, costs: dict) -> dict:
     out = dict(cfg)
     out["costs"] = dict(cfg.get("costs", {}), **costs)
     return out
+
+
+def fit_host_call_us(configs: Iterable[dict], measured_step_us: Iterable[float],
+                     probe_us: float = 20.0) -> float:
+    """Least-squares per-call host overhead from CPU-bound cases.
+
+    ``configs`` are config mappings (their ``costs.host_call_us`` is ignored);
+    ``measured_step_us`` the measured step times. Cases whose simulated step
+    does not depend on the host cost (GPU-bound) get zero weight by
+    construction: their slope is zero.
+    """
+    num = den = 0.0
+    for cfg, measured in zip(configs, measured_step_us):
+        s0 = simulate(cfg, {"costs.host_call_us": 0.0}).summary["step_us_mean"]
+        s1 = simulate(cfg, {"costs.host_call_us": probe_us}).summary["step_us_mean"]
+        slope = (s1 - s0) / probe_us
+        num += slope * (measured - s0)
+        den += slope * slope
+    if den == 0:
+        raise ValueError("no case depends on the host cost (all GPU-bound): nothing to fit")
+    return max(0.0, num / den)
+
+
+#: device time of the replay's one-element kernels (the write, the snapshot and D2H copies),
+#: typical of a tiny kernel on a current GPU; the primitives give host costs only
+TINY_KERNEL_US = 2.0
+
+
+def loop_case_config(case: dict, primitives: dict, *, host_call_us: float = 0.0,
+                     warmup_steps: int = 20, cross_stream_us: float = 3.0) -> dict:
+    """A simwar config (mapping) reproducing one measured replay-loop case."""
+    R, C, W, P, Q = (float(case[k]) for k in "RCWPQ")
+    policy = case["policy"]
+    if policy == "host":
+        barrier, placement = "host_sync", "after_launch"
+    else:
+        barrier, placement = policy, "after_launch"
+    if case["graph"]:
+        read_ends = {"pre": "pre_replay", "in": "in_replay", "post": "post_replay"}[
+            case["boundary"]]
+        phases = [
+            {"name": "forward", "graph": "full", "read_ends": read_ends, "prep_us": R,
+             "body_us": C, "reads": ["req_to_token"]},
+            # the static slot the graph read into is copied to the step's snapshot
+            {"name": "snapshot", "graph": "eager", "body_us": TINY_KERNEL_US},
+        ]
+    else:
+        # eager: spin R, read (a copy), record read_done, spin C: three launches and a record
+        phases = [{"name": "spin", "graph": "eager", "body_us": R},
+                  {"name": "forward", "graph": "eager", "read_ends": "pre_replay",
+                   "load_batch_us": TINY_KERNEL_US, "body_us": C, "reads": ["req_to_token"]}]
+    p = primitives
+    return {
+        "name": f"h200-{policy}-{'graph-' + case['boundary'] if case['graph'] else 'eager'}"
+                f"-R{R:g}-C{C:g}-W{W:g}-P{P:g}-Q{Q:g}",
+        "seed": 0,
+        "steps": int(case.get("steps", 150)) + warmup_steps,
+        "warmup_steps": warmup_steps,
+        "algorithm": "custom",
+        "phases": phases,
+        "policy": {"barrier": barrier, "placement": placement},
+        "cpu": {"ingest_us": 0, "schedule_us": P, "prepare_us": 0, "process_result_us": Q},
+        "gpu": {"schedule_prep_us": W, "schedule_writes_us": TINY_KERNEL_US,
+                "result_writes_us": 0, "result_copy_us": TINY_KERNEL_US,
+                "result_copy_stream": "forward"},
+        "costs": {
+            "launch_us": p["launch_sleep_kernel_us"],
+            "event_record_us": p["event_record_us"],
+            "wait_event_us": p["stream_wait_event_us"],
+            "wait_stream_us": p["stream_wait_stream_us"],
+            "graph_launch_us": p["graph_replay_20k_host_us"],
+            "sync_us": p["event_query_us"],
+            "sync_wake_us": p["sync_overhead_after_200us_us"],
+            "cross_stream_us": cross_stream_us,
+            "host_call_us": host_call_us,
+        },
+        "accept": {"tokens": 1.0},
+        "batch_size": 1,
+    }
 
 
 #: the host-side costs a host-speed factor scales (device latencies are not host speed)
@@ -198,44 +287,56 @@ def with_host_speed(cfg: dict, case: dict, costs: dict) -> dict:
     return _with_costs(cfg, scaled)
 
 
-def compare(configs: dict[str, dict], measured: dict[str, dict],
-            metrics=METRICS) -> pd.DataFrame:
+def error_table(configs: dict[str, dict], measured: dict[str, dict],
+                metrics=METRICS) -> pd.DataFrame:
     """One row per (case, metric): simulated, measured, abs and relative error.
 
     ``configs``: case → config mapping (costs already calibrated);
-    ``measured``: case → :func:`measured_summary` record. A ``races`` row
-    compares presence: 1 if the simulator observed an overlap (measured: a
-    read saw another write's stamp), else 0.
+    ``measured``: case → :func:`measured_summary` record. Each metric both summaries
+    carry is compared by :func:`simwar.fit.compare.compare_figures`. A ``races`` row
+    compares presence: 1 if the simulator observed an overlap (measured: a read saw
+    another write's stamp), else 0. A case with per-step figures adds
+    :func:`per_step_row`.
     """
-    from simwar.api import simulate
-
     rows = []
     for name in sorted(set(configs) & set(measured)):
         result = simulate(configs[name])
         sim = result.summary
         meas = measured[name]["summary"]
-        for m in metrics:
-            s, r = sim.get(m), meas.get(m)
-            if s is None or r is None:
-                continue
-            rows.append(_row(name, m, float(s), float(r)))
+        keys = [m for m in metrics if sim.get(m) is not None and meas.get(m) is not None]
+        rows.extend(_table_row(name, c) for c in compare_figures(meas, sim, keys))
         if measured[name].get("steps"):
             rows.append(per_step_row(name, result.columns, measured[name]["steps"]))
-        rows.append(_row(name, "races", float(sim.get("overlaps", 0) > 0),
-                         float(measured[name]["measured_races"] > 0)))
+        rows.append(_table_row(name, compare_figure(
+            "races", float(measured[name]["measured_races"] > 0),
+            float(sim.get("overlaps", 0) > 0))))
     return pd.DataFrame(rows, columns=["config", "metric", "simulated", "measured",
                                        "abs_error", "rel_error"])
 
 
-#: the per-step row of :func:`compare`: medians over the steps both runs measured
+def table_errors(error, relative, measured) -> tuple:
+    """``(abs_error, rel_error)`` of the error table from a comparison's signed errors
+    (floats, or per-step arrays): their magnitudes, and where the measured value is 0 (a
+    relative error undefined) 0 when the two agree, else inf, so that :func:`criteria`'s
+    maxima, which skip NaN, still see the mismatch."""
+    err = np.abs(error)
+    rel = np.where(measured != 0, np.abs(relative), np.where(err == 0, 0.0, np.inf))
+    return err, rel
+
+
+def _table_row(name: str, c: FigureComparison) -> dict:
+    err, rel = table_errors(c.error, c.relative, c.measured)
+    return {"config": name, "metric": c.key, "simulated": c.simulated, "measured": c.measured,
+            "abs_error": float(err), "rel_error": float(rel)}
+
+
+#: the per-step row of :func:`error_table`: medians over the steps both runs measured
 PER_STEP = "step_us_per_step"
 
 
 def per_step_errors(columns: dict, steps: dict, column: str = "step_us"):
     """Simulated and measured ``column`` of the steps both have, and the per-step errors:
     ``(sim, meas, abs_error, rel_error)`` as numpy arrays in step order."""
-    import numpy as np
-
     sim_steps = np.asarray(columns["step"])
     meas_steps = np.asarray(steps["step"])
     common, i_sim, i_meas = np.intersect1d(sim_steps, meas_steps, return_indices=True)
@@ -243,9 +344,8 @@ def per_step_errors(columns: dict, steps: dict, column: str = "step_us"):
     meas = np.asarray(steps[column], dtype=float)[i_meas]
     ok = ~(np.isnan(sim) | np.isnan(meas))
     sim, meas = sim[ok], meas[ok]
-    err = np.abs(sim - meas)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rel = np.where(meas != 0, err / np.abs(meas), np.where(err == 0, 0.0, np.inf))
+    error = sim - meas
+    err, rel = table_errors(error, relative_error(error, meas), meas)
     return sim, meas, err, rel
 
 
@@ -253,8 +353,6 @@ def per_step_row(name: str, columns: dict, steps: dict) -> dict:
     """Row ``step_us_per_step``: the medians of the simulated and measured step times of the
     steps both measured, and the median of each step's own abs and relative error (not the
     error of the medians)."""
-    import numpy as np
-
     sim, meas, err, rel = per_step_errors(columns, steps)
     if len(sim) == 0:
         nan = float("nan")
@@ -263,13 +361,6 @@ def per_step_row(name: str, columns: dict, steps: dict) -> dict:
     return {"config": name, "metric": PER_STEP, "simulated": float(np.median(sim)),
             "measured": float(np.median(meas)), "abs_error": float(np.median(err)),
             "rel_error": float(np.median(rel))}
-
-
-def _row(name, metric, sim, meas):
-    err = sim - meas
-    rel = err / meas if meas else (0.0 if err == 0 else math.inf)
-    return {"config": name, "metric": metric, "simulated": sim, "measured": meas,
-            "abs_error": abs(err), "rel_error": abs(rel)}
 
 
 def criteria(table: pd.DataFrame) -> dict:

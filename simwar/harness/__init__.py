@@ -9,12 +9,13 @@
   the only module of simwar that imports torch.
 - ``bench``: primitive micro-benchmarks (torch).
 - ``gpu_main``: the entry point run on the GPU machine (torch + stdlib).
-- ``suite``: the committed suite of cases; ``fit``: calibration from measured
-  traces and the sim-vs-real error table (these two import simwar's full
-  stack and run where simulation runs).
+- ``suite``: the committed suite of cases (it imports simwar's full stack and
+  runs where simulation runs).
 
-Importing this package imports nothing beyond the standard library: the
-GPU machine has torch but none of simwar's other dependencies.
+Calibration from the measured traces and the sim-vs-real error table are
+:mod:`simwar.fit.replays`'s; reading profiler captures is :mod:`simwar.capture`'s,
+which nothing here imports. Importing this package imports nothing beyond the
+standard library: the GPU machine has torch but none of simwar's other dependencies.
 """
 
 from __future__ import annotations

@@ -1,39 +1,15 @@
-"""Kineto (torch.profiler) Chrome-trace captures → :class:`simwar.core.trace.Trace`.
+"""A read capture and its mapping → :class:`simwar.core.trace.Trace` (:class:`KinetoImport`).
 
-``torch.profiler.profile(...).export_chrome_trace(path)`` writes Kineto's
-Chrome-trace JSON: an object with ``traceEvents`` (and ``schemaVersion``,
-``deviceProperties``, ``baseTimeNanoseconds``, ...). The events used here are
-complete events (``ph: X``, ``ts``/``dur`` in µs) of these categories:
-
-- ``kernel``, ``gpu_memcpy``, ``gpu_memset``: device work; ``pid`` is the
-  device, ``tid`` the stream, ``args`` carry ``stream``, ``device`` and the
-  ``correlation`` id of the host call that issued it (a ``cudaGraphLaunch``
-  shares its correlation id with every kernel of the graph);
-- ``cuda_runtime`` / ``cuda_driver``: host API calls on a CPU thread
-  (``args.correlation``): launches, ``cudaEventRecord``,
-  ``cudaStreamWaitEvent``, ``cudaEventSynchronize``, ``cudaStreamSynchronize``,
-  ``cudaGraphLaunch``, ...;
-- ``cuda_sync`` (with ``_ExperimentalConfig(enable_cuda_sync_events=True)``):
-  ``Stream Wait Event``, ``Event Sync``, ``Stream Sync``, ``Context Sync`` with
-  ``args.stream``, ``correlation`` (the host call), ``wait_on_stream`` and
-  ``wait_on_cuda_event_record_corr_id`` (the ``cudaEventRecord`` call that
-  last recorded the event): these bind waits and syncs to records;
-- ``user_annotation`` (``record_function`` ranges, ``ProfilerStep#N``; older
-  captures file ProfilerStep under ``cpu_op``): step segmentation, phases,
-  sync sites.
-
-Every other event (``cpu_op``, ``python_function``, ``ac2g`` flows, metadata,
-instants, ...) is counted and ignored. The file is read with a streaming
-JSON parser, so memory grows with the number of *used* events, not the file.
-
-The Trace is built through :class:`simwar.core.recorder.Recorder`. It has lane
-``cpu`` (the scheduler thread: the thread that issued most launches unless
-the mapping names one) and one lane per stream:
+:func:`import_kineto` reads a capture (:func:`simwar.capture.reader.read_capture`)
+and builds its Trace with :class:`CaptureTraceBuilder` through
+:class:`simwar.core.recorder.Recorder`. The Trace has lane ``cpu`` (the
+scheduler thread: the thread that issued most launches unless the mapping
+names one) and one lane per stream:
 
 - every runtime call on that thread is a host span labelled with the call's
-  name, with a typed ``call`` kind (:func:`call_kind`): ``launch``
-  (``cudaLaunchKernel`` & co, and any call that issued device work: a
-  ``cudaMemcpyAsync`` or ``cudaMemsetAsync`` whose memcpy/memset is in the
+  name, with a typed ``call`` kind (:func:`simwar.capture.reader.call_kind`):
+  ``launch`` (``cudaLaunchKernel`` & co, and any call that issued device work:
+  a ``cudaMemcpyAsync`` or ``cudaMemsetAsync`` whose memcpy/memset is in the
   capture is a launch), ``graph_launch`` (``cudaGraphLaunch``), ``record``,
   ``wait_event``, ``synchronize`` (a ``blocked`` span with its site) and
   ``other``;
@@ -45,317 +21,45 @@ the mapping names one) and one lane per stream:
 - records, stream waits and syncs become ``record``/``wait``/``sync`` ops,
   bound (``ops.bound``) by the ``cuda_sync`` events' correlation data. Their
   device times are inferred by :mod:`simwar.core.rules` on each stream's measured
-  tail (see ``_Builder._device_times``); a wait that held its stream becomes
-  a ``wait`` span, which :mod:`simwar.analysis.metrics` counts as dependency
-  idle.
+  tail (:func:`simwar.capture.device_times.infer_device_times`); a wait that held
+  its stream becomes a ``wait`` span, which :mod:`simwar.analysis.metrics` counts
+  as dependency idle.
 
-Imports: ijson, numpy, the standard library and simwar's stdlib-only modules;
-no pandas (the caller runs :mod:`simwar.analysis.metrics` on the result).
-Nothing prints: progress goes to an optional callback.
+Imports: the standard library and simwar's capture and core modules (numpy through
+them); never the simulator (api, executors, build) and no pandas (the caller runs
+:mod:`simwar.analysis.metrics` on the result). Nothing prints: progress goes to an
+optional callback.
 """
 
 from __future__ import annotations
 
 import bisect
-import gzip
 import re
-import sys
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import accumulate
 from pathlib import Path
-from typing import NamedTuple
 
+from simwar.capture.device_times import (
+    MeasuredLanes,
+    PendingRecord,
+    PendingWait,
+    infer_device_times,
+)
 from simwar.capture.mapping import Mapping, load_mapping
+from simwar.capture.reader import (
+    Annotation,
+    Capture,
+    DeviceEvent,
+    ProgressFn,
+    RuntimeCall,
+    SyncEvent,
+    call_kind,
+    read_capture,
+)
 from simwar.core.recorder import Recorder
-from simwar.core.rules import begins, fires, released
 from simwar.core.trace import HOST, Call, OpKind, Trace
 
-#: categories of device work (older captures spell some differently)
-DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy",
-               "Memcpy": "memcpy", "gpu_memset": "memset", "Memset": "memset"}
-RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
-RECORD_CALLS = {"cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord",
-                "cuEventRecordWithFlags"}
-WAIT_CALLS = {"cudaStreamWaitEvent", "cuStreamWaitEvent"}
-SYNC_CALLS = {"cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchronize",
-              "cuEventSynchronize", "cuStreamSynchronize", "cuCtxSynchronize"}
-LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
-                "cudaLaunchCooperativeKernel"}
-GRAPH_CALLS = {"cudaGraphLaunch", "cuGraphLaunch"}
-#: the typed call kind of a runtime call, by name (see :func:`call_kind`)
-CALL_KINDS: dict[str, Call] = {
-    **dict.fromkeys(LAUNCH_CALLS, Call.LAUNCH), **dict.fromkeys(GRAPH_CALLS, Call.GRAPH_LAUNCH),
-    **dict.fromkeys(RECORD_CALLS, Call.RECORD), **dict.fromkeys(WAIT_CALLS, Call.WAIT_EVENT),
-    **dict.fromkeys(SYNC_CALLS, Call.SYNCHRONIZE)}
-#: CUPTI writes an invalid stream id as uint32 -1
-_INVALID_STREAMS = {-1, 4294967295}
 
-ProgressFn = Callable[[int, int], None]
-
-
-def call_kind(name: str, issued_work: bool) -> Call:
-    """The call kind of a host runtime call named ``name``.
-
-    A call that issued device work in the capture (its correlation id is on a
-    kernel, memcpy or memset) is a launch: ``cudaGraphLaunch`` a graph launch,
-    anything else (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ``cudaMemsetAsync``,
-    ...) a kernel launch. Otherwise the name decides (a launch that issued
-    nothing in the capture, e.g. during stream capture, is still a launch);
-    calls of no known kind are ``Call.OTHER``.
-    """
-    kind = CALL_KINDS.get(name)
-    if issued_work:
-        return Call.GRAPH_LAUNCH if kind is Call.GRAPH_LAUNCH else Call.LAUNCH
-    return Call.OTHER if kind is None else kind
-
-
-class KinetoFormatError(ValueError):
-    """The file is not a readable Kineto capture; the message is one line."""
-
-
-# --------------------------------------------------------------------------- raw records
-class DeviceEvent(NamedTuple):
-    kind: str  # kernel | memcpy | memset
-    name: str
-    device: int
-    stream: int
-    ts: float
-    dur: float
-    correlation: int
-
-
-class RuntimeCall(NamedTuple):
-    name: str
-    pid: int
-    tid: int
-    ts: float
-    dur: float
-    correlation: int
-
-
-class SyncEvent(NamedTuple):
-    kind: str  # Stream Wait Event | Event Sync | Stream Sync | Context Sync
-    device: int
-    stream: int | None
-    ts: float
-    correlation: int
-    wait_on_stream: int | None
-    event_id: int | None
-    record_correlation: int | None
-
-
-class Annotation(NamedTuple):
-    name: str
-    pid: int
-    tid: int
-    ts: float
-    dur: float
-
-
-@dataclass
-class Capture:
-    """The used events of one capture, plus counts of everything seen."""
-
-    device_events: list[DeviceEvent] = field(default_factory=list)
-    runtime_calls: list[RuntimeCall] = field(default_factory=list)
-    sync_events: list[SyncEvent] = field(default_factory=list)
-    annotations: list[Annotation] = field(default_factory=list)
-    counts: Counter = field(default_factory=Counter)
-    ignored: Counter = field(default_factory=Counter)
-    meta: dict = field(default_factory=dict)
-
-
-# --------------------------------------------------------------------------- reading
-def read_capture(path: str | Path, progress: ProgressFn | None = None,
-                 chunk_bytes: int = 1 << 20) -> Capture:
-    """Stream a ``.json`` or ``.json.gz`` Kineto capture into a :class:`Capture`.
-
-    ``progress(done_bytes, total_bytes)`` is called after each chunk (bytes of
-    the file on disk, compressed for ``.gz``).
-    """
-    import ijson
-
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: file not found")
-    total = path.stat().st_size
-    cap = Capture()
-    with open(path, "rb") as raw:
-        fh = gzip.GzipFile(fileobj=raw) if _is_gzip(raw) else raw
-        try:
-            first = _first_byte(fh)
-        except (OSError, EOFError) as e:
-            raise KinetoFormatError(f"{path}: cannot decompress: {_one_line(e)}") from None
-        if first is None:
-            raise KinetoFormatError(f"{path}: empty file (expected a Kineto JSON object)")
-        if first not in (b"{", b"["):
-            raise KinetoFormatError(f"{path}: not JSON (starts with {first!r}; expected a "
-                                    f"Kineto trace object)")
-        try:
-            base, props, seen_key = _stream(fh, first == b"{", cap, chunk_bytes,
-                                            lambda: progress(raw.tell(), total)
-                                            if progress is not None else None)
-        except (OSError, EOFError) as e:
-            raise KinetoFormatError(f"{path}: cannot decompress: {_one_line(e)}") from None
-        except ijson.JSONError as e:
-            raise KinetoFormatError(f"{path}: not valid JSON: {_one_line(e)}") from None
-    if first == b"{" and not seen_key:
-        raise KinetoFormatError(f"{path}: no 'traceEvents' array (not a Kineto/Chrome trace)")
-    if base:
-        cap.meta["base_time_ns"] = int(base[0])
-    if props:
-        cap.meta["devices"] = [{k: p.get(k) for k in ("id", "name", "computeMajor",
-                                                       "computeMinor", "numSms") if k in p}
-                               for p in props if isinstance(p, dict)]
-    if progress is not None:
-        progress(total, total)
-    return cap
-
-
-def _stream(fh, is_object: bool, cap: Capture, chunk_bytes: int, tick) -> tuple:
-    """Feed the file to ijson's push parsers chunk by chunk, classifying events as they come."""
-    import ijson
-
-    # Chrome's JSON Array Format is a bare list of events; Kineto writes the object form
-    events = ijson.sendable_list()
-    base = ijson.sendable_list()
-    props = ijson.sendable_list()
-    coros = [ijson.items_coro(events, "traceEvents.item" if is_object else "item",
-                              use_float=True)]
-    if is_object:
-        coros.append(ijson.items_coro(base, "baseTimeNanoseconds", use_float=True))
-        coros.append(ijson.items_coro(props, "deviceProperties.item", use_float=True))
-    seen_key = not is_object
-    tail = b""
-    while True:
-        chunk = fh.read(chunk_bytes)
-        if not chunk:
-            break
-        if not seen_key:
-            # the key may straddle two chunks; an empty array yields no events to prove it
-            seen_key = b'"traceEvents"' in tail + chunk
-            tail = chunk[-16:]
-        for coro in coros:
-            coro.send(chunk)
-        for ev in events:
-            _classify(ev, cap)
-        del events[:]
-        tick()
-    for coro in coros:
-        coro.close()
-    for ev in events:
-        _classify(ev, cap)
-    return base, props, seen_key
-
-
-def _is_gzip(fh) -> bool:
-    magic = fh.read(2)
-    fh.seek(0)
-    return magic == b"\x1f\x8b"
-
-
-def _first_byte(fh) -> bytes | None:
-    """The first non-blank byte; rewinds (gzip streams support seek(0))."""
-    while True:
-        block = fh.read(4096)
-        if not block:
-            fh.seek(0)
-            return None
-        stripped = block.lstrip()
-        if stripped:
-            fh.seek(0)
-            return stripped[:1]
-
-
-def _one_line(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
-def _int(v) -> int | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    if isinstance(v, str):
-        try:
-            return int(v)
-        except ValueError:
-            return None
-    return None
-
-
-def _num(v) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
-    return None
-
-
-def _classify(ev, cap: Capture) -> None:
-    if not isinstance(ev, dict):
-        cap.ignored["malformed"] += 1
-        return
-    ph = ev.get("ph")
-    cat = ev.get("cat") or ""
-    if ph != "X":
-        # flows (ac2g: s/f), metadata (M), instants (i), counters (C), ...
-        cap.ignored[f"{cat or 'ph'}:{ph}" if ph != "M" else "metadata"] += 1
-        return
-    ts = _num(ev.get("ts"))
-    dur = _num(ev.get("dur", 0.0))
-    name = ev.get("name")
-    if ts is None or dur is None or not isinstance(name, str):
-        cap.ignored["malformed"] += 1
-        return
-    args = ev.get("args")
-    if not isinstance(args, dict):
-        args = {}
-    intern = sys.intern
-    if cat in DEVICE_CATS:
-        kind = DEVICE_CATS[cat]
-        stream = _int(args.get("stream", ev.get("tid")))
-        device = _int(args.get("device", ev.get("pid")))
-        if stream is None or device is None:
-            cap.ignored["malformed"] += 1
-            return
-        corr = _int(args.get("correlation"))
-        cap.device_events.append(DeviceEvent(kind, intern(name), device, stream, ts, dur,
-                                             -1 if corr is None else corr))
-        cap.counts[kind] += 1
-    elif cat in RUNTIME_CATS:
-        corr = _int(args.get("correlation"))
-        cap.runtime_calls.append(RuntimeCall(intern(name), _int(ev.get("pid")) or 0,
-                                             _int(ev.get("tid")) or 0, ts, dur,
-                                             -1 if corr is None else corr))
-        cap.counts["runtime"] += 1
-    elif cat == "cuda_sync":
-        kind = args.get("cuda_sync_kind", name)
-        corr = _int(args.get("correlation"))
-        stream = _int(args.get("stream"))
-        wait_on = _int(args.get("wait_on_stream"))
-        rec = _int(args.get("wait_on_cuda_event_record_corr_id"))
-        cap.sync_events.append(SyncEvent(
-            intern(str(kind)), _int(args.get("device", ev.get("pid"))) or 0,
-            None if stream in _INVALID_STREAMS else stream, ts, -1 if corr is None else corr,
-            None if wait_on in _INVALID_STREAMS else wait_on,
-            _int(args.get("wait_on_cuda_event_id")),
-            None if rec is None or rec < 0 else rec))
-        cap.counts["cuda_sync"] += 1
-    elif cat == "user_annotation" or (cat == "cpu_op" and name.startswith("ProfilerStep#")):
-        cap.annotations.append(Annotation(intern(name), _int(ev.get("pid")) or 0,
-                                          _int(ev.get("tid")) or 0, ts, dur))
-        cap.counts["annotation"] += 1
-    else:
-        cap.ignored[cat or "uncategorized"] += 1
-
-
-# --------------------------------------------------------------------------- building
 @dataclass
 class KinetoImport:
     """An imported capture: the Trace plus what was counted, ignored and inferred."""
@@ -386,10 +90,18 @@ def import_kineto(path: str | Path, mapping: Mapping | dict | str | Path | None 
 
 
 def build_trace(cap: Capture, mapping: Mapping) -> KinetoImport:
-    return _Builder(cap, mapping).build()
+    """The Trace of a read capture under a mapping (see the module docstring)."""
+    return CaptureTraceBuilder(cap, mapping).build()
 
 
-class _Builder:
+class CaptureTraceBuilder:
+    """Builds one capture's Trace: :meth:`build` once, after construction.
+
+    Holds what the pass infers along the way (the host thread, the lane of each
+    device stream, the step ranges, the clock origin and GPU offset) and the counts
+    and warnings that :class:`KinetoImport` reports.
+    """
+
     def __init__(self, cap: Capture, mapping: Mapping):
         self.cap = cap
         self.m = mapping
@@ -418,7 +130,7 @@ class _Builder:
             key = (d.device, d.stream)
             if key not in self.lane_of:
                 self.lane_of[key] = m.lane_for(d.device, d.stream, multi)
-        self._check_mapping_streams(devices)
+        self._check_mapping_streams()
 
         by_corr: dict[int, list[DeviceEvent]] = defaultdict(list)
         for d in cap.device_events:
@@ -446,7 +158,7 @@ class _Builder:
                             annotations, names)
 
     # ------------------------------------------------------------------ setup
-    def _check_mapping_streams(self, devices: set[int]) -> None:
+    def _check_mapping_streams(self) -> None:
         present = {str(s) for _, s in self.lane_of} | {f"{d}:{s}" for d, s in self.lane_of}
         missing = [k for k in self.m.streams if k not in present]
         if missing:
@@ -609,10 +321,10 @@ class _Builder:
         items.sort(key=lambda x: (x[0], x[1], x[2]))
 
         rec = Recorder()
-        measured = _MeasuredLanes()
+        measured = MeasuredLanes()
         record_op: dict[int, int] = {}  # record call correlation -> op id
-        records: list[_PendingRecord] = []
-        waits: list[_PendingWait] = []
+        records: list[PendingRecord] = []
+        waits: list[PendingWait] = []
         outside = 0
         unbound = Counter()
         first_launch: dict[int, float] = {}  # step -> first forward-kernel launch start
@@ -621,7 +333,7 @@ class _Builder:
         def place_record(corr: int | None, lane: str, step: int, label: str, event: str,
                          issue: float, call: int) -> int:
             op = rec.op(OpKind.RECORD, lane, step, label, event=event, issue=issue, call=call)
-            records.append(_PendingRecord(op, lane, issue))
+            records.append(PendingRecord(op, lane, issue))
             if corr is not None:
                 record_op[corr] = op
             return op
@@ -707,7 +419,7 @@ class _Builder:
                 label = f"wait {event}".strip()
                 op = rec.op(OpKind.WAIT, lane, step, label, event=event, bound=bound, issue=end,
                             call=call)
-                waits.append(_PendingWait(op, lane, step, end, label, bound))
+                waits.append(PendingWait(op, lane, end, bound))
             else:
                 rec.host(kind, step, start, end, name)
 
@@ -715,7 +427,7 @@ class _Builder:
         self.counts["records_unplaced"] = unbound["record"]
         self.counts["waits_unbound"] = unbound["wait"]
         self.counts["syncs_unbound"] = unbound["sync"]
-        self._device_times(rec, measured, records, waits)
+        infer_device_times(rec, measured, records, waits)
         self._markers(rec, first_launch, host_ann)
         meta = {
             "source": "kineto", "name": self.m.name, "forward_stream": fwd,
@@ -760,7 +472,7 @@ class _Builder:
             busy[self.lane_of[(d.device, d.stream)]] += d.dur
         return busy.most_common(1)[0][0] if busy else "forward"
 
-    def _device_op(self, rec: Recorder, measured: _MeasuredLanes, d: DeviceEvent, step: int,
+    def _device_op(self, rec: Recorder, measured: MeasuredLanes, d: DeviceEvent, step: int,
                    issue: float, phase: str, call: int) -> int:
         """A measured kernel, memcpy or memset: a kernel op (``call``: its launch); the
         recorder derives its span."""
@@ -771,46 +483,6 @@ class _Builder:
                     phase=phase, call=call)
         measured.add(lane, issue, start, end)
         return op
-
-    def _device_times(self, rec: Recorder, measured: _MeasuredLanes,
-                      records: list[_PendingRecord], waits: list[_PendingWait]) -> None:
-        """Infer when records fired and how long waits held their stream.
-
-        The capture measures device work but not records and waits, so they are
-        placed by :mod:`simwar.core.rules` on each stream's measured tail (the latest
-        end of the device work issued before the host call returned):
-
-        - a record fires at ``fires(tail, issue)``: when its stream drains the
-          work issued before it;
-        - a wait is reached at ``begins(tail, issue)`` and released, by the
-          rule, at ``released(reach, record firing, 0, ...)`` (unbound: at its
-          reach): the capture does not show the cross-stream latency, so this
-          is a lower bound. The next device op issued on the stream after the
-          wait bounds it from the measurement: if that op was issued by the
-          rule's release, it was queued behind the wait and ran as soon as the
-          wait let it go, so its measured start *is* the release (dependency
-          plus latency); if it was issued later, the wait had let go by the
-          time it started, so the release is at most its start.
-
-        A wait that held its stream becomes a ``wait`` span (dependency idle).
-        """
-        lane_of_record = {r.op: r.lane for r in records}
-        for r in records:
-            t = fires(measured.tail(r.lane, r.issue), r.issue)
-            rec.set_times(r.op, t, t)
-        fired = rec.op_end
-        for w in waits:
-            reach = begins(measured.tail(w.lane, w.issue), w.issue)
-            release = reach
-            if w.bound >= 0:
-                release = released(reach, fired[w.bound], 0.0, lane_of_record[w.bound] == w.lane)
-            nxt = measured.next_issued(w.lane, w.issue)
-            if nxt is not None and nxt.start >= reach:
-                if nxt.issue <= release:  # queued behind the wait: held until it ran
-                    release = nxt.start
-                else:  # it ran then, so the wait was released by then
-                    release = min(release, nxt.start)
-            rec.set_times(w.op, reach, release)  # held (release > reach): a wait span
 
     def _markers(self, rec: Recorder, first_launch: dict[int, float], host_ann) -> None:
         for i, (s, _, _) in enumerate(self.steps):
@@ -834,65 +506,3 @@ class _Builder:
             rec.marker("run_batch", k, t)
         if self.steps:
             rec.marker("end", -1, self.steps[-1][1])
-
-
-class _PendingRecord(NamedTuple):
-    """A record op whose firing is inferred once every measured kernel is known."""
-
-    op: int
-    lane: str
-    issue: float  # when the host call that issued it returned (a stream sync: its start)
-
-
-class _PendingWait(NamedTuple):
-    """A stream-wait op whose reach and release are inferred after the pass."""
-
-    op: int
-    lane: str
-    step: int
-    issue: float
-    label: str
-    bound: int  # the record op it waits for, -1: none
-
-
-class _Issued(NamedTuple):
-    issue: float
-    start: float
-
-
-class _MeasuredLanes:
-    """Per stream, the measured device work in issue order.
-
-    ``tail(lane, t)`` is the running tail: the latest measured end of the work
-    issued strictly before host time ``t`` (-inf: none), what a record or wait
-    issued at ``t`` queues behind. ``next_issued(lane, t)`` is the first work
-    issued at or after ``t``. Work is ordered by (issue, end, start); the
-    lookups index it once it is complete.
-    """
-
-    def __init__(self) -> None:
-        self._work: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-        self._index: dict[str, tuple[list[float], list[float], list[float]]] | None = None
-
-    def add(self, lane: str, issue: float, start: float, end: float) -> None:
-        self._work[lane].append((issue, end, start))
-        self._index = None
-
-    def _lane(self, lane: str) -> tuple[list[float], list[float], list[float]]:
-        if self._index is None:
-            self._index = {}
-            for name, work in self._work.items():
-                work.sort()
-                self._index[name] = ([w[0] for w in work], list(accumulate(
-                    (w[1] for w in work), max)), [w[2] for w in work])
-        return self._index.get(lane, ([], [], []))
-
-    def tail(self, lane: str, t: float) -> float:
-        issue, tail, _ = self._lane(lane)
-        i = bisect.bisect_left(issue, t)
-        return tail[i - 1] if i > 0 else float("-inf")
-
-    def next_issued(self, lane: str, t: float) -> _Issued | None:
-        issue, _, start = self._lane(lane)
-        i = bisect.bisect_left(issue, t)
-        return _Issued(issue[i], start[i]) if i < len(issue) else None

@@ -1,0 +1,222 @@
+"""Which stream is which, and the barrier policy, of an imported capture's loop.
+
+The first two things :func:`simwar.fit.from_capture.fit_model` reads from a capture:
+
+- **streams** (:func:`detect_roles`): the forward stream (the importer's), the
+  schedule stream (the mapping's ``schedule`` lane, else the stream whose
+  record the forward waits on before each step, else the stream with work
+  issued before the forward), the copy stream (``copy``, else the stream with
+  work issued after the forward's last launch) and a ``plan`` lane when the
+  mapping names one;
+- **the barrier policy** (:func:`infer_policy`), from the CUDA sync events that
+  bind the schedule stream's waits (and the host's synchronizes) to records on
+  the forward stream, and where in the forward each record was issued.
+
+Imports: numpy and simwar's capture and core modules; never the simulator.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from simwar.capture.layout import Roles, StepLayout, ops_of_call
+from simwar.capture.mapping import Mapping
+from simwar.core.trace import Call, OpKind, Trace
+
+#: the barrier policies a capture can show (and ``--policy`` may name)
+POLICIES = ("fine", "coarse", "none", "host_sync")
+
+
+@dataclass
+class PolicyInference:
+    """The barrier policy of a capture and what it was read from (``evidence``)."""
+
+    barrier: str
+    placement: str = "after_launch"
+    unit: int | None = None  # index of the publishing unit
+    position: str | None = None  # pre_replay | in_replay | post_replay
+    source: str = "capture"  # capture | command line
+    evidence: str = ""
+
+
+# --------------------------------------------------------------------------- roles
+def detect_roles(trace: Trace, mapping: Mapping) -> tuple[Roles, list[str]]:
+    """The lane of each builder stream, and one note per auto-detected lane."""
+    ops = trace.ops
+    fwd = trace.meta.get("forward_stream", "forward")
+    kernel = ops.kind == OpKind.KERNEL
+    lanes = {trace.text(int(c)) for c in np.unique(ops.lane[kernel])}
+    roles = Roles(forward=fwd)
+    notes = []
+    for role in ("schedule", "plan", "copy"):
+        lane = mapping.lane_of_role(role)
+        if lane is not None and lane in lanes:
+            roles[role] = lane
+    # per step: when the forward's first and last launch calls returned
+    fcode = trace.code(fwd)
+    fk = np.flatnonzero(kernel & (ops.lane == fcode) & (ops.phase != trace.code("")))
+    first: dict[int, float] = {}
+    last: dict[int, float] = {}
+    for k, t in zip(ops.step[fk].tolist(), ops.issue_us[fk].tolist()):
+        first[k] = min(first.get(k, t), t)
+        last[k] = max(last.get(k, t), t)
+    if "schedule" not in roles:
+        votes: Counter = Counter()
+        how = "the stream the forward waits on before each step"
+        waits = np.flatnonzero((ops.kind == OpKind.WAIT) & (ops.lane == fcode) & (ops.bound >= 0))
+        for w in waits.tolist():
+            k = int(ops.step[w])
+            if k in first and ops.issue_us[w] <= first[k]:
+                lane = trace.text(int(ops.lane[ops.bound[w]]))
+                if lane != fwd and lane != roles.get("plan"):
+                    votes[lane] += 1
+        if not votes:
+            how = "the stream with work issued before each forward"
+            for o in np.flatnonzero(kernel & (ops.lane != fcode)).tolist():
+                k = int(ops.step[o])
+                if k in first and ops.issue_us[o] <= first[k]:
+                    lane = trace.text(int(ops.lane[o]))
+                    if lane != roles.get("plan"):
+                        votes[lane] += 1
+        if votes:
+            roles["schedule"] = votes.most_common(1)[0][0]
+            notes.append(f"schedule stream '{roles['schedule']}': {how}")
+    if "copy" not in roles:
+        votes = Counter()
+        for o in np.flatnonzero(kernel & (ops.lane != fcode)).tolist():
+            k = int(ops.step[o])
+            lane = trace.text(int(ops.lane[o]))
+            if k in last and ops.issue_us[o] > last[k] and lane not in (
+                    roles.get("schedule"), roles.get("plan")):
+                votes[lane] += 1
+        if votes:
+            roles["copy"] = votes.most_common(1)[0][0]
+            notes.append(f"copy stream '{roles['copy']}': the stream with work issued after "
+                         f"the forward's last launch")
+    return roles, notes
+
+
+# --------------------------------------------------------------------------- policy
+def infer_policy(trace: Trace, lays: dict[int, StepLayout], roles: Roles,
+                 sync_events: int) -> PolicyInference | str:
+    """The barrier the capture shows, or a sentence saying why it cannot be inferred.
+
+    Per measured step, the schedule stream's waits (and host syncs other than the result
+    sync) bound to a record on the forward stream: a record issued by a graph launch (an
+    in-graph node) → ``fine`` published in-replay at that unit; an eager record right
+    before the wait (``wait_stream``) → ``coarse``; another eager record → ``fine``
+    published at its position (before a unit's graph: pre-replay, after it: post-replay);
+    a host synchronize on such a record → ``host_sync``; nothing → ``none``. A wait
+    before the step's schedule launches is a loop-top barrier. The most common answer wins.
+    """
+    ops, spans = trace.ops, trace.spans
+    fwd = trace.code(roles["forward"])
+    sched = {trace.code(x) for x in (roles.get("schedule"), roles.get("plan")) if x}
+    votes: Counter = Counter()
+    unbound = 0
+    steps = sorted(lays)
+    for k in steps:
+        lay = lays[k]
+        first_sched = spans.start_us[lay.sched_calls[0]] if lay.sched_calls else \
+            spans.start_us[lay.first_forward]
+        found = []
+        waits = [o for c in lay.calls for o in ops_of_call(trace, c)
+                 if ops.kind[o] == OpKind.WAIT and ops.lane[o] in sched]
+        for w in waits:
+            b = int(ops.bound[w])
+            if b < 0:
+                unbound += 1
+                continue
+            if ops.lane[b] != fwd:
+                continue
+            found.append(_classify(trace, lays, b, int(ops.call[w]), "wait",
+                                   spans.start_us[ops.call[w]] < first_sched))
+        for s in lay.syncs:
+            if s == lay.result_sync:
+                continue
+            op = int(spans.op[s])
+            if op < 0 or ops.kind[op] != OpKind.SYNC:
+                continue
+            b = int(ops.bound[op])
+            if b < 0:
+                unbound += 1
+                continue
+            if ops.lane[b] == fwd:
+                found.append(_classify(trace, lays, b, s, "sync",
+                                       spans.start_us[s] < first_sched))
+        if found:
+            votes[found[0]] += 1
+        elif sync_events:
+            votes[("none", "after_launch", None, None)] += 1
+    if unbound and not any(v[0] != "none" for v in votes):
+        return (f"its {sync_events} CUDA sync events bind no wait to a record (the record "
+                f"correlation ids are -1: this profiler does not report which "
+                f"cudaEventRecord a wait binds to)")
+    if not sync_events:
+        return "it has no CUDA sync events (profile with experimental_config=" \
+               "_ExperimentalConfig(enable_cuda_sync_events=True))"
+    if not votes:
+        return "no measured step to read it from"
+    (barrier, placement, unit, position), n = votes.most_common(1)[0]
+    total = sum(votes.values())
+    what = {"none": "no stream waits on the forward before the schedule stream's work",
+            "coarse": "the schedule stream waits on a record issued right before the wait "
+                      "(wait_stream(forward))",
+            "fine": "the schedule stream's wait_event binds to ",
+            "host_sync": "the host synchronizes on "}[barrier]
+    if barrier in ("fine", "host_sync"):
+        what += ("an event recorded by the graph launch (an in-graph node)"
+                 if position == "in_replay" and _is_graph(lays, steps, unit)
+                 else f"an eager record ({position})")
+    evidence = f"{what}, in {n} of {total} steps"
+    if placement == "loop_top":
+        evidence += "; at the top of the next iteration (loop_top)"
+    return PolicyInference(barrier, placement, unit, position, "capture", evidence)
+
+
+def _is_graph(lays, steps, unit) -> bool:
+    return unit is not None and lays[steps[0]].units[unit].graph is not None
+
+
+def _classify(trace: Trace, lays, rec: int, waiter: int, kind: str, top: bool) -> tuple:
+    """``(barrier, placement, unit, position)`` of one barrier wait/sync on record ``rec``."""
+    ops, spans = trace.ops, trace.spans
+    placement = "loop_top" if top else "after_launch"
+    barrier = "host_sync" if kind == "sync" else "fine"
+    call = int(ops.call[rec])
+    lay = lays.get(int(ops.step[rec]))
+    if call < 0 or lay is None:
+        return (barrier, placement, None, None)
+    ck = spans.call[call]
+    if ck == Call.WAIT_STREAM or (kind == "wait" and call != waiter and _adjacent(lay, call,
+                                                                                    waiter)):
+        return ("coarse", placement, None, None)
+    if ck == Call.GRAPH_LAUNCH:
+        for i, u in enumerate(lay.units):
+            if u.graph == call:
+                return (barrier, placement, i, "in_replay")
+        return (barrier, placement, None, None)
+    t = spans.start_us[call]
+    unit = None
+    for i, u in enumerate(lay.units):
+        if spans.start_us[u.calls[0]] < t:
+            unit = i
+    if unit is None:
+        return (barrier, placement, None, None)
+    u = lay.units[unit]
+    if u.graph is not None:
+        position = "pre_replay" if t < spans.start_us[u.graph] else "post_replay"
+    else:
+        position = "post_replay" if t > spans.start_us[u.calls[-1]] else "in_replay"
+    return (barrier, placement, unit, position)
+
+
+def _adjacent(lay: StepLayout, record_call: int, wait_call: int) -> bool:
+    """The record was the host call right before the wait (torch's wait_stream)."""
+    calls = lay.calls
+    if record_call not in calls or wait_call not in calls:
+        return False
+    return calls.index(wait_call) == calls.index(record_call) + 1
