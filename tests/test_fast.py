@@ -22,11 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fast_programs import programs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import programs as harness_programs
-from test_engine_semantics import programs as single_step_programs
+from programs import programs
 
 import simwar
 from simwar.analysis.hazards import detect
@@ -172,23 +170,26 @@ def test_fast_equals_simpy_on_random_configs(algorithm, barrier, placement, exte
 
 # ---------------------------------------------------------------------------- random programs
 @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
-@given(programs())
+@given(programs(max_ops=90, max_steps=6, irregular=True))
 def test_fast_equals_simpy_on_random_programs(program):
+    """Up to six steps, also irregular ones (ops labelled with a neighbouring step, markers
+    skipped or out of order, a graph relaunched with other nodes)."""
     assert_same_run(*reference(program), fast.run(program))
 
 
 @settings(max_examples=500, deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))
-@given(harness_programs())
+@given(programs())
 def test_fast_equals_simpy_on_the_random_program_generator_of_the_harness(program):
-    """The generator every executor is held to (tests/strategies.py): 1-5 streams, graphs with
-    in-graph records, waits and syncs, host costs and latencies."""
+    """The programs the harness's replay and the race detector are held to
+    (tests/test_random_programs.py): 1-5 streams, graphs with in-graph records, waits and
+    syncs, host costs and latencies."""
     assert_same_run(*reference(program), fast.run(program))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(single_step_programs())
-def test_fast_equals_simpy_on_the_engine_semantics_programs(program):
+@given(programs(max_ops=25, max_steps=1))
+def test_fast_equals_simpy_on_random_single_step_programs(program):
     assert_same_run(*reference(program), fast.run(program))
 
 
@@ -198,7 +199,7 @@ def test_every_path_of_the_fast_executor_is_taken_by_the_random_programs():
 
     @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck),
               database=None)
-    @given(programs())
+    @given(programs(max_ops=90, max_steps=6, irregular=True))
     def collect(program):
         seen.update(fast.run(program).paths)
 
