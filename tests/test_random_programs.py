@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import NamedTuple
 
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import event, given, settings
 from programs import ordering_links, programs
 
 from simwar.analysis.hazards import detect
@@ -41,8 +41,7 @@ from simwar.harness.fake import FakeBackend
 TOL = 1e-9
 WINDOW = 2  # hazards.detect's default step window
 
-RANDOM = settings(max_examples=500, deadline=None, derandomize=True,
-                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+RANDOM = settings(max_examples=500, deadline=None, derandomize=True)
 
 
 # --------------------------------------------------------------------------- Trace access
