@@ -25,7 +25,8 @@ The variants, by parameter:
   a synchronization is inserted (a ``wait_event`` on the record that follows each earlier
   kernel, a ``wait_stream`` or a host synchronize) for every earlier conflicting access on
   another stream that is not already ordered before it; :func:`ordering_links` lists the
-  inserted ``wait_event`` links. Ordered programs have no graphs (``graphs=False``).
+  inserted ``wait_event`` links. Ordered programs have 2-5 streams, mostly kernels, and
+  no graphs (``graphs=False``: a graph's node labels repeat, and links name kernels).
 
 Imports: hypothesis and ``simwar.core.program`` only.
 """
