@@ -9,9 +9,9 @@ case's host costs scaled by its own measured host speed, against the targets of 
 cases (issue 12): step time |error| median <= 3%, each case's median per-step step-time error
 <= 5%, launch-ahead within 0.15, race presence identical.
 
-:func:`check_h200_workload_cases` is the check; it becomes the test
-``test_h200_workload_cases_meet_the_targets`` as soon as the measured file is committed, and
-fails loudly (never skips) when called without it.
+:func:`check_h200_workload_cases` is the check, run by the test
+``test_h200_workload_cases_meet_the_targets`` once the measured file is committed (the test
+skips, saying so, until then); the check itself fails loudly when called without the file.
 """
 
 from __future__ import annotations
@@ -51,9 +51,11 @@ def check_h200_workload_cases(measured_file: Path = WORKLOAD_RUN) -> dict:
     return c
 
 
-if WORKLOAD_RUN.exists():  # enabled by committing the measured file
-    def test_h200_workload_cases_meet_the_targets():
-        check_h200_workload_cases()
+@pytest.mark.skipif(not WORKLOAD_RUN.exists(),
+                    reason=f"calibration/{WORKLOAD_RUN.name} is not committed: the workload "
+                           "cases are not yet measured on the H200 (calibration/README.md)")
+def test_h200_workload_cases_meet_the_targets():
+    check_h200_workload_cases()
 
 
 def test_the_workload_check_fails_loudly_without_its_measured_file(tmp_path):

@@ -1,4 +1,5 @@
-"""The CUDA rules of DESIGN.md, one hand-built Program each, with exact times."""
+"""The CUDA rules of docs/design.md, one hand-built Program each, with exact times; and the
+engine's invariants on random single-step programs (tests/programs.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import subprocess
 import sys
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from programs import programs
 
 from simwar.core.program import (
     CpuWork,
@@ -138,43 +139,13 @@ def test_engine_imports_no_heavy_modules():
 
 
 # ---------------------------------------------------------------------------- invariants
-STREAMS = ["s0", "s1", "s2"]
-
-
-@st.composite
-def programs(draw):
-    ops = [StepMarker(0)]
-    n = draw(st.integers(1, 25))
-    for i in range(n):
-        kind = draw(st.sampled_from(["launch", "launch", "record", "wait", "waitstream", "sync",
-                                     "cpu"]))
-        s = draw(st.sampled_from(STREAMS))
-        host = draw(st.floats(0, 5))
-        if kind == "launch":
-            ops.append(Launch(s, K(f"k{i}", draw(st.floats(0, 50))), 0, host_us=host))
-        elif kind == "record":
-            ops.append(Record(f"e{draw(st.integers(0, 2))}", s, 0, host_us=host))
-        elif kind == "wait":
-            ops.append(WaitEvent(s, f"e{draw(st.integers(0, 2))}", 0, host_us=host,
-                                 latency_us=draw(st.floats(0, 5))))
-        elif kind == "waitstream":
-            o = draw(st.sampled_from(STREAMS))
-            ops.append(WaitStream(s, o, 0, host_us=host, latency_us=draw(st.floats(0, 5))))
-        elif kind == "sync":
-            ops.append(Synchronize(f"e{draw(st.integers(0, 2))}", 0, "x", host_us=host,
-                                   wake_us=draw(st.floats(0, 5))))
-        else:
-            ops.append(CpuWork("cpu", draw(st.floats(0, 30)), 0))
-    return Program(ops, streams=tuple(STREAMS))
-
-
 @settings(max_examples=150, deadline=None)
-@given(programs())
+@given(programs(max_ops=25, max_steps=1))
 def test_invariants_hold_for_random_programs(program):
     trace = run(program)
     # every device op ran, and nothing overlaps on a stream
     assert all(o.start_us >= 0 and o.end_us >= o.start_us for o in trace.ops)
-    for lane in STREAMS:
+    for lane in program.streams:
         k = sorted((o.start_us, o.end_us) for o in trace.ops if o.lane == lane)
         assert all(a[1] <= b[0] + 1e-9 for a, b in zip(k, k[1:]))
     by_id = {o.op_id: o for o in trace.ops}

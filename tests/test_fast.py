@@ -22,11 +22,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fast_programs import programs
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from strategies import programs as harness_programs
-from test_engine_semantics import programs as single_step_programs
+from programs import programs
 
 import simwar
 from simwar.analysis.hazards import detect
@@ -132,7 +130,7 @@ def test_simulate_engines_agree_on_every_result_field():
     assert a.hazards.races == b.hazards.races
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=60, deadline=None)
 @given(algorithm=st.sampled_from(["none", "eagle", "dflash", "dspark"]),
        barrier=st.sampled_from(["none", "coarse", "fine", "host_sync"]),
        placement=st.sampled_from(["after_launch", "loop_top"]),
@@ -172,24 +170,26 @@ def test_fast_equals_simpy_on_random_configs(algorithm, barrier, placement, exte
 
 
 # ---------------------------------------------------------------------------- random programs
-@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
-@given(programs())
+@settings(max_examples=500, deadline=None)
+@given(programs(max_ops=90, max_steps=6, irregular=True))
 def test_fast_equals_simpy_on_random_programs(program):
+    """Up to six steps, also irregular ones (ops labelled with a neighbouring step, markers
+    skipped or out of order, a graph relaunched with other nodes)."""
     assert_same_run(*reference(program), fast.run(program))
 
 
-@settings(max_examples=500, deadline=None, derandomize=True,
-          suppress_health_check=list(HealthCheck))
-@given(harness_programs())
+@settings(max_examples=500, deadline=None, derandomize=True)
+@given(programs())
 def test_fast_equals_simpy_on_the_random_program_generator_of_the_harness(program):
-    """The generator every executor is held to (tests/strategies.py): 1-5 streams, graphs with
-    in-graph records, waits and syncs, host costs and latencies."""
+    """The programs the harness's replay and the race detector are held to
+    (tests/test_random_programs.py): 1-5 streams, graphs with in-graph records, waits and
+    syncs, host costs and latencies."""
     assert_same_run(*reference(program), fast.run(program))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(single_step_programs())
-def test_fast_equals_simpy_on_the_engine_semantics_programs(program):
+@settings(max_examples=150, deadline=None)
+@given(programs(max_ops=25, max_steps=1))
+def test_fast_equals_simpy_on_random_single_step_programs(program):
     assert_same_run(*reference(program), fast.run(program))
 
 
@@ -197,9 +197,8 @@ def test_every_path_of_the_fast_executor_is_taken_by_the_random_programs():
     """Windowed and all-pairs race analysis, streamed and collected step windows."""
     seen = set()
 
-    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck),
-              database=None)
-    @given(programs())
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(programs(max_ops=90, max_steps=6, irregular=True))
     def collect(program):
         seen.update(fast.run(program).paths)
 

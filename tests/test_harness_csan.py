@@ -304,18 +304,17 @@ def test_shared_scratch_slot_would_be_reported(collector):
 
 
 def test_csan_handler_agrees_with_simwar_on_random_eager_programs(collector):
-    """On random all-eager programs (tests/strategies.py), CSAN's logic fed the CUDA backend's
+    """On random all-eager programs (tests/programs.py), CSAN's logic fed the CUDA backend's
     operators reports a shared buffer iff simwar finds a latent race (any step distance),
     on the same buffers, and never the harness's own tensors."""
-    from hypothesis import HealthCheck, given, settings
-    from strategies import programs
+    from hypothesis import given, settings
+    from programs import programs
 
     from simwar.analysis.hazards import detect
     from simwar.executors.engine import run
     from simwar.harness.csan import sanitize
 
-    @settings(max_examples=300, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(max_examples=300, deadline=None, derandomize=True)
     @given(programs(graphs=False))
     def check(program):
         r = sanitize(program, None, collector, backend=CsanModelBackend(collector))
