@@ -1,4 +1,4 @@
-"""The one atomic writer (simwar.core.files): whole files or nothing, no temporaries left, umask modes."""
+"""The one atomic writer (simwar.core.files): whole files or none, no temporaries, umask modes."""
 
 from __future__ import annotations
 

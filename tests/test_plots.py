@@ -242,13 +242,13 @@ def test_timeline_and_stall_figure_examine_only_their_window(runs, monkeypatch):
     from simwar.analysis import bubbles as walk
 
     seen = []
-    hops = walk._Walk.hops
+    hops = walk.BubbleWalk.hops
 
     def counting(self, kernel, start, end):
         seen.append(int(self.ops.step[kernel]))
         return hops(self, kernel, start, end)
 
-    monkeypatch.setattr(walk._Walk, "hops", counting)
+    monkeypatch.setattr(walk.BubbleWalk, "hops", counting)
     plots.stall_figure(runs["coarse"], WINDOW)
     # the window's bubbles, and those of the steps whose spans the zoom shows: not the run's
     assert set(range(WINDOW[0], WINDOW[1] + 1)) <= set(seen)

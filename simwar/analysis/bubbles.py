@@ -75,7 +75,7 @@ def bubbles(data, window: tuple[int, int] | None = None, min_us: float = 1.0) ->
     cause is found by walking the synchronization backwards from the forward
     that started late (see the module docstring).
     """
-    trace = views._trace(data)
+    trace = views.trace_of(data)
     if window is None and isinstance(data, views.Window):
         window = (data.first, data.last)
     fw = views.forwards(trace)
@@ -84,7 +84,7 @@ def bubbles(data, window: tuple[int, int] | None = None, min_us: float = 1.0) ->
     else:
         lo = int(np.searchsorted(fw.steps, window[0], side="left"))
         hi = int(np.searchsorted(fw.steps, window[1], side="right"))
-    walk = _Walk(trace)
+    walk = BubbleWalk(trace)
     out = []
     for i in range(max(lo, 1), hi):  # the first forward has no gap
         end = float(fw.start_us[i])
@@ -103,7 +103,7 @@ def story(data, b: Bubble) -> list[str]:
     """A bubble's cause as sentences, from the root wait to the forward that started late."""
     if not b.hops:
         return [b.cause]
-    walk = data if isinstance(data, _Walk) else _Walk(views._trace(data))
+    walk = data if isinstance(data, BubbleWalk) else BubbleWalk(views.trace_of(data))
     trace, ops = walk.trace, walk.ops
     fwd = b.hops[0].lane
     root = b.hops[-1]
@@ -135,7 +135,7 @@ def story(data, b: Bubble) -> list[str]:
     return lines
 
 
-class _Walk:
+class BubbleWalk:
     """The look-ups of the cause walk, on a trace's ids and per-lane op orders."""
 
     def __init__(self, trace: Trace):

@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from simwar.analysis.views import forward_kernels
 from simwar.core.trace import HOST, Call, OpKind, Trace
 
 KINDS = ("device", "cross_stream", "host", "host_api", "wake_up", "launch_latency",
@@ -427,8 +428,6 @@ class NoForward(ValueError):
 
 def forward_extents(trace: Trace):
     """Per step with forward work: (steps, first kernel op id, start, end), numpy arrays."""
-    from simwar.analysis.metrics import forward_kernels
-
     kern = forward_kernels(trace)
     if len(kern) == 0:
         raise NoForward("no forward work: the trace has no phased kernels on the forward "

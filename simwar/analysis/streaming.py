@@ -25,6 +25,8 @@ import math
 
 import numpy as np
 
+from simwar.analysis.metrics import BUCKET_METRICS, hazard_counts, request_latencies
+
 
 class QuantileSketch:
     """Quantiles of a stream of floats, exact for few distinct values (see the module doc)."""
@@ -224,8 +226,6 @@ class StreamingSummary:
             self._add_workload(m)
 
     def _add_workload(self, m: dict) -> None:
-        from simwar.analysis.metrics import BUCKET_METRICS, request_latencies
-
         self.batch_sum.add(m["batch_size"].astype(np.float64))
         self.accept_sum.add(m["accepted_tokens"])
         buckets = m["graph_bucket"]
@@ -250,8 +250,6 @@ class StreamingSummary:
         self.queue_sum.add(queue)
 
     def result(self, hazards=None) -> dict:
-        from simwar.analysis.metrics import hazard_counts
-
         meta = self.meta
         out: dict = {"name": meta.get("name", ""), "steps_measured": self.measured}
         if not self.measured:

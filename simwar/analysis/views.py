@@ -54,7 +54,7 @@ def _cached(trace: Trace, key: str, build):
     return store[key]
 
 
-def _trace(data) -> Trace:
+def trace_of(data) -> Trace:
     """The Trace of a Trace, a Window or a Result."""
     trace = getattr(data, "trace", data)
     if not isinstance(trace, Trace):
@@ -143,7 +143,7 @@ class Window:
 
 def window(trace: Trace, first: int, last: int) -> Window:
     """Steps ``first..last`` (inclusive) of ``trace``: O(window) Python work."""
-    return Window(_trace(trace), first, last)
+    return Window(trace_of(trace), first, last)
 
 
 # --------------------------------------------------------------------------- indexes
@@ -328,7 +328,7 @@ def launch_links(data) -> list[LaunchLink]:
     the span whose ``op`` is the kernel. Kernels whose call is unknown (-1: a
     capture without the launch) have no link.
     """
-    trace = _trace(data)
+    trace = trace_of(data)
     ops = trace.ops
     ids = data.ops if isinstance(data, Window) else np.arange(len(ops))
     kern = ids[(ops.kind[ids] == OpKind.KERNEL) & (ops.call[ids] >= 0)]
@@ -341,7 +341,7 @@ def launch_links(data) -> list[LaunchLink]:
 
 def graph_node(data, op_ids=None) -> np.ndarray:
     """Per op of ``op_ids`` (default: the window's or trace's ops): issued by a graph launch."""
-    trace = _trace(data)
+    trace = trace_of(data)
     if op_ids is None:
         if not isinstance(data, Window):
             return trace.graph_node()
@@ -357,7 +357,7 @@ def graph_node(data, op_ids=None) -> np.ndarray:
 def edges(data) -> list[Edge]:
     """:meth:`Trace.edges` of a Trace, or of a Window's ops (edges into them)."""
     if not isinstance(data, Window):
-        return _trace(data).edges()
+        return trace_of(data).edges()
     ops = data.trace.ops
     ids = data.ops
     kind, call, bound = ops.kind[ids], ops.call[ids], ops.bound[ids]

@@ -8,8 +8,9 @@ trace options (``--timeline``, ``--steps-window``, ``--trace``) live in
 to write them after.
 
 Imports: ``simwar.cli.common``, ``simwar.cli.outputs``, the engine names of
-``simwar.config.schema`` and ``simwar.core.files`` at the top; the simulator, the config schema, the analysis and tqdm inside the functions that use
-them (start-up time of the CLI). Never another command's module.
+``simwar.config.schema`` and ``simwar.core.files`` at the top; the simulator, the analysis
+and tqdm inside the functions that use them (start-up time of the CLI). Never another
+command's module.
 """
 
 from __future__ import annotations

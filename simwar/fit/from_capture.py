@@ -29,7 +29,7 @@ import numpy as np
 
 from simwar.capture.layout import Roles, step_layouts
 from simwar.capture.mapping import CPU_ITEMS, Mapping, unmatched_keys
-from simwar.config.schema import ConfigError, load_config
+from simwar.config import ConfigError, load_config
 from simwar.core.trace import OpKind, Trace
 from simwar.fit.durations import fit_values
 from simwar.fit.policy import POLICIES, PolicyInference, detect_roles, infer_policy

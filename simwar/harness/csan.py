@@ -232,6 +232,7 @@ def _sanitized_backend_class():
     global _BACKEND_CLASS
     if _BACKEND_CLASS is not None:
         return _BACKEND_CLASS
+    # lazy: simwar.harness.cuda imports torch, which the CPU tests of this module lack
     from simwar.harness.cuda import CudaBackend
 
     class SanitizedBackend(CudaBackend):
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         return 2
-    from simwar.harness.cuda import calibrate_device, device_info
+    from simwar.harness.cuda import calibrate_device, device_info  # lazy: imports torch
 
     files = sorted(args.programs.glob("*.json"))
     if args.only:

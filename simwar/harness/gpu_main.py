@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from simwar.harness.cuda import CudaBackend, calibrate_device
+    from simwar.harness.cuda import CudaBackend, calibrate_device  # lazy: imports torch
 
     if not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     t_all = time.time()
     if args.bench:
-        from simwar.harness.bench import run_benchmarks
+        from simwar.harness.bench import run_benchmarks  # lazy: imports torch
 
         bench = run_benchmarks()
         (args.out / "bench.json").write_text(json.dumps(bench, indent=1))

@@ -62,6 +62,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simwar import __version__
+from simwar.api import simulate  # imported once here, inherited by forked workers
 from simwar.config import (
     ConfigError,
     first_error,
@@ -273,8 +274,6 @@ def run_one(config: dict) -> dict:
 
     Module-level so process pools and Ray can ship it by reference.
     """
-    from simwar.api import simulate
-
     return jsonable(simulate(config).summary)
 
 
@@ -505,8 +504,6 @@ def _run_numbered(item: tuple[int, dict]) -> tuple[int, dict]:
 
 @contextlib.contextmanager
 def _process_pool(workers: int) -> Iterator[Executor]:
-    from simwar import api  # noqa: F401  (imported once here, inherited by forked workers)
-
     # multiprocessing.Pool rather than concurrent.futures: on Ctrl-C or an error it can
     # terminate runs in flight instead of waiting for them
     pool = _pool_context().Pool(workers, initializer=_ignore_interrupts)
