@@ -9,6 +9,7 @@
   the only module of simwar that imports torch.
 - ``bench``: primitive micro-benchmarks (torch).
 - ``gpu_main``: the entry point run on the GPU machine (torch + stdlib).
+- ``server`` (and ``server_*``): a mini-server of SGLang's overlap loop on real kernels (torch).
 - ``suite``: the committed suite of cases; ``fit``: calibration from measured
   traces and the sim-vs-real error table (these two import simwar's full
   stack and run where simulation runs).
