@@ -140,6 +140,7 @@ import gc
 import gzip
 import inspect
 import json
+import math
 import os
 import sys
 import tempfile
@@ -270,6 +271,8 @@ class Server:
         start = time.perf_counter()
         if sched.idle():
             with rf("scheduler.wait_requests"):
+                if math.isinf(sched.arrivals.next_time()):
+                    raise RuntimeError(f"{case.name}: nothing running and no request to come")
                 _wait_until(self.start + sched.arrivals.next_time())
                 col["wait_us"][k] = (time.perf_counter() - start) * 1e6
                 start = time.perf_counter()
