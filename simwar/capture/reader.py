@@ -93,6 +93,12 @@ def call_kind(name: str, issued_work: bool) -> Call:
     return Call.OTHER if kind is None else kind
 
 
+def copy_kind(name: str) -> str:
+    """A memcpy's kind as Kineto names it (``Memcpy DtoH (Device -> Pinned)``:
+    ``DtoH (Device -> Pinned)``); '' for anything else."""
+    return name[len("Memcpy "):] if name.startswith("Memcpy ") else ""
+
+
 class KinetoFormatError(ValueError):
     """The file is not a readable Kineto capture; the message is one line."""
 

@@ -211,7 +211,10 @@ def kineto_events(trace: Trace, origin_us: float = ORIGIN_US, cpu_ranges: bool =
             op = group[-1]  # after the tail record of a stream sync, if any
             corr += 1
             if op.bound >= 0 and trace.text(int(spans.site[call])) in style.blocking_sites:
-                yield from _blocking_copy(ops[op.bound], op, streams, ts, corr)
+                rec = ops[op.bound]
+                tail = max((o.end_us for o in ops[:op.op_id] if o.lane == rec.lane
+                            and o.kind is OpKind.KERNEL), default=rec.start_us)
+                yield from _blocking_copy(rec, op, streams, ts, corr, tail)
                 continue
             yield _runtime("cudaEventSynchronize", ts(op.start_us), op.end_us - op.start_us, corr)
             if op.bound >= 0:
@@ -440,13 +443,20 @@ def _graph_grids(trace: Trace) -> dict[int, list[int]]:
             if 0 <= int(spans.step[g]) < len(buckets)}
 
 
-def _blocking_copy(rec: _Op, sync: _Op, streams: dict, ts, corr: int) -> Iterator[dict]:
+def _blocking_copy(rec: _Op, sync: _Op, streams: dict, ts, corr: int,
+                   tail: float) -> Iterator[dict]:
     """A host synchronize written as the call that hides one: a ``cudaMemcpyAsync`` into a
-    pinned buffer that torch performs synchronously, issued on the record's stream (so it
-    runs when the work before the record is done) and returning when it ends."""
+    pinned buffer that torch performs synchronously, issued on the record's stream and
+    returning when it ends. ``tail``: the end of the work issued on that stream before the
+    call, which the copy queues behind; it must be the record's firing (the trace must be
+    one where the record is its stream's tail at the sync, or the copy could not end
+    inside the call)."""
+    start = max(tail, rec.start_us, sync.start_us)
+    if start > sync.end_us:
+        raise ValueError(f"op {sync.op_id}: its record is not the tail of {rec.lane} at the "
+                         f"sync (work runs there until {tail}): not a blocking copy")
     yield _runtime("cudaMemcpyAsync", ts(sync.start_us), sync.end_us - sync.start_us, corr)
     yield _flow("s", corr, PID, TID, ts(sync.start_us))
-    start = max(rec.start_us, sync.start_us)
     dur = min(2.0, max(0.0, (sync.end_us - start) / 2))
     stream = streams[rec.lane]
     yield {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)",

@@ -55,6 +55,7 @@ from simwar.capture.reader import (
     RuntimeCall,
     SyncEvent,
     call_kind,
+    copy_kind,
     read_capture,
 )
 from simwar.core.recorder import Recorder
@@ -69,6 +70,7 @@ class DeviceInfo(NamedTuple):
     grid: tuple
     block: tuple
     bytes: int
+    copy: str = ""  # a memcpy's kind (DtoH (Device -> Pinned), ...): reader.copy_kind
 
 
 @dataclass
@@ -500,7 +502,7 @@ class CaptureTraceBuilder:
         end = start + d.dur
         op = rec.op(OpKind.KERNEL, lane, step, d.name, issue=issue, start=start, end=end,
                     phase=phase, call=call)
-        self.device_info[op] = DeviceInfo(d.kind, d.grid, d.block, d.bytes)
+        self.device_info[op] = DeviceInfo(d.kind, d.grid, d.block, d.bytes, copy_kind(d.name))
         measured.add(lane, issue, start, end)
         return op
 

@@ -266,10 +266,10 @@ def _check(result, mapping, args, loaded, report, steps) -> dict:
     from simwar.fit.check import (  # lazy: start-up time
         accepted,
         bucket_rows,
+        bucket_steps_line,
         check_rows,
         format_rows,
         relaunch,
-        bucket_steps_line,
         summary_without,
     )
     from simwar.fit.from_capture import FitError, check_mapping  # lazy: start-up time of the CLI

@@ -139,7 +139,7 @@ def bucket_rows(capture: dict, simulated: dict, bounds: dict | None = None) -> l
         bound = max(bounds["gap_us"], bounds["gap_rel"] * abs(cg)) if math.isfinite(cg) \
             else bounds["gap_us"]
         ok = (math.isfinite(gap.error) and abs(gap.error) <= bound + 1e-9) if judged else None
-        rows.append(Row(f"  forward gap", f"by_bucket.{b}.fwd_gap_us_mean", cg, sg, gap.error,
+        rows.append(Row("  forward gap", f"by_bucket.{b}.fwd_gap_us_mean", cg, sg, gap.error,
                         "abs", bound if judged else None, ok))
     return rows
 
