@@ -3,6 +3,7 @@
 A mapping is a small YAML file (every key optional)::
 
     name: sglang-dspark-h200
+    preset: sglang                   # start from a preset (simwar.capture.presets)
     streams: {7: forward, 13: schedule, 20: copy}   # CUDA stream id -> lane
     forward_stream: forward          # lane (or stream id) whose kernels make a step's forward
     host_thread: 31337               # tid of the scheduler thread (default: most launches)
@@ -30,8 +31,9 @@ several GPUs; the lanes ``forward``, ``schedule``, ``plan`` and ``copy`` are
 the builder's streams (``simwar import --fit`` detects the forward, schedule and
 copy streams when they are not named). ``batch`` and ``graph_buckets`` give each step its
 batch and bucket (:mod:`simwar.capture.sizes`). A mapping may start from a preset
-(:mod:`simwar.capture.presets`): its keys replace the preset's, and the preset's own
-entries that match nothing in a capture are dropped there (:attr:`Mapping.soft`). Errors are
+(:mod:`simwar.capture.presets`; ``preset:`` in the file, or ``--preset``): its keys
+replace the preset's, and the preset's own entries that match nothing in a capture are
+dropped there (:attr:`Mapping.soft`). Errors are
 :class:`simwar.config.schema.ConfigError` with one line naming the file and key; a
 regex that matches nothing in a capture is checked where the capture is read
 (:func:`unmatched_keys`).
@@ -69,6 +71,8 @@ class Mapping(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = ""
+    #: the preset a mapping file starts from (``--preset`` names it on the command line)
+    preset: str | None = None
     streams: dict[str, str] = Field(default_factory=dict)
     forward_stream: str | None = None
     host_thread: int | None = None
@@ -89,16 +93,16 @@ class Mapping(BaseModel):
     #: what matches nothing of a capture is dropped from it (not an error)
     _soft: dict = PrivateAttr(default_factory=dict)
     #: the preset this mapping starts from ('' none) and why (``--preset``, detected)
-    _preset: tuple = PrivateAttr(default=("", ""))
+    _origin: tuple = PrivateAttr(default=("", ""))
 
     @property
     def soft(self) -> dict:
         return self._soft
 
     @property
-    def preset(self) -> tuple[str, str]:
+    def origin(self) -> tuple[str, str]:
         """``(name, how)``: the preset this mapping starts from ('' none) and why."""
-        return self._preset
+        return self._origin
 
     @field_validator("batch")
     @classmethod

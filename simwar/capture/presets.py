@@ -9,10 +9,11 @@ entries are optional in a capture: :func:`resolve` drops each one (a ``cpu``, ``
 mapping file's entry that matches nothing stays an error; its ``reads`` of a phase the
 capture lacks are dropped by the fit.
 
-Without ``--preset`` and without a mapping file, :func:`detect_preset` picks the preset whose
-CPU-stage and run_batch rules match the most distinct range names of the capture (at least
-two), and the import says so; with a mapping file and no ``--preset`` nothing is detected (the
-file says it all).
+A mapping file may name its preset (``preset: sglang``); ``--preset`` names it on the command
+line (both, and different, is an error). Without either and without a mapping file,
+:func:`detect_preset` picks the preset whose CPU-stage and run_batch rules match the most
+distinct range names of the capture (at least two), and the import says so; a mapping file
+that names no preset is read alone (it says it all).
 
 :func:`import_capture` reads a capture with the mapping so built: the capture first (its names
 decide the preset and what of it stays), then the trace.
@@ -76,15 +77,6 @@ def mapping_for(preset: str | None, source=None, annotation_names=None,
     entries that match none of them are dropped (:func:`resolve`).
     """
     how = "--preset"
-    if preset is None and source is None and annotation_names is not None:
-        found = detect_preset(annotation_names)
-        if found is not None:
-            preset, hits = found
-            shown = ", ".join(hits[:4]) + (", ..." if len(hits) > 4 else "")
-            how = f"detected from the capture's range names ({shown})"
-    if preset is None:
-        return load_mapping(source)
-    base = load_preset(preset)
     user: dict = {}
     label = "<mapping>"
     if isinstance(source, Mapping):
@@ -95,6 +87,22 @@ def mapping_for(preset: str | None, source=None, annotation_names=None,
         label = str(source)
         load_mapping(source)  # the file's own errors, naming the file
         user = read_yaml(source)
+    named = user.pop("preset", None)
+    if named is not None:
+        load_preset(named, f"{label}: preset")
+        if preset is not None and preset != named:
+            raise ConfigError(f"--preset {preset}: {label} names preset {named} (name one)")
+        if preset is None:
+            preset, how = named, f"named by {label}"
+    if preset is None and source is None and annotation_names is not None:
+        found = detect_preset(annotation_names)
+        if found is not None:
+            preset, hits = found
+            shown = ", ".join(hits[:4]) + (", ..." if len(hits) > 4 else "")
+            how = f"detected from the capture's range names ({shown})"
+    if preset is None:
+        return load_mapping(source)
+    base = load_preset(preset)
     try:
         mapping = Mapping(**{**base, **user})
     except ValidationError as e:  # a valid preset and a valid file may still conflict
@@ -109,7 +117,7 @@ def mapping_for(preset: str | None, source=None, annotation_names=None,
     if "reads" in base and "reads" not in user:
         soft["reads"] = set(base["reads"])
     mapping._soft = soft
-    mapping._preset = (preset, how)
+    mapping._origin = (preset, how)
     if annotation_names is not None:
         mapping = resolve(mapping, kernel_names or (), annotation_names)
     return mapping
@@ -146,7 +154,7 @@ def resolve(mapping: Mapping, kernel_names, annotation_names) -> Mapping:
     if "reads" in soft:
         kept["reads"] = soft["reads"]
     out._soft = kept
-    out._preset = mapping.preset
+    out._origin = mapping.origin
     return out
 
 
@@ -154,7 +162,7 @@ def import_capture(path, mapping=None, preset: str | None = None,
                    progress: ProgressFn | None = None) -> tuple[KinetoImport, Mapping]:
     """Read a capture with a preset and/or mapping (see the module docstring).
 
-    Returns the import and the mapping it was read with (its :attr:`Mapping.preset` says
+    Returns the import and the mapping it was read with (its :attr:`Mapping.origin` says
     which preset, and how it was chosen).
     """
     if preset is not None:
@@ -164,8 +172,7 @@ def import_capture(path, mapping=None, preset: str | None = None,
     cap = read_capture(path, progress)
     names = {a.name for a in cap.annotations}
     kernels = {d.name for d in cap.device_events}
-    m = mapping_for(preset, mapping, names, kernels) if (preset is not None or mapping is None) \
-        else load_mapping(mapping)
+    m = mapping_for(preset, mapping, names, kernels)
     result = build_trace(cap, m)
     result.trace.meta.setdefault("file", Path(path).name)
     return result, m
@@ -173,7 +180,7 @@ def import_capture(path, mapping=None, preset: str | None = None,
 
 def preset_line(mapping: Mapping) -> str:
     """One line on the preset a capture was read with ('' none)."""
-    name, how = mapping.preset
+    name, how = mapping.origin
     if not name:
         return ""
     soft = mapping.soft

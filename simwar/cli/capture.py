@@ -325,7 +325,7 @@ def _row_name(row) -> str:
 
 
 def _preset_label(mapping) -> str:
-    name, _ = mapping.preset
+    name, _ = mapping.origin
     return f"preset {name}" if name else "mapping"
 
 
@@ -334,7 +334,7 @@ def _mapping_report(mapping, sizes) -> dict:
     # lazy: start-up time of the CLI (the importer loads numpy)
     from simwar.capture.presets import preset_line
 
-    return {"preset": mapping.preset[0], "preset_line": preset_line(mapping),
+    return {"preset": mapping.origin[0], "preset_line": preset_line(mapping),
             "sizes": sizes.source, "size_notes": list(sizes.notes),
             "graph_buckets": sizes.buckets}
 

@@ -179,7 +179,7 @@ def _load_capture(p: Path, mapping: str | None, preset: str | None) -> Source:
 
     try:
         result, m = import_capture(p, mapping, preset)
-        sizes = step_sizes(result, m, mapping or (f"preset {m.preset[0]}" if m.preset[0]
+        sizes = step_sizes(result, m, mapping or (f"preset {m.origin[0]}" if m.origin[0]
                                                   else "mapping"))
     except (KinetoFormatError, SizesError, ConfigError) as e:
         raise UserError(str(e)) from None

@@ -188,13 +188,13 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
 
 
 def _mapping_label(mapping: Mapping) -> str:
-    name, _ = mapping.preset
+    name, _ = mapping.origin
     return f"preset {name}" if name else "mapping"
 
 
 def _with_reads(mapping: Mapping, reads: dict) -> Mapping:
     out = mapping.model_copy(update={"reads": reads})
-    out._soft, out._preset = mapping.soft, mapping.preset
+    out._soft, out._origin = mapping.soft, mapping.origin
     return out
 
 
@@ -403,7 +403,7 @@ def _r(v: float) -> float:
 def _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost, cpu_notes,
             capture, mapping_name, version, warm, mapping=None) -> list[str]:
     n_steps = len(trace.meta.get("step_names") or []) or len(all_lays)
-    preset, how = mapping.preset if mapping is not None else ("", "")
+    preset, how = mapping.origin if mapping is not None else ("", "")
     via = (f" with the mapping {mapping_name}" if mapping_name else "") + (
         f"{' on' if mapping_name else ' with'} the preset {preset} ({how})" if preset else "")
     args = (f"--preset {preset} " if preset and how == "--preset" else "") + (

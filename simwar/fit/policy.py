@@ -215,7 +215,8 @@ class EventIds:
     - a **fine** barrier waits again and again on the same few ids: ``read_done``, recorded by
       a node inside the publishing phase's graph (an external event, one per captured graph,
       so one id per bucket), or by an eager record of a reused event. The publishing unit is
-      the last unit that reads shared buffers launched before the wait (the publish rule);
+      the last unit that reads shared buffers (the publish rule; none declared: the last
+      graph);
       it publishes ``in_replay`` when it is a graph and the ids are no more than the buckets
       the steps ran (one per captured graph), else ``post_replay``;
     - a fresh id with no record call right before the wait fits no policy (and is said so).
@@ -239,13 +240,17 @@ class EventIds:
         self.seen: dict[str, set] = {}  # barrier -> event ids its votes waited on
 
     def publisher(self, k: int) -> int | None:
-        """The unit that publishes read-done in step ``k``: the last reading unit (the
-        last unit when no unit is declared to read)."""
+        """The unit that publishes read-done in step ``k``: the last reading unit (when no
+        unit is declared to read: the last graph, which an in-graph node needs, else the last
+        unit)."""
         units = self.lays[k].units
         if not units:
             return None
         reading = [i for i in self.readers if i < len(units)]
-        return max(reading) if reading else len(units) - 1
+        if reading:
+            return max(reading)
+        graphs = [i for i, u in enumerate(units) if u.graph is not None]
+        return graphs[-1] if graphs else len(units) - 1
 
     def publisher_is_graph(self, k: int) -> bool:
         unit = self.publisher(k)
@@ -305,11 +310,12 @@ class EventIds:
                     "by the call right before the wait (wait_stream(forward))" + tail)
         ids = sorted(self.seen.get("fine", ()), key=lambda x: (len(x), x))
         shown = ", ".join(ids[:4]) + (" ..." if len(ids) > 4 else "")
-        where = (f"one per captured graph of {name} ({len(ids)} ids, {self.buckets} "
-                 f"bucket(s)): its in-graph record node"
+        n = f"{len(ids)} id{'s' if len(ids) != 1 else ''} for {self.buckets} " \
+            f"bucket{'s' if self.buckets != 1 else ''}"
+        where = (f"one per captured graph of {name} ({n}): its in-graph record node"
                  if position == "in_replay" else
-                 f"more than one per captured graph of {name} ({len(ids)} ids, {self.buckets} "
-                 f"bucket(s)), or {name} is eager: an eager record of a reused event after it")
+                 f"more than one per captured graph of {name} ({n}), or {name} is eager: an "
+                 f"eager record of a reused event after it")
         return (f"the schedule stream's wait_event waits step after step on the same event "
                 f"ids ({shown}), {where} (a wait_stream waits on a fresh event each step)"
                 + tail)

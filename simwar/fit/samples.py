@@ -160,14 +160,30 @@ def _call_costs(trace: Trace, lays, s: Samples) -> None:
 
 
 def _binds(trace: Trace, wait_call: int, record_call: int) -> bool:
-    """The wait issued by ``wait_call`` binds to the record of ``record_call`` (a capture
-    whose waits name no record pairs nothing: ``wait_stream_us`` is then record + wait)."""
+    """The wait issued by ``wait_call`` binds to the record of ``record_call``; a wait bound
+    to no record (record correlation ids -1) pairs with the record right before it when its
+    event is fresh (no other wait waits on it: torch's wait_stream records a new event)."""
     ops = trace.ops
     waits = [o for o in ops_of_call(trace, wait_call) if ops.kind[o] == OpKind.WAIT]
     if not waits:
         return False
     b = int(ops.bound[waits[0]])
-    return b >= 0 and int(ops.call[b]) == record_call
+    if b < 0:
+        ev = int(ops.event[waits[0]])
+        return ev != trace.code("") and _wait_counts(trace).get(ev, 0) == 1
+    return int(ops.call[b]) == record_call
+
+
+def _wait_counts(trace: Trace) -> dict[int, int]:
+    """Per event (code): how many wait ops wait on it (kept on the Trace, built once)."""
+    counts = trace.__dict__.get("_simwar_wait_counts")
+    if counts is None:
+        ops = trace.ops
+        waits = ops.event[ops.kind == OpKind.WAIT]
+        codes, n = np.unique(waits, return_counts=True)
+        counts = dict(zip(codes.tolist(), n.tolist()))
+        trace.__dict__["_simwar_wait_counts"] = counts
+    return counts
 
 
 def _sync_costs(trace: Trace, lays, s: Samples) -> None:
@@ -228,8 +244,12 @@ def _cross_stream(trace: Trace, lays, s: Samples) -> None:
         prev_end = float(ops.end_us[prev.units[-1].ops[-1]])
         if ops.issue_us[f] < w_end and prev_end < w_end:  # the forward was held by the writes
             s.add("costs.cross_stream_us", float(ops.start_us[f]) - w_end, k)
-        w0 = lay.sched_ops[0]
-        if ops.issue_us[w0] < prev_end and ops.start_us[w0] > prev_end:  # writes held
+        # the schedule stream's first work held behind the forward (a barrier's): the previous
+        # result's writes (issued after the barrier) or this step's writes
+        held = [o for o in prev.result_ops + lay.sched_ops
+                if ops.issue_us[o] < prev_end < ops.start_us[o]]
+        if held:
+            w0 = min(held, key=lambda o: float(ops.start_us[o]))
             s.add("costs.cross_stream_us", float(ops.start_us[w0]) - prev_end, k)
 
 
