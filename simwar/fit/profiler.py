@@ -123,6 +123,8 @@ def rescale_to(cfg: dict, step_us: float, tol: float = 1e-3) -> tuple[dict, floa
         return float(simulate(scale_device(cfg, f)).summary["step_us_mean"])
 
     f0, s0 = 1.0, step_of(1.0)
+    if abs(s0 - step_us) <= tol * step_us:
+        return copy.deepcopy(cfg), 1.0, s0
     f1 = step_us / s0
     s1 = step_of(f1)
     for _ in range(8):

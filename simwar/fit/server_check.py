@@ -8,8 +8,10 @@
   ``--preset sglang`` and no mapping (:func:`simwar.capture.presets.import_capture`), fitted
   with :func:`simwar.fit.from_capture.fit_model` (policy from the capture's event ids, the
   durations affine in the batch or bucket, its own batch sequence as the workload);
-- ``fit_ramp.metrics.json``: the same run un-profiled; its mean step time rescales the fit's
-  device time (``--unprofiled-step-us``: CUPTI makes graph kernels a few percent longer);
+- ``fit_ramp.metrics.json``: the same load un-profiled; its step time rescales the fit's
+  device time (``--unprofiled-step-us``: CUPTI makes graph kernels a few percent longer): its
+  per-bucket mean step times weighted by the capture's own steps per bucket (the two runs'
+  batch sequences differ, as the host's timing does), or its mean without per-bucket figures;
 - ``loads_<light|medium|saturated>_<fine|coarse|none>_r<i>.metrics.json``: each load and
   barrier, measured without the profiler, repeated (``r0``, ``r1``, ...).
 
@@ -40,7 +42,11 @@ import numpy as np
 
 from simwar.api import simulate
 from simwar.capture.presets import import_capture
+from simwar.capture.sizes import step_sizes
+from simwar.capture.stalls import import_report
+from simwar.fit.check import summary_without
 from simwar.fit.from_capture import fit_model
+from simwar.fit.profiler import profiler_steps
 
 #: the committed captures and measurements (a source checkout's; elsewhere pass the folder)
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "server"
@@ -175,6 +181,23 @@ def compare(measured: dict, predicted: dict, barrier: str) -> dict:
     return rows
 
 
+def unprofiled_step_us(imp, mapping, timed: dict) -> float:
+    """The un-profiled run's step time over the capture's own mix of buckets (see the
+    module docstring): per bucket its mean, weighted by the capture's measured steps there."""
+    per = timed.get("per_bucket") or {}
+    if per:
+        sizes = step_sizes(imp, mapping)
+        sizes.apply(imp.trace)
+        steps, _ = import_report(imp)
+        cap = summary_without(steps, imp.trace.meta, None, profiler_steps(imp))
+        counts = {int(b): v["steps"] for b, v in (cap.get("by_bucket") or {}).items()}
+        pairs = [(counts[int(b)], float(v["step_us_mean"])) for b, v in per.items()
+                 if int(b) in counts and v.get("step_us_mean") is not None]
+        if pairs and sum(n for n, _ in pairs) > 0:
+            return float(np.average([x for _, x in pairs], weights=[n for n, _ in pairs]))
+    return float(timed["step_us_mean"])
+
+
 def evaluate(folder: Path | None = None) -> dict:
     """Fit, predict every measured load and barrier, compare (see the module docstring)."""
     folder = Path(folder or DEFAULT_DIR)
@@ -189,7 +212,7 @@ def evaluate(folder: Path | None = None) -> dict:
     timed = folder / FIT_TIMED
     unprofiled = None
     if timed.exists():
-        unprofiled = float(json.loads(timed.read_text())["summary"]["step_us_mean"])
+        unprofiled = unprofiled_step_us(imp, mapping, json.loads(timed.read_text())["summary"])
     fit = fit_model(imp, mapping, capture=capture.name, unprofiled_step_us=unprofiled)
     out = {"fit": {"policy": fit.policy.__dict__, "roles": dict(fit.roles),
                    "scale": fit.scale, "unprofiled_step_us": unprofiled,
