@@ -284,13 +284,13 @@ class EventIds:
             if recorded:
                 self.seen.setdefault("coarse", set()).add(name)
                 return ("coarse", placement, None, None, "event id")
-            return (f"step {k}: the {lane} stream waits on {name}, which no other step waits "
+            return (f"step {k}: {lane} waits on {name}, which no other step waits "
                     f"on (not an in-graph node, whose id recurs) and which no record call "
                     f"right before the wait recorded (not wait_stream): an event-id pattern "
                     f"of no barrier policy")
         unit = self.publisher(k)
         if unit is None:
-            return f"step {k}: the {lane} stream waits on {name} before any phase launched"
+            return f"step {k}: {lane} waits on {name} before any phase launched"
         self.seen.setdefault("fine", set()).add(name)
         return ("fine", placement, unit, "in_replay" if self.publisher_is_graph(k)
                 else "post_replay", "event id")
