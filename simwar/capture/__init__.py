@@ -4,6 +4,9 @@
 - :mod:`.to_trace`: a ``Capture`` and a mapping → the Trace (:func:`import_kineto`),
   with :mod:`.device_times` inferring when records fired and waits released;
 - :mod:`.mapping`: the YAML mapping of streams, steps, phases and sync sites;
+- :mod:`.presets`: mappings shipped for known servers (SGLang, vLLM), their detection,
+  and :func:`~simwar.capture.presets.import_capture`, which reads a capture with them;
+- :mod:`.sizes`: each step's batch and graph bucket (a ``batch`` regex, the graphs that ran);
 - :mod:`.stalls`: step metrics plus HTA's idle breakdown (:mod:`simwar.analysis.idle`)
   of an import;
 - :mod:`.layout`: which host call is which in each step of any Trace (what
