@@ -64,6 +64,12 @@ CASES = {
                      "output_tokens": {"dist": "uniform", "low": 16, "high": 96},
                      "graph_buckets": BUCKETS}, **SCALING}, False),
     "loop_top_2.11": ("dspark_fine_bimodal.yaml", {"policy.placement": "loop_top"}, False),
+    # the barrier's record is a host record after the graph launch (post-replay), and the
+    # legacy host sync at the loop top: their places, as the record ids are -1
+    "eagle_post_replay_2.11": ("eagle_fine_draft_extend_post_replay.yaml", {
+        "workload": {"batch_sizes": SWEEP, "graph_buckets": BUCKETS}, **SCALING}, False),
+    "dflash_host_sync_2.11": ("dflash_legacy_host_sync.yaml", {
+        "workload": {"batch_sizes": SWEEP, "graph_buckets": BUCKETS}, **SCALING}, False),
 }
 
 
@@ -110,7 +116,7 @@ def test_fit_follows_the_batch_and_reproduces_each_bucket(case, tmp_path):
     assert fit.policy.barrier == meta["barrier_effective"]
     if fit.policy.barrier != "none":
         assert fit.policy.placement == sim.config.policy.placement
-    if fit.policy.barrier == "fine":
+    if fit.policy.barrier in ("fine", "host_sync"):
         assert fit.config["phases"][fit.policy.unit]["name"] == meta["publish_phase"]
         assert fit.policy.position == meta["publish_position"]
     # the workload: the capture's own batches, to its last forward

@@ -69,8 +69,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default="best", help="distribution --fit writes (default: best by KS)")
     p.add_argument("--policy", metavar="BARRIER",
                    help="the barrier policy for --fit when the capture cannot show it (no CUDA "
-                        "sync events, or none that name their record): fine, coarse, none or "
-                        "host_sync")
+                        "sync events, or none that name a record or an event): fine, coarse, "
+                        "none or host_sync")
     p.add_argument("--unprofiled-step-us", type=float, default=None, metavar="US",
                    help="with --fit: the loop's mean step time without the profiler (from the "
                         "server's own log); every device time is rescaled to meet it")

@@ -156,8 +156,7 @@ def infer_policy(trace: Trace, lays: dict[int, StepLayout], roles: Roles,
                 unbound += 1
                 if s in (lay.top_sync, lay.post_sync):  # a barrier sync by its place
                     found.append(("host_sync", "loop_top" if s == lay.top_sync
-                                  else "after_launch", ids.publisher(k), "in_replay"
-                                  if ids.publisher_is_graph(k) else "post_replay",
+                                  else "after_launch", ids.publisher(k), ids.position(k),
                                   "place"))
                 continue
             if ops.lane[b] == fwd:
@@ -184,7 +183,7 @@ def infer_policy(trace: Trace, lays: dict[int, StepLayout], roles: Roles,
         if how == "event id" and position == "in_replay" \
                 and len(ids.seen.get("fine", ())) > ids.buckets:
             position = "post_replay"  # more ids than captured graphs: an eager record
-        evidence = ids.evidence(barrier, unit, position, how, n, total)
+        evidence = ids.evidence(barrier, unit, position, how, n, total, placement == "loop_top")
         if placement == "loop_top":
             evidence += "; at the top of the next iteration (loop_top)"
         return PolicyInference(barrier, placement, unit, position, "capture", evidence)
@@ -256,6 +255,27 @@ class EventIds:
         unit = self.publisher(k)
         return unit is not None and self.lays[k].units[unit].graph is not None
 
+    def position(self, k: int) -> str:
+        """Where the publishing unit of step ``k`` records read-done: ``in_replay`` (a node of
+        its graph) unless a host record follows its graph launch (a record call right after
+        it that is not a wait_stream's: an eager record, ``post_replay``), or it is eager."""
+        unit = self.publisher(k)
+        lay = self.lays[k]
+        if unit is None or lay.units[unit].graph is None:
+            return "post_replay"
+        spans = self.trace.spans
+        calls = [c for c in lay.calls if spans.call[c] != Call.OTHER]
+        g = lay.units[unit].graph
+        i = calls.index(g) if g in calls else -1
+        nxt = calls[i + 1] if 0 <= i < len(calls) - 1 else None
+        if nxt is None or spans.call[nxt] != Call.RECORD:
+            return "in_replay"
+        after = calls[i + 2] if i + 2 < len(calls) else None
+        if after is not None and spans.call[after] == Call.WAIT_EVENT and _binds_fresh(
+                self.trace, after, self.steps_of):
+            return "in_replay"  # the record is a wait_stream's (a fresh event, waited next)
+        return "post_replay"
+
     def _previous_call(self, lay: StepLayout, call: int) -> int | None:
         """The host call right before ``call`` (calls of no known kind, such as
         ``cudaStreamIsCapturing``, skipped)."""
@@ -292,19 +312,24 @@ class EventIds:
         if unit is None:
             return f"step {k}: {lane} waits on {name} before any phase launched"
         self.seen.setdefault("fine", set()).add(name)
-        return ("fine", placement, unit, "in_replay" if self.publisher_is_graph(k)
-                else "post_replay", "event id")
+        return ("fine", placement, unit, self.position(k), "event id")
 
-    def evidence(self, barrier: str, unit, position, how: str, n: int, total: int) -> str:
-        """The header's sentence for a policy read from event ids (or a sync's place)."""
+    def evidence(self, barrier: str, unit, position, how: str, n: int, total: int,
+                 top: bool = False) -> str:
+        """The header's sentence for a policy read from event ids (or a sync's place;
+        ``top``: at the loop top)."""
         first = self.lays[min(self.lays)]
         name = first.units[unit].phase if unit is not None and unit < len(first.units) else ""
         tail = (f", in {n} of {total} steps (the record correlation ids are -1: read from the "
                 f"event ids)")
         if how == "place":
-            return (f"the host synchronizes between the forward's launches and the result "
-                    f"sync (a record this capture does not bind; taken as read-done of "
-                    f"{name})" + tail.replace("event ids", "sync's place"))
+            where = ("at the top of the iteration, before the schedule launches" if top
+                     else "between the forward's launches and the result sync")
+            return (f"the host synchronizes {where}, on a record this capture does not bind "
+                    f"(taken as read-done of {name}, {position}: "
+                    + ("a host record follows its graph launch)" if position == "post_replay"
+                       else "no host record follows its graph launch)")
+                    + tail.replace("event ids", "sync's place"))
         if barrier == "coarse":
             return ("the schedule stream waits on a fresh event each step (a new id), recorded "
                     "by the call right before the wait (wait_stream(forward))" + tail)
@@ -319,6 +344,15 @@ class EventIds:
         return (f"the schedule stream's wait_event waits step after step on the same event "
                 f"ids ({shown}), {where} (a wait_stream waits on a fresh event each step)"
                 + tail)
+
+
+def _binds_fresh(trace: Trace, wait_call: int, steps_of: dict) -> bool:
+    """The wait issued by ``wait_call`` waits on an event no other step waits on."""
+    ops = trace.ops
+    for o in ops_of_call(trace, wait_call):
+        if ops.kind[o] == OpKind.WAIT:
+            return len(steps_of.get(int(ops.event[o]), ())) <= 1
+    return False
 
 
 def _is_graph(lays, steps, unit) -> bool:
