@@ -257,24 +257,31 @@ class EventIds:
 
     def position(self, k: int) -> str:
         """Where the publishing unit of step ``k`` records read-done: ``in_replay`` (a node of
-        its graph) unless a host record follows its graph launch (a record call right after
-        it that is not a wait_stream's: an eager record, ``post_replay``), or it is eager."""
+        its graph), unless its graph launch alone is followed by a host record (a record call
+        right after it that is not a wait_stream's, where no other graph launch of the step is
+        followed by one: an instrumented loop records after every launch): an eager record,
+        ``post_replay``; an eager unit publishes ``post_replay``."""
         unit = self.publisher(k)
         lay = self.lays[k]
         if unit is None or lay.units[unit].graph is None:
             return "post_replay"
         spans = self.trace.spans
         calls = [c for c in lay.calls if spans.call[c] != Call.OTHER]
-        g = lay.units[unit].graph
-        i = calls.index(g) if g in calls else -1
-        nxt = calls[i + 1] if 0 <= i < len(calls) - 1 else None
-        if nxt is None or spans.call[nxt] != Call.RECORD:
-            return "in_replay"
-        after = calls[i + 2] if i + 2 < len(calls) else None
-        if after is not None and spans.call[after] == Call.WAIT_EVENT and _binds_fresh(
-                self.trace, after, self.steps_of):
-            return "in_replay"  # the record is a wait_stream's (a fresh event, waited next)
-        return "post_replay"
+
+        def record_after(g: int) -> bool:
+            i = calls.index(g) if g in calls else -1
+            if not 0 <= i < len(calls) - 1 or spans.call[calls[i + 1]] != Call.RECORD:
+                return False
+            after = calls[i + 2] if i + 2 < len(calls) else None
+            # a wait_stream's record: a fresh event, waited on by the next call
+            return not (after is not None and spans.call[after] == Call.WAIT_EVENT
+                        and _binds_fresh(self.trace, after, self.steps_of))
+
+        mine = lay.units[unit].graph
+        others = [u.graph for u in lay.units if u.graph is not None and u.graph != mine]
+        if record_after(mine) and not any(record_after(g) for g in others):
+            return "post_replay"
+        return "in_replay"
 
     def _previous_call(self, lay: StepLayout, call: int) -> int | None:
         """The host call right before ``call`` (calls of no known kind, such as
