@@ -10,6 +10,7 @@ A mapping is a small YAML file (every key optional)::
     steps: '^ProfilerStep#\\d+$'     # annotation regex that delimits decode steps
     run_batch: '^run_batch$'         # annotation whose start is the run_batch marker
     batch: '^decode bs=(\\d+)$'      # one group: each step's batch, from a range in it
+    idle: '^wait_requests$'          # ranges where the loop waits for requests (left out)
     graph_buckets: [8, 16, 32, 64]   # the captured graphs' batch sizes (simwar.capture.sizes)
     phases:                          # regex -> phase, tried in order on the kernel name,
       'draft': draft                 #   then on the annotations enclosing its launch
@@ -79,6 +80,7 @@ class Mapping(BaseModel):
     steps: str = PROFILER_STEP
     run_batch: str | None = None
     batch: str | None = None
+    idle: str | None = None
     graph_buckets: list[int] | None = None
     phases: dict[str, str] = Field(default_factory=dict)
     default_phase: str | None = None
@@ -148,7 +150,7 @@ class Mapping(BaseModel):
     def _forward(cls, v: Any) -> Any:
         return None if v is None else str(v)
 
-    @field_validator("steps", "run_batch")
+    @field_validator("steps", "run_batch", "idle")
     @classmethod
     def _regex(cls, v: str | None) -> str | None:
         if v is not None:
@@ -218,8 +220,8 @@ def unmatched_keys(mapping: Mapping, kernel_names, annotation_names) -> list[str
     """The mapping's regexes that match nothing in a capture, one sentence each.
 
     ``phases`` rules are tried on kernel names and annotation names (as the
-    importer does), ``sites``, ``cpu``, ``steps``, ``run_batch`` and ``batch`` on annotation
-    names. Each sentence names the key and how many candidates there were. A preset's
+    importer does), ``sites``, ``cpu``, ``steps``, ``run_batch``, ``batch`` and ``idle`` on
+    annotation names. Each sentence names the key and how many candidates there were. A preset's
     entries (:attr:`Mapping.soft`) are optional and never listed.
     """
     kernels = sorted(set(kernel_names))
@@ -244,8 +246,9 @@ def unmatched_keys(mapping: Mapping, kernel_names, annotation_names) -> list[str
     check("steps", mapping.steps, notes, "annotation names")
     if mapping.run_batch is not None:
         check("run_batch", mapping.run_batch, notes, "annotation names")
-    if mapping.batch is not None:
-        check("batch", mapping.batch, notes, "annotation names")
+    for key in ("batch", "idle"):
+        if getattr(mapping, key) is not None:
+            check(key, getattr(mapping, key), notes, "annotation names")
     return out
 
 

@@ -5,7 +5,7 @@ holding a server's own range names. :func:`mapping_for` builds the mapping a cap
 with: the preset's keys, then a mapping file's, each of which replaces the preset's key of
 the same name (``cpu:`` in the file replaces the preset's whole ``cpu``). The preset's own
 entries are optional in a capture: :func:`resolve` drops each one (a ``cpu``, ``phases`` or
-``sites`` rule, ``batch``, ``run_batch``) that matches nothing the capture holds, where a
+``sites`` rule, ``batch``, ``run_batch``, ``idle``) that matches nothing the capture holds, where a
 mapping file's entry that matches nothing stays an error; its ``reads`` of a phase the
 capture lacks are dropped by the fit.
 
@@ -37,7 +37,7 @@ from simwar.config import ConfigError, first_error, read_yaml
 PRESET_DIR = Path(__file__).resolve().parents[1] / "data" / "presets"
 #: the keys a preset's entries are dropped from when they match nothing (dicts by pattern)
 SOFT_DICTS = ("phases", "sites", "cpu")
-SOFT_REGEXES = ("batch", "run_batch")
+SOFT_REGEXES = ("batch", "run_batch", "idle")
 
 
 def preset_names() -> list[str]:

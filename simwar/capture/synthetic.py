@@ -28,7 +28,8 @@ A :class:`Style` changes what is written, to stand for other servers and profile
 ``names`` (``bare``: the names above; ``sglang``: SGLang's ``scheduler.<stage>`` ranges,
 ``scheduler.run_batch`` and one range per phase named after it, as a real SGLang server and
 the mini-server write them; ``vllm``: vLLM's ``gpu_model_runner: <stage>`` ranges);
-``batch_ranges`` (a ``decode bs=<B>`` range around each step's phases, B the step's batch);
+``batch_ranges`` (a ``decode bs=<B>`` range around each step's phases, B the step's batch;
+with ``sglang`` names, an arrivals run's wait for requests is ``scheduler.wait_requests``);
 ``record_ids=False`` (as PyTorch 2.11 writes CUDA sync events: no record correlation id and
 no ``wait_on_stream``, only the event id, with torch's reuse: a ``wait_stream`` records a
 fresh event every time, an in-graph node is one event per captured graph, a per-step event
@@ -76,7 +77,8 @@ SGLANG_CPU_MAPPING = {f"^{name}$": item for item, name in SGLANG_RANGES.items()}
 #: of each phase (``"*"``: any phase not named; None: no phase ranges)
 RANGE_NAMES = {
     "bare": {"cpu": SGLANG_RANGES, "run_batch": "run_batch", "phases": None},
-    "sglang": {"cpu": {item: f"scheduler.{name}" for item, name in SGLANG_RANGES.items()},
+    "sglang": {"cpu": {**{item: f"scheduler.{name}" for item, name in SGLANG_RANGES.items()},
+                       "wait_requests": "scheduler.wait_requests"},
                "run_batch": "scheduler.run_batch", "phases": {"*": None}},
     "vllm": {"cpu": {"prepare": "gpu_model_runner: preprocess"}, "run_batch": None,
              "phases": {"draft": "gpu_model_runner: draft", "sample": "gpu_model_runner: sample",
@@ -323,8 +325,8 @@ def sglang_cpu_ranges(trace: Trace, names: dict | None = None) -> list[tuple[str
     for k, items in sorted(by_step.items()):
         cpu = {label: (a, b) for a, b, call, label, _ in items if call == Call.CPU}
         for a, b, call, label, _ in items:
-            if call == Call.CPU and label == "ingest" and names.get("ingest"):
-                out.append((names["ingest"], a, b))
+            if call == Call.CPU and label in ("ingest", "wait_requests") and names.get(label):
+                out.append((names[label], a, b))
         rb_t = launch_at.get(k)
         if rb_t is not None:
             end = max((b for a, b, *_ in items if a < rb_t), default=None)

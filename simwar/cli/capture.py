@@ -273,7 +273,7 @@ def _check(result, mapping, args, loaded, report, steps) -> dict:
         summary_without,
     )
     from simwar.fit.from_capture import FitError, check_mapping  # lazy: start-up time of the CLI
-    from simwar.fit.profiler import left_out_line, profiler_steps  # lazy: start-up time
+    from simwar.fit.profiler import left_out_line, left_out_steps  # lazy: start-up time
 
     try:
         check_mapping(result, mapping, args.mapping or _preset_label(mapping))
@@ -285,7 +285,7 @@ def _check(result, mapping, args, loaded, report, steps) -> dict:
     sim = simulate(cfg)
     label = run_label(cfg.name, items)
     warm = int(result.trace.meta.get("warmup_steps", 0))
-    left = {k: v for k, v in profiler_steps(result).items() if k >= warm}
+    left = {k: v for k, v in left_out_steps(result, mapping).items() if k >= warm}
     captured = summary_without(steps, result.trace.meta, None, left)
     summary = summary_without(sim.columns if sim.columns is not None else sim.steps, sim.meta,
                               sim.hazards, left)
@@ -299,7 +299,7 @@ def _check(result, mapping, args, loaded, report, steps) -> dict:
     lines = [head]
     note = left_out_line(left)
     if note:
-        lines.append(f"  left out            {note}, and the step after each, on both sides")
+        lines.append(f"  left out            {note}, and the steps around each, on both sides")
     per = bucket_steps_line(captured, summary)
     if per:
         lines.append(per)

@@ -14,8 +14,10 @@ compared per graph bucket (:func:`bucket_rows`): each bucket's mean step time wi
 mean forward gap within max(10 µs, 10 %), judged where both sides ran the bucket at least
 :data:`BUCKET_MIN_STEPS` times.
 
-Steps the profiler stalled (:func:`simwar.fit.profiler.profiler_steps`) are left out of both
-sides, with the step after each (whose forward gap the stall delays): :func:`summary_without`.
+Steps that are not the loop's own (the profiler's stalls, the loop waiting for requests:
+:func:`simwar.fit.profiler.left_out_steps`) are left out of both sides, with the steps before
+and after each (a stall in iteration k delays forward k or k+1: the step time of k-1 or k, the
+forward gap of k or k+1): :func:`summary_without`.
 
 A capture whose mapping names no ``run_batch`` annotation times each launch at the
 forward's first launch call (the importer's rule); :func:`relaunch` re-times a
@@ -157,16 +159,20 @@ def bucket_steps_line(capture: dict, simulated: dict) -> str:
 
 def summary_without(columns, meta: dict, hazards, steps) -> dict:
     """A run's summary (:func:`simwar.analysis.metrics.summarize`) with the rows of
-    ``steps``, and of the step after each, left out (see the module docstring)."""
+    ``steps``, and of the steps before and after each, left out (see the module docstring)."""
     drop = set(steps)
     if not drop:
         return summarize(columns, meta, hazards)
     cols = {k: np.array(v, copy=True) for k, v in _columns(columns).items()}
     if "step_us" in cols:
-        gone = np.isin(cols["step"], sorted(drop | {k + 1 for k in drop}))
+        gone = np.isin(cols["step"], sorted(_around(drop)))
         cols["step_us"] = cols["step_us"].astype(np.float64)
         cols["step_us"][gone] = np.nan
     return summarize(cols, meta, hazards)
+
+
+def _around(steps) -> set[int]:
+    return {k + d for k in steps for d in (-1, 0, 1)}
 
 
 def _columns(table) -> dict:
@@ -204,7 +210,7 @@ def relaunch(trace, summary: dict, drop=()) -> dict:
     The builder marks ``run_batch`` before the forward's stream wait and first phase's
     dispatch; a capture without a ``run_batch`` annotation can only time the first forward
     launch. Launch lead, run-ahead fraction and launch-ahead depth are recomputed on the
-    measured steps with that launch time (without the rows of ``drop`` and the step after
+    measured steps with that launch time (without the rows of ``drop`` and the steps around
     each, as :func:`summary_without`).
     """
     df = step_frame(trace)
@@ -222,7 +228,7 @@ def relaunch(trace, summary: dict, drop=()) -> dict:
     df["launch_ahead"] = launch_ahead_depth(end, launch)
     m = measured(df, int(trace.meta.get("warmup_steps", 0)))
     if drop:
-        m = m[~m.step.isin(sorted(set(drop) | {k + 1 for k in drop}))]
+        m = m[~m.step.isin(sorted(_around(drop)))]
     lead, ahead = m.launch_lead_us.dropna(), m.launch_ahead.dropna()
     out = dict(summary)
     out.update({"launch_lead_us_mean": float(lead.mean()) if len(lead) else float("nan"),

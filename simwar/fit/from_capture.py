@@ -40,7 +40,7 @@ from simwar.core.trace import OpKind, Trace
 from simwar.fit.affine import SizedFit, fit_sized
 from simwar.fit.durations import fit_values
 from simwar.fit.policy import POLICIES, PolicyInference, detect_roles, infer_policy
-from simwar.fit.profiler import CUPTI_NOTE, RescaleError, left_out_line, profiler_steps, rescale_to
+from simwar.fit.profiler import CUPTI_NOTE, RescaleError, left_out_line, left_out_steps, rescale_to
 from simwar.fit.samples import COST_DEFAULTS, Samples, sample_cpu_work, sample_device_and_costs
 
 #: steps of a fitted config, and its warm-up
@@ -114,7 +114,7 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
     except SizesError as e:
         raise FitError(str(e)) from None
     sizes.apply(trace)
-    left_out = profiler_steps(imp)
+    left_out = left_out_steps(imp, mapping)
     roles, role_notes = detect_roles(trace, mapping)
     all_lays = step_layouts(trace, roles)
     warm = int(trace.meta.get("warmup_steps", 0))
@@ -464,7 +464,7 @@ def _sized_header(sizes: CaptureSizes, fits: dict, left_out: dict, counted: set,
     lines = []
     left = left_out_line(left_out, {k for k in counted if k >= warm})
     if left:
-        lines.append(f"Profiler: {left} (not the loop's; --check leaves them out too).")
+        lines.append(f"Left out: {left} (--check leaves them out too).")
     lines.append(f"Profiler: {CUPTI_NOTE}.")
     if unprofiled is not None:
         lines.append(f"  --unprofiled-step-us {unprofiled:g}: every device time x {scale:.4f}, "

@@ -8,7 +8,8 @@ A capture is a profiled run, and the profiler is not free:
   holds one is not the loop's own: :func:`profiler_steps` names them (the first step, and
   every step an ``overhead`` range overlaps), and the fit and the check leave them out, said
   in the fitted file's header and the check's first line. Left in, a loop whose host gap is a
-  few µs fits a mean gap of tens of µs.
+  few µs fits a mean gap of tens of µs. :func:`left_out_steps` adds the steps in which the
+  loop waited for requests (the mapping's ``idle`` ranges), which are not its own work either.
 - **CUPTI's cost that remains**: under the profiler, kernels of CUDA graphs run a few percent
   longer (about 3-4 % measured on the project's H200, :data:`CUPTI_NOTE`), so a fit's device
   times are the profiled run's. :func:`rescale_to` turns them into a run's without the
@@ -24,8 +25,10 @@ Imports: numpy, the standard library and simwar (:func:`simwar.api.simulate`).
 
 from __future__ import annotations
 
+import bisect
 import copy
 import math
+import re
 
 from simwar.api import simulate
 from simwar.capture.sizes import step_bounds
@@ -57,6 +60,25 @@ def profiler_steps(imp) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
+def left_out_steps(imp, mapping=None) -> dict[int, str]:
+    """Steps that are not the loop's own, each with why: the profiler's
+    (:func:`profiler_steps`) and, with a mapping that names ``idle`` ranges, the steps in
+    which the loop waited for requests (the simulator's arrivals model that wait; a fit of
+    the capture's batches replays no wait)."""
+    out = profiler_steps(imp)
+    rx = re.compile(mapping.idle) if mapping is not None and mapping.idle else None
+    if rx is None:
+        return out
+    bounds = step_bounds(imp.trace)
+    starts = [a for a, _ in bounds]
+    for name, a, b in imp.annotations:
+        if rx.search(name):
+            k = bisect.bisect_right(starts, a) - 1
+            if 0 <= k < len(bounds):
+                out.setdefault(k, f"the loop waited for requests ({name}, {b - a:.0f} µs)")
+    return dict(sorted(out.items()))
+
+
 def left_out_line(left: dict[int, str], fitted: set[int] | None = None) -> str:
     """``3 steps the profiler stalled (...)``, or '' when none of them would have counted."""
     if not left:
@@ -70,7 +92,7 @@ def left_out_line(left: dict[int, str], fitted: set[int] | None = None) -> str:
     parts = [f"{why} in step{'s' if len(ks) > 1 else ''} "
              + ", ".join(map(str, ks[:6])) + (" ..." if len(ks) > 6 else "")
              for why, ks in by.items()]
-    return f"{len(shown)} step{'s' if len(shown) > 1 else ''} left out, the profiler's own: " \
+    return f"{len(shown)} step{'s' if len(shown) > 1 else ''} left out, not the loop's own: " \
            + "; ".join(parts)
 
 

@@ -46,7 +46,7 @@ from simwar.capture.sizes import step_sizes
 from simwar.capture.stalls import import_report
 from simwar.fit.check import summary_without
 from simwar.fit.from_capture import fit_model
-from simwar.fit.profiler import profiler_steps
+from simwar.fit.profiler import left_out_steps
 
 #: the committed captures and measurements (a source checkout's; elsewhere pass the folder)
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "server"
@@ -189,7 +189,7 @@ def unprofiled_step_us(imp, mapping, timed: dict) -> float:
         sizes = step_sizes(imp, mapping)
         sizes.apply(imp.trace)
         steps, _ = import_report(imp)
-        cap = summary_without(steps, imp.trace.meta, None, profiler_steps(imp))
+        cap = summary_without(steps, imp.trace.meta, None, left_out_steps(imp, mapping))
         counts = {int(b): v["steps"] for b, v in (cap.get("by_bucket") or {}).items()}
         pairs = [(counts[int(b)], float(v["step_us_mean"])) for b, v in per.items()
                  if int(b) in counts and v.get("step_us_mean") is not None]
