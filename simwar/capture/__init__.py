@@ -31,10 +31,12 @@ _LAZY = {
     "load_mapping": ("simwar.capture.mapping", "load_mapping"),
     "import_report": ("simwar.capture.stalls", "import_report"),
     "write_kineto": ("simwar.capture.synthetic", "write_kineto"),
+    "import_capture": ("simwar.capture.presets", "import_capture"),
+    "step_sizes": ("simwar.capture.sizes", "step_sizes"),
 }
 
-__all__ = ["KinetoFormatError", "KinetoImport", "Mapping", "import_kineto", "import_report",
-           "load_mapping", "read_capture", "write_kineto"]
+__all__ = ["KinetoFormatError", "KinetoImport", "Mapping", "import_capture", "import_kineto",
+           "import_report", "load_mapping", "read_capture", "step_sizes", "write_kineto"]
 
 
 __getattr__ = lazy_getattr("simwar.capture", _LAZY, globals())
