@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 
 from simwar import __version__
-from simwar.cli.common import UserError, num, run_label, stall_lines
+from simwar.cli.common import UserError, num, output_path, run_label, stall_lines
 from simwar.core.files import jsonable, write_bytes_atomic, write_text_atomic
 
 HELP = "import a torch.profiler (Kineto) trace and print its stall metrics"
@@ -108,6 +108,8 @@ def command(args) -> int:
                         f"write the fitted config)")
     if args.output and not (args.fit or args.fit_costs):
         raise UserError("-o needs --fit or --fit-costs (what to write)")
+    if args.output:  # a bad output path costs no import, and nothing is half-written
+        output_path(args.output, "-o")
     if (args.overrides or args.additions) and not args.check:
         raise UserError(f"{'--set' if args.overrides else '--add'} applies to --check (the "
                         f"simulation of a fitted config)")
