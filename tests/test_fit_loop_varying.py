@@ -332,3 +332,18 @@ def test_cli_fit_writes_the_batches_beside_the_config_and_checks_per_bucket(tmp_
     assert main(["import", str(coarse), "--check", str(out), "--set", "policy.barrier=coarse",
                  "--no-progress"]) == 0
     assert "within the bounds" in capsys.readouterr().out
+
+
+def test_unprofiled_step_time_per_bucket_rescales_host_and_device(tmp_path):
+    # the profiler slows the host too: per-bucket step times give both factors back
+    _, path = capture(tmp_path, CONFIGS / "dspark_fine.yaml", CASES["dspark_sweep_2.11"][1])
+    _, _, fit = fit_capture(path)
+    truth = simulate(scale_device(fit.config, 0.96, 0.9)).summary["by_bucket"]
+    targets = {b: v["step_us_mean"] for b, v in truth.items()}
+    _, _, scaled = fit_capture(path, unprofiled_step_us=targets)
+    assert scaled.scale == pytest.approx(0.96, abs=0.01)
+    assert scaled.host_scale == pytest.approx(0.9, abs=0.01)
+    got = simulate(scaled.config).summary["by_bucket"]
+    for b, us in targets.items():
+        assert got[b]["step_us_mean"] == pytest.approx(us, rel=0.005)
+    assert any("every host time x" in line for line in scaled.header)

@@ -22,8 +22,9 @@ mapping, in this order:
    ``graph_buckets``, which the mapping must then name (one per key).
 
 A step with forward work (phased kernels on the forward stream) but no batch (no range
-matches ``batch`` in it) takes its graph's bucket as its batch; without a bucket either it is
-an error naming the step. A capture whose
+matches ``batch`` in it) takes its graph's bucket as its batch; a graph of unknown size is an
+error naming the step; a step that ran no graph either (the drain after the last step, a
+prefill-only step) has no batch (0), and the notes count them. A capture whose
 graphs never change and that names no batch keeps the mapping's constant ``batch_size``
 (:attr:`CaptureSizes.varying` is False). :meth:`CaptureSizes.apply` writes the per-step
 arrays into the trace's ``meta.workload``, so that every analysis of the capture
@@ -250,7 +251,7 @@ def step_sizes(imp, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
         notes.append(f"graph buckets: {buckets} (one captured graph set ran every batch)")
     else:
         buckets, bucket_of = None, {}
-    from_bucket = []
+    from_bucket, unsized = [], []
     for k in device:
         if k in batches:
             continue
@@ -259,10 +260,12 @@ def step_sizes(imp, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
             batch[k] = bucket_of.get(key, given[rank[key]] if given else 0)
             from_bucket.append(k)
             continue
+        if not key:  # no batch range and no graph: no decode batch ran (a drain, a prefill)
+            unsized.append(k)
+            continue
         raise SizesError(f"{where}: batch: {step_label(trace, k)} has no batch: no range in it "
-                         f"matches '{mapping.batch}'"
-                         + (" and no captured graph ran in it" if not key else
-                            " and its graph set's size is not known (name graph_buckets)"))
+                         f"matches '{mapping.batch}' and its graph set's size is not known "
+                         f"(name graph_buckets)")
     bucket = batch.copy()
     if buckets is not None:
         top = buckets[-1]
@@ -279,6 +282,10 @@ def step_sizes(imp, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
     src = f"batch: from the ranges matching '{mapping.batch}' ({len(batches)} steps)"
     if from_bucket:
         src += f"; {len(from_bucket)} steps without one take their graph's bucket"
+    if unsized:
+        src += (f"; {len(unsized)} step{'s' if len(unsized) > 1 else ''} with neither a batch "
+                f"range nor a graph ({', '.join(map(str, unsized[:4]))}"
+                f"{' ...' if len(unsized) > 4 else ''}): no batch")
     notes.insert(0, src)
     mixed = _mixed_graphs(keys, batches, bucket_of)
     if mixed:

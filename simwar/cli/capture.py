@@ -2,7 +2,7 @@
 
     simwar import TRACE [--preset sglang|vllm] [--mapping MAP.yaml] [--json]
     simwar import TRACE [--mapping MAP.yaml] --fit -o fitted.yaml [--dist best] [--policy P]
-                        [--unprofiled-step-us US]
+                        [--unprofiled-step-us US|BUCKET=US,...]
     simwar import TRACE [--mapping MAP.yaml] --check fitted.yaml [--set KEY=VALUE ...]
     simwar import TRACE --mapping MAP.yaml --fit-costs -o costs.yaml
 
@@ -71,9 +71,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the barrier policy for --fit when the capture cannot show it (no CUDA "
                         "sync events, or none that name a record or an event): fine, coarse, "
                         "none or host_sync")
-    p.add_argument("--unprofiled-step-us", type=float, default=None, metavar="US",
+    p.add_argument("--unprofiled-step-us", default=None, metavar="US|BUCKET=US,...",
                    help="with --fit: the loop's mean step time without the profiler (from the "
-                        "server's own log); every device time is rescaled to meet it")
+                        "server's own log): every device time is rescaled to meet it; or per "
+                        "graph bucket (8=1682,16=1726,...): device and host time rescaled")
     p.add_argument("--check", metavar="YAML",
                    help="simulate this fitted config and compare it with the capture (exit 1 "
                         "when step time, forward gap or launch-ahead misses its bound)")
@@ -117,9 +118,16 @@ def command(args) -> int:
         raise UserError("--policy applies to --fit")
     if args.unprofiled_step_us is not None and not args.fit:
         raise UserError("--unprofiled-step-us applies to --fit")
-    if args.unprofiled_step_us is not None and not args.unprofiled_step_us > 0:
-        raise UserError(f"--unprofiled-step-us: expected a step time in µs > 0, got "
-                        f"{args.unprofiled_step_us:g}")
+    unprofiled = None
+    if args.unprofiled_step_us is not None:
+        # lazy: start-up time of the CLI (the fit loads numpy and the simulator)
+        from simwar.fit.profiler import parse_unprofiled
+
+        try:
+            unprofiled = parse_unprofiled(args.unprofiled_step_us)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    args.unprofiled = unprofiled
     if args.policy is not None:
         # lazy: start-up time of the CLI (the fit loads numpy)
         from simwar.fit.policy import POLICIES
@@ -377,7 +385,7 @@ def _write_model(result, mapping, args, path: Path):
     try:
         model = fit_model(result, mapping, capture=path.name, mapping_name=args.mapping or "",
                           dist=args.dist, policy=args.policy, version=__version__,
-                          where=str(path), unprofiled_step_us=args.unprofiled_step_us)
+                          where=str(path), unprofiled_step_us=args.unprofiled)
     except FitError as e:
         raise UserError(str(e)) from None
     config = model.config

@@ -40,7 +40,14 @@ from simwar.core.trace import OpKind, Trace
 from simwar.fit.affine import SizedFit, fit_sized
 from simwar.fit.durations import fit_values
 from simwar.fit.policy import POLICIES, PolicyInference, detect_roles, infer_policy
-from simwar.fit.profiler import CUPTI_NOTE, RescaleError, left_out_line, left_out_steps, rescale_to
+from simwar.fit.profiler import (
+    CUPTI_NOTE,
+    RescaleError,
+    left_out_line,
+    left_out_steps,
+    rescale_buckets,
+    rescale_to,
+)
 from simwar.fit.samples import COST_DEFAULTS, Samples, sample_cpu_work, sample_device_and_costs
 
 #: steps of a fitted config, and its warm-up
@@ -70,7 +77,8 @@ class ModelFit:
     sizes: CaptureSizes | None = None
     fits: dict[str, SizedFit] = field(default_factory=dict)
     left_out: dict[int, str] = field(default_factory=dict)
-    scale: float = 1.0
+    scale: float = 1.0  # every device time x this (--unprofiled-step-us)
+    host_scale: float = 1.0  # every host time x this (--unprofiled-step-us per bucket)
 
     @property
     def batches(self) -> list[int] | None:
@@ -94,13 +102,14 @@ def batches_csv(batches: list[int]) -> str:
 def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "",
               dist: str = "best", policy: str | None = None, steps: int = FIT_STEPS,
               warmup: int = FIT_WARMUP, version: str = "", where: str = "",
-              unprofiled_step_us: float | None = None) -> ModelFit:
+              unprofiled_step_us: float | dict | None = None) -> ModelFit:
     """The whole loop of an imported capture (a :class:`simwar.capture.to_trace.KinetoImport`)
     as a config.
 
     ``capture`` and ``mapping_name`` are the names the header cites, ``where`` the name
     errors start with (default: ``capture``). ``unprofiled_step_us``: rescale the device
-    time to this mean step time (:func:`simwar.fit.profiler.rescale_to`).
+    time to this mean step time, or device and host time to these per-bucket step times
+    (``{bucket: µs}``: :func:`simwar.fit.profiler.rescale_buckets`).
     """
     trace: Trace = imp.trace
     warnings: list[str] = []
@@ -169,10 +178,13 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
         load_config(cfg)
     except ConfigError as e:  # pragma: no cover - the fit writes only valid values
         raise FitError(f"{where}: the fitted config is invalid: {e}") from None
-    scale = 1.0
+    scale, host_scale = 1.0, 1.0
     if unprofiled_step_us is not None:
         try:
-            cfg, scale, _ = rescale_to(cfg, unprofiled_step_us)
+            if isinstance(unprofiled_step_us, dict):
+                cfg, scale, host_scale, _ = rescale_buckets(cfg, unprofiled_step_us)
+            else:
+                cfg, scale, _ = rescale_to(cfg, unprofiled_step_us)
         except RescaleError as e:
             raise FitError(f"{where}: {e}") from None
     for key, f in fits.items():
@@ -182,9 +194,10 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
                             f"table; see the fitted file's header)")
     header = _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost,
                      cpu_notes, capture, mapping_name, version, warm, mapping)
-    header += _sized_header(sizes, fits, left_out, set(all_lays), warm, scale,
+    header += _sized_header(sizes, fits, left_out, set(all_lays), warm, (scale, host_scale),
                             unprofiled_step_us, cfg.get("workload"))
-    return ModelFit(cfg, header, details, pol, roles, warnings, sizes, fits, left_out, scale)
+    return ModelFit(cfg, header, details, pol, roles, warnings, sizes, fits, left_out, scale,
+                    host_scale)
 
 
 def _mapping_label(mapping: Mapping) -> str:
@@ -459,16 +472,22 @@ def _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost,
 
 
 def _sized_header(sizes: CaptureSizes, fits: dict, left_out: dict, counted: set, warm: int,
-                  scale: float, unprofiled: float | None, workload: dict | None) -> list[str]:
+                  scales: tuple, unprofiled, workload: dict | None) -> list[str]:
     """The header's lines on sizes, what each key was fitted on, and the profiler."""
     lines = []
     left = left_out_line(left_out, {k for k in counted if k >= warm})
     if left:
         lines.append(f"Left out: {left} (--check leaves them out too).")
     lines.append(f"Profiler: {CUPTI_NOTE}.")
-    if unprofiled is not None:
-        lines.append(f"  --unprofiled-step-us {unprofiled:g}: every device time x {scale:.4f}, "
-                     f"so that the simulated mean step time is {unprofiled:g} µs.")
+    if isinstance(unprofiled, dict):
+        given = ",".join(f"{b}={us:.1f}" for b, us in unprofiled.items())
+        lines.append(f"  --unprofiled-step-us {given}: every device time x {scales[0]:.4f} and "
+                     f"every host time x {scales[1]:.4f}, so that each bucket's simulated mean "
+                     f"step time is the one given (least squares).")
+    elif unprofiled is not None:
+        lines.append(f"  --unprofiled-step-us {unprofiled:g}: every device time x "
+                     f"{scales[0]:.4f}, so that the simulated mean step time is "
+                     f"{unprofiled:g} µs.")
     if not sizes.varying or not workload:
         return lines
     wl_buckets = f", graph_buckets {sizes.buckets}" if sizes.buckets else ""

@@ -156,8 +156,7 @@ def infer_policy(trace: Trace, lays: dict[int, StepLayout], roles: Roles,
                 unbound += 1
                 if s in (lay.top_sync, lay.post_sync):  # a barrier sync by its place
                     found.append(("host_sync", "loop_top" if s == lay.top_sync
-                                  else "after_launch", ids.publisher(k), ids.position(k),
-                                  "place"))
+                                  else "after_launch", *ids.recorded(k), "place"))
                 continue
             if ops.lane[b] == fwd:
                 found.append(_classify(trace, lays, b, s, "sync",
@@ -213,11 +212,13 @@ class EventIds:
       other step waits on;
     - a **fine** barrier waits again and again on the same few ids: ``read_done``, recorded by
       a node inside the publishing phase's graph (an external event, one per captured graph,
-      so one id per bucket), or by an eager record of a reused event. The publishing unit is
-      the last unit that reads shared buffers (the publish rule; none declared: the last
-      graph);
-      it publishes ``in_replay`` when it is a graph and the ids are no more than the buckets
-      the steps ran (one per captured graph), else ``post_replay``;
+      so one id per bucket), or by an eager record of a reused event. Which: a host record
+      right after exactly one graph launch of the step is that eager record, after that
+      unit's replay (``post_replay``; this also finds a read-done recorded too early, before
+      a later phase's reads: the fitted loop then shows the race); otherwise the last unit
+      that reads shared buffers (the publish rule; none declared: the last graph) publishes
+      ``in_replay``, if the ids are no more than the buckets the steps ran (one per
+      captured graph), else ``post_replay``;
     - a fresh id with no record call right before the wait fits no policy (and is said so).
 
     Waits on other streams (``forward.wait_stream(schedule)``, ``copy.wait_stream(forward)``)
@@ -255,16 +256,13 @@ class EventIds:
         unit = self.publisher(k)
         return unit is not None and self.lays[k].units[unit].graph is not None
 
-    def position(self, k: int) -> str:
-        """Where the publishing unit of step ``k`` records read-done: ``in_replay`` (a node of
-        its graph), unless its graph launch alone is followed by a host record (a record call
-        right after it that is not a wait_stream's, where no other graph launch of the step is
-        followed by one: an instrumented loop records after every launch): an eager record,
-        ``post_replay``; an eager unit publishes ``post_replay``."""
-        unit = self.publisher(k)
+    def recorded(self, k: int) -> tuple[int | None, str]:
+        """``(unit, position)`` of step ``k``'s read-done: a host record right after one
+        graph launch (not a wait_stream's record, and no other graph launch of the step is
+        followed by one: an instrumented loop records after every launch) is an eager record
+        after that unit's replay (``post_replay``); otherwise the publishing unit's in-graph
+        node (``in_replay``; an eager unit: ``post_replay``)."""
         lay = self.lays[k]
-        if unit is None or lay.units[unit].graph is None:
-            return "post_replay"
         spans = self.trace.spans
         calls = [c for c in lay.calls if spans.call[c] != Call.OTHER]
 
@@ -277,11 +275,14 @@ class EventIds:
             return not (after is not None and spans.call[after] == Call.WAIT_EVENT
                         and _binds_fresh(self.trace, after, self.steps_of))
 
-        mine = lay.units[unit].graph
-        others = [u.graph for u in lay.units if u.graph is not None and u.graph != mine]
-        if record_after(mine) and not any(record_after(g) for g in others):
-            return "post_replay"
-        return "in_replay"
+        followed = [i for i, u in enumerate(lay.units)
+                    if u.graph is not None and record_after(u.graph)]
+        if len(followed) == 1:
+            return followed[0], "post_replay"
+        unit = self.publisher(k)
+        if unit is None or lay.units[unit].graph is None:
+            return unit, "post_replay"
+        return unit, "in_replay"
 
     def _previous_call(self, lay: StepLayout, call: int) -> int | None:
         """The host call right before ``call`` (calls of no known kind, such as
@@ -315,11 +316,11 @@ class EventIds:
                     f"on (not an in-graph node, whose id recurs) and which no record call "
                     f"right before the wait recorded (not wait_stream): an event-id pattern "
                     f"of no barrier policy")
-        unit = self.publisher(k)
-        if unit is None:
+        if self.publisher(k) is None:
             return f"step {k}: {lane} waits on {name} before any phase launched"
         self.seen.setdefault("fine", set()).add(name)
-        return ("fine", placement, unit, self.position(k), "event id")
+        unit, position = self.recorded(k)
+        return ("fine", placement, unit, position, "event id")
 
     def evidence(self, barrier: str, unit, position, how: str, n: int, total: int,
                  top: bool = False) -> str:
@@ -346,8 +347,9 @@ class EventIds:
             f"bucket{'s' if self.buckets != 1 else ''}"
         where = (f"one per captured graph of {name} ({n}): its in-graph record node"
                  if position == "in_replay" else
-                 f"more than one per captured graph of {name} ({n}), or {name} is eager: an "
-                 f"eager record of a reused event after it")
+                 f"an eager record after {name}'s replay (a host record follows its graph "
+                 f"launch and no other's, or {name} is eager, or the ids are more than one per "
+                 f"captured graph: {n})")
         return (f"the schedule stream's wait_event waits step after step on the same event "
                 f"ids ({shown}), {where} (a wait_stream waits on a fresh event each step)"
                 + tail)

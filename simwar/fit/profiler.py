@@ -10,15 +10,23 @@ A capture is a profiled run, and the profiler is not free:
   in the fitted file's header and the check's first line. Left in, a loop whose host gap is a
   few µs fits a mean gap of tens of µs. :func:`left_out_steps` adds the steps in which the
   loop waited for requests (the mapping's ``idle`` ranges), which are not its own work either.
-- **CUPTI's cost that remains**: under the profiler, kernels of CUDA graphs run a few percent
-  longer (about 3-4 % measured on the project's H200, :data:`CUPTI_NOTE`), so a fit's device
-  times are the profiled run's. :func:`rescale_to` turns them into a run's without the
-  profiler when its step time is known from the server's own log (``--unprofiled-step-us``):
-  every device duration is multiplied by one factor, found by simulating the fitted loop, so
-  that the simulated mean step time is the one given. Use it on a device-bound loop (the
-  device sets the step time; a host-bound loop's step time does not move with the device
-  time, and is refused), for what-ifs about the un-profiled server; ``--check`` against the
-  capture itself then misses by the factor, as it should.
+- **The cost that remains**: under the profiler, kernels of CUDA graphs run a few percent
+  longer (about 3-4 % measured on the project's H200, :data:`CUPTI_NOTE`), and the host too
+  is slower (every range and API call pays CUPTI's callbacks: the mini-server's host-bound
+  steps ran about 12 % slower profiled than timed), so a fit's times are the profiled run's.
+  :func:`rescale_to` turns them into a run's without the profiler when its step time is known
+  from the server's own log (``--unprofiled-step-us``), by simulating the fitted loop:
+
+  - one mean step time: every device duration times one factor, so that the simulated mean
+    step time is the one given. For a device-bound loop (a host-bound loop's step time does
+    not move with its device time, and is refused);
+  - the mean step time per graph bucket (``8=1682,16=1726,...``): every device duration
+    times one factor and every host duration (CPU work, host API costs) times another, the
+    two fitted by least squares on the buckets' relative errors: host-bound buckets set the
+    host's factor, device-bound ones the device's. For a loop whose batch changes.
+
+  Use it for what-ifs about the un-profiled server; ``--check`` against the capture itself
+  then misses by the factors, as it should.
 
 Imports: numpy, the standard library and simwar (:func:`simwar.api.simulate`).
 """
@@ -29,6 +37,8 @@ import bisect
 import copy
 import math
 import re
+
+import numpy as np
 
 from simwar.api import simulate
 from simwar.capture.sizes import step_bounds
@@ -41,6 +51,11 @@ CUPTI_NOTE = ("device times are the profiled run's: under CUPTI, kernels of CUDA
 GPU_KEYS = ("schedule_prep_us", "schedule_writes_us", "result_writes_us", "result_copy_us",
             "seq_lens_copy_us")
 PHASE_KEYS = ("load_batch_us", "prep_us", "body_us")
+#: the config's host durations: CPU work, each phase's host time, the host API costs (not the
+#: device-side latencies, sync_wake_us and cross_stream_us)
+CPU_KEYS = ("ingest_us", "schedule_us", "prepare_us", "process_result_us", "post_launch_us")
+HOST_COSTS = ("launch_us", "event_record_us", "wait_event_us", "wait_stream_us",
+              "graph_launch_us", "sync_us", "host_call_us")
 
 
 class RescaleError(ValueError):
@@ -118,17 +133,86 @@ def _scale(value, f: float):
     return d
 
 
-def scale_device(cfg: dict, f: float) -> dict:
-    """A copy of a fitted config with every device duration multiplied by ``f``."""
+def scale_device(cfg: dict, f: float, host: float = 1.0) -> dict:
+    """A copy of a fitted config with every device duration multiplied by ``f`` (and every
+    host duration by ``host``)."""
     out = copy.deepcopy(cfg)
     for p in out.get("phases", []):
         for key in PHASE_KEYS:
             if key in p:
                 p[key] = _scale(p[key], f)
+        if host != 1.0 and "host_us" in p:
+            p["host_us"] = _scale(p["host_us"], host)
     for key in GPU_KEYS:
         if key in out.get("gpu", {}):
             out["gpu"][key] = _scale(out["gpu"][key], f)
+    if host != 1.0:
+        for section, keys in (("cpu", CPU_KEYS), ("costs", HOST_COSTS)):
+            for key in keys:
+                if key in out.get(section, {}):
+                    out[section][key] = _scale(out[section][key], host)
     return out
+
+
+def parse_unprofiled(text: str) -> float | dict[int, float]:
+    """``--unprofiled-step-us``'s value: ``US`` or ``BUCKET=US,...``; ValueError, one line."""
+    text = str(text).strip()
+    try:
+        if "=" not in text:
+            v = float(text)
+            if not (v > 0 and math.isfinite(v)):
+                raise ValueError
+            return v
+        out = {}
+        for item in text.split(","):
+            b, _, us = item.partition("=")
+            out[int(b)] = float(us)
+            if not (out[int(b)] > 0 and math.isfinite(out[int(b)]) and int(b) > 0):
+                raise ValueError
+        return dict(sorted(out.items()))
+    except ValueError:
+        raise ValueError(f"--unprofiled-step-us: expected a step time in µs > 0, or BUCKET=US "
+                         f"per graph bucket (8=1682,16=1726), got {text!r}") from None
+
+
+def rescale_buckets(cfg: dict, per_bucket: dict[int, float], iterations: int = 8,
+                    tol: float = 1e-3) -> tuple[dict, float, float, dict]:
+    """``(config, device factor, host factor, per bucket (simulated, target) µs)``: ``cfg``
+    with device and host durations scaled so that each graph bucket's simulated mean step
+    time is the target's, the two factors fitted by least squares (Gauss-Newton on the
+    buckets' relative errors, weighted by the buckets' steps; see the module docstring)."""
+    if not (cfg.get("workload") or {}).get("graph_buckets"):
+        raise RescaleError("--unprofiled-step-us BUCKET=US: the fitted loop has no graph "
+                           "buckets (its batch does not change): give one step time")
+
+    def errors(d: float, h: float):
+        by = simulate(scale_device(cfg, d, h)).summary.get("by_bucket") or {}
+        common = [b for b in per_bucket if b in by and by[b]["steps"] > 0]
+        if not common:
+            raise RescaleError(f"--unprofiled-step-us: none of buckets "
+                               f"{', '.join(map(str, per_bucket))} ran in the fitted loop "
+                               f"({', '.join(map(str, by))})")
+        w = np.sqrt([by[b]["steps"] for b in common])
+        r = np.array([by[b]["step_us_mean"] / per_bucket[b] - 1 for b in common])
+        return r * w, {b: (by[b]["step_us_mean"], per_bucket[b]) for b in common}
+
+    x = np.array([1.0, 1.0])
+    r, per = errors(*x)
+    for _ in range(iterations):
+        if np.max(np.abs([s / t - 1 for s, t in per.values()])) <= tol:
+            break
+        jac = np.empty((len(r), 2))
+        for i in range(2):
+            dx = x.copy()
+            dx[i] *= 1.02
+            jac[:, i] = (errors(*dx)[0] - r) / (dx[i] - x[i])
+        step, *_ = np.linalg.lstsq(jac, -r, rcond=None)
+        new = np.clip(x + step, 0.2, 5.0)
+        r_new, per_new = errors(*new)
+        if float(r_new @ r_new) >= float(r @ r):
+            break
+        x, r, per = new, r_new, per_new
+    return scale_device(cfg, float(x[0]), float(x[1])), float(x[0]), float(x[1]), per
 
 
 def rescale_to(cfg: dict, step_us: float, tol: float = 1e-3) -> tuple[dict, float, float]:
