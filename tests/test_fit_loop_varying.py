@@ -73,6 +73,11 @@ CASES = {
     # legacy host sync at the loop top: their places, as the record ids are -1
     "eagle_post_replay_2.11": ("eagle_fine_draft_extend_post_replay.yaml", {
         "workload": {"batch_sizes": SWEEP, "graph_buckets": BUCKETS}, **SCALING}, False),
+    # read-done recorded by the host after the verify graph while draft_extend still reads
+    # (racy): found from the call order alone, and the fitted loop races as the capture's
+    "eagle_early_post_replay_2.11": ("eagle_publish_verify.yaml", {
+        "phases.verify.read_ends": "post_replay",
+        "workload": {"batch_sizes": SWEEP, "graph_buckets": BUCKETS}, **SCALING}, False),
     "dflash_host_sync_2.11": ("dflash_legacy_host_sync.yaml", {
         "workload": {"batch_sizes": SWEEP, "graph_buckets": BUCKETS}, **SCALING}, False),
 }
@@ -137,6 +142,7 @@ def test_fit_follows_the_batch_and_reproduces_each_bucket(case, tmp_path):
         close = {"step_rel": 5e-3, "gap_us": 5.0}
     fitted = simulate(fit.config)
     assert_reproduces(imp, fitted, mapping=m, **close)
+    assert (fitted.summary["races"] > 0) == (sim.summary["races"] > 0)
 
 
 def test_affine_fits_give_the_config_back_and_say_what_they_were_fitted_on(tmp_path):

@@ -221,6 +221,11 @@ class EventIds:
       captured graph), else ``post_replay``;
     - a fresh id with no record call right before the wait fits no policy (and is said so).
 
+    What the ids cannot say: *which* graph's node an in-graph read-done is (every phase's
+    graph changes with the bucket alike), so it is taken to be the last reading phase's, as the
+    publish rule has it; a read-done captured in an earlier phase's graph (published too early:
+    a race) needs the binding of waits to records.
+
     Waits on other streams (``forward.wait_stream(schedule)``, ``copy.wait_stream(forward)``)
     are not barriers and are not read here.
     """
