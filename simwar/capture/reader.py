@@ -20,7 +20,13 @@ complete events (``ph: X``, ``ts``/``dur`` in µs) of these categories:
   last recorded the event): these bind waits and syncs to records;
 - ``user_annotation`` (``record_function`` ranges, ``ProfilerStep#N``; older
   captures file ProfilerStep under ``cpu_op``): step segmentation, phases,
-  sync sites.
+  sync sites;
+- ``overhead`` (the profiler's own stalls, e.g. ``Activity Buffer Request``):
+  kept as ranges (:attr:`Capture.overhead`) so that a fit can leave out the
+  steps they fell in.
+
+A kernel keeps its launch dims (``args.grid``, ``args.block``: what tells two
+captured graphs of one phase apart), a memcpy or memset its ``args.bytes``.
 
 Every other event (``cpu_op``, ``python_function``, ``ac2g`` flows, metadata,
 instants, ...) is counted and ignored. The file is read with a streaming
@@ -87,6 +93,12 @@ def call_kind(name: str, issued_work: bool) -> Call:
     return Call.OTHER if kind is None else kind
 
 
+def copy_kind(name: str) -> str:
+    """A memcpy's kind as Kineto names it (``Memcpy DtoH (Device -> Pinned)``:
+    ``DtoH (Device -> Pinned)``); '' for anything else."""
+    return name[len("Memcpy "):] if name.startswith("Memcpy ") else ""
+
+
 class KinetoFormatError(ValueError):
     """The file is not a readable Kineto capture; the message is one line."""
 
@@ -102,6 +114,9 @@ class DeviceEvent(NamedTuple):
     ts: float
     dur: float
     correlation: int
+    grid: tuple = ()  # a kernel's launch dims (empty: not in the capture)
+    block: tuple = ()
+    bytes: int = -1  # a memcpy's or memset's size (-1: not in the capture)
 
 
 class RuntimeCall(NamedTuple):
@@ -146,6 +161,8 @@ class Capture:
     runtime_calls: list[RuntimeCall] = field(default_factory=list)
     sync_events: list[SyncEvent] = field(default_factory=list)
     annotations: list[Annotation] = field(default_factory=list)
+    #: the profiler's own stalls (category ``overhead``), as ranges
+    overhead: list[Annotation] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     ignored: Counter = field(default_factory=Counter)
     meta: dict = field(default_factory=dict)
@@ -305,8 +322,11 @@ def _classify(ev, cap: Capture) -> None:
             cap.ignored["malformed"] += 1
             return
         corr = _int(args.get("correlation"))
+        size = _int(args.get("bytes"))
         cap.device_events.append(DeviceEvent(kind, intern(name), device, stream, ts, dur,
-                                             -1 if corr is None else corr))
+                                             -1 if corr is None else corr,
+                                             _dims(args.get("grid")), _dims(args.get("block")),
+                                             -1 if size is None else size))
         cap.counts[kind] += 1
     elif cat in RUNTIME_CATS:
         corr = _int(args.get("correlation"))
@@ -331,5 +351,17 @@ def _classify(ev, cap: Capture) -> None:
         cap.annotations.append(Annotation(intern(name), _int(ev.get("pid")) or 0,
                                           _int(ev.get("tid")) or 0, ts, dur))
         cap.counts["annotation"] += 1
+    elif cat == "overhead":
+        cap.overhead.append(Annotation(intern(name), _int(ev.get("pid")) or 0,
+                                       _int(ev.get("tid")) or 0, ts, dur))
+        cap.counts["overhead"] += 1
     else:
         cap.ignored[cat or "uncategorized"] += 1
+
+
+def _dims(v) -> tuple:
+    """A launch dim (``[x, y, z]``) as a tuple of ints; () when absent or malformed."""
+    if not isinstance(v, list):
+        return ()
+    out = tuple(_int(x) for x in v)
+    return () if None in out else out

@@ -38,6 +38,7 @@ import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from simwar.capture.device_times import (
     MeasuredLanes,
@@ -54,10 +55,22 @@ from simwar.capture.reader import (
     RuntimeCall,
     SyncEvent,
     call_kind,
+    copy_kind,
     read_capture,
 )
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
+
+
+class DeviceInfo(NamedTuple):
+    """What a capture says of one device op beyond its times: the kind of work, a kernel's
+    launch dims, a copy's or memset's bytes (-1: not in the capture)."""
+
+    kind: str  # kernel | memcpy | memset
+    grid: tuple
+    block: tuple
+    bytes: int
+    copy: str = ""  # a memcpy's kind (DtoH (Device -> Pinned), ...): reader.copy_kind
 
 
 @dataclass
@@ -73,6 +86,11 @@ class KinetoImport:
     annotations: list[tuple[str, float, float]] = field(default_factory=list)
     #: the names of the device work in the capture (what ``phases`` rules are tried on)
     device_names: list[str] = field(default_factory=list)
+    #: the profiler's own stalls (Kineto ``overhead`` events), ``(name, start_us, end_us)``
+    #: on the trace's clock: what ``simwar import --fit`` leaves out with their steps
+    overhead: list[tuple[str, float, float]] = field(default_factory=list)
+    #: per device op id: its kind (kernel, memcpy, memset), launch dims and bytes
+    device_info: dict[int, DeviceInfo] = field(default_factory=dict)
 
     @property
     def ignored_total(self) -> int:
@@ -106,6 +124,7 @@ class CaptureTraceBuilder:
         self.cap = cap
         self.m = mapping
         self.warnings: list[str] = []
+        self.device_info: dict[int, DeviceInfo] = {}
         self.counts: Counter = Counter()
         self.ignored: Counter = Counter(cap.ignored)
         self.phase_rules = mapping.phase_rules()
@@ -154,8 +173,10 @@ class CaptureTraceBuilder:
         annotations = [(a.name, a.ts - self.origin, a.ts + a.dur - self.origin)
                        for a in host_ann]
         names = sorted({d.name for d in cap.device_events})
+        overhead = [(a.name, a.ts - self.origin, a.ts + a.dur - self.origin)
+                    for a in sorted(cap.overhead, key=lambda a: a.ts)]
         return KinetoImport(trace, dict(self.counts), dict(self.ignored), self.warnings,
-                            annotations, names)
+                            annotations, names, overhead, self.device_info)
 
     # ------------------------------------------------------------------ setup
     def _check_mapping_streams(self) -> None:
@@ -481,6 +502,7 @@ class CaptureTraceBuilder:
         end = start + d.dur
         op = rec.op(OpKind.KERNEL, lane, step, d.name, issue=issue, start=start, end=end,
                     phase=phase, call=call)
+        self.device_info[op] = DeviceInfo(d.kind, d.grid, d.block, d.bytes, copy_kind(d.name))
         measured.add(lane, issue, start, end)
         return op
 

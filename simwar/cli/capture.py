@@ -1,9 +1,16 @@
 """``simwar import``: read a torch.profiler (Kineto) capture, print its stalls, fit its loop.
 
-    simwar import TRACE [--mapping MAP.yaml] [--json]
-    simwar import TRACE --mapping MAP.yaml --fit -o fitted.yaml [--dist best] [--policy P]
-    simwar import TRACE --mapping MAP.yaml --check fitted.yaml [--set KEY=VALUE ...]
+    simwar import TRACE [--preset sglang|vllm] [--mapping MAP.yaml] [--json]
+    simwar import TRACE [--mapping MAP.yaml] --fit -o fitted.yaml [--dist best] [--policy P]
+                        [--unprofiled-step-us US|BUCKET=US,...]
+    simwar import TRACE [--mapping MAP.yaml] --check fitted.yaml [--set KEY=VALUE ...]
     simwar import TRACE --mapping MAP.yaml --fit-costs -o costs.yaml
+
+Without ``--preset`` and ``--mapping`` the preset is detected from the capture's range names
+(:mod:`simwar.capture.presets`) and the import says which; a mapping file replaces any key of
+the preset. A capture whose batch changes every step (the mapping's ``batch`` regex, or the
+graphs that ran: :mod:`simwar.capture.sizes`) is reported per graph bucket, and ``--fit``
+writes its batch sequence beside the config (``fitted.batches.csv`` for ``fitted.yaml``).
 
 The summary is the one ``simwar run`` prints for a simulation (same metrics
 code), plus event counts and HTA's idle breakdown per stream. ``--json``
@@ -28,11 +35,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from simwar import __version__
-from simwar.cli.common import UserError, num, run_label, stall_lines
+from simwar.cli.common import UserError, num, output_path, run_label, stall_lines
 from simwar.core.files import jsonable, write_bytes_atomic, write_text_atomic
 
 HELP = "import a torch.profiler (Kineto) trace and print its stall metrics"
@@ -43,7 +51,11 @@ DESCRIPTION = ("Read a Kineto Chrome-trace capture (.json or .json.gz), build a 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="Kineto trace written by export_chrome_trace (.json, .json.gz)")
     p.add_argument("--mapping", metavar="YAML",
-                   help="stream names, step/run_batch annotations, phase and site regexes")
+                   help="stream names, step/run_batch/batch annotations, phase and site regexes "
+                        "(replaces the preset's keys)")
+    p.add_argument("--preset", metavar="NAME",
+                   help="a server's own range names: sglang or vllm (default: detected from the "
+                        "capture when no --mapping is given)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--fit", action="store_true",
                    help="fit the capture's whole loop (phases, policy, CPU work, streams, host "
@@ -57,8 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default="best", help="distribution --fit writes (default: best by KS)")
     p.add_argument("--policy", metavar="BARRIER",
                    help="the barrier policy for --fit when the capture cannot show it (no CUDA "
-                        "sync events, or none that name their record): fine, coarse, none or "
-                        "host_sync")
+                        "sync events, or none that name a record or an event): fine, coarse, "
+                        "none or host_sync")
+    p.add_argument("--unprofiled-step-us", default=None, metavar="US|BUCKET=US,...",
+                   help="with --fit: the loop's mean step time without the profiler (from the "
+                        "server's own log): every device time is rescaled to meet it; or per "
+                        "graph bucket (8=1682,16=1726,...): device and host time rescaled")
     p.add_argument("--check", metavar="YAML",
                    help="simulate this fitted config and compare it with the capture (exit 1 "
                         "when step time, forward gap or launch-ahead misses its bound)")
@@ -80,10 +96,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the importer loads numpy)
     from simwar.analysis.idle import HTA_KERNEL_WAIT_US
-    from simwar.capture.mapping import load_mapping  # lazy: start-up time of the CLI
+    from simwar.capture.presets import import_capture  # lazy: start-up time of the CLI
     from simwar.capture.reader import KinetoFormatError  # lazy: start-up time of the CLI
+    from simwar.capture.sizes import SizesError, step_sizes  # lazy: start-up time of the CLI
     from simwar.capture.stalls import import_report  # lazy: start-up time of the CLI
-    from simwar.capture.to_trace import import_kineto  # lazy: start-up time of the CLI
+    from simwar.config import ConfigError  # lazy: start-up time of the CLI
 
     if args.fit and args.fit_costs:
         raise UserError("--fit and --fit-costs: choose one")
@@ -92,11 +109,25 @@ def command(args) -> int:
                         f"write the fitted config)")
     if args.output and not (args.fit or args.fit_costs):
         raise UserError("-o needs --fit or --fit-costs (what to write)")
+    if args.output:  # a bad output path costs no import, and nothing is half-written
+        output_path(args.output, "-o")
     if (args.overrides or args.additions) and not args.check:
         raise UserError(f"{'--set' if args.overrides else '--add'} applies to --check (the "
                         f"simulation of a fitted config)")
     if args.policy is not None and not args.fit:
         raise UserError("--policy applies to --fit")
+    if args.unprofiled_step_us is not None and not args.fit:
+        raise UserError("--unprofiled-step-us applies to --fit")
+    unprofiled = None
+    if args.unprofiled_step_us is not None:
+        # lazy: start-up time of the CLI (the fit loads numpy and the simulator)
+        from simwar.fit.profiler import parse_unprofiled
+
+        try:
+            unprofiled = parse_unprofiled(args.unprofiled_step_us)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    args.unprofiled = unprofiled
     if args.policy is not None:
         # lazy: start-up time of the CLI (the fit loads numpy)
         from simwar.fit.policy import POLICIES
@@ -105,17 +136,23 @@ def command(args) -> int:
             raise UserError(f"--policy: '{args.policy}' is not a barrier policy "
                             f"({', '.join(POLICIES)})")
     check_items = _check_config(args) if args.check and not args.fit else None
-    mapping = load_mapping(args.mapping)
     path = Path(args.trace)
-    if not path.exists():
-        raise UserError(f"{path}: file not found")
     try:
+        if args.preset is not None:  # an unknown preset fails before anything is read
+            from simwar.capture.presets import load_preset  # lazy: start-up time of the CLI
+
+            load_preset(args.preset)
+        if not path.exists():
+            raise UserError(f"{path}: file not found")
         with _ReadProgress(path, disabled=args.no_progress) as progress:
-            result = import_kineto(path, mapping, progress=progress)
-    except KinetoFormatError as e:
+            result, mapping = import_capture(path, args.mapping, args.preset, progress=progress)
+        sizes = step_sizes(result, mapping, args.mapping or _preset_label(mapping))
+    except (KinetoFormatError, SizesError, ConfigError) as e:
         raise UserError(str(e)) from None
+    sizes.apply(result.trace)
     steps, report = import_report(result, args.kernel_wait_us if args.kernel_wait_us is not None
                                   else HTA_KERNEL_WAIT_US)
+    report["mapping"] = _mapping_report(mapping, sizes)
     if args.save_trace:
         result.trace.save(args.save_trace)
     if args.steps_csv:
@@ -132,7 +169,7 @@ def command(args) -> int:
     if args.check:
         if check_items is None:
             check_items = _check_config(args)
-        checked = _check(result, mapping, args, check_items, report)
+        checked = _check(result, mapping, args, check_items, report, steps)
         report["check"] = checked
     for w in report["warnings"]:
         print(f"simwar: warning: {w}", file=sys.stderr)
@@ -140,12 +177,18 @@ def command(args) -> int:
         print(json.dumps(jsonable(report), sort_keys=True))
     else:
         print(format_report(report))
+        for line in _sizes_lines(report):
+            print(line)
         if args.fit_costs:
             print(f"  fitted              {len(report['fit'])} distributions -> {args.output}")
         if model is not None:
+            wl = model.config.get("workload")
             print(f"  fitted              the whole loop -> {args.output}: policy "
                   f"{model.policy.barrier} ({model.policy.source}); "
-                  f"{len(model.config['phases'])} phases")
+                  f"{len(model.config['phases'])} phases"
+                  + (f"; the capture's {len(wl['batch_sizes'])} batches -> "
+                     f"{Path(args.output).name.rsplit('.', 1)[0]}.batches.csv"
+                     if wl and "batch_sizes" in wl else ""))
         if checked is not None:
             print(checked["text"])
     if checked is not None and not checked["ok"]:
@@ -225,20 +268,25 @@ def _shift(value, us: float):
     return d
 
 
-def _check(result, mapping, args, loaded, report) -> dict:
-    """Simulate the ``--check`` config and compare it with the capture's ``report``."""
+def _check(result, mapping, args, loaded, report, steps) -> dict:
+    """Simulate the ``--check`` config and compare it with the capture's ``report`` (``steps``:
+    its per-step table), the steps the profiler stalled left out of both."""
     # lazy: start-up time of the CLI (the simulator)
     from simwar.api import simulate
     from simwar.fit.check import (  # lazy: start-up time
         accepted,
+        bucket_rows,
+        bucket_steps_line,
         check_rows,
         format_rows,
         relaunch,
+        summary_without,
     )
     from simwar.fit.from_capture import FitError, check_mapping  # lazy: start-up time of the CLI
+    from simwar.fit.profiler import left_out_line, left_out_steps  # lazy: start-up time
 
     try:
-        check_mapping(result, mapping, args.mapping or "mapping")
+        check_mapping(result, mapping, args.mapping or _preset_label(mapping))
     except FitError as e:
         raise UserError(str(e)) from None
     cfg, items = loaded
@@ -246,22 +294,81 @@ def _check(result, mapping, args, loaded, report) -> dict:
         cfg = _check_config(args)[0]
     sim = simulate(cfg)
     label = run_label(cfg.name, items)
-    summary = sim.summary
+    warm = int(result.trace.meta.get("warmup_steps", 0))
+    left = {k: v for k, v in left_out_steps(result, mapping).items() if k >= warm}
+    captured = summary_without(steps, result.trace.meta, None, left)
+    summary = summary_without(sim.columns if sim.columns is not None else sim.steps, sim.meta,
+                              sim.hazards, left)
     if mapping.run_batch is None:  # the capture's launches are its first forward launches
-        summary = relaunch(sim.trace, summary)
-    rows = check_rows(report["metrics"], summary)
+        summary = relaunch(sim.trace, summary, left)
+    rows = check_rows(captured, summary) + bucket_rows(captured, summary)
     ok = accepted(rows)
-    races = {"latent": sim.summary.get("races", 0), "overlaps": sim.summary.get("overlaps", 0)}
-    m = report["metrics"]
-    head = (f"check: {label} (simulated {sim.summary.get('steps_measured', 0)} steps) against "
-            f"{report['file']} ({m.get('steps_measured', 0)} steps measured)")
+    races = {"latent": summary.get("races", 0), "overlaps": summary.get("overlaps", 0)}
+    head = (f"check: {label} (simulated {summary.get('steps_measured', 0)} steps) against "
+            f"{report['file']} ({captured.get('steps_measured', 0)} steps measured)")
+    lines = [head]
+    note = left_out_line(left)
+    if note:
+        lines.append(f"  left out            {note}, and the steps around each, on both sides")
+    per = bucket_steps_line(captured, summary)
+    if per:
+        lines.append(per)
     verdict = ("  verdict             within the bounds (step time 2%, forward gap max(10 µs, "
-               "10%), launch-ahead 0.05)" if ok else
+               "10%), launch-ahead 0.05" + ("; per bucket: step time, forward gap"
+                                            if any(r.key.startswith("by_bucket") for r in rows)
+                                            else "") + ")" if ok else
                "  verdict             MISSED: " + ", ".join(
-                   r.label for r in rows if r.ok is False))
-    text = "\n".join([head, format_rows(rows, races), verdict])
+                   _row_name(r) for r in rows if r.ok is False))
+    text = "\n".join(lines + [format_rows(rows, races), verdict])
     return {"name": label, "ok": ok, "text": text, "races": races,
-            "rows": [r._asdict() for r in rows], "simulated": summary}
+            "rows": [r._asdict() for r in rows], "simulated": summary, "captured": captured,
+            "left_out": left}
+
+
+def _row_name(row) -> str:
+    """A missed row's name: ``bucket 8 step time``, ``bucket 8 forward gap``, ``step time mean``."""
+    if row.key.startswith("by_bucket."):
+        b = row.key.split(".")[1]
+        return f"bucket {b} " + ("step time" if row.key.endswith("step_us_mean") else
+                                 "forward gap")
+    return row.label
+
+
+def _preset_label(mapping) -> str:
+    name, _ = mapping.origin
+    return f"preset {name}" if name else "mapping"
+
+
+def _mapping_report(mapping, sizes) -> dict:
+    """What the capture was read with: the preset and how, the sizes and where from."""
+    # lazy: start-up time of the CLI (the importer loads numpy)
+    from simwar.capture.presets import preset_line
+
+    return {"preset": mapping.origin[0], "preset_line": preset_line(mapping),
+            "sizes": sizes.source, "size_notes": list(sizes.notes),
+            "graph_buckets": sizes.buckets}
+
+
+def _sizes_lines(r: dict) -> list[str]:
+    """The lines after the report: the preset, the sizes and the figures per graph bucket."""
+    f = num
+    m = r.get("mapping") or {}
+    lines = []
+    if m.get("preset_line"):
+        lines.append(f"  mapping             {m['preset_line']}")
+    s = r["metrics"]
+    if "by_bucket" in s and s.get("steps_measured", 0) > 0:
+        for note in m.get("size_notes", []):
+            lines.append(f"  sizes               {note}")
+        lines.append(f"  batch               mean {f(s['batch_size_mean'])}")
+        lines.append("  per graph bucket    bucket  steps  step µs  fwd gap  GPU idle  CPU blocked"
+                     "  launch lead")
+        for b, v in s["by_bucket"].items():
+            lines.append(f"                      {b:>6}  {v['steps']:>5}  "
+                         f"{f(v['step_us_mean']):>7}  {f(v['fwd_gap_us_mean']):>7}  "
+                         f"{f(v['gpu_idle_us_mean']):>8}  {f(v['cpu_blocked_us_mean']):>11}  "
+                         f"{f(v['launch_lead_us_mean']):>11}")
+    return lines
 
 
 def _write_model(result, mapping, args, path: Path):
@@ -269,14 +376,24 @@ def _write_model(result, mapping, args, path: Path):
     # lazy: start-up time of the CLI (yaml; the fit loads numpy)
     import yaml
 
-    from simwar.fit.from_capture import FitError, fit_model  # lazy: start-up time of the CLI
+    from simwar.fit.from_capture import (  # lazy: start-up time of the CLI
+        FitError,
+        batches_csv,
+        fit_model,
+    )
 
     try:
         model = fit_model(result, mapping, capture=path.name, mapping_name=args.mapping or "",
                           dist=args.dist, policy=args.policy, version=__version__,
-                          where=str(path))
+                          where=str(path), unprofiled_step_us=args.unprofiled)
     except FitError as e:
         raise UserError(str(e)) from None
+    config = model.config
+    csv = None
+    if model.batches is not None:  # the capture's batch sequence, beside the config
+        out = Path(args.output)
+        csv = out.with_name(re.sub(r"\.(ya?ml)$", "", out.name) + ".batches.csv")
+        config = model.config_for_file(csv.name)
     lines = [f"# {line}" for line in model.header]
     fits = [(k, d) for k, d in model.details.items() if "ks" in d]
     if fits:
@@ -286,8 +403,10 @@ def _write_model(result, mapping, args, path: Path):
             ks = ", ".join(f"{k} {v}" for k, v in d["ks"].items())
             lines.append(f"#   {key}: n={d['n']} mean={d['mean']} std={d['std']} KS: {ks} "
                          f"(critical {d['ks_critical']}) -> {d['chosen']}")
-    text = "\n".join(lines) + "\n" + yaml.safe_dump(model.config, sort_keys=False,
+    text = "\n".join(lines) + "\n" + yaml.safe_dump(config, sort_keys=False,
                                                     default_flow_style=None, width=100)
+    if csv is not None:
+        write_text_atomic(csv, batches_csv(model.batches))
     write_text_atomic(args.output, text)
     return model
 
