@@ -7,8 +7,8 @@ The captures are what the importer's launch rule is checked on against HolisticT
 Analysis (``tests/test_hta_oracle.py`` picks up every ``*.kineto.json.gz`` under
 ``tests/data/threads/``): kernels launched from several CPU threads of one process.
 
-One step (inside ``prof.step()``, so every iteration is a ``ProfilerStep#k`` range on
-the main thread):
+One step (profiled with a schedule and ``prof.step()``, so every iteration is a
+``ProfilerStep#k`` range on the main thread):
 
 - **forward** on the main thread (a small MLP, ``record_function("forward")``);
 - **backward**: ``loss.backward()``; autograd runs the CUDA backward on its own
@@ -71,17 +71,21 @@ class Step:
         self.host = torch.empty(1, pin_memory=True)
         self.done = [torch.cuda.Event(), torch.cuda.Event()]  # a ring: synced a step later
         self.pending: torch.cuda.Event | None = None
+        self.n = 0  # steps run: which event of the ring a step records
 
     def _worker(self) -> None:
         torch = self.torch
+        torch.cuda.set_device(0)  # a new thread has no current device (cuBLAS warns)
         with torch.cuda.stream(self.worker_stream), torch.profiler.record_function("worker"):
             y = self.w
             for _ in range(6):
                 y = torch.tanh(y @ self.w)
             self.worker_out = y.sum()
 
-    def run(self, k: int) -> None:
+    def run(self) -> None:
         torch = self.torch
+        k = self.n
+        self.n += 1
         rf = torch.profiler.record_function
         t = None
         if self.worker_stream is not None:
@@ -116,21 +120,28 @@ class Step:
 def run_variant(torch, name: str, out: Path, steps: int, log) -> Path:
     side, worker = VARIANTS[name]
     step = Step(torch, side, worker)
-    for k in range(3):  # warm up: cuBLAS handles, autograd's thread, the allocator
-        step.run(k)
+    for _ in range(3):  # warm up: cuBLAS handles, autograd's thread, the allocator
+        step.run()
     torch.cuda.synchronize()
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, schedule
 
+    raw = b""
+
+    def ready(prof) -> None:
+        nonlocal raw
+        with tempfile.TemporaryDirectory() as tmp:
+            raw_path = Path(tmp) / "k.json"
+            prof.export_chrome_trace(str(raw_path))
+            raw = raw_path.read_bytes()
+
+    # a schedule makes prof.step() write each step's ProfilerStep#k range
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 schedule=schedule(wait=0, warmup=1, active=steps), on_trace_ready=ready,
                  **_profile_kwargs(torch)) as prof:
-        for k in range(steps):
-            step.run(k)
+        for _ in range(steps + 1):
+            step.run()
             prof.step()
         torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as tmp:
-        raw_path = Path(tmp) / "k.json"
-        prof.export_chrome_trace(str(raw_path))
-        raw = raw_path.read_bytes()
     path = out / f"{name}.kineto.json.gz"
     path.write_bytes(gzip.compress(raw, compresslevel=9))
     log(f"{name}: {steps} steps, {path.stat().st_size / 1e3:.0f} kB gz "
