@@ -556,9 +556,11 @@ def test_real_capture_device_ops_point_at_their_launch(capture):
     nodes = np.flatnonzero(t.graph_node() & (ops.kind == OpKind.RECORD))
     assert set(spans.decoded("label")[ops.call[nodes]]) <= {"cudaGraphLaunch"}
     # each launch span names the first op it issued
-    first = {}
-    for op, call in zip(device.tolist(), calls.tolist()):
-        first.setdefault(call, op)
+    set_calls = set(calls.tolist())
+    first = {}  # over every op a call issued (an in-graph record node comes first)
+    for op, call in enumerate(ops.call.tolist()):
+        if call in set_calls:
+            first.setdefault(call, op)
     assert {c: int(spans.op[c]) for c in first} == first
     # host calls keep the runtime call's name; the call kind is typed
     host = spans.lane == t.code("cpu")
