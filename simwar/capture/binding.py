@@ -27,9 +27,8 @@ rule is kept per use, :attr:`Binding.rule`):
    count between two consecutive uses of E): after E's previous use, the first of them, when there are
    exactly that many (else it is ambiguous and left unbound); at E's first use,
    the record that many back from the newest (none when there are fewer:
-   recorded before the capture). An event synced only once binds to the one
-   record of its thread on its stream since the thread's previous sync, and is
-   left unbound when there are several (e.g. timing events recorded in between).
+   recorded before the capture). An event synced only once (a fresh event per
+   step) is left unbound: any record before it could be its own.
 4. ``recorded_event``: a stream wait on an event that rules 1-3 found a host record
    of (a ring event the host also syncs, as a side stream's ``done`` event the main
    stream waits on): the most recent such record before the wait.
@@ -241,11 +240,8 @@ def _rings(b: Binding, syncs: list[_Use], records: _Records, claimed: set[int]) 
                            for a_, b_ in zip(us, us[1:]))
             size[event] = max(1, max(gaps, key=lambda g: (gaps[g], g)))
     last_use: dict[int, int] = {}
-    last_sync: dict[int, int] = {}  # thread -> its previous sync
     for u in sorted(syncs, key=lambda x: x.pos):
         where = ring_stream.get(u.event)
-        prev_sync = last_sync.get(u.tid, -1)
-        last_sync[u.tid] = u.pos
         if where is None:
             b.unbound["sync: no host record before it"] += 1
             continue
@@ -259,11 +255,9 @@ def _rings(b: Binding, syncs: list[_Use], records: _Records, claimed: set[int]) 
         elif u.event in size:  # a ring's first use: its size back from the newest
             pick = records.newest(u.tid, -1, u.pos, claimed, stream=where,
                                   back=size[u.event])
-        else:  # an event synced once: the one record since the thread's previous sync
-            free = records.between(u.tid, prev_sync, u.pos, where, claimed)
-            pick = free[0] if len(free) == 1 else None
-            if len(free) > 1:
-                reason = f"ambiguous ({len(free)} records since the previous sync)"
+        else:  # an event synced once: which record recorded it, the capture does not say
+            pick = None
+            reason = "its event is synced once (no ring): its record is not named"
         last_use[u.event] = u.pos
         if pick is None:
             b.unbound[f"sync: {reason}"] += 1

@@ -309,14 +309,72 @@ def _flow(ph: str, corr: int, pid, tid, t: float) -> dict:
     return ev
 
 
-def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
-                 cpu_ranges: bool = True) -> Path:
-    """Write the capture (``.gz`` compresses); events are streamed, one per line.
+def as_captured(events: Iterator[dict], pid: int | None = None,
+                launch_threads: dict[str, int] | None = None,
+                torch_211: bool = False, copies: tuple[str, ...] = ()) -> Iterator[dict]:
+    """The events of :func:`kineto_events` as other profiles write them.
 
-    ``cpu_ranges``: write SGLang-named ranges around the CPU work (see the module
-    docstring).
+    - ``pid``: the host process id (default ``PID``);
+    - ``launch_threads``: kernel-name prefix → thread id: a launch whose kernels' names
+      start with a prefix is issued from that thread (as autograd's backward thread or a
+      communication thread issues its own launches), its records and waits stay on the
+      main thread;
+    - ``torch_211``: as PyTorch 2.11's profiler writes sync events: the record
+      correlation id and ``wait_on_stream`` are -1, and a ``wait_stream`` (a record and a
+      wait on it, issued together) waits on a fresh event id each time, as torch's
+      ``Stream.wait_stream`` records a new event;
+    - ``copies``: device ops with these labels are written as ``gpu_memcpy`` (the result
+      D2H is a copy, not a kernel, in a real capture).
     """
-    path = Path(path)
+    fresh = 900000
+    pending: list[dict] = []
+    last_record = None  # the correlation of the cudaEventRecord just written
+
+    def flush() -> Iterator[dict]:
+        if launch_threads and pending and pending[0].get("cat") == "cuda_runtime":
+            names = [e["name"] for e in pending if e.get("cat") in ("kernel", "gpu_memcpy")]
+            tid = next((t for prefix, t in launch_threads.items()
+                        if any(n.startswith(prefix) for n in names)), None)
+            if tid is not None:
+                for e in pending:
+                    if e.get("cat") == "cuda_runtime" or (e.get("ph") == "s"):
+                        e["tid"] = tid
+        yield from pending
+        pending.clear()
+
+    for ev in events:
+        ev = dict(ev)
+        if pid is not None and ev.get("pid") == PID:
+            ev["pid"] = pid
+        if copies and ev.get("cat") == "kernel" and ev["name"] in copies:
+            ev["cat"] = "gpu_memcpy"
+        if ev.get("cat") in ("kernel", "gpu_memcpy", "ac2g") and pending:
+            pending.append(ev)
+            continue
+        yield from flush()
+        if ev.get("cat") == "cuda_runtime":
+            if ev["name"] in ("cudaLaunchKernel", "cudaGraphLaunch"):
+                pending.append(ev)
+                last_record = None
+                continue
+            last_record = ev["args"]["correlation"] if ev["name"] == "cudaEventRecord" \
+                else None if ev["name"] != "cudaStreamWaitEvent" else last_record
+        if torch_211 and ev.get("cat") == "cuda_sync":
+            args = dict(ev["args"])
+            if (ev["name"] == "Stream Wait Event" and last_record is not None
+                    and args["wait_on_cuda_event_record_corr_id"] == last_record):
+                fresh += 1
+                args["wait_on_cuda_event_id"] = fresh
+            args["wait_on_cuda_event_record_corr_id"] = -1
+            args["wait_on_stream"] = -1
+            ev["args"] = args
+        if ev.get("cat") == "cuda_sync":
+            last_record = None
+        yield ev
+    yield from flush()
+
+
+def _write_events(path: Path, events: Iterator[dict]) -> Path:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wt") as fh:
         fh.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {"id": 0, '
@@ -324,8 +382,36 @@ def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
                  '"computeMinor": 0, "numSms": 132}\n  ],\n  "displayTimeUnit": "ms",\n'
                  '  "baseTimeNanoseconds": 1700000000000000000,\n  "traceEvents": [\n')
         first = True
-        for ev in kineto_events(trace, origin_us, cpu_ranges):
+        for ev in events:
             fh.write(("  " if first else ",\n  ") + json.dumps(ev, separators=(", ", ": ")))
             first = False
         fh.write('\n  ],\n  "traceName": "' + path.name + '"\n}\n')
     return path
+
+
+def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
+                 cpu_ranges: bool = True, **captured) -> Path:
+    """Write the capture (``.gz`` compresses); events are streamed, one per line.
+
+    ``cpu_ranges``: write SGLang-named ranges around the CPU work (see the module
+    docstring); ``captured``: :func:`as_captured`'s options (another pid, launches from
+    other threads, PyTorch 2.11's sync events).
+    """
+    events = kineto_events(trace, origin_us, cpu_ranges)
+    if captured:
+        events = as_captured(events, **captured)
+    return _write_events(Path(path), events)
+
+
+def write_kineto_processes(traces: list[Trace], path: str | Path, pids: list[int],
+                           origin_us: float = ORIGIN_US, **captured) -> Path:
+    """Several simulated runs as the processes of one capture file: process ``pids[i]``
+    runs ``traces[i]`` on the same device and stream ids, with the same correlation ids
+    (as two processes sharing a GPU, or per-rank captures merged into one file)."""
+    def events() -> Iterator[dict]:
+        for trace, pid in zip(traces, pids):
+            for ev in as_captured(kineto_events(trace, origin_us), pid=pid, **captured):
+                if ev.get("ph") == "i":  # one window-end instant per file
+                    continue
+                yield ev
+    return _write_events(Path(path), events())
