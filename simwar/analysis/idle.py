@@ -52,9 +52,10 @@ carries a stream, which besides device work takes in (1) CUPTI's ``cuda_sync``
 markers (``Stream Wait Event``, ``Stream Sync``: the host call's interval drawn on
 the stream's row, not device activity) and (2) ``cpu_op`` events with an
 ``args.stream`` (Inductor/Triton launchers write one: a host op). Both stretch the
-span and fill idle time with host time (a 12.92 s span read as 13.00 s; a decode
-capture's compute of 19.6 µs read as 471 µs), so simwar keeps device work only; on a
-capture without those events HTA gives simwar's numbers, which the oracle test checks.
+span and fill idle time with host time (on ``tests/data/threads/all``, HTA's span is
+28,072 µs, 27,891 µs of device work, the rest stream-wait markers), so simwar keeps
+device work only; on a capture without those events HTA gives simwar's numbers, which
+the oracle test checks.
 
 Imports: numpy.
 """
