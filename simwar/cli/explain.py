@@ -146,7 +146,12 @@ def load_source(path: str, mapping: str | None = None, overrides=()):
         result = import_kineto(p, load_mapping(mapping))
     except KinetoFormatError as e:
         raise UserError(str(e)) from None
-    return result.trace, f"Kineto capture {p}"
+    m = result.trace.meta
+    host = m.get("host_thread")
+    who = (f" (scheduler thread {m.get('host_thread_name') or host[1]}, tid {host[1]}: "
+           f"{m.get('host_thread_reason')})") if host and len(m.get("launch_threads", [])) > 1 \
+        else ""
+    return result.trace, f"Kineto capture {p}{who}"
 
 
 def _peek(path: Path, size: int = 4096) -> str:
@@ -162,7 +167,7 @@ def _peek(path: Path, size: int = 4096) -> str:
 
 def _header(trace, what: str) -> str:
     m = trace.meta
-    name = m.get("name") or Path(what.split()[-1]).name
+    name = m.get("name") or m.get("file") or Path(what.split()[-1]).name
     bits = []
     if m.get("algorithm"):
         bits.append(str(m["algorithm"]))
