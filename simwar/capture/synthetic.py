@@ -311,7 +311,8 @@ def _flow(ph: str, corr: int, pid, tid, t: float) -> dict:
 
 def as_captured(events: Iterator[dict], pid: int | None = None,
                 launch_threads: dict[str, int] | None = None,
-                torch_211: bool = False, copies: tuple[str, ...] = ()) -> Iterator[dict]:
+                torch_211: bool = False, copies: tuple[str, ...] = (), device: int | None = None,
+                correlation_offset: int = 0) -> Iterator[dict]:
     """The events of :func:`kineto_events` as other profiles write them.
 
     - ``pid``: the host process id (default ``PID``);
@@ -324,7 +325,10 @@ def as_captured(events: Iterator[dict], pid: int | None = None,
       wait on it, issued together) waits on a fresh event id each time, as torch's
       ``Stream.wait_stream`` records a new event;
     - ``copies``: device ops with these labels are written as ``gpu_memcpy`` (the result
-      D2H is a copy, not a kernel, in a real capture).
+      D2H is a copy, not a kernel, in a real capture);
+    - ``device``: the GPU the work runs on (default ``DEVICE``);
+    - ``correlation_offset``: added to every correlation id (another process's CUPTI
+      counts from elsewhere).
     """
     fresh = 900000
     pending: list[dict] = []
@@ -348,6 +352,17 @@ def as_captured(events: Iterator[dict], pid: int | None = None,
             ev["pid"] = pid
         if copies and ev.get("cat") == "kernel" and ev["name"] in copies:
             ev["cat"] = "gpu_memcpy"
+        if "args" in ev and (correlation_offset or device is not None):
+            args = ev["args"] = dict(ev["args"])
+            if correlation_offset and "correlation" in args:
+                args["correlation"] += correlation_offset
+                if args.get("wait_on_cuda_event_record_corr_id", -1) >= 0:
+                    args["wait_on_cuda_event_record_corr_id"] += correlation_offset
+            if device is not None and "device" in args:
+                args["device"] = device
+                ev["pid"] = device
+        if correlation_offset and ev.get("cat") == "ac2g":
+            ev["id"] += correlation_offset
         if ev.get("cat") in ("kernel", "gpu_memcpy", "ac2g") and pending:
             pending.append(ev)
             continue
@@ -404,13 +419,19 @@ def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
 
 
 def write_kineto_processes(traces: list[Trace], path: str | Path, pids: list[int],
-                           origin_us: float = ORIGIN_US, **captured) -> Path:
+                           origin_us: float = ORIGIN_US, devices: list[int] | None = None,
+                           offsets: list[int] | None = None, **captured) -> Path:
     """Several simulated runs as the processes of one capture file: process ``pids[i]``
-    runs ``traces[i]`` on the same device and stream ids, with the same correlation ids
-    (as two processes sharing a GPU, or per-rank captures merged into one file)."""
+    runs ``traces[i]`` on GPU ``devices[i]`` (default: all on one) with the same stream
+    ids, its correlation ids shifted by ``offsets[i]`` (default 0: the same ids), as
+    per-rank captures merged into one file or processes sharing a GPU."""
+    devices = devices or [None] * len(traces)
+    offsets = offsets or [0] * len(traces)
+
     def events() -> Iterator[dict]:
-        for trace, pid in zip(traces, pids):
-            for ev in as_captured(kineto_events(trace, origin_us), pid=pid, **captured):
+        for trace, pid, dev, off in zip(traces, pids, devices, offsets):
+            for ev in as_captured(kineto_events(trace, origin_us), pid=pid, device=dev,
+                                  correlation_offset=off, **captured):
                 if ev.get("ph") == "i":  # one window-end instant per file
                     continue
                 yield ev
