@@ -114,22 +114,30 @@ def bind(calls: list[RuntimeCall], devs_by_corr: dict[int, list[DeviceEvent]],
     """Bind the waits and syncs of one process (``calls``: its runtime calls in issue
     order, every thread) by the rules of the module docstring."""
     b = Binding()
-    kinds = [call_kind(c.name, c.correlation in devs_by_corr) for c in calls]
     pos_of = {c.correlation: i for i, c in enumerate(calls) if c.correlation >= 0}
     uses: list[_Use] = []
-    for i, c in enumerate(calls):
-        s = syncs_by_corr.get(c.correlation) if c.correlation >= 0 else None
-        if s is None or s.kind not in (WAIT_USE, SYNC_USE):
+    for corr, s in syncs_by_corr.items():
+        i = pos_of.get(corr)
+        if i is None or s.kind not in (WAIT_USE, SYNC_USE):
             continue
+        c = calls[i]
         # only a stream wait call waits and only a synchronize call syncs (CUPTI also writes
         # an "Event Sync" for a cudaEventQuery, which waits for nothing)
-        if kinds[i] is not (Call.WAIT_EVENT if s.kind == WAIT_USE else Call.SYNCHRONIZE):
+        if call_kind(c.name, False) is not (Call.WAIT_EVENT if s.kind == WAIT_USE
+                                            else Call.SYNCHRONIZE):
             continue
         if s.kind == WAIT_USE and s.stream is None:
             continue  # a wait whose stream is not in the capture: not placed at all
         uses.append(_Use(i, c.correlation, c.tid, s.kind, s.event_id, s.stream, s.device))
+    uses.sort(key=lambda u: u.pos)
     n_uses = Counter(u.event for u in uses if u.event is not None)
-    work = _Work(calls, kinds, devs_by_corr)
+    if all(syncs_by_corr[u.corr].record_correlation is not None
+           and syncs_by_corr[u.corr].wait_on_stream is not None for u in uses):
+        kinds = _LazyKinds(calls, devs_by_corr)  # every use names its record: rule 1 only
+        work = None
+    else:
+        kinds = [call_kind(c.name, c.correlation in devs_by_corr) for c in calls]
+        work = _Work(calls, kinds, devs_by_corr)
     claimed: set[int] = set()
     left: list[_Use] = []
 
@@ -159,6 +167,8 @@ def bind(calls: list[RuntimeCall], devs_by_corr: dict[int, list[DeviceEvent]],
                         continue
         left.append(u)
 
+    if work is None:
+        return b
     records = work.host_records(claimed)  # tid -> [(pos, corr, stream)] not yet claimed
     # 3. ring (host syncs)
     syncs = [u for u in left if u.kind == SYNC_USE and u.event is not None]
@@ -264,6 +274,18 @@ def _rings(b: Binding, syncs: list[_Use], records: _Records, claimed: set[int]) 
             continue
         claimed.add(pick[1])
         _bound(b, u, pick[1], "ring", pick[2], u.event)
+
+
+class _LazyKinds:
+    """``kinds[i]``: the call kind of call i, computed when asked (the named-record path
+    asks for a few)."""
+
+    def __init__(self, calls, devs_by_corr):
+        self.calls, self.devs = calls, devs_by_corr
+
+    def __getitem__(self, i: int) -> Call:
+        c = self.calls[i]
+        return call_kind(c.name, c.correlation in self.devs)
 
 
 class _Work:

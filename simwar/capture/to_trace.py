@@ -49,6 +49,7 @@ import bisect
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from pathlib import Path
 
 from simwar.capture.binding import Binding, bind
@@ -190,6 +191,9 @@ def build_import(caps: list[Capture], mapping: Mapping, names: list[str]) -> Kin
     return result
 
 
+_ts = attrgetter("ts")
+
+
 def _first_ts(cap: Capture) -> float | None:
     starts = [min((e.ts for e in seq), default=float("inf"))
               for seq in (cap.device_events, cap.runtime_calls, cap.annotations,
@@ -269,20 +273,19 @@ class CaptureTraceBuilder:
         other_calls = [c for c in calls if (c.pid, c.tid) != self.host and (
             c.correlation in by_corr or c.correlation in bound_records
             or call_kind(c.name, False) is Call.WAIT_EVENT)]
-        calls_by_corr = {c.correlation: c for c in cap.runtime_calls if c.correlation >= 0}
         self.counts["host_runtime_calls"] = len(host_calls)
         self.counts["other_thread_calls"] = len(other_calls)
         self.ignored["runtime_other_threads"] += (len(cap.runtime_calls) - len(host_calls)
                                                   - len(other_calls))
 
         self.origin = self._origin()
-        self.gpu_offset = self._gpu_offset(calls_by_corr)
+        self.gpu_offset = self._gpu_offset(by_corr)
         host_ann = sorted((a for a in cap.annotations if (a.pid, a.tid) == self.host)
                           if self.host else cap.annotations, key=lambda a: (a.ts, -a.dur))
         self.steps = self._steps(host_ann)
         enclosing = self._enclosing(host_calls, host_ann)
 
-        trace = self._assemble(host_calls, other_calls, by_corr, calls_by_corr, enclosing,
+        trace = self._assemble(host_calls, other_calls, by_corr, enclosing,
                                host_ann, syncs_by_corr)
         annotations = [(a.name, a.ts - self.origin, a.ts + a.dur - self.origin)
                        for a in host_ann]
@@ -364,11 +367,11 @@ class CaptureTraceBuilder:
         first = _first_ts(self.cap)
         return 0.0 if first is None else first
 
-    def _gpu_offset(self, calls_by_corr) -> float:
+    def _gpu_offset(self, by_corr) -> float:
         """Device-clock correction; 'auto' shifts so no kernel starts before its launch."""
         off = self.m.gpu_clock_offset_us
-        lead = [d.ts - calls_by_corr[d.correlation].ts for d in self.cap.device_events
-                if d.correlation in calls_by_corr]
+        lead = [d.ts - c.ts for c in self.cap.runtime_calls if c.correlation in by_corr
+                for d in by_corr[c.correlation]]
         early = [x for x in lead if x < 0]
         if off == "auto":
             off = -min(early) if early else 0.0
@@ -448,7 +451,7 @@ class CaptureTraceBuilder:
         return self.m.unmatched_phase()
 
     # ------------------------------------------------------------------ assembly
-    def _assemble(self, host_calls, other_calls, by_corr, calls_by_corr, enclosing, host_ann,
+    def _assemble(self, host_calls, other_calls, by_corr, enclosing, host_ann,
                   syncs_by_corr) -> Trace:
         o, g = self.origin, self.gpu_offset
         self._step_starts = [s for s, _, _ in self.steps]
@@ -476,7 +479,7 @@ class CaptureTraceBuilder:
         if orphans + len(uncorrelated):
             self.warnings.append(f"{orphans + len(uncorrelated)} device ops have no host call in "
                                  f"the capture (step from their start time)")
-        items.sort(key=lambda x: (x[0], x[1], x[2]))
+        items.sort(key=itemgetter(0, 1, 2))
 
         rec = Recorder()
         measured = MeasuredLanes()
@@ -522,7 +525,8 @@ class CaptureTraceBuilder:
             name = c.name
             kind = call_kind(name, bool(devs))
             if devs:
-                devs = sorted(devs, key=lambda d: d.ts)
+                if len(devs) > 1:
+                    devs = sorted(devs, key=_ts)
                 phases = [self.kernel_phase(d.name, ann_phase) for d in devs]
                 phase = next((p for p in phases if p), "")
                 call = rec.host(kind, step, start, end, name, phase=phase, op=rec.next_op,
