@@ -413,8 +413,8 @@ class CaptureTraceBuilder:
             return -1
         return i
 
-    def _enclosing(self, calls: list[RuntimeCall], ann: list[Annotation]) -> dict:
-        """For each host call: (phase from annotations or None, site or None)."""
+    def _enclosing(self, calls: list[RuntimeCall], ann: list[Annotation]) -> list:
+        """For each host call, by index: (phase from annotations or None, site or None)."""
         phase_cache: dict[str, str | None] = {}
         site_cache: dict[str, str | None] = {}
 
@@ -423,7 +423,8 @@ class CaptureTraceBuilder:
                 cache[name] = next((v for rx, v in rules if rx.search(name)), None)
             return cache[name]
 
-        out = {}
+        out = []
+        none = (None, None)  # shared: most calls sit in no mapped range
         stack: list[Annotation] = []
         j = 0
         for c in calls:
@@ -439,7 +440,7 @@ class CaptureTraceBuilder:
                     site = first(self.site_rules, a.name, site_cache)
                 if phase is not None and (site is not None or not self.site_rules):
                     break
-            out[id(c)] = (phase, site)
+            out.append(none if phase is None and site is None else (phase, site))
         return out
 
     def kernel_phase(self, name: str, from_annotation: str | None) -> str:
@@ -504,7 +505,8 @@ class CaptureTraceBuilder:
             e = bnd.event.get(corr)
             return f"event{e}" if e is not None else ""
 
-        for issue, _, _, item, host_lane in items:
+        n_host = len(host_calls)
+        for issue, _, index, item, host_lane in items:
             if isinstance(item, DeviceEvent):
                 # device work whose host call is not in the capture
                 step = self.step_at(issue)
@@ -520,7 +522,7 @@ class CaptureTraceBuilder:
             if step < 0:
                 outside += 1
                 continue
-            ann_phase, site = enclosing.get(id(c), (None, None))
+            ann_phase, site = enclosing[index] if 0 <= index < n_host else (None, None)
             devs = by_corr.get(c.correlation)
             name = c.name
             kind = call_kind(name, bool(devs))
