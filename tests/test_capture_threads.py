@@ -54,7 +54,7 @@ def test_probe_fine_binds_every_schedule_wait_to_the_verify_graphs_node():
     sched = [w for w in _waits(t) if w[0] == "stream37"]  # the schedule stream's barrier
     assert len(sched) == 60
     spans = t.spans
-    for lane, step, rlane, rstep, call, b in sched:
+    for _lane, step, rlane, rstep, call, b in sched:
         assert (rlane, rstep, call) == ("stream41", step, "cudaGraphLaunch")
         launch = int(t.ops.call[b])
         assert spans.decoded("phase")[launch] == "verify"  # the verify graph, not the draft
@@ -75,7 +75,7 @@ def test_probe_coarse_binds_its_barrier_to_the_record_just_before_it_on_forward(
     barrier = [w for w in _waits(t) if w[0] == "stream49"]  # schedule.wait_stream(forward)
     assert len(barrier) == 60
     ops, spans = t.ops, t.spans
-    for lane, step, rlane, rstep, call, b in barrier:
+    for _lane, step, rlane, rstep, call, b in barrier:
         assert (rlane, rstep, call) == ("stream53", step, "cudaEventRecordWithFlags")
         wait_call = int(ops.call[np.flatnonzero((ops.kind == OpKind.WAIT)
                                                 & (ops.bound == b))[0]])

@@ -24,8 +24,9 @@ rule is kept per use, :attr:`Binding.rule`):
    record before E's first use). A ring of events used in rotation, as SGLang's
    alternating ``copy_done`` events (recorded at step k, synced at step k+1), finds
    as many records between two uses of E as it has events (its size: the most common
-   count between two consecutive uses of E): after E's previous use, the first of them, when there are
-   exactly that many (else it is ambiguous and left unbound); at E's first use,
+   count between two consecutive uses of E): after E's previous use, the first of
+   them, when there are at most that many (more is ambiguous and left unbound; fewer
+   happens at the capture's end); at E's first use,
    the record that many back from the newest (none when there are fewer:
    recorded before the capture). An event synced only once (a fresh event per
    step) is left unbound: any record before it could be its own.

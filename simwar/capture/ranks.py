@@ -92,17 +92,18 @@ def split_processes(caps: list[Capture]) -> tuple[list[RankCapture], Counter]:
             if len(o) == 1:
                 lane_votes[(d.device, d.stream)][next(iter(o))] += 1
 
-        def owner(corr: int, lane: tuple | None) -> int:
+        def owner(corr: int, lane: tuple | None, owners=owners, votes=lane_votes,
+                  first=pids[0]) -> int:
             o = owners.get(corr, ())
             if len(o) == 1:
                 how["by_correlation"] += 1
                 return next(iter(o))
-            votes = lane_votes.get(lane) if lane is not None else None
-            if votes:
+            lane_votes_ = votes.get(lane) if lane is not None else None
+            if lane_votes_:
                 how["collision_by_lane" if o else "no_launch_by_lane"] += 1
-                return votes.most_common(1)[0][0]
+                return lane_votes_.most_common(1)[0][0]
             how["to_first_process"] += 1
-            return pids[0]
+            return first
 
         parts = {p: Capture(meta=dict(cap.meta), thread_names={
             k: v for k, v in cap.thread_names.items() if k[0] == p},

@@ -48,6 +48,9 @@ a string or a nested value makes the decode fail (the piece is not valid JSON),
 and the block is then decoded together with the next one, so the result does not
 depend on where blocks fall. Memory is the used events plus one block.
 
+The file is over 600 lines because the one pass and the check of every field it reads
+(the malformed-event rules above) are one unit: split, each half would restate the other.
+
 Imports: msgspec, the standard library and :mod:`simwar.core.trace`; never the
 simulator (api, executors, build) and no pandas. Nothing prints: progress goes
 to an optional callback.

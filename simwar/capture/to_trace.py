@@ -37,6 +37,10 @@ ranks (:mod:`simwar.capture.ranks`): one Trace per rank, the primary rank's (the
 mapping's ``process``, else the one with the step ranges) as :attr:`KinetoImport.trace`,
 and all of them side by side in :attr:`KinetoImport.combined`.
 
+The file is over 600 lines because :class:`CaptureTraceBuilder`'s assembly is one pass
+over the host items that needs every piece it infers (host thread, steps, phases, lanes,
+binding); the rules that stand alone live in binding, device_times and ranks.
+
 Imports: the standard library and simwar's capture and core modules (numpy through
 them); never the simulator (api, executors, build) and no pandas (the caller runs
 :mod:`simwar.analysis.metrics` on the result). Nothing prints: progress goes to an
@@ -60,8 +64,13 @@ from simwar.capture.device_times import (
     infer_device_times,
 )
 from simwar.capture.mapping import Mapping, load_mapping
-from simwar.capture.ranks import RankCapture, clock_offsets, side_by_side, split_processes, \
-    step_skew
+from simwar.capture.ranks import (
+    RankCapture,
+    clock_offsets,
+    side_by_side,
+    split_processes,
+    step_skew,
+)
 from simwar.capture.reader import (
     Annotation,
     Capture,
@@ -167,7 +176,7 @@ def build_import(caps: list[Capture], mapping: Mapping, names: list[str]) -> Kin
     main_r, main, _ = built[primary]
     infos = [b[2] for b in built]
     warnings = list(main.warnings)
-    for r, imp, info in built:
+    for r, imp, _ in built:
         if r is not main_r:
             warnings += [f"rank {r.rank} (pid {r.pid}): {w}" for w in imp.warnings]
     if clock_note:

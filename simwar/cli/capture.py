@@ -10,8 +10,8 @@ code), plus event counts and HTA's idle breakdown per stream, the scheduler thre
 threads that launched, how waits and syncs were bound, and, given several per-rank
 captures (or a file with several processes), each rank and the skew of their step
 starts. ``--json`` prints one object; ``--strict`` makes any warning (a dropped or
-implausible event, an unmatched mapping key, ...) an error. ``--fit`` writes a complete, runnable config of the
-capture's loop (:mod:`simwar.fit.from_capture`): ``simwar run fitted.yaml``
+implausible event, an unmatched mapping key, ...) an error. ``--fit`` writes a complete,
+runnable config of the capture's loop (:mod:`simwar.fit.from_capture`): ``simwar run fitted.yaml``
 reproduces it, ``--set`` asks what-if questions of it. ``--check`` simulates a
 fitted config (with ``--set`` overrides, e.g. another barrier) and prints the
 capture and the simulation side by side with each figure's error, judged
