@@ -7,7 +7,11 @@ each peak RSS is its own), reads the same file with:
 - ``json.load`` (the baseline every ratio is against);
 - ``simwar read``: :func:`simwar.capture.reader.read_capture`, the one streaming pass;
 - ``simwar import``: :func:`simwar.capture.to_trace.import_kineto`, read + Trace;
-- ``hta parse``: HolisticTraceAnalysis's own parse of the file (when it is installed);
+- ``hta parse``: HolisticTraceAnalysis's own parse (when it is installed), on a second,
+  smaller capture of ``--hta-mb`` MB (default 20) next to simwar's import of that same
+  file: HTA holds ~100 bytes of memory per byte of JSON, which a 200 MB capture would
+  take past this machine's 24 GB (its process is capped at ``--hta-gb`` GB of address
+  space, 12 by default, and reported as over the cap if it hits it);
 - with ``--candidates``, the parsers the reader was chosen from: ijson's ``items`` over
   ``traceEvents`` (one pass, its ``yajl2_c`` backend), orjson and msgspec (untyped) over
   blocks cut at event boundaries, msgspec decoding into typed structs (what the reader does).
@@ -15,7 +19,7 @@ each peak RSS is its own), reads the same file with:
 It prints one line per reader (seconds, MB/s of uncompressed JSON, peak RSS and its ratio to
 the file size, speed relative to json.load) and one JSON line with everything. Nothing is kept.
 
-    python benchmarks/bench_import.py [--mb 200] [--gzip] [--candidates]
+    python benchmarks/bench_import.py [--mb 200] [--gzip] [--candidates] [--hta-mb 20]
 """
 
 from __future__ import annotations
@@ -111,6 +115,7 @@ def child(what: str, path: str) -> dict:
                                                            "cuda_sync")) + imp.ignored_total
     elif what == "hta parse":
         import contextlib
+        import resource as res
         import io
         import logging
         import shutil
@@ -118,6 +123,8 @@ def child(what: str, path: str) -> dict:
 
         warnings.filterwarnings("ignore")
         logging.disable(logging.WARNING)
+        cap = int(float(os.environ.get("BENCH_HTA_GB", "12")) * 2**30)
+        res.setrlimit(res.RLIMIT_AS, (cap, cap))
         from hta.common.trace import Trace
 
         with tempfile.TemporaryDirectory() as d:
@@ -160,6 +167,10 @@ def main() -> int:
     ap.add_argument("--gzip", action="store_true", help="write and read .json.gz")
     ap.add_argument("--candidates", action="store_true",
                     help="also time the parsers the reader was chosen from")
+    ap.add_argument("--hta-mb", type=float, default=20.0,
+                    help="size of the capture HTA's parse is timed on (0: none)")
+    ap.add_argument("--hta-gb", type=float, default=12.0,
+                    help="address-space cap of HTA's process (GB)")
     ap.add_argument("--child", nargs=2, metavar=("WHAT", "CAPTURE"),
                     help=argparse.SUPPRESS)  # the fresh process that does one read
     args = ap.parse_args()
@@ -167,45 +178,73 @@ def main() -> int:
         print(json.dumps(child(*args.child)))
         return 0
 
-    from simwar.api import simulate
-    from simwar.capture.synthetic import write_kineto
-
     readers = ["json.load", "simwar read", "simwar import"]
+    if args.candidates:
+        readers += ["ijson items", "orjson blocks", "msgspec blocks", "msgspec typed"]
     try:
         import hta  # noqa: F401
 
-        readers.append("hta parse")
+        has_hta = args.hta_mb > 0
     except ImportError:
+        has_hta = False
         print("HolisticTraceAnalysis is not installed: its parse is not timed", file=sys.stderr)
-    if args.candidates:
-        readers += ["ijson items", "orjson blocks", "msgspec blocks", "msgspec typed"]
+    report = {"gzip": args.gzip}
     with tempfile.TemporaryDirectory() as tmp:
-        t0 = time.perf_counter()
-        sim = simulate(None, {"steps": max(50, int(args.mb * STEPS_PER_MB))}, engine="simpy")
-        path = write_kineto(sim.trace, Path(tmp) / ("capture.json.gz" if args.gzip
-                                                     else "capture.json"))
-        del sim
-        import gzip
+        runs = [("main", args.mb, readers)]
+        if has_hta:
+            runs.append(("hta", args.hta_mb, ["json.load", "simwar import", "hta parse"]))
+        for label, mb, names in runs:
+            path, raw_mb = _capture(Path(tmp) / label, mb, args.gzip)
+            results = {}
+            for what in names:
+                env = dict(os.environ, BENCH_HTA_GB=str(args.hta_gb))
+                out = subprocess.run([sys.executable, __file__, "--child", what, str(path)],
+                                     stdout=subprocess.PIPE, text=True, env=env)
+                if out.returncode != 0:
+                    results[what] = {"failed": f"exit {out.returncode} (over "
+                                               f"{args.hta_gb} GB?)"}
+                    print(f"  {what}: failed ({results[what]['failed']})", file=sys.stderr)
+                    continue
+                results[what] = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"  {what}: {results[what]['s']} s", file=sys.stderr)
+            _table(results, raw_mb)
+            report[label] = {"file_mb": round(raw_mb, 1), "readers": results}
+            path.unlink()
+    print(json.dumps(report))
+    return 0
 
-        raw_mb = (len(gzip.decompress(path.read_bytes())) if args.gzip
-                  else path.stat().st_size) / 1e6
-        print(f"wrote {path.stat().st_size / 1e6:.1f} MB ({raw_mb:.1f} MB of JSON) in "
-              f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
-        results = {}
-        for what in readers:
-            out = subprocess.run([sys.executable, __file__, "--child", what, str(path)],
-                                 check=True, stdout=subprocess.PIPE, text=True)
-            results[what] = json.loads(out.stdout.strip().splitlines()[-1])
-    base = results["json.load"]["s"]
-    print(f"{'reader':<16} {'s':>7} {'MB/s':>7} {'peak MB':>8} {'x size':>7} {'vs json.load':>13}")
+
+def _capture(folder: Path, mb: float, gz: bool) -> tuple[Path, float]:
+    import gzip
+
+    from simwar.api import simulate
+    from simwar.capture.synthetic import write_kineto
+
+    folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    sim = simulate(None, {"steps": max(50, int(mb * STEPS_PER_MB))}, engine="simpy")
+    path = write_kineto(sim.trace, folder / ("capture.json.gz" if gz else "capture.json"))
+    del sim
+    raw_mb = (len(gzip.decompress(path.read_bytes())) if gz else path.stat().st_size) / 1e6
+    print(f"wrote {path.stat().st_size / 1e6:.1f} MB ({raw_mb:.1f} MB of JSON) in "
+          f"{time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return path, raw_mb
+
+
+def _table(results: dict, raw_mb: float) -> None:
+    base = results["json.load"].get("s")
+    print(f"capture of {raw_mb:.1f} MB of JSON")
+    print(f"  {'reader':<16} {'s':>7} {'MB/s':>7} {'peak MB':>8} {'x size':>7} "
+          f"{'vs json.load':>13}")
     for what, r in results.items():
+        if "failed" in r:
+            print(f"  {what:<16} failed: {r['failed']}")
+            continue
         r["mb_per_s"] = round(raw_mb / r["s"], 1) if r["s"] else None
         r["peak_over_size"] = round(r["peak_rss_mb"] / raw_mb, 2)
-        r["speed_vs_json_load"] = round(base / r["s"], 2) if r["s"] else None
-        print(f"{what:<16} {r['s']:>7.2f} {r['mb_per_s']:>7.1f} {r['peak_rss_mb']:>8} "
+        r["speed_vs_json_load"] = round(base / r["s"], 2) if r["s"] and base else None
+        print(f"  {what:<16} {r['s']:>7.2f} {r['mb_per_s']:>7.1f} {r['peak_rss_mb']:>8} "
               f"{r['peak_over_size']:>7.2f} {r['speed_vs_json_load']:>12.2f}x")
-    print(json.dumps({"file_mb": round(raw_mb, 1), "gzip": args.gzip, "readers": results}))
-    return 0
 
 
 if __name__ == "__main__":
