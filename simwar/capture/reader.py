@@ -503,11 +503,23 @@ class _Classifier:
     def __init__(self, cap: Capture):
         self.cap = cap
         self.open: dict[tuple, list] = defaultdict(list)  # (pid, tid) -> open B events
+        self.device, self.runtime = cap.device_events, cap.runtime_calls
+        self.other: Counter = Counter()  # (cat, ph) of events of other phases
 
     def __call__(self, ev) -> None:
-        if isinstance(ev, RawEvent):
-            ph, cat, name, pid, tid, ts, dur, args = (ev.ph, ev.cat, ev.name, ev.pid, ev.tid,
-                                                      ev.ts, ev.dur, ev.args)
+        if type(ev) is RawEvent:
+            ph = ev.ph
+            if ph == "X":
+                if self.fast(ev):
+                    return
+                ph, cat, name, pid, tid, ts, dur, args = (ph, ev.cat, ev.name, ev.pid, ev.tid,
+                                                          ev.ts, ev.dur, ev.args)
+            elif ph != "B" and ph != "E" and ph != "M":
+                self.other[(ev.cat, ph)] += 1  # flows (ac2g: s/f), instants, counters, ...
+                return
+            else:
+                ph, cat, name, pid, tid, ts, dur, args = (ph, ev.cat, ev.name, ev.pid, ev.tid,
+                                                          ev.ts, ev.dur, ev.args)
         elif isinstance(ev, dict):
             ph, cat, name, pid, tid, ts, dur = (ev.get(k) for k in ("ph", "cat", "name", "pid",
                                                                    "tid", "ts", "dur"))
@@ -524,8 +536,31 @@ class _Classifier:
         elif ph == "M":
             self.metadata(name, pid, tid, args)
         else:
-            # flows (ac2g: s/f), instants (i), counters (C), ...
-            self.cap.ignored[f"{cat or 'ph'}:{ph}"] += 1
+            self.other[(cat, ph)] += 1
+
+    def fast(self, ev: RawEvent) -> bool:
+        """The common case, read without the checks' function calls: a kernel, memcpy,
+        memset or runtime call whose fields all have their usual types. False: not that
+        case (:meth:`complete` reads it, checking every field)."""
+        kind = _FAST_KINDS.get(ev.cat)
+        ts, dur, name, args = ev.ts, ev.dur, ev.name, ev.args
+        if kind is None or type(ts) is not float or type(dur) is not float or dur < 0 \
+                or type(name) is not str or args is None:
+            return False
+        corr = args.correlation
+        if type(corr) is not int:
+            return False
+        if kind == "runtime":
+            pid, tid = ev.pid, ev.tid
+            if type(pid) is not int or type(tid) is not int:
+                return False
+            self.runtime.append(RuntimeCall(_intern(name), pid, tid, ts, dur, corr))
+            return True
+        stream, device = args.stream, args.device
+        if type(stream) is not int or type(device) is not int:
+            return False
+        self.device.append(DeviceEvent(kind, _intern(name), device, stream, ts, dur, corr))
+        return True
 
     def metadata(self, name, pid, tid, args) -> None:
         cap = self.cap
@@ -565,6 +600,12 @@ class _Classifier:
         self.complete(bcat, bname, pid, tid, bts, ts - bts, bargs)
 
     def finish(self) -> None:
+        cap = self.cap
+        for (cat, ph), n in self.other.items():
+            cap.ignored[f"{cat if isinstance(cat, str) and cat else 'ph'}:{ph}"] += n
+        cap.counts.update(Counter(d.kind for d in cap.device_events))
+        cap.counts.update(runtime=len(cap.runtime_calls), cuda_sync=len(cap.sync_events),
+                          annotation=len(cap.annotations))
         for stack in self.open.values():
             for cat, *_ in stack:
                 kind = _kind_of(cat)
@@ -609,12 +650,10 @@ class _Classifier:
             corr = _int(args.correlation)
             cap.device_events.append(DeviceEvent(kind, intern(name), device, stream, ts, dur,
                                                  -1 if corr is None else corr))
-            cap.counts[kind] += 1
         elif kind == "runtime":
             corr = _int(args.correlation)
             cap.runtime_calls.append(RuntimeCall(intern(name), _int(pid) or 0, _int(tid) or 0,
                                                  ts, dur, -1 if corr is None else corr))
-            cap.counts["runtime"] += 1
         elif kind == "cuda_sync":
             skind = args.cuda_sync_kind if args.cuda_sync_kind is not None else name
             corr = _int(args.correlation)
@@ -628,14 +667,14 @@ class _Classifier:
                 None if wait_on in _INVALID_STREAMS else wait_on,
                 _int(args.wait_on_cuda_event_id),
                 None if rec is None or rec < 0 else rec))
-            cap.counts["cuda_sync"] += 1
         else:
             cap.annotations.append(Annotation(intern(name), _int(pid) or 0, _int(tid) or 0,
                                               ts, dur))
-            cap.counts["annotation"] += 1
 
 
 _NO_ARGS = RawArgs()
+_FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime")}
+_intern = sys.intern
 
 
 def _word(kind: str) -> str:
