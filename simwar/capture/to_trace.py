@@ -159,8 +159,8 @@ def build_import(caps: list[Capture], mapping: Mapping, names: list[str]) -> Kin
     the primary one and all side by side (see the module docstring)."""
     ranks, how = split_processes(caps)
     _, clock_note = clock_offsets(caps)
-    origin = min((_first_ts(r.cap) + r.clock_offset_us for r in ranks if _first_ts(r.cap)
-                  is not None), default=0.0)
+    firsts = [(_first_ts(r.cap), r.clock_offset_us) for r in ranks]
+    origin = min((t + off for t, off in firsts if t is not None), default=0.0)
     primary = _primary(ranks, mapping)
     built: list[tuple[RankCapture, KinetoImport, RankImport]] = []
     for r in ranks:
@@ -204,11 +204,9 @@ _ts = attrgetter("ts")
 
 
 def _first_ts(cap: Capture) -> float | None:
-    starts = [min((e.ts for e in seq), default=float("inf"))
-              for seq in (cap.device_events, cap.runtime_calls, cap.annotations,
-                          cap.sync_events)]
-    first = min(starts)
-    return None if first == float("inf") else first
+    starts = [min(map(_ts, seq)) for seq in (cap.device_events, cap.runtime_calls,
+                                             cap.annotations, cap.sync_events) if seq]
+    return min(starts) if starts else None
 
 
 def _primary(ranks: list[RankCapture], mapping: Mapping) -> int:
