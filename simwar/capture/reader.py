@@ -74,7 +74,7 @@ from simwar.core.trace import Call
 #: categories of device work (older captures spell some differently)
 DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy",
                "Memcpy": "memcpy", "gpu_memset": "memset", "Memset": "memset"}
-RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver", "hip_runtime"}
+RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
 #: device activity simwar does not model: counted and reported in one line
 UNMODELLED_DEVICE = re.compile(r"^mtia")
 RECORD_CALLS = {"cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord",
