@@ -491,7 +491,7 @@ def test_a_hidden_host_sync_is_named_with_what_it_waited_for(tmp_path):
 def test_a_sync_whose_record_the_capture_does_not_bind_says_so(tmp_path):
     _, path = _synthetic(tmp_path, ROOT / "configs" / "dspark_fine.yaml",
                          {"cpu.schedule_us": 6000, "gpu.schedule_writes_us": 5},
-                         record_ids=False)
+                         record_ids=False, fresh_events=("copy_done",))
     cp, _ = _explained(path)
     causes_ = {c["cause"] for c in cp.step_causes()}
     assert "host blocked in cudaEventSynchronize (its record is not bound in this trace)" \

@@ -1,8 +1,11 @@
 """Readers: real GPU captures → :class:`simwar.core.trace.Trace`, and the loop's layout in one.
 
-- :mod:`.reader`: torch.profiler (Kineto) Chrome-trace JSON, streamed into a ``Capture``;
+- :mod:`.reader`: torch.profiler (Kineto) Chrome-trace JSON, read in one pass into a
+  ``Capture`` (malformed events counted, HIP names mapped);
 - :mod:`.to_trace`: a ``Capture`` and a mapping → the Trace (:func:`import_kineto`),
-  with :mod:`.device_times` inferring when records fired and waits released;
+  with :mod:`.binding` (which record each wait and sync binds to, the one place of those
+  rules), :mod:`.device_times` (when records fired and waits released) and
+  :mod:`.ranks` (several processes or per-rank files as ranks side by side);
 - :mod:`.mapping`: the YAML mapping of streams, steps, phases and sync sites;
 - :mod:`.presets`: mappings shipped for known servers (SGLang, vLLM), their detection,
   and :func:`~simwar.capture.presets.import_capture`, which reads a capture with them;

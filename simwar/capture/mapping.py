@@ -6,7 +6,10 @@ A mapping is a small YAML file (every key optional)::
     preset: sglang                   # start from a preset (simwar.capture.presets)
     streams: {7: forward, 13: schedule, 20: copy}   # CUDA stream id -> lane
     forward_stream: forward          # lane (or stream id) whose kernels make a step's forward
-    host_thread: 31337               # tid of the scheduler thread (default: most launches)
+    host_thread: 31337               # tid of the scheduler thread (default: the one with the
+                                     #   step ranges, else the one with the most launches)
+    process: 4242                    # pid of the rank analysed when a capture holds several
+                                     #   processes (default: the one with the step ranges)
     steps: '^ProfilerStep#\\d+$'     # annotation regex that delimits decode steps
     run_batch: '^run_batch$'         # annotation whose start is the run_batch marker
     batch: '^decode bs=(\\d+)$'      # one group: each step's batch, from a range in it
@@ -77,6 +80,7 @@ class Mapping(BaseModel):
     streams: dict[str, str] = Field(default_factory=dict)
     forward_stream: str | None = None
     host_thread: int | None = None
+    process: int | None = None
     steps: str = PROFILER_STEP
     run_batch: str | None = None
     batch: str | None = None

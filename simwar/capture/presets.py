@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from simwar.capture.mapping import Mapping, load_mapping
 from simwar.capture.reader import ProgressFn, read_capture
-from simwar.capture.to_trace import KinetoImport, build_trace
+from simwar.capture.to_trace import KinetoImport, build_import
 from simwar.config import ConfigError, first_error, read_yaml
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "data" / "presets"
@@ -160,7 +160,8 @@ def resolve(mapping: Mapping, kernel_names, annotation_names) -> Mapping:
 
 def import_capture(path, mapping=None, preset: str | None = None,
                    progress: ProgressFn | None = None) -> tuple[KinetoImport, Mapping]:
-    """Read a capture with a preset and/or mapping (see the module docstring).
+    """Read a capture (or several per-rank captures: a list of paths) with a preset and/or
+    mapping (see the module docstring).
 
     Returns the import and the mapping it was read with (its :attr:`Mapping.origin` says
     which preset, and how it was chosen).
@@ -169,12 +170,12 @@ def import_capture(path, mapping=None, preset: str | None = None,
         load_preset(preset)  # an unknown name fails before the file is read
     if isinstance(mapping, (str, Path)):
         load_mapping(mapping)
-    cap = read_capture(path, progress)
-    names = {a.name for a in cap.annotations}
-    kernels = {d.name for d in cap.device_events}
+    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
+    caps = [read_capture(p, progress) for p in paths]
+    names = {a.name for cap in caps for a in cap.annotations}
+    kernels = {d.name for cap in caps for d in cap.device_events}
     m = mapping_for(preset, mapping, names, kernels)
-    result = build_trace(cap, m)
-    result.trace.meta.setdefault("file", Path(path).name)
+    result = build_import(caps, m, [p.name for p in paths])
     return result, m
 
 

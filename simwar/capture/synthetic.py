@@ -96,6 +96,9 @@ class Style:
     record_ids: bool = True
     overhead: tuple = ()  # ((start_us, end_us), ...) on the trace's clock
     blocking_sites: tuple = ()  # sync sites written as a blocking cudaMemcpyAsync
+    #: without record ids: events (by name, ``copy_done`` for ``copy_done[k]``) that torch
+    #: allocates afresh each step, so each id is synced once and no rule can bind it
+    fresh_events: tuple = ()
 
     def __post_init__(self):
         if self.names not in RANGE_NAMES:
@@ -194,7 +197,7 @@ def kineto_events(trace: Trace, origin_us: float = ORIGIN_US, cpu_ranges: bool =
 
     corr = 100
     record_corr: dict[int, int] = {}  # record op id -> correlation of the call that placed it
-    event_id = _event_ids(trace, ops, style.record_ids)
+    event_id = _event_ids(trace, ops, style.record_ids, style.fresh_events)
     grids = _graph_grids(trace)
     if not style.record_ids:  # PyTorch 2.11: the sync events name no record nor its stream
         record_corr = _Unknown()
@@ -398,7 +401,8 @@ def _stream_of(streams: dict, rec: _Op, style: Style) -> int:
     return streams[rec.lane] if style.record_ids else -1
 
 
-def _event_ids(trace: Trace, ops: list[_Op], record_ids: bool) -> dict[int, int]:
+def _event_ids(trace: Trace, ops: list[_Op], record_ids: bool,
+               fresh_events: tuple = ()) -> dict[int, int]:
     """Per record op, the ``wait_on_cuda_event_id`` of the syncs bound to it (-1: key of an
     unbound wait). With ``record_ids`` a hash of the event's name; without, torch's reuse
     (see the module docstring)."""
@@ -426,6 +430,9 @@ def _event_ids(trace: Trace, ops: list[_Op], record_ids: bool) -> dict[int, int]
             key = (o.event, int(buckets[step]) if buckets is not None else 0)
         else:
             base = re.sub(r"\[\d+\]$", "", o.event)  # copy_done[k]: one of two events in turn
+            if base in fresh_events:
+                out[o.op_id] = next(fresh)
+                continue
             key = (base, step % 2) if base != o.event else (o.event,)
         if key not in stable:
             stable[key] = next(fresh)
@@ -506,14 +513,87 @@ def _flow(ph: str, corr: int, pid, tid, t: float) -> dict:
     return ev
 
 
-def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
-                 cpu_ranges: bool = True, style: Style | None = None) -> Path:
-    """Write the capture (``.gz`` compresses); events are streamed, one per line.
+def as_captured(events: Iterator[dict], pid: int | None = None,
+                launch_threads: dict[str, int] | None = None,
+                torch_211: bool = False, copies: tuple[str, ...] = (), device: int | None = None,
+                correlation_offset: int = 0) -> Iterator[dict]:
+    """The events of :func:`kineto_events` as other profiles write them.
 
-    ``cpu_ranges``: write SGLang-named ranges around the CPU work (see the module
-    docstring); ``style`` (which holds its own ``cpu_ranges``) more: :class:`Style`.
+    - ``pid``: the host process id (default ``PID``);
+    - ``launch_threads``: kernel-name prefix → thread id: a launch whose kernels' names
+      start with a prefix is issued from that thread (as autograd's backward thread or a
+      communication thread issues its own launches), its records and waits stay on the
+      main thread;
+    - ``torch_211``: as PyTorch 2.11's profiler writes sync events: the record
+      correlation id and ``wait_on_stream`` are -1, and a ``wait_stream`` (a record and a
+      wait on it, issued together) waits on a fresh event id each time, as torch's
+      ``Stream.wait_stream`` records a new event;
+    - ``copies``: device ops with these labels are written as ``gpu_memcpy`` (the result
+      D2H is a copy, not a kernel, in a real capture);
+    - ``device``: the GPU the work runs on (default ``DEVICE``);
+    - ``correlation_offset``: added to every correlation id (another process's CUPTI
+      counts from elsewhere).
     """
-    path = Path(path)
+    fresh = 900000
+    pending: list[dict] = []
+    last_record = None  # the correlation of the cudaEventRecord just written
+
+    def flush() -> Iterator[dict]:
+        if launch_threads and pending and pending[0].get("cat") == "cuda_runtime":
+            names = [e["name"] for e in pending if e.get("cat") in ("kernel", "gpu_memcpy")]
+            tid = next((t for prefix, t in launch_threads.items()
+                        if any(n.startswith(prefix) for n in names)), None)
+            if tid is not None:
+                for e in pending:
+                    if e.get("cat") == "cuda_runtime" or (e.get("ph") == "s"):
+                        e["tid"] = tid
+        yield from pending
+        pending.clear()
+
+    for ev in events:
+        ev = dict(ev)
+        if pid is not None and ev.get("pid") == PID:
+            ev["pid"] = pid
+        if copies and ev.get("cat") == "kernel" and ev["name"] in copies:
+            ev["cat"] = "gpu_memcpy"
+        if "args" in ev and (correlation_offset or device is not None):
+            args = ev["args"] = dict(ev["args"])
+            if correlation_offset and "correlation" in args:
+                args["correlation"] += correlation_offset
+                if args.get("wait_on_cuda_event_record_corr_id", -1) >= 0:
+                    args["wait_on_cuda_event_record_corr_id"] += correlation_offset
+            if device is not None and "device" in args:
+                args["device"] = device
+                ev["pid"] = device
+        if correlation_offset and ev.get("cat") == "ac2g":
+            ev["id"] += correlation_offset
+        if ev.get("cat") in ("kernel", "gpu_memcpy", "ac2g") and pending:
+            pending.append(ev)
+            continue
+        yield from flush()
+        if ev.get("cat") == "cuda_runtime":
+            if ev["name"] in ("cudaLaunchKernel", "cudaGraphLaunch"):
+                pending.append(ev)
+                last_record = None
+                continue
+            last_record = ev["args"]["correlation"] if ev["name"] == "cudaEventRecord" \
+                else None if ev["name"] != "cudaStreamWaitEvent" else last_record
+        if torch_211 and ev.get("cat") == "cuda_sync":
+            args = dict(ev["args"])
+            if (ev["name"] == "Stream Wait Event" and last_record is not None
+                    and args["wait_on_cuda_event_record_corr_id"] == last_record):
+                fresh += 1
+                args["wait_on_cuda_event_id"] = fresh
+            args["wait_on_cuda_event_record_corr_id"] = -1
+            args["wait_on_stream"] = -1
+            ev["args"] = args
+        if ev.get("cat") == "cuda_sync":
+            last_record = None
+        yield ev
+    yield from flush()
+
+
+def _write_events(path: Path, events: Iterator[dict]) -> Path:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wt") as fh:
         fh.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {"id": 0, '
@@ -521,8 +601,43 @@ def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
                  '"computeMinor": 0, "numSms": 132}\n  ],\n  "displayTimeUnit": "ms",\n'
                  '  "baseTimeNanoseconds": 1700000000000000000,\n  "traceEvents": [\n')
         first = True
-        for ev in kineto_events(trace, origin_us, cpu_ranges, style):
+        for ev in events:
             fh.write(("  " if first else ",\n  ") + json.dumps(ev, separators=(", ", ": ")))
             first = False
         fh.write('\n  ],\n  "traceName": "' + path.name + '"\n}\n')
     return path
+
+
+def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
+                 cpu_ranges: bool = True, style: Style | None = None, **captured) -> Path:
+    """Write the capture (``.gz`` compresses); events are streamed, one per line.
+
+    ``cpu_ranges``: write SGLang-named ranges around the CPU work (see the module
+    docstring); ``style`` (which holds its own ``cpu_ranges``) more: :class:`Style`;
+    ``captured``: :func:`as_captured`'s options (another pid, launches from other threads,
+    PyTorch 2.11's sync events).
+    """
+    events = kineto_events(trace, origin_us, cpu_ranges, style)
+    if captured:
+        events = as_captured(events, **captured)
+    return _write_events(Path(path), events)
+
+
+def write_kineto_processes(traces: list[Trace], path: str | Path, pids: list[int],
+                           origin_us: float = ORIGIN_US, devices: list[int] | None = None,
+                           offsets: list[int] | None = None, **captured) -> Path:
+    """Several simulated runs as the processes of one capture file: process ``pids[i]``
+    runs ``traces[i]`` on GPU ``devices[i]`` (default: all on one) with the same stream
+    ids, its correlation ids shifted by ``offsets[i]`` (default 0: the same ids), as
+    per-rank captures merged into one file or processes sharing a GPU."""
+    devices = devices or [None] * len(traces)
+    offsets = offsets or [0] * len(traces)
+
+    def events() -> Iterator[dict]:
+        for trace, pid, dev, off in zip(traces, pids, devices, offsets):
+            for ev in as_captured(kineto_events(trace, origin_us), pid=pid, device=dev,
+                                  correlation_offset=off, **captured):
+                if ev.get("ph") == "i":  # one window-end instant per file
+                    continue
+                yield ev
+    return _write_events(Path(path), events())

@@ -1,6 +1,7 @@
 """``simwar import``: read a torch.profiler (Kineto) capture, print its stalls, fit its loop.
 
-    simwar import TRACE [--preset sglang|vllm] [--mapping MAP.yaml] [--json]
+    simwar import TRACE [TRACE ...] [--preset sglang|vllm] [--mapping MAP.yaml] [--json]
+                        [--strict]
     simwar import TRACE [--mapping MAP.yaml] --fit -o fitted.yaml [--dist best] [--policy P]
                         [--unprofiled-step-us US|BUCKET=US,...]
     simwar import TRACE [--mapping MAP.yaml] --check fitted.yaml [--set KEY=VALUE ...]
@@ -13,9 +14,12 @@ graphs that ran: :mod:`simwar.capture.sizes`) is reported per graph bucket, and 
 writes its batch sequence beside the config (``fitted.batches.csv`` for ``fitted.yaml``).
 
 The summary is the one ``simwar run`` prints for a simulation (same metrics
-code), plus event counts and HTA's idle breakdown per stream. ``--json``
-prints one object. ``--fit`` writes a complete, runnable config of the
-capture's loop (:mod:`simwar.fit.from_capture`): ``simwar run fitted.yaml``
+code), plus event counts and HTA's idle breakdown per stream, the scheduler thread and the
+threads that launched, how waits and syncs were bound, and, given several per-rank
+captures (or a file with several processes), each rank and the skew of their step
+starts. ``--json`` prints one object; ``--strict`` makes any warning (a dropped or
+implausible event, an unmatched mapping key, ...) an error. ``--fit`` writes a complete,
+runnable config of the capture's loop (:mod:`simwar.fit.from_capture`): ``simwar run fitted.yaml``
 reproduces it, ``--set`` asks what-if questions of it. ``--check`` simulates a
 fitted config (with ``--set`` overrides, e.g. another barrier) and prints the
 capture and the simulation side by side with each figure's error, judged
@@ -49,7 +53,11 @@ DESCRIPTION = ("Read a Kineto Chrome-trace capture (.json or .json.gz), build a 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", help="Kineto trace written by export_chrome_trace (.json, .json.gz)")
+    p.add_argument("trace", nargs="+",
+                   help="Kineto trace written by export_chrome_trace (.json, .json.gz); "
+                        "several per-rank captures import as ranks side by side")
+    p.add_argument("--strict", action="store_true",
+                   help="any warning (dropped or implausible events, ...) is an error")
     p.add_argument("--mapping", metavar="YAML",
                    help="stream names, step/run_batch/batch annotations, phase and site regexes "
                         "(replaces the preset's keys)")
@@ -136,19 +144,28 @@ def command(args) -> int:
             raise UserError(f"--policy: '{args.policy}' is not a barrier policy "
                             f"({', '.join(POLICIES)})")
     check_items = _check_config(args) if args.check and not args.fit else None
-    path = Path(args.trace)
+    paths = [Path(t) for t in args.trace]
+    if len(paths) > 1 and (args.fit or args.fit_costs or args.check):
+        raise UserError("--fit, --fit-costs and --check read one capture (the scheduler's "
+                        "rank); give one file")
+    path = paths[0]
     try:
         if args.preset is not None:  # an unknown preset fails before anything is read
             from simwar.capture.presets import load_preset  # lazy: start-up time of the CLI
 
             load_preset(args.preset)
-        if not path.exists():
-            raise UserError(f"{path}: file not found")
-        with _ReadProgress(path, disabled=args.no_progress) as progress:
-            result, mapping = import_capture(path, args.mapping, args.preset, progress=progress)
+        for p in paths:
+            if not p.exists():
+                raise UserError(f"{p}: file not found")
+        with _ReadProgress(paths, disabled=args.no_progress) as progress:
+            result, mapping = import_capture(paths if len(paths) > 1 else path, args.mapping,
+                                             args.preset, progress=progress)
         sizes = step_sizes(result, mapping, args.mapping or _preset_label(mapping))
     except (KinetoFormatError, SizesError, ConfigError) as e:
         raise UserError(str(e)) from None
+    if args.strict and result.warnings:
+        more = f" (and {len(result.warnings) - 1} more)" if len(result.warnings) > 1 else ""
+        raise UserError(f"{path}: {result.warnings[0]}{more} (--strict)")
     sizes.apply(result.trace)
     steps, report = import_report(result, args.kernel_wait_us if args.kernel_wait_us is not None
                                   else HTA_KERNEL_WAIT_US)
@@ -412,24 +429,31 @@ def _write_model(result, mapping, args, path: Path):
 
 
 class _ReadProgress:
-    """A tqdm bar over the file's bytes, as a ``progress(done, total)`` callback."""
+    """A tqdm bar over the files' bytes, as a ``progress(done, total)`` callback (called per
+    file, in order)."""
 
-    def __init__(self, path: Path, disabled: bool):
-        self.path = path
+    def __init__(self, paths: list[Path], disabled: bool):
+        self.paths = paths
         self.disabled = disabled
         self.bar = None
+        self.before = 0  # bytes of the files already read
+        self.last_total = None
 
     def __enter__(self):
         # lazy: start-up time of the CLI (tqdm)
         from tqdm import tqdm
 
-        self.bar = tqdm(total=self.path.stat().st_size, unit="B", unit_scale=True,
-                        desc=f"reading {self.path.name}", file=sys.stderr, leave=False,
+        name = self.paths[0].name + (f" and {len(self.paths) - 1} more"
+                                     if len(self.paths) > 1 else "")
+        self.bar = tqdm(total=sum(p.stat().st_size for p in self.paths), unit="B",
+                        unit_scale=True, desc=f"reading {name}", file=sys.stderr, leave=False,
                         disable=True if self.disabled else None)
         return self.update
 
     def update(self, done: int, total: int) -> None:
-        self.bar.update(max(0, done - self.bar.n))
+        if done < self.bar.n - self.before:  # the next file started
+            self.before = self.bar.n
+        self.bar.update(max(0, self.before + done - self.bar.n))
 
     def __exit__(self, *exc):
         self.bar.close()
@@ -467,6 +491,8 @@ def format_report(r: dict) -> str:
     f = num  # never -0.0
     c = r["counts"]
     s = r["metrics"]
+    if not (c["kernels"] or c["memcpys"] or c["memsets"]) and r.get("unmodelled"):
+        return f"{r['file']}: {_unmodelled(r['unmodelled'])}"
     lines = [f"{r['file']}: {c['kernels']} kernels, {c['memcpys']} memcpys, {c['memsets']} "
              f"memsets, {c['sync_events']} sync events, {c['host_runtime_calls']} host runtime "
              f"calls, {c['ignored_events']} ignored events",
@@ -477,6 +503,7 @@ def format_report(r: dict) -> str:
     else:
         lines.append("  (no measured steps: need at least two steps with forward kernels "
                      "after warm-up)")
+    lines += report_lines(r)
     t = r.get("temporal")
     if t and t["span_us"] > 0:
         lines.append(f"  device time (HTA)   span {t['span_us']:.1f} µs: idle "
@@ -490,3 +517,46 @@ def format_report(r: dict) -> str:
                          f"{f(d['host_wait_us'])} + {f(d['kernel_wait_us'])} + "
                          f"{f(d['dependency_us'])} + {f(d['other_us'])}")
     return "\n".join(lines)
+
+
+def _unmodelled(u: dict) -> str:
+    n = sum(u.values())
+    kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(u.items()))
+    return (f"{n:,} device events of a kind simwar does not model ({kinds}: MTIA); simwar "
+            f"reads CUDA and HIP device work only")
+
+
+def report_lines(r: dict) -> list[str]:
+    """The report's lines on threads, binding, unmodelled devices and ranks."""
+    lines = []
+    th = r.get("threads") or {}
+    sched = th.get("scheduler") or {}
+    if sched.get("tid") is not None:
+        lines.append(f"  scheduler thread    {sched['name']} (tid {sched['tid']}: {sched['why']}); "
+                     f"explain and --fit read it")
+    if th.get("launch"):
+        lines.append("  launching threads   " + ", ".join(
+            f"{t['name']} {t['launches']:,} launches" for t in th["launch"]))
+    b = r.get("binding") or {}
+    if b.get("rules") or b.get("unbound"):
+        bound = ", ".join(f"{n} {rule}" for rule, n in sorted(b.get("rules", {}).items()))
+        un = sum(b.get("unbound", {}).values())
+        lines.append(f"  waits/syncs bound   {bound or 'none'}" + (
+            f"; {un} unbound ({'; '.join(f'{n} {why}' for why, n in sorted(b['unbound'].items()))})"
+            if un else ""))
+    if r.get("unmodelled"):
+        lines.append(f"  not modelled        {_unmodelled(r['unmodelled'])}")
+    for k in r.get("ranks", []):
+        step = "-" if k["step_us_mean"] is None or not k["steps_measured"] else \
+            f"{k['step_us_mean']:.1f}"
+        gap = "-" if k["fwd_gap_us_mean"] is None or not k["steps_measured"] else \
+            f"{k['fwd_gap_us_mean']:.1f}"
+        lines.append(f"  rank {k['rank']:<14} pid {k['process']} ({k['file']}): {k['kernels']:,} "
+                     f"kernels, {k['steps_measured']} steps measured, step time {step} µs, "
+                     f"forward gap {gap} µs, clock +{k['clock_offset_us']:.1f} µs")
+    sk = r.get("skew")
+    if sk and sk.get("steps"):
+        lines.append(f"  step-start skew     mean {sk['mean_us']:.1f} µs, p50 {sk['p50_us']:.1f}, "
+                     f"max {sk['max_us']:.1f} over {sk['steps']} steps (latest: rank "
+                     f"{sk['latest_rank']})")
+    return lines

@@ -194,7 +194,12 @@ def _load_capture(p: Path, mapping: str | None, preset: str | None) -> Source:
         ranges.append((f"{name} ({item})" if item and item not in name.split(".")[-1] else name,
                        a, b))
     notes = [n for n in (preset_line(m),) if n] + (sizes.notes if sizes.varying else [])
-    return Source(result.trace, f"Kineto capture {p}", ranges, result.device_info, notes)
+    meta = result.trace.meta
+    host = meta.get("host_thread")
+    who = (f" (scheduler thread {meta.get('host_thread_name') or host[1]}, tid {host[1]}: "
+           f"{meta.get('host_thread_reason')})") if host and \
+        len(meta.get("launch_threads", [])) > 1 else ""
+    return Source(result.trace, f"Kineto capture {p}{who}", ranges, result.device_info, notes)
 
 
 def _peek(path: Path, size: int = 4096) -> str:
@@ -210,7 +215,7 @@ def _peek(path: Path, size: int = 4096) -> str:
 
 def _header(trace, what: str) -> str:
     m = trace.meta
-    name = m.get("name") or Path(what.split()[-1]).name
+    name = m.get("name") or m.get("file") or Path(what.split()[-1]).name
     bits = []
     if m.get("algorithm"):
         bits.append(str(m["algorithm"]))
