@@ -351,17 +351,21 @@ def request_latencies(req: dict, steps: np.ndarray, fwd_end: np.ndarray) -> \
 
 def hazard_counts(hazards, steps: np.ndarray) -> dict:
     """``races``, ``overlaps`` and ``race_steps`` among races whose two accesses both belong
-    to ``steps`` (the measured steps, as every other figure; empty without a report)."""
+    to ``steps`` (the measured steps, ascending, as every other figure: an array or a
+    ``range``; empty without a report)."""
     if hazards is None:
         return {}
-    lo, hi = int(steps.min()), int(steps.max())
+    if isinstance(steps, range):  # a run of steps (the streaming summary's)
+        lo, hi = steps.start, steps.stop - 1
+    else:
+        lo, hi = int(steps.min()), int(steps.max())
     if hasattr(hazards, "counts") and hi - lo + 1 == len(steps):
         # the one-pass executor's races, counted over a run of steps without a list
         races, overlaps, race_steps = hazards.counts(lo, hi)
     else:
         if hasattr(hazards, "report"):  # steps with holes (hand-made programs): the list
             hazards = hazards.report()
-        h = hazards.within(steps.tolist())
+        h = hazards.within(list(steps))
         latent = h.latent
         races, overlaps = len(latent), len(h.observed)
         race_steps = len({r.second_step for r in latent})

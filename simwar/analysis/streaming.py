@@ -231,7 +231,7 @@ class StreamingSummary:
         def value(key: Key):
             return _STREAM[key.stat].value(self, key)
 
-        counts = hazard_counts(hazards, np.arange(self.first, self.last + 1))
+        counts = hazard_counts(hazards, range(self.first, self.last + 1))
         return assemble(name, self.measured, self.columns, meta, value, counts)
 
     def get(self, kind: str, column: str, valid: bool = False):

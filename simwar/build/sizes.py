@@ -12,6 +12,9 @@ run's steps (:class:`StepSizes`), computed once, before any op is built:
 - ``accept[k]``: accepted tokens per request in step k (``accept.tokens``: a number, a
   per-step list cycled, or a distribution drawn once per step).
 
+A size that is the same in every step is a read-only array of no memory
+(``numpy.broadcast_to``): a constant run allocates nothing per step.
+
 The durations that scale with the step (:class:`simwar.config.schema.Affine`) are evaluated on
 these arrays by :class:`simwar.build.draws.AffineTable`, vectorised, in the same layout as the
 distribution draws, so every executor reads the same numbers.
@@ -99,11 +102,17 @@ class StepSizes:
         return out
 
 
+def constant(value, n: int, dtype) -> np.ndarray:
+    """``n`` equal values as a read-only array of no memory (a constant run allocates nothing
+    per step)."""
+    return np.broadcast_to(np.asarray(value, dtype=dtype), (n,))
+
+
 def _batches(cfg: Config, n: int) -> np.ndarray:
     wl = cfg.workload
     src = wl.source if wl is not None else "constant"
     if src == "constant":
-        return np.full(n, cfg.batch_size, dtype=np.int64)
+        return constant(cfg.batch_size, n, np.int64)
     if src in ("batch_sizes", "batch_sizes_file"):
         seq = np.asarray(wl.batch_sizes if src == "batch_sizes" else wl.file_sizes(),
                          dtype=np.int64)
@@ -112,7 +121,7 @@ def _batches(cfg: Config, n: int) -> np.ndarray:
         return np.zeros(n, dtype=np.int64)  # realized later
     d = wl.batch_size
     if isinstance(d, int):
-        return np.full(n, d, dtype=np.int64)
+        return constant(d, n, np.int64)
     g = rng(cfg.seed, "batch")
     if d.dist == "uniform":
         lo, hi = max(1, math.ceil(d.low)), math.floor(d.high)
@@ -123,7 +132,7 @@ def _batches(cfg: Config, n: int) -> np.ndarray:
 def _accepted(cfg: Config, n: int) -> np.ndarray:
     t = cfg.accept.tokens
     if isinstance(t, float):
-        return np.full(n, t)
+        return constant(t, n, np.float64)
     if isinstance(t, list):
         return np.resize(np.asarray(t, dtype=float), n)
     return sample(rng(cfg.seed, "accept"), t, n)
@@ -139,7 +148,12 @@ def draw_sizes(cfg: Config) -> StepSizes:
     buckets = wl.graph_buckets if wl is not None else None
     where = f"workload.{src}" if src in ("batch_size", "batch_sizes", "batch_sizes_file") \
         else "batch_size"
-    bucket = buckets_of(batch, buckets, where) if src != "arrivals" else batch.copy()
+    if src == "arrivals":
+        bucket = batch.copy()  # realized later
+    elif batch.strides == (0,) and len(batch):  # one batch for every step
+        bucket = constant(buckets_of(batch[:1], buckets, where)[0], n, np.int64)
+    else:
+        bucket = buckets_of(batch, buckets, where)
     return StepSizes(batch, bucket, _accepted(cfg, n), buckets,
                      idle=np.zeros(n + 1) if src == "arrivals" else None,
                      per_step=cfg.varies, suffix=wl is not None, source=src)
@@ -258,4 +272,4 @@ class ArrivalProcess:
         }
 
 
-__all__ = ["CHUNK", "STREAMS", "ArrivalProcess", "StepSizes", "draw_sizes", "rng"]
+__all__ = ["CHUNK", "STREAMS", "ArrivalProcess", "StepSizes", "constant", "draw_sizes", "rng"]

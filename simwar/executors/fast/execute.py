@@ -113,7 +113,7 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
         rolling = streaming and not attempt
         state = _State(plan.lo, plan.hi, sites, depth, attempt,
                        rows=min(2 * CHUNK + 64, plan.hi - plan.lo + 1) if rolling else None)
-        flusher = _Flusher(state, plan, fwd) if rolling else None
+        flusher = _Flusher(state, plan, fwd, races) if rolling else None
         races.reset()
         for bi, b in enumerate(blocks):
             slots = tuple(c is None for c in b.consts)
@@ -138,10 +138,10 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
             break
         bad = True  # forward steps issued out of order: windows from the intervals
     if flusher is not None and not state.collect:
-        hazards = races.finish(state)
+        summary, hazards = flusher.finish()
         return FastRun(None, plan.meta, hazards, plan.segments,
                        ("windowed" if races.windowed else "full", "streamed"),
-                       summary=flusher.finish(hazards))
+                       summary=summary)
     out = _finish(plan, state, races, fwd)
     if summary_only:  # a fallback path: the table was computed; summarize it, then drop it
         out = FastRun(None, out.meta, out.hazards, out.segments, out.paths, out.summary)
@@ -170,14 +170,17 @@ class _Flusher:
     window) are final. They are turned into table rows by ``columns_from_arrays``, with the
     last rows before them as context (the previous forward's end, the launch-ahead
     history) and the row after them (the next forward's start and launch), and fed to a
-    :class:`~simwar.analysis.streaming.StreamingSummary`; the accumulators then shift down.
+    :class:`~simwar.analysis.streaming.StreamingSummary`; the accumulators then shift down,
+    and the races of the rows summarized are counted
+    (:meth:`~simwar.executors.fast.races.RacePlan.tally`), their logged times dropped.
     """
 
     HISTORY = 4096  # rows kept as context for launch-ahead (forwards in flight)
 
-    def __init__(self, state: _State, plan: Plan, fwd: str):
+    def __init__(self, state: _State, plan: Plan, fwd: str, races: RacePlan):
         self.state = state
         self.plan = plan
+        self.races = races
         self.sink = StreamingSummary(plan.meta)
         self.facts = StepFacts(plan.meta)
         offs = [0]
@@ -248,6 +251,7 @@ class _Flusher:
             if self.dropped and np.any(ahead == np.arange(h, n)):
                 raise RuntimeError("launch-ahead deeper than the streaming history")
             self.sink.add({k: v[h:n] for k, v in cols.items()})
+            self.races.tally(self.sink.first, self.sink.last)
         keep = max(0, n - self.HISTORY)
         self.dropped += keep
         self.hist = {k: v[keep:n] for k, v in facts.items()}
@@ -267,9 +271,13 @@ class _Flusher:
         if st.cw >= 0:
             st.cw -= by
 
-    def finish(self, hazards) -> dict:
+    def finish(self) -> tuple[dict, object]:
+        """The summary and the races (counted as the rows went, for a windowed race plan)."""
         self._emit(len(self.state.fs), keep_last=False)
-        return self.sink.result(hazards)
+        sink, races = self.sink, self.races
+        hazards = races.counted(sink.first, sink.last) if races.windowed else \
+            races.finish(self.state)
+        return sink.result(hazards), hazards
 
 
 class FastRun:

@@ -205,6 +205,9 @@ class RacePlan:
     def reset(self) -> None:
         """Empty logs for a run of the plan (one array per logged time of each block)."""
         self.arrays = [[array("d") for _ in log] for log in self.logs]
+        self.base = [0] * len(self.logs)  # passes of each block dropped from its logs
+        self.cursor = [0] * len(self.groups)  # passes of each group counted
+        self.tallied = _Tally(len(self.groups))
 
     def log_arrays(self, bi: int) -> list:
         """Block ``bi``'s log arrays, in the order of :meth:`logs_of`."""
@@ -213,6 +216,78 @@ class RacePlan:
     def _log(self, bi: int, dev: int, what: str) -> np.ndarray:
         arr = self.arrays[bi][self.logs[bi].index((dev, what))]
         return np.frombuffer(arr, dtype=np.float64) if len(arr) else np.zeros(0)
+
+    # ---- counting as the run goes (summary-only runs)
+    def tally(self, first: int | None, last: int | None) -> None:
+        """Count the races whose two accesses are in the measured steps ``first..last`` seen
+        so far (None: none yet) and whose later access is in a step up to ``last``, then drop
+        the logged times no race still needs: the logs stay as short as the window of the
+        run not yet summarized (windowed plans; :meth:`counted` gives the result)."""
+        if not self.windowed or last is None:
+            return
+        w = self.window
+        blocks = self.plan.blocks
+        avail = [len(a[0]) + self.base[bi] if a else 0 for bi, a in enumerate(self.arrays)]
+        for gi, (bi, i, count, tpls) in enumerate(self.groups):
+            cur = self.cursor[gi]
+            b = blocks[bi]
+            b0 = b.steps[0] + i  # the later access's step at pass i of the block
+            stop = min(count, last - b0 + 1, avail[bi] - i)
+            if stop <= cur:
+                continue
+            for ri, r in enumerate(tpls):
+                j0 = max(cur, first - b0 + r.a_back)  # the earlier access measured too
+                if j0 >= stop:
+                    continue
+                s_b = self._window(bi, r.b_dev, "s", i + j0, i + stop)
+                if i >= w:
+                    e_a = self._window(bi, r.a_dev, "e", i + j0 - r.a_back,
+                                       i + stop - r.a_back)
+                else:
+                    abi, ap = self._segment(b.g0 + i - r.a_back)
+                    e_a = self._window(abi, r.a_dev, "e", ap, ap + 1)
+                self.tallied.add(gi, ri, j0, b0 + j0, e_a - s_b)
+            self.cursor[gi] = stop
+        self._drop()
+
+    def _window(self, bi: int, dev: int, what: str, lo: int, hi: int) -> np.ndarray:
+        """Logged times of passes ``lo..hi-1`` of block ``bi`` (a copy)."""
+        arr = self.arrays[bi][self.logs[bi].index((dev, what))]
+        base = self.base[bi]
+        return np.array(arr[lo - base:hi - base], dtype=np.float64)
+
+    def _drop(self) -> None:
+        """Drop each block's logged times that no group still to count needs."""
+        w = self.window
+        need = [None] * len(self.arrays)
+
+        def keep(bi: int, p: int) -> None:
+            need[bi] = p if need[bi] is None else min(need[bi], p)
+
+        for gi, (bi, i, count, tpls) in enumerate(self.groups):
+            cur = self.cursor[gi]
+            if cur >= count:
+                continue
+            keep(bi, i + cur - (max(r.a_back for r in tpls) if i >= w else 0))
+            if i < w:
+                for r in tpls:
+                    abi, ap = self._segment(self.plan.blocks[bi].g0 + i - r.a_back)
+                    keep(abi, ap)
+        for bi, arrays in enumerate(self.arrays):
+            if not arrays:
+                continue
+            upto = len(arrays[0]) + self.base[bi] if need[bi] is None else need[bi]
+            cut = upto - self.base[bi]
+            if cut > 0:
+                for arr in arrays:
+                    del arr[:cut]
+                self.base[bi] += cut
+
+    def counted(self, first: int | None, last: int | None) -> RaceCounts:
+        """The races counted by :meth:`tally` up to the end of the run, over the measured
+        steps ``first..last``."""
+        self.tally(first, last)
+        return self.tallied.result(self, first, last)
 
     # ---- results
     def finish(self, state) -> FastHazards:
@@ -313,6 +388,11 @@ class _Rows:
                      self.a_op + j0 * self.stride, self.b_op + j0 * self.stride, self.stride,
                      self.overlap[j0:j1])
 
+    def at(self, j: int, overlap: np.ndarray) -> _Rows:
+        """The races ``j, j + 1, ...`` of this progression, with these overlaps."""
+        return _Rows(self.pair, self.a_step + j, self.b_step + j, self.a_op + j * self.stride,
+                     self.b_op + j * self.stride, self.stride, overlap)
+
     def race(self, j: int) -> Race:
         r = self.pair
         ov = float(self.overlap[j])
@@ -350,16 +430,16 @@ class FastHazards:
     def counts(self, first: int, last: int) -> tuple[int, int, int]:
         """``(races, overlaps, race steps)`` of the races within steps ``first..last``."""
         races = overlaps = 0
-        seen = np.zeros(max(0, self.hi - self.lo + 1), dtype=bool)
+        steps = _Intervals()
         for row in self.rows:
             row = row.within(first, last)
             if row is None:
                 continue
             if row.pair.latent:
                 races += len(row)
-                seen[row.b_step - self.lo:row.b_step - self.lo + len(row)] = True
+                steps.add(row.b_step, row.b_step + len(row))
             overlaps += int(np.count_nonzero(row.overlap > 0))
-        return races, overlaps, int(np.count_nonzero(seen))
+        return races, overlaps, steps.total()
 
     def since(self, step: int) -> FastHazards:
         """Only races whose two accesses belong to steps >= ``step`` (as HazardReport)."""
@@ -440,3 +520,140 @@ class _RaceList:
 
     def __repr__(self) -> str:
         return f"<{len(self)} {self.which} races>"
+
+
+class _Intervals:
+    """A union of half-open integer intervals, and its size (the steps some race is in)."""
+
+    __slots__ = ("spans",)
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []
+
+    def add(self, lo: int, hi: int) -> None:
+        if hi > lo:
+            self.spans.append((lo, hi))
+            if len(self.spans) > 64:
+                self.spans = self._merged()
+
+    def _merged(self) -> list[tuple[int, int]]:
+        out: list[list[int]] = []
+        for lo, hi in sorted(self.spans):
+            if out and lo <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], hi)
+            else:
+                out.append([lo, hi])
+        return [(lo, hi) for lo, hi in out]
+
+    def total(self) -> int:
+        return sum(hi - lo for lo, hi in self._merged())
+
+
+#: races of each kind a summary-only run keeps as a list (the first, in the engine's order)
+RACES_KEPT = 1024
+
+
+class _Tally:
+    """Race counts of a summary-only run, and its first races of each kind per pair."""
+
+    def __init__(self, groups: int) -> None:
+        self.races = self.overlaps = 0
+        self.steps = _Intervals()
+        # per (group, pair): (first pass, overlaps) of its first races; observed (pass, overlap)
+        self.first: dict[tuple[int, int], tuple[int, list]] = {}
+        self.observed: dict[tuple[int, int], list] = {}
+
+    def add(self, gi: int, ri: int, j0: int, b_step: int, overlap: np.ndarray) -> None:
+        n = len(overlap)
+        self.races += n
+        self.steps.add(b_step, b_step + n)
+        hits = np.flatnonzero(overlap > 0)
+        self.overlaps += len(hits)
+        j, kept = self.first.setdefault((gi, ri), (j0, []))
+        if len(kept) < RACES_KEPT:
+            kept += overlap[:RACES_KEPT - len(kept)].tolist()
+        obs = self.observed.setdefault((gi, ri), [])
+        if len(obs) < RACES_KEPT and len(hits):
+            hits = hits[:RACES_KEPT - len(obs)]
+            obs += zip((hits + j0).tolist(), overlap[hits].tolist())
+
+    def result(self, plan: RacePlan, first, last) -> RaceCounts:
+        w = plan.window
+        blocks = plan.plan.blocks
+        latent: list[_Rows] = []
+        observed: list[_Rows] = []
+        for (gi, ri), (j0, kept) in self.first.items():
+            bi, i, count, tpls = plan.groups[gi]
+            r = tpls[ri]
+            b = blocks[bi]
+            nops = len(b.shape.ops)
+            b_step = b.steps[0] + i
+            b_op = plan.op_base[bi] + i * nops + r.b_dev
+            if i >= w:
+                a_op = plan.op_base[bi] + (i - r.a_back) * nops + r.a_dev
+            else:
+                abi, ap = plan._segment(b.g0 + i - r.a_back)
+                a_op = plan.op_base[abi] + ap * len(blocks[abi].shape.ops) + r.a_dev
+            row = _Rows(r, b_step - r.a_back, b_step, a_op, b_op, nops, np.zeros(0))
+            latent.append(row.at(j0, np.asarray(kept)))
+            for j, ov in self.observed.get((gi, ri), []):
+                observed.append(row.at(j, np.array([ov])))
+        order = plan._buffer_order()
+        return RaceCounts((self.races, self.overlaps, self.steps.total()),
+                          None if last is None else (first, last),
+                          FastHazards(latent, order, plan.plan.lo, plan.plan.hi),
+                          FastHazards(observed, order, plan.plan.lo, plan.plan.hi))
+
+
+class RaceCounts:
+    """The races of a summary-only run: their counts over the measured steps, and the first
+    :data:`RACES_KEPT` latent races and observed overlaps among them (no list of them all:
+    a long racy run has millions).
+
+    ``counts(first, last)`` answers for the measured steps only; ``latent``, ``observed``,
+    ``since`` and ``within`` answer as :class:`FastHazards` does, from the races kept;
+    ``races``, ``report()`` and ``frame()`` (the whole list) raise ``ValueError``.
+    """
+
+    def __init__(self, totals: tuple[int, int, int], steps: tuple[int, int] | None,
+                 latent: FastHazards, observed: FastHazards):
+        self.totals = totals
+        self.steps = steps
+        self._latent = latent
+        self._observed = observed
+
+    def counts(self, first: int, last: int) -> tuple[int, int, int]:
+        if (first, last) != self.steps:
+            raise ValueError(f"this run counted its races over steps {self.steps} only "
+                             f"(summary_only=True), not {first}..{last}")
+        return self.totals
+
+    @property
+    def latent(self) -> _RaceList:
+        return self._latent.latent
+
+    @property
+    def observed(self) -> _RaceList:
+        return self._observed.observed
+
+    def since(self, step: int) -> RaceCounts:
+        return RaceCounts(self.totals, None, self._latent.since(step),
+                          self._observed.since(step))
+
+    def within(self, steps) -> RaceCounts:
+        return RaceCounts(self.totals, None, self._latent.within(steps),
+                          self._observed.within(steps))
+
+    def _no_list(self):
+        raise ValueError("this run kept no race list (summary_only=True): the summary has "
+                         "its counts; simulate without summary_only for the races")
+
+    @property
+    def races(self):
+        self._no_list()
+
+    def report(self):
+        self._no_list()
+
+    def frame(self):
+        self._no_list()
