@@ -1,7 +1,8 @@
 """The Python API: ``simulate(config) -> Result``, ``build_program(config) -> Program``.
 
 The one place that orders the pipeline: config → per-step sizes (:func:`resolve_sizes`:
-drawn, then, for arrivals, realized by the one-pass executor) → builder → executor →
+drawn, then, for arrivals, realized by a run of the one-pass executor, which is then the
+fast engine's run) → builder → executor →
 per-step table, summary and races. Two executors give the same table, summary and races
 (a test holds them equal on every shipped config and on random programs):
 
@@ -42,23 +43,29 @@ def resolve_sizes(cfg: Config) -> StepSizes:
     """The run's per-step sizes (:mod:`simwar.build.sizes`), arrivals realized.
 
     An arrivals run's batches depend on simulated time: the one-pass executor runs the
-    config one iteration at a time to fix them (:func:`simwar.executors.fast.realize`).
+    config, fixing each step's batch as it goes (:func:`simwar.executors.fast.realize`).
     That is computed once per config (cached by its content; the sizes returned are shared,
     not to be changed). Every other run's sizes are drawn afresh (cheap, and deterministic).
     """
+    return _resolve(cfg)[0]
+
+
+def _resolve(cfg: Config, summary_only: bool = False):
+    """``(sizes, run)``: the sizes, and the one-pass run that realized them (None when they
+    were drawn, or realized before: cached)."""
     sizes = draw_sizes(cfg)
     if sizes.source != "arrivals":
-        return sizes
+        return sizes, None
     key = cfg.model_dump_json()
     hit = _sizes_cache.get(key)
     if hit is not None:
         _sizes_cache.move_to_end(key)
-        return hit
-    fast.realize(cfg, sizes, ArrivalProcess(cfg, sizes))
+        return hit, None
+    run = fast.realize(cfg, sizes, ArrivalProcess(cfg, sizes), summary_only=summary_only)
     _sizes_cache[key] = sizes
     if len(_sizes_cache) > SIZES_CACHE_LIMIT:
         _sizes_cache.popitem(last=False)
-    return sizes
+    return sizes, run
 
 
 def build_program(cfg: Config) -> Program:
@@ -220,6 +227,8 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
 
 
 def _simulate_fast(cfg: Config, requested: str, summary_only: bool) -> Result:
-    run = fast.run_config(cfg, resolve_sizes(cfg), summary_only=summary_only)
+    sizes, run = _resolve(cfg, summary_only)
+    if run is None:  # the realizing run is the run (arrivals); else run it now
+        run = fast.run_config(cfg, sizes, summary_only=summary_only)
     return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns, meta=run.meta,
                   requested=requested)

@@ -85,15 +85,15 @@ def _filled(n: int, value: float) -> array:
 
 
 def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
-             summary_only: bool = False, before_pass=None) -> FastRun:
+             summary_only: bool = False, feed=None) -> FastRun:
     """Run a plan: the per-step columns, and the races (see :mod:`simwar.executors.fast`).
 
     ``summary_only``: keep no per-step table; rows are summarized as they become final
     (:class:`simwar.analysis.streaming.StreamingSummary`), in a window of per-step accumulators
     that moves with the run, so memory does not grow with its length.
-    ``before_pass(step, t)``: called before each segment with its marker step and the host
-    clock there; the segments then run one at a time and their parameters are read after
-    the call (:func:`simwar.executors.fast.realize`).
+    ``feed(block index, block, first pass)``: gives, per chunk of a block's passes, the
+    callable each pass calls with its step index and the host clock before reading its
+    parameters, which returns them (:func:`simwar.executors.fast.realize`).
     """
     meta = plan.meta
     fwd = meta.get("forward_stream", "forward")
@@ -119,20 +119,21 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
             slots = tuple(c is None for c in b.consts)
             log = races.logs_of(bi)
             state.logs = races.log_arrays(bi)
-            fn = compile_block(b.shape, slots, fwd, attempt, log, depth)
+            fn = compile_block(b.shape, slots, fwd, attempt, log, depth, feed is not None)
             consts = tuple(c for c in b.consts if c is not None)
             keys = b.steps
-            for start in range(0, b.n, CHUNK if before_pass is None else 1):
-                stop = min(b.n, start + (CHUNK if before_pass is None else 1))
+            for start in range(0, b.n, CHUNK):
+                stop = min(b.n, start + CHUNK)
                 ks = keys[start:stop]
-                if before_pass is not None:
-                    before_pass(ks[0], state.t)
                 if flusher is not None:
                     flusher.before(min(ks), max(ks))
                 lo = state.origin
                 ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
                     [k - lo for k in ks]
-                cols = b.columns(start, stop) if any(slots) else []
+                if feed is not None:
+                    cols = feed(bi, b, start)
+                else:
+                    cols = b.columns(start, stop) if any(slots) else []
                 fn(ks, consts, cols, state)
         if attempt or not state.bad:
             break

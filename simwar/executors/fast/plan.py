@@ -340,6 +340,8 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
 
     sampler = plan.sampler(fill=fill)
     arrays = sampler.arrays
+    table = getattr(sampler, "table", None)
+    live = set(table.arrays) if table is not None else set()
     offset = {key: 0 for uses in plan.uses for key in uses}
     blocks: list[Block] = []
     g = 0
@@ -353,12 +355,12 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
             offset[key] += c * count
         specs = [x for x in p if isinstance(x, (Use, Sum))]
         blocks.append(Block(shapes[i], g, range(first, first + count), consts,
-                            _draw_columns(specs, arrays, starts, uses)))
+                            _draw_columns(specs, arrays, starts, uses, live)))
         g += count
     lo = 0
     hi = steps_total
     out = Plan(blocks, dict(plan.meta), lo, hi, False, shaper.offsets, _sites(shapes))
-    out.table = getattr(sampler, "table", None)
+    out.table = table
     return out
 
 
@@ -375,8 +377,9 @@ def _same_template(a: list, b: list) -> bool:
     return [key(x) for x in a] == [key(x) for x in b]
 
 
-def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict):
-    """Column lists for the symbolic slots of a block, sliced from the run's draws."""
+def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict, live=frozenset()):
+    """Column lists for the symbolic slots of a block, sliced from the run's draws; their
+    ``row`` attribute: one pass's values (see :func:`_row_function`)."""
 
     def values(x, start: int, stop: int):
         if isinstance(x, Use):
@@ -390,5 +393,32 @@ def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict):
     def columns(start: int, stop: int) -> list[list]:
         return [values(x, start, stop).tolist() for x in specs]
 
+    columns.row = _row_function(specs, arrays, starts, uses, live)
     return columns
+
+
+def _row_function(specs: list, arrays: dict, starts: dict, uses: dict, live):
+    """``row(p, L)``: the symbolic slots' values at pass ``p`` of the block, as a tuple of
+    floats: the same numbers, added in the same order, as :func:`_draw_columns`' columns.
+    The uses of a step-dependent duration (a key in ``live``) are read from ``L``, that
+    iteration's values (:meth:`~simwar.build.draws.AffineTable.at`), not from the arrays:
+    a run whose sizes are fixed as it goes (:func:`simwar.executors.fast.realize`)."""
+    names: dict[str, object] = {}
+
+    def expr(x) -> str:
+        if isinstance(x, Use) and x.key in live:
+            return f"L[{x.key}][{x.index}]"
+        if isinstance(x, Use):
+            name = f"A{len(names)}"
+            names[name] = arrays[x.key].item
+            return f"{name}({starts[x.key] + x.index} + p * {uses[x.key]})"
+        if isinstance(x, Sum):
+            return f"({expr(x.a)} + {expr(x.b)})"
+        name = f"K{len(names)}"
+        names[name] = x
+        return name
+
+    code = "def row(p, L):\n    return (" + "".join(f"{expr(x)}, " for x in specs) + ")\n"
+    exec(compile(code, "<simwar.executors.fast.plan row>", "exec"), names)
+    return names["row"]
 
