@@ -155,9 +155,11 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     Per row (a step with forward kernels, ascending): forward start and end, the time the
     forward stream was busy (``busy``) and held by waits (``dep``) in [start_k, start_{k+1}),
     host time blocked in synchronize calls per site, and the ``run_batch`` instant (NaN: none);
-    ``facts`` gives each step's batch, bucket and accepted tokens.
+    ``facts`` gives each step's batch, bucket and accepted tokens. The facts may be 2-d, a
+    column per run of the same steps (runs in lockstep): each column is then the table that
+    run's own facts give.
     """
-    nxt = np.append(start[1:], np.nan)
+    nxt = _next(start)
     step_us = nxt - start
     busy = np.where(np.isnan(nxt), np.nan, busy)
     dep = np.where(np.isnan(nxt), np.nan, dep)
@@ -169,12 +171,12 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
         "fwd_end_us": end,
         "fwd_us": end - start,
         "step_us": step_us,
-        "fwd_gap_us": start - np.insert(end[:-1], 0, np.nan),
+        "fwd_gap_us": start - _previous(end),
         "gpu_idle_us": idle,
         "gpu_idle_dep_us": idle_dep,
         "gpu_idle_host_us": idle - idle_dep,
     }
-    total = np.zeros(len(start))
+    total = np.zeros(start.shape)
     sites = {}
     for site in sorted(blocked):
         vals = blocked[site]
@@ -183,20 +185,58 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     out["cpu_blocked_us"] = total
     out.update(sites)
     out["launch_us"] = launch
-    out["launch_lead_us"] = end - np.append(launch[1:], np.nan)
+    out["launch_lead_us"] = end - _next(launch)
     out["launch_ahead"] = launch_ahead_depth(end, launch)
-    out.update(facts(np.asarray(steps)))
+    per_step = facts(np.asarray(steps))
+    if start.ndim == 2:  # the same for every run of a lockstep group
+        per_step = {k: np.broadcast_to(v[:, None], start.shape) for k, v in per_step.items()}
+    out.update(per_step)
     return out
 
 
+def _next(x: np.ndarray) -> np.ndarray:
+    """Each row's successor (NaN after the last)."""
+    return np.concatenate([x[1:], np.full((1,) + x.shape[1:], np.nan)])
+
+
+def _previous(x: np.ndarray) -> np.ndarray:
+    """Each row's predecessor (NaN before the first)."""
+    return np.concatenate([np.full((1,) + x.shape[1:], np.nan), x[:-1]])
+
+
 def launch_ahead_depth(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
-    """Per forward k: forwards before k still unfinished at launch k (NaN without a launch)."""
+    """Per forward k: forwards before k still unfinished at launch k (NaN without a launch).
+    2-d: per column (runs in lockstep)."""
+    if end.ndim == 2:
+        return _launch_ahead_columns(end, launch)
     index = np.arange(len(end))
     if np.all(end[1:] >= end[:-1]):  # forward ends in FIFO order: one search for all
         done = np.minimum(np.searchsorted(end, launch, side="right"), index)
     else:  # a measured trace need not be FIFO: search each prefix
         done = np.array([np.searchsorted(end[:i], t, side="right") for i, t in enumerate(launch)])
     return np.where(np.isnan(launch), np.nan, index - done)
+
+
+def _launch_ahead_columns(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
+    """:func:`launch_ahead_depth` of each column. Where forward ends are in FIFO order, the
+    forwards before k unfinished at launch k are the last ones before it: count them back
+    from k - 1 until one ended by the launch (the same count as the search)."""
+    fifo = np.all(end[1:] >= end[:-1], axis=0)
+    out = np.zeros(end.shape)
+    for j in np.flatnonzero(~fifo).tolist():
+        out[:, j] = launch_ahead_depth(np.ascontiguousarray(end[:, j]),
+                                       np.ascontiguousarray(launch[:, j]))
+    cols = np.flatnonzero(fifo)
+    if len(cols):
+        e, la = end[:, cols], launch[:, cols]
+        ahead = np.zeros(e.shape, dtype=np.int64)
+        for d in range(1, len(e)):
+            late = e[:-d] > la[d:]  # forward k - d still running at launch k
+            if not late.any():
+                break
+            ahead[d:] += late
+        out[:, cols] = np.where(np.isnan(la), np.nan, ahead)
+    return out
 
 
 def busy_in_windows(s: np.ndarray, e: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

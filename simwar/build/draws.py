@@ -141,6 +141,7 @@ class Symbolic:
         self.affines: dict[int, object] = {}  # key -> Affine or Series, in order of first use
         self.uses: dict[int, int] = {}  # key -> uses in the current iteration
         self.contexts: dict[int, list] = {}  # affine key -> [(step offset, padded)] per use
+        self.noise_of: dict[int, int] = {}  # affine key -> the key of its noise's draws
         self.k = 0  # the current iteration
 
     def new_iteration(self, k: int = 0) -> tuple[dict[int, int], dict[int, list]]:
@@ -159,6 +160,7 @@ class Symbolic:
             self.affines.setdefault(key, d)
             self.contexts.setdefault(key, []).append((at - self.k, padded))
             if type(d) is Affine and d.noise is not None:
+                self.noise_of[key] = id(d.noise)
                 self(d.noise)  # one noise draw per use, from the run's generator
         n = self.uses.get(key, 0)
         self.uses[key] = n + 1
@@ -186,7 +188,8 @@ class AffineTable:
         self.plan = plan
         self.sizes = sizes
         self.segments = plan.segments()
-        self.names = {id(v): key for key, v, _ in duration_keys(plan.cfg, plan.phases)}
+        self.names = getattr(plan, "keys", None) or \
+            {id(v): key for key, v, _ in duration_keys(plan.cfg, plan.phases)}
         self.arrays: dict[int, np.ndarray] = {}
         self.offsets: dict[int, list[int]] = {}
         self.noise: dict[int, np.ndarray] = {}
@@ -201,7 +204,7 @@ class AffineTable:
             self.arrays[key] = np.zeros(pos)
             self.offsets[key] = offs
             if type(obj) is Affine and obj.noise is not None:
-                self.noise[key] = draws.pop(id(obj.noise))
+                self.noise[key] = draws.pop(plan.noise_of[key])
         draws.update(self.arrays)
 
     def fill(self, k0: int, k1: int) -> None:

@@ -111,7 +111,8 @@ def realize(cfg, sizes, model, summary_only: bool = False) -> FastRun:
     at = table.at if table is not None else (lambda k: None)
 
     def feed(bi, block, start):
-        row = getattr(block.columns, "row", None) or (lambda p, values: ())
+        rows = getattr(block.columns, "row_function", None)
+        row = rows() if rows is not None else (lambda p, values: ())
         p = lo - block.steps[0]  # the pass of step index ki is ki + p (any chunk)
 
         def next_pass(ki: int, t: float):

@@ -202,12 +202,16 @@ class RacePlan:
         """Block ``bi``'s logged op times: sorted ``(device op index, 's' | 'e')``."""
         return tuple(self.logs[bi])
 
-    def reset(self) -> None:
-        """Empty logs for a run of the plan (one array per logged time of each block)."""
-        self.arrays = [[array("d") for _ in log] for log in self.logs]
+    def reset(self, new_log=None, tally=None) -> None:
+        """Empty logs for a run of the plan (one array per logged time of each block).
+
+        ``new_log``: makes one log (default: an ``array('d')``; runs in lockstep log a list
+        of arrays, one element per run); ``tally``: what :meth:`tally` counts into (default
+        :class:`_Tally`; see :meth:`_Tally.add`)."""
+        self.arrays = [[(new_log or _new_log)() for _ in log] for log in self.logs]
         self.base = [0] * len(self.logs)  # passes of each block dropped from its logs
         self.cursor = [0] * len(self.groups)  # passes of each group counted
-        self.tallied = _Tally(len(self.groups))
+        self.tallied = tally if tally is not None else _Tally(len(self.groups))
 
     def log_arrays(self, bi: int) -> list:
         """Block ``bi``'s log arrays, in the order of :meth:`logs_of`."""
@@ -549,6 +553,10 @@ class _Intervals:
         return sum(hi - lo for lo, hi in self._merged())
 
 
+def _new_log() -> array:
+    return array("d")
+
+
 #: races of each kind a summary-only run keeps as a list (the first, in the engine's order)
 RACES_KEPT = 1024
 
@@ -564,6 +572,8 @@ class _Tally:
         self.observed: dict[tuple[int, int], list] = {}
 
     def add(self, gi: int, ri: int, j0: int, b_step: int, overlap: np.ndarray) -> None:
+        """The races ``j0, j0 + 1, ...`` of pair ``ri`` of group ``gi`` (later access in step
+        ``b_step`` and on), with their overlaps."""
         n = len(overlap)
         self.races += n
         self.steps.add(b_step, b_step + n)
