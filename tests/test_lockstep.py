@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simwar.analysis.batched import pairwise_sums
+from simwar.analysis import batched
 from simwar.api import simulate, simulate_many
 from simwar.config import load_config
 from simwar.core.rules import begins, begins_many, released, released_many, returns, returns_many
@@ -122,12 +122,15 @@ def test_arrivals_and_the_simpy_engine_run_alone_with_their_own_summary():
         assert_same_summary(summary, simulate(cfg).summary)
 
 
-def test_pairwise_sums_are_numpys_sums_of_each_column():
+def test_a_reduction_along_the_steps_is_each_runs_own_sum():
+    """The batched summary's sums: numpy sums each row of a 2-d array (a view of one too) as
+    it sums that row alone (pairwise), whatever its length."""
     rng = np.random.default_rng(4)
-    for n in [*range(0, 40), 127, 128, 129, 255, 256, 1000, 4097, 10_001]:
-        x = rng.lognormal(5, 3, (n, 7))
-        want = [np.add.reduce(np.ascontiguousarray(x[:, j])) for j in range(7)]
-        assert pairwise_sums(x).tolist() == [float(w) for w in want], n
+    for n in [*range(0, 40), 127, 128, 129, 1000, 8191, 8192, 8193, 20_001]:
+        x = rng.lognormal(5, 3, (9, n + 3))
+        for rows in (x, x[2:7, 1:n + 1], x[:, ::2][:, rng.random((n + 4) // 2) < 0.9]):
+            assert batched._sums(rows).tolist() == \
+                [float(np.add.reduce(np.array(r))) for r in rows], n
 
 
 def test_the_rules_over_arrays_are_the_rules_element_by_element():

@@ -156,8 +156,8 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     forward stream was busy (``busy``) and held by waits (``dep``) in [start_k, start_{k+1}),
     host time blocked in synchronize calls per site, and the ``run_batch`` instant (NaN: none);
     ``facts`` gives each step's batch, bucket and accepted tokens. The facts may be 2-d, a
-    column per run of the same steps (runs in lockstep): each column is then the table that
-    run's own facts give.
+    row per run of the same steps (runs in lockstep): each row is then the table that run's
+    own facts give.
     """
     nxt = _next(start)
     step_us = nxt - start
@@ -189,24 +189,24 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     out["launch_ahead"] = launch_ahead_depth(end, launch)
     per_step = facts(np.asarray(steps))
     if start.ndim == 2:  # the same for every run of a lockstep group
-        per_step = {k: np.broadcast_to(v[:, None], start.shape) for k, v in per_step.items()}
+        per_step = {k: np.broadcast_to(v, start.shape) for k, v in per_step.items()}
     out.update(per_step)
     return out
 
 
 def _next(x: np.ndarray) -> np.ndarray:
-    """Each row's successor (NaN after the last)."""
-    return np.concatenate([x[1:], np.full((1,) + x.shape[1:], np.nan)])
+    """Each step's successor (NaN after the last), along the last axis."""
+    return np.concatenate([x[..., 1:], np.full(x.shape[:-1] + (1,), np.nan)], axis=-1)
 
 
 def _previous(x: np.ndarray) -> np.ndarray:
-    """Each row's predecessor (NaN before the first)."""
-    return np.concatenate([np.full((1,) + x.shape[1:], np.nan), x[:-1]])
+    """Each step's predecessor (NaN before the first), along the last axis."""
+    return np.concatenate([np.full(x.shape[:-1] + (1,), np.nan), x[..., :-1]], axis=-1)
 
 
 def launch_ahead_depth(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
     """Per forward k: forwards before k still unfinished at launch k (NaN without a launch).
-    2-d: per column (runs in lockstep)."""
+    2-d: per row (runs in lockstep)."""
     if end.ndim == 2:
         return _launch_ahead_columns(end, launch)
     index = np.arange(len(end))
@@ -218,24 +218,23 @@ def launch_ahead_depth(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
 
 
 def _launch_ahead_columns(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
-    """:func:`launch_ahead_depth` of each column. Where forward ends are in FIFO order, the
+    """:func:`launch_ahead_depth` of each row. Where forward ends are in FIFO order, the
     forwards before k unfinished at launch k are the last ones before it: count them back
     from k - 1 until one ended by the launch (the same count as the search)."""
-    fifo = np.all(end[1:] >= end[:-1], axis=0)
+    fifo = np.all(end[:, 1:] >= end[:, :-1], axis=1)
     out = np.zeros(end.shape)
     for j in np.flatnonzero(~fifo).tolist():
-        out[:, j] = launch_ahead_depth(np.ascontiguousarray(end[:, j]),
-                                       np.ascontiguousarray(launch[:, j]))
-    cols = np.flatnonzero(fifo)
-    if len(cols):
-        e, la = end[:, cols], launch[:, cols]
+        out[j] = launch_ahead_depth(end[j], launch[j])
+    rows = np.flatnonzero(fifo)
+    if len(rows):
+        e, la = end[rows], launch[rows]
         ahead = np.zeros(e.shape, dtype=np.int64)
-        for d in range(1, len(e)):
-            late = e[:-d] > la[d:]  # forward k - d still running at launch k
+        for d in range(1, e.shape[1]):
+            late = e[:, :-d] > la[:, d:]  # forward k - d still running at launch k
             if not late.any():
                 break
-            ahead[d:] += late
-        out[:, cols] = np.where(np.isnan(la), np.nan, ahead)
+            ahead[:, d:] += late
+        out[rows] = np.where(np.isnan(la), np.nan, ahead)
     return out
 
 

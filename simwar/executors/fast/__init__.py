@@ -70,13 +70,15 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
   that runs a block of it;
 - :mod:`~simwar.executors.fast.races`: which access pairs are compared where, and the races
   as progressions (:class:`~simwar.executors.fast.races.FastHazards`);
+- :mod:`~simwar.executors.fast.counts`: races counted as a summary-only run goes;
 - :mod:`~simwar.executors.fast.execute`: the pass
   (:func:`~simwar.executors.fast.execute.run_plan`), the streaming summary of long runs, and
   the result (:class:`~simwar.executors.fast.execute.FastRun`);
 - here: the entry points, :func:`run_config` (a config), :func:`run` (any Program) and
   :func:`realize` (a workload whose batches depend on simulated time).
 
-Each part imports only parts above it in this list (codegen and races only the plan).
+Each part imports only parts above it in this list (codegen and races only the plan, counts
+only the races).
 
 Imports: numpy and simwar's own modules (core, analysis; build only inside the functions
 that take a config); no simpy, no pandas.

@@ -32,6 +32,7 @@ from simwar.analysis.metrics import (
 from simwar.analysis.streaming import StreamingSummary
 from simwar.core.trace import OpKind
 from simwar.executors.fast.codegen import compile_block
+from simwar.executors.fast.counts import Tally
 from simwar.executors.fast.plan import Block, Plan
 from simwar.executors.fast.races import FastHazards, RacePlan
 
@@ -114,7 +115,7 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
         state = _State(plan.lo, plan.hi, sites, depth, attempt,
                        rows=min(2 * CHUNK + 64, plan.hi - plan.lo + 1) if rolling else None)
         flusher = _Flusher(state, plan, fwd, races) if rolling else None
-        races.reset()
+        races.reset(tally=Tally(len(races.groups)) if rolling else None)
         for bi, b in enumerate(blocks):
             slots = tuple(c is None for c in b.consts)
             log = races.logs_of(bi)

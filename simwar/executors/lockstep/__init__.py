@@ -25,15 +25,16 @@ from __future__ import annotations
 
 from simwar.executors.lockstep.execute import NotLockstep, group_key, run_group
 
-#: bytes of per-step rows a batch may hold (a row per step, a column per run: nine facts)
-BATCH_BYTES = 256 << 20
+#: bytes of per-step facts a batch may hold (a row per step, a column per run: forward start
+#: and end, launch, busy and held time, blocked time at one or two sites)
+BATCH_BYTES = 512 << 20
 #: the most runs in one batch
 MAX_BATCH = 4096
 
 
 def batch_size(steps: int) -> int:
     """Runs of ``steps`` steps in one lockstep batch (bounded by :data:`BATCH_BYTES`)."""
-    return max(1, min(MAX_BATCH, BATCH_BYTES // (9 * 8 * (steps + 2))))
+    return max(1, min(MAX_BATCH, BATCH_BYTES // (7 * 8 * (steps + 2))))
 
 
 __all__ = ["BATCH_BYTES", "MAX_BATCH", "NotLockstep", "batch_size", "group_key", "run_group"]

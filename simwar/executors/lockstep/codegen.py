@@ -15,9 +15,9 @@ parameter columns (one 2-d array per column, a row per pass of the chunk), ``S``
 (:class:`simwar.executors.lockstep.execute.State`): the clock ``t``, ``tails``, ``hist``,
 the per-step rows ``fs``, ``fe``, ``launch``, ``blocked``, ``busy``, ``dep`` (2-d: a row per
 step, a column per run), the window ``cw``, ``w``, ``dp``, ``bad``, and ``logs`` (lists the
-logged op times are appended to, for the races). Every array is made anew by each
-operation (none is changed in place): a value appended to a log or kept in a tail stays
-what it was.
+logged op times are appended to, for the races). Every value an op gives is a new array
+(a value appended to a log or kept in a tail stays what it was); only the host clock and
+the window's sums, which nothing else holds, are added to in place.
 
 Imports: simwar.core and the one-pass executor's plan types.
 """
@@ -103,7 +103,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, log: tuple, depth: int):
                     emit(f"cw = {ks}; FS[cw] = s", 3)
                 if last_of.get(op.off) == dev_index:
                     emit(f"FE[{ks}] = e")
-            emit("W = W + (e - s)")
+            emit("W += e - s")
         log_times(dev_index, "s", "e")
 
     dev = 0
@@ -111,13 +111,13 @@ def _generate(shape: Shape, slots: tuple, fwd: str, log: tuple, depth: int):
     for h in shape.host:
         kind = h[0]
         if kind == "cpu":
-            emit(f"t = t + {next(pi)}")
+            emit(f"t += {next(pi)}")
         elif kind == "launch":
-            emit(f"t = t + {next(pi)}")
+            emit(f"t += {next(pi)}")
             kernel(dev, h[1], next(pi))
             dev += 1
         elif kind == "graph":
-            emit(f"t = t + {next(pi)}")
+            emit(f"t += {next(pi)}")
             tv = lane(h[1])
             for node in h[3]:
                 if node[0] == "r":
@@ -128,7 +128,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, log: tuple, depth: int):
                     kernel(dev, h[1], next(pi))
                 dev += 1
         elif kind == "record":
-            emit(f"t = t + {next(pi)}")
+            emit(f"t += {next(pi)}")
             tv = lane(h[1])
             emit(f"r{rec} = {tv} = begins({tv}, t)")
             log_times(dev, f"r{rec}", f"r{rec}")
@@ -137,20 +137,20 @@ def _generate(shape: Shape, slots: tuple, fwd: str, log: tuple, depth: int):
         elif kind == "wait_stream":
             stream, other = h[1], h[2]
             host, lat = next(pi), next(pi)
-            emit(f"t = t + {host}")
+            emit(f"t += {host}")
             to, ts = lane(other), lane(stream)
             emit(f"x = {to} = begins({to}, t)")
             log_times(dev, "x", "x")
             emit(f"reach = begins({ts}, t)")
             emit(f"{ts} = rel = released(reach, x, {lat}, {stream == other})")
             if stream == fwd:  # adds 0.0 where the wait held nothing: the same sum
-                emit("Dp = Dp + (rel - reach)")
+                emit("Dp += rel - reach")
             log_times(dev + 1, "reach", "rel")
             dev += 2
         elif kind == "wait_event":
             stream, bind = h[1], h[3]
             host, lat = next(pi), next(pi)
-            emit(f"t = t + {host}")
+            emit(f"t += {host}")
             ts = lane(stream)
             if bind is None:
                 emit(f"{ts} = reach = rel = begins({ts}, t)")
@@ -158,7 +158,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, log: tuple, depth: int):
                 emit(f"reach = begins({ts}, t)")
                 emit(f"{ts} = rel = released(reach, {fired(bind)}, {lat}, {bind[2]})")
                 if stream == fwd:
-                    emit("Dp = Dp + (rel - reach)")
+                    emit("Dp += rel - reach")
             log_times(dev, "reach", "rel")
             dev += 1
         elif kind == "sync":

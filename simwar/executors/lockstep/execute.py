@@ -62,7 +62,7 @@ class State:
         self.fs = np.full((rows, n), np.inf)
         self.fe = np.full((rows, n), -np.inf)
         self.launch = np.full((rows, n), np.nan)
-        self.blocked = {site: np.zeros((rows, n)) for site in sites}
+        self.blocked = {site: np.zeros((rows, n)) for site in sites}  # the sites synced at
         self.busy = np.zeros((rows + 1, n))  # the spare last row: index -1, no window yet
         self.dep = np.zeros((rows + 1, n))
         self.cw = -1
@@ -173,8 +173,7 @@ def run_group(plans: list[Plan], window: int = 2) -> list[dict]:
         for h in b.shape.host:
             if h[0] in ("wait_event", "sync") and h[-1] is not None:
                 depth = max(depth, h[-1][0])
-    sites = set(SITES) | plan.sites
-    state = State(plan.lo, plan.hi, sites, depth, n)
+    state = State(plan.lo, plan.hi, plan.sites, depth, n)
     tally = _LockstepTally(n)
     races.reset(new_log=list, tally=tally)
     first, last = measured
@@ -198,27 +197,43 @@ def run_group(plans: list[Plan], window: int = 2) -> list[dict]:
     return _summaries(plans, state, tally, measured)
 
 
+#: runs summarized at a time: their rows of per-step facts, turned to a row per run, fit in
+#: the caches (a summary reads each fact a few times)
+SUMMARY_RUNS = 32
+
+
 def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
                measured: tuple[int, int]) -> list[dict]:
     present = np.isfinite(state.fs)
     idx = np.flatnonzero(present[:, 0])
     if not np.array_equal(present.any(axis=1), present.all(axis=1)):
         raise NotLockstep("runs with different forward steps")
-    steps = (idx + state.origin).astype(np.int32)
-    fs, fe, launch = state.fs[idx], state.fe[idx], state.launch[idx]
-    busy, dep = state.busy[idx], state.dep[idx]
-    blocked = {site: vals[idx] for site, vals in state.blocked.items()}
-    columns = columns_from_arrays(steps, fs, fe, busy, dep, blocked, launch,
-                                  StepFacts(plans[0].meta))
+    if len(idx) and idx[-1] - idx[0] + 1 == len(idx):
+        idx = slice(int(idx[0]), int(idx[-1]) + 1)
+    steps = (np.arange(state.fs.shape[0])[idx] + state.origin).astype(np.int32)
+    facts = {"fs": state.fs[idx], "fe": state.fe[idx], "launch": state.launch[idx],
+             "busy": state.busy[idx], "dep": state.dep[idx]}
+    facts.update({("blocked", site): v[idx] for site, v in state.blocked.items()})
     totals = [(tally.races, int(o), tally.steps.total()) for o in tally.overlaps.tolist()]
-    metas = [p.meta for p in plans]
-    if any(m.get("workload") for m in metas):  # each run's own per-step facts
-        out = []
-        for j, meta in enumerate(metas):
-            cols = columns_from_arrays(
-                steps, *(np.ascontiguousarray(x[:, j]) for x in (fs, fe, busy, dep)),
-                {site: np.ascontiguousarray(v[:, j]) for site, v in blocked.items()},
-                np.ascontiguousarray(launch[:, j]), StepFacts(meta))
-            out.append(summarize(cols, meta, _Counts(totals[j], measured)))
-        return out
-    return summarize_many(columns, metas, [_Counts(t, measured) for t in totals])
+    out: list[dict] = []
+    for j0 in range(0, len(plans), SUMMARY_RUNS):
+        j1 = min(len(plans), j0 + SUMMARY_RUNS)
+        rows = {k: np.ascontiguousarray(v[:, j0:j1].T) for k, v in facts.items()}
+        blocked = {k[1]: v for k, v in rows.items() if isinstance(k, tuple)}
+        zero = np.broadcast_to(0.0, rows["fs"].shape)  # the sites no op syncs at
+        blocked.update({site: zero for site in set(SITES) - set(blocked)})
+        metas = [p.meta for p in plans[j0:j1]]
+        counts = [_Counts(t, measured) for t in totals[j0:j1]]
+        if any(m.get("workload") for m in metas):  # each run's own per-step facts
+            for j, meta in enumerate(metas):
+                cols = columns_from_arrays(steps, rows["fs"][j], rows["fe"][j],
+                                           rows["busy"][j], rows["dep"][j],
+                                           {site: np.ascontiguousarray(v[j])
+                                            for site, v in blocked.items()},
+                                           rows["launch"][j], StepFacts(meta))
+                out.append(summarize(cols, meta, counts[j]))
+            continue
+        columns = columns_from_arrays(steps, rows["fs"], rows["fe"], rows["busy"], rows["dep"],
+                                      blocked, rows["launch"], StepFacts(metas[0]))
+        out += summarize_many(columns, metas, counts)
+    return out
