@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -47,19 +46,23 @@ ARRIVALS = ["configs/dspark_fine_bimodal.yaml",
 
 def measure(tree: Path, args: list[str]) -> dict:
     """``python -m simwar ARGS`` in ``tree`` (its simwar first on the path): CPU of it and
-    its children, wall, the largest peak RSS among them, and its stdout."""
+    its children (user + system), wall, peak RSS (of it or its largest child: a sweep's
+    worker), and its stdout."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "simwar", *args], cwd=tree, env=env,
-                          capture_output=True, text=True)
-    wall = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "simwar", *args], cwd=tree, env=env,
+                                stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # the child's, its waited-for children's
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
     if proc.returncode:
-        raise SystemExit(f"{' '.join(args)[:300]} failed in {tree}:\n{proc.stderr[-2000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return {"cpu_s": cpu, "wall_s": wall, "rss_mb": after.ru_maxrss / 1024,
-            "stdout": proc.stdout}
+        raise SystemExit(f"{' '.join(args)[:300]} failed in {tree}:\n{stderr[-2000:]}")
+    return {"cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall,
+            "rss_mb": usage.ru_maxrss / 1024, "stdout": stdout}
 
 
 def _row(name: str, r: dict, **extra) -> dict:

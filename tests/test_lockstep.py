@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_fast import CONFIG_FILES, VARIANTS
 
 from simwar.analysis import batched
 from simwar.api import simulate, simulate_many
@@ -59,7 +60,7 @@ values = st.one_of(st.sampled_from([0.0, 0.5, 7.0, 120.0, 900.0, 2500.0]),
                    st.sampled_from(DISTS), st.sampled_from(AFFINES))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(algorithm=st.sampled_from(["none", "eagle", "dflash", "dspark"]),
        barriers=st.lists(st.sampled_from(["none", "coarse", "fine", "host_sync"]), min_size=1,
                          max_size=2, unique=True),
@@ -91,6 +92,16 @@ def test_every_run_of_a_random_grid_is_its_own_run_bit_for_bit(
     got = simulate_many([run.config for run in runs])
     for run, summary in zip(runs, got):
         assert_same_summary(summary, simulate(run.config).summary)
+
+
+@pytest.mark.parametrize("variant", ["short", "noisy", "workload_bimodal", "loop_top_seq_lens"])
+def test_every_shipped_config_in_lockstep_is_its_own_run(variant):
+    """Every shipped config, in the exactness suite's variants, three seeds of each in one
+    lockstep batch."""
+    configs = [load_config(path, {**VARIANTS[variant], "seed": seed})
+               for path in CONFIG_FILES for seed in range(3)]
+    for cfg, summary in zip(configs, simulate_many(configs)):
+        assert_same_summary(summary, simulate(cfg).summary)
 
 
 def test_a_grid_runs_in_lockstep_and_its_constants_and_draws_are_per_run(monkeypatch):

@@ -50,6 +50,20 @@ def group_key(plan: Plan, window: int = 2) -> tuple:
             window, meta.get("forward_stream", "forward"), int(meta.get("warmup_steps", 0)))
 
 
+#: the per-step arrays of the last batch, kept for the next one of the same size (a batch's
+#: arrays are large: allocating them anew would cost the system a page fault per 4 KB)
+_SPARE: list[np.ndarray] = []
+
+
+def _array(shape: tuple, value: float) -> np.ndarray:
+    for i, arr in enumerate(_SPARE):
+        if arr.shape == shape:
+            arr = _SPARE.pop(i)
+            arr.fill(value)
+            return arr
+    return np.full(shape, value)
+
+
 class State:
     """What carries from one block to the next, for ``n`` runs (see the codegen module)."""
 
@@ -59,17 +73,22 @@ class State:
         self.t = np.zeros(n)  # an array from the start: every time derived is one too
         self.tails: dict = {}
         self.hist = [()] * depth
-        self.fs = np.full((rows, n), np.inf)
-        self.fe = np.full((rows, n), -np.inf)
-        self.launch = np.full((rows, n), np.nan)
-        self.blocked = {site: np.zeros((rows, n)) for site in sites}  # the sites synced at
-        self.busy = np.zeros((rows + 1, n))  # the spare last row: index -1, no window yet
-        self.dep = np.zeros((rows + 1, n))
+        self.fs = _array((rows, n), np.inf)
+        self.fe = _array((rows, n), -np.inf)
+        self.launch = _array((rows, n), np.nan)
+        self.blocked = {site: _array((rows, n), 0.0) for site in sites}  # the sites synced at
+        self.busy = _array((rows + 1, n), 0.0)  # the spare last row: index -1, no window yet
+        self.dep = _array((rows + 1, n), 0.0)
         self.cw = -1
         self.w = 0.0
         self.dp = 0.0
         self.bad = False
         self.logs: list = []
+
+    def release(self) -> None:
+        """Keep the arrays for the next batch (dropping those of another size)."""
+        mine = [self.fs, self.fe, self.launch, self.busy, self.dep, *self.blocked.values()]
+        _SPARE[:] = [a for a in _SPARE if a.shape in {m.shape for m in mine}] + mine
 
 
 def _signed_zero(x) -> bool:
@@ -194,7 +213,9 @@ def run_group(plans: list[Plan], window: int = 2) -> list[dict]:
     if state.bad:
         raise NotLockstep("forward steps issued out of order")
     races.counted(first, last)
-    return _summaries(plans, state, tally, measured)
+    out = _summaries(plans, state, tally, measured)
+    state.release()
+    return out
 
 
 #: runs summarized at a time: their rows of per-step facts, turned to a row per run, fit in
