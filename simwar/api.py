@@ -28,12 +28,15 @@ from typing import Callable
 
 from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import frame, step_columns, summarize
+from simwar.analysis.ranks import rank_columns, rank_summary
 from simwar.build import loop
+from simwar.build.ranks import rank_programs
 from simwar.build.loop import sizes_meta
 from simwar.build.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.build.template import NotTraceable, duration_at, structure_key, traced
 from simwar.config import ENGINES, Config, ConfigError, load_config
 from simwar.core.program import Program
+from simwar.core.ranks import side_by_side
 from simwar.executors import fast, lockstep
 
 #: realized arrivals sequences kept, by the config's content (realizing one runs the config)
@@ -72,8 +75,17 @@ def _resolve(cfg: Config, summary_only: bool = False):
 
 def build_program(cfg: Config) -> Program:
     """The run's Program: every host operation of every iteration, durations drawn (a
-    validated Config: :func:`simwar.config.load_config` validates), at its sizes."""
+    validated Config: :func:`simwar.config.load_config` validates), at its sizes. A
+    tensor-parallel config's: rank 0's (:func:`build_rank_programs` for every rank's)."""
+    if cfg.tp > 1:
+        return build_rank_programs(cfg)[0]
     return loop.build_program(cfg, resolve_sizes(cfg))
+
+
+def build_rank_programs(cfg: Config) -> list[Program]:
+    """Each tensor-parallel rank's Program, ops listed (:mod:`simwar.build.ranks`)."""
+    return [Program(ops=list(p.ops), streams=p.streams, meta=p.meta)
+            for p in rank_programs(cfg, resolve_sizes(cfg))]
 
 
 class NoTraceError(RuntimeError):
@@ -104,6 +116,8 @@ class Result:
         self._trace = trace
         self._steps = None
         self._meta = meta
+        #: a tensor-parallel run's ranks (:class:`RankResult`), else empty
+        self.ranks: list = []
 
     def __repr__(self) -> str:
         return (f"Result({self.config.name!r}, engine={self.engine!r}, "
@@ -185,6 +199,11 @@ def resolve_engine(requested: str | None, cfg: Config, want_trace: bool = False)
     name = requested or cfg.engine
     if name not in ENGINES:
         raise ConfigError(f"engine: '{name}' is not one of {', '.join(ENGINES)}")
+    if cfg.tp > 1:  # the ranks' coupling runs on the reference engine only
+        if name == "fast":
+            raise ConfigError(f"engine: 'fast' runs one rank; parallel.tp {cfg.tp} runs on "
+                              f"the simpy engine (engine simpy or auto)")
+        return "simpy"
     if name == "auto":
         return "simpy" if want_trace else "fast"
     return name
@@ -205,6 +224,8 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
     requested = engine or cfg.engine
     actual = resolve_engine(requested, cfg)
     with gc_paused():
+        if cfg.tp > 1:
+            return _simulate_ranks(cfg, requested, progress)
         if actual == "simpy":
             return _simulate_simpy(cfg, requested, progress)
         result = _simulate_fast(cfg, requested, summary_only)
@@ -314,6 +335,46 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
     summary = summarize(columns, trace.meta, hazards)
     return Result(cfg, "simpy", summary, hazards, columns=columns, trace=trace,
                   events=engine.events, meta=dict(program.meta), requested=requested)
+
+
+def _simulate_ranks(cfg: Config, requested: str, progress=None) -> Result:
+    """A tensor-parallel run: every rank's loop on the SimPy engine, coupled
+    (:mod:`simwar.executors.ranks`). The summary is rank 0's keys plus the ranks'
+    (:func:`simwar.analysis.ranks.rank_summary`); ``Result.ranks`` holds each rank's
+    summary, per-step table, races and Trace; ``Result.trace`` is the ranks side by side."""
+    from simwar.executors.ranks import run_ranks  # lazy: simpy, for this engine only
+
+    traces, events = run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
+    ranks = []
+    for t in traces:
+        columns = step_columns(t)
+        hazards = detect(t)
+        ranks.append(RankResult(t.meta["rank"], summarize(columns, t.meta, hazards), columns,
+                                hazards, t))
+    group = rank_columns(traces, [r.columns for r in ranks])
+    summary = dict(ranks[0].summary)
+    summary.update(rank_summary(group, cfg.tp, cfg.warmup_steps,
+                                [r.summary["races"] for r in ranks]))
+    columns = dict(ranks[0].columns)
+    columns.update({("tp_step_us" if k == "step_us" else k): v for k, v in group.items()
+                    if k != "step"})
+    combined = side_by_side(traces, [{"rank": r.rank, "seed": r.trace.meta["rank_seed"]}
+                                     for r in ranks])
+    result = Result(cfg, "simpy", summary, ranks[0].hazards, columns=columns, trace=combined,
+                    events=events, meta=dict(traces[0].meta), requested=requested)
+    result.ranks = ranks
+    return result
+
+
+class RankResult:
+    """One rank of a tensor-parallel run: its summary, per-step table, races and Trace."""
+
+    def __init__(self, rank: int, summary: dict, columns: dict, hazards, trace):
+        self.rank, self.summary, self.columns = rank, summary, columns
+        self.hazards, self.trace = hazards, trace
+
+    def __repr__(self) -> str:
+        return f"RankResult(rank {self.rank}, step_us_mean={self.summary.get('step_us_mean')})"
 
 
 def _simulate_fast(cfg: Config, requested: str, summary_only: bool) -> Result:

@@ -189,6 +189,21 @@ GraphKind = Literal["full", "breakable", "eager"]
 ReadEnds = Literal["pre_replay", "in_replay", "post_replay", "unknown"]
 
 
+#: a duration of the rank model: a number of µs or a distribution (drawn per rank, per use)
+RankDuration = Annotated[Union[float, Dist], BeforeValidator(_duration)]
+
+
+class Collective(_Strict):
+    """A device collective inside a phase (an all-reduce per layer): ``count`` kernels
+    of ``us`` each, the phase's body split evenly around them. On each rank a collective
+    kernel completes at the latest rank's start of it plus its own ``us``
+    (docs/design.md, "Tensor-parallel ranks")."""
+
+    name: str = Field(min_length=1)
+    us: RankDuration = 0.0
+    count: int = Field(default=1, ge=1)
+
+
 class Phase(_Strict):
     """One phase of a decode step on the forward stream.
 
@@ -208,6 +223,8 @@ class Phase(_Strict):
     host_us: Duration = 0.0
     reads: list[str] = Field(default_factory=list)
     future_publish: bool = False
+    #: device collectives inside the phase's graph (tensor-parallel ranks, ``parallel.tp``)
+    collectives: list[Collective] = Field(default_factory=list)
 
 
 class Policy(_Strict):
@@ -528,6 +545,33 @@ class Workload(_Strict):
 MIN_MEASURED = 2
 
 
+class Ranks(_Strict):
+    """How ranks differ: extra host work per step before the broadcast (``jitter_us`` on
+    every rank, ``slow_us`` on ``slow_rank`` only), and per-rank overrides of any config
+    key (``per_rank: {1: {cpu.schedule_us: 1200}}``)."""
+
+    jitter_us: RankDuration = 0.0
+    slow_rank: int | None = Field(default=None, ge=0)
+    slow_us: RankDuration = 0.0
+    per_rank: dict[int, dict[str, Any]] = Field(default_factory=dict)
+
+
+class Parallel(_Strict):
+    """Tensor parallelism: ``tp`` ranks, each its own scheduler loop, coupled by the per-step
+    host collectives (the request ``broadcast``; a DP-attention ``allgather``, off by
+    default) and the device collectives of the phases. ``wait``: how a host waits at a host
+    collective (``spin``: leaves as the last rank arrives; ``block``: a rank that waited
+    wakes ``wake_us`` later)."""
+
+    tp: int = Field(default=1, ge=1)
+    broadcast: bool = True
+    broadcast_us: RankDuration = 150.0
+    allgather: bool = False
+    allgather_us: RankDuration = 150.0
+    wait: Literal["spin", "block"] = "spin"
+    wake_us: RankDuration = 16.0
+
+
 class Config(_Strict):
     name: str = "unnamed"
     seed: int = 0
@@ -545,6 +589,9 @@ class Config(_Strict):
     workload: Workload | None = None
     #: the executor (one of :data:`ENGINES`)
     engine: Literal[ENGINES] = "auto"
+    #: tensor-parallel ranks (None: one rank)
+    parallel: Parallel | None = None
+    ranks: Ranks | None = None
 
     @model_validator(mode="after")
     def _resolve(self) -> Config:
@@ -568,7 +615,38 @@ class Config(_Strict):
             raise ValueError(f"batch_size: {self.batch_size} is above the largest graph bucket "
                              f"({wl.graph_buckets[-1]})")
         check_affine(self)
+        self._check_ranks(resolved)
         return self
+
+    @property
+    def tp(self) -> int:
+        """The number of tensor-parallel ranks (1: a single-rank run)."""
+        return self.parallel.tp if self.parallel is not None else 1
+
+    def _check_ranks(self, phases: list[Phase]) -> None:
+        tp = self.tp
+        for p in phases:
+            if p.collectives and tp == 1:
+                raise ValueError(f"phases.{p.name}.collectives: a single-rank config has no "
+                                 f"collectives (set parallel.tp > 1)")
+            if p.collectives and p.graph == "eager":
+                raise ValueError(f"phases.{p.name}.collectives: collectives run inside a "
+                                 f"graph phase (graph full or breakable), not eager")
+        if self.ranks is not None and tp == 1:
+            raise ValueError("ranks: a single-rank config has no ranks to vary "
+                             "(set parallel.tp > 1)")
+        if tp > 1 and self.workload is not None and self.workload.source == "arrivals":
+            raise ValueError("workload.arrivals: not modelled with parallel.tp > 1 (rank 0 "
+                             "would realize the batches alone); give batch sizes instead")
+        r = self.ranks
+        if r is not None:
+            if r.slow_rank is not None and r.slow_rank >= tp:
+                raise ValueError(f"ranks.slow_rank: {r.slow_rank} is not a rank of "
+                                 f"parallel.tp {tp} (0..{tp - 1})")
+            for k in r.per_rank:
+                if not 0 <= k < tp:
+                    raise ValueError(f"ranks.per_rank.{k}: not a rank of parallel.tp {tp} "
+                                     f"(0..{tp - 1})")
 
     def phase_table(self) -> list[Phase]:
         return [Phase(**p) for p in self.phases]
@@ -717,6 +795,6 @@ def _unique(names: list[str]) -> None:
         seen.add(n)
 
 
-__all__ = ["ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "Affine", "Config", "ConfigError",
-           "Dist", "Duration", "Phase", "Policy", "Workload", "buckets_of", "duration_keys",
-           "first_error"]
+__all__ = ["ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "Affine", "Collective", "Config",
+           "ConfigError", "Dist", "Duration", "Parallel", "Phase", "Policy", "Ranks", "Workload",
+           "buckets_of", "duration_keys", "first_error"]

@@ -48,7 +48,22 @@ class GraphRecord:
     event: str
 
 
-GraphNode = Union[Kernel, GraphRecord]
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """A device collective kernel (an NCCL all-reduce) of a tensor-parallel rank.
+
+    It begins by the stream rules like any kernel and completes at the latest rank's begin
+    of the same collective plus ``duration_us``: the early ranks spin in it. The k-th
+    collective a rank issues is the k-th of every rank (the ranks issue the same program
+    structure); a single-rank executor runs it as a kernel of ``duration_us``.
+    """
+
+    label: str
+    duration_us: float
+    phase: str = ""
+
+
+GraphNode = Union[Kernel, GraphRecord, Collective]
 
 
 # --------------------------------------------------------------------------- host operations
@@ -145,11 +160,25 @@ class Marker:
     step: int
 
 
+@dataclass(frozen=True, slots=True)
+class HostCollective:
+    """A host collective across tensor-parallel ranks (SGLang's per-step request broadcast
+    over the CPU group, a DP-attention all-gather): the host leaves when the last rank
+    arrives plus ``cost_us``, and ``wake_us`` later when it waited (a blocking wait). The
+    k-th host collective of a rank is the k-th of every rank."""
+
+    name: str
+    step: int
+    cost_us: float
+    wake_us: float = 0.0
+
+
 HostOp = Union[StepMarker, CpuWork, Launch, GraphLaunch, Record, WaitEvent, WaitStream,
-               Synchronize, Marker]
+               Synchronize, Marker, HostCollective]
 
 _OP_TYPES = {cls.__name__: cls for cls in (StepMarker, CpuWork, Launch, GraphLaunch, Record,
-                                           WaitEvent, WaitStream, Synchronize, Marker)}
+                                           WaitEvent, WaitStream, Synchronize, Marker,
+                                           HostCollective)}
 
 
 # --------------------------------------------------------------------------- program
@@ -239,6 +268,9 @@ def _kernel(d: dict) -> Kernel:
 def _node(d: dict) -> GraphNode:
     if d.get("node") == "GraphRecord":
         return GraphRecord(event=d["event"])
+    if d.get("node") == "Collective":
+        return Collective(label=d["label"], duration_us=d["duration_us"],
+                          phase=d.get("phase", ""))
     return _kernel(d)
 
 

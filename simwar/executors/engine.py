@@ -45,9 +45,11 @@ from typing import Callable
 import simpy
 
 from simwar.core.program import (
+    Collective,
     CpuWork,
     GraphLaunch,
     GraphRecord,
+    HostCollective,
     Launch,
     Marker,
     Program,
@@ -61,7 +63,7 @@ from simwar.core.recorder import Recorder
 from simwar.core.rules import begins, released, returns
 from simwar.core.trace import HOST, Call, OpKind, Trace
 
-_KERNEL, _RECORD, _WAIT = 0, 1, 2
+_KERNEL, _RECORD, _WAIT, _COLLECTIVE = 0, 1, 2, 3
 KERNEL, RECORD, WAIT, SYNC = OpKind.KERNEL, OpKind.RECORD, OpKind.WAIT, OpKind.SYNC
 NAN = float("nan")
 
@@ -87,6 +89,52 @@ class _Stream:
         self.wake: simpy.Event | None = None
 
 
+class _Join:
+    """One collective instance across ranks: each rank's arrival, and the event the early
+    ranks wait on until the last arrives."""
+
+    __slots__ = ("times", "event", "readers")
+
+    def __init__(self) -> None:
+        self.times: dict[int, float] = {}
+        self.event: simpy.Event | None = None
+        self.readers = 0
+
+
+class Group:
+    """The ranks of one tensor-parallel run: the collectives they join (the k-th host
+    collective of every rank is one instance, the k-th device collective another)."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.joins: dict[tuple[int, int], _Join] = {}
+
+    def join(self, table: int, index: int) -> _Join:
+        key = (table, index)
+        j = self.joins.get(key)
+        if j is None:
+            j = self.joins[key] = _Join()
+        return j
+
+    def arrive(self, env, j: _Join, rank: int, t: float):
+        """Rank ``rank`` arrives at ``j`` at ``t``; the event to wait on (None: all are in)."""
+        j.times[rank] = t
+        if len(j.times) == self.n:
+            if j.event is not None:
+                j.event.succeed()
+            return None
+        if j.event is None:
+            j.event = env.event()
+        return j.event
+
+    def leave(self, key: tuple[int, int], j: _Join) -> float:
+        """The last arrival (each rank reads it once; the instance is then forgotten)."""
+        j.readers += 1
+        if j.readers == self.n:
+            del self.joins[key]
+        return max(j.times.values())
+
+
 class _CountingEnvironment(simpy.Environment):
     """An Environment that counts the events it schedules (a public hook, no private state)."""
 
@@ -106,21 +154,26 @@ class Engine:
     the engine itself never prints).
     """
 
-    def __init__(self, program: Program, progress: Callable[[int], None] | None = None):
+    def __init__(self, program: Program, progress: Callable[[int], None] | None = None,
+                 env: simpy.Environment | None = None, group: Group | None = None,
+                 rank: int = 0):
         self.program = program
         self.progress = progress
-        self.env = _CountingEnvironment()
+        self.env = env if env is not None else _CountingEnvironment()
         self.rec = Recorder()
         self.streams: dict[str, _Stream] = {}
         self.latest: dict[str, _Rec] = {}  # event name -> most recent record instance
         self.events = 0
+        # tensor-parallel ranks (executors/ranks.py): the collectives this rank joins
+        self.group = group
+        self.rank = rank
+        #: (op id, 0 host | 1 device, instance) of each collective joined
+        self.collectives: list[tuple[int, int, int]] = []
 
     # ------------------------------------------------------------------ public
     def run(self) -> Trace:
         env = self.env
-        for name in self.program.streams:
-            self._stream(name)
-        env.process(self._host())
+        self.start()
         # the run allocates many small tuples and no reference cycles worth collecting:
         # pausing the cyclic collector saves a third of the time
         gc_was_enabled = gc.isenabled()
@@ -130,8 +183,23 @@ class Engine:
         finally:
             if gc_was_enabled:
                 gc.enable()
+        return self.finish()
+
+    def start(self) -> None:
+        """Start the host and stream processes in ``env`` (``run`` runs them)."""
+        for name in self.program.streams:
+            self._stream(name)
+        self.env.process(self._host())
+
+    def finish(self) -> Trace:
+        """The Trace, once ``env`` has run."""
+        env = self.env
         self.events = env.scheduled
         meta = dict(self.program.meta)
+        if self.group is not None:
+            ops, device, inst = zip(*self.collectives) if self.collectives else ((), (), ())
+            meta["collectives"] = {"op": list(ops), "device": list(device),
+                                   "instance": list(inst)}
         meta.setdefault("source", "sim")
         # the run's bookkeeping (a record per event name, the streams' processes) is done
         # with: free it before the recorder moves its columns into the Trace
@@ -157,6 +225,7 @@ class Engine:
         rec = self.rec
         op_start, op_end = rec.op_start, rec.op_end
         free = 0.0  # when the stream finished its previous operation
+        group, rank = self.group, self.rank
         while True:
             while not queue:
                 s.wake = env.event()
@@ -171,6 +240,16 @@ class Engine:
                 op_end[op_id] = free
                 if arg > 0:
                     yield timeout(arg)
+            elif code == _COLLECTIVE:  # complete at the last rank's begin + own duration
+                key, j = arg
+                wait_all = group.arrive(env, j, rank, start)
+                if wait_all is not None:
+                    yield wait_all
+                free = group.leave(key, j) + latency
+                op_start[op_id] = start
+                op_end[op_id] = free
+                if free > env.now:
+                    yield timeout(free - env.now)
             elif code == _RECORD:
                 op_start[op_id] = op_end[op_id] = free = start
                 arg.time = start
@@ -200,6 +279,9 @@ class Engine:
         latest = self.latest
         streams = self.streams
         progress = self.progress
+        group, rank = self.group, self.rank
+        collectives = self.collectives
+        n_host = n_device = 0  # collectives issued so far (the instance numbers)
 
         def enqueue(stream: str, item: tuple) -> None:
             st = streams.get(stream) or self._stream(stream)
@@ -257,6 +339,18 @@ class Engine:
                     if type(node) is GraphRecord:
                         # the launch re-arms the node: later waits bind to this launch's record
                         latest[node.event] = record(node.event, op.stream, op.step, t, call)
+                    elif type(node) is Collective and group is not None:
+                        op_id = new_op(KERNEL, op.stream, op.step, node.label, "", -1, t, NAN,
+                                       NAN, node.phase, call)
+                        key = (1, n_device)
+                        collectives.append((op_id, 1, n_device))
+                        n_device += 1
+                        enqueue(op.stream, (_COLLECTIVE, t, op_id, (key, group.join(*key)),
+                                            node.duration_us))
+                    elif type(node) is Collective:  # a lone rank: a kernel of its length
+                        op_id = new_op(KERNEL, op.stream, op.step, node.label, "", -1, t, NAN,
+                                       NAN, node.phase, call)
+                        enqueue(op.stream, (_KERNEL, t, op_id, node.duration_us, 0.0))
                     else:
                         kernel(op.stream, node, op.step, t, call)
             elif kind is WaitEvent:
@@ -281,6 +375,25 @@ class Engine:
                 call = host(Call.SYNCHRONIZE, op.step, t0, t, op.event, "", op.site, rec.next_op)
                 new_op(SYNC, HOST, op.step, op.event, op.event,
                        r.op_id if r is not None else -1, t0, t0, t, "", call)
+            elif kind is HostCollective:
+                t0 = t
+                if group is None:  # a lone rank: nobody to wait for
+                    last = t0
+                else:
+                    key = (0, n_host)
+                    n_host += 1
+                    j = group.join(*key)
+                    if t0 > env.now:  # arrive in time order: the others' clocks may be behind
+                        yield env.timeout(t0 - env.now)
+                    wait_all = group.arrive(env, j, rank, t0)
+                    if wait_all is not None:
+                        yield wait_all
+                    last = group.leave(key, j)
+                t = last + op.cost_us + (op.wake_us if last > t0 else 0.0)
+                call = host(Call.SYNCHRONIZE, op.step, t0, t, op.name, "", op.name, rec.next_op)
+                op_id = new_op(SYNC, HOST, op.step, op.name, "", -1, t0, t0, t, "", call)
+                if group is not None:
+                    collectives.append((op_id, 0, key[1]))
             elif kind is StepMarker:
                 marker("step", op.step, t)
                 if progress is not None:

@@ -1,0 +1,159 @@
+"""Tensor-parallel ranks: per-rank and overall step time, collective waits, the straggler.
+
+Functions of the ranks' Traces (one per rank, simulated or imported), each carrying
+``meta["collectives"]``: per collective it joined, its op id, whether it is a device
+collective, and its instance number; the same instance on every rank is the same
+collective (relations as data). From them (docs/design.md, "Tensor-parallel ranks"):
+
+- a collective's **arrival** on a rank is its op's start (the host reaching a host
+  collective; a device collective kernel beginning on its stream); its **skew** is the last
+  arrival minus the first; the **late rank** the one that arrived last;
+- a rank's **collective wait** is, summed over the collectives of a step, the last rank's
+  arrival minus its own (what it spent waiting for the slowest, spinning or blocked), split
+  into host (``host_wait``) and device (``device_wait``) collectives;
+- the **straggler** of a step is the late rank of its first host collective (the request
+  broadcast), else of its first collective; **by how much**: its arrival minus the next
+  latest rank's (what the others waited for it alone);
+- the **overall step time** of a step is the slowest rank's.
+
+:func:`rank_columns` is the per-step table of the group, :func:`rank_summary` its summary
+keys (flat, added to the run's summary). Imports: numpy and :mod:`simwar.core.trace`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simwar.analysis.summary import measured_mask
+from simwar.core.trace import Trace
+
+
+class Collectives:
+    """The instances every rank joined, with each rank's arrival and leaving time.
+
+    ``device[i]``: instance i is a device collective; ``index[i]``: its instance number among
+    its kind; ``name[i]``, ``step[i]``: rank 0's label and step of it; ``arrive``/``leave``:
+    arrays ``(instances, ranks)`` of op start and end times; ``op``: the op ids per rank.
+    """
+
+    def __init__(self, traces: list[Trace]):
+        tables = []
+        for t in traces:
+            c = t.meta.get("collectives") or {"op": [], "device": [], "instance": []}
+            keys = list(zip(c["device"], c["instance"]))
+            tables.append(dict(zip(keys, c["op"])))
+        common = set(tables[0]).intersection(*tables[1:]) if tables else set()
+        keys = sorted(common, key=lambda k: tables[0][k])  # rank 0's issue order
+        self.ranks = len(traces)
+        self.device = np.array([d for d, _ in keys], dtype=bool)
+        self.index = np.array([i for _, i in keys], dtype=np.int64)
+        self.op = np.array([[tab[k] for tab in tables] for k in keys], dtype=np.int64
+                           ).reshape(len(keys), len(traces))
+        self.arrive = np.empty(self.op.shape)
+        self.leave = np.empty(self.op.shape)
+        for r, t in enumerate(traces):
+            self.arrive[:, r] = t.ops.start_us[self.op[:, r]]
+            self.leave[:, r] = t.ops.end_us[self.op[:, r]]
+        t0 = traces[0] if traces else None
+        ops0 = self.op[:, 0] if len(keys) else np.zeros(0, dtype=np.int64)
+        self.step = t0.ops.step[ops0].astype(np.int64) if t0 is not None else ops0
+        self.name = [t0.text(c) for c in t0.ops.label[ops0]] if t0 is not None else []
+        self.unmatched = sum(len(tab) for tab in tables) - len(keys) * len(traces)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def skew(self) -> np.ndarray:
+        """Per instance: the last arrival minus the first."""
+        return self.arrive.max(axis=1) - self.arrive.min(axis=1)
+
+    def late_rank(self) -> np.ndarray:
+        """Per instance: the rank that arrived last (the lowest such rank on a tie)."""
+        return self.arrive.argmax(axis=1)
+
+    def lead(self) -> np.ndarray:
+        """Per instance: the last arrival minus the next latest (0 with one rank)."""
+        if self.ranks < 2:
+            return np.zeros(len(self))
+        s = np.sort(self.arrive, axis=1)
+        return s[:, -1] - s[:, -2]
+
+    def waits(self) -> np.ndarray:
+        """Per instance and rank: the last arrival minus the rank's own."""
+        return self.arrive.max(axis=1, keepdims=True) - self.arrive
+
+
+def rank_columns(traces: list[Trace], columns: list[dict]) -> dict[str, np.ndarray]:
+    """The group's per-step table from each rank's per-step ``columns``
+    (:func:`simwar.analysis.metrics.step_columns`): ``step``, ``step_us`` (the slowest
+    rank's), per rank ``rank<r>_step_us``, ``rank<r>_host_wait_us``,
+    ``rank<r>_device_wait_us``, and ``straggler`` (-1: no collective that step),
+    ``straggler_lead_us``, ``skew_us`` (its first host collective's, else first's)."""
+    steps = columns[0]["step"]
+    n = len(steps)
+    out: dict[str, np.ndarray] = {"step": steps}
+    per = np.full((len(columns), n), np.nan)
+    for r, c in enumerate(columns):
+        pos = np.searchsorted(steps, c["step"])
+        ok = (pos < n) & (steps[np.minimum(pos, n - 1)] == c["step"])
+        per[r, pos[ok]] = c["step_us"][ok]
+    out["step_us"] = per.max(axis=0) if len(columns) else np.zeros(n)
+    col = Collectives(traces)
+    row = np.searchsorted(steps, col.step)
+    inside = (row < n) & (steps[np.minimum(row, n - 1)] == col.step)
+    waits = col.waits()
+    for r in range(len(columns)):
+        out[f"rank{r}_step_us"] = per[r]
+        for kind, pick in (("host", ~col.device), ("device", col.device)):
+            w = np.zeros(n)
+            np.add.at(w, row[inside & pick], waits[inside & pick, r])
+            out[f"rank{r}_{kind}_wait_us"] = w
+    straggler = np.full(n, -1, dtype=np.int64)
+    lead = np.full(n, np.nan)
+    skew = np.full(n, np.nan)
+    late, leads, skews = col.late_rank(), col.lead(), col.skew()
+    # the first host collective of each step decides; a step without one, its first collective
+    for pick in (inside & col.device, inside & ~col.device):
+        idx = np.flatnonzero(pick)[::-1]  # reversed: the first of a step is written last
+        straggler[row[idx]] = late[idx]
+        lead[row[idx]] = leads[idx]
+        skew[row[idx]] = skews[idx]
+    out.update(straggler=straggler, straggler_lead_us=lead, skew_us=skew)
+    return out
+
+
+def rank_summary(cols: dict[str, np.ndarray], tp: int, warmup: int, races: list[int]) -> dict:
+    """The flat summary keys of a tensor-parallel run (measured steps only): ``tp``, the
+    overall ``tp_step_us_*``, per rank its step time, waits and races, the straggler
+    (``straggler_rank``: most often last, ``straggler_share``: the fraction of steps it was,
+    ``straggler_lead_us_mean``: by how much, over those steps) and the arrival skew."""
+    keep = measured_mask(cols["step"], cols["step_us"], warmup)
+    step = cols["step_us"][keep]
+    out: dict = {"tp": tp}
+    if not len(step):
+        return out
+    out.update(tp_step_us_mean=float(step.mean()), tp_step_us_p50=float(np.percentile(step, 50)),
+               tp_step_us_p99=float(np.percentile(step, 99)))
+    for r in range(tp):
+        host = cols[f"rank{r}_host_wait_us"][keep]
+        dev = cols[f"rank{r}_device_wait_us"][keep]
+        out[f"rank{r}_step_us_mean"] = float(np.nanmean(cols[f"rank{r}_step_us"][keep]))
+        out[f"rank{r}_collective_wait_us_mean"] = float((host + dev).mean())
+        out[f"rank{r}_host_wait_us_mean"] = float(host.mean())
+        out[f"rank{r}_device_wait_us_mean"] = float(dev.mean())
+        out[f"rank{r}_races"] = int(races[r])
+    who = cols["straggler"][keep]
+    who_ok = who[who >= 0]
+    if len(who_ok):
+        counts = np.bincount(who_ok, minlength=tp)
+        s = int(counts.argmax())
+        out.update(straggler_rank=s, straggler_share=float(counts[s] / len(who)),
+                   straggler_lead_us_mean=float(cols["straggler_lead_us"][keep][who == s].mean()))
+        skew = cols["skew_us"][keep]
+        skew = skew[~np.isnan(skew)]
+        out.update(skew_us_p50=float(np.percentile(skew, 50)),
+                   skew_us_p90=float(np.percentile(skew, 90)), skew_us_max=float(skew.max()))
+    return out
+
+
+__all__ = ["Collectives", "rank_columns", "rank_summary"]

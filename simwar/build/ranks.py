@@ -1,0 +1,146 @@
+"""Tensor-parallel ranks as Programs: one overlap loop per rank, with its coupling ops.
+
+A config with ``parallel.tp: N`` runs N copies of the single-rank loop
+(:mod:`simwar.build.loop`, unchanged): rank r's loop is built from the config with rank r's
+``ranks.per_rank`` overrides and its own seed (rank 0 keeps the config's), at the run's
+per-step sizes (rank 0 broadcasts the batch: every rank runs the same batches). On top of it
+this module adds the ops that couple the ranks (docs/design.md, "Tensor-parallel ranks"):
+
+- at the top of every iteration, the host work by which the rank is late (``rank_jitter``:
+  ``ranks.jitter_us``, every rank; ``rank_slow``: ``ranks.slow_us``, ``ranks.slow_rank``
+  only), then the request broadcast (a :class:`~simwar.core.program.HostCollective`,
+  ``parallel.broadcast_us``): SGLang's ``recv_requests`` broadcasts over the CPU group before
+  anything else of the iteration;
+- before ``run_batch`` (the scheduler's ``get_next_batch_to_run`` gathers DP-attention
+  metadata there), the all-gather when ``parallel.allgather`` is on;
+- inside each graph phase with ``collectives``: its body (the graph's last kernel) split into
+  ``count`` equal parts, each followed by a :class:`~simwar.core.program.Collective` kernel.
+
+The rank-model durations are drawn per rank from their own generators
+(``default_rng([seed, 24, rank, key])``), apart from the loop's draws, so a rank's loop is
+drawn as the same config's single-rank loop with that seed would be.
+
+Imports: numpy, :mod:`simwar.core.program`, :mod:`simwar.config` and the other build modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from simwar.build import loop
+from simwar.build.draws import sample
+from simwar.build.sizes import StepSizes
+from simwar.config import Config, load_config
+from simwar.config.schema import Dist, Ranks
+from simwar.core.program import (
+    Collective,
+    CpuWork,
+    GraphLaunch,
+    HostCollective,
+    HostOp,
+    Kernel,
+    Marker,
+    Program,
+    StepMarker,
+)
+
+#: the generator stream of the rank model's draws (beside the sizes' streams)
+STREAM = 24
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s loop: the config's for rank 0, else one derived from it."""
+    if rank == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, STREAM, rank]).generate_state(1)[0])
+
+
+def rank_config(cfg: Config, rank: int) -> Config:
+    """Rank ``rank``'s config: its ``ranks.per_rank`` overrides applied, its own seed."""
+    over = dict(cfg.ranks.per_rank.get(rank, {})) if cfg.ranks is not None else {}
+    over["seed"] = rank_seed(cfg.seed, rank)
+    return load_config(cfg, over)
+
+
+class RankDraws:
+    """Rank ``rank``'s draws of the rank model, one array per key (all uses of the run)."""
+
+    def __init__(self, cfg: Config, rank: int):
+        self.seed, self.rank = cfg.seed, rank
+        self._keys = 0
+
+    def values(self, d, n: int) -> np.ndarray:
+        key = self._keys
+        self._keys += 1
+        if not isinstance(d, Dist):
+            return np.full(n, float(d))
+        return sample(np.random.default_rng([self.seed, STREAM, self.rank, key]), d, n)
+
+
+def rank_programs(cfg: Config, sizes: StepSizes) -> list[Program]:
+    """The ranks' Programs (ops generated as they are read, like
+    :func:`simwar.build.loop.stream_program`)."""
+    out = []
+    for r in range(cfg.tp):
+        rc = rank_config(cfg, r)
+        base = loop.stream_program(rc, sizes)
+        meta = dict(base.meta, rank=r, tp=cfg.tp, name=cfg.name, rank_seed=rc.seed)
+        out.append(Program(ops=coupled(base.ops, cfg, rc, r), streams=base.streams, meta=meta))
+    return out
+
+
+def coupled(ops: Iterable[HostOp], cfg: Config, rc: Config, rank: int) -> Iterator[HostOp]:
+    """Rank ``rank``'s loop ``ops`` with the coupling ops inserted (module docstring)."""
+    steps = cfg.steps
+    par = cfg.parallel
+    ranks = cfg.ranks if cfg.ranks is not None else Ranks()
+    draws = RankDraws(cfg, rank)
+    jitter = draws.values(ranks.jitter_us, steps)
+    slow = draws.values(ranks.slow_us if ranks.slow_rank == rank else 0.0, steps)
+    bcast = draws.values(par.broadcast_us, steps)
+    gather = draws.values(par.allgather_us, steps)
+    wake = draws.values(par.wake_us, 2 * steps) if par.wait == "block" else np.zeros(2 * steps)
+    colls = {}
+    for ph in rc.phase_table():
+        for c in ph.collectives:
+            colls.setdefault(ph.name, []).append((c, iter(draws.values(c.us, steps * c.count))))
+    for op in ops:
+        kind = type(op)
+        if kind is StepMarker:
+            yield op
+            k = op.step
+            if k < steps:
+                if jitter[k] > 0:
+                    yield CpuWork("rank_jitter", float(jitter[k]), k)
+                if slow[k] > 0:
+                    yield CpuWork("rank_slow", float(slow[k]), k)
+                if par.broadcast:
+                    yield HostCollective("broadcast", k, float(bcast[k]), float(wake[2 * k]))
+        elif kind is Marker and op.name == "run_batch" and par.allgather:
+            yield HostCollective("allgather", op.step, float(gather[op.step]),
+                                 float(wake[2 * op.step + 1]))
+            yield op
+        elif kind is GraphLaunch and op.phase in colls:
+            yield _with_collectives(op, colls[op.phase])
+        else:
+            yield op
+
+
+def _with_collectives(op: GraphLaunch, colls: list) -> GraphLaunch:
+    """The graph launch with its body (its last kernel) split around the collectives."""
+    nodes = list(op.nodes)
+    at = max(i for i, n in enumerate(nodes) if type(n) is Kernel)
+    body = nodes[at]
+    parts = sum(c.count for c, _ in colls)
+    piece = Kernel(body.label, body.duration_us / parts, body.reads, body.writes, body.phase)
+    split: list = []
+    for c, durations in colls:
+        for _ in range(c.count):
+            split += [piece, Collective(c.name, float(next(durations)), body.phase)]
+    return GraphLaunch(op.stream, op.graph, tuple(nodes[:at] + split + nodes[at + 1:]), op.step,
+                       op.phase, op.host_us)
+
+
+__all__ = ["RankDraws", "coupled", "rank_config", "rank_programs", "rank_seed"]
