@@ -71,7 +71,7 @@ from simwar.analysis.views import forward_kernels
 from simwar.core.trace import HOST, Call, OpKind, Trace
 
 KINDS = ("device", "cross_stream", "host", "host_api", "wake_up", "launch_latency",
-         "unexplained")
+         "rank", "unexplained")
 
 _CALL_NAMES = {Call.CPU: "cpu", Call.LAUNCH: "launch", Call.GRAPH_LAUNCH: "graph_launch",
                Call.RECORD: "record", Call.WAIT_EVENT: "wait_event",
@@ -202,8 +202,11 @@ class Walker:
     indexes); :meth:`chain` walks back from an op to a stop time.
     """
 
-    def __init__(self, trace: Trace, host_ranges=None, device_info: dict | None = None):
+    def __init__(self, trace: Trace, host_ranges=None, device_info: dict | None = None,
+                 ranks: dict | None = None):
         self.trace = trace
+        # a tensor-parallel rank's collectives: op id -> (late rank, its wait, the name)
+        self.ranks = ranks or {}
         self.ranges = HostRanges(host_ranges) if host_ranges else None
         self.device_info = device_info or {}
         ops, spans = trace.ops, trace.spans
@@ -434,7 +437,15 @@ class Walker:
                 if k == OpKind.KERNEL:
                     s0 = min(start[item], t)
                     lane, label = self.lane_name(item), self.label(item)
-                    emit(s0, t, "device", f"{lane} stream: {label}", lane, item, -1, label)
+                    joined = self.ranks.get(item)
+                    if joined is not None:  # a collective: first waiting for the late rank
+                        late, wait, name = joined
+                        w = min(s0 + wait, t)
+                        emit(w, t, "device", f"{lane} stream: {label}", lane, item, -1, label)
+                        emit(s0, w, "rank", f"rank {late}'s {lane} stream arrived late at "
+                             f"{name}", lane, item, -1, name)
+                    else:
+                        emit(s0, t, "device", f"{lane} stream: {label}", lane, item, -1, label)
                     t, state = s0, "op"
                 elif k == OpKind.WAIT and bound[item] >= 0 and fin[item] > start[item]:
                     r = bound[item]  # held: released by its record's firing
@@ -469,6 +480,16 @@ class Walker:
                         emit(f, t, "wake_up", f"{name}: wake-up", HOST, -1, item, name)
                         t, state, item = f, "end", r
                         continue
+                joined = self.ranks.get(self.span_op[item])
+                if joined is not None and self.span_call[item] == Call.SYNCHRONIZE:
+                    # a host collective: waiting for the late rank, then its own cost
+                    late, wait, name = joined
+                    w = min(s0 + wait, t)
+                    emit(w, t, "host_api", f"host collective: {name}", HOST, -1, item, name)
+                    emit(s0, w, "rank", f"rank {late}'s host work arrived late at the {name}",
+                         HOST, -1, item, name)
+                    t, state = s0, "host"
+                    continue
                 blocked = self.blocking_op(item)
                 if blocked >= 0 and fin[blocked] <= t:  # a call that waited for the device
                     name = self.block_name(item, blocked)
@@ -552,14 +573,17 @@ def measured_steps(trace: Trace) -> tuple[int, int]:
 
 
 def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_ranges=None,
-                  device_info: dict | None = None) -> CriticalPath:
+                  device_info: dict | None = None, ranks: dict | None = None) -> CriticalPath:
     """Gap and step chains of steps ``a..b`` (inclusive; default: the measured steps).
 
     Step k's gap chain runs from forward k-1's end to forward k's start (none for the
     first forward); its step chain from forward k's start to forward k+1's start (none
     for the last). Raises :class:`NoForward` without forward work, ValueError for a range
     outside the steps with forward work. ``host_ranges`` and ``device_info``: a measured
-    trace's host ranges and device facts (see the module docstring).
+    trace's host ranges and device facts (see the module docstring). ``ranks``: a
+    tensor-parallel rank's collectives, op id -> (late rank, wait, name)
+    (:meth:`simwar.analysis.ranks.Collectives.late_of`): the time a collective held this
+    rank for the late one is that rank's ("rank 1's host work arrived late at the broadcast").
     """
     all_steps, first, start, end = forward_extents(trace)
     if steps is None:
@@ -569,7 +593,7 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_range
     if a > b or a < lo_ok or b > hi_ok:
         raise ValueError(f"steps {a}:{b} are outside the run: steps with forward work are "
                          f"{lo_ok}..{hi_ok}")
-    walker = Walker(trace, host_ranges, device_info)
+    walker = Walker(trace, host_ranges, device_info, ranks)
     out = CriticalPath(trace, (int(a), int(b)), gates=walker.gates)
     index = {int(s): i for i, s in enumerate(all_steps.tolist())}
     for k in range(a, b + 1):

@@ -11,9 +11,9 @@ collective (relations as data). From them (docs/design.md, "Tensor-parallel rank
 - a rank's **collective wait** is, summed over the collectives of a step, the last rank's
   arrival minus its own (what it spent waiting for the slowest, spinning or blocked), split
   into host (``host_wait``) and device (``device_wait``) collectives;
-- the **straggler** of a step is the late rank of its first host collective (the request
-  broadcast), else of its first collective; **by how much**: its arrival minus the next
-  latest rank's (what the others waited for it alone);
+- the **straggler** of a step is the rank that held the others longest alone: summed over
+  the step's collectives where it arrived last, its arrival minus the next latest rank's
+  (**by how much**); none (-1) in a step where no rank was ever alone last;
 - the **overall step time** of a step is the slowest rank's.
 
 :func:`rank_columns` is the per-step table of the group, :func:`rank_summary` its summary
@@ -78,6 +78,15 @@ class Collectives:
         s = np.sort(self.arrive, axis=1)
         return s[:, -1] - s[:, -2]
 
+    def late_of(self, rank: int) -> dict[int, tuple[int, float, str]]:
+        """Rank ``rank``'s collectives: op id -> (the late rank, how long this rank waited for
+        it (0: it came last), the collective's name), for :func:`~simwar.analysis.critical_path.
+        critical_path`."""
+        waits = self.waits()[:, rank]
+        late = self.late_rank()
+        return {int(self.op[i, rank]): (int(late[i]), float(waits[i]), self.name[i])
+                for i in range(len(self))}
+
     def waits(self) -> np.ndarray:
         """Per instance and rank: the last arrival minus the rank's own."""
         return self.arrive.max(axis=1, keepdims=True) - self.arrive
@@ -87,8 +96,8 @@ def rank_columns(traces: list[Trace], columns: list[dict]) -> dict[str, np.ndarr
     """The group's per-step table from each rank's per-step ``columns``
     (:func:`simwar.analysis.metrics.step_columns`): ``step``, ``step_us`` (the slowest
     rank's), per rank ``rank<r>_step_us``, ``rank<r>_host_wait_us``,
-    ``rank<r>_device_wait_us``, and ``straggler`` (-1: no collective that step),
-    ``straggler_lead_us``, ``skew_us`` (its first host collective's, else first's)."""
+    ``rank<r>_device_wait_us``, ``straggler`` (-1: none), ``straggler_lead_us`` (by how
+    much) and ``skew_us`` (the largest arrival skew of the step's collectives)."""
     steps = columns[0]["step"]
     n = len(steps)
     out: dict[str, np.ndarray] = {"step": steps}
@@ -108,16 +117,15 @@ def rank_columns(traces: list[Trace], columns: list[dict]) -> dict[str, np.ndarr
             w = np.zeros(n)
             np.add.at(w, row[inside & pick], waits[inside & pick, r])
             out[f"rank{r}_{kind}_wait_us"] = w
-    straggler = np.full(n, -1, dtype=np.int64)
-    lead = np.full(n, np.nan)
+    # what each rank held the others for alone, per step: its lead where it came last
+    held = np.zeros((len(columns), n))
+    late, leads = col.late_rank(), col.lead()
+    np.add.at(held, (late[inside], row[inside]), leads[inside])
+    straggler = np.where(held.max(axis=0) > 0, held.argmax(axis=0), -1) if len(columns) \
+        else np.full(n, -1)
+    lead = held.max(axis=0) if len(columns) else np.zeros(n)
     skew = np.full(n, np.nan)
-    late, leads, skews = col.late_rank(), col.lead(), col.skew()
-    # the first host collective of each step decides; a step without one, its first collective
-    for pick in (inside & col.device, inside & ~col.device):
-        idx = np.flatnonzero(pick)[::-1]  # reversed: the first of a step is written last
-        straggler[row[idx]] = late[idx]
-        lead[row[idx]] = leads[idx]
-        skew[row[idx]] = skews[idx]
+    np.fmax.at(skew, row[inside], col.skew()[inside])
     out.update(straggler=straggler, straggler_lead_us=lead, skew_us=skew)
     return out
 
@@ -125,8 +133,9 @@ def rank_columns(traces: list[Trace], columns: list[dict]) -> dict[str, np.ndarr
 def rank_summary(cols: dict[str, np.ndarray], tp: int, warmup: int, races: list[int]) -> dict:
     """The flat summary keys of a tensor-parallel run (measured steps only): ``tp``, the
     overall ``tp_step_us_*``, per rank its step time, waits and races, the straggler
-    (``straggler_rank``: most often last, ``straggler_share``: the fraction of steps it was,
-    ``straggler_lead_us_mean``: by how much, over those steps) and the arrival skew."""
+    (``straggler_rank``: most often the straggler, ``straggler_share``: the fraction of steps
+    it was, ``straggler_lead_us_mean``: by how much, over those steps) and the steps'
+    largest arrival skew (``skew_us_p50``, ``_p90``, ``_max``)."""
     keep = measured_mask(cols["step"], cols["step_us"], warmup)
     step = cols["step_us"][keep]
     out: dict = {"tp": tp}
@@ -149,8 +158,9 @@ def rank_summary(cols: dict[str, np.ndarray], tp: int, warmup: int, races: list[
         s = int(counts.argmax())
         out.update(straggler_rank=s, straggler_share=float(counts[s] / len(who)),
                    straggler_lead_us_mean=float(cols["straggler_lead_us"][keep][who == s].mean()))
-        skew = cols["skew_us"][keep]
-        skew = skew[~np.isnan(skew)]
+    skew = cols["skew_us"][keep]
+    skew = skew[~np.isnan(skew)]
+    if len(skew):
         out.update(skew_us_p50=float(np.percentile(skew, 50)),
                    skew_us_p90=float(np.percentile(skew, 90)), skew_us_max=float(skew.max()))
     return out

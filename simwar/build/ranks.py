@@ -6,13 +6,14 @@ A config with ``parallel.tp: N`` runs N copies of the single-rank loop
 per-step sizes (rank 0 broadcasts the batch: every rank runs the same batches). On top of it
 this module adds the ops that couple the ranks (docs/design.md, "Tensor-parallel ranks"):
 
-- at the top of every iteration, the host work by which the rank is late (``rank_jitter``:
-  ``ranks.jitter_us``, every rank; ``rank_slow``: ``ranks.slow_us``, ``ranks.slow_rank``
-  only), then the request broadcast (a :class:`~simwar.core.program.HostCollective`,
-  ``parallel.broadcast_us``): SGLang's ``recv_requests`` broadcasts over the CPU group before
-  anything else of the iteration;
-- before ``run_batch`` (the scheduler's ``get_next_batch_to_run`` gathers DP-attention
-  metadata there), the all-gather when ``parallel.allgather`` is on;
+- at the top of every iteration, the request broadcast (a
+  :class:`~simwar.core.program.HostCollective`, ``parallel.broadcast_us``): SGLang's
+  ``recv_requests`` broadcasts over the CPU group before anything else of the iteration;
+- as the last host work before ``run_batch`` (after the batch is scheduled), the
+  DP-attention metadata all-gather when ``parallel.allgather`` is on;
+- the host work by which the rank is late (``rank_jitter``: ``ranks.jitter_us``, every rank;
+  ``rank_slow``: ``ranks.slow_us``, ``ranks.slow_rank`` only), right before the broadcast
+  (``ranks.at: loop_top``) or right before ``run_batch`` (``ranks.at: launch``);
 - inside each graph phase with ``collectives``: its body (the graph's last kernel) split into
   ``count`` equal parts, each followed by a :class:`~simwar.core.program.Collective` kernel.
 
@@ -106,21 +107,30 @@ def coupled(ops: Iterable[HostOp], cfg: Config, rc: Config, rank: int) -> Iterat
     for ph in rc.phase_table():
         for c in ph.collectives:
             colls.setdefault(ph.name, []).append((c, iter(draws.values(c.us, steps * c.count))))
+    top = ranks.at == "loop_top"
+
+    def late(k: int) -> Iterator[HostOp]:
+        if jitter[k] > 0:
+            yield CpuWork("rank_jitter", float(jitter[k]), k)
+        if slow[k] > 0:
+            yield CpuWork("rank_slow", float(slow[k]), k)
+
     for op in ops:
         kind = type(op)
         if kind is StepMarker:
             yield op
             k = op.step
             if k < steps:
-                if jitter[k] > 0:
-                    yield CpuWork("rank_jitter", float(jitter[k]), k)
-                if slow[k] > 0:
-                    yield CpuWork("rank_slow", float(slow[k]), k)
+                if top:
+                    yield from late(k)
                 if par.broadcast:
                     yield HostCollective("broadcast", k, float(bcast[k]), float(wake[2 * k]))
-        elif kind is Marker and op.name == "run_batch" and par.allgather:
-            yield HostCollective("allgather", op.step, float(gather[op.step]),
-                                 float(wake[2 * op.step + 1]))
+        elif kind is Marker and op.name == "run_batch":
+            k = op.step
+            if par.allgather:
+                yield HostCollective("allgather", k, float(gather[k]), float(wake[2 * k + 1]))
+            if not top:
+                yield from late(k)
             yield op
         elif kind is GraphLaunch and op.phase in colls:
             yield _with_collectives(op, colls[op.phase])

@@ -546,11 +546,14 @@ MIN_MEASURED = 2
 
 
 class Ranks(_Strict):
-    """How ranks differ: extra host work per step before the broadcast (``jitter_us`` on
-    every rank, ``slow_us`` on ``slow_rank`` only), and per-rank overrides of any config
-    key (``per_rank: {1: {cpu.schedule_us: 1200}}``)."""
+    """How ranks differ: extra host work per step (``jitter_us`` on every rank, ``slow_us``
+    on ``slow_rank`` only) ``at`` the loop top (before the request broadcast, which absorbs
+    it) or at the ``launch`` (after the host collectives, right before ``run_batch``: the
+    forward's collectives absorb it), and per-rank overrides of any config key
+    (``per_rank: {1: {cpu.schedule_us: 1200}}``)."""
 
     jitter_us: RankDuration = 0.0
+    at: Literal["loop_top", "launch"] = "loop_top"
     slow_rank: int | None = Field(default=None, ge=0)
     slow_us: RankDuration = 0.0
     per_rank: dict[int, dict[str, Any]] = Field(default_factory=dict)

@@ -24,7 +24,7 @@ __all__ = ["chain_figure", "CAUSE_KIND_COLORS"]
 #: edge colours of the chain's segments by cause kind (``critical_path`` segment kinds)
 CAUSE_KIND_COLORS = {"device": "#1f77b4", "cross_stream": "#9467bd", "host": "#2ca02c",
                      "host_api": "#17becf", "wake_up": "#d62728", "launch_latency": "#ff7f0e",
-                     "unexplained": "#7f7f7f"}
+                     "rank": "#e377c2", "unexplained": "#7f7f7f"}
 
 
 def chain_figure(cp, step: int, figsize=(13, 4.6)):
