@@ -92,6 +92,39 @@ class Collectives:
         return self.arrive.max(axis=1, keepdims=True) - self.arrive
 
 
+def late_arrivals(col: Collectives, rank: int, steps: tuple[int, int] | None = None,
+                  lanes: list[str] | None = None) -> list[dict]:
+    """What rank ``rank`` waited for at the collectives of ``steps`` (inclusive; default all),
+    per collective name and late rank, most first: the steps it waited in, their share,
+    the mean wait per such step, and its words ("rank 1's host work arrived 640 µs late at
+    the broadcast"). ``lanes``: each instance's lane on ``rank`` (device collectives)."""
+    waits = col.waits()[:, rank]
+    late = col.late_rank()
+    pick = waits > 0
+    if steps is not None:
+        pick &= (col.step >= steps[0]) & (col.step <= steps[1])
+    n_steps = len(np.unique(col.step[(col.step >= steps[0]) & (col.step <= steps[1])])
+                  if steps is not None else np.unique(col.step))
+    groups: dict[tuple, dict[int, float]] = {}
+    for i in np.flatnonzero(pick):
+        per = groups.setdefault((col.name[i], bool(col.device[i]), int(late[i])), {})
+        per[int(col.step[i])] = per.get(int(col.step[i]), 0.0) + float(waits[i])
+    out = []
+    for (name, device, r), per in groups.items():
+        us = float(np.mean(list(per.values())))
+        if device:
+            lane = lanes[0] if lanes else "forward"
+            words = f"rank {r}'s {lane} stream arrived {us:.0f} µs late at {name}"
+        else:
+            words = f"rank {r}'s host work arrived {us:.0f} µs late at the {name}"
+        out.append({"collective": name, "device": device, "late_rank": r, "steps": len(per),
+                    "share": len(per) / n_steps if n_steps else 0.0, "us_mean": us,
+                    "us_per_step": us * len(per) / n_steps if n_steps else 0.0,
+                    "words": words})
+    out.sort(key=lambda d: -d["us_per_step"])
+    return out
+
+
 def rank_columns(traces: list[Trace], columns: list[dict]) -> dict[str, np.ndarray]:
     """The group's per-step table from each rank's per-step ``columns``
     (:func:`simwar.analysis.metrics.step_columns`): ``step``, ``step_us`` (the slowest
@@ -166,4 +199,4 @@ def rank_summary(cols: dict[str, np.ndarray], tp: int, warmup: int, races: list[
     return out
 
 
-__all__ = ["Collectives", "rank_columns", "rank_summary"]
+__all__ = ["Collectives", "late_arrivals", "rank_columns", "rank_summary"]

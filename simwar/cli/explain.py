@@ -65,7 +65,8 @@ def command(args) -> int:
     trace, what = src.trace, src.what
     steps = _parse_steps(args.steps) if args.steps else None
     try:
-        cp = critical_path(trace, steps, src.host_ranges, src.device_info)
+        cp = critical_path(trace, steps, src.host_ranges, src.device_info,
+                           src.collectives.late_of(0) if src.collectives is not None else None)
     except NoForward as e:
         raise UserError(f"{args.source}: {e}") from None
     except ValueError as e:
@@ -81,16 +82,41 @@ def command(args) -> int:
         FigureCanvasAgg(fig)
         fig.savefig(out, dpi=110)
         print(f"simwar: wrote {out}", file=sys.stderr)
+    waited = _rank_waits(src, cp)
     if args.json:
         d = cp.to_dict()
         d["source"] = what
         d["sentence"] = sentence(cp)
         if src.notes:
             d["read_with"] = src.notes
+        if waited is not None:
+            d["ranks"] = waited
         print(json.dumps(jsonable(d), sort_keys=True))
     else:
-        print(format_explain(cp, what, args.top, src.notes))
+        text = format_explain(cp, what, args.top, src.notes)
+        print(text if waited is None else "\n".join([text, *_rank_lines(waited, args.top)]))
     return 0
+
+
+def _rank_waits(src, cp) -> list[dict] | None:
+    """Of a tensor-parallel source: what rank 0 waited for at the collectives, by late rank."""
+    if src.collectives is None:
+        return None
+    # lazy: start-up time of the CLI (the analysis loads numpy)
+    from simwar.analysis.ranks import late_arrivals
+
+    return late_arrivals(src.collectives, 0, cp.steps, [cp.trace.meta.get("forward_stream",
+                                                                          "forward")])
+
+
+def _rank_lines(waited: list[dict], top: int) -> list[str]:
+    lines = ["  rank 0 waited at the collectives (mean per step it waited; share of steps)"]
+    if not waited:
+        lines.append("    (none: rank 0 never waited for another rank)")
+    for w in waited[:top]:
+        lines.append(f"    {w['words']}: in {100 * w['share']:.0f}% of the steps "
+                     f"({w['us_per_step']:.1f} µs per step explained)")
+    return lines
 
 
 def _parse_steps(text: str) -> tuple[int, int]:
@@ -127,6 +153,9 @@ class Source(NamedTuple):
     host_ranges: list | None = None
     device_info: dict | None = None
     notes: list = []
+    #: tensor-parallel ranks: their collectives (:class:`simwar.analysis.ranks.Collectives`);
+    #: ``trace`` is then rank 0's
+    collectives: object = None
 
 
 def load_source(path: str, mapping: str | None = None, overrides=(),
@@ -154,7 +183,15 @@ def load_source(path: str, mapping: str | None = None, overrides=(),
         from simwar.config import load_config, parse_override  # lazy: start-up time
 
         cfg = load_config(str(p), dict(parse_override(o) for o in overrides))
-        return Source(simulate(cfg).trace, f"config {p} (simulated, {cfg.steps} steps)")
+        what = f"config {p} (simulated, {cfg.steps} steps)"
+        result = simulate(cfg)
+        if result.ranks:
+            # lazy: start-up time of the CLI (the analysis loads numpy)
+            from simwar.analysis.ranks import Collectives
+
+            return Source(result.ranks[0].trace, f"{what}, rank 0 of {cfg.tp}",
+                          collectives=Collectives([r.trace for r in result.ranks]))
+        return Source(result.trace, what)
     if kind == "trace":
         # lazy: start-up time of the CLI (numpy)
         from simwar.core.trace import Trace

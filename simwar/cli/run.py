@@ -159,6 +159,31 @@ def workload_lines(s: dict) -> list[str]:
     return lines
 
 
+def rank_lines(s: dict) -> list[str]:
+    """Of a tensor-parallel run: per-rank step time and collective waits, the straggler."""
+    tp = s.get("tp", 1)
+    if tp < 2 or "tp_step_us_mean" not in s:
+        return []
+    f = num
+    lines = [f"  ranks               tp {tp}; step {f(s['tp_step_us_mean'])} µs mean, p99 "
+             f"{f(s['tp_step_us_p99'])} (the slowest rank's per step); the figures above "
+             f"are rank 0's"]
+    for r in range(tp):
+        lines.append(f"    rank {r}            step {f(s[f'rank{r}_step_us_mean'])} µs; waits "
+                     f"{f(s[f'rank{r}_collective_wait_us_mean'])} µs/step for the slowest "
+                     f"(host {f(s[f'rank{r}_host_wait_us_mean'])}, device "
+                     f"{f(s[f'rank{r}_device_wait_us_mean'])}); {s[f'rank{r}_races']} races")
+    if "straggler_rank" in s:
+        lines.append(f"  straggler           rank {s['straggler_rank']} in "
+                     f"{100 * s['straggler_share']:.0f}% of the steps, holding the others "
+                     f"{f(s['straggler_lead_us_mean'])} µs (mean of those steps)")
+    if "skew_us_p50" in s:
+        lines.append(f"  arrival skew        {f(s['skew_us_p50'])} µs p50, "
+                     f"{f(s['skew_us_p90'])} p90, {f(s['skew_us_max'])} max (per step, its "
+                     f"most skewed collective)")
+    return lines
+
+
 def format_summary(result, max_races: int = 5) -> str:
     """What ``simwar run`` prints for a Result: the config, the stall figures of the steps
     measured, the throughput, per-bucket lines of a varying workload, and up to
@@ -183,6 +208,7 @@ def format_summary(result, max_races: int = 5) -> str:
             f"accepted, per step)" if "batch_size_mean" in s
             else f"(batch {cfg.batch_size} x {cfg.accept.tokens} accepted)"),
         *workload_lines(s),
+        *rank_lines(s),
         f"  races               {s['races']} latent, {s['overlaps']} observed overlaps "
         f"(in {s['race_steps']} of the {s['steps_measured']} steps measured)",
     ]
