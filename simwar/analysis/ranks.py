@@ -31,37 +31,41 @@ from simwar.core.trace import Trace
 class Collectives:
     """The instances every rank joined, with each rank's arrival and leaving time.
 
-    ``device[i]``: instance i is a device collective; ``index[i]``: its instance number among
-    its kind; ``name[i]``, ``step[i]``: rank 0's label and step of it; ``arrive``/``leave``:
-    arrays ``(instances, ranks)`` of op start and end times; ``op``: the op ids per rank.
+    Built from one table per rank (:func:`simulated_table`, or a capture's): ``key`` (what
+    names the instance: the same key on two ranks is the same collective), ``device``,
+    ``name``, ``step``, ``op`` (the op id, -1: none), ``arrive``, ``leave``. Instances are
+    those every rank has, in rank 0's order. ``device[i]``, ``name[i]``, ``step[i]``: rank
+    0's; ``op``, ``arrive``, ``leave``: arrays ``(instances, ranks)``.
     """
 
-    def __init__(self, traces: list[Trace]):
-        tables = []
-        for t in traces:
-            c = t.meta.get("collectives") or {"op": [], "device": [], "instance": []}
-            keys = list(zip(c["device"], c["instance"]))
-            tables.append(dict(zip(keys, c["op"])))
-        common = set(tables[0]).intersection(*tables[1:]) if tables else set()
-        keys = sorted(common, key=lambda k: tables[0][k])  # rank 0's issue order
-        self.ranks = len(traces)
-        self.device = np.array([d for d, _ in keys], dtype=bool)
-        self.index = np.array([i for _, i in keys], dtype=np.int64)
-        self.op = np.array([[tab[k] for tab in tables] for k in keys], dtype=np.int64
-                           ).reshape(len(keys), len(traces))
-        self.arrive = np.empty(self.op.shape)
-        self.leave = np.empty(self.op.shape)
-        for r, t in enumerate(traces):
-            self.arrive[:, r] = t.ops.start_us[self.op[:, r]]
-            self.leave[:, r] = t.ops.end_us[self.op[:, r]]
-        t0 = traces[0] if traces else None
-        ops0 = self.op[:, 0] if len(keys) else np.zeros(0, dtype=np.int64)
-        self.step = t0.ops.step[ops0].astype(np.int64) if t0 is not None else ops0
-        self.name = [t0.text(c) for c in t0.ops.label[ops0]] if t0 is not None else []
-        self.unmatched = sum(len(tab) for tab in tables) - len(keys) * len(traces)
+    def __init__(self, tables: list[dict]):
+        index = [{k: i for i, k in enumerate(t["key"])} for t in tables]
+        common = set(index[0]).intersection(*index[1:]) if index else set()
+        keys = sorted(common, key=lambda k: index[0][k])  # rank 0's order
+        n, m = len(keys), len(tables)
+        self.ranks = m
+        rows = np.array([[ix[k] for ix in index] for k in keys], dtype=np.int64).reshape(n, m)
+        self.op = np.empty((n, m), dtype=np.int64)
+        self.arrive = np.empty((n, m))
+        self.leave = np.empty((n, m))
+        for r, t in enumerate(tables):
+            self.op[:, r] = np.asarray(t["op"], dtype=np.int64)[rows[:, r]] if n else []
+            self.arrive[:, r] = np.asarray(t["arrive"], dtype=float)[rows[:, r]] if n else []
+            self.leave[:, r] = np.asarray(t["leave"], dtype=float)[rows[:, r]] if n else []
+        first = rows[:, 0] if m else np.zeros(0, dtype=np.int64)
+        t0 = tables[0] if tables else {"device": [], "step": [], "name": []}
+        self.device = np.asarray(t0["device"], dtype=bool)[first] if n else np.zeros(0, bool)
+        self.step = np.asarray(t0["step"], dtype=np.int64)[first] if n else np.zeros(0, np.int64)
+        self.name = [t0["name"][i] for i in first.tolist()]
+        self.unmatched = sum(len(t["key"]) for t in tables) - n * m
+
+    @classmethod
+    def of_traces(cls, traces: list[Trace]) -> Collectives:
+        """Of simulated ranks (:func:`simulated_table` of each)."""
+        return cls([simulated_table(t) for t in traces])
 
     def __len__(self) -> int:
-        return len(self.index)
+        return len(self.device)
 
     def skew(self) -> np.ndarray:
         """Per instance: the last arrival minus the first."""
@@ -85,11 +89,22 @@ class Collectives:
         waits = self.waits()[:, rank]
         late = self.late_rank()
         return {int(self.op[i, rank]): (int(late[i]), float(waits[i]), self.name[i])
-                for i in range(len(self))}
+                for i in range(len(self)) if self.op[i, rank] >= 0}
 
     def waits(self) -> np.ndarray:
         """Per instance and rank: the last arrival minus the rank's own."""
         return self.arrive.max(axis=1, keepdims=True) - self.arrive
+
+
+def simulated_table(trace: Trace) -> dict:
+    """A simulated rank's collectives (``meta["collectives"]``, written by the engine): keyed
+    by (device, instance number), timed by their ops."""
+    c = trace.meta.get("collectives") or {"op": [], "device": [], "instance": []}
+    op = np.asarray(c["op"], dtype=np.int64)
+    ops = trace.ops
+    return {"key": list(zip(c["device"], c["instance"])), "device": list(c["device"]),
+            "name": [trace.text(x) for x in ops.label[op]], "step": ops.step[op].tolist(),
+            "op": op, "arrive": ops.start_us[op], "leave": ops.end_us[op]}
 
 
 def late_arrivals(col: Collectives, rank: int, steps: tuple[int, int] | None = None,
@@ -140,7 +155,7 @@ def rank_columns(traces: list[Trace], columns: list[dict]) -> dict[str, np.ndarr
         ok = (pos < n) & (steps[np.minimum(pos, n - 1)] == c["step"])
         per[r, pos[ok]] = c["step_us"][ok]
     out["step_us"] = per.max(axis=0) if len(columns) else np.zeros(n)
-    col = Collectives(traces)
+    col = Collectives.of_traces(traces)
     row = np.searchsorted(steps, col.step)
     inside = (row < n) & (steps[np.minimum(row, n - 1)] == col.step)
     waits = col.waits()
@@ -199,4 +214,4 @@ def rank_summary(cols: dict[str, np.ndarray], tp: int, warmup: int, races: list[
     return out
 
 
-__all__ = ["Collectives", "late_arrivals", "rank_columns", "rank_summary"]
+__all__ = ["Collectives", "late_arrivals", "rank_columns", "rank_summary", "simulated_table"]

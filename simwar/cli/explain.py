@@ -190,7 +190,7 @@ def load_source(path: str, mapping: str | None = None, overrides=(),
             from simwar.analysis.ranks import Collectives
 
             return Source(result.ranks[0].trace, f"{what}, rank 0 of {cfg.tp}",
-                          collectives=Collectives([r.trace for r in result.ranks]))
+                          collectives=Collectives.of_traces([r.trace for r in result.ranks]))
         return Source(result.trace, what)
     if kind == "trace":
         # lazy: start-up time of the CLI (numpy)
