@@ -96,6 +96,25 @@ class Collectives:
         return self.arrive.max(axis=1, keepdims=True) - self.arrive
 
 
+def skew_report(col: Collectives) -> list[dict]:
+    """Per collective name: its instances, their arrival skew (p50, p90, max, µs) and the rank
+    most often late (with the share of the instances it was)."""
+    skew, late = col.skew(), col.late_rank()
+    names = np.array(col.name, dtype=object)
+    out = []
+    for name in dict.fromkeys(col.name):
+        pick = names == name
+        s, lt = skew[pick], late[pick][skew[pick] > 0]
+        counts = np.bincount(lt, minlength=col.ranks) if len(lt) else np.zeros(col.ranks, int)
+        r = int(counts.argmax())
+        out.append({"collective": name, "device": bool(col.device[pick][0]),
+                    "instances": int(pick.sum()), "skew_us_p50": float(np.percentile(s, 50)),
+                    "skew_us_p90": float(np.percentile(s, 90)), "skew_us_max": float(s.max()),
+                    "late_rank": r if len(lt) else None,
+                    "late_share": float(counts[r] / pick.sum()) if len(lt) else 0.0})
+    return out
+
+
 def simulated_table(trace: Trace) -> dict:
     """A simulated rank's collectives (``meta["collectives"]``, written by the engine): keyed
     by (device, instance number), timed by their ops."""
@@ -214,4 +233,5 @@ def rank_summary(cols: dict[str, np.ndarray], tp: int, warmup: int, races: list[
     return out
 
 
-__all__ = ["Collectives", "late_arrivals", "rank_columns", "rank_summary", "simulated_table"]
+__all__ = ["Collectives", "late_arrivals", "rank_columns", "rank_summary", "simulated_table",
+           "skew_report"]

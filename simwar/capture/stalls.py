@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from simwar.analysis.idle import HTA_KERNEL_WAIT_US, idle_breakdown, temporal_breakdown
 from simwar.analysis.metrics import analyze
+from simwar.analysis.ranks import skew_report
 from simwar.capture.to_trace import KinetoImport
 
 
@@ -65,6 +66,9 @@ def import_report(result: KinetoImport, kernel_wait_us: float = HTA_KERNEL_WAIT_
     if len(result.ranks) > 1:
         report["ranks"] = [_rank(r, warm) for r in result.ranks]
         report["skew"] = dict(result.skew)
+    if result.collectives is not None:
+        report["collectives"] = skew_report(result.collectives)
+        report["clock_aligned_us"] = list(result.collective_shift_us)
     return steps, report
 
 

@@ -65,6 +65,10 @@ from simwar.core.trace import HOST, Call, OpKind, SpanKind, Trace
 
 #: CUDA stream ids given to simwar's stream names (others get ids from 30 up)
 STREAM_IDS = {"forward": 7, "schedule": 13, "copy": 20, "plan": 22, "d2h": 24}
+#: the kernel names NCCL gives the simulator's device collectives (others keep their label)
+NCCL_KERNELS = {"allreduce": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL",
+                "allgather": "ncclDevKernel_AllGather_RING_LL",
+                "reduce_scatter": "ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL"}
 #: CUPTI runtime callback ids of the calls written here
 CBID = {"cudaLaunchKernel": 211, "cudaGraphLaunch": 311, "cudaEventRecord": 135,
         "cudaStreamWaitEvent": 147, "cudaEventSynchronize": 137, "cudaMemcpyAsync": 41}
@@ -195,6 +199,11 @@ def kineto_events(trace: Trace, origin_us: float = ORIGIN_US, cpu_ranges: bool =
         yield {"ph": "X", "cat": "overhead", "name": "Activity Buffer Request", "pid": -1,
                "tid": 0, "ts": ts(a), "dur": round(b - a, 3)}
 
+    # a tensor-parallel rank's collectives (meta["collectives"]): a host collective is a
+    # range (written with the annotations), a device collective an NCCL kernel
+    coll = trace.meta.get("collectives") or {"op": [], "device": []}
+    host_coll = {o for o, d in zip(coll["op"], coll["device"]) if not d}
+    device_coll = {o for o, d in zip(coll["op"], coll["device"]) if d}
     corr = 100
     record_corr: dict[int, int] = {}  # record op id -> correlation of the call that placed it
     event_id = _event_ids(trace, ops, style.record_ids, style.fresh_events)
@@ -214,6 +223,8 @@ def kineto_events(trace: Trace, origin_us: float = ORIGIN_US, cpu_ranges: bool =
         dur = end - start
         if kind is Call.SYNCHRONIZE:
             op = group[-1]  # after the tail record of a stream sync, if any
+            if op.op_id in host_coll:  # no CUDA call: the range alone
+                continue
             corr += 1
             if op.bound >= 0 and trace.text(int(spans.site[call])) in style.blocking_sites:
                 rec = ops[op.bound]
@@ -235,6 +246,8 @@ def kineto_events(trace: Trace, origin_us: float = ORIGIN_US, cpu_ranges: bool =
             grid = grids.get(call) if kind is Call.GRAPH_LAUNCH else None
             for o in group:
                 if o.kind is OpKind.KERNEL:
+                    if o.op_id in device_coll:
+                        o = o._replace(label=NCCL_KERNELS.get(o.label, o.label))
                     yield _kernel(o, streams[o.lane], ts(o.start_us), corr, grid)
                     yield _flow("f", corr, DEVICE, streams[o.lane], ts(o.start_us))
                 else:  # an in-graph record node: reported against the launch
@@ -297,6 +310,14 @@ def _annotations(trace: Trace, ts, style: Style) -> Iterator[dict]:
         for a, b, site in blocked:
             ext += 1
             yield _annotation(site or "sync", ts(a), b - a, ext)
+    else:  # a host collective's range whatever the names (bare names write it above)
+        coll = trace.meta.get("collectives") or {"op": [], "device": []}
+        host_coll = [o for o, d in zip(coll["op"], coll["device"]) if not d]
+        ops = trace.ops
+        for o in host_coll:
+            ext += 1
+            yield _annotation(trace.text(ops.label[o]), ts(float(ops.start_us[o])),
+                              float(ops.end_us[o] - ops.start_us[o]), ext)
     if style.cpu_ranges:
         for name, a, b in sglang_cpu_ranges(trace, names["cpu"]):
             ext += 1
@@ -593,13 +614,14 @@ def as_captured(events: Iterator[dict], pid: int | None = None,
     yield from flush()
 
 
-def _write_events(path: Path, events: Iterator[dict]) -> Path:
+def _write_events(path: Path, events: Iterator[dict],
+                  base_time_ns: int = 1700000000000000000) -> Path:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wt") as fh:
         fh.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {"id": 0, '
                  '"name": "NVIDIA H200", "totalGlobalMem": 150000000000, "computeMajor": 9, '
                  '"computeMinor": 0, "numSms": 132}\n  ],\n  "displayTimeUnit": "ms",\n'
-                 '  "baseTimeNanoseconds": 1700000000000000000,\n  "traceEvents": [\n')
+                 '  "baseTimeNanoseconds": ' + str(base_time_ns) + ',\n  "traceEvents": [\n')
         first = True
         for ev in events:
             fh.write(("  " if first else ",\n  ") + json.dumps(ev, separators=(", ", ": ")))
@@ -609,7 +631,8 @@ def _write_events(path: Path, events: Iterator[dict]) -> Path:
 
 
 def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
-                 cpu_ranges: bool = True, style: Style | None = None, **captured) -> Path:
+                 cpu_ranges: bool = True, style: Style | None = None,
+                 base_time_ns: int = 1700000000000000000, **captured) -> Path:
     """Write the capture (``.gz`` compresses); events are streamed, one per line.
 
     ``cpu_ranges``: write SGLang-named ranges around the CPU work (see the module
@@ -620,7 +643,7 @@ def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
     events = kineto_events(trace, origin_us, cpu_ranges, style)
     if captured:
         events = as_captured(events, **captured)
-    return _write_events(Path(path), events)
+    return _write_events(Path(path), events, base_time_ns)
 
 
 def write_kineto_processes(traces: list[Trace], path: str | Path, pids: list[int],

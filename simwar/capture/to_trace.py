@@ -65,6 +65,7 @@ from simwar.capture.device_times import (
     infer_device_times,
 )
 from simwar.capture.mapping import Mapping, load_mapping
+from simwar.capture.rank_files import align
 from simwar.capture.ranks import (
     RankCapture,
     clock_offsets,
@@ -147,6 +148,10 @@ class KinetoImport:
     unmodelled: dict = field(default_factory=dict)
     #: the cross-rank spread of step starts (:func:`simwar.capture.ranks.step_skew`)
     skew: dict = field(default_factory=dict)
+    #: tensor-parallel ranks: the collectives common to every rank, on the clock aligned on
+    #: them (:mod:`simwar.capture.rank_files`; None: no collectives), and each rank's shift
+    collectives: object = None
+    collective_shift_us: list = field(default_factory=list)
 
     @property
     def ignored_total(self) -> int:
@@ -191,6 +196,17 @@ def build_import(caps: list[Capture], mapping: Mapping, names: list[str]) -> Kin
                           builder.host, builder.host_name, builder.host_reason,
                           builder.launch_threads, r.clock_offset_us)
         built.append((r, imp, info))
+    if len(built) > 1:  # tensor-parallel ranks: one clock, aligned on their collectives
+        traces, ranges, collectives, shifts = align(
+            [b[2].trace for b in built], [b[1].annotations for b in built],
+            [names[b[0].file] for b in built])
+        for (r, imp, info), t, a, d in zip(built, traces, ranges, shifts):
+            if d:
+                info.clock_offset_us += d
+                imp.trace = info.trace = t
+                imp.annotations = a
+    else:
+        collectives, shifts = None, [0.0]
     main_r, main, _ = built[primary]
     infos = [b[2] for b in built]
     warnings = list(main.warnings)
@@ -207,6 +223,7 @@ def build_import(caps: list[Capture], mapping: Mapping, names: list[str]) -> Kin
                           main.device_names, overhead=main.overhead,
                           device_info=main.device_info, ranks=infos)
     result.unmodelled = dict(sum((Counter(c.unmodelled) for c in caps), Counter()))
+    result.collectives, result.collective_shift_us = collectives, shifts
     if len(infos) > 1:
         result.combined = side_by_side([i.trace for i in infos], [
             {"rank": i.rank, "process": i.pid, "file": i.file,

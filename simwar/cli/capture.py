@@ -553,10 +553,20 @@ def report_lines(r: dict) -> list[str]:
             f"{k['fwd_gap_us_mean']:.1f}"
         lines.append(f"  rank {k['rank']:<14} pid {k['process']} ({k['file']}): {k['kernels']:,} "
                      f"kernels, {k['steps_measured']} steps measured, step time {step} µs, "
-                     f"forward gap {gap} µs, clock +{k['clock_offset_us']:.1f} µs")
+                     f"forward gap {gap} µs, clock {k['clock_offset_us']:+.1f} µs")
     sk = r.get("skew")
     if sk and sk.get("steps"):
         lines.append(f"  step-start skew     mean {sk['mean_us']:.1f} µs, p50 {sk['p50_us']:.1f}, "
                      f"max {sk['max_us']:.1f} over {sk['steps']} steps (latest: rank "
                      f"{sk['latest_rank']})")
+    if r.get("collectives"):
+        shift = ", ".join(f"{d:+.1f}" for d in r.get("clock_aligned_us", []))
+        lines.append(f"  collectives         clocks aligned on them (µs per rank: {shift}); "
+                     f"arrival skew per collective:")
+        for c in r["collectives"]:
+            late = (f"late rank {c['late_rank']} in {100 * c['late_share']:.0f}%"
+                    if c["late_rank"] is not None else "no rank late")
+            lines.append(f"    {c['collective']} ({'device' if c['device'] else 'host'}, "
+                         f"{c['instances']}): p50 {c['skew_us_p50']:.1f} µs, p90 "
+                         f"{c['skew_us_p90']:.1f}, max {c['skew_us_max']:.1f}; {late}")
     return lines
