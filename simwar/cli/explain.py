@@ -39,9 +39,10 @@ DESCRIPTION = ("Walk back from each forward's first kernel along the constraints
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("source", metavar="CONFIG|TRACE",
+    p.add_argument("source", metavar="CONFIG|TRACE", nargs="+",
                    help="a YAML config (simulated), a saved simwar trace (.json, .json.gz) or "
-                        "a Kineto capture (with --mapping)")
+                        "a Kineto capture (with --mapping); several Kineto captures are the "
+                        "per-rank files of one tensor-parallel run")
     p.add_argument("--steps", metavar="A:B",
                    help="steps to explain, inclusive (default: every measured step)")
     p.add_argument("--mapping", metavar="YAML", help="a Kineto capture's mapping (simwar import)")
@@ -61,14 +62,16 @@ def command(args) -> int:
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.critical_path import NoForward, critical_path, sentence
 
+    if len(args.source) == 1:
+        args.source = args.source[0]
     src = load_source(args.source, args.mapping, args.overrides, args.preset)
     trace, what = src.trace, src.what
     steps = _parse_steps(args.steps) if args.steps else None
     try:
         cp = critical_path(trace, steps, src.host_ranges, src.device_info,
-                           src.collectives.late_of(0) if src.collectives is not None else None)
+                           src.collectives.late_of(src.rank) if src.collectives is not None else None)
     except NoForward as e:
-        raise UserError(f"{args.source}: {e}") from None
+        raise UserError(f"{src.path}: {e}") from None
     except ValueError as e:
         raise UserError(f"--steps {args.steps}: {e}") from None
     if args.timeline:
@@ -94,7 +97,8 @@ def command(args) -> int:
         print(json.dumps(jsonable(d), sort_keys=True))
     else:
         text = format_explain(cp, what, args.top, src.notes)
-        print(text if waited is None else "\n".join([text, *_rank_lines(waited, args.top)]))
+        print(text if waited is None else
+              "\n".join([text, *_rank_lines(waited, args.top, src.rank)]))
     return 0
 
 
@@ -105,14 +109,15 @@ def _rank_waits(src, cp) -> list[dict] | None:
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.ranks import late_arrivals
 
-    return late_arrivals(src.collectives, 0, cp.steps, [cp.trace.meta.get("forward_stream",
-                                                                          "forward")])
+    return late_arrivals(src.collectives, src.rank, cp.steps,
+                         [cp.trace.meta.get("forward_stream", "forward")])
 
 
-def _rank_lines(waited: list[dict], top: int) -> list[str]:
-    lines = ["  rank 0 waited at the collectives (mean per step it waited; share of steps)"]
+def _rank_lines(waited: list[dict], top: int, rank: int) -> list[str]:
+    lines = [f"  rank {rank} waited at the collectives (mean per step it waited; share of "
+             f"steps)"]
     if not waited:
-        lines.append("    (none: rank 0 never waited for another rank)")
+        lines.append(f"    (none: rank {rank} never waited for another rank)")
     for w in waited[:top]:
         lines.append(f"    {w['words']}: in {100 * w['share']:.0f}% of the steps "
                      f"({w['us_per_step']:.1f} µs per step explained)")
@@ -153,18 +158,33 @@ class Source(NamedTuple):
     host_ranges: list | None = None
     device_info: dict | None = None
     notes: list = []
-    #: tensor-parallel ranks: their collectives (:class:`simwar.analysis.ranks.Collectives`);
-    #: ``trace`` is then rank 0's
+    #: tensor-parallel ranks: their collectives (:class:`simwar.analysis.ranks.Collectives`)
+    #: and which rank ``trace`` is
     collectives: object = None
+    rank: int = 0
+    path: str = ""
 
 
-def load_source(path: str, mapping: str | None = None, overrides=(),
+def load_source(path: str | list, mapping: str | None = None, overrides=(),
                 preset: str | None = None) -> Source:
-    """A :class:`Source` from a config (simulated), a saved simwar trace or a Kineto capture.
+    """A :class:`Source` from a config (simulated), a saved simwar trace or a Kineto capture
+    (a list: per-rank captures).
 
     Told apart by content: a simwar trace's JSON starts with ``"format": "simwar.trace"``;
     other JSON is read as a Kineto capture; anything else as a YAML config.
     """
+    if isinstance(path, list):
+        for q in path:
+            if not Path(q).exists():
+                raise UserError(f"{q}: file not found")
+            head = _peek(Path(q))
+            if not head.lstrip().startswith(("{", "[")) or '"simwar.trace"' in head:
+                raise UserError(f"{q}: several sources are the per-rank Kineto captures of "
+                                f"one run; this is not a Kineto capture")
+        if overrides:
+            raise UserError("--set: only for a config; the sources are Kineto captures")
+        return _load_capture([Path(q) for q in path], mapping, preset)._replace(
+            path=str(path[0]))
     p = Path(path)
     if not p.exists():
         raise UserError(f"{p}: file not found")
@@ -190,20 +210,21 @@ def load_source(path: str, mapping: str | None = None, overrides=(),
             from simwar.analysis.ranks import Collectives
 
             return Source(result.ranks[0].trace, f"{what}, rank 0 of {cfg.tp}",
-                          collectives=Collectives.of_traces([r.trace for r in result.ranks]))
-        return Source(result.trace, what)
+                          collectives=Collectives.of_traces([r.trace for r in result.ranks]),
+                          path=str(p))
+        return Source(result.trace, what, path=str(p))
     if kind == "trace":
         # lazy: start-up time of the CLI (numpy)
         from simwar.core.trace import Trace
 
         try:
-            return Source(Trace.load(p), f"simwar trace {p}")
+            return Source(Trace.load(p), f"simwar trace {p}", path=str(p))
         except (ValueError, KeyError, OSError) as e:
             raise UserError(f"{p}: {e}") from None
     return _load_capture(p, mapping, preset)
 
 
-def _load_capture(p: Path, mapping: str | None, preset: str | None) -> Source:
+def _load_capture(p: Path | list, mapping: str | None, preset: str | None) -> Source:
     """A Kineto capture as ``simwar import`` reads it (preset, mapping, sizes), with its
     host ranges named as the code named them (a mapped CPU range also by its config item)."""
     import re  # lazy: start-up time of the CLI
@@ -236,7 +257,13 @@ def _load_capture(p: Path, mapping: str | None, preset: str | None) -> Source:
     who = (f" (scheduler thread {meta.get('host_thread_name') or host[1]}, tid {host[1]}: "
            f"{meta.get('host_thread_reason')})") if host and \
         len(meta.get("launch_threads", [])) > 1 else ""
-    return Source(result.trace, f"Kineto capture {p}{who}", ranges, result.device_info, notes)
+    if isinstance(p, list):
+        rank = result.primary.rank
+        return Source(result.trace, f"Kineto captures {', '.join(map(str, p))}, rank {rank} of "
+                      f"{len(result.ranks)}{who}", ranges, result.device_info, notes,
+                      result.collectives, rank)
+    return Source(result.trace, f"Kineto capture {p}{who}", ranges, result.device_info, notes,
+                  path=str(p))
 
 
 def _peek(path: Path, size: int = 4096) -> str:
