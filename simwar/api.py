@@ -30,8 +30,8 @@ from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import frame, step_columns, summarize
 from simwar.analysis.ranks import rank_columns, rank_summary
 from simwar.build import loop
-from simwar.build.ranks import rank_programs
 from simwar.build.loop import sizes_meta
+from simwar.build.ranks import rank_programs
 from simwar.build.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.build.template import NotTraceable, duration_at, structure_key, traced
 from simwar.config import ENGINES, Config, ConfigError, load_config

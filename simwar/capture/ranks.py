@@ -40,7 +40,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from simwar.capture.reader import Capture
-from simwar.core.ranks import side_by_side
 from simwar.core.trace import Trace
 
 

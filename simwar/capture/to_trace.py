@@ -69,7 +69,6 @@ from simwar.capture.rank_files import align
 from simwar.capture.ranks import (
     RankCapture,
     clock_offsets,
-    side_by_side,
     split_processes,
     step_skew,
 )
@@ -85,6 +84,7 @@ from simwar.capture.reader import (
     problem_lines,
     read_capture,
 )
+from simwar.core.ranks import side_by_side
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
 
@@ -200,7 +200,7 @@ def build_import(caps: list[Capture], mapping: Mapping, names: list[str]) -> Kin
         traces, ranges, collectives, shifts = align(
             [b[2].trace for b in built], [b[1].annotations for b in built],
             [names[b[0].file] for b in built])
-        for (r, imp, info), t, a, d in zip(built, traces, ranges, shifts):
+        for (_, imp, info), t, a, d in zip(built, traces, ranges, shifts):
             if d:
                 info.clock_offset_us += d
                 imp.trace = info.trace = t

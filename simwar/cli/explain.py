@@ -68,8 +68,8 @@ def command(args) -> int:
     trace, what = src.trace, src.what
     steps = _parse_steps(args.steps) if args.steps else None
     try:
-        cp = critical_path(trace, steps, src.host_ranges, src.device_info,
-                           src.collectives.late_of(src.rank) if src.collectives is not None else None)
+        joined = src.collectives.late_of(src.rank) if src.collectives is not None else None
+        cp = critical_path(trace, steps, src.host_ranges, src.device_info, joined)
     except NoForward as e:
         raise UserError(f"{src.path}: {e}") from None
     except ValueError as e:
