@@ -116,8 +116,10 @@ class Result:
         self._trace = trace
         self._steps = None
         self._meta = meta
-        #: a tensor-parallel run's ranks (:class:`RankResult`), else empty
+        #: a tensor-parallel run's ranks (:class:`RankResult`), else empty, and their Traces
+        #: side by side (None)
         self.ranks: list = []
+        self.combined = None
 
     def __repr__(self) -> str:
         return (f"Result({self.config.name!r}, engine={self.engine!r}, "
@@ -341,7 +343,9 @@ def _simulate_ranks(cfg: Config, requested: str, progress=None) -> Result:
     """A tensor-parallel run: every rank's loop on the SimPy engine, coupled
     (:mod:`simwar.executors.ranks`). The summary is rank 0's keys plus the ranks'
     (:func:`simwar.analysis.ranks.rank_summary`); ``Result.ranks`` holds each rank's
-    summary, per-step table, races and Trace; ``Result.trace`` is the ranks side by side."""
+    summary, per-step table, races and Trace; ``Result.trace`` is rank 0's (as the summary's
+    standard keys are), ``Result.combined`` the ranks side by side
+    (:func:`simwar.core.ranks.side_by_side`)."""
     from simwar.executors.ranks import run_ranks  # lazy: simpy, for this engine only
 
     traces, events = run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
@@ -360,9 +364,11 @@ def _simulate_ranks(cfg: Config, requested: str, progress=None) -> Result:
                     if k != "step"})
     combined = side_by_side(traces, [{"rank": r.rank, "seed": r.trace.meta["rank_seed"]}
                                      for r in ranks])
-    result = Result(cfg, "simpy", summary, ranks[0].hazards, columns=columns, trace=combined,
-                    events=events, meta=dict(traces[0].meta), requested=requested)
+    result = Result(cfg, "simpy", summary, ranks[0].hazards, columns=columns,
+                    trace=traces[0], events=events, meta=dict(traces[0].meta),
+                    requested=requested)
     result.ranks = ranks
+    result.combined = combined
     return result
 
 

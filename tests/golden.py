@@ -97,7 +97,9 @@ def entry(path: Path, variant: str) -> dict:
 
     overrides = {**VARIANTS, **EXTRA.get(path.stem, {})}[variant]
     out = {}
-    for engine in ("fast", "simpy"):
+    # tensor-parallel ranks run on the reference engine only (the fast one refuses them)
+    engines = ("simpy",) if simwar.load_config(str(path)).tp > 1 else ("fast", "simpy")
+    for engine in engines:
         r = simwar.simulate(str(path), overrides, engine=engine)
         out[engine] = {"summary": _plain(r.summary), "steps": digest_frame(r.steps),
                        "races": digest_frame(r.races), "races_n": len(r.races)}

@@ -27,6 +27,9 @@ import numpy as np
 from simwar.analysis.summary import measured_mask
 from simwar.core.trace import Trace
 
+#: a wait or skew below this is none: a capture's times are whole ns (Kineto's ``ts``)
+RESOLUTION_US = 1e-3
+
 
 class Collectives:
     """The instances every rank joined, with each rank's arrival and leaving time.
@@ -104,7 +107,7 @@ def skew_report(col: Collectives) -> list[dict]:
     out = []
     for name in dict.fromkeys(col.name):
         pick = names == name
-        s, lt = skew[pick], late[pick][skew[pick] > 0]
+        s, lt = skew[pick], late[pick][skew[pick] > RESOLUTION_US]
         counts = np.bincount(lt, minlength=col.ranks) if len(lt) else np.zeros(col.ranks, int)
         r = int(counts.argmax())
         out.append({"collective": name, "device": bool(col.device[pick][0]),
@@ -134,7 +137,7 @@ def late_arrivals(col: Collectives, rank: int, steps: tuple[int, int] | None = N
     the broadcast"). ``lanes``: each instance's lane on ``rank`` (device collectives)."""
     waits = col.waits()[:, rank]
     late = col.late_rank()
-    pick = waits > 0
+    pick = waits > RESOLUTION_US
     if steps is not None:
         pick &= (col.step >= steps[0]) & (col.step <= steps[1])
     n_steps = len(np.unique(col.step[(col.step >= steps[0]) & (col.step <= steps[1])])
@@ -188,7 +191,8 @@ def rank_columns(traces: list[Trace], columns: list[dict]) -> dict[str, np.ndarr
     held = np.zeros((len(columns), n))
     late, leads = col.late_rank(), col.lead()
     np.add.at(held, (late[inside], row[inside]), leads[inside])
-    straggler = np.where(held.max(axis=0) > 0, held.argmax(axis=0), -1) if len(columns) \
+    straggler = np.where(held.max(axis=0) > RESOLUTION_US, held.argmax(axis=0), -1) \
+        if len(columns) \
         else np.full(n, -1)
     lead = held.max(axis=0) if len(columns) else np.zeros(n)
     skew = np.full(n, np.nan)
@@ -233,5 +237,5 @@ def rank_summary(cols: dict[str, np.ndarray], tp: int, warmup: int, races: list[
     return out
 
 
-__all__ = ["Collectives", "late_arrivals", "rank_columns", "rank_summary", "simulated_table",
-           "skew_report"]
+__all__ = ["RESOLUTION_US", "Collectives", "late_arrivals", "rank_columns", "rank_summary",
+           "simulated_table", "skew_report"]
