@@ -36,7 +36,9 @@ rule is kept per use, :attr:`Binding.rule`):
    ``host_record``: a stream wait on a reused event id E, when every wait on E
    finds exactly one unclaimed host record of its thread since E's previous use:
    that one (E is re-recorded before each wait: a read-done published by a host
-   record before or after a graph).
+   record before or after a graph). The first wait on E has no previous use to
+   count from (the capture's earlier records, of other events, come before it): it
+   takes the newest unclaimed host record before it, the one every later wait finds.
 5. ``in_graph``: the other stream waits on a reused event id (some wait on it
    finds no host record since the previous one, or several: which one would be a
    guess): the in-graph record node of the most recent graph launch of the wait's
@@ -197,8 +199,10 @@ def bind(calls: list[RuntimeCall], devs_by_corr: dict[int, list[DeviceEvent]],
     for event, ws in waits.items():
         found = []
         prev_pos = -1
-        for u in ws:
+        for i, u in enumerate(ws):
             free = records.between(u.tid, prev_pos, u.pos, claimed=claimed)
+            if i == 0 and len(ws) > 1:  # no previous use to count from: the newest one, as
+                free = free[-1:]        # each later wait's one record is the newest before it
             found.append(free[0] if len(free) == 1 else None)  # more: which one is ambiguous
             prev_pos = u.pos
         if all(f is not None for f in found) and len({f[1] for f in found}) == len(found):
