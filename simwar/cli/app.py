@@ -27,6 +27,7 @@ from simwar.cli import (
     explain,
     harness,
     plot,
+    races,
     run,
     show,
     sweep,
@@ -47,6 +48,7 @@ COMMANDS = {
     "import": capture,  # the module cannot be named after the keyword
     "explain": explain,
     "advise": advise,
+    "races": races,
 }
 
 

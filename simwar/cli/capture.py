@@ -15,7 +15,8 @@ writes its batch sequence beside the config (``fitted.batches.csv`` for ``fitted
 
 The summary is the one ``simwar run`` prints for a simulation (same metrics
 code), plus event counts and HTA's idle breakdown per stream, the scheduler thread and the
-threads that launched, how waits and syncs were bound, and, given several per-rank
+threads that launched, how waits and syncs were bound, the latent races by the mapping's
+``reads:`` and ``writes:`` (``simwar races`` lists them), and, given several per-rank
 captures (or a file with several processes), each rank and the skew of their step
 starts. ``--json`` prints one object; ``--strict`` makes any warning (a dropped or
 implausible event, an unmatched mapping key, ...) an error. ``--fit`` writes a complete,
@@ -44,7 +45,7 @@ import sys
 from pathlib import Path
 
 from simwar import __version__
-from simwar.cli.common import UserError, num, output_path, run_label, stall_lines
+from simwar.cli.common import UserError, num, output_path, race_line, run_label, stall_lines
 from simwar.core.files import jsonable, write_bytes_atomic, write_text_atomic
 
 HELP = "import a torch.profiler (Kineto) trace and print its stall metrics"
@@ -188,6 +189,7 @@ def command(args) -> int:
             check_items = _check_config(args)
         checked = _check(result, mapping, args, check_items, report, steps)
         report["check"] = checked
+    report["races"] = _races(result, mapping, args)
     for w in report["warnings"]:
         print(f"simwar: warning: {w}", file=sys.stderr)
     if args.json:
@@ -196,6 +198,10 @@ def command(args) -> int:
         print(format_report(report))
         for line in _sizes_lines(report):
             print(line)
+        c = report["counts"]
+        if c["kernels"] or c["memcpys"] or c["memsets"]:
+            print(f"  races               {race_line(report['races'])}"
+                  + ("; simwar races lists them" if report["races"]["latent"] else ""))
         if args.fit_costs:
             print(f"  fitted              {len(report['fit'])} distributions -> {args.output}")
         if model is not None:
@@ -211,6 +217,18 @@ def command(args) -> int:
     if checked is not None and not checked["ok"]:
         return 1
     return 0
+
+
+def _races(result, mapping, args) -> dict:
+    """The capture's latent races by the mapping's reads and writes (``simwar races`` lists
+    them): :meth:`simwar.capture.accesses.CaptureRaces.summary`."""
+    from simwar.capture.accesses import capture_races  # lazy: start-up time of the CLI
+    from simwar.config import ConfigError  # lazy: start-up time of the CLI
+
+    try:
+        return capture_races(result, mapping, args.mapping or _preset_label(mapping)).summary()
+    except ConfigError as e:
+        raise UserError(str(e)) from None
 
 
 def _check_config(args):
