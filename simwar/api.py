@@ -203,8 +203,7 @@ def resolve_engine(requested: str | None, cfg: Config, want_trace: bool = False)
         raise ConfigError(f"engine: '{name}' is not one of {', '.join(ENGINES)}")
     if cfg.tp > 1:  # the ranks' coupling runs on the reference engine only
         if name == "fast":
-            raise ConfigError(f"engine: 'fast' runs one rank; parallel.tp {cfg.tp} runs on "
-                              f"the simpy engine (engine simpy or auto)")
+            fast.one_rank(cfg)
         return "simpy"
     if name == "auto":
         return "simpy" if want_trace else "fast"

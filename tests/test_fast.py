@@ -39,6 +39,10 @@ from simwar.executors.engine import Engine
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CONFIG_FILES = sorted(CONFIGS.glob("*.yaml"))
+#: tensor-parallel configs run on the SimPy engine only: the one-pass executor refuses them
+#: (test_fast_refuses_tensor_parallel_ranks)
+RANKS = [p for p in CONFIG_FILES if load_config(p).tp > 1]
+ONE_RANK = [p for p in CONFIG_FILES if p not in RANKS]
 
 NOISY = {"cpu.schedule_us": {"dist": "lognormal", "mean": 900, "std": 300},
          "gpu.schedule_writes_us": {"dist": "uniform", "low": 100, "high": 400},
@@ -110,8 +114,18 @@ def reference(program):
 
 
 # ---------------------------------------------------------------------------- shipped configs
+@pytest.mark.parametrize("path", RANKS, ids=lambda p: p.stem)
+def test_fast_refuses_tensor_parallel_ranks(path):
+    cfg = load_config(path, {"steps": 40, "warmup_steps": 5})
+    with pytest.raises(ConfigError, match=r"^engine: 'fast' runs one rank; parallel.tp 2 runs"):
+        fast.run_config(cfg, resolve_sizes(cfg))
+    with pytest.raises(ConfigError, match="runs one rank"):
+        simwar.simulate(cfg, engine="fast")
+    assert simwar.simulate(cfg).engine == "simpy"
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", ONE_RANK, ids=lambda p: p.stem)
 def test_fast_equals_simpy_on_every_shipped_config(path, variant):
     cfg = load_config(path, VARIANTS[variant])
     program = build_program(cfg)

@@ -87,9 +87,18 @@ that take a config); no simpy, no pandas.
 from __future__ import annotations
 
 from simwar.build.loop import LoopBuilder, build_program
+from simwar.config import ConfigError
 from simwar.core.program import Program
 from simwar.executors.fast.execute import FastRun, run_plan
 from simwar.executors.fast.plan import plan_config, plan_program
+
+
+def one_rank(cfg) -> None:
+    """Tensor-parallel ranks are not this executor's (their coupling needs every rank's
+    stream state at each collective): refused with one line rather than run as one rank."""
+    if cfg.tp > 1:
+        raise ConfigError(f"engine: 'fast' runs one rank; parallel.tp {cfg.tp} runs on the "
+                          f"simpy engine (engine: simpy or auto)")
 
 
 def realize(cfg, sizes, model, summary_only: bool = False) -> FastRun:
@@ -104,6 +113,7 @@ def realize(cfg, sizes, model, summary_only: bool = False) -> FastRun:
     from the realized sizes before the table is assembled). ``summary_only``: its summary,
     the table dropped (a feedback workload keeps its per-step arrays anyway).
     """
+    one_rank(cfg)
     plan = plan_config(cfg, sizes, fill=False)
     table = plan.table
     steps = cfg.steps
@@ -142,6 +152,7 @@ def run_meta(cfg, sizes) -> dict:
 def run_config(cfg, sizes, window: int = 2, summary_only: bool = False) -> FastRun:
     """Simulate a config in one pass (its Program is never built); ``sizes``: the run's
     per-step sizes (:func:`simwar.api.resolve_sizes`)."""
+    one_rank(cfg)
     try:
         plan = plan_config(cfg, sizes)
     except RuntimeError:  # iterations that never settle into one shape: take the Program
