@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 from simwar import __version__
-from simwar.cli.common import UserError, num, run_label, stall_lines
+from simwar.cli.common import UserError, check_outputs, num, output_path, run_label, stall_lines
 from simwar.core.files import jsonable, write_bytes_atomic, write_text_atomic
 
 HELP = "import a torch.profiler (Kineto) trace and print its stall metrics"
@@ -104,6 +104,13 @@ def command(args) -> int:
         if args.policy not in POLICIES:
             raise UserError(f"--policy: '{args.policy}' is not a barrier policy "
                             f"({', '.join(POLICIES)})")
+    outputs = [("--save-trace", args.save_trace), ("--steps-csv", args.steps_csv),
+               ("-o", args.output)]
+    for option, value in outputs:  # checked before the capture is read
+        if value:
+            output_path(value, option)
+    check_outputs([("capture", args.trace), ("mapping", args.mapping),
+                   ("config", args.check)], outputs)
     check_items = _check_config(args) if args.check and not args.fit else None
     mapping = load_mapping(args.mapping)
     path = Path(args.trace)

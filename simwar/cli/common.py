@@ -7,8 +7,13 @@
 - the numbers and stall lines that ``run`` and ``import`` print (:func:`num`,
   :func:`run_label`, :func:`stall_lines`), and :func:`clip_text` of ``explain`` and
   ``advise``'s tables;
-- the picture options of ``run`` and ``plot``: :func:`parse_window` (``--steps-window``),
-  :func:`output_path` (a file name checked before anything runs) and :func:`save_figure`;
+- the picture options of ``run`` and ``plot``: :func:`parse_window` (``--steps-window``) and
+  :func:`save_figure`;
+- the output rule of every command that writes a file: :func:`output_path` (a file name
+  checked before anything runs: not a directory, not a device, in a directory that exists;
+  simwar never creates the directory of an output file, only an output directory such as
+  ``sweep --out``) and :func:`check_outputs` (no output is one of the command's inputs or
+  another of its outputs);
 - :func:`is_sweep_file` (``validate``, ``show``) and :func:`load_measured` (``calibrate``,
   ``compare``).
 
@@ -24,13 +29,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
-from simwar.core.files import write_bytes_atomic
+from simwar.core.files import NotAFileError, write_bytes_atomic, write_target
 
 __all__ = ["UserError", "costs_file_overrides", "costs_overrides", "read_costs_file", "num",
            "run_label", "stall_lines", "clip_text", "parse_window", "output_path",
-           "save_figure", "is_sweep_file", "load_measured"]
+           "check_outputs", "save_figure", "is_sweep_file", "load_measured"]
 
 
 class UserError(Exception):
@@ -163,14 +169,22 @@ def parse_window(text: str, steps: int) -> tuple[int, int]:
 
 
 def output_path(path: str, option: str, image: bool = False) -> Path:
-    """The file ``option`` writes, checked: not a directory, in one that exists, and for an
-    image a name whose suffix matplotlib can render."""
+    """The file ``option`` writes, checked before anything runs: a new file in a directory
+    that exists, a regular file (or a link to one), or a stream (a FIFO, ``/dev/null``, the
+    process's own stdout or stderr: :func:`simwar.core.files.write_target`, the rule every
+    write follows); for an image, a name whose suffix matplotlib can render."""
     out = Path(path)
-    if out.is_dir():
+    try:
+        write_target(out)
+    except IsADirectoryError:
         raise UserError(f"{option} {path}: is a directory (expected the name of a file to "
-                        f"write)")
-    if not out.parent.is_dir():
-        raise UserError(f"{option} {path}: directory {out.parent} does not exist")
+                        f"write)") from None
+    except FileNotFoundError as e:
+        raise UserError(f"{option} {path}: directory {e.filename} does not exist") from None
+    except NotAFileError as e:
+        raise UserError(f"{option} {path}: {e.strerror}") from None
+    except OSError as e:  # a link loop, no permission to look
+        raise UserError(f"{option} {path}: {e.strerror or e}") from None
     if image:
         # lazy: start-up time of the CLI (matplotlib)
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -180,6 +194,43 @@ def output_path(path: str, option: str, image: bool = False) -> Path:
             raise UserError(f"{option} {path}: expected an image file name ending in "
                             f"{', '.join('.' + k for k in sorted(kinds))}")
     return out
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (links and spellings resolved; a new path compares by
+    where it would be created)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _is_stream(path: str) -> bool:
+    try:
+        return write_target(path)[1] != "replace"
+    except OSError:
+        return False
+
+
+def check_outputs(inputs, outputs) -> None:
+    """Refuse, naming both, an output that is one of the command's inputs or another output.
+
+    ``inputs``: ``(what, path)`` pairs (``("config", "cfg.yaml")``), ``outputs``:
+    ``(option, path)`` pairs (``("--trace", "t.json")``); a None or empty path is skipped.
+    Streams (``/dev/null``, stdout) are never refused: writing one overwrites nothing.
+    """
+    ins = [(what, str(p)) for what, p in inputs if p]
+    outs = [(opt, str(p)) for opt, p in outputs if p and not _is_stream(str(p))]
+    for i, (option, out) in enumerate(outs):
+        for what, src in ins:
+            if _same_file(out, src):
+                same = "" if out == src else f" ({out} and {src} are one file)"
+                raise UserError(f"{option} {out}: is the {what} {src}{same}; simwar never "
+                                f"overwrites its input: write to another file")
+        for other, earlier in outs[:i]:
+            if _same_file(out, earlier):
+                raise UserError(f"{option} {out}: the same file as {other} {earlier}; give "
+                                f"each output its own file")
 
 
 def save_figure(fig, out: Path) -> None:

@@ -23,7 +23,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from simwar.cli.common import UserError, clip_text
+from simwar.cli.common import UserError, check_outputs, clip_text, output_path, save_figure
 from simwar.core.files import jsonable
 
 HELP = "why each forward waited: the critical path of every step, in causes"
@@ -52,6 +52,12 @@ def command(args) -> int:
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.critical_path import NoForward, critical_path, sentence
 
+    if args.top < 0:
+        raise UserError(f"--top {args.top}: expected 0 or a positive number")
+    if args.timeline:  # checked before anything is simulated or read
+        output_path(args.timeline, "--timeline", image=True)
+        check_outputs([("input", args.source), ("mapping", args.mapping)],
+                      [("--timeline", args.timeline)])
     trace, what = load_source(args.source, args.mapping, args.overrides)
     steps = _parse_steps(args.steps) if args.steps else None
     try:
@@ -61,15 +67,11 @@ def command(args) -> int:
     except ValueError as e:
         raise UserError(f"--steps {args.steps}: {e}") from None
     if args.timeline:
-        out = _image_path(args.timeline)
+        out = Path(args.timeline)
         # lazy: start-up time of the CLI (matplotlib)
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from simwar.plots.chain import chain_figure
 
-        from simwar.plots.chain import chain_figure  # lazy: start-up time of the CLI
-
-        fig = chain_figure(cp, cp.steps[0])
-        FigureCanvasAgg(fig)
-        fig.savefig(out, dpi=110)
+        save_figure(chain_figure(cp, cp.steps[0]), out)
         print(f"simwar: wrote {out}", file=sys.stderr)
     if args.json:
         d = cp.to_dict()
@@ -90,20 +92,6 @@ def _parse_steps(text: str) -> tuple[int, int]:
     if a > b:
         raise UserError(f"--steps {text}: A must be <= B")
     return a, b
-
-
-def _image_path(path: str) -> Path:
-    # lazy: start-up time of the CLI (matplotlib)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    out = Path(path)
-    if not out.parent.exists():
-        raise UserError(f"--timeline: directory {out.parent} does not exist")
-    kinds = FigureCanvasAgg.get_supported_filetypes()
-    if out.suffix.lstrip(".").lower() not in kinds:
-        raise UserError(f"--timeline: {out.name}: expected an image file name ending in "
-                        f"{', '.join('.' + k for k in sorted(kinds))}")
-    return out
 
 
 def load_source(path: str, mapping: str | None = None, overrides=()):

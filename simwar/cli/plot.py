@@ -23,7 +23,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from simwar.cli.common import UserError, output_path, parse_window, save_figure
+from simwar.cli.common import UserError, check_outputs, output_path, parse_window, save_figure
 
 HELP = ("plot a sweep's results (a metric against a swept key), or a run's steps against "
         "their batch size")
@@ -54,14 +54,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--out", required=True, metavar="OUT.png", help="image to write")
 
 
+def results_file(path: str) -> Path:
+    """The results table a plot reads: ``DIR/results.parquet``, or the file itself."""
+    p = Path(path)
+    return p / RESULTS_FILE if p.is_dir() else p
+
+
 def read_results(path: str):
     """A sweep's results table from its directory or the table file itself."""
     # lazy: start-up time of the CLI (pandas)
     import pandas as pd
 
-    p = Path(path)
-    if p.is_dir():
-        p = p / RESULTS_FILE
+    p = results_file(path)
+    if Path(path).is_dir():
         if not p.exists():
             raise UserError(f"{path}: no {RESULTS_FILE} here (run `simwar sweep SWEEP.yaml "
                             f"--out {path}` first)")
@@ -134,9 +139,10 @@ def plot_steps(args) -> int:
                             f"by batch size)")
     if args.kind != "line":
         raise UserError("--kind: only for a sweep's results")
+    out = output_path(args.out, "-o", image=True)
+    check_outputs([("config", args.sweep_dir)], [("-o", args.out)])
     cfg = load_config(args.sweep_dir, args.overrides)
     window = parse_window(args.steps_window, cfg.steps) if args.steps_window else None
-    out = output_path(args.out, "-o", image=True)
     # lazy: start-up time of the CLI (matplotlib, pandas)
     from simwar.plots.workload import workload_figure
 
@@ -157,6 +163,8 @@ def command(args) -> int:
         if not value:
             raise UserError(f"{option}: required to plot a sweep's results (e.g. --x "
                             f"cpu.schedule_us --y step_us_mean)")
+    out = output_path(args.out, "-o", image=True)
+    check_outputs([("results table", results_file(args.sweep_dir))], [("-o", args.out)])
     df = _filter(read_results(args.sweep_dir), args.where)
     for option, col in (("--x", args.x), ("--y", args.y), ("--hue", args.hue)):
         if col is not None and col not in df.columns:
@@ -176,7 +184,6 @@ def command(args) -> int:
     if args.y not in numeric_columns(df):
         raise UserError(f"--y {args.y}: not a numeric column of {args.sweep_dir} (numeric: "
                         f"{', '.join(numeric_columns(df)) or 'none'})")
-    out = output_path(args.out, "-o", image=True)
     fig = Figure(figsize=(7.5, 4.5), layout="constrained")
     ax = fig.add_subplot()
     if args.kind == "heatmap":

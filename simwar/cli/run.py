@@ -64,6 +64,7 @@ def command(args) -> int:
     from simwar.api import resolve_engine, simulate
     from simwar.config import load_config, override_list  # lazy: start-up time of the CLI
 
+    outputs.check_paths(args)  # a wrong output path costs nothing, and overwrites no input
     items = override_list(args.overrides)
     if args.costs:
         phases = [p.name for p in load_config(args.config, items).phase_table()]

@@ -14,7 +14,7 @@ import argparse
 import os
 import time
 
-from simwar.cli.common import UserError
+from simwar.cli.common import UserError, check_outputs
 
 HELP = "run a sweep file into a results table (resumable)"
 DESCRIPTION = ("Expand a sweep file (base config, grid, zip, repeats), simulate every run and "
@@ -52,6 +52,7 @@ def command(args) -> int:
         raise UserError(f"--out {args.out}: exists and is not a directory")
     if args.ray_address and args.backend != "ray":
         raise UserError("--ray-address: only meaningful with --backend ray")
+    _check_inputs_kept(args.sweep_file, args.out)
     plan = load_sweep(args.sweep_file, args.overrides)
     store = RunStore(args.out)
     already = sum(store.load(run) is not None for run in {r.run_key: r for r in plan.runs}
@@ -71,3 +72,22 @@ def command(args) -> int:
     print(f"wrote {os.path.join(args.out, 'results.parquet')} and "
           f"{os.path.join(args.out, 'results.csv')}")
     return 0
+
+
+#: the files a sweep writes into its --out directory (besides runs/)
+OUT_FILES = ("sweep.yaml", "results.parquet", "results.csv")
+
+
+def _check_inputs_kept(sweep_file: str, out: str) -> None:
+    """Neither the sweep file nor its base config is one of the files written into ``out``."""
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
+    from simwar.config import ConfigError, read_yaml
+
+    inputs = [("sweep file", sweep_file)]
+    try:
+        base = read_yaml(sweep_file).get("base")
+    except ConfigError:
+        base = None  # load_sweep reports it
+    if isinstance(base, str):
+        inputs.append(("base config", os.path.join(os.path.dirname(sweep_file), base)))
+    check_outputs(inputs, [("--out", os.path.join(out, name)) for name in OUT_FILES])
