@@ -84,6 +84,32 @@ def first_error(e: ValidationError, prefix: str = "") -> str:
     return f"{key}: {msg}" if key else msg
 
 
+def non_finite(data: Any, where: str = "") -> tuple[str, float] | None:
+    """The first NaN or infinity in a config-like value (mappings and lists walked), as
+    ``(dotted key, value)``; None when every number is finite. The one rule of configs,
+    overrides and sweep grids: no duration, count or rate is infinite or undefined."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return where or "value", data
+    if isinstance(data, dict):
+        items = data.items()
+    elif isinstance(data, (list, tuple)):
+        items = enumerate(data)
+    else:
+        if hasattr(data, "dtype") and getattr(data, "shape", None) == ():  # a numpy scalar
+            return non_finite(float(data), where) if data.dtype.kind == "f" else None
+        return None
+    for key, value in items:
+        found = non_finite(value, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def finite_error(found: tuple[str, float]) -> str:
+    """The one line for :func:`non_finite`'s find."""
+    return f"{found[0]}: expected a finite number, got {found[1]}"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -546,6 +572,14 @@ class Config(_Strict):
     #: the executor (one of :data:`ENGINES`)
     engine: Literal[ENGINES] = "auto"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _finite(cls, data: Any) -> Any:
+        found = non_finite(data)
+        if found is not None:
+            raise ValueError(finite_error(found))
+        return data
+
     @model_validator(mode="after")
     def _resolve(self) -> Config:
         if self.warmup_steps >= self.steps:
@@ -719,4 +753,4 @@ def _unique(names: list[str]) -> None:
 
 __all__ = ["ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "Affine", "Config", "ConfigError",
            "Dist", "Duration", "Phase", "Policy", "Workload", "buckets_of", "duration_keys",
-           "first_error"]
+           "finite_error", "first_error", "non_finite"]

@@ -65,8 +65,10 @@ from simwar import __version__
 from simwar.api import simulate  # imported once here, inherited by forked workers
 from simwar.config import (
     ConfigError,
+    finite_error,
     first_error,
     load_config,
+    non_finite,
     override_list,
     read_yaml,
     resolve_paths,
@@ -106,6 +108,9 @@ class SweepSpec(BaseModel):
             _check_key(key)
             if not values:
                 raise ValueError(f"{info.field_name}.{key}: expected a non-empty list of values")
+            found = non_finite(values, f"{info.field_name}.{key}")
+            if found is not None:
+                raise ValueError(finite_error(found))
         return swept
 
     @field_validator("zip")
