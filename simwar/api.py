@@ -30,6 +30,7 @@ from simwar.analysis.metrics import frame, step_columns, summarize
 from simwar.build import loop
 from simwar.build.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.config import ENGINES, Config, ConfigError, load_config
+from simwar.config.clipping import clipping_warnings
 from simwar.core.program import Program
 from simwar.executors import fast
 
@@ -76,9 +77,12 @@ class Result:
 
     ``summary``: a flat dict; ``steps``: the per-step DataFrame (``columns``: the same as
     numpy arrays); ``hazards``/``races``: latent races and observed overlaps; ``engine``:
-    the executor that ran (``simpy`` or ``fast``). ``program`` is built on first use for a
-    fast run. ``trace`` is the reference engine's Trace: kept by a ``simpy`` run, simulated
-    on first use after an ``auto`` run, and a :class:`NoTraceError` after ``engine="fast"``.
+    the executor that ran (``simpy`` or ``fast``); ``warnings``: what the config may have
+    got wrong although it is valid, one line each (distributions clipped often:
+    :func:`simwar.config.clipping.clipping_warnings`; nothing here prints them).
+    ``program`` is built on first use for a fast run. ``trace`` is the reference engine's
+    Trace: kept by a ``simpy`` run, simulated on first use after an ``auto`` run, and a
+    :class:`NoTraceError` after ``engine="fast"``.
     """
 
     def __init__(self, config: Config, engine: str, summary: dict, hazards, *,
@@ -95,10 +99,18 @@ class Result:
         self._trace = trace
         self._steps = None
         self._meta = meta
+        self._warnings: list[str] | None = None
 
     def __repr__(self) -> str:
         return (f"Result({self.config.name!r}, engine={self.engine!r}, "
                 f"steps_measured={self.summary.get('steps_measured')})")
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per thing the config may have got wrong although it is valid."""
+        if self._warnings is None:
+            self._warnings = clipping_warnings(self.config)
+        return self._warnings
 
     @property
     def meta(self) -> dict:

@@ -150,7 +150,7 @@ def test_batch_file_is_read_relative_to_the_config(tmp_path):
       "cpu.prepare_us": {"base": 100, "per_seq": -4}},
      r"cpu.prepare_us: base 100, per_seq -4 gives -?\d+ µs at batch \d+ \(step \d+\); a "
      r"duration must be >= 0 µs"),
-    ({"accept.tokens": {"dist": "normal", "mean": 3, "std": 2},
+    ({"accept.tokens": {"dist": "normal", "mean": 3, "std": 2, "min": 1},
       "cpu.prepare_us": {"base": 20, "per_token": -2}},
      r"cpu.prepare_us: base 20, per_token -2 gives -?[\d.]+ µs at batch 32 and [\d.]+ accepted "
      r"tokens \(step \d+\)"),

@@ -308,7 +308,9 @@ def _summary_values(out: dict, m: dict, q) -> None:
         "launch_ahead_mean": _mean(ahead) if len(ahead) else nan,
         "launch_ahead_hist": {int(k): float(c / len(ahead)) for k, c in
                               zip(values.tolist(), counts.tolist())},
-        "tokens_per_s": float(_sum(m["tokens"]) / _sum(m["step_us"]) * 1e6),
+        # steps that take no time (every duration 0) have no throughput: NaN, not infinity
+        "tokens_per_s": (float(_sum(m["tokens"]) / _sum(m["step_us"]) * 1e6)
+                         if _sum(m["step_us"]) else nan),
     })
 
 

@@ -261,7 +261,7 @@ class StreamingSummary:
             return float(s[name].mean())
 
         def ratio(a, b):
-            return a / b if b else (nan if a == 0 or a != a else math.copysign(math.inf, a))
+            return a / b if b else nan  # steps that take no time: no rate, no share
 
         out.update({
             "step_us_mean": mean("step_us"),

@@ -125,6 +125,10 @@ def run_label(name: str, overrides: list) -> str:
     return f"{name} [{', '.join(changed)}]" if changed else name
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and value == value and abs(value) != float("inf")
+
+
 def stall_lines(s: dict) -> list[str]:
     """The stall figures of a summary (simulated or measured), one line each."""
     f = num
@@ -140,7 +144,8 @@ def stall_lines(s: dict) -> list[str]:
         f"  GPU idle (forward)  {f(s['gpu_idle_us_mean'])} µs/step "
         f"(waiting on a dependency {f(s['gpu_idle_dep_us_mean'])}, "
         f"on the host {f(s['gpu_idle_host_us_mean'])}); busy "
-        f"{f(100 * s['gpu_busy_fraction'])}%",
+        + (f"{f(100 * s['gpu_busy_fraction'])}%" if _finite(s.get('gpu_busy_fraction'))
+           else "n/a (the steps take no time)"),
         f"  CPU blocked         {f(s['cpu_blocked_us_mean'])} µs/step {blocked}".rstrip(),
         f"  launch lead         mean {f(s['launch_lead_us_mean'])} µs; run-ahead fraction "
         f"{f(s['run_ahead_fraction'], '.3f')}",

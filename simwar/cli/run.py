@@ -65,6 +65,8 @@ def command(args) -> int:
     from simwar.config import load_config, override_list  # lazy: start-up time of the CLI
 
     outputs.check_paths(args)  # a wrong output path costs nothing, and overwrites no input
+    if args.races < 0:
+        raise UserError(f"--races {args.races}: expected 0 or a positive number")
     items = override_list(args.overrides)
     if args.costs:
         phases = [p.name for p in load_config(args.config, items).phase_table()]
@@ -87,6 +89,8 @@ def command(args) -> int:
                           progress=progress)
     if not args.quiet:
         print(f"simwar: executor {result.engine}", file=sys.stderr)
+    for warning in result.warnings:  # printed even with --quiet: the results may mislead
+        print(f"simwar: warning: {warning}", file=sys.stderr)
     result.summary["name"] = run_label(cfg.name, items)
     outputs.write(args, result)
     if args.json:
@@ -179,7 +183,9 @@ def format_summary(result, max_races: int = 5) -> str:
         header,
         measured_line,
         *stall_lines(s),
-        f"  throughput          {f(s['tokens_per_s'], '.0f')} tokens/s " + (
+        "  throughput          " + (
+            f"{f(s['tokens_per_s'], '.0f')} tokens/s " if s['tokens_per_s'] == s['tokens_per_s']
+            else "n/a: the steps take no time ") + (
             f"(batch mean {f(s['batch_size_mean'])} x {f(s['accepted_tokens_mean'], '.2f')} "
             f"accepted, per step)" if "batch_size_mean" in s
             else f"(batch {cfg.batch_size} x {cfg.accept.tokens} accepted)"),

@@ -1,8 +1,8 @@
 """``simwar validate``: check config and sweep files and say what each one is.
 
 One line per file on stdout (``FILE: ok (...)``), one error line per invalid file on
-stderr; exit 2 when any file is invalid. Files are told apart by
-:func:`simwar.cli.common.is_sweep_file`.
+stderr (and a warning line per distribution a config clips often); exit 2 when any file is
+invalid. Files are told apart by :func:`simwar.cli.common.is_sweep_file`.
 
 Imports: ``simwar.cli.common`` at the top; the config schema and the sweep module inside
 :func:`command`. Never another command's module.
@@ -27,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import ConfigError, load_config
+    from simwar.config.clipping import clipping_warnings  # lazy: start-up time of the CLI
     from simwar.study.sweeps import load_sweep  # lazy: start-up time of the CLI
 
     failures = 0
@@ -40,6 +41,8 @@ def command(args) -> int:
                 cfg = load_config(path)
                 print(f"{path}: ok (config {cfg.name}: {cfg.algorithm}, barrier "
                       f"{cfg.policy.barrier}, {cfg.policy.placement})")
+                for warning in clipping_warnings(cfg):
+                    print(f"simwar: warning: {path}: {warning}", file=sys.stderr)
         except ConfigError as e:
             failures += 1
             print(f"simwar: error: {e}", file=sys.stderr)

@@ -294,13 +294,19 @@ class Costs(_Strict):
 
 
 
+#: a decode step yields at least one token per request (the one it verifies, or the only
+#: one without speculation): the fewest accepted tokens a step can have
+MIN_TOKENS = 1.0
+
+
 def _tokens(v: Any) -> Any:
-    """``accept.tokens``: a number > 0, a distribution, or a non-empty per-step list."""
+    """``accept.tokens``: a number >= 1, a distribution whose every draw is >= 1, or a
+    non-empty per-step list of numbers >= 1."""
     if isinstance(v, Dist):
-        return v
+        return _token_dist(v)
     if isinstance(v, dict):
         try:
-            return Dist(**v)
+            return _token_dist(Dist(**v))
         except ValidationError as e:
             raise ValueError(first_error(e)) from None
     if isinstance(v, (list, tuple)):
@@ -308,16 +314,28 @@ def _tokens(v: Any) -> Any:
             raise ValueError("empty list (give one accepted-token count per step, or a "
                              "number)")
         for i, x in enumerate(v):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 \
-                    or not math.isfinite(x):
-                raise ValueError(f"item {i}: accepted tokens per request must be a number > 0, "
-                                 f"got {x!r}")
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= MIN_TOKENS:
+                raise ValueError(f"item {i}: accepted tokens per request must be a number >= 1 "
+                                 f"(a step yields at least one token per request), got {x!r}")
         return [float(x) for x in v]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"expected a number > 0, a per-step list or {{dist: ...}}, got {v!r}")
-    if not v > 0:
-        raise ValueError(f"Input should be greater than 0 (got {v!r})")
+        raise ValueError(f"expected a number >= 1, a per-step list or {{dist: ...}}, got {v!r}")
+    if not v >= MIN_TOKENS:
+        raise ValueError(f"expected at least 1 accepted token per request (a step yields at "
+                         f"least one: the one it verifies), got {v!r}")
     return float(v)
+
+
+def _token_dist(d: Dist) -> Dist:
+    """A distribution of accepted tokens: every draw (clipped at ``min``) must be >= 1."""
+    lowest = (d.low if d.dist == "uniform" else min(d.values) if d.dist == "empirical"
+              else -math.inf)
+    if max(lowest, d.min) < MIN_TOKENS:
+        fix = ("give min: 1 (draws below it are clipped to it)" if d.dist in ("normal", "lognormal")
+               else f"give {'low' if d.dist == 'uniform' else 'values'} >= 1 or min: 1")
+        raise ValueError(f"{d.dist}: accepted tokens can fall below 1 (a step yields at least "
+                         f"one token per request); {fix}")
+    return d
 
 
 class Accept(_Strict):
