@@ -123,6 +123,8 @@ def command(args) -> int:
         raise UserError(str(e)) from None
     steps, report = import_report(result, args.kernel_wait_us if args.kernel_wait_us is not None
                                   else HTA_KERNEL_WAIT_US)
+    if args.mapping and not (args.fit or args.check):  # those make it an error (check_mapping)
+        report["warnings"] += _unmatched_warnings(result, mapping, args.mapping)
     if args.save_trace:
         result.trace.save(args.save_trace)
     if args.steps_csv:
@@ -158,6 +160,17 @@ def command(args) -> int:
     if checked is not None and not checked["ok"]:
         return 1
     return 0
+
+
+def _unmatched_warnings(result, mapping, name: str) -> list[str]:
+    """The mapping's ``phases``, ``sites`` and ``cpu`` rules that match nothing in the capture
+    (the reader already warns about ``steps`` and ``run_batch``), one warning each."""
+    # lazy: start-up time of the CLI (the importer loads numpy)
+    from simwar.capture.mapping import unmatched_keys
+
+    bad = unmatched_keys(mapping, result.device_names, [a[0] for a in result.annotations])
+    return [f"{name}: {text}" + ("; it is used by --fit only" if text.startswith("cpu ") else "")
+            for text in bad if text.split(" ", 1)[0] in ("phases", "sites", "cpu")]
 
 
 def _check_config(args):
