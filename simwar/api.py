@@ -201,8 +201,9 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
     ``engine``: ``simpy``, ``fast`` or ``auto`` (default: the config's ``engine``, itself
     ``auto`` by default). ``summary_only``: keep no per-step table (fast engine: the summary
     is computed as the run goes, its quantiles from a sketch; see :mod:`simwar.analysis.streaming`).
-    ``progress``: called with the step number as the SimPy engine reaches each step (the
-    fast engine, which runs a million steps in seconds, calls it once at the end).
+    ``progress``: called with a step number as the run reaches it: the SimPy engine at each
+    step, the fast engine after each chunk of its pass (a few hundredths to a few tenths of
+    a second of work apart), both with ``steps`` at the end.
     """
     cfg = load_config(cfg, overrides)
     requested = engine or cfg.engine
@@ -210,7 +211,7 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
     with gc_paused():
         if actual == "simpy":
             return _simulate_simpy(cfg, requested, progress)
-        result = _simulate_fast(cfg, requested, summary_only)
+        result = _simulate_fast(cfg, requested, summary_only, progress)
     if progress is not None:
         progress(cfg.steps)
     return result
@@ -231,7 +232,7 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
                   events=engine.events, meta=dict(program.meta), requested=requested)
 
 
-def _simulate_fast(cfg: Config, requested: str, summary_only: bool) -> Result:
-    run = fast.run_config(cfg, resolve_sizes(cfg), summary_only=summary_only)
+def _simulate_fast(cfg: Config, requested: str, summary_only: bool, progress=None) -> Result:
+    run = fast.run_config(cfg, resolve_sizes(cfg), summary_only=summary_only, progress=progress)
     return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns, meta=run.meta,
                   requested=requested)

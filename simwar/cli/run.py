@@ -121,8 +121,8 @@ def run_progress(steps: int, quiet: bool = False):
         return
     stride = max(1, steps // 500)  # a few hundred updates at most, whatever the run's length
 
-    def progress(step: int) -> None:
-        if step % stride == 0 or step >= steps - 1:
+    def progress(step: int) -> None:  # each step (SimPy) or each chunk of steps (fast)
+        if step + 1 - bar.n >= stride or step >= steps - 1:
             bar.update(min(step + 1, steps) - bar.n)
             if step >= steps - 1:  # the rest is draining the streams and the analysis
                 bar.set_description_str("analysing")

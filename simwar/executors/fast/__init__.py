@@ -112,14 +112,16 @@ def realize(cfg, sizes, model) -> None:
     model.finish_run()
 
 
-def run_config(cfg, sizes, window: int = 2, summary_only: bool = False) -> FastRun:
+def run_config(cfg, sizes, window: int = 2, summary_only: bool = False,
+               progress=None) -> FastRun:
     """Simulate a config in one pass (its Program is never built); ``sizes``: the run's
-    per-step sizes (:func:`simwar.api.resolve_sizes`)."""
+    per-step sizes (:func:`simwar.api.resolve_sizes`); ``progress(step)``: called as the
+    pass goes (:func:`~simwar.executors.fast.execute.run_plan`)."""
     try:
         plan = plan_config(cfg, sizes)
     except RuntimeError:  # iterations that never settle into one shape: take the Program
         plan = plan_program(build_program(cfg, sizes))
-    return run_plan(plan, window, summary_only=summary_only)
+    return run_plan(plan, window, summary_only=summary_only, progress=progress)
 
 
 def run(program: Program, window: int = 2) -> FastRun:

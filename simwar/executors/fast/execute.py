@@ -37,6 +37,15 @@ from simwar.executors.fast.races import FastHazards, RacePlan
 
 #: passes of a block run per call of its compiled function (bounds the parameter lists)
 CHUNK = 1 << 15
+#: host operations run per call at most: a shape with many operations runs fewer passes
+#: per call, so that a call (and the time between two progress reports) stays short
+CHUNK_OPS = CHUNK * 40
+
+
+def chunk_passes(block: Block) -> int:
+    """Passes of ``block`` run per call: :data:`CHUNK`, fewer for a large shape
+    (:data:`CHUNK_OPS`). Depends on the shape only, so a run's chunks never vary."""
+    return max(1, min(CHUNK, CHUNK_OPS // max(1, len(block.shape.host))))
 _INF = float("inf")
 
 
@@ -85,7 +94,7 @@ def _filled(n: int, value: float) -> array:
 
 
 def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
-             summary_only: bool = False, before_pass=None) -> FastRun:
+             summary_only: bool = False, before_pass=None, progress=None) -> FastRun:
     """Run a plan: the per-step columns, and the races (see :mod:`simwar.executors.fast`).
 
     ``summary_only``: keep no per-step table; rows are summarized as they become final
@@ -94,8 +103,12 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
     ``before_pass(step, t)``: called before each segment with its marker step and the host
     clock there; the segments then run one at a time and their parameters are read after
     the call (:func:`simwar.executors.fast.realize`).
+    ``progress(step)``: called after each chunk of passes (:func:`chunk_passes`: a bounded
+    amount of work, a few hundredths of a second to a few tenths) with the furthest marker
+    step run so far; never with a smaller step than before.
     """
     meta = plan.meta
+    reached = -1  # the furthest step reported to ``progress``
     fwd = meta.get("forward_stream", "forward")
     blocks = plan.blocks
     depth = 0
@@ -122,8 +135,9 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
             fn = compile_block(b.shape, slots, fwd, attempt, log, depth)
             consts = tuple(c for c in b.consts if c is not None)
             keys = b.steps
-            for start in range(0, b.n, CHUNK if before_pass is None else 1):
-                stop = min(b.n, start + (CHUNK if before_pass is None else 1))
+            chunk = 1 if before_pass is not None else chunk_passes(b)
+            for start in range(0, b.n, chunk):
+                stop = min(b.n, start + chunk)
                 ks = keys[start:stop]
                 if before_pass is not None:
                     before_pass(ks[0], state.t)
@@ -134,6 +148,9 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
                     [k - lo for k in ks]
                 cols = b.columns(start, stop) if any(slots) else []
                 fn(ks, consts, cols, state)
+                if progress is not None:
+                    reached = max(reached, keys[stop - 1])
+                    progress(reached)
         if attempt or not state.bad:
             break
         bad = True  # forward steps issued out of order: windows from the intervals
