@@ -158,7 +158,7 @@ class _Sum:
 
 
 MEANS = ("step_us", "fwd_us", "fwd_gap_us", "gpu_idle_us", "gpu_idle_dep_us",
-         "gpu_idle_host_us", "cpu_blocked_us", "tokens")
+         "gpu_idle_host_us", "gpu_busy_us", "cpu_blocked_us", "tokens")
 
 
 class StreamingSummary:
@@ -273,7 +273,8 @@ class StreamingSummary:
             "gpu_idle_us_mean": mean("gpu_idle_us"),
             "gpu_idle_dep_us_mean": mean("gpu_idle_dep_us"),
             "gpu_idle_host_us_mean": mean("gpu_idle_host_us"),
-            "gpu_busy_fraction": float(1 - ratio(s["gpu_idle_us"].total, s["step_us"].total)),
+            "gpu_busy_fraction": float(ratio(s["gpu_busy_us"].total,
+                                             s["gpu_busy_us"].total + s["gpu_idle_us"].total)),
             "cpu_blocked_us_mean": mean("cpu_blocked_us"),
         })
         for col in sorted(c for c in self.columns if c.startswith("cpu_blocked_")

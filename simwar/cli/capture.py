@@ -109,8 +109,9 @@ def command(args) -> int:
     for option, value in outputs:  # checked before the capture is read
         if value:
             output_path(value, option)
+    # with --fit, --check may name the file -o writes: it checks the config just fitted
     check_outputs([("capture", args.trace), ("mapping", args.mapping),
-                   ("config", args.check)], outputs)
+                   ("config", None if args.fit else args.check)], outputs)
     check_items = _check_config(args) if args.check and not args.fit else None
     mapping = load_mapping(args.mapping)
     path = Path(args.trace)

@@ -148,11 +148,11 @@ def workload_lines(s: dict) -> list[str]:
     if "by_bucket" not in s:
         return []
     f = num
-    lines = ["  per graph bucket    bucket  steps  step µs  fwd gap  GPU idle  CPU blocked"
+    lines = ["  per graph bucket    bucket  steps  step µs  gap before  GPU idle  CPU blocked"
              "  launch lead"]
     for b, v in s["by_bucket"].items():
         lines.append(f"                      {b:>6}  {v['steps']:>5}  {f(v['step_us_mean']):>7}"
-                     f"  {f(v['fwd_gap_us_mean']):>7}  {f(v['gpu_idle_us_mean']):>8}"
+                     f"  {f(v['fwd_gap_us_mean']):>10}  {f(v['gpu_idle_us_mean']):>8}"
                      f"  {f(v['cpu_blocked_us_mean']):>11}  {f(v['launch_lead_us_mean']):>11}")
     if "requests_completed" in s:
         lines.append(

@@ -6,8 +6,9 @@ over the host operations, placing each device operation by :mod:`simwar.core.rul
 functions the SimPy engine calls: ``begins``, ``fires``, ``released``, ``returns``),
 gives the engine's times exactly. Nothing is recorded per operation: the per-step facts
 the metrics need (forward start and end, forward-stream busy and held time per step
-window, host blocked time per site, the ``run_batch`` instant) are accumulated as the pass
-goes, into one array per fact, and assembled by the same
+window, from one forward's end to the next's, host blocked time per site, the
+``run_batch`` instant) are accumulated as the pass goes, into one array per fact, and
+assembled by the same
 :func:`simwar.analysis.metrics.columns_from_arrays` and :func:`~simwar.analysis.metrics.summarize`
 as the engine's Trace.
 

@@ -27,6 +27,7 @@ from simwar.analysis.metrics import (
     StepFacts,
     busy_in_windows,
     columns_from_arrays,
+    idle_windows,
     summarize,
 )
 from simwar.analysis.streaming import StreamingSummary
@@ -70,7 +71,8 @@ class _State:
         self.blocked = {site: _filled(n, 0.0) for site in sites}
         self.busy = _filled(n + 1, 0.0)  # one spare slot: index -1 before the first window
         self.dep = _filled(n + 1, 0.0)
-        self.cw = -1
+        self.cw = -1  # the step whose forward last started
+        self.cl = -1  # the step whose window (ending with its forward) last closed
         self.w = 0.0
         self.dp = 0.0
         self.bad = False
@@ -283,6 +285,7 @@ class _Flusher:
         st.origin += by
         if st.cw >= 0:
             st.cw -= by
+        st.cl -= by
 
     def finish(self, hazards) -> dict:
         self._emit(len(self.state.fs), keep_last=False)
@@ -325,10 +328,10 @@ def _finish(plan: Plan, state: _State, races: RacePlan, fwd: str) -> FastRun:
     steps = (idx + state.origin).astype(np.int32)
     start = fs[idx]
     end = np.frombuffer(state.fe, dtype=np.float64)[idx]
-    nxt = np.append(start[1:], np.nan)
+    lo, hi = idle_windows(end)
     if state.collect:
-        busy = busy_in_windows(_np(state.kin), _np(state.kout), start, nxt)
-        dep = busy_in_windows(_np(state.win), _np(state.wout), start, nxt)
+        busy = busy_in_windows(_np(state.kin), _np(state.kout), lo, hi)
+        dep = busy_in_windows(_np(state.win), _np(state.wout), lo, hi)
     else:
         busy = np.frombuffer(state.busy, dtype=np.float64)[idx]
         dep = np.frombuffer(state.dep, dtype=np.float64)[idx]
