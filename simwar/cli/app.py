@@ -27,6 +27,7 @@ from simwar.cli import (
     explain,
     harness,
     plot,
+    results,
     run,
     show,
     sweep,
@@ -38,6 +39,7 @@ from simwar.cli.common import UserError
 COMMANDS = {
     "run": run,
     "sweep": sweep,
+    "results": results,
     "validate": validate,
     "show": show,
     "plot": plot,

@@ -14,8 +14,9 @@
   simwar never creates the directory of an output file, only an output directory such as
   ``sweep --out``) and :func:`check_outputs` (no output is one of the command's inputs or
   another of its outputs);
-- :func:`is_sweep_file` (``validate``, ``show``) and :func:`load_measured` (``calibrate``,
-  ``compare``).
+- :func:`is_sweep_file` (``validate``, ``show``), :func:`load_measured` (``calibrate``,
+  ``compare``), and a sweep's results table with its ``--where`` filters
+  (:func:`read_results`, :func:`filter_rows`: ``plot``, ``results``).
 
 A leaf of the command line: the command modules import from here, never from each other.
 
@@ -36,7 +37,8 @@ from simwar.core.files import NotAFileError, write_bytes_atomic, write_target
 
 __all__ = ["UserError", "costs_file_overrides", "costs_overrides", "read_costs_file", "num",
            "run_label", "stall_lines", "clip_text", "parse_window", "output_path",
-           "check_outputs", "save_figure", "is_sweep_file", "load_measured"]
+           "check_outputs", "save_figure", "is_sweep_file", "load_measured", "RESULTS_FILE",
+           "results_file", "read_results", "filter_rows"]
 
 
 class UserError(Exception):
@@ -250,6 +252,56 @@ def save_figure(fig, out: Path) -> None:
 
 
 # --------------------------------------------------------------------------- inputs
+#: a sweep directory's results table (``simwar plot``, ``simwar results``)
+RESULTS_FILE = "results.parquet"
+
+
+def results_file(path: str) -> Path:
+    """The results table ``plot`` and ``results`` read: ``DIR/results.parquet``, or the file."""
+    p = Path(path)
+    return p / RESULTS_FILE if p.is_dir() else p
+
+
+def read_results(path: str):
+    """A sweep's results table from its directory or the table file itself."""
+    # lazy: start-up time of the CLI (pandas)
+    import pandas as pd
+
+    p = results_file(path)
+    if Path(path).is_dir():
+        if not p.exists():
+            raise UserError(f"{path}: no {RESULTS_FILE} here (run `simwar sweep SWEEP.yaml "
+                            f"--out {path}` first)")
+    elif not p.exists():
+        raise UserError(f"{path}: no such sweep directory or results file")
+    try:
+        if p.suffix == ".csv":
+            return pd.read_csv(p)
+        return pd.read_parquet(p)
+    except (OSError, ValueError) as e:  # corrupt or foreign (Arrow errors subclass these)
+        raise UserError(f"{p}: cannot read a results table ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else 'unreadable'})") from None
+
+
+def filter_rows(df, items: list[str]):
+    """The rows of ``df`` that every ``--where KEY=VALUE`` item keeps."""
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
+    from simwar.config import parse_override
+
+    for item in items:
+        key, value = parse_override(item)
+        if key not in df.columns:
+            raise UserError(f"--where {item}: no column '{key}'")
+        col = df[key]
+        keep = col == value
+        if not keep.any():  # tables store some values as text: compare as text too
+            keep = col.astype(str) == str(value)
+        df = df[keep]
+        if df.empty:
+            raise UserError(f"--where {item}: no rows match")
+    return df
+
+
 def is_sweep_file(path: str) -> bool:
     """Whether the YAML file at ``path`` is a sweep (rather than a config)."""
     # lazy: start-up time of the CLI (the config schema loads pydantic)

@@ -26,7 +26,16 @@ import sys
 import textwrap
 from pathlib import Path
 
-from simwar.cli.common import UserError, check_outputs, output_path, parse_window, save_figure
+from simwar.cli.common import (
+    UserError,
+    check_outputs,
+    filter_rows,
+    output_path,
+    parse_window,
+    read_results,
+    results_file,
+    save_figure,
+)
 
 HELP = ("plot a sweep's results (a metric against a swept key), or a run's steps against "
         "their batch size")
@@ -36,7 +45,6 @@ DESCRIPTION = ("Plot METRIC against swept KEY from SWEEP_DIR/results.parquet (or
                "config instead, simulate it and plot its steps: step time and forward gap "
                "against the batch size, and the host-/device-bound regime step by step "
                "(--steps-window A:B).")
-RESULTS_FILE = "results.parquet"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,52 +65,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="steps drawn step by step, A and B included (a config's steps; "
                         "default: the first 72 measured)")
     p.add_argument("-o", "--out", required=True, metavar="OUT.png", help="image to write")
-
-
-def results_file(path: str) -> Path:
-    """The results table a plot reads: ``DIR/results.parquet``, or the file itself."""
-    p = Path(path)
-    return p / RESULTS_FILE if p.is_dir() else p
-
-
-def read_results(path: str):
-    """A sweep's results table from its directory or the table file itself."""
-    # lazy: start-up time of the CLI (pandas)
-    import pandas as pd
-
-    p = results_file(path)
-    if Path(path).is_dir():
-        if not p.exists():
-            raise UserError(f"{path}: no {RESULTS_FILE} here (run `simwar sweep SWEEP.yaml "
-                            f"--out {path}` first)")
-    elif not p.exists():
-        raise UserError(f"{path}: no such sweep directory or results file")
-    try:
-        if p.suffix == ".csv":
-            return pd.read_csv(p)
-        return pd.read_parquet(p)
-    except (OSError, ValueError) as e:  # corrupt or foreign (Arrow errors subclass these)
-        raise UserError(f"{p}: cannot read a results table ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else 'unreadable'})") from None
-
-
-def _filter(df, items: list[str]):
-    """The rows of ``df`` that every ``--where KEY=VALUE`` item keeps."""
-    # lazy: start-up time of the CLI (the config schema loads pydantic)
-    from simwar.config import parse_override
-
-    for item in items:
-        key, value = parse_override(item)
-        if key not in df.columns:
-            raise UserError(f"--where {item}: no column '{key}'")
-        col = df[key]
-        keep = col == value
-        if not keep.any():  # tables store some values as text: compare as text too
-            keep = col.astype(str) == str(value)
-        df = df[keep]
-        if df.empty:
-            raise UserError(f"--where {item}: no rows match")
-    return df
 
 
 def plot_title(df, x: str, y: str, hue: str | None, kind: str = "line",
@@ -181,7 +143,7 @@ def command(args) -> int:
                             f"cpu.schedule_us --y step_us_mean)")
     out = output_path(args.out, "-o", image=True)
     check_outputs([("results table", results_file(args.sweep_dir))], [("-o", args.out)])
-    df = _filter(read_results(args.sweep_dir), args.where)
+    df = filter_rows(read_results(args.sweep_dir), args.where)
     for option, col in (("--x", args.x), ("--y", args.y), ("--hue", args.hue),
                         ("--facet", args.facet)):
         if col is not None and col not in df.columns:

@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--races", type=int, default=5, metavar="N",
                    help="list up to N races in the text summary (default 5)")
+    p.add_argument("--fail-on-race", action="store_true",
+                   help="exit 1 when the run has latent races in the steps measured (for CI: "
+                        "the summary is printed as usual)")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar and no notes on stderr (errors still print)")
     p.add_argument("--engine", choices=ENGINES, default=None,
@@ -97,6 +100,11 @@ def command(args) -> int:
         print(json.dumps(jsonable(result.summary), sort_keys=True))
     else:
         print(format_summary(result, args.races))
+    races = result.summary.get("races", 0)
+    if args.fail_on_race and races:
+        print(f"simwar: {races} latent race{'s' if races != 1 else ''} in the steps measured "
+              f"(--fail-on-race)", file=sys.stderr)
+        return 1
     return 0
 
 
