@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -289,3 +290,13 @@ def test_compare_writes_its_plot_whole(tmp_path, capsys):
     capsys.readouterr()
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert sorted(os.listdir(tmp_path)) == ["c.png", "t.csv"]
+
+
+def test_cli_trace_to_its_own_stdout_streams_it_before_the_summary(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "simwar", "run", *SHORT, "--quiet",
+                          "--trace", "/proc/self/fd/1"], capture_output=True, text=True,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    trace, summary = out.stdout.split("dspark-fine [--set steps=60, --set warmup_steps=5]: ")
+    assert json.loads(trace)["traceEvents"] and summary.startswith("dspark, barrier fine")
+    assert os.listdir(tmp_path) == []

@@ -73,6 +73,19 @@ def case_configs(names, config_path: str | None) -> dict[str, dict]:
     return out
 
 
+def table_csv(table) -> str:
+    """The error table as CSV, four decimals, never ``-0.0000``: a figure that rounds to zero
+    is written as zero whatever its sign (so a regeneration does not differ by a sign)."""
+    # lazy: start-up time of the CLI (pandas)
+    import pandas as pd
+
+    out = table.copy()
+    for column in out.columns:
+        if pd.api.types.is_float_dtype(out[column]):
+            out[column] = out[column].round(4) + 0.0  # -0.0 + 0.0 is 0.0
+    return out.to_csv(index=False, float_format="%.4f")
+
+
 def command(args) -> int:
     # lazy: start-up time of the CLI (pandas and the simulator)
     from simwar.fit.replays import criteria, error_table, markdown_table, with_host_speed
@@ -97,7 +110,7 @@ def command(args) -> int:
         doc = {"format": "simwar.measured_summaries", "version": 1,
                "description": args.description, "cases": measured}
         write_text_atomic(args.save_measured, json.dumps(doc, indent=1) + "\n")
-    write_bytes_atomic(args.csv, table.to_csv(index=False, float_format="%.4f").encode())
+    write_bytes_atomic(args.csv, table_csv(table).encode())
     if args.markdown:
         write_text_atomic(args.markdown, markdown_table(table))
     if args.plot:

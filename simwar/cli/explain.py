@@ -63,7 +63,12 @@ def command(args) -> int:
     try:
         cp = critical_path(trace, steps)
     except NoForward as e:
-        raise UserError(f"{args.source}: {e}") from None
+        if what.startswith("Kineto capture") and _simwar_export(Path(args.source)):
+            raise UserError(f"{args.source}: a Chrome trace simwar exported for Perfetto "
+                            f"(simwar run --trace), which keeps no steps to explain: explain "
+                            f"the config itself, or a trace saved with Trace.save or simwar "
+                            f"import --save-trace") from None
+        raise UserError(f"{args.source}: {e}{_why_no_steps(what, args.mapping)}") from None
     except ValueError as e:
         raise UserError(f"--steps {args.steps}: {e}") from None
     if args.timeline:
@@ -135,6 +140,35 @@ def load_source(path: str, mapping: str | None = None, overrides=()):
     except KinetoFormatError as e:
         raise UserError(str(e)) from None
     return result.trace, f"Kineto capture {p}"
+
+
+def _why_no_steps(what: str, mapping: str | None) -> str:
+    """A hint of why a capture has no measured steps: read without (or with a wrong)
+    mapping."""
+    if not what.startswith("Kineto capture"):
+        return ""
+    if mapping is None:
+        return (" (read without --mapping: steps are ProfilerStep#N ranges and the forward is "
+                "the busiest stream's kernels; give --mapping MAP.yaml with the capture's "
+                "steps pattern and phases, see simwar import)")
+    return (f" (check the steps pattern and phases of {mapping}: simwar import CAPTURE "
+            f"--mapping {mapping} warns of the rules that match nothing)")
+
+
+def _simwar_export(path: Path) -> bool:
+    """Whether a Chrome trace JSON is simwar's own export (``otherData.generator``, written
+    last: the file's tail is read)."""
+    tail = b""
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(2)
+        opener = gzip.open if magic == b"\x1f\x8b" else open
+        with opener(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                tail = (tail + chunk)[-(1 << 16):]
+    except OSError:
+        return False
+    return b'"generator":"simwar"' in tail.replace(b" ", b"")
 
 
 def _peek(path: Path, size: int = 4096) -> str:
