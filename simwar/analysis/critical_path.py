@@ -32,6 +32,24 @@ work by site), ``host_api`` (host API calls by kind), ``wake_up`` (the end of
 a blocking synchronize, named after its site), ``launch_latency`` and
 ``unexplained`` (slack on measured traces; none on simulated ones).
 
+**A measured trace in its code's own words.** A capture has no CPU-work spans:
+the host's time between two traced calls is untraced unless the code named it.
+Given the host's ``record_function`` ranges (:class:`HostRanges`), that time is
+the innermost range's work (``cpu: scheduler.get_next_batch_to_run``); only what
+no range covers stays ``host: untraced time``. A host call that **blocked** is
+named with what it waited for: a launch whose own op ran and ended inside the
+call, queued behind other work (a ``cudaMemcpyAsync`` into memory torch copies
+synchronously: a hidden host sync) is ``host blocked in cudaMemcpyAsync (4096 B,
+DtoH (Device -> Pinned) copy) until <stream>: <the op before it> ended``, and the
+chain goes on through that copy into the work it waited for, as through a
+synchronize; a synchronize whose record the capture does not bind says so.
+``device_info`` (per op: bytes and copy kind, from the importer) gives a copy's
+size and kind.
+
+**Per bucket.** A run whose batch changes every step (``meta.workload``) runs
+host-bound and device-bound steps side by side; :meth:`CriticalPath.by_bucket`
+gives each graph bucket's chains, explained apart.
+
 Each segment also names ``after``: the gate (a held wait or a blocking
 synchronize) that the part of the chain it lies in came through, e.g. the
 schedule-stream writes of a coarse run come ``after`` the coarse barrier.
@@ -42,12 +60,13 @@ step table, through :mod:`.metrics`).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
+from simwar.analysis.chain_words import causes, sentence
+from simwar.analysis.host_ranges import HostRanges
 from simwar.analysis.views import forward_kernels
 from simwar.core.trace import HOST, Call, OpKind, Trace
 
@@ -134,47 +153,45 @@ class CriticalPath:
     def step_causes(self) -> list[dict]:
         return causes(self.periods)
 
+    def by_bucket(self) -> dict[int, CriticalPath]:
+        """Per graph bucket of a run whose batch changes (``meta.workload``): the chains of
+        the steps that ran it (a step's gap and period chains go with its own bucket);
+        empty for a run of one size."""
+        wl = self.trace.meta.get("workload") or {}
+        buckets = wl.get("graph_bucket")
+        if not buckets:
+            return {}
+
+        def bucket(step: int) -> int:
+            return int(buckets[step]) if 0 <= step < len(buckets) else -1
+
+        keys = sorted({bucket(c.step) for c in self.gaps + self.periods} - {-1})
+        if len(keys) < 2:
+            return {}
+        out = {}
+        for b in keys:
+            out[b] = CriticalPath(self.trace, self.steps,
+                                  [c for c in self.gaps if bucket(c.step) == b],
+                                  [c for c in self.periods if bucket(c.step) == b], self.gates)
+        return out
+
     def to_dict(self) -> dict:
-        """``{"steps", "step_us", "fwd_gap_us", "gap_causes", "step_causes", ...}``."""
-        return {"steps": list(self.steps), "steps_explained": len(self.periods),
-                "step_us": self.step_us, "fwd_gap_us": self.fwd_gap_us,
-                "gap_causes": self.gap_causes(), "step_causes": self.step_causes()}
+        """``{"steps", "step_us", "fwd_gap_us", "gap_causes", "step_causes", ...}``, and
+        ``by_bucket`` (the same per graph bucket) for a run whose batch changes."""
+        out = {"steps": list(self.steps), "steps_explained": len(self.periods),
+               "step_us": self.step_us, "fwd_gap_us": self.fwd_gap_us,
+               "gap_causes": self.gap_causes(), "step_causes": self.step_causes()}
+        per = self.by_bucket()
+        if per:
+            out["by_bucket"] = {b: {"steps_explained": len(cp.periods), "step_us": cp.step_us,
+                                    "fwd_gap_us": cp.fwd_gap_us, "gap_causes": cp.gap_causes(),
+                                    "step_causes": cp.step_causes(), "sentence": sentence(cp)}
+                                for b, cp in per.items()}
+        return out
 
 
 def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else float("nan")
-
-
-# --------------------------------------------------------------------------- aggregation
-def causes(chains: list[Chain]) -> list[dict]:
-    """Mean µs per chain by (cause, kind), largest first, with its share of the mean length.
-
-    Each entry: ``cause``, ``kind``, ``us`` (mean over the chains), ``share`` (of the mean
-    chain length), ``after`` (the gate most of its time came through, '' if none) and
-    ``words`` (the cause as a phrase).
-    """
-    if not chains:
-        return []
-    total: dict[tuple[str, str], float] = defaultdict(float)
-    gates: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    example: dict[tuple[str, str], Segment] = {}
-    for chain in chains:
-        for s in chain.segments:
-            key = (s.cause, s.kind)
-            total[key] += s.us
-            gates[key][s.after] += s.us
-            example.setdefault(key, s)
-    n = len(chains)
-    mean_len = sum(c.us for c in chains) / n
-    out = []
-    for (cause, kind), us in total.items():
-        us /= n
-        after = max(gates[(cause, kind)].items(), key=lambda kv: (kv[1], kv[0]))[0]
-        out.append({"cause": cause, "kind": kind, "us": us,
-                    "share": us / mean_len if mean_len > 0 else 0.0, "after": after,
-                    "words": example[(cause, kind)].words()})
-    out.sort(key=lambda d: (-d["us"], d["cause"]))
-    return out
 
 
 # --------------------------------------------------------------------------- the walk
@@ -185,8 +202,10 @@ class Walker:
     indexes); :meth:`chain` walks back from an op to a stop time.
     """
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, host_ranges=None, device_info: dict | None = None):
         self.trace = trace
+        self.ranges = HostRanges(host_ranges) if host_ranges else None
+        self.device_info = device_info or {}
         ops, spans = trace.ops, trace.spans
         n_ops = len(ops)
         ids = np.arange(n_ops)
@@ -297,8 +316,48 @@ class Walker:
         if call == Call.CPU:
             label = self._text(self.trace.spans.label[span])
             return "host", f"cpu: {label}", label
+        if call == Call.SYNCHRONIZE:
+            op = self.span_op[span]
+            if op < 0 or self.bound[op] < 0:  # it may have blocked: on what, the trace lacks
+                label = self._text(self.trace.spans.label[span])
+                return ("host_api", f"host blocked in {label} (its record is not bound in "
+                        f"this trace)", label)
         what = _CALL_NAMES.get(call, "other") or "call"
         return "host_api", f"host API: {what}", what
+
+    def blocking_op(self, span: int) -> int:
+        """The op a launch call blocked on (-1: none): its own first op, when that ran and
+        ended inside the call, queued behind work on its stream that ended after the call
+        began (the host waited for the device)."""
+        if self.span_call[span] != Call.LAUNCH:
+            return -1
+        o = self.span_op[span]
+        if o < 0 or self.kind[o] != OpKind.KERNEL:
+            return -1
+        a, b = self.span_start[span], self.span_end[span]
+        p = self.pred[o]
+        if not (a <= self.start[o] and self.end[o] <= b + 1e-6) or p < 0 or self.end[p] <= a:
+            return -1
+        return o
+
+    def block_name(self, span: int, op: int) -> str:
+        """``cudaMemcpyAsync (4096 B, DtoH (Device -> Pinned) copy) until forward: sample.body
+        ended``: a blocking call, what it moved and the op it waited for."""
+        label = self._text(self.trace.spans.label[span])
+        info = self.device_info.get(op)
+        what = []
+        if info is not None and getattr(info, "bytes", -1) >= 0:
+            what.append(f"{info.bytes} B")
+        if info is not None and getattr(info, "copy", ""):
+            what.append(f"{info.copy} copy")
+        p = self.pred[op]
+        while p >= 0 and self.kind[p] != OpKind.KERNEL:
+            p = self.pred[p]
+        waited = f"{self.lane_name(op)}: {self.label(p)}" if p >= 0 else self.lane_name(op)
+        size = f" ({', '.join(what)})" if what else ""
+        name = f"{label}{size} until {waited} ended"
+        self.gates[name] = (HOST, self.lane_name(op))
+        return name
 
     # ---- the walk
     def chain(self, target: int, stop: float, what: str = "gap", step: int = -1,
@@ -339,6 +398,22 @@ class Walker:
                     break
                 pe = fin[p] if p >= 0 else -np.inf
                 ie = span_end[c] if c >= 0 else -np.inf
+                if c >= 0 and span_start[c] <= t < ie:
+                    # it began inside its own call (a call that blocked until it ended): bound
+                    # by the work before it on its stream, or else by the call's start
+                    cs = span_start[c]
+                    if pe >= cs:
+                        b, nxt, slack = pe, ("end", p), (
+                            "unexplained", f"{self.lane_name(item)} stream idle after its "
+                                           "predecessor")
+                    else:
+                        b, nxt, slack = cs, ("host", c), (
+                            "launch_latency", f"launch latency ({self.lane_name(item)})")
+                    if b < t:
+                        emit(b, t, slack[0], slack[1], self.lane_name(item), item)
+                        t = b
+                    state, item = nxt
+                    continue
                 if pe >= ie:  # on a tie the stream predecessor binds
                     b, nxt, slack = pe, ("end", p), (
                         "unexplained", f"{self.lane_name(item)} stream idle after its "
@@ -346,6 +421,10 @@ class Walker:
                 else:
                     b, nxt, slack = ie, ("span", c), (
                         "launch_latency", f"launch latency ({self.lane_name(item)})")
+                    if p >= 0 and kind[p] == OpKind.WAIT and bound[p] < 0:
+                        # after a wait the trace does not bind: what held it is not known
+                        slack = ("unexplained", f"{self.lane_name(item)} held by a wait on an "
+                                 "unknown record")
                 if b < t:
                     emit(b, t, slack[0], slack[1], self.lane_name(item), item)
                     t = b
@@ -390,6 +469,15 @@ class Walker:
                         emit(f, t, "wake_up", f"{name}: wake-up", HOST, -1, item, name)
                         t, state, item = f, "end", r
                         continue
+                blocked = self.blocking_op(item)
+                if blocked >= 0 and fin[blocked] <= t:  # a call that waited for the device
+                    name = self.block_name(item, blocked)
+                    f = fin[blocked]
+                    gates.append((f, name))
+                    emit(f, t, "wake_up", f"host blocked in {name}: return", HOST, -1, item,
+                         name)
+                    t, state, item = f, "end", blocked
+                    continue
                 k_, cause, name = self.host_cause(item)
                 emit(s0, t, k_, cause, HOST, -1, item, name)
                 t, state = s0, "host"
@@ -400,11 +488,21 @@ class Walker:
                     break
                 e = min(span_end[q], t)
                 if e < t:
-                    emit(e, t, "unexplained", "host: untraced time", HOST)
+                    self._host_gap(emit, e, t)
                     t = e
                 state, item = "span", q
         segs.reverse()
         return Chain(what, step, stop, end, target, tuple(_with_gates(segs, gates)))
+
+    def _host_gap(self, emit, a: float, b: float) -> None:
+        """Host time between two traced calls: the innermost range's work where the code
+        named it, untraced time elsewhere (emitted latest first, as the walk goes)."""
+        pieces = self.ranges.split(a, b) if self.ranges is not None else [(a, b, None)]
+        for x, y, name in reversed(pieces):
+            if name is None:
+                emit(x, y, "unexplained", "host: untraced time", HOST)
+            else:
+                emit(x, y, "host", f"cpu: {name}", HOST, -1, -1, name)
 
 
 def _with_gates(segs: list[Segment], gates: list[tuple[float, str]]) -> list[Segment]:
@@ -453,13 +551,15 @@ def measured_steps(trace: Trace) -> tuple[int, int]:
     return int(usable[0]), int(usable[-1])
 
 
-def critical_path(trace: Trace, steps: tuple[int, int] | None = None) -> CriticalPath:
+def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_ranges=None,
+                  device_info: dict | None = None) -> CriticalPath:
     """Gap and step chains of steps ``a..b`` (inclusive; default: the measured steps).
 
     Step k's gap chain runs from forward k-1's end to forward k's start (none for the
     first forward); its step chain from forward k's start to forward k+1's start (none
     for the last). Raises :class:`NoForward` without forward work, ValueError for a range
-    outside the steps with forward work.
+    outside the steps with forward work. ``host_ranges`` and ``device_info``: a measured
+    trace's host ranges and device facts (see the module docstring).
     """
     all_steps, first, start, end = forward_extents(trace)
     if steps is None:
@@ -469,7 +569,7 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None) -> Critica
     if a > b or a < lo_ok or b > hi_ok:
         raise ValueError(f"steps {a}:{b} are outside the run: steps with forward work are "
                          f"{lo_ok}..{hi_ok}")
-    walker = Walker(trace)
+    walker = Walker(trace, host_ranges, device_info)
     out = CriticalPath(trace, (int(a), int(b)), gates=walker.gates)
     index = {int(s): i for i, s in enumerate(all_steps.tolist())}
     for k in range(a, b + 1):
@@ -485,60 +585,3 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None) -> Critica
         raise ValueError(f"steps {a}:{b}: nothing to explain (the first forward has no gap "
                          "before it and the last no step after it)")
     return out
-
-
-# --------------------------------------------------------------------------- words
-def _fmt_us(us: float) -> str:
-    return f"{us:.0f} µs" if abs(us - round(us)) < 0.05 or us >= 100 else f"{us:.1f} µs"
-
-
-def sentence(cp: CriticalPath, max_causes: int = 4) -> str:
-    """The forward gap in one sentence: its causes, largest first, and the gate behind each.
-
-    e.g. "forward k waited 356 µs: 300 µs schedule_writes on the schedule stream, which
-    could not start until forward k-1 ended because of the coarse barrier
-    (schedule.wait_stream(forward)), + 50 µs ...". Cross-stream latencies are summed.
-    """
-    gap = cp.fwd_gap_us
-    if not cp.gaps or not np.isfinite(gap):
-        return "no forward gap to explain in these steps"
-    if gap < 0.5:
-        return f"forward k started {_fmt_us(gap)} after forward k-1 ended: no bubble"
-    forward = cp.trace.meta.get("forward_stream", "forward")
-    found = cp.gap_causes()
-    latency = [c for c in found if c["kind"] == "cross_stream"]
-    items = [c for c in found if c["kind"] != "cross_stream"]
-    if latency:
-        us = sum(c["us"] for c in latency)
-        n = len(latency)
-        items.append({"us": us, "kind": "cross_stream", "after": "",
-                      "words": "cross-stream latency" + (f" ({n} waits)" if n > 1 else "")})
-        items.sort(key=lambda c: -c["us"])
-    parts, said = [], set()
-    top = items[:max_causes]
-    for c in top:
-        text = f"{_fmt_us(c['us'])} {c['words']}"
-        gate = c["after"]
-        if gate and gate not in said and c["kind"] not in ("cross_stream", "wake_up"):
-            said.add(gate)
-            waiter, source = cp.gates.get(gate, ("", ""))
-            if waiter == HOST:
-                text += (", issued" if c["kind"] == "device" else ",")
-                text += f" after the CPU blocked in {_gate_words(gate)}"
-            elif source == forward and waiter != forward:
-                text += (f", which could not start until forward k-1 ended because of "
-                         f"{_gate_words(gate)}")
-            else:
-                text += f", after {_gate_words(gate)}"
-        parts.append(text)
-    rest = gap - sum(c["us"] for c in top)
-    if rest >= 0.5:
-        parts.append(f"{_fmt_us(rest)} other")
-    return f"forward k waited {_fmt_us(gap)}: " + ", + ".join(parts)
-
-
-def _gate_words(gate: str) -> str:
-    """``schedule.wait_stream(forward) = the coarse barrier`` -> ``the coarse barrier
-    (schedule.wait_stream(forward))``."""
-    name, _, role = gate.partition(" = ")
-    return f"{role} ({name})" if role else name

@@ -27,6 +27,7 @@ from simwar.cli import (
     explain,
     harness,
     plot,
+    races,
     results,
     run,
     show,
@@ -49,6 +50,7 @@ COMMANDS = {
     "import": capture,  # the module cannot be named after the keyword
     "explain": explain,
     "advise": advise,
+    "races": races,
 }
 
 

@@ -5,8 +5,8 @@
 - the costs files that ``run`` and ``compare`` read (:func:`costs_file_overrides`,
   :func:`costs_overrides`);
 - the numbers and stall lines that ``run`` and ``import`` print (:func:`num`,
-  :func:`run_label`, :func:`stall_lines`), and :func:`clip_text` of ``explain`` and
-  ``advise``'s tables;
+  :func:`run_label`, :func:`stall_lines`), the races line of ``import`` and ``races``
+  (:func:`race_line`), and :func:`clip_text` of ``explain`` and ``advise``'s tables;
 - the picture options of ``run`` and ``plot``: :func:`parse_window` (``--steps-window``) and
   :func:`save_figure`;
 - the output rule of every command that writes a file: :func:`output_path` (a file name
@@ -36,7 +36,7 @@ from pathlib import Path
 from simwar.core.files import NotAFileError, write_bytes_atomic, write_target
 
 __all__ = ["UserError", "costs_file_overrides", "costs_overrides", "read_costs_file", "num",
-           "run_label", "stall_lines", "clip_text", "parse_window", "output_path",
+           "run_label", "stall_lines", "race_line", "clip_text", "parse_window", "output_path",
            "check_outputs", "save_figure", "is_sweep_file", "load_measured", "RESULTS_FILE",
            "results_file", "read_results", "filter_rows"]
 
@@ -154,6 +154,21 @@ def stall_lines(s: dict) -> list[str]:
         f"  launch-ahead depth  mean {f(s['launch_ahead_mean'], '.3f')}; histogram "
         + ", ".join(f"{k}: {f(v, '.2f')}" for k, v in s["launch_ahead_hist"].items()),
     ]
+
+
+def race_line(s: dict) -> str:
+    """A capture's latent races in one line (``simwar import``'s ``races`` line, ``simwar
+    races``' first); ``s``: :meth:`simwar.capture.accesses.CaptureRaces.summary`."""
+    mapped = ", ".join(s["mapped_buffers"])
+    if not s["writes"] or not s["reads"]:
+        missing = "writes" if not s["writes"] else "reads"
+        return (f"not checked: no device op {missing[:-1]}s a mapped buffer ({missing}: in the "
+                f"mapping)")
+    where = f"{s['reads']} reads and {s['writes']} writes of {mapped} mapped"
+    if not s["latent"]:
+        return f"0 latent ({where})"
+    return (f"{s['latent']} latent, {s['observed']} also observed overlapping (in {s['steps']} "
+            f"steps; {where})")
 
 
 def clip_text(text: str, n: int) -> str:

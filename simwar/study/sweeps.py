@@ -42,7 +42,11 @@ least one key, and a sweep with neither needs ``repeats`` above 1. The
 swept values and ``--set`` overrides, e.g. ``dspark-fine [policy.barrier=coarse]``.
 
 Backends: ``local`` (in-process for one job, else a process pool) and ``ray``
-(tasks on a Ray cluster; results come back to the driver, which writes them).
+(tasks on a Ray cluster; results come back to the driver, which writes them). Either way
+the runs that share their iteration shapes run together, in lockstep
+(:func:`simwar.api.simulate_many`, :mod:`simwar.executors.lockstep`): a task is such a
+group (Ray), or a lockstep batch of one (local: a stopped sweep loses one batch at most),
+and each run's summary is the one it has run by itself, bit for bit.
 Both produce identical rows because rows are always built from the
 JSON-normalised summaries, the form stored in the run files.
 
@@ -76,7 +80,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simwar import __version__
-from simwar.api import simulate  # imported once here, inherited by forked workers
+from simwar.api import simulate, simulate_many  # imported once, inherited by forked workers
+from simwar.build.template import structure_key
 from simwar.config import (
     ConfigError,
     finite_error,
@@ -89,6 +94,7 @@ from simwar.config import (
     set_dotted,
 )
 from simwar.core.files import atomic_file, jsonable, stale_temporaries, write_bytes_atomic
+from simwar.executors.lockstep import batch_size
 from simwar.study.progress import progress_reporter
 
 #: columns every result row carries besides the swept keys and the summary metrics
@@ -406,6 +412,30 @@ def run_one(config: dict) -> dict:
     return jsonable(simulate(config).summary)
 
 
+def run_many(configs: list[dict]) -> list[dict]:
+    """The JSON-normalised summaries of resolved configs, simulated in lockstep where they
+    share their iteration shapes (:func:`simwar.api.simulate_many`): each equal to
+    :func:`run_one`'s. Module-level so process pools and Ray can ship it by reference."""
+    return [jsonable(s) for s in simulate_many(configs)]
+
+
+def lockstep_tasks(runs: list[Run], cut: bool = True) -> list[list[Run]]:
+    """Runs gathered by structure (:func:`simwar.build.template.structure_key`: those that
+    can run in lockstep), each group cut into pieces of one lockstep batch
+    (``cut``; a piece is lost, at most, when a sweep is stopped) or whole (Ray: one task per
+    group)."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(structure_key(run.config), []).append(run)
+    if not cut:
+        return list(groups.values())
+    out = []
+    for members in groups.values():
+        size = batch_size(int(members[0].config["steps"]))
+        out += [members[i:i + size] for i in range(0, len(members), size)]
+    return out
+
+
 # --------------------------------------------------------------------------- storage
 class RunStore:
     """``DIR/runs/<run key>.json`` files: one per finished run, written atomically."""
@@ -635,7 +665,7 @@ def _backend(name: str, *, jobs: int, pending: int, ray_address: str | None
         with _ray_backend(ray_address) as execute:
             yield execute
     elif jobs == 1 or pending <= 1:
-        yield lambda runs: ((run, run_one(run.config)) for run in runs)
+        yield _in_process
     else:
         with _process_pool(min(jobs, pending)) as execute:
             yield execute
@@ -655,9 +685,14 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _run_numbered(item: tuple[int, dict]) -> tuple[int, dict]:
-    number, config = item
-    return number, run_one(config)
+def _in_process(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
+    for task in lockstep_tasks(runs):
+        yield from zip(task, run_many([run.config for run in task]))
+
+
+def _run_numbered(item: tuple[int, list[dict]]) -> tuple[int, list[dict]]:
+    number, configs = item
+    return number, run_many(configs)
 
 
 @contextlib.contextmanager
@@ -667,9 +702,10 @@ def _process_pool(workers: int) -> Iterator[Executor]:
     pool = _pool_context().Pool(workers, initializer=_ignore_interrupts)
 
     def execute(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
-        numbered = ((i, run.config) for i, run in enumerate(runs))
-        for number, summary in pool.imap_unordered(_run_numbered, numbered, chunksize=1):
-            yield runs[number], summary
+        tasks = lockstep_tasks(runs)
+        numbered = ((i, [run.config for run in task]) for i, task in enumerate(tasks))
+        for number, summaries in pool.imap_unordered(_run_numbered, numbered, chunksize=1):
+            yield from zip(tasks[number], summaries)
 
     finished = False
     try:
@@ -694,16 +730,18 @@ def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
     if started_here:
         ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
                  configure_logging=False)
-    remote_run = ray.remote(num_cpus=1)(run_one)
+    remote_run = ray.remote(num_cpus=1)(run_many)
 
     def execute(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
-        refs = {remote_run.remote(run.config): run for run in runs}
+        # one task per group of runs that share their iteration shapes, run in lockstep
+        refs = {remote_run.remote([run.config for run in task]): task
+                for task in lockstep_tasks(runs, cut=False)}
         waiting = list(refs)
         try:
             while waiting:
                 done, waiting = ray.wait(waiting, num_returns=1)
                 for ref in done:
-                    yield refs[ref], ray.get(ref)
+                    yield from zip(refs[ref], ray.get(ref))
         finally:
             # interrupted (or a run failed): leave no work queued on a shared cluster
             for ref in waiting:
@@ -718,5 +756,5 @@ def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
 
 __all__ = ["ID_COLUMNS", "MAX_RUNS", "Run", "RunStore", "Sweep", "SweepConflict", "SweepSpec",
            "SweepInterrupted", "SweepTooLarge",
-           "check_out_dir", "is_sweep_mapping", "load_sweep", "results_frame", "run_one", "sweep",
-           "write_tables"]
+           "check_out_dir", "is_sweep_mapping", "load_sweep", "lockstep_tasks", "results_frame",
+           "run_many", "run_one", "sweep", "write_tables"]

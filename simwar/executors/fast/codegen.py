@@ -49,27 +49,31 @@ def _lanevar(lane: str, lanes: dict) -> str:
 
 
 def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple,
-                  depth: int):
+                  depth: int, feed: bool = False):
     """The function running a block of ``shape`` (cached).
 
     ``slots``: per parameter, True for a column, False for a constant; ``log``: sorted
     ``(device op index, 's' | 'e')`` whose times are appended to logs; ``depth``: segments
     of record times kept for bindings to earlier segments; ``collect``: append the forward
-    stream's intervals instead of adding them up per step window.
+    stream's intervals instead of adding them up per step window; ``feed``: ``C`` is a
+    callable ``C(ki, t)`` called at the top of each pass with its step index and the host
+    clock, returning the pass's column values (a workload fixed as the run goes:
+    :func:`simwar.executors.fast.realize`).
     """
-    key = (shape.host, slots, fwd, collect, log, depth)
+    key = (shape.host, slots, fwd, collect, log, depth, feed)
     fn = _CODE.get(key)
     if fn is not None:
         _CODE.move_to_end(key)
         return fn
-    fn = _generate(shape, slots, fwd, collect, log, depth)
+    fn = _generate(shape, slots, fwd, collect, log, depth, feed)
     _CODE[key] = fn
     if len(_CODE) > _CODE_LIMIT:
         _CODE.popitem(last=False)
     return fn
 
 
-def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, depth: int):
+def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, depth: int,
+              feed: bool = False):
     """Write and compile the block function of :func:`compile_block` (its ``.source``: the
     generated text)."""
     src = _Src()
@@ -234,9 +238,13 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     for n, var in enumerate(logs.values()):
         src(f"{var} = S.logs[{n}].append", 1)
     src("begins = _begins; released = _released; returns = _returns", 1)
-    header = "for ki" + "".join(f", {c}" for c in cols) + " in " + (
-        f"zip(KS, {', '.join(f'C[{i}]' for i in range(len(cols)))}):" if cols else "KS:")
-    src(header, 1)
+    if feed:
+        src("for ki in KS:", 1)
+        src((f"({', '.join(cols)},) = " if cols else "") + "C(ki, t)", 2)
+    else:
+        header = "for ki" + "".join(f", {c}" for c in cols) + " in " + (
+            f"zip(KS, {', '.join(f'C[{i}]' for i in range(len(cols)))}):" if cols else "KS:")
+        src(header, 1)
     for line, indent in body:
         src(line, indent)
     if not body:

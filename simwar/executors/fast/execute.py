@@ -33,6 +33,7 @@ from simwar.analysis.metrics import (
 from simwar.analysis.streaming import StreamingSummary
 from simwar.core.trace import OpKind
 from simwar.executors.fast.codegen import compile_block
+from simwar.executors.fast.counts import Tally
 from simwar.executors.fast.plan import Block, Plan
 from simwar.executors.fast.races import FastHazards, RacePlan
 
@@ -96,15 +97,15 @@ def _filled(n: int, value: float) -> array:
 
 
 def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
-             summary_only: bool = False, before_pass=None, progress=None) -> FastRun:
+             summary_only: bool = False, feed=None, progress=None) -> FastRun:
     """Run a plan: the per-step columns, and the races (see :mod:`simwar.executors.fast`).
 
     ``summary_only``: keep no per-step table; rows are summarized as they become final
     (:class:`simwar.analysis.streaming.StreamingSummary`), in a window of per-step accumulators
     that moves with the run, so memory does not grow with its length.
-    ``before_pass(step, t)``: called before each segment with its marker step and the host
-    clock there; the segments then run one at a time and their parameters are read after
-    the call (:func:`simwar.executors.fast.realize`).
+    ``feed(block index, block, first pass)``: gives, per chunk of a block's passes, the
+    callable each pass calls with its step index and the host clock before reading its
+    parameters, which returns them (:func:`simwar.executors.fast.realize`).
     ``progress(step)``: called after each chunk of passes (:func:`chunk_passes`: a bounded
     amount of work, a few hundredths of a second to a few tenths) with the furthest marker
     step run so far; never with a smaller step than before.
@@ -128,27 +129,28 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
         rolling = streaming and not attempt
         state = _State(plan.lo, plan.hi, sites, depth, attempt,
                        rows=min(2 * CHUNK + 64, plan.hi - plan.lo + 1) if rolling else None)
-        flusher = _Flusher(state, plan, fwd) if rolling else None
-        races.reset()
+        flusher = _Flusher(state, plan, fwd, races) if rolling else None
+        races.reset(tally=Tally(len(races.groups)) if rolling else None)
         for bi, b in enumerate(blocks):
             slots = tuple(c is None for c in b.consts)
             log = races.logs_of(bi)
             state.logs = races.log_arrays(bi)
-            fn = compile_block(b.shape, slots, fwd, attempt, log, depth)
+            fn = compile_block(b.shape, slots, fwd, attempt, log, depth, feed is not None)
             consts = tuple(c for c in b.consts if c is not None)
             keys = b.steps
-            chunk = 1 if before_pass is not None else chunk_passes(b)
+            chunk = chunk_passes(b)
             for start in range(0, b.n, chunk):
                 stop = min(b.n, start + chunk)
                 ks = keys[start:stop]
-                if before_pass is not None:
-                    before_pass(ks[0], state.t)
                 if flusher is not None:
                     flusher.before(min(ks), max(ks))
                 lo = state.origin
                 ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
                     [k - lo for k in ks]
-                cols = b.columns(start, stop) if any(slots) else []
+                if feed is not None:
+                    cols = feed(bi, b, start)
+                else:
+                    cols = b.columns(start, stop) if any(slots) else []
                 fn(ks, consts, cols, state)
                 if progress is not None:
                     reached = max(reached, keys[stop - 1])
@@ -157,10 +159,10 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
             break
         bad = True  # forward steps issued out of order: windows from the intervals
     if flusher is not None and not state.collect:
-        hazards = races.finish(state)
+        summary, hazards = flusher.finish()
         return FastRun(None, plan.meta, hazards, plan.segments,
                        ("windowed" if races.windowed else "full", "streamed"),
-                       summary=flusher.finish(hazards))
+                       summary=summary)
     out = _finish(plan, state, races, fwd)
     if summary_only:  # a fallback path: the table was computed; summarize it, then drop it
         out = FastRun(None, out.meta, out.hazards, out.segments, out.paths, out.summary)
@@ -189,14 +191,17 @@ class _Flusher:
     window) are final. They are turned into table rows by ``columns_from_arrays``, with the
     last rows before them as context (the previous forward's end, the launch-ahead
     history) and the row after them (the next forward's start and launch), and fed to a
-    :class:`~simwar.analysis.streaming.StreamingSummary`; the accumulators then shift down.
+    :class:`~simwar.analysis.streaming.StreamingSummary`; the accumulators then shift down,
+    and the races of the rows summarized are counted
+    (:meth:`~simwar.executors.fast.races.RacePlan.tally`), their logged times dropped.
     """
 
     HISTORY = 4096  # rows kept as context for launch-ahead (forwards in flight)
 
-    def __init__(self, state: _State, plan: Plan, fwd: str):
+    def __init__(self, state: _State, plan: Plan, fwd: str, races: RacePlan):
         self.state = state
         self.plan = plan
+        self.races = races
         self.sink = StreamingSummary(plan.meta)
         self.facts = StepFacts(plan.meta)
         offs = [0]
@@ -267,6 +272,7 @@ class _Flusher:
             if self.dropped and np.any(ahead == np.arange(h, n)):
                 raise RuntimeError("launch-ahead deeper than the streaming history")
             self.sink.add({k: v[h:n] for k, v in cols.items()})
+            self.races.tally(self.sink.first, self.sink.last)
         keep = max(0, n - self.HISTORY)
         self.dropped += keep
         self.hist = {k: v[keep:n] for k, v in facts.items()}
@@ -287,9 +293,13 @@ class _Flusher:
             st.cw -= by
         st.cl -= by
 
-    def finish(self, hazards) -> dict:
+    def finish(self) -> tuple[dict, object]:
+        """The summary and the races (counted as the rows went, for a windowed race plan)."""
         self._emit(len(self.state.fs), keep_last=False)
-        return self.sink.result(hazards)
+        sink, races = self.sink, self.races
+        hazards = races.counted(sink.first, sink.last) if races.windowed else \
+            races.finish(self.state)
+        return sink.result(hazards), hazards
 
 
 class FastRun:
