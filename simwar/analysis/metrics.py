@@ -154,8 +154,9 @@ class StepFacts:
 def idle_windows(end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The window of each step's GPU idle, ``[end k-1, end k)``, as ``(lo, hi)``; both NaN
     for the first forward (no predecessor). Forward ends in issue order: on the FIFO
-    forward stream no kernel straddles a forward's end, so each kernel falls in one window."""
-    lo = np.insert(end[:-1], 0, np.nan)
+    forward stream no kernel straddles a forward's end, so each kernel falls in one window.
+    Along the last axis (a row per run of the same steps, in lockstep)."""
+    lo = _previous(end)
     return lo, np.where(np.isnan(lo), np.nan, end)
 
 
