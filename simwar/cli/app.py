@@ -28,6 +28,7 @@ from simwar.cli import (
     harness,
     plot,
     races,
+    results,
     run,
     show,
     sweep,
@@ -39,6 +40,7 @@ from simwar.cli.common import UserError
 COMMANDS = {
     "run": run,
     "sweep": sweep,
+    "results": results,
     "validate": validate,
     "show": show,
     "plot": plot,
