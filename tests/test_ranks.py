@@ -200,3 +200,10 @@ def test_explain_names_the_late_rank_for_a_config_and_its_captures(tmp_path, cap
     out = capsys.readouterr().out
     assert "rank 0 waited at the collectives" in out
     assert "rank 1's host work arrived " in out and "late at the broadcast" in out
+
+
+def test_the_perfetto_export_of_a_tp_run_holds_every_rank(tmp_path, capsys):
+    out = tmp_path / "tp.json"
+    assert main(["run", SHIPPED, "--set", "steps=40", "--trace", str(out), "-q"]) == 0
+    text = out.read_text()
+    assert all(f'"r{k}.forward"' in text for k in (0, 1))

@@ -83,7 +83,8 @@ def write(args, result) -> None:
         # lazy: start-up time of the CLI (the plots package loads matplotlib)
         from simwar.plots.perfetto import write_chrome_trace
 
-        write_chrome_trace(result.trace, out)
+        # tensor-parallel ranks: every rank's lanes side by side
+        write_chrome_trace(result.combined if result.combined is not None else result.trace, out)
         _note(args, f"simwar: wrote {out}")
 
 
