@@ -54,6 +54,14 @@ Each segment also names ``after``: the gate (a held wait or a blocking
 synchronize) that the part of the chain it lies in came through, e.g. the
 schedule-stream writes of a coarse run come ``after`` the coarse barrier.
 
+**Tensor-parallel ranks.** Given a rank's collectives (``ranks``: op id -> the late rank,
+this rank's wait, the name), the time a collective held this rank for the late one is a
+``rank`` segment ("rank 1's host work arrived late at the broadcast"), the rest of it the
+collective's own (docs/design.md, "Tensor-parallel ranks").
+
+Size (~610 lines): the walk is one loop over its states, each binding its constraint; it
+is kept whole, with the names it gives.
+
 Imports: numpy and simwar's trace module (pandas only in :func:`explain`'s
 step table, through :mod:`.metrics`).
 """
