@@ -8,6 +8,16 @@ permissions a plain ``open()`` would give (``0o666`` less the umask), then
 renamed over the destination. Any failure, an interrupt included, removes the
 temporary file and leaves the destination as it was.
 
+**Interrupts that reach the writer.** Python raises ``KeyboardInterrupt`` at the next
+bytecode after Ctrl-C, wherever that is; when it lands inside a lookup that a C library
+answers by clearing every error (numpy's lookup of ``__array_ufunc__`` and friends on a
+class with a Python ``__getattr__``, such as an ``IntEnum`` in Python 3.11, is one), the
+interrupt is lost and the program carries on. So while :func:`interrupts_noted` is active
+(the command line wraps every command in it; :func:`atomic_file` uses it too) SIGINT is
+also *noted*: an atomic write never commits after a noted interrupt
+(:func:`check_interrupt` raises ``KeyboardInterrupt`` again before the rename), a long
+writer can call it between chunks, and the context raises it at its end if nothing did.
+
 Imports: the standard library only (the GPU harness writes traces with it).
 """
 
@@ -18,7 +28,9 @@ import errno
 import gzip
 import math
 import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -33,14 +45,69 @@ def _umask() -> int:
     return mask
 
 
+class _Interrupts:
+    """The SIGINT handler of :func:`interrupts_noted` and what it has seen."""
+
+    depth = 0  # nested interrupts_noted() contexts
+    noted = False  # SIGINT arrived since the outermost context began
+    previous = None  # the handler before it
+
+
+def _note_interrupt(signum, frame):
+    _Interrupts.noted = True
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupts_noted() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` as usual and is also noted until the block ends.
+
+    Only in the main thread and only over Python's default handler (a program that set its
+    own keeps it). At the end of the outermost block a noted interrupt that nothing raised
+    (it was swallowed on its way) is raised: the interrupt always reaches the caller.
+    """
+    usable = (threading.current_thread() is threading.main_thread()
+              and (_Interrupts.depth or signal.getsignal(signal.SIGINT)
+                   is signal.default_int_handler))
+    if not usable:
+        yield
+        return
+    if _Interrupts.depth == 0:
+        _Interrupts.noted = False
+        _Interrupts.previous = signal.signal(signal.SIGINT, _note_interrupt)
+    _Interrupts.depth += 1
+    try:
+        yield
+        if _Interrupts.depth == 1:
+            check_interrupt()
+    finally:
+        _Interrupts.depth -= 1
+        if _Interrupts.depth == 0:
+            signal.signal(signal.SIGINT, _Interrupts.previous)
+            _Interrupts.previous = None
+
+
+def check_interrupt() -> None:
+    """Raise ``KeyboardInterrupt`` if SIGINT was noted (see :func:`interrupts_noted`)."""
+    if _Interrupts.noted:
+        raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
     """A binary handle whose content replaces ``path`` when the block ends without error.
 
     Raises ``IsADirectoryError`` when ``path`` is a directory and ``FileNotFoundError``
-    when its directory does not exist, before anything is written.
+    when its directory does not exist, before anything is written. Nothing is committed
+    after an interrupt, even one swallowed on its way (:func:`interrupts_noted`).
     """
-    path = Path(path)
+    with interrupts_noted():
+        with _atomic_file(Path(path)) as handle:
+            yield handle
+
+
+@contextlib.contextmanager
+def _atomic_file(path: Path) -> Iterator[BinaryIO]:
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
     parent = path.parent
@@ -51,8 +118,10 @@ def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600; a plain open() would not
         with os.fdopen(fd, "wb") as handle:
             yield handle
+            check_interrupt()
             handle.flush()
             os.fsync(handle.fileno())
+        check_interrupt()
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -85,8 +154,8 @@ def stale_temporaries(directory: str | Path) -> list[Path]:
     return sorted(directory.glob(f".*{TMP_SUFFIX}")) if directory.is_dir() else []
 
 
-__all__ = ["TMP_SUFFIX", "atomic_file", "stale_temporaries", "write_bytes_atomic",
-           "write_text_atomic"]
+__all__ = ["TMP_SUFFIX", "atomic_file", "check_interrupt", "interrupts_noted",
+           "stale_temporaries", "write_bytes_atomic", "write_text_atomic"]
 
 
 def jsonable(obj):
