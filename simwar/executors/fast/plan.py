@@ -86,104 +86,142 @@ class _Shaper:
 
     Bindings are resolved across segments as the engine resolves them at the host call:
     a wait or sync binds to the most recent record of its event issued before it.
+
+    A segment's host tuple (its structure) and parameters are read in one pass; its device
+    ops are built only for a structure not seen before (shapes are kept by host tuple), so
+    a program of many alike iterations costs little more than reading its ops.
     """
 
     def __init__(self) -> None:
         self.latest: dict[str, tuple[int, int, str]] = {}  # event -> (segment, record, lane)
         self.negative = False  # a negative number was seen (the overlap shortcut needs >= 0)
         self.offsets: set[int] = set()  # step offsets of accesses
+        self.shapes: dict[tuple, Shape] = {}
+        self._acc: dict[tuple, tuple] = {}  # (reads, writes) -> accesses
+
+    def _access(self, k) -> tuple:
+        key = (k.reads, k.writes)
+        acc = self._acc.get(key)
+        if acc is None:
+            acc = self._acc[key] = _accesses(k)
+        return acc
 
     def segment(self, g: int, base: int, ops) -> tuple[Shape, list]:
         host: list[tuple] = []
-        dev: list[DeviceOp] = []
-        records: list[int] = []
         params: list = []
         latest = self.latest
-
-        def num(x):
-            if isinstance(x, (int, float)) and x < 0:
-                self.negative = True
-            params.append(x)
-
-        def record(event: str, lane: str, off: int) -> None:
-            latest[event] = (g, len(records), lane)
-            records.append(len(dev))
-            dev.append(DeviceOp(OpKind.RECORD, lane, off, event))
-
-        def binding(event: str):
-            r = latest.get(event)
-            return None if r is None else (g - r[0], r[1], r[2])
-
+        nrec = 0  # records of this segment so far
+        add, num = host.append, params.append
+        access = self._access
+        offsets = self.offsets
         for op in ops:
             kind = type(op)
             if kind is CpuWork:
-                host.append(("cpu",))
+                add(("cpu",))
                 num(op.duration_us)
             elif kind is Launch:
                 k = op.kernel
                 off = op.step - base
-                acc = _accesses(k)
-                host.append(("launch", op.stream, off, k.label, k.phase, acc))
+                acc = access(k)
+                add(("launch", op.stream, off, k.label, k.phase, acc))
                 num(op.host_us)
                 num(k.duration_us)
                 if acc:
-                    self.offsets.add(off)
-                dev.append(DeviceOp(OpKind.KERNEL, op.stream, off, k.label, k.phase, acc))
+                    offsets.add(off)
             elif kind is GraphLaunch:
                 off = op.step - base
                 nodes = []
                 num(op.host_us)
+                stream = op.stream
                 for node in op.nodes:
                     if type(node) is GraphRecord:
                         nodes.append(("r",))
-                        record(node.event, op.stream, off)
+                        latest[node.event] = (g, nrec, stream)
+                        nrec += 1
                     else:
-                        acc = _accesses(node)
+                        acc = access(node)
                         nodes.append(("k", node.label, node.phase, acc))
                         num(node.duration_us)
                         if acc:
-                            self.offsets.add(off)
-                        dev.append(DeviceOp(OpKind.KERNEL, op.stream, off, node.label,
-                                            node.phase, acc))
-                host.append(("graph", op.stream, off, tuple(nodes)))
+                            offsets.add(off)
+                add(("graph", stream, off, tuple(nodes)))
             elif kind is Record:
                 off = op.step - base
-                host.append(("record", op.stream, off))
+                add(("record", op.stream, off))
                 num(op.host_us)
-                record(op.event, op.stream, off)
+                latest[op.event] = (g, nrec, op.stream)
+                nrec += 1
             elif kind is WaitStream:
-                off = op.step - base
-                host.append(("wait_stream", op.stream, op.other, off))
+                add(("wait_stream", op.stream, op.other, op.step - base))
                 num(op.host_us)
                 num(op.latency_us)
-                dev.append(DeviceOp(OpKind.RECORD, op.other, off, op.other + ".tail"))
-                dev.append(DeviceOp(OpKind.WAIT, op.stream, off, op.other + ".tail",
-                                    bound_op=len(dev) - 1))
             elif kind is WaitEvent:
-                off = op.step - base
-                b = binding(op.event)
-                bind = None if b is None else (b[0], b[1], b[2] == op.stream)
-                host.append(("wait_event", op.stream, off, bind))
+                b = latest.get(op.event)
+                add(("wait_event", op.stream, op.step - base,
+                     None if b is None else (g - b[0], b[1], b[2] == op.stream)))
                 num(op.host_us)
                 num(op.latency_us)
-                dev.append(DeviceOp(OpKind.WAIT, op.stream, off, op.event,
-                                    bind=None if b is None else b[:2]))
             elif kind is Synchronize:
-                off = op.step - base
-                b = binding(op.event)
-                bind = None if b is None else b[:2]
-                host.append(("sync", off, op.site, bind))
+                b = latest.get(op.event)
+                add(("sync", op.step - base, op.site, None if b is None else (g - b[0], b[1])))
                 num(op.host_us)
                 num(op.wake_us)
-                dev.append(DeviceOp(OpKind.SYNC, "cpu", off, op.event, bind=bind))
             elif kind is Marker:
                 if op.name == "run_batch":
-                    host.append(("run_batch", op.step - base))
+                    add(("run_batch", op.step - base))
             elif kind is StepMarker:
                 pass
             else:
                 raise TypeError(f"unknown host op {op!r}")
-        return Shape(tuple(host), dev, records, len(params)), params
+        if not self.negative:
+            try:
+                self.negative = min(params, default=0) < 0
+            except TypeError:  # symbolic durations (plan_config): only numbers count
+                self.negative = any(isinstance(x, (int, float)) and x < 0 for x in params)
+        key = tuple(host)
+        shape = self.shapes.get(key)
+        if shape is None:
+            dev, records = _devices(key, ops)
+            shape = self.shapes[key] = Shape(key, dev, records, len(params))
+        return shape, params
+
+
+def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
+    """The device ops a segment's host ops issue (in issue order), and which are records."""
+    dev: list[DeviceOp] = []
+    records: list[int] = []
+    it = iter(host)
+    for op in ops:
+        kind = type(op)
+        if kind is StepMarker or (kind is Marker and op.name != "run_batch"):
+            continue
+        h = next(it)
+        if kind is Launch:
+            k = op.kernel
+            dev.append(DeviceOp(OpKind.KERNEL, op.stream, h[2], k.label, k.phase, h[5]))
+        elif kind is GraphLaunch:
+            for node, n in zip(op.nodes, h[3]):
+                if n[0] == "r":
+                    records.append(len(dev))
+                    dev.append(DeviceOp(OpKind.RECORD, op.stream, h[2], node.event))
+                else:
+                    dev.append(DeviceOp(OpKind.KERNEL, op.stream, h[2], node.label,
+                                        node.phase, n[3]))
+        elif kind is Record:
+            records.append(len(dev))
+            dev.append(DeviceOp(OpKind.RECORD, op.stream, h[2], op.event))
+        elif kind is WaitStream:
+            off = h[3]
+            dev.append(DeviceOp(OpKind.RECORD, op.other, off, op.other + ".tail"))
+            dev.append(DeviceOp(OpKind.WAIT, op.stream, off, op.other + ".tail",
+                                bound_op=len(dev) - 1))
+        elif kind is WaitEvent:
+            bind = h[3]
+            dev.append(DeviceOp(OpKind.WAIT, op.stream, h[2], op.event,
+                                bind=None if bind is None else bind[:2]))
+        elif kind is Synchronize:
+            dev.append(DeviceOp(OpKind.SYNC, "cpu", h[1], op.event, bind=h[3]))
+    return dev, records
 
 
 def _segments(ops) -> list[tuple[int | None, list]]:
@@ -266,9 +304,7 @@ def plan_program(program: Program) -> Plan:
         while h < len(segs) and shapes[h] == shapes[g] and segs[h][0] is not None and marked:
             h += 1
         rows = params[g:h]
-        consts = tuple(rows[0][j] if all(r[j] == rows[0][j] and _same(r[j], rows[0][j])
-                                         for r in rows) else None
-                       for j in range(shapes[g].nparams))
+        consts = _constants(rows)
         steps = [s if s is not None else 0 for s, _ in segs[g:h]]
         if steps == list(range(steps[0], steps[0] + len(steps))):
             steps = range(steps[0], steps[0] + len(steps))
@@ -281,6 +317,25 @@ def plan_program(program: Program) -> Plan:
                          f"keeps one row per step in that range); use the simpy engine")
     return Plan(blocks, dict(program.meta), lo, hi, shaper.negative, shaper.offsets,
                 _sites(shapes))
+
+
+def _constants(rows: list[list]) -> tuple:
+    """Per parameter slot of a block's rows: the value when every row has it, else None.
+
+    Equal as numbers and, for zeros, in sign (``-0.0`` and ``0.0`` add differently); a
+    float slot where another row has an int of the same value stays a column, as before.
+    Column by column, in C (``tuple.count``), so a block of many rows costs little.
+    """
+    out = []
+    for col in zip(*rows):
+        a = col[0]
+        if a != a or col.count(a) != len(col):  # NaN equals nothing, as ``==`` says
+            out.append(None)
+        elif len(set(map(type, col))) > 1 or (isinstance(a, float) and a == 0.0):
+            out.append(a if all(_same(x, a) for x in col) else None)
+        else:
+            out.append(a)
+    return tuple(out)
 
 
 def _same(a, b) -> bool:
