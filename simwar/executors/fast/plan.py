@@ -252,6 +252,10 @@ class Block:
     consts: tuple  # per parameter slot: a number, or None for a column
     columns: object  # callable(start, stop) -> list of column lists, in slot order
     marked: bool = True  # False: a prefix before the first step marker
+    #: the host ops its segments were shaped from: an index into ``Plan.skeleton`` (a
+    #: config's plan: the iteration standing for every segment of the block; a Program's:
+    #: the block's first segment, the others following it)
+    source: int = 0
 
     @property
     def n(self) -> int:
@@ -271,6 +275,13 @@ class Plan:
     offsets: set = field(default_factory=set)
     sites: set = field(default_factory=set)
     table: object = None  # a config's AffineTable (per-use values of varying durations)
+    #: the host ops behind the shapes (names, for the trace mode): per segment for a
+    #: Program's plan, per skeleton iteration for a config's (``skeleton_steps``: the step
+    #: each was built at; None for a Program's, whose segments are their own)
+    skeleton: list = field(default_factory=list)
+    skeleton_steps: list | None = None
+    skeleton_shapes: list | None = None  # a config's: the shape of each skeleton iteration
+    sizes: object = None  # a config's per-step sizes (graph buckets name graph launches)
 
     @property
     def segments(self) -> int:
@@ -308,7 +319,8 @@ def plan_program(program: Program) -> Plan:
         steps = [s if s is not None else 0 for s, _ in segs[g:h]]
         if steps == list(range(steps[0], steps[0] + len(steps))):
             steps = range(steps[0], steps[0] + len(steps))
-        blocks.append(Block(shapes[g], g, steps, consts, _list_columns(rows, consts), marked))
+        blocks.append(Block(shapes[g], g, steps, consts, _list_columns(rows, consts), marked,
+                            g))
         g = h
     all_steps = [op.step for op in program.ops]
     lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0, 0)
@@ -316,7 +328,7 @@ def plan_program(program: Program) -> Plan:
         raise ValueError(f"steps {lo}..{hi} are too sparse for the one-pass executor (it "
                          f"keeps one row per step in that range); use the simpy engine")
     return Plan(blocks, dict(program.meta), lo, hi, shaper.negative, shaper.offsets,
-                _sites(shapes))
+                _sites(shapes), skeleton=[ops for _, ops in segs])
 
 
 def _constants(rows: list[list]) -> tuple:
@@ -408,11 +420,13 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
             offset[key] += c * count
         specs = [x for x in p if isinstance(x, (Use, Sum))]
         blocks.append(Block(shapes[i], g, range(first, first + count), consts,
-                            _draw_columns(specs, arrays, starts, uses)))
+                            _draw_columns(specs, arrays, starts, uses), source=i))
         g += count
     lo = 0
     hi = steps_total
-    out = Plan(blocks, dict(plan.meta), lo, hi, False, shaper.offsets, _sites(shapes))
+    out = Plan(blocks, dict(plan.meta), lo, hi, False, shaper.offsets, _sites(shapes),
+               skeleton=plan.ops, skeleton_steps=list(range(n)) + [n], skeleton_shapes=shapes,
+               sizes=sizes)
     out.table = getattr(sampler, "table", None)
     return out
 
