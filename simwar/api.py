@@ -32,6 +32,7 @@ from simwar.build.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.config import ENGINES, Config, ConfigError, load_config
 from simwar.core.program import Program
 from simwar.executors import fast
+from simwar.executors.fast import trace as fast_trace
 
 #: realized arrivals sequences kept, by the config's content (realizing one runs the config)
 SIZES_CACHE_LIMIT = 8
@@ -59,6 +60,24 @@ def resolve_sizes(cfg: Config) -> StepSizes:
     if len(_sizes_cache) > SIZES_CACHE_LIMIT:
         _sizes_cache.popitem(last=False)
     return sizes
+
+
+def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
+                  chunk: int | None = None, margin: int = 0):
+    """A config's run as a stream of Trace windows (the one-pass executor's trace mode,
+    :func:`simwar.executors.fast.trace.windows`): ``(windows, lanes, meta)``, the windows
+    an iterator that simulates as it is read. Memory is one window, whatever the run's
+    length; ``steps`` (A, B): only the windows holding steps A..B. Raises
+    :class:`~simwar.executors.fast.trace.TraceUnsupported` for a run whose names are not
+    templates (the SimPy engine's ``Result.trace`` then)."""
+    sizes = resolve_sizes(cfg)
+    try:
+        plan = fast.plan_config(cfg, sizes)
+    except RuntimeError:  # iterations that never settle into one shape: take the Program
+        plan = fast.plan_program(loop.build_program(cfg, sizes))
+    kw = {} if chunk is None else {"chunk": chunk}
+    parts = fast_trace.windows(plan, steps=steps, margin=margin, **kw)
+    return parts, fast_trace.lanes(plan), fast_trace.meta(plan)
 
 
 def build_program(cfg: Config) -> Program:

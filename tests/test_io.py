@@ -37,7 +37,7 @@ def _mode(path: Path) -> int:
 
 def test_traces_exports_and_sweeps_share_the_one_writer():
     assert trace.write_text_atomic is _io.write_text_atomic
-    assert perfetto.write_text_atomic is _io.write_text_atomic
+    assert perfetto.atomic_file is _io.atomic_file
     assert not hasattr(sweeps, "atomic_write_bytes")
     assert sweeps.write_bytes_atomic is _io.write_bytes_atomic
 

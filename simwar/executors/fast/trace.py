@@ -60,7 +60,7 @@ from simwar.core.trace import (
 from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.plan import Plan
 
-__all__ = ["TraceUnsupported", "windows", "join", "CHUNK"]
+__all__ = ["TraceUnsupported", "windows", "join", "lanes", "meta", "CHUNK"]
 
 #: segments per window (a window of dspark_fine is ~10 MiB of columns)
 CHUNK = 2048
@@ -69,6 +69,22 @@ _INF = float("inf")
 
 class TraceUnsupported(RuntimeError):
     """The plan cannot be traced in one pass (see the module docstring): use the engine."""
+
+
+def lanes(plan: Plan) -> list[str]:
+    """Every lane the plan's run records anything on (the host's first)."""
+    out = {HOST: None}
+    for b in plan.blocks:
+        for op in b.shape.ops:
+            out.setdefault(op.lane)
+    return list(out)
+
+
+def meta(plan: Plan) -> dict:
+    """The run facts its Trace (and each window) carries."""
+    out = dict(plan.meta)
+    out.setdefault("source", "sim")
+    return out
 
 
 # --------------------------------------------------------------------------- names
@@ -102,6 +118,11 @@ class _Names:
         self.per_segment = plan.skeleton_steps is None  # a Program: every segment its own
         self.plan, self.block = plan, b
         if self.per_segment:
+            for ops in plan.skeleton[b.source:b.source + b.n]:
+                for op in ops:
+                    if type(op) is Marker and op.name != "run_batch":
+                        raise TraceUnsupported(f"marker '{op.name}': the one-pass executor's "
+                                               "shapes keep run_batch markers only")
             return
         base = plan.skeleton_steps[b.source]
         facts = _facts(plan.skeleton[b.source])
@@ -292,9 +313,17 @@ class _Strings:
         return c
 
     def column(self, values: list) -> np.ndarray:
-        get, code = self.codes.get, self.code
-        return np.fromiter((get(v) if v in self.codes else code(v) for v in values),
-                           dtype=np.int32, count=len(values))
+        codes, strings = self.codes, self.strings
+        get = codes.get
+        out = []
+        add = out.append
+        for v in values:
+            c = get(v)
+            if c is None:
+                c = codes[v] = len(strings)
+                strings.append(v)
+            add(c)
+        return np.array(out, dtype=np.int32)
 
 
 class _Piece:
@@ -349,10 +378,15 @@ def windows(plan: Plan, *, chunk: int = CHUNK, margin: int = 0,
         op_base.append(base)
         base += b.n * lay.ndev
     lows = _lowest_steps(plan, layouts, names)
-    meta = dict(plan.meta)
-    meta.setdefault("source", "sim")
     state = _State(depth)
-    run.update(op_base=op_base, g0s=[b.g0 for b in blocks], meta=meta, state=state)
+    run.update(op_base=op_base, g0s=[b.g0 for b in blocks], meta=meta(plan), state=state)
+    return _stream(run, fns, layouts, names, lows, state, chunk, margin, steps)
+
+
+def _stream(run, fns, layouts, names, lows, state, chunk, margin, steps):
+    plan = run["plan"]
+    blocks = plan.blocks
+    op_base = run["op_base"]
     kept: list[_Piece] = []  # the margin: the last pieces' last segments
     last_block = len(blocks) - 1
     for bi, b in enumerate(blocks):
