@@ -206,7 +206,7 @@ class ChromeTraceWriter:
         texts = w.strings + [""]
         esc = _escaped(texts)
         lane_pid = np.zeros(len(texts), dtype=np.int64)
-        for c in np.union1d(np.unique(sp.lane), np.unique(ops.lane)).tolist():
+        for c in np.union1d(_present(sp.lane), _present(ops.lane)).tolist():
             lane_pid[c] = self.pid.get(texts[c], 0)
         self._none = len(texts) - 1  # the code of "" in ``esc`` for a code of -1
         self._empty = w.code("")
@@ -228,12 +228,15 @@ class ChromeTraceWriter:
         the lane's spans by start, end and id), carried from window to window."""
         sp = w.spans
         lanes = sp.lane[core]
-        order = np.lexsort((core, end_r[core], start_r[core], lanes))
+        order = _group_order(lanes)
         ids = core[order]
         bounds = np.flatnonzero(np.diff(lanes[order])) + 1
         for group in np.split(ids, bounds):
             if not len(group):
                 continue
+            s, e = start_r[group], end_r[group]
+            if not bool(np.all((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] >= e[:-1])))):
+                group = group[np.lexsort((group, e, s))]  # by start, end and id
             lane = texts[int(sp.lane[group[0]])]
             ends = self.tracks.setdefault(lane, [])
             s, e = start_r[group], end_r[group]
@@ -267,16 +270,14 @@ class ChromeTraceWriter:
         sp, ops = w.spans, w.ops
         kind, call = sp.kind[ids], sp.call[ids]
         phase, site = sp.phase[ids], sp.site[ids]
-        # one integer key per alike group (phase and site codes made dense first)
-        ph_codes, ph_dense = np.unique(phase, return_inverse=True)
-        si_codes, si_dense = np.unique(site, return_inverse=True)
-        fields = [(pid[ids], 1 << 10), (tid[ids], 1 << 16), (kind.astype(np.int64), 16),
-                  (call.astype(np.int64), 16), (ph_dense.ravel(), len(ph_codes)),
-                  (si_dense.ravel(), len(si_codes))]
+        # one small integer per alike group: the fields combined, made dense
+        fields = [pid[ids], tid[ids], kind.astype(np.int64), call.astype(np.int64),
+                  _dense(phase), _dense(site)]
         key = np.zeros(len(ids), dtype=np.int64)
-        for values, size in fields:
-            key = key * size + values
-        order = np.argsort(key, kind="stable")
+        for values in fields:
+            key = key * (int(values.max()) + 1) + values
+        key = _dense(key)
+        order = _group_order(key)
         cuts = np.flatnonzero(np.diff(key[order])) + 1
         first = order[np.r_[0, cuts]]
         groups = np.stack([pid[ids][first], tid[ids][first], kind[first], call[first],
@@ -497,6 +498,29 @@ class ChromeTraceWriter:
         self.counters.close()
         self._write_text('],"displayTimeUnit":"ms","otherData":' + json.dumps(
             {"generator": "simwar", **self.meta}, separators=(",", ":")) + "}")
+
+
+def _present(codes: np.ndarray) -> np.ndarray:
+    """The distinct values of non-negative codes, ascending (a count, not a sort)."""
+    return np.flatnonzero(np.bincount(codes)) if len(codes) else np.zeros(0, dtype=np.int64)
+
+
+def _dense(values: np.ndarray) -> np.ndarray:
+    """Each non-negative value's rank among the distinct values (0, 1, ...)."""
+    if not len(values):
+        return np.zeros(0, dtype=np.int64)
+    top = int(values.max())
+    if top > 8 * len(values) + 65536:  # too sparse for a table
+        return np.unique(values, return_inverse=True)[1].ravel()
+    rank = np.cumsum(np.bincount(values, minlength=top + 1) > 0) - 1
+    return rank[values]
+
+
+def _group_order(codes: np.ndarray) -> np.ndarray:
+    """A stable order that groups small non-negative codes (a radix sort when they fit)."""
+    if len(codes) and int(codes.max()) < 32768:
+        return np.argsort(codes.astype(np.int16), kind="stable")
+    return np.argsort(codes, kind="stable")
 
 
 def _kernel_neighbours(ops, core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
