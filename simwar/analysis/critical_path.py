@@ -49,7 +49,7 @@ from typing import NamedTuple
 import numpy as np
 
 from simwar.analysis.views import forward_kernels
-from simwar.core.trace import HOST, Call, OpKind, Trace
+from simwar.core.trace import HOST, Call, OpKind, Trace, TraceWindow
 
 KINDS = ("device", "cross_stream", "host", "host_api", "wake_up", "launch_latency",
          "unexplained")
@@ -111,7 +111,13 @@ class Chain:
 
 @dataclass
 class CriticalPath:
-    """Gap and step chains of the steps asked for, and their causes aggregated."""
+    """Gap and step chains of the steps asked for, and their causes aggregated.
+
+    ``gaps`` and ``periods`` hold every chain when it was computed on a whole Trace
+    (:func:`critical_path`); from a run streamed in windows (:func:`critical_path_stream`)
+    only the first step's, with ``trace`` the window they were walked in. The figures and
+    causes come from the tallies of every chain either way.
+    """
 
     trace: Trace
     steps: tuple[int, int]
@@ -119,24 +125,41 @@ class CriticalPath:
     periods: list[Chain] = field(default_factory=list)
     #: each gate's name -> (the lane that waited or blocked, the lane of the record it bound to)
     gates: dict[str, tuple[str, str]] = field(default_factory=dict)
+    gap_tally: Tally = field(default_factory=lambda: Tally())
+    step_tally: Tally = field(default_factory=lambda: Tally())
+
+    def add(self, chain: Chain, keep: bool = True) -> None:
+        """Count a chain (``what``: gap or step) and keep it unless ``keep`` is False."""
+        gap = chain.what == "gap"
+        (self.gap_tally if gap else self.step_tally).add(chain.us, chain.segments)
+        if keep:
+            (self.gaps if gap else self.periods).append(chain)
+
+    @property
+    def n_gaps(self) -> int:
+        return self.gap_tally.n
+
+    @property
+    def n_steps(self) -> int:
+        return self.step_tally.n
 
     @property
     def fwd_gap_us(self) -> float:
-        return _mean([c.us for c in self.gaps])
+        return self.gap_tally.mean_us()
 
     @property
     def step_us(self) -> float:
-        return _mean([c.us for c in self.periods])
+        return self.step_tally.mean_us()
 
     def gap_causes(self) -> list[dict]:
-        return causes(self.gaps)
+        return self.gap_tally.causes()
 
     def step_causes(self) -> list[dict]:
-        return causes(self.periods)
+        return self.step_tally.causes()
 
     def to_dict(self) -> dict:
         """``{"steps", "step_us", "fwd_gap_us", "gap_causes", "step_causes", ...}``."""
-        return {"steps": list(self.steps), "steps_explained": len(self.periods),
+        return {"steps": list(self.steps), "steps_explained": self.n_steps,
                 "step_us": self.step_us, "fwd_gap_us": self.fwd_gap_us,
                 "gap_causes": self.gap_causes(), "step_causes": self.step_causes()}
 
@@ -146,6 +169,56 @@ def _mean(values: list[float]) -> float:
 
 
 # --------------------------------------------------------------------------- aggregation
+class Tally:
+    """Chains counted as they come: µs per (cause, kind), per gate, and each chain's length.
+
+    Adding chains one by one gives :func:`causes` of them, to the last bit (the sums are
+    taken in the same order), without keeping them.
+    """
+
+    def __init__(self) -> None:
+        self.total: dict[tuple[str, str], float] = defaultdict(float)
+        self.by_gate: dict[tuple[str, str], dict[str, float]] = defaultdict(
+            lambda: defaultdict(float))
+        self.example: dict[tuple[str, str], tuple] = {}
+        self.lengths: list[float] = []
+
+    @property
+    def n(self) -> int:
+        return len(self.lengths)
+
+    def add(self, length_us: float, segments) -> None:
+        """One chain of ``length_us``; ``segments``: Segments or their fields' rows."""
+        total, by_gate, example = self.total, self.by_gate, self.example
+        for s in segments:
+            key = (s[3], s[2])  # (cause, kind)
+            us = s[1] - s[0]
+            total[key] += us
+            by_gate[key][s[7]] += us
+            if key not in example:
+                example[key] = s
+        self.lengths.append(length_us)
+
+    def mean_us(self) -> float:
+        return _mean(self.lengths)
+
+    def causes(self) -> list[dict]:
+        """The entries of :func:`causes`."""
+        n = self.n
+        if not n:
+            return []
+        mean_len = sum(self.lengths) / n
+        out = []
+        for (cause, kind), us in self.total.items():
+            us /= n
+            after = max(self.by_gate[(cause, kind)].items(), key=lambda kv: (kv[1], kv[0]))[0]
+            out.append({"cause": cause, "kind": kind, "us": us,
+                        "share": us / mean_len if mean_len > 0 else 0.0, "after": after,
+                        "words": _new(Segment, self.example[(cause, kind)]).words()})
+        out.sort(key=lambda d: (-d["us"], d["cause"]))
+        return out
+
+
 def causes(chains: list[Chain]) -> list[dict]:
     """Mean µs per chain by (cause, kind), largest first, with its share of the mean length.
 
@@ -153,28 +226,10 @@ def causes(chains: list[Chain]) -> list[dict]:
     chain length), ``after`` (the gate most of its time came through, '' if none) and
     ``words`` (the cause as a phrase).
     """
-    if not chains:
-        return []
-    total: dict[tuple[str, str], float] = defaultdict(float)
-    gates: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    example: dict[tuple[str, str], Segment] = {}
+    tally = Tally()
     for chain in chains:
-        for s in chain.segments:
-            key = (s.cause, s.kind)
-            total[key] += s.us
-            gates[key][s.after] += s.us
-            example.setdefault(key, s)
-    n = len(chains)
-    mean_len = sum(c.us for c in chains) / n
-    out = []
-    for (cause, kind), us in total.items():
-        us /= n
-        after = max(gates[(cause, kind)].items(), key=lambda kv: (kv[1], kv[0]))[0]
-        out.append({"cause": cause, "kind": kind, "us": us,
-                    "share": us / mean_len if mean_len > 0 else 0.0, "after": after,
-                    "words": example[(cause, kind)].words()})
-    out.sort(key=lambda d: (-d["us"], d["cause"]))
-    return out
+        tally.add(chain.us, chain.segments)
+    return tally.causes()
 
 
 # --------------------------------------------------------------------------- the walk
@@ -212,6 +267,16 @@ class Walker:
         self.span_end = spans.end_us.tolist()
         self.span_call = spans.call.tolist()
         self.span_op = spans.op.tolist()
+        self.texts = list(trace.strings) + [""]  # by code; -1 is the empty text
+        self.op_label = ops.label.tolist()
+        if isinstance(trace, TraceWindow) and not trace.first:
+            # a window after the run's start: what came before it is not there, and a walk
+            # that needs it must not take its absence for a fact
+            cut = pred.copy()
+            cut[pred == -1] = _CUT
+            self.pred = cut.tolist()
+            if len(host):
+                self.hpred[int(host[0])] = _CUT
         self._names: dict[int, str] = {}
         self.gates: dict[str, tuple[str, str]] = {}
         meta = trace.meta
@@ -221,7 +286,7 @@ class Walker:
 
     # ---- words
     def _text(self, code: int) -> str:
-        return self.trace.text(int(code))
+        return self.texts[code]
 
     def lane_name(self, op: int) -> str:
         return self._text(self.lane[op])
@@ -240,6 +305,8 @@ class Walker:
             return name
         lane = self.lane_name(op)
         rec = self.bound[op]
+        if rec == _CUT:
+            raise Truncated(op)
         other = self.lane_name(rec) if rec >= 0 else "?"
         c = self.call[op]
         call = self.span_call[c] if c >= 0 else Call.NONE
@@ -273,6 +340,8 @@ class Walker:
         p = self.pred[rec]
         while p >= 0 and self.kind[p] != OpKind.KERNEL:
             p = self.pred[p]
+        if p == _CUT:
+            raise Truncated(rec)
         if p < 0:
             return f"{what}@{self.lane_name(rec)}"
         return f"{what}@{self._text(self.trace.ops.phase[p]) or self.label(p)}"
@@ -310,7 +379,15 @@ class Walker:
         chain entered the interval through (e.g. the host sync that held the CPU before
         it issued the work that filled a gap).
         """
-        segs: list[Segment] = []
+        end, rows = self.walk(target, stop, root_horizon_us, from_end)
+        return Chain(what, step, stop, end, target, tuple([_new(Segment, r) for r in rows]))
+
+    def walk(self, target: int, stop: float, root_horizon_us: float = 0.0,
+             from_end: bool = False) -> tuple[float, list[list]]:
+        """:meth:`chain`'s walk: ``(end, rows)``, each row the fields of a :class:`Segment`
+        (a list), in time order. Raises :class:`Truncated` where a window of a trace lacks
+        what came before it."""
+        segs: list[list] = []
         gates: list[tuple[float, str]] = []  # (time it opened, name), in walk order
         t = self.end[target] if from_end else self.start[target]
         end = t
@@ -318,12 +395,14 @@ class Walker:
         pred, call, kind, bound = self.pred, self.call, self.kind, self.bound
         start, fin = self.start, self.end
         span_start, span_end = self.span_start, self.span_end
+        texts, lanes, labels = self.texts, self.lane, self.op_label
+        add = segs.append
 
         def emit(a: float, b: float, k: str, cause: str, lane: str, op=-1, span=-1,
                  what="") -> None:
             lo = a if a > stop else stop  # clipped at stop: nothing is emitted past it
             if b > lo:
-                segs.append(Segment(lo, b, k, cause, lane, op, span, "", what or cause))
+                add([lo, b, k, cause, lane, op, span, "", what or cause])
 
         # state "op": bind op `item`'s start (at t); "end": op `item` ended at t;
         # "span": host span `item` ended at t; "host": host span `item` began at t
@@ -333,48 +412,52 @@ class Walker:
                 break
             if state == "op":
                 p, c = pred[item], call[item]
+                if p == _CUT:
+                    raise Truncated(item)
                 if p < 0 and c < 0:
                     emit(stop, t, "unexplained", "before the first traced operation",
-                         self.lane_name(item), item)
+                         texts[lanes[item]], item)
                     break
                 pe = fin[p] if p >= 0 else -np.inf
                 ie = span_end[c] if c >= 0 else -np.inf
                 if pe >= ie:  # on a tie the stream predecessor binds
                     b, nxt, slack = pe, ("end", p), (
-                        "unexplained", f"{self.lane_name(item)} stream idle after its "
+                        "unexplained", f"{texts[lanes[item]]} stream idle after its "
                                        "predecessor")
                 else:
                     b, nxt, slack = ie, ("span", c), (
-                        "launch_latency", f"launch latency ({self.lane_name(item)})")
+                        "launch_latency", f"launch latency ({texts[lanes[item]]})")
                 if b < t:
-                    emit(b, t, slack[0], slack[1], self.lane_name(item), item)
+                    emit(b, t, slack[0], slack[1], texts[lanes[item]], item)
                     t = b
                 state, item = nxt
             elif state == "end":
                 k = kind[item]
+                r = bound[item]
+                if r == _CUT:
+                    raise Truncated(item)
                 if k == OpKind.KERNEL:
                     s0 = min(start[item], t)
-                    lane, label = self.lane_name(item), self.label(item)
+                    lane, label = texts[lanes[item]], texts[labels[item]]
                     emit(s0, t, "device", f"{lane} stream: {label}", lane, item, -1, label)
                     t, state = s0, "op"
-                elif k == OpKind.WAIT and bound[item] >= 0 and fin[item] > start[item]:
-                    r = bound[item]  # held: released by its record's firing
-                    f = min(fin[r], t)
+                elif k == OpKind.WAIT and r >= 0 and fin[item] > start[item]:
+                    f = min(fin[r], t)  # held: released by its record's firing
                     name = self.wait_name(item)
                     gates.append((f, name))
                     if t > f:
-                        if self.lane[r] != self.lane[item]:
+                        if lanes[r] != lanes[item]:
                             emit(f, t, "cross_stream", f"cross-stream latency: {name}",
-                                 self.lane_name(item), item, -1, name)
+                                 texts[lanes[item]], item, -1, name)
                         else:
                             emit(f, t, "unexplained", f"{name}: released after its record "
-                                 "fired", self.lane_name(item), item, -1, name)
+                                 "fired", texts[lanes[item]], item, -1, name)
                         t = f
                     item = r
                 else:  # a record, a wait that did not hold: bound like any op at its start
                     s0 = min(start[item], t)
                     if s0 < t:  # held by a wait whose record the trace does not have
-                        lane = self.lane_name(item)
+                        lane = texts[lanes[item]]
                         emit(s0, t, "unexplained", f"{lane} held by a wait on an unknown "
                              "record", lane, item)
                     t, state = s0, "op"
@@ -383,6 +466,8 @@ class Walker:
                 if self.span_call[item] == Call.SYNCHRONIZE:
                     op = self.span_op[item]
                     r = bound[op] if op >= 0 else -1
+                    if r == _CUT:
+                        raise Truncated(op)
                     f = fin[r] if r >= 0 else -np.inf
                     if r >= 0 and s0 < f <= t:  # really blocked: woken by the record's firing
                         name = self.sync_name(item)
@@ -395,6 +480,8 @@ class Walker:
                 t, state = s0, "host"
             else:  # "host": span `item` began at t, bound by the previous host span's end
                 q = self.hpred[item]
+                if q == _CUT:
+                    raise Truncated(item)
                 if q < 0:
                     emit(stop, t, "unexplained", "before the first traced host call", HOST)
                     break
@@ -404,21 +491,29 @@ class Walker:
                     t = e
                 state, item = "span", q
         segs.reverse()
-        return Chain(what, step, stop, end, target, tuple(_with_gates(segs, gates)))
+        return end, _with_gates(segs, gates)
 
 
-def _with_gates(segs: list[Segment], gates: list[tuple[float, str]]) -> list[Segment]:
-    """Each segment's ``after``: the latest gate that opened at or before its start."""
+def _with_gates(segs: list[list], gates: list[tuple[float, str]]) -> list[list]:
+    """Each segment row's ``after``: the latest gate that opened at or before its start."""
     if not gates:
         return segs
     opened = sorted(gates, key=lambda g: g[0])
-    out, i, current = [], 0, ""
+    i, current = 0, ""
     for s in segs:
-        while i < len(opened) and opened[i][0] <= s.start_us:
+        while i < len(opened) and opened[i][0] <= s[0]:
             current = opened[i][1]
             i += 1
-        out.append(s._replace(after=current))
-    return out
+        s[7] = current
+    return segs
+
+
+_new = tuple.__new__  # a named tuple from its fields, without its keyword-checking __new__
+_CUT = -2  # a predecessor or record before a window's start (see Walker)
+
+
+class Truncated(RuntimeError):
+    """A walk on a window of a trace reached back past the window's start."""
 
 
 # --------------------------------------------------------------------------- per step
@@ -478,10 +573,10 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None) -> Critica
             continue
         if i > 0:
             period = float(start[i] - start[i - 1])
-            out.gaps.append(walker.chain(int(first[i]), float(end[i - 1]), "gap", k, period))
+            out.add(walker.chain(int(first[i]), float(end[i - 1]), "gap", k, period))
         if i + 1 < len(all_steps):
-            out.periods.append(walker.chain(int(first[i + 1]), float(start[i]), "step", k))
-    if not out.gaps and not out.periods:
+            out.add(walker.chain(int(first[i + 1]), float(start[i]), "step", k))
+    if not out.n_gaps and not out.n_steps:
         raise ValueError(f"steps {a}:{b}: nothing to explain (the first forward has no gap "
                          "before it and the last no step after it)")
     return out
@@ -500,7 +595,7 @@ def sentence(cp: CriticalPath, max_causes: int = 4) -> str:
     (schedule.wait_stream(forward)), + 50 µs ...". Cross-stream latencies are summed.
     """
     gap = cp.fwd_gap_us
-    if not cp.gaps or not np.isfinite(gap):
+    if not cp.n_gaps or not np.isfinite(gap):
         return "no forward gap to explain in these steps"
     if gap < 0.5:
         return f"forward k started {_fmt_us(gap)} after forward k-1 ended: no bubble"

@@ -181,7 +181,7 @@ def format_explain(cp, what: str, top: int = 8) -> str:
 
     a, b = cp.steps
     lines = [_header(cp.trace, what),
-             f"  steps               {a}..{b} ({len(cp.periods)} explained, means per step)",
+             f"  steps               {a}..{b} ({cp.n_steps} explained, means per step)",
              f"  step time           {cp.step_us:.1f} µs; forward gap before each forward "
              f"{cp.fwd_gap_us:.1f} µs"]
     lines += textwrap.wrap(sentence(cp), width=100, initial_indent="  in words            ",
