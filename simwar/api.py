@@ -25,6 +25,7 @@ import gc
 from collections import OrderedDict
 from typing import Callable
 
+from simwar.analysis.critical_path import Truncated, critical_path, critical_path_stream
 from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import frame, step_columns, summarize
 from simwar.build import loop
@@ -33,6 +34,7 @@ from simwar.config import ENGINES, Config, ConfigError, load_config
 from simwar.core.program import Program
 from simwar.executors import fast
 from simwar.executors.fast import trace as fast_trace
+from simwar.executors.fast.trace import TraceUnsupported
 
 #: realized arrivals sequences kept, by the config's content (realizing one runs the config)
 SIZES_CACHE_LIMIT = 8
@@ -78,6 +80,28 @@ def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
     kw = {} if chunk is None else {"chunk": chunk}
     parts = fast_trace.windows(plan, steps=steps, margin=margin, **kw)
     return parts, fast_trace.lanes(plan), fast_trace.meta(plan)
+
+
+#: iterations of context before each window an explanation walks in (grown when a walk
+#: reaches past it)
+EXPLAIN_MARGINS = (4, 16, 64)
+
+
+def explain(cfg: Config, steps: tuple[int, int] | None = None):
+    """The critical path of a config's run (:mod:`simwar.analysis.critical_path`), simulated
+    once and streamed in windows (:func:`trace_windows`): a run of any length in the
+    memory of one window, to the figures and causes of the SimPy engine's whole Trace.
+    ``steps`` (A, B): those steps (default: the measured steps)."""
+    for margin in EXPLAIN_MARGINS:
+        try:
+            parts, _, _ = trace_windows(cfg, margin=margin,
+                                        steps=None if steps is None else (0, steps[1] + 2))
+            return critical_path_stream(parts, steps)
+        except Truncated:  # a walk went back past its window: more context
+            continue
+        except TraceUnsupported:  # names the trace mode cannot make
+            break
+    return critical_path(simulate(cfg, engine="simpy").trace, steps)
 
 
 def build_program(cfg: Config) -> Program:

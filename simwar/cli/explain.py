@@ -51,11 +51,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.critical_path import NoForward, critical_path, sentence
+    from simwar.api import explain  # lazy: start-up time of the CLI (the simulator)
+    from simwar.config import Config  # lazy: start-up time of the CLI (pydantic)
 
-    trace, what = load_source(args.source, args.mapping, args.overrides)
+    source, what = load_source(args.source, args.mapping, args.overrides)
     steps = _parse_steps(args.steps) if args.steps else None
     try:
-        cp = critical_path(trace, steps)
+        if isinstance(source, Config):  # simulated once, streamed: any length fits
+            cp = explain(source, steps)
+        else:
+            cp = critical_path(source, steps)
     except NoForward as e:
         raise UserError(f"{args.source}: {e}") from None
     except ValueError as e:
@@ -107,7 +112,8 @@ def _image_path(path: str) -> Path:
 
 
 def load_source(path: str, mapping: str | None = None, overrides=()):
-    """(Trace, what) from a config (simulated), a saved simwar trace or a Kineto capture.
+    """(source, what): a config's Config (simulated by the caller), or the Trace of a saved
+    simwar trace or of a Kineto capture.
 
     Told apart by content: a simwar trace's JSON starts with ``"format": "simwar.trace"``;
     other JSON is read as a Kineto capture; anything else as a YAML config.
@@ -123,12 +129,11 @@ def load_source(path: str, mapping: str | None = None, overrides=()):
     if mapping and kind != "kineto":
         raise UserError(f"--mapping: only for a Kineto capture; {p} is a {kind} file")
     if kind == "config":
-        # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
-        from simwar.api import simulate
-        from simwar.config import load_config, parse_override  # lazy: start-up time
+        # lazy: start-up time of the CLI (the config schema loads pydantic)
+        from simwar.config import load_config, parse_override
 
         cfg = load_config(str(p), dict(parse_override(o) for o in overrides))
-        return simulate(cfg).trace, f"config {p} (simulated, {cfg.steps} steps)"
+        return cfg, f"config {p} (simulated, {cfg.steps} steps)"
     if kind == "trace":
         # lazy: start-up time of the CLI (numpy)
         from simwar.core.trace import Trace
