@@ -433,6 +433,16 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
 
 def _same_template(a: list, b: list) -> bool:
     """Same constants in the same slots and draws of the same distributions."""
+    return _template(a) == _template(b)
+
+
+_TEMPLATES: dict[int, tuple] = {}  # id(params) -> (params, template): a plan compares each often
+
+
+def _template(params: list) -> list:
+    hit = _TEMPLATES.get(id(params))
+    if hit is not None and hit[0] is params:
+        return hit[1]
 
     def key(x):
         if isinstance(x, Use):
@@ -441,7 +451,11 @@ def _same_template(a: list, b: list) -> bool:
             return ("s", key(x.a), key(x.b))
         return ("c", str(x))
 
-    return [key(x) for x in a] == [key(x) for x in b]
+    out = [key(x) for x in params]
+    if len(_TEMPLATES) > 64:
+        _TEMPLATES.clear()
+    _TEMPLATES[id(params)] = (params, out)
+    return out
 
 
 def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict):
