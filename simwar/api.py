@@ -25,7 +25,8 @@ import gc
 from collections import OrderedDict
 from typing import Callable
 
-from simwar.analysis.critical_path import Truncated, critical_path, critical_path_stream
+from simwar.analysis.critical_path import Truncated, critical_path
+from simwar.analysis.critical_stream import critical_path_stream
 from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import frame, step_columns, summarize
 from simwar.build import loop

@@ -427,7 +427,7 @@ def test_hta_path_of_a_cpu_bound_step_misses_the_host():
 
 # --------------------------------------------------------------------------- streamed
 def _streamed(cfg, steps=None, chunk=7, margin=4):
-    from simwar.analysis.critical_path import critical_path_stream
+    from simwar.analysis.critical_stream import critical_path_stream
     from simwar.api import trace_windows
 
     parts, _, _ = trace_windows(cfg, chunk=chunk, margin=margin)

@@ -8,8 +8,8 @@ from collections import Counter, defaultdict
 
 import pytest
 from hypothesis import given, settings
-
 from programs import programs
+
 from simwar.analysis.views import launch_links, ordered_lanes
 from simwar.api import simulate
 from simwar.cli.app import main

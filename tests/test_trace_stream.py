@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import given, settings
-
 from programs import programs
+
 from simwar.api import resolve_sizes, simulate
 from simwar.config import load_config
 from simwar.core.trace import SCHEMAS
@@ -124,7 +124,7 @@ def test_only_the_windows_of_the_steps_asked_for():
 
 
 def test_a_name_without_a_template_is_refused():
-    from simwar.config.policies import Barrier, BARRIERS, register_barrier
+    from simwar.config.policies import BARRIERS, Barrier, register_barrier
 
     @register_barrier
     class Stamped(Barrier):

@@ -10,7 +10,8 @@
 - :mod:`.views`: windows of steps, lanes, launch links and the look-ups
   plots and exporters need, each costing what its window costs.
 - :mod:`.critical_path`: per step, the chain of binding constraints behind each
-  forward's start, its forward gap and its step time, cut into causes in µs.
+  forward's start, its forward gap and its step time, cut into causes in µs
+  (:mod:`.critical_stream`: the same of a run streamed in windows).
 
 They read the Trace's columns and its explicit relations (op ids, the
 issuing call of each op, the record each wait or sync bound to); none
@@ -41,6 +42,7 @@ _LAZY = {
     "launch_links": ("simwar.analysis.views", "launch_links"),
     "critical_path": ("simwar.analysis.critical_path", "critical_path"),
     "CriticalPath": ("simwar.analysis.critical_path", "CriticalPath"),
+    "critical_path_stream": ("simwar.analysis.critical_stream", "critical_path_stream"),
 }
 
 __all__ = sorted(_LAZY)

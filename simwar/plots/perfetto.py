@@ -50,7 +50,6 @@ import bisect
 import gzip
 import io
 import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -60,90 +59,27 @@ import pyarrow.compute as pc
 from simwar.analysis.views import ordered_lanes
 from simwar.core.files import atomic_file, check_interrupt
 from simwar.core.trace import CALLS, HOST, SPAN_KINDS, Call, OpKind, SpanKind, Trace, window_of
+from simwar.plots.jsoncols import (
+    TS_DIGITS,
+    concat,
+    dense,
+    escaped,
+    group_order,
+    int_text,
+    json_str,
+    number_text,
+    present,
+    round_ns,
+    round_us,
+    rounded,
+)
 
 __all__ = ["ChromeTraceWriter", "chrome_trace", "write_chrome_trace", "write_run"]
 
 HOST_PID = 1
-_TS_DIGITS = 3  # ns resolution: Perfetto stores integer ns
 _INF = float("inf")
-#: the digits after the point of ``k / 1000`` as ``repr`` writes them ('.0', '.5', '.125')
-_FRACTIONS = [("." + f"{r:03d}".rstrip("0")) if r else ".0" for r in range(1000)]
 _HISTORY = 4096  # forward ends kept for the launch-ahead counter
 
-
-def _t(x: float) -> float:
-    return float(round(x, _TS_DIGITS))
-
-
-# --------------------------------------------------------------------------- numbers
-def _ns(x: np.ndarray) -> np.ndarray:
-    """``round(x, 3) * 1000`` as exact integers (Python's correctly rounded ``round``)."""
-    x = np.asarray(x, dtype=np.float64)
-    y = x * 1000.0
-    d = np.rint(y)
-    # x * 1000 is within half an ulp of the exact product: only a product near a half can
-    # round the other way, and beyond 2**43 the ulp is too coarse to tell
-    risky = ~(np.abs(np.abs(y - d) - 0.5) > 1e-3) | ~(np.abs(y) < 2.0 ** 43)
-    out = d.astype(np.int64)
-    for i in np.flatnonzero(risky).tolist():
-        out[i] = int(f"{round(float(x[i]), _TS_DIGITS):.3f}".replace(".", ""))
-    return out
-
-
-def _rounded(x: np.ndarray) -> np.ndarray:
-    """``round(x, 3)`` element-wise, exactly as Python rounds (the value of :func:`_ns`)."""
-    return _ns(x) / 1000.0
-
-
-def _number(ns: np.ndarray, x: np.ndarray, tail: str = "") -> list:
-    """The text ``json.dumps`` writes for each ``round(x, 3)`` (``ns``: its :func:`_ns`),
-    followed by ``tail``: join pieces."""
-    neg = (ns < 0) | ((ns == 0) & np.signbit(x))
-    if neg.any():  # never in a simulated run: written one by one
-        vals = (ns / 1000.0).tolist()
-        text = [repr(-0.0 if n == 0 and s else v) + tail
-                for v, n, s in zip(vals, ns.tolist(), np.signbit(x).tolist())]
-        return [pa.array(text, pa.string())]
-    q, r = np.divmod(ns, 1000)
-    return [pc.cast(pa.array(q), pa.string()), pc.take(_fraction_table(tail), pa.array(r))]
-
-
-_TABLES: dict[str, pa.Array] = {}
-
-
-def _fraction_table(tail: str) -> pa.Array:
-    table = _TABLES.get(tail)
-    if table is None:
-        table = _TABLES[tail] = pa.array([f + tail for f in _FRACTIONS], pa.string())
-    return table
-
-
-def _ints(a) -> pa.Array:
-    return pc.cast(pa.array(np.asarray(a, dtype=np.int64)), pa.string())
-
-
-def _join(*parts) -> pa.Array:
-    return pc.binary_join_element_wise(*parts, "")
-
-
-_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')
-
-
-def _escaped(strings: list[str]) -> pa.Array:
-    """Each string as it sits between the quotes of ``json.dumps`` (ASCII, escaped)."""
-    text = "".join(strings)
-    if text.isascii() and not _NEEDS_ESCAPE.search(text):  # the usual case: as they are
-        data = text.encode()
-        offsets = np.zeros(len(strings) + 1, dtype=np.int32)
-        np.cumsum(np.fromiter(map(len, strings), dtype=np.int32, count=len(strings)),
-                  out=offsets[1:])
-        return pa.StringArray.from_buffers(len(strings), pa.py_buffer(offsets),
-                                           pa.py_buffer(data))
-    return pa.array([json.dumps(s)[1:-1] for s in strings], pa.string())
-
-
-def _jstr(text: str) -> str:
-    return json.dumps(text)
 
 
 # --------------------------------------------------------------------------- the writer
@@ -204,14 +140,14 @@ class ChromeTraceWriter:
         check_interrupt()  # a long export stops at the next window after Ctrl-C
         sp, ops = w.spans, w.ops
         texts = w.strings + [""]
-        esc = _escaped(texts)
+        esc = escaped(texts)
         lane_pid = np.zeros(len(texts), dtype=np.int64)
-        for c in np.union1d(_present(sp.lane), _present(ops.lane)).tolist():
+        for c in np.union1d(present(sp.lane), present(ops.lane)).tolist():
             lane_pid[c] = self.pid.get(texts[c], 0)
         self._none = len(texts) - 1  # the code of "" in ``esc`` for a code of -1
         self._empty = w.code("")
         core = np.flatnonzero(w.span_core) if w.span_core is not None else np.arange(len(sp))
-        start_ns, end_ns = _ns(sp.start_us), _ns(sp.end_us)
+        start_ns, end_ns = round_ns(sp.start_us), round_ns(sp.end_us)
         start_r, end_r = start_ns / 1000.0, end_ns / 1000.0
         pid = lane_pid[sp.lane]
         tid = np.ones(len(sp), dtype=np.int64)
@@ -228,7 +164,7 @@ class ChromeTraceWriter:
         the lane's spans by start, end and id), carried from window to window."""
         sp = w.spans
         lanes = sp.lane[core]
-        order = _group_order(lanes)
+        order = group_order(lanes)
         ids = core[order]
         bounds = np.flatnonzero(np.diff(lanes[order])) + 1
         for group in np.split(ids, bounds):
@@ -267,22 +203,22 @@ class ChromeTraceWriter:
         """The ``X`` events of spans ``ids``, a group of alike spans at a time."""
         if not len(ids):
             return
-        sp, ops = w.spans, w.ops
+        sp = w.spans
         kind, call = sp.kind[ids], sp.call[ids]
         phase, site = sp.phase[ids], sp.site[ids]
         # one small integer per alike group: the fields combined, made dense
         fields = [pid[ids], tid[ids], kind.astype(np.int64), call.astype(np.int64),
-                  _dense(phase), _dense(site)]
+                  dense(phase), dense(site)]
         key = np.zeros(len(ids), dtype=np.int64)
         for values in fields:
             key = key * (int(values.max()) + 1) + values
-        key = _dense(key)
-        order = _group_order(key)
+        key = dense(key)
+        order = group_order(key)
         cuts = np.flatnonzero(np.diff(key[order])) + 1
         first = order[np.r_[0, cuts]]
         groups = np.stack([pid[ids][first], tid[ids][first], kind[first], call[first],
                            phase[first], site[first]], axis=1)
-        dur_ns_all = _ns(end_r[ids] - start_r[ids])
+        dur_ns_all = round_ns(end_r[ids] - start_r[ids])
         texts = w.strings + [""]
         out = []
         for g, part in zip(groups.tolist(), np.split(order, cuts)):
@@ -291,18 +227,18 @@ class ChromeTraceWriter:
             name = self._name_of(w, rows, k, c, esc)
             args = f',"kind":"{SPAN_KINDS[k]}"'
             if texts[ph]:
-                args += f',"phase":{_jstr(texts[ph])}'
+                args += f',"phase":{json_str(texts[ph])}'
             if texts[si]:
-                args += f',"site":{_jstr(texts[si])}'
+                args += f',"site":{json_str(texts[si])}'
             if c != Call.NONE:
                 args += f',"call":"{CALLS[c]}"'
-            head = f',{{"ph":"X","name":"'
+            head = ',{"ph":"X","name":"'
             mid = f'","cat":"{SPAN_KINDS[k]}","pid":{p},"tid":{t},"ts":'
-            out.append(_join(head, name, mid,
-                             *_number(start_ns[rows], sp.start_us[rows], ',"dur":'),
-                             *_number(dur_ns_all[part], end_r[rows] - start_r[rows],
+            out.append(concat(head, name, mid,
+                             *number_text(start_ns[rows], sp.start_us[rows], ',"dur":'),
+                             *number_text(dur_ns_all[part], end_r[rows] - start_r[rows],
                                       ',"args":{"step":'),
-                             _ints(sp.step[rows]), args + "}}"))
+                             int_text(sp.step[rows]), args + "}}"))
         for arr in out:
             self._write(arr)
 
@@ -326,10 +262,10 @@ class ChromeTraceWriter:
                 lane = self._take(esc, np.where(has, ops.lane[safe], -1))
                 lane_text = pc.if_else(pa.array(has), lane, "?")
                 if call == Call.WAIT_STREAM:
-                    return _join(lane_text, ".wait_stream(", self._take(esc, label), ")")
-                return _join(lane_text, ".wait_event(", self._take(esc, event_or_label), ")")
+                    return concat(lane_text, ".wait_stream(", self._take(esc, label), ")")
+                return concat(lane_text, ".wait_event(", self._take(esc, event_or_label), ")")
             word = "record " if call == Call.RECORD else "sync "
-            return _join(word, self._take(esc, event_or_label))
+            return concat(word, self._take(esc, event_or_label))
         if call == Call.NONE and kind == SpanKind.WAIT:
             op = sp.op[rows]
             has = op >= 0
@@ -339,7 +275,7 @@ class ChromeTraceWriter:
             ev = ops.event[safe]
             what = np.where(by_stream, sp.label[np.maximum(c, 0)],
                             np.where((ev >= 0) & (ev != self._empty), ev, ops.label[safe]))
-            named = _join("wait for ", self._take(esc, what))
+            named = concat("wait for ", self._take(esc, what))
             return pc.if_else(pa.array(has), named, self._take(esc, label))
         return self._take(esc, label)
 
@@ -355,9 +291,9 @@ class ChromeTraceWriter:
         x = ops.start_us[ids]
         ev = self._take(esc, ops.event[ids])
         pids = lane_pid[ops.lane[ids]]
-        self._write(_join(',{"ph":"i","s":"t","name":"record ', ev,
-                          '","cat":"record","pid":', _ints(pids), ',"tid":1,"ts":',
-                          *_number(_ns(x), x, ',"args":{"step":'), _ints(ops.step[ids]),
+        self._write(concat(',{"ph":"i","s":"t","name":"record ', ev,
+                          '","cat":"record","pid":', int_text(pids), ',"tid":1,"ts":',
+                          *number_text(round_ns(x), x, ',"args":{"step":'), int_text(ops.step[ids]),
                           ',"event":"', ev, '"}}'))
 
     # ---- flows
@@ -373,8 +309,8 @@ class ChromeTraceWriter:
 
         def near(spans, at_end) -> np.ndarray:
             a, b = start_r[spans], end_r[spans]
-            inset = np.minimum(10 ** -_TS_DIGITS, (b - a) / 2)
-            return np.where(at_end, _rounded(b - inset), _rounded(a + inset))
+            inset = np.minimum(10 ** -TS_DIGITS, (b - a) / 2)
+            return np.where(at_end, rounded(b - inset), rounded(a + inset))
 
         def exported(spans) -> np.ndarray:
             if self.steps is None:
@@ -460,7 +396,7 @@ class ChromeTraceWriter:
             users, src_info, dst = users[ok], src_info[ok], dst[ok]
             held = (sp.kind[dst] == SpanKind.WAIT) | (sp.kind[dst] == SpanKind.BLOCKED)
             event = self._take(esc, ops.event[users])
-            args = _join(',"event":"', event, '"}}')
+            args = concat(',"event":"', event, '"}}')
             self._emit(cat, event, src_info[:, 0].astype(np.int64),
                        src_info[:, 1].astype(np.int64), src_info[:, 2], pid[dst], tid[dst],
                        near(dst, held), ops.step[users], args)
@@ -473,14 +409,14 @@ class ChromeTraceWriter:
         n = len(sp)
         if not n:
             return
-        ids = _ints(np.arange(self.flow_id + 1, self.flow_id + 1 + n))
+        ids = int_text(np.arange(self.flow_id + 1, self.flow_id + 1 + n))
         self.flow_id += n
-        steps = _ints(step)
+        steps = int_text(step)
         for ph, p, t, ts in (("s", sp, st, sts), ("f", dp, dt, dts)):
             ts = np.asarray(ts, dtype=np.float64)
-            self._write(_join(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"', name,
-                              '","pid":', _ints(p), ',"tid":', _ints(t), ',"ts":',
-                              *_number(_ns(ts), ts, ',"bp":"e","args":{"step":'), steps,
+            self._write(concat(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"', name,
+                              '","pid":', int_text(p), ',"tid":', int_text(t), ',"ts":',
+                              *number_text(round_ns(ts), ts, ',"bp":"e","args":{"step":'), steps,
                               args))
 
     def _emit_one(self, flow, dp: int, dt: int, dts: float) -> None:
@@ -490,7 +426,7 @@ class ChromeTraceWriter:
         for ph, p, t, ts in (("s", int(info[0]), int(info[1]), float(info[2])),
                              ("f", dp, dt, dts)):
             e = {"ph": ph, "id": self.flow_id, "cat": cat, "name": event, "pid": int(p),
-                 "tid": int(t), "ts": _t(ts), "bp": "e", "args": args}
+                 "tid": int(t), "ts": round_us(ts), "bp": "e", "args": args}
             self._write_text("," + json.dumps(e, separators=(",", ":")))
 
     def close(self) -> None:
@@ -498,29 +434,6 @@ class ChromeTraceWriter:
         self.counters.close()
         self._write_text('],"displayTimeUnit":"ms","otherData":' + json.dumps(
             {"generator": "simwar", **self.meta}, separators=(",", ":")) + "}")
-
-
-def _present(codes: np.ndarray) -> np.ndarray:
-    """The distinct values of non-negative codes, ascending (a count, not a sort)."""
-    return np.flatnonzero(np.bincount(codes)) if len(codes) else np.zeros(0, dtype=np.int64)
-
-
-def _dense(values: np.ndarray) -> np.ndarray:
-    """Each non-negative value's rank among the distinct values (0, 1, ...)."""
-    if not len(values):
-        return np.zeros(0, dtype=np.int64)
-    top = int(values.max())
-    if top > 8 * len(values) + 65536:  # too sparse for a table
-        return np.unique(values, return_inverse=True)[1].ravel()
-    rank = np.cumsum(np.bincount(values, minlength=top + 1) > 0) - 1
-    return rank[values]
-
-
-def _group_order(codes: np.ndarray) -> np.ndarray:
-    """A stable order that groups small non-negative codes (a radix sort when they fit)."""
-    if len(codes) and int(codes.max()) < 32768:
-        return np.argsort(codes.astype(np.int16), kind="stable")
-    return np.argsort(codes, kind="stable")
 
 
 def _kernel_neighbours(ops, core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -646,8 +559,8 @@ class _Counters:
     def _write(self, name: str, arg: str, t: np.ndarray, v: np.ndarray) -> None:
         if not len(t):
             return
-        self.w._write(_join(f',{{"ph":"C","name":"{name}","pid":{HOST_PID},"tid":0,"ts":',
-                            *_number(_ns(t), t, f',"args":{{"{arg}":'), _ints(v), "}}"))
+        self.w._write(concat(f',{{"ph":"C","name":"{name}","pid":{HOST_PID},"tid":0,"ts":',
+                            *number_text(round_ns(t), t, f',"args":{{"{arg}":'), int_text(v), "}}"))
 
     def close(self) -> None:
         self._advance(_INF, _INF)
