@@ -25,8 +25,6 @@ import gc
 from collections import OrderedDict
 from typing import Callable
 
-from simwar.analysis.critical_path import Truncated, critical_path
-from simwar.analysis.critical_stream import critical_path_stream
 from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import frame, step_columns, summarize
 from simwar.build import loop
@@ -34,8 +32,6 @@ from simwar.build.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.config import ENGINES, Config, ConfigError, load_config
 from simwar.core.program import Program
 from simwar.executors import fast
-from simwar.executors.fast import trace as fast_trace
-from simwar.executors.fast.trace import TraceUnsupported
 
 #: realized arrivals sequences kept, by the config's content (realizing one runs the config)
 SIZES_CACHE_LIMIT = 8
@@ -73,6 +69,9 @@ def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
     length; ``steps`` (A, B): only the windows holding steps A..B. Raises
     :class:`~simwar.executors.fast.trace.TraceUnsupported` for a run whose names are not
     templates (the SimPy engine's ``Result.trace`` then)."""
+    # lazy: start-up time of the CLI (a run that streams no trace does not load the mode)
+    from simwar.executors.fast import trace as fast_trace
+
     sizes = resolve_sizes(cfg)
     try:
         plan = fast.plan_config(cfg, sizes)
@@ -93,6 +92,11 @@ def explain(cfg: Config, steps: tuple[int, int] | None = None):
     once and streamed in windows (:func:`trace_windows`): a run of any length in the
     memory of one window, to the figures and causes of the SimPy engine's whole Trace.
     ``steps`` (A, B): those steps (default: the measured steps)."""
+    # lazy: start-up time of the CLI (only explain walks critical paths)
+    from simwar.analysis.critical_path import Truncated, critical_path
+    from simwar.analysis.critical_stream import critical_path_stream  # lazy: as above
+    from simwar.executors.fast.trace import TraceUnsupported  # lazy: as above
+
     for margin in EXPLAIN_MARGINS:
         try:
             parts, _, _ = trace_windows(cfg, margin=margin,
