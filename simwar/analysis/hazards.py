@@ -135,7 +135,7 @@ def race_kind(first_mode: int, second_mode: int) -> str:
 
 
 def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_step,
-                    window: int = 2):
+                    window: int = 2, latent_only: bool = False):
     """The access pairs :func:`detect` compares, with their latent flag.
 
     Ops are given per op id (issue order): ``lane_of`` (any hashable codes), ``kind_of``
@@ -144,7 +144,8 @@ def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_s
     ``(i, j, latent)`` (indices into the accesses, ``i`` issued before ``j``) for every pair
     on one buffer, on different lanes, not both reads, whose steps differ by at most
     ``window``, scanning from ``j`` back to the nearest earlier access and stopping at the
-    first one more than ``window`` steps before it; in issue order of ``j`` (sort with
+    first one more than ``window`` steps before it (``latent_only``: the latent ones only,
+    for a caller that drops the rest); in issue order of ``j`` (sort with
     :func:`race_order` for the listed order). Every executor's race list comes from here
     (the trace's, and the one-pass executor's per iteration shape), so the two cannot
     disagree on which pairs count.
@@ -216,7 +217,9 @@ def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_s
                         if a_lane == lane or a_op == op_id:
                             continue
                         la = index[a_lane]
-                        yield a, ai, a_clock[la] > v[la]
+                        latent = a_clock[la] > v[la]
+                        if latent or not latent_only:
+                            yield a, ai, latent
                     every.items.append(entry)
                     if b_mode != READ:
                         writes.items.append(entry)
@@ -235,7 +238,9 @@ def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_s
                         if a_lane == lane or a_op == op_id:
                             continue
                         la = index[a_lane]
-                        yield a, ai, a_clock[la] > v[la]
+                        latent = a_clock[la] > v[la]
+                        if latent or not latent_only:
+                            yield a, ai, latent
                     h.append(entry)
                 ai += 1
                 nxt = next(accesses, None)
