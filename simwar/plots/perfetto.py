@@ -38,7 +38,11 @@ and the counters' pending changes. A streamed run's events are those of its whol
 exported at once; only their order in the file and the flows' ids differ (a lane whose
 spans overlap across windows would be split window by window, which no simulated run
 needs: its lanes never overlap). The JSON text is made column by column with pyarrow's
-string kernels (numbers exactly as ``json.dumps`` writes the rounded floats).
+string kernels (:mod:`simwar.plots.jsoncols`: numbers exactly as ``json.dumps`` writes the
+rounded floats). JSON rather than Perfetto's protobuf format: it is what torch.profiler
+writes and Perfetto, chrome://tracing and HolisticTraceAnalysis read alike, and no
+well-kept library writes the protobuf from columns (the ``perfetto`` package builds one
+Python message per event, slower than the text here).
 
 Imports: numpy, pyarrow, ``simwar.core`` and ``simwar.analysis.views`` (the lane order);
 importing it loads the package ``simwar.plots``, whose figures load lazily.
@@ -81,7 +85,6 @@ _INF = float("inf")
 _HISTORY = 4096  # forward ends kept for the launch-ahead counter
 
 
-
 # --------------------------------------------------------------------------- the writer
 class ChromeTraceWriter:
     """Writes Chrome trace-event JSON to ``handle`` (binary) as windows of a run come.
@@ -106,7 +109,6 @@ class ChromeTraceWriter:
         self.records = (np.zeros(0, dtype=np.int64), np.zeros((0, 4), dtype=np.float64))
         self.pending_waits: dict[str, list] = {}  # lane -> flows waiting for its next kernel
         self.counters = _Counters(self)
-        self.first = True
         events = []
         for i, lane in enumerate(self.lanes):
             p = self.pid[lane]
