@@ -1,7 +1,8 @@
 """The Python API: ``simulate(config) -> Result``, ``build_program(config) -> Program``.
 
 The one place that orders the pipeline: config → per-step sizes (:func:`resolve_sizes`:
-drawn, then, for arrivals, realized by the one-pass executor) → builder → executor →
+drawn, then, for arrivals, realized by a run of the one-pass executor, which is then the
+fast engine's run) → builder → executor →
 per-step table, summary and races. Two executors give the same table, summary and races
 (a test holds them equal on every shipped config and on random programs):
 
@@ -28,10 +29,13 @@ from typing import Callable
 from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import frame, step_columns, summarize
 from simwar.build import loop
+from simwar.build.loop import sizes_meta
 from simwar.build.sizes import ArrivalProcess, StepSizes, draw_sizes
+from simwar.build.template import NotTraceable, duration_at, structure_key, traced
 from simwar.config import ENGINES, Config, ConfigError, load_config
+from simwar.config.clipping import clipping_warnings
 from simwar.core.program import Program
-from simwar.executors import fast
+from simwar.executors import fast, lockstep
 
 #: realized arrivals sequences kept, by the config's content (realizing one runs the config)
 SIZES_CACHE_LIMIT = 8
@@ -42,23 +46,30 @@ def resolve_sizes(cfg: Config) -> StepSizes:
     """The run's per-step sizes (:mod:`simwar.build.sizes`), arrivals realized.
 
     An arrivals run's batches depend on simulated time: the one-pass executor runs the
-    config one iteration at a time to fix them (:func:`simwar.executors.fast.realize`).
+    config, fixing each step's batch as it goes (:func:`simwar.executors.fast.realize`).
     That is computed once per config (cached by its content; the sizes returned are shared,
     not to be changed). Every other run's sizes are drawn afresh (cheap, and deterministic).
     """
+    return _resolve(cfg)[0]
+
+
+def _resolve(cfg: Config, summary_only: bool = False, progress=None):
+    """``(sizes, run)``: the sizes, and the one-pass run that realized them (None when they
+    were drawn, or realized before: cached); ``progress``: the realizing run's reports."""
     sizes = draw_sizes(cfg)
     if sizes.source != "arrivals":
-        return sizes
+        return sizes, None
     key = cfg.model_dump_json()
     hit = _sizes_cache.get(key)
     if hit is not None:
         _sizes_cache.move_to_end(key)
-        return hit
-    fast.realize(cfg, sizes, ArrivalProcess(cfg, sizes))
+        return hit, None
+    run = fast.realize(cfg, sizes, ArrivalProcess(cfg, sizes), summary_only=summary_only,
+                      progress=progress)
     _sizes_cache[key] = sizes
     if len(_sizes_cache) > SIZES_CACHE_LIMIT:
         _sizes_cache.popitem(last=False)
-    return sizes
+    return sizes, run
 
 
 def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
@@ -124,9 +135,12 @@ class Result:
 
     ``summary``: a flat dict; ``steps``: the per-step DataFrame (``columns``: the same as
     numpy arrays); ``hazards``/``races``: latent races and observed overlaps; ``engine``:
-    the executor that ran (``simpy`` or ``fast``). ``program`` is built on first use for a
-    fast run. ``trace`` is the reference engine's Trace: kept by a ``simpy`` run, simulated
-    on first use after an ``auto`` run, and a :class:`NoTraceError` after ``engine="fast"``.
+    the executor that ran (``simpy`` or ``fast``); ``warnings``: what the config may have
+    got wrong although it is valid, one line each (distributions clipped often:
+    :func:`simwar.config.clipping.clipping_warnings`; nothing here prints them).
+    ``program`` is built on first use for a fast run. ``trace`` is the reference engine's
+    Trace: kept by a ``simpy`` run, simulated on first use after an ``auto`` run, and a
+    :class:`NoTraceError` after ``engine="fast"``.
     """
 
     def __init__(self, config: Config, engine: str, summary: dict, hazards, *,
@@ -143,10 +157,18 @@ class Result:
         self._trace = trace
         self._steps = None
         self._meta = meta
+        self._warnings: list[str] | None = None
 
     def __repr__(self) -> str:
         return (f"Result({self.config.name!r}, engine={self.engine!r}, "
                 f"steps_measured={self.summary.get('steps_measured')})")
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per thing the config may have got wrong although it is valid."""
+        if self._warnings is None:
+            self._warnings = clipping_warnings(self.config)
+        return self._warnings
 
     @property
     def meta(self) -> dict:
@@ -237,8 +259,9 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
     ``engine``: ``simpy``, ``fast`` or ``auto`` (default: the config's ``engine``, itself
     ``auto`` by default). ``summary_only``: keep no per-step table (fast engine: the summary
     is computed as the run goes, its quantiles from a sketch; see :mod:`simwar.analysis.streaming`).
-    ``progress``: called with the step number as the SimPy engine reaches each step (the
-    fast engine, which runs a million steps in seconds, calls it once at the end).
+    ``progress``: called with a step number as the run reaches it: the SimPy engine at each
+    step, the fast engine after each chunk of its pass (a few hundredths to a few tenths of
+    a second of work apart), both with ``steps`` at the end.
     """
     cfg = load_config(cfg, overrides)
     requested = engine or cfg.engine
@@ -246,10 +269,98 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
     with gc_paused():
         if actual == "simpy":
             return _simulate_simpy(cfg, requested, progress)
-        result = _simulate_fast(cfg, requested, summary_only)
+        result = _simulate_fast(cfg, requested, summary_only, progress)
     if progress is not None:
         progress(cfg.steps)
     return result
+
+
+def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None] | None = None
+                  ) -> list[dict]:
+    """The summary of each config (``simulate(config).summary``, bit for bit), in order.
+
+    ``configs``: validated configs, as :class:`~simwar.config.Config` objects or their
+    resolved mappings (``Config.model_dump(mode="json")``, which a sweep's runs hold). Runs
+    that differ in their durations' values only share one plan
+    (:func:`simwar.build.template.traced`, :func:`simwar.executors.fast.plan.bind`) and run
+    in lockstep (:mod:`simwar.executors.lockstep`), in batches; a run that cannot
+    (arrivals, whose batches depend on its own times; the SimPy engine asked for; a plan
+    the lockstep pass cannot take) runs alone, as :func:`simulate` runs it.
+
+    ``on_done(indices, summaries)``: called as each batch or lone run finishes, with the
+    positions of its configs (a sweep writes its run files there, so an interrupted sweep
+    keeps what finished).
+    """
+    resolved = [c.model_dump(mode="json") if isinstance(c, Config) else c for c in configs]
+    out: list[dict | None] = [None] * len(resolved)
+
+    def done(indices: list[int], summaries: list[dict]) -> None:
+        for i, s in zip(indices, summaries):
+            out[i] = s
+        if on_done is not None:
+            on_done(indices, summaries)
+
+    similar: dict[str, list[int]] = {}
+    for i, r in enumerate(resolved):
+        similar.setdefault(structure_key(r), []).append(i)
+    groups: dict[tuple, list] = {}
+    alone: list[int] = []
+    for members in similar.values():
+        rep = load_config(resolved[members[0]])
+        if resolve_engine(None, rep) != "fast" or \
+                (rep.workload is not None and rep.workload.source == "arrivals"):
+            alone += members
+            continue
+        sizes = draw_sizes(rep)
+        try:
+            trace = traced(rep, sizes)
+            template = fast.plan.plan_template(trace.plan)
+        except (NotTraceable, RuntimeError):  # each run's own plan, or alone
+            trace = template = None
+        for i in members:
+            plan = None if trace is None else _bound(trace, template, rep, sizes, resolved[i])
+            if plan is None:
+                try:
+                    cfg = load_config(resolved[i])
+                    plan = fast.plan_config(cfg, draw_sizes(cfg))
+                except RuntimeError:  # iterations that never settle into one shape
+                    alone.append(i)
+                    continue
+            groups.setdefault(lockstep.group_key(plan), []).append((i, plan))
+    with gc_paused():
+        for i in alone:
+            done([i], [simulate(resolved[i]).summary])
+        for members in groups.values():
+            size = lockstep.batch_size(members[0][1].hi - members[0][1].lo)
+            for b in range(0, len(members), size):
+                batch = members[b:b + size]
+                try:
+                    summaries = lockstep.run_group([plan for _, plan in batch])
+                except lockstep.NotLockstep:
+                    summaries = [_simulate_fast(load_config(resolved[i]), "fast", False).summary
+                                 for i, _ in batch]
+                done([i for i, _ in batch], summaries)
+    return out
+
+
+def _bound(trace, template, rep: Config, sizes: StepSizes, resolved: dict):
+    """The plan of the run ``resolved`` from the templates traced for ``rep`` (a config of
+    the same structure key), or None when it decides otherwise on a duration."""
+    values: dict[str, object] = {}
+
+    def value(key: str):
+        v = values.get(key)
+        if v is None:
+            v = values[key] = duration_at(resolved, key)
+        return v
+
+    if not trace.fits(value):
+        return None
+    cfg = rep.model_copy(update={"seed": resolved["seed"], "name": resolved["name"]})
+    run_sizes = draw_sizes(cfg) if rep.varies else sizes  # constant sizes: the same arrays
+    iterations = trace.for_run(cfg, run_sizes, value)
+    meta = {**trace.plan.meta, "name": cfg.name, "seed": cfg.seed, **sizes_meta(run_sizes)}
+    return fast.plan.bind(template, iterations.sampler(), value, meta)
 
 
 def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
@@ -267,7 +378,9 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
                   events=engine.events, meta=dict(program.meta), requested=requested)
 
 
-def _simulate_fast(cfg: Config, requested: str, summary_only: bool) -> Result:
-    run = fast.run_config(cfg, resolve_sizes(cfg), summary_only=summary_only)
+def _simulate_fast(cfg: Config, requested: str, summary_only: bool, progress=None) -> Result:
+    sizes, run = _resolve(cfg, summary_only, progress)
+    if run is None:  # the realizing run is the run (arrivals); else run it now
+        run = fast.run_config(cfg, sizes, summary_only=summary_only, progress=progress)
     return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns, meta=run.meta,
                   requested=requested)

@@ -492,3 +492,98 @@ def test_streamed_errors_match_the_whole_traces():
         with pytest.raises(ValueError, match="outside the run") as reference:
             critical_path(whole, steps)
         assert str(streamed.value) == str(reference.value)
+
+
+# ------------------------------------------------------------ captures in their own words
+def _synthetic(tmp_path, config, overrides, name="cap.json.gz", **style):
+    """A simulated run written as an SGLang server's profile, and its simulated trace."""
+    from simwar.capture.synthetic import Style, write_kineto
+
+    sim = simulate(config, {"steps": 60, "warmup_steps": 5, **overrides}, engine="simpy")
+    path = write_kineto(sim.trace, tmp_path / name, style=Style(names="sglang", **style))
+    return sim, path
+
+
+def _explained(path, *args):
+    from simwar.cli.explain import load_source
+
+    src = load_source(str(path), *args)
+    return critical_path(src.trace, None, src.host_ranges, src.device_info), src
+
+
+def test_capture_host_time_is_its_ranges_work_not_untraced(tmp_path):
+    sim, path = _synthetic(tmp_path, ROOT / "configs" / "dspark_fine_bimodal.yaml", {},
+                           batch_ranges=True)
+    cp, src = _explained(path)
+    assert any("preset sglang" in n for n in src.notes)
+    for chain in cp.gaps + cp.periods:
+        assert abs(chain.total_us() - chain.us) <= 1e-6
+    for found in (cp.gap_causes(), cp.step_causes()):
+        untraced = sum(c["share"] for c in found if c["cause"] == "host: untraced time")
+        assert untraced < 0.03
+    top = [c["cause"] for c in cp.gap_causes()[:2]]
+    assert top == ["cpu: scheduler.get_next_batch_to_run (schedule)",
+                   "cpu: scheduler.prepare_for_decode"]
+    # without its ranges the same time is untraced (what explain said before)
+    bare = critical_path(src.trace)
+    assert bare.gap_causes()[0]["cause"] == "host: untraced time"
+    assert bare.gap_causes()[0]["share"] > 0.9
+    # the simulation says the same, in its own CPU work's names
+    sim_cp = critical_path(sim.trace)
+    assert cp.fwd_gap_us == pytest.approx(sim_cp.fwd_gap_us, abs=1e-6)
+    assert {c["cause"]: c["us"] for c in sim_cp.gap_causes()}["cpu: schedule"] == \
+        pytest.approx(cp.gap_causes()[0]["us"], rel=0.01)
+
+
+def test_a_hidden_host_sync_is_named_with_what_it_waited_for(tmp_path):
+    # a D2H into memory torch copies synchronously: a cudaMemcpyAsync that blocks until the
+    # forward it queued behind ends (the host_sync barrier written as that copy)
+    overrides = {"policy.barrier": "host_sync", "phases.sample.reads": ["req_to_token"],
+                 "phases.sample.read_ends": "post_replay", "cpu.process_result_us": 1500}
+    sim, path = _synthetic(tmp_path, ROOT / "configs" / "none_fine.yaml", overrides,
+                           blocking_sites=("barrier",))
+    cp, _ = _explained(path)
+    gate = ("cudaMemcpyAsync (4096 B, DtoH (Device -> Pinned) copy) until stream7: "
+            "sample.body ended")
+    assert gate in cp.gates
+    found = cp.gap_causes()
+    assert found[0]["cause"] == "cpu: scheduler.process_batch_result (process_result)"
+    assert found[0]["after"] == gate
+    assert f"after the CPU blocked in {gate}" in sentence(cp)
+    launch = sum(c["us"] for c in found if c["cause"] == "host API: launch")
+    assert launch < 50  # the blocking copy is not "host API: launch"
+    assert any(c["cause"] == f"host blocked in {gate}: return" for c in found)
+    assert sum(c["share"] for c in found if c["cause"] == "host: untraced time") < 0.03
+    assert cp.fwd_gap_us == pytest.approx(critical_path(sim.trace).fwd_gap_us, abs=5.0)
+
+
+def test_a_sync_whose_record_the_capture_does_not_bind_says_so(tmp_path):
+    _, path = _synthetic(tmp_path, ROOT / "configs" / "dspark_fine.yaml",
+                         {"cpu.schedule_us": 6000, "gpu.schedule_writes_us": 5},
+                         record_ids=False, fresh_events=("copy_done",))
+    cp, _ = _explained(path)
+    causes_ = {c["cause"] for c in cp.step_causes()}
+    assert "host blocked in cudaEventSynchronize (its record is not bound in this trace)" \
+        in causes_
+
+
+def test_explain_per_bucket_on_a_varying_workload(tmp_path, capsys):
+    cfg = ROOT / "configs" / "dspark_fine_bimodal.yaml"
+    sim = simulate(cfg, {"steps": 200})
+    cp = critical_path(simulate(cfg, {"steps": 200}, engine="simpy").trace)
+    per = cp.by_bucket()
+    assert sorted(per) == [8, 64]
+    for b, sub in per.items():
+        assert sub.step_us == pytest.approx(sim.summary["by_bucket"][b]["step_us_mean"])
+        assert sub.fwd_gap_us == pytest.approx(sim.summary["by_bucket"][b]["fwd_gap_us_mean"])
+    # host-bound small batches, device-bound large ones: apart, not averaged into one
+    assert per[8].gap_causes()[0]["kind"] == "host"
+    assert per[64].step_causes()[0]["kind"] == "device"
+    assert main(["explain", str(cfg), "--set", "steps=200"]) == 0
+    out = capsys.readouterr().out
+    assert "  bucket 8 " in out and "  bucket 64 " in out
+    _, path = _synthetic(tmp_path, cfg, {}, batch_ranges=True)
+    assert main(["explain", str(path), "--preset", "sglang", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert sorted(d["by_bucket"]) == ["6", "64"]  # the largest batch seen with each graph
+    assert any(n.startswith("preset sglang (--preset)") for n in d["read_with"])

@@ -8,8 +8,9 @@ capture. On these captures the fit must infer the config's own policy from the s
 events and reproduce the capture within the acceptance bounds (step time 2 %, forward gap
 max(10 µs, 10 %), launch-ahead 0.05) and much closer; a what-if asked of the fit of one
 capture (another barrier, more host work) must reproduce the capture of that other run.
-The project's H200 captures (spin-kernel replays, no record correlation ids) are fitted
-with the policy named on the command line.
+The project's H200 captures (spin-kernel replays, no record correlation ids) are fitted with
+the policy read from their event ids where they have CUDA sync events, else named on the
+command line.
 """
 
 from __future__ import annotations
@@ -290,8 +291,10 @@ def test_policy_fallback_when_the_capture_cannot_show_it(tmp_path):
 
 # --------------------------------------------------------------------------- H200 captures
 # tests/data/kineto: spin-kernel replays of suite cases on an H200 (see its README). They
-# carry step#<k> ranges only (no CPU ranges: all CPU work is residual) and their sync
-# events name no record (-1), so the policy comes from the command line.
+# carry step#<k> ranges only (no CPU ranges: all CPU work is residual); dspark-fine-gpu's sync
+# events name no record (-1) but their event ids show the fine barrier, the two others have
+# no sync events, so their policy comes from the command line.
+FROM_EVENT_IDS = {"dspark-fine-gpu"}
 REAL_CASES = {"dspark-fine-gpu": "fine", "dspark-none-gpu": "none",
               "eagle-coarse-cpu": "coarse"}
 
@@ -303,6 +306,8 @@ def test_h200_capture_fit_meets_the_acceptance(case):
     imp, fit = fit_capture(REAL / f"{case}.kineto.json.gz", mapping, policy=REAL_CASES[case])
     from simwar.fit.check import relaunch
 
+    assert fit.policy.barrier == REAL_CASES[case]
+    assert fit.policy.source == ("capture" if case in FROM_EVENT_IDS else "command line")
     sim = simulate(fit.config)
     summary = relaunch(sim.trace, sim.summary)  # the mapping names no run_batch
     rows = check_rows(measured(imp), summary)

@@ -203,11 +203,10 @@ def test_progress_reports_bytes_up_to_the_file_size():
 
 
 # --------------------------------------------------------------------------- edge cases
-def test_empty_trace_is_not_an_error():
-    imp = import_kineto(DATA / "empty.json")
-    assert len(imp.trace.spans) == 0 and len(imp.trace.ops) == 0 and imp.ignored_total == 0
-    _, report = import_report(imp)
-    assert report["metrics"]["steps_measured"] == 0 and report["counts"]["kernels"] == 0
+def test_empty_trace_events_is_a_one_line_error():
+    with pytest.raises(KinetoFormatError) as info:
+        import_kineto(DATA / "empty.json")
+    assert "'traceEvents' is empty" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_absolute_clock_and_skewed_gpu_clock(three_steps):
@@ -463,7 +462,8 @@ def test_reader_does_not_import_pandas():
 
 def test_capture_never_imports_the_simulator():
     # capture/ reads; running the simulator (api, executors, build) is fit/'s and the CLI's
-    modules = ("reader", "to_trace", "device_times", "mapping", "layout", "stalls", "synthetic")
+    modules = ("reader", "to_trace", "binding", "ranks", "device_times", "mapping", "layout",
+               "stalls", "synthetic")
     code = ("import sys\n" + "".join(f"import simwar.capture.{m}\n" for m in modules)
             + "bad = [m for m in sys.modules if m.split('.')[:2] in "
               "(['simwar', 'api'], ['simwar', 'executors'], ['simwar', 'build'])]\n"
@@ -549,13 +549,19 @@ def test_real_capture_device_ops_point_at_their_launch(capture):
     pairs = _correlation_pairs(capture, r"^step#\d+$")
     assert len(pairs) == len(device)
     assert _launch_pairs(t) == pairs
-    # graph nodes: exactly the ops launched by cudaGraphLaunch
+    # graph nodes: exactly the device ops launched by cudaGraphLaunch (plus, where a wait
+    # binds to one, the graph's in-graph record node)
     by_graph = device[spans.decoded("label")[calls] == "cudaGraphLaunch"]
-    np.testing.assert_array_equal(np.flatnonzero(t.graph_node()), by_graph)
+    np.testing.assert_array_equal(np.flatnonzero(t.graph_node() & (ops.kind == OpKind.KERNEL)),
+                                  by_graph)
+    nodes = np.flatnonzero(t.graph_node() & (ops.kind == OpKind.RECORD))
+    assert set(spans.decoded("label")[ops.call[nodes]]) <= {"cudaGraphLaunch"}
     # each launch span names the first op it issued
-    first = {}
-    for op, call in zip(device.tolist(), calls.tolist()):
-        first.setdefault(call, op)
+    set_calls = set(calls.tolist())
+    first = {}  # over every op a call issued (an in-graph record node comes first)
+    for op, call in enumerate(ops.call.tolist()):
+        if call in set_calls:
+            first.setdefault(call, op)
     assert {c: int(spans.op[c]) for c in first} == first
     # host calls keep the runtime call's name; the call kind is typed
     host = spans.lane == t.code("cpu")
@@ -587,5 +593,7 @@ def test_dspark_fine_capture_launch_and_graph_counts():
     # launched before the first step#k range opens: outside the steps, not imported
     assert launched_by == {"cudaLaunchKernel": 481, "cudaGraphLaunch": 400,
                            "cudaMemcpyAsync": 241}
-    assert int(t.graph_node().sum()) == 400
+    assert int((t.graph_node() & (t.ops.kind == OpKind.KERNEL)).sum()) == 400
+    # and the 40 in-graph read-done nodes the fine barrier's waits bind to (binding.py)
+    assert int((t.graph_node() & (t.ops.kind == OpKind.RECORD)).sum()) == 40
     assert sum(e.kind == "launch" for e in t.edges()) == 1122

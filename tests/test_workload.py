@@ -13,9 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_fast import AFFINE, NOISY, assert_same_run, reference
 
 import simwar
 from simwar.api import build_program, resolve_sizes
+from simwar.build import loop
 from simwar.build.loop import LoopBuilder
 from simwar.build.sizes import ArrivalProcess, draw_sizes
 from simwar.config import ConfigError, buckets_of, load_config
@@ -150,7 +154,7 @@ def test_batch_file_is_read_relative_to_the_config(tmp_path):
       "cpu.prepare_us": {"base": 100, "per_seq": -4}},
      r"cpu.prepare_us: base 100, per_seq -4 gives -?\d+ µs at batch \d+ \(step \d+\); a "
      r"duration must be >= 0 µs"),
-    ({"accept.tokens": {"dist": "normal", "mean": 3, "std": 2},
+    ({"accept.tokens": {"dist": "normal", "mean": 3, "std": 2, "min": 1},
       "cpu.prepare_us": {"base": 20, "per_token": -2}},
      r"cpu.prepare_us: base 20, per_token -2 gives -?[\d.]+ µs at batch 32 and [\d.]+ accepted "
      r"tokens \(step \d+\)"),
@@ -272,8 +276,11 @@ def test_per_bucket_summary_shows_the_regime_flip():
     assert sorted(by) == [8, 64]
     small, large = by[8], by[64]
     assert small["steps"] + large["steps"] == r.summary["steps_measured"]
-    # small batches: host-bound (the GPU waits for the host); large: device-bound
-    assert small["gpu_idle_us_mean"] > 100 and large["gpu_idle_us_mean"] == 0
+    # small batches: host-bound (the GPU waits for the host before each forward); large:
+    # device-bound (a large forward waits only after a run of small ones: the first of them)
+    assert small["gpu_idle_us_mean"] > 100 and large["gpu_idle_us_mean"] < 0.2 * small[
+        "gpu_idle_us_mean"]
+    assert large["gpu_idle_us_mean"] == large["fwd_gap_us_mean"]
     assert small["launch_lead_us_mean"] < 0 < large["launch_lead_us_mean"]
     assert large["step_us_mean"] > 2.5 * small["step_us_mean"]
 
@@ -356,6 +363,37 @@ def test_fast_realizes_arrivals_without_building_the_program(monkeypatch):
     assert sizes.batch.min() >= 1
     run = fast.run_config(cfg, sizes)
     assert run.summary["requests_completed"] > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(rate=st.sampled_from([60.0, 400.0, 3000.0]), max_batch=st.integers(1, 24),
+       initial=st.integers(0, 3), noisy=st.booleans(), steps=st.integers(3, 60),
+       accept=st.sampled_from([2.0, [1.0, 2.5, 4.0], {"dist": "uniform", "low": 0.5,
+                                                      "high": 4}]),
+       barrier=st.sampled_from(["none", "coarse", "fine"]), chunk=st.sampled_from([3, 1 << 15]))
+def test_the_run_that_realizes_arrivals_is_the_run_of_its_sizes(rate, max_batch, initial, noisy,
+                                                                steps, accept, barrier, chunk):
+    """The fast engine's arrivals run is the run that fixed the batches (one pass); it equals,
+    bit for bit, a one-pass run and the reference engine's run of the realized sizes."""
+    overrides = {"steps": steps, "warmup_steps": min(2, steps - 3), "policy.barrier": barrier,
+                 "workload": {"arrivals": {"rate_per_s": rate}, "max_batch": max_batch,
+                              "initial_batch": min(initial, max_batch),
+                              "output_tokens": {"dist": "uniform", "low": 1, "high": 40}},
+                 "accept.tokens": accept, **AFFINE, **(NOISY if noisy else {})}
+    cfg = load_config(None, overrides)
+    sizes = draw_sizes(cfg)
+    saved = fast.execute.CHUNK
+    fast.execute.CHUNK = chunk
+    try:
+        realized = fast.realize(cfg, sizes, ArrivalProcess(cfg, sizes))
+    finally:
+        fast.execute.CHUNK = saved
+    assert realized.meta["workload"]["batch_size"] == sizes.batch.tolist()
+    assert realized.meta["workload"]["requests"]["finish_step"] == \
+        sizes.requests["finish_step"].tolist()
+    ref = reference(loop.build_program(cfg, sizes))
+    assert_same_run(*ref, realized)
+    assert_same_run(*ref, fast.run_config(cfg, sizes))
 
 
 def test_the_graph_bucket_rule_is_one_for_the_validation_the_sizes_and_the_arrivals():

@@ -10,8 +10,9 @@
 - :mod:`.views`: windows of steps, lanes, launch links and the look-ups
   plots and exporters need, each costing what its window costs.
 - :mod:`.critical_path`: per step, the chain of binding constraints behind each
-  forward's start, its forward gap and its step time, cut into causes in µs
-  (:mod:`.critical_stream`: the same of a run streamed in windows).
+  forward's start, its forward gap and its step time, cut into causes in µs (its words:
+  :mod:`.chain_words`; a measured trace's host time named by :mod:`.host_ranges`;
+  :mod:`.critical_stream`: the same of a run streamed in windows).
 
 They read the Trace's columns and its explicit relations (op ids, the
 issuing call of each op, the record each wait or sync bound to); none

@@ -32,6 +32,24 @@ work by site), ``host_api`` (host API calls by kind), ``wake_up`` (the end of
 a blocking synchronize, named after its site), ``launch_latency`` and
 ``unexplained`` (slack on measured traces; none on simulated ones).
 
+**A measured trace in its code's own words.** A capture has no CPU-work spans:
+the host's time between two traced calls is untraced unless the code named it.
+Given the host's ``record_function`` ranges (:class:`HostRanges`), that time is
+the innermost range's work (``cpu: scheduler.get_next_batch_to_run``); only what
+no range covers stays ``host: untraced time``. A host call that **blocked** is
+named with what it waited for: a launch whose own op ran and ended inside the
+call, queued behind other work (a ``cudaMemcpyAsync`` into memory torch copies
+synchronously: a hidden host sync) is ``host blocked in cudaMemcpyAsync (4096 B,
+DtoH (Device -> Pinned) copy) until <stream>: <the op before it> ended``, and the
+chain goes on through that copy into the work it waited for, as through a
+synchronize; a synchronize whose record the capture does not bind says so.
+``device_info`` (per op: bytes and copy kind, from the importer) gives a copy's
+size and kind.
+
+**Per bucket.** A run whose batch changes every step (``meta.workload``) runs
+host-bound and device-bound steps side by side; :meth:`CriticalPath.by_bucket`
+gives each graph bucket's chains, explained apart.
+
 Each segment also names ``after``: the gate (a held wait or a blocking
 synchronize) that the part of the chain it lies in came through, e.g. the
 schedule-stream writes of a coarse run come ``after`` the coarse barrier.
@@ -41,7 +59,7 @@ Chains are tallied as they come (:class:`Tally`: the sums in the same order, so 
 (:class:`~simwar.core.trace.TraceWindow`) raises :class:`Truncated` rather than take what
 lies before the window for absent; :mod:`.critical_stream` walks a streamed run.
 
-The module is longer than most: the walk, the words it names its causes with and their
+The module is longer than most: the walk, the names it gives its causes and their
 tally are one rule, read together.
 
 Imports: numpy and simwar's trace module (pandas only in :func:`explain`'s
@@ -56,6 +74,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from simwar.analysis.chain_words import sentence
+from simwar.analysis.host_ranges import HostRanges
 from simwar.analysis.views import forward_kernels
 from simwar.core.trace import HOST, Call, OpKind, Trace, TraceWindow
 
@@ -135,13 +155,31 @@ class CriticalPath:
     gates: dict[str, tuple[str, str]] = field(default_factory=dict)
     gap_tally: Tally = field(default_factory=lambda: Tally())
     step_tally: Tally = field(default_factory=lambda: Tally())
+    #: per graph bucket of a run whose batch changes, the same of its steps' chains (None:
+    #: this is one bucket's, or the run has no per-step buckets)
+    buckets: dict[int, CriticalPath] | None = None
+
+    def __post_init__(self) -> None:
+        wl = self.trace.meta.get("workload") or {}
+        self._bucket_of = wl.get("graph_bucket") if self.buckets is None else None
+        if self._bucket_of is not None and len(self._bucket_of) and self.buckets is None:
+            self.buckets = {}
 
     def add(self, chain: Chain, keep: bool = True) -> None:
-        """Count a chain (``what``: gap or step) and keep it unless ``keep`` is False."""
+        """Count a chain (``what``: gap or step) and keep it unless ``keep`` is False; a
+        step's gap and period chains count for its own graph bucket too."""
         gap = chain.what == "gap"
         (self.gap_tally if gap else self.step_tally).add(chain.us, chain.segments)
         if keep:
             (self.gaps if gap else self.periods).append(chain)
+        of = self._bucket_of
+        if of is not None and 0 <= chain.step < len(of):
+            b = int(of[chain.step])
+            sub = self.buckets.get(b)
+            if sub is None:
+                sub = self.buckets[b] = CriticalPath(self.trace, self.steps, gates=self.gates,
+                                                     buckets={})
+            sub.add(chain, keep)
 
     @property
     def n_gaps(self) -> int:
@@ -165,11 +203,27 @@ class CriticalPath:
     def step_causes(self) -> list[dict]:
         return self.step_tally.causes()
 
+    def by_bucket(self) -> dict[int, CriticalPath]:
+        """Per graph bucket of a run whose batch changes (``meta.workload``): the chains of
+        the steps that ran it (a step's gap and period chains go with its own bucket), tallied
+        as they were added; empty for a run of one size."""
+        if not self.buckets or len(self.buckets) < 2 or self._bucket_of is None:
+            return {}
+        return dict(sorted(self.buckets.items()))
+
     def to_dict(self) -> dict:
-        """``{"steps", "step_us", "fwd_gap_us", "gap_causes", "step_causes", ...}``."""
-        return {"steps": list(self.steps), "steps_explained": self.n_steps,
-                "step_us": self.step_us, "fwd_gap_us": self.fwd_gap_us,
-                "gap_causes": self.gap_causes(), "step_causes": self.step_causes()}
+        """``{"steps", "step_us", "fwd_gap_us", "gap_causes", "step_causes", ...}``, and
+        ``by_bucket`` (the same per graph bucket) for a run whose batch changes."""
+        out = {"steps": list(self.steps), "steps_explained": self.n_steps,
+               "step_us": self.step_us, "fwd_gap_us": self.fwd_gap_us,
+               "gap_causes": self.gap_causes(), "step_causes": self.step_causes()}
+        per = self.by_bucket()
+        if per:
+            out["by_bucket"] = {b: {"steps_explained": cp.n_steps, "step_us": cp.step_us,
+                                    "fwd_gap_us": cp.fwd_gap_us, "gap_causes": cp.gap_causes(),
+                                    "step_causes": cp.step_causes(), "sentence": sentence(cp)}
+                                for b, cp in per.items()}
+        return out
 
 
 def _mean(values: list[float]) -> float:
@@ -248,8 +302,10 @@ class Walker:
     indexes); :meth:`chain` walks back from an op to a stop time.
     """
 
-    def __init__(self, trace: Trace):
+    def __init__(self, trace: Trace, host_ranges=None, device_info: dict | None = None):
         self.trace = trace
+        self.ranges = HostRanges(host_ranges) if host_ranges else None
+        self.device_info = device_info or {}
         ops, spans = trace.ops, trace.spans
         n_ops = len(ops)
         ids = np.arange(n_ops)
@@ -374,8 +430,48 @@ class Walker:
         if call == Call.CPU:
             label = self._text(self.trace.spans.label[span])
             return "host", f"cpu: {label}", label
+        if call == Call.SYNCHRONIZE:
+            op = self.span_op[span]
+            if op < 0 or self.bound[op] < 0:  # it may have blocked: on what, the trace lacks
+                label = self._text(self.trace.spans.label[span])
+                return ("host_api", f"host blocked in {label} (its record is not bound in "
+                        f"this trace)", label)
         what = _CALL_NAMES.get(call, "other") or "call"
         return "host_api", f"host API: {what}", what
+
+    def blocking_op(self, span: int) -> int:
+        """The op a launch call blocked on (-1: none): its own first op, when that ran and
+        ended inside the call, queued behind work on its stream that ended after the call
+        began (the host waited for the device)."""
+        if self.span_call[span] != Call.LAUNCH:
+            return -1
+        o = self.span_op[span]
+        if o < 0 or self.kind[o] != OpKind.KERNEL:
+            return -1
+        a, b = self.span_start[span], self.span_end[span]
+        p = self.pred[o]
+        if not (a <= self.start[o] and self.end[o] <= b + 1e-6) or p < 0 or self.end[p] <= a:
+            return -1
+        return o
+
+    def block_name(self, span: int, op: int) -> str:
+        """``cudaMemcpyAsync (4096 B, DtoH (Device -> Pinned) copy) until forward: sample.body
+        ended``: a blocking call, what it moved and the op it waited for."""
+        label = self._text(self.trace.spans.label[span])
+        info = self.device_info.get(op)
+        what = []
+        if info is not None and getattr(info, "bytes", -1) >= 0:
+            what.append(f"{info.bytes} B")
+        if info is not None and getattr(info, "copy", ""):
+            what.append(f"{info.copy} copy")
+        p = self.pred[op]
+        while p >= 0 and self.kind[p] != OpKind.KERNEL:
+            p = self.pred[p]
+        waited = f"{self.lane_name(op)}: {self.label(p)}" if p >= 0 else self.lane_name(op)
+        size = f" ({', '.join(what)})" if what else ""
+        name = f"{label}{size} until {waited} ended"
+        self.gates[name] = (HOST, self.lane_name(op))
+        return name
 
     # ---- the walk
     def chain(self, target: int, stop: float, what: str = "gap", step: int = -1,
@@ -428,6 +524,22 @@ class Walker:
                     break
                 pe = fin[p] if p >= 0 else -np.inf
                 ie = span_end[c] if c >= 0 else -np.inf
+                if c >= 0 and span_start[c] <= t < ie:
+                    # it began inside its own call (a call that blocked until it ended): bound
+                    # by the work before it on its stream, or else by the call's start
+                    cs = span_start[c]
+                    if pe >= cs:
+                        b, nxt, slack = pe, ("end", p), (
+                            "unexplained", f"{self.lane_name(item)} stream idle after its "
+                                           "predecessor")
+                    else:
+                        b, nxt, slack = cs, ("host", c), (
+                            "launch_latency", f"launch latency ({self.lane_name(item)})")
+                    if b < t:
+                        emit(b, t, slack[0], slack[1], self.lane_name(item), item)
+                        t = b
+                    state, item = nxt
+                    continue
                 if pe >= ie:  # on a tie the stream predecessor binds
                     b, nxt, slack = pe, ("end", p), (
                         "unexplained", f"{texts[lanes[item]]} stream idle after its "
@@ -435,6 +547,12 @@ class Walker:
                 else:
                     b, nxt, slack = ie, ("span", c), (
                         "launch_latency", f"launch latency ({texts[lanes[item]]})")
+                    if p >= 0 and kind[p] == OpKind.WAIT and bound[p] < 0:
+                        if bound[p] == _CUT:  # bound before the window: not known here
+                            raise Truncated(p)
+                        # after a wait the trace does not bind: what held it is not known
+                        slack = ("unexplained", f"{texts[lanes[item]]} held by a wait on an "
+                                 "unknown record")
                 if b < t:
                     emit(b, t, slack[0], slack[1], texts[lanes[item]], item)
                     t = b
@@ -483,6 +601,15 @@ class Walker:
                         emit(f, t, "wake_up", f"{name}: wake-up", HOST, -1, item, name)
                         t, state, item = f, "end", r
                         continue
+                blocked = self.blocking_op(item)
+                if blocked >= 0 and fin[blocked] <= t:  # a call that waited for the device
+                    name = self.block_name(item, blocked)
+                    f = fin[blocked]
+                    gates.append((f, name))
+                    emit(f, t, "wake_up", f"host blocked in {name}: return", HOST, -1, item,
+                         name)
+                    t, state, item = f, "end", blocked
+                    continue
                 k_, cause, name = self.host_cause(item)
                 emit(s0, t, k_, cause, HOST, -1, item, name)
                 t, state = s0, "host"
@@ -495,11 +622,21 @@ class Walker:
                     break
                 e = min(span_end[q], t)
                 if e < t:
-                    emit(e, t, "unexplained", "host: untraced time", HOST)
+                    self._host_gap(emit, e, t)
                     t = e
                 state, item = "span", q
         segs.reverse()
         return end, _with_gates(segs, gates)
+
+    def _host_gap(self, emit, a: float, b: float) -> None:
+        """Host time between two traced calls: the innermost range's work where the code
+        named it, untraced time elsewhere (emitted latest first, as the walk goes)."""
+        pieces = self.ranges.split(a, b) if self.ranges is not None else [(a, b, None)]
+        for x, y, name in reversed(pieces):
+            if name is None:
+                emit(x, y, "unexplained", "host: untraced time", HOST)
+            else:
+                emit(x, y, "host", f"cpu: {name}", HOST, -1, -1, name)
 
 
 def _with_gates(segs: list[list], gates: list[tuple[float, str]]) -> list[list]:
@@ -556,13 +693,15 @@ def measured_steps(trace: Trace) -> tuple[int, int]:
     return int(usable[0]), int(usable[-1])
 
 
-def critical_path(trace: Trace, steps: tuple[int, int] | None = None) -> CriticalPath:
+def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_ranges=None,
+                  device_info: dict | None = None) -> CriticalPath:
     """Gap and step chains of steps ``a..b`` (inclusive; default: the measured steps).
 
     Step k's gap chain runs from forward k-1's end to forward k's start (none for the
     first forward); its step chain from forward k's start to forward k+1's start (none
     for the last). Raises :class:`NoForward` without forward work, ValueError for a range
-    outside the steps with forward work.
+    outside the steps with forward work. ``host_ranges`` and ``device_info``: a measured
+    trace's host ranges and device facts (see the module docstring).
     """
     all_steps, first, start, end = forward_extents(trace)
     if steps is None:
@@ -572,7 +711,7 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None) -> Critica
     if a > b or a < lo_ok or b > hi_ok:
         raise ValueError(f"steps {a}:{b} are outside the run: steps with forward work are "
                          f"{lo_ok}..{hi_ok}")
-    walker = Walker(trace)
+    walker = Walker(trace, host_ranges, device_info)
     out = CriticalPath(trace, (int(a), int(b)), gates=walker.gates)
     index = {int(s): i for i, s in enumerate(all_steps.tolist())}
     for k in range(a, b + 1):
@@ -588,60 +727,3 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None) -> Critica
         raise ValueError(f"steps {a}:{b}: nothing to explain (the first forward has no gap "
                          "before it and the last no step after it)")
     return out
-
-
-# --------------------------------------------------------------------------- words
-def _fmt_us(us: float) -> str:
-    return f"{us:.0f} µs" if abs(us - round(us)) < 0.05 or us >= 100 else f"{us:.1f} µs"
-
-
-def sentence(cp: CriticalPath, max_causes: int = 4) -> str:
-    """The forward gap in one sentence: its causes, largest first, and the gate behind each.
-
-    e.g. "forward k waited 356 µs: 300 µs schedule_writes on the schedule stream, which
-    could not start until forward k-1 ended because of the coarse barrier
-    (schedule.wait_stream(forward)), + 50 µs ...". Cross-stream latencies are summed.
-    """
-    gap = cp.fwd_gap_us
-    if not cp.n_gaps or not np.isfinite(gap):
-        return "no forward gap to explain in these steps"
-    if gap < 0.5:
-        return f"forward k started {_fmt_us(gap)} after forward k-1 ended: no bubble"
-    forward = cp.trace.meta.get("forward_stream", "forward")
-    found = cp.gap_causes()
-    latency = [c for c in found if c["kind"] == "cross_stream"]
-    items = [c for c in found if c["kind"] != "cross_stream"]
-    if latency:
-        us = sum(c["us"] for c in latency)
-        n = len(latency)
-        items.append({"us": us, "kind": "cross_stream", "after": "",
-                      "words": "cross-stream latency" + (f" ({n} waits)" if n > 1 else "")})
-        items.sort(key=lambda c: -c["us"])
-    parts, said = [], set()
-    top = items[:max_causes]
-    for c in top:
-        text = f"{_fmt_us(c['us'])} {c['words']}"
-        gate = c["after"]
-        if gate and gate not in said and c["kind"] not in ("cross_stream", "wake_up"):
-            said.add(gate)
-            waiter, source = cp.gates.get(gate, ("", ""))
-            if waiter == HOST:
-                text += (", issued" if c["kind"] == "device" else ",")
-                text += f" after the CPU blocked in {_gate_words(gate)}"
-            elif source == forward and waiter != forward:
-                text += (f", which could not start until forward k-1 ended because of "
-                         f"{_gate_words(gate)}")
-            else:
-                text += f", after {_gate_words(gate)}"
-        parts.append(text)
-    rest = gap - sum(c["us"] for c in top)
-    if rest >= 0.5:
-        parts.append(f"{_fmt_us(rest)} other")
-    return f"forward k waited {_fmt_us(gap)}: " + ", + ".join(parts)
-
-
-def _gate_words(gate: str) -> str:
-    """``schedule.wait_stream(forward) = the coarse barrier`` -> ``the coarse barrier
-    (schedule.wait_stream(forward))``."""
-    name, _, role = gate.partition(" = ")
-    return f"{role} ({name})" if role else name

@@ -5,9 +5,13 @@ stream, i.e. forward-lane kernel ops with a non-empty ``phase``):
 
 - ``step_us``: forward k+1 start minus forward k start;
 - ``fwd_gap_us``: forward k start minus forward k-1 end (the bubble between forwards);
-- ``gpu_idle_us``: time the forward stream is idle in [start k, start k+1),
-  split HTA-style into ``gpu_idle_dep_us`` (held by a cross-stream wait:
-  "kernel-wait") and ``gpu_idle_host_us`` (nothing enqueued: "host-wait");
+- ``gpu_idle_us``: time the forward stream is idle from forward k-1's end to forward k's
+  end, [end k-1, end k): the gap before forward k (``fwd_gap_us``, the same step's) and any
+  idle inside forward k, so that a row's gap and idle are about the same forward; split
+  HTA-style into ``gpu_idle_dep_us`` (held by a cross-stream wait: "kernel-wait") and
+  ``gpu_idle_host_us`` (nothing enqueued: "host-wait"); ``gpu_busy_us``: the time the
+  stream runs kernels in that window (busy + idle = end k - end k-1; NaN for the first
+  forward, which has no predecessor);
 - ``cpu_blocked_us`` and ``cpu_blocked_<site>_us``: host time inside
   synchronize calls issued in iteration k, by site (result_copy,
   verify_done, seq_lens, barrier);
@@ -21,13 +25,14 @@ stream, i.e. forward-lane kernel ops with a non-empty ``phase``):
   at, its accepted tokens per request: from ``meta.workload`` (per-step arrays) or the
   run's constants (:class:`StepFacts`).
 
-The summary drops warm-up steps (``meta.warmup_steps``) and the last step
-(it has no successor). A run with a ``meta.workload`` also gets its mean batch and accepted
-tokens, step time, forward gap, GPU idle, CPU blocked time and launch lead per graph bucket
-(``by_bucket``), and, when requests arrived (``meta.workload.requests``), the request
-throughput and each request's decode latency: from the start of the iteration that admitted
-it to the end of the forward of the step that produced its last token (mean, p50, p99), and
-its queueing time before admission.
+The summary (its keys, the column and statistic of each: :mod:`simwar.analysis.summary`)
+drops warm-up steps (``meta.warmup_steps``) and the last step (it has no successor). A run
+with a ``meta.workload`` also gets its mean batch and accepted tokens, step time, forward
+gap, GPU idle, CPU blocked time and launch lead per graph bucket (``by_bucket``), and, when
+requests arrived (``meta.workload.requests``), the request throughput and each request's
+decode latency: from the start of the iteration that admitted it to the end of the forward
+of the step that produced its last token (mean, p50, p99), and its queueing time before
+admission.
 
 Everything is computed on the Trace's columns (numpy); the only DataFrame is
 the per-step table itself. Imports: numpy (pandas only to build that DataFrame).
@@ -40,6 +45,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simwar.analysis.hazards import HazardReport, detect
+from simwar.analysis.summary import Key, assemble, measured_mask
 from simwar.analysis.views import forward_kernels, forwards
 from simwar.core.trace import OpKind, SpanKind, Trace
 
@@ -68,13 +74,13 @@ def step_columns(trace: Trace) -> dict[str, np.ndarray]:
         return {"step": np.zeros(0, dtype=np.int32)}
     fw = forwards(trace)  # the same extents the bubble walk uses
     steps, start, end = fw.steps, fw.start_us, fw.end_us
-    nxt = np.append(start[1:], np.nan)
+    lo, hi = idle_windows(end)
 
-    # time on the forward stream within [start_k, start_{k+1}): kernels, and waits that held it
+    # time on the forward stream within [end_{k-1}, end_k): kernels, and waits that held it
     on_lane = (ops.kind == OpKind.KERNEL) & (ops.lane == fwd)
-    busy = busy_in_windows(ops.start_us[on_lane], ops.end_us[on_lane], start, nxt)
+    busy = busy_in_windows(ops.start_us[on_lane], ops.end_us[on_lane], lo, hi)
     held = (spans.kind == SpanKind.WAIT) & (spans.lane == fwd)
-    dep = busy_in_windows(spans.start_us[held], spans.end_us[held], start, nxt)
+    dep = busy_in_windows(spans.start_us[held], spans.end_us[held], lo, hi)
 
     blocked = np.flatnonzero(spans.kind == SpanKind.BLOCKED)
     site_codes = spans.site[blocked]
@@ -145,21 +151,33 @@ class StepFacts:
                 "accepted_tokens": accept}
 
 
+def idle_windows(end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The window of each step's GPU idle, ``[end k-1, end k)``, as ``(lo, hi)``; both NaN
+    for the first forward (no predecessor). Forward ends in issue order: on the FIFO
+    forward stream no kernel straddles a forward's end, so each kernel falls in one window.
+    Along the last axis (a row per run of the same steps, in lockstep)."""
+    lo = _previous(end)
+    return lo, np.where(np.isnan(lo), np.nan, end)
+
+
 def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
                         busy: np.ndarray, dep: np.ndarray, blocked: dict[str, np.ndarray],
                         launch: np.ndarray, facts: StepFacts) -> dict[str, np.ndarray]:
     """The per-step columns from per-step facts; every executor's table is assembled here.
 
     Per row (a step with forward kernels, ascending): forward start and end, the time the
-    forward stream was busy (``busy``) and held by waits (``dep``) in [start_k, start_{k+1}),
-    host time blocked in synchronize calls per site, and the ``run_batch`` instant (NaN: none);
-    ``facts`` gives each step's batch, bucket and accepted tokens.
+    forward stream was busy (``busy``) and held by waits (``dep``) in its idle window
+    [end_{k-1}, end_k) (:func:`idle_windows`), host time blocked in synchronize calls per
+    site, and the ``run_batch`` instant (NaN: none); ``facts`` gives each step's batch,
+    bucket and accepted tokens. The facts may be 2-d, a row per run of the same steps (runs in
+    lockstep): each row is then the table that run's own facts give.
     """
-    nxt = np.append(start[1:], np.nan)
+    nxt = _next(start)
     step_us = nxt - start
-    busy = np.where(np.isnan(nxt), np.nan, busy)
-    dep = np.where(np.isnan(nxt), np.nan, dep)
-    idle = step_us - busy
+    lo, hi = idle_windows(end)
+    busy = np.where(np.isnan(lo), np.nan, busy)
+    dep = np.where(np.isnan(lo), np.nan, dep)
+    idle = (hi - lo) - busy
     idle_dep = np.minimum(dep, idle)
     out = {
         "step": np.asarray(steps, dtype=np.int32),
@@ -167,12 +185,13 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
         "fwd_end_us": end,
         "fwd_us": end - start,
         "step_us": step_us,
-        "fwd_gap_us": start - np.insert(end[:-1], 0, np.nan),
+        "fwd_gap_us": start - _previous(end),
         "gpu_idle_us": idle,
         "gpu_idle_dep_us": idle_dep,
         "gpu_idle_host_us": idle - idle_dep,
+        "gpu_busy_us": busy,
     }
-    total = np.zeros(len(start))
+    total = np.zeros(start.shape)
     sites = {}
     for site in sorted(blocked):
         vals = blocked[site]
@@ -181,20 +200,57 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     out["cpu_blocked_us"] = total
     out.update(sites)
     out["launch_us"] = launch
-    out["launch_lead_us"] = end - np.append(launch[1:], np.nan)
+    out["launch_lead_us"] = end - _next(launch)
     out["launch_ahead"] = launch_ahead_depth(end, launch)
-    out.update(facts(np.asarray(steps)))
+    per_step = facts(np.asarray(steps))
+    if start.ndim == 2:  # the same for every run of a lockstep group
+        per_step = {k: np.broadcast_to(v, start.shape) for k, v in per_step.items()}
+    out.update(per_step)
     return out
 
 
+def _next(x: np.ndarray) -> np.ndarray:
+    """Each step's successor (NaN after the last), along the last axis."""
+    return np.concatenate([x[..., 1:], np.full(x.shape[:-1] + (1,), np.nan)], axis=-1)
+
+
+def _previous(x: np.ndarray) -> np.ndarray:
+    """Each step's predecessor (NaN before the first), along the last axis."""
+    return np.concatenate([np.full(x.shape[:-1] + (1,), np.nan), x[..., :-1]], axis=-1)
+
+
 def launch_ahead_depth(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
-    """Per forward k: forwards before k still unfinished at launch k (NaN without a launch)."""
+    """Per forward k: forwards before k still unfinished at launch k (NaN without a launch).
+    2-d: per row (runs in lockstep)."""
+    if end.ndim == 2:
+        return _launch_ahead_columns(end, launch)
     index = np.arange(len(end))
     if np.all(end[1:] >= end[:-1]):  # forward ends in FIFO order: one search for all
         done = np.minimum(np.searchsorted(end, launch, side="right"), index)
     else:  # a measured trace need not be FIFO: search each prefix
         done = np.array([np.searchsorted(end[:i], t, side="right") for i, t in enumerate(launch)])
     return np.where(np.isnan(launch), np.nan, index - done)
+
+
+def _launch_ahead_columns(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
+    """:func:`launch_ahead_depth` of each row. Where forward ends are in FIFO order, the
+    forwards before k unfinished at launch k are the last ones before it: count them back
+    from k - 1 until one ended by the launch (the same count as the search)."""
+    fifo = np.all(end[:, 1:] >= end[:, :-1], axis=1)
+    out = np.zeros(end.shape)
+    for j in np.flatnonzero(~fifo).tolist():
+        out[j] = launch_ahead_depth(end[j], launch[j])
+    rows = np.flatnonzero(fifo)
+    if len(rows):
+        e, la = end[rows], launch[rows]
+        ahead = np.zeros(e.shape, dtype=np.int64)
+        for d in range(1, e.shape[1]):
+            late = e[:, :-d] > la[:, d:]  # forward k - d still running at launch k
+            if not late.any():
+                break
+            ahead[:, d:] += late
+        out[rows] = np.where(np.isnan(la), np.nan, ahead)
+    return out
 
 
 def busy_in_windows(s: np.ndarray, e: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -233,21 +289,22 @@ def busy_in_windows(s: np.ndarray, e: np.ndarray, lo: np.ndarray, hi: np.ndarray
 
 
 def measured_rows(columns: dict, warmup: int) -> np.ndarray:
-    """Rows of the per-step columns that count (after warm-up, with a successor)."""
+    """Rows of the per-step columns that count (:func:`simwar.analysis.summary.measured_mask`)."""
     if "step_us" not in columns:  # a trace with no forward kernels has no steps
         return np.zeros(0, dtype=np.intp)
-    return np.flatnonzero((columns["step"] >= warmup) & ~np.isnan(columns["step_us"]))
+    return np.flatnonzero(measured_mask(columns["step"], columns["step_us"], warmup))
 
 
 def measured(df: pd.DataFrame, warmup: int) -> pd.DataFrame:
-    """Steps that count: after warm-up, with a successor."""
+    """Steps that count (:func:`simwar.analysis.summary.measured_mask`)."""
     if "step_us" not in df.columns:  # a trace with no forward kernels has no steps
         return df.iloc[0:0]
-    return df[(df.step >= warmup) & df.step_us.notna()]
+    return df[measured_mask(df.step.to_numpy(), df.step_us.to_numpy(), warmup)]
 
 
 def summarize(df, meta: dict, hazards=None) -> dict:
-    """The run's summary from its per-step table (a DataFrame or a mapping of numpy columns).
+    """The run's summary from its per-step table (a DataFrame or a mapping of numpy columns):
+    the keys of :mod:`simwar.analysis.summary`, each computed exactly on the measured rows.
 
     Computed with numpy exactly as pandas would (means skip NaN, percentiles do not), so the
     summary needs no pandas. ``hazards``: a :class:`HazardReport`, or anything with
@@ -256,96 +313,78 @@ def summarize(df, meta: dict, hazards=None) -> dict:
     cols = _columns(df)
     warm = int(meta.get("warmup_steps", 0))
     keep = measured_rows(cols, warm)
-    out: dict = {"name": meta.get("name", ""), "steps_measured": int(len(keep))}
+    name = meta.get("name", "")
     if len(keep) == 0:
-        return out
+        return assemble(name, 0, cols, meta, None, {})
     if keep[-1] - keep[0] + 1 == len(keep):  # one run of rows (the usual case): views
         keep = slice(int(keep[0]), int(keep[-1]) + 1)
     m = {name: col[keep] for name, col in cols.items()}
+    wl = meta.get("workload")
+    if wl and wl.get("requests") is not None:
+        lat, queue = request_latencies(wl["requests"], m["step"], m["fwd_end_us"])
+        m["request_latency_us"], m["request_queue_us"] = lat, queue
+    valid: dict[str, np.ndarray] = {}
 
-    def q(col, p):
-        return float(np.percentile(m[col], p))
+    def value(key: Key):
+        col = m[key.column]
+        if key.valid:
+            if key.column not in valid:
+                valid[key.column] = col[~np.isnan(col)]
+            col = valid[key.column]
+        return _EXACT[key.stat](col, key, m)
 
     with np.errstate(divide="ignore", invalid="ignore"):
-        _summary_values(out, m, q)
-        if meta.get("workload"):
-            _workload_values(out, m, meta["workload"])
-    out.update(hazard_counts(hazards, m["step"]))
-    for key in ("barrier", "barrier_effective", "placement", "publish_phase",
-                "publish_position"):
-        if key in meta:
-            out[key] = meta[key]
-    return out
+        return assemble(name, len(m["step"]), cols, meta, value,
+                        hazard_counts(hazards, m["step"]))
 
 
-def _summary_values(out: dict, m: dict, q) -> None:
-    out.update({
-        "step_us_mean": _mean(m["step_us"]),
-        "step_us_p50": q("step_us", 50),
-        "step_us_p99": q("step_us", 99),
-        "fwd_us_mean": _mean(m["fwd_us"]),
-        "fwd_gap_us_mean": _mean(m["fwd_gap_us"]),
-        "fwd_gap_us_p50": q("fwd_gap_us", 50),
-        "gpu_idle_us_mean": _mean(m["gpu_idle_us"]),
-        "gpu_idle_dep_us_mean": _mean(m["gpu_idle_dep_us"]),
-        "gpu_idle_host_us_mean": _mean(m["gpu_idle_host_us"]),
-        "gpu_busy_fraction": float(1 - _sum(m["gpu_idle_us"]) / _sum(m["step_us"])),
-        "cpu_blocked_us_mean": _mean(m["cpu_blocked_us"]),
-    })
-    for col in sorted(c for c in m if c.startswith("cpu_blocked_") and c.endswith("_us")
-                      and c != "cpu_blocked_us"):
-        out[f"{col}_mean"] = _mean(m[col])
-    lead = m["launch_lead_us"]
-    lead = lead[~np.isnan(lead)]
-    ahead = m["launch_ahead"]
-    ahead = ahead[~np.isnan(ahead)]
-    nan = float("nan")
-    values, counts = np.unique(ahead, return_counts=True)
-    out.update({
-        "launch_lead_us_mean": _mean(lead) if len(lead) else nan,
-        "launch_lead_us_p50": float(np.median(lead)) if len(lead) else nan,
-        "run_ahead_fraction": _fraction(lead > 0) if len(lead) else nan,
-        "launch_ahead_mean": _mean(ahead) if len(ahead) else nan,
-        "launch_ahead_hist": {int(k): float(c / len(ahead)) for k, c in
-                              zip(values.tolist(), counts.tolist())},
-        "tokens_per_s": float(_sum(m["tokens"]) / _sum(m["step_us"]) * 1e6),
-    })
+def _percentile(x: np.ndarray, key: Key, m: dict) -> float:
+    if key.valid and not len(x):
+        return float("nan")
+    return float(np.percentile(x, key.arg))
 
 
-#: per graph bucket: the summary's means of these per-step columns
-BUCKET_METRICS = ("step_us", "fwd_gap_us", "gpu_idle_us", "cpu_blocked_us", "launch_lead_us")
+def _median(x: np.ndarray, key: Key, m: dict) -> float:
+    return float(np.median(x)) if len(x) else float("nan")
 
 
-def _workload_values(out: dict, m: dict, workload: dict) -> None:
-    """Mean batch and accepted tokens, per-bucket means, and the requests' figures."""
-    out["batch_size_mean"] = _mean(m["batch_size"].astype(np.float64))
-    out["accepted_tokens_mean"] = _mean(m["accepted_tokens"])
-    buckets = m["graph_bucket"]
+def _positive_fraction(x: np.ndarray, key: Key, m: dict) -> float:
+    return _fraction(x > 0) if len(x) else float("nan")
+
+
+def _histogram(x: np.ndarray, key: Key, m: dict) -> dict:
+    values, counts = np.unique(x, return_counts=True)
+    return {int(k): float(c / len(x)) for k, c in zip(values.tolist(), counts.tolist())}
+
+
+def _by_bucket(x: np.ndarray, key: Key, m: dict) -> dict:
     by = {}
-    for b in np.unique(buckets).tolist():
-        rows = buckets == b
+    for b in np.unique(x).tolist():
+        rows = x == b
         by[int(b)] = {"steps": int(np.count_nonzero(rows)),
-                      **{f"{c}_mean": _mean(m[c][rows]) for c in BUCKET_METRICS}}
-    out["by_bucket"] = by
-    req = workload.get("requests")
-    if req is not None:
-        out.update(request_values(req, m["step"], m["fwd_end_us"], _sum(m["step_us"])))
+                      **{f"{c}_mean": _mean(m[c][rows]) for c in key.arg}}
+    return by
 
 
-def request_values(req: dict, steps: np.ndarray, fwd_end: np.ndarray, time_us: float) -> dict:
-    """Requests completed in ``steps`` (a run of the measured steps, ascending, with their
-    forward ends): their count and rate over ``time_us``, and their decode latency and
-    queueing time (see the module docstring)."""
-    lat, queue = request_latencies(req, steps, fwd_end)
-    nan = float("nan")
-    return {
-        "requests_completed": int(len(lat)),
-        "requests_per_s": float(len(lat) / time_us * 1e6) if time_us else nan,
-        "request_latency_us_mean": _mean(lat) if len(lat) else nan,
-        "request_latency_us_p50": float(np.percentile(lat, 50)) if len(lat) else nan,
-        "request_latency_us_p99": float(np.percentile(lat, 99)) if len(lat) else nan,
-        "request_queue_us_mean": _mean(queue) if len(queue) else nan,
-    }
+def _count_rate(x: np.ndarray, key: Key, m: dict) -> float:
+    time_us = _sum(m[key.arg])
+    return float(len(x) / time_us * 1e6) if time_us else float("nan")
+
+
+#: each statistic of the spec (:mod:`simwar.analysis.summary`), exactly: ``f(values, key,
+#: measured columns)``
+_EXACT = {
+    "mean": lambda x, key, m: _mean(x.astype(np.float64, copy=False)),
+    "percentile": _percentile,
+    "median": _median,
+    "positive_fraction": _positive_fraction,
+    "histogram": _histogram,
+    "busy_fraction": lambda x, key, m: _ratio(_sum(x), _sum(x) + _sum(m[key.arg])),
+    "rate": lambda x, key, m: _ratio(_sum(x), _sum(m[key.arg])) * 1e6,
+    "count": lambda x, key, m: int(len(x)),
+    "count_rate": _count_rate,
+    "by_bucket": _by_bucket,
+}
 
 
 def request_latencies(req: dict, steps: np.ndarray, fwd_end: np.ndarray) -> \
@@ -366,17 +405,21 @@ def request_latencies(req: dict, steps: np.ndarray, fwd_end: np.ndarray) -> \
 
 def hazard_counts(hazards, steps: np.ndarray) -> dict:
     """``races``, ``overlaps`` and ``race_steps`` among races whose two accesses both belong
-    to ``steps`` (the measured steps, as every other figure; empty without a report)."""
+    to ``steps`` (the measured steps, ascending, as every other figure: an array or a
+    ``range``; empty without a report)."""
     if hazards is None:
         return {}
-    lo, hi = int(steps.min()), int(steps.max())
+    if isinstance(steps, range):  # a run of steps (the streaming summary's)
+        lo, hi = steps.start, steps.stop - 1
+    else:
+        lo, hi = int(steps.min()), int(steps.max())
     if hasattr(hazards, "counts") and hi - lo + 1 == len(steps):
         # the one-pass executor's races, counted over a run of steps without a list
         races, overlaps, race_steps = hazards.counts(lo, hi)
     else:
         if hasattr(hazards, "report"):  # steps with holes (hand-made programs): the list
             hazards = hazards.report()
-        h = hazards.within(steps.tolist())
+        h = hazards.within(list(steps))
         latent = h.latent
         races, overlaps = len(latent), len(h.observed)
         race_steps = len({r.second_step for r in latent})
@@ -387,6 +430,11 @@ def _columns(df) -> dict[str, np.ndarray]:
     if isinstance(df, dict):
         return df
     return {str(c): df[c].to_numpy() for c in df.columns}
+
+
+def _ratio(a: float, b: float) -> float:
+    """``a / b``; NaN where ``b`` is 0 (steps that take no time: no rate, no share)."""
+    return float(a / b) if b else float("nan")
 
 
 def _sum(x: np.ndarray) -> float:

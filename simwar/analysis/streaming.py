@@ -1,8 +1,9 @@
 """A run's summary computed chunk by chunk, without keeping the per-step table.
 
 :class:`StreamingSummary` takes the per-step columns a few thousand rows at a time (as
-:func:`simwar.analysis.metrics.columns_from_arrays` makes them) and gives the keys of
-:func:`simwar.analysis.metrics.summarize`, in its order:
+:func:`simwar.analysis.metrics.columns_from_arrays` makes them) and gives the summary of
+:mod:`simwar.analysis.summary`'s spec, the keys of :func:`simwar.analysis.metrics.summarize`
+in its order:
 
 - counts, the launch-ahead histogram and its mean, and the run-ahead fraction are exact;
 - means and sums are running sums of each chunk's (pairwise) sum: equal to the table's to
@@ -25,7 +26,16 @@ import math
 
 import numpy as np
 
-from simwar.analysis.metrics import BUCKET_METRICS, hazard_counts, request_latencies
+from simwar.analysis.metrics import hazard_counts, request_latencies
+from simwar.analysis.summary import (
+    BUCKET_METRICS,
+    REQUEST_KEYS,
+    WORKLOAD_KEYS,
+    Key,
+    assemble,
+    measured_mask,
+    step_keys,
+)
 
 
 class QuantileSketch:
@@ -139,14 +149,107 @@ def _numpy_median(at, n: int) -> float:
     return (0.0 + at(n // 2 - 1) + at(n // 2)) / 2
 
 
+class StreamingSummary:
+    """The summary of :mod:`simwar.analysis.summary`'s spec from column chunks.
+
+    Each key's statistic is kept as the chunks come (``_STREAM``: running sums, quantile
+    sketches, counts; per column, shared by the keys that use it) and evaluated at the end.
+    """
+
+    def __init__(self, meta: dict, alpha: float = 1e-4):
+        self.meta = meta
+        self.alpha = alpha
+        self.warm = int(meta.get("warmup_steps", 0))
+        self.measured = 0
+        self.first = self.last = None  # the measured steps' range
+        self.columns: list[str] | None = None
+        self.keys: list[Key] = []
+        self.acc: dict[tuple, object] = {}  # (statistic's accumulator, column, valid) -> it
+        self.requests = (meta.get("workload") or {}).get("requests")
+        if self.requests is not None:
+            finish = np.asarray(self.requests["finish_step"], dtype=np.int64)
+            self.req_order = np.argsort(finish, kind="stable")
+            self.req_finish = finish[self.req_order]
+
+    def _start(self, cols: dict) -> None:
+        self.columns = list(cols)
+        keys = step_keys(self.columns)
+        wl = self.meta.get("workload")
+        if wl:
+            keys += WORKLOAD_KEYS
+            if wl.get("requests") is not None:
+                keys += REQUEST_KEYS
+        self.keys = keys
+        for key in keys:
+            for acc in _STREAM[key.stat].needs(key):
+                if acc not in self.acc:
+                    self.acc[acc] = _ACCUMULATORS[acc[0]](self)
+
+    def add(self, cols: dict) -> None:
+        """Rows of the per-step table (a mapping of equal-length numpy columns)."""
+        if "step_us" not in cols:
+            return
+        if self.columns is None:
+            self._start(cols)
+        keep = measured_mask(cols["step"], cols["step_us"], self.warm)
+        if not keep.any():
+            return
+        m = {name: col[keep] for name, col in cols.items()}
+        self.measured += len(m["step"])
+        lo, hi = int(m["step"].min()), int(m["step"].max())
+        self.first = lo if self.first is None else min(self.first, lo)
+        self.last = hi if self.last is None else max(self.last, hi)
+        if self.requests is not None:
+            m["request_latency_us"], m["request_queue_us"] = self._requests(m)
+        valid: dict[str, np.ndarray] = {}
+        for (_, column, is_valid), acc in self.acc.items():
+            x = m[column]
+            if is_valid:
+                if column not in valid:
+                    valid[column] = x[~np.isnan(x)]
+                x = valid[column]
+            acc.add(x, m)
+
+    def _requests(self, m: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Decode latency and queueing time of the requests finished in these rows."""
+        steps = m["step"]
+        lo = np.searchsorted(self.req_finish, steps.min(), side="left")
+        hi = np.searchsorted(self.req_finish, steps.max(), side="right")
+        if hi <= lo:
+            return np.zeros(0), np.zeros(0)
+        pick = np.sort(self.req_order[lo:hi])  # in request order, as the table's summary
+        req = {k: np.asarray(self.requests[k])[pick] for k in ("finish_step", "admit_us",
+                                                                "arrival_us")}
+        return request_latencies(req, steps, m["fwd_end_us"])
+
+    def result(self, hazards=None) -> dict:
+        meta = self.meta
+        name = meta.get("name", "")
+        if not self.measured:
+            return assemble(name, 0, self.columns or [], meta, None, {})
+
+        def value(key: Key):
+            return _STREAM[key.stat].value(self, key)
+
+        counts = hazard_counts(hazards, range(self.first, self.last + 1))
+        return assemble(name, self.measured, self.columns, meta, value, counts)
+
+    def get(self, kind: str, column: str, valid: bool = False):
+        return self.acc[(kind, column, valid)]
+
+
+# --------------------------------------------------------------------------- accumulators
 class _Sum:
+    """Running sum and count of the values that are not NaN (NaN added as zero)."""
+
     __slots__ = ("total", "count")
 
-    def __init__(self) -> None:
+    def __init__(self, owner=None) -> None:
         self.total = 0.0
         self.count = 0
 
-    def add(self, x: np.ndarray) -> None:
+    def add(self, x: np.ndarray, m: dict | None = None) -> None:
+        x = np.asarray(x, dtype=np.float64)
         nan = np.isnan(x)
         if nan.any():
             x = np.where(nan, 0.0, x)
@@ -157,157 +260,133 @@ class _Sum:
         return self.total / self.count if self.count else float("nan")
 
 
-MEANS = ("step_us", "fwd_us", "fwd_gap_us", "gpu_idle_us", "gpu_idle_dep_us",
-         "gpu_idle_host_us", "cpu_blocked_us", "tokens")
+class _Sketch(QuantileSketch):
+    def __init__(self, owner) -> None:
+        super().__init__(owner.alpha)
+
+    def add(self, x: np.ndarray, m: dict | None = None) -> None:
+        super().add(x)
 
 
-class StreamingSummary:
-    """:func:`~simwar.analysis.metrics.summarize`'s keys from column chunks."""
+class _Positive:
+    __slots__ = ("positive", "n")
 
-    def __init__(self, meta: dict, alpha: float = 1e-4):
-        self.meta = meta
-        self.warm = int(meta.get("warmup_steps", 0))
-        self.sums: dict[str, _Sum] = {}
-        self.step_us = QuantileSketch(alpha)
-        self.fwd_gap = QuantileSketch(alpha)
-        self.lead = QuantileSketch(alpha)
-        self.lead_sum = _Sum()
-        self.lead_pos = 0
-        self.ahead: dict[int, int] = {}
-        self.ahead_sum = _Sum()
-        self.measured = 0
-        self.first = self.last = None  # the measured steps' range
-        self.columns: list[str] | None = None
-        # a varying workload: per-bucket sums, and requests finished in the rows seen
-        self.workload = meta.get("workload") or None
-        self.batch_sum = _Sum()
-        self.accept_sum = _Sum()
-        self.buckets: dict[int, dict[str, _Sum]] = {}
-        self.latency = QuantileSketch(alpha)
-        self.latency_sum = _Sum()
-        self.queue_sum = _Sum()
-        req = (self.workload or {}).get("requests")
-        self.requests = req
-        if req is not None:
-            finish = np.asarray(req["finish_step"], dtype=np.int64)
-            self.req_order = np.argsort(finish, kind="stable")
-            self.req_finish = finish[self.req_order]
+    def __init__(self, owner=None) -> None:
+        self.positive = 0
+        self.n = 0
 
-    def add(self, cols: dict) -> None:
-        """Rows of the per-step table (a mapping of equal-length numpy columns)."""
-        if "step_us" not in cols:
-            return
-        if self.columns is None:
-            self.columns = list(cols)
-        keep = (cols["step"] >= self.warm) & ~np.isnan(cols["step_us"])
-        if not keep.any():
-            return
-        m = {name: col[keep] for name, col in cols.items()}
-        self.measured += len(m["step"])
-        lo, hi = int(m["step"].min()), int(m["step"].max())
-        self.first = lo if self.first is None else min(self.first, lo)
-        self.last = hi if self.last is None else max(self.last, hi)
-        for name in [c for c in m if c in MEANS or c.startswith("cpu_blocked_")]:
-            self.sums.setdefault(name, _Sum()).add(m[name])
-        self.step_us.add(m["step_us"])
-        self.fwd_gap.add(m["fwd_gap_us"])
-        lead = m["launch_lead_us"]
-        lead = lead[~np.isnan(lead)]
-        self.lead.add(lead)
-        self.lead_sum.add(lead)
-        self.lead_pos += int(np.count_nonzero(lead > 0))
-        ahead = m["launch_ahead"]
-        ahead = ahead[~np.isnan(ahead)]
-        self.ahead_sum.add(ahead)
-        values, counts = np.unique(ahead, return_counts=True)
+    def add(self, x: np.ndarray, m: dict | None = None) -> None:
+        self.positive += int(np.count_nonzero(x > 0))
+        self.n += len(x)
+
+
+class _Counts:
+    """How often each value occurs."""
+
+    __slots__ = ("counts",)
+
+    def __init__(self, owner=None) -> None:
+        self.counts: dict[int, int] = {}
+
+    def add(self, x: np.ndarray, m: dict | None = None) -> None:
+        values, counts = np.unique(x, return_counts=True)
         for v, c in zip(values.tolist(), counts.tolist()):
-            self.ahead[int(v)] = self.ahead.get(int(v), 0) + c
-        if self.workload is not None:
-            self._add_workload(m)
+            self.counts[int(v)] = self.counts.get(int(v), 0) + c
 
-    def _add_workload(self, m: dict) -> None:
-        self.batch_sum.add(m["batch_size"].astype(np.float64))
-        self.accept_sum.add(m["accepted_tokens"])
-        buckets = m["graph_bucket"]
-        for b in np.unique(buckets).tolist():
-            rows = buckets == b
-            sums = self.buckets.setdefault(int(b), {c: _Sum() for c in BUCKET_METRICS})
+
+class _Buckets:
+    """Per value of the column: a :class:`_Sum` of each of the bucket metrics."""
+
+    def __init__(self, owner=None) -> None:
+        self.sums: dict[int, dict[str, _Sum]] = {}
+
+    def add(self, x: np.ndarray, m: dict) -> None:
+        for b in np.unique(x).tolist():
+            rows = x == b
+            sums = self.sums.setdefault(int(b), {c: _Sum() for c in BUCKET_METRICS})
             for c in BUCKET_METRICS:
                 sums[c].add(m[c][rows])
-        if self.requests is None:
-            return
-        steps = m["step"]
-        lo = np.searchsorted(self.req_finish, steps.min(), side="left")
-        hi = np.searchsorted(self.req_finish, steps.max(), side="right")
-        if hi <= lo:
-            return
-        pick = np.sort(self.req_order[lo:hi])  # in request order, as the table's summary
-        req = {k: np.asarray(self.requests[k])[pick] for k in ("finish_step", "admit_us",
-                                                                "arrival_us")}
-        lat, queue = request_latencies(req, steps, m["fwd_end_us"])
-        self.latency.add(lat)
-        self.latency_sum.add(lat)
-        self.queue_sum.add(queue)
 
-    def result(self, hazards=None) -> dict:
-        meta = self.meta
-        out: dict = {"name": meta.get("name", ""), "steps_measured": self.measured}
-        if not self.measured:
-            return out
-        s = self.sums
-        nan = float("nan")
 
-        def mean(name):
-            return float(s[name].mean())
+_ACCUMULATORS = {"sum": _Sum, "sketch": _Sketch, "positive": _Positive, "counts": _Counts,
+                 "buckets": _Buckets}
+_NAN = float("nan")
 
-        def ratio(a, b):
-            return a / b if b else (nan if a == 0 or a != a else math.copysign(math.inf, a))
 
-        out.update({
-            "step_us_mean": mean("step_us"),
-            "step_us_p50": self.step_us.quantile(50),
-            "step_us_p99": self.step_us.quantile(99),
-            "fwd_us_mean": mean("fwd_us"),
-            "fwd_gap_us_mean": mean("fwd_gap_us"),
-            "fwd_gap_us_p50": self.fwd_gap.quantile(50),
-            "gpu_idle_us_mean": mean("gpu_idle_us"),
-            "gpu_idle_dep_us_mean": mean("gpu_idle_dep_us"),
-            "gpu_idle_host_us_mean": mean("gpu_idle_host_us"),
-            "gpu_busy_fraction": float(1 - ratio(s["gpu_idle_us"].total, s["step_us"].total)),
-            "cpu_blocked_us_mean": mean("cpu_blocked_us"),
-        })
-        for col in sorted(c for c in self.columns if c.startswith("cpu_blocked_")
-                          and c.endswith("_us") and c != "cpu_blocked_us"):
-            out[f"{col}_mean"] = mean(col)
-        n_lead = self.lead.n
-        n_ahead = sum(self.ahead.values())
-        out.update({
-            "launch_lead_us_mean": self.lead_sum.mean() if n_lead else nan,
-            "launch_lead_us_p50": self.lead.quantile(50, median=True) if n_lead else nan,
-            "run_ahead_fraction": self.lead_pos / n_lead if n_lead else nan,
-            "launch_ahead_mean": self.ahead_sum.mean() if n_ahead else nan,
-            "launch_ahead_hist": {k: float(c / n_ahead) for k, c in sorted(self.ahead.items())},
-            "tokens_per_s": float(ratio(s["tokens"].total, s["step_us"].total) * 1e6),
-        })
-        if self.workload is not None:
-            out["batch_size_mean"] = self.batch_sum.mean()
-            out["accepted_tokens_mean"] = self.accept_sum.mean()
-            out["by_bucket"] = {b: {"steps": sums["step_us"].count,
-                                    **{f"{c}_mean": v.mean() for c, v in sums.items()}}
-                                for b, sums in sorted(self.buckets.items())}
-            if self.requests is not None:
-                n = self.latency.n
-                out.update({
-                    "requests_completed": n,
-                    "requests_per_s": float(ratio(n, s["step_us"].total) * 1e6),
-                    "request_latency_us_mean": self.latency_sum.mean(),
-                    "request_latency_us_p50": self.latency.quantile(50) if n else nan,
-                    "request_latency_us_p99": self.latency.quantile(99) if n else nan,
-                    "request_queue_us_mean": self.queue_sum.mean(),
-                })
-        out.update(hazard_counts(hazards, np.arange(self.first, self.last + 1)))
-        for key in ("barrier", "barrier_effective", "placement", "publish_phase",
-                    "publish_position"):
-            if key in meta:
-                out[key] = meta[key]
-        return out
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else _NAN  # steps that take no time: no rate, no share
+
+
+class _Stat:
+    """How one statistic of the spec is kept: the accumulators it needs and its value."""
+
+    def __init__(self, needs, value):
+        self._needs = needs
+        self._value = value
+
+    def needs(self, key: Key) -> list[tuple]:
+        return self._needs(key)
+
+    def value(self, s: StreamingSummary, key: Key):
+        return self._value(s, key)
+
+
+def _own(kind: str):
+    return lambda key: [(kind, key.column, key.valid)]
+
+
+def _both(key: Key) -> list[tuple]:
+    return [("sum", key.column, False), ("sum", key.arg, False)]
+
+
+def _quantile(s: StreamingSummary, key: Key) -> float:
+    sketch = s.get("sketch", key.column, key.valid)
+    if key.valid and not sketch.n:
+        return _NAN
+    return sketch.quantile(key.arg)
+
+
+def _median(s: StreamingSummary, key: Key) -> float:
+    sketch = s.get("sketch", key.column, key.valid)
+    return sketch.quantile(50, median=True) if sketch.n else _NAN
+
+
+def _fraction(s: StreamingSummary, key: Key) -> float:
+    p = s.get("positive", key.column, key.valid)
+    return p.positive / p.n if p.n else _NAN
+
+
+def _histogram(s: StreamingSummary, key: Key) -> dict:
+    counts = s.get("counts", key.column, key.valid).counts
+    n = sum(counts.values())
+    return {k: float(c / n) for k, c in sorted(counts.items())}
+
+
+def _by_bucket(s: StreamingSummary, key: Key) -> dict:
+    sums = s.get("buckets", key.column, key.valid).sums
+    return {b: {"steps": per["step_us"].count, **{f"{c}_mean": v.mean() for c, v in per.items()}}
+            for b, per in sorted(sums.items())}
+
+
+def _count_rate(s: StreamingSummary, key: Key) -> float:
+    n = s.get("sum", key.column, key.valid).count
+    return float(_ratio(n, s.get("sum", key.arg).total) * 1e6)
+
+
+#: each statistic of the spec (:mod:`simwar.analysis.summary`), as chunks come
+_STREAM = {
+    "mean": _Stat(_own("sum"), lambda s, key: float(s.get("sum", key.column, key.valid).mean())),
+    "percentile": _Stat(_own("sketch"), _quantile),
+    "median": _Stat(_own("sketch"), _median),
+    "positive_fraction": _Stat(_own("positive"), _fraction),
+    "histogram": _Stat(_own("counts"), _histogram),
+    "busy_fraction": _Stat(_both, lambda s, key: float(_ratio(
+        s.get("sum", key.column).total,
+        s.get("sum", key.column).total + s.get("sum", key.arg).total))),
+    "rate": _Stat(_both, lambda s, key: float(_ratio(
+        s.get("sum", key.column).total, s.get("sum", key.arg).total) * 1e6)),
+    "count": _Stat(_own("sum"), lambda s, key: s.get("sum", key.column, key.valid).count),
+    "count_rate": _Stat(lambda key: [("sum", key.column, key.valid), ("sum", key.arg, False)],
+                        _count_rate),
+    "by_bucket": _Stat(_own("buckets"), _by_bucket),
+}

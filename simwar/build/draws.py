@@ -141,6 +141,7 @@ class Symbolic:
         self.affines: dict[int, object] = {}  # key -> Affine or Series, in order of first use
         self.uses: dict[int, int] = {}  # key -> uses in the current iteration
         self.contexts: dict[int, list] = {}  # affine key -> [(step offset, padded)] per use
+        self.noise_of: dict[int, int] = {}  # affine key -> the key of its noise's draws
         self.k = 0  # the current iteration
 
     def new_iteration(self, k: int = 0) -> tuple[dict[int, int], dict[int, list]]:
@@ -159,6 +160,7 @@ class Symbolic:
             self.affines.setdefault(key, d)
             self.contexts.setdefault(key, []).append((at - self.k, padded))
             if type(d) is Affine and d.noise is not None:
+                self.noise_of[key] = id(d.noise)
                 self(d.noise)  # one noise draw per use, from the run's generator
         n = self.uses.get(key, 0)
         self.uses[key] = n + 1
@@ -186,10 +188,14 @@ class AffineTable:
         self.plan = plan
         self.sizes = sizes
         self.segments = plan.segments()
-        self.names = {id(v): key for key, v, _ in duration_keys(plan.cfg, plan.phases)}
+        self.names = getattr(plan, "keys", None) or \
+            {id(v): key for key, v, _ in duration_keys(plan.cfg, plan.phases)}
         self.arrays: dict[int, np.ndarray] = {}
         self.offsets: dict[int, list[int]] = {}
         self.noise: dict[int, np.ndarray] = {}
+        self._uses: list | None = None  # per segment, its uses flat (one iteration's fill)
+        self._memo: dict = {}  # (segment, sizes) -> its uses' values (:meth:`at`)
+        self._last = 0  # the segment of the last iteration asked for
         for key, obj in plan.affines.items():
             pos, offs = 0, []
             for role, _, count in self.segments:
@@ -198,7 +204,7 @@ class AffineTable:
             self.arrays[key] = np.zeros(pos)
             self.offsets[key] = offs
             if type(obj) is Affine and obj.noise is not None:
-                self.noise[key] = draws.pop(id(obj.noise))
+                self.noise[key] = draws.pop(plan.noise_of[key])
         draws.update(self.arrays)
 
     def fill(self, k0: int, k1: int) -> None:
@@ -236,6 +242,75 @@ class AffineTable:
                     flat = flat + self.noise[key][start:stop]
                 self.arrays[key][start:stop] = flat
 
+    def at(self, k: int) -> dict[int, tuple]:
+        """The values of iteration ``k``'s uses, per duration (``{key: (use 0, use 1, ...)}``):
+        what :meth:`fill` writes for it, by the same operations on Python floats (as
+        arrivals are realized, iteration by iteration). An iteration's values before noise
+        depend only on the sizes of the steps its uses take, so they are kept per such
+        sizes (a run has few distinct ones)."""
+        if self._uses is None:
+            self._uses = [self._role_uses(si) for si in range(len(self.segments))]
+        si = self._last
+        role, s0, count = self.segments[si]
+        if not s0 <= k < s0 + count:
+            si = self._last = next(i for i, (_, a, c) in enumerate(self.segments)
+                                   if a <= k < a + c)
+            role, s0, count = self.segments[si]
+        offsets, plain, noisy, series = self._uses[si]
+        sizes = self.sizes
+        last = len(sizes.batch) - 1
+        steps = [k + off if k + off < last else last for off in offsets]  # -1: the last
+        at = tuple((sizes.batch.item(i), sizes.bucket.item(i), sizes.accept.item(i))
+                   for i in steps)
+        memo = self._memo
+        values = memo.get((si, at))
+        if values is None:
+            if len(memo) >= 1 << 14:  # continuous accepted tokens: keep it small
+                memo.clear()
+            values = memo[(si, at)] = self._values(si, steps, at)
+        if not noisy and not series:
+            return values
+        values = dict(values)
+        for key, pos, noise in noisy:
+            pos += (k - s0) * len(values[key])
+            values[key] = tuple(v + noise(pos + j) for j, v in enumerate(values[key]))
+        for key, offs, arr in series:
+            values[key] = tuple(arr.item(k + off if k + off < last else last) for off in offs)
+        return values
 
-__all__ = ["WAIT_REQUESTS", "AffineTable", "Sampler", "Series", "Sum", "Symbolic", "Use",
-           "sample"]
+    def _values(self, si: int, steps: list, at: tuple) -> dict[int, tuple]:
+        """Segment ``si``'s affine uses at these sizes, before noise (each checked >= 0)."""
+        role = self.segments[si][0]
+        offsets = self._uses[si][0]
+        out = {}
+        for key, ctx in self.plan.contexts[role].items():
+            obj = self.plan.affines[key]
+            if type(obj) is Series:
+                continue
+            vals = []
+            for off, padded in ctx:
+                n = offsets.index(off)
+                batch, bucket, tokens = at[n]
+                size = float(bucket if padded else batch)
+                v = obj.value(size, tokens)
+                if v < 0:
+                    raise ConfigError(affine_error(self.names.get(key, "a duration"), obj,
+                                                   size, tokens, v, steps[n]))
+                vals.append(v)
+            out[key] = tuple(vals)
+        return out
+
+    def _role_uses(self, si: int) -> tuple:
+        """Segment ``si``'s step offsets, ``None`` (its values are memoized per sizes), its
+        noisy durations ``(key, position of their first use at iteration s0, noise getter)``
+        and its series ``(key, step offsets, array)``."""
+        role, s0, _ = self.segments[si]
+        offsets, noisy, series = set(), [], []
+        for key, ctx in self.plan.contexts[role].items():
+            obj = self.plan.affines[key]
+            offsets.update(off for off, _ in ctx)
+            if type(obj) is Series:
+                series.append((key, [off for off, _ in ctx], getattr(self.sizes, obj.name)))
+            elif key in self.noise:
+                noisy.append((key, self.offsets[key][si], self.noise[key].item))
+        return sorted(offsets), None, noisy, series

@@ -110,6 +110,7 @@ class IterationPlan:
         self.affines = affines or {}  # key -> Affine or Series (per-use arrays, not draws)
         self.contexts = contexts or [{} for _ in ops]  # per skeleton iteration
         self.sizes = sizes
+        self.noise_of: dict[int, int] = {}  # affine key -> the key of its noise's draws
 
     def segments(self) -> list[tuple[int, int, int]]:
         """The run's iterations (the drain last) as ``(skeleton iteration, first, count)``."""
@@ -152,14 +153,16 @@ class IterationPlan:
         return {key: (self.dists[key], total[key]) for key in self.dists}
 
 
-def plan_iterations(cfg: Config, sizes: StepSizes) -> IterationPlan:
+def plan_iterations(cfg: Config, sizes: StepSizes, phases: list[Phase] | None = None,
+                    drawer: Symbolic | None = None) -> IterationPlan:
     """Build the first iterations and the drain symbolically (no numbers drawn), at the
     run's per-step ``sizes``. An arrivals run's may not be realized yet (while
     :func:`simwar.executors.fast.realize` fixes them): the templates' structure never
     depends on the sizes, and their step-dependent values are filled later
-    (:meth:`~simwar.build.draws.AffineTable.fill`)."""
-    sym = Symbolic()
-    b = LoopBuilder(cfg, sym, sizes)
+    (:meth:`~simwar.build.draws.AffineTable.fill`). ``phases``, ``drawer``: a phase table
+    and a symbolic drawer of the caller's (:func:`simwar.build.template.traced`)."""
+    sym = drawer if drawer is not None else Symbolic()
+    b = LoopBuilder(cfg, sym, sizes, phases)
     n = min(cfg.steps, SKELETON)
     ops: list[list] = []
     uses: list[dict] = []
@@ -178,8 +181,10 @@ def plan_iterations(cfg: Config, sizes: StepSizes) -> IterationPlan:
     u, c = sym.new_iteration()
     uses.append(u)
     contexts.append(c)
-    return IterationPlan(cfg, ops, uses, dict(sym.dists), b.meta(), b.phases,
-                         dict(sym.affines), contexts, sizes)
+    out = IterationPlan(cfg, ops, uses, dict(sym.dists), b.meta(), b.phases,
+                        dict(sym.affines), contexts, sizes)
+    out.noise_of = dict(sym.noise_of)
+    return out
 
 
 def stream_program(cfg: Config, sizes: StepSizes) -> Program:
@@ -282,12 +287,7 @@ class LoopBuilder:
             "publish_position": p.position, "publish_reason": p.reason,
             "forward_stream": "forward",
         }
-        sz = self.sizes
-        if sz.per_step:
-            # the run's means stand in for the constants; the steps' own values follow
-            out["batch_size"] = float(sz.batch.mean()) if len(sz.batch) else 0.0
-            out["accept_tokens"] = float(sz.accept.mean()) if len(sz.accept) else 0.0
-            out["workload"] = sz.meta()
+        out.update(sizes_meta(self.sizes))
         return out
 
     def iteration(self, k: int) -> None:
@@ -407,9 +407,19 @@ class LoopBuilder:
         self._at = at
 
 
+def sizes_meta(sz: StepSizes) -> dict:
+    """The meta a run's per-step sizes give: for a run whose steps differ, its means in
+    place of the constants, and the steps' own values (``workload``)."""
+    if not sz.per_step:
+        return {}
+    return {"batch_size": float(sz.batch.mean()) if len(sz.batch) else 0.0,
+            "accept_tokens": float(sz.accept.mean()) if len(sz.accept) else 0.0,
+            "workload": sz.meta()}
+
+
 def _positive(d) -> bool:
     return isinstance(d, (Dist, Affine)) or d > 0
 
 
 __all__ = ["SKELETON", "IterationPlan", "LoopBuilder", "build_program", "plan_iterations",
-           "stream_program"]
+           "sizes_meta", "stream_program"]

@@ -12,6 +12,9 @@ run's steps (:class:`StepSizes`), computed once, before any op is built:
 - ``accept[k]``: accepted tokens per request in step k (``accept.tokens``: a number, a
   per-step list cycled, or a distribution drawn once per step).
 
+A size that is the same in every step is a read-only array of no memory
+(``numpy.broadcast_to``): a constant run allocates nothing per step.
+
 The durations that scale with the step (:class:`simwar.config.schema.Affine`) are evaluated on
 these arrays by :class:`simwar.build.draws.AffineTable`, vectorised, in the same layout as the
 distribution draws, so every executor reads the same numbers.
@@ -32,15 +35,17 @@ time iteration k begins (its step marker: what arrived by then is admitted); if 
 running or waiting, the host waits for the next arrival there (a ``wait_requests`` CPU span).
 
 :func:`draw_sizes` leaves an arrivals run's batches at zero; :class:`ArrivalProcess` is
-the model that fixes them, and the one-pass executor realizes the sequence with it, running
-the run's own plan one iteration at a time (:func:`simwar.executors.fast.realize`,
-called by :func:`simwar.api.resolve_sizes`): before iteration k it reads the host clock,
-fixes batch k (and the wait), and evaluates iteration k's durations; iteration k's ops only
-use the batches of steps <= k, so nothing already run changes. The realized sequence is then
-a fixed per-step array like any other: the one Program every executor runs (the SimPy
-engine, the one-pass executor, the GPU harness) is built from it, and it is exported in the
-per-step table (``batch_size``) and the program's ``meta.workload``. The same seed gives the
-same sequence.
+the model that fixes them, and the one-pass executor realizes the sequence with it, in one
+pass over the run's own plan (:func:`simwar.executors.fast.realize`, called by
+:func:`simwar.api.resolve_sizes`): before iteration k it reads the host clock, fixes batch k
+(and the wait), and evaluates iteration k's durations; iteration k's ops only use the
+batches of steps <= k, so nothing already run changes (that pass is the fast engine's run).
+A request's finish step is known when it is admitted (its output less each step's accepted
+tokens, which do not depend on time), so a step costs its admissions, not its batch.
+The realized sequence is then a fixed per-step array like any other: the one Program every
+executor runs (the SimPy engine, the one-pass executor, the GPU harness) is built from it,
+and it is exported in the per-step table (``batch_size``) and the program's
+``meta.workload``. The same seed gives the same sequence.
 
 Imports: numpy, :mod:`simwar.config` and :mod:`simwar.build.draws`; nothing from executors
 (realizing arrivals runs the executor: :mod:`simwar.api` orders it).
@@ -99,11 +104,17 @@ class StepSizes:
         return out
 
 
+def constant(value, n: int, dtype) -> np.ndarray:
+    """``n`` equal values as a read-only array of no memory (a constant run allocates nothing
+    per step)."""
+    return np.broadcast_to(np.asarray(value, dtype=dtype), (n,))
+
+
 def _batches(cfg: Config, n: int) -> np.ndarray:
     wl = cfg.workload
     src = wl.source if wl is not None else "constant"
     if src == "constant":
-        return np.full(n, cfg.batch_size, dtype=np.int64)
+        return constant(cfg.batch_size, n, np.int64)
     if src in ("batch_sizes", "batch_sizes_file"):
         seq = np.asarray(wl.batch_sizes if src == "batch_sizes" else wl.file_sizes(),
                          dtype=np.int64)
@@ -112,7 +123,7 @@ def _batches(cfg: Config, n: int) -> np.ndarray:
         return np.zeros(n, dtype=np.int64)  # realized later
     d = wl.batch_size
     if isinstance(d, int):
-        return np.full(n, d, dtype=np.int64)
+        return constant(d, n, np.int64)
     g = rng(cfg.seed, "batch")
     if d.dist == "uniform":
         lo, hi = max(1, math.ceil(d.low)), math.floor(d.high)
@@ -123,7 +134,7 @@ def _batches(cfg: Config, n: int) -> np.ndarray:
 def _accepted(cfg: Config, n: int) -> np.ndarray:
     t = cfg.accept.tokens
     if isinstance(t, float):
-        return np.full(n, t)
+        return constant(t, n, np.float64)
     if isinstance(t, list):
         return np.resize(np.asarray(t, dtype=float), n)
     return sample(rng(cfg.seed, "accept"), t, n)
@@ -139,7 +150,12 @@ def draw_sizes(cfg: Config) -> StepSizes:
     buckets = wl.graph_buckets if wl is not None else None
     where = f"workload.{src}" if src in ("batch_size", "batch_sizes", "batch_sizes_file") \
         else "batch_size"
-    bucket = buckets_of(batch, buckets, where) if src != "arrivals" else batch.copy()
+    if src == "arrivals":
+        bucket = batch.copy()  # realized later
+    elif batch.strides == (0,) and len(batch):  # one batch for every step
+        bucket = constant(buckets_of(batch[:1], buckets, where)[0], n, np.int64)
+    else:
+        bucket = buckets_of(batch, buckets, where)
     return StepSizes(batch, bucket, _accepted(cfg, n), buckets,
                      idle=np.zeros(n + 1) if src == "arrivals" else None,
                      per_step=cfg.varies, suffix=wl is not None, source=src)
@@ -162,7 +178,7 @@ class ArrivalProcess:
         self.max_batch = int(wl.max_batch)
         # the bucket of every batch the run can have (validated: max_batch fits the buckets)
         self.bucket_at = buckets_of(np.arange(self.max_batch + 1), sizes.buckets,
-                                    "workload.max_batch")
+                                    "workload.max_batch").tolist()
         self.gap_us = 1e6 / wl.arrivals.rate_per_s
         self.output = wl.output_tokens
         self._arr_rng = rng(cfg.seed, "arrivals")
@@ -176,9 +192,10 @@ class ArrivalProcess:
         self.admit_step: list[int] = []
         self.admit_us: list[float] = []
         self.finish: list[int] = []
-        self.remaining: list[float] = []
         self.queue: deque[int] = deque()
-        self.running: list[int] = []
+        self.active = 0  # requests in the batch (admitted, not yet left)
+        self.leaving: dict[int, int] = {}  # step -> requests that leave before its batch
+        self._accept: list[float] | None = None  # accepted tokens per step, as floats
         self.next_time = 0.0  # the next arrival not yet in the queue
         for _ in range(wl.initial_batch):
             self._new(0.0)
@@ -202,7 +219,6 @@ class ArrivalProcess:
         rid = len(self.arrival)
         self.arrival.append(t)
         self.out_tokens.append(self._output())
-        self.remaining.append(float(self.out_tokens[-1]))
         self.admit_step.append(-1)
         self.admit_us.append(math.nan)
         self.finish.append(-1)
@@ -219,32 +235,47 @@ class ArrivalProcess:
         if k <= self.done:  # the executor may re-run a pass: the decision stands
             return float(self.sizes.idle[k])
         self.done = k
-        finish = self.finish
         # finished by step k-2: the scheduler processed that result in iteration k-1
-        self.running = [r for r in self.running if not (0 <= finish[r] <= k - 2)]
-        self._arrive_until(t)
+        self.active -= self.leaving.pop(k, 0)
+        if self.next_time <= t:
+            self._arrive_until(t)
         idle = 0.0
-        if not self.running and not self.queue:
+        if not self.active and not self.queue:
             idle = self.next_time - t
             t = self.next_time
             self._arrive_until(t)
-        room = self.max_batch - len(self.running)
+        room = self.max_batch - self.active
         while room > 0 and self.queue:
             rid = self.queue.popleft()
             self.admit_step[rid] = k
             self.admit_us[rid] = t
-            self.running.append(rid)
+            done = self._finish_step(self.out_tokens[rid], k)
+            self.finish[rid] = done
+            if done >= 0:
+                self.leaving[done + 2] = self.leaving.get(done + 2, 0) + 1
+            self.active += 1
             room -= 1
-        self.sizes.batch[k] = len(self.running)
-        self.sizes.bucket[k] = self.bucket_at[len(self.running)]
-        self.sizes.idle[k] = idle
-        acc = float(self.sizes.accept[k])
-        for r in self.running:
-            if finish[r] < 0:
-                self.remaining[r] -= acc
-                if self.remaining[r] <= 1e-9:
-                    finish[r] = k
+        sizes = self.sizes
+        sizes.batch[k] = self.active
+        sizes.bucket[k] = self.bucket_at[self.active]
+        if idle:
+            sizes.idle[k] = idle
         return idle
+
+    def _finish_step(self, output: int, k: int) -> int:
+        """The step that produces the last token of a request admitted at step k: its output
+        less each step's accepted tokens, from step k on, until none is left (``<= 1e-9``);
+        -1 if that is not within the run. (Its tokens are known in advance: they do not
+        depend on time.)"""
+        if self._accept is None:
+            self._accept = self.sizes.accept.tolist()
+        acc = self._accept
+        left = float(output)
+        for j in range(k, len(acc)):
+            left -= acc[j]
+            if left <= 1e-9:
+                return j
+        return -1
 
     def finish_run(self) -> None:
         s = self.sizes
@@ -258,4 +289,4 @@ class ArrivalProcess:
         }
 
 
-__all__ = ["CHUNK", "STREAMS", "ArrivalProcess", "StepSizes", "draw_sizes", "rng"]
+__all__ = ["CHUNK", "STREAMS", "ArrivalProcess", "StepSizes", "constant", "draw_sizes", "rng"]

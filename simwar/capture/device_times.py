@@ -27,6 +27,8 @@ class PendingRecord(NamedTuple):
     op: int
     lane: str
     issue: float  # when the host call that issued it returned (a stream sync: its start)
+    #: an in-graph node: the end of its graph's last kernel on its lane (None: a host record)
+    graph_end: float | None = None
 
 
 class PendingWait(NamedTuple):
@@ -96,7 +98,9 @@ def infer_device_times(rec: Recorder, measured: MeasuredLanes, records: list[Pen
     - a wait is reached at ``begins(tail, issue)`` and released, by the
       rule, at ``released(reach, record firing, 0, ...)`` (unbound: at its
       reach): the capture does not show the cross-stream latency, so this
-      is a lower bound. The next device op issued on the stream after the
+      is a lower bound. A bound wait whose record fired (at the latest) before the
+      wait was reached did not hold: released at its reach. Otherwise the next
+      device op issued on the stream after the
       wait bounds it from the measurement: if that op was issued by the
       rule's release, it was queued behind the wait and ran as soon as the
       wait let it go, so its measured start *is* the release (dependency
@@ -104,17 +108,31 @@ def infer_device_times(rec: Recorder, measured: MeasuredLanes, records: list[Pen
       time it started, so the release is at most its start.
 
     A wait that held its stream becomes a ``wait`` span (dependency idle).
+
+    An in-graph record node fires somewhere inside its graph's run, where the capture
+    does not say: no earlier than the rule's firing above (its stream's tail at the
+    launch), no later than the graph's last kernel on its stream, and no later than the
+    release of any wait bound to it. It is placed at the latest of these bounds that the
+    measurement allows: min(graph end, earliest release), never before the rule's firing.
     """
     lane_of_record = {r.op: r.lane for r in records}
     for r in records:
         t = fires(measured.tail(r.lane, r.issue), r.issue)
         rec.set_times(r.op, t, t)
     fired = rec.op_end
+    latest = {r.op: max(fired[r.op], r.graph_end) for r in records if r.graph_end is not None}
+    released_at: dict[int, float] = {}
     for w in waits:
         reach = begins(measured.tail(w.lane, w.issue), w.issue)
         release = reach
         if w.bound >= 0:
             release = released(reach, fired[w.bound], 0.0, lane_of_record[w.bound] == w.lane)
+            if latest.get(w.bound, fired[w.bound]) <= reach:
+                # its record had fired (at the latest) when the stream reached it: the wait
+                # did not hold; a later start of the next op is that op's own gap
+                rec.set_times(w.op, reach, reach)
+                released_at[w.bound] = min(released_at.get(w.bound, reach), reach)
+                continue
         nxt = measured.next_issued(w.lane, w.issue)
         if nxt is not None and nxt.start >= reach:
             if nxt.issue <= release:  # queued behind the wait: held until it ran
@@ -122,3 +140,9 @@ def infer_device_times(rec: Recorder, measured: MeasuredLanes, records: list[Pen
             else:  # it ran then, so the wait was released by then
                 release = min(release, nxt.start)
         rec.set_times(w.op, reach, release)  # held (release > reach): a wait span
+        released_at[w.bound] = min(released_at.get(w.bound, release), release)
+    for r in records:
+        if r.graph_end is not None:
+            t = fired[r.op]
+            t = max(t, min(r.graph_end, released_at.get(r.op, r.graph_end)))
+            rec.set_times(r.op, t, t)

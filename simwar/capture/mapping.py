@@ -3,11 +3,18 @@
 A mapping is a small YAML file (every key optional)::
 
     name: sglang-dspark-h200
+    preset: sglang                   # start from a preset (simwar.capture.presets)
     streams: {7: forward, 13: schedule, 20: copy}   # CUDA stream id -> lane
     forward_stream: forward          # lane (or stream id) whose kernels make a step's forward
-    host_thread: 31337               # tid of the scheduler thread (default: most launches)
+    host_thread: 31337               # tid of the scheduler thread (default: the one with the
+                                     #   step ranges, else the one with the most launches)
+    process: 4242                    # pid of the rank analysed when a capture holds several
+                                     #   processes (default: the one with the step ranges)
     steps: '^ProfilerStep#\\d+$'     # annotation regex that delimits decode steps
     run_batch: '^run_batch$'         # annotation whose start is the run_batch marker
+    batch: '^decode bs=(\\d+)$'      # one group: each step's batch, from a range in it
+    idle: '^wait_requests$'          # ranges where the loop waits for requests (left out)
+    graph_buckets: [8, 16, 32, 64]   # the captured graphs' batch sizes (simwar.capture.sizes)
     phases:                          # regex -> phase, tried in order on the kernel name,
       'draft': draft                 #   then on the annotations enclosing its launch
       'verify|target': verify
@@ -17,7 +24,10 @@ A mapping is a small YAML file (every key optional)::
       '^get_next_batch_to_run$': schedule  #   (ingest, schedule, prepare, process_result)
       '^process_batch_result$': process_result
     reads: {verify: [req_to_token]}  # phase -> shared buffers it reads (a capture cannot
-                                     #   show reads; used by --fit)
+                                     #   show reads; used by --fit and simwar races); a key
+                                     #   that is no phase is a regex, as for writes
+    writes: {'index_put': [req_to_token]}   # kernel or range regex -> buffers it writes
+                                     #   (simwar races: simwar.capture.accesses)
     gpu_clock_offset_us: 0           # added to device times; 'auto' aligns kernels with launches
     warmup_steps: 2
     batch_size: 32
@@ -26,7 +36,11 @@ A mapping is a small YAML file (every key optional)::
 Stream keys are CUDA stream ids, or ``"DEVICE:STREAM"`` when a capture holds
 several GPUs; the lanes ``forward``, ``schedule``, ``plan`` and ``copy`` are
 the builder's streams (``simwar import --fit`` detects the forward, schedule and
-copy streams when they are not named). Errors are
+copy streams when they are not named). ``batch`` and ``graph_buckets`` give each step its
+batch and bucket (:mod:`simwar.capture.sizes`). A mapping may start from a preset
+(:mod:`simwar.capture.presets`; ``preset:`` in the file, or ``--preset``): its keys
+replace the preset's, and the preset's own entries that match nothing in a capture are
+dropped there (:attr:`Mapping.soft`). Errors are
 :class:`simwar.config.schema.ConfigError` with one line naming the file and key; a
 regex that matches nothing in a capture is checked where the capture is read
 (:func:`unmatched_keys`).
@@ -41,7 +55,14 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+)
 
 from simwar.config import ConfigError, first_error, read_yaml
 
@@ -57,20 +78,65 @@ class Mapping(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = ""
+    #: the preset a mapping file starts from (``--preset`` names it on the command line)
+    preset: str | None = None
     streams: dict[str, str] = Field(default_factory=dict)
     forward_stream: str | None = None
     host_thread: int | None = None
+    process: int | None = None
     steps: str = PROFILER_STEP
     run_batch: str | None = None
+    batch: str | None = None
+    idle: str | None = None
+    graph_buckets: list[int] | None = None
     phases: dict[str, str] = Field(default_factory=dict)
     default_phase: str | None = None
     sites: dict[str, str] = Field(default_factory=dict)
     cpu: dict[str, str] = Field(default_factory=dict)
     reads: dict[str, list[str]] = Field(default_factory=dict)
+    writes: dict[str, list[str]] = Field(default_factory=dict)
     gpu_clock_offset_us: float | Literal["auto"] = 0.0
     warmup_steps: int = Field(default=0, ge=0)
     batch_size: int = Field(default=1, ge=1)
     accept_tokens: float = Field(default=1.0, gt=0)
+    #: the preset's entries, by key: ``{"cpu": {pattern, ...}, "batch": {pattern}, ...}``;
+    #: what matches nothing of a capture is dropped from it (not an error)
+    _soft: dict = PrivateAttr(default_factory=dict)
+    #: the preset this mapping starts from ('' none) and why (``--preset``, detected)
+    _origin: tuple = PrivateAttr(default=("", ""))
+
+    @property
+    def soft(self) -> dict:
+        return self._soft
+
+    @property
+    def origin(self) -> tuple[str, str]:
+        """``(name, how)``: the preset this mapping starts from ('' none) and why."""
+        return self._origin
+
+    @field_validator("batch")
+    @classmethod
+    def _batch(cls, v: str | None) -> str | None:
+        if v is not None:
+            groups = _compile(v).groups
+            if groups != 1:
+                raise ValueError(f"'{v}' has {groups} capture groups; expected exactly one, "
+                                 f"the batch, e.g. '^decode bs=(\\d+)$'")
+        return v
+
+    @field_validator("graph_buckets", mode="before")
+    @classmethod
+    def _buckets(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if not isinstance(v, list) or not v:
+            raise ValueError("expected a non-empty list of batch sizes, e.g. [8, 16, 32, 64]")
+        for i, b in enumerate(v):
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                raise ValueError(f"{i}: a bucket is a positive whole batch size, got {b!r}")
+        if len(set(v)) != len(v):
+            raise ValueError("duplicate buckets")
+        return sorted(v)
 
     @field_validator("streams", mode="before")
     @classmethod
@@ -92,7 +158,7 @@ class Mapping(BaseModel):
     def _forward(cls, v: Any) -> Any:
         return None if v is None else str(v)
 
-    @field_validator("steps", "run_batch")
+    @field_validator("steps", "run_batch", "idle")
     @classmethod
     def _regex(cls, v: str | None) -> str | None:
         if v is not None:
@@ -115,9 +181,9 @@ class Mapping(BaseModel):
                                  f"({', '.join(CPU_ITEMS)})")
         return v
 
-    @field_validator("reads", mode="before")
+    @field_validator("reads", "writes", mode="before")
     @classmethod
-    def _reads(cls, v: Any) -> Any:
+    def _buffers(cls, v: Any) -> Any:
         if not isinstance(v, dict):
             return v
         out = {}
@@ -130,6 +196,13 @@ class Mapping(BaseModel):
                                  f"[req_to_token]")
             out[str(phase)] = list(buffers)
         return out
+
+    @field_validator("writes")
+    @classmethod
+    def _write_keys(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for pattern in v:
+            _compile(pattern)
+        return v
 
     # ---- compiled views used by the importer
     def phase_rules(self) -> list[tuple[re.Pattern, str]]:
@@ -162,14 +235,17 @@ def unmatched_keys(mapping: Mapping, kernel_names, annotation_names) -> list[str
     """The mapping's regexes that match nothing in a capture, one sentence each.
 
     ``phases`` rules are tried on kernel names and annotation names (as the
-    importer does), ``sites``, ``cpu``, ``steps`` and ``run_batch`` on annotation names.
-    Each sentence names the key and how many candidates there were.
+    importer does), ``sites``, ``cpu``, ``steps``, ``run_batch``, ``batch`` and ``idle`` on
+    annotation names. Each sentence names the key and how many candidates there were. A preset's
+    entries (:attr:`Mapping.soft`) are optional and never listed.
     """
     kernels = sorted(set(kernel_names))
     notes = sorted(set(annotation_names))
     out = []
 
     def check(key: str, pattern: str, names: list[str], what: str) -> None:
+        if pattern in mapping.soft.get(key, ()):  # a preset's entry: optional
+            return
         rx = re.compile(pattern)
         if not any(rx.search(n) for n in names):
             shapes = sorted({re.sub(r"\d+", "N", n) for n in names})
@@ -185,6 +261,9 @@ def unmatched_keys(mapping: Mapping, kernel_names, annotation_names) -> list[str
     check("steps", mapping.steps, notes, "annotation names")
     if mapping.run_batch is not None:
         check("run_batch", mapping.run_batch, notes, "annotation names")
+    for key in ("batch", "idle"):
+        if getattr(mapping, key) is not None:
+            check(key, getattr(mapping, key), notes, "annotation names")
     return out
 
 

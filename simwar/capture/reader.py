@@ -1,34 +1,63 @@
-"""Read a Kineto (torch.profiler) Chrome-trace capture into a :class:`Capture`.
+"""Read a Kineto (torch.profiler) Chrome-trace capture into a :class:`Capture`, in one pass.
 
 ``torch.profiler.profile(...).export_chrome_trace(path)`` writes Kineto's
 Chrome-trace JSON: an object with ``traceEvents`` (and ``schemaVersion``,
 ``deviceProperties``, ``baseTimeNanoseconds``, ...). The events kept are
-complete events (``ph: X``, ``ts``/``dur`` in µs) of these categories:
+complete events (``ph: X``, ``ts``/``dur`` in µs; ``B``/``E`` pairs are paired
+into complete events per thread) of these categories:
 
 - ``kernel``, ``gpu_memcpy``, ``gpu_memset``: device work; ``pid`` is the
   device, ``tid`` the stream, ``args`` carry ``stream``, ``device`` and the
   ``correlation`` id of the host call that issued it (a ``cudaGraphLaunch``
   shares its correlation id with every kernel of the graph);
 - ``cuda_runtime`` / ``cuda_driver``: host API calls on a CPU thread
-  (``args.correlation``): launches, ``cudaEventRecord``,
-  ``cudaStreamWaitEvent``, ``cudaEventSynchronize``, ``cudaStreamSynchronize``,
-  ``cudaGraphLaunch``, ...;
+  (``args.correlation``, unique within the process): launches,
+  ``cudaEventRecord``, ``cudaStreamWaitEvent``, ``cudaEventSynchronize``, ...,
+  and their HIP counterparts (:data:`HIP_TO_CUDA`, the table of what each HIP
+  name means in CUDA terms);
 - ``cuda_sync`` (with ``_ExperimentalConfig(enable_cuda_sync_events=True)``):
   ``Stream Wait Event``, ``Event Sync``, ``Stream Sync``, ``Context Sync`` with
-  ``args.stream``, ``correlation`` (the host call), ``wait_on_stream`` and
-  ``wait_on_cuda_event_record_corr_id`` (the ``cudaEventRecord`` call that
-  last recorded the event): these bind waits and syncs to records;
+  ``args.stream``, ``correlation`` (the host call), ``wait_on_stream``,
+  ``wait_on_cuda_event_id`` and ``wait_on_cuda_event_record_corr_id`` (the
+  record call; -1 in PyTorch 2.11: :mod:`simwar.capture.binding` binds those);
 - ``user_annotation`` (``record_function`` ranges, ``ProfilerStep#N``; older
   captures file ProfilerStep under ``cpu_op``): step segmentation, phases,
-  sync sites.
+  sync sites;
+- ``overhead`` (the profiler's own stalls, e.g. ``Activity Buffer Request``):
+  kept as ranges (:attr:`Capture.overhead`) so that a fit can leave out the
+  steps they fell in;
+- metadata (``ph: M``): thread and process names, which the report uses to name
+  the threads that launch.
 
-Every other event (``cpu_op``, ``python_function``, ``ac2g`` flows, metadata,
-instants, ...) is counted and ignored. The file is read with a streaming
-JSON parser, so memory grows with the number of *used* events, not the file.
-:func:`call_kind` types a runtime call by its name (and whether it issued
-device work); :mod:`simwar.capture.to_trace` builds the Trace from the result.
+A kernel keeps its launch dims (``args.grid``, ``args.block``: what tells two
+captured graphs of one phase apart), a memcpy or memset its ``args.bytes``.
 
-Imports: ijson, the standard library and :mod:`simwar.core.trace`; never the
+Device activity of a kind simwar does not model (MTIA's ``mtia_*`` categories,
+:data:`UNMODELLED_DEVICE`) is counted per category; every other event
+(``cpu_op``, ``python_function``, ``ac2g`` flows, instants, ...) is counted and
+ignored.
+
+**Malformed events** are never read silently: an event of a used kind without a
+numeric ``ts``, without a numeric ``dur`` or with a negative one, device work
+with neither ``args.stream`` nor ``tid``, an unmatched ``B``/``E``, is dropped and
+counted in ``Capture.problems`` by (kind, problem); :func:`problem_lines` words
+them as the importer's warnings (``simwar import --strict`` makes them errors).
+A UTF-8 byte-order mark is skipped; ``displayTimeUnit`` is kept in the meta and
+never scales ``ts`` (the Chrome format's times are µs whatever the display unit).
+A missing, empty or non-list ``traceEvents`` is a :class:`KinetoFormatError`.
+
+**One pass** (:func:`read_capture`): the file (gzip or not) is read in blocks;
+each block is cut at the last ``},`` between two events and the events before it
+are decoded by msgspec into :class:`RawEvent` structs that keep only the fields
+used here (msgspec skips the rest without building them). A cut that falls inside
+a string or a nested value makes the decode fail (the piece is not valid JSON),
+and the block is then decoded together with the next one, so the result does not
+depend on where blocks fall. Memory is the used events plus one block.
+
+The file is over 600 lines because the one pass and the check of every field it reads
+(the malformed-event rules above) are one unit: split, each half would restate the other.
+
+Imports: msgspec, the standard library and :mod:`simwar.core.trace`; never the
 simulator (api, executors, build) and no pandas. Nothing prints: progress goes
 to an optional callback.
 """
@@ -36,14 +65,15 @@ to an optional callback.
 from __future__ import annotations
 
 import gzip
+import re
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-import ijson
+import msgspec
 
 from simwar.core.trace import Call
 
@@ -51,6 +81,8 @@ from simwar.core.trace import Call
 DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy",
                "Memcpy": "memcpy", "gpu_memset": "memset", "Memset": "memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
+#: device activity simwar does not model: counted and reported in one line
+UNMODELLED_DEVICE = re.compile(r"^mtia")
 RECORD_CALLS = {"cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord",
                 "cuEventRecordWithFlags"}
 WAIT_CALLS = {"cudaStreamWaitEvent", "cuStreamWaitEvent"}
@@ -59,27 +91,59 @@ SYNC_CALLS = {"cudaEventSynchronize", "cudaStreamSynchronize", "cudaDeviceSynchr
 LAUNCH_CALLS = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                 "cudaLaunchCooperativeKernel"}
 GRAPH_CALLS = {"cudaGraphLaunch", "cuGraphLaunch"}
+#: HIP runtime names and the CUDA call each one means (ROCm's Kineto writes HIP names
+#: under the same categories). A HIP call is typed by its CUDA meaning; its label stays
+#: the HIP name. Memory calls are launches when their copy is in the capture, like CUDA's.
+HIP_TO_CUDA = {
+    "hipLaunchKernel": "cudaLaunchKernel",
+    "hipExtLaunchKernel": "cudaLaunchKernel",
+    "hipModuleLaunchKernel": "cuLaunchKernel",
+    "hipExtModuleLaunchKernel": "cuLaunchKernel",
+    "hipHccModuleLaunchKernel": "cuLaunchKernel",
+    "hipLaunchCooperativeKernel": "cudaLaunchCooperativeKernel",
+    "hipExtLaunchMultiKernelMultiDevice": "cudaLaunchKernel",
+    "hipGraphLaunch": "cudaGraphLaunch",
+    "hipMemcpyAsync": "cudaMemcpyAsync",
+    "hipMemcpyWithStream": "cudaMemcpyAsync",
+    "hipMemcpy": "cudaMemcpy",
+    "hipMemsetAsync": "cudaMemsetAsync",
+    "hipMemset": "cudaMemset",
+    "hipEventRecord": "cudaEventRecord",
+    "hipEventRecordWithFlags": "cudaEventRecordWithFlags",
+    "hipStreamWaitEvent": "cudaStreamWaitEvent",
+    "hipEventSynchronize": "cudaEventSynchronize",
+    "hipStreamSynchronize": "cudaStreamSynchronize",
+    "hipDeviceSynchronize": "cudaDeviceSynchronize",
+}
 #: the typed call kind of a runtime call, by name (see :func:`call_kind`)
 CALL_KINDS: dict[str, Call] = {
     **dict.fromkeys(LAUNCH_CALLS, Call.LAUNCH), **dict.fromkeys(GRAPH_CALLS, Call.GRAPH_LAUNCH),
     **dict.fromkeys(RECORD_CALLS, Call.RECORD), **dict.fromkeys(WAIT_CALLS, Call.WAIT_EVENT),
     **dict.fromkeys(SYNC_CALLS, Call.SYNCHRONIZE)}
+CALL_KINDS.update({hip: CALL_KINDS[cuda] for hip, cuda in HIP_TO_CUDA.items()
+                   if cuda in CALL_KINDS})
+#: the CUDA name a runtime call stands for (its own name when it is not HIP)
+CUDA_NAME = dict(HIP_TO_CUDA)
 #: CUPTI writes an invalid stream id as uint32 -1
 _INVALID_STREAMS = {-1, 4294967295}
+#: a capture spanning longer than this is implausible for a profile (ts written in ns?)
+PLAUSIBLE_SPAN_US = 600e6
+#: a single device op longer than this is implausible (µs)
+PLAUSIBLE_DUR_US = 60e6
 
 #: ``progress(done_bytes, total_bytes)``, called as the file is read
 ProgressFn = Callable[[int, int], None]
 
 
 def call_kind(name: str, issued_work: bool) -> Call:
-    """The call kind of a host runtime call named ``name``.
+    """The call kind of a host runtime call named ``name`` (CUDA, driver or HIP).
 
     A call that issued device work in the capture (its correlation id is on a
-    kernel, memcpy or memset) is a launch: ``cudaGraphLaunch`` a graph launch,
-    anything else (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ``cudaMemsetAsync``,
-    ...) a kernel launch. Otherwise the name decides (a launch that issued
-    nothing in the capture, e.g. during stream capture, is still a launch);
-    calls of no known kind are ``Call.OTHER``.
+    kernel, memcpy or memset) is a launch: ``cudaGraphLaunch`` (``hipGraphLaunch``)
+    a graph launch, anything else (``cudaLaunchKernel``, ``cudaMemcpyAsync``, ...)
+    a kernel launch. Otherwise the name decides (a launch that issued nothing in
+    the capture, e.g. during stream capture, is still a launch); calls of no known
+    kind are ``Call.OTHER``.
     """
     kind = CALL_KINDS.get(name)
     if issued_work:
@@ -87,8 +151,51 @@ def call_kind(name: str, issued_work: bool) -> Call:
     return Call.OTHER if kind is None else kind
 
 
+def copy_kind(name: str) -> str:
+    """A memcpy's kind as Kineto names it (``Memcpy DtoH (Device -> Pinned)``:
+    ``DtoH (Device -> Pinned)``); '' for anything else."""
+    return name[len("Memcpy "):] if name.startswith("Memcpy ") else ""
+
+
 class KinetoFormatError(ValueError):
     """The file is not a readable Kineto capture; the message is one line."""
+
+
+# --------------------------------------------------------------------------- decoded events
+class RawArgs(msgspec.Struct):
+    """The ``args`` fields the reader uses; msgspec skips every other one."""
+
+    stream: Any = None
+    device: Any = None
+    correlation: Any = None
+    cuda_sync_kind: Any = None
+    wait_on_stream: Any = None
+    wait_on_cuda_event_id: Any = None
+    wait_on_cuda_event_record_corr_id: Any = None
+    name: Any = None
+    grid: Any = None
+    block: Any = None
+    bytes: Any = None
+
+
+class RawEvent(msgspec.Struct):
+    """One trace event as decoded (values untyped: the reader checks them)."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    pid: Any = None
+    tid: Any = None
+    ts: Any = None
+    dur: Any = None
+    args: RawArgs | None = None
+
+
+_TYPED = msgspec.json.Decoder(list[RawEvent])
+#: how many closing brackets from the end are tried as the array's end (the trailer after
+#: the array is small: a few keys)
+_END_TRIES = 16
+_ANY = msgspec.json.Decoder()
 
 
 # --------------------------------------------------------------------------- raw records
@@ -102,10 +209,13 @@ class DeviceEvent(NamedTuple):
     ts: float
     dur: float
     correlation: int
+    grid: tuple = ()  # a kernel's launch dims (empty: not in the capture)
+    block: tuple = ()
+    bytes: int = -1  # a memcpy's or memset's size (-1: not in the capture)
 
 
 class RuntimeCall(NamedTuple):
-    """A CUDA runtime or driver API call on a host thread."""
+    """A CUDA (or HIP) runtime or driver API call on a host thread."""
 
     name: str
     pid: int
@@ -140,24 +250,48 @@ class Annotation(NamedTuple):
 
 @dataclass
 class Capture:
-    """The used events of one capture, plus counts of everything seen."""
+    """The used events of one capture, plus counts of everything seen.
+
+    ``problems`` counts dropped events by (kind, problem) (:func:`problem_lines`);
+    ``unmodelled`` device events of kinds simwar does not model, by category;
+    ``thread_names`` the metadata's names of each ``(pid, tid)`` and ``process_names``
+    of each pid.
+    """
 
     device_events: list[DeviceEvent] = field(default_factory=list)
     runtime_calls: list[RuntimeCall] = field(default_factory=list)
     sync_events: list[SyncEvent] = field(default_factory=list)
     annotations: list[Annotation] = field(default_factory=list)
+    #: the profiler's own stalls (category ``overhead``), as ranges
+    overhead: list[Annotation] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     ignored: Counter = field(default_factory=Counter)
+    problems: Counter = field(default_factory=Counter)
+    unmodelled: Counter = field(default_factory=Counter)
+    thread_names: dict = field(default_factory=dict)
+    process_names: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+
+
+def problem_lines(cap: Capture) -> list[str]:
+    """The capture's dropped and implausible events as warning sentences, one per kind and
+    problem, each with its count."""
+    out = []
+    for (kind, problem), n in sorted(cap.problems.items()):
+        if kind == "capture":
+            out.append(f"the capture {problem}")
+        else:
+            out.append(f"{n} {kind} event{'s' if n != 1 else ''} {problem}")
+    return out
 
 
 # --------------------------------------------------------------------------- reading
 def read_capture(path: str | Path, progress: ProgressFn | None = None,
-                 chunk_bytes: int = 1 << 20) -> Capture:
-    """Stream a ``.json`` or ``.json.gz`` Kineto capture into a :class:`Capture`.
+                 chunk_bytes: int = 8 << 20) -> Capture:
+    """Read a ``.json`` or ``.json.gz`` Kineto capture into a :class:`Capture` in one pass.
 
-    ``progress(done_bytes, total_bytes)`` is called after each chunk (bytes of
-    the file on disk, compressed for ``.gz``).
+    ``progress(done_bytes, total_bytes)`` is called after each block (bytes of the
+    file on disk, compressed for ``.gz``).
     """
     path = Path(path)
     if not path.exists():
@@ -166,87 +300,188 @@ def read_capture(path: str | Path, progress: ProgressFn | None = None,
     cap = Capture()
     with open(path, "rb") as raw:
         fh = gzip.GzipFile(fileobj=raw) if _is_gzip(raw) else raw
+        tick = (lambda: progress(raw.tell(), total)) if progress is not None else (lambda: None)
         try:
-            first = _first_byte(fh)
+            _Stream(path, fh, cap, max(64, chunk_bytes), tick).run()
         except (OSError, EOFError) as e:
             raise KinetoFormatError(f"{path}: cannot decompress: {_one_line(e)}") from None
-        if first is None:
-            raise KinetoFormatError(f"{path}: empty file (expected a Kineto JSON object)")
-        if first not in (b"{", b"["):
-            raise KinetoFormatError(f"{path}: not JSON (starts with {first!r}; expected a "
-                                    f"Kineto trace object)")
-        try:
-            base, props, seen_key = _stream(fh, first == b"{", cap, chunk_bytes,
-                                            lambda: progress(raw.tell(), total)
-                                            if progress is not None else None)
-        except (OSError, EOFError) as e:
-            raise KinetoFormatError(f"{path}: cannot decompress: {_one_line(e)}") from None
-        except ijson.JSONError as e:
-            raise KinetoFormatError(f"{path}: not valid JSON: {_one_line(e)}") from None
-    if first == b"{" and not seen_key:
-        raise KinetoFormatError(f"{path}: no 'traceEvents' array (not a Kineto/Chrome trace)")
-    if base:
-        cap.meta["base_time_ns"] = int(base[0])
-    if props:
-        cap.meta["devices"] = [{k: p.get(k) for k in ("id", "name", "computeMajor",
-                                                       "computeMinor", "numSms") if k in p}
-                               for p in props if isinstance(p, dict)]
+    _check_plausible(cap)
     if progress is not None:
         progress(total, total)
     return cap
 
 
-def _stream(fh, is_object: bool, cap: Capture, chunk_bytes: int, tick) -> tuple:
-    """Feed the file to ijson's push parsers chunk by chunk, classifying events as they come."""
-    # Chrome's JSON Array Format is a bare list of events; Kineto writes the object form
-    events = ijson.sendable_list()
-    base = ijson.sendable_list()
-    props = ijson.sendable_list()
-    coros = [ijson.items_coro(events, "traceEvents.item" if is_object else "item",
-                              use_float=True)]
-    if is_object:
-        coros.append(ijson.items_coro(base, "baseTimeNanoseconds", use_float=True))
-        coros.append(ijson.items_coro(props, "deviceProperties.item", use_float=True))
-    seen_key = not is_object
-    tail = b""
-    while True:
-        chunk = fh.read(chunk_bytes)
-        if not chunk:
-            break
-        if not seen_key:
-            # the key may straddle two chunks; an empty array yields no events to prove it
-            seen_key = b'"traceEvents"' in tail + chunk
-            tail = chunk[-16:]
-        for coro in coros:
-            coro.send(chunk)
+class _Stream:
+    """One pass over the file: the header, the ``traceEvents`` array block by block, the
+    trailer (see the module docstring)."""
+
+    def __init__(self, path: Path, fh, cap: Capture, block: int, tick):
+        self.path, self.fh, self.cap, self.block, self.tick = path, fh, cap, block, tick
+        self.classify = _Classifier(cap)
+
+    def fail(self, what: str) -> KinetoFormatError:
+        return KinetoFormatError(f"{self.path}: {what}")
+
+    def run(self) -> None:
+        buf = self.fh.read(self.block)
+        if buf.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark: not part of the JSON
+            buf = buf[3:]
+        stripped = buf.lstrip()
+        while not stripped:
+            more = self.fh.read(self.block)
+            if not more:
+                raise self.fail("empty file (expected a Kineto JSON object)")
+            stripped = more.lstrip()
+        buf = stripped
+        first = buf[:1]
+        if first == b"[":  # Chrome's JSON Array Format: a bare list of events
+            header: dict = {}
+            buf = buf[1:]
+        elif first == b"{":
+            header, buf = self._header(buf)
+        else:
+            raise self.fail(f"not JSON (starts with {first!r}; expected a Kineto trace "
+                            f"object)")
+        trailer, n = self._events(buf, is_object=first == b"{")
+        if n == 0:
+            raise self.fail("'traceEvents' is empty (no events: nothing was profiled)")
+        self.classify.finish()
+        meta = {**header, **trailer}
+        self._meta(meta)
+
+    def _header(self, buf: bytes) -> tuple[dict, bytes]:
+        """The object's keys before ``traceEvents`` (decoded) and the bytes after its ``[``."""
+        key = re.compile(rb'"traceEvents"\s*:\s*')
+        start = 0
+        while True:
+            m = key.search(buf, start)
+            if m is None or m.end() >= len(buf):
+                more = self.fh.read(self.block)
+                if not more:
+                    if m is None:
+                        raise self.fail("no 'traceEvents' array (not a Kineto/Chrome trace)")
+                    raise self.fail("not valid JSON: the file ends after 'traceEvents'")
+                buf += more
+                continue
+            try:  # the key is at the top level iff the object up to it closes cleanly
+                header = _ANY.decode(buf[:m.start()] + b'"traceEvents": null}')
+            except msgspec.DecodeError:
+                start = m.end()
+                continue
+            value = buf[m.end():m.end() + 1]
+            if value != b"[":
+                kind = {b"n": "null", b"{": "an object", b'"': "a string", b"t": "a boolean",
+                        b"f": "a boolean"}.get(value, "a number")
+                raise self.fail(f"'traceEvents' is {kind} (expected a list of events)")
+            return header if isinstance(header, dict) else {}, buf[m.end() + 1:]
+
+    def _events(self, buf: bytes, is_object: bool) -> tuple[dict, int]:
+        """Decode the array's events block by block; return the trailer's keys and the
+        number of events."""
+        n = 0
+        cut_from = 0  # where to look for the next cut (a failed cut is not tried again)
+        while True:
+            more = self.fh.read(self.block)
+            if more:
+                buf += more
+                cut = buf.rfind(b"},", cut_from)
+                if cut < 0:
+                    continue
+                piece = buf[:cut + 1]
+                events = self._decode(piece)
+                if events is None:  # the cut was inside a value: decode with the next block
+                    cut_from = cut + 2
+                    continue
+                n += self._feed(events)
+                buf = buf[cut + 2:]
+                cut_from = 0
+                self.tick()
+                continue
+            trailer, count = self._last(buf, is_object)
+            self.tick()
+            return trailer, n + count
+
+    def _last(self, buf: bytes, is_object: bool) -> tuple[dict, int]:
+        """The end of the file: the last events, the array's ``]`` and the object's
+        remaining keys."""
+        body = buf.rstrip()
+        if not is_object and not body.endswith(b"]"):
+            body += b"]"  # the Array Format may omit the closing bracket
+        end = len(body)
+        for _ in range(_END_TRIES):
+            end = body.rfind(b"]", 0, end)
+            if end < 0:
+                break
+            events = self._decode(body[:end])
+            if events is None:
+                continue
+            rest = body[end + 1:].strip()
+            trailer: dict = {}
+            if is_object:
+                if not rest.endswith(b"}"):
+                    raise self.fail("not valid JSON: the trace object is not closed "
+                                    "(truncated file?)")
+                text = rest[:-1].strip()
+                if text:
+                    if not text.startswith(b","):
+                        raise self.fail("not valid JSON after the 'traceEvents' array")
+                    try:
+                        trailer = _ANY.decode(b"{" + text[1:] + b"}")
+                    except msgspec.DecodeError as e:
+                        raise self.fail(f"not valid JSON: {_one_line(e)}") from None
+            elif rest:
+                raise self.fail("not valid JSON after the event array")
+            return trailer, self._feed(events)
+        try:  # msgspec's own words for what is wrong
+            _ANY.decode(b"[" + buf)
+        except msgspec.DecodeError as e:
+            raise self.fail(f"not valid JSON: {_one_line(e)}") from None
+        raise self.fail("not valid JSON: the 'traceEvents' array is not closed (truncated "
+                        "file?)")
+
+    @staticmethod
+    def _decode(piece: bytes):
+        """The events of ``piece`` (events separated by commas), or None: not a list of
+        whole events (the cut fell inside one)."""
+        text = b"[" + piece + b"]"
+        try:
+            return _TYPED.decode(text)
+        except msgspec.ValidationError:  # an event of an unexpected shape: untyped
+            try:
+                return _ANY.decode(text)
+            except msgspec.DecodeError:
+                return None
+        except msgspec.DecodeError:
+            return None
+
+    def _feed(self, events) -> int:
+        classify = self.classify
         for ev in events:
-            _classify(ev, cap)
-        del events[:]
-        tick()
-    for coro in coros:
-        coro.close()
-    for ev in events:
-        _classify(ev, cap)
-    return base, props, seen_key
+            classify(ev)
+        return len(events)
+
+    def _meta(self, meta: dict) -> None:
+        cap = self.cap
+        base = meta.get("baseTimeNanoseconds")
+        if isinstance(base, (int, float)) and not isinstance(base, bool):
+            cap.meta["base_time_ns"] = int(base)
+        unit = meta.get("displayTimeUnit")
+        if isinstance(unit, str):
+            cap.meta["display_time_unit"] = unit
+        props = meta.get("deviceProperties")
+        if isinstance(props, list):
+            cap.meta["devices"] = [{k: p.get(k) for k in ("id", "name", "computeMajor",
+                                                           "computeMinor", "numSms") if k in p}
+                                   for p in props if isinstance(p, dict)]
+        dist = meta.get("distributedInfo")
+        if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
+            cap.meta["rank"] = dist["rank"]
 
 
 def _is_gzip(fh) -> bool:
     magic = fh.read(2)
     fh.seek(0)
     return magic == b"\x1f\x8b"
-
-
-def _first_byte(fh) -> bytes | None:
-    """The first non-blank byte; rewinds (gzip streams support seek(0))."""
-    while True:
-        block = fh.read(4096)
-        if not block:
-            fh.seek(0)
-            return None
-        stripped = block.lstrip()
-        if stripped:
-            fh.seek(0)
-            return stripped[:1]
 
 
 def _one_line(e: Exception) -> str:
@@ -269,67 +504,252 @@ def _int(v) -> int | None:
     return None
 
 
-def _num(v) -> float | None:
-    if isinstance(v, bool):
-        return None
-    if isinstance(v, (int, float)):
-        return float(v)
+def _kind_of(cat) -> str | None:
+    """The used kind of an event category (None: not used)."""
+    if cat in DEVICE_CATS:
+        return DEVICE_CATS[cat]
+    if cat in RUNTIME_CATS:
+        return "runtime"
+    if cat == "cuda_sync":
+        return "cuda_sync"
+    if cat == "user_annotation":
+        return "annotation"
     return None
 
 
-def _classify(ev, cap: Capture) -> None:
-    if not isinstance(ev, dict):
-        cap.ignored["malformed"] += 1
-        return
-    ph = ev.get("ph")
-    cat = ev.get("cat") or ""
-    if ph != "X":
-        # flows (ac2g: s/f), metadata (M), instants (i), counters (C), ...
-        cap.ignored[f"{cat or 'ph'}:{ph}" if ph != "M" else "metadata"] += 1
-        return
-    ts = _num(ev.get("ts"))
-    dur = _num(ev.get("dur", 0.0))
-    name = ev.get("name")
-    if ts is None or dur is None or not isinstance(name, str):
-        cap.ignored["malformed"] += 1
-        return
-    args = ev.get("args")
-    if not isinstance(args, dict):
-        args = {}
-    intern = sys.intern
-    if cat in DEVICE_CATS:
-        kind = DEVICE_CATS[cat]
-        stream = _int(args.get("stream", ev.get("tid")))
-        device = _int(args.get("device", ev.get("pid")))
-        if stream is None or device is None:
-            cap.ignored["malformed"] += 1
+class _Classifier:
+    """Sorts decoded events into the :class:`Capture`, checking each used field."""
+
+    def __init__(self, cap: Capture):
+        self.cap = cap
+        self.open: dict[tuple, list] = defaultdict(list)  # (pid, tid) -> open B events
+        self.device, self.runtime = cap.device_events, cap.runtime_calls
+        self.other: Counter = Counter()  # (cat, ph) of events of other phases
+
+    def __call__(self, ev) -> None:
+        if type(ev) is RawEvent:
+            ph = ev.ph
+            if ph == "X":
+                if self.fast(ev):
+                    return
+                ph, cat, name, pid, tid, ts, dur, args = (ph, ev.cat, ev.name, ev.pid, ev.tid,
+                                                          ev.ts, ev.dur, ev.args)
+            elif ph != "B" and ph != "E" and ph != "M":
+                self.other[(ev.cat, ph)] += 1  # flows (ac2g: s/f), instants, counters, ...
+                return
+            else:
+                ph, cat, name, pid, tid, ts, dur, args = (ph, ev.cat, ev.name, ev.pid, ev.tid,
+                                                          ev.ts, ev.dur, ev.args)
+        elif isinstance(ev, dict):
+            ph, cat, name, pid, tid, ts, dur = (ev.get(k) for k in ("ph", "cat", "name", "pid",
+                                                                   "tid", "ts", "dur"))
+            raw = ev.get("args")
+            args = msgspec.convert(raw, RawArgs) if isinstance(raw, dict) else None
+        else:
+            self.cap.ignored["not an object"] += 1
             return
-        corr = _int(args.get("correlation"))
-        cap.device_events.append(DeviceEvent(kind, intern(name), device, stream, ts, dur,
-                                             -1 if corr is None else corr))
-        cap.counts[kind] += 1
-    elif cat in RUNTIME_CATS:
-        corr = _int(args.get("correlation"))
-        cap.runtime_calls.append(RuntimeCall(intern(name), _int(ev.get("pid")) or 0,
-                                             _int(ev.get("tid")) or 0, ts, dur,
-                                             -1 if corr is None else corr))
-        cap.counts["runtime"] += 1
-    elif cat == "cuda_sync":
-        kind = args.get("cuda_sync_kind", name)
-        corr = _int(args.get("correlation"))
-        stream = _int(args.get("stream"))
-        wait_on = _int(args.get("wait_on_stream"))
-        rec = _int(args.get("wait_on_cuda_event_record_corr_id"))
-        cap.sync_events.append(SyncEvent(
-            intern(str(kind)), _int(args.get("device", ev.get("pid"))) or 0,
-            None if stream in _INVALID_STREAMS else stream, ts, -1 if corr is None else corr,
-            None if wait_on in _INVALID_STREAMS else wait_on,
-            _int(args.get("wait_on_cuda_event_id")),
-            None if rec is None or rec < 0 else rec))
-        cap.counts["cuda_sync"] += 1
-    elif cat == "user_annotation" or (cat == "cpu_op" and name.startswith("ProfilerStep#")):
-        cap.annotations.append(Annotation(intern(name), _int(ev.get("pid")) or 0,
-                                          _int(ev.get("tid")) or 0, ts, dur))
-        cap.counts["annotation"] += 1
-    else:
-        cap.ignored[cat or "uncategorized"] += 1
+        cat = cat if isinstance(cat, str) else ""
+        if ph == "X":
+            self.complete(cat, name, pid, tid, ts, dur, args)
+        elif ph == "B" or ph == "E":
+            self.pair(ph, cat, name, pid, tid, ts, args)
+        elif ph == "M":
+            self.metadata(name, pid, tid, args)
+        else:
+            self.other[(cat, ph)] += 1
+
+    def fast(self, ev: RawEvent) -> bool:
+        """The common case, read without the checks' function calls: a kernel, memcpy,
+        memset or runtime call whose fields all have their usual types. False: not that
+        case (:meth:`complete` reads it, checking every field)."""
+        kind = _FAST_KINDS.get(ev.cat)
+        ts, dur, name, args = ev.ts, ev.dur, ev.name, ev.args
+        if kind is None or type(ts) is not float or type(dur) is not float or dur < 0 \
+                or type(name) is not str or args is None:
+            return False
+        corr = args.correlation
+        if type(corr) is not int:
+            return False
+        if kind == "runtime":
+            pid, tid = ev.pid, ev.tid
+            if type(pid) is not int or type(tid) is not int:
+                return False
+            self.runtime.append(RuntimeCall(_intern(name), pid, tid, ts, dur, corr))
+            return True
+        stream, device = args.stream, args.device
+        if type(stream) is not int or type(device) is not int:
+            return False
+        size = args.bytes
+        self.device.append(DeviceEvent(kind, _intern(name), device, stream, ts, dur, corr,
+                                       _dims(args.grid), _dims(args.block),
+                                       size if type(size) is int else -1))
+        return True
+
+    def metadata(self, name, pid, tid, args) -> None:
+        cap = self.cap
+        cap.ignored["metadata"] += 1
+        label = args.name if args is not None else None
+        if not isinstance(label, str):
+            return
+        if name == "thread_name":
+            # torch writes a thread's generic name ("thread 684 (python)") and its own
+            # ("thread 684 (pt_autograd_0)"), in either order: all are kept
+            names = cap.thread_names.setdefault((_int(pid), _int(tid)), [])
+            if label not in names:
+                names.append(label)
+        elif name == "process_name":
+            cap.process_names[_int(pid)] = label
+
+    def pair(self, ph, cat, name, pid, tid, ts, args) -> None:
+        key = (pid, tid)
+        if ph == "B":
+            self.open[key].append((cat, name, ts, args))
+            return
+        stack = self.open.get(key)
+        if not stack:
+            kind = _kind_of(cat)
+            if kind is not None:
+                self.cap.problems[(kind, "with an 'E' that closes no 'B' (dropped)")] += 1
+            else:
+                self.cap.ignored[f"{cat or 'ph'}:E"] += 1
+            return
+        bcat, bname, bts, bargs = stack.pop()
+        if not isinstance(ts, (int, float)) or not isinstance(bts, (int, float)) \
+                or isinstance(ts, bool) or isinstance(bts, bool):
+            kind = _kind_of(bcat)
+            if kind is not None:
+                self.cap.problems[(kind, "'B'/'E' pairs without a numeric 'ts' (dropped)")] += 1
+            return
+        self.complete(bcat, bname, pid, tid, bts, ts - bts, bargs)
+
+    def finish(self) -> None:
+        cap = self.cap
+        for (cat, ph), n in self.other.items():
+            cap.ignored[f"{cat if isinstance(cat, str) and cat else 'ph'}:{ph}"] += n
+        cap.counts.update(Counter(d.kind for d in cap.device_events))
+        cap.counts.update(runtime=len(cap.runtime_calls), cuda_sync=len(cap.sync_events),
+                          annotation=len(cap.annotations))
+        if cap.overhead:
+            cap.counts["overhead"] = len(cap.overhead)
+        for stack in self.open.values():
+            for cat, *_ in stack:
+                kind = _kind_of(cat)
+                if kind is not None:
+                    self.cap.problems[(kind, "with a 'B' that no 'E' closes (dropped)")] += 1
+
+    def complete(self, cat, name, pid, tid, ts, dur, args) -> None:
+        cap = self.cap
+        kind = _kind_of(cat)
+        if kind is None:
+            if cat == "cpu_op" and isinstance(name, str) and name.startswith("ProfilerStep#"):
+                kind = "annotation"  # older captures file ProfilerStep under cpu_op
+            elif UNMODELLED_DEVICE.match(cat):
+                cap.unmodelled[cat] += 1
+                return
+            elif cat == "overhead":
+                if _number(ts) and _number(dur) and isinstance(name, str):
+                    cap.overhead.append(Annotation(sys.intern(name), _int(pid) or 0,
+                                                   _int(tid) or 0, float(ts), float(dur)))
+                else:
+                    cap.ignored["overhead"] += 1
+                return
+            else:
+                cap.ignored[cat or "uncategorized"] += 1
+                return
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)):
+            cap.problems[(_word(kind), f"with {_what(ts)} 'ts' (dropped)")] += 1
+            return
+        if isinstance(dur, bool) or not isinstance(dur, (int, float)):
+            cap.problems[(_word(kind), f"with {_what(dur)} 'dur' (dropped)")] += 1
+            return
+        if dur < 0:
+            cap.problems[(_word(kind), "with a negative 'dur' (dropped)")] += 1
+            return
+        if not isinstance(name, str):
+            cap.problems[(_word(kind), "without a 'name' (dropped)")] += 1
+            return
+        ts, dur = float(ts), float(dur)
+        intern = sys.intern
+        if args is None:
+            args = _NO_ARGS
+        if kind in ("kernel", "memcpy", "memset"):
+            stream = _int(args.stream if args.stream is not None else tid)
+            device = _int(args.device if args.device is not None else pid)
+            if stream is None or device is None:
+                cap.problems[(kind, "with neither 'args.stream' nor a numeric 'tid' "
+                                    "(dropped)")] += 1
+                return
+            corr = _int(args.correlation)
+            size = _int(args.bytes)
+            cap.device_events.append(DeviceEvent(kind, intern(name), device, stream, ts, dur,
+                                                 -1 if corr is None else corr,
+                                                 _dims(args.grid), _dims(args.block),
+                                                 -1 if size is None else size))
+        elif kind == "runtime":
+            corr = _int(args.correlation)
+            cap.runtime_calls.append(RuntimeCall(intern(name), _int(pid) or 0, _int(tid) or 0,
+                                                 ts, dur, -1 if corr is None else corr))
+        elif kind == "cuda_sync":
+            skind = args.cuda_sync_kind if args.cuda_sync_kind is not None else name
+            corr = _int(args.correlation)
+            stream = _int(args.stream)
+            wait_on = _int(args.wait_on_stream)
+            rec = _int(args.wait_on_cuda_event_record_corr_id)
+            cap.sync_events.append(SyncEvent(
+                intern(str(skind)), _int(args.device if args.device is not None else pid) or 0,
+                None if stream in _INVALID_STREAMS else stream, ts,
+                -1 if corr is None else corr,
+                None if wait_on in _INVALID_STREAMS else wait_on,
+                _int(args.wait_on_cuda_event_id),
+                None if rec is None or rec < 0 else rec))
+        else:
+            cap.annotations.append(Annotation(intern(name), _int(pid) or 0, _int(tid) or 0,
+                                              ts, dur))
+
+
+_NO_ARGS = RawArgs()
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _dims(v) -> tuple:
+    """A launch dim (``[x, y, z]``) as a tuple of ints; () when absent or malformed."""
+    if type(v) is not list:
+        return ()
+    out = tuple(_int(x) for x in v)
+    return () if None in out else out
+_FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime")}
+_intern = sys.intern
+
+
+def _word(kind: str) -> str:
+    return {"runtime": "runtime call", "cuda_sync": "cuda_sync",
+            "annotation": "annotation"}.get(kind, kind)
+
+
+def _what(v) -> str:
+    if v is None:
+        return "no"
+    if isinstance(v, str):
+        return "a string"
+    return "a non-numeric"
+
+
+def _check_plausible(cap: Capture) -> None:
+    """Implausible times (a capture written in ns where µs are expected): counted problems."""
+    long = sum(1 for d in cap.device_events if d.dur > PLAUSIBLE_DUR_US)
+    if long:
+        cap.problems[("device", f"longer than {PLAUSIBLE_DUR_US / 1e6:.0f} s (implausible: "
+                                f"are 'ts'/'dur' in ns, not µs?)")] += long
+    starts = [min((e.ts for e in seq), default=None)
+              for seq in (cap.device_events, cap.runtime_calls, cap.annotations)]
+    ends = [max((e.ts + e.dur for e in seq), default=None)
+            for seq in (cap.device_events, cap.runtime_calls, cap.annotations)]
+    starts = [s for s in starts if s is not None]
+    ends = [e for e in ends if e is not None]
+    if starts and ends and max(ends) - min(starts) > PLAUSIBLE_SPAN_US:
+        span = (max(ends) - min(starts)) / 1e6
+        cap.problems[("capture", f"spans {span:.0f} s (implausible for a profile: are "
+                                 f"'ts'/'dur' in ns, not µs?)")] += 1

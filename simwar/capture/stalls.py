@@ -8,6 +8,11 @@ Holistic Trace Analysis does (host-wait, kernel-wait, dependency, other), and
 :func:`simwar.analysis.idle.temporal_breakdown`: HTA's idle / compute / non-compute
 shares of the device span.
 
+The report also says which thread is the scheduler (and why), which threads launched
+device work, how the waits and syncs were bound (:mod:`simwar.capture.binding`), the
+device events of kinds simwar does not model, and with several ranks each rank's
+figures and the cross-rank skew of step starts.
+
 Imports: numpy and pandas (through :mod:`simwar.analysis.metrics`); never the
 simulator (api, executors, build).
 """
@@ -53,5 +58,33 @@ def import_report(result: KinetoImport, kernel_wait_us: float = HTA_KERNEL_WAIT_
         "temporal": temporal_breakdown(trace, from_step=warm),
         "gpu_clock_offset_us": trace.meta.get("gpu_clock_offset_us", 0.0),
         "warnings": list(result.warnings),
+        "threads": _threads(result),
+        "binding": trace.meta.get("binding", {"rules": {}, "unbound": {}}),
+        "unmodelled": dict(result.unmodelled),
     }
+    if len(result.ranks) > 1:
+        report["ranks"] = [_rank(r, warm) for r in result.ranks]
+        report["skew"] = dict(result.skew)
     return steps, report
+
+
+def _threads(result: KinetoImport) -> dict:
+    if not result.ranks:
+        return {}
+    p = result.primary
+    return {"scheduler": {"tid": p.host_thread[1] if p.host_thread else None,
+                          "name": p.host_thread_name, "why": p.host_thread_reason},
+            "launch": [{"name": n, "tid": tid, "launches": k} for n, tid, k in p.launch_threads]}
+
+
+def _rank(r, warm: int) -> dict:
+    """One rank's figures for the per-rank report."""
+    _, summary, _ = analyze(r.trace)
+    c = r.counts
+    return {"rank": r.rank, "process": r.pid, "file": r.file,
+            "clock_offset_us": r.clock_offset_us, "kernels": c.get("kernel", 0),
+            "memcpys": c.get("memcpy", 0), "steps_measured": summary.get("steps_measured", 0),
+            "step_us_mean": summary.get("step_us_mean"),
+            "fwd_gap_us_mean": summary.get("fwd_gap_us_mean"),
+            "forward_stream": r.trace.meta.get("forward_stream"),
+            "scheduler": r.host_thread_name}

@@ -3,27 +3,43 @@
 :func:`import_kineto` reads a capture (:func:`simwar.capture.reader.read_capture`)
 and builds its Trace with :class:`CaptureTraceBuilder` through
 :class:`simwar.core.recorder.Recorder`. The Trace has lane ``cpu`` (the
-scheduler thread: the thread that issued most launches unless the mapping
-names one) and one lane per stream:
+scheduler thread: the mapping's ``host_thread``, else the thread with the step
+ranges, else the one that issued most launches), a lane ``thread<tid>`` per other
+thread that launched device work, and one lane per stream:
 
-- every runtime call on that thread is a host span labelled with the call's
+- every runtime call on the scheduler thread is a host span labelled with the call's
   name, with a typed ``call`` kind (:func:`simwar.capture.reader.call_kind`):
   ``launch`` (``cudaLaunchKernel`` & co, and any call that issued device work:
   a ``cudaMemcpyAsync`` or ``cudaMemsetAsync`` whose memcpy/memset is in the
   capture is a launch), ``graph_launch`` (``cudaGraphLaunch``), ``record``,
   ``wait_event``, ``synchronize`` (a ``blocked`` span with its site) and
   ``other``;
+- on the other threads, the calls that launched device work (autograd's backward
+  thread, a communication thread, ...), the records a wait or sync binds to and the
+  stream waits are host spans on the thread's own lane (never ``blocked``: the
+  scheduler's CPU blocked time is the scheduler thread's);
 - device work (kernels, memcpys, memsets) becomes ``kernel`` ops whose
   ``ops.call`` is the span of the runtime call with the same correlation id
-  (-1 for device work whose call is not on the host thread or not in the
-  capture); a call's span names the first op it issued (``spans.op``; a
+  *in the same process*, whichever thread issued it (-1 when that call is not in
+  the capture); a call's span names the first op it issued (``spans.op``; a
   stream sync names its sync op, not the tail record it implies);
 - records, stream waits and syncs become ``record``/``wait``/``sync`` ops,
-  bound (``ops.bound``) by the ``cuda_sync`` events' correlation data. Their
+  bound (``ops.bound``) by :func:`simwar.capture.binding.bind` (the one place the
+  binding rules live, for captures that name the record and for PyTorch 2.11's,
+  which write -1). Their
   device times are inferred by :mod:`simwar.core.rules` on each stream's measured
   tail (:func:`simwar.capture.device_times.infer_device_times`); a wait that held
   its stream becomes a ``wait`` span, which :mod:`simwar.analysis.metrics` counts
   as dependency idle.
+
+Several processes (in one file, or several per-rank files given together) import as
+ranks (:mod:`simwar.capture.ranks`): one Trace per rank, the primary rank's (the
+mapping's ``process``, else the one with the step ranges) as :attr:`KinetoImport.trace`,
+and all of them side by side in :attr:`KinetoImport.combined`.
+
+The file is over 600 lines because :class:`CaptureTraceBuilder`'s assembly is one pass
+over the host items that needs every piece it infers (host thread, steps, phases, lanes,
+binding); the rules that stand alone live in binding, device_times and ranks.
 
 Imports: the standard library and simwar's capture and core modules (numpy through
 them); never the simulator (api, executors, build) and no pandas (the caller runs
@@ -37,8 +53,11 @@ import bisect
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from operator import attrgetter, itemgetter
 from pathlib import Path
+from typing import NamedTuple
 
+from simwar.capture.binding import Binding, bind
 from simwar.capture.device_times import (
     MeasuredLanes,
     PendingRecord,
@@ -46,6 +65,13 @@ from simwar.capture.device_times import (
     infer_device_times,
 )
 from simwar.capture.mapping import Mapping, load_mapping
+from simwar.capture.ranks import (
+    RankCapture,
+    clock_offsets,
+    side_by_side,
+    split_processes,
+    step_skew,
+)
 from simwar.capture.reader import (
     Annotation,
     Capture,
@@ -54,15 +80,52 @@ from simwar.capture.reader import (
     RuntimeCall,
     SyncEvent,
     call_kind,
+    copy_kind,
+    problem_lines,
     read_capture,
 )
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
 
 
+class DeviceInfo(NamedTuple):
+    """What a capture says of one device op beyond its times: the kind of work, a kernel's
+    launch dims, a copy's or memset's bytes (-1: not in the capture)."""
+
+    kind: str  # kernel | memcpy | memset
+    grid: tuple
+    block: tuple
+    bytes: int
+    copy: str = ""  # a memcpy's kind (DtoH (Device -> Pinned), ...): reader.copy_kind
+
+
+@dataclass
+class RankImport:
+    """One rank (host process) of an import: its Trace and what was counted for it."""
+
+    rank: int
+    pid: int
+    file: str
+    trace: Trace
+    counts: dict
+    warnings: list[str]
+    #: the scheduler thread ``(pid, tid)``, its name, and why it was chosen
+    host_thread: tuple | None = None
+    host_thread_name: str = ""
+    host_thread_reason: str = ""
+    #: every thread that launched device work: ``(name, tid, launches)``, most first
+    launch_threads: list[tuple[str, int, int]] = field(default_factory=list)
+    clock_offset_us: float = 0.0
+
+
 @dataclass
 class KinetoImport:
-    """An imported capture: the Trace plus what was counted, ignored and inferred."""
+    """An imported capture: the Trace plus what was counted, ignored and inferred.
+
+    ``trace`` is the primary rank's (the one with the scheduler thread); with several
+    ranks ``ranks`` holds each one and ``combined`` all of them side by side
+    (:func:`simwar.capture.ranks.side_by_side`; with one rank it is ``trace``).
+    """
 
     trace: Trace
     counts: dict
@@ -73,45 +136,141 @@ class KinetoImport:
     annotations: list[tuple[str, float, float]] = field(default_factory=list)
     #: the names of the device work in the capture (what ``phases`` rules are tried on)
     device_names: list[str] = field(default_factory=list)
+    #: the profiler's own stalls (Kineto ``overhead`` events), ``(name, start_us, end_us)``
+    #: on the trace's clock: what ``simwar import --fit`` leaves out with their steps
+    overhead: list[tuple[str, float, float]] = field(default_factory=list)
+    #: per device op id: its kind (kernel, memcpy, memset), launch dims and bytes
+    device_info: dict[int, DeviceInfo] = field(default_factory=dict)
+    ranks: list[RankImport] = field(default_factory=list)
+    combined: Trace | None = None
+    #: device events of kinds simwar does not model, by category (e.g. MTIA's)
+    unmodelled: dict = field(default_factory=dict)
+    #: the cross-rank spread of step starts (:func:`simwar.capture.ranks.step_skew`)
+    skew: dict = field(default_factory=dict)
+    #: the sync ops of ``cudaDeviceSynchronize`` calls (CUPTI's "Context Sync"): the host
+    #: waited for every stream (what the race analysis joins, simwar.capture.accesses)
+    device_syncs: list[int] = field(default_factory=list)
 
     @property
     def ignored_total(self) -> int:
         return int(sum(self.ignored.values()))
 
+    @property
+    def primary(self) -> RankImport:
+        return next(r for r in self.ranks if r.trace is self.trace)
 
-def import_kineto(path: str | Path, mapping: Mapping | dict | str | Path | None = None,
+
+def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path | None = None,
                   progress: ProgressFn | None = None) -> KinetoImport:
-    """Read a Kineto capture and build its Trace (see the module docstring)."""
+    """Read a Kineto capture (or several per-rank captures, a list of paths) and build its
+    Trace (see the module docstring)."""
     mapping = load_mapping(mapping)
-    cap = read_capture(path, progress)
-    result = build_trace(cap, mapping)
-    result.trace.meta.setdefault("file", Path(path).name)
-    return result
+    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
+    caps = [read_capture(p, progress) for p in paths]
+    return build_import(caps, mapping, [p.name for p in paths])
 
 
 def build_trace(cap: Capture, mapping: Mapping) -> KinetoImport:
     """The Trace of a read capture under a mapping (see the module docstring)."""
-    return CaptureTraceBuilder(cap, mapping).build()
+    return build_import([cap], load_mapping(mapping), [""])
+
+
+def build_import(caps: list[Capture], mapping: Mapping, names: list[str]) -> KinetoImport:
+    """The import of one or more read captures (files) under a mapping: one Trace per rank,
+    the primary one and all side by side (see the module docstring)."""
+    ranks, how = split_processes(caps)
+    _, clock_note = clock_offsets(caps)
+    firsts = [(_first_ts(r.cap), r.clock_offset_us) for r in ranks]
+    origin = min((t + off for t, off in firsts if t is not None), default=0.0)
+    primary = _primary(ranks, mapping)
+    built: list[tuple[RankCapture, KinetoImport, RankImport]] = []
+    for r in ranks:
+        builder = CaptureTraceBuilder(r.cap, mapping, origin - r.clock_offset_us)
+        imp = builder.build()
+        imp.trace.meta.setdefault("file", names[r.file])
+        if len(ranks) > 1:
+            imp.trace.meta.update(rank=r.rank, process=r.pid, clock_offset_us=r.clock_offset_us)
+        info = RankImport(r.rank, r.pid, names[r.file], imp.trace, imp.counts, imp.warnings,
+                          builder.host, builder.host_name, builder.host_reason,
+                          builder.launch_threads, r.clock_offset_us)
+        built.append((r, imp, info))
+    main_r, main, _ = built[primary]
+    infos = [b[2] for b in built]
+    warnings = list(main.warnings)
+    for r, imp, _ in built:
+        if r is not main_r:
+            warnings += [f"rank {r.rank} (pid {r.pid}): {w}" for w in imp.warnings]
+    if clock_note:
+        warnings.append(clock_note)
+    if how.get("collision_by_lane"):
+        warnings.append(f"{how['collision_by_lane']} device or sync events have a "
+                        f"correlation id that several processes use: given to the process "
+                        f"that owns most work on their stream")
+    result = KinetoImport(main.trace, main.counts, main.ignored, warnings, main.annotations,
+                          main.device_names, overhead=main.overhead,
+                          device_info=main.device_info, ranks=infos,
+                          device_syncs=main.device_syncs)
+    result.unmodelled = dict(sum((Counter(c.unmodelled) for c in caps), Counter()))
+    if len(infos) > 1:
+        result.combined = side_by_side([i.trace for i in infos], [
+            {"rank": i.rank, "process": i.pid, "file": i.file,
+             "clock_offset_us": i.clock_offset_us,
+             "host_thread": list(i.host_thread) if i.host_thread else None,
+             "name": i.host_thread_name} for i in infos])
+        result.skew = step_skew([i.trace for i in infos])
+    else:
+        result.combined = main.trace
+    return result
+
+
+_ts = attrgetter("ts")
+
+
+def _first_ts(cap: Capture) -> float | None:
+    starts = [min(map(_ts, seq)) for seq in (cap.device_events, cap.runtime_calls,
+                                             cap.annotations, cap.sync_events) if seq]
+    return min(starts) if starts else None
+
+
+def _primary(ranks: list[RankCapture], mapping: Mapping) -> int:
+    """The rank analysed as the trace: the mapping's ``process``, else the one with the most
+    step ranges, else rank 0."""
+    if mapping.process is not None:
+        for i, r in enumerate(ranks):
+            if r.pid == mapping.process:
+                return i
+    if len(ranks) == 1:
+        return 0
+    rx = re.compile(mapping.steps)
+    n = [sum(1 for a in r.cap.annotations if rx.search(a.name)) for r in ranks]
+    return max(range(len(ranks)), key=lambda i: (n[i], -i))
 
 
 class CaptureTraceBuilder:
-    """Builds one capture's Trace: :meth:`build` once, after construction.
+    """Builds one process's Trace: :meth:`build` once, after construction.
 
     Holds what the pass infers along the way (the host thread, the lane of each
     device stream, the step ranges, the clock origin and GPU offset) and the counts
-    and warnings that :class:`KinetoImport` reports.
+    and warnings that :class:`KinetoImport` reports. ``origin`` is the capture time
+    that becomes 0 (default: the capture's first event).
     """
 
-    def __init__(self, cap: Capture, mapping: Mapping):
+    def __init__(self, cap: Capture, mapping: Mapping, origin: float | None = None):
         self.cap = cap
         self.m = mapping
-        self.warnings: list[str] = []
+        self.warnings: list[str] = problem_lines(cap)
+        self.device_info: dict[int, DeviceInfo] = {}
+        self.device_syncs: list[int] = []
         self.counts: Counter = Counter()
         self.ignored: Counter = Counter(cap.ignored)
         self.phase_rules = mapping.phase_rules()
         self.site_rules = mapping.site_rules()
         self.steps_re = re.compile(mapping.steps)
         self.run_batch_re = re.compile(mapping.run_batch) if mapping.run_batch else None
+        self._given_origin = origin
+        self.host_name = ""
+        self.host_reason = ""
+        self.launch_threads: list[tuple[str, int, int]] = []
 
     # ------------------------------------------------------------------ entry
     def build(self) -> KinetoImport:
@@ -119,10 +278,6 @@ class CaptureTraceBuilder:
         self.counts.update({k: cap.counts.get(k, 0) for k in
                             ("kernel", "memcpy", "memset", "cuda_sync", "runtime",
                              "annotation")})
-        # waits and event syncs that name the cudaEventRecord they bind to (torch builds
-        # whose profiler reports no record correlation write -1: nothing to bind)
-        self.counts["sync_with_record"] = sum(
-            1 for e in cap.sync_events if e.record_correlation is not None)
         devices = {d.device for d in cap.device_events}
         multi = len(devices) > 1
         self.lane_of = {}
@@ -137,25 +292,66 @@ class CaptureTraceBuilder:
             if d.correlation >= 0:
                 by_corr[d.correlation].append(d)
         self.host = self._host_thread(by_corr)
-        host_calls = sorted((c for c in cap.runtime_calls if (c.pid, c.tid) == self.host),
-                            key=lambda c: c.ts)
-        calls_by_corr = {c.correlation: c for c in cap.runtime_calls if c.correlation >= 0}
+        self._launch_threads(by_corr)
+        calls = sorted(cap.runtime_calls, key=lambda c: c.ts)
+        syncs_by_corr: dict[int, SyncEvent] = {}
+        for s in cap.sync_events:
+            if s.correlation >= 0:
+                syncs_by_corr[s.correlation] = s
+        self.binding = bind(calls, by_corr, syncs_by_corr)
+        host_calls = [c for c in calls if (c.pid, c.tid) == self.host]
+        # other threads: their launches, the records a use binds to, their stream waits
+        bound_records = set(self.binding.record_of.values())
+        other_calls = [c for c in calls if (c.pid, c.tid) != self.host and (
+            c.correlation in by_corr or c.correlation in bound_records
+            or call_kind(c.name, False) is Call.WAIT_EVENT)]
         self.counts["host_runtime_calls"] = len(host_calls)
-        self.ignored["runtime_other_threads"] += len(cap.runtime_calls) - len(host_calls)
+        self.counts["other_thread_calls"] = len(other_calls)
+        self.ignored["runtime_other_threads"] += (len(cap.runtime_calls) - len(host_calls)
+                                                  - len(other_calls))
 
         self.origin = self._origin()
-        self.gpu_offset = self._gpu_offset(calls_by_corr)
+        self.gpu_offset = self._gpu_offset(by_corr)
         host_ann = sorted((a for a in cap.annotations if (a.pid, a.tid) == self.host)
                           if self.host else cap.annotations, key=lambda a: (a.ts, -a.dur))
         self.steps = self._steps(host_ann)
         enclosing = self._enclosing(host_calls, host_ann)
 
-        trace = self._assemble(host_calls, by_corr, calls_by_corr, enclosing, host_ann)
+        trace = self._assemble(host_calls, other_calls, by_corr, enclosing,
+                               host_ann, syncs_by_corr)
         annotations = [(a.name, a.ts - self.origin, a.ts + a.dur - self.origin)
                        for a in host_ann]
         names = sorted({d.name for d in cap.device_events})
+        overhead = [(a.name, a.ts - self.origin, a.ts + a.dur - self.origin)
+                    for a in sorted(cap.overhead, key=lambda a: a.ts)]
         return KinetoImport(trace, dict(self.counts), dict(self.ignored), self.warnings,
-                            annotations, names)
+                            annotations, names, overhead=overhead, device_info=self.device_info,
+                            device_syncs=self.device_syncs)
+
+    def _launch_threads(self, by_corr) -> None:
+        launches = Counter((c.pid, c.tid) for c in self.cap.runtime_calls
+                           if c.correlation in by_corr)
+        self.launch_threads = [(self.thread_name(key), key[1], n)
+                               for key, n in launches.most_common()]
+        if self.host is not None:
+            self.host_name = self.thread_name(self.host)
+
+    def thread_name(self, key: tuple[int, int]) -> str:
+        """A thread's own name from the metadata (``pt_autograd_0`` out of torch's
+        ``thread 684 (pt_autograd_0)``; of several, the one fewest threads share: torch also
+        writes the generic ``(python)``), else ``thread <tid>``."""
+        names = [self._bare(n) for n in self.cap.thread_names.get(key, ())]
+        if not names:
+            return f"thread {key[1]}"
+        if not hasattr(self, "_name_uses"):
+            self._name_uses = Counter(self._bare(n) for ns in self.cap.thread_names.values()
+                                      for n in set(ns))
+        return min(names, key=lambda n: (self._name_uses[n], names.index(n)))
+
+    @staticmethod
+    def _bare(name: str) -> str:
+        m = re.fullmatch(r"thread \d+ \((.+)\)", name)
+        return m.group(1) if m else name
 
     # ------------------------------------------------------------------ setup
     def _check_mapping_streams(self) -> None:
@@ -166,8 +362,12 @@ class CaptureTraceBuilder:
                                  f"{', '.join(missing)}")
 
     def _host_thread(self, by_corr) -> tuple[int, int] | None:
+        """The scheduler thread: the mapping's ``host_thread``, else the thread with the most
+        step ranges (the loop that explain and --fit read), else the one with the most
+        launches (the reason is kept in ``host_reason``)."""
         calls = self.cap.runtime_calls
         if self.m.host_thread is not None:
+            self.host_reason = "the mapping's host_thread"
             for c in calls:
                 if c.tid == self.m.host_thread:
                     return (c.pid, c.tid)
@@ -177,29 +377,36 @@ class CaptureTraceBuilder:
             self.warnings.append(f"mapping host_thread {self.m.host_thread}: no runtime call or "
                                  f"annotation on that thread")
             return None
+        steps = Counter((a.pid, a.tid) for a in self.cap.annotations
+                        if self.steps_re.search(a.name))
+        if steps:
+            self.host_reason = "the thread with the step ranges"
+            return steps.most_common(1)[0][0]
+        ranges = Counter((a.pid, a.tid) for a in self.cap.annotations)
+        if ranges:  # the user's own code (record_function ranges), not a runtime's thread
+            self.host_reason = "the thread with the most annotations (no step ranges)"
+            return ranges.most_common(1)[0][0]
         launches = Counter((c.pid, c.tid) for c in calls if c.correlation in by_corr)
         if launches:
+            self.host_reason = "the thread with the most launches (no step ranges)"
             return launches.most_common(1)[0][0]
         any_calls = Counter((c.pid, c.tid) for c in calls)
         if any_calls:
+            self.host_reason = "the thread with the most runtime calls"
             return any_calls.most_common(1)[0][0]
-        steps = Counter((a.pid, a.tid) for a in self.cap.annotations
-                        if self.steps_re.search(a.name))
-        return steps.most_common(1)[0][0] if steps else None
+        return None
 
     def _origin(self) -> float:
-        cap = self.cap
-        starts = [min((e.ts for e in seq), default=float("inf"))
-                  for seq in (cap.device_events, cap.runtime_calls, cap.annotations,
-                              cap.sync_events)]
-        origin = min(starts)
-        return 0.0 if origin == float("inf") else origin
+        if self._given_origin is not None:
+            return self._given_origin
+        first = _first_ts(self.cap)
+        return 0.0 if first is None else first
 
-    def _gpu_offset(self, calls_by_corr) -> float:
+    def _gpu_offset(self, by_corr) -> float:
         """Device-clock correction; 'auto' shifts so no kernel starts before its launch."""
         off = self.m.gpu_clock_offset_us
-        lead = [d.ts - calls_by_corr[d.correlation].ts for d in self.cap.device_events
-                if d.correlation in calls_by_corr]
+        lead = [d.ts - c.ts for c in self.cap.runtime_calls if c.correlation in by_corr
+                for d in by_corr[c.correlation]]
         early = [x for x in lead if x < 0]
         if off == "auto":
             off = -min(early) if early else 0.0
@@ -241,8 +448,8 @@ class CaptureTraceBuilder:
             return -1
         return i
 
-    def _enclosing(self, calls: list[RuntimeCall], ann: list[Annotation]) -> dict:
-        """For each host call: (phase from annotations or None, site or None)."""
+    def _enclosing(self, calls: list[RuntimeCall], ann: list[Annotation]) -> list:
+        """For each host call, by index: (phase from annotations or None, site or None)."""
         phase_cache: dict[str, str | None] = {}
         site_cache: dict[str, str | None] = {}
 
@@ -251,7 +458,8 @@ class CaptureTraceBuilder:
                 cache[name] = next((v for rx, v in rules if rx.search(name)), None)
             return cache[name]
 
-        out = {}
+        out = []
+        none = (None, None)  # shared: most calls sit in no mapped range
         stack: list[Annotation] = []
         j = 0
         for c in calls:
@@ -267,7 +475,7 @@ class CaptureTraceBuilder:
                     site = first(self.site_rules, a.name, site_cache)
                 if phase is not None and (site is not None or not self.site_rules):
                     break
-            out[id(c)] = (phase, site)
+            out.append(none if phase is None and site is None else (phase, site))
         return out
 
     def kernel_phase(self, name: str, from_annotation: str | None) -> str:
@@ -279,46 +487,35 @@ class CaptureTraceBuilder:
         return self.m.unmatched_phase()
 
     # ------------------------------------------------------------------ assembly
-    def _assemble(self, host_calls, by_corr, calls_by_corr, enclosing, host_ann) -> Trace:
+    def _assemble(self, host_calls, other_calls, by_corr, enclosing, host_ann,
+                  syncs_by_corr) -> Trace:
         o, g = self.origin, self.gpu_offset
         self._step_starts = [s for s, _, _ in self.steps]
-        syncs_by_corr: dict[int, SyncEvent] = {}
-        for s in self.cap.sync_events:
-            if s.correlation >= 0:
-                syncs_by_corr[s.correlation] = s
-        record_streams: dict[int, tuple[int, int]] = {}  # record call corr -> (device, stream)
-        record_events: dict[int, str] = {}  # record call corr -> the event it recorded
-        for s in self.cap.sync_events:
-            if s.record_correlation is not None:
-                if s.wait_on_stream is not None:
-                    record_streams[s.record_correlation] = (s.device, s.wait_on_stream)
-                if s.event_id is not None:
-                    record_events.setdefault(s.record_correlation, f"event{s.event_id}")
-
-        # issue-ordered host items: (issue_us, order, index, payload)
+        bnd: Binding = self.binding
+        # issue-ordered host items: (issue_us, order, index, payload, lane)
         items: list[tuple] = []
-        host_corrs = set()
+        issued = set()
         for i, c in enumerate(host_calls):
-            host_corrs.add(c.correlation)
-            items.append((c.ts - o, 0, i, c))
+            issued.add(c.correlation)
+            items.append((c.ts - o, 0, i, c, HOST))
+        for i, c in enumerate(other_calls):
+            issued.add(c.correlation)
+            items.append((c.ts - o, 0, len(host_calls) + i, c, f"thread{c.tid}"))
         orphans = 0
         for corr, devs in by_corr.items():
-            if corr in host_corrs:
+            if corr in issued:
                 continue
-            call = calls_by_corr.get(corr)
-            if call is None:
-                orphans += len(devs)
+            orphans += len(devs)  # the launch is not in the capture (or not a runtime call)
             for d in devs:
-                issue = (call.ts + call.dur - o) if call is not None else d.ts + g - o
-                items.append((issue, 1, -1, d))
+                items.append((d.ts + g - o, 1, -1, d, None))
         uncorrelated = [d for d in self.cap.device_events if d.correlation < 0]
         for d in uncorrelated:
-            items.append((d.ts + g - o, 1, -1, d))
+            items.append((d.ts + g - o, 1, -1, d, None))
         self.counts["device_without_launch"] = orphans + len(uncorrelated)
         if orphans + len(uncorrelated):
             self.warnings.append(f"{orphans + len(uncorrelated)} device ops have no host call in "
                                  f"the capture (step from their start time)")
-        items.sort(key=lambda x: (x[0], x[1], x[2]))
+        items.sort(key=itemgetter(0, 1, 2))
 
         rec = Recorder()
         measured = MeasuredLanes()
@@ -327,20 +524,26 @@ class CaptureTraceBuilder:
         waits: list[PendingWait] = []
         outside = 0
         unbound = Counter()
+        launches_by_lane: Counter = Counter()
         first_launch: dict[int, float] = {}  # step -> first forward-kernel launch start
         fwd = self.forward_lane_hint
 
         def place_record(corr: int | None, lane: str, step: int, label: str, event: str,
-                         issue: float, call: int) -> int:
+                         issue: float, call: int, graph_end: float | None = None) -> int:
             op = rec.op(OpKind.RECORD, lane, step, label, event=event, issue=issue, call=call)
-            records.append(PendingRecord(op, lane, issue))
+            records.append(PendingRecord(op, lane, issue, graph_end))
             if corr is not None:
                 record_op[corr] = op
             return op
 
-        for issue, _, _, item in items:
+        def event_name(corr: int) -> str:
+            e = bnd.event.get(corr)
+            return f"event{e}" if e is not None else ""
+
+        n_host = len(host_calls)
+        for issue, _, index, item, host_lane in items:
             if isinstance(item, DeviceEvent):
-                # device work whose host call is not on the host thread or not in the capture
+                # device work whose host call is not in the capture
                 step = self.step_at(issue)
                 if step < 0:
                     outside += 1
@@ -354,25 +557,32 @@ class CaptureTraceBuilder:
             if step < 0:
                 outside += 1
                 continue
-            ann_phase, site = enclosing[id(c)]
+            ann_phase, site = enclosing[index] if 0 <= index < n_host else (None, None)
             devs = by_corr.get(c.correlation)
             name = c.name
             kind = call_kind(name, bool(devs))
             if devs:
-                devs = sorted(devs, key=lambda d: d.ts)
+                if len(devs) > 1:
+                    devs = sorted(devs, key=_ts)
                 phases = [self.kernel_phase(d.name, ann_phase) for d in devs]
                 phase = next((p for p in phases if p), "")
-                call = rec.host(kind, step, start, end, name, phase=phase, op=rec.next_op)
+                call = rec.host(kind, step, start, end, name, phase=phase, op=rec.next_op,
+                                lane=host_lane)
+                launches_by_lane[host_lane] += 1
+                if c.correlation in bnd.in_graph and c.correlation in bnd.stream:
+                    # an event recorded by a node inside the launched graph (where in the graph
+                    # is not in the capture): first in the launch's stream order, and it fires
+                    # no earlier than when its stream drains the work issued before the launch
+                    # returned, no later than the graph's end (device_times)
+                    lane = self._lane(*bnd.stream[c.correlation])
+                    ends = [d.ts + d.dur + g - o for d in devs
+                            if self.lane_of[(d.device, d.stream)] == lane]
+                    place_record(c.correlation, lane, step, f"{name} record",
+                                 event_name(c.correlation), end, call,
+                                 max(ends) if ends else None)
                 for d, p in zip(devs, phases):
                     self._device_op(rec, measured, d, step, end, p, call)
-                where = record_streams.get(c.correlation)
-                if where is not None:
-                    # an event recorded by a node inside the launched graph (where in the graph
-                    # is not in the capture): it fires when its stream drains the work issued
-                    # before the launch returned, the earliest the node can fire
-                    place_record(c.correlation, self._lane(*where), step, f"{name} record",
-                                 record_events.get(c.correlation, ""), end, call)
-                if step not in first_launch and phase and any(
+                if host_lane == HOST and step not in first_launch and phase and any(
                         self.lane_of[(d.device, d.stream)] == fwd for d in devs):
                     first_launch[step] = start
             elif kind is Call.SYNCHRONIZE:
@@ -387,32 +597,36 @@ class CaptureTraceBuilder:
                     lane = self._lane(sev.device, sev.stream)
                     event = f"{lane}.tail"
                     bound = place_record(None, lane, step, event, event, start, call)
-                elif sev is not None and sev.record_correlation is not None:
-                    bound = record_op.get(sev.record_correlation, -1)
+                elif c.correlation in bnd.record_of:
+                    bound = record_op.get(bnd.record_of[c.correlation], -1)
                     event = f"event{sev.event_id}" if sev.event_id is not None else ""
                 if bound < 0:
                     unbound["sync"] += 1
-                rec.op(OpKind.SYNC, HOST, step, name, event=event, bound=bound, issue=start,
-                       start=start, end=end, call=call)
+                sync = rec.op(OpKind.SYNC, HOST, step, name, event=event, bound=bound,
+                              issue=start, start=start, end=end, call=call)
+                if sev is not None and sev.kind == "Context Sync":  # waited for every stream
+                    self.device_syncs.append(sync)
             elif kind is Call.RECORD:
-                where = record_streams.get(c.correlation)
+                where = bnd.stream.get(c.correlation) \
+                    if c.correlation in set_bound_records(bnd) else None
                 call = rec.host(kind, step, start, end, name,
-                                op=rec.next_op if where is not None else -1)
+                                op=rec.next_op if where is not None else -1, lane=host_lane)
                 if where is None:
                     unbound["record"] += 1
                     continue
                 place_record(c.correlation, self._lane(*where), step, name,
-                             record_events.get(c.correlation, ""), end, call)
+                             event_name(c.correlation), end, call)
             elif kind is Call.WAIT_EVENT:
                 sev = syncs_by_corr.get(c.correlation)
                 placed = sev is not None and sev.stream is not None
-                call = rec.host(kind, step, start, end, name, op=rec.next_op if placed else -1)
+                call = rec.host(kind, step, start, end, name, op=rec.next_op if placed else -1,
+                                lane=host_lane)
                 if not placed:
                     unbound["wait"] += 1
                     continue
                 lane = self._lane(sev.device, sev.stream)
-                bound = record_op.get(sev.record_correlation, -1) \
-                    if sev.record_correlation is not None else -1
+                rc = bnd.record_of.get(c.correlation)
+                bound = record_op.get(rc, -1) if rc is not None else -1
                 if bound < 0:
                     unbound["wait"] += 1
                 event = f"event{sev.event_id}" if sev.event_id is not None else ""
@@ -421,12 +635,21 @@ class CaptureTraceBuilder:
                             call=call)
                 waits.append(PendingWait(op, lane, end, bound))
             else:
-                rec.host(kind, step, start, end, name)
+                rec.host(kind, step, start, end, name, lane=host_lane)
 
         self.counts["outside_steps"] = outside
         self.counts["records_unplaced"] = unbound["record"]
         self.counts["waits_unbound"] = unbound["wait"]
         self.counts["syncs_unbound"] = unbound["sync"]
+        # waits and event syncs that name the cudaEventRecord they bind to (PyTorch 2.11's
+        # profiler writes -1: the other rules of simwar.capture.binding bind those)
+        rules = bnd.rules()
+        self.counts["sync_with_record"] = rules.get("named", 0)
+        for rule, n in sorted(rules.items()):
+            self.counts[f"bound_{rule}"] = n
+        self.binding_unbound = dict(bnd.unbound)
+        self.counts["launches_other_threads"] = sum(
+            n for lane, n in launches_by_lane.items() if lane != HOST)
         infer_device_times(rec, measured, records, waits)
         self._markers(rec, first_launch, host_ann)
         meta = {
@@ -434,8 +657,11 @@ class CaptureTraceBuilder:
             "warmup_steps": self.m.warmup_steps, "batch_size": self.m.batch_size,
             "accept_tokens": self.m.accept_tokens, "gpu_clock_offset_us": self.gpu_offset,
             "host_thread": list(self.host) if self.host else None,
+            "host_thread_name": self.host_name, "host_thread_reason": self.host_reason,
+            "launch_threads": [list(t) for t in self.launch_threads],
             "lanes": {lane: f"{d}:{s}" for (d, s), lane in self.lane_of.items()},
             "step_names": [n for _, _, n in self.steps],
+            "binding": {"rules": dict(rules), "unbound": dict(bnd.unbound)},
             **self.cap.meta,
         }
         return rec.finish(meta)
@@ -448,7 +674,7 @@ class CaptureTraceBuilder:
         return self.lane_of[key]
 
     @property
-    def forward_lane_hint(self) -> str:
+    def forward_lane_hint(self) -> str:  # noqa: D401 - a lazily computed attribute
         if not hasattr(self, "_forward"):
             self._forward = self._forward_lane()
         return self._forward
@@ -481,6 +707,7 @@ class CaptureTraceBuilder:
         end = start + d.dur
         op = rec.op(OpKind.KERNEL, lane, step, d.name, issue=issue, start=start, end=end,
                     phase=phase, call=call)
+        self.device_info[op] = DeviceInfo(d.kind, d.grid, d.block, d.bytes, copy_kind(d.name))
         measured.add(lane, issue, start, end)
         return op
 
@@ -506,3 +733,12 @@ class CaptureTraceBuilder:
             rec.marker("run_batch", k, t)
         if self.steps:
             rec.marker("end", -1, self.steps[-1][1])
+
+
+def set_bound_records(b: Binding) -> set[int]:
+    """The record calls some wait or sync binds to (cached on the binding)."""
+    cached = getattr(b, "_bound_records", None)
+    if cached is None:
+        cached = set(b.record_of.values())
+        b._bound_records = cached
+    return cached

@@ -27,6 +27,8 @@ from simwar.cli import (
     explain,
     harness,
     plot,
+    races,
+    results,
     run,
     show,
     sweep,
@@ -39,6 +41,7 @@ from simwar.core.files import interrupts_noted
 COMMANDS = {
     "run": run,
     "sweep": sweep,
+    "results": results,
     "validate": validate,
     "show": show,
     "plot": plot,
@@ -48,6 +51,7 @@ COMMANDS = {
     "import": capture,  # the module cannot be named after the keyword
     "explain": explain,
     "advise": advise,
+    "races": races,
 }
 
 

@@ -1,14 +1,26 @@
 """``simwar import``: read a torch.profiler (Kineto) capture, print its stalls, fit its loop.
 
-    simwar import TRACE [--mapping MAP.yaml] [--json]
-    simwar import TRACE --mapping MAP.yaml --fit -o fitted.yaml [--dist best] [--policy P]
-    simwar import TRACE --mapping MAP.yaml --check fitted.yaml [--set KEY=VALUE ...]
+    simwar import TRACE [TRACE ...] [--preset sglang|vllm] [--mapping MAP.yaml] [--json]
+                        [--strict]
+    simwar import TRACE [--mapping MAP.yaml] --fit -o fitted.yaml [--dist best] [--policy P]
+                        [--unprofiled-step-us US|BUCKET=US,...]
+    simwar import TRACE [--mapping MAP.yaml] --check fitted.yaml [--set KEY=VALUE ...]
     simwar import TRACE --mapping MAP.yaml --fit-costs -o costs.yaml
 
+Without ``--preset`` and ``--mapping`` the preset is detected from the capture's range names
+(:mod:`simwar.capture.presets`) and the import says which; a mapping file replaces any key of
+the preset. A capture whose batch changes every step (the mapping's ``batch`` regex, or the
+graphs that ran: :mod:`simwar.capture.sizes`) is reported per graph bucket, and ``--fit``
+writes its batch sequence beside the config (``fitted.batches.csv`` for ``fitted.yaml``).
+
 The summary is the one ``simwar run`` prints for a simulation (same metrics
-code), plus event counts and HTA's idle breakdown per stream. ``--json``
-prints one object. ``--fit`` writes a complete, runnable config of the
-capture's loop (:mod:`simwar.fit.from_capture`): ``simwar run fitted.yaml``
+code), plus event counts and HTA's idle breakdown per stream, the scheduler thread and the
+threads that launched, how waits and syncs were bound, the latent races by the mapping's
+``reads:`` and ``writes:`` (``simwar races`` lists them), and, given several per-rank
+captures (or a file with several processes), each rank and the skew of their step
+starts. ``--json`` prints one object; ``--strict`` makes any warning (a dropped or
+implausible event, an unmatched mapping key, ...) an error. ``--fit`` writes a complete,
+runnable config of the capture's loop (:mod:`simwar.fit.from_capture`): ``simwar run fitted.yaml``
 reproduces it, ``--set`` asks what-if questions of it. ``--check`` simulates a
 fitted config (with ``--set`` overrides, e.g. another barrier) and prints the
 capture and the simulation side by side with each figure's error, judged
@@ -28,11 +40,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 from simwar import __version__
-from simwar.cli.common import UserError, num, run_label, stall_lines
+from simwar.cli.common import (UserError, check_outputs, num, output_path, race_line, run_label,
+                               stall_lines)
 from simwar.core.files import jsonable, write_bytes_atomic, write_text_atomic
 
 HELP = "import a torch.profiler (Kineto) trace and print its stall metrics"
@@ -41,9 +55,17 @@ DESCRIPTION = ("Read a Kineto Chrome-trace capture (.json or .json.gz), build a 
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", help="Kineto trace written by export_chrome_trace (.json, .json.gz)")
+    p.add_argument("trace", nargs="+",
+                   help="Kineto trace written by export_chrome_trace (.json, .json.gz); "
+                        "several per-rank captures import as ranks side by side")
+    p.add_argument("--strict", action="store_true",
+                   help="any warning (dropped or implausible events, ...) is an error")
     p.add_argument("--mapping", metavar="YAML",
-                   help="stream names, step/run_batch annotations, phase and site regexes")
+                   help="stream names, step/run_batch/batch annotations, phase and site regexes "
+                        "(replaces the preset's keys)")
+    p.add_argument("--preset", metavar="NAME",
+                   help="a server's own range names: sglang or vllm (default: detected from the "
+                        "capture when no --mapping is given)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--fit", action="store_true",
                    help="fit the capture's whole loop (phases, policy, CPU work, streams, host "
@@ -57,8 +79,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    default="best", help="distribution --fit writes (default: best by KS)")
     p.add_argument("--policy", metavar="BARRIER",
                    help="the barrier policy for --fit when the capture cannot show it (no CUDA "
-                        "sync events, or none that name their record): fine, coarse, none or "
-                        "host_sync")
+                        "sync events, or none that name a record or an event): fine, coarse, "
+                        "none or host_sync")
+    p.add_argument("--unprofiled-step-us", default=None, metavar="US|BUCKET=US,...",
+                   help="with --fit: the loop's mean step time without the profiler (from the "
+                        "server's own log): every device time is rescaled to meet it; or per "
+                        "graph bucket (8=1682,16=1726,...): device and host time rescaled")
     p.add_argument("--check", metavar="YAML",
                    help="simulate this fitted config and compare it with the capture (exit 1 "
                         "when step time, forward gap or launch-ahead misses its bound)")
@@ -80,10 +106,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the importer loads numpy)
     from simwar.analysis.idle import HTA_KERNEL_WAIT_US
-    from simwar.capture.mapping import load_mapping  # lazy: start-up time of the CLI
+    from simwar.capture.presets import import_capture  # lazy: start-up time of the CLI
     from simwar.capture.reader import KinetoFormatError  # lazy: start-up time of the CLI
+    from simwar.capture.sizes import SizesError, step_sizes  # lazy: start-up time of the CLI
     from simwar.capture.stalls import import_report  # lazy: start-up time of the CLI
-    from simwar.capture.to_trace import import_kineto  # lazy: start-up time of the CLI
+    from simwar.config import ConfigError  # lazy: start-up time of the CLI
 
     if args.fit and args.fit_costs:
         raise UserError("--fit and --fit-costs: choose one")
@@ -92,11 +119,25 @@ def command(args) -> int:
                         f"write the fitted config)")
     if args.output and not (args.fit or args.fit_costs):
         raise UserError("-o needs --fit or --fit-costs (what to write)")
+    if args.output:  # a bad output path costs no import, and nothing is half-written
+        output_path(args.output, "-o")
     if (args.overrides or args.additions) and not args.check:
         raise UserError(f"{'--set' if args.overrides else '--add'} applies to --check (the "
                         f"simulation of a fitted config)")
     if args.policy is not None and not args.fit:
         raise UserError("--policy applies to --fit")
+    if args.unprofiled_step_us is not None and not args.fit:
+        raise UserError("--unprofiled-step-us applies to --fit")
+    unprofiled = None
+    if args.unprofiled_step_us is not None:
+        # lazy: start-up time of the CLI (the fit loads numpy and the simulator)
+        from simwar.fit.profiler import parse_unprofiled
+
+        try:
+            unprofiled = parse_unprofiled(args.unprofiled_step_us)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    args.unprofiled = unprofiled
     if args.policy is not None:
         # lazy: start-up time of the CLI (the fit loads numpy)
         from simwar.fit.policy import POLICIES
@@ -104,18 +145,43 @@ def command(args) -> int:
         if args.policy not in POLICIES:
             raise UserError(f"--policy: '{args.policy}' is not a barrier policy "
                             f"({', '.join(POLICIES)})")
+    outputs = [("--save-trace", args.save_trace), ("--steps-csv", args.steps_csv),
+               ("-o", args.output)]
+    for option, value in outputs:  # checked before the capture is read
+        if value:
+            output_path(value, option)
+    # with --fit, --check may name the file -o writes: it checks the config just fitted
+    check_outputs([("capture", args.trace), ("mapping", args.mapping),
+                   ("config", None if args.fit else args.check)], outputs)
     check_items = _check_config(args) if args.check and not args.fit else None
-    mapping = load_mapping(args.mapping)
-    path = Path(args.trace)
-    if not path.exists():
-        raise UserError(f"{path}: file not found")
+    paths = [Path(t) for t in args.trace]
+    if len(paths) > 1 and (args.fit or args.fit_costs or args.check):
+        raise UserError("--fit, --fit-costs and --check read one capture (the scheduler's "
+                        "rank); give one file")
+    path = paths[0]
     try:
-        with _ReadProgress(path, disabled=args.no_progress) as progress:
-            result = import_kineto(path, mapping, progress=progress)
-    except KinetoFormatError as e:
+        if args.preset is not None:  # an unknown preset fails before anything is read
+            from simwar.capture.presets import load_preset  # lazy: start-up time of the CLI
+
+            load_preset(args.preset)
+        for p in paths:
+            if not p.exists():
+                raise UserError(f"{p}: file not found")
+        with _ReadProgress(paths, disabled=args.no_progress) as progress:
+            result, mapping = import_capture(paths if len(paths) > 1 else path, args.mapping,
+                                             args.preset, progress=progress)
+        sizes = step_sizes(result, mapping, args.mapping or _preset_label(mapping))
+    except (KinetoFormatError, SizesError, ConfigError) as e:
         raise UserError(str(e)) from None
+    if args.strict and result.warnings:
+        more = f" (and {len(result.warnings) - 1} more)" if len(result.warnings) > 1 else ""
+        raise UserError(f"{path}: {result.warnings[0]}{more} (--strict)")
+    sizes.apply(result.trace)
     steps, report = import_report(result, args.kernel_wait_us if args.kernel_wait_us is not None
                                   else HTA_KERNEL_WAIT_US)
+    if args.mapping and not (args.fit or args.check):  # those make it an error (check_mapping)
+        report["warnings"] += _unmatched_warnings(result, mapping, args.mapping)
+    report["mapping"] = _mapping_report(mapping, sizes)
     if args.save_trace:
         result.trace.save(args.save_trace)
     if args.steps_csv:
@@ -132,25 +198,59 @@ def command(args) -> int:
     if args.check:
         if check_items is None:
             check_items = _check_config(args)
-        checked = _check(result, mapping, args, check_items, report)
+        checked = _check(result, mapping, args, check_items, report, steps)
         report["check"] = checked
+    report["races"] = _races(result, mapping, args)
     for w in report["warnings"]:
         print(f"simwar: warning: {w}", file=sys.stderr)
     if args.json:
         print(json.dumps(jsonable(report), sort_keys=True))
     else:
         print(format_report(report))
+        for line in _sizes_lines(report):
+            print(line)
+        c = report["counts"]
+        if c["kernels"] or c["memcpys"] or c["memsets"]:
+            print(f"  races               {race_line(report['races'])}"
+                  + ("; simwar races lists them" if report["races"]["latent"] else ""))
         if args.fit_costs:
             print(f"  fitted              {len(report['fit'])} distributions -> {args.output}")
         if model is not None:
+            wl = model.config.get("workload")
             print(f"  fitted              the whole loop -> {args.output}: policy "
                   f"{model.policy.barrier} ({model.policy.source}); "
-                  f"{len(model.config['phases'])} phases")
+                  f"{len(model.config['phases'])} phases"
+                  + (f"; the capture's {len(wl['batch_sizes'])} batches -> "
+                     f"{Path(args.output).name.rsplit('.', 1)[0]}.batches.csv"
+                     if wl and "batch_sizes" in wl else ""))
         if checked is not None:
             print(checked["text"])
     if checked is not None and not checked["ok"]:
         return 1
     return 0
+
+
+def _unmatched_warnings(result, mapping, name: str) -> list[str]:
+    """The mapping's ``phases``, ``sites`` and ``cpu`` rules that match nothing in the capture
+    (the reader already warns about ``steps`` and ``run_batch``), one warning each."""
+    # lazy: start-up time of the CLI (the importer loads numpy)
+    from simwar.capture.mapping import unmatched_keys
+
+    bad = unmatched_keys(mapping, result.device_names, [a[0] for a in result.annotations])
+    return [f"{name}: {text}" + ("; it is used by --fit only" if text.startswith("cpu ") else "")
+            for text in bad if text.split(" ", 1)[0] in ("phases", "sites", "cpu")]
+
+
+def _races(result, mapping, args) -> dict:
+    """The capture's latent races by the mapping's reads and writes (``simwar races`` lists
+    them): :meth:`simwar.capture.accesses.CaptureRaces.summary`."""
+    from simwar.capture.accesses import capture_races  # lazy: start-up time of the CLI
+    from simwar.config import ConfigError  # lazy: start-up time of the CLI
+
+    try:
+        return capture_races(result, mapping, args.mapping or _preset_label(mapping)).summary()
+    except ConfigError as e:
+        raise UserError(str(e)) from None
 
 
 def _check_config(args):
@@ -225,20 +325,25 @@ def _shift(value, us: float):
     return d
 
 
-def _check(result, mapping, args, loaded, report) -> dict:
-    """Simulate the ``--check`` config and compare it with the capture's ``report``."""
+def _check(result, mapping, args, loaded, report, steps) -> dict:
+    """Simulate the ``--check`` config and compare it with the capture's ``report`` (``steps``:
+    its per-step table), the steps the profiler stalled left out of both."""
     # lazy: start-up time of the CLI (the simulator)
     from simwar.api import simulate
     from simwar.fit.check import (  # lazy: start-up time
         accepted,
+        bucket_rows,
+        bucket_steps_line,
         check_rows,
         format_rows,
         relaunch,
+        summary_without,
     )
     from simwar.fit.from_capture import FitError, check_mapping  # lazy: start-up time of the CLI
+    from simwar.fit.profiler import left_out_line, left_out_steps  # lazy: start-up time
 
     try:
-        check_mapping(result, mapping, args.mapping or "mapping")
+        check_mapping(result, mapping, args.mapping or _preset_label(mapping))
     except FitError as e:
         raise UserError(str(e)) from None
     cfg, items = loaded
@@ -246,22 +351,81 @@ def _check(result, mapping, args, loaded, report) -> dict:
         cfg = _check_config(args)[0]
     sim = simulate(cfg)
     label = run_label(cfg.name, items)
-    summary = sim.summary
+    warm = int(result.trace.meta.get("warmup_steps", 0))
+    left = {k: v for k, v in left_out_steps(result, mapping).items() if k >= warm}
+    captured = summary_without(steps, result.trace.meta, None, left)
+    summary = summary_without(sim.columns if sim.columns is not None else sim.steps, sim.meta,
+                              sim.hazards, left)
     if mapping.run_batch is None:  # the capture's launches are its first forward launches
-        summary = relaunch(sim.trace, summary)
-    rows = check_rows(report["metrics"], summary)
+        summary = relaunch(sim.trace, summary, left)
+    rows = check_rows(captured, summary) + bucket_rows(captured, summary)
     ok = accepted(rows)
-    races = {"latent": sim.summary.get("races", 0), "overlaps": sim.summary.get("overlaps", 0)}
-    m = report["metrics"]
-    head = (f"check: {label} (simulated {sim.summary.get('steps_measured', 0)} steps) against "
-            f"{report['file']} ({m.get('steps_measured', 0)} steps measured)")
+    races = {"latent": summary.get("races", 0), "overlaps": summary.get("overlaps", 0)}
+    head = (f"check: {label} (simulated {summary.get('steps_measured', 0)} steps) against "
+            f"{report['file']} ({captured.get('steps_measured', 0)} steps measured)")
+    lines = [head]
+    note = left_out_line(left)
+    if note:
+        lines.append(f"  left out            {note}, and the steps around each, on both sides")
+    per = bucket_steps_line(captured, summary)
+    if per:
+        lines.append(per)
     verdict = ("  verdict             within the bounds (step time 2%, forward gap max(10 µs, "
-               "10%), launch-ahead 0.05)" if ok else
+               "10%), launch-ahead 0.05" + ("; per bucket: step time, forward gap"
+                                            if any(r.key.startswith("by_bucket") for r in rows)
+                                            else "") + ")" if ok else
                "  verdict             MISSED: " + ", ".join(
-                   r.label for r in rows if r.ok is False))
-    text = "\n".join([head, format_rows(rows, races), verdict])
+                   _row_name(r) for r in rows if r.ok is False))
+    text = "\n".join(lines + [format_rows(rows, races), verdict])
     return {"name": label, "ok": ok, "text": text, "races": races,
-            "rows": [r._asdict() for r in rows], "simulated": summary}
+            "rows": [r._asdict() for r in rows], "simulated": summary, "captured": captured,
+            "left_out": left}
+
+
+def _row_name(row) -> str:
+    """A missed row's name: ``bucket 8 step time``, ``bucket 8 forward gap``, ``step time mean``."""
+    if row.key.startswith("by_bucket."):
+        b = row.key.split(".")[1]
+        return f"bucket {b} " + ("step time" if row.key.endswith("step_us_mean") else
+                                 "forward gap")
+    return row.label
+
+
+def _preset_label(mapping) -> str:
+    name, _ = mapping.origin
+    return f"preset {name}" if name else "mapping"
+
+
+def _mapping_report(mapping, sizes) -> dict:
+    """What the capture was read with: the preset and how, the sizes and where from."""
+    # lazy: start-up time of the CLI (the importer loads numpy)
+    from simwar.capture.presets import preset_line
+
+    return {"preset": mapping.origin[0], "preset_line": preset_line(mapping),
+            "sizes": sizes.source, "size_notes": list(sizes.notes),
+            "graph_buckets": sizes.buckets}
+
+
+def _sizes_lines(r: dict) -> list[str]:
+    """The lines after the report: the preset, the sizes and the figures per graph bucket."""
+    f = num
+    m = r.get("mapping") or {}
+    lines = []
+    if m.get("preset_line"):
+        lines.append(f"  mapping             {m['preset_line']}")
+    s = r["metrics"]
+    if "by_bucket" in s and s.get("steps_measured", 0) > 0:
+        for note in m.get("size_notes", []):
+            lines.append(f"  sizes               {note}")
+        lines.append(f"  batch               mean {f(s['batch_size_mean'])}")
+        lines.append("  per graph bucket    bucket  steps  step µs  fwd gap  GPU idle  CPU blocked"
+                     "  launch lead")
+        for b, v in s["by_bucket"].items():
+            lines.append(f"                      {b:>6}  {v['steps']:>5}  "
+                         f"{f(v['step_us_mean']):>7}  {f(v['fwd_gap_us_mean']):>7}  "
+                         f"{f(v['gpu_idle_us_mean']):>8}  {f(v['cpu_blocked_us_mean']):>11}  "
+                         f"{f(v['launch_lead_us_mean']):>11}")
+    return lines
 
 
 def _write_model(result, mapping, args, path: Path):
@@ -269,14 +433,24 @@ def _write_model(result, mapping, args, path: Path):
     # lazy: start-up time of the CLI (yaml; the fit loads numpy)
     import yaml
 
-    from simwar.fit.from_capture import FitError, fit_model  # lazy: start-up time of the CLI
+    from simwar.fit.from_capture import (  # lazy: start-up time of the CLI
+        FitError,
+        batches_csv,
+        fit_model,
+    )
 
     try:
         model = fit_model(result, mapping, capture=path.name, mapping_name=args.mapping or "",
                           dist=args.dist, policy=args.policy, version=__version__,
-                          where=str(path))
+                          where=str(path), unprofiled_step_us=args.unprofiled)
     except FitError as e:
         raise UserError(str(e)) from None
+    config = model.config
+    csv = None
+    if model.batches is not None:  # the capture's batch sequence, beside the config
+        out = Path(args.output)
+        csv = out.with_name(re.sub(r"\.(ya?ml)$", "", out.name) + ".batches.csv")
+        config = model.config_for_file(csv.name)
     lines = [f"# {line}" for line in model.header]
     fits = [(k, d) for k, d in model.details.items() if "ks" in d]
     if fits:
@@ -286,31 +460,40 @@ def _write_model(result, mapping, args, path: Path):
             ks = ", ".join(f"{k} {v}" for k, v in d["ks"].items())
             lines.append(f"#   {key}: n={d['n']} mean={d['mean']} std={d['std']} KS: {ks} "
                          f"(critical {d['ks_critical']}) -> {d['chosen']}")
-    text = "\n".join(lines) + "\n" + yaml.safe_dump(model.config, sort_keys=False,
+    text = "\n".join(lines) + "\n" + yaml.safe_dump(config, sort_keys=False,
                                                     default_flow_style=None, width=100)
+    if csv is not None:
+        write_text_atomic(csv, batches_csv(model.batches))
     write_text_atomic(args.output, text)
     return model
 
 
 class _ReadProgress:
-    """A tqdm bar over the file's bytes, as a ``progress(done, total)`` callback."""
+    """A tqdm bar over the files' bytes, as a ``progress(done, total)`` callback (called per
+    file, in order)."""
 
-    def __init__(self, path: Path, disabled: bool):
-        self.path = path
+    def __init__(self, paths: list[Path], disabled: bool):
+        self.paths = paths
         self.disabled = disabled
         self.bar = None
+        self.before = 0  # bytes of the files already read
+        self.last_total = None
 
     def __enter__(self):
         # lazy: start-up time of the CLI (tqdm)
         from tqdm import tqdm
 
-        self.bar = tqdm(total=self.path.stat().st_size, unit="B", unit_scale=True,
-                        desc=f"reading {self.path.name}", file=sys.stderr, leave=False,
+        name = self.paths[0].name + (f" and {len(self.paths) - 1} more"
+                                     if len(self.paths) > 1 else "")
+        self.bar = tqdm(total=sum(p.stat().st_size for p in self.paths), unit="B",
+                        unit_scale=True, desc=f"reading {name}", file=sys.stderr, leave=False,
                         disable=True if self.disabled else None)
         return self.update
 
     def update(self, done: int, total: int) -> None:
-        self.bar.update(max(0, done - self.bar.n))
+        if done < self.bar.n - self.before:  # the next file started
+            self.before = self.bar.n
+        self.bar.update(max(0, self.before + done - self.bar.n))
 
     def __exit__(self, *exc):
         self.bar.close()
@@ -348,6 +531,8 @@ def format_report(r: dict) -> str:
     f = num  # never -0.0
     c = r["counts"]
     s = r["metrics"]
+    if not (c["kernels"] or c["memcpys"] or c["memsets"]) and r.get("unmodelled"):
+        return f"{r['file']}: {_unmodelled(r['unmodelled'])}"
     lines = [f"{r['file']}: {c['kernels']} kernels, {c['memcpys']} memcpys, {c['memsets']} "
              f"memsets, {c['sync_events']} sync events, {c['host_runtime_calls']} host runtime "
              f"calls, {c['ignored_events']} ignored events",
@@ -358,6 +543,7 @@ def format_report(r: dict) -> str:
     else:
         lines.append("  (no measured steps: need at least two steps with forward kernels "
                      "after warm-up)")
+    lines += report_lines(r)
     t = r.get("temporal")
     if t and t["span_us"] > 0:
         lines.append(f"  device time (HTA)   span {t['span_us']:.1f} µs: idle "
@@ -371,3 +557,46 @@ def format_report(r: dict) -> str:
                          f"{f(d['host_wait_us'])} + {f(d['kernel_wait_us'])} + "
                          f"{f(d['dependency_us'])} + {f(d['other_us'])}")
     return "\n".join(lines)
+
+
+def _unmodelled(u: dict) -> str:
+    n = sum(u.values())
+    kinds = ", ".join(f"{k} {v:,}" for k, v in sorted(u.items()))
+    return (f"{n:,} device events of a kind simwar does not model ({kinds}: MTIA); simwar "
+            f"reads CUDA and HIP device work only")
+
+
+def report_lines(r: dict) -> list[str]:
+    """The report's lines on threads, binding, unmodelled devices and ranks."""
+    lines = []
+    th = r.get("threads") or {}
+    sched = th.get("scheduler") or {}
+    if sched.get("tid") is not None:
+        lines.append(f"  scheduler thread    {sched['name']} (tid {sched['tid']}: {sched['why']}); "
+                     f"explain and --fit read it")
+    if th.get("launch"):
+        lines.append("  launching threads   " + ", ".join(
+            f"{t['name']} {t['launches']:,} launches" for t in th["launch"]))
+    b = r.get("binding") or {}
+    if b.get("rules") or b.get("unbound"):
+        bound = ", ".join(f"{n} {rule}" for rule, n in sorted(b.get("rules", {}).items()))
+        un = sum(b.get("unbound", {}).values())
+        lines.append(f"  waits/syncs bound   {bound or 'none'}" + (
+            f"; {un} unbound ({'; '.join(f'{n} {why}' for why, n in sorted(b['unbound'].items()))})"
+            if un else ""))
+    if r.get("unmodelled"):
+        lines.append(f"  not modelled        {_unmodelled(r['unmodelled'])}")
+    for k in r.get("ranks", []):
+        step = "-" if k["step_us_mean"] is None or not k["steps_measured"] else \
+            f"{k['step_us_mean']:.1f}"
+        gap = "-" if k["fwd_gap_us_mean"] is None or not k["steps_measured"] else \
+            f"{k['fwd_gap_us_mean']:.1f}"
+        lines.append(f"  rank {k['rank']:<14} pid {k['process']} ({k['file']}): {k['kernels']:,} "
+                     f"kernels, {k['steps_measured']} steps measured, step time {step} µs, "
+                     f"forward gap {gap} µs, clock +{k['clock_offset_us']:.1f} µs")
+    sk = r.get("skew")
+    if sk and sk.get("steps"):
+        lines.append(f"  step-start skew     mean {sk['mean_us']:.1f} µs, p50 {sk['p50_us']:.1f}, "
+                     f"max {sk['max_us']:.1f} over {sk['steps']} steps (latest: rank "
+                     f"{sk['latest_rank']})")
+    return lines

@@ -1,11 +1,16 @@
 """``simwar explain``: why each forward waited, as the critical path of every step in causes.
 
-    simwar explain CONFIG|TRACE [--steps A:B] [--mapping MAP.yaml] [--json] [--timeline PNG]
+    simwar explain CONFIG|TRACE [--steps A:B] [--mapping MAP.yaml] [--preset NAME] [--json]
+                                [--timeline PNG]
 
 Walks each step's critical path (:mod:`simwar.analysis.critical_path`) and prints the
 mean forward gap and step time with their causes. Its input is a config (simulated), a
 saved simwar trace (``.json``/``.json.gz`` with ``"format": "simwar.trace"``) or a
-torch.profiler (Kineto) capture, told apart by content (:func:`load_source`).
+torch.profiler (Kineto) capture, told apart by content (:func:`load_source`). A capture is
+read with its preset and mapping as ``simwar import`` reads it, and explained in its own
+code's words: its host time by the ``record_function`` range it lies in, a blocking call by
+what it waited for. A run whose batch changes every step (a config's ``workload``, a
+capture's batch ranges or graphs) is explained per graph bucket as well.
 ``--timeline`` draws :func:`simwar.plots.chain_figure`. The work is done by those
 modules; this one parses arguments and prints.
 
@@ -22,8 +27,9 @@ import json
 import sys
 import textwrap
 from pathlib import Path
+from typing import NamedTuple
 
-from simwar.cli.common import UserError, clip_text
+from simwar.cli.common import UserError, check_outputs, clip_text, output_path, save_figure
 from simwar.core.files import jsonable
 
 HELP = "why each forward waited: the critical path of every step, in causes"
@@ -39,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", metavar="A:B",
                    help="steps to explain, inclusive (default: every measured step)")
     p.add_argument("--mapping", metavar="YAML", help="a Kineto capture's mapping (simwar import)")
+    p.add_argument("--preset", metavar="NAME",
+                   help="a Kineto capture's preset: sglang or vllm (default: detected when no "
+                        "--mapping is given)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a dotted key of the config (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -54,35 +63,45 @@ def command(args) -> int:
     from simwar.api import explain  # lazy: start-up time of the CLI (the simulator)
     from simwar.config import Config  # lazy: start-up time of the CLI (pydantic)
 
-    source, what = load_source(args.source, args.mapping, args.overrides)
+    if args.top < 0:
+        raise UserError(f"--top {args.top}: expected 0 or a positive number")
+    if args.timeline:  # checked before anything is simulated or read
+        output_path(args.timeline, "--timeline", image=True)
+        check_outputs([("input", args.source), ("mapping", args.mapping)],
+                      [("--timeline", args.timeline)])
+    src = load_source(args.source, args.mapping, args.overrides, args.preset)
+    what = src.what
     steps = _parse_steps(args.steps) if args.steps else None
     try:
-        if isinstance(source, Config):  # simulated once, streamed: any length fits
-            cp = explain(source, steps)
+        if isinstance(src.trace, Config):  # simulated once, streamed: any length fits
+            cp = explain(src.trace, steps)
         else:
-            cp = critical_path(source, steps)
+            cp = critical_path(src.trace, steps, src.host_ranges, src.device_info)
     except NoForward as e:
-        raise UserError(f"{args.source}: {e}") from None
+        if what.startswith("Kineto capture") and _simwar_export(Path(args.source)):
+            raise UserError(f"{args.source}: a Chrome trace simwar exported for Perfetto "
+                            f"(simwar run --trace), which keeps no steps to explain: explain "
+                            f"the config itself, or a trace saved with Trace.save or simwar "
+                            f"import --save-trace") from None
+        raise UserError(f"{args.source}: {e}{_why_no_steps(what, args.mapping)}") from None
     except ValueError as e:
         raise UserError(f"--steps {args.steps}: {e}") from None
     if args.timeline:
-        out = _image_path(args.timeline)
+        out = Path(args.timeline)
         # lazy: start-up time of the CLI (matplotlib)
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from simwar.plots.chain import chain_figure
 
-        from simwar.plots.chain import chain_figure  # lazy: start-up time of the CLI
-
-        fig = chain_figure(cp, cp.steps[0])
-        FigureCanvasAgg(fig)
-        fig.savefig(out, dpi=110)
+        save_figure(chain_figure(cp, cp.steps[0]), out)
         print(f"simwar: wrote {out}", file=sys.stderr)
     if args.json:
         d = cp.to_dict()
         d["source"] = what
         d["sentence"] = sentence(cp)
+        if src.notes:
+            d["read_with"] = src.notes
         print(json.dumps(jsonable(d), sort_keys=True))
     else:
-        print(format_explain(cp, what, args.top))
+        print(format_explain(cp, what, args.top, src.notes))
     return 0
 
 
@@ -97,23 +116,21 @@ def _parse_steps(text: str) -> tuple[int, int]:
     return a, b
 
 
-def _image_path(path: str) -> Path:
-    # lazy: start-up time of the CLI (matplotlib)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+class Source(NamedTuple):
+    """What ``explain`` reads: the trace (a config's Config, simulated by the caller), its
+    description, and for a capture its host ranges, device facts and what it was read with."""
 
-    out = Path(path)
-    if not out.parent.exists():
-        raise UserError(f"--timeline: directory {out.parent} does not exist")
-    kinds = FigureCanvasAgg.get_supported_filetypes()
-    if out.suffix.lstrip(".").lower() not in kinds:
-        raise UserError(f"--timeline: {out.name}: expected an image file name ending in "
-                        f"{', '.join('.' + k for k in sorted(kinds))}")
-    return out
+    trace: object
+    what: str
+    host_ranges: list | None = None
+    device_info: dict | None = None
+    notes: list = []
 
 
-def load_source(path: str, mapping: str | None = None, overrides=()):
-    """(source, what): a config's Config (simulated by the caller), or the Trace of a saved
-    simwar trace or of a Kineto capture.
+def load_source(path: str, mapping: str | None = None, overrides=(),
+                preset: str | None = None) -> Source:
+    """A :class:`Source` from a config (its Config, in ``trace``: simulated by the caller,
+    :func:`simwar.api.explain`), a saved simwar trace or a Kineto capture.
 
     Told apart by content: a simwar trace's JSON starts with ``"format": "simwar.trace"``;
     other JSON is read as a Kineto capture; anything else as a YAML config.
@@ -128,30 +145,88 @@ def load_source(path: str, mapping: str | None = None, overrides=()):
         raise UserError(f"--set: only for a config; {p} is a {kind} file")
     if mapping and kind != "kineto":
         raise UserError(f"--mapping: only for a Kineto capture; {p} is a {kind} file")
+    if preset and kind != "kineto":
+        raise UserError(f"--preset: only for a Kineto capture; {p} is a {kind} file")
     if kind == "config":
         # lazy: start-up time of the CLI (the config schema loads pydantic)
         from simwar.config import load_config, parse_override
 
         cfg = load_config(str(p), dict(parse_override(o) for o in overrides))
-        return cfg, f"config {p} (simulated, {cfg.steps} steps)"
+        return Source(cfg, f"config {p} (simulated, {cfg.steps} steps)")
     if kind == "trace":
         # lazy: start-up time of the CLI (numpy)
         from simwar.core.trace import Trace
 
         try:
-            return Trace.load(p), f"simwar trace {p}"
+            return Source(Trace.load(p), f"simwar trace {p}")
         except (ValueError, KeyError, OSError) as e:
             raise UserError(f"{p}: {e}") from None
+    return _load_capture(p, mapping, preset)
+
+
+def _load_capture(p: Path, mapping: str | None, preset: str | None) -> Source:
+    """A Kineto capture as ``simwar import`` reads it (preset, mapping, sizes), with its
+    host ranges named as the code named them (a mapped CPU range also by its config item)."""
+    import re  # lazy: start-up time of the CLI
+
     # lazy: start-up time of the CLI (the importer loads numpy)
-    from simwar.capture.mapping import load_mapping
+    from simwar.capture.presets import import_capture, preset_line
     from simwar.capture.reader import KinetoFormatError  # lazy: start-up time of the CLI
-    from simwar.capture.to_trace import import_kineto  # lazy: start-up time of the CLI
+    from simwar.capture.sizes import SizesError, step_sizes  # lazy: start-up time of the CLI
+    from simwar.config import ConfigError  # lazy: start-up time of the CLI
 
     try:
-        result = import_kineto(p, load_mapping(mapping))
-    except KinetoFormatError as e:
+        result, m = import_capture(p, mapping, preset)
+        sizes = step_sizes(result, m, mapping or (f"preset {m.origin[0]}" if m.origin[0]
+                                                  else "mapping"))
+    except (KinetoFormatError, SizesError, ConfigError) as e:
         raise UserError(str(e)) from None
-    return result.trace, f"Kineto capture {p}"
+    sizes.apply(result.trace)
+    skip = [re.compile(x) for x in (m.steps, m.batch) if x]
+    rules = m.cpu_rules()
+    ranges = []
+    for name, a, b in result.annotations:
+        if any(rx.search(name) for rx in skip):
+            continue
+        item = next((it for rx, it in rules if rx.search(name)), None)
+        ranges.append((f"{name} ({item})" if item and item not in name.split(".")[-1] else name,
+                       a, b))
+    notes = [n for n in (preset_line(m),) if n] + (sizes.notes if sizes.varying else [])
+    meta = result.trace.meta
+    host = meta.get("host_thread")
+    who = (f" (scheduler thread {meta.get('host_thread_name') or host[1]}, tid {host[1]}: "
+           f"{meta.get('host_thread_reason')})") if host and \
+        len(meta.get("launch_threads", [])) > 1 else ""
+    return Source(result.trace, f"Kineto capture {p}{who}", ranges, result.device_info, notes)
+
+
+def _why_no_steps(what: str, mapping: str | None) -> str:
+    """A hint of why a capture has no measured steps: read without (or with a wrong)
+    mapping."""
+    if not what.startswith("Kineto capture"):
+        return ""
+    if mapping is None:
+        return (" (read without --mapping: steps are ProfilerStep#N ranges and the forward is "
+                "the busiest stream's kernels; give --mapping MAP.yaml with the capture's "
+                "steps pattern and phases, see simwar import)")
+    return (f" (check the steps pattern and phases of {mapping}: simwar import CAPTURE "
+            f"--mapping {mapping} warns of the rules that match nothing)")
+
+
+def _simwar_export(path: Path) -> bool:
+    """Whether a Chrome trace JSON is simwar's own export (``otherData.generator``, written
+    last: the file's tail is read)."""
+    tail = b""
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(2)
+        opener = gzip.open if magic == b"\x1f\x8b" else open
+        with opener(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                tail = (tail + chunk)[-(1 << 16):]
+    except OSError:
+        return False
+    return b'"generator":"simwar"' in tail.replace(b" ", b"")
 
 
 def _peek(path: Path, size: int = 4096) -> str:
@@ -167,7 +242,7 @@ def _peek(path: Path, size: int = 4096) -> str:
 
 def _header(trace, what: str) -> str:
     m = trace.meta
-    name = m.get("name") or Path(what.split()[-1]).name
+    name = m.get("name") or m.get("file") or Path(what.split()[-1]).name
     bits = []
     if m.get("algorithm"):
         bits.append(str(m["algorithm"]))
@@ -179,30 +254,43 @@ def _header(trace, what: str) -> str:
     return f"{name}: " + ", ".join(bits) + f"; from {what}" if bits else f"{name}: from {what}"
 
 
-def format_explain(cp, what: str, top: int = 8) -> str:
-    """What ``simwar explain`` prints: the means, the sentence and the two cause tables."""
+def format_explain(cp, what: str, top: int = 8, notes=()) -> str:
+    """What ``simwar explain`` prints: the means, the sentence and the two cause tables, and
+    per graph bucket the same where the batch changes."""
+    a, b = cp.steps
+    lines = [_header(cp.trace, what)]
+    lines += [f"  read with           {n}" for n in notes]
+    lines.append(f"  steps               {a}..{b} ({cp.n_steps} explained, means per step)")
+    lines += _explained(cp, top)
+    for bucket, sub in cp.by_bucket().items():
+        lines.append(f"  bucket {bucket:<12} {sub.n_steps} steps explained")
+        lines += _explained(sub, max(3, top // 2), indent="  ")
+    return "\n".join(lines)
+
+
+def _explained(cp, top: int, indent: str = "") -> list[str]:
+    """The means, the sentence and the two cause tables of one set of chains."""
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.critical_path import sentence
 
-    a, b = cp.steps
-    lines = [_header(cp.trace, what),
-             f"  steps               {a}..{b} ({cp.n_steps} explained, means per step)",
-             f"  step time           {cp.step_us:.1f} µs; forward gap before each forward "
-             f"{cp.fwd_gap_us:.1f} µs"]
-    lines += textwrap.wrap(sentence(cp), width=100, initial_indent="  in words            ",
-                           subsequent_indent=" " * 22)
+    lines = [f"{indent}  step time           {cp.step_us:.1f} µs; forward gap before each "
+             f"forward {cp.fwd_gap_us:.1f} µs"]
+    lines += textwrap.wrap(sentence(cp), width=100,
+                           initial_indent=f"{indent}  in words            ",
+                           subsequent_indent=" " * (22 + len(indent)))
     tables = (("forward gap by cause", cp.gap_causes()), ("step time by cause", cp.step_causes()))
     width = min(72, max([len(title) - 2 for title, _ in tables]
                         + [len(r["cause"]) for _, rows in tables for r in rows[:top]]))
     for title, rows in tables:
-        lines.append(f"  {title:<{width + 2}} {'µs':>8} {'share':>7}  {'kind':<14} after")
+        lines.append(f"{indent}  {title:<{width + 2}} {'µs':>8} {'share':>7}  {'kind':<14} "
+                     f"after")
         if not rows:
-            lines.append("    (none: no time to explain)")
+            lines.append(f"{indent}    (none: no time to explain)")
         for r in rows[:top]:
             after = "" if r["after"] and r["after"] in r["cause"] else r["after"]
-            lines.append(f"    {clip_text(r['cause'], width):<{width}} {r['us']:>8.1f} "
+            lines.append(f"{indent}    {clip_text(r['cause'], width):<{width}} {r['us']:>8.1f} "
                          f"{100 * r['share']:>6.1f}%  {r['kind']:<14} {after}".rstrip())
         if len(rows) > top:
             rest = sum(r["us"] for r in rows[top:])
-            lines.append(f"    ... {len(rows) - top} more causes, {rest:.1f} µs")
-    return "\n".join(lines)
+            lines.append(f"{indent}    ... {len(rows) - top} more causes, {rest:.1f} µs")
+    return lines

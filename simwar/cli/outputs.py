@@ -1,7 +1,9 @@
 """The picture and trace options of ``simwar run``: ``--timeline``, ``--steps-window``, ``--trace``.
 
-``simwar.cli.run`` calls the three steps explicitly: :func:`add_arguments` to its parser,
-:func:`check` before simulating (a wrong path or window costs no run), :func:`write` after.
+``simwar.cli.run`` calls the steps explicitly: :func:`add_arguments` to its parser,
+:func:`check_paths` before reading the config (a wrong path costs nothing and overwrites no
+input), :func:`check` before simulating (nor does a wrong window cost a run), :func:`write`
+after.
 ``--timeline`` draws :func:`simwar.plots.stall_figure` (the stall timeline of a few steps
 and a zoom on the first forward-stream bubble) from the run's Trace: :func:`trace_options`
 names it, so that ``run`` picks the SimPy engine. ``--trace`` writes Chrome trace-event
@@ -20,7 +22,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from simwar.cli.common import UserError, output_path, parse_window, save_figure
+from simwar.cli.common import (
+    UserError,
+    check_outputs,
+    output_path,
+    parse_window,
+    save_figure,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "first GPU bubble) to this image")
     parser.add_argument("--steps-window", metavar="A:B",
                         help="steps shown by --timeline and written by --trace, A and B "
-                             "included (--timeline's default: three steps after warm-up; "
-                             "--trace's: every step)")
+                             "included: from step A's start to the end of step B's work, "
+                             "nothing of step B+1 (--timeline's default: three steps after "
+                             "warm-up; --trace's: every step)")
     parser.add_argument("--trace", metavar="OUT.json",
                         help="write the run as Chrome trace-event JSON (open it in "
                              "ui.perfetto.dev or chrome://tracing; .json.gz: gzipped), as it "
@@ -42,17 +51,25 @@ def trace_options(args) -> list[str]:
     return ["--timeline"] if args.timeline else []
 
 
-def check(args, config) -> None:
-    """Check the picture options before simulating, so that a mistake is reported at once."""
+def check_paths(args) -> None:
+    """Check the files the options write before anything is read or simulated: each is a
+    file simwar may write, and none is an input or the other output."""
     if args.steps_window and not (args.timeline or args.trace):
         raise UserError("--steps-window: only used with --timeline OUT.png or --trace "
                         "OUT.json")
-    if args.steps_window:
-        parse_window(args.steps_window, config.steps)
     if args.timeline:
         output_path(args.timeline, "--timeline", image=True)
     if args.trace:
         output_path(args.trace, "--trace")
+    check_outputs([("config", args.config), ("costs file", args.costs)],
+                  [("--timeline", args.timeline), ("--trace", args.trace)])
+
+
+def check(args, config) -> None:
+    """Check the picture options before simulating, so that a mistake is reported at once."""
+    check_paths(args)
+    if args.steps_window:
+        parse_window(args.steps_window, config.steps)
 
 
 def write(args, result) -> None:

@@ -134,10 +134,12 @@ class Recorder:
 
     # ------------------------------------------------------------------ host spans
     def host(self, call: Call, step: int, start: float, end: float, label: str,
-             phase: str = "", site: str = "", op: int = -1) -> int:
-        """A span on the host lane: cpu work, an API call or a synchronize (blocked)."""
+             phase: str = "", site: str = "", op: int = -1, lane: str = HOST) -> int:
+        """A span on a host lane (the scheduler thread's unless ``lane`` names another
+        thread's, as an imported capture's launches from other threads): cpu work, an API
+        call or a synchronize (blocked)."""
         cols = self._spans  # _Columns.add, inlined: this is the engine's hot path
-        cols.pending.append((HOST, label, _SPAN_FOR_CALL.get(call, SpanKind.API), step, start,
+        cols.pending.append((lane, label, _SPAN_FOR_CALL.get(call, SpanKind.API), step, start,
                              end, phase, site, op, call))
         if len(cols.pending) >= _CHUNK:
             cols.flush()

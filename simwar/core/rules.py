@@ -23,10 +23,12 @@ apart.
 that compute a schedule in one pass (the host's issue order is a valid
 evaluation order: every input of an operation was issued before it).
 
-Imports: the standard library only.
+Imports: the standard library, and numpy for the forms over arrays of runs.
 """
 
 from __future__ import annotations
+
+import numpy as _np
 
 
 def begins(tail: float, ready: float) -> float:
@@ -50,6 +52,31 @@ def returns(called: float, cost_us: float, fired: float | None, wake_us: float) 
     if fired is not None and fired > t:  # really blocked: the thread pays the wake-up
         return fired + wake_us
     return t
+
+
+# ---- the same rules over arrays of runs (lockstep: one element per run, the same ops)
+#
+# For values that are not NaN and never -0.0 (a run's times: sums of durations >= 0 from
+# 0.0), ``numpy.maximum(a, b)`` is ``a if a > b else b`` element by element: the two differ
+# only on a tie, where both are the same number. So each function below gives, per element,
+# exactly what its scalar form above gives (:mod:`simwar.executors.lockstep`).
+
+def begins_many(tail, ready):
+    """:func:`begins` of arrays (or an array and a number)."""
+    return _np.maximum(tail, ready)
+
+
+def released_many(reach, fired, latency_us, same_stream: bool):
+    """:func:`released` of arrays."""
+    return _np.maximum(fired if same_stream else fired + latency_us, reach)
+
+
+def returns_many(called, cost_us, fired, wake_us):
+    """:func:`returns` of arrays (``fired`` None: no record)."""
+    t = called + cost_us
+    if fired is None:
+        return t
+    return _np.where(fired > t, fired + wake_us, t)
 
 
 class Lanes:

@@ -3,14 +3,19 @@
 From a Kineto capture (read by :mod:`simwar.capture`):
 
 - :mod:`.from_capture`: the whole overlap loop as a runnable config (``simwar import
-  --fit``), from :mod:`.policy` (which stream is which, the barrier policy) and
-  :mod:`.samples` (per step: device times, host costs, CPU work);
+  --fit``), from :mod:`.policy` (which stream is which, the barrier policy, from the record
+  each wait binds to or its event ids) and :mod:`.samples` (per step: device times, host
+  costs, CPU work), each key fitted against the step's size where the batch changes
+  (:mod:`.affine`), the profiler's stalls left out and its device time rescaled
+  (:mod:`.profiler`);
 - :mod:`.durations`: per-phase duration distributions and host costs only
   (``simwar import --fit-costs``), and the distribution fit every fitted value goes
   through;
 - :mod:`.check`: the capture against the simulation of a fitted config (``simwar
   import --check``), with the acceptance bounds;
-- :mod:`.probe`: the probe's captures, fitted from one variant and predicting the others.
+- :mod:`.probe`: the probe's captures, fitted from one variant and predicting the others;
+- :mod:`.server_check`: the mini-server's sweeping-load capture, fitted, predicting its
+  measured loads and barriers.
 
 From measured harness replays (:mod:`simwar.harness`'s traces and summaries):
 

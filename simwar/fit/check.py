@@ -8,6 +8,17 @@ acceptance bounds a fitted config must meet on the capture it was fitted from
 max(10 µs, 10 %) and the mean launch-ahead depth within 0.05. The others are shown with
 their errors for reading, not judged.
 
+A capture whose batch changes every step (``meta.workload``: :mod:`simwar.capture.sizes`)
+and a simulation of its fitted config (which replays the capture's batches) are also
+compared per graph bucket (:func:`bucket_rows`): each bucket's mean step time within 2 % and
+mean forward gap within max(10 µs, 10 %), judged where both sides ran the bucket at least
+:data:`BUCKET_MIN_STEPS` times.
+
+Steps that are not the loop's own (the profiler's stalls, the loop waiting for requests:
+:func:`simwar.fit.profiler.left_out_steps`) are left out of both sides, with the steps before
+and after each (a stall in iteration k delays forward k or k+1: the step time of k-1 or k, the
+forward gap of k or k+1): :func:`summary_without`.
+
 A capture whose mapping names no ``run_batch`` annotation times each launch at the
 forward's first launch call (the importer's rule); :func:`relaunch` re-times a
 simulation's launch figures the same way, so that both sides are measured alike.
@@ -22,12 +33,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from simwar.analysis.metrics import launch_ahead_depth, measured, step_frame
+from simwar.analysis.metrics import launch_ahead_depth, measured, step_frame, summarize
 from simwar.analysis.views import forward_kernels
 from simwar.fit.compare import compare_figure, figure
 
 #: (step time relative error, forward gap µs, forward gap relative error, launch-ahead)
 ACCEPTANCE = {"step_rel": 0.02, "gap_us": 10.0, "gap_rel": 0.10, "ahead": 0.05}
+#: a bucket is judged where both sides ran it at least this many measured steps
+BUCKET_MIN_STEPS = 3
 
 
 class Row(NamedTuple):
@@ -106,6 +119,68 @@ def check_rows(capture: dict, simulated: dict) -> list[Row]:
     return rows
 
 
+def bucket_rows(capture: dict, simulated: dict, bounds: dict | None = None) -> list[Row]:
+    """Per graph bucket (of either side's ``by_bucket``): step time and forward gap, each
+    judged against ``bounds`` (default :data:`ACCEPTANCE`) where both sides ran the bucket
+    at least :data:`BUCKET_MIN_STEPS` measured steps."""
+    bounds = bounds or ACCEPTANCE
+    cap, sim = capture.get("by_bucket") or {}, simulated.get("by_bucket") or {}
+    rows: list[Row] = []
+    for b in sorted({int(x) for x in cap} | {int(x) for x in sim}):
+        c, s = cap.get(b, cap.get(str(b), {})), sim.get(b, sim.get(str(b), {}))
+        judged = min(c.get("steps", 0), s.get("steps", 0)) >= BUCKET_MIN_STEPS
+        cs, ss = figure(c, "step_us_mean"), figure(s, "step_us_mean")
+        step = compare_figure("step_us_mean", cs, ss)
+        ok = (math.isfinite(step.relative) and abs(step.relative) <= bounds["step_rel"]) \
+            if judged else None
+        rows.append(Row(f"bucket {b} step", f"by_bucket.{b}.step_us_mean",
+                        cs, ss, step.relative, "rel", bounds["step_rel"] if judged else None,
+                        ok))
+        cg, sg = figure(c, "fwd_gap_us_mean"), figure(s, "fwd_gap_us_mean")
+        gap = compare_figure("fwd_gap_us_mean", cg, sg)
+        bound = max(bounds["gap_us"], bounds["gap_rel"] * abs(cg)) if math.isfinite(cg) \
+            else bounds["gap_us"]
+        ok = (math.isfinite(gap.error) and abs(gap.error) <= bound + 1e-9) if judged else None
+        rows.append(Row("  forward gap", f"by_bucket.{b}.fwd_gap_us_mean", cg, sg, gap.error,
+                        "abs", bound if judged else None, ok))
+    return rows
+
+
+def bucket_steps_line(capture: dict, simulated: dict) -> str:
+    """``per bucket steps 8: 55/55, 64: 59/59`` (capture/simulated), '' without buckets."""
+    cap, sim = capture.get("by_bucket") or {}, simulated.get("by_bucket") or {}
+    keys = sorted({int(x) for x in cap} | {int(x) for x in sim})
+    if not keys:
+        return ""
+    return "  steps per bucket    " + ", ".join(
+        f"{b}: {cap.get(b, {}).get('steps', 0)}/{sim.get(b, {}).get('steps', 0)}"
+        for b in keys) + " (capture/simulated)"
+
+
+def summary_without(columns, meta: dict, hazards, steps) -> dict:
+    """A run's summary (:func:`simwar.analysis.metrics.summarize`) with the rows of
+    ``steps``, and of the steps before and after each, left out (see the module docstring)."""
+    drop = set(steps)
+    if not drop:
+        return summarize(columns, meta, hazards)
+    cols = {k: np.array(v, copy=True) for k, v in _columns(columns).items()}
+    if "step_us" in cols:
+        gone = np.isin(cols["step"], sorted(_around(drop)))
+        cols["step_us"] = cols["step_us"].astype(np.float64)
+        cols["step_us"][gone] = np.nan
+    return summarize(cols, meta, hazards)
+
+
+def _around(steps) -> set[int]:
+    return {k + d for k in steps for d in (-1, 0, 1)}
+
+
+def _columns(table) -> dict:
+    if isinstance(table, dict):
+        return table
+    return {c: table[c].to_numpy() for c in table.columns}
+
+
 def accepted(rows: list[Row]) -> bool:
     return all(r.ok for r in rows if r.ok is not None)
 
@@ -129,13 +204,14 @@ def format_rows(rows: list[Row], races: dict) -> str:
     return "\n".join(lines)
 
 
-def relaunch(trace, summary: dict) -> dict:
+def relaunch(trace, summary: dict, drop=()) -> dict:
     """``summary`` with the launch figures re-timed at each forward's first launch call.
 
     The builder marks ``run_batch`` before the forward's stream wait and first phase's
     dispatch; a capture without a ``run_batch`` annotation can only time the first forward
     launch. Launch lead, run-ahead fraction and launch-ahead depth are recomputed on the
-    measured steps with that launch time.
+    measured steps with that launch time (without the rows of ``drop`` and the steps around
+    each, as :func:`summary_without`).
     """
     df = step_frame(trace)
     if "step_us" not in df.columns:
@@ -151,6 +227,8 @@ def relaunch(trace, summary: dict) -> dict:
     df["launch_lead_us"] = end - np.append(launch[1:], np.nan)
     df["launch_ahead"] = launch_ahead_depth(end, launch)
     m = measured(df, int(trace.meta.get("warmup_steps", 0)))
+    if drop:
+        m = m[~m.step.isin(sorted(_around(drop)))]
     lead, ahead = m.launch_lead_us.dropna(), m.launch_ahead.dropna()
     out = dict(summary)
     out.update({"launch_lead_us_mean": float(lead.mean()) if len(lead) else float("nan"),

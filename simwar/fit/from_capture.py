@@ -6,14 +6,19 @@ turns into the capture's own loop, so that ``simwar run fitted.yaml``
 reproduces the capture and ``--set`` asks what-if questions of it.
 
 :mod:`simwar.capture.layout` finds each step's pieces (schedule calls, the
-forward's units, syncs, host regions); :mod:`simwar.fit.policy` reads which
-stream is which and the barrier policy; :mod:`simwar.fit.samples` measures, per
-step, the phases' device time, the schedule-stream work, the host costs and the
-CPU work. This module checks the capture and mapping, keeps the steps that share
-one structure, assembles the config (its phases, policy and streams) and fits
-every per-step sample set as :func:`simwar.fit.durations.fit_values` does
-(``--dist``), then writes the header that says where each figure came from.
-Errors a user can cause are :class:`FitError`, one line.
+forward's units, syncs, host regions); :mod:`simwar.capture.sizes` each step's batch
+and graph bucket; :mod:`simwar.fit.policy` reads which stream is which and the
+barrier policy; :mod:`simwar.fit.samples` measures, per step, the phases' device time,
+the schedule-stream work, the host costs and the CPU work. This module checks the
+capture and mapping, leaves out the steps the profiler stalled
+(:mod:`simwar.fit.profiler`), keeps the steps that share one structure, assembles the
+config (its phases, policy and streams) and fits every per-step sample set: against the
+step's size where the batch changes (:func:`simwar.fit.affine.fit_sized`: affine in the
+real batch, or for a graph phase's device time in its bucket, or a constant where the
+slope is not significant), else as :func:`simwar.fit.durations.fit_values` does
+(``--dist``). A capture whose batch changes gets a ``workload:`` section, its own batch
+sequence and graph buckets, so that the fitted config replays it step by step. The header
+says where each figure came from. Errors a user can cause are :class:`FitError`, one line.
 
 Imports: numpy, the standard library and simwar (the samples' CPU work runs the
 simulator).
@@ -27,12 +32,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simwar.capture.accesses import capture_phase_reads
 from simwar.capture.layout import Roles, step_layouts
 from simwar.capture.mapping import CPU_ITEMS, Mapping, unmatched_keys
+from simwar.capture.sizes import CaptureSizes, SizesError, step_sizes
 from simwar.config import ConfigError, load_config
 from simwar.core.trace import OpKind, Trace
+from simwar.fit.affine import SizedFit, fit_sized
 from simwar.fit.durations import fit_values
 from simwar.fit.policy import POLICIES, PolicyInference, detect_roles, infer_policy
+from simwar.fit.profiler import (
+    CUPTI_NOTE,
+    RescaleError,
+    left_out_line,
+    left_out_steps,
+    rescale_buckets,
+    rescale_to,
+)
 from simwar.fit.samples import COST_DEFAULTS, Samples, sample_cpu_work, sample_device_and_costs
 
 #: steps of a fitted config, and its warm-up
@@ -45,7 +61,13 @@ class FitError(ValueError):
 
 @dataclass
 class ModelFit:
-    """``config``: the runnable config; ``header``: the comment lines written above it."""
+    """``config``: the runnable config; ``header``: the comment lines written above it.
+
+    A capture whose batch changes: ``config["workload"]["batch_sizes"]`` is its batch
+    sequence, which :meth:`config_for_file` moves into a CSV file (``batch_sizes_file``)
+    that the CLI writes beside the config; ``left_out``: the steps the profiler stalled,
+    which a check leaves out on both sides.
+    """
 
     config: dict
     header: list[str]
@@ -53,27 +75,61 @@ class ModelFit:
     policy: PolicyInference
     roles: Roles
     warnings: list[str] = field(default_factory=list)
+    sizes: CaptureSizes | None = None
+    fits: dict[str, SizedFit] = field(default_factory=dict)
+    left_out: dict[int, str] = field(default_factory=dict)
+    scale: float = 1.0  # every device time x this (--unprofiled-step-us)
+    host_scale: float = 1.0  # every host time x this (--unprofiled-step-us per bucket)
+
+    @property
+    def batches(self) -> list[int] | None:
+        wl = self.config.get("workload")
+        return list(wl["batch_sizes"]) if wl and "batch_sizes" in wl else None
+
+    def config_for_file(self, batches_file: str) -> dict:
+        """The config as written beside ``batches_file`` (its batch sequence in that CSV)."""
+        cfg = dict(self.config)
+        if self.batches is not None:
+            wl = {k: v for k, v in cfg["workload"].items() if k != "batch_sizes"}
+            cfg["workload"] = {"batch_sizes_file": batches_file, **wl}
+        return cfg
+
+
+def batches_csv(batches: list[int]) -> str:
+    """The CSV text of a batch sequence (``batch_size`` column, one row per step)."""
+    return "step,batch_size\n" + "".join(f"{k},{b}\n" for k, b in enumerate(batches))
 
 
 def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "",
               dist: str = "best", policy: str | None = None, steps: int = FIT_STEPS,
-              warmup: int = FIT_WARMUP, version: str = "", where: str = "") -> ModelFit:
+              warmup: int = FIT_WARMUP, version: str = "", where: str = "",
+              unprofiled_step_us: float | dict | None = None) -> ModelFit:
     """The whole loop of an imported capture (a :class:`simwar.capture.to_trace.KinetoImport`)
     as a config.
 
     ``capture`` and ``mapping_name`` are the names the header cites, ``where`` the name
-    errors start with (default: ``capture``).
+    errors start with (default: ``capture``). ``unprofiled_step_us``: rescale the device
+    time to this mean step time, or device and host time to these per-bucket step times
+    (``{bucket: µs}``: :func:`simwar.fit.profiler.rescale_buckets`).
     """
     trace: Trace = imp.trace
     warnings: list[str] = []
     where = where or capture or trace.meta.get("file", "capture")
     if len(trace.ops) == 0 or not np.any(trace.ops.kind == OpKind.KERNEL):
         raise FitError(f"{where}: no device work in the capture (nothing to fit)")
-    check_mapping(imp, mapping, mapping_name or "mapping")
+    mname = mapping_name or _mapping_label(mapping)
+    check_mapping(imp, mapping, mname)
+    try:
+        sizes = step_sizes(imp, mapping, mname)
+    except SizesError as e:
+        raise FitError(str(e)) from None
+    sizes.apply(trace)
+    left_out = left_out_steps(imp, mapping)
     roles, role_notes = detect_roles(trace, mapping)
     all_lays = step_layouts(trace, roles)
     warm = int(trace.meta.get("warmup_steps", 0))
-    lays = {k: v for k, v in all_lays.items() if k >= warm and k - 1 in all_lays}
+    lays = {k: v for k, v in all_lays.items() if k >= warm and k - 1 in all_lays
+            and k not in left_out}
     if len(lays) < 2:
         raise FitError(f"{where}: {len(all_lays)} steps with forward work, {len(lays)} after "
                        f"the warm-up ({warm}) with a predecessor and a successor: need at "
@@ -85,12 +141,17 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
                         f"than the rest (units, syncs): fitted from the {n_shape} alike")
     lays = {k: v for k, v in lays.items() if v.signature() == shape}
     names = _unit_names([u.phase for u in next(iter(lays.values())).units])
-    unknown = [p for p in mapping.reads if p not in names]
+    mapping = _regex_reads(imp, mapping, names)
+    optional = mapping.soft.get("reads", set())
+    unknown = [p for p in mapping.reads if p not in names and p not in optional]
     if unknown:
-        raise FitError(f"{mapping_name or 'mapping'}: reads: '{unknown[0]}' is not a phase of "
+        raise FitError(f"{mname}: reads: '{unknown[0]}' is not a phase of "
                        f"the capture ({', '.join(names)})")
+    if any(p not in names for p in mapping.reads):  # a preset's reads of absent phases
+        mapping = _with_reads(mapping, {p: b for p, b in mapping.reads.items() if p in names})
 
-    inferred = infer_policy(trace, lays, roles, imp.counts.get("cuda_sync", 0))
+    readers = tuple(i for i, n in enumerate(names) if n in mapping.reads)
+    inferred = infer_policy(trace, lays, roles, imp.counts.get("cuda_sync", 0), readers)
     if isinstance(inferred, str):
         if policy is None:
             raise FitError(f"{where}: cannot infer the barrier policy: {inferred}; name it "
@@ -109,16 +170,92 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
     details: dict[str, dict] = {}
     if graph_cost["cost"]:  # the cheapest graph's launches sample costs.graph_launch_us
         cheapest = min(graph_cost["cost"], key=lambda i: float(np.mean(graph_cost["cost"][i])))
-        for v in graph_cost["cost"][cheapest]:
-            s.add("costs.graph_launch_us", v)
-    _fill(cfg, s, dist, details)
+        for k, v in zip(sorted(lays), graph_cost["cost"][cheapest]):
+            s.add("costs.graph_launch_us", v, k)
+    fits: dict[str, SizedFit] = {}
+    _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits)
+    if sizes.varying:
+        _workload(cfg, sizes, warm, warnings)
     try:
         load_config(cfg)
     except ConfigError as e:  # pragma: no cover - the fit writes only valid values
         raise FitError(f"{where}: the fitted config is invalid: {e}") from None
+    scale, host_scale = 1.0, 1.0
+    if unprofiled_step_us is not None:
+        try:
+            if isinstance(unprofiled_step_us, dict):
+                cfg, scale, host_scale, _ = rescale_buckets(cfg, unprofiled_step_us)
+            else:
+                cfg, scale, _ = rescale_to(cfg, unprofiled_step_us)
+        except RescaleError as e:
+            raise FitError(f"{where}: {e}") from None
+    for key, f in fits.items():
+        if f.size == "bucket" and f.kind == "affine" and f.worst_size_error() > 0.02:
+            warnings.append(f"{key}: affine in the bucket misses a bucket's mean by "
+                            f"{100 * f.worst_size_error():.1f}% (the config has no per-bucket "
+                            f"table; see the fitted file's header)")
     header = _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost,
-                     cpu_notes, capture, mapping_name, version, warm)
-    return ModelFit(cfg, header, details, pol, roles, warnings)
+                     cpu_notes, capture, mapping_name, version, warm, mapping)
+    header += _sized_header(sizes, fits, left_out, set(all_lays), warm, (scale, host_scale),
+                            unprofiled_step_us, cfg.get("workload"))
+    return ModelFit(cfg, header, details, pol, roles, warnings, sizes, fits, left_out, scale,
+                    host_scale)
+
+
+def _mapping_label(mapping: Mapping) -> str:
+    name, _ = mapping.origin
+    return f"preset {name}" if name else "mapping"
+
+
+def _regex_reads(imp, mapping: Mapping, names: list[str]) -> Mapping:
+    """A mapping file's ``reads`` key that is no phase but a regex of kernels or ranges
+    (simwar.capture.accesses) read by the phases of the device ops it maps; one that maps
+    none is left for the check of phase names."""
+    optional = mapping.soft.get("reads", set())
+    keys = [k for k in mapping.reads if k not in names and k not in optional]
+    if not keys:
+        return mapping
+    sub = mapping.model_copy(update={"reads": {k: mapping.reads[k] for k in keys},
+                                     "writes": {}})
+    sub._soft, sub._origin = {}, mapping.origin
+    try:
+        implied = capture_phase_reads(imp, sub)
+    except ConfigError:
+        return mapping
+    reads = {k: list(v) for k, v in mapping.reads.items() if k not in keys}
+    for phase, buffers in implied.items():
+        reads[phase] = reads.get(phase, []) + [b for b in buffers if b not in reads.get(phase, [])]
+    return _with_reads(mapping, reads)
+
+
+def _with_reads(mapping: Mapping, reads: dict) -> Mapping:
+    out = mapping.model_copy(update={"reads": reads})
+    out._soft, out._origin = mapping.soft, mapping.origin
+    return out
+
+
+def _workload(cfg: dict, sizes: CaptureSizes, warm: int, warnings: list[str]) -> None:
+    """The fitted config replays the capture's own batches, step by step (its own length, to
+    its last step with forward work: the drain after it runs no batch)."""
+    ran = np.flatnonzero(sizes.batch > 0)
+    batch = [int(b) for b in sizes.batch[:int(ran[-1]) + 1].tolist()] if len(ran) else [1]
+    filled = 0
+    last = next((b for b in batch if b > 0), 1)
+    for k, b in enumerate(batch):  # a step without device work keeps the batch before it
+        if b <= 0:
+            batch[k] = last
+            filled += 1
+        last = batch[k]
+    if filled:
+        warnings.append(f"{filled} steps without a batch (no device work) replay the batch "
+                        f"before them")
+    wl: dict = {"batch_sizes": batch}
+    if sizes.buckets:
+        wl["graph_buckets"] = list(sizes.buckets)
+    cfg["workload"] = wl
+    if len(batch) >= warm + 3:  # replay the capture's steps one for one
+        cfg["steps"] = len(batch)
+        cfg["warmup_steps"] = warm
 
 
 def check_mapping(imp, mapping: Mapping, name: str = "mapping") -> None:
@@ -210,15 +347,44 @@ def _config(trace, lays, roles, names, mapping: Mapping, pol: PolicyInference, s
     }
 
 
-def _fill(cfg: dict, s: Samples, dist: str, details: dict) -> None:
-    """Write each sampled key into the config as a fitted distribution (or a constant)."""
+#: keys whose size is the batch of the step whose result is processed (k-1 in step k)
+PREVIOUS_STEP = ("cpu.process_result_us", "gpu.result_writes_us")
+
+
+def _size_of(key: str, cfg: dict, sizes: CaptureSizes, steps: list[int]):
+    """``(size name, sizes)`` one sample of ``key`` ran at: the config's rule (a graph
+    phase's prep/body the bucket, everything else the real batch; result processing the
+    previous step's)."""
+    parts = key.split(".")
+    graph = parts[0] == "phases" and parts[2] in ("prep_us", "body_us") and any(
+        p["name"] == parts[1] and p["graph"] != "eager" for p in cfg["phases"])
+    shift = 1 if key in PREVIOUS_STEP else 0
+    idx = np.clip(np.asarray(steps, dtype=np.int64) - shift, 0, len(sizes.batch) - 1)
+    return ("bucket", sizes.bucket[idx]) if graph else ("batch", sizes.batch[idx])
+
+
+def _fit_key(key: str, values, cfg: dict, s: Samples, dist: str,
+             sizes: CaptureSizes | None, fits: dict):
+    if sizes is None:
+        return _fit(values, dist)
+    size, x = _size_of(key, cfg, sizes, s.steps_of(key))
+    f = fit_sized(values, x, dist, size)
+    fits[key] = f
+    return f.value, f.detail
+
+
+def _fill(cfg: dict, s: Samples, dist: str, details: dict,
+          sizes: CaptureSizes | None = None, fits: dict | None = None) -> None:
+    """Write each sampled key into the config as a fitted distribution (or a constant);
+    with ``sizes`` (a capture whose batch changes), against each sample's size."""
+    fits = {} if fits is None else fits
     for key, values in s.items():
         if not values:
             continue
         parts = key.split(".")
         if parts[0] == "costs":
             continue
-        value, detail = _fit(values, dist)
+        value, detail = _fit_key(key, values, cfg, s, dist, sizes, fits)
         details[key] = detail
         if parts[0] == "phases":
             entry = next(p for p in cfg["phases"] if p["name"] == parts[1])
@@ -229,12 +395,14 @@ def _fill(cfg: dict, s: Samples, dist: str, details: dict) -> None:
     for name, default in COST_DEFAULTS.items():
         values = s.get(f"costs.{name}")
         if values and len(values) >= 3:
-            costs[name], details[f"costs.{name}"] = _fit(values, dist)
+            costs[name], details[f"costs.{name}"] = _fit_key(f"costs.{name}", values, cfg, s,
+                                                            dist, sizes, fits)
         else:
             costs[name] = _r(float(np.mean(values))) if values else default
     values = s.get("costs.wait_stream_us")
     if values and len(values) >= 3:
-        costs["wait_stream_us"], details["costs.wait_stream_us"] = _fit(values, dist)
+        costs["wait_stream_us"], details["costs.wait_stream_us"] = _fit_key(
+            "costs.wait_stream_us", values, cfg, s, dist, sizes, fits)
     else:
         costs["wait_stream_us"] = _r(_mean(costs["event_record_us"])
                                      + _mean(costs["wait_event_us"]))
@@ -245,9 +413,12 @@ def _fill(cfg: dict, s: Samples, dist: str, details: dict) -> None:
 
 
 def _mean(v) -> float:
+    """A fitted duration's mean (an affine one's at size 0, its noise's mean included)."""
     if isinstance(v, dict):
         if "mean" in v:
             return float(v["mean"])
+        if "base" in v:
+            return float(v["base"]) + (_mean(v["noise"]) if v.get("noise") else 0.0)
         return float(np.mean(v.get("values") or [0.0]))
     return float(v)
 
@@ -266,14 +437,18 @@ def _r(v: float) -> float:
 
 # --------------------------------------------------------------------------- header
 def _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost, cpu_notes,
-            capture, mapping_name, version, warm) -> list[str]:
+            capture, mapping_name, version, warm, mapping=None) -> list[str]:
     n_steps = len(trace.meta.get("step_names") or []) or len(all_lays)
+    preset, how = mapping.origin if mapping is not None else ("", "")
+    via = (f" with the mapping {mapping_name}" if mapping_name else "") + (
+        f"{' on' if mapping_name else ' with'} the preset {preset} ({how})" if preset else "")
+    args = (f"--preset {preset} " if preset and how == "--preset" else "") + (
+        f"--mapping {mapping_name} " if mapping_name else "")
     lines = [f"Fitted by simwar {version} (`simwar import --fit`) from {capture or 'a capture'}"
-             + (f" with the mapping {mapping_name}" if mapping_name else " (no mapping)") + ".",
+             + (via or " (no mapping)") + ".",
              f"{n_steps} steps in the capture; {len(lays)} fitted (after the warm-up of "
-             f"{warm}). `simwar import {capture or 'CAPTURE'} "
-             + (f"--mapping {mapping_name} " if mapping_name else "")
-             + "--check THIS_FILE` compares a simulation of this file with the capture."]
+             f"{warm}). `simwar import {capture or 'CAPTURE'} {args}"
+             "--check THIS_FILE` compares a simulation of this file with the capture."]
     lines.append(f"Streams: forward '{roles['forward']}'"
                  + "".join(f", {r} '{roles[r]}'" for r in ("schedule", "plan", "copy")
                            if roles.get(r)) + ".")
@@ -316,6 +491,39 @@ def _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost,
     ignored = _unmodeled(trace, lays, roles)
     if ignored:
         lines.append("Not modeled: " + "; ".join(ignored) + ".")
+    return lines
+
+
+def _sized_header(sizes: CaptureSizes, fits: dict, left_out: dict, counted: set, warm: int,
+                  scales: tuple, unprofiled, workload: dict | None) -> list[str]:
+    """The header's lines on sizes, what each key was fitted on, and the profiler."""
+    lines = []
+    left = left_out_line(left_out, {k for k in counted if k >= warm})
+    if left:
+        lines.append(f"Left out: {left} (--check leaves them out too).")
+    lines.append(f"Profiler: {CUPTI_NOTE}.")
+    if isinstance(unprofiled, dict):
+        given = ",".join(f"{b}={us:.1f}" for b, us in unprofiled.items())
+        lines.append(f"  --unprofiled-step-us {given}: every device time x {scales[0]:.4f} and "
+                     f"every host time x {scales[1]:.4f}, so that each bucket's simulated mean "
+                     f"step time is the one given (least squares).")
+    elif unprofiled is not None:
+        lines.append(f"  --unprofiled-step-us {unprofiled:g}: every device time x "
+                     f"{scales[0]:.4f}, so that the simulated mean step time is "
+                     f"{unprofiled:g} µs.")
+    if not sizes.varying or not workload:
+        return lines
+    wl_buckets = f", graph_buckets {sizes.buckets}" if sizes.buckets else ""
+    n = len(workload["batch_sizes"])
+    lines.append(f"Workload: the capture's own {n} batches (batch_sizes_file){wl_buckets}: "
+                 f"`--check` replays them step by step and reports each bucket; "
+                 f"`--set 'workload={{arrivals: {{rate_per_s: R}}, max_batch: N, ...}}'` asks "
+                 f"another load.")
+    lines += [f"  {note}" for note in sizes.notes]
+    lines.append("Durations that follow the step's size (least squares; a slope counts when "
+                 "|t| >= 3, else the samples' distribution; the residual is the noise):")
+    for key, f in fits.items():
+        lines.append(f"  {key}: {f.text()}")
     return lines
 
 

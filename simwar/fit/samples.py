@@ -64,10 +64,19 @@ COST_DEFAULTS = {"launch_us": 6.0, "event_record_us": 9.0, "wait_event_us": 2.0,
 
 
 class Samples(dict):
-    """Config key → per-step samples (a list), in the order first added."""
+    """Config key → per-step samples (a list), in the order first added; :meth:`steps_of`
+    gives the step each sample was measured in (what its size is read from)."""
 
-    def add(self, key: str, value: float) -> None:
+    def __init__(self) -> None:
+        super().__init__()
+        self._steps: dict[str, list[int]] = {}
+
+    def add(self, key: str, value: float, step: int = -1) -> None:
         self.setdefault(key, []).append(float(value))
+        self._steps.setdefault(key, []).append(int(step))
+
+    def steps_of(self, key: str) -> list[int]:
+        return self._steps.get(key, [])
 
     def mean(self, key: str, default: float = 0.0) -> float:
         v = self.get(key)
@@ -80,7 +89,7 @@ def sample_device_and_costs(trace: Trace, lays, names, mapping: Mapping, s: Samp
     ops, spans = trace.ops, trace.spans
     graph_cost: dict[int, list[float]] = {}
     graph_nodes: dict[int, list[int]] = {}
-    for lay in lays.values():
+    for k, lay in lays.items():
         units = lay.units
         for i, u in enumerate(units):
             name = names[i]
@@ -109,20 +118,20 @@ def sample_device_and_costs(trace: Trace, lays, names, mapping: Mapping, s: Samp
                 if reads and u.ops:
                     prep = float(ops.end_us[u.ops[0]] - ops.start_us[u.ops[0]])
                     body -= prep
-            s.add(f"phases.{name}.load_batch_us", lb)
-            s.add(f"phases.{name}.prep_us", prep)
-            s.add(f"phases.{name}.body_us", max(0.0, body))
+            s.add(f"phases.{name}.load_batch_us", lb, k)
+            s.add(f"phases.{name}.prep_us", prep, k)
+            s.add(f"phases.{name}.body_us", max(0.0, body), k)
         sched = lay.sched_ops
         if sched:
             last = sched[-1]
-            s.add("gpu.schedule_writes_us", float(ops.end_us[last] - ops.start_us[last]))
+            s.add("gpu.schedule_writes_us", float(ops.end_us[last] - ops.start_us[last]), k)
             s.add("gpu.schedule_prep_us", work_us(trace, sched[:-1])
-                  + (queued_gap(trace, sched[-2], last) if len(sched) > 1 else 0.0))
+                  + (queued_gap(trace, sched[-2], last) if len(sched) > 1 else 0.0), k)
         else:
-            s.add("gpu.schedule_writes_us", 0.0)
-            s.add("gpu.schedule_prep_us", 0.0)
-        s.add("gpu.result_writes_us", work_us(trace, lay.result_ops))
-        s.add("gpu.result_copy_us", work_us(trace, lay.copy_ops))
+            s.add("gpu.schedule_writes_us", 0.0, k)
+            s.add("gpu.schedule_prep_us", 0.0, k)
+        s.add("gpu.result_writes_us", work_us(trace, lay.result_ops), k)
+        s.add("gpu.result_copy_us", work_us(trace, lay.copy_ops), k)
     _call_costs(trace, lays, s)
     _sync_costs(trace, lays, s)
     _cross_stream(trace, lays, s)
@@ -136,29 +145,45 @@ def _call_costs(trace: Trace, lays, s: Samples) -> None:
     spans = trace.spans
     kinds = {Call.LAUNCH: "costs.launch_us", Call.RECORD: "costs.event_record_us",
              Call.WAIT_EVENT: "costs.wait_event_us", Call.WAIT_STREAM: "costs.wait_stream_us"}
-    for lay in lays.values():
+    for k, lay in lays.items():
         calls = lay.calls
         paired = set()
         for a, b in zip(calls, calls[1:]):
             if spans.call[a] == Call.RECORD and spans.call[b] == Call.WAIT_EVENT \
                     and a not in paired and _binds(trace, b, a):
                 paired.update((a, b))
-                s.add("costs.wait_stream_us", float(spans.end_us[b] - spans.start_us[a]))
+                s.add("costs.wait_stream_us", float(spans.end_us[b] - spans.start_us[a]), k)
         for c in calls:
             key = kinds.get(Call(int(spans.call[c])))
             if key is not None and c not in paired:
-                s.add(key, float(spans.end_us[c] - spans.start_us[c]))
+                s.add(key, float(spans.end_us[c] - spans.start_us[c]), k)
 
 
 def _binds(trace: Trace, wait_call: int, record_call: int) -> bool:
-    """The wait issued by ``wait_call`` binds to the record of ``record_call`` (a capture
-    whose waits name no record pairs nothing: ``wait_stream_us`` is then record + wait)."""
+    """The wait issued by ``wait_call`` binds to the record of ``record_call``; a wait bound
+    to no record (record correlation ids -1) pairs with the record right before it when its
+    event is fresh (no other wait waits on it: torch's wait_stream records a new event)."""
     ops = trace.ops
     waits = [o for o in ops_of_call(trace, wait_call) if ops.kind[o] == OpKind.WAIT]
     if not waits:
         return False
     b = int(ops.bound[waits[0]])
-    return b >= 0 and int(ops.call[b]) == record_call
+    if b < 0:
+        ev = int(ops.event[waits[0]])
+        return ev != trace.code("") and _wait_counts(trace).get(ev, 0) == 1
+    return int(ops.call[b]) == record_call
+
+
+def _wait_counts(trace: Trace) -> dict[int, int]:
+    """Per event (code): how many wait ops wait on it (kept on the Trace, built once)."""
+    counts = trace.__dict__.get("_simwar_wait_counts")
+    if counts is None:
+        ops = trace.ops
+        waits = ops.event[ops.kind == OpKind.WAIT]
+        codes, n = np.unique(waits, return_counts=True)
+        counts = dict(zip(codes.tolist(), n.tolist()))
+        trace.__dict__["_simwar_wait_counts"] = counts
+    return counts
 
 
 def _sync_costs(trace: Trace, lays, s: Samples) -> None:
@@ -177,9 +202,9 @@ def _sync_costs(trace: Trace, lays, s: Samples) -> None:
             if fired is None:
                 continue
             if fired <= start:
-                s.add("costs.sync_us", end - start)
+                s.add("costs.sync_us", end - start, k)
             elif end >= fired:
-                s.add("costs.sync_wake_us", end - fired)
+                s.add("costs.sync_wake_us", end - fired, k)
 
 
 def _cross_stream(trace: Trace, lays, s: Samples) -> None:
@@ -205,7 +230,7 @@ def _cross_stream(trace: Trace, lays, s: Samples) -> None:
                 continue
             n = w + 1 + int(nxt[0])
             if ops.issue_us[n] <= fired and ops.start_us[n] >= fired:
-                s.add("costs.cross_stream_us", float(ops.start_us[n]) - fired)
+                s.add("costs.cross_stream_us", float(ops.start_us[n]) - fired, k)
                 found = True
     if found:
         return
@@ -218,10 +243,14 @@ def _cross_stream(trace: Trace, lays, s: Samples) -> None:
         f = lay.units[0].ops[0]
         prev_end = float(ops.end_us[prev.units[-1].ops[-1]])
         if ops.issue_us[f] < w_end and prev_end < w_end:  # the forward was held by the writes
-            s.add("costs.cross_stream_us", float(ops.start_us[f]) - w_end)
-        w0 = lay.sched_ops[0]
-        if ops.issue_us[w0] < prev_end and ops.start_us[w0] > prev_end:  # writes held
-            s.add("costs.cross_stream_us", float(ops.start_us[w0]) - prev_end)
+            s.add("costs.cross_stream_us", float(ops.start_us[f]) - w_end, k)
+        # the schedule stream's first work held behind the forward (a barrier's): the previous
+        # result's writes (issued after the barrier) or this step's writes
+        held = [o for o in prev.result_ops + lay.sched_ops
+                if ops.issue_us[o] < prev_end < ops.start_us[o]]
+        if held:
+            w0 = min(held, key=lambda o: float(ops.start_us[o]))
+            s.add("costs.cross_stream_us", float(ops.start_us[w0]) - prev_end, k)
 
 
 def _constant_costs(s: Samples, graph_cost) -> dict:
@@ -270,7 +299,7 @@ def sample_cpu_work(trace, imp, lays, mapping: Mapping, names, cfg, s: Samples, 
     clipped = Counter()
     spans = trace.spans
     n_units = len(names)
-    for lay in lays.values():
+    for k, lay in lays.items():
         cap = regions(trace, lay)
         cpu = _merge(cap, dict(model_r))
         # a costlier graph launch: its extra host time goes before it (where the device
@@ -318,9 +347,9 @@ def sample_cpu_work(trace, imp, lays, mapping: Mapping, names, cfg, s: Samples, 
                 else:
                     notes.setdefault(item, {}).setdefault("residual", []).append(value)
         for it, v in items.items():
-            s.add(f"cpu.{it}_us", v)
+            s.add(f"cpu.{it}_us", v, k)
         for i, v in enumerate(host):
-            s.add(f"phases.{names[i]}.host_us", v)
+            s.add(f"phases.{names[i]}.host_us", v, k)
     for region, us in clipped.items():
         if us / len(lays) > 0.5:
             warnings.append(f"host region {region}: the fitted loop's API calls take "

@@ -6,16 +6,20 @@
   simulator's schema, with the value check (measured races); stdlib and numpy.
 - ``fake``: a deterministic virtual-clock backend for CPU tests.
 - ``cuda``: the PyTorch backend (spin kernels, real events, captured graphs):
-  the only module of simwar that imports torch.
+  the replay's torch backend (the probe, the server and CSAN import torch too).
 - ``bench``: primitive micro-benchmarks (torch).
 - ``gpu_main``: the entry point run on the GPU machine (torch + stdlib).
 - ``suite``: the committed suite of cases (it imports simwar's full stack and
   runs where simulation runs).
+- ``server`` (and ``server_cases``, ``server_model``, ``server_requests``): a mini-server of
+  SGLang's overlap loop on real kernels (torch): paged-KV attention, per-bucket graphs,
+  arrivals, barriers, prefill, CSAN.
 
 Calibration from the measured traces and the sim-vs-real error table are
 :mod:`simwar.fit.replays`'s; reading profiler captures is :mod:`simwar.capture`'s,
 which nothing here imports. Importing this package imports nothing beyond the
-standard library: the GPU machine has torch but none of simwar's other dependencies.
+standard library and numpy: the GPU machine has torch and numpy but none of simwar's other
+dependencies.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ Notebooks use them as ``from simwar import plots; plots.timeline(result, steps=(
   :func:`step_time_ecdf` (:mod:`simwar.plots.summary`);
 - runs whose steps differ: :func:`by_batch`, :func:`regime_steps`, :func:`workload_figure`
   (:mod:`simwar.plots.workload`);
-- sweeps: :func:`sweep_lines`, :func:`sweep_heatmap`, and the words of their axes
-  :func:`column_label`, :func:`numeric_columns`, :func:`averaged_over`
+- sweeps: :func:`sweep_lines`, :func:`sweep_heatmap`, :func:`sweep_facets`, and the words
+  of their axes :func:`column_label`, :func:`numeric_columns`, :func:`averaged_over`,
+  :func:`categorical_averaged`
   (:mod:`simwar.plots.sweeps`);
 - the critical-path chain of ``simwar explain``: :func:`chain_figure`
   (:mod:`simwar.plots.chain`);
@@ -36,8 +37,10 @@ _LAZY = {
     "stall_breakdown": ("simwar.plots.summary", "stall_breakdown"),
     "step_time_ecdf": ("simwar.plots.summary", "step_time_ecdf"),
     "averaged_over": ("simwar.plots.sweeps", "averaged_over"),
+    "categorical_averaged": ("simwar.plots.sweeps", "categorical_averaged"),
     "column_label": ("simwar.plots.sweeps", "column_label"),
     "numeric_columns": ("simwar.plots.sweeps", "numeric_columns"),
+    "sweep_facets": ("simwar.plots.sweeps", "sweep_facets"),
     "sweep_heatmap": ("simwar.plots.sweeps", "sweep_heatmap"),
     "sweep_lines": ("simwar.plots.sweeps", "sweep_lines"),
     "stall_figure": ("simwar.plots.timelines", "stall_figure"),
@@ -49,7 +52,8 @@ _LAZY = {
 
 __all__ = ["timeline", "stall_figure", "stall_breakdown", "launch_ahead_hist",
            "step_time_ecdf", "by_batch", "regime_steps", "workload_figure", "sweep_lines",
-           "sweep_heatmap", "column_label", "numeric_columns", "averaged_over",
+           "sweep_heatmap", "sweep_facets", "column_label", "numeric_columns", "averaged_over",
+           "categorical_averaged",
            "chain_figure", "plot_compare"]
 
 __getattr__ = lazy_getattr("simwar.plots", _LAZY, globals())

@@ -6,8 +6,9 @@ over the host operations, placing each device operation by :mod:`simwar.core.rul
 functions the SimPy engine calls: ``begins``, ``fires``, ``released``, ``returns``),
 gives the engine's times exactly. Nothing is recorded per operation: the per-step facts
 the metrics need (forward start and end, forward-stream busy and held time per step
-window, host blocked time per site, the ``run_batch`` instant) are accumulated as the pass
-goes, into one array per fact, and assembled by the same
+window, from one forward's end to the next's, host blocked time per site, the
+``run_batch`` instant) are accumulated as the pass goes, into one array per fact, and
+assembled by the same
 :func:`simwar.analysis.metrics.columns_from_arrays` and :func:`~simwar.analysis.metrics.summarize`
 as the engine's Trace.
 
@@ -26,9 +27,10 @@ change numbers, never structure: a duration that scales with them is a parameter
 the block like a drawn one (:class:`simwar.build.loop.AffineTable` lays its per-use values out as
 the draws are), and a graph launch's name (which carries its bucket, ``verify.graph@32``) is
 not part of a shape. So a varying run is still three or four blocks. A workload whose batches
-depend on simulated time (arrivals) is realized first by :func:`realize`: the same plan, run
-one segment at a time, fixing each step's batch from the host clock at its marker before the
-segment's parameters are read (:mod:`simwar.build.sizes`).
+depend on simulated time (arrivals) is realized by :func:`realize`: the same plan in one
+pass, each segment first calling back with the host clock at its marker, which fixes the
+step's batch and evaluates the segment's step-dependent durations before its parameters are
+read (:mod:`simwar.build.sizes`); that pass is the run.
 
 **Races.** Latent races depend only on issue order, streams, records, waits and syncs.
 :func:`simwar.analysis.hazards.detect` compares accesses whose steps differ by at most
@@ -69,6 +71,7 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
   that runs a block of it;
 - :mod:`~simwar.executors.fast.races`: which access pairs are compared where, and the races
   as progressions (:class:`~simwar.executors.fast.races.FastHazards`);
+- :mod:`~simwar.executors.fast.counts`: races counted as a summary-only run goes;
 - :mod:`~simwar.executors.fast.execute`: the pass
   (:func:`~simwar.executors.fast.execute.run_plan`), the streaming summary of long runs, and
   the result (:class:`~simwar.executors.fast.execute.FastRun`);
@@ -78,7 +81,8 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
 - here: the entry points, :func:`run_config` (a config), :func:`run` (any Program) and
   :func:`realize` (a workload whose batches depend on simulated time).
 
-Each part imports only parts above it in this list (codegen and races only the plan).
+Each part imports only parts above it in this list (codegen and races only the plan, counts
+only the races).
 
 Imports: numpy and simwar's own modules (core, analysis; build only inside the functions
 that take a config); no simpy, no pandas.
@@ -86,43 +90,70 @@ that take a config); no simpy, no pandas.
 
 from __future__ import annotations
 
-from simwar.build.loop import build_program
+from simwar.build.loop import LoopBuilder, build_program
 from simwar.core.program import Program
 from simwar.executors.fast.execute import FastRun, run_plan
 from simwar.executors.fast.plan import plan_config, plan_program
 
 
-def realize(cfg, sizes, model) -> None:
-    """Fix a feedback workload's per-step sizes by running the config one iteration at a time.
+def realize(cfg, sizes, model, summary_only: bool = False, progress=None) -> FastRun:
+    """Fix a feedback workload's per-step sizes by running the config, and return that run.
 
-    Before iteration ``k`` (the drain is ``steps``) the host clock at its step marker is
-    read and ``model.schedule(k, t)`` fixes ``sizes`` for step k (see
-    :mod:`simwar.build.sizes`); iteration k's durations are then evaluated and it runs. An
+    Before iteration ``k`` (the drain is ``steps``) reads its parameters, the pass calls back
+    with the host clock at its step marker: ``model.schedule(k, t)`` fixes ``sizes`` for
+    step k (see :mod:`simwar.build.sizes`), and iteration k's durations are evaluated. An
     iteration only uses the sizes of steps <= its own, so what already ran stays valid: the
-    sizes realized are exactly those a run of the finished arrays reproduces.
+    sizes realized are exactly those a run of the finished arrays reproduces, and this run
+    is that run (its meta, the workload's per-step arrays and requests included, is made
+    from the realized sizes before the table is assembled). ``summary_only``: its summary,
+    the table dropped (a feedback workload keeps its per-step arrays anyway). ``progress``:
+    as :func:`run_config`'s.
     """
     plan = plan_config(cfg, sizes, fill=False)
     table = plan.table
     steps = cfg.steps
+    lo = plan.lo
 
-    def before(k: int, t: float) -> None:
-        if k < steps:
-            model.schedule(k, t)
-        if table is not None:
-            table.fill(k, k + 1)
+    schedule = model.schedule
+    at = table.at if table is not None else (lambda k: None)
 
-    run_plan(plan, before_pass=before)
-    model.finish_run()
+    def feed(bi, block, start):
+        rows = getattr(block.columns, "row_function", None)
+        row = rows() if rows is not None else (lambda p, values: ())
+        p = lo - block.steps[0]  # the pass of step index ki is ki + p (any chunk)
+
+        def next_pass(ki: int, t: float):
+            k = ki + lo
+            if k < steps:
+                schedule(k, t)
+            else:  # the drain: every step's size is fixed
+                model.finish_run()
+                plan.meta.update(run_meta(cfg, sizes))
+            return row(ki + p, at(k))
+
+        return next_pass
+
+    run = run_plan(plan, feed=feed, progress=progress)
+    if summary_only:
+        run = FastRun(None, run.meta, run.hazards, run.segments, run.paths, run.summary)
+    return run
 
 
-def run_config(cfg, sizes, window: int = 2, summary_only: bool = False) -> FastRun:
+def run_meta(cfg, sizes) -> dict:
+    """The run's meta at these sizes (the builder's)."""
+    return LoopBuilder(cfg, None, sizes).meta()
+
+
+def run_config(cfg, sizes, window: int = 2, summary_only: bool = False,
+               progress=None) -> FastRun:
     """Simulate a config in one pass (its Program is never built); ``sizes``: the run's
-    per-step sizes (:func:`simwar.api.resolve_sizes`)."""
+    per-step sizes (:func:`simwar.api.resolve_sizes`); ``progress(step)``: called as the
+    pass goes (:func:`~simwar.executors.fast.execute.run_plan`)."""
     try:
         plan = plan_config(cfg, sizes)
     except RuntimeError:  # iterations that never settle into one shape: take the Program
         plan = plan_program(build_program(cfg, sizes))
-    return run_plan(plan, window, summary_only=summary_only)
+    return run_plan(plan, window, summary_only=summary_only, progress=progress)
 
 
 def run(program: Program, window: int = 2) -> FastRun:

@@ -11,9 +11,10 @@ no per-op objects. ``KS`` are the segments' step indices (relative to the state'
 ``S`` is the run's state (:mod:`simwar.executors.fast.execute` makes it); the function
 reads and writes back its attributes: the host clock ``t``, the stream tails ``tails``, the
 record times of earlier segments ``hist``, the per-step accumulators ``fs``, ``fe``,
-``launch``, ``blocked`` and either ``busy``, ``dep``, ``cw``, ``w``, ``dp``, ``bad`` (step
-windows summed as it goes) or ``kin``, ``kout``, ``win``, ``wout`` (forward-stream intervals
-collected), and appends the logged op times to ``logs``.
+``launch``, ``blocked`` and either ``busy``, ``dep``, ``cw``, ``cl``, ``w``, ``dp``, ``bad``
+(step windows, from one forward's end to the next's, summed as it goes) or ``kin``,
+``kout``, ``win``, ``wout`` (forward-stream intervals collected), and appends the logged op
+times to ``logs``.
 
 **Trace mode** (``trace=True``, :mod:`simwar.executors.fast.trace`): the same rules on the
 same locals, no accumulators and no logs; each segment appends every time it computes to
@@ -55,21 +56,23 @@ def _lanevar(lane: str, lanes: dict) -> str:
 
 
 def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple,
-                  depth: int, trace: bool = False):
+                  depth: int, trace: bool = False, feed: bool = False):
     """The function running a block of ``shape`` (cached).
 
     ``slots``: per parameter, True for a column, False for a constant; ``log``: sorted
     ``(device op index, 's' | 'e')`` whose times are appended to logs; ``depth``: segments
     of record times kept for bindings to earlier segments; ``collect``: append the forward
     stream's intervals instead of adding them up per step window; ``trace``: the trace
-    mode of the module docstring.
+    mode of the module docstring; ``feed``: ``C`` is a callable ``C(ki, t)`` called at the
+    top of each pass with its step index and the host clock, returning the pass's column
+    values (a workload fixed as the run goes: :func:`simwar.executors.fast.realize`).
     """
-    key = (shape.host, slots, fwd, collect, log, depth, trace)
+    key = (shape.host, slots, fwd, collect, log, depth, trace, feed)
     fn = _CODE.get(key)
     if fn is not None:
         _CODE.move_to_end(key)
         return fn
-    fn = _generate(shape, slots, fwd, collect, log, depth, trace)
+    fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed)
     _CODE[key] = fn
     if len(_CODE) > _CODE_LIMIT:
         _CODE.popitem(last=False)
@@ -77,7 +80,7 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
 
 
 def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, depth: int,
-              trace: bool = False):
+              trace: bool = False, feed: bool = False):
     """Write and compile the block function of :func:`compile_block` (its ``.source``: the
     generated text; in trace mode its ``.layout``)."""
     src = _Src()
@@ -144,7 +147,6 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                     if first_of.get(op.off) == dev_index:
                         emit(f"if {ks} != cw:")
                         emit(f"if {ks} < cw: bad = True", 3)
-                        emit("BU[cw] = W; DE[cw] = Dp; W = 0.0; Dp = 0.0", 3)
                         emit(f"cw = {ks}; FS[cw] = s", 3)
                     if last_of.get(op.off) == dev_index:
                         emit(f"FE[{ks}] = e")
@@ -152,6 +154,11 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                 emit("KS_(s); KE_(e)")
             else:
                 emit("W += e - s")
+                if op.phase and last_of.get(op.off) == dev_index:
+                    # the window of step k ends with forward k: [end of k-1, end of k); a
+                    # step closed twice (its forward in two segments) takes the collect path
+                    emit(f"if {ks} <= cl: bad = True")
+                    emit(f"BU[{ks}] = W; DE[{ks}] = Dp; W = 0.0; Dp = 0.0; cl = {ks}")
         log_times(dev_index, "s", "e")
 
     dev = 0  # device op index
@@ -260,13 +267,17 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src("KS_ = S.kin.append; KE_ = S.kout.append; WS_ = S.win.append; "
             "WE_ = S.wout.append", 1)
     else:
-        src("BU = S.busy; DE = S.dep; cw = S.cw; W = S.w; Dp = S.dp; bad = S.bad", 1)
+        src("BU = S.busy; DE = S.dep; cw = S.cw; cl = S.cl; W = S.w; Dp = S.dp; bad = S.bad", 1)
     for n, var in enumerate(logs.values()):
         src(f"{var} = S.logs[{n}].append", 1)
     src("begins = _begins; released = _released; returns = _returns", 1)
-    header = "for ki" + "".join(f", {c}" for c in cols) + " in " + (
-        f"zip(KS, {', '.join(f'C[{i}]' for i in range(len(cols)))}):" if cols else "KS:")
-    src(header, 1)
+    if feed:
+        src("for ki in KS:", 1)
+        src((f"({', '.join(cols)},) = " if cols else "") + "C(ki, t)", 2)
+    else:
+        header = "for ki" + "".join(f", {c}" for c in cols) + " in " + (
+            f"zip(KS, {', '.join(f'C[{i}]' for i in range(len(cols)))}):" if cols else "KS:")
+        src(header, 1)
     for line, indent in body:
         src(line, indent)
     if not body:
@@ -277,7 +288,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     if depth:
         src("S.hist = [" + "".join(f"H{d}, " for d in range(1, depth + 1)) + "]", 1)
     if not collect and not trace:
-        src("S.cw = cw; S.w = W; S.dp = Dp; S.bad = bad", 1)
+        src("S.cw = cw; S.cl = cl; S.w = W; S.dp = Dp; S.bad = bad", 1)
     code = "\n".join(src.lines) + "\n"
     namespace = {"_begins": rules.begins, "_released": rules.released,
                  "_returns": rules.returns}

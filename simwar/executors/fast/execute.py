@@ -27,16 +27,27 @@ from simwar.analysis.metrics import (
     StepFacts,
     busy_in_windows,
     columns_from_arrays,
+    idle_windows,
     summarize,
 )
 from simwar.analysis.streaming import StreamingSummary
 from simwar.core.trace import OpKind
 from simwar.executors.fast.codegen import compile_block
+from simwar.executors.fast.counts import Tally
 from simwar.executors.fast.plan import Block, Plan
 from simwar.executors.fast.races import FastHazards, RacePlan
 
 #: passes of a block run per call of its compiled function (bounds the parameter lists)
 CHUNK = 1 << 15
+#: host operations run per call at most: a shape with many operations runs fewer passes
+#: per call, so that a call (and the time between two progress reports) stays short
+CHUNK_OPS = CHUNK * 40
+
+
+def chunk_passes(block: Block) -> int:
+    """Passes of ``block`` run per call: :data:`CHUNK`, fewer for a large shape
+    (:data:`CHUNK_OPS`). Depends on the shape only, so a run's chunks never vary."""
+    return max(1, min(CHUNK, CHUNK_OPS // max(1, len(block.shape.host))))
 _INF = float("inf")
 
 
@@ -61,7 +72,8 @@ class _State:
         self.blocked = {site: _filled(n, 0.0) for site in sites}
         self.busy = _filled(n + 1, 0.0)  # one spare slot: index -1 before the first window
         self.dep = _filled(n + 1, 0.0)
-        self.cw = -1
+        self.cw = -1  # the step whose forward last started
+        self.cl = -1  # the step whose window (ending with its forward) last closed
         self.w = 0.0
         self.dp = 0.0
         self.bad = False
@@ -85,17 +97,21 @@ def _filled(n: int, value: float) -> array:
 
 
 def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
-             summary_only: bool = False, before_pass=None) -> FastRun:
+             summary_only: bool = False, feed=None, progress=None) -> FastRun:
     """Run a plan: the per-step columns, and the races (see :mod:`simwar.executors.fast`).
 
     ``summary_only``: keep no per-step table; rows are summarized as they become final
     (:class:`simwar.analysis.streaming.StreamingSummary`), in a window of per-step accumulators
     that moves with the run, so memory does not grow with its length.
-    ``before_pass(step, t)``: called before each segment with its marker step and the host
-    clock there; the segments then run one at a time and their parameters are read after
-    the call (:func:`simwar.executors.fast.realize`).
+    ``feed(block index, block, first pass)``: gives, per chunk of a block's passes, the
+    callable each pass calls with its step index and the host clock before reading its
+    parameters, which returns them (:func:`simwar.executors.fast.realize`).
+    ``progress(step)``: called after each chunk of passes (:func:`chunk_passes`: a bounded
+    amount of work, a few hundredths of a second to a few tenths) with the furthest marker
+    step run so far; never with a smaller step than before.
     """
     meta = plan.meta
+    reached = -1  # the furthest step reported to ``progress``
     fwd = meta.get("forward_stream", "forward")
     blocks = plan.blocks
     depth = 0
@@ -113,35 +129,40 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
         rolling = streaming and not attempt
         state = _State(plan.lo, plan.hi, sites, depth, attempt,
                        rows=min(2 * CHUNK + 64, plan.hi - plan.lo + 1) if rolling else None)
-        flusher = _Flusher(state, plan, fwd) if rolling else None
-        races.reset()
+        flusher = _Flusher(state, plan, fwd, races) if rolling else None
+        races.reset(tally=Tally(len(races.groups)) if rolling else None)
         for bi, b in enumerate(blocks):
             slots = tuple(c is None for c in b.consts)
             log = races.logs_of(bi)
             state.logs = races.log_arrays(bi)
-            fn = compile_block(b.shape, slots, fwd, attempt, log, depth)
+            fn = compile_block(b.shape, slots, fwd, attempt, log, depth, feed is not None)
             consts = tuple(c for c in b.consts if c is not None)
             keys = b.steps
-            for start in range(0, b.n, CHUNK if before_pass is None else 1):
-                stop = min(b.n, start + (CHUNK if before_pass is None else 1))
+            chunk = chunk_passes(b)
+            for start in range(0, b.n, chunk):
+                stop = min(b.n, start + chunk)
                 ks = keys[start:stop]
-                if before_pass is not None:
-                    before_pass(ks[0], state.t)
                 if flusher is not None:
                     flusher.before(min(ks), max(ks))
                 lo = state.origin
                 ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
                     [k - lo for k in ks]
-                cols = b.columns(start, stop) if any(slots) else []
+                if feed is not None:
+                    cols = feed(bi, b, start)
+                else:
+                    cols = b.columns(start, stop) if any(slots) else []
                 fn(ks, consts, cols, state)
+                if progress is not None:
+                    reached = max(reached, keys[stop - 1])
+                    progress(reached)
         if attempt or not state.bad:
             break
         bad = True  # forward steps issued out of order: windows from the intervals
     if flusher is not None and not state.collect:
-        hazards = races.finish(state)
+        summary, hazards = flusher.finish()
         return FastRun(None, plan.meta, hazards, plan.segments,
                        ("windowed" if races.windowed else "full", "streamed"),
-                       summary=flusher.finish(hazards))
+                       summary=summary)
     out = _finish(plan, state, races, fwd)
     if summary_only:  # a fallback path: the table was computed; summarize it, then drop it
         out = FastRun(None, out.meta, out.hazards, out.segments, out.paths, out.summary)
@@ -170,14 +191,17 @@ class _Flusher:
     window) are final. They are turned into table rows by ``columns_from_arrays``, with the
     last rows before them as context (the previous forward's end, the launch-ahead
     history) and the row after them (the next forward's start and launch), and fed to a
-    :class:`~simwar.analysis.streaming.StreamingSummary`; the accumulators then shift down.
+    :class:`~simwar.analysis.streaming.StreamingSummary`; the accumulators then shift down,
+    and the races of the rows summarized are counted
+    (:meth:`~simwar.executors.fast.races.RacePlan.tally`), their logged times dropped.
     """
 
     HISTORY = 4096  # rows kept as context for launch-ahead (forwards in flight)
 
-    def __init__(self, state: _State, plan: Plan, fwd: str):
+    def __init__(self, state: _State, plan: Plan, fwd: str, races: RacePlan):
         self.state = state
         self.plan = plan
+        self.races = races
         self.sink = StreamingSummary(plan.meta)
         self.facts = StepFacts(plan.meta)
         offs = [0]
@@ -248,6 +272,7 @@ class _Flusher:
             if self.dropped and np.any(ahead == np.arange(h, n)):
                 raise RuntimeError("launch-ahead deeper than the streaming history")
             self.sink.add({k: v[h:n] for k, v in cols.items()})
+            self.races.tally(self.sink.first, self.sink.last)
         keep = max(0, n - self.HISTORY)
         self.dropped += keep
         self.hist = {k: v[keep:n] for k, v in facts.items()}
@@ -266,10 +291,15 @@ class _Flusher:
         st.origin += by
         if st.cw >= 0:
             st.cw -= by
+        st.cl -= by
 
-    def finish(self, hazards) -> dict:
+    def finish(self) -> tuple[dict, object]:
+        """The summary and the races (counted as the rows went, for a windowed race plan)."""
         self._emit(len(self.state.fs), keep_last=False)
-        return self.sink.result(hazards)
+        sink, races = self.sink, self.races
+        hazards = races.counted(sink.first, sink.last) if races.windowed else \
+            races.finish(self.state)
+        return sink.result(hazards), hazards
 
 
 class FastRun:
@@ -308,10 +338,10 @@ def _finish(plan: Plan, state: _State, races: RacePlan, fwd: str) -> FastRun:
     steps = (idx + state.origin).astype(np.int32)
     start = fs[idx]
     end = np.frombuffer(state.fe, dtype=np.float64)[idx]
-    nxt = np.append(start[1:], np.nan)
+    lo, hi = idle_windows(end)
     if state.collect:
-        busy = busy_in_windows(_np(state.kin), _np(state.kout), start, nxt)
-        dep = busy_in_windows(_np(state.win), _np(state.wout), start, nxt)
+        busy = busy_in_windows(_np(state.kin), _np(state.kout), lo, hi)
+        dep = busy_in_windows(_np(state.win), _np(state.wout), lo, hi)
     else:
         busy = np.frombuffer(state.busy, dtype=np.float64)[idx]
         dep = np.frombuffer(state.dep, dtype=np.float64)[idx]

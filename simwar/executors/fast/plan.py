@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from simwar.build.draws import Sum, Use
 from simwar.build.loop import plan_iterations
 from simwar.core.program import (
@@ -365,26 +367,52 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
     The builder builds the first iterations and the drain with symbolic durations
     (:func:`simwar.build.loop.plan_iterations`); iterations from the third on must share one
     shape (checked here on the skeleton), so the run is the first iterations, the steady
-    one repeated and the drain. Every distribution is drawn once for the whole run, in the
-    same layout :func:`simwar.build.loop.build_program` uses, so both give the same numbers;
-    durations that vary with the step's batch are per-step values of the same layout
-    (:class:`simwar.build.draws.AffineTable`), never new shapes.
+    one repeated and the drain (:func:`plan_template`). Every distribution is drawn once for
+    the whole run, in the same layout :func:`simwar.build.loop.build_program` uses, so both
+    give the same numbers; durations that vary with the step's batch are per-step values of
+    the same layout (:class:`simwar.build.draws.AffineTable`), never new shapes
+    (:func:`bind`).
 
     ``sizes``: the run's per-step sizes (:func:`simwar.api.resolve_sizes`);
     ``fill=False`` leaves the affine values to be filled as the run goes (``plan.table``,
     see :func:`simwar.executors.fast.realize`).
     """
-    plan = plan_iterations(cfg, sizes)
+    iterations = plan_iterations(cfg, sizes)
+    return bind(plan_template(iterations), iterations.sampler(fill=fill), sizes=sizes)
+
+
+@dataclass
+class Template:
+    """A config's run as blocks of shapes whose parameters are not yet numbers.
+
+    ``blocks``: per block, ``(shape, first segment, first step, segments, parameters,
+    first draw of each distribution, draws per segment)``; a parameter is a number, a
+    :class:`~simwar.build.draws.Use` (a draw), a :class:`~simwar.build.template.Ref` (a
+    duration of the config, by key) or a :class:`~simwar.build.draws.Sum` of them.
+    """
+
+    iterations: object  # the IterationPlan
+    blocks: list[tuple]
+    offsets: set
+    sites: set
+    steps: int
+    shapes: list = field(default_factory=list)  # the shape of each skeleton iteration
+    prepared: list | None = None  # the blocks with their drawn parameters apart (bind)
+
+
+def plan_template(iterations) -> Template:
+    """The blocks of a run from its iteration templates (an
+    :class:`~simwar.build.loop.IterationPlan`), see :func:`plan_config`."""
+    plan = iterations
     n = len(plan.ops) - 1
     shaper = _Shaper()
     shapes: list[Shape] = []
     params: list[list] = []
     for i, ops in enumerate(plan.ops):
-        step = i
-        sh, p = shaper.segment(i, step, ops)
+        sh, p = shaper.segment(i, i, ops)
         shapes.append(sh)
         params.append(p)
-    steps_total = cfg.steps
+    steps_total = plan.steps
     if steps_total > n and any(shapes[i] != shapes[n - 1] or
                                not _same_template(params[i], params[n - 1])
                                for i in range(2, n)):
@@ -404,30 +432,60 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
             merged[-1][2] += count
         else:
             merged.append([i, first, count])
-
-    sampler = plan.sampler(fill=fill)
-    arrays = sampler.arrays
     offset = {key: 0 for uses in plan.uses for key in uses}
-    blocks: list[Block] = []
+    blocks: list[tuple] = []
     g = 0
     for i, first, count in merged:
-        p = params[i]
-        consts = tuple(x if not isinstance(x, (Use, Sum)) else None for x in p)
         # per distribution: where this block's draws start, and draws per segment
         uses = plan.uses[i]
         starts = {key: offset[key] for key in uses}
         for key, c in uses.items():
             offset[key] += c * count
-        specs = [x for x in p if isinstance(x, (Use, Sum))]
-        blocks.append(Block(shapes[i], g, range(first, first + count), consts,
-                            _draw_columns(specs, arrays, starts, uses), source=i))
+        blocks.append((shapes[i], g, first, count, params[i], starts, uses, i))
         g += count
-    lo = 0
-    hi = steps_total
-    out = Plan(blocks, dict(plan.meta), lo, hi, False, shaper.offsets, _sites(shapes),
-               skeleton=plan.ops, skeleton_steps=list(range(n)) + [n], skeleton_shapes=shapes,
+    return Template(plan, blocks, shaper.offsets, _sites(shapes), steps_total, shapes)
+
+
+def _drawn(x) -> bool:
+    """Whether a parameter holds a draw (a column; else a constant of the run)."""
+    return isinstance(x, Use) or (isinstance(x, Sum) and (_drawn(x.a) or _drawn(x.b)))
+
+
+def bind(template: Template, sampler, value=None, meta: dict | None = None,
+         sizes=None) -> Plan:
+    """The plan of a run from its template: the draws of ``sampler`` (its
+    :class:`~simwar.build.draws.Sampler`), ``value(key)`` a config duration a
+    :class:`~simwar.build.template.Ref` names (a template shared by runs), ``meta`` the
+    run's (default: the template's), ``sizes`` its per-step sizes (the trace mode names
+    graph launches by bucket)."""
+    arrays = sampler.arrays
+    table = getattr(sampler, "table", None)
+    live = set(table.arrays) if table is not None else set()
+
+    def const(x):
+        if isinstance(x, Sum):  # a host call's cost: added as the builder adds it
+            return const(x.a) + const(x.b)
+        if type(x) in (int, float):
+            return x
+        return value(x.key)  # a Ref (or a traced duration itself)
+
+    if template.prepared is None:  # per block: which parameters are drawn (the same per run)
+        template.prepared = [(shape, g, range(first, first + count),
+                              [None if _drawn(x) else x for x in p],
+                              [x for x in p if _drawn(x)], starts, uses, i)
+                             for shape, g, first, count, p, starts, uses, i in template.blocks]
+    blocks: list[Block] = []
+    for shape, g, steps, fixed, specs, starts, uses, i in template.prepared:
+        consts = tuple(x if x is None or type(x) is float else const(x) for x in fixed)
+        blocks.append(Block(shape, g, steps, consts,
+                            _draw_columns(specs, arrays, starts, uses, live, const), source=i))
+    skeleton = template.iterations.ops
+    n = len(skeleton) - 1
+    out = Plan(blocks, dict(template.iterations.meta if meta is None else meta), 0,
+               template.steps, False, template.offsets, template.sites, skeleton=skeleton,
+               skeleton_steps=list(range(n)) + [n], skeleton_shapes=template.shapes,
                sizes=sizes)
-    out.table = getattr(sampler, "table", None)
+    out.table = table
     return out
 
 
@@ -449,7 +507,9 @@ def _template(params: list) -> list:
             return ("u", x.key, x.index)
         if isinstance(x, Sum):
             return ("s", key(x.a), key(x.b))
-        return ("c", str(x))
+        if type(x) in (int, float):
+            return ("c", str(x))
+        return ("r", x.key)  # a Ref: a duration of the config
 
     out = [key(x) for x in params]
     if len(_TEMPLATES) > 64:
@@ -458,8 +518,10 @@ def _template(params: list) -> list:
     return out
 
 
-def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict):
-    """Column lists for the symbolic slots of a block, sliced from the run's draws."""
+def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict, live, const):
+    """Column lists for the symbolic slots of a block, sliced from the run's draws; their
+    ``row_function()``: one pass's values (see :func:`_row_function`), ``arrays``: the same
+    columns as arrays. ``const``: the value of a parameter that is not drawn."""
 
     def values(x, start: int, stop: int):
         if isinstance(x, Use):
@@ -468,10 +530,47 @@ def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict):
             return arrays[x.key][base + start * per: base + stop * per: per]
         if isinstance(x, Sum):
             return values(x.a, start, stop) + values(x.b, start, stop)
-        return x
+        return const(x)
 
     def columns(start: int, stop: int) -> list[list]:
         return [values(x, start, stop).tolist() for x in specs]
 
+    def column_arrays(start: int, stop: int) -> list[np.ndarray]:
+        return [np.asarray(values(x, start, stop), dtype=np.float64) for x in specs]
+
+    def row_function():
+        fn = columns.__dict__.get("_row")
+        if fn is None:  # generated on first use (a run that fixes its sizes as it goes)
+            fn = columns._row = _row_function(specs, arrays, starts, uses, live, const)
+        return fn
+
+    columns.row_function = row_function
+    columns.arrays = column_arrays  # the same columns as arrays (runs in lockstep)
     return columns
+
+
+def _row_function(specs: list, arrays: dict, starts: dict, uses: dict, live, const):
+    """``row(p, L)``: the symbolic slots' values at pass ``p`` of the block, as a tuple of
+    floats: the same numbers, added in the same order, as :func:`_draw_columns`' columns.
+    The uses of a step-dependent duration (a key in ``live``) are read from ``L``, that
+    iteration's values (:meth:`~simwar.build.draws.AffineTable.at`), not from the arrays:
+    a run whose sizes are fixed as it goes (:func:`simwar.executors.fast.realize`)."""
+    names: dict[str, object] = {}
+
+    def expr(x) -> str:
+        if isinstance(x, Use) and x.key in live:
+            return f"L[{x.key}][{x.index}]"
+        if isinstance(x, Use):
+            name = f"A{len(names)}"
+            names[name] = arrays[x.key].item
+            return f"{name}({starts[x.key] + x.index} + p * {uses[x.key]})"
+        if isinstance(x, Sum):
+            return f"({expr(x.a)} + {expr(x.b)})"
+        name = f"K{len(names)}"
+        names[name] = const(x)
+        return name
+
+    code = "def row(p, L):\n    return (" + "".join(f"{expr(x)}, " for x in specs) + ")\n"
+    exec(compile(code, "<simwar.executors.fast.plan row>", "exec"), names)
+    return names["row"]
 

@@ -202,9 +202,16 @@ class RacePlan:
         """Block ``bi``'s logged op times: sorted ``(device op index, 's' | 'e')``."""
         return tuple(self.logs[bi])
 
-    def reset(self) -> None:
-        """Empty logs for a run of the plan (one array per logged time of each block)."""
-        self.arrays = [[array("d") for _ in log] for log in self.logs]
+    def reset(self, new_log=None, tally=None) -> None:
+        """Empty logs for a run of the plan (one array per logged time of each block).
+
+        ``new_log``: makes one log (default: an ``array('d')``; runs in lockstep log a list
+        of arrays, one element per run); ``tally``: what :meth:`tally` counts into
+        (:class:`simwar.executors.fast.counts.Tally`, or the lockstep executor's)."""
+        self.arrays = [[(new_log or _new_log)() for _ in log] for log in self.logs]
+        self.base = [0] * len(self.logs)  # passes of each block dropped from its logs
+        self.cursor = [0] * len(self.groups)  # passes of each group counted
+        self.tallied = tally  # what tally() counts into (summary-only runs, lockstep)
 
     def log_arrays(self, bi: int) -> list:
         """Block ``bi``'s log arrays, in the order of :meth:`logs_of`."""
@@ -213,6 +220,78 @@ class RacePlan:
     def _log(self, bi: int, dev: int, what: str) -> np.ndarray:
         arr = self.arrays[bi][self.logs[bi].index((dev, what))]
         return np.frombuffer(arr, dtype=np.float64) if len(arr) else np.zeros(0)
+
+    # ---- counting as the run goes (summary-only runs)
+    def tally(self, first: int | None, last: int | None) -> None:
+        """Count the races whose two accesses are in the measured steps ``first..last`` seen
+        so far (None: none yet) and whose later access is in a step up to ``last``, then drop
+        the logged times no race still needs: the logs stay as short as the window of the
+        run not yet summarized (windowed plans; :meth:`counted` gives the result)."""
+        if not self.windowed or last is None:
+            return
+        w = self.window
+        blocks = self.plan.blocks
+        avail = [len(a[0]) + self.base[bi] if a else 0 for bi, a in enumerate(self.arrays)]
+        for gi, (bi, i, count, tpls) in enumerate(self.groups):
+            cur = self.cursor[gi]
+            b = blocks[bi]
+            b0 = b.steps[0] + i  # the later access's step at pass i of the block
+            stop = min(count, last - b0 + 1, avail[bi] - i)
+            if stop <= cur:
+                continue
+            for ri, r in enumerate(tpls):
+                j0 = max(cur, first - b0 + r.a_back)  # the earlier access measured too
+                if j0 >= stop:
+                    continue
+                s_b = self._window(bi, r.b_dev, "s", i + j0, i + stop)
+                if i >= w:
+                    e_a = self._window(bi, r.a_dev, "e", i + j0 - r.a_back,
+                                       i + stop - r.a_back)
+                else:
+                    abi, ap = self._segment(b.g0 + i - r.a_back)
+                    e_a = self._window(abi, r.a_dev, "e", ap, ap + 1)
+                self.tallied.add(gi, ri, j0, b0 + j0, e_a - s_b)
+            self.cursor[gi] = stop
+        self._drop()
+
+    def _window(self, bi: int, dev: int, what: str, lo: int, hi: int) -> np.ndarray:
+        """Logged times of passes ``lo..hi-1`` of block ``bi`` (a copy)."""
+        arr = self.arrays[bi][self.logs[bi].index((dev, what))]
+        base = self.base[bi]
+        return np.array(arr[lo - base:hi - base], dtype=np.float64)
+
+    def _drop(self) -> None:
+        """Drop each block's logged times that no group still to count needs."""
+        w = self.window
+        need = [None] * len(self.arrays)
+
+        def keep(bi: int, p: int) -> None:
+            need[bi] = p if need[bi] is None else min(need[bi], p)
+
+        for gi, (bi, i, count, tpls) in enumerate(self.groups):
+            cur = self.cursor[gi]
+            if cur >= count:
+                continue
+            keep(bi, i + cur - (max(r.a_back for r in tpls) if i >= w else 0))
+            if i < w:
+                for r in tpls:
+                    abi, ap = self._segment(self.plan.blocks[bi].g0 + i - r.a_back)
+                    keep(abi, ap)
+        for bi, arrays in enumerate(self.arrays):
+            if not arrays:
+                continue
+            upto = len(arrays[0]) + self.base[bi] if need[bi] is None else need[bi]
+            cut = upto - self.base[bi]
+            if cut > 0:
+                for arr in arrays:
+                    del arr[:cut]
+                self.base[bi] += cut
+
+    def counted(self, first: int | None, last: int | None):
+        """The races counted by :meth:`tally` up to the end of the run, over the measured
+        steps ``first..last``."""
+        self.tally(first, last)
+        return self.tallied.result(self, first, last)
 
     # ---- results
     def finish(self, state) -> FastHazards:
@@ -313,6 +392,11 @@ class _Rows:
                      self.a_op + j0 * self.stride, self.b_op + j0 * self.stride, self.stride,
                      self.overlap[j0:j1])
 
+    def at(self, j: int, overlap: np.ndarray) -> _Rows:
+        """The races ``j, j + 1, ...`` of this progression, with these overlaps."""
+        return _Rows(self.pair, self.a_step + j, self.b_step + j, self.a_op + j * self.stride,
+                     self.b_op + j * self.stride, self.stride, overlap)
+
     def race(self, j: int) -> Race:
         r = self.pair
         ov = float(self.overlap[j])
@@ -350,16 +434,16 @@ class FastHazards:
     def counts(self, first: int, last: int) -> tuple[int, int, int]:
         """``(races, overlaps, race steps)`` of the races within steps ``first..last``."""
         races = overlaps = 0
-        seen = np.zeros(max(0, self.hi - self.lo + 1), dtype=bool)
+        steps = _Intervals()
         for row in self.rows:
             row = row.within(first, last)
             if row is None:
                 continue
             if row.pair.latent:
                 races += len(row)
-                seen[row.b_step - self.lo:row.b_step - self.lo + len(row)] = True
+                steps.add(row.b_step, row.b_step + len(row))
             overlaps += int(np.count_nonzero(row.overlap > 0))
-        return races, overlaps, int(np.count_nonzero(seen))
+        return races, overlaps, steps.total()
 
     def since(self, step: int) -> FastHazards:
         """Only races whose two accesses belong to steps >= ``step`` (as HazardReport)."""
@@ -440,3 +524,34 @@ class _RaceList:
 
     def __repr__(self) -> str:
         return f"<{len(self)} {self.which} races>"
+
+
+class _Intervals:
+    """A union of half-open integer intervals, and its size (the steps some race is in)."""
+
+    __slots__ = ("spans",)
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[int, int]] = []
+
+    def add(self, lo: int, hi: int) -> None:
+        if hi > lo:
+            self.spans.append((lo, hi))
+            if len(self.spans) > 64:
+                self.spans = self._merged()
+
+    def _merged(self) -> list[tuple[int, int]]:
+        out: list[list[int]] = []
+        for lo, hi in sorted(self.spans):
+            if out and lo <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], hi)
+            else:
+                out.append([lo, hi])
+        return [(lo, hi) for lo, hi in out]
+
+    def total(self) -> int:
+        return sum(hi - lo for lo, hi in self._merged())
+
+
+def _new_log() -> array:
+    return array("d")

@@ -1,0 +1,157 @@
+"""The summaries of many runs at once, each equal bit for bit to its own exact summary.
+
+:func:`summarize_many` takes per-step columns as 2-d arrays (a row per run, a column per
+step: runs of one structure, with the same steps) and gives each run the summary
+:func:`simwar.analysis.metrics.summarize` gives its own table: every key of the spec
+(:mod:`simwar.analysis.summary`) evaluated over all runs with numpy, by the same arithmetic:
+
+- a sum is numpy's pairwise summation of the run's row (a reduction along the last axis
+  runs the same summation over each row as over that row alone);
+- a percentile or median is numpy's, along the steps' axis (the same selection and
+  interpolation per row); a run whose row holds one value has it as every quantile;
+- fractions and histograms are counts.
+
+Runs with a varying workload (per-bucket figures, requests) and runs whose undefined values
+(NaN: a step without a launch) are not at the same steps are summarized one by one.
+
+Imports: numpy and the analysis' metrics and spec.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simwar.analysis.metrics import hazard_counts, summarize
+from simwar.analysis.summary import Key, assemble, measured_mask
+
+
+def _sums(x: np.ndarray) -> np.ndarray:
+    """:func:`simwar.analysis.metrics._sum` per row: NaN added as zero."""
+    nan = np.isnan(x)
+    # rows contiguous: the reduction then runs along each row, as over the row alone (numpy
+    # may reduce a row of an array laid out otherwise in another order)
+    return np.add.reduce(np.ascontiguousarray(np.where(nan, 0.0, x) if nan.any() else x),
+                         axis=-1)
+
+
+def _means(x: np.ndarray) -> np.ndarray:
+    """:func:`simwar.analysis.metrics._mean` per row (NaN where no value is defined)."""
+    n = x.shape[-1] - np.count_nonzero(np.isnan(x), axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(n > 0, _sums(x) / np.maximum(n, 1), np.nan)
+
+
+def _quantiles(x: np.ndarray, q: float, median: bool = False) -> np.ndarray:
+    """numpy's ``percentile(row, q)`` (or ``median``) per row."""
+    if not x.shape[-1]:
+        return np.full(x.shape[0], np.nan)
+    lo, hi = x.min(axis=-1), x.max(axis=-1)
+    one = lo == hi  # one value (no NaN): every quantile is it
+    out = np.where(one, lo, np.nan)
+    rest = np.flatnonzero(~one)
+    if len(rest):
+        sub = x[rest]
+        out[rest] = np.median(sub, axis=-1) if median else np.percentile(sub, q, axis=-1)
+    return out
+
+
+def _stat(key: Key, x: np.ndarray, m: dict) -> list:
+    """One key of the spec for every run (a list, a value per run)."""
+    stat, n = key.stat, x.shape[-1]
+    nan = float("nan")
+    if stat == "mean":
+        return _means(x.astype(np.float64, copy=False)).tolist()
+    if stat == "percentile":
+        return _quantiles(x, key.arg).tolist()
+    if stat == "median":
+        return _quantiles(x, 50, median=True).tolist() if n else [nan] * x.shape[0]
+    if stat == "positive_fraction":
+        if not n:
+            return [nan] * x.shape[0]
+        return [float(c / n) for c in np.count_nonzero(x > 0, axis=-1).tolist()]
+    if stat == "histogram":
+        values = np.unique(x).tolist()
+        counts = [np.count_nonzero(x == v, axis=-1).tolist() for v in values]
+        return [{int(v): float(c[j] / n) for v, c in zip(values, counts) if c[j]}
+                for j in range(x.shape[0])]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # steps that take no time have no share and no rate: NaN where the divisor is 0
+        if stat == "busy_fraction":
+            busy = _sums(x)
+            total = busy + _sums(m[key.arg])
+            return np.where(total != 0, busy / total, np.nan).tolist()
+        if stat == "rate":
+            div = _sums(m[key.arg])
+            return np.where(div != 0, _sums(x) / div * 1e6, np.nan).tolist()
+    raise KeyError(stat)  # the workload's statistics: runs one by one
+
+
+def summarize_many(columns: dict[str, np.ndarray], metas: list[dict],
+                   hazards: list | None = None) -> list[dict]:
+    """Each run's :func:`~simwar.analysis.metrics.summarize`: ``columns`` as 2-d arrays (a
+    row per run; ``step`` 1-d, the runs' common steps), ``metas`` and ``hazards`` (its race
+    report or counts, or None) per run."""
+    n_runs = len(metas)
+    hazards = hazards if hazards is not None else [None] * n_runs
+    one_by_one = [j for j, meta in enumerate(metas) if meta.get("workload")]
+    together = [j for j in range(n_runs) if not metas[j].get("workload")]
+    out: list[dict | None] = [None] * n_runs
+    if together:
+        sub = columns if len(together) == n_runs else \
+            {k: v if v.ndim == 1 else v[together] for k, v in columns.items()}
+        try:
+            for j, s in zip(together, _together(sub, [metas[j] for j in together],
+                                                [hazards[j] for j in together])):
+                out[j] = s
+        except _OneByOne:
+            one_by_one += together
+    for j in one_by_one:
+        cols = {k: v if v.ndim == 1 else v[j] for k, v in columns.items()}
+        out[j] = summarize(cols, metas[j], hazards[j])
+    return out
+
+
+class _OneByOne(Exception):
+    """Runs whose undefined values differ in place: summarize them one by one."""
+
+
+def _together(cols: dict, metas: list[dict], hazards: list) -> list[dict]:
+    warm = {int(m.get("warmup_steps", 0)) for m in metas}
+    if len(warm) != 1 or "step_us" not in cols:
+        raise _OneByOne
+    rows = measured_mask(cols["step"], cols["step_us"], warm.pop())
+    if not np.array_equal(rows.all(axis=0), rows.any(axis=0)):
+        raise _OneByOne
+    keep = np.flatnonzero(rows[0]) if rows.shape[0] else np.zeros(0, dtype=np.intp)
+    if len(keep) and keep[-1] - keep[0] + 1 == len(keep):  # one run of steps: views
+        keep = slice(int(keep[0]), int(keep[-1]) + 1)
+    m = {name: col[..., keep] for name, col in cols.items()}
+    from_hazards = [hazard_counts(h, m["step"]) for h in hazards]
+    if not len(m["step"]):
+        return [assemble(meta.get("name", ""), 0, cols, meta, None, {}) for meta in metas]
+    values: dict[str, list] = {}
+    valid: dict[str, np.ndarray] = {}
+
+    def column(key: Key) -> np.ndarray:
+        x = m[key.column]
+        if not key.valid:
+            return x
+        if key.column not in valid:
+            nan = np.isnan(x)
+            if not np.array_equal(nan.all(axis=0), nan.any(axis=0)):
+                raise _OneByOne
+            valid[key.column] = x[:, ~nan[0]] if x.shape[0] else x
+        return valid[key.column]
+
+    out = []
+    for j, meta in enumerate(metas):
+        def value(key: Key, j=j):
+            if key.name not in values:
+                values[key.name] = _stat(key, column(key), m)
+            return values[key.name][j]
+
+        out.append(assemble(meta.get("name", ""), len(m["step"]), cols, meta, value,
+                            from_hazards[j]))
+    return out
+
+

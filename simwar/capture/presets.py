@@ -1,0 +1,196 @@
+"""Mappings shipped for known servers (``--preset sglang``, ``--preset vllm``), and detection.
+
+A preset is a mapping file under ``simwar/data/presets/`` (``sglang.yaml``, ``vllm.yaml``)
+holding a server's own range names. :func:`mapping_for` builds the mapping a capture is read
+with: the preset's keys, then a mapping file's, each of which replaces the preset's key of
+the same name (``cpu:`` in the file replaces the preset's whole ``cpu``). The preset's own
+entries are optional in a capture: :func:`resolve` drops each one (a ``cpu``, ``phases``,
+``sites`` or ``writes`` rule, ``batch``, ``run_batch``, ``idle``) that matches nothing the
+capture holds, where a mapping file's entry that matches nothing stays an error; its ``reads``
+of a phase the capture lacks are dropped by the fit (and by :mod:`simwar.capture.accesses`,
+with its ``reads`` regexes that map nothing). A preset's ``reads`` and ``writes`` are the
+server's shared buffers where its kernel or range names make them identifiable (the preset
+files say which).
+
+A mapping file may name its preset (``preset: sglang``); ``--preset`` names it on the command
+line (both, and different, is an error). Without either and without a mapping file,
+:func:`detect_preset` picks the preset whose CPU-stage and run_batch rules match the most
+distinct range names of the capture (at least two), and the import says so; a mapping file
+that names no preset is read alone (it says it all).
+
+:func:`import_capture` reads a capture with the mapping so built: the capture first (its names
+decide the preset and what of it stays), then the trace.
+
+Imports: PyYAML and pydantic (through :mod:`simwar.capture.mapping`), the standard library and
+simwar's capture modules; never the simulator.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from simwar.capture.mapping import Mapping, load_mapping
+from simwar.capture.reader import ProgressFn, read_capture
+from simwar.capture.to_trace import KinetoImport, build_import
+from simwar.config import ConfigError, first_error, read_yaml
+
+PRESET_DIR = Path(__file__).resolve().parents[1] / "data" / "presets"
+#: the keys a preset's entries are dropped from when they match nothing (dicts by pattern)
+SOFT_DICTS = ("phases", "sites", "cpu", "writes")
+SOFT_REGEXES = ("batch", "run_batch", "idle")
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_preset(name: str, where: str = "--preset") -> dict:
+    """The preset's mapping as a dict; an unknown name is a :class:`ConfigError`."""
+    names = preset_names()
+    if name not in names:
+        raise ConfigError(f"{where}: '{name}' is not a preset ({', '.join(names)})")
+    return read_yaml(PRESET_DIR / f"{name}.yaml")
+
+
+def detect_preset(annotation_names) -> tuple[str, list[str]] | None:
+    """``(preset, the range names that chose it)``: the preset whose CPU-stage and run_batch
+    rules match the most distinct names (at least two); None when none does."""
+    names = sorted(set(annotation_names))
+    best = None
+    for preset in preset_names():
+        data = load_preset(preset)
+        rules = [re.compile(p) for p in data.get("cpu", {})]
+        if data.get("run_batch"):
+            rules.append(re.compile(data["run_batch"]))
+        hits = [n for n in names if any(rx.search(n) for rx in rules)]
+        if len(hits) >= 2 and (best is None or len(hits) > len(best[1])):
+            best = (preset, hits)
+    return best
+
+
+def mapping_for(preset: str | None, source=None, annotation_names=None,
+                kernel_names=None) -> Mapping:
+    """The mapping to read a capture with (see the module docstring).
+
+    ``preset``: a preset's name, or None (detected from ``annotation_names`` when ``source``
+    is None too). ``source``: a mapping file, a dict or None. With names given, the preset's
+    entries that match none of them are dropped (:func:`resolve`).
+    """
+    how = "--preset"
+    user: dict = {}
+    label = "<mapping>"
+    if isinstance(source, Mapping):
+        user = source.model_dump(exclude_unset=True)
+    elif isinstance(source, dict):
+        user = dict(source)
+    elif source is not None:
+        label = str(source)
+        load_mapping(source)  # the file's own errors, naming the file
+        user = read_yaml(source)
+    named = user.pop("preset", None)
+    if named is not None:
+        load_preset(named, f"{label}: preset")
+        if preset is not None and preset != named:
+            raise ConfigError(f"--preset {preset}: {label} names preset {named} (name one)")
+        if preset is None:
+            preset, how = named, f"named by {label}"
+    if preset is None and source is None and annotation_names is not None:
+        found = detect_preset(annotation_names)
+        if found is not None:
+            preset, hits = found
+            shown = ", ".join(hits[:4]) + (", ..." if len(hits) > 4 else "")
+            how = f"detected from the capture's range names ({shown})"
+    if preset is None:
+        return load_mapping(source)
+    base = load_preset(preset)
+    try:
+        mapping = Mapping(**{**base, **user})
+    except ValidationError as e:  # a valid preset and a valid file may still conflict
+        raise ConfigError(f"{label}: {first_error(e)}") from None
+    soft: dict = {}
+    for key in SOFT_DICTS:
+        if key in base and key not in user:
+            soft[key] = set(base[key])
+    for key in SOFT_REGEXES:
+        if base.get(key) and key not in user:
+            soft[key] = {base[key]}
+    if "reads" in base and "reads" not in user:
+        soft["reads"] = set(base["reads"])
+    mapping._soft = soft
+    mapping._origin = (preset, how)
+    if annotation_names is not None:
+        mapping = resolve(mapping, kernel_names or (), annotation_names)
+    return mapping
+
+
+def resolve(mapping: Mapping, kernel_names, annotation_names) -> Mapping:
+    """``mapping`` without the preset's entries that match nothing in a capture."""
+    soft = mapping.soft
+    if not soft:
+        return mapping
+    notes = sorted(set(annotation_names))
+    everything = sorted(set(kernel_names)) + notes
+
+    def hit(pattern: str, names) -> bool:
+        rx = re.compile(pattern)
+        return any(rx.search(n) for n in names)
+
+    data = mapping.model_dump()
+    kept: dict = {}
+    for key in SOFT_DICTS:
+        if key not in soft:
+            continue
+        names = everything if key in ("phases", "writes") else notes
+        data[key] = {p: v for p, v in data[key].items() if p not in soft[key] or hit(p, names)}
+        kept[key] = {p for p in soft[key] if p in data[key]}
+    for key in SOFT_REGEXES:
+        if key in soft and data.get(key) and not hit(data[key], notes):
+            data[key] = None
+        if key in soft and data.get(key):
+            kept[key] = {data[key]}
+    if "phases" in soft and not data["phases"] and data.get("default_phase") == "forward":
+        data["default_phase"] = None  # no phase ranges: every kernel is forward work anyway
+    out = Mapping(**data)
+    if "reads" in soft:
+        kept["reads"] = soft["reads"]
+    out._soft = kept
+    out._origin = mapping.origin
+    return out
+
+
+def import_capture(path, mapping=None, preset: str | None = None,
+                   progress: ProgressFn | None = None) -> tuple[KinetoImport, Mapping]:
+    """Read a capture (or several per-rank captures: a list of paths) with a preset and/or
+    mapping (see the module docstring).
+
+    Returns the import and the mapping it was read with (its :attr:`Mapping.origin` says
+    which preset, and how it was chosen).
+    """
+    if preset is not None:
+        load_preset(preset)  # an unknown name fails before the file is read
+    if isinstance(mapping, (str, Path)):
+        load_mapping(mapping)
+    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
+    caps = [read_capture(p, progress) for p in paths]
+    names = {a.name for cap in caps for a in cap.annotations}
+    kernels = {d.name for cap in caps for d in cap.device_events}
+    m = mapping_for(preset, mapping, names, kernels)
+    result = build_import(caps, m, [p.name for p in paths])
+    return result, m
+
+
+def preset_line(mapping: Mapping) -> str:
+    """One line on the preset a capture was read with ('' none)."""
+    name, how = mapping.origin
+    if not name:
+        return ""
+    soft = mapping.soft
+    kept = sum(len(v) for k, v in soft.items() if k not in ("reads", "writes"))
+    return f"preset {name} ({how}); {kept} of its entries match this capture"
+
+
+__all__ = ["PRESET_DIR", "detect_preset", "import_capture", "load_preset", "mapping_for",
+           "preset_line", "preset_names", "resolve"]

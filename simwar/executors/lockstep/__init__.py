@@ -1,0 +1,40 @@
+"""Many runs in lockstep: a sweep's runs that share their iteration shapes, executed together.
+
+The one-pass executor (:mod:`simwar.executors.fast`) turns a config's run into a few blocks
+of one iteration shape each, compiled into straight-line Python over floats. Runs of a
+sweep mostly differ in numbers only (a CPU time, a kernel's duration, the seed): their
+plans have the same blocks, and only the parameters differ. So a group of them runs as one:
+each op's start is ``max(stream tail, issue time)`` over an array of the runs, records,
+waits and host syncs are the same rules over arrays (:mod:`simwar.core.rules`), in the
+same order, so each run's numbers are the one-pass executor's, bit for bit
+(``tests/test_lockstep.py``: every summary key of random grids, stochastic durations and
+workloads included). The interpreter's cost per op is paid once for the group instead of
+once per run.
+
+- :func:`~simwar.executors.lockstep.execute.run_group`: the summaries of runs whose plans
+  share a :func:`~simwar.executors.lockstep.execute.group_key`, in batches of at most
+  :func:`batch_size` runs (:func:`simwar.api.simulate_many` plans, groups and batches a
+  sweep's runs; what cannot run in lockstep runs alone);
+- :mod:`.execute`: the pass and the summaries; :mod:`.codegen`: a shape compiled for arrays.
+
+Imports: this package's parts (numpy, simwar.core, simwar.analysis, the one-pass
+executor's plans and races).
+"""
+
+from __future__ import annotations
+
+from simwar.executors.lockstep.execute import NotLockstep, group_key, run_group
+
+#: bytes of per-step facts a batch may hold (a row per step, a column per run: forward start
+#: and end, launch, busy and held time, blocked time at one or two sites)
+BATCH_BYTES = 512 << 20
+#: the most runs in one batch
+MAX_BATCH = 4096
+
+
+def batch_size(steps: int) -> int:
+    """Runs of ``steps`` steps in one lockstep batch (bounded by :data:`BATCH_BYTES`)."""
+    return max(1, min(MAX_BATCH, BATCH_BYTES // (7 * 8 * (steps + 2))))
+
+
+__all__ = ["BATCH_BYTES", "MAX_BATCH", "NotLockstep", "batch_size", "group_key", "run_group"]

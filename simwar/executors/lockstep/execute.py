@@ -1,0 +1,261 @@
+"""The pass of a group of runs in lockstep, and each run's summary.
+
+:func:`run_group` takes the one-pass executor's plans of runs that share their structure
+(:func:`group_key`: the same blocks of the same shapes over the same steps) and runs the
+blocks once for all of them (:mod:`simwar.executors.lockstep.codegen`), each parameter a
+number when every run has the same, else an array with one element per run. The per-step
+facts are rows of 2-d arrays (a row per step, a column per run); each run's column is then
+assembled and summarized by the functions the one-pass executor's own runs use
+(:func:`~simwar.analysis.metrics.columns_from_arrays`,
+:func:`~simwar.analysis.metrics.summarize` or its batched form), so each summary is that
+run's, bit for bit. Races are the one-pass executor's race plan
+(:class:`~simwar.executors.fast.races.RacePlan`, the same for every run of a group): counted
+per run as the chunks go (:meth:`~simwar.executors.fast.races.RacePlan.tally`), the logged
+times of all runs side by side.
+
+A plan that cannot run so (forward steps issued out of order, races that need all accesses
+compared, a ``-0.0`` parameter, on which ``max`` and a comparison part) raises
+:class:`NotLockstep`; its runs then go through the one-pass executor one by one.
+
+Imports: numpy, simwar.core and simwar.analysis, the one-pass executor's plan and races,
+and the lockstep codegen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from simwar.analysis.batched import summarize_many
+from simwar.analysis.metrics import SITES, StepFacts, columns_from_arrays, summarize
+from simwar.core.trace import OpKind
+from simwar.executors.fast.plan import Plan
+from simwar.executors.fast.races import RacePlan, _Intervals
+from simwar.executors.lockstep.codegen import compile_block
+
+#: passes of a block run per call of its compiled function
+CHUNK = 256
+
+
+class NotLockstep(Exception):
+    """A plan (or a group) the lockstep pass cannot take exactly; run it one by one."""
+
+
+def group_key(plan: Plan, window: int = 2) -> tuple:
+    """Plans with the same key run in lockstep: the same blocks (shapes, steps, which
+    parameters are columns), the same steps and sites, and what the summary needs alike."""
+    meta = plan.meta
+    return (tuple((b.shape, b.g0, b.steps, b.marked, tuple(c is None for c in b.consts))
+                  for b in plan.blocks),
+            plan.lo, plan.hi, frozenset(plan.sites), frozenset(plan.offsets), plan.negative,
+            window, meta.get("forward_stream", "forward"), int(meta.get("warmup_steps", 0)))
+
+
+#: the per-step arrays of the last batch, kept for the next one of the same size (a batch's
+#: arrays are large: allocating them anew would cost the system a page fault per 4 KB)
+_SPARE: list[np.ndarray] = []
+
+
+def _array(shape: tuple, value: float) -> np.ndarray:
+    for i, arr in enumerate(_SPARE):
+        if arr.shape == shape:
+            arr = _SPARE.pop(i)
+            arr.fill(value)
+            return arr
+    return np.full(shape, value)
+
+
+class State:
+    """What carries from one block to the next, for ``n`` runs (see the codegen module)."""
+
+    def __init__(self, lo: int, hi: int, sites, depth: int, n: int):
+        rows = hi - lo + 1
+        self.origin = lo
+        self.t = np.zeros(n)  # an array from the start: every time derived is one too
+        self.tails: dict = {}
+        self.hist = [()] * depth
+        self.fs = _array((rows, n), np.inf)
+        self.fe = _array((rows, n), -np.inf)
+        self.launch = _array((rows, n), np.nan)
+        self.blocked = {site: _array((rows, n), 0.0) for site in sites}  # the sites synced at
+        self.busy = _array((rows + 1, n), 0.0)  # the spare last row: index -1, no window yet
+        self.dep = _array((rows + 1, n), 0.0)
+        self.cw = -1  # the step whose forward last started
+        self.cl = -1  # the step whose window (ending with its forward) last closed
+        self.w = 0.0
+        self.dp = 0.0
+        self.bad = False
+        self.logs: list = []
+
+    def release(self) -> None:
+        """Keep the arrays for the next batch (dropping those of another size)."""
+        mine = [self.fs, self.fe, self.launch, self.busy, self.dep, *self.blocked.values()]
+        _SPARE[:] = [a for a in _SPARE if a.shape in {m.shape for m in mine}] + mine
+
+
+def _signed_zero(x) -> bool:
+    a = np.asarray(x, dtype=np.float64)
+    return bool(np.any((a == 0) & np.signbit(a)))
+
+
+def _stack_consts(plans: list[Plan], bi: int) -> tuple:
+    """Block ``bi``'s constant parameters: a number where every run has it, else an array."""
+    blocks = [p.blocks[bi] for p in plans]
+    out = []
+    for j, c in enumerate(blocks[0].consts):
+        if c is None:
+            continue
+        values = [b.consts[j] for b in blocks]
+        if _signed_zero(values):
+            raise NotLockstep("a -0.0 parameter")
+        first = values[0]
+        if all(v == first for v in values):
+            out.append(float(first))
+        else:
+            out.append(np.array(values, dtype=np.float64))
+    return tuple(out)
+
+
+def _stack_columns(plans: list[Plan], bi: int, start: int, stop: int) -> list[np.ndarray]:
+    """Block ``bi``'s parameter columns for passes ``start..stop-1``: a row per pass, a
+    column per run."""
+    per_run = [p.blocks[bi].columns.arrays(start, stop) for p in plans]
+    out = []
+    for i in range(len(per_run[0])):
+        col = np.stack([cols[i] for cols in per_run], axis=1)
+        if _signed_zero(col):
+            raise NotLockstep("a -0.0 parameter")
+        out.append(col)
+    return out
+
+
+def _measured_range(plan: Plan, fwd: str) -> tuple[int, int] | None:
+    """The measured steps of every run of the plan (they have the same rows: the steps
+    with forward kernels), or None when they are not one run of steps."""
+    steps: set[int] = set()
+    for b in plan.blocks:
+        offs = {op.off for op in b.shape.ops
+                if op.kind == OpKind.KERNEL and op.lane == fwd and op.phase}
+        for s in b.steps:
+            steps.update(s + o for o in offs)
+    rows = sorted(steps)
+    warm = int(plan.meta.get("warmup_steps", 0))
+    measured = [s for s in rows[:-1] if s >= warm]
+    if not measured or measured[-1] - measured[0] + 1 != len(measured):
+        return None
+    return measured[0], measured[-1]
+
+
+class _Counts:
+    """One run's race counts over the measured steps (what its summary asks)."""
+
+    def __init__(self, totals: tuple[int, int, int], steps: tuple[int, int]):
+        self.totals = totals
+        self.steps = steps
+
+    def counts(self, first: int, last: int) -> tuple[int, int, int]:
+        assert (first, last) == self.steps, (first, last, self.steps)
+        return self.totals
+
+
+class _LockstepTally:
+    """Race counts of a group: latent races and race steps are the same for every run,
+    overlaps are counted per run."""
+
+    def __init__(self, n: int):
+        self.races = 0
+        self.overlaps = np.zeros(n, dtype=np.int64)
+        self.steps = _Intervals()
+
+    def add(self, gi: int, ri: int, j0: int, b_step: int, overlap: np.ndarray) -> None:
+        m = len(overlap)
+        self.races += m
+        self.steps.add(b_step, b_step + m)
+        self.overlaps += np.count_nonzero(overlap > 0, axis=0)
+
+    def result(self, plan, first, last) -> _LockstepTally:
+        return self
+
+
+def run_group(plans: list[Plan], window: int = 2) -> list[dict]:
+    """The summaries of runs whose plans share a :func:`group_key`, in their order."""
+    plan = plans[0]
+    n = len(plans)
+    meta = plan.meta
+    fwd = meta.get("forward_stream", "forward")
+    if plan.negative:
+        raise NotLockstep("negative durations")
+    measured = _measured_range(plan, fwd)
+    races = RacePlan(plan, window)
+    if not races.windowed or measured is None:
+        raise NotLockstep("races compared over all accesses, or holes in the steps")
+    depth = 0
+    for b in plan.blocks:
+        for h in b.shape.host:
+            if h[0] in ("wait_event", "sync") and h[-1] is not None:
+                depth = max(depth, h[-1][0])
+    state = State(plan.lo, plan.hi, plan.sites, depth, n)
+    tally = _LockstepTally(n)
+    races.reset(new_log=list, tally=tally)
+    first, last = measured
+    for bi, b in enumerate(plan.blocks):
+        slots = tuple(c is None for c in b.consts)
+        fn = compile_block(b.shape, slots, fwd, races.logs_of(bi), depth)
+        state.logs = races.log_arrays(bi)
+        consts = _stack_consts(plans, bi)
+        for start in range(0, b.n, CHUNK):
+            stop = min(b.n, start + CHUNK)
+            ks = b.steps[start:stop]
+            lo = state.origin
+            ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
+                [k - lo for k in ks]
+            cols = _stack_columns(plans, bi, start, stop) if any(slots) else ()
+            fn(ks, consts, cols, state)
+            races.tally(first, last)
+    if state.bad:
+        raise NotLockstep("forward steps issued out of order")
+    races.counted(first, last)
+    out = _summaries(plans, state, tally, measured)
+    state.release()
+    return out
+
+
+#: runs summarized at a time: their rows of per-step facts, turned to a row per run, fit in
+#: the caches (a summary reads each fact a few times)
+SUMMARY_RUNS = 32
+
+
+def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
+               measured: tuple[int, int]) -> list[dict]:
+    present = np.isfinite(state.fs)
+    idx = np.flatnonzero(present[:, 0])
+    if not np.array_equal(present.any(axis=1), present.all(axis=1)):
+        raise NotLockstep("runs with different forward steps")
+    if len(idx) and idx[-1] - idx[0] + 1 == len(idx):
+        idx = slice(int(idx[0]), int(idx[-1]) + 1)
+    steps = (np.arange(state.fs.shape[0])[idx] + state.origin).astype(np.int32)
+    facts = {"fs": state.fs[idx], "fe": state.fe[idx], "launch": state.launch[idx],
+             "busy": state.busy[idx], "dep": state.dep[idx]}
+    facts.update({("blocked", site): v[idx] for site, v in state.blocked.items()})
+    totals = [(tally.races, int(o), tally.steps.total()) for o in tally.overlaps.tolist()]
+    out: list[dict] = []
+    for j0 in range(0, len(plans), SUMMARY_RUNS):
+        j1 = min(len(plans), j0 + SUMMARY_RUNS)
+        rows = {k: np.ascontiguousarray(v[:, j0:j1].T) for k, v in facts.items()}
+        blocked = {k[1]: v for k, v in rows.items() if isinstance(k, tuple)}
+        zero = np.broadcast_to(0.0, rows["fs"].shape)  # the sites no op syncs at
+        blocked.update({site: zero for site in set(SITES) - set(blocked)})
+        metas = [p.meta for p in plans[j0:j1]]
+        counts = [_Counts(t, measured) for t in totals[j0:j1]]
+        if any(m.get("workload") for m in metas):  # each run's own per-step facts
+            for j, meta in enumerate(metas):
+                cols = columns_from_arrays(steps, rows["fs"][j], rows["fe"][j],
+                                           rows["busy"][j], rows["dep"][j],
+                                           {site: np.ascontiguousarray(v[j])
+                                            for site, v in blocked.items()},
+                                           rows["launch"][j], StepFacts(meta))
+                out.append(summarize(cols, meta, counts[j]))
+            continue
+        columns = columns_from_arrays(steps, rows["fs"], rows["fe"], rows["busy"], rows["dep"],
+                                      blocked, rows["launch"], StepFacts(metas[0]))
+        out += summarize_many(columns, metas, counts)
+    return out

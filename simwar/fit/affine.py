@@ -1,0 +1,153 @@
+"""A duration that follows the step's size: ``{base, per_seq}`` by least squares, or a constant.
+
+A capture whose batch changes every step gives, per config key, one sample per step and the
+size that step ran at (its real batch, or its graph bucket for a graph phase's device time:
+which size and which step each key uses is the config's rule, ``docs/design.md``,
+"Durations, sizes and draws"). :func:`fit_sized` fits ``y = base + per_seq × size`` by
+ordinary least squares when the slope is significant, else the samples' distribution
+as :func:`simwar.fit.durations.fit_values` does:
+
+- **the test**: the slope's t statistic, ``per_seq / se(per_seq)``, must reach
+  :data:`T_MIN` (3: two-sided p below about 0.003 for the hundreds of steps a capture holds,
+  0.013 at ten) with at least two distinct sizes; samples that do not vary at all are a
+  constant. An exact relation (no residual) is significant whenever its slope is not 0.
+- **the residual** is the ``noise``: a duration's noise draw is added on top and cannot be
+  negative, so the fitted line is moved down to the smallest residual and the residuals above
+  it are fitted as a distribution (``--dist``); no spread, no noise. ``base`` is kept so that
+  the line is not negative at size 1 (a what-if may ask for batches the capture never ran).
+- **what it was fitted on** (:class:`SizedFit`): n samples, the sizes seen, R² of the line,
+  the t statistic, and per size the line's error against that size's mean (for a graph
+  phase: per bucket: the config has no per-bucket table, so the line must fit every bucket,
+  and the header says how well it does).
+
+Imports: numpy and :mod:`simwar.fit.durations`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from simwar.fit.durations import fit_values
+
+#: the slope's least |t| for a duration to scale with the size
+T_MIN = 3.0
+
+
+@dataclass
+class SizedFit:
+    """One key's fit against the step's size, and what it was fitted on."""
+
+    value: object  # a number, {dist: ...} or {base, per_seq[, noise]}
+    detail: dict  # fit_values' detail (of the samples, or of the noise)
+    kind: str  # "affine" | "constant"
+    size: str  # "batch" | "bucket"
+    n: int
+    sizes: list[int]
+    base: float = 0.0
+    per_seq: float = 0.0
+    t: float = 0.0
+    r2: float = float("nan")
+    #: per size: (steps, measured mean µs, the fit's mean µs)
+    per_size: dict[int, tuple[int, float, float]] = field(default_factory=dict)
+
+    def worst_size_error(self) -> float:
+        """The largest |fit − measured| / measured over the sizes (0 when all are 0)."""
+        errs = [abs(f - m) / m for _, m, f in self.per_size.values() if m > 0]
+        return max(errs, default=0.0)
+
+    def text(self) -> str:
+        """How the key was fitted, in words (for the fitted config's header)."""
+        sizes = ", ".join(map(str, self.sizes[:8])) + (" ..." if len(self.sizes) > 8 else "")
+        plural = {"batch": "batches", "bucket": "buckets"}.get(self.size, self.size)
+        what = f"n {self.n}, {self.size if len(self.sizes) == 1 else plural} {sizes}"
+        if self.kind == "affine":
+            t = "exact" if math.isinf(self.t) else f"slope t {self.t:.1f}"
+            worst = self.worst_size_error()
+            per = (f"; within {100 * worst:.1f}% of each {self.size}'s mean"
+                   if len(self.per_size) > 1 else "")
+            return (f"affine in the {self.size}: {self.base:.2f} + {self.per_seq:.3f} x "
+                    f"{self.size} ({what}; R² {self.r2:.3f}, {t}{per})")
+        why = ("one size" if len(self.sizes) < 2 else
+               f"slope not significant: |t| {abs(self.t):.1f} < {T_MIN:g}")
+        return f"constant, mean {_mean(self.value):.2f} ({what}; {why})"
+
+
+def _mean(v) -> float:
+    if isinstance(v, dict):
+        if "mean" in v:
+            return float(v["mean"])
+        if "values" in v:
+            return float(np.mean(v["values"]))
+        if "low" in v:
+            return (float(v["low"]) + float(v["high"])) / 2
+    return float(v)
+
+
+def _r(v: float) -> float:
+    return round(float(v), 3)
+
+
+def _constant(y: np.ndarray, dist: str):
+    if np.ptp(y) < 1e-6 * max(1.0, float(np.abs(y).max())):  # constant up to rounding
+        m = _r(float(y.mean()))
+        return m, {"n": len(y), "mean": m, "chosen": "constant"}
+    return fit_values(np.maximum(y, 0.0), dist)
+
+
+def fit_sized(y, x, dist: str = "best", size: str = "batch") -> SizedFit:
+    """Fit samples ``y`` (µs) against the sizes ``x`` they ran at (see the module docstring)."""
+    y = np.asarray(y, dtype=float)
+    x = np.asarray(x, dtype=float)
+    n = len(y)
+    sizes = sorted({int(v) for v in x.tolist()})
+    b, a, t = 0.0, float(y.mean()) if n else 0.0, 0.0
+    if len(sizes) >= 2 and n >= 3:
+        xm, ym = float(x.mean()), float(y.mean())
+        sxx = float(((x - xm) ** 2).sum())
+        b = float(((x - xm) * (y - ym)).sum()) / sxx
+        a = ym - b * xm
+        r = y - (a + b * x)
+        s2 = float((r ** 2).sum()) / max(1, n - 2)
+        scale = max(1.0, float(np.abs(y).max()))
+        if s2 <= (1e-9 * scale) ** 2:
+            t = math.inf if abs(b) > 1e-9 * scale else 0.0
+        else:
+            t = b / math.sqrt(s2 / sxx)
+    per_size = {}
+    if abs(t) < T_MIN:
+        value, detail = _constant(y, dist)
+        m = _mean(value)
+        for s in sizes:
+            sel = x == s
+            per_size[s] = (int(sel.sum()), float(y[sel].mean()), m)
+        return SizedFit(value, detail, "constant", size, n, sizes, t=t, per_size=per_size)
+    if a < 0 and b > 0 and a + b * 1.0 < 0:  # no negative durations at a batch of one
+        b = float((x * y).sum() / (x * x).sum())
+        a = 0.0
+    r = y - (a + b * x)
+    ss = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((r ** 2).sum()) / ss if ss > 0 else 1.0
+    # the line moved down to the smallest residual, never negative at size 1 (or, falling,
+    # at the largest size seen); the residuals above it are the noise
+    floor = -b * 1.0 if b >= 0 else -b * float(x.max())
+    base = max(a + float(r.min()), floor)
+    noise = np.maximum(y - (base + b * x), 0.0)
+    value: dict = {"base": _r(base), "per_seq": _r(b)}
+    detail: dict = {"n": n, "mean": _r(float(y.mean())), "chosen": "affine"}
+    if np.ptp(noise) > 1e-6 * max(1.0, float(np.abs(y).max())):
+        nv, nd = fit_values(noise, dist)
+        value["noise"] = nv if isinstance(nv, dict) else {"dist": "empirical",
+                                                           "values": [_r(nv)]}
+        detail = {**nd, "affine": True}
+    elif float(noise.mean()) > 1e-9:
+        value["base"] = _r(base + float(noise.mean()))
+    extra = float(noise.mean()) if "noise" in value else 0.0  # the noise's mean, everywhere
+    for s in sizes:
+        sel = x == s
+        fitted = float(value["base"]) + float(value["per_seq"]) * s + extra
+        per_size[s] = (int(sel.sum()), float(y[sel].mean()), fitted)
+    return SizedFit(value, detail, "affine", size, n, sizes, float(value["base"]),
+                    float(value["per_seq"]), t, r2, per_size)

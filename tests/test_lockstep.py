@@ -1,0 +1,182 @@
+"""Runs in lockstep give every run the one-pass executor's summary, bit for bit.
+
+Random grids (Hypothesis) over a random base config: every algorithm, barrier and
+placement, the plan stream, the seq_lens mirror; swept constants (zero and positive: a zero
+CPU time issues no op, so one grid holds several structures), distributions and affine
+durations, repeats (seeds), workloads whose steps differ (batch lists, drawn batches, drawn
+accepted tokens) and arrivals (which run alone). Every summary key of every run equals the
+summary of ``simulate(config)`` (floats ``==``, dicts in order), and the sweep built on it
+writes the same run files and table as running each config by itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_fast import CONFIG_FILES, VARIANTS
+
+from simwar.analysis import batched
+from simwar.api import simulate, simulate_many
+from simwar.config import load_config
+from simwar.core.rules import begins, begins_many, released, released_many, returns, returns_many
+from simwar.executors import lockstep
+from simwar.study.sweeps import load_sweep, run_one, sweep
+
+DISTS = [{"dist": "lognormal", "mean": 900, "std": 300},
+         {"dist": "uniform", "low": 0, "high": 40},
+         {"dist": "empirical", "values": [600, 800, 1500]},
+         {"dist": "normal", "mean": 20, "std": 40}]
+AFFINES = [{"base": 150, "per_seq": 25}, {"base": 80, "per_seq": 12, "per_token": 2},
+           {"base": 5, "per_seq": 1, "noise": {"dist": "normal", "mean": 20, "std": 15}}]
+WORKLOADS = [None, {"batch_sizes": [1, 7, 33, 64, 2], "graph_buckets": [8, 32, 64]},
+             {"batch_size": {"dist": "lognormal", "mean": 12, "std": 10}}]
+SWEPT = ["cpu.schedule_us", "cpu.ingest_us", "cpu.post_launch_us", "gpu.schedule_writes_us",
+         "gpu.result_writes_us", "costs.host_call_us", "costs.cross_stream_us",
+         "costs.sync_wake_us", "gpu.schedule_prep_us"]
+
+
+def same(a, b) -> bool:
+    """Equal, NaN where NaN, dicts in the same order."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def assert_same_summary(got: dict, want: dict) -> None:
+    assert list(got) == list(want)
+    for key, value in want.items():
+        assert same(got[key], value), (key, got[key], value)
+
+
+values = st.one_of(st.sampled_from([0.0, 0.5, 7.0, 120.0, 900.0, 2500.0]),
+                   st.sampled_from(DISTS), st.sampled_from(AFFINES))
+
+
+@settings(max_examples=60, deadline=None)
+@given(algorithm=st.sampled_from(["none", "eagle", "dflash", "dspark"]),
+       barriers=st.lists(st.sampled_from(["none", "coarse", "fine", "host_sync"]), min_size=1,
+                         max_size=2, unique=True),
+       placement=st.sampled_from(["after_launch", "loop_top"]), plan_stream=st.booleans(),
+       seq_lens=st.booleans(), steps=st.integers(3, 45), warmup=st.integers(0, 6),
+       keys=st.lists(st.sampled_from(SWEPT), min_size=1, max_size=2, unique=True),
+       grid=st.data(), repeats=st.integers(1, 3),
+       workload=st.sampled_from(range(len(WORKLOADS))), accept=st.booleans(),
+       phase_body=st.one_of(st.none(), values))
+def test_every_run_of_a_random_grid_is_its_own_run_bit_for_bit(
+        algorithm, barriers, placement, plan_stream, seq_lens, steps, warmup, keys, grid,
+        repeats, workload, accept, phase_body):
+    phase = {"none": "decode"}.get(algorithm, "verify")
+    base = {"name": "grid", "algorithm": algorithm, "steps": steps,
+            "warmup_steps": min(warmup, steps - 3), "policy": {"placement": placement,
+                                                                "plan_stream": plan_stream,
+                                                                "needs_cpu_seq_lens": seq_lens}}
+    if WORKLOADS[workload] is not None:
+        base["workload"] = WORKLOADS[workload]
+    if accept:
+        base["accept"] = {"tokens": {"dist": "empirical", "values": [1, 2, 3, 4]}}
+    swept = {"policy.barrier": barriers}
+    for key in keys:
+        swept[key] = grid.draw(st.lists(values, min_size=1, max_size=3), label=key)
+    if phase_body is not None:
+        swept[f"phases.{phase}.body_us"] = [phase_body, 3000.0]
+    spec = {"base": base, "grid": swept, "repeats": repeats}
+    runs = load_sweep(spec).runs
+    got = simulate_many([run.config for run in runs])
+    for run, summary in zip(runs, got):
+        assert_same_summary(summary, simulate(run.config).summary)
+
+
+@pytest.mark.parametrize("variant", ["short", "noisy", "workload_bimodal", "loop_top_seq_lens"])
+def test_every_shipped_config_in_lockstep_is_its_own_run(variant):
+    """Every shipped config, in the exactness suite's variants, three seeds of each in one
+    lockstep batch."""
+    configs = [load_config(path, {**VARIANTS[variant], "seed": seed})
+               for path in CONFIG_FILES for seed in range(3)]
+    for cfg, summary in zip(configs, simulate_many(configs)):
+        assert_same_summary(summary, simulate(cfg).summary)
+
+
+def test_a_grid_runs_in_lockstep_and_its_constants_and_draws_are_per_run(monkeypatch):
+    """The groups really run together (one pass per batch), whatever each run's numbers."""
+    calls = []
+    real = lockstep.run_group
+    monkeypatch.setattr(lockstep, "run_group",
+                        lambda plans, *a: calls.append(len(plans)) or real(plans, *a))
+    spec = {"base": {"steps": 60, "warmup_steps": 5},
+            "grid": {"policy.barrier": ["coarse", "fine"],
+                     "cpu.schedule_us": [200.0, 900.0, DISTS[0]],
+                     "phases.verify.body_us": [3000.0, 5100.0]},
+            "repeats": 2}
+    runs = load_sweep(spec).runs
+    got = simulate_many([run.config for run in runs])
+    assert sorted(calls) == [4, 4, 8, 8]  # per barrier: constants (8 runs), a distribution (4)
+    for run, summary in zip(runs, got):
+        assert_same_summary(summary, simulate(run.config).summary)
+    assert len({s["cpu_blocked_us_mean"] for s in got}) > 8  # each run its own numbers
+
+
+def test_arrivals_and_the_simpy_engine_run_alone_with_their_own_summary():
+    arrivals = {"steps": 40, "warmup_steps": 3,
+                "workload": {"arrivals": {"rate_per_s": 700}, "max_batch": 8,
+                             "output_tokens": 9}}
+    configs = [load_config(None, {**arrivals, "seed": s}) for s in range(2)]
+    configs.append(load_config(None, {"steps": 30, "warmup_steps": 2, "engine": "simpy"}))
+    for cfg, summary in zip(configs, simulate_many(configs)):
+        assert_same_summary(summary, simulate(cfg).summary)
+
+
+def test_a_reduction_along_the_steps_is_each_runs_own_sum():
+    """The batched summary's sums: numpy sums each row of a 2-d array (a view of one too) as
+    it sums that row alone (pairwise), whatever its length."""
+    rng = np.random.default_rng(4)
+    for n in [*range(0, 40), 127, 128, 129, 1000, 8191, 8192, 8193, 20_001]:
+        x = rng.lognormal(5, 3, (9, n + 3))
+        for rows in (x, x[2:7, 1:n + 1], x[:, ::2][:, rng.random((n + 4) // 2) < 0.9]):
+            assert batched._sums(rows).tolist() == \
+                [float(np.add.reduce(np.array(r))) for r in rows], n
+
+
+def test_the_rules_over_arrays_are_the_rules_element_by_element():
+    rng = np.random.default_rng(2)
+    a = rng.choice([0.0, 1.0, 2.5, 7.0], 500)
+    b = rng.choice([0.0, 1.0, 2.5, 7.0], 500)
+    c = rng.choice([0.0, 0.5, 3.0], 500)
+    assert begins_many(a, b).tolist() == [begins(x, y) for x, y in zip(a, b)]
+    for same_stream in (False, True):
+        assert released_many(a, b, c, same_stream).tolist() == \
+            [released(x, y, z, same_stream) for x, y, z in zip(a, b, c)]
+    assert returns_many(a, c, b, c).tolist() == \
+        [returns(x, y, z, w) for x, y, z, w in zip(a, c, b, c)]
+    assert returns_many(a, c, None, c).tolist() == [returns(x, y, None, 0) for x, y in zip(a, c)]
+
+
+def test_a_minus_zero_duration_runs_alone():
+    configs = [load_config(None, {"steps": 20, "warmup_steps": 2, "gpu.result_copy_us": v})
+               for v in (-0.0, 0.0, 5.0)]
+    for cfg, summary in zip(configs, simulate_many(configs)):
+        assert_same_summary(summary, simulate(cfg).summary)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_lockstep_sweep_writes_the_run_files_and_table_of_runs_one_by_one(tmp_path, jobs):
+    spec = {"base": {"steps": 50, "warmup_steps": 4},
+            "grid": {"algorithm": ["eagle", "dspark"], "policy.barrier": ["none", "fine"],
+                     "cpu.schedule_us": [300.0, DISTS[0]]},
+            "repeats": 2}
+    frame = sweep(spec, tmp_path / "out", jobs=jobs)
+    plan = load_sweep(spec)
+    for run in plan.runs:
+        record = json.loads((tmp_path / "out" / "runs" / f"{run.run_key}.json").read_text())
+        assert record["summary"] == run_one(run.config)
+    rows = frame.set_index("run_id")
+    for run in plan.runs:
+        assert rows.loc[run.run_id, "step_us_mean"] == run_one(run.config)["step_us_mean"]
+    assert list(itertools.accumulate(frame.run_id))[-1] == sum(range(len(plan.runs)))
