@@ -28,7 +28,7 @@ import pytest
 from simwar.analysis.happens_before import Accesses, HbFacts, latent_races
 from simwar.analysis.hazards import candidate_pairs, detect
 from simwar.api import simulate
-from simwar.capture.accesses import capture_races, hb_facts
+from simwar.capture.accesses import capture_races
 from simwar.capture.mapping import load_mapping
 from simwar.capture.presets import import_capture, mapping_for
 from simwar.capture.synthetic import Style, write_kineto

@@ -5,7 +5,8 @@ shipped config, with a ``workload:`` section built here) written as a real serve
 (``simwar.capture.synthetic``, ``Style(names="sglang")``: ``scheduler.<stage>`` ranges, a
 ``decode bs=<B>`` range per step, one graph per bucket known by its kernels' launch dims, the
 result D2H a memcpy), with the record correlation ids each wait binds to, or without them as
-PyTorch 2.11 writes them (event ids only: ``simwar.capture.binding`` binds the waits). It is imported with no mapping (the preset is detected), fitted, and
+PyTorch 2.11 writes them (event ids only: ``simwar.capture.binding`` binds the waits). It is
+imported with no mapping (the preset is detected), fitted, and
 the fitted config's simulation (which replays the capture's batches) must infer the config's
 own barrier and reproduce the capture within the acceptance bounds, per graph bucket too. The
 probe's real H200 captures (PyTorch 2.11) must give their barrier from the event ids alone.

@@ -368,7 +368,7 @@ def test_fast_realizes_arrivals_without_building_the_program(monkeypatch):
 @settings(max_examples=25, deadline=None)
 @given(rate=st.sampled_from([60.0, 400.0, 3000.0]), max_batch=st.integers(1, 24),
        initial=st.integers(0, 3), noisy=st.booleans(), steps=st.integers(3, 60),
-       accept=st.sampled_from([2.0, [1.0, 2.5, 4.0], {"dist": "uniform", "low": 0.5,
+       accept=st.sampled_from([2.0, [1.0, 2.5, 4.0], {"dist": "uniform", "low": 1.0,
                                                       "high": 4}]),
        barrier=st.sampled_from(["none", "coarse", "fine"]), chunk=st.sampled_from([3, 1 << 15]))
 def test_the_run_that_realizes_arrivals_is_the_run_of_its_sizes(rate, max_batch, initial, noisy,

@@ -45,8 +45,16 @@ import sys
 from pathlib import Path
 
 from simwar import __version__
-from simwar.cli.common import (UserError, check_outputs, num, output_path, race_line, run_label,
-                               stall_lines)
+from simwar.cli.common import (
+    UserError,
+    bucket_lines,
+    check_outputs,
+    num,
+    output_path,
+    race_line,
+    run_label,
+    stall_lines,
+)
 from simwar.core.files import jsonable, write_bytes_atomic, write_text_atomic
 
 HELP = "import a torch.profiler (Kineto) trace and print its stall metrics"
@@ -151,7 +159,7 @@ def command(args) -> int:
         if value:
             output_path(value, option)
     # with --fit, --check may name the file -o writes: it checks the config just fitted
-    check_outputs([("capture", args.trace), ("mapping", args.mapping),
+    check_outputs([*(("capture", t) for t in args.trace), ("mapping", args.mapping),
                    ("config", None if args.fit else args.check)], outputs)
     check_items = _check_config(args) if args.check and not args.fit else None
     paths = [Path(t) for t in args.trace]
@@ -418,13 +426,7 @@ def _sizes_lines(r: dict) -> list[str]:
         for note in m.get("size_notes", []):
             lines.append(f"  sizes               {note}")
         lines.append(f"  batch               mean {f(s['batch_size_mean'])}")
-        lines.append("  per graph bucket    bucket  steps  step µs  fwd gap  GPU idle  CPU blocked"
-                     "  launch lead")
-        for b, v in s["by_bucket"].items():
-            lines.append(f"                      {b:>6}  {v['steps']:>5}  "
-                         f"{f(v['step_us_mean']):>7}  {f(v['fwd_gap_us_mean']):>7}  "
-                         f"{f(v['gpu_idle_us_mean']):>8}  {f(v['cpu_blocked_us_mean']):>11}  "
-                         f"{f(v['launch_lead_us_mean']):>11}")
+        lines += bucket_lines(s["by_bucket"])
     return lines
 
 

@@ -5,8 +5,9 @@
 - the costs files that ``run`` and ``compare`` read (:func:`costs_file_overrides`,
   :func:`costs_overrides`);
 - the numbers and stall lines that ``run`` and ``import`` print (:func:`num`,
-  :func:`run_label`, :func:`stall_lines`), the races line of ``import`` and ``races``
-  (:func:`race_line`), and :func:`clip_text` of ``explain`` and ``advise``'s tables;
+  :func:`run_label`, :func:`stall_lines`, :func:`bucket_lines`), the races line of
+  ``import`` and ``races`` (:func:`race_line`), and :func:`clip_text` of ``explain`` and
+  ``advise``'s tables;
 - the picture options of ``run`` and ``plot``: :func:`parse_window` (``--steps-window``) and
   :func:`save_figure`;
 - the output rule of every command that writes a file: :func:`output_path` (a file name
@@ -36,7 +37,8 @@ from pathlib import Path
 from simwar.core.files import NotAFileError, write_bytes_atomic, write_target
 
 __all__ = ["UserError", "costs_file_overrides", "costs_overrides", "read_costs_file", "num",
-           "run_label", "stall_lines", "race_line", "clip_text", "parse_window", "output_path",
+           "run_label", "stall_lines", "bucket_lines", "race_line", "clip_text", "parse_window",
+           "output_path",
            "check_outputs", "save_figure", "is_sweep_file", "load_measured", "RESULTS_FILE",
            "results_file", "read_results", "filter_rows"]
 
@@ -129,6 +131,19 @@ def run_label(name: str, overrides: list) -> str:
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and value == value and abs(value) != float("inf")
+
+
+def bucket_lines(by_bucket: dict) -> list[str]:
+    """The per graph bucket table of ``run`` and ``import`` (a summary's ``by_bucket``): the
+    gap before each forward and the GPU idle of the same window, which end with it."""
+    f = num
+    lines = ["  per graph bucket    bucket  steps  step µs  gap before  GPU idle  CPU blocked"
+             "  launch lead"]
+    for b, v in by_bucket.items():
+        lines.append(f"                      {b:>6}  {v['steps']:>5}  {f(v['step_us_mean']):>7}"
+                     f"  {f(v['fwd_gap_us_mean']):>10}  {f(v['gpu_idle_us_mean']):>8}"
+                     f"  {f(v['cpu_blocked_us_mean']):>11}  {f(v['launch_lead_us_mean']):>11}")
+    return lines
 
 
 def stall_lines(s: dict) -> list[str]:

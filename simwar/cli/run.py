@@ -21,7 +21,14 @@ import json
 import sys
 
 from simwar.cli import outputs
-from simwar.cli.common import UserError, costs_file_overrides, num, run_label, stall_lines
+from simwar.cli.common import (
+    UserError,
+    bucket_lines,
+    costs_file_overrides,
+    num,
+    run_label,
+    stall_lines,
+)
 from simwar.config.schema import ENGINES
 from simwar.core.files import jsonable
 
@@ -156,12 +163,7 @@ def workload_lines(s: dict) -> list[str]:
     if "by_bucket" not in s:
         return []
     f = num
-    lines = ["  per graph bucket    bucket  steps  step µs  gap before  GPU idle  CPU blocked"
-             "  launch lead"]
-    for b, v in s["by_bucket"].items():
-        lines.append(f"                      {b:>6}  {v['steps']:>5}  {f(v['step_us_mean']):>7}"
-                     f"  {f(v['fwd_gap_us_mean']):>10}  {f(v['gpu_idle_us_mean']):>8}"
-                     f"  {f(v['cpu_blocked_us_mean']):>11}  {f(v['launch_lead_us_mean']):>11}")
+    lines = bucket_lines(s["by_bucket"])
     if "requests_completed" in s:
         lines.append(
             f"  requests            {s['requests_completed']} completed, "
