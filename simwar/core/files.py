@@ -28,6 +28,8 @@ interrupt is lost and the program carries on. So while :func:`interrupts_noted` 
 also *noted*: an atomic write never commits after a noted interrupt
 (:func:`check_interrupt` raises ``KeyboardInterrupt`` again before the rename), a long
 writer can call it between chunks, and the context raises it at its end if nothing did.
+A caller that answers the interrupt itself (a sweep writes the results tables of the runs
+that finished, then stops) calls :func:`interrupt_handled` first.
 
 Imports: the standard library only (the GPU harness writes traces with it).
 """
@@ -98,6 +100,12 @@ def interrupts_noted() -> Iterator[None]:
         if _Interrupts.depth == 0:
             signal.signal(signal.SIGINT, _Interrupts.previous)
             _Interrupts.previous = None
+
+
+def interrupt_handled() -> None:
+    """Forget a noted interrupt: the caller caught it and writes what it decided to write
+    after it (a sweep's tables of the runs that finished); a later Ctrl-C is noted again."""
+    _Interrupts.noted = False
 
 
 def check_interrupt() -> None:
@@ -239,7 +247,8 @@ def stale_temporaries(directory: str | Path) -> list[Path]:
     return sorted(directory.glob(f".*{TMP_SUFFIX}")) if directory.is_dir() else []
 
 
-__all__ = ["TMP_SUFFIX", "NotAFileError", "atomic_file", "check_interrupt", "interrupts_noted",
+__all__ = ["TMP_SUFFIX", "NotAFileError", "atomic_file", "check_interrupt", "interrupt_handled",
+           "interrupts_noted",
            "stale_temporaries", "write_bytes_atomic", "write_target", "write_text_atomic"]
 
 
