@@ -61,6 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.critical_path import NoForward, critical_path, sentence
+    from simwar.api import explain  # lazy: start-up time of the CLI (the simulator)
+    from simwar.config import Config  # lazy: start-up time of the CLI (pydantic)
 
     if len(args.source) == 1:
         args.source = args.source[0]
@@ -72,11 +74,14 @@ def command(args) -> int:
         check_outputs([("input", s) for s in sources] + [("mapping", args.mapping)],
                       [("--timeline", args.timeline)])
     src = load_source(args.source, args.mapping, args.overrides, args.preset)
-    trace, what = src.trace, src.what
+    what = src.what
     steps = _parse_steps(args.steps) if args.steps else None
     try:
-        joined = src.collectives.late_of(src.rank) if src.collectives is not None else None
-        cp = critical_path(trace, steps, src.host_ranges, src.device_info, joined)
+        if isinstance(src.trace, Config):  # simulated once, streamed: any length fits
+            cp = explain(src.trace, steps)
+        else:
+            joined = src.collectives.late_of(src.rank) if src.collectives is not None else None
+            cp = critical_path(src.trace, steps, src.host_ranges, src.device_info, joined)
     except NoForward as e:
         if what.startswith("Kineto capture") and _simwar_export(Path(src.path)):
             raise UserError(f"{src.path}: a Chrome trace simwar exported for Perfetto "
@@ -144,8 +149,8 @@ def _parse_steps(text: str) -> tuple[int, int]:
 
 
 class Source(NamedTuple):
-    """What ``explain`` reads: the trace, its description, and for a capture its host ranges,
-    device facts and what it was read with."""
+    """What ``explain`` reads: the trace (a config's Config, simulated by the caller), its
+    description, and for a capture its host ranges, device facts and what it was read with."""
 
     trace: object
     what: str
@@ -161,8 +166,9 @@ class Source(NamedTuple):
 
 def load_source(path: str | list, mapping: str | None = None, overrides=(),
                 preset: str | None = None) -> Source:
-    """A :class:`Source` from a config (simulated), a saved simwar trace or a Kineto capture
-    (a list: per-rank captures).
+    """A :class:`Source` from a config (its Config, in ``trace``: simulated by the caller,
+    :func:`simwar.api.explain`; a tensor-parallel config's rank 0, simulated here), a saved
+    simwar trace or a Kineto capture (a list: per-rank captures).
 
     Told apart by content: a simwar trace's JSON starts with ``"format": "simwar.trace"``;
     other JSON is read as a Kineto capture; anything else as a YAML config.
@@ -192,21 +198,21 @@ def load_source(path: str | list, mapping: str | None = None, overrides=(),
     if preset and kind != "kineto":
         raise UserError(f"--preset: only for a Kineto capture; {p} is a {kind} file")
     if kind == "config":
-        # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
-        from simwar.api import simulate
-        from simwar.config import load_config, parse_override  # lazy: start-up time
+        # lazy: start-up time of the CLI (the config schema loads pydantic)
+        from simwar.config import load_config, parse_override
 
         cfg = load_config(str(p), dict(parse_override(o) for o in overrides))
         what = f"config {p} (simulated, {cfg.steps} steps)"
-        result = simulate(cfg)
-        if result.ranks:
-            # lazy: start-up time of the CLI (the analysis loads numpy)
+        if cfg.tp > 1:  # every rank simulated at once: rank 0's trace, the ranks' collectives
+            # lazy: start-up time of the CLI (the simulator; the analysis loads numpy)
             from simwar.analysis.ranks import Collectives
+            from simwar.api import simulate
 
+            result = simulate(cfg)
             return Source(result.ranks[0].trace, f"{what}, rank 0 of {cfg.tp}",
                           collectives=Collectives.of_traces([r.trace for r in result.ranks]),
                           path=str(p))
-        return Source(result.trace, what, path=str(p))
+        return Source(cfg, what, path=str(p))
     if kind == "trace":
         # lazy: start-up time of the CLI (numpy)
         from simwar.core.trace import Trace
@@ -320,10 +326,10 @@ def format_explain(cp, what: str, top: int = 8, notes=()) -> str:
     a, b = cp.steps
     lines = [_header(cp.trace, what)]
     lines += [f"  read with           {n}" for n in notes]
-    lines.append(f"  steps               {a}..{b} ({len(cp.periods)} explained, means per step)")
+    lines.append(f"  steps               {a}..{b} ({cp.n_steps} explained, means per step)")
     lines += _explained(cp, top)
     for bucket, sub in cp.by_bucket().items():
-        lines.append(f"  bucket {bucket:<12} {len(sub.periods)} steps explained")
+        lines.append(f"  bucket {bucket:<12} {sub.n_steps} steps explained")
         lines += _explained(sub, max(3, top // 2), indent="  ")
     return "\n".join(lines)
 
