@@ -204,9 +204,9 @@ def load_source(path: str | list, mapping: str | None = None, overrides=(),
         cfg = load_config(str(p), dict(parse_override(o) for o in overrides))
         what = f"config {p} (simulated, {cfg.steps} steps)"
         if cfg.tp > 1:  # every rank simulated at once: rank 0's trace, the ranks' collectives
-            # lazy: start-up time of the CLI (the simulator; the analysis loads numpy)
+            # lazy: start-up time of the CLI (the analysis loads numpy)
             from simwar.analysis.ranks import Collectives
-            from simwar.api import simulate
+            from simwar.api import simulate  # lazy: start-up time of the CLI (the simulator)
 
             result = simulate(cfg)
             return Source(result.ranks[0].trace, f"{what}, rank 0 of {cfg.tp}",
