@@ -11,15 +11,18 @@ import pytest
 from hypothesis import given, settings
 from programs import programs
 
-from simwar.api import resolve_sizes, simulate
-from simwar.config import load_config
+from simwar.api import resolve_sizes, simulate, trace_windows
+from simwar.config import ConfigError, load_config
 from simwar.core.trace import SCHEMAS
 from simwar.executors.engine import Engine
 from simwar.executors.fast import trace as T
 from simwar.executors.fast.plan import plan_config, plan_program
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+#: tensor-parallel configs run on the SimPy engine only: the trace mode refuses them
+#: (test_the_trace_mode_refuses_tensor_parallel_ranks)
+RANKS = [p for p in sorted((ROOT / "configs").glob("*.yaml")) if load_config(p).tp > 1]
+CONFIGS = [p for p in sorted((ROOT / "configs").glob("*.yaml")) if p not in RANKS]
 SHORT = {"steps": 40, "warmup_steps": 5}
 NOISY = {"steps": 60, "warmup_steps": 5,
          "cpu.schedule_us": {"dist": "lognormal", "mean": 900, "std": 300},
@@ -64,6 +67,12 @@ def check_config(path, overrides, chunk: int = 7, margin: int = 3) -> None:
 def test_windows_are_the_engines_trace_on_every_config(path):
     check_config(path, SHORT)
     check_config(path, NOISY, chunk=13, margin=0)
+
+
+@pytest.mark.parametrize("path", RANKS, ids=lambda p: p.stem)
+def test_the_trace_mode_refuses_tensor_parallel_ranks(path):
+    with pytest.raises(ConfigError, match="^engine: 'fast' runs one rank"):
+        trace_windows(load_config(path, SHORT))
 
 
 def test_windows_of_a_varying_and_an_arrivals_workload():
