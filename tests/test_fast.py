@@ -134,6 +134,17 @@ def test_fast_equals_simpy_on_every_shipped_config(path, variant):
     assert_same_run(*ref, fast.run(program))  # from the materialized Program
 
 
+@pytest.mark.parametrize("stem", ["dspark_fine_bimodal", "none_coarse_loop_top",
+                                  "dflash_legacy_host_sync"])
+def test_fast_equals_simpy_with_launch_ahead_two(stem):
+    cfg = load_config(CONFIGS / f"{stem}.yaml", {"steps": 60, "warmup_steps": 5,
+                                                 "policy.launch_ahead": 2, **NOISY})
+    program = build_program(cfg)
+    ref = reference(program)
+    assert_same_run(*ref, fast.run_config(cfg, resolve_sizes(cfg)))
+    assert_same_run(*ref, fast.run(program))
+
+
 def test_simulate_engines_agree_on_every_result_field():
     a = simwar.simulate(CONFIGS / "dspark_none.yaml", {"steps": 120}, engine="simpy")
     b = simwar.simulate(CONFIGS / "dspark_none.yaml", {"steps": 120}, engine="fast")

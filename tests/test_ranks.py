@@ -139,6 +139,9 @@ def test_the_shipped_config_finds_its_slow_rank_and_its_what_ifs_move_the_step()
     assert block["tp_step_us_mean"] > base["tp_step_us_mean"]
     late = simulate(SHIPPED, {**SHORT, "ranks.at": "launch"}).summary
     assert late["rank0_device_wait_us_mean"] > 0 == base["rank0_device_wait_us_mean"]
+    ahead = simulate(SHIPPED, {**SHORT, "policy.launch_ahead": 2}).summary
+    assert ahead["launch_ahead_mean"] > 1.5 > base["launch_ahead_mean"]
+    assert ahead["tp_step_us_mean"] < base["tp_step_us_mean"]
 
 
 def test_ranks_run_on_the_reference_engine_only():

@@ -18,7 +18,9 @@ One scheduler iteration ``k`` issues, in order:
 6. process the result of step k-1: ``copy_done[k-1].synchronize()``, CPU
    work, result-processing writes (radix insert, frees) on the schedule stream.
 
-A final drain processes the last result.
+A final drain processes the last result. ``policy.launch_ahead: 2`` (a what-if) processes
+the result of step k-2 instead, so the host launches up to two forwards ahead; the drain
+then processes the last two.
 
 Durations come from one generator seeded by ``config.seed``: each distribution is
 drawn in a single call holding all of its uses in program order (distributions in order
@@ -309,12 +311,14 @@ class LoopBuilder:
         if pol.placement == "after_launch":
             self.policy.fence(self, k)
         self.cpu("post_launch", cfg.cpu.post_launch_us, k)
-        if k > 0:
-            self.process_result(k - 1, k)
+        depth = pol.launch_ahead
+        if k >= depth:
+            self.process_result(k - depth, k)
 
     def drain(self, k: int) -> None:
         self.ops.append(StepMarker(k))
-        self.process_result(k - 1, k)
+        for j in range(max(0, k - self.cfg.policy.launch_ahead), k):
+            self.process_result(j, k)
 
     def schedule_writes(self, k: int) -> None:
         gpu = self.cfg.gpu

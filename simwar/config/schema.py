@@ -261,6 +261,9 @@ class Policy(_Strict):
     plan_stream: bool = False
     needs_cpu_seq_lens: bool = False
     publish_phase: str = "auto"
+    #: forwards the loop launches before processing a result (1: SGLang's overlap loop,
+    #: step k-1's result in iteration k; 2: a what-if, step k-2's)
+    launch_ahead: int = Field(default=1, ge=1, le=2)
 
     @field_validator("barrier")
     @classmethod
