@@ -100,8 +100,15 @@ def step_columns(trace: Trace) -> dict[str, np.ndarray]:
     row = np.searchsorted(steps, markers.step[rb])
     ok = (row < len(steps)) & (steps[np.minimum(row, len(steps) - 1)] == markers.step[rb])
     launch[row[ok]] = markers.time_us[rb][ok]
+    done = None
+    rd = np.flatnonzero(markers.name == trace.code("result_done"))
+    if len(rd):  # a run with requests: the host instant each result was processed
+        done = np.full(len(steps), np.nan)
+        row = np.searchsorted(steps, markers.step[rd])
+        ok = (row < len(steps)) & (steps[np.minimum(row, len(steps) - 1)] == markers.step[rd])
+        done[row[ok]] = markers.time_us[rd][ok]
     return columns_from_arrays(steps, start, end, busy, dep, by_site, launch,
-                               StepFacts(trace.meta))
+                               StepFacts(trace.meta), done)
 
 
 def tokens(meta: dict) -> float:
@@ -149,7 +156,8 @@ class StepFacts:
 
 def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
                         busy: np.ndarray, dep: np.ndarray, blocked: dict[str, np.ndarray],
-                        launch: np.ndarray, facts: StepFacts) -> dict[str, np.ndarray]:
+                        launch: np.ndarray, facts: StepFacts,
+                        done: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The per-step columns from per-step facts; every executor's table is assembled here.
 
     Per row (a step with forward kernels, ascending): forward start and end, the time the
@@ -187,6 +195,8 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     out["launch_us"] = launch
     out["launch_lead_us"] = end - _next(launch)
     out["launch_ahead"] = launch_ahead_depth(end, launch)
+    if done is not None:  # a run with requests: when the host had processed each result
+        out["result_done_us"] = done
     per_step = facts(np.asarray(steps))
     if start.ndim == 2:  # the same for every run of a lockstep group
         per_step = {k: np.broadcast_to(v, start.shape) for k, v in per_step.items()}

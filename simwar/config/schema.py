@@ -218,6 +218,10 @@ class Policy(_Strict):
     plan_stream: bool = False
     needs_cpu_seq_lens: bool = False
     publish_phase: str = "auto"
+    #: SGLang's overlap loop (``event_loop_overlap``: step k's result is processed after
+    #: step k+1 is launched); ``false``: its normal loop (``event_loop_normal``: the result
+    #: of step k is processed before step k+1 is scheduled; no barrier, no run-ahead)
+    overlap: bool = True
 
     @field_validator("barrier")
     @classmethod
@@ -392,6 +396,85 @@ def buckets_of(batch, buckets: list[int] | None,
     return b[idx]
 
 
+class ClosedLoop(_Strict):
+    """``concurrency`` requests in flight: each finished request is replaced by a new one,
+    which arrives when the host has processed the finishing step's result (the benchmark
+    setting of most published serving comparisons)."""
+
+    concurrency: int = Field(ge=1)
+
+
+class TokenCost(_Strict):
+    """A duration of a prefill step: ``base + per_token * tokens`` for a step that prefills
+    ``tokens`` > 0 prompt tokens, nothing for a step that prefills none."""
+
+    base: float = Field(default=0.0, ge=0)
+    per_token: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _number(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError(f"expected a number of µs or {{base, per_token}}, got {v!r}")
+        if isinstance(v, (int, float)):
+            return {"base": v}
+        return v
+
+    def value(self, tokens):
+        """The duration at ``tokens`` prompt tokens (a scalar or a numpy array)."""
+        import numpy as np  # lazy: loading a config needs no numpy
+
+        t = np.asarray(tokens, dtype=float)
+        return np.where(t > 0, self.base + self.per_token * t, 0.0)
+
+
+class Prefill(_Strict):
+    """The prefill of requests with prompts (``workload.prompt_tokens``), as SGLang's chunked
+    prefill mixed into decode (``--enable-mixed-chunk``, ``--chunked-prefill-size``): each
+    step prefills up to ``chunk_tokens`` prompt tokens of the requests waiting for prefill,
+    first come first served, in the same forward as the decode batch. ``forward_us``: the
+    prefill part of the forward (one kernel on the forward stream, before the decode phases);
+    ``host_us``: the host's extra work to prepare it; ``graph``: ``eager`` (a kernel launch)
+    or ``piecewise`` (a graph launch: SGLang's piecewise CUDA graph for extend). See
+    docs/design.md, "Prefill"."""
+
+    chunk_tokens: int = 8192
+    forward_us: TokenCost
+    host_us: TokenCost = Field(default_factory=TokenCost)
+    graph: Literal["eager", "piecewise"] = "eager"
+    reads: list[str] = Field(default_factory=lambda: ["req_to_token"])
+
+    @field_validator("chunk_tokens", mode="before")
+    @classmethod
+    def _chunk(cls, v: Any) -> Any:
+        if not _positive_int(v):
+            raise ValueError(f"prefill.chunk_tokens: a positive number of tokens per step, "
+                             f"got {v!r}")
+        return int(v)
+
+
+#: the metrics an SLO may bound (``slo:``, ``--slo``): the per-request column of each
+SLO_METRICS = {"ttft": "request_ttft_us", "ttft_forward": "request_ttft_forward_us",
+               "tpot": "request_tpot_us", "itl": "request_itl_us",
+               "latency": "request_latency_us"}
+
+
+def _slo(v: Any) -> Any:
+    if v is None:
+        return v
+    if not isinstance(v, dict) or not v:
+        raise ValueError(f"expected a mapping of metric: µs ({', '.join(SLO_METRICS)}), "
+                         f"got {v!r}")
+    out = {}
+    for k, x in v.items():
+        if k not in SLO_METRICS:
+            raise ValueError(f"slo.{k}: not a request metric (one of {', '.join(SLO_METRICS)})")
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:
+            raise ValueError(f"slo.{k}: a bound in µs > 0, got {x!r}")
+        out[k] = float(x)
+    return out
+
+
 class Workload(_Strict):
     """What changes from step to step: the batch, its graph bucket, arriving requests.
 
@@ -411,17 +494,23 @@ class Workload(_Strict):
     graph_buckets: list | None = None
     arrivals: Arrivals | None = None
     output_tokens: Any = None
+    #: prompt length of each arriving request (a number or a distribution; needs a
+    #: ``prefill:`` section): the request is prefilled before it decodes
+    prompt_tokens: Any = None
+    #: a closed loop: ``concurrency`` requests in flight, a new one arriving as one finishes
+    closed_loop: ClosedLoop | None = None
     max_batch: int | None = None
     initial_batch: int = Field(default=0, ge=0)
     _file_sizes: list[int] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check(self) -> Workload:
-        sources = [k for k in ("batch_sizes", "batch_sizes_file", "batch_size", "arrivals")
-                   if getattr(self, k) is not None]
+        sources = [k for k in ("batch_sizes", "batch_sizes_file", "batch_size", "arrivals",
+                               "closed_loop") if getattr(self, k) is not None]
         if len(sources) > 1:
             raise ValueError(f"workload: {' and '.join(sources)}: give one batch source "
-                             f"(batch_sizes, batch_sizes_file, batch_size or arrivals)")
+                             f"(batch_sizes, batch_sizes_file, batch_size, arrivals or "
+                             f"closed_loop)")
         buckets = self.graph_buckets
         if buckets is not None:
             if not buckets:
@@ -472,16 +561,29 @@ class Workload(_Strict):
             else:
                 raise ValueError(_batch_error("workload.batch_size", v) +
                                  " (or a distribution {dist: ...})")
-        arrival_keys = [k for k in ("output_tokens", "max_batch") if getattr(self, k) is not None]
+        arrival_keys = [k for k in ("output_tokens", "max_batch", "prompt_tokens")
+                        if getattr(self, k) is not None]
         if self.initial_batch:
             arrival_keys.append("initial_batch")
-        if self.arrivals is None:
+        if self.arrivals is None and self.closed_loop is None:
             if arrival_keys:
-                raise ValueError(f"workload.{arrival_keys[0]}: only used with arrivals")
+                raise ValueError(f"workload.{arrival_keys[0]}: only used with arrivals or "
+                                 f"closed_loop")
             return self
+        if self.closed_loop is not None:
+            n = self.closed_loop.concurrency
+            if self.initial_batch:
+                raise ValueError("workload.initial_batch: not used with closed_loop (its "
+                                 "concurrency requests arrive at the start)")
+            if self.max_batch is None:
+                object.__setattr__(self, "max_batch", n)
+            elif _positive_int(self.max_batch) and self.max_batch < n:
+                raise ValueError(f"workload.max_batch: {self.max_batch} is below "
+                                 f"closed_loop.concurrency ({n})")
+        where = "arrivals" if self.arrivals is not None else "closed_loop"
         for key in ("output_tokens", "max_batch"):
             if getattr(self, key) is None:
-                raise ValueError(f"workload.arrivals: needs workload.{key}")
+                raise ValueError(f"workload.{where}: needs workload.{key}")
         if not _positive_int(self.max_batch):
             raise ValueError(f"workload.max_batch: a positive integer, got {self.max_batch!r}")
         if self.initial_batch > self.max_batch:
@@ -502,6 +604,18 @@ class Workload(_Strict):
                 raise ValueError(f"workload.output_tokens: a positive integer or a "
                                  f"distribution {{dist: ...}}, got {out!r}")
             object.__setattr__(self, "output_tokens", int(out))
+        prompt = self.prompt_tokens
+        if isinstance(prompt, dict):
+            try:
+                prompt = Dist(**prompt)
+            except ValidationError as e:
+                raise ValueError(f"workload.prompt_tokens: {first_error(e)}") from None
+            object.__setattr__(self, "prompt_tokens", prompt)
+        elif prompt is not None and not isinstance(prompt, Dist):
+            if not _positive_int(prompt):
+                raise ValueError(f"workload.prompt_tokens: a positive integer or a "
+                                 f"distribution {{dist: ...}}, got {prompt!r}")
+            object.__setattr__(self, "prompt_tokens", int(prompt))
         return self
 
     def _check_buckets(self, sizes: list[int], where: str | Callable[[int], str]) -> None:
@@ -510,10 +624,13 @@ class Workload(_Strict):
 
     @property
     def source(self) -> str:
-        """``batch_sizes``, ``batch_sizes_file``, ``batch_size``, ``arrivals`` or ``constant``."""
+        """``batch_sizes``, ``batch_sizes_file``, ``batch_size``, ``arrivals`` (requests that
+        arrive: an open Poisson process or a closed loop) or ``constant``."""
         for key in ("batch_sizes", "batch_sizes_file", "batch_size", "arrivals"):
             if getattr(self, key) is not None:
                 return key
+        if self.closed_loop is not None:
+            return "arrivals"
         return "constant"
 
     def file_sizes(self) -> list[int]:
@@ -545,6 +662,11 @@ class Config(_Strict):
     workload: Workload | None = None
     #: the executor (one of :data:`ENGINES`)
     engine: Literal[ENGINES] = "auto"
+    #: the prefill of requests with prompts (``workload.prompt_tokens``)
+    prefill: Prefill | None = None
+    #: service-level objectives per request, in µs (``{ttft: 200000, tpot: 30000}``): the
+    #: summary adds the goodput (requests/s meeting every bound) and the share meeting them
+    slo: Annotated[dict | None, BeforeValidator(_slo)] = None
 
     @model_validator(mode="after")
     def _resolve(self) -> Config:
@@ -567,6 +689,15 @@ class Config(_Strict):
                 and self.batch_size > wl.graph_buckets[-1]:
             raise ValueError(f"batch_size: {self.batch_size} is above the largest graph bucket "
                              f"({wl.graph_buckets[-1]})")
+        prompts = wl is not None and wl.prompt_tokens is not None
+        if prompts and self.prefill is None:
+            raise ValueError("workload.prompt_tokens: needs a prefill: section (at least "
+                             "prefill.forward_us, the prefill forward's duration)")
+        if self.prefill is not None and not prompts:
+            raise ValueError("prefill: only used with workload.prompt_tokens")
+        if self.slo is not None and (wl is None or wl.source != "arrivals"):
+            raise ValueError("slo: only used with requests (workload.arrivals or "
+                             "workload.closed_loop)")
         check_affine(self)
         return self
 
@@ -717,6 +848,6 @@ def _unique(names: list[str]) -> None:
         seen.add(n)
 
 
-__all__ = ["ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "Affine", "Config", "ConfigError",
-           "Dist", "Duration", "Phase", "Policy", "Workload", "buckets_of", "duration_keys",
-           "first_error"]
+__all__ = ["ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "SLO_METRICS", "Affine",
+           "ClosedLoop", "Config", "ConfigError", "Dist", "Duration", "Phase", "Policy", "Prefill",
+           "TokenCost", "Workload", "buckets_of", "duration_keys", "first_error"]

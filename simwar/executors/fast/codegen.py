@@ -203,6 +203,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             dev += 1
         elif kind == "run_batch":
             emit(f"LA[{step_index(h[1])}] = t")
+        elif kind == "result_done":  # the host instant a result has been processed
+            emit(f"RD[{step_index(h[1])}] = t")
         else:  # pragma: no cover
             raise AssertionError(kind)
     # record times kept for later segments
@@ -222,7 +224,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src(f"{var} = TL.get({lane!r}, 0.0)", 1)
     for d in range(1, depth + 1):
         src(f"H{d} = S.hist[{d - 1}]", 1)
-    src("FS = S.fs; FE = S.fe; LA = S.launch", 1)
+    src("FS = S.fs; FE = S.fe; LA = S.launch; RD = S.done", 1)
     for n, site in enumerate(sites):
         src(f"B{n} = S.blocked[{site!r}]", 1)
     if collect:

@@ -179,8 +179,8 @@ class _Shaper:
                 num(op.wake_us)
                 dev.append(DeviceOp(OpKind.SYNC, "cpu", off, op.event, bind=bind))
             elif kind is Marker:
-                if op.name == "run_batch":
-                    host.append(("run_batch", op.step - base))
+                if op.name in ("run_batch", "result_done"):
+                    host.append((op.name, op.step - base))
             elif kind is StepMarker:
                 pass
             else:
