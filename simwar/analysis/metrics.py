@@ -316,8 +316,10 @@ def summarize(df, meta: dict, hazards=None) -> dict:
     m = {name: col[keep] for name, col in cols.items()}
     wl = meta.get("workload")
     if wl and wl.get("requests") is not None:
-        lat, queue = request_latencies(wl["requests"], m["step"], m["fwd_end_us"])
-        m["request_latency_us"], m["request_queue_us"] = lat, queue
+        req = wl["requests"]
+        # first tokens may come from any step (the warm-up's too): the whole table
+        first = first_tokens(req, cols["step"], cols["fwd_end_us"], cols.get("result_done_us"))
+        m.update(request_columns(req, m["step"], m["fwd_end_us"], first, meta.get("slo")))
     valid: dict[str, np.ndarray] = {}
 
     def value(key: Key):
@@ -389,13 +391,85 @@ def request_latencies(req: dict, steps: np.ndarray, fwd_end: np.ndarray) -> \
     finish = np.asarray(req["finish_step"], dtype=np.int64)
     if len(steps) == 0 or len(finish) == 0:
         return np.zeros(0), np.zeros(0)
-    row = np.searchsorted(steps, finish)
-    ok = (finish >= 0) & (row < len(steps))
-    ok[ok] = steps[row[ok]] == finish[ok]
+    ok, row = _rows_of(finish, steps)
     admit = np.asarray(req["admit_us"], dtype=np.float64)[ok]
     lat = fwd_end[row[ok]] - admit
     queue = admit - np.asarray(req["arrival_us"], dtype=np.float64)[ok]
     return lat, queue
+
+
+def _rows_of(step_of: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per request, whether its step (``step_of``) is a row of ``steps``, and the row."""
+    row = np.searchsorted(steps, step_of)
+    ok = (step_of >= 0) & (row < len(steps))
+    ok[ok] = steps[row[ok]] == step_of[ok]
+    return ok, row
+
+
+def first_tokens(req: dict, steps: np.ndarray, fwd_end: np.ndarray, done: np.ndarray | None,
+                 into: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
+    """Per request (all of them, in request order): the end of the forward that produced its
+    first token and the host instant its result was processed, for the requests whose first
+    token's step is one of ``steps`` (NaN for the others; ``into``: arrays to fill)."""
+    first = np.asarray(req.get("first_step", req["admit_step"]), dtype=np.int64)
+    if into is None:
+        into = (np.full(len(first), np.nan), np.full(len(first), np.nan))
+    if len(steps) and len(first):
+        ok, row = _rows_of(first, steps)
+        into[0][ok] = fwd_end[row[ok]]
+        if done is not None:
+            into[1][ok] = done[row[ok]]
+    return into
+
+
+def request_columns(req: dict, steps: np.ndarray, fwd_end: np.ndarray,
+                    first: tuple[np.ndarray, np.ndarray], slo: dict | None = None) -> dict:
+    """The per-request columns of the requests finished in ``steps`` (in request order):
+    ``request_latency_us`` (admission to the last token's forward end), ``request_queue_us``
+    (arrival to admission), ``request_ttft_forward_us`` (arrival to the end of the forward
+    that produced the first token), ``request_ttft_us`` (arrival to that step's result
+    processed on the host: what a client sees), ``request_tpot_us`` (first to last token's
+    forward end, per further output token), ``request_itl_us`` (the same per decode step:
+    the gap between two emissions), and with an ``slo`` (metric -> µs bound,
+    :data:`simwar.config.schema.SLO_METRICS`) ``request_slo_met`` (1.0 when every bound
+    holds). ``first``: :func:`first_tokens` of every request."""
+    finish = np.asarray(req["finish_step"], dtype=np.int64)
+    if len(steps) == 0 or len(finish) == 0:
+        out = {c: np.zeros(0) for c in REQUEST_COLUMNS}
+        if slo:
+            out["request_slo_met"] = np.zeros(0)
+        return out
+    ok, row = _rows_of(finish, steps)
+    last = fwd_end[row[ok]]
+    arrival = np.asarray(req["arrival_us"], dtype=np.float64)[ok]
+    admit = np.asarray(req["admit_us"], dtype=np.float64)[ok]
+    f_end, f_done = first[0][ok], first[1][ok]
+    first_step = np.asarray(req.get("first_step", req["admit_step"]), dtype=np.int64)[ok]
+    tokens = np.asarray(req["output_tokens"], dtype=np.float64)[ok]
+    decode_steps = (finish[ok] - first_step).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(tokens > 1, (last - f_end) / (tokens - 1), np.nan)
+        itl = np.where(decode_steps > 0, (last - f_end) / decode_steps, np.nan)
+    out = {"request_latency_us": last - admit, "request_queue_us": admit - arrival,
+           "request_ttft_forward_us": f_end - arrival, "request_ttft_us": f_done - arrival,
+           "request_tpot_us": tpot, "request_itl_us": itl}
+    if slo:
+        met = np.ones(len(last), dtype=bool)
+        for metric, bound in slo.items():
+            x = out[SLO_COLUMNS[metric]]
+            met &= ~(x > bound)  # NaN (no such figure, e.g. TPOT of one token) meets it
+        out["request_slo_met"] = met.astype(np.float64)
+    return out
+
+
+#: the per-request columns of :func:`request_columns` (without the SLO's)
+REQUEST_COLUMNS = ("request_latency_us", "request_queue_us", "request_ttft_forward_us",
+                   "request_ttft_us", "request_tpot_us", "request_itl_us")
+#: an SLO's metric -> its column (:data:`simwar.config.schema.SLO_METRICS`, repeated here:
+#: analysis does not import config; tests/test_prefill.py holds them equal)
+SLO_COLUMNS = {"ttft": "request_ttft_us", "ttft_forward": "request_ttft_forward_us",
+               "tpot": "request_tpot_us", "itl": "request_itl_us",
+               "latency": "request_latency_us"}
 
 
 def hazard_counts(hazards, steps: np.ndarray) -> dict:

@@ -314,6 +314,8 @@ class LoopBuilder:
         }
         if not self.overlap:
             out["overlap"] = False
+        if cfg.slo:
+            out["slo"] = dict(cfg.slo)
         out.update(sizes_meta(self.sizes))
         return out
 
