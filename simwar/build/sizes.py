@@ -206,7 +206,9 @@ class ArrivalProcess:
         self.bucket_at = buckets_of(np.arange(self.max_batch + 1), sizes.buckets,
                                     "workload.max_batch").tolist()
         self.closed = wl.closed_loop is not None
-        self.gap_us = 1e6 / wl.arrivals.rate_per_s if not self.closed else math.inf
+        self.trace = wl.arrivals.trace if wl.arrivals is not None else None
+        self.gap_us = 1e6 / wl.arrivals.rate_per_s if not self.closed and self.trace is None \
+            else math.inf
         self.output = wl.output_tokens
         self.prompt = wl.prompt_tokens
         self.prefill = cfg.prefill
@@ -246,11 +248,17 @@ class ArrivalProcess:
     def _gap(self) -> float:
         if self.closed:  # a closed loop's requests arrive as others leave
             return math.inf
+        if self.trace is not None:  # the next request of the trace, or none
+            i = len(self.arrival)
+            times = self.trace.arrival_us
+            return float(times[i]) if i < len(times) else math.inf
         if not self._gaps:
             self._gaps = self._arr_rng.exponential(self.gap_us, CHUNK).tolist()[::-1]
         return self.last_arrival + self._gaps.pop()
 
-    def _output(self) -> int:
+    def _output(self, rid: int) -> int:
+        if self.trace is not None:
+            return int(self.trace.output_tokens[rid])
         if isinstance(self.output, int):
             return self.output
         if not self._outs:
@@ -258,7 +266,10 @@ class ArrivalProcess:
             self._outs = np.maximum(1, np.ceil(draws)).astype(np.int64).tolist()[::-1]
         return self._outs.pop()
 
-    def _prompt(self) -> int:
+    def _prompt(self, rid: int) -> int:
+        if self.trace is not None:
+            p = self.trace.prompt_tokens
+            return 0 if p is None else int(p[rid])
         if self.prompt is None:
             return 0
         if isinstance(self.prompt, int):
@@ -270,9 +281,9 @@ class ArrivalProcess:
 
     def _new(self, t: float) -> None:
         rid = len(self.arrival)
+        self.out_tokens.append(self._output(rid))
+        self.prompt_tokens.append(self._prompt(rid))
         self.arrival.append(t)
-        self.out_tokens.append(self._output())
-        self.prompt_tokens.append(self._prompt())
         self.first.append(-1)
         self.admit_step.append(-1)
         self.admit_us.append(math.nan)

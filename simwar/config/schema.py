@@ -310,10 +310,48 @@ class Accept(_Strict):
 
 
 # --------------------------------------------------------------------------- workload
-class Arrivals(_Strict):
-    """Requests arriving as a Poisson process of ``rate_per_s`` requests per second."""
+class ArrivalTrace(_Strict):
+    """Requests as they arrived (a server's log): each one's arrival time (µs from the run's
+    start, non-decreasing), output tokens and, optionally, prompt tokens."""
 
-    rate_per_s: float = Field(gt=0)
+    arrival_us: list[float]
+    output_tokens: list[int]
+    prompt_tokens: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ArrivalTrace:
+        n = len(self.arrival_us)
+        if not n:
+            raise ValueError("workload.arrivals.trace.arrival_us: empty (one time per request)")
+        for key in ("output_tokens", "prompt_tokens"):
+            v = getattr(self, key)
+            if v is not None and len(v) != n:
+                raise ValueError(f"workload.arrivals.trace.{key}: {len(v)} values for {n} "
+                                 f"arrivals")
+            for i, x in enumerate(v or ()):
+                if not x >= 1:
+                    raise ValueError(f"workload.arrivals.trace.{key}.{i}: a positive number "
+                                     f"of tokens, got {x!r}")
+        t = self.arrival_us
+        for i in range(n):
+            if not (math.isfinite(t[i]) and t[i] >= 0 and (i == 0 or t[i] >= t[i - 1])):
+                raise ValueError(f"workload.arrivals.trace.arrival_us.{i}: arrival times are "
+                                 f"finite, >= 0 and non-decreasing, got {t[i]!r}")
+        return self
+
+
+class Arrivals(_Strict):
+    """Requests arriving as a Poisson process of ``rate_per_s`` requests per second, or as
+    a ``trace`` gives them (:class:`ArrivalTrace`)."""
+
+    rate_per_s: float | None = Field(default=None, gt=0)
+    trace: ArrivalTrace | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Arrivals:
+        if (self.rate_per_s is None) == (self.trace is None):
+            raise ValueError("workload.arrivals: give rate_per_s or trace (one of them)")
+        return self
 
 
 def _positive_int(x: Any) -> bool:
@@ -581,7 +619,13 @@ class Workload(_Strict):
                 raise ValueError(f"workload.max_batch: {self.max_batch} is below "
                                  f"closed_loop.concurrency ({n})")
         where = "arrivals" if self.arrivals is not None else "closed_loop"
-        for key in ("output_tokens", "max_batch"):
+        traced = self.arrivals is not None and self.arrivals.trace is not None
+        if traced:
+            for key in ("output_tokens", "prompt_tokens", "initial_batch"):
+                if getattr(self, key):
+                    raise ValueError(f"workload.{key}: not with arrivals.trace (the trace "
+                                     f"gives each request)")
+        for key in ("max_batch",) if traced else ("output_tokens", "max_batch"):
             if getattr(self, key) is None:
                 raise ValueError(f"workload.{where}: needs workload.{key}")
         if not _positive_int(self.max_batch):
@@ -593,6 +637,8 @@ class Workload(_Strict):
             raise ValueError(f"workload.max_batch: {self.max_batch} is above the largest graph "
                              f"bucket ({self.graph_buckets[-1]})")
         out = self.output_tokens
+        if traced:
+            return self
         if isinstance(out, dict):
             try:
                 out = Dist(**out)
@@ -617,6 +663,13 @@ class Workload(_Strict):
                                  f"distribution {{dist: ...}}, got {prompt!r}")
             object.__setattr__(self, "prompt_tokens", int(prompt))
         return self
+
+    @property
+    def has_prompts(self) -> bool:
+        """Whether requests come with prompts (``prompt_tokens``, or a trace's)."""
+        trace = self.arrivals.trace if self.arrivals is not None else None
+        return self.prompt_tokens is not None or (trace is not None
+                                                  and trace.prompt_tokens is not None)
 
     def _check_buckets(self, sizes: list[int], where: str | Callable[[int], str]) -> None:
         if self.graph_buckets:
@@ -689,7 +742,7 @@ class Config(_Strict):
                 and self.batch_size > wl.graph_buckets[-1]:
             raise ValueError(f"batch_size: {self.batch_size} is above the largest graph bucket "
                              f"({wl.graph_buckets[-1]})")
-        prompts = wl is not None and wl.prompt_tokens is not None
+        prompts = wl is not None and wl.has_prompts
         if prompts and self.prefill is None:
             raise ValueError("workload.prompt_tokens: needs a prefill: section (at least "
                              "prefill.forward_us, the prefill forward's duration)")
@@ -747,8 +800,8 @@ def _size_range(cfg: Config) -> list[int] | None:
         return sorted(set(wl.batch_sizes))
     if src == "batch_sizes_file":
         return sorted(set(wl.file_sizes()))
-    if src == "arrivals":
-        return list(range(1, wl.max_batch + 1))
+    if src == "arrivals":  # with prompts a step may prefill while no request decodes
+        return list(range(0 if wl.has_prompts else 1, wl.max_batch + 1))
     d = wl.batch_size
     if isinstance(d, int):
         return [d]
