@@ -51,10 +51,12 @@ import numpy as np
 from simwar.api import simulate
 from simwar.fit.server_check import (
     DEFAULT_DIR,
+    HOST_SPEED_MAX,
     MAX_BATCH,
     ServerDataError,
     _output_tokens,
     fit_sweep,
+    host_line,
     read_metrics,
 )
 
@@ -208,6 +210,24 @@ def what_if(fit_config: dict, prefill: dict, metrics: dict) -> dict:
             "steps": steps, "warmup_steps": steps // 10 if warm is None else int(warm)}
 
 
+def host_speed(metrics: dict, line: tuple[float, float] | None) -> float:
+    """How much slower the repeat's host ran than the sweep's (NaN: unknown): its unpadded
+    host work (prepare, launch, barrier) over the sweep's line at the same batches, on the
+    steps that prefill nothing (:func:`simwar.fit.server_check.host_speed`'s rule, whose
+    steps a prefill's launch would lengthen)."""
+    st, s = metrics.get("steps"), metrics.get("summary", {})
+    if line is None or not st or "t_barrier_us" not in st:
+        return math.nan
+    lo, hi = int(s.get("warmup", 0)), int(s.get("steps", len(st["batch"]))) - 1
+    batch = np.asarray(st["batch"], dtype=float)[lo:hi]
+    other = (np.asarray(st["t_barrier_us"], dtype=float)
+             - np.asarray(st["t_batch_us"], dtype=float))[lo:hi]
+    ok = np.isfinite(other) & (batch > 0) & (np.asarray(st["prefill_tokens"])[lo:hi] == 0)
+    if not ok.any():
+        return math.nan
+    return float(other[ok].sum() / (line[0] + line[1] * batch[ok]).sum())
+
+
 def measured(metrics: dict) -> dict:
     """One repeat's figures, by the simulator's rules (measured steps: warm-up to the
     second-last; requests whose last token's step is measured)."""
@@ -249,18 +269,23 @@ def evaluate(folder: Path | None = None) -> dict:
     if not cases:
         raise ServerDataError(f"{folder}: no prefill_*.metrics.json[.gz] (the prefill cases: "
                               f"python -m simwar.harness.server OUT --suite prefill)")
-    fit, _, _ = fit_sweep(folder)
+    fit, timed, _ = fit_sweep(folder)
+    line = host_line(read_metrics(timed)) if timed is not None else None
     config, raised = at_batch_zero(fit.config)
     pf = prefill_model(folder, fit.host_scale, fit.scale)
     out = {"fit": {"scale": fit.scale, "host_scale": fit.host_scale, "prefill": pf,
                    "raised_at_batch_zero": raised}, "cases": {}, "signs": {}}
     for (load, loop), repeats in cases.items():
         # each repeat is predicted with its own requests (a closed loop: its own seed)
+        speeds = [host_speed(r, line) for r in repeats]
+        # a repeat whose host ran slower than the sweep's is reported, not judged (the fit
+        # knows one host speed: simwar.fit.server_check)
+        judged = [r for r, v in zip(repeats, speeds) if not v > HOST_SPEED_MAX] or repeats
         sims = [predicted(simulate(config, {**what_if(config, pf["section"], r),
                                             "seed": int(r["case"].get("seed", 0))}).summary)
-                for r in repeats]
+                for r in judged]
         change = what_if(config, pf["section"], repeats[0])
-        reps = [measured(r) for r in repeats]
+        reps = [measured(r) for r in judged]
         meas = {k: float(np.mean([r[k] for r in reps])) for k in reps[0]}
         spread = {k: float(np.ptp([r[k] for r in reps])) for k in reps[0]}
         pred = {k: float(np.mean([s[k] for s in sims])) for k in sims[0]}
@@ -272,22 +297,33 @@ def evaluate(folder: Path | None = None) -> dict:
                        "error": err, "bound": bound,
                        "ok": None if bound is None else bool(abs(err) <= bound)}
         change = {k: v for k, v in change.items() if k != "workload"}  # (the trace is long)
+        seeds = [int(r["case"].get("seed", 0)) for r in judged]
         out["cases"][f"{load}_{loop}"] = {"load": load, "loop": loop, "what_if": change,
-                                          "repeats": len(repeats), "rows": rows,
+                                          "by_seed": {sd: (m, p) for sd, m, p in
+                                                      zip(seeds, reps, sims)},
+                                          "repeats": len(repeats), "host_speed": speeds,
+                                          "judged": [any(r is j for j in judged)
+                                                     for r in repeats], "rows": rows,
                                           "requests": (meas["requests"], pred["requests"])}
     for load in sorted({c["load"] for c in out["cases"].values()}):
         on, off = out["cases"].get(f"{load}_overlap"), out["cases"].get(f"{load}_normal")
         if on is None or off is None:
             continue
+        # paired: the repeats of the same seed (the same requests) judged in both loops
+        common = sorted(set(on["by_seed"]) & set(off["by_seed"]))
+        if not common:
+            continue
         signs = {}
         for k in FIGURES:
-            m = on["rows"][k]["measured"] - off["rows"][k]["measured"]
-            p = on["rows"][k]["predicted"] - off["rows"][k]["predicted"]
+            m = float(np.mean([on["by_seed"][sd][0][k] - off["by_seed"][sd][0][k]
+                               for sd in common]))
+            p = float(np.mean([on["by_seed"][sd][1][k] - off["by_seed"][sd][1][k]
+                               for sd in common]))
             signs[k] = {"measured": m, "predicted": p, "ok": bool(np.sign(m) == np.sign(p))}
-        out["signs"][load] = signs
+        out["signs"][load] = {"seeds": common, **signs}
     out["ok"] = all(r["ok"] is not False for c in out["cases"].values()
                     for r in c["rows"].values()) and \
-        all(s["ok"] for v in out["signs"].values() for s in v.values())
+        all(v[k]["ok"] for v in out["signs"].values() for k in FIGURES)
     return out
 
 
@@ -311,15 +347,17 @@ def markdown(result: dict) -> str:
              f"{sec['host_us']['per_token']:.4f} x tokens µs, device {sec['forward_us']['base']:.1f}"
              f" + {sec['forward_us']['per_token']:.4f} x tokens µs, in chunks of "
              f"{sec['chunk_tokens']} ({pf['from']}).", "",
-             "| load | loop | requests meas. / pred. | " + " | ".join(
+             "| load | loop | repeats: host speed | requests meas. / pred. | " + " | ".join(
                  f"{LABELS[k]} meas. / pred. (err)" for k in FIGURES) + " |",
-             "|---|---|---|" + "---|" * len(FIGURES)]
+             "|---|---|---|---|" + "---|" * len(FIGURES)]
     for c in result["cases"].values():
         m, p = c["requests"]
-        lines.append(f"| {c['load']} | {c['loop']} | {m:.1f} / {p:.1f} | " + " | ".join(
+        speeds = ", ".join(f"x{v:.2f}" if ok else f"(x{v:.2f})"
+                           for v, ok in zip(c["host_speed"], c["judged"]))
+        lines.append(f"| {c['load']} | {c['loop']} | {speeds} | {m:.1f} / {p:.1f} | " + " | ".join(
             _cell(c["rows"][k], k) for k in FIGURES) + " |")
-    lines += ["", "| load | on - off: " + " | ".join(LABELS[k] for k in FIGURES) + " |",
-              "|---|" + "---|" * len(FIGURES)]
+    lines += ["", "| load | seeds | on - off, meas. / pred.: " + " | ".join(
+        LABELS[k] for k in FIGURES) + " |", "|---|---|" + "---|" * len(FIGURES)]
     for load, signs in result["signs"].items():
         cells = []
         for k in FIGURES:
@@ -327,7 +365,8 @@ def markdown(result: dict) -> str:
             scale = 1e-3 if k.startswith("ttft") else 1.0
             cells.append(f"{s['measured'] * scale:+.1f} / {s['predicted'] * scale:+.1f}"
                          + ("" if s["ok"] else " WRONG SIGN"))
-        lines.append(f"| {load} | " + " | ".join(cells) + " |")
+        lines.append(f"| {load} | {', '.join(map(str, signs['seeds']))} | " + " | ".join(cells)
+                     + " |")
     return "\n".join(lines)
 
 
