@@ -19,7 +19,7 @@ rule (:func:`buckets_of`: the validation, the drawn sizes and the arrivals model
 names (:data:`ENGINES`), the algorithm names (:data:`ALGORITHMS`) and which step's batch each
 duration uses (:func:`duration_keys`).
 
-Size (~720 lines): each model is kept with the validators that give its errors their one
+Size (~900 lines): each model is kept with the validators that give its errors their one
 line, which are most of the file; splitting them would part a model from its checks.
 
 Imports: pydantic and :mod:`simwar.config.algorithms` / :mod:`simwar.config.policies` (numpy
