@@ -177,9 +177,9 @@ def plot_on_off(args, cfg) -> int:
         raise UserError("--steps-window: not with --on-off")
     rates, scales = _numbers(args.rates, "--rates"), _numbers(args.scales, "--scales")
     out = output_path(args.out, "-o", image=True)
-    # lazy: start-up time of the CLI (the simulator, matplotlib, pandas)
+    # lazy: start-up time of the CLI (matplotlib, pandas)
     from simwar.plots.overlap import decision_figure
-    from simwar.study.overlap import on_off_grid
+    from simwar.study.overlap import on_off_grid  # lazy: start-up time (the simulator)
 
     df = on_off_grid(cfg, rates, scales)
     save_figure(decision_figure(df, f"{cfg.name}: overlap on or off; black line: no change"),
