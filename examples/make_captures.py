@@ -18,7 +18,7 @@ import simwar
 from simwar.capture.synthetic import Style, write_kineto
 
 HERE = Path(__file__).resolve().parent
-STYLE = Style(names="sglang", batch_ranges=True, record_ids=False)
+STYLE = Style(names="sglang", batch_ranges=True, record_ids=False, copies=("result_copy",))
 
 
 def main() -> None:

@@ -33,6 +33,7 @@ from simwar.build.loop import sizes_meta
 from simwar.build.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.build.template import NotTraceable, duration_at, structure_key, traced
 from simwar.config import ENGINES, Config, ConfigError, load_config
+from simwar.config.clipping import clipping_warnings
 from simwar.core.program import Program
 from simwar.executors import fast, lockstep
 
@@ -52,9 +53,9 @@ def resolve_sizes(cfg: Config) -> StepSizes:
     return _resolve(cfg)[0]
 
 
-def _resolve(cfg: Config, summary_only: bool = False):
+def _resolve(cfg: Config, summary_only: bool = False, progress=None):
     """``(sizes, run)``: the sizes, and the one-pass run that realized them (None when they
-    were drawn, or realized before: cached)."""
+    were drawn, or realized before: cached); ``progress``: the realizing run's reports."""
     sizes = draw_sizes(cfg)
     if sizes.source != "arrivals":
         return sizes, None
@@ -63,7 +64,8 @@ def _resolve(cfg: Config, summary_only: bool = False):
     if hit is not None:
         _sizes_cache.move_to_end(key)
         return hit, None
-    run = fast.realize(cfg, sizes, ArrivalProcess(cfg, sizes), summary_only=summary_only)
+    run = fast.realize(cfg, sizes, ArrivalProcess(cfg, sizes), summary_only=summary_only,
+                      progress=progress)
     _sizes_cache[key] = sizes
     if len(_sizes_cache) > SIZES_CACHE_LIMIT:
         _sizes_cache.popitem(last=False)
@@ -85,9 +87,12 @@ class Result:
 
     ``summary``: a flat dict; ``steps``: the per-step DataFrame (``columns``: the same as
     numpy arrays); ``hazards``/``races``: latent races and observed overlaps; ``engine``:
-    the executor that ran (``simpy`` or ``fast``). ``program`` is built on first use for a
-    fast run. ``trace`` is the reference engine's Trace: kept by a ``simpy`` run, simulated
-    on first use after an ``auto`` run, and a :class:`NoTraceError` after ``engine="fast"``.
+    the executor that ran (``simpy`` or ``fast``); ``warnings``: what the config may have
+    got wrong although it is valid, one line each (distributions clipped often:
+    :func:`simwar.config.clipping.clipping_warnings`; nothing here prints them).
+    ``program`` is built on first use for a fast run. ``trace`` is the reference engine's
+    Trace: kept by a ``simpy`` run, simulated on first use after an ``auto`` run, and a
+    :class:`NoTraceError` after ``engine="fast"``.
     """
 
     def __init__(self, config: Config, engine: str, summary: dict, hazards, *,
@@ -104,10 +109,18 @@ class Result:
         self._trace = trace
         self._steps = None
         self._meta = meta
+        self._warnings: list[str] | None = None
 
     def __repr__(self) -> str:
         return (f"Result({self.config.name!r}, engine={self.engine!r}, "
                 f"steps_measured={self.summary.get('steps_measured')})")
+
+    @property
+    def warnings(self) -> list[str]:
+        """One line per thing the config may have got wrong although it is valid."""
+        if self._warnings is None:
+            self._warnings = clipping_warnings(self.config)
+        return self._warnings
 
     @property
     def meta(self) -> dict:
@@ -198,8 +211,9 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
     ``engine``: ``simpy``, ``fast`` or ``auto`` (default: the config's ``engine``, itself
     ``auto`` by default). ``summary_only``: keep no per-step table (fast engine: the summary
     is computed as the run goes, its quantiles from a sketch; see :mod:`simwar.analysis.streaming`).
-    ``progress``: called with the step number as the SimPy engine reaches each step (the
-    fast engine, which runs a million steps in seconds, calls it once at the end).
+    ``progress``: called with a step number as the run reaches it: the SimPy engine at each
+    step, the fast engine after each chunk of its pass (a few hundredths to a few tenths of
+    a second of work apart), both with ``steps`` at the end.
     """
     cfg = load_config(cfg, overrides)
     requested = engine or cfg.engine
@@ -207,7 +221,7 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
     with gc_paused():
         if actual == "simpy":
             return _simulate_simpy(cfg, requested, progress)
-        result = _simulate_fast(cfg, requested, summary_only)
+        result = _simulate_fast(cfg, requested, summary_only, progress)
     if progress is not None:
         progress(cfg.steps)
     return result
@@ -316,9 +330,9 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
                   events=engine.events, meta=dict(program.meta), requested=requested)
 
 
-def _simulate_fast(cfg: Config, requested: str, summary_only: bool) -> Result:
-    sizes, run = _resolve(cfg, summary_only)
+def _simulate_fast(cfg: Config, requested: str, summary_only: bool, progress=None) -> Result:
+    sizes, run = _resolve(cfg, summary_only, progress)
     if run is None:  # the realizing run is the run (arrivals); else run it now
-        run = fast.run_config(cfg, sizes, summary_only=summary_only)
+        run = fast.run_config(cfg, sizes, summary_only=summary_only, progress=progress)
     return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns, meta=run.meta,
                   requested=requested)

@@ -3,8 +3,8 @@ PyTorch 2.11's -1 record ids, processes as ranks, HIP and MTIA, malformed events
 
 Real captures: tests/data/probe (PyTorch 2.11, one thread), tests/data/threads (PyTorch
 2.11, three launching threads, see its README). Synthetic ones are simulated runs written
-by ``simwar.capture.synthetic`` (``as_captured``: other pids, launch threads, 2.11's sync
-events), so the truth of every relation is the simulator's.
+by ``simwar.capture.synthetic`` (``Style``: 2.11's sync events; ``as_captured``: other pids,
+launch threads), so the truth of every relation is the simulator's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from simwar.api import simulate
 from simwar.capture.binding import bind
 from simwar.capture.reader import read_capture
 from simwar.capture.stalls import import_report
-from simwar.capture.synthetic import write_kineto, write_kineto_processes
+from simwar.capture.synthetic import Style, write_kineto, write_kineto_processes
 from simwar.capture.to_trace import import_kineto
 from simwar.cli.app import main
 from simwar.core.trace import Call, OpKind
@@ -90,9 +90,10 @@ def test_probe_coarse_binds_its_barrier_to_the_record_just_before_it_on_forward(
 def test_minus_one_ids_bind_waits_as_the_named_ids_do(tmp_path, barrier):
     sim = simulate(None, {"steps": 20, "warmup_steps": 2, "policy.barrier": barrier},
                    engine="simpy")
-    named = import_kineto(write_kineto(sim.trace, tmp_path / "n.json", copies=("result_copy",)))
-    blind = import_kineto(write_kineto(sim.trace, tmp_path / "b.json", torch_211=True,
-                                       copies=("result_copy",)))
+    named = import_kineto(write_kineto(sim.trace, tmp_path / "n.json",
+                                       style=Style(copies=("result_copy",))))
+    blind = import_kineto(write_kineto(sim.trace, tmp_path / "b.json", style=Style(
+        record_ids=False, fresh_events=("copy_done",), copies=("result_copy",))))
     strip = [w[:5] for w in _waits(named.trace)]
     assert strip == [w[:5] for w in _waits(blind.trace)]
     assert all(w[2] is not None for w in strip)

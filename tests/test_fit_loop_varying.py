@@ -3,9 +3,10 @@
 Each case is a simulated run of a shipped varying-workload config (or a varying variant of a
 shipped config, with a ``workload:`` section built here) written as a real server's profile
 (``simwar.capture.synthetic``, ``Style(names="sglang")``: ``scheduler.<stage>`` ranges, a
-``decode bs=<B>`` range per step, one graph per bucket known by its kernels' launch dims),
-with the record correlation ids each wait binds to, or without them as PyTorch 2.11 writes
-them (event ids only). It is imported with no mapping (the preset is detected), fitted, and
+``decode bs=<B>`` range per step, one graph per bucket known by its kernels' launch dims, the
+result D2H a memcpy), with the record correlation ids each wait binds to, or without them as
+PyTorch 2.11 writes them (event ids only: ``simwar.capture.binding`` binds the waits). It is
+imported with no mapping (the preset is detected), fitted, and
 the fitted config's simulation (which replays the capture's batches) must infer the config's
 own barrier and reproduce the capture within the acceptance bounds, per graph bucket too. The
 probe's real H200 captures (PyTorch 2.11) must give their barrier from the event ids alone.
@@ -86,7 +87,8 @@ CASES = {
 def capture(tmp: Path, config, overrides: dict, record_ids: bool = False,
             name: str = "cap.json.gz", **style):
     sim = simulate(config, {**SHORT, **overrides}, engine="simpy")
-    style = {"names": "sglang", "batch_ranges": True, "record_ids": record_ids, **style}
+    style = {"names": "sglang", "batch_ranges": True, "record_ids": record_ids,
+             "copies": ("result_copy",), **style}
     path = write_kineto(sim.trace, tmp / name, style=Style(**style))
     return sim, path
 

@@ -12,7 +12,7 @@ negative length) and ``include_last_profiler_step=True`` (by default HTA drops t
   thread and a worker thread);
 - synthetic multi-threaded captures: simulated runs written with some phases launched
   from other threads (``simwar.capture.synthetic.as_captured``), with the record ids
-  named and as PyTorch 2.11 writes them (-1).
+  named and as PyTorch 2.11 writes them (-1: ``simwar.capture.synthetic.Style``).
 
 simwar imports each capture whole and must give HTA's numbers per stream and category
 within max(1 µs, 0.5 %), the same op count per stream, and HTA's temporal breakdown
@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 
 from simwar.analysis.idle import idle_breakdown, temporal_breakdown
+from simwar.capture.synthetic import Style
 from simwar.capture.to_trace import import_kineto
 from simwar.core.trace import OpKind
 
@@ -42,12 +43,13 @@ DATA = Path(__file__).parent / "data"
 CAPTURES = (sorted((DATA / "kineto").glob("*.kineto.json.gz"))
             + sorted((DATA / "probe").glob("*.kineto.json.gz")))
 THREADS = sorted((DATA / "threads").glob("*.kineto.json.gz"))
-#: synthetic captures: (name, simulator overrides, as_captured options)
+#: synthetic captures: (name, simulator overrides, write_kineto options)
 SYNTHETIC = {
     "threads-fine": ({"policy.barrier": "fine"}, {"launch_threads": {"verify": 5555}}),
     "threads-coarse-211": ({"policy.barrier": "coarse", "phases.draft.graph": "eager"},
                            {"launch_threads": {"draft": 5555, "result": 6666},
-                            "torch_211": True, "copies": ("result_copy",)}),
+                            "style": Style(record_ids=False, fresh_events=("copy_done",),
+                                           copies=("result_copy",))}),
 }
 # HTA 0.5.0 uses pandas keywords that pandas 3 deprecates; that is HTA's business
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning",

@@ -35,7 +35,10 @@ def test_stored_without_outputs(path):
 @pytest.mark.slow  # a kernel start and a few short simulations each: ~5-15 s per notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_executes_headless(path, monkeypatch):
-    monkeypatch.setenv("MPLBACKEND", "Agg")  # no display, whatever the machine has
+    # Jupyter's own inline backend (renders PNGs, needs no display): a figure that would show
+    # as the text "<Figure size ...>" in a notebook shows so here too
+    pytest.importorskip("matplotlib_inline")
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     # the kernel imports the simwar of this checkout, not whichever one is installed
     inherited = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", str(ROOT) + (os.pathsep + inherited if inherited else ""))
@@ -46,3 +49,9 @@ def test_executes_headless(path, monkeypatch):
     errors = [o for c in book.cells if c.cell_type == "code" for o in c.outputs
               if o.output_type == "error"]
     assert not errors
+    as_text = [i for i, c in enumerate(book.cells) if c.cell_type == "code" for o in c.outputs
+               if "image/png" not in o.get("data", {})
+               and o.get("data", {}).get("text/plain", "").startswith("<Figure size")]
+    assert not as_text, f"{path.name}: cells {as_text} show a figure as text, not an image"
+    assert any("image/png" in o.get("data", {}) for c in book.cells
+               if c.cell_type == "code" for o in c.outputs), f"{path.name}: no figure shown"

@@ -297,7 +297,7 @@ def test_sweep_lines_and_heatmap():
     assert list(ax.lines[0].get_xdata()) == [250, 1000, 4000]
     assert list(ax.lines[0].get_ydata()) == [5250.5, 6000.5, 9000.5]  # mean of the repeats
     assert len(ax.collections) == 2  # a min-max band per line
-    assert ax.get_xlabel() == "cpu.schedule_us" and ax.get_ylabel() == "step_us_mean"
+    assert ax.get_xlabel() == "CPU schedule time (µs)" and ax.get_ylabel() == "step time, mean (µs)"
 
     ax = plots.sweep_heatmap(df, "cpu.schedule_us", "policy.barrier", "step_us_mean")
     assert ax.images[0].get_array().shape == (2, 3)

@@ -75,10 +75,14 @@ def _stat(key: Key, x: np.ndarray, m: dict) -> list:
         return [{int(v): float(c[j] / n) for v, c in zip(values, counts) if c[j]}
                 for j in range(x.shape[0])]
     with np.errstate(divide="ignore", invalid="ignore"):
+        # steps that take no time have no share and no rate: NaN where the divisor is 0
         if stat == "busy_fraction":
-            return (1 - _sums(x) / _sums(m[key.arg])).tolist()
+            busy = _sums(x)
+            total = busy + _sums(m[key.arg])
+            return np.where(total != 0, busy / total, np.nan).tolist()
         if stat == "rate":
-            return (_sums(x) / _sums(m[key.arg]) * 1e6).tolist()
+            div = _sums(m[key.arg])
+            return np.where(div != 0, _sums(x) / div * 1e6, np.nan).tolist()
     raise KeyError(stat)  # the workload's statistics: runs one by one
 
 

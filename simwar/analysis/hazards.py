@@ -1,13 +1,19 @@
 """Race detection on a Trace: latent races by happens-before, observed overlaps by time.
 
 Happens-before is built with vector clocks, as PyTorch's CUDA stream
-sanitizer does: one component per lane (each stream and the host thread).
-Walking ``trace.ops`` in host issue order:
+sanitizer does: one component per lane (each stream), and a clock per host
+thread (what it has synchronized with). Walking ``trace.ops`` in host issue order:
 
-- a stream operation joins the host's clock (the host issued it after
-  everything the host had already synchronized with), then ticks its lane;
+- a stream operation joins the clock of the host thread that issued it (it was
+  issued after everything that thread had already synchronized with), then
+  ticks its lane;
 - a stream wait also joins the clock of the record it bound to;
-- a host synchronize joins the clock of the record it bound to into the host.
+- a host synchronize joins the clock of the op it bound to (a record; for a
+  capture's blocking copy, the copy) into its thread's.
+
+A simulated program has one host thread; a capture's other threads, blocking copies,
+device-wide syncs and in-graph record nodes are :mod:`simwar.analysis.happens_before`'s,
+on the same :func:`candidate_pairs`.
 
 Two accesses to the same buffer conflict when at least one writes and they
 run on different lanes. The earlier-issued one must happen-before the later
@@ -26,6 +32,7 @@ Imports: the standard library and numpy (``frame()`` imports pandas lazily).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -131,25 +138,32 @@ def race_kind(first_mode: int, second_mode: int) -> str:
 
 
 def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_step,
-                    window: int = 2):
+                    window: int = 2, host_of=None, clocks: bool = False):
     """The access pairs :func:`detect` compares, with their latent flag.
 
     Ops are given per op id (issue order): ``lane_of`` (any hashable codes), ``kind_of``
-    (:class:`OpKind`), ``bound_of`` (the bound record, -1: none); accesses sorted by op id:
-    ``acc_op``, ``acc_buf``, ``acc_mode``, ``acc_step`` (lists or numpy arrays). Yields
-    ``(i, j, latent)`` (indices into the accesses, ``i`` issued before ``j``) for every pair
-    on one buffer, on different lanes, not both reads, whose steps differ by at most
-    ``window``, scanning from ``j`` back to the nearest earlier access and stopping at the
-    first one more than ``window`` steps before it; in issue order of ``j`` (sort with
-    :func:`race_order` for the listed order). Every executor's race list comes from here
-    (the trace's, and the one-pass executor's per iteration shape), so the two cannot
-    disagree on which pairs count.
+    (:class:`OpKind`), ``bound_of`` (the op a wait or sync bound to, -1: none: a record, or
+    for a sync any device op the host waited for, as a blocking copy's); accesses sorted by
+    op id: ``acc_op``, ``acc_buf``, ``acc_mode``, ``acc_step`` (lists or numpy arrays).
+    ``host_of``: per op, the host thread that issued it (any hashable codes; None: one
+    thread issued every op, as in a simulated program). Yields ``(i, j, latent)`` (indices
+    into the accesses, ``i`` issued before ``j``) for every pair on one buffer, on different
+    lanes, not both reads, whose steps differ by at most ``window``, scanning from ``j`` back
+    to the nearest earlier access and stopping at the first one more than ``window`` steps
+    before it; in issue order of ``j`` (sort with :func:`race_order` for the listed order).
+    With ``clocks``, ``(i, j, latent, known)``: ``known`` is how many ops of ``i``'s lane
+    happen-before ``j`` (``i``'s own op is that lane's op number ``known + 1`` or later when
+    latent; 0: none), what a report names the missing edge by. Every executor's race list
+    comes from here (the trace's, the one-pass executor's per iteration shape, and a
+    capture's, :mod:`simwar.analysis.happens_before`), so they cannot disagree on which
+    pairs count.
 
     One pass in issue order: each lane's vector clock (stream order, record→wait edges, host
-    syncs; as PyTorch's CUDA sanitizer) is joined and ticked per op; a record's clock is
-    kept only until the last wait or sync bound to it; each buffer keeps the accesses the
-    scan can still reach (when access steps never decrease in issue order, those of the last
-    ``window`` steps), so a long trace is analysed in bounded memory.
+    syncs; as PyTorch's CUDA sanitizer) is joined and ticked per op; each host thread has its
+    own clock (what it has synchronized with), which the ops it issues join and its syncs
+    advance; an op's clock is kept only until the last wait or sync bound to it; each buffer
+    keeps the accesses the scan can still reach (when access steps never decrease in issue
+    order, those of the last ``window`` steps), so a long trace is analysed in bounded memory.
     """
     n_ops = len(lane_of)
     lanes = sorted({int(x) if isinstance(x, np.integer) else x for x in _values(lane_of)},
@@ -157,7 +171,9 @@ def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_s
     index = {code: i for i, code in enumerate(lanes)}
     n = len(index)
     host = [0] * n
-    clocks = {code: [0] * n for code in index}
+    hosts: dict = {}  # host thread -> its clock, while another thread issues
+    thread = None
+    lane_clock = {code: [0] * n for code in index}
     # per record, the last op bound to it (-1: none), and the records in that order
     bounds = np.asarray(bound_of, dtype=np.int64)
     users = np.flatnonzero(bounds >= 0)
@@ -176,19 +192,24 @@ def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_s
     ai = 0
     hist: dict = {}  # buffer -> [(access index, op, mode, step, lane, clock)]
     READ = Mode.READ
-    SYNC, WAIT, RECORD = OpKind.SYNC, OpKind.WAIT, OpKind.RECORD
-    for op_id, lane, kind, bound in zip(range(n_ops), _values(lane_of), _values(kind_of),
-                                        _values(bound_of)):
+    SYNC, WAIT = OpKind.SYNC, OpKind.WAIT
+    threads = itertools.repeat(None) if host_of is None else _values(host_of)
+    for op_id, lane, kind, bound, by in zip(range(n_ops), _values(lane_of), _values(kind_of),
+                                            _values(bound_of), threads):
+        if by != thread:  # another host thread issues: its own clock
+            hosts[thread] = host
+            host = hosts.get(by) or [0] * n
+            thread = by
         if kind == SYNC:
             if bound >= 0:
                 host = _join(host, rec_clock[bound])
         else:
-            v = _join(clocks[lane], host)
+            v = _join(lane_clock[lane], host)
             if kind == WAIT and bound >= 0:
                 v = _join(v, rec_clock[bound])
             v[index[lane]] += 1
-            clocks[lane] = v
-            if kind == RECORD and last_use[op_id] >= 0:
+            lane_clock[lane] = v
+            if last_use[op_id] >= 0:  # a record (or an op a sync waited for) bound to later
                 rec_clock[op_id] = tuple(v)
             while nxt is not None and nxt[0] == op_id:
                 _, buf, b_mode, b_step = nxt
@@ -206,7 +227,10 @@ def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_s
                     if a_lane == lane or a_op == op_id:
                         continue
                     la = index[a_lane]
-                    yield a, ai, a_clock[la] > v[la]
+                    if clocks:
+                        yield a, ai, a_clock[la] > v[la], v[la]
+                    else:
+                        yield a, ai, a_clock[la] > v[la]
                 if prune and k >= 0:  # h[k] and all before it are out of reach from now on
                     del h[:k + 1]
                 h.append((ai, op_id, b_mode, b_step, lane, tuple(v)))

@@ -5,9 +5,13 @@ stream, i.e. forward-lane kernel ops with a non-empty ``phase``):
 
 - ``step_us``: forward k+1 start minus forward k start;
 - ``fwd_gap_us``: forward k start minus forward k-1 end (the bubble between forwards);
-- ``gpu_idle_us``: time the forward stream is idle in [start k, start k+1),
-  split HTA-style into ``gpu_idle_dep_us`` (held by a cross-stream wait:
-  "kernel-wait") and ``gpu_idle_host_us`` (nothing enqueued: "host-wait");
+- ``gpu_idle_us``: time the forward stream is idle from forward k-1's end to forward k's
+  end, [end k-1, end k): the gap before forward k (``fwd_gap_us``, the same step's) and any
+  idle inside forward k, so that a row's gap and idle are about the same forward; split
+  HTA-style into ``gpu_idle_dep_us`` (held by a cross-stream wait: "kernel-wait") and
+  ``gpu_idle_host_us`` (nothing enqueued: "host-wait"); ``gpu_busy_us``: the time the
+  stream runs kernels in that window (busy + idle = end k - end k-1; NaN for the first
+  forward, which has no predecessor);
 - ``cpu_blocked_us`` and ``cpu_blocked_<site>_us``: host time inside
   synchronize calls issued in iteration k, by site (result_copy,
   verify_done, seq_lens, barrier);
@@ -70,13 +74,13 @@ def step_columns(trace: Trace) -> dict[str, np.ndarray]:
         return {"step": np.zeros(0, dtype=np.int32)}
     fw = forwards(trace)  # the same extents the bubble walk uses
     steps, start, end = fw.steps, fw.start_us, fw.end_us
-    nxt = np.append(start[1:], np.nan)
+    lo, hi = idle_windows(end)
 
-    # time on the forward stream within [start_k, start_{k+1}): kernels, and waits that held it
+    # time on the forward stream within [end_{k-1}, end_k): kernels, and waits that held it
     on_lane = (ops.kind == OpKind.KERNEL) & (ops.lane == fwd)
-    busy = busy_in_windows(ops.start_us[on_lane], ops.end_us[on_lane], start, nxt)
+    busy = busy_in_windows(ops.start_us[on_lane], ops.end_us[on_lane], lo, hi)
     held = (spans.kind == SpanKind.WAIT) & (spans.lane == fwd)
-    dep = busy_in_windows(spans.start_us[held], spans.end_us[held], start, nxt)
+    dep = busy_in_windows(spans.start_us[held], spans.end_us[held], lo, hi)
 
     blocked = np.flatnonzero(spans.kind == SpanKind.BLOCKED)
     site_codes = spans.site[blocked]
@@ -154,6 +158,15 @@ class StepFacts:
                 "accepted_tokens": accept}
 
 
+def idle_windows(end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The window of each step's GPU idle, ``[end k-1, end k)``, as ``(lo, hi)``; both NaN
+    for the first forward (no predecessor). Forward ends in issue order: on the FIFO
+    forward stream no kernel straddles a forward's end, so each kernel falls in one window.
+    Along the last axis (a row per run of the same steps, in lockstep)."""
+    lo = _previous(end)
+    return lo, np.where(np.isnan(lo), np.nan, end)
+
+
 def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
                         busy: np.ndarray, dep: np.ndarray, blocked: dict[str, np.ndarray],
                         launch: np.ndarray, facts: StepFacts,
@@ -161,17 +174,18 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     """The per-step columns from per-step facts; every executor's table is assembled here.
 
     Per row (a step with forward kernels, ascending): forward start and end, the time the
-    forward stream was busy (``busy``) and held by waits (``dep``) in [start_k, start_{k+1}),
-    host time blocked in synchronize calls per site, and the ``run_batch`` instant (NaN: none);
-    ``facts`` gives each step's batch, bucket and accepted tokens. The facts may be 2-d, a
-    row per run of the same steps (runs in lockstep): each row is then the table that run's
-    own facts give.
+    forward stream was busy (``busy``) and held by waits (``dep``) in its idle window
+    [end_{k-1}, end_k) (:func:`idle_windows`), host time blocked in synchronize calls per
+    site, and the ``run_batch`` instant (NaN: none); ``facts`` gives each step's batch,
+    bucket and accepted tokens. The facts may be 2-d, a row per run of the same steps (runs in
+    lockstep): each row is then the table that run's own facts give.
     """
     nxt = _next(start)
     step_us = nxt - start
-    busy = np.where(np.isnan(nxt), np.nan, busy)
-    dep = np.where(np.isnan(nxt), np.nan, dep)
-    idle = step_us - busy
+    lo, hi = idle_windows(end)
+    busy = np.where(np.isnan(lo), np.nan, busy)
+    dep = np.where(np.isnan(lo), np.nan, dep)
+    idle = (hi - lo) - busy
     idle_dep = np.minimum(dep, idle)
     out = {
         "step": np.asarray(steps, dtype=np.int32),
@@ -183,6 +197,7 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
         "gpu_idle_us": idle,
         "gpu_idle_dep_us": idle_dep,
         "gpu_idle_host_us": idle - idle_dep,
+        "gpu_busy_us": busy,
     }
     total = np.zeros(start.shape)
     sites = {}
@@ -376,8 +391,8 @@ _EXACT = {
     "median": _median,
     "positive_fraction": _positive_fraction,
     "histogram": _histogram,
-    "busy_fraction": lambda x, key, m: float(1 - _sum(x) / _sum(m[key.arg])),
-    "rate": lambda x, key, m: float(_sum(x) / _sum(m[key.arg]) * 1e6),
+    "busy_fraction": lambda x, key, m: _ratio(_sum(x), _sum(x) + _sum(m[key.arg])),
+    "rate": lambda x, key, m: _ratio(_sum(x), _sum(m[key.arg])) * 1e6,
     "count": lambda x, key, m: int(len(x)),
     "count_rate": _count_rate,
     "by_bucket": _by_bucket,
@@ -499,6 +514,11 @@ def _columns(df) -> dict[str, np.ndarray]:
     if isinstance(df, dict):
         return df
     return {str(c): df[c].to_numpy() for c in df.columns}
+
+
+def _ratio(a: float, b: float) -> float:
+    """``a / b``; NaN where ``b`` is 0 (steps that take no time: no rate, no share)."""
+    return float(a / b) if b else float("nan")
 
 
 def _sum(x: np.ndarray) -> float:

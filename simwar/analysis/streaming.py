@@ -322,7 +322,7 @@ _NAN = float("nan")
 
 
 def _ratio(a: float, b: float) -> float:
-    return a / b if b else (_NAN if a == 0 or a != a else math.copysign(math.inf, a))
+    return a / b if b else _NAN  # steps that take no time: no rate, no share
 
 
 class _Stat:
@@ -388,8 +388,9 @@ _STREAM = {
     "median": _Stat(_own("sketch"), _median),
     "positive_fraction": _Stat(_own("positive"), _fraction),
     "histogram": _Stat(_own("counts"), _histogram),
-    "busy_fraction": _Stat(_both, lambda s, key: float(1 - _ratio(
-        s.get("sum", key.column).total, s.get("sum", key.arg).total))),
+    "busy_fraction": _Stat(_both, lambda s, key: float(_ratio(
+        s.get("sum", key.column).total,
+        s.get("sum", key.column).total + s.get("sum", key.arg).total))),
     "rate": _Stat(_both, lambda s, key: float(_ratio(
         s.get("sum", key.column).total, s.get("sum", key.arg).total) * 1e6)),
     "count": _Stat(_own("sum"), lambda s, key: s.get("sum", key.column, key.valid).count),

@@ -29,8 +29,10 @@ a column with a NaN is NaN):
 - ``median``: numpy's ``median(column)``;
 - ``positive_fraction``: the fraction of the values that are > 0;
 - ``histogram``: ``{int(value): fraction of the values}``, ascending;
-- ``busy_fraction``: ``1 - sum(column) / sum(arg)``;
-- ``rate``: ``sum(column) / sum(arg) * 1e6`` (per second, ``arg`` in µs);
+- ``busy_fraction``: ``sum(column) / (sum(column) + sum(arg))`` (busy over busy and idle of
+  the same windows), NaN where the sum is 0;
+- ``rate``: ``sum(column) / sum(arg) * 1e6`` (per second, ``arg`` in µs), NaN where
+  ``sum(arg)`` is 0 (steps that take no time have no throughput);
 - ``count``: the number of values;
 - ``count_rate``: that number over ``sum(arg)``, per second;
 - ``by_bucket``: per value of ``column`` (ascending): ``steps`` (its rows) and the mean of
@@ -73,7 +75,7 @@ STEP_KEYS: tuple[Key, ...] = (
     Key("gpu_idle_us_mean", "mean", "gpu_idle_us"),
     Key("gpu_idle_dep_us_mean", "mean", "gpu_idle_dep_us"),
     Key("gpu_idle_host_us_mean", "mean", "gpu_idle_host_us"),
-    Key("gpu_busy_fraction", "busy_fraction", "gpu_idle_us", "step_us"),
+    Key("gpu_busy_fraction", "busy_fraction", "gpu_busy_us", "gpu_idle_us"),
     Key("cpu_blocked_us_mean", "mean", "cpu_blocked_us"),
     Key(SITE_PATTERN + "_mean", "mean", SITE_PATTERN),
     Key("launch_lead_us_mean", "mean", "launch_lead_us", valid=True),

@@ -33,20 +33,30 @@ rule is kept per use, :attr:`Binding.rule`):
 4. ``recorded_event``: a stream wait on an event that rules 1-3 found a host record
    of (a ring event the host also syncs, as a side stream's ``done`` event the main
    stream waits on): the most recent such record before the wait.
-   ``host_record``: a stream wait on a reused event id E, when every wait on E
-   finds exactly one unclaimed host record of its thread since E's previous use:
-   that one (E is re-recorded before each wait: a read-done published by a host
-   record before or after a graph).
-5. ``in_graph``: the other stream waits on a reused event id (some wait on it
-   finds no host record since the previous one, or several: which one would be a
-   guess): the in-graph record node of the most recent graph launch of the wait's
-   thread before it (an ``Event(external=True)`` recorded during graph capture;
-   every launch re-arms it). Which node of which graph the capture does not say:
-   the most recent launch is the rule, so a host record hidden among others (timing
-   events) before a wait that follows a graph launch is taken for the graph's node.
+5. The other stream waits, each in its **window**: its thread's calls since the later
+   of the previous use of its event id and the previous wait on its stream (in a loop,
+   one iteration: a barrier's wait recurs once per step, whichever ids it uses).
 
-A record is found for one event under rules 2–4 (it is claimed, and then serves
-every later use of that event until the event's next record). Whatever no rule
+   - ``post_graph``: exactly one graph launch in the window is followed, as its
+     thread's next event call, by an unclaimed host record: that record (a read-done
+     the host records right after the graph whose reads it ends: post-replay; one
+     recorded too early, before a later graph's reads, is found so too). A loop that
+     records after every graph launch (timing events) shows two or more and is left to
+     ``in_graph``;
+   - ``host_record``: no graph launch in the window, and exactly one unclaimed host
+     record of its thread there: that one (an eager loop re-records the event before
+     each wait);
+   - ``in_graph``: a reused event id (an in-graph node's id recurs: one event per
+     captured graph, re-armed by every launch): the in-graph record node of the most
+     recent graph launch of the wait's thread before it (an ``Event(external=True)``
+     recorded during graph capture). Which node of which graph the capture does not
+     say: the most recent launch is the rule, so a host record that follows no graph
+     launch (one after an eager phase, or before a graph) is not taken for a read-done
+     where a graph launch precedes the wait.
+
+A host record is bound by one use under rules 2, 3 and 5 (it is claimed: no other
+use takes it), and a record found for an event under rules 1–3 serves every later wait
+on that event until the event's next record (rule 4). Whatever no rule
 binds is counted in :attr:`Binding.unbound` by kind and reason.
 
 **The stream of a record** when the capture does not name it (rules 2–5): a
@@ -57,8 +67,16 @@ result D2H on a copy stream, are skipped); any other host record is on the strea
 of the most recent device work (kernel, memcpy, memset) its thread launched before
 it; an in-graph node is on the stream of its launch's first kernel. Limits: a
 record on a stream the thread launched nothing on before it (a record on an idle
-stream, or work launched by another thread) is placed on the wrong stream or,
-with no launch before it, left unplaced (counted in ``unbound``).
+stream, or work launched by another thread), or a ``wait_stream`` record issued after
+a *kernel* on a third stream (a copy there is skipped, a kernel is not), is placed on
+the wrong stream or, with no launch before it, left unplaced (counted in ``unbound``).
+
+Rule 5 judges a host record by where it sits, since the runtime events do not say which
+event it records: where graphs run, a host record is taken for a wait's record only when
+it is the next event call after exactly one graph launch of the window. So a read-done
+the host records after an eager phase, or before a graph, is taken for the last graph's
+in-graph node, and a record of another event that alone follows one graph launch (a
+timing event after one graph) for the wait's record.
 
 Imports: the standard library and :mod:`simwar.capture.reader`'s records; never the
 simulator (api, executors, build).
@@ -182,7 +200,7 @@ def bind(calls: list[RuntimeCall], devs_by_corr: dict[int, list[DeviceEvent]],
             known[event].append((pos_of[corr], corr))
     for rows in known.values():
         rows.sort()
-    # 4. host_record, 5. in_graph (stream waits on reused events)
+    # 4. recorded_event, then 5. post_graph, host_record, in_graph, each wait in its window
     waits = defaultdict(list)
     for u in left:
         if u.kind == WAIT_USE and u.event is not None and u.corr not in b.record_of:
@@ -194,29 +212,40 @@ def bind(calls: list[RuntimeCall], devs_by_corr: dict[int, list[DeviceEvent]],
                            u.event)
                     continue
             waits[u.event].append(u)
-    for event, ws in waits.items():
-        found = []
-        prev_pos = -1
-        for u in ws:
-            free = records.between(u.tid, prev_pos, u.pos, claimed=claimed)
-            found.append(free[0] if len(free) == 1 else None)  # more: which one is ambiguous
-            prev_pos = u.pos
-        if all(f is not None for f in found) and len({f[1] for f in found}) == len(found):
-            for u, (_, corr, where) in zip(ws, found):
+    window = _windows(uses)
+    rest = sorted((u for ws in waits.values() for u in ws), key=lambda x: x.pos)
+    for u in rest:
+        lo = window[u.corr]
+        graphs = work.graphs_between(u.pos, lo)
+        if graphs:
+            after = [r for r in (work.next_event_call(g) for g in graphs)
+                     if r is not None and r < u.pos and kinds[r] is Call.RECORD
+                     and calls[r].correlation not in claimed]
+            if len(after) == 1:
+                corr = calls[after[0]].correlation
                 claimed.add(corr)
-                _bound(b, u, corr, "host_record", where, event)
-            continue
-        if n_uses[event] < 2:  # rule 5 is for reused ids: an in-graph node's id recurs
-            b.unbound[f"{_word(ws[0])}: a fresh event with no record call before it"] += 1
-            continue
-        for u in ws:
-            g = work.previous_graph(u.pos)
-            if g is None:
-                b.unbound[f"{_word(u)}: no host record and no graph launch before it"] += 1
+                _bound(b, u, corr, "post_graph", work.last_work.get(after[0]), u.event)
                 continue
-            corr = calls[g].correlation
-            b.in_graph.add(corr)
-            _bound(b, u, corr, "in_graph", work.first_kernel_stream(corr), event)
+            free = ()
+        else:
+            free = records.between(u.tid, lo, u.pos, claimed=claimed)
+            if len(free) == 1:
+                _, corr, where = free[0]
+                claimed.add(corr)
+                _bound(b, u, corr, "host_record", where, u.event)
+                continue
+        if n_uses[u.event] < 2:  # in_graph is for reused ids: an in-graph node's id recurs
+            b.unbound[f"{_word(u)}: a fresh event with no record call before it"] += 1
+            continue
+        g = graphs[-1] if graphs else work.previous_graph(u.pos)
+        if g is None:
+            b.unbound[f"{_word(u)}: " + ("several host records in its window and no graph "
+                                         "launch (which one is ambiguous)" if free else
+                                         "no host record and no graph launch before it")] += 1
+            continue
+        corr = calls[g].correlation
+        b.in_graph.add(corr)
+        _bound(b, u, corr, "in_graph", work.first_kernel_stream(corr), u.event)
     for u in left:
         if u.event is None:
             b.unbound[f"{_word(u)}: no event id"] += 1
@@ -230,6 +259,22 @@ def _bound(b: Binding, u: _Use, rec: int, rule: str, where, event) -> None:
         b.stream.setdefault(rec, where)
     if event is not None:
         b.event.setdefault(rec, event)
+
+
+def _windows(uses: list[_Use]) -> dict[int, int]:
+    """Per stream wait (by correlation): where its window of rule 5 starts, the position of
+    the later of its event id's previous use and its stream's previous wait (-1: none)."""
+    out: dict[int, int] = {}
+    last_wait: dict[tuple, int] = {}
+    last_use: dict[int, int] = {}
+    for u in uses:  # in position order
+        if u.kind == WAIT_USE:
+            out[u.corr] = max(last_wait.get((u.device, u.stream), -1),
+                              last_use.get(u.event, -1) if u.event is not None else -1)
+            last_wait[(u.device, u.stream)] = u.pos
+        if u.event is not None:
+            last_use[u.event] = u.pos
+    return out
 
 
 def _word(u: _Use) -> str:
@@ -324,6 +369,19 @@ class _Work:
         seq = self.by_thread[self.calls[pos].tid]
         n = self.index.get(pos)
         return seq[n - 1] if n else None
+
+    def next_event_call(self, pos: int) -> int | None:
+        """The event call its thread issued right after call ``pos``."""
+        seq = self.by_thread[self.calls[pos].tid]
+        n = self.index.get(pos)
+        return seq[n + 1] if n is not None and n + 1 < len(seq) else None
+
+    def graphs_between(self, pos: int, after: int) -> list[int]:
+        """The graph launches of call ``pos``'s thread in ``(after, pos)``, in order."""
+        seq = self.by_thread[self.calls[pos].tid]
+        n = self.index.get(pos, 0)
+        lo = bisect.bisect_right(seq, after, 0, n)
+        return [i for i in seq[lo:n] if self.kinds[i] is Call.GRAPH_LAUNCH]
 
     def previous_graph(self, pos: int) -> int | None:
         seq = self.by_thread[self.calls[pos].tid]

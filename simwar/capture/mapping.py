@@ -24,7 +24,10 @@ A mapping is a small YAML file (every key optional)::
       '^get_next_batch_to_run$': schedule  #   (ingest, schedule, prepare, process_result)
       '^process_batch_result$': process_result
     reads: {verify: [req_to_token]}  # phase -> shared buffers it reads (a capture cannot
-                                     #   show reads; used by --fit)
+                                     #   show reads; used by --fit and simwar races); a key
+                                     #   that is no phase is a regex, as for writes
+    writes: {'index_put': [req_to_token]}   # kernel or range regex -> buffers it writes
+                                     #   (simwar races: simwar.capture.accesses)
     gpu_clock_offset_us: 0           # added to device times; 'auto' aligns kernels with launches
     warmup_steps: 2
     batch_size: 32
@@ -91,6 +94,7 @@ class Mapping(BaseModel):
     sites: dict[str, str] = Field(default_factory=dict)
     cpu: dict[str, str] = Field(default_factory=dict)
     reads: dict[str, list[str]] = Field(default_factory=dict)
+    writes: dict[str, list[str]] = Field(default_factory=dict)
     gpu_clock_offset_us: float | Literal["auto"] = 0.0
     warmup_steps: int = Field(default=0, ge=0)
     batch_size: int = Field(default=1, ge=1)
@@ -177,9 +181,9 @@ class Mapping(BaseModel):
                                  f"({', '.join(CPU_ITEMS)})")
         return v
 
-    @field_validator("reads", mode="before")
+    @field_validator("reads", "writes", mode="before")
     @classmethod
-    def _reads(cls, v: Any) -> Any:
+    def _buffers(cls, v: Any) -> Any:
         if not isinstance(v, dict):
             return v
         out = {}
@@ -192,6 +196,13 @@ class Mapping(BaseModel):
                                  f"[req_to_token]")
             out[str(phase)] = list(buffers)
         return out
+
+    @field_validator("writes")
+    @classmethod
+    def _write_keys(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for pattern in v:
+            _compile(pattern)
+        return v
 
     # ---- compiled views used by the importer
     def phase_rules(self) -> list[tuple[re.Pattern, str]]:

@@ -4,10 +4,13 @@ A preset is a mapping file under ``simwar/data/presets/`` (``sglang.yaml``, ``vl
 holding a server's own range names. :func:`mapping_for` builds the mapping a capture is read
 with: the preset's keys, then a mapping file's, each of which replaces the preset's key of
 the same name (``cpu:`` in the file replaces the preset's whole ``cpu``). The preset's own
-entries are optional in a capture: :func:`resolve` drops each one (a ``cpu``, ``phases`` or
-``sites`` rule, ``batch``, ``run_batch``, ``idle``) that matches nothing the capture holds, where a
-mapping file's entry that matches nothing stays an error; its ``reads`` of a phase the
-capture lacks are dropped by the fit.
+entries are optional in a capture: :func:`resolve` drops each one (a ``cpu``, ``phases``,
+``sites`` or ``writes`` rule, ``batch``, ``run_batch``, ``idle``) that matches nothing the
+capture holds, where a mapping file's entry that matches nothing stays an error; its ``reads``
+of a phase the capture lacks are dropped by the fit (and by :mod:`simwar.capture.accesses`,
+with its ``reads`` regexes that map nothing). A preset's ``reads`` and ``writes`` are the
+server's shared buffers where its kernel or range names make them identifiable (the preset
+files say which).
 
 A mapping file may name its preset (``preset: sglang``); ``--preset`` names it on the command
 line (both, and different, is an error). Without either and without a mapping file,
@@ -36,7 +39,7 @@ from simwar.config import ConfigError, first_error, read_yaml
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "data" / "presets"
 #: the keys a preset's entries are dropped from when they match nothing (dicts by pattern)
-SOFT_DICTS = ("phases", "sites", "cpu")
+SOFT_DICTS = ("phases", "sites", "cpu", "writes")
 SOFT_REGEXES = ("batch", "run_batch", "idle")
 
 
@@ -140,7 +143,7 @@ def resolve(mapping: Mapping, kernel_names, annotation_names) -> Mapping:
     for key in SOFT_DICTS:
         if key not in soft:
             continue
-        names = everything if key == "phases" else notes
+        names = everything if key in ("phases", "writes") else notes
         data[key] = {p: v for p, v in data[key].items() if p not in soft[key] or hit(p, names)}
         kept[key] = {p for p in soft[key] if p in data[key]}
     for key in SOFT_REGEXES:
@@ -185,7 +188,7 @@ def preset_line(mapping: Mapping) -> str:
     if not name:
         return ""
     soft = mapping.soft
-    kept = sum(len(v) for k, v in soft.items() if k != "reads")
+    kept = sum(len(v) for k, v in soft.items() if k not in ("reads", "writes"))
     return f"preset {name} ({how}); {kept} of its entries match this capture"
 
 

@@ -33,7 +33,10 @@ with ``sglang`` names, an arrivals run's wait for requests is ``scheduler.wait_r
 ``record_ids=False`` (as PyTorch 2.11 writes CUDA sync events: no record correlation id and
 no ``wait_on_stream``, only the event id, with torch's reuse: a ``wait_stream`` records a
 fresh event every time, an in-graph node is one event per captured graph, a per-step event
-of the simulator (``copy_done[k]``) is one of two events used in turn); ``overhead`` (Kineto
+of the simulator (``copy_done[k]``) is one of two events used in turn, or, named in
+``fresh_events``, a new event each step; the one place a 2.11-style capture is written);
+``copies`` (device ops of these labels written as ``gpu_memcpy``: a real capture's result
+D2H, ``result_copy``, is a copy, not a kernel); ``overhead`` (Kineto
 ``overhead`` events at given host times); ``blocking_sites`` (the host synchronizes of
 those sites written as a ``cudaMemcpyAsync`` that blocks until its copy, issued on the
 record's stream, ends: a hidden host sync). In a trace whose batch changes every step, each
@@ -99,6 +102,7 @@ class Style:
     #: without record ids: events (by name, ``copy_done`` for ``copy_done[k]``) that torch
     #: allocates afresh each step, so each id is synced once and no rule can bind it
     fresh_events: tuple = ()
+    copies: tuple = ()  # labels of device ops written as gpu_memcpy (the result D2H)
 
     def __post_init__(self):
         if self.names not in RANGE_NAMES:
@@ -207,7 +211,7 @@ def kineto_events(trace: Trace, origin_us: float = ORIGIN_US, cpu_ranges: bool =
                 if o.kind is not OpKind.KERNEL:
                     raise ValueError(f"op {o.op_id}: a {o.kind.name.lower()} with no host call")
                 corr += 1
-                yield _kernel(o, streams[o.lane], ts(o.start_us), corr)
+                yield _kernel(o, streams[o.lane], ts(o.start_us), corr, copies=style.copies)
             continue
         kind = Call(int(span_kind[call]))
         start, end = float(span_start[call]), float(span_end[call])
@@ -235,7 +239,7 @@ def kineto_events(trace: Trace, origin_us: float = ORIGIN_US, cpu_ranges: bool =
             grid = grids.get(call) if kind is Call.GRAPH_LAUNCH else None
             for o in group:
                 if o.kind is OpKind.KERNEL:
-                    yield _kernel(o, streams[o.lane], ts(o.start_us), corr, grid)
+                    yield _kernel(o, streams[o.lane], ts(o.start_us), corr, grid, style.copies)
                     yield _flow("f", corr, DEVICE, streams[o.lane], ts(o.start_us))
                 else:  # an in-graph record node: reported against the launch
                     record_corr[o.op_id] = corr
@@ -486,8 +490,10 @@ def _runtime(name: str, t: float, dur: float, corr: int) -> dict:
             "dur": round(dur, 3), "args": {"cbid": CBID[name], "correlation": corr}}
 
 
-def _kernel(op: _Op, stream: int, t: float, corr: int, grid: list | None = None) -> dict:
-    return {"ph": "X", "cat": "kernel", "name": op.label, "pid": DEVICE, "tid": stream,
+def _kernel(op: _Op, stream: int, t: float, corr: int, grid: list | None = None,
+            copies: tuple = ()) -> dict:
+    cat = "gpu_memcpy" if op.label in copies else "kernel"
+    return {"ph": "X", "cat": cat, "name": op.label, "pid": DEVICE, "tid": stream,
             "ts": t, "dur": round(op.end_us - op.start_us, 3),
             "args": {"queued": 0, "device": DEVICE, "context": 1, "stream": stream,
                      "correlation": corr, "registers per thread": 32, "shared memory": 0,
@@ -514,29 +520,21 @@ def _flow(ph: str, corr: int, pid, tid, t: float) -> dict:
 
 
 def as_captured(events: Iterator[dict], pid: int | None = None,
-                launch_threads: dict[str, int] | None = None,
-                torch_211: bool = False, copies: tuple[str, ...] = (), device: int | None = None,
+                launch_threads: dict[str, int] | None = None, device: int | None = None,
                 correlation_offset: int = 0) -> Iterator[dict]:
-    """The events of :func:`kineto_events` as other profiles write them.
+    """The events of :func:`kineto_events` as another process or thread layout writes them
+    (what the capture's sync events and device ops hold is :class:`Style`'s).
 
     - ``pid``: the host process id (default ``PID``);
     - ``launch_threads``: kernel-name prefix → thread id: a launch whose kernels' names
       start with a prefix is issued from that thread (as autograd's backward thread or a
       communication thread issues its own launches), its records and waits stay on the
       main thread;
-    - ``torch_211``: as PyTorch 2.11's profiler writes sync events: the record
-      correlation id and ``wait_on_stream`` are -1, and a ``wait_stream`` (a record and a
-      wait on it, issued together) waits on a fresh event id each time, as torch's
-      ``Stream.wait_stream`` records a new event;
-    - ``copies``: device ops with these labels are written as ``gpu_memcpy`` (the result
-      D2H is a copy, not a kernel, in a real capture);
     - ``device``: the GPU the work runs on (default ``DEVICE``);
     - ``correlation_offset``: added to every correlation id (another process's CUPTI
       counts from elsewhere).
     """
-    fresh = 900000
     pending: list[dict] = []
-    last_record = None  # the correlation of the cudaEventRecord just written
 
     def flush() -> Iterator[dict]:
         if launch_threads and pending and pending[0].get("cat") == "cuda_runtime":
@@ -554,8 +552,6 @@ def as_captured(events: Iterator[dict], pid: int | None = None,
         ev = dict(ev)
         if pid is not None and ev.get("pid") == PID:
             ev["pid"] = pid
-        if copies and ev.get("cat") == "kernel" and ev["name"] in copies:
-            ev["cat"] = "gpu_memcpy"
         if "args" in ev and (correlation_offset or device is not None):
             args = ev["args"] = dict(ev["args"])
             if correlation_offset and "correlation" in args:
@@ -571,24 +567,10 @@ def as_captured(events: Iterator[dict], pid: int | None = None,
             pending.append(ev)
             continue
         yield from flush()
-        if ev.get("cat") == "cuda_runtime":
-            if ev["name"] in ("cudaLaunchKernel", "cudaGraphLaunch"):
-                pending.append(ev)
-                last_record = None
-                continue
-            last_record = ev["args"]["correlation"] if ev["name"] == "cudaEventRecord" \
-                else None if ev["name"] != "cudaStreamWaitEvent" else last_record
-        if torch_211 and ev.get("cat") == "cuda_sync":
-            args = dict(ev["args"])
-            if (ev["name"] == "Stream Wait Event" and last_record is not None
-                    and args["wait_on_cuda_event_record_corr_id"] == last_record):
-                fresh += 1
-                args["wait_on_cuda_event_id"] = fresh
-            args["wait_on_cuda_event_record_corr_id"] = -1
-            args["wait_on_stream"] = -1
-            ev["args"] = args
-        if ev.get("cat") == "cuda_sync":
-            last_record = None
+        if ev.get("cat") == "cuda_runtime" and ev["name"] in ("cudaLaunchKernel",
+                                                              "cudaGraphLaunch"):
+            pending.append(ev)
+            continue
         yield ev
     yield from flush()
 
@@ -613,9 +595,9 @@ def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
     """Write the capture (``.gz`` compresses); events are streamed, one per line.
 
     ``cpu_ranges``: write SGLang-named ranges around the CPU work (see the module
-    docstring); ``style`` (which holds its own ``cpu_ranges``) more: :class:`Style`;
-    ``captured``: :func:`as_captured`'s options (another pid, launches from other threads,
-    PyTorch 2.11's sync events).
+    docstring); ``style`` (which holds its own ``cpu_ranges``) more: :class:`Style` (PyTorch
+    2.11's sync events, copies, ...); ``captured``: :func:`as_captured`'s options (another
+    pid, launches from other threads, another device).
     """
     events = kineto_events(trace, origin_us, cpu_ranges, style)
     if captured:
@@ -625,18 +607,20 @@ def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
 
 def write_kineto_processes(traces: list[Trace], path: str | Path, pids: list[int],
                            origin_us: float = ORIGIN_US, devices: list[int] | None = None,
-                           offsets: list[int] | None = None, **captured) -> Path:
+                           offsets: list[int] | None = None, style: Style | None = None,
+                           **captured) -> Path:
     """Several simulated runs as the processes of one capture file: process ``pids[i]``
     runs ``traces[i]`` on GPU ``devices[i]`` (default: all on one) with the same stream
     ids, its correlation ids shifted by ``offsets[i]`` (default 0: the same ids), as
-    per-rank captures merged into one file or processes sharing a GPU."""
+    per-rank captures merged into one file or processes sharing a GPU; ``style``: what
+    each process's events hold (:class:`Style`)."""
     devices = devices or [None] * len(traces)
     offsets = offsets or [0] * len(traces)
 
     def events() -> Iterator[dict]:
         for trace, pid, dev, off in zip(traces, pids, devices, offsets):
-            for ev in as_captured(kineto_events(trace, origin_us), pid=pid, device=dev,
-                                  correlation_offset=off, **captured):
+            for ev in as_captured(kineto_events(trace, origin_us, style=style), pid=pid,
+                                  device=dev, correlation_offset=off, **captured):
                 if ev.get("ph") == "i":  # one window-end instant per file
                     continue
                 yield ev

@@ -147,6 +147,9 @@ class KinetoImport:
     unmodelled: dict = field(default_factory=dict)
     #: the cross-rank spread of step starts (:func:`simwar.capture.ranks.step_skew`)
     skew: dict = field(default_factory=dict)
+    #: the sync ops of ``cudaDeviceSynchronize`` calls (CUPTI's "Context Sync"): the host
+    #: waited for every stream (what the race analysis joins, simwar.capture.accesses)
+    device_syncs: list[int] = field(default_factory=list)
 
     @property
     def ignored_total(self) -> int:
@@ -205,7 +208,8 @@ def build_import(caps: list[Capture], mapping: Mapping, names: list[str]) -> Kin
                         f"that owns most work on their stream")
     result = KinetoImport(main.trace, main.counts, main.ignored, warnings, main.annotations,
                           main.device_names, overhead=main.overhead,
-                          device_info=main.device_info, ranks=infos)
+                          device_info=main.device_info, ranks=infos,
+                          device_syncs=main.device_syncs)
     result.unmodelled = dict(sum((Counter(c.unmodelled) for c in caps), Counter()))
     if len(infos) > 1:
         result.combined = side_by_side([i.trace for i in infos], [
@@ -256,6 +260,7 @@ class CaptureTraceBuilder:
         self.m = mapping
         self.warnings: list[str] = problem_lines(cap)
         self.device_info: dict[int, DeviceInfo] = {}
+        self.device_syncs: list[int] = []
         self.counts: Counter = Counter()
         self.ignored: Counter = Counter(cap.ignored)
         self.phase_rules = mapping.phase_rules()
@@ -320,7 +325,8 @@ class CaptureTraceBuilder:
         overhead = [(a.name, a.ts - self.origin, a.ts + a.dur - self.origin)
                     for a in sorted(cap.overhead, key=lambda a: a.ts)]
         return KinetoImport(trace, dict(self.counts), dict(self.ignored), self.warnings,
-                            annotations, names, overhead=overhead, device_info=self.device_info)
+                            annotations, names, overhead=overhead, device_info=self.device_info,
+                            device_syncs=self.device_syncs)
 
     def _launch_threads(self, by_corr) -> None:
         launches = Counter((c.pid, c.tid) for c in self.cap.runtime_calls
@@ -596,8 +602,10 @@ class CaptureTraceBuilder:
                     event = f"event{sev.event_id}" if sev.event_id is not None else ""
                 if bound < 0:
                     unbound["sync"] += 1
-                rec.op(OpKind.SYNC, HOST, step, name, event=event, bound=bound, issue=start,
-                       start=start, end=end, call=call)
+                sync = rec.op(OpKind.SYNC, HOST, step, name, event=event, bound=bound,
+                              issue=start, start=start, end=end, call=call)
+                if sev is not None and sev.kind == "Context Sync":  # waited for every stream
+                    self.device_syncs.append(sync)
             elif kind is Call.RECORD:
                 where = bnd.stream.get(c.correlation) \
                     if c.correlation in set_bound_records(bnd) else None

@@ -18,10 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from simwar.cli.common import UserError, clip_text
-from simwar.core.files import jsonable
+from simwar.cli.common import UserError, check_outputs, clip_text, output_path
+from simwar.core.files import jsonable, write_text_atomic
 
 HELP = "search the barrier-policy space for the fastest race-free policy"
 DESCRIPTION = ("Simulate every barrier policy, read-done publish point, barrier placement, "
@@ -58,10 +57,13 @@ def command(args) -> int:
                         f"{', '.join(OBJECTIVES)})")
     if args.screen_steps is not None and args.screen_steps < 2:
         raise UserError(f"--screen-steps {args.screen_steps}: expected at least 2")
+    if args.top < 0:
+        raise UserError(f"--top {args.top}: expected 0 or a positive number")
+    if args.output:
+        output_path(args.output, "-o")
+        check_outputs([("config", args.config)], [("-o", args.output)])
     overrides = dict(parse_override(o) for o in args.overrides)
     cfg = load_config(args.config, overrides)
-    if args.output and not Path(args.output).parent.exists():
-        raise UserError(f"-o: directory {Path(args.output).parent} does not exist")
     bar = _Bar(disabled=args.no_progress)
     try:
         advice = advise(cfg, args.objective,
@@ -75,8 +77,8 @@ def command(args) -> int:
         import yaml
 
         best = load_config(args.config, {**overrides, **advice.best.overrides})
-        Path(args.output).write_text(
-            f"# {args.config} with the policy `simwar advise` found best\n"
+        write_text_atomic(
+            args.output, f"# {args.config} with the policy `simwar advise` found best\n"
             + yaml.safe_dump(best.model_dump(mode="json"), sort_keys=False))
         print(f"simwar: wrote {args.output}", file=sys.stderr)
     if args.json:

@@ -27,6 +27,8 @@ from simwar.cli import (
     explain,
     harness,
     plot,
+    races,
+    results,
     run,
     show,
     sweep,
@@ -38,6 +40,7 @@ from simwar.cli.common import UserError
 COMMANDS = {
     "run": run,
     "sweep": sweep,
+    "results": results,
     "validate": validate,
     "show": show,
     "plot": plot,
@@ -47,6 +50,7 @@ COMMANDS = {
     "import": capture,  # the module cannot be named after the keyword
     "explain": explain,
     "advise": advise,
+    "races": races,
 }
 
 

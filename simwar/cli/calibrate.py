@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from simwar.cli.common import UserError, load_measured
+from simwar.cli.common import UserError, check_outputs, load_measured, output_path
 from simwar.core.files import write_text_atomic
 
 HELP = "fit costs.* from measured harness runs"
@@ -43,6 +43,9 @@ def command(args) -> int:
     from simwar.fit.replays import DEVICE_LATENCIES, fit_costs  # lazy: start-up time of the CLI
     from simwar.harness import suite  # lazy: start-up time of the CLI
 
+    output_path(args.output, "-o")
+    check_outputs([("measured input", m) for m in args.measured] + [("--bench", args.bench)],
+                  [("-o", args.output)])
     measured = load_measured(args.measured)
     bench = None
     if args.bench:
@@ -78,7 +81,6 @@ def command(args) -> int:
         doc["primitives"] = {k: round(v, 4) for k, v in bench.get("primitives", {}).items()}
         if "host_drift" in bench:
             doc["host_drift"] = _rounded(bench["host_drift"])
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.output, yaml.safe_dump(doc, sort_keys=False))
     print(f"wrote {args.output}: " + ", ".join(f"{k} {v:g}" for k, v in costs.items()))
     return 0

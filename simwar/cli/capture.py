@@ -15,7 +15,8 @@ writes its batch sequence beside the config (``fitted.batches.csv`` for ``fitted
 
 The summary is the one ``simwar run`` prints for a simulation (same metrics
 code), plus event counts and HTA's idle breakdown per stream, the scheduler thread and the
-threads that launched, how waits and syncs were bound, and, given several per-rank
+threads that launched, how waits and syncs were bound, the latent races by the mapping's
+``reads:`` and ``writes:`` (``simwar races`` lists them), and, given several per-rank
 captures (or a file with several processes), each rank and the skew of their step
 starts. ``--json`` prints one object; ``--strict`` makes any warning (a dropped or
 implausible event, an unmatched mapping key, ...) an error. ``--fit`` writes a complete,
@@ -44,7 +45,16 @@ import sys
 from pathlib import Path
 
 from simwar import __version__
-from simwar.cli.common import UserError, num, output_path, run_label, stall_lines
+from simwar.cli.common import (
+    UserError,
+    bucket_lines,
+    check_outputs,
+    num,
+    output_path,
+    race_line,
+    run_label,
+    stall_lines,
+)
 from simwar.core.files import jsonable, write_bytes_atomic, write_text_atomic
 
 HELP = "import a torch.profiler (Kineto) trace and print its stall metrics"
@@ -143,6 +153,14 @@ def command(args) -> int:
         if args.policy not in POLICIES:
             raise UserError(f"--policy: '{args.policy}' is not a barrier policy "
                             f"({', '.join(POLICIES)})")
+    outputs = [("--save-trace", args.save_trace), ("--steps-csv", args.steps_csv),
+               ("-o", args.output)]
+    for option, value in outputs:  # checked before the capture is read
+        if value:
+            output_path(value, option)
+    # with --fit, --check may name the file -o writes: it checks the config just fitted
+    check_outputs([*(("capture", t) for t in args.trace), ("mapping", args.mapping),
+                   ("config", None if args.fit else args.check)], outputs)
     check_items = _check_config(args) if args.check and not args.fit else None
     paths = [Path(t) for t in args.trace]
     if len(paths) > 1 and (args.fit or args.fit_costs or args.check):
@@ -169,6 +187,8 @@ def command(args) -> int:
     sizes.apply(result.trace)
     steps, report = import_report(result, args.kernel_wait_us if args.kernel_wait_us is not None
                                   else HTA_KERNEL_WAIT_US)
+    if args.mapping and not (args.fit or args.check):  # those make it an error (check_mapping)
+        report["warnings"] += _unmatched_warnings(result, mapping, args.mapping)
     report["mapping"] = _mapping_report(mapping, sizes)
     if args.save_trace:
         result.trace.save(args.save_trace)
@@ -188,6 +208,7 @@ def command(args) -> int:
             check_items = _check_config(args)
         checked = _check(result, mapping, args, check_items, report, steps)
         report["check"] = checked
+    report["races"] = _races(result, mapping, args)
     for w in report["warnings"]:
         print(f"simwar: warning: {w}", file=sys.stderr)
     if args.json:
@@ -196,6 +217,10 @@ def command(args) -> int:
         print(format_report(report))
         for line in _sizes_lines(report):
             print(line)
+        c = report["counts"]
+        if c["kernels"] or c["memcpys"] or c["memsets"]:
+            print(f"  races               {race_line(report['races'])}"
+                  + ("; simwar races lists them" if report["races"]["latent"] else ""))
         if args.fit_costs:
             print(f"  fitted              {len(report['fit'])} distributions -> {args.output}")
         if model is not None:
@@ -211,6 +236,29 @@ def command(args) -> int:
     if checked is not None and not checked["ok"]:
         return 1
     return 0
+
+
+def _unmatched_warnings(result, mapping, name: str) -> list[str]:
+    """The mapping's ``phases``, ``sites`` and ``cpu`` rules that match nothing in the capture
+    (the reader already warns about ``steps`` and ``run_batch``), one warning each."""
+    # lazy: start-up time of the CLI (the importer loads numpy)
+    from simwar.capture.mapping import unmatched_keys
+
+    bad = unmatched_keys(mapping, result.device_names, [a[0] for a in result.annotations])
+    return [f"{name}: {text}" + ("; it is used by --fit only" if text.startswith("cpu ") else "")
+            for text in bad if text.split(" ", 1)[0] in ("phases", "sites", "cpu")]
+
+
+def _races(result, mapping, args) -> dict:
+    """The capture's latent races by the mapping's reads and writes (``simwar races`` lists
+    them): :meth:`simwar.capture.accesses.CaptureRaces.summary`."""
+    from simwar.capture.accesses import capture_races  # lazy: start-up time of the CLI
+    from simwar.config import ConfigError  # lazy: start-up time of the CLI
+
+    try:
+        return capture_races(result, mapping, args.mapping or _preset_label(mapping)).summary()
+    except ConfigError as e:
+        raise UserError(str(e)) from None
 
 
 def _check_config(args):
@@ -378,13 +426,7 @@ def _sizes_lines(r: dict) -> list[str]:
         for note in m.get("size_notes", []):
             lines.append(f"  sizes               {note}")
         lines.append(f"  batch               mean {f(s['batch_size_mean'])}")
-        lines.append("  per graph bucket    bucket  steps  step µs  fwd gap  GPU idle  CPU blocked"
-                     "  launch lead")
-        for b, v in s["by_bucket"].items():
-            lines.append(f"                      {b:>6}  {v['steps']:>5}  "
-                         f"{f(v['step_us_mean']):>7}  {f(v['fwd_gap_us_mean']):>7}  "
-                         f"{f(v['gpu_idle_us_mean']):>8}  {f(v['cpu_blocked_us_mean']):>11}  "
-                         f"{f(v['launch_lead_us_mean']):>11}")
+        lines += bucket_lines(s["by_bucket"])
     return lines
 
 

@@ -5,12 +5,19 @@
 - the costs files that ``run`` and ``compare`` read (:func:`costs_file_overrides`,
   :func:`costs_overrides`);
 - the numbers and stall lines that ``run`` and ``import`` print (:func:`num`,
-  :func:`run_label`, :func:`stall_lines`), and :func:`clip_text` of ``explain`` and
+  :func:`run_label`, :func:`stall_lines`, :func:`bucket_lines`), the races line of
+  ``import`` and ``races`` (:func:`race_line`), and :func:`clip_text` of ``explain`` and
   ``advise``'s tables;
-- the picture options of ``run`` and ``plot``: :func:`parse_window` (``--steps-window``),
-  :func:`output_path` (a file name checked before anything runs) and :func:`save_figure`;
-- :func:`is_sweep_file` (``validate``, ``show``) and :func:`load_measured` (``calibrate``,
-  ``compare``).
+- the picture options of ``run`` and ``plot``: :func:`parse_window` (``--steps-window``) and
+  :func:`save_figure`;
+- the output rule of every command that writes a file: :func:`output_path` (a file name
+  checked before anything runs: not a directory, not a device, in a directory that exists;
+  simwar never creates the directory of an output file, only an output directory such as
+  ``sweep --out``) and :func:`check_outputs` (no output is one of the command's inputs or
+  another of its outputs);
+- :func:`is_sweep_file` (``validate``, ``show``), :func:`load_measured` (``calibrate``,
+  ``compare``), and a sweep's results table with its ``--where`` filters
+  (:func:`read_results`, :func:`filter_rows`: ``plot``, ``results``).
 
 A leaf of the command line: the command modules import from here, never from each other.
 
@@ -24,13 +31,16 @@ from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
 
-from simwar.core.files import write_bytes_atomic
+from simwar.core.files import NotAFileError, write_bytes_atomic, write_target
 
 __all__ = ["UserError", "costs_file_overrides", "costs_overrides", "read_costs_file", "num",
-           "run_label", "stall_lines", "clip_text", "parse_window", "output_path",
-           "save_figure", "is_sweep_file", "load_measured"]
+           "run_label", "stall_lines", "bucket_lines", "race_line", "clip_text", "parse_window",
+           "output_path",
+           "check_outputs", "save_figure", "is_sweep_file", "load_measured", "RESULTS_FILE",
+           "results_file", "read_results", "filter_rows"]
 
 
 class UserError(Exception):
@@ -119,6 +129,23 @@ def run_label(name: str, overrides: list) -> str:
     return f"{name} [{', '.join(changed)}]" if changed else name
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and value == value and abs(value) != float("inf")
+
+
+def bucket_lines(by_bucket: dict) -> list[str]:
+    """The per graph bucket table of ``run`` and ``import`` (a summary's ``by_bucket``): the
+    gap before each forward and the GPU idle of the same window, which end with it."""
+    f = num
+    lines = ["  per graph bucket    bucket  steps  step µs  gap before  GPU idle  CPU blocked"
+             "  launch lead"]
+    for b, v in by_bucket.items():
+        lines.append(f"                      {b:>6}  {v['steps']:>5}  {f(v['step_us_mean']):>7}"
+                     f"  {f(v['fwd_gap_us_mean']):>10}  {f(v['gpu_idle_us_mean']):>8}"
+                     f"  {f(v['cpu_blocked_us_mean']):>11}  {f(v['launch_lead_us_mean']):>11}")
+    return lines
+
+
 def stall_lines(s: dict) -> list[str]:
     """The stall figures of a summary (simulated or measured), one line each."""
     f = num
@@ -134,13 +161,29 @@ def stall_lines(s: dict) -> list[str]:
         f"  GPU idle (forward)  {f(s['gpu_idle_us_mean'])} µs/step "
         f"(waiting on a dependency {f(s['gpu_idle_dep_us_mean'])}, "
         f"on the host {f(s['gpu_idle_host_us_mean'])}); busy "
-        f"{f(100 * s['gpu_busy_fraction'])}%",
+        + (f"{f(100 * s['gpu_busy_fraction'])}%" if _finite(s.get('gpu_busy_fraction'))
+           else "n/a (the steps take no time)"),
         f"  CPU blocked         {f(s['cpu_blocked_us_mean'])} µs/step {blocked}".rstrip(),
         f"  launch lead         mean {f(s['launch_lead_us_mean'])} µs; run-ahead fraction "
         f"{f(s['run_ahead_fraction'], '.3f')}",
         f"  launch-ahead depth  mean {f(s['launch_ahead_mean'], '.3f')}; histogram "
         + ", ".join(f"{k}: {f(v, '.2f')}" for k, v in s["launch_ahead_hist"].items()),
     ]
+
+
+def race_line(s: dict) -> str:
+    """A capture's latent races in one line (``simwar import``'s ``races`` line, ``simwar
+    races``' first); ``s``: :meth:`simwar.capture.accesses.CaptureRaces.summary`."""
+    mapped = ", ".join(s["mapped_buffers"])
+    if not s["writes"] or not s["reads"]:
+        missing = "writes" if not s["writes"] else "reads"
+        return (f"not checked: no device op {missing[:-1]}s a mapped buffer ({missing}: in the "
+                f"mapping)")
+    where = f"{s['reads']} reads and {s['writes']} writes of {mapped} mapped"
+    if not s["latent"]:
+        return f"0 latent ({where})"
+    return (f"{s['latent']} latent, {s['observed']} also observed overlapping (in {s['steps']} "
+            f"steps; {where})")
 
 
 def clip_text(text: str, n: int) -> str:
@@ -163,14 +206,22 @@ def parse_window(text: str, steps: int) -> tuple[int, int]:
 
 
 def output_path(path: str, option: str, image: bool = False) -> Path:
-    """The file ``option`` writes, checked: not a directory, in one that exists, and for an
-    image a name whose suffix matplotlib can render."""
+    """The file ``option`` writes, checked before anything runs: a new file in a directory
+    that exists, a regular file (or a link to one), or a stream (a FIFO, ``/dev/null``, the
+    process's own stdout or stderr: :func:`simwar.core.files.write_target`, the rule every
+    write follows); for an image, a name whose suffix matplotlib can render."""
     out = Path(path)
-    if out.is_dir():
+    try:
+        write_target(out)
+    except IsADirectoryError:
         raise UserError(f"{option} {path}: is a directory (expected the name of a file to "
-                        f"write)")
-    if not out.parent.is_dir():
-        raise UserError(f"{option} {path}: directory {out.parent} does not exist")
+                        f"write)") from None
+    except FileNotFoundError as e:
+        raise UserError(f"{option} {path}: directory {e.filename} does not exist") from None
+    except NotAFileError as e:
+        raise UserError(f"{option} {path}: {e.strerror}") from None
+    except OSError as e:  # a link loop, no permission to look
+        raise UserError(f"{option} {path}: {e.strerror or e}") from None
     if image:
         # lazy: start-up time of the CLI (matplotlib)
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -180,6 +231,43 @@ def output_path(path: str, option: str, image: bool = False) -> Path:
             raise UserError(f"{option} {path}: expected an image file name ending in "
                             f"{', '.join('.' + k for k in sorted(kinds))}")
     return out
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (links and spellings resolved; a new path compares by
+    where it would be created)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist yet
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _is_stream(path: str) -> bool:
+    try:
+        return write_target(path)[1] != "replace"
+    except OSError:
+        return False
+
+
+def check_outputs(inputs, outputs) -> None:
+    """Refuse, naming both, an output that is one of the command's inputs or another output.
+
+    ``inputs``: ``(what, path)`` pairs (``("config", "cfg.yaml")``), ``outputs``:
+    ``(option, path)`` pairs (``("--trace", "t.json")``); a None or empty path is skipped.
+    Streams (``/dev/null``, stdout) are never refused: writing one overwrites nothing.
+    """
+    ins = [(what, str(p)) for what, p in inputs if p]
+    outs = [(opt, str(p)) for opt, p in outputs if p and not _is_stream(str(p))]
+    for i, (option, out) in enumerate(outs):
+        for what, src in ins:
+            if _same_file(out, src):
+                same = "" if out == src else f" ({out} and {src} are one file)"
+                raise UserError(f"{option} {out}: is the {what} {src}{same}; simwar never "
+                                f"overwrites its input: write to another file")
+        for other, earlier in outs[:i]:
+            if _same_file(out, earlier):
+                raise UserError(f"{option} {out}: the same file as {other} {earlier}; give "
+                                f"each output its own file")
 
 
 def save_figure(fig, out: Path) -> None:
@@ -194,6 +282,56 @@ def save_figure(fig, out: Path) -> None:
 
 
 # --------------------------------------------------------------------------- inputs
+#: a sweep directory's results table (``simwar plot``, ``simwar results``)
+RESULTS_FILE = "results.parquet"
+
+
+def results_file(path: str) -> Path:
+    """The results table ``plot`` and ``results`` read: ``DIR/results.parquet``, or the file."""
+    p = Path(path)
+    return p / RESULTS_FILE if p.is_dir() else p
+
+
+def read_results(path: str):
+    """A sweep's results table from its directory or the table file itself."""
+    # lazy: start-up time of the CLI (pandas)
+    import pandas as pd
+
+    p = results_file(path)
+    if Path(path).is_dir():
+        if not p.exists():
+            raise UserError(f"{path}: no {RESULTS_FILE} here (run `simwar sweep SWEEP.yaml "
+                            f"--out {path}` first)")
+    elif not p.exists():
+        raise UserError(f"{path}: no such sweep directory or results file")
+    try:
+        if p.suffix == ".csv":
+            return pd.read_csv(p)
+        return pd.read_parquet(p)
+    except (OSError, ValueError) as e:  # corrupt or foreign (Arrow errors subclass these)
+        raise UserError(f"{p}: cannot read a results table ({type(e).__name__}: "
+                        f"{str(e).splitlines()[0] if str(e) else 'unreadable'})") from None
+
+
+def filter_rows(df, items: list[str]):
+    """The rows of ``df`` that every ``--where KEY=VALUE`` item keeps."""
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
+    from simwar.config import parse_override
+
+    for item in items:
+        key, value = parse_override(item)
+        if key not in df.columns:
+            raise UserError(f"--where {item}: no column '{key}'")
+        col = df[key]
+        keep = col == value
+        if not keep.any():  # tables store some values as text: compare as text too
+            keep = col.astype(str) == str(value)
+        df = df[keep]
+        if df.empty:
+            raise UserError(f"--where {item}: no rows match")
+    return df
+
+
 def is_sweep_file(path: str) -> bool:
     """Whether the YAML file at ``path`` is a sweep (rather than a config)."""
     # lazy: start-up time of the CLI (the config schema loads pydantic)

@@ -15,10 +15,17 @@ command's module.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 from pathlib import Path
 
-from simwar.cli.common import UserError, costs_overrides, load_measured
+from simwar.cli.common import (
+    UserError,
+    check_outputs,
+    costs_overrides,
+    load_measured,
+    output_path,
+)
 from simwar.core.files import write_bytes_atomic, write_text_atomic
 
 HELP = "simulated vs measured error table"
@@ -66,10 +73,30 @@ def case_configs(names, config_path: str | None) -> dict[str, dict]:
     return out
 
 
+def table_csv(table) -> str:
+    """The error table as CSV, four decimals, never ``-0.0000``: a figure that rounds to zero
+    is written as zero whatever its sign (so a regeneration does not differ by a sign)."""
+    # lazy: start-up time of the CLI (pandas)
+    import pandas as pd
+
+    out = table.copy()
+    for column in out.columns:
+        if pd.api.types.is_float_dtype(out[column]):
+            out[column] = out[column].round(4) + 0.0  # -0.0 + 0.0 is 0.0
+    return out.to_csv(index=False, float_format="%.4f")
+
+
 def command(args) -> int:
     # lazy: start-up time of the CLI (pandas and the simulator)
     from simwar.fit.replays import criteria, error_table, markdown_table, with_host_speed
 
+    outputs = [("--csv", args.csv), ("--plot", args.plot), ("--save-measured", args.save_measured),
+               ("--markdown", args.markdown)]
+    for option, value in outputs:  # checked before anything is simulated
+        if value:
+            output_path(value, option, image=option == "--plot")
+    check_outputs([("measured input", m) for m in args.measured]
+                  + [("costs file", args.costs), ("config", args.config)], outputs)
     measured = load_measured(args.measured)
     configs = case_configs(measured, args.config)
     costs = {k[len("costs."):]: v for k, v in costs_overrides(args.costs).items()}
@@ -82,12 +109,9 @@ def command(args) -> int:
     if args.save_measured:
         doc = {"format": "simwar.measured_summaries", "version": 1,
                "description": args.description, "cases": measured}
-        Path(args.save_measured).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.save_measured, json.dumps(doc, indent=1) + "\n")
-    Path(args.csv).parent.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(args.csv, table.to_csv(index=False, float_format="%.4f").encode())
+    write_bytes_atomic(args.csv, table_csv(table).encode())
     if args.markdown:
-        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.markdown, markdown_table(table))
     if args.plot:
         # lazy: start-up time of the CLI (matplotlib)
@@ -98,7 +122,9 @@ def command(args) -> int:
         ax_step, _ = plot_compare(table)
         FigureCanvasAgg(ax_step.figure)
         ax_step.figure.tight_layout()
-        ax_step.figure.savefig(args.plot, dpi=90)
+        image = io.BytesIO()  # rendered first, then written whole
+        ax_step.figure.savefig(image, format=Path(args.plot).suffix.lstrip(".").lower(), dpi=90)
+        write_bytes_atomic(args.plot, image.getvalue())
     c = criteria(table)
     print(f"{c['cases']} cases: step time |error| median {100 * c['step_rel_error_median']:.2f}%"
           f", max {100 * c['step_rel_error_max']:.2f}%; forward gap within max(25 µs, 10%) in "

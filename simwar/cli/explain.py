@@ -29,7 +29,7 @@ import textwrap
 from pathlib import Path
 from typing import NamedTuple
 
-from simwar.cli.common import UserError, clip_text
+from simwar.cli.common import UserError, check_outputs, clip_text, output_path, save_figure
 from simwar.core.files import jsonable
 
 HELP = "why each forward waited: the critical path of every step, in causes"
@@ -61,25 +61,32 @@ def command(args) -> int:
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.critical_path import NoForward, critical_path, sentence
 
+    if args.top < 0:
+        raise UserError(f"--top {args.top}: expected 0 or a positive number")
+    if args.timeline:  # checked before anything is simulated or read
+        output_path(args.timeline, "--timeline", image=True)
+        check_outputs([("input", args.source), ("mapping", args.mapping)],
+                      [("--timeline", args.timeline)])
     src = load_source(args.source, args.mapping, args.overrides, args.preset)
     trace, what = src.trace, src.what
     steps = _parse_steps(args.steps) if args.steps else None
     try:
         cp = critical_path(trace, steps, src.host_ranges, src.device_info)
     except NoForward as e:
-        raise UserError(f"{args.source}: {e}") from None
+        if what.startswith("Kineto capture") and _simwar_export(Path(args.source)):
+            raise UserError(f"{args.source}: a Chrome trace simwar exported for Perfetto "
+                            f"(simwar run --trace), which keeps no steps to explain: explain "
+                            f"the config itself, or a trace saved with Trace.save or simwar "
+                            f"import --save-trace") from None
+        raise UserError(f"{args.source}: {e}{_why_no_steps(what, args.mapping)}") from None
     except ValueError as e:
         raise UserError(f"--steps {args.steps}: {e}") from None
     if args.timeline:
-        out = _image_path(args.timeline)
+        out = Path(args.timeline)
         # lazy: start-up time of the CLI (matplotlib)
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from simwar.plots.chain import chain_figure
 
-        from simwar.plots.chain import chain_figure  # lazy: start-up time of the CLI
-
-        fig = chain_figure(cp, cp.steps[0])
-        FigureCanvasAgg(fig)
-        fig.savefig(out, dpi=110)
+        save_figure(chain_figure(cp, cp.steps[0]), out)
         print(f"simwar: wrote {out}", file=sys.stderr)
     if args.json:
         d = cp.to_dict()
@@ -102,20 +109,6 @@ def _parse_steps(text: str) -> tuple[int, int]:
     if a > b:
         raise UserError(f"--steps {text}: A must be <= B")
     return a, b
-
-
-def _image_path(path: str) -> Path:
-    # lazy: start-up time of the CLI (matplotlib)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    out = Path(path)
-    if not out.parent.exists():
-        raise UserError(f"--timeline: directory {out.parent} does not exist")
-    kinds = FigureCanvasAgg.get_supported_filetypes()
-    if out.suffix.lstrip(".").lower() not in kinds:
-        raise UserError(f"--timeline: {out.name}: expected an image file name ending in "
-                        f"{', '.join('.' + k for k in sorted(kinds))}")
-    return out
 
 
 class Source(NamedTuple):
@@ -200,6 +193,35 @@ def _load_capture(p: Path, mapping: str | None, preset: str | None) -> Source:
            f"{meta.get('host_thread_reason')})") if host and \
         len(meta.get("launch_threads", [])) > 1 else ""
     return Source(result.trace, f"Kineto capture {p}{who}", ranges, result.device_info, notes)
+
+
+def _why_no_steps(what: str, mapping: str | None) -> str:
+    """A hint of why a capture has no measured steps: read without (or with a wrong)
+    mapping."""
+    if not what.startswith("Kineto capture"):
+        return ""
+    if mapping is None:
+        return (" (read without --mapping: steps are ProfilerStep#N ranges and the forward is "
+                "the busiest stream's kernels; give --mapping MAP.yaml with the capture's "
+                "steps pattern and phases, see simwar import)")
+    return (f" (check the steps pattern and phases of {mapping}: simwar import CAPTURE "
+            f"--mapping {mapping} warns of the rules that match nothing)")
+
+
+def _simwar_export(path: Path) -> bool:
+    """Whether a Chrome trace JSON is simwar's own export (``otherData.generator``, written
+    last: the file's tail is read)."""
+    tail = b""
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(2)
+        opener = gzip.open if magic == b"\x1f\x8b" else open
+        with opener(path, "rb") as fh:
+            while chunk := fh.read(1 << 20):
+                tail = (tail + chunk)[-(1 << 16):]
+    except OSError:
+        return False
+    return b'"generator":"simwar"' in tail.replace(b" ", b"")
 
 
 def _peek(path: Path, size: int = 4096) -> str:

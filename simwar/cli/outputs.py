@@ -1,7 +1,9 @@
 """The picture and trace options of ``simwar run``: ``--timeline``, ``--steps-window``, ``--trace``.
 
-``simwar.cli.run`` calls the three steps explicitly: :func:`add_arguments` to its parser,
-:func:`check` before simulating (a wrong path or window costs no run), :func:`write` after.
+``simwar.cli.run`` calls the steps explicitly: :func:`add_arguments` to its parser,
+:func:`check_paths` before reading the config (a wrong path costs nothing and overwrites no
+input), :func:`check` before simulating (nor does a wrong window cost a run), :func:`write`
+after.
 ``--timeline`` draws :func:`simwar.plots.stall_figure` (the stall timeline of a few steps
 and a zoom on the first forward-stream bubble); ``--trace`` writes Chrome trace-event JSON
 for Perfetto (:mod:`simwar.plots.perfetto`). Both need the run's Trace:
@@ -16,7 +18,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from simwar.cli.common import UserError, output_path, parse_window, save_figure
+from simwar.cli.common import (
+    UserError,
+    check_outputs,
+    output_path,
+    parse_window,
+    save_figure,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,8 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "first GPU bubble) to this image")
     parser.add_argument("--steps-window", metavar="A:B",
                         help="steps shown by --timeline, A and B included: from step A's "
-                             "start to step B+1's start (default: three steps "
-                             "after warm-up)")
+                             "start to the end of step B's work, nothing of step B+1 "
+                             "(default: three steps after warm-up)")
     parser.add_argument("--trace", metavar="OUT.json",
                         help="write the run as Chrome trace-event JSON (open it in "
                              "ui.perfetto.dev or chrome://tracing)")
@@ -38,16 +46,24 @@ def trace_options(args) -> list[str]:
             if value]
 
 
-def check(args, config) -> None:
-    """Check the picture options before simulating, so that a mistake is reported at once."""
+def check_paths(args) -> None:
+    """Check the files the options write before anything is read or simulated: each is a
+    file simwar may write, and none is an input or the other output."""
     if args.steps_window and not args.timeline:
         raise UserError("--steps-window: only used with --timeline OUT.png")
     if args.timeline:
         output_path(args.timeline, "--timeline", image=True)
-        if args.steps_window:
-            parse_window(args.steps_window, config.steps)
     if args.trace:
         output_path(args.trace, "--trace")
+    check_outputs([("config", args.config), ("costs file", args.costs)],
+                  [("--timeline", args.timeline), ("--trace", args.trace)])
+
+
+def check(args, config) -> None:
+    """Check the picture options before simulating, so that a mistake is reported at once."""
+    check_paths(args)
+    if args.timeline and args.steps_window:
+        parse_window(args.steps_window, config.steps)
 
 
 def write(args, result) -> None:

@@ -1,9 +1,11 @@
 """``simwar plot``: a sweep's results as a figure, or a run's steps against their batch.
 
-- ``simwar plot SWEEP_DIR --x KEY --y METRIC [--hue KEY] -o out.png``: a metric
-  against a swept key from a sweep's ``results.parquet`` (one line per value
-  of ``--hue``), or ``--kind heatmap`` (``--hue`` is then the second axis);
-  the title says what each point averages over (:func:`plot_title`);
+- ``simwar plot SWEEP_DIR --x KEY --y METRIC [--hue KEY] [--facet KEY] -o out.png``: a
+  metric against a swept key from a sweep's ``results.parquet`` (one line per value
+  of ``--hue``, one panel per value of ``--facet``), or ``--kind heatmap`` (``--hue`` is
+  then the second axis); the title says the ``--where`` filters and what each point
+  averages over (:func:`plot_title`: repeats and numeric swept keys; a categorical swept
+  key is never averaged over: it must be plotted or filtered to one value);
 - ``simwar plot CONFIG.yaml -o out.png [--set K=V] [--steps-window A:B]``: a run whose
   steps differ (a ``workload``): step time and forward gap against the batch size, and
   the regime flips step by step (:func:`simwar.plots.workload_figure`);
@@ -25,9 +27,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
-from simwar.cli.common import UserError, output_path, parse_window, save_figure
+from simwar.cli.common import (
+    UserError,
+    check_outputs,
+    filter_rows,
+    output_path,
+    parse_window,
+    read_results,
+    results_file,
+    save_figure,
+)
 
 HELP = ("plot a sweep's results (a metric against a swept key), or a run's steps against "
         "their batch size")
@@ -37,7 +49,6 @@ DESCRIPTION = ("Plot METRIC against swept KEY from SWEEP_DIR/results.parquet (or
                "config instead, simulate it and plot its steps: step time and forward gap "
                "against the batch size, and the host-/device-bound regime step by step "
                "(--steps-window A:B).")
-RESULTS_FILE = "results.parquet"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,6 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--y", metavar="METRIC", help="metric, e.g. step_us_mean (sweeps)")
     p.add_argument("--hue", metavar="KEY", help="one line per value of this swept key")
     p.add_argument("--kind", choices=("line", "heatmap"), default="line")
+    p.add_argument("--facet", metavar="KEY",
+                   help="one panel per value of this swept key, side by side")
     p.add_argument("--where", action="append", default=[], metavar="KEY=VALUE",
                    help="keep only rows where KEY equals VALUE (repeatable)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -67,66 +80,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--out", required=True, metavar="OUT.png", help="image to write")
 
 
-def read_results(path: str):
-    """A sweep's results table from its directory or the table file itself."""
-    # lazy: start-up time of the CLI (pandas)
-    import pandas as pd
-
-    p = Path(path)
-    if p.is_dir():
-        p = p / RESULTS_FILE
-        if not p.exists():
-            raise UserError(f"{path}: no {RESULTS_FILE} here (run `simwar sweep SWEEP.yaml "
-                            f"--out {path}` first)")
-    elif not p.exists():
-        raise UserError(f"{path}: no such sweep directory or results file")
-    try:
-        if p.suffix == ".csv":
-            return pd.read_csv(p)
-        return pd.read_parquet(p)
-    except (OSError, ValueError) as e:  # corrupt or foreign (Arrow errors subclass these)
-        raise UserError(f"{p}: cannot read a results table ({type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else 'unreadable'})") from None
-
-
-def _filter(df, items: list[str]):
-    """The rows of ``df`` that every ``--where KEY=VALUE`` item keeps."""
-    # lazy: start-up time of the CLI (the config schema loads pydantic)
-    from simwar.config import parse_override
-
-    for item in items:
-        key, value = parse_override(item)
-        if key not in df.columns:
-            raise UserError(f"--where {item}: no column '{key}'")
-        col = df[key]
-        keep = col == value
-        if not keep.any():  # tables store some values as text: compare as text too
-            keep = col.astype(str) == str(value)
-        df = df[keep]
-        if df.empty:
-            raise UserError(f"--where {item}: no rows match")
-    return df
-
-
-def plot_title(df, x: str, y: str, hue: str | None, kind: str = "line") -> str:
-    """``Y by X [and HUE]``, and a second line saying what each point averages over."""
+def plot_title(df, x: str, y: str, hue: str | None, kind: str = "line",
+               facet: str | None = None, where: list[str] = ()) -> str:
+    """``Y by X [and HUE] [, one panel per FACET]``, then ``where`` filters, then what each
+    point averages over (repeats, numeric swept keys not plotted), one line each."""
     # lazy: start-up time of the CLI (pandas, matplotlib)
     import pandas as pd
 
     from simwar.plots.sweeps import averaged_over, column_label  # lazy: start-up time of the CLI
 
-    title = f"{column_label(y)} by {column_label(x)}"
-    if hue:
-        title += f" and {column_label(hue)}"
-    over = averaged_over(df, x, y, hue)
+    lines = [f"{column_label(y)} by {column_label(x)}"
+             + (f" and {column_label(hue)}" if hue else "")
+             + (f", one panel per {column_label(facet)}" if facet else "")]
+    if where:
+        lines.append("where " + ", ".join(where))
+    over = averaged_over(df, x, y, hue, facet)
     if over:
         parts = [f"{n} repeats" if c == "repeat" else f"up to {n} rows" if c == "rows"
                  else f"{c} ({n} values)" for c, n in over.items()]
         spread = ("" if kind == "heatmap" else "; bars: min to max"
                   if not pd.api.types.is_numeric_dtype(df[x]) else "; band: min to max")
-        title += f"\neach {'cell' if kind == 'heatmap' else 'point'} is the mean over " \
-                 f"{', '.join(parts)}{spread}"
-    return title
+        lines.append(f"each {'cell' if kind == 'heatmap' else 'point'} is the mean over "
+                     f"{', '.join(parts)}{spread}")
+    return "\n".join(lines)
+
+
+def _wrapped(title: str, width_in: float, fontsize: float) -> str:
+    """``title``'s lines wrapped to fit a figure ``width_in`` inches wide (a character of
+    DejaVu Sans averages ~0.55 of the font size)."""
+    chars = max(20, int(width_in * 72 / (0.55 * fontsize)) - 4)
+    return "\n".join(textwrap.fill(line, chars) for line in title.splitlines())
 
 
 def _is_config(path: str) -> bool:
@@ -147,11 +130,12 @@ def plot_steps(args) -> int:
                             f"by batch size)")
     if args.kind != "line":
         raise UserError("--kind: only for a sweep's results")
+    out = output_path(args.out, "-o", image=True)
+    check_outputs([("config", args.sweep_dir)], [("-o", args.out)])
     cfg = load_config(args.sweep_dir, args.overrides)
     if args.on_off:
         return plot_on_off(args, cfg)
     window = parse_window(args.steps_window, cfg.steps) if args.steps_window else None
-    out = output_path(args.out, "-o", image=True)
     # lazy: start-up time of the CLI (matplotlib, pandas)
     from simwar.plots.workload import workload_figure
 
@@ -200,8 +184,11 @@ def command(args) -> int:
         if not value:
             raise UserError(f"{option}: required to plot a sweep's results (e.g. --x "
                             f"cpu.schedule_us --y step_us_mean)")
-    df = _filter(read_results(args.sweep_dir), args.where)
-    for option, col in (("--x", args.x), ("--y", args.y), ("--hue", args.hue)):
+    out = output_path(args.out, "-o", image=True)
+    check_outputs([("results table", results_file(args.sweep_dir))], [("-o", args.out)])
+    df = filter_rows(read_results(args.sweep_dir), args.where)
+    for option, col in (("--x", args.x), ("--y", args.y), ("--hue", args.hue),
+                        ("--facet", args.facet)):
         if col is not None and col not in df.columns:
             cols = list(df.columns)  # sweep tables put the swept keys before run_id
             swept = cols[:cols.index("run_id")] if "run_id" in cols else []
@@ -210,27 +197,46 @@ def command(args) -> int:
                             f"fwd_gap_us_mean, gpu_idle_us_mean)")
     if args.kind == "heatmap" and not args.hue:
         raise UserError("--kind heatmap: needs --hue KEY for the y axis")
+    plotted = [c for c in (args.x, args.hue, args.facet) if c]
+    if len(set(plotted)) < len(plotted):
+        raise UserError("--x, --hue and --facet: give each a different key")
     # lazy: start-up time of the CLI (matplotlib)
     from matplotlib.figure import Figure
 
     # lazy: start-up time of the CLI (the plots load pandas)
-    from simwar.plots.sweeps import column_label, numeric_columns, sweep_heatmap, sweep_lines
+    from simwar.plots.sweeps import (
+        categorical_averaged,
+        numeric_columns,
+        sweep_facets,
+        sweep_heatmap,
+        sweep_lines,
+    )
 
     if args.y not in numeric_columns(df):
         raise UserError(f"--y {args.y}: not a numeric column of {args.sweep_dir} (numeric: "
                         f"{', '.join(numeric_columns(df)) or 'none'})")
-    out = output_path(args.out, "-o", image=True)
-    fig = Figure(figsize=(7.5, 4.5), layout="constrained")
-    ax = fig.add_subplot()
-    if args.kind == "heatmap":
-        sweep_heatmap(df, args.x, args.hue, args.y, ax=ax)
-        ax.set_ylabel(column_label(args.hue))
-        ax.images[0].colorbar.set_label(column_label(args.y))
+    over = categorical_averaged(df, *plotted)
+    if over:  # never a mean over a categorical swept key: a configuration that does not exist
+        key, values = next(iter(over.items()))
+        shown = ", ".join(map(str, values[:6])) + (", ..." if len(values) > 6 else "")
+        raise UserError(f"{key} takes {len(values)} values ({shown}) in {args.sweep_dir} and "
+                        f"is not plotted: each point would average them, a configuration "
+                        f"that does not exist; keep one with --where {key}={values[0]}, or "
+                        f"show it with --hue {key} or --facet {key}")
+    if args.facet:
+        fig = sweep_facets(df, args.x, args.y, args.facet, hue=args.hue, kind=args.kind)
+        title = plot_title(df, args.x, args.y, args.hue, args.kind, args.facet, args.where)
+        fig.suptitle(_wrapped(title, fig.get_figwidth(), 10), x=0.01, ha="left",
+                     fontsize=10)
     else:
-        sweep_lines(df, args.x, args.y, hue=args.hue, ax=ax)
-        ax.set_ylabel(column_label(args.y))
-    ax.set_xlabel(column_label(args.x))
-    ax.set_title(plot_title(df, args.x, args.y, args.hue, args.kind), loc="left", fontsize=10)
+        fig = Figure(figsize=(7.5, 4.5), layout="constrained")
+        ax = fig.add_subplot()
+        if args.kind == "heatmap":
+            sweep_heatmap(df, args.x, args.hue, args.y, ax=ax)
+        else:
+            sweep_lines(df, args.x, args.y, hue=args.hue, ax=ax)
+        title = plot_title(df, args.x, args.y, args.hue, args.kind, where=args.where)
+        ax.set_title(_wrapped(title, fig.get_figwidth(), 10), loc="left", fontsize=10)
     save_figure(fig, out)
     print(f"simwar: wrote {out}", file=sys.stderr)
     return 0

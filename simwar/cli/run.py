@@ -21,7 +21,14 @@ import json
 import sys
 
 from simwar.cli import outputs
-from simwar.cli.common import UserError, costs_file_overrides, num, run_label, stall_lines
+from simwar.cli.common import (
+    UserError,
+    bucket_lines,
+    costs_file_overrides,
+    num,
+    run_label,
+    stall_lines,
+)
 from simwar.config.schema import ENGINES
 from simwar.core.files import jsonable
 
@@ -47,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--races", type=int, default=5, metavar="N",
                    help="list up to N races in the text summary (default 5)")
+    p.add_argument("--fail-on-race", action="store_true",
+                   help="exit 1 when the run has latent races in the steps measured (for CI: "
+                        "the summary is printed as usual)")
     p.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar and no notes on stderr (errors still print)")
     p.add_argument("--engine", choices=ENGINES, default=None,
@@ -74,6 +84,9 @@ def command(args) -> int:
         parse_slo,
     )
 
+    outputs.check_paths(args)  # a wrong output path costs nothing, and overwrites no input
+    if args.races < 0:
+        raise UserError(f"--races {args.races}: expected 0 or a positive number")
     items = override_list(args.overrides)
     if args.slo is not None:
         items.append(Override("slo", parse_slo(args.slo), f"--slo {args.slo}"))
@@ -98,12 +111,19 @@ def command(args) -> int:
                           progress=progress)
     if not args.quiet:
         print(f"simwar: executor {result.engine}", file=sys.stderr)
+    for warning in result.warnings:  # printed even with --quiet: the results may mislead
+        print(f"simwar: warning: {warning}", file=sys.stderr)
     result.summary["name"] = run_label(cfg.name, items)
     outputs.write(args, result)
     if args.json:
         print(json.dumps(jsonable(result.summary), sort_keys=True))
     else:
         print(format_summary(result, args.races))
+    races = result.summary.get("races", 0)
+    if args.fail_on_race and races:
+        print(f"simwar: {races} latent race{'s' if races != 1 else ''} in the steps measured "
+              f"(--fail-on-race)", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -128,8 +148,8 @@ def run_progress(steps: int, quiet: bool = False):
         return
     stride = max(1, steps // 500)  # a few hundred updates at most, whatever the run's length
 
-    def progress(step: int) -> None:
-        if step % stride == 0 or step >= steps - 1:
+    def progress(step: int) -> None:  # each step (SimPy) or each chunk of steps (fast)
+        if step + 1 - bar.n >= stride or step >= steps - 1:
             bar.update(min(step + 1, steps) - bar.n)
             if step >= steps - 1:  # the rest is draining the streams and the analysis
                 bar.set_description_str("analysing")
@@ -155,12 +175,7 @@ def workload_lines(s: dict) -> list[str]:
     if "by_bucket" not in s:
         return []
     f = num
-    lines = ["  per graph bucket    bucket  steps  step µs  fwd gap  GPU idle  CPU blocked"
-             "  launch lead"]
-    for b, v in s["by_bucket"].items():
-        lines.append(f"                      {b:>6}  {v['steps']:>5}  {f(v['step_us_mean']):>7}"
-                     f"  {f(v['fwd_gap_us_mean']):>7}  {f(v['gpu_idle_us_mean']):>8}"
-                     f"  {f(v['cpu_blocked_us_mean']):>11}  {f(v['launch_lead_us_mean']):>11}")
+    lines = bucket_lines(s["by_bucket"])
     if "requests_completed" in s:
         lines.append(
             f"  requests            {s['requests_completed']} completed, "
@@ -203,7 +218,9 @@ def format_summary(result, max_races: int = 5) -> str:
         header,
         measured_line,
         *stall_lines(s),
-        f"  throughput          {f(s['tokens_per_s'], '.0f')} tokens/s " + (
+        "  throughput          " + (
+            f"{f(s['tokens_per_s'], '.0f')} tokens/s " if s['tokens_per_s'] == s['tokens_per_s']
+            else "n/a: the steps take no time ") + (
             f"(batch mean {f(s['batch_size_mean'])} x {f(s['accepted_tokens_mean'], '.2f')} "
             f"accepted, per step)" if "batch_size_mean" in s
             else f"(batch {cfg.batch_size} x {cfg.accept.tokens} accepted)"),

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
-from simwar.cli.common import UserError
+from simwar.cli.common import UserError, check_outputs
 
 HELP = "run a sweep file into a results table (resumable)"
 DESCRIPTION = ("Expand a sweep file (base config, grid, zip, repeats), simulate every run and "
@@ -39,12 +40,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="DIR holds a different sweep's results: replace its sweep.yaml and "
                         "results tables (run files are kept)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (a bar on a terminal, else a line every 5%% of the runs) "
+                        "and no run count on stderr")
+    p.add_argument("--yes", action="store_true",
+                   help="run a sweep of more than 100000 runs (refused without it: each run "
+                        "costs time and memory before it is simulated)")
 
 
 def command(args) -> int:
     # lazy: start-up time of the CLI (the sweep module loads pandas and the simulator)
-    from simwar.study.sweeps import RunStore, SweepConflict, load_sweep, sweep
+    from simwar.study.sweeps import (
+        MAX_RUNS,
+        SweepConflict,
+        SweepInterrupted,
+        load_sweep,
+        sweep,
+    )
 
     if args.jobs < 0:
         raise UserError(f"--jobs {args.jobs}: expected 0 (one per core) or a positive number")
@@ -52,10 +64,11 @@ def command(args) -> int:
         raise UserError(f"--out {args.out}: exists and is not a directory")
     if args.ray_address and args.backend != "ray":
         raise UserError("--ray-address: only meaningful with --backend ray")
-    plan = load_sweep(args.sweep_file, args.overrides)
-    store = RunStore(args.out)
-    already = sum(store.load(run) is not None for run in {r.run_key: r for r in plan.runs}
-                  .values())
+    _check_inputs_kept(args.sweep_file, args.out)
+    plan = load_sweep(args.sweep_file, args.overrides, max_runs=None if args.yes else MAX_RUNS)
+    if not args.no_progress:
+        print(f"simwar: {args.sweep_file}: {plan.count} runs ({plan.spec.count_text()})",
+              file=sys.stderr)
     started = time.perf_counter()
     try:
         frame = sweep(plan, args.out, jobs=args.jobs, backend=args.backend,
@@ -63,11 +76,36 @@ def command(args) -> int:
                       force=args.force)
     except SweepConflict as e:
         raise UserError(f"--out {e}") from None
+    except SweepInterrupted as e:
+        kept = (f"; {os.path.join(args.out, 'results.parquet')} (and .csv) hold the "
+                f"{e.finished} runs that finished" if e.out_dir else "")
+        print(f"simwar: interrupted{kept}; rerun the same command to finish the "
+              f"{e.total} runs", file=sys.stderr)
+        return 130
     elapsed = time.perf_counter() - started
-    simulated = len({r.run_key for r in plan.runs}) - already
+    already, simulated = frame.attrs["runs_stored"], frame.attrs["runs_simulated"]
     rate = f", {simulated / elapsed:.2f} runs/s" if simulated and elapsed > 0 else ""
     print(f"{args.sweep_file}: {len(frame)} runs ({already} already done, {simulated} "
           f"simulated in {elapsed:.1f} s{rate})")
     print(f"wrote {os.path.join(args.out, 'results.parquet')} and "
           f"{os.path.join(args.out, 'results.csv')}")
     return 0
+
+
+#: the files a sweep writes into its --out directory (besides runs/)
+OUT_FILES = ("sweep.yaml", "results.parquet", "results.csv")
+
+
+def _check_inputs_kept(sweep_file: str, out: str) -> None:
+    """Neither the sweep file nor its base config is one of the files written into ``out``."""
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
+    from simwar.config import ConfigError, read_yaml
+
+    inputs = [("sweep file", sweep_file)]
+    try:
+        base = read_yaml(sweep_file).get("base")
+    except ConfigError:
+        base = None  # load_sweep reports it
+    if isinstance(base, str):
+        inputs.append(("base config", os.path.join(os.path.dirname(sweep_file), base)))
+    check_outputs(inputs, [("--out", os.path.join(out, name)) for name in OUT_FILES])

@@ -1,8 +1,11 @@
 """``simwar validate``: check config and sweep files and say what each one is.
 
 One line per file on stdout (``FILE: ok (...)``), one error line per invalid file on
-stderr; exit 2 when any file is invalid. Files are told apart by
-:func:`simwar.cli.common.is_sweep_file`.
+stderr (and a warning line per distribution a config clips often); exit 2 when any file is
+invalid. Files are told apart by :func:`simwar.cli.common.is_sweep_file`. Every run of a
+sweep is checked, one at a time; a sweep of more than
+:data:`simwar.study.sweeps.MAX_RUNS` runs is refused (counted, not expanded) unless
+``--yes``.
 
 Imports: ``simwar.cli.common`` at the top; the config schema and the sweep module inside
 :func:`command`. Never another command's module.
@@ -22,24 +25,31 @@ DESCRIPTION = ("Validate each config or sweep file; print one line per file. Exi
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--yes", action="store_true",
+                   help="check a sweep of more than 100000 runs (refused without it)")
 
 
 def command(args) -> int:
     # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import ConfigError, load_config
-    from simwar.study.sweeps import load_sweep  # lazy: start-up time of the CLI
+    from simwar.config.clipping import clipping_warnings  # lazy: start-up time of the CLI
+    from simwar.study.sweeps import MAX_RUNS, load_sweep  # lazy: start-up time of the CLI
 
     failures = 0
     for path in args.files:
         try:
             if is_sweep_file(path):
-                plan = load_sweep(path)
+                plan = load_sweep(path, max_runs=None if args.yes else MAX_RUNS)
+                for _ in plan.iter_runs():  # every run's config, one at a time
+                    pass
                 swept = ", ".join(plan.spec.swept_keys) or "nothing swept"
-                print(f"{path}: ok (sweep of {len(plan.runs)} runs over {swept})")
+                print(f"{path}: ok (sweep of {plan.count} runs over {swept})")
             else:
                 cfg = load_config(path)
                 print(f"{path}: ok (config {cfg.name}: {cfg.algorithm}, barrier "
                       f"{cfg.policy.barrier}, {cfg.policy.placement})")
+                for warning in clipping_warnings(cfg):
+                    print(f"simwar: warning: {path}: {warning}", file=sys.stderr)
         except ConfigError as e:
             failures += 1
             print(f"simwar: error: {e}", file=sys.stderr)

@@ -38,10 +38,13 @@ from simwar.config.schema import (
     Workload,
     buckets_of,
     duration_keys,
+    finite_error,
     first_error,
+    non_finite,
 )
 
 __all__ = ["ALGORITHMS", "DEFAULT_CONFIG", "ENGINES", "Affine", "Config", "ConfigError", "Dist",
            "Override", "Phase", "Policy", "Workload", "buckets_of", "duration_keys",
-           "first_error", "load_config", "override_list", "parse_override", "parse_slo", "read_yaml",
-           "resolve_paths", "set_dotted", "validate"]
+           "finite_error", "first_error", "load_config", "non_finite", "override_list",
+           "parse_override", "parse_slo", "read_yaml", "resolve_paths", "set_dotted",
+           "validate"]

@@ -1,5 +1,13 @@
 """Loading a config: YAML files, dotted overrides, validation, and the error's blame.
 
+:func:`read_yaml` is the one reader of simwar's YAML files (configs, sweeps, import
+mappings, costs files) and :func:`yaml_value` of a ``--set`` value, with three rules of
+their own on top of PyYAML's safe loader: a mapping that gives a key twice is an error
+naming the key and both lines (YAML would keep the last silently); ``.nan``, ``.inf`` and
+numbers too large for a float are errors naming the key and line (no duration, count or
+rate is infinite); and ``1e3`` is the number 1000, as YAML 1.2 reads it (YAML 1.1, which
+PyYAML follows, needs ``1.0e+3``).
+
 :func:`load_config` reads a YAML file (or takes a mapping or a Config), applies the dotted
 overrides (``--set policy.barrier=coarse``, a costs file's keys: :class:`Override`) and
 validates the result against :class:`simwar.config.schema.Config`. A :class:`ConfigError`
@@ -26,19 +34,90 @@ from simwar.config.schema import SLO_METRICS, Config, ConfigError, first_error
 DEFAULT_CONFIG = Path(__file__).parents[1] / "data" / "default.yaml"
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, with YAML 1.2's floats: ``1e3`` and ``2E-5`` are numbers."""
+
+
+_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in
+                                   yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+
+
+class YamlRuleError(ValueError):
+    """A document PyYAML would read, against one of :func:`read_yaml`'s own rules."""
+
+
+def _check_node(loader: _Loader, node: yaml.Node, where: str) -> None:
+    """Duplicate keys and non-finite numbers anywhere under ``node`` (``where``: its key)."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key, value in node.value:
+            name = key.value if isinstance(key, yaml.ScalarNode) else None
+            child = f"{where}.{name}" if where else str(name)
+            if name is not None and name != "<<":  # merge keys may repeat
+                line = key.start_mark.line + 1
+                if name in seen:
+                    raise YamlRuleError(f"{child}: duplicate key (lines {seen[name]} and "
+                                        f"{line}); give it once")
+                seen[name] = line
+            _check_node(loader, value, child)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _check_node(loader, item, f"{where}.{i}" if where else str(i))
+    elif isinstance(node, yaml.ScalarNode) and node.tag == _FLOAT_TAG:
+        text = node.value
+        value = loader.construct_yaml_float(node)
+        if not math.isfinite(value):
+            raise YamlRuleError(f"{where or 'value'}: expected a finite number, got {text} "
+                                f"(line {node.start_mark.line + 1})")
+
+
+def load_yaml_text(text: str) -> Any:
+    """A YAML document under :func:`read_yaml`'s rules (``YamlRuleError`` when broken)."""
+    loader = _Loader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_node(loader, node, "")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def yaml_value(raw: str) -> Any:
+    """A ``--set`` value as YAML reads it (text that is not YAML stays text); a non-finite
+    number is a :class:`ConfigError`."""
+    try:
+        value = load_yaml_text(raw)
+    except YamlRuleError as e:
+        raise ConfigError(str(e).split(" (line ")[0]) from None
+    except yaml.YAMLError:
+        return raw
+    return value
+
+
 def read_yaml(path: str | Path) -> dict:
-    """The top-level mapping of a YAML file; a missing, unreadable or empty file is an error."""
+    """The top-level mapping of a YAML file; a missing, unreadable or empty file is an error,
+    and so are a key given twice and a non-finite number (see the module docstring)."""
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: file not found")
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory (expected a YAML file)")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = load_yaml_text(path.read_text())
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (expected YAML)") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    except YamlRuleError as e:
+        raise ConfigError(f"{path}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -127,9 +206,9 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"--set {item}: empty key")
     try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        value = raw
+        value = yaml_value(raw)
+    except ConfigError as e:
+        raise ConfigError(f"--set {key}: {str(e).removeprefix('value: ')}") from None
     return key, value
 
 
@@ -148,6 +227,11 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
             entry = next((p for p in phases if isinstance(p, dict) and p.get("name") == name),
                          None)
             if entry is None:
+                if data.get("algorithm") == "custom":  # a custom table is given whole
+                    names = [p.get("name") for p in phases if isinstance(p, dict)]
+                    raise ConfigError(f"phases.{name}: '{name}' is not a phase of the custom "
+                                      f"table ({', '.join(map(str, names))}); to add a "
+                                      f"phase, list it in phases")
                 entry = {"name": name}
                 phases.append(entry)
             node = {"__phase__": entry}
@@ -257,5 +341,6 @@ def validate(data: dict, label: str = "<config>") -> Config:
         raise ConfigError(f"{label}: {e}") from None
 
 
-__all__ = ["DEFAULT_CONFIG", "Override", "load_config", "override_list", "parse_override",
-           "read_yaml", "resolve_paths", "set_dotted", "validate"]
+__all__ = ["DEFAULT_CONFIG", "Override", "YamlRuleError", "load_config", "load_yaml_text",
+           "override_list", "parse_override", "read_yaml", "resolve_paths", "set_dotted",
+           "validate", "yaml_value"]

@@ -84,6 +84,32 @@ def first_error(e: ValidationError, prefix: str = "") -> str:
     return f"{key}: {msg}" if key else msg
 
 
+def non_finite(data: Any, where: str = "") -> tuple[str, float] | None:
+    """The first NaN or infinity in a config-like value (mappings and lists walked), as
+    ``(dotted key, value)``; None when every number is finite. The one rule of configs,
+    overrides and sweep grids: no duration, count or rate is infinite or undefined."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return where or "value", data
+    if isinstance(data, dict):
+        items = data.items()
+    elif isinstance(data, (list, tuple)):
+        items = enumerate(data)
+    else:
+        if hasattr(data, "dtype") and getattr(data, "shape", None) == ():  # a numpy scalar
+            return non_finite(float(data), where) if data.dtype.kind == "f" else None
+        return None
+    for key, value in items:
+        found = non_finite(value, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def finite_error(found: tuple[str, float]) -> str:
+    """The one line for :func:`non_finite`'s find."""
+    return f"{found[0]}: expected a finite number, got {found[1]}"
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -272,13 +298,19 @@ class Costs(_Strict):
 
 
 
+#: a decode step yields at least one token per request (the one it verifies, or the only
+#: one without speculation): the fewest accepted tokens a step can have
+MIN_TOKENS = 1.0
+
+
 def _tokens(v: Any) -> Any:
-    """``accept.tokens``: a number > 0, a distribution, or a non-empty per-step list."""
+    """``accept.tokens``: a number >= 1, a distribution whose every draw is >= 1, or a
+    non-empty per-step list of numbers >= 1."""
     if isinstance(v, Dist):
-        return v
+        return _token_dist(v)
     if isinstance(v, dict):
         try:
-            return Dist(**v)
+            return _token_dist(Dist(**v))
         except ValidationError as e:
             raise ValueError(first_error(e)) from None
     if isinstance(v, (list, tuple)):
@@ -286,16 +318,28 @@ def _tokens(v: Any) -> Any:
             raise ValueError("empty list (give one accepted-token count per step, or a "
                              "number)")
         for i, x in enumerate(v):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0 \
-                    or not math.isfinite(x):
-                raise ValueError(f"item {i}: accepted tokens per request must be a number > 0, "
-                                 f"got {x!r}")
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not x >= MIN_TOKENS:
+                raise ValueError(f"item {i}: accepted tokens per request must be a number >= 1 "
+                                 f"(a step yields at least one token per request), got {x!r}")
         return [float(x) for x in v]
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"expected a number > 0, a per-step list or {{dist: ...}}, got {v!r}")
-    if not v > 0:
-        raise ValueError(f"Input should be greater than 0 (got {v!r})")
+        raise ValueError(f"expected a number >= 1, a per-step list or {{dist: ...}}, got {v!r}")
+    if not v >= MIN_TOKENS:
+        raise ValueError(f"expected at least 1 accepted token per request (a step yields at "
+                         f"least one: the one it verifies), got {v!r}")
     return float(v)
+
+
+def _token_dist(d: Dist) -> Dist:
+    """A distribution of accepted tokens: every draw (clipped at ``min``) must be >= 1."""
+    lowest = (d.low if d.dist == "uniform" else min(d.values) if d.dist == "empirical"
+              else -math.inf)
+    if max(lowest, d.min) < MIN_TOKENS:
+        fix = ("give min: 1 (draws below it are clipped to it)" if d.dist in ("normal", "lognormal")
+               else f"give {'low' if d.dist == 'uniform' else 'values'} >= 1 or min: 1")
+        raise ValueError(f"{d.dist}: accepted tokens can fall below 1 (a step yields at least "
+                         f"one token per request); {fix}")
+    return d
 
 
 class Accept(_Strict):
@@ -721,6 +765,14 @@ class Config(_Strict):
     #: summary adds the goodput (requests/s meeting every bound) and the share meeting them
     slo: Annotated[dict | None, BeforeValidator(_slo)] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _finite(cls, data: Any) -> Any:
+        found = non_finite(data)
+        if found is not None:
+            raise ValueError(finite_error(found))
+        return data
+
     @model_validator(mode="after")
     def _resolve(self) -> Config:
         if self.warmup_steps >= self.steps:
@@ -903,4 +955,5 @@ def _unique(names: list[str]) -> None:
 
 __all__ = ["ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "SLO_METRICS", "Affine",
            "ClosedLoop", "Config", "ConfigError", "Dist", "Duration", "Phase", "Policy", "Prefill",
-           "TokenCost", "Workload", "buckets_of", "duration_keys", "first_error"]
+           "TokenCost", "Workload", "buckets_of", "duration_keys", "finite_error", "first_error",
+           "non_finite"]

@@ -8,6 +8,17 @@ permissions a plain ``open()`` would give (``0o666`` less the umask), then
 renamed over the destination. Any failure, an interrupt included, removes the
 temporary file and leaves the destination as it was.
 
+What a destination may be (:func:`write_target`, the one rule, which the command line
+also applies before it runs anything):
+
+- a new path in a directory that exists, or a regular file: replaced atomically as above;
+  a symbolic link is followed, so the file it points to is replaced and the link kept;
+- a stream: a FIFO, ``/dev/null``, or this process's own standard output or error
+  (``/dev/stdout``, ``/proc/self/fd/1``): written in place, in order (a stream cannot be
+  renamed over, and its reader expects the bytes);
+- anything else (a directory, a device such as ``/dev/full`` or a disk, a socket) is refused
+  before anything is written: :class:`NotAFileError` (an ``OSError`` naming the path).
+
 Imports: the standard library only (the GPU harness writes traces with it).
 """
 
@@ -18,6 +29,8 @@ import errno
 import gzip
 import math
 import os
+import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Iterator
@@ -33,31 +46,103 @@ def _umask() -> int:
     return mask
 
 
+class NotAFileError(OSError):
+    """A destination that is neither a regular file, a new path nor a stream (see the module
+    docstring); ``filename`` is the path, ``strerror`` says what it is."""
+
+
+#: what :func:`write_target` refuses, by ``stat`` kind, in words
+_KINDS = ((stat.S_ISBLK, "a block device"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def _own_stream(st: os.stat_result) -> int | None:
+    """The file descriptor (1 or 2) of this process's standard output or error that ``st``
+    is, or None."""
+    for fd in (1, 2):
+        try:
+            if os.path.samestat(st, os.fstat(fd)):
+                return fd
+        except OSError:  # closed
+            continue
+    return None
+
+
+def write_target(path: str | Path) -> tuple[Path, str]:
+    """Where a write to ``path`` goes, and how: ``(target, "replace" | "stream" | "fd1" |
+    "fd2")`` (see the module docstring); raises before anything is written.
+
+    ``replace``: ``target`` (the path, or the regular file a symbolic link points to) is
+    replaced atomically; ``stream``: ``path`` is opened and written in place (a FIFO,
+    ``/dev/null``); ``fd1``/``fd2``: the path is this process's standard output or error,
+    written through that descriptor. ``IsADirectoryError`` for a directory,
+    ``FileNotFoundError`` when the directory of a new file does not exist,
+    :class:`NotAFileError` for anything else that is not a regular file.
+    """
+    path = Path(path)
+    try:
+        st = os.stat(path)  # follows symbolic links
+    except FileNotFoundError:
+        st = None
+    if st is None:  # a new file (or a dangling link: the file it names is created)
+        target = Path(os.path.realpath(path)) if path.is_symlink() else path
+        if not target.parent.is_dir():
+            raise FileNotFoundError(errno.ENOENT, "directory does not exist", str(target.parent))
+        return target, "replace"
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+    fd = _own_stream(st)
+    if fd is not None:
+        return path, f"fd{fd}"
+    if stat.S_ISREG(st.st_mode):
+        return Path(os.path.realpath(path)), "replace"
+    if stat.S_ISFIFO(st.st_mode) or os.path.samestat(st, os.stat(os.devnull)):
+        return path, "stream"
+    kind = next((words for test, words in _KINDS if test(st.st_mode)), "not a regular file")
+    raise NotAFileError(errno.EINVAL, f"{kind}, not a regular file (simwar writes regular "
+                                      f"files, FIFOs, {os.devnull} and its own stdout or "
+                                      f"stderr)", str(path))
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
     """A binary handle whose content replaces ``path`` when the block ends without error.
 
-    Raises ``IsADirectoryError`` when ``path`` is a directory and ``FileNotFoundError``
-    when its directory does not exist, before anything is written.
+    Raises ``IsADirectoryError`` when ``path`` is a directory, ``FileNotFoundError``
+    when its directory does not exist and :class:`NotAFileError` for a device or a
+    socket, before anything is written; a stream (a FIFO, ``/dev/null``, this process's
+    stdout or stderr) is written in place (:func:`write_target`).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
-    parent = path.parent
-    if not parent.is_dir():
-        raise FileNotFoundError(errno.ENOENT, "directory does not exist", str(parent))
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=TMP_SUFFIX)
+    target, how = write_target(path)
+    if how != "replace":
+        yield from _stream(target, how)
+        return
+    parent = target.parent
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=TMP_SUFFIX)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600; a plain open() would not
         with os.fdopen(fd, "wb") as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _stream(path: Path, how: str) -> Iterator[BinaryIO]:
+    """Write in place: a FIFO or /dev/null opened, or our own stdout/stderr's descriptor
+    duplicated (it shares the offset, so nothing printed before is overwritten)."""
+    if how == "stream":
+        with open(path, "wb") as handle:
+            yield handle
+        return
+    fd = int(how[2:])
+    (sys.stdout if fd == 1 else sys.stderr).flush()
+    with os.fdopen(os.dup(fd), "wb") as handle:
+        yield handle
 
 
 def write_bytes_atomic(path: str | Path, payload: bytes) -> Path:
@@ -85,8 +170,8 @@ def stale_temporaries(directory: str | Path) -> list[Path]:
     return sorted(directory.glob(f".*{TMP_SUFFIX}")) if directory.is_dir() else []
 
 
-__all__ = ["TMP_SUFFIX", "atomic_file", "stale_temporaries", "write_bytes_atomic",
-           "write_text_atomic"]
+__all__ = ["TMP_SUFFIX", "NotAFileError", "atomic_file", "stale_temporaries",
+           "write_bytes_atomic", "write_target", "write_text_atomic"]
 
 
 def jsonable(obj):

@@ -197,6 +197,9 @@ class Table:
             setattr(self, col, arr)
         self._n = n or 0
 
+    def __repr__(self) -> str:
+        return f"Table({self._name!r}: {len(self)} rows, columns {', '.join(self.columns())})"
+
     def __len__(self) -> int:
         return self._n
 
@@ -258,6 +261,17 @@ class Trace:
     markers: Table
     strings: list[str] = field(default_factory=list)
     meta: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        """Sizes and the run it came from, never the tables or the interned strings."""
+        steps = self.spans.step if len(self.spans) else np.zeros(0, dtype=np.int64)
+        ran = f", steps {int(steps.min())}..{int(steps.max())}" if len(steps) else ""
+        name = self.meta.get("name")
+        return (f"Trace({name!r}: {len(self.spans)} spans, {len(self.ops)} ops, "
+                f"{len(self.accesses)} accesses, {len(self.markers)} markers, "
+                f"{len(self.strings)} strings{ran})" if name else
+                f"Trace({len(self.spans)} spans, {len(self.ops)} ops, {len(self.accesses)} "
+                f"accesses, {len(self.markers)} markers, {len(self.strings)} strings{ran})")
 
     # ---- text codes
     def code(self, text: str) -> int:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from simwar.capture.accesses import capture_phase_reads
 from simwar.capture.layout import Roles, step_layouts
 from simwar.capture.mapping import CPU_ITEMS, Mapping, unmatched_keys
 from simwar.capture.sizes import CaptureSizes, SizesError, step_sizes
@@ -140,6 +141,7 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
                         f"than the rest (units, syncs): fitted from the {n_shape} alike")
     lays = {k: v for k, v in lays.items() if v.signature() == shape}
     names = _unit_names([u.phase for u in next(iter(lays.values())).units])
+    mapping = _regex_reads(imp, mapping, names)
     optional = mapping.soft.get("reads", set())
     unknown = [p for p in mapping.reads if p not in names and p not in optional]
     if unknown:
@@ -203,6 +205,27 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
 def _mapping_label(mapping: Mapping) -> str:
     name, _ = mapping.origin
     return f"preset {name}" if name else "mapping"
+
+
+def _regex_reads(imp, mapping: Mapping, names: list[str]) -> Mapping:
+    """A mapping file's ``reads`` key that is no phase but a regex of kernels or ranges
+    (simwar.capture.accesses) read by the phases of the device ops it maps; one that maps
+    none is left for the check of phase names."""
+    optional = mapping.soft.get("reads", set())
+    keys = [k for k in mapping.reads if k not in names and k not in optional]
+    if not keys:
+        return mapping
+    sub = mapping.model_copy(update={"reads": {k: mapping.reads[k] for k in keys},
+                                     "writes": {}})
+    sub._soft, sub._origin = {}, mapping.origin
+    try:
+        implied = capture_phase_reads(imp, sub)
+    except ConfigError:
+        return mapping
+    reads = {k: list(v) for k, v in mapping.reads.items() if k not in keys}
+    for phase, buffers in implied.items():
+        reads[phase] = reads.get(phase, []) + [b for b in buffers if b not in reads.get(phase, [])]
+    return _with_reads(mapping, reads)
 
 
 def _with_reads(mapping: Mapping, reads: dict) -> Mapping:

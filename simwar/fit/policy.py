@@ -8,11 +8,12 @@ The first two things :func:`simwar.fit.from_capture.fit_model` reads from a capt
   issued before the forward), the copy stream (``copy``, else the stream with
   work issued after the forward's last launch) and a ``plan`` lane when the
   mapping names one;
-- **the barrier policy** (:func:`infer_policy`), from the CUDA sync events that
-  bind the schedule stream's waits (and the host's synchronizes) to records on
-  the forward stream, and where in the forward each record was issued; when a
-  capture binds none (PyTorch 2.11 writes every record correlation id as -1), from
-  the structure of the waits' event ids (:class:`EventIds`).
+- **the barrier policy** (:func:`infer_policy`), from the records that the schedule
+  stream's waits (and the host's synchronizes) bind to on the forward stream, and
+  where in the forward each record was issued. Which record a wait binds to is
+  :mod:`simwar.capture.binding`'s decision alone (from the record correlation ids, or
+  where PyTorch 2.11 writes them as -1, from the event ids and the call order); what it
+  leaves unbound is said in the words of the event ids (:class:`EventIds`).
 
 Imports: numpy and simwar's capture and core modules; never the simulator.
 """
@@ -107,19 +108,25 @@ def infer_policy(trace: Trace, lays: dict[int, StepLayout], roles: Roles,
     """The barrier the capture shows, or a sentence saying why it cannot be inferred.
 
     Per measured step, the schedule stream's waits (and host syncs other than the result
-    sync) bound to a record on the forward stream: a record issued by a graph launch (an
-    in-graph node) → ``fine`` published in-replay at that unit; an eager record right
-    before the wait (``wait_stream``) → ``coarse``; another eager record → ``fine``
-    published at its position (before a unit's graph: pre-replay, after it: post-replay);
-    a host synchronize on such a record → ``host_sync``; nothing → ``none``. A wait
-    before the step's schedule launches is a loop-top barrier. A wait bound to no record
-    is read from its event id (:class:`EventIds`; ``readers``: the indexes of the units that
-    read shared buffers). The most common answer wins.
+    sync) bound to a record on the forward stream (``ops.bound``: which record each binds to
+    is :mod:`simwar.capture.binding`'s decision, with record correlation ids or, as PyTorch
+    2.11 writes them, -1, from the event ids and call order): a record issued by a graph
+    launch (an in-graph node) → ``fine`` published in-replay at that unit; an eager record
+    right before the wait (``wait_stream``; calls of no known kind, such as
+    ``cudaStreamIsCapturing``, between them do not count) → ``coarse``; another eager record →
+    ``fine`` published at its position (before a unit's graph: pre-replay, after it:
+    post-replay); a host synchronize on such a record → ``host_sync``; nothing → ``none``. A
+    wait before the step's schedule launches is a loop-top barrier. A barrier wait bound to no
+    record gives no vote: where no step votes, its event id says why no policy fits
+    (:meth:`EventIds.misfit`); a host sync bound to none is read from its place (the loop top,
+    or between the forward's launches and the result sync; ``readers``: the indexes of the
+    units that read shared buffers). The most common answer wins.
     """
     ops, spans = trace.ops, trace.spans
     fwd = trace.code(roles["forward"])
     sched = {trace.code(x) for x in (roles.get("schedule"), roles.get("plan")) if x}
     votes: Counter = Counter()
+    waited: dict[tuple, set] = {}  # vote -> the event ids of the waits that gave it
     unbound = 0
     steps = sorted(lays)
     ids = EventIds(trace, lays, readers)
@@ -129,22 +136,24 @@ def infer_policy(trace: Trace, lays: dict[int, StepLayout], roles: Roles,
         first_sched = spans.start_us[lay.sched_calls[0]] if lay.sched_calls else \
             spans.start_us[lay.first_forward]
         found = []
+        events = []
+        unread = False
         waits = [o for c in lay.calls for o in ops_of_call(trace, c)
                  if ops.kind[o] == OpKind.WAIT and ops.lane[o] in sched]
         for w in waits:
             b = int(ops.bound[w])
             if b < 0:
                 unbound += 1
-                vote = ids.vote(k, w, spans.start_us[ops.call[w]] < first_sched)
-                if isinstance(vote, str):
-                    misfit.append(vote)
-                elif vote is not None:
-                    found.append(vote)
+                why = ids.misfit(k, w)
+                if why is not None:
+                    unread = True
+                    misfit.append(why)
                 continue
             if ops.lane[b] != fwd:
                 continue
             found.append(_classify(trace, lays, b, int(ops.call[w]), "wait",
                                    spans.start_us[ops.call[w]] < first_sched))
+            events.append(trace.text(int(ops.event[w])))
         for s in lay.syncs:
             if s == lay.result_sync:
                 continue
@@ -157,13 +166,16 @@ def infer_policy(trace: Trace, lays: dict[int, StepLayout], roles: Roles,
                 if s in (lay.top_sync, lay.post_sync):  # a barrier sync by its place
                     found.append(("host_sync", "loop_top" if s == lay.top_sync
                                   else "after_launch", *ids.recorded(k), "place"))
+                    events.append("")
                 continue
             if ops.lane[b] == fwd:
                 found.append(_classify(trace, lays, b, s, "sync",
                                        spans.start_us[s] < first_sched))
+                events.append(trace.text(int(ops.event[op])))
         if found:
             votes[found[0]] += 1
-        elif sync_events and not misfit:
+            waited.setdefault(found[0], set()).add(events[0])
+        elif sync_events and not unread:
             votes[("none", "after_launch", None, None, "bound")] += 1
     if misfit and not votes:
         return misfit[0]
@@ -176,55 +188,52 @@ def infer_policy(trace: Trace, lays: dict[int, StepLayout], roles: Roles,
                "_ExperimentalConfig(enable_cuda_sync_events=True))"
     if not votes:
         return "no measured step to read it from"
-    (barrier, placement, unit, position, how), n = votes.most_common(1)[0]
+    key, n = votes.most_common(1)[0]
+    barrier, placement, unit, position, how = key
     total = sum(votes.values())
-    if how in ("event id", "place"):
-        if how == "event id" and position == "in_replay" \
-                and len(ids.seen.get("fine", ())) > ids.buckets:
-            position = "post_replay"  # more ids than captured graphs: an eager record
-        evidence = ids.evidence(barrier, unit, position, how, n, total, placement == "loop_top")
-        if placement == "loop_top":
-            evidence += "; at the top of the next iteration (loop_top)"
-        return PolicyInference(barrier, placement, unit, position, "capture", evidence)
-    what = {"none": "no stream waits on the forward before the schedule stream's work",
-            "coarse": "the schedule stream waits on a record issued right before the wait "
-                      "(wait_stream(forward))",
-            "fine": "the schedule stream's wait_event binds to ",
-            "host_sync": "the host synchronizes on "}[barrier]
-    if barrier in ("fine", "host_sync"):
-        what += ("an event recorded by the graph launch (an in-graph node)"
-                 if position == "in_replay" and _is_graph(lays, steps, unit)
-                 else f"an eager record ({position})")
-    evidence = f"{what}, in {n} of {total} steps"
-    if placement == "loop_top":
+    named = (trace.meta.get("binding") or {}).get("rules", {}).get("named", 0) > 0
+    top = placement == "loop_top"
+    if how == "place":
+        evidence = ids.evidence_place(unit, position, n, total, top)
+    elif not named and barrier != "none" and (trace.meta.get("binding") or {}).get("rules"):
+        evidence = ids.evidence(barrier, unit, position, sorted(waited.get(key, ()) - {""},
+                                                                key=lambda x: (len(x), x)),
+                                n, total)
+    else:
+        what = {"none": "no stream waits on the forward before the schedule stream's work",
+                "coarse": "the schedule stream waits on a record issued right before the wait "
+                          "(wait_stream(forward))",
+                "fine": "the schedule stream's wait_event binds to ",
+                "host_sync": "the host synchronizes on "}[barrier]
+        if barrier in ("fine", "host_sync"):
+            what += ("an event recorded by the graph launch (an in-graph node)"
+                     if position == "in_replay" and _is_graph(lays, steps, unit)
+                     else f"an eager record ({position})")
+        evidence = f"{what}, in {n} of {total} steps"
+    if top:
         evidence += "; at the top of the next iteration (loop_top)"
     return PolicyInference(barrier, placement, unit, position, "capture", evidence)
 
 
 class EventIds:
-    """The barrier read from the event ids of waits that no record binds (PyTorch 2.11).
+    """What the event ids of a capture's waits say where the binding leaves them unbound, and
+    the words for a policy read from bindings made without record ids (PyTorch 2.11).
 
     torch's profiler writes each stream wait's event id (``wait_on_cuda_event_id``, the wait
-    op's ``event``) even where it names no record. The structure is plain in them:
+    op's ``event``) even where it names no record, and :mod:`simwar.capture.binding` binds the
+    waits from them: ``wait_stream(forward)`` (**coarse**) records a fresh event by the call
+    right before the wait (an id no other step waits on); a **fine** barrier waits again and
+    again on the same few ids: read-done recorded by a node inside a graph (an external event,
+    one per captured graph, so one id per bucket) or by a host record right after one graph's
+    launch (post-replay). This class reads none of that again; it says:
 
-    - ``wait_stream(forward)`` (**coarse**) records a fresh event on the forward stream, by
-      the host call right before the wait (a ``cudaEventRecord``), and waits on it: an id no
-      other step waits on;
-    - a **fine** barrier waits again and again on the same few ids: ``read_done``, recorded by
-      a node inside the publishing phase's graph (an external event, one per captured graph,
-      so one id per bucket), or by an eager record of a reused event. Which: a host record
-      right after exactly one graph launch of the step is that eager record, after that
-      unit's replay (``post_replay``; this also finds a read-done recorded too early, before
-      a later phase's reads: the fitted loop then shows the race); otherwise the last unit
-      that reads shared buffers (the publish rule; none declared: the last graph) publishes
-      ``in_replay``, if the ids are no more than the buckets the steps ran (one per
-      captured graph), else ``post_replay``;
-    - a fresh id with no record call right before the wait fits no policy (and is said so).
-
-    What the ids cannot say: *which* graph's node an in-graph read-done is (every phase's
-    graph changes with the bucket alike), so it is taken to be the last reading phase's, as the
-    publish rule has it; a read-done captured in an earlier phase's graph (published too early:
-    a race) needs the binding of waits to records.
+    - why a barrier wait that the binding left unbound fits no policy (:meth:`misfit`): a fresh
+      id with no record call right before the wait (neither wait_stream nor an in-graph node,
+      whose id recurs), or a recurring id with nothing before it that could record it;
+    - where a host sync bound to no record publishes (:meth:`recorded`): read-done after the
+      one graph launch of the step that a host record follows (post-replay), else the last
+      reading unit's (none declared: the last graph's) in-graph node;
+    - the header's words (:meth:`evidence`, :meth:`evidence_place`).
 
     Waits on other streams (``forward.wait_stream(schedule)``, ``copy.wait_stream(forward)``)
     are not barriers and are not read here.
@@ -242,7 +251,6 @@ class EventIds:
         buckets = wl.get("graph_bucket")
         self.buckets = len({int(buckets[k]) for k in lays if k < len(buckets)}) \
             if buckets else 1
-        self.seen: dict[str, set] = {}  # barrier -> event ids its votes waited on
 
     def publisher(self, k: int) -> int | None:
         """The unit that publishes read-done in step ``k``: the last reading unit (when no
@@ -257,16 +265,12 @@ class EventIds:
         graphs = [i for i, u in enumerate(units) if u.graph is not None]
         return graphs[-1] if graphs else len(units) - 1
 
-    def publisher_is_graph(self, k: int) -> bool:
-        unit = self.publisher(k)
-        return unit is not None and self.lays[k].units[unit].graph is not None
-
     def recorded(self, k: int) -> tuple[int | None, str]:
-        """``(unit, position)`` of step ``k``'s read-done: a host record right after one
-        graph launch (not a wait_stream's record, and no other graph launch of the step is
-        followed by one: an instrumented loop records after every launch) is an eager record
-        after that unit's replay (``post_replay``); otherwise the publishing unit's in-graph
-        node (``in_replay``; an eager unit: ``post_replay``)."""
+        """``(unit, position)`` of step ``k``'s read-done, for a host sync bound to no record:
+        a host record right after one graph launch (not a wait_stream's record, and no other
+        graph launch of the step is followed by one: an instrumented loop records after every
+        launch) is an eager record after that unit's replay (``post_replay``); otherwise the
+        publishing unit's in-graph node (``in_replay``; an eager unit: ``post_replay``)."""
         lay = self.lays[k]
         spans = self.trace.spans
         calls = [c for c in lay.calls if spans.call[c] != Call.OTHER]
@@ -289,75 +293,78 @@ class EventIds:
             return unit, "post_replay"
         return unit, "in_replay"
 
-    def _previous_call(self, lay: StepLayout, call: int) -> int | None:
-        """The host call right before ``call`` (calls of no known kind, such as
-        ``cudaStreamIsCapturing``, skipped)."""
-        spans = self.trace.spans
-        i = lay.calls.index(call) if call in lay.calls else -1
-        for c in reversed(lay.calls[:max(i, 0)]):
-            if spans.call[c] != Call.OTHER:
-                return c
-        return None
-
-    def vote(self, k: int, wait: int, top: bool) -> tuple | str | None:
-        """The vote of one unbound barrier wait (None: it has no event id), or a sentence
-        when its ids fit no policy."""
+    def misfit(self, k: int, wait: int) -> str | None:
+        """Why the barrier wait ``wait`` of step ``k``, which no record binds, fits no policy
+        (None: it has no event id, and says nothing)."""
         trace = self.trace
-        ops, spans = trace.ops, trace.spans
+        ops = trace.ops
         ev = int(ops.event[wait])
         if ev == trace.code(""):
             return None
-        lay = self.lays[k]
-        placement = "loop_top" if top else "after_launch"
-        prev = self._previous_call(lay, int(ops.call[wait]))
-        recorded = prev is not None and spans.call[prev] in (Call.RECORD, Call.WAIT_STREAM)
         name = trace.text(ev)
         lane = trace.text(int(ops.lane[wait]))
         if len(self.steps_of.get(ev, ())) <= 1:
-            if recorded:
-                self.seen.setdefault("coarse", set()).add(name)
-                return ("coarse", placement, None, None, "event id")
             return (f"step {k}: {lane} waits on {name}, which no other step waits "
                     f"on (not an in-graph node, whose id recurs) and which no record call "
                     f"right before the wait recorded (not wait_stream): an event-id pattern "
                     f"of no barrier policy")
-        if self.publisher(k) is None:
-            return f"step {k}: {lane} waits on {name} before any phase launched"
-        self.seen.setdefault("fine", set()).add(name)
-        unit, position = self.recorded(k)
-        return ("fine", placement, unit, position, "event id")
+        return (f"step {k}: {lane} waits on {name}, which recurs (not wait_stream), but no "
+                f"graph launch precedes the wait (not an in-graph node) and the host records "
+                f"since the previous wait are not exactly one: an event-id pattern of no "
+                f"barrier policy")
 
-    def evidence(self, barrier: str, unit, position, how: str, n: int, total: int,
-                 top: bool = False) -> str:
-        """The header's sentence for a policy read from event ids (or a sync's place;
-        ``top``: at the loop top)."""
+    def _phase(self, unit) -> str:
         first = self.lays[min(self.lays)]
-        name = first.units[unit].phase if unit is not None and unit < len(first.units) else ""
-        tail = (f", in {n} of {total} steps (the record correlation ids are -1: read from the "
-                f"event ids)")
-        if how == "place":
-            where = ("at the top of the iteration, before the schedule launches" if top
-                     else "between the forward's launches and the result sync")
-            return (f"the host synchronizes {where}, on a record this capture does not bind "
-                    f"(taken as read-done of {name}, {position}: "
-                    + ("a host record follows its graph launch)" if position == "post_replay"
-                       else "no host record follows its graph launch)")
-                    + tail.replace("event ids", "sync's place"))
+        return first.units[unit].phase if unit is not None and unit < len(first.units) else ""
+
+    def evidence(self, barrier: str, unit, position, ids: list[str], n: int,
+                 total: int) -> str:
+        """The header's sentence for a policy read from waits bound without record ids
+        (``ids``: the event ids the voting waits waited on)."""
+        name = self._phase(unit)
+        tail = (f", in {n} of {total} steps (the record correlation ids are -1: bound by the "
+                f"event ids and the call order)")
         if barrier == "coarse":
             return ("the schedule stream waits on a fresh event each step (a new id), recorded "
                     "by the call right before the wait (wait_stream(forward))" + tail)
-        ids = sorted(self.seen.get("fine", ()), key=lambda x: (len(x), x))
         shown = ", ".join(ids[:4]) + (" ..." if len(ids) > 4 else "")
-        n = f"{len(ids)} id{'s' if len(ids) != 1 else ''} for {self.buckets} " \
-            f"bucket{'s' if self.buckets != 1 else ''}"
-        where = (f"one per captured graph of {name} ({n}): its in-graph record node"
-                 if position == "in_replay" else
-                 f"an eager record after {name}'s replay (a host record follows its graph "
-                 f"launch and no other's, or {name} is eager, or the ids are more than one per "
-                 f"captured graph: {n})")
+        count = f"{len(ids)} id{'s' if len(ids) != 1 else ''} for {self.buckets} " \
+                f"bucket{'s' if self.buckets != 1 else ''}"
+        if barrier == "host_sync":
+            return (f"the host synchronizes on event ids ({shown}) recorded "
+                    + (f"in {name}'s graph (in_replay)" if position == "in_replay"
+                       else f"by the host around {name} ({position})") + tail)
+        if position == "in_replay":
+            where = ((f"one per captured graph of {name}" if len(ids) <= self.buckets
+                      else f"recorded in {name}'s graph")
+                     + f" ({count}): its in-graph record node, the last graph launched before "
+                       f"each wait")
+        elif position == "post_replay":
+            where = (f"recorded by the host right after {name}'s "
+                     + ("graph launch" if self._is_graph(unit) else "launches")
+                     + f" ({count}): an eager record after its replay")
+        else:
+            where = f"recorded by the host before {name}'s graph launch ({count}): pre-replay"
         return (f"the schedule stream's wait_event waits step after step on the same event "
                 f"ids ({shown}), {where} (a wait_stream waits on a fresh event each step)"
                 + tail)
+
+    def _is_graph(self, unit) -> bool:
+        first = self.lays[min(self.lays)]
+        return unit is not None and unit < len(first.units) and \
+            first.units[unit].graph is not None
+
+    def evidence_place(self, unit, position, n: int, total: int, top: bool) -> str:
+        """The header's sentence for a host sync read from its place (bound to no record)."""
+        name = self._phase(unit)
+        where = ("at the top of the iteration, before the schedule launches" if top
+                 else "between the forward's launches and the result sync")
+        return (f"the host synchronizes {where}, on a record this capture does not bind "
+                f"(taken as read-done of {name}, {position}: "
+                + ("a host record follows its graph launch)" if position == "post_replay"
+                   else "no host record follows its graph launch)")
+                + f", in {n} of {total} steps (the record correlation ids are -1: read from "
+                  f"the sync's place)")
 
 
 def _binds_fresh(trace: Trace, wait_call: int, steps_of: dict) -> bool:
@@ -383,8 +390,8 @@ def _classify(trace: Trace, lays, rec: int, waiter: int, kind: str, top: bool) -
     if call < 0 or lay is None:
         return (barrier, placement, None, None, "bound")
     ck = spans.call[call]
-    if ck == Call.WAIT_STREAM or (kind == "wait" and call != waiter and _adjacent(lay, call,
-                                                                                    waiter)):
+    if ck == Call.WAIT_STREAM or (kind == "wait" and call != waiter
+                                  and _previous_call(trace, lay, waiter) == call):
         return ("coarse", placement, None, None, "bound")
     if ck == Call.GRAPH_LAUNCH:
         for i, u in enumerate(lay.units):
@@ -406,9 +413,14 @@ def _classify(trace: Trace, lays, rec: int, waiter: int, kind: str, top: bool) -
     return (barrier, placement, unit, position, "bound")
 
 
-def _adjacent(lay: StepLayout, record_call: int, wait_call: int) -> bool:
-    """The record was the host call right before the wait (torch's wait_stream)."""
+def _previous_call(trace: Trace, lay: StepLayout, call: int) -> int | None:
+    """The host call of step ``lay`` right before ``call`` (torch's ``wait_stream`` is a
+    record right before its wait); calls of no known kind (``Call.OTHER``, such as the
+    ``cudaStreamIsCapturing`` torch issues before each record and wait) are skipped."""
+    spans = trace.spans
     calls = lay.calls
-    if record_call not in calls or wait_call not in calls:
-        return False
-    return calls.index(wait_call) == calls.index(record_call) + 1
+    i = calls.index(call) if call in calls else -1
+    for c in reversed(calls[:max(i, 0)]):
+        if spans.call[c] != Call.OTHER:
+            return c
+    return None

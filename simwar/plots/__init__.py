@@ -7,8 +7,9 @@ Notebooks use them as ``from simwar import plots; plots.timeline(result, steps=(
   :func:`step_time_ecdf` (:mod:`simwar.plots.summary`);
 - runs whose steps differ: :func:`by_batch`, :func:`regime_steps`, :func:`workload_figure`
   (:mod:`simwar.plots.workload`);
-- sweeps: :func:`sweep_lines`, :func:`sweep_heatmap`, and the words of their axes
-  :func:`column_label`, :func:`numeric_columns`, :func:`averaged_over`
+- sweeps: :func:`sweep_lines`, :func:`sweep_heatmap`, :func:`sweep_facets`, and the words
+  of their axes :func:`column_label`, :func:`numeric_columns`, :func:`averaged_over`,
+  :func:`categorical_averaged`
   (:mod:`simwar.plots.sweeps`);
 - the critical-path chain of ``simwar explain``: :func:`chain_figure`
   (:mod:`simwar.plots.chain`);
@@ -29,8 +30,10 @@ from simwar.plots.compare import plot_compare
 from simwar.plots.summary import launch_ahead_hist, stall_breakdown, step_time_ecdf
 from simwar.plots.sweeps import (
     averaged_over,
+    categorical_averaged,
     column_label,
     numeric_columns,
+    sweep_facets,
     sweep_heatmap,
     sweep_lines,
 )
@@ -39,5 +42,6 @@ from simwar.plots.workload import by_batch, regime_steps, workload_figure
 
 __all__ = ["timeline", "stall_figure", "stall_breakdown", "launch_ahead_hist",
            "step_time_ecdf", "by_batch", "regime_steps", "workload_figure", "sweep_lines",
-           "sweep_heatmap", "column_label", "numeric_columns", "averaged_over",
+           "sweep_heatmap", "sweep_facets", "column_label", "numeric_columns", "averaged_over",
+           "categorical_averaged",
            "chain_figure", "plot_compare"]

@@ -27,8 +27,9 @@ CAUSE_KIND_COLORS = {"device": "#1f77b4", "cross_stream": "#9467bd", "host": "#2
                      "unexplained": "#7f7f7f"}
 
 
-def chain_figure(cp, step: int, figsize=(13, 4.6)):
-    """A timeline of steps ``step``..``step+1`` with the step chain of ``step`` drawn over it.
+def chain_figure(cp, step: int, figsize=(13, 4.6), *, fig: Figure | None = None) -> Figure:
+    """A timeline of steps ``step``..``step+1`` with the step chain of ``step`` drawn over it
+    (into ``fig`` when given, e.g. a pyplot figure that a notebook shows; else a new one).
 
     Every span in the window is drawn in grey on its lane (the CPU thread on top, then
     each stream; waits and host blocks hatched); the chain's segments are drawn in colour
@@ -46,7 +47,7 @@ def chain_figure(cp, step: int, figsize=(13, 4.6)):
                       and (inside & (spans.lane == trace.code(lane))).any()]
     lanes += [s.lane for s in chain.segments if s.lane not in lanes]
     y = {lane: i for i, lane in enumerate(dict.fromkeys(lanes))}
-    fig = Figure(figsize=figsize, layout="constrained")
+    fig = fig or Figure(figsize=figsize, layout="constrained")
     ax = fig.add_subplot()
     ms = 1e-3
     held = (spans.kind == SpanKind.WAIT) | (spans.kind == SpanKind.BLOCKED)

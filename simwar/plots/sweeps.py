@@ -3,9 +3,17 @@
 - :func:`sweep_lines`: a metric against a swept key, one line per hue (repeats as the
   mean and its min-max band; a categorical key as points with min-max bars);
 - :func:`sweep_heatmap`: the mean of a metric over the grid of two swept keys;
+- :func:`sweep_facets`: either of them once per value of another swept key, side by side;
 - :func:`column_label` (axis labels in words, with units), :func:`numeric_columns` (what a
-  value axis can show) and :func:`averaged_over` (what each point is the mean of), which
-  ``simwar plot`` also uses for its title and its checks.
+  value axis can show), :func:`averaged_over` (what each point is the mean of) and
+  :func:`categorical_averaged` (the categorical swept keys a figure would average over),
+  which ``simwar plot`` also uses for its title and its checks.
+
+A point (or cell) may be the mean over repeats and over the values of a numeric swept key
+it does not plot, which the title says; never over a categorical one (a barrier, an
+algorithm, a swept distribution, a flag): the mean of the coarse and the fine barrier is a
+configuration that does not exist. Such a key must be plotted (``hue``, a facet, an axis)
+or filtered to one value; the figures raise ``ValueError`` naming it otherwise.
 
 Data: the DataFrame ``simwar.sweep`` returns (or its ``results.parquet``), or any table
 with the columns named.
@@ -18,11 +26,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from simwar.plots.axes import new_axes
 
-__all__ = ["sweep_lines", "sweep_heatmap", "column_label", "numeric_columns", "averaged_over",
-           "COLUMN_LABELS"]
+__all__ = ["sweep_lines", "sweep_heatmap", "sweep_facets", "column_label", "numeric_columns",
+           "averaged_over", "categorical_averaged", "COLUMN_LABELS"]
 
 
 def _check_columns(df: pd.DataFrame, *cols: str | None) -> None:
@@ -122,6 +131,39 @@ def averaged_over(df: pd.DataFrame, *plotted: str | None) -> dict[str, int]:
     return {"rows": most} if most > 1 else {}
 
 
+def _swept(df: pd.DataFrame) -> list[str]:
+    """The swept keys of a sweep table: its columns before ``run_id`` (none for another
+    table)."""
+    columns = list(df.columns)
+    return columns[:columns.index("run_id")] if "run_id" in columns else []
+
+
+def _categorical(series: pd.Series) -> bool:
+    return (not pd.api.types.is_numeric_dtype(series)) or pd.api.types.is_bool_dtype(series)
+
+
+def categorical_averaged(df: pd.DataFrame, *plotted: str | None) -> dict[str, list]:
+    """The categorical swept keys (text, flags, swept distributions) that take several
+    values in ``df`` and are not among ``plotted``: ``{key: its values}``. A figure that
+    averaged over one would show configurations that do not exist."""
+    shown = {c for c in plotted if c is not None}
+    out = {}
+    for c in _swept(df):
+        if c not in shown and _categorical(df[c]) and df[c].nunique(dropna=False) > 1:
+            out[c] = sorted(df[c].dropna().unique().tolist(), key=str)
+    return out
+
+
+def _refuse_categorical(df: pd.DataFrame, *plotted: str | None) -> None:
+    over = categorical_averaged(df, *plotted)
+    if over:
+        key, values = next(iter(over.items()))
+        raise ValueError(f"{key} takes {len(values)} values ({', '.join(map(str, values))}) "
+                         f"and is not plotted: each point would average them, a "
+                         f"configuration that does not exist; plot it (hue, a facet) or keep "
+                         f"one of its values")
+
+
 def _check_numeric(df: pd.DataFrame, column: str) -> None:
     if column not in numeric_columns(df):
         raise TypeError(f"{column}: not a numeric column (numeric: "
@@ -138,6 +180,7 @@ def sweep_lines(df: pd.DataFrame, x: str, y: str, hue: str | None = None,
     """
     _check_columns(df, x, y, hue)
     _check_numeric(df, y)
+    _refuse_categorical(df, x, hue)
     ax = new_axes(ax)
     groups = list(df.groupby(hue, sort=True)) if hue else [(None, df)]
     categorical = not pd.api.types.is_numeric_dtype(df[x])
@@ -145,7 +188,7 @@ def sweep_lines(df: pd.DataFrame, x: str, y: str, hue: str | None = None,
     position = {value: i for i, value in enumerate(categories)}
     for i, (key, g) in enumerate(groups):
         agg = g.groupby(x, sort=True)[y].agg(["mean", "min", "max"])
-        label = f"{hue}={key}" if hue else y
+        label = f"{hue}={key}" if hue else column_label(y)
         if categorical:
             shift = (i - (len(groups) - 1) / 2) * min(0.6 / max(len(groups), 1), 0.15)
             xs = [position[v] + shift for v in agg.index]
@@ -160,8 +203,8 @@ def sweep_lines(df: pd.DataFrame, x: str, y: str, hue: str | None = None,
     if categorical:
         ax.set_xticks(range(len(categories)), [str(c) for c in categories])
         ax.set_xlim(-0.5, len(categories) - 0.5)
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+    ax.set_xlabel(column_label(x))
+    ax.set_ylabel(column_label(y))
     if hue:
         ax.legend(fontsize=8, frameon=False)
     ax.grid(color="#eeeeee")
@@ -173,13 +216,14 @@ def sweep_heatmap(df: pd.DataFrame, x: str, y: str, value: str, ax: Axes | None 
     """Mean of ``value`` over the grid of two swept keys, annotated cell by cell."""
     _check_columns(df, x, y, value)
     _check_numeric(df, value)
+    _refuse_categorical(df, x, y)
     ax = new_axes(ax)
     grid = df.pivot_table(index=y, columns=x, values=value, aggfunc="mean").sort_index()
     im = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", origin="lower", cmap=cmap)
     ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns])
     ax.set_yticks(range(grid.shape[0]), [str(i) for i in grid.index])
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+    ax.set_xlabel(column_label(x))
+    ax.set_ylabel(column_label(y))
     values = grid.to_numpy(dtype=float)
     finite = values[np.isfinite(values)]
     mid = (finite.min() + finite.max()) / 2 if finite.size else 0.0
@@ -187,5 +231,35 @@ def sweep_heatmap(df: pd.DataFrame, x: str, y: str, value: str, ax: Axes | None 
         if np.isfinite(v):
             ax.text(j, i, fmt.format(v), ha="center", va="center", fontsize=7,
                     color="white" if v < mid else "black")
-    ax.figure.colorbar(im, ax=ax, label=value)
+    ax.figure.colorbar(im, ax=ax, label=column_label(value))
     return ax
+
+
+def sweep_facets(df: pd.DataFrame, x: str, y: str, facet: str, hue: str | None = None,
+                 kind: str = "line", fig: Figure | None = None, columns: int = 3) -> Figure:
+    """:func:`sweep_lines` (``kind="line"``: ``y`` against ``x``, one line per ``hue``) or
+    :func:`sweep_heatmap` (``kind="heatmap"``: ``y`` over ``x`` and ``hue``) once per value
+    of ``facet``, side by side (``columns`` a row), each panel titled by its value."""
+    _check_columns(df, x, y, hue, facet)
+    if kind not in ("line", "heatmap"):
+        raise ValueError(f"kind: '{kind}' is not line or heatmap")
+    if kind == "heatmap" and hue is None:
+        raise ValueError("a heatmap needs hue (its y axis)")
+    _refuse_categorical(df, x, hue, facet)
+    values = sorted(df[facet].dropna().unique().tolist(), key=str)
+    cols = min(columns, len(values))
+    rows = -(-len(values) // cols)
+    fig = fig or Figure(figsize=(4.6 * cols, 3.6 * rows), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=kind == "line")
+    for ax, value in zip(axes.flat, values):
+        part = df[df[facet] == value]
+        if kind == "heatmap":
+            sweep_heatmap(part, x, hue, y, ax=ax)
+        else:
+            sweep_lines(part, x, y, hue=hue, ax=ax)
+        ax.set_title(f"{facet} = {value}", fontsize=9, loc="left")
+        if ax is not axes.flat[0] and ax.get_legend() is not None:
+            ax.get_legend().remove()  # one legend: the lines are the same in every panel
+    for ax in list(axes.flat)[len(values):]:
+        ax.set_visible(False)
+    return fig

@@ -57,7 +57,9 @@ def by_batch(data, ax: Axes | None = None) -> Axes:
 def regime_steps(data, ax: Axes | None = None, steps: tuple[int, int] | None = None) -> Axes:
     """Step by step over ``steps`` (A and B included; default: the first 72 measured): step
     time, forward gap and launch lead, the batch size on a second axis, and the host-bound
-    steps (the forward stream idle with nothing enqueued) shaded."""
+    steps shaded: those whose forward waited on the host (the forward stream idle with
+    nothing enqueued between the previous forward's end and this one's: ``gpu_idle_host_us``
+    of the same row as the gap before the forward)."""
     df = _measured_steps(data)
     if steps is None:
         first = int(df.step.min()) if len(df) else 0
@@ -84,7 +86,7 @@ def regime_steps(data, ax: Axes | None = None, steps: tuple[int, int] | None = N
     twin.set_ylabel("batch size", color="#666666")
     twin.set_ylim(0, max(1, df.batch_size.max() if len(df) else 1) * 1.9)
     handles, labels = ax.get_legend_handles_labels()
-    handles += [Patch(color="#fde0dd", label="host-bound step (GPU waited on the host)"),
+    handles += [Patch(color="#fde0dd", label="host-bound step (its forward waited on the host)"),
                 Line2D([], [], color="#888888", label="batch size (right axis)")]
     ax.legend(handles=handles, fontsize=7, frameon=False, loc="upper left", ncol=3)
     ax.set_title("Regime flips: host-bound (shaded) and device-bound steps", loc="left",

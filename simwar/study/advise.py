@@ -24,7 +24,10 @@ default 200, warm-up 20, the same seed: deterministic configs reach their
 steady state within a few steps, and 180 measured steps put a stochastic
 config's mean within a few standard errors of the long run) and checked for
 latent races. Racy candidates are reported, never recommended, and neither is
-a policy the registry marks unsafe (``none``). Among race-free candidates
+a policy the registry marks unsafe (``none``), except for a workload in which no phase
+reads a shared buffer: there no write can overtake a read, every policy is safe, and
+``none`` (no barrier at all) is advised when it is the fastest (a ``fine`` barrier there
+has nothing published to wait for and falls back to ``coarse``). Among race-free candidates
 within ``tie`` (relative, default 0.1 %) of the best objective, the one with
 the largest launch lead wins (a policy that blocks the CPU leaves less margin
 for host jitter), then the one with the fewest changes to the input, then one
@@ -87,6 +90,8 @@ class Candidate:
     changes: list[str]  # what changed, in words
     needs: list[str]  # what each change needs in the engine
     description: str = ""
+    #: no phase reads a shared buffer: no barrier is needed, so every policy is safe
+    nothing_to_protect: bool = False
     summary: dict = field(default_factory=dict)  # of the screening run
     confirmed: dict | None = None  # of the full-length run (the best and the input only)
 
@@ -100,7 +105,7 @@ class Candidate:
 
     @property
     def safe_policy(self) -> bool:
-        return barrier(self.knobs.barrier).safe
+        return self.nothing_to_protect or barrier(self.knobs.barrier).safe
 
     def figures(self) -> dict:
         """The full-length figures when there are some, else the screening ones."""
@@ -147,10 +152,7 @@ def positions(phase, external_events: bool) -> list[str]:
 def space(cfg: Config) -> list[Candidate]:
     """Every distinct candidate of the policy space of ``cfg`` (the input's own first)."""
     phases = cfg.phase_table()
-    reading = [p for p in phases if p.reads]
-    if not reading:
-        raise AdviseError(f"{cfg.name}: no phase reads a shared buffer (every phases.*.reads "
-                          "is empty): there is no read-done to publish and no barrier to choose")
+    reading = [p for p in phases if p.reads]  # none: only the barrier and its placement vary
     pol = cfg.policy
     publish_options: list[tuple[str, str] | None] = [None] + [
         (p.name, pos) for p in reading for pos in positions(p, pol.external_events)]
@@ -208,10 +210,11 @@ def _candidate(cfg: Config, phases, knobs: Knobs) -> Candidate | None:
     over: dict = {}
     changes: list[str] = []
     needs: list[str] = []
+    unread = not any(p.reads for p in phases)
     if knobs.barrier != pol.barrier:
         over["policy.barrier"] = knobs.barrier
         changes.append(f"barrier {pol.barrier} -> {knobs.barrier}")
-        needs.append(_barrier_needs(pol.barrier, knobs.barrier))
+        needs.append(_barrier_needs(pol.barrier, knobs.barrier, unread))
     old = _point(cfg, phases, Knobs(pol.barrier, pol.placement, pol.plan_stream,
                                     pol.needs_cpu_seq_lens))
     if knobs.publish is not None:
@@ -247,7 +250,7 @@ def _candidate(cfg: Config, phases, knobs: Knobs) -> Candidate | None:
         changes.append("no CPU seq_lens mirror")
         needs.append("an attention backend that builds its page table on the device: no "
                      "resolve_seq_lens_cpu D2H and host block (as SGLang #29343 did for fa3)")
-    cand = Candidate(knobs, over, changes, needs)
+    cand = Candidate(knobs, over, changes, needs, nothing_to_protect=unread)
     cand.description = _describe(cfg, phases, knobs)
     return cand
 
@@ -284,7 +287,7 @@ def _describe(cfg: Config, phases, knobs: Knobs) -> str:
     return ", ".join(parts)
 
 
-def _barrier_needs(old: str, new: str) -> str:
+def _barrier_needs(old: str, new: str, unread: bool = False) -> str:
     if new == "fine":
         text = ("the fine barrier: schedule.wait_event(read_done) after each launch, on the "
                 "event the publishing phase records")
@@ -297,6 +300,9 @@ def _barrier_needs(old: str, new: str) -> str:
                 "(no read-done needed)")
     if new == "host_sync":
         return "a host synchronize on read-done before the next writes (blocks the CPU)"
+    if new == "none" and unread:
+        return ("no barrier: no phase reads a shared buffer (every phases.*.reads is empty), "
+                "so the next step's writes have no read to wait for")
     if new == "none":
         return "no barrier (unsafe: the next writes are not ordered after the reads)"
     return barrier(new).doc or f"the {new} barrier"

@@ -15,7 +15,16 @@ excluded: that is ``config_hash``), the seed and the simwar version. A run's
 summary is written atomically to ``runs/<run key>.json`` as soon as it
 finishes, so a sweep killed at any point loses only the runs in flight, and a
 rerun skips every run whose file exists. The tables ``results.parquet`` and
-``results.csv`` are rebuilt from the run files when all runs are done.
+``results.csv`` are rebuilt from the run files when all runs are done; a sweep
+interrupted (Ctrl-C: :class:`SweepInterrupted`) or failed writes them with the runs
+that finished before it stops.
+
+A sweep's runs are counted without being expanded (a grid's size is a product:
+``SweepSpec.run_count``) and expanded lazily, one at a time, as they are handed to the
+backend (:class:`Sweep`), so memory does not grow with the grid; before anything runs, the
+first run of each swept value is validated, so a bad value is a one-line error at once.
+``max_runs`` (the command line's limit, :data:`MAX_RUNS`, unless ``--yes``) refuses a
+larger sweep with its count (:class:`SweepTooLarge`).
 
 One output directory holds one sweep. Its ``sweep.yaml`` is the resolved sweep
 (base inlined, ``--set`` overrides applied); a sweep whose resolved form is the
@@ -41,18 +50,23 @@ and each run's summary is the one it has run by itself, bit for bit.
 Both produce identical rows because rows are always built from the
 JSON-normalised summaries, the form stored in the run files.
 
-Imports: ray only inside the Ray backend; tqdm only when a progress bar is
-asked for. Nothing here prints; a progress bar goes to stderr only when
-``progress=True``.
+Size (~710 lines): the spec, its expansion, the run files, the tables and the backends
+are the steps of one pipeline over the same :class:`Run` and :class:`Sweep`; the progress
+report is :mod:`simwar.study.progress`'s.
+
+Imports: ray only inside the Ray backend; tqdm only when a progress bar is asked for
+(:mod:`simwar.study.progress`). Nothing here prints, but progress when ``progress=True``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import signal
@@ -70,8 +84,10 @@ from simwar.api import simulate, simulate_many  # imported once, inherited by fo
 from simwar.build.template import structure_key
 from simwar.config import (
     ConfigError,
+    finite_error,
     first_error,
     load_config,
+    non_finite,
     override_list,
     read_yaml,
     resolve_paths,
@@ -79,6 +95,7 @@ from simwar.config import (
 )
 from simwar.core.files import atomic_file, jsonable, stale_temporaries, write_bytes_atomic
 from simwar.executors.lockstep import batch_size
+from simwar.study.progress import progress_reporter
 
 #: columns every result row carries besides the swept keys and the summary metrics
 ID_COLUMNS = ("run_id", "repeat", "seed", "config_hash", "run_key")
@@ -112,6 +129,9 @@ class SweepSpec(BaseModel):
             _check_key(key)
             if not values:
                 raise ValueError(f"{info.field_name}.{key}: expected a non-empty list of values")
+            found = non_finite(values, f"{info.field_name}.{key}")
+            if found is not None:
+                raise ValueError(finite_error(found))
         return swept
 
     @field_validator("zip")
@@ -136,6 +156,23 @@ class SweepSpec(BaseModel):
     @property
     def swept_keys(self) -> list[str]:
         return list(self.grid) + list(self.zip)
+
+    @property
+    def run_count(self) -> int:
+        """How many runs the sweep expands to, counted without expanding them."""
+        zipped = len(next(iter(self.zip.values()))) if self.zip else 1
+        return math.prod(len(v) for v in self.grid.values()) * zipped * self.repeats
+
+    def count_text(self) -> str:
+        """How the run count is made, in words: ``grid 10 x 10, zip 3, repeats 5``."""
+        parts = []
+        if self.grid:
+            parts.append("grid " + " x ".join(str(len(v)) for v in self.grid.values()))
+        if self.zip:
+            parts.append(f"zip {len(next(iter(self.zip.values())))}")
+        if self.repeats > 1:
+            parts.append(f"repeats {self.repeats}")
+        return ", ".join(parts)
 
 
 def _check_key(key: str) -> None:
@@ -163,13 +200,57 @@ class Run:
 
 @dataclass
 class Sweep:
-    """A validated, expanded sweep: the spec, the base mapping it resolved to, and its runs."""
+    """A validated sweep: the spec, the base mapping it resolved to, and its runs.
+
+    The runs are expanded lazily, in run-id order: :meth:`iter_runs` yields them one at a
+    time (memory does not grow with the grid), :attr:`runs` is the list of all of them
+    (expanded once, on first use), :attr:`count` their number, known without expanding.
+    Each run's config is validated as it is expanded; :func:`load_sweep` has already
+    validated the first run of every swept value.
+    """
 
     spec: SweepSpec
     base: dict
-    runs: list[Run]
+    base_seed: int
     label: str = "<sweep>"
     overrides: dict[str, Any] = field(default_factory=dict)
+    _runs: list[Run] | None = field(default=None, repr=False)
+
+    @property
+    def count(self) -> int:
+        return self.spec.run_count
+
+    @property
+    def runs(self) -> list[Run]:
+        if self._runs is None:
+            self._runs = list(self.iter_runs())
+        return self._runs
+
+    def iter_runs(self) -> Iterator[Run]:
+        """Every run, expanded and validated one at a time, in run-id order."""
+        if self._runs is not None:
+            yield from self._runs
+            return
+        for run_id, (repeat, values) in enumerate(_points(self.spec)):
+            yield self.run(run_id, repeat, values)
+
+    def run(self, run_id: int, repeat: int, values: dict[str, Any]) -> Run:
+        """Run ``run_id`` (its repeat and swept values): its config validated and hashed."""
+        data = copy.deepcopy(self.base)
+        for key, value in values.items():
+            _set(data, key, value, self.label)
+        seed = int(data.get("seed", self.base_seed)) + repeat
+        data["seed"] = seed
+        try:
+            cfg = load_config(data)
+        except ConfigError as e:
+            where = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
+            detail = str(e).removeprefix("<config>: ")
+            raise ConfigError(f"{self.label}: run {run_id} ({where}): {detail}") from None
+        resolved = cfg.model_dump(mode="json")
+        config_hash = _hash({k: v for k, v in resolved.items() if k != "seed"})
+        run_key = _hash({"config_hash": config_hash, "seed": seed, "version": __version__})
+        return Run(run_id, repeat, seed, values, resolved, config_hash, run_key)
 
     def resolved(self) -> dict:
         """A self-contained sweep mapping (base inlined, overrides applied); expands the same."""
@@ -182,15 +263,44 @@ class Sweep:
         return out
 
 
+#: the most runs :func:`load_sweep` expands when asked to stay under a limit (``simwar
+#: sweep``, ``validate`` and ``show`` without ``--yes``): expanding one costs ~0.15 ms and a
+#: few kB, and a grid's size is a product that grows fast
+MAX_RUNS = 100_000
+
+
+class SweepTooLarge(ConfigError):
+    """More runs than the limit asked for (see :data:`MAX_RUNS`)."""
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """Ctrl-C during :func:`sweep`: ``finished`` of the ``total`` runs are in the results
+    tables written into ``out_dir`` (None: no tables, nothing had finished or no out_dir)."""
+
+    def __init__(self, finished: int, total: int, out_dir: Path | None):
+        super().__init__(finished, total, out_dir)
+        self.finished = finished
+        self.total = total
+        self.out_dir = out_dir if finished else None
+
+
 def is_sweep_mapping(data: dict) -> bool:
     """True when a top-level YAML mapping is a sweep rather than a config."""
     return any(key in data for key in ("base", "grid", "zip", "repeats"))
 
 
 def load_sweep(spec: str | Path | dict | Sweep,
-               overrides: list[str] | dict[str, Any] | None = None) -> Sweep:
-    """Validate and expand a sweep (path, mapping or Sweep); errors are one-line ConfigErrors."""
+               overrides: list[str] | dict[str, Any] | None = None,
+               max_runs: int | None = None) -> Sweep:
+    """Validate a sweep (path, mapping or Sweep); errors are one-line ConfigErrors.
+
+    The runs are not expanded here (see :class:`Sweep`): they are counted, and the first run
+    of each swept value (the other keys at their first value, repeat 0) is expanded and
+    validated, so that a bad value is reported before anything runs. ``max_runs``: refuse a
+    sweep of more runs (:class:`SweepTooLarge`, naming the count and how it is made).
+    """
     if isinstance(spec, Sweep) and not overrides:
+        _check_size(spec, max_runs)
         return spec
     if isinstance(spec, Sweep):
         spec = spec.resolved()
@@ -227,25 +337,44 @@ def load_sweep(spec: str | Path | dict | Sweep,
             raise ConfigError(f"{base_label}: {str(e).removeprefix('<config>: ')}") from None
     for item in override_items:
         _set(base, item.key, item.value, base_label)
+    out = Sweep(parsed, base, base_config.seed, label,
+                {item.key: item.value for item in override_items})
+    _check_size(out, max_runs)
+    for run_id, repeat, values in _first_of_each_value(parsed):
+        out.run(run_id, repeat, values)
+    return out
 
-    runs: list[Run] = []
-    for run_id, (repeat, values) in enumerate(_points(parsed)):
-        data = copy.deepcopy(base)
-        for key, value in values.items():
-            _set(data, key, value, label)
-        seed = int(data.get("seed", base_config.seed)) + repeat
-        data["seed"] = seed
-        try:
-            cfg = load_config(data)
-        except ConfigError as e:
-            where = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
-            detail = str(e).removeprefix("<config>: ")
-            raise ConfigError(f"{label}: run {run_id} ({where}): {detail}") from None
-        resolved = cfg.model_dump(mode="json")
-        config_hash = _hash({k: v for k, v in resolved.items() if k != "seed"})
-        run_key = _hash({"config_hash": config_hash, "seed": seed, "version": __version__})
-        runs.append(Run(run_id, repeat, seed, values, resolved, config_hash, run_key))
-    return Sweep(parsed, base, runs, label, {item.key: item.value for item in override_items})
+
+def _check_size(sweep: Sweep, max_runs: int | None) -> None:
+    if max_runs is not None and sweep.count > max_runs:
+        raise SweepTooLarge(f"{sweep.label}: {sweep.count} runs ({sweep.spec.count_text()}), "
+                            f"more than {max_runs}: give --yes to expand them anyway (each "
+                            f"costs time and memory before it runs), or sweep fewer values")
+
+
+def _first_of_each_value(spec: SweepSpec) -> list[tuple[int, int, dict[str, Any]]]:
+    """``(run id, repeat, values)`` of the first run holding each grid value and each zip
+    row (the other keys at their first value, repeat 0), in run-id order, once each."""
+    grid = list(spec.grid.items())
+    rows = len(next(iter(spec.zip.values()))) if spec.zip else 1
+    inner = rows * spec.repeats  # runs per grid point
+    strides = []
+    stride = inner
+    for _, values in reversed(grid):
+        strides.append(stride)
+        stride *= len(values)
+    strides.reverse()
+
+    def point(picks: dict[int, int], row: int) -> tuple[int, int, dict[str, Any]]:
+        values = {key: vals[picks.get(i, 0)] for i, (key, vals) in enumerate(grid)}
+        values |= {key: vals[row] for key, vals in spec.zip.items()}
+        run_id = sum(strides[i] * j for i, j in picks.items()) + row * spec.repeats
+        return run_id, 0, values
+
+    found = {p[0]: p for p in [point({}, 0)]
+             + [point({i: j}, 0) for i, (_, vals) in enumerate(grid) for j in range(len(vals))]
+             + [point({}, r) for r in range(rows)]}
+    return [found[k] for k in sorted(found)]
 
 
 def _set(data: dict, key: str, value: Any, label: str) -> None:
@@ -375,20 +504,26 @@ def check_out_dir(sweep: Sweep, out_dir: str | Path) -> None:
 
 def write_resolved_spec(sweep: Sweep, out_dir: str | Path) -> None:
     header = (f"# resolved from {sweep.label} by simwar {__version__}: base inlined, "
-              f"--set overrides applied; {len(sweep.runs)} runs\n")
+              f"--set overrides applied; {sweep.count} runs\n")
     body = yaml.safe_dump(sweep.resolved(), sort_keys=False)
     write_bytes_atomic(Path(out_dir) / "sweep.yaml", (header + body).encode())
 
 
 # --------------------------------------------------------------------------- tables
-def results_frame(sweep: Sweep, summaries: dict[str, dict]) -> pd.DataFrame:
+def results_frame(sweep: Sweep, summaries: dict[str, dict],
+                  runs: Iterable[Run] | None = None, partial: bool = False) -> pd.DataFrame:
     """One row per run (in run-id order): swept keys, id columns, every summary metric.
 
-    Non-scalar values (e.g. ``launch_ahead_hist``, a swept distribution) become JSON strings.
+    ``runs``: the runs to tabulate (default: all of the sweep's); ``partial``: leave out the
+    runs without a summary (a sweep interrupted: the table of what finished) instead of
+    failing on them. Non-scalar values (e.g. ``launch_ahead_hist``, a swept distribution)
+    become JSON strings.
     """
     rows = []
-    for run in sweep.runs:
-        summary = summaries[run.run_key]
+    for run in sweep.runs if runs is None else runs:
+        summary = summaries.get(run.run_key) if partial else summaries[run.run_key]
+        if summary is None:
+            continue
         row: dict[str, Any] = dict(run.values)
         row.update(run_id=run.run_id, repeat=run.repeat, seed=run.seed,
                    config_hash=run.config_hash, run_key=run.run_key)
@@ -431,7 +566,7 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
           backend: str = "local", ray_address: str | None = None,
           progress: bool | ProgressCallback = False,
           overrides: list[str] | dict[str, Any] | None = None,
-          force: bool = False) -> pd.DataFrame:
+          force: bool = False, max_runs: int | None = None) -> pd.DataFrame:
     """Run a sweep and return one row per run (see :func:`results_frame`).
 
     ``spec``: a sweep YAML path, a mapping (``base``, ``grid``, ``zip``, ``repeats``) or a
@@ -442,58 +577,81 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
     ``progress``: True for a tqdm bar on stderr, or a callable given the number of newly
     finished runs. ``overrides``: ``--set``-style overrides applied to the base. ``force``:
     replace the results of a different sweep in ``out_dir`` (else :class:`SweepConflict`).
+    ``max_runs``: refuse a sweep of more runs (:class:`SweepTooLarge`).
+
+    The runs are expanded as they are handed to the backend, never all at once. The frame's
+    ``attrs`` say how many runs were found stored (``runs_stored``) and how many were
+    simulated (``runs_simulated``). A sweep interrupted (Ctrl-C) or failed writes the
+    results tables of the runs that finished before the error goes on, so they can be read
+    at once; rerunning the same sweep finishes it and rewrites them whole.
     """
     if backend not in BACKENDS:
         raise ConfigError(f"backend: '{backend}' is not one of {', '.join(BACKENDS)}")
     if jobs < 0:
         raise ConfigError(f"jobs: expected 0 (one per core) or a positive number, got {jobs}")
     jobs = jobs or os.cpu_count() or 1
-    plan = load_sweep(spec, overrides)
+    plan = load_sweep(spec, overrides, max_runs=max_runs)
     store = RunStore(out_dir) if out_dir is not None else None
-    summaries: dict[str, dict] = {}
     if store is not None:
         if not force:
             check_out_dir(plan, store.out_dir)
         store.out_dir.mkdir(parents=True, exist_ok=True)
         store.remove_stale_temporaries()
         write_resolved_spec(plan, store.out_dir)
-        for run in plan.runs:
-            stored = store.load(run)
+    summaries: dict[str, dict] = {}
+    seen: list[Run] = []  # the runs expanded so far, in run-id order, without their configs
+    counts = {"stored": 0, "simulated": 0}
+
+    def pending(report) -> Iterator[Run]:
+        """The runs to simulate, expanded lazily; identical configs (same run key) once."""
+        queued: set[str] = set()
+        for run in plan.iter_runs():
+            seen.append(dataclasses.replace(run, config={}))
+            if run.run_key in summaries or run.run_key in queued:
+                report.skipped(1)
+                continue
+            stored = store.load(run) if store is not None else None
             if stored is not None:
                 summaries[run.run_key] = stored
-    # identical configs (same run key) are simulated once
-    pending = list({run.run_key: run for run in plan.runs if run.run_key not in summaries}
-                   .values())
+                counts["stored"] += 1
+                report.skipped(1)
+                continue
+            queued.add(run.run_key)
+            yield run
 
-    # the backend starts (worker processes fork) before the progress bar starts its thread
-    with _backend(backend, jobs=jobs, pending=len(pending), ray_address=ray_address) as execute, \
-            _progress_reporter(progress, total=len({r.run_key for r in plan.runs}),
-                               initial=len(summaries)) as advance:
-        for run, summary in execute(pending):
-            summaries[run.run_key] = summary
-            if store is not None:
-                store.save(run, summary)
-            advance(1)
-
-    frame = results_frame(plan, summaries)
+    try:
+        # the backend starts (worker processes fork) before the progress bar starts its thread
+        with _backend(backend, jobs=jobs, pending=plan.count, ray_address=ray_address) \
+                as execute, progress_reporter(progress, total=plan.count) as report:
+            todo = pending(report)
+            # a batch at a time: a pool or a cluster queues what it is given, so a huge sweep
+            # is handed over in pieces, never expanded whole
+            while batch := list(itertools.islice(todo, BATCH)):
+                for run, summary in execute(batch):
+                    if store is not None:
+                        store.save(run, summary)
+                    summaries[run.run_key] = summary  # finished: in the tables from now on
+                    counts["simulated"] += 1
+                    report.done(1)
+    except BaseException as e:
+        # interrupted or failed: the tables of what finished, to read before resuming
+        done = 0
+        if store is not None and summaries:
+            partial = results_frame(plan, summaries, seen, partial=True)
+            write_tables(partial, store.out_dir)
+            done = len(partial)
+        if isinstance(e, KeyboardInterrupt):
+            raise SweepInterrupted(done, plan.count, store.out_dir if store else None) from None
+        raise
+    frame = results_frame(plan, summaries, seen)
+    frame.attrs.update(runs_stored=counts["stored"], runs_simulated=counts["simulated"])
     if store is not None:
         write_tables(frame, store.out_dir)
     return frame
 
 
-@contextlib.contextmanager
-def _progress_reporter(progress: bool | ProgressCallback, total: int,
-                       initial: int) -> Iterator[ProgressCallback]:
-    if callable(progress):
-        yield progress
-    elif progress:
-        from tqdm import tqdm
-
-        with tqdm(total=total, initial=initial, unit="run", file=sys.stderr,
-                  dynamic_ncols=True, smoothing=0.1) as bar:
-            yield bar.update
-    else:
-        yield lambda n: None
+#: runs handed to the backend at a time (see :func:`sweep`)
+BATCH = 4096
 
 
 Executor = Callable[[list[Run]], Iterable[tuple[Run, dict]]]
@@ -596,6 +754,7 @@ def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
             ray.shutdown()
 
 
-__all__ = ["ID_COLUMNS", "Run", "RunStore", "Sweep", "SweepConflict", "SweepSpec",
+__all__ = ["ID_COLUMNS", "MAX_RUNS", "Run", "RunStore", "Sweep", "SweepConflict", "SweepSpec",
+           "SweepInterrupted", "SweepTooLarge",
            "check_out_dir", "is_sweep_mapping", "load_sweep", "lockstep_tasks", "results_frame",
            "run_many", "run_one", "sweep", "write_tables"]

@@ -6,8 +6,9 @@ over the host operations, placing each device operation by :mod:`simwar.core.rul
 functions the SimPy engine calls: ``begins``, ``fires``, ``released``, ``returns``),
 gives the engine's times exactly. Nothing is recorded per operation: the per-step facts
 the metrics need (forward start and end, forward-stream busy and held time per step
-window, host blocked time per site, the ``run_batch`` instant) are accumulated as the pass
-goes, into one array per fact, and assembled by the same
+window, from one forward's end to the next's, host blocked time per site, the
+``run_batch`` instant) are accumulated as the pass goes, into one array per fact, and
+assembled by the same
 :func:`simwar.analysis.metrics.columns_from_arrays` and :func:`~simwar.analysis.metrics.summarize`
 as the engine's Trace.
 
@@ -92,7 +93,7 @@ from simwar.executors.fast.execute import FastRun, run_plan
 from simwar.executors.fast.plan import plan_config, plan_program
 
 
-def realize(cfg, sizes, model, summary_only: bool = False) -> FastRun:
+def realize(cfg, sizes, model, summary_only: bool = False, progress=None) -> FastRun:
     """Fix a feedback workload's per-step sizes by running the config, and return that run.
 
     Before iteration ``k`` (the drain is ``steps``) reads its parameters, the pass calls back
@@ -102,7 +103,8 @@ def realize(cfg, sizes, model, summary_only: bool = False) -> FastRun:
     sizes realized are exactly those a run of the finished arrays reproduces, and this run
     is that run (its meta, the workload's per-step arrays and requests included, is made
     from the realized sizes before the table is assembled). ``summary_only``: its summary,
-    the table dropped (a feedback workload keeps its per-step arrays anyway).
+    the table dropped (a feedback workload keeps its per-step arrays anyway). ``progress``:
+    as :func:`run_config`'s.
     """
     plan = plan_config(cfg, sizes, fill=False)
     table = plan.table
@@ -128,7 +130,7 @@ def realize(cfg, sizes, model, summary_only: bool = False) -> FastRun:
 
         return next_pass
 
-    run = run_plan(plan, feed=feed)
+    run = run_plan(plan, feed=feed, progress=progress)
     if summary_only:
         run = FastRun(None, run.meta, run.hazards, run.segments, run.paths, run.summary)
     return run
@@ -139,14 +141,16 @@ def run_meta(cfg, sizes) -> dict:
     return LoopBuilder(cfg, None, sizes).meta()
 
 
-def run_config(cfg, sizes, window: int = 2, summary_only: bool = False) -> FastRun:
+def run_config(cfg, sizes, window: int = 2, summary_only: bool = False,
+               progress=None) -> FastRun:
     """Simulate a config in one pass (its Program is never built); ``sizes``: the run's
-    per-step sizes (:func:`simwar.api.resolve_sizes`)."""
+    per-step sizes (:func:`simwar.api.resolve_sizes`); ``progress(step)``: called as the
+    pass goes (:func:`~simwar.executors.fast.execute.run_plan`)."""
     try:
         plan = plan_config(cfg, sizes)
     except RuntimeError:  # iterations that never settle into one shape: take the Program
         plan = plan_program(build_program(cfg, sizes))
-    return run_plan(plan, window, summary_only=summary_only)
+    return run_plan(plan, window, summary_only=summary_only, progress=progress)
 
 
 def run(program: Program, window: int = 2) -> FastRun:

@@ -11,9 +11,10 @@ no per-op objects. ``KS`` are the segments' step indices (relative to the state'
 ``S`` is the run's state (:mod:`simwar.executors.fast.execute` makes it); the function
 reads and writes back its attributes: the host clock ``t``, the stream tails ``tails``, the
 record times of earlier segments ``hist``, the per-step accumulators ``fs``, ``fe``,
-``launch``, ``blocked`` and either ``busy``, ``dep``, ``cw``, ``w``, ``dp``, ``bad`` (step
-windows summed as it goes) or ``kin``, ``kout``, ``win``, ``wout`` (forward-stream intervals
-collected), and appends the logged op times to ``logs``.
+``launch``, ``blocked`` and either ``busy``, ``dep``, ``cw``, ``cl``, ``w``, ``dp``, ``bad``
+(step windows, from one forward's end to the next's, summed as it goes) or ``kin``,
+``kout``, ``win``, ``wout`` (forward-stream intervals collected), and appends the logged op
+times to ``logs``.
 
 Imports: simwar.core and the plan's types; must not import races or execute (the pass calls this).
 """
@@ -126,7 +127,6 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                     if first_of.get(op.off) == dev_index:
                         emit(f"if {ks} != cw:")
                         emit(f"if {ks} < cw: bad = True", 3)
-                        emit("BU[cw] = W; DE[cw] = Dp; W = 0.0; Dp = 0.0", 3)
                         emit(f"cw = {ks}; FS[cw] = s", 3)
                     if last_of.get(op.off) == dev_index:
                         emit(f"FE[{ks}] = e")
@@ -134,6 +134,11 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                 emit("KS_(s); KE_(e)")
             else:
                 emit("W += e - s")
+                if op.phase and last_of.get(op.off) == dev_index:
+                    # the window of step k ends with forward k: [end of k-1, end of k); a
+                    # step closed twice (its forward in two segments) takes the collect path
+                    emit(f"if {ks} <= cl: bad = True")
+                    emit(f"BU[{ks}] = W; DE[{ks}] = Dp; W = 0.0; Dp = 0.0; cl = {ks}")
         log_times(dev_index, "s", "e")
 
     dev = 0  # device op index
@@ -231,7 +236,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src("KS_ = S.kin.append; KE_ = S.kout.append; WS_ = S.win.append; "
             "WE_ = S.wout.append", 1)
     else:
-        src("BU = S.busy; DE = S.dep; cw = S.cw; W = S.w; Dp = S.dp; bad = S.bad", 1)
+        src("BU = S.busy; DE = S.dep; cw = S.cw; cl = S.cl; W = S.w; Dp = S.dp; bad = S.bad", 1)
     for n, var in enumerate(logs.values()):
         src(f"{var} = S.logs[{n}].append", 1)
     src("begins = _begins; released = _released; returns = _returns", 1)
@@ -252,7 +257,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     if depth:
         src("S.hist = [" + "".join(f"H{d}, " for d in range(1, depth + 1)) + "]", 1)
     if not collect:
-        src("S.cw = cw; S.w = W; S.dp = Dp; S.bad = bad", 1)
+        src("S.cw = cw; S.cl = cl; S.w = W; S.dp = Dp; S.bad = bad", 1)
     code = "\n".join(src.lines) + "\n"
     namespace = {"_begins": rules.begins, "_released": rules.released,
                  "_returns": rules.returns}

@@ -27,6 +27,7 @@ from simwar.analysis.metrics import (
     StepFacts,
     busy_in_windows,
     columns_from_arrays,
+    idle_windows,
     summarize,
 )
 from simwar.analysis.streaming import StreamingSummary
@@ -38,6 +39,15 @@ from simwar.executors.fast.races import FastHazards, RacePlan
 
 #: passes of a block run per call of its compiled function (bounds the parameter lists)
 CHUNK = 1 << 15
+#: host operations run per call at most: a shape with many operations runs fewer passes
+#: per call, so that a call (and the time between two progress reports) stays short
+CHUNK_OPS = CHUNK * 40
+
+
+def chunk_passes(block: Block) -> int:
+    """Passes of ``block`` run per call: :data:`CHUNK`, fewer for a large shape
+    (:data:`CHUNK_OPS`). Depends on the shape only, so a run's chunks never vary."""
+    return max(1, min(CHUNK, CHUNK_OPS // max(1, len(block.shape.host))))
 _INF = float("inf")
 
 
@@ -63,7 +73,8 @@ class _State:
         self.blocked = {site: _filled(n, 0.0) for site in sites}
         self.busy = _filled(n + 1, 0.0)  # one spare slot: index -1 before the first window
         self.dep = _filled(n + 1, 0.0)
-        self.cw = -1
+        self.cw = -1  # the step whose forward last started
+        self.cl = -1  # the step whose window (ending with its forward) last closed
         self.w = 0.0
         self.dp = 0.0
         self.bad = False
@@ -87,7 +98,7 @@ def _filled(n: int, value: float) -> array:
 
 
 def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
-             summary_only: bool = False, feed=None) -> FastRun:
+             summary_only: bool = False, feed=None, progress=None) -> FastRun:
     """Run a plan: the per-step columns, and the races (see :mod:`simwar.executors.fast`).
 
     ``summary_only``: keep no per-step table; rows are summarized as they become final
@@ -96,8 +107,12 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
     ``feed(block index, block, first pass)``: gives, per chunk of a block's passes, the
     callable each pass calls with its step index and the host clock before reading its
     parameters, which returns them (:func:`simwar.executors.fast.realize`).
+    ``progress(step)``: called after each chunk of passes (:func:`chunk_passes`: a bounded
+    amount of work, a few hundredths of a second to a few tenths) with the furthest marker
+    step run so far; never with a smaller step than before.
     """
     meta = plan.meta
+    reached = -1  # the furthest step reported to ``progress``
     fwd = meta.get("forward_stream", "forward")
     blocks = plan.blocks
     depth = 0
@@ -124,8 +139,9 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
             fn = compile_block(b.shape, slots, fwd, attempt, log, depth, feed is not None)
             consts = tuple(c for c in b.consts if c is not None)
             keys = b.steps
-            for start in range(0, b.n, CHUNK):
-                stop = min(b.n, start + CHUNK)
+            chunk = chunk_passes(b)
+            for start in range(0, b.n, chunk):
+                stop = min(b.n, start + chunk)
                 ks = keys[start:stop]
                 if flusher is not None:
                     flusher.before(min(ks), max(ks))
@@ -137,6 +153,9 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
                 else:
                     cols = b.columns(start, stop) if any(slots) else []
                 fn(ks, consts, cols, state)
+                if progress is not None:
+                    reached = max(reached, keys[stop - 1])
+                    progress(reached)
         if attempt or not state.bad:
             break
         bad = True  # forward steps issued out of order: windows from the intervals
@@ -276,6 +295,7 @@ class _Flusher:
         st.origin += by
         if st.cw >= 0:
             st.cw -= by
+        st.cl -= by
 
     def finish(self) -> tuple[dict, object]:
         """The summary and the races (counted as the rows went, for a windowed race plan)."""
@@ -322,10 +342,10 @@ def _finish(plan: Plan, state: _State, races: RacePlan, fwd: str) -> FastRun:
     steps = (idx + state.origin).astype(np.int32)
     start = fs[idx]
     end = np.frombuffer(state.fe, dtype=np.float64)[idx]
-    nxt = np.append(start[1:], np.nan)
+    lo, hi = idle_windows(end)
     if state.collect:
-        busy = busy_in_windows(_np(state.kin), _np(state.kout), start, nxt)
-        dep = busy_in_windows(_np(state.win), _np(state.wout), start, nxt)
+        busy = busy_in_windows(_np(state.kin), _np(state.kout), lo, hi)
+        dep = busy_in_windows(_np(state.win), _np(state.wout), lo, hi)
     else:
         busy = np.frombuffer(state.busy, dtype=np.float64)[idx]
         dep = np.frombuffer(state.dep, dtype=np.float64)[idx]

@@ -14,7 +14,7 @@ run of a group, so it stays plain Python on integers.
 parameter columns (one 2-d array per column, a row per pass of the chunk), ``S`` the state
 (:class:`simwar.executors.lockstep.execute.State`): the clock ``t``, ``tails``, ``hist``,
 the per-step rows ``fs``, ``fe``, ``launch``, ``blocked``, ``busy``, ``dep`` (2-d: a row per
-step, a column per run), the window ``cw``, ``w``, ``dp``, ``bad``, and ``logs`` (lists the
+step, a column per run), the window ``cw``, ``cl``, ``w``, ``dp``, ``bad``, and ``logs`` (lists the
 logged op times are appended to, for the races). Every value an op gives is a new array
 (a value appended to a log or kept in a tail stays what it was); only the host clock and
 the window's sums, which nothing else holds, are added to in place.
@@ -99,11 +99,15 @@ def _generate(shape: Shape, slots: tuple, fwd: str, log: tuple, depth: int):
                 if first_of.get(op.off) == dev_index:
                     emit(f"if {ks} != cw:")
                     emit(f"if {ks} < cw: bad = True", 3)
-                    emit("BU[cw] = W; DE[cw] = Dp; W = 0.0; Dp = 0.0", 3)
                     emit(f"cw = {ks}; FS[cw] = s", 3)
                 if last_of.get(op.off) == dev_index:
                     emit(f"FE[{ks}] = e")
             emit("W += e - s")
+            if op.phase and last_of.get(op.off) == dev_index:
+                # the window of step k ends with forward k: [end of k-1, end of k), as the
+                # one-pass executor's; a step closed twice makes the batch run one by one
+                emit(f"if {ks} <= cl: bad = True")
+                emit(f"BU[{ks}] = W; DE[{ks}] = Dp; W = 0.0; Dp = 0.0; cl = {ks}")
         log_times(dev_index, "s", "e")
 
     dev = 0
@@ -196,7 +200,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, log: tuple, depth: int):
     src("FS = S.fs; FE = S.fe; LA = S.launch", 1)
     for n, site in enumerate(sites):
         src(f"B{n} = S.blocked[{site!r}]", 1)
-    src("BU = S.busy; DE = S.dep; cw = S.cw; W = S.w; Dp = S.dp; bad = S.bad", 1)
+    src("BU = S.busy; DE = S.dep; cw = S.cw; cl = S.cl; W = S.w; Dp = S.dp; bad = S.bad", 1)
     for n, var in enumerate(logs.values()):
         src(f"{var} = S.logs[{n}].append", 1)
     src("begins = _begins; released = _released; returns = _returns", 1)
@@ -215,7 +219,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, log: tuple, depth: int):
         src(f"TL[{name!r}] = {var}", 1)
     if depth:
         src("S.hist = [" + "".join(f"H{d}, " for d in range(1, depth + 1)) + "]", 1)
-    src("S.cw = cw; S.w = W; S.dp = Dp; S.bad = bad", 1)
+    src("S.cw = cw; S.cl = cl; S.w = W; S.dp = Dp; S.bad = bad", 1)
     code = "\n".join(lines) + "\n"
     namespace = {"_begins": rules.begins_many, "_released": rules.released_many,
                  "_returns": rules.returns_many}

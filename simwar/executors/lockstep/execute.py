@@ -79,7 +79,8 @@ class State:
         self.blocked = {site: _array((rows, n), 0.0) for site in sites}  # the sites synced at
         self.busy = _array((rows + 1, n), 0.0)  # the spare last row: index -1, no window yet
         self.dep = _array((rows + 1, n), 0.0)
-        self.cw = -1
+        self.cw = -1  # the step whose forward last started
+        self.cl = -1  # the step whose window (ending with its forward) last closed
         self.w = 0.0
         self.dp = 0.0
         self.bad = False

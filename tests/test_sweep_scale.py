@@ -1,0 +1,124 @@
+"""Sweeps of any size: counted without being expanded, refused above a limit unless asked for,
+expanded lazily as they run, reported in lines on a log, and an interrupted one leaves the
+results table of what finished."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+import simwar.study.sweeps as sweeps
+from simwar.cli.app import main
+from simwar.config import ConfigError
+from simwar.study.sweeps import SweepInterrupted, SweepTooLarge, load_sweep, sweep
+
+SHORT = {"steps": 30, "warmup_steps": 5}
+#: 10 values of 7 keys: 10^7 runs
+HUGE = {"base": SHORT, "grid": {key: list(range(1, 11)) for key in (
+    "cpu.schedule_us", "cpu.prepare_us", "cpu.ingest_us", "cpu.process_result_us",
+    "gpu.schedule_writes_us", "gpu.result_writes_us", "costs.launch_us")}}
+
+
+@pytest.fixture
+def expansions(monkeypatch):
+    """How many runs were expanded (each one a validated config)."""
+    count = [0]
+    real = sweeps.Sweep.run
+
+    def counted(self, *args):
+        count[0] += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(sweeps.Sweep, "run", counted)
+    return count
+
+
+def test_a_huge_grid_is_counted_without_being_expanded(expansions):
+    plan = load_sweep(HUGE)
+    assert plan.count == 10 ** 7
+    assert plan.spec.count_text() == "grid 10 x 10 x 10 x 10 x 10 x 10 x 10"
+    assert expansions[0] == 1 + 7 * 10 - 7  # the first run of each value, once each
+
+
+def test_above_the_limit_it_is_refused_with_the_count(expansions):
+    with pytest.raises(SweepTooLarge) as e:
+        load_sweep(HUGE, max_runs=100_000)
+    assert str(e.value) == ("<sweep>: 10000000 runs (grid 10 x 10 x 10 x 10 x 10 x 10 x 10), "
+                            "more than 100000: give --yes to expand them anyway (each costs "
+                            "time and memory before it runs), or sweep fewer values")
+    assert expansions[0] == 0
+
+
+def test_a_bad_value_is_still_found_before_anything_runs(tmp_path):
+    spec = {"base": SHORT, "grid": {"cpu.schedule_us": [100, 200, 300],
+                                    "policy.barrier": ["fine", "coarse", "sideways"]}}
+    with pytest.raises(ConfigError, match=r"^<sweep>: run 2 \(cpu.schedule_us=100, "
+                                          r"policy.barrier=sideways\): policy.barrier"):
+        sweep(spec, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_invalid_only_in_combination_is_found_before_its_batch_runs(tmp_path):
+    spec = {"base": SHORT, "grid": {"steps": [30, 100], "warmup_steps": [5, 50]}}
+    with pytest.raises(ConfigError, match=r"run 1 \(steps=30, warmup_steps=50\): warmup_steps"):
+        sweep(spec, tmp_path / "out")
+    assert not list((tmp_path / "out").glob("runs/*.json"))
+    assert not (tmp_path / "out" / "results.parquet").exists()
+
+
+def test_a_huge_sweep_starts_at_once_and_ctrl_c_leaves_the_table_of_what_finished(
+        tmp_path, expansions, monkeypatch):
+    monkeypatch.setattr(sweeps, "BATCH", 8)
+    finished = []
+
+    def progress(n):
+        finished.append(n)
+        if len(finished) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(SweepInterrupted) as e:
+        sweep(HUGE, tmp_path / "out", progress=progress)
+    assert (e.value.finished, e.value.total) == (3, 10 ** 7)
+    assert expansions[0] < 100  # the runs handed over so far, not the grid
+    table = pd.read_parquet(tmp_path / "out" / "results.parquet")
+    assert table["run_id"].tolist() == [0, 1, 2]
+    assert len(pd.read_csv(tmp_path / "out" / "results.csv")) == 3
+    assert len(list((tmp_path / "out" / "runs").glob("*.json"))) == 3
+
+
+def test_the_cli_refuses_a_huge_sweep_unless_yes(tmp_path, capsys, monkeypatch):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("base: {steps: 30, warmup_steps: 5}\n"
+                    "grid: {cpu.schedule_us: [100, 200, 300], policy.barrier: [fine, coarse]}\n"
+                    "repeats: 2\n")
+    monkeypatch.setattr(sweeps, "MAX_RUNS", 10)
+    line = (f"simwar: error: {spec}: 12 runs (grid 3 x 2, repeats 2), more than 10: give --yes "
+            f"to expand them anyway (each costs time and memory before it runs), or sweep "
+            f"fewer values\n")
+    for command in (["validate"], ["show"], ["sweep", "--out", str(tmp_path / "o")]):
+        assert main([command[0], str(spec), *command[1:]]) == 2
+        assert capsys.readouterr() == ("", line)
+    assert main(["validate", str(spec), "--yes"]) == 0
+    assert "ok (sweep of 12 runs over cpu.schedule_us, policy.barrier)" in capsys.readouterr().out
+    assert main(["show", str(spec), "--yes"]) == 0
+    out = capsys.readouterr().out
+    assert "# 12 runs\n" in out and out.count("\n# ") == 12 + 2
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--yes"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines()[0] == f"simwar: {spec}: 12 runs (grid 3 x 2, repeats 2)"
+    assert f"{spec}: 12 runs (0 already done, 12 simulated" in out
+
+
+def test_a_sweep_logs_lines_not_a_bar_when_stderr_is_no_terminal(tmp_path, capsys):
+    spec = {"base": SHORT, "grid": {"cpu.schedule_us": list(range(100, 3100, 100))}}  # 30 runs
+    sweep(spec, tmp_path / "out", progress=True)
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert "\r" not in err and "it/s" not in err  # no tqdm redraws
+    assert 1 < len(lines) <= 20 + 1
+    assert all(line.startswith("simwar: sweep ") for line in lines)
+    assert lines[-1].startswith("simwar: sweep 30/30 runs (100%; 30 simulated in ")
+    # a rerun finds them stored: the lines say none were simulated
+    sweep(spec, tmp_path / "out", progress=True)
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        "simwar: sweep 30/30 runs (100%; 0 simulated in ")
