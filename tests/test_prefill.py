@@ -7,6 +7,9 @@ The executors' equality on these runs is in ``tests/test_fast.py`` (variants ``o
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -15,7 +18,10 @@ from simwar.analysis.metrics import SLO_COLUMNS
 from simwar.api import build_program, resolve_sizes
 from simwar.config import ConfigError, load_config, parse_slo
 from simwar.config.schema import SLO_METRICS
+from simwar.cli.app import main
 from simwar.core.program import Launch, Synchronize, WaitEvent, WaitStream
+
+CONFIG = Path(__file__).resolve().parents[1] / "configs" / "none_fine.yaml"
 
 ONE_REQUEST = {"steps": 40, "warmup_steps": 0, "algorithm": "none", "accept.tokens": 1.0,
                "workload": {"arrivals": {"rate_per_s": 1e-3}, "max_batch": 8,
@@ -134,6 +140,27 @@ def test_goodput_is_the_rate_of_the_requests_meeting_every_bound():
     assert 0.4 < s["slo_attainment"] < 0.6
     assert s["goodput_per_s"] == pytest.approx(s["requests_per_s"] * s["slo_attainment"])
     assert "goodput_per_s" not in simwar.simulate(None, base).summary
+
+
+def test_the_request_table_is_the_summarys_requests_over_time(tmp_path):
+    wl = {"arrivals": {"rate_per_s": 200}, "max_batch": 32, "output_tokens": 12,
+          "prompt_tokens": {"dist": "uniform", "low": 10, "high": 600}}
+    r = simwar.simulate(None, {"steps": 300, "algorithm": "none", "workload": wl,
+                               "prefill": PREFILL})
+    t = r.requests
+    s = r.summary
+    assert len(t) == s["requests_completed"]
+    assert t.request_ttft_us.mean() == pytest.approx(s["request_ttft_us_mean"])
+    assert t.request_tpot_us.mean() == pytest.approx(s["request_tpot_us_mean"])
+    assert (t.first_step < t.finish_step).all() and (t.prompt_tokens >= 10).all()
+    # the first token's step is the one that prefilled the prompt's last chunk
+    pf = np.asarray(r.meta["workload"]["prefill_tokens"])
+    assert (pf[t.first_step.to_numpy()] > 0).all()
+    out = tmp_path / "w.png"
+    assert main(["plot", "--set", "steps=300", "--set", "algorithm=none", "--set",
+                 f"workload={json.dumps(wl)}", "--set", f"prefill={json.dumps(PREFILL)}",
+                 str(CONFIG), "-o", str(out)]) == 0
+    assert out.stat().st_size > 10_000
 
 
 def test_slo_parsing_and_its_metrics():

@@ -477,6 +477,26 @@ def request_columns(req: dict, steps: np.ndarray, fwd_end: np.ndarray,
     return out
 
 
+def request_table(columns: dict, meta: dict) -> dict[str, np.ndarray]:
+    """One row per request finished in the measured steps (the summary's requests): its
+    arrival, lengths, admission, first-token and last-token steps, and the columns of
+    :func:`request_columns`; empty without requests."""
+    req = (meta.get("workload") or {}).get("requests")
+    if req is None or "step_us" not in columns:
+        return {}
+    keep = measured_rows(columns, int(meta.get("warmup_steps", 0)))
+    steps, fwd_end = columns["step"][keep], columns["fwd_end_us"][keep]
+    first = first_tokens(req, columns["step"], columns["fwd_end_us"],
+                         columns.get("result_done_us"))
+    finish = np.asarray(req["finish_step"], dtype=np.int64)
+    ok, _ = _rows_of(finish, steps) if len(steps) else (np.zeros(len(finish), bool), None)
+    out = {k: np.asarray(req[k])[ok] for k in ("arrival_us", "admit_us", "prompt_tokens",
+                                                "output_tokens", "admit_step", "first_step",
+                                                "finish_step") if k in req}
+    out.update(request_columns(req, steps, fwd_end, first, meta.get("slo")))
+    return out
+
+
 #: the per-request columns of :func:`request_columns` (without the SLO's)
 REQUEST_COLUMNS = ("request_latency_us", "request_queue_us", "request_ttft_forward_us",
                    "request_ttft_us", "request_tpot_us", "request_itl_us")

@@ -24,12 +24,13 @@ PANELS = {"ttft_us": ("TTFT (to the host)", True, True), "tpot_us": ("TPOT", Tru
 __all__ = ["PANELS", "decision_figure"]
 
 
-def decision_figure(df: pd.DataFrame, title: str = "") -> Figure:
-    """One panel per figure of :data:`PANELS` (see the module docstring)."""
+def decision_figure(df: pd.DataFrame, title: str = "", *, fig: Figure | None = None) -> Figure:
+    """One panel per figure of :data:`PANELS` (see the module docstring); ``fig``: a figure
+    to draw into (a notebook's ``plt.figure``), else a new one."""
     rates = np.sort(df.rate_per_s.unique())
     scales = np.sort(df.scale.unique())
     fwd = df.groupby("scale").fwd_us.mean().reindex(scales).to_numpy()
-    fig = Figure(figsize=(5.2 * len(PANELS), 4.4), layout="constrained")
+    fig = fig or Figure(figsize=(5.2 * len(PANELS), 4.4), layout="constrained")
     axes = fig.subplots(1, len(PANELS))
     for ax, (col, (name, lower, crossover)) in zip(axes, PANELS.items()):
         grid = df.pivot(index="scale", columns="rate_per_s", values=f"{col}_change")
