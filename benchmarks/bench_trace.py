@@ -1,8 +1,10 @@
-"""Memory of a full trace, and the cost of a windowed timeline.
+"""Memory of a full trace, the cost of a windowed timeline, and the streaming Perfetto export.
 
-    python benchmarks/bench_trace.py [--config configs/dspark_fine.yaml] [--small 2000]
+    python benchmarks/bench_trace.py [memory|timeline|export|all]
+                                     [--config configs/dspark_fine.yaml] [--small 2000]
                                      [--large 42000] [--timeline-config configs/dspark_coarse.yaml]
                                      [--window-steps 2000 20000]
+                                     [--export-steps 100000] [--before DIR] [--before-steps 10000]
 
 - **Memory per simulated step**: the peak RSS of a process that simulates the
   config with its full Trace kept (``simwar.simulate``: program, engine, trace,
@@ -14,14 +16,26 @@
   ``--window-steps`` length: the time of the run alone and of the run plus the
   figure (process CPU time, so other load on the machine matters less), both in
   one fresh process each.
+- **Export** (``simwar run --trace``): the whole command on ``--config`` at
+  ``--export-steps`` in a fresh process: CPU time (user + system), steps per CPU-second,
+  peak RSS and the file's size; with ``--before DIR`` the same command of another source
+  tree at ``--before-steps`` (a tree whose export holds the whole run in memory needs
+  ~60 KiB per step), the two runs interleaved ``--repeat`` times, best of each, and the
+  ratio of their CPU time per step.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 MEMORY = """
 import json, inspect, resource, sys
@@ -60,15 +74,72 @@ def child(code: str, *args) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def export(tree: Path, config: str, steps: int, out: Path) -> dict:
+    """``simwar run CONFIG --set steps=N --trace OUT --quiet`` in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    code = ("import resource, sys\nfrom simwar.cli import main\nrc = main(sys.argv[1:])\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n"
+            "sys.exit(rc)")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.run([sys.executable, "-c", code, "run", str(ROOT / config), "--set",
+                           f"steps={steps}", "--trace", str(out), "--quiet"], cwd=tree, env=env,
+                          capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise SystemExit(f"export in {tree} failed:\n{proc.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    size = out.stat().st_size
+    out.unlink()
+    return {"cpu_s": cpu, "rss_mib": int(proc.stderr.strip().splitlines()[-1]) / 1024,
+            "mb": size / 1e6, "steps": steps}
+
+
+def bench_export(args) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="simwar-export-"))
+    runs = [("this tree", ROOT, args.export_steps)]
+    if args.before:
+        runs.insert(0, ("before", args.before.resolve(), args.before_steps))
+    best: dict[str, dict] = {}
+    for _ in range(args.repeat):
+        for name, tree, steps in runs:
+            r = export(tree, args.config, steps, tmp / "t.json")
+            if name not in best or r["cpu_s"] < best[name]["cpu_s"]:
+                best[name] = r
+    print(f"simwar run {args.config} --trace (best of {args.repeat}, fresh processes):")
+    for name, r in best.items():
+        print(f"  {name:9s} {r['steps']:>7} steps: {r['cpu_s']:.2f} s CPU, "
+              f"{r['steps'] / r['cpu_s']:,.0f} steps/s, peak RSS {r['rss_mib']:.0f} MiB, "
+              f"{r['mb']:.0f} MB written")
+    if args.before:
+        b, a = best["before"], best["this tree"]
+        ratio = (b["cpu_s"] / b["steps"]) / (a["cpu_s"] / a["steps"])
+        print(f"  CPU per step, before / now: {ratio:.1f}x (peak RSS: the before tree's grows "
+              f"with the run, this tree's does not)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", nargs="?", default="all", choices=("memory", "timeline", "export",
+                                                               "all"))
     ap.add_argument("--config", default="configs/dspark_fine.yaml")
     ap.add_argument("--small", type=int, default=2000)
     ap.add_argument("--large", type=int, default=42000)
     ap.add_argument("--timeline-config", default="configs/dspark_coarse.yaml")
     ap.add_argument("--window-steps", type=int, nargs="*", default=[2000, 20000])
+    ap.add_argument("--export-steps", type=int, default=100_000)
+    ap.add_argument("--before", type=Path, help="another simwar source tree (export)")
+    ap.add_argument("--before-steps", type=int, default=10_000)
+    ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
+    if args.what in ("export", "all"):
+        bench_export(args)
+    if args.what in ("memory", "all"):
+        memory(args)
+    if args.what in ("timeline", "all"):
+        timeline(args)
 
+
+def memory(args) -> None:
     small = child(MEMORY, args.config, args.small)
     large = child(MEMORY, args.config, args.large)
     per_step = (large["peak_rss_kib"] - small["peak_rss_kib"]) / (args.large - args.small)
@@ -76,6 +147,9 @@ def main() -> None:
           f"steps, {large['peak_rss_kib'] / 1024:.0f} MiB at {args.large}: "
           f"{per_step:.2f} KiB per simulated step; the trace's columns "
           f"{large['trace_column_bytes'] / args.large / 1024:.2f} KiB per step")
+
+
+def timeline(args) -> None:
     for steps in args.window_steps:
         alone = child(TIMELINE, args.timeline_config, steps, 0)
         drawn = child(TIMELINE, args.timeline_config, steps, 1)

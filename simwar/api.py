@@ -72,6 +72,54 @@ def _resolve(cfg: Config, summary_only: bool = False, progress=None):
     return sizes, run
 
 
+def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
+                  chunk: int | None = None, margin: int = 0):
+    """A config's run as a stream of Trace windows (the one-pass executor's trace mode,
+    :func:`simwar.executors.fast.trace.windows`): ``(windows, lanes, meta)``, the windows
+    an iterator that simulates as it is read. Memory is one window, whatever the run's
+    length; ``steps`` (A, B): only the windows holding steps A..B. Raises
+    :class:`~simwar.executors.fast.trace.TraceUnsupported` for a run whose names are not
+    templates (the SimPy engine's ``Result.trace`` then)."""
+    # lazy: start-up time of the CLI (a run that streams no trace does not load the mode)
+    from simwar.executors.fast import trace as fast_trace
+
+    sizes = resolve_sizes(cfg)
+    try:
+        plan = fast.plan_config(cfg, sizes)
+    except RuntimeError:  # iterations that never settle into one shape: take the Program
+        plan = fast.plan_program(loop.build_program(cfg, sizes))
+    kw = {} if chunk is None else {"chunk": chunk}
+    parts = fast_trace.windows(plan, steps=steps, margin=margin, **kw)
+    return parts, fast_trace.lanes(plan), fast_trace.meta(plan)
+
+
+#: iterations of context before each window an explanation walks in (grown when a walk
+#: reaches past it)
+EXPLAIN_MARGINS = (4, 16, 64)
+
+
+def explain(cfg: Config, steps: tuple[int, int] | None = None):
+    """The critical path of a config's run (:mod:`simwar.analysis.critical_path`), simulated
+    once and streamed in windows (:func:`trace_windows`): a run of any length in the
+    memory of one window, to the figures and causes of the SimPy engine's whole Trace.
+    ``steps`` (A, B): those steps (default: the measured steps)."""
+    # lazy: start-up time of the CLI (only explain walks critical paths)
+    from simwar.analysis.critical_path import Truncated, critical_path
+    from simwar.analysis.critical_stream import critical_path_stream  # lazy: as above
+    from simwar.executors.fast.trace import TraceUnsupported  # lazy: as above
+
+    for margin in EXPLAIN_MARGINS:
+        try:
+            parts, _, _ = trace_windows(cfg, margin=margin,
+                                        steps=None if steps is None else (0, steps[1] + 2))
+            return critical_path_stream(parts, steps)
+        except Truncated:  # a walk went back past its window: more context
+            continue
+        except TraceUnsupported:  # names the trace mode cannot make
+            break
+    return critical_path(simulate(cfg, engine="simpy").trace, steps)
+
+
 def build_program(cfg: Config) -> Program:
     """The run's Program: every host operation of every iteration, durations drawn (a
     validated Config: :func:`simwar.config.load_config` validates), at its sizes."""

@@ -425,6 +425,75 @@ def test_hta_path_of_a_cpu_bound_step_misses_the_host():
     assert host > 1000 and cp.gap_causes()[0]["cause"] == "cpu: schedule"
 
 
+# --------------------------------------------------------------------------- streamed
+def _streamed(cfg, steps=None, chunk=7, margin=4):
+    from simwar.analysis.critical_stream import critical_path_stream
+    from simwar.api import trace_windows
+
+    parts, _, _ = trace_windows(cfg, chunk=chunk, margin=margin)
+    return critical_path_stream(parts, steps)
+
+
+def _same(a, b) -> None:
+    assert a.to_dict() == b.to_dict()
+    assert sentence(a) == sentence(b)
+    assert a.gates == b.gates
+    assert a.n_gaps == len(b.gaps) and a.n_steps == len(b.periods)
+
+
+STREAMED = [("dspark_coarse", {}), ("dflash_legacy_host_sync", {}),
+            ("none_coarse_loop_top", {}), ("eagle_fine", {"policy.plan_stream": True}),
+            ("dspark_fine_bimodal", {}),
+            ("dspark_fine", {"policy.needs_cpu_seq_lens": True,
+                             "cpu.schedule_us": {"dist": "lognormal", "mean": 900, "std": 600},
+                             "costs.cross_stream_us": {"dist": "uniform", "low": 0, "high": 30}})]
+
+
+@pytest.mark.parametrize("name,over", STREAMED, ids=[n for n, _ in STREAMED])
+def test_a_streamed_run_explains_as_its_whole_trace(name, over):
+    from simwar.config import load_config
+
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml", {"steps": 90, "warmup_steps": 6,
+                                                          **over})
+    whole = simulate(cfg, engine="simpy").trace
+    _same(_streamed(cfg), critical_path(whole))
+    _same(_streamed(cfg, (30, 40), chunk=3), critical_path(whole, (30, 40)))
+    _same(_streamed(cfg, (0, 89), chunk=50), critical_path(whole, (0, 89)))
+    kept = _streamed(cfg)  # the first step's chains and the window they were walked in
+    first = critical_path(whole)
+    assert [c.step for c in kept.periods] == [first.periods[0].step]
+    assert [(s.kind, s.cause, s.start_us, s.end_us, s.after)
+            for s in kept.periods[0].segments] == [
+        (s.kind, s.cause, s.start_us, s.end_us, s.after) for s in first.periods[0].segments]
+
+
+def test_a_walk_past_its_window_is_refused():
+    from simwar.analysis.critical_path import Truncated, Walker
+    from simwar.api import trace_windows
+    from simwar.config import load_config
+
+    cfg = load_config(ROOT / "configs" / "dspark_coarse.yaml", {"steps": 60})
+    parts = list(trace_windows(cfg, chunk=10, margin=2)[0])
+    first, later = parts[0], next(w for w in parts if not w.first)
+    # back to the run's start: the first window has it, a later one must not pretend to
+    assert Walker(first).chain(len(first.ops) - 1, 0.0).total_us() > 0
+    with pytest.raises(Truncated):
+        Walker(later).chain(len(later.ops) - 1, 0.0)
+
+
+def test_streamed_errors_match_the_whole_traces():
+    from simwar.config import load_config
+
+    cfg = load_config(ROOT / "configs" / "dspark_fine.yaml", {"steps": 60, "warmup_steps": 5})
+    whole = simulate(cfg, engine="simpy").trace
+    for steps in ((50, 70), (7, 5), (-3, 4)):
+        with pytest.raises(ValueError, match="outside the run") as streamed:
+            _streamed(cfg, steps)
+        with pytest.raises(ValueError, match="outside the run") as reference:
+            critical_path(whole, steps)
+        assert str(streamed.value) == str(reference.value)
+
+
 # ------------------------------------------------------------ captures in their own words
 def _synthetic(tmp_path, config, overrides, name="cap.json.gz", **style):
     """A simulated run written as an SGLang server's profile, and its simulated trace."""

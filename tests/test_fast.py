@@ -328,13 +328,22 @@ def cli(*args):
                           text=True, cwd=Path(__file__).resolve().parents[1])
 
 
-@pytest.mark.parametrize("flag", ["--trace", "--timeline"])
-def test_cli_fast_engine_with_a_trace_export_is_a_one_line_error(tmp_path, flag):
-    out = cli("run", "--engine", "fast", flag, str(tmp_path / "x.png"), "--set", "steps=30")
+def test_cli_fast_engine_with_a_timeline_is_a_one_line_error(tmp_path):
+    out = cli("run", "--engine", "fast", "--timeline", str(tmp_path / "x.png"), "--set",
+              "steps=30")
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and flag in lines[0] and "--engine simpy" in lines[0]
+    assert len(lines) == 1 and "--timeline" in lines[0] and "--engine simpy" in lines[0]
     assert out.stdout == ""
+
+
+def test_cli_fast_engine_streams_its_trace_export(tmp_path):
+    # the export is the one-pass executor's trace mode: no SimPy run, no trace kept
+    out = cli("run", "--engine", "fast", "--summary-only", "--trace", str(tmp_path / "t.json"),
+              "--set", "steps=30", "--set", "warmup_steps=2")
+    assert out.returncode == 0 and "executor fast" in out.stderr
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert {e["args"]["step"] for e in doc["traceEvents"] if e["ph"] == "X"} == set(range(31))
 
 
 def test_cli_unknown_engine_is_rejected():

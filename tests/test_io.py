@@ -5,9 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from simwar.api import simulate
@@ -35,7 +37,7 @@ def _mode(path: Path) -> int:
 
 def test_traces_exports_and_sweeps_share_the_one_writer():
     assert trace.write_text_atomic is _io.write_text_atomic
-    assert perfetto.write_text_atomic is _io.write_text_atomic
+    assert perfetto.atomic_file is _io.atomic_file
     assert not hasattr(sweeps, "atomic_write_bytes")
     assert sweeps.write_bytes_atomic is _io.write_bytes_atomic
 
@@ -117,3 +119,56 @@ def test_run_trace_into_a_directory_is_one_line_and_writes_nothing(tmp_path, cap
     assert err == (f"simwar: error: --trace {target}: is a directory (expected the name of a "
                    f"file to write)\n")
     assert sorted(os.listdir(tmp_path)) == ["t.json"]
+
+
+class _Swallowing(type):
+    """A class whose attribute misses run Python code (as ``IntEnum``'s do in Python 3.11)."""
+
+    pending = False  # send Ctrl-C at the next lookup
+
+    def __getattr__(cls, name):
+        if cls.pending:
+            # Ctrl-C arrives here: the handler runs at the loop's next check and raises
+            # inside this lookup, which numpy answers by clearing every error
+            cls.pending = False
+            signal.raise_signal(signal.SIGINT)
+            for _ in range(1000):
+                pass
+        raise AttributeError(name)
+
+
+class _Code(int, metaclass=_Swallowing):
+    pass
+
+
+def test_an_interrupt_swallowed_by_a_library_still_stops_the_write(tmp_path):
+    # how `run --trace` lost Ctrl-C 4 times in 11: numpy looked up __array_ufunc__ on the
+    # enum compared with a numpy scalar, and cleared the KeyboardInterrupt raised there
+    target = tmp_path / "run.json"
+    target.write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with _io.atomic_file(target) as handle:
+            handle.write(b"half of the new")
+            _Code.pending = True
+            assert np.int8(3) in (_Code(3),)  # the interrupt is raised and swallowed here
+            assert not _Code.pending
+            handle.write(b" and the rest")
+    assert target.read_text() == "old"
+    assert sorted(os.listdir(tmp_path)) == ["run.json"]
+    with _io.atomic_file(target) as handle:  # the next write is not refused
+        handle.write(b"new")
+    assert target.read_text() == "new"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_an_interrupt_swallowed_during_a_command_exits_130(tmp_path, capsys, monkeypatch):
+    from simwar.cli import run as run_command
+
+    def swallowing(result, *args, **kwargs):
+        _Code.pending = True
+        assert np.int8(3) in (_Code(3),)
+        return "summary"
+
+    monkeypatch.setattr(run_command, "format_summary", swallowing)
+    assert main(["run", "--set", "steps=30", "--set", "warmup_steps=5", "--quiet"]) == 130
+    assert capsys.readouterr().err == "simwar: interrupted\n"

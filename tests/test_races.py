@@ -88,3 +88,70 @@ def test_fine_and_coarse_are_race_free_for_any_durations(algorithm, barrier, pla
         "cpu.schedule_us": schedule, "cpu.process_result_us": process,
         "gpu.schedule_writes_us": writes, "gpu.result_writes_us": result_writes}).summary
     assert s["races"] == 0
+
+
+def _pairs_by_definition(lane, kind, bound, acc_op, acc_buf, acc_mode, acc_step, window):
+    """``candidate_pairs`` spelled out, for accesses whose steps never decrease: every earlier
+    access on the buffer within ``window`` steps, nearest first, not both reads, on another
+    lane; latent when no happens-before path (full vector clocks, kept for every op)."""
+    from simwar.core.trace import Mode, OpKind
+
+    lanes = sorted(set(lane), key=str)
+    n = len(lanes)
+    host, clocks, at_op = [0] * n, {x: [0] * n for x in lanes}, []
+    for op in range(len(lane)):
+        if kind[op] == OpKind.SYNC:
+            if bound[op] >= 0:
+                host = [max(a, b) for a, b in zip(host, at_op[bound[op]])]
+            at_op.append(list(host))
+            continue
+        v = [max(a, b) for a, b in zip(clocks[lane[op]], host)]
+        if kind[op] == OpKind.WAIT and bound[op] >= 0:
+            v = [max(a, b) for a, b in zip(v, at_op[bound[op]])]
+        v[lanes.index(lane[op])] += 1
+        clocks[lane[op]] = v
+        at_op.append(list(v))
+    out = []
+    for j in range(len(acc_op)):
+        for i in range(j - 1, -1, -1):
+            if acc_buf[i] != acc_buf[j] or acc_step[j] - acc_step[i] > window:
+                continue
+            if acc_mode[i] == Mode.READ and acc_mode[j] == Mode.READ:
+                continue
+            a, b = acc_op[i], acc_op[j]
+            if lane[a] == lane[b] or a == b:
+                continue
+            la = lanes.index(lane[a])
+            out.append((i, j, at_op[a][la] > at_op[b][la]))
+    return out
+
+
+def _accesses_of(trace):
+    import numpy as np
+
+    acc = trace.accesses
+    order = np.argsort(acc.op, kind="stable")
+    ops = trace.ops
+    return (ops.lane.tolist(), ops.kind.tolist(), ops.bound.tolist(), acc.op[order].tolist(),
+            acc.buffer[order].tolist(), acc.mode[order].tolist(), acc.step[order].tolist())
+
+
+@settings(max_examples=60, deadline=None)
+@given(phases=st.integers(1, 12), steps=st.integers(3, 6),
+       barrier=st.sampled_from(["none", "fine", "coarse", "host_sync"]),
+       placement=st.sampled_from(["after_launch", "loop_top"]), window=st.integers(0, 3),
+       graph=st.sampled_from(["full", "eager", "breakable"]))
+def test_candidate_pairs_are_the_definition_for_many_reading_phases(phases, steps, barrier,
+                                                                    placement, window, graph):
+    from simwar.analysis.hazards import candidate_pairs
+
+    table = [{"name": f"p{i}", "graph": graph, "load_batch_us": 2, "prep_us": 3,
+              "body_us": 10, "reads": ["req_to_token"] + (["swa"] if i % 2 else []),
+              "read_ends": "post_replay" if i == phases - 1 else "unknown"}
+             for i in range(phases)]
+    trace = simwar.simulate({"algorithm": "custom", "phases": table, "steps": steps,
+                             "warmup_steps": 0, "gpu": {"writes": ["req_to_token", "swa"]},
+                             "policy": {"barrier": barrier, "placement": placement}},
+                            engine="simpy").trace
+    cols = _accesses_of(trace)
+    assert list(candidate_pairs(*cols, window)) == _pairs_by_definition(*cols, window)

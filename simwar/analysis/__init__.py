@@ -11,7 +11,8 @@
   plots and exporters need, each costing what its window costs.
 - :mod:`.critical_path`: per step, the chain of binding constraints behind each
   forward's start, its forward gap and its step time, cut into causes in µs (its words:
-  :mod:`.chain_words`; a measured trace's host time named by :mod:`.host_ranges`).
+  :mod:`.chain_words`; a measured trace's host time named by :mod:`.host_ranges`;
+  :mod:`.critical_stream`: the same of a run streamed in windows).
 
 They read the Trace's columns and its explicit relations (op ids, the
 issuing call of each op, the record each wait or sync bound to); none
@@ -42,6 +43,7 @@ _LAZY = {
     "launch_links": ("simwar.analysis.views", "launch_links"),
     "critical_path": ("simwar.analysis.critical_path", "critical_path"),
     "CriticalPath": ("simwar.analysis.critical_path", "CriticalPath"),
+    "critical_path_stream": ("simwar.analysis.critical_stream", "critical_path_stream"),
 }
 
 __all__ = sorted(_LAZY)

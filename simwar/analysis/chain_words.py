@@ -1,53 +1,18 @@
-"""A critical path's chains in words: causes aggregated over chains, and the gap in a sentence.
+"""A critical path's forward gap in words: one sentence, with the gate behind each cause.
 
-:func:`causes` sums the segments of :mod:`simwar.analysis.critical_path`'s chains by cause;
-:func:`sentence` says the forward gap in one sentence, with the gate behind each cause. Both
-read only the chains' fields (``chains``: :class:`~simwar.analysis.critical_path.Chain` s,
-``cp``: a :class:`~simwar.analysis.critical_path.CriticalPath`; not imported: that module
-imports this one), so they live apart from the walk.
+:func:`sentence` reads only a :class:`~simwar.analysis.critical_path.CriticalPath`'s figures
+and causes (not imported: that module imports this one), so it lives apart from the walk;
+the causes are tallied there (:class:`~simwar.analysis.critical_path.Tally`, which builds the
+walk's Segments).
 
 Imports: numpy and :mod:`simwar.core.trace`.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
 from simwar.core.trace import HOST
-
-
-# --------------------------------------------------------------------------- aggregation
-def causes(chains: list) -> list[dict]:
-    """Mean µs per chain by (cause, kind), largest first, with its share of the mean length.
-
-    Each entry: ``cause``, ``kind``, ``us`` (mean over the chains), ``share`` (of the mean
-    chain length), ``after`` (the gate most of its time came through, '' if none) and
-    ``words`` (the cause as a phrase).
-    """
-    if not chains:
-        return []
-    total: dict[tuple[str, str], float] = defaultdict(float)
-    gates: dict[tuple[str, str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    example: dict = {}  # (cause, kind) -> its first segment
-    for chain in chains:
-        for s in chain.segments:
-            key = (s.cause, s.kind)
-            total[key] += s.us
-            gates[key][s.after] += s.us
-            example.setdefault(key, s)
-    n = len(chains)
-    mean_len = sum(c.us for c in chains) / n
-    out = []
-    for (cause, kind), us in total.items():
-        us /= n
-        after = max(gates[(cause, kind)].items(), key=lambda kv: (kv[1], kv[0]))[0]
-        out.append({"cause": cause, "kind": kind, "us": us,
-                    "share": us / mean_len if mean_len > 0 else 0.0, "after": after,
-                    "words": example[(cause, kind)].words()})
-    out.sort(key=lambda d: (-d["us"], d["cause"]))
-    return out
 
 
 # --------------------------------------------------------------------------- words
@@ -63,7 +28,7 @@ def sentence(cp, max_causes: int = 4) -> str:
     (schedule.wait_stream(forward)), + 50 µs ...". Cross-stream latencies are summed.
     """
     gap = cp.fwd_gap_us
-    if not cp.gaps or not np.isfinite(gap):
+    if not cp.n_gaps or not np.isfinite(gap):
         return "no forward gap to explain in these steps"
     if gap < 0.5:
         return f"forward k started {_fmt_us(gap)} after forward k-1 ended: no bubble"

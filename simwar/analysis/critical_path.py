@@ -54,21 +54,30 @@ Each segment also names ``after``: the gate (a held wait or a blocking
 synchronize) that the part of the chain it lies in came through, e.g. the
 schedule-stream writes of a coarse run come ``after`` the coarse barrier.
 
+Chains are tallied as they come (:class:`Tally`: the sums in the same order, so a
+:class:`CriticalPath` need not keep them), and a walk on a window of a trace
+(:class:`~simwar.core.trace.TraceWindow`) raises :class:`Truncated` rather than take what
+lies before the window for absent; :mod:`.critical_stream` walks a streamed run.
+
+The module is longer than most: the walk, the names it gives its causes and their
+tally are one rule, read together.
+
 Imports: numpy and simwar's trace module (pandas only in :func:`explain`'s
 step table, through :mod:`.metrics`).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
-from simwar.analysis.chain_words import causes, sentence
+from simwar.analysis.chain_words import sentence
 from simwar.analysis.host_ranges import HostRanges
 from simwar.analysis.views import forward_kernels
-from simwar.core.trace import HOST, Call, OpKind, Trace
+from simwar.core.trace import HOST, Call, OpKind, Trace, TraceWindow
 
 KINDS = ("device", "cross_stream", "host", "host_api", "wake_up", "launch_latency",
          "unexplained")
@@ -130,7 +139,13 @@ class Chain:
 
 @dataclass
 class CriticalPath:
-    """Gap and step chains of the steps asked for, and their causes aggregated."""
+    """Gap and step chains of the steps asked for, and their causes aggregated.
+
+    ``gaps`` and ``periods`` hold every chain when it was computed on a whole Trace
+    (:func:`critical_path`); from a run streamed in windows (:func:`critical_path_stream`)
+    only the first step's, with ``trace`` the window they were walked in. The figures and
+    causes come from the tallies of every chain either way.
+    """
 
     trace: Trace
     steps: tuple[int, int]
@@ -138,52 +153,73 @@ class CriticalPath:
     periods: list[Chain] = field(default_factory=list)
     #: each gate's name -> (the lane that waited or blocked, the lane of the record it bound to)
     gates: dict[str, tuple[str, str]] = field(default_factory=dict)
+    gap_tally: Tally = field(default_factory=lambda: Tally())
+    step_tally: Tally = field(default_factory=lambda: Tally())
+    #: per graph bucket of a run whose batch changes, the same of its steps' chains (None:
+    #: this is one bucket's, or the run has no per-step buckets)
+    buckets: dict[int, CriticalPath] | None = None
+
+    def __post_init__(self) -> None:
+        wl = self.trace.meta.get("workload") or {}
+        self._bucket_of = wl.get("graph_bucket") if self.buckets is None else None
+        if self._bucket_of is not None and len(self._bucket_of) and self.buckets is None:
+            self.buckets = {}
+
+    def add(self, chain: Chain, keep: bool = True) -> None:
+        """Count a chain (``what``: gap or step) and keep it unless ``keep`` is False; a
+        step's gap and period chains count for its own graph bucket too."""
+        gap = chain.what == "gap"
+        (self.gap_tally if gap else self.step_tally).add(chain.us, chain.segments)
+        if keep:
+            (self.gaps if gap else self.periods).append(chain)
+        of = self._bucket_of
+        if of is not None and 0 <= chain.step < len(of):
+            b = int(of[chain.step])
+            sub = self.buckets.get(b)
+            if sub is None:
+                sub = self.buckets[b] = CriticalPath(self.trace, self.steps, gates=self.gates,
+                                                     buckets={})
+            sub.add(chain, keep)
+
+    @property
+    def n_gaps(self) -> int:
+        return self.gap_tally.n
+
+    @property
+    def n_steps(self) -> int:
+        return self.step_tally.n
 
     @property
     def fwd_gap_us(self) -> float:
-        return _mean([c.us for c in self.gaps])
+        return self.gap_tally.mean_us()
 
     @property
     def step_us(self) -> float:
-        return _mean([c.us for c in self.periods])
+        return self.step_tally.mean_us()
 
     def gap_causes(self) -> list[dict]:
-        return causes(self.gaps)
+        return self.gap_tally.causes()
 
     def step_causes(self) -> list[dict]:
-        return causes(self.periods)
+        return self.step_tally.causes()
 
     def by_bucket(self) -> dict[int, CriticalPath]:
         """Per graph bucket of a run whose batch changes (``meta.workload``): the chains of
-        the steps that ran it (a step's gap and period chains go with its own bucket);
-        empty for a run of one size."""
-        wl = self.trace.meta.get("workload") or {}
-        buckets = wl.get("graph_bucket")
-        if not buckets:
+        the steps that ran it (a step's gap and period chains go with its own bucket), tallied
+        as they were added; empty for a run of one size."""
+        if not self.buckets or len(self.buckets) < 2 or self._bucket_of is None:
             return {}
-
-        def bucket(step: int) -> int:
-            return int(buckets[step]) if 0 <= step < len(buckets) else -1
-
-        keys = sorted({bucket(c.step) for c in self.gaps + self.periods} - {-1})
-        if len(keys) < 2:
-            return {}
-        out = {}
-        for b in keys:
-            out[b] = CriticalPath(self.trace, self.steps,
-                                  [c for c in self.gaps if bucket(c.step) == b],
-                                  [c for c in self.periods if bucket(c.step) == b], self.gates)
-        return out
+        return dict(sorted(self.buckets.items()))
 
     def to_dict(self) -> dict:
         """``{"steps", "step_us", "fwd_gap_us", "gap_causes", "step_causes", ...}``, and
         ``by_bucket`` (the same per graph bucket) for a run whose batch changes."""
-        out = {"steps": list(self.steps), "steps_explained": len(self.periods),
+        out = {"steps": list(self.steps), "steps_explained": self.n_steps,
                "step_us": self.step_us, "fwd_gap_us": self.fwd_gap_us,
                "gap_causes": self.gap_causes(), "step_causes": self.step_causes()}
         per = self.by_bucket()
         if per:
-            out["by_bucket"] = {b: {"steps_explained": len(cp.periods), "step_us": cp.step_us,
+            out["by_bucket"] = {b: {"steps_explained": cp.n_steps, "step_us": cp.step_us,
                                     "fwd_gap_us": cp.fwd_gap_us, "gap_causes": cp.gap_causes(),
                                     "step_causes": cp.step_causes(), "sentence": sentence(cp)}
                                 for b, cp in per.items()}
@@ -192,6 +228,70 @@ class CriticalPath:
 
 def _mean(values: list[float]) -> float:
     return float(np.mean(values)) if values else float("nan")
+
+
+# --------------------------------------------------------------------------- aggregation
+class Tally:
+    """Chains counted as they come: µs per (cause, kind), per gate, and each chain's length.
+
+    Adding chains one by one gives :func:`causes` of them, to the last bit (the sums are
+    taken in the same order), without keeping them.
+    """
+
+    def __init__(self) -> None:
+        self.total: dict[tuple[str, str], float] = defaultdict(float)
+        self.by_gate: dict[tuple[str, str], dict[str, float]] = defaultdict(
+            lambda: defaultdict(float))
+        self.example: dict[tuple[str, str], tuple] = {}
+        self.lengths: list[float] = []
+
+    @property
+    def n(self) -> int:
+        return len(self.lengths)
+
+    def add(self, length_us: float, segments) -> None:
+        """One chain of ``length_us``; ``segments``: Segments or their fields' rows."""
+        total, by_gate, example = self.total, self.by_gate, self.example
+        for s in segments:
+            key = (s[3], s[2])  # (cause, kind)
+            us = s[1] - s[0]
+            total[key] += us
+            by_gate[key][s[7]] += us
+            if key not in example:
+                example[key] = s
+        self.lengths.append(length_us)
+
+    def mean_us(self) -> float:
+        return _mean(self.lengths)
+
+    def causes(self) -> list[dict]:
+        """The entries of :func:`causes`."""
+        n = self.n
+        if not n:
+            return []
+        mean_len = sum(self.lengths) / n
+        out = []
+        for (cause, kind), us in self.total.items():
+            us /= n
+            after = max(self.by_gate[(cause, kind)].items(), key=lambda kv: (kv[1], kv[0]))[0]
+            out.append({"cause": cause, "kind": kind, "us": us,
+                        "share": us / mean_len if mean_len > 0 else 0.0, "after": after,
+                        "words": _new(Segment, self.example[(cause, kind)]).words()})
+        out.sort(key=lambda d: (-d["us"], d["cause"]))
+        return out
+
+
+def causes(chains: list[Chain]) -> list[dict]:
+    """Mean µs per chain by (cause, kind), largest first, with its share of the mean length.
+
+    Each entry: ``cause``, ``kind``, ``us`` (mean over the chains), ``share`` (of the mean
+    chain length), ``after`` (the gate most of its time came through, '' if none) and
+    ``words`` (the cause as a phrase).
+    """
+    tally = Tally()
+    for chain in chains:
+        tally.add(chain.us, chain.segments)
+    return tally.causes()
 
 
 # --------------------------------------------------------------------------- the walk
@@ -231,6 +331,16 @@ class Walker:
         self.span_end = spans.end_us.tolist()
         self.span_call = spans.call.tolist()
         self.span_op = spans.op.tolist()
+        self.texts = list(trace.strings) + [""]  # by code; -1 is the empty text
+        self.op_label = ops.label.tolist()
+        if isinstance(trace, TraceWindow) and not trace.first:
+            # a window after the run's start: what came before it is not there, and a walk
+            # that needs it must not take its absence for a fact
+            cut = pred.copy()
+            cut[pred == -1] = _CUT
+            self.pred = cut.tolist()
+            if len(host):
+                self.hpred[int(host[0])] = _CUT
         self._names: dict[int, str] = {}
         self.gates: dict[str, tuple[str, str]] = {}
         meta = trace.meta
@@ -240,7 +350,7 @@ class Walker:
 
     # ---- words
     def _text(self, code: int) -> str:
-        return self.trace.text(int(code))
+        return self.texts[code]
 
     def lane_name(self, op: int) -> str:
         return self._text(self.lane[op])
@@ -259,6 +369,8 @@ class Walker:
             return name
         lane = self.lane_name(op)
         rec = self.bound[op]
+        if rec == _CUT:
+            raise Truncated(op)
         other = self.lane_name(rec) if rec >= 0 else "?"
         c = self.call[op]
         call = self.span_call[c] if c >= 0 else Call.NONE
@@ -292,6 +404,8 @@ class Walker:
         p = self.pred[rec]
         while p >= 0 and self.kind[p] != OpKind.KERNEL:
             p = self.pred[p]
+        if p == _CUT:
+            raise Truncated(rec)
         if p < 0:
             return f"{what}@{self.lane_name(rec)}"
         return f"{what}@{self._text(self.trace.ops.phase[p]) or self.label(p)}"
@@ -369,7 +483,15 @@ class Walker:
         chain entered the interval through (e.g. the host sync that held the CPU before
         it issued the work that filled a gap).
         """
-        segs: list[Segment] = []
+        end, rows = self.walk(target, stop, root_horizon_us, from_end)
+        return Chain(what, step, stop, end, target, tuple([_new(Segment, r) for r in rows]))
+
+    def walk(self, target: int, stop: float, root_horizon_us: float = 0.0,
+             from_end: bool = False) -> tuple[float, list[list]]:
+        """:meth:`chain`'s walk: ``(end, rows)``, each row the fields of a :class:`Segment`
+        (a list), in time order. Raises :class:`Truncated` where a window of a trace lacks
+        what came before it."""
+        segs: list[list] = []
         gates: list[tuple[float, str]] = []  # (time it opened, name), in walk order
         t = self.end[target] if from_end else self.start[target]
         end = t
@@ -377,12 +499,14 @@ class Walker:
         pred, call, kind, bound = self.pred, self.call, self.kind, self.bound
         start, fin = self.start, self.end
         span_start, span_end = self.span_start, self.span_end
+        texts, lanes, labels = self.texts, self.lane, self.op_label
+        add = segs.append
 
         def emit(a: float, b: float, k: str, cause: str, lane: str, op=-1, span=-1,
                  what="") -> None:
             lo = a if a > stop else stop  # clipped at stop: nothing is emitted past it
             if b > lo:
-                segs.append(Segment(lo, b, k, cause, lane, op, span, "", what or cause))
+                add([lo, b, k, cause, lane, op, span, "", what or cause])
 
         # state "op": bind op `item`'s start (at t); "end": op `item` ended at t;
         # "span": host span `item` ended at t; "host": host span `item` began at t
@@ -392,9 +516,11 @@ class Walker:
                 break
             if state == "op":
                 p, c = pred[item], call[item]
+                if p == _CUT:
+                    raise Truncated(item)
                 if p < 0 and c < 0:
                     emit(stop, t, "unexplained", "before the first traced operation",
-                         self.lane_name(item), item)
+                         texts[lanes[item]], item)
                     break
                 pe = fin[p] if p >= 0 else -np.inf
                 ie = span_end[c] if c >= 0 else -np.inf
@@ -416,44 +542,48 @@ class Walker:
                     continue
                 if pe >= ie:  # on a tie the stream predecessor binds
                     b, nxt, slack = pe, ("end", p), (
-                        "unexplained", f"{self.lane_name(item)} stream idle after its "
+                        "unexplained", f"{texts[lanes[item]]} stream idle after its "
                                        "predecessor")
                 else:
                     b, nxt, slack = ie, ("span", c), (
-                        "launch_latency", f"launch latency ({self.lane_name(item)})")
+                        "launch_latency", f"launch latency ({texts[lanes[item]]})")
                     if p >= 0 and kind[p] == OpKind.WAIT and bound[p] < 0:
+                        if bound[p] == _CUT:  # bound before the window: not known here
+                            raise Truncated(p)
                         # after a wait the trace does not bind: what held it is not known
-                        slack = ("unexplained", f"{self.lane_name(item)} held by a wait on an "
+                        slack = ("unexplained", f"{texts[lanes[item]]} held by a wait on an "
                                  "unknown record")
                 if b < t:
-                    emit(b, t, slack[0], slack[1], self.lane_name(item), item)
+                    emit(b, t, slack[0], slack[1], texts[lanes[item]], item)
                     t = b
                 state, item = nxt
             elif state == "end":
                 k = kind[item]
+                r = bound[item]
+                if r == _CUT:
+                    raise Truncated(item)
                 if k == OpKind.KERNEL:
                     s0 = min(start[item], t)
-                    lane, label = self.lane_name(item), self.label(item)
+                    lane, label = texts[lanes[item]], texts[labels[item]]
                     emit(s0, t, "device", f"{lane} stream: {label}", lane, item, -1, label)
                     t, state = s0, "op"
-                elif k == OpKind.WAIT and bound[item] >= 0 and fin[item] > start[item]:
-                    r = bound[item]  # held: released by its record's firing
-                    f = min(fin[r], t)
+                elif k == OpKind.WAIT and r >= 0 and fin[item] > start[item]:
+                    f = min(fin[r], t)  # held: released by its record's firing
                     name = self.wait_name(item)
                     gates.append((f, name))
                     if t > f:
-                        if self.lane[r] != self.lane[item]:
+                        if lanes[r] != lanes[item]:
                             emit(f, t, "cross_stream", f"cross-stream latency: {name}",
-                                 self.lane_name(item), item, -1, name)
+                                 texts[lanes[item]], item, -1, name)
                         else:
                             emit(f, t, "unexplained", f"{name}: released after its record "
-                                 "fired", self.lane_name(item), item, -1, name)
+                                 "fired", texts[lanes[item]], item, -1, name)
                         t = f
                     item = r
                 else:  # a record, a wait that did not hold: bound like any op at its start
                     s0 = min(start[item], t)
                     if s0 < t:  # held by a wait whose record the trace does not have
-                        lane = self.lane_name(item)
+                        lane = texts[lanes[item]]
                         emit(s0, t, "unexplained", f"{lane} held by a wait on an unknown "
                              "record", lane, item)
                     t, state = s0, "op"
@@ -462,6 +592,8 @@ class Walker:
                 if self.span_call[item] == Call.SYNCHRONIZE:
                     op = self.span_op[item]
                     r = bound[op] if op >= 0 else -1
+                    if r == _CUT:
+                        raise Truncated(op)
                     f = fin[r] if r >= 0 else -np.inf
                     if r >= 0 and s0 < f <= t:  # really blocked: woken by the record's firing
                         name = self.sync_name(item)
@@ -483,6 +615,8 @@ class Walker:
                 t, state = s0, "host"
             else:  # "host": span `item` began at t, bound by the previous host span's end
                 q = self.hpred[item]
+                if q == _CUT:
+                    raise Truncated(item)
                 if q < 0:
                     emit(stop, t, "unexplained", "before the first traced host call", HOST)
                     break
@@ -492,7 +626,7 @@ class Walker:
                     t = e
                 state, item = "span", q
         segs.reverse()
-        return Chain(what, step, stop, end, target, tuple(_with_gates(segs, gates)))
+        return end, _with_gates(segs, gates)
 
     def _host_gap(self, emit, a: float, b: float) -> None:
         """Host time between two traced calls: the innermost range's work where the code
@@ -505,18 +639,26 @@ class Walker:
                 emit(x, y, "host", f"cpu: {name}", HOST, -1, -1, name)
 
 
-def _with_gates(segs: list[Segment], gates: list[tuple[float, str]]) -> list[Segment]:
-    """Each segment's ``after``: the latest gate that opened at or before its start."""
+def _with_gates(segs: list[list], gates: list[tuple[float, str]]) -> list[list]:
+    """Each segment row's ``after``: the latest gate that opened at or before its start."""
     if not gates:
         return segs
     opened = sorted(gates, key=lambda g: g[0])
-    out, i, current = [], 0, ""
+    i, current = 0, ""
     for s in segs:
-        while i < len(opened) and opened[i][0] <= s.start_us:
+        while i < len(opened) and opened[i][0] <= s[0]:
             current = opened[i][1]
             i += 1
-        out.append(s._replace(after=current))
-    return out
+        s[7] = current
+    return segs
+
+
+_new = tuple.__new__  # a named tuple from its fields, without its keyword-checking __new__
+_CUT = -2  # a predecessor or record before a window's start (see Walker)
+
+
+class Truncated(RuntimeError):
+    """A walk on a window of a trace reached back past the window's start."""
 
 
 # --------------------------------------------------------------------------- per step
@@ -578,10 +720,10 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_range
             continue
         if i > 0:
             period = float(start[i] - start[i - 1])
-            out.gaps.append(walker.chain(int(first[i]), float(end[i - 1]), "gap", k, period))
+            out.add(walker.chain(int(first[i]), float(end[i - 1]), "gap", k, period))
         if i + 1 < len(all_steps):
-            out.periods.append(walker.chain(int(first[i + 1]), float(start[i]), "step", k))
-    if not out.gaps and not out.periods:
+            out.add(walker.chain(int(first[i + 1]), float(start[i]), "step", k))
+    if not out.n_gaps and not out.n_steps:
         raise ValueError(f"steps {a}:{b}: nothing to explain (the first forward has no gap "
                          "before it and the last no step after it)")
     return out

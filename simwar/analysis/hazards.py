@@ -99,20 +99,24 @@ def detect(trace: Trace, window: int = 2) -> HazardReport:
     order = np.argsort(acc.op, kind="stable")
     a_op, a_buf, a_mode = acc.op[order], acc.buffer[order], acc.mode[order]
     a_step, a_phase = acc.step[order], acc.phase[order]
-    start_of, end_of = ops.start_us, ops.end_us
-    lane_of, label_of = ops.lane, ops.label
     rank = _first_seen(a_buf)
+    # Python lists: the loop reads a few items per pair, and a pair costs a few numpy scalar
+    # reads otherwise (a step of P reading phases has O(P) pairs, most of them ordered)
+    start_of, end_of = ops.start_us.tolist(), ops.end_us.tolist()
+    lane_of, label_of = ops.lane.tolist(), ops.label.tolist()
+    ops_l, bufs_l, modes_l = a_op.tolist(), a_buf.tolist(), a_mode.tolist()
+    steps_l, phases_l = a_step.tolist(), a_phase.tolist()
     found: list[tuple] = []
     for i, j, latent in candidate_pairs(ops.lane, ops.kind, ops.bound, a_op, a_buf, a_mode,
                                         a_step, window):
-        first, second = int(a_op[i]), int(a_op[j])
-        overlap = float(end_of[first] - start_of[second])
+        first, second = ops_l[i], ops_l[j]
+        overlap = end_of[first] - start_of[second]
         if not latent and overlap <= 0:
             continue
-        found.append((race_order(rank[int(a_buf[j])], j, i), Race(
-            strings[a_buf[j]], race_kind(a_mode[i], a_mode[j]), int(a_step[i]),
-            strings[a_phase[i]], strings[lane_of[first]], strings[label_of[first]], first,
-            int(a_step[j]), strings[a_phase[j]], strings[lane_of[second]],
+        found.append((race_order(rank[bufs_l[j]], j, i), Race(
+            strings[bufs_l[j]], race_kind(modes_l[i], modes_l[j]), steps_l[i],
+            strings[phases_l[i]], strings[lane_of[first]], strings[label_of[first]], first,
+            steps_l[j], strings[phases_l[j]], strings[lane_of[second]],
             strings[label_of[second]], second, latent, max(0.0, overlap))))
     found.sort(key=lambda item: item[0])
     return HazardReport([race for _, race in found])
@@ -138,7 +142,8 @@ def race_kind(first_mode: int, second_mode: int) -> str:
 
 
 def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_step,
-                    window: int = 2, host_of=None, clocks: bool = False):
+                    window: int = 2, latent_only: bool = False, host_of=None,
+                    clocks: bool = False):
     """The access pairs :func:`detect` compares, with their latent flag.
 
     Ops are given per op id (issue order): ``lane_of`` (any hashable codes), ``kind_of``
@@ -150,7 +155,8 @@ def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_s
     into the accesses, ``i`` issued before ``j``) for every pair on one buffer, on different
     lanes, not both reads, whose steps differ by at most ``window``, scanning from ``j`` back
     to the nearest earlier access and stopping at the first one more than ``window`` steps
-    before it; in issue order of ``j`` (sort with :func:`race_order` for the listed order).
+    before it (``latent_only``: the latent ones only, for a caller that drops the rest); in
+    issue order of ``j`` (sort with :func:`race_order` for the listed order).
     With ``clocks``, ``(i, j, latent, known)``: ``known`` is how many ops of ``i``'s lane
     happen-before ``j`` (``i``'s own op is that lane's op number ``known + 1`` or later when
     latent; 0: none), what a report names the missing edge by. Every executor's race list
@@ -163,7 +169,9 @@ def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_s
     own clock (what it has synchronized with), which the ops it issues join and its syncs
     advance; an op's clock is kept only until the last wait or sync bound to it; each buffer
     keeps the accesses the scan can still reach (when access steps never decrease in issue
-    order, those of the last ``window`` steps), so a long trace is analysed in bounded memory.
+    order, those of the last ``window`` steps, and its writes apart: a read scans only those),
+    so a long trace is analysed in bounded memory and in time linear in its accesses plus the
+    pairs found (a step of P reading phases costs O(P), not O(P²)).
     """
     n_ops = len(lane_of)
     lanes = sorted({int(x) if isinstance(x, np.integer) else x for x in _values(lane_of)},
@@ -213,32 +221,77 @@ def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_s
                 rec_clock[op_id] = tuple(v)
             while nxt is not None and nxt[0] == op_id:
                 _, buf, b_mode, b_step = nxt
-                h = hist.setdefault(buf, [])
-                k = len(h) - 1
-                while k >= 0:
-                    a, a_op, a_mode, a_step, a_lane, a_clock = h[k]
-                    if b_step - a_step > window:
-                        break
-                    k -= 1
-                    if a_step - b_step > window:
-                        continue
-                    if a_mode == READ and b_mode == READ:
-                        continue
-                    if a_lane == lane or a_op == op_id:
-                        continue
-                    la = index[a_lane]
-                    if clocks:
-                        yield a, ai, a_clock[la] > v[la], v[la]
-                    else:
-                        yield a, ai, a_clock[la] > v[la]
-                if prune and k >= 0:  # h[k] and all before it are out of reach from now on
-                    del h[:k + 1]
-                h.append((ai, op_id, b_mode, b_step, lane, tuple(v)))
+                entry = (ai, op_id, b_mode, b_step, lane, tuple(v))
+                if prune:
+                    # steps never decrease: the accesses in reach are the last ones, and a
+                    # read is compared with writes only, so it scans the buffer's writes
+                    pair = hist.get(buf)
+                    if pair is None:
+                        pair = hist[buf] = (_Reach(), _Reach())
+                    every, writes = pair
+                    floor = b_step - window
+                    every.drop_below(floor)
+                    writes.drop_below(floor)
+                    src = writes if b_mode == READ else every
+                    items = src.items
+                    for k in range(len(items) - 1, src.start - 1, -1):
+                        a, a_op, a_mode, a_step, a_lane, a_clock = items[k]
+                        if a_lane == lane or a_op == op_id:
+                            continue
+                        la = index[a_lane]
+                        latent = a_clock[la] > v[la]
+                        if latent or not latent_only:
+                            yield (a, ai, latent, v[la]) if clocks else (a, ai, latent)
+                    every.items.append(entry)
+                    if b_mode != READ:
+                        writes.items.append(entry)
+                else:
+                    h = hist.setdefault(buf, [])
+                    k = len(h) - 1
+                    while k >= 0:
+                        a, a_op, a_mode, a_step, a_lane, a_clock = h[k]
+                        if b_step - a_step > window:
+                            break
+                        k -= 1
+                        if a_step - b_step > window:
+                            continue
+                        if a_mode == READ and b_mode == READ:
+                            continue
+                        if a_lane == lane or a_op == op_id:
+                            continue
+                        la = index[a_lane]
+                        latent = a_clock[la] > v[la]
+                        if latent or not latent_only:
+                            yield (a, ai, latent, v[la]) if clocks else (a, ai, latent)
+                    h.append(entry)
                 ai += 1
                 nxt = next(accesses, None)
         while free < len(kept) and free_at[free] == op_id:
             rec_clock.pop(int(kept[free]), None)
             free += 1
+
+
+class _Reach:
+    """A buffer's accesses still in reach (steps never decrease): ``items[start:]``.
+
+    Accesses fall out of reach from the front, ``window`` steps behind the newest; the
+    dropped prefix is deleted once it is as long as what is kept (amortized O(1)).
+    """
+
+    __slots__ = ("items", "start")
+
+    def __init__(self) -> None:
+        self.items: list = []
+        self.start = 0
+
+    def drop_below(self, step: int) -> None:
+        items, i = self.items, self.start
+        while i < len(items) and items[i][3] < step:
+            i += 1
+        if i > 64 and 2 * i > len(items):
+            del items[:i]
+            i = 0
+        self.start = i
 
 
 def _values(seq, size: int = 1 << 15):

@@ -84,6 +84,7 @@ from simwar.core.program import (
     Program,
     Record,
     StepMarker,
+    StepName,
     Synchronize,
     WaitEvent,
     WaitStream,
@@ -367,23 +368,23 @@ class LoopBuilder:
         if pol.needs_cpu_seq_lens and k > 0 and self.overlap:
             # resolve_seq_lens_cpu: a D2H on a private stream gated on the publish of k-1,
             # then a host block on it
-            self.wait_event("d2h", f"publish_ready[{k - 1}]", k)
+            self.wait_event("d2h", StepName("publish_ready[{}]", k - 1), k)
             self.launch("d2h", "seq_lens_d2h", cfg.gpu.seq_lens_copy_us, k)
-            self.record(f"seq_lens_d2h[{k}]", "d2h", k)
-            self.sync(f"seq_lens_d2h[{k}]", k, "seq_lens")
+            self.record(StepName("seq_lens_d2h[{}]", k), "d2h", k)
+            self.sync(StepName("seq_lens_d2h[{}]", k), k, "seq_lens")
         self.wait_stream("forward", "schedule", k)
         if self.prefill is not None:
             self.prefill_chunk(k)
         for i, phase in enumerate(self.phases):
             self.phase(k, i, phase)
             if phase.future_publish:
-                self.record(f"publish_ready[{k}]", "forward", k)
+                self.record(StepName("publish_ready[{}]", k), "forward", k)
         self.policy.after_phases(self, k)
         copy_stream = cfg.gpu.result_copy_stream
         if copy_stream != "forward":
             self.wait_stream(copy_stream, "forward", k)
         self.launch(copy_stream, "result_copy", cfg.gpu.result_copy_us, k)
-        self.record(f"copy_done[{k}]", copy_stream, k)
+        self.record(StepName("copy_done[{}]", k), copy_stream, k)
 
     def phase(self, k: int, i: int, ph: Phase) -> None:
         costs = self.cfg.costs
@@ -419,7 +420,8 @@ class LoopBuilder:
         graph = f"{name}.graph"
         sz = self.sizes
         if sz.suffix:  # one captured graph per (phase, bucket)
-            graph += f"@{int(sz.bucket[k])}"
+            graph = StepName(graph.replace("{", "{{").replace("}", "}}") + "@{}", k, "bucket",
+                             int(sz.bucket[k]))
         self.ops.append(GraphLaunch("forward", graph, tuple(nodes), k, name,
                                     self._cost(costs.graph_launch_us)))
         if pos == "post_replay" or (pos == "in_replay" and not self.point.in_graph):
@@ -439,7 +441,7 @@ class LoopBuilder:
                                     self._cost(self.cfg.costs.graph_launch_us)))
 
     def publish_record(self, k: int) -> None:
-        event = f"read_done[{k}]"
+        event = StepName("read_done[{}]", k)
         self.record(event, "forward", k)
         self.read_done[k] = event
 
@@ -447,7 +449,7 @@ class LoopBuilder:
         """Iteration k processes the result of step j = k-1."""
         cfg = self.cfg
         at, self._at = self._at, j  # the durations of processing scale with step j's batch
-        self.sync(f"copy_done[{j}]", k, "result_copy")
+        self.sync(StepName("copy_done[{}]", j), k, "result_copy")
         self.cpu("process_result", cfg.cpu.process_result_us, k)
         if _positive(cfg.gpu.result_writes_us):
             self.launch("schedule", "result_writes", cfg.gpu.result_writes_us, k,

@@ -35,6 +35,7 @@ from simwar.cli import (
     validate,
 )
 from simwar.cli.common import UserError
+from simwar.core.files import interrupts_noted
 
 #: command name -> its module, in the order ``simwar --help`` lists them
 COMMANDS = {
@@ -65,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     from simwar.config import ConfigError
 
     try:
-        return int(args.func(args) or 0)
+        # Ctrl-C is noted as well as raised, so that one swallowed on its way (inside a
+        # library call) still stops the command and no file is committed after it
+        with interrupts_noted():
+            return int(args.func(args) or 0)
     except (UserError, ConfigError) as e:
         print(f"simwar: error: {e}", file=sys.stderr)
         return 2

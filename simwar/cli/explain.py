@@ -60,6 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.critical_path import NoForward, critical_path, sentence
+    from simwar.api import explain  # lazy: start-up time of the CLI (the simulator)
+    from simwar.config import Config  # lazy: start-up time of the CLI (pydantic)
 
     if args.top < 0:
         raise UserError(f"--top {args.top}: expected 0 or a positive number")
@@ -68,10 +70,13 @@ def command(args) -> int:
         check_outputs([("input", args.source), ("mapping", args.mapping)],
                       [("--timeline", args.timeline)])
     src = load_source(args.source, args.mapping, args.overrides, args.preset)
-    trace, what = src.trace, src.what
+    what = src.what
     steps = _parse_steps(args.steps) if args.steps else None
     try:
-        cp = critical_path(trace, steps, src.host_ranges, src.device_info)
+        if isinstance(src.trace, Config):  # simulated once, streamed: any length fits
+            cp = explain(src.trace, steps)
+        else:
+            cp = critical_path(src.trace, steps, src.host_ranges, src.device_info)
     except NoForward as e:
         if what.startswith("Kineto capture") and _simwar_export(Path(args.source)):
             raise UserError(f"{args.source}: a Chrome trace simwar exported for Perfetto "
@@ -112,8 +117,8 @@ def _parse_steps(text: str) -> tuple[int, int]:
 
 
 class Source(NamedTuple):
-    """What ``explain`` reads: the trace, its description, and for a capture its host ranges,
-    device facts and what it was read with."""
+    """What ``explain`` reads: the trace (a config's Config, simulated by the caller), its
+    description, and for a capture its host ranges, device facts and what it was read with."""
 
     trace: object
     what: str
@@ -124,7 +129,8 @@ class Source(NamedTuple):
 
 def load_source(path: str, mapping: str | None = None, overrides=(),
                 preset: str | None = None) -> Source:
-    """A :class:`Source` from a config (simulated), a saved simwar trace or a Kineto capture.
+    """A :class:`Source` from a config (its Config, in ``trace``: simulated by the caller,
+    :func:`simwar.api.explain`), a saved simwar trace or a Kineto capture.
 
     Told apart by content: a simwar trace's JSON starts with ``"format": "simwar.trace"``;
     other JSON is read as a Kineto capture; anything else as a YAML config.
@@ -142,12 +148,11 @@ def load_source(path: str, mapping: str | None = None, overrides=(),
     if preset and kind != "kineto":
         raise UserError(f"--preset: only for a Kineto capture; {p} is a {kind} file")
     if kind == "config":
-        # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
-        from simwar.api import simulate
-        from simwar.config import load_config, parse_override  # lazy: start-up time
+        # lazy: start-up time of the CLI (the config schema loads pydantic)
+        from simwar.config import load_config, parse_override
 
         cfg = load_config(str(p), dict(parse_override(o) for o in overrides))
-        return Source(simulate(cfg).trace, f"config {p} (simulated, {cfg.steps} steps)")
+        return Source(cfg, f"config {p} (simulated, {cfg.steps} steps)")
     if kind == "trace":
         # lazy: start-up time of the CLI (numpy)
         from simwar.core.trace import Trace
@@ -255,10 +260,10 @@ def format_explain(cp, what: str, top: int = 8, notes=()) -> str:
     a, b = cp.steps
     lines = [_header(cp.trace, what)]
     lines += [f"  read with           {n}" for n in notes]
-    lines.append(f"  steps               {a}..{b} ({len(cp.periods)} explained, means per step)")
+    lines.append(f"  steps               {a}..{b} ({cp.n_steps} explained, means per step)")
     lines += _explained(cp, top)
     for bucket, sub in cp.by_bucket().items():
-        lines.append(f"  bucket {bucket:<12} {len(sub.periods)} steps explained")
+        lines.append(f"  bucket {bucket:<12} {sub.n_steps} steps explained")
         lines += _explained(sub, max(3, top // 2), indent="  ")
     return "\n".join(lines)
 

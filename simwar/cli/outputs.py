@@ -5,9 +5,13 @@
 input), :func:`check` before simulating (nor does a wrong window cost a run), :func:`write`
 after.
 ``--timeline`` draws :func:`simwar.plots.stall_figure` (the stall timeline of a few steps
-and a zoom on the first forward-stream bubble); ``--trace`` writes Chrome trace-event JSON
-for Perfetto (:mod:`simwar.plots.perfetto`). Both need the run's Trace:
-:func:`trace_options` names the options given, so that ``run`` picks the SimPy engine.
+and a zoom on the first forward-stream bubble) from the run's Trace: :func:`trace_options`
+names it, so that ``run`` picks the SimPy engine. ``--trace`` writes Chrome trace-event
+JSON for Perfetto (:mod:`simwar.plots.perfetto`) as the run is simulated again in the
+one-pass executor's trace mode (:func:`simwar.api.trace_windows`): memory of one window,
+whatever the run's length, the file written as it is produced (and nothing left of it
+after a failure or Ctrl-C); a run that kept its trace (``--engine simpy``) exports that.
+``--steps-window`` limits both to steps A..B.
 
 Imports: ``simwar.cli.common`` at the top; matplotlib and the plots inside :func:`write`.
 Never a command's module (``run`` imports this one).
@@ -32,25 +36,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write the stall timeline of a few steps (and a zoom on the "
                              "first GPU bubble) to this image")
     parser.add_argument("--steps-window", metavar="A:B",
-                        help="steps shown by --timeline, A and B included: from step A's "
-                             "start to the end of step B's work, nothing of step B+1 "
-                             "(default: three steps after warm-up)")
+                        help="steps shown by --timeline and written by --trace, A and B "
+                             "included: from step A's start to the end of step B's work, "
+                             "nothing of step B+1 (--timeline's default: three steps after "
+                             "warm-up; --trace's: every step)")
     parser.add_argument("--trace", metavar="OUT.json",
                         help="write the run as Chrome trace-event JSON (open it in "
-                             "ui.perfetto.dev or chrome://tracing)")
+                             "ui.perfetto.dev or chrome://tracing; .json.gz: gzipped), as it "
+                             "is simulated: a run of any length fits in memory")
 
 
 def trace_options(args) -> list[str]:
-    """The options given that need the run's Trace (``--trace`` first)."""
-    return [flag for flag, value in (("--trace", args.trace), ("--timeline", args.timeline))
-            if value]
+    """The options given that need the run's Trace kept (``--trace`` streams its own)."""
+    return ["--timeline"] if args.timeline else []
 
 
 def check_paths(args) -> None:
     """Check the files the options write before anything is read or simulated: each is a
     file simwar may write, and none is an input or the other output."""
-    if args.steps_window and not args.timeline:
-        raise UserError("--steps-window: only used with --timeline OUT.png")
+    if args.steps_window and not (args.timeline or args.trace):
+        raise UserError("--steps-window: only used with --timeline OUT.png or --trace "
+                        "OUT.json")
     if args.timeline:
         output_path(args.timeline, "--timeline", image=True)
     if args.trace:
@@ -62,7 +68,7 @@ def check_paths(args) -> None:
 def check(args, config) -> None:
     """Check the picture options before simulating, so that a mistake is reported at once."""
     check_paths(args)
-    if args.timeline and args.steps_window:
+    if args.steps_window:
         parse_window(args.steps_window, config.steps)
 
 
@@ -80,11 +86,28 @@ def write(args, result) -> None:
         _note(args, f"simwar: wrote {out}")
     if args.trace:
         out = output_path(args.trace, "--trace")
-        # lazy: start-up time of the CLI (the plots package loads matplotlib)
-        from simwar.plots.perfetto import write_chrome_trace
-
-        write_chrome_trace(result.trace, out)
+        window = parse_window(args.steps_window, result.config.steps) if args.steps_window \
+            else None
+        write_trace(result, out, window)
         _note(args, f"simwar: wrote {out}")
+
+
+def write_trace(result, out, window: tuple[int, int] | None = None) -> None:
+    """The run as Chrome trace-event JSON: its kept trace, or streamed in trace mode."""
+    # lazy: start-up time of the CLI (the simulator; pyarrow)
+    from simwar.api import trace_windows
+    from simwar.executors.fast.trace import TraceUnsupported  # lazy: start-up time
+    from simwar.plots.perfetto import write_chrome_trace, write_run  # lazy: start-up time
+
+    if result.engine != "simpy":
+        try:
+            parts, lanes, meta = trace_windows(result.config, steps=window)
+        except TraceUnsupported:  # names the trace mode cannot make: the reference engine
+            parts = None
+        if parts is not None:
+            write_run(parts, lanes, meta, out, window)
+            return
+    write_chrome_trace(result.trace, out, window)
 
 
 def _note(args, text: str) -> None:

@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no progress bar and no notes on stderr (errors still print)")
     p.add_argument("--engine", choices=ENGINES, default=None,
                    help="executor: simpy (reference, keeps the trace), fast (one pass, no "
-                        "trace) or auto (fast unless --trace/--timeline; default: the "
+                        "trace) or auto (fast unless --timeline; default: the "
                         "config's engine, auto)")
     p.add_argument("--slo", metavar="METRIC=BOUND,...",
                    help="service-level objectives per request, e.g. ttft=200ms,tpot=30ms "

@@ -21,13 +21,16 @@ forward k's reads, and the builder only calls their hooks. A new policy is
 one subclass in one place, inside the package or outside it; the config
 schema accepts every registered name.
 
-Imports: nothing beyond the standard library.
+Imports: the standard library and :class:`simwar.core.program.StepName` (the names of
+per-step events).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
+
+from simwar.core.program import StepName
 
 
 @dataclass(frozen=True)
@@ -166,8 +169,9 @@ class HostSync(Barrier):
 
     def after_phases(self, b, k: int) -> None:
         if b.point.phase is None:  # nothing published: block on the whole forward
-            b.record(f"forward_done[{k}]", "forward", k)
-            b.read_done[k] = f"forward_done[{k}]"
+            name = StepName("forward_done[{}]", k)
+            b.record(name, "forward", k)
+            b.read_done[k] = name
 
     def fence(self, b, k: int) -> None:
         b.sync(b.read_done[k], k, "barrier")

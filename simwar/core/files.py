@@ -19,6 +19,18 @@ also applies before it runs anything):
 - anything else (a directory, a device such as ``/dev/full`` or a disk, a socket) is refused
   before anything is written: :class:`NotAFileError` (an ``OSError`` naming the path).
 
+**Interrupts that reach the writer.** Python raises ``KeyboardInterrupt`` at the next
+bytecode after Ctrl-C, wherever that is; when it lands inside a lookup that a C library
+answers by clearing every error (numpy's lookup of ``__array_ufunc__`` and friends on a
+class with a Python ``__getattr__``, such as an ``IntEnum`` in Python 3.11, is one), the
+interrupt is lost and the program carries on. So while :func:`interrupts_noted` is active
+(the command line wraps every command in it; :func:`atomic_file` uses it too) SIGINT is
+also *noted*: an atomic write never commits after a noted interrupt
+(:func:`check_interrupt` raises ``KeyboardInterrupt`` again before the rename), a long
+writer can call it between chunks, and the context raises it at its end if nothing did.
+A caller that answers the interrupt itself (a sweep writes the results tables of the runs
+that finished, then stops) calls :func:`interrupt_handled` first.
+
 Imports: the standard library only (the GPU harness writes traces with it).
 """
 
@@ -29,9 +41,11 @@ import errno
 import gzip
 import math
 import os
+import signal
 import stat
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -44,6 +58,60 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+class _Interrupts:
+    """The SIGINT handler of :func:`interrupts_noted` and what it has seen."""
+
+    depth = 0  # nested interrupts_noted() contexts
+    noted = False  # SIGINT arrived since the outermost context began
+    previous = None  # the handler before it
+
+
+def _note_interrupt(signum, frame):
+    _Interrupts.noted = True
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def interrupts_noted() -> Iterator[None]:
+    """SIGINT raises ``KeyboardInterrupt`` as usual and is also noted until the block ends.
+
+    Only in the main thread and only over Python's default handler (a program that set its
+    own keeps it). At the end of the outermost block a noted interrupt that nothing raised
+    (it was swallowed on its way) is raised: the interrupt always reaches the caller.
+    """
+    usable = (threading.current_thread() is threading.main_thread()
+              and (_Interrupts.depth or signal.getsignal(signal.SIGINT)
+                   is signal.default_int_handler))
+    if not usable:
+        yield
+        return
+    if _Interrupts.depth == 0:
+        _Interrupts.noted = False
+        _Interrupts.previous = signal.signal(signal.SIGINT, _note_interrupt)
+    _Interrupts.depth += 1
+    try:
+        yield
+        if _Interrupts.depth == 1:
+            check_interrupt()
+    finally:
+        _Interrupts.depth -= 1
+        if _Interrupts.depth == 0:
+            signal.signal(signal.SIGINT, _Interrupts.previous)
+            _Interrupts.previous = None
+
+
+def interrupt_handled() -> None:
+    """Forget a noted interrupt: the caller caught it and writes what it decided to write
+    after it (a sweep's tables of the runs that finished); a later Ctrl-C is noted again."""
+    _Interrupts.noted = False
+
+
+def check_interrupt() -> None:
+    """Raise ``KeyboardInterrupt`` if SIGINT was noted (see :func:`interrupts_noted`)."""
+    if _Interrupts.noted:
+        raise KeyboardInterrupt
 
 
 class NotAFileError(OSError):
@@ -111,20 +179,29 @@ def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
     Raises ``IsADirectoryError`` when ``path`` is a directory, ``FileNotFoundError``
     when its directory does not exist and :class:`NotAFileError` for a device or a
     socket, before anything is written; a stream (a FIFO, ``/dev/null``, this process's
-    stdout or stderr) is written in place (:func:`write_target`).
+    stdout or stderr) is written in place (:func:`write_target`). Nothing is committed
+    after an interrupt, even one swallowed on its way (:func:`interrupts_noted`).
     """
-    target, how = write_target(path)
-    if how != "replace":
-        yield from _stream(target, how)
-        return
-    parent = target.parent
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{target.name}.", suffix=TMP_SUFFIX)
+    with interrupts_noted():
+        target, how = write_target(path)
+        if how != "replace":
+            yield from _stream(target, how)
+            return
+        with _atomic_file(target) as handle:
+            yield handle
+
+
+@contextlib.contextmanager
+def _atomic_file(target: Path) -> Iterator[BinaryIO]:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TMP_SUFFIX)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600; a plain open() would not
         with os.fdopen(fd, "wb") as handle:
             yield handle
+            check_interrupt()
             handle.flush()
             os.fsync(handle.fileno())
+        check_interrupt()
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -170,8 +247,9 @@ def stale_temporaries(directory: str | Path) -> list[Path]:
     return sorted(directory.glob(f".*{TMP_SUFFIX}")) if directory.is_dir() else []
 
 
-__all__ = ["TMP_SUFFIX", "NotAFileError", "atomic_file", "stale_temporaries",
-           "write_bytes_atomic", "write_target", "write_text_atomic"]
+__all__ = ["TMP_SUFFIX", "NotAFileError", "atomic_file", "check_interrupt", "interrupt_handled",
+           "interrupts_noted",
+           "stale_temporaries", "write_bytes_atomic", "write_target", "write_text_atomic"]
 
 
 def jsonable(obj):

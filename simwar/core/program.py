@@ -25,6 +25,33 @@ FORMAT_VERSION = 1
 STREAMS = ("schedule", "forward", "plan", "copy", "d2h")
 
 
+# --------------------------------------------------------------------------- names
+class StepName(str):
+    """A name made of a template and a number that follows the step: ``copy_done[5]`` is
+    ``StepName("copy_done[{}]", 5)``, ``verify.graph@32`` (the graph of step 7's bucket) is
+    ``StepName("verify.graph@{}", 7, "bucket", 32)``.
+
+    It is the text itself (a ``str``: equal to, hashed and written as its text); the
+    template lets the one-pass executor's trace mode name step k's operations without
+    building them (:mod:`simwar.executors.fast.trace`). ``key`` says what fills the
+    template: ``step`` (the step itself) or ``bucket`` (the step's graph bucket).
+    """
+
+    def __new__(cls, template: str, step: int, key: str = "step", value=None):
+        self = super().__new__(cls, template.format(step if value is None else value))
+        self.template, self.step, self.key = template, int(step), key
+        return self
+
+    def __reduce__(self):
+        return (_step_name, (self.template, self.step, self.key, str(self)))
+
+
+def _step_name(template: str, step: int, key: str, text: str) -> StepName:
+    name = str.__new__(StepName, text)
+    name.template, name.step, name.key = template, step, key
+    return name
+
+
 # --------------------------------------------------------------------------- device work
 @dataclass(frozen=True, slots=True)
 class Kernel:

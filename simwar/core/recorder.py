@@ -181,32 +181,47 @@ class Recorder:
         ops = self._ops.take()
         ops["start_us"] = _take(self, "op_start")
         ops["end_us"] = _take(self, "op_end")
-        spans = self._spans.take()
-        kind, start, end = ops["kind"], ops["start_us"], ops["end_us"]
-        device = np.flatnonzero((kind == OpKind.KERNEL) | ((kind == OpKind.WAIT) & (end > start)))
-        steps = np.concatenate([spans["step"], _device_column("step", ops, device)])
-        order = np.argsort(steps, kind="stable")
-        del steps
-        moved = bool(len(order) and np.any(order[1:] < order[:-1]))
-        for name in list(spans):  # host spans first, then the derived ones; by step
-            column = np.concatenate([spans.pop(name), _device_column(name, ops, device)])
-            spans[name] = column[order] if moved else column
-            del column
-        del device
-        if moved:
-            new_id = np.empty(len(order), dtype=np.int32)
-            new_id[order] = np.arange(len(order), dtype=np.int32)
-            call = ops["call"]
-            ops["call"] = np.where(call >= 0, new_id[np.maximum(call, 0)], -1).astype(np.int32)
-            del new_id
-        del order
         s = self.strings
-        trace = Trace(spans=Table("spans", spans, s), ops=Table("ops", ops, s),
-                      accesses=Table("accesses", self._accesses.take(), s),
-                      markers=Table("markers", self._markers.take(), s),
-                      strings=s, meta=dict(meta or {}))
+        trace = assemble(self._spans.take(), ops, self._accesses.take(), self._markers.take(),
+                         s, meta)
         self.__dict__.clear()  # spent: the Trace owns what it needs
         return trace
+
+
+def assemble(spans: dict, ops: dict, accesses: dict, markers: dict, strings: list[str],
+             meta: dict | None = None) -> Trace:
+    """A Trace from its host spans and ops as recorded (the one rule for both recorders:
+    this one and the one-pass executor's trace mode, :mod:`simwar.executors.fast.trace`).
+
+    ``spans``: the host spans' columns in issue order (their ``call`` and ``op`` filled);
+    ``ops``: every op's columns in issue order, ``call`` indexing the host spans. The
+    device spans are derived (one kernel span per kernel op, one wait span per wait op that
+    held its stream: released after it was reached), appended after the host spans, and
+    all spans ordered by step (stable); ``ops.call`` follows them. The dicts are consumed
+    (each column is released once moved).
+    """
+    kind, start, end = ops["kind"], ops["start_us"], ops["end_us"]
+    device = np.flatnonzero((kind == OpKind.KERNEL) | ((kind == OpKind.WAIT) & (end > start)))
+    steps = np.concatenate([spans["step"], _device_column("step", ops, device)])
+    order = np.argsort(steps, kind="stable")
+    del steps
+    moved = bool(len(order) and np.any(order[1:] < order[:-1]))
+    for name in list(spans):  # host spans first, then the derived ones; by step
+        column = np.concatenate([spans.pop(name), _device_column(name, ops, device)])
+        spans[name] = column[order] if moved else column
+        del column
+    del device
+    if moved:
+        new_id = np.empty(len(order), dtype=np.int32)
+        new_id[order] = np.arange(len(order), dtype=np.int32)
+        call = ops["call"]
+        ops["call"] = np.where(call >= 0, new_id[np.maximum(call, 0)], -1).astype(np.int32)
+        del new_id
+    del order
+    return Trace(spans=Table("spans", spans, strings), ops=Table("ops", ops, strings),
+                 accesses=Table("accesses", accesses, strings),
+                 markers=Table("markers", markers, strings), strings=strings,
+                 meta=dict(meta or {}))
 
 
 def _device_column(name: str, ops: dict, device: np.ndarray) -> np.ndarray:

@@ -383,3 +383,44 @@ class Trace:
         strings: list[str] = []
         return cls(**{name: Table(name, empty_columns(name), strings) for name in SCHEMAS},
                    strings=strings, meta=dict(meta or {}))
+
+
+@dataclass(eq=False)
+class TraceWindow(Trace):
+    """A stretch of a run's Trace, as the one-pass executor's trace mode streams it
+    (:mod:`simwar.executors.fast.trace`): the ops issued in a range of scheduler
+    iterations (the *core*), after ``margin`` iterations before it for context, with
+    everything they refer to, as a Trace of its own (ids are the window's rows).
+
+    - ``op_base``: the run's op id of the window's op 0; ``core_op``: the first core op;
+    - ``span_core``, ``marker_core``: which spans and markers belong to the core (host spans
+      issued in it, device spans of its ops); accesses follow their ops;
+    - ``complete_below``: every span and op of a step below it is in this window or an
+      earlier one; ``clock``: every later window's times are at least this (the host clock
+      at the core's end);
+    - ``first`` / ``last``: the window starts / ends the run. ``bound`` and ``op`` references
+      to ops outside the window (in the margin's own history) are ``-2``.
+
+    A whole Trace is a window that is all core (:func:`window_of`).
+    """
+
+    op_base: int = 0
+    core_op: int = 0
+    span_core: np.ndarray | None = None
+    marker_core: np.ndarray | None = None
+    complete_below: float = float("inf")
+    clock: float = float("inf")
+    first: bool = True
+    last: bool = True
+    #: per span, its place in the recorder's order before the spans were sorted by step
+    #: (host spans in issue order, then device spans in op order)
+    span_issue: np.ndarray | None = None
+
+
+def window_of(trace: Trace) -> TraceWindow:
+    """``trace`` as a window: all core, first and last."""
+    if isinstance(trace, TraceWindow):
+        return trace
+    return TraceWindow(trace.spans, trace.ops, trace.accesses, trace.markers, trace.strings,
+                       trace.meta, span_core=np.ones(len(trace.spans), dtype=bool),
+                       marker_core=np.ones(len(trace.markers), dtype=bool))

@@ -7,7 +7,7 @@ its own traces so that a simulated run can be opened next to a measured one:
 - one process for the host (the scheduler thread: CPU work, host API calls,
   host blocks) and one process per stream, each named by ``M`` metadata
   events and ordered host first, then the streams in ``simwar.analysis.views.STREAM_ORDER``;
-- ``X`` (complete) slices with float µs timestamps (``ts``, ``dur``);
+- ``X`` (complete) slices with float µs timestamps (``ts``, ``dur``, rounded to the ns);
   slices on one track never overlap: a lane whose spans do overlap (a
   measured trace can have that) is split over extra threads of its process;
   host calls are named by their call kind, label and lane
@@ -25,204 +25,583 @@ its own traces so that a simulated run can be opened next to a measured one:
   at each launch, the metric of ``simwar.analysis.metrics``);
 - record operations as instant events (``i``) on their stream.
 
-Every relation is looked up by id (:mod:`simwar.analysis.views`); nothing
-here parses a label.
+Every relation is looked up by id; nothing here parses a label.
 
-Imports: numpy, ``simwar.core.trace``, ``simwar.core.files`` and
-``simwar.analysis.views`` only; importing it loads the package ``simwar.plots`` too,
-and with it matplotlib and pandas (the figures).
+**Streaming.** :class:`ChromeTraceWriter` writes the events of one window of a Trace at a
+time (:class:`~simwar.core.trace.TraceWindow`, as the one-pass executor's trace mode
+streams a run: :func:`write_run`), so a run of any length costs one window of memory and
+is written as it is produced; a whole Trace is one window (:func:`chrome_trace`,
+:func:`write_chrome_trace`). What carries from one window to the next is small: each
+lane's track ends, the last kernel on each lane (the work a later record captures), the
+records the next windows' waits may bind to, waits whose next kernel is still to come,
+and the counters' pending changes. A streamed run's events are those of its whole Trace
+exported at once; only their order in the file and the flows' ids differ (a lane whose
+spans overlap across windows would be split window by window, which no simulated run
+needs: its lanes never overlap). The JSON text is made column by column with pyarrow's
+string kernels (:mod:`simwar.plots.jsoncols`: numbers exactly as ``json.dumps`` writes the
+rounded floats). JSON rather than Perfetto's protobuf format: it is what torch.profiler
+writes and Perfetto, chrome://tracing and HolisticTraceAnalysis read alike, and no
+well-kept library writes the protobuf from columns (the ``perfetto`` package builds one
+Python message per event, slower than the text here).
+
+Imports: numpy, pyarrow, ``simwar.core`` and ``simwar.analysis.views`` (the lane order);
+importing it loads the package ``simwar.plots``, whose figures load lazily.
 """
 
 from __future__ import annotations
 
 import bisect
+import gzip
+import io
 import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from simwar.analysis import views
-from simwar.analysis.views import launch_links
-from simwar.core.files import write_text_atomic
-from simwar.core.trace import CALLS, HOST, SPAN_KINDS, Call, OpKind, SpanKind, Trace
+from simwar.analysis.views import ordered_lanes
+from simwar.core.files import atomic_file, check_interrupt
+from simwar.core.trace import CALLS, HOST, SPAN_KINDS, Call, OpKind, SpanKind, Trace, window_of
+from simwar.plots.jsoncols import (
+    TS_DIGITS,
+    concat,
+    dense,
+    escaped,
+    group_order,
+    int_text,
+    json_str,
+    number_text,
+    present,
+    round_ns,
+    round_us,
+    rounded,
+)
 
-__all__ = ["chrome_trace", "write_chrome_trace"]
+__all__ = ["ChromeTraceWriter", "chrome_trace", "write_chrome_trace", "write_run"]
 
 HOST_PID = 1
-_TS_DIGITS = 3  # ns resolution: Perfetto stores integer ns
+_INF = float("inf")
+_HISTORY = 4096  # forward ends kept for the launch-ahead counter
 
 
-def _t(x: float) -> float:
-    return float(round(x, _TS_DIGITS))
+# --------------------------------------------------------------------------- the writer
+class ChromeTraceWriter:
+    """Writes Chrome trace-event JSON to ``handle`` (binary) as windows of a run come.
+
+    ``lanes``: every lane of the run (the processes, in display order); ``meta``: the run's
+    (``otherData``); ``steps`` (A, B): export the spans, records, flows and counter samples
+    of steps A..B only. :meth:`add` each window in order, then :meth:`close`.
+    """
+
+    def __init__(self, handle, lanes, meta: dict, steps: tuple[int, int] | None = None):
+        self.out = handle
+        self.lanes = ordered_lanes(set(lanes) | {HOST})
+        self.pid = {lane: HOST_PID + i for i, lane in enumerate(self.lanes)}
+        self.meta = {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool))}
+        self.forward = meta.get("forward_stream", "forward")
+        self.steps = steps
+        self.tracks: dict[str, list[float]] = {lane: [] for lane in self.lanes}
+        self.flow_id = 0
+        # the last kernel issued on each lane: (pid, tid, ts of a flow leaving it, step)
+        self.last_kernel: dict[str, tuple] = {}
+        # records of earlier windows that later waits may bind to: global op id -> source
+        self.records = (np.zeros(0, dtype=np.int64), np.zeros((0, 4), dtype=np.float64))
+        self.pending_waits: dict[str, list] = {}  # lane -> flows waiting for its next kernel
+        self.counters = _Counters(self)
+        events = []
+        for i, lane in enumerate(self.lanes):
+            p = self.pid[lane]
+            events.append({"ph": "M", "name": "process_name", "pid": p, "tid": 0,
+                           "args": {"name": "host" if lane == HOST else f"stream {lane}"}})
+            events.append({"ph": "M", "name": "process_sort_index", "pid": p, "tid": 0,
+                           "args": {"sort_index": i}})
+            events.append({"ph": "M", "name": "thread_name", "pid": p, "tid": 1,
+                           "args": {"name": lane}})
+        self._write_text('{"traceEvents":[' + ",".join(
+            json.dumps(e, separators=(",", ":")) for e in events))
+
+    # ---- output
+    def _write_text(self, text: str) -> None:
+        self.out.write(text.encode())
+
+    def _write(self, arr: pa.Array) -> None:
+        """Write a string array's texts back to back (each begins with its comma)."""
+        if len(arr) == 0:
+            return
+        arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+        offsets = arr.buffers()[1]
+        data = arr.buffers()[2]
+        start, stop = np.frombuffer(offsets, dtype=np.int32)[[arr.offset, arr.offset + len(arr)]]
+        self.out.write(memoryview(data)[int(start):int(stop)])
+
+    # ---- one window
+    def add(self, window) -> None:
+        """Write the events of one window (a Trace is a window of itself)."""
+        w = window_of(window)
+        check_interrupt()  # a long export stops at the next window after Ctrl-C
+        sp, ops = w.spans, w.ops
+        texts = w.strings + [""]
+        esc = escaped(texts)
+        lane_pid = np.zeros(len(texts), dtype=np.int64)
+        for c in np.union1d(present(sp.lane), present(ops.lane)).tolist():
+            lane_pid[c] = self.pid.get(texts[c], 0)
+        self._none = len(texts) - 1  # the code of "" in ``esc`` for a code of -1
+        self._empty = w.code("")
+        core = np.flatnonzero(w.span_core) if w.span_core is not None else np.arange(len(sp))
+        start_ns, end_ns = round_ns(sp.start_us), round_ns(sp.end_us)
+        start_r, end_r = start_ns / 1000.0, end_ns / 1000.0
+        pid = lane_pid[sp.lane]
+        tid = np.ones(len(sp), dtype=np.int64)
+        self._tracks(w, core, start_r, end_r, tid, texts)
+        keep = core if self.steps is None else core[(sp.step[core] >= self.steps[0])
+                                                   & (sp.step[core] <= self.steps[1])]
+        self._slices(w, keep, esc, pid, tid, start_ns, start_r, end_r)
+        self._records(w, esc, lane_pid)
+        self.counters.add(w)
+        self._flows(w, esc, pid, tid, start_r, end_r, texts)
+
+    def _tracks(self, w, core, start_r, end_r, tid, texts) -> None:
+        """Each core span's track: the first of its lane's tracks it fits after (greedy over
+        the lane's spans by start, end and id), carried from window to window."""
+        sp = w.spans
+        lanes = sp.lane[core]
+        order = group_order(lanes)
+        ids = core[order]
+        bounds = np.flatnonzero(np.diff(lanes[order])) + 1
+        for group in np.split(ids, bounds):
+            if not len(group):
+                continue
+            s, e = start_r[group], end_r[group]
+            if not bool(np.all((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] >= e[:-1])))):
+                group = group[np.lexsort((group, e, s))]  # by start, end and id
+            lane = texts[int(sp.lane[group[0]])]
+            ends = self.tracks.setdefault(lane, [])
+            s, e = start_r[group], end_r[group]
+            if len(ends) <= 1:  # the usual case: each span after the one before it
+                before = np.r_[ends[0] if ends else -_INF, e[:-1]]
+                if bool(np.all(s >= before)):
+                    ends[:] = [float(e[-1])]
+                    continue
+            new = []
+            for span, a, b in zip(group.tolist(), s.tolist(), e.tolist()):
+                for j, end in enumerate(ends):
+                    if a >= end:
+                        tid[span] = j + 1
+                        ends[j] = b
+                        break
+                else:
+                    ends.append(b)
+                    tid[span] = len(ends)
+                    if len(ends) > 1:
+                        new.append(len(ends))
+            for j in new:
+                self._write_text("," + json.dumps(
+                    {"ph": "M", "name": "thread_name", "pid": self.pid.get(lane, 0), "tid": j,
+                     "args": {"name": f"{lane} (overlapping {j - 1})"}},
+                    separators=(",", ":")))
+
+    def _slices(self, w, ids, esc, pid, tid, start_ns, start_r, end_r) -> None:
+        """The ``X`` events of spans ``ids``, a group of alike spans at a time."""
+        if not len(ids):
+            return
+        sp = w.spans
+        kind, call = sp.kind[ids], sp.call[ids]
+        phase, site = sp.phase[ids], sp.site[ids]
+        # one small integer per alike group: the fields combined, made dense
+        fields = [pid[ids], tid[ids], kind.astype(np.int64), call.astype(np.int64),
+                  dense(phase), dense(site)]
+        key = np.zeros(len(ids), dtype=np.int64)
+        for values in fields:
+            key = key * (int(values.max()) + 1) + values
+        key = dense(key)
+        order = group_order(key)
+        cuts = np.flatnonzero(np.diff(key[order])) + 1
+        first = order[np.r_[0, cuts]]
+        groups = np.stack([pid[ids][first], tid[ids][first], kind[first], call[first],
+                           phase[first], site[first]], axis=1)
+        dur_ns_all = round_ns(end_r[ids] - start_r[ids])
+        texts = w.strings + [""]
+        out = []
+        for g, part in zip(groups.tolist(), np.split(order, cuts)):
+            p, t, k, c, ph, si = g
+            rows = ids[part]
+            name = self._name_of(w, rows, k, c, esc)
+            args = f',"kind":"{SPAN_KINDS[k]}"'
+            if texts[ph]:
+                args += f',"phase":{json_str(texts[ph])}'
+            if texts[si]:
+                args += f',"site":{json_str(texts[si])}'
+            if c != Call.NONE:
+                args += f',"call":"{CALLS[c]}"'
+            head = ',{"ph":"X","name":"'
+            mid = f'","cat":"{SPAN_KINDS[k]}","pid":{p},"tid":{t},"ts":'
+            out.append(concat(head, name, mid,
+                             *number_text(start_ns[rows], sp.start_us[rows], ',"dur":'),
+                             *number_text(dur_ns_all[part], end_r[rows] - start_r[rows],
+                                      ',"args":{"step":'),
+                             int_text(sp.step[rows]), args + "}}"))
+        for arr in out:
+            self._write(arr)
+
+    def _take(self, esc, codes) -> pa.Array:
+        codes = np.asarray(codes)
+        return pc.take(esc, pa.array(np.where(codes >= 0, codes, self._none)))
+
+    def _name_of(self, w, rows, kind: int, call: int, esc) -> pa.Array:
+        """The slice names of spans ``rows`` (all of one kind and call kind): host calls by
+        their call kind, label and op's lane, waits by what they wait for, others' labels."""
+        sp, ops = w.spans, w.ops
+        label = sp.label[rows]
+        if call in (Call.WAIT_EVENT, Call.WAIT_STREAM, Call.RECORD, Call.SYNCHRONIZE):
+            op = sp.op[rows]
+            has = op >= 0
+            safe = np.where(has, op, 0)
+            event = np.where(has, ops.event[safe], -1)
+            named = (event >= 0) & (event != self._empty)
+            event_or_label = np.where(named, event, label)
+            if call in (Call.WAIT_STREAM, Call.WAIT_EVENT):
+                lane = self._take(esc, np.where(has, ops.lane[safe], -1))
+                lane_text = pc.if_else(pa.array(has), lane, "?")
+                if call == Call.WAIT_STREAM:
+                    return concat(lane_text, ".wait_stream(", self._take(esc, label), ")")
+                return concat(lane_text, ".wait_event(", self._take(esc, event_or_label), ")")
+            word = "record " if call == Call.RECORD else "sync "
+            return concat(word, self._take(esc, event_or_label))
+        if call == Call.NONE and kind == SpanKind.WAIT:
+            op = sp.op[rows]
+            has = op >= 0
+            safe = np.where(has, op, 0)
+            c = np.where(has, ops.call[safe], -1)
+            by_stream = (c >= 0) & (sp.call[np.maximum(c, 0)] == Call.WAIT_STREAM)
+            ev = ops.event[safe]
+            what = np.where(by_stream, sp.label[np.maximum(c, 0)],
+                            np.where((ev >= 0) & (ev != self._empty), ev, ops.label[safe]))
+            named = concat("wait for ", self._take(esc, what))
+            return pc.if_else(pa.array(has), named, self._take(esc, label))
+        return self._take(esc, label)
+
+    def _records(self, w, esc, lane_pid) -> None:
+        ops = w.ops
+        ids = np.arange(w.core_op, len(ops))
+        ids = ids[(ops.kind[ids] == OpKind.RECORD) & (ops.start_us[ids] >= 0)]
+        if self.steps is not None:
+            st = ops.step[ids]
+            ids = ids[(st >= self.steps[0]) & (st <= self.steps[1])]
+        if not len(ids):
+            return
+        x = ops.start_us[ids]
+        ev = self._take(esc, ops.event[ids])
+        pids = lane_pid[ops.lane[ids]]
+        self._write(concat(',{"ph":"i","s":"t","name":"record ', ev,
+                          '","cat":"record","pid":', int_text(pids), ',"tid":1,"ts":',
+                          *number_text(round_ns(x), x, ',"args":{"step":'), int_text(ops.step[ids]),
+                          ',"event":"', ev, '"}}'))
+
+    # ---- flows
+    def _flows(self, w, esc, pid, tid, start_r, end_r, texts) -> None:
+        sp, ops = w.spans, w.ops
+        n = len(ops)
+        core = np.arange(w.core_op, n)
+        op_span = np.full(n, -1, dtype=np.int64)
+        kinds = sp.kind
+        dev = np.flatnonzero((sp.op >= 0) & ((kinds == SpanKind.KERNEL) | (kinds == SpanKind.WAIT)
+                                             | (kinds == SpanKind.BLOCKED)))
+        op_span[sp.op[dev][::-1]] = dev[::-1]  # the first span of an op wins
+
+        def near(spans, at_end) -> np.ndarray:
+            a, b = start_r[spans], end_r[spans]
+            inset = np.minimum(10 ** -TS_DIGITS, (b - a) / 2)
+            return np.where(at_end, rounded(b - inset), rounded(a + inset))
+
+        def exported(spans) -> np.ndarray:
+            if self.steps is None:
+                return np.ones(len(spans), dtype=bool)
+            st = sp.step[spans]
+            return (st >= self.steps[0]) & (st <= self.steps[1])
+
+        # launch: each kernel from the host call that issued it
+        kern = core[(ops.kind[core] == OpKind.KERNEL) & (ops.call[core] >= 0)]
+        kern = kern[op_span[kern] >= 0]
+        src, dst = ops.call[kern], op_span[kern]
+        ok = exported(src) & exported(dst)
+        src, dst = src[ok], dst[ok]
+        graph = sp.call[src] == Call.GRAPH_LAUNCH
+        name = self._take(esc, sp.label[src])
+        args = pc.if_else(pa.array(graph), ',"graph":true}}', ',"graph":false}}')
+        self._emit("launch", name, pid[src], tid[src], near(src, True), pid[dst], tid[dst],
+                   near(dst, False), sp.step[dst], args)
+
+        # the kernel each record captured: the last one issued on its lane before it
+        prev, nxt = _kernel_neighbours(ops, core)
+        recs = core[ops.kind[core] == OpKind.RECORD]
+        info = np.full((len(recs), 4), np.nan)  # pid, tid, ts, step of the captured kernel
+        local = prev[recs - w.core_op]
+        has = local >= 0
+        ks = op_span[local[has]]
+        info[has] = np.stack([pid[ks], tid[ks], near(ks, True), sp.step[ks]], axis=1)
+        for i in np.flatnonzero(~has).tolist():
+            carried = self.last_kernel.get(texts[int(ops.lane[recs[i]])])
+            if carried is not None:
+                info[i] = carried
+        rec_ids = recs + w.op_base
+        old_ids, old_info = self.records
+        keep = old_ids >= w.op_base  # records still in reach (the window's margin)
+        all_ids = np.concatenate([old_ids[keep], rec_ids])
+        all_info = np.concatenate([old_info[keep], info])
+        self.records = (all_ids, all_info)
+        # the last kernel of each lane, for the next windows' records
+        for lane_code in np.unique(ops.lane[core]).tolist():
+            on = core[(ops.lane[core] == lane_code) & (ops.kind[core] == OpKind.KERNEL)]
+            if len(on):
+                s = op_span[on[-1]]
+                self.last_kernel[texts[lane_code]] = (pid[s], tid[s], near(np.array([s]),
+                                                                          True)[0], sp.step[s])
+        # pending waits whose next kernel is in this window
+        for lane, flows in list(self.pending_waits.items()):
+            on = core[(ops.kind[core] == OpKind.KERNEL) & (ops.lane[core] == w.code(lane))]
+            if not len(on):
+                continue
+            s = op_span[on[0]]
+            for f in flows:
+                if self.steps is None or self.steps[0] <= sp.step[s] <= self.steps[1]:
+                    self._emit_one(f, pid[s], tid[s], float(near(np.array([s]), False)[0]))
+            del self.pending_waits[lane]
+
+        for kind, cat in ((OpKind.WAIT, "record_wait"), (OpKind.SYNC, "record_sync")):
+            users = core[(ops.kind[core] == kind) & (ops.bound[core] >= 0)]
+            if not len(users):
+                continue
+            where = np.searchsorted(all_ids, ops.bound[users] + w.op_base)
+            where = np.minimum(where, len(all_ids) - 1)
+            found = all_ids[where] == ops.bound[users] + w.op_base
+            src_info = all_info[where]
+            ok = found & ~np.isnan(src_info[:, 0])
+            users, src_info = users[ok], src_info[ok]
+            dst = op_span[users]
+            later = dst < 0  # a wait that never held its stream: its lane's next kernel
+            if kind == OpKind.WAIT and later.any():
+                nk = nxt[users[later] - w.core_op]
+                here = nk >= 0
+                idx = np.flatnonzero(later)
+                dst[idx[here]] = op_span[nk[here]]
+                for i in idx[~here].tolist():  # its next kernel comes in a later window
+                    u = users[i]
+                    if self._src_exported(src_info[i]):
+                        self.pending_waits.setdefault(texts[int(ops.lane[u])], []).append(
+                            (cat, texts[int(ops.event[u])], src_info[i], int(ops.step[u])))
+            sel = dst >= 0
+            users, src_info, dst = users[sel], src_info[sel], dst[sel]
+            ok = np.asarray([self._src_exported(r) for r in src_info], dtype=bool) \
+                if self.steps is not None else np.ones(len(users), dtype=bool)
+            ok &= exported(dst)
+            users, src_info, dst = users[ok], src_info[ok], dst[ok]
+            held = (sp.kind[dst] == SpanKind.WAIT) | (sp.kind[dst] == SpanKind.BLOCKED)
+            event = self._take(esc, ops.event[users])
+            args = concat(',"event":"', event, '"}}')
+            self._emit(cat, event, src_info[:, 0].astype(np.int64),
+                       src_info[:, 1].astype(np.int64), src_info[:, 2], pid[dst], tid[dst],
+                       near(dst, held), ops.step[users], args)
+
+    def _src_exported(self, info) -> bool:
+        return self.steps is None or self.steps[0] <= info[3] <= self.steps[1]
+
+    def _emit(self, cat, name, sp, st, sts, dp, dt, dts, step, args) -> None:
+        """Flow pairs: ``s`` at (sp, st, sts), ``f`` at (dp, dt, dts); args after the step."""
+        n = len(sp)
+        if not n:
+            return
+        ids = int_text(np.arange(self.flow_id + 1, self.flow_id + 1 + n))
+        self.flow_id += n
+        steps = int_text(step)
+        for ph, p, t, ts in (("s", sp, st, sts), ("f", dp, dt, dts)):
+            ts = np.asarray(ts, dtype=np.float64)
+            self._write(concat(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"', name,
+                              '","pid":', int_text(p), ',"tid":', int_text(t), ',"ts":',
+                              *number_text(round_ns(ts), ts, ',"bp":"e","args":{"step":'), steps,
+                              args))
+
+    def _emit_one(self, flow, dp: int, dt: int, dts: float) -> None:
+        cat, event, info, step = flow
+        self.flow_id += 1
+        args = {"step": step, "event": event}
+        for ph, p, t, ts in (("s", int(info[0]), int(info[1]), float(info[2])),
+                             ("f", dp, dt, dts)):
+            e = {"ph": ph, "id": self.flow_id, "cat": cat, "name": event, "pid": int(p),
+                 "tid": int(t), "ts": round_us(ts), "bp": "e", "args": args}
+            self._write_text("," + json.dumps(e, separators=(",", ":")))
+
+    def close(self) -> None:
+        """Write what is still pending and the end of the file."""
+        self.counters.close()
+        self._write_text('],"displayTimeUnit":"ms","otherData":' + json.dumps(
+            {"generator": "simwar", **self.meta}, separators=(",", ":")) + "}")
 
 
-def _split_tracks(rows: list[tuple[float, float, int]]) -> list[list[tuple[float, float, int]]]:
-    """Greedy interval partitioning of ``(start, end, span id)`` rows on their written times:
-    each track's slices never overlap."""
-    tracks: list[list[tuple[float, float, int]]] = []
-    ends: list[float] = []
-    for row in sorted(rows):
-        for i, end in enumerate(ends):
-            if row[0] >= end:
-                tracks[i].append(row)
-                ends[i] = row[1]
-                break
+def _kernel_neighbours(ops, core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per core op (by position): the last kernel op issued on its lane before it and the
+    first after it, among the core ops (-1: none)."""
+    n = len(core)
+    if not n:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    lane = ops.lane[core]
+    order = np.argsort(lane, kind="stable")
+    lanes_sorted = lane[order]
+    start = np.r_[0, np.flatnonzero(np.diff(lanes_sorted)) + 1]
+    group = np.zeros(n, dtype=np.int64)
+    group[start] = start
+    group = np.maximum.accumulate(group)
+    end = np.r_[start[1:], n]
+    group_end = np.repeat(end, np.diff(np.r_[start, n]))
+    pos = np.arange(n)
+    is_kernel = ops.kind[core[order]] == OpKind.KERNEL
+    at_or_before = np.maximum.accumulate(np.where(is_kernel, pos, -1))
+    before = np.r_[-1, at_or_before[:-1]]
+    before = np.where(before >= group, before, -1)
+    at_or_after = np.minimum.accumulate(np.where(is_kernel, pos, n)[::-1])[::-1]
+    after = np.r_[at_or_after[1:], n]
+    after = np.where(after < group_end, after, n)
+    prev = np.full(n, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    prev[order] = np.where(before >= 0, core[order][np.maximum(before, 0)], -1)
+    nxt[order] = np.where(after < n, core[order][np.minimum(after, n - 1)], -1)
+    return prev, nxt
+
+
+class _Counters:
+    """``forwards_in_flight`` and ``launch_ahead``, as steps become complete."""
+
+    def __init__(self, writer: ChromeTraceWriter):
+        self.w = writer
+        self.launch: dict[int, float] = {}  # step -> its run_batch time (the last one wins)
+        self.end: dict[int, float] = {}  # step -> its forward's end (so far)
+        self.pending = (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+        self.depth = 0
+        self.ends: list[float] = []  # forward ends of the final steps with both (the last)
+        self.dropped = 0  # ... and how many came before them
+        self.sorted = True  # the forward ends come in order (kept whole otherwise)
+
+    def add(self, w) -> None:
+        m = w.markers
+        core = np.flatnonzero(w.marker_core) if w.marker_core is not None else \
+            np.arange(len(m))
+        rb = core[m.name[core] == w.code("run_batch")]
+        self.launch.update(zip(m.step[rb].tolist(), m.time_us[rb].tolist()))
+        ops = w.ops
+        fwd = w.code(self.w.forward)
+        ids = np.arange(w.core_op, len(ops))
+        kern = ids[(ops.kind[ids] == OpKind.KERNEL) & (ops.lane[ids] == fwd)
+                   & (ops.phase[ids] != w.code(""))]
+        if len(kern):
+            steps, inv = np.unique(ops.step[kern], return_inverse=True)
+            end = np.full(len(steps), -np.inf)
+            np.maximum.at(end, inv.ravel(), ops.end_us[kern])
+            new = dict(zip(steps.tolist(), end.tolist()))
+            for k in new.keys() & self.end.keys():  # a step across two windows
+                new[k] = max(new[k], self.end[k])
+            self.end.update(new)
+        self._advance(w.complete_below, w.clock)
+
+    def _advance(self, below: float, clock: float) -> None:
+        pop_l, pop_e = self.launch.pop, self.end.pop
+        final = sorted(k for k in self.launch.keys() | self.end.keys() if k < below)
+        launch = np.asarray([pop_l(k, np.nan) for k in final], dtype=np.float64)
+        end = np.asarray([pop_e(k, np.nan) for k in final], dtype=np.float64)
+        steps = np.asarray(final, dtype=np.int64)
+        both = ~np.isnan(launch) & ~np.isnan(end)
+        shown = self.w.steps
+        # launch_ahead at each launch: the forwards before it not yet finished (bisect over
+        # the ends of the steps before it that have both, as the metric counts)
+        has = ~np.isnan(launch)
+        before = len(self.ends) + self.dropped + np.cumsum(both) - both  # both-steps < k
+        new_ends = end[both]
+        if self.sorted and len(new_ends) and (
+                (self.ends and new_ends[0] < self.ends[-1])
+                or bool(np.any(new_ends[1:] < new_ends[:-1]))):
+            self.sorted = False
+        ends = np.concatenate([np.asarray(self.ends, dtype=np.float64), new_ends])
+        t = launch[has]
+        b = before[has]
+        if self.sorted:
+            found = self.dropped + np.minimum(b - self.dropped,
+                                              np.searchsorted(ends, t, side="right"))
+            if self.dropped and len(t) and bool(np.any(ends[0] > t)):
+                raise RuntimeError("launch-ahead deeper than the export's history")
         else:
-            tracks.append([row])
-            ends.append(row[1])
-    return tracks
+            listed = ends.tolist()
+            found = np.asarray([bisect.bisect_right(listed[:int(n)], x)
+                                for n, x in zip(b.tolist(), t.tolist())], dtype=np.int64)
+        pick = np.ones(len(t), dtype=bool) if shown is None else \
+            (steps[has] >= shown[0]) & (steps[has] <= shown[1])
+        self._write("launch_ahead", "depth", t[pick], (b - found)[pick])
+        self.ends = ends.tolist()
+        if self.sorted and len(self.ends) > 2 * _HISTORY:
+            cut = len(self.ends) - _HISTORY
+            self.dropped += cut
+            del self.ends[:cut]
+        # forwards_in_flight: changes in time order (an end before a launch at one time);
+        # those before every time still to come are final
+        pt, pd, ps = self.pending
+        t = np.concatenate([pt, launch[both], end[both]])
+        d = np.concatenate([pd, np.ones(int(both.sum()), dtype=np.int64),
+                            -np.ones(int(both.sum()), dtype=np.int64)])
+        s = np.concatenate([ps, steps[both], steps[both]])
+        order = np.lexsort((d, t))
+        t, d, s = t[order], d[order], s[order]
+        horizon = min([clock, *self.launch.values(), *self.end.values()])
+        ready = t < horizon
+        depth = self.depth + np.cumsum(d[ready])
+        if ready.any():
+            self.depth = int(depth[-1])
+            show = np.ones(int(ready.sum()), dtype=bool) if shown is None else \
+                (s[ready] >= shown[0]) & (s[ready] <= shown[1])
+            self._write("forwards_in_flight", "forwards", t[ready][show], depth[show])
+        self.pending = (t[~ready], d[~ready], s[~ready])
+
+    def _write(self, name: str, arg: str, t: np.ndarray, v: np.ndarray) -> None:
+        if not len(t):
+            return
+        self.w._write(concat(f',{{"ph":"C","name":"{name}","pid":{HOST_PID},"tid":0,"ts":',
+                            *number_text(round_ns(t), t, f',"args":{{"{arg}":'), int_text(v), "}}"))
+
+    def close(self) -> None:
+        self._advance(_INF, _INF)
 
 
-def _names(trace: Trace) -> list[str]:
-    """Each span's slice name: host calls and waits composed (views.span_text), others' labels."""
-    spans = trace.spans
-    names = spans.decoded("label").tolist()
-    calls = spans.call
-    compose = np.flatnonzero(((calls != Call.NONE) & (calls != Call.CPU))
-                             | (spans.kind == SpanKind.WAIT))
-    for s in compose.tolist():
-        names[s] = views.span_text(trace, s)
-    return names
+# --------------------------------------------------------------------------- entry points
+def _lanes_of(trace: Trace) -> list[str]:
+    codes = np.union1d(np.unique(trace.spans.lane), np.unique(trace.ops.lane))
+    return [trace.text(int(c)) for c in codes]
 
 
 def chrome_trace(trace: Trace) -> dict:
     """The trace as a Chrome trace-event JSON object (see the module docstring)."""
-    spans, ops = trace.spans, trace.ops
-    lanes = views.lanes(trace)
-    pid = {lane: HOST_PID + i for i, lane in enumerate(lanes)}
-    events: list[dict] = []
-    names = _names(trace)
-    starts = [_t(x) for x in spans.start_us.tolist()]
-    ends = [_t(x) for x in spans.end_us.tolist()]
-    steps, kinds = spans.step.tolist(), spans.kind.tolist()
-    phases, sites, calls = spans.phase.tolist(), spans.site.tolist(), spans.call.tolist()
-    text = trace.text
-    by_lane: dict[str, list[int]] = {}
-    for s, code in enumerate(spans.lane.tolist()):
-        by_lane.setdefault(text(code), []).append(s)
-
-    # where each span landed: (pid, tid) by span id; used to bind flows
-    where: list[tuple[int, int] | None] = [None] * len(spans)
-    for i, lane in enumerate(lanes):
-        p = pid[lane]
-        pname = "host" if lane == HOST else f"stream {lane}"
-        events.append({"ph": "M", "name": "process_name", "pid": p, "tid": 0,
-                       "args": {"name": pname}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": p, "tid": 0,
-                       "args": {"sort_index": i}})
-        rows = [(starts[s], ends[s], s) for s in by_lane.get(lane, [])]
-        tracks = _split_tracks(rows) or [[]]
-        for j, track in enumerate(tracks):
-            tid = j + 1
-            tname = lane if j == 0 else f"{lane} (overlapping {j})"
-            events.append({"ph": "M", "name": "thread_name", "pid": p, "tid": tid,
-                           "args": {"name": tname}})
-            for start, end, s in track:
-                where[s] = (p, tid)
-                kind = SPAN_KINDS[kinds[s]]
-                args = {"step": steps[s], "kind": kind}
-                phase, site = text(phases[s]), text(sites[s])
-                if phase:
-                    args["phase"] = phase
-                if site:
-                    args["site"] = site
-                if calls[s] != Call.NONE:
-                    args["call"] = CALLS[calls[s]]
-                events.append({"ph": "X", "name": names[s], "cat": kind, "pid": p, "tid": tid,
-                               "ts": start, "dur": _t(end - start), "args": args})
-
-    records = np.flatnonzero((ops.kind == OpKind.RECORD) & (ops.start_us >= 0))
-    for op in records.tolist():
-        event = text(int(ops.event[op]))
-        events.append({"ph": "i", "s": "t", "name": f"record {event}", "cat": "record",
-                       "pid": pid[text(int(ops.lane[op]))], "tid": 1,
-                       "ts": _t(float(ops.start_us[op])),
-                       "args": {"step": int(ops.step[op]), "event": event}})
-
-    events.extend(_counters(trace))
-    events.extend(_flows(trace, where, names))
-    meta = {k: v for k, v in trace.meta.items() if isinstance(v, (str, int, float, bool))}
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"generator": "simwar", **meta}}
+    out = io.BytesIO()
+    writer = ChromeTraceWriter(out, _lanes_of(trace), trace.meta)
+    writer.add(trace)
+    writer.close()
+    return json.loads(out.getvalue())
 
 
-def _counters(trace: Trace) -> list[dict]:
-    """forwards_in_flight (+1 at each launch, -1 at each forward end) and launch_ahead."""
-    m = trace.markers
-    rb = m.name == trace.code("run_batch")
-    launches = dict(zip(m.step[rb].tolist(), m.time_us[rb].tolist()))  # the last one wins
-    fw = views.forwards(trace)
-    ends = dict(zip(fw.steps.tolist(), fw.end_us.tolist()))
-    changes = [(t, +1) for k, t in launches.items() if k in ends]
-    changes += [(t, -1) for k, t in ends.items() if k in launches]
-    # at equal times a forward's end is counted before the next launch, as in metrics
-    changes.sort(key=lambda c: (c[0], c[1]))
-    out = []
-    depth = 0
-    for t, d in changes:
-        depth += d
-        out.append({"ph": "C", "name": "forwards_in_flight", "pid": HOST_PID, "tid": 0,
-                    "ts": _t(t), "args": {"forwards": depth}})
-    # forward ends are in FIFO (step) order on the forward stream, so a prefix search counts
-    # the forwards before k that had finished by launch k
-    steps = sorted(k for k in ends if k in launches)
-    end_times = [ends[k] for k in steps]
-    for k, t in sorted(launches.items()):
-        before = bisect.bisect_left(steps, k)
-        ahead = before - bisect.bisect_right(end_times[:before], t)
-        out.append({"ph": "C", "name": "launch_ahead", "pid": HOST_PID, "tid": 0,
-                    "ts": _t(t), "args": {"depth": ahead}})
-    return out
+def write_chrome_trace(trace: Trace, path: str | Path,
+                       steps: tuple[int, int] | None = None) -> Path:
+    """Write :func:`chrome_trace` as JSON (``.json``; Perfetto also reads ``.json.gz``);
+    ``steps`` (A, B): steps A..B only."""
+    return write_run([trace], _lanes_of(trace), trace.meta, path, steps)
 
 
-def _flows(trace: Trace, where: list, names: list[str]) -> list[dict]:
-    spans, ops = trace.spans, trace.ops
-    out: list[dict] = []
-    flow_id = 0
-
-    def near(s: int, end: bool) -> float:
-        # a binding point 1 ns inside the slice (Perfetto binds 'e' flows to the slice
-        # enclosing ts), at the end the edge leaves or enters by, so that time runs forward
-        start, stop = _t(float(spans.start_us[s])), _t(float(spans.end_us[s]))
-        inset = min(10 ** -_TS_DIGITS, (stop - start) / 2)
-        return _t(stop - inset) if end else _t(start + inset)
-
-    def add(cat: str, name: str, src: int, dst: int, args: dict) -> None:
-        nonlocal flow_id
-        if src < 0 or dst < 0 or where[src] is None or where[dst] is None:
-            return
-        flow_id += 1
-        (sp, st), (dp, dt) = where[src], where[dst]
-        out.append({"ph": "s", "id": flow_id, "cat": cat, "name": name, "pid": sp, "tid": st,
-                    "ts": near(src, end=True), "bp": "e", "args": args})
-        # a wait or host block is left at its end; work is entered at its start
-        held = spans.kind[dst] in (SpanKind.WAIT, SpanKind.BLOCKED)
-        out.append({"ph": "f", "id": flow_id, "cat": cat, "name": name, "pid": dp, "tid": dt,
-                    "ts": near(dst, end=held), "bp": "e", "args": args})
-
-    for link in launch_links(trace):
-        if link.span >= 0:
-            add("launch", names[link.call], link.call, link.span,
-                {"step": int(spans.step[link.span]), "graph": link.graph})
-
-    op_span = views.op_spans(trace)
-    for e in trace.edges():
-        if e.kind == "launch":
-            continue
-        # the record's source: the work it captured, the last kernel issued before it
-        captured = views.previous_kernel(trace, e.src)
-        src = int(op_span[captured]) if captured >= 0 else -1
-        # its destination: the wait's span or the sync's host block, by op id; a wait that
-        # never held its stream releases the next kernel issued there
-        dst = int(op_span[e.dst])
-        if dst < 0 and e.kind == "record_wait":
-            nxt = views.next_kernel(trace, e.dst)
-            dst = int(op_span[nxt]) if nxt >= 0 else -1
-        event = trace.text(int(ops.event[e.dst]))
-        add(e.kind, event, src, dst, {"step": int(ops.step[e.dst]), "event": event})
-    return out
-
-
-def write_chrome_trace(trace: Trace, path: str | Path) -> Path:
-    """Write :func:`chrome_trace` as JSON (``.json``; Perfetto also reads ``.json.gz``)."""
-    return write_text_atomic(path, json.dumps(chrome_trace(trace), separators=(",", ":")))
+def write_run(windows, lanes, meta: dict, path: str | Path,
+              steps: tuple[int, int] | None = None) -> Path:
+    """Write a run's windows as they come (``.gz``: gzipped); nothing is left of the file
+    when this fails or is interrupted (:func:`simwar.core.files.atomic_file`)."""
+    path = Path(path)
+    with atomic_file(path) as handle:
+        gz = gzip.GzipFile(filename=path.name, mode="wb", fileobj=handle) \
+            if path.suffix == ".gz" else None
+        writer = ChromeTraceWriter(gz or handle, lanes, meta, steps)
+        for w in windows:
+            writer.add(w)
+        writer.close()
+        if gz is not None:
+            gz.close()
+    return path

@@ -93,7 +93,13 @@ from simwar.config import (
     resolve_paths,
     set_dotted,
 )
-from simwar.core.files import atomic_file, jsonable, stale_temporaries, write_bytes_atomic
+from simwar.core.files import (
+    atomic_file,
+    interrupt_handled,
+    jsonable,
+    stale_temporaries,
+    write_bytes_atomic,
+)
 from simwar.executors.lockstep import batch_size
 from simwar.study.progress import progress_reporter
 
@@ -636,6 +642,8 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
     except BaseException as e:
         # interrupted or failed: the tables of what finished, to read before resuming
         done = 0
+        if isinstance(e, KeyboardInterrupt):
+            interrupt_handled()  # this Ctrl-C is answered here: the tables are meant to commit
         if store is not None and summaries:
             partial = results_frame(plan, summaries, seen, partial=True)
             write_tables(partial, store.out_dir)

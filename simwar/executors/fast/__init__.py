@@ -75,6 +75,9 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
 - :mod:`~simwar.executors.fast.execute`: the pass
   (:func:`~simwar.executors.fast.execute.run_plan`), the streaming summary of long runs, and
   the result (:class:`~simwar.executors.fast.execute.FastRun`);
+- :mod:`~simwar.executors.fast.tracecols` and :mod:`~simwar.executors.fast.trace`: the
+  trace mode, the run as a stream of Trace windows equal to the SimPy engine's Trace
+  (:func:`~simwar.executors.fast.trace.windows`; the blocks compiled with ``trace=True``);
 - here: the entry points, :func:`run_config` (a config), :func:`run` (any Program) and
   :func:`realize` (a workload whose batches depend on simulated time).
 

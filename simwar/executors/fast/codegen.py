@@ -16,6 +16,13 @@ record times of earlier segments ``hist``, the per-step accumulators ``fs``, ``f
 ``kout``, ``win``, ``wout`` (forward-stream intervals collected), and appends the logged op
 times to ``logs``.
 
+**Trace mode** (``trace=True``, :mod:`simwar.executors.fast.trace`): the same rules on the
+same locals, no accumulators and no logs; each segment appends every time it computes to
+``S.trace`` (an ``array('d')``), one row per segment in the order ``fn.layout`` names:
+``("h", i)`` the host clock after host op ``i`` (``("h", -1)``: at the segment's start),
+``("s", d)``/``("e", d)`` a kernel's or a wait's start and end (a wait: reached, released),
+``("r", d)`` a record's firing.
+
 Imports: simwar.core and the plan's types; must not import races or execute (the pass calls this).
 """
 
@@ -25,7 +32,7 @@ from collections import OrderedDict
 
 from simwar.core import rules
 from simwar.core.trace import OpKind
-from simwar.executors.fast.plan import Shape
+from simwar.executors.fast.plan import MARKS, Shape
 
 _CODE: OrderedDict = OrderedDict()  # compiled block functions, by (shape, slot kinds, ...)
 _CODE_LIMIT = 512
@@ -49,23 +56,23 @@ def _lanevar(lane: str, lanes: dict) -> str:
 
 
 def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple,
-                  depth: int, feed: bool = False):
+                  depth: int, trace: bool = False, feed: bool = False):
     """The function running a block of ``shape`` (cached).
 
     ``slots``: per parameter, True for a column, False for a constant; ``log``: sorted
     ``(device op index, 's' | 'e')`` whose times are appended to logs; ``depth``: segments
     of record times kept for bindings to earlier segments; ``collect``: append the forward
-    stream's intervals instead of adding them up per step window; ``feed``: ``C`` is a
-    callable ``C(ki, t)`` called at the top of each pass with its step index and the host
-    clock, returning the pass's column values (a workload fixed as the run goes:
-    :func:`simwar.executors.fast.realize`).
+    stream's intervals instead of adding them up per step window; ``trace``: the trace
+    mode of the module docstring; ``feed``: ``C`` is a callable ``C(ki, t)`` called at the
+    top of each pass with its step index and the host clock, returning the pass's column
+    values (a workload fixed as the run goes: :func:`simwar.executors.fast.realize`).
     """
-    key = (shape.host, slots, fwd, collect, log, depth, feed)
+    key = (shape.host, slots, fwd, collect, log, depth, trace, feed)
     fn = _CODE.get(key)
     if fn is not None:
         _CODE.move_to_end(key)
         return fn
-    fn = _generate(shape, slots, fwd, collect, log, depth, feed)
+    fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed)
     _CODE[key] = fn
     if len(_CODE) > _CODE_LIMIT:
         _CODE.popitem(last=False)
@@ -73,9 +80,9 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
 
 
 def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, depth: int,
-              feed: bool = False):
+              trace: bool = False, feed: bool = False):
     """Write and compile the block function of :func:`compile_block` (its ``.source``: the
-    generated text)."""
+    generated text; in trace mode its ``.layout``)."""
     src = _Src()
     lanes: dict[str, str] = {}
     params = [f"k{j}" if not col else f"c{j}" for j, col in enumerate(slots)]
@@ -97,7 +104,20 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             return f"r{idx}"
         return f"H{d}[{idx}]"
 
+    layout: list[tuple[str, int]] = []  # trace mode: what each recorded value is
+
+    def keep(what: str, index: int, value: str) -> None:
+        emit(f"q{len(layout)} = {value}")
+        layout.append((what, index))
+
     def log_times(dev_index: int, s: str, e: str) -> None:
+        if trace:
+            if s == e:  # a record: fires once
+                keep("r", dev_index, s)
+            else:
+                keep("s", dev_index, s)
+                keep("e", dev_index, e)
+            return
         if (dev_index, "s") in logs:
             emit(f"{logs[(dev_index, 's')]}({s})")
         if (dev_index, "e") in logs:
@@ -117,7 +137,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         tv = _lanevar(lane, lanes)
         emit(f"s = begins({tv}, t)")
         emit(f"{tv} = e = s + {dur}")
-        if lane == fwd:
+        if lane == fwd and not trace:
             ks = step_index(op.off)
             if op.phase:
                 if collect:
@@ -143,7 +163,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
 
     dev = 0  # device op index
     rec = 0  # record index
-    for h in shape.host:
+    if trace:
+        keep("h", -1, "t")
+    for hi, h in enumerate(shape.host):
         kind = h[0]
         if kind == "cpu":
             emit(f"t += {next(pi)}")
@@ -178,7 +200,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             log_times(dev, "x", "x")
             emit(f"reach = begins({ts}, t)")
             emit(f"{ts} = rel = released(reach, x, {lat}, {stream == other})")
-            if stream == fwd:
+            if stream == fwd and not trace:
                 emit("if rel > reach:")
                 emit("WS_(reach); WE_(rel)" if collect else "Dp += rel - reach", 3)
             log_times(dev + 1, "reach", "rel")
@@ -193,7 +215,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             else:
                 emit(f"reach = begins({ts}, t)")
                 emit(f"{ts} = rel = released(reach, {fired(bind)}, {lat}, {bind[2]})")
-                if stream == fwd:
+                if stream == fwd and not trace:
                     emit("if rel > reach:")
                     emit("WS_(reach); WE_(rel)" if collect else "Dp += rel - reach", 3)
             log_times(dev, "reach", "rel")
@@ -204,14 +226,21 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             f = "None" if bind is None else fired(bind)
             emit("t0 = t")
             emit(f"t = returns(t0, {host}, {f}, {wake})")
-            emit(f"B{sites.index(site)}[{step_index(off)}] += t - t0")
+            if not trace:
+                emit(f"B{sites.index(site)}[{step_index(off)}] += t - t0")
             dev += 1
         elif kind == "run_batch":
-            emit(f"LA[{step_index(h[1])}] = t")
+            if not trace:
+                emit(f"LA[{step_index(h[1])}] = t")
         elif kind == "result_done":  # the host instant a result has been processed
-            emit(f"RD[{step_index(h[1])}] = t")
+            if not trace:
+                emit(f"RD[{step_index(h[1])}] = t")
         else:  # pragma: no cover
             raise AssertionError(kind)
+        if trace and kind not in MARKS:
+            keep("h", hi, "t")  # the host clock after this host op
+    if trace:
+        emit("TR((" + "".join(f"q{i}, " for i in range(len(layout))) + "))")
     # record times kept for later segments
     if depth:
         for d in range(depth, 1, -1):
@@ -229,10 +258,15 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src(f"{var} = TL.get({lane!r}, 0.0)", 1)
     for d in range(1, depth + 1):
         src(f"H{d} = S.hist[{d - 1}]", 1)
-    src("FS = S.fs; FE = S.fe; LA = S.launch; RD = S.done", 1)
-    for n, site in enumerate(sites):
-        src(f"B{n} = S.blocked[{site!r}]", 1)
-    if collect:
+    if trace:
+        src("TR = S.trace.extend", 1)
+    else:
+        src("FS = S.fs; FE = S.fe; LA = S.launch; RD = S.done", 1)
+        for n, site in enumerate(sites):
+            src(f"B{n} = S.blocked[{site!r}]", 1)
+    if trace:
+        pass
+    elif collect:
         src("KS_ = S.kin.append; KE_ = S.kout.append; WS_ = S.win.append; "
             "WE_ = S.wout.append", 1)
     else:
@@ -256,7 +290,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src(f"TL[{lane!r}] = {var}", 1)
     if depth:
         src("S.hist = [" + "".join(f"H{d}, " for d in range(1, depth + 1)) + "]", 1)
-    if not collect:
+    if not collect and not trace:
         src("S.cw = cw; S.cl = cl; S.w = W; S.dp = Dp; S.bad = bad", 1)
     code = "\n".join(src.lines) + "\n"
     namespace = {"_begins": rules.begins, "_released": rules.released,
@@ -265,4 +299,5 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     exec(compile(code, filename, "exec"), namespace)
     fn = namespace["block"]
     fn.source = code
+    fn.layout = tuple(layout)
     return fn

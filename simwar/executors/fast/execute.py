@@ -136,7 +136,7 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
             slots = tuple(c is None for c in b.consts)
             log = races.logs_of(bi)
             state.logs = races.log_arrays(bi)
-            fn = compile_block(b.shape, slots, fwd, attempt, log, depth, feed is not None)
+            fn = compile_block(b.shape, slots, fwd, attempt, log, depth, feed=feed is not None)
             consts = tuple(c for c in b.consts if c is not None)
             keys = b.steps
             chunk = chunk_passes(b)

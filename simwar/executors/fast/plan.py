@@ -41,6 +41,10 @@ from simwar.core.program import (
 )
 from simwar.core.trace import Mode, OpKind
 
+#: the named markers a shape keeps, each a host instant of its step: the launch of its
+#: forward (``run_batch``) and, in a run with requests, its result processed (``result_done``)
+MARKS = ("run_batch", "result_done")
+
 
 @dataclass
 class DeviceOp:
@@ -88,104 +92,142 @@ class _Shaper:
 
     Bindings are resolved across segments as the engine resolves them at the host call:
     a wait or sync binds to the most recent record of its event issued before it.
+
+    A segment's host tuple (its structure) and parameters are read in one pass; its device
+    ops are built only for a structure not seen before (shapes are kept by host tuple), so
+    a program of many alike iterations costs little more than reading its ops.
     """
 
     def __init__(self) -> None:
         self.latest: dict[str, tuple[int, int, str]] = {}  # event -> (segment, record, lane)
         self.negative = False  # a negative number was seen (the overlap shortcut needs >= 0)
         self.offsets: set[int] = set()  # step offsets of accesses
+        self.shapes: dict[tuple, Shape] = {}
+        self._acc: dict[tuple, tuple] = {}  # (reads, writes) -> accesses
+
+    def _access(self, k) -> tuple:
+        key = (k.reads, k.writes)
+        acc = self._acc.get(key)
+        if acc is None:
+            acc = self._acc[key] = _accesses(k)
+        return acc
 
     def segment(self, g: int, base: int, ops) -> tuple[Shape, list]:
         host: list[tuple] = []
-        dev: list[DeviceOp] = []
-        records: list[int] = []
         params: list = []
         latest = self.latest
-
-        def num(x):
-            if isinstance(x, (int, float)) and x < 0:
-                self.negative = True
-            params.append(x)
-
-        def record(event: str, lane: str, off: int) -> None:
-            latest[event] = (g, len(records), lane)
-            records.append(len(dev))
-            dev.append(DeviceOp(OpKind.RECORD, lane, off, event))
-
-        def binding(event: str):
-            r = latest.get(event)
-            return None if r is None else (g - r[0], r[1], r[2])
-
+        nrec = 0  # records of this segment so far
+        add, num = host.append, params.append
+        access = self._access
+        offsets = self.offsets
         for op in ops:
             kind = type(op)
             if kind is CpuWork:
-                host.append(("cpu",))
+                add(("cpu",))
                 num(op.duration_us)
             elif kind is Launch:
                 k = op.kernel
                 off = op.step - base
-                acc = _accesses(k)
-                host.append(("launch", op.stream, off, k.label, k.phase, acc))
+                acc = access(k)
+                add(("launch", op.stream, off, k.label, k.phase, acc))
                 num(op.host_us)
                 num(k.duration_us)
                 if acc:
-                    self.offsets.add(off)
-                dev.append(DeviceOp(OpKind.KERNEL, op.stream, off, k.label, k.phase, acc))
+                    offsets.add(off)
             elif kind is GraphLaunch:
                 off = op.step - base
                 nodes = []
                 num(op.host_us)
+                stream = op.stream
                 for node in op.nodes:
                     if type(node) is GraphRecord:
                         nodes.append(("r",))
-                        record(node.event, op.stream, off)
+                        latest[node.event] = (g, nrec, stream)
+                        nrec += 1
                     else:
-                        acc = _accesses(node)
+                        acc = access(node)
                         nodes.append(("k", node.label, node.phase, acc))
                         num(node.duration_us)
                         if acc:
-                            self.offsets.add(off)
-                        dev.append(DeviceOp(OpKind.KERNEL, op.stream, off, node.label,
-                                            node.phase, acc))
-                host.append(("graph", op.stream, off, tuple(nodes)))
+                            offsets.add(off)
+                add(("graph", stream, off, tuple(nodes)))
             elif kind is Record:
                 off = op.step - base
-                host.append(("record", op.stream, off))
+                add(("record", op.stream, off))
                 num(op.host_us)
-                record(op.event, op.stream, off)
+                latest[op.event] = (g, nrec, op.stream)
+                nrec += 1
             elif kind is WaitStream:
-                off = op.step - base
-                host.append(("wait_stream", op.stream, op.other, off))
+                add(("wait_stream", op.stream, op.other, op.step - base))
                 num(op.host_us)
                 num(op.latency_us)
-                dev.append(DeviceOp(OpKind.RECORD, op.other, off, op.other + ".tail"))
-                dev.append(DeviceOp(OpKind.WAIT, op.stream, off, op.other + ".tail",
-                                    bound_op=len(dev) - 1))
             elif kind is WaitEvent:
-                off = op.step - base
-                b = binding(op.event)
-                bind = None if b is None else (b[0], b[1], b[2] == op.stream)
-                host.append(("wait_event", op.stream, off, bind))
+                b = latest.get(op.event)
+                add(("wait_event", op.stream, op.step - base,
+                     None if b is None else (g - b[0], b[1], b[2] == op.stream)))
                 num(op.host_us)
                 num(op.latency_us)
-                dev.append(DeviceOp(OpKind.WAIT, op.stream, off, op.event,
-                                    bind=None if b is None else b[:2]))
             elif kind is Synchronize:
-                off = op.step - base
-                b = binding(op.event)
-                bind = None if b is None else b[:2]
-                host.append(("sync", off, op.site, bind))
+                b = latest.get(op.event)
+                add(("sync", op.step - base, op.site, None if b is None else (g - b[0], b[1])))
                 num(op.host_us)
                 num(op.wake_us)
-                dev.append(DeviceOp(OpKind.SYNC, "cpu", off, op.event, bind=bind))
             elif kind is Marker:
-                if op.name in ("run_batch", "result_done"):
-                    host.append((op.name, op.step - base))
+                if op.name in MARKS:
+                    add((op.name, op.step - base))
             elif kind is StepMarker:
                 pass
             else:
                 raise TypeError(f"unknown host op {op!r}")
-        return Shape(tuple(host), dev, records, len(params)), params
+        if not self.negative:
+            try:
+                self.negative = min(params, default=0) < 0
+            except TypeError:  # symbolic durations (plan_config): only numbers count
+                self.negative = any(isinstance(x, (int, float)) and x < 0 for x in params)
+        key = tuple(host)
+        shape = self.shapes.get(key)
+        if shape is None:
+            dev, records = _devices(key, ops)
+            shape = self.shapes[key] = Shape(key, dev, records, len(params))
+        return shape, params
+
+
+def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
+    """The device ops a segment's host ops issue (in issue order), and which are records."""
+    dev: list[DeviceOp] = []
+    records: list[int] = []
+    it = iter(host)
+    for op in ops:
+        kind = type(op)
+        if kind is StepMarker or (kind is Marker and op.name not in MARKS):
+            continue
+        h = next(it)
+        if kind is Launch:
+            k = op.kernel
+            dev.append(DeviceOp(OpKind.KERNEL, op.stream, h[2], k.label, k.phase, h[5]))
+        elif kind is GraphLaunch:
+            for node, n in zip(op.nodes, h[3]):
+                if n[0] == "r":
+                    records.append(len(dev))
+                    dev.append(DeviceOp(OpKind.RECORD, op.stream, h[2], node.event))
+                else:
+                    dev.append(DeviceOp(OpKind.KERNEL, op.stream, h[2], node.label,
+                                        node.phase, n[3]))
+        elif kind is Record:
+            records.append(len(dev))
+            dev.append(DeviceOp(OpKind.RECORD, op.stream, h[2], op.event))
+        elif kind is WaitStream:
+            off = h[3]
+            dev.append(DeviceOp(OpKind.RECORD, op.other, off, op.other + ".tail"))
+            dev.append(DeviceOp(OpKind.WAIT, op.stream, off, op.other + ".tail",
+                                bound_op=len(dev) - 1))
+        elif kind is WaitEvent:
+            bind = h[3]
+            dev.append(DeviceOp(OpKind.WAIT, op.stream, h[2], op.event,
+                                bind=None if bind is None else bind[:2]))
+        elif kind is Synchronize:
+            dev.append(DeviceOp(OpKind.SYNC, "cpu", h[1], op.event, bind=h[3]))
+    return dev, records
 
 
 def _segments(ops) -> list[tuple[int | None, list]]:
@@ -216,6 +258,10 @@ class Block:
     consts: tuple  # per parameter slot: a number, or None for a column
     columns: object  # callable(start, stop) -> list of column lists, in slot order
     marked: bool = True  # False: a prefix before the first step marker
+    #: the host ops its segments were shaped from: an index into ``Plan.skeleton`` (a
+    #: config's plan: the iteration standing for every segment of the block; a Program's:
+    #: the block's first segment, the others following it)
+    source: int = 0
 
     @property
     def n(self) -> int:
@@ -235,6 +281,13 @@ class Plan:
     offsets: set = field(default_factory=set)
     sites: set = field(default_factory=set)
     table: object = None  # a config's AffineTable (per-use values of varying durations)
+    #: the host ops behind the shapes (names, for the trace mode): per segment for a
+    #: Program's plan, per skeleton iteration for a config's (``skeleton_steps``: the step
+    #: each was built at; None for a Program's, whose segments are their own)
+    skeleton: list = field(default_factory=list)
+    skeleton_steps: list | None = None
+    skeleton_shapes: list | None = None  # a config's: the shape of each skeleton iteration
+    sizes: object = None  # a config's per-step sizes (graph buckets name graph launches)
 
     @property
     def segments(self) -> int:
@@ -268,13 +321,12 @@ def plan_program(program: Program) -> Plan:
         while h < len(segs) and shapes[h] == shapes[g] and segs[h][0] is not None and marked:
             h += 1
         rows = params[g:h]
-        consts = tuple(rows[0][j] if all(r[j] == rows[0][j] and _same(r[j], rows[0][j])
-                                         for r in rows) else None
-                       for j in range(shapes[g].nparams))
+        consts = _constants(rows)
         steps = [s if s is not None else 0 for s, _ in segs[g:h]]
         if steps == list(range(steps[0], steps[0] + len(steps))):
             steps = range(steps[0], steps[0] + len(steps))
-        blocks.append(Block(shapes[g], g, steps, consts, _list_columns(rows, consts), marked))
+        blocks.append(Block(shapes[g], g, steps, consts, _list_columns(rows, consts), marked,
+                            g))
         g = h
     all_steps = [op.step for op in program.ops]
     lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0, 0)
@@ -282,7 +334,26 @@ def plan_program(program: Program) -> Plan:
         raise ValueError(f"steps {lo}..{hi} are too sparse for the one-pass executor (it "
                          f"keeps one row per step in that range); use the simpy engine")
     return Plan(blocks, dict(program.meta), lo, hi, shaper.negative, shaper.offsets,
-                _sites(shapes))
+                _sites(shapes), skeleton=[ops for _, ops in segs])
+
+
+def _constants(rows: list[list]) -> tuple:
+    """Per parameter slot of a block's rows: the value when every row has it, else None.
+
+    Equal as numbers and, for zeros, in sign (``-0.0`` and ``0.0`` add differently); a
+    float slot where another row has an int of the same value stays a column, as before.
+    Column by column, in C (``tuple.count``), so a block of many rows costs little.
+    """
+    out = []
+    for col in zip(*rows):
+        a = col[0]
+        if a != a or col.count(a) != len(col):  # NaN equals nothing, as ``==`` says
+            out.append(None)
+        elif len(set(map(type, col))) > 1 or (isinstance(a, float) and a == 0.0):
+            out.append(a if all(_same(x, a) for x in col) else None)
+        else:
+            out.append(a)
+    return tuple(out)
 
 
 def _same(a, b) -> bool:
@@ -311,7 +382,7 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
     see :func:`simwar.executors.fast.realize`).
     """
     iterations = plan_iterations(cfg, sizes)
-    return bind(plan_template(iterations), iterations.sampler(fill=fill))
+    return bind(plan_template(iterations), iterations.sampler(fill=fill), sizes=sizes)
 
 
 @dataclass
@@ -329,6 +400,7 @@ class Template:
     offsets: set
     sites: set
     steps: int
+    shapes: list = field(default_factory=list)  # the shape of each skeleton iteration
     prepared: list | None = None  # the blocks with their drawn parameters apart (bind)
 
 
@@ -373,9 +445,9 @@ def plan_template(iterations) -> Template:
         starts = {key: offset[key] for key in uses}
         for key, c in uses.items():
             offset[key] += c * count
-        blocks.append((shapes[i], g, first, count, params[i], starts, uses))
+        blocks.append((shapes[i], g, first, count, params[i], starts, uses, i))
         g += count
-    return Template(plan, blocks, shaper.offsets, _sites(shapes), steps_total)
+    return Template(plan, blocks, shaper.offsets, _sites(shapes), steps_total, shapes)
 
 
 def _drawn(x) -> bool:
@@ -383,11 +455,13 @@ def _drawn(x) -> bool:
     return isinstance(x, Use) or (isinstance(x, Sum) and (_drawn(x.a) or _drawn(x.b)))
 
 
-def bind(template: Template, sampler, value=None, meta: dict | None = None) -> Plan:
+def bind(template: Template, sampler, value=None, meta: dict | None = None,
+         sizes=None) -> Plan:
     """The plan of a run from its template: the draws of ``sampler`` (its
     :class:`~simwar.build.draws.Sampler`), ``value(key)`` a config duration a
     :class:`~simwar.build.template.Ref` names (a template shared by runs), ``meta`` the
-    run's (default: the template's)."""
+    run's (default: the template's), ``sizes`` its per-step sizes (the trace mode names
+    graph launches by bucket)."""
     arrays = sampler.arrays
     table = getattr(sampler, "table", None)
     live = set(table.arrays) if table is not None else set()
@@ -402,21 +476,35 @@ def bind(template: Template, sampler, value=None, meta: dict | None = None) -> P
     if template.prepared is None:  # per block: which parameters are drawn (the same per run)
         template.prepared = [(shape, g, range(first, first + count),
                               [None if _drawn(x) else x for x in p],
-                              [x for x in p if _drawn(x)], starts, uses)
-                             for shape, g, first, count, p, starts, uses in template.blocks]
+                              [x for x in p if _drawn(x)], starts, uses, i)
+                             for shape, g, first, count, p, starts, uses, i in template.blocks]
     blocks: list[Block] = []
-    for shape, g, steps, fixed, specs, starts, uses in template.prepared:
+    for shape, g, steps, fixed, specs, starts, uses, i in template.prepared:
         consts = tuple(x if x is None or type(x) is float else const(x) for x in fixed)
         blocks.append(Block(shape, g, steps, consts,
-                            _draw_columns(specs, arrays, starts, uses, live, const)))
+                            _draw_columns(specs, arrays, starts, uses, live, const), source=i))
+    skeleton = template.iterations.ops
+    n = len(skeleton) - 1
     out = Plan(blocks, dict(template.iterations.meta if meta is None else meta), 0,
-               template.steps, False, template.offsets, template.sites)
+               template.steps, False, template.offsets, template.sites, skeleton=skeleton,
+               skeleton_steps=list(range(n)) + [n], skeleton_shapes=template.shapes,
+               sizes=sizes)
     out.table = table
     return out
 
 
 def _same_template(a: list, b: list) -> bool:
     """Same constants in the same slots and draws of the same distributions."""
+    return _template(a) == _template(b)
+
+
+_TEMPLATES: dict[int, tuple] = {}  # id(params) -> (params, template): a plan compares each often
+
+
+def _template(params: list) -> list:
+    hit = _TEMPLATES.get(id(params))
+    if hit is not None and hit[0] is params:
+        return hit[1]
 
     def key(x):
         if isinstance(x, Use):
@@ -427,7 +515,11 @@ def _same_template(a: list, b: list) -> bool:
             return ("c", str(x))
         return ("r", x.key)  # a Ref: a duration of the config
 
-    return [key(x) for x in a] == [key(x) for x in b]
+    out = [key(x) for x in params]
+    if len(_TEMPLATES) > 64:
+        _TEMPLATES.clear()
+    _TEMPLATES[id(params)] = (params, out)
+    return out
 
 
 def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict, live, const):

@@ -94,7 +94,7 @@ def _pairs(shapes: list, steps: list, window: int, last_only: bool) -> list:
     last = len(shapes) - 1
     out: list = []
     for i, k, latent in candidate_pairs(lane, kind, bound, acc_op, acc_buf, acc_mode, acc_step,
-                                        window):
+                                        window, latent_only=last_only):
         ja, da = where[acc_op[i]]
         jb, db = where[acc_op[k]]
         if last_only and (jb != last or not latent):

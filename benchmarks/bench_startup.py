@@ -1,0 +1,132 @@
+"""Start-up: ``simwar run`` of 500 steps, where its imports go, and planning a Program.
+
+    python benchmarks/bench_startup.py [--before DIR] [--repeat 10]
+
+- **run 500**: ``simwar run --set steps=500 --quiet`` in a fresh process, CPU time (user +
+  system, children's rusage), best of ``--repeat``; with ``--before`` the other tree's runs
+  are interleaved with this one's (drifts of a shared machine hit both alike) and their
+  ratio printed. Measured twice: as this environment runs Python (it sets
+  ``PYTHONDONTWRITEBYTECODE``, so simwar's modules are compiled at every start) and with a
+  bytecode cache (``PYTHONPYCACHEPREFIX`` in a temporary directory, warmed first).
+- **imports**: ``python -X importtime`` of that run, the smallest self time of each module
+  over ``--repeat`` runs, summed by package (simwar, numpy, pydantic, ...).
+- **plan_program**: :func:`simwar.executors.fast.plan_program` of the Program of
+  ``configs/dspark_fine.yaml`` at ``--plan-steps`` steps, µs per host op, best of 3, in a
+  fresh process per tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ["-c", "import sys; from simwar.cli import main; sys.exit(main())", "run", "--set",
+       "steps=500", "--quiet"]
+PLAN = """
+import json, sys, time
+from simwar.api import build_program
+from simwar.config import load_config
+from simwar.executors.fast.plan import plan_program
+p = build_program(load_config("configs/dspark_fine.yaml", {"steps": int(sys.argv[1])}))
+best = min((lambda t: (plan_program(p), time.process_time() - t)[1])(time.process_time())
+           for _ in range(3))
+print(json.dumps({"host_ops": len(p.ops), "us_per_op": 1e6 * best / len(p.ops)}))
+"""
+
+
+def env_for(tree: Path, pyc: str | None) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    if pyc is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = pyc
+    return env
+
+
+def cpu_of(args: list[str], env: dict, cwd: Path) -> float:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, *args], env=env, cwd=cwd, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def run500(trees: dict, repeat: int) -> dict:
+    pyc = tempfile.mkdtemp(prefix="simwar-pyc-")
+    cases = {(name, mode): env_for(tree, pyc if mode == "bytecode cached" else None)
+             for name, tree in trees.items() for mode in ("no bytecode cache",
+                                                          "bytecode cached")}
+    for (name, _), env in cases.items():  # warm-up: the bytecode cache, the disk cache
+        cpu_of(RUN, env, trees[name])
+    best = {k: float("inf") for k in cases}
+    for _ in range(repeat):
+        for k, env in cases.items():
+            best[k] = min(best[k], cpu_of(RUN, env, trees[k[0]]))
+    return best
+
+
+def imports(tree: Path, repeat: int) -> dict:
+    best: dict[str, int] = {}
+    for _ in range(repeat):
+        err = subprocess.run([sys.executable, "-X", "importtime", *RUN], cwd=tree,
+                             env=env_for(tree, None), capture_output=True, text=True).stderr
+        seen = collections.Counter()
+        for line in err.splitlines():
+            m = re.match(r"import time:\s+(\d+) \|\s+\d+ \|\s*(\S+)", line)
+            if m:
+                seen[m.group(2)] += int(m.group(1))
+        for k, v in seen.items():
+            best[k] = min(best.get(k, v), v)
+    groups = collections.Counter()
+    for k, v in best.items():
+        top = k.split(".")[0]
+        groups[top if top in ("simwar", "numpy", "pydantic", "pydantic_core", "yaml",
+                              "annotated_types") else "stdlib and others"] += v
+    return {k: v / 1000 for k, v in groups.most_common()}
+
+
+def plan_us(tree: Path, steps: int) -> dict:
+    out = subprocess.run([sys.executable, "-c", PLAN, str(steps)], cwd=tree,
+                         env=env_for(tree, None), capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--before", type=Path, help="another simwar source tree to measure")
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--plan-steps", type=int, default=20_000)
+    args = ap.parse_args()
+    trees = {"this tree": ROOT}
+    if args.before:
+        trees = {"before": args.before.resolve(), **trees}
+    best = run500(trees, args.repeat)
+    print("simwar run --set steps=500: CPU s (best of %d)" % args.repeat)
+    for mode in ("no bytecode cache", "bytecode cached"):
+        line = "  %-18s" % mode + "".join(f"  {name}: {best[(name, mode)]:.3f} s"
+                                          for name in trees)
+        if args.before:
+            line += f"  (before / now: {best[('before', mode)] / best[('this tree', mode)]:.2f}x)"
+        print(line)
+    for name, tree in trees.items():
+        groups = imports(tree, max(3, args.repeat // 2))
+        parts = ", ".join(f"{k} {v:.0f}" for k, v in groups.items())
+        print(f"imports of {name}, ms (self times, smallest of runs): total "
+              f"{sum(groups.values()):.0f}; {parts}")
+    for name, tree in trees.items():
+        r = plan_us(tree, args.plan_steps)
+        print(f"plan_program of {name}: {r['us_per_op']:.2f} µs per host op "
+              f"({r['host_ops']} host ops)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

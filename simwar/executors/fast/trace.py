@@ -1,0 +1,317 @@
+"""The one-pass executor's trace mode: a run as a stream of Trace windows, equal to the engine's.
+
+A Trace costs ~2.5 KiB per step and the SimPy engine ~150 µs per step; an export or an
+explanation of a long run wants neither. Here the plan's blocks run compiled in trace mode
+(:func:`simwar.executors.fast.codegen.compile_block` with ``trace=True``: the same rules,
+each segment appending every time it computes), a chunk of segments at a time, and each
+chunk becomes a :class:`~simwar.core.trace.TraceWindow`: the ops, spans, accesses and
+markers of those segments, as the SimPy engine records them (the same
+:func:`simwar.core.recorder.assemble` orders them), after ``margin`` earlier segments of
+context. Memory is one chunk, whatever the run's length.
+
+**Names.** A shape is a segment's structure without its names: a record's event, a graph
+launch's name, CPU work's label and step. Those come from the host ops the shape was made
+from (``Plan.skeleton``): a Program's segments name themselves; a config's plan repeats a
+skeleton iteration for many steps, so its names must be templates of the step
+(:class:`simwar.core.program.StepName`, which the builder and the barrier policies use).
+A plain name that changes between alike skeleton iterations (a barrier registered outside
+simwar that formats its own step numbers) is refused with :class:`TraceUnsupported`, as is
+a named marker other than ``run_batch`` and ``result_done`` (shapes keep no other); callers then take the SimPy
+engine.
+
+:func:`join` puts a run's windows back together into one Trace, which
+``tests/test_trace_stream.py`` holds equal, column by column, to the SimPy engine's on
+every shipped config, stochastic and varying workloads and random programs.
+
+Imports: numpy, simwar.core and the executor's plan and codegen.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Iterator
+
+import numpy as np
+
+from simwar.core.program import (
+    CpuWork,
+    GraphLaunch,
+    GraphRecord,
+    Marker,
+    Record,
+    StepName,
+    Synchronize,
+    WaitEvent,
+)
+from simwar.core.trace import HOST, TraceWindow
+from simwar.executors.fast.codegen import compile_block
+from simwar.executors.fast.plan import MARKS, Plan
+from simwar.executors.fast.tracecols import _Layout, _Piece, _window, join
+
+__all__ = ["TraceUnsupported", "windows", "join", "lanes", "meta", "CHUNK"]
+
+#: segments per window (a window of dspark_fine is ~10 MiB of columns)
+CHUNK = 2048
+_INF = float("inf")
+
+
+class TraceUnsupported(RuntimeError):
+    """The plan cannot be traced in one pass (see the module docstring): use the engine."""
+
+
+def lanes(plan: Plan) -> list[str]:
+    """Every lane the plan's run records anything on (the host's first)."""
+    out = {HOST: None}
+    for b in plan.blocks:
+        for op in b.shape.ops:
+            out.setdefault(op.lane)
+    return list(out)
+
+
+def meta(plan: Plan) -> dict:
+    """The run facts its Trace (and each window) carries."""
+    out = dict(plan.meta)
+    out.setdefault("source", "sim")
+    return out
+
+
+# --------------------------------------------------------------------------- names
+def _facts(ops) -> list:
+    """What a segment's shape leaves out, in host-op order: per CPU work its label and step,
+    per graph launch its name, phase and record-node events, per record, wait_event and
+    synchronize its event."""
+    out: list = []
+    for op in ops:
+        kind = type(op)
+        if kind is CpuWork:
+            out.append(op.label)
+            out.append(op.step)
+        elif kind is GraphLaunch:
+            out.append(op.graph)
+            out.append(op.phase)
+            out.extend(n.event for n in op.nodes if type(n) is GraphRecord)
+        elif kind is Record or kind is WaitEvent or kind is Synchronize:
+            out.append(op.event)
+        elif kind is Marker and op.name not in MARKS:
+            raise TraceUnsupported(f"marker '{op.name}': the one-pass executor's shapes keep "
+                                   f"{' and '.join(MARKS)} markers only")
+    return out
+
+
+class _Names:
+    """The facts of a block's segments: per slot a constant, or a template of the step."""
+
+    def __init__(self, plan: Plan, bi: int):
+        b = plan.blocks[bi]
+        self.per_segment = plan.skeleton_steps is None  # a Program: every segment its own
+        self.plan, self.block = plan, b
+        if self.per_segment:
+            for ops in plan.skeleton[b.source:b.source + b.n]:
+                for op in ops:
+                    if type(op) is Marker and op.name not in MARKS:
+                        raise TraceUnsupported(f"marker '{op.name}': the one-pass executor's "
+                                               f"shapes keep {' and '.join(MARKS)} markers "
+                                               f"only")
+            return
+        base = plan.skeleton_steps[b.source]
+        facts = _facts(plan.skeleton[b.source])
+        self.slots = [self._slot(x, base) for x in facts]
+        # the skeleton iterations of this shape must all follow the templates
+        for i, ops in enumerate(plan.skeleton):
+            if i == b.source or plan.skeleton_shapes[i] != b.shape:
+                continue
+            got = _facts(ops)
+            want = self._at(plan.skeleton_steps[i])
+            if got != want or any(type(x) is int and type(y) is not int
+                                  for x, y in zip(got, want)):
+                raise TraceUnsupported("a name changes with the step without a template "
+                                       "(simwar.core.program.StepName)")
+
+    def lowest_cpu_step(self, slots: list[int], steps: np.ndarray) -> np.ndarray:
+        """Per pass, the lowest step of its CPU work (``slots``: the CPU steps' fact slots)."""
+        if not self.per_segment:
+            return steps + min(self.slots[j][1] for j in slots)
+        g = self.block.source
+        rows = [_facts(ops) for ops in self.plan.skeleton[g:g + self.block.n]]
+        return np.asarray([min(r[j] for j in slots) for r in rows], dtype=np.float64)
+
+    def _slot(self, x, base: int):
+        if isinstance(x, StepName):
+            return ("name", x.template, x.key, x.step - base)
+        if type(x) is int:  # a CPU work's step
+            return ("step", x - base)
+        return ("const", x)
+
+    def _at(self, step: int) -> list:
+        bucket = getattr(self.plan.sizes, "bucket", None)
+        out = []
+        for slot in self.slots:
+            if slot[0] == "const":
+                out.append(slot[1])
+            elif slot[0] == "step":
+                out.append(step + slot[1])
+            else:
+                k = step + slot[3]
+                out.append(slot[1].format(k if slot[2] == "step" else int(bucket[k])))
+        return out
+
+    def columns(self, i0: int, n: int, steps: np.ndarray) -> list:
+        """Per slot, the values of passes ``i0 .. i0+n`` (a constant, or a list)."""
+        if self.per_segment:
+            g = self.block.source + i0
+            rows = [_facts(ops) for ops in self.plan.skeleton[g:g + n]]
+            return [list(col) for col in zip(*rows)] if rows and rows[0] else []
+        bucket = getattr(self.plan.sizes, "bucket", None)
+        out = []
+        ks = steps.tolist()
+        for slot in self.slots:
+            if slot[0] == "const":
+                out.append(slot[1])
+            elif slot[0] == "step":
+                out.append(steps + slot[1])
+            else:
+                fmt, off = slot[1].format, slot[3]
+                if slot[2] == "step":
+                    out.append([fmt(k + off) for k in ks])
+                else:
+                    out.append([fmt(int(bucket[k + off])) for k in ks])
+        return out
+
+
+def windows(plan: Plan, *, chunk: int = CHUNK, margin: int = 0,
+            steps: tuple[int, int] | None = None) -> Iterator[TraceWindow]:
+    """The plan's run as Trace windows of ``chunk`` segments, each after ``margin`` earlier
+    segments of context, at least as many as a wait or sync binds back (see
+    :class:`~simwar.core.trace.TraceWindow`).
+
+    ``steps`` (A, B): only the windows whose core holds spans or ops of steps A..B (the run
+    goes on only as far as it must). Raises :class:`TraceUnsupported` for a plan whose names
+    are not templates.
+    """
+    blocks = plan.blocks
+    depth = 0
+    for b in blocks:
+        for h in b.shape.host:
+            if h[0] in ("wait_event", "sync") and h[-1] is not None:
+                depth = max(depth, h[-1][0])
+    margin = max(margin, depth)  # a core op's bound record is always in its window
+    fwd = plan.meta.get("forward_stream", "forward")
+    fns, layouts, names = [], [], []
+    for bi, b in enumerate(blocks):
+        fn = compile_block(b.shape, tuple(c is None for c in b.consts), fwd, False, (), depth,
+                           trace=True)
+        fns.append(fn)
+        layouts.append(_Layout(b.shape, fn.layout))
+        names.append(_Names(plan, bi))
+    run = {"plan": plan, "layouts": layouts}
+    op_base = []
+    base = 0
+    for b, lay in zip(blocks, layouts):
+        op_base.append(base)
+        base += b.n * lay.ndev
+    lows = _lowest_steps(plan, layouts, names)
+    state = _State(depth)
+    run.update(op_base=op_base, g0s=[b.g0 for b in blocks], meta=meta(plan), state=state)
+    return _stream(run, fns, layouts, names, lows, state, chunk, margin, steps)
+
+
+def _stream(run, fns, layouts, names, lows, state, chunk, margin, steps):
+    plan = run["plan"]
+    blocks = plan.blocks
+    op_base = run["op_base"]
+    kept: list[_Piece] = []  # the margin: the last pieces' last segments
+    last_block = len(blocks) - 1
+    for bi, b in enumerate(blocks):
+        lay, fn = layouts[bi], fns[bi]
+        consts = tuple(c for c in b.consts if c is not None)
+        any_col = any(c is None for c in b.consts)
+        for start in range(0, b.n, chunk):
+            stop = min(b.n, start + chunk)
+            ks = b.steps[start:stop]
+            state.trace = array("d")
+            cols = b.columns(start, stop) if any_col else []
+            fn(range(stop - start), consts, cols, state)
+            n = stop - start
+            seg_steps = np.asarray(ks if isinstance(ks, range) else list(ks), dtype=np.int64)
+            if not b.marked:
+                seg_steps = np.zeros(n, dtype=np.int64)
+            is_last = bi == last_block and stop == b.n
+            below = lows[bi][stop] if stop < b.n else (lows[bi + 1][0] if bi < last_block
+                                                       else _INF)
+            lo_here = lows[bi][start]
+            wanted = steps is None or (lo_here <= steps[1]
+                                       and _highest(b, lay, names[bi], start, stop) >= steps[0])
+            vals = np.frombuffer(state.trace, dtype=np.float64).reshape(n, lay.nvalues) \
+                if lay.nvalues else np.zeros((n, 0))
+            piece = _Piece(bi, start, n, vals, names[bi].columns(start, n, seg_steps),
+                           op_base[bi] + start * lay.ndev, seg_steps,
+                           _idle(plan, b, lay, cols))
+            if wanted or is_last:
+                yield _window(run, kept, piece, state.t, below, is_last)
+            kept = _keep(kept + [piece], margin, layouts)
+            if steps is not None and below > steps[1]:
+                return
+
+
+def _idle(plan: Plan, b, lay: _Layout, cols: list) -> dict:
+    """CPU work of a config's block whose drawn duration is not positive, per pass."""
+    if plan.skeleton_steps is None or not lay.cpu_params:
+        return {}
+    where = {j: i for i, j in enumerate(j for j, c in enumerate(b.consts) if c is None)}
+    return {span: np.asarray(cols[where[j]]) <= 0 for span, j in lay.cpu_params.items()
+            if j in where}
+
+
+def _keep(pieces: list[_Piece], margin: int, layouts) -> list[_Piece]:
+    out: list[_Piece] = []
+    need = margin
+    for p in reversed(pieces):
+        if need <= 0:
+            break
+        take = min(need, p.n)
+        out.append(p if take == p.n else p.tail(take, layouts[p.bi].ndev))
+        need -= take
+    return out[::-1]
+
+
+class _State:
+    """What the trace-mode block functions read and write (codegen's ``S``)."""
+
+    def __init__(self, depth: int):
+        self.t = 0.0
+        self.tails: dict[str, float] = {}
+        self.hist = [()] * depth
+        self.trace = array("d")
+
+
+def _lowest_steps(plan: Plan, layouts, names) -> list:
+    """Per block, per pass (and one past the end): the lowest step any segment from that
+    pass on issues a span or op of (so the steps below it are complete)."""
+    out = []
+    later = _INF
+    for bi in range(len(plan.blocks) - 1, -1, -1):
+        b, lay = plan.blocks[bi], layouts[bi]
+        offs = [h[6] for h in lay.hs if not isinstance(h[6], tuple)] + [o[2] for o in lay.ops]
+        offs += [m[0] for m in lay.marks]
+        steps = np.asarray(list(b.steps) if b.marked else [0] * b.n, dtype=np.float64)
+        low = steps + min(offs, default=0)
+        cpu = [h[6][1] for h in lay.hs if isinstance(h[6], tuple)]
+        if cpu:  # CPU work names its own step (a fact)
+            low = np.minimum(low, names[bi].lowest_cpu_step(cpu, steps))
+        suffix = np.minimum.accumulate(low[::-1])[::-1] if len(low) else low
+        suffix = np.minimum(suffix, later)
+        out.append(np.append(suffix, later))
+        later = float(suffix[0]) if len(suffix) else later
+    return out[::-1]
+
+
+def _highest(b, lay: _Layout, names: _Names, start: int, stop: int) -> float:
+    """The highest step passes ``start..stop`` of block ``b`` issue anything of."""
+    offs = [h[6] for h in lay.hs if not isinstance(h[6], tuple)] + [o[2] for o in lay.ops]
+    cpu = [h[6][1] for h in lay.hs if isinstance(h[6], tuple)]
+    if cpu:
+        if names.per_segment:
+            return _INF
+        offs += [names.slots[j][1] for j in cpu]
+    steps = b.steps[start:stop] if b.marked else [0]
+    return max(steps) + max(offs, default=0)

@@ -1,0 +1,142 @@
+"""The one-pass executor's trace mode: its windows, put back together, are the SimPy
+engine's Trace, column by column (text decoded), on every shipped config, stochastic and
+varying workloads, the policy variants and random programs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from programs import programs
+
+from simwar.api import resolve_sizes, simulate
+from simwar.config import load_config
+from simwar.core.trace import SCHEMAS
+from simwar.executors.engine import Engine
+from simwar.executors.fast import trace as T
+from simwar.executors.fast.plan import plan_config, plan_program
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+SHORT = {"steps": 40, "warmup_steps": 5}
+NOISY = {"steps": 60, "warmup_steps": 5,
+         "cpu.schedule_us": {"dist": "lognormal", "mean": 900, "std": 300},
+         "gpu.schedule_writes_us": {"dist": "uniform", "low": 100, "high": 400},
+         "cpu.process_result_us": {"dist": "empirical", "values": [600, 800, 1500]},
+         "cpu.ingest_us": {"dist": "normal", "mean": 20, "std": 40},
+         "costs.host_call_us": {"dist": "normal", "mean": 2, "std": 3},
+         "costs.cross_stream_us": {"dist": "uniform", "low": 0, "high": 30}}
+ARRIVALS = {"steps": 80, "warmup_steps": 5,
+            "workload": {"arrivals": {"rate_per_s": 300}, "max_batch": 64, "initial_batch": 4,
+                         "output_tokens": {"dist": "uniform", "low": 16, "high": 128},
+                         "graph_buckets": [8, 16, 32, 64]},
+            "accept.tokens": {"dist": "empirical", "values": [1, 2, 3, 4, 5]}}
+
+
+def assert_same_trace(got, want) -> None:
+    for name, cols in SCHEMAS.items():
+        a, b = getattr(got, name), getattr(want, name)
+        assert len(a) == len(b), f"{name}: {len(a)} rows, expected {len(b)}"
+        for col, _, how in cols:
+            if how == "str":
+                x, y = a.decoded(col).tolist(), b.decoded(col).tolist()
+                assert x == y, f"{name}.{col}"
+            else:
+                x, y = getattr(a, col), getattr(b, col)
+                np.testing.assert_array_equal(x, y, err_msg=f"{name}.{col}")
+    assert got.meta == want.meta
+
+
+def check_config(path, overrides, chunk: int = 7, margin: int = 3) -> None:
+    cfg = load_config(path, overrides)
+    want = simulate(cfg, engine="simpy").trace
+    plan = plan_config(cfg, resolve_sizes(cfg))
+    parts = list(T.windows(plan, chunk=chunk, margin=margin))
+    assert len(parts) > 2 and parts[0].first and parts[-1].last
+    assert not any(w.last for w in parts[:-1])
+    assert_same_trace(T.join(parts), want)
+    assert_same_trace(T.join(list(T.windows(plan, chunk=10 ** 9))), want)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_windows_are_the_engines_trace_on_every_config(path):
+    check_config(path, SHORT)
+    check_config(path, NOISY, chunk=13, margin=0)
+
+
+def test_windows_of_a_varying_and_an_arrivals_workload():
+    check_config(ROOT / "configs" / "dspark_fine_bimodal.yaml", SHORT)
+    check_config(ROOT / "configs" / "dspark_fine_bimodal.yaml", ARRIVALS, chunk=11)
+
+
+@pytest.mark.parametrize("variant", [
+    {"policy.needs_cpu_seq_lens": True},
+    {"policy.plan_stream": True, "gpu.schedule_prep_us": 20},
+    {"policy.placement": "loop_top", "policy.barrier": "host_sync"},
+    {"policy.placement": "loop_top", "policy.barrier": "fine", "cpu.post_launch_us": 5},
+    {"gpu.result_copy_stream": "forward", "phases.verify.read_ends": "unknown"},
+], ids=lambda v: ",".join(v))
+def test_windows_of_the_policy_variants(variant):
+    check_config(None, {**SHORT, **variant}, chunk=4, margin=1)
+
+
+@settings(max_examples=80, deadline=None)
+@given(programs(max_ops=40, max_steps=6))
+def test_windows_of_random_programs(program):
+    want = Engine(program).run()
+    plan = plan_program(program)
+    for chunk in (1, 3, 10 ** 6):
+        assert_same_trace(T.join(list(T.windows(plan, chunk=chunk))), want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(programs(max_ops=40, max_steps=6, irregular=True))
+def test_windows_of_irregular_programs(program):
+    want = Engine(program).run()
+    plan = plan_program(program)
+    assert_same_trace(T.join(list(T.windows(plan, chunk=2))), want)
+
+
+def test_a_window_holds_its_core_steps_and_what_they_bind_to():
+    cfg = load_config(None, {"steps": 30, "warmup_steps": 2})
+    plan = plan_config(cfg, resolve_sizes(cfg))
+    seen = []
+    for w in T.windows(plan, chunk=5, margin=2):
+        core_ops = np.arange(w.core_op, len(w.ops))
+        bound = w.ops.bound[core_ops]
+        assert np.all(bound >= -1)  # every core op's record is in its window
+        assert w.span_core.sum() > 0 and w.marker_core.sum() > 0
+        seen.append((w.op_base + w.core_op, w.op_base + len(w.ops)))
+        if not w.last:  # a later window can still add to the last steps seen
+            assert w.complete_below <= int(w.spans.step[w.span_core].max()) + 1
+    assert all(a[1] == b[0] for a, b in zip(seen, seen[1:]))  # the cores tile the run
+
+
+def test_only_the_windows_of_the_steps_asked_for():
+    cfg = load_config(None, {"steps": 3000, "warmup_steps": 2})
+    plan = plan_config(cfg, resolve_sizes(cfg))
+    got = list(T.windows(plan, chunk=64, margin=2, steps=(1000, 1100)))
+    steps = np.concatenate([w.spans.step[w.span_core] for w in got])
+    assert steps.min() <= 1000 and steps.max() >= 1100 and steps.max() < 1300
+    assert len(got) <= 4
+
+
+def test_a_name_without_a_template_is_refused():
+    from simwar.config.policies import BARRIERS, Barrier, register_barrier
+
+    @register_barrier
+    class Stamped(Barrier):
+        name = "stamped_test"
+
+        def fence(self, b, k):
+            b.record(f"stamp[{k}]", "forward", k)  # a plain name that holds the step
+
+    try:
+        cfg = load_config(None, {"steps": 30, "warmup_steps": 2,
+                                 "policy.barrier": "stamped_test"})
+        with pytest.raises(T.TraceUnsupported, match="template"):
+            list(T.windows(plan_config(cfg, resolve_sizes(cfg))))
+    finally:
+        BARRIERS.pop("stamped_test")
