@@ -518,7 +518,7 @@ class Prefill(_Strict):
     prefill part of the forward (one kernel on the forward stream, before the decode phases);
     ``host_us``: the host's extra work to prepare it; ``graph``: ``eager`` (a kernel launch)
     or ``piecewise`` (a graph launch: SGLang's piecewise CUDA graph for extend). See
-    docs/design.md, "Prefill"."""
+    docs/design.md, "Durations, sizes and draws" (Prefill)."""
 
     chunk_tokens: int = 8192
     forward_us: TokenCost
