@@ -25,7 +25,7 @@ from simwar.analysis import batched
 from simwar.api import simulate, simulate_many
 from simwar.config import load_config
 from simwar.core.rules import begins, begins_many, released, released_many, returns, returns_many
-from simwar.executors import lockstep
+from simwar.executors import fast, lockstep
 from simwar.study.sweeps import load_sweep, run_one, sweep
 
 DISTS = [{"dist": "lognormal", "mean": 900, "std": 300},
@@ -106,11 +106,15 @@ def test_every_shipped_config_in_lockstep_is_its_own_run(variant):
 
 
 def test_a_grid_runs_in_lockstep_and_its_constants_and_draws_are_per_run(monkeypatch):
-    """The groups really run together (one pass per batch), whatever each run's numbers."""
+    """The groups really run together (one pass per batch), whatever each run's numbers,
+    each run's plan bound from its group's one template (none planned on its own)."""
     calls = []
     real = lockstep.run_group
     monkeypatch.setattr(lockstep, "run_group",
                         lambda plans, *a: calls.append(len(plans)) or real(plans, *a))
+    own = []
+    real_plan = fast.plan_config
+    monkeypatch.setattr(fast, "plan_config", lambda *a, **k: own.append(1) or real_plan(*a, **k))
     spec = {"base": {"steps": 60, "warmup_steps": 5},
             "grid": {"policy.barrier": ["coarse", "fine"],
                      "cpu.schedule_us": [200.0, 900.0, DISTS[0]],
@@ -119,6 +123,8 @@ def test_a_grid_runs_in_lockstep_and_its_constants_and_draws_are_per_run(monkeyp
     runs = load_sweep(spec).runs
     got = simulate_many([run.config for run in runs])
     assert sorted(calls) == [4, 4, 8, 8]  # per barrier: constants (8 runs), a distribution (4)
+    assert not own  # every plan bound from a template
+    monkeypatch.undo()
     for run, summary in zip(runs, got):
         assert_same_summary(summary, simulate(run.config).summary)
     assert len({s["cpu_blocked_us_mean"] for s in got}) > 8  # each run its own numbers

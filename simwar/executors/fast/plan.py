@@ -98,7 +98,10 @@ class _Shaper:
     a program of many alike iterations costs little more than reading its ops.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, symbolic: bool = False) -> None:
+        # symbolic: parameters may be draws and references to config keys (plan_template),
+        # which must never be compared (a traced reference records the comparison)
+        self.symbolic = symbolic
         self.latest: dict[str, tuple[int, int, str]] = {}  # event -> (segment, record, lane)
         self.negative = False  # a negative number was seen (the overlap shortcut needs >= 0)
         self.offsets: set[int] = set()  # step offsets of accesses
@@ -180,10 +183,10 @@ class _Shaper:
             else:
                 raise TypeError(f"unknown host op {op!r}")
         if not self.negative:
-            try:
-                self.negative = min(params, default=0) < 0
-            except TypeError:  # symbolic durations (plan_config): only numbers count
+            if self.symbolic:  # only numbers count
                 self.negative = any(isinstance(x, (int, float)) and x < 0 for x in params)
+            else:  # a Program's: numbers only, compared in C
+                self.negative = min(params, default=0) < 0
         key = tuple(host)
         shape = self.shapes.get(key)
         if shape is None:
@@ -409,7 +412,7 @@ def plan_template(iterations) -> Template:
     :class:`~simwar.build.loop.IterationPlan`), see :func:`plan_config`."""
     plan = iterations
     n = len(plan.ops) - 1
-    shaper = _Shaper()
+    shaper = _Shaper(symbolic=True)
     shapes: list[Shape] = []
     params: list[list] = []
     for i, ops in enumerate(plan.ops):
