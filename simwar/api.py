@@ -27,7 +27,7 @@ from collections import OrderedDict
 from typing import Callable
 
 from simwar.analysis.hazards import detect
-from simwar.analysis.metrics import frame, step_columns, summarize
+from simwar.analysis.metrics import frame, request_table, step_columns, summarize
 from simwar.analysis.ranks import Collectives, rank_columns, rank_summary
 from simwar.build import loop
 from simwar.build.loop import sizes_meta
@@ -235,6 +235,17 @@ class Result:
                 raise ValueError("this run kept no per-step table (summary_only=True)")
             self._steps = frame(self.columns)
         return self._steps
+
+    @property
+    def requests(self):
+        """Per request finished in the measured steps (a run with requests): arrival,
+        lengths, steps, TTFT both ways, TPOT, ITL, latency (a DataFrame: group it by prompt
+        length or by arrival time; :func:`simwar.analysis.metrics.request_table`)."""
+        import pandas as pd  # lazy: simulate() needs no pandas
+
+        if self.columns is None:
+            raise ValueError("this run kept no per-step table (summary_only=True)")
+        return pd.DataFrame(request_table(self.columns, self.meta))
 
     @property
     def races(self):

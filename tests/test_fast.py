@@ -83,6 +83,25 @@ VARIANTS = {
                                        "initial_batch": 2},
                           "accept.tokens": {"dist": "empirical", "values": [1, 2, 3, 4]},
                           **AFFINE, **NOISY},
+    # the normal loop (no overlap), and requests with prompts: chunked prefill, closed loops
+    "overlap_off": {"steps": 40, "warmup_steps": 3, "policy.overlap": False, **NOISY},
+    "prompts_chunked": {"steps": 70, "warmup_steps": 3,
+                        "workload": {"arrivals": {"rate_per_s": 900}, "max_batch": 24,
+                                     "output_tokens": {"dist": "uniform", "low": 1, "high": 20},
+                                     "prompt_tokens": {"dist": "uniform", "low": 50,
+                                                       "high": 900},
+                                     "initial_batch": 2, "graph_buckets": [8, 16, 32]},
+                        "prefill": {"chunk_tokens": 512,
+                                    "forward_us": {"base": 150, "per_token": 1.5},
+                                    "host_us": {"base": 40, "per_token": 0.1},
+                                    "graph": "piecewise"},
+                        "slo": {"ttft": 20000, "tpot": 2500},
+                        **AFFINE, **NOISY},
+    "closed_loop_off": {"steps": 60, "warmup_steps": 3, "policy.overlap": False,
+                        "workload": {"closed_loop": {"concurrency": 6},
+                                     "output_tokens": {"dist": "uniform", "low": 1, "high": 12},
+                                     "prompt_tokens": 300},
+                        "prefill": {"chunk_tokens": 256, "forward_us": {"per_token": 2}}},
 }
 
 
@@ -165,17 +184,18 @@ def test_simulate_engines_agree_on_every_result_field():
        read_ends=st.sampled_from([None, "pre_replay", "in_replay", "post_replay", "unknown"]),
        graph=st.sampled_from([None, "full", "breakable", "eager"]),
        noisy=st.booleans(), steps=st.integers(3, 30), seed=st.integers(0, 3),
-       workload=st.sampled_from([None, None, "list", "dist", "arrivals"]))
+       workload=st.sampled_from([None, None, "list", "dist", "arrivals", "prompts", "closed"]),
+       overlap=st.booleans())
 def test_fast_equals_simpy_on_random_configs(algorithm, barrier, placement, external, fallback,
                                              plan_stream, seq_lens, copy, read_ends, graph,
-                                             noisy, steps, seed, workload):
+                                             noisy, steps, seed, workload, overlap):
     phase = {"none": "decode"}.get(algorithm, "draft")
     overrides = {"algorithm": algorithm, "policy.barrier": barrier,
                  "policy.placement": placement, "policy.external_events": external,
                  "policy.in_replay_fallback": fallback, "policy.plan_stream": plan_stream,
                  "policy.needs_cpu_seq_lens": seq_lens, "gpu.result_copy_stream": copy,
                  "steps": steps, "warmup_steps": min(3, steps - 3), "seed": seed,
-                 **(NOISY if noisy else {})}
+                 "policy.overlap": overlap, **(NOISY if noisy else {})}
     if read_ends:
         overrides[f"phases.{phase}.read_ends"] = read_ends
     if graph:
@@ -188,7 +208,16 @@ def test_fast_equals_simpy_on_random_configs(algorithm, barrier, placement, exte
             "list": {"batch_sizes": [1, 7, 33, 64, 2], "graph_buckets": [8, 32, 64]},
             "dist": {"batch_size": {"dist": "lognormal", "mean": 12, "std": 10}},
             "arrivals": {"arrivals": {"rate_per_s": 700}, "max_batch": 16, "output_tokens": 9,
-                         "initial_batch": seed, "graph_buckets": [4, 16]}}[workload]
+                         "initial_batch": seed, "graph_buckets": [4, 16]},
+            "prompts": {"arrivals": {"rate_per_s": 700}, "max_batch": 16, "output_tokens": 5,
+                        "prompt_tokens": {"dist": "uniform", "low": 1, "high": 400},
+                        "graph_buckets": [4, 16]},
+            "closed": {"closed_loop": {"concurrency": seed + 1}, "output_tokens": 4,
+                       "prompt_tokens": 100}}[workload]
+        if workload in ("prompts", "closed"):
+            overrides["prefill"] = {"chunk_tokens": 64 + 100 * seed,
+                                    "forward_us": {"base": 30, "per_token": 2},
+                                    "graph": ["eager", "piecewise"][seed % 2]}
         overrides["accept.tokens"] = [1.0, 2.5, 3.0]
     cfg = load_config(None, overrides)
     assert_same_run(*reference(build_program(cfg)), fast.run_config(cfg, resolve_sizes(cfg)))
@@ -375,7 +404,8 @@ def test_run_imports_neither_pandas_nor_simpy():
 # ---------------------------------------------------------------------------- summary only
 @pytest.mark.parametrize("chunk", [7, 50])
 @pytest.mark.parametrize("variant", ["short", "noisy", "noisy_host_bound", "loop_top_seq_lens",
-                                     "workload_bimodal", "workload_arrivals"])
+                                     "workload_bimodal", "workload_arrivals", "overlap_off",
+                                     "prompts_chunked", "closed_loop_off"])
 @pytest.mark.parametrize("stem", ["dspark_fine", "dspark_none", "eagle_coarse",
                                   "dflash_legacy_host_sync", "none_coarse_loop_top"])
 def test_summary_only_equals_the_table_summary(monkeypatch, stem, variant, chunk):

@@ -94,7 +94,8 @@ def test_every_run_of_a_random_grid_is_its_own_run_bit_for_bit(
         assert_same_summary(summary, simulate(run.config).summary)
 
 
-@pytest.mark.parametrize("variant", ["short", "noisy", "workload_bimodal", "loop_top_seq_lens"])
+@pytest.mark.parametrize("variant", ["short", "noisy", "workload_bimodal", "loop_top_seq_lens",
+                                     "overlap_off"])
 def test_every_shipped_config_in_lockstep_is_its_own_run(variant):
     """Every shipped config, in the exactness suite's variants, three seeds of each in one
     lockstep batch."""

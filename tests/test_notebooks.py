@@ -18,7 +18,8 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 def test_the_notebooks_are_there():
     assert [p.name for p in NOTEBOOKS] == ["01_quickstart.ipynb", "02_barrier_policies.ipynb",
                                            "03_sweeps.ipynb", "04_dflash_verify_done.ipynb",
-                                           "05_workloads.ipynb", "06_explain_and_advise.ipynb"]
+                                           "05_workloads.ipynb", "06_explain_and_advise.ipynb",
+                                           "07_overlap_on_off.ipynb"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -149,3 +149,20 @@ def test_a_name_without_a_template_is_refused():
             list(T.windows(plan_config(cfg, resolve_sizes(cfg))))
     finally:
         BARRIERS.pop("stamped_test")
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("workload", ["prompts", "closed"])
+def test_requests_with_prompts_and_the_normal_loop_stream_the_engines_trace(workload, overlap):
+    """Prefill kernels, the processed-result markers and the loop without overlap."""
+    wl = {"prompts": {"arrivals": {"rate_per_s": 500}, "max_batch": 32,
+                      "output_tokens": {"dist": "uniform", "low": 1, "high": 20},
+                      "prompt_tokens": {"dist": "uniform", "low": 20, "high": 700},
+                      "graph_buckets": [8, 16, 32]},
+          "closed": {"closed_loop": {"concurrency": 5}, "output_tokens": 6,
+                     "prompt_tokens": 300}}[workload]
+    check_config(ROOT / "configs" / "dspark_fine.yaml",
+                 {"steps": 80, "warmup_steps": 5, "workload": wl, "policy.overlap": overlap,
+                  "prefill": {"chunk_tokens": 256, "forward_us": {"base": 80, "per_token": 1},
+                              "host_us": {"base": 40, "per_token": 0.1},
+                              "graph": "piecewise" if overlap else "eager"}})

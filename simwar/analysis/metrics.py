@@ -104,8 +104,15 @@ def step_columns(trace: Trace) -> dict[str, np.ndarray]:
     row = np.searchsorted(steps, markers.step[rb])
     ok = (row < len(steps)) & (steps[np.minimum(row, len(steps) - 1)] == markers.step[rb])
     launch[row[ok]] = markers.time_us[rb][ok]
+    done = None
+    rd = np.flatnonzero(markers.name == trace.code("result_done"))
+    if len(rd):  # a run with requests: the host instant each result was processed
+        done = np.full(len(steps), np.nan)
+        row = np.searchsorted(steps, markers.step[rd])
+        ok = (row < len(steps)) & (steps[np.minimum(row, len(steps) - 1)] == markers.step[rd])
+        done[row[ok]] = markers.time_us[rd][ok]
     return columns_from_arrays(steps, start, end, busy, dep, by_site, launch,
-                               StepFacts(trace.meta))
+                               StepFacts(trace.meta), done)
 
 
 def tokens(meta: dict) -> float:
@@ -162,7 +169,8 @@ def idle_windows(end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
                         busy: np.ndarray, dep: np.ndarray, blocked: dict[str, np.ndarray],
-                        launch: np.ndarray, facts: StepFacts) -> dict[str, np.ndarray]:
+                        launch: np.ndarray, facts: StepFacts,
+                        done: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """The per-step columns from per-step facts; every executor's table is assembled here.
 
     Per row (a step with forward kernels, ascending): forward start and end, the time the
@@ -202,6 +210,8 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     out["launch_us"] = launch
     out["launch_lead_us"] = end - _next(launch)
     out["launch_ahead"] = launch_ahead_depth(end, launch)
+    if done is not None:  # a run with requests: when the host had processed each result
+        out["result_done_us"] = done
     per_step = facts(np.asarray(steps))
     if start.ndim == 2:  # the same for every run of a lockstep group
         per_step = {k: np.broadcast_to(v, start.shape) for k, v in per_step.items()}
@@ -321,8 +331,10 @@ def summarize(df, meta: dict, hazards=None) -> dict:
     m = {name: col[keep] for name, col in cols.items()}
     wl = meta.get("workload")
     if wl and wl.get("requests") is not None:
-        lat, queue = request_latencies(wl["requests"], m["step"], m["fwd_end_us"])
-        m["request_latency_us"], m["request_queue_us"] = lat, queue
+        req = wl["requests"]
+        # first tokens may come from any step (the warm-up's too): the whole table
+        first = first_tokens(req, cols["step"], cols["fwd_end_us"], cols.get("result_done_us"))
+        m.update(request_columns(req, m["step"], m["fwd_end_us"], first, meta.get("slo")))
     valid: dict[str, np.ndarray] = {}
 
     def value(key: Key):
@@ -394,13 +406,105 @@ def request_latencies(req: dict, steps: np.ndarray, fwd_end: np.ndarray) -> \
     finish = np.asarray(req["finish_step"], dtype=np.int64)
     if len(steps) == 0 or len(finish) == 0:
         return np.zeros(0), np.zeros(0)
-    row = np.searchsorted(steps, finish)
-    ok = (finish >= 0) & (row < len(steps))
-    ok[ok] = steps[row[ok]] == finish[ok]
+    ok, row = _rows_of(finish, steps)
     admit = np.asarray(req["admit_us"], dtype=np.float64)[ok]
     lat = fwd_end[row[ok]] - admit
     queue = admit - np.asarray(req["arrival_us"], dtype=np.float64)[ok]
     return lat, queue
+
+
+def _rows_of(step_of: np.ndarray, steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per request, whether its step (``step_of``) is a row of ``steps``, and the row."""
+    row = np.searchsorted(steps, step_of)
+    ok = (step_of >= 0) & (row < len(steps))
+    ok[ok] = steps[row[ok]] == step_of[ok]
+    return ok, row
+
+
+def first_tokens(req: dict, steps: np.ndarray, fwd_end: np.ndarray, done: np.ndarray | None,
+                 into: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, ...]:
+    """Per request (all of them, in request order): the end of the forward that produced its
+    first token and the host instant its result was processed, for the requests whose first
+    token's step is one of ``steps`` (NaN for the others; ``into``: arrays to fill)."""
+    first = np.asarray(req.get("first_step", req["admit_step"]), dtype=np.int64)
+    if into is None:
+        into = (np.full(len(first), np.nan), np.full(len(first), np.nan))
+    if len(steps) and len(first):
+        ok, row = _rows_of(first, steps)
+        into[0][ok] = fwd_end[row[ok]]
+        if done is not None:
+            into[1][ok] = done[row[ok]]
+    return into
+
+
+def request_columns(req: dict, steps: np.ndarray, fwd_end: np.ndarray,
+                    first: tuple[np.ndarray, np.ndarray], slo: dict | None = None) -> dict:
+    """The per-request columns of the requests finished in ``steps`` (in request order):
+    ``request_latency_us`` (admission to the last token's forward end), ``request_queue_us``
+    (arrival to admission), ``request_ttft_forward_us`` (arrival to the end of the forward
+    that produced the first token), ``request_ttft_us`` (arrival to that step's result
+    processed on the host: what a client sees), ``request_tpot_us`` (first to last token's
+    forward end, per further output token), ``request_itl_us`` (the same per decode step:
+    the gap between two emissions), and with an ``slo`` (metric -> µs bound,
+    :data:`simwar.config.schema.SLO_METRICS`) ``request_slo_met`` (1.0 when every bound
+    holds). ``first``: :func:`first_tokens` of every request."""
+    finish = np.asarray(req["finish_step"], dtype=np.int64)
+    if len(steps) == 0 or len(finish) == 0:
+        out = {c: np.zeros(0) for c in REQUEST_COLUMNS}
+        if slo:
+            out["request_slo_met"] = np.zeros(0)
+        return out
+    ok, row = _rows_of(finish, steps)
+    last = fwd_end[row[ok]]
+    arrival = np.asarray(req["arrival_us"], dtype=np.float64)[ok]
+    admit = np.asarray(req["admit_us"], dtype=np.float64)[ok]
+    f_end, f_done = first[0][ok], first[1][ok]
+    first_step = np.asarray(req.get("first_step", req["admit_step"]), dtype=np.int64)[ok]
+    tokens = np.asarray(req["output_tokens"], dtype=np.float64)[ok]
+    decode_steps = (finish[ok] - first_step).astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(tokens > 1, (last - f_end) / (tokens - 1), np.nan)
+        itl = np.where(decode_steps > 0, (last - f_end) / decode_steps, np.nan)
+    out = {"request_latency_us": last - admit, "request_queue_us": admit - arrival,
+           "request_ttft_forward_us": f_end - arrival, "request_ttft_us": f_done - arrival,
+           "request_tpot_us": tpot, "request_itl_us": itl}
+    if slo:
+        met = np.ones(len(last), dtype=bool)
+        for metric, bound in slo.items():
+            x = out[SLO_COLUMNS[metric]]
+            met &= ~(x > bound)  # NaN (no such figure, e.g. TPOT of one token) meets it
+        out["request_slo_met"] = met.astype(np.float64)
+    return out
+
+
+def request_table(columns: dict, meta: dict) -> dict[str, np.ndarray]:
+    """One row per request finished in the measured steps (the summary's requests): its
+    arrival, lengths, admission, first-token and last-token steps, and the columns of
+    :func:`request_columns`; empty without requests."""
+    req = (meta.get("workload") or {}).get("requests")
+    if req is None or "step_us" not in columns:
+        return {}
+    keep = measured_rows(columns, int(meta.get("warmup_steps", 0)))
+    steps, fwd_end = columns["step"][keep], columns["fwd_end_us"][keep]
+    first = first_tokens(req, columns["step"], columns["fwd_end_us"],
+                         columns.get("result_done_us"))
+    finish = np.asarray(req["finish_step"], dtype=np.int64)
+    ok, _ = _rows_of(finish, steps) if len(steps) else (np.zeros(len(finish), bool), None)
+    out = {k: np.asarray(req[k])[ok] for k in ("arrival_us", "admit_us", "prompt_tokens",
+                                                "output_tokens", "admit_step", "first_step",
+                                                "finish_step") if k in req}
+    out.update(request_columns(req, steps, fwd_end, first, meta.get("slo")))
+    return out
+
+
+#: the per-request columns of :func:`request_columns` (without the SLO's)
+REQUEST_COLUMNS = ("request_latency_us", "request_queue_us", "request_ttft_forward_us",
+                   "request_ttft_us", "request_tpot_us", "request_itl_us")
+#: an SLO's metric -> its column (:data:`simwar.config.schema.SLO_METRICS`, repeated here:
+#: analysis does not import config; tests/test_prefill.py holds them equal)
+SLO_COLUMNS = {"ttft": "request_ttft_us", "ttft_forward": "request_ttft_forward_us",
+               "tpot": "request_tpot_us", "itl": "request_itl_us",
+               "latency": "request_latency_us"}
 
 
 def hazard_counts(hazards, steps: np.ndarray) -> dict:

@@ -26,10 +26,11 @@ import math
 
 import numpy as np
 
-from simwar.analysis.metrics import hazard_counts, request_latencies
+from simwar.analysis.metrics import first_tokens, hazard_counts, request_columns
 from simwar.analysis.summary import (
     BUCKET_METRICS,
     REQUEST_KEYS,
+    SLO_KEYS,
     WORKLOAD_KEYS,
     Key,
     assemble,
@@ -170,6 +171,8 @@ class StreamingSummary:
             finish = np.asarray(self.requests["finish_step"], dtype=np.int64)
             self.req_order = np.argsort(finish, kind="stable")
             self.req_finish = finish[self.req_order]
+            self.req_first = first_tokens(self.requests, np.zeros(0, dtype=np.int64),
+                                      np.zeros(0), None)
 
     def _start(self, cols: dict) -> None:
         self.columns = list(cols)
@@ -179,6 +182,8 @@ class StreamingSummary:
             keys += WORKLOAD_KEYS
             if wl.get("requests") is not None:
                 keys += REQUEST_KEYS
+                if self.meta.get("slo"):
+                    keys += SLO_KEYS
         self.keys = keys
         for key in keys:
             for acc in _STREAM[key.stat].needs(key):
@@ -191,6 +196,9 @@ class StreamingSummary:
             return
         if self.columns is None:
             self._start(cols)
+        if self.requests is not None:  # first tokens of any step (the warm-up's too)
+            first_tokens(self.requests, cols["step"], cols["fwd_end_us"],
+                         cols.get("result_done_us"), into=self.req_first)
         keep = measured_mask(cols["step"], cols["step_us"], self.warm)
         if not keep.any():
             return
@@ -200,7 +208,7 @@ class StreamingSummary:
         self.first = lo if self.first is None else min(self.first, lo)
         self.last = hi if self.last is None else max(self.last, hi)
         if self.requests is not None:
-            m["request_latency_us"], m["request_queue_us"] = self._requests(m)
+            m.update(self._requests(m))
         valid: dict[str, np.ndarray] = {}
         for (_, column, is_valid), acc in self.acc.items():
             x = m[column]
@@ -210,17 +218,17 @@ class StreamingSummary:
                 x = valid[column]
             acc.add(x, m)
 
-    def _requests(self, m: dict) -> tuple[np.ndarray, np.ndarray]:
-        """Decode latency and queueing time of the requests finished in these rows."""
+    def _requests(self, m: dict) -> dict:
+        """The per-request columns of the requests finished in these rows."""
         steps = m["step"]
+        slo = self.meta.get("slo")
         lo = np.searchsorted(self.req_finish, steps.min(), side="left")
         hi = np.searchsorted(self.req_finish, steps.max(), side="right")
-        if hi <= lo:
-            return np.zeros(0), np.zeros(0)
         pick = np.sort(self.req_order[lo:hi])  # in request order, as the table's summary
-        req = {k: np.asarray(self.requests[k])[pick] for k in ("finish_step", "admit_us",
-                                                                "arrival_us")}
-        return request_latencies(req, steps, m["fwd_end_us"])
+        req = {k: np.asarray(v)[pick] for k, v in self.requests.items()}
+        first = (self.req_first[0][pick], self.req_first[1][pick])
+        return request_columns(req, steps if hi > lo else steps[:0], m["fwd_end_us"], first,
+                               slo)
 
     def result(self, hazards=None) -> dict:
         meta = self.meta

@@ -101,6 +101,16 @@ REQUEST_KEYS: tuple[Key, ...] = (
     Key("request_latency_us_p50", "percentile", "request_latency_us", 50, valid=True),
     Key("request_latency_us_p99", "percentile", "request_latency_us", 99, valid=True),
     Key("request_queue_us_mean", "mean", "request_queue_us", valid=True),
+    *(Key(f"request_{m}_us_{s}", stat, f"request_{m}_us", arg, valid=True)
+      for m in ("ttft", "ttft_forward", "tpot", "itl")
+      for s, stat, arg in (("mean", "mean", None), ("p50", "percentile", 50),
+                           ("p99", "percentile", 99))),
+)
+
+#: with an SLO (``meta.slo``): the requests/s meeting every bound, and their share
+SLO_KEYS: tuple[Key, ...] = (
+    Key("goodput_per_s", "rate", "request_slo_met", "step_us"),
+    Key("slo_attainment", "mean", "request_slo_met", valid=True),
 )
 
 HAZARD_KEYS = ("races", "overlaps", "race_steps")
@@ -139,6 +149,8 @@ def assemble(name: str, measured: int, columns, meta: dict, value, hazards: dict
         keys += WORKLOAD_KEYS
         if wl.get("requests") is not None:
             keys += REQUEST_KEYS
+            if meta.get("slo"):
+                keys += SLO_KEYS
     for key in keys:
         out[key.name] = value(key)
     out.update(hazards)

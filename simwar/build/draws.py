@@ -86,6 +86,10 @@ class Series:
 
 #: the host's wait for a request at the top of an iteration (arrivals only)
 WAIT_REQUESTS = Series("idle")
+#: the prefill part of a step's forward, and the host's work to prepare it (prompts only:
+#: :class:`simwar.config.schema.Prefill` at the step's prefill tokens)
+PREFILL_US = Series("prefill_us")
+PREFILL_HOST_US = Series("prefill_host_us")
 #: config values handed out per use from an array (the others are constants)
 _DRAWN = (Dist, Affine, Series)
 

@@ -22,6 +22,20 @@ A final drain processes the last result. ``policy.launch_ahead: 2`` (a what-if) 
 the result of step k-2 instead, so the host launches up to two forwards ahead; the drain
 then processes the last two.
 
+``policy.overlap: false`` builds SGLang's normal loop instead (``event_loop_normal``): the
+same iteration, without a WAR barrier and without the FutureMap's seq_lens D2H, processing
+step k's own result right after its launch (``copy_done[k].synchronize()`` then the CPU
+work), so step k+1 is scheduled only once forward k has ended; the drain is empty. The host
+sync orders every later write after forward k's reads, which is why no barrier is needed.
+
+Requests with prompts (``workload.prompt_tokens``, a ``prefill:`` section) add, in
+``run_batch`` before the decode phases, the step's prefill: its host work and one kernel (an
+eager launch, or a piecewise graph's launch) whose durations are per-step series of the
+arrivals model (:data:`PREFILL_US`, :data:`PREFILL_HOST_US`: nothing in a step that prefills
+no token), so the iteration's shape stays the same. A run with requests marks the host
+instant each step's result has been processed (``Marker("result_done", j)``): the
+first-token time a client sees.
+
 Durations come from one generator seeded by ``config.seed``: each distribution is
 drawn in a single call holding all of its uses in program order (distributions in order
 of first use), before the ops are built (:class:`simwar.build.draws.Sampler`). The same
@@ -50,7 +64,14 @@ simpy, nothing from executors or above.
 
 from __future__ import annotations
 
-from simwar.build.draws import WAIT_REQUESTS, AffineTable, Sampler, Symbolic
+from simwar.build.draws import (
+    PREFILL_HOST_US,
+    PREFILL_US,
+    WAIT_REQUESTS,
+    AffineTable,
+    Sampler,
+    Symbolic,
+)
 from simwar.build.sizes import StepSizes
 from simwar.config.policies import PublishPoint, barrier, publish_point
 from simwar.config.schema import Affine, Config, Dist, Phase
@@ -220,8 +241,13 @@ class LoopBuilder:
         pol = cfg.policy
         self.point: PublishPoint = publish_point(self.phases, pol.publish_phase,
                                                  pol.external_events, pol.in_replay_fallback)
-        self.policy = barrier(pol.barrier).resolve(self.point)
+        # the normal loop syncs on each result before scheduling the next step: no barrier
+        self.overlap = pol.overlap
+        self.policy = barrier(pol.barrier if pol.overlap else "none").resolve(self.point)
         self.barrier = self.policy.name
+        # requests arrive (arrivals, closed loop): each processed result is marked
+        self.marks_results = sizes.idle is not None
+        self.prefill = cfg.prefill
         self.draw = draw
         self.ops: list[HostOp] = []
         self.writes = tuple(cfg.gpu.writes)
@@ -289,6 +315,10 @@ class LoopBuilder:
             "publish_position": p.position, "publish_reason": p.reason,
             "forward_stream": "forward",
         }
+        if not self.overlap:
+            out["overlap"] = False
+        if cfg.slo:
+            out["slo"] = dict(cfg.slo)
         out.update(sizes_meta(self.sizes))
         return out
 
@@ -298,7 +328,7 @@ class LoopBuilder:
         self._at = k
         if self.sizes.idle is not None:
             self.cpu("wait_requests", WAIT_REQUESTS, k)
-        loop_top = pol.placement == "loop_top" and k > 0
+        loop_top = pol.placement == "loop_top" and k > 0 and self.overlap
         if loop_top and not self.policy.blocks_at_prepare:
             self.policy.fence(self, k - 1)
         self.cpu("ingest", cfg.cpu.ingest_us, k)
@@ -308,6 +338,10 @@ class LoopBuilder:
         self.cpu("prepare", cfg.cpu.prepare_us, k)
         self.schedule_writes(k)
         self.run_batch(k)
+        if not self.overlap:  # the normal loop: this step's own result, before the next step
+            self.cpu("post_launch", cfg.cpu.post_launch_us, k)
+            self.process_result(k, k)
+            return
         if pol.placement == "after_launch":
             self.policy.fence(self, k)
         self.cpu("post_launch", cfg.cpu.post_launch_us, k)
@@ -317,8 +351,9 @@ class LoopBuilder:
 
     def drain(self, k: int) -> None:
         self.ops.append(StepMarker(k))
-        for j in range(max(0, k - self.cfg.policy.launch_ahead), k):
-            self.process_result(j, k)
+        if self.overlap:  # the normal loop processed every result in its own iteration
+            for j in range(max(0, k - self.cfg.policy.launch_ahead), k):
+                self.process_result(j, k)
 
     def schedule_writes(self, k: int) -> None:
         gpu = self.cfg.gpu
@@ -334,7 +369,7 @@ class LoopBuilder:
     def run_batch(self, k: int) -> None:
         cfg, pol = self.cfg, self.cfg.policy
         self.ops.append(Marker("run_batch", k))
-        if pol.needs_cpu_seq_lens and k > 0:
+        if pol.needs_cpu_seq_lens and k > 0 and self.overlap:
             # resolve_seq_lens_cpu: a D2H on a private stream gated on the publish of k-1,
             # then a host block on it
             self.wait_event("d2h", StepName("publish_ready[{}]", k - 1), k)
@@ -342,6 +377,8 @@ class LoopBuilder:
             self.record(StepName("seq_lens_d2h[{}]", k), "d2h", k)
             self.sync(StepName("seq_lens_d2h[{}]", k), k, "seq_lens")
         self.wait_stream("forward", "schedule", k)
+        if self.prefill is not None:
+            self.prefill_chunk(k)
         for i, phase in enumerate(self.phases):
             self.phase(k, i, phase)
             if phase.future_publish:
@@ -394,6 +431,19 @@ class LoopBuilder:
         if pos == "post_replay" or (pos == "in_replay" and not self.point.in_graph):
             self.publish_record(k)
 
+    def prefill_chunk(self, k: int) -> None:
+        """Step k's prefill tokens (chunked prefill mixed into the decode step): host work,
+        then one kernel before the decode phases, each nothing when no token is prefilled."""
+        pf = self.prefill
+        self.cpu("prefill.dispatch", PREFILL_HOST_US, k)
+        reads = tuple(pf.reads)
+        if pf.graph == "eager":
+            self.launch("forward", "prefill.forward", PREFILL_US, k, "prefill", reads=reads)
+            return
+        node = Kernel("prefill.forward", self._draw(PREFILL_US), reads, (), "prefill")
+        self.ops.append(GraphLaunch("forward", "prefill.graph", (node,), k, "prefill",
+                                    self._cost(self.cfg.costs.graph_launch_us)))
+
     def publish_record(self, k: int) -> None:
         event = StepName("read_done[{}]", k)
         self.record(event, "forward", k)
@@ -408,6 +458,8 @@ class LoopBuilder:
         if _positive(cfg.gpu.result_writes_us):
             self.launch("schedule", "result_writes", cfg.gpu.result_writes_us, k,
                         writes=self.writes)
+        if self.marks_results:
+            self.ops.append(Marker("result_done", j))
         self._at = at
 
 

@@ -47,6 +47,21 @@ executor runs (the SimPy engine, the one-pass executor, the GPU harness) is buil
 and it is exported in the per-step table (``batch_size``) and the program's
 ``meta.workload``. The same seed gives the same sequence.
 
+**Prompts, the normal loop, closed loops.** With ``workload.prompt_tokens`` an admitted
+request is first prefilled: each step prefills up to ``prefill.chunk_tokens`` prompt tokens
+of the admitted requests still prefilling, first come first served (SGLang's chunked prefill
+mixed into decode); the step that prefills a request's last prompt token produces its first
+token, and the request decodes from the next step on (the scheduler chose the chunks, so it
+knows at once), producing its ``output_tokens - 1`` others. Step k's batch is the requests
+decoding in it, its ``prefill_tokens[k]`` the prompt tokens it prefills (``prefill_us`` and
+``prefill_host_us``: the durations they cost). Without prompts a request decodes from its
+admission step, which produces its first token. With ``policy.overlap: false`` (the normal
+loop) a result is processed in its own iteration, so a request finished by step k leaves
+before batch k+1 (no extra step). ``workload.closed_loop`` keeps ``concurrency`` requests in
+flight: they arrive at time 0, and each request that leaves before batch k is replaced by one
+arriving at iteration k's start (when the host has processed the finishing result: the
+client's reply, sent again at once).
+
 Imports: numpy, :mod:`simwar.config` and :mod:`simwar.build.draws`; nothing from executors
 (realizing arrivals runs the executor: :mod:`simwar.api` orders it).
 """
@@ -63,7 +78,7 @@ from simwar.build.draws import sample
 from simwar.config.schema import Config, buckets_of
 
 #: the generator stream of each random source: ``default_rng([seed, STREAMS[name]])``
-STREAMS = {"batch": 1, "accept": 2, "arrivals": 3, "output": 4}
+STREAMS = {"batch": 1, "accept": 2, "arrivals": 3, "output": 4, "prompt": 5}
 #: arrival gaps and output lengths are drawn in chunks of this many (whatever the run's length)
 CHUNK = 4096
 
@@ -86,6 +101,10 @@ class StepSizes:
     idle: np.ndarray | None = None
     #: arrivals only: per admitted request (arrays of equal length)
     requests: dict | None = None
+    #: prompts only: prompt tokens prefilled in each step, and what that costs (µs)
+    prefill_tokens: np.ndarray | None = None
+    prefill_us: np.ndarray | None = None
+    prefill_host_us: np.ndarray | None = None
     #: the program's meta carries the per-step arrays (a workload section, or varying
     #: accepted tokens)
     per_step: bool = False
@@ -101,6 +120,8 @@ class StepSizes:
                "graph_buckets": self.buckets}
         if self.requests is not None:
             out["requests"] = {k: v.tolist() for k, v in self.requests.items()}
+        if self.prefill_tokens is not None:
+            out["prefill_tokens"] = self.prefill_tokens.tolist()
         return out
 
 
@@ -156,9 +177,14 @@ def draw_sizes(cfg: Config) -> StepSizes:
         bucket = constant(buckets_of(batch[:1], buckets, where)[0], n, np.int64)
     else:
         bucket = buckets_of(batch, buckets, where)
-    return StepSizes(batch, bucket, _accepted(cfg, n), buckets,
-                     idle=np.zeros(n + 1) if src == "arrivals" else None,
-                     per_step=cfg.varies, suffix=wl is not None, source=src)
+    out = StepSizes(batch, bucket, _accepted(cfg, n), buckets,
+                    idle=np.zeros(n + 1) if src == "arrivals" else None,
+                    per_step=cfg.varies, suffix=wl is not None, source=src)
+    if cfg.prefill is not None:  # realized with the arrivals
+        out.prefill_tokens = np.zeros(n, dtype=np.int64)
+        out.prefill_us = np.zeros(n)
+        out.prefill_host_us = np.zeros(n)
+    return out
 
 
 class ArrivalProcess:
@@ -179,12 +205,28 @@ class ArrivalProcess:
         # the bucket of every batch the run can have (validated: max_batch fits the buckets)
         self.bucket_at = buckets_of(np.arange(self.max_batch + 1), sizes.buckets,
                                     "workload.max_batch").tolist()
-        self.gap_us = 1e6 / wl.arrivals.rate_per_s
+        self.closed = wl.closed_loop is not None
+        self.trace = wl.arrivals.trace if wl.arrivals is not None else None
+        self.gap_us = 1e6 / wl.arrivals.rate_per_s if not self.closed and self.trace is None \
+            else math.inf
         self.output = wl.output_tokens
+        self.prompt = wl.prompt_tokens
+        self.prefill = cfg.prefill
+        # the loop learns of a finish when it processes that step's result: one iteration
+        # later with overlap, in the same iteration without
+        self.lag = 2 if cfg.policy.overlap else 1
         self._arr_rng = rng(cfg.seed, "arrivals")
         self._out_rng = rng(cfg.seed, "output")
+        self._prompt_rng = rng(cfg.seed, "prompt")
         self._gaps: list[float] = []
         self._outs: list[int] = []
+        self._prompts: list[int] = []
+        self.prompt_tokens: list[int] = []
+        self.first: list[int] = []  # per request: the step producing its first token
+        self.prefilling: deque[int] = deque()  # admitted, prompt tokens left (FIFO)
+        self.left: dict[int, int] = {}  # request -> prompt tokens still to prefill
+        self.joining: dict[int, int] = {}  # step -> requests that start decoding there
+        self.decoding = 0
         self.last_arrival = 0.0
         # per request (by id): arrival, output, admit step/time, finish step
         self.arrival: list[float] = []
@@ -195,19 +237,28 @@ class ArrivalProcess:
         self.queue: deque[int] = deque()
         self.active = 0  # requests in the batch (admitted, not yet left)
         self.leaving: dict[int, int] = {}  # step -> requests that leave before its batch
+        self.decoding_leaving: dict[int, int] = {}  # step -> of them, those that decoded
         self._accept: list[float] | None = None  # accepted tokens per step, as floats
         self.next_time = 0.0  # the next arrival not yet in the queue
-        for _ in range(wl.initial_batch):
+        for _ in range(wl.closed_loop.concurrency if self.closed else wl.initial_batch):
             self._new(0.0)
         self.next_time = self._gap()
         self.done = -1  # last iteration scheduled
 
     def _gap(self) -> float:
+        if self.closed:  # a closed loop's requests arrive as others leave
+            return math.inf
+        if self.trace is not None:  # the next request of the trace, or none
+            i = len(self.arrival)
+            times = self.trace.arrival_us
+            return float(times[i]) if i < len(times) else math.inf
         if not self._gaps:
             self._gaps = self._arr_rng.exponential(self.gap_us, CHUNK).tolist()[::-1]
         return self.last_arrival + self._gaps.pop()
 
-    def _output(self) -> int:
+    def _output(self, rid: int) -> int:
+        if self.trace is not None:
+            return int(self.trace.output_tokens[rid])
         if isinstance(self.output, int):
             return self.output
         if not self._outs:
@@ -215,10 +266,25 @@ class ArrivalProcess:
             self._outs = np.maximum(1, np.ceil(draws)).astype(np.int64).tolist()[::-1]
         return self._outs.pop()
 
+    def _prompt(self, rid: int) -> int:
+        if self.trace is not None:
+            p = self.trace.prompt_tokens
+            return 0 if p is None else int(p[rid])
+        if self.prompt is None:
+            return 0
+        if isinstance(self.prompt, int):
+            return self.prompt
+        if not self._prompts:
+            draws = sample(self._prompt_rng, self.prompt, CHUNK)
+            self._prompts = np.maximum(1, np.ceil(draws)).astype(np.int64).tolist()[::-1]
+        return self._prompts.pop()
+
     def _new(self, t: float) -> None:
         rid = len(self.arrival)
+        self.out_tokens.append(self._output(rid))
+        self.prompt_tokens.append(self._prompt(rid))
         self.arrival.append(t)
-        self.out_tokens.append(self._output())
+        self.first.append(-1)
         self.admit_step.append(-1)
         self.admit_us.append(math.nan)
         self.finish.append(-1)
@@ -235,8 +301,13 @@ class ArrivalProcess:
         if k <= self.done:  # the executor may re-run a pass: the decision stands
             return float(self.sizes.idle[k])
         self.done = k
-        # finished by step k-2: the scheduler processed that result in iteration k-1
-        self.active -= self.leaving.pop(k, 0)
+        # finished by step k-2 (k-1 without overlap): the scheduler processed that result
+        gone = self.leaving.pop(k, 0)
+        self.active -= gone
+        self.decoding += self.joining.pop(k, 0) - self.decoding_leaving.pop(k, 0)
+        if self.closed:  # each request that left is sent again, as its reply came back
+            for _ in range(gone):
+                self._new(t)
         if self.next_time <= t:
             self._arrive_until(t)
         idle = 0.0
@@ -249,18 +320,56 @@ class ArrivalProcess:
             rid = self.queue.popleft()
             self.admit_step[rid] = k
             self.admit_us[rid] = t
-            done = self._finish_step(self.out_tokens[rid], k)
-            self.finish[rid] = done
-            if done >= 0:
-                self.leaving[done + 2] = self.leaving.get(done + 2, 0) + 1
             self.active += 1
             room -= 1
+            if self.prompt_tokens[rid]:
+                self.left[rid] = self.prompt_tokens[rid]
+                self.prefilling.append(rid)
+            else:  # decodes from this step, which gives its first token
+                self._decode(rid, k, k, self.out_tokens[rid])
         sizes = self.sizes
-        sizes.batch[k] = self.active
-        sizes.bucket[k] = self.bucket_at[self.active]
+        if self.prefill is not None:
+            self._prefill(k)
+        sizes.batch[k] = self.decoding
+        sizes.bucket[k] = self.bucket_at[self.decoding]
         if idle:
             sizes.idle[k] = idle
         return idle
+
+    def _decode(self, rid: int, first: int, start: int, tokens: int) -> None:
+        """Request ``rid`` gives its first token at step ``first`` and decodes its other
+        ``tokens`` from step ``start`` on (``tokens`` 0: it is done at ``first``)."""
+        self.first[rid] = first
+        done = self._finish_step(tokens, start) if tokens > 0 else first
+        self.finish[rid] = done
+        if start == first:  # decoding now (no prefill)
+            self.decoding += 1
+        else:
+            self.joining[start] = self.joining.get(start, 0) + 1
+        if done >= 0:
+            leave = done + self.lag
+            self.leaving[leave] = self.leaving.get(leave, 0) + 1
+            self.decoding_leaving[leave] = self.decoding_leaving.get(leave, 0) + 1
+
+    def _prefill(self, k: int) -> None:
+        """Step k's chunk: up to ``chunk_tokens`` prompt tokens, first come first served."""
+        budget = self.prefill.chunk_tokens
+        used = 0
+        while budget > 0 and self.prefilling:
+            rid = self.prefilling[0]
+            take = min(budget, self.left[rid])
+            self.left[rid] -= take
+            budget -= take
+            used += take
+            if self.left[rid] == 0:
+                self.prefilling.popleft()
+                del self.left[rid]
+                self._decode(rid, k, k + 1, self.out_tokens[rid] - 1)
+        s = self.sizes
+        s.prefill_tokens[k] = used
+        pf = self.prefill
+        s.prefill_us[k] = float(pf.forward_us.value(used))
+        s.prefill_host_us[k] = float(pf.host_us.value(used))
 
     def _finish_step(self, output: int, k: int) -> int:
         """The step that produces the last token of a request admitted at step k: its output
@@ -286,6 +395,8 @@ class ArrivalProcess:
             "admit_step": np.asarray(self.admit_step, dtype=np.int64)[admitted],
             "admit_us": np.asarray(self.admit_us, dtype=float)[admitted],
             "finish_step": np.asarray(self.finish, dtype=np.int64)[admitted],
+            "first_step": np.asarray(self.first, dtype=np.int64)[admitted],
+            "prompt_tokens": np.asarray(self.prompt_tokens, dtype=np.int64)[admitted],
         }
 
 

@@ -8,7 +8,11 @@
   key is never averaged over: it must be plotted or filtered to one value);
 - ``simwar plot CONFIG.yaml -o out.png [--set K=V] [--steps-window A:B]``: a run whose
   steps differ (a ``workload``): step time and forward gap against the batch size, and
-  the regime flips step by step (:func:`simwar.plots.workload_figure`).
+  the regime flips step by step (:func:`simwar.plots.workload_figure`);
+- ``simwar plot CONFIG.yaml --on-off -o out.png [--rates R,...] [--scales S,...]``: a config
+  with requests, overlap on against off across the arrival rate and the forward's length,
+  with the crossover drawn (:func:`simwar.study.overlap.on_off_grid`,
+  :func:`simwar.plots.overlap.decision_figure`).
 
 The pictures of ``simwar run`` (``--timeline``, ``--trace``) are :mod:`simwar.cli.outputs`'.
 Drawing lives in :mod:`simwar.plots`; this module parses arguments, checks paths and
@@ -64,6 +68,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps-window", metavar="A:B",
                    help="steps drawn step by step, A and B included (a config's steps; "
                         "default: the first 72 measured)")
+    p.add_argument("--on-off", action="store_true",
+                   help="a config with requests: overlap on against off across the arrival "
+                        "rate (--rates) and the forward's length (--scales), the crossover "
+                        "drawn")
+    p.add_argument("--rates", default="10,25,50,75,100", metavar="R,...",
+                   help="arrival rates per second for --on-off (default 10,25,50,75,100)")
+    p.add_argument("--scales", default="0.25,0.5,1,2,4", metavar="S,...",
+                   help="factors of every phase's device time for --on-off (default "
+                        "0.25,0.5,1,2,4)")
     p.add_argument("-o", "--out", required=True, metavar="OUT.png", help="image to write")
 
 
@@ -120,6 +133,8 @@ def plot_steps(args) -> int:
     out = output_path(args.out, "-o", image=True)
     check_outputs([("config", args.sweep_dir)], [("-o", args.out)])
     cfg = load_config(args.sweep_dir, args.overrides)
+    if args.on_off:
+        return plot_on_off(args, cfg)
     window = parse_window(args.steps_window, cfg.steps) if args.steps_window else None
     # lazy: start-up time of the CLI (matplotlib, pandas)
     from simwar.plots.workload import workload_figure
@@ -130,10 +145,38 @@ def plot_steps(args) -> int:
     return 0
 
 
+def _numbers(text: str, option: str) -> list[float]:
+    try:
+        out = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or not all(x > 0 for x in out):
+        raise UserError(f"{option} {text}: expected positive numbers separated by commas")
+    return out
+
+
+def plot_on_off(args, cfg) -> int:
+    """``simwar plot CONFIG.yaml --on-off``: overlap on against off, with the crossover."""
+    if args.steps_window:
+        raise UserError("--steps-window: not with --on-off")
+    rates, scales = _numbers(args.rates, "--rates"), _numbers(args.scales, "--scales")
+    out = output_path(args.out, "-o", image=True)
+    # lazy: start-up time of the CLI (matplotlib, pandas)
+    from simwar.plots.overlap import decision_figure
+    from simwar.study.overlap import on_off_grid  # lazy: start-up time (the simulator)
+
+    df = on_off_grid(cfg, rates, scales)
+    save_figure(decision_figure(df, f"{cfg.name}: overlap on or off; black line: no change"),
+                out)
+    print(f"simwar: wrote {out}", file=sys.stderr)
+    return 0
+
+
 def command(args) -> int:
     if _is_config(args.sweep_dir):
         return plot_steps(args)
-    for option, value in (("--set", args.overrides), ("--steps-window", args.steps_window)):
+    for option, value in (("--set", args.overrides), ("--steps-window", args.steps_window),
+                          ("--on-off", args.on_off)):
         if value:
             raise UserError(f"{option}: only for a config (a sweep's results are plotted as "
                             f"they are)")

@@ -63,6 +63,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="executor: simpy (reference, keeps the trace), fast (one pass, no "
                         "trace) or auto (fast unless --timeline; default: the "
                         "config's engine, auto)")
+    p.add_argument("--slo", metavar="METRIC=BOUND,...",
+                   help="service-level objectives per request, e.g. ttft=200ms,tpot=30ms "
+                        "(metrics: ttft, ttft_forward, tpot, itl, latency; units us, ms, s; "
+                        "a bare number is ms): adds the goodput, the requests/s meeting them "
+                        "(the config's slo: section)")
     p.add_argument("--summary-only", action="store_true",
                    help="keep no per-step table: the summary is computed as the run goes "
                         "(quantiles from a sketch, 1e-4 relative); for very long runs")
@@ -72,12 +77,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
     from simwar.api import resolve_engine, simulate
-    from simwar.config import load_config, override_list  # lazy: start-up time of the CLI
+    from simwar.config import (  # lazy: start-up time of the CLI
+        Override,
+        load_config,
+        override_list,
+        parse_slo,
+    )
 
     outputs.check_paths(args)  # a wrong output path costs nothing, and overwrites no input
     if args.races < 0:
         raise UserError(f"--races {args.races}: expected 0 or a positive number")
     items = override_list(args.overrides)
+    if args.slo is not None:
+        items.append(Override("slo", parse_slo(args.slo), f"--slo {args.slo}"))
     if args.costs:
         phases = [p.name for p in load_config(args.config, items).phase_table()]
         items = costs_file_overrides(args.costs, phases) + items  # --set wins
@@ -171,6 +183,18 @@ def workload_lines(s: dict) -> list[str]:
             f"{f(s['request_latency_us_mean'], '.0f')} µs, p50 "
             f"{f(s['request_latency_us_p50'], '.0f')}, p99 {f(s['request_latency_us_p99'], '.0f')}"
             f"; queued {f(s['request_queue_us_mean'], '.0f')} µs before joining")
+        lines.append(
+            f"  first token         TTFT mean {f(s['request_ttft_us_mean'], '.0f')} µs, p50 "
+            f"{f(s['request_ttft_us_p50'], '.0f')}, p99 {f(s['request_ttft_us_p99'], '.0f')} "
+            f"(result processed); forward end mean "
+            f"{f(s['request_ttft_forward_us_mean'], '.0f')} µs")
+        lines.append(
+            f"  per output token    TPOT mean {f(s['request_tpot_us_mean'], '.0f')} µs, p99 "
+            f"{f(s['request_tpot_us_p99'], '.0f')}; ITL mean "
+            f"{f(s['request_itl_us_mean'], '.0f')} µs, p99 {f(s['request_itl_us_p99'], '.0f')}")
+    if "goodput_per_s" in s:
+        lines.append(f"  goodput             {f(s['goodput_per_s'])}/s meeting the SLO "
+                     f"({100 * s['slo_attainment']:.1f}% of the requests completed)")
     return lines
 
 
@@ -208,7 +232,8 @@ def format_summary(result, max_races: int = 5) -> str:
     m = result.meta
     header = (f"{s.get('name') or cfg.name}: {cfg.algorithm}, barrier {s.get('barrier')} "
               f"(applied: {s.get('barrier_effective')}, {s.get('placement')}); "
-              f"read-done: {m.get('publish_reason')}")
+              f"read-done: {m.get('publish_reason')}"
+              + ("; overlap off (the normal loop)" if m.get("overlap") is False else ""))
     measured_line = (f"  steps measured      {s['steps_measured']} (warm-up {cfg.warmup_steps} "
                      f"and the last step excluded)")
     if not s.get("steps_measured"):

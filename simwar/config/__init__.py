@@ -20,6 +20,7 @@ from simwar.config.load import (
     load_config,
     override_list,
     parse_override,
+    parse_slo,
     read_yaml,
     resolve_paths,
     set_dotted,
@@ -45,4 +46,5 @@ from simwar.config.schema import (
 __all__ = ["ALGORITHMS", "DEFAULT_CONFIG", "ENGINES", "Affine", "Config", "ConfigError", "Dist",
            "Override", "Phase", "Policy", "Workload", "buckets_of", "duration_keys",
            "finite_error", "first_error", "load_config", "non_finite", "override_list",
-           "parse_override", "read_yaml", "resolve_paths", "set_dotted", "validate"]
+           "parse_override", "parse_slo", "read_yaml", "resolve_paths", "set_dotted",
+           "validate"]

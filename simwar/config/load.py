@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 import yaml
 from pydantic import ValidationError
 
-from simwar.config.schema import Config, ConfigError, first_error
+from simwar.config.schema import SLO_METRICS, Config, ConfigError, first_error
 
 #: the packaged default config (DSPARK, fine barrier): ``load_config(None)``
 DEFAULT_CONFIG = Path(__file__).parents[1] / "data" / "default.yaml"
@@ -167,6 +167,34 @@ def override_list(overrides: list | dict | None) -> list[Override]:
 
 def _value_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+#: the units ``--slo`` accepts, in µs (a bare number is in ms)
+SLO_UNITS = {"us": 1.0, "µs": 1.0, "ms": 1e3, "s": 1e6}
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """``--slo ttft=200ms,tpot=30ms`` → ``{"ttft": 200000.0, "tpot": 30000.0}`` (µs; a bare
+    number is in ms; the metrics: :data:`simwar.config.schema.SLO_METRICS`)."""
+    out: dict[str, float] = {}
+    for item in [x.strip() for x in text.split(",") if x.strip()] or [""]:
+        where = f"--slo {item}"
+        if "=" not in item:
+            raise ConfigError(f"{where}: expected metric=bound, e.g. ttft=200ms,tpot=30ms")
+        metric, raw = (x.strip() for x in item.split("=", 1))
+        if metric not in SLO_METRICS:
+            raise ConfigError(f"{where}: not a request metric (one of "
+                              f"{', '.join(SLO_METRICS)})")
+        unit = next((u for u in sorted(SLO_UNITS, key=len, reverse=True) if raw.endswith(u)),
+                    "")
+        try:
+            value = float(raw[:len(raw) - len(unit)]) * SLO_UNITS.get(unit, 1e3)
+        except ValueError:
+            value = math.nan
+        if not value > 0 or not math.isfinite(value):
+            raise ConfigError(f"{where}: a bound > 0 with a unit (us, ms or s), got {raw!r}")
+        out[metric] = value
+    return out
 
 
 def parse_override(item: str) -> tuple[str, Any]:

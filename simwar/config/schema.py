@@ -19,7 +19,7 @@ rule (:func:`buckets_of`: the validation, the drawn sizes and the arrivals model
 names (:data:`ENGINES`), the algorithm names (:data:`ALGORITHMS`) and which step's batch each
 duration uses (:func:`duration_keys`).
 
-Size (~860 lines): each model is kept with the validators that give its errors their one
+Size (~1050 lines): each model is kept with the validators that give its errors their one
 line, which are most of the file; splitting them would part a model from its checks.
 
 Imports: pydantic and :mod:`simwar.config.algorithms` / :mod:`simwar.config.policies` (numpy
@@ -261,9 +261,20 @@ class Policy(_Strict):
     plan_stream: bool = False
     needs_cpu_seq_lens: bool = False
     publish_phase: str = "auto"
+    #: SGLang's overlap loop (``event_loop_overlap``: step k's result is processed after
+    #: step k+1 is launched); ``false``: its normal loop (``event_loop_normal``: the result
+    #: of step k is processed before step k+1 is scheduled; no barrier, no run-ahead)
+    overlap: bool = True
     #: forwards the loop launches before processing a result (1: SGLang's overlap loop,
     #: step k-1's result in iteration k; 2: a what-if, step k-2's)
     launch_ahead: int = Field(default=1, ge=1, le=2)
+
+    @model_validator(mode="after")
+    def _ahead(self) -> Policy:
+        if self.launch_ahead > 1 and not self.overlap:
+            raise ValueError(f"launch_ahead {self.launch_ahead} runs ahead in the overlap loop; "
+                             f"with overlap false each result is processed in its own iteration")
+        return self
 
     @field_validator("barrier")
     @classmethod
@@ -370,10 +381,48 @@ class Accept(_Strict):
 
 
 # --------------------------------------------------------------------------- workload
-class Arrivals(_Strict):
-    """Requests arriving as a Poisson process of ``rate_per_s`` requests per second."""
+class ArrivalTrace(_Strict):
+    """Requests as they arrived (a server's log): each one's arrival time (µs from the run's
+    start, non-decreasing), output tokens and, optionally, prompt tokens."""
 
-    rate_per_s: float = Field(gt=0)
+    arrival_us: list[float]
+    output_tokens: list[int]
+    prompt_tokens: list[int] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> ArrivalTrace:
+        n = len(self.arrival_us)
+        if not n:
+            raise ValueError("workload.arrivals.trace.arrival_us: empty (one time per request)")
+        for key in ("output_tokens", "prompt_tokens"):
+            v = getattr(self, key)
+            if v is not None and len(v) != n:
+                raise ValueError(f"workload.arrivals.trace.{key}: {len(v)} values for {n} "
+                                 f"arrivals")
+            for i, x in enumerate(v or ()):
+                if not x >= 1:
+                    raise ValueError(f"workload.arrivals.trace.{key}.{i}: a positive number "
+                                     f"of tokens, got {x!r}")
+        t = self.arrival_us
+        for i in range(n):
+            if not (math.isfinite(t[i]) and t[i] >= 0 and (i == 0 or t[i] >= t[i - 1])):
+                raise ValueError(f"workload.arrivals.trace.arrival_us.{i}: arrival times are "
+                                 f"finite, >= 0 and non-decreasing, got {t[i]!r}")
+        return self
+
+
+class Arrivals(_Strict):
+    """Requests arriving as a Poisson process of ``rate_per_s`` requests per second, or as
+    a ``trace`` gives them (:class:`ArrivalTrace`)."""
+
+    rate_per_s: float | None = Field(default=None, gt=0)
+    trace: ArrivalTrace | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> Arrivals:
+        if (self.rate_per_s is None) == (self.trace is None):
+            raise ValueError("workload.arrivals: give rate_per_s or trace (one of them)")
+        return self
 
 
 def _positive_int(x: Any) -> bool:
@@ -456,6 +505,85 @@ def buckets_of(batch, buckets: list[int] | None,
     return b[idx]
 
 
+class ClosedLoop(_Strict):
+    """``concurrency`` requests in flight: each finished request is replaced by a new one,
+    which arrives when the host has processed the finishing step's result (the benchmark
+    setting of most published serving comparisons)."""
+
+    concurrency: int = Field(ge=1)
+
+
+class TokenCost(_Strict):
+    """A duration of a prefill step: ``base + per_token * tokens`` for a step that prefills
+    ``tokens`` > 0 prompt tokens, nothing for a step that prefills none."""
+
+    base: float = Field(default=0.0, ge=0)
+    per_token: float = Field(default=0.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _number(cls, v: Any) -> Any:
+        if isinstance(v, bool):
+            raise ValueError(f"expected a number of µs or {{base, per_token}}, got {v!r}")
+        if isinstance(v, (int, float)):
+            return {"base": v}
+        return v
+
+    def value(self, tokens):
+        """The duration at ``tokens`` prompt tokens (a scalar or a numpy array)."""
+        import numpy as np  # lazy: loading a config needs no numpy
+
+        t = np.asarray(tokens, dtype=float)
+        return np.where(t > 0, self.base + self.per_token * t, 0.0)
+
+
+class Prefill(_Strict):
+    """The prefill of requests with prompts (``workload.prompt_tokens``), as SGLang's chunked
+    prefill mixed into decode (``--enable-mixed-chunk``, ``--chunked-prefill-size``): each
+    step prefills up to ``chunk_tokens`` prompt tokens of the requests waiting for prefill,
+    first come first served, in the same forward as the decode batch. ``forward_us``: the
+    prefill part of the forward (one kernel on the forward stream, before the decode phases);
+    ``host_us``: the host's extra work to prepare it; ``graph``: ``eager`` (a kernel launch)
+    or ``piecewise`` (a graph launch: SGLang's piecewise CUDA graph for extend). See
+    docs/design.md, "Durations, sizes and draws" (Prefill)."""
+
+    chunk_tokens: int = 8192
+    forward_us: TokenCost
+    host_us: TokenCost = Field(default_factory=TokenCost)
+    graph: Literal["eager", "piecewise"] = "eager"
+    reads: list[str] = Field(default_factory=lambda: ["req_to_token"])
+
+    @field_validator("chunk_tokens", mode="before")
+    @classmethod
+    def _chunk(cls, v: Any) -> Any:
+        if not _positive_int(v):
+            raise ValueError(f"prefill.chunk_tokens: a positive number of tokens per step, "
+                             f"got {v!r}")
+        return int(v)
+
+
+#: the metrics an SLO may bound (``slo:``, ``--slo``): the per-request column of each
+SLO_METRICS = {"ttft": "request_ttft_us", "ttft_forward": "request_ttft_forward_us",
+               "tpot": "request_tpot_us", "itl": "request_itl_us",
+               "latency": "request_latency_us"}
+
+
+def _slo(v: Any) -> Any:
+    if v is None:
+        return v
+    if not isinstance(v, dict) or not v:
+        raise ValueError(f"expected a mapping of metric: µs ({', '.join(SLO_METRICS)}), "
+                         f"got {v!r}")
+    out = {}
+    for k, x in v.items():
+        if k not in SLO_METRICS:
+            raise ValueError(f"slo.{k}: not a request metric (one of {', '.join(SLO_METRICS)})")
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not x > 0:
+            raise ValueError(f"slo.{k}: a bound in µs > 0, got {x!r}")
+        out[k] = float(x)
+    return out
+
+
 class Workload(_Strict):
     """What changes from step to step: the batch, its graph bucket, arriving requests.
 
@@ -475,17 +603,23 @@ class Workload(_Strict):
     graph_buckets: list | None = None
     arrivals: Arrivals | None = None
     output_tokens: Any = None
+    #: prompt length of each arriving request (a number or a distribution; needs a
+    #: ``prefill:`` section): the request is prefilled before it decodes
+    prompt_tokens: Any = None
+    #: a closed loop: ``concurrency`` requests in flight, a new one arriving as one finishes
+    closed_loop: ClosedLoop | None = None
     max_batch: int | None = None
     initial_batch: int = Field(default=0, ge=0)
     _file_sizes: list[int] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _check(self) -> Workload:
-        sources = [k for k in ("batch_sizes", "batch_sizes_file", "batch_size", "arrivals")
-                   if getattr(self, k) is not None]
+        sources = [k for k in ("batch_sizes", "batch_sizes_file", "batch_size", "arrivals",
+                               "closed_loop") if getattr(self, k) is not None]
         if len(sources) > 1:
             raise ValueError(f"workload: {' and '.join(sources)}: give one batch source "
-                             f"(batch_sizes, batch_sizes_file, batch_size or arrivals)")
+                             f"(batch_sizes, batch_sizes_file, batch_size, arrivals or "
+                             f"closed_loop)")
         buckets = self.graph_buckets
         if buckets is not None:
             if not buckets:
@@ -536,16 +670,35 @@ class Workload(_Strict):
             else:
                 raise ValueError(_batch_error("workload.batch_size", v) +
                                  " (or a distribution {dist: ...})")
-        arrival_keys = [k for k in ("output_tokens", "max_batch") if getattr(self, k) is not None]
+        arrival_keys = [k for k in ("output_tokens", "max_batch", "prompt_tokens")
+                        if getattr(self, k) is not None]
         if self.initial_batch:
             arrival_keys.append("initial_batch")
-        if self.arrivals is None:
+        if self.arrivals is None and self.closed_loop is None:
             if arrival_keys:
-                raise ValueError(f"workload.{arrival_keys[0]}: only used with arrivals")
+                raise ValueError(f"workload.{arrival_keys[0]}: only used with arrivals or "
+                                 f"closed_loop")
             return self
-        for key in ("output_tokens", "max_batch"):
+        if self.closed_loop is not None:
+            n = self.closed_loop.concurrency
+            if self.initial_batch:
+                raise ValueError("workload.initial_batch: not used with closed_loop (its "
+                                 "concurrency requests arrive at the start)")
+            if self.max_batch is None:
+                object.__setattr__(self, "max_batch", n)
+            elif _positive_int(self.max_batch) and self.max_batch < n:
+                raise ValueError(f"workload.max_batch: {self.max_batch} is below "
+                                 f"closed_loop.concurrency ({n})")
+        where = "arrivals" if self.arrivals is not None else "closed_loop"
+        traced = self.arrivals is not None and self.arrivals.trace is not None
+        if traced:
+            for key in ("output_tokens", "prompt_tokens", "initial_batch"):
+                if getattr(self, key):
+                    raise ValueError(f"workload.{key}: not with arrivals.trace (the trace "
+                                     f"gives each request)")
+        for key in ("max_batch",) if traced else ("output_tokens", "max_batch"):
             if getattr(self, key) is None:
-                raise ValueError(f"workload.arrivals: needs workload.{key}")
+                raise ValueError(f"workload.{where}: needs workload.{key}")
         if not _positive_int(self.max_batch):
             raise ValueError(f"workload.max_batch: a positive integer, got {self.max_batch!r}")
         if self.initial_batch > self.max_batch:
@@ -555,6 +708,8 @@ class Workload(_Strict):
             raise ValueError(f"workload.max_batch: {self.max_batch} is above the largest graph "
                              f"bucket ({self.graph_buckets[-1]})")
         out = self.output_tokens
+        if traced:
+            return self
         if isinstance(out, dict):
             try:
                 out = Dist(**out)
@@ -566,7 +721,26 @@ class Workload(_Strict):
                 raise ValueError(f"workload.output_tokens: a positive integer or a "
                                  f"distribution {{dist: ...}}, got {out!r}")
             object.__setattr__(self, "output_tokens", int(out))
+        prompt = self.prompt_tokens
+        if isinstance(prompt, dict):
+            try:
+                prompt = Dist(**prompt)
+            except ValidationError as e:
+                raise ValueError(f"workload.prompt_tokens: {first_error(e)}") from None
+            object.__setattr__(self, "prompt_tokens", prompt)
+        elif prompt is not None and not isinstance(prompt, Dist):
+            if not _positive_int(prompt):
+                raise ValueError(f"workload.prompt_tokens: a positive integer or a "
+                                 f"distribution {{dist: ...}}, got {prompt!r}")
+            object.__setattr__(self, "prompt_tokens", int(prompt))
         return self
+
+    @property
+    def has_prompts(self) -> bool:
+        """Whether requests come with prompts (``prompt_tokens``, or a trace's)."""
+        trace = self.arrivals.trace if self.arrivals is not None else None
+        return self.prompt_tokens is not None or (trace is not None
+                                                  and trace.prompt_tokens is not None)
 
     def _check_buckets(self, sizes: list[int], where: str | Callable[[int], str]) -> None:
         if self.graph_buckets:
@@ -574,10 +748,13 @@ class Workload(_Strict):
 
     @property
     def source(self) -> str:
-        """``batch_sizes``, ``batch_sizes_file``, ``batch_size``, ``arrivals`` or ``constant``."""
+        """``batch_sizes``, ``batch_sizes_file``, ``batch_size``, ``arrivals`` (requests that
+        arrive: an open Poisson process or a closed loop) or ``constant``."""
         for key in ("batch_sizes", "batch_sizes_file", "batch_size", "arrivals"):
             if getattr(self, key) is not None:
                 return key
+        if self.closed_loop is not None:
+            return "arrivals"
         return "constant"
 
     def file_sizes(self) -> list[int]:
@@ -642,6 +819,11 @@ class Config(_Strict):
     #: tensor-parallel ranks (None: one rank)
     parallel: Parallel | None = None
     ranks: Ranks | None = None
+    #: the prefill of requests with prompts (``workload.prompt_tokens``)
+    prefill: Prefill | None = None
+    #: service-level objectives per request, in µs (``{ttft: 200000, tpot: 30000}``): the
+    #: summary adds the goodput (requests/s meeting every bound) and the share meeting them
+    slo: Annotated[dict | None, BeforeValidator(_slo)] = None
 
     @model_validator(mode="before")
     @classmethod
@@ -672,6 +854,15 @@ class Config(_Strict):
                 and self.batch_size > wl.graph_buckets[-1]:
             raise ValueError(f"batch_size: {self.batch_size} is above the largest graph bucket "
                              f"({wl.graph_buckets[-1]})")
+        prompts = wl is not None and wl.has_prompts
+        if prompts and self.prefill is None:
+            raise ValueError("workload.prompt_tokens: needs a prefill: section (at least "
+                             "prefill.forward_us, the prefill forward's duration)")
+        if self.prefill is not None and not prompts:
+            raise ValueError("prefill: only used with workload.prompt_tokens")
+        if self.slo is not None and (wl is None or wl.source != "arrivals"):
+            raise ValueError("slo: only used with requests (workload.arrivals or "
+                             "workload.closed_loop)")
         check_affine(self)
         self._check_ranks(resolved)
         return self
@@ -697,8 +888,9 @@ class Config(_Strict):
             raise ValueError("ranks: a single-rank config has no ranks to vary "
                              "(set parallel.tp > 1)")
         if tp > 1 and self.workload is not None and self.workload.source == "arrivals":
-            raise ValueError("workload.arrivals: not modelled with parallel.tp > 1 (rank 0 "
-                             "would realize the batches alone); give batch sizes instead")
+            raise ValueError("workload.arrivals: requests that arrive (arrivals, closed_loop) "
+                             "are not modelled with parallel.tp > 1 (rank 0 would realize the "
+                             "batches alone); give batch sizes instead")
         r = self.ranks
         if r is not None:
             if r.slow_rank is not None and r.slow_rank >= tp:
@@ -755,8 +947,8 @@ def _size_range(cfg: Config) -> list[int] | None:
         return sorted(set(wl.batch_sizes))
     if src == "batch_sizes_file":
         return sorted(set(wl.file_sizes()))
-    if src == "arrivals":
-        return list(range(1, wl.max_batch + 1))
+    if src == "arrivals":  # with prompts a step may prefill while no request decodes
+        return list(range(0 if wl.has_prompts else 1, wl.max_batch + 1))
     d = wl.batch_size
     if isinstance(d, int):
         return [d]
@@ -856,6 +1048,7 @@ def _unique(names: list[str]) -> None:
         seen.add(n)
 
 
-__all__ = ["ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "Affine", "Collective", "Config",
-           "ConfigError", "Dist", "Duration", "Parallel", "Phase", "Policy", "Ranks", "Workload",
-           "buckets_of", "duration_keys", "finite_error", "first_error", "non_finite"]
+__all__ = ["ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "SLO_METRICS", "Affine",
+           "ClosedLoop", "Collective", "Config", "ConfigError", "Dist", "Duration", "Parallel",
+           "Phase", "Policy", "Prefill", "Ranks", "TokenCost", "Workload", "buckets_of",
+           "duration_keys", "finite_error", "first_error", "non_finite"]

@@ -264,22 +264,36 @@ def unprofiled_step_us(timed: dict) -> dict[int, float] | float:
     return dict(sorted(per.items())) if per else float(timed["step_us_mean"])
 
 
-def evaluate(folder: Path | None = None) -> dict:
-    """Fit, predict every measured load and barrier, compare (see the module docstring)."""
-    folder = Path(folder or DEFAULT_DIR)
+def _capture(folder: Path) -> Path:
     capture = folder / FIT_CAPTURE
     if not capture.exists():
         raise ServerDataError(f"{capture}: not found (the mini-server's sweeping-load capture: "
                               f"python -m simwar.harness.server OUT --suite fit,loads)")
-    cases = load_cases(folder)
-    if not cases:
-        raise ServerDataError(f"{folder}: no loads_*.metrics.json[.gz] (the measured loads)")
+    return capture
+
+
+def fit_sweep(folder: Path):
+    """``(fit, timed, unprofiled)``: the sweeping capture's fit
+    (:class:`simwar.fit.from_capture.ModelFit`), rescaled to the un-profiled sweep's step
+    time per bucket; the un-profiled sweep's path (None if absent); the step times used."""
+    capture = _capture(folder)
     imp, mapping = import_capture(capture, preset="sglang")
     timed = _metrics_file(folder, FIT_TIMED)
     unprofiled = None
     if timed is not None:
         unprofiled = unprofiled_step_us(read_metrics(timed)["summary"])
     fit = fit_model(imp, mapping, capture=capture.name, unprofiled_step_us=unprofiled)
+    return fit, timed, unprofiled
+
+
+def evaluate(folder: Path | None = None) -> dict:
+    """Fit, predict every measured load and barrier, compare (see the module docstring)."""
+    folder = Path(folder or DEFAULT_DIR)
+    _capture(folder)
+    cases = load_cases(folder)
+    if not cases:
+        raise ServerDataError(f"{folder}: no loads_*.metrics.json[.gz] (the measured loads)")
+    fit, timed, unprofiled = fit_sweep(folder)
     out = {"fit": {"policy": fit.policy.__dict__, "roles": dict(fit.roles),
                    "scale": fit.scale, "host_scale": fit.host_scale,
                    "unprofiled_step_us": unprofiled,

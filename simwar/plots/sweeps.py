@@ -80,6 +80,14 @@ COLUMN_LABELS = {
     "request_latency_us_mean": "decode latency per request, mean (µs)",
     "request_latency_us_p50": "decode latency per request, median (µs)",
     "request_latency_us_p99": "decode latency per request, p99 (µs)",
+    **{f"request_{m}_us_{s}": f"{what}, {stat} (µs)"
+       for m, what in (("ttft", "TTFT to the host"), ("ttft_forward", "TTFT to the forward's end"),
+                       ("tpot", "TPOT (per output token)"), ("itl", "inter-token latency"))
+       for s, stat in (("mean", "mean"), ("p50", "median"), ("p99", "p99"))},
+    "goodput_per_s": "goodput: requests meeting the SLO per second",
+    "slo_attainment": "share of requests meeting the SLO",
+    "workload.arrivals.rate_per_s": "arrival rate (requests/s)",
+    "policy.overlap": "overlap loop",
 }
 
 

@@ -22,7 +22,7 @@ from matplotlib.patches import Patch
 from simwar.analysis.metrics import measured
 from simwar.plots.axes import new_axes
 
-__all__ = ["by_batch", "regime_steps", "workload_figure"]
+__all__ = ["by_batch", "regime_steps", "requests_over_time", "workload_figure"]
 
 
 def _measured_steps(data) -> pd.DataFrame:
@@ -94,11 +94,44 @@ def regime_steps(data, ax: Axes | None = None, steps: tuple[int, int] | None = N
     return ax
 
 
+def requests_over_time(requests: pd.DataFrame, ax: Axes | None = None,
+                       window: int = 25) -> Axes:
+    """TTFT (to the host and to the forward's end) and TPOT of each request against its
+    arrival time, with their rolling means over ``window`` requests (``Result.requests``)."""
+    ax = new_axes(ax)
+    df = requests.sort_values("arrival_us")
+    t = df.arrival_us.to_numpy() / 1e6
+    for col, label, color in (("request_ttft_us", "TTFT (to the host)", "C3"),
+                              ("request_ttft_forward_us", "TTFT (forward end)", "C1")):
+        ax.scatter(t, df[col] / 1e3, s=6, color=color, alpha=0.35)
+        ax.plot(t, df[col].rolling(window, min_periods=1).mean() / 1e3, color=color,
+                label=f"{label}, mean of {window}")
+    ax.set_xlabel("arrival time (s)")
+    ax.set_ylabel("TTFT (ms)")
+    right = ax.twinx()
+    right.plot(t, df.request_tpot_us.rolling(window, min_periods=1).mean() / 1e3, color="C0",
+               label=f"TPOT, mean of {window}")
+    right.set_ylabel("TPOT (ms)")
+    lines = ax.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="upper left")
+    ax.set_title("requests over time")
+    return ax
+
+
 def workload_figure(data, steps: tuple[int, int] | None = None, *, fig: Figure | None = None) \
         -> Figure:
-    """:func:`by_batch` beside :func:`regime_steps`."""
-    fig = fig or Figure(figsize=(15, 4.6), layout="constrained")
-    left, right = fig.subplots(1, 2, width_ratios=[1, 2.2])
+    """:func:`by_batch` beside :func:`regime_steps`; for a Result with requests,
+    :func:`requests_over_time` below them."""
+    requests = getattr(data, "requests", None) if hasattr(data, "config") else None
+    if requests is not None and len(requests):
+        fig = fig or Figure(figsize=(15, 8.6), layout="constrained")
+        top, bottom = fig.subfigures(2, 1)
+        left, right = top.subplots(1, 2, width_ratios=[1, 2.2])
+        requests_over_time(requests, ax=bottom.subplots(1, 1))
+    else:
+        fig = fig or Figure(figsize=(15, 4.6), layout="constrained")
+        left, right = fig.subplots(1, 2, width_ratios=[1, 2.2])
     by_batch(data, ax=left)
     regime_steps(data, ax=right, steps=steps)
     return fig

@@ -32,7 +32,7 @@ from collections import OrderedDict
 
 from simwar.core import rules
 from simwar.core.trace import OpKind
-from simwar.executors.fast.plan import Shape
+from simwar.executors.fast.plan import MARKS, Shape
 
 _CODE: OrderedDict = OrderedDict()  # compiled block functions, by (shape, slot kinds, ...)
 _CODE_LIMIT = 512
@@ -232,9 +232,12 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         elif kind == "run_batch":
             if not trace:
                 emit(f"LA[{step_index(h[1])}] = t")
+        elif kind == "result_done":  # the host instant a result has been processed
+            if not trace:
+                emit(f"RD[{step_index(h[1])}] = t")
         else:  # pragma: no cover
             raise AssertionError(kind)
-        if trace and kind != "run_batch":
+        if trace and kind not in MARKS:
             keep("h", hi, "t")  # the host clock after this host op
     if trace:
         emit("TR((" + "".join(f"q{i}, " for i in range(len(layout))) + "))")
@@ -258,7 +261,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     if trace:
         src("TR = S.trace.extend", 1)
     else:
-        src("FS = S.fs; FE = S.fe; LA = S.launch", 1)
+        src("FS = S.fs; FE = S.fe; LA = S.launch; RD = S.done", 1)
         for n, site in enumerate(sites):
             src(f"B{n} = S.blocked[{site!r}]", 1)
     if trace:

@@ -69,6 +69,7 @@ class _State:
         self.fs = _filled(n, _INF)
         self.fe = _filled(n, -_INF)
         self.launch = _filled(n, float("nan"))
+        self.done = _filled(n, float("nan"))  # result processed (runs with requests)
         self.blocked = {site: _filled(n, 0.0) for site in sites}
         self.busy = _filled(n + 1, 0.0)  # one spare slot: index -1 before the first window
         self.dep = _filled(n + 1, 0.0)
@@ -83,7 +84,7 @@ class _State:
 
     def grow(self, by: int) -> None:
         for arr, value in ((self.fs, _INF), (self.fe, -_INF), (self.launch, float("nan")),
-                           *((a, 0.0) for a in self.blocked.values())):
+                           (self.done, float("nan")), *((a, 0.0) for a in self.blocked.values())):
             arr.extend(_filled(by, value))
         for arr in (self.busy, self.dep):  # keep the spare slot last
             spare = arr.pop()
@@ -207,12 +208,13 @@ class _Flusher:
         offs = [0]
         for b in plan.blocks:
             for h in b.shape.host:
-                if h[0] == "sync" or h[0] == "run_batch":
+                if h[0] in ("sync", "run_batch", "result_done"):
                     offs.append(h[1])
             for op in b.shape.ops:
                 if op.kind == OpKind.KERNEL and op.lane == fwd and op.phase:
                     offs.append(op.off)
         self.min_off, self.max_off = min(offs), max(offs)
+        self.marks = marks_results(plan)
         self.hist: dict | None = None  # facts of the last rows summarized
         self.dropped = 0  # rows summarized before the history
 
@@ -220,6 +222,8 @@ class _Flusher:
         st = self.state
         out = {"start": st.fs, "end": st.fe, "launch": st.launch, "busy": st.busy,
                "dep": st.dep}
+        if self.marks:
+            out["done"] = st.done
         out.update({("blocked", site): arr for site, arr in st.blocked.items()})
         return out
 
@@ -267,7 +271,7 @@ class _Flusher:
             blocked = {key[1]: v for key, v in facts.items() if isinstance(key, tuple)}
             cols = columns_from_arrays(facts["step"], facts["start"], facts["end"],
                                        facts["busy"], facts["dep"], blocked, facts["launch"],
-                                       self.facts)
+                                       self.facts, facts.get("done"))
             ahead = cols["launch_ahead"][h:n]
             if self.dropped and np.any(ahead == np.arange(h, n)):
                 raise RuntimeError("launch-ahead deeper than the streaming history")
@@ -286,7 +290,7 @@ class _Flusher:
             n = len(st.fs)
             v[:n - by] = v[by:n]
             v[n - by:n] = _INF if key == "start" else -_INF if key == "end" else \
-                np.nan if key == "launch" else 0.0
+                np.nan if key in ("launch", "done") else 0.0
             del v
         st.origin += by
         if st.cw >= 0:
@@ -351,12 +355,20 @@ def _finish(plan: Plan, state: _State, races: RacePlan, fwd: str) -> FastRun:
     if len(idx) == 0:  # no forward kernels: no steps (as step_columns of such a trace)
         columns = {"step": np.zeros(0, dtype=np.int32)}
     else:
+        done = np.frombuffer(state.done, dtype=np.float64)[idx] if marks_results(plan) \
+            else None
         columns = columns_from_arrays(steps, start, end, busy, dep, blocked, launch,
-                                      StepFacts(plan.meta))
+                                      StepFacts(plan.meta), done)
     hazards = races.finish(state)
     return FastRun(columns, plan.meta, hazards, plan.segments,
                    ("windowed" if races.windowed else "full",
                     "collect" if state.collect else "stream"))
+
+
+def marks_results(plan: Plan) -> bool:
+    """Whether the program marks each processed result (a run with requests): its table
+    then has ``result_done_us``, as the trace's markers give it."""
+    return any(h[0] == "result_done" for b in plan.blocks for h in b.shape.host)
 
 
 def _np(a: array) -> np.ndarray:

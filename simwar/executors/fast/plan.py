@@ -41,6 +41,10 @@ from simwar.core.program import (
 )
 from simwar.core.trace import Mode, OpKind
 
+#: the named markers a shape keeps, each a host instant of its step: the launch of its
+#: forward (``run_batch``) and, in a run with requests, its result processed (``result_done``)
+MARKS = ("run_batch", "result_done")
+
 
 @dataclass
 class DeviceOp:
@@ -172,8 +176,8 @@ class _Shaper:
                 num(op.host_us)
                 num(op.wake_us)
             elif kind is Marker:
-                if op.name == "run_batch":
-                    add(("run_batch", op.step - base))
+                if op.name in MARKS:
+                    add((op.name, op.step - base))
             elif kind is StepMarker:
                 pass
             else:
@@ -198,7 +202,7 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
     it = iter(host)
     for op in ops:
         kind = type(op)
-        if kind is StepMarker or (kind is Marker and op.name != "run_batch"):
+        if kind is StepMarker or (kind is Marker and op.name not in MARKS):
             continue
         h = next(it)
         if kind is Launch:

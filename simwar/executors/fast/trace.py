@@ -16,7 +16,7 @@ skeleton iteration for many steps, so its names must be templates of the step
 (:class:`simwar.core.program.StepName`, which the builder and the barrier policies use).
 A plain name that changes between alike skeleton iterations (a barrier registered outside
 simwar that formats its own step numbers) is refused with :class:`TraceUnsupported`, as is
-a named marker other than ``run_batch`` (shapes keep no other); callers then take the SimPy
+a named marker other than ``run_batch`` and ``result_done`` (shapes keep no other); callers then take the SimPy
 engine.
 
 :func:`join` puts a run's windows back together into one Trace, which
@@ -45,7 +45,7 @@ from simwar.core.program import (
 )
 from simwar.core.trace import HOST, TraceWindow
 from simwar.executors.fast.codegen import compile_block
-from simwar.executors.fast.plan import Plan
+from simwar.executors.fast.plan import MARKS, Plan
 from simwar.executors.fast.tracecols import _Layout, _Piece, _window, join
 
 __all__ = ["TraceUnsupported", "windows", "join", "lanes", "meta", "CHUNK"]
@@ -92,9 +92,9 @@ def _facts(ops) -> list:
             out.extend(n.event for n in op.nodes if type(n) is GraphRecord)
         elif kind is Record or kind is WaitEvent or kind is Synchronize:
             out.append(op.event)
-        elif kind is Marker and op.name != "run_batch":
+        elif kind is Marker and op.name not in MARKS:
             raise TraceUnsupported(f"marker '{op.name}': the one-pass executor's shapes keep "
-                                   "run_batch markers only")
+                                   f"{' and '.join(MARKS)} markers only")
     return out
 
 
@@ -108,9 +108,10 @@ class _Names:
         if self.per_segment:
             for ops in plan.skeleton[b.source:b.source + b.n]:
                 for op in ops:
-                    if type(op) is Marker and op.name != "run_batch":
+                    if type(op) is Marker and op.name not in MARKS:
                         raise TraceUnsupported(f"marker '{op.name}': the one-pass executor's "
-                                               "shapes keep run_batch markers only")
+                                               f"shapes keep {' and '.join(MARKS)} markers "
+                                               f"only")
             return
         base = plan.skeleton_steps[b.source]
         facts = _facts(plan.skeleton[b.source])

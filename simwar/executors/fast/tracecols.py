@@ -31,7 +31,7 @@ from simwar.core.trace import (
     TraceWindow,
     window_of,
 )
-from simwar.executors.fast.plan import Plan
+from simwar.executors.fast.plan import MARKS, Plan
 
 _INF = float("inf")
 
@@ -48,7 +48,7 @@ class _Layout:
         ops: list[tuple] = []  # (lane, kind, off, label, event, bound, issue, start, end,
         #                          phase, call span)
         acc: list[tuple] = []  # (dev, buffer, mode, off, phase)
-        marks: list[tuple] = []  # run_batch: (off, time column)
+        marks: list[tuple] = []  # run_batch, result_done: (off, time column, name)
         fact = 0  # the next name slot
         dev = 0
         param = 0  # the next parameter slot (codegen's order)
@@ -56,8 +56,8 @@ class _Layout:
         prev = col[("h", -1)]
         for hi, h in enumerate(shape.host):
             kind = h[0]
-            if kind == "run_batch":
-                marks.append((h[1], prev))
+            if kind in MARKS:
+                marks.append((h[1], prev, kind))
                 continue
             end = col[("h", hi)]
             span = len(hs)
@@ -279,7 +279,7 @@ def _piece(p: _Piece, run: dict, win_op0: int, hs0: int, strings: _Strings):
     else:
         acc = {name: np.zeros(0, dtype=dtype) for name, dtype, _ in ACCESS_COLUMNS}
     marked = plan.blocks[p.bi].marked
-    mk_name = ([code("step")] if marked else []) + [code("run_batch")] * len(lay.marks)
+    mk_name = ([code("step")] if marked else []) + [code(m[2]) for m in lay.marks]
     mk_step = ([steps] if marked else []) + [steps + m[0] for m in lay.marks]
     mk_time = ([V[:, lay.start]] if marked else []) + [V[:, m[1]] for m in lay.marks]
     marks = {"name": _grid(mk_name, n, np.int32), "step": _grid(mk_step, n, np.int32),

@@ -1,0 +1,389 @@
+"""Overlap on or off with prompts: the mini-server's prefill cases, predicted and compared.
+
+``python -m simwar.fit.prefill_check DIR`` reads what ``python -m simwar.harness.server OUT
+--suite fit,prefill`` wrote on the GPU machine (committed under ``tests/data/server``):
+``prefill_<light|medium|closed8>_<overlap|normal>_r<i>.metrics.json[.gz]``, requests with
+64..512-token prompts in 256-token chunks at two Poisson loads and a closed loop of 8, each
+with SGLang's overlap loop and its normal loop, timed without the profiler and repeated.
+
+**The model** (nothing of these cases is fitted to them):
+
+- the decode loop: the sweeping capture's fit (:func:`simwar.fit.server_check.fit_sweep`,
+  ``fit_ramp_profiled``: the same fit that predicts the decode loads), rescaled to the
+  un-profiled sweep;
+- the prefill (``prefill:``, chunked prefill mixed into decode, 256 tokens per step): the
+  server's eager prefill launches a kernel per operation of every layer, so it is as long as
+  the host takes to launch it. Its host cost is the server's own set-up measurement of one
+  chunk without the profiler (``server_device.json``'s ``prefill_us`` at 64 and 256 tokens,
+  a line through both: ``host_us``); what the device still runs after the host's last launch
+  (``forward_us``) is read from the one prefill capture, ``prefill_light_overlap_profiled``:
+  per step, the ``prefill`` range on the GPU (``gpu_user_annotation``) past the end of the
+  same range on the host (tied by their External id), against the step's prefill tokens.
+  The capture's own host range is not used: under CUPTI each eager launch costs more, and the
+  capture's prefill took 2.3x the un-profiled one (the sweep's host factor, 0.88, is that of
+  graph launches);
+- each case: its arrivals (rate, or the closed loop's concurrency), lengths, chunk, loop
+  (``policy.overlap``), barrier and length.
+
+**Compared** (the repeats' mean, per-request figures over the requests whose last token's
+step is measured, as the simulator's summary takes them): TPOT (first to last token's
+forward end per further token), throughput (decode tokens per second of measured steps:
+batch x accepted tokens over the step time), request throughput, TTFT to the first token's
+forward end and to its result processed on the host, mean step time. Targets
+(:data:`TARGETS`): TPOT and throughput within 5 %, TTFT mean within 10 %, and for each load
+the sign of every on-vs-off difference as measured.
+
+Runs where simulation runs (simwar's full stack), not on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from simwar.api import simulate
+from simwar.fit.server_check import (
+    DEFAULT_DIR,
+    HOST_SPEED_MAX,
+    MAX_BATCH,
+    ServerDataError,
+    _output_tokens,
+    fit_sweep,
+    host_line,
+    read_metrics,
+)
+
+CASE = re.compile(r"^prefill_(?P<load>light|medium|closed8)_(?P<loop>overlap|normal)"
+                  r"_r(?P<r>\d+)\.metrics\.json(\.gz)?$")
+PREFILL_CAPTURE = "prefill_light_overlap_profiled.kineto.json.gz"
+PREFILL_METRICS = "prefill_light_overlap_profiled.metrics.json"
+DEVICE = "server_device.json"
+#: relative bounds per figure (TTFT: both ways)
+TARGETS = {"tpot_us": 0.05, "tokens_per_s": 0.05, "ttft_us": 0.10, "ttft_forward_us": 0.10}
+#: the figures compared, in table order (measured key = predicted key)
+FIGURES = ("step_us", "tpot_us", "tokens_per_s", "requests_per_s", "ttft_forward_us",
+           "ttft_us")
+
+
+def load_cases(folder: Path) -> dict[tuple[str, str], list[dict]]:
+    """``(load, loop)`` -> the repeats' metrics, in repeat order."""
+    out: dict[tuple[str, str], list[tuple[int, dict]]] = {}
+    for path in sorted(folder.glob("prefill_*.metrics.json*")):
+        m = CASE.match(path.name)
+        if m is not None:
+            out.setdefault((m["load"], m["loop"]), []).append((int(m["r"]),
+                                                               read_metrics(path)))
+    return {k: [m for _, m in sorted(v, key=lambda x: x[0])] for k, v in sorted(out.items())}
+
+
+def _lengths(text: str) -> dict:
+    lo, _, hi = str(text).partition("..")
+    return {"dist": "uniform", "low": int(lo) - 1, "high": int(hi or lo)}
+
+
+def _ranges(events: list, steps: list, name: str, cat: str = "user_annotation") -> dict:
+    """Step -> the duration of the range ``name`` in that ProfilerStep (host ranges: by the
+    step range holding them)."""
+    out = {}
+    for e in events:
+        if e.get("cat") == cat and e.get("name") == name:
+            k = next((int(s["name"][len("ProfilerStep#"):]) for s in steps
+                      if s["ts"] <= e["ts"] < s["ts"] + s["dur"]), None)
+            if k is not None:
+                out[k] = float(e["dur"])
+    return out
+
+
+def _line(x: list, y: list) -> dict:
+    """``{base, per_token}`` by least squares; the mean where the line has a negative part."""
+    b, a = np.polyfit(x, y, 1) if np.ptp(x) else (0.0, float(np.mean(y)))
+    if b < 0 or a < 0:
+        a, b = float(np.mean(y)), 0.0
+    return {"base": float(a), "per_token": float(b)}
+
+
+def prefill_model(folder: Path, host_scale: float, device_scale: float,
+                  warmup: int = 5) -> dict:
+    """The ``prefill:`` section (see the module docstring), with what it was read from."""
+    capture = folder / PREFILL_CAPTURE
+    if not capture.exists():
+        raise ServerDataError(f"{capture}: not found (the profiled prefill case)")
+    events = json.loads(gzip.decompress(capture.read_bytes()))["traceEvents"]
+    steps = [e for e in events if e.get("cat") == "user_annotation"
+             and str(e.get("name", "")).startswith("ProfilerStep#")]
+    path = folder / PREFILL_METRICS
+    tokens = read_metrics(path if path.exists() else folder / f"{PREFILL_METRICS}.gz")[
+        "steps"]["prefill_tokens"]
+    run = _ranges(events, steps, "scheduler.run_batch")
+    prep = _ranges(events, steps, "scheduler.prepare_for_decode")
+    ks = [k for k in sorted(run) if k >= warmup and k in prep and k < len(tokens)]
+    plain = [run[k] + prep[k] for k in ks if tokens[k] == 0]
+    with_prefill = [k for k in ks if tokens[k] > 0]
+    if len(with_prefill) < 3 or not plain:
+        raise ServerDataError(f"{capture}: fewer than 3 prefill steps, or none without")
+    x = [float(tokens[k]) for k in with_prefill]
+    # the host time a prefill adds to its step: preparing it (its metadata in the staging
+    # buffer) and launching it, over the steps without one
+    host = [host_scale * (run[k] + prep[k] - float(np.mean(plain))) for k in with_prefill]
+    # the device work left once the host has launched the prefill's last kernel (the eager
+    # prefill is launch-bound: the GPU range ends with the host's)
+    cpu = {}
+    for e in events:
+        if e.get("name") == "prefill" and e.get("cat") in ("user_annotation",
+                                                          "gpu_user_annotation"):
+            cpu.setdefault((e.get("args") or {}).get("External id"), {})[e["cat"]] = e
+    tail_x, tail = [], []
+    for pair in cpu.values():
+        h, g = pair.get("user_annotation"), pair.get("gpu_user_annotation")
+        k = next((int(s["name"][len("ProfilerStep#"):]) for s in steps if h is not None
+                  and s["ts"] <= h["ts"] < s["ts"] + s["dur"]), None)
+        if g is None or k is None or k < warmup:
+            continue
+        tail_x.append(float(tokens[k]))
+        tail.append(device_scale * max(0.0, g["ts"] + g["dur"] - (h["ts"] + h["dur"])))
+    return {"section": {"chunk_tokens": 256, "forward_us": _line(tail_x, tail),
+                        "host_us": _line(x, host), "graph": "eager"},
+            "from": f"{PREFILL_CAPTURE}: {len(x)} prefill steps; host: run_batch + "
+                    f"prepare over the {len(plain)} steps without prefill, mean "
+                    f"{np.mean(host):.0f} µs (x {host_scale:.3f}, the sweep's host factor); "
+                    f"device after the host's last launch: mean {np.mean(tail):.1f} µs"}
+
+
+def at_batch_zero(config: dict) -> tuple[dict, list[str]]:
+    """The fitted config with every affine duration whose line is below 0 at batch 0 (a batch
+    the sweep never ran; with prompts a step may prefill while no request decodes) raised to
+    start at 0 there (``base`` 0, the slope kept), and the keys changed."""
+    out = json.loads(json.dumps(config))
+    changed = []
+
+    def fix(d: dict, key: str, where: str) -> None:
+        v = d.get(key)
+        if isinstance(v, dict) and "base" in v and "dist" not in v and v["base"] < 0:
+            v["base"] = 0.0
+            changed.append(where)
+
+    for section in ("cpu", "gpu", "costs"):
+        for key in list((out.get(section) or {})):
+            fix(out[section], key, f"{section}.{key}")
+    for ph in out.get("phases") or []:
+        for key in ("load_batch_us", "prep_us", "body_us", "host_us"):
+            fix(ph, key, f"phases.{ph.get('name')}.{key}")
+    return out, changed
+
+
+def what_if(fit_config: dict, prefill: dict, metrics: dict) -> dict:
+    """The overrides that turn the fitted config into one measured prefill case: a Poisson
+    load replays the requests the repeat received (``workload.arrivals.trace``: their
+    arrival times and lengths; a repeat of 250 steps sees 20-140 requests, too few for
+    another draw of the same rate to give its throughput), a closed loop is a closed loop."""
+    case, arrivals = metrics["case"], metrics.get("arrivals") or {}
+    wl: dict = {"max_batch": MAX_BATCH,
+                "output_tokens": _output_tokens(case.get("output_tokens", "16..128")),
+                "prompt_tokens": _lengths(case.get("prompt_tokens", "64..512"))}
+    if "rate_per_s" in arrivals:
+        req = metrics["requests"]
+        del wl["output_tokens"], wl["prompt_tokens"]
+        wl["arrivals"] = {"trace": {"arrival_us": [float(x) for x in req["arrival_us"]],
+                                    "output_tokens": [int(x) for x in req["output_tokens"]],
+                                    "prompt_tokens": [int(x) for x in req["prompt_tokens"]]}}
+    elif "concurrency" in arrivals:
+        wl["closed_loop"] = {"concurrency": int(arrivals["concurrency"])}
+    else:
+        raise ServerDataError(f"{case.get('name', '?')}: neither a rate nor a concurrency")
+    buckets = (fit_config.get("workload") or {}).get("graph_buckets")
+    if buckets:
+        wl["graph_buckets"] = list(buckets)
+    steps = int(case.get("steps", 250))
+    warm = case.get("warmup")
+    return {"workload": wl, "prefill": {**prefill, "chunk_tokens": int(case.get(
+                "chunk_tokens", prefill["chunk_tokens"]))},
+            "policy.barrier": case.get("barrier", "fine"),
+            "policy.overlap": bool(case.get("overlap", True)),
+            "accept.tokens": float(metrics.get("accept_tokens", 1.0)),
+            "steps": steps, "warmup_steps": steps // 10 if warm is None else int(warm)}
+
+
+def host_speed(metrics: dict, line: tuple[float, float] | None) -> float:
+    """How much slower the repeat's host ran than the sweep's (NaN: unknown): its unpadded
+    host work (prepare, launch, barrier) over the sweep's line at the same batches, on the
+    steps that prefill nothing (:func:`simwar.fit.server_check.host_speed`'s rule, whose
+    steps a prefill's launch would lengthen)."""
+    st, s = metrics.get("steps"), metrics.get("summary", {})
+    if line is None or not st or "t_barrier_us" not in st:
+        return math.nan
+    lo, hi = int(s.get("warmup", 0)), int(s.get("steps", len(st["batch"]))) - 1
+    batch = np.asarray(st["batch"], dtype=float)[lo:hi]
+    other = (np.asarray(st["t_barrier_us"], dtype=float)
+             - np.asarray(st["t_batch_us"], dtype=float))[lo:hi]
+    ok = np.isfinite(other) & (batch > 0) & (np.asarray(st["prefill_tokens"])[lo:hi] == 0)
+    if not ok.any():
+        return math.nan
+    return float(other[ok].sum() / (line[0] + line[1] * batch[ok]).sum())
+
+
+def measured(metrics: dict) -> dict:
+    """One repeat's figures, by the simulator's rules (measured steps: warm-up to the
+    second-last; requests whose last token's step is measured)."""
+    s, st, req = metrics["summary"], metrics["steps"], metrics["requests"]
+    lo, hi = int(s["warmup"]), int(s["steps"]) - 1
+    start = np.asarray(st["fwd_start_us"], dtype=float)
+    step_us = (start[1:] - start[:-1])[lo:hi]
+    batch = np.asarray(st["batch"], dtype=float)[lo:hi]
+    accept = float(metrics.get("accept_tokens", 1.0))
+    fin = np.asarray(req["finish_step"], dtype=np.int64)
+    keep = (fin >= lo) & (fin < hi)
+    arr = np.asarray(req["arrival_us"], dtype=float)[keep]
+    out_tokens = np.asarray(req["output_tokens"], dtype=float)[keep]
+    f_dev = np.asarray(req["first_token_dev_us"], dtype=float)[keep]
+    f_host = np.asarray(req["first_token_host_us"], dtype=float)[keep]
+    last = np.asarray(req["finish_dev_us"], dtype=float)[keep]
+    multi = out_tokens > 1
+    total = float(step_us.sum())
+    return {"step_us": float(step_us.mean()),
+            "tpot_us": float(np.mean((last - f_dev)[multi] / (out_tokens[multi] - 1))),
+            "tokens_per_s": float((batch * accept).sum() / total * 1e6),
+            "requests_per_s": float(keep.sum() / total * 1e6),
+            "ttft_forward_us": float(np.mean(f_dev - arr)),
+            "ttft_us": float(np.mean(f_host - arr)), "requests": int(keep.sum())}
+
+
+def predicted(summary: dict) -> dict:
+    return {"step_us": summary["step_us_mean"], "tpot_us": summary["request_tpot_us_mean"],
+            "tokens_per_s": summary["tokens_per_s"], "requests_per_s": summary["requests_per_s"],
+            "ttft_forward_us": summary["request_ttft_forward_us_mean"],
+            "ttft_us": summary["request_ttft_us_mean"],
+            "requests": summary["requests_completed"]}
+
+
+def evaluate(folder: Path | None = None) -> dict:
+    """Fit, predict every prefill case, compare (see the module docstring)."""
+    folder = Path(folder or DEFAULT_DIR)
+    cases = load_cases(folder)
+    if not cases:
+        raise ServerDataError(f"{folder}: no prefill_*.metrics.json[.gz] (the prefill cases: "
+                              f"python -m simwar.harness.server OUT --suite prefill)")
+    fit, timed, _ = fit_sweep(folder)
+    line = host_line(read_metrics(timed)) if timed is not None else None
+    config, raised = at_batch_zero(fit.config)
+    pf = prefill_model(folder, fit.host_scale, fit.scale)
+    out = {"fit": {"scale": fit.scale, "host_scale": fit.host_scale, "prefill": pf,
+                   "raised_at_batch_zero": raised}, "cases": {}, "signs": {}}
+    for (load, loop), repeats in cases.items():
+        # each repeat is predicted with its own requests (a closed loop: its own seed)
+        speeds = [host_speed(r, line) for r in repeats]
+        # a repeat whose host ran slower than the sweep's is reported, not judged (the fit
+        # knows one host speed: simwar.fit.server_check)
+        judged = [r for r, v in zip(repeats, speeds) if not v > HOST_SPEED_MAX] or repeats
+        sims = [predicted(simulate(config, {**what_if(config, pf["section"], r),
+                                            "seed": int(r["case"].get("seed", 0))}).summary)
+                for r in judged]
+        change = what_if(config, pf["section"], repeats[0])
+        reps = [measured(r) for r in judged]
+        meas = {k: float(np.mean([r[k] for r in reps])) for k in reps[0]}
+        spread = {k: float(np.ptp([r[k] for r in reps])) for k in reps[0]}
+        pred = {k: float(np.mean([s[k] for s in sims])) for k in sims[0]}
+        rows = {}
+        for k in FIGURES:
+            err = pred[k] / meas[k] - 1 if meas[k] else math.nan
+            bound = TARGETS.get(k)
+            rows[k] = {"measured": meas[k], "spread": spread[k], "predicted": pred[k],
+                       "error": err, "bound": bound,
+                       "ok": None if bound is None else bool(abs(err) <= bound)}
+        change = {k: v for k, v in change.items() if k != "workload"}  # (the trace is long)
+        seeds = [int(r["case"].get("seed", 0)) for r in judged]
+        out["cases"][f"{load}_{loop}"] = {"load": load, "loop": loop, "what_if": change,
+                                          "by_seed": {sd: (m, p) for sd, m, p in
+                                                      zip(seeds, reps, sims)},
+                                          "repeats": len(repeats), "host_speed": speeds,
+                                          "judged": [any(r is j for j in judged)
+                                                     for r in repeats], "rows": rows,
+                                          "requests": (meas["requests"], pred["requests"])}
+    for load in sorted({c["load"] for c in out["cases"].values()}):
+        on, off = out["cases"].get(f"{load}_overlap"), out["cases"].get(f"{load}_normal")
+        if on is None or off is None:
+            continue
+        # paired: the repeats of the same seed (the same requests) judged in both loops
+        common = sorted(set(on["by_seed"]) & set(off["by_seed"]))
+        if not common:
+            continue
+        signs = {}
+        for k in FIGURES:
+            m = float(np.mean([on["by_seed"][sd][0][k] - off["by_seed"][sd][0][k]
+                               for sd in common]))
+            p = float(np.mean([on["by_seed"][sd][1][k] - off["by_seed"][sd][1][k]
+                               for sd in common]))
+            signs[k] = {"measured": m, "predicted": p, "ok": bool(np.sign(m) == np.sign(p))}
+        out["signs"][load] = {"seeds": common, **signs}
+    out["ok"] = all(r["ok"] is not False for c in out["cases"].values()
+                    for r in c["rows"].values()) and \
+        all(v[k]["ok"] for v in out["signs"].values() for k in FIGURES)
+    return out
+
+
+LABELS = {"step_us": "step µs", "tpot_us": "TPOT µs", "tokens_per_s": "tokens/s",
+          "requests_per_s": "req/s", "ttft_forward_us": "TTFT fwd ms", "ttft_us": "TTFT ms"}
+
+
+def _cell(row: dict, key: str) -> str:
+    scale = 1e-3 if key.startswith("ttft") else 1.0
+    m, p, e = row["measured"] * scale, row["predicted"] * scale, row["error"]
+    fmt = ".1f" if key in ("requests_per_s",) or scale != 1.0 else ".0f"
+    mark = "" if row["ok"] is not False else " MISS"
+    return f"{m:{fmt}} / {p:{fmt}} ({100 * e:+.1f}%){mark}"
+
+
+def markdown(result: dict) -> str:
+    pf = result["fit"]["prefill"]
+    sec = pf["section"]
+    lines = [f"Decode: the sweeping capture's fit (device x {result['fit']['scale']:.4f}, host x "
+             f"{result['fit']['host_scale']:.4f}); prefill: host {sec['host_us']['base']:.1f} + "
+             f"{sec['host_us']['per_token']:.4f} x tokens µs, device {sec['forward_us']['base']:.1f}"
+             f" + {sec['forward_us']['per_token']:.4f} x tokens µs, in chunks of "
+             f"{sec['chunk_tokens']} ({pf['from']}).", "",
+             "| load | loop | repeats: host speed | requests meas. / pred. | " + " | ".join(
+                 f"{LABELS[k]} meas. / pred. (err)" for k in FIGURES) + " |",
+             "|---|---|---|---|" + "---|" * len(FIGURES)]
+    for c in result["cases"].values():
+        m, p = c["requests"]
+        speeds = ", ".join(f"x{v:.2f}" if ok else f"(x{v:.2f})"
+                           for v, ok in zip(c["host_speed"], c["judged"]))
+        lines.append(f"| {c['load']} | {c['loop']} | {speeds} | {m:.1f} / {p:.1f} | " + " | ".join(
+            _cell(c["rows"][k], k) for k in FIGURES) + " |")
+    lines += ["", "| load | seeds | on - off, meas. / pred.: " + " | ".join(
+        LABELS[k] for k in FIGURES) + " |", "|---|---|" + "---|" * len(FIGURES)]
+    for load, signs in result["signs"].items():
+        cells = []
+        for k in FIGURES:
+            s = signs[k]
+            scale = 1e-3 if k.startswith("ttft") else 1.0
+            cells.append(f"{s['measured'] * scale:+.1f} / {s['predicted'] * scale:+.1f}"
+                         + ("" if s["ok"] else " WRONG SIGN"))
+        lines.append(f"| {load} | {', '.join(map(str, signs['seeds']))} | " + " | ".join(cells)
+                     + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m simwar.fit.prefill_check",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", nargs="?", default=str(DEFAULT_DIR))
+    ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    args = ap.parse_args(argv)
+    try:
+        result = evaluate(Path(args.folder))
+    except ServerDataError as e:
+        print(f"simwar: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, default=str, indent=1) if args.json else markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
