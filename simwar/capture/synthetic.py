@@ -48,6 +48,10 @@ according to its typed ``spans.call`` kind.
 
 Imports: the standard library, numpy and :mod:`simwar.core.trace`; never the simulator
 (it writes a Trace it is given).
+
+The file is over 600 lines because every profiler's way of writing a relation (record ids or
+none, launch threads, processes, copies, blocking calls, graph launch dims, NCCL names) is a
+style of the one writer, and the tests' captures are only as true as it is.
 """
 
 from __future__ import annotations

@@ -49,6 +49,10 @@ un-profiled metrics and both runs' race counts) and ``OUT/probe_log.txt``.
 
 Imports: torch and the standard library (the GPU machine has no simwar
 dependencies).
+
+The file is a little over 600 lines: the probe is one script the GPU machine runs alone
+(the loop, its variants, the profiler's warm-up and the outputs), kept whole so that what
+ran there reads in one place.
 """
 
 from __future__ import annotations
