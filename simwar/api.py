@@ -21,8 +21,6 @@ Imports: config, build, the one-pass executor and the analysis; the SimPy engine
 
 from __future__ import annotations
 
-import contextlib
-import gc
 from collections import OrderedDict
 from typing import Callable
 
@@ -36,6 +34,7 @@ from simwar.build.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.build.template import NotTraceable, duration_at, structure_key, traced
 from simwar.config import ENGINES, Config, ConfigError, load_config
 from simwar.config.clipping import clipping_warnings
+from simwar.core.collector import gc_paused
 from simwar.core.program import Program
 from simwar.core.ranks import side_by_side
 from simwar.executors import fast, lockstep
@@ -251,24 +250,6 @@ class Result:
     def races(self):
         """Latent races and observed overlaps after warm-up, one row per access pair."""
         return self.hazards.since(self.config.warmup_steps).frame()
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """The cyclic garbage collector off, and what exists frozen out of its sight.
-
-    A run allocates many small objects and no cycles worth collecting; the collector alone
-    cost 1.4-1.6x the run. Nested uses are harmless.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-        if enabled:
-            gc.enable()
 
 
 def resolve_engine(requested: str | None, cfg: Config, want_trace: bool = False) -> str:

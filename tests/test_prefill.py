@@ -16,9 +16,9 @@ import pytest
 import simwar
 from simwar.analysis.metrics import SLO_COLUMNS
 from simwar.api import build_program, resolve_sizes
+from simwar.cli.app import main
 from simwar.config import ConfigError, load_config, parse_slo
 from simwar.config.schema import SLO_METRICS
-from simwar.cli.app import main
 from simwar.core.program import Launch, Synchronize, WaitEvent, WaitStream
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "none_fine.yaml"
@@ -175,7 +175,8 @@ def test_slo_parsing_and_its_metrics():
 
 @pytest.mark.parametrize("overrides, line", [
     ({"prefill": PREFILL}, "prefill: only used with workload.prompt_tokens"),
-    ({"slo": {"ttft": 1000}}, "slo: only used with requests (workload.arrivals or workload.closed_loop)"),
+    ({"slo": {"ttft": 1000}},
+     "slo: only used with requests (workload.arrivals or workload.closed_loop)"),
     ({"workload": {"closed_loop": {"concurrency": 8}, "output_tokens": 4, "max_batch": 4}},
      "max_batch: 4 is below closed_loop.concurrency (8)"),
     ({"workload": {"closed_loop": {"concurrency": 2}}},

@@ -154,25 +154,16 @@ def hb_sequence(trace: Trace, facts: HbFacts) -> HbSequence:
 
 
 @dataclass
-class RaceReport:
-    """The races of :func:`latent_races` (as :class:`HazardReport` lists them) and, per race,
-    ``known``: the trace op of the earlier access's lane that is the latest its later access is
-    ordered after (-1: none of that lane's work), and ``known_added``: whether that is an
-    item the facts added (the tail of the lane at the device sync ``known``)."""
+class RaceReport(HazardReport):
+    """The races of :func:`latent_races` (a :class:`HazardReport`: ``latent``, ``observed``)
+    and, per race, ``known``: the trace op of the earlier access's lane that is the latest its
+    later access is ordered after (-1: none of that lane's work), and ``known_added``: whether
+    that is an item the facts added (the tail of the lane at the device sync ``known``)."""
 
-    races: list[Race]
-    known: list[int]
-    known_added: list[bool]
+    known: list[int] = field(default_factory=list)
+    known_added: list[bool] = field(default_factory=list)
     #: per race, the rules (:attr:`Accesses.rule`) of its earlier and later access
     rules: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def latent(self) -> list[Race]:
-        return [r for r in self.races if r.latent]
-
-    @property
-    def observed(self) -> list[Race]:
-        return [r for r in self.races if r.observed]
 
     def hazards(self) -> HazardReport:
         return HazardReport(list(self.races))

@@ -20,8 +20,7 @@ Imports: simpy (through the engine), :mod:`simwar.core`.
 
 from __future__ import annotations
 
-import gc
-
+from simwar.core.collector import gc_paused
 from simwar.core.program import Program
 from simwar.core.trace import Trace
 from simwar.executors.engine import Engine, Group, _CountingEnvironment
@@ -39,13 +38,8 @@ def run_ranks(programs: list[Program], progress=None) -> tuple[list[Trace], int]
                for r, p in enumerate(programs)]
     for e in engines:
         e.start()
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         env.run()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     if group.joins:
         (table, index), j = next(iter(group.joins.items()))
         missing = sorted(set(range(group.n)) - set(j.times))

@@ -344,8 +344,9 @@ def markdown(result: dict) -> str:
     sec = pf["section"]
     lines = [f"Decode: the sweeping capture's fit (device x {result['fit']['scale']:.4f}, host x "
              f"{result['fit']['host_scale']:.4f}); prefill: host {sec['host_us']['base']:.1f} + "
-             f"{sec['host_us']['per_token']:.4f} x tokens µs, device {sec['forward_us']['base']:.1f}"
-             f" + {sec['forward_us']['per_token']:.4f} x tokens µs, in chunks of "
+             f"{sec['host_us']['per_token']:.4f} x tokens µs, device "
+             f"{sec['forward_us']['base']:.1f} + {sec['forward_us']['per_token']:.4f} x tokens µs, "
+             f"in chunks of "
              f"{sec['chunk_tokens']} ({pf['from']}).", "",
              "| load | loop | repeats: host speed | requests meas. / pred. | " + " | ".join(
                  f"{LABELS[k]} meas. / pred. (err)" for k in FIGURES) + " |",

@@ -16,8 +16,8 @@ skeleton iteration for many steps, so its names must be templates of the step
 (:class:`simwar.core.program.StepName`, which the builder and the barrier policies use).
 A plain name that changes between alike skeleton iterations (a barrier registered outside
 simwar that formats its own step numbers) is refused with :class:`TraceUnsupported`, as is
-a named marker other than ``run_batch`` and ``result_done`` (shapes keep no other); callers then take the SimPy
-engine.
+a named marker other than ``run_batch`` and ``result_done`` (shapes keep no other);
+callers then take the SimPy engine.
 
 :func:`join` puts a run's windows back together into one Trace, which
 ``tests/test_trace_stream.py`` holds equal, column by column, to the SimPy engine's on
