@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from golden import NOISY as GOLDEN_NOISY
 from hypothesis import given, settings
 from programs import programs
 
@@ -24,13 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RANKS = [p for p in sorted((ROOT / "configs").glob("*.yaml")) if load_config(p).tp > 1]
 CONFIGS = [p for p in sorted((ROOT / "configs").glob("*.yaml")) if p not in RANKS]
 SHORT = {"steps": 40, "warmup_steps": 5}
-NOISY = {"steps": 60, "warmup_steps": 5,
-         "cpu.schedule_us": {"dist": "lognormal", "mean": 900, "std": 300},
-         "gpu.schedule_writes_us": {"dist": "uniform", "low": 100, "high": 400},
-         "cpu.process_result_us": {"dist": "empirical", "values": [600, 800, 1500]},
-         "cpu.ingest_us": {"dist": "normal", "mean": 20, "std": 40},
-         "costs.host_call_us": {"dist": "normal", "mean": 2, "std": 3},
-         "costs.cross_stream_us": {"dist": "uniform", "low": 0, "high": 30}}
+NOISY = {**GOLDEN_NOISY, "steps": 60, "warmup_steps": 5}  # the golden files' noise, shorter
 ARRIVALS = {"steps": 80, "warmup_steps": 5,
             "workload": {"arrivals": {"rate_per_s": 300}, "max_batch": 64, "initial_batch": 4,
                          "output_tokens": {"dist": "uniform", "low": 16, "high": 128},

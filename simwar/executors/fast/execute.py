@@ -115,11 +115,7 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
     reached = -1  # the furthest step reported to ``progress``
     fwd = meta.get("forward_stream", "forward")
     blocks = plan.blocks
-    depth = 0
-    for b in blocks:
-        for h in b.shape.host:
-            if h[0] in ("wait_event", "sync") and h[-1] is not None:
-                depth = max(depth, h[-1][0])
+    depth = plan.depth
     races = RacePlan(plan, window)
     sites = set(SITES) | plan.sites
     streaming = summary_only and _monotone(blocks)

@@ -293,6 +293,17 @@ class Plan:
     sizes: object = None  # a config's per-step sizes (graph buckets name graph launches)
 
     @property
+    def depth(self) -> int:
+        """How many segments back a wait or sync binds at most: the segments of record times
+        an executor keeps (0: every binding stays within its segment)."""
+        depth = 0
+        for b in self.blocks:
+            for h in b.shape.host:
+                if h[0] in ("wait_event", "sync") and h[-1] is not None:
+                    depth = max(depth, h[-1][0])
+        return depth
+
+    @property
     def segments(self) -> int:
         return sum(b.n for b in self.blocks)
 

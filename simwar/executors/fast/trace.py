@@ -189,11 +189,7 @@ def windows(plan: Plan, *, chunk: int = CHUNK, margin: int = 0,
     are not templates.
     """
     blocks = plan.blocks
-    depth = 0
-    for b in blocks:
-        for h in b.shape.host:
-            if h[0] in ("wait_event", "sync") and h[-1] is not None:
-                depth = max(depth, h[-1][0])
+    depth = plan.depth
     margin = max(margin, depth)  # a core op's bound record is always in its window
     fwd = plan.meta.get("forward_stream", "forward")
     fns, layouts, names = [], [], []

@@ -188,11 +188,7 @@ def run_group(plans: list[Plan], window: int = 2) -> list[dict]:
     races = RacePlan(plan, window)
     if not races.windowed or measured is None:
         raise NotLockstep("races compared over all accesses, or holes in the steps")
-    depth = 0
-    for b in plan.blocks:
-        for h in b.shape.host:
-            if h[0] in ("wait_event", "sync") and h[-1] is not None:
-                depth = max(depth, h[-1][0])
+    depth = plan.depth
     state = State(plan.lo, plan.hi, plan.sites, depth, n)
     tally = _LockstepTally(n)
     races.reset(new_log=list, tally=tally)
