@@ -86,7 +86,7 @@ def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
     # lazy: start-up time of the CLI (a run that streams no trace does not load the mode)
     from simwar.executors.fast import trace as fast_trace
 
-    fast.one_rank(cfg)  # tensor-parallel ranks: the SimPy engine's Result.combined
+    fast.one_rank(cfg)  # tensor-parallel ranks: simulate(cfg).combined
     sizes = resolve_sizes(cfg)
     try:
         plan = fast.plan_config(cfg, sizes)
@@ -107,8 +107,8 @@ def explain(cfg: Config, steps: tuple[int, int] | None = None):
     once and streamed in windows (:func:`trace_windows`): a run of any length in the
     memory of one window, to the figures and causes of the SimPy engine's whole Trace.
     ``steps`` (A, B): those steps (default: the measured steps). A tensor-parallel config:
-    rank 0's, its ranks simulated on the SimPy engine, each collective's wait named by the
-    rank it waited for."""
+    rank 0's, its ranks simulated at once (:func:`simulate`), each collective's wait named
+    by the rank it waited for."""
     # lazy: start-up time of the CLI (only explain walks critical paths)
     from simwar.analysis.critical_path import Truncated, critical_path
     from simwar.analysis.critical_stream import critical_path_stream  # lazy: as above
