@@ -63,18 +63,21 @@ class Unfollowable(RuntimeError):
 
 
 class _Join:
-    """One collective instance: each rank's arrival, in rank order once all are in."""
+    """One collective instance: each rank's arrival (in rank order), how many are in, and
+    the ranks stopped at it."""
 
-    __slots__ = ("times", "n")
+    __slots__ = ("times", "n", "waiters")
 
     def __init__(self, n: int) -> None:
         self.times = [0.0] * n
         self.n = 0
+        self.waiters: list[int] = []
 
 
 def _rank(program: Program, rank: int, rec: Recorder, joins: list[dict], n: int,
-          collectives: list, progress):
-    """Rank ``rank``'s host as a coroutine: yields a join it waits on (all ranks in: resumed);
+          collectives: list, ready: list, progress):
+    """Rank ``rank``'s host as a coroutine: stops (yields) at a collective some rank has not
+    reached, resumed once all have (the last to arrive puts the others in ``ready``);
     returns when its ops are done. Mirrors :meth:`simwar.executors.engine.Engine._host`,
     with each stream operation's times computed at its issue (its stream's tail in
     ``free``)."""
@@ -118,10 +121,19 @@ def _rank(program: Program, rank: int, rec: Recorder, joins: list[dict], n: int,
         op_start[op_id] = start
         op_end[op_id] = end
 
-    def join(table: dict, index: int) -> _Join:
+    def arrive(table: dict, index: int, time: float) -> _Join:
+        """This rank's arrival at instance ``index`` of ``table``; the instance (complete
+        when ``n`` are in: the last rank forgets it and readies the others)."""
         j = table.get(index)
         if j is None:
             j = table[index] = _Join(n)
+        j.times[rank] = time
+        j.n += 1
+        if j.n == n:
+            del table[index]
+            ready.extend(j.waiters)
+        else:
+            j.waiters.append(rank)
         return j
 
     t = 0.0
@@ -157,13 +169,9 @@ def _rank(program: Program, rank: int, rec: Recorder, joins: list[dict], n: int,
                                    node.phase, call)
                     collectives.append((op_id, 1, n_device))
                     start = begins(free.get(lane, 0.0), t)
-                    j = join(device_joins, n_device)
-                    j.times[rank] = start
-                    j.n += 1
+                    j = arrive(device_joins, n_device, start)
                     if j.n < n:
-                        yield j
-                    if j.n == n:  # the last rank to leave forgets the instance
-                        device_joins.pop(n_device, None)
+                        yield
                     n_device += 1
                     free[lane] = end = max(j.times) + node.duration_us
                     op_start[op_id] = start
@@ -183,13 +191,9 @@ def _rank(program: Program, rank: int, rec: Recorder, joins: list[dict], n: int,
                    t0, t, "", call)
         elif kind is HostCollective:
             t0 = t
-            j = join(host_joins, n_host)
-            j.times[rank] = t0
-            j.n += 1
+            j = arrive(host_joins, n_host, t0)
             if j.n < n:
-                yield j
-            if j.n == n:
-                host_joins.pop(n_host, None)
+                yield
             index = n_host
             n_host += 1
             last = max(j.times)
@@ -216,22 +220,16 @@ def run_ranks(programs: list[Program], progress=None) -> list[Trace]:
     joins: list[dict] = [{}, {}]
     recs = [Recorder() for _ in programs]
     colls: list[list] = [[] for _ in programs]
-    hosts = [_rank(p, r, recs[r], joins, n, colls[r], progress if r == 0 else None)
+    ready = list(range(n - 1, -1, -1))  # the ranks that can go on (rank 0 first)
+    hosts = [_rank(p, r, recs[r], joins, n, colls[r], ready, progress if r == 0 else None)
              for r, p in enumerate(programs)]
-    waiting: dict[int, _Join] = {}  # rank -> the join it stopped at
-    runnable = list(range(n))
     done = 0
-    while runnable:
-        r = runnable.pop()
+    pop = ready.pop
+    while ready:
         try:
-            waiting[r] = next(hosts[r])
+            next(hosts[pop()])
         except StopIteration:
             done += 1
-        # the ranks whose join is now complete go on (each resumes once)
-        for w, j in list(waiting.items()):
-            if j.n == n:
-                del waiting[w]
-                runnable.append(w)
     if done < n:
         raise Unfollowable(f"{n - done} rank(s) stopped at a collective the others did not "
                            f"reach in one pass")
