@@ -238,7 +238,8 @@ def bench_quantiles(steps: int) -> dict:
 # --------------------------------------------------------------------------- main
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("ratio", "ranks", "rss", "run500", "sweep", "quantiles", "all"))
+    ap.add_argument("what", choices=("ratio", "ranks", "rss", "run500", "sweep", "quantiles",
+                                     "all"))
     ap.add_argument("--before", type=Path, help="another simwar source tree to measure")
     ap.add_argument("--steps", type=int, nargs="+")
     ap.add_argument("--repeat", type=int, default=5)
@@ -251,7 +252,8 @@ def main() -> int:
     args = ap.parse_args()
     tree = (args.before or ROOT).resolve()
     before = args.before is not None
-    what = ["ratio", "ranks", "rss", "run500", "quantiles", "sweep"] if args.what == "all" else [args.what]
+    what = ["ratio", "ranks", "rss", "run500", "quantiles", "sweep"] if args.what == "all" \
+        else [args.what]
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()}, tree {tree}", file=sys.stderr)
     results = {}

@@ -16,7 +16,8 @@ collective of every rank is one instance, the k-th device collective another, as
   plus its own duration.
 
 Every time is computed by the same operations on the same values as in the engine
-(``max`` over the same arrivals, the same additions in the same order), so the Traces are
+(``max`` over the same arrivals, in rank order rather than arrival order: the same value,
+since arrivals are never NaN nor -0.0; the same additions in the same order), so the Traces are
 the engine's, not close: op and span ids come from a :class:`~simwar.core.recorder.Recorder`
 per rank fed in the rank's host order, as the engine's is, and ``meta["collectives"]`` is
 appended in the same order (``tests/test_ranks_fast.py`` compares every column). Only the
@@ -27,8 +28,9 @@ host collective it has not reached) raise :class:`Unfollowable`; the caller then
 SimPy engine, which gives the answer (or its deadlock) of the reference.
 
 Speed: no SimPy events, no stream processes; a stream is its tail time. The Recorder is the
-engine's, so a run costs its recording, about a third of the engine's time
-(``benchmarks/bench_ranks.py``).
+engine's and most of what a run costs here; the execution takes about half the engine's
+time, and a whole run (build, Traces, tables, races) shares the rest with the engine's
+(``python benchmarks/bench_fast.py ranks``).
 
 Imports: :mod:`simwar.core` only (no simpy).
 """
