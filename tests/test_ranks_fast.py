@@ -90,6 +90,9 @@ def test_the_shipped_configs_run_in_one_pass_as_on_the_engine(path):
     assert got.summary["straggler_rank"] == 1 and got.summary["rank0_races"] >= 0
     assert_same_run(ref, got)
     assert simulate(cfg).engine == "fast"
+    # a config may name the engine (no longer a bad input)
+    named = load_config(path, {"steps": 150, "warmup_steps": 10, "engine": "fast"})
+    assert simulate(named).summary == got.summary
     # a sweep runs it alone, as simulate does
     assert simulate_many([cfg]) == [got.summary]
 
