@@ -1,6 +1,7 @@
 """The one-pass executor against the SimPy engine: speed, memory, sweeps, sketch error.
 
     python benchmarks/bench_fast.py ratio     [--steps 20000] [--repeat 5]
+    python benchmarks/bench_fast.py ranks     [--steps 5000] [--repeat 3]
     python benchmarks/bench_fast.py rss       [--steps 10000 100000 1000000]
     python benchmarks/bench_fast.py run500
     python benchmarks/bench_fast.py sweep     [--runs 10000] [--sweep-steps 10000] [--jobs 2]
@@ -15,6 +16,10 @@ another simwar source tree, e.g. one exported with ``git archive 9ad16a6 | tar -
   execution, per-step table, summary, races), fast and simpy **interleaved in one
   process**, best of ``--repeat``, process CPU time (robust to other load on a shared
   machine; wall time is printed too): steps/s of each and their ratio.
+- ``ranks``: as ``ratio``, on the tensor-parallel ``configs/tp2_slow_rank.yaml`` (two
+  ranks): the SimPy engine against the ranks' one pass (``engine: fast``,
+  :mod:`simwar.executors.onepass_ranks`), end to end (each rank's Trace, table, races; the
+  ranks' summary).
 - ``rss``: ``simwar run configs/dspark_fine.yaml --set steps=N --json`` in a fresh process
   each: wall, CPU and peak RSS (``ru_maxrss``).
 - ``run500``: ``simwar run --set steps=500``, best of 5: CPU time, and the import share
@@ -40,6 +45,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/dspark_fine.yaml"
+RANKS_CONFIG = "configs/tp2_slow_rank.yaml"
 
 
 def child(tree: Path, args: list[str]) -> str:
@@ -76,9 +82,10 @@ print(json.dumps({{e: {{"cpu_s": c, "wall_s": w, "steps_per_s": {steps} / c}}
 """
 
 
-def bench_ratio(tree: Path, steps: int, repeat: int, before: bool) -> dict:
+def bench_ratio(tree: Path, steps: int, repeat: int, before: bool,
+                config: str = CONFIG) -> dict:
     engines = ["default"] if before else ["simpy", "fast"]
-    code = "import json\n" + RATIO_CODE.format(config=CONFIG, steps=steps, engines=engines,
+    code = "import json\n" + RATIO_CODE.format(config=config, steps=steps, engines=engines,
                                                repeat=repeat)
     out = child(tree, ["-c", code])
     res = json.loads(out.strip().splitlines()[-1])
@@ -231,7 +238,8 @@ def bench_quantiles(steps: int) -> dict:
 # --------------------------------------------------------------------------- main
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("ratio", "rss", "run500", "sweep", "quantiles", "all"))
+    ap.add_argument("what", choices=("ratio", "ranks", "rss", "run500", "sweep", "quantiles",
+                                     "all"))
     ap.add_argument("--before", type=Path, help="another simwar source tree to measure")
     ap.add_argument("--steps", type=int, nargs="+")
     ap.add_argument("--repeat", type=int, default=5)
@@ -244,13 +252,17 @@ def main() -> int:
     args = ap.parse_args()
     tree = (args.before or ROOT).resolve()
     before = args.before is not None
-    what = ["ratio", "rss", "run500", "quantiles", "sweep"] if args.what == "all" else [args.what]
+    what = ["ratio", "ranks", "rss", "run500", "quantiles", "sweep"] if args.what == "all" \
+        else [args.what]
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()}, tree {tree}", file=sys.stderr)
     results = {}
     for w in what:
         if w == "ratio":
             results[w] = bench_ratio(tree, (args.steps or [20_000])[0], args.repeat, before)
+        elif w == "ranks":
+            results[w] = bench_ratio(tree, (args.steps or [5_000])[0], args.repeat, before,
+                                     RANKS_CONFIG)
         elif w == "rss":
             results[w] = bench_rss(tree, args.steps or [10_000, 100_000, 1_000_000], before,
                                    args.simpy_max)

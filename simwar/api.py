@@ -37,7 +37,7 @@ from simwar.config.clipping import clipping_warnings
 from simwar.core.collector import gc_paused
 from simwar.core.program import Program
 from simwar.core.ranks import side_by_side
-from simwar.executors import fast, lockstep
+from simwar.executors import fast, lockstep, onepass_ranks
 
 #: realized arrivals sequences kept, by the config's content (realizing one runs the config)
 SIZES_CACHE_LIMIT = 8
@@ -85,7 +85,7 @@ def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
     # lazy: start-up time of the CLI (a run that streams no trace does not load the mode)
     from simwar.executors.fast import trace as fast_trace
 
-    fast.one_rank(cfg)  # tensor-parallel ranks: the SimPy engine's Result.combined
+    fast.one_rank(cfg)  # tensor-parallel ranks: simulate(cfg).combined
     sizes = resolve_sizes(cfg)
     try:
         plan = fast.plan_config(cfg, sizes)
@@ -106,8 +106,8 @@ def explain(cfg: Config, steps: tuple[int, int] | None = None):
     once and streamed in windows (:func:`trace_windows`): a run of any length in the
     memory of one window, to the figures and causes of the SimPy engine's whole Trace.
     ``steps`` (A, B): those steps (default: the measured steps). A tensor-parallel config:
-    rank 0's, its ranks simulated on the SimPy engine, each collective's wait named by the
-    rank it waited for."""
+    rank 0's, its ranks simulated at once (:func:`simulate`), each collective's wait named
+    by the rank it waited for."""
     # lazy: start-up time of the CLI (only explain walks critical paths)
     from simwar.analysis.critical_path import Truncated, critical_path
     from simwar.analysis.critical_stream import critical_path_stream  # lazy: as above
@@ -262,10 +262,6 @@ def resolve_engine(requested: str | None, cfg: Config, want_trace: bool = False)
     name = requested or cfg.engine
     if name not in ENGINES:
         raise ConfigError(f"engine: '{name}' is not one of {', '.join(ENGINES)}")
-    if cfg.tp > 1:  # the ranks' coupling runs on the reference engine only
-        if name == "fast":
-            fast.one_rank(cfg)
-        return "simpy"
     if name == "auto":
         return "simpy" if want_trace else "fast"
     return name
@@ -288,7 +284,7 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
     actual = resolve_engine(requested, cfg)
     with gc_paused():
         if cfg.tp > 1:
-            return _simulate_ranks(cfg, requested, progress)
+            return _simulate_ranks(cfg, actual, requested, progress)
         if actual == "simpy":
             return _simulate_simpy(cfg, requested, progress)
         result = _simulate_fast(cfg, requested, summary_only, progress)
@@ -329,7 +325,7 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
     alone: list[int] = []
     for members in similar.values():
         rep = load_config(resolved[members[0]])
-        if resolve_engine(None, rep) != "fast" or \
+        if resolve_engine(None, rep) != "fast" or rep.tp > 1 or \
                 (rep.workload is not None and rep.workload.source == "arrivals"):
             alone += members
             continue
@@ -400,16 +396,26 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
                   events=engine.events, meta=dict(program.meta), requested=requested)
 
 
-def _simulate_ranks(cfg: Config, requested: str, progress=None) -> Result:
-    """A tensor-parallel run: every rank's loop on the SimPy engine, coupled
-    (:mod:`simwar.executors.ranks`). The summary is rank 0's keys plus the ranks'
+def _simulate_ranks(cfg: Config, engine: str, requested: str, progress=None) -> Result:
+    """A tensor-parallel run: every rank's loop, coupled, on the SimPy engine
+    (:mod:`simwar.executors.ranks`) or, for ``engine`` ``fast``, in one pass per rank
+    (:mod:`simwar.executors.onepass_ranks`: the same Traces; ranks whose collectives it
+    cannot follow run on the SimPy engine). The summary is rank 0's keys plus the ranks'
     (:func:`simwar.analysis.ranks.rank_summary`); ``Result.ranks`` holds each rank's
     summary, per-step table, races and Trace; ``Result.trace`` is rank 0's (as the summary's
     standard keys are), ``Result.combined`` the ranks side by side
     (:func:`simwar.core.ranks.side_by_side`)."""
-    from simwar.executors.ranks import run_ranks  # lazy: simpy, for this engine only
+    traces = None
+    events = 0
+    if engine == "fast":
+        try:
+            traces = onepass_ranks.run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
+        except onepass_ranks.Unfollowable:  # the reference decides (its answer or deadlock)
+            engine = "simpy"
+    if traces is None:
+        from simwar.executors.ranks import run_ranks  # lazy: simpy, for this engine only
 
-    traces, events = run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
+        traces, events = run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
     ranks = []
     for t in traces:
         columns = step_columns(t)
@@ -425,7 +431,7 @@ def _simulate_ranks(cfg: Config, requested: str, progress=None) -> Result:
                     if k != "step"})
     combined = side_by_side(traces, [{"rank": r.rank, "seed": r.trace.meta["rank_seed"]}
                                      for r in ranks])
-    result = Result(cfg, "simpy", summary, ranks[0].hazards, columns=columns,
+    result = Result(cfg, engine, summary, ranks[0].hazards, columns=columns,
                     trace=traces[0], events=events, meta=dict(traces[0].meta),
                     requested=requested)
     result.ranks = ranks

@@ -97,9 +97,8 @@ def entry(path: Path, variant: str) -> dict:
 
     overrides = {**VARIANTS, **EXTRA.get(path.stem, {})}[variant]
     out = {}
-    # tensor-parallel ranks run on the reference engine only (the fast one refuses them)
-    engines = ("simpy",) if simwar.load_config(str(path)).tp > 1 else ("fast", "simpy")
-    for engine in engines:
+    # tensor-parallel ranks: the fast engine is their one pass (executors/onepass_ranks.py)
+    for engine in ("fast", "simpy"):
         r = simwar.simulate(str(path), overrides, engine=engine)
         out[engine] = {"summary": _plain(r.summary), "steps": digest_frame(r.steps),
                        "races": digest_frame(r.races), "races_n": len(r.races)}

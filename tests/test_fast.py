@@ -134,13 +134,13 @@ def reference(program):
 
 # ---------------------------------------------------------------------------- shipped configs
 @pytest.mark.parametrize("path", RANKS, ids=lambda p: p.stem)
-def test_fast_refuses_tensor_parallel_ranks(path):
+def test_the_one_pass_plans_refuse_tensor_parallel_ranks(path):
     cfg = load_config(path, {"steps": 40, "warmup_steps": 5})
-    with pytest.raises(ConfigError, match=r"^engine: 'fast' runs one rank; parallel.tp 2 runs"):
+    with pytest.raises(ConfigError, match=r"^the one-pass plans and trace mode run one rank; "
+                                          r"parallel.tp 2 runs its ranks through simulate"):
         fast.run_config(cfg, resolve_sizes(cfg))
-    with pytest.raises(ConfigError, match="runs one rank"):
-        simwar.simulate(cfg, engine="fast")
-    assert simwar.simulate(cfg).engine == "simpy"
+    # simulate runs them in one pass per rank (executors/onepass_ranks.py)
+    assert simwar.simulate(cfg, engine="fast").engine == simwar.simulate(cfg).engine == "fast"
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from simwar.analysis.ranks import Collectives, late_arrivals, skew_report
-from simwar.api import build_rank_programs, resolve_engine, simulate, simulate_many
+from simwar.api import build_rank_programs, resolve_engine, resolve_sizes, simulate, simulate_many
 from simwar.capture.rank_files import write_rank_captures
 from simwar.capture.to_trace import import_kineto
 from simwar.cli.app import main
@@ -27,6 +27,7 @@ from simwar.core.program import (
     Program,
     StepMarker,
 )
+from simwar.executors import fast
 from simwar.executors.ranks import Deadlock, run_ranks
 
 SHIPPED = "configs/tp2_slow_rank.yaml"
@@ -144,12 +145,14 @@ def test_the_shipped_config_finds_its_slow_rank_and_its_what_ifs_move_the_step()
     assert ahead["tp_step_us_mean"] < base["tp_step_us_mean"]
 
 
-def test_ranks_run_on_the_reference_engine_only():
+def test_ranks_run_in_one_pass_unless_a_trace_is_wanted_first():
     cfg = load_config(SHIPPED, SHORT)
-    assert resolve_engine(None, cfg) == resolve_engine("auto", cfg) == "simpy"
-    with pytest.raises(ConfigError, match="engine: 'fast' runs one rank"):
-        simulate(cfg, engine="fast")
-    # a sweep runs it alone, as simulate does
+    assert resolve_engine(None, cfg) == resolve_engine("auto", cfg) == "fast"
+    assert resolve_engine("auto", cfg, want_trace=True) == "simpy"
+    # the one-pass executor's plans and trace mode still run one rank
+    with pytest.raises(ConfigError, match="the one-pass plans and trace mode run one rank"):
+        fast.run_config(cfg, resolve_sizes(cfg))
+    # a sweep runs it alone, as simulate does (tests/test_ranks_fast.py: equal to the engine)
     assert simulate_many([cfg]) == [simulate(cfg).summary]
 
 

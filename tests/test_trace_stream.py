@@ -66,7 +66,7 @@ def test_windows_are_the_engines_trace_on_every_config(path):
 
 @pytest.mark.parametrize("path", RANKS, ids=lambda p: p.stem)
 def test_the_trace_mode_refuses_tensor_parallel_ranks(path):
-    with pytest.raises(ConfigError, match="^engine: 'fast' runs one rank"):
+    with pytest.raises(ConfigError, match="^the one-pass plans and trace mode run one rank"):
         trace_windows(load_config(path, SHORT))
 
 

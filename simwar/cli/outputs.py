@@ -10,7 +10,8 @@ names it, so that ``run`` picks the SimPy engine. ``--trace`` writes Chrome trac
 JSON for Perfetto (:mod:`simwar.plots.perfetto`) as the run is simulated again in the
 one-pass executor's trace mode (:func:`simwar.api.trace_windows`): memory of one window,
 whatever the run's length, the file written as it is produced (and nothing left of it
-after a failure or Ctrl-C); a run that kept its trace (``--engine simpy``) exports that.
+after a failure or Ctrl-C); a run that kept its trace (``--engine simpy``, or a
+tensor-parallel run on any engine: its ranks side by side) exports that.
 ``--steps-window`` limits both to steps A..B.
 
 Imports: ``simwar.cli.common`` at the top; matplotlib and the plots inside :func:`write`.
@@ -99,7 +100,7 @@ def write_trace(result, out, window: tuple[int, int] | None = None) -> None:
     from simwar.executors.fast.trace import TraceUnsupported  # lazy: start-up time
     from simwar.plots.perfetto import write_chrome_trace, write_run  # lazy: start-up time
 
-    if result.engine != "simpy":
+    if result.engine != "simpy" and result.combined is None:  # ranks keep their Traces
         try:
             parts, lanes, meta = trace_windows(result.config, steps=window)
         except TraceUnsupported:  # names the trace mode cannot make: the reference engine

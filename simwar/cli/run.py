@@ -96,7 +96,7 @@ def command(args) -> int:
     cfg = load_config(args.config, items)
     want = outputs.trace_options(args)
     engine = resolve_engine(args.engine, cfg, want_trace=bool(want))
-    if want and engine == "fast":
+    if want and engine == "fast" and cfg.tp == 1:  # tensor-parallel ranks keep their Traces
         raise UserError(f"{want[0]}: the fast engine keeps no trace; use --engine simpy "
                         f"(or auto)")
     if want and args.summary_only:

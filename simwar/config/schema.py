@@ -881,9 +881,6 @@ class Config(_Strict):
             if p.collectives and p.graph == "eager":
                 raise ValueError(f"phases.{p.name}.collectives: collectives run inside a "
                                  f"graph phase (graph full or breakable), not eager")
-        if self.engine == "fast" and tp > 1:
-            raise ValueError(f"engine: 'fast' runs one rank; parallel.tp {tp} runs on the "
-                             f"simpy engine (engine: simpy or auto)")
         if self.ranks is not None and tp == 1:
             raise ValueError("ranks: a single-rank config has no ranks to vary "
                              "(set parallel.tp > 1)")

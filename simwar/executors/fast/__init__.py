@@ -98,11 +98,13 @@ from simwar.executors.fast.plan import plan_config, plan_program
 
 
 def one_rank(cfg) -> None:
-    """Tensor-parallel ranks are not this executor's (their coupling needs every rank's
-    stream state at each collective): refused with one line rather than run as one rank."""
+    """Tensor-parallel ranks are not this executor's plans (their coupling needs every rank's
+    stream state at each collective; :mod:`simwar.executors.onepass_ranks` runs them, one
+    pass per rank): refused with one line rather than run as one rank."""
     if cfg.tp > 1:
-        raise ConfigError(f"engine: 'fast' runs one rank; parallel.tp {cfg.tp} runs on the "
-                          f"simpy engine (engine: simpy or auto)")
+        raise ConfigError(f"the one-pass plans and trace mode run one rank; parallel.tp "
+                          f"{cfg.tp} runs its ranks through simulate (engine fast, auto or "
+                          f"simpy)")
 
 
 def realize(cfg, sizes, model, summary_only: bool = False, progress=None) -> FastRun:
