@@ -532,37 +532,24 @@ class Walker:
                     break
                 pe = fin[p] if p >= 0 else -np.inf
                 ie = span_end[c] if c >= 0 else -np.inf
-                if c >= 0 and span_start[c] <= t < ie:
-                    # it began inside its own call (a call that blocked until it ended): bound
-                    # by the work before it on its stream, or else by the call's start
-                    cs = span_start[c]
-                    if pe >= cs:
-                        b, nxt, slack = pe, ("end", p), (
-                            "unexplained", f"{self.lane_name(item)} stream idle after its "
-                                           "predecessor")
-                    else:
-                        b, nxt, slack = cs, ("host", c), (
-                            "launch_latency", f"launch latency ({self.lane_name(item)})")
-                    if b < t:
-                        emit(b, t, slack[0], slack[1], self.lane_name(item), item)
-                        t = b
-                    state, item = nxt
-                    continue
-                if pe >= ie:  # on a tie the stream predecessor binds
-                    b, nxt, slack = pe, ("end", p), (
-                        "unexplained", f"{texts[lanes[item]]} stream idle after its "
-                                       "predecessor")
+                # a launch that began inside its own call (a call that blocked until it ended)
+                # is bound by the work before it on its stream, or else by the call's start
+                inside = c >= 0 and span_start[c] <= t < ie
+                lim = span_start[c] if inside else ie
+                lane = texts[lanes[item]]
+                if pe >= lim:  # on a tie the stream predecessor binds
+                    b, nxt = pe, ("end", p)
+                    slack = ("unexplained", f"{lane} stream idle after its predecessor")
                 else:
-                    b, nxt, slack = ie, ("span", c), (
-                        "launch_latency", f"launch latency ({texts[lanes[item]]})")
-                    if p >= 0 and kind[p] == OpKind.WAIT and bound[p] < 0:
+                    b, nxt = lim, ("host" if inside else "span", c)
+                    slack = ("launch_latency", f"launch latency ({lane})")
+                    if not inside and p >= 0 and kind[p] == OpKind.WAIT and bound[p] < 0:
                         if bound[p] == _CUT:  # bound before the window: not known here
                             raise Truncated(p)
                         # after a wait the trace does not bind: what held it is not known
-                        slack = ("unexplained", f"{texts[lanes[item]]} held by a wait on an "
-                                 "unknown record")
+                        slack = ("unexplained", f"{lane} held by a wait on an unknown record")
                 if b < t:
-                    emit(b, t, slack[0], slack[1], texts[lanes[item]], item)
+                    emit(b, t, slack[0], slack[1], lane, item)
                     t = b
                 state, item = nxt
             elif state == "end":
