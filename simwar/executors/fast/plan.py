@@ -431,8 +431,8 @@ def plan_template(iterations) -> Template:
         shapes.append(sh)
         params.append(p)
     steps_total = plan.steps
-    if steps_total > n and any(shapes[i] != shapes[n - 1] or
-                               not _same_template(params[i], params[n - 1])
+    keys = [_template(p) for p in params]  # each iteration's constants and draws, compared
+    if steps_total > n and any(shapes[i] != shapes[n - 1] or keys[i] != keys[n - 1]
                                for i in range(2, n)):
         raise RuntimeError("the builder's iterations do not settle into one shape")
     # the run's segments: skeleton iteration role(k) for k in 0..steps
@@ -446,7 +446,7 @@ def plan_template(iterations) -> Template:
     merged: list[list] = []
     for i, first, count in roles:
         if merged and shapes[merged[-1][0]] == shapes[i] and \
-                _same_template(params[merged[-1][0]], params[i]):
+                keys[merged[-1][0]] == keys[i]:
             merged[-1][2] += count
         else:
             merged.append([i, first, count])
@@ -507,18 +507,9 @@ def bind(template: Template, sampler, value=None, meta: dict | None = None,
     return out
 
 
-def _same_template(a: list, b: list) -> bool:
-    """Same constants in the same slots and draws of the same distributions."""
-    return _template(a) == _template(b)
-
-
-_TEMPLATES: dict[int, tuple] = {}  # id(params) -> (params, template): a plan compares each often
-
-
 def _template(params: list) -> list:
-    hit = _TEMPLATES.get(id(params))
-    if hit is not None and hit[0] is params:
-        return hit[1]
+    """A segment's parameters as compared between iterations: the same constants in the same
+    slots and draws of the same distributions give equal templates."""
 
     def key(x):
         if isinstance(x, Use):
@@ -529,11 +520,7 @@ def _template(params: list) -> list:
             return ("c", str(x))
         return ("r", x.key)  # a Ref: a duration of the config
 
-    out = [key(x) for x in params]
-    if len(_TEMPLATES) > 64:
-        _TEMPLATES.clear()
-    _TEMPLATES[id(params)] = (params, out)
-    return out
+    return [key(x) for x in params]
 
 
 def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict, live, const):
