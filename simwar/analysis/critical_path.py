@@ -160,15 +160,14 @@ class CriticalPath:
     gates: dict[str, tuple[str, str]] = field(default_factory=dict)
     gap_tally: Tally = field(default_factory=lambda: Tally())
     step_tally: Tally = field(default_factory=lambda: Tally())
-    #: per graph bucket of a run whose batch changes, the same of its steps' chains (None:
-    #: this is one bucket's, or the run has no per-step buckets)
-    buckets: dict[int, CriticalPath] | None = None
+    #: per graph bucket of a run whose batch changes, the same of its steps' chains
+    buckets: dict[int, CriticalPath] = field(default_factory=dict)
+    #: False for one bucket's own CriticalPath (it is not split again)
+    split: bool = True
 
     def __post_init__(self) -> None:
         wl = self.trace.meta.get("workload") or {}
-        self._bucket_of = wl.get("graph_bucket") if self.buckets is None else None
-        if self._bucket_of is not None and len(self._bucket_of) and self.buckets is None:
-            self.buckets = {}
+        self._bucket_of = wl.get("graph_bucket") if self.split else None  # per step, or None
 
     def add(self, chain: Chain, keep: bool = True) -> None:
         """Count a chain (``what``: gap or step) and keep it unless ``keep`` is False; a
@@ -183,7 +182,7 @@ class CriticalPath:
             sub = self.buckets.get(b)
             if sub is None:
                 sub = self.buckets[b] = CriticalPath(self.trace, self.steps, gates=self.gates,
-                                                     buckets={})
+                                                     split=False)
             sub.add(chain, keep)
 
     @property
@@ -212,7 +211,7 @@ class CriticalPath:
         """Per graph bucket of a run whose batch changes (``meta.workload``): the chains of
         the steps that ran it (a step's gap and period chains go with its own bucket), tallied
         as they were added; empty for a run of one size."""
-        if not self.buckets or len(self.buckets) < 2 or self._bucket_of is None:
+        if len(self.buckets) < 2:
             return {}
         return dict(sorted(self.buckets.items()))
 
