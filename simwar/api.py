@@ -27,11 +27,11 @@ from typing import Callable
 from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import frame, request_table, step_columns, summarize
 from simwar.analysis.ranks import Collectives, rank_columns, rank_summary
-from simwar.build import loop
-from simwar.build.loop import sizes_meta
-from simwar.build.ranks import rank_programs
-from simwar.build.sizes import ArrivalProcess, StepSizes, draw_sizes
-from simwar.build.template import NotTraceable, duration_at, structure_key, traced
+from simwar.builder import loop
+from simwar.builder.loop import sizes_meta
+from simwar.builder.ranks import rank_programs
+from simwar.builder.sizes import ArrivalProcess, StepSizes, draw_sizes
+from simwar.builder.template import NotTraceable, duration_at, structure_key, traced
 from simwar.config import ENGINES, Config, ConfigError, load_config
 from simwar.config.clipping import clipping_warnings
 from simwar.core.collector import gc_paused
@@ -45,7 +45,7 @@ _sizes_cache: OrderedDict[str, StepSizes] = OrderedDict()
 
 
 def resolve_sizes(cfg: Config) -> StepSizes:
-    """The run's per-step sizes (:mod:`simwar.build.sizes`), arrivals realized.
+    """The run's per-step sizes (:mod:`simwar.builder.sizes`), arrivals realized.
 
     An arrivals run's batches depend on simulated time: the one-pass executor runs the
     config, fixing each step's batch as it goes (:func:`simwar.executors.fast.realize`).
@@ -140,7 +140,7 @@ def build_program(cfg: Config) -> Program:
 
 
 def build_rank_programs(cfg: Config) -> list[Program]:
-    """Each tensor-parallel rank's Program, ops listed (:mod:`simwar.build.ranks`)."""
+    """Each tensor-parallel rank's Program, ops listed (:mod:`simwar.builder.ranks`)."""
     return [Program(ops=list(p.ops), streams=p.streams, meta=p.meta)
             for p in rank_programs(cfg, resolve_sizes(cfg))]
 
@@ -300,7 +300,7 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
     ``configs``: validated configs, as :class:`~simwar.config.Config` objects or their
     resolved mappings (``Config.model_dump(mode="json")``, which a sweep's runs hold). Runs
     that differ in their durations' values only share one plan
-    (:func:`simwar.build.template.traced`, :func:`simwar.executors.fast.plan.bind`) and run
+    (:func:`simwar.builder.template.traced`, :func:`simwar.executors.fast.plan.bind`) and run
     in lockstep (:mod:`simwar.executors.lockstep`), in batches; a run that cannot
     (arrivals, whose batches depend on its own times; the SimPy engine asked for; a plan
     the lockstep pass cannot take) runs alone, as :func:`simulate` runs it.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import simwar
-from simwar.build.draws import sample
+from simwar.builder.draws import sample
 from simwar.cli.app import main
 from simwar.config import ConfigError, Dist, load_config
 from simwar.config.clipping import clipped, clipping_warnings

@@ -31,8 +31,8 @@ from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import step_columns, summarize
 from simwar.analysis.streaming import QuantileSketch
 from simwar.api import NoTraceError, build_program, resolve_sizes
-from simwar.build.draws import Sampler
-from simwar.build.loop import LoopBuilder, plan_iterations
+from simwar.builder.draws import Sampler
+from simwar.builder.loop import LoopBuilder, plan_iterations
 from simwar.config import ConfigError, load_config
 from simwar.executors import fast
 from simwar.executors.engine import Engine

@@ -23,14 +23,14 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "simwar"
 
 #: package (first component under simwar) -> layer; top-level modules are listed by name
-LAYERS = {"core": 0, "analysis": 1, "config": 1, "build": 2, "executors": 3, "api": 4,
+LAYERS = {"core": 0, "analysis": 1, "config": 1, "builder": 2, "executors": 3, "api": 4,
           "capture": 5, "harness": 6, "plots": 6, "study": 6, "fit": 6, "cli": 7,
           "__init__": 0, "__main__": 8}
 #: imports between different packages of one layer that the design allows
 SAME_LAYER = {("fit", "harness"), ("fit", "plots"), ("study", "plots"),
               ("__init__", "core")}  # the package's lazy attributes
 #: arrows the layers would allow but the design forbids
-FORBIDDEN = {("capture", "build"): "a reader never runs the simulator",
+FORBIDDEN = {("capture", "builder"): "a reader never runs the simulator",
              ("capture", "executors"): "a reader never runs the simulator",
              ("capture", "api"): "a reader never runs the simulator",
              ("harness", "capture"): "the GPU harness never imports the capture reader"}

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from simwar.api import resolve_engine, resolve_sizes, simulate, simulate_many
-from simwar.build.ranks import rank_programs
+from simwar.builder.ranks import rank_programs
 from simwar.cli.app import main
 from simwar.config import load_config
 from simwar.core.program import (

@@ -19,9 +19,9 @@ from test_fast import AFFINE, NOISY, assert_same_run, reference
 
 import simwar
 from simwar.api import build_program, resolve_sizes
-from simwar.build import loop
-from simwar.build.loop import LoopBuilder
-from simwar.build.sizes import ArrivalProcess, draw_sizes
+from simwar.builder import loop
+from simwar.builder.loop import LoopBuilder
+from simwar.builder.sizes import ArrivalProcess, draw_sizes
 from simwar.config import ConfigError, buckets_of, load_config
 from simwar.core.program import CpuWork, GraphLaunch, Launch, StepMarker
 from simwar.executors import fast

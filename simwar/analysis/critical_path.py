@@ -59,7 +59,7 @@ this rank's wait, the name), the time a collective held this rank for the late o
 ``rank`` segment ("rank 1's host work arrived late at the broadcast"), the rest of it the
 collective's own (docs/design.md, "Tensor-parallel ranks").
 
-Chains are tallied as they come (:class:`Tally`: the sums in the same order, so a
+Chains are tallied as they come (:class:`CauseTally`: the sums in the same order, so a
 :class:`CriticalPath` need not keep them), and a walk on a window of a trace
 (:class:`~simwar.core.trace.TraceWindow`) raises :class:`Truncated` rather than take what
 lies before the window for absent; :mod:`.critical_stream` walks a streamed run.
@@ -158,8 +158,8 @@ class CriticalPath:
     periods: list[Chain] = field(default_factory=list)
     #: each gate's name -> (the lane that waited or blocked, the lane of the record it bound to)
     gates: dict[str, tuple[str, str]] = field(default_factory=dict)
-    gap_tally: Tally = field(default_factory=lambda: Tally())
-    step_tally: Tally = field(default_factory=lambda: Tally())
+    gap_tally: CauseTally = field(default_factory=lambda: CauseTally())
+    step_tally: CauseTally = field(default_factory=lambda: CauseTally())
     #: per graph bucket of a run whose batch changes, the same of its steps' chains
     buckets: dict[int, CriticalPath] = field(default_factory=dict)
     #: False for one bucket's own CriticalPath (it is not split again)
@@ -235,7 +235,7 @@ def _mean(values: list[float]) -> float:
 
 
 # --------------------------------------------------------------------------- aggregation
-class Tally:
+class CauseTally:
     """Chains counted as they come: µs per (cause, kind), per gate, and each chain's length.
 
     Adding chains one by one gives :func:`causes` of them, to the last bit (the sums are
@@ -292,7 +292,7 @@ def causes(chains: list[Chain]) -> list[dict]:
     chain length), ``after`` (the gate most of its time came through, '' if none) and
     ``words`` (the cause as a phrase).
     """
-    tally = Tally()
+    tally = CauseTally()
     for chain in chains:
         tally.add(chain.us, chain.segments)
     return tally.causes()

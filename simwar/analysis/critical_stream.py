@@ -4,7 +4,7 @@
 Trace need not exist: the one-pass executor's trace mode streams it in windows
 (:func:`simwar.api.trace_windows`), and here each step's chains are walked in the window
 where its forward is complete, with the same :class:`~simwar.analysis.critical_path.Walker`
-and tallied in step order (:class:`~simwar.analysis.critical_path.Tally`), so the figures
+and tallied in step order (:class:`~simwar.analysis.critical_path.CauseTally`), so the figures
 and causes are those of the whole Trace, in the memory of one window.
 
 Imports: numpy and the critical path's module.

@@ -288,7 +288,7 @@ class _Positive:
         self.n += len(x)
 
 
-class _Counts:
+class _CountAccumulator:
     """How often each value occurs."""
 
     __slots__ = ("counts",)
@@ -316,7 +316,7 @@ class _Buckets:
                 sums[c].add(m[c][rows])
 
 
-_ACCUMULATORS = {"sum": _Sum, "sketch": _Sketch, "positive": _Positive, "counts": _Counts,
+_ACCUMULATORS = {"sum": _Sum, "sketch": _Sketch, "positive": _Positive, "counts": _CountAccumulator,
                  "buckets": _Buckets}
 _NAN = float("nan")
 

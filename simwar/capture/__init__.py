@@ -17,7 +17,7 @@
 - :mod:`.synthetic`: a simulated Trace written as a Kineto capture.
 
 This package reads: it never imports the simulator (:mod:`simwar.api`,
-:mod:`simwar.executors`, :mod:`simwar.build`) nor anything above it. Importing it
+:mod:`simwar.executors`, :mod:`simwar.builder`) nor anything above it. Importing it
 loads only the standard-library parts; the names below load their modules on first use.
 """
 

@@ -302,7 +302,7 @@ def read_capture(path: str | Path, progress: ProgressFn | None = None,
         fh = gzip.GzipFile(fileobj=raw) if _is_gzip(raw) else raw
         tick = (lambda: progress(raw.tell(), total)) if progress is not None else (lambda: None)
         try:
-            _Stream(path, fh, cap, max(64, chunk_bytes), tick).run()
+            _BlockStream(path, fh, cap, max(64, chunk_bytes), tick).run()
         except (OSError, EOFError) as e:
             raise KinetoFormatError(f"{path}: cannot decompress: {_one_line(e)}") from None
     _check_plausible(cap)
@@ -311,7 +311,7 @@ def read_capture(path: str | Path, progress: ProgressFn | None = None,
     return cap
 
 
-class _Stream:
+class _BlockStream:
     """One pass over the file: the header, the ``traceEvents`` array block by block, the
     trailer (see the module docstring)."""
 

@@ -1,7 +1,7 @@
 """Distributions that are clipped often: what a valid config may still get silently wrong.
 
 Every draw of a distribution is clipped at its ``min`` (default 0: a duration is never
-negative; :func:`simwar.build.draws.sample`). A distribution that falls below ``min``
+negative; :func:`simwar.builder.draws.sample`). A distribution that falls below ``min``
 often is then not the distribution written: ``{dist: normal, mean: 10, std: 1000}`` is
 clipped at 0 in half of its draws, and the durations drawn average about 404 µs, not 10.
 :func:`clipping_warnings` finds each distribution of a config (durations, the noise of

@@ -72,7 +72,7 @@ def publish_point(phases: Sequence, publish_phase: str = "auto", external_events
 class Barrier:
     """A WAR barrier policy. Subclass, set ``name``, override the hooks, register.
 
-    The hooks receive the builder (:class:`simwar.build.loop.LoopBuilder`), whose host-API
+    The hooks receive the builder (:class:`simwar.builder.loop.LoopBuilder`), whose host-API
     methods (``wait_stream``, ``wait_event``, ``sync``, ``record``) issue the ops, and the
     step ``k`` whose forward the barrier fences:
 

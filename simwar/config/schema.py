@@ -219,7 +219,7 @@ ReadEnds = Literal["pre_replay", "in_replay", "post_replay", "unknown"]
 RankDuration = Annotated[Union[float, Dist], BeforeValidator(_duration)]
 
 
-class Collective(_Strict):
+class CollectiveSpec(_Strict):
     """A device collective inside a phase (an all-reduce per layer): ``count`` kernels
     of ``us`` each, the phase's body split evenly around them. On each rank a collective
     kernel completes at the latest rank's start of it plus its own ``us``
@@ -250,7 +250,7 @@ class Phase(_Strict):
     reads: list[str] = Field(default_factory=list)
     future_publish: bool = False
     #: device collectives inside the phase's graph (tensor-parallel ranks, ``parallel.tp``)
-    collectives: list[Collective] = Field(default_factory=list)
+    collectives: list[CollectiveSpec] = Field(default_factory=list)
 
 
 class Policy(_Strict):
@@ -592,7 +592,7 @@ class Workload(_Strict):
     or a distribution drawn per step and rounded to an integer >= 1; ``uniform`` draws the
     integers ``ceil(low)..floor(high)`` with equal odds), or ``arrivals`` (requests join at
     the next schedule when there is room, up to ``max_batch``, and leave once their
-    ``output_tokens`` are produced: see :mod:`simwar.build.sizes`). None of them: the
+    ``output_tokens`` are produced: see :mod:`simwar.builder.sizes`). None of them: the
     config's constant ``batch_size``. ``graph_buckets``: graph phases run the graph
     captured for the smallest bucket >= the batch.
     """
@@ -984,7 +984,7 @@ def check_affine(cfg: Config) -> None:
     sizes = _size_range(cfg)
     tokens = _token_range(cfg)
     if sizes is None:
-        return  # checked as the sizes are drawn (simwar.build.sizes)
+        return  # checked as the sizes are drawn (simwar.builder.sizes)
     import numpy as np  # lazy: loading a config without affine durations needs no numpy
 
     buckets = cfg.workload.graph_buckets if cfg.workload is not None else None
@@ -1046,6 +1046,6 @@ def _unique(names: list[str]) -> None:
 
 
 __all__ = ["ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "SLO_METRICS", "Affine",
-           "ClosedLoop", "Collective", "Config", "ConfigError", "Dist", "Duration", "Parallel",
+           "ClosedLoop", "CollectiveSpec", "Config", "ConfigError", "Dist", "Duration", "Parallel",
            "Phase", "Policy", "Prefill", "Ranks", "TokenCost", "Workload", "buckets_of",
            "duration_keys", "finite_error", "first_error", "non_finite"]

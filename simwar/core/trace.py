@@ -134,7 +134,7 @@ class Access(NamedTuple):
     phase: str = ""
 
 
-class Marker(NamedTuple):
+class MarkerRow(NamedTuple):
     name: str
     step: int
     time_us: float
@@ -240,7 +240,7 @@ class Table:
         return iter(self.rows())
 
 
-_ROW_TYPES = {"spans": Span, "ops": Op, "accesses": Access, "markers": Marker}
+_ROW_TYPES = {"spans": Span, "ops": Op, "accesses": Access, "markers": MarkerRow}
 
 
 def _text(strings: list[str]) -> np.ndarray:

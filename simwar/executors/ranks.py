@@ -1,6 +1,6 @@
 """The SimPy engine over tensor-parallel ranks: one environment, one engine per rank.
 
-Each rank's Program (:func:`simwar.build.ranks.rank_programs`) runs in its own
+Each rank's Program (:func:`simwar.builder.ranks.rank_programs`) runs in its own
 :class:`~simwar.executors.engine.Engine`, with its own host process, streams and recorder;
 all share one SimPy environment and one :class:`~simwar.executors.engine.Group`, through
 which the ranks' collectives join (the k-th host collective of every rank is one instance,

@@ -81,7 +81,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from simwar import __version__
 from simwar.api import simulate, simulate_many  # imported once, inherited by forked workers
-from simwar.build.template import structure_key
+from simwar.builder.template import structure_key
 from simwar.config import (
     ConfigError,
     finite_error,
@@ -426,7 +426,7 @@ def run_many(configs: list[dict]) -> list[dict]:
 
 
 def lockstep_tasks(runs: list[Run], cut: bool = True) -> list[list[Run]]:
-    """Runs gathered by structure (:func:`simwar.build.template.structure_key`: those that
+    """Runs gathered by structure (:func:`simwar.builder.template.structure_key`: those that
     can run in lockstep), each group cut into pieces of one lockstep batch
     (``cut``; a piece is lost, at most, when a sweep is stopped) or whole (Ray: one task per
     group)."""

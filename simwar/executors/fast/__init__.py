@@ -24,13 +24,13 @@ block in a loop; a run of the builder is three or four blocks, whatever its leng
 
 **Workloads that change every step.** A step's batch, graph bucket and accepted tokens
 change numbers, never structure: a duration that scales with them is a parameter column of
-the block like a drawn one (:class:`simwar.build.loop.AffineTable` lays its per-use values out as
+the block like a drawn one (:class:`simwar.builder.loop.AffineTable` lays its per-use values out as
 the draws are), and a graph launch's name (which carries its bucket, ``verify.graph@32``) is
 not part of a shape. So a varying run is still three or four blocks. A workload whose batches
 depend on simulated time (arrivals) is realized by :func:`realize`: the same plan in one
 pass, each segment first calling back with the host clock at its marker, which fixes the
 step's batch and evaluates the segment's step-dependent durations before its parameters are
-read (:mod:`simwar.build.sizes`); that pass is the run.
+read (:mod:`simwar.builder.sizes`); that pass is the run.
 
 **Races.** Latent races depend only on issue order, streams, records, waits and syncs.
 :func:`simwar.analysis.hazards.detect` compares accesses whose steps differ by at most
@@ -90,7 +90,7 @@ that take a config); no simpy, no pandas.
 
 from __future__ import annotations
 
-from simwar.build.loop import LoopBuilder, build_program
+from simwar.builder.loop import LoopBuilder, build_program
 from simwar.config import ConfigError
 from simwar.core.program import Program
 from simwar.executors.fast.execute import FastRun, run_plan
@@ -112,7 +112,7 @@ def realize(cfg, sizes, model, summary_only: bool = False, progress=None) -> Fas
 
     Before iteration ``k`` (the drain is ``steps``) reads its parameters, the pass calls back
     with the host clock at its step marker: ``model.schedule(k, t)`` fixes ``sizes`` for
-    step k (see :mod:`simwar.build.sizes`), and iteration k's durations are evaluated. An
+    step k (see :mod:`simwar.builder.sizes`), and iteration k's durations are evaluated. An
     iteration only uses the sizes of steps <= its own, so what already ran stays valid: the
     sizes realized are exactly those a run of the finished arrays reproduces, and this run
     is that run (its meta, the workload's per-step arrays and requests included, is made

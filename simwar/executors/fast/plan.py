@@ -13,7 +13,7 @@
 
 The package docstring (:mod:`simwar.executors.fast`) says why a run is a few blocks.
 
-Imports: simwar.core; :mod:`simwar.build.loop` only inside :func:`plan_config` (lazily, see
+Imports: simwar.core; :mod:`simwar.builder.loop` only inside :func:`plan_config` (lazily, see
 there). Must not import the executor's other parts (codegen, execute, races): they build on
 this one.
 """
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simwar.build.draws import Sum, Use
-from simwar.build.loop import plan_iterations
+from simwar.builder.draws import Sum, Use
+from simwar.builder.loop import plan_iterations
 from simwar.core.program import (
     CpuWork,
     GraphLaunch,
@@ -383,12 +383,12 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
     """Shapes and blocks of a config's run, without building its Program.
 
     The builder builds the first iterations and the drain with symbolic durations
-    (:func:`simwar.build.loop.plan_iterations`); iterations from the third on must share one
+    (:func:`simwar.builder.loop.plan_iterations`); iterations from the third on must share one
     shape (checked here on the skeleton), so the run is the first iterations, the steady
     one repeated and the drain (:func:`plan_template`). Every distribution is drawn once for
-    the whole run, in the same layout :func:`simwar.build.loop.build_program` uses, so both
+    the whole run, in the same layout :func:`simwar.builder.loop.build_program` uses, so both
     give the same numbers; durations that vary with the step's batch are per-step values of
-    the same layout (:class:`simwar.build.draws.AffineTable`), never new shapes
+    the same layout (:class:`simwar.builder.draws.AffineTable`), never new shapes
     (:func:`bind`).
 
     ``sizes``: the run's per-step sizes (:func:`simwar.api.resolve_sizes`);
@@ -405,8 +405,8 @@ class Template:
 
     ``blocks``: per block, ``(shape, first segment, first step, segments, parameters,
     first draw of each distribution, draws per segment)``; a parameter is a number, a
-    :class:`~simwar.build.draws.Use` (a draw), a :class:`~simwar.build.template.Ref` (a
-    duration of the config, by key) or a :class:`~simwar.build.draws.Sum` of them.
+    :class:`~simwar.builder.draws.Use` (a draw), a :class:`~simwar.builder.template.Ref` (a
+    duration of the config, by key) or a :class:`~simwar.builder.draws.Sum` of them.
     """
 
     iterations: object  # the IterationPlan
@@ -420,7 +420,7 @@ class Template:
 
 def plan_template(iterations) -> Template:
     """The blocks of a run from its iteration templates (an
-    :class:`~simwar.build.loop.IterationPlan`), see :func:`plan_config`."""
+    :class:`~simwar.builder.loop.IterationPlan`), see :func:`plan_config`."""
     plan = iterations
     n = len(plan.ops) - 1
     shaper = _Shaper(symbolic=True)
@@ -472,8 +472,8 @@ def _drawn(x) -> bool:
 def bind(template: Template, sampler, value=None, meta: dict | None = None,
          sizes=None) -> Plan:
     """The plan of a run from its template: the draws of ``sampler`` (its
-    :class:`~simwar.build.draws.Sampler`), ``value(key)`` a config duration a
-    :class:`~simwar.build.template.Ref` names (a template shared by runs), ``meta`` the
+    :class:`~simwar.builder.draws.Sampler`), ``value(key)`` a config duration a
+    :class:`~simwar.builder.template.Ref` names (a template shared by runs), ``meta`` the
     run's (default: the template's), ``sizes`` its per-step sizes (the trace mode names
     graph launches by bucket)."""
     arrays = sampler.arrays
@@ -558,7 +558,7 @@ def _row_function(specs: list, arrays: dict, starts: dict, uses: dict, live, con
     """``row(p, L)``: the symbolic slots' values at pass ``p`` of the block, as a tuple of
     floats: the same numbers, added in the same order, as :func:`_draw_columns`' columns.
     The uses of a step-dependent duration (a key in ``live``) are read from ``L``, that
-    iteration's values (:meth:`~simwar.build.draws.AffineTable.at`), not from the arrays:
+    iteration's values (:meth:`~simwar.builder.draws.AffineTable.at`), not from the arrays:
     a run whose sizes are fixed as it goes (:func:`simwar.executors.fast.realize`)."""
     names: dict[str, object] = {}
 

@@ -206,7 +206,7 @@ def windows(plan: Plan, *, chunk: int = CHUNK, margin: int = 0,
         op_base.append(base)
         base += b.n * lay.ndev
     lows = _lowest_steps(plan, layouts, names)
-    state = _State(depth)
+    state = _TraceState(depth)
     run.update(op_base=op_base, g0s=[b.g0 for b in blocks], meta=meta(plan), state=state)
     return _stream(run, fns, layouts, names, lows, state, chunk, margin, steps)
 
@@ -270,7 +270,7 @@ def _keep(pieces: list[_Piece], margin: int, layouts) -> list[_Piece]:
     return out[::-1]
 
 
-class _State:
+class _TraceState:
     """What the trace-mode block functions read and write (codegen's ``S``)."""
 
     def __init__(self, depth: int):

@@ -145,7 +145,7 @@ def _measured_range(plan: Plan, fwd: str) -> tuple[int, int] | None:
     return measured[0], measured[-1]
 
 
-class _Counts:
+class _RunCounts:
     """One run's race counts over the measured steps (what its summary asks)."""
 
     def __init__(self, totals: tuple[int, int, int], steps: tuple[int, int]):
@@ -241,7 +241,7 @@ def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
         zero = np.broadcast_to(0.0, rows["fs"].shape)  # the sites no op syncs at
         blocked.update({site: zero for site in set(SITES) - set(blocked)})
         metas = [p.meta for p in plans[j0:j1]]
-        counts = [_Counts(t, measured) for t in totals[j0:j1]]
+        counts = [_RunCounts(t, measured) for t in totals[j0:j1]]
         if any(m.get("workload") for m in metas):  # each run's own per-step facts
             for j, meta in enumerate(metas):
                 cols = columns_from_arrays(steps, rows["fs"][j], rows["fe"][j],

@@ -10,7 +10,7 @@ the step's graph bucket. Two drawers:
   :class:`AffineTable`, laid out the same way;
 - :class:`Symbolic`: placeholders (:class:`Use`, :class:`Sum` for a host call's cost),
   recording each step-dependent use's context, for the iteration templates of
-  :func:`simwar.build.loop.plan_iterations`, which the one-pass executor fills from the same
+  :func:`simwar.builder.loop.plan_iterations`, which the one-pass executor fills from the same
   arrays.
 
 Imports: numpy and :mod:`simwar.config`; nothing from executors or above.
@@ -183,9 +183,9 @@ class AffineTable:
     ``[k0, k1)`` at once (all of them for a run whose sizes are known; one at a time while
     arrivals are realized). The noise draws are taken out of ``draws``.
 
-    ``plan``: the run's :class:`simwar.build.loop.IterationPlan` (its config, phase table,
+    ``plan``: the run's :class:`simwar.builder.loop.IterationPlan` (its config, phase table,
     step-dependent durations, their contexts per skeleton iteration and its segments);
-    ``sizes``: its :class:`simwar.build.sizes.StepSizes`.
+    ``sizes``: its :class:`simwar.builder.sizes.StepSizes`.
     """
 
     def __init__(self, plan, sizes, draws: dict):

@@ -16,7 +16,7 @@ A size that is the same in every step is a read-only array of no memory
 (``numpy.broadcast_to``): a constant run allocates nothing per step.
 
 The durations that scale with the step (:class:`simwar.config.schema.Affine`) are evaluated on
-these arrays by :class:`simwar.build.draws.AffineTable`, vectorised, in the same layout as the
+these arrays by :class:`simwar.builder.draws.AffineTable`, vectorised, in the same layout as the
 distribution draws, so every executor reads the same numbers.
 
 **Seeds.** Each random source has its own generator, seeded by ``(config.seed, stream)``
@@ -62,7 +62,7 @@ flight: they arrive at time 0, and each request that leaves before batch k is re
 arriving at iteration k's start (when the host has processed the finishing result: the
 client's reply, sent again at once).
 
-Imports: numpy, :mod:`simwar.config` and :mod:`simwar.build.draws`; nothing from executors
+Imports: numpy, :mod:`simwar.config` and :mod:`simwar.builder.draws`; nothing from executors
 (realizing arrivals runs the executor: :mod:`simwar.api` orders it).
 """
 
@@ -74,7 +74,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simwar.build.draws import sample
+from simwar.builder.draws import sample
 from simwar.config.schema import Config, buckets_of
 
 #: the generator stream of each random source: ``default_rng([seed, STREAMS[name]])``

@@ -38,20 +38,20 @@ first-token time a client sees.
 
 Durations come from one generator seeded by ``config.seed``: each distribution is
 drawn in a single call holding all of its uses in program order (distributions in order
-of first use), before the ops are built (:class:`simwar.build.draws.Sampler`). The same
-iteration code, given symbolic durations (:class:`simwar.build.draws.Symbolic`), builds the
+of first use), before the ops are built (:class:`simwar.builder.draws.Sampler`). The same
+iteration code, given symbolic durations (:class:`simwar.builder.draws.Symbolic`), builds the
 first iterations and the drain as templates (:func:`plan_iterations`), from which
 :mod:`simwar.executors.fast` runs a config without building its Program; both take the
 same numbers from the same draws.
 
 **Durations that vary with the step.** A run's per-step sizes (batch, graph bucket,
-accepted tokens: :mod:`simwar.build.sizes`) are arrays computed before any op and given to
+accepted tokens: :mod:`simwar.builder.sizes`) are arrays computed before any op and given to
 every function here (:func:`simwar.api.resolve_sizes` draws them, and realizes arrivals
 first). An affine duration (:class:`simwar.config.schema.Affine`) is drawn like a
 distribution: each use asks for the size of a step (the step being prepared, or the one
 whose result is processed, see :func:`simwar.config.schema.duration_keys`) and whether it is
 padded to the graph bucket; the symbolic build records that context per use, and
-:class:`~simwar.build.draws.AffineTable` evaluates every use of the run at once, vectorised,
+:class:`~simwar.builder.draws.AffineTable` evaluates every use of the run at once, vectorised,
 into one array per duration in program order (its noise draws added), which the builder and
 the one-pass executor read as they read the draws.
 The structure of an iteration never depends on the sizes: only numbers do (graph launches
@@ -64,7 +64,7 @@ simpy, nothing from executors or above.
 
 from __future__ import annotations
 
-from simwar.build.draws import (
+from simwar.builder.draws import (
     PREFILL_HOST_US,
     PREFILL_US,
     WAIT_REQUESTS,
@@ -72,7 +72,7 @@ from simwar.build.draws import (
     Sampler,
     Symbolic,
 )
-from simwar.build.sizes import StepSizes
+from simwar.builder.sizes import StepSizes
 from simwar.config.policies import PublishPoint, barrier, publish_point
 from simwar.config.schema import Affine, Config, Dist, Phase
 from simwar.core.program import (
@@ -113,7 +113,7 @@ class IterationPlan:
     """The run as iteration templates: which template each iteration (and the drain) uses.
 
     ``ops[i]`` is the host ops of skeleton iteration i (durations as numbers or
-    :class:`~simwar.build.draws.Use`), ``uses[i]`` its draws per distribution; ``role(k)``
+    :class:`~simwar.builder.draws.Use`), ``uses[i]`` its draws per distribution; ``role(k)``
     maps run iteration k (``steps`` is the drain) to its skeleton iteration. Iterations from
     the third on are identical up to the step number (checked by
     :mod:`simwar.executors.fast` on the skeleton), so a run of any length is the first
@@ -146,7 +146,7 @@ class IterationPlan:
 
     def sampler(self, fill: bool = True) -> Sampler:
         """The run's draws, and the per-use values of its affine durations
-        (``fill=False``: left to :meth:`~simwar.build.draws.AffineTable.fill`, as the sizes
+        (``fill=False``: left to :meth:`~simwar.builder.draws.AffineTable.fill`, as the sizes
         become known)."""
         sampler = Sampler(self.cfg.seed, self.draw_counts())
         if self.affines:
@@ -182,8 +182,8 @@ def plan_iterations(cfg: Config, sizes: StepSizes, phases: list[Phase] | None = 
     run's per-step ``sizes``. An arrivals run's may not be realized yet (while
     :func:`simwar.executors.fast.realize` fixes them): the templates' structure never
     depends on the sizes, and their step-dependent values are filled later
-    (:meth:`~simwar.build.draws.AffineTable.fill`). ``phases``, ``drawer``: a phase table
-    and a symbolic drawer of the caller's (:func:`simwar.build.template.traced`)."""
+    (:meth:`~simwar.builder.draws.AffineTable.fill`). ``phases``, ``drawer``: a phase table
+    and a symbolic drawer of the caller's (:func:`simwar.builder.template.traced`)."""
     sym = drawer if drawer is not None else Symbolic()
     b = LoopBuilder(cfg, sym, sizes, phases)
     n = min(cfg.steps, SKELETON)
@@ -224,8 +224,8 @@ def stream_program(cfg: Config, sizes: StepSizes) -> Program:
 class LoopBuilder:
     """Issues the host operations of SGLang's overlap loop for one config (module docstring).
 
-    ``draw`` hands out each duration as it is issued (a :class:`~simwar.build.draws.Sampler`
-    for numbers, a :class:`~simwar.build.draws.Symbolic` for templates); ``sizes``: the
+    ``draw`` hands out each duration as it is issued (a :class:`~simwar.builder.draws.Sampler`
+    for numbers, a :class:`~simwar.builder.draws.Symbolic` for templates); ``sizes``: the
     run's per-step sizes; ``phases``: the phase table (the config's by default; builders of
     one run share it, since draws are keyed by object). The barrier policy's hooks
     (:mod:`simwar.config.policies`) call its host-API methods (``launch``, ``record``,

@@ -1,7 +1,7 @@
 """Tensor-parallel ranks as Programs: one overlap loop per rank, with its coupling ops.
 
 A config with ``parallel.tp: N`` runs N copies of the single-rank loop
-(:mod:`simwar.build.loop`, unchanged): rank r's loop is built from the config with rank r's
+(:mod:`simwar.builder.loop`, unchanged): rank r's loop is built from the config with rank r's
 ``ranks.per_rank`` overrides and its own seed (rank 0 keeps the config's), at the run's
 per-step sizes (rank 0 broadcasts the batch: every rank runs the same batches). On top of it
 this module adds the ops that couple the ranks (docs/design.md, "Tensor-parallel ranks"):
@@ -30,9 +30,9 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from simwar.build import loop
-from simwar.build.draws import sample
-from simwar.build.sizes import StepSizes
+from simwar.builder import loop
+from simwar.builder.draws import sample
+from simwar.builder.sizes import StepSizes
 from simwar.config import Config, load_config
 from simwar.config.schema import Dist, Ranks
 from simwar.core.program import (
@@ -82,7 +82,7 @@ class RankDraws:
 
 def rank_programs(cfg: Config, sizes: StepSizes) -> list[Program]:
     """The ranks' Programs (ops generated as they are read, like
-    :func:`simwar.build.loop.stream_program`)."""
+    :func:`simwar.builder.loop.stream_program`)."""
     out = []
     for r in range(cfg.tp):
         rc = rank_config(cfg, r)

@@ -1,14 +1,14 @@
 """A run's iteration templates with its durations as references: one plan for many runs.
 
 Runs of a sweep mostly differ in durations only. The builder's iterations
-(:func:`simwar.build.loop.plan_iterations`) then have the same structure, and their numbers
+(:func:`simwar.builder.loop.plan_iterations`) then have the same structure, and their numbers
 differ. :func:`traced` builds them once, for a representative config whose every constant
 duration is a :class:`Tagged` float (the config's own value, and its dotted key): the
 drawer (:class:`Tracing`) hands each one out as a :class:`Ref`, so an op's duration or host
 cost is a reference to the config's key (or a sum of two, a host call's cost), not the
 representative's number. Every decision the builder takes on a duration (an op issued only
 for a positive one: ``cpu.ingest_us: 0`` issues no ingest) is recorded; another config
-shares the templates when it takes the same decisions (:meth:`Trace.fits`), and its numbers
+shares the templates when it takes the same decisions (:meth:`TemplateTrace.fits`), and its numbers
 are read at the keys (:func:`duration_at`, from the resolved mapping a sweep holds).
 
 A duration used in any other way (multiplied, converted) raises :class:`NotTraceable`:
@@ -22,9 +22,9 @@ from __future__ import annotations
 import json
 import operator
 
-from simwar.build.draws import Sum, Symbolic
-from simwar.build.loop import IterationPlan, plan_iterations
-from simwar.build.sizes import StepSizes
+from simwar.builder.draws import Sum, Symbolic
+from simwar.builder.loop import IterationPlan, plan_iterations
+from simwar.builder.sizes import StepSizes
 from simwar.config.schema import Affine, Config, Dist, _duration, duration_keys
 
 
@@ -86,7 +86,7 @@ for _name in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv"
 
 class Ref:
     """A traced duration in a template op: the config's value at ``key`` (adds to a
-    :class:`~simwar.build.draws.Sum`; comparisons are recorded)."""
+    :class:`~simwar.builder.draws.Sum`; comparisons are recorded)."""
 
     __slots__ = ("key", "value", "_log")
 
@@ -116,11 +116,11 @@ class Tracing(Symbolic):
         return super().__call__(d, at, padded)
 
 
-class Trace:
+class TemplateTrace:
     """A representative config's traced iteration templates (:func:`traced`).
 
-    ``plan``: the :class:`~simwar.build.loop.IterationPlan` (its ops' numbers are
-    :class:`Ref`, :class:`~simwar.build.draws.Use` or sums of them); ``keys``: the dotted
+    ``plan``: the :class:`~simwar.builder.loop.IterationPlan` (its ops' numbers are
+    :class:`Ref`, :class:`~simwar.builder.draws.Use` or sums of them); ``keys``: the dotted
     key of each distribution and step-dependent duration, by its key in the plan;
     ``decisions``: what the builder decided on durations.
     """
@@ -152,7 +152,7 @@ class Trace:
         return run
 
 
-def traced(cfg: Config, sizes: StepSizes) -> Trace:
+def traced(cfg: Config, sizes: StepSizes) -> TemplateTrace:
     """The iteration templates of ``cfg`` at ``sizes``, its durations as references."""
     log = _Decisions()
     tagged = cfg.model_copy(deep=True)
@@ -167,7 +167,7 @@ def traced(cfg: Config, sizes: StepSizes) -> Trace:
             if isinstance(value, Affine) and value.noise is not None:
                 keys[id(value.noise)] = key + ".noise"
     plan = plan_iterations(tagged, sizes, phases=phases, drawer=Tracing())
-    return Trace(plan, keys, log)
+    return TemplateTrace(plan, keys, log)
 
 
 def _owner(cfg: Config, phases: list, key: str):
@@ -182,7 +182,7 @@ def structure_key(resolved: dict) -> str:
     """What a resolved config mapping's templates depend on besides its durations' values:
     the mapping without its name and seed, each duration reduced to its kind (a number, a
     distribution, an affine duration with or without noise). Configs of one key share
-    :func:`traced` templates when they also take the same decisions (:meth:`Trace.fits`)."""
+    :func:`traced` templates when they also take the same decisions (:meth:`TemplateTrace.fits`)."""
     out = {k: v for k, v in resolved.items() if k not in ("name", "seed")}
     for section in ("cpu", "gpu", "costs"):
         out[section] = {k: _kind(v) if k.endswith("_us") else v
@@ -215,5 +215,6 @@ def duration_at(resolved: dict, key: str):
     return _duration(value)
 
 
-__all__ = ["NotTraceable", "Ref", "Tagged", "Trace", "Tracing", "duration_at", "structure_key",
+__all__ = ["NotTraceable", "Ref", "Tagged", "TemplateTrace", "Tracing", "duration_at",
+           "structure_key",
            "traced"]
