@@ -1,7 +1,7 @@
 """Latent races of a capture: the H200 mini-server's four race captures, synthetic captures of
 every shipped config, and the happens-before facts a capture adds.
 
-- The four captures of ``python -m simwar.harness.server --suite races`` (tests/data/server):
+- The four captures of ``python -m lab.server --suite races`` (tests/data/server):
   no barrier and the planted bug of the vLLM kind (read-done recorded after the draft graph,
   before verify's gather) race, the fine and coarse barriers do not, with the preset alone and
   with the kernel-level mapping beside them; where the accesses overlapped in time they are the

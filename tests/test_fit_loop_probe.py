@@ -1,6 +1,6 @@
 """Fit → check → what-if on the probe's real H200 captures (tests/data/probe).
 
-``python -m simwar.harness.probe OUT`` on an H200 writes one capture per variant
+``python -m lab.probe OUT`` on an H200 writes one capture per variant
 (fine, coarse, none, fine with 1000 µs more host work) and ``probe_metrics.json``;
 they are committed under tests/data/probe (see its README). Here the fine capture alone
 is fitted, every other variant is predicted with a what-if (``--set policy.barrier=...``,
@@ -9,7 +9,7 @@ fitted from itself must meet the acceptance bounds. Until the captures are commi
 the tests that read them FAIL (not skip) and say how to make them.
 
 The same loop runs first on a synthetic probe folder (simulated runs of a probe-shaped
-config written as Kineto captures), so ``simwar.fit.probe`` is tested whatever
+config written as Kineto captures), so ``lab.probe_check`` is tested whatever
 data is present.
 """
 
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from lab.probe_check import evaluate, markdown
 from simwar.api import simulate
 from simwar.capture.synthetic import SGLANG_CPU_MAPPING, write_kineto
-from simwar.fit.probe import evaluate, markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBE = ROOT / "tests" / "data" / "probe"
@@ -31,7 +31,7 @@ VARIANTS = ("fine", "coarse", "none", "fine_host1000")
 FILES = [f"probe_{v}.kineto.json.gz" for v in VARIANTS] + ["probe_metrics.json",
                                                              "mapping.yaml"]
 HOW = ("the probe's H200 captures are missing from tests/data/probe: run "
-       "`python -m simwar.harness.probe OUT` on the GPU machine and commit OUT's "
+       "`python -m lab.probe OUT` on the GPU machine and commit OUT's "
        "probe_*.kineto.json.gz and probe_metrics.json there (tests/data/probe/README.md)")
 
 # what-if predictions of the fine fit are held to twice the acceptance bounds: they change

@@ -10,7 +10,9 @@ The layers are those of docs/design.md ("Packages and layers"). The test reads e
 - an import of the package's own modules inside a function without a comment saying why (the
   only reasons are start-up time and the GPU side, and the comment says which);
 - a module-level third-party import in ``core`` other than numpy (the GPU machine has torch
-  and numpy only).
+  and numpy only);
+- an import of ``lab`` (the GPU scripts and the checkers of their data, beside the package in
+  a source checkout and never installed: the lab imports simwar, never the reverse).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ FORBIDDEN = {("capture", "builder"): "a reader never runs the simulator",
              ("capture", "api"): "a reader never runs the simulator",
              ("harness", "capture"): "the GPU harness never imports the capture reader"}
 CORE_THIRD_PARTY = {"numpy"}
+#: the top-level package of the lab (lab/), which no module of simwar may import
+LAB = "lab"
 
 
 def _modules() -> dict[str, Path]:
@@ -65,13 +69,14 @@ def _target(name: str) -> str | None:
 
 
 class _Imports(ast.NodeVisitor):
-    def __init__(self, module: str, path: Path):
+    def __init__(self, module: str, path: Path, source: str | None = None):
         self.module = module
         self.is_package = path.name == "__init__.py"
-        self.lines = path.read_text().splitlines()
+        self.lines = (path.read_text() if source is None else source).splitlines()
         self.depth = 0
         self.edges: list[tuple[str, int, bool]] = []  # (target, line, inside a function)
         self.third_party: list[tuple[str, int]] = []
+        self.lab: list[int] = []  # lines importing the lab, at any depth
 
     def _function(self, node):
         self.depth += 1
@@ -103,6 +108,9 @@ class _Imports(ast.NodeVisitor):
         target = _target(name)
         if target is None:
             top = name.split(".")[0]
+            if top == LAB:
+                self.lab.append(node.lineno)
+                return
             # at module top only: a method may import pandas for a frame (Trace.frames)
             if top and top not in sys.stdlib_module_names and top != "__future__" \
                     and not self.depth:
@@ -199,6 +207,21 @@ def test_core_imports_only_the_standard_library_and_numpy():
            for m, scan in SCANS.items() if _package(m) == "core"
            for top, line in scan.third_party if top not in CORE_THIRD_PARTY]
     assert not bad, "\n".join(bad)
+
+
+def test_no_module_imports_the_lab():
+    bad = [f"{MODULES[m].relative_to(PACKAGE.parent)}:{line} imports {LAB} (the lab imports "
+           f"simwar, never the reverse: what both need stays in simwar)"
+           for m, scan in SCANS.items() for line in scan.lab]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_lab_scan_sees_an_import_of_the_lab():
+    # the rule above holds only if the scan records such an import, wherever it is
+    source = "import lab.server\ndef f():\n    from lab import check\n"
+    scan = _Imports("simwar.example", PACKAGE / "example.py", source)
+    scan.visit(ast.parse(source))
+    assert scan.lab == [1, 3]
 
 
 def test_every_package_is_in_a_layer():

@@ -1,6 +1,6 @@
 """The prefill check on the mini-server's H200 run: overlap on and off, with prompts.
 
-``simwar.fit.prefill_check`` predicts the committed ``prefill_*`` cases (two Poisson loads
+``lab.prefill_check`` predicts the committed ``prefill_*`` cases (two Poisson loads
 replayed request by request, a closed loop of 8; overlap on and off) from the sweep's fit
 and the one prefill capture, and compares TPOT, throughput and TTFT (both ways), and the
 sign of each on-vs-off difference. This holds the verdicts calibration/README.md reports:
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from simwar.fit.prefill_check import DEFAULT_DIR, FIGURES, evaluate, main, markdown
+from lab.prefill_check import DEFAULT_DIR, FIGURES, evaluate, main, markdown
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_DIR / "prefill_light_overlap_r0.metrics.json.gz")
                                 .exists(), reason="the mini-server's prefill run is absent")

@@ -1,4 +1,4 @@
-"""The GPU probe (simwar.harness.probe): its planning on the CPU, its loop as a dry run.
+"""The GPU probe (lab.probe): its planning on the CPU, its loop as a dry run.
 
 The probe runs on the GPU machine, which has torch, numpy and the standard library only;
 here its sizing and summaries are checked without torch, its whole loop runs as a dry run
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from simwar.harness.probe import (
+from lab.probe import (
     RANGES,
     VARIANTS,
     HostWork,
@@ -60,7 +60,7 @@ def test_timing_summary():
 
 
 def test_probe_imports_only_torch_and_the_standard_library():
-    code = ("import sys; import simwar.harness.probe as p; "
+    code = ("import sys; import lab.probe as p; "
             "bad = [m for m in ('simpy', 'pydantic', 'pandas', 'yaml', 'ijson', 'torch') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -68,8 +68,8 @@ def test_probe_imports_only_torch_and_the_standard_library():
 
 def test_dry_run_writes_captures_and_metrics(tmp_path):
     pytest.importorskip("torch")
+    from lab.probe import main
     from simwar.capture.to_trace import import_kineto
-    from simwar.harness.probe import main
 
     assert main([str(tmp_path), "--dry-run", "--steps", "3", "--measured-steps", "6",
                  "--warmup", "1", "--variants", "fine,none"]) == 0
@@ -119,7 +119,7 @@ def _cuda() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs torch and a CUDA device")
 def test_probe_on_the_gpu(tmp_path):
-    from simwar.harness.probe import main
+    from lab.probe import main
 
     assert main([str(tmp_path), "--steps", "3", "--measured-steps", "8", "--warmup", "2",
                  "--variants", "fine"]) == 0

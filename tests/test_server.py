@@ -1,4 +1,4 @@
-"""The GPU mini-server (simwar.harness.server): its scheduler without torch, its loop as a dry run.
+"""The GPU mini-server (lab.server): its scheduler without torch, its loop as a dry run.
 
 The server runs on the GPU machine (torch and the standard library). Here the request
 scheduler's rules (admission, the overlap loop's finish rule, chunked prefill, slot reuse),
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from simwar.harness.server_cases import Case, Loads, select_cases, suite_cases
-from simwar.harness.server_requests import (
+from lab.server_cases import Case, Loads, select_cases, suite_cases
+from lab.server_requests import (
     Arrivals,
     Dist,
     HostWork,
@@ -199,7 +199,7 @@ def test_the_race_check_counts_reads_that_saw_a_later_stamp():
 
 
 def test_the_barriers_issue_different_calls():
-    from simwar.harness.server import barrier_calls
+    from lab.server import barrier_calls
 
     assert barrier_calls("fine", True) == (("wait_event", "read_done"),)
     assert barrier_calls("planted", True) == (("wait_event", "early_done"),)
@@ -261,10 +261,10 @@ def test_case_selection():
     assert len(names) == len(set(names)) == 54
 
 
-def test_the_server_modules_import_only_the_standard_library_and_the_harness():
-    allowed = set(sys.stdlib_module_names) | {"simwar"}
+def test_the_server_modules_import_only_the_standard_library_the_lab_and_the_harness():
+    allowed = set(sys.stdlib_module_names) | {"lab", "simwar"}
     for name in MODULES:
-        tree = ast.parse((ROOT / "simwar" / "harness" / f"{name}.py").read_text())
+        tree = ast.parse((ROOT / "lab" / f"{name}.py").read_text())
         for node in tree.body:  # module level only: torch comes in through main()
             if isinstance(node, ast.Import):
                 tops = [a.name.split(".")[0] for a in node.names]
@@ -273,7 +273,7 @@ def test_the_server_modules_import_only_the_standard_library_and_the_harness():
             else:
                 continue
             assert set(tops) <= allowed, (name, tops)
-    code = ("import sys; import simwar.harness.server; "
+    code = ("import sys; import lab.server; "
             "bad = [m for m in ('torch', 'simpy', 'pydantic', 'pandas', 'yaml') "
             "if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
@@ -283,7 +283,7 @@ def test_the_server_modules_import_only_the_standard_library_and_the_harness():
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
     pytest.importorskip("torch")
-    from simwar.harness.server import main
+    from lab.server import main
 
     out = tmp_path_factory.mktemp("server")
     assert main([str(out), "--suite", "fit,loads,races,hostsync,prefill,smoke", "--dry-run",
@@ -374,8 +374,8 @@ def test_dry_run_capture_has_the_ranges(dry_run):
 def test_the_loop_issues_each_barrier(tmp_path):
     """A dry server whose streams record what the host issues on them."""
     torch = pytest.importorskip("torch")
-    from simwar.harness.server import Server
-    from simwar.harness.server_model import DryOps, DryStream, ModelShape, ServerModel
+    from lab.server import Server
+    from lab.server_model import DryOps, DryStream, ModelShape, ServerModel
 
     calls = []
 
@@ -429,7 +429,7 @@ def _cuda() -> bool:
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs torch and a CUDA device")
 def test_smoke_suite_on_the_gpu(tmp_path):
-    from simwar.harness.server import main
+    from lab.server import main
 
     assert main([str(tmp_path), "--suite", "smoke"]) == 0
     device = json.loads((tmp_path / "server_device.json").read_text())

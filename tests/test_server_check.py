@@ -1,6 +1,6 @@
 """The mini-server check: fit the sweeping-load capture, predict every load and barrier.
 
-``simwar.fit.server_check`` reads the mini-server's folder (``python -m simwar.harness.server
+``lab.server_check`` reads the mini-server's folder (``python -m lab.server
 OUT --suite fit,loads`` on the GPU machine, committed under ``tests/data/server``): it fits the
 profiled sweep with ``--preset sglang`` and no mapping, rescales its device time to the
 un-profiled sweep, asks the fit each measured load and barrier (Poisson arrivals) and holds
@@ -17,9 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from simwar.api import simulate
-from simwar.capture.synthetic import Style, write_kineto
-from simwar.fit.server_check import (
+from lab.server_check import (
     DEFAULT_DIR,
     FIT_CAPTURE,
     ServerDataError,
@@ -27,6 +25,8 @@ from simwar.fit.server_check import (
     main,
     markdown,
 )
+from simwar.api import simulate
+from simwar.capture.synthetic import Style, write_kineto
 
 ROOT = Path(__file__).resolve().parents[1]
 TRUE = ROOT / "examples" / "server.yaml"
@@ -36,7 +36,7 @@ OUTPUT = "16..96"
 #: load -> (arrivals per second, requests it starts with), as the server sizes them
 LOADS = {"light": (55.0, 5), "medium": (166.0, 20), "saturated": (416.0, 64)}
 HOW = ("the mini-server's H200 captures and measurements are not committed yet: run "
-       "`python -m simwar.harness.server OUT --suite fit,loads` on the GPU machine and commit "
+       "`python -m lab.server OUT --suite fit,loads` on the GPU machine and commit "
        "OUT's fit_ramp_profiled.kineto.json.gz, fit_ramp.metrics.json and loads_*.metrics.json "
        "under tests/data/server/")
 

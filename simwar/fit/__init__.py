@@ -12,10 +12,12 @@ From a Kineto capture (read by :mod:`simwar.capture`):
   (``simwar import --fit-costs``), and the distribution fit every fitted value goes
   through;
 - :mod:`.check`: the capture against the simulation of a fitted config (``simwar
-  import --check``), with the acceptance bounds;
-- :mod:`.probe`: the probe's captures, fitted from one variant and predicting the others;
-- :mod:`.server_check`: the mini-server's sweeping-load capture, fitted, predicting its
-  measured loads and barriers.
+  import --check``), with the acceptance bounds.
+
+The checkers of the project's own GPU data (the probe's captures, the mini-server's loads
+and prefill cases) fit through these modules and are the lab's (``lab/`` in a source
+checkout, not installed: ``python -m lab.probe_check``, ``lab.server_check``,
+``lab.prefill_check``).
 
 From measured harness replays (:mod:`simwar.harness`'s traces and summaries):
 

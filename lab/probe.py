@@ -1,6 +1,6 @@
 """A decoder-shaped probe of SGLang's overlap loop on real kernels, captured per barrier.
 
-``python -m simwar.harness.probe OUT_DIR [--steps N]`` runs, on one CUDA GPU, a
+``python -m lab.probe OUT_DIR [--steps N]`` runs, on one CUDA GPU, a
 scheduler loop shaped like SGLang's ``event_loop_overlap`` around a forward of
 real bf16 GEMMs and elementwise kernels (random weights, nothing downloaded):
 
@@ -517,7 +517,7 @@ def device_info(torch, ops: _Cuda) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simwar.harness.probe",
+    ap = argparse.ArgumentParser(prog="python -m lab.probe",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--steps", type=int, default=40,

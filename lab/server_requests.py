@@ -1,6 +1,6 @@
 """The mini-server's requests and scheduler, and its metrics arithmetic: pure Python, no torch.
 
-:mod:`simwar.harness.server` drives these from its GPU loop; the tests drive them directly,
+:mod:`lab.server` drives these from its GPU loop; the tests drive them directly,
 without torch, to check the rules the simulator models:
 
 - :class:`Arrivals`: requests on the host clock (seconds since the run began), a Poisson
@@ -34,7 +34,7 @@ without torch, to check the rules the simulator models:
 - The race check (:func:`overtaken`), the arithmetic that sizes a load (:func:`rate_for`),
   and the metrics: the per-step log (:class:`StepLog`), the per-request arrays and the
   summary (:func:`request_arrays`, :func:`summarize`; definitions in
-  :mod:`simwar.harness.server`'s docstring).
+  :mod:`lab.server`'s docstring).
 
 Imports: the standard library only.
 """
@@ -482,7 +482,7 @@ class StepLog:
 
 
 def summarize(log: StepLog, sched: Scheduler, timing: bool, warmup: int) -> dict:
-    """A run's summary over its measured steps (:mod:`simwar.harness.server`: Metrics)."""
+    """A run's summary over its measured steps (:mod:`lab.server`: Metrics)."""
     c, n = log.cols, log.n
     keep = list(range(min(warmup, max(0, n - 1)), n - 1))
     out: dict = {"steps": n, "warmup": warmup, "steps_measured": len(keep)}
@@ -541,7 +541,7 @@ def summarize(log: StepLog, sched: Scheduler, timing: bool, warmup: int) -> dict
 
 
 def request_arrays(sched: Scheduler, log: StepLog, timing: bool) -> dict:
-    """Per request, in arrival order (:mod:`simwar.harness.server`: Metrics)."""
+    """Per request, in arrival order (:mod:`lab.server`: Metrics)."""
     fe = log.cols["fwd_end_us"]
 
     def dev(step):

@@ -2,7 +2,7 @@
 
 - :class:`CudaOps` / :class:`DryOps`: streams, events, pinned memory, graph capture and
   device timing of the current CUDA device, or the same calls on the CPU with no streams and
-  graphs as plain calls (``--dry-run``; the pattern of :mod:`simwar.harness.probe`).
+  graphs as plain calls (``--dry-run``; the pattern of :mod:`lab.probe`).
 - :class:`ModelShape`: the sizes. :class:`ServerModel`: random bf16 weights (nothing is
   downloaded), the KV pool, the shared ``req_to_token`` table, one static input set and one
   pair of CUDA graphs per batch bucket, the eager prefill and sample, the result buffers.

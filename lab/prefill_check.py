@@ -1,6 +1,6 @@
 """Overlap on or off with prompts: the mini-server's prefill cases, predicted and compared.
 
-``python -m simwar.fit.prefill_check DIR`` reads what ``python -m simwar.harness.server OUT
+``python -m lab.prefill_check DIR`` reads what ``python -m lab.server OUT
 --suite fit,prefill`` wrote on the GPU machine (committed under ``tests/data/server``):
 ``prefill_<light|medium|closed8>_<overlap|normal>_r<i>.metrics.json[.gz]``, requests with
 64..512-token prompts in 256-token chunks at two Poisson loads and a closed loop of 8, each
@@ -8,7 +8,7 @@ with SGLang's overlap loop and its normal loop, timed without the profiler and r
 
 **The model** (nothing of these cases is fitted to them):
 
-- the decode loop: the sweeping capture's fit (:func:`simwar.fit.server_check.fit_sweep`,
+- the decode loop: the sweeping capture's fit (:func:`lab.check.fit_sweep`,
   ``fit_ramp_profiled``: the same fit that predicts the decode loads), rescaled to the
   un-profiled sweep;
 - the prefill (``prefill:``, chunked prefill mixed into decode, 256 tokens per step): the
@@ -31,34 +31,36 @@ forward end per further token), throughput (decode tokens per second of measured
 batch x accepted tokens over the step time), request throughput, TTFT to the first token's
 forward end and to its result processed on the host, mean step time. Targets
 (:data:`TARGETS`): TPOT and throughput within 5 %, TTFT mean within 10 %, and for each load
-the sign of every on-vs-off difference as measured.
+the sign of every on-vs-off difference as measured. A repeat whose host ran slower than the
+sweep's (:func:`lab.check.host_speed` on its steps without a prefill) is reported, not judged.
 
-Runs where simulation runs (simwar's full stack), not on the GPU machine.
+The data, the fit, the host-speed rule, the rows and the command line are
+:mod:`lab.check`'s (shared with :mod:`lab.server_check`); the prefill model, the cases'
+what-if, the figures and the on-vs-off signs are this module's. Runs where simulation runs
+(simwar's full stack), not on the GPU machine.
 """
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
-import math
 import re
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from simwar.api import simulate
-from simwar.fit.server_check import (
+from lab import check
+from lab.check import (
     DEFAULT_DIR,
-    HOST_SPEED_MAX,
     MAX_BATCH,
     ServerDataError,
-    _output_tokens,
-    fit_sweep,
-    host_line,
+    metrics_file,
+    output_tokens,
     read_metrics,
+    relative_row,
 )
+from simwar.api import simulate
 
 CASE = re.compile(r"^prefill_(?P<load>light|medium|closed8)_(?P<loop>overlap|normal)"
                   r"_r(?P<r>\d+)\.metrics\.json(\.gz)?$")
@@ -70,17 +72,6 @@ TARGETS = {"tpot_us": 0.05, "tokens_per_s": 0.05, "ttft_us": 0.10, "ttft_forward
 #: the figures compared, in table order (measured key = predicted key)
 FIGURES = ("step_us", "tpot_us", "tokens_per_s", "requests_per_s", "ttft_forward_us",
            "ttft_us")
-
-
-def load_cases(folder: Path) -> dict[tuple[str, str], list[dict]]:
-    """``(load, loop)`` -> the repeats' metrics, in repeat order."""
-    out: dict[tuple[str, str], list[tuple[int, dict]]] = {}
-    for path in sorted(folder.glob("prefill_*.metrics.json*")):
-        m = CASE.match(path.name)
-        if m is not None:
-            out.setdefault((m["load"], m["loop"]), []).append((int(m["r"]),
-                                                               read_metrics(path)))
-    return {k: [m for _, m in sorted(v, key=lambda x: x[0])] for k, v in sorted(out.items())}
 
 
 def _lengths(text: str) -> dict:
@@ -118,8 +109,7 @@ def prefill_model(folder: Path, host_scale: float, device_scale: float,
     events = json.loads(gzip.decompress(capture.read_bytes()))["traceEvents"]
     steps = [e for e in events if e.get("cat") == "user_annotation"
              and str(e.get("name", "")).startswith("ProfilerStep#")]
-    path = folder / PREFILL_METRICS
-    tokens = read_metrics(path if path.exists() else folder / f"{PREFILL_METRICS}.gz")[
+    tokens = read_metrics(metrics_file(folder, PREFILL_METRICS) or folder / PREFILL_METRICS)[
         "steps"]["prefill_tokens"]
     run = _ranges(events, steps, "scheduler.run_batch")
     prep = _ranges(events, steps, "scheduler.prepare_for_decode")
@@ -185,7 +175,7 @@ def what_if(fit_config: dict, prefill: dict, metrics: dict) -> dict:
     another draw of the same rate to give its throughput), a closed loop is a closed loop."""
     case, arrivals = metrics["case"], metrics.get("arrivals") or {}
     wl: dict = {"max_batch": MAX_BATCH,
-                "output_tokens": _output_tokens(case.get("output_tokens", "16..128")),
+                "output_tokens": output_tokens(case.get("output_tokens", "16..128")),
                 "prompt_tokens": _lengths(case.get("prompt_tokens", "64..512"))}
     if "rate_per_s" in arrivals:
         req = metrics["requests"]
@@ -197,35 +187,10 @@ def what_if(fit_config: dict, prefill: dict, metrics: dict) -> dict:
         wl["closed_loop"] = {"concurrency": int(arrivals["concurrency"])}
     else:
         raise ServerDataError(f"{case.get('name', '?')}: neither a rate nor a concurrency")
-    buckets = (fit_config.get("workload") or {}).get("graph_buckets")
-    if buckets:
-        wl["graph_buckets"] = list(buckets)
-    steps = int(case.get("steps", 250))
-    warm = case.get("warmup")
-    return {"workload": wl, "prefill": {**prefill, "chunk_tokens": int(case.get(
-                "chunk_tokens", prefill["chunk_tokens"]))},
-            "policy.barrier": case.get("barrier", "fine"),
-            "policy.overlap": bool(case.get("overlap", True)),
-            "accept.tokens": float(metrics.get("accept_tokens", 1.0)),
-            "steps": steps, "warmup_steps": steps // 10 if warm is None else int(warm)}
-
-
-def host_speed(metrics: dict, line: tuple[float, float] | None) -> float:
-    """How much slower the repeat's host ran than the sweep's (NaN: unknown): its unpadded
-    host work (prepare, launch, barrier) over the sweep's line at the same batches, on the
-    steps that prefill nothing (:func:`simwar.fit.server_check.host_speed`'s rule, whose
-    steps a prefill's launch would lengthen)."""
-    st, s = metrics.get("steps"), metrics.get("summary", {})
-    if line is None or not st or "t_barrier_us" not in st:
-        return math.nan
-    lo, hi = int(s.get("warmup", 0)), int(s.get("steps", len(st["batch"]))) - 1
-    batch = np.asarray(st["batch"], dtype=float)[lo:hi]
-    other = (np.asarray(st["t_barrier_us"], dtype=float)
-             - np.asarray(st["t_batch_us"], dtype=float))[lo:hi]
-    ok = np.isfinite(other) & (batch > 0) & (np.asarray(st["prefill_tokens"])[lo:hi] == 0)
-    if not ok.any():
-        return math.nan
-    return float(other[ok].sum() / (line[0] + line[1] * batch[ok]).sum())
+    chunk = int(case.get("chunk_tokens", prefill["chunk_tokens"]))
+    return check.what_if(fit_config, metrics, wl, default_steps=250,
+                         prefill={**prefill, "chunk_tokens": chunk},
+                         overlap=bool(case.get("overlap", True)))
 
 
 def measured(metrics: dict) -> dict:
@@ -265,22 +230,18 @@ def predicted(summary: dict) -> dict:
 def evaluate(folder: Path | None = None) -> dict:
     """Fit, predict every prefill case, compare (see the module docstring)."""
     folder = Path(folder or DEFAULT_DIR)
-    cases = load_cases(folder)
-    if not cases:
-        raise ServerDataError(f"{folder}: no prefill_*.metrics.json[.gz] (the prefill cases: "
-                              f"python -m simwar.harness.server OUT --suite prefill)")
-    fit, timed, _ = fit_sweep(folder)
-    line = host_line(read_metrics(timed)) if timed is not None else None
+    sw = check.sweep(folder, CASE, ("load", "loop"), "prefill_*.metrics.json[.gz] (the "
+                     "prefill cases: python -m lab.server OUT --suite prefill)")
+    fit = sw.fit
     config, raised = at_batch_zero(fit.config)
     pf = prefill_model(folder, fit.host_scale, fit.scale)
     out = {"fit": {"scale": fit.scale, "host_scale": fit.host_scale, "prefill": pf,
                    "raised_at_batch_zero": raised}, "cases": {}, "signs": {}}
-    for (load, loop), repeats in cases.items():
+    for (load, loop), repeats in sw.cases.items():
+        # the host speed on the steps that prefill nothing (a prefill's launch lengthens the
+        # others)
+        speeds, judged = check.judged_repeats(repeats, sw.line, decode_only=True)
         # each repeat is predicted with its own requests (a closed loop: its own seed)
-        speeds = [host_speed(r, line) for r in repeats]
-        # a repeat whose host ran slower than the sweep's is reported, not judged (the fit
-        # knows one host speed: simwar.fit.server_check)
-        judged = [r for r, v in zip(repeats, speeds) if not v > HOST_SPEED_MAX] or repeats
         sims = [predicted(simulate(config, {**what_if(config, pf["section"], r),
                                             "seed": int(r["case"].get("seed", 0))}).summary)
                 for r in judged]
@@ -289,13 +250,7 @@ def evaluate(folder: Path | None = None) -> dict:
         meas = {k: float(np.mean([r[k] for r in reps])) for k in reps[0]}
         spread = {k: float(np.ptp([r[k] for r in reps])) for k in reps[0]}
         pred = {k: float(np.mean([s[k] for s in sims])) for k in sims[0]}
-        rows = {}
-        for k in FIGURES:
-            err = pred[k] / meas[k] - 1 if meas[k] else math.nan
-            bound = TARGETS.get(k)
-            rows[k] = {"measured": meas[k], "spread": spread[k], "predicted": pred[k],
-                       "error": err, "bound": bound,
-                       "ok": None if bound is None else bool(abs(err) <= bound)}
+        rows = {k: relative_row(meas[k], pred[k], TARGETS.get(k), spread[k]) for k in FIGURES}
         change = {k: v for k, v in change.items() if k != "workload"}  # (the trace is long)
         seeds = [int(r["case"].get("seed", 0)) for r in judged]
         out["cases"][f"{load}_{loop}"] = {"load": load, "loop": loop, "what_if": change,
@@ -342,48 +297,40 @@ def _cell(row: dict, key: str) -> str:
 def markdown(result: dict) -> str:
     pf = result["fit"]["prefill"]
     sec = pf["section"]
-    lines = [f"Decode: the sweeping capture's fit (device x {result['fit']['scale']:.4f}, host x "
-             f"{result['fit']['host_scale']:.4f}); prefill: host {sec['host_us']['base']:.1f} + "
-             f"{sec['host_us']['per_token']:.4f} x tokens µs, device "
-             f"{sec['forward_us']['base']:.1f} + {sec['forward_us']['per_token']:.4f} x tokens µs, "
-             f"in chunks of "
-             f"{sec['chunk_tokens']} ({pf['from']}).", "",
-             "| load | loop | repeats: host speed | requests meas. / pred. | " + " | ".join(
-                 f"{LABELS[k]} meas. / pred. (err)" for k in FIGURES) + " |",
-             "|---|---|---|---|" + "---|" * len(FIGURES)]
+    head = (f"Decode: the sweeping capture's fit (device x {result['fit']['scale']:.4f}, host x "
+            f"{result['fit']['host_scale']:.4f}); prefill: host {sec['host_us']['base']:.1f} + "
+            f"{sec['host_us']['per_token']:.4f} x tokens µs, device "
+            f"{sec['forward_us']['base']:.1f} + {sec['forward_us']['per_token']:.4f} x tokens "
+            f"µs, in chunks of {sec['chunk_tokens']} ({pf['from']}).")
+    cases = []
     for c in result["cases"].values():
         m, p = c["requests"]
         speeds = ", ".join(f"x{v:.2f}" if ok else f"(x{v:.2f})"
                            for v, ok in zip(c["host_speed"], c["judged"]))
-        lines.append(f"| {c['load']} | {c['loop']} | {speeds} | {m:.1f} / {p:.1f} | " + " | ".join(
-            _cell(c["rows"][k], k) for k in FIGURES) + " |")
-    lines += ["", "| load | seeds | on - off, meas. / pred.: " + " | ".join(
-        LABELS[k] for k in FIGURES) + " |", "|---|---|" + "---|" * len(FIGURES)]
-    for load, signs in result["signs"].items():
+        cases.append([c["load"], c["loop"], speeds, f"{m:.1f} / {p:.1f}",
+                      *(_cell(c["rows"][k], k) for k in FIGURES)])
+    signs = []
+    for load, sign in result["signs"].items():
         cells = []
         for k in FIGURES:
-            s = signs[k]
+            s = sign[k]
             scale = 1e-3 if k.startswith("ttft") else 1.0
             cells.append(f"{s['measured'] * scale:+.1f} / {s['predicted'] * scale:+.1f}"
                          + ("" if s["ok"] else " WRONG SIGN"))
-        lines.append(f"| {load} | {', '.join(map(str, signs['seeds']))} | " + " | ".join(cells)
-                     + " |")
-    return "\n".join(lines)
+        signs.append([load, ", ".join(map(str, sign["seeds"])), *cells])
+    return "\n".join([
+        head, "",
+        *check.table(["load", "loop", "repeats: host speed", "requests meas. / pred.",
+                      *(f"{LABELS[k]} meas. / pred. (err)" for k in FIGURES)], cases), "",
+        *check.table(["load", "seeds", "on - off, meas. / pred.: " + LABELS[FIGURES[0]],
+                      *(LABELS[k] for k in FIGURES[1:])], signs)])
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simwar.fit.prefill_check",
-                                 description=__doc__.split("\n\n")[0])
-    ap.add_argument("folder", nargs="?", default=str(DEFAULT_DIR))
-    ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    args = ap.parse_args(argv)
-    try:
-        result = evaluate(Path(args.folder))
-    except ServerDataError as e:
-        print(f"simwar: error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(result, default=str, indent=1) if args.json else markdown(result))
-    return 0
+    # the listed misses are the comparison's findings (tests/test_prefill_check.py), not a
+    # failure of the command: it exits 0 whatever the verdict
+    return check.command(argv, "python -m lab.prefill_check", __doc__.split("\n\n")[0],
+                         evaluate, markdown, status_is_verdict=False)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Fit the probe's fine capture, predict the other variants, compare with their captures.
 
-``python -m simwar.fit.probe DIR`` reads what ``python -m
-simwar.harness.probe`` wrote (``DIR/probe_<variant>.kineto.json.gz``,
+``python -m lab.probe_check DIR`` reads what ``python -m
+lab.probe`` wrote (``DIR/probe_<variant>.kineto.json.gz``,
 ``DIR/probe_metrics.json``) with the mapping ``DIR/mapping.yaml`` (default: the
 one in ``tests/data/probe``), fits the **fine** capture only
 (:func:`simwar.fit.from_capture.fit_model`; the policy from the capture's sync
@@ -40,7 +40,7 @@ from simwar.fit.from_capture import FitError, fit_model
 #: tests/data/probe, and a folder fresh from the GPU machine is read with it. It exists in a
 #: source checkout only (an installed simwar has no tests/): elsewhere pass ``--mapping`` or
 #: put a mapping.yaml in the folder.
-DEFAULT_MAPPING = Path(__file__).resolve().parents[2] / "tests" / "data" / "probe" / \
+DEFAULT_MAPPING = Path(__file__).resolve().parents[1] / "tests" / "data" / "probe" / \
     "mapping.yaml"
 BARRIER = {"fine": "fine", "coarse": "coarse", "none": "none", "fine_host1000": "fine"}
 
@@ -160,7 +160,7 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m simwar.fit.probe")
+    ap = argparse.ArgumentParser(prog="python -m lab.probe_check")
     ap.add_argument("folder", type=Path)
     ap.add_argument("--mapping", type=Path)
     ap.add_argument("--json", action="store_true")

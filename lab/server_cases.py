@@ -1,13 +1,13 @@
 """The mini-server's cases, suites and named loads: pure Python, no torch.
 
-A :class:`Case` is one run of :mod:`simwar.harness.server`'s loop (its fields are the
+A :class:`Case` is one run of :mod:`lab.server`'s loop (its fields are the
 command line's flags, described with the loop in that module's docstring, as are the suites
 and the loads); :func:`suite_cases` lists a suite's cases with their fixed seeds;
 :class:`Loads` turns a named load into arrivals from the pilots' measured step times;
 :func:`select_cases` picks the cases of a command line (suites, overrides, the dry run's
 caps).
 
-Imports: the standard library and :mod:`simwar.harness.server_requests`.
+Imports: the standard library and :mod:`lab.server_requests`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from simwar.harness.server_requests import Arrivals, Dist, Ramp, mean_decode_steps, rate_for
+from lab.server_requests import Arrivals, Dist, Ramp, mean_decode_steps, rate_for
 
 BARRIERS = ("fine", "coarse", "none", "planted")
 LOADS = ("light", "medium", "saturated", "ramp", "prefill_light", "prefill_medium", "closed")
@@ -26,7 +26,7 @@ TARGETS = {"light": (5, False), "medium": (20, False), "saturated": (64, False),
 
 @dataclass(frozen=True)
 class Case:
-    """One run of the loop (:mod:`simwar.harness.server` describes the fields)."""
+    """One run of the loop (:mod:`lab.server` describes the fields)."""
 
     name: str
     steps: int

@@ -1,9 +1,9 @@
 """A mini-server of SGLang's overlap loop on real kernels: requests, paged KV, graphs, barriers.
 
-``python -m simwar.harness.server OUT_DIR --suite NAME[,NAME...] [--dry-run] [options]``
+``python -m lab.server OUT_DIR --suite NAME[,NAME...] [--dry-run] [options]``
 runs, on one CUDA GPU, cases of a scheduler loop shaped like SGLang's
 ``Scheduler.event_loop_overlap`` (docs/design.md, "SGLang's overlap loop as simwar models
-it") serving arriving requests with a paged-KV decoder (:mod:`simwar.harness.server_model`),
+it") serving arriving requests with a paged-KV decoder (:mod:`lab.server_model`),
 and writes what the simulator is fitted to and checked against. ``--dry-run`` runs the same
 loop on the CPU with tiny shapes, no streams and graphs as plain calls (tests).
 Without ``--suite`` it runs one case made of the flags (``--load``, ``--rate``,
@@ -15,8 +15,8 @@ each iteration is one ``prof.step()``, so ``ProfilerStep#k``; the drain is in th
 1. ``scheduler.recv_requests``: requests arrived by now (host clock) are queued, each
    "tokenized" (Python over its prompt). If nothing is running or waiting,
    ``scheduler.wait_requests``: the host polls until the next arrival.
-2. ``scheduler.get_next_batch_to_run``: batch k is fixed (:class:`~simwar.harness.
-   server_requests.Scheduler`: admission up to ``max_batch`` = 64, rows and KV slots from FIFO
+2. ``scheduler.get_next_batch_to_run``: batch k is fixed (:class:`~lab.server_requests.
+   Scheduler`: admission up to ``max_batch`` = 64, rows and KV slots from FIFO
    free lists, one new slot per decoding request, the prefill chunk), a batch entry built per
    request; then ``scheduler.prepare_for_decode``: the step's writes packed into a pinned
    buffer, copied H2D into the step's staging buffer and scattered into ``req_to_token``
@@ -42,11 +42,11 @@ each iteration is one ``prof.step()``, so ``ProfilerStep#k``; the drain is in th
 A final drain processes the last result. The finish rule: a request finished by step k is
 in batch k+1 and leaves before batch k+2 (with overlap); ``accept_tokens`` (default 2.0)
 tokens per request per decode step, the same for the whole batch
-(:mod:`simwar.harness.server_requests`).
+(:mod:`lab.server_requests`).
 
 **Host work.** The scheduler's own work is real Python (dicts, lists, free lists, strings);
 two ranges are padded with more Python up to a time target
-(:class:`~simwar.harness.server_requests.HostWork`, ``base + per_req × B`` µs): the
+(:class:`~lab.server_requests.HostWork`, ``base + per_req × B`` µs): the
 iteration's start to the batch built (``schedule``) and ``copy_done`` returned to the end of
 process_batch_result (``process``). Time targets, not repetition counts, because the H200
 machine's vCPU ran at two speeds 2× apart for seconds at a time. At set-up, unpadded closed
@@ -124,8 +124,8 @@ first_token_dev) / (output - 1) (requests of > 1 token), ``tpot_host_us`` likewi
 ``racy_verify_steps``, and ``csan`` when run (reports by tensor, the ``req_to_token`` and
 ``other`` verdicts, examples).
 
-Imports: torch (inside :func:`main`, which hands it down) and the standard library; the
-package's own GPU-side modules (:mod:`simwar.harness.csan` for its collector). Split in
+Imports: torch (inside :func:`main`, which hands it down) and the standard library; the lab's
+GPU-side modules and simwar's GPU-side CSAN collector (:mod:`simwar.harness.csan`). Split in
 four because one file would pass 1,800 lines: this one the loop, the set-up and the CLI
 (past 600 lines by this docstring, which keeps the loop, the suites and every metric's
 definition in one place); ``server_cases`` the cases, suites and loads; ``server_model`` the
@@ -149,8 +149,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from simwar.harness.csan import SHARED, CsanCollector, PointerMap, Region, describe
-from simwar.harness.server_cases import (
+from lab.server_cases import (
     BARRIERS,
     LOADS,
     Case,
@@ -158,8 +157,8 @@ from simwar.harness.server_cases import (
     check_lengths,
     select_cases,
 )
-from simwar.harness.server_model import CudaOps, DryOps, ModelShape, ServerModel
-from simwar.harness.server_requests import (
+from lab.server_model import CudaOps, DryOps, ModelShape, ServerModel
+from lab.server_requests import (
     Arrivals,
     HostWork,
     Scheduler,
@@ -170,6 +169,7 @@ from simwar.harness.server_requests import (
     request_arrays,
     summarize,
 )
+from simwar.harness.csan import SHARED, CsanCollector, PointerMap, Region, describe
 
 
 def barrier_calls(barrier: str, has_graphs: bool) -> tuple[tuple[str, str], ...]:
@@ -444,7 +444,7 @@ def device_info(torch, ops: CudaOps) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m simwar.harness.server",
+    ap = argparse.ArgumentParser(prog="python -m lab.server",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--suite", help="comma-separated: fit, loads, races, hostsync, prefill, "

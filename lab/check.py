@@ -1,0 +1,256 @@
+"""The skeleton both mini-server checkers share: the data, the sweep's fit, the verdict.
+
+:mod:`lab.server_check` (decode loads and barriers) and :mod:`lab.prefill_check` (prompts,
+overlap on and off) read the same folder, the one ``python -m lab.server OUT`` wrote on the
+GPU machine (committed under ``tests/data/server``); both predict from the same fit of the
+sweeping-load capture, judge only the repeats whose host ran at the sweep's speed, and hold
+each figure, measured against predicted, to a bound. This module is what they share:
+
+- the data: :func:`read_metrics` (``.json`` or ``.json.gz``), :func:`load_repeats` (a case's
+  repeats, by file name), the request lengths of a case (:func:`output_tokens`);
+- the fit: :func:`fit_sweep` (``fit_ramp_profiled`` read with ``--preset sglang`` and no
+  mapping, fitted, rescaled to the un-profiled sweep ``fit_ramp``), and :func:`sweep` (the
+  fit with the cases and the sweep's host line, or a :class:`ServerDataError` saying what
+  the folder lacks);
+- the host-speed rule: :func:`host_line`, :func:`host_speed` and :func:`judged_repeats`
+  (a repeat whose host ran more than :data:`HOST_SPEED_MAX` times slower than the sweep's
+  is reported, not judged: the fit knows one host speed);
+- the prediction: :func:`what_if` (the overrides every case sets: its workload, barrier,
+  accepted tokens and length);
+- the verdict: :func:`relative_row` (measured, predicted, error, bound, within it),
+  :func:`table` (a Markdown table), :func:`command` (the command line: the table or
+  ``--json``, a folder that lacks something is one line on stderr and exit status 2).
+
+What differs (which cases, the what-if of each, the figures and their bounds) is each
+checker's. Runs where simulation runs (simwar's full stack), not on the GPU machine: it
+reads the captures through :mod:`simwar.capture`, never through :mod:`simwar.harness`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import math
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from simwar.capture.presets import import_capture
+from simwar.fit.from_capture import ModelFit, fit_model
+
+#: the committed captures and measurements (a source checkout's; elsewhere pass the folder)
+DEFAULT_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "server"
+FIT_CAPTURE = "fit_ramp_profiled.kineto.json.gz"
+FIT_TIMED = "fit_ramp.metrics.json"
+#: the mini-server's admission cap
+MAX_BATCH = 64
+#: a repeat whose host ran this much slower than the sweep's (its unpadded host work per step
+#: against the sweep's at the same batch) is reported, not judged: the fit knows one host speed
+HOST_SPEED_MAX = 1.15
+
+
+class ServerDataError(ValueError):
+    """The folder lacks what the comparison needs; the message says what."""
+
+
+def read_metrics(path: Path) -> dict:
+    """A metrics file, ``.json`` or gzipped ``.json.gz`` (as the server's run is committed)."""
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    return json.loads(data)
+
+
+def metrics_file(folder: Path, name: str) -> Path | None:
+    """``folder/name`` or its gzipped ``name.gz``, whichever exists (None: neither)."""
+    for path in (folder / name, folder / f"{name}.gz"):
+        if path.exists():
+            return path
+    return None
+
+
+def load_repeats(folder: Path, pattern: re.Pattern, keys: tuple[str, ...]
+                 ) -> dict[tuple[str, ...], list[dict]]:
+    """The metrics files whose names match ``pattern`` (its groups ``keys`` name the case, its
+    group ``r`` the repeat): case -> the repeats' metrics, in repeat order."""
+    out: dict[tuple[str, ...], list[tuple[int, dict]]] = {}
+    for path in sorted(folder.glob("*.metrics.json*")):
+        m = pattern.match(path.name)
+        if m is not None:
+            out.setdefault(tuple(m[k] for k in keys), []).append((int(m["r"]),
+                                                                  read_metrics(path)))
+    return {k: [m for _, m in sorted(v, key=lambda x: x[0])] for k, v in sorted(out.items())}
+
+
+def output_tokens(text: str):
+    """A case's ``output_tokens`` (``"16..128"`` or ``"64"``) as a workload length."""
+    lo, _, hi = str(text).partition("..")
+    lo, hi = int(lo), int(hi or lo)
+    return lo if lo == hi else {"dist": "uniform", "low": lo, "high": hi}
+
+
+def unprofiled_step_us(timed: dict) -> dict[int, float] | float:
+    """The un-profiled sweep's step time per graph bucket (its mean without per-bucket
+    figures): what ``--unprofiled-step-us`` rescales the fit's device and host time to."""
+    per = {int(b): float(v["step_us_mean"]) for b, v in (timed.get("per_bucket") or {}).items()
+           if v.get("step_us_mean") is not None and v.get("steps", 0) > 0}
+    return dict(sorted(per.items())) if per else float(timed["step_us_mean"])
+
+
+def _capture(folder: Path) -> Path:
+    capture = folder / FIT_CAPTURE
+    if not capture.exists():
+        raise ServerDataError(f"{capture}: not found (the mini-server's sweeping-load capture: "
+                              f"python -m lab.server OUT --suite fit,loads)")
+    return capture
+
+
+def fit_sweep(folder: Path) -> tuple[ModelFit, Path | None, dict[int, float] | float | None]:
+    """``(fit, timed, unprofiled)``: the sweeping capture's fit
+    (:class:`simwar.fit.from_capture.ModelFit`), rescaled to the un-profiled sweep's step
+    time per bucket; the un-profiled sweep's path (None if absent); the step times used."""
+    capture = _capture(folder)
+    imp, mapping = import_capture(capture, preset="sglang")
+    timed = metrics_file(folder, FIT_TIMED)
+    unprofiled = None
+    if timed is not None:
+        unprofiled = unprofiled_step_us(read_metrics(timed)["summary"])
+    fit = fit_model(imp, mapping, capture=capture.name, unprofiled_step_us=unprofiled)
+    return fit, timed, unprofiled
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """What a checker predicts from: the measured cases and the sweep's fit."""
+
+    cases: dict[tuple[str, ...], list[dict]]
+    fit: ModelFit
+    #: the un-profiled sweep's step times the fit was rescaled to (None: not rescaled)
+    unprofiled: dict[int, float] | float | None
+    #: the sweep's unpadded host work per step against the batch (:func:`host_line`)
+    line: tuple[float, float] | None
+
+
+def sweep(folder: Path, pattern: re.Pattern, keys: tuple[str, ...], what: str) -> Sweep:
+    """The cases of ``folder`` whose files match ``pattern`` (``what`` says what they are,
+    in the error when there is none) and the sweeping capture's fit."""
+    _capture(folder)
+    cases = load_repeats(folder, pattern, keys)
+    if not cases:
+        raise ServerDataError(f"{folder}: no {what}")
+    fit, timed, unprofiled = fit_sweep(folder)
+    line = host_line(read_metrics(timed)) if timed is not None else None
+    return Sweep(cases, fit, unprofiled, line)
+
+
+def _unpadded(metrics: dict, decode_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Per measured step with a batch: ``(batch, host work the server does not pad)``; with
+    ``decode_only``, only the steps that prefill nothing (a prefill's launch lengthens
+    them)."""
+    st, s = metrics.get("steps"), metrics.get("summary", {})
+    if not st or "t_barrier_us" not in st:
+        return np.zeros(0), np.zeros(0)
+    lo, hi = int(s.get("warmup", 0)), int(s.get("steps", len(st["batch"]))) - 1
+    batch = np.asarray(st["batch"], dtype=float)[lo:hi]
+    other = (np.asarray(st["t_barrier_us"], dtype=float)
+             - np.asarray(st["t_batch_us"], dtype=float))[lo:hi]
+    ok = np.isfinite(other) & (batch > 0)
+    if decode_only:
+        ok &= np.asarray(st["prefill_tokens"])[lo:hi] == 0
+    return batch[ok], other[ok]
+
+
+def host_line(timed: dict) -> tuple[float, float] | None:
+    """``(a, b)``: the sweep's unpadded host work per step (prepare, launch and barrier: the
+    host work the server does not pad to a time target) as ``a + b x batch``, least squares
+    over its measured steps; None without per-step arrays."""
+    x, y = _unpadded(timed)
+    if len(x) < 3 or np.ptp(x) == 0:
+        return None
+    b, a = np.polyfit(x, y, 1)
+    return float(a), float(b)
+
+
+def host_speed(metrics: dict, line: tuple[float, float] | None,
+               decode_only: bool = False) -> float:
+    """How much slower the repeat's host ran than the sweep's (1: the same; NaN: unknown):
+    its unpadded host work over the sweep's line at the same batches (``decode_only``: on
+    the steps that prefill nothing)."""
+    x, y = _unpadded(metrics, decode_only)
+    if line is None or not len(x):
+        return math.nan
+    return float(y.sum() / (line[0] + line[1] * x).sum())
+
+
+def judged_repeats(repeats: list[dict], line: tuple[float, float] | None,
+                   decode_only: bool = False) -> tuple[list[float], list[dict]]:
+    """``(speeds, judged)``: each repeat's :func:`host_speed`, and the repeats judged (those
+    at most :data:`HOST_SPEED_MAX` times slower, or all of them when none is)."""
+    speeds = [host_speed(r, line, decode_only) for r in repeats]
+    judged = [r for r, v in zip(repeats, speeds) if not v > HOST_SPEED_MAX] or repeats
+    return speeds, judged
+
+
+def what_if(fit_config: dict, metrics: dict, workload: dict, default_steps: int,
+            prefill: dict | None = None, overlap: bool | None = None) -> dict:
+    """The overrides that turn the fitted config into one measured case: its ``workload``
+    (with the fit's graph buckets), its ``prefill`` section and loop (``overlap``) where
+    given, its barrier, accepted tokens and length (``default_steps`` where the case does not
+    say; the warm-up a tenth of it where the case does not say)."""
+    case = metrics["case"]
+    buckets = (fit_config.get("workload") or {}).get("graph_buckets")
+    if buckets:
+        workload["graph_buckets"] = list(buckets)
+    out = {"workload": workload}
+    if prefill is not None:
+        out["prefill"] = prefill
+    out["policy.barrier"] = case.get("barrier", "fine")
+    if overlap is not None:
+        out["policy.overlap"] = overlap
+    steps = int(case.get("steps", default_steps))
+    warm = case.get("warmup")
+    return {**out, "accept.tokens": float(metrics.get("accept_tokens", 1.0)),
+            "steps": steps, "warmup_steps": steps // 10 if warm is None else int(warm)}
+
+
+def relative_row(measured: float, predicted: float, bound: float | None,
+                 spread: float = 0.0) -> dict:
+    """One figure: measured (the repeats' mean, and their ``spread``), predicted, the
+    relative error, and whether it is within ``bound`` (None: reported, not judged)."""
+    error = (predicted - measured) / measured if measured else math.nan
+    return {"measured": measured, "spread": spread, "predicted": predicted, "error": error,
+            "bound": bound,
+            "ok": None if bound is None else bool(math.isfinite(error) and abs(error) <= bound)}
+
+
+def pct(x: float) -> str:
+    return "-" if not math.isfinite(x) else f"{100 * x:+.1f}%"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """A Markdown table's lines."""
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def command(argv: list[str] | None, prog: str, description: str,
+            evaluate: Callable[[Path], dict], markdown: Callable[[dict], str],
+            status_is_verdict: bool) -> int:
+    """A checker's command line: ``[FOLDER] [--json]``; exit status 2 when the folder lacks
+    something, else (``status_is_verdict``) 1 when a figure misses its target, or 0."""
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("folder", type=Path, nargs="?", default=DEFAULT_DIR)
+    ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    args = ap.parse_args(argv)
+    try:
+        result = evaluate(args.folder)
+    except ServerDataError as e:
+        print(f"simwar: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=1, default=str) if args.json else markdown(result))
+    return 1 if status_is_verdict and not result["ok"] else 0
