@@ -1,29 +1,16 @@
 """The skeleton both mini-server checkers share: the data, the sweep's fit, the verdict.
 
 :mod:`lab.server_check` (decode loads and barriers) and :mod:`lab.prefill_check` (prompts,
-overlap on and off) read the same folder, the one ``python -m lab.server OUT`` wrote on the
-GPU machine (committed under ``tests/data/server``); both predict from the same fit of the
-sweeping-load capture, judge only the repeats whose host ran at the sweep's speed, and hold
-each figure, measured against predicted, to a bound. This module is what they share:
+overlap on and off) read the folder ``python -m lab.server OUT`` wrote on the GPU machine
+(committed under ``tests/data/server``), predict from the same fit of its sweeping-load
+capture (:func:`sweep`), judge only the repeats whose host ran at the sweep's speed
+(:func:`judged_repeats`), ask the fit each case as a what-if (:func:`what_if`) and hold each
+figure, measured against predicted, to a bound (:func:`row`), in a Markdown table or JSON
+from one command line (:func:`command`). Which cases, the what-if of each, the figures and
+their bounds are each checker's.
 
-- the data: :func:`read_metrics` (``.json`` or ``.json.gz``), :func:`load_repeats` (a case's
-  repeats, by file name), the request lengths of a case (:func:`output_tokens`);
-- the fit: :func:`fit_sweep` (``fit_ramp_profiled`` read with ``--preset sglang`` and no
-  mapping, fitted, rescaled to the un-profiled sweep ``fit_ramp``), and :func:`sweep` (the
-  fit with the cases and the sweep's host line, or a :class:`ServerDataError` saying what
-  the folder lacks);
-- the host-speed rule: :func:`host_line`, :func:`host_speed` and :func:`judged_repeats`
-  (a repeat whose host ran more than :data:`HOST_SPEED_MAX` times slower than the sweep's
-  is reported, not judged: the fit knows one host speed);
-- the prediction: :func:`what_if` (the overrides every case sets: its workload, barrier,
-  accepted tokens and length);
-- the verdict: :func:`relative_row` (measured, predicted, error, bound, within it),
-  :func:`table` (a Markdown table), :func:`command` (the command line: the table or
-  ``--json``, a folder that lacks something is one line on stderr and exit status 2).
-
-What differs (which cases, the what-if of each, the figures and their bounds) is each
-checker's. Runs where simulation runs (simwar's full stack), not on the GPU machine: it
-reads the captures through :mod:`simwar.capture`, never through :mod:`simwar.harness`.
+Runs where simulation runs (simwar's full stack), not on the GPU machine: it reads the
+captures through :mod:`simwar.capture`, never through :mod:`simwar.harness`.
 """
 
 from __future__ import annotations
@@ -148,20 +135,36 @@ def sweep(folder: Path, pattern: re.Pattern, keys: tuple[str, ...], what: str) -
     return Sweep(cases, fit, unprofiled, line)
 
 
+def measured_steps(metrics: dict) -> slice:
+    """A run's measured steps: from its warm-up to the second-last (a step time needs a
+    successor), as the server's summary and the simulator take them."""
+    s = metrics.get("summary", {})
+    n = s["steps"] if "steps" in s else len(metrics["steps"]["batch"])
+    return slice(int(s.get("warmup", 0)), int(n) - 1)
+
+
+def finished_requests(metrics: dict) -> np.ndarray:
+    """Per request: whether the step of its last token is a measured one (the simulator's
+    rule for the requests its figures take)."""
+    steps = measured_steps(metrics)
+    fin = np.asarray(metrics["requests"]["finish_step"], dtype=np.int64)
+    return (fin >= steps.start) & (fin < steps.stop)
+
+
 def _unpadded(metrics: dict, decode_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Per measured step with a batch: ``(batch, host work the server does not pad)``; with
     ``decode_only``, only the steps that prefill nothing (a prefill's launch lengthens
     them)."""
-    st, s = metrics.get("steps"), metrics.get("summary", {})
+    st = metrics.get("steps")
     if not st or "t_barrier_us" not in st:
         return np.zeros(0), np.zeros(0)
-    lo, hi = int(s.get("warmup", 0)), int(s.get("steps", len(st["batch"]))) - 1
-    batch = np.asarray(st["batch"], dtype=float)[lo:hi]
+    steps = measured_steps(metrics)
+    batch = np.asarray(st["batch"], dtype=float)[steps]
     other = (np.asarray(st["t_barrier_us"], dtype=float)
-             - np.asarray(st["t_batch_us"], dtype=float))[lo:hi]
+             - np.asarray(st["t_batch_us"], dtype=float))[steps]
     ok = np.isfinite(other) & (batch > 0)
     if decode_only:
-        ok &= np.asarray(st["prefill_tokens"])[lo:hi] == 0
+        ok &= np.asarray(st["prefill_tokens"])[steps] == 0
     return batch[ok], other[ok]
 
 
@@ -218,14 +221,26 @@ def what_if(fit_config: dict, metrics: dict, workload: dict, default_steps: int,
             "steps": steps, "warmup_steps": steps // 10 if warm is None else int(warm)}
 
 
-def relative_row(measured: float, predicted: float, bound: float | None,
-                 spread: float = 0.0) -> dict:
-    """One figure: measured (the repeats' mean, and their ``spread``), predicted, the
-    relative error, and whether it is within ``bound`` (None: reported, not judged)."""
-    error = (predicted - measured) / measured if measured else math.nan
+def mean_spread(values: list[float]) -> tuple[float, float]:
+    """The repeats' mean (NaN: none) and spread, max - min (0 for one repeat)."""
+    return (float(np.mean(values)) if values else math.nan,
+            float(np.ptp(values)) if len(values) > 1 else 0.0)
+
+
+def row(measured: float, predicted: float, error: float, bound: float | None,
+        spread: float = 0.0) -> dict:
+    """One figure: measured (the repeats' mean, and their ``spread``), predicted, the error,
+    and whether it is within ``bound`` (None: reported, not judged)."""
     return {"measured": measured, "spread": spread, "predicted": predicted, "error": error,
             "bound": bound,
             "ok": None if bound is None else bool(math.isfinite(error) and abs(error) <= bound)}
+
+
+def relative_row(measured: float, predicted: float, bound: float | None,
+                 spread: float = 0.0) -> dict:
+    """:func:`row` with the error relative to the measured figure."""
+    error = (predicted - measured) / measured if measured else math.nan
+    return row(measured, predicted, error, bound, spread)
 
 
 def pct(x: float) -> str:

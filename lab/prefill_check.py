@@ -51,15 +51,6 @@ from pathlib import Path
 import numpy as np
 
 from lab import check
-from lab.check import (
-    DEFAULT_DIR,
-    MAX_BATCH,
-    ServerDataError,
-    metrics_file,
-    output_tokens,
-    read_metrics,
-    relative_row,
-)
 from simwar.api import simulate
 
 CASE = re.compile(r"^prefill_(?P<load>light|medium|closed8)_(?P<loop>overlap|normal)"
@@ -105,19 +96,19 @@ def prefill_model(folder: Path, host_scale: float, device_scale: float,
     """The ``prefill:`` section (see the module docstring), with what it was read from."""
     capture = folder / PREFILL_CAPTURE
     if not capture.exists():
-        raise ServerDataError(f"{capture}: not found (the profiled prefill case)")
+        raise check.ServerDataError(f"{capture}: not found (the profiled prefill case)")
     events = json.loads(gzip.decompress(capture.read_bytes()))["traceEvents"]
     steps = [e for e in events if e.get("cat") == "user_annotation"
              and str(e.get("name", "")).startswith("ProfilerStep#")]
-    tokens = read_metrics(metrics_file(folder, PREFILL_METRICS) or folder / PREFILL_METRICS)[
-        "steps"]["prefill_tokens"]
+    path = check.metrics_file(folder, PREFILL_METRICS) or folder / PREFILL_METRICS
+    tokens = check.read_metrics(path)["steps"]["prefill_tokens"]
     run = _ranges(events, steps, "scheduler.run_batch")
     prep = _ranges(events, steps, "scheduler.prepare_for_decode")
     ks = [k for k in sorted(run) if k >= warmup and k in prep and k < len(tokens)]
     plain = [run[k] + prep[k] for k in ks if tokens[k] == 0]
     with_prefill = [k for k in ks if tokens[k] > 0]
     if len(with_prefill) < 3 or not plain:
-        raise ServerDataError(f"{capture}: fewer than 3 prefill steps, or none without")
+        raise check.ServerDataError(f"{capture}: fewer than 3 prefill steps, or none without")
     x = [float(tokens[k]) for k in with_prefill]
     # the host time a prefill adds to its step: preparing it (its metadata in the staging
     # buffer) and launching it, over the steps without one
@@ -174,8 +165,8 @@ def what_if(fit_config: dict, prefill: dict, metrics: dict) -> dict:
     arrival times and lengths; a repeat of 250 steps sees 20-140 requests, too few for
     another draw of the same rate to give its throughput), a closed loop is a closed loop."""
     case, arrivals = metrics["case"], metrics.get("arrivals") or {}
-    wl: dict = {"max_batch": MAX_BATCH,
-                "output_tokens": output_tokens(case.get("output_tokens", "16..128")),
+    wl: dict = {"max_batch": check.MAX_BATCH,
+                "output_tokens": check.output_tokens(case.get("output_tokens", "16..128")),
                 "prompt_tokens": _lengths(case.get("prompt_tokens", "64..512"))}
     if "rate_per_s" in arrivals:
         req = metrics["requests"]
@@ -186,7 +177,7 @@ def what_if(fit_config: dict, prefill: dict, metrics: dict) -> dict:
     elif "concurrency" in arrivals:
         wl["closed_loop"] = {"concurrency": int(arrivals["concurrency"])}
     else:
-        raise ServerDataError(f"{case.get('name', '?')}: neither a rate nor a concurrency")
+        raise check.ServerDataError(f"{case.get('name', '?')}: neither a rate nor a concurrency")
     chunk = int(case.get("chunk_tokens", prefill["chunk_tokens"]))
     return check.what_if(fit_config, metrics, wl, default_steps=250,
                          prefill={**prefill, "chunk_tokens": chunk},
@@ -196,14 +187,12 @@ def what_if(fit_config: dict, prefill: dict, metrics: dict) -> dict:
 def measured(metrics: dict) -> dict:
     """One repeat's figures, by the simulator's rules (measured steps: warm-up to the
     second-last; requests whose last token's step is measured)."""
-    s, st, req = metrics["summary"], metrics["steps"], metrics["requests"]
-    lo, hi = int(s["warmup"]), int(s["steps"]) - 1
+    st, req, steps = metrics["steps"], metrics["requests"], check.measured_steps(metrics)
     start = np.asarray(st["fwd_start_us"], dtype=float)
-    step_us = (start[1:] - start[:-1])[lo:hi]
-    batch = np.asarray(st["batch"], dtype=float)[lo:hi]
+    step_us = (start[1:] - start[:-1])[steps]
+    batch = np.asarray(st["batch"], dtype=float)[steps]
     accept = float(metrics.get("accept_tokens", 1.0))
-    fin = np.asarray(req["finish_step"], dtype=np.int64)
-    keep = (fin >= lo) & (fin < hi)
+    keep = check.finished_requests(metrics)
     arr = np.asarray(req["arrival_us"], dtype=float)[keep]
     out_tokens = np.asarray(req["output_tokens"], dtype=float)[keep]
     f_dev = np.asarray(req["first_token_dev_us"], dtype=float)[keep]
@@ -229,7 +218,7 @@ def predicted(summary: dict) -> dict:
 
 def evaluate(folder: Path | None = None) -> dict:
     """Fit, predict every prefill case, compare (see the module docstring)."""
-    folder = Path(folder or DEFAULT_DIR)
+    folder = Path(folder or check.DEFAULT_DIR)
     sw = check.sweep(folder, CASE, ("load", "loop"), "prefill_*.metrics.json[.gz] (the "
                      "prefill cases: python -m lab.server OUT --suite prefill)")
     fit = sw.fit
@@ -247,10 +236,10 @@ def evaluate(folder: Path | None = None) -> dict:
                 for r in judged]
         change = what_if(config, pf["section"], repeats[0])
         reps = [measured(r) for r in judged]
-        meas = {k: float(np.mean([r[k] for r in reps])) for k in reps[0]}
-        spread = {k: float(np.ptp([r[k] for r in reps])) for k in reps[0]}
+        meas = {k: check.mean_spread([r[k] for r in reps]) for k in reps[0]}
         pred = {k: float(np.mean([s[k] for s in sims])) for k in sims[0]}
-        rows = {k: relative_row(meas[k], pred[k], TARGETS.get(k), spread[k]) for k in FIGURES}
+        rows = {k: check.relative_row(meas[k][0], pred[k], TARGETS.get(k), meas[k][1])
+                for k in FIGURES}
         change = {k: v for k, v in change.items() if k != "workload"}  # (the trace is long)
         seeds = [int(r["case"].get("seed", 0)) for r in judged]
         out["cases"][f"{load}_{loop}"] = {"load": load, "loop": loop, "what_if": change,
@@ -259,7 +248,7 @@ def evaluate(folder: Path | None = None) -> dict:
                                           "repeats": len(repeats), "host_speed": speeds,
                                           "judged": [any(r is j for j in judged)
                                                      for r in repeats], "rows": rows,
-                                          "requests": (meas["requests"], pred["requests"])}
+                                          "requests": (meas["requests"][0], pred["requests"])}
     for load in sorted({c["load"] for c in out["cases"].values()}):
         on, off = out["cases"].get(f"{load}_overlap"), out["cases"].get(f"{load}_normal")
         if on is None or off is None:

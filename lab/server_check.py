@@ -48,15 +48,6 @@ from pathlib import Path
 import numpy as np
 
 from lab import check
-from lab.check import (
-    DEFAULT_DIR,
-    FIT_CAPTURE,
-    MAX_BATCH,
-    ServerDataError,
-    output_tokens,
-    pct,
-    relative_row,
-)
 from simwar.api import simulate
 
 CASE = re.compile(r"^loads_(?P<load>[a-z]+)_(?P<barrier>[a-z_]+)_r(?P<r>\d+)\.metrics\.json"
@@ -74,11 +65,11 @@ def what_if(fit_config: dict, metrics: dict) -> dict:
     case = metrics["case"]
     arrivals = metrics.get("arrivals") or {}
     if "rate_per_s" not in arrivals:
-        raise ServerDataError(f"{case.get('name', '?')}: no arrival rate in its metrics "
+        raise check.ServerDataError(f"{case.get('name', '?')}: no arrival rate in its metrics "
                               f"(a closed or ramp load is not a what-if of arrivals)")
-    wl = {"arrivals": {"rate_per_s": float(arrivals["rate_per_s"])}, "max_batch": MAX_BATCH,
+    wl = {"arrivals": {"rate_per_s": float(arrivals["rate_per_s"])}, "max_batch": check.MAX_BATCH,
           "initial_batch": INITIAL.get(case.get("load"), 1),
-          "output_tokens": output_tokens(case.get("output_tokens", "16..128"))}
+          "output_tokens": check.output_tokens(case.get("output_tokens", "16..128"))}
     return check.what_if(fit_config, metrics, wl, default_steps=400)
 
 
@@ -89,14 +80,10 @@ def _measured(repeats: list[dict]) -> dict:
                 if isinstance(r["summary"].get(key), (int, float))
                 and math.isfinite(r["summary"][key])]
 
-    out = {}
-    lat = [x for x in (_latency(r) for r in repeats) if math.isfinite(x)]
-    out["latency_dev_us_mean"] = (float(np.mean(lat)) if lat else math.nan,
-                                  float(np.ptp(lat)) if len(lat) > 1 else 0.0)
+    out = {"latency_dev_us_mean": check.mean_spread(
+        [x for x in (_latency(r) for r in repeats) if math.isfinite(x)])}
     for key in ("step_us_mean", "gap_us_mean", "batch_mean"):
-        v = col(key)
-        out[key] = (float(np.mean(v)) if v else math.nan, float(np.ptp(v)) if len(v) > 1
-                    else 0.0)
+        out[key] = check.mean_spread(col(key))
     buckets: dict[int, list[tuple[int, float]]] = {}
     for r in repeats:
         for b, v in (r["summary"].get("per_bucket") or {}).items():
@@ -115,12 +102,10 @@ def _latency(metrics: dict) -> float:
     of the requests that finished in the measured steps (warm-up to the second-last step: the
     simulation's own rule); the summary's mean over every finished request without the
     per-request arrays."""
-    s, req = metrics["summary"], metrics.get("requests")
+    req = metrics.get("requests")
     if not req:
-        return float(s.get("latency_dev_us_mean", math.nan))
-    lo, hi = int(s["warmup"]), int(s["steps"]) - 2
-    fin = np.asarray(req["finish_step"], dtype=np.int64)
-    keep = (fin >= lo) & (fin <= hi)
+        return float(metrics["summary"].get("latency_dev_us_mean", math.nan))
+    keep = check.finished_requests(metrics)
     if not keep.any():
         return math.nan
     return float(np.mean(np.asarray(req["finish_dev_us"], dtype=float)[keep]
@@ -147,14 +132,12 @@ def compare(measured: dict, predicted: dict, barrier: str) -> dict:
         m, spread = measured[key]
         # the repeats' own spread widens every bound but the step time's
         widen = spread / m if m and bound_key != "step_rel" else 0.0
-        rows[key] = relative_row(m, predicted[key], TARGETS[bound_key] + widen, spread)
+        rows[key] = check.relative_row(m, predicted[key], TARGETS[bound_key] + widen, spread)
     m, spread = measured["gap_us_mean"]
     p = predicted["gap_us_mean"]
     bound = max(TARGETS["gap_us"], TARGETS["gap_rel"] * abs(m)) if math.isfinite(m) else \
         TARGETS["gap_us"]
-    rows["gap_us_mean"] = {"measured": m, "spread": spread, "predicted": p, "error": p - m,
-                           "bound": bound, "ok": bool(math.isfinite(p - m)
-                                                      and abs(p - m) <= bound)}
+    rows["gap_us_mean"] = check.row(m, p, p - m, bound, spread)
     buckets = {}
     for b, (n, mean) in measured["per_bucket"].items():
         sim = predicted["per_bucket"].get(b)
@@ -174,7 +157,7 @@ def compare(measured: dict, predicted: dict, barrier: str) -> dict:
 
 def evaluate(folder: Path | None = None) -> dict:
     """Fit, predict every measured load and barrier, compare (see the module docstring)."""
-    folder = Path(folder or DEFAULT_DIR)
+    folder = Path(folder or check.DEFAULT_DIR)
     sw = check.sweep(folder, CASE, ("load", "barrier"), "loads_*.metrics.json[.gz] (the "
                      "measured loads)")
     fit = sw.fit
@@ -203,7 +186,7 @@ def evaluate(folder: Path | None = None) -> dict:
 
 def markdown(result: dict) -> str:
     f = result["fit"]
-    head = (f"Fitted from `{FIT_CAPTURE}` only (`--preset sglang`, no mapping): policy "
+    head = (f"Fitted from `{check.FIT_CAPTURE}` only (`--preset sglang`, no mapping): policy "
             f"{f['policy']['barrier']} ({f['policy']['source']}); graph buckets "
             f"{f['graph_buckets']}")
     if f["unprofiled_step_us"]:
@@ -214,19 +197,19 @@ def markdown(result: dict) -> str:
         k = c["compare"]
         s, b, lat, g = k["step_us_mean"], k["batch_mean"], k["latency_dev_us_mean"], \
             k["gap_us_mean"]
-        per = ", ".join(f"{bk}: {pct(v['error'])}{'' if v['ok'] is not False else ' MISS'}"
+        per = ", ".join(f"{bk}: {check.pct(v['error'])}{'' if v['ok'] is not False else ' MISS'}"
                         for bk, v in k["per_bucket"].items())
         reps = ", ".join(("" if r["judged"] else "(") + (f"x{r['host_speed']:.2f} " if
                                                           math.isfinite(r["host_speed"]) else "")
-                         + pct(r["step_error"]) + ("" if r["judged"] else ")")
+                         + check.pct(r["step_error"]) + ("" if r["judged"] else ")")
                          for r in c["repeats"])
         rows.append([
             c["load"], c["barrier"], reps,
-            f"{s['measured']:.1f} / {s['predicted']:.1f} ({pct(s['error'])})",
-            f"{b['measured']:.1f} / {b['predicted']:.1f} ({pct(b['error'])}, "
+            f"{s['measured']:.1f} / {s['predicted']:.1f} ({check.pct(s['error'])})",
+            f"{b['measured']:.1f} / {b['predicted']:.1f} ({check.pct(b['error'])}, "
             f"{100 * b['bound']:.0f}%)",
             f"{lat['measured'] / 1e3:.1f} / {lat['predicted'] / 1e3:.1f} "
-            f"({pct(lat['error'])}, {100 * lat['bound']:.0f}%)",
+            f"({check.pct(lat['error'])}, {100 * lat['bound']:.0f}%)",
             f"{g['measured']:.1f} / {g['predicted']:.1f}", per,
             f"{k['races']['measured_racy_steps']} / {k['races']['predicted_latent']}",
             "yes" if k["ok"] else "no"])

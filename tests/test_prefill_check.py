@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from lab.prefill_check import DEFAULT_DIR, FIGURES, evaluate, main, markdown
+from lab.check import DEFAULT_DIR
+from lab.prefill_check import FIGURES, evaluate, main, markdown
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_DIR / "prefill_light_overlap_r0.metrics.json.gz")
                                 .exists(), reason="the mini-server's prefill run is absent")

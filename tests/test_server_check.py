@@ -17,14 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.server_check import (
-    DEFAULT_DIR,
-    FIT_CAPTURE,
-    ServerDataError,
-    evaluate,
-    main,
-    markdown,
-)
+from lab.check import DEFAULT_DIR, FIT_CAPTURE, ServerDataError
+from lab.server_check import evaluate, main, markdown
 from simwar.api import simulate
 from simwar.capture.synthetic import Style, write_kineto
 
