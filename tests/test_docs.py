@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Annotated, Literal, Optional, Union
 
 import pytest
+from pydantic import BaseModel, Field
 
 from simwar.config import reference
 
@@ -89,3 +91,49 @@ def test_the_slug_rule():
     assert _slug("5. Durations, sizes and draws (`simwar/builder/`)") == (
         "5-durations-sizes-and-draws-simwarbuilder")
     assert _slug("Should I turn overlap on?") == "should-i-turn-overlap-on"
+
+
+# ---------------------------------------------------------------- the generator on any schema
+class _Gauge(BaseModel):
+    """A gauge."""
+
+    unit: Literal["us", "ms"] = "us"
+
+
+class _Fixed(BaseModel):
+    kind: Literal["fixed"]
+    us: float = Field(default=1.0, ge=0, description="the fixed duration")
+
+
+class _Drawn(BaseModel):
+    kind: Literal["drawn"]
+    mean: float
+
+
+class _Root(BaseModel):
+    """The root of a made-up schema."""
+
+    #: how many, from a comment
+    count: int = Field(default=2, ge=1)
+    gauge: _Gauge = Field(default_factory=lambda: _Gauge(unit="ms"))
+    gauges: list[_Gauge] = Field(default_factory=list)
+    maybe: Optional[_Gauge] = None
+    cost: Annotated[Union[_Fixed, _Drawn], Field(discriminator="kind")] = Field(
+        default_factory=lambda: _Fixed(kind="fixed"), description="a tagged union")
+    size: Union[int, dict[str, int]]
+
+
+def test_the_generator_walks_any_pydantic_schema():
+    text = reference.render((("", _Root),))
+    rows = {line.split(" | ")[0].strip("| `"): line for line in text.splitlines()
+            if line.startswith("| `")}
+    assert "| `count` | int (>= 1) | `2` | how many, from a comment |" in text
+    assert "(#gauge)" in rows["gauge"] and '`{"unit": "ms"}`' in rows["gauge"]
+    assert "## `gauge`" in text and "## `gauges[]`" in text and "## `maybe`" in text
+    assert rows["gauge.unit"].endswith('| `"ms"` |  |')  # the root's default, not the class's
+    assert rows["gauges[].unit"].split(" | ")[2] == '`"us"`'
+    assert "[_Fixed](#type-_fixed) \\| [_Drawn](#type-_drawn)" in rows["cost"]
+    assert rows["cost"].endswith("| a tagged union |")
+    assert '### _Fixed' in text and "| `us` | float (>= 0) | `1.0` | the fixed duration |" in text
+    assert rows["size"].split(" | ")[1:3] == ["int \\| dict[str, int]", "required"]
+    assert "A gauge." in text and "The root of a made-up schema." in text

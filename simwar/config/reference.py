@@ -254,11 +254,11 @@ def _path_anchor(path: str) -> str:
     return re.sub(r"[^a-z0-9_ -]", "", path.lower()).replace(" ", "-")
 
 
-def render() -> str:
-    """The whole reference, as Markdown."""
+def render(roots: tuple[tuple[str, type[BaseModel]], ...] = ROOTS) -> str:
+    """The whole reference, as Markdown: a section per model reached from ``roots``."""
     sections: list[_Section] = []
     named: dict[str, type[BaseModel]] = {}
-    for path, model in ROOTS:
+    for path, model in roots:
         _walk(path, model, None, sections, named)
     out = [HEADER]
     for section in sections:
