@@ -11,10 +11,11 @@ Each measurement is a fresh ``python -m simwar ...`` process of this tree (and, 
 from this one process: CPU time (the process and its children, user + system), wall time and
 peak RSS, and the ratios before / after. The machine is shared: repeat on a quiet one.
 
-- ``arrivals``: ``simwar run`` of the README's arrivals config (``dspark_fine_bimodal`` with
-  Poisson arrivals at 100/s, up to 64 requests, 16..256 output tokens, accepted tokens
-  1..5) for ``--steps`` steps: µs of CPU per step (target <= 10; 1M steps <= 15 s). The two
-  trees' summaries at ``--before-steps`` steps are compared: they must be equal.
+- ``arrivals``: ``simwar run`` of the arrivals config of docs/guide-workloads.md
+  (``dspark_fine_bimodal`` with Poisson arrivals at 100/s, up to 64 requests, 16..256 output
+  tokens, accepted tokens 1..5) for ``--steps`` steps: µs of CPU per step (target <= 10; 1M
+  steps <= 15 s). The two trees' summaries at ``--before-steps`` steps are compared: they
+  must be equal.
 - ``flat``: ``simwar run --summary-only`` of ``configs/dspark_none.yaml`` (a race every step)
   and ``configs/dspark_fine.yaml`` for ``--steps`` steps: peak RSS (target <= 200 MB at 10M).
 - ``sweep``: ``simwar sweep --jobs N`` of 4 algorithms x 4 barriers x 25 ``cpu.schedule_us``
@@ -104,8 +105,8 @@ def bench_flat(steps: int, before: Path | None) -> dict:
 
 # --------------------------------------------------------------------------- sweep
 def sweep_spec(steps: int, runs: int) -> dict:
-    """The README's sweep (10,000 runs), or its first ``runs``: every algorithm and barrier,
-    fewer cost points."""
+    """The sweep of docs/benchmarks.md (10,000 runs), or its first ``runs``: every algorithm
+    and barrier, fewer cost points."""
     spec = {"base": {"name": "bench", "steps": steps, "warmup_steps": 20},
             "grid": {"algorithm": ["none", "eagle", "dflash", "dspark"],
                      "policy.barrier": ["none", "coarse", "fine", "host_sync"],

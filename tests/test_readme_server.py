@@ -1,5 +1,5 @@
-"""README's "Your own server": every command it shows runs on the shipped files and prints
-what it shows.
+"""The guide's "Your own server" (docs/guide-your-server.md): every command it shows runs on the
+shipped files and prints what it shows.
 
 Each ``$ `` line of the section's code blocks is run (``simwar ...`` in-process, ``head -N
 FILE``), in a fresh directory holding a link to ``examples/``; the lines shown after it must
@@ -16,15 +16,15 @@ import re
 import shlex
 from pathlib import Path
 
+from docs_text import section
+
 from simwar.cli.app import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _section() -> str:
-    text = (ROOT / "README.md").read_text()
-    start = text.index("## Your own server")
-    return text[start:text.index("\n## ", start + 1)]
+    return section("## Your own server")
 
 
 def _commands(section: str) -> list[tuple[str, list[str]]]:

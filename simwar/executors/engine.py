@@ -1,26 +1,15 @@
-"""The SimPy executor: runs a Program on simulated CUDA streams, returns a Trace.
+"""The ``simpy`` executor: runs a Program on simulated CUDA streams, returns a Trace.
 
 This is the only module that imports simpy, and the reference executor: the
-one-pass executor (:mod:`simwar.executors.fast`) is held equal to it by tests. It must
+``fast`` executor (:mod:`simwar.executors.fast`) is held equal to it by tests. It must
 not import pandas, yaml, matplotlib or torch (a test checks ``sys.modules``).
 
-The CUDA rules (docs/design.md, "CUDA semantics") are :mod:`simwar.core.rules`; here
-they run inside SimPy processes:
-
-- each stream runs its operations in FIFO order; streams run concurrently;
-- ``record(E, S)`` captures the tail of S at the host call: it is a stream
-  operation that fires when S reaches it. Re-recording E moves the pointer
-  that later waits bind to; earlier waits keep their binding;
-- ``wait_event(T, E)`` binds, at the host call, to the most recent record of E
-  issued before it; an event never recorded makes it a no-op;
-- ``wait_stream(T, S)`` is a fresh record on S followed by a wait on T;
-- an in-graph record node is re-armed by each graph launch (the host call)
-  and fires when graph execution reaches it;
-- a host ``synchronize(E)`` returns at once if E already fired, else when it
-  fires plus the op's wake-up latency ``wake_us``;
-- every host call costs its ``host_us``; the device sees the operation when
-  the call returns;
-- a wait released by another stream's record adds the op's ``latency_us``.
+The CUDA rules are written once in docs/design.md ("CUDA semantics") and computed by
+:mod:`simwar.core.rules`; here they run inside SimPy processes. Reading the code needs only
+where each op's figures come from: a host call costs its ``host_us``, a wait released by
+another stream's record adds its ``latency_us``, a synchronize that blocked its ``wake_us``;
+a wait binds at its host call to the latest record issued before it (a graph launch re-arms
+its in-graph record nodes), so re-recording an event moves only later waits' binding.
 
 Speed: the host thread never looks at device state except in a synchronize,
 so it runs ahead on its own clock and hands each stream operation a

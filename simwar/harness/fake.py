@@ -1,12 +1,10 @@
 """A deterministic stream backend on a virtual clock, for testing the harness without a GPU.
 
 It implements the replay's :class:`~simwar.harness.replay.Backend` with the
-CUDA rules of docs/design.md resolved eagerly at each host call (which is exact:
-every operation's inputs — its stream's tail and the record a wait bound to —
-are known when it is issued): streams are FIFO, a record fires at its
-stream's tail or its issue time, a wait holds its stream until the bound
-record fired (plus ``cross_stream_us`` across streams), a synchronize returns
-at once or at the firing plus ``sync_wake_us``. Each host call costs the
+CUDA rules (docs/design.md, "CUDA semantics") resolved eagerly at each host call (which is
+exact: every operation's inputs — its stream's tail and the record a wait bound to — are
+known when it is issued), with ``cross_stream_us`` and ``sync_wake_us`` as the device's
+latencies. Each host call costs the
 ``costs`` entry of its kind (config names: ``launch_us``, ``graph_launch_us``,
 ``event_record_us``, ``wait_event_us``, ``wait_stream_us``, ``sync_us``);
 timing points cost nothing. Buffers keep their write history, so each read
