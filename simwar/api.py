@@ -415,7 +415,7 @@ def _bound(trace, template, rep: Config, sizes: StepSizes, resolved: dict):
 def _simulate_simpy(cfg: Config, requested: str, progress=None, refused=()) -> Result:
     from simwar.executors.engine import Engine  # lazy: simpy, for this executor only
 
-    # the ops are generated as the engine reads them: a long run holds its trace, not its
+    # the ops are generated as the executor reads them: a long run holds its trace, not its
     # ops (Result.program rebuilds them on demand: building is deterministic)
     program = loop.stream_program(cfg, resolve_sizes(cfg))
     engine = Engine(program, progress=progress)
@@ -445,7 +445,7 @@ def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) 
         except onepass_ranks.Unfollowable as signal:  # the reference: its answer or deadlock
             choice = choice.fell_back(signal)
     if traces is None:
-        from simwar.executors.ranks import run_ranks  # lazy: simpy, for this engine only
+        from simwar.executors.ranks import run_ranks  # lazy: simpy, for this executor only
 
         traces, events = run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
     ranks = []

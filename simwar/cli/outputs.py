@@ -6,7 +6,7 @@ input), :func:`check` before simulating (nor does a wrong window cost a run), :f
 after.
 ``--timeline`` draws :func:`simwar.plots.stall_figure` (the stall timeline of a few steps
 and a zoom on the first forward-stream bubble) from the run's Trace: :func:`trace_options`
-names it, so that ``run`` picks the SimPy engine. ``--trace`` writes Chrome trace-event
+names it, so that ``run`` picks an executor that keeps it. ``--trace`` writes Chrome trace-event
 JSON for Perfetto (:mod:`simwar.plots.perfetto`) as the run is simulated again in the
 one-pass executor's trace mode (:func:`simwar.api.trace_windows`): memory of one window,
 whatever the run's length, the file written as it is produced (and nothing left of it

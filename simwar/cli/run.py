@@ -61,8 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no progress bar and no notes on stderr (errors still print)")
     p.add_argument("--engine", choices=ENGINES, default=None,
                    help="executor: simpy (reference, keeps the trace), fast (one pass, no "
-                        "trace) or auto (fast unless --timeline; default: the "
-                        "config's engine, auto)")
+                        "trace but a tensor-parallel run's) or auto (fast, simpy where fast "
+                        "refuses, e.g. --timeline; stderr says why; default: the config's "
+                        "engine, auto)")
     p.add_argument("--slo", metavar="METRIC=BOUND,...",
                    help="service-level objectives per request, e.g. ttft=200ms,tpot=30ms "
                         "(metrics: ttft, ttft_forward, tpot, itl, latency; units us, ms, s; "

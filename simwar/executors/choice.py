@@ -10,8 +10,8 @@ bit for bit); they differ in what they keep, what they take and how fast they ar
   which keeps every rank's Trace;
 - ``lockstep``: a batch of runs that share their iteration shapes, run together
   (:mod:`simwar.executors.lockstep`; :func:`simwar.api.simulate_many`, sweeps);
-- ``trace``: the one-pass executor's trace mode, a run as a stream of Trace windows
-  (:mod:`simwar.executors.fast.trace`; ``simwar explain``).
+- the trace mode (key ``trace``): the one-pass executor's, a run as a stream of Trace
+  windows (:mod:`simwar.executors.fast.trace`; ``simwar explain``, ``run --trace``).
 
 Each entry of :data:`EXECUTORS` lists why it refuses a config: rules that return None or a
 reason, checked before anything runs. :func:`choose` walks the executors a request
@@ -20,10 +20,12 @@ before it were refused (:class:`Choice`). What can only be found while planning 
 (iterations that never settle into one shape, ranks whose collectives one pass cannot
 follow, a plan the lockstep pass cannot take, names the trace mode cannot make) is a
 :class:`~simwar.core.refusals.PlanRefused` of the executor's own: the runner
-(:mod:`simwar.api`) catches exactly those, takes the next executor
-(:meth:`Choice.fell_back`) and so records the reason too. Any other exception propagates.
+(:mod:`simwar.api`) catches exactly those and takes the next executor, recording the reason
+where a Result comes of the run (:meth:`Choice.fell_back`, ``Result.refused``). Any other
+exception propagates.
 
-Imports: the config and the one-pass executor's plan (a lockstep plan rule reads it).
+Imports: the config, :mod:`simwar.core.refusals` and the one-pass executor's
+``marks_results`` (the lockstep plan rule reads a plan).
 """
 
 from __future__ import annotations
