@@ -238,3 +238,17 @@ def test_cli_run_prints_the_refusal_line(tmp_path, capsys):
     assert out.exists()
     assert main(["run", "--set", "steps=20", "--set", "warmup_steps=2"]) == 0
     assert capsys.readouterr().err == "simwar: executor fast\n"
+
+
+def test_cli_trace_export_says_why_the_trace_mode_refused(tmp_path, capsys, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise TraceUnsupported("a name changes with the step without a template")
+
+    monkeypatch.setattr(api, "trace_windows", refuse)
+    out = tmp_path / "t.json"
+    assert main(["run", "--set", "steps=20", "--set", "warmup_steps=2", "--trace",
+                 str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert "simwar: --trace: trace mode refused: a name changes with the step without a " \
+           "template" in err
+    assert out.stat().st_size > 0  # the run's Trace, simulated by the reference
