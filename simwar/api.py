@@ -2,21 +2,29 @@
 
 The one place that orders the pipeline: config → per-step sizes (:func:`resolve_sizes`:
 drawn, then, for arrivals, realized by a run of the one-pass executor, which is then the
-fast engine's run) → builder → executor →
-per-step table, summary and races. Two executors give the same table, summary and races
-(a test holds them equal on every shipped config and on random programs):
+``fast`` executor's run) → builder → executor →
+per-step table, summary and races. Every executor gives the same table, summary and races
+(tests hold them equal on every shipped config and on random programs); the ``engine=``
+argument (the config's ``engine:``) names one:
 
 - ``simpy``: the reference (:mod:`simwar.executors.engine`); builds the Program and keeps the
   full :class:`~simwar.core.trace.Trace` (timelines, Perfetto, the GPU harness's comparisons);
 - ``fast``: the one-pass executor (:mod:`simwar.executors.fast`); no Program of a million
   objects, no trace, 30-100x quicker, memory that grows only with the per-step table;
 - ``auto`` (the default, also the config's ``engine:`` default): ``fast``; the trace is
-  simulated by the reference engine the first time ``Result.trace`` is read.
+  simulated by the reference the first time ``Result.trace`` is read.
+
+:func:`simulate_many` runs batches of alike runs on the ``lockstep`` executor. Which
+executor runs, and why the ones preferred to it refused, is decided in one table
+(:mod:`simwar.executors.choice`, :func:`choose`); a refusal found only while planning is a
+:class:`~simwar.core.refusals.PlanRefused` the runner catches by name, records
+(``Result.refused``) and falls back on. Nothing else switches executors.
 
 Nothing here prints or writes files.
 
-Imports: config, build, the one-pass executor and the analysis; the SimPy engine lazily
-(``simulate`` with the fast engine loads no simpy; pandas only for ``Result.steps``).
+Imports: config, builder, the one-pass and lockstep executors, the executors' table and the
+analysis; the SimPy executor lazily (``simulate`` on ``fast`` loads no simpy; pandas only for
+``Result.steps``).
 """
 
 from __future__ import annotations
@@ -32,12 +40,14 @@ from simwar.builder.loop import sizes_meta
 from simwar.builder.ranks import rank_programs
 from simwar.builder.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.builder.template import NotTraceable, duration_at, structure_key, traced
-from simwar.config import ENGINES, Config, ConfigError, load_config
+from simwar.config import Config, ConfigError, load_config
 from simwar.config.clipping import clipping_warnings
 from simwar.core.collector import gc_paused
 from simwar.core.program import Program
 from simwar.core.ranks import side_by_side
 from simwar.executors import fast, lockstep, onepass_ranks
+from simwar.executors.choice import EXECUTORS, Choice, choose, describe
+from simwar.executors.fast.plan import Unsettled
 
 #: realized arrivals sequences kept, by the config's content (realizing one runs the config)
 SIZES_CACHE_LIMIT = 8
@@ -81,7 +91,7 @@ def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
     an iterator that simulates as it is read. Memory is one window, whatever the run's
     length; ``steps`` (A, B): only the windows holding steps A..B. Raises
     :class:`~simwar.executors.fast.trace.TraceUnsupported` for a run whose names are not
-    templates (the SimPy engine's ``Result.trace`` then)."""
+    templates (the ``simpy`` executor's ``Result.trace`` then)."""
     # lazy: start-up time of the CLI (a run that streams no trace does not load the mode)
     from simwar.executors.fast import trace as fast_trace
 
@@ -89,7 +99,7 @@ def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
     sizes = resolve_sizes(cfg)
     try:
         plan = fast.plan_config(cfg, sizes)
-    except RuntimeError:  # iterations that never settle into one shape: take the Program
+    except Unsettled:  # iterations that never settle into one shape: take the Program
         plan = fast.plan_program(loop.build_program(cfg, sizes))
     kw = {} if chunk is None else {"chunk": chunk}
     parts = fast_trace.windows(plan, steps=steps, margin=margin, **kw)
@@ -104,30 +114,36 @@ EXPLAIN_MARGINS = (4, 16, 64)
 def explain(cfg: Config, steps: tuple[int, int] | None = None):
     """The critical path of a config's run (:mod:`simwar.analysis.critical_path`), simulated
     once and streamed in windows (:func:`trace_windows`): a run of any length in the
-    memory of one window, to the figures and causes of the SimPy engine's whole Trace.
+    memory of one window, to the figures and causes of the ``simpy`` executor's whole Trace.
     ``steps`` (A, B): those steps (default: the measured steps). A tensor-parallel config:
     rank 0's, its ranks simulated at once (:func:`simulate`), each collective's wait named
-    by the rank it waited for."""
+    by the rank it waited for. The trace mode refused (:func:`choose`, purpose ``trace``),
+    the walk is over the Trace of the executor it falls back to."""
     # lazy: start-up time of the CLI (only explain walks critical paths)
     from simwar.analysis.critical_path import Truncated, critical_path
     from simwar.analysis.critical_stream import critical_path_stream  # lazy: as above
     from simwar.executors.fast.trace import TraceUnsupported  # lazy: as above
 
+    choice = choose(cfg, purpose="trace", trace_for="explain")
+    if choice.key == "trace":
+        for margin in EXPLAIN_MARGINS:
+            try:
+                parts, _, _ = trace_windows(cfg, margin=margin,
+                                            steps=None if steps is None else (0, steps[1] + 2))
+                return critical_path_stream(parts, steps)
+            except Truncated:  # a walk went back past its window: more context
+                continue
+            except TraceUnsupported as signal:  # names the trace mode cannot make
+                choice = choice.fell_back(signal)
+                break
+        else:
+            choice = choice.fell_back(f"a walk reached back past {EXPLAIN_MARGINS[-1]} "
+                                      f"iterations of context")
+    run = simulate(cfg, engine=choice.name)
     if cfg.tp > 1:
-        ranks = simulate(cfg).ranks
-        joined = Collectives.of_traces([r.trace for r in ranks]).late_of(0)
-        return critical_path(ranks[0].trace, steps, ranks=joined)
-
-    for margin in EXPLAIN_MARGINS:
-        try:
-            parts, _, _ = trace_windows(cfg, margin=margin,
-                                        steps=None if steps is None else (0, steps[1] + 2))
-            return critical_path_stream(parts, steps)
-        except Truncated:  # a walk went back past its window: more context
-            continue
-        except TraceUnsupported:  # names the trace mode cannot make
-            break
-    return critical_path(simulate(cfg, engine="simpy").trace, steps)
+        joined = Collectives.of_traces([r.trace for r in run.ranks]).late_of(0)
+        return critical_path(run.ranks[0].trace, steps, ranks=joined)
+    return critical_path(run.trace, steps)
 
 
 def build_program(cfg: Config) -> Program:
@@ -146,7 +162,8 @@ def build_rank_programs(cfg: Config) -> list[Program]:
 
 
 class NoTraceError(RuntimeError):
-    """A trace (timeline, Perfetto export) was asked of a run simulated without one."""
+    """A trace (timeline, Perfetto export) was asked of a run simulated without one (a
+    usage error, never an executor's planning signal)."""
 
 
 class Result:
@@ -154,20 +171,24 @@ class Result:
 
     ``summary``: a flat dict; ``steps``: the per-step DataFrame (``columns``: the same as
     numpy arrays); ``hazards``/``races``: latent races and observed overlaps; ``engine``:
-    the executor that ran (``simpy`` or ``fast``); ``warnings``: what the config may have
+    the executor that ran (``simpy`` or ``fast``), ``refused``: ``(executor, reason)`` for
+    each one preferred to it that refused the run (:func:`choose`; ``executor_line``: both
+    on one line); ``warnings``: what the config may have
     got wrong although it is valid, one line each (distributions clipped often:
     :func:`simwar.config.clipping.clipping_warnings`; nothing here prints them).
-    ``program`` is built on first use for a fast run. ``trace`` is the reference engine's
+    ``program`` is built on first use for a fast run. ``trace`` is the reference's
     Trace: kept by a ``simpy`` run, simulated on first use after an ``auto`` run, and a
     :class:`NoTraceError` after ``engine="fast"``.
     """
 
     def __init__(self, config: Config, engine: str, summary: dict, hazards, *,
                  columns: dict | None = None, program=None, trace=None, events: int = 0,
-                 meta: dict | None = None, requested: str = "auto"):
+                 meta: dict | None = None, requested: str = "auto",
+                 refused: tuple[tuple[str, str], ...] = ()):
         self.config = config
         self.engine = engine
         self.requested = requested
+        self.refused = tuple(refused)
         self.summary = summary
         self.hazards = hazards
         self.columns = columns
@@ -185,6 +206,12 @@ class Result:
     def __repr__(self) -> str:
         return (f"Result({self.config.name!r}, engine={self.engine!r}, "
                 f"steps_measured={self.summary.get('steps_measured')})")
+
+    @property
+    def executor_line(self) -> str:
+        """The executor that ran and why each one preferred to it refused, one line:
+        ``executor simpy: fast refused: --timeline needs a trace``."""
+        return describe(self.engine, self.refused)
 
     @property
     def warnings(self) -> list[str]:
@@ -216,8 +243,9 @@ class Result:
         if self._trace is None:
             if self.requested == "fast":
                 raise NoTraceError(
-                    "this run used engine 'fast', which keeps no trace: simulate it with "
-                    "engine='simpy' (or 'auto', which simulates the trace when first read)")
+                    "this run used the executor 'fast', which keeps no trace: simulate it "
+                    "with engine='simpy' (or 'auto', which simulates the trace when first "
+                    "read)")
             from simwar.executors.engine import Engine  # lazy: simpy, for a trace only
 
             engine = Engine(self.program)
@@ -253,41 +281,41 @@ class Result:
 
 
 def resolve_engine(requested: str | None, cfg: Config, want_trace: bool = False) -> str:
-    """The executor a run uses, ``simpy`` or ``fast``: the one place that chooses it.
-
-    ``requested``: one of :data:`simwar.config.ENGINES`, or None for the config's ``engine``;
-    ``auto`` is ``fast`` unless ``want_trace`` (a trace is asked for before the run), then
-    ``simpy``. Another name is a :class:`~simwar.config.ConfigError`.
+    """The name of the executor :func:`choose` picks for one run, ``simpy`` or ``fast``
+    (``want_trace``: a trace is needed before the run); the name asked for when it refuses
+    (``fast`` with a trace needed). Another name is a :class:`~simwar.config.ConfigError`.
     """
-    name = requested or cfg.engine
-    if name not in ENGINES:
-        raise ConfigError(f"engine: '{name}' is not one of {', '.join(ENGINES)}")
-    if name == "auto":
-        return "simpy" if want_trace else "fast"
-    return name
+    choice = choose(cfg, requested, trace_for="a trace" if want_trace else None)
+    return choice.name or requested or cfg.engine
 
 
 def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str | None = None,
-             *, summary_only: bool = False,
-             progress: Callable[[int], None] | None = None) -> Result:
+             *, summary_only: bool = False, progress: Callable[[int], None] | None = None,
+             trace_for: str | None = None) -> Result:
     """Simulate a config (path, mapping, Config, or None for the packaged default).
 
-    ``engine``: ``simpy``, ``fast`` or ``auto`` (default: the config's ``engine``, itself
-    ``auto`` by default). ``summary_only``: keep no per-step table (fast engine: the summary
-    is computed as the run goes, its quantiles from a sketch; see :mod:`simwar.analysis.streaming`).
-    ``progress``: called with a step number as the run reaches it: the SimPy engine at each
-    step, the fast engine after each chunk of its pass (a few hundredths to a few tenths of
-    a second of work apart), both with ``steps`` at the end.
+    ``engine``: the executor, ``simpy``, ``fast`` or ``auto`` (default: the config's
+    ``engine``, itself ``auto`` by default); :func:`choose` decides, and the Result says
+    which ran and why any preferred one refused (``Result.refused``). ``trace_for``: what
+    needs the run's Trace kept (e.g. ``"--timeline"``): ``auto`` then takes an executor
+    that keeps one; ``fast`` asked for with one needed is a
+    :class:`~simwar.config.ConfigError`. ``summary_only``: keep no per-step table (``fast``:
+    the summary is computed as the run goes, its quantiles from a sketch; see
+    :mod:`simwar.analysis.streaming`). ``progress``: called with a step number as the run
+    reaches it: ``simpy`` at each step, ``fast`` after each chunk of its pass (a few
+    hundredths to a few tenths of a second of work apart), both with ``steps`` at the end.
     """
     cfg = load_config(cfg, overrides)
+    choice = choose(cfg, engine, trace_for=trace_for)
     requested = engine or cfg.engine
-    actual = resolve_engine(requested, cfg)
+    if choice.name is None:
+        raise ConfigError(f"engine {requested}: {'; '.join(why for _, why in choice.refused)}")
     with gc_paused():
         if cfg.tp > 1:
-            return _simulate_ranks(cfg, actual, requested, progress)
-        if actual == "simpy":
-            return _simulate_simpy(cfg, requested, progress)
-        result = _simulate_fast(cfg, requested, summary_only, progress)
+            return _simulate_ranks(cfg, choice, requested, progress)
+        if choice.name == "simpy":
+            return _simulate_simpy(cfg, requested, progress, choice.refused)
+        result = _simulate_fast(cfg, requested, summary_only, progress, choice.refused)
     if progress is not None:
         progress(cfg.steps)
     return result
@@ -301,9 +329,10 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
     resolved mappings (``Config.model_dump(mode="json")``, which a sweep's runs hold). Runs
     that differ in their durations' values only share one plan
     (:func:`simwar.builder.template.traced`, :func:`simwar.executors.fast.plan.bind`) and run
-    in lockstep (:mod:`simwar.executors.lockstep`), in batches; a run that cannot
-    (arrivals, whose batches depend on its own times; the SimPy engine asked for; a plan
-    the lockstep pass cannot take) runs alone, as :func:`simulate` runs it.
+    on the ``lockstep`` executor (:mod:`simwar.executors.lockstep`), in batches; a run it
+    refuses (:func:`choose` with purpose ``many``: arrivals, whose batches depend on the
+    run's own times; ``simpy`` asked for; tensor-parallel ranks; a plan the lockstep pass
+    cannot take) runs alone, as :func:`simulate` runs it.
 
     ``on_done(indices, summaries)``: called as each batch or lone run finishes, with the
     positions of its configs (a sweep writes its run files there, so an interrupted sweep
@@ -325,15 +354,14 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
     alone: list[int] = []
     for members in similar.values():
         rep = load_config(resolved[members[0]])
-        if resolve_engine(None, rep) != "fast" or rep.tp > 1 or \
-                (rep.workload is not None and rep.workload.source == "arrivals"):
+        if choose(rep, purpose="many").key != "lockstep":
             alone += members
             continue
         sizes = draw_sizes(rep)
         try:
             trace = traced(rep, sizes)
             template = fast.plan.plan_template(trace.plan)
-        except (NotTraceable, RuntimeError):  # each run's own plan, or alone
+        except (NotTraceable, Unsettled):  # each run's own plan, or alone
             trace = template = None
         for i in members:
             plan = None if trace is None else _bound(trace, template, rep, sizes, resolved[i])
@@ -341,9 +369,12 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
                 try:
                     cfg = load_config(resolved[i])
                     plan = fast.plan_config(cfg, draw_sizes(cfg))
-                except RuntimeError:  # iterations that never settle into one shape
+                except Unsettled:  # iterations that never settle into one shape
                     alone.append(i)
                     continue
+            if EXECUTORS["lockstep"].plan_refusal(plan) is not None:
+                alone.append(i)
+                continue
             groups.setdefault(lockstep.group_key(plan), []).append((i, plan))
     with gc_paused():
         for i in alone:
@@ -381,10 +412,10 @@ def _bound(trace, template, rep: Config, sizes: StepSizes, resolved: dict):
     return fast.plan.bind(template, iterations.sampler(), value, meta)
 
 
-def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
-    from simwar.executors.engine import Engine  # lazy: simpy, for this engine only
+def _simulate_simpy(cfg: Config, requested: str, progress=None, refused=()) -> Result:
+    from simwar.executors.engine import Engine  # lazy: simpy, for this executor only
 
-    # the ops are generated as the engine reads them: a long run holds its trace, not its
+    # the ops are generated as the executor reads them: a long run holds its trace, not its
     # ops (Result.program rebuilds them on demand: building is deterministic)
     program = loop.stream_program(cfg, resolve_sizes(cfg))
     engine = Engine(program, progress=progress)
@@ -393,27 +424,28 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
     hazards = detect(trace)
     summary = summarize(columns, trace.meta, hazards)
     return Result(cfg, "simpy", summary, hazards, columns=columns, trace=trace,
-                  events=engine.events, meta=dict(program.meta), requested=requested)
+                  events=engine.events, meta=dict(program.meta), requested=requested,
+                  refused=refused)
 
 
-def _simulate_ranks(cfg: Config, engine: str, requested: str, progress=None) -> Result:
-    """A tensor-parallel run: every rank's loop, coupled, on the SimPy engine
-    (:mod:`simwar.executors.ranks`) or, for ``engine`` ``fast``, in one pass per rank
+def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) -> Result:
+    """A tensor-parallel run: every rank's loop, coupled, on the ``simpy`` executor
+    (:mod:`simwar.executors.ranks`) or, ``fast`` chosen, in one pass per rank
     (:mod:`simwar.executors.onepass_ranks`: the same Traces; ranks whose collectives it
-    cannot follow run on the SimPy engine). The summary is rank 0's keys plus the ranks'
-    (:func:`simwar.analysis.ranks.rank_summary`); ``Result.ranks`` holds each rank's
-    summary, per-step table, races and Trace; ``Result.trace`` is rank 0's (as the summary's
-    standard keys are), ``Result.combined`` the ranks side by side
+    cannot follow fall back to ``simpy``, the reason recorded). The summary is rank 0's
+    keys plus the ranks' (:func:`simwar.analysis.ranks.rank_summary`); ``Result.ranks``
+    holds each rank's summary, per-step table, races and Trace; ``Result.trace`` is rank
+    0's (as the summary's standard keys are), ``Result.combined`` the ranks side by side
     (:func:`simwar.core.ranks.side_by_side`)."""
     traces = None
     events = 0
-    if engine == "fast":
+    if choice.name == "fast":
         try:
             traces = onepass_ranks.run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
-        except onepass_ranks.Unfollowable:  # the reference decides (its answer or deadlock)
-            engine = "simpy"
+        except onepass_ranks.Unfollowable as signal:  # the reference: its answer or deadlock
+            choice = choice.fell_back(signal)
     if traces is None:
-        from simwar.executors.ranks import run_ranks  # lazy: simpy, for this engine only
+        from simwar.executors.ranks import run_ranks  # lazy: simpy, for this executor only
 
         traces, events = run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
     ranks = []
@@ -431,9 +463,9 @@ def _simulate_ranks(cfg: Config, engine: str, requested: str, progress=None) -> 
                     if k != "step"})
     combined = side_by_side(traces, [{"rank": r.rank, "seed": r.trace.meta["rank_seed"]}
                                      for r in ranks])
-    result = Result(cfg, engine, summary, ranks[0].hazards, columns=columns,
+    result = Result(cfg, choice.name, summary, ranks[0].hazards, columns=columns,
                     trace=traces[0], events=events, meta=dict(traces[0].meta),
-                    requested=requested)
+                    requested=requested, refused=choice.refused)
     result.ranks = ranks
     result.combined = combined
     return result
@@ -450,9 +482,10 @@ class RankResult:
         return f"RankResult(rank {self.rank}, step_us_mean={self.summary.get('step_us_mean')})"
 
 
-def _simulate_fast(cfg: Config, requested: str, summary_only: bool, progress=None) -> Result:
+def _simulate_fast(cfg: Config, requested: str, summary_only: bool, progress=None,
+                   refused=()) -> Result:
     sizes, run = _resolve(cfg, summary_only, progress)
     if run is None:  # the realizing run is the run (arrivals); else run it now
         run = fast.run_config(cfg, sizes, summary_only=summary_only, progress=progress)
     return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns, meta=run.meta,
-                  requested=requested)
+                  requested=requested, refused=refused)

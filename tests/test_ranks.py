@@ -145,10 +145,11 @@ def test_the_shipped_config_finds_its_slow_rank_and_its_what_ifs_move_the_step()
     assert ahead["tp_step_us_mean"] < base["tp_step_us_mean"]
 
 
-def test_ranks_run_in_one_pass_unless_a_trace_is_wanted_first():
+def test_ranks_run_in_one_pass_a_trace_wanted_or_not():
     cfg = load_config(SHIPPED, SHORT)
     assert resolve_engine(None, cfg) == resolve_engine("auto", cfg) == "fast"
-    assert resolve_engine("auto", cfg, want_trace=True) == "simpy"
+    # one pass per rank keeps every rank's Trace (the reference's, column for column)
+    assert resolve_engine("auto", cfg, want_trace=True) == "fast"
     # the one-pass executor's plans and trace mode still run one rank
     with pytest.raises(ConfigError, match="the one-pass plans and trace mode run one rank"):
         fast.run_config(cfg, resolve_sizes(cfg))

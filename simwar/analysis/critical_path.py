@@ -669,8 +669,9 @@ _new = tuple.__new__  # a named tuple from its fields, without its keyword-check
 _CUT = -2  # a predecessor or record before a window's start (see Walker)
 
 
-class Truncated(RuntimeError):
-    """A walk on a window of a trace reached back past the window's start."""
+class Truncated(Exception):
+    """A walk on a window of a trace reached back past the window's start (a signal to walk
+    again with more context, not an error: not a RuntimeError, which a bug raises)."""
 
 
 # --------------------------------------------------------------------------- per step

@@ -26,9 +26,10 @@ from simwar.builder.draws import Sum, Symbolic
 from simwar.builder.loop import IterationPlan, plan_iterations
 from simwar.builder.sizes import StepSizes
 from simwar.config.schema import Affine, Config, Dist, _duration, duration_keys
+from simwar.core.refusals import PlanRefused
 
 
-class NotTraceable(Exception):
+class NotTraceable(PlanRefused):
     """A duration was used in a way a template cannot carry; plan the run on its own."""
 
 

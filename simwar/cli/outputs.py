@@ -6,7 +6,7 @@ input), :func:`check` before simulating (nor does a wrong window cost a run), :f
 after.
 ``--timeline`` draws :func:`simwar.plots.stall_figure` (the stall timeline of a few steps
 and a zoom on the first forward-stream bubble) from the run's Trace: :func:`trace_options`
-names it, so that ``run`` picks the SimPy engine. ``--trace`` writes Chrome trace-event
+names it, so that ``run`` picks an executor that keeps it. ``--trace`` writes Chrome trace-event
 JSON for Perfetto (:mod:`simwar.plots.perfetto`) as the run is simulated again in the
 one-pass executor's trace mode (:func:`simwar.api.trace_windows`): memory of one window,
 whatever the run's length, the file written as it is produced (and nothing left of it
@@ -89,12 +89,14 @@ def write(args, result) -> None:
         out = output_path(args.trace, "--trace")
         window = parse_window(args.steps_window, result.config.steps) if args.steps_window \
             else None
-        write_trace(result, out, window)
+        write_trace(result, out, window, note=lambda text: _note(args, text))
         _note(args, f"simwar: wrote {out}")
 
 
-def write_trace(result, out, window: tuple[int, int] | None = None) -> None:
-    """The run as Chrome trace-event JSON: its kept trace, or streamed in trace mode."""
+def write_trace(result, out, window: tuple[int, int] | None = None, note=None) -> None:
+    """The run as Chrome trace-event JSON: its kept trace, or streamed in trace mode;
+    ``note(line)``: told why, when the trace mode refuses the run, its Trace is read
+    instead."""
     # lazy: start-up time of the CLI (the simulator; pyarrow)
     from simwar.api import trace_windows
     from simwar.executors.fast.trace import TraceUnsupported  # lazy: start-up time
@@ -103,8 +105,10 @@ def write_trace(result, out, window: tuple[int, int] | None = None) -> None:
     if result.engine != "simpy" and result.combined is None:  # ranks keep their Traces
         try:
             parts, lanes, meta = trace_windows(result.config, steps=window)
-        except TraceUnsupported:  # names the trace mode cannot make: the reference engine
+        except TraceUnsupported as signal:  # names the trace mode cannot make: the Trace
             parts = None
+            if note is not None:
+                note(f"simwar: --trace: trace mode refused: {signal}")
         if parts is not None:
             write_run(parts, lanes, meta, out, window)
             return

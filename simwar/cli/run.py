@@ -7,7 +7,7 @@ trace options (``--timeline``, ``--steps-window``, ``--trace``) live in
 :mod:`simwar.cli.outputs`, called here to add them, to check them before simulating and
 to write them after.
 
-Imports: ``simwar.cli.common``, ``simwar.cli.outputs``, the engine names of
+Imports: ``simwar.cli.common``, ``simwar.cli.outputs``, the executor names of
 ``simwar.config.schema`` and ``simwar.core.files`` at the top; the simulator, the analysis
 and tqdm inside the functions that use them (start-up time of the CLI). Never another
 command's module.
@@ -61,8 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no progress bar and no notes on stderr (errors still print)")
     p.add_argument("--engine", choices=ENGINES, default=None,
                    help="executor: simpy (reference, keeps the trace), fast (one pass, no "
-                        "trace) or auto (fast unless --timeline; default: the "
-                        "config's engine, auto)")
+                        "trace but a tensor-parallel run's) or auto (fast, simpy where fast "
+                        "refuses, e.g. --timeline; stderr says why; default: the config's "
+                        "engine, auto)")
     p.add_argument("--slo", metavar="METRIC=BOUND,...",
                    help="service-level objectives per request, e.g. ttft=200ms,tpot=30ms "
                         "(metrics: ttft, ttft_forward, tpot, itl, latency; units us, ms, s; "
@@ -76,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args) -> int:
     # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
-    from simwar.api import resolve_engine, simulate
+    from simwar.api import choose, simulate
     from simwar.config import (  # lazy: start-up time of the CLI
         Override,
         load_config,
@@ -95,22 +96,20 @@ def command(args) -> int:
         items = costs_file_overrides(args.costs, phases) + items  # --set wins
     cfg = load_config(args.config, items)
     want = outputs.trace_options(args)
-    engine = resolve_engine(args.engine, cfg, want_trace=bool(want))
-    if want and engine == "fast" and cfg.tp == 1:  # tensor-parallel ranks keep their Traces
-        raise UserError(f"{want[0]}: the fast engine keeps no trace; use --engine simpy "
-                        f"(or auto)")
+    trace_for = want[0] if want else None
+    choice = choose(cfg, args.engine, trace_for=trace_for)  # the run's, checked before it
+    if choice.name is None:
+        raise UserError(f"{choice.line()}; use --engine simpy (or auto)")
     if want and args.summary_only:
         raise UserError(f"{want[0]}: not with --summary-only")
-    if args.summary_only and engine == "simpy":
-        raise UserError("--summary-only: needs the fast engine (--engine fast or auto)")
+    if args.summary_only and choice.name == "simpy":
+        raise UserError("--summary-only: needs the fast executor (--engine fast or auto)")
     outputs.check(args, cfg)
     with run_progress(cfg.steps, quiet=args.quiet) as progress:
-        # the requested name, not the resolved one: an 'auto' run simulates its trace on demand
-        result = simulate(cfg, engine=engine if want else args.engine,
-                          summary_only=args.summary_only,
-                          progress=progress)
-    if not args.quiet:
-        print(f"simwar: executor {result.engine}", file=sys.stderr)
+        result = simulate(cfg, engine=args.engine, summary_only=args.summary_only,
+                          progress=progress, trace_for=trace_for)
+    if not args.quiet:  # which executor ran, and why each one preferred to it refused
+        print(f"simwar: {result.executor_line}", file=sys.stderr)
     for warning in result.warnings:  # printed even with --quiet: the results may mislead
         print(f"simwar: warning: {warning}", file=sys.stderr)
     result.summary["name"] = run_label(cfg.name, items)

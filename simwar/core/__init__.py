@@ -6,7 +6,9 @@
   as ids;
 - :mod:`.rules`: the CUDA stream rules, written once for every executor and reader;
 - :mod:`.recorder`: the one writer of Traces, which hands out the ids;
-- :mod:`.files`: atomic file writes; :mod:`.lazy`: lazy package attributes.
+- :mod:`.files`: atomic file writes; :mod:`.lazy`: lazy package attributes;
+- :mod:`.refusals`: :class:`~simwar.core.refusals.PlanRefused`, the base of the signals an
+  executor gives when planning finds it cannot take a run.
 
 Imports: the standard library and numpy only.
 """

@@ -53,6 +53,7 @@ from simwar.core.program import (
     WaitStream,
 )
 from simwar.core.recorder import Recorder
+from simwar.core.refusals import PlanRefused
 from simwar.core.rules import begins, released, returns
 from simwar.core.trace import HOST, Call, OpKind, Trace
 
@@ -60,7 +61,7 @@ KERNEL, RECORD, WAIT, SYNC = OpKind.KERNEL, OpKind.RECORD, OpKind.WAIT, OpKind.S
 NAN = float("nan")
 
 
-class Unfollowable(RuntimeError):
+class Unfollowable(PlanRefused):
     """The ranks' collectives are issued in orders one pass per rank cannot follow."""
 
 

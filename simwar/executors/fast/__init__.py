@@ -94,7 +94,7 @@ from simwar.builder.loop import LoopBuilder, build_program
 from simwar.config import ConfigError
 from simwar.core.program import Program
 from simwar.executors.fast.execute import FastRun, run_plan
-from simwar.executors.fast.plan import plan_config, plan_program
+from simwar.executors.fast.plan import Unsettled, plan_config, plan_program
 
 
 def one_rank(cfg) -> None:
@@ -164,7 +164,7 @@ def run_config(cfg, sizes, window: int = 2, summary_only: bool = False,
     one_rank(cfg)
     try:
         plan = plan_config(cfg, sizes)
-    except RuntimeError:  # iterations that never settle into one shape: take the Program
+    except Unsettled:  # iterations that never settle into one shape: take the Program
         plan = plan_program(build_program(cfg, sizes))
     return run_plan(plan, window, summary_only=summary_only, progress=progress)
 

@@ -39,11 +39,17 @@ from simwar.core.program import (
     WaitEvent,
     WaitStream,
 )
+from simwar.core.refusals import PlanRefused
 from simwar.core.trace import Mode, OpKind
 
 #: the named markers a shape keeps, each a host instant of its step: the launch of its
 #: forward (``run_batch``) and, in a run with requests, its result processed (``result_done``)
 MARKS = ("run_batch", "result_done")
+
+
+class Unsettled(PlanRefused):
+    """A config's iterations do not settle into one shape from the third on, so its run
+    cannot be planned from its first iterations: plan it from its Program instead."""
 
 
 @dataclass
@@ -434,7 +440,7 @@ def plan_template(iterations) -> Template:
     keys = [_template(p) for p in params]  # each iteration's constants and draws, compared
     if steps_total > n and any(shapes[i] != shapes[n - 1] or keys[i] != keys[n - 1]
                                for i in range(2, n)):
-        raise RuntimeError("the builder's iterations do not settle into one shape")
+        raise Unsettled("the builder's iterations do not settle into one shape")
     # the run's segments: skeleton iteration role(k) for k in 0..steps
     roles: list[tuple[int, int, int]] = []  # (skeleton index, first step, count)
     if steps_total <= n:

@@ -43,6 +43,7 @@ from simwar.core.program import (
     Synchronize,
     WaitEvent,
 )
+from simwar.core.refusals import PlanRefused
 from simwar.core.trace import HOST, TraceWindow
 from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.plan import MARKS, Plan
@@ -55,7 +56,7 @@ CHUNK = 2048
 _INF = float("inf")
 
 
-class TraceUnsupported(RuntimeError):
+class TraceUnsupported(PlanRefused):
     """The plan cannot be traced in one pass (see the module docstring): use the engine."""
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from simwar.analysis.batched import summarize_many
 from simwar.analysis.metrics import SITES, StepFacts, columns_from_arrays, summarize
+from simwar.core.refusals import PlanRefused
 from simwar.core.trace import OpKind
 from simwar.executors.fast.plan import Plan
 from simwar.executors.fast.races import RacePlan, _Intervals
@@ -36,7 +37,7 @@ from simwar.executors.lockstep.codegen import compile_block
 CHUNK = 256
 
 
-class NotLockstep(Exception):
+class NotLockstep(PlanRefused):
     """A plan (or a group) the lockstep pass cannot take exactly; run it one by one."""
 
 
