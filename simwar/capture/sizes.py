@@ -1,7 +1,7 @@
 """Each captured step's batch and graph bucket: what a capture says of a batch that changes.
 
 A real server runs a different batch every step, and each batch runs the CUDA graph
-captured for its bucket (the smallest captured batch size >= it). :func:`step_sizes` reads
+captured for its bucket (the smallest captured batch size >= it). :func:`size_capture` reads
 both from an imported capture (a :class:`simwar.capture.to_trace.KinetoImport`) and its
 mapping, in this order:
 
@@ -176,7 +176,7 @@ def _device_steps(trace: Trace) -> set[int]:
     return set(np.unique(trace.ops.step[forward_kernels(trace)]).tolist())
 
 
-def step_sizes(imp, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
+def size_capture(imp, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
     """The per-step sizes of an imported capture (see the module docstring).
 
     ``where`` is the name errors start with (the mapping's file or preset).
