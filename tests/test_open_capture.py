@@ -43,7 +43,7 @@ def varying(tmp_path_factory):
 def test_open_capture_is_the_four_stages_with_the_sizes_in_the_trace(varying):
     sim, path = varying
     cap = open_capture(path)
-    assert cap.mapping.origin[0] == "sglang" and cap.label == "preset sglang"
+    assert cap.preset == "sglang" and cap.label == "preset sglang"
     assert cap.paths == [path] and cap.mapping_file is None
     sizes = cap.sized()
     assert sizes.varying and sizes.source == "batch ranges"
@@ -66,7 +66,7 @@ def test_a_mapping_file_is_the_label_and_a_bad_one_fails_before_the_capture_is_r
     mapping = tmp_path / "m.yaml"
     mapping.write_text("preset: sglang\n")
     cap = open_capture(path, str(mapping))
-    assert cap.label == cap.mapping_file == str(mapping)
+    assert cap.label == cap.mapping_file == str(mapping) and cap.preset == "sglang"
     absent = tmp_path / "absent.json"  # never opened: the preset and mapping fail first
     with pytest.raises(ConfigError, match=r"--preset: 'nope' is not a preset"):
         open_capture(absent, preset="nope")

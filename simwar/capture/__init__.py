@@ -1,4 +1,4 @@
-"""Readers: real GPU captures → :class:`simwar.core.trace.Trace`, and the loop's layout in one.
+"""Readers: real GPU captures → :class:`simwar.core.trace.Trace`, through one front door.
 
 The front door is :func:`~simwar.capture.open.open_capture` (:mod:`.open`): it reads, maps,
 binds and sizes a capture into one finished :class:`~simwar.capture.open.Capture`; its
@@ -18,8 +18,6 @@ docstring describes the four stages. The modules:
   graphs that ran);
 - :mod:`.stalls`: step metrics plus HTA's idle breakdown (:mod:`simwar.analysis.idle`)
   of an import;
-- :mod:`.layout`: which host call is which in each step of any Trace (what
-  :mod:`simwar.fit` fits a config from);
 - :mod:`.synthetic`: a simulated Trace written as a Kineto capture.
 
 This package reads: it never imports the simulator (:mod:`simwar.api`,

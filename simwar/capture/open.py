@@ -59,6 +59,11 @@ class Capture:
         return self.bound.trace
 
     @property
+    def preset(self) -> str | None:
+        """The preset the capture was read with (named or detected), None: none."""
+        return self.mapping.origin[0] or None
+
+    @property
     def warnings(self) -> list[str]:
         return self.bound.warnings
 

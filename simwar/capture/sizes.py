@@ -44,8 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simwar.analysis.views import forward_kernels
-from simwar.capture.layout import ops_of_call
+from simwar.analysis.views import forward_kernels, ops_of_call
 from simwar.capture.mapping import Mapping
 from simwar.core.trace import Call, OpKind, Trace
 

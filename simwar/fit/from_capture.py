@@ -6,7 +6,7 @@
 turns into the capture's own loop, so that ``simwar run fitted.yaml``
 reproduces the capture and ``--set`` asks what-if questions of it.
 
-:mod:`simwar.capture.layout` finds each step's pieces (schedule calls, the
+:mod:`simwar.fit.layout` finds each step's pieces (schedule calls, the
 forward's units, syncs, host regions); :mod:`simwar.capture.sizes` read each step's batch
 and graph bucket when the capture was opened; :mod:`simwar.fit.policy` reads which stream
 is which and the barrier policy; :mod:`simwar.fit.samples` measures, per step, the
@@ -33,15 +33,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simwar.capture.accesses import capture_phase_reads
-from simwar.capture.layout import Roles, step_layouts
+from simwar.capture.accesses import capture_accesses
 from simwar.capture.mapping import CPU_ITEMS, Mapping, unmatched_keys
 from simwar.capture.open import Capture, finish_capture
 from simwar.capture.sizes import CaptureSizes, SizesError
 from simwar.config import ConfigError, load_config
-from simwar.core.trace import OpKind, Trace
+from simwar.core.trace import Mode, OpKind, Trace
 from simwar.fit.affine import SizedFit, fit_sized
 from simwar.fit.durations import fit_values
+from simwar.fit.layout import Roles, step_layouts
 from simwar.fit.policy import POLICIES, PolicyInference, detect_roles, infer_policy
 from simwar.fit.profiler import (
     CUPTI_NOTE,
@@ -225,13 +225,28 @@ def _regex_reads(imp, mapping: Mapping, names: list[str]) -> Mapping:
                                      "writes": {}})
     sub._soft, sub._origin = {}, mapping.origin
     try:
-        implied = capture_phase_reads(imp, sub)
+        implied = _phase_reads(imp, sub)
     except ConfigError:
         return mapping
     reads = {k: list(v) for k, v in mapping.reads.items() if k not in keys}
     for phase, buffers in implied.items():
         reads[phase] = reads.get(phase, []) + [b for b in buffers if b not in reads.get(phase, [])]
     return _with_reads(mapping, reads)
+
+
+def _phase_reads(imp, mapping: Mapping) -> dict[str, list[str]]:
+    """Per phase of the capture, the buffers its device ops read by the mapping's ``reads``
+    (phase keys and regexes alike: :func:`simwar.capture.accesses.capture_accesses`)."""
+    acc = capture_accesses(imp, mapping).accesses
+    ops, trace = imp.trace.ops, imp.trace
+    out: dict[str, list[str]] = {}
+    for op, b, m in zip(acc.op, acc.buffer, acc.mode):
+        if m != Mode.READ:
+            continue
+        phase = trace.text(int(ops.phase[op]))
+        if phase and b not in out.setdefault(phase, []):
+            out[phase].append(b)
+    return out
 
 
 def _with_reads(mapping: Mapping, reads: dict) -> Mapping:
