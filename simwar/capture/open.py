@@ -14,8 +14,10 @@ into the Trace's ``meta.workload`` where they vary. :func:`open_capture` runs th
 returns a finished :class:`Capture`, the one record ``simwar import``, ``explain``,
 ``races`` and the fit (:mod:`simwar.fit.from_capture`) read a capture through; the
 reports on it (:mod:`simwar.capture.stalls`, :mod:`simwar.capture.accesses`) and the fit
-start from it. :func:`simwar.capture.to_trace.import_kineto` is the read and bind stages
-alone, with an explicit mapping and no preset: the tests of those stages use it.
+start from it. As HTA's ``TraceAnalysis``, the record is finished when it is returned, so
+that no consumer reads, maps or sizes a capture again, or in another order.
+:func:`simwar.capture.to_trace.import_kineto` is the read and bind stages alone, with an
+explicit mapping and no preset: the tests of those stages use it.
 
 Imports: the standard library and simwar's capture modules; never the simulator.
 """
