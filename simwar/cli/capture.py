@@ -7,11 +7,13 @@
     simwar import TRACE [--mapping MAP.yaml] --check fitted.yaml [--set KEY=VALUE ...]
     simwar import TRACE --mapping MAP.yaml --fit-costs -o costs.yaml
 
-Without ``--preset`` and ``--mapping`` the preset is detected from the capture's range names
-(:mod:`simwar.capture.presets`) and the import says which; a mapping file replaces any key of
-the preset. A capture whose batch changes every step (the mapping's ``batch`` regex, or the
-graphs that ran: :mod:`simwar.capture.sizes`) is reported per graph bucket, and ``--fit``
-writes its batch sequence beside the config (``fitted.batches.csv`` for ``fitted.yaml``).
+The capture is opened by :func:`simwar.capture.open.open_capture`, as ``explain`` and
+``races`` open theirs. Without ``--preset`` and ``--mapping`` the preset is detected from the
+capture's range names (:mod:`simwar.capture.presets`) and the import says which; a mapping
+file replaces any key of the preset. A capture whose batch changes every step (the mapping's
+``batch`` regex, or the graphs that ran: :mod:`simwar.capture.sizes`) is reported per graph
+bucket, and ``--fit`` writes its batch sequence beside the config (``fitted.batches.csv``
+for ``fitted.yaml``).
 
 The summary is the one ``simwar run`` prints for a simulation (same metrics
 code), plus event counts and HTA's idle breakdown per stream, the scheduler thread and the

@@ -19,6 +19,8 @@ them the two accesses also overlapped in time; ``--pairs`` adds one line per acc
 latent race (for CI). The steps are every step of the capture, warm-up included; pairs at
 most ``--window`` steps apart are compared (default 2, as the simulator).
 
+The capture is opened as ``simwar import`` opens it (:func:`simwar.capture.open.open_capture`).
+
 Imports: ``simwar.cli.common`` at the top; the importer, the race analysis and the fit's
 stream roles inside :func:`command`. Never another command's module.
 """
