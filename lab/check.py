@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simwar.capture.presets import import_capture
+from simwar.capture.open import open_capture
 from simwar.fit.from_capture import ModelFit, fit_model
 
 #: the committed captures and measurements (a source checkout's; elsewhere pass the folder)
@@ -102,12 +102,12 @@ def fit_sweep(folder: Path) -> tuple[ModelFit, Path | None, dict[int, float] | f
     (:class:`simwar.fit.from_capture.ModelFit`), rescaled to the un-profiled sweep's step
     time per bucket; the un-profiled sweep's path (None if absent); the step times used."""
     capture = _capture(folder)
-    imp, mapping = import_capture(capture, preset="sglang")
+    cap = open_capture(capture, preset="sglang")
     timed = metrics_file(folder, FIT_TIMED)
     unprofiled = None
     if timed is not None:
         unprofiled = unprofiled_step_us(read_metrics(timed)["summary"])
-    fit = fit_model(imp, mapping, capture=capture.name, unprofiled_step_us=unprofiled)
+    fit = fit_model(cap, capture=capture.name, unprofiled_step_us=unprofiled)
     return fit, timed, unprofiled
 
 

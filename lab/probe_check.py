@@ -30,6 +30,7 @@ from pathlib import Path
 from simwar.analysis.metrics import measured
 from simwar.api import simulate
 from simwar.capture.mapping import load_mapping
+from simwar.capture.open import finish_capture
 from simwar.capture.stalls import import_report
 from simwar.capture.to_trace import import_kineto
 from simwar.fit.check import accepted, check_rows
@@ -59,12 +60,13 @@ def _shift(value, us: float):
 
 
 def _fit(imp, mapping, name: str, barrier: str):
+    cap = finish_capture(imp, mapping)  # imported with the probe's own mapping, then sized
     try:
-        return fit_model(imp, mapping, capture=name)
+        return fit_model(cap, capture=name)
     except FitError as e:
         if "cannot infer the barrier policy" not in str(e):
             raise
-        return fit_model(imp, mapping, capture=name, policy=barrier)
+        return fit_model(cap, capture=name, policy=barrier)
 
 
 def what_if(metrics: dict, variant: str) -> dict:

@@ -5,7 +5,7 @@
 
 - ``fit_ramp_profiled.kineto.json.gz``: the capture the fit is made from, a load that sweeps
   the batch through every graph bucket (a triangular arrival rate), profiled; it is read with
-  ``--preset sglang`` and no mapping (:func:`simwar.capture.presets.import_capture`), fitted
+  ``--preset sglang`` and no mapping (:func:`simwar.capture.open.open_capture`), fitted
   with :func:`simwar.fit.from_capture.fit_model` (policy from the capture's event ids, the
   durations affine in the batch or bucket, its own batch sequence as the workload);
 - ``fit_ramp.metrics.json`` (or ``.json.gz``, as every metrics file): the same load

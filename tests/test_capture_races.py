@@ -30,7 +30,8 @@ from simwar.analysis.hazards import candidate_pairs, detect
 from simwar.api import simulate
 from simwar.capture.accesses import capture_races
 from simwar.capture.mapping import load_mapping
-from simwar.capture.presets import import_capture, mapping_for
+from simwar.capture.open import open_capture
+from simwar.capture.presets import map_capture
 from simwar.capture.synthetic import Style, write_kineto
 from simwar.capture.to_trace import import_kineto
 from simwar.cli.app import main
@@ -60,10 +61,11 @@ def server():
     under the kernel-level mapping (the same names: the file starts from the preset)."""
     out = {}
     for case in CASES:
-        imp, preset = import_capture(SERVER / f"races_{case}.kineto.json.gz")
+        cap = open_capture(SERVER / f"races_{case}.kineto.json.gz")
+        imp, preset = cap.bound, cap.mapping
         names = [a[0] for a in imp.annotations]
         kernels = imp.device_names
-        kernel_map = mapping_for(None, MAPPING, names, kernels)
+        kernel_map = map_capture(None, MAPPING, names, kernels)
         out[case] = (imp, capture_races(imp, preset, "preset sglang"),
                      capture_races(imp, kernel_map, str(MAPPING)))
     return out
@@ -124,8 +126,9 @@ def test_without_a_barrier_the_overlaps_are_the_steps_the_stamp_check_saw(server
 
 
 def test_hidden_host_syncs_are_blocking_copies():
-    imp, m = import_capture(SERVER / "hostsync_medium.kineto.json.gz")
-    races = capture_races(imp, m)
+    cap = open_capture(SERVER / "hostsync_medium.kineto.json.gz")
+    imp = cap.bound
+    races = capture_races(imp, cap.mapping)
     assert len(races.facts.blocking) == 120
     assert {imp.device_info[o].copy for o in races.facts.blocking} == {
         "DtoH (Device -> Pageable)"}
@@ -173,10 +176,10 @@ def test_import_prints_a_races_line(capsys):
 def test_a_writes_regex_that_maps_nothing_is_one_line(tmp_path):
     bad = tmp_path / "m.yaml"
     bad.write_text("preset: sglang\nwrites: {'no_such_kernel': [req_to_token]}\n")
-    imp, m = import_capture(SERVER / "races_fine.kineto.json.gz", bad)
+    cap = open_capture(SERVER / "races_fine.kineto.json.gz", bad)
     with pytest.raises(ConfigError, match=r"^m\.yaml: writes 'no_such_kernel' matches none of "
                                           r"the capture's \d+ device op names and the \d+ ranges"):
-        capture_races(imp, m, "m.yaml")
+        capture_races(cap.bound, cap.mapping, "m.yaml")
 
 
 # --------------------------------------------------------------------------- synthetic captures

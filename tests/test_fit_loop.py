@@ -22,6 +22,7 @@ import yaml
 
 from simwar.api import simulate
 from simwar.capture.mapping import load_mapping
+from simwar.capture.open import open_capture
 from simwar.capture.stalls import import_report
 from simwar.capture.synthetic import (
     SGLANG_CPU_MAPPING,
@@ -29,7 +30,6 @@ from simwar.capture.synthetic import (
     sglang_cpu_ranges,
     write_kineto,
 )
-from simwar.capture.to_trace import import_kineto
 from simwar.cli.app import main
 from simwar.config import load_config
 from simwar.fit.check import ACCEPTANCE, accepted, check_rows
@@ -68,9 +68,8 @@ def capture(tmp: Path, config, overrides: dict, name: str = "cap.json.gz"):
 
 
 def fit_capture(path: Path, mapping: dict, **kw):
-    m = load_mapping(mapping)
-    imp = import_kineto(path, m)
-    return imp, fit_model(imp, m, capture=path.name, **kw)
+    cap = open_capture(path, load_mapping(mapping))
+    return cap.bound, fit_model(cap, **kw)
 
 
 def measured(imp) -> dict:
@@ -177,7 +176,7 @@ def fine_fit(tmp_path_factory):
 def test_what_if_another_barrier_predicts_its_capture(case, fine_fit, tmp_path):
     change = WHAT_IF[case]
     truth, path = capture(tmp_path, FINE, {"cpu.schedule_us": 2500, **change})
-    imp = import_kineto(path, load_mapping(mapping_for(truth.config)))
+    imp = open_capture(path, load_mapping(mapping_for(truth.config))).bound
     predicted = simulate(fine_fit.config, change)
     assert_close(measured(imp), predicted.summary)
     assert (predicted.summary["races"] > 0) == (truth.summary["races"] > 0)
@@ -187,7 +186,7 @@ def test_what_if_another_barrier_predicts_its_capture(case, fine_fit, tmp_path):
 def test_what_if_more_host_work_predicts_its_capture(extra, fine_fit, tmp_path):
     truth, path = capture(tmp_path, FINE, {"cpu.schedule_us": 2500,
                                            "cpu.process_result_us": 800 + extra})
-    imp = import_kineto(path, load_mapping(mapping_for(truth.config)))
+    imp = open_capture(path, load_mapping(mapping_for(truth.config))).bound
     fitted = fine_fit.config["cpu"]["process_result_us"]
     predicted = simulate(fine_fit.config, {"cpu.process_result_us": fitted + extra})
     assert_close(measured(imp), predicted.summary)

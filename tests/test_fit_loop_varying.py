@@ -21,8 +21,9 @@ import pytest
 import yaml
 
 from simwar.api import simulate
-from simwar.capture.presets import import_capture, mapping_for
-from simwar.capture.sizes import SizesError, step_sizes
+from simwar.capture.open import open_capture
+from simwar.capture.presets import map_capture
+from simwar.capture.sizes import SizesError
 from simwar.capture.stalls import import_report
 from simwar.capture.synthetic import Style, write_kineto
 from simwar.cli.app import main
@@ -94,8 +95,8 @@ def capture(tmp: Path, config, overrides: dict, record_ids: bool = False,
 
 
 def fit_capture(path: Path, mapping=None, preset=None, **kw):
-    imp, m = import_capture(path, mapping, preset)
-    return imp, m, fit_model(imp, m, capture=path.name, **kw)
+    cap = open_capture(path, mapping, preset)
+    return cap.bound, cap.mapping, fit_model(cap, **kw)
 
 
 def captured(imp, mapping=None) -> dict:
@@ -202,54 +203,54 @@ def test_what_if_arrivals_predicts_their_run(tmp_path):
 def test_buckets_come_from_the_graphs_when_the_capture_has_no_batch_ranges(tmp_path):
     sim, path = capture(tmp_path, CONFIGS / "dspark_fine.yaml", CASES["dspark_sweep_2.11"][1],
                         batch_ranges=False)
-    imp, m = import_capture(path)
-    assert m.batch is None  # the preset's batch regex matches nothing here: dropped
+    cap = open_capture(path)
+    assert cap.mapping.batch is None  # the preset's batch regex matches nothing here: dropped
     with pytest.raises(SizesError, match=r"step 0 \(ProfilerStep#0\) has no batch .* the "
                                          r"capture ran 4 graph sets: give their sizes as "
                                          r"graph_buckets \(4 of them"):
-        step_sizes(imp, m)
-    imp, m = import_capture(path, {"preset": "sglang", "graph_buckets": BUCKETS})
-    sizes = step_sizes(imp, m)
+        cap.sized()
+    cap = open_capture(path, {"preset": "sglang", "graph_buckets": BUCKETS})
+    sizes = cap.sized()
     want = sim.steps.graph_bucket.to_numpy()
     ran = np.flatnonzero(sizes.batch > 0)
     assert sizes.source == "graphs" and sizes.bucket[ran].tolist() == want[ran].tolist()
-    fit = fit_model(imp, m, capture=path.name)
+    fit = fit_model(cap)
     assert "no batch ranges, so the batch is the bucket" in "\n".join(fit.header)
     # the host's work follows the bucket here, not the real batch it scales with: the step
     # time stays within the bounds, each bucket's too, the forward gap only roughly
-    cap = captured(imp)
+    figures = captured(cap.bound)
     sim = simulate(fit.config).summary
-    assert accepted(check_rows(cap, sim))
-    steps = [r for r in bucket_rows(cap, sim) if r.key.endswith("step_us_mean")]
+    assert accepted(check_rows(figures, sim))
+    steps = [r for r in bucket_rows(figures, sim) if r.key.endswith("step_us_mean")]
     assert len(steps) == 4 and all(r.ok for r in steps), steps
 
 
 def test_batch_errors_name_the_step(tmp_path):
     _, path = capture(tmp_path, CONFIGS / "dspark_fine_bimodal.yaml", {})
-    imp, m = import_capture(path, {"preset": "sglang", "graph_buckets": [8, 16, 32]})
+    cap = open_capture(path, {"preset": "sglang", "graph_buckets": [8, 16, 32]})
     with pytest.raises(SizesError, match=r"graph_buckets: step \d+ \(ProfilerStep#\d+\)'s "
                                          r"batch \d+ is above the largest graph bucket \(32\)"):
-        step_sizes(imp, m)
-    imp, m = import_capture(path, {"preset": "sglang", "batch": r"^(?:decode bs=|sample)(\d*)$"})
+        cap.sized()
+    cap = open_capture(path, {"preset": "sglang", "batch": r"^(?:decode bs=|sample)(\d*)$"})
     with pytest.raises(SizesError, match=r"batch: step 0 \(ProfilerStep#0\): 'sample' gives "
                                          r"'', not a whole number"):
-        step_sizes(imp, m)
+        cap.sized()
     with pytest.raises(ConfigError, match="has 2 capture groups; expected exactly one"):
-        mapping_for(None, {"batch": r"^decode (bs)=(\d+)$"})
+        map_capture(None, {"batch": r"^decode (bs)=(\d+)$"})
 
 
 def test_a_preset_entry_that_matches_nothing_is_dropped_a_mapping_entry_is_an_error(tmp_path):
     _, path = capture(tmp_path, CONFIGS / "dspark_fine_bimodal.yaml", {})
-    imp, m = import_capture(path, preset="sglang")
+    m = open_capture(path, preset="sglang").mapping
     assert "^(scheduler\\.)?process_queue$" not in m.cpu  # no such range in this capture
     assert "^(scheduler\\.)?get_next_batch_to_run$" in m.cpu
     _, m, fit = fit_capture(path, preset="vllm")  # none of vLLM's names: all dropped
     assert not m.cpu and not m.phases and m.batch == r"^decode bs=(\d+)$"
     cpu = fit.config["cpu"]  # the host time is still there, as the region's residual
     assert cpu["ingest_us"]["base"] > cpu["schedule_us"] == cpu["prepare_us"] == 0
-    imp, m = import_capture(path, {"cpu": {"^no_such_range$": "schedule"}}, preset="sglang")
+    cap = open_capture(path, {"cpu": {"^no_such_range$": "schedule"}}, preset="sglang")
     with pytest.raises(FitError, match=r"cpu '\^no_such_range\$' matches none"):
-        fit_model(imp, m)
+        fit_model(cap)
 
 
 def test_presets_name_the_servers_own_ranges(tmp_path):
@@ -261,7 +262,7 @@ def test_presets_name_the_servers_own_ranges(tmp_path):
     assert_reproduces(imp, simulate(fit.config), step_rel=0.005, gap_us=5.0)
     with pytest.raises(ConfigError, match=r"--preset: 'sglangx' is not a preset \(sglang, "
                                           r"vllm\)"):
-        import_capture(path, preset="sglangx")
+        open_capture(path, preset="sglangx")
 
 
 # --------------------------------------------------------------------------- the profiler

@@ -461,12 +461,12 @@ def test_reader_does_not_import_pandas():
 
 
 def test_capture_never_imports_the_simulator():
-    # capture/ reads; running the simulator (api, executors, build) is fit/'s and the CLI's
-    modules = ("reader", "to_trace", "binding", "ranks", "device_times", "mapping", "layout",
-               "stalls", "synthetic")
+    # capture/ reads; running the simulator (api, executors, builder) is fit/'s and the CLI's
+    modules = ("reader", "to_trace", "binding", "ranks", "device_times", "mapping", "presets",
+               "sizes", "open", "accesses", "stalls", "synthetic")
     code = ("import sys\n" + "".join(f"import simwar.capture.{m}\n" for m in modules)
             + "bad = [m for m in sys.modules if m.split('.')[:2] in "
-              "(['simwar', 'api'], ['simwar', 'executors'], ['simwar', 'build'])]\n"
+              "(['simwar', 'api'], ['simwar', 'executors'], ['simwar', 'builder'])]\n"
               "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 

@@ -12,7 +12,8 @@ exporter draw and export what these return.
   ``ops.step`` (a mask when a trace's op steps are not sorted).
 - :func:`lanes`, :func:`ordered_lanes`: the lanes in display order.
 - :func:`launch_links`: each kernel with the host call that issued it, from
-  ``ops.call`` and the call's kind (a graph launch makes it a graph node).
+  ``ops.call`` and the call's kind (a graph launch makes it a graph node);
+  :func:`ops_of_call`: the ops one host call issued.
 - :func:`op_spans`, :func:`lane_ops`, :func:`lane_spans`: the span of an op,
   the ops of a lane in issue order, the spans of a lane in a time range;
   :func:`previous_kernel` / :func:`next_kernel` on a lane (the work a record
@@ -147,6 +148,22 @@ def window(trace: Trace, first: int, last: int) -> Window:
 
 
 # --------------------------------------------------------------------------- indexes
+def ops_of_call(trace: Trace, call: int) -> list[int]:
+    """The ops host call span ``call`` issued (``ops.call == call``), in op order.
+
+    The index is built on first use and cached (a Trace is not changed once recorded), so
+    that asking for every call of a trace stays linear.
+    """
+    def build():
+        index: dict[int, list[int]] = {}
+        for o, c in enumerate(trace.ops.call.tolist()):
+            if c >= 0:
+                index.setdefault(c, []).append(o)
+        return index
+
+    return _cached(trace, "ops_of_call", build).get(call, [])
+
+
 def op_spans(trace: Trace) -> np.ndarray:
     """Per op, the span id of its device span (kernel, wait) or host block (-1: none)."""
     def build():

@@ -1,19 +1,23 @@
-"""Readers: real GPU captures → :class:`simwar.core.trace.Trace`, and the loop's layout in one.
+"""Readers: real GPU captures → :class:`simwar.core.trace.Trace`, through one front door.
 
-- :mod:`.reader`: torch.profiler (Kineto) Chrome-trace JSON, read in one pass into a
-  ``Capture`` (malformed events counted, HIP names mapped);
-- :mod:`.to_trace`: a ``Capture`` and a mapping → the Trace (:func:`import_kineto`),
+The front door is :func:`~simwar.capture.open.open_capture` (:mod:`.open`): it reads, maps,
+binds and sizes a capture into one finished :class:`~simwar.capture.open.Capture`; its
+docstring describes the four stages. The modules:
+
+- :mod:`.reader`: the read stage, torch.profiler (Kineto) Chrome-trace JSON read in one pass
+  into a ``CaptureEvents`` (malformed events counted, HIP names mapped);
+- :mod:`.to_trace`: the bind stage, ``CaptureEvents`` and a mapping → the Trace
+  (:func:`~simwar.capture.to_trace.bind_capture`; :func:`import_kineto`: read and bind alone),
   with :mod:`.binding` (which record each wait and sync binds to, the one place of those
   rules), :mod:`.device_times` (when records fired and waits released) and
   :mod:`.ranks` (several processes or per-rank files as ranks side by side);
 - :mod:`.mapping`: the YAML mapping of streams, steps, phases and sync sites;
-- :mod:`.presets`: mappings shipped for known servers (SGLang, vLLM), their detection,
-  and :func:`~simwar.capture.presets.import_capture`, which reads a capture with them;
-- :mod:`.sizes`: each step's batch and graph bucket (a ``batch`` regex, the graphs that ran);
+- :mod:`.presets`: the map stage, mappings shipped for known servers (SGLang, vLLM) and
+  their detection (:func:`~simwar.capture.presets.map_capture`);
+- :mod:`.sizes`: the size stage, each step's batch and graph bucket (a ``batch`` regex, the
+  graphs that ran);
 - :mod:`.stalls`: step metrics plus HTA's idle breakdown (:mod:`simwar.analysis.idle`)
   of an import;
-- :mod:`.layout`: which host call is which in each step of any Trace (what
-  :mod:`simwar.fit` fits a config from);
 - :mod:`.synthetic`: a simulated Trace written as a Kineto capture.
 
 This package reads: it never imports the simulator (:mod:`simwar.api`,
@@ -34,12 +38,16 @@ _LAZY = {
     "load_mapping": ("simwar.capture.mapping", "load_mapping"),
     "import_report": ("simwar.capture.stalls", "import_report"),
     "write_kineto": ("simwar.capture.synthetic", "write_kineto"),
-    "import_capture": ("simwar.capture.presets", "import_capture"),
-    "step_sizes": ("simwar.capture.sizes", "step_sizes"),
+    "open_capture": ("simwar.capture.open", "open_capture"),
+    "Capture": ("simwar.capture.open", "Capture"),
+    "map_capture": ("simwar.capture.presets", "map_capture"),
+    "bind_capture": ("simwar.capture.to_trace", "bind_capture"),
+    "size_capture": ("simwar.capture.sizes", "size_capture"),
 }
 
-__all__ = ["KinetoFormatError", "KinetoImport", "Mapping", "import_capture", "import_kineto",
-           "import_report", "load_mapping", "read_capture", "step_sizes", "write_kineto"]
+__all__ = ["Capture", "KinetoFormatError", "KinetoImport", "Mapping", "bind_capture",
+           "import_kineto", "import_report", "load_mapping", "map_capture", "open_capture",
+           "read_capture", "size_capture", "write_kineto"]
 
 
 __getattr__ = lazy_getattr("simwar.capture", _LAZY, globals())

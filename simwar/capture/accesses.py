@@ -336,22 +336,5 @@ def _notes(imp: KinetoImport, acc: CaptureAccesses, facts: HbFacts) -> list[str]
     return notes
 
 
-def capture_phase_reads(imp: KinetoImport, mapping: Mapping, where: str = "mapping"
-                        ) -> dict[str, list[str]]:
-    """Per phase of the capture, the buffers its device ops read by the mapping's ``reads``
-    (phase keys and regexes alike): what ``--fit`` gives the fitted phases."""
-    acc = capture_accesses(imp, mapping, where).accesses
-    ops, trace = imp.trace.ops, imp.trace
-    out: dict[str, list[str]] = {}
-    for op, b, m in zip(acc.op, acc.buffer, acc.mode):
-        if m != Mode.READ:
-            continue
-        phase = trace.text(int(ops.phase[op]))
-        if phase and b not in out.setdefault(phase, []):
-            out[phase].append(b)
-    return out
-
-
 __all__ = ["BLOCKING_COPY", "CaptureAccesses", "CaptureRaces", "Rule", "access_rules",
-           "capture_accesses", "capture_phase_reads", "capture_races", "hb_facts",
-           "launch_ranges"]
+           "capture_accesses", "capture_races", "hb_facts", "launch_ranges"]

@@ -1,7 +1,7 @@
 """Mappings shipped for known servers (``--preset sglang``, ``--preset vllm``), and detection.
 
 A preset is a mapping file under ``simwar/data/presets/`` (``sglang.yaml``, ``vllm.yaml``)
-holding a server's own range names. :func:`mapping_for` builds the mapping a capture is read
+holding a server's own range names. :func:`map_capture` builds the mapping a capture is read
 with: the preset's keys, then a mapping file's, each of which replaces the preset's key of
 the same name (``cpu:`` in the file replaces the preset's whole ``cpu``). The preset's own
 entries are optional in a capture: :func:`resolve` drops each one (a ``cpu``, ``phases``,
@@ -18,8 +18,8 @@ line (both, and different, is an error). Without either and without a mapping fi
 distinct range names of the capture (at least two), and the import says so; a mapping file
 that names no preset is read alone (it says it all).
 
-:func:`import_capture` reads a capture with the mapping so built: the capture first (its names
-decide the preset and what of it stays), then the trace.
+:func:`map_capture` is the map stage of :func:`simwar.capture.open.open_capture`: the capture
+is read first (its names decide the preset and what of it stays), then mapped, then bound.
 
 Imports: PyYAML and pydantic (through :mod:`simwar.capture.mapping`), the standard library and
 simwar's capture modules; never the simulator.
@@ -33,8 +33,6 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from simwar.capture.mapping import Mapping, load_mapping
-from simwar.capture.reader import ProgressFn, read_capture
-from simwar.capture.to_trace import KinetoImport, build_import
 from simwar.config import ConfigError, first_error, read_yaml
 
 PRESET_DIR = Path(__file__).resolve().parents[1] / "data" / "presets"
@@ -71,7 +69,7 @@ def detect_preset(annotation_names) -> tuple[str, list[str]] | None:
     return best
 
 
-def mapping_for(preset: str | None, source=None, annotation_names=None,
+def map_capture(preset: str | None, source=None, annotation_names=None,
                 kernel_names=None) -> Mapping:
     """The mapping to read a capture with (see the module docstring).
 
@@ -161,27 +159,6 @@ def resolve(mapping: Mapping, kernel_names, annotation_names) -> Mapping:
     return out
 
 
-def import_capture(path, mapping=None, preset: str | None = None,
-                   progress: ProgressFn | None = None) -> tuple[KinetoImport, Mapping]:
-    """Read a capture (or several per-rank captures: a list of paths) with a preset and/or
-    mapping (see the module docstring).
-
-    Returns the import and the mapping it was read with (its :attr:`Mapping.origin` says
-    which preset, and how it was chosen).
-    """
-    if preset is not None:
-        load_preset(preset)  # an unknown name fails before the file is read
-    if isinstance(mapping, (str, Path)):
-        load_mapping(mapping)
-    paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
-    caps = [read_capture(p, progress) for p in paths]
-    names = {a.name for cap in caps for a in cap.annotations}
-    kernels = {d.name for cap in caps for d in cap.device_events}
-    m = mapping_for(preset, mapping, names, kernels)
-    result = build_import(caps, m, [p.name for p in paths])
-    return result, m
-
-
 def preset_line(mapping: Mapping) -> str:
     """One line on the preset a capture was read with ('' none)."""
     name, how = mapping.origin
@@ -192,5 +169,5 @@ def preset_line(mapping: Mapping) -> str:
     return f"preset {name} ({how}); {kept} of its entries match this capture"
 
 
-__all__ = ["PRESET_DIR", "detect_preset", "import_capture", "load_preset", "mapping_for",
+__all__ = ["PRESET_DIR", "detect_preset", "load_preset", "map_capture",
            "preset_line", "preset_names", "resolve"]

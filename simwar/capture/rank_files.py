@@ -2,7 +2,7 @@
 them, and synthetic ones written from simulated ranks.
 
 SGLang writes one capture per TP rank (``{id}-TP-{r}.trace.json.gz``); imported together
-(:func:`simwar.capture.to_trace.build_import`), each rank is a Trace. Its **collectives**
+(:func:`simwar.capture.to_trace.bind_capture`), each rank is a Trace. Its **collectives**
 (:func:`captured_table`) are its device collective kernels (NCCL's, by name:
 :data:`DEVICE_COLLECTIVE`) and its host collectives (the scheduler's ranges around the
 request broadcast and the DP-attention all-gather: :data:`HOST_COLLECTIVES`). The k-th

@@ -4,7 +4,7 @@ A capture file may hold several host processes (per-rank captures merged into on
 file, or two processes sharing a GPU), and several per-rank files may be given
 together (SGLang writes ``{id}-TP-{r}.trace.json.gz`` per TP rank). Each host
 process is one **rank**: files in the order given, the processes of a file by pid.
-:func:`split_processes` makes one :class:`simwar.capture.reader.Capture` per rank:
+:func:`split_processes` makes one :class:`simwar.capture.reader.CaptureEvents` per rank:
 
 - its host events (runtime calls, annotations) are the process's own (``pid``);
   correlation ids are per process, so the same id in two processes is two calls;
@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simwar.capture.reader import Capture
+from simwar.capture.reader import CaptureEvents
 from simwar.core.trace import Trace
 
 
@@ -50,17 +50,17 @@ class RankCapture:
     rank: int
     file: int
     pid: int
-    cap: Capture
+    cap: CaptureEvents
     clock_offset_us: float = 0.0
 
 
-def host_pids(cap: Capture) -> list[int]:
+def host_pids(cap: CaptureEvents) -> list[int]:
     """The host processes of a capture: pids with runtime calls or annotations."""
     pids = {c.pid for c in cap.runtime_calls} | {a.pid for a in cap.annotations}
     return sorted(pids)
 
 
-def clock_offsets(caps: list[Capture]) -> tuple[list[float], str | None]:
+def clock_offsets(caps: list[CaptureEvents]) -> tuple[list[float], str | None]:
     """Per file, the µs to add to its times to put it on file 0's clock, and a note when a
     file has no ``baseTimeNanoseconds`` (then taken to share file 0's clock)."""
     bases = [c.meta.get("base_time_ns") for c in caps]
@@ -72,7 +72,7 @@ def clock_offsets(caps: list[Capture]) -> tuple[list[float], str | None]:
     return [(b - bases[0]) / 1000.0 for b in bases], None
 
 
-def split_processes(caps: list[Capture]) -> tuple[list[RankCapture], Counter]:
+def split_processes(caps: list[CaptureEvents]) -> tuple[list[RankCapture], Counter]:
     """One :class:`RankCapture` per host process of the files (see the module docstring),
     and counts of how device and sync events were given a process."""
     offsets, _ = clock_offsets(caps)
@@ -106,7 +106,7 @@ def split_processes(caps: list[Capture]) -> tuple[list[RankCapture], Counter]:
             how["to_first_process"] += 1
             return first
 
-        parts = {p: Capture(meta=dict(cap.meta), thread_names={
+        parts = {p: CaptureEvents(meta=dict(cap.meta), thread_names={
             k: v for k, v in cap.thread_names.items() if k[0] == p},
             process_names={p: cap.process_names[p]} if p in cap.process_names else {})
             for p in pids}

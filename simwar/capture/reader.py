@@ -1,4 +1,4 @@
-"""Read a Kineto (torch.profiler) Chrome-trace capture into a :class:`Capture`, in one pass.
+"""Read a Kineto (torch.profiler) Chrome-trace capture into a :class:`CaptureEvents`, in one pass.
 
 ``torch.profiler.profile(...).export_chrome_trace(path)`` writes Kineto's
 Chrome-trace JSON: an object with ``traceEvents`` (and ``schemaVersion``,
@@ -24,7 +24,7 @@ into complete events per thread) of these categories:
   captures file ProfilerStep under ``cpu_op``): step segmentation, phases,
   sync sites;
 - ``overhead`` (the profiler's own stalls, e.g. ``Activity Buffer Request``):
-  kept as ranges (:attr:`Capture.overhead`) so that a fit can leave out the
+  kept as ranges (:attr:`CaptureEvents.overhead`) so that a fit can leave out the
   steps they fell in;
 - metadata (``ph: M``): thread and process names, which the report uses to name
   the threads that launch.
@@ -40,7 +40,7 @@ ignored.
 **Malformed events** are never read silently: an event of a used kind without a
 numeric ``ts``, without a numeric ``dur`` or with a negative one, device work
 with neither ``args.stream`` nor ``tid``, an unmatched ``B``/``E``, is dropped and
-counted in ``Capture.problems`` by (kind, problem); :func:`problem_lines` words
+counted in ``CaptureEvents.problems`` by (kind, problem); :func:`problem_lines` words
 them as the importer's warnings (``simwar import --strict`` makes them errors).
 A UTF-8 byte-order mark is skipped; ``displayTimeUnit`` is kept in the meta and
 never scales ``ts`` (the Chrome format's times are µs whatever the display unit).
@@ -249,7 +249,7 @@ class Annotation(NamedTuple):
 
 
 @dataclass
-class Capture:
+class CaptureEvents:
     """The used events of one capture, plus counts of everything seen.
 
     ``problems`` counts dropped events by (kind, problem) (:func:`problem_lines`);
@@ -273,7 +273,7 @@ class Capture:
     meta: dict = field(default_factory=dict)
 
 
-def problem_lines(cap: Capture) -> list[str]:
+def problem_lines(cap: CaptureEvents) -> list[str]:
     """The capture's dropped and implausible events as warning sentences, one per kind and
     problem, each with its count."""
     out = []
@@ -287,8 +287,8 @@ def problem_lines(cap: Capture) -> list[str]:
 
 # --------------------------------------------------------------------------- reading
 def read_capture(path: str | Path, progress: ProgressFn | None = None,
-                 chunk_bytes: int = 8 << 20) -> Capture:
-    """Read a ``.json`` or ``.json.gz`` Kineto capture into a :class:`Capture` in one pass.
+                 chunk_bytes: int = 8 << 20) -> CaptureEvents:
+    """Read a ``.json`` or ``.json.gz`` Kineto capture into a :class:`CaptureEvents` in one pass.
 
     ``progress(done_bytes, total_bytes)`` is called after each block (bytes of the
     file on disk, compressed for ``.gz``).
@@ -297,7 +297,7 @@ def read_capture(path: str | Path, progress: ProgressFn | None = None,
     if not path.exists():
         raise FileNotFoundError(f"{path}: file not found")
     total = path.stat().st_size
-    cap = Capture()
+    cap = CaptureEvents()
     with open(path, "rb") as raw:
         fh = gzip.GzipFile(fileobj=raw) if _is_gzip(raw) else raw
         tick = (lambda: progress(raw.tell(), total)) if progress is not None else (lambda: None)
@@ -315,7 +315,7 @@ class _BlockStream:
     """One pass over the file: the header, the ``traceEvents`` array block by block, the
     trailer (see the module docstring)."""
 
-    def __init__(self, path: Path, fh, cap: Capture, block: int, tick):
+    def __init__(self, path: Path, fh, cap: CaptureEvents, block: int, tick):
         self.path, self.fh, self.cap, self.block, self.tick = path, fh, cap, block, tick
         self.classify = _Classifier(cap)
 
@@ -518,9 +518,9 @@ def _kind_of(cat) -> str | None:
 
 
 class _Classifier:
-    """Sorts decoded events into the :class:`Capture`, checking each used field."""
+    """Sorts decoded events into the :class:`CaptureEvents`, checking each used field."""
 
-    def __init__(self, cap: Capture):
+    def __init__(self, cap: CaptureEvents):
         self.cap = cap
         self.open: dict[tuple, list] = defaultdict(list)  # (pid, tid) -> open B events
         self.device, self.runtime = cap.device_events, cap.runtime_calls
@@ -737,7 +737,7 @@ def _what(v) -> str:
     return "a non-numeric"
 
 
-def _check_plausible(cap: Capture) -> None:
+def _check_plausible(cap: CaptureEvents) -> None:
     """Implausible times (a capture written in ns where µs are expected): counted problems."""
     long = sum(1 for d in cap.device_events if d.dur > PLAUSIBLE_DUR_US)
     if long:

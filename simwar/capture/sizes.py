@@ -1,7 +1,7 @@
 """Each captured step's batch and graph bucket: what a capture says of a batch that changes.
 
 A real server runs a different batch every step, and each batch runs the CUDA graph
-captured for its bucket (the smallest captured batch size >= it). :func:`step_sizes` reads
+captured for its bucket (the smallest captured batch size >= it). :func:`size_capture` reads
 both from an imported capture (a :class:`simwar.capture.to_trace.KinetoImport`) and its
 mapping, in this order:
 
@@ -44,8 +44,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simwar.analysis.views import forward_kernels
-from simwar.capture.layout import ops_of_call
+from simwar.analysis.views import forward_kernels, ops_of_call
 from simwar.capture.mapping import Mapping
 from simwar.core.trace import Call, OpKind, Trace
 
@@ -176,7 +175,7 @@ def _device_steps(trace: Trace) -> set[int]:
     return set(np.unique(trace.ops.step[forward_kernels(trace)]).tolist())
 
 
-def step_sizes(imp, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
+def size_capture(imp, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
     """The per-step sizes of an imported capture (see the module docstring).
 
     ``where`` is the name errors start with (the mapping's file or preset).

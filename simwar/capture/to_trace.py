@@ -74,7 +74,7 @@ from simwar.capture.ranks import (
 )
 from simwar.capture.reader import (
     Annotation,
-    Capture,
+    CaptureEvents,
     DeviceEvent,
     ProgressFn,
     RuntimeCall,
@@ -172,15 +172,10 @@ def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path 
     mapping = load_mapping(mapping)
     paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
     caps = [read_capture(p, progress) for p in paths]
-    return build_import(caps, mapping, [p.name for p in paths])
+    return bind_capture(caps, mapping, [p.name for p in paths])
 
 
-def build_trace(cap: Capture, mapping: Mapping) -> KinetoImport:
-    """The Trace of a read capture under a mapping (see the module docstring)."""
-    return build_import([cap], load_mapping(mapping), [""])
-
-
-def build_import(caps: list[Capture], mapping: Mapping, names: list[str]) -> KinetoImport:
+def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) -> KinetoImport:
     """The import of one or more read captures (files) under a mapping: one Trace per rank,
     the primary one and all side by side (see the module docstring)."""
     ranks, how = split_processes(caps)
@@ -243,7 +238,7 @@ def build_import(caps: list[Capture], mapping: Mapping, names: list[str]) -> Kin
 _ts = attrgetter("ts")
 
 
-def _first_ts(cap: Capture) -> float | None:
+def _first_ts(cap: CaptureEvents) -> float | None:
     starts = [min(map(_ts, seq)) for seq in (cap.device_events, cap.runtime_calls,
                                              cap.annotations, cap.sync_events) if seq]
     return min(starts) if starts else None
@@ -272,7 +267,7 @@ class CaptureTraceBuilder:
     that becomes 0 (default: the capture's first event).
     """
 
-    def __init__(self, cap: Capture, mapping: Mapping, origin: float | None = None):
+    def __init__(self, cap: CaptureEvents, mapping: Mapping, origin: float | None = None):
         self.cap = cap
         self.m = mapping
         self.warnings: list[str] = problem_lines(cap)

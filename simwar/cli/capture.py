@@ -7,11 +7,13 @@
     simwar import TRACE [--mapping MAP.yaml] --check fitted.yaml [--set KEY=VALUE ...]
     simwar import TRACE --mapping MAP.yaml --fit-costs -o costs.yaml
 
-Without ``--preset`` and ``--mapping`` the preset is detected from the capture's range names
-(:mod:`simwar.capture.presets`) and the import says which; a mapping file replaces any key of
-the preset. A capture whose batch changes every step (the mapping's ``batch`` regex, or the
-graphs that ran: :mod:`simwar.capture.sizes`) is reported per graph bucket, and ``--fit``
-writes its batch sequence beside the config (``fitted.batches.csv`` for ``fitted.yaml``).
+The capture is opened by :func:`simwar.capture.open.open_capture`, as ``explain`` and
+``races`` open theirs. Without ``--preset`` and ``--mapping`` the preset is detected from the
+capture's range names (:mod:`simwar.capture.presets`) and the import says which; a mapping
+file replaces any key of the preset. A capture whose batch changes every step (the mapping's
+``batch`` regex, or the graphs that ran: :mod:`simwar.capture.sizes`) is reported per graph
+bucket, and ``--fit`` writes its batch sequence beside the config (``fitted.batches.csv``
+for ``fitted.yaml``).
 
 The summary is the one ``simwar run`` prints for a simulation (same metrics
 code), plus event counts and HTA's idle breakdown per stream, the scheduler thread and the
@@ -114,9 +116,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the importer loads numpy)
     from simwar.analysis.idle import HTA_KERNEL_WAIT_US
-    from simwar.capture.presets import import_capture  # lazy: start-up time of the CLI
+    from simwar.capture.open import open_capture  # lazy: start-up time of the CLI
     from simwar.capture.reader import KinetoFormatError  # lazy: start-up time of the CLI
-    from simwar.capture.sizes import SizesError, step_sizes  # lazy: start-up time of the CLI
+    from simwar.capture.sizes import SizesError  # lazy: start-up time of the CLI
     from simwar.capture.stalls import import_report  # lazy: start-up time of the CLI
     from simwar.config import ConfigError  # lazy: start-up time of the CLI
 
@@ -176,15 +178,15 @@ def command(args) -> int:
             if not p.exists():
                 raise UserError(f"{p}: file not found")
         with _ReadProgress(paths, disabled=args.no_progress) as progress:
-            result, mapping = import_capture(paths if len(paths) > 1 else path, args.mapping,
-                                             args.preset, progress=progress)
-        sizes = step_sizes(result, mapping, args.mapping or _preset_label(mapping))
+            cap = open_capture(paths if len(paths) > 1 else path, args.mapping, args.preset,
+                               progress=progress)
+        sizes = cap.sized()
     except (KinetoFormatError, SizesError, ConfigError) as e:
         raise UserError(str(e)) from None
+    result, mapping = cap.bound, cap.mapping
     if args.strict and result.warnings:
         more = f" (and {len(result.warnings) - 1} more)" if len(result.warnings) > 1 else ""
         raise UserError(f"{path}: {result.warnings[0]}{more} (--strict)")
-    sizes.apply(result.trace)
     steps, report = import_report(result, args.kernel_wait_us if args.kernel_wait_us is not None
                                   else HTA_KERNEL_WAIT_US)
     if args.mapping and not (args.fit or args.check):  # those make it an error (check_mapping)
@@ -198,7 +200,7 @@ def command(args) -> int:
         report["fit"] = _write_fit(result.trace, args.output, args.dist, path.name)
     model = None
     if args.fit:
-        model = _write_model(result, mapping, args, path)
+        model = _write_model(cap, args, path)
         report["fit"] = {"output": args.output, "policy": model.policy.__dict__,
                          "roles": dict(model.roles), "details": model.details}
         report["warnings"] += model.warnings
@@ -206,9 +208,9 @@ def command(args) -> int:
     if args.check:
         if check_items is None:
             check_items = _check_config(args)
-        checked = _check(result, mapping, args, check_items, report, steps)
+        checked = _check(cap, args, check_items, report, steps)
         report["check"] = checked
-    report["races"] = _races(result, mapping, args)
+    report["races"] = _races(cap)
     for w in report["warnings"]:
         print(f"simwar: warning: {w}", file=sys.stderr)
     if args.json:
@@ -249,14 +251,14 @@ def _unmatched_warnings(result, mapping, name: str) -> list[str]:
             for text in bad if text.split(" ", 1)[0] in ("phases", "sites", "cpu")]
 
 
-def _races(result, mapping, args) -> dict:
+def _races(cap) -> dict:
     """The capture's latent races by the mapping's reads and writes (``simwar races`` lists
     them): :meth:`simwar.capture.accesses.CaptureRaces.summary`."""
     from simwar.capture.accesses import capture_races  # lazy: start-up time of the CLI
     from simwar.config import ConfigError  # lazy: start-up time of the CLI
 
     try:
-        return capture_races(result, mapping, args.mapping or _preset_label(mapping)).summary()
+        return capture_races(cap.bound, cap.mapping, cap.label).summary()
     except ConfigError as e:
         raise UserError(str(e)) from None
 
@@ -333,75 +335,20 @@ def _shift(value, us: float):
     return d
 
 
-def _check(result, mapping, args, loaded, report, steps) -> dict:
+def _check(cap, args, loaded, report, steps) -> dict:
     """Simulate the ``--check`` config and compare it with the capture's ``report`` (``steps``:
-    its per-step table), the steps the profiler stalled left out of both."""
-    # lazy: start-up time of the CLI (the simulator)
-    from simwar.api import simulate
-    from simwar.fit.check import (  # lazy: start-up time
-        accepted,
-        bucket_rows,
-        bucket_steps_line,
-        check_rows,
-        format_rows,
-        relaunch,
-        summary_without,
-    )
-    from simwar.fit.from_capture import FitError, check_mapping  # lazy: start-up time of the CLI
-    from simwar.fit.profiler import left_out_line, left_out_steps  # lazy: start-up time
+    its per-step table): :func:`simwar.fit.check.check_fit`."""
+    # lazy: start-up time of the CLI (the check runs the simulator)
+    from simwar.fit.check import check_fit
+    from simwar.fit.from_capture import FitError  # lazy: start-up time of the CLI
 
-    try:
-        check_mapping(result, mapping, args.mapping or _preset_label(mapping))
-    except FitError as e:
-        raise UserError(str(e)) from None
     cfg, items = loaded
     if args.fit:  # the file just written
         cfg = _check_config(args)[0]
-    sim = simulate(cfg)
-    label = run_label(cfg.name, items)
-    warm = int(result.trace.meta.get("warmup_steps", 0))
-    left = {k: v for k, v in left_out_steps(result, mapping).items() if k >= warm}
-    captured = summary_without(steps, result.trace.meta, None, left)
-    summary = summary_without(sim.columns if sim.columns is not None else sim.steps, sim.meta,
-                              sim.hazards, left)
-    if mapping.run_batch is None:  # the capture's launches are its first forward launches
-        summary = relaunch(sim.trace, summary, left)
-    rows = check_rows(captured, summary) + bucket_rows(captured, summary)
-    ok = accepted(rows)
-    races = {"latent": summary.get("races", 0), "overlaps": summary.get("overlaps", 0)}
-    head = (f"check: {label} (simulated {summary.get('steps_measured', 0)} steps) against "
-            f"{report['file']} ({captured.get('steps_measured', 0)} steps measured)")
-    lines = [head]
-    note = left_out_line(left)
-    if note:
-        lines.append(f"  left out            {note}, and the steps around each, on both sides")
-    per = bucket_steps_line(captured, summary)
-    if per:
-        lines.append(per)
-    verdict = ("  verdict             within the bounds (step time 2%, forward gap max(10 µs, "
-               "10%), launch-ahead 0.05" + ("; per bucket: step time, forward gap"
-                                            if any(r.key.startswith("by_bucket") for r in rows)
-                                            else "") + ")" if ok else
-               "  verdict             MISSED: " + ", ".join(
-                   _row_name(r) for r in rows if r.ok is False))
-    text = "\n".join(lines + [format_rows(rows, races), verdict])
-    return {"name": label, "ok": ok, "text": text, "races": races,
-            "rows": [r._asdict() for r in rows], "simulated": summary, "captured": captured,
-            "left_out": left}
-
-
-def _row_name(row) -> str:
-    """A missed row's name: ``bucket 8 step time``, ``bucket 8 forward gap``, ``step time mean``."""
-    if row.key.startswith("by_bucket."):
-        b = row.key.split(".")[1]
-        return f"bucket {b} " + ("step time" if row.key.endswith("step_us_mean") else
-                                 "forward gap")
-    return row.label
-
-
-def _preset_label(mapping) -> str:
-    name, _ = mapping.origin
-    return f"preset {name}" if name else "mapping"
+    try:
+        return check_fit(cap, cfg, run_label(cfg.name, items), steps, report["file"])
+    except FitError as e:
+        raise UserError(str(e)) from None
 
 
 def _mapping_report(mapping, sizes) -> dict:
@@ -430,7 +377,7 @@ def _sizes_lines(r: dict) -> list[str]:
     return lines
 
 
-def _write_model(result, mapping, args, path: Path):
+def _write_model(cap, args, path: Path):
     """Fit the capture's whole loop (``--fit``) and write it as a config with ``-o``."""
     # lazy: start-up time of the CLI (yaml; the fit loads numpy)
     import yaml
@@ -442,8 +389,7 @@ def _write_model(result, mapping, args, path: Path):
     )
 
     try:
-        model = fit_model(result, mapping, capture=path.name, mapping_name=args.mapping or "",
-                          dist=args.dist, policy=args.policy, version=__version__,
+        model = fit_model(cap, dist=args.dist, policy=args.policy, version=__version__,
                           where=str(path), unprofiled_step_us=args.unprofiled)
     except FitError as e:
         raise UserError(str(e)) from None

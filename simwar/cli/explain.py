@@ -7,7 +7,8 @@ Walks each step's critical path (:mod:`simwar.analysis.critical_path`) and print
 mean forward gap and step time with their causes. Its input is a config (simulated), a
 saved simwar trace (``.json``/``.json.gz`` with ``"format": "simwar.trace"``) or a
 torch.profiler (Kineto) capture, told apart by content (:func:`load_source`). A capture is
-read with its preset and mapping as ``simwar import`` reads it, and explained in its own
+read with its preset and mapping as ``simwar import`` reads it
+(:func:`simwar.capture.open.open_capture`), and explained in its own
 code's words: its host time by the ``record_function`` range it lies in, a blocking call by
 what it waited for. A run whose batch changes every step (a config's ``workload``, a
 capture's batch ranges or graphs) is explained per graph bucket as well.
@@ -230,18 +231,18 @@ def _load_capture(p: Path | list, mapping: str | None, preset: str | None) -> So
     import re  # lazy: start-up time of the CLI
 
     # lazy: start-up time of the CLI (the importer loads numpy)
-    from simwar.capture.presets import import_capture, preset_line
+    from simwar.capture.open import open_capture
+    from simwar.capture.presets import preset_line  # lazy: start-up time of the CLI
     from simwar.capture.reader import KinetoFormatError  # lazy: start-up time of the CLI
-    from simwar.capture.sizes import SizesError, step_sizes  # lazy: start-up time of the CLI
+    from simwar.capture.sizes import SizesError  # lazy: start-up time of the CLI
     from simwar.config import ConfigError  # lazy: start-up time of the CLI
 
     try:
-        result, m = import_capture(p, mapping, preset)
-        sizes = step_sizes(result, m, mapping or (f"preset {m.origin[0]}" if m.origin[0]
-                                                  else "mapping"))
+        cap = open_capture(p, mapping, preset)
+        sizes = cap.sized()
     except (KinetoFormatError, SizesError, ConfigError) as e:
         raise UserError(str(e)) from None
-    sizes.apply(result.trace)
+    result, m = cap.bound, cap.mapping
     skip = [re.compile(x) for x in (m.steps, m.batch) if x]
     rules = m.cpu_rules()
     ranges = []

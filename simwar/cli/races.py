@@ -19,6 +19,8 @@ them the two accesses also overlapped in time; ``--pairs`` adds one line per acc
 latent race (for CI). The steps are every step of the capture, warm-up included; pairs at
 most ``--window`` steps apart are compared (default 2, as the simulator).
 
+The capture is opened as ``simwar import`` opens it (:func:`simwar.capture.open.open_capture`).
+
 Imports: ``simwar.cli.common`` at the top; the importer, the race analysis and the fit's
 stream roles inside :func:`command`. Never another command's module.
 """
@@ -59,7 +61,8 @@ def command(args) -> int:
     # lazy: start-up time of the CLI (the importer loads numpy, the fit the roles)
     from simwar.analysis.happens_before import missing_edge, race_groups
     from simwar.capture.accesses import capture_races  # lazy: start-up time of the CLI
-    from simwar.capture.presets import import_capture, load_preset  # lazy: start-up time
+    from simwar.capture.open import open_capture  # lazy: start-up time of the CLI
+    from simwar.capture.presets import load_preset  # lazy: start-up time of the CLI
     from simwar.capture.reader import KinetoFormatError  # lazy: start-up time of the CLI
     from simwar.config import ConfigError  # lazy: start-up time of the CLI
     from simwar.fit.policy import detect_roles  # lazy: start-up time of the CLI
@@ -72,10 +75,9 @@ def command(args) -> int:
             load_preset(args.preset)
         if not path.exists():
             raise UserError(f"{path}: file not found")
-        result, mapping = import_capture(path, args.mapping, args.preset)
-        where = args.mapping or (f"preset {mapping.origin[0]}" if mapping.origin[0]
-                                 else "mapping")
-        races = capture_races(result, mapping, where, args.window)
+        cap = open_capture(path, args.mapping, args.preset)
+        result, mapping = cap.bound, cap.mapping
+        races = capture_races(result, mapping, cap.label, args.window)
     except (KinetoFormatError, ConfigError) as e:
         raise UserError(str(e)) from None
     trace = result.trace

@@ -1,9 +1,10 @@
 """Fitting: configs from real captures, costs from harness replays, and how well they agree.
 
-From a Kineto capture (read by :mod:`simwar.capture`):
+From a Kineto capture (opened by :func:`simwar.capture.open.open_capture`):
 
 - :mod:`.from_capture`: the whole overlap loop as a runnable config (``simwar import
-  --fit``), from :mod:`.policy` (which stream is which, the barrier policy, from the record
+  --fit``), from :mod:`.layout` (which host call is which in each step of a Trace),
+  :mod:`.policy` (which stream is which, the barrier policy, from the record
   each wait binds to or its event ids) and :mod:`.samples` (per step: device times, host
   costs, CPU work), each key fitted against the step's size where the batch changes
   (:mod:`.affine`), the profiler's stalls left out and its device time rescaled
@@ -12,7 +13,7 @@ From a Kineto capture (read by :mod:`simwar.capture`):
   (``simwar import --fit-costs``), and the distribution fit every fitted value goes
   through;
 - :mod:`.check`: the capture against the simulation of a fitted config (``simwar
-  import --check``), with the acceptance bounds.
+  import --check``: :func:`~simwar.fit.check.check_fit`), with the acceptance bounds.
 
 The checkers of the project's own GPU data (the probe's captures, the mini-server's loads
 and prefill cases) fit through these modules and are the lab's (``lab/`` in a source

@@ -23,7 +23,12 @@ A capture whose mapping names no ``run_batch`` annotation times each launch at t
 forward's first launch call (the importer's rule); :func:`relaunch` re-times a
 simulation's launch figures the same way, so that both sides are measured alike.
 
-Imports: numpy, pandas (through :mod:`simwar.analysis.metrics`) and the standard library.
+:func:`check_fit` is the whole check: it simulates a fitted config, compares it with the
+capture (a :class:`simwar.capture.open.Capture`) by the rows above and words the verdict;
+``simwar import --check`` prints what it returns.
+
+Imports: numpy, pandas (through :mod:`simwar.analysis.metrics`), the standard library, the
+simulator (:func:`simwar.api.simulate`) and the fit's own modules.
 """
 
 from __future__ import annotations
@@ -35,7 +40,10 @@ import numpy as np
 
 from simwar.analysis.metrics import launch_ahead_depth, measured, step_frame, summarize
 from simwar.analysis.views import forward_kernels
+from simwar.api import simulate
 from simwar.fit.compare import compare_figure, figure
+from simwar.fit.from_capture import check_mapping
+from simwar.fit.profiler import left_out_line, left_out_steps
 
 #: (step time relative error, forward gap µs, forward gap relative error, launch-ahead)
 ACCEPTANCE = {"step_rel": 0.02, "gap_us": 10.0, "gap_rel": 0.10, "ahead": 0.05}
@@ -235,3 +243,55 @@ def relaunch(trace, summary: dict, drop=()) -> dict:
                 "run_ahead_fraction": float((lead > 0).mean()) if len(lead) else float("nan"),
                 "launch_ahead_mean": float(ahead.mean()) if len(ahead) else float("nan")})
     return out
+
+
+def check_fit(cap, cfg, label: str, steps, file: str) -> dict:
+    """Simulate the fitted config ``cfg`` (named ``label``) and compare it with the capture
+    ``cap`` (``steps``: its per-step table, :func:`simwar.capture.stalls.import_report`'s;
+    ``file``: its name in the head line), the steps the profiler stalled left out of both.
+
+    A mapping key that matches nothing in the capture is a
+    :class:`simwar.fit.from_capture.FitError`. Returns the figures, the verdict (``ok``) and
+    the ``text`` ``simwar import --check`` prints.
+    """
+    imp, mapping = cap.bound, cap.mapping
+    check_mapping(imp, mapping, cap.label)
+    sim = simulate(cfg)
+    warm = int(imp.trace.meta.get("warmup_steps", 0))
+    left = {k: v for k, v in left_out_steps(imp, mapping).items() if k >= warm}
+    captured = summary_without(steps, imp.trace.meta, None, left)
+    summary = summary_without(sim.columns if sim.columns is not None else sim.steps, sim.meta,
+                              sim.hazards, left)
+    if mapping.run_batch is None:  # the capture's launches are its first forward launches
+        summary = relaunch(sim.trace, summary, left)
+    rows = check_rows(captured, summary) + bucket_rows(captured, summary)
+    ok = accepted(rows)
+    races = {"latent": summary.get("races", 0), "overlaps": summary.get("overlaps", 0)}
+    head = (f"check: {label} (simulated {summary.get('steps_measured', 0)} steps) against "
+            f"{file} ({captured.get('steps_measured', 0)} steps measured)")
+    lines = [head]
+    note = left_out_line(left)
+    if note:
+        lines.append(f"  left out            {note}, and the steps around each, on both sides")
+    per = bucket_steps_line(captured, summary)
+    if per:
+        lines.append(per)
+    verdict = ("  verdict             within the bounds (step time 2%, forward gap max(10 µs, "
+               "10%), launch-ahead 0.05" + ("; per bucket: step time, forward gap"
+                                            if any(r.key.startswith("by_bucket") for r in rows)
+                                            else "") + ")" if ok else
+               "  verdict             MISSED: " + ", ".join(
+                   _row_name(r) for r in rows if r.ok is False))
+    text = "\n".join(lines + [format_rows(rows, races), verdict])
+    return {"name": label, "ok": ok, "text": text, "races": races,
+            "rows": [r._asdict() for r in rows], "simulated": summary, "captured": captured,
+            "left_out": left}
+
+
+def _row_name(row: Row) -> str:
+    """A missed row's name: ``bucket 8 step time``, ``bucket 8 forward gap``, ``step time mean``."""
+    if row.key.startswith("by_bucket."):
+        b = row.key.split(".")[1]
+        return f"bucket {b} " + ("step time" if row.key.endswith("step_us_mean") else
+                                 "forward gap")
+    return row.label

@@ -1,16 +1,17 @@
 """Fit a complete, runnable config from an imported capture: the whole overlap loop.
 
 ``simwar import CAPTURE --mapping M --fit -o fitted.yaml`` writes what
-:func:`fit_model` returns: a config (``algorithm: custom``) that the builder
+:func:`fit_model` returns for the capture :func:`simwar.capture.open.open_capture` opened
+(its sizes already read): a config (``algorithm: custom``) that the builder
 turns into the capture's own loop, so that ``simwar run fitted.yaml``
 reproduces the capture and ``--set`` asks what-if questions of it.
 
-:mod:`simwar.capture.layout` finds each step's pieces (schedule calls, the
-forward's units, syncs, host regions); :mod:`simwar.capture.sizes` each step's batch
-and graph bucket; :mod:`simwar.fit.policy` reads which stream is which and the
-barrier policy; :mod:`simwar.fit.samples` measures, per step, the phases' device time,
-the schedule-stream work, the host costs and the CPU work. This module checks the
-capture and mapping, leaves out the steps the profiler stalled
+:mod:`simwar.fit.layout` finds each step's pieces (schedule calls, the
+forward's units, syncs, host regions); :mod:`simwar.capture.sizes` read each step's batch
+and graph bucket when the capture was opened; :mod:`simwar.fit.policy` reads which stream
+is which and the barrier policy; :mod:`simwar.fit.samples` measures, per step, the
+phases' device time, the schedule-stream work, the host costs and the CPU work.
+This module checks the capture and mapping, leaves out the steps the profiler stalled
 (:mod:`simwar.fit.profiler`), keeps the steps that share one structure, assembles the
 config (its phases, policy and streams) and fits every per-step sample set: against the
 step's size where the batch changes (:func:`simwar.fit.affine.fit_sized`: affine in the
@@ -32,14 +33,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simwar.capture.accesses import capture_phase_reads
-from simwar.capture.layout import Roles, step_layouts
+from simwar.capture.accesses import capture_accesses
 from simwar.capture.mapping import CPU_ITEMS, Mapping, unmatched_keys
-from simwar.capture.sizes import CaptureSizes, SizesError, step_sizes
+from simwar.capture.open import Capture
+from simwar.capture.sizes import CaptureSizes, SizesError
 from simwar.config import ConfigError, load_config
-from simwar.core.trace import OpKind, Trace
+from simwar.core.trace import Mode, OpKind, Trace
 from simwar.fit.affine import SizedFit, fit_sized
 from simwar.fit.durations import fit_values
+from simwar.fit.layout import Roles, step_layouts
 from simwar.fit.policy import POLICIES, PolicyInference, detect_roles, infer_policy
 from simwar.fit.profiler import (
     CUPTI_NOTE,
@@ -100,30 +102,35 @@ def batches_csv(batches: list[int]) -> str:
     return "step,batch_size\n" + "".join(f"{k},{b}\n" for k, b in enumerate(batches))
 
 
-def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "",
-              dist: str = "best", policy: str | None = None, steps: int = FIT_STEPS,
-              warmup: int = FIT_WARMUP, version: str = "", where: str = "",
-              unprofiled_step_us: float | dict | None = None) -> ModelFit:
-    """The whole loop of an imported capture (a :class:`simwar.capture.to_trace.KinetoImport`)
-    as a config.
+def fit_model(cap: Capture, *, capture: str = "",
+              mapping_name: str = "", dist: str = "best", policy: str | None = None,
+              steps: int = FIT_STEPS, warmup: int = FIT_WARMUP, version: str = "",
+              where: str = "", unprofiled_step_us: float | dict | None = None) -> ModelFit:
+    """The whole loop of an opened capture (a :class:`simwar.capture.open.Capture`) as a
+    config.
 
-    ``capture`` and ``mapping_name`` are the names the header cites, ``where`` the name
-    errors start with (default: ``capture``). ``unprofiled_step_us``: rescale the device
-    time to this mean step time, or device and host time to these per-bucket step times
-    (``{bucket: µs}``: :func:`simwar.fit.profiler.rescale_buckets`).
+    ``capture`` and ``mapping_name`` are the names the header cites (default: the capture's
+    file and mapping file), ``where`` the name errors start with (default: ``capture``).
+    ``unprofiled_step_us``: rescale the device time to this mean step time, or device and
+    host time to these per-bucket step times (``{bucket: µs}``:
+    :func:`simwar.fit.profiler.rescale_buckets`). A capture bound by other means (a
+    :class:`simwar.capture.to_trace.KinetoImport` and its mapping) is finished with
+    :func:`simwar.capture.open.finish_capture` first.
     """
+    imp, mapping = cap.bound, cap.mapping
+    capture = capture or (cap.paths[0].name if cap.paths else "")
+    mapping_name = mapping_name or cap.mapping_file or ""
     trace: Trace = imp.trace
     warnings: list[str] = []
     where = where or capture or trace.meta.get("file", "capture")
     if len(trace.ops) == 0 or not np.any(trace.ops.kind == OpKind.KERNEL):
         raise FitError(f"{where}: no device work in the capture (nothing to fit)")
-    mname = mapping_name or _mapping_label(mapping)
+    mname = mapping_name or cap.label
     check_mapping(imp, mapping, mname)
     try:
-        sizes = step_sizes(imp, mapping, mname)
+        sizes = cap.sized()
     except SizesError as e:
         raise FitError(str(e)) from None
-    sizes.apply(trace)
     left_out = left_out_steps(imp, mapping)
     roles, role_notes = detect_roles(trace, mapping)
     all_lays = step_layouts(trace, roles)
@@ -202,11 +209,6 @@ def fit_model(imp, mapping: Mapping, *, capture: str = "", mapping_name: str = "
                     host_scale)
 
 
-def _mapping_label(mapping: Mapping) -> str:
-    name, _ = mapping.origin
-    return f"preset {name}" if name else "mapping"
-
-
 def _regex_reads(imp, mapping: Mapping, names: list[str]) -> Mapping:
     """A mapping file's ``reads`` key that is no phase but a regex of kernels or ranges
     (simwar.capture.accesses) read by the phases of the device ops it maps; one that maps
@@ -219,13 +221,28 @@ def _regex_reads(imp, mapping: Mapping, names: list[str]) -> Mapping:
                                      "writes": {}})
     sub._soft, sub._origin = {}, mapping.origin
     try:
-        implied = capture_phase_reads(imp, sub)
+        implied = _phase_reads(imp, sub)
     except ConfigError:
         return mapping
     reads = {k: list(v) for k, v in mapping.reads.items() if k not in keys}
     for phase, buffers in implied.items():
         reads[phase] = reads.get(phase, []) + [b for b in buffers if b not in reads.get(phase, [])]
     return _with_reads(mapping, reads)
+
+
+def _phase_reads(imp, mapping: Mapping) -> dict[str, list[str]]:
+    """Per phase of the capture, the buffers its device ops read by the mapping's ``reads``
+    (phase keys and regexes alike: :func:`simwar.capture.accesses.capture_accesses`)."""
+    acc = capture_accesses(imp, mapping).accesses
+    ops, trace = imp.trace.ops, imp.trace
+    out: dict[str, list[str]] = {}
+    for op, b, m in zip(acc.op, acc.buffer, acc.mode):
+        if m != Mode.READ:
+            continue
+        phase = trace.text(int(ops.phase[op]))
+        if phase and b not in out.setdefault(phase, []):
+            out[phase].append(b)
+    return out
 
 
 def _with_reads(mapping: Mapping, reads: dict) -> Mapping:

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simwar.capture.layout import Roles, StepLayout, ops_of_call
+from simwar.analysis.views import ops_of_call
 from simwar.capture.mapping import Mapping
 from simwar.core.trace import Call, OpKind, Trace
+from simwar.fit.layout import Roles, StepLayout
 
 #: the barrier policies a capture can show (and ``--policy`` may name)
 POLICIES = ("fine", "coarse", "none", "host_sync")

@@ -1,6 +1,6 @@
 """What a capture measured in each fitted step: the samples a fitted config is made of.
 
-Per measured step (:class:`simwar.capture.layout.StepLayout`), into :class:`Samples`
+Per measured step (:class:`simwar.fit.layout.StepLayout`), into :class:`Samples`
 (config key → one value per step):
 
 - **phases** (:func:`sample_device_and_costs`): the forward's units in order (a
@@ -19,7 +19,7 @@ Per measured step (:class:`simwar.capture.layout.StepLayout`), into :class:`Samp
   host time before its launch, ``phases.NAME.host_us``, where the device also
   waits for it), ``sync_us``/``sync_wake_us`` and the cross-stream latency;
 - **CPU work** (:func:`sample_cpu_work`): the host time of each region between
-  the loop's anchors (:func:`simwar.capture.layout.regions`, synchronize calls
+  the loop's anchors (:func:`simwar.fit.layout.regions`, synchronize calls
   left out) less what the fitted config's own API calls take there (measured by
   simulating the fitted loop with no CPU work), so that the fitted host loop adds
   up to the captured one, step by step. The mapping's ``cpu`` ranges split the
@@ -41,18 +41,18 @@ from collections import Counter
 
 import numpy as np
 
+from simwar.analysis.views import ops_of_call
 from simwar.api import simulate
-from simwar.capture.layout import (
+from simwar.capture.mapping import CPU_ITEMS, Mapping
+from simwar.core.trace import Call, OpKind, Trace
+from simwar.fit.layout import (
     Roles,
     StepLayout,
-    ops_of_call,
     queued_gap,
     regions,
     step_layouts,
     work_us,
 )
-from simwar.capture.mapping import CPU_ITEMS, Mapping
-from simwar.core.trace import Call, OpKind, Trace
 
 #: a step's regions and the CPU work each becomes (phase regions: ``host_i``)
 REGION_ITEM = {"A": "ingest", "A2": "prepare", "tail": "post_launch", "tail2": "post_launch",

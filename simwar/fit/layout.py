@@ -21,7 +21,11 @@ simulated run and an imported capture:
   each outside synchronize calls: what :mod:`simwar.fit.samples` turns
   into the config's CPU work.
 
-Imports: numpy and simwar's stdlib-only modules; never the simulator.
+It lives in the fit, the one reader of a loop's layout (the capture's size stage needs only
+:func:`simwar.analysis.views.ops_of_call`).
+
+Imports: numpy, :mod:`simwar.analysis.views` and :mod:`simwar.core.trace`; never the
+simulator.
 """
 
 from __future__ import annotations
@@ -192,22 +196,6 @@ def _syncs(syncs, fl, start, span_op, bound, ops, copy_lane, fwd, sched_calls, f
     post = next((s for s in after if s != result and start[s] < start[result]
                  and record_lane(s) in (fwd, None)), None) if result is not None else None
     return result, top, post
-
-
-def ops_of_call(trace: Trace, call: int) -> list[int]:
-    """The ops host call span ``call`` issued (``ops.call == call``), in op order.
-
-    The index is built on first use and kept on the Trace (a Trace is not changed
-    once recorded), so that asking for every call of a trace stays linear.
-    """
-    index = trace.__dict__.get("_simwar_ops_of_call")
-    if index is None:
-        index = {}
-        for o, c in enumerate(trace.ops.call.tolist()):
-            if c >= 0:
-                index.setdefault(c, []).append(o)
-        trace.__dict__["_simwar_ops_of_call"] = index
-    return index.get(call, [])
 
 
 # --------------------------------------------------------------------------- regions

@@ -1,0 +1,128 @@
+"""The front door of a capture: :func:`open_capture` reads, maps, binds and sizes it, once.
+
+A torch.profiler (Kineto) capture becomes a simwar Trace in four stages, each named by
+its verb wherever it appears. **Read** (:func:`simwar.capture.reader.read_capture`): each
+file, in one pass, into its :class:`~simwar.capture.reader.CaptureEvents` (malformed events
+counted, HIP names mapped). **Map** (:func:`simwar.capture.presets.map_capture`): the
+mapping the events are read with, from a preset (named, or detected from the range names
+read), a mapping file over it, and the preset's entries that match nothing dropped.
+**Bind** (:func:`simwar.capture.to_trace.bind_capture`): events and mapping into a Trace per
+rank, each wait and sync bound to its record (:mod:`simwar.capture.binding`), the
+:class:`~simwar.capture.to_trace.KinetoImport`. **Size**
+(:func:`simwar.capture.sizes.size_capture`): each step's batch and graph bucket, written
+into the Trace's ``meta.workload`` where they vary. :func:`open_capture` runs the four and
+returns a finished :class:`Capture`, the one record ``simwar import``, ``explain``,
+``races`` and the fit (:mod:`simwar.fit.from_capture`) read a capture through; the
+reports on it (:mod:`simwar.capture.stalls`, :mod:`simwar.capture.accesses`) and the fit
+start from it. As HTA's ``TraceAnalysis``, the record is finished when it is returned, so
+that no consumer reads, maps or sizes a capture again, or in another order.
+:func:`simwar.capture.to_trace.import_kineto` is the read and bind stages alone, with an
+explicit mapping and no preset: the tests of those stages use it.
+
+Imports: the standard library and simwar's capture modules; never the simulator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from simwar.capture.mapping import Mapping, load_mapping
+from simwar.capture.presets import load_preset, map_capture
+from simwar.capture.reader import ProgressFn, read_capture
+from simwar.capture.sizes import CaptureSizes, SizesError, size_capture
+from simwar.capture.to_trace import KinetoImport, bind_capture
+from simwar.core.trace import Trace
+
+
+@dataclass
+class Capture:
+    """A capture opened by :func:`open_capture`: bound, with its sizes in its Trace.
+
+    ``bound``: the bind stage's import (the primary rank's Trace, the annotations, the
+    device names, every rank); ``mapping``: what it was read with (its
+    :attr:`~simwar.capture.mapping.Mapping.origin` says which preset and how it was
+    chosen); ``label``: the name errors give the mapping (the mapping file, else the
+    preset); ``sizes``: the size stage's result, or None where it failed, ``size_error``
+    then saying why (only what needs the sizes fails on it: :meth:`sized`).
+    """
+
+    paths: list[Path]
+    bound: KinetoImport
+    mapping: Mapping
+    label: str
+    #: the mapping file as given (None: a preset alone, a dict or no mapping)
+    mapping_file: str | None = None
+    sizes: CaptureSizes | None = None
+    size_error: str | None = None
+
+    @property
+    def trace(self) -> Trace:
+        return self.bound.trace
+
+    @property
+    def preset(self) -> str | None:
+        """The preset the capture was read with (named or detected), None: none."""
+        return self.mapping.origin[0] or None
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.bound.warnings
+
+    @property
+    def counts(self) -> dict:
+        return self.bound.counts
+
+    def sized(self) -> CaptureSizes:
+        """The per-step sizes; a :class:`~simwar.capture.sizes.SizesError` where the size
+        stage could not read them as the mapping says."""
+        if self.sizes is None:
+            raise SizesError(self.size_error)
+        return self.sizes
+
+
+def mapping_label(mapping: Mapping) -> str:
+    """How errors name a mapping given as no file: its preset, else ``mapping``."""
+    name, _ = mapping.origin
+    return f"preset {name}" if name else "mapping"
+
+
+def open_capture(paths, mapping=None, preset: str | None = None,
+                 progress: ProgressFn | None = None) -> Capture:
+    """Read, map, bind and size a capture (see the module docstring).
+
+    ``paths``: a file, or several per-rank files of one run (a list). ``mapping``: a mapping
+    file, a dict, a :class:`~simwar.capture.mapping.Mapping` or None; ``preset``: a preset's
+    name, or None (detected from the capture when no mapping is given either). An unknown
+    preset or a bad mapping file fails before any file is read.
+    """
+    if preset is not None:
+        load_preset(preset)
+    if isinstance(mapping, (str, Path)):
+        load_mapping(mapping)
+    files = [Path(p) for p in paths] if isinstance(paths, (list, tuple)) else [Path(paths)]
+    events = [read_capture(p, progress) for p in files]
+    names = {a.name for ev in events for a in ev.annotations}
+    kernels = {d.name for ev in events for d in ev.device_events}
+    used = map_capture(preset, mapping, names, kernels)
+    bound = bind_capture(events, used, [p.name for p in files])
+    return finish_capture(bound, used, files,
+                          str(mapping) if isinstance(mapping, (str, Path)) else None)
+
+
+def finish_capture(bound: KinetoImport, mapping: Mapping, paths=(),
+                   mapping_file: str | None = None) -> Capture:
+    """The size stage on a bound import: the :class:`Capture` of it (what
+    :func:`open_capture` ends with; a capture bound by other means is finished here)."""
+    label = mapping_file or mapping_label(mapping)
+    cap = Capture(list(paths), bound, mapping, label, mapping_file)
+    try:
+        cap.sizes = size_capture(bound, mapping, label)
+    except SizesError as e:
+        cap.size_error = str(e)
+        return cap
+    cap.sizes.apply(bound.trace)
+    return cap
+
+
+__all__ = ["Capture", "finish_capture", "mapping_label", "open_capture"]
