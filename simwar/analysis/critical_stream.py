@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from simwar.analysis.critical_path import CriticalPath, NoForward, Truncated, Walker
+from simwar.analysis.critical_path import ChainKind, CriticalPath, NoForward, Truncated, Walker
 from simwar.core.trace import OpKind
 
 __all__ = ["critical_path_stream"]
@@ -67,13 +67,13 @@ def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> Criti
                     out.add(held, keep=held.step == keep_step)
                     held = None
                 if (pk >= warm) if steps is None else (steps[0] <= pk <= steps[1]):
-                    chain = walker.chain(local, float(prev[2]), "step", pk)
+                    chain = walker.chain(local, float(prev[2]), ChainKind.STEP, pk)
                     if keep_step is None:
                         keep_step = pk
                         out.trace = w
                     out.add(chain, keep=pk == keep_step)
                 if (k >= warm) if steps is None else (steps[0] <= k <= steps[1]):
-                    gap = walker.chain(local, float(prev[3]), "gap", k,
+                    gap = walker.chain(local, float(prev[3]), ChainKind.GAP, k,
                                        float(cur[2] - prev[2]))
                     if keep_step is None:
                         keep_step = k
