@@ -285,7 +285,7 @@ class Walker:
     def __init__(self, trace: Trace, host_ranges=None, device_info: dict | None = None,
                  ranks: dict | None = None):
         self.trace = trace
-        # a tensor-parallel rank's collectives: op id -> (late rank, its wait, the name)
+        # a tensor-parallel rank's collectives: op id -> LateArrival (simwar.analysis.ranks)
         self.ranks = ranks or {}
         self.ranges = HostRanges(host_ranges) if host_ranges else None
         self.device_info = device_info or {}
@@ -535,8 +535,8 @@ class Walker:
                     lane, label = texts[lanes[item]], texts[labels[item]]
                     joined = self.ranks.get(item)
                     if joined is not None:  # a collective: first waiting for the late rank
-                        late, wait, name = joined
-                        w = min(s0 + wait, t)
+                        late, name = joined.rank, joined.collective
+                        w = min(s0 + joined.wait_us, t)
                         emit(w, t, SegmentKind.DEVICE, f"{lane} stream: {label}", lane, item,
                              -1, label)
                         emit(s0, w, SegmentKind.RANK, f"rank {late}'s {lane} stream arrived "
@@ -582,8 +582,8 @@ class Walker:
                 joined = self.ranks.get(self.span_op[item])
                 if joined is not None and self.span_call[item] == Call.SYNCHRONIZE:
                     # a host collective: waiting for the late rank, then its own cost
-                    late, wait, name = joined
-                    w = min(s0 + wait, t)
+                    late, name = joined.rank, joined.collective
+                    w = min(s0 + joined.wait_us, t)
                     emit(w, t, SegmentKind.HOST_API, f"host collective: {name}", HOST, -1, item,
                          name)
                     emit(s0, w, SegmentKind.RANK, f"rank {late}'s host work arrived late at the "
@@ -694,7 +694,7 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_range
     for the last). Raises :class:`NoForward` without forward work, ValueError for a range
     outside the steps with forward work. ``host_ranges`` and ``device_info``: a measured
     trace's host ranges and device facts (see the module docstring). ``ranks``: a
-    tensor-parallel rank's collectives, op id -> (late rank, wait, name)
+    tensor-parallel rank's collectives, op id -> :class:`~simwar.analysis.ranks.LateArrival`
     (:meth:`simwar.analysis.ranks.Collectives.late_of`): the time a collective held this
     rank for the late one is that rank's ("rank 1's host work arrived late at the broadcast").
     """

@@ -12,12 +12,25 @@ Imports: numpy and the critical path's module.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from simwar.analysis.critical_path import ChainKind, CriticalPath, NoForward, Truncated, Walker
 from simwar.core.trace import OpKind
 
 __all__ = ["critical_path_stream"]
+
+
+@dataclass(slots=True)
+class _Forward:
+    """One step's forward kernels seen so far: the earliest start, its op (as the run
+    numbers it), and the latest end."""
+
+    step: int
+    start_us: float
+    first_op: int
+    end_us: float
 
 
 def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> CriticalPath:
@@ -31,8 +44,8 @@ def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> Criti
     explained are kept, with the window they were walked in as ``trace`` (``chain_figure``).
     """
     out: CriticalPath | None = None
-    partial: dict[int, list] = {}  # step -> [start, first kernel (run op id), end] so far
-    prev = None  # the last complete forward: (step, first op, start, end)
+    partial: dict[int, _Forward] = {}  # by step, until the step is complete
+    prev: _Forward | None = None  # the last complete forward
     held = None  # the default range: the last forward's gap chain, until a later one comes
     first_step = last_steps = None  # the run's first forward step; its last two
     first_usable = None  # the first forward step after warm-up
@@ -49,32 +62,32 @@ def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> Criti
             continue
         walker = None
         for k in final:
-            start, first, end = partial.pop(k)
+            cur = partial.pop(k)
+            first = cur.first_op
             n_forward += 1
             first_step = k if first_step is None else first_step
             if first_usable is None and k >= warm:
                 first_usable = k
             last_steps = (last_steps[1] if last_steps else None, k)
-            cur = (k, first, start, end)
             if prev is not None:
                 local = first - w.op_base
                 if local < 0:
                     raise Truncated(first)
                 if walker is None:
                     walker = Walker(w)
-                pk = prev[0]
+                pk = prev.step
                 if held is not None:  # a later forward came: the held gap was not the last
                     out.add(held, keep=held.step == keep_step)
                     held = None
                 if (pk >= warm) if steps is None else (steps[0] <= pk <= steps[1]):
-                    chain = walker.chain(local, float(prev[2]), ChainKind.STEP, pk)
+                    chain = walker.chain(local, float(prev.start_us), ChainKind.STEP, pk)
                     if keep_step is None:
                         keep_step = pk
                         out.trace = w
                     out.add(chain, keep=pk == keep_step)
                 if (k >= warm) if steps is None else (steps[0] <= k <= steps[1]):
-                    gap = walker.chain(local, float(prev[3]), ChainKind.GAP, k,
-                                       float(cur[2] - prev[2]))
+                    gap = walker.chain(local, float(prev.end_us), ChainKind.GAP, k,
+                                       float(cur.start_us - prev.start_us))
                     if keep_step is None:
                         keep_step = k
                         out.trace = w
@@ -106,7 +119,7 @@ def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> Criti
     return out
 
 
-def _merge_forwards(w, partial: dict) -> None:
+def _merge_forwards(w, partial: dict[int, _Forward]) -> None:
     """Add the forward kernels of a window's core to the steps' extents so far: the earliest
     start (ties: the first issued), its op as the run numbers it, and the latest end."""
     ops = w.ops
@@ -125,9 +138,9 @@ def _merge_forwards(w, partial: dict) -> None:
                            ops.start_us[kern[first]].tolist(), end.tolist()):
         had = partial.get(k)
         if had is None:
-            partial[k] = [st, f, e]
+            partial[k] = _Forward(k, st, f, e)
             continue
-        if st < had[0]:  # an earlier start; on a tie the first issued (lower id) stays
-            had[0], had[1] = st, f
-        if e > had[2]:
-            had[2] = e
+        if st < had.start_us:  # an earlier start; on a tie the first issued (lower id) stays
+            had.start_us, had.first_op = st, f
+        if e > had.end_us:
+            had.end_us = e
