@@ -32,7 +32,7 @@ def sentence(cp, max_causes: int = 4) -> str:
         return "no forward gap to explain in these steps"
     if gap < 0.5:
         return f"forward k started {_fmt_us(gap)} after forward k-1 ended: no bubble"
-    forward = cp.trace.meta.get("forward_stream", "forward")
+    forward = cp.trace.run.forward_stream
     found = cp.gap_causes()
     latency = [c for c in found if c["kind"] == SegmentKind.CROSS_STREAM]
     items = [c for c in found if c["kind"] != SegmentKind.CROSS_STREAM]

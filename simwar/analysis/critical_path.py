@@ -142,7 +142,7 @@ class CriticalPath:
     split: bool = True
 
     def __post_init__(self) -> None:
-        wl = self.trace.meta.get("workload") or {}
+        wl = self.trace.run.workload or {}
         self._bucket_of = wl.get("graph_bucket") if self.split else None  # per step, or None
 
     def add(self, chain: Chain, keep: bool = True) -> None:
@@ -326,9 +326,9 @@ class Walker:
                 self.hpred[int(host[0])] = _CUT
         self._names: dict[int, str] = {}
         self.gates: dict[str, GateLanes] = {}
-        meta = trace.meta
-        self.forward = meta.get("forward_stream", "forward")
-        self.barrier = meta.get("barrier_effective", "")
+        run = trace.run
+        self.forward = run.forward_stream
+        self.barrier = run.barrier_effective or ""
         self.schedule = "schedule"
 
     # ---- words
@@ -663,7 +663,7 @@ def forward_extents(trace: Trace):
     kern = forward_kernels(trace)
     if len(kern) == 0:
         raise NoForward("no forward work: the trace has no phased kernels on the forward "
-                        f"stream '{trace.meta.get('forward_stream', 'forward')}'")
+                        f"stream '{trace.run.forward_stream}'")
     ops = trace.ops
     order = np.lexsort((kern, ops.start_us[kern], ops.step[kern]))
     kern = kern[order]
@@ -677,7 +677,7 @@ def forward_extents(trace: Trace):
 def measured_steps(trace: Trace) -> tuple[int, int]:
     """The steps a summary counts: after warm-up, with a successor (inclusive range)."""
     steps, _, _, _ = forward_extents(trace)
-    warm = int(trace.meta.get("warmup_steps", 0))
+    warm = trace.run.warmup_steps
     usable = steps[:-1][steps[:-1] >= warm]
     if len(usable) == 0:
         raise NoForward(f"no measured steps: need two steps with forward work after warm-up "

@@ -7,7 +7,7 @@ where its forward is complete, with the same :class:`~simwar.analysis.critical_p
 and tallied in step order (:class:`~simwar.analysis.critical_path.CauseTally`), so the figures
 and causes are those of the whole Trace, in the memory of one window.
 
-Imports: numpy and the critical path's module.
+Imports: numpy, the critical path's module and the run record (:mod:`simwar.core.run_meta`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simwar.analysis.critical_path import ChainKind, CriticalPath, NoForward, Truncated, Walker
+from simwar.core.run_meta import RunMeta
 from simwar.core.trace import OpKind
 
 __all__ = ["critical_path_stream"]
@@ -54,7 +55,7 @@ def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> Criti
     warm = 0
     for w in windows:
         if out is None:
-            warm = int(w.meta.get("warmup_steps", 0))
+            warm = w.run.warmup_steps
             out = CriticalPath(w, steps or (0, 0))
         _merge_forwards(w, partial)
         final = sorted(k for k in partial if k < w.complete_below)
@@ -98,9 +99,9 @@ def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> Criti
                 out.gates.update(walker.gates)
             prev = cur
     if out is None or n_forward == 0:
-        meta = out.trace.meta if out is not None else {}
+        run = out.trace.run if out is not None else RunMeta()
         raise NoForward("no forward work: the trace has no phased kernels on the forward "
-                        f"stream '{meta.get('forward_stream', 'forward')}'")
+                        f"stream '{run.forward_stream}'")
     if steps is None:
         if last_steps[0] is None or first_usable is None or first_usable > last_steps[0]:
             raise NoForward(f"no measured steps: need two steps with forward work after "
@@ -123,7 +124,7 @@ def _merge_forwards(w, partial: dict[int, _Forward]) -> None:
     """Add the forward kernels of a window's core to the steps' extents so far: the earliest
     start (ties: the first issued), its op as the run numbers it, and the latest end."""
     ops = w.ops
-    fwd = w.code(w.meta.get("forward_stream", "forward"))
+    fwd = w.code(w.run.forward_stream)
     ids = np.arange(w.core_op, len(ops))
     kern = ids[(ops.kind[ids] == OpKind.KERNEL) & (ops.lane[ids] == fwd)
                & (ops.phase[ids] != w.code(""))]

@@ -138,9 +138,9 @@ def skew_report(col: Collectives) -> list[dict]:
 
 
 def simulated_table(trace: Trace) -> dict:
-    """A simulated rank's collectives (``meta["collectives"]``, written by the engine): keyed
-    by (device, instance number), timed by their ops."""
-    c = trace.meta.get("collectives") or {"op": [], "device": [], "instance": []}
+    """A simulated rank's collectives (``meta["collectives"]``, written by the engine, read as
+    ``trace.run.collectives``): keyed by (device, instance number), timed by their ops."""
+    c = trace.run.collectives or {"op": [], "device": [], "instance": []}
     op = np.asarray(c["op"], dtype=np.int64)
     ops = trace.ops
     return {"key": list(zip(c["device"], c["instance"])), "device": list(c["device"]),
