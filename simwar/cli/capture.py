@@ -359,7 +359,7 @@ def _check(result, mapping, args, loaded, report, steps) -> dict:
         cfg = _check_config(args)[0]
     sim = simulate(cfg)
     label = run_label(cfg.name, items)
-    warm = int(result.trace.meta.get("warmup_steps", 0))
+    warm = result.trace.run.warmup_steps
     left = {k: v for k, v in left_out_steps(result, mapping).items() if k >= warm}
     captured = summary_without(steps, result.trace.meta, None, left)
     summary = summary_without(sim.columns if sim.columns is not None else sim.steps, sim.meta,
@@ -511,7 +511,7 @@ def _write_fit(trace, output: str, dist: str, source: str) -> dict:
 
     fit = fit_durations(trace, dist)
     lines = [f"# Durations fitted by `simwar import --fit-costs` from {source} "
-             f"(steps after warm-up {trace.meta.get('warmup_steps', 0)}).",
+             f"(steps after warm-up {trace.run.warmup_steps}).",
              "# GPU time per phase is written as body_us (a capture does not show the "
              "load_batch/prep split).",
              "# Fits compared (KS distance; a fit is rejected above the critical value):"]
