@@ -14,7 +14,9 @@ from simwar.cli.app import main
 from simwar.core.run_meta import RunMeta
 from simwar.core.trace import FORMAT_VERSION, Trace
 
-SAVED = Path(__file__).resolve().parent / "data" / "traces"
+REPO = Path(__file__).resolve().parents[1]
+BIMODAL = str(REPO / "configs" / "dspark_fine_bimodal.yaml")
+SAVED = REPO / "tests" / "data" / "traces"
 BIMODAL_V2 = SAVED / "dspark_fine_bimodal.v2.trace.json.gz"
 THREADS_V2 = SAVED / "threads_worker.v2.trace.json.gz"
 
@@ -32,7 +34,7 @@ def test_a_run_without_facts_takes_the_defaults_the_readers_took():
 
 
 def test_the_record_reads_a_simulated_runs_meta():
-    trace = simulate("configs/dspark_fine_bimodal.yaml", {"steps": 8, "warmup_steps": 2},
+    trace = simulate(BIMODAL, {"steps": 8, "warmup_steps": 2},
                      engine="simpy").trace
     run = trace.run
     assert (run.name, run.steps, run.warmup_steps, run.source) == (
@@ -44,7 +46,7 @@ def test_the_record_reads_a_simulated_runs_meta():
 
 
 def test_version_3_keeps_the_records_keys_apart_and_reads_back_the_same(tmp_path):
-    trace = simulate("configs/dspark_fine_bimodal.yaml", {"steps": 8, "warmup_steps": 2},
+    trace = simulate(BIMODAL, {"steps": 8, "warmup_steps": 2},
                      engine="simpy").trace
     trace.meta["written_by_a_tool"] = {"x": 1}  # a key of no record field stays in meta
     path = tmp_path / "t.trace.json.gz"
