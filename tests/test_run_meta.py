@@ -82,6 +82,7 @@ def test_the_facts_of_the_saved_version_2_files():
     assert (sim.name, sim.warmup_steps, sim.barrier, sim.forward_stream) == (
         "dspark-fine-bimodal", 2, "fine", "forward")
     assert len(sim.workload["graph_bucket"]) == sim.steps == 8
+    assert sim.graph_bucket == sim.workload["graph_bucket"] and sim.requests is None
     assert (cap.source, cap.forward_stream, cap.host_thread_name, cap.file) == (
         "kineto", "stream7", "python", "worker.kineto.json.gz")
     assert len(cap.launch_threads) == 3 and cap.barrier is None

@@ -142,8 +142,7 @@ class CriticalPath:
     split: bool = True
 
     def __post_init__(self) -> None:
-        wl = self.trace.run.workload or {}
-        self._bucket_of = wl.get("graph_bucket") if self.split else None  # per step, or None
+        self._bucket_of = self.trace.run.graph_bucket if self.split else None  # per step
 
     def add(self, chain: Chain, keep: bool = True) -> None:
         """Count a chain (``what``: gap or step) and keep it unless ``keep`` is False; a

@@ -332,9 +332,8 @@ def summarize(df, meta: dict, hazards=None) -> dict:
     if keep[-1] - keep[0] + 1 == len(keep):  # one run of rows (the usual case): views
         keep = slice(int(keep[0]), int(keep[-1]) + 1)
     m = {name: col[keep] for name, col in cols.items()}
-    wl = run.workload
-    if wl and wl.get("requests") is not None:
-        req = wl["requests"]
+    req = run.requests
+    if req is not None:
         # first tokens may come from any step (the warm-up's too): the whole table
         first = first_tokens(req, cols["step"], cols["fwd_end_us"], cols.get("result_done_us"))
         m.update(request_columns(req, m["step"], m["fwd_end_us"], first, run.slo))
@@ -485,7 +484,7 @@ def request_table(columns: dict, meta: dict | RunMeta) -> dict[str, np.ndarray]:
     arrival, lengths, admission, first-token and last-token steps, and the columns of
     :func:`request_columns`; empty without requests."""
     run = RunMeta.of(meta)
-    req = (run.workload or {}).get("requests")
+    req = run.requests
     if req is None or "step_us" not in columns:
         return {}
     keep = measured_rows(columns, run.warmup_steps)

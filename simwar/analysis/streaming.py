@@ -169,7 +169,7 @@ class StreamingSummary:
         self.columns: list[str] | None = None
         self.keys: list[Key] = []
         self.acc: dict[tuple, object] = {}  # (statistic's accumulator, column, valid) -> it
-        self.requests = (self.run.workload or {}).get("requests")
+        self.requests = self.run.requests
         if self.requests is not None:
             finish = np.asarray(self.requests["finish_step"], dtype=np.int64)
             self.req_order = np.argsort(finish, kind="stable")
@@ -180,10 +180,9 @@ class StreamingSummary:
     def _start(self, cols: dict) -> None:
         self.columns = list(cols)
         keys = step_keys(self.columns)
-        wl = self.run.workload
-        if wl:
+        if self.run.workload:
             keys += WORKLOAD_KEYS
-            if wl.get("requests") is not None:
+            if self.requests is not None:
                 keys += REQUEST_KEYS
                 if self.run.slo:
                     keys += SLO_KEYS

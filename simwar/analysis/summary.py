@@ -149,7 +149,7 @@ def assemble(name: str, measured: int, columns, meta: dict, value, hazards: dict
     run = RunMeta.from_meta(meta)
     if run.workload:
         keys += WORKLOAD_KEYS
-        if run.workload.get("requests") is not None:
+        if run.requests is not None:
             keys += REQUEST_KEYS
             if run.slo:
                 keys += SLO_KEYS

@@ -23,7 +23,7 @@ Imports: the standard library only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -104,6 +104,18 @@ class RunMeta:
         run = {k: v for k, v in meta.items() if k in _KEYS}
         rest = {k: v for k, v in meta.items() if k not in _KEYS}
         return run, rest
+
+    @property
+    def requests(self) -> Mapping | None:
+        """The requests of a run they arrived in (``workload.requests``: per request its
+        arrival, lengths and steps), or None."""
+        return (self.workload or {}).get("requests")
+
+    @property
+    def graph_bucket(self) -> Sequence | None:
+        """Per step, the graph bucket of a run whose batch changes (``workload.graph_bucket``),
+        or None."""
+        return (self.workload or {}).get("graph_bucket")
 
     @property
     def applied_barrier(self) -> str | None:
