@@ -359,7 +359,7 @@ def _check(result, mapping, args, loaded, report, steps) -> dict:
         cfg = _check_config(args)[0]
     sim = simulate(cfg)
     label = run_label(cfg.name, items)
-    warm = result.trace.run.warmup_steps
+    warm = int(result.trace.meta.get("warmup_steps", 0))
     left = {k: v for k, v in left_out_steps(result, mapping).items() if k >= warm}
     captured = summary_without(steps, result.trace.meta, None, left)
     summary = summary_without(sim.columns if sim.columns is not None else sim.steps, sim.meta,
