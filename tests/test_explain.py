@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from simwar.analysis.critical_path import KINDS, NoForward, critical_path, sentence
+from simwar.analysis.critical_path import (
+    KINDS,
+    ChainKind,
+    NoForward,
+    SegmentKind,
+    critical_path,
+    sentence,
+)
 from simwar.api import simulate
 from simwar.cli.app import main
 from simwar.core.program import (
@@ -62,6 +69,17 @@ def coarse_loop(latency=5.0):
                 Launch("schedule", Kernel(f"W{k + 1}", 200), k),
                 WaitStream("forward", "schedule", k, latency_us=7.0)]
     return run(program(ops))
+
+
+def test_the_kinds_read_and_write_as_the_words_explain_printed():
+    # `simwar explain` prints a kind padded in a column and writes it in its JSON: a member
+    # must format and serialise as its value, as the plain strings it replaced did
+    words = ("device", "cross_stream", "host", "host_api", "wake_up", "launch_latency", "rank",
+             "unexplained")
+    assert KINDS == tuple(SegmentKind) == words
+    assert [f"{k:<14}" for k in SegmentKind] == [f"{w:<14}" for w in words]
+    assert json.dumps({"kind": SegmentKind.WAKE_UP, "what": ChainKind.GAP}) == \
+        '{"kind": "wake_up", "what": "gap"}'
 
 
 def test_coarse_barrier_chain_exact():

@@ -23,6 +23,7 @@ import numpy as np
 
 from simwar.analysis.metrics import hazard_counts, summarize
 from simwar.analysis.summary import Key, assemble, measured_mask
+from simwar.core.run_meta import RunMeta
 
 
 def _sums(x: np.ndarray) -> np.ndarray:
@@ -93,8 +94,9 @@ def summarize_many(columns: dict[str, np.ndarray], metas: list[dict],
     report or counts, or None) per run."""
     n_runs = len(metas)
     hazards = hazards if hazards is not None else [None] * n_runs
-    one_by_one = [j for j, meta in enumerate(metas) if meta.get("workload")]
-    together = [j for j in range(n_runs) if not metas[j].get("workload")]
+    runs = [RunMeta.from_meta(meta) for meta in metas]
+    one_by_one = [j for j, run in enumerate(runs) if run.workload]
+    together = [j for j, run in enumerate(runs) if not run.workload]
     out: list[dict | None] = [None] * n_runs
     if together:
         sub = columns if len(together) == n_runs else \
@@ -116,7 +118,8 @@ class _OneByOne(Exception):
 
 
 def _together(cols: dict, metas: list[dict], hazards: list) -> list[dict]:
-    warm = {int(m.get("warmup_steps", 0)) for m in metas}
+    runs = [RunMeta.from_meta(meta) for meta in metas]
+    warm = {run.warmup_steps for run in runs}
     if len(warm) != 1 or "step_us" not in cols:
         raise _OneByOne
     rows = measured_mask(cols["step"], cols["step_us"], warm.pop())
@@ -128,7 +131,7 @@ def _together(cols: dict, metas: list[dict], hazards: list) -> list[dict]:
     m = {name: col[..., keep] for name, col in cols.items()}
     from_hazards = [hazard_counts(h, m["step"]) for h in hazards]
     if not len(m["step"]):
-        return [assemble(meta.get("name", ""), 0, cols, meta, None, {}) for meta in metas]
+        return [assemble(run.name, 0, cols, meta, None, {}) for run, meta in zip(runs, metas)]
     values: dict[str, list] = {}
     valid: dict[str, np.ndarray] = {}
 
@@ -144,13 +147,13 @@ def _together(cols: dict, metas: list[dict], hazards: list) -> list[dict]:
         return valid[key.column]
 
     out = []
-    for j, meta in enumerate(metas):
+    for j, (run, meta) in enumerate(zip(runs, metas)):
         def value(key: Key, j=j):
             if key.name not in values:
                 values[key.name] = _stat(key, column(key), m)
             return values[key.name][j]
 
-        out.append(assemble(meta.get("name", ""), len(m["step"]), cols, meta, value,
+        out.append(assemble(run.name, len(m["step"]), cols, meta, value,
                             from_hazards[j]))
     return out
 

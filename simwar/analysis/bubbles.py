@@ -114,7 +114,7 @@ def story(data, b: Bubble) -> list[str]:
             captured = k
     what = (f"{walk.label(captured)} of step {int(ops.step[captured])}" if captured >= 0
             else f"its {root.released_by} work")
-    barrier = trace.meta.get("barrier_effective", "")
+    barrier = trace.run.barrier_effective or ""
     role = (f" (the {barrier} WAR barrier)" if barrier and root.released_by == fwd
             and root.lane != fwd else "")
     call = root.api_label or f"a wait on {root.lane}"
@@ -142,7 +142,7 @@ class BubbleWalk:
         self.trace = trace
         self.ops = trace.ops
         self.spans = trace.spans
-        self.fwd = trace.meta.get("forward_stream", "forward")
+        self.fwd = trace.run.forward_stream
         self.op_span = views.op_spans(trace)
 
     def label(self, op: int) -> str:

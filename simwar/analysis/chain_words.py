@@ -2,16 +2,16 @@
 
 :func:`sentence` reads only a :class:`~simwar.analysis.critical_path.CriticalPath`'s figures
 and causes (not imported: that module imports this one), so it lives apart from the walk;
-the causes are tallied there (:class:`~simwar.analysis.critical_path.Tally`, which builds the
-walk's Segments).
+the causes are tallied there (:class:`~simwar.analysis.critical_path.CauseTally`).
 
-Imports: numpy and :mod:`simwar.core.trace`.
+Imports: numpy, :mod:`simwar.core.trace` and :mod:`.chain_records`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from simwar.analysis.chain_records import GateLanes, SegmentKind
 from simwar.core.trace import HOST
 
 
@@ -32,14 +32,14 @@ def sentence(cp, max_causes: int = 4) -> str:
         return "no forward gap to explain in these steps"
     if gap < 0.5:
         return f"forward k started {_fmt_us(gap)} after forward k-1 ended: no bubble"
-    forward = cp.trace.meta.get("forward_stream", "forward")
+    forward = cp.trace.run.forward_stream
     found = cp.gap_causes()
-    latency = [c for c in found if c["kind"] == "cross_stream"]
-    items = [c for c in found if c["kind"] != "cross_stream"]
+    latency = [c for c in found if c["kind"] == SegmentKind.CROSS_STREAM]
+    items = [c for c in found if c["kind"] != SegmentKind.CROSS_STREAM]
     if latency:
         us = sum(c["us"] for c in latency)
         n = len(latency)
-        items.append({"us": us, "kind": "cross_stream", "after": "",
+        items.append({"us": us, "kind": SegmentKind.CROSS_STREAM, "after": "",
                       "words": "cross-stream latency" + (f" ({n} waits)" if n > 1 else "")})
         items.sort(key=lambda c: -c["us"])
     parts, said = [], set()
@@ -47,11 +47,12 @@ def sentence(cp, max_causes: int = 4) -> str:
     for c in top:
         text = f"{_fmt_us(c['us'])} {c['words']}"
         gate = c["after"]
-        if gate and gate not in said and c["kind"] not in ("cross_stream", "wake_up"):
+        if gate and gate not in said and c["kind"] not in (SegmentKind.CROSS_STREAM,
+                                                           SegmentKind.WAKE_UP):
             said.add(gate)
-            waiter, source = cp.gates.get(gate, ("", ""))
+            waiter, source = cp.gates.get(gate, GateLanes("", ""))
             if waiter == HOST:
-                text += (", issued" if c["kind"] == "device" else ",")
+                text += (", issued" if c["kind"] == SegmentKind.DEVICE else ",")
                 text += f" after the CPU blocked in {_gate_words(gate)}"
             elif source == forward and waiter != forward:
                 text += (f", which could not start until forward k-1 ended because of "

@@ -26,11 +26,15 @@ traces a binding constraint may end before the op starts (launch latency,
 clock skew, untraced host time): that slack is a segment of its own kind
 (``launch_latency`` or ``unexplained``), so the sum rule still holds.
 
-Kinds: ``device`` (device work, by stream and label), ``cross_stream`` (a
-wait's release after its record fired, named after the wait), ``host`` (cpu
-work by site), ``host_api`` (host API calls by kind), ``wake_up`` (the end of
-a blocking synchronize, named after its site), ``launch_latency`` and
-``unexplained`` (slack on measured traces; none on simulated ones).
+Kinds (:class:`SegmentKind`, whose values are the words the JSON output uses):
+``device`` (device work, by stream and label), ``cross_stream`` (a wait's release
+after its record fired, named after the wait), ``host`` (cpu work by site),
+``host_api`` (host API calls by kind), ``wake_up`` (the end of a blocking
+synchronize, named after its site), ``launch_latency`` and ``unexplained``
+(slack on measured traces; none on simulated ones), ``rank`` (below).
+The records are named the way HTA names its critical-path graph (``CPEdge``,
+``CPEdgeType``): :class:`Segment` with a :class:`SegmentKind`, :class:`Chain`
+with a :class:`ChainKind`, :class:`Gate` and :class:`GateLanes`.
 
 **A measured trace in its code's own words.** A capture has no CPU-work spans:
 the host's time between two traced calls is untraced unless the code named it.
@@ -75,71 +79,43 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from enum import Enum
 
 import numpy as np
 
+from simwar.analysis.chain_records import (
+    KINDS,
+    Chain,
+    ChainKind,
+    Gate,
+    GateLanes,
+    Segment,
+    SegmentKind,
+)
 from simwar.analysis.chain_words import sentence
 from simwar.analysis.host_ranges import HostRanges
 from simwar.analysis.views import forward_kernels
 from simwar.core.trace import HOST, Call, OpKind, Trace, TraceWindow
 
-KINDS = ("device", "cross_stream", "host", "host_api", "wake_up", "launch_latency",
-         "rank", "unexplained")
+__all__ = ["KINDS", "CauseTally", "Chain", "ChainKind", "CriticalPath", "Gate", "GateLanes",
+           "NoForward", "Segment", "SegmentKind", "Truncated", "Walker", "causes",
+           "critical_path", "forward_extents", "measured_steps", "sentence"]
+
+
+class _At(Enum):
+    """Where the walk stands at its time ``t``; the item is an op or a host span."""
+
+    OP_START = "op"  # bind op ``item``'s start
+    OP_END = "end"  # op ``item`` ended
+    SPAN_END = "span"  # host span ``item`` ended
+    SPAN_START = "host"  # host span ``item`` began: bound by the previous host span's end
+
 
 _CALL_NAMES = {Call.CPU: "cpu", Call.LAUNCH: "launch", Call.GRAPH_LAUNCH: "graph_launch",
                Call.RECORD: "record", Call.WAIT_EVENT: "wait_event",
                Call.WAIT_STREAM: "wait_stream", Call.SYNCHRONIZE: "synchronize",
                Call.OTHER: "other", Call.NONE: ""}
 _MAX_LINKS = 1_000_000  # a walk never needs more; guards a malformed measured trace
-
-
-class Segment(NamedTuple):
-    """One link of a chain: ``[start_us, end_us)`` spent on ``cause``."""
-
-    start_us: float
-    end_us: float
-    kind: str
-    cause: str
-    lane: str
-    op: int = -1  # the op this time belongs to (-1: a host span or slack)
-    span: int = -1  # the host span it belongs to (-1: a device op or slack)
-    after: str = ""  # the gate this part of the chain came through ('' before any)
-    what: str = ""  # the short name in the cause: a kernel label, a wait, a site
-
-    @property
-    def us(self) -> float:
-        return self.end_us - self.start_us
-
-    def words(self) -> str:
-        """The cause as a phrase: ``schedule_writes on the schedule stream``, ..."""
-        if self.kind == "device":
-            return f"{self.what} on the {self.lane} stream"
-        return self.cause
-
-
-@dataclass(frozen=True)
-class Chain:
-    """The chain that set ``end_us`` (a forward's start), back to ``start_us``.
-
-    ``what`` is ``gap`` (back to the previous forward's end) or ``step`` (from
-    forward ``step+1``'s start back to forward ``step``'s start). ``segments``
-    are in time order and cover ``[start_us, end_us]`` exactly.
-    """
-
-    what: str
-    step: int
-    start_us: float
-    end_us: float
-    target: int  # op id of the kernel the walk started from
-    segments: tuple[Segment, ...]
-
-    @property
-    def us(self) -> float:
-        return self.end_us - self.start_us
-
-    def total_us(self) -> float:
-        return float(sum(s.us for s in self.segments))
 
 
 @dataclass
@@ -156,8 +132,8 @@ class CriticalPath:
     steps: tuple[int, int]
     gaps: list[Chain] = field(default_factory=list)
     periods: list[Chain] = field(default_factory=list)
-    #: each gate's name -> (the lane that waited or blocked, the lane of the record it bound to)
-    gates: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: each gate's name -> the lane that waited or blocked and the lane it waited for
+    gates: dict[str, GateLanes] = field(default_factory=dict)
     gap_tally: CauseTally = field(default_factory=lambda: CauseTally())
     step_tally: CauseTally = field(default_factory=lambda: CauseTally())
     #: per graph bucket of a run whose batch changes, the same of its steps' chains
@@ -166,13 +142,12 @@ class CriticalPath:
     split: bool = True
 
     def __post_init__(self) -> None:
-        wl = self.trace.meta.get("workload") or {}
-        self._bucket_of = wl.get("graph_bucket") if self.split else None  # per step, or None
+        self._bucket_of = self.trace.run.graph_bucket if self.split else None  # per step
 
     def add(self, chain: Chain, keep: bool = True) -> None:
         """Count a chain (``what``: gap or step) and keep it unless ``keep`` is False; a
         step's gap and period chains count for its own graph bucket too."""
-        gap = chain.what == "gap"
+        gap = chain.what == ChainKind.GAP
         (self.gap_tally if gap else self.step_tally).add(chain.us, chain.segments)
         if keep:
             (self.gaps if gap else self.periods).append(chain)
@@ -243,10 +218,10 @@ class CauseTally:
     """
 
     def __init__(self) -> None:
-        self.total: dict[tuple[str, str], float] = defaultdict(float)
-        self.by_gate: dict[tuple[str, str], dict[str, float]] = defaultdict(
+        self.total: dict[tuple[str, SegmentKind], float] = defaultdict(float)
+        self.by_gate: dict[tuple[str, SegmentKind], dict[str, float]] = defaultdict(
             lambda: defaultdict(float))
-        self.example: dict[tuple[str, str], tuple] = {}
+        self.example: dict[tuple[str, SegmentKind], Segment] = {}
         self.lengths: list[float] = []
 
     @property
@@ -254,13 +229,13 @@ class CauseTally:
         return len(self.lengths)
 
     def add(self, length_us: float, segments) -> None:
-        """One chain of ``length_us``; ``segments``: Segments or their fields' rows."""
+        """One chain of ``length_us`` and its :class:`Segment` s."""
         total, by_gate, example = self.total, self.by_gate, self.example
         for s in segments:
-            key = (s[3], s[2])  # (cause, kind)
-            us = s[1] - s[0]
+            key = (s.cause, s.kind)
+            us = s.end_us - s.start_us
             total[key] += us
-            by_gate[key][s[7]] += us
+            by_gate[key][s.after] += us
             if key not in example:
                 example[key] = s
         self.lengths.append(length_us)
@@ -280,7 +255,7 @@ class CauseTally:
             after = max(self.by_gate[(cause, kind)].items(), key=lambda kv: (kv[1], kv[0]))[0]
             out.append({"cause": cause, "kind": kind, "us": us,
                         "share": us / mean_len if mean_len > 0 else 0.0, "after": after,
-                        "words": _new(Segment, self.example[(cause, kind)]).words()})
+                        "words": self.example[(cause, kind)].words()})
         out.sort(key=lambda d: (-d["us"], d["cause"]))
         return out
 
@@ -309,7 +284,7 @@ class Walker:
     def __init__(self, trace: Trace, host_ranges=None, device_info: dict | None = None,
                  ranks: dict | None = None):
         self.trace = trace
-        # a tensor-parallel rank's collectives: op id -> (late rank, its wait, the name)
+        # a tensor-parallel rank's collectives: op id -> LateArrival (simwar.analysis.ranks)
         self.ranks = ranks or {}
         self.ranges = HostRanges(host_ranges) if host_ranges else None
         self.device_info = device_info or {}
@@ -349,10 +324,10 @@ class Walker:
             if len(host):
                 self.hpred[int(host[0])] = _CUT
         self._names: dict[int, str] = {}
-        self.gates: dict[str, tuple[str, str]] = {}
-        meta = trace.meta
-        self.forward = meta.get("forward_stream", "forward")
-        self.barrier = meta.get("barrier_effective", "")
+        self.gates: dict[str, GateLanes] = {}
+        run = trace.run
+        self.forward = run.forward_stream
+        self.barrier = run.barrier_effective or ""
         self.schedule = "schedule"
 
     # ---- words
@@ -395,7 +370,7 @@ class Walker:
             name = f"{lane} waits on {other}"
         name += role
         self._names[op] = name
-        self.gates[name] = (lane, other)
+        self.gates[name] = GateLanes(lane, other)
         return name
 
     def event_name(self, rec: int, what: str = "event") -> str:
@@ -428,23 +403,23 @@ class Walker:
             name += " = the host_sync barrier"
         op = self.span_op[span]
         rec = self.bound[op] if op >= 0 else -1
-        self.gates[name] = (HOST, self.lane_name(rec) if rec >= 0 else "?")
+        self.gates[name] = GateLanes(HOST, self.lane_name(rec) if rec >= 0 else "?")
         return name
 
-    def host_cause(self, span: int) -> tuple[str, str, str]:
+    def host_cause(self, span: int) -> tuple[SegmentKind, str, str]:
         """(kind, cause, what) of a host span's own time."""
         call = self.span_call[span]
         if call == Call.CPU:
             label = self._text(self.trace.spans.label[span])
-            return "host", f"cpu: {label}", label
+            return SegmentKind.HOST, f"cpu: {label}", label
         if call == Call.SYNCHRONIZE:
             op = self.span_op[span]
             if op < 0 or self.bound[op] < 0:  # it may have blocked: on what, the trace lacks
                 label = self._text(self.trace.spans.label[span])
-                return ("host_api", f"host blocked in {label} (its record is not bound in "
-                        f"this trace)", label)
+                return (SegmentKind.HOST_API, f"host blocked in {label} (its record is not "
+                        f"bound in this trace)", label)
         what = _CALL_NAMES.get(call, "other") or "call"
-        return "host_api", f"host API: {what}", what
+        return SegmentKind.HOST_API, f"host API: {what}", what
 
     def blocking_op(self, span: int) -> int:
         """The op a launch call blocked on (-1: none): its own first op, when that ran and
@@ -477,11 +452,11 @@ class Walker:
         waited = f"{self.lane_name(op)}: {self.label(p)}" if p >= 0 else self.lane_name(op)
         size = f" ({', '.join(what)})" if what else ""
         name = f"{label}{size} until {waited} ended"
-        self.gates[name] = (HOST, self.lane_name(op))
+        self.gates[name] = GateLanes(HOST, self.lane_name(op))
         return name
 
     # ---- the walk
-    def chain(self, target: int, stop: float, what: str = "gap", step: int = -1,
+    def chain(self, target: int, stop: float, what: ChainKind = ChainKind.GAP, step: int = -1,
               root_horizon_us: float = 0.0, from_end: bool = False) -> Chain:
         """The chain that bound op ``target``'s start (``from_end``: its end), back to ``stop``.
 
@@ -490,16 +465,15 @@ class Walker:
         chain entered the interval through (e.g. the host sync that held the CPU before
         it issued the work that filled a gap).
         """
-        end, rows = self.walk(target, stop, root_horizon_us, from_end)
-        return Chain(what, step, stop, end, target, tuple([_new(Segment, r) for r in rows]))
+        end, segs = self.walk(target, stop, root_horizon_us, from_end)
+        return Chain(what, step, stop, end, target, tuple(segs))
 
     def walk(self, target: int, stop: float, root_horizon_us: float = 0.0,
-             from_end: bool = False) -> tuple[float, list[list]]:
-        """:meth:`chain`'s walk: ``(end, rows)``, each row the fields of a :class:`Segment`
-        (a list), in time order. Raises :class:`Truncated` where a window of a trace lacks
-        what came before it."""
-        segs: list[list] = []
-        gates: list[tuple[float, str]] = []  # (time it opened, name), in walk order
+             from_end: bool = False) -> tuple[float, list[Segment]]:
+        """:meth:`chain`'s walk: ``(end, segments)``, in time order. Raises
+        :class:`Truncated` where a window of a trace lacks what came before it."""
+        segs: list[Segment] = []
+        gates: list[Gate] = []  # in walk order
         t = self.end[target] if from_end else self.start[target]
         end = t
         limit = stop - max(root_horizon_us, 0.0)
@@ -509,24 +483,22 @@ class Walker:
         texts, lanes, labels = self.texts, self.lane, self.op_label
         add = segs.append
 
-        def emit(a: float, b: float, k: str, cause: str, lane: str, op=-1, span=-1,
+        def emit(a: float, b: float, k: SegmentKind, cause: str, lane: str, op=-1, span=-1,
                  what="") -> None:
             lo = a if a > stop else stop  # clipped at stop: nothing is emitted past it
-            if b > lo:
-                add([lo, b, k, cause, lane, op, span, "", what or cause])
+            if b > lo:  # its gate (``after``) is known once the walk is done
+                add(_new(Segment, (lo, b, k, cause, lane, op, span, "", what or cause)))
 
-        # state "op": bind op `item`'s start (at t); "end": op `item` ended at t;
-        # "span": host span `item` ended at t; "host": host span `item` began at t
-        state, item = ("end" if from_end else "op"), target
+        state, item = (_At.OP_END if from_end else _At.OP_START), target
         for _ in range(_MAX_LINKS):
-            if t <= stop and (t <= limit or (gates and gates[-1][0] <= stop)):
+            if t <= stop and (t <= limit or (gates and gates[-1].opened_us <= stop)):
                 break
-            if state == "op":
+            if state is _At.OP_START:
                 p, c = pred[item], call[item]
                 if p == _CUT:
                     raise Truncated(item)
                 if p < 0 and c < 0:
-                    emit(stop, t, "unexplained", "before the first traced operation",
+                    emit(stop, t, SegmentKind.UNEXPLAINED, "before the first traced operation",
                          texts[lanes[item]], item)
                     break
                 pe = fin[p] if p >= 0 else -np.inf
@@ -537,21 +509,22 @@ class Walker:
                 lim = span_start[c] if inside else ie
                 lane = texts[lanes[item]]
                 if pe >= lim:  # on a tie the stream predecessor binds
-                    b, nxt = pe, ("end", p)
-                    slack = ("unexplained", f"{lane} stream idle after its predecessor")
+                    b, nxt = pe, (_At.OP_END, p)
+                    slack = (SegmentKind.UNEXPLAINED, f"{lane} stream idle after its predecessor")
                 else:
-                    b, nxt = lim, ("host" if inside else "span", c)
-                    slack = ("launch_latency", f"launch latency ({lane})")
+                    b, nxt = lim, (_At.SPAN_START if inside else _At.SPAN_END, c)
+                    slack = (SegmentKind.LAUNCH_LATENCY, f"launch latency ({lane})")
                     if not inside and p >= 0 and kind[p] == OpKind.WAIT and bound[p] < 0:
                         if bound[p] == _CUT:  # bound before the window: not known here
                             raise Truncated(p)
                         # after a wait the trace does not bind: what held it is not known
-                        slack = ("unexplained", f"{lane} held by a wait on an unknown record")
+                        slack = (SegmentKind.UNEXPLAINED,
+                                 f"{lane} held by a wait on an unknown record")
                 if b < t:
                     emit(b, t, slack[0], slack[1], lane, item)
                     t = b
                 state, item = nxt
-            elif state == "end":
+            elif state is _At.OP_END:
                 k = kind[item]
                 r = bound[item]
                 if r == _CUT:
@@ -561,35 +534,37 @@ class Walker:
                     lane, label = texts[lanes[item]], texts[labels[item]]
                     joined = self.ranks.get(item)
                     if joined is not None:  # a collective: first waiting for the late rank
-                        late, wait, name = joined
-                        w = min(s0 + wait, t)
-                        emit(w, t, "device", f"{lane} stream: {label}", lane, item, -1, label)
-                        emit(s0, w, "rank", f"rank {late}'s {lane} stream arrived late at "
-                             f"{name}", lane, item, -1, name)
+                        late, name = joined.rank, joined.collective
+                        w = min(s0 + joined.wait_us, t)
+                        emit(w, t, SegmentKind.DEVICE, f"{lane} stream: {label}", lane, item,
+                             -1, label)
+                        emit(s0, w, SegmentKind.RANK, f"rank {late}'s {lane} stream arrived "
+                             f"late at {name}", lane, item, -1, name)
                     else:
-                        emit(s0, t, "device", f"{lane} stream: {label}", lane, item, -1, label)
-                    t, state = s0, "op"
+                        emit(s0, t, SegmentKind.DEVICE, f"{lane} stream: {label}", lane, item,
+                             -1, label)
+                    t, state = s0, _At.OP_START
                 elif k == OpKind.WAIT and r >= 0 and fin[item] > start[item]:
                     f = min(fin[r], t)  # held: released by its record's firing
                     name = self.wait_name(item)
-                    gates.append((f, name))
+                    gates.append(Gate(f, name))
                     if t > f:
                         if lanes[r] != lanes[item]:
-                            emit(f, t, "cross_stream", f"cross-stream latency: {name}",
+                            emit(f, t, SegmentKind.CROSS_STREAM, f"cross-stream latency: {name}",
                                  texts[lanes[item]], item, -1, name)
                         else:
-                            emit(f, t, "unexplained", f"{name}: released after its record "
-                                 "fired", texts[lanes[item]], item, -1, name)
+                            emit(f, t, SegmentKind.UNEXPLAINED, f"{name}: released after its "
+                                 "record fired", texts[lanes[item]], item, -1, name)
                         t = f
                     item = r
                 else:  # a record, a wait that did not hold: bound like any op at its start
                     s0 = min(start[item], t)
                     if s0 < t:  # held by a wait whose record the trace does not have
                         lane = texts[lanes[item]]
-                        emit(s0, t, "unexplained", f"{lane} held by a wait on an unknown "
-                             "record", lane, item)
-                    t, state = s0, "op"
-            elif state == "span":
+                        emit(s0, t, SegmentKind.UNEXPLAINED, f"{lane} held by a wait on an "
+                             "unknown record", lane, item)
+                    t, state = s0, _At.OP_START
+            elif state is _At.SPAN_END:
                 s0 = min(span_start[item], t)
                 if self.span_call[item] == Call.SYNCHRONIZE:
                     op = self.span_op[item]
@@ -599,44 +574,46 @@ class Walker:
                     f = fin[r] if r >= 0 else -np.inf
                     if r >= 0 and s0 < f <= t:  # really blocked: woken by the record's firing
                         name = self.sync_name(item)
-                        gates.append((f, name))
-                        emit(f, t, "wake_up", f"{name}: wake-up", HOST, -1, item, name)
-                        t, state, item = f, "end", r
+                        gates.append(Gate(f, name))
+                        emit(f, t, SegmentKind.WAKE_UP, f"{name}: wake-up", HOST, -1, item, name)
+                        t, state, item = f, _At.OP_END, r
                         continue
                 joined = self.ranks.get(self.span_op[item])
                 if joined is not None and self.span_call[item] == Call.SYNCHRONIZE:
                     # a host collective: waiting for the late rank, then its own cost
-                    late, wait, name = joined
-                    w = min(s0 + wait, t)
-                    emit(w, t, "host_api", f"host collective: {name}", HOST, -1, item, name)
-                    emit(s0, w, "rank", f"rank {late}'s host work arrived late at the {name}",
-                         HOST, -1, item, name)
-                    t, state = s0, "host"
+                    late, name = joined.rank, joined.collective
+                    w = min(s0 + joined.wait_us, t)
+                    emit(w, t, SegmentKind.HOST_API, f"host collective: {name}", HOST, -1, item,
+                         name)
+                    emit(s0, w, SegmentKind.RANK, f"rank {late}'s host work arrived late at the "
+                         f"{name}", HOST, -1, item, name)
+                    t, state = s0, _At.SPAN_START
                     continue
                 blocked = self.blocking_op(item)
                 if blocked >= 0 and fin[blocked] <= t:  # a call that waited for the device
                     name = self.block_name(item, blocked)
                     f = fin[blocked]
-                    gates.append((f, name))
-                    emit(f, t, "wake_up", f"host blocked in {name}: return", HOST, -1, item,
-                         name)
-                    t, state, item = f, "end", blocked
+                    gates.append(Gate(f, name))
+                    emit(f, t, SegmentKind.WAKE_UP, f"host blocked in {name}: return", HOST, -1,
+                         item, name)
+                    t, state, item = f, _At.OP_END, blocked
                     continue
                 k_, cause, name = self.host_cause(item)
                 emit(s0, t, k_, cause, HOST, -1, item, name)
-                t, state = s0, "host"
-            else:  # "host": span `item` began at t, bound by the previous host span's end
+                t, state = s0, _At.SPAN_START
+            else:  # _At.SPAN_START: bound by the previous host span's end
                 q = self.hpred[item]
                 if q == _CUT:
                     raise Truncated(item)
                 if q < 0:
-                    emit(stop, t, "unexplained", "before the first traced host call", HOST)
+                    emit(stop, t, SegmentKind.UNEXPLAINED, "before the first traced host call",
+                         HOST)
                     break
                 e = min(span_end[q], t)
                 if e < t:
                     self._host_gap(emit, e, t)
                     t = e
-                state, item = "span", q
+                state, item = _At.SPAN_END, q
         segs.reverse()
         return end, _with_gates(segs, gates)
 
@@ -646,23 +623,25 @@ class Walker:
         pieces = self.ranges.split(a, b) if self.ranges is not None else [(a, b, None)]
         for x, y, name in reversed(pieces):
             if name is None:
-                emit(x, y, "unexplained", "host: untraced time", HOST)
+                emit(x, y, SegmentKind.UNEXPLAINED, "host: untraced time", HOST)
             else:
-                emit(x, y, "host", f"cpu: {name}", HOST, -1, -1, name)
+                emit(x, y, SegmentKind.HOST, f"cpu: {name}", HOST, -1, -1, name)
 
 
-def _with_gates(segs: list[list], gates: list[tuple[float, str]]) -> list[list]:
-    """Each segment row's ``after``: the latest gate that opened at or before its start."""
+def _with_gates(segs: list[Segment], gates: list[Gate]) -> list[Segment]:
+    """The segments with their ``after``: the latest gate that opened at or before each
+    one's start."""
     if not gates:
         return segs
-    opened = sorted(gates, key=lambda g: g[0])
+    opened = sorted(gates, key=lambda g: g.opened_us)
     i, current = 0, ""
+    out = []
     for s in segs:
-        while i < len(opened) and opened[i][0] <= s[0]:
-            current = opened[i][1]
+        while i < len(opened) and opened[i].opened_us <= s.start_us:
+            current = opened[i].name
             i += 1
-        s[7] = current
-    return segs
+        out.append(s if s.after == current else s._replace(after=current))
+    return out
 
 
 _new = tuple.__new__  # a named tuple from its fields, without its keyword-checking __new__
@@ -684,7 +663,7 @@ def forward_extents(trace: Trace):
     kern = forward_kernels(trace)
     if len(kern) == 0:
         raise NoForward("no forward work: the trace has no phased kernels on the forward "
-                        f"stream '{trace.meta.get('forward_stream', 'forward')}'")
+                        f"stream '{trace.run.forward_stream}'")
     ops = trace.ops
     order = np.lexsort((kern, ops.start_us[kern], ops.step[kern]))
     kern = kern[order]
@@ -698,7 +677,7 @@ def forward_extents(trace: Trace):
 def measured_steps(trace: Trace) -> tuple[int, int]:
     """The steps a summary counts: after warm-up, with a successor (inclusive range)."""
     steps, _, _, _ = forward_extents(trace)
-    warm = int(trace.meta.get("warmup_steps", 0))
+    warm = trace.run.warmup_steps
     usable = steps[:-1][steps[:-1] >= warm]
     if len(usable) == 0:
         raise NoForward(f"no measured steps: need two steps with forward work after warm-up "
@@ -715,7 +694,7 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_range
     for the last). Raises :class:`NoForward` without forward work, ValueError for a range
     outside the steps with forward work. ``host_ranges`` and ``device_info``: a measured
     trace's host ranges and device facts (see the module docstring). ``ranks``: a
-    tensor-parallel rank's collectives, op id -> (late rank, wait, name)
+    tensor-parallel rank's collectives, op id -> :class:`~simwar.analysis.ranks.LateArrival`
     (:meth:`simwar.analysis.ranks.Collectives.late_of`): the time a collective held this
     rank for the late one is that rank's ("rank 1's host work arrived late at the broadcast").
     """
@@ -736,9 +715,9 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_range
             continue
         if i > 0:
             period = float(start[i] - start[i - 1])
-            out.add(walker.chain(int(first[i]), float(end[i - 1]), "gap", k, period))
+            out.add(walker.chain(int(first[i]), float(end[i - 1]), ChainKind.GAP, k, period))
         if i + 1 < len(all_steps):
-            out.add(walker.chain(int(first[i + 1]), float(start[i]), "step", k))
+            out.add(walker.chain(int(first[i + 1]), float(start[i]), ChainKind.STEP, k))
     if not out.n_gaps and not out.n_steps:
         raise ValueError(f"steps {a}:{b}: nothing to explain (the first forward has no gap "
                          "before it and the last no step after it)")

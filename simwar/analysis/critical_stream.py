@@ -7,17 +7,31 @@ where its forward is complete, with the same :class:`~simwar.analysis.critical_p
 and tallied in step order (:class:`~simwar.analysis.critical_path.CauseTally`), so the figures
 and causes are those of the whole Trace, in the memory of one window.
 
-Imports: numpy and the critical path's module.
+Imports: numpy, the critical path's module and the run record (:mod:`simwar.core.run_meta`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from simwar.analysis.critical_path import CriticalPath, NoForward, Truncated, Walker
+from simwar.analysis.critical_path import ChainKind, CriticalPath, NoForward, Truncated, Walker
+from simwar.core.run_meta import RunMeta
 from simwar.core.trace import OpKind
 
 __all__ = ["critical_path_stream"]
+
+
+@dataclass(slots=True)
+class _Forward:
+    """One step's forward kernels seen so far: the earliest start, its op (as the run
+    numbers it), and the latest end."""
+
+    step: int
+    start_us: float
+    first_op: int
+    end_us: float
 
 
 def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> CriticalPath:
@@ -31,8 +45,8 @@ def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> Criti
     explained are kept, with the window they were walked in as ``trace`` (``chain_figure``).
     """
     out: CriticalPath | None = None
-    partial: dict[int, list] = {}  # step -> [start, first kernel (run op id), end] so far
-    prev = None  # the last complete forward: (step, first op, start, end)
+    partial: dict[int, _Forward] = {}  # by step, until the step is complete
+    prev: _Forward | None = None  # the last complete forward
     held = None  # the default range: the last forward's gap chain, until a later one comes
     first_step = last_steps = None  # the run's first forward step; its last two
     first_usable = None  # the first forward step after warm-up
@@ -41,7 +55,7 @@ def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> Criti
     warm = 0
     for w in windows:
         if out is None:
-            warm = int(w.meta.get("warmup_steps", 0))
+            warm = w.run.warmup_steps
             out = CriticalPath(w, steps or (0, 0))
         _merge_forwards(w, partial)
         final = sorted(k for k in partial if k < w.complete_below)
@@ -49,32 +63,32 @@ def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> Criti
             continue
         walker = None
         for k in final:
-            start, first, end = partial.pop(k)
+            cur = partial.pop(k)
+            first = cur.first_op
             n_forward += 1
             first_step = k if first_step is None else first_step
             if first_usable is None and k >= warm:
                 first_usable = k
             last_steps = (last_steps[1] if last_steps else None, k)
-            cur = (k, first, start, end)
             if prev is not None:
                 local = first - w.op_base
                 if local < 0:
                     raise Truncated(first)
                 if walker is None:
                     walker = Walker(w)
-                pk = prev[0]
+                pk = prev.step
                 if held is not None:  # a later forward came: the held gap was not the last
                     out.add(held, keep=held.step == keep_step)
                     held = None
                 if (pk >= warm) if steps is None else (steps[0] <= pk <= steps[1]):
-                    chain = walker.chain(local, float(prev[2]), "step", pk)
+                    chain = walker.chain(local, float(prev.start_us), ChainKind.STEP, pk)
                     if keep_step is None:
                         keep_step = pk
                         out.trace = w
                     out.add(chain, keep=pk == keep_step)
                 if (k >= warm) if steps is None else (steps[0] <= k <= steps[1]):
-                    gap = walker.chain(local, float(prev[3]), "gap", k,
-                                       float(cur[2] - prev[2]))
+                    gap = walker.chain(local, float(prev.end_us), ChainKind.GAP, k,
+                                       float(cur.start_us - prev.start_us))
                     if keep_step is None:
                         keep_step = k
                         out.trace = w
@@ -85,9 +99,9 @@ def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> Criti
                 out.gates.update(walker.gates)
             prev = cur
     if out is None or n_forward == 0:
-        meta = out.trace.meta if out is not None else {}
+        run = out.trace.run if out is not None else RunMeta()
         raise NoForward("no forward work: the trace has no phased kernels on the forward "
-                        f"stream '{meta.get('forward_stream', 'forward')}'")
+                        f"stream '{run.forward_stream}'")
     if steps is None:
         if last_steps[0] is None or first_usable is None or first_usable > last_steps[0]:
             raise NoForward(f"no measured steps: need two steps with forward work after "
@@ -106,11 +120,11 @@ def critical_path_stream(windows, steps: tuple[int, int] | None = None) -> Criti
     return out
 
 
-def _merge_forwards(w, partial: dict) -> None:
+def _merge_forwards(w, partial: dict[int, _Forward]) -> None:
     """Add the forward kernels of a window's core to the steps' extents so far: the earliest
     start (ties: the first issued), its op as the run numbers it, and the latest end."""
     ops = w.ops
-    fwd = w.code(w.meta.get("forward_stream", "forward"))
+    fwd = w.code(w.run.forward_stream)
     ids = np.arange(w.core_op, len(ops))
     kern = ids[(ops.kind[ids] == OpKind.KERNEL) & (ops.lane[ids] == fwd)
                & (ops.phase[ids] != w.code(""))]
@@ -125,9 +139,9 @@ def _merge_forwards(w, partial: dict) -> None:
                            ops.start_us[kern[first]].tolist(), end.tolist()):
         had = partial.get(k)
         if had is None:
-            partial[k] = [st, f, e]
+            partial[k] = _Forward(k, st, f, e)
             continue
-        if st < had[0]:  # an earlier start; on a tie the first issued (lower id) stays
-            had[0], had[1] = st, f
-        if e > had[2]:
-            had[2] = e
+        if st < had.start_us:  # an earlier start; on a tie the first issued (lower id) stays
+            had.start_us, had.first_op = st, f
+        if e > had.end_us:
+            had.end_us = e

@@ -47,6 +47,7 @@ import numpy as np
 from simwar.analysis.hazards import HazardReport, detect
 from simwar.analysis.summary import Key, assemble, measured_mask
 from simwar.analysis.views import forward_kernels, forwards
+from simwar.core.run_meta import RunMeta
 from simwar.core.trace import OpKind, SpanKind, Trace
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def frame(columns: dict) -> pd.DataFrame:
 def step_columns(trace: Trace) -> dict[str, np.ndarray]:
     """The per-step table of a Trace as numpy columns (see the module docstring)."""
     ops, spans = trace.ops, trace.spans
-    fwd = trace.code(trace.meta.get("forward_stream", "forward"))
+    fwd = trace.code(trace.run.forward_stream)
     if len(forward_kernels(trace)) == 0:
         return {"step": np.zeros(0, dtype=np.int32)}
     fw = forwards(trace)  # the same extents the bubble walk uses
@@ -112,13 +113,14 @@ def step_columns(trace: Trace) -> dict[str, np.ndarray]:
         ok = (row < len(steps)) & (steps[np.minimum(row, len(steps) - 1)] == markers.step[rd])
         done[row[ok]] = markers.time_us[rd][ok]
     return columns_from_arrays(steps, start, end, busy, dep, by_site, launch,
-                               StepFacts(trace.meta), done)
+                               StepFacts(trace.run), done)
 
 
-def tokens(meta: dict) -> float:
+def tokens(meta: dict | RunMeta) -> float:
     """Tokens produced per step of a constant run: accepted tokens per request times the
     batch size."""
-    return float(meta.get("accept_tokens", 1.0)) * int(meta.get("batch_size", 1))
+    run = RunMeta.of(meta)
+    return run.accept_tokens * int(run.batch_size)
 
 
 class StepFacts:
@@ -128,16 +130,17 @@ class StepFacts:
     step has the constants ``batch_size`` and ``accept_tokens``.
     """
 
-    def __init__(self, meta: dict):
-        wl = meta.get("workload")
+    def __init__(self, meta: dict | RunMeta):
+        run = RunMeta.of(meta)
+        wl = run.workload
         self.varying = bool(wl)
         if self.varying:
             self.batch = np.asarray(wl["batch_size"], dtype=np.int64)
             self.bucket = np.asarray(wl["graph_bucket"], dtype=np.int64)
             self.accept = np.asarray(wl["accepted_tokens"], dtype=np.float64)
         else:
-            self.batch_size = int(meta.get("batch_size", 1))
-            self.accept_tokens = float(meta.get("accept_tokens", 1.0))
+            self.batch_size = int(run.batch_size)
+            self.accept_tokens = run.accept_tokens
 
     def __call__(self, steps: np.ndarray) -> dict[str, np.ndarray]:
         n = len(steps)
@@ -321,20 +324,19 @@ def summarize(df, meta: dict, hazards=None) -> dict:
     ``counts(first_step, last_step) -> (races, overlaps, race_steps)``.
     """
     cols = _columns(df)
-    warm = int(meta.get("warmup_steps", 0))
-    keep = measured_rows(cols, warm)
-    name = meta.get("name", "")
+    run = RunMeta.of(meta)
+    keep = measured_rows(cols, run.warmup_steps)
+    name = run.name
     if len(keep) == 0:
         return assemble(name, 0, cols, meta, None, {})
     if keep[-1] - keep[0] + 1 == len(keep):  # one run of rows (the usual case): views
         keep = slice(int(keep[0]), int(keep[-1]) + 1)
     m = {name: col[keep] for name, col in cols.items()}
-    wl = meta.get("workload")
-    if wl and wl.get("requests") is not None:
-        req = wl["requests"]
+    req = run.requests
+    if req is not None:
         # first tokens may come from any step (the warm-up's too): the whole table
         first = first_tokens(req, cols["step"], cols["fwd_end_us"], cols.get("result_done_us"))
-        m.update(request_columns(req, m["step"], m["fwd_end_us"], first, meta.get("slo")))
+        m.update(request_columns(req, m["step"], m["fwd_end_us"], first, run.slo))
     valid: dict[str, np.ndarray] = {}
 
     def value(key: Key):
@@ -477,14 +479,15 @@ def request_columns(req: dict, steps: np.ndarray, fwd_end: np.ndarray,
     return out
 
 
-def request_table(columns: dict, meta: dict) -> dict[str, np.ndarray]:
+def request_table(columns: dict, meta: dict | RunMeta) -> dict[str, np.ndarray]:
     """One row per request finished in the measured steps (the summary's requests): its
     arrival, lengths, admission, first-token and last-token steps, and the columns of
     :func:`request_columns`; empty without requests."""
-    req = (meta.get("workload") or {}).get("requests")
+    run = RunMeta.of(meta)
+    req = run.requests
     if req is None or "step_us" not in columns:
         return {}
-    keep = measured_rows(columns, int(meta.get("warmup_steps", 0)))
+    keep = measured_rows(columns, run.warmup_steps)
     steps, fwd_end = columns["step"][keep], columns["fwd_end_us"][keep]
     first = first_tokens(req, columns["step"], columns["fwd_end_us"],
                          columns.get("result_done_us"))
@@ -493,7 +496,7 @@ def request_table(columns: dict, meta: dict) -> dict[str, np.ndarray]:
     out = {k: np.asarray(req[k])[ok] for k in ("arrival_us", "admit_us", "prompt_tokens",
                                                 "output_tokens", "admit_step", "first_step",
                                                 "finish_step") if k in req}
-    out.update(request_columns(req, steps, fwd_end, first, meta.get("slo")))
+    out.update(request_columns(req, steps, fwd_end, first, run.slo))
     return out
 
 

@@ -22,6 +22,8 @@ keys (flat, added to the run's summary). Imports: numpy and :mod:`simwar.core.tr
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from simwar.analysis.summary import measured_mask
@@ -30,6 +32,14 @@ from simwar.core.trace import Trace
 #: a wait or skew below this is none: a capture's times are whole ns (Kineto's ``ts``)
 RESOLUTION_US = 1e-3
 
+
+
+class LateArrival(NamedTuple):
+    """What held one rank at one collective: the rank that came last to it."""
+
+    rank: int  # the late rank
+    wait_us: float  # how long this rank waited for it (0: this rank came last)
+    collective: str  # the collective's name
 
 class Collectives:
     """The instances every rank joined, with each rank's arrival and leaving time.
@@ -95,13 +105,12 @@ class Collectives:
         s = np.sort(self.arrive, axis=1)
         return s[:, -1] - s[:, -2]
 
-    def late_of(self, rank: int) -> dict[int, tuple[int, float, str]]:
-        """Rank ``rank``'s collectives: op id -> (the late rank, how long this rank waited for
-        it (0: it came last), the collective's name), for :func:`~simwar.analysis.critical_path.
-        critical_path`."""
+    def late_of(self, rank: int) -> dict[int, LateArrival]:
+        """Rank ``rank``'s collectives: op id -> its :class:`LateArrival`, for
+        :func:`~simwar.analysis.critical_path.critical_path`."""
         waits = self.waits()[:, rank]
         late = self.late_rank()
-        return {int(self.op[i, rank]): (int(late[i]), float(waits[i]), self.name[i])
+        return {int(self.op[i, rank]): LateArrival(int(late[i]), float(waits[i]), self.name[i])
                 for i in range(len(self)) if self.op[i, rank] >= 0}
 
     def waits(self) -> np.ndarray:
@@ -129,9 +138,9 @@ def skew_report(col: Collectives) -> list[dict]:
 
 
 def simulated_table(trace: Trace) -> dict:
-    """A simulated rank's collectives (``meta["collectives"]``, written by the engine): keyed
-    by (device, instance number), timed by their ops."""
-    c = trace.meta.get("collectives") or {"op": [], "device": [], "instance": []}
+    """A simulated rank's collectives (``meta["collectives"]``, written by the engine, read as
+    ``trace.run.collectives``): keyed by (device, instance number), timed by their ops."""
+    c = trace.run.collectives or {"op": [], "device": [], "instance": []}
     op = np.asarray(c["op"], dtype=np.int64)
     ops = trace.ops
     return {"key": list(zip(c["device"], c["instance"])), "device": list(c["device"]),

@@ -17,7 +17,8 @@ in its order:
   construction): a quantile is then within ``alpha`` relative of the order statistics it
   interpolates between. ``benchmarks/bench_fast.py quantiles`` measures the error.
 
-Imports: numpy.
+Imports: numpy, the analysis' metrics and spec, and the run record
+(:mod:`simwar.core.run_meta`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from simwar.analysis.summary import (
     measured_mask,
     step_keys,
 )
+from simwar.core.run_meta import RunMeta
 
 
 class QuantileSketch:
@@ -158,15 +160,16 @@ class StreamingSummary:
     """
 
     def __init__(self, meta: dict, alpha: float = 1e-4):
-        self.meta = meta
+        self.meta = meta  # as the run wrote it, for the summary's copied keys
+        self.run = RunMeta.from_meta(meta)
         self.alpha = alpha
-        self.warm = int(meta.get("warmup_steps", 0))
+        self.warm = self.run.warmup_steps
         self.measured = 0
         self.first = self.last = None  # the measured steps' range
         self.columns: list[str] | None = None
         self.keys: list[Key] = []
         self.acc: dict[tuple, object] = {}  # (statistic's accumulator, column, valid) -> it
-        self.requests = (meta.get("workload") or {}).get("requests")
+        self.requests = self.run.requests
         if self.requests is not None:
             finish = np.asarray(self.requests["finish_step"], dtype=np.int64)
             self.req_order = np.argsort(finish, kind="stable")
@@ -177,12 +180,11 @@ class StreamingSummary:
     def _start(self, cols: dict) -> None:
         self.columns = list(cols)
         keys = step_keys(self.columns)
-        wl = self.meta.get("workload")
-        if wl:
+        if self.run.workload:
             keys += WORKLOAD_KEYS
-            if wl.get("requests") is not None:
+            if self.requests is not None:
                 keys += REQUEST_KEYS
-                if self.meta.get("slo"):
+                if self.run.slo:
                     keys += SLO_KEYS
         self.keys = keys
         for key in keys:
@@ -221,7 +223,7 @@ class StreamingSummary:
     def _requests(self, m: dict) -> dict:
         """The per-request columns of the requests finished in these rows."""
         steps = m["step"]
-        slo = self.meta.get("slo")
+        slo = self.run.slo
         lo = np.searchsorted(self.req_finish, steps.min(), side="left")
         hi = np.searchsorted(self.req_finish, steps.max(), side="right")
         pick = np.sort(self.req_order[lo:hi])  # in request order, as the table's summary
@@ -231,8 +233,7 @@ class StreamingSummary:
                                slo)
 
     def result(self, hazards=None) -> dict:
-        meta = self.meta
-        name = meta.get("name", "")
+        meta, name = self.meta, self.run.name
         if not self.measured:
             return assemble(name, 0, self.columns or [], meta, None, {})
 

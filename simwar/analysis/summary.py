@@ -38,7 +38,7 @@ a column with a NaN is NaN):
 - ``by_bucket``: per value of ``column`` (ascending): ``steps`` (its rows) and the mean of
   each column of ``arg`` over them, as ``<column>_mean``.
 
-Imports: numpy.
+Imports: numpy and :mod:`simwar.core.run_meta`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+
+from simwar.core.run_meta import RunMeta
 
 
 class Key(NamedTuple):
@@ -144,16 +146,17 @@ def assemble(name: str, measured: int, columns, meta: dict, value, hazards: dict
     if not measured:
         return out
     keys = step_keys(columns)
-    wl = meta.get("workload")
-    if wl:
+    run = RunMeta.from_meta(meta)
+    if run.workload:
         keys += WORKLOAD_KEYS
-        if wl.get("requests") is not None:
+        if run.requests is not None:
             keys += REQUEST_KEYS
-            if meta.get("slo"):
+            if run.slo:
                 keys += SLO_KEYS
     for key in keys:
         out[key.name] = value(key)
     out.update(hazards)
+    # copied as the run wrote them, None included: a key the run did not write stays out
     for key in META_KEYS:
         if key in meta:
             out[key] = meta[key]

@@ -287,7 +287,7 @@ def forward_kernels(trace: Trace) -> np.ndarray:
     """Op ids of the forward's kernels: phased kernel ops on the forward stream."""
     def build():
         ops = trace.ops
-        fwd = trace.code(trace.meta.get("forward_stream", "forward"))
+        fwd = trace.code(trace.run.forward_stream)
         out = np.flatnonzero((ops.kind == OpKind.KERNEL) & (ops.lane == fwd)
                              & (ops.phase != trace.code("")))
         out.flags.writeable = False

@@ -457,7 +457,7 @@ def _write_fit(trace, output: str, dist: str, source: str) -> dict:
 
     fit = fit_durations(trace, dist)
     lines = [f"# Durations fitted by `simwar import --fit-costs` from {source} "
-             f"(steps after warm-up {trace.meta.get('warmup_steps', 0)}).",
+             f"(steps after warm-up {trace.run.warmup_steps}).",
              "# GPU time per phase is written as body_us (a capture does not show the "
              "load_batch/prep split).",
              "# Fits compared (KS distance; a fit is rejected above the critical value):"]

@@ -124,7 +124,7 @@ def _rank_waits(src, cp) -> list[dict] | None:
     from simwar.analysis.ranks import late_arrivals
 
     return late_arrivals(src.collectives, src.rank, cp.steps,
-                         [cp.trace.meta.get("forward_stream", "forward")])
+                         [cp.trace.run.forward_stream])
 
 
 def _rank_lines(waited: list[dict], top: int, rank: int) -> list[str]:
@@ -253,11 +253,10 @@ def _load_capture(p: Path | list, mapping: str | None, preset: str | None) -> So
         ranges.append((f"{name} ({item})" if item and item not in name.split(".")[-1] else name,
                        a, b))
     notes = [n for n in (preset_line(m),) if n] + (sizes.notes if sizes.varying else [])
-    meta = result.trace.meta
-    host = meta.get("host_thread")
-    who = (f" (scheduler thread {meta.get('host_thread_name') or host[1]}, tid {host[1]}: "
-           f"{meta.get('host_thread_reason')})") if host and \
-        len(meta.get("launch_threads", [])) > 1 else ""
+    run = result.trace.run
+    host = run.host_thread
+    who = (f" (scheduler thread {run.host_thread_name or host[1]}, tid {host[1]}: "
+           f"{run.host_thread_reason})") if host and len(run.launch_threads or []) > 1 else ""
     if isinstance(p, list):
         rank = result.primary.rank
         return Source(result.trace, f"Kineto captures {', '.join(map(str, p))}, rank {rank} of "
@@ -308,16 +307,15 @@ def _peek(path: Path, size: int = 4096) -> str:
 
 
 def _header(trace, what: str) -> str:
-    m = trace.meta
-    name = m.get("name") or m.get("file") or Path(what.split()[-1]).name
+    run = trace.run
+    name = run.name or run.file or Path(what.split()[-1]).name
     bits = []
-    if m.get("algorithm"):
-        bits.append(str(m["algorithm"]))
-    if m.get("barrier"):
-        applied = m.get("barrier_effective", m["barrier"])
-        bits.append(f"barrier {m['barrier']}" + (f" (applied: {applied}"
-                                                  + (f", {m['placement']})" if m.get("placement")
-                                                     else ")")))
+    if run.algorithm:
+        bits.append(str(run.algorithm))
+    if run.barrier:
+        bits.append(f"barrier {run.barrier}" + (f" (applied: {run.applied_barrier}"
+                                                 + (f", {run.placement})" if run.placement
+                                                    else ")")))
     return f"{name}: " + ", ".join(bits) + f"; from {what}" if bits else f"{name}: from {what}"
 
 

@@ -228,11 +228,13 @@ def format_summary(result, max_races: int = 5) -> str:
     ``max_races`` races (observed overlaps first)."""
     s = result.summary
     cfg = result.config
-    m = result.meta
+    from simwar.core.run_meta import RunMeta  # lazy: loaded with the run's trace, not before
+
+    run = RunMeta.from_meta(result.meta)
     header = (f"{s.get('name') or cfg.name}: {cfg.algorithm}, barrier {s.get('barrier')} "
               f"(applied: {s.get('barrier_effective')}, {s.get('placement')}); "
-              f"read-done: {m.get('publish_reason')}"
-              + ("; overlap off (the normal loop)" if m.get("overlap") is False else ""))
+              f"read-done: {run.publish_reason}"
+              + ("; overlap off (the normal loop)" if run.overlap is False else ""))
     measured_line = (f"  steps measured      {s['steps_measured']} (warm-up {cfg.warmup_steps} "
                      f"and the last step excluded)")
     if not s.get("steps_measured"):

@@ -28,9 +28,16 @@ and record → sync are ``ops.bound``; :meth:`Trace.edges` lists them typed.
 Iterating a table yields named rows (``Span``, ``Op``, ...) with text decoded,
 for tests and small windows; analyses use the columns.
 
-File format: ``{"format": "simwar.trace", "version": 2, ...}`` JSON (``.gz``
-supported); version 1 (label-based, simwar 0.1) is refused with a clear
-message, since its relations cannot be recovered without guessing.
+Run facts: ``meta`` is a dict each writer fills with its own keys; the facts
+every analysis reads are :attr:`Trace.run`, a typed
+:class:`~simwar.core.run_meta.RunMeta` read from it.
+
+File format: ``{"format": "simwar.trace", "version": 3, "run": {...}, "meta":
+{...}, ...}`` JSON (``.gz`` supported), ``run`` holding the meta keys that are
+:class:`~simwar.core.run_meta.RunMeta`'s and ``meta`` the others. Version 2
+(every key in ``meta``) reads the same. Version 1 (label-based, simwar 0.1) is
+refused with a clear message, since its relations cannot be recovered without
+guessing.
 
 Imports: the standard library and numpy (every machine with torch has numpy,
 so the GPU replay writes traces too).
@@ -48,8 +55,11 @@ from typing import NamedTuple
 import numpy as np
 
 from simwar.core.files import write_text_atomic
+from simwar.core.run_meta import RunMeta
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: versions read: 2 kept every meta key in ``meta``, 3 keeps the run record's apart
+READ_VERSIONS = (2, 3)
 
 HOST = "cpu"  # the lane of the scheduler thread
 
@@ -253,7 +263,8 @@ def empty_columns(name: str) -> dict[str, np.ndarray]:
 
 @dataclass(eq=False)
 class Trace:
-    """One executed program: spans, ops, accesses, markers and run facts (``meta``)."""
+    """One executed program: spans, ops, accesses, markers and run facts (``meta``; the
+    typed ones: :attr:`run`)."""
 
     spans: Table
     ops: Table
@@ -266,12 +277,17 @@ class Trace:
         """Sizes and the run it came from, never the tables or the interned strings."""
         steps = self.spans.step if len(self.spans) else np.zeros(0, dtype=np.int64)
         ran = f", steps {int(steps.min())}..{int(steps.max())}" if len(steps) else ""
-        name = self.meta.get("name")
+        name = self.run.name
         return (f"Trace({name!r}: {len(self.spans)} spans, {len(self.ops)} ops, "
                 f"{len(self.accesses)} accesses, {len(self.markers)} markers, "
                 f"{len(self.strings)} strings{ran})" if name else
                 f"Trace({len(self.spans)} spans, {len(self.ops)} ops, {len(self.accesses)} "
                 f"accesses, {len(self.markers)} markers, {len(self.strings)} strings{ran})")
+
+    @property
+    def run(self) -> RunMeta:
+        """The run facts every analysis reads, typed, from ``meta`` as it is now."""
+        return RunMeta.from_meta(self.meta)
 
     # ---- text codes
     def code(self, text: str) -> int:
@@ -340,10 +356,12 @@ class Trace:
 
     # ---- serialization
     def to_dict(self) -> dict:
+        run, rest = RunMeta.split(self.meta)
         return {
             "format": "simwar.trace",
             "version": FORMAT_VERSION,
-            "meta": self.meta,
+            "run": run,
+            "meta": rest,
             "strings": list(self.strings),
             **{name: {col: arr.tolist() for col, arr in getattr(self, name).columns().items()}
                for name in SCHEMAS},
@@ -358,15 +376,17 @@ class Trace:
             raise ValueError("trace format version 1 (simwar 0.1, relations stored as labels) "
                              "cannot be read by this simwar; re-create the trace (simwar run, "
                              "simwar harness --replay, simwar import --save-trace)")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"trace format version {version} is not {FORMAT_VERSION}")
+        if version not in READ_VERSIONS:
+            raise ValueError(f"trace format version {version} is not one of "
+                             f"{', '.join(map(str, READ_VERSIONS))}")
         strings = list(data["strings"])
         tables = {}
         for name in SCHEMAS:
             cols = data[name]
             tables[name] = Table(name, {c: np.asarray(cols[c]) for c, _, _ in SCHEMAS[name]},
                                  strings)
-        return cls(strings=strings, meta=data.get("meta", {}), **tables)
+        meta = {**data.get("run", {}), **data.get("meta", {})}  # version 2: no "run"
+        return cls(strings=strings, meta=meta, **tables)
 
     def save(self, path: str | Path) -> None:
         write_text_atomic(path, json.dumps(self.to_dict()))

@@ -16,15 +16,16 @@ import textwrap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from simwar.analysis.critical_path import sentence
+from simwar.analysis.critical_path import SegmentKind, sentence
 from simwar.core.trace import HOST, SpanKind
 
 __all__ = ["chain_figure", "CAUSE_KIND_COLORS"]
 
-#: edge colours of the chain's segments by cause kind (``critical_path`` segment kinds)
-CAUSE_KIND_COLORS = {"device": "#1f77b4", "cross_stream": "#9467bd", "host": "#2ca02c",
-                     "host_api": "#17becf", "wake_up": "#d62728", "launch_latency": "#ff7f0e",
-                     "rank": "#e377c2", "unexplained": "#7f7f7f"}
+#: edge colours of the chain's segments by cause kind
+CAUSE_KIND_COLORS = {SegmentKind.DEVICE: "#1f77b4", SegmentKind.CROSS_STREAM: "#9467bd",
+                     SegmentKind.HOST: "#2ca02c", SegmentKind.HOST_API: "#17becf",
+                     SegmentKind.WAKE_UP: "#d62728", SegmentKind.LAUNCH_LATENCY: "#ff7f0e",
+                     SegmentKind.RANK: "#e377c2", SegmentKind.UNEXPLAINED: "#7f7f7f"}
 
 
 def chain_figure(cp, step: int, figsize=(13, 4.6), *, fig: Figure | None = None) -> Figure:
@@ -78,8 +79,7 @@ def chain_figure(cp, step: int, figsize=(13, 4.6), *, fig: Figure | None = None)
     ax.legend(handles=[Patch(facecolor="none", edgecolor=CAUSE_KIND_COLORS.get(k, "black"),
                              linewidth=2, label=k) for k in used],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, title="chain")
-    m = trace.meta
-    ax.set_title(f"{m.get('name', '')}: the chain behind step {step} ({chain.us:.0f} µs, from "
+    ax.set_title(f"{trace.run.name}: the chain behind step {step} ({chain.us:.0f} µs, from "
                  f"forward {step}'s start to forward {step + 1}'s)", loc="left", fontsize=10)
     fig.supxlabel("\n".join(textwrap.wrap(sentence(cp), 160)), fontsize=8, x=0.01,
                   ha="left")

@@ -62,6 +62,7 @@ import pyarrow.compute as pc
 
 from simwar.analysis.views import ordered_lanes
 from simwar.core.files import atomic_file, check_interrupt
+from simwar.core.run_meta import RunMeta
 from simwar.core.trace import CALLS, HOST, SPAN_KINDS, Call, OpKind, SpanKind, Trace, window_of
 from simwar.plots.jsoncols import (
     TS_DIGITS,
@@ -99,7 +100,7 @@ class ChromeTraceWriter:
         self.lanes = ordered_lanes(set(lanes) | {HOST})
         self.pid = {lane: HOST_PID + i for i, lane in enumerate(self.lanes)}
         self.meta = {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool))}
-        self.forward = meta.get("forward_stream", "forward")
+        self.forward = RunMeta.from_meta(meta).forward_stream
         self.steps = steps
         self.tracks: dict[str, list[float]] = {lane: [] for lane in self.lanes}
         self.flow_id = 0

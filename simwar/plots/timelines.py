@@ -72,7 +72,7 @@ def _unpack(data, races=None):
     trace = getattr(data, "trace", data)
     if not isinstance(trace, Trace):
         raise TypeError(f"expected a Result or a Trace, got {type(data).__name__}")
-    warmup = int(trace.meta.get("warmup_steps", 0))
+    warmup = trace.run.warmup_steps
     if races is None:
         hazards = getattr(data, "hazards", None)
         if hazards is None and len(trace.accesses):
@@ -95,7 +95,7 @@ def default_window(trace: Trace, n: int = 3) -> tuple[int, int]:
     if not steps:
         return (0, n - 1)
     last = steps[-2] if len(steps) > 1 else steps[-1]  # the final marker is the drain
-    first = min(int(trace.meta.get("warmup_steps", 0)), max(steps[0], last - n + 1))
+    first = min(trace.run.warmup_steps, max(steps[0], last - n + 1))
     return (first, min(first + n - 1, last))
 
 
@@ -229,9 +229,10 @@ def timeline(data, ax: Axes | None = None, *, steps: tuple[int, int] | None = No
     if labels:
         _span_labels(ax, drawn, y, ms)
     if title is None:
-        m = trace.meta
-        asked, applied = m.get("barrier", "?"), m.get("barrier_effective", m.get("barrier", "?"))
-        title = (f"{m.get('algorithm', '')}: barrier {asked}"
+        run = trace.run
+        asked = "?" if run.barrier is None else run.barrier
+        applied = asked if run.barrier_effective is None else run.barrier_effective
+        title = (f"{run.algorithm}: barrier {asked}"
                  + (f" (applied: {applied})" if applied != asked else "")
                  + (f", steps {window[0]}–{window[1]}" if xlim_us is None else ""))
     ax.set_title(title, loc="left", fontsize=10, pad=14)
