@@ -81,4 +81,6 @@ def finite_error(found: tuple[str, float]) -> str:
 class StrictModel(BaseModel):
     """A config section: unknown keys are errors, and so are assignments of bad values."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # a field's docstring is its description (the configuration reference lists them)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True,
+                              use_attribute_docstrings=True)

@@ -24,12 +24,21 @@ class Dist(StrictModel):
     """A duration distribution in microseconds; samples are clipped at ``min`` (default 0)."""
 
     dist: Literal["normal", "lognormal", "uniform", "empirical"]
+    """The distribution: normal and lognormal need mean and std, uniform low and high,
+    empirical values (drawn with equal odds)."""
     mean: float | None = None
+    """The mean of a normal or lognormal (µs, >= 0; > 0 for a lognormal)."""
     std: float | None = Field(default=None, ge=0)
+    """The standard deviation of a normal or lognormal (µs)."""
     low: float | None = None
+    """The lower end of a uniform (µs, >= 0)."""
     high: float | None = None
+    """The upper end of a uniform (µs, >= low)."""
     values: list[float] | None = None
+    """The values an empirical distribution draws from, with equal odds (µs, >= 0)."""
     min: float = Field(default=0.0, ge=0)
+    """Draws below it are clipped to it, which moves the mean (default 0: a duration is
+    never negative); a distribution clipped in more than 1% of its draws gets a warning."""
 
     @model_validator(mode="after")
     def _check(self) -> Dist:
@@ -60,9 +69,13 @@ class Affine(StrictModel):
     """
 
     base: float = 0.0
+    """The duration at size 0 (µs)."""
     per_seq: float = 0.0
+    """µs added per request of the step's size (its batch, or graph bucket)."""
     per_token: float = 0.0
+    """µs added per request per accepted token of the step."""
     noise: Dist | None = None
+    """A distribution {dist: ...} drawn per use and added on top."""
 
     @field_validator("base", "per_seq", "per_token", mode="before")
     @classmethod
@@ -167,6 +180,9 @@ class Accept(StrictModel):
     distribution drawn once per step (clipped at its ``min``)."""
 
     tokens: Annotated[Union[float, Dist, list[float]], BeforeValidator(_tokens)] = 1.0
+    """Accepted tokens per request per step (>= 1): a number, a per-step list (cycled) or a
+    distribution {dist: ...} drawn once per step; they feed tokens/s and per_token
+    durations."""
 
     @property
     def varies(self) -> bool:

@@ -33,8 +33,11 @@ class CollectiveSpec(StrictModel):
     (docs/design.md, "Tensor-parallel ranks")."""
 
     name: str = Field(min_length=1)
+    """The collective's name (its kernels are named after it)."""
     us: RankDuration = 0.0
+    """Each kernel's own time on a rank (µs, or a distribution drawn per rank, per use)."""
     count: int = Field(default=1, ge=1)
+    """Kernels per phase (one per layer), the phase's body split evenly around them."""
 
 
 class Phase(StrictModel):
@@ -47,17 +50,33 @@ class Phase(StrictModel):
     """
 
     name: str
+    """The phase's name (overrides of a built-in table name the phase they change)."""
     runner: Literal["target", "draft"] = "target"
+    """The model the phase runs: the target model or the draft model."""
     graph: GraphKind = "full"
+    """How the phase runs: a full CUDA graph, a breakable graph (segments that re-read the
+    shared buffers) or eager kernels."""
     read_ends: ReadEnds = "unknown"
+    """Where the phase's shared reads end, where a fine barrier's read-done is recorded:
+    pre_replay, in_replay (an in-graph node), post_replay (a host record after the launch)
+    or unknown (nothing: a fine barrier falls back to coarse)."""
     load_batch_us: Duration = 0.0
+    """GPU time before the replay: the shared reads of eager kernels (µs, real batch)."""
     prep_us: Duration = 0.0
+    """GPU time of the in-graph metadata prep, which reads the shared buffers (µs; a graph
+    phase's scales with the graph bucket)."""
     body_us: Duration = 0.0
+    """GPU time of the body, which reads no shared buffer except in a breakable graph (µs;
+    a graph phase's scales with the graph bucket)."""
     host_us: Duration = 0.0
+    """Host time to dispatch the phase (µs)."""
     reads: list[str] = Field(default_factory=list)
+    """The shared buffers the phase reads (those the schedule writes, gpu.writes)."""
     future_publish: bool = False
-    #: device collectives inside the phase's graph (tensor-parallel ranks, ``parallel.tp``)
+    """The phase publishes the step's future (FutureMap): the next step's copies wait on an
+    event recorded after it."""
     collectives: list[CollectiveSpec] = Field(default_factory=list)
+    """Device collectives inside the phase's graph (tensor-parallel ranks, parallel.tp)."""
 
 
 def resolve_phases(algorithm: str, entries: list[dict]) -> list[Phase]:

@@ -70,20 +70,37 @@ ALGORITHMS = (*BUILTIN, "custom")
 
 
 class Policy(StrictModel):
-    barrier: str = "fine"  # a registered barrier policy (simwar.config.policies.BARRIERS)
+    """The scheduler loop and its WAR barrier: what orders step k+1's shared writes after
+    forward k's reads, where it sits, and where the read-done event is published
+    (:mod:`simwar.config.policies`)."""
+
+    barrier: str = "fine"
+    """The WAR barrier policy, a registered name (none, coarse, fine, host_sync, or one added
+    with @register_barrier)."""
     placement: Literal["after_launch", "loop_top"] = "after_launch"
+    """Where the barrier for forward k sits: after its launch (since SGLang #31687) or at the
+    top of the next iteration (before it)."""
     external_events: bool = True
+    """In-graph record nodes are available (torch.cuda.Event(external=True)); without them
+    an in_replay read-done falls back to in_replay_fallback."""
     in_replay_fallback: Literal["post_replay", "pre_replay"] = "post_replay"
+    """Where an in_replay read-done is recorded without external events: post_replay, or
+    pre_replay (unsound when the in-graph prep re-reads live tables)."""
     plan_stream: bool = False
+    """The shared-buffer writes run on a plan stream (spec-v2 prep) rather than the schedule
+    stream."""
     needs_cpu_seq_lens: bool = False
+    """The forward needs the FutureMap's seq_lens on the host: a D2H copy of the previous
+    forward's published seq_lens and a host block on it before each forward."""
     publish_phase: str = "auto"
-    #: SGLang's overlap loop (``event_loop_overlap``: step k's result is processed after
-    #: step k+1 is launched); ``false``: its normal loop (``event_loop_normal``: the result
-    #: of step k is processed before step k+1 is scheduled; no barrier, no run-ahead)
+    """The phase that publishes read-done (auto: the last phase that reads shared buffers)."""
     overlap: bool = True
-    #: forwards the loop launches before processing a result (1: SGLang's overlap loop,
-    #: step k-1's result in iteration k; 2: a what-if, step k-2's)
+    """SGLang's overlap loop (event_loop_overlap: step k's result is processed after step
+    k+1 is launched); false: its normal loop (event_loop_normal: the result of step k is
+    processed before step k+1 is scheduled; no barrier, no run-ahead)."""
     launch_ahead: int = Field(default=1, ge=1, le=2)
+    """Forwards the loop launches before processing a result (1: SGLang's overlap loop, step
+    k-1's result in iteration k; 2: a what-if, step k-2's)."""
 
     @model_validator(mode="after")
     def _ahead(self) -> Policy:
@@ -100,24 +117,44 @@ class Policy(StrictModel):
 
 
 class Cpu(StrictModel):
+    """The scheduler thread's own work in each iteration (µs)."""
+
     ingest_us: Duration = 100.0
+    """Ingesting new requests at the top of the iteration."""
     schedule_us: Duration = 900.0
+    """Scheduling the next batch."""
     prepare_us: Duration = 300.0
+    """Preparing the batch for the forward."""
     process_result_us: Duration = 800.0
-    #: host work after the launch and its barrier, before the previous result is processed
-    #: (result queue, loop overhead); 0 issues nothing (``simwar import --fit`` measures it)
+    """Processing a step's result once its copy is done (uses the batch of the step whose
+    result it is)."""
     post_launch_us: Duration = 0.0
+    """Host work after the launch and its barrier, before the previous result is processed
+    (result queue, loop overhead); 0 issues nothing (simwar import --fit measures it)."""
 
 
 
 class Gpu(StrictModel):
+    """Device work outside the phases (µs) and the shared buffers the loop writes."""
+
     schedule_prep_us: Duration = 0.0
+    """Schedule-stream work before the shared writes of a step (0 issues nothing)."""
     schedule_writes_us: Duration = 300.0
+    """The shared-buffer writes for the step being prepared (req_to_token slot allocation),
+    on the schedule stream (or the plan stream)."""
     result_writes_us: Duration = 50.0
+    """Result processing's writes to the shared buffers (radix insert, frees), on the
+    schedule stream (0 issues nothing)."""
     result_copy_us: Duration = 10.0
+    """The device-to-host copy of a step's result."""
     seq_lens_copy_us: Duration = 5.0
+    """The FutureMap's seq_lens copy to the host (with policy.needs_cpu_seq_lens)."""
     result_copy_stream: Literal["copy", "forward"] = "copy"
+    """The stream the result copy runs on: its own copy stream (after the forward), or the
+    forward stream."""
     writes: list[str] = Field(default_factory=lambda: ["req_to_token"])
+    """The shared buffers the schedule and result writes write (the phases' reads name
+    them)."""
 
 
 
@@ -130,14 +167,26 @@ class Costs(StrictModel):
     """
 
     launch_us: Duration = 6.0
+    """Host cost of a kernel launch."""
     event_record_us: Duration = 9.0
+    """Host cost of an event record."""
     wait_event_us: Duration = 2.0
+    """Host cost of a stream's wait_event."""
     wait_stream_us: Duration = 12.0
+    """Host cost of a wait_stream (a record and a wait)."""
     graph_launch_us: Duration = 5.0
+    """Host cost of a CUDA-graph launch."""
     sync_us: Duration = 1.0
+    """Host cost of a synchronize call (it returns after it, or at the event's firing plus
+    sync_wake_us)."""
     sync_wake_us: Duration = 16.0
+    """A device-model latency: the host's wake-up after the event a synchronize waits on
+    fires."""
     cross_stream_us: Duration = 3.0
+    """A device-model latency: a wait is released this long after its record fires on
+    another stream."""
     host_call_us: Duration = 0.0
+    """Framework dispatch added to every API call (fit it with simwar calibrate)."""
 
 
 
@@ -146,7 +195,9 @@ class TokenCost(StrictModel):
     ``tokens`` > 0 prompt tokens, nothing for a step that prefills none."""
 
     base: float = Field(default=0.0, ge=0)
+    """µs of a step that prefills any prompt tokens."""
     per_token: float = Field(default=0.0, ge=0)
+    """µs per prompt token the step prefills."""
 
     @model_validator(mode="before")
     @classmethod
@@ -176,10 +227,17 @@ class Prefill(StrictModel):
     docs/design.md, "Durations, sizes and draws" (Prefill)."""
 
     chunk_tokens: int = 8192
+    """The most prompt tokens a step prefills (SGLang's --chunked-prefill-size)."""
     forward_us: TokenCost
+    """The prefill part of the forward: one kernel on the forward stream, before the decode
+    phases (µs, or {base, per_token})."""
     host_us: TokenCost = Field(default_factory=TokenCost)
+    """The host's extra work to prepare the prefill (µs, or {base, per_token})."""
     graph: Literal["eager", "piecewise"] = "eager"
+    """How the prefill runs: eager (a kernel launch) or piecewise (a graph launch: SGLang's
+    piecewise CUDA graph for extend)."""
     reads: list[str] = Field(default_factory=lambda: ["req_to_token"])
+    """The shared buffers the prefill reads."""
 
     @field_validator("chunk_tokens", mode="before")
     @classmethod
@@ -226,10 +284,17 @@ class Ranks(StrictModel):
     (``per_rank: {1: {cpu.schedule_us: 1200}}``)."""
 
     jitter_us: RankDuration = 0.0
+    """Extra host work per step on every rank (µs, or a distribution drawn per rank, per
+    step)."""
     at: Literal["loop_top", "launch"] = "loop_top"
+    """Where the extra work falls: the loop top (before the request broadcast, which absorbs
+    it) or the launch (after the host collectives: the forward's collectives absorb it)."""
     slow_rank: int | None = Field(default=None, ge=0)
+    """The rank that does slow_us of extra work per step (None: none)."""
     slow_us: RankDuration = 0.0
+    """Extra host work per step on slow_rank only (µs, or a distribution)."""
     per_rank: dict[int, dict[str, Any]] = Field(default_factory=dict)
+    """Per-rank overrides of any config key, by rank ({1: {cpu.schedule_us: 1200}})."""
 
 
 class Parallel(StrictModel):
@@ -240,39 +305,71 @@ class Parallel(StrictModel):
     wakes ``wake_us`` later)."""
 
     tp: int = Field(default=1, ge=1)
+    """Tensor-parallel ranks, each its own scheduler loop (1: a single-rank run)."""
     broadcast: bool = True
+    """The per-step request broadcast, a host collective every rank joins."""
     broadcast_us: RankDuration = 150.0
+    """The broadcast's own time once the last rank arrives (µs, or a distribution)."""
     allgather: bool = False
+    """A DP-attention allgather, a second per-step host collective."""
     allgather_us: RankDuration = 150.0
+    """The allgather's own time once the last rank arrives (µs, or a distribution)."""
     wait: Literal["spin", "block"] = "spin"
+    """How a host waits at a host collective: spin (it leaves as the last rank arrives) or
+    block (a rank that waited wakes wake_us later)."""
     wake_us: RankDuration = 16.0
+    """The wake-up of a blocked rank (wait: block; µs, or a distribution)."""
 
 
 class Config(StrictModel):
+    """One simulated run: the algorithm's phase table, the loop's policy, CPU and GPU
+    durations, host API costs, and what changes from step to step."""
+
     name: str = "unnamed"
+    """The run's name, as its summary and the sweep's results show it."""
     seed: int = 0
+    """The seed of every draw of the run (durations, batches, arrivals): the same seed gives
+    the same run."""
     steps: int = Field(default=2000, ge=1)
+    """Decode steps simulated."""
     warmup_steps: int = Field(default=20, ge=0)
+    """Steps at the start left out of the metrics (the last step, having no successor, is
+    left out too)."""
     algorithm: Literal[ALGORITHMS] = "dspark"
+    """The speculative algorithm: a built-in phase table (none, eagle, dflash, dspark), or
+    custom (the config's phases are the whole table)."""
     phases: list[dict] = Field(default_factory=list)
+    """Overrides of the built-in phases, by name (phases.verify.read_ends), or the whole
+    table of a custom algorithm (each entry a Phase)."""
     policy: Policy = Field(default_factory=Policy)
+    """The scheduler loop and its WAR barrier."""
     cpu: Cpu = Field(default_factory=Cpu)
+    """The scheduler thread's work per iteration (µs)."""
     gpu: Gpu = Field(default_factory=Gpu)
+    """Device work outside the phases (µs) and the shared buffers written."""
     costs: Costs = Field(default_factory=Costs)
+    """Host cost of each CUDA API call (µs) and two device-model latencies."""
     accept: Accept = Field(default_factory=lambda: Accept(tokens=3.2))
+    """Accepted tokens per request per step."""
     batch_size: int = Field(default=32, ge=1)
-    #: what changes from step to step (None: every step has ``batch_size`` requests)
+    """Requests in every step's batch when no workload gives them."""
     workload: Workload | None = None
-    #: the executor (one of :data:`ENGINES`)
+    """What changes from step to step: the batch (a list, a CSV file, a distribution,
+    arriving requests or a closed loop) and the graph buckets (None: every step has
+    batch_size requests)."""
     engine: Literal[ENGINES] = "auto"
-    #: tensor-parallel ranks (None: one rank)
+    """The executor: simpy (the reference, keeps a full trace), fast (one pass, the same
+    per-step table and summary) or auto (fast unless a trace is asked for)."""
     parallel: Parallel | None = None
+    """Tensor-parallel ranks and their host collectives (None: one rank)."""
     ranks: Ranks | None = None
-    #: the prefill of requests with prompts (``workload.prompt_tokens``)
+    """How ranks differ (extra host work, per-rank overrides); needs parallel.tp > 1."""
     prefill: Prefill | None = None
-    #: service-level objectives per request, in µs (``{ttft: 200000, tpot: 30000}``): the
-    #: summary adds the goodput (requests/s meeting every bound) and the share meeting them
+    """The prefill of requests with prompts (workload.prompt_tokens), chunked and mixed
+    into decode."""
     slo: Annotated[dict | None, BeforeValidator(_slo)] = None
+    """Service-level objectives per request, in µs ({ttft: 200000, tpot: 30000}): the
+    summary adds the goodput (requests/s meeting every bound) and the share meeting them."""
 
     @model_validator(mode="before")
     @classmethod

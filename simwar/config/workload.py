@@ -69,8 +69,11 @@ class ArrivalTrace(StrictModel):
     start, non-decreasing), output tokens and, optionally, prompt tokens."""
 
     arrival_us: list[float]
+    """Each request's arrival time (µs from the run's start, non-decreasing)."""
     output_tokens: list[int]
+    """Each request's output tokens."""
     prompt_tokens: list[int] | None = None
+    """Each request's prompt tokens (needs a prefill: section; None: no prompts)."""
 
     @model_validator(mode="after")
     def _check(self) -> ArrivalTrace:
@@ -99,7 +102,9 @@ class Arrivals(StrictModel):
     a ``trace`` gives them (:class:`ArrivalTrace`)."""
 
     rate_per_s: float | None = Field(default=None, gt=0)
+    """Requests per second of a Poisson process (or give trace)."""
     trace: ArrivalTrace | None = None
+    """The requests as they arrived, from a server's log (or give rate_per_s)."""
 
     @model_validator(mode="after")
     def _one(self) -> Arrivals:
@@ -157,6 +162,7 @@ class ClosedLoop(StrictModel):
     setting of most published serving comparisons)."""
 
     concurrency: int = Field(ge=1)
+    """Requests in flight at every moment."""
 
 
 
@@ -209,9 +215,10 @@ class _BatchSource(StrictModel):
     #: the batch source, as the key that gives it names it (``constant``: none)
     kind: ClassVar[str]
 
-    graph_buckets: list | None = Field(
-        default=None, description="The batch sizes graphs were captured for: a graph phase "
-        "runs the graph of the smallest bucket >= the step's batch (sorted on load).")
+    graph_buckets: list | None = None
+    """The batch sizes graphs were captured for: a graph phase runs the graph of the smallest
+    bucket >= the step's batch (None: at the real batch; a batch above the largest bucket is
+    an error naming the step)."""
 
     @model_validator(mode="after")
     def _check(self, info: ValidationInfo) -> _BatchSource:
@@ -264,8 +271,8 @@ class BatchSizes(_BatchSource):
 
     kind: ClassVar[str] = "batch_sizes"
 
-    batch_sizes: list = Field(description="One batch size per step (positive integers), "
-                              "cycled when the run has more steps.")
+    batch_sizes: list
+    """One batch size per step (positive integers), cycled."""
 
     def _check_source(self, info: ValidationInfo) -> None:
         if not self.batch_sizes:
@@ -287,8 +294,9 @@ class BatchSizesFile(_BatchSource):
 
     kind: ClassVar[str] = "batch_sizes_file"
 
-    batch_sizes_file: str = Field(description="A CSV file whose 'batch_size' column gives one "
-                                  "batch size per step (a path relative to the config file).")
+    batch_sizes_file: str
+    """A CSV file whose batch_size column gives one batch size per step, cycled (a path
+    relative to the config file)."""
     _sizes: list[int] | None = PrivateAttr(default=None)
 
     def _check_source(self, info: ValidationInfo) -> None:
@@ -319,9 +327,10 @@ class DrawnBatch(_BatchSource):
 
     kind: ClassVar[str] = "batch_size"
 
-    batch_size: Annotated[Union[int, Dist], BeforeValidator(_drawn_batch)] = Field(
-        description="Every step's batch size (a positive integer), or a distribution "
-        "{dist: ...} drawn per step and rounded to an integer >= 1.")
+    batch_size: Annotated[Union[int, Dist], BeforeValidator(_drawn_batch)]
+    """Every step's batch (a positive integer), or a distribution {dist: ...} drawn per step
+    (uniform draws the integers ceil(low)..floor(high) with equal odds, others are rounded,
+    at least 1)."""
 
     def _check_source(self, info: ValidationInfo) -> None:
         if isinstance(self.batch_size, int):
@@ -334,16 +343,17 @@ class _Requests(_BatchSource):
     (:mod:`simwar.builder.sizes`)."""
 
     output_tokens: Annotated[Union[int, Dist, None], BeforeValidator(_count("output_tokens"))] \
-        = Field(default=None, description="Output tokens of each request: a positive "
-                "integer, or a distribution {dist: ...} drawn per request.")
+        = None
+    """Output tokens of each request (a positive integer, or a distribution drawn per
+    request); a request leaves once they are produced."""
     prompt_tokens: Annotated[Union[int, Dist, None], BeforeValidator(_count("prompt_tokens"))] \
-        = Field(default=None, description="Prompt length of each request (a number or a "
-                "distribution; needs a prefill: section): the request is prefilled before it "
-                "decodes.")
-    max_batch: int | None = Field(default=None, description="The most requests in a batch "
-                                  "(the scheduler's limit); the rest wait in a queue.")
-    initial_batch: int = Field(default=0, ge=0, description="Requests already waiting when "
-                               "the run starts.")
+        = None
+    """Prompt length of each request (a number or a distribution; needs a prefill: section):
+    the request is prefilled before it decodes."""
+    max_batch: int | None = None
+    """The most requests in a batch; the others wait for room."""
+    initial_batch: int = Field(default=0, ge=0)
+    """Requests waiting when the run starts."""
 
     def _check_source(self, info: ValidationInfo) -> None:
         where = self.kind
@@ -381,8 +391,9 @@ class ArrivingRequests(_Requests):
 
     kind: ClassVar[str] = "arrivals"
 
-    arrivals: Arrivals = Field(description="How requests arrive: rate_per_s (a Poisson "
-                               "process) or trace (each request's arrival time and tokens).")
+    arrivals: Arrivals
+    """How requests arrive: rate_per_s (a Poisson process) or trace (each request's arrival
+    time and tokens)."""
 
     @property
     def trace(self) -> ArrivalTrace | None:
@@ -395,8 +406,8 @@ class ClosedLoopRequests(_Requests):
 
     kind: ClassVar[str] = "closed_loop"
 
-    closed_loop: ClosedLoop = Field(description="A closed loop: concurrency requests in "
-                                    "flight, a new one arriving as one finishes.")
+    closed_loop: ClosedLoop
+    """concurrency requests in flight, a new one arriving as one finishes."""
 
     def _check_source(self, info: ValidationInfo) -> None:
         n = self.closed_loop.concurrency
