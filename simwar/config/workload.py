@@ -19,8 +19,9 @@ requests of :data:`REQUEST_KINDS`) are asked for by name wherever that matters. 
 takes ``graph_buckets`` (graph phases run the graph captured for the smallest bucket >= the
 batch: :func:`buckets_of`, the rule's one definition).
 
-A model's dump lists every workload key, as the single model before them did (a sweep's run
-keys hash it): :meth:`_BatchSource._every_key`.
+A model's plain dump lists every workload key, the absent ones at their defaults, so that a
+config's dump (which a sweep's run keys hash and ``simwar show`` prints) has one shape
+whatever the source: :meth:`_BatchSource._every_key`.
 
 Imports: pydantic, :mod:`simwar.config.base` and :mod:`simwar.config.durations` (numpy
 lazily).
