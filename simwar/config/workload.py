@@ -254,10 +254,11 @@ class _BatchSource(StrictModel):
     @model_serializer(mode="wrap")
     def _every_key(self, handler: SerializerFunctionWrapHandler,
                    info: SerializationInfo) -> dict[str, Any]:
-        """The dump with every workload key, absent ones at their defaults (a plain dump)."""
+        """The dump with every workload key in one order, absent ones at their defaults (a
+        dump that leaves keys out keeps that order)."""
         data = handler(self)
         if info.exclude_unset or info.exclude_defaults or info.exclude_none:
-            return data
+            return {key: data[key] for key in WORKLOAD_KEYS if key in data}
         return {key: data.get(key, default) for key, default in WORKLOAD_KEYS.items()}
 
 
