@@ -34,7 +34,7 @@ from simwar.builder.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.builder.template import NotTraceable, duration_at, structure_key, traced
 from simwar.config import ENGINES, Config, ConfigError, load_config
 from simwar.config.clipping import clipping_warnings
-from simwar.config.workload import REQUEST_KINDS
+from simwar.config.workload import REQUEST_SOURCES
 from simwar.core.collector import gc_paused
 from simwar.core.program import Program
 from simwar.core.ranks import side_by_side
@@ -60,7 +60,7 @@ def _resolve(cfg: Config, summary_only: bool = False, progress=None):
     """``(sizes, run)``: the sizes, and the one-pass run that realized them (None when they
     were drawn, or realized before: cached); ``progress``: the realizing run's reports."""
     sizes = draw_sizes(cfg)
-    if sizes.source not in REQUEST_KINDS:
+    if sizes.source not in REQUEST_SOURCES:
         return sizes, None
     key = cfg.model_dump_json()
     hit = _sizes_cache.get(key)
@@ -327,7 +327,7 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
     for members in similar.values():
         rep = load_config(resolved[members[0]])
         if resolve_engine(None, rep) != "fast" or rep.tp > 1 or \
-                (rep.workload is not None and rep.workload.kind in REQUEST_KINDS):
+                (rep.workload is not None and rep.workload.source in REQUEST_SOURCES):
             alone += members
             continue
         sizes = draw_sizes(rep)

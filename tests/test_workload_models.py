@@ -16,7 +16,7 @@ import pytest
 from simwar.builder.sizes import draw_sizes
 from simwar.config import ConfigError, load_config
 from simwar.config.schema import (
-    REQUEST_KINDS,
+    REQUEST_SOURCES,
     ArrivingRequests,
     BatchSizes,
     BatchSizesFile,
@@ -28,7 +28,7 @@ from simwar.config.schema import (
 from simwar.config.workload import WORKLOAD_KEYS
 
 REQUESTS = {"output_tokens": 8, "max_batch": 16}
-#: one workload per batch source: (mapping, its model, its kind)
+#: one workload per batch source: (mapping, its model, its source)
 SOURCES = {
     "constant": ({"graph_buckets": [8, 64]}, ConstantBatch, "constant"),
     "batch_sizes": ({"batch_sizes": [3, 9]}, BatchSizes, "batch_sizes"),
@@ -46,9 +46,9 @@ SOURCES = {
 
 @pytest.mark.parametrize("name", SOURCES)
 def test_each_batch_source_parses_to_its_own_model(name):
-    mapping, model, kind = SOURCES[name]
+    mapping, model, source = SOURCES[name]
     wl = load_config(None, {"workload": mapping}).workload
-    assert type(wl) is model and wl.kind == kind
+    assert type(wl) is model and wl.source == source
     # the other models' keys are not fields of this one
     others = {k for k in WORKLOAD_KEYS if k not in model.model_fields}
     assert not others & set(mapping)
@@ -57,7 +57,7 @@ def test_each_batch_source_parses_to_its_own_model(name):
 def test_a_batch_file_parses_to_its_own_model(tmp_path):
     (tmp_path / "steps.csv").write_text("batch_size\n4\n7\n")
     wl = load_config(None, {"workload": {"batch_sizes_file": str(tmp_path / "steps.csv")}}).workload
-    assert type(wl) is BatchSizesFile and wl.kind == "batch_sizes_file"
+    assert type(wl) is BatchSizesFile and wl.source == "batch_sizes_file"
     assert wl.file_sizes() == [4, 7]
 
 
@@ -70,10 +70,10 @@ def test_keys_given_as_null_are_not_given():
 def test_a_closed_loop_is_not_reported_as_arrivals():
     closed = load_config(None, {"workload": SOURCES["closed_loop"][0]}).workload
     arriving = load_config(None, {"workload": SOURCES["arrivals_rate"][0]}).workload
-    assert closed.kind == "closed_loop" and not isinstance(closed, ArrivingRequests)
-    assert arriving.kind == "arrivals" and not isinstance(arriving, ClosedLoopRequests)
+    assert closed.source == "closed_loop" and not isinstance(closed, ArrivingRequests)
+    assert arriving.source == "arrivals" and not isinstance(arriving, ClosedLoopRequests)
     # both are requests, asked for by name
-    assert {closed.kind, arriving.kind} == set(REQUEST_KINDS)
+    assert {closed.source, arriving.source} == set(REQUEST_SOURCES)
     assert closed.max_batch == 4  # the concurrency, unless given
 
 

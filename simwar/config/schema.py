@@ -46,7 +46,7 @@ from simwar.config.durations import (
 from simwar.config.phases import CollectiveSpec, GraphKind, Phase, ReadEnds, resolve_phases
 from simwar.config.policies import barrier
 from simwar.config.workload import (
-    REQUEST_KINDS,
+    REQUEST_SOURCES,
     Arrivals,
     ArrivalTrace,
     ArrivingRequests,
@@ -396,7 +396,7 @@ class Config(StrictModel):
         if pp != "auto" and pp not in names:
             raise ValueError(f"policy.publish_phase: '{pp}' is not a phase ({', '.join(names)})")
         wl = self.workload
-        if wl is not None and wl.kind == "constant" and wl.graph_buckets \
+        if wl is not None and wl.source == "constant" and wl.graph_buckets \
                 and self.batch_size > wl.graph_buckets[-1]:
             raise ValueError(f"batch_size: {self.batch_size} is above the largest graph bucket "
                              f"({wl.graph_buckets[-1]})")
@@ -406,7 +406,7 @@ class Config(StrictModel):
                              "prefill.forward_us, the prefill forward's duration)")
         if self.prefill is not None and not prompts:
             raise ValueError("prefill: only used with workload.prompt_tokens")
-        if self.slo is not None and (wl is None or wl.kind not in REQUEST_KINDS):
+        if self.slo is not None and (wl is None or wl.source not in REQUEST_SOURCES):
             raise ValueError("slo: only used with requests (workload.arrivals or "
                              "workload.closed_loop)")
         check_affine(self)
@@ -430,7 +430,7 @@ class Config(StrictModel):
         if self.ranks is not None and tp == 1:
             raise ValueError("ranks: a single-rank config has no ranks to vary "
                              "(set parallel.tp > 1)")
-        if tp > 1 and self.workload is not None and self.workload.kind in REQUEST_KINDS:
+        if tp > 1 and self.workload is not None and self.workload.source in REQUEST_SOURCES:
             raise ValueError("workload.arrivals: requests that arrive (arrivals, closed_loop) "
                              "are not modelled with parallel.tp > 1 (rank 0 would realize the "
                              "batches alone); give batch sizes instead")
@@ -483,14 +483,14 @@ def duration_keys(cfg: Config, phases: list[Phase] | None = None) -> list[tuple[
 def _size_range(cfg: Config) -> list[int] | None:
     """The batch sizes a run can have (None: not bounded before drawing)."""
     wl = cfg.workload
-    src = wl.kind if wl is not None else "constant"
+    src = wl.source if wl is not None else "constant"
     if src == "constant":
         return [cfg.batch_size]
     if src == "batch_sizes":
         return sorted(set(wl.batch_sizes))
     if src == "batch_sizes_file":
         return sorted(set(wl.file_sizes())) if wl.read else None  # read by the loader
-    if src in REQUEST_KINDS:  # with prompts a step may prefill while no request decodes
+    if src in REQUEST_SOURCES:  # with prompts a step may prefill while no request decodes
         return list(range(0 if wl.has_prompts else 1, wl.max_batch + 1))
     d = wl.batch_size
     if isinstance(d, int):
@@ -550,7 +550,7 @@ def check_affine(cfg: Config) -> None:
 
 
 __all__ = ["AFFINE_KEYS", "ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "MIN_TOKENS",
-           "REQUEST_KINDS", "SLO_METRICS", "Accept", "Affine", "ArrivalTrace", "Arrivals",
+           "REQUEST_SOURCES", "SLO_METRICS", "Accept", "Affine", "ArrivalTrace", "Arrivals",
            "ArrivingRequests", "BatchSizes", "BatchSizesFile", "ClosedLoop",
            "ClosedLoopRequests", "CollectiveSpec", "Config", "ConfigError", "ConstantBatch",
            "Costs", "Cpu", "Dist", "DrawnBatch", "Duration", "Gpu", "GraphKind", "Parallel",

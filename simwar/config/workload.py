@@ -14,8 +14,9 @@ discriminator):
 - ``closed_loop``, :class:`ClosedLoopRequests`: ``concurrency`` requests in flight, a new one
   arriving as one finishes.
 
-Each model's ``kind`` names its source; the two whose batches follow simulated time (the
-requests of :data:`REQUEST_KINDS`) are asked for by name wherever that matters. Every model
+Each model's ``source`` names its batch source (``closed_loop`` is its own, not a kind of
+``arrivals``); the two whose batches follow simulated time (the requests of
+:data:`REQUEST_SOURCES`) are asked for by name wherever that matters. Every model
 takes ``graph_buckets`` (graph phases run the graph captured for the smallest bucket >= the
 batch: :func:`buckets_of`, the rule's one definition).
 
@@ -51,8 +52,8 @@ from simwar.config.durations import Dist
 
 #: the keys that choose a batch source (at most one of them)
 SOURCE_KEYS = ("batch_sizes", "batch_sizes_file", "batch_size", "arrivals", "closed_loop")
-#: the kinds whose batches follow simulated time: requests arrive, join and leave
-REQUEST_KINDS = ("arrivals", "closed_loop")
+#: the sources whose batches follow simulated time: requests arrive, join and leave
+REQUEST_SOURCES = ("arrivals", "closed_loop")
 #: the keys only requests use (``initial_batch`` too, when it is not 0)
 REQUEST_KEYS = ("output_tokens", "max_batch", "prompt_tokens")
 #: every key of a workload section, in the order a dump lists them, with its default
@@ -210,11 +211,11 @@ def _drawn_batch(v: Any) -> Any:
 
 
 class _BatchSource(StrictModel):
-    """What every workload model has: its ``kind`` and the graph buckets. Its validator checks
+    """What every workload model has: its ``source`` and the graph buckets. Its validator checks
     the buckets, then the model's own source (``_check_source``)."""
 
     #: the batch source, as the key that gives it names it (``constant``: none)
-    kind: ClassVar[str]
+    source: ClassVar[str]
 
     graph_buckets: list | None = None
     """The batch sizes graphs were captured for: a graph phase runs the graph of the smallest
@@ -265,13 +266,13 @@ class _BatchSource(StrictModel):
 class ConstantBatch(_BatchSource):
     """No batch source: every step has the config's ``batch_size`` requests."""
 
-    kind: ClassVar[str] = "constant"
+    source: ClassVar[str] = "constant"
 
 
 class BatchSizes(_BatchSource):
     """``batch_sizes``: one batch size per step, cycled."""
 
-    kind: ClassVar[str] = "batch_sizes"
+    source: ClassVar[str] = "batch_sizes"
 
     batch_sizes: list
     """One batch size per step (positive integers), cycled."""
@@ -294,7 +295,7 @@ class BatchSizesFile(_BatchSource):
     file) and passes its sizes to the validation, which checks them against the graph
     buckets; a model validated without them has not read its file (:attr:`read`)."""
 
-    kind: ClassVar[str] = "batch_sizes_file"
+    source: ClassVar[str] = "batch_sizes_file"
 
     batch_sizes_file: str
     """A CSV file whose batch_size column gives one batch size per step, cycled (a path
@@ -327,7 +328,7 @@ class DrawnBatch(_BatchSource):
     """``batch_size``: a plain int, or a distribution drawn per step and rounded to an integer
     >= 1 (``uniform`` draws the integers ``ceil(low)..floor(high)`` with equal odds)."""
 
-    kind: ClassVar[str] = "batch_size"
+    source: ClassVar[str] = "batch_size"
 
     batch_size: Annotated[Union[int, Dist], BeforeValidator(_drawn_batch)]
     """Every step's batch (a positive integer), or a distribution {dist: ...} drawn per step
@@ -358,7 +359,7 @@ class _Requests(_BatchSource):
     """Requests waiting when the run starts."""
 
     def _check_source(self, info: ValidationInfo) -> None:
-        where = self.kind
+        where = self.source
         traced = self.trace is not None
         if traced:
             for key in ("output_tokens", "prompt_tokens", "initial_batch"):
@@ -391,7 +392,7 @@ class _Requests(_BatchSource):
 class ArrivingRequests(_Requests):
     """``arrivals``: requests arriving as a Poisson process or as a trace gives them."""
 
-    kind: ClassVar[str] = "arrivals"
+    source: ClassVar[str] = "arrivals"
 
     arrivals: Arrivals
     """How requests arrive: rate_per_s (a Poisson process) or trace (each request's arrival
@@ -406,7 +407,7 @@ class ClosedLoopRequests(_Requests):
     """``closed_loop``: ``concurrency`` requests in flight, a new one arriving as one
     finishes (its ``max_batch`` is the concurrency unless given)."""
 
-    kind: ClassVar[str] = "closed_loop"
+    source: ClassVar[str] = "closed_loop"
 
     closed_loop: ClosedLoop
     """concurrency requests in flight, a new one arriving as one finishes."""
@@ -441,7 +442,7 @@ def _one_source(v: Any) -> Any:
         raise ValueError(f"workload: {' and '.join(sources)}: give one batch source "
                          f"(batch_sizes, batch_sizes_file, batch_size, arrivals or "
                          f"closed_loop)")
-    if not set(sources) & set(REQUEST_KINDS):
+    if not set(sources) & set(REQUEST_SOURCES):
         given = [k for k in REQUEST_KEYS if k in v]
         if v.get("initial_batch"):
             given.append("initial_batch")
