@@ -42,6 +42,7 @@ from simwar.builder.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.builder.template import NotTraceable, duration_at, structure_key, traced
 from simwar.config import Config, ConfigError, load_config
 from simwar.config.clipping import clipping_warnings
+from simwar.config.workload import REQUEST_SOURCES
 from simwar.core.collector import gc_paused
 from simwar.core.program import Program
 from simwar.core.ranks import side_by_side
@@ -69,7 +70,7 @@ def _resolve(cfg: Config, summary_only: bool = False, progress=None):
     """``(sizes, run)``: the sizes, and the one-pass run that realized them (None when they
     were drawn, or realized before: cached); ``progress``: the realizing run's reports."""
     sizes = draw_sizes(cfg)
-    if sizes.source != "arrivals":
+    if sizes.source not in REQUEST_SOURCES:
         return sizes, None
     key = cfg.model_dump_json()
     hit = _sizes_cache.get(key)

@@ -75,7 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simwar.builder.draws import sample
-from simwar.config.schema import Config, buckets_of
+from simwar.config.schema import REQUEST_SOURCES, Config, buckets_of
 
 #: the generator stream of each random source: ``default_rng([seed, STREAMS[name]])``
 STREAMS = {"batch": 1, "accept": 2, "arrivals": 3, "output": 4, "prompt": 5}
@@ -111,18 +111,24 @@ class StepSizes:
     #: graph launches carry their size in their name (``verify.graph@32``): one captured
     #: graph per (phase, bucket)
     suffix: bool = False
+    #: the workload's batch source (``constant`` without one): :mod:`simwar.config.workload`
     source: str = "constant"
 
     def meta(self) -> dict:
         """The ``meta.workload`` block (plain lists: programs and traces are JSON)."""
-        out = {"source": self.source, "batch_size": self.batch.tolist(),
-               "graph_bucket": self.bucket.tolist(), "accepted_tokens": self.accept.tolist(),
-               "graph_buckets": self.buckets}
+        out = {"source": META_SOURCE.get(self.source, self.source),
+               "batch_size": self.batch.tolist(), "graph_bucket": self.bucket.tolist(),
+               "accepted_tokens": self.accept.tolist(), "graph_buckets": self.buckets}
         if self.requests is not None:
             out["requests"] = {k: v.tolist() for k, v in self.requests.items()}
         if self.prefill_tokens is not None:
             out["prefill_tokens"] = self.prefill_tokens.tolist()
         return out
+
+
+#: ``meta.workload.source`` for a source the trace format names otherwise: a trace names every
+#: run of arriving requests, an open or a closed loop, ``arrivals`` (as saved traces do)
+META_SOURCE = {"closed_loop": "arrivals"}
 
 
 def constant(value, n: int, dtype) -> np.ndarray:
@@ -140,7 +146,7 @@ def _batches(cfg: Config, n: int) -> np.ndarray:
         seq = np.asarray(wl.batch_sizes if src == "batch_sizes" else wl.file_sizes(),
                          dtype=np.int64)
         return np.resize(seq, n)
-    if src == "arrivals":
+    if src in REQUEST_SOURCES:
         return np.zeros(n, dtype=np.int64)  # realized later
     d = wl.batch_size
     if isinstance(d, int):
@@ -171,14 +177,14 @@ def draw_sizes(cfg: Config) -> StepSizes:
     buckets = wl.graph_buckets if wl is not None else None
     where = f"workload.{src}" if src in ("batch_size", "batch_sizes", "batch_sizes_file") \
         else "batch_size"
-    if src == "arrivals":
+    if src in REQUEST_SOURCES:
         bucket = batch.copy()  # realized later
     elif batch.strides == (0,) and len(batch):  # one batch for every step
         bucket = constant(buckets_of(batch[:1], buckets, where)[0], n, np.int64)
     else:
         bucket = buckets_of(batch, buckets, where)
     out = StepSizes(batch, bucket, _accepted(cfg, n), buckets,
-                    idle=np.zeros(n + 1) if src == "arrivals" else None,
+                    idle=np.zeros(n + 1) if src in REQUEST_SOURCES else None,
                     per_step=cfg.varies, suffix=wl is not None, source=src)
     if cfg.prefill is not None:  # realized with the arrivals
         out.prefill_tokens = np.zeros(n, dtype=np.int64)
@@ -205,8 +211,8 @@ class ArrivalProcess:
         # the bucket of every batch the run can have (validated: max_batch fits the buckets)
         self.bucket_at = buckets_of(np.arange(self.max_batch + 1), sizes.buckets,
                                     "workload.max_batch").tolist()
-        self.closed = wl.closed_loop is not None
-        self.trace = wl.arrivals.trace if wl.arrivals is not None else None
+        self.closed = wl.source == "closed_loop"
+        self.trace = wl.trace
         self.gap_us = 1e6 / wl.arrivals.rate_per_s if not self.closed and self.trace is None \
             else math.inf
         self.output = wl.output_tokens

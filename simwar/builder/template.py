@@ -25,7 +25,8 @@ import operator
 from simwar.builder.draws import Sum, Symbolic
 from simwar.builder.loop import IterationPlan, plan_iterations
 from simwar.builder.sizes import StepSizes
-from simwar.config.schema import Affine, Config, Dist, _duration, duration_keys
+from simwar.config.durations import _duration
+from simwar.config.schema import Affine, Config, Dist, duration_keys
 from simwar.core.refusals import PlanRefused
 
 

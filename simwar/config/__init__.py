@@ -2,10 +2,16 @@
 
 ``from simwar.config import load_config`` (and the names below) is the API; the submodules:
 
-- :mod:`simwar.config.schema`: the pydantic models (durations, sections, workload, Config),
-  the rules later layers share (graph buckets, engine and algorithm names, which batch each
-  duration uses);
-- :mod:`simwar.config.load`: YAML files, dotted overrides, validation, the error's blame;
+- :mod:`simwar.config.schema`: the top-level Config and its sections, the rules later layers
+  share (graph buckets, engine and algorithm names, which batch each duration uses); every
+  public name of the modules below it is importable from it too;
+- :mod:`simwar.config.base`: the strict base model and the one-line error;
+- :mod:`simwar.config.durations`: durations (numbers, distributions, affine) and accepted
+  tokens;
+- :mod:`simwar.config.phases`: the phase table and how a config's algorithm resolves to it;
+- :mod:`simwar.config.workload`: the workload, one model per batch source;
+- :mod:`simwar.config.load`: YAML files, dotted overrides, the files a config names (read
+  here, not by the validation), validation, the error's blame;
 - :mod:`simwar.config.algorithms`: the built-in phase tables (plain data);
 - :mod:`simwar.config.policies`: barrier policies and the read-done publish rule.
 

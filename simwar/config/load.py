@@ -9,16 +9,20 @@ rate is infinite); and ``1e3`` is the number 1000, as YAML 1.2 reads it (YAML 1.
 PyYAML follows, needs ``1.0e+3``).
 
 :func:`load_config` reads a YAML file (or takes a mapping or a Config), applies the dotted
-overrides (``--set policy.barrier=coarse``, a costs file's keys: :class:`Override`) and
-validates the result against :class:`simwar.config.schema.Config`. A :class:`ConfigError`
+overrides (``--set policy.barrier=coarse``, a costs file's keys: :class:`Override`), reads
+the files the config names (a workload's CSV of batch sizes: :func:`read_batch_sizes`) and
+validates the result against :class:`simwar.config.schema.Config`, giving it what the files
+hold. A :class:`ConfigError`
 names the place to fix: the file and key, or the override that caused it (:func:`_blame`).
 
-Imports: yaml and :mod:`simwar.config.schema`; nothing from build, executors or above.
+Imports: yaml, :mod:`simwar.config.schema` and :mod:`simwar.config.workload`; nothing from
+builder, executors or above.
 """
 
 from __future__ import annotations
 
 import copy
+import csv
 import json
 import math
 import re
@@ -29,6 +33,7 @@ import yaml
 from pydantic import ValidationError
 
 from simwar.config.schema import SLO_METRICS, Config, ConfigError, first_error
+from simwar.config.workload import READ_FILES, SOURCE_KEYS, batch_error, positive_int
 
 #: the packaged default config (DSPARK, fine barrier): ``load_config(None)``
 DEFAULT_CONFIG = Path(__file__).parents[1] / "data" / "default.yaml"
@@ -332,15 +337,73 @@ def _mentions(message: str, key: str) -> bool:
 
 def validate(data: dict, label: str = "<config>") -> Config:
     """``data`` (a config mapping, overrides applied) as a Config; an error is a
-    :class:`ConfigError` of one line, ``LABEL: dotted.key: what was expected``."""
+    :class:`ConfigError` of one line, ``LABEL: dotted.key: what was expected``.
+
+    The files a config names are read here, before the validation, which is given what they
+    hold (the validation itself reads no file): ``workload.batch_sizes_file``
+    (:func:`read_files`)."""
     try:
-        return Config(**data)
+        return Config.model_validate(data, context={READ_FILES: read_files(data)})
     except ValidationError as e:
         raise ConfigError(f"{label}: {first_error(e)}") from None
     except ValueError as e:
         raise ConfigError(f"{label}: {e}") from None
 
 
+def read_files(data: dict) -> dict[str, list[int]]:
+    """The CSV files of a config mapping, read: ``{path: batch sizes}`` for its
+    ``workload.batch_sizes_file`` when that is its one batch source (with another, the
+    validation's error that there are two comes first, as the file is not used)."""
+    wl = data.get("workload")
+    if not isinstance(wl, dict) or not isinstance(wl.get("batch_sizes_file"), str):
+        return {}
+    if any(wl.get(key) is not None for key in SOURCE_KEYS if key != "batch_sizes_file"):
+        return {}
+    path = wl["batch_sizes_file"]
+    return {path: read_batch_sizes(path)}
+
+
+def read_batch_sizes(path: str | Path) -> list[int]:
+    """The ``batch_size`` column of a CSV file, as positive integers (one line on error)."""
+    where = f"workload.batch_sizes_file: {path}"
+    path = Path(path)
+    if not path.exists():
+        raise ValueError(f"{where}: file not found")
+    if path.is_dir():
+        raise ValueError(f"{where}: is a directory (expected a CSV file)")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: not a text file (expected CSV)") from None
+    except OSError as e:
+        raise ValueError(f"{where}: cannot read: {e.strerror or e}") from None
+    try:
+        rows = list(csv.reader(text.splitlines()))
+    except csv.Error as e:
+        raise ValueError(f"{where}: malformed CSV ({e})") from None
+    rows = [r for r in rows if any(cell.strip() for cell in r)]
+    if not rows:
+        raise ValueError(f"{where}: the file is empty (expected a header with a "
+                         f"'batch_size' column)")
+    header = [c.strip() for c in rows[0]]
+    if "batch_size" not in header:
+        raise ValueError(f"{where}: no column 'batch_size' (columns: {', '.join(header)})")
+    col = header.index("batch_size")
+    out = []
+    for line, row in enumerate(rows[1:], start=2):
+        cell = row[col].strip() if col < len(row) else ""
+        try:
+            value = float(cell)
+        except ValueError:
+            value = None
+        if value is None or not positive_int(value):
+            raise ValueError(batch_error(f"{where}: line {line}", cell))
+        out.append(int(value))
+    if not out:
+        raise ValueError(f"{where}: no rows (expected one batch size per step)")
+    return out
+
+
 __all__ = ["DEFAULT_CONFIG", "Override", "YamlRuleError", "load_config", "load_yaml_text",
-           "override_list", "parse_override", "read_yaml", "resolve_paths", "set_dotted",
-           "validate", "yaml_value"]
+           "override_list", "parse_override", "read_batch_sizes", "read_files", "read_yaml",
+           "resolve_paths", "set_dotted", "validate", "yaml_value"]

@@ -34,13 +34,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from simwar.config import ENGINES, Config, ConfigError
+from simwar.config.workload import REQUEST_SOURCES
 from simwar.core.refusals import PlanRefused
 from simwar.executors.fast.execute import marks_results
 
 #: what a run is for: one run, a batch of runs (``simulate_many``), a Trace streamed
 PURPOSES = ("run", "many", "trace")
 #: batch sources whose steps' batches depend on the run's own simulated times
-FEEDBACK_SOURCES = ("arrivals", "closed_loop")
+FEEDBACK_SOURCES = REQUEST_SOURCES
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def on_off_grid(cfg, rates: list[float], scales: list[float], overrides=None) ->
     forward's mean length at that scale (``fwd_us``, overlap on)."""
     cfg = load_config(cfg, overrides)
     wl = cfg.workload
-    if wl is None or wl.arrivals is None or wl.arrivals.rate_per_s is None:
+    if wl is None or wl.source != "arrivals" or wl.arrivals.rate_per_s is None:
         raise ConfigError("on/off grid: needs requests arriving at a rate (workload.arrivals."
                           "rate_per_s), whose rate it varies")
     base = cfg.model_dump(mode="json")

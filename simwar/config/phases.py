@@ -1,0 +1,121 @@
+"""The phase table: one decode step's phases on the forward stream, and how a config's
+``algorithm`` and ``phases`` resolve to it.
+
+A built-in algorithm (:mod:`simwar.config.algorithms`) gives the table and ``phases``
+overrides its entries by name; ``algorithm: custom`` gives the whole table
+(:func:`resolve_phases`).
+
+Imports: pydantic, :mod:`simwar.config.base`, :mod:`simwar.config.durations` and
+:mod:`simwar.config.algorithms`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from simwar.config.algorithms import builtin_phases
+from simwar.config.base import StrictModel, first_error
+from simwar.config.durations import Duration, RankDuration
+
+GraphKind = Literal["full", "breakable", "eager"]
+ReadEnds = Literal["pre_replay", "in_replay", "post_replay", "unknown"]
+
+
+#: a duration of the rank model: a number of µs or a distribution (drawn per rank, per use)
+
+
+class CollectiveSpec(StrictModel):
+    """A device collective inside a phase (an all-reduce per layer): ``count`` kernels
+    of ``us`` each, the phase's body split evenly around them. On each rank a collective
+    kernel completes at the latest rank's start of it plus its own ``us``
+    (docs/design.md, "Tensor-parallel ranks")."""
+
+    name: str = Field(min_length=1)
+    """The collective's name (its kernels are named after it)."""
+    us: RankDuration = 0.0
+    """Each kernel's own time on a rank (µs, or a distribution drawn per rank, per use)."""
+    count: int = Field(default=1, ge=1)
+    """Kernels per phase (one per layer), the phase's body split evenly around them."""
+
+
+class Phase(StrictModel):
+    """One phase of a decode step on the forward stream.
+
+    GPU time = ``load_batch_us`` (pre-replay shared reads, eager kernels) +
+    ``prep_us`` (in-graph metadata prep; shared reads) + ``body_us`` (no shared
+    reads, except in breakable graphs, which re-read per segment).
+    ``read_ends`` declares where this phase's shared reads end.
+    """
+
+    name: str
+    """The phase's name (overrides of a built-in table name the phase they change)."""
+    runner: Literal["target", "draft"] = "target"
+    """The model the phase runs: the target model or the draft model."""
+    graph: GraphKind = "full"
+    """How the phase runs: a full CUDA graph, a breakable graph (segments that re-read the
+    shared buffers) or eager kernels."""
+    read_ends: ReadEnds = "unknown"
+    """Where the phase's shared reads end, where a fine barrier's read-done is recorded:
+    pre_replay, in_replay (an in-graph node), post_replay (a host record after the launch)
+    or unknown (nothing: a fine barrier falls back to coarse)."""
+    load_batch_us: Duration = 0.0
+    """GPU time before the replay: the shared reads of eager kernels (µs, real batch)."""
+    prep_us: Duration = 0.0
+    """GPU time of the in-graph metadata prep, which reads the shared buffers (µs; a graph
+    phase's scales with the graph bucket)."""
+    body_us: Duration = 0.0
+    """GPU time of the body, which reads no shared buffer except in a breakable graph (µs;
+    a graph phase's scales with the graph bucket)."""
+    host_us: Duration = 0.0
+    """Host time to dispatch the phase (µs)."""
+    reads: list[str] = Field(default_factory=list)
+    """The shared buffers the phase reads (those the schedule writes, gpu.writes)."""
+    future_publish: bool = False
+    """The phase publishes the step's future (FutureMap): the next step's copies wait on an
+    event recorded after it."""
+    collectives: list[CollectiveSpec] = Field(default_factory=list)
+    """Device collectives inside the phase's graph (tensor-parallel ranks, parallel.tp)."""
+
+
+def resolve_phases(algorithm: str, entries: list[dict]) -> list[Phase]:
+    """Built-in table with overrides by name, or the custom table as given."""
+    if algorithm == "custom":
+        if not entries:
+            raise ValueError("phases: algorithm custom needs a non-empty phases list")
+        out = []
+        for i, e in enumerate(entries):
+            out.append(_phase(e, f"phases.{i}"))
+        _unique([p.name for p in out])
+        return out
+    table = [dict(p) for p in builtin_phases(algorithm)]
+    by_name = {p["name"]: p for p in table}
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or "name" not in e:
+            raise ValueError(f"phases.{i}: each override needs a 'name'")
+        for key in e:
+            if key not in Phase.model_fields:
+                raise ValueError(f"phases.{i}.{key}: unknown key")
+        if e["name"] not in by_name:
+            raise ValueError(f"phases.{i}.name: '{e['name']}' is not a phase of {algorithm} "
+                             f"({', '.join(by_name)}); use algorithm: custom to add phases")
+        by_name[e["name"]].update(e)
+    return [_phase(p, f"phases.{i}") for i, p in enumerate(table)]
+
+
+def _phase(entry: Any, where: str) -> Phase:
+    if not isinstance(entry, dict):
+        raise ValueError(f"{where}: expected a mapping")
+    try:
+        return Phase(**entry)
+    except ValidationError as e:
+        raise ValueError(first_error(e, prefix=where)) from None
+
+
+def _unique(names: list[str]) -> None:
+    seen = set()
+    for n in names:
+        if n in seen:
+            raise ValueError(f"phases: duplicate phase name '{n}'")
+        seen.add(n)
