@@ -21,6 +21,7 @@ this one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,12 +39,118 @@ from simwar.core.program import (
     Synchronize,
     WaitEvent,
     WaitStream,
+    tail_event,
 )
 from simwar.core.trace import Mode, OpKind
 
 #: the named markers a shape keeps, each a host instant of its step: the launch of its
 #: forward (``run_batch``) and, in a run with requests, its result processed (``result_done``)
 MARKS = ("run_batch", "result_done")
+
+
+# ----------------------------------------------------------------- host op records
+# A shape's host ops, one record per kind. Each is a NamedTuple whose first field is the
+# kind's name: a shape's structure is its tuple of records, hashed and compared as plain
+# tuples are (so shapes, plans and templates compare and hash as they would positionally),
+# while every reader names the fields it reads.
+
+
+class HostCpu(NamedTuple):
+    """CPU work of the host (its one parameter: the duration)."""
+
+    kind: str  # "cpu"
+
+
+class HostLaunch(NamedTuple):
+    """A kernel launch (parameters: the host call's cost, the kernel's duration)."""
+
+    kind: str  # "launch"
+    stream: str
+    off: int  # step offset from the segment's step
+    label: str
+    phase: str
+    accesses: tuple  # ((buffer, Mode), ...): reads, then writes
+
+
+class GraphRecordNode(NamedTuple):
+    """A record node of a graph launch (no parameter)."""
+
+    kind: str  # "r"
+
+
+class GraphKernelNode(NamedTuple):
+    """A kernel node of a graph launch (its parameter: the kernel's duration)."""
+
+    kind: str  # "k"
+    label: str
+    phase: str
+    accesses: tuple
+
+
+class HostGraph(NamedTuple):
+    """A graph launch (parameters: the host call's cost, then each kernel node's duration)."""
+
+    kind: str  # "graph"
+    stream: str
+    off: int
+    nodes: tuple  # GraphRecordNode | GraphKernelNode, in the graph's order
+
+
+class HostRecord(NamedTuple):
+    """An event record (its parameter: the host call's cost)."""
+
+    kind: str  # "record"
+    stream: str
+    off: int
+
+
+class HostWaitStream(NamedTuple):
+    """``stream`` waits for ``other``'s tail (parameters: the host call's cost, the wait's
+    latency): two device ops, as :class:`~simwar.core.program.WaitStream` says."""
+
+    kind: str  # "wait_stream"
+    stream: str
+    other: str
+    off: int
+
+    @property
+    def tail_event(self) -> str:
+        return tail_event(self.other)
+
+    @property
+    def same_stream(self) -> bool:
+        return self.stream == self.other
+
+
+class HostWaitEvent(NamedTuple):
+    """``stream`` waits for an event (parameters: the host call's cost, the latency)."""
+
+    kind: str  # "wait_event"
+    stream: str
+    off: int
+    #: (segments back, record index, whether the record is on ``stream``), or None for an
+    #: event never recorded (the wait holds nothing)
+    bind: tuple | None
+
+
+class HostSync(NamedTuple):
+    """The host blocks on an event (parameters: the host call's cost, the wake latency)."""
+
+    kind: str  # "sync"
+    off: int
+    site: str  # where the host blocks (a blocked-time column of the summary)
+    bind: tuple | None  # (segments back, record index), or None: returns at once
+
+
+class HostMark(NamedTuple):
+    """A named host instant of a step (one of :data:`MARKS`; no parameter)."""
+
+    kind: str  # "run_batch" | "result_done"
+    off: int
+
+
+_CPU = HostCpu("cpu")  # records without fields other than their kind: one of each
+_RECORD_NODE = GraphRecordNode("r")
 
 
 @dataclass
@@ -126,13 +233,13 @@ class _Shaper:
         for op in ops:
             kind = type(op)
             if kind is CpuWork:
-                add(("cpu",))
+                add(_CPU)
                 num(op.duration_us)
             elif kind is Launch:
                 k = op.kernel
                 off = op.step - base
                 acc = access(k)
-                add(("launch", op.stream, off, k.label, k.phase, acc))
+                add(HostLaunch("launch", op.stream, off, k.label, k.phase, acc))
                 num(op.host_us)
                 num(k.duration_us)
                 if acc:
@@ -144,40 +251,41 @@ class _Shaper:
                 stream = op.stream
                 for node in op.nodes:
                     if type(node) is GraphRecord:
-                        nodes.append(("r",))
+                        nodes.append(_RECORD_NODE)
                         latest[node.event] = (g, nrec, stream)
                         nrec += 1
                     else:
                         acc = access(node)
-                        nodes.append(("k", node.label, node.phase, acc))
+                        nodes.append(GraphKernelNode("k", node.label, node.phase, acc))
                         num(node.duration_us)
                         if acc:
                             offsets.add(off)
-                add(("graph", stream, off, tuple(nodes)))
+                add(HostGraph("graph", stream, off, tuple(nodes)))
             elif kind is Record:
                 off = op.step - base
-                add(("record", op.stream, off))
+                add(HostRecord("record", op.stream, off))
                 num(op.host_us)
                 latest[op.event] = (g, nrec, op.stream)
                 nrec += 1
             elif kind is WaitStream:
-                add(("wait_stream", op.stream, op.other, op.step - base))
+                add(HostWaitStream("wait_stream", op.stream, op.other, op.step - base))
                 num(op.host_us)
                 num(op.latency_us)
             elif kind is WaitEvent:
                 b = latest.get(op.event)
-                add(("wait_event", op.stream, op.step - base,
-                     None if b is None else (g - b[0], b[1], b[2] == op.stream)))
+                add(HostWaitEvent("wait_event", op.stream, op.step - base,
+                                  None if b is None else (g - b[0], b[1], b[2] == op.stream)))
                 num(op.host_us)
                 num(op.latency_us)
             elif kind is Synchronize:
                 b = latest.get(op.event)
-                add(("sync", op.step - base, op.site, None if b is None else (g - b[0], b[1])))
+                add(HostSync("sync", op.step - base, op.site,
+                             None if b is None else (g - b[0], b[1])))
                 num(op.host_us)
                 num(op.wake_us)
             elif kind is Marker:
                 if op.name in MARKS:
-                    add((op.name, op.step - base))
+                    add(HostMark(op.name, op.step - base))
             elif kind is StepMarker:
                 pass
             else:
@@ -207,29 +315,29 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
         h = next(it)
         if kind is Launch:
             k = op.kernel
-            dev.append(DeviceOp(OpKind.KERNEL, op.stream, h[2], k.label, k.phase, h[5]))
+            dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, k.label, k.phase, h.accesses))
         elif kind is GraphLaunch:
-            for node, n in zip(op.nodes, h[3]):
-                if n[0] == "r":
+            for node, n in zip(op.nodes, h.nodes):
+                if n.kind == "r":
                     records.append(len(dev))
-                    dev.append(DeviceOp(OpKind.RECORD, op.stream, h[2], node.event))
+                    dev.append(DeviceOp(OpKind.RECORD, op.stream, h.off, node.event))
                 else:
-                    dev.append(DeviceOp(OpKind.KERNEL, op.stream, h[2], node.label,
-                                        node.phase, n[3]))
+                    dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
+                                        node.phase, n.accesses))
         elif kind is Record:
             records.append(len(dev))
-            dev.append(DeviceOp(OpKind.RECORD, op.stream, h[2], op.event))
+            dev.append(DeviceOp(OpKind.RECORD, op.stream, h.off, op.event))
         elif kind is WaitStream:
-            off = h[3]
-            dev.append(DeviceOp(OpKind.RECORD, op.other, off, op.other + ".tail"))
-            dev.append(DeviceOp(OpKind.WAIT, op.stream, off, op.other + ".tail",
+            # the two device ops of WaitStream's rule: the record, then the wait bound to it
+            dev.append(DeviceOp(OpKind.RECORD, h.other, h.off, h.tail_event))
+            dev.append(DeviceOp(OpKind.WAIT, h.stream, h.off, h.tail_event,
                                 bound_op=len(dev) - 1))
         elif kind is WaitEvent:
-            bind = h[3]
-            dev.append(DeviceOp(OpKind.WAIT, op.stream, h[2], op.event,
+            bind = h.bind
+            dev.append(DeviceOp(OpKind.WAIT, op.stream, h.off, op.event,
                                 bind=None if bind is None else bind[:2]))
         elif kind is Synchronize:
-            dev.append(DeviceOp(OpKind.SYNC, "cpu", h[1], op.event, bind=h[3]))
+            dev.append(DeviceOp(OpKind.SYNC, "cpu", h.off, op.event, bind=h.bind))
     return dev, records
 
 
@@ -299,8 +407,8 @@ class Plan:
         depth = 0
         for b in self.blocks:
             for h in b.shape.host:
-                if h[0] in ("wait_event", "sync") and h[-1] is not None:
-                    depth = max(depth, h[-1][0])
+                if h.kind in ("wait_event", "sync") and h.bind is not None:
+                    depth = max(depth, h.bind[0])
         return depth
 
     @property
@@ -376,7 +484,7 @@ def _same(a, b) -> bool:
 
 
 def _sites(shapes) -> set:
-    return {h[2] for sh in shapes for h in sh.host if h[0] == "sync"}
+    return {h.site for sh in shapes for h in sh.host if h.kind == "sync"}
 
 
 def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
@@ -399,23 +507,53 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
     return bind(plan_template(iterations), iterations.sampler(fill=fill), sizes=sizes)
 
 
-@dataclass
-class Template:
-    """A config's run as blocks of shapes whose parameters are not yet numbers.
+class TemplateBlock(NamedTuple):
+    """One block of a :class:`Template`: consecutive segments of one shape and parameters.
 
-    ``blocks``: per block, ``(shape, first segment, first step, segments, parameters,
-    first draw of each distribution, draws per segment)``; a parameter is a number, a
-    :class:`~simwar.builder.draws.Use` (a draw), a :class:`~simwar.builder.template.Ref` (a
-    duration of the config, by key) or a :class:`~simwar.builder.draws.Sum` of them.
+    A parameter is a number, a :class:`~simwar.builder.draws.Use` (a draw), a
+    :class:`~simwar.builder.template.Ref` (a duration of the config, by key) or a
+    :class:`~simwar.builder.draws.Sum` of them.
     """
 
+    shape: Shape
+    first_segment: int
+    first_step: int
+    segments: int
+    params: list
+    #: per distribution: the index of the block's first draw of it
+    draw_starts: dict
+    #: per distribution: its draws per segment
+    draws_per_segment: dict
+    #: the skeleton iteration standing for every segment of the block
+    skeleton_index: int
+
+
+class PreparedBlock(NamedTuple):
+    """A :class:`TemplateBlock` with its drawn parameters apart (the same for every run
+    bound from the template, see :func:`bind`)."""
+
+    shape: Shape
+    first_segment: int
+    steps: range
+    fixed: list  # per parameter slot: the parameter, or None where it is drawn (a column)
+    drawn: list  # the drawn parameters, in slot order
+    draw_starts: dict
+    draws_per_segment: dict
+    skeleton_index: int
+
+
+@dataclass
+class Template:
+    """A config's run as blocks of shapes whose parameters are not yet numbers
+    (:class:`TemplateBlock`)."""
+
     iterations: object  # the IterationPlan
-    blocks: list[tuple]
+    blocks: list[TemplateBlock]
     offsets: set
     sites: set
     steps: int
     shapes: list = field(default_factory=list)  # the shape of each skeleton iteration
-    prepared: list | None = None  # the blocks with their drawn parameters apart (bind)
+    prepared: list[PreparedBlock] | None = None  # made by bind, once
 
 
 def plan_template(iterations) -> Template:
@@ -459,7 +597,7 @@ def plan_template(iterations) -> Template:
         starts = {key: offset[key] for key in uses}
         for key, c in uses.items():
             offset[key] += c * count
-        blocks.append((shapes[i], g, first, count, params[i], starts, uses, i))
+        blocks.append(TemplateBlock(shapes[i], g, first, count, params[i], starts, uses, i))
         g += count
     return Template(plan, blocks, shaper.offsets, _sites(shapes), steps_total, shapes)
 
@@ -488,15 +626,20 @@ def bind(template: Template, sampler, value=None, meta: dict | None = None,
         return value(x.key)  # a Ref (or a traced duration itself)
 
     if template.prepared is None:  # per block: which parameters are drawn (the same per run)
-        template.prepared = [(shape, g, range(first, first + count),
-                              [None if _drawn(x) else x for x in p],
-                              [x for x in p if _drawn(x)], starts, uses, i)
-                             for shape, g, first, count, p, starts, uses, i in template.blocks]
+        template.prepared = [
+            PreparedBlock(tb.shape, tb.first_segment,
+                          range(tb.first_step, tb.first_step + tb.segments),
+                          [None if _drawn(x) else x for x in tb.params],
+                          [x for x in tb.params if _drawn(x)], tb.draw_starts,
+                          tb.draws_per_segment, tb.skeleton_index)
+            for tb in template.blocks]
     blocks: list[Block] = []
-    for shape, g, steps, fixed, specs, starts, uses, i in template.prepared:
-        consts = tuple(x if x is None or type(x) is float else const(x) for x in fixed)
-        blocks.append(Block(shape, g, steps, consts,
-                            _draw_columns(specs, arrays, starts, uses, live, const), source=i))
+    for pb in template.prepared:
+        consts = tuple(x if x is None or type(x) is float else const(x) for x in pb.fixed)
+        columns = _draw_columns(pb.drawn, arrays, pb.draw_starts, pb.draws_per_segment, live,
+                                const)
+        blocks.append(Block(pb.shape, pb.first_segment, pb.steps, consts, columns,
+                            source=pb.skeleton_index))
     skeleton = template.iterations.ops
     n = len(skeleton) - 1
     out = Plan(blocks, dict(template.iterations.meta if meta is None else meta), 0,

@@ -2,8 +2,9 @@
 
 :func:`run_group` takes the one-pass executor's plans of runs that share their structure
 (:func:`group_key`: the same blocks of the same shapes over the same steps) and runs the
-blocks once for all of them (:mod:`simwar.executors.lockstep.codegen`), each parameter a
-number when every run has the same, else an array with one element per run. The per-step
+blocks once for all of them (the one-pass executor's code generator,
+:mod:`simwar.executors.fast.codegen`, in its array target), each parameter a number when
+every run has the same, else an array with one element per run. The per-step
 facts are rows of 2-d arrays (a row per step, a column per run); each run's column is then
 assembled and summarized by the functions the one-pass executor's own runs use
 (:func:`~simwar.analysis.metrics.columns_from_arrays`,
@@ -17,8 +18,8 @@ A plan that cannot run so (forward steps issued out of order, races that need al
 compared, a ``-0.0`` parameter, on which ``max`` and a comparison part) raises
 :class:`NotLockstep`; its runs then go through the one-pass executor one by one.
 
-Imports: numpy, simwar.core and simwar.analysis, the one-pass executor's plan and races,
-and the lockstep codegen.
+Imports: numpy, simwar.core and simwar.analysis, the one-pass executor's plan, codegen and
+races.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ import numpy as np
 from simwar.analysis.batched import summarize_many
 from simwar.analysis.metrics import SITES, StepFacts, columns_from_arrays, summarize
 from simwar.core.trace import OpKind
+from simwar.executors.fast.codegen import compile_block
+from simwar.executors.fast.execute import marks_results
 from simwar.executors.fast.plan import Plan
 from simwar.executors.fast.races import RacePlan, _Intervals
-from simwar.executors.lockstep.codegen import compile_block
 
 #: passes of a block run per call of its compiled function
 CHUNK = 256
@@ -76,6 +78,7 @@ class State:
         self.fs = _array((rows, n), np.inf)
         self.fe = _array((rows, n), -np.inf)
         self.launch = _array((rows, n), np.nan)
+        self.done = _array((rows, n), np.nan)  # result processed (runs with requests)
         self.blocked = {site: _array((rows, n), 0.0) for site in sites}  # the sites synced at
         self.busy = _array((rows + 1, n), 0.0)  # the spare last row: index -1, no window yet
         self.dep = _array((rows + 1, n), 0.0)
@@ -88,7 +91,8 @@ class State:
 
     def release(self) -> None:
         """Keep the arrays for the next batch (dropping those of another size)."""
-        mine = [self.fs, self.fe, self.launch, self.busy, self.dep, *self.blocked.values()]
+        mine = [self.fs, self.fe, self.launch, self.done, self.busy, self.dep,
+                *self.blocked.values()]
         _SPARE[:] = [a for a in _SPARE if a.shape in {m.shape for m in mine}] + mine
 
 
@@ -195,7 +199,8 @@ def run_group(plans: list[Plan], window: int = 2) -> list[dict]:
     first, last = measured
     for bi, b in enumerate(plan.blocks):
         slots = tuple(c is None for c in b.consts)
-        fn = compile_block(b.shape, slots, fwd, races.logs_of(bi), depth)
+        fn = compile_block(b.shape, slots, fwd, False, races.logs_of(bi), depth,
+                           target="array")
         state.logs = races.log_arrays(bi)
         consts = _stack_consts(plans, bi)
         for start in range(0, b.n, CHUNK):
@@ -231,6 +236,9 @@ def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
     steps = (np.arange(state.fs.shape[0])[idx] + state.origin).astype(np.int32)
     facts = {"fs": state.fs[idx], "fe": state.fe[idx], "launch": state.launch[idx],
              "busy": state.busy[idx], "dep": state.dep[idx]}
+    marks = marks_results(plans[0])  # the same shapes for every run of the group
+    if marks:
+        facts["done"] = state.done[idx]
     facts.update({("blocked", site): v[idx] for site, v in state.blocked.items()})
     totals = [(tally.races, int(o), tally.steps.total()) for o in tally.overlaps.tolist()]
     out: list[dict] = []
@@ -248,10 +256,12 @@ def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
                                            rows["busy"][j], rows["dep"][j],
                                            {site: np.ascontiguousarray(v[j])
                                             for site, v in blocked.items()},
-                                           rows["launch"][j], StepFacts(meta))
+                                           rows["launch"][j], StepFacts(meta),
+                                           rows["done"][j] if marks else None)
                 out.append(summarize(cols, meta, counts[j]))
             continue
         columns = columns_from_arrays(steps, rows["fs"], rows["fe"], rows["busy"], rows["dep"],
-                                      blocked, rows["launch"], StepFacts(metas[0]))
+                                      blocked, rows["launch"], StepFacts(metas[0]),
+                                      rows.get("done"))
         out += summarize_many(columns, metas, counts)
     return out
