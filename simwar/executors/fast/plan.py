@@ -149,8 +149,22 @@ class HostMark(NamedTuple):
     off: int
 
 
-_CPU = HostCpu("cpu")  # records without fields other than their kind: one of each
-_RECORD_NODE = GraphRecordNode("r")
+#: the record of each host-op kind
+HOST_RECORDS = {"cpu": HostCpu, "launch": HostLaunch, "graph": HostGraph, "record": HostRecord,
+                "wait_stream": HostWaitStream, "wait_event": HostWaitEvent, "sync": HostSync,
+                **{mark: HostMark for mark in MARKS}}
+GRAPH_NODES = {"r": GraphRecordNode, "k": GraphKernelNode}
+
+
+def host_records(host: tuple) -> tuple:
+    """Plain host-op tuples (each in its record's field order) as records."""
+    out = []
+    for h in host:
+        rec = HOST_RECORDS[h[0]]._make(h)
+        if rec.kind == "graph":
+            rec = rec._replace(nodes=tuple(GRAPH_NODES[n[0]]._make(n) for n in rec.nodes))
+        out.append(rec)
+    return tuple(out)
 
 
 @dataclass
@@ -202,7 +216,11 @@ class _Shaper:
 
     A segment's host tuple (its structure) and parameters are read in one pass; its device
     ops are built only for a structure not seen before (shapes are kept by host tuple), so
-    a program of many alike iterations costs little more than reading its ops.
+    a program of many alike iterations costs little more than reading its ops. For the same
+    reason each host op is read into a plain tuple in its record's field order
+    (:data:`HOST_RECORDS`; a NamedTuple costs several times a tuple to make, per op of the
+    program): equal to, and hashed as, the records a new shape is then made of
+    (:func:`host_records`).
     """
 
     def __init__(self, symbolic: bool = False) -> None:
@@ -233,13 +251,13 @@ class _Shaper:
         for op in ops:
             kind = type(op)
             if kind is CpuWork:
-                add(_CPU)
+                add(("cpu",))
                 num(op.duration_us)
             elif kind is Launch:
                 k = op.kernel
                 off = op.step - base
                 acc = access(k)
-                add(HostLaunch("launch", op.stream, off, k.label, k.phase, acc))
+                add(("launch", op.stream, off, k.label, k.phase, acc))
                 num(op.host_us)
                 num(k.duration_us)
                 if acc:
@@ -251,41 +269,40 @@ class _Shaper:
                 stream = op.stream
                 for node in op.nodes:
                     if type(node) is GraphRecord:
-                        nodes.append(_RECORD_NODE)
+                        nodes.append(("r",))
                         latest[node.event] = (g, nrec, stream)
                         nrec += 1
                     else:
                         acc = access(node)
-                        nodes.append(GraphKernelNode("k", node.label, node.phase, acc))
+                        nodes.append(("k", node.label, node.phase, acc))
                         num(node.duration_us)
                         if acc:
                             offsets.add(off)
-                add(HostGraph("graph", stream, off, tuple(nodes)))
+                add(("graph", stream, off, tuple(nodes)))
             elif kind is Record:
                 off = op.step - base
-                add(HostRecord("record", op.stream, off))
+                add(("record", op.stream, off))
                 num(op.host_us)
                 latest[op.event] = (g, nrec, op.stream)
                 nrec += 1
             elif kind is WaitStream:
-                add(HostWaitStream("wait_stream", op.stream, op.other, op.step - base))
+                add(("wait_stream", op.stream, op.other, op.step - base))
                 num(op.host_us)
                 num(op.latency_us)
             elif kind is WaitEvent:
                 b = latest.get(op.event)
-                add(HostWaitEvent("wait_event", op.stream, op.step - base,
-                                  None if b is None else (g - b[0], b[1], b[2] == op.stream)))
+                add(("wait_event", op.stream, op.step - base,
+                     None if b is None else (g - b[0], b[1], b[2] == op.stream)))
                 num(op.host_us)
                 num(op.latency_us)
             elif kind is Synchronize:
                 b = latest.get(op.event)
-                add(HostSync("sync", op.step - base, op.site,
-                             None if b is None else (g - b[0], b[1])))
+                add(("sync", op.step - base, op.site, None if b is None else (g - b[0], b[1])))
                 num(op.host_us)
                 num(op.wake_us)
             elif kind is Marker:
                 if op.name in MARKS:
-                    add(HostMark(op.name, op.step - base))
+                    add((op.name, op.step - base))
             elif kind is StepMarker:
                 pass
             else:
@@ -295,11 +312,12 @@ class _Shaper:
                 self.negative = any(isinstance(x, (int, float)) and x < 0 for x in params)
             else:  # a Program's: numbers only, compared in C
                 self.negative = min(params, default=0) < 0
-        key = tuple(host)
+        key = tuple(host)  # equal to, and hashed as, the shape's records
         shape = self.shapes.get(key)
         if shape is None:
-            dev, records = _devices(key, ops)
-            shape = self.shapes[key] = Shape(key, dev, records, len(params))
+            named = host_records(key)
+            dev, records = _devices(named, ops)
+            shape = self.shapes[key] = Shape(named, dev, records, len(params))
         return shape, params
 
 
