@@ -145,10 +145,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         return "ki" if off == 0 else f"(ki + {off})" if off > 0 else f"(ki - {-off})"
 
     def fired(bind) -> str:
-        d, idx = bind[0], bind[1]
-        if d == 0:
-            return f"r{idx}"
-        return f"H{d}[{idx}]"
+        if bind.back == 0:
+            return f"r{bind.record}"
+        return f"H{bind.back}[{bind.record}]"
 
     layout: list[tuple[str, int]] = []  # trace mode: what each recorded value is
 
@@ -272,7 +271,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             emit(f"t += {host}")
             bind = h.bind
             wait(h.stream, None if bind is None else fired(bind), lat,
-                 bind is not None and bind[2], dev)
+                 bind is not None and bind.same_stream, dev)
             dev += 1
         elif kind == "sync":
             host, wake = next(pi), next(pi)

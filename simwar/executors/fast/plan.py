@@ -122,15 +122,30 @@ class HostWaitStream(NamedTuple):
         return self.stream == self.other
 
 
+class Binding(NamedTuple):
+    """What a wait or a sync is bound to: record ``record`` (its index among the records of
+    its segment) of the segment ``back`` segments before the binding op's."""
+
+    back: int
+    record: int
+
+
+class EventBinding(NamedTuple):
+    """A wait_event's :class:`Binding`, and whether the record is on the wait's own stream
+    (no cross-stream latency then)."""
+
+    back: int
+    record: int
+    same_stream: bool
+
+
 class HostWaitEvent(NamedTuple):
     """``stream`` waits for an event (parameters: the host call's cost, the latency)."""
 
     kind: str  # "wait_event"
     stream: str
     off: int
-    #: (segments back, record index, whether the record is on ``stream``), or None for an
-    #: event never recorded (the wait holds nothing)
-    bind: tuple | None
+    bind: EventBinding | None  # None: an event never recorded (the wait holds nothing)
 
 
 class HostSync(NamedTuple):
@@ -139,7 +154,7 @@ class HostSync(NamedTuple):
     kind: str  # "sync"
     off: int
     site: str  # where the host blocks (a blocked-time column of the summary)
-    bind: tuple | None  # (segments back, record index), or None: returns at once
+    bind: Binding | None  # None: an event never recorded (returns at once)
 
 
 class HostMark(NamedTuple):
@@ -154,6 +169,7 @@ HOST_RECORDS = {"cpu": HostCpu, "launch": HostLaunch, "graph": HostGraph, "recor
                 "wait_stream": HostWaitStream, "wait_event": HostWaitEvent, "sync": HostSync,
                 **{mark: HostMark for mark in MARKS}}
 GRAPH_NODES = {"r": GraphRecordNode, "k": GraphKernelNode}
+BINDINGS = {"wait_event": EventBinding, "sync": Binding}
 
 
 def host_records(host: tuple) -> tuple:
@@ -163,6 +179,8 @@ def host_records(host: tuple) -> tuple:
         rec = HOST_RECORDS[h[0]]._make(h)
         if rec.kind == "graph":
             rec = rec._replace(nodes=tuple(GRAPH_NODES[n[0]]._make(n) for n in rec.nodes))
+        elif rec.kind in BINDINGS and rec.bind is not None:
+            rec = rec._replace(bind=BINDINGS[rec.kind]._make(rec.bind))
         out.append(rec)
     return tuple(out)
 
@@ -177,7 +195,7 @@ class DeviceOp:
     label: str = ""
     phase: str = ""
     accesses: tuple = ()  # ((buffer, Mode), ...) in the engine's order: reads, then writes
-    bind: tuple | None = None  # waits and syncs: (segments back, record index) or None
+    bind: Binding | None = None  # waits and syncs (None: bound to nothing)
     bound_op: int | None = None  # a wait_stream's wait: the device op index of its record
 
 
@@ -353,7 +371,7 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
         elif kind is WaitEvent:
             bind = h.bind
             dev.append(DeviceOp(OpKind.WAIT, op.stream, h.off, op.event,
-                                bind=None if bind is None else bind[:2]))
+                                bind=None if bind is None else Binding(bind.back, bind.record)))
         elif kind is Synchronize:
             dev.append(DeviceOp(OpKind.SYNC, "cpu", h.off, op.event, bind=h.bind))
     return dev, records
@@ -426,7 +444,7 @@ class Plan:
         for b in self.blocks:
             for h in b.shape.host:
                 if h.kind in ("wait_event", "sync") and h.bind is not None:
-                    depth = max(depth, h.bind[0])
+                    depth = max(depth, h.bind.back)
         return depth
 
     @property

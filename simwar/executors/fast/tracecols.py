@@ -113,8 +113,9 @@ class _Layout:
                 ev = ("f", fact)
                 fact += 1
                 hs.append((SpanKind.API, Call.WAIT_EVENT, ev, "", "", dev, off, prev, end))
-                ops.append((stream, OpKind.WAIT, off, ev, ev, ("back",) + bind[:2] if bind
-                            else -1, end, col[("s", dev)], col[("e", dev)], "", span))
+                bound = -1 if bind is None else ("back", bind.back, bind.record)
+                ops.append((stream, OpKind.WAIT, off, ev, ev, bound, end, col[("s", dev)],
+                            col[("e", dev)], "", span))
                 dev += 1
             elif kind == "sync":
                 off, site, bind = h.off, h.site, h.bind
@@ -122,8 +123,8 @@ class _Layout:
                 fact += 1
                 hs.append((SpanKind.BLOCKED, Call.SYNCHRONIZE, ev, "", site, dev, off, prev,
                            end))
-                ops.append((HOST, OpKind.SYNC, off, ev, ev, ("back",) + bind if bind else -1,
-                            prev, prev, end, "", span))
+                bound = -1 if bind is None else ("back", bind.back, bind.record)
+                ops.append((HOST, OpKind.SYNC, off, ev, ev, bound, prev, prev, end, "", span))
                 dev += 1
             else:  # pragma: no cover
                 raise AssertionError(kind)
