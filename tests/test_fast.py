@@ -36,6 +36,7 @@ from simwar.builder.loop import LoopBuilder, plan_iterations
 from simwar.config import ConfigError, load_config
 from simwar.executors import fast
 from simwar.executors.engine import Engine
+from simwar.executors.fast.plan import HOST_RECORDS, Binding, EventBinding, host_records
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CONFIG_FILES = sorted(CONFIGS.glob("*.yaml"))
@@ -264,6 +265,31 @@ def test_a_long_run_is_a_few_blocks_whatever_its_length():
     cfg = load_config(None, {"steps": 1_000_000})
     plan = fast.plan_config(cfg, resolve_sizes(cfg))
     assert len(plan.blocks) <= 4 and plan.segments == 1_000_001
+
+
+def test_a_shapes_host_records_are_its_plain_tuples():
+    """The shaper reads host ops into plain tuples and finds shapes by them: the records a
+    shape holds (a NamedTuple per kind, graph nodes and bindings too) equal and hash as
+    those tuples, and plain tuples are made the same records again."""
+    cfg = load_config(CONFIGS / "dspark_fine.yaml", VARIANTS["prompts_chunked"])
+    program_plan = fast.plan_program(build_program(cfg))
+    config_plan = fast.plan_config(cfg, resolve_sizes(cfg))
+
+    def plain(x):
+        return tuple(plain(v) for v in x) if isinstance(x, tuple) else x
+
+    kinds = set()
+    for plan in (program_plan, config_plan):
+        for b in plan.blocks:
+            host = b.shape.host
+            assert plain(host) == host and hash(plain(host)) == hash(host)
+            assert host_records(plain(host)) == host
+            for h in host:
+                kinds.add(h.kind)
+                assert type(h) is HOST_RECORDS[h.kind]
+                if h.kind in ("wait_event", "sync") and h.bind is not None:
+                    assert type(h.bind) is (EventBinding if h.kind == "wait_event" else Binding)
+    assert {"cpu", "launch", "graph", "wait_event", "sync", "run_batch", "result_done"} <= kinds
 
 
 # ---------------------------------------------------------------------------- the builder

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from test_fast import CONFIG_FILES, VARIANTS
 
 from simwar.analysis import batched
-from simwar.api import simulate, simulate_many
+from simwar.api import draw_sizes, simulate, simulate_many
 from simwar.config import load_config
 from simwar.core.rules import begins, begins_many, released, released_many, returns, returns_many
 from simwar.executors import fast, lockstep
@@ -138,6 +138,27 @@ def test_arrivals_and_the_simpy_engine_run_alone_with_their_own_summary():
     configs.append(load_config(None, {"steps": 30, "warmup_steps": 2, "engine": "simpy"}))
     for cfg, summary in zip(configs, simulate_many(configs)):
         assert_same_summary(summary, simulate(cfg).summary)
+
+
+@pytest.mark.parametrize("variant", ["workload_arrivals", "prompts_chunked", "closed_loop_off"])
+def test_runs_with_requests_run_in_lockstep_as_their_own_runs(variant):
+    """Requests that arrive (arrivals, prompts, a closed loop): each processed result is
+    marked (``result_done``, the first token a client sees) and each run's batches depend on
+    its own times. A group of them runs in lockstep, each run's sizes fixed as the group
+    goes: every summary is that run's own, bit for bit."""
+    names = ["dspark_fine.yaml", "eagle_coarse.yaml", "dflash_legacy_host_sync.yaml",
+             "none_none.yaml"]
+    paths = [p for p in CONFIG_FILES if p.name in names]
+    assert len(paths) == len(names)
+    for path in paths:
+        configs = [load_config(path, {**VARIANTS[variant], "seed": seed}) for seed in range(3)]
+        plan = fast.plan_config(configs[0], draw_sizes(configs[0]), fill=False)
+        assert any(h.kind == "result_done" for b in plan.blocks for h in b.shape.host)
+        got = lockstep.realize_group(configs)
+        for cfg, summary in zip(configs, got):
+            assert_same_summary(summary, simulate(cfg).summary)
+        assert "request_ttft_us_mean" in got[0]
+        assert len({s["request_ttft_us_mean"] for s in got}) > 1  # each run its own requests
 
 
 def test_a_reduction_along_the_steps_is_each_runs_own_sum():

@@ -157,15 +157,33 @@ class WaitEvent:
     latency_us: float = 0.0  # device latency when released by another stream
 
 
+def tail_event(other: str) -> str:
+    """The event a ``wait_stream`` on ``other`` records (``other``'s tail at the call)."""
+    return other + ".tail"
+
+
 @dataclass(frozen=True, slots=True)
 class WaitStream:
-    """``stream.wait_stream(other)``: a fresh record on ``other`` plus a wait."""
+    """``stream.wait_stream(other)``: a fresh record on ``other`` plus a wait.
+
+    The rule every executor applies: at the host call, a record of :attr:`tail_event` on
+    ``other`` (a device op of its own), then a wait on ``stream`` bound to that record, its
+    latency paid unless :attr:`same_stream`.
+    """
 
     stream: str
     other: str
     step: int
     host_us: float = 0.0
     latency_us: float = 0.0
+
+    @property
+    def tail_event(self) -> str:
+        return tail_event(self.other)
+
+    @property
+    def same_stream(self) -> bool:
+        return self.stream == self.other
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,6 @@ from typing import Callable
 from simwar.config import ENGINES, Config, ConfigError
 from simwar.config.workload import REQUEST_SOURCES
 from simwar.core.refusals import PlanRefused
-from simwar.executors.fast.execute import marks_results
 
 #: what a run is for: one run, a batch of runs (``simulate_many``), a Trace streamed
 PURPOSES = ("run", "many", "trace")
@@ -67,12 +66,6 @@ def _own_feedback(cfg: Config, need: Need) -> str | None:
     source = cfg.workload.source if cfg.workload is not None else "constant"
     return (f"workload {source}: each run's batches depend on its own simulated times"
             if source in FEEDBACK_SOURCES else None)
-
-
-def _result_done(plan) -> str | None:
-    # the lockstep code generator compiles no result_done marker; drop this rule when it does
-    return ("result_done markers (a run with requests): the lockstep code generator has "
-            "no rule for them" if marks_results(plan) else None)
 
 
 @dataclass(frozen=True)
@@ -111,7 +104,7 @@ EXECUTORS = {
                      (_keeps_no_trace,)),
     "ranks": Executor("fast", "one pass per tensor-parallel rank; keeps every rank's Trace"),
     "lockstep": Executor("lockstep", "runs that share their iteration shapes, together",
-                         (_one_rank, _own_feedback), (_result_done,)),
+                         (_one_rank, _own_feedback)),
     "trace": Executor("trace mode", "the one-pass executor's trace mode: Trace windows "
                       "streamed", (_one_rank,)),
 }

@@ -279,7 +279,7 @@ def assemble(plan: ReplayPlan, t0: list[float], t1: list[float], first: list[flo
         elif kind is WaitStream:
             host_costs["wait_stream_us"].append(b - a)
             call = rec.host(Call.WAIT_STREAM, st.step, a, b, st.other, op=rec.next_op + 1)
-            name = f"{st.other}.tail"
+            name = st.tail_event
             record(("tail", name), st.other, st.step, name, b, call)
             wait(st.stream, latest[("tail", name)], name, st.step, b, call,
                  st.latency_us if own_latency else cross_us)

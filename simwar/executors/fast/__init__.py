@@ -68,7 +68,8 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
   into iteration shapes and their parameters: :func:`~simwar.executors.fast.plan.plan_program`,
   :func:`~simwar.executors.fast.plan.plan_config`);
 - :mod:`~simwar.executors.fast.codegen`: a shape compiled into the straight-line function
-  that runs a block of it;
+  that runs a block of it (over floats; its array target, over arrays of runs, is the
+  lockstep executor's, :mod:`simwar.executors.lockstep`);
 - :mod:`~simwar.executors.fast.races`: which access pairs are compared where, and the races
   as progressions (:class:`~simwar.executors.fast.races.FastHazards`);
 - :mod:`~simwar.executors.fast.counts`: races counted as a summary-only run goes;
@@ -79,7 +80,8 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
   trace mode, the run as a stream of Trace windows equal to the SimPy engine's Trace
   (:func:`~simwar.executors.fast.trace.windows`; the blocks compiled with ``trace=True``);
 - here: the entry points, :func:`run_config` (a config), :func:`run` (any Program) and
-  :func:`realize` (a workload whose batches depend on simulated time).
+  :func:`realize` (a workload whose batches depend on simulated time; its feed,
+  :func:`realizing_feed`, serves the lockstep executor's groups too).
 
 Each part imports only parts above it in this list (codegen and races only the plan, counts
 only the races).
@@ -122,6 +124,16 @@ def realize(cfg, sizes, model, summary_only: bool = False, progress=None) -> Fas
     """
     one_rank(cfg)
     plan = plan_config(cfg, sizes, fill=False)
+    run = run_plan(plan, feed=realizing_feed(cfg, sizes, model, plan), progress=progress)
+    if summary_only:
+        run = FastRun(None, run.meta, run.hazards, run.segments, run.paths, run.summary)
+    return run
+
+
+def realizing_feed(cfg, sizes, model, plan):
+    """The ``feed`` of :func:`~simwar.executors.fast.execute.run_plan` that realizes a
+    feedback workload as ``plan`` (``plan_config(cfg, sizes, fill=False)``) runs: see
+    :func:`realize` (the lockstep executor runs many such plans, a feed each)."""
     table = plan.table
     steps = cfg.steps
     lo = plan.lo
@@ -145,10 +157,7 @@ def realize(cfg, sizes, model, summary_only: bool = False, progress=None) -> Fas
 
         return next_pass
 
-    run = run_plan(plan, feed=feed, progress=progress)
-    if summary_only:
-        run = FastRun(None, run.meta, run.hazards, run.segments, run.paths, run.summary)
-    return run
+    return feed
 
 
 def run_meta(cfg, sizes) -> dict:

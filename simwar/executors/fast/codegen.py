@@ -8,13 +8,28 @@ shape's host ops in order, each device op placed by :mod:`simwar.core.rules` (``
 no per-op objects. ``KS`` are the segments' step indices (relative to the state's origin),
 ``K`` the block's constant parameters, ``C`` its parameter columns, in slot order.
 
-``S`` is the run's state (:mod:`simwar.executors.fast.execute` makes it); the function
-reads and writes back its attributes: the host clock ``t``, the stream tails ``tails``, the
-record times of earlier segments ``hist``, the per-step accumulators ``fs``, ``fe``,
-``launch``, ``blocked`` and either ``busy``, ``dep``, ``cw``, ``cl``, ``w``, ``dp``, ``bad``
-(step windows, from one forward's end to the next's, summed as it goes) or ``kin``,
-``kout``, ``win``, ``wout`` (forward-stream intervals collected), and appends the logged op
-times to ``logs``.
+**Two targets**, one text. The *scalar* target (the one-pass executor) runs one run: each
+variable (the host clock, a stream's tail, an op's start) is a float. The *array* target
+(:mod:`simwar.executors.lockstep`) runs many runs at once: each of those variables is an
+array of one element per run, each rule its form over arrays (``begins_many``,
+``released_many``, ``returns_many``), the same operations in the same order, element by
+element, so every run's numbers are the scalar target's, bit for bit. What is structure
+(the step window being summed, which step a fact goes to) is the same for every run of a
+group, so it stays plain Python on integers in both. The targets differ only where
+:class:`Target` says: the rules bound, how a held wait adds to the window, how a pass reads
+its parameter columns (the array target: one 2-d array per column, a row per pass); the
+array target has no ``collect`` and no trace mode.
+
+``S`` is the run's state (:mod:`simwar.executors.fast.execute` makes it; the array target's:
+:class:`simwar.executors.lockstep.execute.State`); the function reads and writes back its
+attributes: the host clock ``t``, the stream tails ``tails``, the record times of earlier
+segments ``hist``, the per-step accumulators ``fs``, ``fe``, ``launch``, ``done``,
+``blocked`` and either ``busy``, ``dep``, ``cw``, ``cl``, ``w``, ``dp``, ``bad`` (step
+windows, from one forward's end to the next's, summed as it goes) or ``kin``, ``kout``,
+``win``, ``wout`` (forward-stream intervals collected), and appends the logged op times to
+``logs``. In the array target every value an op gives is a new array (a value appended to a
+log or kept in a tail stays what it was); only the host clock and the window's sums, which
+nothing else holds, are added to in place.
 
 **Trace mode** (``trace=True``, :mod:`simwar.executors.fast.trace`): the same rules on the
 same locals, no accumulators and no logs; each segment appends every time it computes to
@@ -29,6 +44,7 @@ Imports: simwar.core and the plan's types; must not import races or execute (the
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from simwar.core import rules
 from simwar.core.trace import OpKind
@@ -36,6 +52,30 @@ from simwar.executors.fast.plan import MARKS, Shape
 
 _CODE: OrderedDict = OrderedDict()  # compiled block functions, by (shape, slot kinds, ...)
 _CODE_LIMIT = 512
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a compiled block's variables are, and the few lines that differ with it."""
+
+    name: str
+    rules: dict  # the rules' names in the generated code -> the functions bound to them
+    #: a wait on the forward stream adds what it held to the step window only when it held
+    #: something (scalar), or always (array: it adds 0.0 where the wait held nothing, the
+    #: same sum, and no run's branch is taken for another's)
+    held_if_positive: bool
+    #: the parameter columns: lists zipped with the steps (scalar), or one 2-d array per
+    #: column, a row per pass (array)
+    zipped_columns: bool
+
+
+#: the one-pass executor's: floats
+SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
+                           "_returns": rules.returns}, True, True)
+#: the lockstep executor's: arrays of one element per run
+ARRAY = Target("array", {"_begins": rules.begins_many, "_released": rules.released_many,
+                         "_returns": rules.returns_many}, False, False)
+TARGETS = {t.name: t for t in (SCALAR, ARRAY)}
 
 
 class _Src:
@@ -56,7 +96,8 @@ def _lanevar(lane: str, lanes: dict) -> str:
 
 
 def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple,
-                  depth: int, trace: bool = False, feed: bool = False):
+                  depth: int, trace: bool = False, feed: bool = False,
+                  target: str = "scalar"):
     """The function running a block of ``shape`` (cached).
 
     ``slots``: per parameter, True for a column, False for a constant; ``log``: sorted
@@ -65,14 +106,19 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     stream's intervals instead of adding them up per step window; ``trace``: the trace
     mode of the module docstring; ``feed``: ``C`` is a callable ``C(ki, t)`` called at the
     top of each pass with its step index and the host clock, returning the pass's column
-    values (a workload fixed as the run goes: :func:`simwar.executors.fast.realize`).
+    values (a workload fixed as the run goes: :func:`simwar.executors.fast.realize`);
+    ``target``: ``"scalar"`` or ``"array"`` (:class:`Target`; the array target takes
+    neither ``collect`` nor ``trace``).
     """
-    key = (shape.host, slots, fwd, collect, log, depth, trace, feed)
+    key = (shape.host, slots, fwd, collect, log, depth, trace, feed, target)
     fn = _CODE.get(key)
     if fn is not None:
         _CODE.move_to_end(key)
         return fn
-    fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed)
+    tgt = TARGETS[target]
+    if tgt is not SCALAR and (collect or trace):
+        raise ValueError(f"the {target} target has no collect or trace mode")
+    fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed, tgt)
     _CODE[key] = fn
     if len(_CODE) > _CODE_LIMIT:
         _CODE.popitem(last=False)
@@ -80,7 +126,7 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
 
 
 def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, depth: int,
-              trace: bool = False, feed: bool = False):
+              trace: bool, feed: bool, target: Target):
     """Write and compile the block function of :func:`compile_block` (its ``.source``: the
     generated text; in trace mode its ``.layout``)."""
     src = _Src()
@@ -90,7 +136,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     logs = {entry: f"LG{n}" for n, entry in enumerate(log)}
     nrec = len(shape.records)
     body: list[tuple[str, int]] = []
-    sites = sorted({h[2] for h in shape.host if h[0] == "sync"})
+    sites = sorted({h.site for h in shape.host if h.kind == "sync"})
 
     def emit(line: str, indent: int = 2) -> None:
         body.append((line, indent))
@@ -99,10 +145,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         return "ki" if off == 0 else f"(ki + {off})" if off > 0 else f"(ki - {-off})"
 
     def fired(bind) -> str:
-        d, idx = bind[0], bind[1]
-        if d == 0:
-            return f"r{idx}"
-        return f"H{d}[{idx}]"
+        if bind.back == 0:
+            return f"r{bind.record}"
+        return f"H{bind.back}[{bind.record}]"
 
     layout: list[tuple[str, int]] = []  # trace mode: what each recorded value is
 
@@ -157,84 +202,91 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                 if op.phase and last_of.get(op.off) == dev_index:
                     # the window of step k ends with forward k: [end of k-1, end of k); a
                     # step closed twice (its forward in two segments) takes the collect path
+                    # (the array target: its batch runs one by one)
                     emit(f"if {ks} <= cl: bad = True")
                     emit(f"BU[{ks}] = W; DE[{ks}] = Dp; W = 0.0; Dp = 0.0; cl = {ks}")
         log_times(dev_index, "s", "e")
+
+    def record(var: str, lane: str, dev_index: int) -> None:
+        """A record on ``lane`` (an event's, or a wait_stream's of the lane's tail): it fires
+        when the lane reaches it, into ``var``."""
+        tv = _lanevar(lane, lanes)
+        emit(f"{var} = {tv} = begins({tv}, t)")
+        log_times(dev_index, var, var)
+
+    def wait(stream: str, fired_at: str | None, lat: str, same_stream: bool,
+             dev_index: int) -> None:
+        """A wait on ``stream`` bound to a record fired at ``fired_at`` (None: bound to
+        nothing, a no-op)."""
+        ts = _lanevar(stream, lanes)
+        if fired_at is None:
+            emit(f"{ts} = reach = rel = begins({ts}, t)")
+        else:
+            emit(f"reach = begins({ts}, t)")
+            emit(f"{ts} = rel = released(reach, {fired_at}, {lat}, {same_stream})")
+            if stream == fwd and not trace:
+                held = "WS_(reach); WE_(rel)" if collect else "Dp += rel - reach"
+                if target.held_if_positive:
+                    emit("if rel > reach:")
+                    emit(held, 3)
+                else:
+                    emit(held)
+        log_times(dev_index, "reach", "rel")
 
     dev = 0  # device op index
     rec = 0  # record index
     if trace:
         keep("h", -1, "t")
     for hi, h in enumerate(shape.host):
-        kind = h[0]
+        kind = h.kind
         if kind == "cpu":
             emit(f"t += {next(pi)}")
         elif kind == "launch":
             emit(f"t += {next(pi)}")
-            kernel(dev, h[1], next(pi))
+            kernel(dev, h.stream, next(pi))
             dev += 1
         elif kind == "graph":
             emit(f"t += {next(pi)}")
-            tv = _lanevar(h[1], lanes)
-            for node in h[3]:
-                if node[0] == "r":
-                    emit(f"r{rec} = {tv} = begins({tv}, t)")
-                    log_times(dev, f"r{rec}", f"r{rec}")
+            _lanevar(h.stream, lanes)  # the graph's lane, even for a graph of no nodes
+            for node in h.nodes:
+                if node.kind == "r":
+                    record(f"r{rec}", h.stream, dev)
                     rec += 1
                 else:
-                    kernel(dev, h[1], next(pi))
+                    kernel(dev, h.stream, next(pi))
                 dev += 1
         elif kind == "record":
             emit(f"t += {next(pi)}")
-            tv = _lanevar(h[1], lanes)
-            emit(f"r{rec} = {tv} = begins({tv}, t)")
-            log_times(dev, f"r{rec}", f"r{rec}")
+            record(f"r{rec}", h.stream, dev)
             rec += 1
             dev += 1
-        elif kind == "wait_stream":
-            stream, other = h[1], h[2]
+        elif kind == "wait_stream":  # WaitStream's rule: other's tail recorded, then waited
             host, lat = next(pi), next(pi)
             emit(f"t += {host}")
-            to, ts = _lanevar(other, lanes), _lanevar(stream, lanes)
-            emit(f"x = {to} = begins({to}, t)")
-            log_times(dev, "x", "x")
-            emit(f"reach = begins({ts}, t)")
-            emit(f"{ts} = rel = released(reach, x, {lat}, {stream == other})")
-            if stream == fwd and not trace:
-                emit("if rel > reach:")
-                emit("WS_(reach); WE_(rel)" if collect else "Dp += rel - reach", 3)
-            log_times(dev + 1, "reach", "rel")
+            record("x", h.other, dev)
+            wait(h.stream, "x", lat, h.same_stream, dev + 1)
             dev += 2
         elif kind == "wait_event":
-            stream, bind = h[1], h[3]
             host, lat = next(pi), next(pi)
             emit(f"t += {host}")
-            ts = _lanevar(stream, lanes)
-            if bind is None:
-                emit(f"{ts} = reach = rel = begins({ts}, t)")
-            else:
-                emit(f"reach = begins({ts}, t)")
-                emit(f"{ts} = rel = released(reach, {fired(bind)}, {lat}, {bind[2]})")
-                if stream == fwd and not trace:
-                    emit("if rel > reach:")
-                    emit("WS_(reach); WE_(rel)" if collect else "Dp += rel - reach", 3)
-            log_times(dev, "reach", "rel")
+            bind = h.bind
+            wait(h.stream, None if bind is None else fired(bind), lat,
+                 bind is not None and bind.same_stream, dev)
             dev += 1
         elif kind == "sync":
-            off, site, bind = h[1], h[2], h[3]
             host, wake = next(pi), next(pi)
-            f = "None" if bind is None else fired(bind)
+            f = "None" if h.bind is None else fired(h.bind)
             emit("t0 = t")
             emit(f"t = returns(t0, {host}, {f}, {wake})")
             if not trace:
-                emit(f"B{sites.index(site)}[{step_index(off)}] += t - t0")
+                emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
             dev += 1
         elif kind == "run_batch":
             if not trace:
-                emit(f"LA[{step_index(h[1])}] = t")
+                emit(f"LA[{step_index(h.off)}] = t")
         elif kind == "result_done":  # the host instant a result has been processed
             if not trace:
-                emit(f"RD[{step_index(h[1])}] = t")
+                emit(f"RD[{step_index(h.off)}] = t")
         else:  # pragma: no cover
             raise AssertionError(kind)
         if trace and kind not in MARKS:
@@ -277,10 +329,16 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     if feed:
         src("for ki in KS:", 1)
         src((f"({', '.join(cols)},) = " if cols else "") + "C(ki, t)", 2)
-    else:
+    elif target.zipped_columns:
         header = "for ki" + "".join(f", {c}" for c in cols) + " in " + (
             f"zip(KS, {', '.join(f'C[{i}]' for i in range(len(cols)))}):" if cols else "KS:")
         src(header, 1)
+    elif cols:
+        src(f"({', '.join(f'C{i}' for i in range(len(cols)))},) = C", 1)
+        src("for pi, ki in enumerate(KS):", 1)
+        src("".join(f"{c} = C{i}[pi]; " for i, c in enumerate(cols)), 2)
+    else:
+        src("for ki in KS:", 1)
     for line, indent in body:
         src(line, indent)
     if not body:
@@ -293,9 +351,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     if not collect and not trace:
         src("S.cw = cw; S.cl = cl; S.w = W; S.dp = Dp; S.bad = bad", 1)
     code = "\n".join(src.lines) + "\n"
-    namespace = {"_begins": rules.begins, "_released": rules.released,
-                 "_returns": rules.returns}
-    filename = f"<simwar.executors.fast.codegen block {abs(hash(shape)):x}>"
+    namespace = dict(target.rules)
+    filename = f"<simwar.executors.fast.codegen {target.name} block {abs(hash(shape)):x}>"
     exec(compile(code, filename, "exec"), namespace)
     fn = namespace["block"]
     fn.source = code

@@ -204,8 +204,8 @@ class _Flusher:
         offs = [0]
         for b in plan.blocks:
             for h in b.shape.host:
-                if h[0] in ("sync", "run_batch", "result_done"):
-                    offs.append(h[1])
+                if h.kind in ("sync", "run_batch", "result_done"):
+                    offs.append(h.off)
             for op in b.shape.ops:
                 if op.kind == OpKind.KERNEL and op.lane == fwd and op.phase:
                     offs.append(op.off)
@@ -364,7 +364,7 @@ def _finish(plan: Plan, state: _State, races: RacePlan, fwd: str) -> FastRun:
 def marks_results(plan: Plan) -> bool:
     """Whether the program marks each processed result (a run with requests): its table
     then has ``result_done_us``, as the trace's markers give it."""
-    return any(h[0] == "result_done" for b in plan.blocks for h in b.shape.host)
+    return any(h.kind == "result_done" for b in plan.blocks for h in b.shape.host)
 
 
 def _np(a: array) -> np.ndarray:

@@ -21,6 +21,7 @@ this one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from simwar.core.program import (
     Synchronize,
     WaitEvent,
     WaitStream,
+    tail_event,
 )
 from simwar.core.refusals import PlanRefused
 from simwar.core.trace import Mode, OpKind
@@ -52,6 +54,143 @@ class Unsettled(PlanRefused):
     cannot be planned from its first iterations: plan it from its Program instead."""
 
 
+# ----------------------------------------------------------------- host op records
+# A shape's host ops, one record per kind. Each is a NamedTuple whose first field is the
+# kind's name: a shape's structure is its tuple of records, hashed and compared as plain
+# tuples are (so shapes, plans and templates compare and hash as they would positionally),
+# while every reader names the fields it reads.
+
+
+class HostCpu(NamedTuple):
+    """CPU work of the host (its one parameter: the duration)."""
+
+    kind: str  # "cpu"
+
+
+class HostLaunch(NamedTuple):
+    """A kernel launch (parameters: the host call's cost, the kernel's duration)."""
+
+    kind: str  # "launch"
+    stream: str
+    off: int  # step offset from the segment's step
+    label: str
+    phase: str
+    accesses: tuple  # ((buffer, Mode), ...): reads, then writes
+
+
+class GraphRecordNode(NamedTuple):
+    """A record node of a graph launch (no parameter)."""
+
+    kind: str  # "r"
+
+
+class GraphKernelNode(NamedTuple):
+    """A kernel node of a graph launch (its parameter: the kernel's duration)."""
+
+    kind: str  # "k"
+    label: str
+    phase: str
+    accesses: tuple
+
+
+class HostGraph(NamedTuple):
+    """A graph launch (parameters: the host call's cost, then each kernel node's duration)."""
+
+    kind: str  # "graph"
+    stream: str
+    off: int
+    nodes: tuple  # GraphRecordNode | GraphKernelNode, in the graph's order
+
+
+class HostRecord(NamedTuple):
+    """An event record (its parameter: the host call's cost)."""
+
+    kind: str  # "record"
+    stream: str
+    off: int
+
+
+class HostWaitStream(NamedTuple):
+    """``stream`` waits for ``other``'s tail (parameters: the host call's cost, the wait's
+    latency): two device ops, as :class:`~simwar.core.program.WaitStream` says."""
+
+    kind: str  # "wait_stream"
+    stream: str
+    other: str
+    off: int
+
+    @property
+    def tail_event(self) -> str:
+        return tail_event(self.other)
+
+    @property
+    def same_stream(self) -> bool:
+        return self.stream == self.other
+
+
+class Binding(NamedTuple):
+    """What a wait or a sync is bound to: record ``record`` (its index among the records of
+    its segment) of the segment ``back`` segments before the binding op's."""
+
+    back: int
+    record: int
+
+
+class EventBinding(NamedTuple):
+    """A wait_event's :class:`Binding`, and whether the record is on the wait's own stream
+    (no cross-stream latency then)."""
+
+    back: int
+    record: int
+    same_stream: bool
+
+
+class HostWaitEvent(NamedTuple):
+    """``stream`` waits for an event (parameters: the host call's cost, the latency)."""
+
+    kind: str  # "wait_event"
+    stream: str
+    off: int
+    bind: EventBinding | None  # None: an event never recorded (the wait holds nothing)
+
+
+class HostSync(NamedTuple):
+    """The host blocks on an event (parameters: the host call's cost, the wake latency)."""
+
+    kind: str  # "sync"
+    off: int
+    site: str  # where the host blocks (a blocked-time column of the summary)
+    bind: Binding | None  # None: an event never recorded (returns at once)
+
+
+class HostMark(NamedTuple):
+    """A named host instant of a step (one of :data:`MARKS`; no parameter)."""
+
+    kind: str  # "run_batch" | "result_done"
+    off: int
+
+
+#: the record of each host-op kind
+HOST_RECORDS = {"cpu": HostCpu, "launch": HostLaunch, "graph": HostGraph, "record": HostRecord,
+                "wait_stream": HostWaitStream, "wait_event": HostWaitEvent, "sync": HostSync,
+                **{mark: HostMark for mark in MARKS}}
+GRAPH_NODES = {"r": GraphRecordNode, "k": GraphKernelNode}
+BINDINGS = {"wait_event": EventBinding, "sync": Binding}
+
+
+def host_records(host: tuple) -> tuple:
+    """Plain host-op tuples (each in its record's field order) as records."""
+    out = []
+    for h in host:
+        rec = HOST_RECORDS[h[0]]._make(h)
+        if rec.kind == "graph":
+            rec = rec._replace(nodes=tuple(GRAPH_NODES[n[0]]._make(n) for n in rec.nodes))
+        elif rec.kind in BINDINGS and rec.bind is not None:
+            rec = rec._replace(bind=BINDINGS[rec.kind]._make(rec.bind))
+        out.append(rec)
+    return tuple(out)
+
+
 @dataclass
 class DeviceOp:
     """One device-visible op of a shape, in issue order (its op id is base + index)."""
@@ -62,7 +201,7 @@ class DeviceOp:
     label: str = ""
     phase: str = ""
     accesses: tuple = ()  # ((buffer, Mode), ...) in the engine's order: reads, then writes
-    bind: tuple | None = None  # waits and syncs: (segments back, record index) or None
+    bind: Binding | None = None  # waits and syncs (None: bound to nothing)
     bound_op: int | None = None  # a wait_stream's wait: the device op index of its record
 
 
@@ -101,7 +240,11 @@ class _Shaper:
 
     A segment's host tuple (its structure) and parameters are read in one pass; its device
     ops are built only for a structure not seen before (shapes are kept by host tuple), so
-    a program of many alike iterations costs little more than reading its ops.
+    a program of many alike iterations costs little more than reading its ops. For the same
+    reason each host op is read into a plain tuple in its record's field order
+    (:data:`HOST_RECORDS`; a NamedTuple costs several times a tuple to make, per op of the
+    program): equal to, and hashed as, the records a new shape is then made of
+    (:func:`host_records`).
     """
 
     def __init__(self, symbolic: bool = False) -> None:
@@ -193,11 +336,12 @@ class _Shaper:
                 self.negative = any(isinstance(x, (int, float)) and x < 0 for x in params)
             else:  # a Program's: numbers only, compared in C
                 self.negative = min(params, default=0) < 0
-        key = tuple(host)
+        key = tuple(host)  # equal to, and hashed as, the shape's records
         shape = self.shapes.get(key)
         if shape is None:
-            dev, records = _devices(key, ops)
-            shape = self.shapes[key] = Shape(key, dev, records, len(params))
+            named = host_records(key)
+            dev, records = _devices(named, ops)
+            shape = self.shapes[key] = Shape(named, dev, records, len(params))
         return shape, params
 
 
@@ -213,29 +357,29 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
         h = next(it)
         if kind is Launch:
             k = op.kernel
-            dev.append(DeviceOp(OpKind.KERNEL, op.stream, h[2], k.label, k.phase, h[5]))
+            dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, k.label, k.phase, h.accesses))
         elif kind is GraphLaunch:
-            for node, n in zip(op.nodes, h[3]):
-                if n[0] == "r":
+            for node, n in zip(op.nodes, h.nodes):
+                if n.kind == "r":
                     records.append(len(dev))
-                    dev.append(DeviceOp(OpKind.RECORD, op.stream, h[2], node.event))
+                    dev.append(DeviceOp(OpKind.RECORD, op.stream, h.off, node.event))
                 else:
-                    dev.append(DeviceOp(OpKind.KERNEL, op.stream, h[2], node.label,
-                                        node.phase, n[3]))
+                    dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
+                                        node.phase, n.accesses))
         elif kind is Record:
             records.append(len(dev))
-            dev.append(DeviceOp(OpKind.RECORD, op.stream, h[2], op.event))
+            dev.append(DeviceOp(OpKind.RECORD, op.stream, h.off, op.event))
         elif kind is WaitStream:
-            off = h[3]
-            dev.append(DeviceOp(OpKind.RECORD, op.other, off, op.other + ".tail"))
-            dev.append(DeviceOp(OpKind.WAIT, op.stream, off, op.other + ".tail",
+            # the two device ops of WaitStream's rule: the record, then the wait bound to it
+            dev.append(DeviceOp(OpKind.RECORD, h.other, h.off, h.tail_event))
+            dev.append(DeviceOp(OpKind.WAIT, h.stream, h.off, h.tail_event,
                                 bound_op=len(dev) - 1))
         elif kind is WaitEvent:
-            bind = h[3]
-            dev.append(DeviceOp(OpKind.WAIT, op.stream, h[2], op.event,
-                                bind=None if bind is None else bind[:2]))
+            bind = h.bind
+            dev.append(DeviceOp(OpKind.WAIT, op.stream, h.off, op.event,
+                                bind=None if bind is None else Binding(bind.back, bind.record)))
         elif kind is Synchronize:
-            dev.append(DeviceOp(OpKind.SYNC, "cpu", h[1], op.event, bind=h[3]))
+            dev.append(DeviceOp(OpKind.SYNC, "cpu", h.off, op.event, bind=h.bind))
     return dev, records
 
 
@@ -305,8 +449,8 @@ class Plan:
         depth = 0
         for b in self.blocks:
             for h in b.shape.host:
-                if h[0] in ("wait_event", "sync") and h[-1] is not None:
-                    depth = max(depth, h[-1][0])
+                if h.kind in ("wait_event", "sync") and h.bind is not None:
+                    depth = max(depth, h.bind.back)
         return depth
 
     @property
@@ -382,7 +526,7 @@ def _same(a, b) -> bool:
 
 
 def _sites(shapes) -> set:
-    return {h[2] for sh in shapes for h in sh.host if h[0] == "sync"}
+    return {h.site for sh in shapes for h in sh.host if h.kind == "sync"}
 
 
 def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
@@ -405,23 +549,53 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
     return bind(plan_template(iterations), iterations.sampler(fill=fill), sizes=sizes)
 
 
-@dataclass
-class Template:
-    """A config's run as blocks of shapes whose parameters are not yet numbers.
+class TemplateBlock(NamedTuple):
+    """One block of a :class:`Template`: consecutive segments of one shape and parameters.
 
-    ``blocks``: per block, ``(shape, first segment, first step, segments, parameters,
-    first draw of each distribution, draws per segment)``; a parameter is a number, a
-    :class:`~simwar.builder.draws.Use` (a draw), a :class:`~simwar.builder.template.Ref` (a
-    duration of the config, by key) or a :class:`~simwar.builder.draws.Sum` of them.
+    A parameter is a number, a :class:`~simwar.builder.draws.Use` (a draw), a
+    :class:`~simwar.builder.template.Ref` (a duration of the config, by key) or a
+    :class:`~simwar.builder.draws.Sum` of them.
     """
 
+    shape: Shape
+    first_segment: int
+    first_step: int
+    segments: int
+    params: list
+    #: per distribution: the index of the block's first draw of it
+    draw_starts: dict
+    #: per distribution: its draws per segment
+    draws_per_segment: dict
+    #: the skeleton iteration standing for every segment of the block
+    skeleton_index: int
+
+
+class PreparedBlock(NamedTuple):
+    """A :class:`TemplateBlock` with its drawn parameters apart (the same for every run
+    bound from the template, see :func:`bind`)."""
+
+    shape: Shape
+    first_segment: int
+    steps: range
+    fixed: list  # per parameter slot: the parameter, or None where it is drawn (a column)
+    drawn: list  # the drawn parameters, in slot order
+    draw_starts: dict
+    draws_per_segment: dict
+    skeleton_index: int
+
+
+@dataclass
+class Template:
+    """A config's run as blocks of shapes whose parameters are not yet numbers
+    (:class:`TemplateBlock`)."""
+
     iterations: object  # the IterationPlan
-    blocks: list[tuple]
+    blocks: list[TemplateBlock]
     offsets: set
     sites: set
     steps: int
     shapes: list = field(default_factory=list)  # the shape of each skeleton iteration
-    prepared: list | None = None  # the blocks with their drawn parameters apart (bind)
+    prepared: list[PreparedBlock] | None = None  # made by bind, once
 
 
 def plan_template(iterations) -> Template:
@@ -465,7 +639,7 @@ def plan_template(iterations) -> Template:
         starts = {key: offset[key] for key in uses}
         for key, c in uses.items():
             offset[key] += c * count
-        blocks.append((shapes[i], g, first, count, params[i], starts, uses, i))
+        blocks.append(TemplateBlock(shapes[i], g, first, count, params[i], starts, uses, i))
         g += count
     return Template(plan, blocks, shaper.offsets, _sites(shapes), steps_total, shapes)
 
@@ -494,15 +668,20 @@ def bind(template: Template, sampler, value=None, meta: dict | None = None,
         return value(x.key)  # a Ref (or a traced duration itself)
 
     if template.prepared is None:  # per block: which parameters are drawn (the same per run)
-        template.prepared = [(shape, g, range(first, first + count),
-                              [None if _drawn(x) else x for x in p],
-                              [x for x in p if _drawn(x)], starts, uses, i)
-                             for shape, g, first, count, p, starts, uses, i in template.blocks]
+        template.prepared = [
+            PreparedBlock(tb.shape, tb.first_segment,
+                          range(tb.first_step, tb.first_step + tb.segments),
+                          [None if _drawn(x) else x for x in tb.params],
+                          [x for x in tb.params if _drawn(x)], tb.draw_starts,
+                          tb.draws_per_segment, tb.skeleton_index)
+            for tb in template.blocks]
     blocks: list[Block] = []
-    for shape, g, steps, fixed, specs, starts, uses, i in template.prepared:
-        consts = tuple(x if x is None or type(x) is float else const(x) for x in fixed)
-        blocks.append(Block(shape, g, steps, consts,
-                            _draw_columns(specs, arrays, starts, uses, live, const), source=i))
+    for pb in template.prepared:
+        consts = tuple(x if x is None or type(x) is float else const(x) for x in pb.fixed)
+        columns = _draw_columns(pb.drawn, arrays, pb.draw_starts, pb.draws_per_segment, live,
+                                const)
+        blocks.append(Block(pb.shape, pb.first_segment, pb.steps, consts, columns,
+                            source=pb.skeleton_index))
     skeleton = template.iterations.ops
     n = len(skeleton) - 1
     out = Plan(blocks, dict(template.iterations.meta if meta is None else meta), 0,

@@ -78,9 +78,9 @@ def _pairs(shapes: list, steps: list, window: int, last_only: bool) -> list:
             if op.bound_op is not None:
                 bnd = b0 + op.bound_op
             elif op.bind is not None:
-                jp = j - op.bind[0]
+                jp = j - op.bind.back
                 if jp >= 0 and shapes[jp] is not None:
-                    bnd = base[jp] + shapes[jp].records[op.bind[1]]
+                    bnd = base[jp] + shapes[jp].records[op.bind.record]
             lane.append(op.lane)
             kind.append(op.kind)
             bound.append(bnd)

@@ -55,9 +55,9 @@ class _Layout:
         self.cpu_params: dict[int, int] = {}  # host span index of CPU work -> its slot
         prev = col[("h", -1)]
         for hi, h in enumerate(shape.host):
-            kind = h[0]
+            kind = h.kind
             if kind in MARKS:
-                marks.append((h[1], prev, kind))
+                marks.append((h.off, prev, kind))
                 continue
             end = col[("h", hi)]
             span = len(hs)
@@ -68,31 +68,30 @@ class _Layout:
                            prev, end))
                 fact += 2
             elif kind == "launch":
-                _, stream, off, label, phase, accesses = h
+                stream, off, label, phase = h.stream, h.off, h.label, h.phase
                 hs.append((SpanKind.API, Call.LAUNCH, label, phase, "", dev, off, prev, end))
                 ops.append((stream, OpKind.KERNEL, off, label, "", -1, end, col[("s", dev)],
                             col[("e", dev)], phase, span))
-                acc += [(dev, b, m, off, phase) for b, m in accesses]
+                acc += [(dev, b, m, off, phase) for b, m in h.accesses]
                 dev += 1
             elif kind == "graph":
-                _, stream, off, nodes = h
+                stream, off = h.stream, h.off
                 hs.append((SpanKind.API, Call.GRAPH_LAUNCH, ("f", fact), ("f", fact + 1), "",
                            dev, off, prev, end))
                 fact += 2
-                for node in nodes:
-                    if node[0] == "r":
+                for node in h.nodes:
+                    if node.kind == "r":
                         ev = ("f", fact)
                         fact += 1
                         r = col[("r", dev)]
                         ops.append((stream, OpKind.RECORD, off, ev, ev, -1, end, r, r, "", span))
                     else:
-                        _, label, phase, accesses = node
-                        ops.append((stream, OpKind.KERNEL, off, label, "", -1, end,
-                                    col[("s", dev)], col[("e", dev)], phase, span))
-                        acc += [(dev, b, m, off, phase) for b, m in accesses]
+                        ops.append((stream, OpKind.KERNEL, off, node.label, "", -1, end,
+                                    col[("s", dev)], col[("e", dev)], node.phase, span))
+                        acc += [(dev, b, m, off, node.phase) for b, m in node.accesses]
                     dev += 1
             elif kind == "record":
-                _, stream, off = h
+                stream, off = h.stream, h.off
                 ev = ("f", fact)
                 fact += 1
                 hs.append((SpanKind.API, Call.RECORD, ev, "", "", dev, off, prev, end))
@@ -100,8 +99,8 @@ class _Layout:
                 ops.append((stream, OpKind.RECORD, off, ev, ev, -1, end, r, r, "", span))
                 dev += 1
             elif kind == "wait_stream":
-                _, stream, other, off = h
-                name = other + ".tail"
+                stream, other, off = h.stream, h.other, h.off
+                name = h.tail_event
                 hs.append((SpanKind.API, Call.WAIT_STREAM, other, "", "", dev + 1, off, prev,
                            end))
                 r = col[("r", dev)]
@@ -110,21 +109,22 @@ class _Layout:
                             col[("s", dev + 1)], col[("e", dev + 1)], "", span))
                 dev += 2
             elif kind == "wait_event":
-                _, stream, off, bind = h
+                stream, off, bind = h.stream, h.off, h.bind
                 ev = ("f", fact)
                 fact += 1
                 hs.append((SpanKind.API, Call.WAIT_EVENT, ev, "", "", dev, off, prev, end))
-                ops.append((stream, OpKind.WAIT, off, ev, ev, ("back",) + bind[:2] if bind
-                            else -1, end, col[("s", dev)], col[("e", dev)], "", span))
+                bound = -1 if bind is None else ("back", bind.back, bind.record)
+                ops.append((stream, OpKind.WAIT, off, ev, ev, bound, end, col[("s", dev)],
+                            col[("e", dev)], "", span))
                 dev += 1
             elif kind == "sync":
-                _, off, site, bind = h
+                off, site, bind = h.off, h.site, h.bind
                 ev = ("f", fact)
                 fact += 1
                 hs.append((SpanKind.BLOCKED, Call.SYNCHRONIZE, ev, "", site, dev, off, prev,
                            end))
-                ops.append((HOST, OpKind.SYNC, off, ev, ev, ("back",) + bind if bind else -1,
-                            prev, prev, end, "", span))
+                bound = -1 if bind is None else ("back", bind.back, bind.record)
+                ops.append((HOST, OpKind.SYNC, off, ev, ev, bound, prev, prev, end, "", span))
                 dev += 1
             else:  # pragma: no cover
                 raise AssertionError(kind)
@@ -138,10 +138,10 @@ class _Layout:
 
 def _nparams(h: tuple) -> int:
     """Parameter slots of one host op, in codegen's order."""
-    if h[0] == "graph":
-        return 1 + sum(node[0] == "k" for node in h[3])
+    if h.kind == "graph":
+        return 1 + sum(node.kind == "k" for node in h.nodes)
     return {"cpu": 1, "launch": 2, "record": 1, "wait_stream": 2, "wait_event": 2,
-            "sync": 2}[h[0]]
+            "sync": 2}[h.kind]
 
 
 # --------------------------------------------------------------------------- windows

@@ -15,7 +15,11 @@ once per run.
   share a :func:`~simwar.executors.lockstep.execute.group_key`, in batches of at most
   :func:`batch_size` runs (:func:`simwar.api.simulate_many` plans, groups and batches a
   sweep's runs; what cannot run in lockstep runs alone);
-- :mod:`.execute`: the pass and the summaries; :mod:`.codegen`: a shape compiled for arrays.
+- :func:`~simwar.executors.lockstep.execute.realize_group`: the same for runs whose batches
+  depend on their own times (arrivals, requests whose results are marked): each run's sizes
+  fixed as the group goes;
+- :mod:`.execute`: the pass and the summaries; the blocks are compiled by the one-pass
+  executor's code generator in its array target (:mod:`simwar.executors.fast.codegen`).
 
 Imports: this package's parts (numpy, simwar.core, simwar.analysis, the one-pass
 executor's plans and races).
@@ -23,7 +27,7 @@ executor's plans and races).
 
 from __future__ import annotations
 
-from simwar.executors.lockstep.execute import NotLockstep, group_key, run_group
+from simwar.executors.lockstep.execute import NotLockstep, group_key, realize_group, run_group
 
 #: bytes of per-step facts a batch may hold (a row per step, a column per run: forward start
 #: and end, launch, busy and held time, blocked time at one or two sites)
@@ -37,4 +41,5 @@ def batch_size(steps: int) -> int:
     return max(1, min(MAX_BATCH, BATCH_BYTES // (7 * 8 * (steps + 2))))
 
 
-__all__ = ["BATCH_BYTES", "MAX_BATCH", "NotLockstep", "batch_size", "group_key", "run_group"]
+__all__ = ["BATCH_BYTES", "MAX_BATCH", "NotLockstep", "batch_size", "group_key", "realize_group",
+           "run_group"]

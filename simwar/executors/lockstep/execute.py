@@ -2,8 +2,9 @@
 
 :func:`run_group` takes the one-pass executor's plans of runs that share their structure
 (:func:`group_key`: the same blocks of the same shapes over the same steps) and runs the
-blocks once for all of them (:mod:`simwar.executors.lockstep.codegen`), each parameter a
-number when every run has the same, else an array with one element per run. The per-step
+blocks once for all of them (the one-pass executor's code generator,
+:mod:`simwar.executors.fast.codegen`, in its array target), each parameter a number when
+every run has the same, else an array with one element per run. The per-step
 facts are rows of 2-d arrays (a row per step, a column per run); each run's column is then
 assembled and summarized by the functions the one-pass executor's own runs use
 (:func:`~simwar.analysis.metrics.columns_from_arrays`,
@@ -13,12 +14,17 @@ run's, bit for bit. Races are the one-pass executor's race plan
 per run as the chunks go (:meth:`~simwar.executors.fast.races.RacePlan.tally`), the logged
 times of all runs side by side.
 
+:func:`realize_group` runs configs whose batches depend on their own times (arrivals: runs
+with requests, each processed result marked): each pass first asks every run's workload
+model for that run's sizes at its own host clock, as the one-pass executor's
+:func:`~simwar.executors.fast.realize` does for one run.
+
 A plan that cannot run so (forward steps issued out of order, races that need all accesses
 compared, a ``-0.0`` parameter, on which ``max`` and a comparison part) raises
 :class:`NotLockstep`; its runs then go through the one-pass executor one by one.
 
-Imports: numpy, simwar.core and simwar.analysis, the one-pass executor's plan and races,
-and the lockstep codegen.
+Imports: numpy, simwar.core, simwar.analysis and simwar.builder.sizes (the workload models),
+the one-pass executor (its entry points, plan, codegen and races).
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ import numpy as np
 
 from simwar.analysis.batched import summarize_many
 from simwar.analysis.metrics import SITES, StepFacts, columns_from_arrays, summarize
+from simwar.builder.sizes import ArrivalProcess, draw_sizes
 from simwar.core.refusals import PlanRefused
 from simwar.core.trace import OpKind
-from simwar.executors.fast.plan import Plan
+from simwar.executors import fast
+from simwar.executors.fast.codegen import compile_block
+from simwar.executors.fast.execute import marks_results
+from simwar.executors.fast.plan import Plan, plan_config
 from simwar.executors.fast.races import RacePlan, _Intervals
-from simwar.executors.lockstep.codegen import compile_block
 
 #: passes of a block run per call of its compiled function
 CHUNK = 256
@@ -68,7 +77,7 @@ def _array(shape: tuple, value: float) -> np.ndarray:
 class State:
     """What carries from one block to the next, for ``n`` runs (see the codegen module)."""
 
-    def __init__(self, lo: int, hi: int, sites, depth: int, n: int):
+    def __init__(self, lo: int, hi: int, sites, depth: int, n: int, marks: bool = False):
         rows = hi - lo + 1
         self.origin = lo
         self.t = np.zeros(n)  # an array from the start: every time derived is one too
@@ -77,6 +86,8 @@ class State:
         self.fs = _array((rows, n), np.inf)
         self.fe = _array((rows, n), -np.inf)
         self.launch = _array((rows, n), np.nan)
+        # result processed (runs with requests only: the others' batches stay as large)
+        self.done = _array((rows, n), np.nan) if marks else None
         self.blocked = {site: _array((rows, n), 0.0) for site in sites}  # the sites synced at
         self.busy = _array((rows + 1, n), 0.0)  # the spare last row: index -1, no window yet
         self.dep = _array((rows + 1, n), 0.0)
@@ -90,6 +101,8 @@ class State:
     def release(self) -> None:
         """Keep the arrays for the next batch (dropping those of another size)."""
         mine = [self.fs, self.fe, self.launch, self.busy, self.dep, *self.blocked.values()]
+        if self.done is not None:
+            mine.append(self.done)
         _SPARE[:] = [a for a in _SPARE if a.shape in {m.shape for m in mine}] + mine
 
 
@@ -127,6 +140,23 @@ def _stack_columns(plans: list[Plan], bi: int, start: int, stop: int) -> list[np
             raise NotLockstep("a -0.0 parameter")
         out.append(col)
     return out
+
+
+def _fed_columns(passes: list):
+    """``C(ki, t)`` of a block fed per pass (the array target's ``feed``): each run's
+    ``next_pass(ki, t)`` called with its own host clock, in the runs' order; a column per
+    parameter, an element per run."""
+
+    def columns(ki: int, t: np.ndarray) -> tuple:
+        rows = [next_pass(ki, tj) for next_pass, tj in zip(passes, t.tolist())]
+        if not rows[0]:
+            return ()
+        cols = np.array(rows, dtype=np.float64).T
+        if _signed_zero(cols):
+            raise NotLockstep("a -0.0 parameter")
+        return tuple(cols)
+
+    return columns
 
 
 def _measured_range(plan: Plan, fwd: str) -> tuple[int, int] | None:
@@ -177,8 +207,13 @@ class _LockstepTally:
         return self
 
 
-def run_group(plans: list[Plan], window: int = 2) -> list[dict]:
-    """The summaries of runs whose plans share a :func:`group_key`, in their order."""
+def run_group(plans: list[Plan], window: int = 2, feeds: list | None = None) -> list[dict]:
+    """The summaries of runs whose plans share a :func:`group_key`, in their order.
+
+    ``feeds``: per run, the ``feed`` its one-pass run would take
+    (:func:`~simwar.executors.fast.execute.run_plan`; a workload fixed as the run goes,
+    :func:`realize_group`): each pass calls every run's with that run's host clock, and its
+    parameters are the runs' answers side by side."""
     plan = plans[0]
     n = len(plans)
     meta = plan.meta
@@ -190,13 +225,14 @@ def run_group(plans: list[Plan], window: int = 2) -> list[dict]:
     if not races.windowed or measured is None:
         raise NotLockstep("races compared over all accesses, or holes in the steps")
     depth = plan.depth
-    state = State(plan.lo, plan.hi, plan.sites, depth, n)
+    state = State(plan.lo, plan.hi, plan.sites, depth, n, marks_results(plan))
     tally = _LockstepTally(n)
     races.reset(new_log=list, tally=tally)
     first, last = measured
     for bi, b in enumerate(plan.blocks):
         slots = tuple(c is None for c in b.consts)
-        fn = compile_block(b.shape, slots, fwd, races.logs_of(bi), depth)
+        fn = compile_block(b.shape, slots, fwd, False, races.logs_of(bi), depth,
+                           feed=feeds is not None, target="array")
         state.logs = races.log_arrays(bi)
         consts = _stack_consts(plans, bi)
         for start in range(0, b.n, CHUNK):
@@ -205,7 +241,11 @@ def run_group(plans: list[Plan], window: int = 2) -> list[dict]:
             lo = state.origin
             ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
                 [k - lo for k in ks]
-            cols = _stack_columns(plans, bi, start, stop) if any(slots) else ()
+            if feeds is not None:
+                cols = _fed_columns([feed(bi, p.blocks[bi], start)
+                                     for feed, p in zip(feeds, plans)])
+            else:
+                cols = _stack_columns(plans, bi, start, stop) if any(slots) else ()
             fn(ks, consts, cols, state)
             races.tally(first, last)
     if state.bad:
@@ -232,6 +272,9 @@ def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
     steps = (np.arange(state.fs.shape[0])[idx] + state.origin).astype(np.int32)
     facts = {"fs": state.fs[idx], "fe": state.fe[idx], "launch": state.launch[idx],
              "busy": state.busy[idx], "dep": state.dep[idx]}
+    marks = state.done is not None
+    if marks:
+        facts["done"] = state.done[idx]
     facts.update({("blocked", site): v[idx] for site, v in state.blocked.items()})
     totals = [(tally.races, int(o), tally.steps.total()) for o in tally.overlaps.tolist()]
     out: list[dict] = []
@@ -249,10 +292,31 @@ def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
                                            rows["busy"][j], rows["dep"][j],
                                            {site: np.ascontiguousarray(v[j])
                                             for site, v in blocked.items()},
-                                           rows["launch"][j], StepFacts(meta))
+                                           rows["launch"][j], StepFacts(meta),
+                                           rows["done"][j] if marks else None)
                 out.append(summarize(cols, meta, counts[j]))
             continue
         columns = columns_from_arrays(steps, rows["fs"], rows["fe"], rows["busy"], rows["dep"],
-                                      blocked, rows["launch"], StepFacts(metas[0]))
+                                      blocked, rows["launch"], StepFacts(metas[0]),
+                                      rows.get("done"))
         out += summarize_many(columns, metas, counts)
     return out
+
+
+def realize_group(cfgs: list, window: int = 2) -> list[dict]:
+    """The summaries of runs whose batches depend on their own times (arrivals: a run with
+    requests, its results marked), in lockstep: each run's sizes fixed as the group goes,
+    as :func:`simwar.executors.fast.realize` fixes one run's, so each summary is that of
+    ``simulate(cfg)``, bit for bit. Raises :class:`NotLockstep` for configs whose plans do
+    not share a :func:`group_key`, or that the lockstep pass cannot take (its runs then go
+    one by one)."""
+    plans, feeds = [], []
+    for cfg in cfgs:
+        fast.one_rank(cfg)
+        sizes = draw_sizes(cfg)
+        plan = plan_config(cfg, sizes, fill=False)
+        plans.append(plan)
+        feeds.append(fast.realizing_feed(cfg, sizes, ArrivalProcess(cfg, sizes), plan))
+    if len({group_key(p, window) for p in plans}) > 1:
+        raise NotLockstep("runs of different structures")
+    return run_group(plans, window, feeds)
