@@ -36,7 +36,7 @@ from simwar.builder.loop import LoopBuilder, plan_iterations
 from simwar.config import ConfigError, load_config
 from simwar.executors import fast
 from simwar.executors.engine import Engine
-from simwar.executors.fast.plan import HOST_RECORDS, Binding, EventBinding, host_records
+from simwar.executors.fast.plan import HOST_RECORDS, EventBinding, SyncBinding, host_records
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CONFIG_FILES = sorted(CONFIGS.glob("*.yaml"))
@@ -288,7 +288,7 @@ def test_a_shapes_host_records_are_its_plain_tuples():
                 kinds.add(h.kind)
                 assert type(h) is HOST_RECORDS[h.kind]
                 if h.kind in ("wait_event", "sync") and h.bind is not None:
-                    assert type(h.bind) is (EventBinding if h.kind == "wait_event" else Binding)
+                    assert type(h.bind) is (EventBinding if h.kind == "wait_event" else SyncBinding)
     assert {"cpu", "launch", "graph", "wait_event", "sync", "run_batch", "result_done"} <= kinds
 
 

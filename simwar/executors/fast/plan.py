@@ -128,7 +128,7 @@ class HostWaitStream(NamedTuple):
         return self.stream == self.other
 
 
-class Binding(NamedTuple):
+class SyncBinding(NamedTuple):
     """What a wait or a sync is bound to: record ``record`` (its index among the records of
     its segment) of the segment ``back`` segments before the binding op's."""
 
@@ -137,8 +137,8 @@ class Binding(NamedTuple):
 
 
 class EventBinding(NamedTuple):
-    """A wait_event's :class:`Binding`, and whether the record is on the wait's own stream
-    (no cross-stream latency then)."""
+    """A wait_event's binding (as :class:`SyncBinding`), and whether the record is on the
+    wait's own stream (no cross-stream latency then)."""
 
     back: int
     record: int
@@ -154,13 +154,13 @@ class HostWaitEvent(NamedTuple):
     bind: EventBinding | None  # None: an event never recorded (the wait holds nothing)
 
 
-class HostSync(NamedTuple):
+class HostSyncOp(NamedTuple):
     """The host blocks on an event (parameters: the host call's cost, the wake latency)."""
 
     kind: str  # "sync"
     off: int
     site: str  # where the host blocks (a blocked-time column of the summary)
-    bind: Binding | None  # None: an event never recorded (returns at once)
+    bind: SyncBinding | None  # None: an event never recorded (returns at once)
 
 
 class HostMark(NamedTuple):
@@ -172,10 +172,10 @@ class HostMark(NamedTuple):
 
 #: the record of each host-op kind
 HOST_RECORDS = {"cpu": HostCpu, "launch": HostLaunch, "graph": HostGraph, "record": HostRecord,
-                "wait_stream": HostWaitStream, "wait_event": HostWaitEvent, "sync": HostSync,
+                "wait_stream": HostWaitStream, "wait_event": HostWaitEvent, "sync": HostSyncOp,
                 **{mark: HostMark for mark in MARKS}}
 GRAPH_NODES = {"r": GraphRecordNode, "k": GraphKernelNode}
-BINDINGS = {"wait_event": EventBinding, "sync": Binding}
+BINDINGS = {"wait_event": EventBinding, "sync": SyncBinding}
 
 
 def host_records(host: tuple) -> tuple:
@@ -201,7 +201,7 @@ class DeviceOp:
     label: str = ""
     phase: str = ""
     accesses: tuple = ()  # ((buffer, Mode), ...) in the engine's order: reads, then writes
-    bind: Binding | None = None  # waits and syncs (None: bound to nothing)
+    bind: SyncBinding | None = None  # waits and syncs (None: bound to nothing)
     bound_op: int | None = None  # a wait_stream's wait: the device op index of its record
 
 
@@ -377,7 +377,7 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
         elif kind is WaitEvent:
             bind = h.bind
             dev.append(DeviceOp(OpKind.WAIT, op.stream, h.off, op.event,
-                                bind=None if bind is None else Binding(bind.back, bind.record)))
+                                bind=None if bind is None else SyncBinding(bind.back, bind.record)))
         elif kind is Synchronize:
             dev.append(DeviceOp(OpKind.SYNC, "cpu", h.off, op.event, bind=h.bind))
     return dev, records
