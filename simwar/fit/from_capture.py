@@ -228,8 +228,8 @@ def profiler_cost_line(prof: ProfilerCost | None, lays) -> str:
         return ("Profiler cost kept (--keep-profiler-cost): host times are the profiled "
                 "run's as captured.")
     if not prof.times:
-        return ("Profiler cost: none subtracted (the capture says it was not profiled: a "
-                "simulation written as a capture).")
+        return ("Profiler cost: none subtracted (no profiler-recorded events in the import: "
+                "the capture says it was not profiled, e.g. a simulation written as one).")
     n = len(lays)
     counts: Counter = Counter()
     for lay in lays.values():
