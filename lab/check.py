@@ -97,17 +97,21 @@ def _capture(folder: Path) -> Path:
     return capture
 
 
-def fit_sweep(folder: Path) -> tuple[ModelFit, Path | None, dict[int, float] | float | None]:
+def fit_sweep(folder: Path, keep_profiler_cost: bool = False
+              ) -> tuple[ModelFit, Path | None, dict[int, float] | float | None]:
     """``(fit, timed, unprofiled)``: the sweeping capture's fit
-    (:class:`simwar.fit.from_capture.ModelFit`), rescaled to the un-profiled sweep's step
-    time per bucket; the un-profiled sweep's path (None if absent); the step times used."""
+    (:class:`simwar.fit.from_capture.ModelFit`: the profiler's host cost subtracted by the
+    capture's event counts unless ``keep_profiler_cost``), rescaled to the un-profiled
+    sweep's step time per bucket; the un-profiled sweep's path (None if absent); the step
+    times used."""
     capture = _capture(folder)
     cap = open_capture(capture, preset="sglang")
     timed = metrics_file(folder, FIT_TIMED)
     unprofiled = None
     if timed is not None:
         unprofiled = unprofiled_step_us(read_metrics(timed)["summary"])
-    fit = fit_model(cap, capture=capture.name, unprofiled_step_us=unprofiled)
+    fit = fit_model(cap, capture=capture.name, unprofiled_step_us=unprofiled,
+                    profiler_cost=not keep_profiler_cost)
     return fit, timed, unprofiled
 
 
@@ -123,14 +127,15 @@ class Sweep:
     line: tuple[float, float] | None
 
 
-def sweep(folder: Path, pattern: re.Pattern, keys: tuple[str, ...], what: str) -> Sweep:
+def sweep(folder: Path, pattern: re.Pattern, keys: tuple[str, ...], what: str,
+          keep_profiler_cost: bool = False) -> Sweep:
     """The cases of ``folder`` whose files match ``pattern`` (``what`` says what they are,
-    in the error when there is none) and the sweeping capture's fit."""
+    in the error when there is none) and the sweeping capture's fit (:func:`fit_sweep`)."""
     _capture(folder)
     cases = load_repeats(folder, pattern, keys)
     if not cases:
         raise ServerDataError(f"{folder}: no {what}")
-    fit, timed, unprofiled = fit_sweep(folder)
+    fit, timed, unprofiled = fit_sweep(folder, keep_profiler_cost)
     line = host_line(read_metrics(timed)) if timed is not None else None
     return Sweep(cases, fit, unprofiled, line)
 
@@ -254,16 +259,21 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def command(argv: list[str] | None, prog: str, description: str,
-            evaluate: Callable[[Path], dict], markdown: Callable[[dict], str],
+            evaluate: Callable[..., dict], markdown: Callable[[dict], str],
             status_is_verdict: bool) -> int:
-    """A checker's command line: ``[FOLDER] [--json]``; exit status 2 when the folder lacks
-    something, else (``status_is_verdict``) 1 when a figure misses its target, or 0."""
+    """A checker's command line: ``[FOLDER] [--json] [--keep-profiler-cost]``; exit status 2
+    when the folder lacks something, else (``status_is_verdict``) 1 when a figure misses its
+    target, or 0."""
     ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("folder", type=Path, nargs="?", default=DEFAULT_DIR)
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    ap.add_argument("--keep-profiler-cost", action="store_true",
+                    help="fit the capture's host times with the profiler's own cost kept "
+                         "(simwar import --fit --keep-profiler-cost; the tables before it "
+                         "was subtracted)")
     args = ap.parse_args(argv)
     try:
-        result = evaluate(args.folder)
+        result = evaluate(args.folder, keep_profiler_cost=args.keep_profiler_cost)
     except ServerDataError as e:
         print(f"simwar: error: {e}", file=sys.stderr)
         return 2

@@ -21,7 +21,9 @@ with SGLang's overlap loop and its normal loop, timed without the profiler and r
   same range on the host (tied by their External id), against the step's prefill tokens.
   The capture's own host range is not used: under CUPTI each eager launch costs more, and the
   capture's prefill took 2.3x the un-profiled one (the sweep's host factor, 0.88, is that of
-  graph launches);
+  graph launches); where it is used, each range is first less the profiler's own host cost in
+  it, by the capture's event counts (:func:`profiler_cost_of`: the sweep's fit takes it out of
+  its host times the same way, and its host factor is then 0.95);
 - each case: its arrivals (rate, or the closed loop's concurrency), lengths, chunk, loop
   (``policy.overlap``), barrier and length.
 
@@ -52,6 +54,8 @@ import numpy as np
 
 from lab import check
 from simwar.api import simulate
+from simwar.capture.open import open_capture
+from simwar.fit.profiler_cost import for_capture
 
 CASE = re.compile(r"^prefill_(?P<load>light|medium|closed8)_(?P<loop>overlap|normal)"
                   r"_r(?P<r>\d+)\.metrics\.json(\.gz)?$")
@@ -70,17 +74,30 @@ def _lengths(text: str) -> dict:
     return {"dist": "uniform", "low": int(lo) - 1, "high": int(hi or lo)}
 
 
-def _ranges(events: list, steps: list, name: str, cat: str = "user_annotation") -> dict:
+def _ranges(events: list, steps: list, name: str, cat: str = "user_annotation",
+            less=None) -> dict:
     """Step -> the duration of the range ``name`` in that ProfilerStep (host ranges: by the
-    step range holding them)."""
+    step range holding them); ``less(ts, dur)``: the duration it becomes."""
     out = {}
     for e in events:
         if e.get("cat") == cat and e.get("name") == name:
             k = next((int(s["name"][len("ProfilerStep#"):]) for s in steps
                       if s["ts"] <= e["ts"] < s["ts"] + s["dur"]), None)
             if k is not None:
-                out[k] = float(e["dur"])
+                dur = float(e["dur"])
+                out[k] = less(float(e["ts"]), dur) if less is not None else dur
     return out
+
+
+def profiler_cost_of(capture: Path, steps: list):
+    """``less(ts, dur)``: a host range of the capture (its raw ``ts``) less the profiler's own
+    cost in it, by the capture's event counts (:mod:`simwar.fit.profiler_cost`), never below
+    zero. The capture's clock is tied to the import's by the ProfilerStep ranges."""
+    cap = open_capture(capture, preset="sglang")
+    prof = for_capture(cap.bound)
+    starts = {name: a for name, a, _ in cap.bound.annotations if name.startswith("ProfilerStep#")}
+    shift = float(np.median([s["ts"] - starts[s["name"]] for s in steps if s["name"] in starts]))
+    return lambda ts, dur: prof.less(dur, ts - shift, ts - shift + dur)
 
 
 def _line(x: list, y: list) -> dict:
@@ -92,8 +109,10 @@ def _line(x: list, y: list) -> dict:
 
 
 def prefill_model(folder: Path, host_scale: float, device_scale: float,
-                  warmup: int = 5) -> dict:
-    """The ``prefill:`` section (see the module docstring), with what it was read from."""
+                  warmup: int = 5, profiler_cost: bool = True) -> dict:
+    """The ``prefill:`` section (see the module docstring), with what it was read from;
+    ``profiler_cost``: the host ranges less the profiler's own cost in them (as the sweep's
+    fit takes it out of its host times: :func:`profiler_cost_of`)."""
     capture = folder / PREFILL_CAPTURE
     if not capture.exists():
         raise check.ServerDataError(f"{capture}: not found (the profiled prefill case)")
@@ -102,8 +121,9 @@ def prefill_model(folder: Path, host_scale: float, device_scale: float,
              and str(e.get("name", "")).startswith("ProfilerStep#")]
     path = check.metrics_file(folder, PREFILL_METRICS) or folder / PREFILL_METRICS
     tokens = check.read_metrics(path)["steps"]["prefill_tokens"]
-    run = _ranges(events, steps, "scheduler.run_batch")
-    prep = _ranges(events, steps, "scheduler.prepare_for_decode")
+    less = profiler_cost_of(capture, steps) if profiler_cost else None
+    run = _ranges(events, steps, "scheduler.run_batch", less=less)
+    prep = _ranges(events, steps, "scheduler.prepare_for_decode", less=less)
     ks = [k for k in sorted(run) if k >= warmup and k in prep and k < len(tokens)]
     plain = [run[k] + prep[k] for k in ks if tokens[k] == 0]
     with_prefill = [k for k in ks if tokens[k] > 0]
@@ -216,14 +236,18 @@ def predicted(summary: dict) -> dict:
             "requests": summary["requests_completed"]}
 
 
-def evaluate(folder: Path | None = None) -> dict:
-    """Fit, predict every prefill case, compare (see the module docstring)."""
+def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False) -> dict:
+    """Fit, predict every prefill case, compare (see the module docstring);
+    ``keep_profiler_cost``: the fit and the prefill's host time with the profiler's host cost
+    kept."""
     folder = Path(folder or check.DEFAULT_DIR)
     sw = check.sweep(folder, CASE, ("load", "loop"), "prefill_*.metrics.json[.gz] (the "
-                     "prefill cases: python -m lab.server OUT --suite prefill)")
+                     "prefill cases: python -m lab.server OUT --suite prefill)",
+                     keep_profiler_cost)
     fit = sw.fit
     config, raised = at_batch_zero(fit.config)
-    pf = prefill_model(folder, fit.host_scale, fit.scale)
+    pf = prefill_model(folder, fit.host_scale, fit.scale,
+                       profiler_cost=not keep_profiler_cost)
     out = {"fit": {"scale": fit.scale, "host_scale": fit.host_scale, "prefill": pf,
                    "raised_at_batch_zero": raised}, "cases": {}, "signs": {}}
     for (load, loop), repeats in sw.cases.items():

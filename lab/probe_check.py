@@ -10,9 +10,11 @@ what-if for every other variant (``policy.barrier=coarse``, ``none``; the
 process_result CPU work plus the variant's known extra µs) and compares each
 prediction with that variant's own capture (:func:`simwar.fit.check.check_rows`).
 Each capture is also fitted from itself (its own barrier named when it cannot
-be read) as the fit's own check. Races: the probe's value check (a gather that
-read a later step's stamp) in the profiled and the un-profiled run, against the
-simulation's latent races and the steps where it observes an overlap.
+be read) as the fit's own check. Every fit keeps the profiler's own host cost
+(``profiler_cost=False``): its targets are profiled captures. Races: the probe's
+value check (a gather that read a later step's stamp) in the profiled and the
+un-profiled run, against the simulation's latent races and the steps where it
+observes an overlap.
 
 Prints a Markdown table (``--json`` for the numbers). Runs where simulation
 runs (simwar's full stack), not on the GPU machine: it reads the captures through
@@ -61,12 +63,14 @@ def _shift(value, us: float):
 
 def _fit(imp, mapping, name: str, barrier: str):
     cap = finish_capture(imp, mapping)  # imported with the probe's own mapping, then sized
+    # the profiler's own host cost is kept: every prediction is compared with a capture,
+    # which holds it too (docs/profiler-cost.md)
     try:
-        return fit_model(cap, capture=name)
+        return fit_model(cap, capture=name, profiler_cost=False)
     except FitError as e:
         if "cannot infer the barrier policy" not in str(e):
             raise
-        return fit_model(cap, capture=name, policy=barrier)
+        return fit_model(cap, capture=name, policy=barrier, profiler_cost=False)
 
 
 def what_if(metrics: dict, variant: str) -> dict:

@@ -155,11 +155,12 @@ def compare(measured: dict, predicted: dict, barrier: str) -> dict:
     return rows
 
 
-def evaluate(folder: Path | None = None) -> dict:
-    """Fit, predict every measured load and barrier, compare (see the module docstring)."""
+def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False) -> dict:
+    """Fit, predict every measured load and barrier, compare (see the module docstring);
+    ``keep_profiler_cost``: the fit with the profiler's host cost kept."""
     folder = Path(folder or check.DEFAULT_DIR)
     sw = check.sweep(folder, CASE, ("load", "barrier"), "loads_*.metrics.json[.gz] (the "
-                     "measured loads)")
+                     "measured loads)", keep_profiler_cost)
     fit = sw.fit
     out = {"fit": {"policy": fit.policy.__dict__, "roles": dict(fit.roles),
                    "scale": fit.scale, "host_scale": fit.host_scale,

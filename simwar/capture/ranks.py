@@ -114,6 +114,10 @@ def split_processes(caps: list[CaptureEvents]) -> tuple[list[RankCapture], Count
             parts[c.pid].runtime_calls.append(c)
         for a in cap.annotations:
             parts[a.pid].annotations.append(a)
+        for cat, evs in cap.host_events.items():  # counted only: each to its process
+            for e in evs:
+                if e[0] in parts:
+                    parts[e[0]].host_events.setdefault(cat, []).append(e)
         for d in cap.device_events:
             parts[owner(d.correlation, (d.device, d.stream))].device_events.append(d)
         for s in cap.sync_events:
@@ -121,6 +125,7 @@ def split_processes(caps: list[CaptureEvents]) -> tuple[list[RankCapture], Count
                         else None)].sync_events.append(s)
         for p in pids:
             part = parts[p]
+            part.profiled = cap.profiled
             part.counts = Counter({"kernel": 0, "memcpy": 0, "memset": 0})
             for d in part.device_events:
                 part.counts[d.kind] += 1

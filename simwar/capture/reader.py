@@ -35,7 +35,10 @@ captured graphs of one phase apart), a memcpy or memset its ``args.bytes``.
 Device activity of a kind simwar does not model (MTIA's ``mtia_*`` categories,
 :data:`UNMODELLED_DEVICE`) is counted per category; every other event
 (``cpu_op``, ``python_function``, ``ac2g`` flows, instants, ...) is counted and
-ignored.
+ignored, except that the start of each complete ``cpu_op`` and ``python_function``
+event is kept, with its thread (:attr:`CaptureEvents.host_events`): the profiler's own
+host cost is paid per recorded event, and the fit subtracts it by these counts
+(:mod:`simwar.fit.profiler_cost`).
 
 **Malformed events** are never read silently: an event of a used kind without a
 numeric ``ts``, without a numeric ``dur`` or with a negative one, device work
@@ -81,6 +84,8 @@ from simwar.core.trace import Call
 DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy",
                "Memcpy": "memcpy", "gpu_memset": "memset", "Memset": "memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
+#: host events that are otherwise ignored but whose starts are kept, to be counted
+COUNTED_HOST_CATS = ("cpu_op", "python_function")
 #: device activity simwar does not model: counted and reported in one line
 UNMODELLED_DEVICE = re.compile(r"^mtia")
 RECORD_CALLS = {"cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord",
@@ -264,6 +269,12 @@ class CaptureEvents:
     annotations: list[Annotation] = field(default_factory=list)
     #: the profiler's own stalls (category ``overhead``), as ranges
     overhead: list[Annotation] = field(default_factory=list)
+    #: host events kept only to be counted (``cpu_op``, ``python_function``): per category,
+    #: ``(pid, tid, ts)`` of each (what the profiler's per-event host cost is charged by)
+    host_events: dict = field(default_factory=dict)
+    #: False when the file says it was not profiled (``"simwar": {"profiled": false}``, what
+    #: :mod:`simwar.capture.synthetic` writes): no profiler's cost to take out of it
+    profiled: bool = True
     counts: Counter = field(default_factory=Counter)
     ignored: Counter = field(default_factory=Counter)
     problems: Counter = field(default_factory=Counter)
@@ -473,6 +484,9 @@ class _BlockStream:
             cap.meta["devices"] = [{k: p.get(k) for k in ("id", "name", "computeMajor",
                                                            "computeMinor", "numSms") if k in p}
                                    for p in props if isinstance(p, dict)]
+        own = meta.get("simwar")
+        if isinstance(own, dict) and own.get("profiled") is False:
+            cap.profiled = False
         dist = meta.get("distributedInfo")
         if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
             cap.meta["rank"] = dist["rank"]
@@ -654,6 +668,9 @@ class _Classifier:
                     cap.ignored["overhead"] += 1
                 return
             else:
+                if cat in COUNTED_HOST_CATS and _number(ts):
+                    cap.host_events.setdefault(cat, []).append((_int(pid) or 0,
+                                                                _int(tid) or 0, float(ts)))
                 cap.ignored[cat or "uncategorized"] += 1
                 return
         if isinstance(ts, bool) or not isinstance(ts, (int, float)):

@@ -601,10 +601,12 @@ def as_captured(events: Iterator[dict], pid: int | None = None,
 
 
 def _write_events(path: Path, events: Iterator[dict],
-                  base_time_ns: int = 1700000000000000000) -> Path:
+                  base_time_ns: int = 1700000000000000000, profiled: bool = False) -> Path:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "wt") as fh:
-        fh.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {"id": 0, '
+        fh.write('{\n  "schemaVersion": 1,\n'
+                 + ('' if profiled else '  "simwar": {"profiled": false},\n')
+                 + '  "deviceProperties": [\n    {"id": 0, '
                  '"name": "NVIDIA H200", "totalGlobalMem": 150000000000, "computeMajor": 9, '
                  '"computeMinor": 0, "numSms": 132}\n  ],\n  "displayTimeUnit": "ms",\n'
                  '  "baseTimeNanoseconds": ' + str(base_time_ns) + ',\n  "traceEvents": [\n')
@@ -618,8 +620,13 @@ def _write_events(path: Path, events: Iterator[dict],
 
 def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
                  cpu_ranges: bool = True, style: Style | None = None,
-                 base_time_ns: int = 1700000000000000000, **captured) -> Path:
+                 base_time_ns: int = 1700000000000000000, profiled: bool = False,
+                 **captured) -> Path:
     """Write the capture (``.gz`` compresses); events are streamed, one per line.
+
+    The header says ``"simwar": {"profiled": false}``: a simulation's timeline holds no
+    profiler's cost, and the fit subtracts none from it (:mod:`simwar.fit.profiler_cost`);
+    ``profiled=True`` leaves that out, so that the capture reads as a profiled run's.
 
     ``cpu_ranges``: write SGLang-named ranges around the CPU work (see the module
     docstring); ``style`` (which holds its own ``cpu_ranges``) more: :class:`Style` (PyTorch
@@ -629,7 +636,7 @@ def write_kineto(trace: Trace, path: str | Path, origin_us: float = ORIGIN_US,
     events = kineto_events(trace, origin_us, cpu_ranges, style)
     if captured:
         events = as_captured(events, **captured)
-    return _write_events(Path(path), events, base_time_ns)
+    return _write_events(Path(path), events, base_time_ns, profiled)
 
 
 def write_kineto_processes(traces: list[Trace], path: str | Path, pids: list[int],

@@ -41,8 +41,8 @@ The file is over 600 lines because :class:`CaptureTraceBuilder`'s assembly is on
 over the host items that needs every piece it infers (host thread, steps, phases, lanes,
 binding); the rules that stand alone live in binding, device_times and ranks.
 
-Imports: the standard library and simwar's capture and core modules (numpy through
-them); never the simulator (api, executors, build) and no pandas (the caller runs
+Imports: numpy, the standard library and simwar's capture and core modules; never the
+simulator (api, executors, build) and no pandas (the caller runs
 :mod:`simwar.analysis.metrics` on the result). Nothing prints: progress goes to an
 optional callback.
 """
@@ -56,6 +56,8 @@ from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import NamedTuple
+
+import numpy as np
 
 from simwar.capture.binding import Binding, bind
 from simwar.capture.device_times import (
@@ -155,6 +157,12 @@ class KinetoImport:
     #: the sync ops of ``cudaDeviceSynchronize`` calls (CUPTI's "Context Sync"): the host
     #: waited for every stream (what the race analysis joins, simwar.capture.accesses)
     device_syncs: list[int] = field(default_factory=list)
+    #: what the profiler recorded on the host thread, per event kind (the trace's ``cat``:
+    #: ``cpu_op``, ``user_annotation``, ``python_function``, ``cuda_runtime``, and the device
+    #: activities ``kernel``, ``gpu_memcpy``, ``cuda_sync`` charged to the host call that
+    #: issued them), as sorted host times on the trace's clock: what the fit counts in each
+    #: host interval to subtract the profiler's own cost (:mod:`simwar.fit.profiler_cost`)
+    profiler_events: dict = field(default_factory=dict)
 
     @property
     def ignored_total(self) -> int:
@@ -202,6 +210,10 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) 
             if d:
                 info.clock_offset_us += d
                 imp.trace = info.trace = t
+                if imp.annotations and a:  # the counted events move with the ranges
+                    shift = a[0][1] - imp.annotations[0][1]
+                    imp.profiler_events = {k: v + shift
+                                           for k, v in imp.profiler_events.items()}
                 imp.annotations = a
     else:
         collectives, shifts = None, [0.0]
@@ -220,7 +232,8 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) 
     result = KinetoImport(main.trace, main.counts, main.ignored, warnings, main.annotations,
                           main.device_names, overhead=main.overhead,
                           device_info=main.device_info, ranks=infos,
-                          device_syncs=main.device_syncs)
+                          device_syncs=main.device_syncs,
+                          profiler_events=main.profiler_events)
     result.unmodelled = dict(sum((Counter(c.unmodelled) for c in caps), Counter()))
     result.collectives, result.collective_shift_us = collectives, shifts
     if len(infos) > 1:
@@ -338,7 +351,30 @@ class CaptureTraceBuilder:
                     for a in sorted(cap.overhead, key=lambda a: a.ts)]
         return KinetoImport(trace, dict(self.counts), dict(self.ignored), self.warnings,
                             annotations, names, overhead=overhead, device_info=self.device_info,
-                            device_syncs=self.device_syncs)
+                            device_syncs=self.device_syncs,
+                            profiler_events=self._profiler_events(host_calls, host_ann,
+                                                                  by_corr))
+
+    def _profiler_events(self, host_calls, host_ann, by_corr) -> dict:
+        """:attr:`KinetoImport.profiler_events`: the host thread's recorded events by kind,
+        each at its start; device activities at the start of the host call that issued them
+        (its correlation id), where their cost is paid (a graph's kernels at its launch).
+        Empty for a file that says it was not profiled (:attr:`CaptureEvents.profiled`)."""
+        o, cap = self.origin, self.cap
+        if not cap.profiled:  # a simulation written as a capture: no profiler recorded it
+            return {}
+        out: dict[str, list[float]] = {"user_annotation": [a.ts - o for a in host_ann],
+                                       "cuda_runtime": [c.ts - o for c in host_calls]}
+        for cat, evs in cap.host_events.items():
+            out[cat] = [ts - o for pid, tid, ts in evs if (pid, tid) == self.host]
+        device = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
+        syncs = Counter(s.correlation for s in cap.sync_events if s.correlation >= 0)
+        for c in host_calls:
+            for d in by_corr.get(c.correlation, ()):
+                out.setdefault(device[d.kind], []).append(c.ts - o)
+            if syncs.get(c.correlation):
+                out.setdefault("cuda_sync", []).extend([c.ts - o] * syncs[c.correlation])
+        return {k: np.sort(np.asarray(v, dtype=float)) for k, v in out.items() if v}
 
     def _launch_threads(self, by_corr) -> None:
         launches = Counter((c.pid, c.tid) for c in self.cap.runtime_calls

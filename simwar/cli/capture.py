@@ -3,7 +3,7 @@
     simwar import TRACE [TRACE ...] [--preset sglang|vllm] [--mapping MAP.yaml] [--json]
                         [--strict]
     simwar import TRACE [--mapping MAP.yaml] --fit -o fitted.yaml [--dist best] [--policy P]
-                        [--unprofiled-step-us US|BUCKET=US,...]
+                        [--unprofiled-step-us US|BUCKET=US,...] [--keep-profiler-cost]
     simwar import TRACE [--mapping MAP.yaml] --check fitted.yaml [--set KEY=VALUE ...]
     simwar import TRACE --mapping MAP.yaml --fit-costs -o costs.yaml
 
@@ -23,7 +23,9 @@ captures (or a file with several processes), each rank and the skew of their ste
 starts. ``--json`` prints one object; ``--strict`` makes any warning (a dropped or
 implausible event, an unmatched mapping key, ...) an error. ``--fit`` writes a complete,
 runnable config of the capture's loop (:mod:`simwar.fit.from_capture`): ``simwar run fitted.yaml``
-reproduces it, ``--set`` asks what-if questions of it. ``--check`` simulates a
+reproduces it, ``--set`` asks what-if questions of it; its host times are net of the
+profiler's own cost, counted per event (:mod:`simwar.fit.profiler_cost`; ``--keep-profiler-cost``
+keeps it). ``--check`` simulates a
 fitted config (with ``--set`` overrides, e.g. another barrier) and prints the
 capture and the simulation side by side with each figure's error, judged
 against the acceptance bounds (:mod:`simwar.fit.check`); it exits 1 when a
@@ -95,6 +97,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --fit: the loop's mean step time without the profiler (from the "
                         "server's own log): every device time is rescaled to meet it; or per "
                         "graph bucket (8=1682,16=1726,...): device and host time rescaled")
+    p.add_argument("--keep-profiler-cost", action="store_true",
+                   help="with --fit: keep the profiler's own host cost in the fitted host times "
+                        "(default: subtracted by the capture's event counts at the measured "
+                        "µs per event, docs/profiler-cost.md)")
     p.add_argument("--check", metavar="YAML",
                    help="simulate this fitted config and compare it with the capture (exit 1 "
                         "when step time, forward gap or launch-ahead misses its bound)")
@@ -138,6 +144,8 @@ def command(args) -> int:
         raise UserError("--policy applies to --fit")
     if args.unprofiled_step_us is not None and not args.fit:
         raise UserError("--unprofiled-step-us applies to --fit")
+    if args.keep_profiler_cost and not args.fit:
+        raise UserError("--keep-profiler-cost applies to --fit")
     unprofiled = None
     if args.unprofiled_step_us is not None:
         # lazy: start-up time of the CLI (the fit loads numpy and the simulator)
@@ -390,7 +398,8 @@ def _write_model(cap, args, path: Path):
 
     try:
         model = fit_model(cap, dist=args.dist, policy=args.policy, version=__version__,
-                          where=str(path), unprofiled_step_us=args.unprofiled)
+                          where=str(path), unprofiled_step_us=args.unprofiled,
+                          profiler_cost=not args.keep_profiler_cost)
     except FitError as e:
         raise UserError(str(e)) from None
     config = model.config

@@ -51,6 +51,8 @@ from simwar.fit.profiler import (
     rescale_buckets,
     rescale_to,
 )
+from simwar.fit.profiler_cost import KINDS as PROFILED_KINDS
+from simwar.fit.profiler_cost import CostTable, ProfilerCost, for_capture
 from simwar.fit.samples import COST_DEFAULTS, Samples, sample_cpu_work, sample_device_and_costs
 
 #: steps of a fitted config, and its warm-up
@@ -105,7 +107,8 @@ def batches_csv(batches: list[int]) -> str:
 def fit_model(cap: Capture, *, capture: str = "",
               mapping_name: str = "", dist: str = "best", policy: str | None = None,
               steps: int = FIT_STEPS, warmup: int = FIT_WARMUP, version: str = "",
-              where: str = "", unprofiled_step_us: float | dict | None = None) -> ModelFit:
+              where: str = "", unprofiled_step_us: float | dict | None = None,
+              profiler_cost: CostTable | str | bool | None = True) -> ModelFit:
     """The whole loop of an opened capture (a :class:`simwar.capture.open.Capture`) as a
     config.
 
@@ -113,7 +116,11 @@ def fit_model(cap: Capture, *, capture: str = "",
     file and mapping file), ``where`` the name errors start with (default: ``capture``).
     ``unprofiled_step_us``: rescale the device time to this mean step time, or device and
     host time to these per-bucket step times (``{bucket: µs}``:
-    :func:`simwar.fit.profiler.rescale_buckets`). A capture bound by other means (a
+    :func:`simwar.fit.profiler.rescale_buckets`). ``profiler_cost``: True (the default)
+    subtracts the profiler's own host cost by the capture's event counts with the shipped
+    table (:mod:`simwar.fit.profiler_cost`), a :class:`~simwar.fit.profiler_cost.CostTable`
+    or a table file with that one; False or None keeps it (``--keep-profiler-cost``: the fit
+    of the capture's host times as they stand). A capture bound by other means (a
     :class:`simwar.capture.to_trace.KinetoImport` and its mapping) is finished with
     :func:`simwar.capture.open.finish_capture` first.
     """
@@ -170,10 +177,14 @@ def fit_model(cap: Capture, *, capture: str = "",
             warnings.append(f"--policy {policy} not used: the capture shows {pol.barrier} "
                             f"({pol.evidence})")
 
+    prof = None
+    if profiler_cost is not None and profiler_cost is not False:
+        prof = for_capture(imp, None if profiler_cost is True else profiler_cost)
     s = Samples()
-    graph_cost = sample_device_and_costs(trace, lays, names, mapping, s)
+    graph_cost = sample_device_and_costs(trace, lays, names, mapping, s, prof)
     cfg = _config(trace, lays, roles, names, mapping, pol, steps, warmup, capture)
-    cpu_notes = sample_cpu_work(trace, imp, lays, mapping, names, cfg, s, graph_cost, warnings)
+    cpu_notes = sample_cpu_work(trace, imp, lays, mapping, names, cfg, s, graph_cost, warnings,
+                                prof)
     details: dict[str, dict] = {}
     if graph_cost["cost"]:  # the cheapest graph's launches sample costs.graph_launch_us
         cheapest = min(graph_cost["cost"], key=lambda i: float(np.mean(graph_cost["cost"][i])))
@@ -203,10 +214,32 @@ def fit_model(cap: Capture, *, capture: str = "",
                             f"table; see the fitted file's header)")
     header = _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost,
                      cpu_notes, capture, mapping_name, version, warm, mapping)
+    header.append(profiler_cost_line(prof, lays))
     header += _sized_header(sizes, fits, left_out, set(all_lays), warm, (scale, host_scale),
                             unprofiled_step_us, cfg.get("workload"))
     return ModelFit(cfg, header, details, pol, roles, warnings, sizes, fits, left_out, scale,
                     host_scale)
+
+
+def profiler_cost_line(prof: ProfilerCost | None, lays) -> str:
+    """The header's line on the profiler's own host cost: what was subtracted (events
+    counted per fitted step, µs per step), or that it was kept."""
+    if prof is None:
+        return ("Profiler cost kept (--keep-profiler-cost): host times are the profiled "
+                "run's as captured.")
+    if not prof.times:
+        return ("Profiler cost: none subtracted (no profiler-recorded events in the import: "
+                "the capture says it was not profiled, e.g. a simulation written as one).")
+    n = len(lays)
+    counts: Counter = Counter()
+    for lay in lays.values():
+        counts.update(prof.counts(lay.start, lay.end))
+    removed = sum(prof.us(lay.start, lay.end) for lay in lays.values()) / max(n, 1)
+    per = ", ".join(f"{k} {counts[k] / max(n, 1):.1f}" for k in PROFILED_KINDS if counts[k])
+    return (f"Profiler cost subtracted from host times: per fitted step the profiler recorded "
+            f"{per or 'no events'} on the host thread, {removed:.1f} µs at the measured µs "
+            f"per event ({prof.table.describe()}, docs/profiler-cost.md), taken out of the "
+            f"host durations that hold them, never below zero; --keep-profiler-cost keeps it.")
 
 
 def _regex_reads(imp, mapping: Mapping, names: list[str]) -> Mapping:

@@ -199,7 +199,7 @@ def _syncs(syncs, fl, start, span_op, bound, ops, copy_lane, fwd, sched_calls, f
 
 
 # --------------------------------------------------------------------------- regions
-def regions(trace: Trace, lay: StepLayout) -> dict[str, float]:
+def regions(trace: Trace, lay: StepLayout, prof=None) -> dict[str, float]:
     """Host time per region of a step, synchronize calls left out.
 
     Layouts whose regions are compared must share their :meth:`StepLayout.signature`.
@@ -209,7 +209,9 @@ def regions(trace: Trace, lay: StepLayout) -> dict[str, float]:
     call → the post sync (or the result sync, or the step's end); ``tail2`` post sync end →
     result sync; ``P`` result sync → step end. Each value is the region's length less the
     length of every synchronize call inside it (their blocking is the simulation's to
-    reproduce; their own cost is the same in a capture and its model).
+    reproduce; their own cost is the same in a capture and its model). ``prof`` (a
+    :class:`simwar.fit.profiler_cost.ProfilerCost`): each value also less the profiler's own
+    host cost in the region outside those syncs, never below zero.
     """
     spans = trace.spans
     s0, e0 = spans.start_us, spans.end_us
@@ -236,7 +238,12 @@ def regions(trace: Trace, lay: StepLayout) -> dict[str, float]:
         if name.startswith("__"):
             continue
         inside = sum(max(0.0, min(b, y) - max(a, x)) for x, y in sync_iv)
-        out[name] = out.get(name, 0.0) + (b - a) - inside
+        value = (b - a) - inside
+        if prof is not None:
+            cut = prof.us(a, b) - sum(prof.us(max(a, x), min(b, y)) for x, y in sync_iv
+                                      if y > a and x < b)
+            value -= min(max(cut, 0.0), max(value, 0.0))
+        out[name] = out.get(name, 0.0) + value
     return out
 
 

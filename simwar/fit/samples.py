@@ -31,6 +31,12 @@ Per measured step (:class:`simwar.fit.layout.StepLayout`), into :class:`Samples`
   ``phases.NAME.host_us``, forward → result sync → ``cpu.post_launch_us``, result
   sync → step end → ``cpu.process_result_us``.
 
+**The profiler's own cost**: given a :class:`simwar.fit.profiler_cost.ProfilerCost`
+(``prof``, the fit's default), every host duration read here (each API call's cost but
+``sync_wake_us``, a device-side latency; each region; each mapped range) is less the
+events the profiler recorded in it times their measured cost, never below zero; without
+one (``--keep-profiler-cost``) every figure is the capture's as it stands.
+
 Imports: numpy, the standard library and simwar (the simulation of the fitted
 loop with no CPU work runs the simulator).
 """
@@ -83,9 +89,12 @@ class Samples(dict):
         return float(np.mean(v)) if v else default
 
 
-def sample_device_and_costs(trace: Trace, lays, names, mapping: Mapping, s: Samples) -> dict:
+def sample_device_and_costs(trace: Trace, lays, names, mapping: Mapping, s: Samples,
+                            prof=None) -> dict:
     """Device time per unit and stream, host costs per call kind; per-graph launch costs:
-    ``{"cost": {unit: [µs per step]}, "nodes": {unit: [graph nodes per step]}}``."""
+    ``{"cost": {unit: [µs per step]}, "nodes": {unit: [graph nodes per step]}}``. ``prof``
+    (a :class:`simwar.fit.profiler_cost.ProfilerCost`): every host cost less the profiler's
+    own in its call (:func:`_span_us`)."""
     ops, spans = trace.ops, trace.spans
     graph_cost: dict[int, list[float]] = {}
     graph_nodes: dict[int, list[int]] = {}
@@ -108,8 +117,7 @@ def sample_device_and_costs(trace: Trace, lays, names, mapping: Mapping, s: Samp
                 if reads and rest:  # a reading graph re-reads in its first node
                     prep = float(ops.end_us[rest[0]] - ops.start_us[rest[0]])
                     body -= prep
-                graph_cost.setdefault(i, []).append(float(spans.end_us[u.graph]
-                                                          - spans.start_us[u.graph]))
+                graph_cost.setdefault(i, []).append(_span_us(trace, u.graph, prof))
                 graph_nodes.setdefault(i, []).append(len(graph_ops))
             else:
                 lb = 0.0
@@ -132,13 +140,19 @@ def sample_device_and_costs(trace: Trace, lays, names, mapping: Mapping, s: Samp
             s.add("gpu.schedule_prep_us", 0.0, k)
         s.add("gpu.result_writes_us", work_us(trace, lay.result_ops), k)
         s.add("gpu.result_copy_us", work_us(trace, lay.copy_ops), k)
-    _call_costs(trace, lays, s)
-    _sync_costs(trace, lays, s)
+    _call_costs(trace, lays, s, prof)
+    _sync_costs(trace, lays, s, prof)
     _cross_stream(trace, lays, s)
     return {"cost": graph_cost, "nodes": graph_nodes}
 
 
-def _call_costs(trace: Trace, lays, s: Samples) -> None:
+def _span_us(trace: Trace, span: int, prof=None) -> float:
+    """A host call's length, less the profiler's own cost in it (with ``prof``)."""
+    a, b = float(trace.spans.start_us[span]), float(trace.spans.end_us[span])
+    return b - a if prof is None else prof.less(b - a, a, b)
+
+
+def _call_costs(trace: Trace, lays, s: Samples, prof=None) -> None:
     """Host cost per call kind over the measured steps. A record immediately followed by
     a stream wait (what torch's ``wait_stream`` issues: a fresh event, recorded and waited
     on) is one ``wait_stream_us`` sample, from the record's start to the wait's end."""
@@ -152,11 +166,13 @@ def _call_costs(trace: Trace, lays, s: Samples) -> None:
             if spans.call[a] == Call.RECORD and spans.call[b] == Call.WAIT_EVENT \
                     and a not in paired and _binds(trace, b, a):
                 paired.update((a, b))
-                s.add("costs.wait_stream_us", float(spans.end_us[b] - spans.start_us[a]), k)
+                t0, t1 = float(spans.start_us[a]), float(spans.end_us[b])
+                s.add("costs.wait_stream_us",
+                      t1 - t0 if prof is None else prof.less(t1 - t0, t0, t1), k)
         for c in calls:
             key = kinds.get(Call(int(spans.call[c])))
             if key is not None and c not in paired:
-                s.add(key, float(spans.end_us[c] - spans.start_us[c]), k)
+                s.add(key, _span_us(trace, c, prof), k)
 
 
 def _binds(trace: Trace, wait_call: int, record_call: int) -> bool:
@@ -186,9 +202,11 @@ def _wait_counts(trace: Trace) -> dict[int, int]:
     return counts
 
 
-def _sync_costs(trace: Trace, lays, s: Samples) -> None:
+def _sync_costs(trace: Trace, lays, s: Samples, prof=None) -> None:
     """``sync_us`` (syncs that did not block), ``sync_wake_us`` (those that did): from the
-    record each sync bound to, else from the previous step's result copy it waited for."""
+    record each sync bound to, else from the previous step's result copy it waited for.
+    ``prof``: ``sync_us`` less the profiler's cost in the call; ``sync_wake_us`` is a
+    device-side latency (the wake after the device fired) and is kept."""
     ops, spans = trace.ops, trace.spans
     for k, lay in lays.items():
         for sp in lay.syncs:
@@ -202,7 +220,8 @@ def _sync_costs(trace: Trace, lays, s: Samples) -> None:
             if fired is None:
                 continue
             if fired <= start:
-                s.add("costs.sync_us", end - start, k)
+                s.add("costs.sync_us", end - start if prof is None
+                      else prof.less(end - start, start, end), k)
             elif end >= fired:
                 s.add("costs.sync_wake_us", end - fired, k)
 
@@ -265,12 +284,14 @@ def _constant_costs(s: Samples, graph_cost) -> dict:
 
 
 def sample_cpu_work(trace, imp, lays, mapping: Mapping, names, cfg, s: Samples, graph_cost,
-                    warnings) -> dict:
+                    warnings, prof=None) -> dict:
     """CPU work per step: each region's host time less the fitted loop's own API calls.
 
     ``cfg`` is the fitted config so far (its device times and costs still unfitted: their
     per-step means are taken from ``s``); returns, per CPU item, the mapped and residual
-    µs per step the header reports.
+    µs per step the header reports. ``prof`` (a
+    :class:`simwar.fit.profiler_cost.ProfilerCost`): every region and mapped range less the
+    profiler's own host cost in it (the API calls' costs in ``s`` are already net of it).
     """
     costs = _constant_costs(s, graph_cost)
     base = {**cfg, "costs": costs, "steps": 8, "warmup_steps": 0, "name": "zero-cpu"}
@@ -297,21 +318,20 @@ def sample_cpu_work(trace, imp, lays, mapping: Mapping, names, cfg, s: Samples, 
     mapped_items = set(mapping.cpu.values())
     notes: dict[str, dict[str, list[float]]] = {}
     clipped = Counter()
-    spans = trace.spans
     n_units = len(names)
     for k, lay in lays.items():
-        cap = regions(trace, lay)
+        cap = regions(trace, lay, prof)
         cpu = _merge(cap, dict(model_r))
         # a costlier graph launch: its extra host time goes before it (where the device
         # waits for it), out of the region that holds the launch
         for i, u in enumerate(lay.units):
             if u.graph is None:
                 continue
-            extra = float(spans.end_us[u.graph] - spans.start_us[u.graph]) - graph_mean
+            extra = _span_us(trace, u.graph, prof) - graph_mean
             holder = f"host_{i + 1}" if i + 1 < n_units else "tail"
             cpu[f"host_{i}"] = cpu.get(f"host_{i}", 0.0) + extra
             cpu[holder] = cpu.get(holder, 0.0) - extra
-        nets = _mapped_nets(trace, imp, lay, rules)
+        nets = _mapped_nets(trace, imp, lay, rules, prof)
         items = {it: 0.0 for it in (*CPU_ITEMS, "post_launch")}
         host = [0.0] * n_units
         for region, value in cpu.items():
@@ -375,9 +395,10 @@ def _merge(cap: dict, model: dict) -> dict:
     return {r: cap[r] - model.get(r, 0.0) for r in cap}
 
 
-def _mapped_nets(trace: Trace, imp, lay: StepLayout, rules) -> dict[str, float]:
+def _mapped_nets(trace: Trace, imp, lay: StepLayout, rules, prof=None) -> dict[str, float]:
     """Per CPU item: the step's mapped ranges, net of the API calls (and blocking) and of
-    other mapped ranges inside them, clipped to the item's region."""
+    other mapped ranges inside them, clipped to the item's region; with ``prof``, also net
+    of the profiler's own cost in what is left (the events outside those calls and ranges)."""
     if not rules:
         return {}
     spans = trace.spans
@@ -406,8 +427,23 @@ def _mapped_nets(trace: Trace, imp, lay: StepLayout, rules) -> dict[str, float]:
             continue
         inner = calls + [(x, y) for x, y, it in mapped if (x, y, it) != (a, b, item)
                          and x >= a and y <= b]
-        out[item] = out.get(item, 0.0) + (b2 - a2) - _covered(inner, a2, b2)
+        net = (b2 - a2) - _covered(inner, a2, b2)
+        if prof is not None:
+            cut = prof.us(a2, b2) - sum(prof.us(x, y) for x, y in _merged(inner, a2, b2))
+            net -= min(max(cut, 0.0), max(net, 0.0))
+        out[item] = out.get(item, 0.0) + net
     return out
+
+
+def _merged(intervals, lo: float, hi: float) -> list[tuple[float, float]]:
+    """``intervals`` clipped to ``[lo, hi]`` and merged where they overlap."""
+    out: list[list[float]] = []
+    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 def _covered(intervals, lo: float, hi: float) -> float:
