@@ -18,7 +18,7 @@ another simwar source tree, e.g. one exported with ``git archive 9ad16a6 | tar -
   machine; wall time is printed too): steps/s of each and their ratio.
 - ``ranks``: as ``ratio``, on the tensor-parallel ``configs/tp2_slow_rank.yaml`` (two
   ranks): the SimPy engine against the ranks' one pass (``engine: fast``,
-  :mod:`simwar.executors.onepass_ranks`), end to end (each rank's Trace, table, races; the
+  :mod:`simwar.executors.fast.ranks`), end to end (each rank's Trace, table, races; the
   ranks' summary).
 - ``rss``: ``simwar run configs/dspark_fine.yaml --set steps=N --json`` in a fresh process
   each: wall, CPU and peak RSS (``ru_maxrss``).

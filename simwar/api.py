@@ -37,7 +37,8 @@ from simwar.config.clipping import clipping_warnings
 from simwar.core.collector import gc_paused
 from simwar.core.program import Program
 from simwar.core.ranks import side_by_side
-from simwar.executors import fast, lockstep, onepass_ranks
+from simwar.executors import fast, lockstep
+from simwar.executors.fast import ranks as fast_ranks
 
 #: realized arrivals sequences kept, by the config's content (realizing one runs the config)
 SIZES_CACHE_LIMIT = 8
@@ -399,7 +400,7 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None) -> Result:
 def _simulate_ranks(cfg: Config, engine: str, requested: str, progress=None) -> Result:
     """A tensor-parallel run: every rank's loop, coupled, on the SimPy engine
     (:mod:`simwar.executors.ranks`) or, for ``engine`` ``fast``, in one pass per rank
-    (:mod:`simwar.executors.onepass_ranks`: the same Traces; ranks whose collectives it
+    (:mod:`simwar.executors.fast.ranks`: the same Traces; ranks whose collectives it
     cannot follow run on the SimPy engine). The summary is rank 0's keys plus the ranks'
     (:func:`simwar.analysis.ranks.rank_summary`); ``Result.ranks`` holds each rank's
     summary, per-step table, races and Trace; ``Result.trace`` is rank 0's (as the summary's
@@ -409,8 +410,8 @@ def _simulate_ranks(cfg: Config, engine: str, requested: str, progress=None) -> 
     events = 0
     if engine == "fast":
         try:
-            traces = onepass_ranks.run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
-        except onepass_ranks.Unfollowable:  # the reference decides (its answer or deadlock)
+            traces = fast_ranks.run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
+        except fast_ranks.Unfollowable:  # the reference decides (its answer or deadlock)
             engine = "simpy"
     if traces is None:
         from simwar.executors.ranks import run_ranks  # lazy: simpy, for this engine only

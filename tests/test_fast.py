@@ -139,7 +139,7 @@ def test_the_one_pass_plans_refuse_tensor_parallel_ranks(path):
     with pytest.raises(ConfigError, match=r"^the one-pass plans and trace mode run one rank; "
                                           r"parallel.tp 2 runs its ranks through simulate"):
         fast.run_config(cfg, resolve_sizes(cfg))
-    # simulate runs them in one pass per rank (executors/onepass_ranks.py)
+    # simulate runs them in one pass per rank (executors/fast/ranks.py)
     assert simwar.simulate(cfg, engine="fast").engine == simwar.simulate(cfg).engine == "fast"
 
 

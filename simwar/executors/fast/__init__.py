@@ -99,7 +99,7 @@ from simwar.executors.fast.plan import plan_config, plan_program
 
 def one_rank(cfg) -> None:
     """Tensor-parallel ranks are not this executor's plans (their coupling needs every rank's
-    stream state at each collective; :mod:`simwar.executors.onepass_ranks` runs them, one
+    stream state at each collective; :mod:`simwar.executors.fast.ranks` runs them, one
     pass per rank): refused with one line rather than run as one rank."""
     if cfg.tp > 1:
         raise ConfigError(f"the one-pass plans and trace mode run one rank; parallel.tp "
