@@ -97,7 +97,9 @@ class Group:
     def arrive(self, env, key: tuple[int, int], j: Join, rank: int, t: float):
         """Rank ``rank`` arrives at ``j`` at ``t``; the event to wait on (None: all are in,
         and the instance is forgotten: each rank holds it until it read the last arrival)."""
-        if j.arrive(rank, t):
+        j.times[rank] = t
+        j.arrived += 1
+        if j.arrived == self.n:
             del self.joins[key]
             if j.waiting is not None:
                 j.waiting.succeed()
@@ -181,7 +183,7 @@ class SimPyStreams:
                 wait_all = group.arrive(env, key, j, rank, start)
                 if wait_all is not None:
                     yield wait_all
-                free = j.last() + latency
+                free = max(j.times) + latency
                 op_start[op_id] = start
                 op_end[op_id] = free
                 if free > env.now:
@@ -206,7 +208,12 @@ class SimPyStreams:
 
     # ------------------------------------------------------------------ the host's calls
     def kernel(self, lane: str, op_id: int, ready: float, duration_us: float) -> None:
-        self._enqueue(lane, (_KERNEL, ready, op_id, duration_us, 0.0))
+        # the most frequent call: _enqueue written out
+        s = self.streams.get(lane) or self.stream(lane)
+        s.queue.append((_KERNEL, ready, op_id, duration_us, 0.0))
+        if s.wake is not None:
+            wake, s.wake = s.wake, None
+            wake.succeed()
 
     def record(self, lane: str, op_id: int, ready: float) -> _Rec:
         r = _Rec(lane)
@@ -251,7 +258,7 @@ class SimPyStreams:
         wait_all = group.arrive(env, key, j, self.rank, arrival)
         if wait_all is not None:
             yield wait_all
-        return j.last()
+        return max(j.times)
 
     def end(self, t: float):
         env = self.env

@@ -206,9 +206,13 @@ def walk(program: Program, rec: Recorder, device: Device, collectives: list,
 
 
 class Join:
-    """One collective instance across ``n`` ranks: each rank's arrival (by rank; None until
-    it arrives), how many are in, and what the early ranks wait on (the device's: a SimPy
-    event, or the ranks stopped)."""
+    """One collective instance across ranks: each rank's arrival (by rank; None until it
+    arrives), how many are in, and what the early ranks wait on (the device's: a SimPy
+    event, or the ranks stopped). Once all are in, the instance's time is the last arrival,
+    ``max(times)``: taken in rank order whatever the arrival order, the same value, since
+    arrivals are never NaN nor -0.0 (sums of times from 0.0), on which alone ``max``
+    depends on order. (The devices read the fields directly: a collective is on their hot
+    path.)"""
 
     __slots__ = ("times", "arrived", "waiting")
 
@@ -216,18 +220,6 @@ class Join:
         self.times: list[float | None] = [None] * n
         self.arrived = 0
         self.waiting: object = None
-
-    def arrive(self, rank: int, time: float) -> bool:
-        """Rank ``rank`` arrives at ``time``: whether it is the last."""
-        self.times[rank] = time
-        self.arrived += 1
-        return self.arrived == len(self.times)
-
-    def last(self) -> float:
-        """The last arrival (once all are in). Taken in rank order whatever the arrival
-        order: the same value, since arrivals are never NaN nor -0.0 (sums of times from
-        0.0), on which alone ``max`` depends on order."""
-        return max(self.times)
 
     def missing(self) -> list[int]:
         """The ranks that have not arrived."""

@@ -1,4 +1,5 @@
-"""The one-pass executor: a Program's per-step table, summary and races without SimPy.
+"""The fast executor (``engine="fast"``): a Program's per-step table, summary and races in one
+pass, without SimPy.
 
 Once durations are drawn the schedule is deterministic, and the host's issue order is a
 valid evaluation order (every input of an operation was issued before it). So one pass

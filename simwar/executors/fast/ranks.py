@@ -18,7 +18,7 @@ every rank is one instance, the k-th device collective another, as in
   plus its own duration.
 
 Every time is computed by the same operations on the same values as in the engine (``max``
-over the same arrivals, :meth:`~simwar.executors.host_loop.Join.last`; the same additions
+over the same arrivals, :class:`~simwar.executors.host_loop.Join`; the same additions
 in the same order), so the Traces are the engine's, not close: op and span ids come from a
 :class:`~simwar.core.recorder.Recorder` per rank fed in the rank's host order by the same
 walk, and ``meta["collectives"]`` is appended in the same order
@@ -103,7 +103,9 @@ class StreamTails:
         if j is None:
             j = table[index] = Join(self.n)
             j.waiting = []
-        if j.arrive(self.rank, time):
+        j.times[self.rank] = time
+        j.arrived += 1
+        if j.arrived == self.n:
             del table[index]
             self.ready.extend(j.waiting)
         else:
@@ -114,7 +116,7 @@ class StreamTails:
         j = self._arrive(self.host_joins, index, arrival)
         if j.arrived < self.n:
             yield
-        return j.last()
+        return max(j.times)
 
     def collective(self, lane: str, op_id: int, ready: float, duration_us: float,
                    index: int):
@@ -122,7 +124,7 @@ class StreamTails:
         j = self._arrive(self.device_joins, index, start)
         if j.arrived < self.n:
             yield
-        self.free[lane] = end = j.last() + duration_us
+        self.free[lane] = end = max(j.times) + duration_us
         self.op_start[op_id] = start
         self.op_end[op_id] = end
 
