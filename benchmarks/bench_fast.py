@@ -1,4 +1,4 @@
-"""The one-pass executor against the SimPy engine: speed, memory, sweeps, sketch error.
+"""The fast executor against the SimPy engine: speed, memory, sweeps, sketch error.
 
     python benchmarks/bench_fast.py ratio     [--steps 20000] [--repeat 5]
     python benchmarks/bench_fast.py ranks     [--steps 5000] [--repeat 3]
@@ -17,8 +17,8 @@ another simwar source tree, e.g. one exported with ``git archive 9ad16a6 | tar -
   process**, best of ``--repeat``, process CPU time (robust to other load on a shared
   machine; wall time is printed too): steps/s of each and their ratio.
 - ``ranks``: as ``ratio``, on the tensor-parallel ``configs/tp2_slow_rank.yaml`` (two
-  ranks): the SimPy engine against the ranks' one pass (``engine: fast``,
-  :mod:`simwar.executors.onepass_ranks`), end to end (each rank's Trace, table, races; the
+  ranks): the SimPy engine against the fast executor's ranks (``engine: fast``,
+  :mod:`simwar.executors.fast.ranks`), end to end (each rank's Trace, table, races; the
   ranks' summary).
 - ``rss``: ``simwar run configs/dspark_fine.yaml --set steps=N --json`` in a fresh process
   each: wall, CPU and peak RSS (``ru_maxrss``).

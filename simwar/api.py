@@ -1,7 +1,7 @@
 """The Python API: ``simulate(config) -> Result``, ``build_program(config) -> Program``.
 
 The one place that orders the pipeline: config → per-step sizes (:func:`resolve_sizes`:
-drawn, then, for arrivals, realized by a run of the one-pass executor, which is then the
+drawn, then, for arrivals, realized by a run of the fast executor, which is then the
 ``fast`` executor's run) → builder → executor →
 per-step table, summary and races. Every executor gives the same table, summary and races
 (tests hold them equal on every shipped config and on random programs); the ``engine=``
@@ -9,7 +9,7 @@ argument (the config's ``engine:``) names one:
 
 - ``simpy``: the reference (:mod:`simwar.executors.engine`); builds the Program and keeps the
   full :class:`~simwar.core.trace.Trace` (timelines, Perfetto, the GPU harness's comparisons);
-- ``fast``: the one-pass executor (:mod:`simwar.executors.fast`); no Program of a million
+- ``fast``: the fast executor (:mod:`simwar.executors.fast`); no Program of a million
   objects, no trace, 30-100x quicker, memory that grows only with the per-step table;
 - ``auto`` (the default, also the config's ``engine:`` default): ``fast``; the trace is
   simulated by the reference the first time ``Result.trace`` is read.
@@ -46,8 +46,9 @@ from simwar.config.workload import REQUEST_SOURCES
 from simwar.core.collector import gc_paused
 from simwar.core.program import Program
 from simwar.core.ranks import side_by_side
-from simwar.executors import fast, lockstep, onepass_ranks
+from simwar.executors import fast, lockstep
 from simwar.executors.choice import EXECUTORS, Choice, choose, describe
+from simwar.executors.fast import ranks as fast_ranks
 from simwar.executors.fast.plan import Unsettled
 
 #: realized arrivals sequences kept, by the config's content (realizing one runs the config)
@@ -58,7 +59,7 @@ _sizes_cache: OrderedDict[str, StepSizes] = OrderedDict()
 def resolve_sizes(cfg: Config) -> StepSizes:
     """The run's per-step sizes (:mod:`simwar.builder.sizes`), arrivals realized.
 
-    An arrivals run's batches depend on simulated time: the one-pass executor runs the
+    An arrivals run's batches depend on simulated time: the fast executor runs the
     config, fixing each step's batch as it goes (:func:`simwar.executors.fast.realize`).
     That is computed once per config (cached by its content; the sizes returned are shared,
     not to be changed). Every other run's sizes are drawn afresh (cheap, and deterministic).
@@ -87,7 +88,7 @@ def _resolve(cfg: Config, summary_only: bool = False, progress=None):
 
 def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
                   chunk: int | None = None, margin: int = 0):
-    """A config's run as a stream of Trace windows (the one-pass executor's trace mode,
+    """A config's run as a stream of Trace windows (the fast executor's trace mode,
     :func:`simwar.executors.fast.trace.windows`): ``(windows, lanes, meta)``, the windows
     an iterator that simulates as it is read. Memory is one window, whatever the run's
     length; ``steps`` (A, B): only the windows holding steps A..B. Raises
@@ -432,7 +433,7 @@ def _simulate_simpy(cfg: Config, requested: str, progress=None, refused=()) -> R
 def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) -> Result:
     """A tensor-parallel run: every rank's loop, coupled, on the ``simpy`` executor
     (:mod:`simwar.executors.ranks`) or, ``fast`` chosen, in one pass per rank
-    (:mod:`simwar.executors.onepass_ranks`: the same Traces; ranks whose collectives it
+    (:mod:`simwar.executors.fast.ranks`: the same Traces; ranks whose collectives it
     cannot follow fall back to ``simpy``, the reason recorded). The summary is rank 0's
     keys plus the ranks' (:func:`simwar.analysis.ranks.rank_summary`); ``Result.ranks``
     holds each rank's summary, per-step table, races and Trace; ``Result.trace`` is rank
@@ -442,8 +443,8 @@ def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) 
     events = 0
     if choice.name == "fast":
         try:
-            traces = onepass_ranks.run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
-        except onepass_ranks.Unfollowable as signal:  # the reference: its answer or deadlock
+            traces = fast_ranks.run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
+        except fast_ranks.Unfollowable as signal:  # the reference: its answer or deadlock
             choice = choice.fell_back(signal)
     if traces is None:
         from simwar.executors.ranks import run_ranks  # lazy: simpy, for this executor only

@@ -97,7 +97,7 @@ def entry(path: Path, variant: str) -> dict:
 
     overrides = {**VARIANTS, **EXTRA.get(path.stem, {})}[variant]
     out = {}
-    # tensor-parallel ranks: the fast engine is their one pass (executors/onepass_ranks.py)
+    # tensor-parallel ranks: the fast engine is their one pass (executors/fast/ranks.py)
     for engine in ("fast", "simpy"):
         r = simwar.simulate(str(path), overrides, engine=engine)
         out[engine] = {"summary": _plain(r.summary), "steps": digest_frame(r.steps),

@@ -1,6 +1,6 @@
 """Random valid Programs for the tests: one Hypothesis strategy, :func:`programs`.
 
-Every executor is held to these programs: the SimPy engine, the one-pass executor, the
+Every executor is held to these programs: the SimPy engine, the fast executor, the
 fake-backend replay of the GPU harness, the race detector and CSAN's handler. A program
 draws 1-5 streams (the first named ``forward``, so the harness's timing points and the
 metrics' forward are exercised) and 1-3 shared buffers, then up to ``max_ops`` operations
@@ -17,7 +17,7 @@ The variants, by parameter:
 - ``max_steps=1``: a single step (the step draws do nothing);
 - ``graphs=False``: no graph launches, every kernel eager;
 - ``irregular``: also what only a hand-made program does, which the SimPy engine and the
-  one-pass executor must still get right: ops labelled with a neighbouring step, step
+  fast executor must still get right: ops labelled with a neighbouring step, step
   markers skipped or off by one or more, a record before the first marker, and a graph
   name relaunched with other nodes (whose record nodes may repeat an event). The harness
   cannot replay the last (it captures a graph once, from its first launch);

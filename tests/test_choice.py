@@ -24,8 +24,9 @@ from simwar.builder.template import NotTraceable
 from simwar.cli.app import main
 from simwar.config import ConfigError, load_config
 from simwar.core.refusals import PlanRefused
-from simwar.executors import fast, onepass_ranks
+from simwar.executors import fast
 from simwar.executors.choice import EXECUTORS, describe
+from simwar.executors.fast import ranks as fast_ranks
 from simwar.executors.fast.execute import marks_results
 from simwar.executors.fast.plan import Unsettled
 from simwar.executors.fast.trace import TraceUnsupported
@@ -46,7 +47,7 @@ def test_choose_on_the_shipped_configs(path):
     cfg = load_config(path, SHORT)
     ranks = cfg.tp > 1
     tp_reason = f"parallel.tp {cfg.tp}: its plans are of one rank"
-    # one run: the one-pass executor (per rank for ranks), nothing refused
+    # one run: the fast executor (per rank for ranks), nothing refused
     run = choose(cfg)
     assert (run.name, run.refused) == ("fast", ())
     assert run.key == ("ranks" if ranks else "fast")
@@ -137,9 +138,9 @@ def test_ranks_one_pass_cannot_follow_fall_back_with_the_reason(monkeypatch):
     reference = simulate(cfg, engine="simpy")
 
     def unfollowable(programs, progress=None):
-        raise onepass_ranks.Unfollowable("2 rank(s) stopped at a collective")
+        raise fast_ranks.Unfollowable("2 rank(s) stopped at a collective")
 
-    monkeypatch.setattr(onepass_ranks, "run_ranks", unfollowable)
+    monkeypatch.setattr(fast_ranks, "run_ranks", unfollowable)
     got = simulate(cfg)
     assert got.engine == "simpy"
     assert got.refused == (("fast", "2 rank(s) stopped at a collective"),)
@@ -179,7 +180,7 @@ def test_explain_falls_back_when_the_trace_mode_refuses(monkeypatch):
     assert asked == ["simpy"]
 
 
-@pytest.mark.parametrize("where", ["fast.plan_config", "onepass_ranks.run_ranks",
+@pytest.mark.parametrize("where", ["fast.plan_config", "fast_ranks.run_ranks",
                                    "api.traced", "lockstep.run_group"])
 def test_an_unrelated_error_while_planning_propagates(monkeypatch, where):
     """A bug raised while planning is not a refusal: it must not switch executors."""
@@ -189,10 +190,10 @@ def test_an_unrelated_error_while_planning_propagates(monkeypatch, where):
         raise RuntimeError("a bug in the planner")
 
     owner, name = where.split(".")
-    monkeypatch.setattr({"fast": fast, "onepass_ranks": onepass_ranks, "api": api,
+    monkeypatch.setattr({"fast": fast, "fast_ranks": fast_ranks, "api": api,
                          "lockstep": lockstep}[owner], name, bug)
     cfg = load_config(ROOT / "configs" / "tp2_slow_rank.yaml", SHORT) \
-        if owner == "onepass_ranks" else load_config(None, SHORT)
+        if owner == "fast_ranks" else load_config(None, SHORT)
     with pytest.raises(RuntimeError, match="a bug in the planner"):
         if owner in ("api", "lockstep"):
             simulate_many([cfg])
@@ -204,7 +205,7 @@ def test_an_unrelated_error_while_planning_propagates(monkeypatch, where):
 
 
 def test_the_planning_signals_are_refusals_not_runtime_errors():
-    for signal in (Unsettled, NotTraceable, TraceUnsupported, onepass_ranks.Unfollowable,
+    for signal in (Unsettled, NotTraceable, TraceUnsupported, fast_ranks.Unfollowable,
                    NotLockstep):
         assert issubclass(signal, PlanRefused) and not issubclass(signal, RuntimeError)
 

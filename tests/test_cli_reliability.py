@@ -413,7 +413,7 @@ def test_simulate_reports_each_step_to_a_progress_callback():
     result = simulate(None, short, engine="simpy", progress=seen.append)
     assert seen == sorted(seen) and seen[0] == 0 and seen[-1] >= 29
     assert result.summary == simulate(None, short).summary
-    # the one-pass executor (the default) reports each chunk of its pass, then the end
+    # the fast executor (the default) reports each chunk of its pass, then the end
     seen.clear()
     simulate(None, short, progress=seen.append)
     assert seen == sorted(seen) and seen[-1] == 30

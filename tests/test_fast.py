@@ -1,4 +1,4 @@
-"""The one-pass executor equals the SimPy engine, exactly.
+"""The fast executor equals the SimPy engine, exactly.
 
 "Equal" means: every column of the per-step table is bit for bit the same (``==``, NaN
 where NaN, same dtype), every summary key has the same value (floats ``==``), and the race
@@ -40,7 +40,7 @@ from simwar.executors.fast.plan import HOST_RECORDS, EventBinding, SyncBinding, 
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CONFIG_FILES = sorted(CONFIGS.glob("*.yaml"))
-#: tensor-parallel configs run on the SimPy engine only: the one-pass executor refuses them
+#: tensor-parallel configs run on the SimPy engine only: the fast executor refuses them
 #: (test_fast_refuses_tensor_parallel_ranks)
 RANKS = [p for p in CONFIG_FILES if load_config(p).tp > 1]
 ONE_RANK = [p for p in CONFIG_FILES if p not in RANKS]
@@ -140,7 +140,7 @@ def test_the_one_pass_plans_refuse_tensor_parallel_ranks(path):
     with pytest.raises(ConfigError, match=r"^the one-pass plans and trace mode run one rank; "
                                           r"parallel.tp 2 runs its ranks through simulate"):
         fast.run_config(cfg, resolve_sizes(cfg))
-    # simulate runs them in one pass per rank (executors/onepass_ranks.py)
+    # simulate runs them in one pass per rank (executors/fast/ranks.py)
     assert simwar.simulate(cfg, engine="fast").engine == simwar.simulate(cfg).engine == "fast"
 
 
@@ -389,7 +389,7 @@ def test_cli_fast_engine_with_a_timeline_is_a_one_line_error(tmp_path):
 
 
 def test_cli_fast_engine_streams_its_trace_export(tmp_path):
-    # the export is the one-pass executor's trace mode: no SimPy run, no trace kept
+    # the export is the fast executor's trace mode: no SimPy run, no trace kept
     out = cli("run", "--engine", "fast", "--summary-only", "--trace", str(tmp_path / "t.json"),
               "--set", "steps=30", "--set", "warmup_steps=2")
     assert out.returncode == 0 and "executor fast" in out.stderr

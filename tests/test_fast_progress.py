@@ -1,4 +1,4 @@
-"""The one-pass executor reports its progress as it goes, not once at the end: after each chunk
+"""The fast executor reports its progress as it goes, not once at the end: after each chunk
 of its pass, a bounded amount of work (``benchmarks/bench_progress.py`` measures the time
 between two reports); ``simwar run`` draws those reports on its bar."""
 

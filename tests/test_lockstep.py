@@ -1,4 +1,4 @@
-"""Runs in lockstep give every run the one-pass executor's summary, bit for bit.
+"""Runs in lockstep give every run the fast executor's summary, bit for bit.
 
 Random grids (Hypothesis) over a random base config: every algorithm, barrier and
 placement, the plan stream, the seq_lens mirror; swept constants (zero and positive: a zero

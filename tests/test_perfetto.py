@@ -262,7 +262,7 @@ def test_the_export_holds_the_events_of_simwar_0_1s(name, over):
     trace = simulate(cfg, engine="simpy").trace
     want = canonical(reference(trace))
     assert canonical(chrome_trace(trace)) == want  # a whole Trace, one window
-    for chunk in (3, 16):  # the run streamed by the one-pass executor's trace mode
+    for chunk in (3, 16):  # the run streamed by the fast executor's trace mode
         assert canonical(streamed(cfg, chunk)) == want
 
 

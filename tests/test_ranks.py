@@ -150,7 +150,7 @@ def test_ranks_run_in_one_pass_a_trace_wanted_or_not():
     assert resolve_engine(None, cfg) == resolve_engine("auto", cfg) == "fast"
     # one pass per rank keeps every rank's Trace (the reference's, column for column)
     assert resolve_engine("auto", cfg, want_trace=True) == "fast"
-    # the one-pass executor's plans and trace mode still run one rank
+    # the fast executor's plans and trace mode still run one rank
     with pytest.raises(ConfigError, match="the one-pass plans and trace mode run one rank"):
         fast.run_config(cfg, resolve_sizes(cfg))
     # a sweep runs it alone, as simulate does (tests/test_ranks_fast.py: equal to the engine)

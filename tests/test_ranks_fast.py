@@ -1,4 +1,5 @@
-"""The ranks' one pass (executors/onepass_ranks.py) gives the SimPy engine's answers exactly.
+"""The fast executor's ranks (executors/fast/ranks.py, one pass per rank) give the SimPy
+engine's answers exactly.
 
 Every rank's Trace column by column (bit for bit, NaNs included), its per-step table and
 races, and the run's summary (rank 0's keys, the rank keys, the straggler and skew keys),
@@ -28,8 +29,8 @@ from simwar.core.program import (
     Program,
     StepMarker,
 )
-from simwar.executors import onepass_ranks
 from simwar.executors import ranks as simpy_ranks
+from simwar.executors.fast import ranks as fast_ranks
 
 SHIPPED = "configs/tp2_slow_rank.yaml"
 RANKS = sorted(Path("configs").glob("tp*.yaml"))
@@ -157,27 +158,27 @@ def _rank(host_us: float, body_us: float, wake_us: float = 0.0, collective: bool
 def test_hand_built_ranks_match_the_engine(wake):
     programs = [_rank(100.0, 50.0, wake), _rank(300.0, 80.0, wake), _rank(10.0, 500.0, wake)]
     ref, _ = simpy_ranks.run_ranks(programs)
-    for a, b in zip(ref, onepass_ranks.run_ranks(programs)):
+    for a, b in zip(ref, fast_ranks.run_ranks(programs)):
         assert_same_trace(a, b)
 
 
 def test_collectives_it_cannot_follow_are_left_to_the_engine():
     # a rank that never reaches a collective: the engine's deadlock decides
-    with pytest.raises(onepass_ranks.Unfollowable):
-        onepass_ranks.run_ranks([_rank(100.0, 50.0), _rank(100.0, 50.0, collective=False)])
+    with pytest.raises(fast_ranks.Unfollowable):
+        fast_ranks.run_ranks([_rank(100.0, 50.0), _rank(100.0, 50.0, collective=False)])
     with pytest.raises(simpy_ranks.Deadlock):
         simpy_ranks.run_ranks([_rank(100.0, 50.0), _rank(100.0, 50.0, collective=False)])
     # the same collectives issued in another order: the engine runs them, one pass cannot
     mixed = [_rank(100.0, 50.0), _rank(100.0, 50.0, host_first=False)]
-    with pytest.raises(onepass_ranks.Unfollowable):
-        onepass_ranks.run_ranks(mixed)
+    with pytest.raises(fast_ranks.Unfollowable):
+        fast_ranks.run_ranks(mixed)
     assert len(simpy_ranks.run_ranks(mixed)[0]) == 2
 
 
 def test_program_ops_are_read_once_per_rank():
     cfg = load_config(SHIPPED, SHORT)
     programs = rank_programs(cfg, resolve_sizes(cfg))
-    traces = onepass_ranks.run_ranks(programs)
+    traces = fast_ranks.run_ranks(programs)
     assert [t.meta["rank"] for t in traces] == [0, 1]
     assert all(len(t.meta["collectives"]["op"]) == 2 * 60 + 32 * 60 for t in traces)
 

@@ -1,4 +1,4 @@
-"""The one-pass executor's trace mode: its windows, put back together, are the SimPy
+"""The fast executor's trace mode: its windows, put back together, are the SimPy
 engine's Trace, column by column (text decoded), on every shipped config, stochastic and
 varying workloads, the policy variants and random programs."""
 

@@ -1,7 +1,7 @@
 """The critical path of a run streamed as Trace windows: :func:`critical_path_stream`.
 
 :func:`simwar.analysis.critical_path.critical_path` walks a whole Trace; a long run's
-Trace need not exist: the one-pass executor's trace mode streams it in windows
+Trace need not exist: the fast executor's trace mode streams it in windows
 (:func:`simwar.api.trace_windows`), and here each step's chains are walked in the window
 where its forward is complete, with the same :class:`~simwar.analysis.critical_path.Walker`
 and tallied in step order (:class:`~simwar.analysis.critical_path.CauseTally`), so the figures

@@ -160,7 +160,7 @@ def candidate_pairs(lane_of, kind_of, bound_of, acc_op, acc_buf, acc_mode, acc_s
     With ``clocks``, ``(i, j, latent, known)``: ``known`` is how many ops of ``i``'s lane
     happen-before ``j`` (``i``'s own op is that lane's op number ``known + 1`` or later when
     latent; 0: none), what a report names the missing edge by. Every executor's race list
-    comes from here (the trace's, the one-pass executor's per iteration shape, and a
+    comes from here (the trace's, the fast executor's per iteration shape, and a
     capture's, :mod:`simwar.analysis.happens_before`), so they cannot disagree on which
     pairs count.
 

@@ -272,7 +272,7 @@ def busy_in_windows(s: np.ndarray, e: np.ndarray, lo: np.ndarray, hi: np.ndarray
     Each interval's part inside a window, ``min(e, hi) - max(s, lo)``, is added to the
     window's total one by one in order of start (ties: given order), from 0. No prefix sums:
     a difference of two large running totals would lose the low digits of a long run, and
-    this order is the one a one-pass executor adds the same parts in, so both agree exactly.
+    this order is the one a fast executor adds the same parts in, so both agree exactly.
     Windows with NaN ``hi`` get NaN.
     """
     out = np.zeros(len(lo))
@@ -521,7 +521,7 @@ def hazard_counts(hazards, steps: np.ndarray) -> dict:
     else:
         lo, hi = int(steps.min()), int(steps.max())
     if hasattr(hazards, "counts") and hi - lo + 1 == len(steps):
-        # the one-pass executor's races, counted over a run of steps without a list
+        # the fast executor's races, counted over a run of steps without a list
         races, overlaps, race_steps = hazards.counts(lo, hi)
     else:
         if hasattr(hazards, "report"):  # steps with holes (hand-made programs): the list

@@ -10,7 +10,7 @@ the step's graph bucket. Two drawers:
   :class:`AffineTable`, laid out the same way;
 - :class:`Symbolic`: placeholders (:class:`Use`, :class:`Sum` for a host call's cost),
   recording each step-dependent use's context, for the iteration templates of
-  :func:`simwar.builder.loop.plan_iterations`, which the one-pass executor fills from the same
+  :func:`simwar.builder.loop.plan_iterations`, which the fast executor fills from the same
   arrays.
 
 Imports: numpy and :mod:`simwar.config`; nothing from executors or above.

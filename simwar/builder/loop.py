@@ -53,7 +53,7 @@ whose result is processed, see :func:`simwar.config.schema.duration_keys`) and w
 padded to the graph bucket; the symbolic build records that context per use, and
 :class:`~simwar.builder.draws.AffineTable` evaluates every use of the run at once, vectorised,
 into one array per duration in program order (its noise draws added), which the builder and
-the one-pass executor read as they read the draws.
+the fast executor read as they read the draws.
 The structure of an iteration never depends on the sizes: only numbers do (graph launches
 carry their size in their name, ``verify.graph@32``, which is not part of an iteration's
 shape).

@@ -35,7 +35,7 @@ time iteration k begins (its step marker: what arrived by then is admitted); if 
 running or waiting, the host waits for the next arrival there (a ``wait_requests`` CPU span).
 
 :func:`draw_sizes` leaves an arrivals run's batches at zero; :class:`ArrivalProcess` is
-the model that fixes them, and the one-pass executor realizes the sequence with it, in one
+the model that fixes them, and the fast executor realizes the sequence with it, in one
 pass over the run's own plan (:func:`simwar.executors.fast.realize`, called by
 :func:`simwar.api.resolve_sizes`): before iteration k it reads the host clock, fixes batch k
 (and the wait), and evaluates iteration k's durations; iteration k's ops only use the
@@ -43,7 +43,7 @@ batches of steps <= k, so nothing already run changes (that pass is the fast eng
 A request's finish step is known when it is admitted (its output less each step's accepted
 tokens, which do not depend on time), so a step costs its admissions, not its batch.
 The realized sequence is then a fixed per-step array like any other: the one Program every
-executor runs (the SimPy engine, the one-pass executor, the GPU harness) is built from it,
+executor runs (the SimPy engine, the fast executor, the GPU harness) is built from it,
 and it is exported in the per-step table (``batch_size``) and the program's
 ``meta.workload``. The same seed gives the same sequence.
 

@@ -8,7 +8,7 @@ after.
 and a zoom on the first forward-stream bubble) from the run's Trace: :func:`trace_options`
 names it, so that ``run`` picks an executor that keeps it. ``--trace`` writes Chrome trace-event
 JSON for Perfetto (:mod:`simwar.plots.perfetto`) as the run is simulated again in the
-one-pass executor's trace mode (:func:`simwar.api.trace_windows`): memory of one window,
+fast executor's trace mode (:func:`simwar.api.trace_windows`): memory of one window,
 whatever the run's length, the file written as it is produced (and nothing left of it
 after a failure or Ctrl-C); a run that kept its trace (``--engine simpy``, or a
 tensor-parallel run on any engine: its ranks side by side) exports that.

@@ -32,7 +32,7 @@ class StepName(str):
     ``StepName("verify.graph@{}", 7, "bucket", 32)``.
 
     It is the text itself (a ``str``: equal to, hashed and written as its text); the
-    template lets the one-pass executor's trace mode name step k's operations without
+    template lets the fast executor's trace mode name step k's operations without
     building them (:mod:`simwar.executors.fast.trace`). ``key`` says what fills the
     template: ``step`` (the step itself) or ``bucket`` (the step's graph bucket).
     """

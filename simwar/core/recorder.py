@@ -191,7 +191,7 @@ class Recorder:
 def assemble(spans: dict, ops: dict, accesses: dict, markers: dict, strings: list[str],
              meta: dict | None = None) -> Trace:
     """A Trace from its host spans and ops as recorded (the one rule for both recorders:
-    this one and the one-pass executor's trace mode, :mod:`simwar.executors.fast.trace`).
+    this one and the fast executor's trace mode, :mod:`simwar.executors.fast.trace`).
 
     ``spans``: the host spans' columns in issue order (their ``call`` and ``op`` filled);
     ``ops``: every op's columns in issue order, ``call`` indexing the host spans. The

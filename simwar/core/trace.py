@@ -407,7 +407,7 @@ class Trace:
 
 @dataclass(eq=False)
 class TraceWindow(Trace):
-    """A stretch of a run's Trace, as the one-pass executor's trace mode streams it
+    """A stretch of a run's Trace, as the fast executor's trace mode streams it
     (:mod:`simwar.executors.fast.trace`): the ops issued in a range of scheduler
     iterations (the *core*), after ``margin`` iterations before it for context, with
     everything they refer to, as a Trace of its own (ids are the window's rows).

@@ -5,12 +5,12 @@ bit for bit); they differ in what they keep, what they take and how fast they ar
 
 - ``simpy``: the reference (:mod:`simwar.executors.engine`; tensor-parallel ranks:
   :mod:`simwar.executors.ranks`), takes every config and keeps the whole Trace;
-- ``fast``: the one-pass executor (:mod:`simwar.executors.fast`), no Trace kept; for
-  tensor-parallel ranks its one pass per rank (:mod:`simwar.executors.onepass_ranks`),
+- ``fast``: the fast executor (:mod:`simwar.executors.fast`), no Trace kept; for
+  tensor-parallel ranks its one pass per rank (:mod:`simwar.executors.fast.ranks`),
   which keeps every rank's Trace;
 - ``lockstep``: a batch of runs that share their iteration shapes, run together
   (:mod:`simwar.executors.lockstep`; :func:`simwar.api.simulate_many`, sweeps);
-- the trace mode (key ``trace``): the one-pass executor's, a run as a stream of Trace
+- the trace mode (key ``trace``): the fast executor's, a run as a stream of Trace
   windows (:mod:`simwar.executors.fast.trace`; ``simwar explain``, ``run --trace``).
 
 Each entry of :data:`EXECUTORS` lists why it refuses a config: rules that return None or a
@@ -24,7 +24,7 @@ follow, a plan the lockstep pass cannot take, names the trace mode cannot make) 
 where a Result comes of the run (:meth:`Choice.fell_back`, ``Result.refused``). Any other
 exception propagates.
 
-Imports: the config, :mod:`simwar.core.refusals` and the one-pass executor's
+Imports: the config, :mod:`simwar.core.refusals` and the fast executor's
 ``marks_results`` (the lockstep plan rule reads a plan).
 """
 
@@ -96,7 +96,7 @@ class Executor:
         return None
 
 
-#: every executor, by the key :func:`choose` names it (``ranks``: the one-pass executor of
+#: every executor, by the key :func:`choose` names it (``ranks``: the fast executor of
 #: tensor-parallel ranks, reported as ``fast``)
 EXECUTORS = {
     "simpy": Executor("simpy", "the reference (SimPy); keeps the whole Trace"),
@@ -105,7 +105,7 @@ EXECUTORS = {
     "ranks": Executor("fast", "one pass per tensor-parallel rank; keeps every rank's Trace"),
     "lockstep": Executor("lockstep", "runs that share their iteration shapes, together",
                          (_one_rank, _own_feedback)),
-    "trace": Executor("trace mode", "the one-pass executor's trace mode: Trace windows "
+    "trace": Executor("trace mode", "the fast executor's trace mode: Trace windows "
                       "streamed", (_one_rank,)),
 }
 

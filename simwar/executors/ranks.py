@@ -42,7 +42,7 @@ def run_ranks(programs: list[Program], progress=None) -> tuple[list[Trace], int]
         env.run()
     if group.joins:
         (table, index), j = next(iter(group.joins.items()))
-        missing = sorted(set(range(group.n)) - set(j.times))
+        missing = j.missing()
         what = "device" if table else "host"
         raise Deadlock(f"the ranks stopped at {what} collective {index}: rank(s) "
                        f"{', '.join(map(str, missing))} never reached it (ranks must issue "

@@ -28,7 +28,7 @@ its own traces so that a simulated run can be opened next to a measured one:
 Every relation is looked up by id; nothing here parses a label.
 
 **Streaming.** :class:`ChromeTraceWriter` writes the events of one window of a Trace at a
-time (:class:`~simwar.core.trace.TraceWindow`, as the one-pass executor's trace mode
+time (:class:`~simwar.core.trace.TraceWindow`, as the fast executor's trace mode
 streams a run: :func:`write_run`), so a run of any length costs one window of memory and
 is written as it is produced; a whole Trace is one window (:func:`chrome_trace`,
 :func:`write_chrome_trace`). What carries from one window to the next is small: each

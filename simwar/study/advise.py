@@ -36,7 +36,7 @@ re-simulated at the config's own length with the reference executor, so the
 advised figures are the ones ``simwar run`` prints for the advised config.
 
 :func:`simulate_config` is the one place a candidate is simulated (the
-one-pass executor is used when :func:`simwar.api.simulate` offers it).
+fast executor is used when :func:`simwar.api.simulate` offers it).
 
 Imports: simwar's config, policies and api modules (numpy, pandas, simpy through them).
 """
@@ -327,7 +327,7 @@ def _publish_needs(phase, pos: str, in_graph: bool, new_phase: bool) -> str:
 def simulate_config(cfg: Config, fast: bool = True):
     """Simulate one candidate: the only simulate call of the search.
 
-    ``fast``: the one-pass executor; False (the confirming runs at full length): the
+    ``fast``: the fast executor; False (the confirming runs at full length): the
     config's own ``engine`` (both give the same results; the tests hold them equal).
     """
     return simulate(cfg, engine="fast" if fast else None)

@@ -1,4 +1,5 @@
-"""The one-pass executor: a Program's per-step table, summary and races without SimPy.
+"""The fast executor (``engine="fast"``): a Program's per-step table, summary and races in one
+pass, without SimPy.
 
 Once durations are drawn the schedule is deterministic, and the host's issue order is a
 valid evaluation order (every input of an operation was issued before it). So one pass
@@ -101,7 +102,7 @@ from simwar.executors.fast.plan import Unsettled, plan_config, plan_program
 
 def one_rank(cfg) -> None:
     """Tensor-parallel ranks are not this executor's plans (their coupling needs every rank's
-    stream state at each collective; :mod:`simwar.executors.onepass_ranks` runs them, one
+    stream state at each collective; :mod:`simwar.executors.fast.ranks` runs them, one
     pass per rank): refused with one line rather than run as one rank."""
     if cfg.tp > 1:
         raise ConfigError(f"the one-pass plans and trace mode run one rank; parallel.tp "

@@ -8,7 +8,7 @@ shape's host ops in order, each device op placed by :mod:`simwar.core.rules` (``
 no per-op objects. ``KS`` are the segments' step indices (relative to the state's origin),
 ``K`` the block's constant parameters, ``C`` its parameter columns, in slot order.
 
-**Two targets**, one text. The *scalar* target (the one-pass executor) runs one run: each
+**Two targets**, one text. The *scalar* target (the fast executor) runs one run: each
 variable (the host clock, a stream's tail, an op's start) is a float. The *array* target
 (:mod:`simwar.executors.lockstep`) runs many runs at once: each of those variables is an
 array of one element per run, each rule its form over arrays (``begins_many``,
@@ -69,7 +69,7 @@ class Target:
     zipped_columns: bool
 
 
-#: the one-pass executor's: floats
+#: the fast executor's: floats
 SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
                            "_returns": rules.returns}, True, True)
 #: the lockstep executor's: arrays of one element per run

@@ -495,7 +495,7 @@ def plan_program(program: Program) -> Plan:
     all_steps = [op.step for op in program.ops]
     lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0, 0)
     if hi - lo > 4 * len(all_steps) + 4096:
-        raise ValueError(f"steps {lo}..{hi} are too sparse for the one-pass executor (it "
+        raise ValueError(f"steps {lo}..{hi} are too sparse for the fast executor (it "
                          f"keeps one row per step in that range); use the simpy engine")
     return Plan(blocks, dict(program.meta), lo, hi, shaper.negative, shaper.offsets,
                 _sites(shapes), skeleton=[ops for _, ops in segs])

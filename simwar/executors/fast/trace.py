@@ -1,4 +1,4 @@
-"""The one-pass executor's trace mode: a run as a stream of Trace windows, equal to the engine's.
+"""The fast executor's trace mode: a run as a stream of Trace windows, equal to the engine's.
 
 A Trace costs ~2.5 KiB per step and the SimPy engine ~150 µs per step; an export or an
 explanation of a long run wants neither. Here the plan's blocks run compiled in trace mode
@@ -94,7 +94,7 @@ def _facts(ops) -> list:
         elif kind is Record or kind is WaitEvent or kind is Synchronize:
             out.append(op.event)
         elif kind is Marker and op.name not in MARKS:
-            raise TraceUnsupported(f"marker '{op.name}': the one-pass executor's shapes keep "
+            raise TraceUnsupported(f"marker '{op.name}': the fast executor's shapes keep "
                                    f"{' and '.join(MARKS)} markers only")
     return out
 
@@ -110,7 +110,7 @@ class _Names:
             for ops in plan.skeleton[b.source:b.source + b.n]:
                 for op in ops:
                     if type(op) is Marker and op.name not in MARKS:
-                        raise TraceUnsupported(f"marker '{op.name}': the one-pass executor's "
+                        raise TraceUnsupported(f"marker '{op.name}': the fast executor's "
                                                f"shapes keep {' and '.join(MARKS)} markers "
                                                f"only")
             return

@@ -1,12 +1,12 @@
 """Many runs in lockstep: a sweep's runs that share their iteration shapes, executed together.
 
-The one-pass executor (:mod:`simwar.executors.fast`) turns a config's run into a few blocks
+The fast executor (:mod:`simwar.executors.fast`) turns a config's run into a few blocks
 of one iteration shape each, compiled into straight-line Python over floats. Runs of a
 sweep mostly differ in numbers only (a CPU time, a kernel's duration, the seed): their
 plans have the same blocks, and only the parameters differ. So a group of them runs as one:
 each op's start is ``max(stream tail, issue time)`` over an array of the runs, records,
 waits and host syncs are the same rules over arrays (:mod:`simwar.core.rules`), in the
-same order, so each run's numbers are the one-pass executor's, bit for bit
+same order, so each run's numbers are the fast executor's, bit for bit
 (``tests/test_lockstep.py``: every summary key of random grids, stochastic durations and
 workloads included). The interpreter's cost per op is paid once for the group instead of
 once per run.

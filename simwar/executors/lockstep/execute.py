@@ -1,30 +1,30 @@
 """The pass of a group of runs in lockstep, and each run's summary.
 
-:func:`run_group` takes the one-pass executor's plans of runs that share their structure
+:func:`run_group` takes the fast executor's plans of runs that share their structure
 (:func:`group_key`: the same blocks of the same shapes over the same steps) and runs the
-blocks once for all of them (the one-pass executor's code generator,
+blocks once for all of them (the fast executor's code generator,
 :mod:`simwar.executors.fast.codegen`, in its array target), each parameter a number when
 every run has the same, else an array with one element per run. The per-step
 facts are rows of 2-d arrays (a row per step, a column per run); each run's column is then
-assembled and summarized by the functions the one-pass executor's own runs use
+assembled and summarized by the functions the fast executor's own runs use
 (:func:`~simwar.analysis.metrics.columns_from_arrays`,
 :func:`~simwar.analysis.metrics.summarize` or its batched form), so each summary is that
-run's, bit for bit. Races are the one-pass executor's race plan
+run's, bit for bit. Races are the fast executor's race plan
 (:class:`~simwar.executors.fast.races.RacePlan`, the same for every run of a group): counted
 per run as the chunks go (:meth:`~simwar.executors.fast.races.RacePlan.tally`), the logged
 times of all runs side by side.
 
 :func:`realize_group` runs configs whose batches depend on their own times (arrivals: runs
 with requests, each processed result marked): each pass first asks every run's workload
-model for that run's sizes at its own host clock, as the one-pass executor's
+model for that run's sizes at its own host clock, as the fast executor's
 :func:`~simwar.executors.fast.realize` does for one run.
 
 A plan that cannot run so (forward steps issued out of order, races that need all accesses
 compared, a ``-0.0`` parameter, on which ``max`` and a comparison part) raises
-:class:`NotLockstep`; its runs then go through the one-pass executor one by one.
+:class:`NotLockstep`; its runs then go through the fast executor one by one.
 
 Imports: numpy, simwar.core, simwar.analysis and simwar.builder.sizes (the workload models),
-the one-pass executor (its entry points, plan, codegen and races).
+the fast executor (its entry points, plan, codegen and races).
 """
 
 from __future__ import annotations
