@@ -53,7 +53,7 @@ from simwar.executors import ranks as simpy_ranks
 from simwar.executors.engine import Engine
 from simwar.executors.fast import ranks as fast_ranks
 from simwar.executors.fast import trace as trace_mode
-from simwar.executors.fast.plan import plan_program
+from simwar.executors.fast.plan import RanksOnly, plan_program
 from simwar.harness import make_plan, replay
 from simwar.harness.fake import FakeBackend
 
@@ -252,9 +252,12 @@ def test_every_interpreter_handles_every_op_type(interpreter, kind):
     program = program_with(kind)
     run = INTERPRETERS[interpreter]
     if kind in OUT_OF_SCOPE.get(interpreter, {}):
-        # refused where the op is first read: an unknown host op, or a graph node that is
-        # not a kernel read as one
-        with pytest.raises((TypeError, AttributeError), match=rf"\b{kind.__name__}\b"):
+        # refused where the op is first read: the fast planner (and so the trace mode and
+        # lockstep) by its named refusal; the harness as an unknown host op, or a graph node
+        # that is not a kernel read as one
+        refusal = (RanksOnly if interpreter in ("fast", "trace mode", "lockstep")
+                   else (TypeError, AttributeError))
+        with pytest.raises(refusal, match=rf"\b{kind.__name__}\b"):
             run(program)
     else:
         run(program)

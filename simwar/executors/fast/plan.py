@@ -28,9 +28,11 @@ import numpy as np
 from simwar.builder.draws import Sum, Use
 from simwar.builder.loop import plan_iterations
 from simwar.core.program import (
+    Collective,
     CpuWork,
     GraphLaunch,
     GraphRecord,
+    HostCollective,
     Launch,
     Marker,
     Program,
@@ -47,6 +49,13 @@ from simwar.core.trace import Mode, OpKind
 #: the named markers a shape keeps, each a host instant of its step: the launch of its
 #: forward (``run_batch``) and, in a run with requests, its result processed (``result_done``)
 MARKS = ("run_batch", "result_done")
+
+
+class RanksOnly(PlanRefused):
+    """A tensor-parallel collective (a host collective, or a collective kernel of a graph):
+    the fast executor's plans run one rank; its ranks run in :mod:`simwar.executors.fast.ranks`
+    (the choice table refuses tensor-parallel configs before planning, so this is what a
+    Program built by hand meets)."""
 
 
 class Unsettled(PlanRefused):
@@ -296,6 +305,9 @@ class _Shaper:
                         nodes.append(("r",))
                         latest[node.event] = (g, nrec, stream)
                         nrec += 1
+                    elif type(node) is Collective:
+                        raise RanksOnly(f"a Collective node ({node.label}) of graph {op.graph}: "
+                                        f"the fast executor's plans run one rank")
                     else:
                         acc = access(node)
                         nodes.append(("k", node.label, node.phase, acc))
@@ -329,6 +341,9 @@ class _Shaper:
                     add((op.name, op.step - base))
             elif kind is StepMarker:
                 pass
+            elif kind is HostCollective:
+                raise RanksOnly(f"a HostCollective ({op.name}): the fast executor's plans run "
+                                f"one rank")
             else:
                 raise TypeError(f"unknown host op {op!r}")
         if not self.negative:
