@@ -154,6 +154,59 @@ def test_fast_equals_simpy_on_every_shipped_config(path, variant):
     assert_same_run(*ref, fast.run(program))  # from the materialized Program
 
 
+#: workloads whose steps reach every graph bucket: a batch list, arrivals (the sizes fixed
+#: iteration by iteration as requests arrive) and prompts (a prefill-only step has batch 0)
+PER_BUCKET = {"batches": {"steps": 50, "warmup_steps": 3,
+                          "workload": {"batch_sizes": [2, 9, 17, 40, 64, 30, 8],
+                                       "graph_buckets": [8, 16, 32, 64]}},
+              "arrivals": {**VARIANTS["workload_arrivals"],
+                           "workload": {**VARIANTS["workload_arrivals"]["workload"],
+                                        "graph_buckets": [8, 16, 32]}},
+              "prompts": VARIANTS["prompts_chunked"]}
+
+
+def per_bucket_tables(path, buckets) -> dict:
+    """Overrides giving every graph phase of a config a per-bucket ``body_us`` and
+    ``prep_us`` (not a line in the bucket; the first phase's prep with noise on top)."""
+    out = {}
+    graphs = [p for p in load_config(path).phase_table() if p.graph != "eager"]
+    for i, ph in enumerate(graphs):
+        out[f"phases.{ph.name}.body_us"] = {"per_bucket": {
+            b: 300.0 + 97.0 * i + 4.0 * b + (60.0 if j % 2 else 0.0)
+            for j, b in enumerate(buckets)}}
+        prep = {"per_bucket": {b: 2.5 * (j + 1) for j, b in enumerate(buckets)}}
+        if i == 0:
+            prep["noise"] = {"dist": "normal", "mean": 3, "std": 2}
+        out[f"phases.{ph.name}.prep_us"] = prep
+    return out
+
+
+@pytest.mark.parametrize("variant", sorted(PER_BUCKET))
+@pytest.mark.parametrize("path", ONE_RANK, ids=lambda p: p.stem)
+def test_fast_equals_simpy_with_per_bucket_durations(path, variant):
+    """A graph phase's durations as tables per bucket give the one-pass executor the
+    reference's run, bit for bit (from the iteration plan and from the Program)."""
+    overrides = PER_BUCKET[variant]
+    cfg = load_config(path, {**overrides, **per_bucket_tables(
+        path, overrides["workload"]["graph_buckets"])})
+    program = build_program(cfg)
+    ref = reference(program)
+    assert_same_run(*ref, fast.run_config(cfg, resolve_sizes(cfg)))
+    assert_same_run(*ref, fast.run(program))
+
+
+def test_a_bucket_the_table_lacks_is_an_error_naming_the_step():
+    """Drawn batches are not known at load: the bucket a table lacks is named as drawn."""
+    cfg = load_config(CONFIGS / "dspark_fine.yaml", {
+        "steps": 40, "warmup_steps": 2,
+        "workload": {"batch_size": {"dist": "normal", "mean": 30, "std": 20}},
+        "phases.verify.body_us": {"per_bucket": {8: 1000, 16: 1500, 32: 2000, 64: 4000}}})
+    with pytest.raises(ConfigError, match=r"^phases\.verify\.body_us: per_bucket has no entry "
+                                          r"for bucket \d+, which step \d+ reaches \(it gives "
+                                          r"buckets 8, 16, 32, 64\)$"):
+        simwar.simulate(cfg)
+
+
 @pytest.mark.parametrize("stem", ["dspark_fine_bimodal", "none_coarse_loop_top",
                                   "dflash_legacy_host_sync"])
 def test_fast_equals_simpy_with_launch_ahead_two(stem):

@@ -36,6 +36,11 @@ AFFINES = [{"base": 150, "per_seq": 25}, {"base": 80, "per_seq": 12, "per_token"
            {"base": 5, "per_seq": 1, "noise": {"dist": "normal", "mean": 20, "std": 15}}]
 WORKLOADS = [None, {"batch_sizes": [1, 7, 33, 64, 2], "graph_buckets": [8, 32, 64]},
              {"batch_size": {"dist": "lognormal", "mean": 12, "std": 10}}]
+#: a graph phase's device time per bucket (the buckets of WORKLOADS[1])
+PER_BUCKET = [{"per_bucket": {8: 1682.0, 32: 1950.0, 64: 2400.0}},
+              {"per_bucket": {8: 900.0, 32: 2700.0, 64: 2500.0}},
+              {"per_bucket": {8: 1200.0, 32: 1300.0, 64: 4100.0},
+               "noise": {"dist": "uniform", "low": 0, "high": 90}}]
 SWEPT = ["cpu.schedule_us", "cpu.ingest_us", "cpu.post_launch_us", "gpu.schedule_writes_us",
          "gpu.result_writes_us", "costs.host_call_us", "costs.cross_stream_us",
          "costs.sync_wake_us", "gpu.schedule_prep_us"]
@@ -69,10 +74,12 @@ values = st.one_of(st.sampled_from([0.0, 0.5, 7.0, 120.0, 900.0, 2500.0]),
        keys=st.lists(st.sampled_from(SWEPT), min_size=1, max_size=2, unique=True),
        grid=st.data(), repeats=st.integers(1, 3),
        workload=st.sampled_from(range(len(WORKLOADS))), accept=st.booleans(),
-       phase_body=st.one_of(st.none(), values))
+       phase_body=st.one_of(st.none(), values, st.sampled_from(PER_BUCKET)))
 def test_every_run_of_a_random_grid_is_its_own_run_bit_for_bit(
         algorithm, barriers, placement, plan_stream, seq_lens, steps, warmup, keys, grid,
         repeats, workload, accept, phase_body):
+    if phase_body in PER_BUCKET and workload != 1:  # a table for the buckets it gives
+        workload = 1
     phase = {"none": "decode"}.get(algorithm, "verify")
     base = {"name": "grid", "algorithm": algorithm, "steps": steps,
             "warmup_steps": min(warmup, steps - 3), "policy": {"placement": placement,
@@ -128,6 +135,31 @@ def test_a_grid_runs_in_lockstep_and_its_constants_and_draws_are_per_run(monkeyp
     for run, summary in zip(runs, got):
         assert_same_summary(summary, simulate(run.config).summary)
     assert len({s["cpu_blocked_us_mean"] for s in got}) > 8  # each run its own numbers
+
+
+def test_per_bucket_tables_swept_share_one_template(monkeypatch):
+    """Runs whose graph phases differ only in their per-bucket tables (and a table with
+    noise) run as one group bound from one template, each run its own numbers."""
+    calls = []
+    real = lockstep.run_group
+    monkeypatch.setattr(lockstep, "run_group",
+                        lambda plans, *a: calls.append(len(plans)) or real(plans, *a))
+    own = []
+    real_plan = fast.plan_config
+    monkeypatch.setattr(fast, "plan_config", lambda *a, **k: own.append(1) or real_plan(*a, **k))
+    spec = {"base": {"steps": 50, "warmup_steps": 4, "workload": WORKLOADS[1]},
+            "grid": {"phases.verify.body_us": PER_BUCKET[:2],
+                     "phases.draft.body_us": [{"per_bucket": {8: 300.0, 32: 420.0, 64: 380.0}},
+                                              {"per_bucket": {8: 150.0, 32: 150.0, 64: 900.0}}],
+                     "phases.draft.prep_us": [PER_BUCKET[2]]},
+            "repeats": 2}
+    runs = load_sweep(spec).runs
+    got = simulate_many([run.config for run in runs])
+    assert calls == [8] and not own  # one group, every plan bound from its template
+    monkeypatch.undo()
+    for run, summary in zip(runs, got):
+        assert_same_summary(summary, simulate(run.config).summary)
+    assert len({s["fwd_us_mean"] for s in got}) == 8  # each table (and seed) its own forward
 
 
 def test_arrivals_and_the_simpy_engine_run_alone_with_their_own_summary():

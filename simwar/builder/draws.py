@@ -177,8 +177,9 @@ class AffineTable:
     One flat array per duration (``arrays[key]``), laid out as the draws of a distribution
     are: iteration by iteration, and within one in the order of its uses. A use of an
     :class:`~simwar.config.schema.Affine` at iteration ``k`` with context ``(offset, padded)`` is
-    ``base + per_seq * S + per_token * S * A`` plus its noise draw, where ``S`` is the batch of
-    step ``k + offset`` (its graph bucket if ``padded``) and ``A`` that step's accepted tokens;
+    ``base + per_seq * S + per_token * S * A`` (or a per-bucket table's entry at ``S``) plus its
+    noise draw, where ``S`` is the batch of step ``k + offset`` (its graph bucket if ``padded``)
+    and ``A`` that step's accepted tokens;
     a :class:`Series` use is the series' value at that step. :meth:`fill` computes iterations
     ``[k0, k1)`` at once (all of them for a run whose sizes are known; one at a time while
     arrivals are realized). The noise draws are taken out of ``draws``.
@@ -232,7 +233,7 @@ class AffineTable:
                     size = (sizes.bucket if padded else sizes.batch)[idx].astype(float)
                     tokens = sizes.accept[idx]
                     v = obj.value(size, tokens)
-                    bad = np.flatnonzero(v < 0)
+                    bad = np.flatnonzero(~(v >= 0))  # negative, or a bucket a table lacks
                     if len(bad):
                         i = bad[0]
                         raise ConfigError(affine_error(
@@ -297,7 +298,7 @@ class AffineTable:
                 batch, bucket, tokens = at[n]
                 size = float(bucket if padded else batch)
                 v = obj.value(size, tokens)
-                if v < 0:
+                if not v >= 0:  # negative, or a bucket a per-bucket table lacks (NaN)
                     raise ConfigError(affine_error(self.names.get(key, "a duration"), obj,
                                                    size, tokens, v, steps[n]))
                 vals.append(v)

@@ -2,9 +2,10 @@
 
 Every duration is a number of microseconds, a distribution ``{dist: normal|lognormal|
 uniform|empirical, ...}`` (:class:`Dist`; the builder draws each one per use from the run's
-single generator), or an affine function of the step's batch ``{base, per_seq, per_token,
-noise}`` (:class:`Affine`; which batch each duration uses:
-:func:`simwar.config.schema.duration_keys`). :data:`Duration` is that choice as a field type;
+single generator), an affine function of the step's batch ``{base, per_seq, per_token,
+noise}``, or, for a duration sized by the graph bucket, a table of µs per bucket
+``{per_bucket: {8: 1682, 16: 1726}, noise}`` (both :class:`Affine`; which batch each duration
+uses: :func:`simwar.config.schema.duration_keys`). :data:`Duration` is that choice as a field type;
 :class:`Accept` holds the accepted tokens per request per step.
 
 Imports: pydantic and :mod:`simwar.config.base`.
@@ -66,6 +67,12 @@ class Affine(StrictModel):
     ``body_us`` of graph phases; ``accepted tokens`` the step's accepted tokens per request
     (which step each key uses: :func:`duration_keys`). A negative result for a batch the
     run can have is an error naming the key and the batch.
+
+    ``per_bucket`` replaces the line by a table: the µs at each graph bucket (a graph phase's
+    ``prep_us`` and ``body_us`` only, whose size is the bucket), as a capture measures them
+    at the buckets it ran; a bucket the run reaches and the table lacks is an error naming
+    the key and the bucket. It is one form of this class, not another, so that every place
+    that evaluates, draws, traces or checks an affine duration does the same for a table.
     """
 
     base: float = 0.0
@@ -76,6 +83,10 @@ class Affine(StrictModel):
     """µs added per request per accepted token of the step."""
     noise: Dist | None = None
     """A distribution {dist: ...} drawn per use and added on top."""
+    per_bucket: dict[int, float] | None = None
+    """µs at each graph bucket ({8: 1682, 16: 1726, 32: 1950}) instead of base, per_seq and
+    per_token: for a duration sized by the graph bucket (a graph phase's prep_us and
+    body_us); a bucket the run reaches and the table lacks is an error."""
 
     @field_validator("base", "per_seq", "per_token", mode="before")
     @classmethod
@@ -91,11 +102,52 @@ class Affine(StrictModel):
             raise ValueError(f"expected a distribution {{dist: ...}}, got {v!r}")
         return v
 
+    @field_validator("per_bucket", mode="before")
+    @classmethod
+    def _table(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        if not isinstance(v, dict) or not v:
+            raise ValueError(f"per_bucket: expected a mapping of graph bucket: µs "
+                             f"({{8: 1682, 16: 1726}}), got {v!r}")
+        out = {}
+        for b, us in v.items():
+            size = int(b) if isinstance(b, str) and b.strip().isdigit() else b
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"per_bucket: a bucket is a batch size >= 1, got {b!r}")
+            if isinstance(us, bool) or not isinstance(us, (int, float)) \
+                    or not math.isfinite(us) or us < 0:
+                raise ValueError(f"per_bucket.{size}: expected a number of µs >= 0, got {us!r}")
+            out[size] = float(us)
+        return dict(sorted(out.items()))
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Affine:
+        if self.per_bucket is not None and (self.base or self.per_seq or self.per_token):
+            raise ValueError("per_bucket: a table per bucket replaces base, per_seq and "
+                             "per_token (give one or the other)")
+        return self
+
     def value(self, size, tokens=1.0):
-        """The deterministic part at ``size`` (scalars or numpy arrays), without noise."""
-        return self.base + self.per_seq * size + self.per_token * size * tokens
+        """The deterministic part at ``size`` (scalars or numpy arrays), without noise; a
+        per-bucket table gives NaN at a size it lacks (the error names them:
+        :func:`simwar.config.schema.affine_error`)."""
+        if self.per_bucket is None:
+            return self.base + self.per_seq * size + self.per_token * size * tokens
+        if isinstance(size, (int, float)):
+            return self.per_bucket.get(int(size), math.nan) if size == int(size) else math.nan
+        import numpy as np  # lazy: loading a config needs no numpy
+
+        keys = np.fromiter(self.per_bucket, dtype=float, count=len(self.per_bucket))
+        vals = np.fromiter(self.per_bucket.values(), dtype=float, count=len(self.per_bucket))
+        size = np.asarray(size, dtype=float)
+        i = np.minimum(np.searchsorted(keys, size), len(keys) - 1)
+        return np.where(keys[i] == size, vals[i], np.nan)
 
     def text(self) -> str:
+        if self.per_bucket is not None:
+            return "per_bucket {" + ", ".join(f"{b}: {v:g}" for b, v in
+                                              self.per_bucket.items()) + "}"
         parts = [f"base {self.base:g}"]
         if self.per_seq:
             parts.append(f"per_seq {self.per_seq:g}")
@@ -105,7 +157,7 @@ class Affine(StrictModel):
 
 
 #: keys that make a mapping an affine duration (a mapping with ``dist`` is a distribution)
-AFFINE_KEYS = ("base", "per_seq", "per_token", "noise")
+AFFINE_KEYS = ("base", "per_seq", "per_token", "noise", "per_bucket")
 
 
 def _duration(v: Any) -> Any:
@@ -118,8 +170,8 @@ def _duration(v: Any) -> Any:
         except ValidationError as e:
             raise ValueError(first_error(e)) from None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ValueError(f"expected a number of µs, {{dist: ...}} or {{base: ..., per_seq: "
-                         f"...}}, got {v!r}")
+        raise ValueError(f"expected a number of µs, {{dist: ...}}, {{base: ..., per_seq: "
+                         f"...}} or {{per_bucket: ...}}, got {v!r}")
     if v < 0:
         raise ValueError(f"a duration must be >= 0 µs, got {v}")
     return float(v)

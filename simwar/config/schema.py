@@ -516,21 +516,33 @@ def _token_range(cfg: Config) -> tuple[float, float] | None:
 
 
 def affine_error(key: str, a: Affine, size, tokens, value, step: int | None = None) -> str:
-    """The one line for an affine duration that is negative at some batch."""
-    at = f"batch {size:g}" + (f" and {tokens:g} accepted tokens" if a.per_token else "")
+    """The one line for an affine duration that is negative at some batch, or a per-bucket
+    table that lacks a bucket the run reaches."""
     when = f" (step {step})" if step is not None else ""
+    if a.per_bucket is not None:
+        who = f"step {step}" if step is not None else "the run"
+        return (f"{key}: per_bucket has no entry for bucket {size:g}, which {who} reaches "
+                f"(it gives buckets {', '.join(map(str, a.per_bucket))})")
+    at = f"batch {size:g}" + (f" and {tokens:g} accepted tokens" if a.per_token else "")
     return (f"{key}: {a.text()} gives {value:g} µs at {at}{when}; a duration must be >= 0 µs")
 
 
 def check_affine(cfg: Config) -> None:
-    """Each affine duration is >= 0 at every batch (and bucket) the run can have."""
+    """Each affine duration is >= 0 at every batch (and bucket) the run can have, and each
+    per-bucket table gives every bucket the run can reach (and sizes a duration by the
+    bucket)."""
     keys = [(k, v, p) for k, v, p in duration_keys(cfg) if isinstance(v, Affine)]
     if not keys:
         return
+    for key, a, padded in keys:
+        if a.per_bucket is not None and not padded:
+            raise ValueError(f"{key}: per_bucket: only a duration sized by the graph bucket "
+                             f"(a graph phase's prep_us or body_us) takes a table per bucket; "
+                             f"this one uses the step's batch")
     sizes = _size_range(cfg)
     tokens = _token_range(cfg)
     if sizes is None:
-        return  # checked as the sizes are drawn (simwar.builder.sizes)
+        return  # checked as the sizes are drawn (simwar.builder.draws.AffineTable)
     import numpy as np  # lazy: loading a config without affine durations needs no numpy
 
     buckets = cfg.workload.graph_buckets if cfg.workload is not None else None
@@ -544,7 +556,7 @@ def check_affine(cfg: Config) -> None:
         at = padded_sizes if padded else real
         for tok in (tokens or (1.0,)):
             v = a.value(at, tok)
-            bad = np.flatnonzero(v < 0)
+            bad = np.flatnonzero(~(v >= 0))  # negative, or a bucket the table lacks (NaN)
             if len(bad):
                 raise ValueError(affine_error(key, a, float(at[bad[0]]), tok, float(v[bad[0]])))
 

@@ -112,7 +112,8 @@ def left_out_line(left: dict[int, str], fitted: set[int] | None = None) -> str:
 
 
 def _scale(value, f: float):
-    """A duration times ``f``: a number, a distribution, an affine function (and its noise)."""
+    """A duration times ``f``: a number, a distribution, an affine function or a per-bucket
+    table (and its noise)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return round(float(value) * f, 3)
     if not isinstance(value, dict):
@@ -128,6 +129,8 @@ def _scale(value, f: float):
     for key in ("base", "per_seq", "per_token"):
         if key in d:
             d[key] = round(float(d[key]) * f, 3)
+    if d.get("per_bucket") is not None:
+        d["per_bucket"] = {b: round(float(v) * f, 3) for b, v in d["per_bucket"].items()}
     if d.get("noise") is not None:
         d["noise"] = _scale(d["noise"], f)
     return d

@@ -24,8 +24,8 @@ PHASE_KEYS = ("load_batch_us", "prep_us", "body_us")
 
 
 def _scaled(d, f: float):
-    """A duration times ``f`` (a number, an affine line's coefficients, a distribution's
-    location and spread; noise is kept)."""
+    """A duration times ``f`` (a number, an affine line's coefficients or per-bucket table, a
+    distribution's location and spread; noise is kept)."""
     if isinstance(d, (int, float)):
         return d * f
     d = dict(d)
@@ -39,6 +39,8 @@ def _scaled(d, f: float):
     for key in ("base", "per_seq", "per_token"):
         if key in d:
             d[key] = d[key] * f
+    if d.get("per_bucket") is not None:
+        d["per_bucket"] = {b: v * f for b, v in d["per_bucket"].items()}
     return d
 
 
