@@ -17,9 +17,12 @@ mapping, in this order:
    takes longer), so the i-th key runs the i-th bucket.
 3. **The buckets**: the mapping's ``graph_buckets`` when it names them (a batch above the
    largest is an error naming the step); else, with batches, each graph key's bucket is the
-   largest batch seen with it (a load that sweeps every bucket's size gives them exactly;
-   name them in the mapping otherwise); without batches, the i-th key gets the i-th of
-   ``graph_buckets``, which the mapping must then name (one per key).
+   size it was captured at: the largest batch seen with it where the next key's smallest
+   batch pins it (a load that sweeps every bucket's size gives them all), else a pinned
+   key's size scaled by the ratio of their kernels' grid sizes (a load that never filled the
+   bucket: 14 requests at most in the bucket of 16), else the largest batch seen (name them
+   in the mapping then); without batches, the i-th key gets the i-th of ``graph_buckets``,
+   which the mapping must then name (one per key).
 
 A step with forward work (phased kernels on the forward stream) but no batch (no range
 matches ``batch`` in it) takes its graph's bucket as its batch; a graph of unknown size is an
@@ -38,6 +41,7 @@ never the simulator.
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -239,11 +243,13 @@ def size_capture(imp, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
         bucket_of = {}
         notes.append(f"graph buckets: {buckets} (the mapping's graph_buckets)")
     elif n_graphs > 1:
-        bucket_of = {key: seen[key] for key in distinct if key in seen}
+        bucket_of, scaled = _graph_sizes(distinct, batches, keys)
         buckets = sorted(set(bucket_of.values()))
-        notes.append(f"graph buckets: {buckets}, the largest batch seen with each of the "
-                     f"{what_graphs} (name graph_buckets in the mapping when a bucket's own "
-                     f"size was never reached)")
+        how = (f"; {', '.join(map(str, scaled))} never reached: the launch dims scaled from "
+               f"a bucket whose size is known" if scaled else "")
+        notes.append(f"graph buckets: {buckets}, the sizes the {what_graphs} were captured "
+                     f"at (the largest batch seen with each, where the next one's smallest "
+                     f"batch pins it{how}; name graph_buckets in the mapping to override)")
     elif n_graphs == 1:
         buckets = [max(v for v, _ in batches.values())]
         bucket_of = {distinct[0]: buckets[0]}
@@ -292,6 +298,72 @@ def size_capture(imp, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
     varying = len(set(batch[device].tolist())) > 1 or len(set(bucket[device].tolist())) > 1
     return CaptureSizes(batch, bucket, buckets, varying, "batch ranges", notes, from_bucket,
                         accept)
+
+
+def _graph_sizes(distinct: list, batches: dict, keys: dict) -> tuple[dict, list[int]]:
+    """Each graph key's captured size (``distinct`` smallest first), and the sizes that were
+    scaled rather than seen.
+
+    A batch runs the smallest bucket >= it, so graph ``i``'s size lies between the largest
+    batch seen with it and one below the smallest batch seen with graph ``i + 1``: where those
+    meet, the size is *pinned*. Another graph's size (the largest batch seen with it need not
+    be its size: a load that never filled the bucket) is a pinned graph's size times the ratio
+    of their launches' grid sizes, kernel by kernel of the same name (most kernels of a
+    graph captured at twice the batch launch twice the blocks), when that is a whole number
+    in its range; else the largest batch seen with it.
+    """
+    lo: dict = {}
+    low: dict = {}
+    for k, (v, _) in batches.items():
+        key = keys.get(k)
+        if key:
+            lo[key] = max(lo.get(key, 0), v)
+            low[key] = min(low.get(key, v), v)
+    sized = [key for key in distinct if key in lo]
+    hi = {key: (low[nxt] - 1 if nxt is not None else None)
+          for key, nxt in zip(sized, [*sized[1:], None])}
+    pinned = {key: lo[key] for key in sized if hi[key] == lo[key]}
+    out, scaled = {}, []
+    for key in sized:
+        if key in pinned or not pinned:
+            out[key] = lo[key]
+            continue
+        size = None
+        for ref in sorted(pinned, key=lambda r: abs(sized.index(r) - sized.index(key))):
+            ratio = _grid_ratio(ref, key)
+            if ratio is None:
+                continue
+            value = pinned[ref] * ratio
+            if value.denominator == 1 and lo[key] <= value and (hi[key] is None
+                                                                  or value <= hi[key]):
+                size = int(value)
+            break
+        out[key] = size if size is not None else lo[key]
+        if size is not None and size != lo[key]:
+            scaled.append(size)
+    return out, sorted(scaled)
+
+
+def _grid_ratio(ref: tuple, key: tuple):
+    """The most common ratio of ``key``'s kernels' grid sizes to ``ref``'s, kernel by kernel
+    of the same name where the sizes differ (a :class:`fractions.Fraction`; None: the two
+    graph sets launch different kernels)."""
+    from fractions import Fraction
+
+    if len(ref) != len(key) or any(len(a) != len(b) for a, b in zip(ref, key)):
+        return None
+    ratios: Counter = Counter()
+    for a, b in zip(ref, key):
+        for (name_a, grid_a, _), (name_b, grid_b, _) in zip(a, b):
+            if name_a != name_b or not grid_a or not grid_b:
+                continue
+            na, nb = math.prod(grid_a), math.prod(grid_b)
+            if na and nb and na != nb:
+                ratios[Fraction(nb, na)] += 1
+    if not ratios:
+        return None
+    (best, n), *rest = ratios.most_common(2) + [(None, 0)]
+    return best if n > rest[0][1] else None  # a tie: no rule
 
 
 def _mixed_graphs(keys: dict, batches: dict, bucket_of: dict) -> str:

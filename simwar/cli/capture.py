@@ -4,6 +4,7 @@
                         [--strict]
     simwar import TRACE [--mapping MAP.yaml] --fit -o fitted.yaml [--dist best] [--policy P]
                         [--unprofiled-step-us US|BUCKET=US,...] [--keep-profiler-cost]
+                        [--extrapolate-buckets]
     simwar import TRACE [--mapping MAP.yaml] --check fitted.yaml [--set KEY=VALUE ...]
     simwar import TRACE --mapping MAP.yaml --fit-costs -o costs.yaml
 
@@ -101,6 +102,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --fit: keep the profiler's own host cost in the fitted host times "
                         "(default: subtracted by the capture's event counts at the measured "
                         "µs per event, docs/profiler-cost.md)")
+    p.add_argument("--extrapolate-buckets", action="store_true",
+                   help="with --fit: a graph phase's per-bucket durations also give the graph "
+                        "buckets the capture never ran, from the line over the measured "
+                        "buckets (without it a run reaching one is refused)")
     p.add_argument("--check", metavar="YAML",
                    help="simulate this fitted config and compare it with the capture (exit 1 "
                         "when step time, forward gap or launch-ahead misses its bound)")
@@ -146,6 +151,8 @@ def command(args) -> int:
         raise UserError("--unprofiled-step-us applies to --fit")
     if args.keep_profiler_cost and not args.fit:
         raise UserError("--keep-profiler-cost applies to --fit")
+    if args.extrapolate_buckets and not args.fit:
+        raise UserError("--extrapolate-buckets applies to --fit")
     unprofiled = None
     if args.unprofiled_step_us is not None:
         # lazy: start-up time of the CLI (the fit loads numpy and the simulator)
@@ -399,7 +406,8 @@ def _write_model(cap, args, path: Path):
     try:
         model = fit_model(cap, dist=args.dist, policy=args.policy, version=__version__,
                           where=str(path), unprofiled_step_us=args.unprofiled,
-                          profiler_cost=not args.keep_profiler_cost)
+                          profiler_cost=not args.keep_profiler_cost,
+                          extrapolate_buckets=args.extrapolate_buckets)
     except FitError as e:
         raise UserError(str(e)) from None
     config = model.config

@@ -71,9 +71,11 @@ class Affine(StrictModel):
     ``per_bucket`` replaces the line by a table: the µs at each graph bucket (a graph phase's
     ``prep_us`` and ``body_us`` only, whose size is the bucket), as a capture measures them
     at the buckets it ran; a bucket the run reaches and the table lacks is an error naming
-    the key and the bucket. It is one form of this class, not another, so that every place
-    that evaluates, draws, traces or checks an affine duration does the same for a table.
+    the key and the bucket.
     """
+
+    # the table is a form of this class, not a class of its own, so that every place that
+    # evaluates, draws, traces or checks an affine duration does the same for a table
 
     base: float = 0.0
     """The duration at size 0 (µs)."""

@@ -1,4 +1,5 @@
-"""A duration that follows the step's size: ``{base, per_seq}`` by least squares, or a constant.
+"""A duration that follows the step's size: ``{base, per_seq}`` by least squares, a table per
+graph bucket, or a constant.
 
 A capture whose batch changes every step gives, per config key, one sample per step and the
 size that step ran at (its real batch, or its graph bucket for a graph phase's device time:
@@ -15,10 +16,18 @@ as :func:`simwar.fit.durations.fit_values` does:
   negative, so the fitted line is moved down to the smallest residual and the residuals above
   it are fitted as a distribution (``--dist``); no spread, no noise. ``base`` is kept so that
   the line is not negative at size 1 (a what-if may ask for batches the capture never ran).
+- **the clamp**: a line is made non-negative over every size the config can run, the
+  smallest (``low``: 0 where a step may prefill with no request decoding, else 1) up to the
+  largest seen, by raising ``base``; :attr:`SizedFit.clamped` says by how much, and the
+  fitted file's header says so.
+- **per bucket** (:func:`fit_per_bucket`, a graph phase's device time, measured at two or
+  more buckets): each bucket's measured mean, not a line (``{per_bucket: {8: ..., 16: ...}}``);
+  the spread around each bucket's mean is the noise, as for a line. A bucket of the
+  config's ``graph_buckets`` with no sample is left out of the table (the config then refuses
+  a run that reaches it, and the fit warns), or, with ``extrapolate``, filled from the line
+  over the measured buckets (:attr:`SizedFit.extrapolated`).
 - **what it was fitted on** (:class:`SizedFit`): n samples, the sizes seen, R² of the line,
-  the t statistic, and per size the line's error against that size's mean (for a graph
-  phase: per bucket: the config has no per-bucket table, so the line must fit every bucket,
-  and the header says how well it does).
+  the t statistic, and per size the fit's mean against that size's measured mean.
 
 Imports: numpy and :mod:`simwar.fit.durations`.
 """
@@ -52,6 +61,17 @@ class SizedFit:
     r2: float = float("nan")
     #: per size: (steps, measured mean µs, the fit's mean µs)
     per_size: dict[int, tuple[int, float, float]] = field(default_factory=dict)
+    #: µs added to the line's base so that it is >= 0 at every size the config can run
+    clamped: float = 0.0
+    #: per bucket: buckets of the config or its run with no sample in the fitted steps, and
+    #: those of them the table extrapolates (the others are left out of it)
+    missing: list[int] = field(default_factory=list)
+    extrapolated: list[int] = field(default_factory=list)
+
+    @property
+    def left_out(self) -> list[int]:
+        """The missing buckets not extrapolated: the fitted config refuses a run reaching one."""
+        return [b for b in self.missing if b not in self.extrapolated]
 
     def worst_size_error(self) -> float:
         """The largest |fit − measured| / measured over the sizes (0 when all are 0)."""
@@ -63,16 +83,32 @@ class SizedFit:
         sizes = ", ".join(map(str, self.sizes[:8])) + (" ..." if len(self.sizes) > 8 else "")
         plural = {"batch": "batches", "bucket": "buckets"}.get(self.size, self.size)
         what = f"n {self.n}, {self.size if len(self.sizes) == 1 else plural} {sizes}"
+        if self.kind == "per_bucket":
+            means = ", ".join(f"{s}: {m:.1f}" for s, (_, m, _) in self.per_size.items())
+            extra = ""
+            if self.extrapolated:
+                extra += (f"; {_plural('bucket', self.extrapolated)} in no fitted step: "
+                          f"extrapolated from the line over the measured ones")
+            if self.left_out:
+                extra += (f"; {_plural('bucket', self.left_out)} in no fitted step: not in "
+                          f"the table")
+            return f"per bucket, the measured mean of each ({means}; n {self.n}{extra})"
         if self.kind == "affine":
+            clamp = (f"; base raised by {self.clamped:.2f} so that it is >= 0 at every batch "
+                     f"the config runs" if self.clamped else "")
             t = "exact" if math.isinf(self.t) else f"slope t {self.t:.1f}"
             worst = self.worst_size_error()
             per = (f"; within {100 * worst:.1f}% of each {self.size}'s mean"
                    if len(self.per_size) > 1 else "")
             return (f"affine in the {self.size}: {self.base:.2f} + {self.per_seq:.3f} x "
-                    f"{self.size} ({what}; R² {self.r2:.3f}, {t}{per})")
+                    f"{self.size} ({what}; R² {self.r2:.3f}, {t}{per}{clamp})")
         why = ("one size" if len(self.sizes) < 2 else
                f"slope not significant: |t| {abs(self.t):.1f} < {T_MIN:g}")
         return f"constant, mean {_mean(self.value):.2f} ({what}; {why})"
+
+
+def _plural(word: str, sizes: list[int]) -> str:
+    return f"{word}{'s' if len(sizes) > 1 else ''} {', '.join(map(str, sizes))}"
 
 
 def _mean(v) -> float:
@@ -87,7 +123,7 @@ def _mean(v) -> float:
 
 
 def _r(v: float) -> float:
-    return round(float(v), 3)
+    return round(float(v), 3) + 0.0  # + 0.0: never -0.0
 
 
 def _constant(y: np.ndarray, dist: str):
@@ -97,8 +133,17 @@ def _constant(y: np.ndarray, dist: str):
     return fit_values(np.maximum(y, 0.0), dist)
 
 
-def fit_sized(y, x, dist: str = "best", size: str = "batch") -> SizedFit:
-    """Fit samples ``y`` (µs) against the sizes ``x`` they ran at (see the module docstring)."""
+#: the smallest batch a fitted config can run: 0, a step that prefills while no request
+#: decodes (a what-if may add prompts to any fitted config)
+LOW = 0
+
+
+def fit_sized(y, x, dist: str = "best", size: str = "batch",
+              high: float | None = None) -> SizedFit:
+    """Fit samples ``y`` (µs) against the sizes ``x`` they ran at (see the module docstring).
+
+    ``high``: the largest size the config can run (default: the largest seen); a fitted line
+    is clamped to be >= 0 from :data:`LOW` to it."""
     y = np.asarray(y, dtype=float)
     x = np.asarray(x, dtype=float)
     n = len(y)
@@ -130,9 +175,12 @@ def fit_sized(y, x, dist: str = "best", size: str = "batch") -> SizedFit:
     r = y - (a + b * x)
     ss = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((r ** 2).sum()) / ss if ss > 0 else 1.0
-    # the line moved down to the smallest residual, never negative at size 1 (or, falling,
-    # at the largest size seen); the residuals above it are the noise
-    floor = -b * 1.0 if b >= 0 else -b * float(x.max())
+    # the line moved down to the smallest residual, clamped so that it is never negative
+    # from LOW (rising) to the largest size the config runs (falling); the residuals above
+    # it are the noise
+    high = float(x.max()) if high is None else max(float(high), float(x.max()))
+    floor = max(-b * LOW, -b * high) + 0.0  # + 0.0: never -0.0
+    clamped = max(0.0, floor - (a + float(r.min())))
     base = max(a + float(r.min()), floor)
     noise = np.maximum(y - (base + b * x), 0.0)
     value: dict = {"base": _r(base), "per_seq": _r(b)}
@@ -144,10 +192,63 @@ def fit_sized(y, x, dist: str = "best", size: str = "batch") -> SizedFit:
         detail = {**nd, "affine": True}
     elif float(noise.mean()) > 1e-9:
         value["base"] = _r(base + float(noise.mean()))
+    need = max(-value["per_seq"] * LOW, -value["per_seq"] * high)
+    if value["base"] < need:  # the clamp holds for the rounded coefficients too
+        value["base"] = math.ceil(need * 1000) / 1000
     extra = float(noise.mean()) if "noise" in value else 0.0  # the noise's mean, everywhere
     for s in sizes:
         sel = x == s
         fitted = float(value["base"]) + float(value["per_seq"]) * s + extra
         per_size[s] = (int(sel.sum()), float(y[sel].mean()), fitted)
     return SizedFit(value, detail, "affine", size, n, sizes, float(value["base"]),
-                    float(value["per_seq"]), t, r2, per_size)
+                    float(value["per_seq"]), t, r2, per_size, clamped)
+
+
+def fit_per_bucket(y, x, dist: str = "best", buckets: list[int] | None = None,
+                   extrapolate: bool = False, needed=()) -> SizedFit:
+    """Fit a graph phase's samples ``y`` (µs) per graph bucket ``x`` they ran at: each
+    bucket's measured mean (see the module docstring). ``buckets``: the config's graph
+    buckets (those without samples are ``missing``; ``extrapolate``: filled from the line
+    over the measured buckets); ``needed``: buckets the fitted config's own run reaches (a
+    bucket that ran only in steps the fit leaves out, the warm-up): extrapolated always.
+    Fewer than two buckets measured, or samples that do not vary: :func:`fit_sized` (a
+    constant, or a line)."""
+    y = np.asarray(y, dtype=float)
+    x = np.asarray(x, dtype=float)
+    sizes = sorted({int(v) for v in x.tolist()})
+    scale = max(1.0, float(np.abs(y).max())) if len(y) else 1.0
+    if len(sizes) < 2 or np.ptp(y) < 1e-6 * scale:
+        return fit_sized(y, x, dist, "bucket")
+    means = {s: float(y[x == s].mean()) for s in sizes}
+    mean_at = np.array([means[int(v)] for v in x.tolist()])
+    r = y - mean_at
+    spread = np.ptp(r) > 1e-6 * scale
+    # every bucket moved down by the smallest residual; the residuals above are the noise
+    low = float(r.min()) if spread else 0.0
+    table = {s: max(0.0, m + low) for s, m in means.items()}
+    value: dict = {}
+    detail: dict = {"n": len(y), "mean": _r(float(y.mean())), "chosen": "per_bucket"}
+    extra = 0.0
+    if spread:
+        noise = np.maximum(y - np.array([table[int(v)] for v in x.tolist()]), 0.0)
+        nv, nd = fit_values(noise, dist)
+        value["noise"] = nv if isinstance(nv, dict) else {"dist": "empirical",
+                                                           "values": [_r(nv)]}
+        detail = {**nd, "per_bucket": True}
+        extra = float(noise.mean())
+    xm = float(x.mean())
+    sxx = float(((x - xm) ** 2).sum())
+    b = float(((x - xm) * (y - y.mean())).sum()) / sxx
+    a = float(y.mean()) - b * xm
+    ss = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((r ** 2).sum()) / ss if ss > 0 else 1.0
+    missing = [int(v) for v in {*(buckets or ()), *needed} if int(v) not in means]
+    missing.sort()
+    done = [v for v in missing if extrapolate or v in needed]
+    for s in done:  # the line over the measured buckets, moved down as they are
+        table[s] = max(0.0, a + b * s + low)
+    value = {"per_bucket": {s: _r(table[s]) for s in sorted(table)}, **value}
+    per_size = {s: (int((x == s).sum()), means[s], value["per_bucket"][s] + extra)
+                for s in sizes}
+    return SizedFit(value, detail, "per_bucket", "bucket", len(y), sizes, _r(a), _r(b), 0.0,
+                    r2, per_size, missing=missing, extrapolated=done)

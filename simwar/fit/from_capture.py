@@ -39,7 +39,7 @@ from simwar.capture.open import Capture
 from simwar.capture.sizes import CaptureSizes, SizesError
 from simwar.config import ConfigError, load_config
 from simwar.core.trace import Mode, OpKind, Trace
-from simwar.fit.affine import SizedFit, fit_sized
+from simwar.fit.affine import SizedFit, fit_per_bucket, fit_sized
 from simwar.fit.durations import fit_values
 from simwar.fit.layout import Roles, step_layouts
 from simwar.fit.policy import POLICIES, PolicyInference, detect_roles, infer_policy
@@ -108,7 +108,8 @@ def fit_model(cap: Capture, *, capture: str = "",
               mapping_name: str = "", dist: str = "best", policy: str | None = None,
               steps: int = FIT_STEPS, warmup: int = FIT_WARMUP, version: str = "",
               where: str = "", unprofiled_step_us: float | dict | None = None,
-              profiler_cost: CostTable | str | bool | None = True) -> ModelFit:
+              profiler_cost: CostTable | str | bool | None = True,
+              extrapolate_buckets: bool = False) -> ModelFit:
     """The whole loop of an opened capture (a :class:`simwar.capture.open.Capture`) as a
     config.
 
@@ -120,7 +121,9 @@ def fit_model(cap: Capture, *, capture: str = "",
     subtracts the profiler's own host cost by the capture's event counts with the shipped
     table (:mod:`simwar.fit.profiler_cost`), a :class:`~simwar.fit.profiler_cost.CostTable`
     or a table file with that one; False or None keeps it (``--keep-profiler-cost``: the fit
-    of the capture's host times as they stand). A capture bound by other means (a
+    of the capture's host times as they stand). ``extrapolate_buckets``: a graph phase's
+    per-bucket table gives the graph buckets the capture never ran too, from the line over
+    the measured ones (else they are left out, and warned of). A capture bound by other means (a
     :class:`simwar.capture.to_trace.KinetoImport` and its mapping) is finished with
     :func:`simwar.capture.open.finish_capture` first.
     """
@@ -191,7 +194,7 @@ def fit_model(cap: Capture, *, capture: str = "",
         for k, v in zip(sorted(lays), graph_cost["cost"][cheapest]):
             s.add("costs.graph_launch_us", v, k)
     fits: dict[str, SizedFit] = {}
-    _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits)
+    _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits, extrapolate_buckets)
     if sizes.varying:
         _workload(cfg, sizes, warm, warnings)
     try:
@@ -208,10 +211,16 @@ def fit_model(cap: Capture, *, capture: str = "",
         except RescaleError as e:
             raise FitError(f"{where}: {e}") from None
     for key, f in fits.items():
-        if f.size == "bucket" and f.kind == "affine" and f.worst_size_error() > 0.02:
-            warnings.append(f"{key}: affine in the bucket misses a bucket's mean by "
-                            f"{100 * f.worst_size_error():.1f}% (the config has no per-bucket "
-                            f"table; see the fitted file's header)")
+        if f.left_out:
+            warnings.append(f"{key}: {_buckets(f.left_out)} ran in no fitted step of the "
+                            f"capture: the fitted config refuses a run that reaches "
+                            f"{'them' if len(f.left_out) > 1 else 'it'} (fit with "
+                            f"--extrapolate-buckets to extrapolate from the measured buckets)")
+        if f.extrapolated:
+            warnings.append(f"{key}: {_buckets(f.extrapolated)} ran in no fitted step of the "
+                            f"capture: extrapolated from the line over the measured buckets"
+                            + (" (--extrapolate-buckets)" if extrapolate_buckets else
+                               " (the capture's own batches reach them)"))
     header = _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost,
                      cpu_notes, capture, mapping_name, version, warm, mapping)
     header.append(profiler_cost_line(prof, lays))
@@ -414,19 +423,26 @@ def _size_of(key: str, cfg: dict, sizes: CaptureSizes, steps: list[int]):
 
 
 def _fit_key(key: str, values, cfg: dict, s: Samples, dist: str,
-             sizes: CaptureSizes | None, fits: dict):
+             sizes: CaptureSizes | None, fits: dict, extrapolate: bool = False):
     if sizes is None:
         return _fit(values, dist)
     size, x = _size_of(key, cfg, sizes, s.steps_of(key))
-    f = fit_sized(values, x, dist, size)
+    if size == "bucket":  # a graph phase's device time: each bucket's own
+        reached = {int(v) for v in sizes.bucket[sizes.batch > 0].tolist()}  # by the replay
+        f = fit_per_bucket(values, x, dist, sizes.buckets, extrapolate, reached)
+    else:  # a line, clamped >= 0 up to the largest batch the config runs
+        f = fit_sized(values, x, dist, size, max(sizes.buckets) if sizes.buckets else None)
     fits[key] = f
     return f.value, f.detail
 
 
 def _fill(cfg: dict, s: Samples, dist: str, details: dict,
-          sizes: CaptureSizes | None = None, fits: dict | None = None) -> None:
+          sizes: CaptureSizes | None = None, fits: dict | None = None,
+          extrapolate: bool = False) -> None:
     """Write each sampled key into the config as a fitted distribution (or a constant);
-    with ``sizes`` (a capture whose batch changes), against each sample's size."""
+    with ``sizes`` (a capture whose batch changes), against each sample's size (a graph
+    phase's device time per bucket; ``extrapolate``: its buckets the capture never ran
+    too)."""
     fits = {} if fits is None else fits
     for key, values in s.items():
         if not values:
@@ -434,7 +450,7 @@ def _fill(cfg: dict, s: Samples, dist: str, details: dict,
         parts = key.split(".")
         if parts[0] == "costs":
             continue
-        value, detail = _fit_key(key, values, cfg, s, dist, sizes, fits)
+        value, detail = _fit_key(key, values, cfg, s, dist, sizes, fits, extrapolate)
         details[key] = detail
         if parts[0] == "phases":
             entry = next(p for p in cfg["phases"] if p["name"] == parts[1])
@@ -570,11 +586,32 @@ def _sized_header(sizes: CaptureSizes, fits: dict, left_out: dict, counted: set,
                  f"`--set 'workload={{arrivals: {{rate_per_s: R}}, max_batch: N, ...}}'` asks "
                  f"another load.")
     lines += [f"  {note}" for note in sizes.notes]
-    lines.append("Durations that follow the step's size (least squares; a slope counts when "
+    lines.append("Durations that follow the step's size (a graph phase's device time per "
+                 "bucket, each bucket's measured mean; else least squares: a slope counts when "
                  "|t| >= 3, else the samples' distribution; the residual is the noise):")
     for key, f in fits.items():
         lines.append(f"  {key}: {f.text()}")
+    clamped = [key for key, f in fits.items() if f.clamped]
+    if clamped:
+        lines.append(f"Clamped: {', '.join(clamped)}: each line's base raised so that it is "
+                     f">= 0 at every batch the config can run (0, a prefill-only step, to the "
+                     f"largest graph bucket or batch seen).")
+    extrapolated = {key: f.extrapolated for key, f in fits.items() if f.extrapolated}
+    missing = {key: f.left_out for key, f in fits.items() if f.left_out}
+    if extrapolated:
+        lines.append("Extrapolated (in no fitted step; --extrapolate-buckets, or reached by the "
+                     "capture's own batches): "
+                     + "; ".join(f"{key} at {_buckets(b)}" for key, b in extrapolated.items())
+                     + ", from the line over the measured buckets.")
+    if missing:
+        lines.append("Not in the per-bucket tables (in no fitted step; a run that reaches one "
+                     "is refused, --extrapolate-buckets fills them): "
+                     + "; ".join(f"{key} {_buckets(b)}" for key, b in missing.items()) + ".")
     return lines
+
+
+def _buckets(sizes: list[int]) -> str:
+    return f"graph bucket{'s' if len(sizes) > 1 else ''} {', '.join(map(str, sizes))}"
 
 
 def _unmodeled(trace: Trace, lays, roles) -> list[str]:
