@@ -157,28 +157,6 @@ def prefill_model(folder: Path, host_scale: float, device_scale: float,
                     f"device after the host's last launch: mean {np.mean(tail):.1f} µs"}
 
 
-def at_batch_zero(config: dict) -> tuple[dict, list[str]]:
-    """The fitted config with every affine duration whose line is below 0 at batch 0 (a batch
-    the sweep never ran; with prompts a step may prefill while no request decodes) raised to
-    start at 0 there (``base`` 0, the slope kept), and the keys changed."""
-    out = json.loads(json.dumps(config))
-    changed = []
-
-    def fix(d: dict, key: str, where: str) -> None:
-        v = d.get(key)
-        if isinstance(v, dict) and "base" in v and "dist" not in v and v["base"] < 0:
-            v["base"] = 0.0
-            changed.append(where)
-
-    for section in ("cpu", "gpu", "costs"):
-        for key in list((out.get(section) or {})):
-            fix(out[section], key, f"{section}.{key}")
-    for ph in out.get("phases") or []:
-        for key in ("load_batch_us", "prep_us", "body_us", "host_us"):
-            fix(ph, key, f"phases.{ph.get('name')}.{key}")
-    return out, changed
-
-
 def what_if(fit_config: dict, prefill: dict, metrics: dict) -> dict:
     """The overrides that turn the fitted config into one measured prefill case: a Poisson
     load replays the requests the repeat received (``workload.arrivals.trace``: their
@@ -245,11 +223,12 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False) -> di
                      "prefill cases: python -m lab.server OUT --suite prefill)",
                      keep_profiler_cost)
     fit = sw.fit
-    config, raised = at_batch_zero(fit.config)
+    config = fit.config  # its lines clamped >= 0 at batch 0 by the fit (prefill-only steps)
     pf = prefill_model(folder, fit.host_scale, fit.scale,
                        profiler_cost=not keep_profiler_cost)
     out = {"fit": {"scale": fit.scale, "host_scale": fit.host_scale, "prefill": pf,
-                   "raised_at_batch_zero": raised}, "cases": {}, "signs": {}}
+                   "clamped": sorted(k for k, f in fit.fits.items() if f.clamped)},
+           "cases": {}, "signs": {}}
     for (load, loop), repeats in sw.cases.items():
         # the host speed on the steps that prefill nothing (a prefill's launch lengthens the
         # others)

@@ -130,9 +130,9 @@ def test_fit_follows_the_batch_and_reproduces_each_bucket(case, tmp_path):
                                                       "measured buckets (the capture's own "
                                                       "batches reach them)")]
     assert replayed == ([] if case != "dspark_arrivals_2.11" else [
-        f"phases.{p}.body_us: graph bucket 8 ran in no fitted step of the capture: extrapolated "
+        f"phases.{p}.{k}_us: graph bucket 8 ran in no fitted step of the capture: extrapolated "
         f"from the line over the measured buckets (the capture's own batches reach them)"
-        for p in ("draft", "verify")])
+        for p in ("draft", "verify") for k in ("prep", "body")])
     others = [w for w in fit.warnings if w not in replayed]
     assert not others or others == [
         "1 steps without a batch (no device work) replay the batch before them"]
@@ -231,7 +231,7 @@ def test_a_bucket_the_capture_never_ran_is_refused_or_extrapolated_on_request(tm
     assert "Not in the per-bucket tables" in "\n".join(fit.header)
     simulate(fit.config)  # its own batches never reach bucket 16
     load = {"workload": CASES["dspark_arrivals_2.11"][1]["workload"], "steps": 200}
-    with pytest.raises(ConfigError, match=r"phases\.draft\.body_us: per_bucket has no entry for "
+    with pytest.raises(ConfigError, match=r"phases\.draft\.prep_us: per_bucket has no entry for "
                                           r"bucket 16, which the run reaches"):
         simulate(fit.config, load)
     _, _, fit = fit_capture(path, mapping, extrapolate_buckets=True)
@@ -240,6 +240,30 @@ def test_a_bucket_the_capture_never_ran_is_refused_or_extrapolated_on_request(tm
     assert fit.fits["phases.verify.body_us"].extrapolated == [16]
     assert "Extrapolated (in no fitted step; --extrapolate-buckets" in "\n".join(fit.header)
     assert simulate(fit.config, load).summary["by_bucket"][16]["steps"] > 0
+
+
+def test_a_capture_of_one_bucket_does_not_lend_its_cost_to_the_others(tmp_path):
+    # every batch runs the graph of 64: the fit knows that bucket's cost only
+    overrides = {**CASES["dspark_sweep_2.11"][1],
+                 "workload": {"batch_sizes": [40, 50, 64, 36, 58, 44], "graph_buckets": BUCKETS}}
+    _, path = capture(tmp_path, CONFIGS / "dspark_fine.yaml", overrides)
+    _, _, fit = fit_capture(path)
+    assert fit.config["workload"]["graph_buckets"] == [64]
+    body = {p["name"]: p for p in fit.config["phases"]}["verify"]["body_us"]
+    assert body == {"per_bucket": {64: 4080.0}}
+    load = {"workload": CASES["dspark_arrivals_2.11"][1]["workload"], "steps": 200}
+    with pytest.raises(ConfigError, match=r"phases\.draft\.prep_us: per_bucket has no entry for "
+                                          r"bucket 8, which the run reaches \(it gives buckets "
+                                          r"64\)"):
+        simulate(fit.config, load)
+    # the mapping names the server's buckets: warned of; extrapolated on request, as a constant
+    _, _, fit = fit_capture(path, {"preset": "sglang", "graph_buckets": BUCKETS},
+                            extrapolate_buckets=True)
+    body = {p["name"]: p for p in fit.config["phases"]}["verify"]["body_us"]
+    assert body == {"per_bucket": {b: 4080.0 for b in BUCKETS}}
+    assert ("phases.verify.body_us: graph buckets 8, 16, 32 ran in no fitted step of the "
+            "capture: extrapolated from the one measured bucket (64), as a constant "
+            "(--extrapolate-buckets)") in fit.warnings
 
 
 def test_fitted_lines_are_clamped_non_negative_at_every_batch_the_config_runs():

@@ -20,8 +20,8 @@ as :func:`simwar.fit.durations.fit_values` does:
   smallest (``low``: 0 where a step may prefill with no request decoding, else 1) up to the
   largest seen, by raising ``base``; :attr:`SizedFit.clamped` says by how much, and the
   fitted file's header says so.
-- **per bucket** (:func:`fit_per_bucket`, a graph phase's device time, measured at two or
-  more buckets): each bucket's measured mean, not a line (``{per_bucket: {8: ..., 16: ...}}``);
+- **per bucket** (:func:`fit_per_bucket`, a graph phase's device time where the config has
+  graph buckets): each bucket's measured mean, not a line (``{per_bucket: {8: ..., 16: ...}}``);
   the spread around each bucket's mean is the noise, as for a line. A bucket of the
   config's ``graph_buckets`` with no sample is left out of the table (the config then refuses
   a run that reaches it, and the fit warns), or, with ``extrapolate``, filled from the line
@@ -87,8 +87,10 @@ class SizedFit:
             means = ", ".join(f"{s}: {m:.1f}" for s, (_, m, _) in self.per_size.items())
             extra = ""
             if self.extrapolated:
+                line = ("the line over the measured ones" if len(self.sizes) > 1 else
+                        "the one measured bucket, as a constant")
                 extra += (f"; {_plural('bucket', self.extrapolated)} in no fitted step: "
-                          f"extrapolated from the line over the measured ones")
+                          f"extrapolated from {line}")
             if self.left_out:
                 extra += (f"; {_plural('bucket', self.left_out)} in no fitted step: not in "
                           f"the table")
@@ -211,13 +213,14 @@ def fit_per_bucket(y, x, dist: str = "best", buckets: list[int] | None = None,
     buckets (those without samples are ``missing``; ``extrapolate``: filled from the line
     over the measured buckets); ``needed``: buckets the fitted config's own run reaches (a
     bucket that ran only in steps the fit leaves out, the warm-up): extrapolated always.
-    Fewer than two buckets measured, or samples that do not vary: :func:`fit_sized` (a
-    constant, or a line)."""
+    One bucket measured is a table of one (another bucket is refused, or extrapolated as
+    that bucket's constant: no line through one point); samples that are all 0 (a phase
+    without such work) are the constant 0, at every bucket."""
     y = np.asarray(y, dtype=float)
     x = np.asarray(x, dtype=float)
     sizes = sorted({int(v) for v in x.tolist()})
     scale = max(1.0, float(np.abs(y).max())) if len(y) else 1.0
-    if len(sizes) < 2 or np.ptp(y) < 1e-6 * scale:
+    if not len(y) or float(np.abs(y).max()) < 1e-9:
         return fit_sized(y, x, dist, "bucket")
     means = {s: float(y[x == s].mean()) for s in sizes}
     mean_at = np.array([means[int(v)] for v in x.tolist()])
@@ -238,7 +241,7 @@ def fit_per_bucket(y, x, dist: str = "best", buckets: list[int] | None = None,
         extra = float(noise.mean())
     xm = float(x.mean())
     sxx = float(((x - xm) ** 2).sum())
-    b = float(((x - xm) * (y - y.mean())).sum()) / sxx
+    b = float(((x - xm) * (y - y.mean())).sum()) / sxx if sxx > 0 else 0.0  # one bucket: flat
     a = float(y.mean()) - b * xm
     ss = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((r ** 2).sum()) / ss if ss > 0 else 1.0

@@ -217,8 +217,10 @@ def fit_model(cap: Capture, *, capture: str = "",
                             f"{'them' if len(f.left_out) > 1 else 'it'} (fit with "
                             f"--extrapolate-buckets to extrapolate from the measured buckets)")
         if f.extrapolated:
+            line = ("the line over the measured buckets" if len(f.sizes) > 1
+                    else f"the one measured bucket ({f.sizes[0]}), as a constant")
             warnings.append(f"{key}: {_buckets(f.extrapolated)} ran in no fitted step of the "
-                            f"capture: extrapolated from the line over the measured buckets"
+                            f"capture: extrapolated from {line}"
                             + (" (--extrapolate-buckets)" if extrapolate_buckets else
                                " (the capture's own batches reach them)"))
     header = _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost,
@@ -427,7 +429,7 @@ def _fit_key(key: str, values, cfg: dict, s: Samples, dist: str,
     if sizes is None:
         return _fit(values, dist)
     size, x = _size_of(key, cfg, sizes, s.steps_of(key))
-    if size == "bucket":  # a graph phase's device time: each bucket's own
+    if size == "bucket" and sizes.buckets:  # a graph phase's device time: each bucket's own
         reached = {int(v) for v in sizes.bucket[sizes.batch > 0].tolist()}  # by the replay
         f = fit_per_bucket(values, x, dist, sizes.buckets, extrapolate, reached)
     else:  # a line, clamped >= 0 up to the largest batch the config runs
