@@ -266,6 +266,23 @@ def test_a_capture_of_one_bucket_does_not_lend_its_cost_to_the_others(tmp_path):
             "(--extrapolate-buckets)") in fit.warnings
 
 
+def test_add_shifts_a_per_bucket_table_and_a_line(tmp_path, capsys):
+    # fitted from the sweep, asked what-if every verify graph runs 300 µs longer (and the
+    # schedule 200 µs): the capture of that run is within the bounds
+    truth = CASES["dspark_sweep_2.11"][1]
+    _, path = capture(tmp_path, CONFIGS / "dspark_fine.yaml", truth)
+    out = tmp_path / "fitted.yaml"
+    assert main(["import", str(path), "--fit", "-o", str(out), "--no-progress"]) == 0
+    slower = {**truth, "phases.verify.body_us": {"base": 1500, "per_seq": 45},
+              "cpu.schedule_us": {"base": 1700, "per_seq": 10}}
+    _, more = capture(tmp_path, CONFIGS / "dspark_fine.yaml", slower, name="more.json.gz")
+    capsys.readouterr()
+    assert main(["import", str(more), "--check", str(out), "--add",
+                 "phases.verify.body_us=300", "--add", "cpu.schedule_us=200",
+                 "--no-progress"]) == 0
+    assert "within the bounds" in capsys.readouterr().out
+
+
 def test_fitted_lines_are_clamped_non_negative_at_every_batch_the_config_runs():
     x = np.repeat(np.arange(2, 41), 5).astype(float)
     rng = np.random.default_rng(3)

@@ -247,9 +247,10 @@ def size_capture(imp, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
         buckets = sorted(set(bucket_of.values()))
         how = (f"; {', '.join(map(str, scaled))} never reached: the launch dims scaled from "
                f"a bucket whose size is known" if scaled else "")
-        notes.append(f"graph buckets: {buckets}, the sizes the {what_graphs} were captured "
-                     f"at (the largest batch seen with each, where the next one's smallest "
-                     f"batch pins it{how}; name graph_buckets in the mapping to override)")
+        notes.append(f"graph buckets: {buckets}, the size each of the {what_graphs}, was "
+                     f"captured at (the largest batch seen with it, where the next one's "
+                     f"smallest batch pins it{how}; name graph_buckets in the mapping to "
+                     f"override)")
     elif n_graphs == 1:
         buckets = [max(v for v, _ in batches.values())]
         bucket_of = {distinct[0]: buckets[0]}

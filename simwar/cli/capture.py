@@ -333,14 +333,23 @@ def _dotted(cfg: dict, key: str):
 
 
 def _shift(value, us: float):
-    """A duration plus ``us`` µs: a number, or a distribution moved as a whole."""
+    """A duration plus ``us`` µs: a number, a distribution moved as a whole, an affine line's
+    base, or every entry of a per-bucket table."""
     if isinstance(value, bool) or value is None:
         raise TypeError("not a duration")
     if isinstance(value, (int, float)):
         return float(value) + us
-    if not isinstance(value, dict) or "dist" not in value:
+    if not isinstance(value, dict):
         raise TypeError("not a duration")
     d = {k: v for k, v in value.items() if v is not None}
+    if d.get("per_bucket") is not None:
+        d["per_bucket"] = {b: v + us for b, v in d["per_bucket"].items()}
+        return d
+    if "dist" not in d:
+        if "base" not in d:
+            raise TypeError("not a duration")
+        d["base"] = d["base"] + us
+        return d
     if d["dist"] in ("normal", "lognormal"):
         d["mean"] = d["mean"] + us
     elif d["dist"] == "uniform":
