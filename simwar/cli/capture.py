@@ -113,8 +113,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --check: override a key of the fitted config before simulating "
                         "(a what-if: --set policy.barrier=coarse)")
     p.add_argument("--add", dest="additions", action="append", default=[], metavar="KEY=US",
-                   help="with --check: add US µs to a duration of the fitted config (a number or "
-                        "a distribution, shifted), e.g. --add cpu.process_result_us=1000")
+                   help="with --check: add US µs to a duration of the fitted config (a number, "
+                        "a distribution shifted, a line's base, each entry of a per-bucket "
+                        "table), e.g. --add cpu.process_result_us=1000")
     p.add_argument("--save-trace", metavar="FILE",
                    help="also save the imported simwar trace (.json or .json.gz)")
     p.add_argument("--steps-csv", metavar="FILE", help="also write the per-step table as CSV")
