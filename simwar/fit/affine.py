@@ -14,12 +14,11 @@ as :func:`simwar.fit.durations.fit_values` does:
   constant. An exact relation (no residual) is significant whenever its slope is not 0.
 - **the residual** is the ``noise``: a duration's noise draw is added on top and cannot be
   negative, so the fitted line is moved down to the smallest residual and the residuals above
-  it are fitted as a distribution (``--dist``); no spread, no noise. ``base`` is kept so that
-  the line is not negative at size 1 (a what-if may ask for batches the capture never ran).
-- **the clamp**: a line is made non-negative over every size the config can run, the
-  smallest (``low``: 0 where a step may prefill with no request decoding, else 1) up to the
-  largest seen, by raising ``base``; :attr:`SizedFit.clamped` says by how much, and the
-  fitted file's header says so.
+  it are fitted as a distribution (``--dist``); no spread, no noise.
+- **the clamp**: a what-if may ask for batches the capture never ran, so a line is made
+  non-negative over every size the config can run, from :data:`LOW` (0: a step that only
+  prefills, in a what-if with prompts) to the largest graph bucket (or size seen), by raising
+  ``base``; :attr:`SizedFit.clamped` says by how much, and the fitted file's header says so.
 - **per bucket** (:func:`fit_per_bucket`, a graph phase's device time where the config has
   graph buckets): each bucket's measured mean, not a line (``{per_bucket: {8: ..., 16: ...}}``);
   the spread around each bucket's mean is the noise, as for a line. A bucket of the
