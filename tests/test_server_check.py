@@ -111,14 +111,16 @@ def test_a_folder_without_the_capture_is_one_line(tmp_path, capsys):
 #: must meet its target. At the medium load the predicted batch runs 9-20 % higher than the
 #: measured repeats at the sweep's host speed (and so the gap and bucket 32 follow); bucket 16
 #: of the light fine load is its rare steps above a batch of 8. (medium_coarse's step time,
-#: -4.2 % while the capture's waits were unbound, was -3.9 % once the binding of waits gave
-#: the fit the measured cross-stream latency, and is -4.1 % since the graph phases are fitted
-#: per bucket: the line in the bucket put buckets 16 and 32 about 2 % above their measured
-#: means, which offset part of the slower host of that load's repeat; the fit's own check
-#: of the sweep got closer, bucket 32's gap within its bound.)
+#: -4.2 % while the capture's waits were unbound, is -3.9 % since the binding of waits gives
+#: the fit the measured cross-stream latency: within its 4 %, by a small margin; -3.8 % with
+#: the profiler's host cost subtracted, -4.0 % with the graph phases fitted per bucket: the
+#: line in the bucket put buckets 16 and 32 about 2 % above their measured means, which offset
+#: part of the slower host of that load's judged repeat. The per-bucket tables also brought
+#: the medium loads' forward gap closer: medium_fine's from -65 µs to -36 µs, within its
+#: max(25 µs, 25 %) of 38 µs, so no longer listed.)
 MISSES = {"light_fine": {"bucket 16"},
-          "medium_coarse": {"step_us_mean", "batch_mean", "gap_us_mean", "bucket 32"},
-          "medium_fine": {"batch_mean", "gap_us_mean"},
+          "medium_coarse": {"batch_mean", "gap_us_mean", "bucket 32"},
+          "medium_fine": {"batch_mean"},
           "medium_none": {"batch_mean", "gap_us_mean", "bucket 32"}}
 
 
