@@ -192,6 +192,8 @@ def command(args) -> int:
     if args.mapping and not (args.fit or args.check):  # those make it an error (check_mapping)
         report["warnings"] += _unmatched_warnings(result, mapping, args.mapping)
     report["mapping"] = _mapping_report(mapping, sizes)
+    report["shapes"] = [s._asdict() for s in cap.shapes]
+    report["frames"] = cap.n_frames
     if args.save_trace:
         result.trace.save(args.save_trace)
     if args.steps_csv:
@@ -354,9 +356,12 @@ def _check(cap, args, loaded, report, steps) -> dict:
 def _mapping_report(mapping, sizes) -> dict:
     """What the capture was read with: the preset and how, the sizes and where from."""
     # lazy: start-up time of the CLI (the importer loads numpy)
-    from simwar.capture.presets import preset_line
+    from simwar.capture.presets import dropped_entries, entry_lines, preset_line
 
     return {"preset": mapping.origin[0], "preset_line": preset_line(mapping),
+            "entries": entry_lines(mapping),
+            "matched": {k: sorted(v) for k, v in mapping.soft.items() if k != "reads"},
+            "unmatched": dropped_entries(mapping),
             "sizes": sizes.source, "size_notes": list(sizes.notes),
             "graph_buckets": sizes.buckets}
 
@@ -368,6 +373,16 @@ def _sizes_lines(r: dict) -> list[str]:
     lines = []
     if m.get("preset_line"):
         lines.append(f"  mapping             {m['preset_line']}")
+        lines += [f"    {e}" for e in m.get("entries", [])]
+    if r.get("frames"):
+        lines.append(f"  python frames       {r['frames']} of the engine's own, read as host "
+                     f"ranges (with_stack)")
+    if r.get("shapes"):
+        # lazy: start-up time of the CLI (the importer)
+        from simwar.capture.step_shapes import StepShape, shape_summary
+
+        lines.append(f"  step shapes         "
+                     f"{shape_summary(StepShape(**x) for x in r['shapes'])}")
     s = r["metrics"]
     if "by_bucket" in s and s.get("steps_measured", 0) > 0:
         for note in m.get("size_notes", []):
