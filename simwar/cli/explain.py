@@ -231,6 +231,7 @@ def _load_capture(p: Path | list, mapping: str | None, preset: str | None) -> So
     import re  # lazy: start-up time of the CLI
 
     # lazy: start-up time of the CLI (the importer loads numpy)
+    from simwar.capture.frames import short_name  # lazy: start-up time of the CLI
     from simwar.capture.open import open_capture
     from simwar.capture.presets import preset_line  # lazy: start-up time of the CLI
     from simwar.capture.reader import KinetoFormatError  # lazy: start-up time of the CLI
@@ -250,7 +251,8 @@ def _load_capture(p: Path | list, mapping: str | None, preset: str | None) -> So
         if any(rx.search(name) for rx in skip):
             continue
         item = next((it for rx, it in rules if rx.search(name)), None)
-        ranges.append((f"{name} ({item})" if item and item not in name.split(".")[-1] else name,
+        shown = short_name(name)
+        ranges.append((f"{shown} ({item})" if item and item not in name.split(".")[-1] else shown,
                        a, b))
     notes = [n for n in (preset_line(m),) if n] + (sizes.notes if sizes.varying else [])
     run = result.trace.run
@@ -325,7 +327,15 @@ def format_explain(cp, what: str, top: int = 8, notes=()) -> str:
     a, b = cp.steps
     lines = [_header(cp.trace, what)]
     lines += [f"  read with           {n}" for n in notes]
-    lines.append(f"  steps               {a}..{b} ({cp.n_steps} explained, means per step)")
+    if getattr(cp, "one_step", False):
+        # lazy: start-up time of the CLI (the analysis loads numpy)
+        from simwar.analysis.critical_path import NEEDS_STEPS
+
+        lines.append(f"  steps               {a} (the capture's one step with forward work: its "
+                     f"critical path from its start to its forward's end)")
+        lines.append(f"  needs more steps    {'; '.join(NEEDS_STEPS)}")
+    else:
+        lines.append(f"  steps               {a}..{b} ({cp.n_steps} explained, means per step)")
     lines += _explained(cp, top)
     for bucket, sub in cp.by_bucket().items():
         lines.append(f"  bucket {bucket:<12} {sub.n_steps} steps explained")
@@ -338,12 +348,15 @@ def _explained(cp, top: int, indent: str = "") -> list[str]:
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.critical_path import sentence
 
-    lines = [f"{indent}  step time           {cp.step_us:.1f} µs; forward gap before each "
-             f"forward {cp.fwd_gap_us:.1f} µs"]
+    one = getattr(cp, "one_step", False)
+    lines = [f"{indent}  step time           {cp.step_us:.1f} µs"
+             + ("" if one else f"; forward gap before each forward {cp.fwd_gap_us:.1f} µs")]
     lines += textwrap.wrap(sentence(cp), width=100,
                            initial_indent=f"{indent}  in words            ",
                            subsequent_indent=" " * (22 + len(indent)))
     tables = (("forward gap by cause", cp.gap_causes()), ("step time by cause", cp.step_causes()))
+    if one:  # no gap in a trace of one step: the table would only say so
+        tables = tables[1:]
     width = min(72, max([len(title) - 2 for title, _ in tables]
                         + [len(r["cause"]) for _, rows in tables for r in rows[:top]]))
     for title, rows in tables:
