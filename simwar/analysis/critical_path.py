@@ -144,6 +144,8 @@ class CriticalPath:
     #: is no next forward to run to, and no gap before it); :data:`NEEDS_STEPS` says what
     #: cannot be had from it
     one_step: bool = False
+    #: a trace of one step: its launches and copies (:func:`_launch_facts`)
+    launches: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._bucket_of = self.trace.run.graph_bucket if self.split else None  # per step
@@ -203,6 +205,7 @@ class CriticalPath:
         if self.one_step:
             out["one_step"] = True
             out["needs_more_steps"] = list(NEEDS_STEPS)
+            out["launches"] = dict(self.launches)
         per = self.by_bucket()
         if per:
             out["by_bucket"] = {b: {"steps_explained": cp.n_steps, "step_us": cp.step_us,
@@ -540,7 +543,9 @@ class Walker:
                     slack = (SegmentKind.UNEXPLAINED, f"{lane} stream idle after its predecessor")
                 else:
                     b, nxt = lim, (_At.SPAN_START if inside else _At.SPAN_END, c)
-                    slack = (SegmentKind.LAUNCH_LATENCY, f"launch latency ({lane})")
+                    slack = (SegmentKind.LAUNCH_LATENCY, f"launch latency ({lane})" if p >= 0
+                             else f"launch latency ({lane}'s first op in the trace: work issued "
+                                  f"before the trace began may have held it)")
                     if not inside and p >= 0 and kind[p] == OpKind.WAIT and bound[p] < 0:
                         if bound[p] == _CUT:  # bound before the window: not known here
                             raise Truncated(p)
@@ -743,9 +748,30 @@ def _one_step(trace: Trace, k: int, walker: Walker) -> CriticalPath:
     host_start = float(spans.start_us[mine].min()) if mine.any() else np.inf
     op_start = float(ops.start_us[ops.step == k].min())
     stop = min(host_start, op_start)
-    out = CriticalPath(trace, (k, k), gates=walker.gates, split=False, one_step=True)
+    out = CriticalPath(trace, (k, k), gates=walker.gates, split=False, one_step=True,
+                       launches=_launch_facts(trace, k, walker))
     out.add(walker.chain(last, stop, ChainKind.STEP, k, from_end=True))
     return out
+
+
+def _launch_facts(trace: Trace, k: int, walker: Walker) -> dict:
+    """Step ``k``'s launches and copies, counted from the Trace's calls and ops: graph
+    launches with the device ops each fanned out to and the host time in them, eager
+    launches and theirs, copies and their bytes."""
+    spans, ops = trace.spans, trace.ops
+    mine = np.flatnonzero(spans.step == k)
+    calls = spans.call[mine]
+    took = spans.end_us[mine] - spans.start_us[mine]
+    graph, eager = calls == Call.GRAPH_LAUNCH, calls == Call.LAUNCH
+    fan = walker.fan_out
+    copies = [walker.device_info[o] for o in np.flatnonzero(ops.step == k).tolist()
+              if getattr(walker.device_info.get(o), "copy", "")]
+    return {"graph_launches": int(graph.sum()),
+            "graph_ops": [int(fan[i]) if i < len(fan) else 0 for i in mine[graph].tolist()],
+            "graph_launch_us": float(took[graph].sum()),
+            "launches": int(eager.sum()), "launch_us": float(took[eager].sum()),
+            "copies": len(copies),
+            "copy_bytes": int(sum(max(getattr(c, "bytes", 0), 0) for c in copies))}
 
 
 def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_ranges=None,

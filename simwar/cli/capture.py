@@ -392,6 +392,22 @@ def _sizes_lines(r: dict) -> list[str]:
     return lines
 
 
+def _check_fit_steps(cap, path: Path) -> None:
+    """A capture of one step cannot be fitted (a fit reads step periods and the gaps between
+    forwards): one line saying so and what reads one step, before the fit runs."""
+    # lazy: start-up time of the CLI (the analysis loads numpy)
+    from simwar.analysis.critical_path import NoForward, forward_extents
+
+    try:
+        n = len(forward_extents(cap.trace)[0])
+    except NoForward:
+        return  # the fit says what it lacks
+    if n == 1:
+        raise UserError(f"{path}: --fit: the capture holds one step with forward work; a fit "
+                        f"needs at least two after the warm-up ({cap.trace.run.warmup_steps}) "
+                        f"(simwar explain {path} gives the one step's critical path)")
+
+
 def _write_model(cap, args, path: Path):
     """Fit the capture's whole loop (``--fit``) and write it as a config with ``-o``."""
     # lazy: start-up time of the CLI (yaml; the fit loads numpy)
@@ -403,6 +419,7 @@ def _write_model(cap, args, path: Path):
         fit_model,
     )
 
+    _check_fit_steps(cap, path)
     try:
         model = fit_model(cap, dist=args.dist, policy=args.policy, version=__version__,
                           where=str(path), unprofiled_step_us=args.unprofiled)
@@ -503,6 +520,9 @@ def format_report(r: dict) -> str:
              f"measured; forward stream '{r['forward_stream']}'"]
     if s.get("steps_measured", 0) > 0:
         lines += stall_lines(s)
+    elif r["steps"] == 1:  # one step: explain walks it; the figures over steps need two
+        lines.append("  (one step: simwar explain gives its critical path; the stall figures "
+                     "and --fit need at least two steps with forward kernels after warm-up)")
     else:
         lines.append("  (no measured steps: need at least two steps with forward kernels "
                      "after warm-up)")

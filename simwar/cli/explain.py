@@ -334,6 +334,7 @@ def format_explain(cp, what: str, top: int = 8, notes=()) -> str:
         lines.append(f"  steps               {a} (the capture's one step with forward work: its "
                      f"critical path from its start to its forward's end)")
         lines.append(f"  needs more steps    {'; '.join(NEEDS_STEPS)}")
+        lines.append(f"  launches            {_launch_words(cp.launches)}")
     else:
         lines.append(f"  steps               {a}..{b} ({cp.n_steps} explained, means per step)")
     lines += _explained(cp, top)
@@ -341,6 +342,25 @@ def format_explain(cp, what: str, top: int = 8, notes=()) -> str:
         lines.append(f"  bucket {bucket:<12} {sub.n_steps} steps explained")
         lines += _explained(sub, max(3, top // 2), indent="  ")
     return "\n".join(lines)
+
+
+def _launch_words(f: dict) -> str:
+    """A one-step trace's launches: ``1 graph launch (544 device ops; 1572.6 µs on the host),
+    7 eager launch and copy calls (36.9 µs on the host), 3 copies (768 B)``."""
+    parts = []
+    if f.get("graph_launches"):
+        n, ops = f["graph_launches"], f["graph_ops"]
+        fan = (f"{ops[0]} device ops" if len(ops) == 1
+               else f"{min(ops)}..{max(ops)} device ops each, {sum(ops)} in all")
+        parts.append(f"{n} graph launch{'es' if n != 1 else ''} ({fan}; "
+                     f"{f['graph_launch_us']:.1f} µs on the host)")
+    n = f.get("launches", 0)
+    parts.append(f"{n} eager launch and copy call{'s' if n != 1 else ''} "
+                 f"({f.get('launch_us', 0.0):.1f} µs on the host)")
+    if f.get("copies"):
+        parts.append(f"{f['copies']} cop{'ies' if f['copies'] != 1 else 'y'} "
+                     f"({f['copy_bytes']} B)")
+    return ", ".join(parts)
 
 
 def _explained(cp, top: int, indent: str = "") -> list[str]:
