@@ -335,7 +335,7 @@ class Walker:
                 self.hpred[int(host[0])] = _CUT
         self._names: dict[int, str] = {}
         self.gates: dict[str, GateLanes] = {}
-        # per host span, the device ops it issued (a graph launch's fan-out)
+        # per host span, the device ops it issued (a graph launch's fan-out: _launch_facts)
         issued = ops.call[ops.call >= 0]
         self.fan_out = np.bincount(issued, minlength=len(spans)).tolist() if len(issued) else []
         run = trace.run
@@ -432,11 +432,6 @@ class Walker:
                 return (SegmentKind.HOST_API, f"host blocked in {label} (its record is not "
                         f"bound in this trace)", label)
         what = _CALL_NAMES.get(call, "other") or "call"
-        if call == Call.GRAPH_LAUNCH and span < len(self.fan_out):
-            # a graph launch names its fan-out: one call, every kernel of the graph
-            label = self._text(self.trace.spans.label[span])
-            return (SegmentKind.HOST_API, f"host API: graph_launch ({label}, "
-                    f"{self.fan_out[span]} device ops)", what)
         return SegmentKind.HOST_API, f"host API: {what}", what
 
     def caller(self, span: int) -> str:
