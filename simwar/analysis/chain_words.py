@@ -72,7 +72,10 @@ def _one_step_sentence(cp, max_causes: int) -> str:
     """A trace of one step: what its time went to, largest causes first."""
     total = cp.step_us
     found = cp.step_causes()
-    parts = [f"{_fmt_us(c['us'])} {_clip(c['words'])}" for c in found[:max_causes]]
+    # a kernel's name can run to hundreds of characters: its start says which it is
+    parts = [f"{_fmt_us(c['us'])} "
+             + (_clip(c["words"]) if c["kind"] == SegmentKind.DEVICE else c["words"])
+             for c in found[:max_causes]]
     rest = total - sum(c["us"] for c in found[:max_causes])
     if rest >= 0.5:
         parts.append(f"{_fmt_us(rest)} other")
