@@ -9,8 +9,8 @@ own: ``simwar/data/presets/``): ``mode``, ``batch``, ``tokens``, ``context`` and
 ``generation`` (request counts), ``context_tokens`` and ``generation_tokens``. What a name
 leaves out is derived by one rule each, in :func:`shape_of`: the batch is the requests
 (context + generation), the mode ``mixed`` when both are present, ``extend`` when only
-context requests are, ``decode`` when only generation requests are; a decode's tokens are
-its batch (one token per request).
+context requests are, ``decode`` when only generation requests are, ``idle`` when none is;
+a decode's tokens are its batch (one token per request).
 
 :func:`step_shapes` reads a bound capture's shape ranges in time order, the record
 ``simwar import`` reports and the iteration shapes of a run are built from.
@@ -60,7 +60,7 @@ def shape_of(name: str, rx: re.Pattern) -> StepShape | None:
         batch = (ctx or 0) + (gen or 0)
     mode = g.get("mode", "").lower()
     if not mode and (ctx is not None or gen is not None):
-        mode = ("mixed" if ctx and gen else "extend" if ctx else "decode")
+        mode = ("mixed" if ctx and gen else "extend" if ctx else "decode" if gen else "idle")
     tokens = num("tokens")
     if tokens is None and (num("context_tokens") is not None
                            or num("generation_tokens") is not None):
