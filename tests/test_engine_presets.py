@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,9 @@ from simwar.capture.presets import detect_preset, load_preset
 from simwar.capture.step_shapes import shape_of, shape_summary
 from simwar.capture.synthetic import Style, write_kineto
 from simwar.cli.explain import load_source
-from tests.test_fit_loop_varying import CONFIGS, SHORT
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SHORT = {"steps": 100, "warmup_steps": 6}
 
 SGLANG = re.compile(load_preset("sglang")["shape"])
 VLLM = re.compile(load_preset("vllm")["shape"])
