@@ -95,3 +95,24 @@ def test_the_sglang_decode_step_names_the_copy_that_blocked_the_host(capsys):
     assert words.startswith("the one step took 473451 µs from its start to its forward's end: "
                             "463074 µs host blocked in hipMemcpyWithStream (256 B, DtoH "
                             "(Device -> Host) copy) from cuda_graph_runner.py(276)")
+
+
+def test_the_guide_shows_what_the_commands_print(monkeypatch):
+    """docs/guide-your-server.md, "Real engines": each command prints the lines shown, in
+    order (``...`` stands for lines left out), run from the repository root."""
+    from docs_text import section
+    from test_readme_server import _commands, _run
+
+    monkeypatch.chdir(REAL.parents[2])
+    commands = _commands(section("## Real engines: SGLang and vLLM as they are"))
+    assert len(commands) >= 6
+    for command, shown in commands:
+        lines = [x.rstrip() for x in _run(command).splitlines()]
+        i = 0
+        for want in shown:
+            if want.strip() in ("...", ""):
+                continue
+            while i < len(lines) and lines[i] != want:
+                i += 1
+            assert i < len(lines), f"{command}: not printed (in this order): {want!r}"
+            i += 1
