@@ -770,14 +770,17 @@ def _launch_facts(trace: Trace, k: int, walker: Walker) -> dict:
 
 
 def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_ranges=None,
-                  device_info: dict | None = None, ranks: dict | None = None) -> CriticalPath:
+                  device_info: dict | None = None, ranks: dict | None = None,
+                  one_step: bool = True) -> CriticalPath:
     """Gap and step chains of steps ``a..b`` (inclusive; default: the measured steps).
 
     Step k's gap chain runs from forward k-1's end to forward k's start (none for the
     first forward); its step chain from forward k's start to forward k+1's start (none
     for the last). Raises :class:`NoForward` without forward work, ValueError for a range
     outside the steps with forward work. A trace with forward work in one step only gives that
-    step's chain, from its start to its forward's end (:func:`_one_step`).
+    step's chain, from its start to its forward's end (:func:`_one_step`), unless
+    ``one_step`` is False (a capture whose steps were not found, read whole as one step: its
+    one "step" is no step of the loop).
     ``host_ranges`` and ``device_info``: a measured
     trace's host ranges and device facts (see the module docstring). ``ranks``: a
     tensor-parallel rank's collectives, op id -> :class:`~simwar.analysis.ranks.LateArrival`
@@ -785,7 +788,8 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_range
     rank for the late one is that rank's ("rank 1's host work arrived late at the broadcast").
     """
     all_steps, first, start, end = forward_extents(trace)
-    if len(all_steps) == 1 and (steps is None or steps == (int(all_steps[0]),) * 2):
+    if one_step and len(all_steps) == 1 and (steps is None
+                                             or steps == (int(all_steps[0]),) * 2):
         return _one_step(trace, int(all_steps[0]), Walker(trace, host_ranges, device_info,
                                                           ranks))
     if steps is None:

@@ -82,7 +82,12 @@ def command(args) -> int:
             cp = explain(src.trace, steps)
         else:
             joined = src.collectives.late_of(src.rank) if src.collectives is not None else None
-            cp = critical_path(src.trace, steps, src.host_ranges, src.device_info, joined)
+            # a capture whose steps pattern matched nothing is one "step" only by default: no
+            # step of the loop to explain alone
+            meta = src.trace.meta
+            found = meta.get("source") != "kineto" or bool(meta.get("step_names"))
+            cp = critical_path(src.trace, steps, src.host_ranges, src.device_info, joined,
+                               one_step=found)
     except NoForward as e:
         if what.startswith("Kineto capture") and _simwar_export(Path(src.path)):
             raise UserError(f"{src.path}: a Chrome trace simwar exported for Perfetto "
@@ -231,8 +236,8 @@ def _load_capture(p: Path | list, mapping: str | None, preset: str | None) -> So
     import re  # lazy: start-up time of the CLI
 
     # lazy: start-up time of the CLI (the importer loads numpy)
-    from simwar.capture.frames import short_name  # lazy: start-up time of the CLI
-    from simwar.capture.open import open_capture
+    from simwar.capture.frames import short_name
+    from simwar.capture.open import open_capture  # lazy: start-up time of the CLI (numpy)
     from simwar.capture.presets import preset_line  # lazy: start-up time of the CLI
     from simwar.capture.reader import KinetoFormatError  # lazy: start-up time of the CLI
     from simwar.capture.sizes import SizesError  # lazy: start-up time of the CLI
