@@ -27,6 +27,8 @@ simwar's capture modules; never the simulator.
 
 from __future__ import annotations
 
+import copy
+import functools
 import re
 from pathlib import Path
 
@@ -50,10 +52,18 @@ def preset_names() -> list[str]:
 
 
 def load_preset(name: str, where: str = "--preset") -> dict:
-    """The preset's mapping as a dict; an unknown name is a :class:`ConfigError`."""
+    """The preset's mapping as a dict (the caller's own copy); an unknown name is a
+    :class:`ConfigError`."""
     names = preset_names()
     if name not in names:
         raise ConfigError(f"{where}: '{name}' is not a preset ({', '.join(names)})")
+    return copy.deepcopy(_read_preset(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _read_preset(name: str) -> dict:
+    """A preset file, parsed once per process (detection reads every preset, the map stage
+    the chosen one again: YAML parsing is most of their cost)."""
     return read_yaml(PRESET_DIR / f"{name}.yaml")
 
 
