@@ -72,12 +72,15 @@ def test_the_preset_is_detected_from_ranges_and_frames():
 
 def _as_frames(src, out, path_of: dict) -> None:
     """The capture at ``src`` with its stage ranges written as the Python frames of a
-    ``with_stack`` capture (the functions' own frames, no ranges), to ``out``."""
+    ``with_stack`` capture (the functions' own frames, no ranges) and its batch ranges as
+    SGLang's step spans (``decode bs=8`` -> ``step[DECODE bs=8]``), to ``out``."""
     with gzip.open(src, "rt") as fh:
         doc = json.load(fh)
     for e in doc["traceEvents"]:
         if e.get("cat") == "user_annotation" and e.get("name") in path_of:
             e["cat"], e["name"] = "python_function", path_of[e["name"]]
+        elif e.get("cat") == "user_annotation" and e.get("name", "").startswith("decode bs="):
+            e["name"] = f"step[DECODE {e['name'][len('decode '):]}]"
     with gzip.open(out, "wt") as fh:
         json.dump(doc, fh)
 
@@ -109,3 +112,9 @@ def test_a_with_stack_capture_without_stage_ranges_names_its_stages_by_frames(tm
     src = load_source(str(frames))
     names = {n for n, _, _ in src.host_ranges}
     assert "scheduler.py(3894): get_next_batch_to_run (schedule)" in names
+    # each step's shape, from its step span, in the step it lies in: the batch the sizes read
+    sizes = cap.sized()
+    assert len(cap.shapes) > 50
+    assert all(s.mode == "decode" and s.tokens == s.batch for s in cap.shapes)
+    assert [s.batch for s in cap.shapes] == [int(sizes.batch[s.step]) for s in cap.shapes]
+    assert [s.step for s in cap.shapes] == sorted({s.step for s in cap.shapes})

@@ -36,7 +36,7 @@ from simwar.capture.frames import FRAME_CAT, engine_frames, read_frames
 from simwar.capture.mapping import Mapping, load_mapping
 from simwar.capture.presets import engine_of, load_preset, map_capture
 from simwar.capture.reader import CaptureEvents, KinetoFormatError, ProgressFn, read_capture
-from simwar.capture.sizes import CaptureSizes, SizesError, size_capture
+from simwar.capture.sizes import CaptureSizes, SizesError, size_capture, step_bounds
 from simwar.capture.step_shapes import StepShape, step_shapes
 from simwar.capture.to_trace import KinetoImport, bind_capture
 from simwar.core.trace import Trace
@@ -151,7 +151,7 @@ def finish_capture(bound: KinetoImport, mapping: Mapping, paths=(),
     :func:`open_capture` ends with; a capture bound by other means is finished here)."""
     label = mapping_file or mapping_label(mapping)
     cap = Capture(list(paths), bound, mapping, label, mapping_file)
-    cap.shapes = step_shapes(bound.annotations, mapping.shape)
+    cap.shapes = step_shapes(bound.annotations, mapping.shape, step_bounds(bound.trace))
     try:
         cap.sizes = size_capture(bound, mapping, label)
     except SizesError as e:

@@ -15,11 +15,12 @@ a decode's tokens are its batch (one token per request).
 :func:`step_shapes` reads a bound capture's shape ranges in time order, the record
 ``simwar import`` reports and the iteration shapes of a run are built from.
 
-Imports: the standard library only.
+Imports: the standard library only (a caller gives the steps' bounds).
 """
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import Counter
 from typing import NamedTuple
@@ -33,6 +34,7 @@ class StepShape(NamedTuple):
     batch: int
     tokens: int
     name: str  # the range it was read from
+    step: int = -1  # the capture's step it starts in (-1: none, or steps not given)
 
     def words(self) -> str:
         """``decode bs=32``, ``extend bs=15 toks=15360``."""
@@ -71,17 +73,23 @@ def shape_of(name: str, rx: re.Pattern) -> StepShape | None:
                      -1 if tokens is None else tokens, name)
 
 
-def step_shapes(annotations, pattern: str | None) -> list[StepShape]:
+def step_shapes(annotations, pattern: str | None, bounds=()) -> list[StepShape]:
     """The shapes of a capture's ranges (``(name, start, end)``) that ``pattern`` reads, in
-    time order; empty without a pattern."""
+    time order, each with the step it starts in (``bounds``: each step's ``(start, end)``,
+    :func:`simwar.capture.sizes.step_bounds`); empty without a pattern."""
     if not pattern:
         return []
     rx = re.compile(pattern)
+    starts = [a for a, _ in bounds]
     out = []
-    for name, _a, _b in sorted(annotations, key=lambda r: r[1]):
+    for name, a, _b in sorted(annotations, key=lambda r: r[1]):
         s = shape_of(name, rx)
-        if s is not None:
-            out.append(s)
+        if s is None:
+            continue
+        k = bisect.bisect_right(starts, a) - 1
+        if 0 <= k and a < bounds[k][1]:
+            s = s._replace(step=k)
+        out.append(s)
     return out
 
 
