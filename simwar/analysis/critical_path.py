@@ -429,8 +429,10 @@ class Walker:
             op = self.span_op[span]
             if op < 0 or self.bound[op] < 0:  # it may have blocked: on what, the trace lacks
                 label = self._text(self.trace.spans.label[span])
-                return (SegmentKind.HOST_API, f"host blocked in {label} (its record is not "
-                        f"bound in this trace)", label)
+                frame = self.caller(span)
+                return (SegmentKind.HOST_API, f"host blocked in {label}"
+                        + (f" from {frame}" if frame else "")
+                        + " (its record is not bound in this trace)", label)
         what = _CALL_NAMES.get(call, "other") or "call"
         return SegmentKind.HOST_API, f"host API: {what}", what
 
