@@ -14,7 +14,8 @@ none of them (they are most of a ``with_stack`` capture's bytes and most capture
 none); this module reads them in a second pass, only for a capture that has them (the
 reader's count says so), with msgspec's typed decode that builds nothing for the other
 events' fields. Frames of the Python runtime and torch (``<built-in ...>``,
-``torch/...``) are most of them: :func:`engine_frames` keeps those of files a preset names.
+``torch/...``) are most of them: only the names of those are kept (detection reads names),
+and :func:`engine_frames` keeps the frames of the files the chosen preset names.
 
 Imports: msgspec, the standard library and :mod:`simwar.capture.reader`'s records.
 """
@@ -50,9 +51,11 @@ _DOC = msgspec.json.Decoder(_Doc)
 _LIST = msgspec.json.Decoder(list[_Frame])
 
 
-def read_frames(path: str | Path) -> list[Annotation]:
-    """Every ``python_function`` event of a capture with a numeric time and length, as
-    ranges (ids that are not integers, as some exporters write them, become 0)."""
+def read_frames(path: str | Path, keep: str | None = None) -> tuple[set[str], list[Annotation]]:
+    """``(names, frames)``: the name of every ``python_function`` event of a capture, and as
+    ranges those whose name matches ``keep`` (None: all) with a numeric time and length (ids
+    that are not integers, as some exporters write them, become 0). Detection reads the names;
+    only the engines' own frames are worth a record each (``keep``)."""
     path = Path(path)
     with open(path, "rb") as fh:
         magic = fh.read(2)
@@ -69,14 +72,15 @@ def read_frames(path: str | Path) -> list[Annotation]:
                   else _DOC.decode(data).traceEvents)
     except msgspec.DecodeError as e:  # the reader has read the same bytes: not expected
         raise KinetoFormatError(f"{path}: Python frames not readable: {e}") from None
-    out = []
-    for e in events:
-        if e.cat != FRAME_CAT or not isinstance(e.name, str):
-            continue
-        if not _num(e.ts) or not _num(e.dur) or e.dur < 0:
-            continue
-        out.append(Annotation(e.name, _id(e.pid), _id(e.tid), float(e.ts), float(e.dur)))
-    return out
+    mine = [e for e in events if e.cat == FRAME_CAT and type(e.name) is str]
+    names = {e.name for e in mine}
+    if keep is not None:
+        rx = re.compile(keep)
+        kept = {n for n in names if rx.search(n)}
+        mine = [e for e in mine if e.name in kept]
+    out = [Annotation(e.name, _id(e.pid), _id(e.tid), float(e.ts), float(e.dur))
+           for e in mine if type(e.ts) in _NUM and type(e.dur) in _NUM and e.dur >= 0]
+    return names, out
 
 
 def engine_frames(frames, pattern: str | None) -> list[Annotation]:
@@ -96,12 +100,11 @@ def short_name(name: str) -> str:
     return f"{head.rsplit('/', 1)[1]}){sep[1:]}{tail}"
 
 
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+_NUM = (int, float)  # by exact type: a bool is no time
 
 
 def _id(v) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) else 0
+    return v if type(v) is int else 0
 
 
 __all__ = ["FRAME_CAT", "engine_frames", "read_frames", "short_name"]

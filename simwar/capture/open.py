@@ -34,7 +34,7 @@ from pathlib import Path
 
 from simwar.capture.frames import FRAME_CAT, engine_frames, read_frames
 from simwar.capture.mapping import Mapping, load_mapping
-from simwar.capture.presets import engine_of, load_preset, map_capture
+from simwar.capture.presets import engine_of, load_preset, map_capture, preset_names
 from simwar.capture.reader import CaptureEvents, KinetoFormatError, ProgressFn, read_capture
 from simwar.capture.sizes import CaptureSizes, SizesError, size_capture, step_bounds
 from simwar.capture.step_shapes import StepShape, step_shapes
@@ -115,10 +115,14 @@ def open_capture(paths, mapping=None, preset: str | None = None,
     events = [read_capture(p, progress) for p in files]
     for p, ev in zip(files, events):
         _check_not_frames_only(p, ev)
-    frames = [read_frames(p) if ev.ignored.get(FRAME_CAT) else [] for p, ev in zip(files, events)]
+    engines = "|".join(f"(?:{e['frames']})" for e in map(engine_of, preset_names())
+                       if e.get("frames"))
+    read = [read_frames(p, engines or None) if ev.ignored.get(FRAME_CAT) else (set(), [])
+            for p, ev in zip(files, events)]
+    frames = [fr for _, fr in read]
     names = {a.name for ev in events for a in ev.annotations}
     kernels = {d.name for ev in events for d in ev.device_events}
-    used = map_capture(preset, mapping, names, kernels, {f.name for fr in frames for f in fr})
+    used = map_capture(preset, mapping, names, kernels, set().union(*(n for n, _ in read)))
     pattern = engine_of(used.origin[0]).get("frames")
     kept = 0
     for ev, fr in zip(events, frames):
