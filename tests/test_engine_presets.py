@@ -118,3 +118,23 @@ def test_a_with_stack_capture_without_stage_ranges_names_its_stages_by_frames(tm
     assert all(s.mode == "decode" and s.tokens == s.batch for s in cap.shapes)
     assert [s.batch for s in cap.shapes] == [int(sizes.batch[s.step]) for s in cap.shapes]
     assert [s.step for s in cap.shapes] == sorted({s.step for s in cap.shapes})
+
+
+def test_frames_every_name_for_detection_records_only_for_the_kept_ones(tmp_path):
+    from simwar.capture.frames import read_frames
+
+    ev = [{"ph": "X", "cat": "python_function", "name": n, "pid": 1, "tid": t, "ts": ts,
+           "dur": 5.0} for n, t, ts in [
+               ("/w/sglang/srt/managers/scheduler.py(4614): run_batch", 7, 10.0),
+               ("<built-in function len>", 7, 11.0),
+               ("/w/sglang/srt/managers/tp_worker.py(622): forward", "main", 12.0),
+               ("/w/sglang/srt/managers/scheduler.py(1): bad_time", 7, True)]]
+    ev.append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1.0, "dur": 1.0})
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    names, kept = read_frames(path, "/sglang/srt/")
+    assert names == {e["name"] for e in ev[:4]}
+    # a time that is no number (a bool) is no frame; a tid that is no integer reads as 0
+    assert [(f.name.rsplit(": ", 1)[1], f.tid, f.ts) for f in kept] == \
+        [("run_batch", 7, 10.0), ("forward", 0, 12.0)]
+    assert len(read_frames(path)[1]) == 3
