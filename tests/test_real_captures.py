@@ -39,6 +39,7 @@ def facts(path: Path) -> dict:
         "detected": cap.mapping.origin[1].startswith("detected"),
         "steps": cap.trace.meta["step_names"],
         "shapes": [[s.mode, s.batch, s.tokens] for s in cap.shapes],
+        "batch": cap.sized().batch.tolist(),  # the sizes' batch per step (simwar.capture.sizes)
         "forward_stream": cap.trace.run.forward_stream,
         "one_step": cp.one_step,
         "graph_launches": launches["graph_launches"],
