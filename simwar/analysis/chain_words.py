@@ -27,6 +27,8 @@ def sentence(cp, max_causes: int = 4) -> str:
     could not start until forward k-1 ended because of the coarse barrier
     (schedule.wait_stream(forward)), + 50 µs ...". Cross-stream latencies are summed.
     """
+    if getattr(cp, "one_step", False):
+        return _one_step_sentence(cp, max_causes)
     gap = cp.fwd_gap_us
     if not cp.n_gaps or not np.isfinite(gap):
         return "no forward gap to explain in these steps"
@@ -64,6 +66,25 @@ def sentence(cp, max_causes: int = 4) -> str:
     if rest >= 0.5:
         parts.append(f"{_fmt_us(rest)} other")
     return f"forward k waited {_fmt_us(gap)}: " + ", + ".join(parts)
+
+
+def _one_step_sentence(cp, max_causes: int) -> str:
+    """A trace of one step: what its time went to, largest causes first."""
+    total = cp.step_us
+    found = cp.step_causes()
+    # a kernel's name can run to hundreds of characters: its start says which it is
+    parts = [f"{_fmt_us(c['us'])} "
+             + (_clip(c["words"]) if c["kind"] == SegmentKind.DEVICE else c["words"])
+             for c in found[:max_causes]]
+    rest = total - sum(c["us"] for c in found[:max_causes])
+    if rest >= 0.5:
+        parts.append(f"{_fmt_us(rest)} other")
+    return (f"the one step took {_fmt_us(total)} from its start to its forward's end: "
+            + ", + ".join(parts))
+
+
+def _clip(text: str, width: int = 90) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _gate_words(gate: str) -> str:

@@ -97,8 +97,8 @@ from simwar.analysis.host_ranges import HostRanges
 from simwar.analysis.views import forward_kernels
 from simwar.core.trace import HOST, Call, OpKind, Trace, TraceWindow
 
-__all__ = ["KINDS", "CauseTally", "Chain", "ChainKind", "CriticalPath", "Gate", "GateLanes",
-           "NoForward", "Segment", "SegmentKind", "Truncated", "Walker", "causes",
+__all__ = ["KINDS", "NEEDS_STEPS", "CauseTally", "Chain", "ChainKind", "CriticalPath", "Gate",
+           "GateLanes", "NoForward", "Segment", "SegmentKind", "Truncated", "Walker", "causes",
            "critical_path", "forward_extents", "measured_steps", "sentence"]
 
 
@@ -140,6 +140,12 @@ class CriticalPath:
     buckets: dict[int, CriticalPath] = field(default_factory=dict)
     #: False for one bucket's own CriticalPath (it is not split again)
     split: bool = True
+    #: a trace of one step: its chain runs from the step's start to its forward's end (there
+    #: is no next forward to run to, and no gap before it); :data:`NEEDS_STEPS` says what
+    #: cannot be had from it
+    one_step: bool = False
+    #: a trace of one step: its launches and copies (:func:`_launch_facts`)
+    launches: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._bucket_of = self.trace.run.graph_bucket if self.split else None  # per step
@@ -196,6 +202,10 @@ class CriticalPath:
         out = {"steps": list(self.steps), "steps_explained": self.n_steps,
                "step_us": self.step_us, "fwd_gap_us": self.fwd_gap_us,
                "gap_causes": self.gap_causes(), "step_causes": self.step_causes()}
+        if self.one_step:
+            out["one_step"] = True
+            out["needs_more_steps"] = list(NEEDS_STEPS)
+            out["launches"] = dict(self.launches)
         per = self.by_bucket()
         if per:
             out["by_bucket"] = {b: {"steps_explained": cp.n_steps, "step_us": cp.step_us,
@@ -325,6 +335,9 @@ class Walker:
                 self.hpred[int(host[0])] = _CUT
         self._names: dict[int, str] = {}
         self.gates: dict[str, GateLanes] = {}
+        # per host span, the device ops it issued (a graph launch's fan-out: _launch_facts)
+        issued = ops.call[ops.call >= 0]
+        self.fan_out = np.bincount(issued, minlength=len(spans)).tolist() if len(issued) else []
         run = trace.run
         self.forward = run.forward_stream
         self.barrier = run.barrier_effective or ""
@@ -416,10 +429,21 @@ class Walker:
             op = self.span_op[span]
             if op < 0 or self.bound[op] < 0:  # it may have blocked: on what, the trace lacks
                 label = self._text(self.trace.spans.label[span])
-                return (SegmentKind.HOST_API, f"host blocked in {label} (its record is not "
-                        f"bound in this trace)", label)
+                frame = self.caller(span)
+                return (SegmentKind.HOST_API, f"host blocked in {label}"
+                        + (f" from {frame}" if frame else "")
+                        + " (its record is not bound in this trace)", label)
         what = _CALL_NAMES.get(call, "other") or "call"
         return SegmentKind.HOST_API, f"host API: {what}", what
+
+    def caller(self, span: int) -> str:
+        """The innermost host range around a host call's start (the Python frame that made
+        it, in a ``with_stack`` capture), '' where none is known."""
+        if self.ranges is None:
+            return ""
+        a = self.span_start[span]
+        pieces = self.ranges.split(a, a + 1e-3)
+        return (pieces[0][2] or "") if pieces else ""
 
     def blocking_op(self, span: int) -> int:
         """The op a launch call blocked on (-1: none): its own first op, when that ran and
@@ -449,9 +473,11 @@ class Walker:
         p = self.pred[op]
         while p >= 0 and self.kind[p] != OpKind.KERNEL:
             p = self.pred[p]
-        waited = f"{self.lane_name(op)}: {self.label(p)}" if p >= 0 else self.lane_name(op)
+        waited = (f"{self.lane_name(op)}: {_clip(self.label(p))}" if p >= 0
+                  else self.lane_name(op))
         size = f" ({', '.join(what)})" if what else ""
-        name = f"{label}{size} until {waited} ended"
+        frame = self.caller(span)
+        name = f"{label}{size}" + (f" from {frame}" if frame else "") + f" until {waited} ended"
         self.gates[name] = GateLanes(HOST, self.lane_name(op))
         return name
 
@@ -490,6 +516,7 @@ class Walker:
                 add(_new(Segment, (lo, b, k, cause, lane, op, span, "", what or cause)))
 
         state, item = (_At.OP_END if from_end else _At.OP_START), target
+        blocked_in: tuple = ()  # the last call that blocked on the device: (name, start, end)
         for _ in range(_MAX_LINKS):
             if t <= stop and (t <= limit or (gates and gates[-1].opened_us <= stop)):
                 break
@@ -513,7 +540,9 @@ class Walker:
                     slack = (SegmentKind.UNEXPLAINED, f"{lane} stream idle after its predecessor")
                 else:
                     b, nxt = lim, (_At.SPAN_START if inside else _At.SPAN_END, c)
-                    slack = (SegmentKind.LAUNCH_LATENCY, f"launch latency ({lane})")
+                    slack = (SegmentKind.LAUNCH_LATENCY, f"launch latency ({lane})" if p >= 0
+                             else f"launch latency ({lane}'s first op in the trace: work issued "
+                                  f"before the trace began may have held it)")
                     if not inside and p >= 0 and kind[p] == OpKind.WAIT and bound[p] < 0:
                         if bound[p] == _CUT:  # bound before the window: not known here
                             raise Truncated(p)
@@ -521,6 +550,11 @@ class Walker:
                         slack = (SegmentKind.UNEXPLAINED,
                                  f"{lane} held by a wait on an unknown record")
                 if b < t:
+                    if (slack[0] == SegmentKind.LAUNCH_LATENCY and blocked_in
+                            and b < blocked_in[2] and t > blocked_in[1]):
+                        # the work a blocking call waited for started late: the host's wait
+                        slack = (slack[0], f"host blocked in {blocked_in[0]}: {slack[1]} of "
+                                 f"the work it waited for")
                     emit(b, t, slack[0], slack[1], lane, item)
                     t = b
                 state, item = nxt
@@ -592,6 +626,7 @@ class Walker:
                 blocked = self.blocking_op(item)
                 if blocked >= 0 and fin[blocked] <= t:  # a call that waited for the device
                     name = self.block_name(item, blocked)
+                    blocked_in = (name.split(" until ")[0], span_start[item], span_end[item])
                     f = fin[blocked]
                     gates.append(Gate(f, name))
                     emit(f, t, SegmentKind.WAKE_UP, f"host blocked in {name}: return", HOST, -1,
@@ -644,6 +679,11 @@ def _with_gates(segs: list[Segment], gates: list[Gate]) -> list[Segment]:
     return out
 
 
+def _clip(text: str, width: int = 60) -> str:
+    """A long kernel name shortened for a cause's words (its start says what it is)."""
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 _new = tuple.__new__  # a named tuple from its fields, without its keyword-checking __new__
 _CUT = -2  # a predecessor or record before a window's start (see Walker)
 
@@ -685,20 +725,75 @@ def measured_steps(trace: Trace) -> tuple[int, int]:
     return int(usable[0]), int(usable[-1])
 
 
+#: what a trace of one step cannot give (:func:`_one_step`), in the words ``explain`` prints
+NEEDS_STEPS = ("the forward gap (between two forwards)", "the step period (forward to forward)",
+               "the figures per graph bucket", "a fit (simwar import --fit)")
+
+
+def _one_step(trace: Trace, k: int, walker: Walker) -> CriticalPath:
+    """The critical path of a trace's only step with forward work: back from its forward's
+    last kernel's end to the step's first host call (or its first op), a ``step`` chain.
+
+    Profilers and trace splitters often hand out one step; what bound it (a copy that
+    blocked the host, the graph launch and its fan-out, launch overhead) is in that step
+    alone. What needs a second step is not made up (:data:`NEEDS_STEPS`)."""
+    ops, spans = trace.ops, trace.spans
+    kern = forward_kernels(trace)
+    kern = kern[ops.step[kern] == k]
+    last = int(kern[np.argmax(ops.end_us[kern])])
+    mine = spans.step == k
+    host_start = float(spans.start_us[mine].min()) if mine.any() else np.inf
+    op_start = float(ops.start_us[ops.step == k].min())
+    stop = min(host_start, op_start)
+    out = CriticalPath(trace, (k, k), gates=walker.gates, split=False, one_step=True,
+                       launches=_launch_facts(trace, k, walker))
+    out.add(walker.chain(last, stop, ChainKind.STEP, k, from_end=True))
+    return out
+
+
+def _launch_facts(trace: Trace, k: int, walker: Walker) -> dict:
+    """Step ``k``'s launches and copies, counted from the Trace's calls and ops: graph
+    launches with the device ops each fanned out to and the host time in them, eager
+    launches and theirs, copies and their bytes."""
+    spans, ops = trace.spans, trace.ops
+    mine = np.flatnonzero(spans.step == k)
+    calls = spans.call[mine]
+    took = spans.end_us[mine] - spans.start_us[mine]
+    graph, eager = calls == Call.GRAPH_LAUNCH, calls == Call.LAUNCH
+    fan = walker.fan_out
+    copies = [walker.device_info[o] for o in np.flatnonzero(ops.step == k).tolist()
+              if getattr(walker.device_info.get(o), "copy", "")]
+    return {"graph_launches": int(graph.sum()),
+            "graph_ops": [int(fan[i]) if i < len(fan) else 0 for i in mine[graph].tolist()],
+            "graph_launch_us": float(took[graph].sum()),
+            "launches": int(eager.sum()), "launch_us": float(took[eager].sum()),
+            "copies": len(copies),
+            "copy_bytes": int(sum(max(getattr(c, "bytes", 0), 0) for c in copies))}
+
+
 def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_ranges=None,
-                  device_info: dict | None = None, ranks: dict | None = None) -> CriticalPath:
+                  device_info: dict | None = None, ranks: dict | None = None,
+                  one_step: bool = True) -> CriticalPath:
     """Gap and step chains of steps ``a..b`` (inclusive; default: the measured steps).
 
     Step k's gap chain runs from forward k-1's end to forward k's start (none for the
     first forward); its step chain from forward k's start to forward k+1's start (none
     for the last). Raises :class:`NoForward` without forward work, ValueError for a range
-    outside the steps with forward work. ``host_ranges`` and ``device_info``: a measured
+    outside the steps with forward work. A trace with forward work in one step only gives that
+    step's chain, from its start to its forward's end (:func:`_one_step`), unless
+    ``one_step`` is False (a capture whose steps were not found, read whole as one step: its
+    one "step" is no step of the loop).
+    ``host_ranges`` and ``device_info``: a measured
     trace's host ranges and device facts (see the module docstring). ``ranks``: a
     tensor-parallel rank's collectives, op id -> :class:`~simwar.analysis.ranks.LateArrival`
     (:meth:`simwar.analysis.ranks.Collectives.late_of`): the time a collective held this
     rank for the late one is that rank's ("rank 1's host work arrived late at the broadcast").
     """
     all_steps, first, start, end = forward_extents(trace)
+    if one_step and len(all_steps) == 1 and (steps is None
+                                             or steps == (int(all_steps[0]),) * 2):
+        return _one_step(trace, int(all_steps[0]), Walker(trace, host_ranges, device_info,
+                                                          ranks))
     if steps is None:
         steps = measured_steps(trace)
     a, b = steps

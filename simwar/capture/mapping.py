@@ -13,6 +13,9 @@ A mapping is a small YAML file (every key optional)::
     steps: '^ProfilerStep#\\d+$'     # annotation regex that delimits decode steps
     run_batch: '^run_batch$'         # annotation whose start is the run_batch marker
     batch: '^decode bs=(\\d+)$'      # one group: each step's batch, from a range in it
+    shape: '^step\\[(?P<mode>[A-Z]+) bs=(?P<batch>\\d+)'   # named groups: a step's shape
+                                     #   (mode, batch, tokens, context, generation, ...:
+                                     #   simwar.capture.shapes)
     idle: '^wait_requests$'          # ranges where the loop waits for requests (left out)
     graph_buckets: [8, 16, 32, 64]   # the captured graphs' batch sizes (simwar.capture.sizes)
     phases:                          # regex -> phase, tried in order on the kernel name,
@@ -87,6 +90,7 @@ class Mapping(BaseModel):
     steps: str = PROFILER_STEP
     run_batch: str | None = None
     batch: str | None = None
+    shape: str | None = None
     idle: str | None = None
     graph_buckets: list[int] | None = None
     phases: dict[str, str] = Field(default_factory=dict)
@@ -104,6 +108,8 @@ class Mapping(BaseModel):
     _soft: dict = PrivateAttr(default_factory=dict)
     #: the preset this mapping starts from ('' none) and why (``--preset``, detected)
     _origin: tuple = PrivateAttr(default=("", ""))
+    #: the preset's entries that matched nothing in the capture, by key (the import lists them)
+    _dropped: dict = PrivateAttr(default_factory=dict)
 
     @property
     def soft(self) -> dict:
@@ -122,6 +128,14 @@ class Mapping(BaseModel):
             if groups != 1:
                 raise ValueError(f"'{v}' has {groups} capture groups; expected exactly one, "
                                  f"the batch, e.g. '^decode bs=(\\d+)$'")
+        return v
+
+    @field_validator("shape")
+    @classmethod
+    def _shape(cls, v: str | None) -> str | None:
+        if v is not None and not _compile(v).groupindex:
+            raise ValueError(f"'{v}' has no named group; expected groups such as (?P<mode>...), "
+                             f"(?P<batch>\\d+), (?P<tokens>\\d+)")
         return v
 
     @field_validator("graph_buckets", mode="before")

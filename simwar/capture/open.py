@@ -5,12 +5,17 @@ its verb wherever it appears. **Read** (:func:`simwar.capture.reader.read_captur
 file, in one pass, into its :class:`~simwar.capture.reader.CaptureEvents` (malformed events
 counted, HIP names mapped). **Map** (:func:`simwar.capture.presets.map_capture`): the
 mapping the events are read with, from a preset (named, or detected from the range names
-read), a mapping file over it, and the preset's entries that match nothing dropped.
+read, and from the Python frames of a ``with_stack`` capture: :mod:`simwar.capture.frames`,
+read in a second pass where the capture has them), a mapping file over it, and the preset's
+entries that match nothing dropped; the engine's own frames (the preset's ``engine.frames``)
+join the capture's ranges, so that a stage or a blocking call is named by the function that
+ran it where no ``record_function`` range names it.
 **Bind** (:func:`simwar.capture.to_trace.bind_capture`): events and mapping into a Trace per
 rank, each wait and sync bound to its record (:mod:`simwar.capture.binding`), the
 :class:`~simwar.capture.to_trace.KinetoImport`. **Size**
 (:func:`simwar.capture.sizes.size_capture`): each step's batch and graph bucket, written
-into the Trace's ``meta.workload`` where they vary. :func:`open_capture` runs the four and
+into the Trace's ``meta.workload`` where they vary, and each step's shape as the engine named
+it (:mod:`simwar.capture.step_shapes`). :func:`open_capture` runs the four and
 returns a finished :class:`Capture`, the one record ``simwar import``, ``explain``,
 ``races`` and the fit (:mod:`simwar.fit.from_capture`) read a capture through; the
 reports on it (:mod:`simwar.capture.stalls`, :mod:`simwar.capture.accesses`) and the fit
@@ -24,13 +29,15 @@ Imports: the standard library and simwar's capture modules; never the simulator.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from simwar.capture.frames import FRAME_CAT, engine_frames, read_frames
 from simwar.capture.mapping import Mapping, load_mapping
-from simwar.capture.presets import load_preset, map_capture
-from simwar.capture.reader import ProgressFn, read_capture
-from simwar.capture.sizes import CaptureSizes, SizesError, size_capture
+from simwar.capture.presets import engine_of, load_preset, map_capture, preset_names
+from simwar.capture.reader import CaptureEvents, KinetoFormatError, ProgressFn, read_capture
+from simwar.capture.sizes import CaptureSizes, SizesError, size_capture, step_bounds
+from simwar.capture.step_shapes import StepShape, step_shapes
 from simwar.capture.to_trace import KinetoImport, bind_capture
 from simwar.core.trace import Trace
 
@@ -55,6 +62,10 @@ class Capture:
     mapping_file: str | None = None
     sizes: CaptureSizes | None = None
     size_error: str | None = None
+    #: each step's shape as the engine named it (the mapping's ``shape``), in time order
+    shapes: list[StepShape] = field(default_factory=list)
+    #: the engine's own Python frames kept among the ranges (0: none, or no ``with_stack``)
+    n_frames: int = 0
 
     @property
     def trace(self) -> Trace:
@@ -102,12 +113,40 @@ def open_capture(paths, mapping=None, preset: str | None = None,
         load_mapping(mapping)
     files = [Path(p) for p in paths] if isinstance(paths, (list, tuple)) else [Path(paths)]
     events = [read_capture(p, progress) for p in files]
+    for p, ev in zip(files, events):
+        _check_not_frames_only(p, ev)
+    engines = "|".join(f"(?:{e['frames']})" for e in map(engine_of, preset_names())
+                       if e.get("frames"))
+    read = [read_frames(p, engines or None) if ev.ignored.get(FRAME_CAT) else (set(), [])
+            for p, ev in zip(files, events)]
+    frames = [fr for _, fr in read]
     names = {a.name for ev in events for a in ev.annotations}
     kernels = {d.name for ev in events for d in ev.device_events}
-    used = map_capture(preset, mapping, names, kernels)
+    used = map_capture(preset, mapping, names, kernels, set().union(*(n for n, _ in read)))
+    pattern = engine_of(used.origin[0]).get("frames")
+    kept = 0
+    for ev, fr in zip(events, frames):
+        mine = engine_frames(fr, pattern)
+        ev.annotations.extend(mine)
+        kept += len(mine)
     bound = bind_capture(events, used, [p.name for p in files])
-    return finish_capture(bound, used, files,
-                          str(mapping) if isinstance(mapping, (str, Path)) else None)
+    cap = finish_capture(bound, used, files,
+                         str(mapping) if isinstance(mapping, (str, Path)) else None)
+    cap.n_frames = kept
+    return cap
+
+
+def _check_not_frames_only(path: Path, ev: CaptureEvents) -> None:
+    """A capture of Python frames alone (``activities=[CPU]`` with ``with_stack``) has nothing
+    to import: one line saying so, rather than an empty import."""
+    if ev.device_events or ev.runtime_calls or ev.annotations or ev.sync_events:
+        return
+    n = ev.ignored.get(FRAME_CAT, 0)
+    if n and n == sum(ev.ignored.values()):
+        raise KinetoFormatError(
+            f"{path}: every event is a Python frame ({n} {FRAME_CAT} events): no device work, "
+            f"runtime calls or ranges to import (profile with activities=[ProfilerActivity.CPU, "
+            f"ProfilerActivity.CUDA])")
 
 
 def finish_capture(bound: KinetoImport, mapping: Mapping, paths=(),
@@ -116,6 +155,7 @@ def finish_capture(bound: KinetoImport, mapping: Mapping, paths=(),
     :func:`open_capture` ends with; a capture bound by other means is finished here)."""
     label = mapping_file or mapping_label(mapping)
     cap = Capture(list(paths), bound, mapping, label, mapping_file)
+    cap.shapes = step_shapes(bound.annotations, mapping.shape, step_bounds(bound.trace))
     try:
         cap.sizes = size_capture(bound, mapping, label)
     except SizesError as e:

@@ -208,6 +208,8 @@ def command(args) -> int:
     if args.mapping and not (args.fit or args.check):  # those make it an error (check_mapping)
         report["warnings"] += _unmatched_warnings(result, mapping, args.mapping)
     report["mapping"] = _mapping_report(mapping, sizes)
+    report["shapes"] = [s._asdict() for s in cap.shapes]
+    report["frames"] = cap.n_frames
     if args.save_trace:
         result.trace.save(args.save_trace)
     if args.steps_csv:
@@ -379,9 +381,12 @@ def _check(cap, args, loaded, report, steps) -> dict:
 def _mapping_report(mapping, sizes) -> dict:
     """What the capture was read with: the preset and how, the sizes and where from."""
     # lazy: start-up time of the CLI (the importer loads numpy)
-    from simwar.capture.presets import preset_line
+    from simwar.capture.presets import dropped_entries, entry_lines, preset_line
 
     return {"preset": mapping.origin[0], "preset_line": preset_line(mapping),
+            "entries": entry_lines(mapping),
+            "matched": {k: sorted(v) for k, v in mapping.soft.items() if k != "reads"},
+            "unmatched": dropped_entries(mapping),
             "sizes": sizes.source, "size_notes": list(sizes.notes),
             "graph_buckets": sizes.buckets}
 
@@ -393,6 +398,16 @@ def _sizes_lines(r: dict) -> list[str]:
     lines = []
     if m.get("preset_line"):
         lines.append(f"  mapping             {m['preset_line']}")
+        lines += [f"    {e}" for e in m.get("entries", [])]
+    if r.get("frames"):
+        lines.append(f"  python frames       {r['frames']} of the engine's own, read as host "
+                     f"ranges (with_stack)")
+    if r.get("shapes"):
+        # lazy: start-up time of the CLI (the importer)
+        from simwar.capture.step_shapes import StepShape, shape_summary
+
+        lines.append(f"  step shapes         "
+                     f"{shape_summary(StepShape(**x) for x in r['shapes'])}")
     s = r["metrics"]
     if "by_bucket" in s and s.get("steps_measured", 0) > 0:
         for note in m.get("size_notes", []):
@@ -400,6 +415,22 @@ def _sizes_lines(r: dict) -> list[str]:
         lines.append(f"  batch               mean {f(s['batch_size_mean'])}")
         lines += bucket_lines(s["by_bucket"])
     return lines
+
+
+def _check_fit_steps(cap, path: Path) -> None:
+    """A capture of one step cannot be fitted (a fit reads step periods and the gaps between
+    forwards): one line saying so and what reads one step, before the fit runs."""
+    # lazy: start-up time of the CLI (the analysis loads numpy)
+    from simwar.analysis.critical_path import NoForward, forward_extents
+
+    try:
+        n = len(forward_extents(cap.trace)[0])
+    except NoForward:
+        return  # the fit says what it lacks
+    if n == 1:
+        raise UserError(f"{path}: --fit: the capture holds one step with forward work; a fit "
+                        f"needs at least two after the warm-up ({cap.trace.run.warmup_steps}) "
+                        f"(simwar explain {path} gives the one step's critical path)")
 
 
 def _write_model(cap, args, path: Path):
@@ -413,6 +444,7 @@ def _write_model(cap, args, path: Path):
         fit_model,
     )
 
+    _check_fit_steps(cap, path)
     try:
         model = fit_model(cap, dist=args.dist, policy=args.policy, version=__version__,
                           where=str(path), unprofiled_step_us=args.unprofiled,
@@ -515,6 +547,9 @@ def format_report(r: dict) -> str:
              f"measured; forward stream '{r['forward_stream']}'"]
     if s.get("steps_measured", 0) > 0:
         lines += stall_lines(s)
+    elif r["steps"] == 1:  # one step: explain walks it; the figures over steps need two
+        lines.append("  (one step: simwar explain gives its critical path; the stall figures "
+                     "and --fit need at least two steps with forward kernels after warm-up)")
     else:
         lines.append("  (no measured steps: need at least two steps with forward kernels "
                      "after warm-up)")

@@ -82,7 +82,12 @@ def command(args) -> int:
             cp = explain(src.trace, steps)
         else:
             joined = src.collectives.late_of(src.rank) if src.collectives is not None else None
-            cp = critical_path(src.trace, steps, src.host_ranges, src.device_info, joined)
+            # a capture whose steps pattern matched nothing is one "step" only by default: no
+            # step of the loop to explain alone
+            meta = src.trace.meta
+            found = meta.get("source") != "kineto" or bool(meta.get("step_names"))
+            cp = critical_path(src.trace, steps, src.host_ranges, src.device_info, joined,
+                               one_step=found)
     except NoForward as e:
         if what.startswith("Kineto capture") and _simwar_export(Path(src.path)):
             raise UserError(f"{src.path}: a Chrome trace simwar exported for Perfetto "
@@ -231,7 +236,8 @@ def _load_capture(p: Path | list, mapping: str | None, preset: str | None) -> So
     import re  # lazy: start-up time of the CLI
 
     # lazy: start-up time of the CLI (the importer loads numpy)
-    from simwar.capture.open import open_capture
+    from simwar.capture.frames import short_name
+    from simwar.capture.open import open_capture  # lazy: start-up time of the CLI (numpy)
     from simwar.capture.presets import preset_line  # lazy: start-up time of the CLI
     from simwar.capture.reader import KinetoFormatError  # lazy: start-up time of the CLI
     from simwar.capture.sizes import SizesError  # lazy: start-up time of the CLI
@@ -250,7 +256,8 @@ def _load_capture(p: Path | list, mapping: str | None, preset: str | None) -> So
         if any(rx.search(name) for rx in skip):
             continue
         item = next((it for rx, it in rules if rx.search(name)), None)
-        ranges.append((f"{name} ({item})" if item and item not in name.split(".")[-1] else name,
+        shown = short_name(name)
+        ranges.append((f"{shown} ({item})" if item and item not in name.split(".")[-1] else shown,
                        a, b))
     notes = [n for n in (preset_line(m),) if n] + (sizes.notes if sizes.varying else [])
     run = result.trace.run
@@ -325,7 +332,16 @@ def format_explain(cp, what: str, top: int = 8, notes=()) -> str:
     a, b = cp.steps
     lines = [_header(cp.trace, what)]
     lines += [f"  read with           {n}" for n in notes]
-    lines.append(f"  steps               {a}..{b} ({cp.n_steps} explained, means per step)")
+    if getattr(cp, "one_step", False):
+        # lazy: start-up time of the CLI (the analysis loads numpy)
+        from simwar.analysis.critical_path import NEEDS_STEPS
+
+        lines.append(f"  steps               {a} (the capture's one step with forward work: its "
+                     f"critical path from its start to its forward's end)")
+        lines.append(f"  needs more steps    {'; '.join(NEEDS_STEPS)}")
+        lines.append(f"  launches            {_launch_words(cp.launches)}")
+    else:
+        lines.append(f"  steps               {a}..{b} ({cp.n_steps} explained, means per step)")
     lines += _explained(cp, top)
     for bucket, sub in cp.by_bucket().items():
         lines.append(f"  bucket {bucket:<12} {sub.n_steps} steps explained")
@@ -333,17 +349,39 @@ def format_explain(cp, what: str, top: int = 8, notes=()) -> str:
     return "\n".join(lines)
 
 
+def _launch_words(f: dict) -> str:
+    """A one-step trace's launches: ``1 graph launch (544 device ops; 1572.6 µs on the host),
+    7 eager launch and copy calls (36.9 µs on the host), 3 copies (768 B)``."""
+    parts = []
+    if f.get("graph_launches"):
+        n, ops = f["graph_launches"], f["graph_ops"]
+        fan = (f"{ops[0]} device ops" if len(ops) == 1
+               else f"{min(ops)}..{max(ops)} device ops each, {sum(ops)} in all")
+        parts.append(f"{n} graph launch{'es' if n != 1 else ''} ({fan}; "
+                     f"{f['graph_launch_us']:.1f} µs on the host)")
+    n = f.get("launches", 0)
+    parts.append(f"{n} eager launch and copy call{'s' if n != 1 else ''} "
+                 f"({f.get('launch_us', 0.0):.1f} µs on the host)")
+    if f.get("copies"):
+        parts.append(f"{f['copies']} cop{'ies' if f['copies'] != 1 else 'y'} "
+                     f"({f['copy_bytes']} B)")
+    return ", ".join(parts)
+
+
 def _explained(cp, top: int, indent: str = "") -> list[str]:
     """The means, the sentence and the two cause tables of one set of chains."""
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.critical_path import sentence
 
-    lines = [f"{indent}  step time           {cp.step_us:.1f} µs; forward gap before each "
-             f"forward {cp.fwd_gap_us:.1f} µs"]
+    one = getattr(cp, "one_step", False)
+    lines = [f"{indent}  step time           {cp.step_us:.1f} µs"
+             + ("" if one else f"; forward gap before each forward {cp.fwd_gap_us:.1f} µs")]
     lines += textwrap.wrap(sentence(cp), width=100,
                            initial_indent=f"{indent}  in words            ",
                            subsequent_indent=" " * (22 + len(indent)))
     tables = (("forward gap by cause", cp.gap_causes()), ("step time by cause", cp.step_causes()))
+    if one:  # no gap in a trace of one step: the table would only say so
+        tables = tables[1:]
     width = min(72, max([len(title) - 2 for title, _ in tables]
                         + [len(r["cause"]) for _, rows in tables for r in rows[:top]]))
     for title, rows in tables:

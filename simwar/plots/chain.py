@@ -79,8 +79,10 @@ def chain_figure(cp, step: int, figsize=(13, 4.6), *, fig: Figure | None = None)
     ax.legend(handles=[Patch(facecolor="none", edgecolor=CAUSE_KIND_COLORS.get(k, "black"),
                              linewidth=2, label=k) for k in used],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, title="chain")
+    span = ("the step's start to its forward's end" if getattr(cp, "one_step", False)
+            else f"forward {step}'s start to forward {step + 1}'s")
     ax.set_title(f"{trace.run.name}: the chain behind step {step} ({chain.us:.0f} µs, from "
-                 f"forward {step}'s start to forward {step + 1}'s)", loc="left", fontsize=10)
+                 f"{span})", loc="left", fontsize=10)
     fig.supxlabel("\n".join(textwrap.wrap(sentence(cp), 160)), fontsize=8, x=0.01,
                   ha="left")
     return fig
