@@ -341,6 +341,27 @@ def is_sweep_file(path: str) -> bool:
     return is_sweep_mapping(read_yaml(path))
 
 
+def read_json(path: str | Path, what: str) -> object:
+    """The JSON document at ``path``, or a :class:`UserError` naming it and ``what`` it
+    should be: a missing file, a directory, bytes that are not UTF-8 text, invalid JSON and
+    JSON nested deeper than Python's parser can follow are each one line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory (expected {what})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (expected {what})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: invalid JSON ({e.msg}, line {e.lineno})") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deep to read (expected {what})") from None
+
+
 def load_measured(sources: list[str]) -> dict[str, dict]:
     """Case → measured summary, from traces (dir/tar/file) or summary JSON files."""
     # lazy: start-up time of the CLI (pandas and the analysis)
@@ -352,10 +373,7 @@ def load_measured(sources: list[str]) -> dict[str, dict]:
         if not path.exists():
             raise UserError(f"{src}: file not found")
         if path.suffix == ".json" and not path.name.endswith(".trace.json"):
-            try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise UserError(f"{src}: invalid JSON ({e.msg}, line {e.lineno})") from None
+            data = read_json(path, "a measured-summary JSON file")
             cases = data.get("cases") if isinstance(data, dict) else None
             if not isinstance(cases, dict):
                 raise UserError(f"{src}: expected a measured-summary file with a 'cases' "

@@ -39,8 +39,33 @@ from simwar.config.workload import READ_FILES, SOURCE_KEYS, batch_error, positiv
 DEFAULT_CONFIG = Path(__file__).parents[1] / "data" / "default.yaml"
 
 
+#: how deep collections may nest in a YAML file (simwar's deepest key is a few levels; the
+#: bound keeps PyYAML's recursive composer far from Python's recursion limit)
+MAX_DEPTH = 64
+#: how many values a YAML document may hold once its aliases are expanded (a "billion
+#: laughs" of nested aliases is a few lines that expand to billions; everything that reads
+#: a config afterwards, validation and copies included, walks the expansion)
+MAX_NODES = 1_000_000
+
+
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, with YAML 1.2's floats: ``1e3`` and ``2E-5`` are numbers."""
+    """PyYAML's safe loader, with YAML 1.2's floats: ``1e3`` and ``2E-5`` are numbers, and
+    collections nested at most :data:`MAX_DEPTH` deep."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.MappingStartEvent, yaml.SequenceStartEvent):
+            self._depth += 1
+            try:
+                if self._depth > MAX_DEPTH:
+                    mark = self.peek_event().start_mark
+                    raise YamlRuleError(f"nested deeper than {MAX_DEPTH} levels (line "
+                                        f"{mark.line + 1})")
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+        return super().compose_node(parent, index)
 
 
 _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in
@@ -58,7 +83,24 @@ class YamlRuleError(ValueError):
 
 
 def _check_node(loader: _Loader, node: yaml.Node, where: str) -> None:
-    """Duplicate keys and non-finite numbers anywhere under ``node`` (``where``: its key)."""
+    """Duplicate keys and non-finite numbers anywhere under ``node`` (``where``: its key),
+    and at most :data:`MAX_NODES` values once aliases are expanded.
+
+    Each node is checked once, however many aliases name it (a node met again is an alias:
+    its expanded size is remembered, not walked again)."""
+    sizes: dict[int, int] = {}
+    if _checked(loader, node, where, sizes) > MAX_NODES:
+        raise YamlRuleError(f"more than {MAX_NODES:,} values once its aliases (*name) are "
+                            f"expanded; write the values out or use fewer aliases")
+
+
+def _checked(loader: _Loader, node: yaml.Node, where: str, sizes: dict[int, int]) -> int:
+    """:func:`_check_node` of one node: its expanded size (values under it, itself
+    included), each node checked once (``sizes``: the nodes already checked)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = 1  # a recursive alias (a node inside itself) counts once
+    size = 1
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key, value in node.value:
@@ -70,16 +112,22 @@ def _check_node(loader: _Loader, node: yaml.Node, where: str) -> None:
                     raise YamlRuleError(f"{child}: duplicate key (lines {seen[name]} and "
                                         f"{line}); give it once")
                 seen[name] = line
-            _check_node(loader, value, child)
+            size += 1 + _checked(loader, value, child, sizes)
+            if size > MAX_NODES:
+                break
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _check_node(loader, item, f"{where}.{i}" if where else str(i))
+            size += _checked(loader, item, f"{where}.{i}" if where else str(i), sizes)
+            if size > MAX_NODES:
+                break
     elif isinstance(node, yaml.ScalarNode) and node.tag == _FLOAT_TAG:
         text = node.value
         value = loader.construct_yaml_float(node)
         if not math.isfinite(value):
             raise YamlRuleError(f"{where or 'value'}: expected a finite number, got {text} "
                                 f"(line {node.start_mark.line + 1})")
+    sizes[id(node)] = size
+    return size
 
 
 def load_yaml_text(text: str) -> Any:
@@ -132,6 +180,10 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: the file is empty (expected a YAML mapping)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    bad_key = next((key for key in data if not isinstance(key, str)), None)
+    if bad_key is not None:
+        raise ConfigError(f"{path}: {bad_key}: expected a key name at the top level, got the "
+                          f"{type(bad_key).__name__} {bad_key!r}")
     return data
 
 
