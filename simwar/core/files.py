@@ -24,8 +24,8 @@ bytecode after Ctrl-C, wherever that is; when it lands inside a lookup that a C 
 answers by clearing every error (numpy's lookup of ``__array_ufunc__`` and friends on a
 class with a Python ``__getattr__``, such as an ``IntEnum`` in Python 3.11, is one), the
 interrupt is lost and the program carries on. So while :func:`interrupts_noted` is active
-(the command line wraps every command in it; :func:`atomic_file` uses it too) SIGINT is
-also *noted*: an atomic write never commits after a noted interrupt
+(the command line wraps every command in it; :func:`atomic_file` uses it too) SIGINT, and
+SIGTERM treated as SIGINT, is also *noted*: an atomic write never commits after a noted interrupt
 (:func:`check_interrupt` raises ``KeyboardInterrupt`` again before the rename), a long
 writer can call it between chunks, and the context raises it at its end if nothing did.
 A caller that answers the interrupt itself (a sweep writes the results tables of the runs
@@ -61,11 +61,12 @@ def _umask() -> int:
 
 
 class _Interrupts:
-    """The SIGINT handler of :func:`interrupts_noted` and what it has seen."""
+    """The SIGINT (and SIGTERM) handler of :func:`interrupts_noted` and what it has seen."""
 
     depth = 0  # nested interrupts_noted() contexts
-    noted = False  # SIGINT arrived since the outermost context began
-    previous = None  # the handler before it
+    noted = False  # SIGINT or SIGTERM arrived since the outermost context began
+    previous = None  # the SIGINT handler before it
+    previous_term = None  # the SIGTERM handler before it (None: left as it was)
 
 
 def _note_interrupt(signum, frame):
@@ -75,7 +76,9 @@ def _note_interrupt(signum, frame):
 
 @contextlib.contextmanager
 def interrupts_noted() -> Iterator[None]:
-    """SIGINT raises ``KeyboardInterrupt`` as usual and is also noted until the block ends.
+    """SIGINT raises ``KeyboardInterrupt`` as usual and is also noted until the block ends;
+    SIGTERM, when it has its default handler, is answered the same way (one handler for
+    both: a terminated command stops as an interrupted one does, cleaning up after itself).
 
     Only in the main thread and only over Python's default handler (a program that set its
     own keeps it). At the end of the outermost block a noted interrupt that nothing raised
@@ -90,6 +93,10 @@ def interrupts_noted() -> Iterator[None]:
     if _Interrupts.depth == 0:
         _Interrupts.noted = False
         _Interrupts.previous = signal.signal(signal.SIGINT, _note_interrupt)
+        # SIGTERM (a job scheduler's stop, `kill`) is answered as Ctrl-C: its default would
+        # end the process at once, leaving a temporary file and a sweep without its tables
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            _Interrupts.previous_term = signal.signal(signal.SIGTERM, _note_interrupt)
     _Interrupts.depth += 1
     try:
         yield
@@ -100,6 +107,9 @@ def interrupts_noted() -> Iterator[None]:
         if _Interrupts.depth == 0:
             signal.signal(signal.SIGINT, _Interrupts.previous)
             _Interrupts.previous = None
+            if _Interrupts.previous_term is not None:
+                signal.signal(signal.SIGTERM, _Interrupts.previous_term)
+                _Interrupts.previous_term = None
 
 
 def interrupt_handled() -> None:
