@@ -275,6 +275,8 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
     node: Any = data
     for i, part in enumerate(parts[:-1]):
         nxt_is_last = i == len(parts) - 2
+        if not isinstance(node, (dict, list)):
+            raise _not_a_section(parts[:i], node)
         if isinstance(node, list):
             node = _list_item(node, part, key)
             continue
@@ -309,7 +311,22 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
     elif isinstance(node, dict):
         node[last] = value
     else:
-        raise ConfigError(f"{key}: cannot set a key inside a {type(node).__name__}")
+        raise _not_a_section(parts[:-1], node)
+
+
+def _not_a_section(parts: list[str], node: Any) -> ConfigError:
+    """A dotted key that goes on past a plain value (``name.foo.bar``: ``name`` is text)."""
+    return ConfigError(f"{'.'.join(parts)}: is {_kind(node)}, not a section with keys")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the text {value!r}"
+    return f"a {type(value).__name__}"
 
 
 def _index(node: list, part: str, key: str) -> int:
