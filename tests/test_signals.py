@@ -47,3 +47,23 @@ def test_a_sigtermed_sweep_writes_its_tables_and_no_temporary(tmp_path):
     table = pd.read_parquet(out / "results.parquet")
     assert 3 <= len(table) < 400
     assert not [p for p in out.rglob(f"*{TMP_SUFFIX}")]
+
+
+def test_a_second_sweep_into_a_busy_directory_is_refused(tmp_path):
+    from simwar.core.files import directory_lock
+    from simwar.study.sweeps import SweepConflict, sweep
+
+    spec = {"base": str(REPO / "configs" / "dspark_fine.yaml"),
+            "grid": {"cpu.schedule_us": [100, 200], "steps": [30]}}
+    out = tmp_path / "out"
+    out.mkdir()
+    with directory_lock(out):  # another sweep holds it
+        try:
+            sweep(spec, out)
+        except SweepConflict as e:
+            assert "another sweep is writing into it now" in str(e)
+        else:
+            raise AssertionError("a second sweep into a held directory ran")
+        assert sorted(p.name for p in out.iterdir()) == [".simwar.lock"]
+    assert len(sweep(spec, out)) == 2
+    assert not (out / ".simwar.lock").exists()

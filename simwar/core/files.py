@@ -251,13 +251,58 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return path
 
 
+#: the lock file of a directory one writer at a time fills (:func:`directory_lock`)
+LOCK_NAME = ".simwar.lock"
+
+
+class DirectoryBusy(OSError):
+    """Another process holds :func:`directory_lock` on the directory (``filename``)."""
+
+
+@contextlib.contextmanager
+def directory_lock(directory: str | Path) -> Iterator[None]:
+    """Hold ``directory``'s lock (an advisory ``flock`` on its ``.simwar.lock``) for the
+    block, or raise :class:`DirectoryBusy` at once if another process holds it.
+
+    The lock file is removed at the end; a process that opened it before the removal and
+    locks it afterwards holds a lock on a removed file, so a lock counts only when the file
+    locked is still the one the path names (checked after locking, retried otherwise). The
+    kernel releases the lock of a killed process: a stale lock file is never an obstacle.
+    """
+    import fcntl  # POSIX; lazy so that the module stays importable elsewhere
+
+    path = Path(directory) / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DirectoryBusy(errno.EBUSY, "another simwar process is writing into it",
+                                str(directory)) from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # locked a file its holder had just removed: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+
+
 def stale_temporaries(directory: str | Path) -> list[Path]:
     """Temporary files a killed writer left in ``directory`` (the real files are intact)."""
     directory = Path(directory)
     return sorted(directory.glob(f".*{TMP_SUFFIX}")) if directory.is_dir() else []
 
 
-__all__ = ["TMP_SUFFIX", "NotAFileError", "atomic_file", "check_interrupt", "interrupt_handled",
+__all__ = ["LOCK_NAME", "TMP_SUFFIX", "DirectoryBusy", "NotAFileError", "atomic_file",
+           "directory_lock", "check_interrupt", "interrupt_handled",
            "interrupts_noted",
            "stale_temporaries", "write_bytes_atomic", "write_target", "write_text_atomic"]
 

@@ -94,7 +94,9 @@ from simwar.config import (
     set_dotted,
 )
 from simwar.core.files import (
+    DirectoryBusy,
     atomic_file,
+    directory_lock,
     interrupt_handled,
     jsonable,
     stale_temporaries,
@@ -598,12 +600,38 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
     jobs = jobs or os.cpu_count() or 1
     plan = load_sweep(spec, overrides, max_runs=max_runs)
     store = RunStore(out_dir) if out_dir is not None else None
-    if store is not None:
-        if not force:
-            check_out_dir(plan, store.out_dir)
-        store.out_dir.mkdir(parents=True, exist_ok=True)
-        store.remove_stale_temporaries()
-        write_resolved_spec(plan, store.out_dir)
+    with contextlib.ExitStack() as held:
+        if store is not None:
+            _lock_out_dir(held, store.out_dir)
+            if not force:
+                check_out_dir(plan, store.out_dir)
+            store.remove_stale_temporaries()
+            write_resolved_spec(plan, store.out_dir)
+        return _run_sweep(plan, store, jobs=jobs, backend=backend, ray_address=ray_address,
+                          progress=progress)
+
+
+def _lock_out_dir(held: contextlib.ExitStack, out_dir: Path) -> None:
+    """Hold ``out_dir``'s lock until the sweep ends: two sweeps started into one directory
+    at once would each write a ``sweep.yaml`` and tables, leaving one's spec over the
+    other's results (the second is refused at once, before it writes anything)."""
+    existed = out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        held.enter_context(directory_lock(out_dir))
+    except DirectoryBusy:
+        raise SweepConflict(f"{out_dir}: another sweep is writing into it now; wait for it to "
+                            f"finish, or use another output directory") from None
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
+        raise
+
+
+def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
+               ray_address: str | None, progress: bool) -> pd.DataFrame:
+    """:func:`sweep`'s runs, once its output directory is checked and held."""
     summaries: dict[str, dict] = {}
     seen: list[Run] = []  # the runs expanded so far, in run-id order, without their configs
     counts = {"stored": 0, "simulated": 0}
@@ -689,8 +717,11 @@ def _pool_context() -> multiprocessing.context.BaseContext:
 
 
 def _ignore_interrupts() -> None:
-    # Ctrl-C reaches the whole process group; only the parent decides what it means
+    # Ctrl-C reaches the whole process group; only the parent decides what it means. SIGTERM
+    # (the parent's handler, inherited by the fork, answers it as Ctrl-C) ends a worker as
+    # its default does: the pool stops its workers with it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _in_process(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
