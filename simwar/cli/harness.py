@@ -18,6 +18,7 @@ import argparse
 from pathlib import Path
 
 from simwar.cli.common import UserError
+from simwar.core.files import write_text_atomic
 
 HELP = "build programs for the GPU harness (and replay them)"
 DESCRIPTION = ("Write each config's Program as JSON; with --replay, also replay it on CUDA "
@@ -63,7 +64,7 @@ def command(args) -> int:
         raise UserError("harness: give at least one CONFIG, --suite, --workloads or --csan")
     out.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     for name, program in programs.items():
-        (out / f"{name}.json").write_text(program.to_json())
+        write_text_atomic(out / f"{name}.json", program.to_json())
     print(f"wrote {len(programs)} programs to {out}")
     if args.replay:
         try:
