@@ -155,6 +155,21 @@ def yaml_value(raw: str) -> Any:
     return value
 
 
+#: the text of each stream read (a FIFO, ``<(cat file)``): a command reads a file more than
+#: once (is it a sweep? then load it), and a stream gives its text to the first read only
+_STREAMS: dict[str, str] = {}
+
+
+def _text_of(path: Path) -> str:
+    """``path``'s text; a stream's is read once and kept for the process's later reads."""
+    if path.is_file():
+        return path.read_text()
+    key = str(path)
+    if key not in _STREAMS:
+        _STREAMS[key] = path.read_text()
+    return _STREAMS[key]
+
+
 def read_yaml(path: str | Path) -> dict:
     """The top-level mapping of a YAML file; a missing, unreadable or empty file is an error,
     and so are a key given twice and a non-finite number (see the module docstring)."""
@@ -164,7 +179,7 @@ def read_yaml(path: str | Path) -> dict:
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory (expected a YAML file)")
     try:
-        data = load_yaml_text(path.read_text())
+        data = load_yaml_text(_text_of(path))
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (expected YAML)") from None
     except OSError as e:

@@ -316,6 +316,9 @@ def load_sweep(spec: str | Path | dict | Sweep,
         label, data, root = "<sweep>", copy.deepcopy(spec), Path.cwd()
     else:
         label, data, root = str(spec), read_yaml(spec), Path(spec).parent
+    if not is_sweep_mapping(data):
+        raise ConfigError(f"{label}: not a sweep (a sweep has base, and grid, zip or repeats; "
+                          f"this reads as a config: simwar run {label})")
     try:
         parsed = SweepSpec(**data)
     except ValidationError as e:
