@@ -84,6 +84,7 @@ from simwar.capture.reader import (
     problem_lines,
     read_capture,
 )
+from simwar.capture.sanity import check_capture
 from simwar.core.ranks import side_by_side
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
@@ -178,6 +179,10 @@ def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path 
 def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) -> KinetoImport:
     """The import of one or more read captures (files) under a mapping: one Trace per rank,
     the primary one and all side by side (see the module docstring)."""
+    checked = [check_capture(c) for c in caps]
+    caps = [c for c, _ in checked]
+    sane = [w if len(caps) == 1 else f"{names[i]}: {w}"
+            for i, (_, ws) in enumerate(checked) for w in ws]
     ranks, how = split_processes(caps)
     _, clock_note = clock_offsets(caps)
     firsts = [(_first_ts(r.cap), r.clock_offset_us) for r in ranks]
@@ -211,6 +216,7 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) 
     for r, imp, _ in built:
         if r is not main_r:
             warnings += [f"rank {r.rank} (pid {r.pid}): {w}" for w in imp.warnings]
+    warnings = sane + warnings
     if clock_note:
         warnings.append(clock_note)
     if how.get("collision_by_lane"):

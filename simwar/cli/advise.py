@@ -59,7 +59,7 @@ def command(args) -> int:
         raise UserError(f"--screen-steps {args.screen_steps}: expected at least 2")
     if args.top < 0:
         raise UserError(f"--top {args.top}: expected 0 or a positive number")
-    if args.output:
+    if args.output is not None:  # given, even empty: checked
         output_path(args.output, "-o")
         check_outputs([("config", args.config)], [("-o", args.output)])
     overrides = dict(parse_override(o) for o in args.overrides)

@@ -209,7 +209,13 @@ def output_path(path: str, option: str, image: bool = False) -> Path:
     """The file ``option`` writes, checked before anything runs: a new file in a directory
     that exists, a regular file (or a link to one), or a stream (a FIFO, ``/dev/null``, the
     process's own stdout or stderr: :func:`simwar.core.files.write_target`, the rule every
-    write follows); for an image, a name whose suffix matplotlib can render."""
+    write follows); for an image, a name whose suffix matplotlib can render. An empty
+    path, or one ending in ``/`` (a directory's name), names no file."""
+    if not path:
+        raise UserError(f"{option}: an empty path (expected the name of a file to write)")
+    if path.endswith(("/", os.sep)):
+        raise UserError(f"{option} {path}: ends in / (a directory's name; expected the name "
+                        f"of a file to write)")
     out = Path(path)
     try:
         write_target(out)
@@ -330,6 +336,17 @@ def filter_rows(df, items: list[str]):
         if df.empty:
             raise UserError(f"--where {item}: no rows match")
     return df
+
+
+def output_dir(path: str, option: str) -> Path:
+    """The directory ``option`` writes into (made if missing), checked before anything
+    runs: not empty (``''`` would be the working directory, unasked), not a file."""
+    if not path:
+        raise UserError(f"{option}: an empty path (expected the name of a directory to "
+                        f"write into)")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"{option} {path}: exists and is not a directory")
+    return Path(path)
 
 
 def is_sweep_file(path: str) -> bool:

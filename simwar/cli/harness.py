@@ -15,9 +15,8 @@ module.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from simwar.cli.common import UserError
+from simwar.cli.common import UserError, output_dir
 from simwar.core.files import write_text_atomic
 
 HELP = "build programs for the GPU harness (and replay them)"
@@ -44,9 +43,7 @@ def command(args) -> int:
     from simwar.config import load_config  # lazy: start-up time of the CLI
     from simwar.harness import suite  # lazy: start-up time of the CLI
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"-o {out}: exists and is not a directory")
+    out = output_dir(args.out, "-o")
     programs = {}
     for path in args.configs:
         cfg = load_config(path)
