@@ -325,7 +325,7 @@ def filter_rows(df, items: list[str]):
     from simwar.config import parse_override
 
     for item in items:
-        key, value = parse_override(item)
+        key, value = parse_override(item, "--where")
         if key not in df.columns:
             raise UserError(f"--where {item}: no column '{key}'")
         col = df[key]

@@ -269,18 +269,19 @@ def parse_slo(text: str) -> dict[str, float]:
     return out
 
 
-def parse_override(item: str) -> tuple[str, Any]:
-    """``key.path=value`` → (key.path, YAML-parsed value)."""
+def parse_override(item: str, option: str = "--set") -> tuple[str, Any]:
+    """``key.path=value`` → (key.path, YAML-parsed value); ``option``: the option that gave
+    it, as its errors name it (``--set``, ``--where``)."""
     if "=" not in item:
-        raise ConfigError(f"--set {item}: expected key.path=value")
+        raise ConfigError(f"{option} {item}: expected key.path=value")
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"--set {item}: empty key")
+        raise ConfigError(f"{option} {item}: empty key")
     try:
         value = yaml_value(raw)
     except ConfigError as e:
-        raise ConfigError(f"--set {key}: {str(e).removeprefix('value: ')}") from None
+        raise ConfigError(f"{option} {key}: {str(e).removeprefix('value: ')}") from None
     return key, value
 
 
@@ -427,11 +428,29 @@ def validate(data: dict, label: str = "<config>") -> Config:
     hold (the validation itself reads no file): ``workload.batch_sizes_file``
     (:func:`read_files`)."""
     try:
-        return Config.model_validate(data, context={READ_FILES: read_files(data)})
+        cfg = Config.model_validate(data, context={READ_FILES: read_files(data)})
     except ValidationError as e:
         raise ConfigError(f"{label}: {first_error(e)}") from None
     except ValueError as e:
         raise ConfigError(f"{label}: {e}") from None
+    if cfg.ranks is not None and cfg.ranks.per_rank:
+        # each rank's overrides give a valid config of their own (checked without the
+        # other ranks' overrides, which are the config's, checked once, here)
+        base = cfg.model_dump()
+        base["ranks"]["per_rank"] = {}
+        for rank in cfg.ranks.per_rank:
+            try:
+                load_config(base, rank_overrides(cfg, rank))
+            except ConfigError as e:
+                raise ConfigError(f"{label}: {str(e).removeprefix('<config>: ')}") from None
+    return cfg
+
+
+def rank_overrides(cfg: Config, rank: int) -> list[Override]:
+    """Rank ``rank``'s ``ranks.per_rank`` overrides, each blamed on its place in the config
+    (an error in one is the config's ``ranks.per_rank.RANK``, not a ``--set``)."""
+    over = cfg.ranks.per_rank.get(rank, {}) if cfg.ranks is not None else {}
+    return [Override(key, value, f"ranks.per_rank.{rank}") for key, value in over.items()]
 
 
 def read_files(data: dict) -> dict[str, list[int]]:
@@ -490,4 +509,4 @@ def read_batch_sizes(path: str | Path) -> list[int]:
 
 __all__ = ["DEFAULT_CONFIG", "Override", "YamlRuleError", "load_config", "load_yaml_text",
            "override_list", "parse_override", "read_batch_sizes", "read_files", "read_yaml",
-           "resolve_paths", "set_dotted", "validate", "yaml_value"]
+           "rank_overrides", "resolve_paths", "set_dotted", "validate", "yaml_value"]
