@@ -452,8 +452,25 @@ class CaptureTraceBuilder:
             out.append((s, e, a.name))
         if not out and (self.cap.device_events or self.cap.runtime_calls):
             self.warnings.append(f"no annotation matches the steps pattern '{self.m.steps}': "
-                                 f"the whole capture is one step")
+                                 f"the whole capture is one step{self._preset_hint()}")
         return out
+
+    def _preset_hint(self) -> str:
+        """``; its 'step#3' ranges are --preset sglang's steps``: a shipped preset whose
+        steps pattern the capture's ranges match, when its own pattern matched none."""
+        # lazy: presets read the mapping files (and import this module's neighbours)
+        from simwar.capture.presets import load_preset, preset_names
+
+        names = {a.name for a in self.cap.annotations}
+        for preset in preset_names():
+            pattern = load_preset(preset).get("steps")
+            if not isinstance(pattern, str) or pattern == self.m.steps:
+                continue
+            hit = next((n for n in sorted(names) if re.search(pattern, n)), None)
+            if hit is not None:
+                return (f"; its ranges like '{hit}' are the steps of --preset {preset} (give "
+                        f"--preset {preset}, or steps: in a mapping)")
+        return ""
 
     def step_at(self, t: float) -> int:
         """Step of a host time: the last step started at or before t (−1 outside)."""
