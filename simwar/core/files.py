@@ -201,9 +201,24 @@ def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
             yield handle
 
 
+def _naming(e: OSError, target: Path, tmp: str | None = None) -> OSError:
+    """``e`` naming ``target``, the file the user asked for, when it named the temporary
+    ``tmp`` or no file (no permission to create the temporary, a full disk while writing
+    it: the destination's errors); an error naming another file is left as it is."""
+    if not e.errno or e.filename not in (None, tmp):
+        return e
+    named = type(e)(e.errno, e.strerror or os.strerror(e.errno), str(target))
+    named.__traceback__ = e.__traceback__
+    return named
+
+
 @contextlib.contextmanager
 def _atomic_file(target: Path) -> Iterator[BinaryIO]:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TMP_SUFFIX)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                   suffix=TMP_SUFFIX)
+    except OSError as e:
+        raise _naming(e, target, e.filename) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600; a plain open() would not
         with os.fdopen(fd, "wb") as handle:
@@ -213,6 +228,10 @@ def _atomic_file(target: Path) -> Iterator[BinaryIO]:
             os.fsync(handle.fileno())
         check_interrupt()
         os.replace(tmp, target)
+    except OSError as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise _naming(e, target, tmp) from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
