@@ -18,10 +18,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_sigterm_is_noted_as_sigint_inside_the_block_only():
-    before = signal.getsignal(signal.SIGTERM)
-    with interrupts_noted():
-        assert signal.getsignal(signal.SIGTERM) is signal.getsignal(signal.SIGINT)
-    assert signal.getsignal(signal.SIGTERM) == before
+    # a library may have set its own SIGTERM handler in this process (Ray does): it is kept;
+    # here, from the default one
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        with interrupts_noted():
+            assert signal.getsignal(signal.SIGTERM) is signal.getsignal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        own = signal.signal(signal.SIGTERM, lambda *a: None)
+        with interrupts_noted():
+            assert signal.getsignal(signal.SIGTERM) is not signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGTERM, own)
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def test_a_sigtermed_sweep_writes_its_tables_and_no_temporary(tmp_path):

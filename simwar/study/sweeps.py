@@ -603,15 +603,21 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
     jobs = jobs or os.cpu_count() or 1
     plan = load_sweep(spec, overrides, max_runs=max_runs)
     store = RunStore(out_dir) if out_dir is not None else None
-    with contextlib.ExitStack() as held:
-        if store is not None:
-            _lock_out_dir(held, store.out_dir)
-            if not force:
-                check_out_dir(plan, store.out_dir)
-            store.remove_stale_temporaries()
-            write_resolved_spec(plan, store.out_dir)
-        return _run_sweep(plan, store, jobs=jobs, backend=backend, ray_address=ray_address,
-                          progress=progress)
+    made = store is not None and not store.out_dir.exists()
+    try:
+        with contextlib.ExitStack() as held:
+            if store is not None:
+                _lock_out_dir(held, store.out_dir)
+                if not force:
+                    check_out_dir(plan, store.out_dir)
+                store.remove_stale_temporaries()
+            return _run_sweep(plan, store, jobs=jobs, backend=backend,
+                              ray_address=ray_address, progress=progress)
+    except BaseException:
+        if made:  # refused before it wrote anything (a backend that did not start)
+            with contextlib.suppress(OSError):
+                store.out_dir.rmdir()  # only when empty
+        raise
 
 
 def _lock_out_dir(held: contextlib.ExitStack, out_dir: Path) -> None:
@@ -660,6 +666,8 @@ def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
         # the backend starts (worker processes fork) before the progress bar starts its thread
         with _backend(backend, jobs=jobs, pending=plan.count, ray_address=ray_address) \
                 as execute, progress_reporter(progress, total=plan.count) as report:
+            if store is not None:  # the backend started: the directory is this sweep's
+                write_resolved_spec(plan, store.out_dir)
             todo = pending(report)
             # a batch at a time: a pool or a cluster queues what it is given, so a huge sweep
             # is handed over in pieces, never expanded whole
@@ -770,8 +778,13 @@ def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
             from None
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        try:
+            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        except Exception as e:  # Ray's own (a missing ray[client], no cluster there): one line
+            where = f"--ray-address {ray_address}" if ray_address else "backend ray"
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"{where}: Ray did not start: {text}") from None
     remote_run = ray.remote(num_cpus=1)(run_many)
 
     def execute(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
