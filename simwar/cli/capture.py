@@ -129,7 +129,7 @@ def command(args) -> int:
                         f"write the fitted config)")
     if args.output and not (args.fit or args.fit_costs):
         raise UserError("-o needs --fit or --fit-costs (what to write)")
-    if args.output:  # a bad output path costs no import, and nothing is half-written
+    if args.output is not None:  # a bad output path costs no import, nothing half-written
         output_path(args.output, "-o")
     if (args.overrides or args.additions) and not args.check:
         raise UserError(f"{'--set' if args.overrides else '--add'} applies to --check (the "
@@ -158,7 +158,7 @@ def command(args) -> int:
     outputs = [("--save-trace", args.save_trace), ("--steps-csv", args.steps_csv),
                ("-o", args.output)]
     for option, value in outputs:  # checked before the capture is read
-        if value:
+        if value is not None:  # given, even empty: checked
             output_path(value, option)
     # with --fit, --check may name the file -o writes: it checks the config just fitted
     check_outputs([*(("capture", t) for t in args.trace), ("mapping", args.mapping),

@@ -17,6 +17,7 @@ Imports: the config schema only (the config layer).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from simwar.config.base import ConfigError
@@ -31,8 +32,22 @@ HOST_OPS = 8
 PHASE_OPS = 4
 
 
+#: the last reading of the available memory, ``(monotonic time, bytes)``: a sweep checks
+#: every run, and the figure moves slowly
+_LAST: list = [-1.0, None]
+
+
 def available_bytes() -> int | None:
-    """The memory this process can still take (``MemAvailable``; None when unknown)."""
+    """The memory this process can still take (``MemAvailable``, read at most once a second;
+    None when unknown)."""
+    now = time.monotonic()
+    if _LAST[0] >= 0 and now - _LAST[0] < 1.0:
+        return _LAST[1]
+    _LAST[:] = [now, _read_available()]
+    return _LAST[1]
+
+
+def _read_available() -> int | None:
     try:
         with open("/proc/meminfo") as fh:
             for line in fh:

@@ -93,6 +93,7 @@ from simwar.config import (
     resolve_paths,
     set_dotted,
 )
+from simwar.config.budget import check_memory
 from simwar.core.files import (
     DirectoryBusy,
     atomic_file,
@@ -251,6 +252,7 @@ class Sweep:
         data["seed"] = seed
         try:
             cfg = load_config(data)
+            check_memory(cfg)  # a run that cannot fit is refused before any runs
         except ConfigError as e:
             where = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
             detail = str(e).removeprefix("<config>: ")
