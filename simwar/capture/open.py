@@ -29,7 +29,8 @@ from pathlib import Path
 
 from simwar.capture.mapping import Mapping, load_mapping
 from simwar.capture.presets import load_preset, map_capture
-from simwar.capture.reader import ProgressFn, read_capture
+from simwar.capture.reader import ProgressFn
+from simwar.capture.sanity import read_checked
 from simwar.capture.sizes import CaptureSizes, SizesError, size_capture
 from simwar.capture.to_trace import KinetoImport, bind_capture
 from simwar.core.trace import Trace
@@ -101,7 +102,7 @@ def open_capture(paths, mapping=None, preset: str | None = None,
     if isinstance(mapping, (str, Path)):
         load_mapping(mapping)
     files = [Path(p) for p in paths] if isinstance(paths, (list, tuple)) else [Path(paths)]
-    events = [read_capture(p, progress) for p in files]
+    events = [read_checked(p, progress) for p in files]
     names = {a.name for ev in events for a in ev.annotations}
     kernels = {d.name for ev in events for d in ev.device_events}
     used = map_capture(preset, mapping, names, kernels)
