@@ -76,3 +76,21 @@ def test_a_second_sweep_into_a_busy_directory_is_refused(tmp_path):
         assert sorted(p.name for p in out.iterdir()) == [".simwar.lock"]
     assert len(sweep(spec, out)) == 2
     assert not (out / ".simwar.lock").exists()
+
+
+def test_a_sigtermed_trace_export_leaves_no_temporary(tmp_path):
+    out = tmp_path / "t.json"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "simwar", "run", "--set", "steps=400000",
+                             "--trace", str(out), "--quiet"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:  # the export under way
+        if list(tmp_path.glob(f".*{TMP_SUFFIX}")):
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "simwar: interrupted"
+    assert os.listdir(tmp_path) == []
