@@ -41,6 +41,7 @@ from simwar.builder.ranks import rank_programs
 from simwar.builder.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.builder.template import NotTraceable, duration_at, structure_key, traced
 from simwar.config import Config, ConfigError, load_config
+from simwar.config.budget import check_memory
 from simwar.config.clipping import clipping_warnings
 from simwar.config.workload import REQUEST_SOURCES
 from simwar.core.collector import gc_paused
@@ -86,7 +87,7 @@ def _resolve(cfg: Config, summary_only: bool = False, progress=None):
     return sizes, run
 
 
-def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
+def trace_windows(cfg: Config | dict | str, *, steps: tuple[int, int] | None = None,
                   chunk: int | None = None, margin: int = 0):
     """A config's run as a stream of Trace windows (the fast executor's trace mode,
     :func:`simwar.executors.fast.trace.windows`): ``(windows, lanes, meta)``, the windows
@@ -97,7 +98,9 @@ def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
     # lazy: start-up time of the CLI (a run that streams no trace does not load the mode)
     from simwar.executors.fast import trace as fast_trace
 
+    cfg = load_config(cfg)  # a path or a mapping, as simulate takes
     fast.one_rank(cfg)  # tensor-parallel ranks: simulate(cfg).combined
+    check_memory(cfg)
     sizes = resolve_sizes(cfg)
     try:
         plan = fast.plan_config(cfg, sizes)
@@ -113,7 +116,7 @@ def trace_windows(cfg: Config, *, steps: tuple[int, int] | None = None,
 EXPLAIN_MARGINS = (4, 16, 64)
 
 
-def explain(cfg: Config, steps: tuple[int, int] | None = None):
+def explain(cfg: Config | dict | str, steps: tuple[int, int] | None = None):
     """The critical path of a config's run (:mod:`simwar.analysis.critical_path`), simulated
     once and streamed in windows (:func:`trace_windows`): a run of any length in the
     memory of one window, to the figures and causes of the ``simpy`` executor's whole Trace.
@@ -126,6 +129,7 @@ def explain(cfg: Config, steps: tuple[int, int] | None = None):
     from simwar.analysis.critical_stream import critical_path_stream  # lazy: as above
     from simwar.executors.fast.trace import TraceUnsupported  # lazy: as above
 
+    cfg = load_config(cfg)  # a path or a mapping, as simulate takes
     choice = choose(cfg, purpose="trace", trace_for="explain")
     if choice.key == "trace":
         for margin in EXPLAIN_MARGINS:
@@ -148,17 +152,21 @@ def explain(cfg: Config, steps: tuple[int, int] | None = None):
     return critical_path(run.trace, steps)
 
 
-def build_program(cfg: Config) -> Program:
+def build_program(cfg: Config | dict | str) -> Program:
     """The run's Program: every host operation of every iteration, durations drawn (a
     validated Config: :func:`simwar.config.load_config` validates), at its sizes. A
     tensor-parallel config's: rank 0's (:func:`build_rank_programs` for every rank's)."""
+    cfg = load_config(cfg)  # a path or a mapping, as simulate takes
     if cfg.tp > 1:
         return build_rank_programs(cfg)[0]
+    check_memory(cfg)
     return loop.build_program(cfg, resolve_sizes(cfg))
 
 
-def build_rank_programs(cfg: Config) -> list[Program]:
+def build_rank_programs(cfg: Config | dict | str) -> list[Program]:
     """Each tensor-parallel rank's Program, ops listed (:mod:`simwar.builder.ranks`)."""
+    cfg = load_config(cfg)
+    check_memory(cfg)
     return [Program(ops=list(p.ops), streams=p.streams, meta=p.meta)
             for p in rank_programs(cfg, resolve_sizes(cfg))]
 
@@ -308,6 +316,7 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
     hundredths to a few tenths of a second of work apart), both with ``steps`` at the end.
     """
     cfg = load_config(cfg, overrides)
+    check_memory(cfg)  # before anything is allocated
     choice = choose(cfg, engine, trace_for=trace_for)
     requested = engine or cfg.engine
     if choice.name is None:

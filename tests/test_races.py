@@ -150,7 +150,9 @@ def test_candidate_pairs_are_the_definition_for_many_reading_phases(phases, step
               "read_ends": "post_replay" if i == phases - 1 else "unknown"}
              for i in range(phases)]
     trace = simwar.simulate({"algorithm": "custom", "phases": table, "steps": steps,
-                             "warmup_steps": 0, "gpu": {"writes": ["req_to_token", "swa"]},
+                             "warmup_steps": 0,
+                             # a buffer written must be read: swa only when a phase reads it
+                             "gpu": {"writes": ["req_to_token"] + (["swa"] if phases > 1 else [])},
                              "policy": {"barrier": barrier, "placement": placement}},
                             engine="simpy").trace
     cols = _accesses_of(trace)

@@ -79,9 +79,9 @@ def step_columns(trace: Trace) -> dict[str, np.ndarray]:
 
     # time on the forward stream within [end_{k-1}, end_k): kernels, and waits that held it
     on_lane = (ops.kind == OpKind.KERNEL) & (ops.lane == fwd)
-    busy = busy_in_windows(ops.start_us[on_lane], ops.end_us[on_lane], lo, hi)
+    busy = busy_in_windows(*merged(ops.start_us[on_lane], ops.end_us[on_lane]), lo, hi)
     held = (spans.kind == SpanKind.WAIT) & (spans.lane == fwd)
-    dep = busy_in_windows(spans.start_us[held], spans.end_us[held], lo, hi)
+    dep = busy_in_windows(*merged(spans.start_us[held], spans.end_us[held]), lo, hi)
 
     blocked = np.flatnonzero(spans.kind == SpanKind.BLOCKED)
     site_codes = spans.site[blocked]
@@ -264,6 +264,26 @@ def _launch_ahead_columns(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
             ahead[:, d:] += late
         out[rows] = np.where(np.isnan(la), np.nan, ahead)
     return out
+
+
+def merged(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals [s, e) as :func:`busy_in_windows` takes them: without overlaps. A simulated
+    stream runs one op at a time, so its intervals are returned as they are (the same sums,
+    in the same order, as every executor's); a capture's can overlap (an event recorded
+    twice, kernels one stream ran at once by the profiler's clock), and are merged into
+    their union, so a stream is never busy longer than the time that passed (an idle time
+    is never negative)."""
+    if len(s) < 2:
+        return s, e
+    order = np.argsort(s, kind="stable")
+    ss, ee = s[order], e[order]
+    reach = np.maximum.accumulate(ee)
+    if not (ss[1:] < reach[:-1]).any():
+        return s, e
+    new = np.concatenate(([True], ss[1:] >= reach[:-1]))  # starts a run of overlaps
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(ss) - 1)
+    return ss[first], reach[last]
 
 
 def busy_in_windows(s: np.ndarray, e: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

@@ -34,6 +34,7 @@ from simwar.builder import loop
 from simwar.builder.draws import sample
 from simwar.builder.sizes import StepSizes
 from simwar.config import Config, load_config
+from simwar.config.load import Override, rank_overrides
 from simwar.config.schema import Dist, Ranks
 from simwar.core.program import (
     Collective,
@@ -60,8 +61,8 @@ def rank_seed(seed: int, rank: int) -> int:
 
 def rank_config(cfg: Config, rank: int) -> Config:
     """Rank ``rank``'s config: its ``ranks.per_rank`` overrides applied, its own seed."""
-    over = dict(cfg.ranks.per_rank.get(rank, {})) if cfg.ranks is not None else {}
-    over["seed"] = rank_seed(cfg.seed, rank)
+    over = rank_overrides(cfg, rank)
+    over.append(Override("seed", rank_seed(cfg.seed, rank), f"rank {rank}'s seed"))
     return load_config(cfg, over)
 
 

@@ -135,6 +135,12 @@ def batch_ranges(imp, mapping: Mapping, where: str = "mapping") -> dict[int, tup
             raise SizesError(f"{where}: batch: {step_label(trace, k)}: '{name}' gives "
                              f"{text!r}, not a whole number of requests")
         value = int(text)
+        if k in out and out[k][0] != value and not trace.meta.get("step_names"):
+            # no range matched the steps pattern: the capture was read as one step
+            raise SizesError(f"{where}: steps: no range of the capture matches "
+                             f"'{mapping.steps}', so it reads as one step with several batches "
+                             f"('{out[k][1]}', '{name}'); give the pattern of the capture's "
+                             f"step ranges")
         if k in out and out[k][0] != value:
             raise SizesError(f"{where}: batch: {step_label(trace, k)} has two batches: "
                              f"'{out[k][1]}' and '{name}' (one range per step must give it)")

@@ -84,8 +84,8 @@ from simwar.capture.reader import (
     call_kind,
     copy_kind,
     problem_lines,
-    read_capture,
 )
+from simwar.capture.sanity import check_capture, read_checked
 from simwar.core.ranks import side_by_side
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
@@ -179,13 +179,17 @@ def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path 
     Trace (see the module docstring)."""
     mapping = load_mapping(mapping)
     paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
-    caps = [read_capture(p, progress) for p in paths]
+    caps = [read_checked(p, progress) for p in paths]
     return bind_capture(caps, mapping, [p.name for p in paths])
 
 
 def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) -> KinetoImport:
     """The import of one or more read captures (files) under a mapping: one Trace per rank,
     the primary one and all side by side (see the module docstring)."""
+    checked = [check_capture(c) for c in caps]
+    caps = [c for c, _ in checked]
+    sane = [w if len(caps) == 1 else f"{names[i]}: {w}"
+            for i, (_, ws) in enumerate(checked) for w in ws]
     ranks, how = split_processes(caps)
     _, clock_note = clock_offsets(caps)
     firsts = [(_first_ts(r.cap), r.clock_offset_us) for r in ranks]
@@ -223,6 +227,7 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) 
     for r, imp, _ in built:
         if r is not main_r:
             warnings += [f"rank {r.rank} (pid {r.pid}): {w}" for w in imp.warnings]
+    warnings = sane + warnings
     if clock_note:
         warnings.append(clock_note)
     if how.get("collision_by_lane"):
@@ -482,8 +487,25 @@ class CaptureTraceBuilder:
             out.append((s, e, a.name))
         if not out and (self.cap.device_events or self.cap.runtime_calls):
             self.warnings.append(f"no annotation matches the steps pattern '{self.m.steps}': "
-                                 f"the whole capture is one step")
+                                 f"the whole capture is one step{self._preset_hint()}")
         return out
+
+    def _preset_hint(self) -> str:
+        """``; its 'step#3' ranges are --preset sglang's steps``: a shipped preset whose
+        steps pattern the capture's ranges match, when its own pattern matched none."""
+        # lazy: presets read the mapping files (and import this module's neighbours)
+        from simwar.capture.presets import load_preset, preset_names
+
+        names = {a.name for a in self.cap.annotations}
+        for preset in preset_names():
+            pattern = load_preset(preset).get("steps")
+            if not isinstance(pattern, str) or pattern == self.m.steps:
+                continue
+            hit = next((n for n in sorted(names) if re.search(pattern, n)), None)
+            if hit is not None:
+                return (f"; its ranges like '{hit}' are the steps of --preset {preset} (give "
+                        f"--preset {preset}, or steps: in a mapping)")
+        return ""
 
     def step_at(self, t: float) -> int:
         """Step of a host time: the last step started at or before t (−1 outside)."""

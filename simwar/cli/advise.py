@@ -48,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import load_config, parse_override
+    from simwar.config.schema import MIN_MEASURED  # lazy: start-up time of the CLI
 
     # lazy: start-up time of the CLI (the search runs the simulator)
     from simwar.study.advise import OBJECTIVES, SCREEN_STEPS, AdviseError, advise
@@ -55,11 +56,13 @@ def command(args) -> int:
     if args.objective not in OBJECTIVES:
         raise UserError(f"--objective {args.objective}: not known (expected one of "
                         f"{', '.join(OBJECTIVES)})")
-    if args.screen_steps is not None and args.screen_steps < 2:
-        raise UserError(f"--screen-steps {args.screen_steps}: expected at least 2")
+    if args.screen_steps is not None and args.screen_steps < MIN_MEASURED + 1:
+        raise UserError(f"--screen-steps {args.screen_steps}: expected at least "
+                        f"{MIN_MEASURED + 1} (a run measures {MIN_MEASURED} steps or more, the "
+                        f"last one excluded)")
     if args.top < 0:
         raise UserError(f"--top {args.top}: expected 0 or a positive number")
-    if args.output:
+    if args.output is not None:  # given, even empty: checked
         output_path(args.output, "-o")
         check_outputs([("config", args.config)], [("-o", args.output)])
     overrides = dict(parse_override(o) for o in args.overrides)

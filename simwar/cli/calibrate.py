@@ -13,11 +13,9 @@ the suite and the config schema inside :func:`command`. Never another command's 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
-from simwar.cli.common import UserError, check_outputs, load_measured, output_path
+from simwar.cli.common import UserError, check_outputs, load_measured, output_path, read_json
 from simwar.core.files import write_text_atomic
 
 HELP = "fit costs.* from measured harness runs"
@@ -50,10 +48,9 @@ def command(args) -> int:
     bench = None
     if args.bench:
         try:
-            bench = json.loads(Path(args.bench).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise UserError(f"--bench {args.bench}: cannot read micro-benchmark JSON "
-                            f"({e})") from None
+            bench = read_json(args.bench, "micro-benchmark JSON")
+        except UserError as e:
+            raise UserError(f"--bench {e}") from None
         if not isinstance(bench, dict) or not isinstance(bench.get("primitives"), dict):
             raise UserError(f"--bench {args.bench}: expected a JSON object with a "
                             f"'primitives' mapping (python -m simwar.harness.gpu_main --bench)")

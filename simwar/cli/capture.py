@@ -141,7 +141,7 @@ def command(args) -> int:
                         f"write the fitted config)")
     if args.output and not (args.fit or args.fit_costs):
         raise UserError("-o needs --fit or --fit-costs (what to write)")
-    if args.output:  # a bad output path costs no import, and nothing is half-written
+    if args.output is not None:  # a bad output path costs no import, nothing half-written
         output_path(args.output, "-o")
     if (args.overrides or args.additions) and not args.check:
         raise UserError(f"{'--set' if args.overrides else '--add'} applies to --check (the "
@@ -174,7 +174,7 @@ def command(args) -> int:
     outputs = [("--save-trace", args.save_trace), ("--steps-csv", args.steps_csv),
                ("-o", args.output)]
     for option, value in outputs:  # checked before the capture is read
-        if value:
+        if value is not None:  # given, even empty: checked
             output_path(value, option)
     # with --fit, --check may name the file -o writes: it checks the config just fitted
     check_outputs([*(("capture", t) for t in args.trace), ("mapping", args.mapping),
@@ -457,6 +457,7 @@ def _write_model(cap, args, path: Path):
     if model.batches is not None:  # the capture's batch sequence, beside the config
         out = Path(args.output)
         csv = out.with_name(re.sub(r"\.(ya?ml)$", "", out.name) + ".batches.csv")
+        _check_companion(out, csv)
         config = model.config_for_file(csv.name)
     lines = [f"# {line}" for line in model.header]
     fits = [(k, d) for k, d in model.details.items() if "ks" in d]
@@ -473,6 +474,24 @@ def _write_model(cap, args, path: Path):
         write_text_atomic(csv, batches_csv(model.batches))
     write_text_atomic(args.output, text)
     return model
+
+
+def _check_companion(out: Path, csv: Path) -> None:
+    """``-o OUT.yaml`` replaces OUT.yaml, as asked, and the batch file beside it only when it
+    is OUT.yaml's own (the file OUT.yaml names): any other file of that name is refused."""
+    if not csv.exists():
+        return
+    # lazy: start-up time of the CLI (the config schema loads pydantic)
+    from simwar.config import ConfigError, read_yaml
+
+    try:
+        named = (read_yaml(out).get("workload") or {}).get("batch_sizes_file")
+    except (ConfigError, AttributeError):
+        named = None
+    if named != csv.name:
+        raise UserError(f"-o {out}: would replace {csv}, which is not {out.name}'s batch file "
+                        f"(-o writes the capture's batches beside the config); move it, or "
+                        f"choose another -o")
 
 
 class _ReadProgress:

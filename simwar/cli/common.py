@@ -209,7 +209,13 @@ def output_path(path: str, option: str, image: bool = False) -> Path:
     """The file ``option`` writes, checked before anything runs: a new file in a directory
     that exists, a regular file (or a link to one), or a stream (a FIFO, ``/dev/null``, the
     process's own stdout or stderr: :func:`simwar.core.files.write_target`, the rule every
-    write follows); for an image, a name whose suffix matplotlib can render."""
+    write follows); for an image, a name whose suffix matplotlib can render. An empty
+    path, or one ending in ``/`` (a directory's name), names no file."""
+    if not path:
+        raise UserError(f"{option}: an empty path (expected the name of a file to write)")
+    if path.endswith(("/", os.sep)):
+        raise UserError(f"{option} {path}: ends in / (a directory's name; expected the name "
+                        f"of a file to write)")
     out = Path(path)
     try:
         write_target(out)
@@ -319,7 +325,7 @@ def filter_rows(df, items: list[str]):
     from simwar.config import parse_override
 
     for item in items:
-        key, value = parse_override(item)
+        key, value = parse_override(item, "--where")
         if key not in df.columns:
             raise UserError(f"--where {item}: no column '{key}'")
         col = df[key]
@@ -332,6 +338,17 @@ def filter_rows(df, items: list[str]):
     return df
 
 
+def output_dir(path: str, option: str) -> Path:
+    """The directory ``option`` writes into (made if missing), checked before anything
+    runs: not empty (``''`` would be the working directory, unasked), not a file."""
+    if not path:
+        raise UserError(f"{option}: an empty path (expected the name of a directory to "
+                        f"write into)")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UserError(f"{option} {path}: exists and is not a directory")
+    return Path(path)
+
+
 def is_sweep_file(path: str) -> bool:
     """Whether the YAML file at ``path`` is a sweep (rather than a config)."""
     # lazy: start-up time of the CLI (the config schema loads pydantic)
@@ -339,6 +356,27 @@ def is_sweep_file(path: str) -> bool:
     from simwar.study.sweeps import is_sweep_mapping  # lazy: start-up time of the CLI
 
     return is_sweep_mapping(read_yaml(path))
+
+
+def read_json(path: str | Path, what: str) -> object:
+    """The JSON document at ``path``, or a :class:`UserError` naming it and ``what`` it
+    should be: a missing file, a directory, bytes that are not UTF-8 text, invalid JSON and
+    JSON nested deeper than Python's parser can follow are each one line."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory (expected {what})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not a text file (expected {what})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: invalid JSON ({e.msg}, line {e.lineno})") from None
+    except RecursionError:
+        raise UserError(f"{path}: JSON nested too deep to read (expected {what})") from None
 
 
 def load_measured(sources: list[str]) -> dict[str, dict]:
@@ -352,10 +390,7 @@ def load_measured(sources: list[str]) -> dict[str, dict]:
         if not path.exists():
             raise UserError(f"{src}: file not found")
         if path.suffix == ".json" and not path.name.endswith(".trace.json"):
-            try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise UserError(f"{src}: invalid JSON ({e.msg}, line {e.lineno})") from None
+            data = read_json(path, "a measured-summary JSON file")
             cases = data.get("cases") if isinstance(data, dict) else None
             if not isinstance(cases, dict):
                 raise UserError(f"{src}: expected a measured-summary file with a 'cases' "

@@ -93,7 +93,7 @@ def command(args) -> int:
     outputs = [("--csv", args.csv), ("--plot", args.plot), ("--save-measured", args.save_measured),
                ("--markdown", args.markdown)]
     for option, value in outputs:  # checked before anything is simulated
-        if value:
+        if value is not None:  # given, even empty: checked
             output_path(value, option, image=option == "--plot")
     check_outputs([("measured input", m) for m in args.measured]
                   + [("costs file", args.costs), ("config", args.config)], outputs)

@@ -63,7 +63,7 @@ def command(args) -> int:
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.critical_path import NoForward, critical_path, sentence
     from simwar.api import explain  # lazy: start-up time of the CLI (the simulator)
-    from simwar.config import Config  # lazy: start-up time of the CLI (pydantic)
+    from simwar.config import Config, ConfigError  # lazy: start-up time of the CLI (pydantic)
 
     if len(args.source) == 1:
         args.source = args.source[0]
@@ -95,6 +95,8 @@ def command(args) -> int:
                             f"the config itself, or a trace saved with Trace.save or simwar "
                             f"import --save-trace") from None
         raise UserError(f"{src.path}: {e}{_why_no_steps(what, args.mapping)}") from None
+    except ConfigError:  # the config's own error (a ValueError too), not --steps's
+        raise
     except ValueError as e:
         raise UserError(f"--steps {args.steps}: {e}") from None
     if args.timeline:

@@ -15,9 +15,9 @@ module.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from simwar.cli.common import UserError
+from simwar.cli.common import UserError, output_dir
+from simwar.core.files import write_text_atomic
 
 HELP = "build programs for the GPU harness (and replay them)"
 DESCRIPTION = ("Write each config's Program as JSON; with --replay, also replay it on CUDA "
@@ -43,9 +43,7 @@ def command(args) -> int:
     from simwar.config import load_config  # lazy: start-up time of the CLI
     from simwar.harness import suite  # lazy: start-up time of the CLI
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"-o {out}: exists and is not a directory")
+    out = output_dir(args.out, "-o")
     programs = {}
     for path in args.configs:
         cfg = load_config(path)
@@ -63,7 +61,7 @@ def command(args) -> int:
         raise UserError("harness: give at least one CONFIG, --suite, --workloads or --csan")
     out.mkdir(parents=True, exist_ok=True)  # only once there is something to write
     for name, program in programs.items():
-        (out / f"{name}.json").write_text(program.to_json())
+        write_text_atomic(out / f"{name}.json", program.to_json())
     print(f"wrote {len(programs)} programs to {out}")
     if args.replay:
         try:

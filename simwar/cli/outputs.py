@@ -58,9 +58,9 @@ def check_paths(args) -> None:
     if args.steps_window and not (args.timeline or args.trace):
         raise UserError("--steps-window: only used with --timeline OUT.png or --trace "
                         "OUT.json")
-    if args.timeline:
+    if args.timeline is not None:  # given, even empty: checked
         output_path(args.timeline, "--timeline", image=True)
-    if args.trace:
+    if args.trace is not None:
         output_path(args.trace, "--trace")
     check_outputs([("config", args.config), ("costs file", args.costs)],
                   [("--timeline", args.timeline), ("--trace", args.trace)])

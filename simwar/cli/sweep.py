@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from simwar.cli.common import UserError, check_outputs
+from simwar.cli.common import UserError, check_outputs, output_dir
 
 HELP = "run a sweep file into a results table (resumable)"
 DESCRIPTION = ("Expand a sweep file (base config, grid, zip, repeats), simulate every run and "
@@ -60,8 +60,7 @@ def command(args) -> int:
 
     if args.jobs < 0:
         raise UserError(f"--jobs {args.jobs}: expected 0 (one per core) or a positive number")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UserError(f"--out {args.out}: exists and is not a directory")
+    output_dir(args.out, "--out")
     if args.ray_address and args.backend != "ray":
         raise UserError("--ray-address: only meaningful with --backend ray")
     _check_inputs_kept(args.sweep_file, args.out)

@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import ConfigError, load_config
+    from simwar.config.budget import check_memory  # lazy: start-up time of the CLI
     from simwar.config.clipping import clipping_warnings  # lazy: start-up time of the CLI
     from simwar.study.sweeps import MAX_RUNS, load_sweep  # lazy: start-up time of the CLI
 
@@ -46,6 +47,10 @@ def command(args) -> int:
                 print(f"{path}: ok (sweep of {plan.count} runs over {swept})")
             else:
                 cfg = load_config(path)
+                try:
+                    check_memory(cfg)  # a config the machine cannot run is not ok
+                except ConfigError as e:
+                    raise ConfigError(f"{path}: {e}") from None
                 print(f"{path}: ok (config {cfg.name}: {cfg.algorithm}, barrier "
                       f"{cfg.policy.barrier}, {cfg.policy.placement})")
                 for warning in clipping_warnings(cfg):

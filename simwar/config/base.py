@@ -12,9 +12,10 @@ Imports: pydantic only (the bottom of :mod:`simwar.config`).
 from __future__ import annotations
 
 import math
+import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 #: the tags pydantic puts in an error's place for a branch of a union (a duration's
 #: ``float``, ``Dist`` or ``Affine``; the workload's model of each batch source,
@@ -84,3 +85,21 @@ class StrictModel(BaseModel):
     # a field's docstring is its description (the configuration reference lists them)
     model_config = ConfigDict(extra="forbid", validate_assignment=True,
                               use_attribute_docstrings=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic reads true as 1 for a number; `steps: true` is a slip, not one step
+        if isinstance(value, bool) and info.field_name is not None:
+            field = cls.model_fields.get(info.field_name)
+            if (field is not None and _takes(field.annotation, (int, float))
+                    and not _takes(field.annotation, (bool, Any))):
+                raise ValueError(f"expected a number, got {str(value).lower()}")
+        return value
+
+
+def _takes(annotation: Any, types: tuple) -> bool:
+    """Whether a field's type admits one of ``types`` (``int | None``, ``float | Dist``...)."""
+    if any(annotation is t for t in types):
+        return True
+    return any(_takes(arg, types) for arg in typing.get_args(annotation))

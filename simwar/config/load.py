@@ -39,8 +39,33 @@ from simwar.config.workload import READ_FILES, SOURCE_KEYS, batch_error, positiv
 DEFAULT_CONFIG = Path(__file__).parents[1] / "data" / "default.yaml"
 
 
+#: how deep collections may nest in a YAML file (simwar's deepest key is a few levels; the
+#: bound keeps PyYAML's recursive composer far from Python's recursion limit)
+MAX_DEPTH = 64
+#: how many values a YAML document may hold once its aliases are expanded (a "billion
+#: laughs" of nested aliases is a few lines that expand to billions; everything that reads
+#: a config afterwards, validation and copies included, walks the expansion)
+MAX_NODES = 1_000_000
+
+
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader, with YAML 1.2's floats: ``1e3`` and ``2E-5`` are numbers."""
+    """PyYAML's safe loader, with YAML 1.2's floats: ``1e3`` and ``2E-5`` are numbers, and
+    collections nested at most :data:`MAX_DEPTH` deep."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.MappingStartEvent, yaml.SequenceStartEvent):
+            self._depth += 1
+            try:
+                if self._depth > MAX_DEPTH:
+                    mark = self.peek_event().start_mark
+                    raise YamlRuleError(f"nested deeper than {MAX_DEPTH} levels (line "
+                                        f"{mark.line + 1})")
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+        return super().compose_node(parent, index)
 
 
 _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in
@@ -58,7 +83,24 @@ class YamlRuleError(ValueError):
 
 
 def _check_node(loader: _Loader, node: yaml.Node, where: str) -> None:
-    """Duplicate keys and non-finite numbers anywhere under ``node`` (``where``: its key)."""
+    """Duplicate keys and non-finite numbers anywhere under ``node`` (``where``: its key),
+    and at most :data:`MAX_NODES` values once aliases are expanded.
+
+    Each node is checked once, however many aliases name it (a node met again is an alias:
+    its expanded size is remembered, not walked again)."""
+    sizes: dict[int, int] = {}
+    if _checked(loader, node, where, sizes) > MAX_NODES:
+        raise YamlRuleError(f"more than {MAX_NODES:,} values once its aliases (*name) are "
+                            f"expanded; write the values out or use fewer aliases")
+
+
+def _checked(loader: _Loader, node: yaml.Node, where: str, sizes: dict[int, int]) -> int:
+    """:func:`_check_node` of one node: its expanded size (values under it, itself
+    included), each node checked once (``sizes``: the nodes already checked)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = 1  # a recursive alias (a node inside itself) counts once
+    size = 1
     if isinstance(node, yaml.MappingNode):
         seen: dict[str, int] = {}
         for key, value in node.value:
@@ -70,16 +112,22 @@ def _check_node(loader: _Loader, node: yaml.Node, where: str) -> None:
                     raise YamlRuleError(f"{child}: duplicate key (lines {seen[name]} and "
                                         f"{line}); give it once")
                 seen[name] = line
-            _check_node(loader, value, child)
+            size += 1 + _checked(loader, value, child, sizes)
+            if size > MAX_NODES:
+                break
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _check_node(loader, item, f"{where}.{i}" if where else str(i))
+            size += _checked(loader, item, f"{where}.{i}" if where else str(i), sizes)
+            if size > MAX_NODES:
+                break
     elif isinstance(node, yaml.ScalarNode) and node.tag == _FLOAT_TAG:
         text = node.value
         value = loader.construct_yaml_float(node)
         if not math.isfinite(value):
             raise YamlRuleError(f"{where or 'value'}: expected a finite number, got {text} "
                                 f"(line {node.start_mark.line + 1})")
+    sizes[id(node)] = size
+    return size
 
 
 def load_yaml_text(text: str) -> Any:
@@ -107,6 +155,21 @@ def yaml_value(raw: str) -> Any:
     return value
 
 
+#: the text of each stream read (a FIFO, ``<(cat file)``): a command reads a file more than
+#: once (is it a sweep? then load it), and a stream gives its text to the first read only
+_STREAMS: dict[str, str] = {}
+
+
+def _text_of(path: Path) -> str:
+    """``path``'s text; a stream's is read once and kept for the process's later reads."""
+    if path.is_file():
+        return path.read_text()
+    key = str(path)
+    if key not in _STREAMS:
+        _STREAMS[key] = path.read_text()
+    return _STREAMS[key]
+
+
 def read_yaml(path: str | Path) -> dict:
     """The top-level mapping of a YAML file; a missing, unreadable or empty file is an error,
     and so are a key given twice and a non-finite number (see the module docstring)."""
@@ -116,7 +179,7 @@ def read_yaml(path: str | Path) -> dict:
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory (expected a YAML file)")
     try:
-        data = load_yaml_text(path.read_text())
+        data = load_yaml_text(_text_of(path))
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (expected YAML)") from None
     except OSError as e:
@@ -132,6 +195,10 @@ def read_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: the file is empty (expected a YAML mapping)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
+    bad_key = next((key for key in data if not isinstance(key, str)), None)
+    if bad_key is not None:
+        raise ConfigError(f"{path}: {bad_key}: expected a key name at the top level, got the "
+                          f"{type(bad_key).__name__} {bad_key!r}")
     return data
 
 
@@ -202,18 +269,19 @@ def parse_slo(text: str) -> dict[str, float]:
     return out
 
 
-def parse_override(item: str) -> tuple[str, Any]:
-    """``key.path=value`` → (key.path, YAML-parsed value)."""
+def parse_override(item: str, option: str = "--set") -> tuple[str, Any]:
+    """``key.path=value`` → (key.path, YAML-parsed value); ``option``: the option that gave
+    it, as its errors name it (``--set``, ``--where``)."""
     if "=" not in item:
-        raise ConfigError(f"--set {item}: expected key.path=value")
+        raise ConfigError(f"{option} {item}: expected key.path=value")
     key, raw = item.split("=", 1)
     key = key.strip()
     if not key:
-        raise ConfigError(f"--set {item}: empty key")
+        raise ConfigError(f"{option} {item}: empty key")
     try:
         value = yaml_value(raw)
     except ConfigError as e:
-        raise ConfigError(f"--set {key}: {str(e).removeprefix('value: ')}") from None
+        raise ConfigError(f"{option} {key}: {str(e).removeprefix('value: ')}") from None
     return key, value
 
 
@@ -223,6 +291,8 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
     node: Any = data
     for i, part in enumerate(parts[:-1]):
         nxt_is_last = i == len(parts) - 2
+        if not isinstance(node, (dict, list)):
+            raise _not_a_section(parts[:i], node)
         if isinstance(node, list):
             node = _list_item(node, part, key)
             continue
@@ -257,7 +327,22 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
     elif isinstance(node, dict):
         node[last] = value
     else:
-        raise ConfigError(f"{key}: cannot set a key inside a {type(node).__name__}")
+        raise _not_a_section(parts[:-1], node)
+
+
+def _not_a_section(parts: list[str], node: Any) -> ConfigError:
+    """A dotted key that goes on past a plain value (``name.foo.bar``: ``name`` is text)."""
+    return ConfigError(f"{'.'.join(parts)}: is {_kind(node)}, not a section with keys")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the text {value!r}"
+    return f"a {type(value).__name__}"
 
 
 def _index(node: list, part: str, key: str) -> int:
@@ -343,11 +428,29 @@ def validate(data: dict, label: str = "<config>") -> Config:
     hold (the validation itself reads no file): ``workload.batch_sizes_file``
     (:func:`read_files`)."""
     try:
-        return Config.model_validate(data, context={READ_FILES: read_files(data)})
+        cfg = Config.model_validate(data, context={READ_FILES: read_files(data)})
     except ValidationError as e:
         raise ConfigError(f"{label}: {first_error(e)}") from None
     except ValueError as e:
         raise ConfigError(f"{label}: {e}") from None
+    if cfg.ranks is not None and cfg.ranks.per_rank:
+        # each rank's overrides give a valid config of their own (checked without the
+        # other ranks' overrides, which are the config's, checked once, here)
+        base = cfg.model_dump()
+        base["ranks"]["per_rank"] = {}
+        for rank in cfg.ranks.per_rank:
+            try:
+                load_config(base, rank_overrides(cfg, rank))
+            except ConfigError as e:
+                raise ConfigError(f"{label}: {str(e).removeprefix('<config>: ')}") from None
+    return cfg
+
+
+def rank_overrides(cfg: Config, rank: int) -> list[Override]:
+    """Rank ``rank``'s ``ranks.per_rank`` overrides, each blamed on its place in the config
+    (an error in one is the config's ``ranks.per_rank.RANK``, not a ``--set``)."""
+    over = cfg.ranks.per_rank.get(rank, {}) if cfg.ranks is not None else {}
+    return [Override(key, value, f"ranks.per_rank.{rank}") for key, value in over.items()]
 
 
 def read_files(data: dict) -> dict[str, list[int]]:
@@ -406,4 +509,4 @@ def read_batch_sizes(path: str | Path) -> list[int]:
 
 __all__ = ["DEFAULT_CONFIG", "Override", "YamlRuleError", "load_config", "load_yaml_text",
            "override_list", "parse_override", "read_batch_sizes", "read_files", "read_yaml",
-           "resolve_paths", "set_dotted", "validate", "yaml_value"]
+           "rank_overrides", "resolve_paths", "set_dotted", "validate", "yaml_value"]

@@ -11,13 +11,17 @@ Imports: pydantic, :mod:`simwar.config.base`, :mod:`simwar.config.durations` and
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from simwar.config.algorithms import builtin_phases
 from simwar.config.base import StrictModel, first_error
 from simwar.config.durations import Duration, RankDuration
+
+#: what a phase's name may be
+PHASE_NAME = re.compile(r"[A-Za-z_][\w-]*")
 
 GraphKind = Literal["full", "breakable", "eager"]
 ReadEnds = Literal["pre_replay", "in_replay", "post_replay", "unknown"]
@@ -50,7 +54,17 @@ class Phase(StrictModel):
     """
 
     name: str
-    """The phase's name (overrides of a built-in table name the phase they change)."""
+    """The phase's name (overrides of a built-in table name the phase they change): letters,
+    digits, ``_`` and ``-``, starting with a letter or ``_`` (``--set phases.NAME.key``,
+    ``policy.publish_phase`` and the kernels' names use it)."""
+
+    @field_validator("name")
+    @classmethod
+    def _a_name(cls, value: str) -> str:
+        if not PHASE_NAME.fullmatch(value):
+            raise ValueError(f"expected a name of letters, digits, _ and - starting with a "
+                             f"letter or _, got {value!r}")
+        return value
     runner: Literal["target", "draft"] = "target"
     """The model the phase runs: the target model or the draft model."""
     graph: GraphKind = "full"

@@ -411,7 +411,31 @@ class Config(StrictModel):
                              "workload.closed_loop)")
         check_affine(self)
         self._check_ranks(resolved)
+        self._check_buffers(resolved)
         return self
+
+    def _check_buffers(self, phases: list[Phase]) -> None:
+        """Each shared buffer written is read and each read is written: a name on one side
+        only is a slip (a typo in ``gpu.writes`` would leave nothing to race and hide every
+        race of the config)."""
+        written = list(dict.fromkeys(self.gpu.writes))
+        readers: dict[str, str] = {}
+        for p in phases:
+            for b in p.reads:
+                readers.setdefault(b, f"phases.{p.name}.reads")
+        if self.prefill is not None:
+            for b in self.prefill.reads:
+                readers.setdefault(b, "prefill.reads")
+        if not readers:  # nothing reads a shared buffer: no WAR to order, whatever is written
+            return
+        for b in written:
+            if b not in readers:
+                raise ValueError(f"gpu.writes: '{b}' is written but no phase reads it (read: "
+                                 f"{', '.join(readers)})")
+        for b, where in readers.items():
+            if b not in written:
+                raise ValueError(f"{where}: '{b}' is read but gpu.writes does not write it "
+                                 f"(written: {', '.join(written) or 'nothing'})")
 
     @property
     def tp(self) -> int:

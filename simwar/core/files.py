@@ -24,8 +24,8 @@ bytecode after Ctrl-C, wherever that is; when it lands inside a lookup that a C 
 answers by clearing every error (numpy's lookup of ``__array_ufunc__`` and friends on a
 class with a Python ``__getattr__``, such as an ``IntEnum`` in Python 3.11, is one), the
 interrupt is lost and the program carries on. So while :func:`interrupts_noted` is active
-(the command line wraps every command in it; :func:`atomic_file` uses it too) SIGINT is
-also *noted*: an atomic write never commits after a noted interrupt
+(the command line wraps every command in it; :func:`atomic_file` uses it too) SIGINT, and
+SIGTERM treated as SIGINT, is also *noted*: an atomic write never commits after a noted interrupt
 (:func:`check_interrupt` raises ``KeyboardInterrupt`` again before the rename), a long
 writer can call it between chunks, and the context raises it at its end if nothing did.
 A caller that answers the interrupt itself (a sweep writes the results tables of the runs
@@ -61,11 +61,12 @@ def _umask() -> int:
 
 
 class _Interrupts:
-    """The SIGINT handler of :func:`interrupts_noted` and what it has seen."""
+    """The SIGINT (and SIGTERM) handler of :func:`interrupts_noted` and what it has seen."""
 
     depth = 0  # nested interrupts_noted() contexts
-    noted = False  # SIGINT arrived since the outermost context began
-    previous = None  # the handler before it
+    noted = False  # SIGINT or SIGTERM arrived since the outermost context began
+    previous = None  # the SIGINT handler before it
+    previous_term = None  # the SIGTERM handler before it (None: left as it was)
 
 
 def _note_interrupt(signum, frame):
@@ -75,7 +76,9 @@ def _note_interrupt(signum, frame):
 
 @contextlib.contextmanager
 def interrupts_noted() -> Iterator[None]:
-    """SIGINT raises ``KeyboardInterrupt`` as usual and is also noted until the block ends.
+    """SIGINT raises ``KeyboardInterrupt`` as usual and is also noted until the block ends;
+    SIGTERM, when it has its default handler, is answered the same way (one handler for
+    both: a terminated command stops as an interrupted one does, cleaning up after itself).
 
     Only in the main thread and only over Python's default handler (a program that set its
     own keeps it). At the end of the outermost block a noted interrupt that nothing raised
@@ -90,6 +93,10 @@ def interrupts_noted() -> Iterator[None]:
     if _Interrupts.depth == 0:
         _Interrupts.noted = False
         _Interrupts.previous = signal.signal(signal.SIGINT, _note_interrupt)
+        # SIGTERM (a job scheduler's stop, `kill`) is answered as Ctrl-C: its default would
+        # end the process at once, leaving a temporary file and a sweep without its tables
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            _Interrupts.previous_term = signal.signal(signal.SIGTERM, _note_interrupt)
     _Interrupts.depth += 1
     try:
         yield
@@ -100,6 +107,9 @@ def interrupts_noted() -> Iterator[None]:
         if _Interrupts.depth == 0:
             signal.signal(signal.SIGINT, _Interrupts.previous)
             _Interrupts.previous = None
+            if _Interrupts.previous_term is not None:
+                signal.signal(signal.SIGTERM, _Interrupts.previous_term)
+                _Interrupts.previous_term = None
 
 
 def interrupt_handled() -> None:
@@ -191,9 +201,24 @@ def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
             yield handle
 
 
+def _naming(e: OSError, target: Path, tmp: str | None = None) -> OSError:
+    """``e`` naming ``target``, the file the user asked for, when it named the temporary
+    ``tmp`` or no file (no permission to create the temporary, a full disk while writing
+    it: the destination's errors); an error naming another file is left as it is."""
+    if not e.errno or e.filename not in (None, tmp):
+        return e
+    named = type(e)(e.errno, e.strerror or os.strerror(e.errno), str(target))
+    named.__traceback__ = e.__traceback__
+    return named
+
+
 @contextlib.contextmanager
 def _atomic_file(target: Path) -> Iterator[BinaryIO]:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=TMP_SUFFIX)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                   suffix=TMP_SUFFIX)
+    except OSError as e:
+        raise _naming(e, target, e.filename) from None
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes it 0600; a plain open() would not
         with os.fdopen(fd, "wb") as handle:
@@ -203,6 +228,10 @@ def _atomic_file(target: Path) -> Iterator[BinaryIO]:
             os.fsync(handle.fileno())
         check_interrupt()
         os.replace(tmp, target)
+    except OSError as e:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise _naming(e, target, tmp) from None
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -241,13 +270,58 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     return path
 
 
+#: the lock file of a directory one writer at a time fills (:func:`directory_lock`)
+LOCK_NAME = ".simwar.lock"
+
+
+class DirectoryBusy(OSError):
+    """Another process holds :func:`directory_lock` on the directory (``filename``)."""
+
+
+@contextlib.contextmanager
+def directory_lock(directory: str | Path) -> Iterator[None]:
+    """Hold ``directory``'s lock (an advisory ``flock`` on its ``.simwar.lock``) for the
+    block, or raise :class:`DirectoryBusy` at once if another process holds it.
+
+    The lock file is removed at the end; a process that opened it before the removal and
+    locks it afterwards holds a lock on a removed file, so a lock counts only when the file
+    locked is still the one the path names (checked after locking, retried otherwise). The
+    kernel releases the lock of a killed process: a stale lock file is never an obstacle.
+    """
+    import fcntl  # POSIX; lazy so that the module stays importable elsewhere
+
+    path = Path(directory) / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666 & ~_umask())
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DirectoryBusy(errno.EBUSY, "another simwar process is writing into it",
+                                str(directory)) from None
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # locked a file its holder had just removed: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
+
+
 def stale_temporaries(directory: str | Path) -> list[Path]:
     """Temporary files a killed writer left in ``directory`` (the real files are intact)."""
     directory = Path(directory)
     return sorted(directory.glob(f".*{TMP_SUFFIX}")) if directory.is_dir() else []
 
 
-__all__ = ["TMP_SUFFIX", "NotAFileError", "atomic_file", "check_interrupt", "interrupt_handled",
+__all__ = ["LOCK_NAME", "TMP_SUFFIX", "DirectoryBusy", "NotAFileError", "atomic_file",
+           "directory_lock", "check_interrupt", "interrupt_handled",
            "interrupts_noted",
            "stale_temporaries", "write_bytes_atomic", "write_target", "write_text_atomic"]
 

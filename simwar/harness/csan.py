@@ -46,6 +46,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
+from simwar.core.files import write_text_atomic
 from simwar.core.program import GraphLaunch, Program
 from simwar.harness.plan import ReplayPlan, make_plan
 from simwar.harness.replay import replay
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     judged = [r["agree"] for r in results.values() if r["agree"] is not None]
     print(f"{sum(judged)}/{len(judged)} cases agree; total {time.time() - t_all:.0f}s")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    write_text_atomic(args.out, json.dumps({
         "format": "simwar.csan", "version": 1, "device": device_info(),
         "uniform": not args.lean, "cases": results}, indent=1))
     return 0 if all(judged) else 1

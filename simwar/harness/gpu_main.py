@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+from simwar.core.files import atomic_file, write_text_atomic
 from simwar.core.program import Program
 from simwar.harness.plan import make_plan
 from simwar.harness.replay import replay
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         from simwar.harness.bench import run_benchmarks  # lazy: imports torch
 
         bench = run_benchmarks()
-        (args.out / "bench.json").write_text(json.dumps(bench, indent=1))
+        write_text_atomic(args.out / "bench.json", json.dumps(bench, indent=1))
         print("bench:", json.dumps(bench["primitives"]), flush=True)
     cal = calibrate_device()
     print("device calibration:", cal, flush=True)
@@ -137,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     for rep in range(1, args.repeats + 1):
         # each repeat starts at another case, so no case is always the first after a pause
         shift = (rep - 1) * len(programs) // max(1, args.repeats)
-        with tarfile.open(args.out / f"traces_r{rep}.tar", "w") as tar:
+        with atomic_file(args.out / f"traces_r{rep}.tar") as fh, \
+                tarfile.open(fileobj=fh, mode="w") as tar:
             for name, program in programs[shift:] + programs[:shift]:
                 t = time.time()
                 probe_us = python_work_us()
@@ -155,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
 
         kwargs = {}
         exp = getattr(getattr(torch._C, "_profiler", None), "_ExperimentalConfig", None)
-        with tarfile.open(args.out / "kineto.tar", "w") as tar:
+        with atomic_file(args.out / "kineto.tar") as fh, \
+                tarfile.open(fileobj=fh, mode="w") as tar:
             for i, f in enumerate(sorted(args.profile.glob("*.json"))):
                 program = Program.from_json(f.read_text())
                 backend = CudaBackend(cal)

@@ -42,6 +42,7 @@ from pathlib import Path
 from simwar.api import build_program, simulate
 from simwar.config import load_config
 from simwar.config.algorithms import BUILTIN, builtin_phases
+from simwar.core.files import write_text_atomic
 
 BARRIERS = ("none", "coarse", "fine", "host_sync")
 REGIMES = ("gpu", "cpu")
@@ -182,7 +183,7 @@ def write_programs(directory: str | Path, names=None, steps: int | None = None,
             cfg = cfg.model_copy(update={"steps": steps, "warmup_steps": warmup or 0})
         program = build_program(cfg)
         path = directory / f"{name}.json"
-        path.write_text(program.to_json())
+        write_text_atomic(path, program.to_json())
         written.append(path)
     return written
 
@@ -263,6 +264,6 @@ def write_csan_programs(directory: str | Path, names=None) -> list[Path]:
     written = []
     for name in names or table:
         path = directory / f"{name}.json"
-        path.write_text(csan_program(name, table[name]).to_json())
+        write_text_atomic(path, csan_program(name, table[name]).to_json())
         written.append(path)
     return written

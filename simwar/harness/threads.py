@@ -39,6 +39,8 @@ import threading
 import time
 from pathlib import Path
 
+from simwar.core.files import write_bytes_atomic, write_text_atomic
+
 VARIANTS = {"backward": (False, False), "side": (True, False), "worker": (False, True),
             "all": (True, True)}
 
@@ -143,7 +145,7 @@ def run_variant(torch, name: str, out: Path, steps: int, log) -> Path:
             prof.step()
         torch.cuda.synchronize()
     path = out / f"{name}.kineto.json.gz"
-    path.write_bytes(gzip.compress(raw, compresslevel=9))
+    write_bytes_atomic(path, gzip.compress(raw, compresslevel=9))
     log(f"{name}: {steps} steps, {path.stat().st_size / 1e3:.0f} kB gz "
         f"({len(raw) / 1e6:.2f} MB raw)")
     return path
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         run_variant(torch, name, args.out, args.steps, log)
     log(f"total {time.time() - t0:.1f}s")
-    (args.out / "threads_log.txt").write_text("\n".join(lines) + "\n")
+    write_text_atomic(args.out / "threads_log.txt", "\n".join(lines) + "\n")
     return 0
 
 

@@ -52,6 +52,7 @@ import yaml
 from simwar.api import simulate
 from simwar.config import Config, load_config
 from simwar.config.policies import BARRIERS, barrier, publish_point
+from simwar.config.schema import MIN_MEASURED
 
 #: objective name -> (summary key, direction: +1 larger is better, -1 smaller is better)
 OBJECTIVES = {
@@ -414,7 +415,8 @@ def advise(cfg, objective: str = "step_us_mean", *, screen_steps: int = SCREEN_S
     cfg = load_config(cfg)
     cands = space(cfg)
     steps = min(cfg.steps, screen_steps)
-    warm = min(cfg.warmup_steps, screen_warmup, steps - 1)
+    # a screen run measures at least MIN_MEASURED steps after its warm-up, as any run must
+    warm = max(0, min(cfg.warmup_steps, screen_warmup, steps - MIN_MEASURED - 1))
     short = {"steps": steps, "warmup_steps": warm}
     for i, cand in enumerate(cands):
         run = simulate_config(load_config(cfg, {**cand.overrides, **short}))

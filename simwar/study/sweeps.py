@@ -93,8 +93,11 @@ from simwar.config import (
     resolve_paths,
     set_dotted,
 )
+from simwar.config.budget import check_memory
 from simwar.core.files import (
+    DirectoryBusy,
     atomic_file,
+    directory_lock,
     interrupt_handled,
     jsonable,
     stale_temporaries,
@@ -249,6 +252,7 @@ class Sweep:
         data["seed"] = seed
         try:
             cfg = load_config(data)
+            check_memory(cfg)  # a run that cannot fit is refused before any runs
         except ConfigError as e:
             where = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
             detail = str(e).removeprefix("<config>: ")
@@ -314,6 +318,9 @@ def load_sweep(spec: str | Path | dict | Sweep,
         label, data, root = "<sweep>", copy.deepcopy(spec), Path.cwd()
     else:
         label, data, root = str(spec), read_yaml(spec), Path(spec).parent
+    if not is_sweep_mapping(data):
+        raise ConfigError(f"{label}: not a sweep (a sweep has base, and grid, zip or repeats; "
+                          f"this reads as a config: simwar run {label})")
     try:
         parsed = SweepSpec(**data)
     except ValidationError as e:
@@ -598,12 +605,44 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
     jobs = jobs or os.cpu_count() or 1
     plan = load_sweep(spec, overrides, max_runs=max_runs)
     store = RunStore(out_dir) if out_dir is not None else None
-    if store is not None:
-        if not force:
-            check_out_dir(plan, store.out_dir)
-        store.out_dir.mkdir(parents=True, exist_ok=True)
-        store.remove_stale_temporaries()
-        write_resolved_spec(plan, store.out_dir)
+    made = store is not None and not store.out_dir.exists()
+    try:
+        with contextlib.ExitStack() as held:
+            if store is not None:
+                _lock_out_dir(held, store.out_dir)
+                if not force:
+                    check_out_dir(plan, store.out_dir)
+                store.remove_stale_temporaries()
+            return _run_sweep(plan, store, jobs=jobs, backend=backend,
+                              ray_address=ray_address, progress=progress)
+    except BaseException:
+        if made:  # refused before it wrote anything (a backend that did not start)
+            with contextlib.suppress(OSError):
+                store.out_dir.rmdir()  # only when empty
+        raise
+
+
+def _lock_out_dir(held: contextlib.ExitStack, out_dir: Path) -> None:
+    """Hold ``out_dir``'s lock until the sweep ends: two sweeps started into one directory
+    at once would each write a ``sweep.yaml`` and tables, leaving one's spec over the
+    other's results (the second is refused at once, before it writes anything)."""
+    existed = out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        held.enter_context(directory_lock(out_dir))
+    except DirectoryBusy:
+        raise SweepConflict(f"{out_dir}: another sweep is writing into it now; wait for it to "
+                            f"finish, or use another output directory") from None
+    except BaseException:
+        if not existed:
+            with contextlib.suppress(OSError):
+                out_dir.rmdir()
+        raise
+
+
+def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
+               ray_address: str | None, progress: bool) -> pd.DataFrame:
+    """:func:`sweep`'s runs, once its output directory is checked and held."""
     summaries: dict[str, dict] = {}
     seen: list[Run] = []  # the runs expanded so far, in run-id order, without their configs
     counts = {"stored": 0, "simulated": 0}
@@ -629,6 +668,8 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
         # the backend starts (worker processes fork) before the progress bar starts its thread
         with _backend(backend, jobs=jobs, pending=plan.count, ray_address=ray_address) \
                 as execute, progress_reporter(progress, total=plan.count) as report:
+            if store is not None:  # the backend started: the directory is this sweep's
+                write_resolved_spec(plan, store.out_dir)
             todo = pending(report)
             # a batch at a time: a pool or a cluster queues what it is given, so a huge sweep
             # is handed over in pieces, never expanded whole
@@ -689,8 +730,11 @@ def _pool_context() -> multiprocessing.context.BaseContext:
 
 
 def _ignore_interrupts() -> None:
-    # Ctrl-C reaches the whole process group; only the parent decides what it means
+    # Ctrl-C reaches the whole process group; only the parent decides what it means. SIGTERM
+    # (the parent's handler, inherited by the fork, answers it as Ctrl-C) ends a worker as
+    # its default does: the pool stops its workers with it
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _in_process(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
@@ -736,8 +780,13 @@ def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
             from None
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        try:
+            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+        except Exception as e:  # Ray's own (a missing ray[client], no cluster there): one line
+            where = f"--ray-address {ray_address}" if ray_address else "backend ray"
+            text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConfigError(f"{where}: Ray did not start: {text}") from None
     remote_run = ray.remote(num_cpus=1)(run_many)
 
     def execute(runs: list[Run]) -> Iterator[tuple[Run, dict]]:

@@ -1,0 +1,120 @@
+"""Sanity checks of a read capture: what no real profiler writes, counted and warned about.
+
+A capture can hold events that no GPU or profiler produces, and imported as they are they
+give impossible figures with exit 0 (a negative GPU idle, thousands of races, a 4-second
+step). :func:`check_capture` looks for each kind before the Trace is built and returns the
+capture to build with and one counted warning per kind:
+
+- **events recorded twice** (the same kernel, call, sync or annotation at the same time,
+  with the same correlation id: a file concatenated with itself, a merge run twice): each
+  kept once;
+- **correlation ids used by several runtime calls of one process** (a launch and its
+  device work are matched by that id, so the matches are guesses): warned;
+- **kernels overlapping on one stream** (a stream runs its work in order, one at a time)
+  by more than :data:`OVERLAP_TOLERANCE_US` (real captures show up to about 1 µs of clock
+  jitter): warned; the GPU idle counts the union of the stream's work
+  (:func:`simwar.analysis.metrics.merged`), never a negative time;
+- **implausible units**: runtime calls whose median lasts more than
+  :data:`CALL_MEDIAN_LIMIT_US` (a launch takes a few µs; Kineto writes µs, so a capture in
+  ns reads a thousand times too long): warned, with the factor.
+
+:func:`read_checked` is the reader as the importers call it: JSON nested too deep for the
+parser is one line naming the file.
+
+Imports: the standard library and :mod:`simwar.capture.reader` (the reader itself is not
+changed: these are rules about what it read).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections import Counter, defaultdict
+
+from simwar.capture.reader import CaptureEvents, KinetoFormatError, read_capture
+
+#: kernels on one stream may overlap by this much (clock jitter of real captures) unwarned
+OVERLAP_TOLERANCE_US = 2.0
+#: a median runtime call longer than this (µs) means the capture is not in µs
+CALL_MEDIAN_LIMIT_US = 500.0
+
+
+def read_checked(path, progress=None) -> CaptureEvents:
+    """:func:`simwar.capture.reader.read_capture`, with JSON nested deeper than the parser
+    can follow a :class:`~simwar.capture.reader.KinetoFormatError` naming the file (one line,
+    not a ``RecursionError``)."""
+    try:
+        return read_capture(path, progress)
+    except RecursionError:
+        raise KinetoFormatError(f"{path}: JSON nested too deep to read (expected a Kineto "
+                                f"trace object)") from None
+
+
+def _once(items: list) -> tuple[list, int]:
+    """``items`` with exact repeats dropped (first kept, order kept), and how many were."""
+    seen: set = set()
+    out = []
+    for item in items:
+        if item in seen:
+            continue
+        seen.add(item)
+        out.append(item)
+    return out, len(items) - len(out)
+
+
+def check_capture(cap: CaptureEvents) -> tuple[CaptureEvents, list[str]]:
+    """``(capture, warnings)``: the capture with events recorded twice kept once, and one
+    warning per kind of implausible content (see the module docstring)."""
+    warnings: list[str] = []
+    lists = {}
+    repeated = Counter()
+    for name in ("device_events", "runtime_calls", "sync_events", "annotations"):
+        lists[name], repeated[name] = _once(getattr(cap, name))
+    if sum(repeated.values()):
+        what = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in repeated.items() if n)
+        warnings.append(f"{what} appear more than once (the same event at the same time: a "
+                        f"file joined with itself?); each is kept once")
+        cap = dataclasses.replace(cap, **lists)
+    by_id = Counter((c.pid, c.correlation) for c in cap.runtime_calls if c.correlation >= 0)
+    shared = sum(n for n in by_id.values() if n > 1)
+    if shared:
+        warnings.append(f"{shared} runtime calls share a correlation id with another call of "
+                        f"their process: the device work of those ids is matched to one of "
+                        f"them, a guess")
+    count, worst = _overlaps(cap)
+    if count:
+        warnings.append(f"{count} device ops start before the previous op on their stream "
+                        f"ends (by up to {worst:.1f} µs): a stream runs one op at a time, so "
+                        f"the capture's times are inconsistent; busy and idle times count "
+                        f"the union of each stream's work")
+    calls = [c.dur for c in cap.runtime_calls]
+    # the reader warns of a capture whose span is too long for µs: one warning of the units
+    said = any("ns, not µs" in str(problem) for _, problem in cap.problems)
+    if calls and not said:
+        median = statistics.median(calls)
+        if median > CALL_MEDIAN_LIMIT_US:
+            warnings.append(f"the median runtime call lasts {median:.0f} µs (a launch takes a "
+                            f"few µs): the capture's times look like ns, not the µs Kineto "
+                            f"writes (read as µs, every time is 1000x too long)")
+    return cap, warnings
+
+
+def _overlaps(cap: CaptureEvents) -> tuple[int, float]:
+    """Device ops that start more than the tolerance before the work before them on their
+    stream ends: ``(count, worst overlap in µs)``."""
+    lanes = defaultdict(list)
+    for d in cap.device_events:
+        lanes[(d.device, d.stream)].append((d.ts, d.ts + d.dur))
+    count, worst = 0, 0.0
+    for spans in lanes.values():
+        spans.sort()
+        reach = -float("inf")
+        for start, end in spans:
+            if reach - start > OVERLAP_TOLERANCE_US:
+                count += 1
+                worst = max(worst, reach - start)
+            reach = max(reach, end)
+    return count, worst
+
+
+__all__ = ["CALL_MEDIAN_LIMIT_US", "OVERLAP_TOLERANCE_US", "check_capture", "read_checked"]

@@ -1,0 +1,90 @@
+"""Impossible captures import with a counted warning, never with an impossible figure
+(:mod:`simwar.capture.sanity`): every event twice, kernels overlapping on one stream, times
+in ns instead of µs."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from simwar.analysis.metrics import merged, step_frame
+from simwar.capture.to_trace import import_kineto
+
+REPO = Path(__file__).resolve().parents[1]
+CAPTURE = REPO / "examples" / "capture.json.gz"
+MAPPING = REPO / "examples" / "mapping.yaml"
+
+
+def _doc() -> dict:
+    return json.loads(gzip.decompress(CAPTURE.read_bytes()))
+
+
+def _write(tmp_path: Path, doc: dict) -> Path:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def _twice(doc):
+    doc["traceEvents"] = doc["traceEvents"] + copy.deepcopy(doc["traceEvents"])
+
+
+def _overlapping(doc):
+    lanes = defaultdict(list)
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel":
+            lanes[e["args"].get("stream")].append(e)
+    for kernels in lanes.values():
+        kernels.sort(key=lambda e: e["ts"])
+        for a, b in zip(kernels[::2], kernels[1::2]):
+            b["ts"] = a["ts"] + a["dur"] / 2  # starts while a runs
+
+
+def _in_ns(doc):
+    for e in doc["traceEvents"]:
+        for key in ("ts", "dur"):
+            if key in e:
+                e[key] = e[key] * 1000
+
+
+@pytest.mark.parametrize("mutate, warning", [
+    (_twice, "appear more than once"),
+    (_overlapping, "start before the previous op on their stream ends"),
+    (_in_ns, "look like ns, not the µs Kineto writes"),
+])
+def test_an_impossible_capture_is_warned_and_no_idle_is_negative(tmp_path, mutate, warning):
+    doc = _doc()
+    mutate(doc)
+    imp = import_kineto(_write(tmp_path, doc), MAPPING)
+    assert sum(warning in w for w in imp.warnings) == 1, imp.warnings
+    df = step_frame(imp.trace)
+    for column in ("gpu_idle_us", "gpu_idle_dep_us", "gpu_idle_host_us", "gpu_busy_us"):
+        assert (df[column].dropna() >= 0).all(), column
+
+
+def test_a_capture_recorded_twice_reads_as_once(tmp_path):
+    once = import_kineto(CAPTURE, MAPPING)
+    doc = _doc()
+    _twice(doc)
+    twice = import_kineto(_write(tmp_path, doc), MAPPING)
+    a, b = step_frame(once.trace), step_frame(twice.trace)
+    assert a.equals(b)
+
+
+def test_a_real_capture_has_no_sanity_warning():
+    imp = import_kineto(CAPTURE, MAPPING)
+    assert not [w for w in imp.warnings if "more than once" in w or "previous op" in w
+                or "look like ns" in w]
+
+
+def test_merged_keeps_disjoint_intervals_and_unions_overlapping_ones():
+    s, e = np.array([0.0, 10.0, 30.0]), np.array([5.0, 20.0, 40.0])
+    assert merged(s, e)[0] is s and merged(s, e)[1] is e
+    ms, me = merged(np.array([0.0, 2.0, 30.0, 31.0]), np.array([5.0, 8.0, 40.0, 35.0]))
+    assert ms.tolist() == [0.0, 30.0] and me.tolist() == [8.0, 40.0]
