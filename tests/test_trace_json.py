@@ -65,6 +65,11 @@ def expected(raw: bytes):
     return cap
 
 
+def _refused(raw: bytes) -> bool:
+    want = expected(raw)
+    return isinstance(want, tuple) and want[0] == "refused"
+
+
 def canon(cap: CaptureEvents) -> dict:
     """A capture's fields in a form where equal means equal (NaN included: by repr)."""
     out = {}
@@ -295,6 +300,6 @@ def test_random_damage_is_refused_as_json_load_refuses_it(tmp_path_factory, raw,
         raw = raw[:at] + raw[at + 1:]
     body = raw.rstrip(b" \t\r\n")
     if raw.lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"[") and not body.endswith(b"]") \
-            and not isinstance(expected(body + b"]"), tuple):
+            and not _refused(body + b"]"):
         return  # Chrome's format may omit the closing bracket: read on purpose
     check(tmp_path_factory.mktemp("t"), raw, block)

@@ -285,7 +285,7 @@ META_KEYS = ("baseTimeNanoseconds", "displayTimeUnit", "deviceProperties", "dist
 
 
 def read_capture(path: str | Path, progress: ProgressFn | None = None,
-                 chunk_bytes: int = 8 << 20) -> CaptureEvents:
+                 chunk_bytes: int = 1 << 20) -> CaptureEvents:
     """Read a ``.json`` or ``.json.gz`` Kineto capture into a :class:`CaptureEvents` in one pass.
 
     ``progress(done_bytes, total_bytes)`` is called after each block (bytes of the
@@ -390,6 +390,8 @@ class _Classifier:
         self.device, self.runtime = cap.device_events, cap.runtime_calls
         self.other: Counter = Counter()  # (cat, ph) of events of other phases
         self.n = 0  # events fed
+        #: equal values kept as one object (thread ids, launch dims): memory, not meaning
+        self.same = {}.setdefault
 
     def feed(self, events: list) -> None:
         self.n += len(events)
@@ -451,14 +453,16 @@ class _Classifier:
             pid, tid = ev.pid, ev.tid
             if type(pid) is not int or type(tid) is not int:
                 return False
-            self.runtime.append(RuntimeCall(_intern(name), pid, tid, ts, dur, corr))
+            same = self.same  # one int object per thread id, not one per call
+            self.runtime.append(RuntimeCall(_intern(name), same(pid, pid), same(tid, tid), ts,
+                                            dur, corr))
             return True
         stream, device = args.stream, args.device
         if type(stream) is not int or type(device) is not int:
             return False
         size = args.bytes
         self.device.append(DeviceEvent(kind, _intern(name), device, stream, ts, dur, corr,
-                                       _dims(args.grid), _dims(args.block),
+                                       _dims(args.grid, self.same), _dims(args.block, self.same),
                                        size if type(size) is int else -1))
         return True
 
@@ -560,7 +564,8 @@ class _Classifier:
             size = _int(args.bytes)
             cap.device_events.append(DeviceEvent(kind, intern(name), device, stream, ts, dur,
                                                  -1 if corr is None else corr,
-                                                 _dims(args.grid), _dims(args.block),
+                                                 _dims(args.grid, self.same),
+                                                 _dims(args.block, self.same),
                                                  -1 if size is None else size))
         elif kind == "runtime":
             corr = _int(args.correlation)
@@ -593,12 +598,19 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _dims(v) -> tuple:
-    """A launch dim (``[x, y, z]``) as a tuple of ints; () when absent or malformed."""
+def _dims(v, same) -> tuple:
+    """A launch dim (``[x, y, z]``) as a tuple of ints; () when absent or malformed.
+    ``same`` (``dict.setdefault``) returns one tuple for equal dims."""
     if type(v) is not list:
         return ()
-    out = tuple(_int(x) for x in v)
-    return () if None in out else out
+    out = tuple(v)
+    if len(out) != 3 or type(out[0]) is not int or type(out[1]) is not int \
+            or type(out[2]) is not int:  # not the usual three ints: each one checked
+        out = tuple(_int(x) for x in v)
+        if None in out:
+            return ()
+    return same(out, out)
+
 _FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime")}
 _intern = sys.intern
 
