@@ -234,8 +234,9 @@ ARGS = st.fixed_dictionaries({}, optional={
 
 @st.composite
 def event(draw):
-    ph = draw(st.sampled_from(["X", "X", "X", "B", "E", "M", "i", "s", "f"]))
-    fields = {"ph": ph, "cat": draw(st.sampled_from(CATS)),
+    ph = draw(st.one_of(st.sampled_from(["X", "X", "X", "B", "E", "M", "i", "s", "f"]), VALUE))
+    fields = {"ph": ph, "cat": draw(st.one_of(st.sampled_from(CATS), st.sampled_from(CATS),
+                                              VALUE)),
               "name": draw(st.one_of(TEXT, st.sampled_from(
                   ["cudaLaunchKernel", "cudaEventRecord", "ProfilerStep#3", "thread_name",
                    "process_name", "Stream Wait Event"]))),

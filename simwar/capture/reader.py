@@ -388,6 +388,7 @@ class _Classifier:
         self.cap = cap
         self.open: dict[tuple, list] = defaultdict(list)  # (pid, tid) -> open B events
         self.device, self.runtime = cap.device_events, cap.runtime_calls
+        self.annotations = cap.annotations
         self.other: Counter = Counter()  # (cat, ph) of events of other phases
         self.n = 0  # events fed
         #: equal values kept as one object (thread ids, launch dims): memory, not meaning
@@ -395,8 +396,10 @@ class _Classifier:
 
     def feed(self, events: list) -> None:
         self.n += len(events)
+        fast, read = self.fast, self.read
         for ev in events:
-            self(ev)
+            if type(ev) is not RawEvent or ev.ph != "X" or not fast(ev):
+                read(ev)
 
     def reset(self) -> None:
         """Forget every event fed (a later top-level ``traceEvents`` replaces them)."""
@@ -405,20 +408,11 @@ class _Classifier:
             setattr(self.cap, f.name, getattr(fresh, f.name))
         self.__init__(self.cap)
 
-    def __call__(self, ev) -> None:
+    def read(self, ev) -> None:
+        """One event, every field checked (:meth:`feed` tries :meth:`fast` first)."""
         if type(ev) is RawEvent:
-            ph = ev.ph
-            if ph == "X":
-                if self.fast(ev):
-                    return
-                ph, cat, name, pid, tid, ts, dur, args = (ph, ev.cat, ev.name, ev.pid, ev.tid,
-                                                          ev.ts, ev.dur, ev.args)
-            elif ph != "B" and ph != "E" and ph != "M":
-                self.other[(ev.cat, ph)] += 1  # flows (ac2g: s/f), instants, counters, ...
-                return
-            else:
-                ph, cat, name, pid, tid, ts, dur, args = (ph, ev.cat, ev.name, ev.pid, ev.tid,
-                                                          ev.ts, ev.dur, ev.args)
+            ph, cat, name, pid, tid, ts, dur, args = (ev.ph, ev.cat, ev.name, ev.pid, ev.tid,
+                                                      ev.ts, ev.dur, ev.args)
         elif isinstance(ev, dict):
             ph, cat, name, pid, tid, ts, dur = (ev.get(k) for k in ("ph", "cat", "name", "pid",
                                                                    "tid", "ts", "dur"))
@@ -434,17 +428,31 @@ class _Classifier:
             self.pair(ph, cat, name, pid, tid, ts, args)
         elif ph == "M":
             self.metadata(name, pid, tid, args)
-        else:
-            self.other[(cat, ph)] += 1
+        else:  # flows (ac2g: s/f), instants, counters, ...
+            self.other[(cat, ph if isinstance(ph, str) or ph is None else repr(ph))] += 1
 
     def fast(self, ev: RawEvent) -> bool:
         """The common case, read without the checks' function calls: a kernel, memcpy,
         memset or runtime call whose fields all have their usual types. False: not that
         case (:meth:`complete` reads it, checking every field)."""
-        kind = _FAST_KINDS.get(ev.cat)
-        ts, dur, name, args = ev.ts, ev.dur, ev.name, ev.args
+        cat = ev.cat
+        if type(cat) is not str:
+            return False
+        kind = _FAST_KINDS.get(cat)
+        ts, dur, name = ev.ts, ev.dur, ev.name
         if kind is None or type(ts) is not float or type(dur) is not float or dur < 0 \
-                or type(name) is not str or args is None:
+                or type(name) is not str:
+            return False
+        if kind == "annotation":
+            pid, tid = ev.pid, ev.tid
+            if type(pid) is not int or type(tid) is not int:
+                return False
+            same = self.same
+            self.annotations.append(Annotation(_intern(name), same(pid, pid), same(tid, tid), ts,
+                                               dur))
+            return True
+        args = ev.args
+        if args is None:
             return False
         corr = args.correlation
         if type(corr) is not int:
@@ -482,7 +490,7 @@ class _Classifier:
             cap.process_names[_int(pid)] = label
 
     def pair(self, ph, cat, name, pid, tid, ts, args) -> None:
-        key = (pid, tid)
+        key = (_hashable(pid), _hashable(tid))
         if ph == "B":
             self.open[key].append((cat, name, ts, args))
             return
@@ -594,6 +602,11 @@ _NO_ARGS = RawArgs()
 _ARG_FIELDS = RawArgs.__struct_fields__
 
 
+def _hashable(v):
+    """``v`` as a dict key: itself, or its repr when it is a list or an object."""
+    return repr(v) if isinstance(v, (list, dict)) else v
+
+
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -611,7 +624,8 @@ def _dims(v, same) -> tuple:
             return ()
     return same(out, out)
 
-_FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime")}
+_FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime"),
+               "user_annotation": "annotation"}
 _intern = sys.intern
 
 
