@@ -39,8 +39,8 @@ One exception, on purpose: a bare array whose closing ``]`` is missing is read (
 format allows it: a trace cut off by a crash); ``json.load`` refuses it.
 
 Why not a general incremental parser: ijson (yajl) builds every value of every event as a
-Python object and runs at about half the speed of msgspec's typed decode of the same bytes
-(``benchmarks/bench_import.py --candidates``); the framing above is the only hand-written
+Python object and ran at less than half the speed of msgspec's typed decode of the same
+bytes (``benchmarks/bench_import.py --candidates``); the framing above is the only hand-written
 part, and each of its guesses is checked by a full decode.
 
 Imports: msgspec and the standard library only.
