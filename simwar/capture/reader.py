@@ -47,18 +47,19 @@ counted in ``CaptureEvents.problems`` by (kind, problem); :func:`problem_lines` 
 them as the importer's warnings (``simwar import --strict`` makes them errors).
 A UTF-8 byte-order mark is skipped; ``displayTimeUnit`` is kept in the meta and
 never scales ``ts`` (the Chrome format's times are µs whatever the display unit).
-A missing, empty or non-list ``traceEvents`` is a :class:`KinetoFormatError`.
+A missing, empty or non-list ``traceEvents``, or one with no event object in it, is a
+:class:`KinetoFormatError`.
 
-**One pass** (:func:`read_capture`): the file (gzip or not) is read in blocks;
-each block is cut at the last ``},`` between two events and the events before it
-are decoded by msgspec into :class:`RawEvent` structs that keep only the fields
-used here (msgspec skips the rest without building them). A cut that falls inside
-a string or a nested value makes the decode fail (the piece is not valid JSON),
-and the block is then decoded together with the next one, so the result does not
-depend on where blocks fall. Memory is the used events plus one block.
+**One pass** (:func:`read_capture`): the file (gzip or not) is read in blocks by
+:class:`simwar.capture.trace_json.TraceJSON`, which hands the events over in batches,
+decoded by msgspec into :class:`RawEvent` structs that keep only the fields used here
+(msgspec skips the rest without building them), and reads exactly what ``json.load``
+reads: where blocks fall never changes the result, and a file ``json.load`` refuses is a
+one-line :class:`KinetoFormatError` with the byte offset in the file. Memory is the used
+events plus one block.
 
-The file is over 600 lines because the one pass and the check of every field it reads
-(the malformed-event rules above) are one unit: split, each half would restate the other.
+The file is over 600 lines because the check of every field it reads (the malformed-event
+rules above) is one unit: split, each half would restate the other.
 
 Imports: msgspec, the standard library and :mod:`simwar.core.trace`; never the
 simulator (api, executors, build) and no pandas. Nothing prints: progress goes
@@ -70,14 +71,16 @@ from __future__ import annotations
 import gzip
 import re
 import sys
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
 
+from simwar.capture.trace_json import KinetoFormatError, TraceJSON
 from simwar.core.trace import Call
 
 #: categories of device work (older captures spell some differently)
@@ -162,10 +165,6 @@ def copy_kind(name: str) -> str:
     return name[len("Memcpy "):] if name.startswith("Memcpy ") else ""
 
 
-class KinetoFormatError(ValueError):
-    """The file is not a readable Kineto capture; the message is one line."""
-
-
 # --------------------------------------------------------------------------- decoded events
 class RawArgs(msgspec.Struct):
     """The ``args`` fields the reader uses; msgspec skips every other one."""
@@ -196,11 +195,6 @@ class RawEvent(msgspec.Struct):
     args: RawArgs | None = None
 
 
-_TYPED = msgspec.json.Decoder(list[RawEvent])
-#: how many closing brackets from the end are tried as the array's end (the trailer after
-#: the array is small: a few keys)
-_END_TRIES = 16
-_ANY = msgspec.json.Decoder()
 
 
 # --------------------------------------------------------------------------- raw records
@@ -297,199 +291,70 @@ def problem_lines(cap: CaptureEvents) -> list[str]:
 
 
 # --------------------------------------------------------------------------- reading
+#: the object's keys besides ``traceEvents`` that the reader keeps (:func:`_meta`)
+META_KEYS = ("baseTimeNanoseconds", "displayTimeUnit", "deviceProperties", "distributedInfo",
+             "simwar")
+
+
 def read_capture(path: str | Path, progress: ProgressFn | None = None,
-                 chunk_bytes: int = 8 << 20) -> CaptureEvents:
+                 chunk_bytes: int = 1 << 20) -> CaptureEvents:
     """Read a ``.json`` or ``.json.gz`` Kineto capture into a :class:`CaptureEvents` in one pass.
 
     ``progress(done_bytes, total_bytes)`` is called after each block (bytes of the
-    file on disk, compressed for ``.gz``).
+    file on disk, compressed for ``.gz``). ``chunk_bytes`` is the block size (any size
+    gives the same result: the tests read with blocks of a few bytes).
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: file not found")
     total = path.stat().st_size
     cap = CaptureEvents()
+    classify = _Classifier(cap)
     with open(path, "rb") as raw:
-        fh = gzip.GzipFile(fileobj=raw) if _is_gzip(raw) else raw
+        gz = _is_gzip(raw)
+        fh = gzip.GzipFile(fileobj=raw) if gz else raw
         tick = (lambda: progress(raw.tell(), total)) if progress is not None else (lambda: None)
+        text = TraceJSON(fh, name=str(path), event_type=RawEvent, meta_keys=META_KEYS,
+                         on_events=classify.feed, on_reset=classify.reset,
+                         block=chunk_bytes, tick=tick, compressed=gz)
         try:
-            _BlockStream(path, fh, cap, max(64, chunk_bytes), tick).run()
-        except (OSError, EOFError) as e:
+            meta = text.read()
+        except (OSError, EOFError, zlib.error) as e:
             raise KinetoFormatError(f"{path}: cannot decompress: {_one_line(e)}") from None
+    if classify.n == 0:
+        raise KinetoFormatError(f"{path}: 'traceEvents' is empty (no events: nothing was "
+                                f"profiled)")
+    if cap.ignored["not an object"] == classify.n:
+        what = "the file is a JSON list" if text.bare else "'traceEvents' is a list"
+        raise KinetoFormatError(f"{path}: {what} of {classify.n:,} values and no event object "
+                                f"(expected a list of trace events)")
+    classify.finish()
+    _meta(cap, meta)
     _check_plausible(cap)
     if progress is not None:
         progress(total, total)
     return cap
 
 
-class _BlockStream:
-    """One pass over the file: the header, the ``traceEvents`` array block by block, the
-    trailer (see the module docstring)."""
-
-    def __init__(self, path: Path, fh, cap: CaptureEvents, block: int, tick):
-        self.path, self.fh, self.cap, self.block, self.tick = path, fh, cap, block, tick
-        self.classify = _Classifier(cap)
-
-    def fail(self, what: str) -> KinetoFormatError:
-        return KinetoFormatError(f"{self.path}: {what}")
-
-    def run(self) -> None:
-        buf = self.fh.read(self.block)
-        if buf.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark: not part of the JSON
-            buf = buf[3:]
-        stripped = buf.lstrip()
-        while not stripped:
-            more = self.fh.read(self.block)
-            if not more:
-                raise self.fail("empty file (expected a Kineto JSON object)")
-            stripped = more.lstrip()
-        buf = stripped
-        first = buf[:1]
-        if first == b"[":  # Chrome's JSON Array Format: a bare list of events
-            header: dict = {}
-            buf = buf[1:]
-        elif first == b"{":
-            header, buf = self._header(buf)
-        else:
-            raise self.fail(f"not JSON (starts with {first!r}; expected a Kineto trace "
-                            f"object)")
-        trailer, n = self._events(buf, is_object=first == b"{")
-        if n == 0:
-            raise self.fail("'traceEvents' is empty (no events: nothing was profiled)")
-        self.classify.finish()
-        meta = {**header, **trailer}
-        self._meta(meta)
-
-    def _header(self, buf: bytes) -> tuple[dict, bytes]:
-        """The object's keys before ``traceEvents`` (decoded) and the bytes after its ``[``."""
-        key = re.compile(rb'"traceEvents"\s*:\s*')
-        start = 0
-        while True:
-            m = key.search(buf, start)
-            if m is None or m.end() >= len(buf):
-                more = self.fh.read(self.block)
-                if not more:
-                    if m is None:
-                        raise self.fail("no 'traceEvents' array (not a Kineto/Chrome trace)")
-                    raise self.fail("not valid JSON: the file ends after 'traceEvents'")
-                buf += more
-                continue
-            try:  # the key is at the top level iff the object up to it closes cleanly
-                header = _ANY.decode(buf[:m.start()] + b'"traceEvents": null}')
-            except msgspec.DecodeError:
-                start = m.end()
-                continue
-            value = buf[m.end():m.end() + 1]
-            if value != b"[":
-                kind = {b"n": "null", b"{": "an object", b'"': "a string", b"t": "a boolean",
-                        b"f": "a boolean"}.get(value, "a number")
-                raise self.fail(f"'traceEvents' is {kind} (expected a list of events)")
-            return header if isinstance(header, dict) else {}, buf[m.end() + 1:]
-
-    def _events(self, buf: bytes, is_object: bool) -> tuple[dict, int]:
-        """Decode the array's events block by block; return the trailer's keys and the
-        number of events."""
-        n = 0
-        cut_from = 0  # where to look for the next cut (a failed cut is not tried again)
-        while True:
-            more = self.fh.read(self.block)
-            if more:
-                buf += more
-                cut = buf.rfind(b"},", cut_from)
-                if cut < 0:
-                    continue
-                piece = buf[:cut + 1]
-                events = self._decode(piece)
-                if events is None:  # the cut was inside a value: decode with the next block
-                    cut_from = cut + 2
-                    continue
-                n += self._feed(events)
-                buf = buf[cut + 2:]
-                cut_from = 0
-                self.tick()
-                continue
-            trailer, count = self._last(buf, is_object)
-            self.tick()
-            return trailer, n + count
-
-    def _last(self, buf: bytes, is_object: bool) -> tuple[dict, int]:
-        """The end of the file: the last events, the array's ``]`` and the object's
-        remaining keys."""
-        body = buf.rstrip()
-        if not is_object and not body.endswith(b"]"):
-            body += b"]"  # the Array Format may omit the closing bracket
-        end = len(body)
-        for _ in range(_END_TRIES):
-            end = body.rfind(b"]", 0, end)
-            if end < 0:
-                break
-            events = self._decode(body[:end])
-            if events is None:
-                continue
-            rest = body[end + 1:].strip()
-            trailer: dict = {}
-            if is_object:
-                if not rest.endswith(b"}"):
-                    raise self.fail("not valid JSON: the trace object is not closed "
-                                    "(truncated file?)")
-                text = rest[:-1].strip()
-                if text:
-                    if not text.startswith(b","):
-                        raise self.fail("not valid JSON after the 'traceEvents' array")
-                    try:
-                        trailer = _ANY.decode(b"{" + text[1:] + b"}")
-                    except msgspec.DecodeError as e:
-                        raise self.fail(f"not valid JSON: {_one_line(e)}") from None
-            elif rest:
-                raise self.fail("not valid JSON after the event array")
-            return trailer, self._feed(events)
-        try:  # msgspec's own words for what is wrong
-            _ANY.decode(b"[" + buf)
-        except msgspec.DecodeError as e:
-            raise self.fail(f"not valid JSON: {_one_line(e)}") from None
-        raise self.fail("not valid JSON: the 'traceEvents' array is not closed (truncated "
-                        "file?)")
-
-    @staticmethod
-    def _decode(piece: bytes):
-        """The events of ``piece`` (events separated by commas), or None: not a list of
-        whole events (the cut fell inside one)."""
-        text = b"[" + piece + b"]"
-        try:
-            return _TYPED.decode(text)
-        except msgspec.ValidationError:  # an event of an unexpected shape: untyped
-            try:
-                return _ANY.decode(text)
-            except msgspec.DecodeError:
-                return None
-        except msgspec.DecodeError:
-            return None
-
-    def _feed(self, events) -> int:
-        classify = self.classify
-        for ev in events:
-            classify(ev)
-        return len(events)
-
-    def _meta(self, meta: dict) -> None:
-        cap = self.cap
-        base = meta.get("baseTimeNanoseconds")
-        if isinstance(base, (int, float)) and not isinstance(base, bool):
-            cap.meta["base_time_ns"] = int(base)
-        unit = meta.get("displayTimeUnit")
-        if isinstance(unit, str):
-            cap.meta["display_time_unit"] = unit
-        props = meta.get("deviceProperties")
-        if isinstance(props, list):
-            cap.meta["devices"] = [{k: p.get(k) for k in ("id", "name", "computeMajor",
-                                                           "computeMinor", "numSms") if k in p}
-                                   for p in props if isinstance(p, dict)]
-        own = meta.get("simwar")
-        if isinstance(own, dict) and own.get("profiled") is False:
-            cap.profiled = False
-        dist = meta.get("distributedInfo")
-        if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
-            cap.meta["rank"] = dist["rank"]
+def _meta(cap: CaptureEvents, meta: dict) -> None:
+    """The kept top-level keys (:data:`META_KEYS`) into ``cap.meta``."""
+    base = meta.get("baseTimeNanoseconds")
+    if isinstance(base, (int, float)) and not isinstance(base, bool):
+        cap.meta["base_time_ns"] = int(base)
+    unit = meta.get("displayTimeUnit")
+    if isinstance(unit, str):
+        cap.meta["display_time_unit"] = unit
+    props = meta.get("deviceProperties")
+    if isinstance(props, list):
+        cap.meta["devices"] = [{k: p.get(k) for k in ("id", "name", "computeMajor",
+                                                       "computeMinor", "numSms") if k in p}
+                               for p in props if isinstance(p, dict)]
+    own = meta.get("simwar")
+    if isinstance(own, dict) and own.get("profiled") is False:
+        cap.profiled = False
+    dist = meta.get("distributedInfo")
+    if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
+        cap.meta["rank"] = dist["rank"]
 
 
 def _is_gzip(fh) -> bool:
@@ -538,27 +403,36 @@ class _Classifier:
         self.cap = cap
         self.open: dict[tuple, list] = defaultdict(list)  # (pid, tid) -> open B events
         self.device, self.runtime = cap.device_events, cap.runtime_calls
+        self.annotations = cap.annotations
         self.other: Counter = Counter()  # (cat, ph) of events of other phases
+        self.n = 0  # events fed
+        #: equal values kept as one object (thread ids, launch dims): memory, not meaning
+        self.same = {}.setdefault
 
-    def __call__(self, ev) -> None:
+    def feed(self, events: list) -> None:
+        self.n += len(events)
+        fast, read = self.fast, self.read
+        for ev in events:
+            if type(ev) is not RawEvent or ev.ph != "X" or not fast(ev):
+                read(ev)
+
+    def reset(self) -> None:
+        """Forget every event fed (a later top-level ``traceEvents`` replaces them)."""
+        fresh = CaptureEvents()
+        for f in fields(CaptureEvents):
+            setattr(self.cap, f.name, getattr(fresh, f.name))
+        self.__init__(self.cap)
+
+    def read(self, ev) -> None:
+        """One event, every field checked (:meth:`feed` tries :meth:`fast` first)."""
         if type(ev) is RawEvent:
-            ph = ev.ph
-            if ph == "X":
-                if self.fast(ev):
-                    return
-                ph, cat, name, pid, tid, ts, dur, args = (ph, ev.cat, ev.name, ev.pid, ev.tid,
-                                                          ev.ts, ev.dur, ev.args)
-            elif ph != "B" and ph != "E" and ph != "M":
-                self.other[(ev.cat, ph)] += 1  # flows (ac2g: s/f), instants, counters, ...
-                return
-            else:
-                ph, cat, name, pid, tid, ts, dur, args = (ph, ev.cat, ev.name, ev.pid, ev.tid,
-                                                          ev.ts, ev.dur, ev.args)
+            ph, cat, name, pid, tid, ts, dur, args = (ev.ph, ev.cat, ev.name, ev.pid, ev.tid,
+                                                      ev.ts, ev.dur, ev.args)
         elif isinstance(ev, dict):
             ph, cat, name, pid, tid, ts, dur = (ev.get(k) for k in ("ph", "cat", "name", "pid",
                                                                    "tid", "ts", "dur"))
             raw = ev.get("args")
-            args = msgspec.convert(raw, RawArgs) if isinstance(raw, dict) else None
+            args = RawArgs(*map(raw.get, _ARG_FIELDS)) if isinstance(raw, dict) else None
         else:
             self.cap.ignored["not an object"] += 1
             return
@@ -569,17 +443,31 @@ class _Classifier:
             self.pair(ph, cat, name, pid, tid, ts, args)
         elif ph == "M":
             self.metadata(name, pid, tid, args)
-        else:
-            self.other[(cat, ph)] += 1
+        else:  # flows (ac2g: s/f), instants, counters, ...
+            self.other[(cat, ph if isinstance(ph, str) or ph is None else repr(ph))] += 1
 
     def fast(self, ev: RawEvent) -> bool:
         """The common case, read without the checks' function calls: a kernel, memcpy,
         memset or runtime call whose fields all have their usual types. False: not that
         case (:meth:`complete` reads it, checking every field)."""
-        kind = _FAST_KINDS.get(ev.cat)
-        ts, dur, name, args = ev.ts, ev.dur, ev.name, ev.args
+        cat = ev.cat
+        if type(cat) is not str:
+            return False
+        kind = _FAST_KINDS.get(cat)
+        ts, dur, name = ev.ts, ev.dur, ev.name
         if kind is None or type(ts) is not float or type(dur) is not float or dur < 0 \
-                or type(name) is not str or args is None:
+                or type(name) is not str:
+            return False
+        if kind == "annotation":
+            pid, tid = ev.pid, ev.tid
+            if type(pid) is not int or type(tid) is not int:
+                return False
+            same = self.same
+            self.annotations.append(Annotation(_intern(name), same(pid, pid), same(tid, tid), ts,
+                                               dur))
+            return True
+        args = ev.args
+        if args is None:
             return False
         corr = args.correlation
         if type(corr) is not int:
@@ -588,14 +476,16 @@ class _Classifier:
             pid, tid = ev.pid, ev.tid
             if type(pid) is not int or type(tid) is not int:
                 return False
-            self.runtime.append(RuntimeCall(_intern(name), pid, tid, ts, dur, corr))
+            same = self.same  # one int object per thread id, not one per call
+            self.runtime.append(RuntimeCall(_intern(name), same(pid, pid), same(tid, tid), ts,
+                                            dur, corr))
             return True
         stream, device = args.stream, args.device
         if type(stream) is not int or type(device) is not int:
             return False
         size = args.bytes
         self.device.append(DeviceEvent(kind, _intern(name), device, stream, ts, dur, corr,
-                                       _dims(args.grid), _dims(args.block),
+                                       _dims(args.grid, self.same), _dims(args.block, self.same),
                                        size if type(size) is int else -1))
         return True
 
@@ -615,7 +505,7 @@ class _Classifier:
             cap.process_names[_int(pid)] = label
 
     def pair(self, ph, cat, name, pid, tid, ts, args) -> None:
-        key = (pid, tid)
+        key = (_hashable(pid), _hashable(tid))
         if ph == "B":
             self.open[key].append((cat, name, ts, args))
             return
@@ -700,7 +590,8 @@ class _Classifier:
             size = _int(args.bytes)
             cap.device_events.append(DeviceEvent(kind, intern(name), device, stream, ts, dur,
                                                  -1 if corr is None else corr,
-                                                 _dims(args.grid), _dims(args.block),
+                                                 _dims(args.grid, self.same),
+                                                 _dims(args.block, self.same),
                                                  -1 if size is None else size))
         elif kind == "runtime":
             corr = _int(args.correlation)
@@ -725,19 +616,34 @@ class _Classifier:
 
 
 _NO_ARGS = RawArgs()
+#: RawArgs' fields in order (an event decoded as a dict gets its args by them)
+_ARG_FIELDS = RawArgs.__struct_fields__
+
+
+def _hashable(v):
+    """``v`` as a dict key: itself, or its repr when it is a list or an object."""
+    return repr(v) if isinstance(v, (list, dict)) else v
 
 
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _dims(v) -> tuple:
-    """A launch dim (``[x, y, z]``) as a tuple of ints; () when absent or malformed."""
+def _dims(v, same) -> tuple:
+    """A launch dim (``[x, y, z]``) as a tuple of ints; () when absent or malformed.
+    ``same`` (``dict.setdefault``) returns one tuple for equal dims."""
     if type(v) is not list:
         return ()
-    out = tuple(_int(x) for x in v)
-    return () if None in out else out
-_FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime")}
+    out = tuple(v)
+    if len(out) != 3 or type(out[0]) is not int or type(out[1]) is not int \
+            or type(out[2]) is not int:  # not the usual three ints: each one checked
+        out = tuple(_int(x) for x in v)
+        if None in out:
+            return ()
+    return same(out, out)
+
+_FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime"),
+               "user_annotation": "annotation"}
 _intern = sys.intern
 
 
