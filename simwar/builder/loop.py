@@ -32,8 +32,15 @@ Requests with prompts (``workload.prompt_tokens``, a ``prefill:`` section) add, 
 ``run_batch`` before the decode phases, the step's prefill: its host work and one kernel (an
 eager launch, or a piecewise graph's launch) whose durations are per-step series of the
 arrivals model (:data:`PREFILL_US`, :data:`PREFILL_HOST_US`: nothing in a step that prefills
-no token), so the iteration's shape stays the same. A run with requests marks the host
-instant each step's result has been processed (``Marker("result_done", j)``): the
+no token), so the iteration's shape stays the same (a ``mixed`` step, the rules
+``sglang_mixed`` and ``vllm``). Under ``scheduling.rule: sglang`` each step has the shape the
+arrivals model picked (``sizes.shape``): a ``prefill`` step runs the prefill forward alone (its
+read-done and FutureMap records right after it: :meth:`LoopBuilder.prefill_publish`), a
+``decode`` step the phases alone; everything else in the iteration is the same, so the WAR
+barrier orders the next step's writes after this step's reads whatever the two shapes are.
+Such a run draws with a :class:`StreamSampler` (iteration k's numbers never depend on the
+steps to come) and is never planned from iteration templates. A run with requests marks the
+host instant each step's result has been processed (``Marker("result_done", j)``): the
 first-token time a client sees.
 
 Durations come from one generator seeded by ``config.seed``: each distribution is
@@ -64,17 +71,29 @@ simpy, nothing from executors or above.
 
 from __future__ import annotations
 
+import numpy as np
+
 from simwar.builder.draws import (
     PREFILL_HOST_US,
     PREFILL_US,
     WAIT_REQUESTS,
     AffineTable,
     Sampler,
+    Series,
     Symbolic,
+    sample,
 )
 from simwar.builder.sizes import StepSizes
 from simwar.config.policies import PublishPoint, barrier, publish_point
-from simwar.config.schema import Affine, Config, Dist, Phase
+from simwar.config.schema import (
+    Affine,
+    Config,
+    ConfigError,
+    Dist,
+    Phase,
+    affine_error,
+    duration_keys,
+)
 from simwar.core.program import (
     CpuWork,
     GraphLaunch,
@@ -101,8 +120,85 @@ def build_program(cfg: Config, sizes: StepSizes) -> Program:
 
 
 def _drawing_builder(cfg: Config, sizes: StepSizes) -> LoopBuilder:
+    if sizes.shape is not None:  # shapes picked as the run goes: no iteration templates
+        return shaped_builder(cfg, sizes)
     plan = plan_iterations(cfg, sizes)
     return LoopBuilder(cfg, plan.sampler(), sizes, plan.phases)
+
+
+def shaped_builder(cfg: Config, sizes: StepSizes) -> LoopBuilder:
+    """The builder of a run whose scheduler picks each step's shape (``sizes.shape``), drawing
+    with a :class:`StreamSampler`: iteration k can be built as soon as the sizes of steps
+    <= k are fixed, which is how :func:`simwar.executors.fast.realize` runs it."""
+    phases = cfg.phase_table()
+    return LoopBuilder(cfg, StreamSampler(cfg, sizes, phases), sizes, phases)
+
+
+#: the generator stream of a shape-picking run's durations: ``[seed, DRAWS, ordinal]``
+DRAWS = 25
+#: draws taken from a distribution's generator at a time
+DRAW_CHUNK = 4096
+
+
+class StreamSampler:
+    """The drawer of a run whose iteration shapes are picked as it runs (``scheduling.rule:
+    sglang``).
+
+    A run of one shape draws each distribution in one generator call sized by its uses in
+    the whole run (:class:`~simwar.builder.draws.Sampler`), which the shapes to come would
+    decide here. So each distribution has its own generator, seeded by ``[seed,``
+    :data:`DRAWS` ``, its ordinal among the config's durations]``
+    (:func:`~simwar.config.schema.duration_keys`; one not listed there, such as a noise,
+    takes the next ordinal at its first use) and drawn :data:`DRAW_CHUNK` at a time, in
+    program order; a step-dependent duration (affine, series) is evaluated at the sizes of
+    the step it uses when asked, as :meth:`~simwar.builder.draws.AffineTable.at` does. Every
+    executor builds the run's ops through it, from the same sizes in the same order, so
+    every executor runs the same numbers.
+    """
+
+    def __init__(self, cfg: Config, sizes: StepSizes, phases: list[Phase]):
+        self.seed = cfg.seed
+        self.sizes = sizes
+        self.ordinal: dict[int, int] = {}
+        self.names: dict[int, str] = {}
+        for key, value, _ in duration_keys(cfg, phases):
+            if isinstance(value, (Dist, Affine)):
+                self.ordinal.setdefault(id(value), len(self.ordinal))
+                self.names.setdefault(id(value), key)
+        self._left: dict[int, list] = {}
+        self._rng: dict[int, object] = {}
+        self._last = len(sizes.batch) - 1
+
+    def _next(self, d: Dist) -> float:
+        key = id(d)
+        left = self._left.get(key)
+        if not left:
+            rng = self._rng.get(key)
+            if rng is None:
+                n = self.ordinal.setdefault(key, len(self.ordinal))
+                rng = self._rng[key] = np.random.default_rng([self.seed, DRAWS, n])
+            left = self._left[key] = sample(rng, d, DRAW_CHUNK).tolist()[::-1]
+        return left.pop()
+
+    def __call__(self, d, at: int = 0, padded: bool = False):
+        kind = type(d)
+        if kind is Dist:
+            return self._next(d)
+        if kind is not Series and kind is not Affine:
+            return d
+        i = at if at < self._last else self._last
+        sz = self.sizes
+        if kind is Series:
+            return getattr(sz, d.name).item(i)
+        size = float((sz.bucket if padded else sz.batch).item(i))
+        tokens = sz.accept.item(i)
+        v = d.value(size, tokens)
+        if v < 0:
+            raise ConfigError(affine_error(self.names.get(id(d), "a duration"), d, size,
+                                           tokens, v, i))
+        if d.noise is not None:
+            v = v + self._next(d.noise)
+        return v
 
 
 #: iterations built symbolically to find the steady-state iteration (see :func:`plan_iterations`)
@@ -317,6 +413,8 @@ class LoopBuilder:
         }
         if not self.overlap:
             out["overlap"] = False
+        if cfg.scheduling.rule != "sglang_mixed":
+            out["scheduling"] = cfg.scheduling.rule
         if cfg.slo:
             out["slo"] = dict(cfg.slo)
         out.update(sizes_meta(self.sizes))
@@ -377,12 +475,17 @@ class LoopBuilder:
             self.record(StepName("seq_lens_d2h[{}]", k), "d2h", k)
             self.sync(StepName("seq_lens_d2h[{}]", k), k, "seq_lens")
         self.wait_stream("forward", "schedule", k)
-        if self.prefill is not None:
+        shape = self.sizes.shape_of(k)
+        if shape == "prefill":  # a prefill step of its own: the decode phases do not run
             self.prefill_chunk(k)
-        for i, phase in enumerate(self.phases):
-            self.phase(k, i, phase)
-            if phase.future_publish:
-                self.record(StepName("publish_ready[{}]", k), "forward", k)
+            self.prefill_publish(k)
+        else:  # decode, or mixed: the prefill chunk before the decode phases
+            if self.prefill is not None and shape != "decode":
+                self.prefill_chunk(k)
+            for i, phase in enumerate(self.phases):
+                self.phase(k, i, phase)
+                if phase.future_publish:
+                    self.record(StepName("publish_ready[{}]", k), "forward", k)
         self.policy.after_phases(self, k)
         copy_stream = cfg.gpu.result_copy_stream
         if copy_stream != "forward":
@@ -444,6 +547,16 @@ class LoopBuilder:
         self.ops.append(GraphLaunch("forward", "prefill.graph", (node,), k, "prefill",
                                     self._cost(self.cfg.costs.graph_launch_us)))
 
+    def prefill_publish(self, k: int) -> None:
+        """A prefill step's records: its read-done right after the prefill forward (its last
+        shared read) when the config publishes one (a fine barrier then fences the step at
+        it; publishing nothing leaves the step to the coarse fallback), and the FutureMap's
+        publish where a decode phase would record it."""
+        if self.point.phase is not None:
+            self.publish_record(k)
+        if any(ph.future_publish for ph in self.phases):
+            self.record(StepName("publish_ready[{}]", k), "forward", k)
+
     def publish_record(self, k: int) -> None:
         event = StepName("read_done[{}]", k)
         self.record(event, "forward", k)
@@ -477,5 +590,5 @@ def _positive(d) -> bool:
     return isinstance(d, (Dist, Affine)) or d > 0
 
 
-__all__ = ["SKELETON", "IterationPlan", "LoopBuilder", "build_program", "plan_iterations",
-           "sizes_meta", "stream_program"]
+__all__ = ["DRAWS", "SKELETON", "IterationPlan", "LoopBuilder", "StreamSampler", "build_program",
+           "plan_iterations", "shaped_builder", "sizes_meta", "stream_program"]

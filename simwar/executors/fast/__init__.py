@@ -30,7 +30,10 @@ not part of a shape. So a varying run is still three or four blocks. A workload 
 depend on simulated time (arrivals) is realized by :func:`realize`: the same plan in one
 pass, each segment first calling back with the host clock at its marker, which fixes the
 step's batch and evaluates the segment's step-dependent durations before its parameters are
-read (:mod:`simwar.builder.sizes`); that pass is the run.
+read (:mod:`simwar.builder.sizes`); that pass is the run. A run whose scheduler picks each
+step's shape from its queue (``scheduling.rule: sglang``) has no plan before it runs: its
+realizing pass (:func:`realize_shapes`) builds, shapes and runs one iteration at a time, each
+distinct shape compiled once, and the realized segments are then the plan that is run.
 
 **Races.** Latent races depend only on issue order, streams, records, waits and syncs.
 :func:`simwar.analysis.hazards.detect` compares accesses whose steps differ by at most
@@ -92,11 +95,13 @@ that take a config); no simpy, no pandas.
 
 from __future__ import annotations
 
-from simwar.builder.loop import LoopBuilder, build_program
+from simwar.analysis.metrics import SITES
+from simwar.builder.loop import LoopBuilder, build_program, shaped_builder
 from simwar.config import ConfigError
 from simwar.core.program import Program
-from simwar.executors.fast.execute import FastRun, run_plan
-from simwar.executors.fast.plan import Unsettled, plan_config, plan_program
+from simwar.executors.fast.codegen import compile_block
+from simwar.executors.fast.execute import FastRun, _State, run_plan
+from simwar.executors.fast.plan import SegmentPlanner, Unsettled, plan_config, plan_program
 
 
 def one_rank(cfg) -> None:
@@ -123,11 +128,55 @@ def realize(cfg, sizes, model, summary_only: bool = False, progress=None) -> Fas
     as :func:`run_config`'s.
     """
     one_rank(cfg)
+    if sizes.shape is not None:  # the scheduler picks each step's shape as it goes
+        return realize_shapes(cfg, sizes, model, summary_only, progress)
     plan = plan_config(cfg, sizes, fill=False)
     run = run_plan(plan, feed=realizing_feed(cfg, sizes, model, plan), progress=progress)
     if summary_only:
         run = FastRun(None, run.meta, run.hazards, run.segments, run.paths, run.summary)
     return run
+
+
+def realize_shapes(cfg, sizes, model, summary_only: bool = False, progress=None) -> FastRun:
+    """:func:`realize` for a run whose scheduler picks each step's shape from its queue
+    (``sizes.shape``; ``scheduling.rule: sglang``): the shape of step k is decided when
+    iteration k begins, so no plan of the whole run exists before it runs.
+
+    The pass goes an iteration at a time: with the host clock at iteration k's step marker,
+    ``model.schedule(k, t)`` fixes step k's sizes and shape, the builder builds iteration k
+    (:func:`~simwar.builder.loop.shaped_builder`: its draws never depend on the steps to
+    come), the segment is shaped against the ones before it
+    (:class:`~simwar.executors.fast.plan.SegmentPlanner`: its bindings back to earlier
+    segments are part of its shape) and its shape's compiled block runs it, one pass, on the
+    state the previous segments left (each distinct shape compiled once). Once the sizes are
+    fixed, the segments, grouped into blocks, are the run's plan, which
+    :func:`~simwar.executors.fast.execute.run_plan` runs for the per-step table, summary and
+    races: the plan of the Program every other executor builds from these sizes.
+    """
+    builder = shaped_builder(cfg, sizes)
+    planner = SegmentPlanner()
+    steps = cfg.steps
+    # bindings reach back to the results being processed (launch_ahead) and one more
+    depth = cfg.policy.launch_ahead + 1
+    state = _State(0, steps, set(SITES), depth, False)
+    fwd = "forward"
+    for k in range(steps + 1):
+        if k < steps:
+            model.schedule(k, state.t)  # the host clock at iteration k's step marker
+            builder.iteration(k)
+        else:  # the drain: every step's size is fixed
+            model.finish_run()
+            builder.drain(k)
+        ops, builder.ops = builder.ops, []
+        shape, params = planner.add(k, ops)
+        if any(h.kind in ("wait_event", "sync") and h.bind is not None and h.bind.back > depth
+               for h in shape.host):  # a binding further back than the state keeps
+            raise RuntimeError(f"step {k}: a wait binds further back than {depth} segments")
+        fn = compile_block(shape, (True,) * len(params), fwd, False, (), depth)
+        fn(range(k, k + 1), (), [[p] for p in params], state)
+        if progress is not None and (k % 1024 == 0 or k == steps):
+            progress(min(k, steps - 1))
+    return run_plan(planner.plan(builder.meta()), summary_only=summary_only)
 
 
 def realizing_feed(cfg, sizes, model, plan):

@@ -469,36 +469,67 @@ def _list_columns(rows: list[list], consts: tuple):
 
 def plan_program(program: Program) -> Plan:
     """Shapes and blocks of any Program (parameters taken from its ops)."""
-    shaper = _Shaper()
-    segs = _segments(program.ops)
-    shapes: list[Shape] = []
-    params: list[list] = []
-    for g, (step, ops) in enumerate(segs):
-        sh, p = shaper.segment(g, step if step is not None else 0, ops)
-        shapes.append(sh)
-        params.append(p)
-    blocks: list[Block] = []
-    g = 0
-    while g < len(segs):
-        h = g + 1
-        marked = segs[g][0] is not None
-        while h < len(segs) and shapes[h] == shapes[g] and segs[h][0] is not None and marked:
-            h += 1
-        rows = params[g:h]
-        consts = _constants(rows)
-        steps = [s if s is not None else 0 for s, _ in segs[g:h]]
-        if steps == list(range(steps[0], steps[0] + len(steps))):
-            steps = range(steps[0], steps[0] + len(steps))
-        blocks.append(Block(shapes[g], g, steps, consts, _list_columns(rows, consts), marked,
-                            g))
-        g = h
-    all_steps = [op.step for op in program.ops]
-    lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0, 0)
-    if hi - lo > 4 * len(all_steps) + 4096:
-        raise ValueError(f"steps {lo}..{hi} are too sparse for the one-pass executor (it "
-                         f"keeps one row per step in that range); use the simpy engine")
-    return Plan(blocks, dict(program.meta), lo, hi, shaper.negative, shaper.offsets,
-                _sites(shapes), skeleton=[ops for _, ops in segs])
+    planner = SegmentPlanner()
+    for step, ops in _segments(program.ops):
+        planner.add(step, ops)
+    return planner.plan(program.meta)
+
+
+class SegmentPlanner:
+    """A Program's plan made segment by segment, as its host ops come: :meth:`add` shapes
+    one segment (its bindings resolved against the segments before it, as the engine
+    resolves them), :meth:`plan` groups them into blocks. :func:`plan_program` cuts a whole
+    Program; :func:`simwar.executors.fast.realize` adds each iteration of a run whose shapes
+    are picked as it runs once it is built, and runs its shape at once."""
+
+    def __init__(self) -> None:
+        self.shaper = _Shaper()
+        self.segs: list[tuple[int | None, list]] = []
+        self.shapes: list[Shape] = []
+        self.params: list[list] = []
+        self.ops = 0  # host ops seen
+        self.lo: int | None = None  # smallest and largest step of any op
+        self.hi: int | None = None
+
+    def add(self, step: int | None, ops: list) -> tuple[Shape, list]:
+        """Shape the segment of marker step ``step`` (None: a prefix), of host ops ``ops``."""
+        sh, p = self.shaper.segment(len(self.segs), step if step is not None else 0, ops)
+        self.segs.append((step, ops))
+        self.shapes.append(sh)
+        self.params.append(p)
+        if ops:
+            steps = [op.step for op in ops]
+            lo, hi = min(steps), max(steps)
+            self.lo = lo if self.lo is None else min(self.lo, lo)
+            self.hi = hi if self.hi is None else max(self.hi, hi)
+            self.ops += len(ops)
+        return sh, p
+
+    def plan(self, meta: dict) -> Plan:
+        """The segments so far as blocks: consecutive segments of one shape."""
+        segs, shapes, params = self.segs, self.shapes, self.params
+        blocks: list[Block] = []
+        g = 0
+        while g < len(segs):
+            h = g + 1
+            marked = segs[g][0] is not None
+            while h < len(segs) and shapes[h] == shapes[g] and segs[h][0] is not None \
+                    and marked:
+                h += 1
+            rows = params[g:h]
+            consts = _constants(rows)
+            steps = [s if s is not None else 0 for s, _ in segs[g:h]]
+            if steps == list(range(steps[0], steps[0] + len(steps))):
+                steps = range(steps[0], steps[0] + len(steps))
+            blocks.append(Block(shapes[g], g, steps, consts, _list_columns(rows, consts),
+                                marked, g))
+            g = h
+        lo, hi = (self.lo, self.hi) if self.lo is not None else (0, 0)
+        if hi - lo > 4 * self.ops + 4096:
+            raise ValueError(f"steps {lo}..{hi} are too sparse for the one-pass executor (it "
+                             f"keeps one row per step in that range); use the simpy engine")
+        return Plan(blocks, dict(meta), lo, hi, self.shaper.negative, self.shaper.offsets,
+                    _sites(shapes), skeleton=[ops for _, ops in segs])
 
 
 def _constants(rows: list[list]) -> tuple:
@@ -545,6 +576,9 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
     ``fill=False`` leaves the affine values to be filled as the run goes (``plan.table``,
     see :func:`simwar.executors.fast.realize`).
     """
+    if sizes.shape is not None:
+        raise Unsettled(f"scheduling.rule {cfg.scheduling.rule}: the scheduler picks each "
+                        f"step's shape from its queue, so the run is planned from its Program")
     iterations = plan_iterations(cfg, sizes)
     return bind(plan_template(iterations), iterations.sampler(fill=fill), sizes=sizes)
 
