@@ -64,12 +64,14 @@ token), its batch empty because the decoding requests pause, at most
 ``max_consecutive_prefill`` of them in a row while requests decode; otherwise a decode step,
 in which each decoding request advances by the step's accepted tokens. A request's finish
 step then depends on the shapes to come, so it is found as the steps are picked, and its
-decode steps are kept (``requests["decode_steps"]``, what ITL divides by). With ``policy.overlap: false`` (the normal
-loop) a result is processed in its own iteration, so a request finished by step k leaves
-before batch k+1 (no extra step). ``workload.closed_loop`` keeps ``concurrency`` requests in
-flight: they arrive at time 0, and each request that leaves before batch k is replaced by one
-arriving at iteration k's start (when the host has processed the finishing result: the
-client's reply, sent again at once).
+decode steps are kept (``requests["decode_steps"]``, what ITL divides by).
+
+With ``policy.overlap: false`` (the normal loop) a result is processed in its own
+iteration, so a request finished by step k leaves before batch k+1 (no extra step).
+``workload.closed_loop`` keeps ``concurrency`` requests in flight: they arrive at time 0,
+and each request that leaves before batch k is replaced by one arriving at iteration k's
+start (when the host has processed the finishing result: the client's reply, sent again at
+once).
 
 Imports: numpy, :mod:`simwar.config` and :mod:`simwar.builder.draws`; nothing from executors
 (realizing arrivals runs the executor: :mod:`simwar.api` orders it).
