@@ -21,7 +21,7 @@ from simwar.api import build_program, resolve_sizes, simulate_many, trace_window
 from simwar.builder.sizes import ArrivalProcess, draw_sizes
 from simwar.cli.app import main
 from simwar.config import ConfigError, load_config
-from simwar.core.program import GraphLaunch, Launch
+from simwar.core.program import GraphLaunch, Launch, Marker, Synchronize
 from simwar.executors import fast, lockstep
 from simwar.executors.choice import EXECUTORS
 from simwar.executors.fast import trace as T
@@ -121,6 +121,9 @@ def test_the_default_rule_is_todays_mixed_chunk_bit_for_bit():
 
 @pytest.mark.parametrize("variant", [
     {}, {"policy.overlap": False}, {"scheduling.max_consecutive_prefill": 1},
+    {"scheduling.overlap_consecutive_prefill": False},
+    {"scheduling.overlap_consecutive_prefill": False, "policy.placement": "loop_top",
+     "policy.barrier": "host_sync"},
     {"policy.barrier": "coarse"}, {"policy.barrier": "host_sync"}, {"policy.barrier": "none"},
     {"policy.placement": "loop_top"}, {"policy.launch_ahead": 2},
     {"policy.needs_cpu_seq_lens": True, "policy.plan_stream": True},
@@ -179,14 +182,16 @@ def test_the_trace_mode_streams_the_engines_trace():
        chunk=st.integers(1, 900), bound=st.sampled_from([None, 1, 3]),
        overlap=st.booleans(), barrier=st.sampled_from(["none", "coarse", "fine", "host_sync"]),
        graph=st.sampled_from(["eager", "piecewise"]), steps=st.integers(8, 60),
-       prompts=st.sampled_from([40, {"dist": "uniform", "low": 1, "high": 1500}]))
+       prompts=st.sampled_from([40, {"dist": "uniform", "low": 1, "high": 1500}]),
+       consecutive=st.booleans())
 def test_fast_equals_simpy_on_random_shape_mixes(seed, rate, chunk, bound, overlap, barrier,
-                                                 graph, steps, prompts):
+                                                 graph, steps, prompts, consecutive):
     wl = {**BURSTY["workload"], "arrivals": {"rate_per_s": rate}, "initial_batch": seed % 5,
           "prompt_tokens": prompts}
     over = {**BURSTY, "seed": seed, "steps": steps, "warmup_steps": 1, "workload": wl,
             "prefill": {**BURSTY["prefill"], "chunk_tokens": chunk, "graph": graph},
-            "scheduling": {"rule": "sglang", "max_consecutive_prefill": bound},
+            "scheduling": {"rule": "sglang", "max_consecutive_prefill": bound,
+                           "overlap_consecutive_prefill": consecutive or not overlap},
             "policy.overlap": overlap, "policy.barrier": barrier}
     cfg = load_config(None, over)
     program = build_program(cfg)
@@ -195,6 +200,31 @@ def test_fast_equals_simpy_on_random_shape_mixes(seed, rate, chunk, bound, overl
     a = simwar.simulate(cfg, engine="fast").summary  # its realizing pass's run
     b = simwar.simulate(cfg, engine="simpy").summary
     assert list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+
+
+def test_two_prefill_steps_in_a_row_without_overlap_between_them():
+    """SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP: the previous prefill step's result is
+    processed before the next prefill step is launched (after it, otherwise)."""
+    def order(overrides):
+        cfg = load_config(None, {**ONE, **overrides})
+        out = {}
+        for op in build_program(cfg).ops:
+            if isinstance(op, Synchronize) and op.site == "result_copy":
+                out.setdefault(op.step, []).append("sync")
+            elif isinstance(op, Marker) and op.name == "run_batch":
+                out.setdefault(op.step, []).append("run_batch")
+        return out
+    on = order({})
+    off = order({"scheduling.overlap_consecutive_prefill": False})
+    # steps 0-3 are prefill steps: iterations 1-3 follow a prefill step
+    for k in (1, 2, 3):
+        assert on[k] == ["run_batch", "sync"] and off[k] == ["sync", "run_batch"]
+    assert on[4] == off[4] == ["run_batch", "sync"]  # a decode step after a prefill step
+    a = simwar.simulate(None, {**ONE, "scheduling.overlap_consecutive_prefill": False})
+    b = simwar.simulate(None, ONE)
+    # step 2's result is processed sooner (before step 3's launch); step 3's prefill, later
+    assert a.columns["result_done_us"][2] < b.columns["result_done_us"][2]
+    assert a.columns["fwd_end_us"][3] > b.columns["fwd_end_us"][3]
 
 
 def test_lockstep_refuses_runs_whose_shapes_are_picked():
@@ -218,6 +248,10 @@ def test_bad_scheduling_keys_are_one_line_each():
                                           r"prefill steps of the sglang rule; rule vllm"):
         load_config(None, {**ONE, "scheduling": {"rule": "vllm",
                                                  "max_consecutive_prefill": 2}})
+    with pytest.raises(ConfigError, match=r"scheduling.overlap_consecutive_prefill: false takes "
+                                          r"a prefill step out of the overlap loop"):
+        load_config(None, {**ONE, "scheduling.overlap_consecutive_prefill": False,
+                           "policy.overlap": False})
 
 
 def test_run_prints_the_shapes_line(capsys):
@@ -226,3 +260,9 @@ def test_run_prints_the_shapes_line(capsys):
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "step shapes" in x)
     assert "decode" in line and "prefill" in line and "% of time" in line
+
+
+def test_dotted_overrides_leave_the_callers_mapping_as_it_was():
+    over = {**BURSTY, "scheduling.max_consecutive_prefill": 2}
+    load_config(None, over)
+    assert BURSTY["scheduling"] == {"rule": "sglang"}

@@ -435,6 +435,9 @@ class LoopBuilder:
             self.policy.before_prepare(self, k)
         self.cpu("prepare", cfg.cpu.prepare_us, k)
         self.schedule_writes(k)
+        early = self.consecutive_prefill(k)
+        if early:  # the previous prefill step's result first: no overlap between the two
+            self.process_result(k - 1, k)
         self.run_batch(k)
         if not self.overlap:  # the normal loop: this step's own result, before the next step
             self.cpu("post_launch", cfg.cpu.post_launch_us, k)
@@ -444,8 +447,18 @@ class LoopBuilder:
             self.policy.fence(self, k)
         self.cpu("post_launch", cfg.cpu.post_launch_us, k)
         depth = pol.launch_ahead
-        if k >= depth:
+        if k >= depth and not early:
             self.process_result(k - depth, k)
+
+    def consecutive_prefill(self, k: int) -> bool:
+        """Whether iteration k processes step k-1's result before launching step k: two
+        prefill steps in a row with ``scheduling.overlap_consecutive_prefill: false``
+        (SGLang's ``is_disable_overlap_for_batch`` under
+        ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``: ``pop_and_process`` before
+        ``run_batch``)."""
+        if self.cfg.scheduling.overlap_consecutive_prefill or k == 0 or not self.overlap:
+            return False
+        return self.sizes.shape_of(k) == "prefill" == self.sizes.shape_of(k - 1)
 
     def drain(self, k: int) -> None:
         self.ops.append(StepMarker(k))

@@ -277,6 +277,12 @@ class Scheduling(StrictModel):
     """The sglang rule: at most this many prefill steps in a row while requests are
     decoding, then a decode step (None: no bound, SGLang's default)."""
 
+    overlap_consecutive_prefill: bool = True
+    """The sglang rule in the overlap loop: a prefill step right after another runs overlapped
+    with it (SGLang's default); false: the previous prefill step's result is processed
+    before the step is launched (SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP=1, sooner first
+    tokens)."""
+
     @field_validator("max_consecutive_prefill", mode="before")
     @classmethod
     def _bound(cls, v: Any) -> Any:
@@ -290,6 +296,9 @@ class Scheduling(StrictModel):
         if self.max_consecutive_prefill is not None and self.rule != "sglang":
             raise ValueError(f"max_consecutive_prefill bounds the prefill steps of the "
                              f"sglang rule; rule {self.rule} runs none")
+        if not self.overlap_consecutive_prefill and self.rule != "sglang":
+            raise ValueError(f"overlap_consecutive_prefill: false is about two prefill steps "
+                             f"in a row of the sglang rule; rule {self.rule} runs none")
         return self
 
     @property
@@ -465,6 +474,12 @@ class Config(StrictModel):
             raise ValueError(f"scheduling.rule: {rule} runs {' and '.join(RULE_SHAPES[rule])} "
                              f"steps; a {shape} step needs requests with prompts "
                              f"(workload.prompt_tokens and a prefill: section)")
+        pol = self.policy
+        if not self.scheduling.overlap_consecutive_prefill and (not pol.overlap
+                                                                or pol.launch_ahead > 1):
+            raise ValueError("scheduling.overlap_consecutive_prefill: false takes a prefill "
+                             "step out of the overlap loop of launch-ahead 1 (policy.overlap "
+                             "true, policy.launch_ahead 1)")
         if self.slo is not None and (wl is None or wl.source not in REQUEST_SOURCES):
             raise ValueError("slo: only used with requests (workload.arrivals or "
                              "workload.closed_loop)")
