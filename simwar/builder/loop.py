@@ -128,8 +128,9 @@ def _drawing_builder(cfg: Config, sizes: StepSizes) -> LoopBuilder:
 
 def shaped_builder(cfg: Config, sizes: StepSizes) -> LoopBuilder:
     """The builder of a run whose scheduler picks each step's shape (``sizes.shape``), drawing
-    with a :class:`StreamSampler`: iteration k can be built as soon as the sizes of steps
-    <= k are fixed, which is how :func:`simwar.executors.fast.realize` runs it."""
+    with a :class:`StreamSampler`: the numbers of iteration k never depend on the steps to
+    come (the one-pass executor's realizing pass reads the same streams:
+    :func:`simwar.executors.fast.realize_shapes`)."""
     phases = cfg.phase_table()
     return LoopBuilder(cfg, StreamSampler(cfg, sizes, phases), sizes, phases)
 
@@ -161,34 +162,49 @@ class StreamSampler:
         self.sizes = sizes
         self.ordinal: dict[int, int] = {}
         self.names: dict[int, str] = {}
+        self.dists: dict[int, Dist] = {}
         for key, value, _ in duration_keys(cfg, phases):
             if isinstance(value, (Dist, Affine)):
                 self.ordinal.setdefault(id(value), len(self.ordinal))
                 self.names.setdefault(id(value), key)
-        self._left: dict[int, list] = {}
+        for _key, value, _ in duration_keys(cfg, phases):  # then the affine durations' noises
+            if isinstance(value, Affine) and value.noise is not None:
+                self.ordinal.setdefault(id(value.noise), len(self.ordinal))
+        #: per distribution: its draws so far, in order, and how many were handed out
+        self.drawn: dict[int, list] = {}
+        self.pos: dict[int, int] = {}
         self._rng: dict[int, object] = {}
         self._last = len(sizes.batch) - 1
 
+    def draws(self, d: Dist, n: int) -> list:
+        """The first ``n`` (at least) draws of ``d``, in order (its list, grown in chunks)."""
+        key = id(d)
+        out = self.drawn.get(key)
+        if out is None:
+            self.dists[key] = d
+            n_ = self.ordinal.setdefault(key, len(self.ordinal))
+            self._rng[key] = np.random.default_rng([self.seed, DRAWS, n_])
+            out = self.drawn[key] = []
+            self.pos[key] = 0
+        while len(out) < n:
+            out.extend(sample(self._rng[key], d, DRAW_CHUNK).tolist())
+        return out
+
     def _next(self, d: Dist) -> float:
         key = id(d)
-        left = self._left.get(key)
-        if not left:
-            rng = self._rng.get(key)
-            if rng is None:
-                n = self.ordinal.setdefault(key, len(self.ordinal))
-                rng = self._rng[key] = np.random.default_rng([self.seed, DRAWS, n])
-            left = self._left[key] = sample(rng, d, DRAW_CHUNK).tolist()[::-1]
-        return left.pop()
+        i = self.pos.get(key, 0)
+        out = self.drawn.get(key)
+        if out is None or i >= len(out):
+            out = self.draws(d, i + 1)
+        self.pos[key] = i + 1
+        return out[i]
 
-    def __call__(self, d, at: int = 0, padded: bool = False):
-        kind = type(d)
-        if kind is Dist:
-            return self._next(d)
-        if kind is not Series and kind is not Affine:
-            return d
+    def value(self, d, at: int, padded: bool = False) -> float:
+        """A step-dependent duration (affine, without its noise; series) at step ``at``'s
+        sizes."""
         i = at if at < self._last else self._last
         sz = self.sizes
-        if kind is Series:
+        if type(d) is Series:
             return getattr(sz, d.name).item(i)
         size = float((sz.bucket if padded else sz.batch).item(i))
         tokens = sz.accept.item(i)
@@ -196,9 +212,70 @@ class StreamSampler:
         if v < 0:
             raise ConfigError(affine_error(self.names.get(id(d), "a duration"), d, size,
                                            tokens, v, i))
-        if d.noise is not None:
+        return v
+
+    def __call__(self, d, at: int = 0, padded: bool = False):
+        kind = type(d)
+        if kind is Dist:
+            return self._next(d)
+        if kind is not Series and kind is not Affine:
+            return d
+        v = self.value(d, at, padded)
+        if kind is Affine and d.noise is not None:
             v = v + self._next(d.noise)
         return v
+
+
+class TemplateDrawer(Symbolic):
+    """The symbolic drawer of a shape-picking run's iteration templates
+    (:func:`shape_template`): as :class:`~simwar.builder.draws.Symbolic`, and for each use of
+    an affine duration with noise, the index of its noise's draw (``noise_use[(key,
+    use)]``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noise_use: dict[tuple[int, int], int] = {}
+
+    def __call__(self, d, at: int = 0, padded: bool = False):
+        if type(d) is Affine and d.noise is not None:
+            m = self.uses.get(id(d.noise), 0)
+            out = super().__call__(d, at, padded)
+            self.noise_use[(id(d), out.index)] = m
+            return out
+        return super().__call__(d, at, padded)
+
+
+def shape_template(cfg: Config, phases: list[Phase], sizes: StepSizes, shapes: list[int],
+                   drain: bool = False):
+    """Symbolic iterations at steps 0, 1, ... of the shapes ``shapes`` (codes), and the
+    drain after them if ``drain``: the last one stands for a step of a shape-picking run
+    whose shape and the few before it are these (what its waits and syncs bind to), at a
+    step at least as far into the run (its structure depends on its step only up to
+    ``policy.launch_ahead``: :func:`simwar.executors.fast.realize_shapes`). Returns ``(ops
+    per iteration, the drawer, the last iteration's uses and contexts)``; ``phases``: the
+    run's phase table (draws are keyed by object)."""
+    n = len(shapes)
+    sk = StepSizes(np.zeros(max(n, 1), dtype=np.int64), np.zeros(max(n, 1), dtype=np.int64),
+                   np.zeros(max(n, 1)), sizes.buckets,
+                   idle=None if sizes.idle is None else np.zeros(n + 1),
+                   suffix=sizes.suffix, source=sizes.source,
+                   shape=np.asarray(list(shapes) or [0], dtype=np.int8))
+    drawer = TemplateDrawer()
+    b = LoopBuilder(cfg, drawer, sk, phases)
+    ops: list[list] = []
+    uses = contexts = None
+    drawer.new_iteration(0)
+    for k in range(n):
+        b.iteration(k)
+        ops.append(b.ops)
+        b.ops = []
+        uses, contexts = drawer.new_iteration(k + 1)
+    if drain:
+        b.drain(n)
+        ops.append(b.ops)
+        b.ops = []
+        uses, contexts = drawer.new_iteration()
+    return ops, drawer, uses, contexts
 
 
 #: iterations built symbolically to find the steady-state iteration (see :func:`plan_iterations`)
@@ -603,5 +680,6 @@ def _positive(d) -> bool:
     return isinstance(d, (Dist, Affine)) or d > 0
 
 
-__all__ = ["DRAWS", "SKELETON", "IterationPlan", "LoopBuilder", "StreamSampler", "build_program",
-           "plan_iterations", "shaped_builder", "sizes_meta", "stream_program"]
+__all__ = ["DRAWS", "SKELETON", "IterationPlan", "LoopBuilder", "StreamSampler", "TemplateDrawer",
+           "build_program", "plan_iterations", "shape_template", "shaped_builder", "sizes_meta",
+           "stream_program"]

@@ -79,6 +79,7 @@ Imports: numpy, :mod:`simwar.config` and :mod:`simwar.builder.draws`; nothing fr
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -250,7 +251,12 @@ class ArrivalProcess:
         self.budgeted = sch.rule == "vllm"
         self.max_prefills = sch.max_consecutive_prefill
         self.prefills = 0  # prefill steps in a row so far (the sglang rule)
-        self.advancing: dict[int, float] = {}  # the sglang rule: request -> tokens left
+        # the sglang rule's decode steps: the accepted tokens summed over them, their count,
+        # and per decoding request (a heap) the sum at which its last token is produced
+        self.summed = 0.0
+        self.decodes = 0
+        self.due: list[tuple[float, int]] = []
+        self.since: dict[int, int] = {}  # request -> decode steps before its first one
         self.starting: list[tuple[int, int]] = []  # (request, tokens) decoding from next
         self.decoded: dict[int, int] = {}  # the sglang rule: request -> its decode steps
         # the loop learns of a finish when it processes that step's result: one iteration
@@ -412,18 +418,17 @@ class ArrivalProcess:
         self.prefills = 0
         self.sizes.shape[k] = DECODE
         for rid, tokens in self.starting:  # prefilled before this step: they decode now
-            self.advancing[rid] = float(tokens)
+            heapq.heappush(self.due, (self.summed + tokens, rid))
+            self.since[rid] = self.decodes
         self.starting.clear()
-        acc = self.sizes.accept.item(k)
-        done = []
-        decoded = self.decoded
-        for rid in self.advancing:
-            decoded[rid] = decoded.get(rid, 0) + 1
-            self.advancing[rid] -= acc
-            if self.advancing[rid] <= 1e-9:
-                done.append(rid)
-        for rid in done:  # its last token: the scheduler learns of it ``lag`` steps on
-            del self.advancing[rid]
+        # every decoding request advances by the step's accepted tokens: a request is done
+        # once they sum (over its decode steps) to its tokens, within 1e-9
+        self.summed += self.sizes.accept.item(k)
+        self.decodes += 1
+        due = self.due
+        while due and due[0][0] - self.summed <= 1e-9:
+            rid = heapq.heappop(due)[1]  # its last token: the scheduler learns of it later
+            self.decoded[rid] = self.decodes - self.since.pop(rid)
             self.finish[rid] = k
             leave = k + self.lag
             self.leaving[leave] = self.leaving.get(leave, 0) + 1
@@ -453,8 +458,8 @@ class ArrivalProcess:
         s = self.sizes
         s.prefill_tokens[k] = used
         pf = self.prefill
-        s.prefill_us[k] = float(pf.forward_us.value(used))
-        s.prefill_host_us[k] = float(pf.host_us.value(used))
+        s.prefill_us[k] = pf.forward_us.at(used)
+        s.prefill_host_us[k] = pf.host_us.at(used)
 
     def _first(self, rid: int, k: int) -> None:
         """The sglang rule: request ``rid``'s prefill ended in step k, which gives its first
@@ -499,6 +504,8 @@ class ArrivalProcess:
             "prompt_tokens": np.asarray(self.prompt_tokens, dtype=np.int64)[admitted],
         }
         if self.separate:  # decode steps are not every step after the first token
+            for rid, first in self.since.items():  # still decoding at the run's end
+                self.decoded[rid] = self.decodes - first
             s.requests["decode_steps"] = np.asarray(
                 [self.decoded.get(rid, 0) for rid in admitted.tolist()], dtype=np.int64)
 

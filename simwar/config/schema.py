@@ -208,6 +208,10 @@ class TokenCost(StrictModel):
             return {"base": v}
         return v
 
+    def at(self, tokens: int) -> float:
+        """:meth:`value` at one step's tokens, without numpy (the same float operations)."""
+        return self.base + self.per_token * float(tokens) if tokens > 0 else 0.0
+
     def value(self, tokens):
         """The duration at ``tokens`` prompt tokens (a scalar or a numpy array)."""
         import numpy as np  # lazy: loading a config needs no numpy

@@ -467,6 +467,45 @@ def _list_columns(rows: list[list], consts: tuple):
     return columns
 
 
+def shape_segment(skeleton: list[list]) -> tuple[Shape, list, set]:
+    """The shape and parameters of the last of ``skeleton``'s segments (host ops of
+    consecutive iterations, parameters symbolic), its bindings resolved against the ones
+    before it, and the step offsets of its accesses."""
+    shaper = _Shaper(symbolic=True)
+    for g, ops in enumerate(skeleton[:-1]):
+        shaper.segment(g, g, ops)
+    shaper.offsets = set()
+    g = len(skeleton) - 1
+    shape, params = shaper.segment(g, g, skeleton[-1])
+    return shape, params, shaper.offsets
+
+
+def plan_segments(shapes: list[Shape], fixed: list[tuple], rows: list[list], meta: dict,
+                  offsets: set) -> Plan:
+    """The plan of consecutive segments at steps 0, 1, ... (the last one the drain): per
+    segment its shape, its parameters that are the same in every segment of its kind
+    (``fixed``: a number per slot, None where it is drawn: segments of one kind share the
+    tuple itself) and the drawn ones (``rows``: numbers, in slot order). Each run of
+    segments of one kind is a block."""
+    blocks: list[Block] = []
+    g = 0
+    negative = False
+    n = len(shapes)
+    while g < n:
+        h = g + 1
+        kind = fixed[g]
+        while h < n and fixed[h] is kind:
+            h += 1
+        part = rows[g:h]
+        if not negative:
+            negative = any(x is not None and x < 0 for x in kind) or \
+                (bool(part[0]) and min(map(min, part)) < 0)
+        columns = _list_columns(part, (None,) * len(part[0]))
+        blocks.append(Block(shapes[g], g, range(g, h), kind, columns, True, g))
+        g = h
+    return Plan(blocks, dict(meta), 0, max(0, n - 1), negative, offsets, _sites(shapes))
+
+
 def plan_program(program: Program) -> Plan:
     """Shapes and blocks of any Program (parameters taken from its ops)."""
     planner = SegmentPlanner()
@@ -478,9 +517,8 @@ def plan_program(program: Program) -> Plan:
 class SegmentPlanner:
     """A Program's plan made segment by segment, as its host ops come: :meth:`add` shapes
     one segment (its bindings resolved against the segments before it, as the engine
-    resolves them), :meth:`plan` groups them into blocks. :func:`plan_program` cuts a whole
-    Program; :func:`simwar.executors.fast.realize` adds each iteration of a run whose shapes
-    are picked as it runs once it is built, and runs its shape at once."""
+    resolves them), :meth:`plan` groups them into blocks (:func:`plan_program` cuts a whole
+    Program into them)."""
 
     def __init__(self) -> None:
         self.shaper = _Shaper()
