@@ -105,6 +105,19 @@ def test_every_shipped_config_in_lockstep_is_its_own_run(variant):
         assert_same_summary(summary, simulate(cfg).summary)
 
 
+def test_runs_that_pick_their_shapes_run_alone_each_its_own_summary():
+    """A batch mixing runs whose scheduler picks each step's shape (refused by the lockstep
+    executor: a group runs one sequence of shapes) with one-shape runs of the same requests:
+    every summary is its own run's, whichever executor ran it."""
+    path = next(p for p in CONFIG_FILES if p.stem == "sglang_default_prefill")
+    configs = [load_config(path, {"steps": 90, "warmup_steps": 5, "seed": seed,
+                                  "scheduling.rule": rule})
+               for rule in ("sglang", "sglang_mixed", "vllm") for seed in range(2)]
+    assert [c.shapes_vary for c in configs] == [True] * 2 + [False] * 4
+    for cfg, summary in zip(configs, simulate_many(configs)):
+        assert_same_summary(summary, simulate(cfg, engine="simpy").summary)
+
+
 def test_a_grid_runs_in_lockstep_and_its_constants_and_draws_are_per_run(monkeypatch):
     """The groups really run together (one pass per batch), whatever each run's numbers,
     each run's plan bound from its group's one template (none planned on its own)."""

@@ -184,6 +184,7 @@ def realize_shapes(cfg, sizes, model, summary_only: bool = False, progress=None)
     state = _State(0, steps, set(SITES), depth, False)
     codes = sizes.shape
     contexts: dict[tuple, _Context] = {}
+    interned: dict = {}
     shapes: list = []
     fixed: list = []
     rows: list = []
@@ -200,6 +201,8 @@ def realize_shapes(cfg, sizes, model, summary_only: bool = False, progress=None)
         ctx = contexts.get(key)
         if ctx is None:
             ctx = contexts[key] = _Context(cfg, phases, sizes, sampler, key, depth)
+            # contexts of one structure share its Shape object (compared by identity first)
+            ctx.shape = interned.setdefault(ctx.shape, ctx.shape)
             offsets |= ctx.offsets
         params = ctx.row(k)
         ctx.fn(range(k, k + 1), ctx.consts, [[p] for p in params], state)
