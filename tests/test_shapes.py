@@ -128,6 +128,7 @@ def test_the_default_rule_is_todays_mixed_chunk_bit_for_bit():
     {"policy.placement": "loop_top"}, {"policy.launch_ahead": 2},
     {"policy.needs_cpu_seq_lens": True, "policy.plan_stream": True},
     {"prefill.graph": "piecewise", "algorithm": "dflash", "phases": []},
+    {"prefill.graph": "full", "policy.needs_cpu_seq_lens": True},
     {"algorithm": "eagle", "phases": [], "accept.tokens": [1.0, 2.5, 3.0]},
 ], ids=str)
 def test_fast_equals_simpy_on_shape_mixes(variant):
@@ -248,6 +249,10 @@ def test_bad_scheduling_keys_are_one_line_each():
                                           r"prefill steps of the sglang rule; rule vllm"):
         load_config(None, {**ONE, "scheduling": {"rule": "vllm",
                                                  "max_consecutive_prefill": 2}})
+    with pytest.raises(ConfigError, match=r"prefill.graph: full is a graph of the prefill step "
+                                          r"alone, which cannot run mixed into a decode step "
+                                          r"\(scheduling.rule vllm\)"):
+        load_config(None, {**ONE, "prefill.graph": "full", "scheduling.rule": "vllm"})
     with pytest.raises(ConfigError, match=r"scheduling.overlap_consecutive_prefill: false takes "
                                           r"a prefill step out of the overlap loop"):
         load_config(None, {**ONE, "scheduling.overlap_consecutive_prefill": False,

@@ -625,12 +625,13 @@ class LoopBuilder:
             self.publish_record(k)
 
     def prefill_chunk(self, k: int) -> None:
-        """Step k's prefill tokens (chunked prefill mixed into the decode step): host work,
-        then one kernel before the decode phases, each nothing when no token is prefilled."""
+        """Step k's prefill tokens (a chunk, mixed before the decode phases or in a prefill
+        step of its own): host work, then one kernel (an eager launch, or one graph launch:
+        piecewise, or full), each nothing when no token is prefilled."""
         pf = self.prefill
         self.cpu("prefill.dispatch", PREFILL_HOST_US, k)
         reads = tuple(pf.reads)
-        if pf.graph == "eager":
+        if pf.graph == "eager":  # else a graph launch: piecewise, or full (a step of its own)
             self.launch("forward", "prefill.forward", PREFILL_US, k, "prefill", reads=reads)
             return
         node = Kernel("prefill.forward", self._draw(PREFILL_US), reads, (), "prefill")

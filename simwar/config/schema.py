@@ -222,13 +222,14 @@ class TokenCost(StrictModel):
 
 class Prefill(StrictModel):
     """The prefill of requests with prompts (``workload.prompt_tokens``), as SGLang's chunked
-    prefill mixed into decode (``--enable-mixed-chunk``, ``--chunked-prefill-size``): each
-    step prefills up to ``chunk_tokens`` prompt tokens of the requests waiting for prefill,
-    first come first served, in the same forward as the decode batch. ``forward_us``: the
-    prefill part of the forward (one kernel on the forward stream, before the decode phases);
-    ``host_us``: the host's extra work to prepare it; ``graph``: ``eager`` (a kernel launch)
-    or ``piecewise`` (a graph launch: SGLang's piecewise CUDA graph for extend). See
-    docs/design.md, "Durations, sizes and draws" (Prefill)."""
+    prefill (``--chunked-prefill-size``): a step prefills up to ``chunk_tokens`` prompt tokens
+    of the requests waiting for prefill, first come first served, in a step of its own or in
+    the same forward as the decode batch (``scheduling.rule``). ``forward_us``: the prefill
+    forward (one kernel on the forward stream, before the decode phases of a mixed step);
+    ``host_us``: the host's extra work to prepare it; ``graph``: ``eager`` (a kernel launch),
+    ``piecewise`` (a graph launch: SGLang's piecewise CUDA graph for extend) or ``full`` (a
+    graph of the prefill step alone). See docs/design.md, "Durations, sizes and draws"
+    (Prefill, Iteration shapes)."""
 
     chunk_tokens: int = 8192
     """The most prompt tokens a step prefills (SGLang's --chunked-prefill-size)."""
@@ -237,9 +238,11 @@ class Prefill(StrictModel):
     phases (µs, or {base, per_token})."""
     host_us: TokenCost = Field(default_factory=TokenCost)
     """The host's extra work to prepare the prefill (µs, or {base, per_token})."""
-    graph: Literal["eager", "piecewise"] = "eager"
-    """How the prefill runs: eager (a kernel launch) or piecewise (a graph launch: SGLang's
-    piecewise CUDA graph for extend)."""
+    graph: Literal["eager", "piecewise", "full"] = "eager"
+    """How the prefill runs: eager (a kernel launch), piecewise (a graph launch: SGLang's
+    piecewise CUDA graph for extend) or full (a graph launch of a graph captured for the
+    prefill step alone: graph-only, so it cannot run mixed into a decode step; needs
+    scheduling.rule sglang)."""
     reads: list[str] = Field(default_factory=lambda: ["req_to_token"])
     """The shared buffers the prefill reads."""
 
@@ -478,6 +481,11 @@ class Config(StrictModel):
             raise ValueError(f"scheduling.rule: {rule} runs {' and '.join(RULE_SHAPES[rule])} "
                              f"steps; a {shape} step needs requests with prompts "
                              f"(workload.prompt_tokens and a prefill: section)")
+        if self.prefill is not None and self.prefill.graph == "full" and \
+                "mixed" in RULE_SHAPES[rule]:
+            raise ValueError(f"prefill.graph: full is a graph of the prefill step alone, which "
+                             f"cannot run mixed into a decode step (scheduling.rule {rule}); "
+                             f"use eager or piecewise, or scheduling.rule sglang")
         pol = self.policy
         if not self.scheduling.overlap_consecutive_prefill and (not pol.overlap
                                                                 or pol.launch_ahead > 1):
