@@ -2,6 +2,7 @@
 
     python benchmarks/bench_fast.py ratio     [--steps 20000] [--repeat 5]
     python benchmarks/bench_fast.py ranks     [--steps 5000] [--repeat 3]
+    python benchmarks/bench_fast.py shapes    [--steps 5000] [--repeat 5]
     python benchmarks/bench_fast.py rss       [--steps 10000 100000 1000000]
     python benchmarks/bench_fast.py run500
     python benchmarks/bench_fast.py sweep     [--runs 10000] [--sweep-steps 10000] [--jobs 2]
@@ -20,6 +21,13 @@ another simwar source tree, e.g. one exported with ``git archive 9ad16a6 | tar -
   ranks): the SimPy engine against the fast executor's ranks (``engine: fast``,
   :mod:`simwar.executors.fast.ranks`), end to end (each rank's Trace, table, races; the
   ranks' summary).
+- ``shapes``: the one-pass executor's per-step cost of a run whose scheduler picks each
+  step's shape (``configs/sglang_default_prefill.yaml``, ``scheduling.rule: sglang``: prefill
+  and decode steps) against the same config as a one-shape run (``scheduling.rule:
+  sglang_mixed``), ``simulate()`` end to end, arrivals realized afresh each time (the sizes
+  cache cleared), interleaved in one process, best of ``--repeat``, process CPU time; and the
+  SimPy engine on the shape-picking run. ``ratio_cpu``: the multi-shape run's CPU time per
+  step over the one-shape run's (the target is at most 1.3).
 - ``rss``: ``simwar run configs/dspark_fine.yaml --set steps=N --json`` in a fresh process
   each: wall, CPU and peak RSS (``ru_maxrss``).
 - ``run500``: ``simwar run --set steps=500``, best of 5: CPU time, and the import share
@@ -92,6 +100,44 @@ def bench_ratio(tree: Path, steps: int, repeat: int, before: bool,
     if not before:
         res["ratio_cpu"] = res["simpy"]["cpu_s"] / res["fast"]["cpu_s"]
         res["ratio_wall"] = res["simpy"]["wall_s"] / res["fast"]["wall_s"]
+    return res
+
+
+# --------------------------------------------------------------------------- shapes
+SHAPES_CONFIG = "configs/sglang_default_prefill.yaml"
+SHAPES_CODE = """
+import json, time
+import simwar.api as api
+from simwar.config import load_config
+runs = {{"shapes": ("fast", "sglang"), "one_shape": ("fast", "sglang_mixed"),
+         "shapes_simpy": ("simpy", "sglang")}}
+cfgs = {{name: load_config({config!r}, {{"steps": {steps}, "scheduling.rule": rule}})
+        for name, (_, rule) in runs.items()}}
+def once(name):
+    api._sizes_cache.clear()  # realize the arrivals afresh: that pass is the fast run
+    c0, t0 = time.process_time(), time.perf_counter()
+    r = api.simulate(cfgs[name], engine=runs[name][0])
+    return time.process_time() - c0, time.perf_counter() - t0, r.summary
+for name in runs:
+    once(name)  # warm-up (compiles, allocators)
+best = {{name: (float("inf"), float("inf")) for name in runs}}
+shares = None
+for _ in range({repeat}):
+    for name in runs:  # interleaved: drifts of the machine hit both alike
+        c, w, s = once(name)
+        best[name] = (min(best[name][0], c), min(best[name][1], w))
+        if name == "shapes":
+            shares = s["shape_steps"]
+print(json.dumps({{**{{name: {{"cpu_s": c, "wall_s": w, "us_per_step": c / {steps} * 1e6}}
+                     for name, (c, w) in best.items()}}, "shape_steps": shares}}))
+"""
+
+
+def bench_shapes(tree: Path, steps: int, repeat: int) -> dict:
+    code = SHAPES_CODE.format(config=SHAPES_CONFIG, steps=steps, repeat=repeat)
+    res = json.loads(child(tree, ["-c", code]).strip().splitlines()[-1])
+    res["ratio_cpu"] = res["shapes"]["cpu_s"] / res["one_shape"]["cpu_s"]
+    res["simpy_over_fast_cpu"] = res["shapes_simpy"]["cpu_s"] / res["shapes"]["cpu_s"]
     return res
 
 
@@ -238,8 +284,8 @@ def bench_quantiles(steps: int) -> dict:
 # --------------------------------------------------------------------------- main
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("ratio", "ranks", "rss", "run500", "sweep", "quantiles",
-                                     "all"))
+    ap.add_argument("what", choices=("ratio", "ranks", "shapes", "rss", "run500", "sweep",
+                                     "quantiles", "all"))
     ap.add_argument("--before", type=Path, help="another simwar source tree to measure")
     ap.add_argument("--steps", type=int, nargs="+")
     ap.add_argument("--repeat", type=int, default=5)
@@ -252,7 +298,8 @@ def main() -> int:
     args = ap.parse_args()
     tree = (args.before or ROOT).resolve()
     before = args.before is not None
-    what = ["ratio", "ranks", "rss", "run500", "quantiles", "sweep"] if args.what == "all" \
+    what = ["ratio", "ranks", "shapes", "rss", "run500", "quantiles", "sweep"] \
+        if args.what == "all" \
         else [args.what]
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()}, tree {tree}", file=sys.stderr)
@@ -263,6 +310,8 @@ def main() -> int:
         elif w == "ranks":
             results[w] = bench_ratio(tree, (args.steps or [5_000])[0], args.repeat, before,
                                      RANKS_CONFIG)
+        elif w == "shapes":
+            results[w] = bench_shapes(tree, (args.steps or [5_000])[0], args.repeat)
         elif w == "rss":
             results[w] = bench_rss(tree, args.steps or [10_000, 100_000, 1_000_000], before,
                                    args.simpy_max)

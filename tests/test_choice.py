@@ -63,6 +63,10 @@ def test_choose_on_the_shipped_configs(path):
     many = choose(cfg, purpose="many")
     if ranks:
         assert (many.name, many.refused) == ("fast", (("lockstep", tp_reason),))
+    elif cfg.shapes_vary:  # a group runs one sequence of shapes
+        assert (many.name, many.refused) == ("fast", (("lockstep", "scheduling.rule sglang: "
+                                                       "each run's step shapes are picked "
+                                                       "as it runs"),))
     else:
         assert (many.name, many.refused) == ("lockstep", ())
     assert choose(cfg, "simpy", purpose="many").name == "simpy"

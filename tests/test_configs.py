@@ -67,6 +67,7 @@ CLAIMS = {
     "dspark_fine_no_external_events": ("fine", False),
     "dspark_fine_bimodal": ("fine", False),
     "tp2_slow_rank": ("fine", False),  # the straggler claim: tests/test_ranks.py
+    "sglang_default_prefill": ("fine", False),  # the shapes claim: tests/test_shapes.py
 }
 
 

@@ -23,6 +23,7 @@ from simwar.analysis.summary import (
     HAZARD_KEYS,
     META_KEYS,
     REQUEST_KEYS,
+    SHAPE_KEYS,
     STEP_KEYS,
     WORKLOAD_KEYS,
     measured_mask,
@@ -37,11 +38,16 @@ WORKLOADS = {
     "arrivals": {"arrivals": {"rate_per_s": 700}, "max_batch": 16,
                  "output_tokens": {"dist": "uniform", "low": 2, "high": 20},
                  "initial_batch": 2, "graph_buckets": [4, 16]},
+    # prefill steps of their own (scheduling.rule sglang): the shapes' shares
+    "shapes": {"arrivals": {"rate_per_s": 1500}, "max_batch": 16,
+               "output_tokens": {"dist": "uniform", "low": 2, "high": 20},
+               "prompt_tokens": {"dist": "uniform", "low": 10, "high": 900},
+               "initial_batch": 2, "graph_buckets": [4, 16]},
 }
 
 
 def test_each_statistic_of_the_spec_is_computed_by_both_summaries():
-    stats = {k.stat for k in STEP_KEYS + WORKLOAD_KEYS + REQUEST_KEYS}
+    stats = {k.stat for k in STEP_KEYS + WORKLOAD_KEYS + SHAPE_KEYS + REQUEST_KEYS}
     assert set(metrics._EXACT) == stats
     assert set(streaming._STREAM) == stats
 
@@ -52,7 +58,7 @@ def test_each_statistic_of_the_spec_is_computed_by_both_summaries():
        placement=st.sampled_from(["after_launch", "loop_top"]),
        seq_lens=st.booleans(), noisy=st.booleans(), steps=st.integers(3, 160),
        warmup=st.integers(0, 12), seed=st.integers(0, 3),
-       workload=st.sampled_from([None, None, "list", "dist", "arrivals"]),
+       workload=st.sampled_from([None, None, "list", "dist", "arrivals", "shapes"]),
        chunk=st.sampled_from([5, 64, 1 << 15]))
 def test_the_two_summaries_agree_on_varied_configs(algorithm, barrier, placement, seq_lens,
                                                    noisy, steps, warmup, seed, workload,
@@ -65,6 +71,9 @@ def test_the_two_summaries_agree_on_varied_configs(algorithm, barrier, placement
         overrides.update(AFFINE)
         overrides["workload"] = WORKLOADS[workload]
         overrides["accept.tokens"] = {"dist": "empirical", "values": [1, 2, 3]}
+    if workload == "shapes":
+        overrides["prefill"] = {"chunk_tokens": 256, "forward_us": {"base": 50, "per_token": 1}}
+        overrides["scheduling"] = {"rule": "sglang"}
     cfg = load_config(None, overrides)
     sizes = resolve_sizes(cfg)
     exact = fast.run_config(cfg, sizes).summary

@@ -134,6 +134,8 @@ class StepFacts:
         run = RunMeta.of(meta)
         wl = run.workload
         self.varying = bool(wl)
+        #: the steps' shapes, when the run picked them (a column of names)
+        self.shape = np.asarray(wl["shape"]) if self.varying and "shape" in wl else None
         if self.varying:
             self.batch = np.asarray(wl["batch_size"], dtype=np.int64)
             self.bucket = np.asarray(wl["graph_bucket"], dtype=np.int64)
@@ -157,8 +159,11 @@ class StepFacts:
         idx = np.clip(np.asarray(steps, dtype=np.int64), 0, len(self.batch) - 1)
         batch = self.batch[idx]
         accept = self.accept[idx]
-        return {"tokens": accept * batch, "batch_size": batch, "graph_bucket": self.bucket[idx],
-                "accepted_tokens": accept}
+        out = {"tokens": accept * batch, "batch_size": batch, "graph_bucket": self.bucket[idx],
+               "accepted_tokens": accept}
+        if self.shape is not None:
+            out["shape"] = self.shape[idx]
+        return out
 
 
 def idle_windows(end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -386,6 +391,15 @@ def _positive_fraction(x: np.ndarray, key: Key, m: dict) -> float:
     return _fraction(x > 0) if len(x) else float("nan")
 
 
+def _shares(x: np.ndarray, key: Key, m: dict) -> dict:
+    names = np.unique(x).tolist()
+    if key.arg is None:
+        return {name: float(np.count_nonzero(x == name) / len(x)) for name in names}
+    col = m[key.arg]
+    total = _sum(col)
+    return {name: float(_ratio(_sum(col[x == name]), total)) for name in names}
+
+
 def _histogram(x: np.ndarray, key: Key, m: dict) -> dict:
     values, counts = np.unique(x, return_counts=True)
     return {int(k): float(c / len(x)) for k, c in zip(values.tolist(), counts.tolist())}
@@ -418,6 +432,7 @@ _EXACT = {
     "count": lambda x, key, m: int(len(x)),
     "count_rate": _count_rate,
     "by_bucket": _by_bucket,
+    "shares": _shares,
 }
 
 
@@ -483,7 +498,10 @@ def request_columns(req: dict, steps: np.ndarray, fwd_end: np.ndarray,
     f_end, f_done = first[0][ok], first[1][ok]
     first_step = np.asarray(req.get("first_step", req["admit_step"]), dtype=np.int64)[ok]
     tokens = np.asarray(req["output_tokens"], dtype=np.float64)[ok]
-    decode_steps = (finish[ok] - first_step).astype(np.float64)
+    if "decode_steps" in req:  # steps of other shapes between (prefill steps: decodes pause)
+        decode_steps = np.asarray(req["decode_steps"], dtype=np.float64)[ok]
+    else:
+        decode_steps = (finish[ok] - first_step).astype(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(tokens > 1, (last - f_end) / (tokens - 1), np.nan)
         itl = np.where(decode_steps > 0, (last - f_end) / decode_steps, np.nan)

@@ -31,6 +31,7 @@ from simwar.analysis.metrics import first_tokens, hazard_counts, request_columns
 from simwar.analysis.summary import (
     BUCKET_METRICS,
     REQUEST_KEYS,
+    SHAPE_KEYS,
     SLO_KEYS,
     WORKLOAD_KEYS,
     Key,
@@ -182,6 +183,8 @@ class StreamingSummary:
         keys = step_keys(self.columns)
         if self.run.workload:
             keys += WORKLOAD_KEYS
+            if "shape" in self.run.workload:
+                keys += SHAPE_KEYS
             if self.requests is not None:
                 keys += REQUEST_KEYS
                 if self.run.slo:
@@ -317,8 +320,31 @@ class _Buckets:
                 sums[c].add(m[c][rows])
 
 
+class _Shares:
+    """Per value of a column of names: its rows, and the sum of their step times."""
+
+    def __init__(self, owner=None) -> None:
+        self.rows: dict[str, int] = {}
+        self.time: dict[str, _Sum] = {}
+
+    def add(self, x: np.ndarray, m: dict) -> None:
+        for name in np.unique(x).tolist():
+            pick = x == name
+            self.rows[name] = self.rows.get(name, 0) + int(np.count_nonzero(pick))
+            self.time.setdefault(name, _Sum()).add(m["step_us"][pick])
+
+
+def _shares(s: StreamingSummary, key: Key) -> dict:
+    acc = s.get("shares", key.column, key.valid)
+    if key.arg is None:
+        n = sum(acc.rows.values())
+        return {k: float(c / n) for k, c in sorted(acc.rows.items())}
+    total = sum(v.total for v in acc.time.values())
+    return {k: float(_ratio(v.total, total)) for k, v in sorted(acc.time.items())}
+
+
 _ACCUMULATORS = {"sum": _Sum, "sketch": _Sketch, "positive": _Positive, "counts": _CountAccumulator,
-                 "buckets": _Buckets}
+                 "buckets": _Buckets, "shares": _Shares}
 _NAN = float("nan")
 
 
@@ -398,4 +424,5 @@ _STREAM = {
     "count_rate": _Stat(lambda key: [("sum", key.column, key.valid), ("sum", key.arg, False)],
                         _count_rate),
     "by_bucket": _Stat(_own("buckets"), _by_bucket),
+    "shares": _Stat(_own("shares"), _shares),
 }

@@ -13,7 +13,8 @@ A summary is, in order:
 1. ``name`` (the run's) and ``steps_measured`` (the measured rows: :func:`measured_mask`);
 2. :data:`STEP_KEYS` over the measured rows, with ``cpu_blocked_<site>_us_mean`` for each
    site column of the table in place of the :data:`SITE_PATTERN` entry (sorted by name);
-3. a run with a varying workload (``meta.workload``): :data:`WORKLOAD_KEYS`; when requests
+3. a run with a varying workload (``meta.workload``): :data:`WORKLOAD_KEYS`, then
+   :data:`SHAPE_KEYS` when its steps' shapes were picked (``meta.workload.shape``); when requests
    arrived (``meta.workload.requests``) :data:`REQUEST_KEYS` over the requests finished in
    the measured steps (their decode latency and queueing time:
    :func:`simwar.analysis.metrics.request_latencies`);
@@ -36,7 +37,9 @@ a column with a NaN is NaN):
 - ``count``: the number of values;
 - ``count_rate``: that number over ``sum(arg)``, per second;
 - ``by_bucket``: per value of ``column`` (ascending): ``steps`` (its rows) and the mean of
-  each column of ``arg`` over them, as ``<column>_mean``.
+  each column of ``arg`` over them, as ``<column>_mean``;
+- ``shares``: per value of ``column`` (a name, ascending): its share of the rows, or with
+  ``arg`` its rows' share of ``sum(arg)``.
 
 Imports: numpy and :mod:`simwar.core.run_meta`.
 """
@@ -94,6 +97,13 @@ WORKLOAD_KEYS: tuple[Key, ...] = (
     Key("by_bucket", "by_bucket", "graph_bucket", BUCKET_METRICS),
 )
 
+#: a run whose scheduler picks each step's shape (``meta.workload.shape``): per shape
+#: (decode, prefill, mixed), its share of the measured steps and of their time
+SHAPE_KEYS: tuple[Key, ...] = (
+    Key("shape_steps", "shares", "shape"),
+    Key("shape_time", "shares", "shape", "step_us"),
+)
+
 #: over the requests finished in the measured steps (columns of requests, not of steps;
 #: ``step_us`` is the measured steps' column)
 REQUEST_KEYS: tuple[Key, ...] = (
@@ -149,6 +159,8 @@ def assemble(name: str, measured: int, columns, meta: dict, value, hazards: dict
     run = RunMeta.from_meta(meta)
     if run.workload:
         keys += WORKLOAD_KEYS
+        if "shape" in run.workload:
+            keys += SHAPE_KEYS
         if run.requests is not None:
             keys += REQUEST_KEYS
             if run.slo:

@@ -32,8 +32,15 @@ Requests with prompts (``workload.prompt_tokens``, a ``prefill:`` section) add, 
 ``run_batch`` before the decode phases, the step's prefill: its host work and one kernel (an
 eager launch, or a piecewise graph's launch) whose durations are per-step series of the
 arrivals model (:data:`PREFILL_US`, :data:`PREFILL_HOST_US`: nothing in a step that prefills
-no token), so the iteration's shape stays the same. A run with requests marks the host
-instant each step's result has been processed (``Marker("result_done", j)``): the
+no token), so the iteration's shape stays the same (a ``mixed`` step, the rules
+``sglang_mixed`` and ``vllm``). Under ``scheduling.rule: sglang`` each step has the shape the
+arrivals model picked (``sizes.shape``): a ``prefill`` step runs the prefill forward alone (its
+read-done and FutureMap records right after it: :meth:`LoopBuilder.prefill_publish`), a
+``decode`` step the phases alone; everything else in the iteration is the same, so the WAR
+barrier orders the next step's writes after this step's reads whatever the two shapes are.
+Such a run draws with a :class:`StreamSampler` (iteration k's numbers never depend on the
+steps to come) and is never planned from iteration templates. A run with requests marks the
+host instant each step's result has been processed (``Marker("result_done", j)``): the
 first-token time a client sees.
 
 Durations come from one generator seeded by ``config.seed``: each distribution is
@@ -64,17 +71,29 @@ simpy, nothing from executors or above.
 
 from __future__ import annotations
 
+import numpy as np
+
 from simwar.builder.draws import (
     PREFILL_HOST_US,
     PREFILL_US,
     WAIT_REQUESTS,
     AffineTable,
     Sampler,
+    Series,
     Symbolic,
+    sample,
 )
 from simwar.builder.sizes import StepSizes
 from simwar.config.policies import PublishPoint, barrier, publish_point
-from simwar.config.schema import Affine, Config, Dist, Phase
+from simwar.config.schema import (
+    Affine,
+    Config,
+    ConfigError,
+    Dist,
+    Phase,
+    affine_error,
+    duration_keys,
+)
 from simwar.core.program import (
     CpuWork,
     GraphLaunch,
@@ -101,8 +120,162 @@ def build_program(cfg: Config, sizes: StepSizes) -> Program:
 
 
 def _drawing_builder(cfg: Config, sizes: StepSizes) -> LoopBuilder:
+    if sizes.shape is not None:  # shapes picked as the run goes: no iteration templates
+        return shaped_builder(cfg, sizes)
     plan = plan_iterations(cfg, sizes)
     return LoopBuilder(cfg, plan.sampler(), sizes, plan.phases)
+
+
+def shaped_builder(cfg: Config, sizes: StepSizes) -> LoopBuilder:
+    """The builder of a run whose scheduler picks each step's shape (``sizes.shape``), drawing
+    with a :class:`StreamSampler`: the numbers of iteration k never depend on the steps to
+    come (the fast executor's realizing pass reads the same streams:
+    :func:`simwar.executors.fast.realize_shapes`)."""
+    phases = cfg.phase_table()
+    return LoopBuilder(cfg, StreamSampler(cfg, sizes, phases), sizes, phases)
+
+
+#: the generator stream of a shape-picking run's durations: ``[seed, DRAWS, ordinal]``
+DRAWS = 25
+#: draws taken from a distribution's generator at a time
+DRAW_CHUNK = 4096
+
+
+class StreamSampler:
+    """The drawer of a run whose iteration shapes are picked as it runs (``scheduling.rule:
+    sglang``).
+
+    A run of one shape draws each distribution in one generator call sized by its uses in
+    the whole run (:class:`~simwar.builder.draws.Sampler`), which the shapes to come would
+    decide here. So each distribution has its own generator, seeded by ``[seed,``
+    :data:`DRAWS` ``, its ordinal among the config's durations]``
+    (:func:`~simwar.config.schema.duration_keys`; one not listed there, such as a noise,
+    takes the next ordinal at its first use) and drawn :data:`DRAW_CHUNK` at a time, in
+    program order; a step-dependent duration (affine, series) is evaluated at the sizes of
+    the step it uses when asked, as :meth:`~simwar.builder.draws.AffineTable.at` does. Every
+    executor builds the run's ops through it, from the same sizes in the same order, so
+    every executor runs the same numbers.
+    """
+
+    def __init__(self, cfg: Config, sizes: StepSizes, phases: list[Phase]):
+        self.seed = cfg.seed
+        self.sizes = sizes
+        self.ordinal: dict[int, int] = {}
+        self.names: dict[int, str] = {}
+        self.dists: dict[int, Dist] = {}
+        for key, value, _ in duration_keys(cfg, phases):
+            if isinstance(value, (Dist, Affine)):
+                self.ordinal.setdefault(id(value), len(self.ordinal))
+                self.names.setdefault(id(value), key)
+        for _key, value, _ in duration_keys(cfg, phases):  # then the affine durations' noises
+            if isinstance(value, Affine) and value.noise is not None:
+                self.ordinal.setdefault(id(value.noise), len(self.ordinal))
+        #: per distribution: its draws so far, in order, and how many were handed out
+        self.drawn: dict[int, list] = {}
+        self.pos: dict[int, int] = {}
+        self._rng: dict[int, object] = {}
+        self._last = len(sizes.batch) - 1
+
+    def draws(self, d: Dist, n: int) -> list:
+        """The first ``n`` (at least) draws of ``d``, in order (its list, grown in chunks)."""
+        key = id(d)
+        out = self.drawn.get(key)
+        if out is None:
+            self.dists[key] = d
+            n_ = self.ordinal.setdefault(key, len(self.ordinal))
+            self._rng[key] = np.random.default_rng([self.seed, DRAWS, n_])
+            out = self.drawn[key] = []
+            self.pos[key] = 0
+        while len(out) < n:
+            out.extend(sample(self._rng[key], d, DRAW_CHUNK).tolist())
+        return out
+
+    def _next(self, d: Dist) -> float:
+        key = id(d)
+        i = self.pos.get(key, 0)
+        out = self.drawn.get(key)
+        if out is None or i >= len(out):
+            out = self.draws(d, i + 1)
+        self.pos[key] = i + 1
+        return out[i]
+
+    def value(self, d, at: int, padded: bool = False) -> float:
+        """A step-dependent duration (affine, without its noise; series) at step ``at``'s
+        sizes."""
+        i = at if at < self._last else self._last
+        sz = self.sizes
+        if type(d) is Series:
+            return getattr(sz, d.name).item(i)
+        size = float((sz.bucket if padded else sz.batch).item(i))
+        tokens = sz.accept.item(i)
+        v = d.value(size, tokens)
+        if v < 0:
+            raise ConfigError(affine_error(self.names.get(id(d), "a duration"), d, size,
+                                           tokens, v, i))
+        return v
+
+    def __call__(self, d, at: int = 0, padded: bool = False):
+        kind = type(d)
+        if kind is Dist:
+            return self._next(d)
+        if kind is not Series and kind is not Affine:
+            return d
+        v = self.value(d, at, padded)
+        if kind is Affine and d.noise is not None:
+            v = v + self._next(d.noise)
+        return v
+
+
+class TemplateDrawer(Symbolic):
+    """The symbolic drawer of a shape-picking run's iteration templates
+    (:func:`shape_template`): as :class:`~simwar.builder.draws.Symbolic`, and for each use of
+    an affine duration with noise, the index of its noise's draw (``noise_use[(key,
+    use)]``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.noise_use: dict[tuple[int, int], int] = {}
+
+    def __call__(self, d, at: int = 0, padded: bool = False):
+        if type(d) is Affine and d.noise is not None:
+            m = self.uses.get(id(d.noise), 0)
+            out = super().__call__(d, at, padded)
+            self.noise_use[(id(d), out.index)] = m
+            return out
+        return super().__call__(d, at, padded)
+
+
+def shape_template(cfg: Config, phases: list[Phase], sizes: StepSizes, shapes: list[int],
+                   drain: bool = False):
+    """Symbolic iterations at steps 0, 1, ... of the shapes ``shapes`` (codes), and the
+    drain after them if ``drain``: the last one stands for a step of a shape-picking run
+    whose shape and the few before it are these (what its waits and syncs bind to), at a
+    step at least as far into the run (its structure depends on its step only up to
+    ``policy.launch_ahead``: :func:`simwar.executors.fast.realize_shapes`). Returns ``(ops
+    per iteration, the drawer, the last iteration's uses and contexts)``; ``phases``: the
+    run's phase table (draws are keyed by object)."""
+    n = len(shapes)
+    sk = StepSizes(np.zeros(max(n, 1), dtype=np.int64), np.zeros(max(n, 1), dtype=np.int64),
+                   np.zeros(max(n, 1)), sizes.buckets,
+                   idle=None if sizes.idle is None else np.zeros(n + 1),
+                   suffix=sizes.suffix, source=sizes.source,
+                   shape=np.asarray(list(shapes) or [0], dtype=np.int8))
+    drawer = TemplateDrawer()
+    b = LoopBuilder(cfg, drawer, sk, phases)
+    ops: list[list] = []
+    uses = contexts = None
+    drawer.new_iteration(0)
+    for k in range(n):
+        b.iteration(k)
+        ops.append(b.ops)
+        b.ops = []
+        uses, contexts = drawer.new_iteration(k + 1)
+    if drain:
+        b.drain(n)
+        ops.append(b.ops)
+        b.ops = []
+        uses, contexts = drawer.new_iteration()
+    return ops, drawer, uses, contexts
 
 
 #: iterations built symbolically to find the steady-state iteration (see :func:`plan_iterations`)
@@ -317,6 +490,8 @@ class LoopBuilder:
         }
         if not self.overlap:
             out["overlap"] = False
+        if cfg.scheduling.rule != "sglang_mixed":
+            out["scheduling"] = cfg.scheduling.rule
         if cfg.slo:
             out["slo"] = dict(cfg.slo)
         out.update(sizes_meta(self.sizes))
@@ -337,6 +512,9 @@ class LoopBuilder:
             self.policy.before_prepare(self, k)
         self.cpu("prepare", cfg.cpu.prepare_us, k)
         self.schedule_writes(k)
+        early = self.consecutive_prefill(k)
+        if early:  # the previous prefill step's result first: no overlap between the two
+            self.process_result(k - 1, k)
         self.run_batch(k)
         if not self.overlap:  # the normal loop: this step's own result, before the next step
             self.cpu("post_launch", cfg.cpu.post_launch_us, k)
@@ -346,8 +524,18 @@ class LoopBuilder:
             self.policy.fence(self, k)
         self.cpu("post_launch", cfg.cpu.post_launch_us, k)
         depth = pol.launch_ahead
-        if k >= depth:
+        if k >= depth and not early:
             self.process_result(k - depth, k)
+
+    def consecutive_prefill(self, k: int) -> bool:
+        """Whether iteration k processes step k-1's result before launching step k: two
+        prefill steps in a row with ``scheduling.overlap_consecutive_prefill: false``
+        (SGLang's ``is_disable_overlap_for_batch`` under
+        ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``: ``pop_and_process`` before
+        ``run_batch``)."""
+        if self.cfg.scheduling.overlap_consecutive_prefill or k == 0 or not self.overlap:
+            return False
+        return self.sizes.shape_of(k) == "prefill" == self.sizes.shape_of(k - 1)
 
     def drain(self, k: int) -> None:
         self.ops.append(StepMarker(k))
@@ -377,12 +565,17 @@ class LoopBuilder:
             self.record(StepName("seq_lens_d2h[{}]", k), "d2h", k)
             self.sync(StepName("seq_lens_d2h[{}]", k), k, "seq_lens")
         self.wait_stream("forward", "schedule", k)
-        if self.prefill is not None:
+        shape = self.sizes.shape_of(k)
+        if shape == "prefill":  # a prefill step of its own: the decode phases do not run
             self.prefill_chunk(k)
-        for i, phase in enumerate(self.phases):
-            self.phase(k, i, phase)
-            if phase.future_publish:
-                self.record(StepName("publish_ready[{}]", k), "forward", k)
+            self.prefill_publish(k)
+        else:  # decode, or mixed: the prefill chunk before the decode phases
+            if self.prefill is not None and shape != "decode":
+                self.prefill_chunk(k)
+            for i, phase in enumerate(self.phases):
+                self.phase(k, i, phase)
+                if phase.future_publish:
+                    self.record(StepName("publish_ready[{}]", k), "forward", k)
         self.policy.after_phases(self, k)
         copy_stream = cfg.gpu.result_copy_stream
         if copy_stream != "forward":
@@ -432,17 +625,28 @@ class LoopBuilder:
             self.publish_record(k)
 
     def prefill_chunk(self, k: int) -> None:
-        """Step k's prefill tokens (chunked prefill mixed into the decode step): host work,
-        then one kernel before the decode phases, each nothing when no token is prefilled."""
+        """Step k's prefill tokens (a chunk, mixed before the decode phases or in a prefill
+        step of its own): host work, then one kernel (an eager launch, or one graph launch:
+        piecewise, or full), each nothing when no token is prefilled."""
         pf = self.prefill
         self.cpu("prefill.dispatch", PREFILL_HOST_US, k)
         reads = tuple(pf.reads)
-        if pf.graph == "eager":
+        if pf.graph == "eager":  # else a graph launch: piecewise, or full (a step of its own)
             self.launch("forward", "prefill.forward", PREFILL_US, k, "prefill", reads=reads)
             return
         node = Kernel("prefill.forward", self._draw(PREFILL_US), reads, (), "prefill")
         self.ops.append(GraphLaunch("forward", "prefill.graph", (node,), k, "prefill",
                                     self._cost(self.cfg.costs.graph_launch_us)))
+
+    def prefill_publish(self, k: int) -> None:
+        """A prefill step's records: its read-done right after the prefill forward (its last
+        shared read) when the config publishes one (a fine barrier then fences the step at
+        it; publishing nothing leaves the step to the coarse fallback), and the FutureMap's
+        publish where a decode phase would record it."""
+        if self.point.phase is not None:
+            self.publish_record(k)
+        if any(ph.future_publish for ph in self.phases):
+            self.record(StepName("publish_ready[{}]", k), "forward", k)
 
     def publish_record(self, k: int) -> None:
         event = StepName("read_done[{}]", k)
@@ -477,5 +681,6 @@ def _positive(d) -> bool:
     return isinstance(d, (Dist, Affine)) or d > 0
 
 
-__all__ = ["SKELETON", "IterationPlan", "LoopBuilder", "build_program", "plan_iterations",
-           "sizes_meta", "stream_program"]
+__all__ = ["DRAWS", "SKELETON", "IterationPlan", "LoopBuilder", "StreamSampler", "TemplateDrawer",
+           "build_program", "plan_iterations", "shape_template", "shaped_builder", "sizes_meta",
+           "stream_program"]

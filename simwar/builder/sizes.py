@@ -55,12 +55,23 @@ token, and the request decodes from the next step on (the scheduler chose the ch
 knows at once), producing its ``output_tokens - 1`` others. Step k's batch is the requests
 decoding in it, its ``prefill_tokens[k]`` the prompt tokens it prefills (``prefill_us`` and
 ``prefill_host_us``: the durations they cost). Without prompts a request decodes from its
-admission step, which produces its first token. With ``policy.overlap: false`` (the normal
-loop) a result is processed in its own iteration, so a request finished by step k leaves
-before batch k+1 (no extra step). ``workload.closed_loop`` keeps ``concurrency`` requests in
-flight: they arrive at time 0, and each request that leaves before batch k is replaced by one
-arriving at iteration k's start (when the host has processed the finishing result: the
-client's reply, sent again at once).
+admission step, which produces its first token. That is the mixed step (``scheduling.rule``
+``sglang_mixed``, the default; ``vllm`` takes the decoding requests' tokens, one each, out of
+the chunk first). Under ``scheduling.rule: sglang`` (SGLang's default) the model also picks
+each step's shape (``shape[k]``): a prefill step of its own while prompt tokens wait (a
+carried-over chunk included; every new request goes through one, a prompt of at least one
+token), its batch empty because the decoding requests pause, at most
+``max_consecutive_prefill`` of them in a row while requests decode; otherwise a decode step,
+in which each decoding request advances by the step's accepted tokens. A request's finish
+step then depends on the shapes to come, so it is found as the steps are picked, and its
+decode steps are kept (``requests["decode_steps"]``, what ITL divides by).
+
+With ``policy.overlap: false`` (the normal loop) a result is processed in its own
+iteration, so a request finished by step k leaves before batch k+1 (no extra step).
+``workload.closed_loop`` keeps ``concurrency`` requests in flight: they arrive at time 0,
+and each request that leaves before batch k is replaced by one arriving at iteration k's
+start (when the host has processed the finishing result: the client's reply, sent again at
+once).
 
 Imports: numpy, :mod:`simwar.config` and :mod:`simwar.builder.draws`; nothing from executors
 (realizing arrivals runs the executor: :mod:`simwar.api` orders it).
@@ -68,6 +79,7 @@ Imports: numpy, :mod:`simwar.config` and :mod:`simwar.builder.draws`; nothing fr
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from dataclasses import dataclass
@@ -75,7 +87,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simwar.builder.draws import sample
-from simwar.config.schema import REQUEST_SOURCES, Config, buckets_of
+from simwar.config.schema import REQUEST_SOURCES, SHAPES, Config, buckets_of
 
 #: the generator stream of each random source: ``default_rng([seed, STREAMS[name]])``
 STREAMS = {"batch": 1, "accept": 2, "arrivals": 3, "output": 4, "prompt": 5}
@@ -113,6 +125,10 @@ class StepSizes:
     suffix: bool = False
     #: the workload's batch source (``constant`` without one): :mod:`simwar.config.workload`
     source: str = "constant"
+    #: a run whose scheduler picks each step's shape (``scheduling.rule: sglang``): the
+    #: shape of each step, an index into :data:`~simwar.config.schema.SHAPES` (None: every
+    #: step has the rule's one shape)
+    shape: np.ndarray | None = None
 
     def meta(self) -> dict:
         """The ``meta.workload`` block (plain lists: programs and traces are JSON)."""
@@ -123,9 +139,17 @@ class StepSizes:
             out["requests"] = {k: v.tolist() for k, v in self.requests.items()}
         if self.prefill_tokens is not None:
             out["prefill_tokens"] = self.prefill_tokens.tolist()
+        if self.shape is not None:
+            out["shape"] = [SHAPES[c] for c in self.shape.tolist()]
         return out
 
+    def shape_of(self, k: int) -> str | None:
+        """The shape of step ``k`` when the run picks shapes (None: the rule's one shape)."""
+        return None if self.shape is None else SHAPES[int(self.shape[k])]
 
+
+#: the codes of the step shapes in :attr:`StepSizes.shape`
+DECODE, PREFILL, MIXED = (SHAPES.index(name) for name in ("decode", "prefill", "mixed"))
 #: ``meta.workload.source`` for a source the trace format names otherwise: a trace names every
 #: run of arriving requests, an open or a closed loop, ``arrivals`` (as saved traces do)
 META_SOURCE = {"closed_loop": "arrivals"}
@@ -190,6 +214,8 @@ def draw_sizes(cfg: Config) -> StepSizes:
         out.prefill_tokens = np.zeros(n, dtype=np.int64)
         out.prefill_us = np.zeros(n)
         out.prefill_host_us = np.zeros(n)
+    if cfg.shapes_vary:  # realized with the arrivals
+        out.shape = np.zeros(n, dtype=np.int8)
     return out
 
 
@@ -218,6 +244,21 @@ class ArrivalProcess:
         self.output = wl.output_tokens
         self.prompt = wl.prompt_tokens
         self.prefill = cfg.prefill
+        sch = cfg.scheduling
+        #: SGLang's default: a prefill step of its own while prompt tokens wait
+        self.separate = sch.rule == "sglang"
+        #: vLLM's token budget: the decodes take their tokens of the chunk first
+        self.budgeted = sch.rule == "vllm"
+        self.max_prefills = sch.max_consecutive_prefill
+        self.prefills = 0  # prefill steps in a row so far (the sglang rule)
+        # the sglang rule's decode steps: the accepted tokens summed over them, their count,
+        # and per decoding request (a heap) the sum at which its last token is produced
+        self.summed = 0.0
+        self.decodes = 0
+        self.due: list[tuple[float, int]] = []
+        self.since: dict[int, int] = {}  # request -> decode steps before its first one
+        self.starting: list[tuple[int, int]] = []  # (request, tokens) decoding from next
+        self.decoded: dict[int, int] = {}  # the sglang rule: request -> its decode steps
         # the loop learns of a finish when it processes that step's result: one iteration
         # later with overlap, in the same iteration without
         self.lag = 2 if cfg.policy.overlap else 1
@@ -328,16 +369,21 @@ class ArrivalProcess:
             self.admit_us[rid] = t
             self.active += 1
             room -= 1
-            if self.prompt_tokens[rid]:
-                self.left[rid] = self.prompt_tokens[rid]
+            if self.prompt_tokens[rid] or self.separate:
+                # the sglang rule: every new request goes through a prefill (extend) step
+                self.left[rid] = max(1, self.prompt_tokens[rid])
                 self.prefilling.append(rid)
             else:  # decodes from this step, which gives its first token
                 self._decode(rid, k, k, self.out_tokens[rid])
         sizes = self.sizes
-        if self.prefill is not None:
-            self._prefill(k)
-        sizes.batch[k] = self.decoding
-        sizes.bucket[k] = self.bucket_at[self.decoding]
+        if self.separate:
+            decoding = self._pick(k)
+        else:
+            if self.prefill is not None:
+                self._prefill(k)
+            decoding = self.decoding
+        sizes.batch[k] = decoding
+        sizes.bucket[k] = self.bucket_at[decoding]
         if idle:
             sizes.idle[k] = idle
         return idle
@@ -357,9 +403,44 @@ class ArrivalProcess:
             self.leaving[leave] = self.leaving.get(leave, 0) + 1
             self.decoding_leaving[leave] = self.decoding_leaving.get(leave, 0) + 1
 
+    def _pick(self, k: int) -> int:
+        """The sglang rule (SGLang's ``get_next_batch_to_run``): step k is a prefill step of
+        its own while prompt tokens wait (a chunked request carried over included), unless
+        ``max_consecutive_prefill`` prefill steps ran in a row while requests decode; else a
+        decode step. Returns the requests decoding in step k (none in a prefill step: the
+        running decodes pause)."""
+        if self.prefilling and (self.max_prefills is None or self.prefills < self.max_prefills
+                                or not self.decoding):
+            self.prefills += 1
+            self.sizes.shape[k] = PREFILL
+            self._prefill(k)
+            return 0
+        self.prefills = 0
+        self.sizes.shape[k] = DECODE
+        for rid, tokens in self.starting:  # prefilled before this step: they decode now
+            heapq.heappush(self.due, (self.summed + tokens, rid))
+            self.since[rid] = self.decodes
+        self.starting.clear()
+        # every decoding request advances by the step's accepted tokens: a request is done
+        # once they sum (over its decode steps) to its tokens, within 1e-9
+        self.summed += self.sizes.accept.item(k)
+        self.decodes += 1
+        due = self.due
+        while due and due[0][0] - self.summed <= 1e-9:
+            rid = heapq.heappop(due)[1]  # its last token: the scheduler learns of it later
+            self.decoded[rid] = self.decodes - self.since.pop(rid)
+            self.finish[rid] = k
+            leave = k + self.lag
+            self.leaving[leave] = self.leaving.get(leave, 0) + 1
+            self.decoding_leaving[leave] = self.decoding_leaving.get(leave, 0) + 1
+        return self.decoding
+
     def _prefill(self, k: int) -> None:
-        """Step k's chunk: up to ``chunk_tokens`` prompt tokens, first come first served."""
+        """Step k's chunk: up to ``chunk_tokens`` prompt tokens, first come first served
+        (the vllm rule: what the decoding requests leave of them, one token each)."""
         budget = self.prefill.chunk_tokens
+        if self.budgeted:
+            budget -= self.decoding
         used = 0
         while budget > 0 and self.prefilling:
             rid = self.prefilling[0]
@@ -370,12 +451,30 @@ class ArrivalProcess:
             if self.left[rid] == 0:
                 self.prefilling.popleft()
                 del self.left[rid]
-                self._decode(rid, k, k + 1, self.out_tokens[rid] - 1)
+                if self.separate:  # its first token now, the others from the next decode step
+                    self._first(rid, k)
+                else:
+                    self._decode(rid, k, k + 1, self.out_tokens[rid] - 1)
         s = self.sizes
         s.prefill_tokens[k] = used
         pf = self.prefill
-        s.prefill_us[k] = float(pf.forward_us.value(used))
-        s.prefill_host_us[k] = float(pf.host_us.value(used))
+        s.prefill_us[k] = pf.forward_us.at(used)
+        s.prefill_host_us[k] = pf.host_us.at(used)
+
+    def _first(self, rid: int, k: int) -> None:
+        """The sglang rule: request ``rid``'s prefill ended in step k, which gives its first
+        token; it joins the running batch at step k+1 and decodes its other tokens in the
+        decode steps from then on (when it finishes depends on the shapes to come)."""
+        self.first[rid] = k
+        self.joining[k + 1] = self.joining.get(k + 1, 0) + 1
+        tokens = self.out_tokens[rid] - 1
+        if tokens > 0:
+            self.starting.append((rid, tokens))
+            return
+        self.finish[rid] = k
+        leave = k + self.lag
+        self.leaving[leave] = self.leaving.get(leave, 0) + 1
+        self.decoding_leaving[leave] = self.decoding_leaving.get(leave, 0) + 1
 
     def _finish_step(self, output: int, k: int) -> int:
         """The step that produces the last token of a request admitted at step k: its output
@@ -404,6 +503,11 @@ class ArrivalProcess:
             "first_step": np.asarray(self.first, dtype=np.int64)[admitted],
             "prompt_tokens": np.asarray(self.prompt_tokens, dtype=np.int64)[admitted],
         }
+        if self.separate:  # decode steps are not every step after the first token
+            for rid, first in self.since.items():  # still decoding at the run's end
+                self.decoded[rid] = self.decodes - first
+            s.requests["decode_steps"] = np.asarray(
+                [self.decoded.get(rid, 0) for rid in admitted.tolist()], dtype=np.int64)
 
 
 __all__ = ["CHUNK", "STREAMS", "ArrivalProcess", "StepSizes", "constant", "draw_sizes", "rng"]

@@ -175,6 +175,12 @@ def workload_lines(s: dict) -> list[str]:
         return []
     f = num
     lines = bucket_lines(s["by_bucket"])
+    shares = s.get("shape_steps", {})
+    if len(shares) > 1:  # the scheduler picked more than one step shape
+        time = s["shape_time"]
+        lines.append("  step shapes         " + "; ".join(
+            f"{name} {100 * share:.1f}% of steps, {100 * time[name]:.1f}% of time"
+            for name, share in shares.items()))
     if "requests_completed" in s:
         lines.append(
             f"  requests            {s['requests_completed']} completed, "

@@ -379,7 +379,8 @@ def load_config(source: str | Path | dict | Config | None = None,
     source_data = copy.deepcopy(data) if items else data
     for item in items:
         try:
-            set_dotted(data, item.key, item.value)
+            # a copy: a later dotted key must not write into the caller's mapping
+            set_dotted(data, item.key, copy.deepcopy(item.value))
         except ConfigError as e:
             raise ConfigError(f"{item.origin}: {e}") from None
     try:

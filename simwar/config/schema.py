@@ -208,6 +208,10 @@ class TokenCost(StrictModel):
             return {"base": v}
         return v
 
+    def at(self, tokens: int) -> float:
+        """:meth:`value` at one step's tokens, without numpy (the same float operations)."""
+        return self.base + self.per_token * float(tokens) if tokens > 0 else 0.0
+
     def value(self, tokens):
         """The duration at ``tokens`` prompt tokens (a scalar or a numpy array)."""
         import numpy as np  # lazy: loading a config needs no numpy
@@ -218,13 +222,14 @@ class TokenCost(StrictModel):
 
 class Prefill(StrictModel):
     """The prefill of requests with prompts (``workload.prompt_tokens``), as SGLang's chunked
-    prefill mixed into decode (``--enable-mixed-chunk``, ``--chunked-prefill-size``): each
-    step prefills up to ``chunk_tokens`` prompt tokens of the requests waiting for prefill,
-    first come first served, in the same forward as the decode batch. ``forward_us``: the
-    prefill part of the forward (one kernel on the forward stream, before the decode phases);
-    ``host_us``: the host's extra work to prepare it; ``graph``: ``eager`` (a kernel launch)
-    or ``piecewise`` (a graph launch: SGLang's piecewise CUDA graph for extend). See
-    docs/design.md, "Durations, sizes and draws" (Prefill)."""
+    prefill (``--chunked-prefill-size``): a step prefills up to ``chunk_tokens`` prompt tokens
+    of the requests waiting for prefill, first come first served, in a step of its own or in
+    the same forward as the decode batch (``scheduling.rule``). ``forward_us``: the prefill
+    forward (one kernel on the forward stream, before the decode phases of a mixed step);
+    ``host_us``: the host's extra work to prepare it; ``graph``: ``eager`` (a kernel launch),
+    ``piecewise`` (a graph launch: SGLang's piecewise CUDA graph for extend) or ``full`` (a
+    graph of the prefill step alone). See docs/design.md, "Durations, sizes and draws"
+    (Prefill, Iteration shapes)."""
 
     chunk_tokens: int = 8192
     """The most prompt tokens a step prefills (SGLang's --chunked-prefill-size)."""
@@ -233,9 +238,11 @@ class Prefill(StrictModel):
     phases (µs, or {base, per_token})."""
     host_us: TokenCost = Field(default_factory=TokenCost)
     """The host's extra work to prepare the prefill (µs, or {base, per_token})."""
-    graph: Literal["eager", "piecewise"] = "eager"
-    """How the prefill runs: eager (a kernel launch) or piecewise (a graph launch: SGLang's
-    piecewise CUDA graph for extend)."""
+    graph: Literal["eager", "piecewise", "full"] = "eager"
+    """How the prefill runs: eager (a kernel launch), piecewise (a graph launch: SGLang's
+    piecewise CUDA graph for extend) or full (a graph launch of a graph captured for the
+    prefill step alone: graph-only, so it cannot run mixed into a decode step; needs
+    scheduling.rule sglang)."""
     reads: list[str] = Field(default_factory=lambda: ["req_to_token"])
     """The shared buffers the prefill reads."""
 
@@ -246,6 +253,65 @@ class Prefill(StrictModel):
             raise ValueError(f"prefill.chunk_tokens: a positive number of tokens per step, "
                              f"got {v!r}")
         return int(v)
+
+
+#: the step shapes a server runs (docs/design.md, "Iteration shapes"): a decode step (the
+#: phase table), a prefill step of its own (the prefill forward alone: decodes pause), a
+#: mixed step (a prefill chunk, then the decode phases, in one forward)
+SHAPES = ("decode", "prefill", "mixed")
+#: the shapes each scheduling rule picks from
+RULE_SHAPES = {"sglang": ("decode", "prefill"), "sglang_mixed": ("mixed",),
+               "vllm": ("mixed",)}
+
+
+class Scheduling(StrictModel):
+    """Which step shape the scheduler runs, chosen from its queue at each step's start.
+
+    ``sglang``: SGLang's default (``get_next_batch_to_run``): while prompt tokens wait (a
+    request admitted and not yet fully prefilled, a chunked one carried over included), the
+    step is a prefill step of its own and every running decode pauses; otherwise a decode
+    step. ``sglang_mixed``: SGLang's ``--enable-mixed-chunk``: every step is a decode step
+    with the waiting prompt tokens' chunk mixed in (what configs without this section mean).
+    ``vllm``: vLLM's token budget: every step mixed, the decodes taking their tokens of
+    ``prefill.chunk_tokens`` first and the prompts the rest. See docs/design.md, "Iteration
+    shapes"."""
+
+    rule: Literal["sglang", "sglang_mixed", "vllm"] = "sglang_mixed"
+    """sglang (a prefill step of its own while prompt tokens wait; decodes pause),
+    sglang_mixed (--enable-mixed-chunk: the prefill chunk mixed into every decode step) or
+    vllm (every step mixed under one token budget, decodes first)."""
+    max_consecutive_prefill: int | None = None
+    """The sglang rule: at most this many prefill steps in a row while requests are
+    decoding, then a decode step (None: no bound, SGLang's default)."""
+
+    overlap_consecutive_prefill: bool = True
+    """The sglang rule in the overlap loop: a prefill step right after another runs overlapped
+    with it (SGLang's default); false: the previous prefill step's result is processed
+    before the step is launched (SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP=1, sooner first
+    tokens)."""
+
+    @field_validator("max_consecutive_prefill", mode="before")
+    @classmethod
+    def _bound(cls, v: Any) -> Any:
+        if v is not None and not positive_int(v):
+            raise ValueError(f"scheduling.max_consecutive_prefill: a positive number of "
+                             f"steps, got {v!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _rule(self) -> Scheduling:
+        if self.max_consecutive_prefill is not None and self.rule != "sglang":
+            raise ValueError(f"max_consecutive_prefill bounds the prefill steps of the "
+                             f"sglang rule; rule {self.rule} runs none")
+        if not self.overlap_consecutive_prefill and self.rule != "sglang":
+            raise ValueError(f"overlap_consecutive_prefill: false is about two prefill steps "
+                             f"in a row of the sglang rule; rule {self.rule} runs none")
+        return self
+
+    @property
+    def shapes(self) -> tuple[str, ...]:
+        """The step shapes the rule picks from."""
+        return RULE_SHAPES[self.rule]
 
 
 #: the metrics an SLO may bound (``slo:``, ``--slo``): the per-request column of each
@@ -365,8 +431,11 @@ class Config(StrictModel):
     ranks: Ranks | None = None
     """How ranks differ (extra host work, per-rank overrides); needs parallel.tp > 1."""
     prefill: Prefill | None = None
-    """The prefill of requests with prompts (workload.prompt_tokens), chunked and mixed
-    into decode."""
+    """The prefill of requests with prompts (workload.prompt_tokens), chunked, in steps of its
+    own or mixed into decode (scheduling.rule)."""
+    scheduling: Scheduling = Field(default_factory=Scheduling)
+    """Which step shape runs when: SGLang's default (prefill steps of their own), its mixed
+    chunk, or vLLM's token budget."""
     slo: Annotated[dict | None, BeforeValidator(_slo)] = None
     """Service-level objectives per request, in µs ({ttft: 200000, tpot: 30000}): the
     summary adds the goodput (requests/s meeting every bound) and the share meeting them."""
@@ -406,6 +475,23 @@ class Config(StrictModel):
                              "prefill.forward_us, the prefill forward's duration)")
         if self.prefill is not None and not prompts:
             raise ValueError("prefill: only used with workload.prompt_tokens")
+        rule = self.scheduling.rule
+        if rule != "sglang_mixed" and not prompts:
+            shape = "prefill" if "prefill" in RULE_SHAPES[rule] else "mixed"
+            raise ValueError(f"scheduling.rule: {rule} runs {' and '.join(RULE_SHAPES[rule])} "
+                             f"steps; a {shape} step needs requests with prompts "
+                             f"(workload.prompt_tokens and a prefill: section)")
+        if self.prefill is not None and self.prefill.graph == "full" and \
+                "mixed" in RULE_SHAPES[rule]:
+            raise ValueError(f"prefill.graph: full is a graph of the prefill step alone, which "
+                             f"cannot run mixed into a decode step (scheduling.rule {rule}); "
+                             f"use eager or piecewise, or scheduling.rule sglang")
+        pol = self.policy
+        if not self.scheduling.overlap_consecutive_prefill and (not pol.overlap
+                                                                or pol.launch_ahead > 1):
+            raise ValueError("scheduling.overlap_consecutive_prefill: false takes a prefill "
+                             "step out of the overlap loop of launch-ahead 1 (policy.overlap "
+                             "true, policy.launch_ahead 1)")
         if self.slo is not None and (wl is None or wl.source not in REQUEST_SOURCES):
             raise ValueError("slo: only used with requests (workload.arrivals or "
                              "workload.closed_loop)")
@@ -476,6 +562,13 @@ class Config(StrictModel):
         """Whether steps differ in batch or accepted tokens (a ``workload`` section, or
         ``accept.tokens`` that is a list or a distribution)."""
         return self.workload is not None or self.accept.varies
+
+    @property
+    def shapes_vary(self) -> bool:
+        """Whether the scheduler picks each step's shape from its queue (a rule of more than
+        one shape: ``scheduling.rule: sglang``), so the run's iteration shapes are known only
+        as it runs (docs/design.md, "Iteration shapes")."""
+        return len(self.scheduling.shapes) > 1
 
 
 # --------------------------------------------------------------------------- duration keys
@@ -586,10 +679,11 @@ def check_affine(cfg: Config) -> None:
 
 
 __all__ = ["AFFINE_KEYS", "ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "MIN_TOKENS",
-           "REQUEST_SOURCES", "SLO_METRICS", "Accept", "Affine", "ArrivalTrace", "Arrivals",
-           "ArrivingRequests", "BatchSizes", "BatchSizesFile", "ClosedLoop",
-           "ClosedLoopRequests", "CollectiveSpec", "Config", "ConfigError", "ConstantBatch",
-           "Costs", "Cpu", "Dist", "DrawnBatch", "Duration", "Gpu", "GraphKind", "Parallel",
-           "Phase", "Policy", "Prefill", "RankDuration", "Ranks", "ReadEnds", "StrictModel",
-           "TokenCost", "Workload", "affine_error", "buckets_of", "check_affine",
-           "duration_keys", "finite_error", "first_error", "non_finite", "resolve_phases"]
+           "REQUEST_SOURCES", "RULE_SHAPES", "SHAPES", "SLO_METRICS", "Accept", "Affine",
+           "ArrivalTrace", "Arrivals", "ArrivingRequests", "BatchSizes", "BatchSizesFile",
+           "ClosedLoop", "ClosedLoopRequests", "CollectiveSpec", "Config", "ConfigError",
+           "ConstantBatch", "Costs", "Cpu", "Dist", "DrawnBatch", "Duration", "Gpu", "GraphKind",
+           "Parallel", "Phase", "Policy", "Prefill", "RankDuration", "Ranks", "ReadEnds",
+           "Scheduling", "StrictModel", "TokenCost", "Workload", "affine_error", "buckets_of",
+           "check_affine", "duration_keys", "finite_error", "first_error", "non_finite",
+           "resolve_phases"]

@@ -62,6 +62,12 @@ def _one_rank(cfg: Config, need: Need) -> str | None:
     return f"parallel.tp {cfg.tp}: its plans are of one rank" if cfg.tp > 1 else None
 
 
+def _picked_shapes(cfg: Config, need: Need) -> str | None:
+    # a lockstep group runs one sequence of shapes; these runs pick theirs as they go
+    return (f"scheduling.rule {cfg.scheduling.rule}: each run's step shapes are picked as it "
+            f"runs" if cfg.shapes_vary else None)
+
+
 def _own_feedback(cfg: Config, need: Need) -> str | None:
     source = cfg.workload.source if cfg.workload is not None else "constant"
     return (f"workload {source}: each run's batches depend on its own simulated times"
@@ -104,7 +110,7 @@ EXECUTORS = {
                      (_keeps_no_trace,)),
     "ranks": Executor("fast", "one pass per tensor-parallel rank; keeps every rank's Trace"),
     "lockstep": Executor("lockstep", "runs that share their iteration shapes, together",
-                         (_one_rank, _own_feedback)),
+                         (_one_rank, _picked_shapes, _own_feedback)),
     "trace": Executor("trace mode", "the fast executor's trace mode: Trace windows "
                       "streamed", (_one_rank,)),
 }

@@ -482,38 +482,107 @@ def _list_columns(rows: list[list], consts: tuple):
     return columns
 
 
-def plan_program(program: Program) -> Plan:
-    """Shapes and blocks of any Program (parameters taken from its ops)."""
-    shaper = _Shaper()
-    segs = _segments(program.ops)
-    shapes: list[Shape] = []
-    params: list[list] = []
-    for g, (step, ops) in enumerate(segs):
-        sh, p = shaper.segment(g, step if step is not None else 0, ops)
-        shapes.append(sh)
-        params.append(p)
+def shape_segment(skeleton: list[list]) -> tuple[Shape, list, set]:
+    """The shape and parameters of the last of ``skeleton``'s segments (host ops of
+    consecutive iterations, parameters symbolic), its bindings resolved against the ones
+    before it, and the step offsets of its accesses."""
+    shaper = _Shaper(symbolic=True)
+    for g, ops in enumerate(skeleton[:-1]):
+        shaper.segment(g, g, ops)
+    shaper.offsets = set()
+    g = len(skeleton) - 1
+    shape, params = shaper.segment(g, g, skeleton[-1])
+    return shape, params, shaper.offsets
+
+
+def plan_segments(shapes: list[Shape], fixed: list[tuple], rows: list[list], meta: dict,
+                  offsets: set) -> Plan:
+    """The plan of consecutive segments at steps 0, 1, ... (the last one the drain): per
+    segment its shape, its parameters that are the same in every segment of its kind
+    (``fixed``: a number per slot, None where it is drawn: segments of one kind share the
+    tuple itself) and the drawn ones (``rows``: numbers, in slot order). Each run of
+    segments of one kind is a block."""
     blocks: list[Block] = []
     g = 0
-    while g < len(segs):
+    negative = False
+    n = len(shapes)
+    while g < n:
         h = g + 1
-        marked = segs[g][0] is not None
-        while h < len(segs) and shapes[h] == shapes[g] and segs[h][0] is not None and marked:
+        kind = fixed[g]
+        while h < n and fixed[h] is kind:
             h += 1
-        rows = params[g:h]
-        consts = _constants(rows)
-        steps = [s if s is not None else 0 for s, _ in segs[g:h]]
-        if steps == list(range(steps[0], steps[0] + len(steps))):
-            steps = range(steps[0], steps[0] + len(steps))
-        blocks.append(Block(shapes[g], g, steps, consts, _list_columns(rows, consts), marked,
-                            g))
+        part = rows[g:h]
+        if not negative:
+            negative = any(x is not None and x < 0 for x in kind) or \
+                (bool(part[0]) and min(map(min, part)) < 0)
+        columns = _list_columns(part, (None,) * len(part[0]))
+        blocks.append(Block(shapes[g], g, range(g, h), kind, columns, True, g))
         g = h
-    all_steps = [op.step for op in program.ops]
-    lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0, 0)
-    if hi - lo > 4 * len(all_steps) + 4096:
-        raise ValueError(f"steps {lo}..{hi} are too sparse for the fast executor (it "
-                         f"keeps one row per step in that range); use the simpy engine")
-    return Plan(blocks, dict(program.meta), lo, hi, shaper.negative, shaper.offsets,
-                _sites(shapes), skeleton=[ops for _, ops in segs])
+    return Plan(blocks, dict(meta), 0, max(0, n - 1), negative, offsets, _sites(shapes))
+
+
+def plan_program(program: Program) -> Plan:
+    """Shapes and blocks of any Program (parameters taken from its ops)."""
+    planner = SegmentPlanner()
+    for step, ops in _segments(program.ops):
+        planner.add(step, ops)
+    return planner.plan(program.meta)
+
+
+class SegmentPlanner:
+    """A Program's plan made segment by segment, as its host ops come: :meth:`add` shapes
+    one segment (its bindings resolved against the segments before it, as the engine
+    resolves them), :meth:`plan` groups them into blocks (:func:`plan_program` cuts a whole
+    Program into them)."""
+
+    def __init__(self) -> None:
+        self.shaper = _Shaper()
+        self.segs: list[tuple[int | None, list]] = []
+        self.shapes: list[Shape] = []
+        self.params: list[list] = []
+        self.ops = 0  # host ops seen
+        self.lo: int | None = None  # smallest and largest step of any op
+        self.hi: int | None = None
+
+    def add(self, step: int | None, ops: list) -> tuple[Shape, list]:
+        """Shape the segment of marker step ``step`` (None: a prefix), of host ops ``ops``."""
+        sh, p = self.shaper.segment(len(self.segs), step if step is not None else 0, ops)
+        self.segs.append((step, ops))
+        self.shapes.append(sh)
+        self.params.append(p)
+        if ops:
+            steps = [op.step for op in ops]
+            lo, hi = min(steps), max(steps)
+            self.lo = lo if self.lo is None else min(self.lo, lo)
+            self.hi = hi if self.hi is None else max(self.hi, hi)
+            self.ops += len(ops)
+        return sh, p
+
+    def plan(self, meta: dict) -> Plan:
+        """The segments so far as blocks: consecutive segments of one shape."""
+        segs, shapes, params = self.segs, self.shapes, self.params
+        blocks: list[Block] = []
+        g = 0
+        while g < len(segs):
+            h = g + 1
+            marked = segs[g][0] is not None
+            while h < len(segs) and shapes[h] == shapes[g] and segs[h][0] is not None \
+                    and marked:
+                h += 1
+            rows = params[g:h]
+            consts = _constants(rows)
+            steps = [s if s is not None else 0 for s, _ in segs[g:h]]
+            if steps == list(range(steps[0], steps[0] + len(steps))):
+                steps = range(steps[0], steps[0] + len(steps))
+            blocks.append(Block(shapes[g], g, steps, consts, _list_columns(rows, consts),
+                                marked, g))
+            g = h
+        lo, hi = (self.lo, self.hi) if self.lo is not None else (0, 0)
+        if hi - lo > 4 * self.ops + 4096:
+            raise ValueError(f"steps {lo}..{hi} are too sparse for the fast executor (it "
+                             f"keeps one row per step in that range); use the simpy engine")
+        return Plan(blocks, dict(meta), lo, hi, self.shaper.negative, self.shaper.offsets,
+                    _sites(shapes), skeleton=[ops for _, ops in segs])
 
 
 def _constants(rows: list[list]) -> tuple:
@@ -560,6 +629,9 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
     ``fill=False`` leaves the affine values to be filled as the run goes (``plan.table``,
     see :func:`simwar.executors.fast.realize`).
     """
+    if sizes.shape is not None:
+        raise Unsettled(f"scheduling.rule {cfg.scheduling.rule}: the scheduler picks each "
+                        f"step's shape from its queue, so the run is planned from its Program")
     iterations = plan_iterations(cfg, sizes)
     return bind(plan_template(iterations), iterations.sampler(fill=fill), sizes=sizes)
 
