@@ -192,14 +192,18 @@ def per_bucket_tables(path, buckets) -> dict:
     return out
 
 
-@pytest.mark.parametrize("variant", sorted(PER_BUCKET))
-@pytest.mark.parametrize("path", ONE_RANK, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path,variant", [(p, v) for p in ONE_RANK for v in sorted(PER_BUCKET)
+                                          if p not in PROMPTS] +
+                         # a config with prompts keeps its own workload (its graph buckets)
+                         [(p, "own") for p in ONE_RANK if p in PROMPTS],
+                         ids=lambda x: x if isinstance(x, str) else x.stem)
 def test_fast_equals_simpy_with_per_bucket_durations(path, variant):
     """A graph phase's durations as tables per bucket give the fast executor the
     reference's run, bit for bit (from the iteration plan and from the Program)."""
-    overrides = PER_BUCKET[variant]
-    cfg = load_config(path, {**overrides, **per_bucket_tables(
-        path, overrides["workload"]["graph_buckets"])})
+    overrides = PER_BUCKET.get(variant, {"steps": 60, "warmup_steps": 3})
+    buckets = (overrides["workload"] if "workload" in overrides
+               else load_config(path).workload.model_dump())["graph_buckets"]
+    cfg = load_config(path, {**overrides, **per_bucket_tables(path, buckets)})
     program = build_program(cfg)
     ref = reference(program)
     assert_same_run(*ref, fast.run_config(cfg, resolve_sizes(cfg)))

@@ -41,14 +41,28 @@ from simwar.core.program import (
     Synchronize,
     WaitEvent,
     WaitStream,
-    tail_event,
 )
 from simwar.core.refusals import PlanRefused
 from simwar.core.trace import Mode, OpKind
-
-#: the named markers a shape keeps, each a host instant of its step: the launch of its
-#: forward (``run_batch``) and, in a run with requests, its result processed (``result_done``)
-MARKS = ("run_batch", "result_done")
+from simwar.executors.fast.records import (  # noqa: F401 (the plan's records, re-exported)
+    BINDINGS,
+    GRAPH_NODES,
+    HOST_RECORDS,
+    MARKS,
+    EventBinding,
+    GraphKernelNode,
+    GraphRecordNode,
+    HostCpu,
+    HostGraph,
+    HostLaunch,
+    HostMark,
+    HostRecord,
+    HostSyncOp,
+    HostWaitEvent,
+    HostWaitStream,
+    SyncBinding,
+    host_records,
+)
 
 
 class RanksOnly(PlanRefused):
@@ -61,143 +75,6 @@ class RanksOnly(PlanRefused):
 class Unsettled(PlanRefused):
     """A config's iterations do not settle into one shape from the third on, so its run
     cannot be planned from its first iterations: plan it from its Program instead."""
-
-
-# ----------------------------------------------------------------- host op records
-# A shape's host ops, one record per kind. Each is a NamedTuple whose first field is the
-# kind's name: a shape's structure is its tuple of records, hashed and compared as plain
-# tuples are (so shapes, plans and templates compare and hash as they would positionally),
-# while every reader names the fields it reads.
-
-
-class HostCpu(NamedTuple):
-    """CPU work of the host (its one parameter: the duration)."""
-
-    kind: str  # "cpu"
-
-
-class HostLaunch(NamedTuple):
-    """A kernel launch (parameters: the host call's cost, the kernel's duration)."""
-
-    kind: str  # "launch"
-    stream: str
-    off: int  # step offset from the segment's step
-    label: str
-    phase: str
-    accesses: tuple  # ((buffer, Mode), ...): reads, then writes
-
-
-class GraphRecordNode(NamedTuple):
-    """A record node of a graph launch (no parameter)."""
-
-    kind: str  # "r"
-
-
-class GraphKernelNode(NamedTuple):
-    """A kernel node of a graph launch (its parameter: the kernel's duration)."""
-
-    kind: str  # "k"
-    label: str
-    phase: str
-    accesses: tuple
-
-
-class HostGraph(NamedTuple):
-    """A graph launch (parameters: the host call's cost, then each kernel node's duration)."""
-
-    kind: str  # "graph"
-    stream: str
-    off: int
-    nodes: tuple  # GraphRecordNode | GraphKernelNode, in the graph's order
-
-
-class HostRecord(NamedTuple):
-    """An event record (its parameter: the host call's cost)."""
-
-    kind: str  # "record"
-    stream: str
-    off: int
-
-
-class HostWaitStream(NamedTuple):
-    """``stream`` waits for ``other``'s tail (parameters: the host call's cost, the wait's
-    latency): two device ops, as :class:`~simwar.core.program.WaitStream` says."""
-
-    kind: str  # "wait_stream"
-    stream: str
-    other: str
-    off: int
-
-    @property
-    def tail_event(self) -> str:
-        return tail_event(self.other)
-
-    @property
-    def same_stream(self) -> bool:
-        return self.stream == self.other
-
-
-class SyncBinding(NamedTuple):
-    """What a wait or a sync is bound to: record ``record`` (its index among the records of
-    its segment) of the segment ``back`` segments before the binding op's."""
-
-    back: int
-    record: int
-
-
-class EventBinding(NamedTuple):
-    """A wait_event's binding (as :class:`SyncBinding`), and whether the record is on the
-    wait's own stream (no cross-stream latency then)."""
-
-    back: int
-    record: int
-    same_stream: bool
-
-
-class HostWaitEvent(NamedTuple):
-    """``stream`` waits for an event (parameters: the host call's cost, the latency)."""
-
-    kind: str  # "wait_event"
-    stream: str
-    off: int
-    bind: EventBinding | None  # None: an event never recorded (the wait holds nothing)
-
-
-class HostSyncOp(NamedTuple):
-    """The host blocks on an event (parameters: the host call's cost, the wake latency)."""
-
-    kind: str  # "sync"
-    off: int
-    site: str  # where the host blocks (a blocked-time column of the summary)
-    bind: SyncBinding | None  # None: an event never recorded (returns at once)
-
-
-class HostMark(NamedTuple):
-    """A named host instant of a step (one of :data:`MARKS`; no parameter)."""
-
-    kind: str  # "run_batch" | "result_done"
-    off: int
-
-
-#: the record of each host-op kind
-HOST_RECORDS = {"cpu": HostCpu, "launch": HostLaunch, "graph": HostGraph, "record": HostRecord,
-                "wait_stream": HostWaitStream, "wait_event": HostWaitEvent, "sync": HostSyncOp,
-                **{mark: HostMark for mark in MARKS}}
-GRAPH_NODES = {"r": GraphRecordNode, "k": GraphKernelNode}
-BINDINGS = {"wait_event": EventBinding, "sync": SyncBinding}
-
-
-def host_records(host: tuple) -> tuple:
-    """Plain host-op tuples (each in its record's field order) as records."""
-    out = []
-    for h in host:
-        rec = HOST_RECORDS[h[0]]._make(h)
-        if rec.kind == "graph":
-            rec = rec._replace(nodes=tuple(GRAPH_NODES[n[0]]._make(n) for n in rec.nodes))
-        elif rec.kind in BINDINGS and rec.bind is not None:
-            rec = rec._replace(bind=BINDINGS[rec.kind]._make(rec.bind))
-        out.append(rec)
-    return tuple(out)
 
 
 @dataclass
