@@ -7,6 +7,7 @@ negative length) and ``include_last_profiler_step=True`` (by default HTA drops t
 
 - the four real engine captures of ``tests/data/real`` (SGLang and vLLM on an MI300X, CUDA
   graphs FULL and PIECEWISE, one graph launch fanning out to 544 kernels);
+- the seven H200 captures of the server harness (``tests/data/server``);
 - the three H200 harness replays (``tests/data/kineto``), the probe's four captures
   (``tests/data/probe``, PyTorch 2.11), every ``*.kineto.json.gz`` under
   ``tests/data/threads`` (multi-threaded, multi-stream H200 captures of
@@ -46,6 +47,8 @@ CAPTURES = (sorted((DATA / "kineto").glob("*.kineto.json.gz"))
             + sorted((DATA / "probe").glob("*.kineto.json.gz")))
 #: real engine captures with CUDA graphs (one launch fanning out to many kernels) and eager
 REAL = sorted((DATA / "real").glob("*.json.gz"))
+#: the server harness's H200 captures (SGLang-style loop, three streams each)
+SERVER = sorted((DATA / "server").glob("*.kineto.json.gz"))
 THREADS = sorted((DATA / "threads").glob("*.kineto.json.gz"))
 #: synthetic captures: (name, simulator overrides, write_kineto options)
 SYNTHETIC = {
@@ -101,7 +104,7 @@ def _synthetic(name: str, folder: Path) -> Path:
 
 def _all_captures():
     return [pytest.param(("file", p), id=p.name.removesuffix(".kineto.json.gz"))
-            for p in CAPTURES + THREADS + REAL] + \
+            for p in CAPTURES + THREADS + REAL + SERVER] + \
         [pytest.param(("synthetic", n), id=n) for n in SYNTHETIC]
 
 
