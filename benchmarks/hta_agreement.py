@@ -52,7 +52,7 @@ def captures(args: list[str]) -> list[Path]:
     for r in roots:
         out += [r] if r.is_file() else sorted(
             p for p in r.rglob("*") if p.is_file() and re.search(r"\.json(\.gz)?$", p.name)
-            and ".metrics." not in p.name and p.name != "server_device.json")
+            and "metrics" not in p.name and p.name != "server_device.json")
     return out
 
 
