@@ -3,9 +3,10 @@
 :func:`idle_breakdown` is HTA's idle time breakdown (``TraceAnalysis.
 get_idle_time_breakdown`` of HolisticTraceAnalysis 0.5.0, run with
 ``HTA_DISABLE_NS_ROUNDING=1``), computed on a Trace; a test runs HTA itself
-on every project capture (H200 replays, the probe's, multi-threaded ones, synthetic
-multi-threaded ones) and asserts equality per stream within max(1 µs, 0.5 %).
-Definitions, each beside HTA's:
+on every project capture (H200 replays, the probe's, multi-threaded ones, the server
+harness's, the real SGLang and vLLM captures with CUDA graphs, synthetic multi-threaded
+ones: 68 streams) and asserts equality per stream within max(1 µs, 0.5 %); where HTA is
+wrong (below) it gives HTA's number under ``rule="hta"``. Definitions, each beside HTA's:
 
 - **ops**: every device op of a stream (kernels, memcpys, memsets; in-graph
   kernels included), in start order. HTA: the same categories, sorted by
