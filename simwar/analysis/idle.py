@@ -30,9 +30,11 @@ wrong (below) it gives HTA's number under ``rule="hta"``. Definitions, each besi
   correlation id in the same process, **whichever thread issued it** (autograd's
   backward thread, a communication thread, ...): the importer ties every kernel to
   its launch that way (``ops.call``, a span on the launching thread's lane), as HTA
-  joins by correlation id over all CPU events. An op without a launch call in the
-  trace is never host-wait (HTA means that with its NaN launch time, but joins
-  the file's first event instead: below). Where two processes of one file reuse a
+  joins by correlation id over all CPU events. The kernels of a CUDA graph share their
+  ``cudaGraphLaunch``'s correlation id: each has the graph launch as its launch, on both
+  sides (one launch fanning out to 544 kernels in ``tests/data/real``). An op without a
+  launch call in the trace is never host-wait (HTA means that with its NaN launch time,
+  but joins the file's first event instead: below). Where two processes of one file reuse a
   correlation id, HTA joins them across processes; simwar keeps each
   process's ids to itself (:mod:`simwar.capture.ranks`).
 - **kernel_wait**: not host-wait and the gap is shorter than
