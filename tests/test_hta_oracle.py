@@ -5,6 +5,9 @@ HTA 0.5.0 (the ``holistictraceanalysis`` dev extra) runs, with
 negative length) and ``include_last_profiler_step=True`` (by default HTA drops the last
 ``ProfilerStep``), on every project capture:
 
+- the four real engine captures of ``tests/data/real`` (SGLang and vLLM on an MI300X, CUDA
+  graphs FULL and PIECEWISE, one graph launch fanning out to 544 kernels);
+- the seven H200 captures of the server harness (``tests/data/server``);
 - the three H200 harness replays (``tests/data/kineto``), the probe's four captures
   (``tests/data/probe``, PyTorch 2.11), every ``*.kineto.json.gz`` under
   ``tests/data/threads`` (multi-threaded, multi-stream H200 captures of
@@ -42,6 +45,10 @@ from simwar.core.trace import OpKind
 DATA = Path(__file__).parent / "data"
 CAPTURES = (sorted((DATA / "kineto").glob("*.kineto.json.gz"))
             + sorted((DATA / "probe").glob("*.kineto.json.gz")))
+#: real engine captures with CUDA graphs (one launch fanning out to many kernels) and eager
+REAL = sorted((DATA / "real").glob("*.json.gz"))
+#: the server harness's H200 captures (SGLang-style loop, three streams each)
+SERVER = sorted((DATA / "server").glob("*.kineto.json.gz"))
 THREADS = sorted((DATA / "threads").glob("*.kineto.json.gz"))
 #: synthetic captures: (name, simulator overrides, write_kineto options)
 SYNTHETIC = {
@@ -97,7 +104,7 @@ def _synthetic(name: str, folder: Path) -> Path:
 
 def _all_captures():
     return [pytest.param(("file", p), id=p.name.removesuffix(".kineto.json.gz"))
-            for p in CAPTURES + THREADS] + \
+            for p in CAPTURES + THREADS + REAL + SERVER] + \
         [pytest.param(("synthetic", n), id=n) for n in SYNTHETIC]
 
 
@@ -186,3 +193,47 @@ def test_the_threads_folder_is_picked_up():
     # the H200 captures of python -m simwar.harness.threads are committed: never skipped
     assert THREADS
     assert {p.name for p in THREADS} >= {"backward.kineto.json.gz", "all.kineto.json.gz"}
+
+
+def _two_hta_bugs(path: Path) -> Path:
+    """A capture on which HTA is wrong twice (simwar/analysis/idle.py says how): kernel k1
+    starts 5 µs before k0 ends on the same stream (a negative gap HTA sums into kernel-wait),
+    and k2's launch is not in the capture (HTA joins the file's first event, the ``step``
+    range at 127 µs, as its launch: after k1's end, so its 5 µs gap becomes host-wait)."""
+    t0 = 1_000_000.0
+
+    def ev(cat, name, ts, dur, **args):
+        pid, tid = (0, 7) if cat == "kernel" else (100, 100)
+        return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": t0 + ts,
+                "dur": dur, "args": args}
+
+    events = [ev("user_annotation", "step", 127, 200),
+              *(ev("cuda_runtime", "cudaLaunchKernel", 30 + 10 * c, 3, correlation=c)
+                for c in (1, 2, 3)),
+              ev("kernel", "k0", 100, 10, device=0, stream=7, correlation=1),
+              ev("kernel", "k1", 105, 20, device=0, stream=7, correlation=2),
+              ev("kernel", "k2", 130, 5, device=0, stream=7, correlation=99),
+              ev("kernel", "k3", 200, 5, device=0, stream=7, correlation=3)]
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+def test_htas_number_under_the_hta_rule_where_hta_is_wrong(hta, tmp_path):
+    path = _two_hta_bugs(tmp_path / "two_bugs.json")
+    idle, _, _ = hta(path, tmp_path / "hta")
+    theirs = {row.idle_category: row.idle_time for row in idle.itertuples()}
+    t = import_kineto(path, {"steps": "(?!)"}).trace
+    # simwar: no negative idle time; an op with no launch in the trace is never host-wait
+    (ours,) = idle_breakdown(t).values()
+    assert (ours["host_wait_us"], ours["kernel_wait_us"], ours["other_us"]) == (0.0, 5.0, 65.0)
+    assert (theirs.get("host_wait"), theirs.get("kernel_wait"), theirs.get("other")) == \
+        (5.0, -5.0, 65.0)
+    # HTA's rule: its gaps, and the first event's start (on the trace's clock: k0 is
+    # op 0 at 100 µs of the file) as the launch of an op with no launch
+    first_event = 127.0 - (100.0 - float(t.ops.start_us[0]))
+    (rule,) = idle_breakdown(t, rule="hta", no_launch_us=first_event).values()
+    for ours_key, key in (("host_wait_us", "host_wait"), ("kernel_wait_us", "kernel_wait"),
+                          ("other_us", "other")):
+        assert close(rule[ours_key], theirs[key]), (rule, theirs)
+    with pytest.raises(ValueError, match="idle rule 'htaa'"):
+        idle_breakdown(t, rule="htaa")

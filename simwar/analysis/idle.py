@@ -3,9 +3,10 @@
 :func:`idle_breakdown` is HTA's idle time breakdown (``TraceAnalysis.
 get_idle_time_breakdown`` of HolisticTraceAnalysis 0.5.0, run with
 ``HTA_DISABLE_NS_ROUNDING=1``), computed on a Trace; a test runs HTA itself
-on every project capture (H200 replays, the probe's, multi-threaded ones, synthetic
-multi-threaded ones) and asserts equality per stream within max(1 µs, 0.5 %).
-Definitions, each beside HTA's:
+on every project capture (H200 replays, the probe's, multi-threaded ones, the server
+harness's, the real SGLang and vLLM captures with CUDA graphs, synthetic multi-threaded
+ones: 68 streams) and asserts equality per stream within max(1 µs, 0.5 %); where HTA is
+wrong (below) it gives HTA's number under ``rule="hta"``. Definitions, each beside HTA's:
 
 - **ops**: every device op of a stream (kernels, memcpys, memsets; in-graph
   kernels included), in start order. HTA: the same categories, sorted by
@@ -20,7 +21,7 @@ Definitions, each beside HTA's:
 - **gap**: an op's start minus the end of the work before it. simwar uses
   the running maximum of the previous ends and ignores overlaps (a gap <= 0
   is no idle time); HTA uses the immediately previous op's end and sums
-  negative gaps into kernel-wait. They differ only where ops on one stream
+  negative gaps into kernel-wait (below). They differ only where ops on one stream
   overlap (a measured trace can show that: 3.5 µs on one stream of the
   project's captures).
 - **host_wait**: the op's launch call *started* after that end: the host
@@ -29,9 +30,12 @@ Definitions, each beside HTA's:
   correlation id in the same process, **whichever thread issued it** (autograd's
   backward thread, a communication thread, ...): the importer ties every kernel to
   its launch that way (``ops.call``, a span on the launching thread's lane), as HTA
-  joins by correlation id over all CPU events. An op without a launch call in the
-  trace is never host-wait (HTA: a NaN launch time). Where two processes of one
-  file reuse a correlation id, HTA joins them across processes; simwar keeps each
+  joins by correlation id over all CPU events. The kernels of a CUDA graph share their
+  ``cudaGraphLaunch``'s correlation id: each has the graph launch as its launch, on both
+  sides (one launch fanning out to 544 kernels in ``tests/data/real``). An op without a
+  launch call in the trace is never host-wait (HTA means that with its NaN launch time,
+  but joins the file's first event instead: below). Where two processes of one file reuse a
+  correlation id, HTA joins them across processes; simwar keeps each
   process's ids to itself (:mod:`simwar.capture.ranks`).
 - **kernel_wait**: not host-wait and the gap is shorter than
   ``kernel_wait_us`` = 30 µs. HTA's ``consecutive_kernel_delay`` defaults to
@@ -40,6 +44,28 @@ Definitions, each beside HTA's:
 - **other**: the rest. simwar refines it: the part during which the stream
   was held by a cross-stream wait (a ``wait`` span) is ``dependency_us``,
   the remainder ``other_us``; HTA's "other" is their sum.
+
+**Where HTA is wrong, and its rule under a flag** (``rule="hta"``): on third-party
+captures (TraceLens's and HTA's own test data; ``benchmarks/hta_agreement.py``) simwar's
+rule and HTA's part on two points, both HTA's bugs, and a third that is scope:
+
+- *overlapping ops on one stream* (Blackwell's programmatic dependent launch, graph
+  branches): HTA's gap is the start minus the immediately previous op's end, so an overlap
+  is a negative gap, summed into kernel-wait (on TraceLens's ``b200/eager_trace``,
+  stream 7: 74 overlaps, -69.3 µs, HTA's kernel-wait 351.3 µs against 420.6 µs of real
+  gaps). Idle time cannot be negative; simwar counts no idle time where the stream is
+  busy. ``rule="hta"`` takes HTA's gaps, negative ones included.
+- *ops whose launch is not in the trace* (launched before the capture window): HTA marks
+  them ``index_correlation = 0`` ("linked event not shown") and then joins that 0 as a row
+  index, so it takes the file's *first event* (row 0) as their launch: on TraceLens's
+  ``h100/Qwen_Qwen1.5-0.5B-Chat`` seven kernels (correlations 675782 to 675860) get
+  ``ProfilerStep#6``'s start as launch, after the previous op's end, and 9.1 µs of their
+  gaps become host-wait. simwar: no launch in the trace, never host-wait (HTA's intent,
+  its NaN). ``rule="hta"`` with ``no_launch_us`` (that first event's start on the trace's
+  clock) gives HTA's number.
+- *scope*: with two or more ``ProfilerStep`` ranges HTA keeps only device work whose launch
+  is in the trace (before the last step's end); simwar's whole-capture import keeps the
+  work launched before the window too (it ran in it). Import by steps to compare.
 
 :func:`temporal_breakdown` is HTA's temporal breakdown: over the device ops
 of all streams pooled, the device span (first start to last end), its idle
@@ -89,20 +115,36 @@ def gap_cause(gap_us: float, launch_start: float, launch_end: float, prev_end: f
     return OTHER
 
 
+#: the idle rules: simwar's (the default) and HTA 0.5.0's as its code runs (module docstring)
+RULES = ("simwar", "hta")
+
+
 def idle_breakdown(trace: Trace, kernel_wait_us: float = HTA_KERNEL_WAIT_US,
-                   from_step: int = 0) -> dict[str, dict[str, float]]:
+                   from_step: int = 0, rule: str = "simwar",
+                   no_launch_us: float = float("nan"),
+                   launched_only: bool = False) -> dict[str, dict[str, float]]:
     """Per stream lane: busy and idle µs between its device ops (steps ``from_step`` on),
     idle split by cause (``host_wait_us``, ``kernel_wait_us``, ``dependency_us``,
-    ``other_us``)."""
+    ``other_us``). ``rule="hta"`` gives HTA's numbers where HTA is wrong: gaps from the
+    immediately previous op's end, negative ones summed, and ``no_launch_us`` as the
+    launch start of ops with no launch in the trace (HTA's row-0 join). ``launched_only``
+    leaves out the ops with no launch in the trace (HTA's scope on a capture with two or
+    more ``ProfilerStep`` ranges)."""
+    if rule not in RULES:
+        raise ValueError(f"idle rule {rule!r}: expected one of {', '.join(RULES)}")
     ops, spans = trace.ops, trace.spans
     pick = np.flatnonzero((ops.kind == OpKind.KERNEL) & (ops.lane != trace.code(HOST))
                           & (ops.step >= from_step))
+    if launched_only:
+        pick = pick[ops.call[pick] >= 0]
     calls = ops.call[pick]
     has_call = calls >= 0
     launch_end = np.full(len(pick), np.nan)
     launch_start = np.full(len(pick), np.nan)
     launch_start[has_call] = spans.start_us[calls[has_call]]
     launch_end[has_call] = spans.end_us[calls[has_call]]
+    if rule == "hta":
+        launch_start[~has_call] = no_launch_us
     lane_codes = ops.lane[pick]
     held = spans.kind == SpanKind.WAIT
     out: dict[str, dict[str, float]] = {}
@@ -114,30 +156,39 @@ def idle_breakdown(trace: Trace, kernel_wait_us: float = HTA_KERNEL_WAIT_US,
         waits = sorted(zip(spans.start_us[on_lane].tolist(), spans.end_us[on_lane].tolist()))
         out[lane] = _lane_breakdown(start[order].tolist(), end[order].tolist(),
                                     launch_start[mine][order].tolist(),
-                                    launch_end[mine][order].tolist(), waits, kernel_wait_us)
+                                    launch_end[mine][order].tolist(), waits, kernel_wait_us,
+                                    rule == "hta")
     return out
 
 
 def _lane_breakdown(start: list[float], end: list[float], launch_start: list[float],
                     launch_end: list[float], waits: list[tuple[float, float]],
-                    kernel_wait_us: float) -> dict[str, float]:
+                    kernel_wait_us: float, hta_gaps: bool = False) -> dict[str, float]:
+    """One stream's row. The gap before an op is measured from ``tail``, the running
+    maximum of the previous ends (no idle time while any earlier op still runs); with
+    ``hta_gaps`` from the immediately previous op's end, negative gaps counted (HTA)."""
     row = {"busy_us": 0.0, "idle_us": 0.0, "host_wait_us": 0.0, "kernel_wait_us": 0.0,
            "dependency_us": 0.0, "other_us": 0.0}
     wait_starts = [a for a, _ in waits]
-    tail = None
+    tail = prev = None
     for s, e, ls, le in zip(start, end, launch_start, launch_end):
-        if tail is not None and s > tail:
-            gap = s - tail
+        if hta_gaps and prev is not None and s <= prev:  # HTA's negative (or zero) gap
+            row["idle_us"] += s - prev
+            row[f"{gap_cause(s - prev, ls, le, prev, kernel_wait_us)}_us"] += s - prev
+        elif tail is not None and s > (prev if hta_gaps else tail):
+            base = prev if hta_gaps else tail
+            gap = s - base
             row["idle_us"] += gap
-            cause = gap_cause(gap, ls, le, tail, kernel_wait_us)
+            cause = gap_cause(gap, ls, le, base, kernel_wait_us)
             if cause == OTHER:
-                dep = min(gap, _covered(waits, wait_starts, tail, s))
+                dep = min(gap, _covered(waits, wait_starts, base, s))
                 row["dependency_us"] += dep
                 row["other_us"] += gap - dep
             else:
                 row[f"{cause}_us"] += gap
         row["busy_us"] += max(0.0, e - (s if tail is None else max(s, tail)))
         tail = e if tail is None else max(tail, e)
+        prev = e
     return row
 
 
