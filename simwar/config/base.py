@@ -82,9 +82,10 @@ def finite_error(found: tuple[str, float]) -> str:
 class StrictModel(BaseModel):
     """A config section: unknown keys are errors, and so are assignments of bad values."""
 
-    # a field's docstring is its description (the configuration reference lists them)
-    model_config = ConfigDict(extra="forbid", validate_assignment=True,
-                              use_attribute_docstrings=True)
+    # a field's docstring is its description; the configuration reference reads it from the
+    # source (simwar.config.reference), not pydantic's use_attribute_docstrings, which
+    # parses every model's source at each import (about a third of building the models)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     @field_validator("*", mode="before")
     @classmethod
