@@ -224,6 +224,14 @@ def _field_comments(model: type[BaseModel]) -> dict[str, str]:
     return out
 
 
+def field_descriptions(model: type[BaseModel]) -> dict[str, str]:
+    """Each of a model's fields' description, by field name ("" where it has none): its
+    ``Field(description=...)``, else the docstring below it, else the ``#:`` comment above."""
+    docstrings, comments = _field_docstrings(model), _field_comments(model)
+    return {name: info.description or docstrings.get(name) or comments.get(name, "")
+            for name, info in model.model_fields.items()}
+
+
 def _cell(text: str) -> str:
     # a table cell is one line, and a bare | would end it
     text = " ".join(text.split())
@@ -238,8 +246,7 @@ def _walk(path: str, model: type[BaseModel], defaults: BaseModel | None,
     section = _Section(path, model)
     sections.append(section)
     nested: list[tuple[str, type[BaseModel], BaseModel | None]] = []
-    comments = _field_comments(model)
-    docstrings = _field_docstrings(model)
+    descriptions = field_descriptions(model)
     for name, info in model.model_fields.items():
         key = f"{path}.{name}" if path else name
         if defaults is not None:
@@ -264,8 +271,7 @@ def _walk(path: str, model: type[BaseModel], defaults: BaseModel | None,
         else:
             text = _type_name(annotation, named)  # its constraints included
         shown = "required" if default is PydanticUndefined else _value(default)
-        about = info.description or docstrings.get(name) or comments.get(name, "")
-        section.rows.append((f"`{key}`", text, shown, _markdown(about)))
+        section.rows.append((f"`{key}`", text, shown, _markdown(descriptions[name])))
     for key, sub_model, sub_defaults in nested:
         _walk(key, sub_model, sub_defaults, sections, named)
 
