@@ -22,9 +22,11 @@ executor runs, and why the ones preferred to it refused, is decided in one table
 
 Nothing here prints or writes files.
 
-Imports: config, builder, the one-pass and lockstep executors, the executors' table and the
-analysis; the SimPy executor lazily (``simulate`` on ``fast`` loads no simpy; pandas only for
-``Result.steps``).
+Imports: config, builder, the one-pass executor, the executors' table and the analysis; the
+SimPy executor lazily (``simulate`` on ``fast`` loads no simpy; pandas only for
+``Result.steps``), and so the lockstep executor (:func:`simulate_many` only) and the
+tensor-parallel ranks' modules (a config with ``tp > 1`` only): a single run's start-up
+loads neither.
 """
 
 from __future__ import annotations
@@ -34,10 +36,8 @@ from typing import Callable
 
 from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import frame, request_table, step_columns, summarize
-from simwar.analysis.ranks import Collectives, rank_columns, rank_summary
 from simwar.builder import loop
 from simwar.builder.loop import sizes_meta
-from simwar.builder.ranks import rank_programs
 from simwar.builder.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.builder.template import NotTraceable, duration_at, structure_key, traced
 from simwar.config import Config, ConfigError, load_config
@@ -46,10 +46,8 @@ from simwar.config.clipping import clipping_warnings
 from simwar.config.workload import REQUEST_SOURCES
 from simwar.core.collector import gc_paused
 from simwar.core.program import Program
-from simwar.core.ranks import side_by_side
-from simwar.executors import fast, lockstep
+from simwar.executors import fast
 from simwar.executors.choice import EXECUTORS, Choice, choose, describe
-from simwar.executors.fast import ranks as fast_ranks
 from simwar.executors.fast.plan import Unsettled
 
 #: realized arrivals sequences kept, by the config's content (realizing one runs the config)
@@ -147,6 +145,9 @@ def explain(cfg: Config | dict | str, steps: tuple[int, int] | None = None):
                                       f"iterations of context")
     run = simulate(cfg, engine=choice.name)
     if cfg.tp > 1:
+        # lazy: start-up time (the ranks' modules load only for a tensor-parallel run)
+        from simwar.analysis.ranks import Collectives
+
         joined = Collectives.of_traces([r.trace for r in run.ranks]).late_of(0)
         return critical_path(run.ranks[0].trace, steps, ranks=joined)
     return critical_path(run.trace, steps)
@@ -165,6 +166,9 @@ def build_program(cfg: Config | dict | str) -> Program:
 
 def build_rank_programs(cfg: Config | dict | str) -> list[Program]:
     """Each tensor-parallel rank's Program, ops listed (:mod:`simwar.builder.ranks`)."""
+    # lazy: start-up time (the ranks' modules load only for a tensor-parallel run)
+    from simwar.builder.ranks import rank_programs
+
     cfg = load_config(cfg)
     check_memory(cfg)
     return [Program(ops=list(p.ops), streams=p.streams, meta=p.meta)
@@ -349,6 +353,9 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
     positions of its configs (a sweep writes its run files there, so an interrupted sweep
     keeps what finished).
     """
+    # lazy: start-up time (a single run, the command line's usual case, needs no lockstep)
+    from simwar.executors import lockstep
+
     resolved = [c.model_dump(mode="json") if isinstance(c, Config) else c for c in configs]
     out: list[dict | None] = [None] * len(resolved)
 
@@ -448,6 +455,12 @@ def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) 
     holds each rank's summary, per-step table, races and Trace; ``Result.trace`` is rank
     0's (as the summary's standard keys are), ``Result.combined`` the ranks side by side
     (:func:`simwar.core.ranks.side_by_side`)."""
+    # lazy, each of them: start-up time (the ranks' modules load only for a tensor-parallel run)
+    from simwar.analysis.ranks import rank_columns, rank_summary
+    from simwar.builder.ranks import rank_programs  # lazy: start-up time
+    from simwar.core.ranks import side_by_side  # lazy: start-up time
+    from simwar.executors.fast import ranks as fast_ranks  # lazy: start-up time
+
     traces = None
     events = 0
     if choice.name == "fast":

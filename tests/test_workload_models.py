@@ -139,6 +139,8 @@ def test_every_field_of_the_config_has_a_description():
 
     from pydantic import BaseModel
 
+    from simwar.config.reference import field_descriptions
+
     def models(annotation):
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             return [annotation]
@@ -150,8 +152,9 @@ def test_every_field_of_the_config_has_a_description():
         if model in seen:
             continue
         seen.add(model)
+        described = field_descriptions(model)
         for name, field in model.model_fields.items():
-            if not field.description:
+            if not described[name]:
                 missing.append(f"{model.__name__}.{name}")
             todo += [(f"{prefix}{name}.", m) for m in models(field.annotation)]
     assert len(seen) > 20 and missing == []

@@ -1,7 +1,10 @@
 """The ``simwar`` command line: :func:`main`, the parser and the table of commands.
 
-Each command is one module of this package, listed in :data:`COMMANDS` (the order of
-``simwar --help``) and imported here like any other module. A command module has
+Each command is one module of this package, listed by name in :data:`COMMANDS` (the order
+of ``simwar --help``). ``simwar COMMAND ...`` imports that command's module only (its
+parser is the same subparser the whole parser holds); ``simwar --help``, no command or an
+unknown one import them all, for the list of commands and argparse's own errors. A command
+module has
 ``HELP`` and ``DESCRIPTION`` (its lines in ``--help``), ``add_arguments(parser)`` and
 ``command(args) -> exit code``; what several commands share is :mod:`simwar.cli.common`.
 The command line is the only place that chooses file names and prints: any error a user
@@ -16,48 +19,35 @@ an argument error cost no more than the standard library.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from simwar import __version__
-from simwar.cli import (
-    advise,
-    calibrate,
-    capture,
-    compare,
-    explain,
-    harness,
-    plot,
-    races,
-    results,
-    run,
-    show,
-    sweep,
-    validate,
-)
 from simwar.cli.common import UserError
 from simwar.core.files import interrupts_noted
 
-#: command name -> its module, in the order ``simwar --help`` lists them
+#: command name -> its module under ``simwar.cli``, in the order ``simwar --help`` lists them
 COMMANDS = {
-    "run": run,
-    "sweep": sweep,
-    "results": results,
-    "validate": validate,
-    "show": show,
-    "plot": plot,
-    "harness": harness,
-    "calibrate": calibrate,
-    "compare": compare,
-    "import": capture,  # the module cannot be named after the keyword
-    "explain": explain,
-    "advise": advise,
-    "races": races,
+    "run": "run",
+    "sweep": "sweep",
+    "results": "results",
+    "validate": "validate",
+    "show": "show",
+    "plot": "plot",
+    "harness": "harness",
+    "calibrate": "calibrate",
+    "compare": "compare",
+    "import": "capture",  # the module cannot be named after the keyword
+    "explain": "explain",
+    "advise": "advise",
+    "races": "races",
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``simwar ARGV`` (default: ``sys.argv[1:]``) and return its exit code."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -90,13 +80,19 @@ def os_error_text(e: OSError) -> str:
     return f"{e.filename}: {e.strerror[:1].lower()}{e.strerror[1:]}"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``simwar``: one subparser per entry of :data:`COMMANDS`."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``simwar``: one subparser per entry of :data:`COMMANDS`, or, given
+    ``command``, that command's alone (the others' modules are not imported: start-up time,
+    each command's imports are its own)."""
     parser = argparse.ArgumentParser(
         prog="simwar", description="Simulate LLM-serving overlap scheduling and its WAR barriers.")
     parser.add_argument("--version", action="version", version=f"simwar {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in COMMANDS.items():
+    for name, module_name in COMMANDS.items():
+        if command is not None and name != command:
+            continue
+        # a command's module by name: start-up time (see the module docstring)
+        module = importlib.import_module(f"simwar.cli.{module_name}")
         p = sub.add_parser(name, help=module.HELP, description=module.DESCRIPTION)
         module.add_arguments(p)
         p.set_defaults(func=module.command)

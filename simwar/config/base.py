@@ -82,9 +82,13 @@ def finite_error(found: tuple[str, float]) -> str:
 class StrictModel(BaseModel):
     """A config section: unknown keys are errors, and so are assignments of bad values."""
 
-    # a field's docstring is its description (the configuration reference lists them)
-    model_config = ConfigDict(extra="forbid", validate_assignment=True,
-                              use_attribute_docstrings=True)
+    # a field's docstring is its description; the configuration reference reads it from the
+    # source (simwar.config.reference), not pydantic's use_attribute_docstrings, which
+    # parses every model's source at each import (about a third of building the models).
+    # defer_build: a model's validator is built at its first use, not at import; validating a
+    # config builds the root's one validator (its sections' schemas inlined) rather than one
+    # per model, and a command that validates nothing builds none
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
     @field_validator("*", mode="before")
     @classmethod

@@ -4,8 +4,9 @@ A hand-kept list of keys drifts from the schema the day a key is added; this one
 from the pydantic models themselves. It walks :class:`simwar.config.Config` (and the phase
 table's :class:`simwar.config.Phase`, whose entries the config holds as plain mappings)
 through pydantic's own description of each model: ``model_fields`` in declaration order,
-each field's annotation, default (or default factory) and ``Field(description=...)``, and the
-model's docstring for its section. Nothing here knows the schema's modules or keys, so the
+each field's annotation, default (or default factory) and ``Field(description=...)`` or the
+docstring below the field (read from the source here, not by pydantic at every import), and
+the model's docstring for its section. Nothing here knows the schema's modules or keys, so the
 reference follows the schema wherever its models live:
 
 - a field whose type is one model (or one model or None, or a list of one model) is a
@@ -24,10 +25,12 @@ Imports: pydantic and :mod:`simwar.config` only (its layer).
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import re
 import sys
+import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
@@ -175,6 +178,31 @@ def _markdown(text: str) -> str:
     return text.replace("``", "`")
 
 
+def _field_docstrings(model: type[BaseModel]) -> dict[str, str]:
+    """The docstring below each of a model's fields (a string literal right after the
+    field's annotated assignment, cleaned as pydantic's ``use_attribute_docstrings`` would
+    clean it), by field name; a field inherited from a base model has its base's. Read here
+    rather than by pydantic at every import of the config: building the models is on every
+    command's start-up path, the reference is not."""
+    out: dict[str, str] = {}
+    for cls in reversed(model.__mro__):  # a subclass's docstring replaces its base's
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or cls is BaseModel:
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(cls))
+        except (OSError, TypeError):
+            continue
+        body = ast.parse(source).body[0]
+        if not isinstance(body, ast.ClassDef):
+            continue
+        for node, after in zip(body.body, body.body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                out[node.target.id] = inspect.cleandoc(after.value.value)
+    return out
+
+
 def _field_comments(model: type[BaseModel]) -> dict[str, str]:
     """The ``#:`` comments above a model's fields (the Sphinx convention the schema uses
     where a field has no ``Field(description=...)``), by field name."""
@@ -196,6 +224,14 @@ def _field_comments(model: type[BaseModel]) -> dict[str, str]:
     return out
 
 
+def field_descriptions(model: type[BaseModel]) -> dict[str, str]:
+    """Each of a model's fields' description, by field name ("" where it has none): its
+    ``Field(description=...)``, else the docstring below it, else the ``#:`` comment above."""
+    docstrings, comments = _field_docstrings(model), _field_comments(model)
+    return {name: info.description or docstrings.get(name) or comments.get(name, "")
+            for name, info in model.model_fields.items()}
+
+
 def _cell(text: str) -> str:
     # a table cell is one line, and a bare | would end it
     text = " ".join(text.split())
@@ -210,7 +246,7 @@ def _walk(path: str, model: type[BaseModel], defaults: BaseModel | None,
     section = _Section(path, model)
     sections.append(section)
     nested: list[tuple[str, type[BaseModel], BaseModel | None]] = []
-    comments = _field_comments(model)
+    descriptions = field_descriptions(model)
     for name, info in model.model_fields.items():
         key = f"{path}.{name}" if path else name
         if defaults is not None:
@@ -235,8 +271,7 @@ def _walk(path: str, model: type[BaseModel], defaults: BaseModel | None,
         else:
             text = _type_name(annotation, named)  # its constraints included
         shown = "required" if default is PydanticUndefined else _value(default)
-        about = info.description or comments.get(name, "")
-        section.rows.append((f"`{key}`", text, shown, _markdown(about)))
+        section.rows.append((f"`{key}`", text, shown, _markdown(descriptions[name])))
     for key, sub_model, sub_defaults in nested:
         _walk(key, sub_model, sub_defaults, sections, named)
 
