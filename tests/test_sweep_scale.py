@@ -103,7 +103,9 @@ def test_the_cli_refuses_a_huge_sweep_unless_yes(tmp_path, capsys, monkeypatch):
         assert main([command[0], str(spec), *command[1:]]) == 2
         assert capsys.readouterr() == ("", line)
     assert main(["validate", str(spec), "--yes"]) == 0
-    assert "ok (sweep of 12 runs over cpu.schedule_us, policy.barrier)" in capsys.readouterr().out
+    assert capsys.readouterr().out == (f"{spec}: ok (sweep of 12 runs over cpu.schedule_us, "
+                                       f"policy.barrier; each swept value checked in its "
+                                       f"first run)\n")
     assert main(["show", str(spec), "--yes"]) == 0
     out = capsys.readouterr().out
     assert "# 12 runs\n" in out and out.count("\n# ") == 12 + 2
