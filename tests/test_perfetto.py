@@ -316,3 +316,24 @@ def test_ctrl_c_during_the_export_exits_130_and_leaves_nothing(tmp_path, written
     assert proc.returncode == 130
     assert err.decode().strip() == "simwar: interrupted"
     assert os.listdir(tmp_path) == []
+
+
+def test_run_trace_shows_its_writing_on_a_terminal(tmp_path, monkeypatch, capsys):
+    import io
+    import sys
+
+    import simwar.cli.common as common
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(common, "BAR_DELAY_S", 0)
+    out = tmp_path / "x.json.gz"
+    for quiet, shown in (([], True), (["--quiet"], False)):
+        monkeypatch.setattr(sys, "stderr", Terminal())
+        assert main(["run", "--set", "steps=400", "--set", "warmup_steps=5", "--engine", "fast",
+                     "--trace", str(out), *quiet]) == 0
+        assert ("writing x.json.gz" in sys.stderr.getvalue()) is shown
+        assert "100%" in sys.stderr.getvalue() or not shown
+    capsys.readouterr()

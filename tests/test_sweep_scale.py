@@ -4,9 +4,13 @@ results table of what finished."""
 
 from __future__ import annotations
 
+import io
+import sys
+
 import pandas as pd
 import pytest
 
+import simwar.cli.common as common
 import simwar.study.sweeps as sweeps
 from simwar.cli.app import main
 from simwar.config import ConfigError
@@ -99,7 +103,9 @@ def test_the_cli_refuses_a_huge_sweep_unless_yes(tmp_path, capsys, monkeypatch):
         assert main([command[0], str(spec), *command[1:]]) == 2
         assert capsys.readouterr() == ("", line)
     assert main(["validate", str(spec), "--yes"]) == 0
-    assert "ok (sweep of 12 runs over cpu.schedule_us, policy.barrier)" in capsys.readouterr().out
+    assert capsys.readouterr().out == (f"{spec}: ok (sweep of 12 runs over cpu.schedule_us, "
+                                       f"policy.barrier; each swept value checked in its "
+                                       f"first run)\n")
     assert main(["show", str(spec), "--yes"]) == 0
     out = capsys.readouterr().out
     assert "# 12 runs\n" in out and out.count("\n# ") == 12 + 2
@@ -122,3 +128,39 @@ def test_a_sweep_logs_lines_not_a_bar_when_stderr_is_no_terminal(tmp_path, capsy
     sweep(spec, tmp_path / "out", progress=True)
     assert capsys.readouterr().err.splitlines()[-1].startswith(
         "simwar: sweep 30/30 runs (100%; 0 simulated in ")
+
+
+def test_validate_yes_checks_each_swept_value_of_a_huge_sweep_once(tmp_path, capsys,
+                                                                   expansions):
+    spec = tmp_path / "huge.yaml"
+    spec.write_text("base: {steps: 30, warmup_steps: 5}\n"
+                    "grid: {" + ", ".join(f"{k}: {list(range(1, 11))}" for k in HUGE["grid"])
+                    + "}\n")
+    assert main(["validate", str(spec), "--yes"]) == 0
+    assert expansions[0] == 1 + 7 * 10 - 7  # the first run of each value, not 10^7
+    assert capsys.readouterr().out == (
+        f"{spec}: ok (sweep of 10000000 runs over {', '.join(HUGE['grid'])}; each swept "
+        f"value checked in its first run)\n")
+
+
+def test_validate_checks_every_run_of_a_sweep_under_the_limit(tmp_path, capsys, expansions,
+                                                              monkeypatch):
+    spec = tmp_path / "s.yaml"
+    spec.write_text("base: {steps: 30, warmup_steps: 5}\n"
+                    "grid: {steps: [30, 100], warmup_steps: [5, 50]}\nrepeats: 2\n")
+    assert main(["validate", str(spec)]) == 2  # run 2 is invalid only in combination
+    assert capsys.readouterr().err.startswith(f"simwar: error: {spec}: run 2 (steps=30, "
+                                              f"warmup_steps=50): warmup_steps")
+    spec.write_text("base: {steps: 30, warmup_steps: 5}\n"
+                    "grid: {steps: [30, 100], warmup_steps: [5, 10]}\nrepeats: 2\n")
+    expansions[0] = 0
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(common, "BAR_DELAY_S", 0)
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    assert main(["validate", str(spec)]) == 0
+    assert expansions[0] == 3 + 8  # load_sweep's firsts, then every run
+    assert "validating" in sys.stderr.getvalue()

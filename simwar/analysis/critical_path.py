@@ -773,7 +773,7 @@ def _launch_facts(trace: Trace, k: int, walker: Walker) -> dict:
 
 def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_ranges=None,
                   device_info: dict | None = None, ranks: dict | None = None,
-                  one_step: bool = True) -> CriticalPath:
+                  one_step: bool = True, progress=None) -> CriticalPath:
     """Gap and step chains of steps ``a..b`` (inclusive; default: the measured steps).
 
     Step k's gap chain runs from forward k-1's end to forward k's start (none for the
@@ -788,6 +788,7 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_range
     tensor-parallel rank's collectives, op id -> :class:`~simwar.analysis.ranks.LateArrival`
     (:meth:`simwar.analysis.ranks.Collectives.late_of`): the time a collective held this
     rank for the late one is that rank's ("rank 1's host work arrived late at the broadcast").
+    ``progress(done, total)``: called after each step walked (the CLI's bar on a terminal).
     """
     all_steps, first, start, end = forward_extents(trace)
     if one_step and len(all_steps) == 1 and (steps is None
@@ -813,6 +814,8 @@ def critical_path(trace: Trace, steps: tuple[int, int] | None = None, host_range
             out.add(walker.chain(int(first[i]), float(end[i - 1]), ChainKind.GAP, k, period))
         if i + 1 < len(all_steps):
             out.add(walker.chain(int(first[i + 1]), float(start[i]), ChainKind.STEP, k))
+        if progress is not None:
+            progress(k - a + 1, b - a + 1)
     if not out.n_gaps and not out.n_steps:
         raise ValueError(f"steps {a}:{b}: nothing to explain (the first forward has no gap "
                          "before it and the last no step after it)")

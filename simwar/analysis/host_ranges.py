@@ -32,10 +32,12 @@ class HostRanges:
             while j < len(rs) and rs[j][0] <= x:
                 stack.append(rs[j])
                 j += 1
+            # The stack is in push order, so once its ended top is popped the top is the latest
+            # pushed range still open at x: the innermost one. Ranges ended below the top stay
+            # until they surface; reading only the top keeps the sweep linear in the points.
             while stack and stack[-1][1] <= x:
                 stack.pop()
-            live = [r for r in stack if r[1] > x]
-            name = live[-1][2] if live else None
+            name = stack[-1][2] if stack else None
             if pieces and pieces[-1][2] == name and pieces[-1][1] == x:
                 pieces[-1] = (pieces[-1][0], y, name)
             else:

@@ -59,6 +59,7 @@ from simwar.cli.common import (
     race_line,
     run_label,
     stall_lines,
+    work_bar,
 )
 from simwar.core.files import jsonable, write_bytes_atomic, write_text_atomic
 
@@ -446,10 +447,12 @@ def _write_model(cap, args, path: Path):
 
     _check_fit_steps(cap, path)
     try:
-        model = fit_model(cap, dist=args.dist, policy=args.policy, version=__version__,
-                          where=str(path), unprofiled_step_us=args.unprofiled,
-                          profiler_cost=not args.keep_profiler_cost,
-                          extrapolate_buckets=args.extrapolate_buckets)
+        with work_bar("fitting", "stage", args.no_progress) as progress:
+            model = fit_model(cap, dist=args.dist, policy=args.policy, version=__version__,
+                              where=str(path), unprofiled_step_us=args.unprofiled,
+                              profiler_cost=not args.keep_profiler_cost,
+                              extrapolate_buckets=args.extrapolate_buckets,
+                              progress=progress)
     except FitError as e:
         raise UserError(str(e)) from None
     config = model.config

@@ -17,21 +17,25 @@
   another of its outputs);
 - :func:`is_sweep_file` (``validate``, ``show``), :func:`load_measured` (``calibrate``,
   ``compare``), and a sweep's results table with its ``--where`` filters
-  (:func:`read_results`, :func:`filter_rows`: ``plot``, ``results``).
+  (:func:`read_results`, :func:`filter_rows`: ``plot``, ``results``);
+- :func:`work_bar`, the progress bar of ``explain``'s and ``import --fit``'s walks over a
+  capture's steps (on a terminal only).
 
 A leaf of the command line: the command modules import from here, never from each other.
 
 Imports: the standard library and :mod:`simwar.core.files` at the top; the config schema,
-the sweep and fit modules and matplotlib inside the functions that need them, so that
+the sweep and fit modules, tqdm and matplotlib inside the functions that need them, so that
 ``simwar --help`` and a command's argument checks load none of them. Never a command's
 module.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
+import sys
 from pathlib import Path
 
 from simwar.core.files import NotAFileError, write_bytes_atomic, write_target
@@ -40,7 +44,7 @@ __all__ = ["UserError", "costs_file_overrides", "costs_overrides", "read_costs_f
            "run_label", "stall_lines", "bucket_lines", "race_line", "clip_text", "parse_window",
            "output_path",
            "check_outputs", "save_figure", "is_sweep_file", "load_measured", "RESULTS_FILE",
-           "results_file", "read_results", "filter_rows"]
+           "results_file", "read_results", "filter_rows", "work_bar", "BAR_DELAY_S"]
 
 
 class UserError(Exception):
@@ -410,3 +414,42 @@ def load_measured(sources: list[str]) -> dict[str, dict]:
             raise UserError(f"{src}: no *.trace.json(.gz) found")
         out.update({k: measured_summary(t) for k, t in traces.items()})
     return out
+
+
+#: seconds a long command's work must take before its progress bar shows (short work prints
+#: nothing extra)
+BAR_DELAY_S = 2.0
+
+
+@contextlib.contextmanager
+def work_bar(desc: str, unit: str, disabled: bool = False):
+    """A ``progress(done, total)`` callback drawing a tqdm bar on stderr, or None.
+
+    For the long loops of ``explain`` and ``import --fit`` over a capture's steps: the bar
+    shows only when stderr is a terminal (tqdm's own rule) and the work has run
+    ``BAR_DELAY_S``; ``disabled`` (``--no-progress``) turns it off. Updates are throttled to a
+    few hundred, whatever the number of steps.
+    """
+    if disabled:
+        yield None
+        return
+    # lazy: start-up time of the CLI (tqdm)
+    from tqdm import tqdm
+
+    bar = tqdm(unit=unit, desc=desc, file=sys.stderr, leave=False, delay=BAR_DELAY_S,
+               dynamic_ncols=True, disable=None)
+    if bar.disable:
+        bar.close()
+        yield None
+        return
+
+    def progress(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.reset(total=total)
+        if done - bar.n >= max(1, total // 500) or done >= total:
+            bar.update(done - bar.n)
+
+    try:
+        yield progress
+    finally:
+        bar.close()

@@ -30,7 +30,14 @@ import textwrap
 from pathlib import Path
 from typing import NamedTuple
 
-from simwar.cli.common import UserError, check_outputs, clip_text, output_path, save_figure
+from simwar.cli.common import (
+    UserError,
+    check_outputs,
+    clip_text,
+    output_path,
+    save_figure,
+    work_bar,
+)
 from simwar.core.files import jsonable
 
 HELP = "why each forward waited: the critical path of every step, in causes"
@@ -55,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--top", type=int, default=8, metavar="N",
                    help="causes listed per table (default 8)")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (one shows on a terminal when the walk takes long)")
     p.add_argument("--timeline", metavar="OUT.png",
                    help="draw the chain of the first step asked over the timeline")
 
@@ -86,8 +95,9 @@ def command(args) -> int:
             # step of the loop to explain alone
             meta = src.trace.meta
             found = meta.get("source") != "kineto" or bool(meta.get("step_names"))
-            cp = critical_path(src.trace, steps, src.host_ranges, src.device_info, joined,
-                               one_step=found)
+            with work_bar("explaining", "step", args.no_progress) as progress:
+                cp = critical_path(src.trace, steps, src.host_ranges, src.device_info, joined,
+                                   one_step=found, progress=progress)
     except NoForward as e:
         if what.startswith("Kineto capture") and _simwar_export(Path(src.path)):
             raise UserError(f"{src.path}: a Chrome trace simwar exported for Perfetto "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from simwar.cli.common import (
     UserError,
@@ -29,6 +30,7 @@ from simwar.cli.common import (
     output_path,
     parse_window,
     save_figure,
+    work_bar,
 )
 
 
@@ -89,14 +91,16 @@ def write(args, result) -> None:
         out = output_path(args.trace, "--trace")
         window = parse_window(args.steps_window, result.config.steps) if args.steps_window \
             else None
-        write_trace(result, out, window, note=lambda text: _note(args, text))
+        write_trace(result, out, window, note=lambda text: _note(args, text),
+                    quiet=args.quiet)
         _note(args, f"simwar: wrote {out}")
 
 
-def write_trace(result, out, window: tuple[int, int] | None = None, note=None) -> None:
-    """The run as Chrome trace-event JSON: its kept trace, or streamed in trace mode;
-    ``note(line)``: told why, when the trace mode refuses the run, its Trace is read
-    instead."""
+def write_trace(result, out, window: tuple[int, int] | None = None, note=None,
+                quiet: bool = False) -> None:
+    """The run as Chrome trace-event JSON: its kept trace, or streamed in trace mode (with a
+    bar over its steps on a terminal, unless ``quiet``); ``note(line)``: told why, when the
+    trace mode refuses the run, its Trace is read instead."""
     # lazy: start-up time of the CLI (the simulator; pyarrow)
     from simwar.api import trace_windows
     from simwar.executors.fast.trace import TraceUnsupported  # lazy: start-up time
@@ -110,7 +114,13 @@ def write_trace(result, out, window: tuple[int, int] | None = None, note=None) -
             if note is not None:
                 note(f"simwar: --trace: trace mode refused: {signal}")
         if parts is not None:
-            write_run(parts, lanes, meta, out, window)
+            lo, hi = window if window is not None else (0, result.config.steps - 1)
+            with work_bar(f"writing {Path(out).name}", "step", quiet) as bar:
+                def progress(done: int) -> None:
+                    if bar is not None:
+                        bar(min(max(done - lo, 0), hi - lo + 1), hi - lo + 1)
+
+                write_run(parts, lanes, meta, out, window, progress)
             return
     # tensor-parallel ranks: every rank's lanes side by side
     write_chrome_trace(result.combined if result.combined is not None else result.trace, out,

@@ -104,12 +104,17 @@ def batches_csv(batches: list[int]) -> str:
     return "step,batch_size\n" + "".join(f"{k},{b}\n" for k, b in enumerate(batches))
 
 
+#: the fit's walks over the steps a progress bar counts (:func:`fit_model`): the layouts,
+#: the policy, the device times and costs, the CPU work, the fits and the header
+FIT_STAGES = 5
+
+
 def fit_model(cap: Capture, *, capture: str = "",
               mapping_name: str = "", dist: str = "best", policy: str | None = None,
               steps: int = FIT_STEPS, warmup: int = FIT_WARMUP, version: str = "",
               where: str = "", unprofiled_step_us: float | dict | None = None,
               profiler_cost: CostTable | str | bool | None = True,
-              extrapolate_buckets: bool = False) -> ModelFit:
+              extrapolate_buckets: bool = False, progress=None) -> ModelFit:
     """The whole loop of an opened capture (a :class:`simwar.capture.open.Capture`) as a
     config.
 
@@ -125,8 +130,16 @@ def fit_model(cap: Capture, *, capture: str = "",
     per-bucket table gives the graph buckets the capture never ran too, from the line over
     the measured ones (else they are left out, and warned of). A capture bound by other means (a
     :class:`simwar.capture.to_trace.KinetoImport` and its mapping) is finished with
-    :func:`simwar.capture.open.finish_capture` first.
+    :func:`simwar.capture.open.finish_capture` first. ``progress(done, total)``: called after
+    each of the fit's walks over the steps (``FIT_STAGES`` in all: the CLI's bar on a
+    terminal).
     """
+    done = iter(range(1, FIT_STAGES + 1))
+
+    def stage() -> None:
+        if progress is not None:
+            progress(next(done), FIT_STAGES)
+
     imp, mapping = cap.bound, cap.mapping
     capture = capture or (cap.paths[0].name if cap.paths else "")
     mapping_name = mapping_name or cap.mapping_file or ""
@@ -144,6 +157,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     left_out = left_out_steps(imp, mapping)
     roles, role_notes = detect_roles(trace, mapping)
     all_lays = step_layouts(trace, roles)
+    stage()
     warm = int(trace.meta.get("warmup_steps", 0))
     lays = {k: v for k, v in all_lays.items() if k >= warm and k - 1 in all_lays
             and k not in left_out}
@@ -169,6 +183,7 @@ def fit_model(cap: Capture, *, capture: str = "",
 
     readers = tuple(i for i, n in enumerate(names) if n in mapping.reads)
     inferred = infer_policy(trace, lays, roles, imp.counts.get("cuda_sync", 0), readers)
+    stage()
     if isinstance(inferred, str):
         if policy is None:
             raise FitError(f"{where}: cannot infer the barrier policy: {inferred}; name it "
@@ -185,9 +200,11 @@ def fit_model(cap: Capture, *, capture: str = "",
         prof = for_capture(imp, None if profiler_cost is True else profiler_cost)
     s = Samples()
     graph_cost = sample_device_and_costs(trace, lays, names, mapping, s, prof)
+    stage()
     cfg = _config(trace, lays, roles, names, mapping, pol, steps, warmup, capture)
     cpu_notes = sample_cpu_work(trace, imp, lays, mapping, names, cfg, s, graph_cost, warnings,
                                 prof)
+    stage()
     details: dict[str, dict] = {}
     if graph_cost["cost"]:  # the cheapest graph's launches sample costs.graph_launch_us
         cheapest = min(graph_cost["cost"], key=lambda i: float(np.mean(graph_cost["cost"][i])))
@@ -228,6 +245,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     header.append(profiler_cost_line(prof, lays))
     header += _sized_header(sizes, fits, left_out, set(all_lays), warm, (scale, host_scale),
                             unprofiled_step_us, cfg.get("workload"))
+    stage()
     return ModelFit(cfg, header, details, pol, roles, warnings, sizes, fits, left_out, scale,
                     host_scale)
 

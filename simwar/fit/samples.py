@@ -314,7 +314,7 @@ def sample_cpu_work(trace, imp, lays, mapping: Mapping, names, cfg, s: Samples, 
     model_r = {name: float(np.median(v)) for name, v in model.items()}
     graph_mean = costs["graph_launch_us"]
 
-    rules = mapping.cpu_rules()
+    ranges = _MappedRanges(imp.annotations, mapping.cpu_rules())
     mapped_items = set(mapping.cpu.values())
     notes: dict[str, dict[str, list[float]]] = {}
     clipped = Counter()
@@ -331,7 +331,7 @@ def sample_cpu_work(trace, imp, lays, mapping: Mapping, names, cfg, s: Samples, 
             holder = f"host_{i + 1}" if i + 1 < n_units else "tail"
             cpu[f"host_{i}"] = cpu.get(f"host_{i}", 0.0) + extra
             cpu[holder] = cpu.get(holder, 0.0) - extra
-        nets = _mapped_nets(trace, imp, lay, rules, prof)
+        nets = _mapped_nets(trace, ranges, lay, prof)
         items = {it: 0.0 for it in (*CPU_ITEMS, "post_launch")}
         host = [0.0] * n_units
         for region, value in cpu.items():
@@ -395,11 +395,50 @@ def _merge(cap: dict, model: dict) -> dict:
     return {r: cap[r] - model.get(r, 0.0) for r in cap}
 
 
-def _mapped_nets(trace: Trace, imp, lay: StepLayout, rules, prof=None) -> dict[str, float]:
+class _MappedRanges:
+    """The capture's annotation ranges a ``cpu`` rule maps to an item, found per step.
+
+    Each range's rule is matched once (the first rule whose regex finds its name), and a
+    step's ranges come from its window by binary search over the ranges sorted by start,
+    with the running maximum of their ends bounding the search from below: per step the
+    work is the ranges near it, not the whole capture (which made the fit quadratic in
+    steps). :meth:`overlapping` keeps the capture's order, so sums over them are the same
+    to the last bit as a scan of every range.
+    """
+
+    def __init__(self, annotations, rules):
+        self.mapped: list[tuple[float, float, str]] = []
+        if rules:
+            for name, a, b in annotations:
+                item = next((it for rx, it in rules if rx.search(name)), None)
+                if item is not None:
+                    self.mapped.append((a, b, item))
+        starts = np.array([m[0] for m in self.mapped], dtype=float)
+        ends = np.array([m[1] for m in self.mapped], dtype=float)
+        self._order = np.argsort(starts, kind="stable")
+        self._starts = starts[self._order]
+        self._ends = ends
+        # a range can reach a step only if some range starting no later ends after its start
+        self._reach = np.maximum.accumulate(ends[self._order]) if len(ends) else ends
+
+    def overlapping(self, lo: float, hi: float) -> list[tuple[float, float, str]]:
+        """The mapped ranges that overlap ``(lo, hi)`` (end > lo, start < hi), in the
+        capture's order."""
+        first = int(np.searchsorted(self._reach, lo, side="right"))
+        last = int(np.searchsorted(self._starts, hi, side="left"))
+        if last <= first:
+            return []
+        idx = self._order[first:last]
+        idx = np.sort(idx[self._ends[idx] > lo])
+        return [self.mapped[i] for i in idx.tolist()]
+
+
+def _mapped_nets(trace: Trace, ranges: _MappedRanges, lay: StepLayout,
+                 prof=None) -> dict[str, float]:
     """Per CPU item: the step's mapped ranges, net of the API calls (and blocking) and of
     other mapped ranges inside them, clipped to the item's region; with ``prof``, also net
     of the profiler's own cost in what is left (the events outside those calls and ranges)."""
-    if not rules:
+    if not ranges.mapped:
         return {}
     spans = trace.spans
     sched0 = float(spans.start_us[lay.sched_calls[0]]) if lay.sched_calls else \
@@ -411,13 +450,7 @@ def _mapped_nets(trace: Trace, imp, lay: StepLayout, rules, prof=None) -> dict[s
                else (lay.start, a_end),
                "process_result": (float(spans.start_us[lay.result_sync]), lay.end)
                if lay.result_sync is not None else (lay.end, lay.end)}
-    mapped = []
-    for name, a, b in imp.annotations:
-        if b <= lay.start or a >= lay.end:
-            continue
-        item = next((it for rx, it in rules if rx.search(name)), None)
-        if item is not None:
-            mapped.append((a, b, item))
+    mapped = ranges.overlapping(lay.start, lay.end)
     calls = [(float(spans.start_us[c]), float(spans.end_us[c])) for c in lay.calls]
     out: dict[str, float] = {}
     for a, b, item in mapped:

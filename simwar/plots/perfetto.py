@@ -592,9 +592,11 @@ def write_chrome_trace(trace: Trace, path: str | Path,
 
 
 def write_run(windows, lanes, meta: dict, path: str | Path,
-              steps: tuple[int, int] | None = None) -> Path:
+              steps: tuple[int, int] | None = None, progress=None) -> Path:
     """Write a run's windows as they come (``.gz``: gzipped); nothing is left of the file
-    when this fails or is interrupted (:func:`simwar.core.files.atomic_file`)."""
+    when this fails or is interrupted (:func:`simwar.core.files.atomic_file`).
+    ``progress(steps_done)``: called after each window with the steps written so far (its
+    last step + 1; the CLI's bar on a terminal)."""
     path = Path(path)
     with atomic_file(path) as handle:
         gz = gzip.GzipFile(filename=path.name, mode="wb", fileobj=handle) \
@@ -602,6 +604,10 @@ def write_run(windows, lanes, meta: dict, path: str | Path,
         writer = ChromeTraceWriter(gz or handle, lanes, meta, steps)
         for w in windows:
             writer.add(w)
+            if progress is not None:
+                step = window_of(w).spans.step
+                if len(step):
+                    progress(int(step.max()) + 1)
         writer.close()
         if gz is not None:
             gz.close()
