@@ -194,6 +194,12 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 #: host syncs (verify_done and copy_done) bind to each other's records (rule 3).
 BINDING_LIMITS = {"eagle_publish_verify", "none_fine_pre_replay_fallback",
                   "dflash_legacy_host_sync"}
+#: configs bound otherwise without record ids whose races are the same: sglang_default_prefill's
+#: prefill steps record their read-done on the host right after an eager prefill kernel, in a
+#: capture where graphs run, so rule 5 does not take it for a host read-done and the next
+#: step's waits bind to the step before's (or to nothing, at the start); it has no latent race
+#: either way (an open limit of binding captures without record ids, not of the race analysis)
+BINDING_DIFFERS_SAME_RACES = {"sglang_default_prefill"}
 
 
 def synthetic_mapping(cfg) -> dict:
@@ -247,7 +253,9 @@ def test_a_synthetic_capture_has_the_simulators_latent_races(config, tmp_path):
         races = capture_races(imp, m)
         got = sorted(_key(r) for r in races.latent)
         faithful = _bindings(imp.trace) == _bindings(sim.trace)
-        if ids or config.stem not in BINDING_LIMITS:
+        if not ids and config.stem in BINDING_DIFFERS_SAME_RACES:
+            assert not faithful and got == want, (config.stem, len(got), len(want))
+        elif ids or config.stem not in BINDING_LIMITS:
             assert faithful, (config.stem, ids)
             assert got == want, (config.stem, ids, len(got), len(want))
             assert races.summary()["ordered_overlaps"] == 0

@@ -111,6 +111,8 @@ def resolve_phases(algorithm: str, entries: list[dict]) -> list[Phase]:
         for key in e:
             if key not in Phase.model_fields:
                 raise ValueError(f"phases.{i}.{key}: unknown key")
+        if not isinstance(e["name"], str):  # a list or a mapping is not a name (nor hashable)
+            raise ValueError(f"phases.{i}.name: expected a phase name, got {e['name']!r}")
         if e["name"] not in by_name:
             raise ValueError(f"phases.{i}.name: '{e['name']}' is not a phase of {algorithm} "
                              f"({', '.join(by_name)}); use algorithm: custom to add phases")
