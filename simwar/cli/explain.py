@@ -11,7 +11,9 @@ read with its preset and mapping as ``simwar import`` reads it
 (:func:`simwar.capture.open.open_capture`), and explained in its own
 code's words: its host time by the ``record_function`` range it lies in, a blocking call by
 what it waited for. A run whose batch changes every step (a config's ``workload``, a
-capture's batch ranges or graphs) is explained per graph bucket as well.
+capture's batch ranges or graphs) is explained per graph bucket as well; a run with requests,
+by its decode pauses behind prefill steps and its mean TTFT in parts
+(:mod:`simwar.analysis.prefill`, :func:`_prefill_facts`).
 ``--timeline`` draws :func:`simwar.plots.chain_figure`. The work is done by those
 modules; this one parses arguments and prints.
 
