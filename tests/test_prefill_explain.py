@@ -137,3 +137,22 @@ def test_simwar_plot_draws_a_config_with_shapes(tmp_path):
     out = tmp_path / "w.png"
     assert main(["plot", CONFIG, "--set", "steps=150", "-o", str(out)]) == 0
     assert out.stat().st_size > 0
+
+
+def test_the_summary_only_run_gives_the_same_ttft_parts():
+    full = simwar.simulate(CONFIG, SHORT, engine="fast")
+    only = simwar.simulate(CONFIG, SHORT, engine="fast", summary_only=True)
+    keys = [f"{p}_mean" for p in PARTS]
+    assert [only.summary[k] for k in keys] == [full.summary[k] for k in keys]
+
+
+def test_a_saved_trace_is_explained_as_its_config(tmp_path, capsys):
+    saved = tmp_path / "run.json.gz"
+    simwar.simulate(CONFIG, {"steps": 160}, engine="simpy").trace.save(saved)
+    assert main(["explain", CONFIG, "--set", "steps=160", "--steps", "40:120", "--json"]) == 0
+    from_config = json.loads(capsys.readouterr().out)
+    assert main(["explain", str(saved), "--steps", "40:120", "--json"]) == 0
+    from_trace = json.loads(capsys.readouterr().out)
+    assert from_trace["prefill_pauses"] == from_config["prefill_pauses"]
+    assert from_trace["prefill_pauses"]["per_step"]
+    assert from_trace["ttft"] == from_config["ttft"]

@@ -130,7 +130,8 @@ def command(args) -> int:
 def _prefill_facts(src, steps: tuple[int, int], per_step: bool) -> dict:
     """A run with requests: its decode pauses behind prefill steps over ``steps``
     (``prefill_pauses``, per step only with ``--steps``) and the mean TTFT in parts of the
-    requests whose first token came in ``steps`` (``ttft``); empty otherwise. A config is
+    requests whose first token came in ``steps`` among those finished in the measured steps
+    (``Result.requests``' rows: ``ttft``); empty otherwise. A config is
     run once more for its per-step table (the fast executor: the walk's trace is streamed)."""
     # lazy: start-up time of the CLI (the analysis loads numpy)
     from simwar.analysis.metrics import request_table, step_columns
