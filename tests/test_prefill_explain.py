@@ -38,7 +38,7 @@ def _runs(overrides: dict):
     return [simwar.simulate(CONFIG, {**SHORT, **overrides}, engine=e) for e in ("simpy", "fast")]
 
 
-@pytest.mark.parametrize("rule", ["sglang", "sglang_mixed"])
+@pytest.mark.parametrize("rule", ["sglang", "sglang_mixed", "vllm"])
 @pytest.mark.parametrize("overlap", [True, False])
 def test_the_ttft_parts_add_up_exactly_and_the_executors_agree(rule, overlap):
     ref, fast = _runs({"scheduling.rule": rule, "policy.overlap": overlap})
@@ -156,3 +156,22 @@ def test_a_saved_trace_is_explained_as_its_config(tmp_path, capsys):
     assert from_trace["prefill_pauses"] == from_config["prefill_pauses"]
     assert from_trace["prefill_pauses"]["per_step"]
     assert from_trace["ttft"] == from_config["ttft"]
+
+
+def test_a_requests_chunks_are_the_steps_that_prefilled_its_tokens():
+    """A bound of one prefill step in a row: a decode step comes between two chunks of a long
+    prompt, and is no chunk of it."""
+    over = {**SHORT, "scheduling.max_consecutive_prefill": 1, "prefill.chunk_tokens": 1024}
+    ref, fast = _runs(over)
+    assert ref.requests.equals(fast.requests)
+    q = ref.requests
+    tokens = np.asarray(ref.meta["workload"]["prefill_tokens"])
+    shape = np.asarray(ref.meta["workload"]["shape"])
+    gaps = 0
+    for row in q.itertuples():
+        took = tokens[row.prefill_step:row.first_step + 1]
+        between = shape[row.prefill_step:row.first_step + 1]
+        assert row.ttft_chunks == np.count_nonzero(took) == np.count_nonzero(between == "prefill")
+        assert row.ttft_chunks >= np.ceil(row.prompt_tokens / 1024)
+        gaps += int(np.count_nonzero(between == "decode"))
+    assert gaps  # some request's chunks had a decode step between them

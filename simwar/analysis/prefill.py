@@ -6,10 +6,11 @@ scheduler picked shapes, ``scheduling.rule: sglang``), ``meta.workload.prefill_t
 prompt tokens each step prefilled) and per request ``meta.workload.requests``'
 ``prefill_step`` (the step of its first chunk) and ``first_step`` (the step of its last chunk,
 which gives its first token). A request's chunks are the steps from its ``prefill_step`` to
-its ``first_step`` that prefill (every one of them under ``sglang_mixed`` and ``vllm``; the
-``prefill`` ones under ``sglang``, where a decode step forced by ``max_consecutive_prefill``
-may come between two chunks): chunks are taken first come first served, so a request's
-follow one another (:class:`simwar.builder.sizes.ArrivalProcess`).
+its ``first_step`` that prefilled tokens: chunks are taken first come first served
+(:class:`simwar.builder.sizes.ArrivalProcess`), so from its first chunk on a request is the
+first still prefilling and takes a chunk of every step that prefills, until its last (between
+two of them may come a decode step under ``sglang``, forced by ``max_consecutive_prefill``, or
+under ``vllm`` a step whose decodes took the whole token budget).
 
 - :func:`chunk_columns`: per request its chunks, their forwards' time and the rest of its
   prefill (``Result.requests``);
@@ -28,13 +29,15 @@ from simwar.core.run_meta import RunMeta
 __all__ = ["chunk_columns", "pause_words", "prefill_pauses"]
 
 
-def _prefills(columns: dict) -> np.ndarray:
-    """Per row of the per-step table: whether the step prefills (a ``prefill`` or ``mixed``
-    step; every step of a run whose rule has one shape)."""
-    shape = columns.get("shape")
-    if shape is None:
-        return np.ones(len(columns["step"]), dtype=bool)
-    return np.asarray(shape) != "decode"
+def _prefills(columns: dict, meta) -> np.ndarray:
+    """Per row of the per-step table: whether the step prefilled prompt tokens
+    (``meta.workload.prefill_tokens``: a ``prefill`` or ``mixed`` step that took some; under
+    ``vllm`` a step whose decodes took the whole budget takes none)."""
+    tokens = np.asarray((RunMeta.of(meta).workload or {}).get("prefill_tokens", []),
+                        dtype=np.int64)
+    steps = np.asarray(columns["step"], dtype=np.int64)
+    inside = (steps >= 0) & (steps < len(tokens))
+    return inside & (tokens[np.where(inside, steps, 0)] > 0 if len(tokens) else inside)
 
 
 def chunk_columns(rows: dict, columns: dict, meta) -> dict[str, np.ndarray]:
@@ -46,7 +49,7 @@ def chunk_columns(rows: dict, columns: dict, meta) -> dict[str, np.ndarray]:
     mixed rule: its admission step gives its first token) has 0 chunks."""
     steps = np.asarray(columns["step"], dtype=np.int64)
     fwd = np.asarray(columns["fwd_us"], dtype=np.float64)
-    chunk = _prefills(columns)
+    chunk = _prefills(columns, meta)
     lo = np.searchsorted(steps, np.asarray(rows["prefill_step"], dtype=np.int64), side="left")
     hi = np.searchsorted(steps, np.asarray(rows["first_step"], dtype=np.int64), side="right")
     has = np.asarray(rows["prefill_step"]) >= 0
