@@ -32,7 +32,8 @@ gap, GPU idle, CPU blocked time and launch lead per graph bucket (``by_bucket``)
 requests arrived (``meta.workload.requests``), the request throughput and each request's
 decode latency: from the start of the iteration that admitted it to the end of the forward
 of the step that produced its last token (mean, p50, p99), and its queueing time before
-admission.
+admission; the TTFT's mean in parts (queueing, prefill, the result's wait:
+:func:`request_columns`), and per request its prefill chunks (:mod:`simwar.analysis.prefill`).
 
 Everything is computed on the Trace's columns (numpy); the only DataFrame is
 the per-step table itself. Imports: numpy (pandas only to build that DataFrame).
