@@ -32,7 +32,8 @@ gap, GPU idle, CPU blocked time and launch lead per graph bucket (``by_bucket``)
 requests arrived (``meta.workload.requests``), the request throughput and each request's
 decode latency: from the start of the iteration that admitted it to the end of the forward
 of the step that produced its last token (mean, p50, p99), and its queueing time before
-admission.
+admission; the TTFT's mean in parts (queueing, prefill, the result's wait:
+:func:`request_columns`), and per request its prefill chunks (:mod:`simwar.analysis.prefill`).
 
 Everything is computed on the Trace's columns (numpy); the only DataFrame is
 the per-step table itself. Imports: numpy (pandas only to build that DataFrame).
@@ -45,6 +46,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simwar.analysis.hazards import HazardReport, detect
+from simwar.analysis.prefill import chunk_columns
 from simwar.analysis.summary import Key, assemble, measured_mask
 from simwar.analysis.views import forward_kernels, forwards
 from simwar.core.run_meta import RunMeta
@@ -482,7 +484,12 @@ def request_columns(req: dict, steps: np.ndarray, fwd_end: np.ndarray,
     that produced the first token), ``request_ttft_us`` (arrival to that step's result
     processed on the host: what a client sees), ``request_tpot_us`` (first to last token's
     forward end, per further output token), ``request_itl_us`` (the same per decode step:
-    the gap between two emissions), and with an ``slo`` (metric -> µs bound,
+    the gap between two emissions), the TTFT's parts ``ttft_queue_us`` (arrival to
+    admission), ``ttft_prefill_us`` (admission to the end of the forward that produced the
+    first token: its prefill chunks and whatever ran between) and ``ttft_result_wait_us``
+    (that forward's end to the host having processed its result: one step later under
+    overlap), which add up to ``request_ttft_us`` (the last is the rest, so exactly), and
+    with an ``slo`` (metric -> µs bound,
     :data:`simwar.config.schema.SLO_METRICS`) ``request_slo_met`` (1.0 when every bound
     holds). ``first``: :func:`first_tokens` of every request."""
     finish = np.asarray(req["finish_step"], dtype=np.int64)
@@ -505,9 +512,15 @@ def request_columns(req: dict, steps: np.ndarray, fwd_end: np.ndarray,
     with np.errstate(divide="ignore", invalid="ignore"):
         tpot = np.where(tokens > 1, (last - f_end) / (tokens - 1), np.nan)
         itl = np.where(decode_steps > 0, (last - f_end) / decode_steps, np.nan)
-    out = {"request_latency_us": last - admit, "request_queue_us": admit - arrival,
-           "request_ttft_forward_us": f_end - arrival, "request_ttft_us": f_done - arrival,
-           "request_tpot_us": tpot, "request_itl_us": itl}
+    ttft = f_done - arrival
+    queue, prefill = admit - arrival, f_end - admit
+    out = {"request_latency_us": last - admit, "request_queue_us": queue,
+           "request_ttft_forward_us": f_end - arrival, "request_ttft_us": ttft,
+           "request_tpot_us": tpot, "request_itl_us": itl,
+           # the TTFT in three parts that add up to it exactly: the result's wait is the
+           # rest (the first token's forward end to the host having processed its result)
+           "ttft_queue_us": queue, "ttft_prefill_us": prefill,
+           "ttft_result_wait_us": ttft - (queue + prefill)}
     if slo:
         met = np.ones(len(last), dtype=bool)
         for metric, bound in slo.items():
@@ -532,15 +545,18 @@ def request_table(columns: dict, meta: dict | RunMeta) -> dict[str, np.ndarray]:
     finish = np.asarray(req["finish_step"], dtype=np.int64)
     ok, _ = _rows_of(finish, steps) if len(steps) else (np.zeros(len(finish), bool), None)
     out = {k: np.asarray(req[k])[ok] for k in ("arrival_us", "admit_us", "prompt_tokens",
-                                                "output_tokens", "admit_step", "first_step",
-                                                "finish_step") if k in req}
+                                                "output_tokens", "admit_step", "prefill_step",
+                                                "first_step", "finish_step") if k in req}
     out.update(request_columns(req, steps, fwd_end, first, run.slo))
+    if "prefill_step" in req:  # prompts: each request's chunks
+        out.update(chunk_columns(out, columns, run))
     return out
 
 
 #: the per-request columns of :func:`request_columns` (without the SLO's)
 REQUEST_COLUMNS = ("request_latency_us", "request_queue_us", "request_ttft_forward_us",
-                   "request_ttft_us", "request_tpot_us", "request_itl_us")
+                   "request_ttft_us", "request_tpot_us", "request_itl_us", "ttft_queue_us",
+                   "ttft_prefill_us", "ttft_result_wait_us")
 #: an SLO's metric -> its column (:data:`simwar.config.schema.SLO_METRICS`, repeated here:
 #: analysis does not import config; tests/test_prefill.py holds them equal)
 SLO_COLUMNS = {"ttft": "request_ttft_us", "ttft_forward": "request_ttft_forward_us",

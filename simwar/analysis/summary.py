@@ -117,6 +117,9 @@ REQUEST_KEYS: tuple[Key, ...] = (
       for m in ("ttft", "ttft_forward", "tpot", "itl")
       for s, stat, arg in (("mean", "mean", None), ("p50", "percentile", 50),
                            ("p99", "percentile", 99))),
+    # the TTFT's mean in parts: queueing, prefill, the result's wait (they add up to it)
+    *(Key(f"ttft_{part}_us_mean", "mean", f"ttft_{part}_us", valid=True)
+      for part in ("queue", "prefill", "result_wait")),
 )
 
 #: with an SLO (``meta.slo``): the requests/s meeting every bound, and their share

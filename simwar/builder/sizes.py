@@ -270,6 +270,7 @@ class ArrivalProcess:
         self._prompts: list[int] = []
         self.prompt_tokens: list[int] = []
         self.first: list[int] = []  # per request: the step producing its first token
+        self.chunk_first: list[int] = []  # per request: the step of its first prompt chunk
         self.prefilling: deque[int] = deque()  # admitted, prompt tokens left (FIFO)
         self.left: dict[int, int] = {}  # request -> prompt tokens still to prefill
         self.joining: dict[int, int] = {}  # step -> requests that start decoding there
@@ -332,6 +333,7 @@ class ArrivalProcess:
         self.prompt_tokens.append(self._prompt(rid))
         self.arrival.append(t)
         self.first.append(-1)
+        self.chunk_first.append(-1)
         self.admit_step.append(-1)
         self.admit_us.append(math.nan)
         self.finish.append(-1)
@@ -445,6 +447,8 @@ class ArrivalProcess:
         while budget > 0 and self.prefilling:
             rid = self.prefilling[0]
             take = min(budget, self.left[rid])
+            if self.chunk_first[rid] < 0:
+                self.chunk_first[rid] = k
             self.left[rid] -= take
             budget -= take
             used += take
@@ -503,6 +507,8 @@ class ArrivalProcess:
             "first_step": np.asarray(self.first, dtype=np.int64)[admitted],
             "prompt_tokens": np.asarray(self.prompt_tokens, dtype=np.int64)[admitted],
         }
+        if self.prefill is not None:  # where each request's prefill began (-1: none)
+            s.requests["prefill_step"] = np.asarray(self.chunk_first, dtype=np.int64)[admitted]
         if self.separate:  # decode steps are not every step after the first token
             for rid, first in self.since.items():  # still decoding at the run's end
                 self.decoded[rid] = self.decodes - first

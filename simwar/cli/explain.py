@@ -11,7 +11,9 @@ read with its preset and mapping as ``simwar import`` reads it
 (:func:`simwar.capture.open.open_capture`), and explained in its own
 code's words: its host time by the ``record_function`` range it lies in, a blocking call by
 what it waited for. A run whose batch changes every step (a config's ``workload``, a
-capture's batch ranges or graphs) is explained per graph bucket as well.
+capture's batch ranges or graphs) is explained per graph bucket as well; a run with requests,
+by its decode pauses behind prefill steps and its mean TTFT in parts
+(:mod:`simwar.analysis.prefill`, :func:`_prefill_facts`).
 ``--timeline`` draws :func:`simwar.plots.chain_figure`. The work is done by those
 modules; this one parses arguments and prints.
 
@@ -117,8 +119,10 @@ def command(args) -> int:
         save_figure(chain_figure(cp, cp.steps[0]), out)
         print(f"simwar: wrote {out}", file=sys.stderr)
     waited = _rank_waits(src, cp)
+    prefill = _prefill_facts(src, cp.steps, per_step=args.steps is not None)
     if args.json:
         d = cp.to_dict()
+        d.update(prefill)
         d["source"] = what
         d["sentence"] = sentence(cp)
         if src.notes:
@@ -128,9 +132,82 @@ def command(args) -> int:
         print(json.dumps(jsonable(d), sort_keys=True))
     else:
         text = format_explain(cp, what, args.top, src.notes)
-        print(text if waited is None else
+        print("\n".join([text, *_prefill_lines(prefill)]) if waited is None else
               "\n".join([text, *_rank_lines(waited, args.top, src.rank)]))
     return 0
+
+
+def _prefill_facts(src, steps: tuple[int, int], per_step: bool) -> dict:
+    """A run with requests: its decode pauses behind prefill steps over ``steps``
+    (``prefill_pauses``, per step only with ``--steps``) and the mean TTFT in parts of the
+    requests whose first token came in ``steps`` among those finished in the measured steps
+    (``Result.requests``' rows: ``ttft``); empty otherwise. A config is
+    run once more for its per-step table (the fast executor: the walk's trace is streamed)."""
+    # lazy: start-up time of the CLI (the analysis loads numpy)
+    from simwar.analysis.metrics import request_table, step_columns
+    from simwar.analysis.prefill import prefill_pauses  # lazy: as above
+    from simwar.config import Config  # lazy: start-up time of the CLI (pydantic)
+    from simwar.config.schema import REQUEST_SOURCES  # lazy: as above
+
+    if isinstance(src.trace, Config):
+        if getattr(src.trace.workload, "source", None) not in REQUEST_SOURCES:
+            return {}
+        from simwar.api import simulate  # lazy: start-up time of the CLI (the simulator)
+
+        run = simulate(src.trace)
+        columns, meta = run.columns, run.meta
+    else:
+        if not (src.trace.meta.get("workload") or {}).get("requests"):
+            return {}
+        columns, meta = step_columns(src.trace), src.trace.meta
+    out: dict = {}
+    pauses = prefill_pauses(columns, meta, steps)
+    if pauses is not None:
+        if not per_step:
+            del pauses["per_step"]
+        out["prefill_pauses"] = pauses
+    rows = request_table(columns, meta)
+    if rows:
+        pick = (rows["first_step"] >= steps[0]) & (rows["first_step"] <= steps[1])
+        parts = [c for c in ("request_ttft_us", "ttft_queue_us", "ttft_prefill_us",
+                             "ttft_chunks", "ttft_chunk_fwd_us", "ttft_other_us",
+                             "ttft_result_wait_us") if c in rows]
+        out["ttft"] = {"requests": int(pick.sum()),
+                       **{c: float(rows[c][pick].mean()) if pick.any() else float("nan")
+                          for c in parts}}
+    return out
+
+
+def _prefill_lines(facts: dict) -> list[str]:
+    """The text of :func:`_prefill_facts`."""
+    # lazy: start-up time of the CLI (the analysis loads numpy)
+    from simwar.analysis.prefill import pause_words
+
+    lines = []
+    p = facts.get("prefill_pauses")
+    if p is not None:
+        lines.append(f"  decode paused       after a run of prefill steps in {p['count']} of "
+                     f"{p['decode_steps']} decode steps"
+                     + (f" ({p['total_us'] / 1e3:.1f} ms in all)" if p["count"] else ""))
+        if p["count"]:
+            lines.append(f"                      {p['mean_pause_us'] / 1e3:.1f} ms on average, "
+                         f"for a prefill of {p['mean_prefill_tokens']:.0f} tokens, "
+                         f"{p['mean_requests']:.1f} requests, {p['mean_prefill_steps']:.1f} "
+                         f"prefill steps;")
+            lines.append(f"                      {p['mean_paused']:.1f} requests paused")
+        for row in p.get("per_step", []):
+            lines.append(f"    step {row['step']:<14} {pause_words(row)}")
+    t = facts.get("ttft")
+    if t is not None and t["requests"]:
+        lines.append(f"  TTFT                {t['request_ttft_us'] / 1e3:.2f} ms mean over "
+                     f"{t['requests']} requests: queueing {t['ttft_queue_us'] / 1e3:.2f}, "
+                     f"prefill {t['ttft_prefill_us'] / 1e3:.2f}, result wait "
+                     f"{t['ttft_result_wait_us'] / 1e3:.2f}")
+        if "ttft_chunks" in t:
+            lines.append(f"                      prefill: {t['ttft_chunks']:.2f} chunks, their "
+                         f"forwards {t['ttft_chunk_fwd_us'] / 1e3:.2f} ms, other steps and gaps "
+                         f"between {t['ttft_other_us'] / 1e3:.2f} ms")
+    return lines
 
 
 def _rank_waits(src, cp) -> list[dict] | None:

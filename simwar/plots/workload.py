@@ -2,7 +2,8 @@
 
 - :func:`by_batch`: step time and forward gap against the batch size, by graph bucket;
 - :func:`regime_steps`: batch, step time, forward gap and launch lead step by step,
-  host-bound steps shaded;
+  host-bound steps shaded, and where the scheduler picked each step's shape (a ``shape``
+  column) a band per prefill or mixed step;
 - :func:`workload_figure`: both, side by side (what ``simwar plot CONFIG.yaml`` draws).
 
 Data: a :class:`simwar.api.Result` or its measured per-step DataFrame.
@@ -22,7 +23,10 @@ from matplotlib.patches import Patch
 from simwar.analysis.metrics import measured
 from simwar.plots.axes import new_axes
 
-__all__ = ["by_batch", "regime_steps", "requests_over_time", "workload_figure"]
+__all__ = ["SHAPE_COLORS", "by_batch", "regime_steps", "requests_over_time", "workload_figure"]
+
+#: the band colour of each step shape that is not a plain decode step (``shape`` column)
+SHAPE_COLORS = {"prefill": "#f58518", "mixed": "#b279a2"}
 
 
 def _measured_steps(data) -> pd.DataFrame:
@@ -71,6 +75,15 @@ def regime_steps(data, ax: Axes | None = None, steps: tuple[int, int] | None = N
     for k, flag in zip(x, host_bound):
         if flag:
             ax.axvspan(k - 0.5, k + 0.5, color="#fde0dd", lw=0, gid=f"host_bound:{k}")
+    # a run whose scheduler picked each step's shape: a band along the bottom per step, by
+    # its shape (the table's ``shape`` column; decode steps unshaded; axvspan's ymin and
+    # ymax are fractions of the axes' height)
+    shapes = df["shape"].to_numpy() if "shape" in df.columns else None
+    if shapes is not None:
+        for k, shape in zip(x, shapes):
+            if shape in SHAPE_COLORS:
+                ax.axvspan(k - 0.5, k + 0.5, ymin=0, ymax=0.06, color=SHAPE_COLORS[shape],
+                           lw=0, gid=f"shape:{shape}:{k}")
     ax.plot(x, df.step_us, "-o", ms=3, label="step time", color="#4c78a8", gid="line:step_us")
     ax.plot(x, df.fwd_gap_us, "-", label="gap before the forward", color="#e45756",
             gid="line:fwd_gap_us")
@@ -88,6 +101,10 @@ def regime_steps(data, ax: Axes | None = None, steps: tuple[int, int] | None = N
     handles, labels = ax.get_legend_handles_labels()
     handles += [Patch(color="#fde0dd", label="host-bound step (its forward waited on the host)"),
                 Line2D([], [], color="#888888", label="batch size (right axis)")]
+    if shapes is not None:
+        handles += [Patch(color=c, label=f"{name} step (band at the bottom; decodes pause)"
+                          if name == "prefill" else f"{name} step (band at the bottom)")
+                    for name, c in SHAPE_COLORS.items() if name in set(shapes.tolist())]
     ax.legend(handles=handles, fontsize=7, frameon=False, loc="upper left", ncol=3)
     ax.set_title("Regime flips: host-bound (shaded) and device-bound steps", loc="left",
                  fontsize=10)
