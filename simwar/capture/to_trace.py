@@ -37,7 +37,7 @@ ranks (:mod:`simwar.capture.ranks`): one Trace per rank, the primary rank's (the
 mapping's ``process``, else the one with the step ranges) as :attr:`KinetoImport.trace`,
 and all of them side by side in :attr:`KinetoImport.combined`.
 
-The file is over 600 lines because :class:`CaptureTraceBuilder`'s assembly is one pass
+The file is over 800 lines because :class:`CaptureTraceBuilder`'s assembly is one pass
 over the host items that needs every piece it infers (host thread, steps, phases, lanes,
 binding); the rules that stand alone live in binding, device_times and ranks.
 

@@ -50,9 +50,9 @@ and each run's summary is the one it has run by itself, bit for bit.
 Both produce identical rows because rows are always built from the
 JSON-normalised summaries, the form stored in the run files.
 
-Size (~710 lines): the spec, its expansion, the run files, the tables and the backends
-are the steps of one pipeline over the same :class:`Run` and :class:`Sweep`; the progress
-report is :mod:`simwar.study.progress`'s.
+Size (~820 lines): the spec, its expansion, the run files and their lock, the tables and
+the backends are the steps of one pipeline over the same :class:`Run` and :class:`Sweep`;
+the progress report is :mod:`simwar.study.progress`'s.
 
 Imports: ray only inside the Ray backend; tqdm only when a progress bar is asked for
 (:mod:`simwar.study.progress`). Nothing here prints, but progress when ``progress=True``.
