@@ -24,17 +24,33 @@ at 2.5k and 5k steps only, its 15k being minutes)::
         2500      3.24       5.56     7.21            1.72        2.23
         5000      6.52      21.02    21.57            3.22        3.31
       growth exponent 2500->5000 steps: import 1.01, explain 1.92, fit 1.58
-    this tree:
+    this tree (7977a9f):
        steps  import s  explain s    fit s  explain/import  fit/import
         2500      4.02       3.61     6.31            0.90        1.57
         5000      7.60       6.23    10.32            0.82        1.36
        15000     16.31      16.65    36.87            1.02        2.26
       growth exponent 2500->15000 steps: import 0.78, explain 0.85, fit 0.99
-      2500 steps: explain --json byte-identical True, fitted YAML byte-identical True
-      5000 steps: explain --json byte-identical True, fitted YAML byte-identical True
 
-Explain meets the target; the fit is linear but 2.26x the import at 15k (its remaining
-cost is per-step Python spread over the fit's walks, no one hot spot).
+The fit's cross-stream walk then scanned every op per step and every later op per wait
+(quadratic: a third of the fit's time at 15k steps); it now finds each wait's next kernel by
+binary search, and the fit's per-op walks read the trace's columns as lists
+(:func:`simwar.fit.layout.columns`). One run, ``--before`` a tree of 7977a9f::
+
+    before:
+       steps  import s  explain s    fit s  explain/import  fit/import
+        2500      3.51       2.95     5.33            0.84        1.52
+        5000      7.48       6.63    11.28            0.89        1.51
+       15000     18.16      21.25    36.87            1.17        2.03
+      growth exponent 2500->15000 steps: import 0.92, explain 1.10, fit 1.08
+    this tree:
+       steps  import s  explain s    fit s  explain/import  fit/import
+        2500      3.40       3.37     4.49            0.99        1.32
+        5000      7.21       6.94     8.82            0.96        1.22
+       15000     18.13      20.98    22.90            1.16        1.26
+      growth exponent 2500->15000 steps: import 0.93, explain 1.02, fit 0.91
+      2500, 5000 and 15000 steps: explain --json and fitted YAML byte-identical True
+
+Explain and fit meet the target: at 15k steps 1.16x and 1.26x the import.
 """
 
 from __future__ import annotations
