@@ -59,6 +59,12 @@ def columns(trace: Trace, table: str, *names: str) -> tuple[list, ...]:
     return tuple(out)
 
 
+def drop_columns(trace: Trace) -> None:
+    """Frees the lists :func:`columns` kept on ``trace`` (a few times the memory of the
+    arrays they copy: the fit drops them when its walks are done)."""
+    trace.__dict__.pop("_simwar_columns", None)
+
+
 @dataclass
 class Unit:
     """One piece of a step's forward: a phase's launch calls with at most one graph."""
