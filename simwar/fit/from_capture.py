@@ -246,7 +246,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     header += _sized_header(sizes, fits, left_out, set(all_lays), warm, (scale, host_scale),
                             unprofiled_step_us, cfg.get("workload"))
     stage()
-    drop_columns(trace)  # the walks' list columns: not kept past the fit (memory)
+    drop_columns(trace)  # the walks' views of the trace's columns: not kept past the fit
     return ModelFit(cfg, header, details, pol, roles, warnings, sizes, fits, left_out, scale,
                     host_scale)
 

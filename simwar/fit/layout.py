@@ -40,29 +40,34 @@ _KERNEL, _SYNC, _SYNCHRONIZE, _GRAPH_LAUNCH = (int(OpKind.KERNEL), int(OpKind.SY
                                                int(Call.SYNCHRONIZE), int(Call.GRAPH_LAUNCH))
 
 
-def columns(trace: Trace, table: str, *names: str) -> tuple[list, ...]:
-    """Columns of ``trace.ops`` or ``trace.spans`` (``table``) as Python lists, built once
-    per trace and kept on it (a Trace is not changed once recorded).
+def columns(trace: Trace, table: str, *names: str) -> tuple[memoryview, ...]:
+    """Columns of ``trace.ops`` or ``trace.spans`` (``table``) as memoryviews of their
+    arrays (no copy), made once per trace and kept on it (a Trace is not changed once
+    recorded).
 
-    The fit's walks read a few values per op or call of every step; reading an element of a
-    list costs a fraction of reading one of a numpy array (which boxes a numpy scalar), and
-    comparing it with an ``int`` a fraction of comparing with an ``IntEnum`` member. The
-    values are the same floats and ints, so every figure is the same to the last bit.
+    The fit's walks read a few values per op or call of every step; an element of a
+    memoryview is a plain ``float`` or ``int``, read for a fraction of the cost of a numpy
+    array's (which boxes a numpy scalar), and compared with an ``int`` for a fraction of the
+    cost of an ``IntEnum`` member. The values are the arrays' own, so every figure is the same
+    to the last bit.
     """
     cache = trace.__dict__.setdefault("_simwar_columns", {})
     out = []
     for name in names:
         col = cache.get((table, name))
         if col is None:
-            col = cache[(table, name)] = getattr(getattr(trace, table), name).tolist()
+            arr = np.ascontiguousarray(getattr(getattr(trace, table), name))
+            col = cache[(table, name)] = memoryview(arr)
         out.append(col)
     return tuple(out)
 
 
 def drop_columns(trace: Trace) -> None:
-    """Frees the lists :func:`columns` kept on ``trace`` (a few times the memory of the
-    arrays they copy: the fit drops them when its walks are done)."""
-    trace.__dict__.pop("_simwar_columns", None)
+    """Releases the views :func:`columns` kept on ``trace`` (the fit, when its walks are
+    done: an array a view is held on cannot be resized in place)."""
+    cache = trace.__dict__.pop("_simwar_columns", None)
+    for view in (cache or {}).values():
+        view.release()
 
 
 @dataclass
