@@ -36,8 +36,8 @@ import numpy as np
 
 from simwar.core.trace import HOST, Call, OpKind, Trace
 
-_KERNEL, _SYNC, _SYNCHRONIZE, _GRAPH_LAUNCH = (int(OpKind.KERNEL), int(OpKind.SYNC),
-                                               int(Call.SYNCHRONIZE), int(Call.GRAPH_LAUNCH))
+_SYNC, _SYNCHRONIZE, _GRAPH_LAUNCH = int(OpKind.SYNC), int(Call.SYNCHRONIZE), \
+    int(Call.GRAPH_LAUNCH)
 
 
 def columns(trace: Trace, table: str, *names: str) -> tuple[memoryview, ...]:
