@@ -146,3 +146,73 @@ def test_ctrl_c_in_the_walk_exits_130_promptly_and_writes_nothing(long_capture, 
     assert took < 10, took
     assert stdout == b""
     assert not out.exists() and not list(tmp_path.glob("fit*"))
+
+
+def _cross_stream_scan(trace, lays, s) -> None:
+    """The plain rule of :func:`simwar.fit.samples._cross_stream` (every op per step, every
+    later op per wait), kept here to hold the linear walk to its answers."""
+    import numpy as np
+
+    from simwar.core.trace import Call, OpKind
+
+    ops = trace.ops
+    found = False
+    kernel = ops.kind == OpKind.KERNEL
+    for k in lays:
+        for w in np.flatnonzero((ops.step == k) & (ops.kind == OpKind.WAIT)
+                                & (ops.bound >= 0)).tolist():
+            b = int(ops.bound[w])
+            c = int(ops.call[b])
+            if ops.lane[b] == ops.lane[w] or (c >= 0 and trace.spans.call[c]
+                                              == Call.GRAPH_LAUNCH):
+                continue
+            fired, reach = float(ops.end_us[b]), float(ops.start_us[w])
+            nxt = np.flatnonzero(kernel[w + 1:] & (ops.lane[w + 1:] == ops.lane[w]))
+            if not len(nxt) or fired <= reach:
+                continue
+            n = w + 1 + int(nxt[0])
+            if ops.issue_us[n] <= fired and ops.start_us[n] >= fired:
+                s.add("costs.cross_stream_us", float(ops.start_us[n]) - fired, k)
+                found = True
+    if found:
+        return
+    for k in sorted(lays):
+        lay, prev = lays[k], lays.get(k - 1)
+        if not lay.sched_ops or not lay.units[0].ops or prev is None or not prev.units[-1].ops:
+            continue
+        w_end = float(ops.end_us[lay.sched_ops[-1]])
+        f = lay.units[0].ops[0]
+        prev_end = float(ops.end_us[prev.units[-1].ops[-1]])
+        if ops.issue_us[f] < w_end and prev_end < w_end:
+            s.add("costs.cross_stream_us", float(ops.start_us[f]) - w_end, k)
+        held = [o for o in prev.result_ops + lay.sched_ops
+                if ops.issue_us[o] < prev_end < ops.start_us[o]]
+        if held:
+            w0 = min(held, key=lambda o: float(ops.start_us[o]))
+            s.add("costs.cross_stream_us", float(ops.start_us[w0]) - prev_end, k)
+
+
+def test_the_cross_stream_walk_gives_the_plain_scans_samples():
+    """Bound waits' next kernel by binary search per stream: the same samples, to the last bit
+    and in the same order, as the plain scan (each of these captures has bound waits)."""
+    from simwar.capture.open import open_capture
+    from simwar.fit.layout import step_layouts
+    from simwar.fit.policy import detect_roles
+    from simwar.fit.samples import Samples, _cross_stream
+
+    cases = [(EXAMPLE, ROOT / "examples/mapping.yaml", None),
+             (ROOT / "examples/capture_coarse.json.gz", ROOT / "examples/mapping.yaml", None),
+             (ROOT / "tests/data/server/fit_ramp_profiled.kineto.json.gz", None, "sglang"),
+             (ROOT / "tests/data/kineto/dspark-fine-gpu.kineto.json.gz", None, "sglang")]
+    sampled = 0
+    for path, mapping, preset in cases:
+        cap = open_capture(path, str(mapping) if mapping else None, preset)
+        trace = cap.bound.trace
+        lays = step_layouts(trace, detect_roles(trace, cap.mapping)[0])
+        fast, scan = Samples(), Samples()
+        _cross_stream(trace, lays, fast)
+        _cross_stream_scan(trace, lays, scan)
+        assert fast == scan and fast.steps_of("costs.cross_stream_us") == \
+            scan.steps_of("costs.cross_stream_us"), path
+        sampled += len(scan.get("costs.cross_stream_us", []))
+    assert sampled > 0

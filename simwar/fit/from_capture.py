@@ -41,7 +41,7 @@ from simwar.config import ConfigError, load_config
 from simwar.core.trace import Mode, OpKind, Trace
 from simwar.fit.affine import SizedFit, fit_per_bucket, fit_sized
 from simwar.fit.durations import fit_values
-from simwar.fit.layout import Roles, step_layouts
+from simwar.fit.layout import Roles, drop_columns, step_layouts
 from simwar.fit.policy import POLICIES, PolicyInference, detect_roles, infer_policy
 from simwar.fit.profiler import (
     CUPTI_NOTE,
@@ -246,6 +246,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     header += _sized_header(sizes, fits, left_out, set(all_lays), warm, (scale, host_scale),
                             unprofiled_step_us, cfg.get("workload"))
     stage()
+    drop_columns(trace)  # the walks' views of the trace's columns: not kept past the fit
     return ModelFit(cfg, header, details, pol, roles, warnings, sizes, fits, left_out, scale,
                     host_scale)
 

@@ -36,6 +36,39 @@ import numpy as np
 
 from simwar.core.trace import HOST, Call, OpKind, Trace
 
+_SYNC, _SYNCHRONIZE, _GRAPH_LAUNCH = int(OpKind.SYNC), int(Call.SYNCHRONIZE), \
+    int(Call.GRAPH_LAUNCH)
+
+
+def columns(trace: Trace, table: str, *names: str) -> tuple[memoryview, ...]:
+    """Columns of ``trace.ops`` or ``trace.spans`` (``table``) as memoryviews of their
+    arrays (no copy), made once per trace and kept on it (a Trace is not changed once
+    recorded).
+
+    The fit's walks read a few values per op or call of every step; an element of a
+    memoryview is a plain ``float`` or ``int``, read for a fraction of the cost of a numpy
+    array's (which boxes a numpy scalar), and compared with an ``int`` for a fraction of the
+    cost of an ``IntEnum`` member. The values are the arrays' own, so every figure is the same
+    to the last bit.
+    """
+    cache = trace.__dict__.setdefault("_simwar_columns", {})
+    out = []
+    for name in names:
+        col = cache.get((table, name))
+        if col is None:
+            arr = np.ascontiguousarray(getattr(getattr(trace, table), name))
+            col = cache[(table, name)] = memoryview(arr)
+        out.append(col)
+    return tuple(out)
+
+
+def drop_columns(trace: Trace) -> None:
+    """Releases the views :func:`columns` kept on ``trace`` (the fit, when its walks are
+    done: an array a view is held on cannot be resized in place)."""
+    cache = trace.__dict__.pop("_simwar_columns", None)
+    for view in (cache or {}).values():
+        view.release()
+
 
 @dataclass
 class Unit:
@@ -109,13 +142,8 @@ def step_layouts(trace: Trace, roles: Roles) -> dict[int, StepLayout]:
     ops_of: dict[int, list[int]] = {}
     for o, c in zip(kernels.tolist(), ops.call[kernels].tolist()):
         ops_of.setdefault(c, []).append(o)
-    lane = ops.lane
-    phase = ops.phase
-    call_kind = spans.call
-    start = spans.start_us
-    bound = ops.bound
-    # the sync op each synchronize span issued (spans.op)
-    span_op = spans.op
+    lane, phase, op_start = columns(trace, "ops", "lane", "phase", "start_us")
+    call_kind, start = columns(trace, "spans", "call", "start_us")
 
     out: dict[int, StepLayout] = {}
     for k, calls in by_step.items():
@@ -129,15 +157,15 @@ def step_layouts(trace: Trace, roles: Roles) -> dict[int, StepLayout]:
         sched_calls = [c for c in calls if start[c] < f0
                        and any(lane[o] in sched_lanes for o in ops_of.get(c, ()))]
         sched_ops = sorted((o for c in sched_calls for o in ops_of[c] if lane[o] in sched_lanes),
-                           key=lambda o: ops.start_us[o])
+                           key=op_start.__getitem__)
         result_ops = sorted((o for c in calls if start[c] >= f0 for o in ops_of.get(c, ())
-                             if lane[o] == sched_lane), key=lambda o: ops.start_us[o])
+                             if lane[o] == sched_lane), key=op_start.__getitem__)
         copy_ops = sorted((o for c in calls if start[c] >= fl for o in ops_of.get(c, ())
-                           if lane[o] == copy_lane), key=lambda o: ops.start_us[o])
+                           if lane[o] == copy_lane), key=op_start.__getitem__)
         units = _units(fcalls, ops_of, call_kind, trace, fwd, empty_phase)
-        syncs = [c for c in calls if call_kind[c] == Call.SYNCHRONIZE]
-        result_sync, top_sync, post_sync = _syncs(syncs, fl, start, span_op, bound, ops,
-                                                  copy_lane, fwd, sched_calls, f0)
+        syncs = [c for c in calls if call_kind[c] == _SYNCHRONIZE]
+        result_sync, top_sync, post_sync = _syncs(syncs, fl, start, trace, copy_lane, fwd,
+                                                  sched_calls, f0)
         out[k] = StepLayout(k, starts[k], ends[k], calls, sched_calls, sched_ops, units,
                             result_ops, copy_ops, syncs, result_sync, top_sync, post_sync)
     return out
@@ -148,11 +176,11 @@ def _units(fcalls: list[int], ops_of: dict, call_kind, trace: Trace, fwd: int,
     """Forward calls → units: runs of one phase, split so that each holds one graph launch,
     the eager launches before a graph with it (its load_batch), those after the run's last
     graph with the last unit."""
-    ops = trace.ops
+    lane, phase, op_start = columns(trace, "ops", "lane", "phase", "start_us")
     runs: list[tuple[str, list[int]]] = []
     for c in fcalls:
-        fops = [o for o in ops_of[c] if ops.lane[o] == fwd and ops.phase[o] != empty_phase]
-        name = trace.text(int(ops.phase[fops[0]]))
+        fops = [o for o in ops_of[c] if lane[o] == fwd and phase[o] != empty_phase]
+        name = trace.text(phase[fops[0]])
         if runs and runs[-1][0] == name:
             runs[-1][1].append(c)
         else:
@@ -163,7 +191,7 @@ def _units(fcalls: list[int], ops_of: dict, call_kind, trace: Trace, fwd: int,
         pending: list[int] = []
         for c in calls:
             pending.append(c)
-            if call_kind[c] == Call.GRAPH_LAUNCH:
+            if call_kind[c] == _GRAPH_LAUNCH:
                 pieces.append(Unit(name, pending, c))
                 pending = []
         if pending:
@@ -173,18 +201,21 @@ def _units(fcalls: list[int], ops_of: dict, call_kind, trace: Trace, fwd: int,
                 pieces.append(Unit(name, pending))
         units.extend(pieces)
     for u in units:
-        u.ops = sorted((o for c in u.calls for o in ops_of[c] if ops.lane[o] == fwd),
-                       key=lambda o: (ops.start_us[o], o))
+        u.ops = sorted((o for c in u.calls for o in ops_of[c] if lane[o] == fwd),
+                       key=lambda o: (op_start[o], o))
     return units
 
 
-def _syncs(syncs, fl, start, span_op, bound, ops, copy_lane, fwd, sched_calls, f0):
+def _syncs(syncs, fl, start, trace, copy_lane, fwd, sched_calls, f0):
     """``(result, top, post)`` synchronize spans of a step (None where absent)."""
+    span_op, = columns(trace, "spans", "op")
+    kind, bound, lane = columns(trace, "ops", "kind", "bound", "lane")
+
     def record_lane(s):
-        op = int(span_op[s])
-        if op < 0 or ops.kind[op] != OpKind.SYNC or bound[op] < 0:
+        op = span_op[s]
+        if op < 0 or kind[op] != _SYNC or bound[op] < 0:
             return None
-        return int(ops.lane[bound[op]])
+        return lane[bound[op]]
 
     after = [s for s in syncs if start[s] > fl]
     result = next((s for s in after if record_lane(s) == copy_lane), None)
@@ -213,8 +244,7 @@ def regions(trace: Trace, lay: StepLayout, prof=None) -> dict[str, float]:
     :class:`simwar.fit.profiler_cost.ProfilerCost`): each value also less the profiler's own
     host cost in the region outside those syncs, never below zero.
     """
-    spans = trace.spans
-    s0, e0 = spans.start_us, spans.end_us
+    s0, e0 = columns(trace, "spans", "start_us", "end_us")
     marks: list[tuple[str, float]] = [("A", lay.start)]
     if lay.top_sync is not None:
         marks.append(("__sync", float(s0[lay.top_sync])))
@@ -254,11 +284,11 @@ def work_us(trace: Trace, op_ids: list[int]) -> float:
     earlier ended) is the host's to reproduce."""
     if not op_ids:
         return 0.0
-    ops = trace.ops
+    start, end, issued = columns(trace, "ops", "start_us", "end_us", "issue_us")
     total = 0.0
     prev_end = None
     for o in op_ids:
-        s, e, issue = float(ops.start_us[o]), float(ops.end_us[o]), float(ops.issue_us[o])
+        s, e, issue = start[o], end[o], issued[o]
         total += e - s
         if prev_end is not None and issue <= prev_end and s > prev_end:
             total += s - prev_end
@@ -270,7 +300,6 @@ def queued_gap(trace: Trace, before: int | None, after: int | None) -> float:
     """The device gap between two ops if the later was issued before the earlier ended."""
     if before is None or after is None:
         return 0.0
-    ops = trace.ops
-    end, s, issue = float(ops.end_us[before]), float(ops.start_us[after]), \
-        float(ops.issue_us[after])
+    start, ends, issued = columns(trace, "ops", "start_us", "end_us", "issue_us")
+    end, s, issue = ends[before], start[after], issued[after]
     return s - end if issue <= end and s > end else 0.0

@@ -28,7 +28,9 @@ import numpy as np
 from simwar.analysis.views import ops_of_call
 from simwar.capture.mapping import Mapping
 from simwar.core.trace import Call, OpKind, Trace
-from simwar.fit.layout import Roles, StepLayout
+from simwar.fit.layout import Roles, StepLayout, columns
+
+_WAIT = int(OpKind.WAIT)
 
 #: the barrier policies a capture can show (and ``--policy`` may name)
 POLICIES = ("fine", "coarse", "none", "host_sync")
@@ -131,6 +133,7 @@ def infer_policy(trace: Trace, lays: dict[int, StepLayout], roles: Roles,
     unbound = 0
     steps = sorted(lays)
     ids = EventIds(trace, lays, readers)
+    kind, lane = columns(trace, "ops", "kind", "lane")
     misfit: list[str] = []
     for k in steps:
         lay = lays[k]
@@ -140,7 +143,7 @@ def infer_policy(trace: Trace, lays: dict[int, StepLayout], roles: Roles,
         events = []
         unread = False
         waits = [o for c in lay.calls for o in ops_of_call(trace, c)
-                 if ops.kind[o] == OpKind.WAIT and ops.lane[o] in sched]
+                 if kind[o] == _WAIT and lane[o] in sched]
         for w in waits:
             b = int(ops.bound[w])
             if b < 0:

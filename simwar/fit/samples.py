@@ -54,6 +54,7 @@ from simwar.core.trace import Call, OpKind, Trace
 from simwar.fit.layout import (
     Roles,
     StepLayout,
+    columns,
     queued_gap,
     regions,
     step_layouts,
@@ -95,7 +96,8 @@ def sample_device_and_costs(trace: Trace, lays, names, mapping: Mapping, s: Samp
     ``{"cost": {unit: [µs per step]}, "nodes": {unit: [graph nodes per step]}}``. ``prof``
     (a :class:`simwar.fit.profiler_cost.ProfilerCost`): every host cost less the profiler's
     own in its call (:func:`_span_us`)."""
-    ops, spans = trace.ops, trace.spans
+    op_call, op_start, op_end = columns(trace, "ops", "call", "start_us", "end_us")
+    span_start, = columns(trace, "spans", "start_us")
     graph_cost: dict[int, list[float]] = {}
     graph_nodes: dict[int, list[int]] = {}
     for k, lay in lays.items():
@@ -106,16 +108,17 @@ def sample_device_and_costs(trace: Trace, lays, names, mapping: Mapping, s: Samp
             tail_gap = queued_gap(trace, u.ops[-1] if u.ops else None, nxt)
             reads = name in mapping.reads
             if u.graph is not None:
-                g_start = spans.start_us[u.graph]
-                before = [o for o in u.ops if spans.start_us[ops.call[o]] < g_start]
-                rest = [o for o in u.ops if o not in set(before)]
-                graph_ops = [o for o in rest if ops.call[o] == u.graph]
+                g_start = span_start[u.graph]
+                before = [o for o in u.ops if span_start[op_call[o]] < g_start]
+                early = set(before)
+                rest = [o for o in u.ops if o not in early]
+                graph_ops = [o for o in rest if op_call[o] == u.graph]
                 lb = work_us(trace, before) + (queued_gap(trace, before[-1], rest[0])
                                                if before and rest else 0.0)
                 body = work_us(trace, rest) + tail_gap
                 prep = 0.0
                 if reads and rest:  # a reading graph re-reads in its first node
-                    prep = float(ops.end_us[rest[0]] - ops.start_us[rest[0]])
+                    prep = op_end[rest[0]] - op_start[rest[0]]
                     body -= prep
                 graph_cost.setdefault(i, []).append(_span_us(trace, u.graph, prof))
                 graph_nodes.setdefault(i, []).append(len(graph_ops))
@@ -124,7 +127,7 @@ def sample_device_and_costs(trace: Trace, lays, names, mapping: Mapping, s: Samp
                 body = work_us(trace, u.ops) + tail_gap
                 prep = 0.0
                 if reads and u.ops:
-                    prep = float(ops.end_us[u.ops[0]] - ops.start_us[u.ops[0]])
+                    prep = op_end[u.ops[0]] - op_start[u.ops[0]]
                     body -= prep
             s.add(f"phases.{name}.load_batch_us", lb, k)
             s.add(f"phases.{name}.prep_us", prep, k)
@@ -132,7 +135,7 @@ def sample_device_and_costs(trace: Trace, lays, names, mapping: Mapping, s: Samp
         sched = lay.sched_ops
         if sched:
             last = sched[-1]
-            s.add("gpu.schedule_writes_us", float(ops.end_us[last] - ops.start_us[last]), k)
+            s.add("gpu.schedule_writes_us", op_end[last] - op_start[last], k)
             s.add("gpu.schedule_prep_us", work_us(trace, sched[:-1])
                   + (queued_gap(trace, sched[-2], last) if len(sched) > 1 else 0.0), k)
         else:
@@ -148,29 +151,36 @@ def sample_device_and_costs(trace: Trace, lays, names, mapping: Mapping, s: Samp
 
 def _span_us(trace: Trace, span: int, prof=None) -> float:
     """A host call's length, less the profiler's own cost in it (with ``prof``)."""
-    a, b = float(trace.spans.start_us[span]), float(trace.spans.end_us[span])
+    s0, e0 = columns(trace, "spans", "start_us", "end_us")
+    a, b = s0[span], e0[span]
     return b - a if prof is None else prof.less(b - a, a, b)
+
+
+_RECORD, _WAIT_EVENT, _GRAPH_LAUNCH = int(Call.RECORD), int(Call.WAIT_EVENT), \
+    int(Call.GRAPH_LAUNCH)
+_WAIT, _SYNC = int(OpKind.WAIT), int(OpKind.SYNC)
+#: the host cost each call kind samples (a record and wait paired: ``wait_stream_us``)
+_CALL_COST = {int(Call.LAUNCH): "costs.launch_us", _RECORD: "costs.event_record_us",
+              _WAIT_EVENT: "costs.wait_event_us", int(Call.WAIT_STREAM): "costs.wait_stream_us"}
 
 
 def _call_costs(trace: Trace, lays, s: Samples, prof=None) -> None:
     """Host cost per call kind over the measured steps. A record immediately followed by
     a stream wait (what torch's ``wait_stream`` issues: a fresh event, recorded and waited
     on) is one ``wait_stream_us`` sample, from the record's start to the wait's end."""
-    spans = trace.spans
-    kinds = {Call.LAUNCH: "costs.launch_us", Call.RECORD: "costs.event_record_us",
-             Call.WAIT_EVENT: "costs.wait_event_us", Call.WAIT_STREAM: "costs.wait_stream_us"}
+    call, s0, e0 = columns(trace, "spans", "call", "start_us", "end_us")
     for k, lay in lays.items():
         calls = lay.calls
         paired = set()
         for a, b in zip(calls, calls[1:]):
-            if spans.call[a] == Call.RECORD and spans.call[b] == Call.WAIT_EVENT \
+            if call[a] == _RECORD and call[b] == _WAIT_EVENT \
                     and a not in paired and _binds(trace, b, a):
                 paired.update((a, b))
-                t0, t1 = float(spans.start_us[a]), float(spans.end_us[b])
+                t0, t1 = s0[a], e0[b]
                 s.add("costs.wait_stream_us",
                       t1 - t0 if prof is None else prof.less(t1 - t0, t0, t1), k)
         for c in calls:
-            key = kinds.get(Call(int(spans.call[c])))
+            key = _CALL_COST.get(call[c])
             if key is not None and c not in paired:
                 s.add(key, _span_us(trace, c, prof), k)
 
@@ -179,15 +189,15 @@ def _binds(trace: Trace, wait_call: int, record_call: int) -> bool:
     """The wait issued by ``wait_call`` binds to the record of ``record_call``; a wait bound
     to no record (record correlation ids -1) pairs with the record right before it when its
     event is fresh (no other wait waits on it: torch's wait_stream records a new event)."""
-    ops = trace.ops
-    waits = [o for o in ops_of_call(trace, wait_call) if ops.kind[o] == OpKind.WAIT]
+    kind, bound, event, op_call = columns(trace, "ops", "kind", "bound", "event", "call")
+    waits = [o for o in ops_of_call(trace, wait_call) if kind[o] == _WAIT]
     if not waits:
         return False
-    b = int(ops.bound[waits[0]])
+    b = bound[waits[0]]
     if b < 0:
-        ev = int(ops.event[waits[0]])
+        ev = event[waits[0]]
         return ev != trace.code("") and _wait_counts(trace).get(ev, 0) == 1
-    return int(ops.call[b]) == record_call
+    return op_call[b] == record_call
 
 
 def _wait_counts(trace: Trace) -> dict[int, int]:
@@ -207,16 +217,17 @@ def _sync_costs(trace: Trace, lays, s: Samples, prof=None) -> None:
     record each sync bound to, else from the previous step's result copy it waited for.
     ``prof``: ``sync_us`` less the profiler's cost in the call; ``sync_wake_us`` is a
     device-side latency (the wake after the device fired) and is kept."""
-    ops, spans = trace.ops, trace.spans
+    span_start, span_end, span_op = columns(trace, "spans", "start_us", "end_us", "op")
+    kind, bound, op_end = columns(trace, "ops", "kind", "bound", "end_us")
     for k, lay in lays.items():
         for sp in lay.syncs:
-            start, end = float(spans.start_us[sp]), float(spans.end_us[sp])
-            op = int(spans.op[sp])
+            start, end = span_start[sp], span_end[sp]
+            op = span_op[sp]
             fired = None
-            if op >= 0 and ops.kind[op] == OpKind.SYNC and ops.bound[op] >= 0:
-                fired = float(ops.end_us[ops.bound[op]])
+            if op >= 0 and kind[op] == _SYNC and bound[op] >= 0:
+                fired = op_end[bound[op]]
             elif sp == lay.result_sync and k - 1 in lays and lays[k - 1].copy_ops:
-                fired = float(ops.end_us[lays[k - 1].copy_ops[-1]])
+                fired = op_end[lays[k - 1].copy_ops[-1]]
             if fired is None:
                 continue
             if fired <= start:
@@ -232,24 +243,37 @@ def _cross_stream(trace: Trace, lays, s: Samples) -> None:
     held behind the schedule stream's last write (and the writes behind the forward)."""
     ops = trace.ops
     found = False
-    kernel = ops.kind == OpKind.KERNEL
+    # the measured steps' waits bound to a record, each with the next kernel on its stream
+    # (the first kernel of its lane after it, by binary search over that lane's kernels)
+    waits = np.flatnonzero((ops.kind == OpKind.WAIT) & (ops.bound >= 0)
+                           & np.isin(ops.step, np.fromiter(lays, dtype=ops.step.dtype)))
+    nxt = np.full(len(waits), -1, dtype=np.int64)
+    kernels = np.flatnonzero(ops.kind == OpKind.KERNEL)
+    k_lanes = ops.lane[kernels]
+    for ln in np.unique(ops.lane[waits]).tolist():
+        on = kernels[k_lanes == ln]
+        at = np.flatnonzero(ops.lane[waits] == ln)
+        i = np.searchsorted(on, waits[at], side="right")
+        nxt[at] = np.where(i < len(on), on[np.minimum(i, len(on) - 1)], -1)
+    by_step: dict[int, list[tuple[int, int]]] = {}
+    for w, k, n in zip(waits.tolist(), ops.step[waits].tolist(), nxt.tolist()):
+        by_step.setdefault(k, []).append((w, n))
+    lane, bound, op_call, start, end, issued = columns(
+        trace, "ops", "lane", "bound", "call", "start_us", "end_us", "issue_us")
+    span_call, = columns(trace, "spans", "call")
     for k in lays:
-        for w in np.flatnonzero((ops.step == k) & (ops.kind == OpKind.WAIT)
-                                & (ops.bound >= 0)).tolist():
-            b = int(ops.bound[w])
-            c = int(ops.call[b])
-            if ops.lane[b] == ops.lane[w] or (c >= 0 and trace.spans.call[c]
-                                              == Call.GRAPH_LAUNCH):
+        for w, n in by_step.get(k, ()):
+            b = bound[w]
+            c = op_call[b]
+            if lane[b] == lane[w] or (c >= 0 and span_call[c] == _GRAPH_LAUNCH):
                 continue  # an in-graph record's firing is not in a capture
-            fired, reach = float(ops.end_us[b]), float(ops.start_us[w])
+            fired, reach = end[b], start[w]
             # the next work on the waiting stream, if it was queued behind the wait before
             # the record fired: its start is the release (a capture shows nothing else)
-            nxt = np.flatnonzero(kernel[w + 1:] & (ops.lane[w + 1:] == ops.lane[w]))
-            if not len(nxt) or fired <= reach:
+            if n < 0 or fired <= reach:
                 continue
-            n = w + 1 + int(nxt[0])
-            if ops.issue_us[n] <= fired and ops.start_us[n] >= fired:
-                s.add("costs.cross_stream_us", float(ops.start_us[n]) - fired, k)
+            if issued[n] <= fired and start[n] >= fired:
+                s.add("costs.cross_stream_us", start[n] - fired, k)
                 found = True
     if found:
         return
@@ -258,18 +282,18 @@ def _cross_stream(trace: Trace, lays, s: Samples) -> None:
         lay, prev = lays[k], lays.get(k - 1)
         if not lay.sched_ops or not lay.units[0].ops or prev is None or not prev.units[-1].ops:
             continue
-        w_end = float(ops.end_us[lay.sched_ops[-1]])
+        w_end = end[lay.sched_ops[-1]]
         f = lay.units[0].ops[0]
-        prev_end = float(ops.end_us[prev.units[-1].ops[-1]])
-        if ops.issue_us[f] < w_end and prev_end < w_end:  # the forward was held by the writes
-            s.add("costs.cross_stream_us", float(ops.start_us[f]) - w_end, k)
+        prev_end = end[prev.units[-1].ops[-1]]
+        if issued[f] < w_end and prev_end < w_end:  # the forward was held by the writes
+            s.add("costs.cross_stream_us", start[f] - w_end, k)
         # the schedule stream's first work held behind the forward (a barrier's): the previous
         # result's writes (issued after the barrier) or this step's writes
         held = [o for o in prev.result_ops + lay.sched_ops
-                if ops.issue_us[o] < prev_end < ops.start_us[o]]
+                if issued[o] < prev_end < start[o]]
         if held:
-            w0 = min(held, key=lambda o: float(ops.start_us[o]))
-            s.add("costs.cross_stream_us", float(ops.start_us[w0]) - prev_end, k)
+            w0 = min(held, key=lambda o: start[o])
+            s.add("costs.cross_stream_us", start[w0] - prev_end, k)
 
 
 def _constant_costs(s: Samples, graph_cost) -> dict:
@@ -440,18 +464,16 @@ def _mapped_nets(trace: Trace, ranges: _MappedRanges, lay: StepLayout,
     of the profiler's own cost in what is left (the events outside those calls and ranges)."""
     if not ranges.mapped:
         return {}
-    spans = trace.spans
-    sched0 = float(spans.start_us[lay.sched_calls[0]]) if lay.sched_calls else \
-        float(spans.start_us[lay.first_forward])
+    s0, e0 = columns(trace, "spans", "start_us", "end_us")
+    sched0 = s0[lay.sched_calls[0]] if lay.sched_calls else s0[lay.first_forward]
     top = lay.top_sync
-    a_end = float(spans.start_us[top]) if top is not None else sched0
+    a_end = s0[top] if top is not None else sched0
     windows = {"ingest": (lay.start, a_end), "schedule": (lay.start, a_end),
-               "prepare": (float(spans.end_us[top]), sched0) if top is not None
-               else (lay.start, a_end),
-               "process_result": (float(spans.start_us[lay.result_sync]), lay.end)
+               "prepare": (e0[top], sched0) if top is not None else (lay.start, a_end),
+               "process_result": (s0[lay.result_sync], lay.end)
                if lay.result_sync is not None else (lay.end, lay.end)}
     mapped = ranges.overlapping(lay.start, lay.end)
-    calls = [(float(spans.start_us[c]), float(spans.end_us[c])) for c in lay.calls]
+    calls = [(s0[c], e0[c]) for c in lay.calls]
     out: dict[str, float] = {}
     for a, b, item in mapped:
         lo, hi = windows[item]
