@@ -35,8 +35,7 @@ from pathlib import Path
 from simwar.capture.frames import FRAME_CAT, engine_frames, read_frames
 from simwar.capture.mapping import Mapping, load_mapping
 from simwar.capture.presets import engine_of, load_preset, map_capture, preset_names
-from simwar.capture.reader import CaptureEvents, KinetoFormatError, ProgressFn
-from simwar.capture.sanity import read_checked
+from simwar.capture.reader import CaptureEvents, KinetoFormatError, ProgressFn, read_capture
 from simwar.capture.sizes import CaptureSizes, SizesError, size_capture, step_bounds
 from simwar.capture.step_shapes import StepShape, step_shapes
 from simwar.capture.to_trace import KinetoImport, bind_capture
@@ -113,7 +112,7 @@ def open_capture(paths, mapping=None, preset: str | None = None,
     if isinstance(mapping, (str, Path)):
         load_mapping(mapping)
     files = [Path(p) for p in paths] if isinstance(paths, (list, tuple)) else [Path(paths)]
-    events = [read_checked(p, progress) for p in files]
+    events = [read_capture(p, progress) for p in files]
     for p, ev in zip(files, events):
         _check_not_frames_only(p, ev)
     engines = "|".join(f"(?:{e['frames']})" for e in map(engine_of, preset_names())

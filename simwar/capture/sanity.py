@@ -18,9 +18,6 @@ capture to build with and one counted warning per kind:
   :data:`CALL_MEDIAN_LIMIT_US` (a launch takes a few µs; Kineto writes µs, so a capture in
   ns reads a thousand times too long): warned, with the factor.
 
-:func:`read_checked` is the reader as the importers call it: JSON nested too deep for the
-parser is one line naming the file.
-
 Imports: the standard library and :mod:`simwar.capture.reader` (the reader itself is not
 changed: these are rules about what it read).
 """
@@ -31,23 +28,12 @@ import dataclasses
 import statistics
 from collections import Counter, defaultdict
 
-from simwar.capture.reader import CaptureEvents, KinetoFormatError, read_capture
+from simwar.capture.reader import CaptureEvents
 
 #: kernels on one stream may overlap by this much (clock jitter of real captures) unwarned
 OVERLAP_TOLERANCE_US = 2.0
 #: a median runtime call longer than this (µs) means the capture is not in µs
 CALL_MEDIAN_LIMIT_US = 500.0
-
-
-def read_checked(path, progress=None) -> CaptureEvents:
-    """:func:`simwar.capture.reader.read_capture`, with JSON nested deeper than the parser
-    can follow a :class:`~simwar.capture.reader.KinetoFormatError` naming the file (one line,
-    not a ``RecursionError``)."""
-    try:
-        return read_capture(path, progress)
-    except RecursionError:
-        raise KinetoFormatError(f"{path}: JSON nested too deep to read (expected a Kineto "
-                                f"trace object)") from None
 
 
 def _once(items: list) -> tuple[list, int]:
@@ -117,4 +103,4 @@ def _overlaps(cap: CaptureEvents) -> tuple[int, float]:
     return count, worst
 
 
-__all__ = ["CALL_MEDIAN_LIMIT_US", "OVERLAP_TOLERANCE_US", "check_capture", "read_checked"]
+__all__ = ["CALL_MEDIAN_LIMIT_US", "OVERLAP_TOLERANCE_US", "check_capture"]

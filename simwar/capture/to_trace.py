@@ -84,8 +84,9 @@ from simwar.capture.reader import (
     call_kind,
     copy_kind,
     problem_lines,
+    read_capture,
 )
-from simwar.capture.sanity import check_capture, read_checked
+from simwar.capture.sanity import check_capture
 from simwar.core.ranks import side_by_side
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
@@ -179,7 +180,7 @@ def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path 
     Trace (see the module docstring)."""
     mapping = load_mapping(mapping)
     paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
-    caps = [read_checked(p, progress) for p in paths]
+    caps = [read_capture(p, progress) for p in paths]
     return bind_capture(caps, mapping, [p.name for p in paths])
 
 

@@ -39,8 +39,6 @@ from simwar.core.refusals import PlanRefused
 
 #: what a run is for: one run, a batch of runs (``simulate_many``), a Trace streamed
 PURPOSES = ("run", "many", "trace")
-#: batch sources whose steps' batches depend on the run's own simulated times
-FEEDBACK_SOURCES = REQUEST_SOURCES
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ def _picked_shapes(cfg: Config, need: Need) -> str | None:
 def _own_feedback(cfg: Config, need: Need) -> str | None:
     source = cfg.workload.source if cfg.workload is not None else "constant"
     return (f"workload {source}: each run's batches depend on its own simulated times"
-            if source in FEEDBACK_SOURCES else None)
+            if source in REQUEST_SOURCES else None)
 
 
 @dataclass(frozen=True)
@@ -209,5 +207,5 @@ def _first(cfg: Config, need: Need, keys: tuple[str, ...], refused: list) -> Cho
     return Choice(None, tuple(refused), (), cfg, need)
 
 
-__all__ = ["EXECUTORS", "FEEDBACK_SOURCES", "PURPOSES", "Choice", "Executor", "Need", "choose",
+__all__ = ["EXECUTORS", "PURPOSES", "Choice", "Executor", "Need", "choose",
            "describe", "preferred", "requested"]
