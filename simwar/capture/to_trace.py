@@ -87,6 +87,7 @@ from simwar.capture.reader import (
     read_capture,
 )
 from simwar.capture.sanity import check_capture
+from simwar.core.program import tail_event
 from simwar.core.ranks import side_by_side
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
@@ -666,7 +667,7 @@ class CaptureTraceBuilder:
                 if tail:
                     # a stream sync waits for the stream's tail: a fresh record at the call
                     lane = self._lane(sev.device, sev.stream)
-                    event = f"{lane}.tail"
+                    event = tail_event(lane)
                     bound = place_record(None, lane, step, event, event, start, call)
                 elif c.correlation in bnd.record_of:
                     bound = record_op.get(bnd.record_of[c.correlation], -1)

@@ -146,7 +146,7 @@ def walk(program: Program, rec: Recorder, device: Device, collectives: list,
         elif kind is WaitStream:
             t0, t = t, t + op.host_us
             call = host(Call.WAIT_STREAM, op.step, t0, t, op.other, "", "", rec.next_op + 1)
-            name = op.other + ".tail"
+            name = op.tail_event
             r = record(name, op.other, op.step, t, call)
             wait(op.stream, r, name, op.step, t, op.latency_us, call)
         elif kind is GraphLaunch:
