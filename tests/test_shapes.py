@@ -54,7 +54,7 @@ def _sizes(overrides):
 
 
 def _shapes(sz) -> str:
-    return "".join("dpm"[c] for c in sz.shape.tolist())
+    return "".join("dpmi"[c] for c in sz.shape.tolist())
 
 
 def test_a_long_prompt_is_carried_over_prefill_steps_then_decodes():

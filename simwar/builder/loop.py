@@ -29,14 +29,17 @@ work), so step k+1 is scheduled only once forward k has ended; the drain is empt
 sync orders every later write after forward k's reads, which is why no barrier is needed.
 
 Requests with prompts (``workload.prompt_tokens``, a ``prefill:`` section) add, in
-``run_batch`` before the decode phases, the step's prefill: its host work and one kernel (an
-eager launch, or a piecewise graph's launch) whose durations are per-step series of the
-arrivals model (:data:`PREFILL_US`, :data:`PREFILL_HOST_US`: nothing in a step that prefills
-no token), so the iteration's shape stays the same (a ``mixed`` step, the rules
-``sglang_mixed`` and ``vllm``). Under ``scheduling.rule: sglang`` each step has the shape the
-arrivals model picked (``sizes.shape``): a ``prefill`` step runs the prefill forward alone (its
-read-done and FutureMap records right after it: :meth:`LoopBuilder.prefill_publish`), a
-``decode`` step the phases alone; everything else in the iteration is the same, so the WAR
+``run_batch`` before the decode phases, the step's prefill (:meth:`LoopBuilder.prefill_chunk`):
+its host work and kernel (an eager launch, ``prefill.launches`` of them each after its share
+of the host work, or a piecewise graph's launch) whose durations are per-step series of the
+arrivals model (:data:`PREFILL_US`, :data:`PREFILL_HOST_US`, or each launch's share:
+nothing in a step that prefills no token), so the iteration's shape stays the same (a
+``mixed`` step, the rules ``sglang_mixed`` and ``vllm``). When the scheduler picks each step's
+shape (``scheduling.rule: sglang``, or ``scheduling.idle``) each step has the shape the
+arrivals model picked (``sizes.shape``): a ``prefill`` step runs the prefill forward alone
+(its read-done where ``prefill.read_ends`` says, and the FutureMap record after it), a
+``decode`` step the phases alone, an ``idle`` step the idle forward alone
+(:meth:`LoopBuilder.idle_forward`); everything else in the iteration is the same, so the WAR
 barrier orders the next step's writes after this step's reads whatever the two shapes are.
 Such a run draws with a :class:`StreamSampler` (iteration k's numbers never depend on the
 steps to come) and is never planned from iteration templates. A run with requests marks the
@@ -75,6 +78,8 @@ import numpy as np
 
 from simwar.builder.draws import (
     PREFILL_HOST_US,
+    PREFILL_LAUNCH_HOST_US,
+    PREFILL_LAUNCH_US,
     PREFILL_US,
     WAIT_REQUESTS,
     AffineTable,
@@ -567,8 +572,11 @@ class LoopBuilder:
         self.wait_stream("forward", "schedule", k)
         shape = self.sizes.shape_of(k)
         if shape == "prefill":  # a prefill step of its own: the decode phases do not run
-            self.prefill_chunk(k)
-            self.prefill_publish(k)
+            self.prefill_chunk(k, publish=True)
+            self.future_publish(k)
+        elif shape == "idle":  # a DP-attention idle batch: the idle forward alone
+            self.idle_forward(k)
+            self.future_publish(k)
         else:  # decode, or mixed: the prefill chunk before the decode phases
             if self.prefill is not None and shape != "decode":
                 self.prefill_chunk(k)
@@ -624,27 +632,59 @@ class LoopBuilder:
         if pos == "post_replay" or (pos == "in_replay" and not self.point.in_graph):
             self.publish_record(k)
 
-    def prefill_chunk(self, k: int) -> None:
+    def prefill_chunk(self, k: int, publish: bool = False) -> None:
         """Step k's prefill tokens (a chunk, mixed before the decode phases or in a prefill
-        step of its own): host work, then one kernel (an eager launch, or one graph launch:
-        piecewise, or full), each nothing when no token is prefilled."""
+        step of its own): ``prefill.launches`` times host work then a kernel (eager: each
+        launch's share of the step's host and device time, so the GPU runs a kernel while the
+        host dispatches the next), or host work then one graph launch (piecewise, or full);
+        each nothing when no token is prefilled. ``publish``: a prefill step of its own,
+        which records its read-done where ``prefill.read_ends`` says, when the run publishes
+        one (a fine barrier then fences the step at it; publishing nothing leaves the step
+        to the coarse fallback)."""
         pf = self.prefill
-        self.cpu("prefill.dispatch", PREFILL_HOST_US, k)
+        ends = pf.read_ends if publish and self.point.phase is not None else None
         reads = tuple(pf.reads)
-        if pf.graph == "eager":  # else a graph launch: piecewise, or full (a step of its own)
-            self.launch("forward", "prefill.forward", PREFILL_US, k, "prefill", reads=reads)
-            return
-        node = Kernel("prefill.forward", self._draw(PREFILL_US), reads, (), "prefill")
-        self.ops.append(GraphLaunch("forward", "prefill.graph", (node,), k, "prefill",
-                                    self._cost(self.cfg.costs.graph_launch_us)))
+        if pf.graph != "eager":  # a graph launch: piecewise, or full (a step of its own)
+            self.cpu("prefill.dispatch", PREFILL_HOST_US, k)
+            if ends == "pre_replay":
+                self.publish_record(k)
+            node = Kernel("prefill.forward", self._draw(PREFILL_US), reads, (), "prefill")
+            self.ops.append(GraphLaunch("forward", "prefill.graph", (node,), k, "prefill",
+                                        self._cost(self.cfg.costs.graph_launch_us)))
+        else:
+            one = pf.launches == 1
+            host = PREFILL_HOST_US if one else PREFILL_LAUNCH_HOST_US
+            dev = PREFILL_US if one else PREFILL_LAUNCH_US
+            for i in range(pf.launches):
+                self.cpu("prefill.dispatch", host, k)
+                if i == 0 and ends == "pre_replay":
+                    self.publish_record(k)
+                # with in_replay the first kernel (the attention metadata) alone reads
+                self.launch("forward", "prefill.forward", dev, k, "prefill",
+                            reads=reads if i == 0 or pf.read_ends != "in_replay" else ())
+                if i == 0 and ends == "in_replay":
+                    self.publish_record(k)
+        if ends == "post_replay":
+            self.publish_record(k)
 
-    def prefill_publish(self, k: int) -> None:
-        """A prefill step's records: its read-done right after the prefill forward (its last
-        shared read) when the config publishes one (a fine barrier then fences the step at
-        it; publishing nothing leaves the step to the coarse fallback), and the FutureMap's
-        publish where a decode phase would record it."""
+    def idle_forward(self, k: int) -> None:
+        """Step k's DP-attention idle batch (``scheduling.idle``): host work, then the idle
+        forward (a kernel launch, or a graph launch), which reads no shared buffer; its
+        read-done after it when the run publishes one."""
+        idle = self.cfg.scheduling.idle
+        self.cpu("idle.dispatch", idle.host_us, k)
+        if idle.graph == "eager":
+            self.launch("forward", "idle.forward", idle.forward_us, k, "idle")
+        else:
+            node = Kernel("idle.forward", self._draw(idle.forward_us), (), (), "idle")
+            self.ops.append(GraphLaunch("forward", "idle.graph", (node,), k, "idle",
+                                        self._cost(self.cfg.costs.graph_launch_us)))
         if self.point.phase is not None:
             self.publish_record(k)
+
+    def future_publish(self, k: int) -> None:
+        """A step without decode phases (prefill, idle) records the FutureMap's publish where
+        a decode phase would."""
         if any(ph.future_publish for ph in self.phases):
             self.record(StepName("publish_ready[{}]", k), "forward", k)
 

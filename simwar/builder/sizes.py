@@ -117,6 +117,13 @@ class StepSizes:
     prefill_tokens: np.ndarray | None = None
     prefill_us: np.ndarray | None = None
     prefill_host_us: np.ndarray | None = None
+    #: prompts only: the (chunk token, cached token) pairs of each step's attention over the
+    #: prefixes its requests have in the cache (``prefill.forward_us.per_token_prefix``)
+    prefill_prefix: np.ndarray | None = None
+    #: ``prefill.launches`` > 1 only: each launch's share of ``prefill_us`` and
+    #: ``prefill_host_us`` (the kernel and the host dispatch of each of the step's launches)
+    prefill_launch_us: np.ndarray | None = None
+    prefill_launch_host_us: np.ndarray | None = None
     #: the program's meta carries the per-step arrays (a workload section, or varying
     #: accepted tokens)
     per_step: bool = False
@@ -149,7 +156,8 @@ class StepSizes:
 
 
 #: the codes of the step shapes in :attr:`StepSizes.shape`
-DECODE, PREFILL, MIXED = (SHAPES.index(name) for name in ("decode", "prefill", "mixed"))
+DECODE, PREFILL, MIXED, IDLE = (SHAPES.index(name)
+                                for name in ("decode", "prefill", "mixed", "idle"))
 #: ``meta.workload.source`` for a source the trace format names otherwise: a trace names every
 #: run of arriving requests, an open or a closed loop, ``arrivals`` (as saved traces do)
 META_SOURCE = {"closed_loop": "arrivals"}
@@ -214,6 +222,10 @@ def draw_sizes(cfg: Config) -> StepSizes:
         out.prefill_tokens = np.zeros(n, dtype=np.int64)
         out.prefill_us = np.zeros(n)
         out.prefill_host_us = np.zeros(n)
+        out.prefill_prefix = np.zeros(n, dtype=np.int64)
+        if cfg.prefill.launches > 1:
+            out.prefill_launch_us = np.zeros(n)
+            out.prefill_launch_host_us = np.zeros(n)
     if cfg.shapes_vary:  # realized with the arrivals
         out.shape = np.zeros(n, dtype=np.int8)
     return out
@@ -250,6 +262,10 @@ class ArrivalProcess:
         #: vLLM's token budget: the decodes take their tokens of the chunk first
         self.budgeted = sch.rule == "vllm"
         self.max_prefills = sch.max_consecutive_prefill
+        #: ``scheduling.idle``: an idle step when no request runs or waits (not a wait)
+        self.idles = sch.idle is not None
+        #: the shape of a step of the one-shape rules when the run also has idle steps
+        self.busy = MIXED if cfg.prefill is not None else DECODE
         self.prefills = 0  # prefill steps in a row so far (the sglang rule)
         # the sglang rule's decode steps: the accepted tokens summed over them, their count,
         # and per decoding request (a heap) the sum at which its last token is produced
@@ -360,6 +376,14 @@ class ArrivalProcess:
         if self.next_time <= t:
             self._arrive_until(t)
         idle = 0.0
+        sizes = self.sizes
+        if not self.active and not self.queue and self.idles:
+            # a DP-attention idle batch: a forward with no request, in place of the wait
+            self.prefills = 0
+            sizes.shape[k] = IDLE
+            sizes.batch[k] = 0
+            sizes.bucket[k] = self.bucket_at[0]
+            return idle
         if not self.active and not self.queue:
             idle = self.next_time - t
             t = self.next_time
@@ -377,12 +401,13 @@ class ArrivalProcess:
                 self.prefilling.append(rid)
             else:  # decodes from this step, which gives its first token
                 self._decode(rid, k, k, self.out_tokens[rid])
-        sizes = self.sizes
         if self.separate:
             decoding = self._pick(k)
         else:
             if self.prefill is not None:
                 self._prefill(k)
+            if self.idles:
+                sizes.shape[k] = self.busy
             decoding = self.decoding
         sizes.batch[k] = decoding
         sizes.bucket[k] = self.bucket_at[decoding]
@@ -444,12 +469,16 @@ class ArrivalProcess:
         if self.budgeted:
             budget -= self.decoding
         used = 0
+        prefix = 0
         while budget > 0 and self.prefilling:
             rid = self.prefilling[0]
-            take = min(budget, self.left[rid])
+            left = self.left[rid]
+            take = min(budget, left)
             if self.chunk_first[rid] < 0:
                 self.chunk_first[rid] = k
-            self.left[rid] -= take
+            # its tokens prefilled in earlier steps, which this chunk's attention reads
+            prefix += take * (max(1, self.prompt_tokens[rid]) - left)
+            self.left[rid] = left - take
             budget -= take
             used += take
             if self.left[rid] == 0:
@@ -461,9 +490,13 @@ class ArrivalProcess:
                     self._decode(rid, k, k + 1, self.out_tokens[rid] - 1)
         s = self.sizes
         s.prefill_tokens[k] = used
+        s.prefill_prefix[k] = prefix
         pf = self.prefill
-        s.prefill_us[k] = pf.forward_us.at(used)
-        s.prefill_host_us[k] = pf.host_us.at(used)
+        us = s.prefill_us[k] = pf.forward_us.at(used, prefix)
+        host = s.prefill_host_us[k] = pf.host_us.at(used, prefix)
+        if s.prefill_launch_us is not None:  # each launch its share (prefill.launches)
+            s.prefill_launch_us[k] = us / pf.launches
+            s.prefill_launch_host_us[k] = host / pf.launches
 
     def _first(self, rid: int, k: int) -> None:
         """The sglang rule: request ``rid``'s prefill ended in step k, which gives its first
@@ -516,4 +549,5 @@ class ArrivalProcess:
                 [self.decoded.get(rid, 0) for rid in admitted.tolist()], dtype=np.int64)
 
 
-__all__ = ["CHUNK", "STREAMS", "ArrivalProcess", "StepSizes", "constant", "draw_sizes", "rng"]
+__all__ = ["CHUNK", "DECODE", "IDLE", "MIXED", "PREFILL", "STREAMS", "ArrivalProcess",
+           "StepSizes", "constant", "draw_sizes", "rng"]

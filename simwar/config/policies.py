@@ -168,7 +168,7 @@ class HostSync(Barrier):
     blocks_at_prepare = True
 
     def after_phases(self, b, k: int) -> None:
-        if b.point.phase is None:  # nothing published: block on the whole forward
+        if k not in b.read_done:  # nothing published this step: block on the whole forward
             name = StepName("forward_done[{}]", k)
             b.record(name, "forward", k)
             b.read_done[k] = name

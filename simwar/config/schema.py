@@ -191,33 +191,51 @@ class Costs(StrictModel):
 
 
 class TokenCost(StrictModel):
-    """A duration of a prefill step: ``base + per_token * tokens`` for a step that prefills
-    ``tokens`` > 0 prompt tokens, nothing for a step that prefills none."""
+    """A duration of a prefill step: ``base + per_token * tokens + per_token_prefix *
+    prefix`` for a step that prefills ``tokens`` > 0 prompt tokens, nothing for a step that
+    prefills none. ``prefix``: the (chunk token, cached token) pairs the step's attention adds
+    over the prompts' prefixes already in the cache, summed over its requests (a request
+    carried over from earlier chunks: the tokens this step prefills of it times those
+    prefilled before; 0 for a prompt prefilled in one step). See docs/design.md, "Prefill"."""
 
     base: float = Field(default=0.0, ge=0)
     """µs of a step that prefills any prompt tokens."""
     per_token: float = Field(default=0.0, ge=0)
     """µs per prompt token the step prefills."""
+    per_token_prefix: float = Field(default=0.0, ge=0)
+    """µs per prompt token the step prefills per token of its request's prefix already in
+    the cache (a later chunk's attention over the earlier chunks; 0: the cost is linear in
+    the tokens, as before this key)."""
 
     @model_validator(mode="before")
     @classmethod
     def _number(cls, v: Any) -> Any:
         if isinstance(v, bool):
-            raise ValueError(f"expected a number of µs or {{base, per_token}}, got {v!r}")
+            raise ValueError(f"expected a number of µs or {{base, per_token, "
+                             f"per_token_prefix}}, got {v!r}")
         if isinstance(v, (int, float)):
             return {"base": v}
         return v
 
-    def at(self, tokens: int) -> float:
-        """:meth:`value` at one step's tokens, without numpy (the same float operations)."""
-        return self.base + self.per_token * float(tokens) if tokens > 0 else 0.0
+    def at(self, tokens: int, prefix: int = 0) -> float:
+        """The duration of a step that prefills ``tokens`` prompt tokens over ``prefix``
+        (chunk token, cached token) pairs (without the prefix term when it is 0: a config
+        without the key gives what it gave before, bit for bit)."""
+        if tokens <= 0:
+            return 0.0
+        out = self.base + self.per_token * float(tokens)
+        if self.per_token_prefix:
+            out += self.per_token_prefix * float(prefix)
+        return out
 
-    def value(self, tokens):
-        """The duration at ``tokens`` prompt tokens (a scalar or a numpy array)."""
-        import numpy as np  # lazy: loading a config needs no numpy
 
-        t = np.asarray(tokens, dtype=float)
-        return np.where(t > 0, self.base + self.per_token * t, 0.0)
+#: the most prefill launches a config may model (``prefill.launches``): each is a host
+#: dispatch and a kernel in the Program, so the count bounds a prefill step's ops
+#: (docs/design.md, "Prefill": a real eager prefill's hundreds of kernels are modelled as at
+#: most this many, each taking its share of the host and device time)
+MAX_LAUNCHES = 64
+#: where a prefill step's read-done is recorded (:attr:`Prefill.read_ends`)
+PrefillReadEnds = Literal["post_replay", "in_replay", "pre_replay", "unknown"]
 
 
 class Prefill(StrictModel):
@@ -245,6 +263,16 @@ class Prefill(StrictModel):
     scheduling.rule sglang)."""
     reads: list[str] = Field(default_factory=lambda: ["req_to_token"])
     """The shared buffers the prefill reads."""
+    launches: int = 1
+    """Kernel launches of an eager prefill (1..64): each a host dispatch taking its share of
+    host_us, then its kernel taking its share of forward_us, so the GPU runs the first
+    kernels while the host still launches the others (1: host work, then one kernel)."""
+    read_ends: PrefillReadEnds = "post_replay"
+    """Where a prefill step's read-done is recorded (when the run publishes one): post_replay
+    (after its last kernel: every kernel reads prefill.reads), in_replay (after its first
+    kernel, the only one that reads: the attention metadata; eager, launches > 1),
+    pre_replay (before its first launch: a what-if whose reads race the next step's writes)
+    or unknown (nothing: a fine barrier fences that step at the whole forward)."""
 
     @field_validator("chunk_tokens", mode="before")
     @classmethod
@@ -254,14 +282,50 @@ class Prefill(StrictModel):
                              f"got {v!r}")
         return int(v)
 
+    @field_validator("launches", mode="before")
+    @classmethod
+    def _launches(cls, v: Any) -> Any:
+        if not positive_int(v) or int(v) > MAX_LAUNCHES:
+            raise ValueError(f"prefill.launches: a number of kernel launches from 1 to "
+                             f"{MAX_LAUNCHES}, got {v!r}")
+        return int(v)
+
+    @model_validator(mode="after")
+    def _eager(self) -> Prefill:
+        if self.launches > 1 and self.graph != "eager":
+            raise ValueError(f"prefill.launches: {self.launches} launches are an eager "
+                             f"prefill's kernels; graph {self.graph} is one graph launch "
+                             f"(give launches 1, or graph eager)")
+        if self.read_ends == "in_replay" and self.launches == 1:
+            raise ValueError("prefill.read_ends: in_replay ends the reads after the first of "
+                             "several kernels; give prefill.launches > 1 (eager)")
+        return self
+
 
 #: the step shapes a server runs (docs/design.md, "Iteration shapes"): a decode step (the
 #: phase table), a prefill step of its own (the prefill forward alone: decodes pause), a
-#: mixed step (a prefill chunk, then the decode phases, in one forward)
-SHAPES = ("decode", "prefill", "mixed")
-#: the shapes each scheduling rule picks from
+#: mixed step (a prefill chunk, then the decode phases, in one forward), an idle step (a
+#: DP-attention idle batch: the idle forward, no request; ``scheduling.idle``)
+SHAPES = ("decode", "prefill", "mixed", "idle")
+#: the shapes each scheduling rule picks from (idle added by ``scheduling.idle``)
 RULE_SHAPES = {"sglang": ("decode", "prefill"), "sglang_mixed": ("mixed",),
                "vllm": ("mixed",)}
+
+
+class Idle(StrictModel):
+    """A DP-attention idle batch (SGLang's ``ForwardMode.IDLE``): a forward with no request,
+    which a data-parallel attention rank runs when it has nothing to run so that its
+    collectives stay in step with the other ranks'. With this section, a step whose
+    scheduler finds no request running or waiting runs it instead of waiting for the next
+    arrival: host work, then one kernel (eager) or one graph launch (full), after the step's
+    shared writes like any step's forward. See docs/design.md, "Iteration shapes"."""
+
+    forward_us: RankDuration
+    """The idle forward on the forward stream (µs, or a distribution drawn per idle step)."""
+    host_us: RankDuration = 0.0
+    """The host's work to prepare the idle batch (µs, or a distribution; 0 issues nothing)."""
+    graph: Literal["eager", "full"] = "eager"
+    """How the idle forward runs: eager (a kernel launch) or full (a graph launch)."""
 
 
 class Scheduling(StrictModel):
@@ -284,6 +348,9 @@ class Scheduling(StrictModel):
     """The sglang rule: at most this many prefill steps in a row while requests are
     decoding, then a decode step (None: no bound, SGLang's default)."""
 
+    idle: Idle | None = None
+    """A DP-attention idle batch, run in place of waiting when no request runs or waits
+    ({forward_us, host_us, graph}; None: the host waits for the next arrival)."""
     overlap_consecutive_prefill: bool = True
     """The sglang rule in the overlap loop: a prefill step right after another runs overlapped
     with it (SGLang's default); false: the previous prefill step's result is processed
@@ -310,8 +377,8 @@ class Scheduling(StrictModel):
 
     @property
     def shapes(self) -> tuple[str, ...]:
-        """The step shapes the rule picks from."""
-        return RULE_SHAPES[self.rule]
+        """The step shapes the rule picks from (idle too with ``idle``)."""
+        return RULE_SHAPES[self.rule] + (("idle",) if self.idle is not None else ())
 
 
 #: the metrics an SLO may bound (``slo:``, ``--slo``): the per-request column of each
@@ -486,6 +553,10 @@ class Config(StrictModel):
             raise ValueError(f"prefill.graph: full is a graph of the prefill step alone, which "
                              f"cannot run mixed into a decode step (scheduling.rule {rule}); "
                              f"use eager or piecewise, or scheduling.rule sglang")
+        if self.scheduling.idle is not None and (wl is None or wl.source != "arrivals"):
+            raise ValueError("scheduling.idle: an idle step runs when no request runs or "
+                             "waits; it needs requests that arrive (workload.arrivals; a "
+                             "closed loop always has one)")
         pol = self.policy
         if not self.scheduling.overlap_consecutive_prefill and (not pol.overlap
                                                                 or pol.launch_ahead > 1):
@@ -564,10 +635,19 @@ class Config(StrictModel):
         return self.workload is not None or self.accept.varies
 
     @property
+    def shapes(self) -> tuple[str, ...]:
+        """The step shapes the run's scheduler picks from: its rule's, a mixed step being a
+        decode step without a prefill section, and idle with ``scheduling.idle``."""
+        out = self.scheduling.shapes
+        if self.prefill is None:
+            out = tuple(dict.fromkeys("decode" if s == "mixed" else s for s in out))
+        return out
+
+    @property
     def shapes_vary(self) -> bool:
-        """Whether the scheduler picks each step's shape from its queue (a rule of more than
-        one shape: ``scheduling.rule: sglang``), so the run's iteration shapes are known only
-        as it runs (docs/design.md, "Iteration shapes")."""
+        """Whether the scheduler picks each step's shape from its queue (more than one shape:
+        ``scheduling.rule: sglang``, or ``scheduling.idle``), so the run's iteration shapes
+        are known only as it runs (docs/design.md, "Iteration shapes")."""
         return len(self.scheduling.shapes) > 1
 
 
@@ -594,6 +674,10 @@ def duration_keys(cfg: Config, phases: list[Phase] | None = None) -> list[tuple[
         for name in ("load_batch_us", "prep_us", "body_us", "host_us"):
             padded = ph.graph != "eager" and name in ("prep_us", "body_us")
             out.append((f"phases.{ph.name}.{name}", getattr(ph, name), padded))
+    idle = cfg.scheduling.idle
+    if idle is not None:  # last: a config without it keeps every other key's position
+        out += [("scheduling.idle.forward_us", idle.forward_us, False),
+                ("scheduling.idle.host_us", idle.host_us, False)]
     return out
 
 
@@ -678,12 +762,12 @@ def check_affine(cfg: Config) -> None:
                 raise ValueError(affine_error(key, a, float(at[bad[0]]), tok, float(v[bad[0]])))
 
 
-__all__ = ["AFFINE_KEYS", "ALGORITHMS", "BUILTIN", "ENGINES", "MIN_MEASURED", "MIN_TOKENS",
-           "REQUEST_SOURCES", "RULE_SHAPES", "SHAPES", "SLO_METRICS", "Accept", "Affine",
-           "ArrivalTrace", "Arrivals", "ArrivingRequests", "BatchSizes", "BatchSizesFile",
-           "ClosedLoop", "ClosedLoopRequests", "CollectiveSpec", "Config", "ConfigError",
-           "ConstantBatch", "Costs", "Cpu", "Dist", "DrawnBatch", "Duration", "Gpu", "GraphKind",
-           "Parallel", "Phase", "Policy", "Prefill", "RankDuration", "Ranks", "ReadEnds",
-           "Scheduling", "StrictModel", "TokenCost", "Workload", "affine_error", "buckets_of",
-           "check_affine", "duration_keys", "finite_error", "first_error", "non_finite",
-           "resolve_phases"]
+__all__ = ["AFFINE_KEYS", "ALGORITHMS", "BUILTIN", "ENGINES", "MAX_LAUNCHES", "MIN_MEASURED",
+           "MIN_TOKENS", "REQUEST_SOURCES", "RULE_SHAPES", "SHAPES", "SLO_METRICS", "Accept",
+           "Affine", "ArrivalTrace", "Arrivals", "ArrivingRequests", "BatchSizes",
+           "BatchSizesFile", "ClosedLoop", "ClosedLoopRequests", "CollectiveSpec", "Config",
+           "ConfigError", "ConstantBatch", "Costs", "Cpu", "Dist", "DrawnBatch", "Duration",
+           "Gpu", "GraphKind", "Idle", "Parallel", "Phase", "Policy", "Prefill",
+           "PrefillReadEnds", "RankDuration", "Ranks", "ReadEnds", "Scheduling", "StrictModel",
+           "TokenCost", "Workload", "affine_error", "buckets_of", "check_affine", "duration_keys",
+           "finite_error", "first_error", "non_finite", "resolve_phases"]
