@@ -178,22 +178,44 @@ def test_the_trace_mode_streams_the_engines_trace():
     assert_same_trace(T.join(list(windows)), want)
 
 
+#: a DP-attention idle step (``scheduling.idle``): a drawn idle forward, eager or a graph
+IDLE = {"forward_us": {"dist": "normal", "mean": 400, "std": 60}, "host_us": 25}
+
+
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 50), rate=st.sampled_from([300, 1500, 5000]),
+@given(seed=st.integers(0, 50), rate=st.sampled_from([100, 300, 1500, 5000]),
        chunk=st.integers(1, 900), bound=st.sampled_from([None, 1, 3]),
        overlap=st.booleans(), barrier=st.sampled_from(["none", "coarse", "fine", "host_sync"]),
        graph=st.sampled_from(["eager", "piecewise"]), steps=st.integers(8, 60),
        prompts=st.sampled_from([40, {"dist": "uniform", "low": 1, "high": 1500}]),
-       consecutive=st.booleans())
+       consecutive=st.booleans(), launches=st.sampled_from([1, 3]),
+       ends=st.sampled_from(["post_replay", "in_replay", "pre_replay", "unknown"]),
+       prefix=st.sampled_from([0.0, 0.002]),
+       idle=st.sampled_from([None, "eager", "full"]),
+       rule=st.sampled_from(["sglang", "sglang", "sglang_mixed", "vllm"]))
 def test_fast_equals_simpy_on_random_shape_mixes(seed, rate, chunk, bound, overlap, barrier,
-                                                 graph, steps, prompts, consecutive):
+                                                 graph, steps, prompts, consecutive, launches,
+                                                 ends, prefix, idle, rule):
+    """Random mixes of every shape (prefill, decode, mixed, idle) and every prefill form
+    (launches, where its read-done is recorded, a prefix-attention term)."""
+    if rule != "sglang" and idle is None:
+        idle = "eager"  # a one-shape rule picks shapes only with idle steps
+    eager = graph == "eager" or launches > 1
     wl = {**BURSTY["workload"], "arrivals": {"rate_per_s": rate}, "initial_batch": seed % 5,
           "prompt_tokens": prompts}
+    pf = {**BURSTY["prefill"], "chunk_tokens": chunk, "graph": "eager" if eager else graph,
+          "launches": launches, "read_ends": ends if launches > 1 or ends != "in_replay"
+          else "post_replay",
+          "forward_us": {**BURSTY["prefill"]["forward_us"], "per_token_prefix": prefix}}
+    sch = {"rule": rule}
+    if rule == "sglang":
+        sch.update(max_consecutive_prefill=bound,
+                   overlap_consecutive_prefill=consecutive or not overlap)
+    if idle is not None:
+        sch["idle"] = {**IDLE, "graph": idle}
     over = {**BURSTY, "seed": seed, "steps": steps, "warmup_steps": 1, "workload": wl,
-            "prefill": {**BURSTY["prefill"], "chunk_tokens": chunk, "graph": graph},
-            "scheduling": {"rule": "sglang", "max_consecutive_prefill": bound,
-                           "overlap_consecutive_prefill": consecutive or not overlap},
-            "policy.overlap": overlap, "policy.barrier": barrier}
+            "prefill": pf, "scheduling": sch, "policy.overlap": overlap,
+            "policy.barrier": barrier}
     cfg = load_config(None, over)
     program = build_program(cfg)
     ref = reference(program)
