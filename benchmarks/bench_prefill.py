@@ -1,6 +1,6 @@
 """The cost of an eager prefill's launches (``prefill.launches``) to the one-pass executor.
 
-    python benchmarks/bench_prefill.py [--steps 5000] [--repeat 5] [--launches 1 4 16 64]
+    python benchmarks/bench_prefill.py [--steps 5000] [--repeat 5] [--launches 1 4 8 16 32]
 
 ``configs/sglang_default_prefill.yaml`` (SGLang's default scheduling: prefill steps of their
 own, most of the run's steps) run by ``simulate(engine="fast")`` end to end, arrivals
@@ -71,7 +71,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5_000)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--launches", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--launches", type=int, nargs="+", default=[1, 4, 8, 16, 32])
     args = ap.parse_args()
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores, load average "
           f"{os.getloadavg()}", file=sys.stderr)

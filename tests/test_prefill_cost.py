@@ -147,9 +147,9 @@ def test_lockstep_refuses_runs_with_idle_steps_and_the_batch_falls_back():
 
 
 @pytest.mark.parametrize("over, line", [
-    ({"prefill.launches": 0}, r"prefill.launches: a number of kernel launches from 1 to 64, "
+    ({"prefill.launches": 0}, r"prefill.launches: a number of kernel launches from 1 to 32, "
                               r"got 0"),
-    ({"prefill.launches": 65}, r"prefill.launches: .* got 65"),
+    ({"prefill.launches": 33}, r"prefill.launches: .* got 33"),
     ({"prefill.launches": 4, "prefill.graph": "piecewise"},
      r"prefill.launches: 4 launches are an eager prefill's kernels; graph piecewise is one "
      r"graph launch"),

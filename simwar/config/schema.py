@@ -196,7 +196,8 @@ class TokenCost(StrictModel):
     prefills none. ``prefix``: the (chunk token, cached token) pairs the step's attention adds
     over the prompts' prefixes already in the cache, summed over its requests (a request
     carried over from earlier chunks: the tokens this step prefills of it times those
-    prefilled before; 0 for a prompt prefilled in one step). See docs/design.md, "Prefill"."""
+    prefilled before; 0 for a prompt prefilled in one step). See docs/design.md, "Durations,
+    sizes and draws" (Prefill)."""
 
     base: float = Field(default=0.0, ge=0)
     """µs of a step that prefills any prompt tokens."""
@@ -233,7 +234,7 @@ class TokenCost(StrictModel):
 #: dispatch and a kernel in the Program, so the count bounds a prefill step's ops
 #: (docs/design.md, "Prefill": a real eager prefill's hundreds of kernels are modelled as at
 #: most this many, each taking its share of the host and device time)
-MAX_LAUNCHES = 64
+MAX_LAUNCHES = 32
 #: where a prefill step's read-done is recorded (:attr:`Prefill.read_ends`)
 PrefillReadEnds = Literal["post_replay", "in_replay", "pre_replay", "unknown"]
 
@@ -243,28 +244,31 @@ class Prefill(StrictModel):
     prefill (``--chunked-prefill-size``): a step prefills up to ``chunk_tokens`` prompt tokens
     of the requests waiting for prefill, first come first served, in a step of its own or in
     the same forward as the decode batch (``scheduling.rule``). ``forward_us``: the prefill
-    forward (one kernel on the forward stream, before the decode phases of a mixed step);
-    ``host_us``: the host's extra work to prepare it; ``graph``: ``eager`` (a kernel launch),
-    ``piecewise`` (a graph launch: SGLang's piecewise CUDA graph for extend) or ``full`` (a
-    graph of the prefill step alone). See docs/design.md, "Durations, sizes and draws"
+    forward (on the forward stream, before the decode phases of a mixed step; its cost grows
+    with the prefix a later chunk attends over); ``host_us``: the host's extra work to prepare
+    it; ``graph``: ``eager`` (``launches`` kernel launches, each after its share of the host
+    work), ``piecewise`` (a graph launch: SGLang's piecewise CUDA graph for extend) or
+    ``full`` (a graph of the prefill step alone); ``read_ends``: where a prefill step records
+    its read-done. See docs/design.md, "Durations, sizes and draws"
     (Prefill, Iteration shapes)."""
 
     chunk_tokens: int = 8192
     """The most prompt tokens a step prefills (SGLang's --chunked-prefill-size)."""
     forward_us: TokenCost
-    """The prefill part of the forward: one kernel on the forward stream, before the decode
-    phases (µs, or {base, per_token})."""
+    """The prefill part of the forward, on the forward stream before the decode phases (µs, or
+    {base, per_token, per_token_prefix}; split evenly over launches)."""
     host_us: TokenCost = Field(default_factory=TokenCost)
-    """The host's extra work to prepare the prefill (µs, or {base, per_token})."""
+    """The host's extra work to prepare the prefill (µs, or {base, per_token}; split evenly
+    over launches)."""
     graph: Literal["eager", "piecewise", "full"] = "eager"
-    """How the prefill runs: eager (a kernel launch), piecewise (a graph launch: SGLang's
+    """How the prefill runs: eager (kernel launches), piecewise (a graph launch: SGLang's
     piecewise CUDA graph for extend) or full (a graph launch of a graph captured for the
     prefill step alone: graph-only, so it cannot run mixed into a decode step; needs
     scheduling.rule sglang)."""
     reads: list[str] = Field(default_factory=lambda: ["req_to_token"])
     """The shared buffers the prefill reads."""
     launches: int = 1
-    """Kernel launches of an eager prefill (1..64): each a host dispatch taking its share of
+    """Kernel launches of an eager prefill (1..32): each a host dispatch taking its share of
     host_us, then its kernel taking its share of forward_us, so the GPU runs the first
     kernels while the host still launches the others (1: host work, then one kernel)."""
     read_ends: PrefillReadEnds = "post_replay"
