@@ -17,7 +17,7 @@ import simwar
 from simwar.api import build_program, resolve_sizes, simulate_many
 from simwar.config import ConfigError, load_config
 from simwar.core.program import CpuWork, GraphLaunch, Launch, Record, StepMarker, WaitEvent
-from simwar.executors import fast
+from simwar.executors import fast, lockstep
 from simwar.executors.choice import EXECUTORS
 
 #: a prefill whose host work is as long as its kernel: what its launches overlap
@@ -70,6 +70,24 @@ def test_launches_one_keeps_the_program_bit_for_bit():
                                "prefill.read_ends": "post_replay",
                                "prefill.forward_us.per_token_prefix": 0}, engine="fast")
     assert a.summary == b.summary and a.steps.equals(b.steps)
+
+
+@pytest.mark.parametrize("rule", ["sglang_mixed", "vllm"])
+def test_one_shape_runs_take_launches_and_the_prefix_term_in_every_executor(rule):
+    """A one-shape run (the chunk mixed into every step) is planned from iteration templates
+    and its series read per use (launches > 1: several uses per iteration), and a group of
+    such runs realizes its arrivals in lockstep: each gives the SimPy engine's answer."""
+    pf = {**BURSTY["prefill"], "launches": 5, "read_ends": "in_replay",
+          "forward_us": {"base": 150, "per_token": 1.5, "per_token_prefix": 0.002}}
+    configs = [load_config(None, {**BURSTY, "seed": seed, "prefill": pf,
+                                  "scheduling": {"rule": rule}}) for seed in range(2)]
+    for cfg, summary in zip(configs, lockstep.realize_group(configs)):
+        ref = reference(build_program(cfg))
+        assert_same_run(*ref, fast.run_config(cfg, resolve_sizes(cfg)))
+        assert _same_summary(summary, simwar.simulate(cfg, engine="simpy").summary)
+    sz = resolve_sizes(configs[0])
+    assert sz.prefill_prefix.any()  # prompts longer than the chunk: later chunks pay more
+    np.testing.assert_array_equal(sz.prefill_launch_us, sz.prefill_us / 5)
 
 
 @pytest.mark.parametrize("ends", ["post_replay", "in_replay", "pre_replay", "unknown"])
