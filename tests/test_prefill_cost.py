@@ -12,13 +12,15 @@ import numpy as np
 import pytest
 from test_fast import _same, assert_same_run, reference
 from test_shapes import BURSTY, ONE
+from test_trace_stream import assert_same_trace
 
 import simwar
-from simwar.api import build_program, resolve_sizes, simulate_many
+from simwar.api import build_program, resolve_sizes, simulate_many, trace_windows
 from simwar.config import ConfigError, load_config
 from simwar.core.program import CpuWork, GraphLaunch, Launch, Record, StepMarker, WaitEvent
 from simwar.executors import fast, lockstep
 from simwar.executors.choice import EXECUTORS
+from simwar.executors.fast import trace as T
 
 #: a prefill whose host work is as long as its kernel: what its launches overlap
 HOSTLY = {**ONE, "prefill": {**ONE["prefill"], "host_us": {"base": 600}}}
@@ -152,6 +154,17 @@ def test_an_idle_step_runs_in_place_of_the_wait_for_a_request():
     mixed = load_config(None, {**idle, "scheduling.rule": "sglang_mixed"})
     assert mixed.shapes == ("mixed", "idle") and mixed.shapes_vary
     assert set(simwar.simulate(mixed).summary["shape_steps"]) == {"idle", "mixed"}
+
+
+def test_the_trace_mode_streams_the_engines_trace_with_idle_steps_and_launches():
+    wl = {**BURSTY["workload"], "arrivals": {"rate_per_s": 200}, "initial_batch": 0}
+    cfg = load_config(None, {**BURSTY, "steps": 50, "workload": wl, "prefill.launches": 3,
+                             "prefill.read_ends": "in_replay",
+                             "scheduling.idle": {"forward_us": 200, "graph": "eager"}})
+    want = simwar.simulate(cfg, engine="simpy").trace
+    assert 3 in resolve_sizes(cfg).shape.tolist()
+    windows, _, _ = trace_windows(cfg, chunk=9)
+    assert_same_trace(T.join(list(windows)), want)
 
 
 def test_lockstep_refuses_runs_with_idle_steps_and_the_batch_falls_back():
