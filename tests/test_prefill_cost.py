@@ -156,6 +156,23 @@ def test_an_idle_step_runs_in_place_of_the_wait_for_a_request():
     assert set(simwar.simulate(mixed).summary["shape_steps"]) == {"idle", "mixed"}
 
 
+@pytest.mark.parametrize("variant", [
+    {"policy.launch_ahead": 2}, {"policy.overlap": False}, {"policy.barrier": "host_sync"},
+    {"policy.placement": "loop_top", "policy.barrier": "coarse"},
+    {"policy.needs_cpu_seq_lens": True, "policy.plan_stream": True},
+], ids=str)
+def test_idle_steps_in_every_loop_give_the_engines_answer(variant):
+    wl = {**BURSTY["workload"], "arrivals": {"rate_per_s": 150}, "initial_batch": 0}
+    cfg = load_config(None, {**BURSTY, "steps": 80, "workload": wl, **variant,
+                             "scheduling.idle": {"forward_us": 250, "host_us": 15}})
+    sz = resolve_sizes(cfg)
+    assert {0, 1, 3} <= set(sz.shape.tolist())  # decode, prefill and idle steps
+    ref = reference(build_program(cfg))
+    assert_same_run(*ref, fast.run_config(cfg, sz))
+    assert _same_summary(simwar.simulate(cfg, engine="fast").summary,
+                         simwar.simulate(cfg, engine="simpy").summary)
+
+
 def test_the_trace_mode_streams_the_engines_trace_with_idle_steps_and_launches():
     wl = {**BURSTY["workload"], "arrivals": {"rate_per_s": 200}, "initial_batch": 0}
     cfg = load_config(None, {**BURSTY, "steps": 50, "workload": wl, "prefill.launches": 3,

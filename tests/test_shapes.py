@@ -130,6 +130,9 @@ def test_the_default_rule_is_todays_mixed_chunk_bit_for_bit():
     {"prefill.graph": "piecewise", "algorithm": "dflash", "phases": []},
     {"prefill.graph": "full", "policy.needs_cpu_seq_lens": True},
     {"algorithm": "eagle", "phases": [], "accept.tokens": [1.0, 2.5, 3.0]},
+    {"prefill.launches": 4, "prefill.read_ends": "in_replay", "policy.launch_ahead": 2},
+    {"prefill.launches": 3, "prefill.read_ends": "unknown", "policy.barrier": "host_sync",
+     "policy.placement": "loop_top"},
 ], ids=str)
 def test_fast_equals_simpy_on_shape_mixes(variant):
     cfg = load_config(None, {**BURSTY, **variant})

@@ -652,7 +652,7 @@ class Config(StrictModel):
         """Whether the scheduler picks each step's shape from its queue (more than one shape:
         ``scheduling.rule: sglang``, or ``scheduling.idle``), so the run's iteration shapes
         are known only as it runs (docs/design.md, "Iteration shapes")."""
-        return len(self.scheduling.shapes) > 1
+        return len(self.shapes) > 1
 
 
 # --------------------------------------------------------------------------- duration keys
