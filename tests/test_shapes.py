@@ -4,7 +4,9 @@ prefill steps, vLLM's token budget, and every executor's answer on them.
 
 The SimPy engine is the reference: the fast executor (its realizing pass, its run of the
 Program, its trace mode) gives its per-step table, summary, races and Trace bit for bit, with
-overlap on and off, every barrier, bursts that give runs of prefill steps, and random mixes.
+overlap on and off, every barrier, bursts that give runs of prefill steps, and random mixes
+(idle steps under every rule, prefill launches, read-done positions and the prefix term
+included: tests/test_prefill_cost.py holds what each does to the Program).
 """
 
 from __future__ import annotations
