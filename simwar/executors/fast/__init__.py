@@ -204,6 +204,10 @@ def realize_shapes(cfg, sizes, model, summary_only: bool = False, progress=None)
             ctx = contexts[key] = _Context(cfg, phases, sizes, sampler, key, depth)
             # contexts of one structure share its Shape object (compared by identity first)
             ctx.shape = interned.setdefault(ctx.shape, ctx.shape)
+            # and contexts of one structure and the same constants one kind: their steps
+            # are one block (a decode step after a prefill step and after a decode step)
+            ctx.fixed = interned.setdefault((ctx.shape, _exact(ctx.fixed)), ctx.fixed)
+            ctx.consts = tuple(x for x in ctx.fixed if x is not None)
             offsets |= ctx.offsets
         params = ctx.row(k)
         ctx.fn(range(k, k + 1), ctx.consts, [[p] for p in params], state)
@@ -221,6 +225,12 @@ def realize_shapes(cfg, sizes, model, summary_only: bool = False, progress=None)
             races.reset()
             return _finish(plan, state, races, "forward")
     return run_plan(plan, WINDOW, summary_only=summary_only)
+
+
+def _exact(values: tuple) -> tuple:
+    """Numbers as compared exactly: equal only when of one type and, for floats, one bit
+    pattern (``-0.0`` and ``0.0`` add differently; NaN equals itself)."""
+    return tuple((type(x), x.hex() if type(x) is float else x) for x in values)
 
 
 class _Context:
