@@ -37,9 +37,10 @@ class ShapeRun:
 
     ``cfg``, ``sizes`` (from :func:`~simwar.builder.sizes.draw_sizes`, filled as the run
     goes) and ``model`` (the workload model that fixes them:
-    :class:`~simwar.builder.sizes.ArrivalProcess`)."""
+    :class:`~simwar.builder.sizes.ArrivalProcess`); ``interned``: where contexts of one
+    structure find their Shape object, shared by runs that run side by side (lockstep)."""
 
-    def __init__(self, cfg, sizes, model):
+    def __init__(self, cfg, sizes, model, interned: dict | None = None):
         self.cfg = cfg
         self.sizes = sizes
         self.model = model
@@ -49,7 +50,7 @@ class ShapeRun:
         #: bindings reach back to the results being processed, and one more
         self.depth = cfg.policy.launch_ahead + 1
         self.contexts: dict[tuple, _Context] = {}
-        self.interned: dict = {}
+        self.interned: dict = {} if interned is None else interned
         self.shapes: list = []
         self.fixed: list = []
         self.rows: list = []
@@ -78,6 +79,9 @@ class ShapeRun:
             # are one block (a decode step after a prefill step and after a decode step)
             ctx.fixed = interned.setdefault((ctx.shape, _exact(ctx.fixed)), ctx.fixed)
             ctx.consts = tuple(x for x in ctx.fixed if x is not None)
+            # the block it runs: its structure and which parameters are drawn (a number,
+            # the same for every run sharing ``interned``)
+            ctx.block = interned.setdefault(("block", ctx.shape, ctx.slots), len(interned))
             self.offsets |= ctx.offsets
         return ctx
 
