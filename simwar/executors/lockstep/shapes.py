@@ -37,6 +37,7 @@ import numpy as np
 
 from simwar.analysis.metrics import SITES
 from simwar.builder.sizes import ArrivalProcess, draw_sizes
+from simwar.core.collector import gc_paused
 from simwar.executors import fast
 from simwar.executors.fast.execute import _finish, run_plan
 from simwar.executors.fast.races import RacePlan
@@ -80,6 +81,11 @@ def realize_shape_runs(cfgs: list, window: int = 2) -> list:
     races: the fast executor's ``realize`` of that config, bit for bit)."""
     for cfg in cfgs:
         fast.one_rank(cfg)
+    with gc_paused():  # many small objects a step, none cyclic: as simulate runs one run
+        return _realize(cfgs, window)
+
+
+def _realize(cfgs: list, window: int) -> list:
     if len({(c.steps, c.policy.launch_ahead) for c in cfgs}) > 1:
         raise NotLockstep("runs of different lengths or launch-ahead")
     interned: dict = {}  # shared: one Shape object per structure across the runs
@@ -115,18 +121,22 @@ def realize_shape_runs(cfgs: list, window: int = 2) -> list:
     return out
 
 
-def _stack(per_run: list[tuple]) -> tuple:
-    """A group's constant parameters: a number where every run has it, else an array."""
-    out = []
-    for values in zip(*per_run):
-        if _signed_zero(values):
+def _constants(ctx) -> np.ndarray:
+    """A context's constant parameters as an array (made once per context)."""
+    arr = getattr(ctx, "const_array", None)
+    if arr is None:
+        arr = ctx.const_array = np.array(ctx.consts, dtype=np.float64)
+        if _signed_zero(arr):
             raise NotLockstep("a -0.0 parameter")
-        first = values[0]
-        if all(v == first for v in values):
-            out.append(float(first))
-        else:
-            out.append(np.array(values, dtype=np.float64))
-    return tuple(out)
+    return arr
+
+
+def _stack(contexts: list) -> tuple:
+    """A group's constant parameters: per slot, one element per run (the same number, for
+    runs that have the same, adds as the number would)."""
+    if len(contexts) == 1:
+        return tuple(_constants(contexts[0])[:, None])
+    return tuple(np.stack([_constants(c) for c in contexts], axis=1))
 
 
 def _run_block(state: State, members: list, n: int, k: int, consts: dict, cw: int, cl: int):
@@ -134,10 +144,12 @@ def _run_block(state: State, members: list, n: int, k: int, consts: dict, cw: in
     parameters)``, their window ``cw``, ``cl``): ``(the group's state, its runs' indices, or
     None for every run)``."""
     ctx = members[0][1]
-    key = tuple(id(c) for _, c, _ in members)
+    key = tuple([id(c) for _, c, _ in members])
     kk = consts.get(key)
     if kk is None:
-        kk = consts[key] = _stack([c.consts for _, c, _ in members])
+        if len(consts) > 4096:  # groups that keep changing: keep only the recent
+            consts.clear()
+        kk = consts[key] = _stack([c for _, c, _ in members])
     rows = np.array([p for _, _, p in members], dtype=np.float64).reshape(len(members), -1)
     if _signed_zero(rows):
         raise NotLockstep("a -0.0 parameter")
