@@ -281,6 +281,15 @@ def test_lockstep_equals_simpy_on_random_shape_mixes(runs, steps, graph, ahead):
         assert_same_run(*reference(build_program(cfg)), run)
 
 
+def test_tensor_parallel_ranks_never_run_picked_shapes():
+    """A prefill step needs requests with prompts, and requests that arrive are refused with
+    ``parallel.tp > 1`` (one rank would realize every rank's batches): the ranks' executors
+    (SimPy's and the fast one's) never meet a shape-picking run; the refusal is one line."""
+    with pytest.raises(ConfigError, match=r"arrivals: requests that arrive \(arrivals, "
+                                          r"closed_loop\) are not modelled with parallel.tp > 1"):
+        load_config(None, {**BURSTY, "parallel.tp": 2})
+
+
 def test_bad_scheduling_keys_are_one_line_each():
     with pytest.raises(ConfigError, match=r"scheduling.rule: sglang runs decode and prefill "
                                           r"steps; a prefill step needs requests with prompts"):

@@ -310,16 +310,12 @@ def realize_group(cfgs: list, window: int = 2) -> list[dict]:
     ``simulate(cfg)``, bit for bit. Raises :class:`NotLockstep` for configs whose plans do
     not share a :func:`group_key`, or that the lockstep pass cannot take (its runs then go
     one by one)."""
-    picking = [cfg.shapes_vary for cfg in cfgs]
-    if any(picking):  # each run picks its step shapes as it goes
-        if not all(picking):
-            raise NotLockstep("runs of different structures")
-        from simwar.executors.lockstep.shapes import realize_shape_group  # it imports this
-
-        return realize_shape_group(cfgs, window)
     plans, feeds = [], []
     for cfg in cfgs:
         fast.one_rank(cfg)
+        if cfg.shapes_vary:  # :mod:`.shapes` runs them (the package's realize_group)
+            raise NotLockstep(f"scheduling.rule {cfg.scheduling.rule}: each run picks its "
+                              f"step shapes as it goes")
         sizes = draw_sizes(cfg)
         plan = plan_config(cfg, sizes, fill=False)
         plans.append(plan)
