@@ -166,8 +166,9 @@ def realize_shapes(cfg, sizes, model, summary_only: bool = False, progress=None)
     duration at its step's sizes. The pass then goes a step at a time: with the host clock at
     iteration k's step marker ``model.schedule(k, t)`` fixes step k's sizes and shape, the
     context's row is read and its compiled block runs the iteration, one pass, on the state
-    the steps before left. The realized steps, grouped into blocks of one context
-    (:func:`~simwar.executors.fast.plan.plan_segments`), are the run's plan, which
+    the steps before left (:class:`~simwar.executors.fast.shapes.ShapeRun`). The realized
+    steps, grouped into blocks of one kind (contexts of one structure and the same
+    constants: :func:`~simwar.executors.fast.plan.plan_segments`), are the run's plan, which
     :func:`~simwar.executors.fast.execute.run_plan` runs for the per-step table, summary and
     races: the plan of the Program every other executor builds from these sizes. When no
     race of the plan needs an op's times (none latent: ``RacePlan`` logs nothing) and the
