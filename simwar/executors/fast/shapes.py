@@ -127,6 +127,7 @@ class _Context:
         self.depth = depth
         self.fn = compile_block(self.shape, self.slots, FORWARD, False, (), depth)
         self._array_fn = None
+        self.block = None  # the block it runs, a number (ShapeRun.pick sets it)
         self.sampler = sampler
         dists = drawer.dists
         self.keys = [key for key in dists if uses.get(key)]  # the distributions it draws

@@ -8,8 +8,8 @@ the block they run (the context's Shape, interned across the runs, and which par
 drawn) and each group's block runs once, in the code generator's array target
 (:mod:`simwar.executors.fast.codegen`), over the runs that picked it: their host clocks,
 stream tails, record history, window sums and per-step rows gathered by index, the results
-put back (:class:`_Picked`). A constant parameter is a number where every run of the group
-has it, else an array; the drawn ones are the runs' rows side by side. Every number is the
+put back (:class:`_Picked`). A constant parameter is an array of the runs' constants (each
+context's made once), the drawn ones the runs' rows side by side. Every number is the
 same rule on the same values in the same order as the fast executor's walk of each run, so
 each run's per-step facts are its own, bit for bit.
 
@@ -102,13 +102,14 @@ def _realize(cfgs: list, window: int) -> list:
     cl = [-1] * n
     bad = [False] * n
     consts: dict = {}  # the stacked constants of a group, by its runs' contexts
+    arrays = _Constants()
     for k in range(steps + 1):
         t = state.t.tolist()
         groups: dict = {}
         for j, run in enumerate(runs):
             ctx = run.pick(k, t[j])  # each run at its own host clock
             groups.setdefault((ctx.block, cw[j], cl[j]), []).append((j, ctx, run.take(k, ctx)))
-        parts = [_run_block(state, members, n, k, consts, key[1], key[2])
+        parts = [_run_block(state, members, n, k, consts, arrays, key[1], key[2])
                  for key, members in groups.items()]
         if len(parts) > 1:  # each group's runs put back
             _merge(state, parts, n)
@@ -121,25 +122,28 @@ def _realize(cfgs: list, window: int) -> list:
     return out
 
 
-def _constants(ctx) -> np.ndarray:
-    """A context's constant parameters as an array (made once per context)."""
-    arr = getattr(ctx, "const_array", None)
-    if arr is None:
-        arr = ctx.const_array = np.array(ctx.consts, dtype=np.float64)
-        if _signed_zero(arr):
-            raise NotLockstep("a -0.0 parameter")
-    return arr
+class _Constants(dict):
+    """Per context (by id; the contexts live as long as the group's runs): its constant
+    parameters as an array, made and checked once."""
+
+    def of(self, ctx) -> np.ndarray:
+        arr = self.get(id(ctx))
+        if arr is None:
+            arr = self[id(ctx)] = np.array(ctx.consts, dtype=np.float64)
+            if _signed_zero(arr):
+                raise NotLockstep("a -0.0 parameter")
+        return arr
+
+    def stack(self, contexts: list) -> tuple:
+        """A group's constant parameters: per slot, one element per run (the same number,
+        for runs that have the same, adds as the number would)."""
+        if len(contexts) == 1:
+            return tuple(self.of(contexts[0])[:, None])
+        return tuple(np.stack([self.of(c) for c in contexts], axis=1))
 
 
-def _stack(contexts: list) -> tuple:
-    """A group's constant parameters: per slot, one element per run (the same number, for
-    runs that have the same, adds as the number would)."""
-    if len(contexts) == 1:
-        return tuple(_constants(contexts[0])[:, None])
-    return tuple(np.stack([_constants(c) for c in contexts], axis=1))
-
-
-def _run_block(state: State, members: list, n: int, k: int, consts: dict, cw: int, cl: int):
+def _run_block(state: State, members: list, n: int, k: int, consts: dict,
+               arrays: _Constants, cw: int, cl: int):
     """Run step k's block over the runs of one group (``members``: ``(run, context,
     parameters)``, their window ``cw``, ``cl``): ``(the group's state, its runs' indices, or
     None for every run)``."""
@@ -149,7 +153,7 @@ def _run_block(state: State, members: list, n: int, k: int, consts: dict, cw: in
     if kk is None:
         if len(consts) > 4096:  # groups that keep changing: keep only the recent
             consts.clear()
-        kk = consts[key] = _stack([c for _, c, _ in members])
+        kk = consts[key] = arrays.stack([c for _, c, _ in members])
     rows = np.array([p for _, _, p in members], dtype=np.float64).reshape(len(members), -1)
     if _signed_zero(rows):
         raise NotLockstep("a -0.0 parameter")
