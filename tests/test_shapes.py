@@ -17,7 +17,7 @@ from test_fast import _same, assert_same_run, reference
 from test_trace_stream import assert_same_trace
 
 import simwar
-from simwar.api import build_program, resolve_sizes, trace_windows
+from simwar.api import build_program, resolve_sizes, simulate_many, trace_windows
 from simwar.builder.sizes import ArrivalProcess, draw_sizes
 from simwar.cli.app import main
 from simwar.config import ConfigError, load_config
@@ -246,9 +246,11 @@ def test_lockstep_runs_shape_picking_runs_together_each_its_own():
     assert len({c.tobytes() for c in codes}) >= 4  # runs of their own shapes, grouped apart
     for cfg, run in zip(cfgs, runs):
         assert_same_run(*reference(build_program(cfg)), run)
-    for cfg, summary in zip(cfgs, lockstep.realize_group(cfgs)):
+    alone = simulate_many(cfgs[:2])  # a sweep's runs: one by one, the same summaries
+    for cfg, summary, lone in zip(cfgs, lockstep.realize_group(cfgs), alone + [None] * 5):
         want = simwar.simulate(cfg, engine="fast").summary
         assert list(summary) == list(want) and all(_same(summary[k], want[k]) for k in want)
+        assert lone is None or all(_same(lone[k], want[k]) for k in want)
     with pytest.raises(lockstep.NotLockstep, match="different lengths or launch-ahead"):
         lockstep.realize_group([cfgs[0], load_config(None, {**BURSTY, "steps": 71})])
     with pytest.raises(lockstep.NotLockstep, match="different structures"):
