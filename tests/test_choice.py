@@ -23,6 +23,7 @@ from simwar.builder.sizes import draw_sizes
 from simwar.builder.template import NotTraceable
 from simwar.cli.app import main
 from simwar.config import ConfigError, load_config
+from simwar.config.workload import REQUEST_SOURCES
 from simwar.core.refusals import PlanRefused
 from simwar.executors import fast
 from simwar.executors.choice import EXECUTORS, describe
@@ -63,10 +64,12 @@ def test_choose_on_the_shipped_configs(path):
     many = choose(cfg, purpose="many")
     if ranks:
         assert (many.name, many.refused) == ("fast", (("lockstep", tp_reason),))
-    elif cfg.shapes_vary:  # a group runs one sequence of shapes
-        assert (many.name, many.refused) == ("fast", (("lockstep", "scheduling.rule sglang: "
-                                                       "each run's step shapes are picked "
-                                                       "as it runs"),))
+    elif cfg.workload is not None and cfg.workload.source in REQUEST_SOURCES:
+        # each run's batches (and, for sglang, its step shapes) follow its own times
+        assert (many.name, many.refused) == ("fast", (("lockstep", f"workload "
+                                                       f"{cfg.workload.source}: each run's "
+                                                       f"batches depend on its own simulated "
+                                                       f"times"),))
     else:
         assert (many.name, many.refused) == ("lockstep", ())
     assert choose(cfg, "simpy", purpose="many").name == "simpy"

@@ -28,6 +28,7 @@ from simwar.executors import fast, lockstep
 from simwar.executors.choice import EXECUTORS
 from simwar.executors.fast import trace as T
 from simwar.executors.fast.plan import Unsettled, plan_config, plan_program
+from simwar.executors.lockstep import shapes as lockstep_shapes
 
 #: one request at a time: a prompt of 1000 tokens prefilled 256 a step
 ONE = {"steps": 40, "warmup_steps": 0, "algorithm": "none", "accept.tokens": 1.0,
@@ -255,14 +256,67 @@ def test_two_prefill_steps_in_a_row_without_overlap_between_them():
     assert a.columns["fwd_end_us"][3] > b.columns["fwd_end_us"][3]
 
 
-def test_lockstep_refuses_runs_whose_shapes_are_picked():
-    cfg = load_config(None, BURSTY)
-    reason = EXECUTORS["lockstep"].refusal(cfg)
-    assert reason == "scheduling.rule sglang: each run's step shapes are picked as it runs"
-    with pytest.raises(lockstep.NotLockstep, match="step shapes are picked"):
-        lockstep.realize_group([cfg, cfg])
-    out = simulate_many([cfg, cfg])
-    assert out[0] == out[1] == simwar.simulate(cfg, engine="simpy").summary
+def test_lockstep_runs_shape_picking_runs_together_each_its_own():
+    """Runs that pick their step shapes as they go advance in lockstep: at each step each
+    run's shape comes from its own queue and each shape's block runs over the runs that
+    picked it. Every run's table, summary and races are its own run's, bit for bit."""
+    wl = {**BURSTY["workload"], "arrivals": {"rate_per_s": 300}}
+    cfgs = [load_config(None, {**BURSTY, "steps": 70, **v}) for v in (
+        {}, {"seed": 2, "workload": wl}, {"seed": 3, "prefill.chunk_tokens": 100},
+        {"cpu.schedule_us": 50}, {"policy.barrier": "none"}, {"policy.overlap": False},
+        {"seed": 5, "scheduling.max_consecutive_prefill": 1})]
+    # simulate_many runs arrivals alone, shapes picked or not (their batches follow their times)
+    assert EXECUTORS["lockstep"].refusal(cfgs[0]) == \
+        "workload arrivals: each run's batches depend on its own simulated times"
+    runs = lockstep_shapes.realize_shape_runs(cfgs)
+    codes = [resolve_sizes(c).shape for c in cfgs]
+    assert len({c.tobytes() for c in codes}) >= 4  # runs of their own shapes, grouped apart
+    for cfg, run in zip(cfgs, runs):
+        assert_same_run(*reference(build_program(cfg)), run)
+    alone = simulate_many(cfgs[:2])  # a sweep's runs: one by one, the same summaries
+    for cfg, summary, lone in zip(cfgs, lockstep.realize_group(cfgs), alone + [None] * 5):
+        want = simwar.simulate(cfg, engine="fast").summary
+        assert list(summary) == list(want) and all(_same(summary[k], want[k]) for k in want)
+        assert lone is None or all(_same(lone[k], want[k]) for k in want)
+    with pytest.raises(lockstep.NotLockstep, match="different lengths or launch-ahead"):
+        lockstep.realize_group([cfgs[0], load_config(None, {**BURSTY, "steps": 71})])
+    with pytest.raises(lockstep.NotLockstep, match="different structures"):
+        lockstep.realize_group([cfgs[0], load_config(None, {**BURSTY,
+                                                            "scheduling.rule": "sglang_mixed"})])
+
+
+_run = st.fixed_dictionaries({
+    "seed": st.integers(0, 30), "rate": st.sampled_from([300, 1500, 5000]),
+    "chunk": st.integers(1, 900), "bound": st.sampled_from([None, 1, 3]),
+    "overlap": st.booleans(), "barrier": st.sampled_from(["none", "coarse", "fine", "host_sync"]),
+    "schedule": st.sampled_from([50, 300])})
+
+
+@settings(max_examples=15, deadline=None)
+@given(runs=st.lists(_run, min_size=2, max_size=4), steps=st.integers(8, 40),
+       graph=st.sampled_from(["eager", "piecewise"]), ahead=st.sampled_from([1, 2]))
+def test_lockstep_equals_simpy_on_random_shape_mixes(runs, steps, graph, ahead):
+    cfgs = []
+    for r in runs:
+        wl = {**BURSTY["workload"], "arrivals": {"rate_per_s": r["rate"]},
+              "initial_batch": r["seed"] % 5}
+        cfgs.append(load_config(None, {
+            **BURSTY, "seed": r["seed"], "steps": steps, "warmup_steps": 1, "workload": wl,
+            "prefill": {**BURSTY["prefill"], "chunk_tokens": r["chunk"], "graph": graph},
+            "scheduling": {"rule": "sglang", "max_consecutive_prefill": r["bound"]},
+            "policy.overlap": r["overlap"] or ahead > 1, "policy.barrier": r["barrier"],
+            "policy.launch_ahead": ahead, "cpu.schedule_us": r["schedule"]}))
+    for cfg, run in zip(cfgs, lockstep_shapes.realize_shape_runs(cfgs)):
+        assert_same_run(*reference(build_program(cfg)), run)
+
+
+def test_tensor_parallel_ranks_never_run_picked_shapes():
+    """A prefill step needs requests with prompts, and requests that arrive are refused with
+    ``parallel.tp > 1`` (one rank would realize every rank's batches): the ranks' executors
+    (SimPy's and the fast one's) never meet a shape-picking run; the refusal is one line."""
+    with pytest.raises(ConfigError, match=r"arrivals: requests that arrive \(arrivals, "
+                                          r"closed_loop\) are not modelled with parallel.tp > 1"):
+        load_config(None, {**BURSTY, "parallel.tp": 2})
 
 
 def test_bad_scheduling_keys_are_one_line_each():

@@ -9,7 +9,9 @@ bit for bit); they differ in what they keep, what they take and how fast they ar
   tensor-parallel ranks its one pass per rank (:mod:`simwar.executors.fast.ranks`),
   which keeps every rank's Trace;
 - ``lockstep``: a batch of runs that share their iteration shapes, run together
-  (:mod:`simwar.executors.lockstep`; :func:`simwar.api.simulate_many`, sweeps);
+  (:mod:`simwar.executors.lockstep`; :func:`simwar.api.simulate_many`, sweeps); runs whose
+  shapes are picked as they go (``scheduling.rule: sglang``) advance together too, each
+  step's block over the runs that picked it (``lockstep.realize_group``);
 - the trace mode (key ``trace``): the fast executor's, a run as a stream of Trace
   windows (:mod:`simwar.executors.fast.trace`; ``simwar explain``, ``run --trace``).
 
@@ -60,12 +62,6 @@ def _one_rank(cfg: Config, need: Need) -> str | None:
     return f"parallel.tp {cfg.tp}: its plans are of one rank" if cfg.tp > 1 else None
 
 
-def _picked_shapes(cfg: Config, need: Need) -> str | None:
-    # a lockstep group runs one sequence of shapes; these runs pick theirs as they go
-    return (f"scheduling.rule {cfg.scheduling.rule}: each run's step shapes are picked as it "
-            f"runs" if cfg.shapes_vary else None)
-
-
 def _own_feedback(cfg: Config, need: Need) -> str | None:
     source = cfg.workload.source if cfg.workload is not None else "constant"
     return (f"workload {source}: each run's batches depend on its own simulated times"
@@ -108,7 +104,7 @@ EXECUTORS = {
                      (_keeps_no_trace,)),
     "ranks": Executor("fast", "one pass per tensor-parallel rank; keeps every rank's Trace"),
     "lockstep": Executor("lockstep", "runs that share their iteration shapes, together",
-                         (_one_rank, _picked_shapes, _own_feedback)),
+                         (_one_rank, _own_feedback)),
     "trace": Executor("trace mode", "the fast executor's trace mode: Trace windows "
                       "streamed", (_one_rank,)),
 }

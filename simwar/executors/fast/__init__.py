@@ -78,6 +78,10 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
 - :mod:`~simwar.executors.fast.races`: which access pairs are compared where, and the races
   as progressions (:class:`~simwar.executors.fast.races.FastHazards`);
 - :mod:`~simwar.executors.fast.counts`: races counted as a summary-only run goes;
+- :mod:`~simwar.executors.fast.shapes`: a shape-picking run realized a step at a time
+  (:class:`~simwar.executors.fast.shapes.ShapeRun`: its contexts, each planned and compiled
+  once, and the realized steps as its plan), for :func:`realize_shapes` and the lockstep
+  executor;
 - :mod:`~simwar.executors.fast.execute`: the pass
   (:func:`~simwar.executors.fast.execute.run_plan`), the streaming summary of long runs, and
   the result (:class:`~simwar.executors.fast.execute.FastRun`);
@@ -89,7 +93,7 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
   :func:`realizing_feed`, serves the lockstep executor's groups too).
 
 Each part imports only parts above it in this list (codegen and races only the plan, counts
-only the races).
+only the races, shapes only the plan and codegen).
 
 Imports: numpy and simwar's own modules (core, analysis; build only inside the functions
 that take a config); no simpy, no pandas.
@@ -98,20 +102,13 @@ that take a config); no simpy, no pandas.
 from __future__ import annotations
 
 from simwar.analysis.metrics import SITES
-from simwar.builder.draws import Sum, Use
-from simwar.builder.loop import LoopBuilder, StreamSampler, build_program, shape_template
+from simwar.builder.loop import LoopBuilder, build_program
 from simwar.config import ConfigError
 from simwar.core.program import Program
-from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.execute import FastRun, _finish, _State, run_plan
-from simwar.executors.fast.plan import (
-    Unsettled,
-    plan_config,
-    plan_program,
-    plan_segments,
-    shape_segment,
-)
+from simwar.executors.fast.plan import Unsettled, plan_config, plan_program
 from simwar.executors.fast.races import RacePlan
+from simwar.executors.fast.shapes import FORWARD, ShapeRun
 
 
 def one_rank(cfg) -> None:
@@ -169,126 +166,32 @@ def realize_shapes(cfg, sizes, model, summary_only: bool = False, progress=None)
     duration at its step's sizes. The pass then goes a step at a time: with the host clock at
     iteration k's step marker ``model.schedule(k, t)`` fixes step k's sizes and shape, the
     context's row is read and its compiled block runs the iteration, one pass, on the state
-    the steps before left. The realized steps, grouped into blocks of one context
-    (:func:`~simwar.executors.fast.plan.plan_segments`), are the run's plan, which
+    the steps before left (:class:`~simwar.executors.fast.shapes.ShapeRun`). The realized
+    steps, grouped into blocks of one kind (contexts of one structure and the same
+    constants: :func:`~simwar.executors.fast.plan.plan_segments`), are the run's plan, which
     :func:`~simwar.executors.fast.execute.run_plan` runs for the per-step table, summary and
     races: the plan of the Program every other executor builds from these sizes. When no
     race of the plan needs an op's times (none latent: ``RacePlan`` logs nothing) and the
     forwards ran in order, the realizing pass's accumulators already are that run's, and
     the table, summary and races are made from them without a second pass.
     """
-    phases = cfg.phase_table()
-    sampler = StreamSampler(cfg, sizes, phases)
-    steps = cfg.steps
-    ahead = cfg.policy.launch_ahead
-    depth = ahead + 1  # bindings reach back to the results being processed, and one more
-    state = _State(0, steps, set(SITES), depth, False)
-    codes = sizes.shape
-    contexts: dict[tuple, _Context] = {}
-    interned: dict = {}
-    shapes: list = []
-    fixed: list = []
-    rows: list = []
-    offsets: set = set()
-    recent: tuple = ()  # the shapes of the last depth + 1 steps
+    run = ShapeRun(cfg, sizes, model)
+    steps = run.steps
+    state = _State(0, steps, set(SITES), run.depth, False)
     for k in range(steps + 1):
-        if k < steps:
-            model.schedule(k, state.t)  # the host clock at iteration k's step marker
-            recent = (*recent[-depth:], codes.item(k))
-            key = (k if k < depth else depth, recent)
-        else:  # the drain: every step's size is fixed
-            model.finish_run()
-            key = (None, recent[-depth:])
-        ctx = contexts.get(key)
-        if ctx is None:
-            ctx = contexts[key] = _Context(cfg, phases, sizes, sampler, key, depth)
-            # contexts of one structure share its Shape object (compared by identity first)
-            ctx.shape = interned.setdefault(ctx.shape, ctx.shape)
-            offsets |= ctx.offsets
-        params = ctx.row(k)
-        ctx.fn(range(k, k + 1), ctx.consts, [[p] for p in params], state)
-        shapes.append(ctx.shape)
-        fixed.append(ctx.fixed)
-        rows.append(params)
+        ctx = run.pick(k, state.t)  # the host clock at iteration k's step marker
+        ctx.fn(range(k, k + 1), ctx.consts, [[p] for p in run.take(k, ctx)], state)
         if progress is not None and (k % 1024 == 0 or k == steps):
             progress(min(k, steps - 1))
-    plan = plan_segments(shapes, fixed, rows, LoopBuilder(cfg, None, sizes).meta(), offsets)
+    plan = run.plan()
     if not summary_only and not state.bad:
         races = RacePlan(plan, WINDOW)
         if races.windowed and not any(races.logs):
             # no race needs an op's times: the realizing pass's per-step facts are the run's
             # (the same blocks, the same operations in the same order), no second pass
             races.reset()
-            return _finish(plan, state, races, "forward")
+            return _finish(plan, state, races, FORWARD)
     return run_plan(plan, WINDOW, summary_only=summary_only)
-
-
-class _Context:
-    """One context of a shape-picking run (:func:`realize_shapes`): its shape, compiled
-    block and parameter row function."""
-
-    def __init__(self, cfg, phases, sizes, sampler, key, depth: int):
-        drain = key[0] is None
-        skeleton, drawer, uses, ctxs = shape_template(cfg, phases, sizes, list(key[1]), drain)
-        self.shape, params, self.offsets = shape_segment(skeleton)
-        if any(h.kind in ("wait_event", "sync") and h.bind is not None and h.bind.back > depth
-               for h in self.shape.host):  # a binding further back than the state keeps
-            raise RuntimeError(f"a wait binds further back than {depth} segments")
-        # a parameter the template gives as a number is the same at every step of this
-        # context: a constant of its block; the drawn ones (draws, step-dependent durations,
-        # host costs adding them) are read per step
-        self.fixed = tuple(None if isinstance(x, (Use, Sum)) else x for x in params)
-        self.consts = tuple(x for x in self.fixed if x is not None)
-        slots = tuple(x is None for x in self.fixed)
-        self.fn = compile_block(self.shape, slots, "forward", False, (), depth)
-        self.sampler = sampler
-        dists = drawer.dists
-        self.keys = [key for key in dists if uses.get(key)]  # the distributions it draws
-        self.uses = [uses[key] for key in self.keys]
-        self.dists = [dists[key] for key in self.keys]
-        slot = {key: i for i, key in enumerate(self.keys)}
-        names: dict[str, object] = {"V": sampler.value}
-        for i, d in enumerate(self.dists):
-            names[f"D{i}"] = sampler.draws(d, 0)
-
-        def expr(x) -> str:
-            if isinstance(x, Use):
-                if x.key in slot:
-                    i = slot[x.key]
-                    return f"D{i}[P[{i}] + {x.index}]"
-                obj = drawer.affines[x.key]
-                off, padded = ctxs[x.key][x.index]
-                name = f"A{len(names)}"
-                names[name] = obj
-                out = f"V({name}, k + {off}, {padded})"
-                m = drawer.noise_use.get((x.key, x.index))
-                if m is not None:
-                    i = slot[id(obj.noise)]
-                    out = f"({out} + D{i}[P[{i}] + {m}])"
-                return out
-            if isinstance(x, Sum):  # a host call's cost: added as the builder adds it
-                return f"({expr(x.a)} + {expr(x.b)})"
-            name = f"K{len(names)}"
-            names[name] = x
-            return name
-
-        drawn = [x for x in params if isinstance(x, (Use, Sum))]
-        code = "def row(k, P):\n    return [" + "".join(f"{expr(x)}, " for x in drawn) + "]\n"
-        exec(compile(code, "<simwar.executors.fast realize_shapes row>", "exec"), names)
-        self._row = names["row"]
-
-    def row(self, k: int) -> list:
-        """The drawn parameters of step k, in slot order (the distributions' positions
-        advanced past them)."""
-        s = self.sampler
-        pos = s.pos
-        P = [pos.get(key, 0) for key in self.keys]
-        for d, p, n in zip(self.dists, P, self.uses):
-            s.draws(d, p + n)
-        out = self._row(k, P)
-        for key, p, n in zip(self.keys, P, self.uses):
-            pos[key] = p + n
-        return out
 
 
 def realizing_feed(cfg, sizes, model, plan):

@@ -381,21 +381,22 @@ def plan_segments(shapes: list[Shape], fixed: list[tuple], rows: list[list], met
     segments of one kind is a block."""
     blocks: list[Block] = []
     g = 0
-    negative = False
     n = len(shapes)
+    kinds: dict = {}  # id -> the kind, once per kind (a run has a few, in a block or two a step)
     while g < n:
         h = g + 1
         kind = fixed[g]
         while h < n and fixed[h] is kind:
             h += 1
+        kinds[id(kind)] = kind
         part = rows[g:h]
-        if not negative:
-            negative = any(x is not None and x < 0 for x in kind) or \
-                (bool(part[0]) and min(map(min, part)) < 0)
         columns = _list_columns(part, (None,) * len(part[0]))
         blocks.append(Block(shapes[g], g, range(g, h), kind, columns, True, g))
         g = h
-    return Plan(blocks, dict(meta), 0, max(0, n - 1), negative, offsets, _sites(shapes))
+    negative = any(x is not None and x < 0 for kind in kinds.values() for x in kind) or \
+        min((min(r) for r in rows if r), default=0) < 0
+    distinct = list({id(sh): sh for sh in shapes}.values())
+    return Plan(blocks, dict(meta), 0, max(0, n - 1), negative, offsets, _sites(distinct))
 
 
 def plan_program(program: Program) -> Plan:

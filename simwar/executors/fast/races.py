@@ -164,17 +164,19 @@ class RacePlan:
                 hi = mid - 1
         return lo, g - blocks[lo].g0
 
-    def _shape_at(self, g: int):
-        if g < 0:
-            return None
-        bi, _ = self._segment(g)
-        b = self.plan.blocks[bi]
-        return b.shape if b.marked else None
-
     def _plan_windows(self) -> None:
         w = self.window
-        need: list[set] = [set() for _ in self.plan.blocks]
-        for bi, b in enumerate(self.plan.blocks):
+        blocks = self.plan.blocks
+        need: list[set] = [set() for _ in blocks]
+        # the shape of every segment (None: a prefix), after w Nones standing for the
+        # segments before the first: a window's key is a slice. A run whose scheduler picks
+        # each step's shape is a block or two per step, so this is per segment, not per
+        # window, and the windows are looked up by their shapes' ids first (a run has few)
+        seg: list = [None] * w
+        for b in blocks:
+            seg += [b.shape if b.marked else None] * b.n
+        mine: dict = {}  # windows of this plan by their shapes' ids
+        for bi, b in enumerate(blocks):
             if not b.marked:
                 continue
             parts = [(i, 1) for i in range(min(b.n, w))]
@@ -182,13 +184,11 @@ class RacePlan:
                 parts.append((w, b.n - w))
             for i, count in parts:
                 g = b.g0 + i
-                key = tuple(self._shape_at(g - w + j) for j in range(w + 1))
-                tpls = self.cache.get((key, w))
+                key = seg[g:g + w + 1]  # the shapes of segments g - w .. g
+                ids = tuple(map(id, key))
+                tpls = mine.get(ids)
                 if tpls is None:
-                    tpls = [r for r, _, _ in _pairs(list(key), list(range(w + 1)), w, True)]
-                    if len(self.cache) >= _WINDOWS_LIMIT:
-                        self.cache.clear()
-                    self.cache[(key, w)] = tpls
+                    tpls = mine[ids] = self._window_pairs(tuple(key))
                 if not tpls:
                     continue
                 self.groups.append((bi, i, count, tpls))
@@ -197,6 +197,17 @@ class RacePlan:
                     abi, _ = self._segment(g - r.a_back) if i < w else (bi, None)
                     need[abi].add((r.a_dev, "e"))
         self.logs = [sorted(x) for x in need]
+
+    def _window_pairs(self, key: tuple) -> list:
+        """The latent pairs of a window of shapes (cached across plans)."""
+        w = self.window
+        tpls = self.cache.get((key, w))
+        if tpls is None:
+            tpls = [r for r, _, _ in _pairs(list(key), list(range(w + 1)), w, True)]
+            if len(self.cache) >= _WINDOWS_LIMIT:
+                self.cache.clear()
+            self.cache[(key, w)] = tpls
+        return tpls
 
     def logs_of(self, bi: int) -> tuple:
         """Block ``bi``'s logged op times: sorted ``(device op index, 's' | 'e')``."""
@@ -345,9 +356,16 @@ class RacePlan:
         return FastHazards(rows, self._buffer_order(), self.plan.lo, self.plan.hi)
 
     def _buffer_order(self) -> dict:
-        """Buffer -> (op id, access index) of its first access: the engine lists races so."""
+        """Buffer -> (op id, access index) of its first access: the engine lists races so.
+
+        Op ids grow with the block, so a buffer's first access is in the first block of a
+        shape that accesses it: each shape is read once, at its first block."""
         first: dict = {}
+        seen: set = set()
         for bi, b in enumerate(self.plan.blocks):
+            if id(b.shape) in seen:
+                continue
+            seen.add(id(b.shape))
             for dev, op in enumerate(b.shape.ops):
                 for sub, (buf, _) in enumerate(op.accesses):
                     here = (self.op_base[bi] + dev, sub)

@@ -15,9 +15,12 @@ once per run.
   share a :func:`~simwar.executors.lockstep.execute.group_key`, in batches of at most
   :func:`batch_size` runs (:func:`simwar.api.simulate_many` plans, groups and batches a
   sweep's runs; what cannot run in lockstep runs alone);
-- :func:`~simwar.executors.lockstep.execute.realize_group`: the same for runs whose batches
-  depend on their own times (arrivals, requests whose results are marked): each run's sizes
-  fixed as the group goes;
+- :func:`realize_group`: the same for runs whose batches depend on their own times
+  (arrivals, requests whose results are marked): each run's sizes fixed as the group goes
+  (:func:`~simwar.executors.lockstep.execute.realize_group`); runs that pick their step
+  shapes as they go (``scheduling.rule: sglang``) each pick theirs from their own queue, and
+  each step's block runs over the runs that picked it
+  (:func:`~simwar.executors.lockstep.shapes.realize_shape_group`);
 - :mod:`.execute`: the pass and the summaries; the blocks are compiled by the one-pass
   executor's code generator in its array target (:mod:`simwar.executors.fast.codegen`).
 
@@ -27,13 +30,29 @@ executor's plans and races).
 
 from __future__ import annotations
 
-from simwar.executors.lockstep.execute import NotLockstep, group_key, realize_group, run_group
+from simwar.executors.lockstep import execute
+from simwar.executors.lockstep.execute import NotLockstep, group_key, run_group
+from simwar.executors.lockstep.shapes import realize_shape_group
 
 #: bytes of per-step facts a batch may hold (a row per step, a column per run: forward start
 #: and end, launch, busy and held time, blocked time at one or two sites)
 BATCH_BYTES = 512 << 20
 #: the most runs in one batch
 MAX_BATCH = 4096
+
+
+def realize_group(cfgs: list, window: int = 2) -> list[dict]:
+    """The summaries of runs whose batches depend on their own times, in lockstep, each
+    ``simulate(cfg).summary`` bit for bit: runs that pick their step shapes as they go
+    (``scheduling.rule: sglang``) by :func:`~.shapes.realize_shape_group`, the others by
+    :func:`~.execute.realize_group`. Raises :class:`NotLockstep` for runs that cannot run
+    together (a mix of the two included)."""
+    picking = [cfg.shapes_vary for cfg in cfgs]
+    if any(picking):
+        if not all(picking):
+            raise NotLockstep("runs of different structures")
+        return realize_shape_group(cfgs, window)
+    return execute.realize_group(cfgs, window)
 
 
 def batch_size(steps: int) -> int:

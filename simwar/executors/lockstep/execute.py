@@ -313,9 +313,9 @@ def realize_group(cfgs: list, window: int = 2) -> list[dict]:
     plans, feeds = [], []
     for cfg in cfgs:
         fast.one_rank(cfg)
-        if cfg.shapes_vary:  # one group runs one sequence of shapes; these pick theirs
-            raise NotLockstep(f"scheduling.rule {cfg.scheduling.rule}: the step shapes are "
-                              f"picked as each run goes")
+        if cfg.shapes_vary:  # :mod:`.shapes` runs them (the package's realize_group)
+            raise NotLockstep(f"scheduling.rule {cfg.scheduling.rule}: each run picks its "
+                              f"step shapes as it goes")
         sizes = draw_sizes(cfg)
         plan = plan_config(cfg, sizes, fill=False)
         plans.append(plan)
