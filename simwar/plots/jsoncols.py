@@ -26,6 +26,7 @@ Imports: numpy.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
@@ -60,12 +61,18 @@ def rounded(x: np.ndarray) -> np.ndarray:
     return round_ns(x) / 1000.0
 
 
-def _cells(texts: list[bytes], width: int, right: bool = False) -> np.ndarray:
-    """Texts as a column of fixed-width cells (``V{width}``), padded with spaces (none longer
-    than ``width``)."""
-    pad = (lambda t: t.rjust(width)) if right else (lambda t: t.ljust(width))
-    data = b"".join(map(pad, texts))
-    return np.frombuffer(data, dtype=f"V{width}") if width else np.zeros(len(texts), "V0")
+def _cells(texts: list, width: int, right: bool = False) -> np.ndarray:
+    """ASCII texts (``str`` or ``bytes``) as a column of fixed-width cells (``V{width}``),
+    padded with spaces (none longer than ``width``)."""
+    if not width:
+        return np.zeros(len(texts), "V0")
+    if right:
+        data = b"".join(t.rjust(width) for t in texts)
+        return np.frombuffer(data, dtype=f"V{width}")
+    arr = np.array(texts, dtype=f"S{width}")  # NUL after each text: made spaces
+    u = arr.view(np.uint8).reshape(len(texts), width)
+    u[u == 0] = 32
+    return arr.view(f"V{width}")
 
 
 #: four decimal digits per entry; entries 0..9999 without their leading zeros (right-aligned,
@@ -134,14 +141,23 @@ class Strings:
     def __len__(self) -> int:
         return len(self.texts)
 
+    def _table(self, quoted: bool) -> np.ndarray:
+        """Every entry as a cell one byte wider than the longest (room for a quote)."""
+        full = self._full.get(quoted)
+        if full is None:
+            if quoted:  # the closing quote right after each text
+                full = self._table(False).copy()
+                rows = full.view(np.uint8).reshape(len(self.texts), full.dtype.itemsize)
+                rows[np.arange(len(self.texts)), self.lens] = ord('"')
+            else:
+                full = _cells(self.texts, int(self.lens.max(initial=0)) + 1)
+            self._full[quoted] = full
+        return full
+
     def cells(self, codes: np.ndarray, quoted: bool) -> np.ndarray:
         if not len(codes):
             return np.zeros(0, dtype="V1")
-        full = self._full.get(quoted)
-        if full is None:
-            close = '"' if quoted else ""
-            words = [(t + close).encode() for t in self.texts]
-            full = self._full[quoted] = _cells(words, max(map(len, words), default=1) or 1)
+        full = self._table(quoted)
         width = int(self.lens[codes].max()) + quoted
         if not width:
             return np.zeros(len(codes), dtype="V0")
@@ -192,18 +208,16 @@ def compose(*parts) -> Text:
     for c in cols:
         key = key * len(c.table) + c.codes
     uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    picks = [c.codes[first].tolist() for c in cols]
-    joined = []
-    for j in range(len(uniq)):
-        out, k = [], 0
-        for p in parts:
-            if isinstance(p, str):
-                out.append(p)
-            else:
-                out.append(p.table.texts[picks[k][j]])
-                k += 1
-        joined.append("".join(out))
-    return Text(Strings(joined), inverse.ravel())
+    seqs: list = []
+    k = 0
+    for p in parts:
+        if isinstance(p, str):
+            seqs.append(itertools.repeat(p, len(uniq)))
+        else:
+            texts = p.table.texts
+            seqs.append([texts[i] for i in cols[k].codes[first].tolist()])
+            k += 1
+    return Text(Strings(list(map("".join, zip(*seqs)))), inverse.ravel())
 
 
 def choose(mask: np.ndarray, a: Text, b: Text) -> Text:
