@@ -345,7 +345,7 @@ def test_run_trace_shows_its_writing_on_a_terminal(tmp_path, monkeypatch, capsys
 @settings(max_examples=60, deadline=None)
 @given(ints=st.lists(st.integers(-10**12, 10**15), min_size=1, max_size=40),
        names=st.lists(st.text(max_size=6), min_size=1, max_size=40),
-       ns=st.lists(st.integers(0, 10**15), min_size=1, max_size=40))
+       ns=st.lists(st.integers(-10**9, 10**15), min_size=1, max_size=40))
 def test_fixed_width_rows_parse_as_json_dumps_writes(ints, names, ns):
     # every field padded to its column's widest value: the text parses to json.dumps's
     n = min(len(ints), len(names), len(ns))
