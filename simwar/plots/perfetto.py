@@ -310,6 +310,8 @@ class ChromeTraceWriter:
         def near(spans, at_end) -> np.ndarray:
             a, b = start_r[spans], end_r[spans]
             inset = np.minimum(10 ** -TS_DIGITS, (b - a) / 2)
+            if isinstance(at_end, bool):  # one end for all: the other is not computed
+                return rounded(b - inset) if at_end else rounded(a + inset)
             return np.where(at_end, rounded(b - inset), rounded(a + inset))
 
         def exported(spans) -> np.ndarray:
