@@ -6,8 +6,10 @@ import gzip
 import json
 from collections import Counter, defaultdict
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from programs import programs
 
 from simwar.analysis.views import launch_links, ordered_lanes
@@ -16,6 +18,7 @@ from simwar.cli.app import main
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
 from simwar.executors.engine import Engine
+from simwar.plots.jsoncols import Text, compose, escaped, int_text, number_text, rows
 from simwar.plots.perfetto import chrome_trace, write_chrome_trace
 
 SMALL = {"steps": 12, "warmup_steps": 2}
@@ -337,3 +340,25 @@ def test_run_trace_shows_its_writing_on_a_terminal(tmp_path, monkeypatch, capsys
         assert ("writing x.json.gz" in sys.stderr.getvalue()) is shown
         assert "100%" in sys.stderr.getvalue() or not shown
     capsys.readouterr()
+
+
+@settings(max_examples=60, deadline=None)
+@given(ints=st.lists(st.integers(-10**12, 10**15), min_size=1, max_size=40),
+       names=st.lists(st.text(max_size=6), min_size=1, max_size=40),
+       ns=st.lists(st.integers(-10**9, 10**15), min_size=1, max_size=40))
+def test_fixed_width_rows_parse_as_json_dumps_writes(ints, names, ns):
+    # every field padded to its column's widest value: the text parses to json.dumps's
+    n = min(len(ints), len(names), len(ns))
+    ints, names, ns = ints[:n], names[:n], np.asarray(ns[:n], dtype=np.int64)
+    table = escaped(sorted(set(names)))
+    code = {s: i for i, s in enumerate(sorted(set(names)))}
+    name = Text(table, [code[s] for s in names])
+    x = ns / 1000.0
+    block = rows(',{"n":"', name.inside(), '","i":', int_text(ints), ',"t":',
+                 *number_text(ns, x, ',"w":"'), compose("<", name, ">").inside(), '"}')
+    assert len({len(r) for r in block}) == 1  # one width
+    got = json.loads("[" + block.tobytes().decode()[1:] + "]")
+    want = [{"n": s, "i": i, "t": round(float(v), 3), "w": f"<{s}>"}
+            for s, i, v in zip(names, ints, x)]
+    assert got == want
+    assert json.dumps(got) == json.dumps(want)  # the same floats, to the last digit

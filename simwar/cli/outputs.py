@@ -101,7 +101,7 @@ def write_trace(result, out, window: tuple[int, int] | None = None, note=None,
     """The run as Chrome trace-event JSON: its kept trace, or streamed in trace mode (with a
     bar over its steps on a terminal, unless ``quiet``); ``note(line)``: told why, when the
     trace mode refuses the run, its Trace is read instead."""
-    # lazy: start-up time of the CLI (the simulator; pyarrow)
+    # lazy: start-up time of the CLI (the simulator)
     from simwar.api import trace_windows
     from simwar.executors.fast.trace import TraceUnsupported  # lazy: start-up time
     from simwar.plots.perfetto import write_chrome_trace, write_run  # lazy: start-up time

@@ -1,24 +1,36 @@
 """JSON text made column by column: numbers as ``json.dumps`` writes them, escaped strings,
-concatenation, and the groupings the Perfetto export needs, each a vectorized pass.
+the rows of alike events, and the groupings the Perfetto export needs, each a vectorized pass.
 
 - :func:`round_ns`, :func:`rounded`: ``round(x, 3)`` exactly as Python rounds (integer ns);
-  :func:`number_text`: the text of a rounded float as ``repr`` writes it;
-- :func:`int_text`, :func:`concat`, :func:`escaped`, :func:`json_str`: pyarrow string
-  kernels over columns;
+- :func:`rows`: the JSON text of a group of alike events as one block of fixed-width rows
+  (a ``uint8`` array, a row per event), from constant texts and columns: :class:`Int`
+  (integers), :func:`number_text` (a rounded float as ``repr`` writes it), :class:`Text`
+  (strings of a table by code, escaped once per table: :class:`Strings`, :func:`escaped`;
+  names made of parts: :func:`compose`, :func:`choose`). Each field of a row takes the
+  widest of its column's values and the shorter ones get spaces, placed where JSON allows
+  whitespace (before a number, after a string's closing quote), so every row of a block has
+  one width and a field is a column of fixed-size cells: the text is made by a few
+  whole-column copies (digits four at a time from a table), never event by event, and
+  parses to exactly what ``json.dumps`` writes for the same event;
+- :func:`json_str`: one string as JSON;
 - :func:`present`, :func:`dense`, :func:`group_order`: distinct codes, ranks and a stable
   grouping by counting (no comparison sort).
 
-Imports: numpy and pyarrow.
+Hand-written rather than a JSON library's: msgspec and orjson encode Python objects, one
+per event (the export writes millions of events a second from columns), and pyarrow's
+string kernels (casting numbers, taking names and joining each row's parts: the previous
+form of this module) cost more than the copies here.
+
+Imports: numpy.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 TS_DIGITS = 3  # ns resolution: Perfetto stores integer ns
 #: the digits after the point of ``k / 1000`` as ``repr`` writes them ('.0', '.5', '.125')
@@ -49,51 +61,253 @@ def rounded(x: np.ndarray) -> np.ndarray:
     return round_ns(x) / 1000.0
 
 
+def _cells(texts: list, width: int, right: bool = False) -> np.ndarray:
+    """ASCII texts (``str`` or ``bytes``) as a column of fixed-width cells (``V{width}``),
+    padded with spaces (none longer than ``width``)."""
+    if not width:
+        return np.zeros(len(texts), "V0")
+    if right:
+        data = b"".join(t.rjust(width) for t in texts)
+        return np.frombuffer(data, dtype=f"V{width}")
+    arr = np.array(texts, dtype=f"S{width}")  # NUL after each text: made spaces
+    u = arr.view(np.uint8).reshape(len(texts), width)
+    u[u == 0] = 32
+    return arr.view(f"V{width}")
+
+
+#: four decimal digits per entry; entries 0..9999 without their leading zeros (right-aligned,
+#: 0 itself blank: a quad before the number's first digit), 10000.. with them
+def _quads(last: bool) -> np.ndarray:
+    short = [(str(i).encode() if (i or last) else b"") for i in range(10000)]
+    full = [f"{i:04d}".encode() for i in range(10000)]
+    return _cells(short + full, 4, right=True).view(np.uint32)
+
+
+_QUADS = _quads(False)
+_QUADS_LAST = _quads(True)  # the lowest quad: 0 is "0"
+
+
+class Int:
+    """Integers as ``json.dumps`` writes them (a column of :func:`rows`; right-aligned, the
+    spaces before the digits: whitespace after the key's colon)."""
+
+    __slots__ = ("v", "_cells")
+
+    def __init__(self, values):
+        self.v = np.asarray(values, dtype=np.int64)
+        self._cells = None
+
+    def __len__(self) -> int:
+        return len(self.v)
+
+    def cells(self) -> np.ndarray:
+        """The texts as fixed-width cells (a ``V`` column, maybe a strided view)."""
+        if self._cells is not None:
+            return self._cells
+        v = self.v
+        m = len(v)
+        if m and int(v.min()) < 0:  # never in a simulated run: written one by one
+            texts = [str(x).encode() for x in v.tolist()]
+            self._cells = _cells(texts, max(map(len, texts)), right=True)
+            return self._cells
+        width = len(str(int(v.max()))) if m else 1
+        nq = (width + 3) // 4
+        quads = np.empty((m, nq), dtype=np.uint32)
+        x = v
+        for c in range(nq - 1, -1, -1):  # the lowest four digits first
+            rest = x // 10000
+            idx = x - rest * 10000
+            idx += (rest > 0) * 10000  # digits before it: its zeros are digits
+            quads[:, c] = (_QUADS_LAST if c == nq - 1 else _QUADS)[idx]
+            x = rest
+        # the last ``width`` bytes of each row (the blank quads' bytes before them dropped)
+        self._cells = np.ndarray((m,), dtype=f"V{width}", buffer=quads,
+                                 offset=4 * nq - width, strides=(4 * nq,))
+        return self._cells
+
+
+class Strings:
+    """A table of strings, escaped as between JSON quotes, whose :class:`Text` columns pick
+    entries by code: the table's cells are made once (a row of bytes per entry, padded to
+    the longest), and a column takes its rows, as wide as its own longest entry."""
+
+    __slots__ = ("texts", "lens", "_full")
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+        self.lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
+        self._full: dict[bool, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def _table(self, quoted: bool) -> np.ndarray:
+        """Every entry as a cell one byte wider than the longest (room for a quote)."""
+        full = self._full.get(quoted)
+        if full is None:
+            if quoted:  # the closing quote right after each text
+                full = self._table(False).copy()
+                rows = full.view(np.uint8).reshape(len(self.texts), full.dtype.itemsize)
+                rows[np.arange(len(self.texts)), self.lens] = ord('"')
+            else:
+                full = _cells(self.texts, int(self.lens.max(initial=0)) + 1)
+            self._full[quoted] = full
+        return full
+
+    def cells(self, codes: np.ndarray, quoted: bool) -> np.ndarray:
+        if not len(codes):
+            return np.zeros(0, dtype="V1")
+        full = self._table(quoted)
+        width = int(self.lens[codes].max()) + quoted
+        if not width:
+            return np.zeros(len(codes), dtype="V0")
+        size = full.dtype.itemsize
+        # the first ``width`` bytes of each entry (no entry picked is longer)
+        view = np.ndarray((len(full),), dtype=f"V{width}", buffer=full, strides=(size,))
+        return view[codes]
+
+
+class Text:
+    """Strings of a :class:`Strings` table by code (a column of :func:`rows`).
+    ``quoted``: the text sits inside a JSON string whose closing quote is the next part's
+    first character: that quote is taken into this column, the spaces after it."""
+
+    __slots__ = ("table", "codes", "quoted")
+
+    def __init__(self, table: Strings, codes, quoted: bool = False):
+        self.table = table
+        self.codes = np.asarray(codes, dtype=np.int64)
+        self.quoted = quoted
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def inside(self) -> Text:
+        """This text inside a JSON string (see ``quoted``)."""
+        return Text(self.table, self.codes, True)
+
+    def cells(self) -> np.ndarray:
+        return self.table.cells(self.codes, self.quoted)
+
+
+def texts(values: list[str]) -> Text:
+    """A column of strings given one by one (escaped already)."""
+    table, codes = np.unique(np.asarray(values, dtype=object), return_inverse=True) \
+        if values else (np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64))
+    return Text(Strings(list(table)), codes.ravel())
+
+
+def compose(*parts) -> Text:
+    """Row by row, the texts of ``parts`` (constants and :class:`Text` columns) one after
+    the other: each distinct combination of codes is joined once."""
+    cols = [p for p in parts if not isinstance(p, str)]
+    n = len(cols[0])
+    if not n:
+        return Text(Strings([]), np.zeros(0, dtype=np.int64))
+    key = np.zeros(n, dtype=np.int64)
+    for c in cols:
+        key = key * len(c.table) + c.codes
+    uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    seqs: list = []
+    k = 0
+    for p in parts:
+        if isinstance(p, str):
+            seqs.append(itertools.repeat(p, len(uniq)))
+        else:
+            texts = p.table.texts
+            seqs.append([texts[i] for i in cols[k].codes[first].tolist()])
+            k += 1
+    return Text(Strings(list(map("".join, zip(*seqs)))), inverse.ravel())
+
+
+def choose(mask: np.ndarray, a: Text, b: Text) -> Text:
+    """Row by row, ``a`` where ``mask``, else ``b``."""
+    table = Strings(a.table.texts + b.table.texts)
+    return Text(table, np.where(mask, a.codes, b.codes + len(a.table)))
+
+
+def constant(text: str, n: int) -> Text:
+    return Text(Strings([text]), np.zeros(n, dtype=np.int64))
+
+
+#: the point and the digits after it of ``k / 1000`` (``_FRACTIONS``), by width
+_FRACTION_LEN = np.array([len(f) for f in _FRACTIONS])
+_FRACTION_CELLS = {w: _cells([f.encode()[:w] for f in _FRACTIONS], w) for w in (2, 3, 4)}
+
+
+class _Fraction:
+    """The point and the digits after it of rounded floats (see :func:`number_text`)."""
+
+    __slots__ = ("r",)
+
+    def __init__(self, r: np.ndarray):
+        self.r = r
+
+    def __len__(self) -> int:
+        return len(self.r)
+
+    def cells(self) -> np.ndarray:
+        width = int(_FRACTION_LEN[self.r].max()) if len(self.r) else 2
+        return _FRACTION_CELLS[width][self.r]
+
+
 def number_text(ns: np.ndarray, x: np.ndarray, tail: str = "") -> list:
     """The text ``json.dumps`` writes for each ``round(x, 3)`` (``ns``: its :func:`round_ns`),
-    followed by ``tail``: join pieces."""
+    followed by ``tail``: parts of :func:`rows`."""
     neg = (ns < 0) | ((ns == 0) & np.signbit(x))
     if neg.any():  # never in a simulated run: written one by one
         vals = (ns / 1000.0).tolist()
-        text = [repr(-0.0 if n == 0 and s else v) + tail
+        text = [repr(-0.0 if n == 0 and s else v)
                 for v, n, s in zip(vals, ns.tolist(), np.signbit(x).tolist())]
-        return [pa.array(text, pa.string())]
+        return [texts(text), tail]
     q, r = np.divmod(ns, 1000)
-    return [pc.cast(pa.array(q), pa.string()), pc.take(fraction_table(tail), pa.array(r))]
+    return [Int(q), _Fraction(r), tail]
 
 
-_TABLES: dict[str, pa.Array] = {}
+def int_text(a) -> Int:
+    return Int(a)
 
 
-def fraction_table(tail: str) -> pa.Array:
-    table = _TABLES.get(tail)
-    if table is None:
-        table = _TABLES[tail] = pa.array([f + tail for f in _FRACTIONS], pa.string())
-    return table
-
-
-def int_text(a) -> pa.Array:
-    return pc.cast(pa.array(np.asarray(a, dtype=np.int64)), pa.string())
-
-
-def concat(*parts) -> pa.Array:
-    return pc.binary_join_element_wise(*parts, "")
+def rows(*parts) -> np.ndarray:
+    """The rows of alike events: ``parts`` are constant texts and columns (:class:`Int`,
+    :class:`Text`, :func:`number_text`'s), a value per event; one ``uint8`` row per event,
+    all of one width (see the module docstring)."""
+    n = next((len(p) for p in parts if not isinstance(p, str)), 0)
+    parts = list(parts)
+    template = bytearray()
+    fills: list = []  # (offset, cells)
+    for i, p in enumerate(parts):
+        if isinstance(p, str):
+            template += p.encode()
+            continue
+        if isinstance(p, Text) and p.quoted:  # the closing quote moves into the column
+            nxt = parts[i + 1]
+            if not (isinstance(nxt, str) and nxt.startswith('"')):
+                raise ValueError("a quoted text column must be followed by its quote")
+            parts[i + 1] = nxt[1:]
+        cells = p.cells()
+        fills.append((len(template), cells))
+        template += b" " * cells.dtype.itemsize
+    width = len(template)
+    out = np.empty((n, width), dtype=np.uint8)
+    out[...] = np.frombuffer(bytes(template), dtype=np.uint8)  # the constants, every row
+    for off, cells in fills:
+        size = cells.dtype.itemsize
+        if size:  # one copy of fixed-size cells into a column of the rows
+            np.ndarray((n,), dtype=cells.dtype, buffer=out, offset=off, strides=(width,))[...] \
+                = cells
+    return out
 
 
 _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')
 
 
-def escaped(strings: list[str]) -> pa.Array:
+def escaped(strings: list[str]) -> Strings:
     """Each string as it sits between the quotes of ``json.dumps`` (ASCII, escaped)."""
     text = "".join(strings)
     if text.isascii() and not _NEEDS_ESCAPE.search(text):  # the usual case: as they are
-        data = text.encode()
-        offsets = np.zeros(len(strings) + 1, dtype=np.int32)
-        np.cumsum(np.fromiter(map(len, strings), dtype=np.int32, count=len(strings)),
-                  out=offsets[1:])
-        return pa.StringArray.from_buffers(len(strings), pa.py_buffer(offsets),
-                                           pa.py_buffer(data))
-    return pa.array([json.dumps(s)[1:-1] for s in strings], pa.string())
+        return Strings(list(strings))
+    return Strings([json.dumps(s)[1:-1] for s in strings])
 
 
 def json_str(text: str) -> str:

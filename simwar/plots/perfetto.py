@@ -37,14 +37,16 @@ records the next windows' waits may bind to, waits whose next kernel is still to
 and the counters' pending changes. A streamed run's events are those of its whole Trace
 exported at once; only their order in the file and the flows' ids differ (a lane whose
 spans overlap across windows would be split window by window, which no simulated run
-needs: its lanes never overlap). The JSON text is made column by column with pyarrow's
-string kernels (:mod:`simwar.plots.jsoncols`: numbers exactly as ``json.dumps`` writes the
-rounded floats). JSON rather than Perfetto's protobuf format: it is what torch.profiler
+needs: its lanes never overlap). The JSON text is made a group of alike events at a time,
+as blocks of fixed-width rows copied column by column (:mod:`simwar.plots.jsoncols`:
+numbers exactly as ``json.dumps`` writes the rounded floats; a shorter value is followed by
+spaces where JSON allows them, so the file parses to the same events as ``json.dumps``'s
+text, a few per cent larger). JSON rather than Perfetto's protobuf format: it is what torch.profiler
 writes and Perfetto, chrome://tracing and HolisticTraceAnalysis read alike, and no
 well-kept library writes the protobuf from columns (the ``perfetto`` package builds one
 Python message per event, slower than the text here).
 
-Imports: numpy, pyarrow, ``simwar.core`` and ``simwar.analysis.views`` (the lane order);
+Imports: numpy, ``simwar.core`` and ``simwar.analysis.views`` (the lane order);
 importing it loads the package ``simwar.plots``, whose figures load lazily.
 """
 
@@ -57,8 +59,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from simwar.analysis.views import ordered_lanes
 from simwar.core.files import atomic_file, check_interrupt
@@ -66,7 +66,10 @@ from simwar.core.run_meta import RunMeta
 from simwar.core.trace import CALLS, HOST, SPAN_KINDS, Call, OpKind, SpanKind, Trace, window_of
 from simwar.plots.jsoncols import (
     TS_DIGITS,
-    concat,
+    Text,
+    choose,
+    compose,
+    constant,
     dense,
     escaped,
     group_order,
@@ -77,6 +80,7 @@ from simwar.plots.jsoncols import (
     round_ns,
     round_us,
     rounded,
+    rows,
 )
 
 __all__ = ["ChromeTraceWriter", "chrome_trace", "write_chrome_trace", "write_run"]
@@ -126,15 +130,11 @@ class ChromeTraceWriter:
     def _write_text(self, text: str) -> None:
         self.out.write(text.encode())
 
-    def _write(self, arr: pa.Array) -> None:
-        """Write a string array's texts back to back (each begins with its comma)."""
-        if len(arr) == 0:
-            return
-        arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-        offsets = arr.buffers()[1]
-        data = arr.buffers()[2]
-        start, stop = np.frombuffer(offsets, dtype=np.int32)[[arr.offset, arr.offset + len(arr)]]
-        self.out.write(memoryview(data)[int(start):int(stop)])
+    def _write(self, block: np.ndarray) -> None:
+        """Write a block of event rows (:func:`~simwar.plots.jsoncols.rows`; each row begins
+        with its comma)."""
+        if block.size:
+            self.out.write(memoryview(np.ascontiguousarray(block)).cast("B"))
 
     # ---- one window
     def add(self, window) -> None:
@@ -223,11 +223,10 @@ class ChromeTraceWriter:
                            phase[first], site[first]], axis=1)
         dur_ns_all = round_ns(end_r[ids] - start_r[ids])
         texts = w.strings + [""]
-        out = []
         for g, part in zip(groups.tolist(), np.split(order, cuts)):
             p, t, k, c, ph, si = g
-            rows = ids[part]
-            name = self._name_of(w, rows, k, c, esc)
+            sel = ids[part]
+            name = self._name_of(w, sel, k, c, esc)
             args = f',"kind":"{SPAN_KINDS[k]}"'
             if texts[ph]:
                 args += f',"phase":{json_str(texts[ph])}'
@@ -237,19 +236,17 @@ class ChromeTraceWriter:
                 args += f',"call":"{CALLS[c]}"'
             head = ',{"ph":"X","name":"'
             mid = f'","cat":"{SPAN_KINDS[k]}","pid":{p},"tid":{t},"ts":'
-            out.append(concat(head, name, mid,
-                             *number_text(start_ns[rows], sp.start_us[rows], ',"dur":'),
-                             *number_text(dur_ns_all[part], end_r[rows] - start_r[rows],
-                                      ',"args":{"step":'),
-                             int_text(sp.step[rows]), args + "}}"))
-        for arr in out:
-            self._write(arr)
+            self._write(rows(head, name.inside(), mid,
+                             *number_text(start_ns[sel], sp.start_us[sel], ',"dur":'),
+                             *number_text(dur_ns_all[part], end_r[sel] - start_r[sel],
+                                          ',"args":{"step":'),
+                             int_text(sp.step[sel]), args + "}}"))
 
-    def _take(self, esc, codes) -> pa.Array:
+    def _take(self, esc, codes) -> Text:
         codes = np.asarray(codes)
-        return pc.take(esc, pa.array(np.where(codes >= 0, codes, self._none)))
+        return Text(esc, np.where(codes >= 0, codes, self._none))
 
-    def _name_of(self, w, rows, kind: int, call: int, esc) -> pa.Array:
+    def _name_of(self, w, rows, kind: int, call: int, esc) -> Text:
         """The slice names of spans ``rows`` (all of one kind and call kind): host calls by
         their call kind, label and op's lane, waits by what they wait for, others' labels."""
         sp, ops = w.spans, w.ops
@@ -263,12 +260,12 @@ class ChromeTraceWriter:
             event_or_label = np.where(named, event, label)
             if call in (Call.WAIT_STREAM, Call.WAIT_EVENT):
                 lane = self._take(esc, np.where(has, ops.lane[safe], -1))
-                lane_text = pc.if_else(pa.array(has), lane, "?")
+                lane_text = choose(has, lane, constant("?", len(rows)))
                 if call == Call.WAIT_STREAM:
-                    return concat(lane_text, ".wait_stream(", self._take(esc, label), ")")
-                return concat(lane_text, ".wait_event(", self._take(esc, event_or_label), ")")
+                    return compose(lane_text, ".wait_stream(", self._take(esc, label), ")")
+                return compose(lane_text, ".wait_event(", self._take(esc, event_or_label), ")")
             word = "record " if call == Call.RECORD else "sync "
-            return concat(word, self._take(esc, event_or_label))
+            return compose(word, self._take(esc, event_or_label))
         if call == Call.NONE and kind == SpanKind.WAIT:
             op = sp.op[rows]
             has = op >= 0
@@ -278,8 +275,8 @@ class ChromeTraceWriter:
             ev = ops.event[safe]
             what = np.where(by_stream, sp.label[np.maximum(c, 0)],
                             np.where((ev >= 0) & (ev != self._empty), ev, ops.label[safe]))
-            named = concat("wait for ", self._take(esc, what))
-            return pc.if_else(pa.array(has), named, self._take(esc, label))
+            named = compose("wait for ", self._take(esc, what))
+            return choose(has, named, self._take(esc, label))
         return self._take(esc, label)
 
     def _records(self, w, esc, lane_pid) -> None:
@@ -294,10 +291,10 @@ class ChromeTraceWriter:
         x = ops.start_us[ids]
         ev = self._take(esc, ops.event[ids])
         pids = lane_pid[ops.lane[ids]]
-        self._write(concat(',{"ph":"i","s":"t","name":"record ', ev,
-                          '","cat":"record","pid":', int_text(pids), ',"tid":1,"ts":',
-                          *number_text(round_ns(x), x, ',"args":{"step":'), int_text(ops.step[ids]),
-                          ',"event":"', ev, '"}}'))
+        self._write(rows(',{"ph":"i","s":"t","name":"record ', ev.inside(),
+                         '","cat":"record","pid":', int_text(pids), ',"tid":1,"ts":',
+                         *number_text(round_ns(x), x, ',"args":{"step":'),
+                         int_text(ops.step[ids]), ',"event":"', ev.inside(), '"}}'))
 
     # ---- flows
     def _flows(self, w, esc, pid, tid, start_r, end_r, texts) -> None:
@@ -313,6 +310,8 @@ class ChromeTraceWriter:
         def near(spans, at_end) -> np.ndarray:
             a, b = start_r[spans], end_r[spans]
             inset = np.minimum(10 ** -TS_DIGITS, (b - a) / 2)
+            if isinstance(at_end, bool):  # one end for all: the other is not computed
+                return rounded(b - inset) if at_end else rounded(a + inset)
             return np.where(at_end, rounded(b - inset), rounded(a + inset))
 
         def exported(spans) -> np.ndarray:
@@ -329,7 +328,8 @@ class ChromeTraceWriter:
         src, dst = src[ok], dst[ok]
         graph = sp.call[src] == Call.GRAPH_LAUNCH
         name = self._take(esc, sp.label[src])
-        args = pc.if_else(pa.array(graph), ',"graph":true}}', ',"graph":false}}')
+        args = choose(graph, constant(',"graph":true}}', len(graph)),
+                      constant(',"graph":false}}', len(graph)))
         self._emit("launch", name, pid[src], tid[src], near(src, True), pid[dst], tid[dst],
                    near(dst, False), sp.step[dst], args)
 
@@ -399,7 +399,7 @@ class ChromeTraceWriter:
             users, src_info, dst = users[ok], src_info[ok], dst[ok]
             held = (sp.kind[dst] == SpanKind.WAIT) | (sp.kind[dst] == SpanKind.BLOCKED)
             event = self._take(esc, ops.event[users])
-            args = concat(',"event":"', event, '"}}')
+            args = compose(',"event":"', event, '"}}')
             self._emit(cat, event, src_info[:, 0].astype(np.int64),
                        src_info[:, 1].astype(np.int64), src_info[:, 2], pid[dst], tid[dst],
                        near(dst, held), ops.step[users], args)
@@ -417,10 +417,11 @@ class ChromeTraceWriter:
         steps = int_text(step)
         for ph, p, t, ts in (("s", sp, st, sts), ("f", dp, dt, dts)):
             ts = np.asarray(ts, dtype=np.float64)
-            self._write(concat(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"', name,
-                              '","pid":', int_text(p), ',"tid":', int_text(t), ',"ts":',
-                              *number_text(round_ns(ts), ts, ',"bp":"e","args":{"step":'), steps,
-                              args))
+            self._write(rows(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"',
+                             name.inside(), '","pid":', int_text(p), ',"tid":',
+                             int_text(t), ',"ts":',
+                             *number_text(round_ns(ts), ts, ',"bp":"e","args":{"step":'), steps,
+                             args))
 
     def _emit_one(self, flow, dp: int, dt: int, dts: float) -> None:
         cat, event, info, step = flow
@@ -562,8 +563,9 @@ class _Counters:
     def _write(self, name: str, arg: str, t: np.ndarray, v: np.ndarray) -> None:
         if not len(t):
             return
-        self.w._write(concat(f',{{"ph":"C","name":"{name}","pid":{HOST_PID},"tid":0,"ts":',
-                            *number_text(round_ns(t), t, f',"args":{{"{arg}":'), int_text(v), "}}"))
+        self.w._write(rows(f',{{"ph":"C","name":"{name}","pid":{HOST_PID},"tid":0,"ts":',
+                           *number_text(round_ns(t), t, f',"args":{{"{arg}":'), int_text(v),
+                           "}}"))
 
     def close(self) -> None:
         self._advance(_INF, _INF)
