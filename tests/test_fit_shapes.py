@@ -1,0 +1,107 @@
+"""The fit of a capture whose steps prefill: each step's shape, each shape's costs, and
+``--check`` per shape.
+
+Each case simulates a shortened ``configs/sglang_default_prefill.yaml`` (Poisson arrivals,
+lognormal prompts chunked at 4,096 tokens) under one scheduling rule, writes it as a server's
+profile (``simwar.capture.synthetic``, SGLang's names with a shape range per step: ``decode
+bs=B``, ``prefill bs=N toks=T``, ``mixed bs=B toks=T``), imports it with no mapping (the
+preset is detected), fits it and checks the fitted config against the capture: the rule and
+the prefill's costs must be the config's, and the step time of every shape within 3 %.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from simwar.api import simulate
+from simwar.capture.open import open_capture
+from simwar.capture.stalls import import_report
+from simwar.capture.synthetic import Style, write_kineto
+from simwar.config import load_config
+from simwar.fit.check import check_fit
+from simwar.fit.from_capture import FitError, fit_model
+from simwar.fit.shapes import StepKinds, prompt_groups, token_line
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "sglang_default_prefill.yaml"
+SHORT = {"steps": 600, "warmup_steps": 10}
+#: the config's prefill, as the fit must give it back
+FORWARD = {"base": 400.0, "per_token": 0.9}
+HOST = {"base": 120.0, "per_token": 0.01}
+
+
+def _capture(tmp: Path, rule: str):
+    sim = simulate(str(CONFIG), {**SHORT, "scheduling.rule": rule}, engine="simpy")
+    path = write_kineto(sim.trace, tmp / f"{rule}.json.gz",
+                        style=Style(names="sglang", batch_ranges=True, copies=("result_copy",)))
+    return sim, path
+
+
+@pytest.mark.parametrize("rule, shapes", [("sglang", {"decode", "prefill"}),
+                                          ("sglang_mixed", {"decode", "mixed"})])
+def test_fit_reads_each_shape_and_checks_within_3_percent(rule, shapes, tmp_path):
+    sim, path = _capture(tmp_path, rule)
+    cap = open_capture(path)
+    fit = fit_model(cap)
+    cfg = fit.config
+    assert cfg["scheduling"] == {"rule": rule}
+    pf = cfg["prefill"]
+    assert pf["chunk_tokens"] == 4096 and pf["graph"] == "eager"
+    for got, want in ((pf["forward_us"], FORWARD), (pf["host_us"], HOST)):
+        assert got["base"] == pytest.approx(want["base"], rel=0.01, abs=1.0)
+        assert got["per_token"] == pytest.approx(want["per_token"], rel=0.01)
+    assert "arrivals" in cfg["workload"] and cfg["workload"]["prompt_tokens"]
+    assert any(line.startswith("Shapes:") for line in fit.header)
+    # every fitted phase is a decode phase: the prefill's units are the prefill section's
+    assert "prefill" not in [p["name"] for p in cfg["phases"]]
+
+    steps, _ = import_report(cap.bound)
+    checked = check_fit(cap, load_config(cfg), "fitted", steps, path.name)
+    rows = {r["key"]: r for r in checked["rows"]}
+    judged = {k.split(".")[1] for k, r in rows.items()
+              if k.startswith("by_shape.") and r["ok"] is not None}
+    assert judged == shapes, checked["text"]
+    assert checked["ok"], checked["text"]
+    for shape in shapes:
+        assert abs(rows[f"by_shape.{shape}.own_us_mean"]["error"]) <= 0.03
+    # the whole-run figures depend on each run's queue: shown, not judged
+    assert rows["step_us_mean"]["ok"] is None
+
+
+def test_a_decode_only_capture_fits_as_before(tmp_path):
+    """A capture without prompts has no shapes: no prefill, no scheduling, its batches
+    replayed (the fit of every capture before shapes)."""
+    sim = simulate(str(ROOT / "configs" / "dspark_fine.yaml"),
+                   {"steps": 60, "warmup_steps": 6}, engine="simpy")
+    path = write_kineto(sim.trace, tmp_path / "d.json.gz",
+                        style=Style(names="sglang", batch_ranges=True))
+    fit = fit_model(open_capture(path))
+    assert "prefill" not in fit.config and "scheduling" not in fit.config
+    assert not any(line.startswith("Shapes:") for line in fit.header)
+
+
+def test_prompt_groups_follow_carried_chunks():
+    """A run of prefill steps whose chunks are full carries one request over: its tokens add
+    up, its requests are counted once."""
+    kinds = StepKinds(shape={0: "prefill", 1: "prefill", 2: "decode", 3: "prefill",
+                             4: "prefill"},
+                      tokens={0: 4096, 1: 1000, 3: 300, 4: 500},
+                      requests={0: 1, 1: 2, 3: 2, 4: 1})
+    assert prompt_groups(kinds, [0, 1, 2, 3, 4], 4096) == [(2, 5096), (2, 300), (1, 500)]
+
+
+def test_token_line_is_never_negative():
+    assert token_line([100, 200, 300], [50, 40, 30])[0] == pytest.approx(40.0)  # slope < 0
+    line, how = token_line([1000, 2000, 3000], [50, 250, 450])  # base < 0: through 0
+    assert line["base"] == 0.0 and line["per_token"] > 0 and "through 0" in how
+    assert token_line([-1, -1], [5.0, 7.0])[0] == 6.0  # no tokens named: the mean
+
+
+def test_unknown_step_kind_is_one_line(tmp_path):
+    sim, path = _capture(tmp_path, "sglang")
+    cap = open_capture(path, {"preset": "sglang", "shape": r"^(?P<mode>scheduler)\.run_batch$"})
+    with pytest.raises(FitError, match=r"names the step kind 'scheduler', which simwar does "
+                                       r"not know"):
+        fit_model(cap)
