@@ -22,7 +22,7 @@ from simwar.capture.synthetic import Style, write_kineto
 from simwar.config import load_config
 from simwar.fit.check import check_fit
 from simwar.fit.from_capture import FitError, fit_model
-from simwar.fit.shapes import StepKinds, prompt_groups, token_line
+from simwar.fit.shapes import StepKinds, classify, prompt_groups, token_line
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "sglang_default_prefill.yaml"
@@ -105,3 +105,32 @@ def test_unknown_step_kind_is_one_line(tmp_path):
     with pytest.raises(FitError, match=r"names the step kind 'scheduler', which simwar does "
                                        r"not know"):
         fit_model(cap)
+
+
+@pytest.mark.parametrize("name, shape, tokens", [
+    ("sglang_extend_bs15", "prefill", 15360),  # step[EXTEND bs=15 toks=15360]: eager extend
+    ("sglang_decode_bs32", "decode", None),
+    ("vllm_mixed_piecewise", "mixed", 8155),  # context 9 (8155 tokens), generation 37
+    ("vllm_decode_full_bs32", "decode", None)])
+def test_real_engines_steps_have_their_shapes(name, shape, tokens):
+    """The public captures of real engines (tests/data/real: one step each, too few to fit):
+    each step's shape from its engine's own range, the prompts' tokens where it names them."""
+    kinds = classify(open_capture(ROOT / "tests" / "data" / "real" / f"{name}.json.gz"))
+    assert kinds.shape == {0: shape}
+    assert kinds.tokens.get(0) == tokens
+
+
+def test_the_mini_servers_mixed_steps_are_read_from_its_prefill_range():
+    """The mini-server's committed prefill capture names every step ``decode bs=B`` and its
+    prefill chunk by an inner ``prefill`` range (no token count): those steps are mixed, the
+    rule sglang_mixed, the prefill's cost a constant (no tokens to fit a line on)."""
+    cap = open_capture(ROOT / "tests" / "data" / "server"
+                       / "prefill_light_overlap_profiled.kineto.json.gz", preset="sglang")
+    kinds = classify(cap)
+    assert kinds.counts() == {"decode": 92, "mixed": 28}  # 28 prefill ranges
+    assert all(t == -1 for t in kinds.tokens.values())
+    fit = fit_model(cap)
+    assert fit.config["scheduling"] == {"rule": "sglang_mixed"}
+    pf = fit.config["prefill"]
+    assert isinstance(pf["host_us"], float) and pf["host_us"] > 1000  # an eager launch train
+    assert [p["name"] for p in fit.config["phases"]] == ["forward", "draft", "verify", "sample"]

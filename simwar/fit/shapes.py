@@ -128,9 +128,13 @@ def classify(cap, where: str = "capture") -> StepKinds:
             raise ShapeError(f"{where}: step {s.step}'s range '{s.name}' names the step kind "
                              f"'{s.mode}', which simwar does not know (shape: {known}); "
                              f"rename it in the mapping's shape pattern")
-        named = rx is not None and (m := rx.search(s.name)) is not None and \
-            any(m.groupdict().get(g) is not None for g in ("tokens", "context_tokens"))
-        ranged[s.step] = (MODES[word], s.batch, s.tokens, named)
+        groups = (m.groupdict() if rx is not None and (m := rx.search(s.name)) is not None
+                  else {})
+        named = any(groups.get(g) is not None for g in ("tokens", "context_tokens"))
+        tokens = s.tokens
+        if (groups.get("context_tokens") or "").isdigit():  # the prompts' own (vLLM's names)
+            tokens = int(groups["context_tokens"])
+        ranged[s.step] = (MODES[word], s.batch, tokens, named)
     out = StepKinds()
     for k in sorted(with_prefill | with_decode | set(ranged)):
         mode, batch, tokens, named = ranged.get(k, ("", -1, -1, False))
