@@ -68,6 +68,13 @@ def test_fit_reads_each_shape_and_checks_within_3_percent(rule, shapes, tmp_path
         assert abs(rows[f"by_shape.{shape}.own_us_mean"]["error"]) <= 0.03
     # the whole-run figures depend on each run's queue: shown, not judged
     assert rows["step_us_mean"]["ok"] is None
+    if rule == "sglang":  # a config that never runs the capture's prefill steps misses
+        other = check_fit(cap, load_config(cfg, {"scheduling.rule": "sglang_mixed"}),
+                          "mixed", steps, path.name)
+        assert not other["ok"]
+        assert {r["key"]: r["ok"] for r in other["rows"]}["by_shape.prefill.own_us_mean"] \
+            is False
+        assert "prefill step time" in other["text"]
 
 
 def test_a_decode_only_capture_fits_as_before(tmp_path):

@@ -253,7 +253,9 @@ def command(args) -> int:
                   f"{len(model.config['phases'])} phases"
                   + (f"; the capture's {len(wl['batch_sizes'])} batches -> "
                      f"{Path(args.output).name.rsplit('.', 1)[0]}.batches.csv"
-                     if wl and "batch_sizes" in wl else ""))
+                     if wl and "batch_sizes" in wl else "")
+                  + (f"; a prefill, scheduling.rule {model.config['scheduling']['rule']}"
+                     if "scheduling" in model.config else ""))
         if checked is not None:
             print(checked["text"])
     if checked is not None and not checked["ok"]:

@@ -14,6 +14,22 @@ compared per graph bucket (:func:`bucket_rows`): each bucket's mean step time wi
 mean forward gap within max(10 µs, 10 %), judged where both sides ran the bucket at least
 :data:`BUCKET_MIN_STEPS` times.
 
+A capture whose steps prefill (:mod:`simwar.fit.shapes`: prefill steps of their own, or
+chunks mixed into decode steps) is fitted to a config whose run picks each step's shape from
+its own queue of arriving requests, so its steps are not the capture's one for one: the rows
+above are shown but not judged, and each shape is compared instead (:func:`shape_rows`): its
+step time (the step's gap plus its forward), forward and gap, the simulated ones at the
+capture's sizes and after the capture's shapes, the step time within 3 % for every shape
+the capture ran (a shape the simulation never ran misses). The simulation's steps that waited
+for a request are left out as the capture's ``idle`` steps are.
+
+**The profiler's cost**: the default fit takes the profiler's own host cost out of the
+capture's host times (:mod:`simwar.fit.profiler_cost`), so the fitted config is the
+unprofiled server; the check compares it with the profiled capture after adding that cost
+back to each host duration (:func:`profiler_back`: the fit that keeps it less the default
+fit, per key; :func:`with_profiler`). ``--keep-profiler-cost`` says the checked config holds
+it already (fitted with that flag): nothing is added.
+
 Steps that are not the loop's own (the profiler's stalls, the loop waiting for requests:
 :func:`simwar.fit.profiler.left_out_steps`) are left out of both sides, with the steps before
 and after each (a stall in iteration k delays forward k or k+1: the step time of k-1 or k, the
@@ -173,8 +189,9 @@ def shape_rows(cap: dict, sim: dict) -> list[Row]:
     """Per step shape (:func:`simwar.fit.shapes.shape_frame` of each side): its step time,
     forward (device) and forward gap (host), the simulation's at the capture's sizes
     (:func:`simwar.fit.shapes.at_sizes`); the step time judged within
-    :data:`~simwar.fit.shapes.SHAPE_STEP_REL` where both sides ran the shape at least
-    :data:`~simwar.fit.shapes.SHAPE_MIN_STEPS` measured steps."""
+    :data:`~simwar.fit.shapes.SHAPE_STEP_REL` where the capture ran the shape at least
+    :data:`~simwar.fit.shapes.SHAPE_MIN_STEPS` measured steps (a miss where the simulation
+    ran it fewer times: a config that never runs a shape the capture shows)."""
     rows: list[Row] = []
     for shape in SHAPE_ORDER:
         c, s = cap.get(shape), sim.get(shape)
@@ -182,14 +199,14 @@ def shape_rows(cap: dict, sim: dict) -> list[Row]:
             continue
         nc = len(c["step"]) if c is not None else 0
         ns = len(s["step"]) if s is not None else 0
-        judged = min(nc, ns) >= SHAPE_MIN_STEPS
+        judged = nc >= SHAPE_MIN_STEPS  # a shape the simulation never ran is a miss
         for label, col in SHAPE_FIGURES:
             cv = float(np.nanmean(c[col])) if nc and col in c else float("nan")
             sv = at_sizes(s, c, col, shape) if ns and nc and col in s else float("nan")
             if col == "own_us":
                 cmp = compare_figure("step_us_mean", cv, sv)
-                ok = (math.isfinite(cmp.relative) and abs(cmp.relative) <= SHAPE_STEP_REL) \
-                    if judged else None
+                ok = (ns >= SHAPE_MIN_STEPS and math.isfinite(cmp.relative)
+                      and abs(cmp.relative) <= SHAPE_STEP_REL) if judged else None
                 rows.append(Row(f"{shape} step ({nc}/{ns})", f"by_shape.{shape}.own_us_mean",
                                 cv, sv, cmp.relative, "rel",
                                 SHAPE_STEP_REL if judged else None, ok))
