@@ -12,7 +12,10 @@ and graph bucket when the capture was opened; :mod:`simwar.fit.policy` reads whi
 is which and the barrier policy; :mod:`simwar.fit.samples` measures, per step, the
 phases' device time, the schedule-stream work, the host costs and the CPU work.
 This module checks the capture and mapping, leaves out the steps the profiler stalled
-(:mod:`simwar.fit.profiler`), keeps the steps that share one structure, assembles the
+(:mod:`simwar.fit.profiler`), reads each step's shape and takes the prefill's units out of
+the steps that prefill (:mod:`simwar.fit.shapes`: a capture whose steps prefill gets the
+``prefill`` and ``scheduling`` sections and a workload of requests with prompts), keeps the
+steps that share one structure, assembles the
 config (its phases, policy and streams) and fits every per-step sample set: against the
 step's size where the batch changes (:func:`simwar.fit.affine.fit_sized`: affine in the
 real batch, or for a graph phase's device time in its bucket, or a constant where the
