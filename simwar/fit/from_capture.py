@@ -64,6 +64,7 @@ from simwar.fit.shapes import (
     prefill_section,
     rule_of,
     shape_workload,
+    split_host,
     split_prefill,
 )
 
@@ -222,6 +223,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     cpu_notes = sample_cpu_work(trace, imp, lays, mapping, names, cfg, s, graph_cost, warnings,
                                 prof)
     give_back(s, names, prefills)
+    excess = split_host(s, prefills)
     stage()
     details: dict[str, dict] = {}
     if graph_cost["cost"]:  # the cheapest graph's launches sample costs.graph_launch_us
@@ -230,7 +232,7 @@ def fit_model(cap: Capture, *, capture: str = "",
             s.add("costs.graph_launch_us", v, k)
     fits: dict[str, SizedFit] = {}
     _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits, extrapolate_buckets)
-    shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings)
+    shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess)
     if sizes.varying and not shape_lines:
         _workload(cfg, sizes, warm, warnings)
     try:
@@ -293,7 +295,7 @@ def profiler_cost_line(prof: ProfilerCost | None, lays) -> str:
 
 
 def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping: Mapping,
-            warnings: list[str]) -> list[str]:
+            warnings: list[str], excess: float = 0.0) -> list[str]:
     """A capture whose steps prefill: the config's ``prefill`` and ``scheduling`` sections
     and a workload of requests with prompts (:mod:`simwar.fit.shapes`); the header's lines
     (none for a capture that prefills nothing)."""
@@ -302,7 +304,7 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
         return []
     steps = sorted(set(lays) | set(fitted))
     section, lines = prefill_section(fitted, sorted({b for r in mapping.reads.values()
-                                                     for b in r}) or ["req_to_token"])
+                                                     for b in r}) or ["req_to_token"], excess)
     rule = rule_of(kinds, steps)
     cfg["prefill"] = section
     cfg["scheduling"] = {"rule": rule}

@@ -246,6 +246,48 @@ def give_back(s, names: list[str], samples: dict[int, PrefillSample]) -> None:
             s[key][i] = max(0.0, s[key][i] - got.window_us)
 
 
+#: the fewest decode steps (and share of the fitted steps) from which the loop's host work is
+#: fitted apart from the mixed steps' (:func:`split_host`)
+MIN_DECODE_STEPS, MIN_DECODE_SHARE = 10, 0.2
+#: host keys whose sample in step k is step k-1's work (its result processed)
+PREVIOUS = ("cpu.process_result_us",)
+
+
+def split_host(s, samples: dict[int, PrefillSample]) -> float:
+    """The loop's host work (``cpu.*``, ``phases.NAME.host_us`` in the
+    :class:`simwar.fit.samples.Samples` ``s``) from the decode steps alone, and each mixed
+    step's excess over their means (summed over the keys: the host work its prefill adds
+    outside its dispatch, e.g. preparing the new requests) added to that step's prefill host
+    time. A capture with too few decode steps (:data:`MIN_DECODE_STEPS`,
+    :data:`MIN_DECODE_SHARE`) keeps every step's samples. Returns the mean excess per mixed
+    step (0: not split)."""
+    mixed = {k for k, p in samples.items() if p.shape == "mixed"}
+    keys = [k for k in s if k.startswith("cpu.") or (k.startswith("phases.")
+                                                     and k.endswith(".host_us"))]
+    if not mixed or not keys:
+        return 0.0
+    steps = s.steps_of(keys[0])
+    decode = [k for k in steps if k not in mixed]
+    if len(decode) < max(MIN_DECODE_STEPS, MIN_DECODE_SHARE * len(steps)):
+        return 0.0
+    excess = dict.fromkeys(mixed, 0.0)
+    for key in keys:
+        shift = 1 if key in PREVIOUS else 0
+        of = [k - shift for k in s.steps_of(key)]
+        values = s[key]
+        plain = [v for v, k in zip(values, of) if k not in mixed]
+        if not plain:
+            continue
+        base = float(np.mean(plain))
+        for v, k in zip(values, of):
+            if k in excess:
+                excess[k] += v - base
+        s.keep(key, lambda i, of=of: of[i] not in mixed)
+    for k, extra in excess.items():
+        samples[k].host_us = max(0.0, samples[k].host_us + extra)
+    return float(np.mean(list(excess.values())))
+
+
 def token_line(x, y) -> tuple[dict | float, str]:
     """``{base, per_token}`` by least squares over the steps' tokens, clamped so that neither
     is negative (a negative slope: the mean; a negative base: the line through 0); tokens
@@ -274,9 +316,10 @@ def rule_of(kinds: StepKinds, steps) -> str:
     return "sglang" if seen.get("prefill") else "sglang_mixed"
 
 
-def prefill_section(samples: dict[int, PrefillSample], reads: list[str]
+def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess: float = 0.0
                     ) -> tuple[dict, list[str]]:
-    """``(prefill section, header lines)`` from the steps that prefilled tokens."""
+    """``(prefill section, header lines)`` from the steps that prefilled tokens (``excess``:
+    the mean host work a mixed step added outside its prefill, :func:`split_host`)."""
     got = [p for p in samples.values() if p.shape in ("prefill", "mixed")]
     x = [p.tokens for p in got]
     forward, how_f = token_line(x, [p.device_us for p in got])
@@ -291,7 +334,10 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str]
              f"  prefill.forward_us {_text(forward)}: the device work left once the host "
              f"issued its last prefill launch ({how_f})",
              f"  prefill.host_us {_text(host)}: host time from the call before its first "
-             f"launch to its last launch, less the profiler's cost there ({how_h})",
+             f"launch to its last launch, less the profiler's cost there"
+             + (f", plus the host work a mixed step took beyond the decode steps' elsewhere "
+                f"(mean {excess:.1f} µs; the loop's host work is the decode steps')"
+                if excess else "") + f" ({how_h})",
              f"  prefill.chunk_tokens {chunk}: the largest chunk seen"
              + ("" if named else " (the ranges name no tokens: simwar's default)")
              + f"; prefill.graph {graph} (how its launches ran)."]
@@ -504,5 +550,6 @@ def at_sizes(sim: dict, cap: dict, column: str, shape: str) -> float:
 
 __all__ = ["MODES", "PREFILL_PHASE", "PrefillSample", "SHAPE_FIGURES", "SHAPE_MIN_STEPS",
            "SHAPE_ORDER", "SHAPE_STEP_REL", "SIZES", "ShapeError", "StepKinds", "at_sizes",
+           "split_host",
            "classify", "give_back", "prefill_section", "prompt_groups", "rule_of", "shape_frame",
            "shape_workload", "sim_kinds", "sim_waits", "split_prefill", "token_line"]
