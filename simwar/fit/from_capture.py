@@ -62,6 +62,7 @@ from simwar.fit.shapes import (
     classify,
     give_back,
     prefill_section,
+    prefill_step_host,
     rule_of,
     shape_workload,
     split_host,
@@ -181,7 +182,7 @@ def fit_model(cap: Capture, *, capture: str = "",
         kinds = classify(cap, where)
     except ShapeError as e:
         raise FitError(str(e)) from None
-    lays, prefills = split_prefill(trace, lays, kinds, prof)
+    fitted, (lays, prefills) = lays, split_prefill(trace, lays, kinds, prof)
     if len(lays) < 2:
         raise FitError(f"{where}: {len(all_lays)} steps with forward work, {len(lays)} after "
                        f"the warm-up ({warm}) with a predecessor and a successor: need at "
@@ -223,7 +224,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     cpu_notes = sample_cpu_work(trace, imp, lays, mapping, names, cfg, s, graph_cost, warnings,
                                 prof)
     give_back(s, names, prefills)
-    excess = split_host(s, prefills)
+    excess = split_host(s, prefills) + prefill_step_host(trace, fitted, lays, prefills, prof)
     stage()
     details: dict[str, dict] = {}
     if graph_cost["cost"]:  # the cheapest graph's launches sample costs.graph_launch_us

@@ -29,7 +29,11 @@ one launch the model issues; less the profiler's own cost there), the **window**
 phases' first host region must give back (the same, to the last launch's end), and the
 **device** work left once the host has issued its last launch (the prefill's kernels' busy
 time from that launch's start: all of one kernel; the tail of an eager, launch-bound prefill,
-which the model's one kernel after the host's work stands for). :func:`prefill_section` fits
+which the model's one kernel after the host's work stands for). The loop's host work (its CPU
+items, each phase's dispatch) is the decode steps' alone where there are enough of them
+(:func:`split_host`): what a mixed step took beyond them in those keys, and what a prefill
+step's CPU work around its forward took beyond theirs (:func:`prefill_step_host`), is the
+prefill's host time too (scheduling a prefill batch). :func:`prefill_section` fits
 ``forward_us`` and ``host_us`` as ``{base, per_token}`` over the steps' prompt tokens by least
 squares, clamped so that neither part is negative (at any token count: the section's own
 rule), and writes ``chunk_tokens`` (the largest chunk seen), ``graph`` (eager unless the
@@ -288,6 +292,46 @@ def split_host(s, samples: dict[int, PrefillSample]) -> float:
     return float(np.mean(list(excess.values())))
 
 
+def cpu_outside(trace: Trace, lay: StepLayout, units, prof=None) -> float:
+    """A step's host time outside every API call (its CPU work) and outside its forward's
+    window (from the end of the call before its first forward launch to its last forward
+    call's end: the dispatch and launches of ``units``), less the profiler's own cost there:
+    the loop's scheduling, preparing and result processing around the forward."""
+    s0, e0 = columns(trace, "spans", "start_us", "end_us")
+    first = units[0].calls[0]
+    last = units[-1].calls[-1]
+    before = [c for c in lay.calls if e0[c] <= s0[first]]
+    lo = max([float(e0[c]) for c in before] + [lay.start])
+    hi = float(e0[last])
+    calls = sorted((float(s0[c]), float(e0[c])) for c in lay.calls)
+    total, t = 0.0, lay.start
+    for a, b in calls + [(lay.end, lay.end)]:
+        for x, y in ((t, min(a, lo)), (max(t, hi), a)):  # the gap, less the forward window
+            if y > x:
+                total += prof.less(y - x, x, y) if prof is not None else y - x
+        t = max(t, b)
+    return total
+
+
+def prefill_step_host(trace: Trace, lays: dict[int, StepLayout], decode: dict[int, StepLayout],
+                      samples: dict[int, PrefillSample], prof=None) -> float:
+    """Each prefill step's (of its own) CPU work around its forward (:func:`cpu_outside`)
+    beyond the decode steps' mean (``decode``: their layouts without prefill units), added to
+    its prefill host time: scheduling a prefill batch, which the config's loop CPU work (the
+    decode steps') does not hold. Returns the mean excess (0: no prefill step, or no decode
+    step to compare with)."""
+    steps = [k for k, p in samples.items() if p.shape == "prefill" and k in lays]
+    if not steps or not decode:
+        return 0.0
+    base = float(np.mean([cpu_outside(trace, lay, lay.units, prof) for lay in decode.values()]))
+    out = []
+    for k in steps:
+        extra = cpu_outside(trace, lays[k], lays[k].units, prof) - base
+        samples[k].host_us = max(0.0, samples[k].host_us + extra)
+        out.append(extra)
+    return float(np.mean(out))
+
+
 def token_line(x, y) -> tuple[dict | float, str]:
     """``{base, per_token}`` by least squares over the steps' tokens, clamped so that neither
     is negative (a negative slope: the mean; a negative base: the line through 0); tokens
@@ -335,9 +379,9 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
              f"issued its last prefill launch ({how_f})",
              f"  prefill.host_us {_text(host)}: host time from the call before its first "
              f"launch to its last launch, less the profiler's cost there"
-             + (f", plus the host work a mixed step took beyond the decode steps' elsewhere "
-                f"(mean {excess:.1f} µs; the loop's host work is the decode steps')"
-                if excess else "") + f" ({how_h})",
+             + (f", plus the host work its step took around it beyond the decode steps' "
+                f"(mean {excess:+.1f} µs; the loop's host work is the decode steps')"
+                if abs(excess) >= 0.05 else "") + f" ({how_h})",
              f"  prefill.chunk_tokens {chunk}: the largest chunk seen"
              + ("" if named else " (the ranges name no tokens: simwar's default)")
              + f"; prefill.graph {graph} (how its launches ran)."]
@@ -550,6 +594,6 @@ def at_sizes(sim: dict, cap: dict, column: str, shape: str) -> float:
 
 __all__ = ["MODES", "PREFILL_PHASE", "PrefillSample", "SHAPE_FIGURES", "SHAPE_MIN_STEPS",
            "SHAPE_ORDER", "SHAPE_STEP_REL", "SIZES", "ShapeError", "StepKinds", "at_sizes",
-           "split_host",
+           "cpu_outside", "prefill_step_host", "split_host",
            "classify", "give_back", "prefill_section", "prompt_groups", "rule_of", "shape_frame",
            "shape_workload", "sim_kinds", "sim_waits", "split_prefill", "token_line"]
