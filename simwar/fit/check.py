@@ -207,7 +207,7 @@ def shape_rows(cap: dict, sim: dict) -> list[Row]:
                 cmp = compare_figure("step_us_mean", cv, sv)
                 ok = (ns >= SHAPE_MIN_STEPS and math.isfinite(cmp.relative)
                       and abs(cmp.relative) <= SHAPE_STEP_REL) if judged else None
-                rows.append(Row(f"{shape} step ({nc}/{ns})", f"by_shape.{shape}.own_us_mean",
+                rows.append(Row(f"{shape} step", f"by_shape.{shape}.own_us_mean",
                                 cv, sv, cmp.relative, "rel",
                                 SHAPE_STEP_REL if judged else None, ok))
             else:
@@ -428,7 +428,9 @@ def check_fit(cap, cfg, label: str, steps, file: str, profiler_cost: bool = True
                      + ", ".join(f"{s}: {_count(cf, s)}/{_count(sf, s)}" for s in SHAPE_ORDER
                                  if s in cf or s in sf)
                      + " steps (capture/simulated); each run's queue picks its shapes, so the "
-                       "whole-run figures are shown, not judged")
+                       "whole-run figures are shown, not judged; a shape's step is its gap "
+                       "plus its forward, the simulation's at the capture's sizes and after "
+                       "its shapes")
     verdict = ("  verdict             within the bounds (" + judged_text + ")" if ok else
                "  verdict             MISSED: " + ", ".join(
                    _row_name(r) for r in rows if r.ok is False))

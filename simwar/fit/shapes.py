@@ -474,8 +474,7 @@ SHAPE_MIN_STEPS = 3
 #: forward's end less the forward before it (``own_us``: its gap plus its forward), not the
 #: table's ``step_us`` (forward start to the next forward's start), which holds the next
 #: step's gap: the host work a prefill adds before its forward would be the step before's.
-SHAPE_FIGURES = (("step", "own_us"), ("forward (device)", "fwd_us"),
-                 ("gap before forward (host)", "fwd_gap_us"))
+SHAPE_FIGURES = (("step", "own_us"), ("forward", "fwd_us"), ("forward gap", "fwd_gap_us"))
 
 
 def sim_kinds(meta: dict, n: int) -> tuple[list[str], np.ndarray]:
