@@ -82,6 +82,12 @@ def test_fit_reads_each_shape_and_checks_within_3_percent(rule, shapes, tmp_path
         assert abs(rows[f"by_shape.{shape}.own_us_mean"]["error"]) <= 0.03
     # the whole-run figures depend on each run's queue: shown, not judged
     assert rows["step_us_mean"]["ok"] is None
+    if rule == "sglang_mixed":  # mixed steps whose prefill kernels no phase names: said
+        plain = fit_model(open_capture(path, {"preset": "sglang",
+                                              "phases": {"^sample$": "sample"}}))
+        assert "prefill" not in plain.config
+        assert any("mixed steps, but no forward kernel of theirs is of the phase 'prefill'" in w
+                   for w in plain.warnings)
     if rule == "sglang":  # a config that never runs the capture's prefill steps misses
         other = check_fit(cap, load_config(cfg, {"scheduling.rule": "sglang_mixed"}),
                           "mixed", steps, path.name)

@@ -302,6 +302,12 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
     (none for a capture that prefills nothing)."""
     fitted = {k: p for k, p in prefills.items() if p.shape in ("prefill", "mixed")}
     if not fitted:
+        mixed = len(kinds.steps("mixed"))
+        if mixed:  # its prefill's kernels are the decode phases' (no phase named prefill)
+            warnings.append(f"{mixed} mixed steps, but no forward kernel of theirs is of the "
+                            f"phase 'prefill': fitted as decode steps (name the prefill's "
+                            f"kernels or range in the mapping's phases: {{'^prefill$': "
+                            f"prefill}})")
         return []
     steps = sorted(set(lays) | set(fitted))
     section, lines = prefill_section(fitted, sorted({b for r in mapping.reads.values()
