@@ -164,6 +164,7 @@ def test_the_mini_servers_mixed_steps_are_read_from_its_prefill_range():
     assert isinstance(pf["host_us"], float) and pf["host_us"] > 1000  # an eager launch train
     assert [p["name"] for p in fit.config["phases"]] == ["forward", "draft", "verify", "sample"]
     assert any("beyond the decode steps' (mean +4" in line for line in fit.header)
+    assert any(line.startswith("  launches: 57.0 per prefill") for line in fit.header)
     steps, _ = import_report(cap.bound)
     checked = check_fit(cap, load_config(fit.config), "fitted", steps, "prefill_light")
     assert checked["ok"] and checked["profiler_back"], checked["text"]

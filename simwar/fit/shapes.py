@@ -178,6 +178,8 @@ class PrefillSample:
     device_us: float
     graph: bool
     then: int = 0  # the decode unit after it (of the layout without prefill units)
+    launches: int = 0  # its launch calls (kernel and graph launches)
+    launch_us: float = 0.0  # their host time, less the profiler's cost in them
 
 
 def split_prefill(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, prof=None
@@ -231,7 +233,10 @@ def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> Pre
             device += b - a
             busy_to = b
     graph = any(u.graph is not None for u in units)
-    return PrefillSample(k, shape, tokens, max(host, 0.0), max(window, 0.0), device, graph)
+    spent = sum(prof.less(float(e0[c] - s0[c]), float(s0[c]), float(e0[c]))
+                if prof is not None else float(e0[c] - s0[c]) for c in calls)
+    return PrefillSample(k, shape, tokens, max(host, 0.0), max(window, 0.0), device, graph,
+                         launches=len(calls), launch_us=spent)
 
 
 def give_back(s, names: list[str], samples: dict[int, PrefillSample]) -> None:
@@ -371,6 +376,7 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
     named = [t for t in x if t > 0]
     chunk = max(named) if named else 8192
     graph = "piecewise" if got and sum(p.graph for p in got) * 2 > len(got) else "eager"
+    launches = float(np.mean([p.launches for p in got])) if got else 0.0
     section = {"chunk_tokens": int(chunk), "forward_us": forward, "host_us": host,
                "graph": graph, "reads": list(reads)}
     lines = [f"Prefill ({len(got)} steps that prefill: "
@@ -382,6 +388,11 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
              + (f", plus the host work its step took around it beyond the decode steps' "
                 f"(mean {excess:+.1f} µs; the loop's host work is the decode steps')"
                 if abs(excess) >= 0.05 else "") + f" ({how_h})",
+             f"  launches: {launches:.1f} per prefill (mean; "
+             f"{sum(p.launch_us for p in got) / max(sum(p.launches for p in got), 1):.2f} µs "
+             f"of host each, in its host time above but the last)"
+             + (": its kernels run as they are launched, which the one kernel after its host "
+                "time does not model" if launches > 1.5 else ""),
              f"  prefill.chunk_tokens {chunk}: the largest chunk seen"
              + ("" if named else " (the ranges name no tokens: simwar's default)")
              + f"; prefill.graph {graph} (how its launches ran)."]
