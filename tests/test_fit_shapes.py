@@ -171,3 +171,25 @@ def test_the_mini_servers_mixed_steps_are_read_from_its_prefill_range():
     rows = {r["key"]: r for r in checked["rows"]}
     for shape in ("decode", "mixed"):
         assert abs(rows[f"by_shape.{shape}.own_us_mean"]["error"]) <= 0.03
+
+
+def test_a_step_of_several_forwards_takes_its_prefill_range():
+    """SGLang's speculative decoding runs several forwards in one step, each in its own range:
+    an EXTEND then a DRAFT_EXTEND is a prefill step, whatever their order."""
+    from types import SimpleNamespace
+
+    from simwar.capture.step_shapes import StepShape
+
+    def cap(*names):
+        shapes = [StepShape(mode, 4, toks, name, 0) for mode, toks, name in names]
+        trace = simulate(str(ROOT / "configs" / "dspark_fine.yaml"),
+                         {"steps": 4, "warmup_steps": 0}, engine="simpy").trace
+        mapping = SimpleNamespace(shape=None)
+        return SimpleNamespace(bound=SimpleNamespace(trace=trace), shapes=shapes,
+                               mapping=mapping)
+
+    extend = ("EXTEND", 300, "step[EXTEND bs=4 toks=300]")
+    draft = ("DRAFT_EXTEND", -1, "step[DRAFT_EXTEND bs=4]")
+    for order in ((extend, draft), (draft, extend)):
+        kinds = classify(cap(*order))
+        assert kinds.shape[0] == "prefill" and kinds.tokens[0] == 300

@@ -70,6 +70,9 @@ PREFILL_PHASE = "prefill"
 MODES = {"decode": "decode", "target_verify": "decode", "draft_extend": "decode",
          "draft_extend_v2": "decode", "extend": "prefill", "prefill": "prefill",
          "mixed": "mixed", "idle": "idle", "step": ""}
+#: which of a step's ranges says what it runs, when it has several (one per forward: SGLang's
+#: speculative EXTEND then DRAFT_EXTEND is a prefill step)
+RANK = {"": 0, "idle": 1, "decode": 2, "prefill": 3, "mixed": 4}
 #: the shapes a fitted config's steps have, in the order rows and the header list them
 SHAPE_ORDER = ("decode", "prefill", "mixed")
 
@@ -138,7 +141,10 @@ def classify(cap, where: str = "capture") -> StepKinds:
         tokens = s.tokens
         if (groups.get("context_tokens") or "").isdigit():  # the prompts' own (vLLM's names)
             tokens = int(groups["context_tokens"])
-        ranged[s.step] = (MODES[word], s.batch, tokens, named)
+        mode = MODES[word]
+        held = ranged.get(s.step)
+        if held is None or RANK[mode] > RANK[held[0]]:  # a step of several forwards (SGLang's
+            ranged[s.step] = (mode, s.batch, tokens, named)  # EXTEND, then DRAFT_EXTEND)
     out = StepKinds()
     for k in sorted(with_prefill | with_decode | set(ranged)):
         mode, batch, tokens, named = ranged.get(k, ("", -1, -1, False))
@@ -602,7 +608,7 @@ def at_sizes(sim: dict, cap: dict, column: str, shape: str) -> float:
     return total / weight if weight else float(y_all[ok].mean())
 
 
-__all__ = ["MODES", "PREFILL_PHASE", "PrefillSample", "SHAPE_FIGURES", "SHAPE_MIN_STEPS",
+__all__ = ["MODES", "PREFILL_PHASE", "PrefillSample", "RANK", "SHAPE_FIGURES", "SHAPE_MIN_STEPS",
            "SHAPE_ORDER", "SHAPE_STEP_REL", "SIZES", "ShapeError", "StepKinds", "at_sizes",
            "cpu_outside", "prefill_step_host", "split_host",
            "classify", "give_back", "prefill_section", "prompt_groups", "rule_of", "shape_frame",
