@@ -6,7 +6,8 @@ count × cost from each host duration it reads, a zero table must give the fit o
 capture as it stands bit for bit, and so must ``--keep-profiler-cost``. A capture the
 synthetic writer marks unprofiled (its default) has nothing subtracted. On the mini-server's
 committed sweep, the subtraction must bring the fitted host time toward the un-profiled
-run's (``docs/profiler-cost.md``).
+run's (``docs/profiler-cost.md``), and ``--check`` must add the cost back to the fitted
+(unprofiled) config before comparing it with the profiled capture.
 """
 
 from __future__ import annotations
@@ -205,3 +206,31 @@ def test_the_mini_servers_host_time_moves_toward_the_unprofiled_run():
     before, after = busy(None) / unprofiled, busy(pc) / unprofiled
     assert before > 1.1  # the profiler's slowdown, as captured
     assert abs(after - 1) < abs(before - 1) and abs(after - 1) < 0.06
+
+
+def test_check_adds_the_profilers_cost_back(synthetic):
+    """The default fit is the unprofiled loop; ``--check`` compares it with the profiled
+    capture by adding the profiler's cost back (the keep fit's host times less the default
+    fit's, per key), which brings the check to the fit that kept it; ``profiler_cost=False``
+    (``--keep-profiler-cost``) checks a config that holds it as it stands."""
+    from simwar.capture.stalls import import_report
+    from simwar.config import load_config
+    from simwar.fit.check import check_fit, profiler_back
+
+    cap = synthetic["prof"]
+    steps, _ = import_report(cap.bound)
+    default = load_config(fit_model(cap, capture="c").config)
+    kept = load_config(fit_model(cap, capture="c", profiler_cost=False).config)
+    back = profiler_back(cap)
+    assert back and all(v > 0 for v in back.values())
+    assert back["cpu.schedule_us"] == pytest.approx(
+        kept.cpu.schedule_us - default.cpu.schedule_us, abs=1e-3)
+
+    def lead_error(cfg, **kw) -> float:  # the loop is device-bound: the host shows in the lead
+        got = check_fit(cap, cfg, "c", steps, "c", **kw)
+        return next(r["error"] for r in got["rows"] if r["key"] == "launch_lead_us_mean")
+
+    added, bare = lead_error(default), lead_error(default, profiler_cost=False)
+    as_kept = lead_error(kept, profiler_cost=False)
+    assert abs(bare) > 5.0 and added == pytest.approx(as_kept, abs=0.5)
+    assert profiler_back(synthetic["plain"]) == {}  # nothing recorded, nothing added

@@ -15,7 +15,8 @@ A mapping is a small YAML file (every key optional)::
     batch: '^decode bs=(\\d+)$'      # one group: each step's batch, from a range in it
     shape: '^step\\[(?P<mode>[A-Z]+) bs=(?P<batch>\\d+)'   # named groups: a step's shape
                                      #   (mode, batch, tokens, context, generation, ...:
-                                     #   simwar.capture.shapes)
+                                     #   simwar.capture.step_shapes; the fit reads each
+                                     #   step's decode/prefill/mixed: simwar.fit.shapes)
     idle: '^wait_requests$'          # ranges where the loop waits for requests (left out)
     graph_buckets: [8, 16, 32, 64]   # the captured graphs' batch sizes (simwar.capture.sizes)
     phases:                          # regex -> phase, tried in order on the kernel name,

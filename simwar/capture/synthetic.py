@@ -28,7 +28,8 @@ A :class:`Style` changes what is written, to stand for other servers and profile
 ``names`` (``bare``: the names above; ``sglang``: SGLang's ``scheduler.<stage>`` ranges,
 ``scheduler.run_batch`` and one range per phase named after it, as a real SGLang server and
 the mini-server write them; ``vllm``: vLLM's ``gpu_model_runner: <stage>`` ranges);
-``batch_ranges`` (a ``decode bs=<B>`` range around each step's phases, B the step's batch;
+``batch_ranges`` (a ``decode bs=<B>`` range around each step's phases, B the step's batch, or
+with prompts ``prefill bs=<N> toks=<T>`` and ``mixed bs=<B> toks=<T>``: :func:`shape_range`;
 with ``sglang`` names, an arrivals run's wait for requests is ``scheduler.wait_requests``);
 ``record_ids=False`` (as PyTorch 2.11 writes CUDA sync events: no record correlation id and
 no ``wait_on_stream``, only the event id, with torch's reuse: a ``wait_stream`` records a
@@ -411,8 +412,29 @@ def phase_ranges(trace: Trace, names: dict | None, batch: bool) -> list[tuple[st
         if batch:
             size = int(batches[k]) if batches is not None and k < len(batches) else \
                 int(trace.meta.get("batch_size", 1))
-            out.append((f"decode bs={size}", runs[0][1], runs[-1][2]))
+            out.append((shape_range(wl, k, size), runs[0][1], runs[-1][2]))
     return out
+
+
+def shape_range(wl: dict, k: int, batch: int) -> str:
+    """The name of step ``k``'s range around its forward (``wl``: the trace's
+    ``meta.workload``; ``batch``: its decoding requests): ``decode bs=B``, ``prefill bs=N
+    toks=T`` for a prefill step of its own (N requests in its chunk, T prompt tokens) or
+    ``mixed bs=B toks=T`` for a chunk mixed into a decode step (T 0 in a step of a mixed rule
+    whose chunk is empty: the simulator still launches it)."""
+    tokens = wl.get("prefill_tokens")
+    if tokens is None or k >= len(tokens):
+        return f"decode bs={batch}"
+    toks = int(tokens[k])
+    shapes = wl.get("shape")
+    if shapes is None:  # one shape, mixed: every step launches its chunk
+        return f"mixed bs={batch} toks={toks}"
+    if shapes[k] == "prefill":
+        req = wl.get("requests") or {}
+        first, last = req.get("prefill_step") or [], req.get("first_step") or []
+        n = sum(1 for a, b in zip(first, last) if 0 <= a <= k <= b)
+        return f"prefill bs={n} toks={toks}"
+    return f"decode bs={batch}"
 
 
 class _Unknown(dict):

@@ -26,7 +26,8 @@ implausible event, an unmatched mapping key, ...) an error. ``--fit`` writes a c
 runnable config of the capture's loop (:mod:`simwar.fit.from_capture`): ``simwar run fitted.yaml``
 reproduces it, ``--set`` asks what-if questions of it; its host times are net of the
 profiler's own cost, counted per event (:mod:`simwar.fit.profiler_cost`; ``--keep-profiler-cost``
-keeps it). ``--check`` simulates a
+keeps it; ``--check`` adds it back to the config it simulates, as the profiled capture ran,
+unless ``--keep-profiler-cost`` says the config holds it). ``--check`` simulates a
 fitted config (with ``--set`` overrides, e.g. another barrier) and prints the
 capture and the simulation side by side with each figure's error, judged
 against the acceptance bounds (:mod:`simwar.fit.check`); it exits 1 when a
@@ -102,7 +103,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-profiler-cost", action="store_true",
                    help="with --fit: keep the profiler's own host cost in the fitted host times "
                         "(default: subtracted by the capture's event counts at the measured "
-                        "µs per event, docs/profiler-cost.md)")
+                        "µs per event, docs/profiler-cost.md); with --check: the checked config "
+                        "holds it (default: added back before comparing with the capture)")
     p.add_argument("--extrapolate-buckets", action="store_true",
                    help="with --fit: a graph phase's per-bucket durations also give the graph "
                         "buckets the capture never ran, from the line over the measured "
@@ -151,8 +153,8 @@ def command(args) -> int:
         raise UserError("--policy applies to --fit")
     if args.unprofiled_step_us is not None and not args.fit:
         raise UserError("--unprofiled-step-us applies to --fit")
-    if args.keep_profiler_cost and not args.fit:
-        raise UserError("--keep-profiler-cost applies to --fit")
+    if args.keep_profiler_cost and not (args.fit or args.check):
+        raise UserError("--keep-profiler-cost applies to --fit and --check")
     if args.extrapolate_buckets and not args.fit:
         raise UserError("--extrapolate-buckets applies to --fit")
     unprofiled = None
@@ -251,7 +253,9 @@ def command(args) -> int:
                   f"{len(model.config['phases'])} phases"
                   + (f"; the capture's {len(wl['batch_sizes'])} batches -> "
                      f"{Path(args.output).name.rsplit('.', 1)[0]}.batches.csv"
-                     if wl and "batch_sizes" in wl else ""))
+                     if wl and "batch_sizes" in wl else "")
+                  + (f"; a prefill, scheduling.rule {model.config['scheduling']['rule']}"
+                     if "scheduling" in model.config else ""))
         if checked is not None:
             print(checked["text"])
     if checked is not None and not checked["ok"]:
@@ -296,6 +300,7 @@ def _additions(path: str, additions: list[str]) -> list:
     """``--add KEY=US`` as overrides: the fitted file's duration at KEY, shifted by US µs."""
     # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import ConfigError, Override, load_config
+    from simwar.fit.durations import shift  # lazy: start-up time of the CLI (numpy)
 
     if not additions:
         return []
@@ -313,7 +318,7 @@ def _additions(path: str, additions: list[str]) -> list:
         except (KeyError, IndexError, TypeError, StopIteration):
             raise UserError(f"--add {item}: {key} is not a key of {path}") from None
         try:
-            shifted = _shift(value, us)
+            shifted = shift(value, us)
         except (TypeError, ValueError) as e:
             raise UserError(f"--add {item}: {key}: {e}") from None
         out.append(Override(key, shifted, f"--add {item}"))
@@ -336,33 +341,6 @@ def _dotted(cfg: dict, key: str):
     return node
 
 
-def _shift(value, us: float):
-    """A duration plus ``us`` µs: a number, a distribution moved as a whole, an affine line's
-    base, or every entry of a per-bucket table."""
-    if isinstance(value, bool) or value is None:
-        raise TypeError("not a duration")
-    if isinstance(value, (int, float)):
-        return float(value) + us
-    if not isinstance(value, dict):
-        raise TypeError("not a duration")
-    d = {k: v for k, v in value.items() if v is not None}
-    if d.get("per_bucket") is not None:
-        d["per_bucket"] = {b: v + us for b, v in d["per_bucket"].items()}
-        return d
-    if "dist" not in d:
-        if "base" not in d:
-            raise TypeError("not a duration")
-        d["base"] = d["base"] + us
-        return d
-    if d["dist"] in ("normal", "lognormal"):
-        d["mean"] = d["mean"] + us
-    elif d["dist"] == "uniform":
-        d["low"], d["high"] = d["low"] + us, d["high"] + us
-    else:
-        d["values"] = [v + us for v in d["values"]]
-    return d
-
-
 def _check(cap, args, loaded, report, steps) -> dict:
     """Simulate the ``--check`` config and compare it with the capture's ``report`` (``steps``:
     its per-step table): :func:`simwar.fit.check.check_fit`."""
@@ -374,7 +352,8 @@ def _check(cap, args, loaded, report, steps) -> dict:
     if args.fit:  # the file just written
         cfg = _check_config(args)[0]
     try:
-        return check_fit(cap, cfg, run_label(cfg.name, items), steps, report["file"])
+        return check_fit(cap, cfg, run_label(cfg.name, items), steps, report["file"],
+                         profiler_cost=not args.keep_profiler_cost)
     except FitError as e:
         raise UserError(str(e)) from None
 

@@ -14,6 +14,22 @@ compared per graph bucket (:func:`bucket_rows`): each bucket's mean step time wi
 mean forward gap within max(10 µs, 10 %), judged where both sides ran the bucket at least
 :data:`BUCKET_MIN_STEPS` times.
 
+A capture whose steps prefill (:mod:`simwar.fit.shapes`: prefill steps of their own, or
+chunks mixed into decode steps) is fitted to a config whose run picks each step's shape from
+its own queue of arriving requests, so its steps are not the capture's one for one: the rows
+above are shown but not judged, and each shape is compared instead (:func:`shape_rows`): its
+step time (the step's gap plus its forward), forward and gap, the simulated ones at the
+capture's sizes and after the capture's shapes, the step time within 3 % for every shape
+the capture ran (a shape the simulation never ran misses). The simulation's steps that waited
+for a request are left out as the capture's ``idle`` steps are.
+
+**The profiler's cost**: the default fit takes the profiler's own host cost out of the
+capture's host times (:mod:`simwar.fit.profiler_cost`), so the fitted config is the
+unprofiled server; the check compares it with the profiled capture after adding that cost
+back to each host duration (:func:`profiler_back`: the fit that keeps it less the default
+fit, per key; :func:`with_profiler`). ``--keep-profiler-cost`` says the checked config holds
+it already (fitted with that flag): nothing is added.
+
 Steps that are not the loop's own (the profiler's stalls, the loop waiting for requests:
 :func:`simwar.fit.profiler.left_out_steps`) are left out of both sides, with the steps before
 and after each (a stall in iteration k delays forward k or k+1: the step time of k-1 or k, the
@@ -41,9 +57,24 @@ import numpy as np
 from simwar.analysis.metrics import launch_ahead_depth, measured, step_frame, summarize
 from simwar.analysis.views import forward_kernels
 from simwar.api import simulate
+from simwar.config import load_config
 from simwar.fit.compare import compare_figure, figure
-from simwar.fit.from_capture import check_mapping
+from simwar.fit.durations import shift
+from simwar.fit.from_capture import FitError, check_mapping, duration_mean, fit_model
 from simwar.fit.profiler import left_out_line, left_out_steps
+from simwar.fit.profiler_cost import for_capture
+from simwar.fit.shapes import (
+    SHAPE_FIGURES,
+    SHAPE_MIN_STEPS,
+    SHAPE_ORDER,
+    SHAPE_STEP_REL,
+    ShapeError,
+    at_sizes,
+    classify,
+    shape_frame,
+    sim_kinds,
+    sim_waits,
+)
 
 #: (step time relative error, forward gap µs, forward gap relative error, launch-ahead)
 ACCEPTANCE = {"step_rel": 0.02, "gap_us": 10.0, "gap_rel": 0.10, "ahead": 0.05}
@@ -154,6 +185,38 @@ def bucket_rows(capture: dict, simulated: dict, bounds: dict | None = None) -> l
     return rows
 
 
+def shape_rows(cap: dict, sim: dict) -> list[Row]:
+    """Per step shape (:func:`simwar.fit.shapes.shape_frame` of each side): its step time,
+    forward (device) and forward gap (host), the simulation's at the capture's sizes
+    (:func:`simwar.fit.shapes.at_sizes`); the step time judged within
+    :data:`~simwar.fit.shapes.SHAPE_STEP_REL` where the capture ran the shape at least
+    :data:`~simwar.fit.shapes.SHAPE_MIN_STEPS` measured steps (a miss where the simulation
+    ran it fewer times: a config that never runs a shape the capture shows)."""
+    rows: list[Row] = []
+    for shape in SHAPE_ORDER:
+        c, s = cap.get(shape), sim.get(shape)
+        if c is None and s is None:
+            continue
+        nc = len(c["step"]) if c is not None else 0
+        ns = len(s["step"]) if s is not None else 0
+        judged = nc >= SHAPE_MIN_STEPS  # a shape the simulation never ran is a miss
+        for label, col in SHAPE_FIGURES:
+            cv = float(np.nanmean(c[col])) if nc and col in c else float("nan")
+            sv = at_sizes(s, c, col, shape) if ns and nc and col in s else float("nan")
+            if col == "own_us":
+                cmp = compare_figure("step_us_mean", cv, sv)
+                ok = (ns >= SHAPE_MIN_STEPS and math.isfinite(cmp.relative)
+                      and abs(cmp.relative) <= SHAPE_STEP_REL) if judged else None
+                rows.append(Row(f"{shape} step", f"by_shape.{shape}.own_us_mean",
+                                cv, sv, cmp.relative, "rel",
+                                SHAPE_STEP_REL if judged else None, ok))
+            else:
+                cmp = compare_figure(f"{col}_mean", cv, sv)
+                rows.append(Row(f"  {label}", f"by_shape.{shape}.{col}_mean", cv, sv,
+                                cmp.error, "abs", None, None))
+    return rows
+
+
 def bucket_steps_line(capture: dict, simulated: dict) -> str:
     """``per bucket steps 8: 55/55, 64: 59/59`` (capture/simulated), '' without buckets."""
     cap, sim = capture.get("by_bucket") or {}, simulated.get("by_bucket") or {}
@@ -245,10 +308,67 @@ def relaunch(trace, summary: dict, drop=()) -> dict:
     return out
 
 
-def check_fit(cap, cfg, label: str, steps, file: str) -> dict:
+def profiler_back(cap) -> dict[str, float]:
+    """The profiler's own host cost the fit takes out of a profiled capture, per host
+    duration of the fitted config (µs per step or per call: ``cpu.*``, ``phases.NAME.host_us``,
+    ``costs.*``, ``prefill.host_us``): the mean of the fit that keeps it less the mean of the
+    default fit, the two fits of the same capture. Empty for a capture the profiler recorded
+    no event of (a simulation written as a capture)."""
+    prof = for_capture(cap.bound)
+    if not prof.times:
+        return {}
+    kept = fit_model(cap, profiler_cost=False).config
+    net = fit_model(cap).config
+    out: dict[str, float] = {}
+
+    def add(key: str, a, b) -> None:
+        d = duration_mean(a) - duration_mean(b)
+        if d > 1e-3:
+            out[key] = round(d, 3)
+
+    for item in net["cpu"]:
+        add(f"cpu.{item}", kept["cpu"][item], net["cpu"][item])
+    for a, b in zip(kept["phases"], net["phases"]):
+        add(f"phases.{b['name']}.host_us", a["host_us"], b["host_us"])
+    for key in net["costs"]:
+        if key not in ("sync_wake_us", "cross_stream_us"):  # device-side latencies
+            add(f"costs.{key}", kept["costs"][key], net["costs"][key])
+    if "prefill" in net and "prefill" in kept:
+        add("prefill.host_us", kept["prefill"]["host_us"], net["prefill"]["host_us"])
+    return out
+
+
+def with_profiler(cfg, back: dict[str, float]):
+    """``cfg`` (a loaded config) with each of ``back``'s host durations raised by its µs: the
+    fitted (unprofiled) config as the profiled capture ran it."""
+    if not back:
+        return cfg
+    data = cfg.model_dump()
+    items = {}
+    for key, us in back.items():
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = next(p for p in node if p.get("name") == part) \
+                if isinstance(node, list) else node.get(part)
+            if node is None:
+                break
+        if node is None or parts[-1] not in node:
+            continue  # a key the checked config does not have (edited by hand)
+        try:
+            items[key] = shift(node[parts[-1]], us)
+        except TypeError:
+            continue
+    return load_config(cfg, items)
+
+
+def check_fit(cap, cfg, label: str, steps, file: str, profiler_cost: bool = True) -> dict:
     """Simulate the fitted config ``cfg`` (named ``label``) and compare it with the capture
     ``cap`` (``steps``: its per-step table, :func:`simwar.capture.stalls.import_report`'s;
     ``file``: its name in the head line), the steps the profiler stalled left out of both.
+    ``profiler_cost``: the fitted config is the unprofiled server's (the fit's default), so
+    the profiler's own host cost is added back to it before the comparison
+    (:func:`profiler_back`); False: the config holds it already (``--keep-profiler-cost``).
 
     A mapping key that matches nothing in the capture is a
     :class:`simwar.fit.from_capture.FitError`. Returns the figures, the verdict (``ok``) and
@@ -256,7 +376,8 @@ def check_fit(cap, cfg, label: str, steps, file: str) -> dict:
     """
     imp, mapping = cap.bound, cap.mapping
     check_mapping(imp, mapping, cap.label)
-    sim = simulate(cfg)
+    back = profiler_back(cap) if profiler_cost else {}
+    sim = simulate(with_profiler(cfg, back))
     warm = int(imp.trace.meta.get("warmup_steps", 0))
     left = {k: v for k, v in left_out_steps(imp, mapping).items() if k >= warm}
     captured = summary_without(steps, imp.trace.meta, None, left)
@@ -264,32 +385,69 @@ def check_fit(cap, cfg, label: str, steps, file: str) -> dict:
                               sim.hazards, left)
     if mapping.run_batch is None:  # the capture's launches are its first forward launches
         summary = relaunch(sim.trace, summary, left)
+    try:
+        kinds = classify(cap, cap.label)
+    except ShapeError as e:
+        raise FitError(str(e)) from None
     rows = check_rows(captured, summary) + bucket_rows(captured, summary)
+    if kinds.prefills:  # shapes follow each run's queue: judged per shape, at its sizes
+        drop = _around(left) | set(range(warm))
+        table = sim.columns if sim.columns is not None else sim.steps
+        n = len(table["step"])
+        shapes, tokens = sim_kinds(sim.meta, n)
+        sim_warm = int(sim.meta.get("warmup_steps", 0))
+        waited = sim_waits(sim.meta)  # as the capture's idle steps: left out with their
+        sf = shape_frame(table, dict(enumerate(shapes)), dict(enumerate(tokens.tolist())),
+                         _around(left) | _around(waited) | set(range(sim_warm)))
+        cf = shape_frame(steps, kinds.shape, {k: float(t) for k, t in kinds.tokens.items()},
+                         drop)
+        rows = [r._replace(bound=None, ok=None) for r in rows] + shape_rows(cf, sf)
     ok = accepted(rows)
     races = {"latent": summary.get("races", 0), "overlaps": summary.get("overlaps", 0)}
     head = (f"check: {label} (simulated {summary.get('steps_measured', 0)} steps) against "
             f"{file} ({captured.get('steps_measured', 0)} steps measured)")
     lines = [head]
+    if back:
+        lines.append("  profiler cost       added back to the fitted host times (the fit took "
+                     "it out; --keep-profiler-cost: the config holds it): "
+                     + ", ".join(f"{k} +{v:g} µs" for k, v in list(back.items())[:6])
+                     + (f", ... ({len(back)} keys)" if len(back) > 6 else ""))
     note = left_out_line(left)
     if note:
         lines.append(f"  left out            {note}, and the steps around each, on both sides")
     per = bucket_steps_line(captured, summary)
     if per:
         lines.append(per)
-    verdict = ("  verdict             within the bounds (step time 2%, forward gap max(10 µs, "
-               "10%), launch-ahead 0.05" + ("; per bucket: step time, forward gap"
-                                            if any(r.key.startswith("by_bucket") for r in rows)
-                                            else "") + ")" if ok else
+    judged_text = ("step time per shape 3% at the capture's sizes"
+                   if kinds.prefills else
+                   "step time 2%, forward gap max(10 µs, 10%), launch-ahead 0.05"
+                   + ("; per bucket: step time, forward gap"
+                      if any(r.key.startswith("by_bucket") for r in rows) else ""))
+    if kinds.prefills:
+        lines.append("  shapes              "
+                     + ", ".join(f"{s}: {_count(cf, s)}/{_count(sf, s)}" for s in SHAPE_ORDER
+                                 if s in cf or s in sf)
+                     + " steps (capture/simulated); each run's queue picks its shapes, so the "
+                       "whole-run figures are shown, not judged; a shape's step is its gap "
+                       "plus its forward, the simulation's at the capture's sizes and after "
+                       "its shapes")
+    verdict = ("  verdict             within the bounds (" + judged_text + ")" if ok else
                "  verdict             MISSED: " + ", ".join(
                    _row_name(r) for r in rows if r.ok is False))
     text = "\n".join(lines + [format_rows(rows, races), verdict])
     return {"name": label, "ok": ok, "text": text, "races": races,
             "rows": [r._asdict() for r in rows], "simulated": summary, "captured": captured,
-            "left_out": left}
+            "left_out": left, "profiler_back": back}
+
+
+def _count(frames: dict, shape: str) -> int:
+    return len(frames[shape]["step"]) if shape in frames else 0
 
 
 def _row_name(row: Row) -> str:
     """A missed row's name: ``bucket 8 step time``, ``bucket 8 forward gap``, ``step time mean``."""
+    if row.key.startswith("by_shape."):
+        return f"{row.key.split('.')[1]} step time"
     if row.key.startswith("by_bucket."):
         b = row.key.split(".")[1]
         return f"bucket {b} " + ("step time" if row.key.endswith("step_us_mean") else

@@ -145,6 +145,35 @@ def fit_durations(trace: Trace, choose: str = "best", max_values: int = 200) -> 
     return result
 
 
+def shift(value, us: float):
+    """A duration (a config value) plus ``us`` µs: a number, a distribution moved as a whole,
+    an affine line's base (or a prompt-token line's), or every entry of a per-bucket table.
+    A value that is no duration is a :class:`TypeError`. (``simwar import --check --add``
+    and the check's profiler cost.)"""
+    if isinstance(value, bool) or value is None:
+        raise TypeError("not a duration")
+    if isinstance(value, (int, float)):
+        return float(value) + us
+    if not isinstance(value, dict):
+        raise TypeError("not a duration")
+    d = {k: v for k, v in value.items() if v is not None}
+    if d.get("per_bucket") is not None:
+        d["per_bucket"] = {b: v + us for b, v in d["per_bucket"].items()}
+        return d
+    if "dist" not in d:
+        if "base" not in d:
+            raise TypeError("not a duration")
+        d["base"] = d["base"] + us
+        return d
+    if d["dist"] in ("normal", "lognormal"):
+        d["mean"] = d["mean"] + us
+    elif d["dist"] == "uniform":
+        d["low"], d["high"] = d["low"] + us, d["high"] + us
+    else:
+        d["values"] = [v + us for v in d["values"]]
+    return d
+
+
 def _quantiles(x: np.ndarray, m: int) -> list[float]:
     if len(x) > m:
         x = np.quantile(x, (np.arange(m) + 0.5) / m)

@@ -12,7 +12,10 @@ and graph bucket when the capture was opened; :mod:`simwar.fit.policy` reads whi
 is which and the barrier policy; :mod:`simwar.fit.samples` measures, per step, the
 phases' device time, the schedule-stream work, the host costs and the CPU work.
 This module checks the capture and mapping, leaves out the steps the profiler stalled
-(:mod:`simwar.fit.profiler`), keeps the steps that share one structure, assembles the
+(:mod:`simwar.fit.profiler`), reads each step's shape and takes the prefill's units out of
+the steps that prefill (:mod:`simwar.fit.shapes`: a capture whose steps prefill gets the
+``prefill`` and ``scheduling`` sections and a workload of requests with prompts), keeps the
+steps that share one structure, assembles the
 config (its phases, policy and streams) and fits every per-step sample set: against the
 step's size where the batch changes (:func:`simwar.fit.affine.fit_sized`: affine in the
 real batch, or for a graph phase's device time in its bucket, or a constant where the
@@ -54,6 +57,17 @@ from simwar.fit.profiler import (
 from simwar.fit.profiler_cost import KINDS as PROFILED_KINDS
 from simwar.fit.profiler_cost import CostTable, ProfilerCost, for_capture
 from simwar.fit.samples import COST_DEFAULTS, Samples, sample_cpu_work, sample_device_and_costs
+from simwar.fit.shapes import (
+    ShapeError,
+    classify,
+    give_back,
+    prefill_section,
+    prefill_step_host,
+    rule_of,
+    shape_workload,
+    split_host,
+    split_prefill,
+)
 
 #: steps of a fitted config, and its warm-up
 FIT_STEPS, FIT_WARMUP = 300, 20
@@ -161,6 +175,14 @@ def fit_model(cap: Capture, *, capture: str = "",
     warm = int(trace.meta.get("warmup_steps", 0))
     lays = {k: v for k, v in all_lays.items() if k >= warm and k - 1 in all_lays
             and k not in left_out}
+    prof = None
+    if profiler_cost is not None and profiler_cost is not False:
+        prof = for_capture(imp, None if profiler_cost is True else profiler_cost)
+    try:
+        kinds = classify(cap, where)
+    except ShapeError as e:
+        raise FitError(str(e)) from None
+    fitted, (lays, prefills) = lays, split_prefill(trace, lays, kinds, prof)
     if len(lays) < 2:
         raise FitError(f"{where}: {len(all_lays)} steps with forward work, {len(lays)} after "
                        f"the warm-up ({warm}) with a predecessor and a successor: need at "
@@ -195,15 +217,14 @@ def fit_model(cap: Capture, *, capture: str = "",
             warnings.append(f"--policy {policy} not used: the capture shows {pol.barrier} "
                             f"({pol.evidence})")
 
-    prof = None
-    if profiler_cost is not None and profiler_cost is not False:
-        prof = for_capture(imp, None if profiler_cost is True else profiler_cost)
     s = Samples()
     graph_cost = sample_device_and_costs(trace, lays, names, mapping, s, prof)
     stage()
     cfg = _config(trace, lays, roles, names, mapping, pol, steps, warmup, capture)
     cpu_notes = sample_cpu_work(trace, imp, lays, mapping, names, cfg, s, graph_cost, warnings,
                                 prof)
+    give_back(s, names, prefills)
+    excess = split_host(s, prefills) + prefill_step_host(trace, fitted, lays, prefills, prof)
     stage()
     details: dict[str, dict] = {}
     if graph_cost["cost"]:  # the cheapest graph's launches sample costs.graph_launch_us
@@ -212,7 +233,8 @@ def fit_model(cap: Capture, *, capture: str = "",
             s.add("costs.graph_launch_us", v, k)
     fits: dict[str, SizedFit] = {}
     _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits, extrapolate_buckets)
-    if sizes.varying:
+    shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess)
+    if sizes.varying and not shape_lines:
         _workload(cfg, sizes, warm, warnings)
     try:
         load_config(cfg)
@@ -243,6 +265,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     header = _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost,
                      cpu_notes, capture, mapping_name, version, warm, mapping)
     header.append(profiler_cost_line(prof, lays))
+    header += shape_lines
     header += _sized_header(sizes, fits, left_out, set(all_lays), warm, (scale, host_scale),
                             unprofiled_step_us, cfg.get("workload"))
     stage()
@@ -270,6 +293,49 @@ def profiler_cost_line(prof: ProfilerCost | None, lays) -> str:
             f"{per or 'no events'} on the host thread, {removed:.1f} µs at the measured µs "
             f"per event ({prof.table.describe()}, docs/profiler-cost.md), taken out of the "
             f"host durations that hold them, never below zero; --keep-profiler-cost keeps it.")
+
+
+def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping: Mapping,
+            warnings: list[str], excess: float = 0.0) -> list[str]:
+    """A capture whose steps prefill: the config's ``prefill`` and ``scheduling`` sections
+    and a workload of requests with prompts (:mod:`simwar.fit.shapes`); the header's lines
+    (none for a capture that prefills nothing)."""
+    fitted = {k: p for k, p in prefills.items() if p.shape in ("prefill", "mixed")}
+    if not fitted:
+        mixed = len(kinds.steps("mixed"))
+        if mixed:  # its prefill's kernels are the decode phases' (no phase named prefill)
+            warnings.append(f"{mixed} mixed steps, but no forward kernel of theirs is of the "
+                            f"phase 'prefill': fitted as decode steps (name the prefill's "
+                            f"kernels or range in the mapping's phases: {{'^prefill$': "
+                            f"prefill}})")
+        return []
+    steps = sorted(set(lays) | set(fitted))
+    section, lines = prefill_section(fitted, sorted({b for r in mapping.reads.values()
+                                                     for b in r}) or ["req_to_token"], excess)
+    rule = rule_of(kinds, steps)
+    cfg["prefill"] = section
+    cfg["scheduling"] = {"rule": rule}
+    seen = kinds.counts(steps)
+    batch = {k: int(sizes.batch[k]) for k in steps if k < len(sizes.batch)} \
+        if sizes.varying else {k: int(cfg["batch_size"]) for k in steps}
+    accept = float(cfg["accept"]["tokens"])
+    bounds = [(lays[k].start, lays[k].end) for k in lays]
+    span = (max(b for _, b in bounds) - min(a for a, _ in bounds)) if bounds else 1.0
+    wl, wl_line = shape_workload(kinds, steps, batch, accept, span, sizes.buckets,
+                                 section["chunk_tokens"])
+    cfg["workload"] = wl
+    never = [s for s in ("decode", "prefill", "mixed") if s not in seen
+             and s in {"sglang": ("decode", "prefill"), "sglang_mixed": ("mixed",)}[rule]]
+    if never:
+        warnings.append(f"the capture ran no {' or '.join(never)} step: the fitted "
+                        f"{' and '.join(never)} costs are the other shapes' (scheduling.rule "
+                        f"{rule} runs {' and '.join(never)} steps)")
+    rule_why = ("prefill steps of their own between decode steps" if rule == "sglang" else
+                "prefill chunks inside decode steps")
+    return ["Shapes: " + ", ".join(f"{seen[s]} {s}" for s in ("decode", "prefill", "mixed")
+                                    if seen.get(s)) + f" steps fitted; scheduling.rule {rule} "
+            f"({rule_why}); the decode phases from the decode and mixed steps, the prefill "
+            f"from the steps that prefill.", *lines, wl_line]
 
 
 def _regex_reads(imp, mapping: Mapping, names: list[str]) -> Mapping:
@@ -491,21 +557,26 @@ def _fill(cfg: dict, s: Samples, dist: str, details: dict,
         costs["wait_stream_us"], details["costs.wait_stream_us"] = _fit_key(
             "costs.wait_stream_us", values, cfg, s, dist, sizes, fits)
     else:
-        costs["wait_stream_us"] = _r(_mean(costs["event_record_us"])
-                                     + _mean(costs["wait_event_us"]))
+        costs["wait_stream_us"] = _r(duration_mean(costs["event_record_us"])
+                                     + duration_mean(costs["wait_event_us"]))
     costs["host_call_us"] = 0.0
     cfg["costs"] = {k: costs[k] for k in ("launch_us", "event_record_us", "wait_event_us",
                                           "wait_stream_us", "graph_launch_us", "sync_us",
                                           "sync_wake_us", "cross_stream_us", "host_call_us")}
 
 
-def _mean(v) -> float:
-    """A fitted duration's mean (an affine one's at size 0, its noise's mean included)."""
+def duration_mean(v) -> float:
+    """A fitted duration's mean (an affine one's at size 0, its noise's mean included; a
+    per-bucket table's over its buckets)."""
     if isinstance(v, dict):
         if "mean" in v:
             return float(v["mean"])
+        if v.get("per_bucket"):
+            return float(np.mean(list(v["per_bucket"].values())))
+        if "low" in v and "high" in v:
+            return (float(v["low"]) + float(v["high"])) / 2
         if "base" in v:
-            return float(v["base"]) + (_mean(v["noise"]) if v.get("noise") else 0.0)
+            return float(v["base"]) + (duration_mean(v["noise"]) if v.get("noise") else 0.0)
         return float(np.mean(v.get("values") or [0.0]))
     return float(v)
 
@@ -601,11 +672,12 @@ def _sized_header(sizes: CaptureSizes, fits: dict, left_out: dict, counted: set,
     if not sizes.varying or not workload:
         return lines
     wl_buckets = f", graph_buckets {sizes.buckets}" if sizes.buckets else ""
-    n = len(workload["batch_sizes"])
-    lines.append(f"Workload: the capture's own {n} batches (batch_sizes_file){wl_buckets}: "
-                 f"`--check` replays them step by step and reports each bucket; "
-                 f"`--set 'workload={{arrivals: {{rate_per_s: R}}, max_batch: N, ...}}'` asks "
-                 f"another load.")
+    if "batch_sizes" in workload:  # else requests with prompts: the shapes' header says
+        n = len(workload["batch_sizes"])
+        lines.append(f"Workload: the capture's own {n} batches (batch_sizes_file)"
+                     f"{wl_buckets}: `--check` replays them step by step and reports each "
+                     f"bucket; `--set 'workload={{arrivals: {{rate_per_s: R}}, max_batch: N, "
+                     f"...}}'` asks another load.")
     lines += [f"  {note}" for note in sizes.notes]
     lines.append("Durations that follow the step's size (a graph phase's device time per "
                  "bucket, each bucket's measured mean; else least squares: a slope counts when "

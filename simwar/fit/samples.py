@@ -85,6 +85,12 @@ class Samples(dict):
     def steps_of(self, key: str) -> list[int]:
         return self._steps.get(key, [])
 
+    def keep(self, key: str, keep) -> None:
+        """Keep only the samples of ``key`` whose index ``keep(i)`` is true (in order)."""
+        idx = [i for i in range(len(self.get(key, []))) if keep(i)]
+        self[key] = [self[key][i] for i in idx]
+        self._steps[key] = [self._steps[key][i] for i in idx]
+
     def mean(self, key: str, default: float = 0.0) -> float:
         v = self.get(key)
         return float(np.mean(v)) if v else default
