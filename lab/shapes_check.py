@@ -197,7 +197,12 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
         notes["scheduling"] = f"FILLED: rule {RULES[mode]} (the mode)"
     else:
         notes["scheduling"] = "the fit's"
+    name = capture.name.replace(".kineto.json.gz", ".metrics.json")
+    x, y = check._unpadded(check.read_metrics(check.metrics_file(folder, name)
+                                              or folder / name), decode_only=True)
+    slope, base = np.polyfit(x, y, 1)
     return {"config": config, "notes": notes, "warnings": list(fit.warnings),
+            "host_line": (float(base), float(slope)),
             "buckets": list((config.get("workload") or {}).get("graph_buckets") or [])}
 
 
@@ -246,7 +251,8 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False) -> di
                                     f"lab.server OUT --suite shapes)")
     models = {mode: model(folder, mode, keep_profiler_cost) for mode in MODES}
     out: dict = {"models": {m: {k: v for k, v in d.items() if k != "config"}
-                            | {"prefill": d["config"]["prefill"]}
+                            | {"prefill": d["config"]["prefill"],
+                               "phases": d["config"]["phases"]}
                             for m, d in models.items()},
                  "cases": {}, "signs": {}, "overlap": {}, "mixed": {}}
     what_if_mixed: dict = {}
@@ -259,9 +265,14 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False) -> di
         rows = {k: check.relative_row(meas[k][0], pred[k], TARGETS.get(k), meas[k][1])
                 for k in FIGURES}
         out_mean = float(np.mean([np.mean(r["requests"]["output_tokens"]) for r in repeats]))
+        # reported, not judged: how much slower each repeat's host ran than the capture's
+        # (the H200 machine's vCPU ran at two speeds; nothing pads the prepare and launch)
+        speeds = [check.host_speed(r, models[mode]["host_line"], decode_only=True)
+                  for r in repeats]
         seeds = [int(r["case"].get("seed", 0)) for r in repeats]
         out["cases"][f"{mode}_{load}_{loop}"] = {
             "mode": mode, "load": load, "loop": loop, "repeats": len(repeats), "rows": rows,
+            "host_speed": speeds,
             "requests": (meas["requests"][0], pred["requests"]), "mean_output": out_mean,
             "by_seed": {sd: (m, p) for sd, m, p in zip(seeds, reps, sims)}}
         if mode == "sglang":  # the what-if: the same model, mixed chunk turned on
@@ -333,7 +344,8 @@ def markdown(result: dict) -> str:
     rows = []
     for c in result["cases"].values():
         m, p = c["requests"]
-        rows.append([c["mode"], c["load"], c["loop"], str(c["repeats"]), f"{m:.0f} / {p:.0f}",
+        rows.append([c["mode"], c["load"], c["loop"],
+                     ", ".join(f"x{v:.2f}" for v in c["host_speed"]), f"{m:.0f} / {p:.0f}",
                      *(prefill_check._cell(c["rows"][k], k) for k in FIGURES)])
     signs = []
     for key, sign in result["signs"].items():
@@ -355,7 +367,7 @@ def markdown(result: dict) -> str:
     return "\n".join([
         "Models, each from its mode's one capture (simwar's fit; FILLED: by this checker):",
         *lines, "",
-        *check.table(["mode", "load", "loop", "repeats", "requests meas. / pred.",
+        *check.table(["mode", "load", "loop", "repeats: host speed", "requests meas. / pred.",
                       *(f"{LABELS[k]} meas. / pred. (err)" for k in FIGURES)], rows), "",
         *check.table(["mode, load", "on - off, meas. / pred.: " + LABELS[FIGURES[0]],
                       *(LABELS[k] for k in FIGURES[1:])], signs), "",
