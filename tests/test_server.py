@@ -502,6 +502,32 @@ def test_shapes_dry_run_capture_names_each_steps_shape(shapes_dry_run):
     assert set(device["load_rates_per_s"]) >= {"shapes_light", "shapes_medium"}
 
 
+def test_a_later_chunk_attends_over_its_prompts_prefix_in_the_cache():
+    """A carried-over prompt's second chunk reads the K/V of the positions the first chunk
+    wrote (through req_to_token), not only its own: its tokens see the prefix and, causally,
+    the chunk's earlier tokens."""
+    torch = pytest.importorskip("torch")
+    from lab.server_model import DryOps, ModelShape, ServerModel
+
+    model = ServerModel(DryOps(torch), ModelShape.dry())
+    packed, t, s = model.prefill_meta([(3, 100, 50), (5, 0, 20)])
+    assert (t, s) == (70, 176)  # K/V: 150 + 20 positions, padded to a multiple of 8
+    tok_pos, kv_row, kv_pos = packed[t:2 * t], packed[3 * t:3 * t + s], packed[3 * t + s:]
+    assert tok_pos[:50] == list(range(100, 150)) and tok_pos[50:] == list(range(20))
+    assert kv_row[:150] == [3] * 150 and kv_pos[:150] == list(range(150))
+    assert kv_row[150:170] == [5] * 20 and kv_row[170:] == [model.shape.rows] * 6
+    meta = torch.tensor(packed, dtype=torch.int64)
+    model.prefill(meta, t, s, 2)
+    before = model.prefill_last[:2].clone()
+    prefix = model.req_to_token[3, :100]  # the first chunk's slots of request row 3
+    for layer in range(model.shape.layers):
+        model.v_pool[layer][prefix] += 1.0
+    model.prefill(meta, t, s, 2)
+    after = model.prefill_last[:2]
+    assert not torch.allclose(before[0], after[0])  # the second chunk read its prefix
+    assert torch.equal(before[1], after[1])  # the other request did not
+
+
 def test_the_loop_issues_each_barrier(tmp_path):
     """A dry server whose streams record what the host issues on them."""
     torch = pytest.importorskip("torch")
