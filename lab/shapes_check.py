@@ -89,8 +89,8 @@ def filled(folder: Path, mode: str, fit) -> tuple[dict, str]:
     st = check.read_metrics(check.metrics_file(folder, name) or folder / name)["steps"]
     tokens = st["prefill_tokens"]
     less = prefill_check.profiler_cost_of(capture, steps)
-    run = prefill_check._ranges(events, steps, "scheduler.run_batch", less=less)
-    prep = prefill_check._ranges(events, steps, "scheduler.prepare_for_decode", less=less)
+    run = prefill_check.step_ranges(events, steps, "scheduler.run_batch", less=less)
+    prep = prefill_check.step_ranges(events, steps, "scheduler.prepare_for_decode", less=less)
     ks = [k for k in sorted(run) if WARMUP <= k < len(tokens) and k in prep]
     plain = [k for k in ks if tokens[k] == 0]
     with_prefill = [k for k in ks if tokens[k] > 0]
@@ -121,8 +121,8 @@ def filled(folder: Path, mode: str, fit) -> tuple[dict, str]:
     x = [float(tokens[k]) for k in ks]
     case = check.read_metrics(check.metrics_file(folder, name) or folder / name)["case"]
     section = {"chunk_tokens": int(case["chunk_tokens"]),
-               "forward_us": prefill_check._line(x, [tail[k] for k in ks]),
-               "host_us": prefill_check._line(x, [host[k] for k in ks]), "graph": "eager"}
+               "forward_us": prefill_check.token_line(x, [tail[k] for k in ks]),
+               "host_us": prefill_check.token_line(x, [host[k] for k in ks]), "graph": "eager"}
     return section, (f"{capture.name}: {len(ks)} steps that prefill, {len(plain)} without; "
                      f"host mean {np.mean([host[k] for k in ks]):.0f} µs, device after the "
                      f"last launch mean {np.mean([tail[k] for k in ks]):.0f} µs")
@@ -346,7 +346,7 @@ def markdown(result: dict) -> str:
         m, p = c["requests"]
         rows.append([c["mode"], c["load"], c["loop"],
                      ", ".join(f"x{v:.2f}" for v in c["host_speed"]), f"{m:.0f} / {p:.0f}",
-                     *(prefill_check._cell(c["rows"][k], k) for k in FIGURES)])
+                     *(prefill_check.cell(c["rows"][k], k) for k in FIGURES)])
     signs = []
     for key, sign in result["signs"].items():
         cells = []
