@@ -16,9 +16,12 @@ import pytest
 
 from lab.shapes_check import DEFAULT_DIR, evaluate, main, trace
 
-pytestmark = pytest.mark.skipif(not (DEFAULT_DIR / "shapes_sglang_light_overlap_r0.metrics"
-                                                   ".json.gz").exists(),
-                                reason="the mini-server's shapes run is absent")
+# slow: the evaluation fits both 1.5 MB captures (about 4-7 s each on two shared cores; ~15-25 s
+# for the module), the one path that holds the table calibration/README.md reports
+pytestmark = [pytest.mark.skipif(not (DEFAULT_DIR / "shapes_sglang_light_overlap_r0.metrics"
+                                                    ".json.gz").exists(),
+                                 reason="the mini-server's shapes run is absent"),
+              pytest.mark.slow]
 
 #: (case, figure) within their target on the committed run; every other judged one misses
 WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "tpot_us"),
@@ -104,3 +107,27 @@ def test_the_command_prints_the_table_and_fails_on_a_miss(result, capsys, monkey
     assert "| sglang | closed16 | overlap | x1.52, x1.56 |" in out and "mixed chunk?" in out
     assert main(["--json"]) == 1
     assert json.loads(capsys.readouterr().out)["ok"] is False
+
+
+def test_the_servers_mapping_reads_old_and_new_captures():
+    """``SERVER_MAPPING`` reads a capture written before the shapes (a mixed step was
+    ``decode bs=<B>`` with a ``prefill`` range inside) with the preset's batches, and a
+    shapes capture's steps with the shapes the server logged."""
+    from collections import Counter
+
+    import numpy as np
+
+    from lab.check import DEFAULT_DIR as OLD
+    from lab.check import SERVER_MAPPING, read_metrics
+    from simwar.capture.open import open_capture
+
+    old = OLD / "prefill_light_overlap_profiled.kineto.json.gz"
+    assert np.array_equal(open_capture(old, SERVER_MAPPING).sizes.batch,
+                          open_capture(old, preset="sglang").sizes.batch)
+    cap = open_capture(DEFAULT_DIR / "shapes_mixed_medium_overlap_profiled.kineto.json.gz",
+                       SERVER_MAPPING)
+    logged = read_metrics(DEFAULT_DIR / "shapes_mixed_medium_overlap_profiled.metrics.json.gz")
+    assert [s.mode for s in cap.shapes] == logged["steps"]["shape"]
+    assert Counter(s.mode for s in cap.shapes) == {"decode": 156, "mixed": 42, "prefill": 2}
+    assert [s.tokens for s in cap.shapes if s.mode != "decode"] == [
+        t for t in logged["steps"]["prefill_tokens"] if t]
