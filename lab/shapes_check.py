@@ -242,6 +242,51 @@ def _predict(config: dict, metrics: dict, rule: str | None = None) -> dict:
     return prefill_check.predicted(simulate(config, change).summary)
 
 
+#: the profiled and un-profiled twins: ``twins/run<i>_<case>.metrics.json.gz``
+TWIN = re.compile(r"^run(?P<run>\d+)_shapes_(?P<mode>sglang|mixed)_medium_overlap_"
+                  r"(?P<kind>r0|profiled)\.metrics\.json(\.gz)?$")
+
+
+def host_stages(metrics: dict) -> dict:
+    """A run's mean host µs per measured step, by shape (``prefill`` for any step with a
+    chunk, ``decode`` for the others with a batch): ``prepare`` (prepare_for_decode) and
+    ``launch`` (run_batch: the forward's launches), from its host stamps (profiled or not)."""
+    st, steps = metrics["steps"], check.measured_steps(metrics)
+    tok = np.asarray(st["prefill_tokens"])[steps]
+    batch = np.asarray(st["batch"])[steps]
+
+    def span(a, b):
+        return (np.asarray(st[b], dtype=float) - np.asarray(st[a], dtype=float))[steps]
+
+    prep, launch = span("t_batch_us", "t_scheduled_us"), span("t_scheduled_us", "t_launched_us")
+    out = {}
+    for shape, keep in (("prefill", tok > 0), ("decode", (tok == 0) & (batch > 0))):
+        out[shape] = {"prepare": float(prep[keep].mean()), "launch": float(launch[keep].mean()),
+                      "steps": int(keep.sum())}
+    return out
+
+
+def twins(folder: Path) -> list[dict]:
+    """The profiler's effect on the host, from ``folder/twins`` (un-profiled and profiled
+    runs of the medium load with overlap, back to back in one process, three processes):
+    per run and mode, each shape's profiled over un-profiled prepare and launch."""
+    runs: dict = {}
+    for path in sorted((folder / "twins").glob("*.metrics.json*")):
+        m = TWIN.match(path.name)
+        if m is not None:
+            runs.setdefault((int(m["run"]), m["mode"]), {})[m["kind"]] = host_stages(
+                check.read_metrics(path))
+    out = []
+    for (run, mode), pair in sorted(runs.items()):
+        if set(pair) != {"r0", "profiled"}:
+            continue
+        plain, prof = pair["r0"], pair["profiled"]
+        out.append({"run": run, "mode": mode, "unprofiled": plain, "profiled": prof,
+                    "ratio": {sh: {st: prof[sh][st] / plain[sh][st] for st in plain[sh]
+                                   if st != "steps"} for sh in plain}})
+    return out
+
+
 def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False) -> dict:
     """Fit each mode, predict every case, compare (see the module docstring)."""
     folder = Path(folder or DEFAULT_DIR)
@@ -318,6 +363,7 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False) -> di
                  and all(v["ok"] for v in out["mixed"].values()))
     for c in out["cases"].values():
         del c["by_seed"]
+    out["twins"] = twins(folder)  # reported, not judged
     return out
 
 
@@ -364,6 +410,15 @@ def markdown(result: dict) -> str:
             ps = " / ".join(f"{k} {v / 1e3:.1f}" for k, v in a["predicted_us"].items())
             advice.append([question, key.replace("_", " "), a["measured"], a["predicted"],
                            ms, ps, "" if a["ok"] else "WRONG"])
+    twin_rows = [[str(t["run"]), t["mode"],
+                  *(f"{t['unprofiled'][sh][st]:.0f} / {t['profiled'][sh][st]:.0f} "
+                    f"(x{t['ratio'][sh][st]:.2f})" for sh in ("prefill", "decode")
+                    for st in ("prepare", "launch"))] for t in result.get("twins", [])]
+    twin_table = ["", "The profiler on the host (twins, medium load, overlap; un-profiled / "
+                  "profiled µs per step, from the host stamps):", "",
+                  *check.table(["run", "mode", "prefill prepare", "prefill launch",
+                                "decode prepare", "decode launch"], twin_rows)
+                  ] if twin_rows else []
     return "\n".join([
         "Models, each from its mode's one capture (simwar's fit; FILLED: by this checker):",
         *lines, "",
@@ -372,7 +427,8 @@ def markdown(result: dict) -> str:
         *check.table(["mode, load", "on - off, meas. / pred.: " + LABELS[FIGURES[0]],
                       *(LABELS[k] for k in FIGURES[1:])], signs), "",
         *check.table(["question", "case", "measured", "predicted",
-                      "measured score ms", "predicted score ms", ""], advice)])
+                      "measured score ms", "predicted score ms", ""], advice),
+        *twin_table])
 
 
 def main(argv: list[str] | None = None) -> int:

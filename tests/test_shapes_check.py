@@ -131,3 +131,15 @@ def test_the_servers_mapping_reads_old_and_new_captures():
     assert Counter(s.mode for s in cap.shapes) == {"decode": 156, "mixed": 42, "prefill": 2}
     assert [s.tokens for s in cap.shapes if s.mode != "decode"] == [
         t for t in logged["steps"]["prefill_tokens"] if t]
+
+
+def test_the_twins_show_the_profiler_shortening_the_eager_prefills_launches():
+    """Un-profiled and profiled runs of the medium load back to back (three processes): in
+    every ``sglang`` pair the profiled prefill step launched its eager prefill faster than
+    the un-profiled one, while its decode steps launched slower (calibration/README.md)."""
+    from lab.shapes_check import twins
+
+    pairs = [t for t in twins(DEFAULT_DIR) if t["mode"] == "sglang"]
+    assert [t["run"] for t in pairs] == [1, 2, 3]
+    assert [round(t["ratio"]["prefill"]["launch"], 2) for t in pairs] == [0.81, 0.81, 0.53]
+    assert [round(t["ratio"]["decode"]["launch"], 2) for t in pairs] == [1.60, 1.82, 1.13]
