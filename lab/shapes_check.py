@@ -12,7 +12,9 @@ per mode, ``shapes_<mode>_medium_overlap_profiled.kineto.json.gz``.
 
 **The model of a mode** comes from that mode's ONE capture, through simwar's own fit: the
 capture opened with the mini-server's mapping (:data:`lab.check.SERVER_MAPPING`: the step
-ranges ``decode``/``prefill``/``mixed bs=...`` give each step's batch and shape) and
+ranges ``decode``/``prefill``/``mixed bs=...`` give each step's batch and shape, and the
+``prefill`` range's kernels are a phase of their own, so the fitted phase table is the decode
+steps') and
 :func:`simwar.fit.from_capture.fit_model`, the path of ``simwar import --fit``, with the
 profiler's own host cost subtracted by the capture's event counts and the graph buckets the
 capture never ran extrapolated (the loads reach buckets 32 and 64 that the capture did not).
@@ -38,7 +40,9 @@ measured against predicted: overlap on or off, per mode and load, and "should I 
 chunk?" per load and loop, a what-if of the ``sglang`` model with the rule ``sglang_mixed``
 against the measured mixed cases. A recommendation picks the lower mean request time,
 TTFT + TPOT x (mean output - 1) (:func:`score`). Exit status 1 when a figure, a sign or a
-recommendation misses.
+recommendation misses. Reported, not judged: each repeat's host speed against the capture's
+(the unpadded host work of its decode steps), and where ``DIR/twins`` holds them, the
+profiler's effect on the host stages of un-profiled and profiled twins (:func:`twins`).
 
 Runs where simulation runs (simwar's full stack), not on the GPU machine.
 """
