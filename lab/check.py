@@ -36,6 +36,21 @@ FIT_CAPTURE = "fit_ramp_profiled.kineto.json.gz"
 FIT_TIMED = "fit_ramp.metrics.json"
 #: the mini-server's admission cap
 MAX_BATCH = 64
+#: how simwar reads the mini-server's captures: SGLang's preset, each step's decode batch and
+#: shape from the range around its forward (``lab.server.step_range``): ``decode bs=<B>``,
+#: ``prefill bs=<N> toks=<T>`` (no decode batch: N requests in the chunk), ``mixed bs=<B>
+#: toks=<T>``. Captures written before the shapes named a mixed step ``decode bs=<B>`` with
+#: a ``prefill`` range inside: they read as decode steps, as the preset read them. The
+#: ``prefill`` range's kernels are a phase of their own (``chunk``), not the preset's default
+#: phase (``forward``, where load_batch's copy is): a step that prefills then has another
+#: structure than a decode step, and the fit's phase table is the decode steps' alone (with
+#: the default phase, a mixed step's prefill became ``forward``'s 175 µs per request)
+SERVER_MAPPING = {
+    "preset": "sglang",
+    "phases": {"^draft$": "draft", "^verify$": "verify", "^sample$": "sample",
+               "^prefill$": "chunk"},
+    "batch": r"^(?:decode|mixed) bs=(\d+)$",
+    "shape": r"^(?P<mode>decode|prefill|mixed) bs=(?P<batch>\d+)(?: toks=(?P<tokens>\d+))?$"}
 #: a repeat whose host ran this much slower than the sweep's (its unpadded host work per step
 #: against the sweep's at the same batch) is reported, not judged: the fit knows one host speed
 HOST_SPEED_MAX = 1.15

@@ -38,7 +38,10 @@ sweep's (:func:`lab.check.host_speed` on its steps without a prefill) is reporte
 
 The data, the fit, the host-speed rule, the rows and the command line are
 :mod:`lab.check`'s (shared with :mod:`lab.server_check`); the prefill model, the cases'
-what-if, the figures and the on-vs-off signs are this module's. Runs where simulation runs
+what-if, the figures and the on-vs-off signs are this module's (:mod:`lab.shapes_check`
+reads its prefill with the same readers, :func:`step_ranges`, :func:`profiler_cost_of` and
+:func:`token_line`, and asks and compares its cases with :func:`what_if`, :func:`measured`,
+:func:`predicted` and :func:`cell`). Runs where simulation runs
 (simwar's full stack), not on the GPU machine.
 """
 
@@ -74,7 +77,7 @@ def _lengths(text: str) -> dict:
     return {"dist": "uniform", "low": int(lo) - 1, "high": int(hi or lo)}
 
 
-def _ranges(events: list, steps: list, name: str, cat: str = "user_annotation",
+def step_ranges(events: list, steps: list, name: str, cat: str = "user_annotation",
             less=None) -> dict:
     """Step -> the duration of the range ``name`` in that ProfilerStep (host ranges: by the
     step range holding them); ``less(ts, dur)``: the duration it becomes."""
@@ -100,7 +103,7 @@ def profiler_cost_of(capture: Path, steps: list):
     return lambda ts, dur: prof.less(dur, ts - shift, ts - shift + dur)
 
 
-def _line(x: list, y: list) -> dict:
+def token_line(x: list, y: list) -> dict:
     """``{base, per_token}`` by least squares; the mean where the line has a negative part."""
     b, a = np.polyfit(x, y, 1) if np.ptp(x) else (0.0, float(np.mean(y)))
     if b < 0 or a < 0:
@@ -122,8 +125,8 @@ def prefill_model(folder: Path, host_scale: float, device_scale: float,
     path = check.metrics_file(folder, PREFILL_METRICS) or folder / PREFILL_METRICS
     tokens = check.read_metrics(path)["steps"]["prefill_tokens"]
     less = profiler_cost_of(capture, steps) if profiler_cost else None
-    run = _ranges(events, steps, "scheduler.run_batch", less=less)
-    prep = _ranges(events, steps, "scheduler.prepare_for_decode", less=less)
+    run = step_ranges(events, steps, "scheduler.run_batch", less=less)
+    prep = step_ranges(events, steps, "scheduler.prepare_for_decode", less=less)
     ks = [k for k in sorted(run) if k >= warmup and k in prep and k < len(tokens)]
     plain = [run[k] + prep[k] for k in ks if tokens[k] == 0]
     with_prefill = [k for k in ks if tokens[k] > 0]
@@ -149,8 +152,8 @@ def prefill_model(folder: Path, host_scale: float, device_scale: float,
             continue
         tail_x.append(float(tokens[k]))
         tail.append(device_scale * max(0.0, g["ts"] + g["dur"] - (h["ts"] + h["dur"])))
-    return {"section": {"chunk_tokens": 256, "forward_us": _line(tail_x, tail),
-                        "host_us": _line(x, host), "graph": "eager"},
+    return {"section": {"chunk_tokens": 256, "forward_us": token_line(tail_x, tail),
+                        "host_us": token_line(x, host), "graph": "eager"},
             "from": f"{PREFILL_CAPTURE}: {len(x)} prefill steps; host: run_batch + "
                     f"prepare over the {len(plain)} steps without prefill, mean "
                     f"{np.mean(host):.0f} µs (x {host_scale:.3f}, the sweep's host factor); "
@@ -278,7 +281,7 @@ LABELS = {"step_us": "step µs", "tpot_us": "TPOT µs", "tokens_per_s": "tokens/
           "requests_per_s": "req/s", "ttft_forward_us": "TTFT fwd ms", "ttft_us": "TTFT ms"}
 
 
-def _cell(row: dict, key: str) -> str:
+def cell(row: dict, key: str) -> str:
     scale = 1e-3 if key.startswith("ttft") else 1.0
     m, p, e = row["measured"] * scale, row["predicted"] * scale, row["error"]
     fmt = ".1f" if key in ("requests_per_s",) or scale != 1.0 else ".0f"
@@ -300,7 +303,7 @@ def markdown(result: dict) -> str:
         speeds = ", ".join(f"x{v:.2f}" if ok else f"(x{v:.2f})"
                            for v, ok in zip(c["host_speed"], c["judged"]))
         cases.append([c["load"], c["loop"], speeds, f"{m:.1f} / {p:.1f}",
-                      *(_cell(c["rows"][k], k) for k in FIGURES)])
+                      *(cell(c["rows"][k], k) for k in FIGURES)])
     signs = []
     for load, sign in result["signs"].items():
         cells = []

@@ -23,9 +23,11 @@ each iteration is one ``prof.step()``, so ``ProfilerStep#k``; the drain is in th
    (``index_put_``: admissions' slots, the new slots, the marker stamps) on the **schedule
    stream**.
 3. ``scheduler.run_batch``: ``forward.wait_stream(schedule)``; on the **forward stream**,
-   inside ``decode bs=<B>`` (B the real decode batch): ``load_batch``, ``prefill`` (eager,
-   with a chunk), ``draft`` and ``verify`` graphs of bucket ``bucket(B)`` (the smallest of 8,
-   16, 32, 64 >= B; none when B = 0), ``sample`` (eager); then ``copy.wait_stream(forward)``,
+   inside a range naming the step's shape (:func:`step_range`: ``decode bs=<B>``, B the
+   real decode batch; ``prefill bs=<N> toks=<T>``, a chunk of T tokens of N requests and no
+   decode; ``mixed bs=<B> toks=<T>``, both): ``load_batch``, ``prefill`` (eager, with a
+   chunk), ``draft`` and ``verify`` graphs of bucket ``bucket(B)`` (the smallest of 8, 16,
+   32, 64 >= B; none when B = 0), ``sample`` (eager); then ``copy.wait_stream(forward)``,
    the result's D2H on the **copy stream**, ``copy_done`` recorded.
 4. The barrier (``--barrier``): ``fine``: ``schedule.wait_event(read_done)``, the verify
    graph's in-graph node after its gather; ``coarse``: ``schedule.wait_stream(forward)``;
@@ -38,6 +40,19 @@ each iteration is one ``prof.step()``, so ``ProfilerStep#k``; the drain is in th
    request tokens appended, finishes, "detokenize" string work. ``--hidden-sync`` adds a D2H
    copy of the step's logprobs into a strided pinned slice, issued on the forward stream;
    torch performs it synchronously, so the host waits for the forward just launched.
+
+**The step's shape** (``--schedule``, :data:`lab.server_requests.POLICIES`): ``mixed``
+(the default; SGLang's ``--enable-mixed-chunk``) mixes the prefill chunk into every decode
+step; ``sglang`` (SGLang's default, ``get_next_batch_to_run``) runs a **prefill step of its
+own** while prompt tokens wait (a carried-over prompt, or a waiting request with room to
+admit it): only the chunk's forward (eager, launch by launch), every decoding request paused
+(no draft or verify graph that step); a prompt longer than the ``chunk_tokens`` budget is
+carried over and prefilled over several steps, first in each, and decodes from the step after
+its last chunk; otherwise a decode step. A later chunk's attention reads its prompt's prefix
+already in the KV cache. Overlap on and off work with both (a prefill step's first token is
+processed one step later under overlap, as any result); the barrier fences the next step's
+writes against this step's reads whatever the two shapes (a prefill step publishes no graph
+read-done: ``fine`` falls back to ``coarse`` there).
 
 A final drain processes the last result. The finish rule: a request finished by step k is
 in batch k+1 and leaves before batch k+2 (with overlap); ``accept_tokens`` (default 2.0)
@@ -75,8 +90,12 @@ fit): a triangular rate from 0.5 × light up to 1.1 × the bucket-64 capacity at
 run's expected length (steps × T(20)) and back, so the batch sweeps every bucket up and
 down.
 ``closed``: ``--concurrency`` requests. The realized batch is in each case's metrics.
+``shapes_light`` and ``shapes_medium``: 0.3 and 0.6 × the request rate of a pilot closed
+loop of 16 with the case's lengths under SGLang's default scheduling (16 / its mean latency),
+run only when a case needs them.
 
-**Suites** (fixed seeds; ``--dry-run`` caps the steps; about 80 s in all on the H200):
+**Suites** (fixed seeds; ``--dry-run`` caps the steps; about 80 s in all on the H200, and
+80 s more for ``shapes``):
 
 - ``fit``: ``fit_ramp_profiled`` (200 steps, profiled, fine) and ``fit_ramp`` (the same, timed);
 - ``loads``: ``loads_<light|medium|saturated>_<fine|coarse|none>_r<0-2>``, 400 steps, timed;
@@ -88,6 +107,11 @@ down.
 - ``hostsync``: ``hostsync_medium`` (120 steps, profiled, ``--hidden-sync``, fine);
 - ``prefill``: ``prefill_<light|medium|closed8>_<overlap|normal>_r<0-1>`` (250 steps,
   prompts 64..512, chunk 256, timed) and ``prefill_light_overlap_profiled`` (120 steps);
+- ``shapes``: ``shapes_<sglang|mixed>_<light|medium|closed16>_<overlap|normal>_r<0-1>``
+  (400 steps, timed; prompts 256..4096 in a 2,048-token budget, outputs 16..128) and
+  ``shapes_<sglang|mixed>_medium_overlap_profiled`` (200 steps): the pools and the chunk
+  buffers grow to hold the prompts (``max_context`` 4,224: every decode gather reads that
+  many positions), so this suite runs in a process of its own (~80 s on the H200);
 - ``smoke``: three short cases (timed decode, profiled prefill, eager).
 
 **Files.** ``OUT/<case>.metrics.json`` (after each case, so a failure keeps what ran),
@@ -98,8 +122,10 @@ where this torch has them, gzipped; the profiler is warmed up once first),
 
 **Metrics.** Times are µs on the host clock since the run began; device times come from
 CUDA events on the forward stream (timed cases only), placed on the host clock by an anchor
-event recorded on the idle stream. Per step k (``steps``): ``batch`` (B), ``bucket``,
-``prefill_tokens``, ``prefill_requests``, ``admitted``, ``wait_us`` (idle wait for an
+event recorded on the idle stream. Per step k (``steps``): ``shape`` (``decode``,
+``prefill``, ``mixed``; ``idle`` for a step with neither), ``batch`` (B), ``bucket``,
+``prefill_tokens``, ``prefill_requests``, ``admitted``, ``paused`` (requests that could
+decode but paused for a prefill step), ``wait_us`` (idle wait for an
 arrival), host stamps ``t_begin_us``, ``t_batch_us`` (batch built), ``t_scheduled_us``
 (prepare done), ``t_launched_us`` (copy_done recorded), ``t_barrier_us``, ``proc_begin_us`` /
 ``proc_synced_us`` (copy_done returned) / ``proc_end_us`` of its result's processing,
@@ -113,7 +139,8 @@ measured steps (from ``warmup`` to the second-last: a step time needs a successo
 ``step_us`` = fwd_start[k+1] - fwd_start[k], ``fwd_us`` = fwd_end[k] - fwd_start[k],
 ``gap_us`` = fwd_start[k+1] - fwd_end[k] (mean/p50/p99), ``iter_us`` (host: t_begin[k+1] -
 t_begin[k], also when profiled), ``batch_mean``, ``per_bucket`` (steps, step/fwd/iter
-means), ``launch_ahead_mean``, ``host_us`` (means per step: ``schedule``, ``prepare``,
+means), ``per_shape`` (steps, step/fwd means, prefill tokens and paused requests per step),
+``paused_steps``, ``launch_ahead_mean, ``host_us`` (means per step: ``schedule``, ``prepare``,
 ``launch``, ``barrier``, ``process`` (after the sync), ``sync_wait``, ``wait_requests``,
 ``busy`` = iter - sync_wait - wait_requests, ``other`` = prepare + launch + barrier),
 ``requests_completed`` (finish processed in the run), ``latency_us`` = finish_host -
@@ -126,8 +153,8 @@ first_token_dev) / (output - 1) (requests of > 1 token), ``tpot_host_us`` likewi
 
 Imports: torch (inside :func:`main`, which hands it down) and the standard library; the lab's
 GPU-side modules and simwar's GPU-side CSAN collector (:mod:`simwar.harness.csan`). Split in
-four because one file would pass 1,800 lines: this one the loop, the set-up and the CLI
-(past 600 lines by this docstring, which keeps the loop, the suites and every metric's
+four because one file would pass 1,900 lines: this one the loop, the set-up and the CLI
+(past 750 lines by this docstring, which keeps the loop, the suites and every metric's
 definition in one place); ``server_cases`` the cases, suites and loads; ``server_model`` the
 device side; ``server_requests`` the pure-Python scheduler and metrics the tests check
 without torch.
@@ -152,14 +179,19 @@ from pathlib import Path
 from lab.server_cases import (
     BARRIERS,
     LOADS,
+    SHAPES_LOADS,
+    SHAPES_PILOT,
     Case,
     Loads,
     check_lengths,
     select_cases,
+    sized_for,
 )
 from lab.server_model import CudaOps, DryOps, ModelShape, ServerModel
 from lab.server_requests import (
+    POLICIES,
     Arrivals,
+    Dist,
     HostWork,
     Scheduler,
     StepLog,
@@ -170,6 +202,17 @@ from lab.server_requests import (
     summarize,
 )
 from simwar.harness.csan import SHARED, CsanCollector, PointerMap, Region, describe
+
+
+def step_range(shape: str, batch: int, requests: int, tokens: int) -> str:
+    """The range around a step's forward, naming its shape (simwar reads it from the capture:
+    ``lab.check.SERVER_MAPPING``): ``decode bs=<B>``, ``prefill bs=<N> toks=<T>`` (N requests
+    in the chunk, T tokens), ``mixed bs=<B> toks=<T>`` (B decoding, T prefill tokens)."""
+    if shape == "prefill":
+        return f"prefill bs={requests} toks={tokens}"
+    if shape == "mixed":
+        return f"mixed bs={batch} toks={tokens}"
+    return f"decode bs={batch}"
 
 
 def barrier_calls(barrier: str, has_graphs: bool) -> tuple[tuple[str, str], ...]:
@@ -211,7 +254,8 @@ class Server:
                                buckets=shape.buckets, rows=shape.rows,
                                kv_slots=shape.kv_slots, max_context=shape.max_context,
                                chunk_tokens=case.chunk_tokens if case.prompt_tokens else 0,
-                               max_prefill_requests=shape.max_prefill_requests)
+                               max_prefill_requests=shape.max_prefill_requests,
+                               policy=case.schedule)
         self.log = StepLog(n)
         self.plans: list = [None] * n
         self.t0 = [ops.event(True) for _ in range(n)] if timing else None
@@ -292,7 +336,8 @@ class Server:
         b, bucket, chunk = len(plan.decode), plan.bucket, plan.prefill
         col["batch"][k], col["bucket"][k] = b, bucket
         col["prefill_tokens"][k], col["prefill_requests"][k] = plan.prefill_tokens(), len(chunk)
-        col["admitted"][k] = len(plan.admitted)
+        col["admitted"][k], col["paused"][k] = len(plan.admitted), plan.paused
+        col["shape"][k] = plan.shape
         col["t_scheduled_us"][k] = self._now() * 1e6
         with rf("scheduler.run_batch"):
             if self.t1 is not None:
@@ -303,7 +348,7 @@ class Server:
             with ops.use(self.forward):
                 if self.t0 is not None:
                     self.t0[k].record(self.forward)
-                with rf(f"decode bs={b}"):
+                with rf(step_range(plan.shape, b, len(chunk), plan.prefill_tokens())):
                     staging = m.staging[parity]
                     if b:
                         draft, verify, read_done = m.launchers(bucket, case.eager)
@@ -448,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--suite", help="comma-separated: fit, loads, races, hostsync, prefill, "
-                                    "smoke (none: one case from the flags)")
+                                    "shapes, smoke (none: one case from the flags)")
     ap.add_argument("--cases", help="comma-separated case names to keep")
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny shapes on the CPU, no streams or graphs (tests)")
@@ -476,6 +521,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eager", action="store_true", default=None)
     g.add_argument("--csan", action="store_true", default=None)
     g.add_argument("--host-scale", type=float, help="× the Python padding (default 1)")
+    g.add_argument("--schedule", choices=POLICIES,
+                   help="mixed: the chunk mixed into the decode step (SGLang's "
+                        "--enable-mixed-chunk; the default); sglang: SGLang's default, a "
+                        "prefill step of its own while prompt tokens wait")
     return ap
 
 
@@ -486,16 +535,21 @@ PILOTS = ((5, False), (20, False), (64, False), (6, True), (20, True))
 class Bench:
     """The process's set-up (model, graphs, figures, loads) and its per-case runs."""
 
-    def __init__(self, args, torch, log):
+    def __init__(self, args, torch, log, cases: list[Case]):
         self.args, self.torch, self.log = args, torch, log
         self.ops = ops = DryOps(torch) if args.dry_run else CudaOps(torch)
         shape = ModelShape.dry() if args.dry_run else ModelShape()
-        shape = shape.with_sizes(args.layers, args.draft_steps)
+        # the pools and buffers hold the longest case (the shapes suite's 4,096-token prompts
+        # widen max_context, and with it every decode gather: a suite of its own)
+        shape = shape.with_sizes(args.layers, args.draft_steps,
+                                 *sized_for(cases, args.accept_tokens, shape.max_context,
+                                            shape.max_chunk_tokens))
         self.model = model = ServerModel(ops, shape)
         model.capture()
         fwd = {b: model.forward_us(b) for b in shape.buckets}
         fwd_eager = {b: model.forward_us(b, eager=True) for b in shape.buckets}
-        prefill = {t: model.prefill_us(t) for t in (64, 256)}
+        prefill = {t: model.prefill_us(t) for t in (64, 256, 1024, 2048)
+                   if t <= 256 or t <= shape.max_chunk_tokens}
         log("forward µs per bucket (graphs): " + ", ".join(f"{b}: {v:.0f}"
                                                            for b, v in fwd.items()))
         log("forward µs per bucket (eager): " + ", ".join(f"{b}: {v:.0f}"
@@ -536,9 +590,13 @@ class Bench:
                         prompt_tokens="64..512" if prefill_on else None)
             steplog, sched, _ = self.server.run(case, self.loads.arrivals(case), timing=True)
             pilots[key] = summarize(steplog, sched, True, warm)["step_us_mean"]
-        self.loads = Loads(pilots, args.accept_tokens)
+        rps = self._shapes_pilot(cases)
+        pilots.update({k: v for k, v in rps.items() if k.startswith("step_")})
+        rps = {k: v for k, v in rps.items() if not k.startswith("step_")}
+        self.loads = Loads(pilots, args.accept_tokens, pilot_rps=rps)
         rates = {load: self.loads.rate(load) for load in
-                 ("light", "medium", "saturated", "prefill_light", "prefill_medium")}
+                 ("light", "medium", "saturated", "prefill_light", "prefill_medium",
+                  *(SHAPES_LOADS if rps else ()))}
         log("pilot step µs: " + ", ".join(f"{k}: {v:.0f}" for k, v in pilots.items())
             + "; rates /s: " + ", ".join(f"{k}: {v:.0f}" for k, v in rates.items()))
         self.device = {"format": "simwar.server_device", "version": 1,
@@ -550,7 +608,31 @@ class Bench:
                        "prefill_us": {str(t): v for t, v in prefill.items()},
                        "host_work": asdict(host), "host_other_us": other,
                        "host_work_warning": warning, "pilot_step_us": pilots,
+                       "pilot_requests_per_s": rps,
                        "load_rates_per_s": rates, "cuda_sync_events": self.sync_events}
+
+    def _shapes_pilot(self, cases: list[Case]) -> dict:
+        """Where a case runs a shapes load: a closed loop of :data:`SHAPES_PILOT` requests
+        with that case's lengths, SGLang's default scheduling and overlap; its request rate,
+        N / its mean latency (``shapes_<N>``), and its mean step µs (``step_shapes_<N>``).
+        Without a finished request (a dry run's few steps) the latency is taken as its step
+        time × (``ceil(output / accept)`` decode steps + the N requests' prefill steps)."""
+        shaped = [c for c in cases if c.load in SHAPES_LOADS]
+        if not shaped:
+            return {}
+        args, c, n = self.args, shaped[0], SHAPES_PILOT
+        steps, warm = (min(200, args.dry_steps), 2) if args.dry_run else (200, 40)
+        case = Case(f"pilot_shapes_{n}", steps, "closed", concurrency=n, warmup=warm,
+                    schedule="sglang", prompt_tokens=c.prompt_tokens,
+                    chunk_tokens=c.chunk_tokens, output_tokens=c.output_tokens)
+        steplog, sched, _ = self.server.run(case, self.loads.arrivals(case), timing=True)
+        s = summarize(steplog, sched, True, warm)
+        lat, step = s["latency_us_mean"], s["step_us_mean"]
+        if not math.isfinite(lat):
+            out = Dist.parse(c.output_tokens).mean()
+            prefill = n * Dist.parse(c.prompt_tokens).mean() / c.chunk_tokens
+            lat = step * (math.ceil(out / args.accept_tokens) + prefill)
+        return {f"shapes_{n}": n / (lat * 1e-6), f"step_shapes_{n}": step}
 
     def run_case(self, case: Case) -> dict:
         """One case: timed (or sanitized) or profiled; returns its metrics."""
@@ -615,6 +697,9 @@ def case_line(name: str, m: dict, seconds: float) -> str:
             f"µs (p99 {f('step_us_p99')}), fwd {f('fwd_us_mean')}, gap {f('gap_us_mean')}, "
             f"iter {f('iter_us_mean')}, racy {s['racy_steps']}/{s['steps_measured']}, "
             f"done {s['requests_completed']}/{s['requests_arrived']}")
+    shapes = s.get("per_shape") or {}
+    if set(shapes) - {"decode"}:
+        line += ", shapes " + " ".join(f"{k} {v['steps']}" for k, v in shapes.items())
     if s.get("ttft_host_us_mean") is not None and m["case"]["prompt_tokens"]:
         line += f", ttft {f('ttft_dev_us_mean')}/{f('ttft_host_us_mean')} µs"
     if m["capture"]:
@@ -666,7 +751,7 @@ def _run(args, cases: list[Case], torch, log, write_log, t_all: float) -> int:
         torch.zeros(1, device="cuda")
         if args.cpu is not None and hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(threading.get_native_id(), {args.cpu})
-    bench = Bench(args, torch, log)
+    bench = Bench(args, torch, log, cases)
     log(f"set-up {time.time() - t_all:.1f}s ({bench.device['device']})")
     (args.out / "server_device.json").write_text(json.dumps(clean(bench.device), indent=1))
     failed = []

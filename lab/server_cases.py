@@ -13,15 +13,30 @@ Imports: the standard library and :mod:`lab.server_requests`.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
-from lab.server_requests import Arrivals, Dist, Ramp, mean_decode_steps, rate_for
+from lab.server_requests import (
+    POLICIES,
+    Arrivals,
+    Dist,
+    Ramp,
+    mean_decode_steps,
+    rate_for,
+)
 
 BARRIERS = ("fine", "coarse", "none", "planted")
-LOADS = ("light", "medium", "saturated", "ramp", "prefill_light", "prefill_medium", "closed")
+LOADS = ("light", "medium", "saturated", "ramp", "prefill_light", "prefill_medium",
+         "shapes_light", "shapes_medium", "closed")
 #: load -> requests in the system it aims at, and whether its requests are prefilled
 TARGETS = {"light": (5, False), "medium": (20, False), "saturated": (64, False),
            "prefill_light": (6, True), "prefill_medium": (20, True)}
+#: the shapes suite's loads: a share of the pilot closed loop's request rate
+#: (:data:`SHAPES_PILOT` requests, SGLang's default scheduling, the suite's lengths)
+SHAPES_LOADS = {"shapes_light": 0.3, "shapes_medium": 0.6}
+SHAPES_PILOT = 16
+#: the shapes suite's lengths: prompts longer than the chunk budget are carried over
+SHAPES_LENGTHS = {"prompt_tokens": "256..4096", "chunk_tokens": 2048,
+                  "output_tokens": "16..128"}
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,7 @@ class Case:
     context_tokens: str = "32..256"
     host_scale: float = 1.0  # × the Python padding (0: the scheduler's own work only)
     warmup: int | None = None  # default: steps // 10
+    schedule: str = "mixed"  # lab.server_requests.POLICIES
 
     def __post_init__(self):
         if self.barrier not in BARRIERS:
@@ -54,6 +70,10 @@ class Case:
             raise ValueError(f"{self.name}: load {self.load!r} not in {LOADS}")
         if self.csan and not self.eager:
             raise ValueError(f"{self.name}: --csan needs --eager (CSAN does not see graphs)")
+        if self.schedule not in POLICIES:
+            raise ValueError(f"{self.name}: schedule {self.schedule!r} not in {POLICIES}")
+        if self.schedule == "sglang" and not self.prompt_tokens:
+            raise ValueError(f"{self.name}: schedule sglang needs prompts (--prompt-tokens)")
         if self.load == "closed" and not self.concurrency:
             raise ValueError(f"{self.name}: a closed load needs a concurrency")
         for text in (self.prompt_tokens, self.output_tokens, self.context_tokens):
@@ -96,13 +116,24 @@ def suite_cases(name: str) -> list[Case]:
                  for tag, load, conc in loads for ov in (True, False) for r in range(2)]
                 + [Case("prefill_light_overlap_profiled", 120, "prefill_light", seed=200,
                         profiled=True, prompt_tokens=prompts, warmup=30)])
+    if name == "shapes":
+        loads = [("light", "shapes_light", None), ("medium", "shapes_medium", None),
+                 ("closed16", "closed", 16)]
+        return ([Case(f"shapes_{mode}_{tag}_{'overlap' if ov else 'normal'}_r{r}", 400, load,
+                      seed=300 + r, overlap=ov, schedule=mode, concurrency=conc, warmup=40,
+                      **SHAPES_LENGTHS)
+                 for mode in POLICIES[::-1] for tag, load, conc in loads
+                 for ov in (True, False) for r in range(2)]
+                + [Case(f"shapes_{mode}_medium_overlap_profiled", 200, "shapes_medium",
+                        seed=300, profiled=True, schedule=mode, warmup=20, **SHAPES_LENGTHS)
+                   for mode in POLICIES[::-1]])
     if name == "smoke":
         return [Case("smoke_decode", 40, "medium", seed=5),
                 Case("smoke_prefill_profiled", 30, "closed", concurrency=4, seed=5,
                      profiled=True, prompt_tokens="64..300"),
                 Case("smoke_eager", 20, "light", "planted", seed=5, eager=True)]
     raise ValueError(f"--suite: {name!r} is not a suite (fit, loads, races, hostsync, "
-                     f"prefill, smoke)")
+                     f"prefill, shapes, smoke)")
 
 
 @dataclass(frozen=True)
@@ -114,6 +145,8 @@ class Loads:
     output: Dist = Dist(16, 128)
     prompt: Dist = Dist(64, 512)
     chunk_tokens: int = 256
+    #: "shapes_<N>" -> the pilot closed loop's requests per second (N / its mean latency)
+    pilot_rps: dict = field(default_factory=dict)
 
     @staticmethod
     def pilot_key(n: int, prefill: bool) -> str:
@@ -127,6 +160,8 @@ class Loads:
         return decode + extra
 
     def rate(self, load: str) -> float:
+        if load in SHAPES_LOADS:
+            return SHAPES_LOADS[load] * self.pilot_rps[f"shapes_{SHAPES_PILOT}"]
         n, prefill = TARGETS[load]
         step = self.pilot_step_us[self.pilot_key(n, prefill)]
         r = rate_for(n, step, self.steps_per_request(prefill))
@@ -177,7 +212,7 @@ def check_lengths(case: Case, accept: float, max_context: int, max_chunk: int) -
 #: the command line's case flags (``args`` attributes) that override a suite's cases
 OVERRIDES = ("steps", "load", "rate", "concurrency", "barrier", "seed", "profiled",
              "hidden_sync", "overlap", "prompt_tokens", "chunk_tokens", "output_tokens",
-             "eager", "csan", "host_scale")
+             "eager", "csan", "host_scale", "schedule")
 
 
 def select_cases(args) -> list[Case]:
@@ -201,5 +236,21 @@ def select_cases(args) -> list[Case]:
     return [c for c in cases if not c.csan] + [c for c in cases if c.csan]
 
 
-__all__ = ["BARRIERS", "LOADS", "OVERRIDES", "TARGETS", "Case", "Loads", "check_lengths",
-           "select_cases", "suite_cases"]
+def sized_for(cases: list[Case], accept: float, max_context: int, max_chunk: int
+              ) -> tuple[int, int]:
+    """``(max_context, max_chunk_tokens)`` that hold every case's lengths: the defaults, or
+    more where a case needs it (the context rounded up to a multiple of 128)."""
+    ctx, chunk = max_context, max_chunk
+    for c in cases:
+        out = Dist.parse(c.output_tokens)
+        first = Dist.parse(c.prompt_tokens or c.context_tokens)
+        need = first.hi + math.ceil(out.hi / accept) + 4
+        ctx = max(ctx, -(-need // 128) * 128)
+        if c.prompt_tokens:
+            chunk = max(chunk, c.chunk_tokens)
+    return ctx, chunk
+
+
+__all__ = ["BARRIERS", "LOADS", "OVERRIDES", "SHAPES_LENGTHS", "SHAPES_LOADS", "SHAPES_PILOT",
+           "TARGETS", "Case", "Loads", "check_lengths", "select_cases", "sized_for",
+           "suite_cases"]

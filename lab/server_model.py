@@ -104,10 +104,13 @@ class ModelShape:
         return cls(hidden=16, heads=2, head_dim=8, ffn=24, layers=2, draft_ffn=16,
                    draft_steps=2, vocab=64)
 
-    def with_sizes(self, layers: int | None = None, draft_steps: int | None = None
+    def with_sizes(self, layers: int | None = None, draft_steps: int | None = None,
+                   max_context: int | None = None, max_chunk_tokens: int | None = None
                    ) -> ModelShape:
         return replace(self, layers=layers or self.layers,
-                       draft_steps=draft_steps or self.draft_steps)
+                       draft_steps=draft_steps or self.draft_steps,
+                       max_context=max_context or self.max_context,
+                       max_chunk_tokens=max_chunk_tokens or self.max_chunk_tokens)
 
 
 # --------------------------------------------------------------------------- device ops

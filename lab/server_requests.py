@@ -28,7 +28,12 @@ without torch, to check the rules the simulator models:
   split across steps, and several may share a step, at most ``max_prefill_requests``). The
   step that takes a request's last prompt tokens gives its first token (it counts as one of
   ``output_tokens``), and the request decodes from the next step on; the scheduler knows
-  this when it schedules, not from a result.
+  this when it schedules, not from a result. Two policies pick a step's shape
+  (:data:`POLICIES`): ``mixed`` (SGLang's ``--enable-mixed-chunk``) mixes the chunk into
+  every decode step, as above; ``sglang`` (SGLang's default) makes a step that has prompt
+  tokens to take a prefill step of its own, where every decoding request pauses, with
+  admission inside the prefill (:meth:`Scheduler._prefill_step`, SGLang's
+  ``PrefillAdder``), and a decode step otherwise. :attr:`StepPlan.shape` names the result.
 - The scheduler's Python padding to per-range time targets (:class:`HostWork`,
   :func:`python_work_until`).
 - The race check (:func:`overtaken`), the arithmetic that sizes a load (:func:`rate_for`),
@@ -205,9 +210,24 @@ class StepPlan:
     w_vals: list[int]
     #: (request, first prompt position, tokens) per request in this step's chunk
     prefill: list[tuple[Request, int, int]]
+    #: requests that could decode but do not this step (a prefill step of its own pauses them)
+    paused: int = 0
 
     def prefill_tokens(self) -> int:
         return sum(n for _, _, n in self.prefill)
+
+    @property
+    def shape(self) -> str:
+        """``decode`` (a decode batch, no chunk), ``prefill`` (a chunk, no decode batch),
+        ``mixed`` (both) or ``idle`` (neither)."""
+        return SHAPES[bool(self.decode)][bool(self.prefill)]
+
+
+#: a step's shape by (decodes, prefills)
+SHAPES = {False: {False: "idle", True: "prefill"}, True: {False: "decode", True: "mixed"}}
+#: ``mixed``: today's loop (the chunk mixed into the decode forward); ``sglang``: SGLang's
+#: default (a prefill step of its own while prompt tokens wait)
+POLICIES = ("mixed", "sglang")
 
 
 def bucket_of(batch: int, buckets: tuple[int, ...]) -> int:
@@ -230,9 +250,13 @@ class Scheduler:
 
     def __init__(self, arrivals: Arrivals, *, max_batch: int, accept_tokens: float,
                  buckets: tuple[int, ...], rows: int, kv_slots: int, max_context: int,
-                 chunk_tokens: int = 0, max_prefill_requests: int = 8):
+                 chunk_tokens: int = 0, max_prefill_requests: int = 8,
+                 policy: str = "mixed"):
         if not accept_tokens > 0:
             raise ValueError("accept_tokens must be > 0")
+        if policy not in POLICIES:
+            raise ValueError(f"policy {policy!r} not in {POLICIES}")
+        self.policy = policy
         self.arrivals = arrivals
         self.max_batch, self.accept = max_batch, float(accept_tokens)
         self.buckets, self.max_context = tuple(buckets), max_context
@@ -259,10 +283,16 @@ class Scheduler:
 
     def schedule(self, k: int, now: float, stamp: int) -> StepPlan:
         """Fix step k's batch at host time ``now``; ``stamp`` is written at the marker."""
+        if self.policy == "sglang":
+            plan = self._prefill_step(k, now, stamp)
+            if plan is not None:
+                return plan
         rows, cols, vals = [], [], []
         admitted = []
         while self.waiting and len(self.running) < self.max_batch and self.free_rows:
             r = self.waiting[0]
+            if self.policy == "sglang" and r.prompt_tokens:
+                break  # a prompt is admitted by its prefill step (_prefill_step)
             need = r.prompt_tokens or r.context_tokens
             if need > len(self.free_slots):
                 break
@@ -295,6 +325,50 @@ class Scheduler:
         chunk = self.take_chunk(k)
         return StepPlan(k, stamp, decode, bucket_of(len(decode), self.buckets), admitted,
                         rows, cols, vals, chunk)
+
+    def _prefill_step(self, k: int, now: float, stamp: int) -> StepPlan | None:
+        """SGLang's default (``get_next_batch_to_run``): while prompt tokens wait, a prefill
+        step of its own, None otherwise. Admission is the prefill's, as SGLang's
+        ``PrefillAdder``: a budget of ``chunk_tokens`` new tokens, the carried-over request
+        (``chunked_req``) first, then waiting requests first come first served while there is
+        budget, room (``max_batch``, a row) and fewer than ``max_prefill_requests`` in the
+        chunk; a prompt longer than what is left is cut there and carried over. Only the
+        chunk's slots are allocated and written (SGLang's ``prepare_for_extend``); every
+        decoding request pauses this step."""
+        budget, chunk, admitted = self.chunk_tokens, [], []
+        rows, cols, vals = [], [], []
+        while budget > 0 and len(chunk) < self.max_prefill_requests:
+            if self.prefilling:  # the carried-over request (at most one)
+                r = self.prefilling.popleft()
+            elif (self.waiting and self.waiting[0].prompt_tokens
+                  and len(self.running) < self.max_batch and self.free_rows):
+                r = self.waiting.popleft()
+                r.row = self.free_rows.popleft()
+                r.admit_step, r.admit_time = k, now
+                self.running.append(r)
+                admitted.append(r)
+            else:
+                break
+            n = min(r.prompt_tokens - r.prefilled, budget)
+            if n > len(self.free_slots):
+                raise RuntimeError(f"request {r.rid}: out of KV slots")
+            new = [self.free_slots.popleft() for _ in range(n)]
+            rows.extend([r.row] * n)
+            cols.extend(range(r.prefilled, r.prefilled + n))
+            vals.extend(new)
+            r.slots.extend(new)
+            chunk.append((r, r.prefilled, n))
+            r.prefilled += n
+            budget -= n
+            if r.prefilled == r.prompt_tokens:
+                r.prefill_done_step = k
+                r.decode_from = k + 1
+            else:
+                self.prefilling.appendleft(r)  # chunked_req: first in the next step
+        if not chunk:
+            return None
+        paused = sum(1 for r in self.running if 0 <= r.decode_from <= k)
+        return StepPlan(k, stamp, [], 0, admitted, rows, cols, vals, chunk, paused)
 
     def take_chunk(self, k: int) -> list[tuple[Request, int, int]]:
         """Up to ``chunk_tokens`` prompt tokens from the prefill queue's head."""
@@ -472,8 +546,9 @@ class StepLog:
 
     def __post_init__(self):
         for c in ("batch", "bucket", "prefill_tokens", "prefill_requests", "admitted",
-                  "processed_in", "launch_ahead", "racy_draft", "racy_verify"):
+                  "paused", "processed_in", "launch_ahead", "racy_draft", "racy_verify"):
             self.cols[c] = [0] * self.n
+        self.cols["shape"] = [""] * self.n
         for c in ("wait_us", "t_begin_us", "t_batch_us", "t_scheduled_us", "t_launched_us",
                   "t_barrier_us",
                   "proc_begin_us", "proc_synced_us", "proc_end_us", "fwd_start_us",
@@ -503,6 +578,16 @@ def summarize(log: StepLog, sched: Scheduler, timing: bool, warmup: int) -> dict
                              "fwd_us_mean": _mean([fwd[k] for k in ks]) if timing else None,
                              "iter_us_mean": _mean([it[k] for k in ks])}
                          for b, ks in sorted(per_bucket.items(), key=lambda x: int(x[0]))}
+    per_shape: dict = {}
+    for k in keep:
+        per_shape.setdefault(c["shape"][k], []).append(k)
+    out["per_shape"] = {sh: {"steps": len(ks),
+                             "step_us_mean": _mean([step[k] for k in ks]) if timing else None,
+                             "fwd_us_mean": _mean([fwd[k] for k in ks]) if timing else None,
+                             "prefill_tokens_mean": _mean([c["prefill_tokens"][k] for k in ks]),
+                             "paused_mean": _mean([c["paused"][k] for k in ks])}
+                        for sh, ks in sorted(per_shape.items())}
+    out["paused_steps"] = sum(1 for k in keep if c["paused"][k] > 0)
     out["launch_ahead_mean"] = _mean([c["launch_ahead"][k] for k in keep]) if timing else None
     out["host_us"] = {
         "schedule": _mean([c["t_batch_us"][k] - tb[k] - _z(c["wait_us"][k]) for k in keep]),
@@ -584,6 +669,6 @@ def clean(obj):
 
 
 __all__ = ["PIECES", "Arrivals", "Dist", "HostWork", "Ramp", "Request", "Scheduler", "StepLog",
-           "StepPlan", "python_work", "python_work_until",
+           "POLICIES", "SHAPES", "StepPlan", "python_work", "python_work_until",
            "bucket_of", "clean", "mean_decode_steps", "overtaken", "percentile", "rate_for",
            "request_arrays", "stats", "summarize"]

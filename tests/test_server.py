@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.server_cases import Case, Loads, select_cases, suite_cases
+from lab.server_cases import Case, Loads, select_cases, sized_for, suite_cases
 from lab.server_requests import (
     Arrivals,
     Dist,
@@ -167,6 +167,45 @@ def test_prefill_finishes_at_the_chunk_that_holds_its_last_prompt_token(seed):
         assert p.prefill_tokens() <= chunk
 
 
+def test_sglang_policy_runs_prefill_steps_of_their_own_and_carries_a_long_prompt():
+    """SGLang's default: while prompt tokens wait, a prefill step where every decoding
+    request pauses; a prompt longer than the budget is carried over (first in the next
+    step) and decodes only after its last chunk; admission is the prefill's."""
+    arr = Arrivals(seed=0, output=Dist(9, 9), prompt=Dist(1, 1), concurrency=3)
+    for r, p in zip(arr.made, (100, 600, 50)):
+        r.prompt_tokens = p
+    sched = _scheduler(arr, chunk_tokens=256, policy="sglang")
+    plans = _drive(sched, 12)
+    assert [[(x.rid, s, n) for x, s, n in p.prefill] for p in plans[:5]] == [
+        [(0, 0, 100), (1, 0, 156)], [(1, 156, 256)], [(1, 412, 188), (2, 0, 50)], [], []]
+    assert [p.shape for p in plans[:4]] == ["prefill"] * 3 + ["decode"]
+    assert [len(p.decode) for p in plans[:4]] == [0, 0, 0, 3]
+    # request 0 finished its prompt at step 0: it pauses in steps 1 and 2
+    assert [p.paused for p in plans[:4]] == [0, 1, 1, 0]
+    r0, r1, r2 = arr.made[:3]
+    assert (r0.admit_step, r1.admit_step, r2.admit_step) == (0, 0, 2)  # in its chunk
+    assert (r1.prefill_done_step, r1.first_token_step, r1.decode_from) == (2, 2, 3)
+    # only the chunk's slots are written: the carried request's second chunk at 156..411
+    assert plans[1].w_cols == list(range(156, 412)) and plans[1].w_rows == [r1.row] * 256
+    assert len(r1.slots) == 600 + sum(1 for p in plans if r1 in p.decode)
+    # 9 tokens: the first from the prefill, 8 more in 4 decode steps from step 3
+    assert r1.finish_step == 6 and r0.finish_step == 6
+
+
+def test_sglang_policy_admits_no_prompt_in_a_decode_step_and_mixed_never_pauses():
+    arr = Arrivals(seed=1, output=Dist(4, 12), prompt=Dist(16, 300), concurrency=5)
+    sched = _scheduler(arr, chunk_tokens=128, policy="sglang")
+    for p in _drive(sched, 60):
+        assert p.shape in ("prefill", "decode")
+        assert not (p.shape == "decode" and any(r.prompt_tokens for r in p.admitted))
+        assert p.prefill_tokens() <= 128
+    arr = Arrivals(seed=1, output=Dist(4, 12), prompt=Dist(16, 300), concurrency=5)
+    plans = _drive(_scheduler(arr, chunk_tokens=128), 60)
+    assert {p.paused for p in plans} == {0} and "mixed" in {p.shape for p in plans}
+    with pytest.raises(ValueError, match="policy"):
+        _scheduler(arr, policy="vllm")
+
+
 def test_bucket_of():
     assert [bucket_of(b, BUCKETS) for b in (0, 1, 8, 9, 33, 64)] == [0, 8, 8, 16, 64, 64]
     with pytest.raises(ValueError):
@@ -240,7 +279,7 @@ def test_case_selection():
 
     for k in ("steps", "load", "rate", "concurrency", "barrier", "seed", "profiled",
               "hidden_sync", "overlap", "prompt_tokens", "chunk_tokens", "output_tokens",
-              "eager", "csan", "host_scale"):
+              "eager", "csan", "host_scale", "schedule"):
         setattr(Args, k, None)
     cases = select_cases(Args)
     assert [c.csan for c in cases] == [False] * 7 + [True] * 4  # sanitized cases last
@@ -256,9 +295,20 @@ def test_case_selection():
         Case("x", 10, prompt_tokens="9..1")
     with pytest.raises(ValueError, match="not a suite"):
         suite_cases("nope")
-    names = [c.name for s in ("fit", "loads", "races", "hostsync", "prefill", "smoke")
+    with pytest.raises(ValueError, match="needs prompts"):
+        Case("x", 10, schedule="sglang")
+    with pytest.raises(ValueError, match="schedule"):
+        Case("x", 10, schedule="vllm", prompt_tokens="8")
+    names = [c.name for s in ("fit", "loads", "races", "hostsync", "prefill", "shapes", "smoke")
              for c in suite_cases(s)]
-    assert len(names) == len(set(names)) == 54
+    assert len(names) == len(set(names)) == 54 + 26
+    shapes = suite_cases("shapes")
+    assert {c.schedule for c in shapes} == {"sglang", "mixed"}
+    assert [c.name for c in shapes if c.profiled] == ["shapes_sglang_medium_overlap_profiled",
+                                                      "shapes_mixed_medium_overlap_profiled"]
+    # the pools grow to the longest prompt, the chunk to the budget
+    assert sized_for(shapes, 2.0, 1024, 1024) == (4224, 2048)
+    assert sized_for(suite_cases("prefill"), 2.0, 1024, 1024) == (1024, 1024)
 
 
 def test_the_server_modules_import_only_the_standard_library_the_lab_and_the_harness():
@@ -365,10 +415,117 @@ def test_dry_run_capture_has_the_ranges(dry_run):
             "scheduler.prepare_for_decode", "scheduler.run_batch",
             "scheduler.process_batch_result", "prefill", "sample"} <= names
     assert {f"ProfilerStep#{k}" for k in range(7)} <= names  # 6 steps and the drain's
-    assert any(str(n).startswith("decode bs=") for n in names)
+    # the first step prefills alone (nothing decodes yet), the next ones mix
+    assert "prefill bs=3 toks=256" in names
+    assert any(str(n).startswith(("mixed bs=", "decode bs=")) for n in names)
     raw = gzip.decompress((dry_run / "races_planted.kineto.json.gz").read_bytes())
     names = {e.get("name") for e in json.loads(raw)["traceEvents"]}
     assert {"draft", "verify", "load_batch"} <= names
+
+
+#: the shapes suite's dry run: small prompts in small chunks, closed loops of 3 (the suite's
+#: loads have no requests to speak of at a dry run's pilot rates)
+SHAPES_DRY = ("shapes_sglang_closed16_overlap_r0", "shapes_sglang_closed16_normal_r0",
+              "shapes_mixed_closed16_overlap_r0", "shapes_sglang_medium_overlap_profiled")
+
+
+@pytest.fixture(scope="module")
+def shapes_dry_run(tmp_path_factory):
+    pytest.importorskip("torch")
+    from lab.server import main
+
+    out = tmp_path_factory.mktemp("shapes")
+    assert main([str(out), "--suite", "shapes", "--cases", ",".join(SHAPES_DRY), "--dry-run",
+                 "--dry-steps", "24", "--prompt-tokens", "16..300", "--chunk-tokens", "128",
+                 "--output-tokens", "4..12", "--concurrency", "3"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("name", SHAPES_DRY[:2])
+def test_shapes_dry_run_sglang_prefill_steps_pause_every_decode(shapes_dry_run, name):
+    m = _metrics(shapes_dry_run, name)
+    st, req = m["steps"], m["requests"]
+    assert m["case"]["schedule"] == "sglang"
+    n = len(st["batch"])
+    for k in range(n):
+        prefill = st["prefill_tokens"][k] > 0
+        assert st["shape"][k] == ("prefill" if prefill else "decode")
+        if prefill:  # batch 0 decoding, the decodable requests paused, no graph
+            assert st["batch"][k] == 0 and st["bucket"][k] == 0
+            decoding = sum(1 for d, f in zip(req["prefill_done_step"], req["finish_step"])
+                           if 0 <= d < k and (f < 0 or f >= k))
+            assert st["paused"][k] >= decoding
+        else:
+            assert st["paused"][k] == 0
+    assert any(p > 0 for p in st["paused"])  # some decoding request did wait
+    # a prompt longer than the chunk spans consecutive prefill steps, and decodes after
+    long = [i for i, p in enumerate(req["prompt_tokens"])
+            if p > 128 and req["prefill_done_step"][i] >= 0]
+    assert long
+    for i in long:
+        a, d = req["admit_step"][i], req["prefill_done_step"][i]
+        assert d - a + 1 >= math.ceil(req["prompt_tokens"][i] / 128) >= 2
+        assert all(st["shape"][k] == "prefill" for k in range(a, d + 1))
+        assert req["first_token_step"][i] == d
+        assert req["finish_step"][i] < 0 or req["finish_step"][i] > d
+    s = m["summary"]
+    assert set(s["per_shape"]) == {"prefill", "decode"}
+    assert s["paused_steps"] == sum(1 for k in range(s["warmup"], n - 1) if st["paused"][k])
+
+
+def test_shapes_dry_run_mixed_never_runs_a_prefill_only_step_while_requests_decode(
+        shapes_dry_run):
+    st = _metrics(shapes_dry_run, "shapes_mixed_closed16_overlap_r0")["steps"]
+    assert set(st["paused"]) == {0}
+    assert "mixed" in st["shape"]
+    for k, shape in enumerate(st["shape"]):
+        assert shape == {(False, True): "prefill", (True, True): "mixed",
+                         (True, False): "decode"}[(st["batch"][k] > 0,
+                                                    st["prefill_tokens"][k] > 0)]
+    # once a request decodes, every step decodes until the loop drains
+    first = st["shape"].index("mixed")
+    assert "prefill" not in st["shape"][first:]
+
+
+def test_shapes_dry_run_capture_names_each_steps_shape(shapes_dry_run):
+    raw = gzip.decompress((shapes_dry_run / "shapes_sglang_medium_overlap_profiled"
+                                            ".kineto.json.gz").read_bytes())
+    names = [e.get("name", "") for e in json.loads(raw)["traceEvents"]
+             if e.get("cat") == "user_annotation"]
+    st = _metrics(shapes_dry_run, "shapes_sglang_medium_overlap_profiled")["steps"]
+    want = [f"prefill bs={r} toks={t}" if t else f"decode bs={b}"
+            for b, r, t in zip(st["batch"], st["prefill_requests"], st["prefill_tokens"])]
+    seen = [x for x in names if x.startswith(("prefill bs=", "decode bs=", "mixed bs="))]
+    assert sorted(seen) == sorted(want)
+    device = json.loads((shapes_dry_run / "server_device.json").read_text())
+    assert "shapes_16" in device["pilot_requests_per_s"]
+    assert set(device["load_rates_per_s"]) >= {"shapes_light", "shapes_medium"}
+
+
+def test_a_later_chunk_attends_over_its_prompts_prefix_in_the_cache():
+    """A carried-over prompt's second chunk reads the K/V of the positions the first chunk
+    wrote (through req_to_token), not only its own: its tokens see the prefix and, causally,
+    the chunk's earlier tokens."""
+    torch = pytest.importorskip("torch")
+    from lab.server_model import DryOps, ModelShape, ServerModel
+
+    model = ServerModel(DryOps(torch), ModelShape.dry())
+    packed, t, s = model.prefill_meta([(3, 100, 50), (5, 0, 20)])
+    assert (t, s) == (70, 176)  # K/V: 150 + 20 positions, padded to a multiple of 8
+    tok_pos, kv_row, kv_pos = packed[t:2 * t], packed[3 * t:3 * t + s], packed[3 * t + s:]
+    assert tok_pos[:50] == list(range(100, 150)) and tok_pos[50:] == list(range(20))
+    assert kv_row[:150] == [3] * 150 and kv_pos[:150] == list(range(150))
+    assert kv_row[150:170] == [5] * 20 and kv_row[170:] == [model.shape.rows] * 6
+    meta = torch.tensor(packed, dtype=torch.int64)
+    model.prefill(meta, t, s, 2)
+    before = model.prefill_last[:2].clone()
+    prefix = model.req_to_token[3, :100]  # the first chunk's slots of request row 3
+    for layer in range(model.shape.layers):
+        model.v_pool[layer][prefix] += 1.0
+    model.prefill(meta, t, s, 2)
+    after = model.prefill_last[:2]
+    assert not torch.allclose(before[0], after[0])  # the second chunk read its prefix
+    assert torch.equal(before[1], after[1])  # the other request did not
 
 
 def test_the_loop_issues_each_barrier(tmp_path):
@@ -415,6 +572,19 @@ def test_the_loop_issues_each_barrier(tmp_path):
     assert seen["coarse"] == [("schedule", "wait_stream", "forward")] * 3
     assert seen["none"] == []
     assert seen["planted"] == [("schedule", "wait_event", "early_done")] * 3
+    # across shapes: a prefill step publishes no graph read-done, so the fine barrier fences
+    # the next step's writes on its whole forward; a decode step on verify's read-done
+    calls.clear()
+    case = Case("b_shapes", 7, "closed", "fine", concurrency=2, schedule="sglang",
+                prompt_tokens="8", output_tokens="6", chunk_tokens=8)
+    server.run(case, Loads({}, 2.0).arrivals(case), timing=False)
+    shapes = [p.shape for p in server.plans]
+    # 6 tokens: one from the prefill, 3 decode steps; the finish is learnt after step 5 is
+    # scheduled (overlap), the closed loop's next requests prefill in step 6
+    assert shapes == ["prefill"] * 2 + ["decode"] * 4 + ["prefill"]
+    assert [c for c in calls if c[0] == "schedule"] == [
+        ("schedule", "wait_event", "read_done") if sh == "decode" else
+        ("schedule", "wait_stream", "forward") for sh in shapes]
 
 
 # --------------------------------------------------------------------------- on a GPU
