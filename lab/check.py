@@ -48,7 +48,7 @@ MAX_BATCH = 64
 SERVER_MAPPING = {
     "preset": "sglang",
     "phases": {"^draft$": "draft", "^verify$": "verify", "^sample$": "sample",
-               "^prefill$": "chunk"},
+               "^prefill$": "prefill"},
     "batch": r"^(?:decode|mixed) bs=(\d+)$",
     "shape": r"^(?P<mode>decode|prefill|mixed) bs=(?P<batch>\d+)(?: toks=(?P<tokens>\d+))?$"}
 #: a repeat whose host ran this much slower than the sweep's (its unpadded host work per step

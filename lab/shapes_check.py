@@ -13,20 +13,15 @@ per mode, ``shapes_<mode>_medium_overlap_profiled.kineto.json.gz``.
 **The model of a mode** comes from that mode's ONE capture, through simwar's own fit: the
 capture opened with the mini-server's mapping (:data:`lab.check.SERVER_MAPPING`: the step
 ranges ``decode``/``prefill``/``mixed bs=...`` give each step's batch and shape, and the
-``prefill`` range's kernels are a phase of their own, so the fitted phase table is the decode
-steps') and
+``prefill`` range's kernels are the phase ``prefill``, so the fitted phase table is the decode
+steps' and a mixed step's chunk is the prefill's) and
 :func:`simwar.fit.from_capture.fit_model`, the path of ``simwar import --fit``, with the
-profiler's own host cost subtracted by the capture's event counts and the graph buckets the
-capture never ran extrapolated (the loads reach buckets 32 and 64 that the capture did not).
-Where the fit's config has no ``scheduling:`` or ``prefill:`` key (the fit of this version
-leaves the prefill steps out), this checker fills them from the same capture
-(:func:`filled`, marked ``FILLED`` in the output, to be dropped once the fit writes them):
-the rule of the mode (``sglang`` or ``sglang_mixed``), and the prefill's cost as two lines in
-the step's prefill tokens, read as :mod:`lab.prefill_check` reads them: the host's extra time
-in a step that prefills (``scheduler.run_batch`` and ``prepare_for_decode`` less the profiler's
-own cost in them, over the steps without a chunk: their prepare alone for a prefill step,
-which runs no decode phase; prepare and run_batch for a mixed step) and the device work left
-after the host's last launch of the ``prefill`` range (its GPU end past its host end).
+profiler's own host cost subtracted by the capture's event counts (but for the eager
+prefill's, :data:`simwar.fit.shapes.EAGER_PREFILL_LESS_PROFILER`). Every key of the fit is
+used as it writes it: ``scheduling.rule``, and the whole ``prefill:`` section. Two things a
+what-if at these loads needs are still done here, marked in the output: the graph buckets
+the capture never ran (32 and 64), EXTRAPOLATED (:func:`extrapolate_buckets`), and a line
+that goes below zero before the admission cap of 64, CLAMPED (:func:`clamp_lines`).
 
 **Each case** is then a what-if of its mode's model: its arrivals (a Poisson repeat replays
 its own requests, a closed loop is a closed loop of its seed), lengths, chunk, loop
@@ -39,17 +34,21 @@ load the sign of every on-vs-off difference (paired by seed); and the **recommen
 measured against predicted: overlap on or off, per mode and load, and "should I turn on mixed
 chunk?" per load and loop, a what-if of the ``sglang`` model with the rule ``sglang_mixed``
 against the measured mixed cases. A recommendation picks the lower mean request time,
-TTFT + TPOT x (mean output - 1) (:func:`score`). Exit status 1 when a figure, a sign or a
-recommendation misses. Reported, not judged: each repeat's host speed against the capture's
-(the unpadded host work of its decode steps), and where ``DIR/twins`` holds them, the
-profiler's effect on the host stages of un-profiled and profiled twins (:func:`twins`).
+TTFT + TPOT x (mean output - 1) (:func:`score`). Exit status 1 when a judged figure, sign
+or recommendation misses. **The host-speed rule** (:func:`lab.check.host_speed`, as
+:mod:`lab.prefill_check` applies it): a repeat whose host ran more than
+:data:`lab.check.HOST_SPEED_MAX` times slower than the capture's (the unpadded host work of
+its steps that prefill nothing, against the capture's line) is reported, not judged (its
+speed in brackets); a case is judged on its other repeats, and a case with none, with the
+signs and recommendations that pair it, is reported whole, not judged. Reported too: where
+``DIR/twins`` holds them, the profiler's effect on the host stages of un-profiled and
+profiled twins (:func:`twins`).
 
 Runs where simulation runs (simwar's full stack), not on the GPU machine.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 import sys
@@ -74,69 +73,18 @@ FIGURES = prefill_check.FIGURES
 LABELS = prefill_check.LABELS
 #: the mini-server's graph buckets (lab.server_model.ModelShape)
 SERVER_BUCKETS = (8, 16, 32, 64)
-#: the steps a fit leaves out at the start of the capture
-WARMUP = 5
 
 
 def capture_path(folder: Path, mode: str) -> Path:
     return folder / f"shapes_{mode}_medium_overlap_profiled.kineto.json.gz"
 
 
-def filled(folder: Path, mode: str, fit) -> tuple[dict, str]:
-    """FILLED here until simwar's fit reads prefill and mixed steps: the ``prefill:`` section
-    of ``mode``'s capture (module docstring) and what it was read from."""
-    capture = capture_path(folder, mode)
-    events = json.loads(gzip.decompress(capture.read_bytes()))["traceEvents"]
-    steps = [e for e in events if e.get("cat") == "user_annotation"
-             and str(e.get("name", "")).startswith("ProfilerStep#")]
-    name = capture.name.replace(".kineto.json.gz", ".metrics.json")
-    st = check.read_metrics(check.metrics_file(folder, name) or folder / name)["steps"]
-    tokens = st["prefill_tokens"]
-    less = prefill_check.profiler_cost_of(capture, steps)
-    run = prefill_check.step_ranges(events, steps, "scheduler.run_batch", less=less)
-    prep = prefill_check.step_ranges(events, steps, "scheduler.prepare_for_decode", less=less)
-    ks = [k for k in sorted(run) if WARMUP <= k < len(tokens) and k in prep]
-    plain = [k for k in ks if tokens[k] == 0]
-    with_prefill = [k for k in ks if tokens[k] > 0]
-    if len(with_prefill) < 3 or not plain:
-        raise check.ServerDataError(f"{capture}: fewer than 3 prefill steps, or none without")
-    # what a step without a chunk spends too: its prepare (a prefill step runs no decode
-    # phase); its prepare and run_batch (a mixed step runs the decode phases as well)
-    base = float(np.mean([prep[k] + (run[k] if mode == "mixed" else 0.0) for k in plain]))
-    host = {k: fit.host_scale * (run[k] + prep[k] - base) for k in with_prefill}
-    pairs: dict = {}
-    for e in events:
-        if e.get("name") == "prefill" and e.get("cat") in ("user_annotation",
-                                                          "gpu_user_annotation"):
-            pairs.setdefault((e.get("args") or {}).get("External id"), {})[e["cat"]] = e
-    starts = [(s["ts"], s["ts"] + s["dur"], int(s["name"][len("ProfilerStep#"):]))
-              for s in steps]
-    tail = {}
-    for pair in pairs.values():
-        h, g = pair.get("user_annotation"), pair.get("gpu_user_annotation")
-        if h is None or g is None:
-            continue
-        k = next((k for a, b, k in starts if a <= h["ts"] < b), None)
-        if k in host:  # the device work left once the host launched the prefill's last kernel
-            tail[k] = fit.scale * max(0.0, g["ts"] + g["dur"] - (h["ts"] + h["dur"]))
-    ks = sorted(tail)
-    if len(ks) < 3:
-        raise check.ServerDataError(f"{capture}: fewer than 3 prefill ranges on the GPU")
-    x = [float(tokens[k]) for k in ks]
-    case = check.read_metrics(check.metrics_file(folder, name) or folder / name)["case"]
-    section = {"chunk_tokens": int(case["chunk_tokens"]),
-               "forward_us": prefill_check.token_line(x, [tail[k] for k in ks]),
-               "host_us": prefill_check.token_line(x, [host[k] for k in ks]), "graph": "eager"}
-    return section, (f"{capture.name}: {len(ks)} steps that prefill, {len(plain)} without; "
-                     f"host mean {np.mean([host[k] for k in ks]):.0f} µs, device after the "
-                     f"last launch mean {np.mean([tail[k] for k in ks]):.0f} µs")
-
-
-
 def clamp_lines(node, where: str = "") -> list[str]:
-    """CLAMPED here until the fit clamps its lines (issue 28, item 4): every ``{base,
-    per_seq}`` line of ``node`` that goes below zero at a batch up to the admission cap is
-    bent to reach zero there, in place; returns the keys it changed."""
+    """CLAMPED here: every ``{base, per_seq}`` line of ``node`` that goes below zero at a
+    batch up to the admission cap is bent to reach zero there, in place; returns the keys
+    it changed. The fit clamps its lines over the batches its own workload runs (the
+    capture's, up to 16 here), not the 64 a what-if asks for (the mixed capture's
+    ``costs.launch_us`` goes below zero at 19)."""
     out = []
     if isinstance(node, dict):
         if "base" in node and "per_seq" in node:
@@ -154,9 +102,11 @@ def clamp_lines(node, where: str = "") -> list[str]:
 
 def extrapolate_buckets(node, buckets, where: str = "") -> list[str]:
     """EXTRAPOLATED here: every ``per_bucket`` table of ``node`` gets the ``buckets`` it lacks
-    from the line through its two largest (the fit's own rule with ``extrapolate_buckets``,
-    which reaches only the buckets the capture's graphs name: this one ran 8 and 16, the
-    loads reach 32 and 64), never below the largest; in place; returns the keys changed."""
+    from the line through its two largest, never below the largest; in place; returns the
+    keys changed. The fit's own ``extrapolate_buckets`` reaches only the buckets the
+    capture's graphs name (this one ran 8 and 16, the loads reach 32 and 64), and naming the
+    server's buckets in the mapping makes the fit refuse the capture's prefill steps (no
+    batch range, no graph): still filled here."""
     out = []
     if isinstance(node, dict):
         table = node.get("per_bucket")
@@ -179,8 +129,8 @@ def extrapolate_buckets(node, buckets, where: str = "") -> list[str]:
 
 
 def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
-    """``mode``'s fitted config, with ``scheduling:`` and ``prefill:`` (the fit's or FILLED),
-    and what each came from."""
+    """``mode``'s fitted config (simwar's fit: ``scheduling:`` and ``prefill:`` its own), its
+    graph buckets the capture never ran EXTRAPOLATED here (:func:`extrapolate_buckets`)."""
     capture = capture_path(folder, mode)
     if not capture.exists():
         raise check.ServerDataError(f"{capture}: not found (the profiled case of mode {mode}: "
@@ -188,24 +138,18 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
     cap = open_capture(capture, check.SERVER_MAPPING)
     fit = fit_model(cap, capture=capture.name, profiler_cost=not keep_profiler_cost)
     config = json.loads(json.dumps(fit.config))
-    notes = {"clamped": clamp_lines(config),
-             "extrapolated": extrapolate_buckets(config, SERVER_BUCKETS)}
+    clamped, extrapolated = clamp_lines(config), extrapolate_buckets(config, SERVER_BUCKETS)
     config["workload"]["graph_buckets"] = list(SERVER_BUCKETS)
-    if "prefill" not in config:
-        config["prefill"], notes["prefill"] = filled(folder, mode, fit)
-        notes["prefill"] = "FILLED from " + notes["prefill"]
-    else:
-        notes["prefill"] = "the fit's"
-    if "scheduling" not in config:
-        config["scheduling"] = {"rule": RULES[mode]}
-        notes["scheduling"] = f"FILLED: rule {RULES[mode]} (the mode)"
-    else:
-        notes["scheduling"] = "the fit's"
+    for key in ("prefill", "scheduling"):
+        if key not in config:
+            raise check.ServerDataError(f"{capture}: the fit wrote no {key}: section (a "
+                                        f"capture whose steps prefill is expected)")
     name = capture.name.replace(".kineto.json.gz", ".metrics.json")
     x, y = check._unpadded(check.read_metrics(check.metrics_file(folder, name)
                                               or folder / name), decode_only=True)
     slope, base = np.polyfit(x, y, 1)
-    return {"config": config, "notes": notes, "warnings": list(fit.warnings),
+    return {"config": config, "warnings": list(fit.warnings),
+            "extrapolated": extrapolated, "clamped": clamped,
             "host_line": (float(base), float(slope)),
             "buckets": list((config.get("workload") or {}).get("graph_buckets") or [])}
 
@@ -301,29 +245,36 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False) -> di
     models = {mode: model(folder, mode, keep_profiler_cost) for mode in MODES}
     out: dict = {"models": {m: {k: v for k, v in d.items() if k != "config"}
                             | {"prefill": d["config"]["prefill"],
+                               "scheduling": d["config"]["scheduling"],
                                "phases": d["config"]["phases"]}
                             for m, d in models.items()},
                  "cases": {}, "signs": {}, "overlap": {}, "mixed": {}}
     what_if_mixed: dict = {}
     for (mode, load, loop), repeats in cases.items():
         config = models[mode]["config"]
-        reps = [prefill_check.measured(r) for r in repeats]
-        sims = [_predict(config, r) for r in repeats]
-        meas = {k: check.mean_spread([r[k] for r in reps]) for k in reps[0]}
-        pred = {k: float(np.mean([s[k] for s in sims])) for k in sims[0]}
-        rows = {k: check.relative_row(meas[k][0], pred[k], TARGETS.get(k), meas[k][1])
-                for k in FIGURES}
-        out_mean = float(np.mean([np.mean(r["requests"]["output_tokens"]) for r in repeats]))
-        # reported, not judged: how much slower each repeat's host ran than the capture's
-        # (the H200 machine's vCPU ran at two speeds; nothing pads the prepare and launch)
+        # the host-speed rule (lab.check.host_speed, as lab.prefill_check applies it): a
+        # repeat whose host ran more than HOST_SPEED_MAX x slower than the capture's (its
+        # unpadded host work on the steps that prefill nothing) is reported, not judged;
+        # a case without a judged repeat is reported whole, not judged
         speeds = [check.host_speed(r, models[mode]["host_line"], decode_only=True)
                   for r in repeats]
+        judged = [not v > check.HOST_SPEED_MAX for v in speeds]
+        reps = [prefill_check.measured(r) for r in repeats]
+        sims = [_predict(config, r) for r in repeats]
+        use = [i for i, ok in enumerate(judged) if ok] or list(range(len(repeats)))
+        meas = {k: check.mean_spread([reps[i][k] for i in use]) for k in reps[0]}
+        pred = {k: float(np.mean([sims[i][k] for i in use])) for k in sims[0]}
+        rows = {k: check.relative_row(meas[k][0], pred[k],
+                                      TARGETS.get(k) if any(judged) else None, meas[k][1])
+                for k in FIGURES}
+        out_mean = float(np.mean([np.mean(r["requests"]["output_tokens"]) for r in repeats]))
         seeds = [int(r["case"].get("seed", 0)) for r in repeats]
         out["cases"][f"{mode}_{load}_{loop}"] = {
             "mode": mode, "load": load, "loop": loop, "repeats": len(repeats), "rows": rows,
-            "host_speed": speeds,
+            "host_speed": speeds, "judged": judged,
             "requests": (meas["requests"][0], pred["requests"]), "mean_output": out_mean,
-            "by_seed": {sd: (m, p) for sd, m, p in zip(seeds, reps, sims)}}
+            "by_seed": {sd: (m, p) for sd, m, p in zip(seeds, reps, sims)},
+            "judged_seeds": {sd for sd, ok in zip(seeds, judged) if ok}}
         if mode == "sglang":  # the what-if: the same model, mixed chunk turned on
             mixed = [_predict(config, r, rule=RULES["mixed"]) for r in repeats]
             what_if_mixed[(load, loop)] = {sd: p for sd, p in zip(seeds, mixed)}
@@ -333,69 +284,98 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False) -> di
             off = out["cases"].get(f"{mode}_{load}_normal")
             if on is None or off is None:
                 continue
-            common = sorted(set(on["by_seed"]) & set(off["by_seed"]))
+            common, judge = _pairs(on, off)
             signs = {}
             for k in FIGURES:
                 m = float(np.mean([on["by_seed"][sd][0][k] - off["by_seed"][sd][0][k]
                                    for sd in common]))
                 p = float(np.mean([on["by_seed"][sd][1][k] - off["by_seed"][sd][1][k]
                                    for sd in common]))
-                signs[k] = {"measured": m, "predicted": p, "ok": bool(np.sign(m) == np.sign(p))}
-            out["signs"][f"{mode}_{load}"] = {"seeds": common, **signs}
+                signs[k] = {"measured": m, "predicted": p,
+                            "ok": bool(np.sign(m) == np.sign(p)) if judge else None}
+            out["signs"][f"{mode}_{load}"] = {"seeds": common, "judged": judge, **signs}
             n = on["mean_output"]
             m_on, m_off = (float(np.mean([score(c["by_seed"][sd][0], n) for sd in common]))
                            for c in (on, off))
             p_on, p_off = (float(np.mean([score(c["by_seed"][sd][1], n) for sd in common]))
                            for c in (on, off))
-            out["overlap"][f"{mode}_{load}"] = _advice("on", "off", m_on, m_off, p_on, p_off)
+            out["overlap"][f"{mode}_{load}"] = _advice("on", "off", m_on, m_off, p_on, p_off,
+                                                       judge)
     for (load, loop), preds in sorted(what_if_mixed.items()):
         sg = out["cases"][f"sglang_{load}_{loop}"]
         mx = out["cases"].get(f"mixed_{load}_{loop}")
         if mx is None:
             continue
-        common = sorted(set(sg["by_seed"]) & set(mx["by_seed"]) & set(preds))
+        common, judge = _pairs(sg, mx)
+        common = [sd for sd in common if sd in preds]
         n = sg["mean_output"]
         m_mx = float(np.mean([score(mx["by_seed"][sd][0], n) for sd in common]))
         m_sg = float(np.mean([score(sg["by_seed"][sd][0], n) for sd in common]))
         p_mx = float(np.mean([score(preds[sd], n) for sd in common]))
         p_sg = float(np.mean([score(sg["by_seed"][sd][1], n) for sd in common]))
-        out["mixed"][f"{load}_{loop}"] = _advice("mixed", "separate", m_mx, m_sg, p_mx, p_sg)
+        out["mixed"][f"{load}_{loop}"] = _advice("mixed", "separate", m_mx, m_sg, p_mx, p_sg,
+                                                 judge)
     out["ok"] = (all(r["ok"] is not False for c in out["cases"].values()
                      for r in c["rows"].values())
-                 and all(v[k]["ok"] for v in out["signs"].values() for k in FIGURES)
-                 and all(v["ok"] for v in out["overlap"].values())
-                 and all(v["ok"] for v in out["mixed"].values()))
+                 and all(v[k]["ok"] is not False for v in out["signs"].values()
+                         for k in FIGURES)
+                 and all(v["ok"] is not False for v in out["overlap"].values())
+                 and all(v["ok"] is not False for v in out["mixed"].values()))
     for c in out["cases"].values():
         del c["by_seed"]
+        c["judged_seeds"] = sorted(c["judged_seeds"])
     out["twins"] = twins(folder)  # reported, not judged
     return out
 
 
-def _advice(yes: str, no: str, m_yes: float, m_no: float, p_yes: float, p_no: float) -> dict:
-    """A recommendation, measured and predicted: ``yes`` where its score is the lower."""
+def _pairs(a: dict, b: dict) -> tuple[list[int], bool]:
+    """The seeds two cases share, paired (the same requests), and whether they are judged:
+    the seeds judged in both where there are some (then only those), else every shared one,
+    reported, not judged."""
+    both = sorted(set(a["judged_seeds"]) & set(b["judged_seeds"]))
+    return (both, True) if both else (sorted(set(a["by_seed"]) & set(b["by_seed"])), False)
+
+
+def _advice(yes: str, no: str, m_yes: float, m_no: float, p_yes: float, p_no: float,
+            judged: bool = True) -> dict:
+    """A recommendation, measured and predicted: ``yes`` where its score is the lower
+    (``ok`` None where it is not judged)."""
     meas, pred = (yes if m_yes < m_no else no), (yes if p_yes < p_no else no)
-    return {"measured": meas, "predicted": pred, "ok": meas == pred,
+    return {"measured": meas, "predicted": pred, "ok": meas == pred if judged else None,
             "measured_us": {yes: m_yes, no: m_no}, "predicted_us": {yes: p_yes, no: p_no}}
 
 
+def _line(node: dict, unit: str = "tokens") -> str:
+    """A ``{base, per_token[, per_token_prefix]}`` line in words (µs)."""
+    if not isinstance(node, dict):
+        return f"{float(node):.0f}"
+    out = f"{node['base']:.0f} + {node['per_token']:.3f} x {unit}"
+    if node.get("per_token_prefix"):
+        out += f" + {node['per_token_prefix']:.5f} x tokens x prefix"
+    return out
+
+
+def model_line(m: dict) -> str:
+    """A mode's fitted model in one line: its rule, every key of its ``prefill:`` section
+    and the buckets the fit extrapolated."""
+    sec = m["prefill"]
+    bits = [f"rule {m['scheduling']['rule']}", f"prefill host {_line(sec['host_us'])} µs",
+            f"device {_line(sec['forward_us'])} µs"]
+    bits += [f"{k} {v}" for k, v in sec.items() if k not in ("host_us", "forward_us")]
+    return (", ".join(bits) + f"; graph buckets {m['buckets']}, EXTRAPOLATED here: "
+            + (", ".join(m["extrapolated"]) or "none") + f"; CLAMPED here at batch "
+            f"{check.MAX_BATCH}: " + (", ".join(m["clamped"]) or "none"))
+
+
 def markdown(result: dict) -> str:
-    lines = []
-    for mode, m in result["models"].items():
-        sec = m["prefill"]
-        notes = m["notes"]
-        lines.append(f"- {mode}: scheduling {notes['scheduling']}; prefill host "
-                     f"{sec['host_us']['base']:.0f} + "
-                     f"{sec['host_us']['per_token']:.3f} x tokens µs, device "
-                     f"{sec['forward_us']['base']:.0f} + {sec['forward_us']['per_token']:.3f} "
-                     f"x tokens µs, chunk {sec['chunk_tokens']} ({notes['prefill']}); "
-                     f"graph buckets {m['buckets']}, EXTRAPOLATED here: "
-                     f"{', '.join(notes['extrapolated']) or 'none'}; CLAMPED here at batch "
-                     f"{check.MAX_BATCH}: {', '.join(notes['clamped']) or 'none'}")
+    lines = [f"- {mode}: {model_line(m)}" for mode, m in result["models"].items()]
     rows = []
     for c in result["cases"].values():
         m, p = c["requests"]
         rows.append([c["mode"], c["load"], c["loop"],
-                     ", ".join(f"x{v:.2f}" for v in c["host_speed"]), f"{m:.0f} / {p:.0f}",
+                     ", ".join(f"x{v:.2f}" if ok else f"(x{v:.2f})"
+                               for v, ok in zip(c["host_speed"], c["judged"])),
+                     f"{m:.0f} / {p:.0f}",
                      *(prefill_check.cell(c["rows"][k], k) for k in FIGURES)])
     signs = []
     for key, sign in result["signs"].items():
@@ -404,7 +384,7 @@ def markdown(result: dict) -> str:
             s = sign[k]
             scale = 1e-3 if k.startswith("ttft") else 1.0
             cells.append(f"{s['measured'] * scale:+.1f} / {s['predicted'] * scale:+.1f}"
-                         + ("" if s["ok"] else " WRONG SIGN"))
+                         + {True: "", False: " WRONG SIGN", None: " (not judged)"}[s["ok"]])
         signs.append([key.replace("_", " "), *cells])
     advice = []
     for question, table in (("overlap on?", result["overlap"]),
@@ -413,7 +393,7 @@ def markdown(result: dict) -> str:
             ms = " / ".join(f"{k} {v / 1e3:.1f}" for k, v in a["measured_us"].items())
             ps = " / ".join(f"{k} {v / 1e3:.1f}" for k, v in a["predicted_us"].items())
             advice.append([question, key.replace("_", " "), a["measured"], a["predicted"],
-                           ms, ps, "" if a["ok"] else "WRONG"])
+                           ms, ps, {True: "", False: "WRONG", None: "not judged"}[a["ok"]]])
     twin_rows = [[str(t["run"]), t["mode"],
                   *(f"{t['unprofiled'][sh][st]:.0f} / {t['profiled'][sh][st]:.0f} "
                     f"(x{t['ratio'][sh][st]:.2f})" for sh in ("prefill", "decode")
@@ -424,7 +404,8 @@ def markdown(result: dict) -> str:
                                 "decode prepare", "decode launch"], twin_rows)
                   ] if twin_rows else []
     return "\n".join([
-        "Models, each from its mode's one capture (simwar's fit; FILLED: by this checker):",
+        "Models, each from its mode's one capture (simwar's fit; EXTRAPOLATED, CLAMPED: by "
+        "this checker):",
         *lines, "",
         *check.table(["mode", "load", "loop", "repeats: host speed", "requests meas. / pred.",
                       *(f"{LABELS[k]} meas. / pred. (err)" for k in FIGURES)], rows), "",

@@ -193,3 +193,29 @@ def test_a_step_of_several_forwards_takes_its_prefill_range():
     for order in ((extend, draft), (draft, extend)):
         kinds = classify(cap(*order))
         assert kinds.shape[0] == "prefill" and kinds.tokens[0] == 300
+
+
+def test_an_eager_prefill_keeps_the_profilers_cost_a_graph_one_does_not(monkeypatch):
+    """The twins showed the profiler not lengthening the mini-server's eager prefill
+    (``EAGER_PREFILL_LESS_PROFILER``): its host time is the capture's, while the window taken
+    out of the decode unit's host region (net of the profiler) is net too; with the rule
+    turned on, the host time is taken net like the window."""
+    from simwar.fit import shapes
+    from simwar.fit.profiler_cost import for_capture
+
+    cap = open_capture(ROOT / "tests" / "data" / "server"
+                       / "prefill_light_overlap_profiled.kineto.json.gz", preset="sglang")
+    trace = cap.bound.trace
+    lays = step_layouts(trace, detect_roles(trace, cap.mapping)[0])
+    kinds = classify(cap)
+    prof = for_capture(cap.bound)
+    raw = shapes.split_prefill(trace, lays, kinds)[1]
+    kept = shapes.split_prefill(trace, lays, kinds, prof)[1]
+    assert raw and set(raw) == set(kept) and not any(p.graph for p in raw.values())
+    for k, p in kept.items():
+        assert p.host_us == raw[k].host_us and p.launch_us == raw[k].launch_us
+        assert p.window_us < raw[k].window_us
+    monkeypatch.setattr(shapes, "EAGER_PREFILL_LESS_PROFILER", True)
+    net = shapes.split_prefill(trace, lays, kinds, prof)[1]
+    assert all(net[k].host_us < raw[k].host_us and net[k].window_us == kept[k].window_us
+               for k in raw)

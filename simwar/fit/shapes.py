@@ -25,7 +25,8 @@ is none of these: it is left out of the fit, and said.
 decode phases are fitted from decode and mixed steps alike, as one structure) and measures,
 per step that prefills: the **host** time of the prefill (from the end of the host call before
 its first launch to its last launch's start: its dispatch and every launch but the last, the
-one launch the model issues; less the profiler's own cost there), the **window** the decode
+one launch the model issues; less the profiler's own cost there, for a graph-launched prefill
+only: :data:`EAGER_PREFILL_LESS_PROFILER` says why), the **window** the decode
 phases' first host region must give back (the same, to the last launch's end), and the
 **device** work left once the host has issued its last launch (the prefill's kernels' busy
 time from that launch's start: all of one kernel; the tail of an eager, launch-bound prefill,
@@ -75,6 +76,14 @@ MODES = {"decode": "decode", "target_verify": "decode", "draft_extend": "decode"
 RANK = {"": 0, "idle": 1, "decode": 2, "prefill": 3, "mixed": 4}
 #: the shapes a fitted config's steps have, in the order rows and the header list them
 SHAPE_ORDER = ("decode", "prefill", "mixed")
+#: whether an eager prefill's host figures (its dispatch, launches and window) are taken net
+#: of the profiler's per-event cost (:mod:`simwar.fit.profiler_cost`): no. On the H200 the
+#: mini-server's profiled and un-profiled twins (``tests/data/server/shapes/twins``, three
+#: processes, ``python -m lab.shapes_check``) launched the eager prefill 0.53-0.81x as long
+#: profiled as un-profiled, while their graph-launched decode steps ran 1.13-1.82x as long:
+#: the per-event costs would take 22 % (420 µs a step) out of a prefill the profiler did not
+#: lengthen. A graph-launched prefill is taken net like every other host figure.
+EAGER_PREFILL_LESS_PROFILER = False
 
 
 class ShapeError(ValueError):
@@ -185,7 +194,7 @@ class PrefillSample:
     graph: bool
     then: int = 0  # the decode unit after it (of the layout without prefill units)
     launches: int = 0  # its launch calls (kernel and graph launches)
-    launch_us: float = 0.0  # their host time, less the profiler's cost in them
+    launch_us: float = 0.0  # their host time (less the profiler's cost, as host_us is)
 
 
 def split_prefill(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, prof=None
@@ -228,9 +237,13 @@ def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> Pre
     t_last = float(s0[last])
     host = t_last - begin
     window = float(e0[last]) - begin
+    graph = any(u.graph is not None for u in units)
+    if prof is not None:  # the window is taken out of a host region net of the profiler
+        window = prof.less(window, begin, float(e0[last]))
+    if not graph and not EAGER_PREFILL_LESS_PROFILER:
+        prof = None  # the profiler did not lengthen an eager prefill's launches: kept
     if prof is not None:
         host = prof.less(host, begin, t_last)
-        window = prof.less(window, begin, float(e0[last]))
     ops = sorted((o for u in units for o in u.ops), key=lambda o: op_start[o])
     device, busy_to = 0.0, t_last
     for o in ops:  # busy time from the last launch's start on (overlaps counted once)
@@ -238,7 +251,6 @@ def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> Pre
         if b > a:
             device += b - a
             busy_to = b
-    graph = any(u.graph is not None for u in units)
     spent = sum(prof.less(float(e0[c] - s0[c]), float(s0[c]), float(e0[c]))
                 if prof is not None else float(e0[c] - s0[c]) for c in calls)
     return PrefillSample(k, shape, tokens, max(host, 0.0), max(window, 0.0), device, graph,
@@ -390,7 +402,10 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
              f"  prefill.forward_us {_text(forward)}: the device work left once the host "
              f"issued its last prefill launch ({how_f})",
              f"  prefill.host_us {_text(host)}: host time from the call before its first "
-             f"launch to its last launch, less the profiler's cost there"
+             f"launch to its last launch"
+             + (", less the profiler's cost there" if graph != "eager"
+                or EAGER_PREFILL_LESS_PROFILER else
+                " (an eager prefill's: the profiler's cost kept, it did not lengthen it)")
              + (f", plus the host work its step took around it beyond the decode steps' "
                 f"(mean {excess:+.1f} µs; the loop's host work is the decode steps')"
                 if abs(excess) >= 0.05 else "") + f" ({how_h})",
