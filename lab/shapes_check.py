@@ -416,8 +416,75 @@ def markdown(result: dict) -> str:
         *twin_table])
 
 
+#: the what-if's default case and chunk sizes (``--what-if``)
+WHAT_IF_CASE = "shapes_sglang_medium_overlap_r0"
+WHAT_IF_CHUNKS = (512, 1024, 2048, 4096)
+
+
+def what_if_table(folder: Path, case: str = WHAT_IF_CASE,
+                  chunks: tuple[int, ...] = WHAT_IF_CHUNKS) -> dict:
+    """"Should I turn on mixed chunk?" and "what chunk size?" as what-ifs of the ``sglang``
+    capture's model on one repeat's requests: per rule (``sglang``, ``sglang_mixed``) and
+    ``prefill.chunk_tokens``, the predicted figures and score; with what the repeat and its
+    ``mixed`` twin (the same seed) measured at the server's own chunk."""
+    folder = Path(folder)
+    path = check.metrics_file(folder, f"{case}.metrics.json")
+    if path is None:
+        raise check.ServerDataError(f"{folder}: no {case}.metrics.json[.gz]")
+    metrics = check.read_metrics(path)
+    config = model(folder, "sglang")["config"]
+    n = float(np.mean(metrics["requests"]["output_tokens"]))
+    rows = []
+    for rule in ("sglang", "sglang_mixed"):
+        for chunk in chunks:
+            cfg = {**config, "prefill": {**config["prefill"], "chunk_tokens": int(chunk)}}
+            m = {**metrics, "case": {**metrics["case"], "chunk_tokens": int(chunk)}}
+            p = _predict(cfg, m, rule=rule)
+            rows.append({"rule": rule, "chunk_tokens": int(chunk), **p, "score": score(p, n)})
+    measured = {}
+    for rule, name in (("sglang", case), ("sglang_mixed", case.replace("_sglang_", "_mixed_"))):
+        mpath = check.metrics_file(folder, f"{name}.metrics.json")
+        if mpath is not None:
+            got = prefill_check.measured(check.read_metrics(mpath))
+            measured[rule] = {**got, "score": score(got, n)}
+    return {"case": case, "chunk_tokens": int(metrics["case"]["chunk_tokens"]), "rows": rows,
+            "measured": measured}
+
+
+def what_if_markdown(result: dict) -> str:
+    def cells(f: dict) -> list[str]:
+        return [f"{f['ttft_us'] / 1e3:.1f}", f"{f['tpot_us']:.0f}", f"{f['tokens_per_s']:.0f}",
+                f"{f['score'] / 1e3:.1f}"]
+
+    rows = [[r["rule"], str(r["chunk_tokens"]), "predicted", *cells(r)] for r in result["rows"]]
+    rows += [[rule, str(result["chunk_tokens"]), "measured", *cells(f)]
+             for rule, f in result["measured"].items()]
+    return "\n".join([f"What-ifs of the sglang capture's model on {result['case']}'s requests "
+                      f"(score: TTFT + TPOT x (mean output - 1)):", "",
+                      *check.table(["rule", "chunk_tokens", "", "TTFT ms", "TPOT µs",
+                                    "tokens/s", "score ms"], rows)])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--what-if" in argv:
+        import argparse
+
+        ap = argparse.ArgumentParser(prog="python -m lab.shapes_check --what-if",
+                                     description=what_if_table.__doc__.split("\n\n")[0])
+        ap.add_argument("--what-if", action="store_true")
+        ap.add_argument("folder", type=Path, nargs="?", default=DEFAULT_DIR)
+        ap.add_argument("--case", default=WHAT_IF_CASE)
+        ap.add_argument("--chunks", default=",".join(map(str, WHAT_IF_CHUNKS)),
+                        help="comma-separated prefill.chunk_tokens")
+        args = ap.parse_args(argv)
+        try:
+            chunks = tuple(int(c) for c in args.chunks.split(","))
+            print(what_if_markdown(what_if_table(args.folder, args.case, chunks)))
+        except (ValueError, check.ServerDataError) as e:
+            print(f"simwar: error: {e}", file=sys.stderr)
+            return 2
+        return 0
     if not any(not a.startswith("-") for a in argv):
         argv.insert(0, str(DEFAULT_DIR))
     return check.command(argv, "python -m lab.shapes_check", __doc__.split("\n\n")[0],

@@ -161,3 +161,20 @@ def test_the_twins_show_the_profiler_shortening_the_eager_prefills_launches():
     assert [t["run"] for t in pairs] == [1, 2, 3]
     assert [round(t["ratio"]["prefill"]["launch"], 2) for t in pairs] == [0.81, 0.81, 0.53]
     assert [round(t["ratio"]["decode"]["launch"], 2) for t in pairs] == [1.60, 1.82, 1.13]
+
+
+def test_the_what_ifs_ask_the_same_model_for_mixed_chunk_and_chunk_size(capsys):
+    """``--what-if``: the ``sglang`` capture's model on one repeat's requests, per rule and
+    chunk size, beside what the repeat and its mixed twin measured at the server's chunk."""
+    from lab.shapes_check import what_if_table
+
+    got = what_if_table(DEFAULT_DIR, chunks=(1024, 2048))
+    assert [(r["rule"], r["chunk_tokens"]) for r in got["rows"]] == [
+        ("sglang", 1024), ("sglang", 2048), ("sglang_mixed", 1024), ("sglang_mixed", 2048)]
+    by = {(r["rule"], r["chunk_tokens"]): r for r in got["rows"]}
+    for rule in ("sglang", "sglang_mixed"):  # a smaller budget: prompts wait longer
+        assert by[(rule, 1024)]["ttft_us"] > by[(rule, 2048)]["ttft_us"]
+    assert set(got["measured"]) == {"sglang", "sglang_mixed"} and got["chunk_tokens"] == 2048
+    assert main(["--what-if", "--chunks", "2048"]) == 0
+    assert "| sglang_mixed | 2048 | predicted |" in capsys.readouterr().out
+    assert main(["--what-if", "--chunks", "x"]) == 2
