@@ -51,6 +51,10 @@ class Unfollowable(PlanRefused):
     """The ranks' collectives are issued in orders one pass per rank cannot follow."""
 
 
+#: what a rank's walk yields at a device collective some rank has not reached: it stops
+STOP = (None,)
+
+
 class StreamTails:
     """The device of :func:`~simwar.executors.host_loop.walk` in one pass: a stream is its
     tail (when its previous operation ended), and each operation is timed at its issue by
@@ -120,14 +124,30 @@ class StreamTails:
         return max(j.times)
 
     def collective(self, lane: str, op_id: int, ready: float, duration_us: float,
-                   index: int):
+                   index: int) -> tuple:
+        """Not a generator (a collective is on the hot path: tens per step and rank): the
+        rank's arrival, and ``()`` when it completes the instance, which it then does for
+        every rank (each one's end, ``max(j.times)`` plus its own duration, and its stream's
+        tail), else :data:`STOP`, the rank resumed once the last has arrived."""
         start = begins(self.free.get(lane, 0.0), ready)
-        j = self._arrive(self.device_joins, index, start)
-        if j.arrived < self.n:
-            yield
-        self.free[lane] = end = max(j.times) + duration_us
         self.op_start[op_id] = start
-        self.op_end[op_id] = end
+        table = self.device_joins
+        j = table.get(index)
+        if j is None:
+            j = table[index] = Join(self.n)
+            j.waiting = []
+        j.times[self.rank] = start
+        j.arrived += 1
+        if j.arrived < self.n:
+            j.waiting.append((self, lane, op_id, duration_us))
+            return STOP
+        del table[index]
+        last = max(j.times)
+        for device, lane_, op_, duration in j.waiting:
+            device.free[lane_] = device.op_end[op_] = last + duration
+            self.ready.append(device.rank)
+        self.free[lane] = self.op_end[op_id] = last + duration_us
+        return ()
 
     def end(self, t: float):
         return
