@@ -9,9 +9,10 @@
   ``PYTHONDONTWRITEBYTECODE``, so simwar's modules are compiled at every start) and with a
   bytecode cache (``PYTHONPYCACHEPREFIX`` in a temporary directory, warmed first).
 - **floor**: the same, of a process that only imports the libraries such a run loads before
-  any of simwar runs (numpy, yaml, pydantic and the parts of it a validation loads), in the
-  same modes, interleaved with the runs: what the start-up cannot go below while it
-  imports them (``run 500`` minus it is simwar's own share).
+  any of simwar runs (numpy, yaml, pydantic and the parts of it a validation loads; with the
+  settings :mod:`simwar.cli` makes first), in the same modes, interleaved with the runs:
+  what the start-up cannot go below while it imports them (``run 500`` minus it is simwar's
+  own share).
 - **imports**: ``python -X importtime`` of that run, the smallest self time of each module
   over ``--repeat`` runs, summed by package (simwar, numpy, pydantic, ...).
 - **plan_program**: :func:`simwar.executors.fast.plan_program` of the Program of
@@ -36,7 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = ["-c", "import sys; from simwar.cli import main; sys.exit(main())", "run", "--set",
        "steps=500", "--quiet"]
 #: a process importing only what ``simwar run`` imports of other packages (its floor)
-FLOOR = ["-c", "import argparse, numpy, yaml, annotated_types, pydantic, pydantic.main, "
+#: (with the settings the command line makes before them: one OpenBLAS thread, no plugins)
+FLOOR = ["-c", "import os; os.environ.setdefault('OPENBLAS_NUM_THREADS', '1'); "
+         "os.environ.setdefault('PYDANTIC_DISABLE_PLUGINS', '__all__'); "
+         "import argparse, numpy, yaml, annotated_types, pydantic, pydantic.main, "
          "pydantic.types, pydantic.plugin._loader"]
 PLAN = """
 import json, sys, time
