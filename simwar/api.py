@@ -211,10 +211,9 @@ class Result:
         self._trace = trace
         self._steps = None
         self._meta = meta
-        #: a tensor-parallel run's ranks (:class:`RankResult`), else empty, and their Traces
-        #: side by side (None)
+        #: a tensor-parallel run's ranks (:class:`RankResult`), else empty
         self.ranks: list = []
-        self.combined = None
+        self._combined = None
         self._warnings: list[str] | None = None
 
     def __repr__(self) -> str:
@@ -246,6 +245,20 @@ class Result:
         if self._program is None:
             self._program = build_program(self.config)
         return self._program
+
+    @property
+    def combined(self):
+        """A tensor-parallel run's ranks' Traces side by side, one Trace
+        (:func:`simwar.core.ranks.side_by_side`), put together on first use (a run that
+        exports no trace does not pay for it); None for a run of one rank."""
+        if self._combined is None and self.ranks:
+            # lazy: start-up time (the ranks' modules load only for a tensor-parallel run)
+            from simwar.core.ranks import side_by_side
+
+            self._combined = side_by_side(
+                [r.trace for r in self.ranks],
+                [{"rank": r.rank, "seed": r.trace.meta["rank_seed"]} for r in self.ranks])
+        return self._combined
 
     @property
     def has_trace(self) -> bool:
@@ -454,11 +467,10 @@ def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) 
     keys plus the ranks' (:func:`simwar.analysis.ranks.rank_summary`); ``Result.ranks``
     holds each rank's summary, per-step table, races and Trace; ``Result.trace`` is rank
     0's (as the summary's standard keys are), ``Result.combined`` the ranks side by side
-    (:func:`simwar.core.ranks.side_by_side`)."""
+    (put together when first read)."""
     # lazy, each of them: start-up time (the ranks' modules load only for a tensor-parallel run)
     from simwar.analysis.ranks import rank_columns, rank_summary
     from simwar.builder.ranks import rank_programs  # lazy: start-up time
-    from simwar.core.ranks import side_by_side  # lazy: start-up time
     from simwar.executors.fast import ranks as fast_ranks  # lazy: start-up time
 
     traces = None
@@ -485,13 +497,10 @@ def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) 
     columns = dict(ranks[0].columns)
     columns.update({("tp_step_us" if k == "step_us" else k): v for k, v in group.items()
                     if k != "step"})
-    combined = side_by_side(traces, [{"rank": r.rank, "seed": r.trace.meta["rank_seed"]}
-                                     for r in ranks])
     result = Result(cfg, choice.name, summary, ranks[0].hazards, columns=columns,
                     trace=traces[0], events=events, meta=dict(traces[0].meta),
                     requested=requested, refused=choice.refused)
     result.ranks = ranks
-    result.combined = combined
     return result
 
 
