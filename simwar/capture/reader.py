@@ -38,7 +38,11 @@ Device activity of a kind simwar does not model (MTIA's ``mtia_*`` categories,
 ignored, except that the start of each complete ``cpu_op`` and ``python_function``
 event is kept, with its thread (:attr:`CaptureEvents.host_events`): the profiler's own
 host cost is paid per recorded event, and the fit subtracts it by these counts
-(:mod:`simwar.fit.profiler_cost`).
+(:mod:`simwar.fit.profiler_cost`). A ``with_stack`` capture's Python frames
+(``python_function``, :mod:`simwar.capture.frames`) are read in the same pass: every
+frame's name (:attr:`CaptureEvents.frame_names`, what preset detection reads) and, as
+ranges, the frames whose name matches the ``frames`` pattern given
+(:attr:`CaptureEvents.frames`: the engines' own source files).
 
 **Malformed events** are never read silently: an event of a used kind without a
 numeric ``ts``, without a numeric ``dur`` or with a negative one, device work
@@ -87,8 +91,10 @@ from simwar.core.trace import Call
 DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy",
                "Memcpy": "memcpy", "gpu_memset": "memset", "Memset": "memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
+#: a Python frame of a ``with_stack`` capture (:mod:`simwar.capture.frames`)
+FRAME_CAT = "python_function"
 #: host events that are otherwise ignored but whose starts are kept, to be counted
-COUNTED_HOST_CATS = ("cpu_op", "python_function")
+COUNTED_HOST_CATS = ("cpu_op", FRAME_CAT)
 #: device activity simwar does not model: counted and reported in one line
 UNMODELLED_DEVICE = re.compile(r"^mtia")
 RECORD_CALLS = {"cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord",
@@ -276,6 +282,12 @@ class CaptureEvents:
     thread_names: dict = field(default_factory=dict)
     process_names: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    #: the name of every Python frame (``python_function`` event) of the capture
+    frame_names: set = field(default_factory=set)
+    #: as ranges, in file order, the frames whose name matches the reader's ``frames``
+    #: pattern (none without one), with a numeric time and length (ids that are not
+    #: integers, as some exporters write them, become 0)
+    frames: list[Annotation] = field(default_factory=list)
 
 
 def problem_lines(cap: CaptureEvents) -> list[str]:
@@ -297,19 +309,21 @@ META_KEYS = ("baseTimeNanoseconds", "displayTimeUnit", "deviceProperties", "dist
 
 
 def read_capture(path: str | Path, progress: ProgressFn | None = None,
-                 chunk_bytes: int = 1 << 20) -> CaptureEvents:
+                 chunk_bytes: int = 1 << 20, frames: str | None = None) -> CaptureEvents:
     """Read a ``.json`` or ``.json.gz`` Kineto capture into a :class:`CaptureEvents` in one pass.
 
     ``progress(done_bytes, total_bytes)`` is called after each block (bytes of the
     file on disk, compressed for ``.gz``). ``chunk_bytes`` is the block size (any size
-    gives the same result: the tests read with blocks of a few bytes).
+    gives the same result: the tests read with blocks of a few bytes). ``frames``: a regular
+    expression; the Python frames whose name it matches are kept as ranges
+    (:attr:`CaptureEvents.frames`; ``""`` keeps every frame, None none).
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: file not found")
     total = path.stat().st_size
     cap = CaptureEvents()
-    classify = _Classifier(cap)
+    classify = _Classifier(cap, frames)
     with open(path, "rb") as raw:
         gz = _is_gzip(raw)
         fh = gzip.GzipFile(fileobj=raw) if gz else raw
@@ -399,8 +413,12 @@ def _kind_of(cat) -> str | None:
 class _Classifier:
     """Sorts decoded events into the :class:`CaptureEvents`, checking each used field."""
 
-    def __init__(self, cap: CaptureEvents):
+    def __init__(self, cap: CaptureEvents, frames: str | None = None):
         self.cap = cap
+        self.frames_re = frames
+        #: whether a frame's name is kept (the ``frames`` pattern, searched once per name)
+        self.keep_frame: dict[str, bool] = {}
+        self.frame_rx = re.compile(frames) if frames is not None else None
         self.open: dict[tuple, list] = defaultdict(list)  # (pid, tid) -> open B events
         self.device, self.runtime = cap.device_events, cap.runtime_calls
         self.annotations = cap.annotations
@@ -421,7 +439,7 @@ class _Classifier:
         fresh = CaptureEvents()
         for f in fields(CaptureEvents):
             setattr(self.cap, f.name, getattr(fresh, f.name))
-        self.__init__(self.cap)
+        self.__init__(self.cap, self.frames_re)
 
     def read(self, ev) -> None:
         """One event, every field checked (:meth:`feed` tries :meth:`fast` first)."""
@@ -437,6 +455,8 @@ class _Classifier:
             self.cap.ignored["not an object"] += 1
             return
         cat = cat if isinstance(cat, str) else ""
+        if cat == FRAME_CAT and type(name) is str:
+            self.frame(name, pid, tid, ts, dur)
         if ph == "X":
             self.complete(cat, name, pid, tid, ts, dur, args)
         elif ph == "B" or ph == "E":
@@ -488,6 +508,21 @@ class _Classifier:
                                        _dims(args.grid, self.same), _dims(args.block, self.same),
                                        size if type(size) is int else -1))
         return True
+
+    def frame(self, name: str, pid, tid, ts, dur) -> None:
+        """A Python frame (any phase): its name, and the frame as a range where the
+        ``frames`` pattern keeps it and it has a numeric time and length."""
+        self.cap.frame_names.add(name)
+        rx = self.frame_rx
+        if rx is None or type(ts) not in _NUM or type(dur) not in _NUM or dur < 0:
+            return
+        keep = self.keep_frame.get(name)
+        if keep is None:
+            keep = self.keep_frame[name] = rx.search(name) is not None
+        if keep:
+            self.cap.frames.append(Annotation(name, pid if type(pid) is int else 0,
+                                              tid if type(tid) is int else 0, float(ts),
+                                              float(dur)))
 
     def metadata(self, name, pid, tid, args) -> None:
         cap = self.cap
@@ -616,6 +651,7 @@ class _Classifier:
 
 
 _NO_ARGS = RawArgs()
+_NUM = (int, float)  # by exact type: a bool is no time
 #: RawArgs' fields in order (an event decoded as a dict gets its args by them)
 _ARG_FIELDS = RawArgs.__struct_fields__
 
