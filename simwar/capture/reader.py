@@ -429,6 +429,8 @@ class _Classifier:
 
     def feed(self, events: list) -> None:
         self.n += len(events)
+        if "first_event_ts" not in self.cap.meta:
+            _first_complete(events, self.cap.meta)
         fast, read = self.fast, self.read
         for ev in events:
             if type(ev) is not RawEvent or ev.ph != "X" or not fast(ev):
@@ -654,6 +656,22 @@ _NO_ARGS = RawArgs()
 _NUM = (int, float)  # by exact type: a bool is no time
 #: RawArgs' fields in order (an event decoded as a dict gets its args by them)
 _ARG_FIELDS = RawArgs.__struct_fields__
+
+
+def _first_complete(events: list, meta: dict) -> None:
+    """``meta["first_event_ts"]``: the start of the file's first complete event with a numeric
+    ``ts``, whatever its kind, in file order (HTA's row 0: what its idle breakdown joins as
+    the launch of device work whose launch is not in the capture, simwar.analysis.idle)."""
+    for ev in events:
+        if type(ev) is RawEvent:
+            ph, ts = ev.ph, ev.ts
+        elif isinstance(ev, dict):
+            ph, ts = ev.get("ph"), ev.get("ts")
+        else:
+            continue
+        if ph == "X" and _number(ts):
+            meta["first_event_ts"] = float(ts)
+            return
 
 
 def _hashable(v):

@@ -734,9 +734,21 @@ class CaptureTraceBuilder:
             "lanes": {lane: f"{d}:{s}" for (d, s), lane in self.lane_of.items()},
             "step_names": [n for _, _, n in self.steps],
             "binding": {"rules": dict(rules), "unbound": dict(bnd.unbound)},
-            **self.cap.meta,
+            **{k: v for k, v in self.cap.meta.items() if k != "first_event_ts"},
+            **self._hta_facts(),
         }
         return rec.finish(meta)
+
+    def _hta_facts(self) -> dict:
+        """What HTA's idle rule reads of the file and a Trace would not keep
+        (:func:`simwar.analysis.idle.capture_idle`): the file's first complete event on the
+        host clock (``first_event_us``) and how many ``ProfilerStep`` ranges it has."""
+        first = self.cap.meta.get("first_event_ts")
+        steps = {a.name for a in self.cap.annotations if a.name.startswith("ProfilerStep")}
+        out = {"profiler_steps": len(steps)}
+        if first is not None:
+            out["first_event_us"] = first - self.origin
+        return out
 
     def _lane(self, device: int, stream: int) -> str:
         key = (device, stream)
