@@ -53,7 +53,7 @@ import bisect
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -292,6 +292,7 @@ class CaptureTraceBuilder:
         self.m = mapping
         self.warnings: list[str] = problem_lines(cap)
         self.device_info: dict[int, DeviceInfo] = {}
+        self._infos: dict[tuple, DeviceInfo] = {}  # equal facts, one DeviceInfo
         self.device_syncs: list[int] = []
         self.counts: Counter = Counter()
         self.ignored: Counter = Counter(cap.ignored)
@@ -564,30 +565,31 @@ class CaptureTraceBuilder:
         o, g = self.origin, self.gpu_offset
         self._step_starts = [s for s, _, _ in self.steps]
         bnd: Binding = self.binding
-        # issue-ordered host items: (issue_us, order, index, payload, lane)
-        items: list[tuple] = []
-        issued = set()
-        for i, c in enumerate(host_calls):
-            issued.add(c.correlation)
-            items.append((c.ts - o, 0, i, c, HOST))
-        for i, c in enumerate(other_calls):
-            issued.add(c.correlation)
-            items.append((c.ts - o, 0, len(host_calls) + i, c, f"thread{c.tid}"))
-        orphans = 0
+        # the host items in issue order: every call (host thread's, then other threads'),
+        # then device work with no call in the capture; ordered by (issue time, calls before
+        # device work, index), ties in that order, by one stable sort of three columns
+        payload: list = host_calls + other_calls
+        n_calls = len(payload)
+        issued = {c.correlation for c in payload}
         for corr, devs in by_corr.items():
-            if corr in issued:
-                continue
-            orphans += len(devs)  # the launch is not in the capture (or not a runtime call)
-            for d in devs:
-                items.append((d.ts + g - o, 1, -1, d, None))
-        uncorrelated = [d for d in self.cap.device_events if d.correlation < 0]
-        for d in uncorrelated:
-            items.append((d.ts + g - o, 1, -1, d, None))
-        self.counts["device_without_launch"] = orphans + len(uncorrelated)
-        if orphans + len(uncorrelated):
-            self.warnings.append(f"{orphans + len(uncorrelated)} device ops have no host call in "
+            if corr not in issued:  # the launch is not in the capture (or not a runtime call)
+                payload += devs
+        del issued
+        payload += (d for d in self.cap.device_events if d.correlation < 0)
+        n_dev = len(payload) - n_calls
+        self.counts["device_without_launch"] = n_dev
+        if n_dev:
+            self.warnings.append(f"{n_dev} device ops have no host call in "
                                  f"the capture (step from their start time)")
-        items.sort(key=itemgetter(0, 1, 2))
+        ts = np.fromiter((x.ts for x in payload), float, len(payload))
+        ts[:n_calls] -= o
+        ts[n_calls:] = ts[n_calls:] + g - o  # as d.ts + g - o
+        later = np.zeros(len(payload), np.int8)
+        later[n_calls:] = 1
+        index = np.arange(len(payload))
+        index[n_calls:] = -1
+        order = np.lexsort((index, later, ts))
+        del ts, later, index
 
         rec = Recorder()
         measured = MeasuredLanes()
@@ -613,9 +615,12 @@ class CaptureTraceBuilder:
             return f"event{e}" if e is not None else ""
 
         n_host = len(host_calls)
-        for issue, _, index, item, host_lane in items:
-            if isinstance(item, DeviceEvent):
+        thread_lane: dict[int, str] = {}
+        for index in _ints(order):
+            item = payload[index]
+            if index >= n_calls:
                 # device work whose host call is not in the capture
+                issue = item.ts + g - o
                 step = self.step_at(issue)
                 if step < 0:
                     outside += 1
@@ -624,6 +629,12 @@ class CaptureTraceBuilder:
                                 self.kernel_phase(item.name, None), -1)
                 continue
             c: RuntimeCall = item
+            if index < n_host:
+                host_lane = HOST
+            else:
+                host_lane = thread_lane.get(c.tid)
+                if host_lane is None:
+                    host_lane = thread_lane[c.tid] = f"thread{c.tid}"
             start, end = c.ts - o, c.ts + c.dur - o
             step = self.step_at(start)
             if step < 0:
@@ -791,7 +802,12 @@ class CaptureTraceBuilder:
         end = start + d.dur
         op = rec.op(OpKind.KERNEL, lane, step, d.name, issue=issue, start=start, end=end,
                     phase=phase, call=call)
-        self.device_info[op] = DeviceInfo(d.kind, d.grid, d.block, d.bytes, copy_kind(d.name))
+        key = (d.kind, d.name, d.grid, d.block, d.bytes)
+        info = self._infos.get(key)
+        if info is None:  # one record for equal facts: most ops repeat a few kernels' facts
+            info = self._infos[key] = DeviceInfo(d.kind, d.grid, d.block, d.bytes,
+                                                 copy_kind(d.name))
+        self.device_info[op] = info
         measured.add(lane, issue, start, end)
         return op
 
@@ -817,6 +833,13 @@ class CaptureTraceBuilder:
             rec.marker("run_batch", k, t)
         if self.steps:
             rec.marker("end", -1, self.steps[-1][1])
+
+
+def _ints(order: np.ndarray, chunk: int = 1 << 16):
+    """The indices of ``order`` as Python ints, a chunk at a time (a list of them all would
+    cost 36 bytes an item at once)."""
+    for lo in range(0, len(order), chunk):
+        yield from order[lo:lo + chunk].tolist()
 
 
 def set_bound_records(b: Binding) -> set[int]:
