@@ -256,6 +256,7 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) 
 
 
 _ts = attrgetter("ts")
+_UNTRIED = object()  # a name the phase rules were not tried on yet
 
 
 def _first_ts(cap: CaptureEvents) -> float | None:
@@ -293,6 +294,7 @@ class CaptureTraceBuilder:
         self.warnings: list[str] = problem_lines(cap)
         self.device_info: dict[int, DeviceInfo] = {}
         self._infos: dict[tuple, DeviceInfo] = {}  # equal facts, one DeviceInfo
+        self._rule_phase: dict[str, str | None] = {}  # kernel name -> its rule's phase
         self.device_syncs: list[int] = []
         self.counts: Counter = Counter()
         self.ignored: Counter = Counter(cap.ignored)
@@ -552,9 +554,14 @@ class CaptureTraceBuilder:
         return out
 
     def kernel_phase(self, name: str, from_annotation: str | None) -> str:
-        for rx, phase in self.phase_rules:
-            if rx.search(name):
-                return phase
+        """A device op's phase: the first phase rule its name matches, else the range it was
+        launched in, else the mapping's unmatched phase (the rules are tried once a name)."""
+        phase = self._rule_phase.get(name, _UNTRIED)
+        if phase is _UNTRIED:
+            phase = self._rule_phase[name] = next(
+                (ph for rx, ph in self.phase_rules if rx.search(name)), None)
+        if phase is not None:
+            return phase
         if from_annotation is not None:
             return from_annotation
         return self.m.unmatched_phase()
