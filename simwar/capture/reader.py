@@ -431,9 +431,19 @@ class _Classifier:
         self.n += len(events)
         if "first_event_ts" not in self.cap.meta:
             _first_complete(events, self.cap.meta)
-        fast, read = self.fast, self.read
+        fast, read, other = self.fast, self.read, self.other
         for ev in events:
-            if type(ev) is not RawEvent or ev.ph != "X" or not fast(ev):
+            if type(ev) is not RawEvent:
+                read(ev)
+                continue
+            ph = ev.ph
+            if ph == "X":
+                if not fast(ev):
+                    read(ev)
+            elif type(ph) is str and ph in _FLOWS and type(ev.cat) is str \
+                    and ev.cat != FRAME_CAT:
+                other[(ev.cat, ph)] += 1  # a flow arrow (ac2g): counted, as read() would
+            else:
                 read(ev)
 
     def reset(self) -> None:
@@ -696,6 +706,8 @@ def _dims(v, same) -> tuple:
             return ()
     return same(out, out)
 
+#: the phases of flow events (``ac2g``: a launch's arrow to its kernel), only counted
+_FLOWS = frozenset(("s", "t", "f"))
 _FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime"),
                "user_annotation": "annotation"}
 _intern = sys.intern
