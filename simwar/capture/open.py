@@ -35,7 +35,13 @@ from pathlib import Path
 from simwar.capture.frames import FRAME_CAT, engine_frames
 from simwar.capture.mapping import Mapping, load_mapping
 from simwar.capture.presets import engine_of, load_preset, map_capture, preset_names
-from simwar.capture.reader import CaptureEvents, KinetoFormatError, ProgressFn, read_capture
+from simwar.capture.reader import (
+    CaptureEvents,
+    KinetoFormatError,
+    ProgressFn,
+    gc_paused,
+    read_capture,
+)
 from simwar.capture.sizes import CaptureSizes, SizesError, size_capture, step_bounds
 from simwar.capture.step_shapes import StepShape, step_shapes
 from simwar.capture.to_trace import KinetoImport, bind_capture
@@ -98,6 +104,7 @@ def mapping_label(mapping: Mapping) -> str:
     return f"preset {name}" if name else "mapping"
 
 
+@gc_paused
 def open_capture(paths, mapping=None, preset: str | None = None,
                  progress: ProgressFn | None = None) -> Capture:
     """Read, map, bind and size a capture (see the module docstring).
@@ -150,6 +157,7 @@ def _check_not_frames_only(path: Path, ev: CaptureEvents) -> None:
             f"ProfilerActivity.CUDA])")
 
 
+@gc_paused
 def finish_capture(bound: KinetoImport, mapping: Mapping, paths=(),
                    mapping_file: str | None = None) -> Capture:
     """The size stage on a bound import: the :class:`Capture` of it (what

@@ -72,6 +72,8 @@ to an optional callback.
 
 from __future__ import annotations
 
+import functools
+import gc
 import gzip
 import re
 import sys
@@ -147,6 +149,24 @@ PLAUSIBLE_DUR_US = 60e6
 
 #: ``progress(done_bytes, total_bytes)``, called as the file is read
 ProgressFn = Callable[[int, int], None]
+
+
+def gc_paused(fn):
+    """``fn`` run with Python's cyclic garbage collector paused (and resumed after, if it
+    ran before). An import allocates a few records per event and no reference cycles
+    (tuples, floats, strings), and the collector, which walks every live container each
+    time enough new ones have piled up, took about a third of a large import's CPU time
+    (``benchmarks/bench_import.py``). Nested calls pause it once."""
+    @functools.wraps(fn)
+    def paused(*args, **kwargs):
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+    return paused
 
 
 def call_kind(name: str, issued_work: bool) -> Call:
@@ -308,6 +328,7 @@ META_KEYS = ("baseTimeNanoseconds", "displayTimeUnit", "deviceProperties", "dist
              "simwar")
 
 
+@gc_paused
 def read_capture(path: str | Path, progress: ProgressFn | None = None,
                  chunk_bytes: int = 1 << 20, frames: str | None = None) -> CaptureEvents:
     """Read a ``.json`` or ``.json.gz`` Kineto capture into a :class:`CaptureEvents` in one pass.

@@ -83,6 +83,7 @@ from simwar.capture.reader import (
     SyncEvent,
     call_kind,
     copy_kind,
+    gc_paused,
     problem_lines,
     read_capture,
 )
@@ -175,6 +176,7 @@ class KinetoImport:
         return next(r for r in self.ranks if r.trace is self.trace)
 
 
+@gc_paused
 def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path | None = None,
                   progress: ProgressFn | None = None) -> KinetoImport:
     """Read a Kineto capture (or several per-rank captures, a list of paths) and build its
@@ -185,6 +187,7 @@ def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path 
     return bind_capture(caps, mapping, [p.name for p in paths])
 
 
+@gc_paused
 def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) -> KinetoImport:
     """The import of one or more read captures (files) under a mapping: one Trace per rank,
     the primary one and all side by side (see the module docstring)."""
