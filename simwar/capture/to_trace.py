@@ -527,31 +527,38 @@ class CaptureTraceBuilder:
         return i
 
     def _enclosing(self, calls: list[RuntimeCall], ann: list[Annotation]) -> list:
-        """For each host call, by index: (phase from annotations or None, site or None)."""
-        phase_cache: dict[str, str | None] = {}
-        site_cache: dict[str, str | None] = {}
+        """For each host call, by index: (phase from annotations or None, site or None): of
+        the ranges open at its start, the innermost whose name a phase rule matches, and the
+        innermost a site rule matches. Ranges no rule matches are left off the stack."""
+        tags: dict[str, tuple | None] = {}  # range name -> (phase, site), None: no rule
 
-        def first(rules, name, cache):
-            if name not in cache:
-                cache[name] = next((v for rx, v in rules if rx.search(name)), None)
-            return cache[name]
+        def first(rules, name):
+            return next((v for rx, v in rules if rx.search(name)), None)
 
         out = []
         none = (None, None)  # shared: most calls sit in no mapped range
-        stack: list[Annotation] = []
-        j = 0
+        stack: list[tuple[float, str | None, str | None]] = []  # (end, phase, site)
+        j, n = 0, len(ann)
         for c in calls:
-            while j < len(ann) and ann[j].ts <= c.ts:
-                stack.append(ann[j])
+            t = c.ts
+            while j < n and ann[j].ts <= t:
+                a = ann[j]
                 j += 1
-            stack = [a for a in stack if a.ts + a.dur >= c.ts]
+                tag = tags.get(a.name, none)
+                if tag is none:
+                    phase, site = first(self.phase_rules, a.name), first(self.site_rules, a.name)
+                    tag = tags[a.name] = None if phase is None and site is None else (phase, site)
+                if tag is not None:
+                    stack.append((a.ts + a.dur, *tag))
+            if stack:
+                stack = [e for e in stack if e[0] >= t]
             phase = site = None
-            for a in reversed(stack):  # innermost first
-                if phase is None and self.phase_rules:
-                    phase = first(self.phase_rules, a.name, phase_cache)
-                if site is None and self.site_rules:
-                    site = first(self.site_rules, a.name, site_cache)
-                if phase is not None and (site is not None or not self.site_rules):
+            for _, p, s in reversed(stack):  # innermost first
+                if phase is None:
+                    phase = p
+                if site is None:
+                    site = s
+                if phase is not None and site is not None:
                     break
             out.append(none if phase is None and site is None else (phase, site))
         return out
