@@ -632,18 +632,21 @@ class CaptureTraceBuilder:
             return f"event{e}" if e is not None else ""
 
         n_host = len(host_calls)
+        # the loop's lookups, bound once (it runs once per host call and device op)
+        step_at, kernel_phase, device_op = self.step_at, self.kernel_phase, self._device_op
+        lane_of, host = self.lane_of, rec.host
+        in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
         for index in _ints(order):
             item = payload[index]
             if index >= n_calls:
                 # device work whose host call is not in the capture
                 issue = item.ts + g - o
-                step = self.step_at(issue)
+                step = step_at(issue)
                 if step < 0:
                     outside += 1
                     continue
-                self._device_op(rec, measured, item, step, issue,
-                                self.kernel_phase(item.name, None), -1)
+                device_op(rec, measured, item, step, issue, kernel_phase(item.name, None), -1)
                 continue
             c: RuntimeCall = item
             if index < n_host:
@@ -653,7 +656,7 @@ class CaptureTraceBuilder:
                 if host_lane is None:
                     host_lane = thread_lane[c.tid] = f"thread{c.tid}"
             start, end = c.ts - o, c.ts + c.dur - o
-            step = self.step_at(start)
+            step = step_at(start)
             if step < 0:
                 outside += 1
                 continue
@@ -664,32 +667,32 @@ class CaptureTraceBuilder:
             if devs:
                 if len(devs) > 1:
                     devs = sorted(devs, key=_ts)
-                phases = [self.kernel_phase(d.name, ann_phase) for d in devs]
+                phases = [kernel_phase(d.name, ann_phase) for d in devs]
                 phase = next((p for p in phases if p), "")
-                call = rec.host(kind, step, start, end, name, phase=phase, op=rec.next_op,
+                call = host(kind, step, start, end, name, phase=phase, op=rec.next_op,
                                 lane=host_lane)
                 launches_by_lane[host_lane] += 1
-                if c.correlation in bnd.in_graph and c.correlation in bnd.stream:
+                if c.correlation in in_graph and c.correlation in bound_stream:
                     # an event recorded by a node inside the launched graph (where in the graph
                     # is not in the capture): first in the launch's stream order, and it fires
                     # no earlier than when its stream drains the work issued before the launch
                     # returned, no later than the graph's end (device_times)
-                    lane = self._lane(*bnd.stream[c.correlation])
+                    lane = self._lane(*bound_stream[c.correlation])
                     ends = [d.ts + d.dur + g - o for d in devs
-                            if self.lane_of[(d.device, d.stream)] == lane]
+                            if lane_of[(d.device, d.stream)] == lane]
                     place_record(c.correlation, lane, step, f"{name} record",
                                  event_name(c.correlation), end, call,
                                  max(ends) if ends else None)
                 for d, p in zip(devs, phases):
-                    self._device_op(rec, measured, d, step, end, p, call)
+                    device_op(rec, measured, d, step, end, p, call)
                 if host_lane == HOST and step not in first_launch and phase and any(
-                        self.lane_of[(d.device, d.stream)] == fwd for d in devs):
+                        lane_of[(d.device, d.stream)] == fwd for d in devs):
                     first_launch[step] = start
             elif kind is Call.SYNCHRONIZE:
                 sev = syncs_by_corr.get(c.correlation)
                 tail = sev is not None and sev.kind == "Stream Sync" and sev.stream is not None
                 # the span names the sync op (after the stream's tail record, if any)
-                call = rec.host(kind, step, start, end, name, site=site or "sync",
+                call = host(kind, step, start, end, name, site=site or "sync",
                                 op=rec.next_op + (1 if tail else 0))
                 bound, event = -1, ""
                 if tail:
@@ -697,8 +700,8 @@ class CaptureTraceBuilder:
                     lane = self._lane(sev.device, sev.stream)
                     event = tail_event(lane)
                     bound = place_record(None, lane, step, event, event, start, call)
-                elif c.correlation in bnd.record_of:
-                    bound = record_op.get(bnd.record_of[c.correlation], -1)
+                elif c.correlation in record_of:
+                    bound = record_op.get(record_of[c.correlation], -1)
                     event = f"event{sev.event_id}" if sev.event_id is not None else ""
                 if bound < 0:
                     unbound["sync"] += 1
@@ -707,9 +710,9 @@ class CaptureTraceBuilder:
                 if sev is not None and sev.kind == "Context Sync":  # waited for every stream
                     self.device_syncs.append(sync)
             elif kind is Call.RECORD:
-                where = bnd.stream.get(c.correlation) \
+                where = bound_stream.get(c.correlation) \
                     if c.correlation in set_bound_records(bnd) else None
-                call = rec.host(kind, step, start, end, name,
+                call = host(kind, step, start, end, name,
                                 op=rec.next_op if where is not None else -1, lane=host_lane)
                 if where is None:
                     unbound["record"] += 1
@@ -719,13 +722,13 @@ class CaptureTraceBuilder:
             elif kind is Call.WAIT_EVENT:
                 sev = syncs_by_corr.get(c.correlation)
                 placed = sev is not None and sev.stream is not None
-                call = rec.host(kind, step, start, end, name, op=rec.next_op if placed else -1,
+                call = host(kind, step, start, end, name, op=rec.next_op if placed else -1,
                                 lane=host_lane)
                 if not placed:
                     unbound["wait"] += 1
                     continue
                 lane = self._lane(sev.device, sev.stream)
-                rc = bnd.record_of.get(c.correlation)
+                rc = record_of.get(c.correlation)
                 bound = record_op.get(rc, -1) if rc is not None else -1
                 if bound < 0:
                     unbound["wait"] += 1
@@ -735,7 +738,7 @@ class CaptureTraceBuilder:
                             call=call)
                 waits.append(PendingWait(op, lane, end, bound))
             else:
-                rec.host(kind, step, start, end, name, lane=host_lane)
+                host(kind, step, start, end, name, lane=host_lane)
 
         self.counts["outside_steps"] = outside
         self.counts["records_unplaced"] = unbound["record"]
