@@ -51,11 +51,11 @@ class Issued(NamedTuple):
 class MeasuredLanes:
     """Per stream, the measured device work in issue order.
 
-    ``tail(lane, t)`` is the running tail: the latest measured end of the work
-    issued strictly before host time ``t`` (-inf: none), what a record or wait
-    issued at ``t`` queues behind. ``next_issued(lane, t)`` is the first work
-    issued at or after ``t``. Work is ordered by (issue, end, start); the
-    lookups index it once it is complete.
+    :meth:`tails` gives the running tail of each ``(lane, t)`` asked: the latest measured end
+    of the work issued strictly before host time ``t`` (-inf: none), what a record or wait
+    issued at ``t`` queues behind; :meth:`next_issued` the first work issued at or after
+    ``t``. Work is ordered by (issue, end, start); the lookups index it once it is complete,
+    and answer every question of a lane with one search.
     """
 
     def __init__(self) -> None:
@@ -82,15 +82,38 @@ class MeasuredLanes:
                                      start[order])
         return self._index.get(lane, _NONE)
 
-    def tail(self, lane: str, t: float) -> float:
-        issue, tail, _ = self._lane(lane)
-        i = int(np.searchsorted(issue, t, "left"))
-        return float(tail[i - 1]) if i > 0 else float("-inf")
+    def tails(self, lanes: list[str], times: list[float]) -> list[float]:
+        """``tail(lane, t)`` of each ``(lane, t)``: the running tail, the latest measured end of
+        the work issued strictly before ``t`` (-inf: none); one search per lane."""
+        out = [float("-inf")] * len(times)
+        for lane, at, pos in self._search(lanes, times):
+            tail = self._lane(lane)[1]
+            for i, p, v in zip(at, pos.tolist(), tail[np.maximum(pos - 1, 0)].tolist()):
+                if p > 0:
+                    out[i] = v
+        return out
 
-    def next_issued(self, lane: str, t: float) -> Issued | None:
-        issue, _, start = self._lane(lane)
-        i = int(np.searchsorted(issue, t, "left"))
-        return Issued(float(issue[i]), float(start[i])) if i < len(issue) else None
+    def next_issued(self, lanes: list[str], times: list[float]) -> list[Issued | None]:
+        """Of each ``(lane, t)``, the first work issued at or after ``t`` (None: none)."""
+        out: list[Issued | None] = [None] * len(times)
+        for lane, at, pos in self._search(lanes, times):
+            issue, _, start = self._lane(lane)
+            n = len(issue)
+            got = np.minimum(pos, n - 1)
+            for i, p, a, b in zip(at, pos.tolist(), issue[got].tolist(), start[got].tolist()):
+                if p < n:
+                    out[i] = Issued(a, b)
+        return out
+
+    def _search(self, lanes: list[str], times: list[float]):
+        """Per lane with work: the indices of its queries and where each time falls."""
+        by_lane: dict[str, list[int]] = defaultdict(list)
+        for i, lane in enumerate(lanes):
+            by_lane[lane].append(i)
+        for lane, at in by_lane.items():
+            issue = self._lane(lane)[0]
+            if len(issue):
+                yield lane, at, np.searchsorted(issue, [times[i] for i in at], "left")
 
 
 _NONE = (np.zeros(0), np.zeros(0), np.zeros(0))
@@ -127,14 +150,17 @@ def infer_device_times(rec: Recorder, measured: MeasuredLanes, records: list[Pen
     measurement allows: min(graph end, earliest release), never before the rule's firing.
     """
     lane_of_record = {r.op: r.lane for r in records}
-    for r in records:
-        t = fires(measured.tail(r.lane, r.issue), r.issue)
+    for r, tail in zip(records, measured.tails([r.lane for r in records],
+                                               [r.issue for r in records])):
+        t = fires(tail, r.issue)
         rec.set_times(r.op, t, t)
     fired = rec.op_end
     latest = {r.op: max(fired[r.op], r.graph_end) for r in records if r.graph_end is not None}
     released_at: dict[int, float] = {}
-    for w in waits:
-        reach = begins(measured.tail(w.lane, w.issue), w.issue)
+    lanes, issues = [w.lane for w in waits], [w.issue for w in waits]
+    for w, tail, nxt in zip(waits, measured.tails(lanes, issues),
+                            measured.next_issued(lanes, issues)):
+        reach = begins(tail, w.issue)
         release = reach
         if w.bound >= 0:
             release = released(reach, fired[w.bound], 0.0, lane_of_record[w.bound] == w.lane)
@@ -144,7 +170,6 @@ def infer_device_times(rec: Recorder, measured: MeasuredLanes, records: list[Pen
                 rec.set_times(w.op, reach, reach)
                 released_at[w.bound] = min(released_at.get(w.bound, reach), reach)
                 continue
-        nxt = measured.next_issued(w.lane, w.issue)
         if nxt is not None and nxt.start >= reach:
             if nxt.issue <= release:  # queued behind the wait: held until it ran
                 release = nxt.start
