@@ -501,8 +501,8 @@ class _Classifier:
 
     def fast(self, ev: RawEvent) -> bool:
         """The common case, read without the checks' function calls: a kernel, memcpy,
-        memset or runtime call whose fields all have their usual types. False: not that
-        case (:meth:`complete` reads it, checking every field)."""
+        memset, runtime call, range or ``cuda_sync`` event whose fields all have their usual
+        types. False: not that case (:meth:`complete` reads it, checking every field)."""
         cat = ev.cat
         if type(cat) is not str:
             return False
@@ -533,6 +533,8 @@ class _Classifier:
             self.runtime.append(RuntimeCall(_intern(name), same(pid, pid), same(tid, tid), ts,
                                             dur, corr))
             return True
+        if kind == "cuda_sync":
+            return self.fast_sync(ev, args, name, ts, corr)
         stream, device = args.stream, args.device
         if type(stream) is not int or type(device) is not int:
             return False
@@ -540,6 +542,24 @@ class _Classifier:
         self.device.append(DeviceEvent(kind, _intern(name), device, stream, ts, dur, corr,
                                        _dims(args.grid, self.same), _dims(args.block, self.same),
                                        size if type(size) is int else -1))
+        return True
+
+    def fast_sync(self, ev: RawEvent, args: RawArgs, name: str, ts: float, corr: int) -> bool:
+        """A ``cuda_sync`` event whose ids are all integers or absent, read as
+        :meth:`complete` reads it; False: another case (``complete`` reads it)."""
+        device = args.device if args.device is not None else ev.pid
+        kind = args.cuda_sync_kind if args.cuda_sync_kind is not None else name
+        stream, wait_on = args.stream, args.wait_on_stream
+        event, record = args.wait_on_cuda_event_id, args.wait_on_cuda_event_record_corr_id
+        if type(device) is not int or type(kind) is not str:
+            return False
+        for v in (stream, wait_on, event, record):
+            if v is not None and type(v) is not int:
+                return False
+        self.cap.sync_events.append(SyncEvent(
+            _intern(kind), device, None if stream in _INVALID_STREAMS else stream, ts, corr,
+            None if wait_on in _INVALID_STREAMS else wait_on, event,
+            None if record is None or record < 0 else record))
         return True
 
     def frame(self, name: str, pid, tid, ts, dur) -> None:
@@ -730,7 +750,7 @@ def _dims(v, same) -> tuple:
 #: the phases of flow events (``ac2g``: a launch's arrow to its kernel), only counted
 _FLOWS = frozenset(("s", "t", "f"))
 _FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime"),
-               "user_annotation": "annotation"}
+               "user_annotation": "annotation", "cuda_sync": "cuda_sync"}
 _intern = sys.intern
 
 
