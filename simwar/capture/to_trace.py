@@ -631,10 +631,28 @@ class CaptureTraceBuilder:
             e = bnd.event.get(corr)
             return f"event{e}" if e is not None else ""
 
+        lane_of, add_op, infos, device_info = self.lane_of, rec.op, self._infos, self.device_info
+        add_work = measured.add
+
+        def device_op(d: DeviceEvent, step: int, issue: float, phase: str, call: int) -> None:
+            """A measured kernel, memcpy or memset: a kernel op (``call``: its launch); the
+            recorder derives its span."""
+            lane = lane_of[(d.device, d.stream)]
+            start = d.ts + g - o
+            end = start + d.dur
+            op = add_op(OpKind.KERNEL, lane, step, d.name, "", -1, issue, start, end, phase,
+                        call)
+            key = (d.kind, d.name, d.grid, d.block, d.bytes)
+            info = infos.get(key)
+            if info is None:  # one record for equal facts: most ops repeat a few kernels' facts
+                info = infos[key] = DeviceInfo(d.kind, d.grid, d.block, d.bytes,
+                                               copy_kind(d.name))
+            device_info[op] = info
+            add_work(lane, issue, start, end)
+
         n_host = len(host_calls)
         # the loop's lookups, bound once (it runs once per host call and device op)
-        step_at, kernel_phase, device_op = self.step_at, self.kernel_phase, self._device_op
-        lane_of, host = self.lane_of, rec.host
+        step_at, kernel_phase, host = self.step_at, self.kernel_phase, rec.host
         in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
         for index in _ints(order):
@@ -646,7 +664,7 @@ class CaptureTraceBuilder:
                 if step < 0:
                     outside += 1
                     continue
-                device_op(rec, measured, item, step, issue, kernel_phase(item.name, None), -1)
+                device_op(item, step, issue, kernel_phase(item.name, None), -1)
                 continue
             c: RuntimeCall = item
             if index < n_host:
@@ -684,7 +702,7 @@ class CaptureTraceBuilder:
                                  event_name(c.correlation), end, call,
                                  max(ends) if ends else None)
                 for d, p in zip(devs, phases):
-                    device_op(rec, measured, d, step, end, p, call)
+                    device_op(d, step, end, p, call)
                 if host_lane == HOST and step not in first_launch and phase and any(
                         lane_of[(d.device, d.stream)] == fwd for d in devs):
                     first_launch[step] = start
@@ -812,24 +830,6 @@ class CaptureTraceBuilder:
         for d in self.cap.device_events:
             busy[self.lane_of[(d.device, d.stream)]] += d.dur
         return busy.most_common(1)[0][0] if busy else "forward"
-
-    def _device_op(self, rec: Recorder, measured: MeasuredLanes, d: DeviceEvent, step: int,
-                   issue: float, phase: str, call: int) -> int:
-        """A measured kernel, memcpy or memset: a kernel op (``call``: its launch); the
-        recorder derives its span."""
-        lane = self.lane_of[(d.device, d.stream)]
-        start = d.ts + self.gpu_offset - self.origin
-        end = start + d.dur
-        op = rec.op(OpKind.KERNEL, lane, step, d.name, issue=issue, start=start, end=end,
-                    phase=phase, call=call)
-        key = (d.kind, d.name, d.grid, d.block, d.bytes)
-        info = self._infos.get(key)
-        if info is None:  # one record for equal facts: most ops repeat a few kernels' facts
-            info = self._infos[key] = DeviceInfo(d.kind, d.grid, d.block, d.bytes,
-                                                 copy_kind(d.name))
-        self.device_info[op] = info
-        measured.add(lane, issue, start, end)
-        return op
 
     def _markers(self, rec: Recorder, first_launch: dict[int, float], host_ann) -> None:
         for i, (s, _, _) in enumerate(self.steps):
