@@ -758,6 +758,7 @@ class CaptureTraceBuilder:
             else:
                 host(kind, step, start, end, name, lane=host_lane)
 
+        del payload, order  # what follows holds no more than the Trace it finishes
         self.counts["outside_steps"] = outside
         self.counts["records_unplaced"] = unbound["record"]
         self.counts["waits_unbound"] = unbound["wait"]
