@@ -501,8 +501,9 @@ class _Classifier:
 
     def fast(self, ev: RawEvent) -> bool:
         """The common case, read without the checks' function calls: a kernel, memcpy,
-        memset, runtime call, range or ``cuda_sync`` event whose fields all have their usual
-        types. False: not that case (:meth:`complete` reads it, checking every field)."""
+        memset, runtime call, range, ``cuda_sync`` event or Python frame whose fields all
+        have their usual types. False: not that case (:meth:`complete` reads it, checking
+        every field)."""
         cat = ev.cat
         if type(cat) is not str:
             return False
@@ -511,6 +512,17 @@ class _Classifier:
         if kind is None or type(ts) is not float or type(dur) is not float or dur < 0 \
                 or type(name) is not str:
             return False
+        if kind == "frame":  # a with_stack capture's Python frame: most of its events
+            pid, tid = ev.pid, ev.tid
+            if type(pid) is not int or type(tid) is not int:
+                return False
+            self.frame(name, pid, tid, ts, dur)
+            starts = self.cap.host_events.get(FRAME_CAT)
+            if starts is None:
+                starts = self.cap.host_events[FRAME_CAT] = []
+            starts.append((pid, tid, ts))  # counted, as complete() counts it
+            self.cap.ignored[FRAME_CAT] += 1
+            return True
         if kind == "annotation":
             pid, tid = ev.pid, ev.tid
             if type(pid) is not int or type(tid) is not int:
@@ -750,7 +762,7 @@ def _dims(v, same) -> tuple:
 #: the phases of flow events (``ac2g``: a launch's arrow to its kernel), only counted
 _FLOWS = frozenset(("s", "t", "f"))
 _FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime"),
-               "user_annotation": "annotation", "cuda_sync": "cuda_sync"}
+               "user_annotation": "annotation", "cuda_sync": "cuda_sync", FRAME_CAT: "frame"}
 _intern = sys.intern
 
 
