@@ -39,7 +39,8 @@ and all of them side by side in :attr:`KinetoImport.combined`.
 
 The file is over 800 lines because :class:`CaptureTraceBuilder`'s assembly is one pass
 over the host items that needs every piece it infers (host thread, steps, phases, lanes,
-binding); the rules that stand alone live in binding, device_times and ranks.
+binding); the rules that stand alone live in binding, device_times, ranks and host_items
+(the host items' issue order, the ranges each call lies in).
 
 Imports: numpy, the standard library and simwar's capture and core modules; never the
 simulator (api, executors, build) and no pandas (the caller runs
@@ -66,6 +67,7 @@ from simwar.capture.device_times import (
     PendingWait,
     infer_device_times,
 )
+from simwar.capture.host_items import enclosing_ranges, indices, issue_order
 from simwar.capture.mapping import Mapping, load_mapping
 from simwar.capture.rank_files import align
 from simwar.capture.ranks import (
@@ -353,7 +355,8 @@ class CaptureTraceBuilder:
         host_ann = sorted((a for a in cap.annotations if (a.pid, a.tid) == self.host)
                           if self.host else cap.annotations, key=lambda a: (a.ts, -a.dur))
         self.steps = self._steps(host_ann)
-        enclosing = self._enclosing(host_calls, host_ann)
+        enclosing = enclosing_ranges(host_calls, host_ann, self.phase_rules,
+                                     self.site_rules)
 
         trace = self._assemble(host_calls, other_calls, by_corr, enclosing,
                                host_ann, syncs_by_corr)
@@ -526,43 +529,6 @@ class CaptureTraceBuilder:
             return -1
         return i
 
-    def _enclosing(self, calls: list[RuntimeCall], ann: list[Annotation]) -> list:
-        """For each host call, by index: (phase from annotations or None, site or None): of
-        the ranges open at its start, the innermost whose name a phase rule matches, and the
-        innermost a site rule matches. Ranges no rule matches are left off the stack."""
-        tags: dict[str, tuple | None] = {}  # range name -> (phase, site), None: no rule
-
-        def first(rules, name):
-            return next((v for rx, v in rules if rx.search(name)), None)
-
-        out = []
-        none = (None, None)  # shared: most calls sit in no mapped range
-        stack: list[tuple[float, str | None, str | None]] = []  # (end, phase, site)
-        j, n = 0, len(ann)
-        for c in calls:
-            t = c.ts
-            while j < n and ann[j].ts <= t:
-                a = ann[j]
-                j += 1
-                tag = tags.get(a.name, none)
-                if tag is none:
-                    phase, site = first(self.phase_rules, a.name), first(self.site_rules, a.name)
-                    tag = tags[a.name] = None if phase is None and site is None else (phase, site)
-                if tag is not None:
-                    stack.append((a.ts + a.dur, *tag))
-            if stack:
-                stack = [e for e in stack if e[0] >= t]
-            phase = site = None
-            for _, p, s in reversed(stack):  # innermost first
-                if phase is None:
-                    phase = p
-                if site is None:
-                    site = s
-                if phase is not None and site is not None:
-                    break
-            out.append(none if phase is None and site is None else (phase, site))
-        return out
-
     def kernel_phase(self, name: str, from_annotation: str | None) -> str:
         """A device op's phase: the first phase rule its name matches, else the range it was
         launched in, else the mapping's unmatched phase (the rules are tried once a name)."""
@@ -598,15 +564,7 @@ class CaptureTraceBuilder:
         if n_dev:
             self.warnings.append(f"{n_dev} device ops have no host call in "
                                  f"the capture (step from their start time)")
-        ts = np.fromiter((x.ts for x in payload), float, len(payload))
-        ts[:n_calls] -= o
-        ts[n_calls:] = ts[n_calls:] + g - o  # as d.ts + g - o
-        later = np.zeros(len(payload), np.int8)
-        later[n_calls:] = 1
-        index = np.arange(len(payload))
-        index[n_calls:] = -1
-        order = np.lexsort((index, later, ts))
-        del ts, later, index
+        order = issue_order(payload, n_calls, o, g)
 
         rec = Recorder()
         measured = MeasuredLanes()
@@ -655,7 +613,7 @@ class CaptureTraceBuilder:
         step_at, kernel_phase, host = self.step_at, self.kernel_phase, rec.host
         in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
-        for index in _ints(order):
+        for index in indices(order):
             item = payload[index]
             if index >= n_calls:
                 # device work whose host call is not in the capture
@@ -854,13 +812,6 @@ class CaptureTraceBuilder:
             rec.marker("run_batch", k, t)
         if self.steps:
             rec.marker("end", -1, self.steps[-1][1])
-
-
-def _ints(order: np.ndarray, chunk: int = 1 << 16):
-    """The indices of ``order`` as Python ints, a chunk at a time (a list of them all would
-    cost 36 bytes an item at once)."""
-    for lo in range(0, len(order), chunk):
-        yield from order[lo:lo + chunk].tolist()
 
 
 def set_bound_records(b: Binding) -> set[int]:
