@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from simwar.analysis.metrics import hazard_counts, summarize
-from simwar.analysis.summary import Key, assemble, measured_mask
+from simwar.analysis.summary import Key, assemble, assemble_many, measured_mask, summary_keys
 from simwar.core.run_meta import RunMeta
 
 
@@ -146,6 +146,11 @@ def _together(cols: dict, metas: list[dict], hazards: list) -> list[dict]:
             valid[key.column] = x[:, ~nan[0]] if x.shape[0] else x
         return valid[key.column]
 
+    if len({run.workload is None for run in runs}) == 1 and runs[0].workload is None:
+        # one list of keys for every run: each key evaluated once, the dicts built from rows
+        keys = summary_keys(cols, runs[0])
+        return assemble_many([run.name for run in runs], len(m["step"]), keys,
+                             [_stat(key, column(key), m) for key in keys], metas, from_hazards)
     out = []
     for j, (run, meta) in enumerate(zip(runs, metas)):
         def value(key: Key, j=j):
