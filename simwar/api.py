@@ -489,7 +489,8 @@ def _bound_many(trace, template, rep: Config, sizes: StepSizes, members: list[in
         together = fast.plan.bind(template, iterations.sampler(), value, meta)
         per_block = [[c.tolist() if isinstance(c, np.ndarray) else [c] * len(js)
                       for c in b.consts] for b in together.blocks]
-        per_run = [list(zip(*consts)) for consts in per_block]  # per block, per run
+        # per block, per run (a block without parameters: an empty tuple each)
+        per_run = [list(zip(*consts)) if consts else [()] * len(js) for consts in per_block]
         for n, j in enumerate(js):
             i = members[j]
             blocks = [_copy(b, consts=runs[n]) for b, runs in zip(together.blocks, per_run)]
