@@ -17,7 +17,7 @@ from simwar.cli.app import main
 from simwar.core import files as _io
 from simwar.core import trace
 from simwar.plots import perfetto
-from simwar.study import sweeps
+from simwar.study import store, sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,8 @@ def test_traces_exports_and_sweeps_share_the_one_writer():
     assert trace.write_text_atomic is _io.write_text_atomic
     assert perfetto.atomic_file is _io.atomic_file
     assert not hasattr(sweeps, "atomic_write_bytes")
-    assert sweeps.write_bytes_atomic is _io.write_bytes_atomic
+    assert store.write_bytes_atomic is _io.write_bytes_atomic
+    assert store.atomic_file is _io.atomic_file
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):

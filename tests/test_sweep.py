@@ -324,3 +324,16 @@ def test_ray_backend_gives_the_same_rows_as_the_local_pool(tmp_path):
 def test_unknown_backend_is_a_one_line_error():
     with pytest.raises(ConfigError, match="backend: 'slurm' is not one of local, ray"):
         sweep(small_spec(), backend="slurm")
+
+
+def test_the_sweep_command_writes_run_files_only_when_asked(tmp_path, capsys):
+    spec = write_sweep(tmp_path, """
+        base: {steps: 30, warmup_steps: 5}
+        grid: {cpu.schedule_us: [300, 600]}
+    """)
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "a"), "--no-progress"]) == 0
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "b"), "--no-progress",
+                 "--run-files"]) == 0
+    assert not (tmp_path / "a" / "runs").exists()
+    assert len(list((tmp_path / "b" / "runs").glob("*.json"))) == 2
+    assert len(pd.read_parquet(tmp_path / "a" / "results.parquet")) == 2

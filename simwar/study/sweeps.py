@@ -11,18 +11,22 @@ random draws (common random numbers): differences between rows come from the
 swept keys, not from sampling noise.
 
 Each run is identified by a *run key*: a hash of the resolved config (seed
-excluded: that is ``config_hash``), the seed and the simwar version. A run's
-summary is written atomically to ``runs/<run key>.json`` as soon as it
-finishes, so a sweep killed at any point loses only the runs in flight, and a
-rerun skips every run whose file exists. The tables ``results.parquet`` and
-``results.csv`` are rebuilt from the run files when all runs are done; a sweep
-interrupted (Ctrl-C: :class:`SweepInterrupted`) or failed writes them with the runs
-that finished before it stops.
+excluded: that is ``config_hash``), the seed and the simwar version. Each batch of runs that
+finishes is written at once, atomically, as one Parquet table of its rows
+(:mod:`simwar.study.store`), so a sweep killed at any point loses only the batches in
+flight, and a rerun skips every run whose row is stored; per-run files
+(``runs/<run key>.json``) are written only on request (``run_files``). The tables
+``results.parquet`` and ``results.csv`` are the batches' rows in run-id order, written when
+all runs are done; a sweep interrupted (Ctrl-C: :class:`SweepInterrupted`) or failed writes
+them with the runs that finished before it stops.
 
 A sweep's runs are counted without being expanded (a grid's size is a product:
 ``SweepSpec.run_count``) and expanded lazily, one at a time, as they are handed to the
-backend (:class:`Sweep`), so memory does not grow with the grid; before anything runs, the
-first run of each swept value is validated, so a bad value is a one-line error at once.
+backend (:class:`Sweep`), so memory does not grow with the grid. A run is resolved from its
+template (:mod:`simwar.study.expand`: the swept durations that are plain numbers put into
+a config validated at the corners of their range) or, without one, validated on its own;
+before anything runs, each template met first and the first run of every other swept value
+are validated, so a bad value is a one-line error at once.
 ``max_runs`` (the command line's limit, :data:`MAX_RUNS`, unless ``--yes``) refuses a
 larger sweep with its count (:class:`SweepTooLarge`).
 
@@ -33,8 +37,8 @@ into that directory resumes it. A different sweep, or a directory holding
 results tables but no ``sweep.yaml``, is refused with
 :class:`SweepConflict` before anything is written, so that no results table
 is ever replaced without a word; ``force=True`` (``simwar sweep --force``)
-replaces the resolved sweep and the tables (run files are kept: they are
-named by run key, so a later sweep reuses those it shares).
+replaces the resolved sweep and the tables and forgets the batches (per-run files are
+kept: they are named by run key, so a later sweep reuses those it shares).
 
 A sweep must sweep something: a ``grid`` or ``zip`` given must name at
 least one key, and a sweep with neither needs ``repeats`` above 1. The
@@ -44,18 +48,18 @@ swept values and ``--set`` overrides, e.g. ``dspark-fine [policy.barrier=coarse]
 Backends: ``local`` (in-process for one job, else a process pool) and ``ray``
 (tasks on a Ray cluster; results come back to the driver, which writes them). Either way
 the runs that share their iteration shapes run together, in lockstep
-(:func:`simwar.api.simulate_many`, :mod:`simwar.executors.lockstep`): a task is such a
-group (Ray), or a lockstep batch of one (local: a stopped sweep loses one batch at most),
-and each run's summary is the one it has run by itself, bit for bit.
-Both produce identical rows because rows are always built from the
-JSON-normalised summaries, the form stored in the run files.
+(:func:`simwar.api.simulate_many`, :mod:`simwar.executors.lockstep`): a task is a lockstep
+batch, cut so that every worker has one (:func:`lockstep_tasks`), and each run's summary is
+the one it has run by itself, bit for bit. The progress (runs/s and the time left) moves
+as each task's results come back.
 
-Size (~820 lines): the spec, its expansion, the run files and their lock, the tables and
-the backends are the steps of one pipeline over the same :class:`Run` and :class:`Sweep`;
-the progress report is :mod:`simwar.study.progress`'s.
+Size: the spec, its expansion and the backends are the steps of one pipeline over the same
+:class:`Run` and :class:`Sweep`; the output directory is :mod:`simwar.study.store`'s, the
+templates :mod:`simwar.study.expand`'s, the progress report :mod:`simwar.study.progress`'s.
 
 Imports: ray only inside the Ray backend; tqdm only when a progress bar is asked for
-(:mod:`simwar.study.progress`). Nothing here prints, but progress when ``progress=True``.
+(:mod:`simwar.study.progress`); pyarrow through :mod:`simwar.study.store`. Nothing here
+prints, but progress when ``progress=True``.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ from simwar.config import (
     set_dotted,
 )
 from simwar.config.budget import check_memory
-from simwar.core.files import interrupt_handled, jsonable, write_bytes_atomic  # noqa: F401
+from simwar.core.files import interrupt_handled, jsonable
 from simwar.executors.lockstep import batch_size
 from simwar.study.expand import Templates
 from simwar.study.progress import progress_reporter
