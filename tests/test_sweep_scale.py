@@ -14,6 +14,7 @@ import simwar.cli.common as common
 import simwar.study.sweeps as sweeps
 from simwar.cli.app import main
 from simwar.config import ConfigError
+from simwar.study import expand
 from simwar.study.sweeps import SweepInterrupted, SweepTooLarge, load_sweep, sweep
 
 SHORT = {"steps": 30, "warmup_steps": 5}
@@ -199,3 +200,31 @@ def test_validate_checks_every_run_of_a_sweep_under_the_limit(tmp_path, capsys, 
     assert main(["validate", str(spec)]) == 0
     assert validations[0] == 3 + 8  # load_sweep's firsts, then every run
     assert "validating" in sys.stderr.getvalue()
+
+
+def test_a_loaded_sweep_holds_no_object_per_run_and_calls_grow_no_cache():
+    """What made ``simulate()`` slow in a process holding a big sweep cannot come back:
+    loading a sweep keeps nothing per run (its runs are expanded as they are handed out, its
+    templates are a bounded cache), and repeated calls of one shape add no cache entry."""
+    import gc
+
+    from simwar.api import _sizes_cache, simulate
+    from simwar.executors.fast import codegen, races
+
+    def call(i: int) -> None:
+        simulate({**SHORT, "cpu": {"schedule_us": 300.0 + i}}, engine="fast",
+                 summary_only=True)
+
+    call(0)
+    gc.collect()
+    before = len(gc.get_objects())
+    plan = load_sweep({"base": SHORT, "grid": {"cpu.schedule_us": [100.0 + i
+                                                                   for i in range(20_000)],
+                                               "policy.barrier": ["fine", "coarse"]}})
+    gc.collect()
+    assert len(gc.get_objects()) - before < 5_000  # not a config, nor a Run, per run
+    assert len(plan.templates._kept) <= expand.TEMPLATES_KEPT
+    caches = (len(codegen._CODE), len(races._WINDOWS), len(_sizes_cache))
+    for i in range(1, 30):
+        call(i)
+    assert (len(codegen._CODE), len(races._WINDOWS), len(_sizes_cache)) == caches
