@@ -309,12 +309,16 @@ def test_ctrl_c_stops_the_pool_at_once_and_the_rerun_completes(tmp_path):
 @pytest.mark.slow  # starting a local Ray takes several seconds on two cores
 def test_ray_backend_gives_the_same_rows_as_the_local_pool(tmp_path):
     ray = pytest.importorskip("ray")
-    local = sweep(small_spec(), tmp_path / "local", overrides=SHORT, jobs=2)
+    local = sweep(small_spec(), tmp_path / "local", overrides=SHORT, jobs=2, run_files=True)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    told = []
     try:
-        remote = sweep(small_spec(), tmp_path / "ray", overrides=SHORT, backend="ray")
+        remote = sweep(small_spec(), tmp_path / "ray", overrides=SHORT, backend="ray",
+                       run_files=True, progress=told.append)
     finally:
         ray.shutdown()
+    # a task per lockstep batch, at least one per worker: the progress moves batch by batch
+    assert sum(told) == len(local) and len(told) >= 2
     pd.testing.assert_frame_equal(local.sort_values("run_id").reset_index(drop=True),
                                   remote.sort_values("run_id").reset_index(drop=True))
     assert sorted(p.name for p in (tmp_path / "ray" / "runs").iterdir()) == \
