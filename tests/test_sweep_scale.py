@@ -138,8 +138,9 @@ def test_the_cli_refuses_a_huge_sweep_unless_yes(tmp_path, capsys, monkeypatch):
         assert capsys.readouterr() == ("", line)
     assert main(["validate", str(spec), "--yes"]) == 0
     assert capsys.readouterr().out == (f"{spec}: ok (sweep of 12 runs over cpu.schedule_us, "
-                                       f"policy.barrier; each swept value checked in its "
-                                       f"first run)\n")
+                                       f"policy.barrier; cpu.schedule_us checked at the ends "
+                                       f"of its range, each other swept value in its first "
+                                       f"run)\n")
     assert main(["show", str(spec), "--yes"]) == 0
     out = capsys.readouterr().out
     assert "# 12 runs\n" in out and out.count("\n# ") == 12 + 2
@@ -174,9 +175,10 @@ def test_validate_yes_checks_each_swept_value_of_a_huge_sweep_once(tmp_path, cap
                     + "}\n")
     assert main(["validate", str(spec), "--yes"]) == 0
     assert validations[0] == 2 ** 7  # the corners of the durations' box, not 10^7
+    keys = ", ".join(HUGE["grid"])
     assert capsys.readouterr().out == (
-        f"{spec}: ok (sweep of 10000000 runs over {', '.join(HUGE['grid'])}; each swept "
-        f"value checked in its first run)\n")
+        f"{spec}: ok (sweep of 10000000 runs over {keys}; {keys} checked at the ends of their "
+        f"ranges, each other swept value in its first run)\n")
 
 
 def test_validate_checks_every_run_of_a_sweep_under_the_limit(tmp_path, capsys, validations,

@@ -229,6 +229,9 @@ class Sweep:
     overrides: dict[str, Any] = field(default_factory=dict)
     _runs: list[Run] | None = field(default=None, repr=False)
     _templates: Templates | None = field(default=None, repr=False)
+    #: the swept durations :func:`load_sweep` checked at the ends of their ranges (in the
+    #: first template) rather than value by value
+    ranged: list[str] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -387,6 +390,7 @@ def load_sweep(spec: str | Path | dict | Sweep,
     firsts = _first_of_each_value(parsed, ())
     # the value keys of a template checked at its corners need no run per value
     templated = out.templates.keys and out.templates.of(firsts[0][2], 0) is not None
+    out.ranged = list(out.templates.keys) if templated else []
     for run_id, repeat, values in _first_of_each_value(parsed, out.templates.keys
                                                        if templated else ()):
         if out.templates.of(values, repeat) is None:
