@@ -21,6 +21,11 @@ another simwar source tree, e.g. one exported with ``git archive 9ad16a6 | tar -
   ranks): the SimPy engine against the fast executor's ranks (``engine: fast``,
   :mod:`simwar.executors.fast.ranks`), end to end (each rank's Trace, table, races; the
   ranks' summary).
+  With it, where the fast path's time goes (``parts``, best of ``--repeat``, the steps
+  ``simulate`` takes, one by one: building the ranks' Programs, the one pass, each rank's
+  per-step table and races from its Trace, the ranks' table) and ``cap``: the SimPy
+  engine's time over the fast path's less its one pass, the ratio a one pass that took no
+  time would reach while the rest stays as it is.
 - ``shapes``: the one-pass executor's per-step cost of a run whose scheduler picks each
   step's shape (``configs/sglang_default_prefill.yaml``, ``scheduling.rule: sglang``: prefill
   and decode steps) against the same config as a one-shape run (``scheduling.rule:
@@ -102,6 +107,47 @@ def bench_ratio(tree: Path, steps: int, repeat: int, before: bool,
     if not before:
         res["ratio_cpu"] = res["simpy"]["cpu_s"] / res["fast"]["cpu_s"]
         res["ratio_wall"] = res["simpy"]["wall_s"] / res["fast"]["wall_s"]
+    return res
+
+
+RANKS_PARTS_CODE = """
+import json, time
+from simwar.analysis.hazards import detect
+from simwar.analysis.metrics import step_columns
+from simwar.analysis.ranks import rank_columns
+from simwar.api import resolve_sizes
+from simwar.builder.ranks import rank_programs
+from simwar.config import load_config
+from simwar.core.collector import gc_paused
+from simwar.core.program import Program
+from simwar.executors.fast.ranks import run_ranks
+cfg = load_config({config!r}, {{"steps": {steps}}})
+best = {{}}
+def part(name, f):
+    c0 = time.process_time()
+    out = f()
+    best[name] = min(best.get(name, float("inf")), time.process_time() - c0)
+    return out
+for _ in range({repeat} + 1):  # the first is a warm-up, as in the ratio
+    with gc_paused():
+        programs = part("build", lambda: [Program(list(p.ops), p.streams, p.meta)
+                                          for p in rank_programs(cfg, resolve_sizes(cfg))])
+        traces = part("one pass", lambda: run_ranks(programs))
+        columns = part("tables", lambda: [step_columns(t) for t in traces])
+        part("races", lambda: [detect(t) for t in traces])
+        part("ranks' table", lambda: rank_columns(traces, columns))
+print(json.dumps(best))
+"""
+
+
+def bench_ranks(tree: Path, steps: int, repeat: int, before: bool) -> dict:
+    res = bench_ratio(tree, steps, repeat, before, RANKS_CONFIG)
+    if not before:
+        code = "import json\n" + RANKS_PARTS_CODE.format(config=RANKS_CONFIG, steps=steps,
+                                                         repeat=repeat)
+        parts = json.loads(child(tree, ["-c", code]).strip().splitlines()[-1])
+        res["parts_cpu_s"] = parts
+        res["cap"] = res["simpy"]["cpu_s"] / (res["fast"]["cpu_s"] - parts["one pass"])
     return res
 
 
@@ -329,8 +375,7 @@ def main() -> int:
         if w == "ratio":
             results[w] = bench_ratio(tree, (args.steps or [20_000])[0], args.repeat, before)
         elif w == "ranks":
-            results[w] = bench_ratio(tree, (args.steps or [5_000])[0], args.repeat, before,
-                                     RANKS_CONFIG)
+            results[w] = bench_ranks(tree, (args.steps or [5_000])[0], args.repeat, before)
         elif w == "shapes":
             results[w] = bench_shapes(ROOT.resolve(), (args.steps or [5_000])[0], args.repeat,
                                       args.before.resolve() if before else None)

@@ -6,7 +6,10 @@ each peak RSS is its own), reads the same file with:
 
 - ``json.load`` (the baseline every ratio is against);
 - ``simwar read``: :func:`simwar.capture.reader.read_capture`, the one streaming pass;
-- ``simwar import``: :func:`simwar.capture.to_trace.import_kineto`, read + Trace;
+- ``simwar import``: :func:`simwar.capture.open.open_capture`, the whole import (read, map,
+  bind into the Trace, size), as ``simwar import`` runs it; its answer's fingerprint (a hash
+  of the Trace's columns, text decoded) is printed, so that two trees' imports are seen to
+  agree;
 - ``hta parse``: HolisticTraceAnalysis's own parse (when it is installed), on a second,
   smaller capture of ``--hta-mb`` MB (default 3) next to simwar's import of that same
   file: HTA 0.5.0 under pandas 3 fails past 32,767 events (it downcasts its correlation
@@ -17,11 +20,16 @@ each peak RSS is its own), reads the same file with:
   ``traceEvents`` (one pass, its ``yajl2_c`` backend), orjson and msgspec (untyped) over
   blocks cut at event boundaries, msgspec decoding into typed structs (what the reader does).
 
+With ``--before DIR`` (another source tree, e.g. ``git archive COMMIT | tar -x -C DIR``)
+simwar's read and import are also run from that tree, interleaved with this tree's and
+``json.load``'s, ``--repeat`` times (2 by default with ``--before``), each the best of its
+repeats: the ratios of one run.
+
 It prints one line per reader (seconds, MB/s of uncompressed JSON, peak RSS and its ratio to
 the file size, speed relative to json.load) and one JSON line with everything. Nothing is kept.
 
     python benchmarks/bench_import.py [--mb 200] [--gzip] [--candidates] [--hta-mb 3]
-                                      [--capture PATH]
+                                      [--capture PATH] [--before DIR] [--repeat N]
 
 Wall-clock ratios move with a shared machine's load; the CPU-time ratios (each process's
 own ``time.process_time``) move less.
@@ -38,6 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 #: simulated steps per MB of written capture (measured: ~11 kB of JSON per step)
 STEPS_PER_MB = 90
 
@@ -111,12 +120,14 @@ def child(what: str, path: str) -> dict:
 
     # the modules each reader needs, imported before the clock starts
     if what.startswith("simwar"):
+        import simwar.capture.open
         import simwar.capture.reader
         import simwar.capture.to_trace  # noqa: F401
     elif what == "msgspec typed":
         import simwar.capture.reader  # noqa: F401
     t0, c0 = time.perf_counter(), time.process_time()
     out: dict = {}
+    imported = None
     if what == "json.load":
         with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as fh:
             out["events"] = len(json.load(fh)["traceEvents"])
@@ -126,12 +137,14 @@ def child(what: str, path: str) -> dict:
         cap = read_capture(path)
         out["events"] = sum(cap.counts.values()) + sum(cap.ignored.values())
     elif what == "simwar import":
-        from simwar.capture.to_trace import import_kineto
+        from simwar.capture.open import open_capture
 
-        imp = import_kineto(path, MAPPING)
+        cap = open_capture(path, MAPPING)
+        imp = cap.bound
         out["events"] = sum(imp.counts.get(k, 0) for k in ("kernel", "memcpy", "memset",
                                                            "runtime", "annotation",
                                                            "cuda_sync")) + imp.ignored_total
+        imported = cap.trace
     elif what == "hta parse":
         import contextlib
         import io
@@ -178,7 +191,31 @@ def child(what: str, path: str) -> dict:
     out["s"] = round(time.perf_counter() - t0, 3)
     out["cpu_s"] = round(time.process_time() - c0, 3)
     out["peak_rss_mb"] = _peak_mb()
+    if what == "simwar import":  # after the clock and the peak
+        out["fingerprint"] = _fingerprint(imported)
     return out
+
+
+def _fingerprint(trace) -> str:
+    """A hash of a Trace's tables (text decoded: string codes may differ between trees): equal
+    for equal imports (the meta is left out: a tree may add keys to it)."""
+    import hashlib
+
+    import numpy as np
+
+    from simwar.core.trace import MARKER_COLUMNS, OP_COLUMNS, SPAN_COLUMNS
+
+    h = hashlib.sha1()
+    for table, schema in ((trace.spans, SPAN_COLUMNS), (trace.ops, OP_COLUMNS),
+                          (trace.markers, MARKER_COLUMNS)):
+        for name, _, how in schema:
+            col = getattr(table, name)
+            h.update(name.encode())
+            if how == "str":
+                h.update("\0".join(trace.strings[i] for i in col.tolist()).encode())
+            else:
+                h.update(np.ascontiguousarray(col).tobytes())
+    return h.hexdigest()[:16]
 
 
 def main() -> int:
@@ -193,6 +230,10 @@ def main() -> int:
                     help="address-space cap of HTA's process (GB)")
     ap.add_argument("--capture", type=Path,
                     help="read this capture (kept) instead of writing one of --mb MB")
+    ap.add_argument("--before", type=Path,
+                    help="another simwar source tree: its read and import, interleaved")
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="runs of each reader, the best kept (default 1; 2 with --before)")
     ap.add_argument("--child", nargs=2, metavar=("WHAT", "CAPTURE"),
                     help=argparse.SUPPRESS)  # the fresh process that does one read
     args = ap.parse_args()
@@ -201,6 +242,9 @@ def main() -> int:
         return 0
 
     readers = ["json.load", "simwar read", "simwar import"]
+    if args.before:
+        readers += ["simwar read (before)", "simwar import (before)"]
+    repeat = args.repeat or (2 if args.before else 1)
     if args.candidates:
         readers += ["ijson items", "orjson blocks", "msgspec blocks", "msgspec typed"]
     try:
@@ -220,17 +264,32 @@ def main() -> int:
                 path, raw_mb = args.capture, _json_mb(args.capture)
             else:
                 path, raw_mb = _capture(Path(tmp) / label, mb, args.gzip)
-            results = {}
-            for what in names:
-                env = dict(os.environ, BENCH_HTA_GB=str(args.hta_gb))
-                out = subprocess.run([sys.executable, __file__, "--child", what, str(path)],
-                                     stdout=subprocess.PIPE, text=True, env=env)
-                if out.returncode != 0:
-                    results[what] = {"failed": f"exit {out.returncode}"}
-                    print(f"  {what}: failed ({results[what]['failed']})", file=sys.stderr)
-                    continue
-                results[what] = json.loads(out.stdout.strip().splitlines()[-1])
-                print(f"  {what}: {results[what]['s']} s", file=sys.stderr)
+            results: dict = {}
+            for _ in range(repeat if label == "main" else 1):
+                for what in names:
+                    env = dict(os.environ, BENCH_HTA_GB=str(args.hta_gb))
+                    child_what = what
+                    if what.endswith(" (before)"):
+                        env["PYTHONPATH"] = str(args.before.resolve())
+                        child_what = what[:-len(" (before)")]
+                    else:
+                        env["PYTHONPATH"] = str(ROOT)
+                    out = subprocess.run([sys.executable, __file__, "--child", child_what,
+                                          str(path)], stdout=subprocess.PIPE, text=True,
+                                         env=env)
+                    if out.returncode != 0:
+                        results[what] = {"failed": f"exit {out.returncode}"}
+                        print(f"  {what}: failed ({results[what]['failed']})", file=sys.stderr)
+                        continue
+                    r = json.loads(out.stdout.strip().splitlines()[-1])
+                    print(f"  {what}: {r['s']} s, {r['cpu_s']} s CPU, {r['peak_rss_mb']} MB",
+                          file=sys.stderr)
+                    best = results.get(what)
+                    if best is None or "failed" in best or r["cpu_s"] < best["cpu_s"]:
+                        results[what] = r
+            prints = {r.get("fingerprint") for w, r in results.items() if "fingerprint" in r}
+            if len(prints) > 1:
+                print(f"  the imports differ: fingerprints {sorted(prints)}", file=sys.stderr)
             _table(results, raw_mb)
             report[label] = {"file_mb": round(raw_mb, 1), "readers": results}
             if not (label == "main" and args.capture):

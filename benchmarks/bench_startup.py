@@ -8,6 +8,11 @@
   ratio printed. Measured twice: as this environment runs Python (it sets
   ``PYTHONDONTWRITEBYTECODE``, so simwar's modules are compiled at every start) and with a
   bytecode cache (``PYTHONPYCACHEPREFIX`` in a temporary directory, warmed first).
+- **floor**: the same, of a process that only imports the libraries such a run loads before
+  any of simwar runs (numpy, yaml, pydantic and the parts of it a validation loads; with the
+  settings :mod:`simwar.cli` makes first), in the same modes, interleaved with the runs:
+  what the start-up cannot go below while it imports them (``run 500`` minus it is simwar's
+  own share).
 - **imports**: ``python -X importtime`` of that run, the smallest self time of each module
   over ``--repeat`` runs, summed by package (simwar, numpy, pydantic, ...).
 - **plan_program**: :func:`simwar.executors.fast.plan_program` of the Program of
@@ -31,6 +36,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["-c", "import sys; from simwar.cli import main; sys.exit(main())", "run", "--set",
        "steps=500", "--quiet"]
+#: a process importing only what ``simwar run`` imports of other packages (its floor)
+#: (with the settings the command line makes before them: one OpenBLAS thread, no plugins)
+FLOOR = ["-c", "import os; os.environ.setdefault('OPENBLAS_NUM_THREADS', '1'); "
+         "os.environ.setdefault('PYDANTIC_DISABLE_PLUGINS', '__all__'); "
+         "import argparse, numpy, yaml, annotated_types, pydantic, pydantic.main, "
+         "pydantic.types, pydantic.plugin._loader"]
 PLAN = """
 import json, sys, time
 from simwar.api import build_program
@@ -60,16 +71,22 @@ def cpu_of(args: list[str], env: dict, cwd: Path) -> float:
 
 
 def run500(trees: dict, repeat: int) -> dict:
+    """Best CPU time of each (tree, mode), and of the floor per mode (tree ``floor``)."""
     pyc = tempfile.mkdtemp(prefix="simwar-pyc-")
     cases = {(name, mode): env_for(tree, pyc if mode == "bytecode cached" else None)
-             for name, tree in trees.items() for mode in ("no bytecode cache",
-                                                          "bytecode cached")}
-    for (name, _), env in cases.items():  # warm-up: the bytecode cache, the disk cache
-        cpu_of(RUN, env, trees[name])
+             for name, tree in {**trees, "floor": ROOT}.items()
+             for mode in ("no bytecode cache", "bytecode cached")}
+
+    def once(k, env):
+        return cpu_of(FLOOR if k[0] == "floor" else RUN, env,
+                      ROOT if k[0] == "floor" else trees[k[0]])
+
+    for k, env in cases.items():  # warm-up: the bytecode cache, the disk cache
+        once(k, env)
     best = {k: float("inf") for k in cases}
     for _ in range(repeat):
         for k, env in cases.items():
-            best[k] = min(best[k], cpu_of(RUN, env, trees[k[0]]))
+            best[k] = min(best[k], once(k, env))
     return best
 
 
@@ -115,6 +132,9 @@ def main() -> int:
                                           for name in trees)
         if args.before:
             line += f"  (before / now: {best[('before', mode)] / best[('this tree', mode)]:.2f}x)"
+        floor = best[("floor", mode)]
+        line += (f"; floor (its libraries' imports) {floor:.3f} s, this tree's own share "
+                 f"{best[('this tree', mode)] - floor:.3f} s")
         print(line)
     for name, tree in trees.items():
         groups = imports(tree, max(3, args.repeat // 2))

@@ -34,9 +34,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Callable
 
+import numpy as np
+
 from simwar.analysis.hazards import detect
 from simwar.analysis.metrics import frame, request_table, step_columns, summarize
 from simwar.builder import loop
+from simwar.builder.draws import Sum, Use
 from simwar.builder.loop import sizes_meta
 from simwar.builder.sizes import ArrivalProcess, StepSizes, draw_sizes
 from simwar.builder.template import NotTraceable, duration_at, structure_key, traced
@@ -211,10 +214,9 @@ class Result:
         self._trace = trace
         self._steps = None
         self._meta = meta
-        #: a tensor-parallel run's ranks (:class:`RankResult`), else empty, and their Traces
-        #: side by side (None)
+        #: a tensor-parallel run's ranks (:class:`RankResult`), else empty
         self.ranks: list = []
-        self.combined = None
+        self._combined = None
         self._warnings: list[str] | None = None
 
     def __repr__(self) -> str:
@@ -246,6 +248,20 @@ class Result:
         if self._program is None:
             self._program = build_program(self.config)
         return self._program
+
+    @property
+    def combined(self):
+        """A tensor-parallel run's ranks' Traces side by side, one Trace
+        (:func:`simwar.core.ranks.side_by_side`), put together on first use (a run that
+        exports no trace does not pay for it); None for a run of one rank."""
+        if self._combined is None and self.ranks:
+            # lazy: start-up time (the ranks' modules load only for a tensor-parallel run)
+            from simwar.core.ranks import side_by_side
+
+            self._combined = side_by_side(
+                [r.trace for r in self.ranks],
+                [{"rank": r.rank, "seed": r.trace.meta["rank_seed"]} for r in self.ranks])
+        return self._combined
 
     @property
     def has_trace(self) -> bool:
@@ -336,8 +352,8 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
     return result
 
 
-def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None] | None = None
-                  ) -> list[dict]:
+def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None] | None = None,
+                  keys: list[str] | None = None) -> list[dict]:
     """The summary of each config (``simulate(config).summary``, bit for bit), in order.
 
     ``configs``: validated configs, as :class:`~simwar.config.Config` objects or their
@@ -351,7 +367,9 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
 
     ``on_done(indices, summaries)``: called as each batch or lone run finishes, with the
     positions of its configs (a sweep writes its run files there, so an interrupted sweep
-    keeps what finished).
+    keeps what finished). ``keys``: each config's
+    :func:`~simwar.builder.template.structure_key` when the caller knows it (a sweep's runs
+    made from one template share theirs), else computed here.
     """
     # lazy: start-up time (a single run, the command line's usual case, needs no lockstep)
     from simwar.executors import lockstep
@@ -367,7 +385,7 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
 
     similar: dict[str, list[int]] = {}
     for i, r in enumerate(resolved):
-        similar.setdefault(structure_key(r), []).append(i)
+        similar.setdefault(structure_key(r) if keys is None else keys[i], []).append(i)
     groups: dict[tuple, list] = {}
     alone: list[int] = []
     for members in similar.values():
@@ -375,14 +393,27 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
         if choose(rep, purpose="many").key != "lockstep":
             alone += members
             continue
-        sizes = draw_sizes(rep)
-        try:
-            trace = traced(rep, sizes)
-            template = fast.plan.plan_template(trace.plan)
-        except (NotTraceable, Unsettled):  # each run's own plan, or alone
-            trace = template = None
+        together: dict = {}
+        left = members
+        for attempt in range(TRACES_PER_GROUP):  # runs that decide alike, bound at once
+            if attempt:
+                rep = load_config(resolved[left[0]])
+            sizes = draw_sizes(rep)
+            try:
+                trace = traced(rep, sizes)
+                template = fast.plan.plan_template(trace.plan)
+            except (NotTraceable, Unsettled):  # each run's own plan, or alone
+                trace = template = None
+                break
+            bound = _bound_many(trace, template, rep, sizes, left, resolved)
+            together.update(bound)
+            left = [i for i in left if i not in bound]
+            if not bound or len(left) < 2:
+                break
         for i in members:
-            plan = None if trace is None else _bound(trace, template, rep, sizes, resolved[i])
+            plan = together.get(i)
+            if plan is None and trace is not None:
+                plan = _bound(trace, template, rep, sizes, resolved[i])
             if plan is None:
                 try:
                     cfg = load_config(resolved[i])
@@ -408,6 +439,118 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
                                  for i, _ in batch]
                 done([i for i, _ in batch], summaries)
     return out
+
+
+#: templates traced per structure: each binds at once the runs that take its decisions
+#: (``cpu.ingest_us`` zero or not); the runs still left are bound one by one
+TRACES_PER_GROUP = 4
+
+
+def _bound_many(trace, template, rep: Config, sizes: StepSizes, members: list[int],
+                resolved: list[dict]) -> dict:
+    """The plans of the runs ``members`` (positions in ``resolved``) from the templates traced
+    for ``rep``, bound once per seed: the durations in which they differ (plain numbers) are
+    arrays of one element per run in a single :func:`~simwar.executors.fast.plan.bind`, and
+    each run's plan takes its element of each constant. The same numbers, added in the same
+    order, as :func:`_bound`'s, run by run. Runs that differ in anything else (a distribution,
+    an affine duration), or decide otherwise on a duration (:meth:`TemplateTrace.fits`), or
+    a template whose drawn columns add a duration that varies, are left out (bound one by
+    one). Returns ``{position: plan}``."""
+    if len(members) < 2:
+        return {}
+    first = resolved[members[0]]
+    where = [(section, name) for section in ("cpu", "gpu", "costs")
+             for name, v in first[section].items() if name.endswith("_us")]
+    where += [("phases", i, name) for i, p in enumerate(first["phases"])
+              for name in p if name.endswith("_us")]
+
+    def key(w) -> str:
+        return f"{w[0]}.{w[1]}" if w[0] != "phases" else \
+            f"phases.{first['phases'][w[1]]['name']}.{w[2]}"
+
+    varying: dict[str, list] = {}
+    for w in where:
+        if w[0] == "phases":
+            column = [resolved[i]["phases"][w[1]][w[2]] for i in members]
+        else:
+            column = [resolved[i][w[0]][w[1]] for i in members]
+        if any(v != column[0] or type(v) is not type(column[0]) for v in column):
+            if any(type(v) not in (int, float) for v in column):
+                return {}  # distributions or affine durations differ: draws differ
+            varying[key(w)] = column
+    if _adds_a_varying_duration(template, varying):
+        return {}
+    arrays = {k: np.array(v, dtype=np.float64) for k, v in varying.items()}
+    fit = np.ones(len(members), dtype=bool)
+    for k, op, other, out in trace.decisions:
+        if k in arrays:
+            fit &= _COMPARE[op](arrays[k], other) == out
+    by_seed: dict[int, list[int]] = {}
+    for j in np.flatnonzero(fit).tolist():
+        by_seed.setdefault(resolved[members[j]]["seed"], []).append(j)
+    plans = {}
+    for seed, js in by_seed.items():
+        picked = {k: a[js] for k, a in arrays.items()}
+        lead = resolved[members[js[0]]]
+        value = _values(lead, picked)
+        if not trace.fits(_values(lead, {k: float(a[0]) for k, a in picked.items()})):
+            continue
+        cfg = rep.model_copy(update={"seed": seed, "name": lead["name"]})
+        run_sizes = draw_sizes(cfg) if rep.varies else sizes
+        iterations = trace.for_run(cfg, run_sizes, value)
+        meta = {**trace.plan.meta, "name": cfg.name, "seed": seed, **sizes_meta(run_sizes)}
+        together = fast.plan.bind(template, iterations.sampler(), value, meta)
+        per_block = [[c.tolist() if isinstance(c, np.ndarray) else [c] * len(js)
+                      for c in b.consts] for b in together.blocks]
+        # per block, per run (a block without parameters: an empty tuple each)
+        per_run = [list(zip(*consts)) if consts else [()] * len(js) for consts in per_block]
+        for n, j in enumerate(js):
+            i = members[j]
+            blocks = [_copy(b, consts=runs[n]) for b, runs in zip(together.blocks, per_run)]
+            run_meta = meta if resolved[i]["name"] == meta["name"] else \
+                {**meta, "name": resolved[i]["name"]}
+            plans[i] = _copy(together, blocks=blocks, meta=dict(run_meta))
+    return plans
+
+
+def _copy(obj, **changes):
+    """A shallow copy of a plan or a block with ``changes`` (thousands a batch: a
+    dataclass's ``replace`` runs its ``__init__`` over every field)."""
+    out = object.__new__(type(obj))
+    out.__dict__.update(obj.__dict__)
+    out.__dict__.update(changes)
+    return out
+
+
+def _values(resolved: dict, picked: dict):
+    """``value(key)``: ``picked[key]`` (an array of the runs' numbers, or one number), else
+    the duration of ``resolved`` there (read once)."""
+    values: dict[str, object] = dict(picked)
+
+    def value(key: str):
+        v = values.get(key)
+        if v is None:
+            v = values[key] = duration_at(resolved, key)
+        return v
+
+    return value
+
+
+_COMPARE = {"gt": np.greater, "ge": np.greater_equal, "lt": np.less, "le": np.less_equal,
+            "eq": np.equal, "ne": np.not_equal}
+
+
+def _adds_a_varying_duration(template, varying: dict) -> bool:
+    """Whether a drawn parameter of the template adds a duration that varies between runs
+    (its column would be each run's own: bound one by one)."""
+
+    def refs(x) -> bool:
+        if isinstance(x, Sum):
+            return refs(x.a) or refs(x.b)
+        return getattr(x, "key", None) in varying and not isinstance(x, Use)
+
+    return any(refs(x) for tb in template.blocks for x in tb.params
+               if isinstance(x, Sum) and fast.plan._drawn(x))
 
 
 def _bound(trace, template, rep: Config, sizes: StepSizes, resolved: dict):
@@ -454,11 +597,10 @@ def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) 
     keys plus the ranks' (:func:`simwar.analysis.ranks.rank_summary`); ``Result.ranks``
     holds each rank's summary, per-step table, races and Trace; ``Result.trace`` is rank
     0's (as the summary's standard keys are), ``Result.combined`` the ranks side by side
-    (:func:`simwar.core.ranks.side_by_side`)."""
+    (put together when first read)."""
     # lazy, each of them: start-up time (the ranks' modules load only for a tensor-parallel run)
     from simwar.analysis.ranks import rank_columns, rank_summary
     from simwar.builder.ranks import rank_programs  # lazy: start-up time
-    from simwar.core.ranks import side_by_side  # lazy: start-up time
     from simwar.executors.fast import ranks as fast_ranks  # lazy: start-up time
 
     traces = None
@@ -485,13 +627,10 @@ def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) 
     columns = dict(ranks[0].columns)
     columns.update({("tp_step_us" if k == "step_us" else k): v for k, v in group.items()
                     if k != "step"})
-    combined = side_by_side(traces, [{"rank": r.rank, "seed": r.trace.meta["rank_seed"]}
-                                     for r in ranks])
     result = Result(cfg, choice.name, summary, ranks[0].hazards, columns=columns,
                     trace=traces[0], events=events, meta=dict(traces[0].meta),
                     requested=requested, refused=choice.refused)
     result.ranks = ranks
-    result.combined = combined
     return result
 
 

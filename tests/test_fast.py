@@ -485,11 +485,29 @@ def test_cli_engines_print_the_same_summary():
     assert summary_only == json.loads(fast_out.stdout)
 
 
-def test_run_imports_neither_pandas_nor_simpy():
-    code = ("import sys; from simwar.cli.app import main; main(['run', '--set', 'steps=30', "
-            "'--set', 'warmup_steps=2']); "
-            "bad = [m for m in ('pandas', 'simpy') if m in sys.modules]; "
-            "sys.exit(print(bad) or (1 if bad else 0))")
+#: what ``simwar run`` must not import, by the run (start-up time: each is loaded only by
+#: the command or executor that uses it; benchmarks/bench_startup.py measures the rest)
+NOT_IMPORTED_BY_RUN = ("pandas", "simpy", "matplotlib", "scipy", "pyarrow", "tqdm",
+                       "simwar.executors.engine", "simwar.executors.lockstep",
+                       "simwar.executors.fast.trace", "simwar.analysis.critical_path",
+                       "simwar.study", "simwar.capture", "simwar.fit", "simwar.harness",
+                       "simwar.plots")
+#: and what a one-rank run does not import besides (the tensor-parallel ranks' modules)
+RANKS_ONLY = ("simwar.builder.ranks", "simwar.executors.fast.ranks", "simwar.core.ranks",
+              "simwar.analysis.ranks", "simwar.executors.ranks")
+
+
+@pytest.mark.parametrize("config, absent", [
+    ("configs/dspark_fine.yaml", NOT_IMPORTED_BY_RUN + RANKS_ONLY),
+    ("configs/tp2_slow_rank.yaml", NOT_IMPORTED_BY_RUN + ("simwar.executors.ranks",
+                                                          "simwar.core.ranks"))])
+def test_run_imports_only_what_it_uses(config, absent):
+    """The import graph of ``simwar run`` (fast, one rank and ranks): none of the named
+    modules (a package counts with any of its modules). Not timed: what is imported."""
+    code = (f"import sys; from simwar.cli.app import main; main(['run', {config!r}, '--set', "
+            f"'steps=30', '--set', 'warmup_steps=2', '--quiet']); "
+            f"bad = sorted(m for m in sys.modules if any(m == a or m.startswith(a + '.') "
+            f"for a in {absent!r})); sys.exit(print(bad) or (1 if bad else 0))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stdout + out.stderr

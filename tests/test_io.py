@@ -17,7 +17,7 @@ from simwar.cli.app import main
 from simwar.core import files as _io
 from simwar.core import trace
 from simwar.plots import perfetto
-from simwar.study import sweeps
+from simwar.study import store, sweeps
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,8 @@ def test_traces_exports_and_sweeps_share_the_one_writer():
     assert trace.write_text_atomic is _io.write_text_atomic
     assert perfetto.atomic_file is _io.atomic_file
     assert not hasattr(sweeps, "atomic_write_bytes")
-    assert sweeps.write_bytes_atomic is _io.write_bytes_atomic
+    assert store.write_bytes_atomic is _io.write_bytes_atomic
+    assert store.atomic_file is _io.atomic_file
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
@@ -90,10 +91,10 @@ def test_files_get_the_mode_a_plain_open_would_give(tmp_path, umask_022):
 def test_sweep_files_and_run_outputs_follow_the_umask(tmp_path, umask_022, capsys):
     out = tmp_path / "out"
     sweeps.sweep({"base": {"steps": 30, "warmup_steps": 5},
-                  "grid": {"policy.barrier": ["coarse", "fine"]}}, out)
+                  "grid": {"policy.barrier": ["coarse", "fine"]}}, out, run_files=True)
     files = [out / "sweep.yaml", out / "results.parquet", out / "results.csv",
-             *sorted((out / "runs").glob("*.json"))]
-    assert len(files) == 5
+             *sorted((out / "runs").glob("*.json")), *sorted((out / "batches").glob("*"))]
+    assert len(files) == 7
     assert {_mode(p) for p in files} == {0o644}
     assert main(["run", "--set", "steps=30", "--set", "warmup_steps=5", "--quiet",
                  "--trace", str(tmp_path / "t.json"), "--timeline",

@@ -244,7 +244,7 @@ def test_a_lockstep_sweep_writes_the_run_files_and_table_of_runs_one_by_one(tmp_
             "grid": {"algorithm": ["eagle", "dspark"], "policy.barrier": ["none", "fine"],
                      "cpu.schedule_us": [300.0, DISTS[0]]},
             "repeats": 2}
-    frame = sweep(spec, tmp_path / "out", jobs=jobs)
+    frame = sweep(spec, tmp_path / "out", jobs=jobs, run_files=True)
     plan = load_sweep(spec)
     for run in plan.runs:
         record = json.loads((tmp_path / "out" / "runs" / f"{run.run_key}.json").read_text())
@@ -253,3 +253,26 @@ def test_a_lockstep_sweep_writes_the_run_files_and_table_of_runs_one_by_one(tmp_
     for run in plan.runs:
         assert rows.loc[run.run_id, "step_us_mean"] == run_one(run.config)["step_us_mean"]
     assert list(itertools.accumulate(frame.run_id))[-1] == sum(range(len(plan.runs)))
+
+
+def test_runs_differing_in_numbers_are_bound_together_and_equal_their_own_runs(monkeypatch):
+    import simwar.api as api
+
+    bound = []
+    real = api._bound_many
+
+    def spy(*args):
+        out = real(*args)
+        bound.append(len(out))
+        return out
+
+    monkeypatch.setattr(api, "_bound_many", spy)
+    configs = [load_config(None, {"steps": 40, "warmup_steps": 3, "seed": seed,
+                                  "name": f"r{seed}-{i}", "cpu.schedule_us": 300.0 + 7.5 * i,
+                                  "costs.host_call_us": 2.0 + i, "cpu.ingest_us": 10.0 * i,
+                                  "gpu.result_writes_us": DISTS[0]})
+               for seed in (1, 2) for i in range(6)]
+    for cfg, summary in zip(configs, simulate_many(configs)):
+        assert_same_summary(summary, simulate(cfg).summary)
+    # cpu.ingest_us 0 issues no op: that run is of its own; the others are bound at once
+    assert bound == [2, 10]

@@ -62,19 +62,22 @@ def test_results_sorts_filters_chooses_columns_and_writes_csv(out, capsys):
 
 
 def test_results_of_an_interrupted_sweep_are_the_runs_that_finished(tmp_path, capsys):
+    # a lockstep batch per barrier (one iteration shape each), in run order
     spec = {"base": {"steps": 60, "warmup_steps": 5},
-            "grid": {"cpu.schedule_us": [100 * i for i in range(1, 21)]}}
+            "grid": {"policy.barrier": ["none", "coarse", "fine", "host_sync"],
+                     "cpu.schedule_us": [100 * i for i in range(1, 6)]}}
     done = []
 
-    def stop_after_four(n):
+    def stop_after_two_batches(n):
         done.append(n)
-        if len(done) == 4:
+        if len(done) == 2:
             raise KeyboardInterrupt
 
     with pytest.raises(SweepInterrupted):
-        sweep(spec, tmp_path / "out", progress=stop_after_four)
+        sweep(spec, tmp_path / "out", progress=stop_after_two_batches)
     assert main(["results", str(tmp_path / "out"), "--columns", "cpu.schedule_us"]) == 0
-    assert capsys.readouterr().out.split() == ["cpu.schedule_us", "100", "200", "300", "400"]
+    assert capsys.readouterr().out.split() == ["cpu.schedule_us",
+                                               *(["100", "200", "300", "400", "500"] * 2)]
 
 
 @pytest.mark.parametrize("args,line", [

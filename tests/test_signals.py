@@ -35,17 +35,20 @@ def test_sigterm_is_noted_as_sigint_inside_the_block_only():
 
 def test_a_sigtermed_sweep_writes_its_tables_and_no_temporary(tmp_path):
     sweep = tmp_path / "s.yaml"
+    # a lockstep batch per barrier and placement (eight iteration shapes): it stops between
     sweep.write_text(f"base: {REPO / 'configs' / 'dspark_fine.yaml'}\n"
-                     "grid:\n  cpu.schedule_us: [" + ", ".join(str(100 + i) for i in range(400))
-                     + "]\n  steps: [300]\n")
+                     "grid:\n  policy.barrier: [none, coarse, fine, host_sync]\n"
+                     "  policy.placement: [after_launch, loop_top]\n"
+                     "  cpu.schedule_us: [" + ", ".join(str(100 + i) for i in range(50))
+                     + "]\n  steps: [2000]\n")
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "simwar", "sweep", str(sweep), "--out",
                              str(out), "--jobs", "1", "--no-progress"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # a few runs finished: the sweep is under way
-        if len(list((out / "runs").glob("*.json"))) >= 3 or proc.poll() is not None:
+    while time.monotonic() < deadline:  # a batch finished: the sweep is under way
+        if len(list((out / "batches").glob("*.parquet"))) >= 1 or proc.poll() is not None:
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
@@ -54,7 +57,7 @@ def test_a_sigtermed_sweep_writes_its_tables_and_no_temporary(tmp_path):
     assert "Traceback" not in err
     assert "interrupted" in err
     table = pd.read_parquet(out / "results.parquet")
-    assert 3 <= len(table) < 400
+    assert 50 <= len(table) < 400 and len(table) % 50 == 0  # whole batches
     assert not [p for p in out.rglob(f"*{TMP_SUFFIX}")]
 
 

@@ -166,11 +166,16 @@ def test_rows_are_the_summaries_of_the_equivalent_single_runs():
 
 def test_out_dir_holds_tables_runs_and_a_resolved_spec(tmp_path):
     out = tmp_path / "out"
-    frame = sweep(small_spec(), out, overrides=SHORT)
+    frame = sweep(small_spec(), out, overrides=SHORT, run_files=True)
     pd.testing.assert_frame_equal(pd.read_parquet(out / "results.parquet"), frame,
                                   check_dtype=False)
     csv = pd.read_csv(out / "results.csv")
     assert list(csv.columns) == list(frame.columns) and len(csv) == len(frame)
+    batches = pd.concat([pd.read_parquet(p) for p in sorted((out / "batches").iterdir())])
+    assert sorted(batches["run_id"]) == list(frame["run_id"])
+    assert not (tmp_path / "plain").exists()
+    sweep(small_spec(), tmp_path / "plain", overrides=SHORT)
+    assert not (tmp_path / "plain" / "runs").exists()  # per-run files only on request
     runs = sorted((out / "runs").glob("*.json"))
     assert {p.stem for p in runs} == set(frame["run_key"])
     record = json.loads(runs[0].read_text())
@@ -183,15 +188,15 @@ def test_out_dir_holds_tables_runs_and_a_resolved_spec(tmp_path):
 def test_rerun_skips_finished_runs_and_redoes_only_missing_ones(tmp_path):
     out = tmp_path / "out"
     first = sweep(small_spec(), out, overrides=SHORT)
-    lost = sorted((out / "runs").glob("*.json"))[:3]
-    for path in lost:
-        path.unlink()
-    (out / "runs" / ".abc.json.x1.tmp").write_text("{half a file")  # left by a killed writer
+    batches = sorted((out / "batches").glob("*.parquet"))
+    lost = pd.read_parquet(batches[0])
+    batches[0].unlink()  # a batch killed in flight
+    (out / "batches" / ".abc.parquet.x1.tmp").write_text("half a file")  # left by a writer
     simulated = []
     again = sweep(small_spec(), out, overrides=SHORT, progress=simulated.append)
-    assert sum(simulated) == 3
+    assert sum(simulated) == len(lost)
     pd.testing.assert_frame_equal(again, first)
-    assert not list((out / "runs").glob(".*.tmp"))
+    assert not list((out / "batches").glob(".*.tmp"))
     nothing = []
     sweep(small_spec(), out, overrides=SHORT, progress=nothing.append)
     assert nothing == []
@@ -223,32 +228,32 @@ def _cli(*args: str, **kwargs) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
 
 
-@pytest.mark.slow  # three real sweeps of 24 runs, two of them through fresh interpreters
+@pytest.mark.slow  # three real sweeps of 48 runs, two of them through fresh interpreters
 def test_sigkill_midway_then_rerun_gives_exactly_the_uninterrupted_table(tmp_path):
     sweep_file = write_sweep(tmp_path, f"""
         base: {DSPARK_FINE}
         grid:
-          policy.barrier: [coarse, fine]
+          policy.barrier: [none, coarse, fine, host_sync]
           cpu.schedule_us: [250, 500, 1000, 2000, 4000, 6000]
         repeats: 2
     """)
-    total = 24
-    overrides = ["steps=200", "warmup_steps=10"]
+    total = 48
+    overrides = ["steps=3000", "warmup_steps=10"]
     args = ("sweep", str(sweep_file), "--jobs", "2", "--no-progress",
             *(f"--set={item}" for item in overrides))
     out = tmp_path / "out"
     victim = _cli(*args, "--out", str(out), start_new_session=True)
-    runs_dir = out / "runs"
+    batches = out / "batches"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and victim.poll() is None:
-        if runs_dir.is_dir() and len(list(runs_dir.glob("*.json"))) >= 4:
+        if batches.is_dir() and len(list(batches.glob("*.parquet"))) >= 2:
             break
-        time.sleep(0.01)
+        time.sleep(0.005)
     assert victim.poll() is None, "the sweep ended before it could be killed"
     os.killpg(victim.pid, signal.SIGKILL)  # the sweep and its pool workers, as a crash would
     victim.wait()
-    done = len(list(runs_dir.glob("*.json")))
-    assert 4 <= done < total
+    done = sum(len(pd.read_parquet(p)) for p in batches.glob("*.parquet"))
+    assert 2 <= done < total
     assert not (out / "results.parquet").exists()
 
     resumed = _cli(*args, "--out", str(out))
@@ -262,7 +267,6 @@ def test_sigkill_midway_then_rerun_gives_exactly_the_uninterrupted_table(tmp_pat
     pd.testing.assert_frame_equal(final, pd.read_parquet(tmp_path / "reference" /
                                                          "results.parquet"))
     pd.testing.assert_frame_equal(final, uninterrupted, check_dtype=False)
-    assert len(list(runs_dir.glob("*.json"))) == total
 
 
 @pytest.mark.slow  # two sweeps through fresh interpreters
@@ -273,19 +277,19 @@ def test_ctrl_c_stops_the_pool_at_once_and_the_rerun_completes(tmp_path):
     # a shell's background jobs start with SIGINT ignored; a terminal's Ctrl-C does not
     interrupted = _cli(*args, start_new_session=True,
                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    runs_dir = out / "runs"
+    batches = out / "batches"
     deadline = time.monotonic() + 60
-    # a run or two finish (the table of what finished has rows), most do not
-    while time.monotonic() < deadline and not (runs_dir.is_dir() and
-                                               len(list(runs_dir.glob("*.json"))) >= 2):
+    # a batch finishes (the table of what finished has rows), most do not
+    while time.monotonic() < deadline and not (batches.is_dir() and
+                                               len(list(batches.glob("*.parquet"))) >= 1):
         time.sleep(0.01)
     os.killpg(interrupted.pid, signal.SIGINT)  # Ctrl-C reaches the whole foreground group
     _, stderr = interrupted.communicate(timeout=10)
     assert interrupted.returncode == 130
     with pytest.raises(ProcessLookupError):  # no pool worker left running
         os.killpg(interrupted.pid, 0)
-    done = len(list(runs_dir.glob("*.json")))
-    # the results table of what finished is there at once, one row per run file
+    done = sum(len(pd.read_parquet(p)) for p in batches.glob("*.parquet"))
+    # the results table of what finished is there at once, the rows of the batches
     kept = (f"; {out}/results.parquet (and .csv) hold the {done} runs that finished"
             if done else "")
     assert stderr.decode().strip() == (
@@ -293,8 +297,6 @@ def test_ctrl_c_stops_the_pool_at_once_and_the_rerun_completes(tmp_path):
     if done:
         partial = pd.read_parquet(out / "results.parquet")
         assert len(partial) == done and partial["run_id"].is_monotonic_increasing
-        assert {f"{k}.json" for k in partial["run_key"]} == \
-            {p.name for p in runs_dir.glob("*.json")}
         assert len(pd.read_csv(out / "results.csv")) == done
     resumed = _cli(*args)
     stdout, stderr = resumed.communicate(timeout=120)
@@ -307,12 +309,16 @@ def test_ctrl_c_stops_the_pool_at_once_and_the_rerun_completes(tmp_path):
 @pytest.mark.slow  # starting a local Ray takes several seconds on two cores
 def test_ray_backend_gives_the_same_rows_as_the_local_pool(tmp_path):
     ray = pytest.importorskip("ray")
-    local = sweep(small_spec(), tmp_path / "local", overrides=SHORT, jobs=2)
+    local = sweep(small_spec(), tmp_path / "local", overrides=SHORT, jobs=2, run_files=True)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    told = []
     try:
-        remote = sweep(small_spec(), tmp_path / "ray", overrides=SHORT, backend="ray")
+        remote = sweep(small_spec(), tmp_path / "ray", overrides=SHORT, backend="ray",
+                       run_files=True, progress=told.append)
     finally:
         ray.shutdown()
+    # a task per lockstep batch, at least one per worker: the progress moves batch by batch
+    assert sum(told) == len(local) and len(told) >= 2
     pd.testing.assert_frame_equal(local.sort_values("run_id").reset_index(drop=True),
                                   remote.sort_values("run_id").reset_index(drop=True))
     assert sorted(p.name for p in (tmp_path / "ray" / "runs").iterdir()) == \
@@ -322,3 +328,16 @@ def test_ray_backend_gives_the_same_rows_as_the_local_pool(tmp_path):
 def test_unknown_backend_is_a_one_line_error():
     with pytest.raises(ConfigError, match="backend: 'slurm' is not one of local, ray"):
         sweep(small_spec(), backend="slurm")
+
+
+def test_the_sweep_command_writes_run_files_only_when_asked(tmp_path, capsys):
+    spec = write_sweep(tmp_path, """
+        base: {steps: 30, warmup_steps: 5}
+        grid: {cpu.schedule_us: [300, 600]}
+    """)
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "a"), "--no-progress"]) == 0
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "b"), "--no-progress",
+                 "--run-files"]) == 0
+    assert not (tmp_path / "a" / "runs").exists()
+    assert len(list((tmp_path / "b" / "runs").glob("*.json"))) == 2
+    assert len(pd.read_parquet(tmp_path / "a" / "results.parquet")) == 2

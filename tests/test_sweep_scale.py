@@ -14,6 +14,7 @@ import simwar.cli.common as common
 import simwar.study.sweeps as sweeps
 from simwar.cli.app import main
 from simwar.config import ConfigError
+from simwar.study import expand
 from simwar.study.sweeps import SweepInterrupted, SweepTooLarge, load_sweep, sweep
 
 SHORT = {"steps": 30, "warmup_steps": 5}
@@ -23,25 +24,57 @@ HUGE = {"base": SHORT, "grid": {key: list(range(1, 11)) for key in (
     "gpu.schedule_writes_us", "gpu.result_writes_us", "costs.launch_us")}}
 
 
-@pytest.fixture
-def expansions(monkeypatch):
-    """How many runs were expanded (each one a validated config)."""
+def _counter(monkeypatch, name: str) -> list[int]:
     count = [0]
-    real = sweeps.Sweep.run
+    real = getattr(sweeps.Sweep, name)
 
     def counted(self, *args):
         count[0] += 1
         return real(self, *args)
 
-    monkeypatch.setattr(sweeps.Sweep, "run", counted)
+    monkeypatch.setattr(sweeps.Sweep, name, counted)
     return count
 
 
-def test_a_huge_grid_is_counted_without_being_expanded(expansions):
+@pytest.fixture
+def expansions(monkeypatch):
+    """How many runs were expanded."""
+    return _counter(monkeypatch, "run")
+
+
+@pytest.fixture
+def validations(monkeypatch):
+    """How many configs were validated on their own (a run's, or a template's corner)."""
+    return _counter(monkeypatch, "resolve")
+
+
+def test_a_huge_grid_is_counted_without_being_expanded(expansions, validations):
     plan = load_sweep(HUGE)
     assert plan.count == 10 ** 7
     assert plan.spec.count_text() == "grid 10 x 10 x 10 x 10 x 10 x 10 x 10"
-    assert expansions[0] == 1 + 7 * 10 - 7  # the first run of each value, once each
+    assert expansions[0] == 0
+    assert validations[0] == 2 ** 7  # its durations checked at the corners of their box
+
+
+def test_a_run_from_its_template_is_the_run_validated_on_its_own():
+    spec = {"base": SHORT, "grid": {"policy.barrier": ["fine", "coarse"],
+                                    "cpu.schedule_us": [100, 250.5, 3000],
+                                    "phases.verify.body_us": [0, 4000.25]},
+            "zip": {"gpu.result_writes_us": [5, 7]}, "repeats": 2}
+    plan = load_sweep(spec)
+    for run in plan.iter_runs():
+        alone = plan.validated(run.run_id, run.repeat, run.values)
+        assert run.group is not None  # made from its template
+        assert (run.config, run.config_hash, run.run_key, run.seed) == \
+            (alone.config, alone.config_hash, alone.run_key, alone.seed)
+
+
+def test_a_template_with_a_bad_corner_names_the_run_of_the_bad_value(validations):
+    spec = {"base": SHORT, "grid": {"policy.barrier": ["fine", "coarse"],
+                                    "cpu.schedule_us": [100, -5, 300]}}
+    with pytest.raises(ConfigError, match=r"^<sweep>: run 1 \(policy.barrier=fine, "
+                                          r"cpu.schedule_us=-5\): cpu.schedule_us"):
+        load_sweep(spec)
 
 
 def test_above_the_limit_it_is_refused_with_the_count(expansions):
@@ -82,12 +115,13 @@ def test_a_huge_sweep_starts_at_once_and_ctrl_c_leaves_the_table_of_what_finishe
 
     with pytest.raises(SweepInterrupted) as e:
         sweep(HUGE, tmp_path / "out", progress=progress)
-    assert (e.value.finished, e.value.total) == (3, 10 ** 7)
+    # the progress is told a batch at a time: the third batch of 8 had finished
+    assert (e.value.finished, e.value.total) == (24, 10 ** 7)
     assert expansions[0] < 100  # the runs handed over so far, not the grid
     table = pd.read_parquet(tmp_path / "out" / "results.parquet")
-    assert table["run_id"].tolist() == [0, 1, 2]
-    assert len(pd.read_csv(tmp_path / "out" / "results.csv")) == 3
-    assert len(list((tmp_path / "out" / "runs").glob("*.json"))) == 3
+    assert table["run_id"].tolist() == list(range(24))
+    assert len(pd.read_csv(tmp_path / "out" / "results.csv")) == 24
+    assert len(list((tmp_path / "out" / "batches").glob("*.parquet"))) == 3
 
 
 def test_the_cli_refuses_a_huge_sweep_unless_yes(tmp_path, capsys, monkeypatch):
@@ -104,8 +138,9 @@ def test_the_cli_refuses_a_huge_sweep_unless_yes(tmp_path, capsys, monkeypatch):
         assert capsys.readouterr() == ("", line)
     assert main(["validate", str(spec), "--yes"]) == 0
     assert capsys.readouterr().out == (f"{spec}: ok (sweep of 12 runs over cpu.schedule_us, "
-                                       f"policy.barrier; each swept value checked in its "
-                                       f"first run)\n")
+                                       f"policy.barrier; cpu.schedule_us checked at the ends "
+                                       f"of its range, each other swept value in its first "
+                                       f"run)\n")
     assert main(["show", str(spec), "--yes"]) == 0
     out = capsys.readouterr().out
     assert "# 12 runs\n" in out and out.count("\n# ") == 12 + 2
@@ -116,7 +151,8 @@ def test_the_cli_refuses_a_huge_sweep_unless_yes(tmp_path, capsys, monkeypatch):
 
 
 def test_a_sweep_logs_lines_not_a_bar_when_stderr_is_no_terminal(tmp_path, capsys):
-    spec = {"base": SHORT, "grid": {"cpu.schedule_us": list(range(100, 3100, 100))}}  # 30 runs
+    spec = {"base": SHORT, "grid": {"policy.barrier": ["none", "coarse", "fine"],  # 30 runs
+                                    "cpu.schedule_us": list(range(100, 1100, 100))}}
     sweep(spec, tmp_path / "out", progress=True)
     err = capsys.readouterr().err
     lines = err.splitlines()
@@ -124,6 +160,7 @@ def test_a_sweep_logs_lines_not_a_bar_when_stderr_is_no_terminal(tmp_path, capsy
     assert 1 < len(lines) <= 20 + 1
     assert all(line.startswith("simwar: sweep ") for line in lines)
     assert lines[-1].startswith("simwar: sweep 30/30 runs (100%; 30 simulated in ")
+    assert lines[0].endswith(" s left)")  # runs/s and the time left, while runs remain
     # a rerun finds them stored: the lines say none were simulated
     sweep(spec, tmp_path / "out", progress=True)
     assert capsys.readouterr().err.splitlines()[-1].startswith(
@@ -131,19 +168,20 @@ def test_a_sweep_logs_lines_not_a_bar_when_stderr_is_no_terminal(tmp_path, capsy
 
 
 def test_validate_yes_checks_each_swept_value_of_a_huge_sweep_once(tmp_path, capsys,
-                                                                   expansions):
+                                                                   validations):
     spec = tmp_path / "huge.yaml"
     spec.write_text("base: {steps: 30, warmup_steps: 5}\n"
                     "grid: {" + ", ".join(f"{k}: {list(range(1, 11))}" for k in HUGE["grid"])
                     + "}\n")
     assert main(["validate", str(spec), "--yes"]) == 0
-    assert expansions[0] == 1 + 7 * 10 - 7  # the first run of each value, not 10^7
+    assert validations[0] == 2 ** 7  # the corners of the durations' box, not 10^7
+    keys = ", ".join(HUGE["grid"])
     assert capsys.readouterr().out == (
-        f"{spec}: ok (sweep of 10000000 runs over {', '.join(HUGE['grid'])}; each swept "
-        f"value checked in its first run)\n")
+        f"{spec}: ok (sweep of 10000000 runs over {keys}; {keys} checked at the ends of their "
+        f"ranges, each other swept value in its first run)\n")
 
 
-def test_validate_checks_every_run_of_a_sweep_under_the_limit(tmp_path, capsys, expansions,
+def test_validate_checks_every_run_of_a_sweep_under_the_limit(tmp_path, capsys, validations,
                                                               monkeypatch):
     spec = tmp_path / "s.yaml"
     spec.write_text("base: {steps: 30, warmup_steps: 5}\n"
@@ -153,7 +191,7 @@ def test_validate_checks_every_run_of_a_sweep_under_the_limit(tmp_path, capsys, 
                                               f"warmup_steps=50): warmup_steps")
     spec.write_text("base: {steps: 30, warmup_steps: 5}\n"
                     "grid: {steps: [30, 100], warmup_steps: [5, 10]}\nrepeats: 2\n")
-    expansions[0] = 0
+    validations[0] = 0
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -162,5 +200,33 @@ def test_validate_checks_every_run_of_a_sweep_under_the_limit(tmp_path, capsys, 
     monkeypatch.setattr(common, "BAR_DELAY_S", 0)
     monkeypatch.setattr(sys, "stderr", Terminal())
     assert main(["validate", str(spec)]) == 0
-    assert expansions[0] == 3 + 8  # load_sweep's firsts, then every run
+    assert validations[0] == 3 + 8  # load_sweep's firsts, then every run
     assert "validating" in sys.stderr.getvalue()
+
+
+def test_a_loaded_sweep_holds_no_object_per_run_and_calls_grow_no_cache():
+    """What made ``simulate()`` slow in a process holding a big sweep cannot come back:
+    loading a sweep keeps nothing per run (its runs are expanded as they are handed out, its
+    templates are a bounded cache), and repeated calls of one shape add no cache entry."""
+    import gc
+
+    from simwar.api import _sizes_cache, simulate
+    from simwar.executors.fast import codegen, races
+
+    def call(i: int) -> None:
+        simulate({**SHORT, "cpu": {"schedule_us": 300.0 + i}}, engine="fast",
+                 summary_only=True)
+
+    call(0)
+    gc.collect()
+    before = len(gc.get_objects())
+    plan = load_sweep({"base": SHORT, "grid": {"cpu.schedule_us": [100.0 + i
+                                                                   for i in range(20_000)],
+                                               "policy.barrier": ["fine", "coarse"]}})
+    gc.collect()
+    assert len(gc.get_objects()) - before < 5_000  # not a config, nor a Run, per run
+    assert len(plan.templates._kept) <= expand.TEMPLATES_KEPT
+    caches = (len(codegen._CODE), len(races._WINDOWS), len(_sizes_cache))
+    for i in range(1, 30):
+        call(i)
+    assert (len(codegen._CODE), len(races._WINDOWS), len(_sizes_cache)) == caches

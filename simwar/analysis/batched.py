@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from simwar.analysis.metrics import hazard_counts, summarize
-from simwar.analysis.summary import Key, assemble, measured_mask
+from simwar.analysis.summary import Key, assemble, assemble_many, measured_mask, summary_keys
 from simwar.core.run_meta import RunMeta
 
 
@@ -36,10 +36,15 @@ def _sums(x: np.ndarray) -> np.ndarray:
 
 
 def _means(x: np.ndarray) -> np.ndarray:
-    """:func:`simwar.analysis.metrics._mean` per row (NaN where no value is defined)."""
-    n = x.shape[-1] - np.count_nonzero(np.isnan(x), axis=-1)
+    """:func:`simwar.analysis.metrics._mean` per row (NaN where no value is defined): the
+    sum of :func:`_sums`, the NaN found once for the count and the sum."""
+    nan = np.isnan(x)
+    missing = np.count_nonzero(nan, axis=-1)
+    n = x.shape[-1] - missing
+    rows = np.where(nan, 0.0, x) if missing.any() else x
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(n > 0, _sums(x) / np.maximum(n, 1), np.nan)
+        return np.where(n > 0, np.add.reduce(np.ascontiguousarray(rows), axis=-1) /
+                        np.maximum(n, 1), np.nan)
 
 
 def _quantiles(x: np.ndarray, q: float, median: bool = False) -> np.ndarray:
@@ -103,7 +108,8 @@ def summarize_many(columns: dict[str, np.ndarray], metas: list[dict],
             {k: v if v.ndim == 1 else v[together] for k, v in columns.items()}
         try:
             for j, s in zip(together, _together(sub, [metas[j] for j in together],
-                                                [hazards[j] for j in together])):
+                                                [hazards[j] for j in together],
+                                                [runs[j] for j in together])):
                 out[j] = s
         except _OneByOne:
             one_by_one += together
@@ -117,8 +123,7 @@ class _OneByOne(Exception):
     """Runs whose undefined values differ in place: summarize them one by one."""
 
 
-def _together(cols: dict, metas: list[dict], hazards: list) -> list[dict]:
-    runs = [RunMeta.from_meta(meta) for meta in metas]
+def _together(cols: dict, metas: list[dict], hazards: list, runs: list[RunMeta]) -> list[dict]:
     warm = {run.warmup_steps for run in runs}
     if len(warm) != 1 or "step_us" not in cols:
         raise _OneByOne
@@ -146,6 +151,11 @@ def _together(cols: dict, metas: list[dict], hazards: list) -> list[dict]:
             valid[key.column] = x[:, ~nan[0]] if x.shape[0] else x
         return valid[key.column]
 
+    if len({run.workload is None for run in runs}) == 1 and runs[0].workload is None:
+        # one list of keys for every run: each key evaluated once, the dicts built from rows
+        keys = summary_keys(cols, runs[0])
+        return assemble_many([run.name for run in runs], len(m["step"]), keys,
+                             [_stat(key, column(key), m) for key in keys], metas, from_hazards)
     out = []
     for j, (run, meta) in enumerate(zip(runs, metas)):
         def value(key: Key, j=j):

@@ -161,6 +161,23 @@ def idle_breakdown(trace: Trace, kernel_wait_us: float = HTA_KERNEL_WAIT_US,
     return out
 
 
+def capture_idle(trace: Trace, rule: str = "simwar",
+                 kernel_wait_us: float = HTA_KERNEL_WAIT_US,
+                 from_step: int = 0) -> dict[str, dict[str, float]]:
+    """:func:`idle_breakdown` by ``rule``, with what HTA's rule needs of the file read from
+    the imported Trace's meta (:mod:`simwar.capture.to_trace` keeps it): the file's first
+    complete event as the launch start of ops with no launch in the trace
+    (``first_event_us``; NaN where the Trace has none: never host-wait), and HTA's scope, the
+    launched ops only, where the file has two or more ``ProfilerStep`` ranges
+    (``profiler_steps``). What ``simwar explain --idle-rule`` prints."""
+    if rule != "hta":
+        return idle_breakdown(trace, kernel_wait_us, from_step, rule=rule)
+    meta = trace.meta
+    return idle_breakdown(trace, kernel_wait_us, from_step, rule="hta",
+                          no_launch_us=float(meta.get("first_event_us", float("nan"))),
+                          launched_only=int(meta.get("profiler_steps", 0)) >= 2)
+
+
 def _lane_breakdown(start: list[float], end: list[float], launch_start: list[float],
                     launch_end: list[float], waits: list[tuple[float, float]],
                     kernel_wait_us: float, hta_gaps: bool = False) -> dict[str, float]:

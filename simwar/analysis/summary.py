@@ -151,15 +151,10 @@ def step_keys(columns) -> list[Key]:
     return out
 
 
-def assemble(name: str, measured: int, columns, meta: dict, value, hazards: dict) -> dict:
-    """A summary in the spec's order: ``value(key)`` evaluates one :class:`Key` (each
-    summary its own way), ``columns`` are the table's column names, ``hazards`` the race
-    counts (empty without a race report)."""
-    out: dict = {"name": name, "steps_measured": measured}
-    if not measured:
-        return out
+def summary_keys(columns, run: RunMeta) -> list[Key]:
+    """The keys a run's summary evaluates, in order (items 2 and 3 of the module
+    docstring): ``columns`` are its table's column names."""
     keys = step_keys(columns)
-    run = RunMeta.from_meta(meta)
     if run.workload:
         keys += WORKLOAD_KEYS
         if "shape" in run.workload:
@@ -168,14 +163,40 @@ def assemble(name: str, measured: int, columns, meta: dict, value, hazards: dict
             keys += REQUEST_KEYS
             if run.slo:
                 keys += SLO_KEYS
-    for key in keys:
+    return keys
+
+
+def assemble(name: str, measured: int, columns, meta: dict, value, hazards: dict) -> dict:
+    """A summary in the spec's order: ``value(key)`` evaluates one :class:`Key` (each
+    summary its own way), ``columns`` are the table's column names, ``hazards`` the race
+    counts (empty without a race report)."""
+    out: dict = {"name": name, "steps_measured": measured}
+    if not measured:
+        return out
+    for key in summary_keys(columns, RunMeta.from_meta(meta)):
         out[key.name] = value(key)
+    return _tail(out, hazards, meta)
+
+
+def _tail(out: dict, hazards: dict, meta: dict) -> dict:
     out.update(hazards)
     # copied as the run wrote them, None included: a key the run did not write stays out
     for key in META_KEYS:
         if key in meta:
             out[key] = meta[key]
     return out
+
+
+def assemble_many(names: list[str], measured: int, keys: list[Key], values: list[list],
+                  metas: list[dict], hazards: list[dict]) -> list[dict]:
+    """:func:`assemble` of runs with the same ``keys`` (:func:`summary_keys`) and
+    ``measured`` steps (at least one): ``values[i]`` is key ``i``'s value for every run, in
+    the runs' order. The same dicts, built a run at a time from rows instead of a key at a
+    time."""
+    heads = [k.name for k in keys]
+    return [_tail({"name": name, "steps_measured": measured, **dict(zip(heads, row))},
+                  counts, meta)
+            for name, row, meta, counts in zip(names, zip(*values), metas, hazards)]
 
 
 def measured_mask(step: np.ndarray, step_us: np.ndarray, warmup: int) -> np.ndarray:

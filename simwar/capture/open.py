@@ -5,8 +5,8 @@ its verb wherever it appears. **Read** (:func:`simwar.capture.reader.read_captur
 file, in one pass, into its :class:`~simwar.capture.reader.CaptureEvents` (malformed events
 counted, HIP names mapped). **Map** (:func:`simwar.capture.presets.map_capture`): the
 mapping the events are read with, from a preset (named, or detected from the range names
-read, and from the Python frames of a ``with_stack`` capture: :mod:`simwar.capture.frames`,
-read in a second pass where the capture has them), a mapping file over it, and the preset's
+read, and from the Python frames of a ``with_stack`` capture, which the reader reads in its
+one pass: :mod:`simwar.capture.frames`), a mapping file over it, and the preset's
 entries that match nothing dropped; the engine's own frames (the preset's ``engine.frames``)
 join the capture's ranges, so that a stage or a blocking call is named by the function that
 ran it where no ``record_function`` range names it.
@@ -32,10 +32,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from simwar.capture.frames import FRAME_CAT, engine_frames, read_frames
+from simwar.capture.frames import FRAME_CAT, engine_frames
 from simwar.capture.mapping import Mapping, load_mapping
 from simwar.capture.presets import engine_of, load_preset, map_capture, preset_names
-from simwar.capture.reader import CaptureEvents, KinetoFormatError, ProgressFn, read_capture
+from simwar.capture.reader import (
+    CaptureEvents,
+    KinetoFormatError,
+    ProgressFn,
+    gc_paused,
+    read_capture,
+)
 from simwar.capture.sizes import CaptureSizes, SizesError, size_capture, step_bounds
 from simwar.capture.step_shapes import StepShape, step_shapes
 from simwar.capture.to_trace import KinetoImport, bind_capture
@@ -98,6 +104,7 @@ def mapping_label(mapping: Mapping) -> str:
     return f"preset {name}" if name else "mapping"
 
 
+@gc_paused
 def open_capture(paths, mapping=None, preset: str | None = None,
                  progress: ProgressFn | None = None) -> Capture:
     """Read, map, bind and size a capture (see the module docstring).
@@ -112,21 +119,22 @@ def open_capture(paths, mapping=None, preset: str | None = None,
     if isinstance(mapping, (str, Path)):
         load_mapping(mapping)
     files = [Path(p) for p in paths] if isinstance(paths, (list, tuple)) else [Path(paths)]
-    events = [read_capture(p, progress) for p in files]
-    for p, ev in zip(files, events):
-        _check_not_frames_only(p, ev)
+    # the frames of every engine a preset knows are kept as the file is read: which engine
+    # it is, detection says after the pass
     engines = "|".join(f"(?:{e['frames']})" for e in map(engine_of, preset_names())
                        if e.get("frames"))
-    read = [read_frames(p, engines or None) if ev.ignored.get(FRAME_CAT) else (set(), [])
-            for p, ev in zip(files, events)]
-    frames = [fr for _, fr in read]
+    events = [read_capture(p, progress, frames=engines or None) for p in files]
+    for p, ev in zip(files, events):
+        _check_not_frames_only(p, ev)
     names = {a.name for ev in events for a in ev.annotations}
     kernels = {d.name for ev in events for d in ev.device_events}
-    used = map_capture(preset, mapping, names, kernels, set().union(*(n for n, _ in read)))
+    used = map_capture(preset, mapping, names, kernels,
+                       set().union(*(ev.frame_names for ev in events)))
     pattern = engine_of(used.origin[0]).get("frames")
     kept = 0
-    for ev, fr in zip(events, frames):
-        mine = engine_frames(fr, pattern)
+    for ev in events:
+        mine = engine_frames(ev.frames, pattern)
+        ev.frames = []  # the kept ones are ranges now; the others are of no use
         ev.annotations.extend(mine)
         kept += len(mine)
     bound = bind_capture(events, used, [p.name for p in files])
@@ -149,6 +157,7 @@ def _check_not_frames_only(path: Path, ev: CaptureEvents) -> None:
             f"ProfilerActivity.CUDA])")
 
 
+@gc_paused
 def finish_capture(bound: KinetoImport, mapping: Mapping, paths=(),
                    mapping_file: str | None = None) -> Capture:
     """The size stage on a bound import: the :class:`Capture` of it (what

@@ -38,7 +38,11 @@ Device activity of a kind simwar does not model (MTIA's ``mtia_*`` categories,
 ignored, except that the start of each complete ``cpu_op`` and ``python_function``
 event is kept, with its thread (:attr:`CaptureEvents.host_events`): the profiler's own
 host cost is paid per recorded event, and the fit subtracts it by these counts
-(:mod:`simwar.fit.profiler_cost`).
+(:mod:`simwar.fit.profiler_cost`). A ``with_stack`` capture's Python frames
+(``python_function``, :mod:`simwar.capture.frames`) are read in the same pass: every
+frame's name (:attr:`CaptureEvents.frame_names`, what preset detection reads) and, as
+ranges, the frames whose name matches the ``frames`` pattern given
+(:attr:`CaptureEvents.frames`: the engines' own source files).
 
 **Malformed events** are never read silently: an event of a used kind without a
 numeric ``ts``, without a numeric ``dur`` or with a negative one, device work
@@ -68,6 +72,8 @@ to an optional callback.
 
 from __future__ import annotations
 
+import functools
+import gc
 import gzip
 import re
 import sys
@@ -87,8 +93,10 @@ from simwar.core.trace import Call
 DEVICE_CATS = {"kernel": "kernel", "Kernel": "kernel", "gpu_memcpy": "memcpy",
                "Memcpy": "memcpy", "gpu_memset": "memset", "Memset": "memset"}
 RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
+#: a Python frame of a ``with_stack`` capture (:mod:`simwar.capture.frames`)
+FRAME_CAT = "python_function"
 #: host events that are otherwise ignored but whose starts are kept, to be counted
-COUNTED_HOST_CATS = ("cpu_op", "python_function")
+COUNTED_HOST_CATS = ("cpu_op", FRAME_CAT)
 #: device activity simwar does not model: counted and reported in one line
 UNMODELLED_DEVICE = re.compile(r"^mtia")
 RECORD_CALLS = {"cudaEventRecord", "cudaEventRecordWithFlags", "cuEventRecord",
@@ -141,6 +149,24 @@ PLAUSIBLE_DUR_US = 60e6
 
 #: ``progress(done_bytes, total_bytes)``, called as the file is read
 ProgressFn = Callable[[int, int], None]
+
+
+def gc_paused(fn):
+    """``fn`` run with Python's cyclic garbage collector paused (and resumed after, if it
+    ran before). An import allocates a few records per event and no reference cycles
+    (tuples, floats, strings), and the collector, which walks every live container each
+    time enough new ones have piled up, took about a third of a large import's CPU time
+    (``benchmarks/bench_import.py``). Nested calls pause it once."""
+    @functools.wraps(fn)
+    def paused(*args, **kwargs):
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+    return paused
 
 
 def call_kind(name: str, issued_work: bool) -> Call:
@@ -276,6 +302,12 @@ class CaptureEvents:
     thread_names: dict = field(default_factory=dict)
     process_names: dict = field(default_factory=dict)
     meta: dict = field(default_factory=dict)
+    #: the name of every Python frame (``python_function`` event) of the capture
+    frame_names: set = field(default_factory=set)
+    #: as ranges, in file order, the frames whose name matches the reader's ``frames``
+    #: pattern (none without one), with a numeric time and length (ids that are not
+    #: integers, as some exporters write them, become 0)
+    frames: list[Annotation] = field(default_factory=list)
 
 
 def problem_lines(cap: CaptureEvents) -> list[str]:
@@ -296,20 +328,23 @@ META_KEYS = ("baseTimeNanoseconds", "displayTimeUnit", "deviceProperties", "dist
              "simwar")
 
 
+@gc_paused
 def read_capture(path: str | Path, progress: ProgressFn | None = None,
-                 chunk_bytes: int = 1 << 20) -> CaptureEvents:
+                 chunk_bytes: int = 1 << 20, frames: str | None = None) -> CaptureEvents:
     """Read a ``.json`` or ``.json.gz`` Kineto capture into a :class:`CaptureEvents` in one pass.
 
     ``progress(done_bytes, total_bytes)`` is called after each block (bytes of the
     file on disk, compressed for ``.gz``). ``chunk_bytes`` is the block size (any size
-    gives the same result: the tests read with blocks of a few bytes).
+    gives the same result: the tests read with blocks of a few bytes). ``frames``: a regular
+    expression; the Python frames whose name it matches are kept as ranges
+    (:attr:`CaptureEvents.frames`; ``""`` keeps every frame, None none).
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: file not found")
     total = path.stat().st_size
     cap = CaptureEvents()
-    classify = _Classifier(cap)
+    classify = _Classifier(cap, frames)
     with open(path, "rb") as raw:
         gz = _is_gzip(raw)
         fh = gzip.GzipFile(fileobj=raw) if gz else raw
@@ -399,8 +434,12 @@ def _kind_of(cat) -> str | None:
 class _Classifier:
     """Sorts decoded events into the :class:`CaptureEvents`, checking each used field."""
 
-    def __init__(self, cap: CaptureEvents):
+    def __init__(self, cap: CaptureEvents, frames: str | None = None):
         self.cap = cap
+        self.frames_re = frames
+        #: whether a frame's name is kept (the ``frames`` pattern, searched once per name)
+        self.keep_frame: dict[str, bool] = {}
+        self.frame_rx = re.compile(frames) if frames is not None else None
         self.open: dict[tuple, list] = defaultdict(list)  # (pid, tid) -> open B events
         self.device, self.runtime = cap.device_events, cap.runtime_calls
         self.annotations = cap.annotations
@@ -411,9 +450,21 @@ class _Classifier:
 
     def feed(self, events: list) -> None:
         self.n += len(events)
-        fast, read = self.fast, self.read
+        if "first_event_ts" not in self.cap.meta:
+            _first_complete(events, self.cap.meta)
+        fast, read, other = self.fast, self.read, self.other
         for ev in events:
-            if type(ev) is not RawEvent or ev.ph != "X" or not fast(ev):
+            if type(ev) is not RawEvent:
+                read(ev)
+                continue
+            ph = ev.ph
+            if ph == "X":
+                if not fast(ev):
+                    read(ev)
+            elif type(ph) is str and ph in _FLOWS and type(ev.cat) is str \
+                    and ev.cat != FRAME_CAT:
+                other[(ev.cat, ph)] += 1  # a flow arrow (ac2g): counted, as read() would
+            else:
                 read(ev)
 
     def reset(self) -> None:
@@ -421,7 +472,7 @@ class _Classifier:
         fresh = CaptureEvents()
         for f in fields(CaptureEvents):
             setattr(self.cap, f.name, getattr(fresh, f.name))
-        self.__init__(self.cap)
+        self.__init__(self.cap, self.frames_re)
 
     def read(self, ev) -> None:
         """One event, every field checked (:meth:`feed` tries :meth:`fast` first)."""
@@ -437,6 +488,8 @@ class _Classifier:
             self.cap.ignored["not an object"] += 1
             return
         cat = cat if isinstance(cat, str) else ""
+        if cat == FRAME_CAT and type(name) is str:
+            self.frame(name, pid, tid, ts, dur)
         if ph == "X":
             self.complete(cat, name, pid, tid, ts, dur, args)
         elif ph == "B" or ph == "E":
@@ -448,8 +501,9 @@ class _Classifier:
 
     def fast(self, ev: RawEvent) -> bool:
         """The common case, read without the checks' function calls: a kernel, memcpy,
-        memset or runtime call whose fields all have their usual types. False: not that
-        case (:meth:`complete` reads it, checking every field)."""
+        memset, runtime call, range, ``cuda_sync`` event or Python frame whose fields all
+        have their usual types. False: not that case (:meth:`complete` reads it, checking
+        every field)."""
         cat = ev.cat
         if type(cat) is not str:
             return False
@@ -458,6 +512,17 @@ class _Classifier:
         if kind is None or type(ts) is not float or type(dur) is not float or dur < 0 \
                 or type(name) is not str:
             return False
+        if kind == "frame":  # a with_stack capture's Python frame: most of its events
+            pid, tid = ev.pid, ev.tid
+            if type(pid) is not int or type(tid) is not int:
+                return False
+            self.frame(name, pid, tid, ts, dur)
+            starts = self.cap.host_events.get(FRAME_CAT)
+            if starts is None:
+                starts = self.cap.host_events[FRAME_CAT] = []
+            starts.append((pid, tid, ts))  # counted, as complete() counts it
+            self.cap.ignored[FRAME_CAT] += 1
+            return True
         if kind == "annotation":
             pid, tid = ev.pid, ev.tid
             if type(pid) is not int or type(tid) is not int:
@@ -480,6 +545,8 @@ class _Classifier:
             self.runtime.append(RuntimeCall(_intern(name), same(pid, pid), same(tid, tid), ts,
                                             dur, corr))
             return True
+        if kind == "cuda_sync":
+            return self.fast_sync(ev, args, name, ts, corr)
         stream, device = args.stream, args.device
         if type(stream) is not int or type(device) is not int:
             return False
@@ -488,6 +555,39 @@ class _Classifier:
                                        _dims(args.grid, self.same), _dims(args.block, self.same),
                                        size if type(size) is int else -1))
         return True
+
+    def fast_sync(self, ev: RawEvent, args: RawArgs, name: str, ts: float, corr: int) -> bool:
+        """A ``cuda_sync`` event whose ids are all integers or absent, read as
+        :meth:`complete` reads it; False: another case (``complete`` reads it)."""
+        device = args.device if args.device is not None else ev.pid
+        kind = args.cuda_sync_kind if args.cuda_sync_kind is not None else name
+        stream, wait_on = args.stream, args.wait_on_stream
+        event, record = args.wait_on_cuda_event_id, args.wait_on_cuda_event_record_corr_id
+        if type(device) is not int or type(kind) is not str:
+            return False
+        for v in (stream, wait_on, event, record):
+            if v is not None and type(v) is not int:
+                return False
+        self.cap.sync_events.append(SyncEvent(
+            _intern(kind), device, None if stream in _INVALID_STREAMS else stream, ts, corr,
+            None if wait_on in _INVALID_STREAMS else wait_on, event,
+            None if record is None or record < 0 else record))
+        return True
+
+    def frame(self, name: str, pid, tid, ts, dur) -> None:
+        """A Python frame (any phase): its name, and the frame as a range where the
+        ``frames`` pattern keeps it and it has a numeric time and length."""
+        self.cap.frame_names.add(name)
+        rx = self.frame_rx
+        if rx is None or type(ts) not in _NUM or type(dur) not in _NUM or dur < 0:
+            return
+        keep = self.keep_frame.get(name)
+        if keep is None:
+            keep = self.keep_frame[name] = rx.search(name) is not None
+        if keep:
+            self.cap.frames.append(Annotation(name, pid if type(pid) is int else 0,
+                                              tid if type(tid) is int else 0, float(ts),
+                                              float(dur)))
 
     def metadata(self, name, pid, tid, args) -> None:
         cap = self.cap
@@ -616,8 +716,25 @@ class _Classifier:
 
 
 _NO_ARGS = RawArgs()
+_NUM = (int, float)  # by exact type: a bool is no time
 #: RawArgs' fields in order (an event decoded as a dict gets its args by them)
 _ARG_FIELDS = RawArgs.__struct_fields__
+
+
+def _first_complete(events: list, meta: dict) -> None:
+    """``meta["first_event_ts"]``: the start of the file's first complete event with a numeric
+    ``ts``, whatever its kind, in file order (HTA's row 0: what its idle breakdown joins as
+    the launch of device work whose launch is not in the capture, simwar.analysis.idle)."""
+    for ev in events:
+        if type(ev) is RawEvent:
+            ph, ts = ev.ph, ev.ts
+        elif isinstance(ev, dict):
+            ph, ts = ev.get("ph"), ev.get("ts")
+        else:
+            continue
+        if ph == "X" and _number(ts):
+            meta["first_event_ts"] = float(ts)
+            return
 
 
 def _hashable(v):
@@ -642,8 +759,10 @@ def _dims(v, same) -> tuple:
             return ()
     return same(out, out)
 
+#: the phases of flow events (``ac2g``: a launch's arrow to its kernel), only counted
+_FLOWS = frozenset(("s", "t", "f"))
 _FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime"),
-               "user_annotation": "annotation"}
+               "user_annotation": "annotation", "cuda_sync": "cuda_sync", FRAME_CAT: "frame"}
 _intern = sys.intern
 
 

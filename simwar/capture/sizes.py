@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from simwar.analysis.views import forward_kernels, ops_of_call
+from simwar.analysis.views import forward_kernels
 from simwar.capture.mapping import Mapping
 from simwar.core.trace import Call, OpKind, Trace
 
@@ -156,27 +156,43 @@ def graph_keys(imp) -> dict[int, tuple]:
     info = imp.device_info
     graphs = np.flatnonzero(spans.call == Call.GRAPH_LAUNCH)
     graphs = graphs[np.lexsort((graphs, spans.start_us[graphs]))]
+    # each graph launch's kernels, by (launch order, start, op id), in one sort
+    rank = np.full(len(spans), -1, dtype=np.int64)
+    rank[graphs] = np.arange(len(graphs))
+    kern = _graph_kernels(trace)
+    by = rank[ops.call[kern]]
+    kern = kern[np.lexsort((kern, ops.start_us[kern], by))]
+    bounds = np.searchsorted(rank[ops.call[kern]], np.arange(len(graphs) + 1)).tolist()
+    kern_ids, labels = kern.tolist(), ops.label[kern].tolist()
     per: dict[int, list] = {}
-    for g in graphs.tolist():
-        kern = [o for o in ops_of_call(trace, g) if ops.kind[o] == OpKind.KERNEL]
-        kern.sort(key=lambda o: (float(ops.start_us[o]), o))
-        sig = tuple((trace.text(int(ops.label[o])),) + ((info[o].grid, info[o].block)
-                                                         if o in info else ((), ()))
-                    for o in kern)
-        per.setdefault(int(spans.step[g]), []).append(sig)
+    for i, step in enumerate(spans.step[graphs].tolist()):
+        sig = []
+        for j in range(bounds[i], bounds[i + 1]):
+            d = info.get(kern_ids[j])
+            sig.append((trace.text(labels[j]),) + ((d.grid, d.block) if d is not None
+                                                    else ((), ())))
+        per.setdefault(step, []).append(tuple(sig))
     return {k: tuple(v) for k, v in per.items()}
 
 
+def _graph_kernels(trace: Trace) -> np.ndarray:
+    """The kernel ops a graph launch issued, by op id."""
+    ops, spans = trace.ops, trace.spans
+    kern = np.flatnonzero((ops.kind == OpKind.KERNEL) & (ops.call >= 0))
+    return kern[spans.call[ops.call[kern]] == Call.GRAPH_LAUNCH]
+
+
 def _graph_time(imp, steps: list[int]) -> float:
-    """Mean device time of the graph launches of ``steps`` (their kernels' lengths)."""
+    """Mean device time of the graph launches of ``steps`` (their kernels' lengths, summed
+    launch by launch in op order)."""
     trace = imp.trace
     ops, spans = trace.ops, trace.spans
-    graphs = np.flatnonzero((spans.call == Call.GRAPH_LAUNCH) & np.isin(spans.step, steps))
+    kern = _graph_kernels(trace)
+    kern = kern[np.isin(spans.step[ops.call[kern]], steps)]
+    kern = kern[np.lexsort((kern, ops.call[kern]))]
     total = 0.0
-    for g in graphs.tolist():
-        for o in ops_of_call(trace, g):
-            if ops.kind[o] == OpKind.KERNEL:
-                total += float(ops.end_us[o] - ops.start_us[o])
+    for d in (ops.end_us[kern] - ops.start_us[kern]).tolist():  # in order: the same float sum
+        total += d
     return total / max(1, len(steps))
 
 

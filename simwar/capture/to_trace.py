@@ -39,7 +39,8 @@ and all of them side by side in :attr:`KinetoImport.combined`.
 
 The file is over 800 lines because :class:`CaptureTraceBuilder`'s assembly is one pass
 over the host items that needs every piece it infers (host thread, steps, phases, lanes,
-binding); the rules that stand alone live in binding, device_times and ranks.
+binding); the rules that stand alone live in binding, device_times, ranks and host_items
+(the host items' issue order, the ranges each call lies in).
 
 Imports: numpy, the standard library and simwar's capture and core modules; never the
 simulator (api, executors, build) and no pandas (the caller runs
@@ -53,7 +54,7 @@ import bisect
 import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 from pathlib import Path
 from typing import NamedTuple
 
@@ -66,6 +67,7 @@ from simwar.capture.device_times import (
     PendingWait,
     infer_device_times,
 )
+from simwar.capture.host_items import enclosing_ranges, indices, issue_order
 from simwar.capture.mapping import Mapping, load_mapping
 from simwar.capture.rank_files import align
 from simwar.capture.ranks import (
@@ -83,6 +85,7 @@ from simwar.capture.reader import (
     SyncEvent,
     call_kind,
     copy_kind,
+    gc_paused,
     problem_lines,
     read_capture,
 )
@@ -175,6 +178,7 @@ class KinetoImport:
         return next(r for r in self.ranks if r.trace is self.trace)
 
 
+@gc_paused
 def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path | None = None,
                   progress: ProgressFn | None = None) -> KinetoImport:
     """Read a Kineto capture (or several per-rank captures, a list of paths) and build its
@@ -185,6 +189,7 @@ def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path 
     return bind_capture(caps, mapping, [p.name for p in paths])
 
 
+@gc_paused
 def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) -> KinetoImport:
     """The import of one or more read captures (files) under a mapping: one Trace per rank,
     the primary one and all side by side (see the module docstring)."""
@@ -256,6 +261,7 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) 
 
 
 _ts = attrgetter("ts")
+_UNTRIED = object()  # a name the phase rules were not tried on yet
 
 
 def _first_ts(cap: CaptureEvents) -> float | None:
@@ -292,6 +298,8 @@ class CaptureTraceBuilder:
         self.m = mapping
         self.warnings: list[str] = problem_lines(cap)
         self.device_info: dict[int, DeviceInfo] = {}
+        self._infos: dict[tuple, DeviceInfo] = {}  # equal facts, one DeviceInfo
+        self._rule_phase: dict[str, str | None] = {}  # kernel name -> its rule's phase
         self.device_syncs: list[int] = []
         self.counts: Counter = Counter()
         self.ignored: Counter = Counter(cap.ignored)
@@ -347,7 +355,8 @@ class CaptureTraceBuilder:
         host_ann = sorted((a for a in cap.annotations if (a.pid, a.tid) == self.host)
                           if self.host else cap.annotations, key=lambda a: (a.ts, -a.dur))
         self.steps = self._steps(host_ann)
-        enclosing = self._enclosing(host_calls, host_ann)
+        enclosing = enclosing_ranges(host_calls, host_ann, self.phase_rules,
+                                     self.site_rules)
 
         trace = self._assemble(host_calls, other_calls, by_corr, enclosing,
                                host_ann, syncs_by_corr)
@@ -520,40 +529,15 @@ class CaptureTraceBuilder:
             return -1
         return i
 
-    def _enclosing(self, calls: list[RuntimeCall], ann: list[Annotation]) -> list:
-        """For each host call, by index: (phase from annotations or None, site or None)."""
-        phase_cache: dict[str, str | None] = {}
-        site_cache: dict[str, str | None] = {}
-
-        def first(rules, name, cache):
-            if name not in cache:
-                cache[name] = next((v for rx, v in rules if rx.search(name)), None)
-            return cache[name]
-
-        out = []
-        none = (None, None)  # shared: most calls sit in no mapped range
-        stack: list[Annotation] = []
-        j = 0
-        for c in calls:
-            while j < len(ann) and ann[j].ts <= c.ts:
-                stack.append(ann[j])
-                j += 1
-            stack = [a for a in stack if a.ts + a.dur >= c.ts]
-            phase = site = None
-            for a in reversed(stack):  # innermost first
-                if phase is None and self.phase_rules:
-                    phase = first(self.phase_rules, a.name, phase_cache)
-                if site is None and self.site_rules:
-                    site = first(self.site_rules, a.name, site_cache)
-                if phase is not None and (site is not None or not self.site_rules):
-                    break
-            out.append(none if phase is None and site is None else (phase, site))
-        return out
-
     def kernel_phase(self, name: str, from_annotation: str | None) -> str:
-        for rx, phase in self.phase_rules:
-            if rx.search(name):
-                return phase
+        """A device op's phase: the first phase rule its name matches, else the range it was
+        launched in, else the mapping's unmatched phase (the rules are tried once a name)."""
+        phase = self._rule_phase.get(name, _UNTRIED)
+        if phase is _UNTRIED:
+            phase = self._rule_phase[name] = next(
+                (ph for rx, ph in self.phase_rules if rx.search(name)), None)
+        if phase is not None:
+            return phase
         if from_annotation is not None:
             return from_annotation
         return self.m.unmatched_phase()
@@ -564,30 +548,23 @@ class CaptureTraceBuilder:
         o, g = self.origin, self.gpu_offset
         self._step_starts = [s for s, _, _ in self.steps]
         bnd: Binding = self.binding
-        # issue-ordered host items: (issue_us, order, index, payload, lane)
-        items: list[tuple] = []
-        issued = set()
-        for i, c in enumerate(host_calls):
-            issued.add(c.correlation)
-            items.append((c.ts - o, 0, i, c, HOST))
-        for i, c in enumerate(other_calls):
-            issued.add(c.correlation)
-            items.append((c.ts - o, 0, len(host_calls) + i, c, f"thread{c.tid}"))
-        orphans = 0
+        # the host items in issue order: every call (host thread's, then other threads'),
+        # then device work with no call in the capture; ordered by (issue time, calls before
+        # device work, index), ties in that order, by one stable sort of three columns
+        payload: list = host_calls + other_calls
+        n_calls = len(payload)
+        issued = {c.correlation for c in payload}
         for corr, devs in by_corr.items():
-            if corr in issued:
-                continue
-            orphans += len(devs)  # the launch is not in the capture (or not a runtime call)
-            for d in devs:
-                items.append((d.ts + g - o, 1, -1, d, None))
-        uncorrelated = [d for d in self.cap.device_events if d.correlation < 0]
-        for d in uncorrelated:
-            items.append((d.ts + g - o, 1, -1, d, None))
-        self.counts["device_without_launch"] = orphans + len(uncorrelated)
-        if orphans + len(uncorrelated):
-            self.warnings.append(f"{orphans + len(uncorrelated)} device ops have no host call in "
+            if corr not in issued:  # the launch is not in the capture (or not a runtime call)
+                payload += devs
+        del issued
+        payload += (d for d in self.cap.device_events if d.correlation < 0)
+        n_dev = len(payload) - n_calls
+        self.counts["device_without_launch"] = n_dev
+        if n_dev:
+            self.warnings.append(f"{n_dev} device ops have no host call in "
                                  f"the capture (step from their start time)")
-        items.sort(key=itemgetter(0, 1, 2))
+        order = issue_order(payload, n_calls, o, g)
 
         rec = Recorder()
         measured = MeasuredLanes()
@@ -612,20 +589,50 @@ class CaptureTraceBuilder:
             e = bnd.event.get(corr)
             return f"event{e}" if e is not None else ""
 
+        lane_of, add_op, infos, device_info = self.lane_of, rec.op, self._infos, self.device_info
+        add_work = measured.add
+
+        def device_op(d: DeviceEvent, step: int, issue: float, phase: str, call: int) -> None:
+            """A measured kernel, memcpy or memset: a kernel op (``call``: its launch); the
+            recorder derives its span."""
+            lane = lane_of[(d.device, d.stream)]
+            start = d.ts + g - o
+            end = start + d.dur
+            op = add_op(OpKind.KERNEL, lane, step, d.name, "", -1, issue, start, end, phase,
+                        call)
+            key = (d.kind, d.name, d.grid, d.block, d.bytes)
+            info = infos.get(key)
+            if info is None:  # one record for equal facts: most ops repeat a few kernels' facts
+                info = infos[key] = DeviceInfo(d.kind, d.grid, d.block, d.bytes,
+                                               copy_kind(d.name))
+            device_info[op] = info
+            add_work(lane, issue, start, end)
+
         n_host = len(host_calls)
-        for issue, _, index, item, host_lane in items:
-            if isinstance(item, DeviceEvent):
+        # the loop's lookups, bound once (it runs once per host call and device op)
+        step_at, kernel_phase, host = self.step_at, self.kernel_phase, rec.host
+        in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
+        thread_lane: dict[int, str] = {}
+        for index in indices(order):
+            item = payload[index]
+            if index >= n_calls:
                 # device work whose host call is not in the capture
-                step = self.step_at(issue)
+                issue = item.ts + g - o
+                step = step_at(issue)
                 if step < 0:
                     outside += 1
                     continue
-                self._device_op(rec, measured, item, step, issue,
-                                self.kernel_phase(item.name, None), -1)
+                device_op(item, step, issue, kernel_phase(item.name, None), -1)
                 continue
             c: RuntimeCall = item
+            if index < n_host:
+                host_lane = HOST
+            else:
+                host_lane = thread_lane.get(c.tid)
+                if host_lane is None:
+                    host_lane = thread_lane[c.tid] = f"thread{c.tid}"
             start, end = c.ts - o, c.ts + c.dur - o
-            step = self.step_at(start)
+            step = step_at(start)
             if step < 0:
                 outside += 1
                 continue
@@ -636,32 +643,32 @@ class CaptureTraceBuilder:
             if devs:
                 if len(devs) > 1:
                     devs = sorted(devs, key=_ts)
-                phases = [self.kernel_phase(d.name, ann_phase) for d in devs]
+                phases = [kernel_phase(d.name, ann_phase) for d in devs]
                 phase = next((p for p in phases if p), "")
-                call = rec.host(kind, step, start, end, name, phase=phase, op=rec.next_op,
+                call = host(kind, step, start, end, name, phase=phase, op=rec.next_op,
                                 lane=host_lane)
                 launches_by_lane[host_lane] += 1
-                if c.correlation in bnd.in_graph and c.correlation in bnd.stream:
+                if c.correlation in in_graph and c.correlation in bound_stream:
                     # an event recorded by a node inside the launched graph (where in the graph
                     # is not in the capture): first in the launch's stream order, and it fires
                     # no earlier than when its stream drains the work issued before the launch
                     # returned, no later than the graph's end (device_times)
-                    lane = self._lane(*bnd.stream[c.correlation])
+                    lane = self._lane(*bound_stream[c.correlation])
                     ends = [d.ts + d.dur + g - o for d in devs
-                            if self.lane_of[(d.device, d.stream)] == lane]
+                            if lane_of[(d.device, d.stream)] == lane]
                     place_record(c.correlation, lane, step, f"{name} record",
                                  event_name(c.correlation), end, call,
                                  max(ends) if ends else None)
                 for d, p in zip(devs, phases):
-                    self._device_op(rec, measured, d, step, end, p, call)
+                    device_op(d, step, end, p, call)
                 if host_lane == HOST and step not in first_launch and phase and any(
-                        self.lane_of[(d.device, d.stream)] == fwd for d in devs):
+                        lane_of[(d.device, d.stream)] == fwd for d in devs):
                     first_launch[step] = start
             elif kind is Call.SYNCHRONIZE:
                 sev = syncs_by_corr.get(c.correlation)
                 tail = sev is not None and sev.kind == "Stream Sync" and sev.stream is not None
                 # the span names the sync op (after the stream's tail record, if any)
-                call = rec.host(kind, step, start, end, name, site=site or "sync",
+                call = host(kind, step, start, end, name, site=site or "sync",
                                 op=rec.next_op + (1 if tail else 0))
                 bound, event = -1, ""
                 if tail:
@@ -669,8 +676,8 @@ class CaptureTraceBuilder:
                     lane = self._lane(sev.device, sev.stream)
                     event = tail_event(lane)
                     bound = place_record(None, lane, step, event, event, start, call)
-                elif c.correlation in bnd.record_of:
-                    bound = record_op.get(bnd.record_of[c.correlation], -1)
+                elif c.correlation in record_of:
+                    bound = record_op.get(record_of[c.correlation], -1)
                     event = f"event{sev.event_id}" if sev.event_id is not None else ""
                 if bound < 0:
                     unbound["sync"] += 1
@@ -679,9 +686,9 @@ class CaptureTraceBuilder:
                 if sev is not None and sev.kind == "Context Sync":  # waited for every stream
                     self.device_syncs.append(sync)
             elif kind is Call.RECORD:
-                where = bnd.stream.get(c.correlation) \
+                where = bound_stream.get(c.correlation) \
                     if c.correlation in set_bound_records(bnd) else None
-                call = rec.host(kind, step, start, end, name,
+                call = host(kind, step, start, end, name,
                                 op=rec.next_op if where is not None else -1, lane=host_lane)
                 if where is None:
                     unbound["record"] += 1
@@ -691,13 +698,13 @@ class CaptureTraceBuilder:
             elif kind is Call.WAIT_EVENT:
                 sev = syncs_by_corr.get(c.correlation)
                 placed = sev is not None and sev.stream is not None
-                call = rec.host(kind, step, start, end, name, op=rec.next_op if placed else -1,
+                call = host(kind, step, start, end, name, op=rec.next_op if placed else -1,
                                 lane=host_lane)
                 if not placed:
                     unbound["wait"] += 1
                     continue
                 lane = self._lane(sev.device, sev.stream)
-                rc = bnd.record_of.get(c.correlation)
+                rc = record_of.get(c.correlation)
                 bound = record_op.get(rc, -1) if rc is not None else -1
                 if bound < 0:
                     unbound["wait"] += 1
@@ -707,8 +714,9 @@ class CaptureTraceBuilder:
                             call=call)
                 waits.append(PendingWait(op, lane, end, bound))
             else:
-                rec.host(kind, step, start, end, name, lane=host_lane)
+                host(kind, step, start, end, name, lane=host_lane)
 
+        del payload, order  # what follows holds no more than the Trace it finishes
         self.counts["outside_steps"] = outside
         self.counts["records_unplaced"] = unbound["record"]
         self.counts["waits_unbound"] = unbound["wait"]
@@ -734,9 +742,21 @@ class CaptureTraceBuilder:
             "lanes": {lane: f"{d}:{s}" for (d, s), lane in self.lane_of.items()},
             "step_names": [n for _, _, n in self.steps],
             "binding": {"rules": dict(rules), "unbound": dict(bnd.unbound)},
-            **self.cap.meta,
+            **{k: v for k, v in self.cap.meta.items() if k != "first_event_ts"},
+            **self._hta_facts(),
         }
         return rec.finish(meta)
+
+    def _hta_facts(self) -> dict:
+        """What HTA's idle rule reads of the file and a Trace would not keep
+        (:func:`simwar.analysis.idle.capture_idle`): the file's first complete event on the
+        host clock (``first_event_us``) and how many ``ProfilerStep`` ranges it has."""
+        first = self.cap.meta.get("first_event_ts")
+        steps = {a.name for a in self.cap.annotations if a.name.startswith("ProfilerStep")}
+        out = {"profiler_steps": len(steps)}
+        if first is not None:
+            out["first_event_us"] = first - self.origin
+        return out
 
     def _lane(self, device: int, stream: int) -> str:
         key = (device, stream)
@@ -769,19 +789,6 @@ class CaptureTraceBuilder:
         for d in self.cap.device_events:
             busy[self.lane_of[(d.device, d.stream)]] += d.dur
         return busy.most_common(1)[0][0] if busy else "forward"
-
-    def _device_op(self, rec: Recorder, measured: MeasuredLanes, d: DeviceEvent, step: int,
-                   issue: float, phase: str, call: int) -> int:
-        """A measured kernel, memcpy or memset: a kernel op (``call``: its launch); the
-        recorder derives its span."""
-        lane = self.lane_of[(d.device, d.stream)]
-        start = d.ts + self.gpu_offset - self.origin
-        end = start + d.dur
-        op = rec.op(OpKind.KERNEL, lane, step, d.name, issue=issue, start=start, end=end,
-                    phase=phase, call=call)
-        self.device_info[op] = DeviceInfo(d.kind, d.grid, d.block, d.bytes, copy_kind(d.name))
-        measured.add(lane, issue, start, end)
-        return op
 
     def _markers(self, rec: Recorder, first_launch: dict[int, float], host_ann) -> None:
         for i, (s, _, _) in enumerate(self.steps):

@@ -1,7 +1,7 @@
 """``simwar explain``: why each forward waited, as the critical path of every step in causes.
 
     simwar explain CONFIG|TRACE [--steps A:B] [--mapping MAP.yaml] [--preset NAME] [--json]
-                                [--timeline PNG]
+                                [--timeline PNG] [--idle-rule simwar|hta]
 
 Walks each step's critical path (:mod:`simwar.analysis.critical_path`) and prints the
 mean forward gap and step time with their causes. Its input is a config (simulated), a
@@ -14,7 +14,9 @@ what it waited for. A run whose batch changes every step (a config's ``workload`
 capture's batch ranges or graphs) is explained per graph bucket as well; a run with requests,
 by its decode pauses behind prefill steps and its mean TTFT in parts
 (:mod:`simwar.analysis.prefill`, :func:`_prefill_facts`).
-``--timeline`` draws :func:`simwar.plots.chain_figure`. The work is done by those
+``--timeline`` draws :func:`simwar.plots.chain_figure`. ``--idle-rule`` adds each stream's
+idle time split by cause as HTA splits it, by simwar's rule or HTA's own
+(:func:`simwar.analysis.idle.capture_idle`). The work is done by those
 modules; this one parses arguments and prints.
 
 Imports: ``simwar.cli.common`` and ``simwar.core.files`` at the top; the analysis, the
@@ -68,6 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="no progress bar (one shows on a terminal when the walk takes long)")
     p.add_argument("--timeline", metavar="OUT.png",
                    help="draw the chain of the first step asked over the timeline")
+    p.add_argument("--idle-rule", choices=("simwar", "hta"),
+                   help="also print each stream's idle time by cause (HTA's breakdown, over "
+                        "the whole trace whatever --steps says), by simwar's rule or HTA's "
+                        "own (hta: HTA 0.5.0's numbers where it and simwar part; a capture or a "
+                        "saved trace, not a config)")
 
 
 def command(args) -> int:
@@ -87,6 +94,10 @@ def command(args) -> int:
                       [("--timeline", args.timeline)])
     src = load_source(args.source, args.mapping, args.overrides, args.preset)
     what = src.what
+    if args.idle_rule and isinstance(src.trace, Config):
+        raise UserError(f"--idle-rule: the idle breakdown of a capture or a saved trace; "
+                        f"{src.path} is a config (save its run's trace with Trace.save and "
+                        f"explain that)")
     steps = _parse_steps(args.steps) if args.steps else None
     try:
         if isinstance(src.trace, Config):  # simulated once, streamed: any length fits
@@ -120,9 +131,16 @@ def command(args) -> int:
         print(f"simwar: wrote {out}", file=sys.stderr)
     waited = _rank_waits(src, cp)
     prefill = _prefill_facts(src, cp.steps, per_step=args.steps is not None)
+    idle = None
+    if args.idle_rule:
+        from simwar.analysis.idle import capture_idle  # lazy: start-up time (numpy)
+
+        idle = capture_idle(src.trace, args.idle_rule)
     if args.json:
         d = cp.to_dict()
         d.update(prefill)
+        if idle is not None:
+            d["idle"] = {"rule": args.idle_rule, "streams": idle}
         d["source"] = what
         d["sentence"] = sentence(cp)
         if src.notes:
@@ -134,7 +152,21 @@ def command(args) -> int:
         text = format_explain(cp, what, args.top, src.notes)
         print("\n".join([text, *_prefill_lines(prefill)]) if waited is None else
               "\n".join([text, *_rank_lines(waited, args.top, src.rank)]))
+        if idle is not None:
+            print("\n".join(idle_lines(idle, args.idle_rule)))
     return 0
+
+
+def idle_lines(idle: dict, rule: str) -> list[str]:
+    """The ``--idle-rule`` section: each stream's busy and idle µs, idle by cause."""
+    by = "HTA's own rule" if rule == "hta" else "simwar's rule"
+    lines = [f"stream idle (HTA's breakdown, {by}), µs over the trace: busy / idle = "
+             f"host-wait + kernel-wait + dependency + other"]
+    for lane, d in idle.items():
+        lines.append(f"  {lane:<17} {d['busy_us']:.1f} / {d['idle_us']:.1f} = "
+                     f"{d['host_wait_us']:.1f} + {d['kernel_wait_us']:.1f} + "
+                     f"{d['dependency_us']:.1f} + {d['other_us']:.1f}")
+    return lines
 
 
 def _prefill_facts(src, steps: tuple[int, int], per_step: bool) -> dict:

@@ -19,10 +19,11 @@ from simwar.cli.common import UserError, check_outputs, output_dir
 
 HELP = "run a sweep file into a results table (resumable)"
 DESCRIPTION = ("Expand a sweep file (base config, grid, zip, repeats), simulate every run and "
-               "write DIR/results.parquet, DIR/results.csv, DIR/sweep.yaml and "
-               "DIR/runs/<key>.json. Rerunning the same sweep into DIR skips finished runs; a "
-               "different sweep into a DIR that holds results is refused unless --force is "
-               "given.")
+               "write DIR/results.parquet, DIR/results.csv, DIR/sweep.yaml and a table per "
+               "finished batch of runs, DIR/batches/*.parquet (with --run-files, also "
+               "DIR/runs/<key>.json per run). Rerunning the same sweep into DIR skips finished "
+               "runs; a different sweep into a DIR that holds results is refused unless --force "
+               "is given.")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,9 +38,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(default: start a local Ray)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a dotted key of the base config (repeatable)")
+    p.add_argument("--run-files", action="store_true",
+                   help="also write each run's summary and config to DIR/runs/<key>.json")
     p.add_argument("--force", action="store_true",
                    help="DIR holds a different sweep's results: replace its sweep.yaml and "
-                        "results tables (run files are kept)")
+                        "results tables (per-run files are kept)")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress (a bar on a terminal, else a line every 5%% of the runs) "
                         "and no run count on stderr")
@@ -72,7 +75,7 @@ def command(args) -> int:
     try:
         frame = sweep(plan, args.out, jobs=args.jobs, backend=args.backend,
                       ray_address=args.ray_address, progress=not args.no_progress,
-                      force=args.force)
+                      force=args.force, run_files=args.run_files)
     except SweepConflict as e:
         raise UserError(f"--out {e}") from None
     except SweepInterrupted as e:

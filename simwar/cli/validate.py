@@ -5,7 +5,8 @@ stderr (and a warning line per distribution a config clips often); exit 2 when a
 invalid. Files are told apart by :func:`simwar.cli.common.is_sweep_file`. Every run of a
 sweep is checked, one at a time (a bar on a terminal when it takes long); a sweep of more
 than :data:`simwar.study.sweeps.MAX_RUNS` runs is refused (counted, not expanded) unless
-``--yes``, which checks each swept value once, in the first run that holds it
+``--yes``, which checks each swept value once, in the first run that holds it, and swept
+durations of plain numbers at the ends of their ranges
 (:func:`simwar.study.sweeps.load_sweep` does): expanding and validating every run of such
 a sweep takes minutes, and a run invalid only in combination is still refused, with the
 same line, when ``simwar sweep`` expands it, before its batch runs.
@@ -52,6 +53,10 @@ def command(args) -> int:
                         for i, _ in enumerate(plan.iter_runs()):  # one config at a time
                             if progress is not None:
                                 progress(i + 1, plan.count)
+                elif plan.ranged:  # load_sweep checked those at their ends, the rest once
+                    checked = (f"; {', '.join(plan.ranged)} checked at the ends of "
+                               f"{'their ranges' if len(plan.ranged) > 1 else 'its range'}"
+                               f", each other swept value in its first run")
                 else:  # load_sweep checked the first run of each swept value
                     checked = "; each swept value checked in its first run"
                 swept = ", ".join(plan.spec.swept_keys) or "nothing swept"

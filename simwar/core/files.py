@@ -329,6 +329,9 @@ __all__ = ["LOCK_NAME", "TMP_SUFFIX", "DirectoryBusy", "NotAFileError", "atomic_
 def jsonable(obj):
     """``obj`` as JSON can hold it: string keys, lists for tuples, numpy scalars as Python
     numbers, and non-finite floats (NaN, infinities) as None."""
+    kind = type(obj)
+    if kind is int or kind is str or kind is bool or obj is None:  # most of a summary
+        return obj
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):

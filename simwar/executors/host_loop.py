@@ -30,7 +30,7 @@ Imports: :mod:`simwar.core` only (no simpy: the ranks' fast pass runs without it
 
 from __future__ import annotations
 
-from typing import Callable, Generator, Protocol
+from typing import Callable, Generator, Iterable, Protocol
 
 from simwar.core.program import (
     Collective,
@@ -83,8 +83,9 @@ class Device(Protocol):
         arrival."""
 
     def collective(self, lane: str, op_id: int, ready: float, duration_us: float,
-                   index: int) -> Generator:
-        """A device collective kernel, instance ``index``, on ``lane``."""
+                   index: int) -> Iterable:
+        """A device collective kernel, instance ``index``, on ``lane``: what the walk yields
+        (delegates to) before it goes on, a generator or a tuple (``()``: nothing)."""
 
     def end(self, t: float) -> Generator:
         """The host's last op is done at ``t``."""

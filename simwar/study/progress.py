@@ -4,7 +4,9 @@
 call as runs are simulated (``done``) or found already stored (``skipped``): a tqdm bar on
 stderr when it is a terminal, else one line every 5 % of the runs (and at most
 :data:`LOG_EVERY_S` apart), so that a log gets lines, never a redrawn bar; or the caller's
-callable, given the runs newly simulated.
+callable, given the runs newly simulated. Both say the runs simulated per second and the
+time left (tqdm's ``run/s`` and remaining time; a line's ``about N s left``), whichever
+backend runs them (a Ray cluster's batches report as they come back).
 
 Imports: the standard library; tqdm only when a bar is drawn.
 """
@@ -50,7 +52,12 @@ class _Lines:
                 or now - self.last >= LOG_EVERY_S:
             self.last = now
             elapsed = now - self.started
-            rate = f", {self.simulated / elapsed:.2f} runs/s" if self.simulated and elapsed else ""
+            rate = ""
+            if self.simulated and elapsed:
+                per_s = self.simulated / elapsed
+                rate = f", {per_s:.2f} runs/s"
+                if self.n < self.total:
+                    rate += f", about {(self.total - self.n) / per_s:.0f} s left"
             print(f"simwar: sweep {self.n}/{self.total} runs ({100 * self.n / self.total:.0f}%;"
                   f" {self.simulated} simulated in {elapsed:.1f} s{rate})", file=self.stream,
                   flush=True)

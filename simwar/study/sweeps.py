@@ -11,18 +11,22 @@ random draws (common random numbers): differences between rows come from the
 swept keys, not from sampling noise.
 
 Each run is identified by a *run key*: a hash of the resolved config (seed
-excluded: that is ``config_hash``), the seed and the simwar version. A run's
-summary is written atomically to ``runs/<run key>.json`` as soon as it
-finishes, so a sweep killed at any point loses only the runs in flight, and a
-rerun skips every run whose file exists. The tables ``results.parquet`` and
-``results.csv`` are rebuilt from the run files when all runs are done; a sweep
-interrupted (Ctrl-C: :class:`SweepInterrupted`) or failed writes them with the runs
-that finished before it stops.
+excluded: that is ``config_hash``), the seed and the simwar version. Each batch of runs that
+finishes is written at once, atomically, as one Parquet table of its rows
+(:mod:`simwar.study.store`), so a sweep killed at any point loses only the batches in
+flight, and a rerun skips every run whose row is stored; per-run files
+(``runs/<run key>.json``) are written only on request (``run_files``). The tables
+``results.parquet`` and ``results.csv`` are the batches' rows in run-id order, written when
+all runs are done; a sweep interrupted (Ctrl-C: :class:`SweepInterrupted`) or failed writes
+them with the runs that finished before it stops.
 
 A sweep's runs are counted without being expanded (a grid's size is a product:
 ``SweepSpec.run_count``) and expanded lazily, one at a time, as they are handed to the
-backend (:class:`Sweep`), so memory does not grow with the grid; before anything runs, the
-first run of each swept value is validated, so a bad value is a one-line error at once.
+backend (:class:`Sweep`), so memory does not grow with the grid. A run is resolved from its
+template (:mod:`simwar.study.expand`: the swept durations that are plain numbers put into
+a config validated at the corners of their range) or, without one, validated on its own;
+before anything runs, each template met first and the first run of every other swept value
+are validated, so a bad value is a one-line error at once.
 ``max_runs`` (the command line's limit, :data:`MAX_RUNS`, unless ``--yes``) refuses a
 larger sweep with its count (:class:`SweepTooLarge`).
 
@@ -33,8 +37,8 @@ into that directory resumes it. A different sweep, or a directory holding
 results tables but no ``sweep.yaml``, is refused with
 :class:`SweepConflict` before anything is written, so that no results table
 is ever replaced without a word; ``force=True`` (``simwar sweep --force``)
-replaces the resolved sweep and the tables (run files are kept: they are
-named by run key, so a later sweep reuses those it shares).
+replaces the resolved sweep and the tables and forgets the batches (per-run files are
+kept: they are named by run key, so a later sweep reuses those it shares).
 
 A sweep must sweep something: a ``grid`` or ``zip`` given must name at
 least one key, and a sweep with neither needs ``repeats`` above 1. The
@@ -44,25 +48,24 @@ swept values and ``--set`` overrides, e.g. ``dspark-fine [policy.barrier=coarse]
 Backends: ``local`` (in-process for one job, else a process pool) and ``ray``
 (tasks on a Ray cluster; results come back to the driver, which writes them). Either way
 the runs that share their iteration shapes run together, in lockstep
-(:func:`simwar.api.simulate_many`, :mod:`simwar.executors.lockstep`): a task is such a
-group (Ray), or a lockstep batch of one (local: a stopped sweep loses one batch at most),
-and each run's summary is the one it has run by itself, bit for bit.
-Both produce identical rows because rows are always built from the
-JSON-normalised summaries, the form stored in the run files.
+(:func:`simwar.api.simulate_many`, :mod:`simwar.executors.lockstep`): a task is a lockstep
+batch, cut so that every worker has one (:func:`lockstep_tasks`), and each run's summary is
+the one it has run by itself, bit for bit. The progress (runs/s and the time left) moves
+as each task's results come back.
 
-Size (~820 lines): the spec, its expansion, the run files and their lock, the tables and
-the backends are the steps of one pipeline over the same :class:`Run` and :class:`Sweep`;
-the progress report is :mod:`simwar.study.progress`'s.
+Size: the spec, its expansion and the backends are the steps of one pipeline over the same
+:class:`Run` and :class:`Sweep`; the output directory is :mod:`simwar.study.store`'s, the
+templates :mod:`simwar.study.expand`'s, the progress report :mod:`simwar.study.progress`'s.
 
 Imports: ray only inside the Ray backend; tqdm only when a progress bar is asked for
-(:mod:`simwar.study.progress`). Nothing here prints, but progress when ``progress=True``.
+(:mod:`simwar.study.progress`); pyarrow through :mod:`simwar.study.store`. Nothing here
+prints, but progress when ``progress=True``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -76,7 +79,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import pandas as pd
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simwar import __version__
@@ -94,26 +96,25 @@ from simwar.config import (
     set_dotted,
 )
 from simwar.config.budget import check_memory
-from simwar.core.files import (
-    DirectoryBusy,
-    atomic_file,
-    directory_lock,
-    interrupt_handled,
-    jsonable,
-    stale_temporaries,
-    write_bytes_atomic,
-)
+from simwar.core.files import interrupt_handled, jsonable
 from simwar.executors.lockstep import batch_size
+from simwar.study.expand import Templates
 from simwar.study.progress import progress_reporter
+from simwar.study.store import (
+    ID_COLUMNS,
+    RunStore,
+    SweepConflict,
+    check_out_dir,
+    join_tables,
+    lock_out_dir,
+    rows_table,
+    run_name,
+    short,
+    write_resolved_spec,
+    write_tables,
+)
 
-#: columns every result row carries besides the swept keys and the summary metrics
-ID_COLUMNS = ("run_id", "repeat", "seed", "config_hash", "run_key")
 BACKENDS = ("local", "ray")
-RUNS_DIR = "runs"
-
-
-class SweepConflict(ConfigError):
-    """The output directory holds another sweep's results (see the module docstring)."""
 
 
 # --------------------------------------------------------------------------- the spec
@@ -205,6 +206,9 @@ class Run:
     config: dict
     config_hash: str
     run_key: str
+    #: the plan's structure key when the run was resolved from a template (its runs share
+    #: it), else None (computed from ``config`` when needed)
+    group: str | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -224,6 +228,10 @@ class Sweep:
     label: str = "<sweep>"
     overrides: dict[str, Any] = field(default_factory=dict)
     _runs: list[Run] | None = field(default=None, repr=False)
+    _templates: Templates | None = field(default=None, repr=False)
+    #: the swept durations :func:`load_sweep` checked at the ends of their ranges (in the
+    #: first template) rather than value by value
+    ranged: list[str] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -235,6 +243,14 @@ class Sweep:
             self._runs = list(self.iter_runs())
         return self._runs
 
+    @property
+    def templates(self) -> Templates:
+        """The runs' templates (:mod:`simwar.study.expand`), made as runs are expanded."""
+        if self._templates is None:
+            self._templates = Templates({**self.spec.grid, **self.spec.zip}, self.resolve,
+                                        structure_key)
+        return self._templates
+
     def iter_runs(self) -> Iterator[Run]:
         """Every run, expanded and validated one at a time, in run-id order."""
         if self._runs is not None:
@@ -244,23 +260,41 @@ class Sweep:
             yield self.run(run_id, repeat, values)
 
     def run(self, run_id: int, repeat: int, values: dict[str, Any]) -> Run:
-        """Run ``run_id`` (its repeat and swept values): its config validated and hashed."""
+        """Run ``run_id`` (its repeat and swept values): its config validated and hashed,
+        from its template (:mod:`simwar.study.expand`) or, without one, on its own."""
+        template = self.templates.of(values, repeat)
+        if template is not None:
+            numbers = {k: float(values[k]) for k in template.paths}
+            config = template.config(numbers)
+            config_hash = template.config_hash(numbers)
+            seed = config["seed"]
+            return Run(run_id, repeat, seed, values, config, config_hash,
+                       _run_key(config_hash, seed), template.structure)
+        return self.validated(run_id, repeat, values)
+
+    def validated(self, run_id: int, repeat: int, values: dict[str, Any]) -> Run:
+        """Run ``run_id`` validated on its own; a bad run is a one-line error naming it."""
+        try:
+            resolved = self.resolve(values, repeat)
+        except ConfigError as e:
+            where = ", ".join(f"{k}={short(v)}" for k, v in values.items())
+            detail = str(e).removeprefix("<config>: ")
+            raise ConfigError(f"{self.label}: run {run_id} ({where}): {detail}") from None
+        seed = resolved["seed"]
+        config_hash = _hash({k: v for k, v in resolved.items() if k != "seed"})
+        return Run(run_id, repeat, seed, values, resolved, config_hash,
+                   _run_key(config_hash, seed))
+
+    def resolve(self, values: dict[str, Any], repeat: int) -> dict:
+        """The resolved config of the base with ``values`` and the repeat's seed (a
+        :class:`~simwar.config.ConfigError` for an invalid one)."""
         data = copy.deepcopy(self.base)
         for key, value in values.items():
             _set(data, key, value, self.label)
-        seed = int(data.get("seed", self.base_seed)) + repeat
-        data["seed"] = seed
-        try:
-            cfg = load_config(data)
-            check_memory(cfg)  # a run that cannot fit is refused before any runs
-        except ConfigError as e:
-            where = ", ".join(f"{k}={_short(v)}" for k, v in values.items())
-            detail = str(e).removeprefix("<config>: ")
-            raise ConfigError(f"{self.label}: run {run_id} ({where}): {detail}") from None
-        resolved = cfg.model_dump(mode="json")
-        config_hash = _hash({k: v for k, v in resolved.items() if k != "seed"})
-        run_key = _hash({"config_hash": config_hash, "seed": seed, "version": __version__})
-        return Run(run_id, repeat, seed, values, resolved, config_hash, run_key)
+        data["seed"] = int(data.get("seed", self.base_seed)) + repeat
+        cfg = load_config(data)
+        check_memory(cfg)  # a run that cannot fit is refused before any runs
+        return cfg.model_dump(mode="json")
 
     def resolved(self) -> dict:
         """A self-contained sweep mapping (base inlined, overrides applied); expands the same."""
@@ -353,8 +387,14 @@ def load_sweep(spec: str | Path | dict | Sweep,
     out = Sweep(parsed, base, base_config.seed, label,
                 {item.key: item.value for item in override_items})
     _check_size(out, max_runs)
-    for run_id, repeat, values in _first_of_each_value(parsed):
-        out.run(run_id, repeat, values)
+    firsts = _first_of_each_value(parsed, ())
+    # the value keys of a template checked at its corners need no run per value
+    templated = out.templates.keys and out.templates.of(firsts[0][2], 0) is not None
+    out.ranged = list(out.templates.keys) if templated else []
+    for run_id, repeat, values in _first_of_each_value(parsed, out.templates.keys
+                                                       if templated else ()):
+        if out.templates.of(values, repeat) is None:
+            out.validated(run_id, repeat, values)
     return out
 
 
@@ -365,9 +405,10 @@ def _check_size(sweep: Sweep, max_runs: int | None) -> None:
                             f"costs time and memory before it runs), or sweep fewer values")
 
 
-def _first_of_each_value(spec: SweepSpec) -> list[tuple[int, int, dict[str, Any]]]:
-    """``(run id, repeat, values)`` of the first run holding each grid value and each zip
-    row (the other keys at their first value, repeat 0), in run-id order, once each."""
+def _first_of_each_value(spec: SweepSpec, skip) -> list[tuple[int, int, dict[str, Any]]]:
+    """``(run id, repeat, values)`` of the first run holding each grid value (but those of
+    the keys in ``skip``) and each zip row (the other keys at their first value, repeat 0),
+    in run-id order, once each."""
     grid = list(spec.grid.items())
     rows = len(next(iter(spec.zip.values()))) if spec.zip else 1
     inner = rows * spec.repeats  # runs per grid point
@@ -385,7 +426,8 @@ def _first_of_each_value(spec: SweepSpec) -> list[tuple[int, int, dict[str, Any]
         return run_id, 0, values
 
     found = {p[0]: p for p in [point({}, 0)]
-             + [point({i: j}, 0) for i, (_, vals) in enumerate(grid) for j in range(len(vals))]
+             + [point({i: j}, 0) for i, (key, vals) in enumerate(grid) if key not in skip
+                for j in range(len(vals))]
              + [point({}, r) for r in range(rows)]}
     return [found[k] for k in sorted(found)]
 
@@ -407,13 +449,13 @@ def _points(spec: SweepSpec) -> Iterator[tuple[int, dict[str, Any]]]:
                 yield repeat, dict(zip(grid_keys, combo)) | zipped
 
 
-def _short(value: Any) -> str:
-    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
-
-
 def _hash(obj: Any) -> str:
     canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _run_key(config_hash: str, seed: int) -> str:
+    return _hash({"config_hash": config_hash, "seed": seed, "version": __version__})
 
 
 # --------------------------------------------------------------------------- one run
@@ -425,150 +467,34 @@ def run_one(config: dict) -> dict:
     return jsonable(simulate(config).summary)
 
 
-def run_many(configs: list[dict]) -> list[dict]:
+def run_many(configs: list[dict], groups: list | None = None) -> list[dict]:
     """The JSON-normalised summaries of resolved configs, simulated in lockstep where they
-    share their iteration shapes (:func:`simwar.api.simulate_many`): each equal to
-    :func:`run_one`'s. Module-level so process pools and Ray can ship it by reference."""
-    return [jsonable(s) for s in simulate_many(configs)]
+    share their iteration shapes (:func:`simwar.api.simulate_many`; ``groups``: their
+    structure keys when known): each equal to :func:`run_one`'s. Module-level so process
+    pools and Ray can ship it by reference."""
+    return [jsonable(s) for s in simulate_many(configs, keys=groups)]
 
 
-def lockstep_tasks(runs: list[Run], cut: bool = True) -> list[list[Run]]:
+def _task_of(runs: list[Run]) -> tuple[list[dict], list | None]:
+    """What a worker is handed for a task: the runs' configs and structure keys."""
+    groups = [run.group for run in runs]
+    return [run.config for run in runs], None if None in groups else groups
+
+
+def lockstep_tasks(runs: list[Run], workers: int = 1) -> list[list[Run]]:
     """Runs gathered by structure (:func:`simwar.builder.template.structure_key`: those that
-    can run in lockstep), each group cut into pieces of one lockstep batch
-    (``cut``; a piece is lost, at most, when a sweep is stopped) or whole (Ray: one task per
-    group)."""
+    can run in lockstep), each group cut into pieces of at most one lockstep batch, and
+    into at least ``workers`` pieces when it has that many runs (a piece is one results
+    table: a sweep stopped loses those in flight)."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
-        groups.setdefault(structure_key(run.config), []).append(run)
-    if not cut:
-        return list(groups.values())
+        groups.setdefault(run.group or structure_key(run.config), []).append(run)
     out = []
     for members in groups.values():
-        size = batch_size(int(members[0].config["steps"]))
+        size = min(batch_size(int(members[0].config["steps"])),
+                   max(1, -(-len(members) // workers)))
         out += [members[i:i + size] for i in range(0, len(members), size)]
     return out
-
-
-# --------------------------------------------------------------------------- storage
-class RunStore:
-    """``DIR/runs/<run key>.json`` files: one per finished run, written atomically."""
-
-    def __init__(self, out_dir: str | Path):
-        self.out_dir = Path(out_dir)
-        self.runs_dir = self.out_dir / RUNS_DIR
-
-    def path(self, run: Run) -> Path:
-        return self.runs_dir / f"{run.run_key}.json"
-
-    def load(self, run: Run) -> dict | None:
-        """The stored summary of a run, or None if it has not finished (or the file is foreign)."""
-        try:
-            record = json.loads(self.path(run).read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-        if not isinstance(record, dict) or record.get("run_key") != run.run_key:
-            return None
-        return record.get("summary")
-
-    def save(self, run: Run, summary: dict) -> None:
-        record = {"run_key": run.run_key, "config_hash": run.config_hash, "seed": run.seed,
-                  "simwar_version": __version__, "summary": summary, "config": run.config}
-        # key order kept: the summary's metric order becomes the table's column order
-        payload = json.dumps(record, indent=1, allow_nan=False).encode()
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
-        write_bytes_atomic(self.path(run), payload)
-
-    def remove_stale_temporaries(self) -> None:
-        """Delete half-written temporaries left by a killed sweep (the real files are intact)."""
-        for stale in stale_temporaries(self.runs_dir):
-            with contextlib.suppress(FileNotFoundError):
-                stale.unlink()
-
-
-def write_tables(frame: pd.DataFrame, out_dir: str | Path) -> None:
-    """``results.parquet`` and ``results.csv``, each written atomically."""
-    out_dir = Path(out_dir)
-    with atomic_file(out_dir / "results.parquet") as handle:
-        frame.to_parquet(handle, index=False)
-    write_bytes_atomic(out_dir / "results.csv", frame.to_csv(index=False).encode())
-
-
-def check_out_dir(sweep: Sweep, out_dir: str | Path) -> None:
-    """Raise :class:`SweepConflict` if ``out_dir`` holds the results of another sweep."""
-    out_dir = Path(out_dir)
-    stored = out_dir / "sweep.yaml"
-    tables = [name for name in ("results.parquet", "results.csv") if (out_dir / name).exists()]
-    if stored.exists():
-        try:
-            previous = yaml.safe_load(stored.read_text())
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            previous = None
-        # compared through a YAML round trip: the form the file holds
-        if previous == yaml.safe_load(yaml.safe_dump(sweep.resolved(), sort_keys=False)):
-            return
-        raise SweepConflict(f"{out_dir}: holds the results of a different sweep ({stored} "
-                            f"differs from {sweep.label}); use another output directory, or "
-                            f"--force to replace its results table")
-    if tables:
-        raise SweepConflict(f"{out_dir}: holds {' and '.join(tables)} but no sweep.yaml (not "
-                            f"this sweep's); use another output directory, or --force to "
-                            f"replace them")
-
-
-def write_resolved_spec(sweep: Sweep, out_dir: str | Path) -> None:
-    header = (f"# resolved from {sweep.label} by simwar {__version__}: base inlined, "
-              f"--set overrides applied; {sweep.count} runs\n")
-    body = yaml.safe_dump(sweep.resolved(), sort_keys=False)
-    write_bytes_atomic(Path(out_dir) / "sweep.yaml", (header + body).encode())
-
-
-# --------------------------------------------------------------------------- tables
-def results_frame(sweep: Sweep, summaries: dict[str, dict],
-                  runs: Iterable[Run] | None = None, partial: bool = False) -> pd.DataFrame:
-    """One row per run (in run-id order): swept keys, id columns, every summary metric.
-
-    ``runs``: the runs to tabulate (default: all of the sweep's); ``partial``: leave out the
-    runs without a summary (a sweep interrupted: the table of what finished) instead of
-    failing on them. Non-scalar values (e.g. ``launch_ahead_hist``, a swept distribution)
-    become JSON strings.
-    """
-    rows = []
-    for run in sweep.runs if runs is None else runs:
-        summary = summaries.get(run.run_key) if partial else summaries[run.run_key]
-        if summary is None:
-            continue
-        row: dict[str, Any] = dict(run.values)
-        row.update(run_id=run.run_id, repeat=run.repeat, seed=run.seed,
-                   config_hash=run.config_hash, run_key=run.run_key)
-        for metric, value in summary.items():
-            if metric in row:  # never let a metric shadow a swept key or an id column
-                metric = f"summary.{metric}"
-            elif metric == "name":
-                value = run_name(value, run, sweep.overrides)
-            row[metric] = value
-        rows.append(row)
-    frame = pd.DataFrame(rows)
-    for column in frame.columns:
-        if frame[column].map(lambda v: isinstance(v, (dict, list))).any():
-            frame[column] = frame[column].map(_as_json_text)
-        elif frame[column].map(lambda v: isinstance(v, str)).any() and \
-                not frame[column].map(lambda v: isinstance(v, str) or v is None).all():
-            # a column mixing strings and numbers cannot go to Parquet as is
-            frame[column] = frame[column].map(_as_json_text)
-    return frame
-
-
-def run_name(name: str, run: Run, overrides: dict[str, Any]) -> str:
-    """The base config's name, then what the sweep changed in it: ``--set`` and swept values."""
-    changed = [f"--set {k}={_short(v)}" for k, v in overrides.items() if k != "name"]
-    changed += [f"{k}={_short(v)}" for k, v in run.values.items()]
-    return f"{name} [{', '.join(changed)}]" if changed else name
-
-
-def _as_json_text(value: Any) -> str | None:
-    if value is None:
-        return None
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
 
 
 # --------------------------------------------------------------------------- execution
@@ -579,18 +505,22 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
           backend: str = "local", ray_address: str | None = None,
           progress: bool | ProgressCallback = False,
           overrides: list[str] | dict[str, Any] | None = None,
-          force: bool = False, max_runs: int | None = None) -> pd.DataFrame:
-    """Run a sweep and return one row per run (see :func:`results_frame`).
+          force: bool = False, max_runs: int | None = None,
+          run_files: bool = False) -> pd.DataFrame:
+    """Run a sweep and return one row per run, in run-id order: its swept values, the id
+    columns and every summary metric (:func:`simwar.study.store.rows_table`).
 
     ``spec``: a sweep YAML path, a mapping (``base``, ``grid``, ``zip``, ``repeats``) or a
-    :class:`Sweep`. ``out_dir``: where to write ``runs/``, ``sweep.yaml`` and the tables; runs
-    already stored there are not run again. ``jobs``: local worker processes (0: one per
+    :class:`Sweep`. ``out_dir``: where to write ``batches/``, ``sweep.yaml`` and the tables;
+    runs already stored there are not run again. ``jobs``: local worker processes (0: one per
     core). ``backend``: ``local`` or ``ray`` (``ray_address``: an existing cluster; without
     it, an already initialised Ray is used, else a local one is started and stopped).
-    ``progress``: True for a tqdm bar on stderr, or a callable given the number of newly
-    finished runs. ``overrides``: ``--set``-style overrides applied to the base. ``force``:
-    replace the results of a different sweep in ``out_dir`` (else :class:`SweepConflict`).
-    ``max_runs``: refuse a sweep of more runs (:class:`SweepTooLarge`).
+    ``progress``: True for a tqdm bar on stderr (runs/s and the time left), or a callable
+    given the number of newly finished runs (a batch at a time). ``overrides``:
+    ``--set``-style overrides applied to the base. ``force``: replace the results of a
+    different sweep in ``out_dir`` (else :class:`SweepConflict`). ``max_runs``: refuse a
+    sweep of more runs (:class:`SweepTooLarge`). ``run_files``: also write each run's
+    ``runs/<run key>.json`` (its summary and config).
 
     The runs are expanded as they are handed to the backend, never all at once. The frame's
     ``attrs`` say how many runs were found stored (``runs_stored``) and how many were
@@ -604,13 +534,15 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
         raise ConfigError(f"jobs: expected 0 (one per core) or a positive number, got {jobs}")
     jobs = jobs or os.cpu_count() or 1
     plan = load_sweep(spec, overrides, max_runs=max_runs)
-    store = RunStore(out_dir) if out_dir is not None else None
+    store = RunStore(out_dir, run_files) if out_dir is not None else None
     made = store is not None and not store.out_dir.exists()
     try:
         with contextlib.ExitStack() as held:
             if store is not None:
-                _lock_out_dir(held, store.out_dir)
-                if not force:
+                lock_out_dir(held, store.out_dir)
+                if force:
+                    store.forget_batches()  # another sweep's rows (run files are kept)
+                else:
                     check_out_dir(plan, store.out_dir)
                 store.remove_stale_temporaries()
             return _run_sweep(plan, store, jobs=jobs, backend=backend,
@@ -622,102 +554,99 @@ def sweep(spec: str | Path | dict | Sweep, out_dir: str | Path | None = None, *,
         raise
 
 
-def _lock_out_dir(held: contextlib.ExitStack, out_dir: Path) -> None:
-    """Hold ``out_dir``'s lock until the sweep ends: two sweeps started into one directory
-    at once would each write a ``sweep.yaml`` and tables, leaving one's spec over the
-    other's results (the second is refused at once, before it writes anything)."""
-    existed = out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        held.enter_context(directory_lock(out_dir))
-    except DirectoryBusy:
-        raise SweepConflict(f"{out_dir}: another sweep is writing into it now; wait for it to "
-                            f"finish, or use another output directory") from None
-    except BaseException:
-        if not existed:
-            with contextlib.suppress(OSError):
-                out_dir.rmdir()
-        raise
-
-
 def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
                ray_address: str | None, progress: bool) -> pd.DataFrame:
     """:func:`sweep`'s runs, once its output directory is checked and held."""
-    summaries: dict[str, dict] = {}
-    seen: list[Run] = []  # the runs expanded so far, in run-id order, without their configs
-    counts = {"stored": 0, "simulated": 0}
+    done_rows = store.stored_rows() if store is not None else set()
+    kept: list = []  # the batches' tables, without an output directory
+    counts = {"stored": len(done_rows), "simulated": 0}
+
+    def commit(runs: list[Run], summaries: dict[str, dict]) -> None:
+        table = rows_table(runs, summaries, plan.overrides)
+        if store is not None:
+            store.save_batch(table, runs, summaries)
+        else:
+            kept.append(table)
 
     def pending(report) -> Iterator[Run]:
-        """The runs to simulate, expanded lazily; identical configs (same run key) once."""
-        queued: set[str] = set()
+        """The runs to simulate, expanded lazily; a run with its own file (an earlier
+        sweep's ``runs/``) gets its row from it."""
+        files = store is not None and store.runs_dir.is_dir()
         for run in plan.iter_runs():
-            seen.append(dataclasses.replace(run, config={}))
-            if run.run_key in summaries or run.run_key in queued:
+            if (run.run_id, run.run_key) in done_rows:
                 report.skipped(1)
                 continue
-            stored = store.load(run) if store is not None else None
-            if stored is not None:
-                summaries[run.run_key] = stored
+            summary = store.load(run) if files else None
+            if summary is not None:
+                commit([run], {run.run_key: summary})
                 counts["stored"] += 1
                 report.skipped(1)
                 continue
-            queued.add(run.run_key)
             yield run
 
     try:
         # the backend starts (worker processes fork) before the progress bar starts its thread
         with _backend(backend, jobs=jobs, pending=plan.count, ray_address=ray_address) \
-                as execute, progress_reporter(progress, total=plan.count) as report:
+                as (execute, workers), progress_reporter(progress, total=plan.count) as report:
             if store is not None:  # the backend started: the directory is this sweep's
                 write_resolved_spec(plan, store.out_dir)
             todo = pending(report)
-            # a batch at a time: a pool or a cluster queues what it is given, so a huge sweep
+            # a piece at a time: a pool or a cluster queues what it is given, so a huge sweep
             # is handed over in pieces, never expanded whole
-            while batch := list(itertools.islice(todo, BATCH)):
-                for run, summary in execute(batch):
-                    if store is not None:
-                        store.save(run, summary)
-                    summaries[run.run_key] = summary  # finished: in the tables from now on
-                    counts["simulated"] += 1
-                    report.done(1)
+            while batch := list(itertools.islice(todo, BATCH * workers)):
+                for task, summaries in execute(lockstep_tasks(batch, workers)):
+                    commit(task, {run.run_key: s for run, s in zip(task, summaries)})
+                    counts["simulated"] += len(task)  # finished: in the tables from now on
+                    report.done(len(task))
     except BaseException as e:
         # interrupted or failed: the tables of what finished, to read before resuming
         done = 0
         if isinstance(e, KeyboardInterrupt):
             interrupt_handled()  # this Ctrl-C is answered here: the tables are meant to commit
-        if store is not None and summaries:
-            partial = results_frame(plan, summaries, seen, partial=True)
-            write_tables(partial, store.out_dir)
-            done = len(partial)
+        if store is not None:
+            partial = join_tables(store.tables())
+            if partial.num_rows:
+                write_tables(partial, store.out_dir)
+            done = partial.num_rows
         if isinstance(e, KeyboardInterrupt):
             raise SweepInterrupted(done, plan.count, store.out_dir if store else None) from None
         raise
-    frame = results_frame(plan, summaries, seen)
-    frame.attrs.update(runs_stored=counts["stored"], runs_simulated=counts["simulated"])
+    table = join_tables(store.tables() if store is not None else kept)
     if store is not None:
-        write_tables(frame, store.out_dir)
+        write_tables(table, store.out_dir)
+    frame = table.to_pandas()
+    frame.attrs.update(runs_stored=counts["stored"], runs_simulated=counts["simulated"])
     return frame
 
 
-#: runs handed to the backend at a time (see :func:`sweep`)
+def results_frame(sweep: Sweep, summaries: dict[str, dict]) -> pd.DataFrame:
+    """One row per run of ``sweep`` (in run-id order), from each run's summary by run key,
+    as :func:`sweep` returns them (:func:`simwar.study.store.rows_table`)."""
+    return join_tables([rows_table(sweep.iter_runs(), summaries, sweep.overrides)]).to_pandas()
+
+
+#: runs handed to the backend at a time, per worker (see :func:`sweep`)
 BATCH = 4096
 
 
-Executor = Callable[[list[Run]], Iterable[tuple[Run, dict]]]
+Task = list[Run]
+Executor = Callable[[list[Task]], Iterable[tuple[Task, list[dict]]]]
 
 
 @contextlib.contextmanager
 def _backend(name: str, *, jobs: int, pending: int, ray_address: str | None
-             ) -> Iterator[Executor]:
-    """An executor of runs (yielding ``(run, summary)`` as each finishes), torn down on exit."""
+             ) -> Iterator[tuple[Executor, int]]:
+    """An executor of tasks (yielding ``(task, summaries)`` as each finishes) and its number
+    of workers, torn down on exit."""
     if name == "ray":
-        with _ray_backend(ray_address) as execute:
-            yield execute
+        with _ray_backend(ray_address) as pair:
+            yield pair
     elif jobs == 1 or pending <= 1:
-        yield _in_process
+        yield _in_process, 1
     else:
-        with _process_pool(min(jobs, pending)) as execute:
-            yield execute
+        workers = min(jobs, pending)
+        with _process_pool(workers) as execute:
+            yield execute, workers
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:
@@ -737,14 +666,14 @@ def _ignore_interrupts() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _in_process(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
-    for task in lockstep_tasks(runs):
-        yield from zip(task, run_many([run.config for run in task]))
+def _in_process(tasks: list[Task]) -> Iterator[tuple[Task, list[dict]]]:
+    for task in tasks:
+        yield task, run_many(*_task_of(task))
 
 
-def _run_numbered(item: tuple[int, list[dict]]) -> tuple[int, list[dict]]:
-    number, configs = item
-    return number, run_many(configs)
+def _run_numbered(item: tuple[int, list[dict], list | None]) -> tuple[int, list[dict]]:
+    number, configs, groups = item
+    return number, run_many(configs, groups)
 
 
 @contextlib.contextmanager
@@ -753,11 +682,10 @@ def _process_pool(workers: int) -> Iterator[Executor]:
     # terminate runs in flight instead of waiting for them
     pool = _pool_context().Pool(workers, initializer=_ignore_interrupts)
 
-    def execute(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
-        tasks = lockstep_tasks(runs)
-        numbered = ((i, [run.config for run in task]) for i, task in enumerate(tasks))
+    def execute(tasks: list[Task]) -> Iterator[tuple[Task, list[dict]]]:
+        numbered = ((i, *_task_of(task)) for i, task in enumerate(tasks))
         for number, summaries in pool.imap_unordered(_run_numbered, numbered, chunksize=1):
-            yield from zip(tasks[number], summaries)
+            yield tasks[number], summaries
 
     finished = False
     try:
@@ -772,7 +700,7 @@ def _process_pool(workers: int) -> Iterator[Executor]:
 
 
 @contextlib.contextmanager
-def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
+def _ray_backend(ray_address: str | None) -> Iterator[tuple[Executor, int]]:
     try:
         import ray
     except ImportError:
@@ -788,24 +716,24 @@ def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
             text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ConfigError(f"{where}: Ray did not start: {text}") from None
     remote_run = ray.remote(num_cpus=1)(run_many)
+    workers = max(1, int(ray.cluster_resources().get("CPU", 1)))
 
-    def execute(runs: list[Run]) -> Iterator[tuple[Run, dict]]:
-        # one task per group of runs that share their iteration shapes, run in lockstep
-        refs = {remote_run.remote([run.config for run in task]): task
-                for task in lockstep_tasks(runs, cut=False)}
+    def execute(tasks: list[Task]) -> Iterator[tuple[Task, list[dict]]]:
+        # a task per lockstep batch, at least one per worker: each result a table at once
+        refs = {remote_run.remote(*_task_of(task)): task for task in tasks}
         waiting = list(refs)
         try:
             while waiting:
                 done, waiting = ray.wait(waiting, num_returns=1)
                 for ref in done:
-                    yield from zip(refs[ref], ray.get(ref))
+                    yield refs[ref], ray.get(ref)
         finally:
             # interrupted (or a run failed): leave no work queued on a shared cluster
             for ref in waiting:
                 ray.cancel(ref)
 
     try:
-        yield execute
+        yield execute, workers
     finally:
         if started_here:
             ray.shutdown()
@@ -814,4 +742,4 @@ def _ray_backend(ray_address: str | None) -> Iterator[Executor]:
 __all__ = ["ID_COLUMNS", "MAX_RUNS", "Run", "RunStore", "Sweep", "SweepConflict", "SweepSpec",
            "SweepInterrupted", "SweepTooLarge",
            "check_out_dir", "is_sweep_mapping", "load_sweep", "lockstep_tasks", "results_frame",
-           "run_many", "run_one", "sweep", "write_tables"]
+           "run_many", "run_name", "run_one", "sweep", "write_tables"]

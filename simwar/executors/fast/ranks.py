@@ -29,10 +29,15 @@ coroutines cannot follow (a rank stopped at a device collective while another wa
 host collective it has not reached) raise :class:`Unfollowable`; the caller then runs the
 SimPy engine, which gives the answer (or its deadlock) of the reference.
 
-Speed: no SimPy events, no stream processes; a stream is its tail time. The Recorder is the
-engine's and most of what a run costs here; the execution takes about half the engine's
-time, and a whole run (build, Traces, tables, races) shares the rest with the engine's
-(``python benchmarks/bench_fast.py ranks``).
+Speed: no SimPy events, no stream processes; a stream is its tail time, and a device
+collective is completed for every rank by the last to arrive (no generator per
+collective). The Recorder is the engine's and most of what the pass costs. A whole run
+(``python benchmarks/bench_fast.py ranks``: tp2_slow_rank, 5,000 steps) is about 1.5x the
+SimPy engine, and cannot pass about 2.5x while it keeps every rank's Trace: building the
+ranks' Programs and reading each Trace's table and races (both executors do it) is half of
+it. Beyond that needs the ranks planned as the one-rank executor plans a run (iteration
+shapes, generated code, the ranks met at their collectives in lockstep) and the Traces
+kept only when asked.
 
 Imports: :mod:`simwar.core` and :mod:`simwar.executors.host_loop` (no simpy).
 """
@@ -49,6 +54,10 @@ from simwar.executors.host_loop import Join, meta_collectives, walk
 
 class Unfollowable(PlanRefused):
     """The ranks' collectives are issued in orders one pass per rank cannot follow."""
+
+
+#: what a rank's walk yields at a device collective some rank has not reached: it stops
+STOP = (None,)
 
 
 class StreamTails:
@@ -120,14 +129,30 @@ class StreamTails:
         return max(j.times)
 
     def collective(self, lane: str, op_id: int, ready: float, duration_us: float,
-                   index: int):
+                   index: int) -> tuple:
+        """Not a generator (a collective is on the hot path: tens per step and rank): the
+        rank's arrival, and ``()`` when it completes the instance, which it then does for
+        every rank (each one's end, ``max(j.times)`` plus its own duration, and its stream's
+        tail), else :data:`STOP`, the rank resumed once the last has arrived."""
         start = begins(self.free.get(lane, 0.0), ready)
-        j = self._arrive(self.device_joins, index, start)
-        if j.arrived < self.n:
-            yield
-        self.free[lane] = end = max(j.times) + duration_us
         self.op_start[op_id] = start
-        self.op_end[op_id] = end
+        table = self.device_joins
+        j = table.get(index)
+        if j is None:
+            j = table[index] = Join(self.n)
+            j.waiting = []
+        j.times[self.rank] = start
+        j.arrived += 1
+        if j.arrived < self.n:
+            j.waiting.append((self, lane, op_id, duration_us))
+            return STOP
+        del table[index]
+        last = max(j.times)
+        for device, lane_, op_, duration in j.waiting:
+            device.free[lane_] = device.op_end[op_] = last + duration
+            self.ready.append(device.rank)
+        self.free[lane] = self.op_end[op_id] = last + duration_us
+        return ()
 
     def end(self, t: float):
         return

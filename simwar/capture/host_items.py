@@ -1,0 +1,82 @@
+"""The importer's host items: their issue order and the ranges each host call lies in.
+
+:class:`simwar.capture.to_trace.CaptureTraceBuilder` assembles a Trace in one pass over the
+host items: every runtime call it keeps (the scheduler thread's, then the other threads'),
+then the device work whose call is not in the capture. :func:`issue_order` orders them by
+issue time (calls before device work at one time, then by index; ties kept in list order)
+with one stable numpy sort of three columns, where a tuple per item used to be sorted;
+:func:`indices` hands the order back as Python ints a chunk at a time.
+:func:`enclosing_ranges` gives each host call the phase and site of the ``record_function``
+ranges open at its start (the innermost that a phase rule, and that a site rule, matches).
+
+Imports: numpy and the standard library.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def issue_order(items: list, n_calls: int, origin: float, gpu_offset: float) -> np.ndarray:
+    """The indices of ``items`` in issue order: the first ``n_calls`` are runtime calls,
+    issued at their start (``ts - origin``), the rest device work, at its start on the host
+    clock (``ts + gpu_offset - origin``); at one time calls come first, then by index, and
+    device work in list order."""
+    ts = np.fromiter((x.ts for x in items), float, len(items))
+    ts[:n_calls] -= origin
+    ts[n_calls:] = ts[n_calls:] + gpu_offset - origin  # as ts + gpu_offset - origin
+    later = np.zeros(len(items), np.int8)
+    later[n_calls:] = 1
+    index = np.arange(len(items))
+    index[n_calls:] = -1
+    return np.lexsort((index, later, ts))
+
+
+def indices(order: np.ndarray, chunk: int = 1 << 16):
+    """The items of ``order`` as Python ints, a chunk at a time (a list of them all would
+    cost 36 bytes an item at once)."""
+    for lo in range(0, len(order), chunk):
+        yield from order[lo:lo + chunk].tolist()
+
+
+def enclosing_ranges(calls: list, ann: list, phase_rules: list, site_rules: list) -> list:
+    """For each host call (by start), ``(phase, site)``: of the ranges ``ann`` (by start, the
+    outer first) open at its start, the phase of the innermost whose name a phase rule
+    matches and the site of the innermost a site rule matches (None: none). The rules are
+    ``(regex, value)`` pairs, the first match wins; ranges no rule matches are left off the
+    stack, and the rules are tried once a name."""
+    tags: dict[str, tuple | None] = {}  # range name -> (phase, site), None: no rule
+
+    def first(rules, name):
+        return next((v for rx, v in rules if rx.search(name)), None)
+
+    out = []
+    none = (None, None)  # shared: most calls sit in no mapped range
+    stack: list[tuple[float, str | None, str | None]] = []  # (end, phase, site)
+    j, n = 0, len(ann)
+    for c in calls:
+        t = c.ts
+        while j < n and ann[j].ts <= t:
+            a = ann[j]
+            j += 1
+            tag = tags.get(a.name, none)
+            if tag is none:
+                phase, site = first(phase_rules, a.name), first(site_rules, a.name)
+                tag = tags[a.name] = None if phase is None and site is None else (phase, site)
+            if tag is not None:
+                stack.append((a.ts + a.dur, *tag))
+        if stack:
+            stack = [e for e in stack if e[0] >= t]
+        phase = site = None
+        for _, p, s in reversed(stack):  # innermost first
+            if phase is None:
+                phase = p
+            if site is None:
+                site = s
+            if phase is not None and site is not None:
+                break
+        out.append(none if phase is None and site is None else (phase, site))
+    return out
+
+
+__all__ = ["enclosing_ranges", "indices", "issue_order"]
