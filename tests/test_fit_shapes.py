@@ -28,7 +28,9 @@ from simwar.fit.shapes import StepKinds, classify, cpu_outside, prompt_groups, t
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "sglang_default_prefill.yaml"
-SHORT = {"steps": 600, "warmup_steps": 10}
+#: the source prefill runs as 8 launches, each kernel as launched: the fit gives the count
+#: back, and the whole device and host time over them
+SHORT = {"steps": 600, "warmup_steps": 10, "prefill.launches": 8}
 #: the config's prefill, as the fit must give it back
 FORWARD = {"base": 400.0, "per_token": 0.9}
 HOST = {"base": 120.0, "per_token": 0.01}
@@ -50,7 +52,9 @@ def test_fit_reads_each_shape_and_checks_within_3_percent(rule, shapes, tmp_path
     cfg = fit.config
     assert cfg["scheduling"] == {"rule": rule}
     pf = cfg["prefill"]
-    assert pf["chunk_tokens"] == 4096 and pf["graph"] == "eager"
+    assert pf["chunk_tokens"] == 4096 and pf["graph"] == "eager" and pf["launches"] == 8
+    assert any(line.startswith("  prefill.launches 8: the capture's 8.0 launches")
+               for line in fit.header)
     for got, want in ((pf["forward_us"], FORWARD), (pf["host_us"], HOST)):
         assert got["base"] == pytest.approx(want["base"], rel=0.01, abs=1.0)
         assert got["per_token"] == pytest.approx(want["per_token"], rel=0.01)
@@ -164,13 +168,25 @@ def test_the_mini_servers_mixed_steps_are_read_from_its_prefill_range():
     assert isinstance(pf["host_us"], float) and pf["host_us"] > 1000  # an eager launch train
     assert [p["name"] for p in fit.config["phases"]] == ["forward", "draft", "verify", "sample"]
     assert any("beyond the decode steps' (mean +4" in line for line in fit.header)
-    assert any(line.startswith("  launches: 57.0 per prefill") for line in fit.header)
+    # its 57 launches modelled as 32, each kernel as launched: the prefill's whole device time
+    assert pf["launches"] == 32 and pf["forward_us"] > 600
+    assert any(line.startswith("  prefill.launches 32: the capture's 57.0 launches per prefill "
+                               "(mean; 6.36 µs of host each), modelled as 32")
+               for line in fit.header)
+    # its decode steps launch no chunk, the simulated ones an empty one: its launch calls are
+    # taken from the decode phases' host time
+    assert any(line.startswith("  the mixed rule launches the chunk in every step")
+               for line in fit.header)
     steps, _ = import_report(cap.bound)
     checked = check_fit(cap, load_config(fit.config), "fitted", steps, "prefill_light")
     assert checked["ok"] and checked["profiler_back"], checked["text"]
     rows = {r["key"]: r for r in checked["rows"]}
     for shape in ("decode", "mixed"):
         assert abs(rows[f"by_shape.{shape}.own_us_mean"]["error"]) <= 0.03
+    # the mixed step's forward starts at the prefill's first kernel, as the capture's does
+    # (one kernel after the whole host window: 2031 µs short)
+    fwd = rows["by_shape.mixed.fwd_us_mean"]
+    assert abs(fwd["error"]) < 0.2 * fwd["capture"], checked["text"]
 
 
 def test_a_step_of_several_forwards_takes_its_prefill_range():

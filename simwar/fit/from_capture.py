@@ -60,6 +60,7 @@ from simwar.fit.samples import COST_DEFAULTS, Samples, sample_cpu_work, sample_d
 from simwar.fit.shapes import (
     ShapeError,
     classify,
+    empty_chunk_launches,
     give_back,
     prefill_section,
     prefill_step_host,
@@ -225,6 +226,7 @@ def fit_model(cap: Capture, *, capture: str = "",
                                 prof)
     give_back(s, names, prefills)
     excess = split_host(s, prefills) + prefill_step_host(trace, fitted, lays, prefills, prof)
+    empty = empty_chunk_launches(s, names, prefills)
     stage()
     details: dict[str, dict] = {}
     if graph_cost["cost"]:  # the cheapest graph's launches sample costs.graph_launch_us
@@ -233,7 +235,8 @@ def fit_model(cap: Capture, *, capture: str = "",
             s.add("costs.graph_launch_us", v, k)
     fits: dict[str, SizedFit] = {}
     _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits, extrapolate_buckets)
-    shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess)
+    shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess,
+                          empty)
     if sizes.varying and not shape_lines:
         _workload(cfg, sizes, warm, warnings)
     try:
@@ -296,7 +299,7 @@ def profiler_cost_line(prof: ProfilerCost | None, lays) -> str:
 
 
 def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping: Mapping,
-            warnings: list[str], excess: float = 0.0) -> list[str]:
+            warnings: list[str], excess: float = 0.0, empty=None) -> list[str]:
     """A capture whose steps prefill: the config's ``prefill`` and ``scheduling`` sections
     and a workload of requests with prompts (:mod:`simwar.fit.shapes`); the header's lines
     (none for a capture that prefills nothing)."""
@@ -310,8 +313,14 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
                             f"prefill}})")
         return []
     steps = sorted(set(lays) | set(fitted))
+    for k, p in fitted.items():  # the decoding requests its launches run at (0: a prefill
+        p.batch = 0 if p.shape == "prefill" else (  # step of its own decodes none)
+            int(sizes.batch[k]) if sizes.varying and k < len(sizes.batch)
+            else int(cfg["batch_size"]))
     section, lines = prefill_section(fitted, sorted({b for r in mapping.reads.values()
-                                                     for b in r}) or ["req_to_token"], excess)
+                                                     for b in r}) or ["req_to_token"], excess,
+                                     lambda batch: launch_cost(cfg["costs"], batch), kinds,
+                                     empty)
     rule = rule_of(kinds, steps)
     cfg["prefill"] = section
     cfg["scheduling"] = {"rule": rule}
@@ -563,6 +572,16 @@ def _fill(cfg: dict, s: Samples, dist: str, details: dict,
     cfg["costs"] = {k: costs[k] for k in ("launch_us", "event_record_us", "wait_event_us",
                                           "wait_stream_us", "graph_launch_us", "sync_us",
                                           "sync_wake_us", "cross_stream_us", "host_call_us")}
+
+
+def launch_cost(costs: dict, batch: int) -> float:
+    """A kernel launch's host cost in a fitted config at a step's batch: ``launch_us`` (an
+    affine one at that batch, its noise's mean included) plus ``host_call_us``."""
+    v = costs["launch_us"]
+    at = duration_mean(v)
+    if isinstance(v, dict) and "base" in v:
+        at += float(v.get("per_seq", 0.0)) * batch
+    return at + duration_mean(costs.get("host_call_us", 0.0))
 
 
 def duration_mean(v) -> float:
