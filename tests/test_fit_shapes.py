@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from simwar.api import simulate
+from simwar.api import resolve_sizes, simulate
 from simwar.capture.open import open_capture
 from simwar.capture.stalls import import_report
 from simwar.capture.synthetic import Style, write_kineto
@@ -24,7 +24,16 @@ from simwar.fit.check import check_fit
 from simwar.fit.from_capture import FitError, fit_model
 from simwar.fit.layout import step_layouts
 from simwar.fit.policy import detect_roles
-from simwar.fit.shapes import StepKinds, classify, cpu_outside, prompt_groups, token_line
+from simwar.fit.shapes import (
+    PrefillSample,
+    StepKinds,
+    classify,
+    cpu_outside,
+    prefill_section,
+    prefixes,
+    prompt_groups,
+    token_line,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "sglang_default_prefill.yaml"
@@ -99,6 +108,58 @@ def test_fit_reads_each_shape_and_checks_within_3_percent(rule, shapes, tmp_path
         assert {r["key"]: r["ok"] for r in other["rows"]}["by_shape.prefill.own_us_mean"] \
             is False
         assert "prefill step time" in other["text"]
+
+
+#: long prompts (longer than the chunk) whose later chunks cost more by their cached prefix
+LONG = {"steps": 500, "scheduling.rule": "sglang", "prefill.chunk_tokens": 2048,
+        "prefill.forward_us": {"base": 400, "per_token": 0.9, "per_token_prefix": 2e-5},
+        "workload.prompt_tokens": {"dist": "lognormal", "mean": 6000, "std": 3000},
+        "workload.arrivals": {"rate_per_s": 40}}
+
+
+def test_the_prefix_term_is_fitted_from_carried_chunks(tmp_path):
+    """A simulated sglang capture of prompts prefilled over several chunks: each step's prefix
+    is read from the ranges' tokens and requests (the simulator's own where the ranges give
+    it, unknown where several requests share a step), and ``forward_us`` is fitted back
+    within 1 % per term; the check within 3 % per shape."""
+    cfg = load_config(str(CONFIG), {**SHORT, **LONG})
+    sim = simulate(cfg, engine="simpy")
+    path = write_kineto(sim.trace, tmp_path / "long.json.gz",
+                        style=Style(names="sglang", batch_ranges=True, copies=("result_copy",)))
+    cap = open_capture(path)
+    pre, carried = prefixes(classify(cap), 2048)
+    true = resolve_sizes(cfg).prefill_prefix
+    known = {k: v for k, v in pre.items() if v >= 0}
+    assert carried == int((true > 0).sum()) and sum(v > 0 for v in known.values()) >= 20
+    assert all(v == true[k] for k, v in known.items())
+    fit = fit_model(cap)
+    got = fit.config["prefill"]["forward_us"]
+    for key, want in LONG["prefill.forward_us"].items():
+        assert got[key] == pytest.approx(want, rel=0.01), fit.header
+    assert any("continued a carried-over request" in line for line in fit.header)
+    steps, _ = import_report(cap.bound)
+    checked = check_fit(cap, load_config(fit.config), "fitted", steps, path.name)
+    assert checked["ok"], checked["text"]
+
+
+def test_prefixes_follow_the_ranges():
+    """A step after a full chunk continues its last request: alone in its steps, its prefix
+    is its earlier chunks' tokens times this one's; several requests in a step leave it
+    unknown (-1); a capture without a full chunk carries nothing."""
+    kinds = StepKinds(shape=dict.fromkeys(range(6), "prefill"),
+                      tokens={0: 100, 1: 1000, 2: 1000, 3: 300, 4: 1000, 5: 200},
+                      requests={0: 2, 1: 1, 2: 1, 3: 2, 4: 3, 5: 1})
+    assert prefixes(kinds, 1000) == ({0: 0, 1: 0, 2: 1000 * 1000, 3: -1, 4: 0, 5: -1}, 3)
+    none = StepKinds(shape={0: "prefill", 1: "prefill"}, tokens={0: 10, 1: 20},
+                     requests={0: 1, 1: 1})
+    assert prefixes(none, 1000) == ({0: 0, 1: 0}, 0)
+    section, lines = prefill_section({k: PrefillSample(k, "prefill", t, 50.0, 60.0, 0.0, False,
+                                                       launches=1, busy_us=100.0 + t)
+                                      for k, t in none.tokens.items()}, ["req_to_token"],
+                                     kinds=none)
+    assert "per_token_prefix" not in section["forward_us"]
+    assert any("per_token_prefix 0: the capture gave no carried chunks" in line
+               for line in lines)
 
 
 def test_a_decode_only_capture_fits_as_before(tmp_path):
