@@ -142,6 +142,36 @@ def test_the_prefix_term_is_fitted_from_carried_chunks(tmp_path):
     assert checked["ok"], checked["text"]
 
 
+#: a light load of short requests with DP-attention idle steps between them
+IDLE = {"scheduling.rule": "sglang", "workload.arrivals": {"rate_per_s": 15},
+        "workload.initial_batch": 0,
+        "workload.output_tokens": {"dist": "uniform", "low": 8, "high": 60},
+        "workload.prompt_tokens": {"dist": "lognormal", "mean": 1500, "std": 800},
+        "scheduling.idle": {"forward_us": 300.0, "host_us": 40.0, "graph": "eager"}}
+
+
+def test_idle_steps_fit_scheduling_idle(tmp_path):
+    """A simulated capture with idle steps (a forward with no request; the simulator's capture
+    names them ``decode bs=0``, SGLang's ``step[IDLE bs=0]``): ``scheduling.idle`` fitted back
+    exactly, and the check judges the idle steps as a shape of their own, within 3 %."""
+    sim = simulate(str(CONFIG), {**SHORT, **IDLE}, engine="simpy")
+    path = write_kineto(sim.trace, tmp_path / "idle.json.gz",
+                        style=Style(names="sglang", batch_ranges=True, copies=("result_copy",)))
+    # the preset reads a bare `idle` range as the loop waiting for requests (SGLang's on_idle
+    # stage); the simulator's capture names the idle forward's own range so: not that here
+    cap = open_capture(path, {"preset": "sglang", "idle": None})
+    assert classify(cap).counts()["idle"] > 50
+    fit = fit_model(cap)
+    assert fit.config["scheduling"] == {"rule": "sglang", "idle": IDLE["scheduling.idle"]}
+    assert any(line.startswith("Idle (") for line in fit.header)
+    steps, _ = import_report(cap.bound)  # the fitted run long enough for every shape
+    checked = check_fit(cap, load_config(fit.config, {"steps": 800}), "fitted", steps,
+                        path.name)
+    assert checked["ok"], checked["text"]
+    rows = {r["key"]: r for r in checked["rows"]}
+    assert rows["by_shape.idle.own_us_mean"]["ok"] is True
+
+
 def test_prefixes_follow_the_ranges():
     """A step after a full chunk continues its last request: alone in its steps, its prefix
     is its earlier chunks' tokens times this one's; several requests in a step leave it

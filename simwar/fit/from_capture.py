@@ -58,10 +58,13 @@ from simwar.fit.profiler_cost import KINDS as PROFILED_KINDS
 from simwar.fit.profiler_cost import CostTable, ProfilerCost, for_capture
 from simwar.fit.samples import COST_DEFAULTS, Samples, sample_cpu_work, sample_device_and_costs
 from simwar.fit.shapes import (
+    SHAPE_ORDER,
     ShapeError,
     classify,
     empty_chunk_launches,
     give_back,
+    idle_samples,
+    idle_section,
     prefill_section,
     prefill_step_host,
     rule_of,
@@ -184,6 +187,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     except ShapeError as e:
         raise FitError(str(e)) from None
     fitted, (lays, prefills) = lays, split_prefill(trace, lays, kinds, prof)
+    idle = idle_samples(trace, fitted, kinds, prof)
     if len(lays) < 2:
         raise FitError(f"{where}: {len(all_lays)} steps with forward work, {len(lays)} after "
                        f"the warm-up ({warm}) with a predecessor and a successor: need at "
@@ -236,7 +240,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     fits: dict[str, SizedFit] = {}
     _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits, extrapolate_buckets)
     shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess,
-                          empty)
+                          empty, idle)
     if sizes.varying and not shape_lines:
         _workload(cfg, sizes, warm, warnings)
     try:
@@ -299,11 +303,16 @@ def profiler_cost_line(prof: ProfilerCost | None, lays) -> str:
 
 
 def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping: Mapping,
-            warnings: list[str], excess: float = 0.0, empty=None) -> list[str]:
+            warnings: list[str], excess: float = 0.0, empty=None, idle=None) -> list[str]:
     """A capture whose steps prefill: the config's ``prefill`` and ``scheduling`` sections
-    and a workload of requests with prompts (:mod:`simwar.fit.shapes`); the header's lines
-    (none for a capture that prefills nothing)."""
+    (with ``idle``, the capture's idle steps, :func:`simwar.fit.shapes.idle_samples`:
+    ``scheduling.idle``) and a workload of requests with prompts (:mod:`simwar.fit.shapes`);
+    the header's lines (none for a capture that prefills nothing)."""
     fitted = {k: p for k, p in prefills.items() if p.shape in ("prefill", "mixed")}
+    if idle and not fitted:
+        warnings.append(f"{len(idle)} idle steps (a forward with no request) not fitted: "
+                        f"scheduling.idle needs requests that arrive, and the capture "
+                        f"prefills none (its batches are replayed)")
     if not fitted:
         mixed = len(kinds.steps("mixed"))
         if mixed:  # its prefill's kernels are the decode phases' (no phase named prefill)
@@ -324,6 +333,10 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
     rule = rule_of(kinds, steps)
     cfg["prefill"] = section
     cfg["scheduling"] = {"rule": rule}
+    idle_lines: list[str] = []
+    if idle:
+        cfg["scheduling"]["idle"], idle_lines = idle_section(idle)
+        steps = sorted(set(steps) | set(idle))
     seen = kinds.counts(steps)
     batch = {k: int(sizes.batch[k]) for k in steps if k < len(sizes.batch)} \
         if sizes.varying else {k: int(cfg["batch_size"]) for k in steps}
@@ -341,10 +354,10 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
                         f"{rule} runs {' and '.join(never)} steps)")
     rule_why = ("prefill steps of their own between decode steps" if rule == "sglang" else
                 "prefill chunks inside decode steps")
-    return ["Shapes: " + ", ".join(f"{seen[s]} {s}" for s in ("decode", "prefill", "mixed")
-                                    if seen.get(s)) + f" steps fitted; scheduling.rule {rule} "
-            f"({rule_why}); the decode phases from the decode and mixed steps, the prefill "
-            f"from the steps that prefill.", *lines, wl_line]
+    return ["Shapes: " + ", ".join(f"{seen[s]} {s}" for s in SHAPE_ORDER if seen.get(s))
+            + f" steps fitted; scheduling.rule {rule} ({rule_why}); the decode phases from "
+            f"the decode and mixed steps, the prefill from the steps that prefill.", *lines,
+            *idle_lines, wl_line]
 
 
 def _regex_reads(imp, mapping: Mapping, names: list[str]) -> Mapping:

@@ -30,7 +30,8 @@ SHAPE_FIGURES = (("step", "own_us"), ("forward", "fwd_us"), ("forward gap", "fwd
 
 def sim_kinds(meta: dict, n: int) -> tuple[list[str], np.ndarray]:
     """A simulated run's per-step shapes and prompt tokens (``meta.workload``): its picked
-    shapes, else mixed where the step prefilled tokens; decode where it prefilled none."""
+    shapes, else mixed where the step prefilled tokens; decode where it prefilled none; idle
+    where it picked an idle step."""
     wl = meta.get("workload") or {}
     tokens = np.asarray(wl.get("prefill_tokens") or [0] * n, dtype=float)[:n]
     picked = wl.get("shape")
@@ -38,14 +39,17 @@ def sim_kinds(meta: dict, n: int) -> tuple[list[str], np.ndarray]:
     for k in range(n):
         t = tokens[k] if k < len(tokens) else 0.0
         s = picked[k] if picked is not None and k < len(picked) else "mixed"
-        out.append("decode" if t <= 0 else ("prefill" if s == "prefill" else "mixed"))
+        out.append("idle" if s == "idle" else "decode" if t <= 0 else
+                   ("prefill" if s == "prefill" else "mixed"))
     return out, tokens
 
 
 #: the sizes a shape's figures follow (:func:`at_sizes`): a decode step's batch; a prefill
 #: step's tokens and the batch of the step before it, whose result it processes and whose
-#: requests it pauses; a mixed step's batch and tokens
-SIZES = {"decode": ("batch",), "prefill": ("tokens", "before"), "mixed": ("batch", "tokens")}
+#: requests it pauses; a mixed step's batch and tokens; an idle step's batch before it (whose
+#: result it processes)
+SIZES = {"decode": ("batch",), "prefill": ("tokens", "before"), "mixed": ("batch", "tokens"),
+         "idle": ("before",)}
 
 
 def sim_waits(meta: dict) -> set[int]:

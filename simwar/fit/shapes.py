@@ -1,4 +1,4 @@
-"""Each captured step's shape, and the prefill's costs fitted from the steps that prefill.
+"""Each captured step's shape, and the prefill's and idle step's costs fitted from the steps.
 
 A server that prefills prompts runs steps of several shapes (docs/design.md, "Iteration
 shapes"): a ``decode`` step (the phase table), a ``prefill`` step of its own (SGLang's
@@ -18,8 +18,10 @@ its times:
 A step whose range says it prefills tokens (a prefill or extend mode, or a token count > 0 in a
 mixed one), or that has prefill work where its range names no tokens, prefills; one that also
 runs decode phases (forward kernels of another phase, or a decode/mixed mode) is ``mixed``,
-else ``prefill``; every other step is ``decode``. An ``idle`` step (a DP-attention idle batch)
-is none of these: it is left out of the fit, and said.
+else ``prefill``; every other step is ``decode``. An ``idle`` step (a DP-attention idle batch:
+its range's mode IDLE, or a decode of no request, ``decode bs=0``, without prefill work) is
+none of these: :func:`idle_samples` measures its forward (the host's work before its launch,
+its kernels' device time) and :func:`idle_section` writes ``scheduling.idle`` from them.
 
 :func:`split_prefill` takes the prefill's units out of the fitted steps' layouts (so that the
 decode phases are fitted from decode and mixed steps alike, as one structure) and measures,
@@ -77,7 +79,7 @@ MODES = {"decode": "decode", "target_verify": "decode", "draft_extend": "decode"
 #: speculative EXTEND then DRAFT_EXTEND is a prefill step)
 RANK = {"": 0, "idle": 1, "decode": 2, "prefill": 3, "mixed": 4}
 #: the shapes a fitted config's steps have, in the order rows and the header list them
-SHAPE_ORDER = ("decode", "prefill", "mixed")
+SHAPE_ORDER = ("decode", "prefill", "mixed", "idle")
 
 
 class ShapeError(ValueError):
@@ -151,8 +153,8 @@ def classify(cap, where: str = "capture") -> StepKinds:
     out = StepKinds()
     for k in sorted(with_prefill | with_decode | set(ranged)):
         mode, batch, tokens, named = ranged.get(k, ("", -1, -1, False))
-        if mode == "idle":
-            out.shape[k] = "idle"
+        if mode == "idle" or (mode == "decode" and batch == 0 and k not in with_prefill):
+            out.shape[k] = "idle"  # a forward with no request (a decode of none: the same)
             continue
         toks = tokens if named or mode == "prefill" else -1
         if mode == "decode" and named and toks >= 0 and toks == batch:
@@ -258,6 +260,55 @@ def _busy(ops, op_start, op_end, since: float) -> float:
             total += b - a
             busy_to = b
     return float(total)
+
+
+@dataclass
+class IdleSample:
+    """What one idle step's forward took: the host's work before its launch (``host_us``:
+    from the end of the call before it to its start, less the profiler's cost there), its
+    kernels' device time (``device_us``) and whether it ran as a graph launch."""
+
+    step: int
+    host_us: float
+    device_us: float
+    graph: bool
+
+
+def idle_samples(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, prof=None
+                 ) -> dict[int, IdleSample]:
+    """Per fitted idle step (``kinds``: a forward with no request, SGLang's IDLE), what its
+    forward took (:class:`IdleSample`): the simulator's idle step is host work, then one
+    kernel or graph launch (``scheduling.idle``)."""
+    s0, e0 = columns(trace, "spans", "start_us", "end_us")
+    op_start, op_end = columns(trace, "ops", "start_us", "end_us")
+    out: dict[int, IdleSample] = {}
+    for k, lay in lays.items():
+        if kinds.shape.get(k) != "idle" or not lay.units:
+            continue
+        first = lay.units[0].calls[0]
+        begin = max([float(e0[c]) for c in lay.calls if e0[c] <= s0[first]] + [lay.start])
+        host = float(s0[first]) - begin
+        if prof is not None:
+            host = prof.less(host, begin, float(s0[first]))
+        ops = sorted((o for u in lay.units for o in u.ops), key=lambda o: op_start[o])
+        out[k] = IdleSample(k, max(host, 0.0), _busy(ops, op_start, op_end, -np.inf),
+                            any(u.graph is not None for u in lay.units))
+    return out
+
+
+def idle_section(samples: dict[int, IdleSample]) -> tuple[dict, list[str]]:
+    """``(scheduling.idle, header lines)`` from the idle steps: each figure their mean (the
+    section's durations are drawn per idle step; the check compares means), ``graph`` full
+    where most ran as a graph launch."""
+    got = list(samples.values())
+    fwd = _r(float(np.mean([p.device_us for p in got])))
+    host = _r(float(np.mean([p.host_us for p in got])))
+    graph = "full" if sum(p.graph for p in got) * 2 > len(got) else "eager"
+    section = {"forward_us": fwd, "host_us": host, "graph": graph}
+    return section, [f"Idle ({len(got)} steps with no request: SGLang's IDLE forward, a decode "
+                     f"of none): scheduling.idle.forward_us {fwd:g} µs (its kernels' device "
+                     f"time, mean), host_us {host:g} µs (the host's work before its launch, "
+                     f"less the profiler's cost there, mean), graph {graph} (how it ran)."]
 
 
 def give_back(s, names: list[str], samples: dict[int, PrefillSample]) -> None:
@@ -691,7 +742,8 @@ def shape_workload(kinds: StepKinds, steps: list[int], batch, accept: float, dur
 
 
 
-__all__ = ["FIT_MAX_LAUNCHES", "MIN_PREFIX_STEPS", "MODES", "PREFILL_PHASE", "PrefillSample",
+__all__ = ["FIT_MAX_LAUNCHES", "IdleSample", "MIN_PREFIX_STEPS", "MODES", "PREFILL_PHASE",
+           "PrefillSample", "idle_samples", "idle_section",
            "RANK", "SHAPE_ORDER", "ShapeError", "StepKinds", "classify", "cpu_outside",
            "empty_chunk_launches", "give_back", "launch_count", "prefill_section",
            "prefill_step_host", "prefix_line", "prefixes", "prompt_groups", "rule_of",
