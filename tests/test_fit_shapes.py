@@ -24,6 +24,7 @@ from simwar.fit.check import check_fit
 from simwar.fit.from_capture import FitError, fit_model
 from simwar.fit.layout import step_layouts
 from simwar.fit.policy import detect_roles
+from simwar.fit.profiler import scale_device
 from simwar.fit.shapes import (
     PrefillSample,
     StepKinds,
@@ -170,6 +171,21 @@ def test_idle_steps_fit_scheduling_idle(tmp_path):
     assert checked["ok"], checked["text"]
     rows = {r["key"]: r for r in checked["rows"]}
     assert rows["by_shape.idle.own_us_mean"]["ok"] is True
+
+
+def test_unprofiled_rescaling_scales_the_shapes_forwards():
+    """``--unprofiled-step-us`` scales every device time (and per bucket every host time):
+    the prefill's and the idle step's too, a small coefficient kept to its digits."""
+    cfg = {"prefill": {"forward_us": {"base": 400, "per_token": 0.9, "per_token_prefix": 2e-5},
+                       "host_us": {"base": 120, "per_token": 0.0123}},
+           "scheduling": {"rule": "sglang", "idle": {"forward_us": 300.0, "host_us": 40.0}}}
+    out = scale_device(cfg, 0.5, 2.0)
+    assert out["prefill"]["forward_us"] == {"base": 200, "per_token": 0.45,
+                                            "per_token_prefix": 1e-5}
+    assert out["prefill"]["host_us"] == {"base": 240, "per_token": 0.0246}
+    assert out["scheduling"]["idle"] == {"forward_us": 150, "host_us": 80}
+    assert cfg["prefill"]["forward_us"]["base"] == 400  # a copy
+    assert scale_device(cfg, 0.5)["prefill"]["host_us"] == cfg["prefill"]["host_us"]
 
 
 def test_prefixes_follow_the_ranges():
