@@ -151,11 +151,14 @@ IDLE = {"scheduling.rule": "sglang", "workload.arrivals": {"rate_per_s": 15},
         "scheduling.idle": {"forward_us": 300.0, "host_us": 40.0, "graph": "eager"}}
 
 
-def test_idle_steps_fit_scheduling_idle(tmp_path):
+@pytest.mark.parametrize("graph", ["eager", "full"])
+def test_idle_steps_fit_scheduling_idle(graph, tmp_path):
     """A simulated capture with idle steps (a forward with no request; the simulator's capture
-    names them ``decode bs=0``, SGLang's ``step[IDLE bs=0]``): ``scheduling.idle`` fitted back
-    exactly, and the check judges the idle steps as a shape of their own, within 3 %."""
-    sim = simulate(str(CONFIG), {**SHORT, **IDLE}, engine="simpy")
+    names them ``decode bs=0``, SGLang's ``step[IDLE bs=0]``), eager or a graph (of batch 0:
+    no graph bucket of the config): ``scheduling.idle`` fitted back exactly, and the check
+    judges the idle steps as a shape of their own, within 3 %."""
+    idle = {**IDLE, "scheduling.idle": {**IDLE["scheduling.idle"], "graph": graph}}
+    sim = simulate(str(CONFIG), {**SHORT, **idle}, engine="simpy")
     path = write_kineto(sim.trace, tmp_path / "idle.json.gz",
                         style=Style(names="sglang", batch_ranges=True, copies=("result_copy",)))
     # the preset reads a bare `idle` range as the loop waiting for requests (SGLang's on_idle
@@ -163,7 +166,8 @@ def test_idle_steps_fit_scheduling_idle(tmp_path):
     cap = open_capture(path, {"preset": "sglang", "idle": None})
     assert classify(cap).counts()["idle"] > 50
     fit = fit_model(cap)
-    assert fit.config["scheduling"] == {"rule": "sglang", "idle": IDLE["scheduling.idle"]}
+    assert fit.config["scheduling"] == {"rule": "sglang", "idle": idle["scheduling.idle"]}
+    assert 0 not in fit.config["workload"]["graph_buckets"]
     assert any(line.startswith("Idle (") for line in fit.header)
     steps, _ = import_report(cap.bound)  # the fitted run long enough for every shape
     checked = check_fit(cap, load_config(fit.config, {"steps": 800}), "fitted", steps,

@@ -343,7 +343,7 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
     accept = float(cfg["accept"]["tokens"])
     bounds = [(lays[k].start, lays[k].end) for k in lays]
     span = (max(b for _, b in bounds) - min(a for a, _ in bounds)) if bounds else 1.0
-    wl, wl_line = shape_workload(kinds, steps, batch, accept, span, sizes.buckets,
+    wl, wl_line = shape_workload(kinds, steps, batch, accept, span, graph_buckets(sizes),
                                  section["chunk_tokens"])
     cfg["workload"] = wl
     never = [s for s in ("decode", "prefill", "mixed") if s not in seen
@@ -418,8 +418,8 @@ def _workload(cfg: dict, sizes: CaptureSizes, warm: int, warnings: list[str]) ->
         warnings.append(f"{filled} steps without a batch (no device work) replay the batch "
                         f"before them")
     wl: dict = {"batch_sizes": batch}
-    if sizes.buckets:
-        wl["graph_buckets"] = list(sizes.buckets)
+    if graph_buckets(sizes):
+        wl["graph_buckets"] = graph_buckets(sizes)
     cfg["workload"] = wl
     if len(batch) >= warm + 3:  # replay the capture's steps one for one
         cfg["steps"] = len(batch)
@@ -515,6 +515,12 @@ def _config(trace, lays, roles, names, mapping: Mapping, pol: PolicyInference, s
     }
 
 
+def graph_buckets(sizes: CaptureSizes) -> list[int]:
+    """The graph buckets the capture's decode steps ran (an idle step's graph of batch 0, as
+    a graph launched for no request reads, is none: the config's buckets are batches >= 1)."""
+    return [int(b) for b in sizes.buckets if b > 0]
+
+
 #: keys whose size is the batch of the step whose result is processed (k-1 in step k)
 PREVIOUS_STEP = ("cpu.process_result_us", "gpu.result_writes_us")
 
@@ -536,11 +542,11 @@ def _fit_key(key: str, values, cfg: dict, s: Samples, dist: str,
     if sizes is None:
         return _fit(values, dist)
     size, x = _size_of(key, cfg, sizes, s.steps_of(key))
-    if size == "bucket" and sizes.buckets:  # a graph phase's device time: each bucket's own
+    if size == "bucket" and graph_buckets(sizes):  # a graph phase's device time: its bucket's
         reached = {int(v) for v in sizes.bucket[sizes.batch > 0].tolist()}  # by the replay
-        f = fit_per_bucket(values, x, dist, sizes.buckets, extrapolate, reached)
+        f = fit_per_bucket(values, x, dist, graph_buckets(sizes), extrapolate, reached)
     else:  # a line, clamped >= 0 up to the largest batch the config runs
-        f = fit_sized(values, x, dist, size, max(sizes.buckets) if sizes.buckets else None)
+        f = fit_sized(values, x, dist, size, max(graph_buckets(sizes), default=None))
     fits[key] = f
     return f.value, f.detail
 
@@ -703,7 +709,7 @@ def _sized_header(sizes: CaptureSizes, fits: dict, left_out: dict, counted: set,
                      f"{unprofiled:g} µs.")
     if not sizes.varying or not workload:
         return lines
-    wl_buckets = f", graph_buckets {sizes.buckets}" if sizes.buckets else ""
+    wl_buckets = f", graph_buckets {graph_buckets(sizes)}" if graph_buckets(sizes) else ""
     if "batch_sizes" in workload:  # else requests with prompts: the shapes' header says
         n = len(workload["batch_sizes"])
         lines.append(f"Workload: the capture's own {n} batches (batch_sizes_file)"
