@@ -295,9 +295,11 @@ def test_the_mini_servers_mixed_steps_are_read_from_its_prefill_range():
     for shape in ("decode", "mixed"):
         assert abs(rows[f"by_shape.{shape}.own_us_mean"]["error"]) <= 0.03
     # the mixed step's forward starts at the prefill's first kernel, as the capture's does
-    # (one kernel after the whole host window: 2031 µs short)
+    # (one kernel after the whole host window was 2031 µs short); it runs longer by the host
+    # work the prefill's window holds spread over its launches, which the capture did before
+    # them (+439 µs) or did not do (the empty chunk's launch calls, +233 µs)
     fwd = rows["by_shape.mixed.fwd_us_mean"]
-    assert abs(fwd["error"]) < 0.2 * fwd["capture"], checked["text"]
+    assert 0.9 < fwd["simulated"] / fwd["capture"] < 1.25, checked["text"]
 
 
 def test_a_step_of_several_forwards_takes_its_prefill_range():

@@ -38,20 +38,22 @@ prefill batch).
 :func:`prefill_section` writes an eager prefill as the simulator runs it (docs/design.md,
 "Prefill": ``launches`` host dispatches, each followed by its kernel): ``launches`` the mean
 count of its launch calls (at most :data:`FIT_MAX_LAUNCHES`), ``forward_us`` the kernels'
-whole device time and ``host_us`` the window less that many launch calls at the config's
-``costs.launch_us``, so that the simulated prefill's kernels start as its launches go on, as
-the capture's did (a graph prefill: one launch, the host time before it and the device time
-after it). Both are ``{base, per_token}`` over the steps' prompt tokens by least squares,
-clamped so that no part is negative (:func:`token_line`); ``forward_us`` also takes
-``per_token_prefix`` (a later chunk's attention over the prefix already cached) where the
-ranges show carried-over chunks (:func:`prefixes`: from each step's tokens and requests,
-never from times; :func:`prefix_line`). A mixed capture whose steps without a chunk launch
-none gives the simulator's empty chunk (launched in every step of the mixed rule) its launch
-calls from the decode phases' host time (:func:`empty_chunk_launches`). It also writes
-``chunk_tokens`` (the largest chunk seen), ``graph`` and the scheduling rule the steps show
-(:func:`rule_of`: prefill steps of their own → ``sglang``; chunks inside decode steps →
-``sglang_mixed``), and :func:`shape_workload` a workload of requests with prompts as the
-capture's arrived. ``--check`` compares each shape's figures: :mod:`simwar.fit.shape_check`.
+whole device time, or more where the capture's forward ended later than that after the
+simulated launches (:func:`launch_device`), and ``host_us`` the window less that many launch
+calls at the config's ``costs.launch_us``, so that the simulated prefill's kernels start as
+its launches go on and end where the capture's did (a graph prefill: one launch, the host
+time before it and the device time after it). Both are ``{base, per_token}`` over the steps'
+prompt tokens by least squares, clamped so that no part is negative (:func:`token_line`);
+``forward_us`` also takes ``per_token_prefix`` (a later chunk's attention over the prefix
+already cached) where the ranges show carried-over chunks (:func:`prefixes`: from each step's
+tokens and requests, never from times; :func:`prefix_line`). A mixed capture whose steps
+without a chunk launch none gives the simulator's empty chunk (launched in every step of the
+mixed rule) its launch calls from the loop's CPU work before it
+(:func:`empty_chunk_launches`). It also writes ``chunk_tokens`` (the largest chunk seen),
+``graph`` and the scheduling rule the steps show (:func:`rule_of`: prefill steps of their own
+→ ``sglang``; chunks inside decode steps → ``sglang_mixed``), and :func:`shape_workload` a
+workload of requests with prompts as the capture's arrived. ``--check`` compares each shape's
+figures: :mod:`simwar.fit.shape_check`.
 
 Imports: numpy, the standard library and simwar's capture and fit layout modules; never the
 simulator.
@@ -192,9 +194,12 @@ class PrefillSample:
     launches: int = 0  # its launch calls (kernel and graph launches)
     launch_us: float = 0.0  # their host time, less the profiler's cost in them
     busy_us: float = 0.0  # its kernels' device time from the first's start (overlaps once)
+    end_us: float = 0.0  # its last kernel's end from the window's start (less a stream wait)
+    raw_window_us: float = 0.0  # the window as captured (the profiler's cost in it)
     batch: int = 0  # the decoding requests of its step (0: a prefill step of its own)
     prefix: int = -1  # its (chunk token, cached token) pairs (-1: the ranges do not say)
     extra_us: float = 0.0  # host work its step took around the forward beyond a decode step's
+    extra_before_us: float = 0.0  # the part of it before the forward's window
 
 
 def split_prefill(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, prof=None
@@ -236,7 +241,7 @@ def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> Pre
     begin = max(begin, lay.start)
     t_last = float(s0[last])
     host = t_last - begin
-    window = float(e0[last]) - begin
+    window = raw = float(e0[last]) - begin
     if prof is not None:
         host = prof.less(host, begin, t_last)
         window = prof.less(window, begin, float(e0[last]))
@@ -246,8 +251,13 @@ def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> Pre
     graph = any(u.graph is not None for u in units)
     spent = sum(prof.less(float(e0[c] - s0[c]), float(s0[c]), float(e0[c]))
                 if prof is not None else float(e0[c] - s0[c]) for c in calls)
+    # the forward's end from the window's start, less the time its first kernel waited for
+    # the stream (the step before's forward: the simulated run waits for its own)
+    wait = max(0.0, float(op_start[ops[0]]) - float(e0[first])) if ops else 0.0
+    end = (max(op_end[o] for o in ops) - begin - wait) if ops else 0.0
     return PrefillSample(k, shape, tokens, max(host, 0.0), max(window, 0.0), device, graph,
-                         launches=len(calls), launch_us=spent, busy_us=busy)
+                         launches=len(calls), launch_us=spent, busy_us=busy,
+                         end_us=float(end), raw_window_us=max(raw, 0.0))
 
 
 def _busy(ops, op_start, op_end, since: float) -> float:
@@ -332,6 +342,8 @@ def give_back(s, names: list[str], samples: dict[int, PrefillSample]) -> None:
 MIN_DECODE_STEPS, MIN_DECODE_SHARE = 10, 0.2
 #: host keys whose sample in step k is step k-1's work (its result processed)
 PREVIOUS = ("cpu.process_result_us",)
+#: host keys of the work the loop does before it launches a step's forward
+BEFORE = ("cpu.ingest_us", "cpu.schedule_us", "cpu.prepare_us")
 
 
 def split_host(s, samples: dict[int, PrefillSample]) -> float:
@@ -363,17 +375,21 @@ def split_host(s, samples: dict[int, PrefillSample]) -> float:
         for v, k in zip(values, of):
             if k in excess:
                 excess[k] += v - base
+                if key in BEFORE:  # work the loop does before it launches the forward
+                    samples[k].extra_before_us += v - base
         s.keep(key, lambda i, of=of: of[i] not in mixed)
     for k, extra in excess.items():
         samples[k].extra_us += extra
     return float(np.mean(list(excess.values())))
 
 
-def cpu_outside(trace: Trace, lay: StepLayout, units, prof=None) -> float:
+def cpu_outside(trace: Trace, lay: StepLayout, units, prof=None, before_only: bool = False
+                ) -> float:
     """A step's host time outside every API call (its CPU work) and outside its forward's
     window (from the end of the call before its first forward launch to its last forward
     call's end: the dispatch and launches of ``units``), less the profiler's own cost there:
-    the loop's scheduling, preparing and result processing around the forward."""
+    the loop's scheduling, preparing and result processing around the forward
+    (``before_only``: the part before the window)."""
     s0, e0 = columns(trace, "spans", "start_us", "end_us")
     first = units[0].calls[0]
     last = units[-1].calls[-1]
@@ -383,7 +399,8 @@ def cpu_outside(trace: Trace, lay: StepLayout, units, prof=None) -> float:
     calls = sorted((float(s0[c]), float(e0[c])) for c in lay.calls)
     total, t = 0.0, lay.start
     for a, b in calls + [(lay.end, lay.end)]:
-        for x, y in ((t, min(a, lo)), (max(t, hi), a)):  # the gap, less the forward window
+        parts = ((t, min(a, lo)),) if before_only else ((t, min(a, lo)), (max(t, hi), a))
+        for x, y in parts:  # the gap, less the forward window
             if y > x:
                 total += prof.less(y - x, x, y) if prof is not None else y - x
         t = max(t, b)
@@ -401,10 +418,14 @@ def prefill_step_host(trace: Trace, lays: dict[int, StepLayout], decode: dict[in
     if not steps or not decode:
         return 0.0
     base = float(np.mean([cpu_outside(trace, lay, lay.units, prof) for lay in decode.values()]))
+    first = float(np.mean([cpu_outside(trace, lay, lay.units, prof, True)
+                           for lay in decode.values()]))
     out = []
     for k in steps:
         extra = cpu_outside(trace, lays[k], lays[k].units, prof) - base
         samples[k].extra_us += extra
+        samples[k].extra_before_us += cpu_outside(trace, lays[k], lays[k].units, prof,
+                                                  True) - first
         out.append(extra)
     return float(np.mean(out))
 
@@ -509,6 +530,19 @@ def prefix_line(x, prefix, y) -> tuple[dict | float, str]:
     return out, how
 
 
+def launch_device(end: float, window: float, launches: int) -> float:
+    """The device time of a prefill of ``launches`` launches whose simulated host window is
+    ``window`` (each launch ``window / launches`` of host, then its kernel, ``device /
+    launches``, after it and after the kernel before) that ends its last kernel at ``end``
+    from the window's start: device-bound (``end >= window / launches + window``) ``end``
+    less the first launch; launch-bound ``launches x`` what the last kernel runs after the
+    last launch (>= 0)."""
+    h = window / max(launches, 1)
+    if end >= h + window:
+        return end - h
+    return max(0.0, launches * (end - window))
+
+
 def launch_count(got: list[PrefillSample]) -> tuple[int, float]:
     """``(launches, mean)``: an eager prefill's launches per step as the config models them
     (the mean count, rounded, 1 to :data:`FIT_MAX_LAUNCHES`), and the mean itself."""
@@ -524,19 +558,20 @@ def empty_chunk_launches(s, names: list[str], samples: dict[int, PrefillSample]
     The mixed rule's one step structure launches the chunk in every step, an empty one too
     (``builder/loop.py: LoopBuilder.prefill_chunk``, right before the decode phases): each
     launch costs every step the launch call (``costs.launch_us``) that the capture's steps
-    without a chunk never made. So that time is taken out of the decode phases' host regions
-    that follow the chunk (``phases.NAME.host_us``, the first phase's first, each down to 0,
-    in the :class:`simwar.fit.samples.Samples` ``s``) and the chunk's host time keeps it (the
-    section's ``host_us`` is then its whole window): a step without a chunk costs the host
-    what the capture's did, one with a chunk too. The launches are at most what those regions
-    can give."""
+    without a chunk never made. So that time is taken out of the loop's CPU work before the
+    chunk (:data:`BEFORE`, the last first: ``cpu.prepare_us``, then ``cpu.schedule_us``,
+    ``cpu.ingest_us``, each down to 0, in the :class:`simwar.fit.samples.Samples` ``s``; the
+    decode phases' host regions, which pace their launches, stay as captured) and the chunk's
+    host time keeps it (the section's ``host_us`` is then its whole window): a step without a
+    chunk costs the host what the capture's did, one with a chunk too. The launches are at
+    most what that work can give."""
     got = [p for p in samples.values() if p.shape in ("prefill", "mixed")]
     if not got or any(p.shape == "prefill" for p in got) or sum(p.graph for p in got) * 2 \
             >= len(got) or any(p.shape == "decode" for p in samples.values()):
         return None  # (a capture whose steps launch an empty chunk too, as simwar's do: none)
     want, _ = launch_count(got)
     cost = s.mean("costs.launch_us")
-    keys = [k for k in (f"phases.{n}.host_us" for n in names) if s.get(k)]
+    keys = [k for k in reversed(BEFORE) if s.get(k)]  # the loop's work before the chunk
     held = sum(s.mean(k) for k in keys)
     if want <= 1 or cost <= 0 or not keys:
         return None
@@ -552,8 +587,8 @@ def empty_chunk_launches(s, names: list[str], samples: dict[int, PrefillSample]
         left -= part
     line = (f"  the mixed rule launches the chunk in every step, an empty one too: its "
             f"{launches} launch calls ({take:.1f} µs at costs.launch_us {cost:.2f}) are taken "
-            f"out of the decode phases' host time after it ({', '.join(used)} µs) and kept "
-            f"in prefill.host_us"
+            f"out of the loop's CPU work before it ({', '.join(used)} µs) and kept in "
+            f"prefill.host_us"
             + (f"; {want} launches would need more than those regions hold ({held:.1f} µs)"
                if launches < want else ""))
     return launches, line
@@ -567,14 +602,15 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
 
     An eager prefill (its launches as launched, ``prefill.launches``): ``launches`` the
     mean count of its launch calls (at most :data:`FIT_MAX_LAUNCHES`), ``forward_us`` its
-    kernels' whole device time and ``host_us`` its host window (from the call before its
-    first launch to its last launch's end) less ``launches`` launch calls at the config's
-    cost (``launch_cost(batch)``: ``costs.launch_us`` at the step's batch plus
-    ``host_call_us``; the simulated prefill then spends the window's host time over its
-    launches, each kernel after its own). A graph prefill: host time to its launch, the
-    device time after it. ``kinds``: the steps' ranges, whose carried-over chunks give
-    ``forward_us.per_token_prefix`` (:func:`prefixes`). ``empty``: the mixed rule's launches
-    and their line (:func:`empty_chunk_launches`): ``host_us`` the whole window."""
+    kernels' whole device time (or more: :func:`launch_device`) and ``host_us`` its host
+    window (from the call before its first launch to its last launch's end) less
+    ``launches`` launch calls at the config's cost (``launch_cost(batch)``:
+    ``costs.launch_us`` at the step's batch plus ``host_call_us``; the simulated prefill then
+    spends the window's host time over its launches, each kernel after its own). A graph
+    prefill: host time to its launch, the device time after it. ``kinds``: the steps'
+    ranges, whose carried-over chunks give ``forward_us.per_token_prefix``
+    (:func:`prefixes`). ``empty``: the mixed rule's launches and their line
+    (:func:`empty_chunk_launches`): ``host_us`` the whole window."""
     got = [p for p in samples.values() if p.shape in ("prefill", "mixed")]
     graph = "piecewise" if got and sum(p.graph for p in got) * 2 > len(got) else "eager"
     x = [p.tokens for p in got]
@@ -586,7 +622,13 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
     if graph == "eager":
         cost = (lambda batch: 0.0) if empty is not None or launch_cost is None else launch_cost
         hosts = [max(0.0, p.window_us - launches * cost(p.batch) + p.extra_us) for p in got]
-        devices = [p.busy_us for p in got]
+        # the kernels' busy time, or more where the capture's forward ended later than that
+        # run after the simulated launches: the host work its step did before the window
+        # (which the simulated window holds, spread over the launches) and short kernels that
+        # waited for their launches between long ones (which equal shares do not)
+        devices = [max(p.busy_us, launch_device(p.end_us + p.extra_before_us,
+                                                p.raw_window_us + p.extra_us, launches))
+                   for p in got]
     else:
         hosts = [max(0.0, p.host_us + p.extra_us) for p in got]
         devices = [p.device_us for p in got]
@@ -626,8 +668,9 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
     per_call = sum(p.launch_us for p in got) / calls
     window = float(np.mean([p.window_us + p.extra_us for p in got])) if got else 0.0
     if graph == "eager":
-        dev_line = ("the prefill kernels' whole device time, from the first's start (each "
-                    "launch's kernel takes its share)")
+        dev_line = ("the prefill kernels' whole device time, or more where the capture's "
+                    "forward ended later than that after the simulated launches (each launch's "
+                    "kernel takes its share)")
         host_line = (f"host window from the call before its first launch to its last "
                      f"launch's end, less the profiler's cost there and {launches} launch "
                      f"call{'s' if launches > 1 else ''} at costs.launch_us + host_call_us")
