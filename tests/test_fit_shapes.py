@@ -30,6 +30,7 @@ from simwar.fit.shapes import (
     StepKinds,
     classify,
     cpu_outside,
+    launch_device,
     prefill_section,
     prefixes,
     prompt_groups,
@@ -190,6 +191,16 @@ def test_unprofiled_rescaling_scales_the_shapes_forwards():
     assert out["scheduling"]["idle"] == {"forward_us": 150, "host_us": 80}
     assert cfg["prefill"]["forward_us"]["base"] == 400  # a copy
     assert scale_device(cfg, 0.5)["prefill"]["host_us"] == cfg["prefill"]["host_us"]
+
+
+def test_launch_device_ends_the_forward_where_the_capture_did():
+    """Over a host window of 3,200 µs in 32 launches (100 µs each), a forward that ends at
+    5,000 µs is device-bound (its kernels back to back from the first launch's end: 4,900);
+    one that ends 10 µs after the last launch is launch-bound (each kernel 10 µs: 320)."""
+    assert launch_device(5000.0, 3200.0, 32) == pytest.approx(4900.0)
+    assert launch_device(3210.0, 3200.0, 32) == pytest.approx(320.0)
+    assert launch_device(3000.0, 3200.0, 32) == 0.0  # the window outlasts it: nothing left
+    assert launch_device(700.0, 500.0, 1) == pytest.approx(200.0)  # one launch: the tail
 
 
 def test_prefixes_follow_the_ranges():
