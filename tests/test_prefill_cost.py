@@ -184,12 +184,13 @@ def test_the_trace_mode_streams_the_engines_trace_with_idle_steps_and_launches()
     assert_same_trace(T.join(list(windows)), want)
 
 
-def test_a_batch_of_runs_with_idle_steps_runs_one_by_one_and_equals_the_engine():
+def test_lockstep_refuses_runs_with_idle_steps_and_the_batch_falls_back():
     wl = {**ONE["workload"], "arrivals": {"rate_per_s": 50}, "initial_batch": 0}
     cfg = load_config(None, {**ONE, "workload": wl, "scheduling.rule": "sglang_mixed",
                              "scheduling.idle": {"forward_us": 300}})
-    # runs that pick their shapes from their own queue are not batched by simulate_many
-    assert "depend on its own simulated times" in EXECUTORS["lockstep"].refusal(cfg)
+    assert EXECUTORS["lockstep"].refusal(cfg).endswith(
+        "step shapes are picked as it runs: idle steps (scheduling.idle: no request runs or "
+        "waits) among its mixed steps")
     out = simulate_many([cfg, cfg])
     ref = simwar.simulate(cfg, engine="simpy").summary
     assert _same_summary(out[0], ref) and _same_summary(out[1], ref)

@@ -133,6 +133,23 @@ def test_the_step_timeline_shades_the_shapes():
     assert not [p for p in ax.patches if str(p.get_gid()).startswith("shape:")]
 
 
+def test_the_step_timeline_bands_idle_steps():
+    """A run with DP-attention idle steps (``scheduling.idle``): each idle step gets its band,
+    as the prefill steps do, and the legend names it."""
+    r = simwar.simulate(CONFIG, {**SHORT, "workload.arrivals": {"rate_per_s": 20},
+                                 "workload.initial_batch": 0,
+                                 "scheduling.idle": {"forward_us": 300, "host_us": 20}},
+                        engine="fast")
+    ax = regime_steps(r, ax=Figure().subplots(), steps=(20, 200))
+    df = r.steps
+    idle = [f"shape:idle:{k}" for k in df[(df.step >= 20) & (df.step <= 200)
+                                          & (df["shape"] == "idle")].step]
+    shaded = [p.get_gid() for p in ax.patches if str(p.get_gid()).startswith("shape:idle:")]
+    assert idle and sorted(shaded) == sorted(idle)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("idle step") for t in labels)
+
+
 def test_simwar_plot_draws_a_config_with_shapes(tmp_path):
     out = tmp_path / "w.png"
     assert main(["plot", CONFIG, "--set", "steps=150", "-o", str(out)]) == 0

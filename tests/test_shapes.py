@@ -313,10 +313,17 @@ def test_lockstep_equals_simpy_on_random_shape_mixes(runs, steps, graph, ahead):
 def test_tensor_parallel_ranks_never_run_picked_shapes():
     """A prefill step needs requests with prompts, and requests that arrive are refused with
     ``parallel.tp > 1`` (one rank would realize every rank's batches): the ranks' executors
-    (SimPy's and the fast one's) never meet a shape-picking run; the refusal is one line."""
-    with pytest.raises(ConfigError, match=r"arrivals: requests that arrive \(arrivals, "
-                                          r"closed_loop\) are not modelled with parallel.tp > 1"):
+    (SimPy's and the fast one's) never meet a shape-picking run; the refusal is one line,
+    which says why for a config that picks its shapes (batch sizes cannot say them)."""
+    with pytest.raises(ConfigError, match=r"arrivals: tensor-parallel runs \(parallel.tp 2\) "
+                                          r"take batch sizes, not arriving requests, so "
+                                          r"iteration shapes picked from a queue \(decode, "
+                                          r"prefill\) need parallel.tp 1$"):
         load_config(None, {**BURSTY, "parallel.tp": 2})
+    with pytest.raises(ConfigError, match=r"arrivals: requests that arrive \(arrivals, "
+                                          r"closed_loop\) are not modelled with parallel.tp > 1 "
+                                          r".*give batch sizes instead"):
+        load_config(None, {**BURSTY, "parallel.tp": 2, "scheduling.rule": "sglang_mixed"})
 
 
 def test_bad_scheduling_keys_are_one_line_each():

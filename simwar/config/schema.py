@@ -616,6 +616,11 @@ class Config(StrictModel):
             raise ValueError("ranks: a single-rank config has no ranks to vary "
                              "(set parallel.tp > 1)")
         if tp > 1 and self.workload is not None and self.workload.source in REQUEST_SOURCES:
+            if self.shapes_vary:  # its shapes come from a queue: batch sizes cannot say them
+                raise ValueError(f"workload.arrivals: tensor-parallel runs (parallel.tp {tp}) "
+                                 f"take batch sizes, not arriving requests, so iteration "
+                                 f"shapes picked from a queue ({', '.join(self.shapes)}) need "
+                                 f"parallel.tp 1")
             raise ValueError("workload.arrivals: requests that arrive (arrivals, closed_loop) "
                              "are not modelled with parallel.tp > 1 (rank 0 would realize the "
                              "batches alone); give batch sizes instead")

@@ -64,8 +64,14 @@ def _one_rank(cfg: Config, need: Need) -> str | None:
 
 def _own_feedback(cfg: Config, need: Need) -> str | None:
     source = cfg.workload.source if cfg.workload is not None else "constant"
-    return (f"workload {source}: each run's batches depend on its own simulated times"
-            if source in REQUEST_SOURCES else None)
+    if source not in REQUEST_SOURCES:
+        return None
+    why = f"workload {source}: each run's batches depend on its own simulated times"
+    ruled = [s for s in cfg.shapes if s != "idle"]
+    if cfg.shapes_vary and len(ruled) == 1:  # a one-shape rule whose idle steps make it vary
+        why += (f"; step shapes are picked as it runs: idle steps (scheduling.idle: no request "
+                f"runs or waits) among its {ruled[0]} steps")
+    return why
 
 
 @dataclass(frozen=True)

@@ -63,18 +63,16 @@ from simwar.fit.durations import shift
 from simwar.fit.from_capture import FitError, check_mapping, duration_mean, fit_model
 from simwar.fit.profiler import left_out_line, left_out_steps
 from simwar.fit.profiler_cost import for_capture
-from simwar.fit.shapes import (
+from simwar.fit.shape_check import (
     SHAPE_FIGURES,
     SHAPE_MIN_STEPS,
-    SHAPE_ORDER,
     SHAPE_STEP_REL,
-    ShapeError,
     at_sizes,
-    classify,
     shape_frame,
     sim_kinds,
     sim_waits,
 )
+from simwar.fit.shapes import SHAPE_ORDER, ShapeError, classify
 
 #: (step time relative error, forward gap µs, forward gap relative error, launch-ahead)
 ACCEPTANCE = {"step_rel": 0.02, "gap_us": 10.0, "gap_rel": 0.10, "ahead": 0.05}
@@ -186,11 +184,11 @@ def bucket_rows(capture: dict, simulated: dict, bounds: dict | None = None) -> l
 
 
 def shape_rows(cap: dict, sim: dict) -> list[Row]:
-    """Per step shape (:func:`simwar.fit.shapes.shape_frame` of each side): its step time,
+    """Per step shape (:func:`simwar.fit.shape_check.shape_frame` of each side): its step time,
     forward (device) and forward gap (host), the simulation's at the capture's sizes
-    (:func:`simwar.fit.shapes.at_sizes`); the step time judged within
-    :data:`~simwar.fit.shapes.SHAPE_STEP_REL` where the capture ran the shape at least
-    :data:`~simwar.fit.shapes.SHAPE_MIN_STEPS` measured steps (a miss where the simulation
+    (:func:`simwar.fit.shape_check.at_sizes`); the step time judged within
+    :data:`~simwar.fit.shape_check.SHAPE_STEP_REL` where the capture ran the shape at least
+    :data:`~simwar.fit.shape_check.SHAPE_MIN_STEPS` measured steps (a miss where the simulation
     ran it fewer times: a config that never runs a shape the capture shows)."""
     rows: list[Row] = []
     for shape in SHAPE_ORDER:

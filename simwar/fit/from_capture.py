@@ -58,9 +58,13 @@ from simwar.fit.profiler_cost import KINDS as PROFILED_KINDS
 from simwar.fit.profiler_cost import CostTable, ProfilerCost, for_capture
 from simwar.fit.samples import COST_DEFAULTS, Samples, sample_cpu_work, sample_device_and_costs
 from simwar.fit.shapes import (
+    SHAPE_ORDER,
     ShapeError,
     classify,
+    empty_chunk_launches,
     give_back,
+    idle_samples,
+    idle_section,
     prefill_section,
     prefill_step_host,
     rule_of,
@@ -183,6 +187,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     except ShapeError as e:
         raise FitError(str(e)) from None
     fitted, (lays, prefills) = lays, split_prefill(trace, lays, kinds, prof)
+    idle = idle_samples(trace, fitted, kinds, prof)
     if len(lays) < 2:
         raise FitError(f"{where}: {len(all_lays)} steps with forward work, {len(lays)} after "
                        f"the warm-up ({warm}) with a predecessor and a successor: need at "
@@ -225,6 +230,7 @@ def fit_model(cap: Capture, *, capture: str = "",
                                 prof)
     give_back(s, names, prefills)
     excess = split_host(s, prefills) + prefill_step_host(trace, fitted, lays, prefills, prof)
+    empty = empty_chunk_launches(s, names, prefills)
     stage()
     details: dict[str, dict] = {}
     if graph_cost["cost"]:  # the cheapest graph's launches sample costs.graph_launch_us
@@ -233,7 +239,8 @@ def fit_model(cap: Capture, *, capture: str = "",
             s.add("costs.graph_launch_us", v, k)
     fits: dict[str, SizedFit] = {}
     _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits, extrapolate_buckets)
-    shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess)
+    shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess,
+                          empty, idle)
     if sizes.varying and not shape_lines:
         _workload(cfg, sizes, warm, warnings)
     try:
@@ -296,11 +303,16 @@ def profiler_cost_line(prof: ProfilerCost | None, lays) -> str:
 
 
 def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping: Mapping,
-            warnings: list[str], excess: float = 0.0) -> list[str]:
+            warnings: list[str], excess: float = 0.0, empty=None, idle=None) -> list[str]:
     """A capture whose steps prefill: the config's ``prefill`` and ``scheduling`` sections
-    and a workload of requests with prompts (:mod:`simwar.fit.shapes`); the header's lines
-    (none for a capture that prefills nothing)."""
+    (with ``idle``, the capture's idle steps, :func:`simwar.fit.shapes.idle_samples`:
+    ``scheduling.idle``) and a workload of requests with prompts (:mod:`simwar.fit.shapes`);
+    the header's lines (none for a capture that prefills nothing)."""
     fitted = {k: p for k, p in prefills.items() if p.shape in ("prefill", "mixed")}
+    if idle and not fitted:
+        warnings.append(f"{len(idle)} idle steps (a forward with no request) not fitted: "
+                        f"scheduling.idle needs requests that arrive, and the capture "
+                        f"prefills none (its batches are replayed)")
     if not fitted:
         mixed = len(kinds.steps("mixed"))
         if mixed:  # its prefill's kernels are the decode phases' (no phase named prefill)
@@ -310,18 +322,28 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
                             f"prefill}})")
         return []
     steps = sorted(set(lays) | set(fitted))
+    for k, p in fitted.items():  # the decoding requests its launches run at (0: a prefill
+        p.batch = 0 if p.shape == "prefill" else (  # step of its own decodes none)
+            int(sizes.batch[k]) if sizes.varying and k < len(sizes.batch)
+            else int(cfg["batch_size"]))
     section, lines = prefill_section(fitted, sorted({b for r in mapping.reads.values()
-                                                     for b in r}) or ["req_to_token"], excess)
+                                                     for b in r}) or ["req_to_token"], excess,
+                                     lambda batch: launch_cost(cfg["costs"], batch), kinds,
+                                     empty)
     rule = rule_of(kinds, steps)
     cfg["prefill"] = section
     cfg["scheduling"] = {"rule": rule}
+    idle_lines: list[str] = []
+    if idle:
+        cfg["scheduling"]["idle"], idle_lines = idle_section(idle)
+        steps = sorted(set(steps) | set(idle))
     seen = kinds.counts(steps)
     batch = {k: int(sizes.batch[k]) for k in steps if k < len(sizes.batch)} \
         if sizes.varying else {k: int(cfg["batch_size"]) for k in steps}
     accept = float(cfg["accept"]["tokens"])
     bounds = [(lays[k].start, lays[k].end) for k in lays]
     span = (max(b for _, b in bounds) - min(a for a, _ in bounds)) if bounds else 1.0
-    wl, wl_line = shape_workload(kinds, steps, batch, accept, span, sizes.buckets,
+    wl, wl_line = shape_workload(kinds, steps, batch, accept, span, graph_buckets(sizes),
                                  section["chunk_tokens"])
     cfg["workload"] = wl
     never = [s for s in ("decode", "prefill", "mixed") if s not in seen
@@ -332,10 +354,10 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
                         f"{rule} runs {' and '.join(never)} steps)")
     rule_why = ("prefill steps of their own between decode steps" if rule == "sglang" else
                 "prefill chunks inside decode steps")
-    return ["Shapes: " + ", ".join(f"{seen[s]} {s}" for s in ("decode", "prefill", "mixed")
-                                    if seen.get(s)) + f" steps fitted; scheduling.rule {rule} "
-            f"({rule_why}); the decode phases from the decode and mixed steps, the prefill "
-            f"from the steps that prefill.", *lines, wl_line]
+    return ["Shapes: " + ", ".join(f"{seen[s]} {s}" for s in SHAPE_ORDER if seen.get(s))
+            + f" steps fitted; scheduling.rule {rule} ({rule_why}); the decode phases from "
+            f"the decode and mixed steps, the prefill from the steps that prefill.", *lines,
+            *idle_lines, wl_line]
 
 
 def _regex_reads(imp, mapping: Mapping, names: list[str]) -> Mapping:
@@ -396,8 +418,8 @@ def _workload(cfg: dict, sizes: CaptureSizes, warm: int, warnings: list[str]) ->
         warnings.append(f"{filled} steps without a batch (no device work) replay the batch "
                         f"before them")
     wl: dict = {"batch_sizes": batch}
-    if sizes.buckets:
-        wl["graph_buckets"] = list(sizes.buckets)
+    if graph_buckets(sizes):
+        wl["graph_buckets"] = graph_buckets(sizes)
     cfg["workload"] = wl
     if len(batch) >= warm + 3:  # replay the capture's steps one for one
         cfg["steps"] = len(batch)
@@ -493,6 +515,12 @@ def _config(trace, lays, roles, names, mapping: Mapping, pol: PolicyInference, s
     }
 
 
+def graph_buckets(sizes: CaptureSizes) -> list[int]:
+    """The graph buckets the capture's decode steps ran (an idle step's graph of batch 0, as
+    a graph launched for no request reads, is none: the config's buckets are batches >= 1)."""
+    return [int(b) for b in sizes.buckets if b > 0]
+
+
 #: keys whose size is the batch of the step whose result is processed (k-1 in step k)
 PREVIOUS_STEP = ("cpu.process_result_us", "gpu.result_writes_us")
 
@@ -514,11 +542,11 @@ def _fit_key(key: str, values, cfg: dict, s: Samples, dist: str,
     if sizes is None:
         return _fit(values, dist)
     size, x = _size_of(key, cfg, sizes, s.steps_of(key))
-    if size == "bucket" and sizes.buckets:  # a graph phase's device time: each bucket's own
+    if size == "bucket" and graph_buckets(sizes):  # a graph phase's device time: its bucket's
         reached = {int(v) for v in sizes.bucket[sizes.batch > 0].tolist()}  # by the replay
-        f = fit_per_bucket(values, x, dist, sizes.buckets, extrapolate, reached)
+        f = fit_per_bucket(values, x, dist, graph_buckets(sizes), extrapolate, reached)
     else:  # a line, clamped >= 0 up to the largest batch the config runs
-        f = fit_sized(values, x, dist, size, max(sizes.buckets) if sizes.buckets else None)
+        f = fit_sized(values, x, dist, size, max(graph_buckets(sizes), default=None))
     fits[key] = f
     return f.value, f.detail
 
@@ -563,6 +591,16 @@ def _fill(cfg: dict, s: Samples, dist: str, details: dict,
     cfg["costs"] = {k: costs[k] for k in ("launch_us", "event_record_us", "wait_event_us",
                                           "wait_stream_us", "graph_launch_us", "sync_us",
                                           "sync_wake_us", "cross_stream_us", "host_call_us")}
+
+
+def launch_cost(costs: dict, batch: int) -> float:
+    """A kernel launch's host cost in a fitted config at a step's batch: ``launch_us`` (an
+    affine one at that batch, its noise's mean included) plus ``host_call_us``."""
+    v = costs["launch_us"]
+    at = duration_mean(v)
+    if isinstance(v, dict) and "base" in v:
+        at += float(v.get("per_seq", 0.0)) * batch
+    return at + duration_mean(costs.get("host_call_us", 0.0))
 
 
 def duration_mean(v) -> float:
@@ -671,7 +709,7 @@ def _sized_header(sizes: CaptureSizes, fits: dict, left_out: dict, counted: set,
                      f"{unprofiled:g} µs.")
     if not sizes.varying or not workload:
         return lines
-    wl_buckets = f", graph_buckets {sizes.buckets}" if sizes.buckets else ""
+    wl_buckets = f", graph_buckets {graph_buckets(sizes)}" if graph_buckets(sizes) else ""
     if "batch_sizes" in workload:  # else requests with prompts: the shapes' header says
         n = len(workload["batch_sizes"])
         lines.append(f"Workload: the capture's own {n} batches (batch_sizes_file)"

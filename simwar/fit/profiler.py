@@ -126,9 +126,12 @@ def _scale(value, f: float):
         if d.get("values") is not None:
             d["values"] = [round(float(v) * f, 3) for v in d["values"]]
         return d
-    for key in ("base", "per_seq", "per_token"):
+    for key in ("base", "per_seq"):
         if key in d:
             d[key] = round(float(d[key]) * f, 3)
+    for key in ("per_token", "per_token_prefix"):  # small coefficients: significant digits
+        if key in d:
+            d[key] = float(f"{float(d[key]) * f:.6g}")
     if d.get("per_bucket") is not None:
         d["per_bucket"] = {b: round(float(v) * f, 3) for b, v in d["per_bucket"].items()}
     if d.get("noise") is not None:
@@ -138,7 +141,8 @@ def _scale(value, f: float):
 
 def scale_device(cfg: dict, f: float, host: float = 1.0) -> dict:
     """A copy of a fitted config with every device duration multiplied by ``f`` (and every
-    host duration by ``host``)."""
+    host duration by ``host``): the decode phases', the loop's and its costs', and those of
+    the prefill and the idle step a capture with shapes gets."""
     out = copy.deepcopy(cfg)
     for p in out.get("phases", []):
         for key in PHASE_KEYS:
@@ -154,6 +158,13 @@ def scale_device(cfg: dict, f: float, host: float = 1.0) -> dict:
             for key in keys:
                 if key in out.get(section, {}):
                     out[section][key] = _scale(out[section][key], host)
+    # the other shapes' forwards (a fitted prefill, an idle step): device and host alike
+    for sec in (out.get("prefill"), (out.get("scheduling") or {}).get("idle")):
+        if sec:
+            if "forward_us" in sec:
+                sec["forward_us"] = _scale(sec["forward_us"], f)
+            if host != 1.0 and "host_us" in sec:
+                sec["host_us"] = _scale(sec["host_us"], host)
     return out
 
 

@@ -1,4 +1,4 @@
-"""Each captured step's shape, and the prefill's costs fitted from the steps that prefill.
+"""Each captured step's shape, and the prefill's and idle step's costs fitted from the steps.
 
 A server that prefills prompts runs steps of several shapes (docs/design.md, "Iteration
 shapes"): a ``decode`` step (the phase table), a ``prefill`` step of its own (SGLang's
@@ -18,36 +18,44 @@ its times:
 A step whose range says it prefills tokens (a prefill or extend mode, or a token count > 0 in a
 mixed one), or that has prefill work where its range names no tokens, prefills; one that also
 runs decode phases (forward kernels of another phase, or a decode/mixed mode) is ``mixed``,
-else ``prefill``; every other step is ``decode``. An ``idle`` step (a DP-attention idle batch)
-is none of these: it is left out of the fit, and said.
+else ``prefill``; every other step is ``decode``. An ``idle`` step (a DP-attention idle batch:
+its range's mode IDLE, or a decode of no request, ``decode bs=0``, without prefill work) is
+none of these: :func:`idle_samples` measures its forward (the host's work before its launch,
+its kernels' device time) and :func:`idle_section` writes ``scheduling.idle`` from them.
 
 :func:`split_prefill` takes the prefill's units out of the fitted steps' layouts (so that the
 decode phases are fitted from decode and mixed steps alike, as one structure) and measures,
-per step that prefills: the **host** time of the prefill (from the end of the host call before
-its first launch to its last launch's start: its dispatch and every launch but the last, the
-one launch the model issues; less the profiler's own cost there, for a graph-launched prefill
-only: :data:`EAGER_PREFILL_LESS_PROFILER` says why), the **window** the decode
-phases' first host region must give back (the same, to the last launch's end), and the
-**device** work left once the host has issued its last launch (the prefill's kernels' busy
-time from that launch's start: all of one kernel; the tail of an eager, launch-bound prefill,
-which the model's one kernel after the host's work stands for). The loop's host work (its CPU
-items, each phase's dispatch) is the decode steps' alone where there are enough of them
-(:func:`split_host`): what a mixed step took beyond them in those keys, and what a prefill
-step's CPU work around its forward took beyond theirs (:func:`prefill_step_host`), is the
-prefill's host time too (scheduling a prefill batch). :func:`prefill_section` fits
-``forward_us`` and ``host_us`` as ``{base, per_token}`` over the steps' prompt tokens by least
-squares, clamped so that neither part is negative (at any token count: the section's own
-rule), and writes ``chunk_tokens`` (the largest chunk seen), ``graph`` (eager unless the
-prefill ran as a graph launch) and the scheduling rule the steps show (:func:`rule_of`:
-prefill steps of their own → ``sglang``; chunks inside decode steps → ``sglang_mixed``) and
-:func:`shape_workload` a workload of requests with prompts as the capture's arrived.
+per step that prefills: its **window** (from the end of the host call before its first launch
+to its last launch's end, less the profiler's own cost there: its dispatch and launches,
+which the decode phases' first host region gives back, :func:`give_back`; the host time the
+section fits keeps the profiler's cost for an eager prefill, which it did not lengthen:
+:data:`EAGER_PREFILL_LESS_PROFILER` says why), its **launch
+calls** and their host time, and its kernels' **device time** (busy from the first kernel's
+start, overlaps counted once). The loop's host work (its CPU items, each phase's dispatch) is
+the decode steps' alone where there are enough of them (:func:`split_host`): what a mixed
+step took beyond them in those keys, and what a prefill step's CPU work around its forward
+took beyond theirs (:func:`prefill_step_host`), is the prefill's host time too (scheduling a
+prefill batch).
 
-**The check** (``simwar import --check``, :func:`simwar.fit.check.shape_rows`): the fitted
-config's run picks its shapes from its own queue, so its steps are not the capture's one for
-one; each shape's figures are compared instead (:func:`shape_frame` of each side), the
-simulated ones taken at the capture's sizes and after the capture's shapes
-(:func:`at_sizes`), the step time (a step's gap plus its forward) within
-:data:`SHAPE_STEP_REL`.
+:func:`prefill_section` writes an eager prefill as the simulator runs it (docs/design.md,
+"Prefill": ``launches`` host dispatches, each followed by its kernel): ``launches`` the mean
+count of its launch calls (at most :data:`FIT_MAX_LAUNCHES`), ``forward_us`` the kernels'
+whole device time, or more where the capture's forward ended later than that after the
+simulated launches (:func:`launch_device`), and ``host_us`` the window less that many launch
+calls at the config's ``costs.launch_us``, so that the simulated prefill's kernels start as
+its launches go on and end where the capture's did (a graph prefill: one launch, the host
+time before it and the device time after it). Both are ``{base, per_token}`` over the steps'
+prompt tokens by least squares, clamped so that no part is negative (:func:`token_line`);
+``forward_us`` also takes ``per_token_prefix`` (a later chunk's attention over the prefix
+already cached) where the ranges show carried-over chunks (:func:`prefixes`: from each step's
+tokens and requests, never from times; :func:`prefix_line`). A mixed capture whose steps
+without a chunk launch none gives the simulator's empty chunk (launched in every step of the
+mixed rule) its launch calls from the loop's CPU work before it
+(:func:`empty_chunk_launches`). It also writes ``chunk_tokens`` (the largest chunk seen),
+``graph`` and the scheduling rule the steps show (:func:`rule_of`: prefill steps of their own
+→ ``sglang``; chunks inside decode steps → ``sglang_mixed``), and :func:`shape_workload` a
+workload of requests with prompts as the capture's arrived. ``--check`` compares each shape's
+figures: :mod:`simwar.fit.shape_check`.
 
 Imports: numpy, the standard library and simwar's capture and fit layout modules; never the
 simulator.
@@ -75,14 +83,15 @@ MODES = {"decode": "decode", "target_verify": "decode", "draft_extend": "decode"
 #: speculative EXTEND then DRAFT_EXTEND is a prefill step)
 RANK = {"": 0, "idle": 1, "decode": 2, "prefill": 3, "mixed": 4}
 #: the shapes a fitted config's steps have, in the order rows and the header list them
-SHAPE_ORDER = ("decode", "prefill", "mixed")
-#: whether an eager prefill's host figures (its dispatch, launches and window) are taken net
-#: of the profiler's per-event cost (:mod:`simwar.fit.profiler_cost`): no. On the H200 the
+SHAPE_ORDER = ("decode", "prefill", "mixed", "idle")
+#: whether an eager prefill's host figures (its dispatch, launches and host time) are taken
+#: net of the profiler's per-event cost (:mod:`simwar.fit.profiler_cost`): no. On the H200 the
 #: mini-server's profiled and un-profiled twins (``tests/data/server/shapes/twins``, three
 #: processes, ``python -m lab.shapes_check``) launched the eager prefill 0.53-0.81x as long
 #: profiled as un-profiled, while their graph-launched decode steps ran 1.13-1.82x as long:
 #: the per-event costs would take 22 % (420 µs a step) out of a prefill the profiler did not
-#: lengthen. A graph-launched prefill is taken net like every other host figure.
+#: lengthen. The window the decode phases' first host region gives back stays net (that
+#: region was taken net); a graph-launched prefill is taken net like every other host figure.
 EAGER_PREFILL_LESS_PROFILER = False
 
 
@@ -157,8 +166,8 @@ def classify(cap, where: str = "capture") -> StepKinds:
     out = StepKinds()
     for k in sorted(with_prefill | with_decode | set(ranged)):
         mode, batch, tokens, named = ranged.get(k, ("", -1, -1, False))
-        if mode == "idle":
-            out.shape[k] = "idle"
+        if mode == "idle" or (mode == "decode" and batch == 0 and k not in with_prefill):
+            out.shape[k] = "idle"  # a forward with no request (a decode of none: the same)
             continue
         toks = tokens if named or mode == "prefill" else -1
         if mode == "decode" and named and toks >= 0 and toks == batch:
@@ -194,7 +203,15 @@ class PrefillSample:
     graph: bool
     then: int = 0  # the decode unit after it (of the layout without prefill units)
     launches: int = 0  # its launch calls (kernel and graph launches)
-    launch_us: float = 0.0  # their host time (less the profiler's cost, as host_us is)
+    launch_us: float = 0.0  # their host time, less the profiler's cost in them
+    busy_us: float = 0.0  # its kernels' device time from the first's start (overlaps once)
+    end_us: float = 0.0  # its last kernel's end from the window's start (less a stream wait)
+    raw_window_us: float = 0.0  # the host time the section fits: the window as captured
+    # (an eager prefill's: EAGER_PREFILL_LESS_PROFILER), else the window net
+    batch: int = 0  # the decoding requests of its step (0: a prefill step of its own)
+    prefix: int = -1  # its (chunk token, cached token) pairs (-1: the ranges do not say)
+    extra_us: float = 0.0  # host work its step took around the forward beyond a decode step's
+    extra_before_us: float = 0.0  # the part of it before the forward's window
 
 
 def split_prefill(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, prof=None
@@ -236,25 +253,89 @@ def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> Pre
     begin = max(begin, lay.start)
     t_last = float(s0[last])
     host = t_last - begin
-    window = float(e0[last]) - begin
+    window = raw = float(e0[last]) - begin
     graph = any(u.graph is not None for u in units)
     if prof is not None:  # the window is taken out of a host region net of the profiler
         window = prof.less(window, begin, float(e0[last]))
     if not graph and not EAGER_PREFILL_LESS_PROFILER:
         prof = None  # the profiler did not lengthen an eager prefill's launches: kept
+    else:
+        raw = window  # the host time the section fits, net like every other host figure
     if prof is not None:
         host = prof.less(host, begin, t_last)
     ops = sorted((o for u in units for o in u.ops), key=lambda o: op_start[o])
-    device, busy_to = 0.0, t_last
-    for o in ops:  # busy time from the last launch's start on (overlaps counted once)
-        a, b = max(op_start[o], busy_to), op_end[o]
-        if b > a:
-            device += b - a
-            busy_to = b
+    device = _busy(ops, op_start, op_end, t_last)
+    busy = _busy(ops, op_start, op_end, -np.inf)
     spent = sum(prof.less(float(e0[c] - s0[c]), float(s0[c]), float(e0[c]))
                 if prof is not None else float(e0[c] - s0[c]) for c in calls)
+    # the forward's end from the window's start, less the time its first kernel waited for
+    # the stream (the step before's forward: the simulated run waits for its own)
+    wait = max(0.0, float(op_start[ops[0]]) - float(e0[first])) if ops else 0.0
+    end = (max(op_end[o] for o in ops) - begin - wait) if ops else 0.0
     return PrefillSample(k, shape, tokens, max(host, 0.0), max(window, 0.0), device, graph,
-                         launches=len(calls), launch_us=spent)
+                         launches=len(calls), launch_us=spent, busy_us=busy,
+                         end_us=float(end), raw_window_us=max(raw, 0.0))
+
+
+def _busy(ops, op_start, op_end, since: float) -> float:
+    """The device time of ``ops`` (sorted by start) from ``since`` on, overlaps counted
+    once."""
+    total, busy_to = 0.0, since
+    for o in ops:
+        a, b = max(op_start[o], busy_to), op_end[o]
+        if b > a:
+            total += b - a
+            busy_to = b
+    return float(total)
+
+
+@dataclass
+class IdleSample:
+    """What one idle step's forward took: the host's work before its launch (``host_us``:
+    from the end of the call before it to its start, less the profiler's cost there), its
+    kernels' device time (``device_us``) and whether it ran as a graph launch."""
+
+    step: int
+    host_us: float
+    device_us: float
+    graph: bool
+
+
+def idle_samples(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, prof=None
+                 ) -> dict[int, IdleSample]:
+    """Per fitted idle step (``kinds``: a forward with no request, SGLang's IDLE), what its
+    forward took (:class:`IdleSample`): the simulator's idle step is host work, then one
+    kernel or graph launch (``scheduling.idle``)."""
+    s0, e0 = columns(trace, "spans", "start_us", "end_us")
+    op_start, op_end = columns(trace, "ops", "start_us", "end_us")
+    out: dict[int, IdleSample] = {}
+    for k, lay in lays.items():
+        if kinds.shape.get(k) != "idle" or not lay.units:
+            continue
+        first = lay.units[0].calls[0]
+        begin = max([float(e0[c]) for c in lay.calls if e0[c] <= s0[first]] + [lay.start])
+        host = float(s0[first]) - begin
+        if prof is not None:
+            host = prof.less(host, begin, float(s0[first]))
+        ops = sorted((o for u in lay.units for o in u.ops), key=lambda o: op_start[o])
+        out[k] = IdleSample(k, max(host, 0.0), _busy(ops, op_start, op_end, -np.inf),
+                            any(u.graph is not None for u in lay.units))
+    return out
+
+
+def idle_section(samples: dict[int, IdleSample]) -> tuple[dict, list[str]]:
+    """``(scheduling.idle, header lines)`` from the idle steps: each figure their mean (the
+    section's durations are drawn per idle step; the check compares means), ``graph`` full
+    where most ran as a graph launch."""
+    got = list(samples.values())
+    fwd = _r(float(np.mean([p.device_us for p in got])))
+    host = _r(float(np.mean([p.host_us for p in got])))
+    graph = "full" if sum(p.graph for p in got) * 2 > len(got) else "eager"
+    section = {"forward_us": fwd, "host_us": host, "graph": graph}
+    return section, [f"Idle ({len(got)} steps with no request: SGLang's IDLE forward, a decode "
+                     f"of none): scheduling.idle.forward_us {fwd:g} µs (its kernels' device "
+                     f"time, mean), host_us {host:g} µs (the host's work before its launch, "
+                     f"less the profiler's cost there, mean), graph {graph} (how it ran)."]
 
 
 def give_back(s, names: list[str], samples: dict[int, PrefillSample]) -> None:
@@ -278,6 +359,8 @@ def give_back(s, names: list[str], samples: dict[int, PrefillSample]) -> None:
 MIN_DECODE_STEPS, MIN_DECODE_SHARE = 10, 0.2
 #: host keys whose sample in step k is step k-1's work (its result processed)
 PREVIOUS = ("cpu.process_result_us",)
+#: host keys of the work the loop does before it launches a step's forward
+BEFORE = ("cpu.ingest_us", "cpu.schedule_us", "cpu.prepare_us")
 
 
 def split_host(s, samples: dict[int, PrefillSample]) -> float:
@@ -309,17 +392,21 @@ def split_host(s, samples: dict[int, PrefillSample]) -> float:
         for v, k in zip(values, of):
             if k in excess:
                 excess[k] += v - base
+                if key in BEFORE:  # work the loop does before it launches the forward
+                    samples[k].extra_before_us += v - base
         s.keep(key, lambda i, of=of: of[i] not in mixed)
     for k, extra in excess.items():
-        samples[k].host_us = max(0.0, samples[k].host_us + extra)
+        samples[k].extra_us += extra
     return float(np.mean(list(excess.values())))
 
 
-def cpu_outside(trace: Trace, lay: StepLayout, units, prof=None) -> float:
+def cpu_outside(trace: Trace, lay: StepLayout, units, prof=None, before_only: bool = False
+                ) -> float:
     """A step's host time outside every API call (its CPU work) and outside its forward's
     window (from the end of the call before its first forward launch to its last forward
     call's end: the dispatch and launches of ``units``), less the profiler's own cost there:
-    the loop's scheduling, preparing and result processing around the forward."""
+    the loop's scheduling, preparing and result processing around the forward
+    (``before_only``: the part before the window)."""
     s0, e0 = columns(trace, "spans", "start_us", "end_us")
     first = units[0].calls[0]
     last = units[-1].calls[-1]
@@ -329,7 +416,8 @@ def cpu_outside(trace: Trace, lay: StepLayout, units, prof=None) -> float:
     calls = sorted((float(s0[c]), float(e0[c])) for c in lay.calls)
     total, t = 0.0, lay.start
     for a, b in calls + [(lay.end, lay.end)]:
-        for x, y in ((t, min(a, lo)), (max(t, hi), a)):  # the gap, less the forward window
+        parts = ((t, min(a, lo)),) if before_only else ((t, min(a, lo)), (max(t, hi), a))
+        for x, y in parts:  # the gap, less the forward window
             if y > x:
                 total += prof.less(y - x, x, y) if prof is not None else y - x
         t = max(t, b)
@@ -347,10 +435,14 @@ def prefill_step_host(trace: Trace, lays: dict[int, StepLayout], decode: dict[in
     if not steps or not decode:
         return 0.0
     base = float(np.mean([cpu_outside(trace, lay, lay.units, prof) for lay in decode.values()]))
+    first = float(np.mean([cpu_outside(trace, lay, lay.units, prof, True)
+                           for lay in decode.values()]))
     out = []
     for k in steps:
         extra = cpu_outside(trace, lays[k], lays[k].units, prof) - base
-        samples[k].host_us = max(0.0, samples[k].host_us + extra)
+        samples[k].extra_us += extra
+        samples[k].extra_before_us += cpu_outside(trace, lays[k], lays[k].units, prof,
+                                                  True) - first
         out.append(extra)
     return float(np.mean(out))
 
@@ -383,46 +475,262 @@ def rule_of(kinds: StepKinds, steps) -> str:
     return "sglang" if seen.get("prefill") else "sglang_mixed"
 
 
-def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess: float = 0.0
-                    ) -> tuple[dict, list[str]]:
-    """``(prefill section, header lines)`` from the steps that prefilled tokens (``excess``:
-    the mean host work a mixed step added outside its prefill, :func:`split_host`)."""
+#: the most launches a fitted eager prefill models (:data:`simwar.config.schema.MAX_LAUNCHES`:
+#: a capture's hundreds of kernels are modelled as at most this many launches)
+FIT_MAX_LAUNCHES = 32
+#: the fewest steps over a carried-over request's prefix from which ``per_token_prefix`` is
+#: fitted (:func:`prefix_line`)
+MIN_PREFIX_STEPS = 3
+
+
+def prefixes(kinds: StepKinds, chunk: int) -> tuple[dict[int, int], int]:
+    """``(prefix per step, carried steps)``: per step that prefills tokens, its (chunk token,
+    cached token) pairs (``StepSizes.prefill_prefix``: the tokens it prefills of a request
+    times that request's tokens prefilled before), -1 where the ranges cannot say; and how
+    many steps continued a carried-over request.
+
+    Read from the ranges alone (each step's tokens and requests), never from times: a step
+    continues a carried-over request when the step that prefilled before it was a full chunk
+    (``chunk`` tokens: SGLang's ``chunked_req`` is the last request of a chunk the budget cut),
+    and that request comes first in it. A step that continues none has prefix 0 (each of its
+    requests' first chunk). A step that continues one has a known prefix when it holds that
+    request alone (its tokens are the step's) and the request's earlier chunks are known (it
+    began alone in a step, and every step since held it alone); several requests in a step
+    leave their shares unnamed (-1)."""
+    out: dict[int, int] = {}
+    carried_steps = 0
+    last, held = -1, None  # the tokens of the step that prefilled before; the carried
+    for k in sorted(kinds.tokens):  # request's tokens so far (None: not known)
+        t, n = kinds.tokens[k], kinds.requests.get(k, -1)
+        if t < 0:
+            out[k], last, held = -1, -1, None
+            continue
+        carried = last >= chunk
+        carried_steps += carried
+        if not carried:
+            out[k] = 0
+            held = t if n == 1 else None  # the request the budget cuts, if this is full
+        elif n == 1 and held is not None:
+            out[k] = t * held
+            held += t
+        else:  # its carried request's share, or the earlier chunks', unnamed
+            out[k] = -1
+            held = None
+        last = t
+    return out, carried_steps
+
+
+def prefix_line(x, prefix, y) -> tuple[dict | float, str]:
+    """``{base, per_token, per_token_prefix}`` by least squares over the steps' tokens and
+    prefixes with every coefficient >= 0: the best of the fits over each subset of the three
+    terms whose coefficients are all >= 0 (three unknowns: the subsets are the exact
+    non-negative least squares, without a solver the project does not otherwise need)."""
+    x, p, y = (np.asarray(v, dtype=float) for v in (x, prefix, y))
+    cols = {"base": np.ones_like(x), "per_token": x, "per_token_prefix": p}
+    best, best_sse = None, np.inf
+    for mask in range(1, 8):
+        names = [n for i, n in enumerate(cols) if mask >> i & 1]
+        a = np.column_stack([cols[n] for n in names])
+        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        if np.any(coef < 0) or ("per_token_prefix" in names and coef[-1] * p.max() < 0.05):
+            continue  # a prefix term worth less than 0.05 µs at the largest prefix: none
+        sse = float(((a @ coef - y) ** 2).sum())
+        if best is None or sse < best_sse * (1 - 1e-9):  # ties: the fewer terms
+            best, best_sse = dict(zip(names, coef.tolist())), sse
+    got = best or {}
+    carried = int((p > 0).sum())
+    out = {"base": _r(got.get("base", 0.0)), "per_token": _r6(got.get("per_token", 0.0))}
+    if got.get("per_token_prefix", 0.0) > 0:
+        out["per_token_prefix"] = float(f"{got['per_token_prefix']:.6g}")
+    how = (f"least squares over {len(y)} steps, {int(x.min())}-{int(x.max())} tokens, "
+           f"{carried} of them over a carried-over request's prefix, every term >= 0")
+    return out, how
+
+
+def launch_device(end: float, window: float, launches: int) -> float:
+    """The device time of a prefill of ``launches`` launches whose simulated host window is
+    ``window`` (each launch ``window / launches`` of host, then its kernel, ``device /
+    launches``, after it and after the kernel before) that ends its last kernel at ``end``
+    from the window's start: device-bound (``end >= window / launches + window``) ``end``
+    less the first launch; launch-bound ``launches x`` what the last kernel runs after the
+    last launch (>= 0)."""
+    h = window / max(launches, 1)
+    if end >= h + window:
+        return end - h
+    return max(0.0, launches * (end - window))
+
+
+def launch_count(got: list[PrefillSample]) -> tuple[int, float]:
+    """``(launches, mean)``: an eager prefill's launches per step as the config models them
+    (the mean count, rounded, 1 to :data:`FIT_MAX_LAUNCHES`), and the mean itself."""
+    mean = float(np.mean([p.launches for p in got])) if got else 0.0
+    return max(1, min(FIT_MAX_LAUNCHES, int(round(mean)))), mean
+
+
+def empty_chunk_launches(s, names: list[str], samples: dict[int, PrefillSample]
+                         ) -> tuple[int, str] | None:
+    """``(launches, header line)`` for a capture whose chunks are mixed into decode steps (no
+    prefill step of its own, an eager prefill of several launches), None otherwise.
+
+    The mixed rule's one step structure launches the chunk in every step, an empty one too
+    (``builder/loop.py: LoopBuilder.prefill_chunk``, right before the decode phases): each
+    launch costs every step the launch call (``costs.launch_us``) that the capture's steps
+    without a chunk never made. So that time is taken out of the loop's CPU work before the
+    chunk (:data:`BEFORE`, the last first: ``cpu.prepare_us``, then ``cpu.schedule_us``,
+    ``cpu.ingest_us``, each down to 0, in the :class:`simwar.fit.samples.Samples` ``s``; the
+    decode phases' host regions, which pace their launches, stay as captured) and the chunk's
+    host time keeps it (the section's ``host_us`` is then its whole window): a step without a
+    chunk costs the host what the capture's did, one with a chunk too. The launches are at
+    most what that work can give."""
     got = [p for p in samples.values() if p.shape in ("prefill", "mixed")]
+    if not got or any(p.shape == "prefill" for p in got) or sum(p.graph for p in got) * 2 \
+            >= len(got) or any(p.shape == "decode" for p in samples.values()):
+        return None  # (a capture whose steps launch an empty chunk too, as simwar's do: none)
+    want, _ = launch_count(got)
+    cost = s.mean("costs.launch_us")
+    keys = [k for k in reversed(BEFORE) if s.get(k)]  # the loop's work before the chunk
+    held = sum(s.mean(k) for k in keys)
+    if want <= 1 or cost <= 0 or not keys:
+        return None
+    launches = max(1, min(want, int(held // cost)))
+    left = take = launches * cost
+    used = []
+    for key in keys:
+        part = min(left, s.mean(key))
+        if part <= 0:
+            break
+        s[key] = [max(0.0, v - part) for v in s[key]]
+        used.append(f"{key} -{part:.1f}")
+        left -= part
+    line = (f"  the mixed rule launches the chunk in every step, an empty one too: its "
+            f"{launches} launch calls ({take:.1f} µs at costs.launch_us {cost:.2f}) are taken "
+            f"out of the loop's CPU work before it ({', '.join(used)} µs) and kept in "
+            f"prefill.host_us"
+            + (f"; {want} launches would need more than those regions hold ({held:.1f} µs)"
+               if launches < want else ""))
+    return launches, line
+
+
+def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess: float = 0.0,
+                    launch_cost=None, kinds: StepKinds | None = None,
+                    empty: tuple[int, str] | None = None) -> tuple[dict, list[str]]:
+    """``(prefill section, header lines)`` from the steps that prefilled tokens (``excess``:
+    the mean host work a mixed step added outside its prefill, :func:`split_host`).
+
+    An eager prefill (its launches as launched, ``prefill.launches``): ``launches`` the
+    mean count of its launch calls (at most :data:`FIT_MAX_LAUNCHES`), ``forward_us`` its
+    kernels' whole device time (or more: :func:`launch_device`) and ``host_us`` its host
+    window (from the call before its first launch to its last launch's end) less
+    ``launches`` launch calls at the config's cost (``launch_cost(batch)``:
+    ``costs.launch_us`` at the step's batch plus ``host_call_us``; the simulated prefill then
+    spends the window's host time over its launches, each kernel after its own). A graph
+    prefill: host time to its launch, the device time after it. ``kinds``: the steps'
+    ranges, whose carried-over chunks give ``forward_us.per_token_prefix``
+    (:func:`prefixes`). ``empty``: the mixed rule's launches and their line
+    (:func:`empty_chunk_launches`): ``host_us`` the whole window."""
+    got = [p for p in samples.values() if p.shape in ("prefill", "mixed")]
+    graph = "piecewise" if got and sum(p.graph for p in got) * 2 > len(got) else "eager"
     x = [p.tokens for p in got]
-    forward, how_f = token_line(x, [p.device_us for p in got])
-    host, how_h = token_line(x, [p.host_us for p in got])
     named = [t for t in x if t > 0]
     chunk = max(named) if named else 8192
-    graph = "piecewise" if got and sum(p.graph for p in got) * 2 > len(got) else "eager"
-    launches = float(np.mean([p.launches for p in got])) if got else 0.0
+    launches, mean_launches = launch_count(got) if graph == "eager" else (1, 0.0)
+    if empty is not None:
+        launches = empty[0]
+    if graph == "eager":
+        cost = (lambda batch: 0.0) if empty is not None or launch_cost is None else launch_cost
+        hosts = [max(0.0, p.raw_window_us - launches * cost(p.batch) + p.extra_us)
+                 for p in got]
+        # the kernels' busy time, or more where the capture's forward ended later than that
+        # run after the simulated launches: the host work its step did before the window
+        # (which the simulated window holds, spread over the launches) and short kernels that
+        # waited for their launches between long ones (which equal shares do not)
+        devices = [max(p.busy_us, launch_device(p.end_us + p.extra_before_us,
+                                                p.raw_window_us + p.extra_us, launches))
+                   for p in got]
+    else:
+        hosts = [max(0.0, p.host_us + p.extra_us) for p in got]
+        devices = [p.device_us for p in got]
+    prefix_note = ""
+    forward = None
+    if kinds is not None and named and all(t >= 0 for t in x):
+        pre, carried = prefixes(kinds, chunk)
+        for p in got:
+            p.prefix = pre.get(p.step, -1)
+        known = [i for i, p in enumerate(got) if p.prefix >= 0]
+        over = sum(got[i].prefix > 0 for i in known)
+        if over >= MIN_PREFIX_STEPS:
+            forward, how_f = prefix_line([x[i] for i in known], [got[i].prefix for i in known],
+                                         [devices[i] for i in known])
+            left = len(got) - len(known)
+            prefix_note = (f"; {carried} steps continued a carried-over request, {over} of "
+                           f"them with a prefix the ranges give"
+                           + (f" ({left} steps whose requests' shares the ranges do not name "
+                              f"left out)" if left else ""))
+        else:
+            prefix_note = ("; per_token_prefix 0: the capture gave no carried chunks"
+                           if not carried else
+                           f"; per_token_prefix 0: {carried} steps continued a carried-over "
+                           f"request, {over} with a prefix the ranges give (several "
+                           f"requests in a step leave their shares unnamed; "
+                           f"{MIN_PREFIX_STEPS} needed)")
+    elif named or x:
+        prefix_note = "; per_token_prefix 0: the ranges name no tokens, so no carried chunks"
+    if forward is None:
+        forward, how_f = token_line(x, devices)
+    host, how_h = token_line(x, hosts)
     section = {"chunk_tokens": int(chunk), "forward_us": forward, "host_us": host,
                "graph": graph, "reads": list(reads)}
+    if launches > 1:
+        section["launches"] = launches
+    calls = max(sum(p.launches for p in got), 1)
+    per_call = sum(p.launch_us for p in got) / calls
+    window = float(np.mean([p.raw_window_us + p.extra_us for p in got])) if got else 0.0
+    if graph == "eager":
+        dev_line = ("the prefill kernels' whole device time, or more where the capture's "
+                    "forward ended later than that after the simulated launches (each launch's "
+                    "kernel takes its share)")
+        kept = ("less the profiler's cost there" if EAGER_PREFILL_LESS_PROFILER else
+                "the profiler's cost kept: it did not lengthen an eager prefill")
+        host_line = (f"host window from the call before its first launch to its last "
+                     f"launch's end ({kept}), less {launches} launch "
+                     f"call{'s' if launches > 1 else ''} at costs.launch_us + host_call_us")
+        launch_line = (f"  prefill.launches {launches}: the capture's {mean_launches:.1f} "
+                       f"launches per prefill (mean; {per_call:.2f} µs of host each)"
+                       + (f", modelled as {launches} (at most {FIT_MAX_LAUNCHES})"
+                          if mean_launches > launches + 0.5 else "")
+                       + f"; each launch's host time host_us/{launches} + the launch call "
+                         f"({window / max(launches, 1):.1f} µs on average: the window "
+                         f"{window:.1f} µs over {launches}), each kernel after its launch")
+        if empty is not None:
+            host_line = host_line.replace(f", less {launches} launch call"
+                                          f"{'s' if launches > 1 else ''} at costs.launch_us "
+                                          f"+ host_call_us", "")
+    else:
+        dev_line = "the device work after its graph launch"
+        host_line = ("host time from the call before its launch to the launch, less the "
+                     "profiler's cost there")
+        launch_line = f"  launches: one graph launch ({per_call:.2f} µs of host)"
     lines = [f"Prefill ({len(got)} steps that prefill: "
              + ", ".join(f"{n} {s}" for s, n in Counter(p.shape for p in got).items()) + "):",
-             f"  prefill.forward_us {_text(forward)}: the device work left once the host "
-             f"issued its last prefill launch ({how_f})",
-             f"  prefill.host_us {_text(host)}: host time from the call before its first "
-             f"launch to its last launch"
-             + (", less the profiler's cost there" if graph != "eager"
-                or EAGER_PREFILL_LESS_PROFILER else
-                " (an eager prefill's: the profiler's cost kept, it did not lengthen it)")
+             f"  prefill.forward_us {_text(forward)}: {dev_line} ({how_f}{prefix_note})",
+             f"  prefill.host_us {_text(host)}: {host_line}"
              + (f", plus the host work its step took around it beyond the decode steps' "
                 f"(mean {excess:+.1f} µs; the loop's host work is the decode steps')"
                 if abs(excess) >= 0.05 else "") + f" ({how_h})",
-             f"  launches: {launches:.1f} per prefill (mean; "
-             f"{sum(p.launch_us for p in got) / max(sum(p.launches for p in got), 1):.2f} µs "
-             f"of host each, in its host time above but the last)"
-             + (": its kernels run as they are launched, which the one kernel after its host "
-                "time does not model" if launches > 1.5 else ""),
+             launch_line,
              f"  prefill.chunk_tokens {chunk}: the largest chunk seen"
              + ("" if named else " (the ranges name no tokens: simwar's default)")
              + f"; prefill.graph {graph} (how its launches ran)."]
+    if empty is not None and graph == "eager":
+        lines.insert(4, empty[1])
     return section, lines
 
 
 def _text(v) -> str:
     if isinstance(v, dict):
-        return f"{v['base']:g} + {v['per_token']:g} x tokens µs"
+        return f"{v['base']:g} + {v['per_token']:g} x tokens" + (
+            f" + {v['per_token_prefix']:g} x prefix" if v.get("per_token_prefix") else "") \
+            + " µs"
     return f"{v:g} µs"
 
 
@@ -497,134 +805,9 @@ def shape_workload(kinds: StepKinds, steps: list[int], batch, accept: float, dur
 
 
 
-# --------------------------------------------------------------------------- the check
-#: a shape's step time within this of the capture's (``--check`` of a capture that prefills)
-SHAPE_STEP_REL = 0.03
-#: a shape is judged where both sides ran it at least this many measured steps
-SHAPE_MIN_STEPS = 3
-#: the per-step figures compared per shape: (label, column). A shape's step time is its own
-#: forward's end less the forward before it (``own_us``: its gap plus its forward), not the
-#: table's ``step_us`` (forward start to the next forward's start), which holds the next
-#: step's gap: the host work a prefill adds before its forward would be the step before's.
-SHAPE_FIGURES = (("step", "own_us"), ("forward", "fwd_us"), ("forward gap", "fwd_gap_us"))
-
-
-def sim_kinds(meta: dict, n: int) -> tuple[list[str], np.ndarray]:
-    """A simulated run's per-step shapes and prompt tokens (``meta.workload``): its picked
-    shapes, else mixed where the step prefilled tokens; decode where it prefilled none."""
-    wl = meta.get("workload") or {}
-    tokens = np.asarray(wl.get("prefill_tokens") or [0] * n, dtype=float)[:n]
-    picked = wl.get("shape")
-    out = []
-    for k in range(n):
-        t = tokens[k] if k < len(tokens) else 0.0
-        s = picked[k] if picked is not None and k < len(picked) else "mixed"
-        out.append("decode" if t <= 0 else ("prefill" if s == "prefill" else "mixed"))
-    return out, tokens
-
-
-#: the sizes a shape's figures follow (:func:`at_sizes`): a decode step's batch; a prefill
-#: step's tokens and the batch of the step before it, whose result it processes and whose
-#: requests it pauses; a mixed step's batch and tokens
-SIZES = {"decode": ("batch",), "prefill": ("tokens", "before"), "mixed": ("batch", "tokens")}
-
-
-def sim_waits(meta: dict) -> set[int]:
-    """The steps of a simulated run of arriving requests whose iteration waited for a request
-    (the host idle at its top: the capture's ``idle`` steps, which the check leaves out): the
-    admission steps of the requests admitted at their own arrival time."""
-    req = (meta.get("workload") or {}).get("requests") or {}
-    return {int(k) for k, a, t in zip(req.get("admit_step") or [], req.get("admit_us") or [],
-                                      req.get("arrival_us") or []) if k >= 0 and a == t}
-
-
-def shape_frame(table, shapes: dict[int, str], tokens: dict[int, float], drop=()) -> dict:
-    """Per shape, the measured steps' columns (``step``, ``step_us``, the
-    :data:`SHAPE_FIGURES`, ``batch``, ``bucket``, ``tokens``, the batch of the step before,
-    ``before``, and the shape of the step before, ``after``: its index in
-    :data:`SHAPE_ORDER`, -1 none) of a per-step table (the capture's or a simulation's),
-    without ``drop`` (the steps left out and those around them) and the steps without a
-    step time."""
-    cols = {c: np.asarray(table[c], dtype=float) for c in ("step", "step_us", "fwd_us",
-                                                          "fwd_gap_us") if c in table}
-    cols["own_us"] = cols["fwd_gap_us"] + cols["fwd_us"]
-    step = cols["step"].astype(int)
-    batch = np.asarray(table["batch_size"], dtype=float) if "batch_size" in table \
-        else np.zeros(len(step))
-    bucket = np.asarray(table["graph_bucket"], dtype=float) if "graph_bucket" in table \
-        else batch
-    prev = dict(zip(step.tolist(), batch.tolist()))
-    out: dict[str, dict] = {}
-    for i, k in enumerate(step.tolist()):
-        if k in drop or not np.isfinite(cols["step_us"][i]) \
-                or not np.isfinite(cols["own_us"][i]):
-            continue
-        s = shapes.get(k)
-        if s not in SHAPE_ORDER:
-            continue
-        d = out.setdefault(s, {c: [] for c in (*cols, "batch", "bucket", "tokens", "before",
-                                                "after")})
-        for c in cols:
-            d[c].append(cols[c][i])
-        d["batch"].append(batch[i])
-        d["bucket"].append(bucket[i])
-        d["before"].append(prev.get(k - 1, batch[i]))
-        last = shapes.get(k - 1)
-        d["after"].append(SHAPE_ORDER.index(last) if last in SHAPE_ORDER else -1)
-        d["tokens"].append(tokens.get(k, 0.0))
-    return {s: {c: np.asarray(v, dtype=float) for c, v in d.items()} for s, d in out.items()}
-
-
-def at_sizes(sim: dict, cap: dict, column: str, shape: str) -> float:
-    """The simulation's mean of ``column`` over a shape's steps, taken at the capture's sizes
-    and after the capture's shapes: the two runs' queues differ, so the capture's steps are
-    not the simulation's one for one.
-
-    The steps are grouped by the shape of the step before (a prefill step right after another
-    waits for the host longer than one after a decode step) and by graph bucket (a graph's
-    time is its bucket's, not a line in the batch). Each group the capture ran counts with
-    its capture steps, at the simulated group's mean moved to the capture group's mean sizes
-    (:data:`SIZES`, those that vary on the simulated side) along the slopes of a least-squares
-    fit within the simulated groups (one slope per size for every group, each group its own
-    level). A group the simulation ran fewer than :data:`SHAPE_MIN_STEPS` times takes the
-    simulated steps after the same shape, else all of the shape's.
-    """
-    y_all = sim[column]
-    ok = np.isfinite(y_all)
-    if not ok.any():
-        return float("nan")
-    sizes = [c for c in SIZES[shape] if c in sim and np.ptp(sim[c][ok]) > 0
-             and len(cap.get(c, ())) and np.all(cap[c] >= 0)]
-    group = sim["after"] * 1_000_000 + sim["bucket"]
-    slopes = np.zeros(len(sizes))
-    if sizes:  # within-group least squares: each group's mean taken out
-        y, xs = y_all[ok].copy(), np.column_stack([sim[c][ok] for c in sizes]).astype(float)
-        for g in np.unique(group[ok]).tolist():
-            m = group[ok] == g
-            y[m] -= y[m].mean()
-            xs[m] -= xs[m].mean(axis=0)
-        if len(y) > len(sizes) + 1 and np.any(xs):
-            slopes, *_ = np.linalg.lstsq(xs, y, rcond=None)
-    total, weight = 0.0, 0
-    for after, bucket in np.unique(np.column_stack([cap["after"], cap["bucket"]]),
-                                   axis=0).tolist():
-        mine = (cap["after"] == after) & (cap["bucket"] == bucket)
-        theirs = ok
-        for cand in ((sim["after"] == after) & (sim["bucket"] == bucket),
-                     sim["after"] == after):
-            if int((cand & ok).sum()) >= SHAPE_MIN_STEPS:
-                theirs = cand & ok
-                break
-        v = float(y_all[theirs].mean()) + sum(
-            float(b) * (float(cap[c][mine].mean()) - float(sim[c][theirs].mean()))
-            for b, c in zip(slopes, sizes))
-        total += int(mine.sum()) * v
-        weight += int(mine.sum())
-    return total / weight if weight else float(y_all[ok].mean())
-
-
-__all__ = ["MODES", "PREFILL_PHASE", "PrefillSample", "RANK", "SHAPE_FIGURES", "SHAPE_MIN_STEPS",
-           "SHAPE_ORDER", "SHAPE_STEP_REL", "SIZES", "ShapeError", "StepKinds", "at_sizes",
-           "cpu_outside", "prefill_step_host", "split_host",
-           "classify", "give_back", "prefill_section", "prompt_groups", "rule_of", "shape_frame",
-           "shape_workload", "sim_kinds", "sim_waits", "split_prefill", "token_line"]
+__all__ = ["FIT_MAX_LAUNCHES", "IdleSample", "MIN_PREFIX_STEPS", "MODES", "PREFILL_PHASE",
+           "PrefillSample", "idle_samples", "idle_section",
+           "RANK", "SHAPE_ORDER", "ShapeError", "StepKinds", "classify", "cpu_outside",
+           "empty_chunk_launches", "give_back", "launch_count", "prefill_section",
+           "prefill_step_host", "prefix_line", "prefixes", "prompt_groups", "rule_of",
+           "shape_workload", "split_host", "split_prefill", "token_line"]

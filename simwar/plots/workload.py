@@ -3,7 +3,7 @@
 - :func:`by_batch`: step time and forward gap against the batch size, by graph bucket;
 - :func:`regime_steps`: batch, step time, forward gap and launch lead step by step,
   host-bound steps shaded, and where the scheduler picked each step's shape (a ``shape``
-  column) a band per prefill or mixed step;
+  column) a band per prefill, mixed or idle step;
 - :func:`workload_figure`: both, side by side (what ``simwar plot CONFIG.yaml`` draws).
 
 Data: a :class:`simwar.api.Result` or its measured per-step DataFrame.
@@ -26,7 +26,11 @@ from simwar.plots.axes import new_axes
 __all__ = ["SHAPE_COLORS", "by_batch", "regime_steps", "requests_over_time", "workload_figure"]
 
 #: the band colour of each step shape that is not a plain decode step (``shape`` column)
-SHAPE_COLORS = {"prefill": "#f58518", "mixed": "#b279a2"}
+SHAPE_COLORS = {"prefill": "#f58518", "mixed": "#b279a2", "idle": "#9d9da1"}
+#: the legend's words for a shape's band (the band at the bottom of the step timeline)
+SHAPE_LABELS = {"prefill": "prefill step (band at the bottom; decodes pause)",
+                "mixed": "mixed step (band at the bottom)",
+                "idle": "idle step (band at the bottom; a forward with no request)"}
 
 
 def _measured_steps(data) -> pd.DataFrame:
@@ -102,8 +106,7 @@ def regime_steps(data, ax: Axes | None = None, steps: tuple[int, int] | None = N
     handles += [Patch(color="#fde0dd", label="host-bound step (its forward waited on the host)"),
                 Line2D([], [], color="#888888", label="batch size (right axis)")]
     if shapes is not None:
-        handles += [Patch(color=c, label=f"{name} step (band at the bottom; decodes pause)"
-                          if name == "prefill" else f"{name} step (band at the bottom)")
+        handles += [Patch(color=c, label=SHAPE_LABELS[name])
                     for name, c in SHAPE_COLORS.items() if name in set(shapes.tolist())]
     ax.legend(handles=handles, fontsize=7, frameon=False, loc="upper left", ncol=3)
     ax.set_title("Regime flips: host-bound (shaded) and device-bound steps", loc="left",
