@@ -24,16 +24,15 @@ pytestmark = [pytest.mark.skipif(not (DEFAULT_DIR / "shapes_sglang_light_overlap
               pytest.mark.slow]
 
 #: (case, figure) within their target on the committed run; every other judged one misses
-WITHIN = {("mixed_closed16_overlap", "tokens_per_s"), ("mixed_closed16_overlap", "tpot_us"),
-          ("mixed_light_normal", "tokens_per_s"), ("mixed_light_normal", "tpot_us"),
-          ("mixed_light_normal", "ttft_forward_us"), ("mixed_light_normal", "ttft_us"),
-          ("mixed_medium_normal", "tokens_per_s"), ("mixed_medium_normal", "tpot_us"),
-          ("mixed_medium_normal", "ttft_forward_us"), ("mixed_medium_normal", "ttft_us"),
-          ("mixed_medium_overlap", "tokens_per_s"), ("mixed_medium_overlap", "tpot_us"),
+WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "tpot_us"),
+          ("mixed_closed16_overlap", "ttft_forward_us"), ("mixed_closed16_overlap", "ttft_us"),
+          ("mixed_light_normal", "tokens_per_s"), ("mixed_medium_normal", "tokens_per_s"),
+          ("mixed_medium_normal", "ttft_us"), ("mixed_medium_overlap", "tokens_per_s"),
+          ("mixed_medium_overlap", "tpot_us"), ("mixed_medium_overlap", "ttft_forward_us"),
           ("mixed_medium_overlap", "ttft_us"), ("sglang_light_normal", "tokens_per_s"),
-          ("sglang_light_normal", "tpot_us"), ("sglang_light_normal", "ttft_forward_us"),
-          ("sglang_light_normal", "ttft_us"), ("sglang_light_overlap", "tokens_per_s"),
-          ("sglang_light_overlap", "tpot_us"), ("sglang_medium_overlap", "tokens_per_s"),
+          ("sglang_light_normal", "tpot_us"), ("sglang_light_normal", "ttft_us"),
+          ("sglang_light_overlap", "tokens_per_s"), ("sglang_light_overlap", "tpot_us"),
+          ("sglang_light_overlap", "ttft_us"), ("sglang_medium_overlap", "tokens_per_s"),
           ("sglang_medium_overlap", "ttft_forward_us"), ("sglang_medium_overlap", "ttft_us")}
 #: per case, whether each repeat is judged (its host at most HOST_SPEED_MAX x slower than the
 #: capture's); a case with none is reported, not judged
@@ -49,7 +48,8 @@ OVERLAP = {"sglang_light": ("on", "on", True), "sglang_medium": ("on", "on", Non
            "mixed_medium": ("on", "on", True), "mixed_closed16": ("on", "on", True)}
 MIXED = {"closed16_normal": ("mixed", "mixed", None),
          "closed16_overlap": ("mixed", "mixed", None),
-         "light_normal": ("separate", "mixed", False), "light_overlap": ("separate", "mixed", None),
+         "light_normal": ("separate", "mixed", False),
+         "light_overlap": ("separate", "separate", None),
          "medium_normal": ("mixed", "mixed", None), "medium_overlap": ("mixed", "mixed", True)}
 
 
@@ -97,8 +97,9 @@ def test_the_model_is_the_fits_but_the_buckets_and_lines_a_what_if_needs(result)
         assert "per_seq" not in body["body_us"]
         pf = m["prefill"]
         assert pf["chunk_tokens"] == 2048 and pf["graph"] == "eager"
-        # the eager prefill's host time keeps the profiler's cost (the twins): above 2.2 ms
-        assert pf["host_us"]["base"] > 2200
+        # the eager prefill's host time keeps the profiler's cost (the twins), less its 32
+        # launch calls (which the simulated launches pay): above 1.8 ms
+        assert pf["launches"] == 32 and pf["host_us"]["base"] > 1800
 
 
 def test_a_poisson_repeat_is_replayed_with_its_own_requests_and_more():
