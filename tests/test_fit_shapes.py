@@ -24,6 +24,7 @@ from simwar.fit.check import check_fit
 from simwar.fit.from_capture import FitError, fit_model
 from simwar.fit.layout import step_layouts
 from simwar.fit.policy import detect_roles
+from simwar.fit.prefix import prefixes
 from simwar.fit.profiler import scale_device
 from simwar.fit.shapes import (
     PrefillSample,
@@ -32,7 +33,6 @@ from simwar.fit.shapes import (
     cpu_outside,
     launch_device,
     prefill_section,
-    prefixes,
     prompt_groups,
     token_line,
 )

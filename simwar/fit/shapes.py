@@ -71,6 +71,7 @@ import numpy as np
 
 from simwar.core.trace import OpKind, Trace
 from simwar.fit.layout import StepLayout, columns
+from simwar.fit.prefix import MIN_PREFIX_STEPS, prefix_line, prefixes
 
 #: the phase name whose kernels are a prefill's work (the mapping's ``phases`` name it)
 PREFILL_PHASE = "prefill"
@@ -478,75 +479,6 @@ def rule_of(kinds: StepKinds, steps) -> str:
 #: the most launches a fitted eager prefill models (:data:`simwar.config.schema.MAX_LAUNCHES`:
 #: a capture's hundreds of kernels are modelled as at most this many launches)
 FIT_MAX_LAUNCHES = 32
-#: the fewest steps over a carried-over request's prefix from which ``per_token_prefix`` is
-#: fitted (:func:`prefix_line`)
-MIN_PREFIX_STEPS = 3
-
-
-def prefixes(kinds: StepKinds, chunk: int) -> tuple[dict[int, int], int]:
-    """``(prefix per step, carried steps)``: per step that prefills tokens, its (chunk token,
-    cached token) pairs (``StepSizes.prefill_prefix``: the tokens it prefills of a request
-    times that request's tokens prefilled before), -1 where the ranges cannot say; and how
-    many steps continued a carried-over request.
-
-    Read from the ranges alone (each step's tokens and requests), never from times: a step
-    continues a carried-over request when the step that prefilled before it was a full chunk
-    (``chunk`` tokens: SGLang's ``chunked_req`` is the last request of a chunk the budget cut),
-    and that request comes first in it. A step that continues none has prefix 0 (each of its
-    requests' first chunk). A step that continues one has a known prefix when it holds that
-    request alone (its tokens are the step's) and the request's earlier chunks are known (it
-    began alone in a step, and every step since held it alone); several requests in a step
-    leave their shares unnamed (-1)."""
-    out: dict[int, int] = {}
-    carried_steps = 0
-    last, held = -1, None  # the tokens of the step that prefilled before; the carried
-    for k in sorted(kinds.tokens):  # request's tokens so far (None: not known)
-        t, n = kinds.tokens[k], kinds.requests.get(k, -1)
-        if t < 0:
-            out[k], last, held = -1, -1, None
-            continue
-        carried = last >= chunk
-        carried_steps += carried
-        if not carried:
-            out[k] = 0
-            held = t if n == 1 else None  # the request the budget cuts, if this is full
-        elif n == 1 and held is not None:
-            out[k] = t * held
-            held += t
-        else:  # its carried request's share, or the earlier chunks', unnamed
-            out[k] = -1
-            held = None
-        last = t
-    return out, carried_steps
-
-
-def prefix_line(x, prefix, y) -> tuple[dict | float, str]:
-    """``{base, per_token, per_token_prefix}`` by least squares over the steps' tokens and
-    prefixes with every coefficient >= 0: the best of the fits over each subset of the three
-    terms whose coefficients are all >= 0 (three unknowns: the subsets are the exact
-    non-negative least squares, without a solver the project does not otherwise need)."""
-    x, p, y = (np.asarray(v, dtype=float) for v in (x, prefix, y))
-    cols = {"base": np.ones_like(x), "per_token": x, "per_token_prefix": p}
-    best, best_sse = None, np.inf
-    for mask in range(1, 8):
-        names = [n for i, n in enumerate(cols) if mask >> i & 1]
-        a = np.column_stack([cols[n] for n in names])
-        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
-        if np.any(coef < 0) or ("per_token_prefix" in names and coef[-1] * p.max() < 0.05):
-            continue  # a prefix term worth less than 0.05 µs at the largest prefix: none
-        sse = float(((a @ coef - y) ** 2).sum())
-        if best is None or sse < best_sse * (1 - 1e-9):  # ties: the fewer terms
-            best, best_sse = dict(zip(names, coef.tolist())), sse
-    got = best or {}
-    carried = int((p > 0).sum())
-    out = {"base": _r(got.get("base", 0.0)), "per_token": _r6(got.get("per_token", 0.0))}
-    if got.get("per_token_prefix", 0.0) > 0:
-        out["per_token_prefix"] = float(f"{got['per_token_prefix']:.6g}")
-    how = (f"least squares over {len(y)} steps, {int(x.min())}-{int(x.max())} tokens, "
-           f"{carried} of them over a carried-over request's prefix, every term >= 0")
-    return out, how
-
-
 def launch_device(end: float, window: float, launches: int) -> float:
     """The device time of a prefill of ``launches`` launches whose simulated host window is
     ``window`` (each launch ``window / launches`` of host, then its kernel, ``device /
@@ -805,9 +737,9 @@ def shape_workload(kinds: StepKinds, steps: list[int], batch, accept: float, dur
 
 
 
-__all__ = ["FIT_MAX_LAUNCHES", "IdleSample", "MIN_PREFIX_STEPS", "MODES", "PREFILL_PHASE",
+__all__ = ["FIT_MAX_LAUNCHES", "IdleSample", "MODES", "PREFILL_PHASE",
            "PrefillSample", "idle_samples", "idle_section",
            "RANK", "SHAPE_ORDER", "ShapeError", "StepKinds", "classify", "cpu_outside",
            "empty_chunk_launches", "give_back", "launch_count", "prefill_section",
-           "prefill_step_host", "prefix_line", "prefixes", "prompt_groups", "rule_of",
+           "prefill_step_host", "prompt_groups", "rule_of",
            "shape_workload", "split_host", "split_prefill", "token_line"]
