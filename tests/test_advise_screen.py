@@ -99,5 +99,5 @@ def test_two_worker_processes_rank_the_candidates_bit_for_bit(monkeypatch):
     assert pools == [2]
     assert together.to_dict() == alone.to_dict()
     assert [c.summary for c in together.candidates] == [c.summary for c in alone.candidates]
-    with pytest.raises(advise_module.AdviseError, match="jobs: expected 0"):
+    with pytest.raises(advise_module.AdviseError, match="jobs: expected 0 .one per core."):
         advise(CONFIGS / "dspark_fine.yaml", jobs=-1, **kw)

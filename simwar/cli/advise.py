@@ -7,7 +7,7 @@ Searches the policy space of a config (:mod:`simwar.study.advise`: every barrier
 read-done publish point, placement, plan stream and CPU seq_lens choice), and prints a
 ranked table and the best policy as ``--set`` items and a config diff; ``-o`` writes the
 input config with the best policy applied; ``--jobs`` processes screen the candidates (by
-default one per processor; the advice is the same for any number). The search is the study
+default one per core; the advice is the same for any number). The search is the study
 module's; this one parses arguments and prints, with a progress bar over the candidates on
 stderr.
 
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="YAML",
                    help="write the input config with the best policy applied")
     p.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
-                   help="processes screening the candidates (default 0: one per processor; "
+                   help="processes screening the candidates (default 0: one per core; "
                         "the advice is the same for any number)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -69,7 +69,7 @@ def command(args) -> int:
     if args.top < 0:
         raise UserError(f"--top {args.top}: expected 0 or a positive number")
     if args.jobs < 0:
-        raise UserError(f"--jobs {args.jobs}: expected 0 (one per processor) or a positive "
+        raise UserError(f"--jobs {args.jobs}: expected 0 (one per core) or a positive "
                         f"number")
     if args.output is not None:  # given, even empty: checked
         output_path(args.output, "-o")

@@ -432,14 +432,6 @@ def _screen_order(cands: list[Candidate]) -> list[int]:
         "" if x is None else x for x in (*cands[i].key[1:], *cands[i].key[:1])))
 
 
-def cpu_count() -> int:
-    """The processors this process may run on (``jobs`` 0 and the command's default)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 #: seconds of screening in this process before the rest is handed to worker processes
 #: (starting them costs about a tenth of a second: a small space is done sooner alone)
 ALONE_S = 0.5
@@ -449,16 +441,16 @@ def screen(cfg: Config, cands: list[Candidate], steps: int, warmup: int, *, jobs
            progress=None) -> None:
     """Simulate each candidate at ``steps`` steps (warm-up ``warmup``) into its ``summary``.
 
-    ``jobs``: processes (0: one per processor). The screen starts in this process; when
+    ``jobs``: processes (0: one per core). The screen starts in this process; when
     candidates are left after :data:`ALONE_S` seconds, ``jobs`` worker processes take them,
     each a run of consecutive candidates in the screen's order at a time. Every summary is
     the one a run in this process gives (the same config, the same executor: bit for bit),
     whatever ``jobs`` is. ``progress(done, total)``: called as candidates finish.
     """
     if jobs < 0:
-        raise AdviseError(f"jobs: expected 0 (one per processor) or a positive number, "
+        raise AdviseError(f"jobs: expected 0 (one per core) or a positive number, "
                           f"got {jobs}")
-    jobs = jobs or cpu_count()
+    jobs = jobs or os.cpu_count() or 1  # as a sweep's jobs 0
     base = load_config(cfg, {"steps": steps, "warmup_steps": warmup})
     order = _screen_order(cands)
     total = len(cands)
@@ -604,7 +596,7 @@ def advise(cfg, objective: str = "step_us_mean", *, screen_steps: int = SCREEN_S
            jobs: int = 1, progress=None) -> Advice:
     """Search the policy space of ``cfg`` (a path, mapping or Config) for ``objective``.
 
-    ``jobs``: processes screening the candidates (:func:`screen`; 0: one per processor);
+    ``jobs``: processes screening the candidates (:func:`screen`; 0: one per core);
     the advice is the same for any. ``progress(done, total)``, if given, is called as
     screened candidates finish.
     """
