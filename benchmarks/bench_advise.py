@@ -11,7 +11,7 @@ A custom algorithm of P phases (graph kinds full, eager, breakable in turn; each
   at 200 steps, the best and the input confirmed at the config's 2000) in a fresh process,
   and the number of candidates: with one process (``jobs=1``: CPU time, the figure
   comparable with a tree that has no ``jobs``) and with ``--jobs`` processes (default 0: one
-  per processor; wall-clock time, and the CPU time of the process and its workers);
+  per core; wall-clock time, and the CPU time of the process and its workers);
 - **detect**: :func:`simwar.analysis.hazards.detect` on the SimPy trace of
   ``--detect-steps`` steps of the same config, CPU time (the simulation not counted).
 
@@ -147,7 +147,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--jobs", type=int, default=0,
                     help="advise's processes for the second measurement (0: one per "
-                         "processor, the command's default)")
+                         "core, the command's default)")
     ap.add_argument("--breakdown", type=int, metavar="K",
                     help="only the screen's breakdown, over every K-th candidate")
     args = ap.parse_args()
@@ -173,7 +173,7 @@ def main() -> int:
         line = f"advise {p:>3} phases, {now['candidates']} candidates: " + "; ".join(
             f"{name} {r['cpu_s']:.2f} s CPU" for (name, jobs), r in best.items() if jobs == 1)
         if many is not None:
-            line += (f"; this tree with {many['jobs'] or 'one per processor'} jobs: "
+            line += (f"; this tree with {many['jobs'] or 'one per core'} jobs: "
                      f"{many['wall_s']:.2f} s wall, {many['cpu_s']:.2f} s CPU")
         if args.before:
             before = best[("before", 1)]
