@@ -1,12 +1,15 @@
 """``simwar advise``: search the barrier-policy space for the fastest race-free policy.
 
     simwar advise CONFIG [--objective step_us_mean|tokens_per_s|p99] [--json] [-o FILE]
+                         [--jobs N]
 
 Searches the policy space of a config (:mod:`simwar.study.advise`: every barrier policy,
 read-done publish point, placement, plan stream and CPU seq_lens choice), and prints a
 ranked table and the best policy as ``--set`` items and a config diff; ``-o`` writes the
-input config with the best policy applied. The search is the study module's; this one
-parses arguments and prints, with a progress bar over the candidates on stderr.
+input config with the best policy applied; ``--jobs`` processes screen the candidates (by
+default one per core; the advice is the same for any number). The search is the study
+module's; this one parses arguments and prints, with a progress bar over the candidates on
+stderr.
 
 Imports: ``simwar.cli.common`` and ``simwar.core.files`` at the top; the config schema,
 the search, yaml and tqdm inside the functions that use them. Never another command's
@@ -42,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "input are re-run at the config's own length)")
     p.add_argument("-o", "--output", metavar="YAML",
                    help="write the input config with the best policy applied")
+    p.add_argument("--jobs", "-j", type=int, default=0, metavar="N",
+                   help="processes screening the candidates (default 0: one per core; "
+                        "the advice is the same for any number)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -62,6 +68,9 @@ def command(args) -> int:
                         f"last one excluded)")
     if args.top < 0:
         raise UserError(f"--top {args.top}: expected 0 or a positive number")
+    if args.jobs < 0:
+        raise UserError(f"--jobs {args.jobs}: expected 0 (one per core) or a positive "
+                        f"number")
     if args.output is not None:  # given, even empty: checked
         output_path(args.output, "-o")
         check_outputs([("config", args.config)], [("-o", args.output)])
@@ -69,8 +78,8 @@ def command(args) -> int:
     cfg = load_config(args.config, overrides)
     bar = _Bar(disabled=args.no_progress)
     try:
-        advice = advise(cfg, args.objective,
-                        screen_steps=args.screen_steps or SCREEN_STEPS, progress=bar)
+        advice = advise(cfg, args.objective, screen_steps=args.screen_steps or SCREEN_STEPS,
+                        jobs=args.jobs, progress=bar)
     except AdviseError as e:
         raise UserError(f"{args.config}: {e}") from None
     finally:
@@ -103,7 +112,12 @@ class _Bar:
             # lazy: start-up time of the CLI (tqdm)
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, unit="policy", desc="simulating", file=sys.stderr,
+            class Quiet(tqdm):
+                # no monitor thread: the screen forks its worker processes after the bar
+                # has started, and a fork copies no thread but whatever locks one held
+                monitor_interval = 0
+
+            self.bar = Quiet(total=total, unit="policy", desc="simulating", file=sys.stderr,
                             leave=False, disable=True if self.disabled else None)
         self.bar.update(done - self.bar.n)
 

@@ -19,40 +19,63 @@ author controls:
   may remove the CPU mirror (as SGLang #29343 did for fa3) but never needs to
   add it, so it is searched as {as the input, off}.
 
-Every candidate is simulated with fewer steps than the config (``screen_steps``,
-default 200, warm-up 20, the same seed: deterministic configs reach their
-steady state within a few steps, and 180 measured steps put a stochastic
-config's mean within a few standard errors of the long run) and checked for
-latent races. Racy candidates are reported, never recommended, and neither is
-a policy the registry marks unsafe (``none``), except for a workload in which no phase
-reads a shared buffer: there no write can overtake a read, every policy is safe, and
-``none`` (no barrier at all) is advised when it is the fastest (a ``fine`` barrier there
-has nothing published to wait for and falls back to ``coarse``). Among race-free candidates
-within ``tie`` (relative, default 0.1 %) of the best objective, the one with
-the largest launch lead wins (a policy that blocks the CPU leaves less margin
-for host jitter), then the one with the fewest changes to the input, then one
-that needs no new in-graph node. The winner and the input are then
-re-simulated at the config's own length with the reference executor, so the
-advised figures are the ones ``simwar run`` prints for the advised config.
+Every candidate is simulated with fewer steps than the config (``screen_steps``, default
+200, warm-up 20, the same seed: deterministic configs reach their steady state within a few
+steps, and 180 measured steps put a stochastic config's mean within a few standard errors of
+the long run) and checked for latent races (the *screen*, :func:`screen`: ``jobs`` worker
+processes, each a share of the candidates; its answers are the same whatever ``jobs`` is).
+Racy candidates are reported, never recommended, and neither is a policy the registry marks
+unsafe (``none``), except for a workload in which no phase reads a shared buffer: there no
+write can overtake a read, every policy is safe, and ``none`` (no barrier at all) is advised
+when it is the fastest (a ``fine`` barrier there has nothing published to wait for and falls
+back to ``coarse``). Among race-free candidates within ``tie`` (relative, default 0.1 %) of
+the best objective, the one with the largest launch lead wins (a policy that blocks the CPU
+leaves less margin for host jitter), then the one with the fewest changes to the input, then
+one that needs no new in-graph node. The winner and the input are then re-simulated at the
+config's own length with the reference executor, so the advised figures are the ones
+``simwar run`` prints for the advised config.
 
-:func:`simulate_config` is the one place a candidate is simulated (the
-fast executor is used when :func:`simwar.api.simulate` offers it).
+**The screen's cost.** A candidate moves a record or changes a barrier, so its program
+differs from every other's in structure, not in numbers: no two candidates share a lockstep
+group, and each pays for its own plan, generated code and race windows. What the screen
+spares each one: the validation (a candidate's config is the validated screen config with
+its overrides copied in, :func:`candidate_config`, equal to what
+:func:`~simwar.config.load_config` gives), :func:`simwar.api.simulate`'s per-run choice of
+executor and memory check (made once for the screen: the overrides change neither), and the
+code of a block that an earlier candidate compiled (:mod:`simwar.executors.fast.codegen`
+caches it by shape; the candidates run in an order that puts those sharing their first
+iteration side by side, :func:`_screen_order`).
 
-Imports: simwar's config, policies and api modules (numpy, pandas, simpy through them).
+:func:`screen` runs the candidates, :func:`simulate_config` the confirming runs at full
+length: no other place simulates.
+
+Imports: simwar's config, policies, api and the fast executor (numpy, pandas, simpy through
+them); the standard library's multiprocessing for ``jobs``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+import multiprocessing
+import os
+import signal
+import sys
+import time
 from dataclasses import dataclass, field
 
 import yaml
 
 from simwar.api import simulate
+from simwar.builder.sizes import draw_sizes
 from simwar.config import Config, load_config
+from simwar.config.budget import check_memory
 from simwar.config.policies import BARRIERS, barrier, publish_point
 from simwar.config.schema import MIN_MEASURED
+from simwar.config.workload import REQUEST_SOURCES
+from simwar.core.collector import gc_paused
+from simwar.executors.fast import run_config
 
 #: objective name -> (summary key, direction: +1 larger is better, -1 smaller is better)
 OBJECTIVES = {
@@ -95,6 +118,8 @@ class Candidate:
     nothing_to_protect: bool = False
     summary: dict = field(default_factory=dict)  # of the screening run
     confirmed: dict | None = None  # of the full-length run (the best and the input only)
+    #: what its program is made of (:func:`_program_key`): candidates of equal keys are one
+    key: tuple = ()
 
     @property
     def races(self) -> int:
@@ -176,6 +201,7 @@ def space(cfg: Config) -> list[Candidate]:
             if key in seen:
                 continue
             seen.add(key)
+            cand.key = key
             out.append(cand)
     return out
 
@@ -326,12 +352,175 @@ def _publish_needs(phase, pos: str, in_graph: bool, new_phase: bool) -> str:
 
 # --------------------------------------------------------------------------- simulation
 def simulate_config(cfg: Config, fast: bool = True):
-    """Simulate one candidate: the only simulate call of the search.
+    """Simulate one config through :func:`simwar.api.simulate` (the confirming runs).
 
     ``fast``: the fast executor; False (the confirming runs at full length): the
     config's own ``engine`` (both give the same results; the tests hold them equal).
     """
     return simulate(cfg, engine="fast" if fast else None)
+
+
+#: the policy keys a candidate overrides, each value one :func:`space` made from the
+#: config's own phases and the registry, so valid there (and phases.<P>.read_ends)
+POLICY_KEYS = frozenset({"barrier", "placement", "plan_stream", "needs_cpu_seq_lens",
+                         "publish_phase"})
+
+
+def candidate_config(base: Config, overrides: dict) -> Config:
+    """``load_config(base, overrides)`` for a candidate of ``base``, without validating again.
+
+    A candidate's overrides are policy keys (:data:`POLICY_KEYS`) and ``phases.P.read_ends``
+    whose values :func:`space` took from what ``base`` allows (a registered barrier, a
+    placement, a phase of the table that reads, a position): no rule of the config can refuse
+    them (the one across keys, ``publish_phase`` naming a phase, holds by construction), so
+    they are copied into the validated config. Any other key, or a config with per-rank
+    overrides (each rank's config is validated with them), is validated as usual. The tests
+    hold the two equal for every candidate of the shipped configs.
+    """
+    policy: dict = {}
+    ends: dict = {}
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if len(parts) == 2 and parts[0] == "policy" and parts[1] in POLICY_KEYS:
+            policy[parts[1]] = value
+        elif len(parts) == 3 and parts[0] == "phases" and parts[2] == "read_ends":
+            ends[parts[1]] = value
+        else:
+            return load_config(base, overrides)
+    if base.ranks is not None and base.ranks.per_rank:
+        return load_config(base, overrides)
+    update: dict = {}
+    if policy:
+        update["policy"] = base.policy.model_copy(update=policy)
+    if ends:  # the resolved table: one dict per phase, in order
+        update["phases"] = [{**p, "read_ends": ends[p["name"]]} if p["name"] in ends else p
+                            for p in base.phases]
+    return base.model_copy(update=update) if update else base
+
+
+class _Screen:
+    """Screens candidates of one config: each its summary at the screen's length.
+
+    ``base``: the config at the screen's length, validated. What :func:`simwar.api.simulate`
+    decides per run is decided here once: the executor (the fast executor's one pass for a
+    run of one rank whose batches do not depend on its own times; anything else goes through
+    ``simulate`` itself) and the memory check (a candidate's overrides change neither: they
+    are the barrier and where records go, not the run's size or its workload).
+    """
+
+    def __init__(self, base: Config):
+        self.base = base
+        source = base.workload.source if base.workload is not None else "constant"
+        self.direct = base.tp == 1 and source not in REQUEST_SOURCES
+        if self.direct:
+            check_memory(base)
+
+    def summary(self, overrides: dict) -> dict:
+        cfg = candidate_config(self.base, overrides)
+        if self.direct:  # simulate(cfg, engine="fast")'s run, its choices made once
+            return run_config(cfg, draw_sizes(cfg)).summary
+        return dict(simulate(cfg, engine="fast").summary)
+
+
+def _screen_order(cands: list[Candidate]) -> list[int]:
+    """The order the candidates are screened in: by their program key with the barrier
+    last, so that candidates whose first iteration is one shape (a barrier at the loop's
+    top has not run yet at step 0: ``fine`` and ``host_sync`` of one publish point) come
+    one after the other and the second finds the first's compiled code and race windows
+    in the executor's caches, which keep the most recent few hundred."""
+    return sorted(range(len(cands)), key=lambda i: tuple(
+        "" if x is None else x for x in (*cands[i].key[1:], *cands[i].key[:1])))
+
+
+#: seconds of screening in this process before the rest is handed to worker processes
+#: (starting them costs about a tenth of a second: a small space is done sooner alone)
+ALONE_S = 0.5
+
+
+def screen(cfg: Config, cands: list[Candidate], steps: int, warmup: int, *, jobs: int = 1,
+           progress=None) -> None:
+    """Simulate each candidate at ``steps`` steps (warm-up ``warmup``) into its ``summary``.
+
+    ``jobs``: processes (0: one per core). The screen starts in this process; when
+    candidates are left after :data:`ALONE_S` seconds, ``jobs`` worker processes take them,
+    each a run of consecutive candidates in the screen's order at a time. Every summary is
+    the one a run in this process gives (the same config, the same executor: bit for bit),
+    whatever ``jobs`` is. ``progress(done, total)``: called as candidates finish.
+    """
+    if jobs < 0:
+        raise AdviseError(f"jobs: expected 0 (one per core) or a positive number, "
+                          f"got {jobs}")
+    jobs = jobs or os.cpu_count() or 1  # as a sweep's jobs 0
+    base = load_config(cfg, {"steps": steps, "warmup_steps": warmup})
+    order = _screen_order(cands)
+    total = len(cands)
+    runner = _Screen(base)
+    done = 0
+    start = time.perf_counter()
+    with gc_paused():
+        while done < total and (jobs == 1 or total - done < 2
+                                or time.perf_counter() - start < ALONE_S):
+            cand = cands[order[done]]
+            cand.summary = runner.summary(cand.overrides)
+            done += 1
+            if progress is not None:
+                progress(done, total)
+    if done == total:
+        return
+    # a few runs per worker: the load stays balanced, progress moves, and the candidates
+    # that share code stay together (they are neighbours in the order)
+    rest = order[done:]
+    workers = min(jobs, len(rest))
+    size = -(-len(rest) // (workers * 4))
+    work = [[(i, cands[i].overrides) for i in rest[k:k + size]]
+            for k in range(0, len(rest), size)]
+    with _pool(workers, base) as pool:
+        for results in pool.imap_unordered(_screen_part, work):
+            for i, summary in results:
+                cands[i].summary = summary
+            done += len(results)
+            if progress is not None:
+                progress(done, total)
+
+
+_WORKER: _Screen | None = None  # a worker process's screen (set by _start_worker)
+
+
+def _start_worker(base: Config) -> None:
+    global _WORKER
+    # Ctrl-C reaches the whole process group; the parent decides what it means (it ends
+    # the pool). SIGTERM, which the pool ends its workers with, ends a worker as by default
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _WORKER = _Screen(base)
+
+
+def _screen_part(part: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
+    with gc_paused():
+        return [(i, _WORKER.summary(over)) for i, over in part]
+
+
+@contextlib.contextmanager
+def _pool(workers: int, base: Config):
+    """A pool of ``workers`` screening processes for ``base``, ended on leaving (at once on
+    an error or Ctrl-C: the candidates in flight are not waited for). Forked on Linux: the
+    workers inherit the imported simulator and never import the caller's ``__main__``
+    again; elsewhere the platform's default start (which needs the usual ``__main__``
+    guard in a script)."""
+    context = (multiprocessing.get_context("fork") if sys.platform.startswith("linux")
+               else multiprocessing.get_context())
+    pool = context.Pool(workers, initializer=_start_worker, initargs=(base,))
+    finished = False
+    try:
+        yield pool
+        finished = True
+    finally:
+        if finished:
+            pool.close()
+        else:
+            pool.terminate()
+        pool.join()
+
 
 
 def _value(summary: dict, objective: str) -> float:
@@ -404,10 +593,12 @@ def diff_tree(overrides: dict) -> dict:
 
 def advise(cfg, objective: str = "step_us_mean", *, screen_steps: int = SCREEN_STEPS,
            screen_warmup: int = SCREEN_WARMUP, tie: float = TIE, confirm: bool = True,
-           progress=None) -> Advice:
+           jobs: int = 1, progress=None) -> Advice:
     """Search the policy space of ``cfg`` (a path, mapping or Config) for ``objective``.
 
-    ``progress(done, total)``, if given, is called after each screened candidate.
+    ``jobs``: processes screening the candidates (:func:`screen`; 0: one per core);
+    the advice is the same for any. ``progress(done, total)``, if given, is called as
+    screened candidates finish.
     """
     if objective not in OBJECTIVES:
         raise AdviseError(f"objective '{objective}' is not known (expected one of "
@@ -417,12 +608,7 @@ def advise(cfg, objective: str = "step_us_mean", *, screen_steps: int = SCREEN_S
     steps = min(cfg.steps, screen_steps)
     # a screen run measures at least MIN_MEASURED steps after its warm-up, as any run must
     warm = max(0, min(cfg.warmup_steps, screen_warmup, steps - MIN_MEASURED - 1))
-    short = {"steps": steps, "warmup_steps": warm}
-    for i, cand in enumerate(cands):
-        run = simulate_config(load_config(cfg, {**cand.overrides, **short}))
-        cand.summary = dict(run.summary)
-        if progress is not None:
-            progress(i + 1, len(cands))
+    screen(cfg, cands, steps, warm, jobs=jobs, progress=progress)
     _, direction = OBJECTIVES[objective]
     baseline = next(c for c in cands if not c.overrides)
 
