@@ -4,7 +4,8 @@
 host items: every runtime call it keeps (the scheduler thread's, then the other threads'),
 then the device work whose call is not in the capture. :func:`issue_order` orders them by
 issue time (calls before device work at one time, then by index; ties kept in list order)
-with one stable numpy sort of three columns, where a tuple per item used to be sorted;
+with one stable numpy sort of three columns, where a tuple per item used to be sorted, and
+gives their issue times, from which the builder finds every item's step by one search;
 :func:`indices` hands the order back as Python ints a chunk at a time.
 :func:`enclosing_ranges` gives each host call the phase and site of the ``record_function``
 ranges open at its start (the innermost that a phase rule, and that a site rule, matches).
@@ -17,11 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def issue_order(items: list, n_calls: int, origin: float, gpu_offset: float) -> np.ndarray:
-    """The indices of ``items`` in issue order: the first ``n_calls`` are runtime calls,
-    issued at their start (``ts - origin``), the rest device work, at its start on the host
-    clock (``ts + gpu_offset - origin``); at one time calls come first, then by index, and
-    device work in list order."""
+def issue_order(items: list, n_calls: int, origin: float,
+                gpu_offset: float) -> tuple[np.ndarray, np.ndarray]:
+    """The indices of ``items`` in issue order, and each item's issue time: the first
+    ``n_calls`` are runtime calls, issued at their start (``ts - origin``), the rest device
+    work, at its start on the host clock (``ts + gpu_offset - origin``); at one time calls
+    come first, then by index, and device work in list order."""
     ts = np.fromiter((x.ts for x in items), float, len(items))
     ts[:n_calls] -= origin
     ts[n_calls:] = ts[n_calls:] + gpu_offset - origin  # as ts + gpu_offset - origin
@@ -29,7 +31,7 @@ def issue_order(items: list, n_calls: int, origin: float, gpu_offset: float) -> 
     later[n_calls:] = 1
     index = np.arange(len(items))
     index[n_calls:] = -1
-    return np.lexsort((index, later, ts))
+    return np.lexsort((index, later, ts)), ts
 
 
 def indices(order: np.ndarray, chunk: int = 1 << 16):
