@@ -327,10 +327,14 @@ class CaptureTraceBuilder:
                 self.lane_of[key] = m.lane_for(d.device, d.stream, multi)
         self._check_mapping_streams()
 
-        by_corr: dict[int, list[DeviceEvent]] = defaultdict(list)
+        lists: dict[int, list[DeviceEvent]] = defaultdict(list)
         for d in cap.device_events:
             if d.correlation >= 0:
-                by_corr[d.correlation].append(d)
+                lists[d.correlation].append(d)
+        # each launch's device work as a tuple: fixed from here, and a tuple of one op (most
+        # launches) takes half the memory of a list grown by append
+        by_corr: dict[int, tuple[DeviceEvent, ...]] = {k: tuple(v) for k, v in lists.items()}
+        del lists
         self.host = self._host_thread(by_corr)
         self._launch_threads(by_corr)
         calls = sorted(cap.runtime_calls, key=lambda c: c.ts)
