@@ -55,9 +55,12 @@ def enclosing_ranges(calls: list, ann: list, phase_rules: list, site_rules: list
     out = []
     none = (None, None)  # shared: most calls sit in no mapped range
     stack: list[tuple[float, str | None, str | None]] = []  # (end, phase, site)
+    low = float("inf")  # the earliest end on the stack (NaN: one end is NaN)
+    current = none  # the answer for the stack as it is: recomputed only when it changes
     j, n = 0, len(ann)
     for c in calls:
         t = c.ts
+        changed = False
         while j < n and ann[j].ts <= t:
             a = ann[j]
             j += 1
@@ -66,18 +69,29 @@ def enclosing_ranges(calls: list, ann: list, phase_rules: list, site_rules: list
                 phase, site = first(phase_rules, a.name), first(site_rules, a.name)
                 tag = tags[a.name] = None if phase is None and site is None else (phase, site)
             if tag is not None:
-                stack.append((a.ts + a.dur, *tag))
-        if stack:
+                end = a.ts + a.dur
+                stack.append((end, *tag))
+                changed = True
+                if end < low or end != end:  # a NaN end stays the low until it is dropped
+                    low = end
+        if not low >= t:  # a range on the stack ended before this call
             stack = [e for e in stack if e[0] >= t]
-        phase = site = None
-        for _, p, s in reversed(stack):  # innermost first
-            if phase is None:
-                phase = p
-            if site is None:
-                site = s
-            if phase is not None and site is not None:
-                break
-        out.append(none if phase is None and site is None else (phase, site))
+            low = float("inf")
+            for e in stack:
+                if e[0] < low:
+                    low = e[0]
+            changed = True
+        if changed:
+            phase = site = None
+            for _, p, s in reversed(stack):  # innermost first
+                if phase is None:
+                    phase = p
+                if site is None:
+                    site = s
+                if phase is not None and site is not None:
+                    break
+            current = none if phase is None and site is None else (phase, site)
+        out.append(current)
     return out
 
 
