@@ -4,7 +4,8 @@
 host items: every runtime call it keeps (the scheduler thread's, then the other threads'),
 then the device work whose call is not in the capture. :func:`issue_order` orders them by
 issue time (calls before device work at one time, then by index; ties kept in list order)
-with one stable numpy sort of three columns, where a tuple per item used to be sorted;
+with one stable numpy sort of three columns, where a tuple per item used to be sorted, and
+gives their issue times, from which the builder finds every item's step by one search;
 :func:`indices` hands the order back as Python ints a chunk at a time.
 :func:`enclosing_ranges` gives each host call the phase and site of the ``record_function``
 ranges open at its start (the innermost that a phase rule, and that a site rule, matches).
@@ -17,11 +18,12 @@ from __future__ import annotations
 import numpy as np
 
 
-def issue_order(items: list, n_calls: int, origin: float, gpu_offset: float) -> np.ndarray:
-    """The indices of ``items`` in issue order: the first ``n_calls`` are runtime calls,
-    issued at their start (``ts - origin``), the rest device work, at its start on the host
-    clock (``ts + gpu_offset - origin``); at one time calls come first, then by index, and
-    device work in list order."""
+def issue_order(items: list, n_calls: int, origin: float,
+                gpu_offset: float) -> tuple[np.ndarray, np.ndarray]:
+    """The indices of ``items`` in issue order, and each item's issue time: the first
+    ``n_calls`` are runtime calls, issued at their start (``ts - origin``), the rest device
+    work, at its start on the host clock (``ts + gpu_offset - origin``); at one time calls
+    come first, then by index, and device work in list order."""
     ts = np.fromiter((x.ts for x in items), float, len(items))
     ts[:n_calls] -= origin
     ts[n_calls:] = ts[n_calls:] + gpu_offset - origin  # as ts + gpu_offset - origin
@@ -29,7 +31,7 @@ def issue_order(items: list, n_calls: int, origin: float, gpu_offset: float) -> 
     later[n_calls:] = 1
     index = np.arange(len(items))
     index[n_calls:] = -1
-    return np.lexsort((index, later, ts))
+    return np.lexsort((index, later, ts)), ts
 
 
 def indices(order: np.ndarray, chunk: int = 1 << 16):
@@ -53,9 +55,12 @@ def enclosing_ranges(calls: list, ann: list, phase_rules: list, site_rules: list
     out = []
     none = (None, None)  # shared: most calls sit in no mapped range
     stack: list[tuple[float, str | None, str | None]] = []  # (end, phase, site)
+    low = float("inf")  # the earliest end on the stack (NaN: one end is NaN)
+    current = none  # the answer for the stack as it is: recomputed only when it changes
     j, n = 0, len(ann)
     for c in calls:
         t = c.ts
+        changed = False
         while j < n and ann[j].ts <= t:
             a = ann[j]
             j += 1
@@ -64,18 +69,29 @@ def enclosing_ranges(calls: list, ann: list, phase_rules: list, site_rules: list
                 phase, site = first(phase_rules, a.name), first(site_rules, a.name)
                 tag = tags[a.name] = None if phase is None and site is None else (phase, site)
             if tag is not None:
-                stack.append((a.ts + a.dur, *tag))
-        if stack:
+                end = a.ts + a.dur
+                stack.append((end, *tag))
+                changed = True
+                if end < low or end != end:  # a NaN end stays the low until it is dropped
+                    low = end
+        if not low >= t:  # a range on the stack ended before this call
             stack = [e for e in stack if e[0] >= t]
-        phase = site = None
-        for _, p, s in reversed(stack):  # innermost first
-            if phase is None:
-                phase = p
-            if site is None:
-                site = s
-            if phase is not None and site is not None:
-                break
-        out.append(none if phase is None and site is None else (phase, site))
+            low = float("inf")
+            for e in stack:
+                if e[0] < low:
+                    low = e[0]
+            changed = True
+        if changed:
+            phase = site = None
+            for _, p, s in reversed(stack):  # innermost first
+                if phase is None:
+                    phase = p
+                if site is None:
+                    site = s
+                if phase is not None and site is not None:
+                    break
+            current = none if phase is None and site is None else (phase, site)
+        out.append(current)
     return out
 
 

@@ -65,7 +65,7 @@ events plus one block.
 The file is over 600 lines because the check of every field it reads (the malformed-event
 rules above) is one unit: split, each half would restate the other.
 
-Imports: msgspec, the standard library and :mod:`simwar.core.trace`; never the
+Imports: msgspec, numpy, the standard library and :mod:`simwar.core.trace`; never the
 simulator (api, executors, build) and no pandas. Nothing prints: progress goes
 to an optional callback.
 """
@@ -81,10 +81,12 @@ import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
+import numpy as np
 
 from simwar.capture.trace_json import KinetoFormatError, TraceJSON
 from simwar.core.trace import Call
@@ -780,18 +782,22 @@ def _what(v) -> str:
 
 
 def _check_plausible(cap: CaptureEvents) -> None:
-    """Implausible times (a capture written in ns where µs are expected): counted problems."""
-    long = sum(1 for d in cap.device_events if d.dur > PLAUSIBLE_DUR_US)
+    """Implausible times (a capture written in ns where µs are expected): counted problems.
+    The times are taken out of the records as numpy columns (by ``attrgetter``, no
+    Python-level loop: seven generator passes were a tenth of the reader's time)."""
+    seqs = (cap.device_events, cap.runtime_calls, cap.annotations)
+    ts = [np.fromiter(map(_TS, seq), np.float64, len(seq)) for seq in seqs]
+    dur = [np.fromiter(map(_DUR, seq), np.float64, len(seq)) for seq in seqs]
+    long = int(np.count_nonzero(dur[0] > PLAUSIBLE_DUR_US))
     if long:
         cap.problems[("device", f"longer than {PLAUSIBLE_DUR_US / 1e6:.0f} s (implausible: "
                                 f"are 'ts'/'dur' in ns, not µs?)")] += long
-    starts = [min((e.ts for e in seq), default=None)
-              for seq in (cap.device_events, cap.runtime_calls, cap.annotations)]
-    ends = [max((e.ts + e.dur for e in seq), default=None)
-            for seq in (cap.device_events, cap.runtime_calls, cap.annotations)]
-    starts = [s for s in starts if s is not None]
-    ends = [e for e in ends if e is not None]
+    starts = [float(t.min()) for t in ts if len(t)]
+    ends = [float((t + d).max()) for t, d in zip(ts, dur) if len(t)]
     if starts and ends and max(ends) - min(starts) > PLAUSIBLE_SPAN_US:
         span = (max(ends) - min(starts)) / 1e6
         cap.problems[("capture", f"spans {span:.0f} s (implausible for a profile: are "
                                  f"'ts'/'dur' in ns, not µs?)")] += 1
+
+
+_TS, _DUR = attrgetter("ts"), attrgetter("dur")
