@@ -55,13 +55,9 @@ them); the standard library's multiprocessing for ``jobs``.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
-import multiprocessing
 import os
-import signal
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -76,6 +72,7 @@ from simwar.config.schema import MIN_MEASURED
 from simwar.config.workload import REQUEST_SOURCES
 from simwar.core.collector import gc_paused
 from simwar.executors.fast import run_config
+from simwar.study.pools import process_pool
 
 #: objective name -> (summary key, direction: +1 larger is better, -1 smaller is better)
 OBJECTIVES = {
@@ -488,10 +485,6 @@ _WORKER: _Screen | None = None  # a worker process's screen (set by _start_worke
 
 def _start_worker(base: Config) -> None:
     global _WORKER
-    # Ctrl-C reaches the whole process group; the parent decides what it means (it ends
-    # the pool). SIGTERM, which the pool ends its workers with, ends a worker as by default
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _WORKER = _Screen(base)
 
 
@@ -500,27 +493,10 @@ def _screen_part(part: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
         return [(i, _WORKER.summary(over)) for i, over in part]
 
 
-@contextlib.contextmanager
 def _pool(workers: int, base: Config):
-    """A pool of ``workers`` screening processes for ``base``, ended on leaving (at once on
-    an error or Ctrl-C: the candidates in flight are not waited for). Forked on Linux: the
-    workers inherit the imported simulator and never import the caller's ``__main__``
-    again; elsewhere the platform's default start (which needs the usual ``__main__``
-    guard in a script)."""
-    context = (multiprocessing.get_context("fork") if sys.platform.startswith("linux")
-               else multiprocessing.get_context())
-    pool = context.Pool(workers, initializer=_start_worker, initargs=(base,))
-    finished = False
-    try:
-        yield pool
-        finished = True
-    finally:
-        if finished:
-            pool.close()
-        else:
-            pool.terminate()
-        pool.join()
-
+    """A pool of ``workers`` screening processes for ``base`` (:mod:`simwar.study.pools`:
+    how they start, and end at once on an error or Ctrl-C)."""
+    return process_pool(workers, _start_worker, (base,))
 
 
 def _value(summary: dict, objective: str) -> float:

@@ -70,10 +70,7 @@ import hashlib
 import itertools
 import json
 import math
-import multiprocessing
 import os
-import signal
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -99,6 +96,7 @@ from simwar.config.budget import check_memory
 from simwar.core.files import interrupt_handled, jsonable
 from simwar.executors.lockstep import batch_size
 from simwar.study.expand import Templates
+from simwar.study.pools import process_pool
 from simwar.study.progress import progress_reporter
 from simwar.study.store import (
     ID_COLUMNS,
@@ -649,23 +647,6 @@ def _backend(name: str, *, jobs: int, pending: int, ray_address: str | None
             yield execute, workers
 
 
-def _pool_context() -> multiprocessing.context.BaseContext:
-    # fork on Linux: workers inherit the imported simulator and never re-import the caller's
-    # __main__ (stdin, notebooks and unguarded scripts all work); elsewhere fork is unsafe
-    # (macOS) or missing, and the platform default (spawn) needs the usual __main__ guard
-    if sys.platform.startswith("linux"):
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context()
-
-
-def _ignore_interrupts() -> None:
-    # Ctrl-C reaches the whole process group; only the parent decides what it means. SIGTERM
-    # (the parent's handler, inherited by the fork, answers it as Ctrl-C) ends a worker as
-    # its default does: the pool stops its workers with it
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def _in_process(tasks: list[Task]) -> Iterator[tuple[Task, list[dict]]]:
     for task in tasks:
         yield task, run_many(*_task_of(task))
@@ -678,25 +659,14 @@ def _run_numbered(item: tuple[int, list[dict], list | None]) -> tuple[int, list[
 
 @contextlib.contextmanager
 def _process_pool(workers: int) -> Iterator[Executor]:
-    # multiprocessing.Pool rather than concurrent.futures: on Ctrl-C or an error it can
-    # terminate runs in flight instead of waiting for them
-    pool = _pool_context().Pool(workers, initializer=_ignore_interrupts)
+    with process_pool(workers) as pool:
+        def execute(tasks: list[Task]) -> Iterator[tuple[Task, list[dict]]]:
+            numbered = ((i, *_task_of(task)) for i, task in enumerate(tasks))
+            for number, summaries in pool.imap_unordered(_run_numbered, numbered,
+                                                         chunksize=1):
+                yield tasks[number], summaries
 
-    def execute(tasks: list[Task]) -> Iterator[tuple[Task, list[dict]]]:
-        numbered = ((i, *_task_of(task)) for i, task in enumerate(tasks))
-        for number, summaries in pool.imap_unordered(_run_numbered, numbered, chunksize=1):
-            yield tasks[number], summaries
-
-    finished = False
-    try:
         yield execute
-        finished = True
-    finally:
-        if finished:
-            pool.close()
-        else:
-            pool.terminate()
-        pool.join()
 
 
 @contextlib.contextmanager
