@@ -136,7 +136,12 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     logs = {entry: f"LG{n}" for n, entry in enumerate(log)}
     nrec = len(shape.records)
     body: list[tuple[str, int]] = []
-    sites = sorted({h.site for h in shape.host if h.kind == "sync"})
+    sites = sorted({h.site for h in shape.host if h.kind in ("sync", "hcoll")})
+    colls = any(h.kind == "hcoll" or (h.kind == "graph" and any(n.kind == "c" for n in h.nodes))
+                for h in shape.host)
+    if colls and (target is SCALAR or trace or collect):
+        raise ValueError("a shape with collectives runs on the array target only (its lanes "
+                         "the ranks), without collect or trace mode")
 
     def emit(line: str, indent: int = 2) -> None:
         body.append((line, indent))
@@ -177,11 +182,18 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         first_of.setdefault(op.off, i)
         last_of[op.off] = i
 
-    def kernel(dev_index: int, lane: str, dur: str) -> None:
+    def kernel(dev_index: int, lane: str, dur: str, collective: bool = False) -> None:
         op = shape.ops[dev_index]
         tv = _lanevar(lane, lanes)
         emit(f"s = begins({tv}, t)")
-        emit(f"{tv} = e = s + {dur}")
+        if collective:
+            # a device collective (lanes: the ranks): it ends on every rank at the last
+            # rank's begin plus its own duration (core.rules.collective_ends); its
+            # arrival (the begin) is logged
+            emit(f"{tv} = e = collective_ends(s, {dur})")
+            emit("CL(s); CL(e)")
+        else:
+            emit(f"{tv} = e = s + {dur}")
         if lane == fwd and not trace:
             ks = step_index(op.off)
             if op.phase:
@@ -252,6 +264,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                 if node.kind == "r":
                     record(f"r{rec}", h.stream, dev)
                     rec += 1
+                elif node.kind == "c":
+                    kernel(dev, h.stream, next(pi), collective=True)
                 else:
                     kernel(dev, h.stream, next(pi))
                 dev += 1
@@ -280,6 +294,13 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             emit(f"t = returns(t0, {host}, {f}, {wake})")
             if not trace:
                 emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
+            dev += 1
+        elif kind == "hcoll":  # a host collective (lanes: the ranks)
+            cost, wake = next(pi), next(pi)
+            emit("t0 = t")
+            emit(f"t = host_collective_leaves(t0, {cost}, {wake})")
+            emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
+            emit("CL(t0); CL(t.copy())")  # the clock is added to in place
             dev += 1
         elif kind == "run_batch":
             if not trace:
@@ -325,6 +346,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src("BU = S.busy; DE = S.dep; cw = S.cw; cl = S.cl; W = S.w; Dp = S.dp; bad = S.bad", 1)
     for n, var in enumerate(logs.values()):
         src(f"{var} = S.logs[{n}].append", 1)
+    if colls:
+        src("CL = S.colls.append", 1)
     src("begins = _begins; released = _released; returns = _returns", 1)
     if feed:
         src("for ki in KS:", 1)
@@ -352,6 +375,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src("S.cw = cw; S.cl = cl; S.w = W; S.dp = Dp; S.bad = bad", 1)
     code = "\n".join(src.lines) + "\n"
     namespace = dict(target.rules)
+    if colls:
+        namespace.update(collective_ends=rules.collective_ends_many,
+                         host_collective_leaves=rules.host_collective_leaves_many)
     filename = f"<simwar.executors.fast.codegen {target.name} block {abs(hash(shape)):x}>"
     exec(compile(code, filename, "exec"), namespace)
     fn = namespace["block"]

@@ -47,7 +47,7 @@ from __future__ import annotations
 from simwar.core.program import Program
 from simwar.core.recorder import Recorder
 from simwar.core.refusals import PlanRefused
-from simwar.core.rules import begins, released
+from simwar.core.rules import begins, collective_ends, released
 from simwar.core.trace import Trace
 from simwar.executors.host_loop import Join, meta_collectives, walk
 
@@ -149,9 +149,9 @@ class StreamTails:
         del table[index]
         last = max(j.times)
         for device, lane_, op_, duration in j.waiting:
-            device.free[lane_] = device.op_end[op_] = last + duration
+            device.free[lane_] = device.op_end[op_] = collective_ends(last, duration)
             self.ready.append(device.rank)
-        self.free[lane] = self.op_end[op_id] = last + duration_us
+        self.free[lane] = self.op_end[op_id] = collective_ends(last, duration_us)
         return ()
 
     def end(self, t: float):
