@@ -37,9 +37,11 @@ fast executor's plan, codegen and races, and this package's state.
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
-from simwar.analysis.metrics import SITES, StepFacts, columns_from_arrays, summarize
+from simwar.analysis.metrics import SITES
 from simwar.analysis.ranks import Collectives
 from simwar.builder.draws import Use
 from simwar.builder.loop import plan_iterations
@@ -53,10 +55,9 @@ from simwar.builder.ranks import (
 )
 from simwar.core.refusals import PlanRefused
 from simwar.executors.fast.codegen import compile_block
-from simwar.executors.fast.execute import marks_results
+from simwar.executors.fast.execute import _finish, _State
 from simwar.executors.fast.plan import Plan, Unsettled, bind, plan_program, plan_template
 from simwar.executors.fast.races import RacePlan
-from simwar.executors.lockstep.execute import State
 
 #: passes of a block run per call of its compiled function
 CHUNK = 4096
@@ -148,107 +149,70 @@ def _check(plans: list[Plan]) -> None:
         raise RanksApart("negative durations")
 
 
-def _parameters(plans: list[Plan], bi: int) -> tuple[tuple, tuple, list]:
-    """Block ``bi``'s slots (a column where any rank has one), constants (a number where
-    every rank has the same, else one per rank) and per-rank columns (lists, or a
-    rank's constant)."""
-    blocks = [p.blocks[bi] for p in plans]
-    n = len(blocks)
+def _parameters(blocks: list, start: int, stop: int) -> tuple[tuple, tuple, list]:
+    """The ranks' blocks' slots (a column where any rank has one), each rank's constants
+    and, passes ``start..stop-1``, every rank's columns (a rank's constant repeated where
+    another has a column), rank by rank."""
     slots = tuple(any(b.consts[j] is None for b in blocks) for j in range(len(blocks[0].consts)))
-    consts = []
-    for j, col in enumerate(slots):
-        if col:
+    consts, cols = [], []
+    for b in blocks:
+        consts.append(tuple(c for c, col in zip(b.consts, slots) if not col))
+        if not any(slots):
             continue
-        values = [b.consts[j] for b in blocks]
-        if all(v == values[0] and str(v) == str(values[0]) for v in values):
-            consts.append(float(values[0]))
-        else:
-            consts.append(np.array(values, dtype=np.float64))
-    return slots, tuple(consts), [blocks[r] for r in range(n)]
-
-
-def _columns(blocks: list, slots: tuple, start: int, stop: int) -> list[np.ndarray]:
-    """The column slots' values for passes ``start..stop-1``: a row per pass, a column
-    per rank."""
-    n = len(blocks)
-    out = [np.empty((stop - start, n)) for j in range(len(slots)) if slots[j]]
-    for r, b in enumerate(blocks):
         own = iter(b.columns(start, stop)) if any(c is None for c in b.consts) else iter(())
-        k = 0
-        for j, col in enumerate(slots):
-            if not col:
-                continue
-            out[k][:, r] = next(own) if b.consts[j] is None else b.consts[j]
-            k += 1
-    return out
+        cols += [next(own) if c is None else [c] * (stop - start)
+                 for c, col in zip(b.consts, slots) if col]
+    return slots, tuple(consts), cols
 
 
 def run_plans(plans: list[Plan], window: int = 2, progress=None
               ) -> tuple[list[RankRun], Collectives]:
-    """:func:`run_ranks` of the ranks' plans (:func:`~simwar.executors.fast.plan.plan_program`
-    of each rank's Program, collectives shaped)."""
+    """:func:`run_ranks` of the ranks' plans (:func:`plan_rank`, or
+    :func:`~simwar.executors.fast.plan.plan_program` of each rank's Program, collectives
+    shaped): the blocks compiled in the lanes target (:mod:`simwar.executors.fast.codegen`),
+    a lane per rank, each rank's state the fast executor's own."""
     _check(plans)
     plan = plans[0]
     n = len(plans)
     fwd = plan.meta.get("forward_stream", "forward")
     depth = plan.depth
-    marks = marks_results(plan)
-    state = State(plan.lo, plan.hi, set(SITES) | plan.sites, depth, n, marks)
-    state.colls = []
-    races = RacePlan(plan, window)
-    races.reset(new_log=list)
+    sites = set(SITES) | plan.sites
+    states = [_State(p.lo, p.hi, sites, depth, False) for p in plans]
+    races = [RacePlan(p, window) for p in plans]
+    for st, rp in zip(states, races):
+        st.colls = array("d")
+        rp.reset()
     for bi, b in enumerate(plan.blocks):
-        slots, consts, blocks = _parameters(plans, bi)
-        fn = compile_block(b.shape, slots, fwd, False, races.logs_of(bi), depth,
-                           target="array")
-        state.logs = races.log_arrays(bi)
-        lo = state.origin
+        blocks = [p.blocks[bi] for p in plans]
+        fn = None
         for start in range(0, b.n, CHUNK):
             stop = min(b.n, start + CHUNK)
+            slots, consts, cols = _parameters(blocks, start, stop)
+            if fn is None:
+                fn = compile_block(b.shape, slots, fwd, False, races[0].logs_of(bi), depth,
+                                   target="lanes", lanes=n)
+                for st, rp in zip(states, races):
+                    st.logs = rp.log_arrays(bi)
             ks = b.steps[start:stop]
+            lo = states[0].origin
             ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
                 [k - lo for k in ks]
-            cols = _columns(blocks, slots, start, stop) if any(slots) else ()
-            fn(ks, consts, cols, state)
+            fn(ks, consts, cols, states)
             if progress is not None:
                 progress(b.steps[stop - 1])
-    if state.bad:
-        state.release()
+    if any(st.bad for st in states):
         raise RanksApart("forward steps issued out of order")
-    out = [_rank(r, p, state, races, marks) for r, p in enumerate(plans)]
-    collectives = _collectives(plan, state.colls, n)
-    state.release()
-    return out, collectives
+    out = []
+    for r, (p, st, rp) in enumerate(zip(plans, states, races)):
+        run = _finish(p, st, rp, fwd)  # the one-rank executor's table, races and summary
+        out.append(RankRun(r, run.summary, run.columns, run.hazards, dict(p.meta)))
+    return out, _collectives(plan, [st.colls for st in states])
 
 
-def _rank(r: int, plan: Plan, state: State, races: RacePlan, marks: bool) -> RankRun:
-    """Rank ``r``'s per-step table, races and summary from its column of the pass."""
-    fs = state.fs[:, r]
-    idx = np.flatnonzero(fs < np.inf)
-    steps = (idx + state.origin).astype(np.int32)
-    if len(idx) == 0:
-        columns = {"step": np.zeros(0, dtype=np.int32)}
-    else:
-        def col(a):
-            return np.ascontiguousarray(a[idx, r])
-
-        columns = columns_from_arrays(
-            steps, col(state.fs), col(state.fe), col(state.busy), col(state.dep),
-            {site: col(v) for site, v in state.blocked.items()}, col(state.launch),
-            StepFacts(plan.meta), col(state.done) if marks else None)
-    logged = races.arrays
-    races.arrays = [[np.ascontiguousarray(np.asarray(log)[:, r]) if len(log) else np.zeros(0)
-                     for log in logs] for logs in logged]
-    races.base = [0] * len(logged)
-    hazards = races.finish(state)
-    races.arrays = logged
-    return RankRun(r, summarize(columns, plan.meta, hazards), columns, hazards,
-                   dict(plan.meta))
-
-
-def _collectives(plan: Plan, logged: list, n: int) -> Collectives:
-    """The ranks' collectives from the times logged in issue order (an arrival and a
-    leaving time per instance) and the plan, which names each instance."""
+def _collectives(plan: Plan, logged: list) -> Collectives:
+    """The ranks' collectives from the times each rank logged in issue order (an arrival
+    and a leaving time per instance) and the plan, which names each instance."""
+    n = len(logged)
     device: list[np.ndarray] = []
     name: list = []
     step: list[np.ndarray] = []
@@ -273,8 +237,8 @@ def _collectives(plan: Plan, logged: list, n: int) -> Collectives:
     dev = np.concatenate(device) if device else np.zeros(0, dtype=np.int64)
     ops = np.concatenate(op) if op else np.zeros(0, dtype=np.int64)
     stp = np.concatenate(step) if step else np.zeros(0, dtype=np.int64)
-    times = np.asarray(logged, dtype=np.float64).reshape(-1, 2, n) if logged else \
-        np.zeros((0, 2, n))
+    times = np.stack([np.frombuffer(log, dtype=np.float64) if len(log) else np.zeros(0)
+                      for log in logged], axis=1).reshape(-1, 2, n)
     # instance numbers: the k-th host collective, the k-th device collective
     instance = np.empty(len(dev), dtype=np.int64)
     for kind in (0, 1):
