@@ -95,19 +95,6 @@ def returns_many(called, cost_us, fired, wake_us):
     return _np.where(fired > t, fired + wake_us, t)
 
 
-def collective_ends_many(begins, duration_us):
-    """:func:`collective_ends` over ranks in lockstep: ``begins`` one element per rank (the
-    ranks of one run), the last of them taken (``max`` of values that are never NaN)."""
-    return _np.full(begins.shape, begins.max()) + duration_us
-
-
-def host_collective_leaves_many(arrivals, cost_us, wake_us):
-    """:func:`host_collective_leaves` over ranks in lockstep (``arrivals``: one per rank):
-    the same additions in the same order, element by element."""
-    last = arrivals.max()
-    return last + cost_us + _np.where(last > arrivals, wake_us, 0.0)
-
-
 class Lanes:
     """Per-stream tails, advanced by the rules above (one-pass schedules)."""
 

@@ -20,6 +20,13 @@ group, so it stays plain Python on integers in both. The targets differ only whe
 its parameter columns (the array target: one 2-d array per column, a row per pass); the
 array target has no ``collect`` and no trace mode.
 
+A third, the *lanes* target (:mod:`simwar.executors.lockstep.ranks`: tensor-parallel
+ranks), is the scalar text once per lane, each lane's names its own (``t_0``, ``t_1``),
+every lane's state the scalar target's (:func:`_unrolled`). Collectives (a shape's host
+collective, a graph's collective kernel) are ops of the ranks only, so of the lanes target
+only: each is its rule of :mod:`simwar.core.rules` applied at the last rank's arrival;
+their arrival and leaving times are appended to each lane's ``S.colls``.
+
 ``S`` is the run's state (:mod:`simwar.executors.fast.execute` makes it; the array target's:
 :class:`simwar.executors.lockstep.execute.State`); the function reads and writes back its
 attributes: the host clock ``t``, the stream tails ``tails``, the record times of earlier
@@ -147,10 +154,10 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     sites = sorted({h.site for h in shape.host if h.kind in ("sync", "hcoll")})
     colls = any(h.kind == "hcoll" or (h.kind == "graph" and any(n.kind == "c" for n in h.nodes))
                 for h in shape.host)
-    if colls and (target is SCALAR or trace or collect):
-        raise ValueError("a shape with collectives runs on the array or lanes target only "
-                         "(its lanes the ranks), without collect or trace mode")
     unrolled = target is LANES
+    if colls and not unrolled:
+        raise ValueError("a shape with collectives runs on the lanes target only (its lanes "
+                         "the ranks)")
     if unrolled and (trace or collect or feed or width < 1):
         raise ValueError("the lanes target takes a number of lanes, and no collect, trace "
                          "or feed")
@@ -201,12 +208,10 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         if collective:
             # a device collective (lanes: the ranks): it ends on every rank at the last
             # rank's begin plus its own duration (core.rules.collective_ends); its
-            # arrival (the begin) is logged
-            if unrolled:  # "@": a line of every lane's at once (_unrolled)
-                emit("@M_ = max((s@,))")
-                emit(f"{tv} = e = collective_ends(M_, {dur})")
-            else:
-                emit(f"{tv} = e = collective_ends(s, {dur})")
+            # arrival (the begin) and its end are logged. "@": a line of every lane's at
+            # once (_unrolled)
+            emit("@M_ = max((s@,))")
+            emit(f"{tv} = e = collective_ends(M_, {dur})")
             emit("CL(s); CL(e)")
         else:
             emit(f"{tv} = e = s + {dur}")
@@ -314,13 +319,10 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         elif kind == "hcoll":  # a host collective (lanes: the ranks)
             cost, wake = next(pi), next(pi)
             emit("t0 = t")
-            if unrolled:
-                emit("@M_ = max((t@,))")
-                emit(f"t = host_collective_leaves(t0, M_, {cost}, {wake})")
-            else:
-                emit(f"t = host_collective_leaves(t0, {cost}, {wake})")
+            emit("@M_ = max((t@,))")
+            emit(f"t = host_collective_leaves(t0, M_, {cost}, {wake})")
             emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
-            emit("CL(t0); CL(t)" if unrolled else "CL(t0); CL(t.copy())")  # (in place)
+            emit("CL(t0); CL(t)")
             dev += 1
         elif kind == "run_batch":
             if not trace:
@@ -397,9 +399,6 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src.lines = _unrolled(src.lines, body, cols, width)
     code = "\n".join(src.lines) + "\n"
     namespace = dict(target.rules)
-    if colls and not unrolled:
-        namespace.update(collective_ends=rules.collective_ends_many,
-                         host_collective_leaves=rules.host_collective_leaves_many)
     filename = f"<simwar.executors.fast.codegen {target.name} block {abs(hash(shape)):x}>"
     exec(compile(code, filename, "exec"), namespace)
     fn = namespace["block"]

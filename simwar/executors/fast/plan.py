@@ -185,7 +185,7 @@ class _Shaper:
                         latest[node.event] = (g, nrec, stream)
                         nrec += 1
                     elif type(node) is Collective:
-                        if self.ranks:  # a lockstep over ranks (executors/fast/tp.py)
+                        if self.ranks:  # a lockstep over ranks (executors/lockstep/ranks.py)
                             nodes.append(("c", node.label, node.phase))
                             num(node.duration_us)
                             continue
@@ -417,7 +417,7 @@ def plan_segments(shapes: list[Shape], fixed: list[tuple], rows: list[list], met
 
 def plan_program(program: Program, ranks: bool = False) -> Plan:
     """Shapes and blocks of any Program (parameters taken from its ops); ``ranks``: a
-    tensor-parallel rank's, its collectives shaped (for :mod:`simwar.executors.fast.tp`)
+    tensor-parallel rank's, its collectives shaped (for :mod:`simwar.executors.lockstep.ranks`)
     rather than refused."""
     planner = SegmentPlanner(ranks)
     for step, ops in _segments(program.ops):

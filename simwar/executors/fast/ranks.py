@@ -32,12 +32,10 @@ SimPy engine, which gives the answer (or its deadlock) of the reference.
 Speed: no SimPy events, no stream processes; a stream is its tail time, and a device
 collective is completed for every rank by the last to arrive (no generator per
 collective). The Recorder is the engine's and most of what the pass costs. A whole run
-(``python benchmarks/bench_fast.py ranks``: tp2_slow_rank, 5,000 steps) is about 1.5x the
-SimPy engine, and cannot pass about 2.5x while it keeps every rank's Trace: building the
-ranks' Programs and reading each Trace's table and races (both executors do it) is half of
-it. Beyond that needs the ranks planned as the one-rank executor plans a run (iteration
-shapes, generated code, the ranks met at their collectives in lockstep) and the Traces
-kept only when asked.
+keeping every rank's Trace is about 1.5x the SimPy engine; a run that needs no Trace
+takes the ranks in lockstep instead (:mod:`simwar.executors.lockstep.ranks`, about 25x;
+``python benchmarks/bench_fast.py ranks``), and this pass is what ``--trace`` and
+``--timeline`` run.
 
 Imports: :mod:`simwar.core` and :mod:`simwar.executors.host_loop` (no simpy).
 """

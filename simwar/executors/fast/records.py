@@ -125,7 +125,7 @@ class HostSyncOp(NamedTuple):
 
 class HostCollectiveOp(NamedTuple):
     """A host collective of tensor-parallel ranks (parameters: its cost, the wake-up of a
-    rank that waited): a lockstep over ranks only (:mod:`simwar.executors.fast.tp`)."""
+    rank that waited): a lockstep over ranks only (:mod:`simwar.executors.lockstep.ranks`)."""
 
     kind: str  # "hcoll"
     off: int

@@ -2,37 +2,38 @@
 
 The ranks of a run issue the same structure (docs/design.md, "Tensor-parallel ranks": the
 k-th collective of one rank is the k-th of every rank) and differ in their numbers only:
-their own draws, ``ranks.per_rank`` overrides, the late work of the slow rank. So their
-plans (the fast executor's, :func:`~simwar.executors.fast.plan.plan_program` with the
-collectives shaped) are one plan whose parameters are one element per rank, and the
-fast executor's code generator in its array target runs them together, each array's
-elements the ranks (as :mod:`simwar.executors.lockstep.execute` runs the runs of a sweep).
-Two ops couple the lanes, by the rules of :mod:`simwar.core.rules` the SimPy engine takes:
+their own draws, ``ranks.per_rank`` overrides, the late work of the slow rank. So each rank
+is planned as a one-rank run is (:func:`plan_rank`: its first iterations built
+symbolically and coupled as its Program is, its coupling's numbers uses of its draws), and
+the fast executor's code generator runs the ranks' blocks together in its *lanes* target
+(:mod:`simwar.executors.fast.codegen`): the scalar text once per rank, each lane's
+variables its own, the lanes met at each collective, where the rules of
+:mod:`simwar.core.rules` the SimPy engine takes are applied:
 
 - a host collective: every rank leaves at the last rank's arrival plus its own cost, plus
-  its wake-up when it waited (:func:`~simwar.core.rules.host_collective_leaves_many`);
+  its wake-up when it waited (:func:`~simwar.core.rules.host_collective_leaves`);
 - a device collective kernel: it begins on each rank by the stream rules and ends at the
-  last rank's begin plus the rank's own duration
-  (:func:`~simwar.core.rules.collective_ends_many`).
+  last rank's begin plus the rank's own duration (:func:`~simwar.core.rules.collective_ends`);
 
-Every other op is each rank's own, the same operations on the same values as the engine's,
-so every time is the engine's bit for bit. What the ranks' results need comes from the
-pass, as the one-rank fast executor's does: each rank's per-step table (the per-step
-facts, a column per rank), its races (the race plan of its plan, the same for every rank,
-its logged times the rank's column), and each collective's arrival and leaving time per
-rank (logged in issue order, which with the plan names each instance: its op, step,
-host or device and instance number), from which the group's table and summary are made
-(:func:`simwar.analysis.ranks.group_columns`). No Trace is kept: a run that needs one
-takes :mod:`simwar.executors.fast.ranks`.
+the last arrival ``max`` over the ranks in rank order, as the engine takes it. Every other
+op is each rank's own, the same operations on the same values as the engine's, so every
+time is the engine's bit for bit (``tests/test_ranks_lanes.py``). Each rank's state is the
+one-rank executor's (:mod:`simwar.executors.fast.execute`), so its per-step table, races
+and summary are made as a one-rank run's; each collective's arrival and leaving time is
+logged per rank in issue order, which with the plan names each instance (its op, step,
+host or device and instance number), and gives the group's table
+(:func:`simwar.analysis.ranks.group_columns`). No Trace is kept: a run that needs one takes
+:mod:`simwar.executors.fast.ranks`.
 
-The ranks' Programs are built uniform (:func:`simwar.builder.ranks.rank_programs`:
-late work issued at every step, 0 where none). Ranks whose plans still differ in structure
-(a per-rank override that changes the loop), whose forward steps are issued out of order,
-or that have negative durations raise :class:`RanksApart`, and the run takes the next
-executor.
+Ranks whose coupling the symbolic iterations cannot express (a drawn body split around its
+collectives; iterations that never settle) are planned from their Programs, built uniform
+(:func:`simwar.builder.ranks.rank_programs`: the late work issued at every step, 0 where
+none). Ranks whose plans still differ in structure (a per-rank override that changes the
+loop), whose forward steps are issued out of order, or that have negative durations raise
+:class:`RanksApart`, and the run takes the next executor.
 
-Imports: numpy, simwar.core, simwar.analysis, simwar.builder (the ranks' Programs), the
-fast executor's plan, codegen and races, and this package's state.
+Imports: numpy, simwar.core, simwar.analysis, simwar.builder (the ranks' iterations and
+Programs), the fast executor's plan, codegen, execute and races.
 """
 
 from __future__ import annotations
