@@ -143,7 +143,7 @@ def explain(cfg: Config | dict | str, steps: tuple[int, int] | None = None):
         else:
             choice = choice.fell_back(f"a walk reached back past {EXPLAIN_MARGINS[-1]} "
                                       f"iterations of context")
-    run = simulate(cfg, engine=choice.name)
+    run = simulate(cfg, engine=choice.name, trace_for="explain")  # the walk reads it
     if cfg.tp > 1:
         # lazy: start-up time (the ranks' modules load only for a tensor-parallel run)
         from simwar.analysis.ranks import Collectives

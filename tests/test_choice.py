@@ -224,7 +224,7 @@ def test_an_unrelated_error_while_planning_propagates(monkeypatch, where):
 
 def test_the_planning_signals_are_refusals_not_runtime_errors():
     for signal in (Unsettled, NotTraceable, TraceUnsupported, fast_ranks.Unfollowable,
-                   NotLockstep, lanes.RanksApart):
+                   NotLockstep, lanes.RanksApart, lanes.Unplanned):
         assert issubclass(signal, PlanRefused) and not issubclass(signal, RuntimeError)
 
 

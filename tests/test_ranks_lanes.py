@@ -73,6 +73,13 @@ def test_the_shipped_config_runs_in_lockstep_as_on_the_engine():
     assert not simulate(cfg, engine="fast").has_trace
 
 
+def test_the_shipped_config_without_overlap_runs_in_lockstep_as_on_the_engine():
+    """The normal loop: its drain is an iteration of no operation (a block whose lanes have
+    nothing to run)."""
+    cfg = load_config(SHIPPED, {"steps": 40, "warmup_steps": 3, "policy.overlap": False})
+    assert_same_answers(simulate(cfg, engine="simpy"), simulate(cfg))
+
+
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(0, 2**31 - 1))
 def test_random_tensor_parallel_variants_run_in_lockstep_as_on_the_engine(seed):
@@ -98,3 +105,15 @@ def test_ranks_of_different_structures_are_refused_by_name(monkeypatch):
     assert got.refused == (("fast", "the ranks issue different structures"),)
     assert got.ranks[0].trace is not None
     assert got.summary == simulate(cfg, engine="simpy").summary
+
+
+def test_a_coupling_the_plan_cannot_express_is_planned_from_the_programs():
+    """A drawn body split around its collectives is no draw of a plan: refused by name
+    (``Unplanned``), the ranks are planned from their Programs and still run in lockstep."""
+    over = {"steps": 40, "warmup_steps": 3, "phases": [
+        {"name": "verify", "body_us": {"dist": "lognormal", "mean": 1500, "std": 200},
+         "collectives": [{"name": "allreduce", "us": 10, "count": 4}]}]}
+    cfg = load_config(SHIPPED, over)
+    with pytest.raises(lanes.Unplanned, match="body is drawn"):
+        lanes.plan_rank(cfg, 0, resolve_sizes(cfg))
+    assert_same_answers(simulate(cfg, engine="simpy"), simulate(cfg))

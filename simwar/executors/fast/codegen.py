@@ -50,6 +50,7 @@ Imports: simwar.core and the plan's types; must not import races or execute (the
 
 from __future__ import annotations
 
+import keyword
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -410,7 +411,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
 #: names every lane shares in an unrolled block: the step, the rules, what Python names
 _SHARED = frozenset({"ki", "KS", "C", "M_", "begins", "released", "returns", "collective_ends",
                      "host_collective_leaves", "_begins", "_released", "_returns", "max",
-                     "zip", "if", "True", "False", "None"})
+                     "zip", *keyword.kwlist})
 #: a string literal (kept), or a name not after a dot (an attribute is kept)
 _NAME = re.compile(r"('[^']*'|\"[^\"]*\")|(?<![\w.])([A-Za-z_]\w*)")
 _EVERY = re.compile(r"(\w+)@")

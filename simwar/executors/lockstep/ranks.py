@@ -101,6 +101,9 @@ def plan_rank(cfg, rank: int, sizes) -> Plan:
     of its draws (:func:`~simwar.builder.ranks.coupling_draws`: one array per name, the
     uses of an iteration counted as the loop's draws are), then bound as any run's
     template is. The numbers are the Program's, in the same places."""
+    if sizes.shape is not None:  # the scheduler picks each step's shape: no first iterations
+        raise Unsettled(f"scheduling.rule {cfg.scheduling.rule}: the ranks are planned from "
+                        f"their Programs")
     rc = rank_config(cfg, rank)
     iterations = plan_iterations(rc, sizes)
     draws = coupling_draws(cfg, rc, rank)
