@@ -18,14 +18,14 @@ another simwar source tree, e.g. one exported with ``git archive 9ad16a6 | tar -
   process**, best of ``--repeat``, process CPU time (robust to other load on a shared
   machine; wall time is printed too): steps/s of each and their ratio.
 - ``ranks``: as ``ratio``, on the tensor-parallel ``configs/tp2_slow_rank.yaml`` (two
-  ranks): the SimPy engine against the fast executor's ranks (``engine: fast``,
-  :mod:`simwar.executors.fast.ranks`), end to end (each rank's Trace, table, races; the
-  ranks' summary).
+  ranks): the SimPy engine against the fast executor's ranks (``engine: fast``: the
+  ranks in lockstep, :mod:`simwar.executors.lockstep.ranks`), end to end (each rank's
+  table, races and summary; the ranks' table and summary).
   With it, where the fast path's time goes (``parts``, best of ``--repeat``, the steps
-  ``simulate`` takes, one by one: building the ranks' Programs, the one pass, each rank's
-  per-step table and races from its Trace, the ranks' table) and ``cap``: the SimPy
-  engine's time over the fast path's less its one pass, the ratio a one pass that took no
-  time would reach while the rest stays as it is.
+  ``simulate`` takes, one by one: planning the ranks, the lockstep pass with each rank's
+  table and races, the ranks' table) and, for comparison, a run that keeps every rank's
+  Trace (``--trace``, ``--timeline``: the one pass per rank,
+  :mod:`simwar.executors.fast.ranks`), end to end.
 - ``shapes``: the one-pass executor's per-step cost of a run whose scheduler picks each
   step's shape (``configs/sglang_default_prefill.yaml``, ``scheduling.rule: sglang``: prefill
   and decode steps) against the same config as a one-shape run (``scheduling.rule:
@@ -112,15 +112,11 @@ def bench_ratio(tree: Path, steps: int, repeat: int, before: bool,
 
 RANKS_PARTS_CODE = """
 import json, time
-from simwar.analysis.hazards import detect
-from simwar.analysis.metrics import step_columns
-from simwar.analysis.ranks import rank_columns
-from simwar.api import resolve_sizes
-from simwar.builder.ranks import rank_programs
+from simwar.analysis.ranks import group_columns
+from simwar.api import resolve_sizes, simulate
 from simwar.config import load_config
 from simwar.core.collector import gc_paused
-from simwar.core.program import Program
-from simwar.executors.fast.ranks import run_ranks
+from simwar.executors.lockstep import ranks as lanes
 cfg = load_config({config!r}, {{"steps": {steps}}})
 best = {{}}
 def part(name, f):
@@ -130,12 +126,12 @@ def part(name, f):
     return out
 for _ in range({repeat} + 1):  # the first is a warm-up, as in the ratio
     with gc_paused():
-        programs = part("build", lambda: [Program(list(p.ops), p.streams, p.meta)
-                                          for p in rank_programs(cfg, resolve_sizes(cfg))])
-        traces = part("one pass", lambda: run_ranks(programs))
-        columns = part("tables", lambda: [step_columns(t) for t in traces])
-        part("races", lambda: [detect(t) for t in traces])
-        part("ranks' table", lambda: rank_columns(traces, columns))
+        sizes = resolve_sizes(cfg)
+        plans = part("plan", lambda: [lanes.plan_rank(cfg, r, sizes) for r in range(cfg.tp)])
+        runs, col = part("lockstep pass and rank tables", lambda: lanes.run_plans(plans))
+        part("ranks' table", lambda: group_columns(col, [r.columns for r in runs]))
+        part("Traces kept (--trace, --timeline: one pass per rank)",
+             lambda: simulate(cfg, engine="fast", trace_for="a Trace"))
 print(json.dumps(best))
 """
 
@@ -147,7 +143,6 @@ def bench_ranks(tree: Path, steps: int, repeat: int, before: bool) -> dict:
                                                          repeat=repeat)
         parts = json.loads(child(tree, ["-c", code]).strip().splitlines()[-1])
         res["parts_cpu_s"] = parts
-        res["cap"] = res["simpy"]["cpu_s"] / (res["fast"]["cpu_s"] - parts["one pass"])
     return res
 
 

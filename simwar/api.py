@@ -146,7 +146,7 @@ def explain(cfg: Config | dict | str, steps: tuple[int, int] | None = None):
         else:
             choice = choice.fell_back(f"a walk reached back past {EXPLAIN_MARGINS[-1]} "
                                       f"iterations of context")
-    run = simulate(cfg, engine=choice.name)
+    run = simulate(cfg, engine=choice.name, trace_for="explain")  # the walk reads it
     if cfg.tp > 1:
         # lazy: start-up time (the ranks' modules load only for a tensor-parallel run)
         from simwar.analysis.ranks import Collectives
@@ -254,7 +254,7 @@ class Result:
         """A tensor-parallel run's ranks' Traces side by side, one Trace
         (:func:`simwar.core.ranks.side_by_side`), put together on first use (a run that
         exports no trace does not pay for it); None for a run of one rank."""
-        if self._combined is None and self.ranks:
+        if self._combined is None and self.ranks and self.has_trace:
             # lazy: start-up time (the ranks' modules load only for a tensor-parallel run)
             from simwar.core.ranks import side_by_side
 
@@ -276,6 +276,14 @@ class Result:
                     "this run used the executor 'fast', which keeps no trace: simulate it "
                     "with engine='simpy' (or 'auto', which simulates the trace when first "
                     "read)")
+            if self.ranks:  # tensor-parallel ranks run in lockstep: again, keeping theirs
+                again = _simulate_ranks(self.config, choose(self.config, self.requested,
+                                                            trace_for="a trace"),
+                                        self.requested)
+                for mine, kept in zip(self.ranks, again.ranks):
+                    mine.trace = kept.trace
+                self._trace = again.trace
+                return self._trace
             from simwar.executors.engine import Engine  # lazy: simpy, for a trace only
 
             engine = Engine(self.program)
@@ -599,13 +607,25 @@ def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) 
     0's (as the summary's standard keys are), ``Result.combined`` the ranks side by side
     (put together when first read)."""
     # lazy, each of them: start-up time (the ranks' modules load only for a tensor-parallel run)
-    from simwar.analysis.ranks import rank_columns, rank_summary
+    from simwar.analysis.ranks import group_columns, rank_columns
     from simwar.builder.ranks import rank_programs  # lazy: start-up time
-    from simwar.executors.fast import ranks as fast_ranks  # lazy: start-up time
 
+    if choice.key == "lanes":
+        from simwar.executors.lockstep import ranks as lanes  # lazy: start-up time
+
+        try:
+            runs, col = lanes.run_ranks(cfg, resolve_sizes(cfg), progress=progress)
+        except lanes.RanksApart as signal:  # one pass per rank, or the reference
+            choice = choice.fell_back(signal)
+        else:
+            ranks = [RankResult(r.rank, r.summary, r.columns, r.hazards, None) for r in runs]
+            return _ranks_result(cfg, choice, requested, ranks, group_columns(
+                col, [r.columns for r in ranks]), None, 0, runs[0].meta)
     traces = None
     events = 0
-    if choice.name == "fast":
+    if choice.key == "ranks":
+        from simwar.executors.fast import ranks as fast_ranks  # lazy: start-up time
+
         try:
             traces = fast_ranks.run_ranks(rank_programs(cfg, resolve_sizes(cfg)), progress)
         except fast_ranks.Unfollowable as signal:  # the reference: its answer or deadlock
@@ -621,6 +641,15 @@ def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) 
         ranks.append(RankResult(t.meta["rank"], summarize(columns, t.meta, hazards), columns,
                                 hazards, t))
     group = rank_columns(traces, [r.columns for r in ranks])
+    return _ranks_result(cfg, choice, requested, ranks, group, traces[0], events,
+                         dict(traces[0].meta))
+
+
+def _ranks_result(cfg: Config, choice: Choice, requested: str, ranks: list, group: dict,
+                  trace, events: int, meta: dict) -> Result:
+    """The Result of a tensor-parallel run from its ranks and the group's table."""
+    from simwar.analysis.ranks import rank_summary  # lazy: start-up time
+
     summary = dict(ranks[0].summary)
     summary.update(rank_summary(group, cfg.tp, cfg.warmup_steps,
                                 [r.summary["races"] for r in ranks]))
@@ -628,18 +657,32 @@ def _simulate_ranks(cfg: Config, choice: Choice, requested: str, progress=None) 
     columns.update({("tp_step_us" if k == "step_us" else k): v for k, v in group.items()
                     if k != "step"})
     result = Result(cfg, choice.name, summary, ranks[0].hazards, columns=columns,
-                    trace=traces[0], events=events, meta=dict(traces[0].meta),
-                    requested=requested, refused=choice.refused)
+                    trace=trace, events=events, meta=meta, requested=requested,
+                    refused=choice.refused)
     result.ranks = ranks
+    for r in ranks:
+        r.run = result
     return result
 
 
 class RankResult:
-    """One rank of a tensor-parallel run: its summary, per-step table, races and Trace."""
+    """One rank of a tensor-parallel run: its summary, per-step table, races and Trace (a
+    run in lockstep keeps none: read, it is simulated as the run's ``trace`` is)."""
 
     def __init__(self, rank: int, summary: dict, columns: dict, hazards, trace):
         self.rank, self.summary, self.columns = rank, summary, columns
-        self.hazards, self.trace = hazards, trace
+        self.hazards, self._trace = hazards, trace
+        self.run: Result | None = None  # the run it is a rank of
+
+    @property
+    def trace(self):
+        if self._trace is None and self.run is not None:
+            _ = self.run.trace  # keeps every rank's
+        return self._trace
+
+    @trace.setter
+    def trace(self, trace) -> None:
+        self._trace = trace
 
     def __repr__(self) -> str:
         return f"RankResult(rank {self.rank}, step_us_mean={self.summary.get('step_us_mean')})"

@@ -32,6 +32,7 @@ from simwar.executors.fast.execute import marks_results
 from simwar.executors.fast.plan import Unsettled
 from simwar.executors.fast.trace import TraceUnsupported
 from simwar.executors.lockstep import NotLockstep
+from simwar.executors.lockstep import ranks as lanes
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "configs").glob("*.yaml"))
@@ -51,12 +52,12 @@ def test_choose_on_the_shipped_configs(path):
     # one run: the fast executor (per rank for ranks), nothing refused
     run = choose(cfg)
     assert (run.name, run.refused) == ("fast", ())
-    assert run.key == ("ranks" if ranks else "fast")
+    assert run.key == ("lanes" if ranks else "fast")
     assert (choose(cfg, "simpy").name, choose(cfg, "simpy").refused) == ("simpy", ())
     # a trace needed first: one rank's pass keeps none; the ranks' pass keeps every rank's
     timeline = choose(cfg, trace_for="--timeline")
-    if ranks:
-        assert (timeline.name, timeline.refused) == ("fast", ())
+    if ranks:  # the ranks' one pass, not their lockstep
+        assert (timeline.name, timeline.refused, timeline.key) == ("fast", (), "ranks")
     else:
         assert timeline.name == "simpy"
         assert timeline.refused == (("fast", "--timeline needs a trace"),)
@@ -147,10 +148,20 @@ def test_ranks_one_pass_cannot_follow_fall_back_with_the_reason(monkeypatch):
     def unfollowable(programs, progress=None):
         raise fast_ranks.Unfollowable("2 rank(s) stopped at a collective")
 
+    def apart(cfg, sizes, window=2, progress=None):
+        raise lanes.RanksApart("the ranks issue different structures")
+
     monkeypatch.setattr(fast_ranks, "run_ranks", unfollowable)
-    got = simulate(cfg)
+    got = simulate(cfg, trace_for="a Trace")
     assert got.engine == "simpy"
     assert got.refused == (("fast", "2 rank(s) stopped at a collective"),)
+    assert got.summary == reference.summary
+    # the ranks' lockstep refusing: their one pass, then the reference, each reason kept
+    monkeypatch.setattr(lanes, "run_ranks", apart)
+    got = simulate(cfg)
+    assert got.engine == "simpy"
+    assert got.refused == (("fast", "the ranks issue different structures"),
+                           ("fast", "2 rank(s) stopped at a collective"))
     assert got.summary == reference.summary
 
 
@@ -188,7 +199,7 @@ def test_explain_falls_back_when_the_trace_mode_refuses(monkeypatch):
 
 
 @pytest.mark.parametrize("where", ["fast.plan_config", "fast_ranks.run_ranks",
-                                   "api.traced", "lockstep.run_group"])
+                                   "lanes.run_ranks", "api.traced", "lockstep.run_group"])
 def test_an_unrelated_error_while_planning_propagates(monkeypatch, where):
     """A bug raised while planning is not a refusal: it must not switch executors."""
     from simwar.executors import lockstep
@@ -198,14 +209,14 @@ def test_an_unrelated_error_while_planning_propagates(monkeypatch, where):
 
     owner, name = where.split(".")
     monkeypatch.setattr({"fast": fast, "fast_ranks": fast_ranks, "api": api,
-                         "lockstep": lockstep}[owner], name, bug)
+                         "lockstep": lockstep, "lanes": lanes}[owner], name, bug)
     cfg = load_config(ROOT / "configs" / "tp2_slow_rank.yaml", SHORT) \
-        if owner == "fast_ranks" else load_config(None, SHORT)
+        if owner in ("fast_ranks", "lanes") else load_config(None, SHORT)
     with pytest.raises(RuntimeError, match="a bug in the planner"):
         if owner in ("api", "lockstep"):
             simulate_many([cfg])
-        else:
-            simulate(cfg)
+        else:  # the ranks' one pass runs when a Trace is needed
+            simulate(cfg, trace_for="a Trace" if owner == "fast_ranks" else None)
     if owner == "fast":
         with pytest.raises(RuntimeError, match="a bug in the planner"):
             api.trace_windows(cfg)
@@ -213,7 +224,7 @@ def test_an_unrelated_error_while_planning_propagates(monkeypatch, where):
 
 def test_the_planning_signals_are_refusals_not_runtime_errors():
     for signal in (Unsettled, NotTraceable, TraceUnsupported, fast_ranks.Unfollowable,
-                   NotLockstep):
+                   NotLockstep, lanes.RanksApart, lanes.Unplanned):
         assert issubclass(signal, PlanRefused) and not issubclass(signal, RuntimeError)
 
 

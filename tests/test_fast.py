@@ -499,8 +499,10 @@ RANKS_ONLY = ("simwar.builder.ranks", "simwar.executors.fast.ranks", "simwar.cor
 
 @pytest.mark.parametrize("config, absent", [
     ("configs/dspark_fine.yaml", NOT_IMPORTED_BY_RUN + RANKS_ONLY),
-    ("configs/tp2_slow_rank.yaml", NOT_IMPORTED_BY_RUN + ("simwar.executors.ranks",
-                                                          "simwar.core.ranks"))])
+    # the ranks run in lockstep, a lane per rank (simwar.executors.lockstep.ranks)
+    ("configs/tp2_slow_rank.yaml", tuple(m for m in NOT_IMPORTED_BY_RUN
+                                         if m != "simwar.executors.lockstep")
+     + ("simwar.executors.ranks", "simwar.core.ranks", "simwar.executors.fast.ranks"))])
 def test_run_imports_only_what_it_uses(config, absent):
     """The import graph of ``simwar run`` (fast, one rank and ranks): none of the named
     modules (a package counts with any of its modules). Not timed: what is imported."""

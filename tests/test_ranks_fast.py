@@ -1,5 +1,5 @@
-"""The fast executor's ranks (executors/fast/ranks.py, one pass per rank) give the SimPy
-engine's answers exactly.
+"""The fast executor's ranks (executors/fast/ranks.py, one pass per rank, which a run that
+needs a Trace takes) give the SimPy engine's answers exactly.
 
 Every rank's Trace column by column (bit for bit, NaNs included), its per-step table and
 races, and the run's summary (rank 0's keys, the rank keys, the straggler and skew keys),
@@ -86,7 +86,7 @@ def test_the_shipped_configs_run_in_one_pass_as_on_the_engine(path):
     cfg = load_config(path, {"steps": 150, "warmup_steps": 10})
     assert resolve_engine(None, cfg) == resolve_engine("fast", cfg) == "fast"
     assert resolve_engine("auto", cfg, want_trace=True) == "fast"  # it keeps the Traces
-    ref, got = simulate(cfg, engine="simpy"), simulate(cfg, engine="fast")
+    ref, got = simulate(cfg, engine="simpy"), simulate(cfg, engine="fast", trace_for="a Trace")
     assert (ref.engine, got.engine) == ("simpy", "fast")
     assert got.summary["straggler_rank"] == 1 and got.summary["rank0_races"] >= 0
     assert_same_run(ref, got)
@@ -139,7 +139,7 @@ def _variant(seed: int) -> tuple[str, dict]:
 def test_random_tensor_parallel_variants_run_in_one_pass_as_on_the_engine(seed):
     base, over = _variant(seed)
     cfg = load_config(base, over)
-    ref, got = simulate(cfg, engine="simpy"), simulate(cfg, engine="fast")
+    ref, got = simulate(cfg, engine="simpy"), simulate(cfg, engine="fast", trace_for="a Trace")
     assert got.summary["tp"] == cfg.tp > 1
     assert_same_run(ref, got)
 

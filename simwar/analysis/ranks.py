@@ -182,7 +182,13 @@ def late_arrivals(col: Collectives, rank: int, steps: tuple[int, int] | None = N
 
 
 def rank_columns(traces: list[Trace], columns: list[dict]) -> dict[str, np.ndarray]:
-    """The group's per-step table from each rank's per-step ``columns``
+    """:func:`group_columns` of the ranks' Traces' collectives."""
+    return group_columns(Collectives.of_traces(traces), columns)
+
+
+def group_columns(col: Collectives, columns: list[dict]) -> dict[str, np.ndarray]:
+    """The group's per-step table from the ranks' collectives ``col`` and each rank's
+    per-step ``columns``
     (:func:`simwar.analysis.metrics.step_columns`): ``step``, ``step_us`` (the slowest
     rank's), per rank ``rank<r>_step_us``, ``rank<r>_host_wait_us``,
     ``rank<r>_device_wait_us``, ``straggler`` (-1: none), ``straggler_lead_us`` (by how
@@ -196,7 +202,6 @@ def rank_columns(traces: list[Trace], columns: list[dict]) -> dict[str, np.ndarr
         ok = (pos < n) & (steps[np.minimum(pos, n - 1)] == c["step"])
         per[r, pos[ok]] = c["step_us"][ok]
     out["step_us"] = per.max(axis=0) if len(columns) else np.zeros(n)
-    col = Collectives.of_traces(traces)
     row = np.searchsorted(steps, col.step)
     inside = (row < n) & (steps[np.minimum(row, n - 1)] == col.step)
     waits = col.waits()
@@ -256,5 +261,5 @@ def rank_summary(cols: dict[str, np.ndarray], tp: int, warmup: int, races: list[
     return out
 
 
-__all__ = ["RESOLUTION_US", "Collectives", "late_arrivals", "rank_columns", "rank_summary",
-           "simulated_table", "skew_report"]
+__all__ = ["RESOLUTION_US", "Collectives", "group_columns", "late_arrivals", "rank_columns",
+           "rank_summary", "simulated_table", "skew_report"]

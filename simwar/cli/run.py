@@ -97,6 +97,8 @@ def command(args) -> int:
     cfg = load_config(args.config, items)
     want = outputs.trace_options(args)
     trace_for = want[0] if want else None
+    if args.trace and cfg.tp > 1 and trace_for is None:  # the ranks' Traces, side by side
+        trace_for = "--trace"
     choice = choose(cfg, args.engine, trace_for=trace_for)  # the run's, checked before it
     if choice.name is None:
         raise UserError(f"{choice.line()}; use --engine simpy (or auto)")

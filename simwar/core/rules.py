@@ -54,6 +54,22 @@ def returns(called: float, cost_us: float, fired: float | None, wake_us: float) 
     return t
 
 
+# ---- tensor-parallel ranks' collectives (docs/design.md, "Tensor-parallel ranks")
+
+def collective_ends(last: float, duration_us: float) -> float:
+    """When a device collective kernel completes on a rank: the last rank's begin of it
+    (``last``) plus the rank's own duration (an early rank spins in it meanwhile)."""
+    return last + duration_us
+
+
+def host_collective_leaves(arrival: float, last: float, cost_us: float,
+                           wake_us: float) -> float:
+    """When a rank's host leaves a host collective it reached at ``arrival``: the last rank's
+    arrival plus its own cost, plus its wake-up when it waited (``wake_us`` 0 for a spinning
+    waiter)."""
+    return last + cost_us + (wake_us if last > arrival else 0.0)
+
+
 # ---- the same rules over arrays of runs (lockstep: one element per run, the same ops)
 #
 # For values that are not NaN and never -0.0 (a run's times: sums of durations >= 0 from

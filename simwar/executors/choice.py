@@ -6,8 +6,10 @@ bit for bit); they differ in what they keep, what they take and how fast they ar
 - ``simpy``: the reference (:mod:`simwar.executors.engine`; tensor-parallel ranks:
   :mod:`simwar.executors.ranks`), takes every config and keeps the whole Trace;
 - ``fast``: the fast executor (:mod:`simwar.executors.fast`), no Trace kept; for
-  tensor-parallel ranks its one pass per rank (:mod:`simwar.executors.fast.ranks`),
-  which keeps every rank's Trace;
+  tensor-parallel ranks, the ranks' plans in lockstep, a lane per rank
+  (:mod:`simwar.executors.lockstep.ranks`, key ``lanes``: no Trace kept) or, a Trace
+  needed or the ranks' plans apart, its one pass per rank
+  (:mod:`simwar.executors.fast.ranks`, key ``ranks``), which keeps every rank's Trace;
 - ``lockstep``: a batch of runs that share their iteration shapes, run together
   (:mod:`simwar.executors.lockstep`; :func:`simwar.api.simulate_many`, sweeps); runs whose
   shapes are picked as they go (``scheduling.rule: sglang``) advance together too, each
@@ -102,12 +104,14 @@ class Executor:
         return None
 
 
-#: every executor, by the key :func:`choose` names it (``ranks``: the fast executor of
-#: tensor-parallel ranks, reported as ``fast``)
+#: every executor, by the key :func:`choose` names it (``lanes`` and ``ranks``: the fast
+#: executor of tensor-parallel ranks, reported as ``fast``)
 EXECUTORS = {
     "simpy": Executor("simpy", "the reference (SimPy); keeps the whole Trace"),
     "fast": Executor("fast", "one pass over the run's iteration shapes; keeps no Trace",
                      (_keeps_no_trace,)),
+    "lanes": Executor("fast", "tensor-parallel ranks' plans in lockstep, a lane per rank; "
+                      "keeps no Trace", (_keeps_no_trace,)),
     "ranks": Executor("fast", "one pass per tensor-parallel rank; keeps every rank's Trace"),
     "lockstep": Executor("lockstep", "runs that share their iteration shapes, together",
                          (_one_rank, _own_feedback)),
@@ -167,14 +171,15 @@ def preferred(cfg: Config, engine: str | None = None, purpose: str = "run") -> t
 
     ``run``: ``simpy`` or ``fast`` as asked; ``auto`` is ``fast``, then ``simpy``. ``many``:
     the lockstep executor first unless ``simpy`` is asked for. ``trace`` (a Trace streamed):
-    the trace mode, then the run's executors, then the reference. ``fast`` is the ranks'
-    one pass for a tensor-parallel config, then the reference (which gives its answer, or its
-    deadlock, for ranks whose collectives one pass cannot follow).
+    the trace mode, then the run's executors, then the reference. ``fast`` is, for a
+    tensor-parallel config, the ranks in lockstep, then their one pass per rank (which
+    keeps the Traces), then the reference (which gives its answer, or its deadlock, for
+    ranks whose collectives one pass cannot follow).
     """
     if purpose not in PURPOSES:
         raise ValueError(f"purpose {purpose!r}: one of {', '.join(PURPOSES)}")
     name = requested(cfg, engine)
-    fast = ("ranks", "simpy") if cfg.tp > 1 else ("fast",)
+    fast = ("lanes", "ranks", "simpy") if cfg.tp > 1 else ("fast",)
     run = {"simpy": ("simpy",), "fast": fast, "auto": (*fast, "simpy")}[name]
     run = tuple(dict.fromkeys(run))
     if purpose == "many" and name != "simpy":
@@ -200,10 +205,16 @@ def choose(cfg: Config, engine: str | None = None, *, purpose: str = "run",
 
 
 def _first(cfg: Config, need: Need, keys: tuple[str, ...], refused: list) -> Choice:
-    """The first of ``keys`` that takes ``cfg``, after those ``refused`` already."""
+    """The first of ``keys`` that takes ``cfg``, after those ``refused`` already. A rule's
+    refusal by one way of the executor that then takes the run (the ranks' lockstep, a
+    Trace needed, when their one pass keeps it) is not a refusal of that executor: not
+    recorded."""
+    before = len(refused)
     for i, key in enumerate(keys):
         reason = EXECUTORS[key].refusal(cfg, need)
         if reason is None:
+            name = EXECUTORS[key].name
+            refused[before:] = [r for r in refused[before:] if r[0] != name]
             return Choice(key, tuple(refused), keys[i + 1:], cfg, need)
         refused.append((EXECUTORS[key].name, reason))
     return Choice(None, tuple(refused), (), cfg, need)

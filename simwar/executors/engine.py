@@ -40,7 +40,7 @@ import simpy
 from simwar.core.collector import gc_paused
 from simwar.core.program import Program
 from simwar.core.recorder import Recorder
-from simwar.core.rules import begins, released
+from simwar.core.rules import begins, collective_ends, released
 from simwar.core.trace import Trace
 from simwar.executors.host_loop import Join, meta_collectives, walk
 
@@ -172,7 +172,7 @@ class SimPyStreams:
                 wait_all = group.arrive(env, key, j, rank, start)
                 if wait_all is not None:
                     yield wait_all
-                free = max(j.times) + latency
+                free = collective_ends(max(j.times), latency)
                 op_start[op_id] = start
                 op_end[op_id] = free
                 if free > env.now:

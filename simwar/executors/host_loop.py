@@ -49,7 +49,7 @@ from simwar.core.program import (
     WaitStream,
 )
 from simwar.core.recorder import Recorder
-from simwar.core.rules import returns
+from simwar.core.rules import host_collective_leaves, returns
 from simwar.core.trace import HOST, Call, OpKind
 
 KERNEL, RECORD, WAIT, SYNC = OpKind.KERNEL, OpKind.RECORD, OpKind.WAIT, OpKind.SYNC
@@ -190,7 +190,7 @@ def walk(program: Program, rec: Recorder, device: Device, collectives: list,
             index = n_host
             n_host += 1
             last = yield from device.host_collective(index, t0)
-            t = last + op.cost_us + (op.wake_us if last > t0 else 0.0)
+            t = host_collective_leaves(t0, last, op.cost_us, op.wake_us)
             call = host(Call.SYNCHRONIZE, op.step, t0, t, op.name, "", op.name, rec.next_op)
             op_id = new_op(SYNC, HOST, op.step, op.name, "", -1, t0, t0, t, "", call)
             collectives.append((op_id, HOST_COLLECTIVE, index))

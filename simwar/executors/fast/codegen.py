@@ -20,6 +20,13 @@ group, so it stays plain Python on integers in both. The targets differ only whe
 its parameter columns (the array target: one 2-d array per column, a row per pass); the
 array target has no ``collect`` and no trace mode.
 
+A third, the *lanes* target (:mod:`simwar.executors.lockstep.ranks`: tensor-parallel
+ranks), is the scalar text once per lane, each lane's names its own (``t_0``, ``t_1``),
+every lane's state the scalar target's (:func:`_unrolled`). Collectives (a shape's host
+collective, a graph's collective kernel) are ops of the ranks only, so of the lanes target
+only: each is its rule of :mod:`simwar.core.rules` applied at the last rank's arrival;
+their arrival and leaving times are appended to each lane's ``S.colls``.
+
 ``S`` is the run's state (:mod:`simwar.executors.fast.execute` makes it; the array target's:
 :class:`simwar.executors.lockstep.execute.State`); the function reads and writes back its
 attributes: the host clock ``t``, the stream tails ``tails``, the record times of earlier
@@ -43,6 +50,8 @@ Imports: simwar.core and the plan's types; must not import races or execute (the
 
 from __future__ import annotations
 
+import keyword
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -75,7 +84,13 @@ SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
 #: the lockstep executor's: arrays of one element per run
 ARRAY = Target("array", {"_begins": rules.begins_many, "_released": rules.released_many,
                          "_returns": rules.returns_many}, False, False)
-TARGETS = {t.name: t for t in (SCALAR, ARRAY)}
+#: tensor-parallel ranks in lockstep (:mod:`simwar.executors.lockstep.ranks`): the scalar
+#: target's text once per rank (a lane), each lane's variables its own, the lanes met at
+#: each collective (:func:`_unrolled`)
+LANES = Target("lanes", {"_begins": rules.begins, "_released": rules.released,
+                         "_returns": rules.returns, "collective_ends": rules.collective_ends,
+                         "host_collective_leaves": rules.host_collective_leaves}, True, True)
+TARGETS = {t.name: t for t in (SCALAR, ARRAY, LANES)}
 
 
 class _Src:
@@ -97,7 +112,7 @@ def _lanevar(lane: str, lanes: dict) -> str:
 
 def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple,
                   depth: int, trace: bool = False, feed: bool = False,
-                  target: str = "scalar"):
+                  target: str = "scalar", lanes: int = 0):
     """The function running a block of ``shape`` (cached).
 
     ``slots``: per parameter, True for a column, False for a constant; ``log``: sorted
@@ -107,10 +122,11 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     mode of the module docstring; ``feed``: ``C`` is a callable ``C(ki, t)`` called at the
     top of each pass with its step index and the host clock, returning the pass's column
     values (a workload fixed as the run goes: :func:`simwar.executors.fast.realize`);
-    ``target``: ``"scalar"`` or ``"array"`` (:class:`Target`; the array target takes
-    neither ``collect`` nor ``trace``).
+    ``target``: ``"scalar"``, ``"array"`` or ``"lanes"`` (:class:`Target`; the array and
+    lanes targets take neither ``collect`` nor ``trace``); ``lanes``: the lanes target's
+    number of lanes (:func:`_unrolled` says what its function takes).
     """
-    key = (shape.host, slots, fwd, collect, log, depth, trace, feed, target)
+    key = (shape.host, slots, fwd, collect, log, depth, trace, feed, target, lanes)
     fn = _CODE.get(key)
     if fn is not None:
         _CODE.move_to_end(key)
@@ -118,7 +134,7 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     tgt = TARGETS[target]
     if tgt is not SCALAR and (collect or trace):
         raise ValueError(f"the {target} target has no collect or trace mode")
-    fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed, tgt)
+    fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed, tgt, lanes)
     _CODE[key] = fn
     if len(_CODE) > _CODE_LIMIT:
         _CODE.popitem(last=False)
@@ -126,7 +142,7 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
 
 
 def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, depth: int,
-              trace: bool, feed: bool, target: Target):
+              trace: bool, feed: bool, target: Target, width: int = 0):
     """Write and compile the block function of :func:`compile_block` (its ``.source``: the
     generated text; in trace mode its ``.layout``)."""
     src = _Src()
@@ -136,7 +152,16 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     logs = {entry: f"LG{n}" for n, entry in enumerate(log)}
     nrec = len(shape.records)
     body: list[tuple[str, int]] = []
-    sites = sorted({h.site for h in shape.host if h.kind == "sync"})
+    sites = sorted({h.site for h in shape.host if h.kind in ("sync", "hcoll")})
+    colls = any(h.kind == "hcoll" or (h.kind == "graph" and any(n.kind == "c" for n in h.nodes))
+                for h in shape.host)
+    unrolled = target is LANES
+    if colls and not unrolled:
+        raise ValueError("a shape with collectives runs on the lanes target only (its lanes "
+                         "the ranks)")
+    if unrolled and (trace or collect or feed or width < 1):
+        raise ValueError("the lanes target takes a number of lanes, and no collect, trace "
+                         "or feed")
 
     def emit(line: str, indent: int = 2) -> None:
         body.append((line, indent))
@@ -177,11 +202,20 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         first_of.setdefault(op.off, i)
         last_of[op.off] = i
 
-    def kernel(dev_index: int, lane: str, dur: str) -> None:
+    def kernel(dev_index: int, lane: str, dur: str, collective: bool = False) -> None:
         op = shape.ops[dev_index]
         tv = _lanevar(lane, lanes)
         emit(f"s = begins({tv}, t)")
-        emit(f"{tv} = e = s + {dur}")
+        if collective:
+            # a device collective (lanes: the ranks): it ends on every rank at the last
+            # rank's begin plus its own duration (core.rules.collective_ends); its
+            # arrival (the begin) and its end are logged. "@": a line of every lane's at
+            # once (_unrolled)
+            emit("@M_ = max((s@,))")
+            emit(f"{tv} = e = collective_ends(M_, {dur})")
+            emit("CL(s); CL(e)")
+        else:
+            emit(f"{tv} = e = s + {dur}")
         if lane == fwd and not trace:
             ks = step_index(op.off)
             if op.phase:
@@ -252,6 +286,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                 if node.kind == "r":
                     record(f"r{rec}", h.stream, dev)
                     rec += 1
+                elif node.kind == "c":
+                    kernel(dev, h.stream, next(pi), collective=True)
                 else:
                     kernel(dev, h.stream, next(pi))
                 dev += 1
@@ -280,6 +316,14 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             emit(f"t = returns(t0, {host}, {f}, {wake})")
             if not trace:
                 emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
+            dev += 1
+        elif kind == "hcoll":  # a host collective (lanes: the ranks)
+            cost, wake = next(pi), next(pi)
+            emit("t0 = t")
+            emit("@M_ = max((t@,))")
+            emit(f"t = host_collective_leaves(t0, M_, {cost}, {wake})")
+            emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
+            emit("CL(t0); CL(t)")
             dev += 1
         elif kind == "run_batch":
             if not trace:
@@ -325,6 +369,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src("BU = S.busy; DE = S.dep; cw = S.cw; cl = S.cl; W = S.w; Dp = S.dp; bad = S.bad", 1)
     for n, var in enumerate(logs.values()):
         src(f"{var} = S.logs[{n}].append", 1)
+    if colls:
+        src("CL = S.colls.append", 1)
     src("begins = _begins; released = _released; returns = _returns", 1)
     if feed:
         src("for ki in KS:", 1)
@@ -350,6 +396,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src("S.hist = [" + "".join(f"H{d}, " for d in range(1, depth + 1)) + "]", 1)
     if not collect and not trace:
         src("S.cw = cw; S.cl = cl; S.w = W; S.dp = Dp; S.bad = bad", 1)
+    if unrolled:
+        src.lines = _unrolled(src.lines, body, cols, width)
     code = "\n".join(src.lines) + "\n"
     namespace = dict(target.rules)
     filename = f"<simwar.executors.fast.codegen {target.name} block {abs(hash(shape)):x}>"
@@ -358,3 +406,59 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     fn.source = code
     fn.layout = tuple(layout)
     return fn
+
+
+#: names every lane shares in an unrolled block: the step, the rules, what Python names
+_SHARED = frozenset({"ki", "KS", "C", "M_", "begins", "released", "returns", "collective_ends",
+                     "host_collective_leaves", "_begins", "_released", "_returns", "max",
+                     "zip", *keyword.kwlist})
+#: a string literal (kept), or a name not after a dot (an attribute is kept)
+_NAME = re.compile(r"('[^']*'|\"[^\"]*\")|(?<![\w.])([A-Za-z_]\w*)")
+_EVERY = re.compile(r"(\w+)@")
+
+
+def _lane(line: str, r: int) -> str:
+    """``line`` of lane ``r``: each of its names ``name_r`` but the shared ones."""
+    return _NAME.sub(lambda m: m.group(1) or (m.group(2) if m.group(2) in _SHARED
+                                              else f"{m.group(2)}_{r}"), line)
+
+
+def _unrolled(lines: list[str], body: list, cols: list, width: int) -> list[str]:
+    """The lanes target's source from the scalar text's ``lines`` (its body ``body``):
+    ``block(KS, K, C, S)`` with ``K`` and ``S`` one entry per lane (its constants, its
+    state: :mod:`simwar.executors.fast.execute`'s), ``C`` every lane's columns, lane by lane.
+    Each lane runs the scalar text on names of its own (``t_0``, ``t_1``, ...); between two
+    lines of every lane (``@``: a collective's last arrival, ``max`` over the lanes in
+    rank order, as the engine takes it), each lane's lines run in turn, which changes no
+    value (a lane's lines read no other lane's names)."""
+    i = next(j for j, line in enumerate(lines) if line.startswith("    for ki"))
+    n_body = len(body) if body else 1
+    head, loop, tail = lines[1:i], lines[i + 1:i + 1 + n_body], lines[i + 1 + n_body:]
+    out = [lines[0]]
+    for r in range(width):
+        out.append(f"    S_{r} = S[{r}]; K_{r} = K[{r}]")
+        out += [_lane(line, r) for line in head if not line.startswith("    begins =")]
+    out += [line for line in head if line.startswith("    begins =")]
+    names = ", ".join(f"{c}_{r}" for r in range(width) for c in cols)
+    out.append(f"    for ki, {names} in zip(KS, *C):" if cols else "    for ki in KS:")
+    run: list[str] = []
+
+    def flush() -> None:
+        for r in range(width):
+            out.extend(_lane(line, r) for line in run)
+        run.clear()
+
+    for line in loop:
+        stripped = line.lstrip()
+        if stripped.startswith("@"):
+            flush()
+            indent = line[:len(line) - len(stripped)]
+            out.append(indent + _EVERY.sub(
+                lambda m: ", ".join(f"{m.group(1)}_{r}" for r in range(width)), stripped[1:]))
+        else:
+            run.append(line)
+    flush()
+    for r in range(width):
+        out.append(f"    S_{r} = S[{r}]")
+        out += [_lane(line, r) for line in tail]
+    return out

@@ -133,10 +133,12 @@ class _Shaper:
     (:func:`host_records`).
     """
 
-    def __init__(self, symbolic: bool = False) -> None:
+    def __init__(self, symbolic: bool = False, ranks: bool = False) -> None:
         # symbolic: parameters may be draws and references to config keys (plan_template),
         # which must never be compared (a traced reference records the comparison)
         self.symbolic = symbolic
+        # ranks: collectives are shaped (a lockstep over tensor-parallel ranks), not refused
+        self.ranks = ranks
         self.latest: dict[str, tuple[int, int, str]] = {}  # event -> (segment, record, lane)
         self.negative = False  # a negative number was seen (the overlap shortcut needs >= 0)
         self.offsets: set[int] = set()  # step offsets of accesses
@@ -183,6 +185,10 @@ class _Shaper:
                         latest[node.event] = (g, nrec, stream)
                         nrec += 1
                     elif type(node) is Collective:
+                        if self.ranks:  # a lockstep over ranks (executors/lockstep/ranks.py)
+                            nodes.append(("c", node.label, node.phase))
+                            num(node.duration_us)
+                            continue
                         raise RanksOnly(f"a Collective node ({node.label}) of graph {op.graph}: "
                                         f"the fast executor's plans run one rank")
                     else:
@@ -219,6 +225,11 @@ class _Shaper:
             elif kind is StepMarker:
                 pass
             elif kind is HostCollective:
+                if self.ranks:  # its site: its name, as the engine records it
+                    add(("hcoll", op.step - base, op.name))
+                    num(op.cost_us)
+                    num(op.wake_us)
+                    continue
                 raise RanksOnly(f"a HostCollective ({op.name}): the fast executor's plans run "
                                 f"one rank")
             else:
@@ -255,6 +266,9 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
                 if n.kind == "r":
                     records.append(len(dev))
                     dev.append(DeviceOp(OpKind.RECORD, op.stream, h.off, node.event))
+                elif n.kind == "c":  # a collective kernel: the engine's op, no accesses
+                    dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
+                                        node.phase))
                 else:
                     dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
                                         node.phase, n.accesses))
@@ -272,6 +286,8 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
                                 bind=None if bind is None else SyncBinding(bind.back, bind.record)))
         elif kind is Synchronize:
             dev.append(DeviceOp(OpKind.SYNC, "cpu", h.off, op.event, bind=h.bind))
+        elif kind is HostCollective:  # the engine records it as a sync op bound to nothing
+            dev.append(DeviceOp(OpKind.SYNC, "cpu", h.off, op.name))
     return dev, records
 
 
@@ -399,9 +415,11 @@ def plan_segments(shapes: list[Shape], fixed: list[tuple], rows: list[list], met
     return Plan(blocks, dict(meta), 0, max(0, n - 1), negative, offsets, _sites(distinct))
 
 
-def plan_program(program: Program) -> Plan:
-    """Shapes and blocks of any Program (parameters taken from its ops)."""
-    planner = SegmentPlanner()
+def plan_program(program: Program, ranks: bool = False) -> Plan:
+    """Shapes and blocks of any Program (parameters taken from its ops); ``ranks``: a
+    tensor-parallel rank's, its collectives shaped (for :mod:`simwar.executors.lockstep.ranks`)
+    rather than refused."""
+    planner = SegmentPlanner(ranks)
     for step, ops in _segments(program.ops):
         planner.add(step, ops)
     return planner.plan(program.meta)
@@ -413,8 +431,8 @@ class SegmentPlanner:
     resolves them), :meth:`plan` groups them into blocks (:func:`plan_program` cuts a whole
     Program into them)."""
 
-    def __init__(self) -> None:
-        self.shaper = _Shaper()
+    def __init__(self, ranks: bool = False) -> None:
+        self.shaper = _Shaper(ranks=ranks)
         self.segs: list[tuple[int | None, list]] = []
         self.shapes: list[Shape] = []
         self.params: list[list] = []
@@ -488,7 +506,7 @@ def _same(a, b) -> bool:
 
 
 def _sites(shapes) -> set:
-    return {h.site for sh in shapes for h in sh.host if h.kind == "sync"}
+    return {h.site for sh in shapes for h in sh.host if h.kind in ("sync", "hcoll")}
 
 
 def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
@@ -563,12 +581,13 @@ class Template:
     prepared: list[PreparedBlock] | None = None  # made by bind, once
 
 
-def plan_template(iterations) -> Template:
+def plan_template(iterations, ranks: bool = False) -> Template:
     """The blocks of a run from its iteration templates (an
-    :class:`~simwar.builder.loop.IterationPlan`), see :func:`plan_config`."""
+    :class:`~simwar.builder.loop.IterationPlan`), see :func:`plan_config`; ``ranks``: a
+    tensor-parallel rank's, its collectives shaped (:mod:`simwar.executors.lockstep.ranks`)."""
     plan = iterations
     n = len(plan.ops) - 1
-    shaper = _Shaper(symbolic=True)
+    shaper = _Shaper(symbolic=True, ranks=ranks)
     shapes: list[Shape] = []
     params: list[list] = []
     for i, ops in enumerate(plan.ops):

@@ -32,12 +32,10 @@ SimPy engine, which gives the answer (or its deadlock) of the reference.
 Speed: no SimPy events, no stream processes; a stream is its tail time, and a device
 collective is completed for every rank by the last to arrive (no generator per
 collective). The Recorder is the engine's and most of what the pass costs. A whole run
-(``python benchmarks/bench_fast.py ranks``: tp2_slow_rank, 5,000 steps) is about 1.5x the
-SimPy engine, and cannot pass about 2.5x while it keeps every rank's Trace: building the
-ranks' Programs and reading each Trace's table and races (both executors do it) is half of
-it. Beyond that needs the ranks planned as the one-rank executor plans a run (iteration
-shapes, generated code, the ranks met at their collectives in lockstep) and the Traces
-kept only when asked.
+keeping every rank's Trace is about 1.5x the SimPy engine; a run that needs no Trace
+takes the ranks in lockstep instead (:mod:`simwar.executors.lockstep.ranks`, about 25x;
+``python benchmarks/bench_fast.py ranks``), and this pass is what ``--trace`` and
+``--timeline`` run.
 
 Imports: :mod:`simwar.core` and :mod:`simwar.executors.host_loop` (no simpy).
 """
@@ -47,7 +45,7 @@ from __future__ import annotations
 from simwar.core.program import Program
 from simwar.core.recorder import Recorder
 from simwar.core.refusals import PlanRefused
-from simwar.core.rules import begins, released
+from simwar.core.rules import begins, collective_ends, released
 from simwar.core.trace import Trace
 from simwar.executors.host_loop import Join, meta_collectives, walk
 
@@ -149,9 +147,9 @@ class StreamTails:
         del table[index]
         last = max(j.times)
         for device, lane_, op_, duration in j.waiting:
-            device.free[lane_] = device.op_end[op_] = last + duration
+            device.free[lane_] = device.op_end[op_] = collective_ends(last, duration)
             self.ready.append(device.rank)
-        self.free[lane] = self.op_end[op_id] = last + duration_us
+        self.free[lane] = self.op_end[op_id] = collective_ends(last, duration_us)
         return ()
 
     def end(self, t: float):

@@ -123,6 +123,24 @@ class HostSyncOp(NamedTuple):
     bind: SyncBinding | None  # None: an event never recorded (returns at once)
 
 
+class HostCollectiveOp(NamedTuple):
+    """A host collective of tensor-parallel ranks (parameters: its cost, the wake-up of a
+    rank that waited): a lockstep over ranks only (:mod:`simwar.executors.lockstep.ranks`)."""
+
+    kind: str  # "hcoll"
+    off: int
+    site: str  # its name, a blocked-time column of the rank's summary, as a sync's site
+
+
+class GraphCollectiveNode(NamedTuple):
+    """A collective kernel node of a graph launch (its parameter: the kernel's duration):
+    a lockstep over ranks only."""
+
+    kind: str  # "c"
+    label: str
+    phase: str
+
+
 class HostMark(NamedTuple):
     """A named host instant of a step (one of :data:`MARKS`; no parameter)."""
 
@@ -133,8 +151,8 @@ class HostMark(NamedTuple):
 #: the record of each host-op kind
 HOST_RECORDS = {"cpu": HostCpu, "launch": HostLaunch, "graph": HostGraph, "record": HostRecord,
                 "wait_stream": HostWaitStream, "wait_event": HostWaitEvent, "sync": HostSyncOp,
-                **{mark: HostMark for mark in MARKS}}
-GRAPH_NODES = {"r": GraphRecordNode, "k": GraphKernelNode}
+                "hcoll": HostCollectiveOp, **{mark: HostMark for mark in MARKS}}
+GRAPH_NODES = {"r": GraphRecordNode, "k": GraphKernelNode, "c": GraphCollectiveNode}
 BINDINGS = {"wait_event": EventBinding, "sync": SyncBinding}
 
 
@@ -151,6 +169,7 @@ def host_records(host: tuple) -> tuple:
     return tuple(out)
 
 
-__all__ = ["BINDINGS", "GRAPH_NODES", "HOST_RECORDS", "MARKS", "EventBinding", "GraphKernelNode",
-           "GraphRecordNode", "HostCpu", "HostGraph", "HostLaunch", "HostMark", "HostRecord",
-           "HostSyncOp", "HostWaitEvent", "HostWaitStream", "SyncBinding", "host_records"]
+__all__ = ["BINDINGS", "GRAPH_NODES", "HOST_RECORDS", "MARKS", "EventBinding",
+           "GraphCollectiveNode", "GraphKernelNode", "GraphRecordNode", "HostCollectiveOp",
+           "HostCpu", "HostGraph", "HostLaunch", "HostMark", "HostRecord", "HostSyncOp",
+           "HostWaitEvent", "HostWaitStream", "SyncBinding", "host_records"]

@@ -21,6 +21,8 @@ once per run.
   shapes as they go (``scheduling.rule: sglang``) each pick theirs from their own queue, and
   each step's block runs over the runs that picked it
   (:func:`~simwar.executors.lockstep.shapes.realize_shape_group`);
+- :mod:`.ranks`: the ranks of one tensor-parallel run in lockstep, a lane per rank, met at
+  their collectives (``engine: fast`` with ``parallel.tp > 1``, no Trace asked for);
 - :mod:`.execute`: the pass and the summaries; the blocks are compiled by the one-pass
   executor's code generator in its array target (:mod:`simwar.executors.fast.codegen`).
 
