@@ -79,8 +79,10 @@ def _means(x: np.ndarray) -> np.ndarray:
 def _row_means(x: np.ndarray) -> np.ndarray:
     x = _rows(x, np.float64)
     sums = np.add.reduce(x, axis=-1)
-    n = np.full(x.shape[0], x.shape[-1])
     redo = np.flatnonzero(np.isnan(sums))  # rows with a NaN (see _row_sums)
+    if not len(redo) and x.shape[-1]:  # every value defined: the same division, at once
+        return sums / x.shape[-1]
+    n = np.full(x.shape[0], x.shape[-1])
     if len(redo):
         sub = x[redo]
         nan = np.isnan(sub)
@@ -105,7 +107,7 @@ def _row_quantiles(x: np.ndarray, q: float, median: bool) -> np.ndarray:
     out = np.where(one, lo, np.nan)
     rest = np.flatnonzero(~one)
     if len(rest):
-        sub = x[rest]
+        sub = x if len(rest) == x.shape[0] else x[rest]
         out[rest] = np.median(sub, axis=-1) if median else np.percentile(sub, q, axis=-1)
     return out
 
