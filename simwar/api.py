@@ -438,6 +438,8 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
             done([i], [simulate(resolved[i]).summary])
         for members in groups.values():
             size = lockstep.batch_size(members[0][1].hi - members[0][1].lo)
+            # batches of one size (the last no smaller): each reuses the last one's arrays
+            size = -(-len(members) // -(-len(members) // size))
             for b in range(0, len(members), size):
                 batch = members[b:b + size]
                 try:

@@ -6,10 +6,15 @@ step: runs of one structure, with the same steps) and gives each run the summary
 (:mod:`simwar.analysis.summary`) evaluated over all runs with numpy, by the same arithmetic:
 
 - a sum is numpy's pairwise summation of the run's row (a reduction along the last axis
-  runs the same summation over each row as over that row alone);
+  runs the same summation over each row as over that row alone, for rows that are each
+  contiguous); the NaN a mean skips are looked for only in the rows whose sum is NaN;
 - a percentile or median is numpy's, along the steps' axis (the same selection and
   interpolation per row); a run whose row holds one value has it as every quantile;
-- fractions and histograms are counts.
+- fractions and histograms are counts;
+- a column that is the same row for every run (a broadcast: a per-step constant, a site no
+  op syncs at) has its statistics computed once, on that row.
+
+``tests/test_batched.py`` holds numpy to each of these on random arrays (Hypothesis).
 
 Runs with a varying workload (per-bucket figures, requests) and runs whose undefined values
 (NaN: a step without a launch) are not at the same steps are summarized one by one.
@@ -26,39 +31,99 @@ from simwar.analysis.summary import Key, assemble, assemble_many, measured_mask,
 from simwar.core.run_meta import RunMeta
 
 
+def _one_row(x: np.ndarray) -> bool:
+    """Whether every row of ``x`` is the same row (a broadcast: a per-step constant of the
+    runs, a site no op syncs at): its statistics are then computed once, on that row."""
+    return x.ndim == 2 and x.shape[0] > 1 and x.strides[0] == 0
+
+
+def _per_row(fn, x: np.ndarray) -> np.ndarray:
+    """``fn(x)`` (a value per row), computed on the first row alone when every row is it."""
+    if _one_row(x):
+        return np.repeat(fn(x[:1]), x.shape[0])
+    return fn(x)
+
+
 def _sums(x: np.ndarray) -> np.ndarray:
     """:func:`simwar.analysis.metrics._sum` per row: NaN added as zero."""
-    nan = np.isnan(x)
-    # rows contiguous: the reduction then runs along each row, as over the row alone (numpy
-    # may reduce a row of an array laid out otherwise in another order)
-    return np.add.reduce(np.ascontiguousarray(np.where(nan, 0.0, x) if nan.any() else x),
-                         axis=-1)
+    return _per_row(_row_sums, x)
+
+
+def _rows(x: np.ndarray, dtype=None) -> np.ndarray:
+    """``x`` with each row contiguous (a view of a table's measured steps already is): numpy
+    then reduces along each row as over the row alone; it may reduce a row laid out otherwise
+    in another order (``tests/test_batched.py`` holds both)."""
+    if x.strides[-1] != x.itemsize or (dtype is not None and x.dtype != dtype):
+        return np.ascontiguousarray(x, dtype=dtype)
+    return x
+
+
+def _row_sums(x: np.ndarray) -> np.ndarray:
+    x = _rows(x)
+    out = np.add.reduce(x, axis=-1)
+    # a NaN makes its row's sum NaN (so does inf + -inf): those rows again, NaN as zero; any
+    # other row holds no NaN, and its sum is the one with NaN as zero
+    redo = np.flatnonzero(np.isnan(out))
+    if len(redo):
+        sub = x[redo]
+        out[redo] = np.add.reduce(np.where(np.isnan(sub), 0.0, sub), axis=-1)
+    return out
 
 
 def _means(x: np.ndarray) -> np.ndarray:
     """:func:`simwar.analysis.metrics._mean` per row (NaN where no value is defined): the
-    sum of :func:`_sums`, the NaN found once for the count and the sum."""
-    nan = np.isnan(x)
-    missing = np.count_nonzero(nan, axis=-1)
-    n = x.shape[-1] - missing
-    rows = np.where(nan, 0.0, x) if missing.any() else x
+    sum of :func:`_sums` over the count of values that are not NaN."""
+    return _per_row(_row_means, x)
+
+
+def _row_means(x: np.ndarray) -> np.ndarray:
+    x = _rows(x, np.float64)
+    sums = np.add.reduce(x, axis=-1)
+    redo = np.flatnonzero(np.isnan(sums))  # rows with a NaN (see _row_sums)
+    if not len(redo) and x.shape[-1]:  # every value defined: the same division, at once
+        return sums / x.shape[-1]
+    n = np.full(x.shape[0], x.shape[-1])
+    if len(redo):
+        sub = x[redo]
+        nan = np.isnan(sub)
+        n[redo] -= np.count_nonzero(nan, axis=-1)
+        sums[redo] = np.add.reduce(np.where(nan, 0.0, sub), axis=-1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(n > 0, np.add.reduce(np.ascontiguousarray(rows), axis=-1) /
-                        np.maximum(n, 1), np.nan)
+        return np.where(n > 0, sums / np.maximum(n, 1), np.nan)
 
 
 def _quantiles(x: np.ndarray, q: float, median: bool = False) -> np.ndarray:
     """numpy's ``percentile(row, q)`` (or ``median``) per row."""
     if not x.shape[-1]:
         return np.full(x.shape[0], np.nan)
+    return _per_row(lambda rows: _row_quantiles(rows, q, median), x)
+
+
+def _row_quantiles(x: np.ndarray, q: float, median: bool) -> np.ndarray:
     lo, hi = x.min(axis=-1), x.max(axis=-1)
-    one = lo == hi  # one value (no NaN): every quantile is it
+    # one value: every quantile is it (numpy's interpolation of a value with itself gives it
+    # back, but for a zero, whose sign it may change, an infinity or a huge value)
+    one = (lo == hi) & (np.abs(lo) < 1e300) & (lo != 0)
     out = np.where(one, lo, np.nan)
     rest = np.flatnonzero(~one)
     if len(rest):
-        sub = x[rest]
+        sub = x if len(rest) == x.shape[0] else x[rest]
         out[rest] = np.median(sub, axis=-1) if median else np.percentile(sub, q, axis=-1)
     return out
+
+
+def _histograms(x: np.ndarray) -> list[dict]:
+    """Per row: ``{int(value): its fraction of the row}``, ascending (a row without NaN)."""
+    n = x.shape[-1]
+    if not n:
+        return [{} for _ in range(x.shape[0])]
+    if _one_row(x):
+        return [dict(h) for h in _histograms(x[:1]) * x.shape[0]]
+    lo, hi = x.min(), x.max()
+    values = [lo] if lo == hi else np.unique(x).tolist()
+    counts = [np.count_nonzero(x == v, axis=-1).tolist() for v in values]
+    return [{int(v): float(c[j] / n) for v, c in zip(values, counts) if c[j]}
+            for j in range(x.shape[0])]
 
 
 def _stat(key: Key, x: np.ndarray, m: dict) -> list:
@@ -66,7 +131,7 @@ def _stat(key: Key, x: np.ndarray, m: dict) -> list:
     stat, n = key.stat, x.shape[-1]
     nan = float("nan")
     if stat == "mean":
-        return _means(x.astype(np.float64, copy=False)).tolist()
+        return _means(x).tolist()
     if stat == "percentile":
         return _quantiles(x, key.arg).tolist()
     if stat == "median":
@@ -74,12 +139,10 @@ def _stat(key: Key, x: np.ndarray, m: dict) -> list:
     if stat == "positive_fraction":
         if not n:
             return [nan] * x.shape[0]
-        return [float(c / n) for c in np.count_nonzero(x > 0, axis=-1).tolist()]
+        positive = _per_row(lambda r: np.count_nonzero(r > 0, axis=-1), x)
+        return [float(c / n) for c in positive.tolist()]
     if stat == "histogram":
-        values = np.unique(x).tolist()
-        counts = [np.count_nonzero(x == v, axis=-1).tolist() for v in values]
-        return [{int(v): float(c[j] / n) for v, c in zip(values, counts) if c[j]}
-                for j in range(x.shape[0])]
+        return _histograms(x)
     with np.errstate(divide="ignore", invalid="ignore"):
         # steps that take no time have no share and no rate: NaN where the divisor is 0
         if stat == "busy_fraction":
@@ -145,10 +208,16 @@ def _together(cols: dict, metas: list[dict], hazards: list, runs: list[RunMeta])
         if not key.valid:
             return x
         if key.column not in valid:
-            nan = np.isnan(x)
-            if not np.array_equal(nan.all(axis=0), nan.any(axis=0)):
+            nan = np.isnan(x[:1] if _one_row(x) else x)
+            if not nan.any():  # every value defined: the column as it is
+                valid[key.column] = x
+            elif not np.array_equal(nan.all(axis=0), nan.any(axis=0)):
                 raise _OneByOne
-            valid[key.column] = x[:, ~nan[0]] if x.shape[0] else x
+            elif _one_row(x):
+                keep = x[:1, ~nan[0]]
+                valid[key.column] = np.broadcast_to(keep, (x.shape[0], keep.shape[1]))
+            else:
+                valid[key.column] = x[:, ~nan[0]]
         return valid[key.column]
 
     if len({run.workload is None for run in runs}) == 1 and runs[0].workload is None:

@@ -192,9 +192,10 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     """
     nxt = _next(start)
     step_us = nxt - start
-    lo, hi = idle_windows(end)
-    busy = np.where(np.isnan(lo), np.nan, busy)
-    dep = np.where(np.isnan(lo), np.nan, dep)
+    lo, hi = idle_windows(end)  # lo: each forward's predecessor's end
+    first = np.isnan(lo)
+    busy = np.where(first, np.nan, busy)
+    dep = np.where(first, np.nan, dep)
     idle = (hi - lo) - busy
     idle_dep = np.minimum(dep, idle)
     out = {
@@ -203,7 +204,7 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
         "fwd_end_us": end,
         "fwd_us": end - start,
         "step_us": step_us,
-        "fwd_gap_us": start - _previous(end),
+        "fwd_gap_us": start - lo,
         "gpu_idle_us": idle,
         "gpu_idle_dep_us": idle_dep,
         "gpu_idle_host_us": idle - idle_dep,
@@ -214,7 +215,8 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
     for site in sorted(blocked):
         vals = blocked[site]
         sites[f"cpu_blocked_{site}_us"] = vals
-        total = total + vals
+        if not _zeros(vals):  # +0.0 added to a total begun at +0.0 changes nothing
+            total = total + vals
     out["cpu_blocked_us"] = total
     out.update(sites)
     out["launch_us"] = launch
@@ -227,6 +229,11 @@ def columns_from_arrays(steps: np.ndarray, start: np.ndarray, end: np.ndarray,
         per_step = {k: np.broadcast_to(v, start.shape) for k, v in per_step.items()}
     out.update(per_step)
     return out
+
+
+def _zeros(x: np.ndarray) -> bool:
+    """Whether ``x`` is +0.0 broadcast (a site no op of runs in lockstep syncs at)."""
+    return x.size > 0 and not any(x.strides) and x.flat[0] == 0 and not np.signbit(x.flat[0])
 
 
 def _next(x: np.ndarray) -> np.ndarray:

@@ -5,11 +5,14 @@
 blocks once for all of them (the fast executor's code generator,
 :mod:`simwar.executors.fast.codegen`, in its array target), each parameter a number when
 every run has the same, else an array with one element per run. The per-step
-facts are rows of 2-d arrays (a row per step, a column per run); each run's column is then
-assembled and summarized by the functions the fast executor's own runs use
+facts are rows of 2-d arrays (a row per step, a column per run, the arrays reused batch
+after batch); a chunk of runs at a time (:func:`summary_runs`, sized for the caches) is turned
+to a row per run, tile by tile, and its per-step table assembled and summarized over all
+its runs at once by the functions the fast executor's own runs use
 (:func:`~simwar.analysis.metrics.columns_from_arrays`,
-:func:`~simwar.analysis.metrics.summarize` or its batched form), so each summary is that
-run's, bit for bit. Races are the fast executor's race plan
+:func:`~simwar.analysis.batched.summarize_many`, or
+:func:`~simwar.analysis.metrics.summarize` run by run for a varying workload), so each
+summary is that run's, bit for bit. Races are the fast executor's race plan
 (:class:`~simwar.executors.fast.races.RacePlan`, the same for every run of a group): counted
 per run as the chunks go (:meth:`~simwar.executors.fast.races.RacePlan.tally`), the logged
 times of all runs side by side.
@@ -66,12 +69,13 @@ _SPARE: list[np.ndarray] = []
 
 
 def _array(shape: tuple, value: float) -> np.ndarray:
-    for i, arr in enumerate(_SPARE):
-        if arr.shape == shape:
-            arr = _SPARE.pop(i)
+    size = shape[0] * shape[1]
+    for i, arr in enumerate(_SPARE):  # the front of a spare array at least as large
+        if arr.base is not None and arr.base.size >= size:
+            arr = _SPARE.pop(i).base[:size].reshape(shape)
             arr.fill(value)
             return arr
-    return np.full(shape, value)
+    return np.full(size, value).reshape(shape)
 
 
 class State:
@@ -99,11 +103,11 @@ class State:
         self.logs: list = []
 
     def release(self) -> None:
-        """Keep the arrays for the next batch (dropping those of another size)."""
+        """Keep the arrays for the next batch (one of the same size or smaller takes them)."""
         mine = [self.fs, self.fe, self.launch, self.busy, self.dep, *self.blocked.values()]
         if self.done is not None:
             mine.append(self.done)
-        _SPARE[:] = [a for a in _SPARE if a.shape in {m.shape for m in mine}] + mine
+        _SPARE[:] = mine
 
 
 def _signed_zero(x) -> bool:
@@ -256,9 +260,30 @@ def run_group(plans: list[Plan], window: int = 2, feeds: list | None = None) -> 
     return out
 
 
-#: runs summarized at a time: their rows of per-step facts, turned to a row per run, fit in
-#: the caches (a summary reads each fact a few times)
-SUMMARY_RUNS = 32
+#: bytes of one per-step fact of the runs summarized at a time (a row per run): the facts
+#: of a chunk and the columns made from them stay in the caches (a summary reads each a few
+#: times), and numpy's temporaries stay small enough to be reused rather than mapped anew
+SUMMARY_BYTES = 256 << 10
+#: steps per tile of the transposition (the facts are a row per step, the summaries want a
+#: row per run): numpy copies a transposed array an element at a time, with a cache miss on
+#: one side for each; a tile's rows stay in the cache on both
+TILE_STEPS = 64
+
+
+def summary_runs(steps: int) -> int:
+    """Runs summarized at a time, for runs of ``steps`` measured steps."""
+    return max(8, SUMMARY_BYTES // (8 * max(1, steps)))
+
+
+def _run_rows(fact: np.ndarray, j0: int, j1: int, out: np.ndarray) -> np.ndarray:
+    """Runs ``j0..j1-1`` of a per-step fact (a row per step, a column per run) as a row per
+    run, C-contiguous (in ``out``, a buffer of at least that many rows reused chunk after
+    chunk): the summaries reduce along each row (:mod:`simwar.analysis.batched`)."""
+    steps = fact.shape[0]
+    out = out[:j1 - j0]
+    for s0 in range(0, steps, TILE_STEPS):
+        out[:, s0:s0 + TILE_STEPS] = fact[s0:s0 + TILE_STEPS, j0:j1].T
+    return out
 
 
 def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
@@ -278,9 +303,11 @@ def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
     facts.update({("blocked", site): v[idx] for site, v in state.blocked.items()})
     totals = [(tally.races, int(o), tally.steps.total()) for o in tally.overlaps.tolist()]
     out: list[dict] = []
-    for j0 in range(0, len(plans), SUMMARY_RUNS):
-        j1 = min(len(plans), j0 + SUMMARY_RUNS)
-        rows = {k: np.ascontiguousarray(v[:, j0:j1].T) for k, v in facts.items()}
+    chunk = min(len(plans), summary_runs(len(steps)))
+    buffers = {k: np.empty((chunk, len(steps))) for k in facts}
+    for j0 in range(0, len(plans), chunk):
+        j1 = min(len(plans), j0 + chunk)
+        rows = {k: _run_rows(v, j0, j1, buffers[k]) for k, v in facts.items()}
         blocked = {k[1]: v for k, v in rows.items() if isinstance(k, tuple)}
         zero = np.broadcast_to(0.0, rows["fs"].shape)  # the sites no op syncs at
         blocked.update({site: zero for site in set(SITES) - set(blocked)})
