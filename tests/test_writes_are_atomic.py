@@ -38,7 +38,8 @@ def direct_writes(source: str) -> list[tuple[int, str]]:
         elif name == "open" and any(c in _mode(node) for c in "wax") \
                 and not any(kw.arg == "fileobj" for kw in node.keywords):
             found.append((node.lineno, f"open(..., {_mode(node)!r})"))
-        elif name in _TO_A_HANDLE and isinstance(func, ast.Attribute) and node.args:
+        elif name in _TO_A_HANDLE and isinstance(func, ast.Attribute) and node.args \
+                and (name != "dump" or len(node.args) > 1):  # dump(x) returns the text
             target = node.args[-1] if name == "dump" else node.args[0]
             if not isinstance(target, ast.Name):
                 found.append((node.lineno, f"{name} to {ast.unparse(target)}"))
@@ -49,6 +50,7 @@ def test_the_scan_finds_direct_writes():
     assert [w for _, w in direct_writes(
         "Path(p).write_text('x')\nopen(p, 'w')\ntarfile.open(p, 'w')\nopen(p)\n"
         "df.to_csv('a.csv')\ndf.to_csv()\nfig.savefig(buf)\njson.dump(x, open(p))\n"
+        "text = yaml.dump(spec(), Dumper=D)\n"
         "tarfile.open(fileobj=fh, mode='w')\n")] == [
         "write_text", "open(..., 'w')", "open(..., 'w')", "to_csv to 'a.csv'",
         "dump to open(p)"]
