@@ -311,9 +311,11 @@ class Prefill(StrictModel):
 #: mixed step (a prefill chunk, then the decode phases, in one forward), an idle step (a
 #: DP-attention idle batch: the idle forward, no request; ``scheduling.idle``)
 SHAPES = ("decode", "prefill", "mixed", "idle")
-#: the shapes each scheduling rule picks from (idle added by ``scheduling.idle``)
-RULE_SHAPES = {"sglang": ("decode", "prefill"), "sglang_mixed": ("mixed",),
-               "vllm": ("mixed",)}
+#: the shapes each scheduling rule picks from (idle added by ``scheduling.idle``): the mixed
+#: rules run a mixed step when prompt tokens wait and a plain decode step when none does
+#: (SGLang's ``--enable-mixed-chunk`` and vLLM launch no prefill for an empty chunk)
+RULE_SHAPES = {"sglang": ("decode", "prefill"), "sglang_mixed": ("decode", "mixed"),
+               "vllm": ("decode", "mixed")}
 
 
 class Idle(StrictModel):
