@@ -32,8 +32,10 @@ another simwar source tree, e.g. one exported with ``git archive 9ad16a6 | tar -
   sglang_mixed``), ``simulate()`` end to end, arrivals realized afresh each time (the sizes
   cache cleared), interleaved in one process, best of ``--repeat``, process CPU time; and the
   SimPy engine on the shape-picking run. ``ratio_cpu``: the multi-shape run's CPU time per
-  step over the one-shape run's (the target is at most 1.3). With ``--before DIR`` both
-  trees are measured, their child processes alternated three times, and
+  step over the one-shape run's (the target is at most 1.3). (Since the mixed rules run a
+  decode step when no prompt token waits, ``one_shape`` picks decode and mixed steps too:
+  the one-shape figure is the ``--before`` tree's, from before that change.) With
+  ``--before DIR`` both trees are measured, their child processes alternated three times, and
   ``shapes_before_over_after_cpu`` compares their multi-shape runs.
 - ``rss``: ``simwar run configs/dspark_fine.yaml --set steps=N --json`` in a fresh process
   each: wall, CPU and peak RSS (``ru_maxrss``).

@@ -297,10 +297,6 @@ def test_the_mini_servers_mixed_steps_are_read_from_its_prefill_range():
     assert any(line.startswith("  prefill.launches 32: the capture's 57.0 launches per prefill "
                                "(mean; 7.11 µs of host each), modelled as 32")
                for line in fit.header)
-    # its decode steps launch no chunk, the simulated ones an empty one: its launch calls are
-    # taken from the decode phases' host time
-    assert any(line.startswith("  the mixed rule launches the chunk in every step")
-               for line in fit.header)
     steps, _ = import_report(cap.bound)
     checked = check_fit(cap, load_config(fit.config), "fitted", steps, "prefill_light")
     assert checked["ok"] and checked["profiler_back"], checked["text"]

@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from test_fast import CONFIG_FILES, VARIANTS, applies
 
 from simwar.analysis import batched
-from simwar.api import draw_sizes, simulate, simulate_many
+from simwar.api import build_program, draw_sizes, simulate, simulate_many
 from simwar.config import load_config
+from simwar.core.program import Marker
 from simwar.core.rules import begins, begins_many, released, released_many, returns, returns_many
 from simwar.executors import fast, lockstep
 from simwar.study.sweeps import load_sweep, run_one, sweep
@@ -113,14 +114,14 @@ def test_every_shipped_config_in_lockstep_is_its_own_run(variant):
 
 
 def test_runs_that_pick_their_shapes_run_alone_each_its_own_summary():
-    """A batch mixing runs whose scheduler picks each step's shape (refused by the lockstep
-    executor: a group runs one sequence of shapes) with one-shape runs of the same requests:
-    every summary is its own run's, whichever executor ran it."""
+    """A batch of runs whose scheduler picks each step's shape under each rule (the mixed
+    rules too: a decode step when no prompt token waits), the same requests: every summary
+    is its own run's, whichever executor ran it."""
     path = next(p for p in CONFIG_FILES if p.stem == "sglang_default_prefill")
     configs = [load_config(path, {"steps": 90, "warmup_steps": 5, "seed": seed,
                                   "scheduling.rule": rule})
                for rule in ("sglang", "sglang_mixed", "vllm") for seed in range(2)]
-    assert [c.shapes_vary for c in configs] == [True] * 2 + [False] * 4
+    assert [c.shapes_vary for c in configs] == [True] * 6
     for cfg, summary in zip(configs, simulate_many(configs)):
         assert_same_summary(summary, simulate(cfg, engine="simpy").summary)
 
@@ -197,8 +198,12 @@ def test_runs_with_requests_run_in_lockstep_as_their_own_runs(variant):
     assert len(paths) == len(names)
     for path in paths:
         configs = [load_config(path, {**VARIANTS[variant], "seed": seed}) for seed in range(3)]
-        plan = fast.plan_config(configs[0], draw_sizes(configs[0]), fill=False)
-        assert any(h.kind == "result_done" for b in plan.blocks for h in b.shape.host)
+        if configs[0].shapes_vary:  # prompts: planned as it runs, from its Program's steps
+            assert any(isinstance(op, Marker) and op.name == "result_done"
+                       for op in build_program(configs[0]).ops)
+        else:
+            plan = fast.plan_config(configs[0], draw_sizes(configs[0]), fill=False)
+            assert any(h.kind == "result_done" for b in plan.blocks for h in b.shape.host)
         got = lockstep.realize_group(configs)
         for cfg, summary in zip(configs, got):
             assert_same_summary(summary, simulate(cfg).summary)

@@ -83,7 +83,9 @@ def test_a_prompt_is_prefilled_in_chunks_then_decodes():
     assert sz.batch[:14].tolist() == [0] * 4 + [1] * 10  # + the overlap loop's extra step
     r = simwar.simulate(cfg, engine="simpy")
     fwd = [op for op in r.program.ops if isinstance(op, Launch) and op.kernel.phase == "prefill"]
-    assert len(fwd) == 40 and fwd[0].kernel.duration_us == 612.0
+    # a step that prefills nothing is a decode step: no prefill launch (three requests)
+    assert [op.step for op in fwd] == np.flatnonzero(sz.prefill_tokens).tolist()
+    assert len(fwd) == 12 and fwd[0].kernel.duration_us == 612.0
     c = r.columns
     s = r.summary
     assert s["request_ttft_forward_us_mean"] == pytest.approx(c["fwd_end_us"][3])

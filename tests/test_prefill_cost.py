@@ -150,10 +150,10 @@ def test_an_idle_step_runs_in_place_of_the_wait_for_a_request():
     run = simwar.simulate(cfg, engine="fast")
     assert set(run.summary["shape_steps"]) == {"idle", "prefill", "decode"}
     assert _same_summary(run.summary, simwar.simulate(cfg, engine="simpy").summary)
-    # a one-shape rule with idle steps picks its shapes too: mixed and idle
+    # the mixed rule with idle steps: mixed, decode (no prompt token waits) and idle
     mixed = load_config(None, {**idle, "scheduling.rule": "sglang_mixed"})
-    assert mixed.shapes == ("mixed", "idle") and mixed.shapes_vary
-    assert set(simwar.simulate(mixed).summary["shape_steps"]) == {"idle", "mixed"}
+    assert mixed.shapes == ("decode", "mixed", "idle") and mixed.shapes_vary
+    assert set(simwar.simulate(mixed).summary["shape_steps"]) == {"idle", "mixed", "decode"}
 
 
 @pytest.mark.parametrize("variant", [
@@ -185,12 +185,15 @@ def test_the_trace_mode_streams_the_engines_trace_with_idle_steps_and_launches()
 
 
 def test_lockstep_refuses_runs_with_idle_steps_and_the_batch_falls_back():
-    wl = {**ONE["workload"], "arrivals": {"rate_per_s": 50}, "initial_batch": 0}
-    cfg = load_config(None, {**ONE, "workload": wl, "scheduling.rule": "sglang_mixed",
+    # requests without prompts: the mixed rule's one shape, a decode step, and idle steps
+    wl = {k: v for k, v in ONE["workload"].items() if k != "prompt_tokens"}
+    wl.update(arrivals={"rate_per_s": 50}, initial_batch=0)
+    plain = {k: v for k, v in ONE.items() if k not in ("prefill", "scheduling")}
+    cfg = load_config(None, {**plain, "workload": wl, "scheduling.rule": "sglang_mixed",
                              "scheduling.idle": {"forward_us": 300}})
     assert EXECUTORS["lockstep"].refusal(cfg).endswith(
         "step shapes are picked as it runs: idle steps (scheduling.idle: no request runs or "
-        "waits) among its mixed steps")
+        "waits) among its decode steps")
     out = simulate_many([cfg, cfg])
     ref = simwar.simulate(cfg, engine="simpy").summary
     assert _same_summary(out[0], ref) and _same_summary(out[1], ref)

@@ -128,9 +128,14 @@ def test_the_step_timeline_shades_the_shapes():
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any(t.startswith("prefill step") for t in labels)
     fig.canvas.draw() if hasattr(fig.canvas, "draw") else None
+    # the mixed rule: a band per mixed step (a step that prefills), none for its decode steps
     mixed = simwar.simulate(CONFIG, {**SHORT, "scheduling.rule": "sglang_mixed"}, engine="fast")
     ax = regime_steps(mixed, ax=Figure().subplots(), steps=(20, 90))
-    assert not [p for p in ax.patches if str(p.get_gid()).startswith("shape:")]
+    shaded = [p.get_gid() for p in ax.patches if str(p.get_gid()).startswith("shape:")]
+    df = mixed.steps
+    want = df[(df.step >= 20) & (df.step <= 90) & (df["shape"] == "mixed")].step
+    assert sorted(shaded) == sorted(f"shape:mixed:{k}" for k in want) and shaded
+    assert (df["shape"] == "decode").any()
 
 
 def test_the_step_timeline_bands_idle_steps():

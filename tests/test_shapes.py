@@ -1,6 +1,7 @@
 """Step shapes picked at run time (``scheduling.rule``): SGLang's default prefill steps of
 their own (decodes pause; a long prompt carried over several steps), the bound on consecutive
-prefill steps, vLLM's token budget, and every executor's answer on them.
+prefill steps, vLLM's token budget, the mixed rules' decode steps when no prompt token waits,
+and every executor's answer on them.
 
 The SimPy engine is the reference: the fast executor (its realizing pass, its run of the
 Program, its trace mode) gives its per-step table, summary, races and Trace bit for bit, with
@@ -108,18 +109,52 @@ def test_at_most_max_consecutive_prefill_steps_while_requests_decode():
 def test_vllm_budget_gives_the_decodes_their_tokens_first():
     base = {**BURSTY, "scheduling": {"rule": "vllm"}}
     sz = _sizes(base)
-    assert sz.shape is None  # one shape: every step mixed
+    # a step that prefills is mixed; one whose decodes took the whole budget, a decode step
+    assert [c == "m" for c in _shapes(sz)] == (sz.prefill_tokens > 0).tolist()
     mixed = _sizes({**base, "scheduling": {"rule": "sglang_mixed"}})
     assert np.all(sz.prefill_tokens + sz.batch <= 512)
     assert np.any(mixed.prefill_tokens + mixed.batch > 512)
 
 
-def test_the_default_rule_is_todays_mixed_chunk_bit_for_bit():
+def test_the_default_rule_is_the_mixed_chunk_bit_for_bit():
     base = {k: v for k, v in BURSTY.items() if k != "scheduling"}
     a = simwar.simulate(None, base, engine="fast")
     b = simwar.simulate(None, {**base, "scheduling": {"rule": "sglang_mixed"}}, engine="fast")
-    assert a.summary == b.summary and "shape_steps" not in a.summary
-    assert "shape" not in a.steps.columns
+    assert a.summary == b.summary and set(a.summary["shape_steps"]) <= {"decode", "mixed"}
+    assert a.steps.equals(b.steps)
+
+
+#: one request's prompt of 1000 tokens at a time under a mixed rule: four mixed steps, then
+#: decode steps
+MIXED_ONE = {**ONE, "scheduling": {"rule": "sglang_mixed"}, "prefill.launches": 3}
+
+
+@pytest.mark.parametrize("rule", ["sglang_mixed", "vllm"])
+@pytest.mark.parametrize("variant", [{}, {"policy.overlap": False},
+                                     {"policy.barrier": "coarse", "policy.launch_ahead": 2}],
+                         ids=str)
+def test_a_mixed_rule_runs_a_decode_step_when_no_prompt_token_waits(rule, variant):
+    """SGLang's --enable-mixed-chunk and vLLM run a plain decode step when no prompt token
+    waits: no prefill launch, no host dispatch for an empty chunk; a step that prefills is
+    mixed (the chunk, then the decode phases). Every executor gives the engine's answer."""
+    cfg = load_config(None, {**MIXED_ONE, "scheduling.rule": rule, **variant})
+    sz = resolve_sizes(cfg)
+    assert cfg.shapes == ("decode", "mixed") and cfg.shapes_vary
+    assert [c == "m" for c in _shapes(sz)] == (sz.prefill_tokens > 0).tolist()
+    assert _shapes(sz)[:6] == "mmmmdd"
+    program = build_program(cfg)
+    prefill = {op.step for op in program.ops
+               if isinstance(op, Launch) and op.kernel.phase == "prefill"}
+    assert prefill == set(np.flatnonzero(sz.prefill_tokens).tolist())
+    ref = reference(program)
+    assert_same_run(*ref, fast.run_config(cfg, sz))
+    assert_same_run(*ref, fast.run(program))
+    fresh = draw_sizes(cfg)
+    realized = fast.realize(cfg, fresh, ArrivalProcess(cfg, fresh))
+    assert np.array_equal(fresh.shape, sz.shape)
+    assert_same_run(*ref, realized)
+    windows, _, _ = trace_windows(cfg, chunk=9)
+    assert_same_trace(T.join(list(windows)), simwar.simulate(cfg, engine="simpy").trace)
 
 
 @pytest.mark.parametrize("variant", [
@@ -204,8 +239,6 @@ def test_fast_equals_simpy_on_random_shape_mixes(seed, rate, chunk, bound, overl
                                                  ends, prefix, idle, rule):
     """Random mixes of every shape (prefill, decode, mixed, idle) and every prefill form
     (launches, where its read-done is recorded, a prefix-attention term)."""
-    if rule != "sglang" and idle is None:
-        idle = "eager"  # a one-shape rule picks shapes only with idle steps
     eager = graph == "eager" or launches > 1
     wl = {**BURSTY["workload"], "arrivals": {"rate_per_s": rate}, "initial_batch": seed % 5,
           "prompt_tokens": prompts}
@@ -264,7 +297,10 @@ def test_lockstep_runs_shape_picking_runs_together_each_its_own():
     cfgs = [load_config(None, {**BURSTY, "steps": 70, **v}) for v in (
         {}, {"seed": 2, "workload": wl}, {"seed": 3, "prefill.chunk_tokens": 100},
         {"cpu.schedule_us": 50}, {"policy.barrier": "none"}, {"policy.overlap": False},
-        {"seed": 5, "scheduling.max_consecutive_prefill": 1})]
+        {"seed": 5, "scheduling.max_consecutive_prefill": 1},
+        # the mixed rules' runs pick theirs too (decode steps when no prompt token waits)
+        {"seed": 6, "workload": wl, "scheduling": {"rule": "sglang_mixed"}},
+        {"seed": 7, "workload": wl, "scheduling": {"rule": "vllm"}, "policy.overlap": False})]
     # simulate_many runs arrivals alone, shapes picked or not (their batches follow their times)
     assert EXECUTORS["lockstep"].refusal(cfgs[0]) == \
         "workload arrivals: each run's batches depend on its own simulated times"
@@ -274,15 +310,19 @@ def test_lockstep_runs_shape_picking_runs_together_each_its_own():
     for cfg, run in zip(cfgs, runs):
         assert_same_run(*reference(build_program(cfg)), run)
     alone = simulate_many(cfgs[:2])  # a sweep's runs: one by one, the same summaries
-    for cfg, summary, lone in zip(cfgs, lockstep.realize_group(cfgs), alone + [None] * 5):
+    for cfg, summary, lone in zip(cfgs, lockstep.realize_group(cfgs),
+                                  alone + [None] * (len(cfgs) - 2)):
         want = simwar.simulate(cfg, engine="fast").summary
         assert list(summary) == list(want) and all(_same(summary[k], want[k]) for k in want)
         assert lone is None or all(_same(lone[k], want[k]) for k in want)
     with pytest.raises(lockstep.NotLockstep, match="different lengths or launch-ahead"):
         lockstep.realize_group([cfgs[0], load_config(None, {**BURSTY, "steps": 71})])
+    # requests without prompts under a mixed rule: one shape, not picked
+    plain = {**{k: v for k, v in BURSTY.items() if k not in ("prefill", "scheduling")},
+             "steps": 70, "workload": {k: v for k, v in BURSTY["workload"].items()
+                                       if k != "prompt_tokens"}}
     with pytest.raises(lockstep.NotLockstep, match="different structures"):
-        lockstep.realize_group([cfgs[0], load_config(None, {**BURSTY,
-                                                            "scheduling.rule": "sglang_mixed"})])
+        lockstep.realize_group([cfgs[0], load_config(None, plain)])
 
 
 _run = st.fixed_dictionaries({
@@ -320,10 +360,16 @@ def test_tensor_parallel_ranks_never_run_picked_shapes():
                                           r"iteration shapes picked from a queue \(decode, "
                                           r"prefill\) need parallel.tp 1$"):
         load_config(None, {**BURSTY, "parallel.tp": 2})
+    with pytest.raises(ConfigError, match=r"iteration shapes picked from a queue \(decode, "
+                                          r"mixed\) need parallel.tp 1$"):
+        load_config(None, {**BURSTY, "parallel.tp": 2, "scheduling.rule": "sglang_mixed"})
+    wl = {k: v for k, v in BURSTY["workload"].items() if k != "prompt_tokens"}
     with pytest.raises(ConfigError, match=r"arrivals: requests that arrive \(arrivals, "
                                           r"closed_loop\) are not modelled with parallel.tp > 1 "
                                           r".*give batch sizes instead"):
-        load_config(None, {**BURSTY, "parallel.tp": 2, "scheduling.rule": "sglang_mixed"})
+        load_config(None, {**{k: v for k, v in BURSTY.items() if k not in ("prefill",
+                                                                          "scheduling")},
+                           "workload": wl, "parallel.tp": 2})
 
 
 def test_bad_scheduling_keys_are_one_line_each():

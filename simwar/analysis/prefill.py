@@ -2,15 +2,16 @@
 
 Both are read from data the run keeps, never from labels: the per-step table's ``step``,
 ``fwd_start_us``, ``fwd_end_us``, ``fwd_us`` and ``shape`` columns (``shape`` only where the
-scheduler picked shapes, ``scheduling.rule: sglang``), ``meta.workload.prefill_tokens`` (the
-prompt tokens each step prefilled) and per request ``meta.workload.requests``'
-``prefill_step`` (the step of its first chunk) and ``first_step`` (the step of its last chunk,
-which gives its first token). A request's chunks are the steps from its ``prefill_step`` to
-its ``first_step`` that prefilled tokens: chunks are taken first come first served
-(:class:`simwar.builder.sizes.ArrivalProcess`), so from its first chunk on a request is the
-first still prefilling and takes a chunk of every step that prefills, until its last (between
-two of them may come a decode step under ``sglang``, forced by ``max_consecutive_prefill``, or
-under ``vllm`` a step whose decodes took the whole token budget).
+scheduler picked shapes: a run with prompts, or ``scheduling.idle``),
+``meta.workload.prefill_tokens`` (the prompt tokens each step prefilled) and per request
+``meta.workload.requests``' ``prefill_step`` (the step of its first chunk) and
+``first_step`` (the step of its last chunk, which gives its first token). A request's chunks
+are the steps from its ``prefill_step`` to its ``first_step`` that prefilled tokens: chunks
+are taken first come first served (:class:`simwar.builder.sizes.ArrivalProcess`), so from
+its first chunk on a request is the first still prefilling and takes a chunk of every step
+that prefills, until its last (between two of them may come a decode step under ``sglang``,
+forced by ``max_consecutive_prefill``, or under ``vllm`` a step whose decodes took the whole
+token budget).
 
 - :func:`chunk_columns`: per request its chunks, their forwards' time and the rest of its
   prefill (``Result.requests``);
@@ -75,9 +76,9 @@ def prefill_pauses(columns: dict, meta, steps: tuple[int, int] | None = None) ->
     ``pause_us``, ``prefill_steps`` (the run's length), ``prefill_tokens`` (summed over the
     run), ``requests`` (those with a chunk in the run) and ``paused``; and over them ``count``,
     ``decode_steps`` (every decode step of ``steps``), ``total_us``, ``mean_us`` and the
-    means of the others. None for a run whose scheduler did not pick shapes (no decode
-    pauses for a prefill there: the chunk runs inside the decode step)."""
-    if "shape" not in columns:
+    means of the others. None for a run with no prefill step of its own (its scheduler picked
+    no shapes, or a mixed rule's: a chunk runs inside a decode step, which pauses nothing)."""
+    if "shape" not in columns or not (np.asarray(columns["shape"]) == "prefill").any():
         return None
     run = RunMeta.of(meta)
     wl = run.workload or {}

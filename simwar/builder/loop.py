@@ -32,13 +32,14 @@ Requests with prompts (``workload.prompt_tokens``, a ``prefill:`` section) add, 
 ``run_batch`` before the decode phases, the step's prefill (:meth:`LoopBuilder.prefill_chunk`):
 its host work and kernel (an eager launch, ``prefill.launches`` of them each after its share
 of the host work, or a piecewise graph's launch) whose durations are per-step series of the
-arrivals model (:data:`PREFILL_US`, :data:`PREFILL_HOST_US`, or each launch's share:
-nothing in a step that prefills no token), so the iteration's shape stays the same (a
-``mixed`` step, the rules ``sglang_mixed`` and ``vllm``). When the scheduler picks each step's
-shape (``scheduling.rule: sglang``, or ``scheduling.idle``) each step has the shape the
-arrivals model picked (``sizes.shape``): a ``prefill`` step runs the prefill forward alone
-(its read-done where ``prefill.read_ends`` says, and the FutureMap record after it), a
-``decode`` step the phases alone, an ``idle`` step the idle forward alone
+arrivals model (:data:`PREFILL_US`, :data:`PREFILL_HOST_US`, or each launch's share).
+With prompts the scheduler picks each step's shape (every rule; without prompts only with
+``scheduling.idle``), so each step has the shape the arrivals model picked
+(``sizes.shape``): a ``mixed`` step (the rules ``sglang_mixed`` and ``vllm`` while prompt
+tokens wait) runs the chunk before the decode phases, a ``decode`` step (theirs when none
+waits, as the servers run one) the phases alone, a ``prefill`` step the prefill forward alone
+(its read-done where ``prefill.read_ends`` says, and the FutureMap record after it), an
+``idle`` step the idle forward alone
 (:meth:`LoopBuilder.idle_forward`); everything else in the iteration is the same, so the WAR
 barrier orders the next step's writes after this step's reads whatever the two shapes are.
 Such a run draws with a :class:`StreamSampler` (iteration k's numbers never depend on the

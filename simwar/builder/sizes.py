@@ -55,9 +55,13 @@ token, and the request decodes from the next step on (the scheduler chose the ch
 knows at once), producing its ``output_tokens - 1`` others. Step k's batch is the requests
 decoding in it, its ``prefill_tokens[k]`` the prompt tokens it prefills (``prefill_us`` and
 ``prefill_host_us``: the durations they cost). Without prompts a request decodes from its
-admission step, which produces its first token. That is the mixed step (``scheduling.rule``
+admission step, which produces its first token. That is the mixed rule (``scheduling.rule``
 ``sglang_mixed``, the default; ``vllm`` takes the decoding requests' tokens, one each, out of
-the chunk first). Under ``scheduling.rule: sglang`` (SGLang's default) the model also picks
+the chunk first): a step that prefills some token is a ``mixed`` step, one that prefills none
+(no prompt token waits, or under ``vllm`` the decodes took the whole budget) a plain
+``decode`` step, which launches no prefill (``shape[k]``: the shapes are picked as the run
+goes, as under ``sglang``; every step decodes either way, so a request's finish step does
+not depend on them). Under ``scheduling.rule: sglang`` (SGLang's default) the model also picks
 each step's shape (``shape[k]``): a prefill step of its own while prompt tokens wait (a
 carried-over chunk included; every new request goes through one, a prompt of at least one
 token), its batch empty because the decoding requests pause, at most
@@ -264,8 +268,6 @@ class ArrivalProcess:
         self.max_prefills = sch.max_consecutive_prefill
         #: ``scheduling.idle``: an idle step when no request runs or waits (not a wait)
         self.idles = sch.idle is not None
-        #: the shape of a step of the one-shape rules when the run also has idle steps
-        self.busy = MIXED if cfg.prefill is not None else DECODE
         self.prefills = 0  # prefill steps in a row so far (the sglang rule)
         # the sglang rule's decode steps: the accepted tokens summed over them, their count,
         # and per decoding request (a heap) the sum at which its last token is produced
@@ -406,8 +408,9 @@ class ArrivalProcess:
         else:
             if self.prefill is not None:
                 self._prefill(k)
-            if self.idles:
-                sizes.shape[k] = self.busy
+            if sizes.shape is not None:  # a mixed step only when it prefills some token
+                sizes.shape[k] = MIXED if self.prefill is not None \
+                    and sizes.prefill_tokens[k] else DECODE
             decoding = self.decoding
         sizes.batch[k] = decoding
         sizes.bucket[k] = self.bucket_at[decoding]

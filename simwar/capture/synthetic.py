@@ -420,14 +420,15 @@ def shape_range(wl: dict, k: int, batch: int) -> str:
     """The name of step ``k``'s range around its forward (``wl``: the trace's
     ``meta.workload``; ``batch``: its decoding requests): ``decode bs=B``, ``prefill bs=N
     toks=T`` for a prefill step of its own (N requests in its chunk, T prompt tokens) or
-    ``mixed bs=B toks=T`` for a chunk mixed into a decode step (T 0 in a step of a mixed rule
-    whose chunk is empty: the simulator still launches it)."""
+    ``mixed bs=B toks=T`` for a chunk mixed into a decode step (a mixed rule's step that
+    prefills nothing is a decode step)."""
     tokens = wl.get("prefill_tokens")
     if tokens is None or k >= len(tokens):
         return f"decode bs={batch}"
     toks = int(tokens[k])
     shapes = wl.get("shape")
-    if shapes is None:  # one shape, mixed: every step launches its chunk
+    # (no shapes: a trace of a simulator that launched a chunk, empty too, in every step)
+    if shapes is None or shapes[k] == "mixed":
         return f"mixed bs={batch} toks={toks}"
     if shapes[k] == "prefill":
         req = wl.get("requests") or {}

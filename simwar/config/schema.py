@@ -311,9 +311,11 @@ class Prefill(StrictModel):
 #: mixed step (a prefill chunk, then the decode phases, in one forward), an idle step (a
 #: DP-attention idle batch: the idle forward, no request; ``scheduling.idle``)
 SHAPES = ("decode", "prefill", "mixed", "idle")
-#: the shapes each scheduling rule picks from (idle added by ``scheduling.idle``)
-RULE_SHAPES = {"sglang": ("decode", "prefill"), "sglang_mixed": ("mixed",),
-               "vllm": ("mixed",)}
+#: the shapes each scheduling rule picks from (idle added by ``scheduling.idle``): the mixed
+#: rules run a mixed step when prompt tokens wait and a plain decode step when none does
+#: (SGLang's ``--enable-mixed-chunk`` and vLLM launch no prefill for an empty chunk)
+RULE_SHAPES = {"sglang": ("decode", "prefill"), "sglang_mixed": ("decode", "mixed"),
+               "vllm": ("decode", "mixed")}
 
 
 class Idle(StrictModel):
@@ -338,16 +340,18 @@ class Scheduling(StrictModel):
     ``sglang``: SGLang's default (``get_next_batch_to_run``): while prompt tokens wait (a
     request admitted and not yet fully prefilled, a chunked one carried over included), the
     step is a prefill step of its own and every running decode pauses; otherwise a decode
-    step. ``sglang_mixed``: SGLang's ``--enable-mixed-chunk``: every step is a decode step
-    with the waiting prompt tokens' chunk mixed in (what configs without this section mean).
-    ``vllm``: vLLM's token budget: every step mixed, the decodes taking their tokens of
-    ``prefill.chunk_tokens`` first and the prompts the rest. See docs/design.md, "Iteration
+    step. ``sglang_mixed``: SGLang's ``--enable-mixed-chunk``: while prompt tokens wait, a mixed
+    step (the decode step with their chunk mixed in), otherwise a plain decode step, which
+    launches no prefill (what configs without this section mean). ``vllm``: vLLM's token
+    budget: the decodes take their tokens of ``prefill.chunk_tokens`` first and the prompts
+    the rest; a step that prefills no token is a decode step. See docs/design.md, "Iteration
     shapes"."""
 
     rule: Literal["sglang", "sglang_mixed", "vllm"] = "sglang_mixed"
     """sglang (a prefill step of its own while prompt tokens wait; decodes pause),
-    sglang_mixed (--enable-mixed-chunk: the prefill chunk mixed into every decode step) or
-    vllm (every step mixed under one token budget, decodes first)."""
+    sglang_mixed (--enable-mixed-chunk: a mixed step, the prefill chunk in the decode step's
+    forward, while prompt tokens wait; otherwise a decode step) or vllm (one token budget,
+    decodes first: a mixed step when prompt tokens get some of it; otherwise a decode step)."""
     max_consecutive_prefill: int | None = None
     """The sglang rule: at most this many prefill steps in a row while requests are
     decoding, then a decode step (None: no bound, SGLang's default)."""

@@ -41,6 +41,7 @@ from simwar.capture.mapping import CPU_ITEMS, Mapping, unmatched_keys
 from simwar.capture.open import Capture
 from simwar.capture.sizes import CaptureSizes, SizesError
 from simwar.config import ConfigError, load_config
+from simwar.config.schema import RULE_SHAPES
 from simwar.core.trace import Mode, OpKind, Trace
 from simwar.fit.affine import SizedFit, fit_per_bucket, fit_sized
 from simwar.fit.durations import fit_values
@@ -61,7 +62,6 @@ from simwar.fit.shapes import (
     SHAPE_ORDER,
     ShapeError,
     classify,
-    empty_chunk_launches,
     give_back,
     idle_samples,
     idle_section,
@@ -230,7 +230,6 @@ def fit_model(cap: Capture, *, capture: str = "",
                                 prof)
     give_back(s, names, prefills)
     excess = split_host(s, prefills) + prefill_step_host(trace, fitted, lays, prefills, prof)
-    empty = empty_chunk_launches(s, names, prefills)
     stage()
     details: dict[str, dict] = {}
     if graph_cost["cost"]:  # the cheapest graph's launches sample costs.graph_launch_us
@@ -239,8 +238,7 @@ def fit_model(cap: Capture, *, capture: str = "",
             s.add("costs.graph_launch_us", v, k)
     fits: dict[str, SizedFit] = {}
     _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits, extrapolate_buckets)
-    shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess,
-                          empty, idle)
+    shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess, idle)
     if sizes.varying and not shape_lines:
         _workload(cfg, sizes, warm, warnings)
     try:
@@ -303,7 +301,7 @@ def profiler_cost_line(prof: ProfilerCost | None, lays) -> str:
 
 
 def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping: Mapping,
-            warnings: list[str], excess: float = 0.0, empty=None, idle=None) -> list[str]:
+            warnings: list[str], excess: float = 0.0, idle=None) -> list[str]:
     """A capture whose steps prefill: the config's ``prefill`` and ``scheduling`` sections
     (with ``idle``, the capture's idle steps, :func:`simwar.fit.shapes.idle_samples`:
     ``scheduling.idle``) and a workload of requests with prompts (:mod:`simwar.fit.shapes`);
@@ -328,8 +326,7 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
             else int(cfg["batch_size"]))
     section, lines = prefill_section(fitted, sorted({b for r in mapping.reads.values()
                                                      for b in r}) or ["req_to_token"], excess,
-                                     lambda batch: launch_cost(cfg["costs"], batch), kinds,
-                                     empty)
+                                     lambda batch: launch_cost(cfg["costs"], batch), kinds)
     rule = rule_of(kinds, steps)
     cfg["prefill"] = section
     cfg["scheduling"] = {"rule": rule}
@@ -347,7 +344,7 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
                                  section["chunk_tokens"])
     cfg["workload"] = wl
     never = [s for s in ("decode", "prefill", "mixed") if s not in seen
-             and s in {"sglang": ("decode", "prefill"), "sglang_mixed": ("mixed",)}[rule]]
+             and s in RULE_SHAPES[rule]]
     if never:
         warnings.append(f"the capture ran no {' or '.join(never)} step: the fitted "
                         f"{' and '.join(never)} costs are the other shapes' (scheduling.rule "

@@ -48,14 +48,13 @@ time before it and the device time after it). Both are ``{base, per_token}`` ove
 prompt tokens by least squares, clamped so that no part is negative (:func:`token_line`);
 ``forward_us`` also takes ``per_token_prefix`` (a later chunk's attention over the prefix
 already cached) where the ranges show carried-over chunks (:func:`prefixes`: from each step's
-tokens and requests, never from times; :func:`prefix_line`). A mixed capture whose steps
-without a chunk launch none gives the simulator's empty chunk (launched in every step of the
-mixed rule) its launch calls from the loop's CPU work before it
-(:func:`empty_chunk_launches`). It also writes ``chunk_tokens`` (the largest chunk seen),
-``graph`` and the scheduling rule the steps show (:func:`rule_of`: prefill steps of their own
-→ ``sglang``; chunks inside decode steps → ``sglang_mixed``), and :func:`shape_workload` a
-workload of requests with prompts as the capture's arrived. ``--check`` compares each shape's
-figures: :mod:`simwar.fit.shape_check`.
+tokens and requests, never from times; :func:`prefix_line`). A step of the mixed rules that
+prefills nothing is a decode step in the simulator as on the server (no prefill launched),
+so the loop's host work is fitted as captured whatever the rule. It also writes
+``chunk_tokens`` (the largest chunk seen), ``graph`` and the scheduling rule the steps show
+(:func:`rule_of`: prefill steps of their own → ``sglang``; chunks inside decode steps →
+``sglang_mixed``), and :func:`shape_workload` a workload of requests with prompts as the
+capture's arrived. ``--check`` compares each shape's figures: :mod:`simwar.fit.shape_check`.
 
 Imports: numpy, the standard library and simwar's capture and fit layout modules; never the
 simulator.
@@ -499,53 +498,8 @@ def launch_count(got: list[PrefillSample]) -> tuple[int, float]:
     return max(1, min(FIT_MAX_LAUNCHES, int(round(mean)))), mean
 
 
-def empty_chunk_launches(s, names: list[str], samples: dict[int, PrefillSample]
-                         ) -> tuple[int, str] | None:
-    """``(launches, header line)`` for a capture whose chunks are mixed into decode steps (no
-    prefill step of its own, an eager prefill of several launches), None otherwise.
-
-    The mixed rule's one step structure launches the chunk in every step, an empty one too
-    (``builder/loop.py: LoopBuilder.prefill_chunk``, right before the decode phases): each
-    launch costs every step the launch call (``costs.launch_us``) that the capture's steps
-    without a chunk never made. So that time is taken out of the loop's CPU work before the
-    chunk (:data:`BEFORE`, the last first: ``cpu.prepare_us``, then ``cpu.schedule_us``,
-    ``cpu.ingest_us``, each down to 0, in the :class:`simwar.fit.samples.Samples` ``s``; the
-    decode phases' host regions, which pace their launches, stay as captured) and the chunk's
-    host time keeps it (the section's ``host_us`` is then its whole window): a step without a
-    chunk costs the host what the capture's did, one with a chunk too. The launches are at
-    most what that work can give."""
-    got = [p for p in samples.values() if p.shape in ("prefill", "mixed")]
-    if not got or any(p.shape == "prefill" for p in got) or sum(p.graph for p in got) * 2 \
-            >= len(got) or any(p.shape == "decode" for p in samples.values()):
-        return None  # (a capture whose steps launch an empty chunk too, as simwar's do: none)
-    want, _ = launch_count(got)
-    cost = s.mean("costs.launch_us")
-    keys = [k for k in reversed(BEFORE) if s.get(k)]  # the loop's work before the chunk
-    held = sum(s.mean(k) for k in keys)
-    if want <= 1 or cost <= 0 or not keys:
-        return None
-    launches = max(1, min(want, int(held // cost)))
-    left = take = launches * cost
-    used = []
-    for key in keys:
-        part = min(left, s.mean(key))
-        if part <= 0:
-            break
-        s[key] = [max(0.0, v - part) for v in s[key]]
-        used.append(f"{key} -{part:.1f}")
-        left -= part
-    line = (f"  the mixed rule launches the chunk in every step, an empty one too: its "
-            f"{launches} launch calls ({take:.1f} µs at costs.launch_us {cost:.2f}) are taken "
-            f"out of the loop's CPU work before it ({', '.join(used)} µs) and kept in "
-            f"prefill.host_us"
-            + (f"; {want} launches would need more than those regions hold ({held:.1f} µs)"
-               if launches < want else ""))
-    return launches, line
-
-
 def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess: float = 0.0,
-                    launch_cost=None, kinds: StepKinds | None = None,
-                    empty: tuple[int, str] | None = None) -> tuple[dict, list[str]]:
+                    launch_cost=None, kinds: StepKinds | None = None) -> tuple[dict, list[str]]:
     """``(prefill section, header lines)`` from the steps that prefilled tokens (``excess``:
     the mean host work a mixed step added outside its prefill, :func:`split_host`).
 
@@ -558,18 +512,15 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
     spends the window's host time over its launches, each kernel after its own). A graph
     prefill: host time to its launch, the device time after it. ``kinds``: the steps'
     ranges, whose carried-over chunks give ``forward_us.per_token_prefix``
-    (:func:`prefixes`). ``empty``: the mixed rule's launches and their line
-    (:func:`empty_chunk_launches`): ``host_us`` the whole window."""
+    (:func:`prefixes`)."""
     got = [p for p in samples.values() if p.shape in ("prefill", "mixed")]
     graph = "piecewise" if got and sum(p.graph for p in got) * 2 > len(got) else "eager"
     x = [p.tokens for p in got]
     named = [t for t in x if t > 0]
     chunk = max(named) if named else 8192
     launches, mean_launches = launch_count(got) if graph == "eager" else (1, 0.0)
-    if empty is not None:
-        launches = empty[0]
     if graph == "eager":
-        cost = (lambda batch: 0.0) if empty is not None or launch_cost is None else launch_cost
+        cost = (lambda batch: 0.0) if launch_cost is None else launch_cost
         hosts = [max(0.0, p.raw_window_us - launches * cost(p.batch) + p.extra_us)
                  for p in got]
         # the kernels' busy time, or more where the capture's forward ended later than that
@@ -633,10 +584,6 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
                        + f"; each launch's host time host_us/{launches} + the launch call "
                          f"({window / max(launches, 1):.1f} µs on average: the window "
                          f"{window:.1f} µs over {launches}), each kernel after its launch")
-        if empty is not None:
-            host_line = host_line.replace(f", less {launches} launch call"
-                                          f"{'s' if launches > 1 else ''} at costs.launch_us "
-                                          f"+ host_call_us", "")
     else:
         dev_line = "the device work after its graph launch"
         host_line = ("host time from the call before its launch to the launch, less the "
@@ -653,8 +600,6 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
              f"  prefill.chunk_tokens {chunk}: the largest chunk seen"
              + ("" if named else " (the ranges name no tokens: simwar's default)")
              + f"; prefill.graph {graph} (how its launches ran)."]
-    if empty is not None and graph == "eager":
-        lines.insert(4, empty[1])
     return section, lines
 
 
@@ -740,6 +685,6 @@ def shape_workload(kinds: StepKinds, steps: list[int], batch, accept: float, dur
 __all__ = ["FIT_MAX_LAUNCHES", "IdleSample", "MODES", "PREFILL_PHASE",
            "PrefillSample", "idle_samples", "idle_section",
            "RANK", "SHAPE_ORDER", "ShapeError", "StepKinds", "classify", "cpu_outside",
-           "empty_chunk_launches", "give_back", "launch_count", "prefill_section",
+           "give_back", "launch_count", "prefill_section",
            "prefill_step_host", "prompt_groups", "rule_of",
            "shape_workload", "split_host", "split_prefill", "token_line"]
