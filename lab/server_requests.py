@@ -5,10 +5,11 @@ without torch, to check the rules the simulator models:
 
 - :class:`Arrivals`: requests on the host clock (seconds since the run began), a Poisson
   process (a constant rate, or a triangular :class:`Ramp` of rates by thinning) or a closed
-  loop (``concurrency`` requests; one arrives whenever the scheduler learns that one
-  finished), with ``initial`` requests already there at time 0. Arrival gaps and request
-  lengths come from two ``random.Random`` streams of the case's seed, so a seed gives the same
-  requests whatever the timing.
+  loop (``concurrency`` requests; the client sends one whenever a finish is streamed to it,
+  :meth:`Scheduler.stream`, at the end of the result's processing), with ``initial``
+  requests already there at time 0. Arrival gaps and request lengths come from two
+  ``random.Random`` streams of the case's seed, so a seed gives the same requests whatever
+  the timing.
 - :class:`Scheduler`: admission, slot allocation, chunked prefill and the finish rule.
   Step k's batch is fixed when :meth:`Scheduler.schedule` runs for k: every request arrived
   by then (:meth:`Scheduler.recv`) is admitted while fewer than ``max_batch`` are running;
@@ -189,7 +190,7 @@ class Arrivals:
         return out
 
     def finished(self, now: float) -> None:
-        """A request finished (the host learned it at ``now``): a closed loop sends another."""
+        """A finish was streamed to its client at ``now``: a closed loop sends another."""
         if self.concurrency is not None:
             self._due.append(self._new(now))
 
@@ -388,7 +389,8 @@ class Scheduler:
     def process(self, plan: StepPlan, now: float, tokens: list[int] | None = None) -> list[
             Request]:
         """Step ``plan.step``'s result, processed at host time ``now``: tokens appended, first
-        tokens, finishes (rows and slots freed); returns the requests that finished."""
+        tokens, finishes (rows and slots freed); returns the requests that finished, for
+        :meth:`stream` once the rest of the result's processing is done."""
         k = plan.step
         done = []
         for i, r in enumerate(plan.decode):
@@ -415,8 +417,15 @@ class Scheduler:
             self.free_rows.append(r.row)
             self.free_slots.extend(r.slots)
             self.finished.append(r)
-            self.arrivals.finished(now)
         return done
+
+    def stream(self, done: list[Request], now: float) -> None:
+        """The finishes of one result streamed to their clients at host time ``now``: SGLang
+        streams at the end of ``process_batch_result`` (``stream_output``), after the rest of
+        the result's processing, so a closed loop's client sends its next request then, not
+        when :meth:`process` learned of the finish."""
+        for _ in done:
+            self.arrivals.finished(now)
 
     @staticmethod
     def _append(r: Request, tok: int, n: int) -> None:
