@@ -98,7 +98,8 @@ run only when a case needs them.
 
 **Suites** (fixed seeds; ``--dry-run`` caps the steps; about 80 s in all on the H200, and
 ~2 min more for ``shapes``). ``--cpu`` (default ``auto``) pins the loop's thread to one core
-where the process has at least four (:func:`pin_loop`):
+where the process has at least four
+(:func:`lab.server_requests.pin_loop`):
 
 - ``fit``: ``fit_ramp_profiled`` (200 steps, profiled, fine) and ``fit_ramp`` (the same, timed);
 - ``loads``: ``loads_<light|medium|saturated>_<fine|coarse|none>_r<0-2>``, 400 steps, timed;
@@ -177,7 +178,6 @@ import math
 import os
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -195,6 +195,7 @@ from lab.server_cases import (
 )
 from lab.server_model import CudaOps, DryOps, ModelShape, ServerModel
 from lab.server_requests import (
+    PIN_MIN_CORES,
     POLICIES,
     Arrivals,
     Dist,
@@ -202,7 +203,9 @@ from lab.server_requests import (
     Scheduler,
     StepLog,
     clean,
+    cpu_arg,
     overtaken,
+    pin_loop,
     python_work_until,
     request_arrays,
     summarize,
@@ -497,13 +500,6 @@ def device_info(torch, ops: CudaOps) -> dict:
             "torch": torch.__version__, "cuda": torch.version.cuda}
 
 
-def cpu_arg(text: str) -> str:
-    """``--cpu``: auto, none or a core number."""
-    if text in ("auto", "none") or text.isdigit():
-        return text
-    raise argparse.ArgumentTypeError(f"expected auto, none or a core number, got {text!r}")
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m lab.server",
                                  description=__doc__.split("\n\n")[0])
@@ -728,29 +724,6 @@ def case_line(name: str, m: dict, seconds: float) -> str:
         line += (f", csan: {c.get('reports', '-')} reports, req_to_token {c.get('req_to_token')}"
                  f", other {c.get('other')}")
     return line
-
-
-#: ``--cpu auto`` pins only where the process may use this many cores: the loop's core is
-#: then its own, and CUDA's and the profiler's threads have the others
-PIN_MIN_CORES = 4
-
-
-def pin_loop(cpu: str) -> int | None:
-    """Pin the calling thread (the loop's; after CUDA's init, so the driver's threads keep
-    every core) to one core, to steady its speed: the H200 machine's host ran the same
-    Python at x0.56-1.60 of the profiled run's from case to case. Returns the core, or None
-    where not pinned (``none``, no ``sched_setaffinity``, or ``auto`` with too few cores)."""
-    if cpu == "none" or not hasattr(os, "sched_setaffinity"):
-        return None
-    if cpu == "auto":
-        cores = sorted(os.sched_getaffinity(0))
-        if len(cores) < PIN_MIN_CORES:
-            return None
-        core = cores[-1]
-    else:
-        core = int(cpu)
-    os.sched_setaffinity(threading.get_native_id(), {core})
-    return core
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ without torch, to check the rules the simulator models:
   admission inside the prefill (:meth:`Scheduler._prefill_step`, SGLang's
   ``PrefillAdder``), and a decode step otherwise. :attr:`StepPlan.shape` names the result.
 - The scheduler's Python padding to per-range time targets (:class:`HostWork`,
-  :func:`python_work_until`).
+  :func:`python_work_until`), and the loop thread's core (:func:`pin_loop`).
 - The race check (:func:`overtaken`), the arithmetic that sizes a load (:func:`rate_for`),
   and the metrics: the per-step log (:class:`StepLog`), the per-request arrays and the
   summary (:func:`request_arrays`, :func:`summarize`; definitions in
@@ -47,9 +47,12 @@ Imports: the standard library only.
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
 import random
 import statistics
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -508,6 +511,36 @@ class HostWork:
 
 
 # --------------------------------------------------------------------------- race check
+def cpu_arg(text: str) -> str:
+    """``--cpu``: auto, none or a core number."""
+    if text in ("auto", "none") or text.isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"expected auto, none or a core number, got {text!r}")
+
+
+#: ``--cpu auto`` pins only where the process may use this many cores: the loop's core is
+#: then its own, and CUDA's and the profiler's threads have the others
+PIN_MIN_CORES = 4
+
+
+def pin_loop(cpu: str) -> int | None:
+    """Pin the calling thread (the loop's; after CUDA's init, so the driver's threads keep
+    every core) to one core, to steady its speed: the H200 machine's host ran the same
+    Python at x0.56-1.60 of the profiled run's from case to case. Returns the core, or None
+    where not pinned (``none``, no ``sched_setaffinity``, or ``auto`` with too few cores)."""
+    if cpu == "none" or not hasattr(os, "sched_setaffinity"):
+        return None
+    if cpu == "auto":
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < PIN_MIN_CORES:
+            return None
+        core = cores[-1]
+    else:
+        core = int(cpu)
+    os.sched_setaffinity(threading.get_native_id(), {core})
+    return core
+
+
 def overtaken(snapshot: list[int], stamp: int) -> bool:
     """Whether a gather read a later step's stamp at the marker: a next-step write overtook
     the read (``snapshot``: what it read for the batch's real rows)."""
@@ -677,7 +710,7 @@ def clean(obj):
     return obj
 
 
-__all__ = ["PIECES", "Arrivals", "Dist", "HostWork", "Ramp", "Request", "Scheduler", "StepLog",
-           "POLICIES", "SHAPES", "StepPlan", "python_work", "python_work_until",
-           "bucket_of", "clean", "mean_decode_steps", "overtaken", "percentile", "rate_for",
-           "request_arrays", "stats", "summarize"]
+__all__ = ["PIECES", "PIN_MIN_CORES", "Arrivals", "Dist", "HostWork", "Ramp", "Request",
+           "Scheduler", "StepLog", "POLICIES", "SHAPES", "StepPlan", "python_work",
+           "python_work_until", "bucket_of", "clean", "cpu_arg", "pin_loop", "mean_decode_steps",
+           "overtaken", "percentile", "rate_for", "request_arrays", "stats", "summarize"]

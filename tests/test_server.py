@@ -323,15 +323,17 @@ def test_case_selection():
 
 
 def test_cpu_pins_the_loop_only_where_the_process_has_cores_to_spare(monkeypatch):
-    from lab import server
+    from lab import server, server_requests
 
     pinned = []
-    monkeypatch.setattr(server.os, "sched_setaffinity", lambda tid, cores: pinned.append(cores))
-    monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: {0, 1})
-    assert server.pin_loop("auto") is None and pinned == []
-    monkeypatch.setattr(server.os, "sched_getaffinity", lambda pid: set(range(2, 18)))
-    assert server.pin_loop("auto") == 17 and pinned == [{17}]
-    assert server.pin_loop("3") == 3 and server.pin_loop("none") is None
+    monkeypatch.setattr(server_requests.os, "sched_setaffinity",
+                        lambda tid, cores: pinned.append(cores))
+    monkeypatch.setattr(server_requests.os, "sched_getaffinity", lambda pid: {0, 1})
+    pin = server_requests.pin_loop
+    assert pin("auto") is None and pinned == []
+    monkeypatch.setattr(server_requests.os, "sched_getaffinity", lambda pid: set(range(2, 18)))
+    assert pin("auto") == 17 and pinned == [{17}]
+    assert pin("3") == 3 and pin("none") is None
     assert pinned == [{17}, {3}]
     with pytest.raises(SystemExit):
         server.build_parser().parse_args(["out", "--cpu", "fast"])
