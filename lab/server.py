@@ -97,9 +97,8 @@ loop of 16 with the case's lengths under SGLang's default scheduling (16 / its m
 run only when a case needs them.
 
 **Suites** (fixed seeds; ``--dry-run`` caps the steps; about 80 s in all on the H200, and
-~2 min more for ``shapes``). ``--cpu`` (default ``auto``) pins the loop's thread to one core
-where the process has at least four
-(:func:`lab.server_requests.pin_loop`):
+~2 min more for ``shapes``). ``--cpu`` pins the loop's thread to one core
+(:func:`lab.server_requests.pin_loop`; not by default: tests/data/server/shapes/README.md):
 
 - ``fit``: ``fit_ramp_profiled`` (200 steps, profiled, fine) and ``fit_ramp`` (the same, timed);
 - ``loads``: ``loads_<light|medium|saturated>_<fine|coarse|none>_r<0-2>``, 400 steps, timed;
@@ -515,10 +514,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-steps", type=int, help="draft MLP steps (default: the shape's)")
     ap.add_argument("--host-light-factor", type=float, default=1.3)
     ap.add_argument("--host-saturated-factor", type=float, default=0.7)
-    ap.add_argument("--cpu", default="auto", type=cpu_arg,
-                    help="pin the loop's thread to this core; auto (the default): to the last "
-                         "core this process may use, where it may use at least "
-                         f"{PIN_MIN_CORES}; none: not pinned")
+    ap.add_argument("--cpu", default="none", type=cpu_arg,
+                    help="pin the loop's thread to this core (and run torch's CPU ops on it "
+                         "alone); auto: to the last core this process may use, where it may "
+                         f"use at least {PIN_MIN_CORES}; none (the default): not pinned")
     g = ap.add_argument_group("one case (with --suite: overrides for every case)")
     g.add_argument("--name")
     g.add_argument("--steps", type=int)
@@ -764,12 +763,16 @@ def _run(args, cases: list[Case], torch, log, write_log, t_all: float) -> int:
     if not args.dry_run:
         torch.cuda.init()
         torch.zeros(1, device="cuda")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     cpu = pin_loop(args.cpu) if not args.dry_run else None
+    if cpu is not None:
+        # torch's CPU thread pool starts later, from this thread, and inherits its one core:
+        # 16 threads on it stalled the loop's packing copies for 60-150 ms (pinned_rerun/)
+        torch.set_num_threads(1)
     bench = Bench(args, torch, log, cases)
     bench.device["loop_cpu"] = cpu
     log(f"set-up {time.time() - t_all:.1f}s ({bench.device['device']}; loop thread "
-        + (f"pinned to core {cpu} of {len(os.sched_getaffinity(0))})" if cpu is not None
-           else "not pinned)"))
+        + (f"pinned to core {cpu} of {cores})" if cpu is not None else "not pinned)"))
     (args.out / "server_device.json").write_text(json.dumps(clean(bench.device), indent=1))
     failed = []
     for case in cases:

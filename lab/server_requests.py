@@ -525,9 +525,13 @@ PIN_MIN_CORES = 4
 
 def pin_loop(cpu: str) -> int | None:
     """Pin the calling thread (the loop's; after CUDA's init, so the driver's threads keep
-    every core) to one core, to steady its speed: the H200 machine's host ran the same
-    Python at x0.56-1.60 of the profiled run's from case to case. Returns the core, or None
-    where not pinned (``none``, no ``sched_setaffinity``, or ``auto`` with too few cores)."""
+    every core) to one core, meant to steady its speed (the H200 machine's host ran the same
+    Python at x0.56-1.60 of the profiled run's from case to case). Threads it starts later
+    inherit the core (torch's CPU pool: :mod:`lab.server` then runs torch's CPU ops on one
+    thread; the profiler's). Tried once on the H200, with the pool inheriting it: the spread
+    was no narrower (x0.55-1.75) and the pool stalled the loop, so it is not the default
+    (tests/data/server/shapes/README.md). Returns the core, or None where not pinned
+    (``none``, no ``sched_setaffinity``, or ``auto`` with too few cores)."""
     if cpu == "none" or not hasattr(os, "sched_setaffinity"):
         return None
     if cpu == "auto":
