@@ -767,7 +767,7 @@ def _run(args, cases: list[Case], torch, log, write_log, t_all: float) -> int:
     cpu = pin_loop(args.cpu) if not args.dry_run else None
     if cpu is not None:
         # torch's CPU thread pool starts later, from this thread, and inherits its one core:
-        # 16 threads on it stalled the loop's packing copies for 60-150 ms (pinned_rerun/)
+        # 16 threads on it stalled the loop's packing copies up to 148 ms (pinned_rerun/)
         torch.set_num_threads(1)
     bench = Bench(args, torch, log, cases)
     bench.device["loop_cpu"] = cpu
