@@ -24,33 +24,36 @@ pytestmark = [pytest.mark.skipif(not (DEFAULT_DIR / "shapes_sglang_light_overlap
               pytest.mark.slow]
 
 #: (case, figure) within their target on the committed run; every other judged one misses
-WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "tpot_us"),
-          ("mixed_closed16_overlap", "ttft_forward_us"), ("mixed_closed16_overlap", "ttft_us"),
-          ("mixed_light_normal", "tokens_per_s"), ("mixed_medium_normal", "tokens_per_s"),
-          ("mixed_medium_normal", "ttft_us"), ("mixed_medium_overlap", "tokens_per_s"),
+WITHIN = {("mixed_closed16_overlap", "ttft_forward_us"), ("mixed_closed16_overlap", "ttft_us"),
+          ("mixed_light_normal", "tokens_per_s"), ("mixed_light_normal", "tpot_us"),
+          ("mixed_light_normal", "ttft_forward_us"), ("mixed_light_normal", "ttft_us"),
+          ("mixed_light_overlap", "tokens_per_s"), ("mixed_light_overlap", "tpot_us"),
+          ("mixed_light_overlap", "ttft_forward_us"), ("mixed_light_overlap", "ttft_us"),
+          ("mixed_medium_normal", "tokens_per_s"), ("mixed_medium_overlap", "tokens_per_s"),
           ("mixed_medium_overlap", "tpot_us"), ("mixed_medium_overlap", "ttft_forward_us"),
-          ("mixed_medium_overlap", "ttft_us"), ("sglang_light_normal", "tokens_per_s"),
-          ("sglang_light_normal", "tpot_us"), ("sglang_light_normal", "ttft_us"),
-          ("sglang_light_overlap", "tokens_per_s"), ("sglang_light_overlap", "tpot_us"),
-          ("sglang_light_overlap", "ttft_us"), ("sglang_medium_overlap", "tokens_per_s"),
-          ("sglang_medium_overlap", "ttft_forward_us"), ("sglang_medium_overlap", "ttft_us")}
+          ("mixed_medium_overlap", "ttft_us"), ("sglang_closed16_normal", "ttft_forward_us"),
+          ("sglang_closed16_normal", "ttft_us"), ("sglang_light_normal", "tokens_per_s"),
+          ("sglang_light_normal", "ttft_forward_us"), ("sglang_light_normal", "ttft_us"),
+          ("sglang_light_overlap", "tokens_per_s"), ("sglang_light_overlap", "ttft_forward_us"),
+          ("sglang_medium_normal", "tokens_per_s"), ("sglang_medium_overlap", "tokens_per_s"),
+          ("sglang_medium_overlap", "ttft_forward_us")}
 #: per case, whether each repeat is judged (its host at most HOST_SPEED_MAX x slower than the
 #: capture's); a case with none is reported, not judged
-JUDGED = {"mixed_light_overlap": [False, False], "sglang_closed16_normal": [False, False],
-          "sglang_closed16_overlap": [False, False], "sglang_medium_normal": [False, False],
-          "sglang_medium_overlap": [True, False]}
+JUDGED = {"mixed_light_overlap": [True, True, False]}
 #: (mode_load, figure) whose on-vs-off difference the prediction gets the wrong way round
-WRONG_SIGNS = {("sglang_light", "requests_per_s")}
+WRONG_SIGNS = {("sglang_closed16", "ttft_us"), ("sglang_light", "requests_per_s"),
+               ("sglang_light", "tokens_per_s"), ("sglang_light", "ttft_us"),
+               ("sglang_medium", "ttft_us")}
 #: measured and predicted: overlap on or off (mode_load), mixed chunk or not (load_loop), and
 #: the verdict (None: not judged, a case of the pair has no judged repeat)
-OVERLAP = {"sglang_light": ("on", "on", True), "sglang_medium": ("on", "on", None),
-           "sglang_closed16": ("on", "on", None), "mixed_light": ("on", "on", None),
+OVERLAP = {"sglang_light": ("on", "on", True), "sglang_medium": ("on", "on", True),
+           "sglang_closed16": ("on", "on", True), "mixed_light": ("on", "on", True),
            "mixed_medium": ("on", "on", True), "mixed_closed16": ("on", "on", True)}
-MIXED = {"closed16_normal": ("mixed", "mixed", None),
-         "closed16_overlap": ("mixed", "mixed", None),
-         "light_normal": ("separate", "mixed", False),
-         "light_overlap": ("separate", "separate", None),
-         "medium_normal": ("mixed", "mixed", None), "medium_overlap": ("mixed", "mixed", True)}
+MIXED = {"closed16_normal": ("mixed", "mixed", True),
+         "closed16_overlap": ("mixed", "mixed", True),
+         "light_normal": ("mixed", "mixed", True),
+         "light_overlap": ("mixed", "separate", False),
+         "medium_normal": ("mixed", "mixed", True), "medium_overlap": ("mixed", "mixed", True)}
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +67,14 @@ def test_every_case_is_predicted_with_the_listed_verdicts(result):
                                              for loop in ("overlap", "normal"))
     judged = set()
     for name, case in result["cases"].items():
-        assert case["repeats"] == 2
-        assert case["judged"] == JUDGED.get(name, [True, True]), (name, case["host_speed"])
+        assert case["repeats"] == 3
+        assert case["judged"] == JUDGED.get(name, [True, True, True]), (name, case["host_speed"])
         for figure, row in case["rows"].items():
             if row["ok"] is None:
                 continue
             judged.add((name, figure))
             assert row["ok"] == ((name, figure) in WITHIN), (name, figure, row["error"])
-    assert WITHIN <= judged and len(judged) == 32  # 8 judged cases x 4 targets
+    assert WITHIN <= judged and len(judged) == 48  # 12 judged cases x 4 targets
     wrong = {(key, k) for key, sign in result["signs"].items() for k, v in sign.items()
              if isinstance(v, dict) and v["ok"] is False}
     assert wrong == WRONG_SIGNS
@@ -87,14 +90,15 @@ def test_the_model_is_the_fits_but_the_buckets_and_lines_a_what_if_needs(result)
         m = result["models"][mode]
         assert m["scheduling"] == {"rule": rule}  # the fit's, as its prefill section
         assert m["buckets"] == [8, 16, 32, 64]
-        assert "phases.verify.body_us.per_bucket.32" in m["extrapolated"]
+        assert "phases.verify.body_us.per_bucket.64" in m["extrapolated"]
         # the fit clamps over its capture's batches (up to 16): the mixed capture's launch
         # cost line is bent here to stay >= 0 up to the admission cap
         assert m["clamped"] == ([] if mode == "sglang" else ["costs.launch_us"])
         # the fit's phase table is the decode steps' (the prefill is its own phase, left
-        # out with the steps that run it): no per-request prefill in the default phase
+        # out with the steps that run it): no per-request prefill in the default phase (the
+        # sglang capture's fit puts 0.077 µs a request there; a prefill's is ~1,000x that)
         body = next(ph for ph in m["phases"] if ph["name"] == "forward")
-        assert "per_seq" not in body["body_us"]
+        assert body["body_us"].get("per_seq", 0.0) < 1.0
         pf = m["prefill"]
         assert pf["chunk_tokens"] == 2048 and pf["graph"] == "eager"
         # the eager prefill's host time keeps the profiler's cost (the twins), less its 32
@@ -122,8 +126,8 @@ def test_the_command_prints_the_table_and_fails_on_a_miss(result, capsys, monkey
     monkeypatch.setattr(shapes_check, "evaluate", lambda folder, keep_profiler_cost: result)
     assert main([]) == 1
     out = capsys.readouterr().out
-    assert "| sglang | closed16 | overlap | (x1.52), (x1.56) |" in out and "mixed chunk?" in out
-    assert "not judged" in out
+    assert "| mixed | light | overlap | x1.04, x0.67, (x1.21) |" in out and "mixed chunk?" in out
+    assert "| mixed chunk? | light overlap | mixed | separate |" in out
     assert main(["--json"]) == 1
     assert json.loads(capsys.readouterr().out)["ok"] is False
 
@@ -147,7 +151,7 @@ def test_the_servers_mapping_reads_old_and_new_captures():
                        SERVER_MAPPING)
     logged = read_metrics(DEFAULT_DIR / "shapes_mixed_medium_overlap_profiled.metrics.json.gz")
     assert [s.mode for s in cap.shapes] == logged["steps"]["shape"]
-    assert Counter(s.mode for s in cap.shapes) == {"decode": 156, "mixed": 42, "prefill": 2}
+    assert Counter(s.mode for s in cap.shapes) == {"decode": 151, "mixed": 47, "prefill": 2}
     assert [s.tokens for s in cap.shapes if s.mode != "decode"] == [
         t for t in logged["steps"]["prefill_tokens"] if t]
 
