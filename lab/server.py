@@ -37,7 +37,9 @@ each iteration is one ``prof.step()``, so ``ProfilerStep#k``; the drain is in th
    ``planted`` fall back to ``coarse``, as SGLang's scheduler does.
 5. ``scheduler.process_batch_result`` for step k-1 (``--no-overlap``: for step k, SGLang's
    normal loop, before k+1 is scheduled): ``copy_done.synchronize()``, the race check, per
-   request tokens appended, finishes, "detokenize" string work. ``--hidden-sync`` adds a D2H
+   request tokens appended, finishes, "detokenize" string work; at its end the finishes are
+   streamed (a closed loop's client sends its next request then, as SGLang's
+   ``stream_output`` at the end of ``process_batch_result``). ``--hidden-sync`` adds a D2H
    copy of the step's logprobs into a strided pinned slice, issued on the forward stream;
    torch performs it synchronously, so the host waits for the forward just launched.
 
@@ -95,7 +97,8 @@ loop of 16 with the case's lengths under SGLang's default scheduling (16 / its m
 run only when a case needs them.
 
 **Suites** (fixed seeds; ``--dry-run`` caps the steps; about 80 s in all on the H200, and
-80 s more for ``shapes``):
+~2 min more for ``shapes``). ``--cpu`` pins the loop's thread to one core
+(:func:`lab.server_requests.pin_loop`; not by default: tests/data/server/shapes/README.md):
 
 - ``fit``: ``fit_ramp_profiled`` (200 steps, profiled, fine) and ``fit_ramp`` (the same, timed);
 - ``loads``: ``loads_<light|medium|saturated>_<fine|coarse|none>_r<0-2>``, 400 steps, timed;
@@ -107,11 +110,14 @@ run only when a case needs them.
 - ``hostsync``: ``hostsync_medium`` (120 steps, profiled, ``--hidden-sync``, fine);
 - ``prefill``: ``prefill_<light|medium|closed8>_<overlap|normal>_r<0-1>`` (250 steps,
   prompts 64..512, chunk 256, timed) and ``prefill_light_overlap_profiled`` (120 steps);
-- ``shapes``: ``shapes_<sglang|mixed>_<light|medium|closed16>_<overlap|normal>_r<0-1>``
+- ``shapes``: ``shapes_<sglang|mixed>_<light|medium|closed16>_<overlap|normal>_r<0-2>``
   (400 steps, timed; prompts 256..4096 in a 2,048-token budget, outputs 16..128) and
-  ``shapes_<sglang|mixed>_medium_overlap_profiled`` (200 steps): the pools and the chunk
-  buffers grow to hold the prompts (``max_context`` 4,224: every decode gather reads that
-  many positions), so this suite runs in a process of its own (~80 s on the H200);
+  ``shapes_<sglang|mixed>_medium_overlap_profiled`` (200 steps), in rounds: round r runs
+  repeat r of every case, its order rotated, the profiled cases between rounds 2 and 3 (a
+  slow stretch of host takes one repeat of a few cases, not every repeat of one); the pools
+  and the chunk buffers grow to hold the prompts (``max_context`` 4,224: every decode gather
+  reads that many positions), so this suite runs in a process of its own (~2 min on the
+  H200);
 - ``smoke``: three short cases (timed decode, profiled prefill, eager).
 
 **Files.** ``OUT/<case>.metrics.json`` (after each case, so a failure keeps what ran),
@@ -171,7 +177,6 @@ import math
 import os
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -189,6 +194,7 @@ from lab.server_cases import (
 )
 from lab.server_model import CudaOps, DryOps, ModelShape, ServerModel
 from lab.server_requests import (
+    PIN_MIN_CORES,
     POLICIES,
     Arrivals,
     Dist,
@@ -196,7 +202,9 @@ from lab.server_requests import (
     Scheduler,
     StepLog,
     clean,
+    cpu_arg,
     overtaken,
+    pin_loop,
     python_work_until,
     request_arrays,
     summarize,
@@ -424,10 +432,13 @@ class Server:
             col["racy_draft"][k] = int(overtaken(vals[mb:mb + b], plan.stamp))
             col["racy_verify"][k] = int(overtaken(vals[mb + bucket:mb + bucket + b],
                                                   plan.stamp))
-            self.sched.process(plan, self._now(), vals[:b])
+            done = self.sched.process(plan, self._now(), vals[:b])
             python_work_until(synced + host.process_us(b) * 1e-6, k)
             col["processed_in"][k] = iteration
-            col["proc_end_us"][k] = self._now() * 1e6
+            end = self._now()
+            col["proc_end_us"][k] = end * 1e6
+            # the finishes go out at the processing's end, as SGLang's stream_output
+            self.sched.stream(done, end)
 
 
 def _wait_until(t: float) -> None:
@@ -503,7 +514,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-steps", type=int, help="draft MLP steps (default: the shape's)")
     ap.add_argument("--host-light-factor", type=float, default=1.3)
     ap.add_argument("--host-saturated-factor", type=float, default=0.7)
-    ap.add_argument("--cpu", type=int, help="pin the loop's thread to this core")
+    ap.add_argument("--cpu", default="none", type=cpu_arg,
+                    help="pin the loop's thread to this core (and run torch's CPU ops on it "
+                         "alone); auto: to the last core this process may use, where it may "
+                         f"use at least {PIN_MIN_CORES}; none (the default): not pinned")
     g = ap.add_argument_group("one case (with --suite: overrides for every case)")
     g.add_argument("--name")
     g.add_argument("--steps", type=int)
@@ -749,10 +763,16 @@ def _run(args, cases: list[Case], torch, log, write_log, t_all: float) -> int:
     if not args.dry_run:
         torch.cuda.init()
         torch.zeros(1, device="cuda")
-        if args.cpu is not None and hasattr(os, "sched_setaffinity"):
-            os.sched_setaffinity(threading.get_native_id(), {args.cpu})
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    cpu = pin_loop(args.cpu) if not args.dry_run else None
+    if cpu is not None:
+        # torch's CPU thread pool starts later, from this thread, and inherits its one core:
+        # 16 threads on it stalled the loop's packing copies up to 148 ms (pinned_rerun/)
+        torch.set_num_threads(1)
     bench = Bench(args, torch, log, cases)
-    log(f"set-up {time.time() - t_all:.1f}s ({bench.device['device']})")
+    bench.device["loop_cpu"] = cpu
+    log(f"set-up {time.time() - t_all:.1f}s ({bench.device['device']}; loop thread "
+        + (f"pinned to core {cpu} of {cores})" if cpu is not None else "not pinned)"))
     (args.out / "server_device.json").write_text(json.dumps(clean(bench.device), indent=1))
     failed = []
     for case in cases:

@@ -5,10 +5,11 @@ without torch, to check the rules the simulator models:
 
 - :class:`Arrivals`: requests on the host clock (seconds since the run began), a Poisson
   process (a constant rate, or a triangular :class:`Ramp` of rates by thinning) or a closed
-  loop (``concurrency`` requests; one arrives whenever the scheduler learns that one
-  finished), with ``initial`` requests already there at time 0. Arrival gaps and request
-  lengths come from two ``random.Random`` streams of the case's seed, so a seed gives the same
-  requests whatever the timing.
+  loop (``concurrency`` requests; the client sends one whenever a finish is streamed to it,
+  :meth:`Scheduler.stream`, at the end of the result's processing), with ``initial``
+  requests already there at time 0. Arrival gaps and request lengths come from two
+  ``random.Random`` streams of the case's seed, so a seed gives the same requests whatever
+  the timing.
 - :class:`Scheduler`: admission, slot allocation, chunked prefill and the finish rule.
   Step k's batch is fixed when :meth:`Scheduler.schedule` runs for k: every request arrived
   by then (:meth:`Scheduler.recv`) is admitted while fewer than ``max_batch`` are running;
@@ -35,7 +36,7 @@ without torch, to check the rules the simulator models:
   admission inside the prefill (:meth:`Scheduler._prefill_step`, SGLang's
   ``PrefillAdder``), and a decode step otherwise. :attr:`StepPlan.shape` names the result.
 - The scheduler's Python padding to per-range time targets (:class:`HostWork`,
-  :func:`python_work_until`).
+  :func:`python_work_until`), and the loop thread's core (:func:`pin_loop`).
 - The race check (:func:`overtaken`), the arithmetic that sizes a load (:func:`rate_for`),
   and the metrics: the per-step log (:class:`StepLog`), the per-request arrays and the
   summary (:func:`request_arrays`, :func:`summarize`; definitions in
@@ -46,9 +47,12 @@ Imports: the standard library only.
 
 from __future__ import annotations
 
+import argparse
 import math
+import os
 import random
 import statistics
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -189,7 +193,7 @@ class Arrivals:
         return out
 
     def finished(self, now: float) -> None:
-        """A request finished (the host learned it at ``now``): a closed loop sends another."""
+        """A finish was streamed to its client at ``now``: a closed loop sends another."""
         if self.concurrency is not None:
             self._due.append(self._new(now))
 
@@ -388,7 +392,8 @@ class Scheduler:
     def process(self, plan: StepPlan, now: float, tokens: list[int] | None = None) -> list[
             Request]:
         """Step ``plan.step``'s result, processed at host time ``now``: tokens appended, first
-        tokens, finishes (rows and slots freed); returns the requests that finished."""
+        tokens, finishes (rows and slots freed); returns the requests that finished, for
+        :meth:`stream` once the rest of the result's processing is done."""
         k = plan.step
         done = []
         for i, r in enumerate(plan.decode):
@@ -415,8 +420,15 @@ class Scheduler:
             self.free_rows.append(r.row)
             self.free_slots.extend(r.slots)
             self.finished.append(r)
-            self.arrivals.finished(now)
         return done
+
+    def stream(self, done: list[Request], now: float) -> None:
+        """The finishes of one result streamed to their clients at host time ``now``: SGLang
+        streams at the end of ``process_batch_result`` (``stream_output``), after the rest of
+        the result's processing, so a closed loop's client sends its next request then, not
+        when :meth:`process` learned of the finish."""
+        for _ in done:
+            self.arrivals.finished(now)
 
     @staticmethod
     def _append(r: Request, tok: int, n: int) -> None:
@@ -499,6 +511,40 @@ class HostWork:
 
 
 # --------------------------------------------------------------------------- race check
+def cpu_arg(text: str) -> str:
+    """``--cpu``: auto, none or a core number."""
+    if text in ("auto", "none") or text.isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"expected auto, none or a core number, got {text!r}")
+
+
+#: ``--cpu auto`` pins only where the process may use this many cores: the loop's core is
+#: then its own, and CUDA's and the profiler's threads have the others
+PIN_MIN_CORES = 4
+
+
+def pin_loop(cpu: str) -> int | None:
+    """Pin the calling thread (the loop's; after CUDA's init, so the driver's threads keep
+    every core) to one core, meant to steady its speed (the H200 machine's host ran the same
+    Python at x0.56-1.60 of the profiled run's from case to case). Threads it starts later
+    inherit the core (torch's CPU pool: :mod:`lab.server` then runs torch's CPU ops on one
+    thread; the profiler's). Tried once on the H200, with the pool inheriting it: the spread
+    was no narrower (x0.55-1.75) and the pool stalled the loop, so it is not the default
+    (tests/data/server/shapes/README.md). Returns the core, or None where not pinned
+    (``none``, no ``sched_setaffinity``, or ``auto`` with too few cores)."""
+    if cpu == "none" or not hasattr(os, "sched_setaffinity"):
+        return None
+    if cpu == "auto":
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < PIN_MIN_CORES:
+            return None
+        core = cores[-1]
+    else:
+        core = int(cpu)
+    os.sched_setaffinity(threading.get_native_id(), {core})
+    return core
+
+
 def overtaken(snapshot: list[int], stamp: int) -> bool:
     """Whether a gather read a later step's stamp at the marker: a next-step write overtook
     the read (``snapshot``: what it read for the batch's real rows)."""
@@ -668,7 +714,7 @@ def clean(obj):
     return obj
 
 
-__all__ = ["PIECES", "Arrivals", "Dist", "HostWork", "Ramp", "Request", "Scheduler", "StepLog",
-           "POLICIES", "SHAPES", "StepPlan", "python_work", "python_work_until",
-           "bucket_of", "clean", "mean_decode_steps", "overtaken", "percentile", "rate_for",
-           "request_arrays", "stats", "summarize"]
+__all__ = ["PIECES", "PIN_MIN_CORES", "Arrivals", "Dist", "HostWork", "Ramp", "Request",
+           "Scheduler", "StepLog", "POLICIES", "SHAPES", "StepPlan", "python_work",
+           "python_work_until", "bucket_of", "clean", "cpu_arg", "pin_loop", "mean_decode_steps",
+           "overtaken", "percentile", "rate_for", "request_arrays", "stats", "summarize"]

@@ -104,9 +104,9 @@ def extrapolate_buckets(node, buckets, where: str = "") -> list[str]:
     """EXTRAPOLATED here: every ``per_bucket`` table of ``node`` gets the ``buckets`` it lacks
     from the line through its two largest, never below the largest; in place; returns the
     keys changed. The fit's own ``extrapolate_buckets`` reaches only the buckets the
-    capture's graphs name (this one ran 8 and 16, the loads reach 32 and 64), and naming the
-    server's buckets in the mapping makes the fit refuse the capture's prefill steps (no
-    batch range, no graph): still filled here."""
+    capture's graphs name (the loads reach 64; the sglang capture ran 8-32, the mixed
+    8-16), and naming the server's buckets in the mapping makes the fit refuse the
+    capture's prefill steps (no batch range, no graph): still filled here."""
     out = []
     if isinstance(node, dict):
         table = node.get("per_bucket")

@@ -50,7 +50,7 @@ def _scheduler(arrivals, **kw):
 
 def _drive(sched, steps, overlap=True, dt=0.001):
     """The loop's order of scheduler calls: schedule(k), then process(k-1) (overlap) or
-    process(k) (no overlap), at host time k × dt."""
+    process(k) (no overlap) and its finishes streamed, at host time k × dt."""
     plans = []
     for k in range(steps + 1):
         now = k * dt
@@ -58,9 +58,9 @@ def _drive(sched, steps, overlap=True, dt=0.001):
             sched.recv(now)
             plans.append(sched.schedule(k, now, stamp=k + 1))
             if not overlap:
-                sched.process(plans[k], now)
+                sched.stream(sched.process(plans[k], now), now)
         if overlap and k > 0:
-            sched.process(plans[k - 1], now)
+            sched.stream(sched.process(plans[k - 1], now), now)
     return plans
 
 
@@ -301,14 +301,42 @@ def test_case_selection():
         Case("x", 10, schedule="vllm", prompt_tokens="8")
     names = [c.name for s in ("fit", "loads", "races", "hostsync", "prefill", "shapes", "smoke")
              for c in suite_cases(s)]
-    assert len(names) == len(set(names)) == 54 + 26
+    assert len(names) == len(set(names)) == 54 + 38
     shapes = suite_cases("shapes")
     assert {c.schedule for c in shapes} == {"sglang", "mixed"}
     assert [c.name for c in shapes if c.profiled] == ["shapes_sglang_medium_overlap_profiled",
                                                       "shapes_mixed_medium_overlap_profiled"]
+    # three repeats per case, interleaved: round r holds repeat r of all 12 cases, each
+    # round's order rotated, and no two repeats of a case sit next to each other's rounds'
+    timed = [c for c in shapes if not c.profiled]
+    assert [c.seed for c in timed] == [300] * 12 + [301] * 12 + [302] * 12
+    case = [c.name.rsplit("_r", 1)[0] for c in timed]
+    assert len(set(case)) == 12 and all(case.count(n) == 3 for n in set(case))
+    assert len({tuple(case[i:i + 12]) for i in (0, 12, 24)}) == 3
+    for n in set(case):
+        at = [i for i, x in enumerate(case) if x == n]
+        assert min(b - a for a, b in zip(at, at[1:])) >= 8
+    assert shapes.index(next(c for c in shapes if c.profiled)) == 24  # mid-suite
     # the pools grow to the longest prompt, the chunk to the budget
     assert sized_for(shapes, 2.0, 1024, 1024) == (4224, 2048)
     assert sized_for(suite_cases("prefill"), 2.0, 1024, 1024) == (1024, 1024)
+
+
+def test_cpu_pins_the_loop_only_where_the_process_has_cores_to_spare(monkeypatch):
+    from lab import server, server_requests
+
+    pinned = []
+    monkeypatch.setattr(server_requests.os, "sched_setaffinity",
+                        lambda tid, cores: pinned.append(cores))
+    monkeypatch.setattr(server_requests.os, "sched_getaffinity", lambda pid: {0, 1})
+    pin = server_requests.pin_loop
+    assert pin("auto") is None and pinned == []
+    monkeypatch.setattr(server_requests.os, "sched_getaffinity", lambda pid: set(range(2, 18)))
+    assert pin("auto") == 17 and pinned == [{17}]
+    assert pin("3") == 3 and pin("none") is None
+    assert pinned == [{17}, {3}]
+    with pytest.raises(SystemExit):
+        server.build_parser().parse_args(["out", "--cpu", "fast"])
 
 
 def test_the_server_modules_import_only_the_standard_library_the_lab_and_the_harness():
@@ -471,6 +499,21 @@ def test_shapes_dry_run_sglang_prefill_steps_pause_every_decode(shapes_dry_run, 
     s = m["summary"]
     assert set(s["per_shape"]) == {"prefill", "decode"}
     assert s["paused_steps"] == sum(1 for k in range(s["warmup"], n - 1) if st["paused"][k])
+
+
+@pytest.mark.parametrize("name", SHAPES_DRY[:3])
+def test_shapes_dry_run_closed_loop_sends_at_the_end_of_the_results_processing(
+        shapes_dry_run, name):
+    """SGLang streams a finish at the end of process_batch_result: the closed loop's next
+    request arrives then, after the scheduler learned of the finish and padded its work."""
+    m = _metrics(shapes_dry_run, name)
+    st, req = m["steps"], m["requests"]
+    done = [i for i, f in enumerate(req["finish_step"]) if f >= 0]
+    assert done and len(req["arrival_us"]) == 3 + len(done)
+    for i in done:
+        assert req["finish_host_us"][i] < st["proc_end_us"][req["finish_step"][i]]
+    sends = sorted(st["proc_end_us"][req["finish_step"][i]] for i in done)
+    assert sorted(req["arrival_us"][3:]) == sends
 
 
 def test_shapes_dry_run_mixed_never_runs_a_prefill_only_step_while_requests_decode(
