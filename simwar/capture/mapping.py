@@ -250,9 +250,9 @@ def unmatched_keys(mapping: Mapping, kernel_names, annotation_names) -> list[str
     """The mapping's regexes that match nothing in a capture, one sentence each.
 
     ``phases`` rules are tried on kernel names and annotation names (as the
-    importer does), ``sites``, ``cpu``, ``steps``, ``run_batch``, ``batch`` and ``idle`` on
-    annotation names. Each sentence names the key and how many candidates there were. A preset's
-    entries (:attr:`Mapping.soft`) are optional and never listed.
+    importer does), ``sites``, ``cpu``, ``steps``, ``run_batch``, ``batch``, ``idle`` and
+    ``shape`` on annotation names. Each sentence names the key and how many candidates there
+    were. A preset's entries (:attr:`Mapping.soft`) are optional and never listed.
     """
     kernels = sorted(set(kernel_names))
     notes = sorted(set(annotation_names))
@@ -276,7 +276,7 @@ def unmatched_keys(mapping: Mapping, kernel_names, annotation_names) -> list[str
     check("steps", mapping.steps, notes, "annotation names")
     if mapping.run_batch is not None:
         check("run_batch", mapping.run_batch, notes, "annotation names")
-    for key in ("batch", "idle"):
+    for key in ("batch", "idle", "shape"):
         if getattr(mapping, key) is not None:
             check(key, getattr(mapping, key), notes, "annotation names")
     return out
