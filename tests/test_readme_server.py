@@ -46,6 +46,20 @@ def _commands(section: str) -> list[tuple[str, list[str]]]:
     return out
 
 
+def assert_prints(command: str, shown: list[str]) -> None:
+    """``command`` prints the ``shown`` lines in this order (``...`` and blank lines stand for
+    lines left out)."""
+    lines = [x.rstrip() for x in _run(command).splitlines()]
+    i = 0
+    for want in shown:
+        if want.strip() in ("...", ""):
+            continue
+        while i < len(lines) and lines[i] != want:
+            i += 1
+        assert i < len(lines), f"{command}: not printed (in this order): {want!r}"
+        i += 1
+
+
 def _run(command: str) -> str:
     argv = shlex.split(command)
     if argv[0] == "head":
@@ -77,14 +91,6 @@ def test_every_command_prints_what_the_section_shows(tmp_path):
     os.chdir(tmp_path)
     try:
         for command, shown in _commands(_section()):
-            lines = [x.rstrip() for x in _run(command).splitlines()]
-            i = 0
-            for want in shown:
-                if want.strip() in ("...", ""):
-                    continue
-                while i < len(lines) and lines[i] != want:
-                    i += 1
-                assert i < len(lines), f"{command}: not printed (in this order): {want!r}"
-                i += 1
+            assert_prints(command, shown)
     finally:
         os.chdir(cwd)

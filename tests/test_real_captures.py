@@ -102,18 +102,10 @@ def test_the_guide_shows_what_the_commands_print(monkeypatch):
     """docs/guide-your-server.md, "Real engines": each command prints the lines shown, in
     order (``...`` stands for lines left out), run from the repository root."""
     from docs_text import section
-    from test_readme_server import _commands, _run
+    from test_readme_server import _commands, assert_prints
 
     monkeypatch.chdir(REAL.parents[2])
     commands = _commands(section("## Real engines: SGLang and vLLM as they are"))
     assert len(commands) >= 6
     for command, shown in commands:
-        lines = [x.rstrip() for x in _run(command).splitlines()]
-        i = 0
-        for want in shown:
-            if want.strip() in ("...", ""):
-                continue
-            while i < len(lines) and lines[i] != want:
-                i += 1
-            assert i < len(lines), f"{command}: not printed (in this order): {want!r}"
-            i += 1
+        assert_prints(command, shown)
