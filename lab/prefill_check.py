@@ -289,6 +289,19 @@ def cell(row: dict, key: str) -> str:
     return f"{m:{fmt}} / {p:{fmt}} ({100 * e:+.1f}%){mark}"
 
 
+def speeds(case: dict) -> str:
+    """A case's repeats' host speeds, those not judged in brackets."""
+    return ", ".join(f"x{v:.2f}" if ok else f"(x{v:.2f})"
+                     for v, ok in zip(case["host_speed"], case["judged"]))
+
+
+def sign_values(sign: dict, key: str) -> str:
+    """An on-vs-off difference, measured / predicted (TTFTs in ms)."""
+    s = sign[key]
+    scale = 1e-3 if key.startswith("ttft") else 1.0
+    return f"{s['measured'] * scale:+.1f} / {s['predicted'] * scale:+.1f}"
+
+
 def markdown(result: dict) -> str:
     pf = result["fit"]["prefill"]
     sec = pf["section"]
@@ -300,18 +313,12 @@ def markdown(result: dict) -> str:
     cases = []
     for c in result["cases"].values():
         m, p = c["requests"]
-        speeds = ", ".join(f"x{v:.2f}" if ok else f"(x{v:.2f})"
-                           for v, ok in zip(c["host_speed"], c["judged"]))
-        cases.append([c["load"], c["loop"], speeds, f"{m:.1f} / {p:.1f}",
+        cases.append([c["load"], c["loop"], speeds(c), f"{m:.1f} / {p:.1f}",
                       *(cell(c["rows"][k], k) for k in FIGURES)])
     signs = []
     for load, sign in result["signs"].items():
-        cells = []
-        for k in FIGURES:
-            s = sign[k]
-            scale = 1e-3 if k.startswith("ttft") else 1.0
-            cells.append(f"{s['measured'] * scale:+.1f} / {s['predicted'] * scale:+.1f}"
-                         + ("" if s["ok"] else " WRONG SIGN"))
+        cells = [sign_values(sign, k) + ("" if sign[k]["ok"] else " WRONG SIGN")
+                 for k in FIGURES]
         signs.append([load, ", ".join(map(str, sign["seeds"])), *cells])
     return "\n".join([
         head, "",

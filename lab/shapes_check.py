@@ -372,19 +372,14 @@ def markdown(result: dict) -> str:
     rows = []
     for c in result["cases"].values():
         m, p = c["requests"]
-        rows.append([c["mode"], c["load"], c["loop"],
-                     ", ".join(f"x{v:.2f}" if ok else f"(x{v:.2f})"
-                               for v, ok in zip(c["host_speed"], c["judged"])),
+        rows.append([c["mode"], c["load"], c["loop"], prefill_check.speeds(c),
                      f"{m:.0f} / {p:.0f}",
                      *(prefill_check.cell(c["rows"][k], k) for k in FIGURES)])
     signs = []
     for key, sign in result["signs"].items():
-        cells = []
-        for k in FIGURES:
-            s = sign[k]
-            scale = 1e-3 if k.startswith("ttft") else 1.0
-            cells.append(f"{s['measured'] * scale:+.1f} / {s['predicted'] * scale:+.1f}"
-                         + {True: "", False: " WRONG SIGN", None: " (not judged)"}[s["ok"]])
+        cells = [prefill_check.sign_values(sign, k)
+                 + {True: "", False: " WRONG SIGN", None: " (not judged)"}[sign[k]["ok"]]
+                 for k in FIGURES]
         signs.append([key.replace("_", " "), *cells])
     advice = []
     for question, table in (("overlap on?", result["overlap"]),
