@@ -104,15 +104,21 @@ class StreamTails:
         return bound[0]
         yield  # a generator: a record's time is known at its issue
 
-    def _arrive(self, table: dict, index: int, time: float) -> Join:
-        """This rank's arrival at instance ``index`` of ``table``; the instance (complete
-        when all are in: the last rank forgets it and readies the others)."""
+    def _join(self, table: dict, index: int, time: float) -> Join:
+        """Instance ``index`` of ``table`` (made at the first rank's arrival), with this rank's
+        arrival at ``time`` counted in."""
         j = table.get(index)
         if j is None:
             j = table[index] = Join(self.n)
             j.waiting = []
         j.times[self.rank] = time
         j.arrived += 1
+        return j
+
+    def _arrive(self, table: dict, index: int, time: float) -> Join:
+        """This rank's arrival at instance ``index`` of ``table``; the instance (complete
+        when all are in: the last rank forgets it and readies the others)."""
+        j = self._join(table, index, time)
         if j.arrived == self.n:
             del table[index]
             self.ready.extend(j.waiting)
@@ -135,12 +141,7 @@ class StreamTails:
         start = begins(self.free.get(lane, 0.0), ready)
         self.op_start[op_id] = start
         table = self.device_joins
-        j = table.get(index)
-        if j is None:
-            j = table[index] = Join(self.n)
-            j.waiting = []
-        j.times[self.rank] = start
-        j.arrived += 1
+        j = self._join(table, index, start)
         if j.arrived < self.n:
             j.waiting.append((self, lane, op_id, duration_us))
             return STOP
