@@ -11,7 +11,7 @@ and a bound that holds at both ends of a range holds inside it; non-finite value
 refused by the sweep file's schema). Each value key must land in one place of the resolved
 mapping, as the same number (an ``int`` as its ``float``), and nothing else may change with
 it: the corners' mappings are compared. A run is then the template's resolved mapping with
-its numbers put in place (:meth:`Template.run`: the dicts on the way copied, the rest
+its numbers put in place (:meth:`ConfigTemplate.run`: the dicts on the way copied, the rest
 shared), and its config hash is the template's canonical JSON with the numbers' text put in
 place, hashed (the same text, so the same hash, as hashing the whole mapping).
 
@@ -87,7 +87,7 @@ def _placed(data, path: tuple, value):
 _MARK = "\u0000swept{}\u0000"
 
 
-class Template:
+class ConfigTemplate:
     """The runs of one template: ``resolved`` (its config with the value keys at their
     smallest), where each value key lands (``paths``) and its canonical JSON cut at them."""
 
@@ -141,7 +141,7 @@ class Templates:
         self.structure = structure
         self._kept: OrderedDict = OrderedDict()
 
-    def of(self, values: dict[str, Any], repeat: int) -> Template | None:
+    def of(self, values: dict[str, Any], repeat: int) -> ConfigTemplate | None:
         """The template of a run (its values and repeat), or None: validate its runs one by
         one (a corner invalid, or a value key that does not land in one place)."""
         if not self.keys:
@@ -157,7 +157,7 @@ class Templates:
             self._kept.popitem(last=False)
         return made
 
-    def _make(self, fixed: dict, repeat: int) -> Template | None:
+    def _make(self, fixed: dict, repeat: int) -> ConfigTemplate | None:
         corners = {}
         for ends in itertools.product(*([lo, hi] for lo, hi in self.box.values())):
             corner = dict(zip(self.box, ends))
@@ -179,7 +179,7 @@ class Templates:
                     and _at(corners[ends], path) == float(hi)):
                 return None
             paths[key] = path
-        return Template(low, paths, self.structure(low))
+        return ConfigTemplate(low, paths, self.structure(low))
 
 
-__all__ = ["MAX_VALUE_KEYS", "Template", "Templates", "is_duration_key", "value_keys"]
+__all__ = ["MAX_VALUE_KEYS", "ConfigTemplate", "Templates", "is_duration_key", "value_keys"]
