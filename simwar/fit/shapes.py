@@ -203,10 +203,10 @@ class PrefillSample:
     graph: bool
     then: int = 0  # the decode unit after it (of the layout without prefill units)
     launches: int = 0  # its launch calls (kernel and graph launches)
-    launch_us: float = 0.0  # their host time, less the profiler's cost in them
+    launch_us: float = 0.0  # their host time (less the profiler's cost where fit_window_us is)
     busy_us: float = 0.0  # its kernels' device time from the first's start (overlaps once)
     end_us: float = 0.0  # its last kernel's end from the window's start (less a stream wait)
-    raw_window_us: float = 0.0  # the host time the section fits: the window as captured
+    fit_window_us: float = 0.0  # the host time the section fits: the window as captured
     # (an eager prefill's: EAGER_PREFILL_LESS_PROFILER), else the window net
     batch: int = 0  # the decoding requests of its step (0: a prefill step of its own)
     prefix: int = -1  # its (chunk token, cached token) pairs (-1: the ranges do not say)
@@ -253,14 +253,14 @@ def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> Pre
     begin = max(begin, lay.start)
     t_last = float(s0[last])
     host = t_last - begin
-    window = raw = float(e0[last]) - begin
+    window = fitted = float(e0[last]) - begin
     graph = any(u.graph is not None for u in units)
     if prof is not None:  # the window is taken out of a host region net of the profiler
         window = prof.less(window, begin, float(e0[last]))
     if not graph and not EAGER_PREFILL_LESS_PROFILER:
         prof = None  # the profiler did not lengthen an eager prefill's launches: kept
     else:
-        raw = window  # the host time the section fits, net like every other host figure
+        fitted = window  # the host time the section fits, net like every other host figure
     if prof is not None:
         host = prof.less(host, begin, t_last)
     ops = sorted((o for u in units for o in u.ops), key=lambda o: op_start[o])
@@ -274,7 +274,7 @@ def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> Pre
     end = (max(op_end[o] for o in ops) - begin - wait) if ops else 0.0
     return PrefillSample(k, shape, tokens, max(host, 0.0), max(window, 0.0), device, graph,
                          launches=len(calls), launch_us=spent, busy_us=busy,
-                         end_us=float(end), raw_window_us=max(raw, 0.0))
+                         end_us=float(end), fit_window_us=max(fitted, 0.0))
 
 
 def _busy(ops, op_start, op_end, since: float) -> float:
@@ -521,14 +521,14 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
     launches, mean_launches = launch_count(got) if graph == "eager" else (1, 0.0)
     if graph == "eager":
         cost = (lambda batch: 0.0) if launch_cost is None else launch_cost
-        hosts = [max(0.0, p.raw_window_us - launches * cost(p.batch) + p.extra_us)
+        hosts = [max(0.0, p.fit_window_us - launches * cost(p.batch) + p.extra_us)
                  for p in got]
         # the kernels' busy time, or more where the capture's forward ended later than that
         # run after the simulated launches: the host work its step did before the window
         # (which the simulated window holds, spread over the launches) and short kernels that
         # waited for their launches between long ones (which equal shares do not)
         devices = [max(p.busy_us, launch_device(p.end_us + p.extra_before_us,
-                                                p.raw_window_us + p.extra_us, launches))
+                                                p.fit_window_us + p.extra_us, launches))
                    for p in got]
     else:
         hosts = [max(0.0, p.host_us + p.extra_us) for p in got]
@@ -567,7 +567,7 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
         section["launches"] = launches
     calls = max(sum(p.launches for p in got), 1)
     per_call = sum(p.launch_us for p in got) / calls
-    window = float(np.mean([p.raw_window_us + p.extra_us for p in got])) if got else 0.0
+    window = float(np.mean([p.fit_window_us + p.extra_us for p in got])) if got else 0.0
     if graph == "eager":
         dev_line = ("the prefill kernels' whole device time, or more where the capture's "
                     "forward ended later than that after the simulated launches (each launch's "
