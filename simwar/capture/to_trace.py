@@ -186,13 +186,20 @@ def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path 
     mapping = load_mapping(mapping)
     paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
     caps = [read_capture(p, progress) for p in paths]
-    return bind_capture(caps, mapping, [p.name for p in paths])
+    return bind_capture(caps, mapping, [p.name for p in paths], consume=True)
 
 
 @gc_paused
-def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) -> KinetoImport:
+def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str],
+                 consume: bool = False) -> KinetoImport:
     """The import of one or more read captures (files) under a mapping: one Trace per rank,
-    the primary one and all side by side (see the module docstring)."""
+    the primary one and all side by side (see the module docstring).
+
+    ``consume``: the import owns the captures' records (the callers that read the files
+    themselves): each record is dropped once the assembly has passed it, and the captures'
+    device events, runtime calls and sync events are left empty, so that the records and
+    the Trace built from them are not all held at once (the import's peak memory)."""
+    given = list(caps)
     checked = [check_capture(c) for c in caps]
     caps = [c for c, _ in checked]
     sane = [w if len(caps) == 1 else f"{names[i]}: {w}"
@@ -202,9 +209,15 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) 
     firsts = [(_first_ts(r.cap), r.clock_offset_us) for r in ranks]
     origin = min((t + off for t, off in firsts if t is not None), default=0.0)
     primary = _primary(ranks, mapping)
+    if consume:  # the records live on in the ranks' captures alone
+        own = {id(r.cap) for r in ranks}
+        for c in given + caps:
+            if id(c) not in own:
+                c.device_events, c.runtime_calls, c.sync_events = [], [], []
+    del given
     built: list[tuple[RankCapture, KinetoImport, RankImport]] = []
     for r in ranks:
-        builder = CaptureTraceBuilder(r.cap, mapping, origin - r.clock_offset_us)
+        builder = CaptureTraceBuilder(r.cap, mapping, origin - r.clock_offset_us, consume)
         imp = builder.build()
         imp.trace.meta.setdefault("file", names[r.file])
         if len(ranks) > 1:
@@ -293,8 +306,15 @@ class CaptureTraceBuilder:
     that becomes 0 (default: the capture's first event).
     """
 
-    def __init__(self, cap: CaptureEvents, mapping: Mapping, origin: float | None = None):
+    def __init__(self, cap: CaptureEvents, mapping: Mapping, origin: float | None = None,
+                 consume: bool = False):
         self.cap = cap
+        #: the build owns the capture's records: each is dropped once the assembly has passed
+        #: it, and the capture's device events, runtime calls and sync events are emptied
+        #: (:func:`bind_capture` ``consume``)
+        self.consume = consume
+        self._busy: Counter | None = None
+        self._had_device = False
         self.m = mapping
         self.warnings: list[str] = problem_lines(cap)
         self.device_info: dict[int, DeviceInfo] = {}
@@ -362,18 +382,24 @@ class CaptureTraceBuilder:
         enclosing = enclosing_ranges(host_calls, host_ann, self.phase_rules,
                                      self.site_rules)
 
-        trace = self._assemble(host_calls, other_calls, by_corr, enclosing,
-                               host_ann, syncs_by_corr)
+        # what is read of the records after the assembly, taken before it (a consuming
+        # build frees each record as the assembly passes it)
+        names = sorted({d.name for d in cap.device_events})
+        profiler_events = self._profiler_events(host_calls, host_ann, by_corr)
+        self._had_device = bool(cap.device_events)
+        self._busy = self._stream_busy() if self._busy_needed() else None
+        held = [host_calls, other_calls]
+        del calls, host_calls, other_calls, bound_records
+        if self.consume:
+            cap.runtime_calls = []
+        trace = self._assemble(held, by_corr, enclosing, host_ann, syncs_by_corr)
         annotations = [(a.name, a.ts - self.origin, a.ts + a.dur - self.origin)
                        for a in host_ann]
-        names = sorted({d.name for d in cap.device_events})
         overhead = [(a.name, a.ts - self.origin, a.ts + a.dur - self.origin)
                     for a in sorted(cap.overhead, key=lambda a: a.ts)]
         return KinetoImport(trace, dict(self.counts), dict(self.ignored), self.warnings,
                             annotations, names, overhead=overhead, device_info=self.device_info,
-                            device_syncs=self.device_syncs,
-                            profiler_events=self._profiler_events(host_calls, host_ann,
-                                                                  by_corr))
+                            device_syncs=self.device_syncs, profiler_events=profiler_events)
 
     def _profiler_events(self, host_calls, host_ann, by_corr) -> dict:
         """:attr:`KinetoImport.profiler_events`: the host thread's recorded events by kind,
@@ -555,22 +581,38 @@ class CaptureTraceBuilder:
         return self.m.unmatched_phase()
 
     # ------------------------------------------------------------------ assembly
-    def _assemble(self, host_calls, other_calls, by_corr, enclosing, host_ann,
-                  syncs_by_corr) -> Trace:
+    def _assemble(self, held: list, by_corr, enclosing, host_ann, syncs_by_corr) -> Trace:
+        """The Trace from ``held`` (``[host calls, other threads' calls]``, emptied: the
+        assembly owns the calls) and the launches' device work by correlation id."""
         o, g = self.origin, self.gpu_offset
         self._step_starts = [s for s, _, _ in self.steps]
         bnd: Binding = self.binding
+        host_calls, other_calls = held
+        held.clear()
         # the host items in issue order: every call (host thread's, then other threads'),
         # then device work with no call in the capture; ordered by (issue time, calls before
         # device work, index), ties in that order, by one stable sort of three columns
         payload: list = host_calls + other_calls
+        n_host = len(host_calls)
+        del host_calls, other_calls
         n_calls = len(payload)
         issued = {c.correlation for c in payload}
+        # a consuming build drops each record once passed: a launch's device work is taken
+        # out of by_corr by its call (each id is one call's here), and the rest now
+        consume = self.consume and len(issued) == n_calls
+        orphans = []
         for corr, devs in by_corr.items():
             if corr not in issued:  # the launch is not in the capture (or not a runtime call)
                 payload += devs
+                orphans.append(corr)
         del issued
         payload += (d for d in self.cap.device_events if d.correlation < 0)
+        if consume:
+            for corr in orphans:
+                del by_corr[corr]
+            self.cap.device_events = []
+            self.cap.sync_events = []
+        del orphans
         n_dev = len(payload) - n_calls
         self.counts["device_without_launch"] = n_dev
         if n_dev:
@@ -624,14 +666,17 @@ class CaptureTraceBuilder:
             device_info[op] = info
             add_work(lane, issue, start, end)
 
-        n_host = len(host_calls)
         # the loop's lookups, bound once (it runs once per host call and device op)
         kernel_phase, host = self.kernel_phase, rec.host
         kind_of: dict[tuple[str, bool], Call] = {}  # (name, issued work) -> call kind
         in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
+        take_devs = by_corr.pop if consume else by_corr.get
+        take_sync = syncs_by_corr.pop if consume else syncs_by_corr.get
         for index, step in zip(indices(order), indices(item_steps)):
             item = payload[index]
+            if consume:
+                payload[index] = None
             if index >= n_calls:
                 # device work whose host call is not in the capture
                 issue = item.ts + g - o
@@ -652,7 +697,7 @@ class CaptureTraceBuilder:
                 outside += 1
                 continue
             ann_phase, site = enclosing[index] if 0 <= index < n_host else (None, None)
-            devs = by_corr.get(c.correlation)
+            devs = take_devs(c.correlation, None)
             name = c.name
             kind = kind_of.get((name, bool(devs)))
             if kind is None:
@@ -682,7 +727,7 @@ class CaptureTraceBuilder:
                         lane_of[(d.device, d.stream)] == fwd for d in devs):
                     first_launch[step] = start
             elif kind is Call.SYNCHRONIZE:
-                sev = syncs_by_corr.get(c.correlation)
+                sev = take_sync(c.correlation, None)
                 tail = sev is not None and sev.kind == "Stream Sync" and sev.stream is not None
                 # the span names the sync op (after the stream's tail record, if any)
                 call = host(kind, step, start, end, name, site=site or "sync",
@@ -713,7 +758,7 @@ class CaptureTraceBuilder:
                 place_record(c.correlation, self._lane(*where), step, name,
                              event_name(c.correlation), end, call)
             elif kind is Call.WAIT_EVENT:
-                sev = syncs_by_corr.get(c.correlation)
+                sev = take_sync(c.correlation, None)
                 placed = sev is not None and sev.stream is not None
                 call = host(kind, step, start, end, name, op=rec.next_op if placed else -1,
                                 lane=host_lane)
@@ -802,15 +847,25 @@ class CaptureTraceBuilder:
             return fwd
         if "forward" in lanes:
             return "forward"
+        busy = self._busy if self._busy is not None else self._stream_busy()
+        return busy.most_common(1)[0][0] if busy else "forward"
+
+    def _busy_needed(self) -> bool:
+        """Whether :meth:`_forward_lane` picks the busiest stream (no forward stream named
+        or called ``forward``)."""
+        return self.m.forward_stream is None and "forward" not in set(self.lane_of.values())
+
+    def _stream_busy(self) -> Counter:
+        """The measured device time of each lane."""
         busy: Counter = Counter()
         for d in self.cap.device_events:
             busy[self.lane_of[(d.device, d.stream)]] += d.dur
-        return busy.most_common(1)[0][0] if busy else "forward"
+        return busy
 
     def _markers(self, rec: Recorder, first_launch: dict[int, float], host_ann) -> None:
         for i, (s, _, _) in enumerate(self.steps):
             rec.marker("step", i, s)
-        if not self.steps and (first_launch or self.cap.device_events):
+        if not self.steps and (first_launch or self._had_device):
             rec.marker("step", 0, 0.0)
         run_batch: dict[int, float] = {}
         if self.run_batch_re is not None:
