@@ -37,10 +37,14 @@ ranks (:mod:`simwar.capture.ranks`): one Trace per rank, the primary rank's (the
 mapping's ``process``, else the one with the step ranges) as :attr:`KinetoImport.trace`,
 and all of them side by side in :attr:`KinetoImport.combined`.
 
-The file is over 800 lines because :class:`CaptureTraceBuilder`'s assembly is one pass
-over the host items that needs every piece it infers (host thread, steps, phases, lanes,
-binding); the rules that stand alone live in binding, device_times, ranks and host_items
-(the host items' issue order, the ranges each call lies in).
+:class:`CaptureTraceBuilder`'s assembly is one pass over the host items that needs every
+piece it infers (host thread, steps, phases, lanes, binding); the rules that stand alone
+live in binding, device_times, ranks, threads (which thread is the scheduler's) and
+host_items (the host items' issue order, the ranges each call lies in), and what an import
+returns in :mod:`simwar.capture.imported`. Where :func:`bind_capture` owns the records
+(``consume``: :func:`simwar.capture.open.open_capture` and :func:`import_kineto`), the
+assembly drops each one once it has passed it, so that the records and the Trace made of
+them are not all held at once.
 
 Imports: numpy, the standard library and simwar's capture and core modules; never the
 simulator (api, executors, build) and no pandas (the caller runs
@@ -53,10 +57,8 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -68,6 +70,7 @@ from simwar.capture.device_times import (
     infer_device_times,
 )
 from simwar.capture.host_items import enclosing_ranges, indices, issue_order
+from simwar.capture.imported import DeviceInfo, KinetoImport, RankImport
 from simwar.capture.mapping import Mapping, load_mapping
 from simwar.capture.rank_files import align
 from simwar.capture.ranks import (
@@ -77,105 +80,26 @@ from simwar.capture.ranks import (
     step_skew,
 )
 from simwar.capture.reader import (
-    Annotation,
-    CaptureEvents,
-    DeviceEvent,
     ProgressFn,
-    RuntimeCall,
-    SyncEvent,
     call_kind,
     copy_kind,
     gc_paused,
-    problem_lines,
     read_capture,
 )
+from simwar.capture.records import (
+    Annotation,
+    CaptureEvents,
+    DeviceEvent,
+    RuntimeCall,
+    SyncEvent,
+    problem_lines,
+)
 from simwar.capture.sanity import check_capture
+from simwar.capture.threads import ThreadNames, host_thread, launch_threads
 from simwar.core.program import tail_event
 from simwar.core.ranks import side_by_side
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
-
-
-class DeviceInfo(NamedTuple):
-    """What a capture says of one device op beyond its times: the kind of work, a kernel's
-    launch dims, a copy's or memset's bytes (-1: not in the capture)."""
-
-    kind: str  # kernel | memcpy | memset
-    grid: tuple
-    block: tuple
-    bytes: int
-    copy: str = ""  # a memcpy's kind (DtoH (Device -> Pinned), ...): reader.copy_kind
-
-
-@dataclass
-class RankImport:
-    """One rank (host process) of an import: its Trace and what was counted for it."""
-
-    rank: int
-    pid: int
-    file: str
-    trace: Trace
-    counts: dict
-    warnings: list[str]
-    #: the scheduler thread ``(pid, tid)``, its name, and why it was chosen
-    host_thread: tuple | None = None
-    host_thread_name: str = ""
-    host_thread_reason: str = ""
-    #: every thread that launched device work: ``(name, tid, launches)``, most first
-    launch_threads: list[tuple[str, int, int]] = field(default_factory=list)
-    clock_offset_us: float = 0.0
-
-
-@dataclass
-class KinetoImport:
-    """An imported capture: the Trace plus what was counted, ignored and inferred.
-
-    ``trace`` is the primary rank's (the one with the scheduler thread); with several
-    ranks ``ranks`` holds each one and ``combined`` all of them side by side
-    (:func:`simwar.capture.ranks.side_by_side`; with one rank it is ``trace``).
-    """
-
-    trace: Trace
-    counts: dict
-    ignored: dict
-    warnings: list[str]
-    #: the host thread's annotation ranges (``record_function``), ``(name, start_us, end_us)``
-    #: on the trace's clock, by start; what ``simwar import --fit`` maps to CPU work
-    annotations: list[tuple[str, float, float]] = field(default_factory=list)
-    #: the names of the device work in the capture (what ``phases`` rules are tried on)
-    device_names: list[str] = field(default_factory=list)
-    #: the profiler's own stalls (Kineto ``overhead`` events), ``(name, start_us, end_us)``
-    #: on the trace's clock: what ``simwar import --fit`` leaves out with their steps
-    overhead: list[tuple[str, float, float]] = field(default_factory=list)
-    #: per device op id: its kind (kernel, memcpy, memset), launch dims and bytes
-    device_info: dict[int, DeviceInfo] = field(default_factory=dict)
-    ranks: list[RankImport] = field(default_factory=list)
-    combined: Trace | None = None
-    #: device events of kinds simwar does not model, by category (e.g. MTIA's)
-    unmodelled: dict = field(default_factory=dict)
-    #: the cross-rank spread of step starts (:func:`simwar.capture.ranks.step_skew`)
-    skew: dict = field(default_factory=dict)
-    #: tensor-parallel ranks: the collectives common to every rank, on the clock aligned on
-    #: them (:mod:`simwar.capture.rank_files`; None: no collectives), and each rank's shift
-    collectives: object = None
-    collective_shift_us: list = field(default_factory=list)
-    #: the sync ops of ``cudaDeviceSynchronize`` calls (CUPTI's "Context Sync"): the host
-    #: waited for every stream (what the race analysis joins, simwar.capture.accesses)
-    device_syncs: list[int] = field(default_factory=list)
-    #: what the profiler recorded on the host thread, per event kind (the trace's ``cat``:
-    #: ``cpu_op``, ``user_annotation``, ``python_function``, ``cuda_runtime``, and the device
-    #: activities ``kernel``, ``gpu_memcpy``, ``cuda_sync`` charged to the host call that
-    #: issued them), as sorted host times on the trace's clock: what the fit counts in each
-    #: host interval to subtract the profiler's own cost (:mod:`simwar.fit.profiler_cost`)
-    profiler_events: dict = field(default_factory=dict)
-
-    @property
-    def ignored_total(self) -> int:
-        return int(sum(self.ignored.values()))
-
-    @property
-    def primary(self) -> RankImport:
-        return next(r for r in self.ranks if r.trace is self.trace)
 
 
 @gc_paused
@@ -326,6 +250,7 @@ class CaptureTraceBuilder:
         self.phase_rules = mapping.phase_rules()
         self.site_rules = mapping.site_rules()
         self.steps_re = re.compile(mapping.steps)
+        self._step_names: dict[str, bool] = {}  # range name -> whether it is a step's
         self.run_batch_re = re.compile(mapping.run_batch) if mapping.run_batch else None
         self._given_origin = origin
         self.host_name = ""
@@ -355,9 +280,14 @@ class CaptureTraceBuilder:
         # launches) takes half the memory of a list grown by append
         by_corr: dict[int, tuple[DeviceEvent, ...]] = {k: tuple(v) for k, v in lists.items()}
         del lists
-        self.host = self._host_thread(by_corr)
-        self._launch_threads(by_corr)
-        calls = sorted(cap.runtime_calls, key=lambda c: c.ts)
+        self.host, self.host_reason, note = host_thread(cap, m, self.is_step, by_corr)
+        if note:
+            self.warnings.append(note)
+        names = ThreadNames(cap.thread_names)
+        self.launch_threads = launch_threads(cap, by_corr, names)
+        if self.host is not None:
+            self.host_name = names(self.host)
+        calls = sorted(cap.runtime_calls, key=_ts)
         syncs_by_corr: dict[int, SyncEvent] = {}
         for s in cap.sync_events:
             if s.correlation >= 0:
@@ -422,31 +352,6 @@ class CaptureTraceBuilder:
                 out.setdefault("cuda_sync", []).extend([c.ts - o] * syncs[c.correlation])
         return {k: np.sort(np.asarray(v, dtype=float)) for k, v in out.items() if v}
 
-    def _launch_threads(self, by_corr) -> None:
-        launches = Counter((c.pid, c.tid) for c in self.cap.runtime_calls
-                           if c.correlation in by_corr)
-        self.launch_threads = [(self.thread_name(key), key[1], n)
-                               for key, n in launches.most_common()]
-        if self.host is not None:
-            self.host_name = self.thread_name(self.host)
-
-    def thread_name(self, key: tuple[int, int]) -> str:
-        """A thread's own name from the metadata (``pt_autograd_0`` out of torch's
-        ``thread 684 (pt_autograd_0)``; of several, the one fewest threads share: torch also
-        writes the generic ``(python)``), else ``thread <tid>``."""
-        names = [self._bare(n) for n in self.cap.thread_names.get(key, ())]
-        if not names:
-            return f"thread {key[1]}"
-        if not hasattr(self, "_name_uses"):
-            self._name_uses = Counter(self._bare(n) for ns in self.cap.thread_names.values()
-                                      for n in set(ns))
-        return min(names, key=lambda n: (self._name_uses[n], names.index(n)))
-
-    @staticmethod
-    def _bare(name: str) -> str:
-        m = re.fullmatch(r"thread \d+ \((.+)\)", name)
-        return m.group(1) if m else name
-
     # ------------------------------------------------------------------ setup
     def _check_mapping_streams(self) -> None:
         present = {str(s) for _, s in self.lane_of} | {f"{d}:{s}" for d, s in self.lane_of}
@@ -454,41 +359,6 @@ class CaptureTraceBuilder:
         if missing:
             self.warnings.append(f"mapping names streams with no device work in the capture: "
                                  f"{', '.join(missing)}")
-
-    def _host_thread(self, by_corr) -> tuple[int, int] | None:
-        """The scheduler thread: the mapping's ``host_thread``, else the thread with the most
-        step ranges (the loop that explain and --fit read), else the one with the most
-        launches (the reason is kept in ``host_reason``)."""
-        calls = self.cap.runtime_calls
-        if self.m.host_thread is not None:
-            self.host_reason = "the mapping's host_thread"
-            for c in calls:
-                if c.tid == self.m.host_thread:
-                    return (c.pid, c.tid)
-            for a in self.cap.annotations:
-                if a.tid == self.m.host_thread:
-                    return (a.pid, a.tid)
-            self.warnings.append(f"mapping host_thread {self.m.host_thread}: no runtime call or "
-                                 f"annotation on that thread")
-            return None
-        steps = Counter((a.pid, a.tid) for a in self.cap.annotations
-                        if self.steps_re.search(a.name))
-        if steps:
-            self.host_reason = "the thread with the step ranges"
-            return steps.most_common(1)[0][0]
-        ranges = Counter((a.pid, a.tid) for a in self.cap.annotations)
-        if ranges:  # the user's own code (record_function ranges), not a runtime's thread
-            self.host_reason = "the thread with the most annotations (no step ranges)"
-            return ranges.most_common(1)[0][0]
-        launches = Counter((c.pid, c.tid) for c in calls if c.correlation in by_corr)
-        if launches:
-            self.host_reason = "the thread with the most launches (no step ranges)"
-            return launches.most_common(1)[0][0]
-        any_calls = Counter((c.pid, c.tid) for c in calls)
-        if any_calls:
-            self.host_reason = "the thread with the most runtime calls"
-            return any_calls.most_common(1)[0][0]
-        return None
 
     def _origin(self) -> float:
         if self._given_origin is not None:
@@ -499,26 +369,26 @@ class CaptureTraceBuilder:
     def _gpu_offset(self, by_corr) -> float:
         """Device-clock correction; 'auto' shifts so no kernel starts before its launch."""
         off = self.m.gpu_clock_offset_us
-        lead = [d.ts - c.ts for c in self.cap.runtime_calls if c.correlation in by_corr
-                for d in by_corr[c.correlation]]
-        early = [x for x in lead if x < 0]
+        lead = np.array([d.ts - c.ts for c in self.cap.runtime_calls if c.correlation in by_corr
+                         for d in by_corr[c.correlation]], dtype=np.float64)
         if off == "auto":
-            off = -min(early) if early else 0.0
+            early = lead[lead < 0]
+            off = -float(early.min()) if len(early) else 0.0
         else:
             off = float(off)
-            still = sum(1 for x in lead if x + off < 0)
+            still = int(np.count_nonzero(lead + off < 0))
             if still:
                 self.warnings.append(f"{still} device ops start before their host call: the "
                                      f"GPU clock looks offset (try gpu_clock_offset_us: auto)")
-        self.counts["device_before_launch"] = sum(1 for x in lead if x + off < 0)
+        self.counts["device_before_launch"] = int(np.count_nonzero(lead + off < 0))
         return float(off)
 
     def _steps(self, host_ann: list[Annotation]) -> list[tuple[float, float, str]]:
         """Top-level step ranges (relative µs): annotations matching the steps pattern."""
-        rx = self.steps_re
-        cand = [a for a in host_ann if rx.search(a.name)]
+        is_step = self.is_step
+        cand = [a for a in host_ann if is_step(a.name)]
         if not cand and self.host is not None:
-            cand = sorted((a for a in self.cap.annotations if rx.search(a.name)),
+            cand = sorted((a for a in self.cap.annotations if is_step(a.name)),
                           key=lambda a: (a.ts, -a.dur))
         out: list[tuple[float, float, str]] = []
         for a in cand:
@@ -547,6 +417,14 @@ class CaptureTraceBuilder:
                 return (f"; its ranges like '{hit}' are the steps of --preset {preset} (give "
                         f"--preset {preset}, or steps: in a mapping)")
         return ""
+
+    def is_step(self, name: str) -> bool:
+        """Whether a range's name matches the steps pattern (searched once a name: most
+        range names recur every step)."""
+        hit = self._step_names.get(name)
+        if hit is None:
+            hit = self._step_names[name] = self.steps_re.search(name) is not None
+        return hit
 
     def step_at(self, t: float) -> int:
         """Step of a host time: the last step started at or before t (−1 outside)."""
@@ -671,6 +549,7 @@ class CaptureTraceBuilder:
         kind_of: dict[tuple[str, bool], Call] = {}  # (name, issued work) -> call kind
         in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
+        bound_records = set_bound_records(bnd)
         take_devs = by_corr.pop if consume else by_corr.get
         take_sync = syncs_by_corr.pop if consume else syncs_by_corr.get
         for index, step in zip(indices(order), indices(item_steps)):
@@ -705,10 +584,13 @@ class CaptureTraceBuilder:
             if devs:
                 if len(devs) > 1:
                     devs = sorted(devs, key=_ts)
-                phases = [kernel_phase(d.name, ann_phase) for d in devs]
-                phase = next((p for p in phases if p), "")
-                call = host(kind, step, start, end, name, phase=phase, op=rec.next_op,
-                                lane=host_lane)
+                    phases = [kernel_phase(d.name, ann_phase) for d in devs]
+                    phase = next((p for p in phases if p), "")
+                else:  # most launches: one op (no list made)
+                    phase = kernel_phase(devs[0].name, ann_phase)
+                    phases = (phase,)
+                    phase = phase or ""
+                call = host(kind, step, start, end, name, phase, "", rec.next_op, host_lane)
                 launches_by_lane[host_lane] += 1
                 if c.correlation in in_graph and c.correlation in bound_stream:
                     # an event recorded by a node inside the launched graph (where in the graph
@@ -749,9 +631,9 @@ class CaptureTraceBuilder:
                     self.device_syncs.append(sync)
             elif kind is Call.RECORD:
                 where = bound_stream.get(c.correlation) \
-                    if c.correlation in set_bound_records(bnd) else None
-                call = host(kind, step, start, end, name,
-                                op=rec.next_op if where is not None else -1, lane=host_lane)
+                    if c.correlation in bound_records else None
+                call = host(kind, step, start, end, name, "", "",
+                            rec.next_op if where is not None else -1, host_lane)
                 if where is None:
                     unbound["record"] += 1
                     continue
@@ -760,8 +642,8 @@ class CaptureTraceBuilder:
             elif kind is Call.WAIT_EVENT:
                 sev = take_sync(c.correlation, None)
                 placed = sev is not None and sev.stream is not None
-                call = host(kind, step, start, end, name, op=rec.next_op if placed else -1,
-                                lane=host_lane)
+                call = host(kind, step, start, end, name, "", "", rec.next_op if placed else -1,
+                            host_lane)
                 if not placed:
                     unbound["wait"] += 1
                     continue
@@ -776,7 +658,7 @@ class CaptureTraceBuilder:
                             call=call)
                 waits.append(PendingWait(op, lane, end, bound))
             else:
-                host(kind, step, start, end, name, lane=host_lane)
+                host(kind, step, start, end, name, "", "", -1, host_lane)
 
         del payload, order, item_steps  # what follows holds no more than the Trace it finishes
         self.counts["outside_steps"] = outside
