@@ -10,6 +10,9 @@ Imports: the standard library and :mod:`simwar.core.trace`.
 
 from __future__ import annotations
 
+import bisect
+from array import array
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -25,6 +28,62 @@ class DeviceInfo(NamedTuple):
     block: tuple
     bytes: int
     copy: str = ""  # a memcpy's kind (DtoH (Device -> Pinned), ...): reader.copy_kind
+
+
+_ABSENT = object()
+
+
+class DeviceInfos(Mapping):
+    """Op id → :class:`DeviceInfo` of an import's device ops, read-only as a dict is read.
+
+    The op ids are one typed column (in increasing order: ops are added as they are issued)
+    and each has a code into the distinct facts (most ops repeat a few kernels' facts): 12
+    bytes an op, where a dict's entry and its int key took about 90 (a tenth of a large
+    import's peak memory was this table). A lookup is one bisection.
+    """
+
+    def __init__(self) -> None:
+        self._ops = array("q")
+        self._codes = array("i")
+        self._facts: list[DeviceInfo] = []
+
+    def new(self, info: DeviceInfo) -> int:
+        """The code of a new distinct fact."""
+        self._facts.append(info)
+        return len(self._facts) - 1
+
+    def add(self, op: int, code: int) -> None:
+        """Op ``op`` has the facts of ``code`` (ops come in increasing order)."""
+        ops = self._ops
+        if ops and op <= ops[-1]:
+            raise ValueError(f"device op {op} added after op {ops[-1]}")
+        ops.append(op)
+        self._codes.append(code)
+
+    def get(self, op: int, default=None):
+        ops = self._ops
+        i = bisect.bisect_left(ops, op)
+        if i == len(ops) or ops[i] != op:
+            return default
+        return self._facts[self._codes[i]]
+
+    def __getitem__(self, op: int) -> DeviceInfo:
+        info = self.get(op, _ABSENT)
+        if info is _ABSENT:
+            raise KeyError(op)
+        return info
+
+    def __contains__(self, op) -> bool:
+        return self.get(op, _ABSENT) is not _ABSENT
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._ops)
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def __repr__(self) -> str:
+        return f"DeviceInfos({len(self)} ops, {len(self._facts)} distinct)"
 
 
 @dataclass
@@ -68,7 +127,7 @@ class KinetoImport:
     #: on the trace's clock: what ``simwar import --fit`` leaves out with their steps
     overhead: list[tuple[str, float, float]] = field(default_factory=list)
     #: per device op id: its kind (kernel, memcpy, memset), launch dims and bytes
-    device_info: dict[int, DeviceInfo] = field(default_factory=dict)
+    device_info: Mapping[int, DeviceInfo] = field(default_factory=DeviceInfos)
     ranks: list[RankImport] = field(default_factory=list)
     combined: Trace | None = None
     #: device events of kinds simwar does not model, by category (e.g. MTIA's)

@@ -70,7 +70,7 @@ from simwar.capture.device_times import (
     infer_device_times,
 )
 from simwar.capture.host_items import enclosing_ranges, indices, issue_order
-from simwar.capture.imported import DeviceInfo, KinetoImport, RankImport
+from simwar.capture.imported import DeviceInfo, DeviceInfos, KinetoImport, RankImport
 from simwar.capture.mapping import Mapping, load_mapping
 from simwar.capture.rank_files import align
 from simwar.capture.ranks import (
@@ -241,8 +241,8 @@ class CaptureTraceBuilder:
         self._had_device = False
         self.m = mapping
         self.warnings: list[str] = problem_lines(cap)
-        self.device_info: dict[int, DeviceInfo] = {}
-        self._infos: dict[tuple, DeviceInfo] = {}  # equal facts, one DeviceInfo
+        self.device_info = DeviceInfos()
+        self._infos: dict[tuple, int] = {}  # equal facts, one DeviceInfo (its code)
         self._rule_phase: dict[str, str | None] = {}  # kernel name -> its rule's phase
         self.device_syncs: list[int] = []
         self.counts: Counter = Counter()
@@ -525,7 +525,8 @@ class CaptureTraceBuilder:
             e = bnd.event.get(corr)
             return f"event{e}" if e is not None else ""
 
-        lane_of, add_op, infos, device_info = self.lane_of, rec.op, self._infos, self.device_info
+        lane_of, add_op, infos = self.lane_of, rec.op, self._infos
+        new_info, add_info = self.device_info.new, self.device_info.add
         add_work = measured.add
 
         def device_op(d: DeviceEvent, step: int, issue: float, phase: str, call: int) -> None:
@@ -537,11 +538,11 @@ class CaptureTraceBuilder:
             op = add_op(OpKind.KERNEL, lane, step, d.name, "", -1, issue, start, end, phase,
                         call)
             key = (d.kind, d.name, d.grid, d.block, d.bytes)
-            info = infos.get(key)
-            if info is None:  # one record for equal facts: most ops repeat a few kernels' facts
-                info = infos[key] = DeviceInfo(d.kind, d.grid, d.block, d.bytes,
-                                               copy_kind(d.name))
-            device_info[op] = info
+            code = infos.get(key)
+            if code is None:  # one record for equal facts: most ops repeat a few kernels' facts
+                code = infos[key] = new_info(DeviceInfo(d.kind, d.grid, d.block, d.bytes,
+                                                        copy_kind(d.name)))
+            add_info(op, code)
             add_work(lane, issue, start, end)
 
         # the loop's lookups, bound once (it runs once per host call and device op)
@@ -661,6 +662,10 @@ class CaptureTraceBuilder:
                 host(kind, step, start, end, name, "", "", -1, host_lane)
 
         del payload, order, item_steps  # what follows holds no more than the Trace it finishes
+        if consume:  # emptied by the loop, but a dict keeps its table until cleared
+            by_corr.clear()
+            syncs_by_corr.clear()
+            enclosing.clear()
         self.counts["outside_steps"] = outside
         self.counts["records_unplaced"] = unbound["record"]
         self.counts["waits_unbound"] = unbound["wait"]
@@ -672,6 +677,10 @@ class CaptureTraceBuilder:
         for rule, n in sorted(rules.items()):
             self.counts[f"bound_{rule}"] = n
         self.binding_unbound = dict(bnd.unbound)
+        if consume:  # the binding's tables have served: only its counts are read from here
+            for table in (bnd.record_of, bnd.stream, bnd.event, bnd.rule, bnd.in_graph,
+                          bound_records, record_op):
+                table.clear()
         self.counts["launches_other_threads"] = sum(
             n for lane, n in launches_by_lane.items() if lane != HOST)
         infer_device_times(rec, measured, records, waits)
