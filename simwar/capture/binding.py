@@ -87,11 +87,13 @@ from __future__ import annotations
 import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from simwar.capture.reader import DeviceEvent, RuntimeCall, SyncEvent, call_kind
 from simwar.core.trace import Call
 
 WAIT_USE, SYNC_USE = "Stream Wait Event", "Event Sync"
+_TS = attrgetter("ts")
 
 
 @dataclass
@@ -365,11 +367,12 @@ class _Work:
                 self.kernels_seen[i] = dict(kernels[c.tid])
             devs = devs_by_corr.get(c.correlation) if c.correlation >= 0 else None
             if devs:
-                last = max(devs, key=lambda d: d.ts)
+                last = devs[0] if len(devs) == 1 else max(devs, key=_TS)
                 current[c.tid] = (last.device, last.stream)
+                seen = kernels[c.tid]
                 for d in devs:
                     if d.kind == "kernel":
-                        kernels[c.tid][(d.device, d.stream)] = i
+                        seen[(d.device, d.stream)] = i
         self.index = {i: n for t in self.by_thread.values() for n, i in enumerate(t)}
 
     def previous_event_call(self, pos: int) -> int | None:
