@@ -5,12 +5,14 @@ binds and sizes a capture into one finished :class:`~simwar.capture.open.Capture
 docstring describes the four stages. The modules:
 
 - :mod:`.reader`: the read stage, torch.profiler (Kineto) Chrome-trace JSON read in one pass
-  into a ``CaptureEvents`` (malformed events counted, HIP names mapped);
+  into a ``CaptureEvents`` (malformed events counted, HIP names mapped), whose records are
+  :mod:`.records`';
 - :mod:`.to_trace`: the bind stage, ``CaptureEvents`` and a mapping → the Trace
   (:func:`~simwar.capture.to_trace.bind_capture`; :func:`import_kineto`: read and bind alone),
   with :mod:`.binding` (which record each wait and sync binds to, the one place of those
-  rules), :mod:`.device_times` (when records fired and waits released) and
-  :mod:`.ranks` (several processes or per-rank files as ranks side by side);
+  rules), :mod:`.device_times` (when records fired and waits released), :mod:`.threads`
+  (which thread is the scheduler's) and :mod:`.ranks` (several processes or per-rank files
+  as ranks side by side); what it returns is :mod:`.imported`'s ``KinetoImport``;
 - :mod:`.mapping`: the YAML mapping of streams, steps, phases and sync sites;
 - :mod:`.presets`: the map stage, mappings shipped for known servers (SGLang, vLLM) and
   their detection (:func:`~simwar.capture.presets.map_capture`);

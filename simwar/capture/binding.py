@@ -87,11 +87,13 @@ from __future__ import annotations
 import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from simwar.capture.reader import DeviceEvent, RuntimeCall, SyncEvent, call_kind
 from simwar.core.trace import Call
 
 WAIT_USE, SYNC_USE = "Stream Wait Event", "Event Sync"
+_TS = attrgetter("ts")
 
 
 @dataclass
@@ -155,7 +157,14 @@ def bind(calls: list[RuntimeCall], devs_by_corr: dict[int, list[DeviceEvent]],
         kinds = _LazyKinds(calls, devs_by_corr)  # every use names its record: rule 1 only
         work = None
     else:
-        kinds = [call_kind(c.name, c.correlation in devs_by_corr) for c in calls]
+        kind_of: dict[tuple, Call] = {}  # (name, issued work) -> kind: a few names recur
+        kinds = []
+        for c in calls:
+            key = (c.name, c.correlation in devs_by_corr)
+            k = kind_of.get(key)
+            if k is None:
+                k = kind_of[key] = call_kind(*key)
+            kinds.append(k)
         work = _Work(calls, kinds, devs_by_corr)
     claimed: set[int] = set()
     left: list[_Use] = []
@@ -358,11 +367,12 @@ class _Work:
                 self.kernels_seen[i] = dict(kernels[c.tid])
             devs = devs_by_corr.get(c.correlation) if c.correlation >= 0 else None
             if devs:
-                last = max(devs, key=lambda d: d.ts)
+                last = devs[0] if len(devs) == 1 else max(devs, key=_TS)
                 current[c.tid] = (last.device, last.stream)
+                seen = kernels[c.tid]
                 for d in devs:
                     if d.kind == "kernel":
-                        kernels[c.tid][(d.device, d.stream)] = i
+                        seen[(d.device, d.stream)] = i
         self.index = {i: n for t in self.by_thread.values() for n, i in enumerate(t)}
 
     def previous_event_call(self, pos: int) -> int | None:

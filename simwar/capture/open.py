@@ -137,7 +137,7 @@ def open_capture(paths, mapping=None, preset: str | None = None,
         ev.frames = []  # the kept ones are ranges now; the others are of no use
         ev.annotations.extend(mine)
         kept += len(mine)
-    bound = bind_capture(events, used, [p.name for p in files])
+    bound = bind_capture(events, used, [p.name for p in files], consume=True)
     cap = finish_capture(bound, used, files,
                          str(mapping) if isinstance(mapping, (str, Path)) else None)
     cap.n_frames = kept

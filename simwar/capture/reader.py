@@ -65,7 +65,13 @@ events plus one block.
 The file is over 600 lines because the check of every field it reads (the malformed-event
 rules above) is one unit: split, each half would restate the other.
 
-Imports: msgspec, numpy, the standard library and :mod:`simwar.core.trace`; never the
+The records (the decoded :class:`RawEvent` and the kept :class:`DeviceEvent`,
+:class:`RuntimeCall`, :class:`SyncEvent`, :class:`Annotation` in a :class:`CaptureEvents`)
+are :mod:`simwar.capture.records`'; the fast path makes each from a tuple of its fields
+(``tuple.__new__``: no call of the class's Python-level constructor per event).
+
+Imports: numpy, the standard library, :mod:`simwar.capture.records`,
+:mod:`simwar.capture.trace_json` and :mod:`simwar.core.trace`; never the
 simulator (api, executors, build) and no pandas. Nothing prints: progress goes
 to an optional callback.
 """
@@ -80,14 +86,21 @@ import sys
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import fields
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, NamedTuple
 
-import msgspec
 import numpy as np
 
+from simwar.capture.records import (
+    Annotation,
+    CaptureEvents,
+    DeviceEvent,
+    RawArgs,
+    RawEvent,
+    RuntimeCall,
+    SyncEvent,
+)
 from simwar.capture.trace_json import KinetoFormatError, TraceJSON
 from simwar.core.trace import Call
 
@@ -192,136 +205,6 @@ def copy_kind(name: str) -> str:
     ``DtoH (Device -> Pinned)``); '' for anything else."""
     return name[len("Memcpy "):] if name.startswith("Memcpy ") else ""
 
-
-# --------------------------------------------------------------------------- decoded events
-class RawArgs(msgspec.Struct):
-    """The ``args`` fields the reader uses; msgspec skips every other one."""
-
-    stream: Any = None
-    device: Any = None
-    correlation: Any = None
-    cuda_sync_kind: Any = None
-    wait_on_stream: Any = None
-    wait_on_cuda_event_id: Any = None
-    wait_on_cuda_event_record_corr_id: Any = None
-    name: Any = None
-    grid: Any = None
-    block: Any = None
-    bytes: Any = None
-
-
-class RawEvent(msgspec.Struct):
-    """One trace event as decoded (values untyped: the reader checks them)."""
-
-    ph: Any = None
-    cat: Any = None
-    name: Any = None
-    pid: Any = None
-    tid: Any = None
-    ts: Any = None
-    dur: Any = None
-    args: RawArgs | None = None
-
-
-
-
-# --------------------------------------------------------------------------- raw records
-class DeviceEvent(NamedTuple):
-    """A kernel, memcpy or memset (µs on the device clock)."""
-
-    kind: str  # kernel | memcpy | memset
-    name: str
-    device: int
-    stream: int
-    ts: float
-    dur: float
-    correlation: int
-    grid: tuple = ()  # a kernel's launch dims (empty: not in the capture)
-    block: tuple = ()
-    bytes: int = -1  # a memcpy's or memset's size (-1: not in the capture)
-
-
-class RuntimeCall(NamedTuple):
-    """A CUDA (or HIP) runtime or driver API call on a host thread."""
-
-    name: str
-    pid: int
-    tid: int
-    ts: float
-    dur: float
-    correlation: int
-
-
-class SyncEvent(NamedTuple):
-    """A ``cuda_sync`` event: a stream wait or host sync, and the record it binds to."""
-
-    kind: str  # Stream Wait Event | Event Sync | Stream Sync | Context Sync
-    device: int
-    stream: int | None
-    ts: float
-    correlation: int
-    wait_on_stream: int | None
-    event_id: int | None
-    record_correlation: int | None
-
-
-class Annotation(NamedTuple):
-    """A ``record_function`` range (or a ProfilerStep) on a host thread."""
-
-    name: str
-    pid: int
-    tid: int
-    ts: float
-    dur: float
-
-
-@dataclass
-class CaptureEvents:
-    """The used events of one capture, plus counts of everything seen.
-
-    ``problems`` counts dropped events by (kind, problem) (:func:`problem_lines`);
-    ``unmodelled`` device events of kinds simwar does not model, by category;
-    ``thread_names`` the metadata's names of each ``(pid, tid)`` and ``process_names``
-    of each pid.
-    """
-
-    device_events: list[DeviceEvent] = field(default_factory=list)
-    runtime_calls: list[RuntimeCall] = field(default_factory=list)
-    sync_events: list[SyncEvent] = field(default_factory=list)
-    annotations: list[Annotation] = field(default_factory=list)
-    #: the profiler's own stalls (category ``overhead``), as ranges
-    overhead: list[Annotation] = field(default_factory=list)
-    #: host events kept only to be counted (``cpu_op``, ``python_function``): per category,
-    #: ``(pid, tid, ts)`` of each (what the profiler's per-event host cost is charged by)
-    host_events: dict = field(default_factory=dict)
-    #: False when the file says it was not profiled (``"simwar": {"profiled": false}``, what
-    #: :mod:`simwar.capture.synthetic` writes): no profiler's cost to take out of it
-    profiled: bool = True
-    counts: Counter = field(default_factory=Counter)
-    ignored: Counter = field(default_factory=Counter)
-    problems: Counter = field(default_factory=Counter)
-    unmodelled: Counter = field(default_factory=Counter)
-    thread_names: dict = field(default_factory=dict)
-    process_names: dict = field(default_factory=dict)
-    meta: dict = field(default_factory=dict)
-    #: the name of every Python frame (``python_function`` event) of the capture
-    frame_names: set = field(default_factory=set)
-    #: as ranges, in file order, the frames whose name matches the reader's ``frames``
-    #: pattern (none without one), with a numeric time and length (ids that are not
-    #: integers, as some exporters write them, become 0)
-    frames: list[Annotation] = field(default_factory=list)
-
-
-def problem_lines(cap: CaptureEvents) -> list[str]:
-    """The capture's dropped and implausible events as warning sentences, one per kind and
-    problem, each with its count."""
-    out = []
-    for (kind, problem), n in sorted(cap.problems.items()):
-        if kind == "capture":
-            out.append(f"the capture {problem}")
-        else:
-            out.append(f"{n} {kind} event{'s' if n != 1 else ''} {problem}")
-    return out
 
 
 # --------------------------------------------------------------------------- reading
@@ -530,8 +413,8 @@ class _Classifier:
             if type(pid) is not int or type(tid) is not int:
                 return False
             same = self.same
-            self.annotations.append(Annotation(_intern(name), same(pid, pid), same(tid, tid), ts,
-                                               dur))
+            self.annotations.append(_new(Annotation, (_intern(name), same(pid, pid),
+                                                      same(tid, tid), ts, dur)))
             return True
         args = ev.args
         if args is None:
@@ -544,8 +427,8 @@ class _Classifier:
             if type(pid) is not int or type(tid) is not int:
                 return False
             same = self.same  # one int object per thread id, not one per call
-            self.runtime.append(RuntimeCall(_intern(name), same(pid, pid), same(tid, tid), ts,
-                                            dur, corr))
+            self.runtime.append(_new(RuntimeCall, (_intern(name), same(pid, pid),
+                                                   same(tid, tid), ts, dur, corr)))
             return True
         if kind == "cuda_sync":
             return self.fast_sync(ev, args, name, ts, corr)
@@ -553,9 +436,10 @@ class _Classifier:
         if type(stream) is not int or type(device) is not int:
             return False
         size = args.bytes
-        self.device.append(DeviceEvent(kind, _intern(name), device, stream, ts, dur, corr,
-                                       _dims(args.grid, self.same), _dims(args.block, self.same),
-                                       size if type(size) is int else -1))
+        self.device.append(_new(DeviceEvent, (kind, _intern(name), device, stream, ts, dur,
+                                              corr, _dims(args.grid, self.same),
+                                              _dims(args.block, self.same),
+                                              size if type(size) is int else -1)))
         return True
 
     def fast_sync(self, ev: RawEvent, args: RawArgs, name: str, ts: float, corr: int) -> bool:
@@ -570,10 +454,10 @@ class _Classifier:
         for v in (stream, wait_on, event, record):
             if v is not None and type(v) is not int:
                 return False
-        self.cap.sync_events.append(SyncEvent(
+        self.cap.sync_events.append(_new(SyncEvent, (
             _intern(kind), device, None if stream in _INVALID_STREAMS else stream, ts, corr,
             None if wait_on in _INVALID_STREAMS else wait_on, event,
-            None if record is None or record < 0 else record))
+            None if record is None or record < 0 else record)))
         return True
 
     def frame(self, name: str, pid, tid, ts, dur) -> None:
@@ -766,6 +650,9 @@ _FLOWS = frozenset(("s", "t", "f"))
 _FAST_KINDS = {**DEVICE_CATS, **dict.fromkeys(RUNTIME_CATS, "runtime"),
                "user_annotation": "annotation", "cuda_sync": "cuda_sync", FRAME_CAT: "frame"}
 _intern = sys.intern
+#: a record made from a tuple of all its fields without its class's Python-level ``__new__``
+#: (the fast path's records: a function call per event fewer)
+_new = tuple.__new__
 
 
 def _word(kind: str) -> str:

@@ -37,10 +37,14 @@ ranks (:mod:`simwar.capture.ranks`): one Trace per rank, the primary rank's (the
 mapping's ``process``, else the one with the step ranges) as :attr:`KinetoImport.trace`,
 and all of them side by side in :attr:`KinetoImport.combined`.
 
-The file is over 800 lines because :class:`CaptureTraceBuilder`'s assembly is one pass
-over the host items that needs every piece it infers (host thread, steps, phases, lanes,
-binding); the rules that stand alone live in binding, device_times, ranks and host_items
-(the host items' issue order, the ranges each call lies in).
+:class:`CaptureTraceBuilder`'s assembly is one pass over the host items that needs every
+piece it infers (host thread, steps, phases, lanes, binding); the rules that stand alone
+live in binding, device_times, ranks, threads (which thread is the scheduler's) and
+host_items (the host items' issue order, the ranges each call lies in), and what an import
+returns in :mod:`simwar.capture.imported`. Where :func:`bind_capture` owns the records
+(``consume``: :func:`simwar.capture.open.open_capture` and :func:`import_kineto`), the
+assembly drops each one once it has passed it, so that the records and the Trace made of
+them are not all held at once.
 
 Imports: numpy, the standard library and simwar's capture and core modules; never the
 simulator (api, executors, build) and no pandas (the caller runs
@@ -53,10 +57,8 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
 from operator import attrgetter
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
@@ -68,6 +70,7 @@ from simwar.capture.device_times import (
     infer_device_times,
 )
 from simwar.capture.host_items import enclosing_ranges, indices, issue_order
+from simwar.capture.imported import DeviceInfo, DeviceInfos, KinetoImport, RankImport
 from simwar.capture.mapping import Mapping, load_mapping
 from simwar.capture.rank_files import align
 from simwar.capture.ranks import (
@@ -77,105 +80,26 @@ from simwar.capture.ranks import (
     step_skew,
 )
 from simwar.capture.reader import (
-    Annotation,
-    CaptureEvents,
-    DeviceEvent,
     ProgressFn,
-    RuntimeCall,
-    SyncEvent,
     call_kind,
     copy_kind,
     gc_paused,
-    problem_lines,
     read_capture,
 )
+from simwar.capture.records import (
+    Annotation,
+    CaptureEvents,
+    DeviceEvent,
+    RuntimeCall,
+    SyncEvent,
+    problem_lines,
+)
 from simwar.capture.sanity import check_capture
+from simwar.capture.threads import ThreadNames, host_thread, launch_threads
 from simwar.core.program import tail_event
 from simwar.core.ranks import side_by_side
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
-
-
-class DeviceInfo(NamedTuple):
-    """What a capture says of one device op beyond its times: the kind of work, a kernel's
-    launch dims, a copy's or memset's bytes (-1: not in the capture)."""
-
-    kind: str  # kernel | memcpy | memset
-    grid: tuple
-    block: tuple
-    bytes: int
-    copy: str = ""  # a memcpy's kind (DtoH (Device -> Pinned), ...): reader.copy_kind
-
-
-@dataclass
-class RankImport:
-    """One rank (host process) of an import: its Trace and what was counted for it."""
-
-    rank: int
-    pid: int
-    file: str
-    trace: Trace
-    counts: dict
-    warnings: list[str]
-    #: the scheduler thread ``(pid, tid)``, its name, and why it was chosen
-    host_thread: tuple | None = None
-    host_thread_name: str = ""
-    host_thread_reason: str = ""
-    #: every thread that launched device work: ``(name, tid, launches)``, most first
-    launch_threads: list[tuple[str, int, int]] = field(default_factory=list)
-    clock_offset_us: float = 0.0
-
-
-@dataclass
-class KinetoImport:
-    """An imported capture: the Trace plus what was counted, ignored and inferred.
-
-    ``trace`` is the primary rank's (the one with the scheduler thread); with several
-    ranks ``ranks`` holds each one and ``combined`` all of them side by side
-    (:func:`simwar.capture.ranks.side_by_side`; with one rank it is ``trace``).
-    """
-
-    trace: Trace
-    counts: dict
-    ignored: dict
-    warnings: list[str]
-    #: the host thread's annotation ranges (``record_function``), ``(name, start_us, end_us)``
-    #: on the trace's clock, by start; what ``simwar import --fit`` maps to CPU work
-    annotations: list[tuple[str, float, float]] = field(default_factory=list)
-    #: the names of the device work in the capture (what ``phases`` rules are tried on)
-    device_names: list[str] = field(default_factory=list)
-    #: the profiler's own stalls (Kineto ``overhead`` events), ``(name, start_us, end_us)``
-    #: on the trace's clock: what ``simwar import --fit`` leaves out with their steps
-    overhead: list[tuple[str, float, float]] = field(default_factory=list)
-    #: per device op id: its kind (kernel, memcpy, memset), launch dims and bytes
-    device_info: dict[int, DeviceInfo] = field(default_factory=dict)
-    ranks: list[RankImport] = field(default_factory=list)
-    combined: Trace | None = None
-    #: device events of kinds simwar does not model, by category (e.g. MTIA's)
-    unmodelled: dict = field(default_factory=dict)
-    #: the cross-rank spread of step starts (:func:`simwar.capture.ranks.step_skew`)
-    skew: dict = field(default_factory=dict)
-    #: tensor-parallel ranks: the collectives common to every rank, on the clock aligned on
-    #: them (:mod:`simwar.capture.rank_files`; None: no collectives), and each rank's shift
-    collectives: object = None
-    collective_shift_us: list = field(default_factory=list)
-    #: the sync ops of ``cudaDeviceSynchronize`` calls (CUPTI's "Context Sync"): the host
-    #: waited for every stream (what the race analysis joins, simwar.capture.accesses)
-    device_syncs: list[int] = field(default_factory=list)
-    #: what the profiler recorded on the host thread, per event kind (the trace's ``cat``:
-    #: ``cpu_op``, ``user_annotation``, ``python_function``, ``cuda_runtime``, and the device
-    #: activities ``kernel``, ``gpu_memcpy``, ``cuda_sync`` charged to the host call that
-    #: issued them), as sorted host times on the trace's clock: what the fit counts in each
-    #: host interval to subtract the profiler's own cost (:mod:`simwar.fit.profiler_cost`)
-    profiler_events: dict = field(default_factory=dict)
-
-    @property
-    def ignored_total(self) -> int:
-        return int(sum(self.ignored.values()))
-
-    @property
-    def primary(self) -> RankImport:
-        return next(r for r in self.ranks if r.trace is self.trace)
 
 
 @gc_paused
@@ -186,13 +110,20 @@ def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path 
     mapping = load_mapping(mapping)
     paths = [Path(p) for p in path] if isinstance(path, (list, tuple)) else [Path(path)]
     caps = [read_capture(p, progress) for p in paths]
-    return bind_capture(caps, mapping, [p.name for p in paths])
+    return bind_capture(caps, mapping, [p.name for p in paths], consume=True)
 
 
 @gc_paused
-def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) -> KinetoImport:
+def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str],
+                 consume: bool = False) -> KinetoImport:
     """The import of one or more read captures (files) under a mapping: one Trace per rank,
-    the primary one and all side by side (see the module docstring)."""
+    the primary one and all side by side (see the module docstring).
+
+    ``consume``: the import owns the captures' records (the callers that read the files
+    themselves): each record is dropped once the assembly has passed it, and the captures'
+    device events, runtime calls and sync events are left empty, so that the records and
+    the Trace built from them are not all held at once (the import's peak memory)."""
+    given = list(caps)
     checked = [check_capture(c) for c in caps]
     caps = [c for c, _ in checked]
     sane = [w if len(caps) == 1 else f"{names[i]}: {w}"
@@ -202,9 +133,15 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str]) 
     firsts = [(_first_ts(r.cap), r.clock_offset_us) for r in ranks]
     origin = min((t + off for t, off in firsts if t is not None), default=0.0)
     primary = _primary(ranks, mapping)
+    if consume:  # the records live on in the ranks' captures alone
+        own = {id(r.cap) for r in ranks}
+        for c in given + caps:
+            if id(c) not in own:
+                c.device_events, c.runtime_calls, c.sync_events = [], [], []
+    del given
     built: list[tuple[RankCapture, KinetoImport, RankImport]] = []
     for r in ranks:
-        builder = CaptureTraceBuilder(r.cap, mapping, origin - r.clock_offset_us)
+        builder = CaptureTraceBuilder(r.cap, mapping, origin - r.clock_offset_us, consume)
         imp = builder.build()
         imp.trace.meta.setdefault("file", names[r.file])
         if len(ranks) > 1:
@@ -293,12 +230,19 @@ class CaptureTraceBuilder:
     that becomes 0 (default: the capture's first event).
     """
 
-    def __init__(self, cap: CaptureEvents, mapping: Mapping, origin: float | None = None):
+    def __init__(self, cap: CaptureEvents, mapping: Mapping, origin: float | None = None,
+                 consume: bool = False):
         self.cap = cap
+        #: the build owns the capture's records: each is dropped once the assembly has passed
+        #: it, and the capture's device events, runtime calls and sync events are emptied
+        #: (:func:`bind_capture` ``consume``)
+        self.consume = consume
+        self._busy: Counter | None = None
+        self._had_device = False
         self.m = mapping
         self.warnings: list[str] = problem_lines(cap)
-        self.device_info: dict[int, DeviceInfo] = {}
-        self._infos: dict[tuple, DeviceInfo] = {}  # equal facts, one DeviceInfo
+        self.device_info = DeviceInfos()
+        self._infos: dict[tuple, int] = {}  # equal facts, one DeviceInfo (its code)
         self._rule_phase: dict[str, str | None] = {}  # kernel name -> its rule's phase
         self.device_syncs: list[int] = []
         self.counts: Counter = Counter()
@@ -306,6 +250,7 @@ class CaptureTraceBuilder:
         self.phase_rules = mapping.phase_rules()
         self.site_rules = mapping.site_rules()
         self.steps_re = re.compile(mapping.steps)
+        self._step_names: dict[str, bool] = {}  # range name -> whether it is a step's
         self.run_batch_re = re.compile(mapping.run_batch) if mapping.run_batch else None
         self._given_origin = origin
         self.host_name = ""
@@ -335,9 +280,14 @@ class CaptureTraceBuilder:
         # launches) takes half the memory of a list grown by append
         by_corr: dict[int, tuple[DeviceEvent, ...]] = {k: tuple(v) for k, v in lists.items()}
         del lists
-        self.host = self._host_thread(by_corr)
-        self._launch_threads(by_corr)
-        calls = sorted(cap.runtime_calls, key=lambda c: c.ts)
+        self.host, self.host_reason, note = host_thread(cap, m, self.is_step, by_corr)
+        if note:
+            self.warnings.append(note)
+        names = ThreadNames(cap.thread_names)
+        self.launch_threads = launch_threads(cap, by_corr, names)
+        if self.host is not None:
+            self.host_name = names(self.host)
+        calls = sorted(cap.runtime_calls, key=_ts)
         syncs_by_corr: dict[int, SyncEvent] = {}
         for s in cap.sync_events:
             if s.correlation >= 0:
@@ -362,18 +312,24 @@ class CaptureTraceBuilder:
         enclosing = enclosing_ranges(host_calls, host_ann, self.phase_rules,
                                      self.site_rules)
 
-        trace = self._assemble(host_calls, other_calls, by_corr, enclosing,
-                               host_ann, syncs_by_corr)
+        # what is read of the records after the assembly, taken before it (a consuming
+        # build frees each record as the assembly passes it)
+        names = sorted({d.name for d in cap.device_events})
+        profiler_events = self._profiler_events(host_calls, host_ann, by_corr)
+        self._had_device = bool(cap.device_events)
+        self._busy = self._stream_busy() if self._busy_needed() else None
+        held = [host_calls, other_calls]
+        del calls, host_calls, other_calls, bound_records
+        if self.consume:
+            cap.runtime_calls = []
+        trace = self._assemble(held, by_corr, enclosing, host_ann, syncs_by_corr)
         annotations = [(a.name, a.ts - self.origin, a.ts + a.dur - self.origin)
                        for a in host_ann]
-        names = sorted({d.name for d in cap.device_events})
         overhead = [(a.name, a.ts - self.origin, a.ts + a.dur - self.origin)
                     for a in sorted(cap.overhead, key=lambda a: a.ts)]
         return KinetoImport(trace, dict(self.counts), dict(self.ignored), self.warnings,
                             annotations, names, overhead=overhead, device_info=self.device_info,
-                            device_syncs=self.device_syncs,
-                            profiler_events=self._profiler_events(host_calls, host_ann,
-                                                                  by_corr))
+                            device_syncs=self.device_syncs, profiler_events=profiler_events)
 
     def _profiler_events(self, host_calls, host_ann, by_corr) -> dict:
         """:attr:`KinetoImport.profiler_events`: the host thread's recorded events by kind,
@@ -396,31 +352,6 @@ class CaptureTraceBuilder:
                 out.setdefault("cuda_sync", []).extend([c.ts - o] * syncs[c.correlation])
         return {k: np.sort(np.asarray(v, dtype=float)) for k, v in out.items() if v}
 
-    def _launch_threads(self, by_corr) -> None:
-        launches = Counter((c.pid, c.tid) for c in self.cap.runtime_calls
-                           if c.correlation in by_corr)
-        self.launch_threads = [(self.thread_name(key), key[1], n)
-                               for key, n in launches.most_common()]
-        if self.host is not None:
-            self.host_name = self.thread_name(self.host)
-
-    def thread_name(self, key: tuple[int, int]) -> str:
-        """A thread's own name from the metadata (``pt_autograd_0`` out of torch's
-        ``thread 684 (pt_autograd_0)``; of several, the one fewest threads share: torch also
-        writes the generic ``(python)``), else ``thread <tid>``."""
-        names = [self._bare(n) for n in self.cap.thread_names.get(key, ())]
-        if not names:
-            return f"thread {key[1]}"
-        if not hasattr(self, "_name_uses"):
-            self._name_uses = Counter(self._bare(n) for ns in self.cap.thread_names.values()
-                                      for n in set(ns))
-        return min(names, key=lambda n: (self._name_uses[n], names.index(n)))
-
-    @staticmethod
-    def _bare(name: str) -> str:
-        m = re.fullmatch(r"thread \d+ \((.+)\)", name)
-        return m.group(1) if m else name
-
     # ------------------------------------------------------------------ setup
     def _check_mapping_streams(self) -> None:
         present = {str(s) for _, s in self.lane_of} | {f"{d}:{s}" for d, s in self.lane_of}
@@ -428,41 +359,6 @@ class CaptureTraceBuilder:
         if missing:
             self.warnings.append(f"mapping names streams with no device work in the capture: "
                                  f"{', '.join(missing)}")
-
-    def _host_thread(self, by_corr) -> tuple[int, int] | None:
-        """The scheduler thread: the mapping's ``host_thread``, else the thread with the most
-        step ranges (the loop that explain and --fit read), else the one with the most
-        launches (the reason is kept in ``host_reason``)."""
-        calls = self.cap.runtime_calls
-        if self.m.host_thread is not None:
-            self.host_reason = "the mapping's host_thread"
-            for c in calls:
-                if c.tid == self.m.host_thread:
-                    return (c.pid, c.tid)
-            for a in self.cap.annotations:
-                if a.tid == self.m.host_thread:
-                    return (a.pid, a.tid)
-            self.warnings.append(f"mapping host_thread {self.m.host_thread}: no runtime call or "
-                                 f"annotation on that thread")
-            return None
-        steps = Counter((a.pid, a.tid) for a in self.cap.annotations
-                        if self.steps_re.search(a.name))
-        if steps:
-            self.host_reason = "the thread with the step ranges"
-            return steps.most_common(1)[0][0]
-        ranges = Counter((a.pid, a.tid) for a in self.cap.annotations)
-        if ranges:  # the user's own code (record_function ranges), not a runtime's thread
-            self.host_reason = "the thread with the most annotations (no step ranges)"
-            return ranges.most_common(1)[0][0]
-        launches = Counter((c.pid, c.tid) for c in calls if c.correlation in by_corr)
-        if launches:
-            self.host_reason = "the thread with the most launches (no step ranges)"
-            return launches.most_common(1)[0][0]
-        any_calls = Counter((c.pid, c.tid) for c in calls)
-        if any_calls:
-            self.host_reason = "the thread with the most runtime calls"
-            return any_calls.most_common(1)[0][0]
-        return None
 
     def _origin(self) -> float:
         if self._given_origin is not None:
@@ -473,26 +369,26 @@ class CaptureTraceBuilder:
     def _gpu_offset(self, by_corr) -> float:
         """Device-clock correction; 'auto' shifts so no kernel starts before its launch."""
         off = self.m.gpu_clock_offset_us
-        lead = [d.ts - c.ts for c in self.cap.runtime_calls if c.correlation in by_corr
-                for d in by_corr[c.correlation]]
-        early = [x for x in lead if x < 0]
+        lead = np.array([d.ts - c.ts for c in self.cap.runtime_calls if c.correlation in by_corr
+                         for d in by_corr[c.correlation]], dtype=np.float64)
         if off == "auto":
-            off = -min(early) if early else 0.0
+            early = lead[lead < 0]
+            off = -float(early.min()) if len(early) else 0.0
         else:
             off = float(off)
-            still = sum(1 for x in lead if x + off < 0)
+            still = int(np.count_nonzero(lead + off < 0))
             if still:
                 self.warnings.append(f"{still} device ops start before their host call: the "
                                      f"GPU clock looks offset (try gpu_clock_offset_us: auto)")
-        self.counts["device_before_launch"] = sum(1 for x in lead if x + off < 0)
+        self.counts["device_before_launch"] = int(np.count_nonzero(lead + off < 0))
         return float(off)
 
     def _steps(self, host_ann: list[Annotation]) -> list[tuple[float, float, str]]:
         """Top-level step ranges (relative µs): annotations matching the steps pattern."""
-        rx = self.steps_re
-        cand = [a for a in host_ann if rx.search(a.name)]
+        is_step = self.is_step
+        cand = [a for a in host_ann if is_step(a.name)]
         if not cand and self.host is not None:
-            cand = sorted((a for a in self.cap.annotations if rx.search(a.name)),
+            cand = sorted((a for a in self.cap.annotations if is_step(a.name)),
                           key=lambda a: (a.ts, -a.dur))
         out: list[tuple[float, float, str]] = []
         for a in cand:
@@ -521,6 +417,14 @@ class CaptureTraceBuilder:
                 return (f"; its ranges like '{hit}' are the steps of --preset {preset} (give "
                         f"--preset {preset}, or steps: in a mapping)")
         return ""
+
+    def is_step(self, name: str) -> bool:
+        """Whether a range's name matches the steps pattern (searched once a name: most
+        range names recur every step)."""
+        hit = self._step_names.get(name)
+        if hit is None:
+            hit = self._step_names[name] = self.steps_re.search(name) is not None
+        return hit
 
     def step_at(self, t: float) -> int:
         """Step of a host time: the last step started at or before t (−1 outside)."""
@@ -555,22 +459,38 @@ class CaptureTraceBuilder:
         return self.m.unmatched_phase()
 
     # ------------------------------------------------------------------ assembly
-    def _assemble(self, host_calls, other_calls, by_corr, enclosing, host_ann,
-                  syncs_by_corr) -> Trace:
+    def _assemble(self, held: list, by_corr, enclosing, host_ann, syncs_by_corr) -> Trace:
+        """The Trace from ``held`` (``[host calls, other threads' calls]``, emptied: the
+        assembly owns the calls) and the launches' device work by correlation id."""
         o, g = self.origin, self.gpu_offset
         self._step_starts = [s for s, _, _ in self.steps]
         bnd: Binding = self.binding
+        host_calls, other_calls = held
+        held.clear()
         # the host items in issue order: every call (host thread's, then other threads'),
         # then device work with no call in the capture; ordered by (issue time, calls before
         # device work, index), ties in that order, by one stable sort of three columns
         payload: list = host_calls + other_calls
+        n_host = len(host_calls)
+        del host_calls, other_calls
         n_calls = len(payload)
         issued = {c.correlation for c in payload}
+        # a consuming build drops each record once passed: a launch's device work is taken
+        # out of by_corr by its call (each id is one call's here), and the rest now
+        consume = self.consume and len(issued) == n_calls
+        orphans = []
         for corr, devs in by_corr.items():
             if corr not in issued:  # the launch is not in the capture (or not a runtime call)
                 payload += devs
+                orphans.append(corr)
         del issued
         payload += (d for d in self.cap.device_events if d.correlation < 0)
+        if consume:
+            for corr in orphans:
+                del by_corr[corr]
+            self.cap.device_events = []
+            self.cap.sync_events = []
+        del orphans
         n_dev = len(payload) - n_calls
         self.counts["device_without_launch"] = n_dev
         if n_dev:
@@ -605,7 +525,8 @@ class CaptureTraceBuilder:
             e = bnd.event.get(corr)
             return f"event{e}" if e is not None else ""
 
-        lane_of, add_op, infos, device_info = self.lane_of, rec.op, self._infos, self.device_info
+        lane_of, add_op, infos = self.lane_of, rec.op, self._infos
+        new_info, add_info = self.device_info.new, self.device_info.add
         add_work = measured.add
 
         def device_op(d: DeviceEvent, step: int, issue: float, phase: str, call: int) -> None:
@@ -617,21 +538,25 @@ class CaptureTraceBuilder:
             op = add_op(OpKind.KERNEL, lane, step, d.name, "", -1, issue, start, end, phase,
                         call)
             key = (d.kind, d.name, d.grid, d.block, d.bytes)
-            info = infos.get(key)
-            if info is None:  # one record for equal facts: most ops repeat a few kernels' facts
-                info = infos[key] = DeviceInfo(d.kind, d.grid, d.block, d.bytes,
-                                               copy_kind(d.name))
-            device_info[op] = info
+            code = infos.get(key)
+            if code is None:  # one record for equal facts: most ops repeat a few kernels' facts
+                code = infos[key] = new_info(DeviceInfo(d.kind, d.grid, d.block, d.bytes,
+                                                        copy_kind(d.name)))
+            add_info(op, code)
             add_work(lane, issue, start, end)
 
-        n_host = len(host_calls)
         # the loop's lookups, bound once (it runs once per host call and device op)
         kernel_phase, host = self.kernel_phase, rec.host
         kind_of: dict[tuple[str, bool], Call] = {}  # (name, issued work) -> call kind
         in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
+        bound_records = set_bound_records(bnd)
+        take_devs = by_corr.pop if consume else by_corr.get
+        take_sync = syncs_by_corr.pop if consume else syncs_by_corr.get
         for index, step in zip(indices(order), indices(item_steps)):
             item = payload[index]
+            if consume:
+                payload[index] = None
             if index >= n_calls:
                 # device work whose host call is not in the capture
                 issue = item.ts + g - o
@@ -652,7 +577,7 @@ class CaptureTraceBuilder:
                 outside += 1
                 continue
             ann_phase, site = enclosing[index] if 0 <= index < n_host else (None, None)
-            devs = by_corr.get(c.correlation)
+            devs = take_devs(c.correlation, None)
             name = c.name
             kind = kind_of.get((name, bool(devs)))
             if kind is None:
@@ -660,10 +585,13 @@ class CaptureTraceBuilder:
             if devs:
                 if len(devs) > 1:
                     devs = sorted(devs, key=_ts)
-                phases = [kernel_phase(d.name, ann_phase) for d in devs]
-                phase = next((p for p in phases if p), "")
-                call = host(kind, step, start, end, name, phase=phase, op=rec.next_op,
-                                lane=host_lane)
+                    phases = [kernel_phase(d.name, ann_phase) for d in devs]
+                    phase = next((p for p in phases if p), "")
+                else:  # most launches: one op (no list made)
+                    phase = kernel_phase(devs[0].name, ann_phase)
+                    phases = (phase,)
+                    phase = phase or ""
+                call = host(kind, step, start, end, name, phase, "", rec.next_op, host_lane)
                 launches_by_lane[host_lane] += 1
                 if c.correlation in in_graph and c.correlation in bound_stream:
                     # an event recorded by a node inside the launched graph (where in the graph
@@ -682,7 +610,7 @@ class CaptureTraceBuilder:
                         lane_of[(d.device, d.stream)] == fwd for d in devs):
                     first_launch[step] = start
             elif kind is Call.SYNCHRONIZE:
-                sev = syncs_by_corr.get(c.correlation)
+                sev = take_sync(c.correlation, None)
                 tail = sev is not None and sev.kind == "Stream Sync" and sev.stream is not None
                 # the span names the sync op (after the stream's tail record, if any)
                 call = host(kind, step, start, end, name, site=site or "sync",
@@ -704,19 +632,19 @@ class CaptureTraceBuilder:
                     self.device_syncs.append(sync)
             elif kind is Call.RECORD:
                 where = bound_stream.get(c.correlation) \
-                    if c.correlation in set_bound_records(bnd) else None
-                call = host(kind, step, start, end, name,
-                                op=rec.next_op if where is not None else -1, lane=host_lane)
+                    if c.correlation in bound_records else None
+                call = host(kind, step, start, end, name, "", "",
+                            rec.next_op if where is not None else -1, host_lane)
                 if where is None:
                     unbound["record"] += 1
                     continue
                 place_record(c.correlation, self._lane(*where), step, name,
                              event_name(c.correlation), end, call)
             elif kind is Call.WAIT_EVENT:
-                sev = syncs_by_corr.get(c.correlation)
+                sev = take_sync(c.correlation, None)
                 placed = sev is not None and sev.stream is not None
-                call = host(kind, step, start, end, name, op=rec.next_op if placed else -1,
-                                lane=host_lane)
+                call = host(kind, step, start, end, name, "", "", rec.next_op if placed else -1,
+                            host_lane)
                 if not placed:
                     unbound["wait"] += 1
                     continue
@@ -731,9 +659,13 @@ class CaptureTraceBuilder:
                             call=call)
                 waits.append(PendingWait(op, lane, end, bound))
             else:
-                host(kind, step, start, end, name, lane=host_lane)
+                host(kind, step, start, end, name, "", "", -1, host_lane)
 
         del payload, order, item_steps  # what follows holds no more than the Trace it finishes
+        if consume:  # emptied by the loop, but a dict keeps its table until cleared
+            by_corr.clear()
+            syncs_by_corr.clear()
+            enclosing.clear()
         self.counts["outside_steps"] = outside
         self.counts["records_unplaced"] = unbound["record"]
         self.counts["waits_unbound"] = unbound["wait"]
@@ -745,6 +677,10 @@ class CaptureTraceBuilder:
         for rule, n in sorted(rules.items()):
             self.counts[f"bound_{rule}"] = n
         self.binding_unbound = dict(bnd.unbound)
+        if consume:  # the binding's tables have served: only its counts are read from here
+            for table in (bnd.record_of, bnd.stream, bnd.event, bnd.rule, bnd.in_graph,
+                          bound_records, record_op):
+                table.clear()
         self.counts["launches_other_threads"] = sum(
             n for lane, n in launches_by_lane.items() if lane != HOST)
         infer_device_times(rec, measured, records, waits)
@@ -802,15 +738,25 @@ class CaptureTraceBuilder:
             return fwd
         if "forward" in lanes:
             return "forward"
+        busy = self._busy if self._busy is not None else self._stream_busy()
+        return busy.most_common(1)[0][0] if busy else "forward"
+
+    def _busy_needed(self) -> bool:
+        """Whether :meth:`_forward_lane` picks the busiest stream (no forward stream named
+        or called ``forward``)."""
+        return self.m.forward_stream is None and "forward" not in set(self.lane_of.values())
+
+    def _stream_busy(self) -> Counter:
+        """The measured device time of each lane."""
         busy: Counter = Counter()
         for d in self.cap.device_events:
             busy[self.lane_of[(d.device, d.stream)]] += d.dur
-        return busy.most_common(1)[0][0] if busy else "forward"
+        return busy
 
     def _markers(self, rec: Recorder, first_launch: dict[int, float], host_ann) -> None:
         for i, (s, _, _) in enumerate(self.steps):
             rec.marker("step", i, s)
-        if not self.steps and (first_launch or self.cap.device_events):
+        if not self.steps and (first_launch or self._had_device):
             rec.marker("step", 0, 0.0)
         run_batch: dict[int, float] = {}
         if self.run_batch_re is not None:
