@@ -48,8 +48,12 @@ def round_ns(x: np.ndarray) -> np.ndarray:
     y = x * 1000.0
     d = np.rint(y)
     # x * 1000 is within half an ulp of the exact product: only a product near a half can
-    # round the other way, and beyond 2**43 the ulp is too coarse to tell
-    risky = ~(np.abs(np.abs(y - d) - 0.5) > 1e-3) | ~(np.abs(y) < 2.0 ** 43)
+    # round the other way, and beyond 2**43 the ulp is too coarse to tell (NaN: risky too)
+    e = y - d
+    np.abs(e, out=e)
+    risky = e >= 0.4989
+    if len(d) and not (-2.0 ** 43 < d.min() and d.max() < 2.0 ** 43):
+        risky |= ~(np.abs(y) < 2.0 ** 43)
     out = d.astype(np.int64)
     for i in np.flatnonzero(risky).tolist():
         out[i] = int(f"{round(float(x[i]), TS_DIGITS):.3f}".replace(".", ""))
@@ -85,6 +89,7 @@ def _quads(last: bool) -> np.ndarray:
 
 _QUADS = _quads(False)
 _QUADS_LAST = _quads(True)  # the lowest quad: 0 is "0"
+_QUADS_FULL = _QUADS[10000:]  # four digits, zeros and all
 
 
 class Int:
@@ -106,20 +111,32 @@ class Int:
             return self._cells
         v = self.v
         m = len(v)
-        if m and int(v.min()) < 0:  # never in a simulated run: written one by one
+        lo, hi = (int(v.min()), int(v.max())) if m else (0, 0)
+        if lo < 0:  # never in a simulated run: written one by one
             texts = [str(x).encode() for x in v.tolist()]
             self._cells = _cells(texts, max(map(len, texts)), right=True)
             return self._cells
-        width = len(str(int(v.max()))) if m else 1
+        width = len(str(hi))
+        if lo == hi:  # one value (a pid, a tid): one cell, repeated without a copy
+            cell = np.frombuffer(str(hi).encode(), dtype=f"V{width}")
+            self._cells = np.broadcast_to(cell, (m,))
+            return self._cells
         nq = (width + 3) // 4
         quads = np.empty((m, nq), dtype=np.uint32)
+        # every value as wide as the widest: each quad below the first is all digits (its
+        # zeros too), so no quad needs to know whether digits come before it
+        full = lo >= 10 ** (width - 1)
         x = v
-        for c in range(nq - 1, -1, -1):  # the lowest four digits first
+        for c in range(nq - 1, 0, -1):  # the lowest four digits first
             rest = x // 10000
             idx = x - rest * 10000
-            idx += (rest > 0) * 10000  # digits before it: its zeros are digits
-            quads[:, c] = (_QUADS_LAST if c == nq - 1 else _QUADS)[idx]
+            if full:
+                quads[:, c] = _QUADS_FULL[idx]
+            else:
+                idx += (rest > 0) * 10000  # digits before it: its zeros are digits
+                quads[:, c] = (_QUADS_LAST if c == nq - 1 else _QUADS)[idx]
             x = rest
+        quads[:, 0] = (_QUADS if nq > 1 else _QUADS_LAST)[x]  # below 10000: no digits before
         # the last ``width`` bytes of each row (the blank quads' bytes before them dropped)
         self._cells = np.ndarray((m,), dtype=f"V{width}", buffer=quads,
                                  offset=4 * nq - width, strides=(4 * nq,))
@@ -254,13 +271,15 @@ class _Fraction:
 def number_text(ns: np.ndarray, x: np.ndarray, tail: str = "") -> list:
     """The text ``json.dumps`` writes for each ``round(x, 3)`` (``ns``: its :func:`round_ns`),
     followed by ``tail``: parts of :func:`rows`."""
-    neg = (ns < 0) | ((ns == 0) & np.signbit(x))
-    if neg.any():  # never in a simulated run: written one by one
+    lo = int(ns.min()) if len(ns) else 1
+    if lo < 0 or (lo == 0 and bool(np.signbit(x[ns == 0]).any())):  # -0.0 or below: never
+        # in a simulated run, written one by one
         vals = (ns / 1000.0).tolist()
         text = [repr(-0.0 if n == 0 and s else v)
                 for v, n, s in zip(vals, ns.tolist(), np.signbit(x).tolist())]
         return [texts(text), tail]
-    q, r = np.divmod(ns, 1000)
+    q = ns // 1000
+    r = ns - q * 1000
     return [Int(q), _Fraction(r), tail]
 
 
