@@ -153,29 +153,39 @@ class Strings:
     def __init__(self, texts: list[str]):
         self.texts = texts
         self.lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        self._full: dict[bool, np.ndarray] = {}
+        self._full: dict[tuple, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.texts)
 
-    def _table(self, quoted: bool) -> np.ndarray:
-        """Every entry as a cell one byte wider than the longest (room for a quote)."""
-        full = self._full.get(quoted)
+    def _table(self, quoted: bool, pre: str = "", post: str = "") -> np.ndarray:
+        """Every entry as a cell, ``pre`` before it and ``post`` (and the closing quote, if
+        ``quoted``) right after it, padded to the longest and one byte more."""
+        key = (quoted, pre, post)
+        full = self._full.get(key)
         if full is None:
-            if quoted:  # the closing quote right after each text
-                full = self._table(False).copy()
-                rows = full.view(np.uint8).reshape(len(self.texts), full.dtype.itemsize)
-                rows[np.arange(len(self.texts)), self.lens] = ord('"')
+            if quoted or pre or post:  # the entries' bytes moved into wider rows
+                base = self._table(False)
+                size = base.dtype.itemsize
+                head, tail = pre.encode(), (post + '"' * quoted).encode()
+                m = len(self.texts)
+                rows = np.full((m, len(head) + size + len(tail)), 32, dtype=np.uint8)
+                rows[:, :len(head)] = np.frombuffer(head, dtype=np.uint8)
+                rows[:, len(head):len(head) + size] = base.view(np.uint8).reshape(m, size)
+                at = len(head) + self.lens[:, None] + np.arange(len(tail))
+                rows[np.arange(m)[:, None], at] = np.frombuffer(tail, dtype=np.uint8)
+                full = rows.view(f"V{rows.shape[1]}").ravel()
             else:
                 full = _cells(self.texts, int(self.lens.max(initial=0)) + 1)
-            self._full[quoted] = full
+            self._full[key] = full
         return full
 
-    def cells(self, codes: np.ndarray, quoted: bool) -> np.ndarray:
+    def cells(self, codes: np.ndarray, quoted: bool, pre: str = "",
+              post: str = "") -> np.ndarray:
         if not len(codes):
             return np.zeros(0, dtype="V1")
-        full = self._table(quoted)
-        width = int(self.lens[codes].max()) + quoted
+        full = self._table(quoted, pre, post)
+        width = int(self.lens[codes].max()) + quoted + len(pre) + len(post)
         if not width:
             return np.zeros(len(codes), dtype="V0")
         size = full.dtype.itemsize
@@ -185,26 +195,42 @@ class Strings:
 
 
 class Text:
-    """Strings of a :class:`Strings` table by code (a column of :func:`rows`).
+    """Strings of a :class:`Strings` table by code (a column of :func:`rows`), each between
+    the constant texts ``pre`` and ``post`` (ASCII, escaped).
     ``quoted``: the text sits inside a JSON string whose closing quote is the next part's
     first character: that quote is taken into this column, the spaces after it."""
 
-    __slots__ = ("table", "codes", "quoted")
+    __slots__ = ("table", "codes", "quoted", "pre", "post")
 
-    def __init__(self, table: Strings, codes, quoted: bool = False):
+    def __init__(self, table: Strings, codes, quoted: bool = False, pre: str = "",
+                 post: str = ""):
         self.table = table
         self.codes = np.asarray(codes, dtype=np.int64)
         self.quoted = quoted
+        self.pre, self.post = pre, post
 
     def __len__(self) -> int:
         return len(self.codes)
 
     def inside(self) -> Text:
         """This text inside a JSON string (see ``quoted``)."""
-        return Text(self.table, self.codes, True)
+        return Text(self.table, self.codes, True, self.pre, self.post)
 
     def cells(self) -> np.ndarray:
-        return self.table.cells(self.codes, self.quoted)
+        return self.table.cells(self.codes, self.quoted, self.pre, self.post)
+
+    def entries(self) -> list[str]:
+        """The table's texts with this column's constants around each."""
+        if not (self.pre or self.post):
+            return self.table.texts
+        return [self.pre + t + self.post for t in self.table.texts]
+
+    def single(self) -> str | None:
+        """The one text of every row, where there is one."""
+        c = self.codes
+        if len(c) and int(c.min()) == int(c.max()):
+            return self.pre + self.table.texts[int(c[0])] + self.post
+        return None
 
 
 def texts(values: list[str]) -> Text:
@@ -216,8 +242,25 @@ def texts(values: list[str]) -> Text:
 
 def compose(*parts) -> Text:
     """Row by row, the texts of ``parts`` (constants and :class:`Text` columns) one after
-    the other: each distinct combination of codes is joined once."""
-    cols = [p for p in parts if not isinstance(p, str)]
+    the other. A column of one text is a constant; with one column left, the constants
+    around it are its ``pre`` and ``post`` (nothing joined); else each distinct combination
+    of codes is joined once."""
+    folded: list = []
+    for p in parts:
+        one = p if isinstance(p, str) else p.single()
+        if one is not None and folded and isinstance(folded[-1], str):
+            folded[-1] += one
+        else:
+            folded.append(p if one is None else one)
+    cols = [p for p in folded if not isinstance(p, str)]
+    if len(cols) == 1:
+        i = folded.index(cols[0])
+        c = cols[0]
+        pre, post = "".join(folded[:i]), "".join(folded[i + 1:])
+        return Text(c.table, c.codes, False, pre + c.pre, c.post + post)
+    if not cols:  # every row the same text
+        n = len(next(p for p in parts if not isinstance(p, str)))
+        return constant("".join(folded), n)
     n = len(cols[0])
     if not n:
         return Text(Strings([]), np.zeros(0, dtype=np.int64))
@@ -227,19 +270,23 @@ def compose(*parts) -> Text:
     uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     seqs: list = []
     k = 0
-    for p in parts:
+    for p in folded:
         if isinstance(p, str):
             seqs.append(itertools.repeat(p, len(uniq)))
         else:
-            texts = p.table.texts
-            seqs.append([texts[i] for i in cols[k].codes[first].tolist()])
+            entries = p.entries()
+            seqs.append([entries[i] for i in cols[k].codes[first].tolist()])
             k += 1
     return Text(Strings(list(map("".join, zip(*seqs)))), inverse.ravel())
 
 
 def choose(mask: np.ndarray, a: Text, b: Text) -> Text:
     """Row by row, ``a`` where ``mask``, else ``b``."""
-    table = Strings(a.table.texts + b.table.texts)
+    if bool(mask.all()):
+        return a
+    if not mask.any():
+        return b
+    table = Strings(a.entries() + b.entries())
     return Text(table, np.where(mask, a.codes, b.codes + len(a.table)))
 
 
