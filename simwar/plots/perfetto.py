@@ -447,7 +447,7 @@ def _kernel_neighbours(ops, core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     lane = ops.lane[core]
-    order = np.argsort(lane, kind="stable")
+    order = group_order(lane)
     lanes_sorted = lane[order]
     start = np.r_[0, np.flatnonzero(np.diff(lanes_sorted)) + 1]
     group = np.zeros(n, dtype=np.int64)
@@ -495,9 +495,14 @@ class _Counters:
         kern = ids[(ops.kind[ids] == OpKind.KERNEL) & (ops.lane[ids] == fwd)
                    & (ops.phase[ids] != w.code(""))]
         if len(kern):
-            steps, inv = np.unique(ops.step[kern], return_inverse=True)
-            end = np.full(len(steps), -np.inf)
-            np.maximum.at(end, inv.ravel(), ops.end_us[kern])
+            st = ops.step[kern]
+            if bool(np.all(st[1:] >= st[:-1])):  # in step order (the usual case): runs
+                cuts = np.r_[0, np.flatnonzero(st[1:] != st[:-1]) + 1]
+                steps, end = st[cuts], np.maximum.reduceat(ops.end_us[kern], cuts)
+            else:
+                steps, inv = np.unique(st, return_inverse=True)
+                end = np.full(len(steps), -np.inf)
+                np.maximum.at(end, inv.ravel(), ops.end_us[kern])
             new = dict(zip(steps.tolist(), end.tolist()))
             for k in new.keys() & self.end.keys():  # a step across two windows
                 new[k] = max(new[k], self.end[k])
