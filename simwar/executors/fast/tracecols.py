@@ -210,8 +210,13 @@ def _grid(columns: list, n: int, dtype) -> np.ndarray:
     if not columns:
         return np.zeros(0, dtype=dtype)
     out = np.empty((n, len(columns)), dtype=dtype)
-    for j, c in enumerate(columns):
-        out[:, j] = c
+    # the constants of every row at once (most of a layout's entries), then the columns
+    varying = [j for j, c in enumerate(columns) if isinstance(c, (np.ndarray, list))]
+    if len(varying) < len(columns):
+        out[:] = np.asarray([0 if isinstance(c, (np.ndarray, list)) else c for c in columns],
+                            dtype=dtype)
+    for j in varying:
+        out[:, j] = columns[j]
     return out.ravel()
 
 
