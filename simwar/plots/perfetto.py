@@ -289,12 +289,12 @@ class ChromeTraceWriter:
         if not len(ids):
             return
         x = ops.start_us[ids]
-        ev = self._take(esc, ops.event[ids])
+        ev = self._take(esc, ops.event[ids]).inside()  # its cells made once, taken twice
         pids = lane_pid[ops.lane[ids]]
-        self._write(rows(',{"ph":"i","s":"t","name":"record ', ev.inside(),
+        self._write(rows(',{"ph":"i","s":"t","name":"record ', ev,
                          '","cat":"record","pid":', int_text(pids), ',"tid":1,"ts":',
                          *number_text(round_ns(x), x, ',"args":{"step":'),
-                         int_text(ops.step[ids]), ',"event":"', ev.inside(), '"}}'))
+                         int_text(ops.step[ids]), ',"event":"', ev, '"}}'))
 
     # ---- flows
     def _flows(self, w, esc, pid, tid, start_r, end_r, texts) -> None:
@@ -415,10 +415,11 @@ class ChromeTraceWriter:
         ids = int_text(np.arange(self.flow_id + 1, self.flow_id + 1 + n))
         self.flow_id += n
         steps = int_text(step)
+        name = name.inside()  # its cells made once for both ends
         for ph, p, t, ts in (("s", sp, st, sts), ("f", dp, dt, dts)):
             ts = np.asarray(ts, dtype=np.float64)
             self._write(rows(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"',
-                             name.inside(), '","pid":', int_text(p), ',"tid":',
+                             name, '","pid":', int_text(p), ',"tid":',
                              int_text(t), ',"ts":',
                              *number_text(round_ns(ts), ts, ',"bp":"e","args":{"step":'), steps,
                              args))
