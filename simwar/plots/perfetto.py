@@ -75,6 +75,7 @@ from simwar.plots.jsoncols import (
     group_order,
     int_text,
     json_str,
+    ns_of_rounded,
     number_text,
     present,
     round_ns,
@@ -408,7 +409,8 @@ class ChromeTraceWriter:
         return self.steps is None or self.steps[0] <= info[3] <= self.steps[1]
 
     def _emit(self, cat, name, sp, st, sts, dp, dt, dts, step, args) -> None:
-        """Flow pairs: ``s`` at (sp, st, sts), ``f`` at (dp, dt, dts); args after the step."""
+        """Flow pairs: ``s`` at (sp, st, sts), ``f`` at (dp, dt, dts); args after the step.
+        The times are rounded to the ns already (``near``'s, in ``_flows``)."""
         n = len(sp)
         if not n:
             return
@@ -421,7 +423,8 @@ class ChromeTraceWriter:
             self._write(rows(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"',
                              name, '","pid":', int_text(p), ',"tid":',
                              int_text(t), ',"ts":',
-                             *number_text(round_ns(ts), ts, ',"bp":"e","args":{"step":'), steps,
+                             *number_text(ns_of_rounded(ts), ts, ',"bp":"e","args":{"step":'),
+                             steps,
                              args))
 
     def _emit_one(self, flow, dp: int, dt: int, dts: float) -> None:
