@@ -169,24 +169,25 @@ class Strings:
         return len(self.texts)
 
     def _table(self, quoted: bool, pre: str = "", post: str = "") -> np.ndarray:
-        """Every entry as a cell, ``pre`` before it and ``post`` (and the closing quote, if
-        ``quoted``) right after it, padded to the longest and one byte more."""
+        """Every entry as a row of 8-byte words (``uint64``), ``pre`` before it and ``post``
+        (and the closing quote, if ``quoted``) right after it, spaces after that: a whole
+        number of words one byte or more longer than the longest."""
         key = (quoted, pre, post)
         full = self._full.get(key)
         if full is None:
-            if quoted or pre or post:  # the entries' bytes moved into wider rows
-                base = self._table(False)
-                size = base.dtype.itemsize
-                head, tail = pre.encode(), (post + '"' * quoted).encode()
-                m = len(self.texts)
-                rows = np.full((m, len(head) + size + len(tail)), 32, dtype=np.uint8)
-                rows[:, :len(head)] = np.frombuffer(head, dtype=np.uint8)
-                rows[:, len(head):len(head) + size] = base.view(np.uint8).reshape(m, size)
+            head, tail = pre.encode(), (post + '"' * quoted).encode()
+            m = len(self.texts)
+            longest = len(head) + int(self.lens.max(initial=0)) + len(tail)
+            size = (longest + 8) // 8 * 8
+            rows = np.full((m, size), 32, dtype=np.uint8)
+            rows[:, :len(head)] = np.frombuffer(head, dtype=np.uint8)
+            plain = _cells(self.texts, int(self.lens.max(initial=0)) + 1)
+            rows[:, len(head):len(head) + plain.dtype.itemsize] = \
+                plain.view(np.uint8).reshape(m, plain.dtype.itemsize)
+            if tail:  # right after each text
                 at = len(head) + self.lens[:, None] + np.arange(len(tail))
                 rows[np.arange(m)[:, None], at] = np.frombuffer(tail, dtype=np.uint8)
-                full = rows.view(f"V{rows.shape[1]}").ravel()
-            else:
-                full = _cells(self.texts, int(self.lens.max(initial=0)) + 1)
+            full = rows.view(np.uint64)
             self._full[key] = full
         return full
 
@@ -194,14 +195,19 @@ class Strings:
               post: str = "") -> np.ndarray:
         if not len(codes):
             return np.zeros(0, dtype="V1")
-        full = self._table(quoted, pre, post)
         width = int(self.lens[codes].max()) + quoted + len(pre) + len(post)
         if not width:
             return np.zeros(len(codes), dtype="V0")
-        size = full.dtype.itemsize
-        # the first ``width`` bytes of each entry (no entry picked is longer)
-        view = np.ndarray((len(full),), dtype=f"V{width}", buffer=full, strides=(size,))
-        return view[codes]
+        # whole rows of words gathered (numpy's take of numbers: a fancy index of ``V``
+        # cells copies byte strings one by one, ten times slower), then the first
+        # ``width`` bytes of each (no entry picked is longer)
+        return _first_bytes(self._table(quoted, pre, post).take(codes, axis=0), width)
+
+
+def _first_bytes(words: np.ndarray, width: int) -> np.ndarray:
+    """The first ``width`` bytes of each row of ``words`` (numbers), as ``V`` cells (a view)."""
+    return np.ndarray((len(words),), dtype=f"V{width}", buffer=words,
+                      strides=(words.itemsize * (words.shape[1] if words.ndim > 1 else 1),))
 
 
 class Text:
@@ -309,7 +315,7 @@ def constant(text: str, n: int) -> Text:
 
 #: the point and the digits after it of ``k / 1000`` (``_FRACTIONS``), by width
 _FRACTION_LEN = np.array([len(f) for f in _FRACTIONS])
-_FRACTION_CELLS = {w: _cells([f.encode()[:w] for f in _FRACTIONS], w) for w in (2, 3, 4)}
+_FRACTION_WORDS = _cells([f.encode() for f in _FRACTIONS], 4).view(np.uint32)
 
 
 class _Fraction:
@@ -325,7 +331,7 @@ class _Fraction:
 
     def cells(self) -> np.ndarray:
         width = int(_FRACTION_LEN[self.r].max()) if len(self.r) else 2
-        return _FRACTION_CELLS[width][self.r]
+        return _first_bytes(_FRACTION_WORDS.take(self.r), width)
 
 
 def number_text(ns: np.ndarray, x: np.ndarray, tail: str = "") -> list:
