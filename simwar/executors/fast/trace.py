@@ -171,8 +171,8 @@ class _Names:
                 out.append(steps + slot[1])
             else:
                 fmt, off = slot[1].format, slot[3]
-                if slot[2] == "step":
-                    out.append([fmt(k + off) for k in ks])
+                if slot[2] == "step":  # mapped at C speed: a name per pass
+                    out.append(list(map(fmt, (steps + off).tolist())))
                 else:
                     out.append([fmt(int(bucket[k + off])) for k in ks])
         return out
