@@ -21,12 +21,13 @@
   peak RSS and the file's size; with ``--before DIR`` the same command of another source
   tree at ``--before-steps`` (a tree whose export holds the whole run in memory needs
   ~60 KiB per step), the two runs interleaved ``--repeat`` times, best of each, and the
-  ratio of their CPU time per step.
+  ratio of their CPU time per step; at equal steps, whether the two files are the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import resource
@@ -89,9 +90,13 @@ def export(tree: Path, config: str, steps: int, out: Path) -> dict:
         raise SystemExit(f"export in {tree} failed:\n{proc.stderr[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     size = out.stat().st_size
+    digest = hashlib.sha256()
+    with open(out, "rb") as fh:  # what was written, to compare the trees' files
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            digest.update(block)
     out.unlink()
     return {"cpu_s": cpu, "rss_mib": int(proc.stderr.strip().splitlines()[-1]) / 1024,
-            "mb": size / 1e6, "steps": steps}
+            "mb": size / 1e6, "steps": steps, "sha256": digest.hexdigest()}
 
 
 def bench_export(args) -> None:
@@ -112,6 +117,10 @@ def bench_export(args) -> None:
               f"{r['mb']:.0f} MB written")
     if args.before:
         b, a = best["before"], best["this tree"]
+        if b["steps"] == a["steps"]:
+            print("  the two files: " + ("the same bytes" if b["sha256"] == a["sha256"] else
+                                         "different bytes (compare their events with "
+                                         "json.load at fewer steps)"))
         ratio = (b["cpu_s"] / b["steps"]) / (a["cpu_s"] / a["steps"])
         print(f"  CPU per step, before / now: {ratio:.2f}x; peak RSS {b['rss_mib']:.0f} against "
               f"{a['rss_mib']:.0f} MiB ({b['rss_mib'] / a['rss_mib']:.2f}x; at a7b4bb4 and "

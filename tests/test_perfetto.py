@@ -362,3 +362,15 @@ def test_fixed_width_rows_parse_as_json_dumps_writes(ints, names, ns):
             for s, i, v in zip(names, ints, x)]
     assert got == want
     assert json.dumps(got) == json.dumps(want)  # the same floats, to the last digit
+
+
+@pytest.mark.parametrize("values", [
+    [7] * 5, [123456789] * 3, [0, 0], [0, 9, 10, 9999, 10000, 10001, 100000000, 1],
+    [10 ** 8, 99999999 + 10 ** 8, 123456789], [10000, 99999], [1000, 9999], [0, 10 ** 12],
+    [5, 10 ** 8 + 5, 10 ** 4 * 7], [10 ** 17, 10 ** 18 - 1],
+])
+def test_integer_columns_of_one_value_one_width_or_many(values):
+    # the ways a column of integers is made (one value repeated; every value of the widest
+    # width, so each quad below the first is all digits; widths mixed, zeros and all)
+    got = json.loads("[" + rows(",[", int_text(values), "]").tobytes().decode()[1:] + "]")
+    assert got == [[v] for v in values]

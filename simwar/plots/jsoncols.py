@@ -48,12 +48,26 @@ def round_ns(x: np.ndarray) -> np.ndarray:
     y = x * 1000.0
     d = np.rint(y)
     # x * 1000 is within half an ulp of the exact product: only a product near a half can
-    # round the other way, and beyond 2**43 the ulp is too coarse to tell
-    risky = ~(np.abs(np.abs(y - d) - 0.5) > 1e-3) | ~(np.abs(y) < 2.0 ** 43)
+    # round the other way, and beyond 2**43 the ulp is too coarse to tell (NaN: risky too)
+    e = y - d
+    np.abs(e, out=e)
+    risky = e >= 0.4989
+    if len(d) and not (-2.0 ** 43 < d.min() and d.max() < 2.0 ** 43):
+        risky |= ~(np.abs(y) < 2.0 ** 43)
     out = d.astype(np.int64)
     for i in np.flatnonzero(risky).tolist():
         out[i] = int(f"{round(float(x[i]), TS_DIGITS):.3f}".replace(".", ""))
     return out
+
+
+def ns_of_rounded(x: np.ndarray) -> np.ndarray:
+    """:func:`round_ns` of values rounded to the ns already (:func:`rounded`'s): ``x * 1000``
+    is then within a few ulps of an integer, far from a half, below 2**43."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.rint(x * 1000.0)
+    if len(y) and not (-2.0 ** 43 < y.min() and y.max() < 2.0 ** 43):  # NaN too
+        return round_ns(x)
+    return y.astype(np.int64)
 
 
 def rounded(x: np.ndarray) -> np.ndarray:
@@ -85,6 +99,7 @@ def _quads(last: bool) -> np.ndarray:
 
 _QUADS = _quads(False)
 _QUADS_LAST = _quads(True)  # the lowest quad: 0 is "0"
+_QUADS_FULL = _QUADS[10000:]  # four digits, zeros and all
 
 
 class Int:
@@ -106,20 +121,32 @@ class Int:
             return self._cells
         v = self.v
         m = len(v)
-        if m and int(v.min()) < 0:  # never in a simulated run: written one by one
+        lo, hi = (int(v.min()), int(v.max())) if m else (0, 0)
+        if lo < 0:  # never in a simulated run: written one by one
             texts = [str(x).encode() for x in v.tolist()]
             self._cells = _cells(texts, max(map(len, texts)), right=True)
             return self._cells
-        width = len(str(int(v.max()))) if m else 1
+        width = len(str(hi))
+        if lo == hi:  # one value (a pid, a tid): one cell, repeated without a copy
+            cell = np.frombuffer(str(hi).encode(), dtype=f"V{width}")
+            self._cells = np.broadcast_to(cell, (m,))
+            return self._cells
         nq = (width + 3) // 4
         quads = np.empty((m, nq), dtype=np.uint32)
+        # every value as wide as the widest: each quad below the first is all digits (its
+        # zeros too), so no quad needs to know whether digits come before it
+        full = lo >= 10 ** (width - 1)
         x = v
-        for c in range(nq - 1, -1, -1):  # the lowest four digits first
+        for c in range(nq - 1, 0, -1):  # the lowest four digits first
             rest = x // 10000
             idx = x - rest * 10000
-            idx += (rest > 0) * 10000  # digits before it: its zeros are digits
-            quads[:, c] = (_QUADS_LAST if c == nq - 1 else _QUADS)[idx]
+            if full:
+                quads[:, c] = _QUADS_FULL[idx]
+            else:
+                idx += (rest > 0) * 10000  # digits before it: its zeros are digits
+                quads[:, c] = (_QUADS_LAST if c == nq - 1 else _QUADS)[idx]
             x = rest
+        quads[:, 0] = (_QUADS if nq > 1 else _QUADS_LAST)[x]  # below 10000: no digits before
         # the last ``width`` bytes of each row (the blank quads' bytes before them dropped)
         self._cells = np.ndarray((m,), dtype=f"V{width}", buffer=quads,
                                  offset=4 * nq - width, strides=(4 * nq,))
@@ -136,58 +163,93 @@ class Strings:
     def __init__(self, texts: list[str]):
         self.texts = texts
         self.lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
-        self._full: dict[bool, np.ndarray] = {}
+        self._full: dict[tuple, np.ndarray] = {}
 
     def __len__(self) -> int:
         return len(self.texts)
 
-    def _table(self, quoted: bool) -> np.ndarray:
-        """Every entry as a cell one byte wider than the longest (room for a quote)."""
-        full = self._full.get(quoted)
+    def _table(self, quoted: bool, pre: str = "", post: str = "") -> np.ndarray:
+        """Every entry as a row of 8-byte words (``uint64``), ``pre`` before it and ``post``
+        (and the closing quote, if ``quoted``) right after it, spaces after that: a whole
+        number of words one byte or more longer than the longest."""
+        key = (quoted, pre, post)
+        full = self._full.get(key)
         if full is None:
-            if quoted:  # the closing quote right after each text
-                full = self._table(False).copy()
-                rows = full.view(np.uint8).reshape(len(self.texts), full.dtype.itemsize)
-                rows[np.arange(len(self.texts)), self.lens] = ord('"')
-            else:
-                full = _cells(self.texts, int(self.lens.max(initial=0)) + 1)
-            self._full[quoted] = full
+            head, tail = pre.encode(), (post + '"' * quoted).encode()
+            m = len(self.texts)
+            longest = len(head) + int(self.lens.max(initial=0)) + len(tail)
+            size = (longest + 8) // 8 * 8
+            rows = np.full((m, size), 32, dtype=np.uint8)
+            rows[:, :len(head)] = np.frombuffer(head, dtype=np.uint8)
+            plain = _cells(self.texts, int(self.lens.max(initial=0)) + 1)
+            rows[:, len(head):len(head) + plain.dtype.itemsize] = \
+                plain.view(np.uint8).reshape(m, plain.dtype.itemsize)
+            if tail:  # right after each text
+                at = len(head) + self.lens[:, None] + np.arange(len(tail))
+                rows[np.arange(m)[:, None], at] = np.frombuffer(tail, dtype=np.uint8)
+            full = rows.view(np.uint64)
+            self._full[key] = full
         return full
 
-    def cells(self, codes: np.ndarray, quoted: bool) -> np.ndarray:
+    def cells(self, codes: np.ndarray, quoted: bool, pre: str = "",
+              post: str = "") -> np.ndarray:
         if not len(codes):
             return np.zeros(0, dtype="V1")
-        full = self._table(quoted)
-        width = int(self.lens[codes].max()) + quoted
+        width = int(self.lens[codes].max()) + quoted + len(pre) + len(post)
         if not width:
             return np.zeros(len(codes), dtype="V0")
-        size = full.dtype.itemsize
-        # the first ``width`` bytes of each entry (no entry picked is longer)
-        view = np.ndarray((len(full),), dtype=f"V{width}", buffer=full, strides=(size,))
-        return view[codes]
+        # whole rows of words gathered (numpy's take of numbers: a fancy index of ``V``
+        # cells copies byte strings one by one, ten times slower), then the first
+        # ``width`` bytes of each (no entry picked is longer)
+        return _first_bytes(self._table(quoted, pre, post).take(codes, axis=0), width)
+
+
+def _first_bytes(words: np.ndarray, width: int) -> np.ndarray:
+    """The first ``width`` bytes of each row of ``words`` (numbers), as ``V`` cells (a view)."""
+    return np.ndarray((len(words),), dtype=f"V{width}", buffer=words,
+                      strides=(words.itemsize * (words.shape[1] if words.ndim > 1 else 1),))
 
 
 class Text:
-    """Strings of a :class:`Strings` table by code (a column of :func:`rows`).
+    """Strings of a :class:`Strings` table by code (a column of :func:`rows`), each between
+    the constant texts ``pre`` and ``post`` (ASCII, escaped).
     ``quoted``: the text sits inside a JSON string whose closing quote is the next part's
     first character: that quote is taken into this column, the spaces after it."""
 
-    __slots__ = ("table", "codes", "quoted")
+    __slots__ = ("table", "codes", "quoted", "pre", "post", "_cells")
 
-    def __init__(self, table: Strings, codes, quoted: bool = False):
+    def __init__(self, table: Strings, codes, quoted: bool = False, pre: str = "",
+                 post: str = ""):
         self.table = table
         self.codes = np.asarray(codes, dtype=np.int64)
         self.quoted = quoted
+        self.pre, self.post = pre, post
+        self._cells = None
 
     def __len__(self) -> int:
         return len(self.codes)
 
     def inside(self) -> Text:
         """This text inside a JSON string (see ``quoted``)."""
-        return Text(self.table, self.codes, True)
+        return Text(self.table, self.codes, True, self.pre, self.post)
 
     def cells(self) -> np.ndarray:
-        return self.table.cells(self.codes, self.quoted)
+        if self._cells is None:  # made once, for each block of rows that takes it
+            self._cells = self.table.cells(self.codes, self.quoted, self.pre, self.post)
+        return self._cells
+
+    def entries(self) -> list[str]:
+        """The table's texts with this column's constants around each."""
+        if not (self.pre or self.post):
+            return self.table.texts
+        return [self.pre + t + self.post for t in self.table.texts]
+
+    def single(self) -> str | None:
+        """The one text of every row, where there is one."""
+        c = self.codes
+        if len(c) and int(c.min()) == int(c.max()):
+            return self.pre + self.table.texts[int(c[0])] + self.post
+        return None
 
 
 def texts(values: list[str]) -> Text:
@@ -199,8 +261,25 @@ def texts(values: list[str]) -> Text:
 
 def compose(*parts) -> Text:
     """Row by row, the texts of ``parts`` (constants and :class:`Text` columns) one after
-    the other: each distinct combination of codes is joined once."""
-    cols = [p for p in parts if not isinstance(p, str)]
+    the other. A column of one text is a constant; with one column left, the constants
+    around it are its ``pre`` and ``post`` (nothing joined); else each distinct combination
+    of codes is joined once."""
+    folded: list = []
+    for p in parts:
+        one = p if isinstance(p, str) else p.single()
+        if one is not None and folded and isinstance(folded[-1], str):
+            folded[-1] += one
+        else:
+            folded.append(p if one is None else one)
+    cols = [p for p in folded if not isinstance(p, str)]
+    if len(cols) == 1:
+        i = folded.index(cols[0])
+        c = cols[0]
+        pre, post = "".join(folded[:i]), "".join(folded[i + 1:])
+        return Text(c.table, c.codes, False, pre + c.pre, c.post + post)
+    if not cols:  # every row the same text
+        n = len(next(p for p in parts if not isinstance(p, str)))
+        return constant("".join(folded), n)
     n = len(cols[0])
     if not n:
         return Text(Strings([]), np.zeros(0, dtype=np.int64))
@@ -210,19 +289,23 @@ def compose(*parts) -> Text:
     uniq, first, inverse = np.unique(key, return_index=True, return_inverse=True)
     seqs: list = []
     k = 0
-    for p in parts:
+    for p in folded:
         if isinstance(p, str):
             seqs.append(itertools.repeat(p, len(uniq)))
         else:
-            texts = p.table.texts
-            seqs.append([texts[i] for i in cols[k].codes[first].tolist()])
+            entries = p.entries()
+            seqs.append([entries[i] for i in cols[k].codes[first].tolist()])
             k += 1
     return Text(Strings(list(map("".join, zip(*seqs)))), inverse.ravel())
 
 
 def choose(mask: np.ndarray, a: Text, b: Text) -> Text:
     """Row by row, ``a`` where ``mask``, else ``b``."""
-    table = Strings(a.table.texts + b.table.texts)
+    if bool(mask.all()):
+        return a
+    if not mask.any():
+        return b
+    table = Strings(a.entries() + b.entries())
     return Text(table, np.where(mask, a.codes, b.codes + len(a.table)))
 
 
@@ -232,7 +315,7 @@ def constant(text: str, n: int) -> Text:
 
 #: the point and the digits after it of ``k / 1000`` (``_FRACTIONS``), by width
 _FRACTION_LEN = np.array([len(f) for f in _FRACTIONS])
-_FRACTION_CELLS = {w: _cells([f.encode()[:w] for f in _FRACTIONS], w) for w in (2, 3, 4)}
+_FRACTION_WORDS = _cells([f.encode() for f in _FRACTIONS], 4).view(np.uint32)
 
 
 class _Fraction:
@@ -248,19 +331,21 @@ class _Fraction:
 
     def cells(self) -> np.ndarray:
         width = int(_FRACTION_LEN[self.r].max()) if len(self.r) else 2
-        return _FRACTION_CELLS[width][self.r]
+        return _first_bytes(_FRACTION_WORDS.take(self.r), width)
 
 
 def number_text(ns: np.ndarray, x: np.ndarray, tail: str = "") -> list:
     """The text ``json.dumps`` writes for each ``round(x, 3)`` (``ns``: its :func:`round_ns`),
     followed by ``tail``: parts of :func:`rows`."""
-    neg = (ns < 0) | ((ns == 0) & np.signbit(x))
-    if neg.any():  # never in a simulated run: written one by one
+    lo = int(ns.min()) if len(ns) else 1
+    if lo < 0 or (lo == 0 and bool(np.signbit(x[ns == 0]).any())):  # -0.0 or below: never
+        # in a simulated run, written one by one
         vals = (ns / 1000.0).tolist()
         text = [repr(-0.0 if n == 0 and s else v)
                 for v, n, s in zip(vals, ns.tolist(), np.signbit(x).tolist())]
         return [texts(text), tail]
-    q, r = np.divmod(ns, 1000)
+    q = ns // 1000
+    r = ns - q * 1000
     return [Int(q), _Fraction(r), tail]
 
 
@@ -289,8 +374,11 @@ def rows(*parts) -> np.ndarray:
         fills.append((len(template), cells))
         template += b" " * cells.dtype.itemsize
     width = len(template)
-    out = np.empty((n, width), dtype=np.uint8)
-    out[...] = np.frombuffer(bytes(template), dtype=np.uint8)  # the constants, every row
+    # the constants, every row (a bytearray repeated: copies that double, twice as fast as
+    # numpy's broadcast of a row)
+    out = np.frombuffer(template * n, dtype=np.uint8).reshape(n, width)
+    if not n:
+        return out
     for off, cells in fills:
         size = cells.dtype.itemsize
         if size:  # one copy of fixed-size cells into a column of the rows

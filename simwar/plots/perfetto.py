@@ -75,6 +75,7 @@ from simwar.plots.jsoncols import (
     group_order,
     int_text,
     json_str,
+    ns_of_rounded,
     number_text,
     present,
     round_ns,
@@ -289,12 +290,12 @@ class ChromeTraceWriter:
         if not len(ids):
             return
         x = ops.start_us[ids]
-        ev = self._take(esc, ops.event[ids])
+        ev = self._take(esc, ops.event[ids]).inside()  # its cells made once, taken twice
         pids = lane_pid[ops.lane[ids]]
-        self._write(rows(',{"ph":"i","s":"t","name":"record ', ev.inside(),
+        self._write(rows(',{"ph":"i","s":"t","name":"record ', ev,
                          '","cat":"record","pid":', int_text(pids), ',"tid":1,"ts":',
                          *number_text(round_ns(x), x, ',"args":{"step":'),
-                         int_text(ops.step[ids]), ',"event":"', ev.inside(), '"}}'))
+                         int_text(ops.step[ids]), ',"event":"', ev, '"}}'))
 
     # ---- flows
     def _flows(self, w, esc, pid, tid, start_r, end_r, texts) -> None:
@@ -408,19 +409,22 @@ class ChromeTraceWriter:
         return self.steps is None or self.steps[0] <= info[3] <= self.steps[1]
 
     def _emit(self, cat, name, sp, st, sts, dp, dt, dts, step, args) -> None:
-        """Flow pairs: ``s`` at (sp, st, sts), ``f`` at (dp, dt, dts); args after the step."""
+        """Flow pairs: ``s`` at (sp, st, sts), ``f`` at (dp, dt, dts); args after the step.
+        The times are rounded to the ns already (``near``'s, in ``_flows``)."""
         n = len(sp)
         if not n:
             return
         ids = int_text(np.arange(self.flow_id + 1, self.flow_id + 1 + n))
         self.flow_id += n
         steps = int_text(step)
+        name = name.inside()  # its cells made once for both ends
         for ph, p, t, ts in (("s", sp, st, sts), ("f", dp, dt, dts)):
             ts = np.asarray(ts, dtype=np.float64)
             self._write(rows(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"',
-                             name.inside(), '","pid":', int_text(p), ',"tid":',
+                             name, '","pid":', int_text(p), ',"tid":',
                              int_text(t), ',"ts":',
-                             *number_text(round_ns(ts), ts, ',"bp":"e","args":{"step":'), steps,
+                             *number_text(ns_of_rounded(ts), ts, ',"bp":"e","args":{"step":'),
+                             steps,
                              args))
 
     def _emit_one(self, flow, dp: int, dt: int, dts: float) -> None:
@@ -447,7 +451,7 @@ def _kernel_neighbours(ops, core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     if not n:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     lane = ops.lane[core]
-    order = np.argsort(lane, kind="stable")
+    order = group_order(lane)
     lanes_sorted = lane[order]
     start = np.r_[0, np.flatnonzero(np.diff(lanes_sorted)) + 1]
     group = np.zeros(n, dtype=np.int64)
@@ -495,9 +499,14 @@ class _Counters:
         kern = ids[(ops.kind[ids] == OpKind.KERNEL) & (ops.lane[ids] == fwd)
                    & (ops.phase[ids] != w.code(""))]
         if len(kern):
-            steps, inv = np.unique(ops.step[kern], return_inverse=True)
-            end = np.full(len(steps), -np.inf)
-            np.maximum.at(end, inv.ravel(), ops.end_us[kern])
+            st = ops.step[kern]
+            if bool(np.all(st[1:] >= st[:-1])):  # in step order (the usual case): runs
+                cuts = np.r_[0, np.flatnonzero(st[1:] != st[:-1]) + 1]
+                steps, end = st[cuts], np.maximum.reduceat(ops.end_us[kern], cuts)
+            else:
+                steps, inv = np.unique(st, return_inverse=True)
+                end = np.full(len(steps), -np.inf)
+                np.maximum.at(end, inv.ravel(), ops.end_us[kern])
             new = dict(zip(steps.tolist(), end.tolist()))
             for k in new.keys() & self.end.keys():  # a step across two windows
                 new[k] = max(new[k], self.end[k])

@@ -40,7 +40,7 @@ nothing else holds, are added to in place.
 
 **Trace mode** (``trace=True``, :mod:`simwar.executors.fast.trace`): the same rules on the
 same locals, no accumulators and no logs; each segment appends every time it computes to
-``S.trace`` (an ``array('d')``), one row per segment in the order ``fn.layout`` names:
+``S.trace`` (a list of floats), one row per segment in the order ``fn.layout`` names:
 ``("h", i)`` the host clock after host op ``i`` (``("h", -1)``: at the segment's start),
 ``("s", d)``/``("e", d)`` a kernel's or a wait's start and end (a wait: reached, released),
 ``("r", d)`` a record's firing.

@@ -161,16 +161,12 @@ class _Strings:
 
     def column(self, values: list) -> np.ndarray:
         codes, strings = self.codes, self.strings
-        get = codes.get
-        out = []
-        add = out.append
-        for v in values:
-            c = get(v)
-            if c is None:
-                c = codes[v] = len(strings)
-                strings.append(v)
-            add(c)
-        return np.array(out, dtype=np.int32)
+        # the texts not seen yet, in order of first appearance, coded in one go; then every
+        # value's code by a mapping at C speed (no Python loop over the values)
+        new = [v for v in dict.fromkeys(values) if v not in codes]
+        codes.update(zip(new, range(len(strings), len(strings) + len(new))))
+        strings.extend(new)
+        return np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(values))
 
 
 class _Piece:
@@ -210,8 +206,13 @@ def _grid(columns: list, n: int, dtype) -> np.ndarray:
     if not columns:
         return np.zeros(0, dtype=dtype)
     out = np.empty((n, len(columns)), dtype=dtype)
-    for j, c in enumerate(columns):
-        out[:, j] = c
+    # the constants of every row at once (most of a layout's entries), then the columns
+    varying = [j for j, c in enumerate(columns) if isinstance(c, (np.ndarray, list))]
+    if len(varying) < len(columns):
+        out[:] = np.asarray([0 if isinstance(c, (np.ndarray, list)) else c for c in columns],
+                            dtype=dtype)
+    for j in varying:
+        out[:, j] = columns[j]
     return out.ravel()
 
 
