@@ -47,9 +47,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simwar.analysis.hazards import HazardReport, detect
-from simwar.analysis.prefill import chunk_columns
 from simwar.analysis.summary import Key, assemble, measured_mask
-from simwar.analysis.views import forward_kernels, forwards
 from simwar.core.run_meta import RunMeta
 from simwar.core.trace import OpKind, SpanKind, Trace
 
@@ -73,6 +71,9 @@ def frame(columns: dict) -> pd.DataFrame:
 def step_columns(trace: Trace) -> dict[str, np.ndarray]:
     """The per-step table of a Trace as numpy columns (see the module docstring)."""
     ops, spans = trace.ops, trace.spans
+    # lazy: start-up time of `simwar run`, whose fast executor makes no Trace
+    from simwar.analysis.views import forward_kernels, forwards
+
     fwd = trace.code(trace.run.forward_stream)
     if len(forward_kernels(trace)) == 0:
         return {"step": np.zeros(0, dtype=np.int32)}
@@ -616,6 +617,9 @@ def request_table(columns: dict, meta: dict | RunMeta) -> dict[str, np.ndarray]:
                                                 "first_step", "finish_step") if k in req}
     out.update(request_columns(req, steps, fwd_end, first, run.slo))
     if "prefill_step" in req:  # prompts: each request's chunks
+        # lazy: start-up time of a run without prompts
+        from simwar.analysis.prefill import chunk_columns
+
         out.update(chunk_columns(out, columns, run))
     return out
 
