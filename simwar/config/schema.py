@@ -479,7 +479,7 @@ class Config(StrictModel):
     algorithm: Literal[ALGORITHMS] = "dspark"
     """The speculative algorithm: a built-in phase table (none, eagle, dflash, dspark), or
     custom (the config's phases are the whole table)."""
-    phases: list[dict] = Field(default_factory=list)
+    phases: list[dict] = []  # a plain default: see StrictModel
     """Overrides of the built-in phases, by name (phases.verify.read_ends), or the whole
     table of a custom algorithm (each entry a Phase)."""
     policy: Policy = Field(default_factory=Policy)
