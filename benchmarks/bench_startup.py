@@ -1,6 +1,6 @@
 """Start-up: ``simwar run`` of 500 steps, where its imports go, and planning a Program.
 
-    python benchmarks/bench_startup.py [--before DIR] [--repeat 10]
+    python benchmarks/bench_startup.py [--before DIR] [--repeat 10] [--instructions]
 
 - **run 500**: ``simwar run --set steps=500 --quiet`` in a fresh process, CPU time (user +
   system, children's rusage), best of ``--repeat``; with ``--before`` the other tree's runs
@@ -15,6 +15,10 @@
   own share).
 - **imports**: ``python -X importtime`` of that run, the smallest self time of each module
   over ``--repeat`` runs, summed by package (simwar, numpy, pydantic, ...).
+- **instructions** (``--instructions``, needs valgrind): the same runs and floor, once each
+  under ``valgrind --tool=callgrind``, counted in instructions executed: a measure that the
+  machine's load does not move (CPU time on a shared machine moves by more than a change of
+  a few milliseconds), with the before / now ratio and this tree's own share in each mode.
 - **plan_program**: :func:`simwar.executors.fast.plan_program` of the Program of
   ``configs/dspark_fine.yaml`` at ``--plan-steps`` steps, µs per host op, best of 3, in a
   fresh process per tree.
@@ -90,6 +94,26 @@ def run500(trees: dict, repeat: int) -> dict:
     return best
 
 
+def instructions(trees: dict) -> dict:
+    """Instructions executed (callgrind's ``Ir``) of each (tree, mode) and of the floor."""
+    pyc = tempfile.mkdtemp(prefix="simwar-pyc-")
+    out = {}
+    for name, tree in {**trees, "floor": ROOT}.items():
+        for mode in ("no bytecode cache", "bytecode cached"):
+            env = {**env_for(tree, pyc if mode == "bytecode cached" else None),
+                   "PYTHONHASHSEED": "0"}
+            args = FLOOR if name == "floor" else RUN
+            cwd = ROOT if name == "floor" else tree
+            subprocess.run([sys.executable, *args], env=env, cwd=cwd, check=True,
+                           stdout=subprocess.DEVNULL)  # warms the bytecode cache
+            err = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
+                                  sys.executable, *args], env=env, cwd=cwd, check=True,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True).stderr
+            out[(name, mode)] = int(re.search(r"Collected : (\d+)", err).group(1))
+    return out
+
+
 def imports(tree: Path, repeat: int) -> dict:
     best: dict[str, int] = {}
     for _ in range(repeat):
@@ -121,6 +145,8 @@ def main() -> int:
     ap.add_argument("--before", type=Path, help="another simwar source tree to measure")
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--plan-steps", type=int, default=20_000)
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count each run's instructions under valgrind (load-independent)")
     args = ap.parse_args()
     trees = {"this tree": ROOT}
     if args.before:
@@ -136,6 +162,20 @@ def main() -> int:
         line += (f"; floor (its libraries' imports) {floor:.3f} s, this tree's own share "
                  f"{best[('this tree', mode)] - floor:.3f} s")
         print(line)
+    if args.instructions:
+        ir = instructions(trees)
+        print("simwar run --set steps=500: instructions executed (callgrind), millions")
+        for mode in ("no bytecode cache", "bytecode cached"):
+            line = "  %-18s" % mode + "".join(f"  {name}: {ir[(name, mode)] / 1e6:.0f}"
+                                              for name in trees)
+            if args.before:
+                line += f"  (before / now: {ir[('before', mode)] / ir[('this tree', mode)]:.3f}x)"
+            floor = ir[("floor", mode)]
+            line += (f"; floor {floor / 1e6:.0f}, this tree's own share "
+                     f"{(ir[('this tree', mode)] - floor) / 1e6:.0f}")
+            if args.before:
+                line += f" (before: {(ir[('before', mode)] - floor) / 1e6:.0f})"
+            print(line)
     for name, tree in trees.items():
         groups = imports(tree, max(3, args.repeat // 2))
         parts = ", ".join(f"{k} {v:.0f}" for k, v in groups.items())

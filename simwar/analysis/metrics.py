@@ -41,14 +41,13 @@ the per-step table itself. Imports: numpy (pandas only to build that DataFrame).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from simwar.analysis.hazards import HazardReport, detect
-from simwar.analysis.prefill import chunk_columns
 from simwar.analysis.summary import Key, assemble, measured_mask
-from simwar.analysis.views import forward_kernels, forwards
 from simwar.core.run_meta import RunMeta
 from simwar.core.trace import OpKind, SpanKind, Trace
 
@@ -72,6 +71,9 @@ def frame(columns: dict) -> pd.DataFrame:
 def step_columns(trace: Trace) -> dict[str, np.ndarray]:
     """The per-step table of a Trace as numpy columns (see the module docstring)."""
     ops, spans = trace.ops, trace.spans
+    # lazy: start-up time of `simwar run`, whose fast executor makes no Trace
+    from simwar.analysis.views import forward_kernels, forwards
+
     fwd = trace.code(trace.run.forward_stream)
     if len(forward_kernels(trace)) == 0:
         return {"step": np.zeros(0, dtype=np.int32)}
@@ -389,11 +391,70 @@ def summarize(df, meta: dict, hazards=None) -> dict:
 def _percentile(x: np.ndarray, key: Key, m: dict) -> float:
     if key.valid and not len(x):
         return float("nan")
-    return float(np.percentile(x, key.arg))
+    return percentile(x, key.arg)
+
+
+def percentile(x: np.ndarray, q: float) -> float:
+    """``numpy.percentile(x, q)`` (method ``linear``) of a 1-d array, bit for bit.
+
+    Written out rather than called: numpy's own ``percentile`` calls ``np.unique``, which
+    imports ``numpy.ma`` (about 5 ms of a short ``simwar run``'s start-up). The steps are
+    numpy's: the two order statistics around the virtual index found by ``np.partition``,
+    then :func:`numpy_lerp`; NaN when a value is NaN (``tests/test_percentile.py``
+    holds it to ``numpy.percentile``).
+    """
+    n = len(x)
+    if n == 0:  # numpy's own error or value
+        return float(np.percentile(x, q))
+    lo, hi, gamma = _virtual_index(n, q)
+    part = np.partition(x, sorted({0, n - 1, lo, hi}))
+    if part.dtype.kind in "fc" and np.isnan(part[-1]):  # a NaN sorts last: numpy gives it
+        return float(part[-1])
+    return float(numpy_lerp(part[lo], part[hi], gamma))
+
+
+def median(x: np.ndarray) -> float:
+    """``numpy.median(x)`` of a 1-d array, bit for bit, written out for the reason
+    :func:`percentile` is (numpy's checks its NaNs with ``numpy.ma``): numpy's steps, the
+    middle one or two values found by ``np.partition`` and their ``np.mean``, or the NaN
+    that sorts last."""
+    n = len(x)
+    if n == 0:  # numpy's own warning and value
+        return float(np.median(x))
+    mid = slice(n // 2, n // 2 + 1) if n % 2 else slice(n // 2 - 1, n // 2 + 1)
+    part = np.partition(x, sorted({mid.start, mid.stop - 1, n - 1}))
+    if part.dtype.kind in "fc" and np.isnan(part[-1]):
+        return float(part[-1])
+    return float(np.mean(part[mid]))
+
+
+def numpy_percentile(at, n: int, q: float) -> float:
+    """``numpy.percentile`` (method ``linear``) of ``n`` values, ``at(i)`` the i-th smallest
+    (no NaN among them): numpy's own arithmetic, without the array."""
+    lo, hi, gamma = _virtual_index(n, q)
+    return float(numpy_lerp(at(lo), at(hi), gamma))
+
+
+def _virtual_index(n: int, q: float) -> tuple[int, int, float]:
+    """numpy's ``linear`` method: the order statistics interpolated and the weight of the
+    upper one. Past the last value both are the last and the weight is the virtual index's
+    distance from index -1, as numpy computes it (``_get_indexes``, ``_get_gamma``)."""
+    virtual = (n - 1) * float(np.true_divide(q, 100))
+    if virtual >= n - 1:
+        return n - 1, n - 1, virtual + 1
+    lo = math.floor(virtual)
+    return lo, lo + 1, virtual - lo
+
+
+def numpy_lerp(a, b, t: float):
+    """numpy's two-sided linear interpolation (``_lerp``): from ``a`` below one half, from
+    ``b`` above, each exact at its end."""
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
 def _median(x: np.ndarray, key: Key, m: dict) -> float:
-    return float(np.median(x)) if len(x) else float("nan")
+    return median(x) if len(x) else float("nan")
 
 
 def _positive_fraction(x: np.ndarray, key: Key, m: dict) -> float:
@@ -556,6 +617,9 @@ def request_table(columns: dict, meta: dict | RunMeta) -> dict[str, np.ndarray]:
                                                 "first_step", "finish_step") if k in req}
     out.update(request_columns(req, steps, fwd_end, first, run.slo))
     if "prefill_step" in req:  # prompts: each request's chunks
+        # lazy: start-up time of a run without prompts
+        from simwar.analysis.prefill import chunk_columns
+
         out.update(chunk_columns(out, columns, run))
     return out
 

@@ -27,7 +27,13 @@ import math
 
 import numpy as np
 
-from simwar.analysis.metrics import first_tokens, hazard_counts, request_columns
+from simwar.analysis.metrics import (
+    first_tokens,
+    hazard_counts,
+    numpy_lerp,
+    numpy_percentile,
+    request_columns,
+)
 from simwar.analysis.summary import (
     BUCKET_METRICS,
     REQUEST_KEYS,
@@ -123,27 +129,13 @@ class QuantileSketch:
         if self.exact is not None:
             def at(i):  # the i-th smallest value
                 return float(values[np.searchsorted(cum, i, side="right")])
-            return _numpy_median(at, self.n) if median else _numpy_percentile(at, self.n, q)
+            return _numpy_median(at, self.n) if median else numpy_percentile(at, self.n, q)
         rank = (50 if median else q) / 100 * (self.n - 1)
         i = int(math.floor(rank))
         j = min(i + 1, self.n - 1)
         a = float(values[np.searchsorted(cum, i, side="right")])
         b = float(values[np.searchsorted(cum, j, side="right")])
-        t = rank - i
-        return a + (b - a) * t if t < 0.5 else b - (b - a) * (1 - t)
-
-
-def _numpy_percentile(at, n: int, q: float) -> float:
-    """``numpy.percentile`` (method ``linear``) of ``n`` values, ``at(i)`` the i-th smallest:
-    numpy's own arithmetic (virtual index, then its two-sided lerp), without the array."""
-    virtual = (n - 1) * float(np.true_divide(q, 100))
-    if virtual >= n - 1:
-        return at(n - 1)
-    prev = math.floor(virtual)
-    gamma = virtual - prev
-    a, b = at(prev), at(prev + 1)
-    diff = b - a
-    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+        return numpy_lerp(a, b, rank - i)
 
 
 def _numpy_median(at, n: int) -> float:

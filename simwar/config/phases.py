@@ -84,12 +84,12 @@ class Phase(StrictModel):
     a graph phase's scales with the graph bucket)."""
     host_us: Duration = 0.0
     """Host time to dispatch the phase (µs)."""
-    reads: list[str] = Field(default_factory=list)
+    reads: list[str] = []  # a plain default: see StrictModel
     """The shared buffers the phase reads (those the schedule writes, gpu.writes)."""
     future_publish: bool = False
     """The phase publishes the step's future (FutureMap): the next step's copies wait on an
     event recorded after it."""
-    collectives: list[CollectiveSpec] = Field(default_factory=list)
+    collectives: list[CollectiveSpec] = []  # a plain default: see StrictModel
     """Device collectives inside the phase's graph (tensor-parallel ranks, parallel.tp)."""
 
 

@@ -259,6 +259,8 @@ def _walk(path: str, model: type[BaseModel], defaults: BaseModel | None,
             default = PydanticUndefined
         annotation = info.rebuild_annotation()
         sub = _section_model(annotation) if nest else None
+        if sub is not None and info.validate_default and isinstance(default, dict):
+            default = sub[0].model_validate(default)  # a section's default, its values as data
         if sub is not None:
             sub_model, suffix = sub
             text = f"[{sub_model.__name__}](#{_path_anchor(key + suffix)})"

@@ -257,7 +257,7 @@ class Prefill(StrictModel):
     forward_us: TokenCost
     """The prefill part of the forward, on the forward stream before the decode phases (µs, or
     {base, per_token, per_token_prefix}; split evenly over launches)."""
-    host_us: TokenCost = Field(default_factory=TokenCost)
+    host_us: TokenCost = Field({}, validate_default=True)  # see StrictModel
     """The host's extra work to prepare the prefill (µs, or {base, per_token}; split evenly
     over launches)."""
     graph: Literal["eager", "piecewise", "full"] = "eager"
@@ -479,18 +479,18 @@ class Config(StrictModel):
     algorithm: Literal[ALGORITHMS] = "dspark"
     """The speculative algorithm: a built-in phase table (none, eagle, dflash, dspark), or
     custom (the config's phases are the whole table)."""
-    phases: list[dict] = Field(default_factory=list)
+    phases: list[dict] = []  # a plain default: see StrictModel
     """Overrides of the built-in phases, by name (phases.verify.read_ends), or the whole
     table of a custom algorithm (each entry a Phase)."""
-    policy: Policy = Field(default_factory=Policy)
+    policy: Policy = Field({}, validate_default=True)  # see StrictModel
     """The scheduler loop and its WAR barrier."""
-    cpu: Cpu = Field(default_factory=Cpu)
+    cpu: Cpu = Field({}, validate_default=True)  # see StrictModel
     """The scheduler thread's work per iteration (µs)."""
-    gpu: Gpu = Field(default_factory=Gpu)
+    gpu: Gpu = Field({}, validate_default=True)  # see StrictModel
     """Device work outside the phases (µs) and the shared buffers written."""
-    costs: Costs = Field(default_factory=Costs)
+    costs: Costs = Field({}, validate_default=True)  # see StrictModel
     """Host cost of each CUDA API call (µs) and two device-model latencies."""
-    accept: Accept = Field(default_factory=lambda: Accept(tokens=3.2))
+    accept: Accept = Field({"tokens": 3.2}, validate_default=True)  # see StrictModel
     """Accepted tokens per request per step."""
     batch_size: int = Field(default=32, ge=1)
     """Requests in every step's batch when no workload gives them."""
@@ -508,7 +508,7 @@ class Config(StrictModel):
     prefill: Prefill | None = None
     """The prefill of requests with prompts (workload.prompt_tokens), chunked, in steps of its
     own or mixed into decode (scheduling.rule)."""
-    scheduling: Scheduling = Field(default_factory=Scheduling)
+    scheduling: Scheduling = Field({}, validate_default=True)  # see StrictModel
     """Which step shape runs when: SGLang's default (prefill steps of their own), its mixed
     chunk, or vLLM's token budget."""
     slo: Annotated[dict | None, BeforeValidator(_slo)] = None

@@ -108,7 +108,6 @@ from simwar.core.program import Program
 from simwar.executors.fast.execute import FastRun, _finish, _State, run_plan
 from simwar.executors.fast.plan import Unsettled, plan_config, plan_program
 from simwar.executors.fast.races import RacePlan
-from simwar.executors.fast.shapes import FORWARD, ShapeRun
 
 
 def one_rank(cfg) -> None:
@@ -175,6 +174,9 @@ def realize_shapes(cfg, sizes, model, summary_only: bool = False, progress=None)
     forwards ran in order, the realizing pass's accumulators already are that run's, and
     the table, summary and races are made from them without a second pass.
     """
+    # lazy: start-up time of a run of one shape (every short `simwar run` of a plain config)
+    from simwar.executors.fast.shapes import FORWARD, ShapeRun
+
     run = ShapeRun(cfg, sizes, model)
     steps = run.steps
     state = _State(0, steps, set(SITES), run.depth, False)

@@ -30,10 +30,8 @@ from simwar.analysis.metrics import (
     idle_windows,
     summarize,
 )
-from simwar.analysis.streaming import StreamingSummary
 from simwar.core.trace import OpKind
 from simwar.executors.fast.codegen import compile_block
-from simwar.executors.fast.counts import Tally
 from simwar.executors.fast.plan import Block, Plan
 from simwar.executors.fast.races import FastHazards, RacePlan
 
@@ -119,6 +117,9 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
     races = RacePlan(plan, window)
     sites = set(SITES) | plan.sites
     streaming = summary_only and _monotone(blocks)
+    if streaming:
+        # lazy: start-up time of a run that keeps its table (every short `simwar run`)
+        from simwar.executors.fast.counts import Tally
     bad = collect
     for attempt in (False, True):
         if bad is not None and attempt != bad:
@@ -199,6 +200,9 @@ class _Flusher:
         self.state = state
         self.plan = plan
         self.races = races
+        # lazy: start-up time of a run that keeps its table (every short `simwar run`)
+        from simwar.analysis.streaming import StreamingSummary
+
         self.sink = StreamingSummary(plan.meta)
         self.facts = StepFacts(plan.meta)
         offs = [0]
