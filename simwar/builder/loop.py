@@ -78,6 +78,7 @@ from __future__ import annotations
 import numpy as np
 
 from simwar.builder.draws import (
+    PREFILL_HOST_BEFORE_US,
     PREFILL_HOST_US,
     PREFILL_LAUNCH_HOST_US,
     PREFILL_LAUNCH_US,
@@ -89,7 +90,7 @@ from simwar.builder.draws import (
     Symbolic,
     sample,
 )
-from simwar.builder.sizes import StepSizes
+from simwar.builder.sizes import StepSizes, has_host_before
 from simwar.config.policies import PublishPoint, barrier, publish_point
 from simwar.config.schema import (
     Affine,
@@ -635,7 +636,8 @@ class LoopBuilder:
 
     def prefill_chunk(self, k: int, publish: bool = False) -> None:
         """Step k's prefill tokens (a chunk, mixed before the decode phases or in a prefill
-        step of its own): ``prefill.launches`` times host work then a kernel (eager: each
+        step of its own): the host's work before it (``prefill.host_before_us``, where the
+        config gives it), then ``prefill.launches`` times host work then a kernel (eager: each
         launch's share of the step's host and device time, so the GPU runs a kernel while the
         host dispatches the next), or host work then one graph launch (piecewise, or full);
         each nothing when no token is prefilled. ``publish``: a prefill step of its own,
@@ -645,6 +647,8 @@ class LoopBuilder:
         pf = self.prefill
         ends = pf.read_ends if publish and self.point.phase is not None else None
         reads = tuple(pf.reads)
+        if has_host_before(pf):  # before any launch of it (a config that gives it)
+            self.cpu("prefill.prepare", PREFILL_HOST_BEFORE_US, k)
         if pf.graph != "eager":  # a graph launch: piecewise, or full (a step of its own)
             self.cpu("prefill.dispatch", PREFILL_HOST_US, k)
             if ends == "pre_replay":

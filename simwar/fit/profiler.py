@@ -180,11 +180,13 @@ def scale_host(cfg: dict, f: float, work: bool = True, keep=()) -> dict:
                 out[section][key] = _scale(out[section][key], f)
     if work:
         for p in out.get("phases") or []:
-            if "host_us" in p:
+            if "host_us" in p and f"phases.{p.get('name')}.host_us" not in keep:
                 p["host_us"] = _scale(p["host_us"], f)
-        for sec in (out.get("prefill"), (out.get("scheduling") or {}).get("idle")):
-            if sec and "host_us" in sec:
-                sec["host_us"] = _scale(sec["host_us"], f)
+        for where, sec in (("prefill", out.get("prefill")),
+                           ("scheduling.idle", (out.get("scheduling") or {}).get("idle"))):
+            for key in ("host_us", "host_before_us"):
+                if sec and key in sec and f"{where}.{key}" not in keep:
+                    sec[key] = _scale(sec[key], f)
     return out
 
 
