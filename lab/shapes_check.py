@@ -447,7 +447,10 @@ def model_line(m: dict) -> str:
     sec = m["prefill"]
     bits = [f"rule {m['scheduling']['rule']}", f"prefill host {_line(sec['host_us'])} µs",
             f"device {_line(sec['forward_us'])} µs"]
-    bits += [f"{k} {v}" for k, v in sec.items() if k not in ("host_us", "forward_us")]
+    if "host_before_us" in sec:
+        bits.append(f"host before its launches {_line(sec['host_before_us'])} µs")
+    bits += [f"{k} {v}" for k, v in sec.items()
+             if k not in ("host_us", "forward_us", "host_before_us")]
     return (", ".join(bits) + f"; graph buckets {m['buckets']}, EXTRAPOLATED here: "
             + (", ".join(m["extrapolated"]) or "none") + f"; CLAMPED here at batch "
             f"{check.MAX_BATCH}: " + (", ".join(m["clamped"]) or "none"))
