@@ -41,14 +41,17 @@ prefill batch).
 "Prefill": ``launches`` host dispatches, each followed by its kernel): ``launches`` the mean
 count of its launch calls (at most :data:`FIT_MAX_LAUNCHES`), ``forward_us`` the kernels'
 whole device time, or more where the capture's forward ended later than that after the
-simulated launches (:func:`launch_device`), and ``host_us`` the window less that many launch
-calls at the config's ``costs.launch_us``, so that the simulated prefill's kernels start as
-its launches go on and end where the capture's did (a graph prefill: one launch, the host
-time before it and the device time after it). Both are ``{base, per_token}`` over the steps'
-prompt tokens by least squares, clamped so that no part is negative (:func:`token_line`);
-``forward_us`` also takes ``per_token_prefix`` (a later chunk's attention over the prefix
-already cached) where the ranges show carried-over chunks (:func:`prefixes`: from each step's
-tokens and requests, never from times; :func:`prefix_line`). A step of the mixed rules that
+simulated launches (:func:`launch_device`), ``host_us`` the window less that many launch
+calls at the config's ``costs.launch_us``, and ``host_before_us`` the host work its step did
+before the window beyond a decode step's (preparing its requests: before the first launch, as
+captured, not spread over the launches, where the kernels would start under it), so that the
+simulated prefill's kernels start as its launches go on and end where the capture's did (a
+graph prefill: one launch, the host time before it and the device time after it). Each is
+``{base, per_token}`` over the steps' prompt tokens by least squares, clamped so that no
+part is negative (:func:`token_line`); ``forward_us`` also takes ``per_token_prefix`` (a
+later chunk's attention over the prefix already cached) where the ranges show carried-over
+chunks (:func:`prefixes`: from each step's tokens and requests, never from times;
+:func:`prefix_line`). A step of the mixed rules that
 prefills nothing is a decode step in the simulator as on the server (no prefill launched),
 so the loop's host work is fitted as captured whatever the rule. It also writes
 ``chunk_tokens`` (the largest chunk seen), ``graph`` and the scheduling rule the steps show
@@ -505,11 +508,13 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
 
     An eager prefill (its launches as launched, ``prefill.launches``): ``launches`` the
     mean count of its launch calls (at most :data:`FIT_MAX_LAUNCHES`), ``forward_us`` its
-    kernels' whole device time (or more: :func:`launch_device`) and ``host_us`` its host
+    kernels' whole device time (or more: :func:`launch_device`), ``host_us`` its host
     window (from the call before its first launch to its last launch's end) less
     ``launches`` launch calls at the config's cost (``launch_cost(batch)``:
     ``costs.launch_us`` at the step's batch plus ``host_call_us``; the simulated prefill then
-    spends the window's host time over its launches, each kernel after its own). A graph
+    spends the window's host time over its launches, each kernel after its own), plus its
+    step's host work beyond a decode step's but the part before the window, which is
+    ``host_before_us`` (before the first launch). A graph
     prefill: host time to its launch, the device time after it. ``kinds``: the steps'
     ranges, whose carried-over chunks give ``forward_us.per_token_prefix``
     (:func:`prefixes`)."""
