@@ -518,6 +518,8 @@ class LoopBuilder:
         if loop_top and self.policy.blocks_at_prepare:
             self.policy.before_prepare(self, k)
         self.cpu("prepare", cfg.cpu.prepare_us, k)
+        if self.prefills(k) and has_host_before(self.prefill):  # the prefill's own preparing
+            self.cpu("prefill.prepare", PREFILL_HOST_BEFORE_US, k)  # (prepare_for_decode's)
         self.schedule_writes(k)
         early = self.consecutive_prefill(k)
         if early:  # the previous prefill step's result first: no overlap between the two
@@ -533,6 +535,13 @@ class LoopBuilder:
         depth = pol.launch_ahead
         if k >= depth and not early:
             self.process_result(k - depth, k)
+
+    def prefills(self, k: int) -> bool:
+        """Whether step k launches a prefill chunk (:meth:`run_batch`): a prefill step of its
+        own, or a mixed step."""
+        shape = self.sizes.shape_of(k)
+        return shape == "prefill" or (self.prefill is not None
+                                      and shape not in ("decode", "idle"))
 
     def consecutive_prefill(self, k: int) -> bool:
         """Whether iteration k processes step k-1's result before launching step k: two
@@ -636,8 +645,9 @@ class LoopBuilder:
 
     def prefill_chunk(self, k: int, publish: bool = False) -> None:
         """Step k's prefill tokens (a chunk, mixed before the decode phases or in a prefill
-        step of its own): the host's work before it (``prefill.host_before_us``, where the
-        config gives it), then ``prefill.launches`` times host work then a kernel (eager: each
+        step of its own; the host's work on it before its step's launches,
+        ``prefill.host_before_us``, is the iteration's, after ``cpu.prepare``):
+        ``prefill.launches`` times host work then a kernel (eager: each
         launch's share of the step's host and device time, so the GPU runs a kernel while the
         host dispatches the next), or host work then one graph launch (piecewise, or full);
         each nothing when no token is prefilled. ``publish``: a prefill step of its own,
@@ -647,8 +657,6 @@ class LoopBuilder:
         pf = self.prefill
         ends = pf.read_ends if publish and self.point.phase is not None else None
         reads = tuple(pf.reads)
-        if has_host_before(pf):  # before any launch of it (a config that gives it)
-            self.cpu("prefill.prepare", PREFILL_HOST_BEFORE_US, k)
         if pf.graph != "eager":  # a graph launch: piecewise, or full (a step of its own)
             self.cpu("prefill.dispatch", PREFILL_HOST_US, k)
             if ends == "pre_replay":
