@@ -275,10 +275,11 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def command(argv: list[str] | None, prog: str, description: str,
             evaluate: Callable[..., dict], markdown: Callable[[dict], str],
-            status_is_verdict: bool) -> int:
-    """A checker's command line: ``[FOLDER] [--json] [--keep-profiler-cost]``; exit status 2
-    when the folder lacks something, else (``status_is_verdict``) 1 when a figure misses its
-    target, or 0."""
+            status_is_verdict: bool, flags: dict[str, tuple[str, str]] | None = None) -> int:
+    """A checker's command line: ``[FOLDER] [--json] [--keep-profiler-cost]`` and the
+    checker's own ``flags`` (``--flag``: (``evaluate``'s keyword it sets True, its help));
+    exit status 2 when the folder lacks something, else (``status_is_verdict``) 1 when a
+    figure misses its target, or 0."""
     ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("folder", type=Path, nargs="?", default=DEFAULT_DIR)
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
@@ -286,9 +287,12 @@ def command(argv: list[str] | None, prog: str, description: str,
                     help="fit the capture's host times with the profiler's own cost kept "
                          "(simwar import --fit --keep-profiler-cost; the tables before it "
                          "was subtracted)")
+    for flag, (key, text) in (flags or {}).items():
+        ap.add_argument(flag, dest=key, action="store_true", help=text)
     args = ap.parse_args(argv)
+    extra = {key: getattr(args, key) for key, _ in (flags or {}).values()}
     try:
-        result = evaluate(args.folder, keep_profiler_cost=args.keep_profiler_cost)
+        result = evaluate(args.folder, keep_profiler_cost=args.keep_profiler_cost, **extra)
     except ServerDataError as e:
         print(f"simwar: error: {e}", file=sys.stderr)
         return 2

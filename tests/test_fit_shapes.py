@@ -25,7 +25,14 @@ from simwar.fit.from_capture import FitError, fit_model
 from simwar.fit.layout import step_layouts
 from simwar.fit.policy import detect_roles
 from simwar.fit.prefix import prefixes
-from simwar.fit.profiler import scale_device
+from simwar.fit.profiler import (
+    CPU_KEYS,
+    GPU_KEYS,
+    HOST_COSTS,
+    PHASE_KEYS,
+    scale_device,
+    scale_host,
+)
 from simwar.fit.shapes import (
     PrefillSample,
     StepKinds,
@@ -191,6 +198,49 @@ def test_unprofiled_rescaling_scales_the_shapes_forwards():
     assert out["scheduling"]["idle"] == {"forward_us": 150, "host_us": 80}
     assert cfg["prefill"]["forward_us"]["base"] == 400  # a copy
     assert scale_device(cfg, 0.5)["prefill"]["host_us"] == cfg["prefill"]["host_us"]
+
+
+def test_scale_host_scales_exactly_the_host_keys():
+    """A host at another speed (``scale_host``): every host duration (the CPU work, each
+    phase's, the prefill's and the idle step's host time, the host API costs) times the
+    factor, faster as slower; nothing on the device, nor the device latencies; the calls
+    alone with ``work=False`` (a replay's timed spins)."""
+    cfg = {"cpu": {k: 100.0 for k in CPU_KEYS},
+           "costs": {**{k: 4.0 for k in HOST_COSTS}, "sync_wake_us": 16.0,
+                     "cross_stream_us": 3.0, "launch_us": {"base": 6.0, "per_seq": 0.5}},
+           "gpu": {k: 50.0 for k in GPU_KEYS},
+           "phases": [{"name": "forward", "graph": "full", "host_us": 30.0,
+                       **{k: 200.0 for k in PHASE_KEYS}}],
+           "prefill": {"forward_us": {"base": 400, "per_token": 0.9},
+                       "host_us": {"base": 120, "per_token": 0.0123}, "launches": 32},
+           "scheduling": {"rule": "sglang", "idle": {"forward_us": 300.0, "host_us": 40.0}}}
+    for f in (0.5, 1.6):
+        out = scale_host(cfg, f)
+        changed = {k for k in _leaves(cfg) if _leaves(out)[k] != _leaves(cfg)[k]}
+        host = ({f"cpu.{k}" for k in CPU_KEYS}
+                | {f"costs.{k}" for k in HOST_COSTS if k != "launch_us"}
+                | {"costs.launch_us.base", "costs.launch_us.per_seq", "phases.0.host_us",
+                   "prefill.host_us.base", "prefill.host_us.per_token",
+                   "scheduling.idle.host_us"})
+        assert changed == host
+        assert all(_leaves(out)[k] == pytest.approx(_leaves(cfg)[k] * f) for k in host)
+        calls = {k for k in _leaves(cfg)
+                 if _leaves(scale_host(cfg, f, work=False))[k] != _leaves(cfg)[k]}
+        assert calls == {k for k in host if k.startswith("costs.")}
+    assert scale_host(cfg, 1.0) == cfg and scale_host(cfg, 2.0) is not cfg
+    assert cfg["cpu"]["schedule_us"] == 100.0  # a copy
+    # --unprofiled-step-us's host factor is the same rule
+    assert scale_device(cfg, 1.0, 1.6) == scale_host(cfg, 1.6)
+
+
+def _leaves(node, where=""):
+    """A nested config's numbers by dotted key."""
+    if isinstance(node, dict):
+        return {k: v for key, val in node.items()
+                for k, v in _leaves(val, f"{where}.{key}" if where else str(key)).items()}
+    if isinstance(node, list):
+        return {k: v for i, val in enumerate(node) for k, v in _leaves(val, f"{where}.{i}").items()}
+    return {where: node} if isinstance(node, (int, float)) else {}
 
 
 def test_launch_device_ends_the_forward_where_the_capture_did():

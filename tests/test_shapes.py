@@ -171,6 +171,8 @@ def test_a_mixed_rule_runs_a_decode_step_when_no_prompt_token_waits(rule, varian
     {"prefill.launches": 4, "prefill.read_ends": "in_replay", "policy.launch_ahead": 2},
     {"prefill.launches": 3, "prefill.read_ends": "unknown", "policy.barrier": "host_sync",
      "policy.placement": "loop_top"},
+    {"prefill.launches": 3, "prefill.host_before_us": {"base": 60, "per_token": 0.2}},
+    {"prefill.graph": "piecewise", "prefill.host_before_us": 80},
 ], ids=str)
 def test_fast_equals_simpy_on_shape_mixes(variant):
     cfg = load_config(None, {**BURSTY, **variant})
@@ -231,21 +233,23 @@ IDLE = {"forward_us": {"dist": "normal", "mean": 400, "std": 60}, "host_us": 25}
        prompts=st.sampled_from([40, {"dist": "uniform", "low": 1, "high": 1500}]),
        consecutive=st.booleans(), launches=st.sampled_from([1, 3]),
        ends=st.sampled_from(["post_replay", "in_replay", "pre_replay", "unknown"]),
-       prefix=st.sampled_from([0.0, 0.002]),
+       prefix=st.sampled_from([0.0, 0.002]), before=st.sampled_from([0, 70]),
        idle=st.sampled_from([None, "eager", "full"]),
        rule=st.sampled_from(["sglang", "sglang", "sglang_mixed", "vllm"]))
 def test_fast_equals_simpy_on_random_shape_mixes(seed, rate, chunk, bound, overlap, barrier,
                                                  graph, steps, prompts, consecutive, launches,
-                                                 ends, prefix, idle, rule):
+                                                 ends, prefix, before, idle, rule):
     """Random mixes of every shape (prefill, decode, mixed, idle) and every prefill form
-    (launches, where its read-done is recorded, a prefix-attention term)."""
+    (launches, where its read-done is recorded, a prefix-attention term, host work before
+    its first launch)."""
     eager = graph == "eager" or launches > 1
     wl = {**BURSTY["workload"], "arrivals": {"rate_per_s": rate}, "initial_batch": seed % 5,
           "prompt_tokens": prompts}
     pf = {**BURSTY["prefill"], "chunk_tokens": chunk, "graph": "eager" if eager else graph,
           "launches": launches, "read_ends": ends if launches > 1 or ends != "in_replay"
           else "post_replay",
-          "forward_us": {**BURSTY["prefill"]["forward_us"], "per_token_prefix": prefix}}
+          "forward_us": {**BURSTY["prefill"]["forward_us"], "per_token_prefix": prefix},
+          "host_before_us": {"base": before, "per_token": before / 1000}}
     sch = {"rule": rule}
     if rule == "sglang":
         sch.update(max_consecutive_prefill=bound,
@@ -262,6 +266,39 @@ def test_fast_equals_simpy_on_random_shape_mixes(seed, rate, chunk, bound, overl
     a = simwar.simulate(cfg, engine="fast").summary  # its realizing pass's run
     b = simwar.simulate(cfg, engine="simpy").summary
     assert list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+
+
+def test_host_before_comes_before_the_prefills_first_launch():
+    """``prefill.host_before_us``: host work of each step that prefills, before any launch of
+    the prefill (none of its kernels overlaps it); 0 builds the Program of a config without
+    the key, op for op."""
+    from simwar.core.program import CpuWork
+
+    def ops(over):
+        return build_program(load_config(None, {**ONE, **over})).ops
+
+    plain = ops({})
+    assert ops({"prefill.host_before_us": 0}) == plain
+    got = ops({"prefill.host_before_us": {"base": 50, "per_token": 0.25}, "prefill.launches": 3})
+    steps = {op.step for op in got if isinstance(op, CpuWork) and op.label == "prefill.prepare"}
+    tokens = _sizes(ONE).prefill_tokens
+    assert steps == {op.step for op in plain if isinstance(op, Launch)
+                     and op.kernel.label == "prefill.forward"}
+    for k in steps:
+        mine = [op for op in got if getattr(op, "step", None) == k]
+        labels = [getattr(op, "label", "") for op in mine]
+        first = next(i for i, op in enumerate(mine) if isinstance(op, Launch)
+                     and op.kernel.label == "prefill.forward")
+        assert labels.index("prefill.prepare") < first
+        prep = next(op for op in mine if getattr(op, "label", "") == "prefill.prepare")
+        assert prep.duration_us == pytest.approx(50 + 0.25 * tokens[k])  # at its chunk
+    # the same host work before the launches, not between them: the prefill's kernels run
+    # back to back, no longer paced by its launches
+    spread = simwar.simulate(None, {**ONE, "prefill.launches": 4,
+                                    "prefill.host_us": {"base": 2000}})
+    before = simwar.simulate(None, {**ONE, "prefill.launches": 4,
+                                    "prefill.host_before_us": {"base": 2000}})
+    assert before.summary["fwd_us_mean"] < spread.summary["fwd_us_mean"]
 
 
 def test_two_prefill_steps_in_a_row_without_overlap_between_them():
@@ -300,7 +337,8 @@ def test_lockstep_runs_shape_picking_runs_together_each_its_own():
         {"seed": 5, "scheduling.max_consecutive_prefill": 1},
         # the mixed rules' runs pick theirs too (decode steps when no prompt token waits)
         {"seed": 6, "workload": wl, "scheduling": {"rule": "sglang_mixed"}},
-        {"seed": 7, "workload": wl, "scheduling": {"rule": "vllm"}, "policy.overlap": False})]
+        {"seed": 7, "workload": wl, "scheduling": {"rule": "vllm"}, "policy.overlap": False},
+        {"seed": 8, "prefill.host_before_us": {"base": 90, "per_token": 0.1}})]
     # simulate_many runs arrivals alone, shapes picked or not (their batches follow their times)
     assert EXECUTORS["lockstep"].refusal(cfgs[0]) == \
         "workload arrivals: each run's batches depend on its own simulated times"

@@ -78,6 +78,7 @@ from __future__ import annotations
 import numpy as np
 
 from simwar.builder.draws import (
+    PREFILL_HOST_BEFORE_US,
     PREFILL_HOST_US,
     PREFILL_LAUNCH_HOST_US,
     PREFILL_LAUNCH_US,
@@ -89,7 +90,7 @@ from simwar.builder.draws import (
     Symbolic,
     sample,
 )
-from simwar.builder.sizes import StepSizes
+from simwar.builder.sizes import StepSizes, has_host_before
 from simwar.config.policies import PublishPoint, barrier, publish_point
 from simwar.config.schema import (
     Affine,
@@ -517,6 +518,8 @@ class LoopBuilder:
         if loop_top and self.policy.blocks_at_prepare:
             self.policy.before_prepare(self, k)
         self.cpu("prepare", cfg.cpu.prepare_us, k)
+        if self.prefills(k) and has_host_before(self.prefill):  # the prefill's own preparing
+            self.cpu("prefill.prepare", PREFILL_HOST_BEFORE_US, k)  # (prepare_for_decode's)
         self.schedule_writes(k)
         early = self.consecutive_prefill(k)
         if early:  # the previous prefill step's result first: no overlap between the two
@@ -532,6 +535,13 @@ class LoopBuilder:
         depth = pol.launch_ahead
         if k >= depth and not early:
             self.process_result(k - depth, k)
+
+    def prefills(self, k: int) -> bool:
+        """Whether step k launches a prefill chunk (:meth:`run_batch`): a prefill step of its
+        own, or a mixed step."""
+        shape = self.sizes.shape_of(k)
+        return shape == "prefill" or (self.prefill is not None
+                                      and shape not in ("decode", "idle"))
 
     def consecutive_prefill(self, k: int) -> bool:
         """Whether iteration k processes step k-1's result before launching step k: two
@@ -635,7 +645,9 @@ class LoopBuilder:
 
     def prefill_chunk(self, k: int, publish: bool = False) -> None:
         """Step k's prefill tokens (a chunk, mixed before the decode phases or in a prefill
-        step of its own): ``prefill.launches`` times host work then a kernel (eager: each
+        step of its own; the host's work on it before its step's launches,
+        ``prefill.host_before_us``, is the iteration's, after ``cpu.prepare``):
+        ``prefill.launches`` times host work then a kernel (eager: each
         launch's share of the step's host and device time, so the GPU runs a kernel while the
         host dispatches the next), or host work then one graph launch (piecewise, or full);
         each nothing when no token is prefilled. ``publish``: a prefill step of its own,

@@ -104,6 +104,14 @@ def rng(seed: int, stream: str) -> np.random.Generator:
     return np.random.default_rng([seed, STREAMS[stream]])
 
 
+
+def has_host_before(pf) -> bool:
+    """Whether a prefill section gives host work before its first launch
+    (``prefill.host_before_us``): only then does a step's program hold that host op, so that
+    a config without the key builds what it built before, op for op."""
+    c = pf.host_before_us
+    return bool(c.base or c.per_token or c.per_token_prefix)
+
 @dataclass
 class StepSizes:
     """Per-step arrays of one run (see the module docstring)."""
@@ -121,6 +129,8 @@ class StepSizes:
     prefill_tokens: np.ndarray | None = None
     prefill_us: np.ndarray | None = None
     prefill_host_us: np.ndarray | None = None
+    #: ``prefill.host_before_us`` given only: the host's work before the prefill's first launch
+    prefill_host_before_us: np.ndarray | None = None
     #: prompts only: the (chunk token, cached token) pairs of each step's attention over the
     #: prefixes its requests have in the cache (``prefill.forward_us.per_token_prefix``)
     prefill_prefix: np.ndarray | None = None
@@ -227,6 +237,8 @@ def draw_sizes(cfg: Config) -> StepSizes:
         out.prefill_us = np.zeros(n)
         out.prefill_host_us = np.zeros(n)
         out.prefill_prefix = np.zeros(n, dtype=np.int64)
+        if has_host_before(cfg.prefill):
+            out.prefill_host_before_us = np.zeros(n)
         if cfg.prefill.launches > 1:
             out.prefill_launch_us = np.zeros(n)
             out.prefill_launch_host_us = np.zeros(n)
@@ -497,6 +509,8 @@ class ArrivalProcess:
         pf = self.prefill
         us = s.prefill_us[k] = pf.forward_us.at(used, prefix)
         host = s.prefill_host_us[k] = pf.host_us.at(used, prefix)
+        if s.prefill_host_before_us is not None:
+            s.prefill_host_before_us[k] = pf.host_before_us.at(used, prefix)
         if s.prefill_launch_us is not None:  # each launch its share (prefill.launches)
             s.prefill_launch_us[k] = us / pf.launches
             s.prefill_launch_host_us[k] = host / pf.launches

@@ -141,30 +141,52 @@ def _scale(value, f: float):
 
 def scale_device(cfg: dict, f: float, host: float = 1.0) -> dict:
     """A copy of a fitted config with every device duration multiplied by ``f`` (and every
-    host duration by ``host``): the decode phases', the loop's and its costs', and those of
-    the prefill and the idle step a capture with shapes gets."""
+    host duration by ``host``, :func:`scale_host`): the decode phases', the loop's and its
+    costs', and those of the prefill and the idle step a capture with shapes gets."""
     out = copy.deepcopy(cfg)
     for p in out.get("phases", []):
         for key in PHASE_KEYS:
             if key in p:
                 p[key] = _scale(p[key], f)
-        if host != 1.0 and "host_us" in p:
-            p["host_us"] = _scale(p["host_us"], host)
     for key in GPU_KEYS:
         if key in out.get("gpu", {}):
             out["gpu"][key] = _scale(out["gpu"][key], f)
-    if host != 1.0:
-        for section, keys in (("cpu", CPU_KEYS), ("costs", HOST_COSTS)):
-            for key in keys:
-                if key in out.get(section, {}):
-                    out[section][key] = _scale(out[section][key], host)
-    # the other shapes' forwards (a fitted prefill, an idle step): device and host alike
+    # the other shapes' forwards (a fitted prefill, an idle step)
     for sec in (out.get("prefill"), (out.get("scheduling") or {}).get("idle")):
-        if sec:
-            if "forward_us" in sec:
-                sec["forward_us"] = _scale(sec["forward_us"], f)
-            if host != 1.0 and "host_us" in sec:
-                sec["host_us"] = _scale(sec["host_us"], host)
+        if sec and "forward_us" in sec:
+            sec["forward_us"] = _scale(sec["forward_us"], f)
+    return scale_host(out, host)
+
+
+def scale_host(cfg: dict, f: float, work: bool = True, keep=()) -> dict:
+    """A copy of a config with every host duration multiplied by ``f``, nothing on the device
+    touched: the host API calls' costs (:data:`HOST_COSTS`, not the device latencies
+    ``sync_wake_us`` and ``cross_stream_us``) and, with ``work``, the loop's CPU work
+    (:data:`CPU_KEYS`), each phase's host time (``host_us``) and the prefill's and the idle
+    step's host time (an eager prefill's launches cost ``costs.launch_us`` each: scaled with
+    the costs). One rule for a host that ran at another speed than the one the config
+    describes, faster (``f`` < 1) or slower: ``--unprofiled-step-us`` per bucket, a timed
+    run's measured host speed (``simwar compare --host-speed measured``, the lab's checkers).
+    ``work`` False: the calls only (a replay's CPU work is spins timed to their nominal
+    duration, whatever the host's speed); ``keep``: dotted keys left as they are (work the
+    server pads to a time target, e.g. ``cpu.schedule_us``). ``f`` 1: an exact copy."""
+    out = copy.deepcopy(cfg)
+    if f == 1.0:
+        return out
+    sections = [("costs", HOST_COSTS)] + ([("cpu", CPU_KEYS)] if work else [])
+    for section, keys in sections:
+        for key in keys:
+            if key in (out.get(section) or {}) and f"{section}.{key}" not in keep:
+                out[section][key] = _scale(out[section][key], f)
+    if work:
+        for p in out.get("phases") or []:
+            if "host_us" in p and f"phases.{p.get('name')}.host_us" not in keep:
+                p["host_us"] = _scale(p["host_us"], f)
+        for where, sec in (("prefill", out.get("prefill")),
+                           ("scheduling.idle", (out.get("scheduling") or {}).get("idle"))):
+            for key in ("host_us", "host_before_us"):
+                if sec and key in sec and f"{where}.{key}" not in keep:
+                    sec[key] = _scale(sec[key], f)
     return out
 
 

@@ -31,7 +31,8 @@
   (``step_us_per_step``); :func:`criteria` and :func:`markdown_table` summarize
   it, ``simwar.plots.plot_compare`` draws step time and forward gap per case;
 - :func:`with_host_speed`: the calibrated host costs scaled by one measured
-  factor per case, the case's own mean launch cost over the calibrated one.
+  factor per case, the case's own mean launch cost over the calibrated one
+  (:func:`simwar.fit.profiler.scale_host`, the one rule for a host at another speed).
   The GPU machine's host changes speed by up to 2x within a session (see
   calibration/README.md); this factor is measured during the very replay being
   compared, never fitted to its step time, so a comparison that uses it checks
@@ -58,6 +59,7 @@ from simwar.api import simulate
 from simwar.core.files import jsonable
 from simwar.core.trace import Trace
 from simwar.fit.compare import FigureComparison, compare_figure, compare_figures, relative_error
+from simwar.fit.profiler import scale_host
 from simwar.harness.replay import COST_KINDS
 
 #: metrics compared per case (summary keys of ``simwar.analysis.metrics``)
@@ -265,11 +267,6 @@ def loop_case_config(case: dict, primitives: dict, *, host_call_us: float = 0.0,
     }
 
 
-#: the host-side costs a host-speed factor scales (device latencies are not host speed)
-HOST_COSTS = ("launch_us", "graph_launch_us", "event_record_us", "wait_event_us",
-              "wait_stream_us", "sync_us", "host_call_us")
-
-
 def host_speed_factor(case: dict, costs: dict) -> float:
     """The case's measured mean launch cost over the calibrated ``launch_us`` (1.0 if unknown)."""
     launch = case.get("host_costs", {}).get("launch_us", {})
@@ -280,11 +277,10 @@ def host_speed_factor(case: dict, costs: dict) -> float:
 
 
 def with_host_speed(cfg: dict, case: dict, costs: dict) -> dict:
-    """``cfg`` with ``costs`` applied and its host costs scaled by the case's host speed."""
-    f = host_speed_factor(case, costs)
-    scaled = {k: (v * f if k in HOST_COSTS and isinstance(v, (int, float)) else v)
-              for k, v in costs.items()}
-    return _with_costs(cfg, scaled)
+    """``cfg`` with ``costs`` applied and its host API costs scaled by the case's host speed
+    (:func:`simwar.fit.profiler.scale_host`, the calls only: the replay's CPU work is spins
+    timed to their nominal duration; the device latencies are not host speed)."""
+    return scale_host(_with_costs(cfg, costs), host_speed_factor(case, costs), work=False)
 
 
 def error_table(configs: dict[str, dict], measured: dict[str, dict],

@@ -41,14 +41,17 @@ prefill batch).
 "Prefill": ``launches`` host dispatches, each followed by its kernel): ``launches`` the mean
 count of its launch calls (at most :data:`FIT_MAX_LAUNCHES`), ``forward_us`` the kernels'
 whole device time, or more where the capture's forward ended later than that after the
-simulated launches (:func:`launch_device`), and ``host_us`` the window less that many launch
-calls at the config's ``costs.launch_us``, so that the simulated prefill's kernels start as
-its launches go on and end where the capture's did (a graph prefill: one launch, the host
-time before it and the device time after it). Both are ``{base, per_token}`` over the steps'
-prompt tokens by least squares, clamped so that no part is negative (:func:`token_line`);
-``forward_us`` also takes ``per_token_prefix`` (a later chunk's attention over the prefix
-already cached) where the ranges show carried-over chunks (:func:`prefixes`: from each step's
-tokens and requests, never from times; :func:`prefix_line`). A step of the mixed rules that
+simulated launches (:func:`launch_device`), ``host_us`` the window less that many launch
+calls at the config's ``costs.launch_us``, and ``host_before_us`` the host work its step did
+before the window beyond a decode step's (preparing its requests: before the first launch, as
+captured, not spread over the launches, where the kernels would start under it), so that the
+simulated prefill's kernels start as its launches go on and end where the capture's did (a
+graph prefill: one launch, the host time before it and the device time after it). Each is
+``{base, per_token}`` over the steps' prompt tokens by least squares, clamped so that no
+part is negative (:func:`token_line`); ``forward_us`` also takes ``per_token_prefix`` (a
+later chunk's attention over the prefix already cached) where the ranges show carried-over
+chunks (:func:`prefixes`: from each step's tokens and requests, never from times;
+:func:`prefix_line`). A step of the mixed rules that
 prefills nothing is a decode step in the simulator as on the server (no prefill launched),
 so the loop's host work is fitted as captured whatever the rule. It also writes
 ``chunk_tokens`` (the largest chunk seen), ``graph`` and the scheduling rule the steps show
@@ -505,11 +508,13 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
 
     An eager prefill (its launches as launched, ``prefill.launches``): ``launches`` the
     mean count of its launch calls (at most :data:`FIT_MAX_LAUNCHES`), ``forward_us`` its
-    kernels' whole device time (or more: :func:`launch_device`) and ``host_us`` its host
+    kernels' whole device time (or more: :func:`launch_device`), ``host_us`` its host
     window (from the call before its first launch to its last launch's end) less
     ``launches`` launch calls at the config's cost (``launch_cost(batch)``:
     ``costs.launch_us`` at the step's batch plus ``host_call_us``; the simulated prefill then
-    spends the window's host time over its launches, each kernel after its own). A graph
+    spends the window's host time over its launches, each kernel after its own), plus its
+    step's host work beyond a decode step's but the part before the window, which is
+    ``host_before_us`` (before the first launch). A graph
     prefill: host time to its launch, the device time after it. ``kinds``: the steps'
     ranges, whose carried-over chunks give ``forward_us.per_token_prefix``
     (:func:`prefixes`)."""
@@ -519,17 +524,23 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
     named = [t for t in x if t > 0]
     chunk = max(named) if named else 8192
     launches, mean_launches = launch_count(got) if graph == "eager" else (1, 0.0)
+    befores: list[float] = []
     if graph == "eager":
         cost = (lambda batch: 0.0) if launch_cost is None else launch_cost
-        hosts = [max(0.0, p.fit_window_us - launches * cost(p.batch) + p.extra_us)
-                 for p in got]
+        # the host work its step did before the window (beyond a decode step's: preparing
+        # its requests) is prefill.host_before_us, before the first launch as on the server,
+        # not spread over the launches, where the kernels would start under it and the
+        # device time would have to be stretched to end where the capture's did (by about
+        # that work: 1.4 ms on the H200's mixed capture, a device-bound loop's loss)
+        befores = [max(0.0, p.extra_before_us) for p in got]
+        hosts = [max(0.0, p.fit_window_us - launches * cost(p.batch) + p.extra_us - b)
+                 for p, b in zip(got, befores)]
         # the kernels' busy time, or more where the capture's forward ended later than that
-        # run after the simulated launches: the host work its step did before the window
-        # (which the simulated window holds, spread over the launches) and short kernels that
-        # waited for their launches between long ones (which equal shares do not)
-        devices = [max(p.busy_us, launch_device(p.end_us + p.extra_before_us,
-                                                p.fit_window_us + p.extra_us, launches))
-                   for p in got]
+        # after the simulated launches: short kernels that waited for their launches between
+        # long ones (which equal shares do not)
+        devices = [max(p.busy_us, launch_device(p.end_us + p.extra_before_us - b,
+                                                p.fit_window_us + p.extra_us - b, launches))
+                   for p, b in zip(got, befores)]
     else:
         hosts = [max(0.0, p.host_us + p.extra_us) for p in got]
         devices = [p.device_us for p in got]
@@ -563,6 +574,9 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
     host, how_h = token_line(x, hosts)
     section = {"chunk_tokens": int(chunk), "forward_us": forward, "host_us": host,
                "graph": graph, "reads": list(reads)}
+    before, how_b = token_line(x, befores) if befores else (0.0, "")
+    if before and (not isinstance(before, dict) or before["base"] or before["per_token"]):
+        section["host_before_us"] = before
     if launches > 1:
         section["launches"] = launches
     calls = max(sum(p.launches for p in got), 1)
@@ -595,7 +609,13 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
              f"  prefill.host_us {_text(host)}: {host_line}"
              + (f", plus the host work its step took around it beyond the decode steps' "
                 f"(mean {excess:+.1f} µs; the loop's host work is the decode steps')"
-                if abs(excess) >= 0.05 else "") + f" ({how_h})",
+                if abs(excess) >= 0.05 else "")
+             + (", less the part of it before the window (prefill.host_before_us)"
+                if "host_before_us" in section else "") + f" ({how_h})",
+             *([f"  prefill.host_before_us {_text(section['host_before_us'])}: the host work "
+                f"its step did before the prefill's window beyond a decode step's (preparing "
+                f"its requests), before its first launch ({how_b})"]
+               if "host_before_us" in section else []),
              launch_line,
              f"  prefill.chunk_tokens {chunk}: the largest chunk seen"
              + ("" if named else " (the ranges name no tokens: simwar's default)")
