@@ -77,9 +77,9 @@ def host_collective_leaves(arrival: float, last: float, cost_us: float,
 # only on a tie, where both are the same number. So each function below gives, per element,
 # exactly what its scalar form above gives (:mod:`simwar.executors.lockstep`).
 
-def begins_many(tail, ready):
-    """:func:`begins` of arrays (or an array and a number)."""
-    return _np.maximum(tail, ready)
+#: :func:`begins` of arrays (or an array and a number): numpy's ``maximum`` itself, bound
+#: without a wrapper (the lockstep pass calls it a few times per op and step)
+begins_many = _np.maximum
 
 
 def released_many(reach, fired, latency_us, same_stream: bool):
