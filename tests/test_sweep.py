@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 import yaml
 
+import simwar.study.sweeps as sweeps
+from simwar import __version__
 from simwar.api import simulate
 from simwar.cli.app import main
 from simwar.config import ConfigError
@@ -65,6 +67,17 @@ def test_seeds_follow_the_repeat_and_hashes_group_repeats():
     assert len({r.run_key for r in plan.runs}) == 16
     again = load_sweep(small_spec(), {**SHORT, "seed": 7})
     assert [r.run_key for r in again.runs] == [r.run_key for r in plan.runs]
+
+
+def test_a_run_key_is_the_hash_of_its_config_hash_seed_and_version():
+    """The run key written out directly is the canonical JSON hash of the three (the key
+    stored results are found by)."""
+    for run in load_sweep(small_spec(), {**SHORT, "seed": 2**40}).runs[:4]:
+        assert run.run_key == sweeps._hash({"config_hash": run.config_hash, "seed": run.seed,
+                                            "version": __version__})
+    for config_hash, seed in [("x y", 3), ("ab", True), ("0f", -5)]:
+        assert sweeps._run_key(config_hash, seed) == sweeps._hash(
+            {"config_hash": config_hash, "seed": seed, "version": __version__})
 
 
 def test_each_run_applies_its_values_to_the_base_config():
