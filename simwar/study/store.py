@@ -129,11 +129,9 @@ def join_tables(tables: list[pa.Table]) -> pa.Table:
         kinds = {p.type for p in parts} - {pa.null()}
         if len(kinds) <= 1:
             kind = kinds.pop() if kinds else pa.null()
-            joined[name] = pa.chunked_array([p.cast(kind) if p.type != kind else p
-                                             for p in parts], type=kind)
+            joined[name] = _joined([p.cast(kind) if p.type != kind else p for p in parts], kind)
         elif all(pa.types.is_integer(k) or pa.types.is_floating(k) for k in kinds):
-            joined[name] = pa.chunked_array([p.cast(pa.float64()) for p in parts],
-                                            type=pa.float64())
+            joined[name] = _joined([p.cast(pa.float64()) for p in parts], pa.float64())
         else:
             values = [v for p in parts for v in p.to_pylist()]
             joined[name] = pa.chunked_array([pa.array(normalised(values))])
@@ -142,6 +140,15 @@ def join_tables(tables: list[pa.Table]) -> pa.Table:
     if len(ids) > 1 and (ids[1:] < ids[:-1]).any():  # batches finished out of order
         table = table.take(pa.compute.sort_indices(table, [("run_id", "ascending")]))
     return table
+
+
+def _joined(parts: list, kind: pa.DataType) -> pa.ChunkedArray:
+    """The columns ``parts`` (arrays or chunked arrays, of type ``kind``) as one chunked
+    array of their chunks: ``pa.chunked_array`` takes a chunked array in its list as a
+    sequence of Python values (about 3 ms per column of 10,000 rows)."""
+    return pa.chunked_array([c for p in parts
+                             for c in (p.chunks if isinstance(p, pa.ChunkedArray) else [p])],
+                            type=kind)
 
 
 # --------------------------------------------------------------------------- storage

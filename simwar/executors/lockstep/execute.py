@@ -289,6 +289,10 @@ SUMMARY_BYTES = 256 << 10
 #: row per run): numpy copies a transposed array an element at a time, with a cache miss on
 #: one side for each; a tile's rows stay in the cache on both
 TILE_STEPS = 64
+#: bytes of one per-step fact of the runs turned to rows at a time (several chunks): each
+#: step's row is then read a few kB at a time, which the processor streams, where a chunk's
+#: 256 bytes of every step, a page apart, each waited for memory
+ROWS_BYTES = 4 << 20
 
 
 def summary_runs(steps: int) -> int:
@@ -325,10 +329,14 @@ def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
     totals = [(tally.races, int(o), tally.steps.total()) for o in tally.overlaps.tolist()]
     out: list[dict] = []
     chunk = min(len(plans), summary_runs(len(steps)))
-    buffers = {k: np.empty((chunk, len(steps))) for k in facts}
+    span = min(len(plans), max(1, ROWS_BYTES // (8 * max(1, len(steps)) * chunk)) * chunk)
+    buffers = {k: np.empty((span, len(steps))) for k in facts}
     for j0 in range(0, len(plans), chunk):
         j1 = min(len(plans), j0 + chunk)
-        rows = {k: _run_rows(v, j0, j1, buffers[k]) for k, v in facts.items()}
+        if j0 % span == 0:  # the next span of runs as rows (each chunk's rows a view of it)
+            spanned = {k: _run_rows(v, j0, min(len(plans), j0 + span), buffers[k])
+                       for k, v in facts.items()}
+        rows = {k: v[j0 % span:j0 % span + j1 - j0] for k, v in spanned.items()}
         blocked = {k[1]: v for k, v in rows.items() if isinstance(k, tuple)}
         zero = np.broadcast_to(0.0, rows["fs"].shape)  # the sites no op syncs at
         blocked.update({site: zero for site in set(SITES) - set(blocked)})
