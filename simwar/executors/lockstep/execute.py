@@ -145,13 +145,25 @@ def _stack_consts(plans: list[Plan], bi: int) -> tuple:
     slots = [j for j, c in enumerate(plans[0].blocks[bi].consts) if c is not None]
     if not slots:
         return ()
-    table = np.array([[p.blocks[bi].consts[j] for j in slots] for p in plans],
-                     dtype=np.float64)
-    if _signed_zero(table):
-        raise NotLockstep("a -0.0 parameter")
-    same = (table == table[0]).all(axis=0)
-    return tuple(np.array(table[0, i]) if same[i] else table[:, i].copy()
-                 for i in range(len(slots)))
+    together = plans[0].bound[0] if plans[0].bound is not None else None
+    if together is not None and all(p.bound is not None and p.bound[0] is together
+                                    for p in plans):
+        # bound at once: each constant's array (or number) of all of them, taken as it is
+        mine = np.array([p.bound[1] for p in plans])
+        shared = together.blocks[bi].consts
+        columns = [np.asarray(shared[j][mine], dtype=np.float64)
+                   if isinstance(shared[j], np.ndarray)
+                   else np.full(len(plans), shared[j], dtype=np.float64) for j in slots]
+    else:
+        table = np.array([[p.blocks[bi].consts[j] for j in slots] for p in plans],
+                         dtype=np.float64)
+        columns = list(table.T)
+    out = []
+    for col in columns:
+        if _signed_zero(col):
+            raise NotLockstep("a -0.0 parameter")
+        out.append(np.array(col[0]) if (col == col[0]).all() else np.ascontiguousarray(col))
+    return tuple(out)
 
 
 def _stack_columns(plans: list[Plan], bi: int, start: int, stop: int) -> list[np.ndarray]:
