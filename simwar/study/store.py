@@ -88,7 +88,7 @@ def _as_json_text(value: Any) -> str | None:
 
 def normalised(values: list) -> list:
     """A column's values as one Parquet type can hold them (see the module docstring)."""
-    kinds = {type(v) for v in values}
+    kinds = set(map(type, values))
     if kinds & {dict, list} or (str in kinds and kinds - {str, type(None)}):
         return [_as_json_text(v) for v in values]
     return values
@@ -107,11 +107,13 @@ def rows_table(runs: Iterable, summaries: dict[str, dict],
         columns[key] = [run.values.get(key) for run in runs]
     for key in ID_COLUMNS:
         columns[key] = [getattr(run, key) for run in runs]
-    metrics = dict.fromkeys(got[0]) if got else {}
-    if any(s.keys() != metrics.keys() for s in got):
-        metrics = dict.fromkeys(k for s in got for k in s)
-    for metric in metrics:
-        values = [s.get(metric) for s in got]
+    order = list(got[0]) if got else []
+    if all(list(s) == order for s in got):  # the same metrics in the same order: transposed
+        by_metric = dict(zip(order, zip(*(s.values() for s in got))))
+    else:
+        by_metric = {k: [s.get(k) for s in got] for k in dict.fromkeys(k for s in got for k in s)}
+    for metric, values in by_metric.items():
+        values = list(values)
         if metric == "name" and metric not in columns:
             values = [run_name(v, run.values, overrides) for v, run in zip(values, runs)]
         columns[f"summary.{metric}" if metric in columns else metric] = values
