@@ -203,6 +203,10 @@ def _measured_range(plan: Plan, fwd: str) -> tuple[int, int] | None:
     for b in plan.blocks:
         offs = {op.off for op in b.shape.ops
                 if op.kind == OpKind.KERNEL and op.lane == fwd and op.phase}
+        if isinstance(b.steps, range):  # each offset a shifted range: no loop over steps
+            for o in offs:
+                steps.update(range(b.steps.start + o, b.steps.stop + o, b.steps.step))
+            continue
         for s in b.steps:
             steps.update(s + o for o in offs)
     rows = sorted(steps)
