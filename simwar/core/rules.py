@@ -92,7 +92,7 @@ def returns_many(called, cost_us, fired, wake_us):
     t = called + cost_us
     if fired is None:
         return t
-    if isinstance(t, _np.ndarray) and t.shape == _np.shape(fired):
+    if type(t) is _np.ndarray and type(fired) is _np.ndarray and t.shape == fired.shape:
         # the same choice element by element, written into t (a new array): numpy's
         # putmask costs less than its where over a lockstep group's few runs
         _np.putmask(t, fired > t, fired + wake_us)
