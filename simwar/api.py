@@ -395,6 +395,7 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
     for i, r in enumerate(resolved):
         similar.setdefault(structure_key(r) if keys is None else keys[i], []).append(i)
     groups: dict[tuple, list] = {}
+    keyed: dict[int, tuple] = {}  # group keys by id of the plan (held in ``groups``)
     alone: list[int] = []
     for members in similar.values():
         rep = load_config(resolved[members[0]])
@@ -432,7 +433,13 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
             if EXECUTORS["lockstep"].plan_refusal(plan) is not None:
                 alone.append(i)
                 continue
-            groups.setdefault(lockstep.group_key(plan), []).append((i, plan))
+            # the plans bound at once share their key (the same blocks, steps and meta but
+            # the name): computed once for them
+            by = plan.bound[0] if plan.bound is not None else plan
+            key = keyed.get(id(by))
+            if key is None:
+                key = keyed[id(by)] = lockstep.group_key(by)
+            groups.setdefault(key, []).append((i, plan))
     with gc_paused():
         for i in alone:
             done([i], [simulate(resolved[i]).summary])
@@ -519,7 +526,7 @@ def _bound_many(trace, template, rep: Config, sizes: StepSizes, members: list[in
             blocks = [_copy(b, consts=runs[n]) for b, runs in zip(together.blocks, per_run)]
             run_meta = meta if resolved[i]["name"] == meta["name"] else \
                 {**meta, "name": resolved[i]["name"]}
-            plans[i] = _copy(together, blocks=blocks, meta=dict(run_meta))
+            plans[i] = _copy(together, blocks=blocks, meta=dict(run_meta), bound=(together, n))
     return plans
 
 

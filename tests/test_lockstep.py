@@ -234,6 +234,9 @@ def test_the_rules_over_arrays_are_the_rules_element_by_element():
     assert returns_many(a, c, b, c).tolist() == \
         [returns(x, y, z, w) for x, y, z, w in zip(a, c, b, c)]
     assert returns_many(a, c, None, c).tolist() == [returns(x, y, None, 0) for x, y in zip(a, c)]
+    one = b[:1].reshape(())  # a record every run shares (0-d): numpy's where, not putmask
+    assert returns_many(a, c, one, c).tolist() == \
+        [returns(x, y, float(one), w) for x, y, w in zip(a, c, c)]
 
 
 def test_a_minus_zero_duration_runs_alone():

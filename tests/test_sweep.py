@@ -11,13 +11,17 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
+import simwar.study.sweeps as sweeps
+from simwar import __version__
 from simwar.api import simulate
 from simwar.cli.app import main
 from simwar.config import ConfigError
+from simwar.core.files import jsonable
 from simwar.study.sweeps import ID_COLUMNS, load_sweep, sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,6 +69,30 @@ def test_seeds_follow_the_repeat_and_hashes_group_repeats():
     assert len({r.run_key for r in plan.runs}) == 16
     again = load_sweep(small_spec(), {**SHORT, "seed": 7})
     assert [r.run_key for r in again.runs] == [r.run_key for r in plan.runs]
+
+
+def test_a_run_key_is_the_hash_of_its_config_hash_seed_and_version():
+    """The run key written out directly is the canonical JSON hash of the three (the key
+    stored results are found by)."""
+    for run in load_sweep(small_spec(), {**SHORT, "seed": 2**40}).runs[:4]:
+        assert run.run_key == sweeps._hash({"config_hash": run.config_hash, "seed": run.seed,
+                                            "version": __version__})
+    for config_hash, seed in [("x y", 3), ("ab", True), ("0f", -5)]:
+        assert sweeps._run_key(config_hash, seed) == sweeps._hash(
+            {"config_hash": config_hash, "seed": seed, "version": __version__})
+
+
+def test_a_summary_is_made_json_safe_key_by_key():
+    """What a sweep stores of a summary: string keys, None for NaN and infinities, lists for
+    tuples, Python numbers for numpy's, nested mappings alike."""
+    summary = {"a": 1.5, "b": float("nan"), "c": float("inf"), "d": -float("inf"), 3: 2,
+               "h": {1: 0.25, 2: float("nan")}, "n": np.float64(2.0), "i": np.int64(4),
+               "t": (1, 2.0), "s": "x", "z": None, "k": True}
+    out = jsonable(summary)
+    assert out == {"a": 1.5, "b": None, "c": None, "d": None, "3": 2, "h": {"1": 0.25, "2": None},
+                   "n": 2.0, "i": 4, "t": [1, 2.0], "s": "x", "z": None, "k": True}
+    assert type(out["i"]) is int and type(out["k"]) is bool
+    json.dumps(out, allow_nan=False)
 
 
 def test_each_run_applies_its_values_to_the_base_config():

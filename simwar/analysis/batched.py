@@ -197,7 +197,10 @@ def _together(cols: dict, metas: list[dict], hazards: list, runs: list[RunMeta])
     if len(keep) and keep[-1] - keep[0] + 1 == len(keep):  # one run of steps: views
         keep = slice(int(keep[0]), int(keep[-1]) + 1)
     m = {name: col[..., keep] for name, col in cols.items()}
-    from_hazards = [hazard_counts(h, m["step"]) for h in hazards]
+    steps = m["step"]
+    if len(steps) and steps[-1] - steps[0] + 1 == len(steps) and (np.diff(steps) == 1).all():
+        steps = range(int(steps[0]), int(steps[-1]) + 1)  # a run of steps: no search per run
+    from_hazards = [hazard_counts(h, steps) for h in hazards]
     if not len(m["step"]):
         return [assemble(run.name, 0, cols, meta, None, {}) for run, meta in zip(runs, metas)]
     values: dict[str, list] = {}

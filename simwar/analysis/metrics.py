@@ -264,22 +264,31 @@ def launch_ahead_depth(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
 def _launch_ahead_columns(end: np.ndarray, launch: np.ndarray) -> np.ndarray:
     """:func:`launch_ahead_depth` of each row. Where forward ends are in FIFO order, the
     forwards before k unfinished at launch k are the last ones before it: count them back
-    from k - 1 until one ended by the launch (the same count as the search)."""
+    from k - 1 until one ended by the launch (the same count as the search; counted in
+    floats, which hold these counts exactly)."""
     fifo = np.all(end[:, 1:] >= end[:, :-1], axis=1)
+    if fifo.all():  # every row: the arrays as they are, no copies
+        return _counted_back(end, launch)
     out = np.zeros(end.shape)
     for j in np.flatnonzero(~fifo).tolist():
         out[j] = launch_ahead_depth(end[j], launch[j])
     rows = np.flatnonzero(fifo)
     if len(rows):
-        e, la = end[rows], launch[rows]
-        ahead = np.zeros(e.shape, dtype=np.int64)
-        for d in range(1, e.shape[1]):
-            late = e[:, :-d] > la[:, d:]  # forward k - d still running at launch k
-            if not late.any():
-                break
-            ahead[:, d:] += late
-        out[rows] = np.where(np.isnan(la), np.nan, ahead)
+        out[rows] = _counted_back(end[rows], launch[rows])
     return out
+
+
+def _counted_back(e: np.ndarray, la: np.ndarray) -> np.ndarray:
+    ahead = np.zeros(e.shape)
+    for d in range(1, e.shape[1]):
+        late = e[:, :-d] > la[:, d:]  # forward k - d still running at launch k
+        if not late.any():
+            break
+        ahead[:, d:] += late
+    nan = np.isnan(la)
+    if nan.any():
+        ahead[nan] = np.nan
+    return ahead
 
 
 def merged(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

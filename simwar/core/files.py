@@ -334,6 +334,19 @@ def jsonable(obj):
         return obj
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
+    if kind is dict:  # a summary: mostly flat numbers and strings, looked at here
+        out = {}
+        for k, v in obj.items():
+            kind = type(v)
+            if type(k) is not str:
+                k = str(k)
+            if kind is float:
+                out[k] = v if v - v == 0.0 else None  # v - v: 0.0 when finite, else NaN
+            elif kind is int or kind is str or kind is bool or v is None:
+                out[k] = v
+            else:
+                out[k] = jsonable(v)
+        return out
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -77,9 +77,9 @@ def host_collective_leaves(arrival: float, last: float, cost_us: float,
 # only on a tie, where both are the same number. So each function below gives, per element,
 # exactly what its scalar form above gives (:mod:`simwar.executors.lockstep`).
 
-def begins_many(tail, ready):
-    """:func:`begins` of arrays (or an array and a number)."""
-    return _np.maximum(tail, ready)
+#: :func:`begins` of arrays (or an array and a number): numpy's ``maximum`` itself, bound
+#: without a wrapper (the lockstep pass calls it a few times per op and step)
+begins_many = _np.maximum
 
 
 def released_many(reach, fired, latency_us, same_stream: bool):
@@ -91,6 +91,11 @@ def returns_many(called, cost_us, fired, wake_us):
     """:func:`returns` of arrays (``fired`` None: no record)."""
     t = called + cost_us
     if fired is None:
+        return t
+    if type(t) is _np.ndarray and type(fired) is _np.ndarray and t.shape == fired.shape:
+        # the same choice element by element, written into t (a new array): numpy's
+        # putmask costs less than its where over a lockstep group's few runs
+        _np.putmask(t, fired > t, fired + wake_us)
         return t
     return _np.where(fired > t, fired + wake_us, t)
 

@@ -147,7 +147,8 @@ class Templates:
         if not self.keys:
             return None
         fixed = {k: v for k, v in values.items() if k not in self.box}
-        key = (json.dumps(fixed, sort_keys=True, default=str), repeat)
+        # (a grid of value keys only, the usual large one, has nothing fixed: no JSON per run)
+        key = (json.dumps(fixed, sort_keys=True, default=str) if fixed else "", repeat)
         if key in self._kept:
             self._kept.move_to_end(key)
             return self._kept[key]

@@ -93,6 +93,7 @@ from simwar.config import (
     set_dotted,
 )
 from simwar.config.budget import check_memory
+from simwar.core.collector import gc_paused
 from simwar.core.files import interrupt_handled, jsonable
 from simwar.executors.lockstep import batch_size
 from simwar.study.expand import Templates
@@ -453,7 +454,16 @@ def _hash(obj: Any) -> str:
 
 
 def _run_key(config_hash: str, seed: int) -> str:
+    """The hash of ``{"config_hash", "seed", "version"}``: :func:`_hash`'s canonical JSON of
+    it, written here directly for a hex digest and an int seed (every run's: a sweep makes
+    one per run, and the JSON encoder cost more than the digest)."""
+    if type(seed) is int and type(config_hash) is str and config_hash.isalnum():
+        text = f'{{"config_hash":"{config_hash}","seed":{seed},"version":{_VERSION}}}'
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
     return _hash({"config_hash": config_hash, "seed": seed, "version": __version__})
+
+
+_VERSION = json.dumps(__version__)
 
 
 # --------------------------------------------------------------------------- one run
@@ -591,11 +601,18 @@ def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
             todo = pending(report)
             # a piece at a time: a pool or a cluster queues what it is given, so a huge sweep
             # is handed over in pieces, never expanded whole
-            while batch := list(itertools.islice(todo, BATCH * workers)):
-                for task, summaries in execute(lockstep_tasks(batch, workers)):
-                    commit(task, {run.run_key: s for run, s in zip(task, summaries)})
-                    counts["simulated"] += len(task)  # finished: in the tables from now on
-                    report.done(len(task))
+            while True:
+                # the collector paused: a piece's runs, configs and summaries are many small
+                # containers without cycles (it walked them all about 300 times a 10,000-run
+                # sweep, 3 % of its time)
+                with gc_paused():
+                    batch = list(itertools.islice(todo, BATCH * workers))
+                    if not batch:
+                        break
+                    for task, summaries in execute(lockstep_tasks(batch, workers)):
+                        commit(task, {run.run_key: s for run, s in zip(task, summaries)})
+                        counts["simulated"] += len(task)  # finished: in the tables from now on
+                        report.done(len(task))
     except BaseException as e:
         # interrupted or failed: the tables of what finished, to read before resuming
         done = 0

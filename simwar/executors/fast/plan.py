@@ -349,6 +349,11 @@ class Plan:
     skeleton_steps: list | None = None
     skeleton_shapes: list | None = None  # a config's: the shape of each skeleton iteration
     sizes: object = None  # a config's per-step sizes (graph buckets name graph launches)
+    #: a plan bound with others at once (:func:`simwar.api.simulate_many`): ``(together,
+    #: n)``, the plan of all of them (each constant an array of one element per run, or a
+    #: number they share) and this run's element; the lockstep pass takes the arrays as
+    #: they are rather than stacking each run's numbers again
+    bound: tuple | None = None
 
     @property
     def depth(self) -> int:
