@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -284,3 +285,19 @@ def test_runs_differing_in_numbers_are_bound_together_and_equal_their_own_runs(m
         assert_same_summary(summary, simulate(cfg).summary)
     # cpu.ingest_us 0 issues no op: that run is of its own; the others are bound at once
     assert bound == [2, 10]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks a child process")
+def test_a_batchs_fresh_arrays_are_private_to_a_forked_worker():
+    """A sweep's worker processes are forked after the parent may have left a batch's arrays
+    spare: a child writing them must not change the parent's (a shared map did, and two jobs
+    then gave other rows than one)."""
+    from simwar.executors.lockstep import execute
+    arr = execute._fresh(1 << 16)  # large enough to be mapped, not numpy's
+    arr.fill(0.0)
+    pid = os.fork()
+    if pid == 0:  # the child: write the pages and leave at once
+        arr.fill(1.0)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert not arr.any()
