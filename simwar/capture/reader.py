@@ -422,6 +422,9 @@ class _Classifier:
         corr = args.correlation
         if type(corr) is not int:
             return False
+        # one int object per correlation id: a launch and its device work share it (an int
+        # past 256 is an object of 32 bytes)
+        corr = self.same(corr, corr)
         if kind == "runtime":
             pid, tid = ev.pid, ev.tid
             if type(pid) is not int or type(tid) is not int:
