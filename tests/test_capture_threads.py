@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from msgspec.structs import replace
 
 from simwar.analysis.metrics import analyze
 from simwar.api import simulate
@@ -129,8 +130,8 @@ def test_binding_uses_only_relations(tmp_path):
     syncs = {s.correlation: s for s in cap.sync_events}
     calls = sorted(cap.runtime_calls, key=lambda c: c.ts)
     a = bind(calls, by_corr, syncs)
-    shifted = {c: [d._replace(ts=d.ts + 1e6) for d in ds] for c, ds in by_corr.items()}
-    b = bind(calls, shifted, {c: s._replace(ts=-s.ts) for c, s in syncs.items()})
+    shifted = {c: [replace(d, ts=d.ts + 1e6) for d in ds] for c, ds in by_corr.items()}
+    b = bind(calls, shifted, {c: replace(s, ts=-s.ts) for c, s in syncs.items()})
     assert a.record_of == b.record_of and a.rule == b.rule and a.stream == b.stream
 
 

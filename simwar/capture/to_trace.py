@@ -263,19 +263,18 @@ class CaptureTraceBuilder:
         self.counts.update({k: cap.counts.get(k, 0) for k in
                             ("kernel", "memcpy", "memset", "cuda_sync", "runtime",
                              "annotation")})
-        devices = {d.device for d in cap.device_events}
-        multi = len(devices) > 1
-        self.lane_of = {}
-        for d in cap.device_events:
-            key = (d.device, d.stream)
-            if key not in self.lane_of:
-                self.lane_of[key] = m.lane_for(d.device, d.stream, multi)
-        self._check_mapping_streams()
-
+        # the device events' streams and each launch's work, in one pass
         lists: dict[int, list[DeviceEvent]] = defaultdict(list)
+        streams: dict[tuple[int, int], None] = {}  # in order of first appearance
         for d in cap.device_events:
+            streams[d.device, d.stream] = None
             if d.correlation >= 0:
                 lists[d.correlation].append(d)
+        multi = len({dev for dev, _ in streams}) > 1
+        self.lane_of = {key: m.lane_for(*key, multi) for key in streams}
+        del streams
+        self._check_mapping_streams()
+
         # each launch's device work as a tuple: fixed from here, and a tuple of one op (most
         # launches) takes half the memory of a list grown by append
         by_corr: dict[int, tuple[DeviceEvent, ...]] = {k: tuple(v) for k, v in lists.items()}
@@ -345,11 +344,20 @@ class CaptureTraceBuilder:
             out[cat] = [ts - o for pid, tid, ts in evs if (pid, tid) == self.host]
         device = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
         syncs = Counter(s.correlation for s in cap.sync_events if s.correlation >= 0)
+        # the loop runs once per host call: lookups bound once, each kind's list found once
+        get_devs, get_syncs, of_kind = by_corr.get, syncs.get, {}
         for c in host_calls:
-            for d in by_corr.get(c.correlation, ()):
-                out.setdefault(device[d.kind], []).append(c.ts - o)
-            if syncs.get(c.correlation):
-                out.setdefault("cuda_sync", []).extend([c.ts - o] * syncs[c.correlation])
+            devs = get_devs(c.correlation)
+            if devs is not None:
+                t = c.ts - o
+                for d in devs:
+                    starts = of_kind.get(d.kind)
+                    if starts is None:
+                        starts = of_kind[d.kind] = out.setdefault(device[d.kind], [])
+                    starts.append(t)
+            n = get_syncs(c.correlation)
+            if n:
+                out.setdefault("cuda_sync", []).extend([c.ts - o] * n)
         return {k: np.sort(np.asarray(v, dtype=float)) for k, v in out.items() if v}
 
     # ------------------------------------------------------------------ setup
