@@ -50,13 +50,17 @@ class _RaceTpl:
     b_phase: str
 
 
-def _pairs(shapes: list, steps: list, window: int, last_only: bool) -> list:
+def _pairs(shapes: list, steps: list, window: int, last_only: bool,
+           latent_only: bool | None = None) -> list:
     """The compared access pairs of consecutive segments (``None``: a segment left out).
 
     ``steps``: each segment's step; ``last_only``: only latent pairs whose later access is in
-    the last segment. Runs :func:`~simwar.analysis.hazards.candidate_pairs` on the segments'
-    ops; returns ``(pair, earlier segment, later segment)`` in its order.
+    the last segment; ``latent_only`` (default: ``last_only``): only latent pairs, wherever
+    their later access is. Runs :func:`~simwar.analysis.hazards.candidate_pairs` on the
+    segments' ops; returns ``(pair, earlier segment, later segment)`` in its order.
     """
+    if latent_only is None:
+        latent_only = last_only
     lane: list = []
     kind: list = []
     bound: list = []
@@ -94,7 +98,7 @@ def _pairs(shapes: list, steps: list, window: int, last_only: bool) -> list:
     last = len(shapes) - 1
     out: list = []
     for i, k, latent in candidate_pairs(lane, kind, bound, acc_op, acc_buf, acc_mode, acc_step,
-                                        window, latent_only=last_only):
+                                        window, latent_only=latent_only):
         ja, da = where[acc_op[i]]
         jb, db = where[acc_op[k]]
         if last_only and (jb != last or not latent):
@@ -168,46 +172,68 @@ class RacePlan:
         w = self.window
         blocks = self.plan.blocks
         need: list[set] = [set() for _ in blocks]
-        # the shape of every segment (None: a prefix), after w Nones standing for the
-        # segments before the first: a window's key is a slice. A run whose scheduler picks
-        # each step's shape is a block or two per step, so this is per segment, not per
-        # window, and the windows are looked up by their shapes' ids first (a run has few)
-        seg: list = [None] * w
+        # the run's segments with each block cut to its first w + 1 (None: a prefix): every
+        # window a segment of the run ends (the first w of each block, and the one standing
+        # for the rest) is w + 1 consecutive ones of it, after w Nones standing for the
+        # segments before the first. A run whose scheduler picks each step's shape is a
+        # block or two per step, so this is per segment, not per window, and the windows
+        # are looked up by their shapes' ids first (a run has few)
+        seq: list = []
+        first: list[int] = []  # per block: the index in seq of its first segment
         for b in blocks:
-            seg += [b.shape if b.marked else None] * b.n
+            first.append(len(seq))
+            seq += [b.shape if b.marked else None] * min(b.n, w + 1)
+        padded = [None] * w + seq
         mine: dict = {}  # windows of this plan by their shapes' ids
+        parts: list[tuple] = []  # (block, pass, count, window's key, its ids, index in seq)
         for bi, b in enumerate(blocks):
             if not b.marked:
                 continue
-            parts = [(i, 1) for i in range(min(b.n, w))]
+            counts = [(i, 1) for i in range(min(b.n, w))]
             if b.n > w:
-                parts.append((w, b.n - w))
-            for i, count in parts:
-                g = b.g0 + i
-                key = seg[g:g + w + 1]  # the shapes of segments g - w .. g
+                counts.append((w, b.n - w))
+            for i, count in counts:
+                c = first[bi] + i
+                key = tuple(padded[c:c + w + 1])  # the shapes of segments g - w .. g
                 ids = tuple(map(id, key))
-                tpls = mine.get(ids)
-                if tpls is None:
-                    tpls = mine[ids] = self._window_pairs(tuple(key))
-                if not tpls:
-                    continue
-                self.groups.append((bi, i, count, tpls))
-                for r in tpls:
-                    need[bi].add((r.b_dev, "s"))
-                    abi, _ = self._segment(g - r.a_back) if i < w else (bi, None)
-                    need[abi].add((r.a_dev, "e"))
+                if ids not in mine:
+                    mine[ids] = self.cache.get((key, w))
+                parts.append((bi, i, count, key, ids, c))
+        if any(tpls is None for tpls in mine.values()):
+            self._fill(seq, parts, mine)
+        for bi, i, count, _, ids, _ in parts:
+            tpls = mine[ids]
+            if not tpls:
+                continue
+            self.groups.append((bi, i, count, tpls))
+            g = blocks[bi].g0 + i
+            for r in tpls:
+                need[bi].add((r.b_dev, "s"))
+                abi, _ = self._segment(g - r.a_back) if i < w else (bi, None)
+                need[abi].add((r.a_dev, "e"))
         self.logs = [sorted(x) for x in need]
 
-    def _window_pairs(self, key: tuple) -> list:
-        """The latent pairs of a window of shapes (cached across plans)."""
+    def _fill(self, seq: list, parts: list, mine: dict) -> None:
+        """The latent pairs of the windows not cached, from one pass over ``seq``.
+
+        A window's pairs are those of the pass whose later access is in the window's last
+        segment: the pass compares the same accesses (steps at most ``window`` apart, the
+        segments being consecutive steps) in the same order, and which happen before which
+        is decided by the ops issued between the two, all in the window (a wait or sync
+        bound to a record before the window, unbound in the window alone, learns nothing of
+        an op issued after that record). So one pass over the run's segments stands for
+        every window of them (``window + 1`` passes over each segment when each window is
+        its own)."""
         w = self.window
-        tpls = self.cache.get((key, w))
-        if tpls is None:
-            tpls = [r for r, _, _ in _pairs(list(key), list(range(w + 1)), w, True)]
-            if len(self.cache) >= _WINDOWS_LIMIT:
-                self.cache.clear()
-            self.cache[(key, w)] = tpls
-        return tpls
+        by_segment: dict[int, list] = {}
+        for r, _, jb in _pairs(seq, list(range(len(seq))), w, False, latent_only=True):
+            by_segment.setdefault(jb, []).append(r)
+        for _, _, _, key, ids, c in parts:
+            if mine[ids] is None:
+                mine[ids] = tpls = by_segment.get(c, [])
+                if len(self.cache) >= _WINDOWS_LIMIT:
+                    self.cache.clear()
+                self.cache[(key, w)] = tpls
 
     def logs_of(self, bi: int) -> tuple:
         """Block ``bi``'s logged op times: sorted ``(device op index, 's' | 'e')``."""
@@ -315,18 +341,26 @@ class RacePlan:
         w = self.window
         blocks = self.plan.blocks
         rows = []
+        logged: dict = {}  # (block, device op, 's' | 'e') -> its log (a block logs ~100)
+
+        def log(bi: int, dev: int, what: str) -> np.ndarray:
+            arr = logged.get((bi, dev, what))
+            if arr is None:
+                arr = logged[(bi, dev, what)] = self._log(bi, dev, what)
+            return arr
+
         for bi, i, count, tpls in self.groups:
             b = blocks[bi]
             nops = len(b.shape.ops)
             b_step = b.steps[0] + i
             for r in tpls:
-                s_b = self._log(bi, r.b_dev, "s")[i:i + count]
+                s_b = log(bi, r.b_dev, "s")[i:i + count]
                 if i >= w:  # the earlier access is in the same block
-                    e_a = self._log(bi, r.a_dev, "e")[i - r.a_back:i - r.a_back + count]
+                    e_a = log(bi, r.a_dev, "e")[i - r.a_back:i - r.a_back + count]
                     a_op = self.op_base[bi] + (i - r.a_back) * nops + r.a_dev
                 else:
                     abi, ap = self._segment(b.g0 + i - r.a_back)
-                    e_a = self._log(abi, r.a_dev, "e")[ap:ap + 1]
+                    e_a = log(abi, r.a_dev, "e")[ap:ap + 1]
                     a_op = self.op_base[abi] + ap * len(blocks[abi].shape.ops) + r.a_dev
                 rows.append(_Rows(r, b_step - r.a_back, b_step, a_op,
                                   self.op_base[bi] + i * nops + r.b_dev, nops, e_a - s_b))
