@@ -50,6 +50,19 @@ class _RaceTpl:
     b_phase: str
 
 
+def _op_lists(shape) -> tuple:
+    """A shape's device ops as :func:`_pairs` reads them: lanes, kinds, the ops bound to a
+    record (a wait or sync: ``(index, op)``), and its accesses in order as columns (op
+    index, buffer, mode, step offset, index within the op)."""
+    ops = shape.ops
+    binds = [(dev, op) for dev, op in enumerate(ops)
+             if op.bound_op is not None or op.bind is not None]
+    acc = [(dev, buf, mode, op.off, sub) for dev, op in enumerate(ops)
+           for sub, (buf, mode) in enumerate(op.accesses)]
+    columns = tuple(list(c) for c in zip(*acc)) if acc else ([], [], [], [], [])
+    return [op.lane for op in ops], [op.kind for op in ops], binds, columns
+
+
 def _pairs(shapes: list, steps: list, window: int, last_only: bool,
            latent_only: bool | None = None) -> list:
     """The compared access pairs of consecutive segments (``None``: a segment left out).
@@ -71,30 +84,34 @@ def _pairs(shapes: list, steps: list, window: int, last_only: bool,
     acc_step: list = []
     acc_sub: list = []
     base: list[int | None] = []
+    lists: dict = {}  # a shape's ops as lists, made once per call (a window repeats shapes)
     for j, sh in enumerate(shapes):
         if sh is None:
             base.append(None)
             continue
         b0 = len(lane)
         base.append(b0)
-        for dev, op in enumerate(sh.ops):
-            bnd = -1
+        own = lists.get(id(sh))
+        if own is None:
+            own = lists[id(sh)] = _op_lists(sh)
+        lanes, kinds, binds, (a_dev, a_buf, a_mode, a_off, a_sub) = own
+        lane += lanes
+        kind += kinds
+        seg_bound = [-1] * len(lanes)
+        for dev, op in binds:
             if op.bound_op is not None:
-                bnd = b0 + op.bound_op
-            elif op.bind is not None:
+                seg_bound[dev] = b0 + op.bound_op
+            else:
                 jp = j - op.bind.back
                 if jp >= 0 and shapes[jp] is not None:
-                    bnd = base[jp] + shapes[jp].records[op.bind.record]
-            lane.append(op.lane)
-            kind.append(op.kind)
-            bound.append(bnd)
-            where.append((j, dev))
-            for sub, (buf, mode) in enumerate(op.accesses):
-                acc_op.append(b0 + dev)
-                acc_buf.append(buf)
-                acc_mode.append(mode)
-                acc_step.append(steps[j] + op.off)
-                acc_sub.append(sub)
+                    seg_bound[dev] = base[jp] + shapes[jp].records[op.bind.record]
+        bound += seg_bound
+        where += [(j, dev) for dev in range(len(lanes))]
+        acc_op += [b0 + dev for dev in a_dev]
+        acc_buf += a_buf
+        acc_mode += a_mode
+        acc_step += [steps[j] + off for off in a_off]
+        acc_sub += a_sub
     last = len(shapes) - 1
     out: list = []
     for i, k, latent in candidate_pairs(lane, kind, bound, acc_op, acc_buf, acc_mode, acc_step,
@@ -338,32 +355,66 @@ class RacePlan:
         return self._finish_full()
 
     def _finish_windowed(self) -> FastHazards:
+        """The races of each group as progressions: a pair's overlaps are its earlier
+        access's end minus its later access's start, pass by pass. A group's are one
+        subtraction over its pairs at once (gathered from a table of the block's logs, one
+        row per logged time), the same differences, element by element, as one per pair."""
         w = self.window
         blocks = self.plan.blocks
         rows = []
-        logged: dict = {}  # (block, device op, 's' | 'e') -> its log (a block logs ~100)
+        tables: dict = {}
 
-        def log(bi: int, dev: int, what: str) -> np.ndarray:
-            arr = logged.get((bi, dev, what))
-            if arr is None:
-                arr = logged[(bi, dev, what)] = self._log(bi, dev, what)
-            return arr
+        def table(bi: int):
+            """Block ``bi``'s logs as rows of one array (None: logs of unequal lengths),
+            and the row of each logged time."""
+            t = tables.get(bi)
+            if t is None:
+                logs = [np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0)
+                        for a in self.arrays[bi]]
+                equal = bool(logs) and all(len(x) == len(logs[0]) for x in logs)
+                t = tables[bi] = (np.vstack(logs) if equal else None,
+                                  {key: k for k, key in enumerate(self.logs[bi])})
+            return t
 
         for bi, i, count, tpls in self.groups:
             b = blocks[bi]
             nops = len(b.shape.ops)
             b_step = b.steps[0] + i
+            logs, row = table(bi)
+            s_rows = [row[(r.b_dev, "s")] for r in tpls]
+            where: list[tuple] = []  # per pair: its earlier access's block, pass and op id
+            back: dict = {}  # segments back -> (block, pass, the pass's first op id)
             for r in tpls:
-                s_b = log(bi, r.b_dev, "s")[i:i + count]
                 if i >= w:  # the earlier access is in the same block
-                    e_a = log(bi, r.a_dev, "e")[i - r.a_back:i - r.a_back + count]
-                    a_op = self.op_base[bi] + (i - r.a_back) * nops + r.a_dev
-                else:
+                    ap = i - r.a_back
+                    where.append((bi, ap, self.op_base[bi] + ap * nops + r.a_dev))
+                    continue
+                seg = back.get(r.a_back)
+                if seg is None:
                     abi, ap = self._segment(b.g0 + i - r.a_back)
-                    e_a = log(abi, r.a_dev, "e")[ap:ap + 1]
-                    a_op = self.op_base[abi] + ap * len(blocks[abi].shape.ops) + r.a_dev
+                    seg = back[r.a_back] = (abi, ap, self.op_base[abi]
+                                            + ap * len(blocks[abi].shape.ops))
+                where.append((seg[0], seg[1], seg[2] + r.a_dev))
+            if (logs is None or logs.shape[1] < i + count
+                    or len(tpls) * count > 1 << 20):  # one pair at a time (a table's size)
+                overlaps = [self._log(abi, r.a_dev, "e")[ap:ap + count]
+                            - self._log(bi, r.b_dev, "s")[i:i + count]
+                            for r, (abi, ap, _) in zip(tpls, where)]
+            elif i >= w:
+                e_rows = np.array([row[(r.a_dev, "e")] for r in tpls])
+                first = np.array([ap for _, ap, _ in where])
+                overlaps = (logs[e_rows[:, None], first[:, None] + np.arange(count)]
+                            - logs[s_rows, i:i + count])
+            else:  # one pass (i < w): the earlier accesses in any block
+                ends = []
+                for r, (abi, ap, _) in zip(tpls, where):
+                    a_logs, a_row = table(abi)
+                    ends.append(a_logs[a_row[(r.a_dev, "e")], ap] if a_logs is not None
+                                else self._log(abi, r.a_dev, "e")[ap])
+                overlaps = (np.array(ends, dtype=np.float64) - logs[s_rows, i])[:, None]
+            for r, (_, _, a_op), overlap in zip(tpls, where, overlaps):
                 rows.append(_Rows(r, b_step - r.a_back, b_step, a_op,
-                                  self.op_base[bi] + i * nops + r.b_dev, nops, e_a - s_b))
+                                  self.op_base[bi] + i * nops + r.b_dev, nops, overlap))
         return FastHazards(rows, self._buffer_order(), self.plan.lo, self.plan.hi)
 
     def _finish_full(self) -> FastHazards:
