@@ -3,7 +3,8 @@
 - ``_RaceTpl`` and ``_pairs``: the compared access pairs of a window of consecutive
   segments, relative to the later access's segment, found by the same
   :func:`~simwar.analysis.hazards.candidate_pairs` the engine's analysis uses (cached per
-  distinct window of shapes).
+  distinct window of shapes; a run's windows found in one pass over its segments,
+  :meth:`RacePlan._fill`).
 - :class:`RacePlan`: which pairs to check on which segments, and which op times the pass
   logs for them (windowed, or over all accesses when the program does not fit).
 - ``_Rows``: the races of one pair over consecutive segments, as a progression (steps and
