@@ -101,3 +101,21 @@ def test_two_worker_processes_rank_the_candidates_bit_for_bit(monkeypatch):
     assert [c.summary for c in together.candidates] == [c.summary for c in alone.candidates]
     with pytest.raises(advise_module.AdviseError, match="jobs: expected 0 .one per core."):
         advise(CONFIGS / "dspark_fine.yaml", jobs=-1, **kw)
+
+
+def test_a_candidate_shares_the_phase_models_of_the_phases_it_keeps():
+    # a phase's model is made once per resolved phase dict: a candidate that moves one
+    # phase's read_ends has a new model for that phase only, each equal to a fresh one
+    from simwar.config.phases import Phase
+
+    cfg = load_config(_custom(4))
+    cand = candidate_config(cfg, {"phases.p1.read_ends": "pre_replay",
+                                  "policy.barrier": "coarse"})
+    base, moved = cfg.phase_table(), cand.phase_table()
+    assert base is not cfg.phase_table() and base == cfg.phase_table()  # a new list each call
+    assert [a is b for a, b in zip(base, moved)] == [True, False, True, True]
+    assert moved[1].read_ends == "pre_replay" and base[1].read_ends == "unknown"
+    assert moved == [Phase(**p) for p in cand.phases]
+    # a config validated again has dicts of its own, so models of its own
+    again = load_config(cfg)
+    assert not any(a is b for a, b in zip(base, load_config(again, {"seed": 2}).phase_table()))

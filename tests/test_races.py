@@ -157,3 +157,30 @@ def test_candidate_pairs_are_the_definition_for_many_reading_phases(phases, step
                             engine="simpy").trace
     cols = _accesses_of(trace)
     assert list(candidate_pairs(*cols, window)) == _pairs_by_definition(*cols, window)
+
+
+@pytest.mark.parametrize("config", ["configs/dspark_fine.yaml", "configs/eagle_fine.yaml",
+                                    "configs/dflash_legacy_host_sync.yaml"])
+def test_race_windows_of_one_pass_are_each_windows_own(config):
+    # the fast executor finds the latent pairs of every window of a run in one pass over its
+    # segments: for every program of the advise space (barriers, placements, publish points)
+    # each window's pairs are those of the window analysed alone
+    from simwar.builder.sizes import draw_sizes
+    from simwar.config import load_config
+    from simwar.executors.fast import races
+    from simwar.executors.fast.plan import plan_config
+    from simwar.study.advise import candidate_config, space
+
+    cfg = load_config(config)
+    base = load_config(cfg, {"steps": 40, "warmup_steps": 5})
+    checked = 0
+    for cand in space(cfg):
+        c = candidate_config(base, cand.overrides)
+        races._WINDOWS.clear()
+        plan = races.RacePlan(plan_config(c, draw_sizes(c)), 2)
+        assert plan.windowed
+        for (key, w), tpls in races._WINDOWS.items():
+            alone = [r for r, _, _ in races._pairs(list(key), list(range(w + 1)), w, True)]
+            assert tpls == alone, cand.description
+            checked += bool(alone)
+    assert checked > 0

@@ -135,3 +135,22 @@ def _unique(names: list[str]) -> None:
         if n in seen:
             raise ValueError(f"phases: duplicate phase name '{n}'")
         seen.add(n)
+
+
+#: phase models by the id of their resolved dict, with the dict (alive: its id not reused)
+_MODELS: dict[int, tuple[dict, Phase]] = {}
+_MODELS_LIMIT = 4096
+
+
+def phase_model(resolved: dict) -> Phase:
+    """The model of a config's resolved phase dict, made once per dict (by identity: a
+    config's dicts are never changed in place), so a copy of a config that keeps a phase's
+    dict shares its model, as ``simwar advise``'s candidates do for every phase but the one
+    whose ``read_ends`` they move (validating 50 phases costs about as much as building one
+    iteration of them). Shared: never to be changed (a change is a new dict, a new model)."""
+    hit = _MODELS.get(id(resolved))
+    if hit is None or hit[0] is not resolved:
+        if len(_MODELS) >= _MODELS_LIMIT:
+            _MODELS.clear()
+        hit = _MODELS[id(resolved)] = (resolved, Phase(**resolved))
+    return hit[1]

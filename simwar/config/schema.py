@@ -43,7 +43,14 @@ from simwar.config.durations import (
     Duration,
     RankDuration,
 )
-from simwar.config.phases import CollectiveSpec, GraphKind, Phase, ReadEnds, resolve_phases
+from simwar.config.phases import (
+    CollectiveSpec,
+    GraphKind,
+    Phase,
+    ReadEnds,
+    phase_model,
+    resolve_phases,
+)
 from simwar.config.policies import barrier
 from simwar.config.workload import (
     REQUEST_SOURCES,
@@ -643,7 +650,8 @@ class Config(StrictModel):
                                      f"(0..{tp - 1})")
 
     def phase_table(self) -> list[Phase]:
-        return [Phase(**p) for p in self.phases]
+        """The phase table as models (a new list of shared models: :func:`phase_model`)."""
+        return [phase_model(p) for p in self.phases]
 
     @property
     def varies(self) -> bool:

@@ -44,8 +44,9 @@ steps, the pairs whose later access is in segment ``g`` lie in segments ``g - wi
 and whether one happens before the other depends only on the operations issued between
 them. So the pairs and their latent flag are a function of the ``window + 1`` shapes
 ending at ``g``: they are computed once per distinct window by the same
-:func:`~simwar.analysis.hazards.candidate_pairs` the engine's analysis uses, and mapped
-onto every segment with that window. An observed overlap needs a latent pair (an
+:func:`~simwar.analysis.hazards.candidate_pairs` the engine's analysis uses (every window of
+a run from one pass over its segments, each block cut to its first ``window + 1``), and
+mapped onto every segment with that window. An observed overlap needs a latent pair (an
 operation that happens before another ends before it starts: every rule only adds
 non-negative times), so the executor logs the times of the operations of latent pairs
 only, and the overlaps come from those. A program that does not fit (steps not

@@ -367,8 +367,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             "WE_ = S.wout.append", 1)
     else:
         src("BU = S.busy; DE = S.dep; cw = S.cw; cl = S.cl; W = S.w; Dp = S.dp; bad = S.bad", 1)
-    for n, var in enumerate(logs.values()):
-        src(f"{var} = S.logs[{n}].append", 1)
+    if logs:  # one statement for all: a block may log a hundred times, and each statement
+        # of the generated source costs its share of ``compile``
+        src(f"({', '.join(logs.values())},) = [L.append for L in S.logs[:{len(logs)}]]", 1)
     if colls:
         src("CL = S.colls.append", 1)
     src("begins = _begins; released = _released; returns = _returns", 1)

@@ -686,12 +686,13 @@ def _template(params: list) -> list:
     slots and draws of the same distributions give equal templates."""
 
     def key(x):
+        t = type(x)
+        if t is float or t is int:  # first: most parameters are numbers
+            return ("c", str(x))
         if isinstance(x, Use):
             return ("u", x.key, x.index)
         if isinstance(x, Sum):
             return ("s", key(x.a), key(x.b))
-        if type(x) in (int, float):
-            return ("c", str(x))
         return ("r", x.key)  # a Ref: a duration of the config
 
     return [key(x) for x in params]

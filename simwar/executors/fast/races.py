@@ -3,7 +3,8 @@
 - ``_RaceTpl`` and ``_pairs``: the compared access pairs of a window of consecutive
   segments, relative to the later access's segment, found by the same
   :func:`~simwar.analysis.hazards.candidate_pairs` the engine's analysis uses (cached per
-  distinct window of shapes).
+  distinct window of shapes; a run's windows found in one pass over its segments,
+  :meth:`RacePlan._fill`).
 - :class:`RacePlan`: which pairs to check on which segments, and which op times the pass
   logs for them (windowed, or over all accesses when the program does not fit).
 - ``_Rows``: the races of one pair over consecutive segments, as a progression (steps and
@@ -50,13 +51,30 @@ class _RaceTpl:
     b_phase: str
 
 
-def _pairs(shapes: list, steps: list, window: int, last_only: bool) -> list:
+def _op_lists(shape) -> tuple:
+    """A shape's device ops as :func:`_pairs` reads them: lanes, kinds, the ops bound to a
+    record (a wait or sync: ``(index, op)``), and its accesses in order as columns (op
+    index, buffer, mode, step offset, index within the op)."""
+    ops = shape.ops
+    binds = [(dev, op) for dev, op in enumerate(ops)
+             if op.bound_op is not None or op.bind is not None]
+    acc = [(dev, buf, mode, op.off, sub) for dev, op in enumerate(ops)
+           for sub, (buf, mode) in enumerate(op.accesses)]
+    columns = tuple(list(c) for c in zip(*acc)) if acc else ([], [], [], [], [])
+    return [op.lane for op in ops], [op.kind for op in ops], binds, columns
+
+
+def _pairs(shapes: list, steps: list, window: int, last_only: bool,
+           latent_only: bool | None = None) -> list:
     """The compared access pairs of consecutive segments (``None``: a segment left out).
 
     ``steps``: each segment's step; ``last_only``: only latent pairs whose later access is in
-    the last segment. Runs :func:`~simwar.analysis.hazards.candidate_pairs` on the segments'
-    ops; returns ``(pair, earlier segment, later segment)`` in its order.
+    the last segment; ``latent_only`` (default: ``last_only``): only latent pairs, wherever
+    their later access is. Runs :func:`~simwar.analysis.hazards.candidate_pairs` on the
+    segments' ops; returns ``(pair, earlier segment, later segment)`` in its order.
     """
+    if latent_only is None:
+        latent_only = last_only
     lane: list = []
     kind: list = []
     bound: list = []
@@ -67,34 +85,38 @@ def _pairs(shapes: list, steps: list, window: int, last_only: bool) -> list:
     acc_step: list = []
     acc_sub: list = []
     base: list[int | None] = []
+    lists: dict = {}  # a shape's ops as lists, made once per call (a window repeats shapes)
     for j, sh in enumerate(shapes):
         if sh is None:
             base.append(None)
             continue
         b0 = len(lane)
         base.append(b0)
-        for dev, op in enumerate(sh.ops):
-            bnd = -1
+        own = lists.get(id(sh))
+        if own is None:
+            own = lists[id(sh)] = _op_lists(sh)
+        lanes, kinds, binds, (a_dev, a_buf, a_mode, a_off, a_sub) = own
+        lane += lanes
+        kind += kinds
+        seg_bound = [-1] * len(lanes)
+        for dev, op in binds:
             if op.bound_op is not None:
-                bnd = b0 + op.bound_op
-            elif op.bind is not None:
+                seg_bound[dev] = b0 + op.bound_op
+            else:
                 jp = j - op.bind.back
                 if jp >= 0 and shapes[jp] is not None:
-                    bnd = base[jp] + shapes[jp].records[op.bind.record]
-            lane.append(op.lane)
-            kind.append(op.kind)
-            bound.append(bnd)
-            where.append((j, dev))
-            for sub, (buf, mode) in enumerate(op.accesses):
-                acc_op.append(b0 + dev)
-                acc_buf.append(buf)
-                acc_mode.append(mode)
-                acc_step.append(steps[j] + op.off)
-                acc_sub.append(sub)
+                    seg_bound[dev] = base[jp] + shapes[jp].records[op.bind.record]
+        bound += seg_bound
+        where += [(j, dev) for dev in range(len(lanes))]
+        acc_op += [b0 + dev for dev in a_dev]
+        acc_buf += a_buf
+        acc_mode += a_mode
+        acc_step += [steps[j] + off for off in a_off]
+        acc_sub += a_sub
     last = len(shapes) - 1
     out: list = []
     for i, k, latent in candidate_pairs(lane, kind, bound, acc_op, acc_buf, acc_mode, acc_step,
-                                        window, latent_only=last_only):
+                                        window, latent_only=latent_only):
         ja, da = where[acc_op[i]]
         jb, db = where[acc_op[k]]
         if last_only and (jb != last or not latent):
@@ -168,46 +190,68 @@ class RacePlan:
         w = self.window
         blocks = self.plan.blocks
         need: list[set] = [set() for _ in blocks]
-        # the shape of every segment (None: a prefix), after w Nones standing for the
-        # segments before the first: a window's key is a slice. A run whose scheduler picks
-        # each step's shape is a block or two per step, so this is per segment, not per
-        # window, and the windows are looked up by their shapes' ids first (a run has few)
-        seg: list = [None] * w
+        # the run's segments with each block cut to its first w + 1 (None: a prefix): every
+        # window a segment of the run ends (the first w of each block, and the one standing
+        # for the rest) is w + 1 consecutive ones of it, after w Nones standing for the
+        # segments before the first. A run whose scheduler picks each step's shape is a
+        # block or two per step, so this is per segment, not per window, and the windows
+        # are looked up by their shapes' ids first (a run has few)
+        seq: list = []
+        first: list[int] = []  # per block: the index in seq of its first segment
         for b in blocks:
-            seg += [b.shape if b.marked else None] * b.n
+            first.append(len(seq))
+            seq += [b.shape if b.marked else None] * min(b.n, w + 1)
+        padded = [None] * w + seq
         mine: dict = {}  # windows of this plan by their shapes' ids
+        parts: list[tuple] = []  # (block, pass, count, window's key, its ids, index in seq)
         for bi, b in enumerate(blocks):
             if not b.marked:
                 continue
-            parts = [(i, 1) for i in range(min(b.n, w))]
+            counts = [(i, 1) for i in range(min(b.n, w))]
             if b.n > w:
-                parts.append((w, b.n - w))
-            for i, count in parts:
-                g = b.g0 + i
-                key = seg[g:g + w + 1]  # the shapes of segments g - w .. g
+                counts.append((w, b.n - w))
+            for i, count in counts:
+                c = first[bi] + i
+                key = tuple(padded[c:c + w + 1])  # the shapes of segments g - w .. g
                 ids = tuple(map(id, key))
-                tpls = mine.get(ids)
-                if tpls is None:
-                    tpls = mine[ids] = self._window_pairs(tuple(key))
-                if not tpls:
-                    continue
-                self.groups.append((bi, i, count, tpls))
-                for r in tpls:
-                    need[bi].add((r.b_dev, "s"))
-                    abi, _ = self._segment(g - r.a_back) if i < w else (bi, None)
-                    need[abi].add((r.a_dev, "e"))
+                if ids not in mine:
+                    mine[ids] = self.cache.get((key, w))
+                parts.append((bi, i, count, key, ids, c))
+        if any(tpls is None for tpls in mine.values()):
+            self._fill(seq, parts, mine)
+        for bi, i, count, _, ids, _ in parts:
+            tpls = mine[ids]
+            if not tpls:
+                continue
+            self.groups.append((bi, i, count, tpls))
+            g = blocks[bi].g0 + i
+            for r in tpls:
+                need[bi].add((r.b_dev, "s"))
+                abi, _ = self._segment(g - r.a_back) if i < w else (bi, None)
+                need[abi].add((r.a_dev, "e"))
         self.logs = [sorted(x) for x in need]
 
-    def _window_pairs(self, key: tuple) -> list:
-        """The latent pairs of a window of shapes (cached across plans)."""
+    def _fill(self, seq: list, parts: list, mine: dict) -> None:
+        """The latent pairs of the windows not cached, from one pass over ``seq``.
+
+        A window's pairs are those of the pass whose later access is in the window's last
+        segment: the pass compares the same accesses (steps at most ``window`` apart, the
+        segments being consecutive steps) in the same order, and which happen before which
+        is decided by the ops issued between the two, all in the window (a wait or sync
+        bound to a record before the window, unbound in the window alone, learns nothing of
+        an op issued after that record). So one pass over the run's segments stands for
+        every window of them (``window + 1`` passes over each segment when each window is
+        its own)."""
         w = self.window
-        tpls = self.cache.get((key, w))
-        if tpls is None:
-            tpls = [r for r, _, _ in _pairs(list(key), list(range(w + 1)), w, True)]
-            if len(self.cache) >= _WINDOWS_LIMIT:
-                self.cache.clear()
-            self.cache[(key, w)] = tpls
-        return tpls
+        by_segment: dict[int, list] = {}
+        for r, _, jb in _pairs(seq, list(range(len(seq))), w, False, latent_only=True):
+            by_segment.setdefault(jb, []).append(r)
+        for _, _, _, key, ids, c in parts:
+            if mine[ids] is None:
+                mine[ids] = tpls = by_segment.get(c, [])
+                if len(self.cache) >= _WINDOWS_LIMIT:
+                    self.cache.clear()
+                self.cache[(key, w)] = tpls
 
     def logs_of(self, bi: int) -> tuple:
         """Block ``bi``'s logged op times: sorted ``(device op index, 's' | 'e')``."""
@@ -312,24 +356,66 @@ class RacePlan:
         return self._finish_full()
 
     def _finish_windowed(self) -> FastHazards:
+        """The races of each group as progressions: a pair's overlaps are its earlier
+        access's end minus its later access's start, pass by pass. A group's are one
+        subtraction over its pairs at once (gathered from a table of the block's logs, one
+        row per logged time), the same differences, element by element, as one per pair."""
         w = self.window
         blocks = self.plan.blocks
         rows = []
+        tables: dict = {}
+
+        def table(bi: int):
+            """Block ``bi``'s logs as rows of one array (None: logs of unequal lengths),
+            and the row of each logged time."""
+            t = tables.get(bi)
+            if t is None:
+                logs = [np.frombuffer(a, dtype=np.float64) if len(a) else np.zeros(0)
+                        for a in self.arrays[bi]]
+                equal = bool(logs) and all(len(x) == len(logs[0]) for x in logs)
+                t = tables[bi] = (np.vstack(logs) if equal else None,
+                                  {key: k for k, key in enumerate(self.logs[bi])})
+            return t
+
         for bi, i, count, tpls in self.groups:
             b = blocks[bi]
             nops = len(b.shape.ops)
             b_step = b.steps[0] + i
+            logs, row = table(bi)
+            s_rows = [row[(r.b_dev, "s")] for r in tpls]
+            where: list[tuple] = []  # per pair: its earlier access's block, pass and op id
+            back: dict = {}  # segments back -> (block, pass, the pass's first op id)
             for r in tpls:
-                s_b = self._log(bi, r.b_dev, "s")[i:i + count]
                 if i >= w:  # the earlier access is in the same block
-                    e_a = self._log(bi, r.a_dev, "e")[i - r.a_back:i - r.a_back + count]
-                    a_op = self.op_base[bi] + (i - r.a_back) * nops + r.a_dev
-                else:
+                    ap = i - r.a_back
+                    where.append((bi, ap, self.op_base[bi] + ap * nops + r.a_dev))
+                    continue
+                seg = back.get(r.a_back)
+                if seg is None:
                     abi, ap = self._segment(b.g0 + i - r.a_back)
-                    e_a = self._log(abi, r.a_dev, "e")[ap:ap + 1]
-                    a_op = self.op_base[abi] + ap * len(blocks[abi].shape.ops) + r.a_dev
+                    seg = back[r.a_back] = (abi, ap, self.op_base[abi]
+                                            + ap * len(blocks[abi].shape.ops))
+                where.append((seg[0], seg[1], seg[2] + r.a_dev))
+            if (logs is None or logs.shape[1] < i + count
+                    or len(tpls) * count > 1 << 20):  # one pair at a time (a table's size)
+                overlaps = [self._log(abi, r.a_dev, "e")[ap:ap + count]
+                            - self._log(bi, r.b_dev, "s")[i:i + count]
+                            for r, (abi, ap, _) in zip(tpls, where)]
+            elif i >= w:
+                e_rows = np.array([row[(r.a_dev, "e")] for r in tpls])
+                first = np.array([ap for _, ap, _ in where])
+                overlaps = (logs[e_rows[:, None], first[:, None] + np.arange(count)]
+                            - logs[s_rows, i:i + count])
+            else:  # one pass (i < w): the earlier accesses in any block
+                ends = []
+                for r, (abi, ap, _) in zip(tpls, where):
+                    a_logs, a_row = table(abi)
+                    ends.append(a_logs[a_row[(r.a_dev, "e")], ap] if a_logs is not None
+                                else self._log(abi, r.a_dev, "e")[ap])
+                overlaps = (np.array(ends, dtype=np.float64) - logs[s_rows, i])[:, None]
+            for r, (_, _, a_op), overlap in zip(tpls, where, overlaps):
                 rows.append(_Rows(r, b_step - r.a_back, b_step, a_op,
-                                  self.op_base[bi] + i * nops + r.b_dev, nops, e_a - s_b))
+                                  self.op_base[bi] + i * nops + r.b_dev, nops, overlap))
         return FastHazards(rows, self._buffer_order(), self.plan.lo, self.plan.hi)
 
     def _finish_full(self) -> FastHazards:
