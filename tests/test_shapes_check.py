@@ -33,8 +33,9 @@ WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "
           ("mixed_medium_normal", "ttft_forward_us"), ("mixed_medium_normal", "ttft_us"),
           ("mixed_medium_overlap", "tokens_per_s"), ("mixed_medium_overlap", "tpot_us"),
           ("mixed_medium_overlap", "ttft_us"), ("sglang_light_normal", "tokens_per_s"),
-          ("sglang_light_normal", "tpot_us"), ("sglang_light_normal", "ttft_us"),
-          ("sglang_light_overlap", "tokens_per_s"), ("sglang_light_overlap", "tpot_us"),
+          ("sglang_light_normal", "tpot_us"), ("sglang_light_normal", "ttft_forward_us"),
+          ("sglang_light_normal", "ttft_us"), ("sglang_light_overlap", "tokens_per_s"),
+          ("sglang_light_overlap", "tpot_us"),
           ("sglang_medium_overlap", "tokens_per_s"), ("sglang_medium_overlap", "ttft_forward_us"),
           ("sglang_medium_overlap", "ttft_us")}
 #: per case, whether each repeat is judged (its host at most HOST_SPEED_MAX x slower than the
@@ -67,9 +68,11 @@ MEASURED_WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_n
                    ("mixed_medium_overlap", "tokens_per_s"), ("mixed_medium_overlap", "tpot_us"),
                    ("mixed_medium_overlap", "ttft_forward_us"),
                    ("mixed_medium_overlap", "ttft_us"), ("sglang_closed16_normal", "tokens_per_s"),
+                   ("sglang_closed16_normal", "tpot_us"),
                    ("sglang_closed16_overlap", "ttft_forward_us"),
                    ("sglang_closed16_overlap", "ttft_us"), ("sglang_light_normal", "tokens_per_s"),
-                   ("sglang_light_normal", "tpot_us"), ("sglang_light_normal", "ttft_us"),
+                   ("sglang_light_normal", "tpot_us"),
+                   ("sglang_light_normal", "ttft_forward_us"), ("sglang_light_normal", "ttft_us"),
                    ("sglang_light_overlap", "tokens_per_s"),
                    ("sglang_medium_normal", "tokens_per_s"),
                    ("sglang_medium_overlap", "tokens_per_s"), ("sglang_medium_overlap", "tpot_us"),
@@ -172,7 +175,7 @@ def test_the_model_is_the_fits_but_the_buckets_and_lines_a_what_if_needs(result)
         host = TokenCost.model_validate(pf["host_us"])
         before = TokenCost.model_validate(pf["host_before_us"])
         assert pf["launches"] == 32 and host.at(1500) + before.at(1500) > 3000
-        assert 1400 < before.at(1500) < 1550
+        assert 1500 < before.at(1500) < 1650
 
 
 def test_a_poisson_repeat_is_replayed_with_its_own_requests_and_more():

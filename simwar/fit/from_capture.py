@@ -229,7 +229,8 @@ def fit_model(cap: Capture, *, capture: str = "",
     cpu_notes = sample_cpu_work(trace, imp, lays, mapping, names, cfg, s, graph_cost, warnings,
                                 prof)
     give_back(s, names, prefills)
-    excess = split_host(s, prefills) + prefill_step_host(trace, fitted, lays, prefills, prof)
+    excess = split_host(s, prefills) + prefill_step_host(
+        trace, fitted, lays, prefills, prof, sizes.batch if sizes.varying else None)
     stage()
     details: dict[str, dict] = {}
     if graph_cost["cost"]:  # the cheapest graph's launches sample costs.graph_launch_us
