@@ -140,6 +140,20 @@ def plan_us(tree: Path, steps: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+
+def _print_rows(figures: dict, trees: dict, before, cell, places: int, tail) -> None:
+    """One line per bytecode mode: each tree's figure (``cell``), before / now where there is
+    a before tree (``places`` decimals), and ``tail`` of (floor, this tree's own share, the
+    before tree's own share or None)."""
+    for mode in ("no bytecode cache", "bytecode cached"):
+        line = "  %-18s" % mode + "".join(f"  {name}: {cell(figures[(name, mode)])}"
+                                          for name in trees)
+        now, floor = figures[("this tree", mode)], figures[("floor", mode)]
+        if before:
+            line += f"  (before / now: {figures[('before', mode)] / now:.{places}f}x)"
+        was = figures[("before", mode)] - floor if before else None
+        print(line + "; " + tail((floor, now - floor, was)))
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, help="another simwar source tree to measure")
@@ -153,29 +167,15 @@ def main() -> int:
         trees = {"before": args.before.resolve(), **trees}
     best = run500(trees, args.repeat)
     print("simwar run --set steps=500: CPU s (best of %d)" % args.repeat)
-    for mode in ("no bytecode cache", "bytecode cached"):
-        line = "  %-18s" % mode + "".join(f"  {name}: {best[(name, mode)]:.3f} s"
-                                          for name in trees)
-        if args.before:
-            line += f"  (before / now: {best[('before', mode)] / best[('this tree', mode)]:.2f}x)"
-        floor = best[("floor", mode)]
-        line += (f"; floor (its libraries' imports) {floor:.3f} s, this tree's own share "
-                 f"{best[('this tree', mode)] - floor:.3f} s")
-        print(line)
+    _print_rows(best, trees, args.before, lambda v: f"{v:.3f} s", 2,
+                lambda own: f"floor (its libraries' imports) {own[0]:.3f} s, this tree's own share "
+                            f"{own[1]:.3f} s")
     if args.instructions:
-        ir = instructions(trees)
         print("simwar run --set steps=500: instructions executed (callgrind), millions")
-        for mode in ("no bytecode cache", "bytecode cached"):
-            line = "  %-18s" % mode + "".join(f"  {name}: {ir[(name, mode)] / 1e6:.0f}"
-                                              for name in trees)
-            if args.before:
-                line += f"  (before / now: {ir[('before', mode)] / ir[('this tree', mode)]:.3f}x)"
-            floor = ir[("floor", mode)]
-            line += (f"; floor {floor / 1e6:.0f}, this tree's own share "
-                     f"{(ir[('this tree', mode)] - floor) / 1e6:.0f}")
-            if args.before:
-                line += f" (before: {(ir[('before', mode)] - floor) / 1e6:.0f})"
-            print(line)
+        _print_rows({k: v / 1e6 for k, v in instructions(trees).items()}, trees, args.before,
+                    lambda v: f"{v:.0f}", 3,
+                    lambda own: f"floor {own[0]:.0f}, this tree's own share {own[1]:.0f}"
+                                + (f" (before: {own[2]:.0f})" if own[2] is not None else ""))
     for name, tree in trees.items():
         groups = imports(tree, max(3, args.repeat // 2))
         parts = ", ".join(f"{k} {v:.0f}" for k, v in groups.items())

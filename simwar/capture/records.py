@@ -54,8 +54,6 @@ class RawEvent(msgspec.Struct, gc=False):
     args: RawArgs | None = None
 
 
-
-
 # --------------------------------------------------------------------------- raw records
 class DeviceEvent(msgspec.Struct, frozen=True, gc=False):
     """A kernel, memcpy or memset (µs on the device clock)."""
