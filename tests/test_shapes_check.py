@@ -35,7 +35,7 @@ WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "
           ("mixed_medium_overlap", "ttft_us"), ("sglang_light_normal", "tokens_per_s"),
           ("sglang_light_normal", "tpot_us"), ("sglang_light_normal", "ttft_forward_us"),
           ("sglang_light_normal", "ttft_us"), ("sglang_light_overlap", "tokens_per_s"),
-          ("sglang_light_overlap", "tpot_us"),
+          ("sglang_light_overlap", "tpot_us"), ("sglang_light_overlap", "ttft_us"),
           ("sglang_medium_overlap", "tokens_per_s"), ("sglang_medium_overlap", "ttft_forward_us"),
           ("sglang_medium_overlap", "ttft_us")}
 #: per case, whether each repeat is judged (its host at most HOST_SPEED_MAX x slower than the
@@ -44,7 +44,7 @@ JUDGED = {"mixed_light_overlap": [False, False], "sglang_closed16_normal": [Fals
           "sglang_closed16_overlap": [False, False], "sglang_medium_normal": [False, False],
           "sglang_medium_overlap": [True, False]}
 #: (mode_load, figure) whose on-vs-off difference the prediction gets the wrong way round
-WRONG_SIGNS = {("sglang_light", "requests_per_s")}
+WRONG_SIGNS: set[tuple[str, str]] = set()
 #: measured and predicted: overlap on or off (mode_load), mixed chunk or not (load_loop), and
 #: the verdict (None: not judged, a case of the pair has no judged repeat)
 OVERLAP = {"sglang_light": ("on", "on", True), "sglang_medium": ("on", "on", None),
@@ -73,7 +73,7 @@ MEASURED_WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_n
                    ("sglang_closed16_overlap", "ttft_us"), ("sglang_light_normal", "tokens_per_s"),
                    ("sglang_light_normal", "tpot_us"),
                    ("sglang_light_normal", "ttft_forward_us"), ("sglang_light_normal", "ttft_us"),
-                   ("sglang_light_overlap", "tokens_per_s"),
+                   ("sglang_light_overlap", "tokens_per_s"), ("sglang_light_overlap", "tpot_us"),
                    ("sglang_medium_normal", "tokens_per_s"),
                    ("sglang_medium_overlap", "tokens_per_s"), ("sglang_medium_overlap", "tpot_us"),
                    ("sglang_medium_overlap", "ttft_forward_us"),

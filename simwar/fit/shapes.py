@@ -403,18 +403,22 @@ def split_host(s, samples: dict[int, PrefillSample]) -> float:
     return float(np.mean(list(excess.values())))
 
 
-def cpu_outside(trace: Trace, lay: StepLayout, units, prof=None, before_only: bool = False
-                ) -> float:
+def cpu_outside(trace: Trace, lay: StepLayout, units, prof=None, before_only: bool = False,
+                loop_only: bool = False) -> float:
     """A step's host time outside every API call (its CPU work) and outside its forward's
     window (from the end of the call before its first forward launch to its last forward
     call's end: the dispatch and launches of ``units``), less the profiler's own cost there:
     the loop's scheduling, preparing and result processing around the forward
-    (``before_only``: the part before the window)."""
+    (``before_only``: the part before the window; ``loop_only``: the part before the window
+    taken only up to the step's first schedule-stream call, the loop's own work, not the
+    first phase's host time after it, ``phases.NAME.host_us``)."""
     s0, e0 = columns(trace, "spans", "start_us", "end_us")
     first = units[0].calls[0]
     last = units[-1].calls[-1]
     before = [c for c in lay.calls if e0[c] <= s0[first]]
     lo = max([float(e0[c]) for c in before] + [lay.start])
+    if loop_only and lay.sched_calls:  # up to its schedule-stream calls: the loop's own
+        lo = min(lo, float(s0[lay.sched_calls[0]]))
     hi = float(e0[last])
     calls = sorted((float(s0[c]), float(e0[c])) for c in lay.calls)
     total, t = 0.0, lay.start
@@ -441,12 +445,22 @@ def prefill_step_host(trace: Trace, lays: dict[int, StepLayout], decode: dict[in
     prepare) at that step's batch, which is 0 for a prefill step of its own, so the decode
     steps' mean would count their per-request work against the prefill (on the H200's
     ``sglang`` capture 140 µs of scheduling, 23 µs a request at a mean batch of 6: every
-    prefill step's forward started that much early in the simulation)."""
+    prefill step's forward started that much early in the simulation).
+
+    The decode steps' part before the window ends at their first schedule-stream call: what
+    follows it up to their forward's first launch is their first phase's host time
+    (``phases.NAME.host_us``: on the server, the rest of the batch's preparation and
+    ``run_batch`` up to the batch's first copy), which a simulated prefill step of its own
+    does not run (it has no decode phase), so counting it in their baseline took it out of
+    every prefill's preparation (on the H200's ``sglang`` captures 70-160 µs; in a simulated
+    capture nothing but calls lies there, so its fit is unchanged)."""
     steps = [k for k, p in samples.items() if p.shape == "prefill" and k in lays]
     if not steps or not decode:
         return 0.0
-    base = float(np.mean([cpu_outside(trace, lay, lay.units, prof) for lay in decode.values()]))
-    befores = {k: cpu_outside(trace, lay, lay.units, prof, True) for k, lay in decode.items()}
+    base = float(np.mean([cpu_outside(trace, lay, lay.units, prof, loop_only=True)
+                          for lay in decode.values()]))
+    befores = {k: cpu_outside(trace, lay, lay.units, prof, True, True)
+               for k, lay in decode.items()}
     first = float(np.mean(list(befores.values())))
     at_zero = first
     if batch is not None:
