@@ -21,6 +21,7 @@ from simwar.analysis.metrics import analyze
 from simwar.api import simulate
 from simwar.capture.binding import bind
 from simwar.capture.reader import read_capture
+from simwar.capture.records import DeviceEvent, launch_work, launches_by_corr
 from simwar.capture.stalls import import_report
 from simwar.capture.synthetic import Style, write_kineto, write_kineto_processes
 from simwar.capture.to_trace import import_kineto
@@ -133,6 +134,20 @@ def test_binding_uses_only_relations(tmp_path):
     shifted = {c: [replace(d, ts=d.ts + 1e6) for d in ds] for c, ds in by_corr.items()}
     b = bind(calls, shifted, {c: replace(s, ts=-s.ts) for c, s in syncs.items()})
     assert a.record_of == b.record_of and a.rule == b.rule and a.stream == b.stream
+
+
+def test_launches_by_corr_hold_one_op_as_its_record_and_several_in_file_order():
+    def dev(corr, stream, ts):
+        return DeviceEvent("kernel", f"k{ts}", 0, stream, float(ts), 1.0, corr)
+
+    events = [dev(5, 7, 3), dev(9, 7, 1), dev(-1, 13, 2), dev(5, 20, 0), dev(5, 7, 4)]
+    by_corr, streams = launches_by_corr(events)
+    assert list(streams) == [(0, 7), (0, 13), (0, 20)]  # in order of first appearance
+    assert list(by_corr) == [5, 9]  # no entry for device work without a launch
+    assert by_corr[9] is events[1]  # one op: the record itself, no tuple
+    assert by_corr[5] == (events[0], events[3], events[4])  # several: a tuple, file order
+    assert launch_work(by_corr[9]) == (events[1],)
+    assert launch_work(by_corr[5]) is by_corr[5]
 
 
 # --------------------------------------------------------------------------- threads

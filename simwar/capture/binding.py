@@ -90,6 +90,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from simwar.capture.reader import DeviceEvent, RuntimeCall, SyncEvent, call_kind
+from simwar.capture.records import launch_work
 from simwar.core.trace import Call
 
 WAIT_USE, SYNC_USE = "Stream Wait Event", "Event Sync"
@@ -130,10 +131,12 @@ class _Use:
     device: int
 
 
-def bind(calls: list[RuntimeCall], devs_by_corr: dict[int, list[DeviceEvent]],
+def bind(calls: list[RuntimeCall], devs_by_corr: dict[int, DeviceEvent | tuple | list],
          syncs_by_corr: dict[int, SyncEvent]) -> Binding:
     """Bind the waits and syncs of one process (``calls``: its runtime calls in issue
-    order, every thread) by the rules of the module docstring."""
+    order, every thread; ``devs_by_corr``: each launch's device work, as
+    :func:`simwar.capture.records.launch_work` reads it) by the rules of the module
+    docstring."""
     b = Binding()
     pos_of = {c.correlation: i for i, c in enumerate(calls) if c.correlation >= 0}
     uses: list[_Use] = []
@@ -350,7 +353,7 @@ class _Work:
     """Per thread, the device work each call launched, for the stream rules."""
 
     def __init__(self, calls: list[RuntimeCall], kinds: list[Call],
-                 devs_by_corr: dict[int, list[DeviceEvent]]):
+                 devs_by_corr: dict[int, DeviceEvent | tuple | list]):
         self.calls, self.kinds, self.devs = calls, kinds, devs_by_corr
         self.by_thread: dict[int, list[int]] = defaultdict(list)  # event calls, by thread
         self.last_work: dict[int, tuple | None] = {}  # call pos -> stream of the latest work
@@ -367,6 +370,7 @@ class _Work:
                 self.kernels_seen[i] = dict(kernels[c.tid])
             devs = devs_by_corr.get(c.correlation) if c.correlation >= 0 else None
             if devs:
+                devs = launch_work(devs)
                 last = devs[0] if len(devs) == 1 else max(devs, key=_TS)
                 current[c.tid] = (last.device, last.stream)
                 seen = kernels[c.tid]
@@ -414,7 +418,7 @@ class _Work:
         devs = self.devs.get(corr)
         if not devs:
             return None
-        d = min(devs, key=lambda x: x.ts)
+        d = min(launch_work(devs), key=lambda x: x.ts)
         return (d.device, d.stream)
 
     def host_records(self, claimed: set[int]) -> _Records:

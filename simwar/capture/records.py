@@ -70,6 +70,39 @@ class DeviceEvent(msgspec.Struct, frozen=True, gc=False):
     bytes: int = -1  # a memcpy's or memset's size (-1: not in the capture)
 
 
+def launches_by_corr(events: list[DeviceEvent]) -> tuple[dict, dict]:
+    """Each launch's device work by correlation id, and the ``(device, stream)`` of the
+    events in order of first appearance, in one pass. A launch of one op (most launches)
+    is held as the record itself, of several as a tuple in file order: no list or tuple is
+    made for one op (a tuple of one took 48 bytes a launch, and the lists it was built from
+    as many again, at the import's peak); :func:`launch_work` reads either."""
+    by_corr: dict[int, DeviceEvent | tuple[DeviceEvent, ...]] = {}
+    streams: dict[tuple[int, int], None] = {}
+    several: list[int] = []
+    get = by_corr.get
+    for d in events:
+        streams[d.device, d.stream] = None
+        corr = d.correlation
+        if corr >= 0:
+            work = get(corr)
+            if work is None:
+                by_corr[corr] = d
+            elif type(work) is list:
+                work.append(d)
+            else:
+                by_corr[corr] = [work, d]
+                several.append(corr)
+    for corr in several:  # fixed from here
+        by_corr[corr] = tuple(by_corr[corr])
+    return by_corr, streams
+
+
+def launch_work(work: DeviceEvent | tuple | list) -> tuple | list:
+    """A launch's device work as a sequence, from an entry of :func:`launches_by_corr`
+    (or a list of records)."""
+    return (work,) if type(work) is DeviceEvent else work
+
+
 class RuntimeCall(msgspec.Struct, frozen=True, gc=False):
     """A CUDA (or HIP) runtime or driver API call on a host thread."""
 

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections import Counter, defaultdict
+from collections import Counter
 from operator import attrgetter
 from pathlib import Path
 
@@ -92,6 +92,8 @@ from simwar.capture.records import (
     DeviceEvent,
     RuntimeCall,
     SyncEvent,
+    launch_work,
+    launches_by_corr,
     problem_lines,
 )
 from simwar.capture.sanity import check_capture
@@ -264,21 +266,12 @@ class CaptureTraceBuilder:
                             ("kernel", "memcpy", "memset", "cuda_sync", "runtime",
                              "annotation")})
         # the device events' streams and each launch's work, in one pass
-        lists: dict[int, list[DeviceEvent]] = defaultdict(list)
-        streams: dict[tuple[int, int], None] = {}  # in order of first appearance
-        for d in cap.device_events:
-            streams[d.device, d.stream] = None
-            if d.correlation >= 0:
-                lists[d.correlation].append(d)
+        by_corr, streams = launches_by_corr(cap.device_events)
         multi = len({dev for dev, _ in streams}) > 1
         self.lane_of = {key: m.lane_for(*key, multi) for key in streams}
         del streams
         self._check_mapping_streams()
 
-        # each launch's device work as a tuple: fixed from here, and a tuple of one op (most
-        # launches) takes half the memory of a list grown by append
-        by_corr: dict[int, tuple[DeviceEvent, ...]] = {k: tuple(v) for k, v in lists.items()}
-        del lists
         self.host, self.host_reason, note = host_thread(cap, m, self.is_step, by_corr)
         if note:
             self.warnings.append(note)
@@ -350,7 +343,7 @@ class CaptureTraceBuilder:
             devs = get_devs(c.correlation)
             if devs is not None:
                 t = c.ts - o
-                for d in devs:
+                for d in launch_work(devs):
                     starts = of_kind.get(d.kind)
                     if starts is None:
                         starts = of_kind[d.kind] = out.setdefault(device[d.kind], [])
@@ -378,7 +371,7 @@ class CaptureTraceBuilder:
         """Device-clock correction; 'auto' shifts so no kernel starts before its launch."""
         off = self.m.gpu_clock_offset_us
         lead = np.array([d.ts - c.ts for c in self.cap.runtime_calls if c.correlation in by_corr
-                         for d in by_corr[c.correlation]], dtype=np.float64)
+                         for d in launch_work(by_corr[c.correlation])], dtype=np.float64)
         if off == "auto":
             early = lead[lead < 0]
             off = -float(early.min()) if len(early) else 0.0
@@ -489,7 +482,7 @@ class CaptureTraceBuilder:
         orphans = []
         for corr, devs in by_corr.items():
             if corr not in issued:  # the launch is not in the capture (or not a runtime call)
-                payload += devs
+                payload += launch_work(devs)
                 orphans.append(corr)
         del issued
         payload += (d for d in self.cap.device_events if d.correlation < 0)
@@ -587,15 +580,17 @@ class CaptureTraceBuilder:
             ann_phase, site = enclosing[index] if 0 <= index < n_host else (None, None)
             devs = take_devs(c.correlation, None)
             name = c.name
-            kind = kind_of.get((name, bool(devs)))
+            issued = devs is not None
+            kind = kind_of.get((name, issued))
             if kind is None:
-                kind = kind_of[(name, bool(devs))] = call_kind(name, bool(devs))
-            if devs:
-                if len(devs) > 1:
+                kind = kind_of[(name, issued)] = call_kind(name, issued)
+            if issued:
+                if type(devs) is tuple:  # several ops (launch_work)
                     devs = sorted(devs, key=_ts)
                     phases = [kernel_phase(d.name, ann_phase) for d in devs]
                     phase = next((p for p in phases if p), "")
-                else:  # most launches: one op (no list made)
+                else:  # most launches: the one op itself
+                    devs = (devs,)
                     phase = kernel_phase(devs[0].name, ann_phase)
                     phases = (phase,)
                     phase = phase or ""
