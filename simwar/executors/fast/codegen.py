@@ -85,7 +85,8 @@ SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
                            "_returns": rules.returns}, True, True)
 #: the lockstep executor's: arrays of one element per run
 ARRAY = Target("array", {"_begins": rules.begins_many, "_released": rules.released_many,
-                         "_returns": rules.returns_many, "_add": np.add}, False, False)
+                         "_returns": rules.returns_many, "_add": np.add, "_sub": np.subtract,
+                         "_empty": np.empty}, False, False)
 #: tensor-parallel ranks in lockstep (:mod:`simwar.executors.lockstep.ranks`): the scalar
 #: target's text once per rank (a lane), each lane's variables its own, the lanes met at
 #: each collective (:func:`_unrolled`)
@@ -168,13 +169,15 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     def emit(line: str, indent: int = 2) -> None:
         body.append((line, indent))
 
-    # the array target's fewer numpy calls (:func:`_array_forms` says why each is exact):
-    # the tails known to be at or after the host clock since it last moved (``begins`` of
-    # one is the tail itself), and the window sums known to be arrays of this pass's own
-    # (added to in place by numpy's ``add`` with its output given, without the operator)
+    # the array target's fewer numpy calls and arrays: the tails known to be at or after the
+    # host clock since it last moved (``begins`` of one is the tail itself: a maximum of
+    # two numbers is the larger, and a run's times are neither NaN nor -0.0); the host clock
+    # and the window sums are arrays of the block's own, added to in place by numpy's
+    # ``add`` with its output given (``WD``: the two sums as the rows of one array, both
+    # zeroed at once as a window closes), a difference added to one made in a scratch row
+    # (``Z_``); every value kept (a tail, a record, a logged time) is a new array
     arr = target is ARRAY
     above: set[str] = set()
-    owned: set[str] = set()
 
     def advance(step: str) -> None:
         """The host clock moves on by ``step``."""
@@ -185,13 +188,12 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         """``begins(tv, t)``, or the tail ``tv`` where it is known to be at or after t."""
         return tv if arr and tv in above else f"begins({tv}, t)"
 
-    def summed(acc: str, value: str) -> None:
-        """``acc += value`` (a window sum)."""
-        if arr and acc in owned:
-            emit(f"_add({acc}, {value}, {acc})")
+    def summed(acc: str, a: str, b: str) -> None:
+        """``acc += a - b`` (a window sum)."""
+        if arr:
+            emit(f"_sub({a}, {b}, Z_); _add({acc}, Z_, {acc})")
         else:
-            emit(f"{acc} += {value}")
-            owned.add(acc)  # an array now: a float plus an array, or the array added to
+            emit(f"{acc} += {a} - {b}")
 
     def step_index(off: int) -> str:
         return "ki" if off == 0 else f"(ki + {off})" if off > 0 else f"(ki - {-off})"
@@ -260,14 +262,14 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             if collect:
                 emit("KS_(s); KE_(e)")
             else:
-                summed("W", "e - s")
+                summed("W", "e", "s")
                 if op.phase and last_of.get(op.off) == dev_index:
                     # the window of step k ends with forward k: [end of k-1, end of k); a
                     # step closed twice (its forward in two segments) takes the collect path
                     # (the array target: its batch runs one by one)
                     emit(f"if {ks} <= cl: bad = True")
-                    emit(f"BU[{ks}] = W; DE[{ks}] = Dp; W = 0.0; Dp = 0.0; cl = {ks}")
-                    owned.clear()
+                    emit(f"BU[{ks}] = W; DE[{ks}] = Dp; " + ("WD.fill(0.0)" if arr else
+                                                             "W = 0.0; Dp = 0.0") + f"; cl = {ks}")
         log_times(dev_index, "s", "e")
 
     def record(var: str, lane: str, dev_index: int) -> None:
@@ -296,7 +298,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                     emit("if rel > reach:")
                     emit("Dp += rel - reach", 3)
                 else:
-                    summed("Dp", "rel - reach")
+                    summed("Dp", "rel", "reach")
         above.add(ts)  # released no earlier than reached
         log_times(dev_index, "reach", "rel")
 
@@ -348,7 +350,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             above.clear()
             emit("t0 = t")
             emit(f"t = returns(t0, {host}, {f}, {wake})")
-            if not trace:
+            if arr:
+                emit(f"_sub(t, t0, Z_); B{sites.index(h.site)}[{step_index(h.off)}] += Z_")
+            elif not trace:
                 emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
             dev += 1
         elif kind == "hcoll":  # a host collective (lanes: the ranks)
@@ -402,6 +406,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             "WE_ = S.wout.append", 1)
     else:
         src("BU = S.busy; DE = S.dep; cw = S.cw; cl = S.cl; W = S.w; Dp = S.dp; bad = S.bad", 1)
+        if arr:  # the sums' arrays of the block's own, and a scratch row (see _generate)
+            src("WD = _empty((3, len(t))); WD[0] = W; WD[1] = Dp; W, Dp, Z_ = WD; WD = WD[:2]",
+                1)
     if logs:  # one statement for all: a block may log a hundred times, and each statement
         # of the generated source costs its share of ``compile``
         src(f"({', '.join(logs.values())},) = [L.append for L in S.logs[:{len(logs)}]]", 1)
