@@ -36,7 +36,11 @@ windows, from one forward's end to the next's, summed as it goes) or ``kin``, ``
 ``win``, ``wout`` (forward-stream intervals collected), and appends the logged op times to
 ``logs``. In the array target every value an op gives is a new array (a value appended to a
 log or kept in a tail stays what it was); only the host clock and the window's sums, which
-nothing else holds, are added to in place.
+nothing else holds, are added to in place (numpy's ``add`` with its output given: the sums
+the rows of one array of the block's own, zeroed in one call as a window closes, each
+difference made in a scratch row), and an op's ``begins`` on a tail set since the host
+clock last moved (so at or after it) is that tail, with no call: numpy's calls, a few
+hundred ns each whatever a group's size, are what a lockstep step costs.
 
 **Trace mode** (``trace=True``, :mod:`simwar.executors.fast.trace`): the same rules on the
 same locals, no accumulators and no logs; each segment appends every time it computes to
