@@ -281,7 +281,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         when the lane reaches it, into ``var``."""
         tv = _lanevar(lane, lanes)
         emit(f"{var} = {tv} = {begun(tv)}")
-        above.add(tv)
+        above.update((tv, var))
         log_times(dev_index, var, var)
 
     def wait(stream: str, fired_at: str | None, lat: str, same_stream: bool,
@@ -291,6 +291,11 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         ts = _lanevar(stream, lanes)
         if fired_at is None:
             emit(f"{ts} = reach = rel = {begun(ts)}")
+        elif arr and fired_at in above and stream != fwd and (dev_index, "s") not in logs:
+            # fired at or after the host clock, so its release (fired, plus a latency >= 0)
+            # is too: the larger of it and the tail is the larger of it, the tail and the
+            # clock, with no reach to compute (nothing sums or logs it)
+            emit(f"{ts} = rel = released({ts}, {fired_at}, {lat}, {same_stream})")
         else:
             emit(f"reach = {begun(ts)}")
             emit(f"{ts} = rel = released(reach, {fired_at}, {lat}, {same_stream})")
