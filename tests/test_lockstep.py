@@ -247,6 +247,16 @@ def test_a_minus_zero_duration_runs_alone():
         assert_same_summary(summary, simulate(cfg).summary)
 
 
+def test_a_negative_or_minus_zero_parameter_is_refused():
+    # the generated code takes a tail set since the host clock last moved as at or after it,
+    # which holds for durations >= 0 only: such a group runs one by one (the config schema
+    # allows no negative duration; a plan made otherwise may hold one)
+    from simwar.executors.lockstep.execute import _unfit
+
+    assert _unfit([1.0, -0.0]) and _unfit(np.array([[2.0], [-1e-300]]))
+    assert not _unfit([0.0, 3.5]) and not _unfit(np.array(7.0))
+
+
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_a_lockstep_sweep_writes_the_run_files_and_table_of_runs_one_by_one(tmp_path, jobs):
     spec = {"base": {"steps": 50, "warmup_steps": 4},

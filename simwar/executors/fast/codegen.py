@@ -36,7 +36,11 @@ windows, from one forward's end to the next's, summed as it goes) or ``kin``, ``
 ``win``, ``wout`` (forward-stream intervals collected), and appends the logged op times to
 ``logs``. In the array target every value an op gives is a new array (a value appended to a
 log or kept in a tail stays what it was); only the host clock and the window's sums, which
-nothing else holds, are added to in place.
+nothing else holds, are added to in place (numpy's ``add`` with its output given: the sums
+the rows of one array of the block's own, zeroed in one call as a window closes, each
+difference made in a scratch row), and an op's ``begins`` on a tail set since the host
+clock last moved (so at or after it) is that tail, with no call: numpy's calls, a few
+hundred ns each whatever a group's size, are what a lockstep step costs.
 
 **Trace mode** (``trace=True``, :mod:`simwar.executors.fast.trace`): the same rules on the
 same locals, no accumulators and no logs; each segment appends every time it computes to
@@ -54,6 +58,8 @@ import keyword
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
+
+import numpy as np
 
 from simwar.core import rules
 from simwar.core.trace import OpKind
@@ -83,7 +89,8 @@ SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
                            "_returns": rules.returns}, True, True)
 #: the lockstep executor's: arrays of one element per run
 ARRAY = Target("array", {"_begins": rules.begins_many, "_released": rules.released_many,
-                         "_returns": rules.returns_many}, False, False)
+                         "_returns": rules.returns_many, "_add": np.add, "_sub": np.subtract,
+                         "_empty": np.empty}, False, False)
 #: tensor-parallel ranks in lockstep (:mod:`simwar.executors.lockstep.ranks`): the scalar
 #: target's text once per rank (a lane), each lane's variables its own, the lanes met at
 #: each collective (:func:`_unrolled`)
@@ -166,6 +173,32 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     def emit(line: str, indent: int = 2) -> None:
         body.append((line, indent))
 
+    # the array target's fewer numpy calls and arrays: the tails known to be at or after the
+    # host clock since it last moved (``begins`` of one is the tail itself: a maximum of
+    # two numbers is the larger, and a run's times are neither NaN nor -0.0); the host clock
+    # and the window sums are arrays of the block's own, added to in place by numpy's
+    # ``add`` with its output given (``WD``: the two sums as the rows of one array, both
+    # zeroed at once as a window closes), a difference added to one made in a scratch row
+    # (``Z_``); every value kept (a tail, a record, a logged time) is a new array
+    arr = target is ARRAY
+    above: set[str] = set()
+
+    def advance(step: str) -> None:
+        """The host clock moves on by ``step``."""
+        above.clear()
+        emit(f"_add(t, {step}, t)" if arr else f"t += {step}")
+
+    def begun(tv: str) -> str:
+        """``begins(tv, t)``, or the tail ``tv`` where it is known to be at or after t."""
+        return tv if arr and tv in above else f"begins({tv}, t)"
+
+    def summed(acc: str, a: str, b: str) -> None:
+        """``acc += a - b`` (a window sum)."""
+        if arr:
+            emit(f"_sub({a}, {b}, Z_); _add({acc}, Z_, {acc})")
+        else:
+            emit(f"{acc} += {a} - {b}")
+
     def step_index(off: int) -> str:
         return "ki" if off == 0 else f"(ki + {off})" if off > 0 else f"(ki - {-off})"
 
@@ -205,7 +238,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     def kernel(dev_index: int, lane: str, dur: str, collective: bool = False) -> None:
         op = shape.ops[dev_index]
         tv = _lanevar(lane, lanes)
-        emit(f"s = begins({tv}, t)")
+        emit(f"s = {begun(tv)}")
         if collective:
             # a device collective (lanes: the ranks): it ends on every rank at the last
             # rank's begin plus its own duration (core.rules.collective_ends); its
@@ -216,6 +249,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             emit("CL(s); CL(e)")
         else:
             emit(f"{tv} = e = s + {dur}")
+            above.add(tv)  # s at or after t, a duration >= 0 (a plan with none below 0)
         if lane == fwd and not trace:
             ks = step_index(op.off)
             if op.phase:
@@ -232,20 +266,22 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             if collect:
                 emit("KS_(s); KE_(e)")
             else:
-                emit("W += e - s")
+                summed("W", "e", "s")
                 if op.phase and last_of.get(op.off) == dev_index:
                     # the window of step k ends with forward k: [end of k-1, end of k); a
                     # step closed twice (its forward in two segments) takes the collect path
                     # (the array target: its batch runs one by one)
                     emit(f"if {ks} <= cl: bad = True")
-                    emit(f"BU[{ks}] = W; DE[{ks}] = Dp; W = 0.0; Dp = 0.0; cl = {ks}")
+                    emit(f"BU[{ks}] = W; DE[{ks}] = Dp; " + ("WD.fill(0.0)" if arr else
+                                                             "W = 0.0; Dp = 0.0") + f"; cl = {ks}")
         log_times(dev_index, "s", "e")
 
     def record(var: str, lane: str, dev_index: int) -> None:
         """A record on ``lane`` (an event's, or a wait_stream's of the lane's tail): it fires
         when the lane reaches it, into ``var``."""
         tv = _lanevar(lane, lanes)
-        emit(f"{var} = {tv} = begins({tv}, t)")
+        emit(f"{var} = {tv} = {begun(tv)}")
+        above.update((tv, var))
         log_times(dev_index, var, var)
 
     def wait(stream: str, fired_at: str | None, lat: str, same_stream: bool,
@@ -254,17 +290,25 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         nothing, a no-op)."""
         ts = _lanevar(stream, lanes)
         if fired_at is None:
-            emit(f"{ts} = reach = rel = begins({ts}, t)")
+            emit(f"{ts} = reach = rel = {begun(ts)}")
+        elif arr and fired_at in above and stream != fwd and (dev_index, "s") not in logs:
+            # fired at or after the host clock, so its release (fired, plus a latency >= 0)
+            # is too: the larger of it and the tail is the larger of it, the tail and the
+            # clock, with no reach to compute (nothing sums or logs it)
+            emit(f"{ts} = rel = released({ts}, {fired_at}, {lat}, {same_stream})")
         else:
-            emit(f"reach = begins({ts}, t)")
+            emit(f"reach = {begun(ts)}")
             emit(f"{ts} = rel = released(reach, {fired_at}, {lat}, {same_stream})")
             if stream == fwd and not trace:
-                held = "WS_(reach); WE_(rel)" if collect else "Dp += rel - reach"
-                if target.held_if_positive:
+                if collect:
                     emit("if rel > reach:")
-                    emit(held, 3)
+                    emit("WS_(reach); WE_(rel)", 3)
+                elif target.held_if_positive:
+                    emit("if rel > reach:")
+                    emit("Dp += rel - reach", 3)
                 else:
-                    emit(held)
+                    summed("Dp", "rel", "reach")
+        above.add(ts)  # released no earlier than reached
         log_times(dev_index, "reach", "rel")
 
     dev = 0  # device op index
@@ -274,13 +318,13 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     for hi, h in enumerate(shape.host):
         kind = h.kind
         if kind == "cpu":
-            emit(f"t += {next(pi)}")
+            advance(next(pi))
         elif kind == "launch":
-            emit(f"t += {next(pi)}")
+            advance(next(pi))
             kernel(dev, h.stream, next(pi))
             dev += 1
         elif kind == "graph":
-            emit(f"t += {next(pi)}")
+            advance(next(pi))
             _lanevar(h.stream, lanes)  # the graph's lane, even for a graph of no nodes
             for node in h.nodes:
                 if node.kind == "r":
@@ -292,19 +336,19 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                     kernel(dev, h.stream, next(pi))
                 dev += 1
         elif kind == "record":
-            emit(f"t += {next(pi)}")
+            advance(next(pi))
             record(f"r{rec}", h.stream, dev)
             rec += 1
             dev += 1
         elif kind == "wait_stream":  # WaitStream's rule: other's tail recorded, then waited
             host, lat = next(pi), next(pi)
-            emit(f"t += {host}")
+            advance(host)
             record("x", h.other, dev)
             wait(h.stream, "x", lat, h.same_stream, dev + 1)
             dev += 2
         elif kind == "wait_event":
             host, lat = next(pi), next(pi)
-            emit(f"t += {host}")
+            advance(host)
             bind = h.bind
             wait(h.stream, None if bind is None else fired(bind), lat,
                  bind is not None and bind.same_stream, dev)
@@ -312,13 +356,17 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         elif kind == "sync":
             host, wake = next(pi), next(pi)
             f = "None" if h.bind is None else fired(h.bind)
+            above.clear()
             emit("t0 = t")
             emit(f"t = returns(t0, {host}, {f}, {wake})")
-            if not trace:
+            if arr:
+                emit(f"_sub(t, t0, Z_); B{sites.index(h.site)}[{step_index(h.off)}] += Z_")
+            elif not trace:
                 emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
             dev += 1
         elif kind == "hcoll":  # a host collective (lanes: the ranks)
             cost, wake = next(pi), next(pi)
+            above.clear()
             emit("t0 = t")
             emit("@M_ = max((t@,))")
             emit(f"t = host_collective_leaves(t0, M_, {cost}, {wake})")
@@ -367,6 +415,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             "WE_ = S.wout.append", 1)
     else:
         src("BU = S.busy; DE = S.dep; cw = S.cw; cl = S.cl; W = S.w; Dp = S.dp; bad = S.bad", 1)
+        if arr:  # the sums' arrays of the block's own, and a scratch row (see _generate)
+            src("WD = _empty((3, len(t))); WD[0] = W; WD[1] = Dp; W, Dp, Z_ = WD; WD = WD[:2]",
+                1)
     if logs:  # one statement for all: a block may log a hundred times, and each statement
         # of the generated source costs its share of ``compile``
         src(f"({', '.join(logs.values())},) = [L.append for L in S.logs[:{len(logs)}]]", 1)

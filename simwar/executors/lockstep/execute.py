@@ -23,7 +23,7 @@ model for that run's sizes at its own host clock, as the fast executor's
 :func:`~simwar.executors.fast.realize` does for one run.
 
 A plan that cannot run so (forward steps issued out of order, races that need all accesses
-compared, a ``-0.0`` parameter, on which ``max`` and a comparison part) raises
+compared, a negative or ``-0.0`` parameter: :func:`_unfit`) raises
 :class:`NotLockstep`; its runs then go through the fast executor one by one.
 
 Imports: numpy, simwar.core, simwar.analysis and simwar.builder.sizes (the workload models),
@@ -136,9 +136,11 @@ def _flat(arr: np.ndarray) -> np.ndarray:
     return arr
 
 
-def _signed_zero(x) -> bool:
-    a = np.asarray(x, dtype=np.float64)
-    return bool(np.any((a == 0) & np.signbit(a)))
+def _unfit(x) -> bool:
+    """Whether parameters ``x`` hold a number the pass cannot take: -0.0, on which ``max``
+    and a comparison part, or one below 0 (the generated code takes a tail set since the host
+    clock last moved as at or after it: :mod:`simwar.executors.fast.codegen`)."""
+    return bool(np.signbit(np.asarray(x, dtype=np.float64)).any())
 
 
 def _stack_consts(plans: list[Plan], bi: int) -> tuple:
@@ -163,8 +165,8 @@ def _stack_consts(plans: list[Plan], bi: int) -> tuple:
         columns = list(table.T)
     out = []
     for col in columns:
-        if _signed_zero(col):
-            raise NotLockstep("a -0.0 parameter")
+        if _unfit(col):
+            raise NotLockstep("a negative or -0.0 parameter")
         out.append(np.array(col[0]) if (col == col[0]).all() else np.ascontiguousarray(col))
     return tuple(out)
 
@@ -176,8 +178,8 @@ def _stack_columns(plans: list[Plan], bi: int, start: int, stop: int) -> list[np
     out = []
     for i in range(len(per_run[0])):
         col = np.stack([cols[i] for cols in per_run], axis=1)
-        if _signed_zero(col):
-            raise NotLockstep("a -0.0 parameter")
+        if _unfit(col):
+            raise NotLockstep("a negative or -0.0 parameter")
         out.append(col)
     return out
 
@@ -192,8 +194,8 @@ def _fed_columns(passes: list):
         if not rows[0]:
             return ()
         cols = np.array(rows, dtype=np.float64).T
-        if _signed_zero(cols):
-            raise NotLockstep("a -0.0 parameter")
+        if _unfit(cols):
+            raise NotLockstep("a negative or -0.0 parameter")
         return tuple(cols)
 
     return columns

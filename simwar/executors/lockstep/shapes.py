@@ -42,7 +42,7 @@ from simwar.executors import fast
 from simwar.executors.fast.execute import _finish, run_plan
 from simwar.executors.fast.races import RacePlan
 from simwar.executors.fast.shapes import FORWARD, ShapeRun
-from simwar.executors.lockstep.execute import NotLockstep, State, _signed_zero
+from simwar.executors.lockstep.execute import NotLockstep, State, _unfit
 
 
 class _Picked:
@@ -70,7 +70,7 @@ def _of(v, idx):
 def realize_shape_group(cfgs: list, window: int = 2) -> list[dict]:
     """The summaries of runs that pick their step shapes as they go, in lockstep (see the
     module docstring), in their order: each ``simulate(cfg).summary``, bit for bit. Raises
-    :class:`NotLockstep` for runs of different lengths or launch-ahead, or a ``-0.0``
+    :class:`NotLockstep` for runs of different lengths or launch-ahead, or a negative or ``-0.0``
     parameter."""
     return [run.summary for run in realize_shape_runs(cfgs, window)]
 
@@ -130,8 +130,8 @@ class _Constants(dict):
         arr = self.get(id(ctx))
         if arr is None:
             arr = self[id(ctx)] = np.array(ctx.consts, dtype=np.float64)
-            if _signed_zero(arr):
-                raise NotLockstep("a -0.0 parameter")
+            if _unfit(arr):
+                raise NotLockstep("a negative or -0.0 parameter")
         return arr
 
     def stack(self, contexts: list) -> tuple:
@@ -155,8 +155,8 @@ def _run_block(state: State, members: list, n: int, k: int, consts: dict,
             consts.clear()
         kk = consts[key] = arrays.stack([c for _, c, _ in members])
     rows = np.array([p for _, _, p in members], dtype=np.float64).reshape(len(members), -1)
-    if _signed_zero(rows):
-        raise NotLockstep("a -0.0 parameter")
+    if _unfit(rows):
+        raise NotLockstep("a negative or -0.0 parameter")
     cols = [(col,) for col in rows.T]  # a row per pass (one), an element per run
     if len(members) == n:  # every run: the state's own values
         idx = None
