@@ -263,14 +263,7 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False) -> di
         common = sorted(set(on["by_seed"]) & set(off["by_seed"]))
         if not common:
             continue
-        signs = {}
-        for k in FIGURES:
-            m = float(np.mean([on["by_seed"][sd][0][k] - off["by_seed"][sd][0][k]
-                               for sd in common]))
-            p = float(np.mean([on["by_seed"][sd][1][k] - off["by_seed"][sd][1][k]
-                               for sd in common]))
-            signs[k] = {"measured": m, "predicted": p, "ok": bool(np.sign(m) == np.sign(p))}
-        out["signs"][load] = {"seeds": common, **signs}
+        out["signs"][load] = {"seeds": common, **paired_signs(on, off, common)}
     out["ok"] = all(r["ok"] is not False for c in out["cases"].values()
                     for r in c["rows"].values()) and \
         all(v[k]["ok"] for v in out["signs"].values() for k in FIGURES)
@@ -294,6 +287,19 @@ def speeds(case: dict) -> str:
     return ", ".join(f"x{v:.2f}" if ok else f"(x{v:.2f})"
                      for v, ok in zip(case["host_speed"], case["judged"]))
 
+
+
+def paired_signs(on: dict, off: dict, common: list, judge: bool = True) -> dict:
+    """Per figure, the on-vs-off difference measured and predicted, each the mean over the
+    ``common`` seeds (the same requests in both loops), and whether their signs agree (None:
+    not judged)."""
+    signs = {}
+    for k in FIGURES:
+        m = float(np.mean([on["by_seed"][sd][0][k] - off["by_seed"][sd][0][k] for sd in common]))
+        p = float(np.mean([on["by_seed"][sd][1][k] - off["by_seed"][sd][1][k] for sd in common]))
+        signs[k] = {"measured": m, "predicted": p,
+                    "ok": bool(np.sign(m) == np.sign(p)) if judge else None}
+    return signs
 
 def sign_values(sign: dict, key: str) -> str:
     """An on-vs-off difference, measured / predicted (TTFTs in ms)."""

@@ -371,14 +371,7 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
             if on is None or off is None:
                 continue
             common, judge = _pairs(on, off)
-            signs = {}
-            for k in FIGURES:
-                m = float(np.mean([on["by_seed"][sd][0][k] - off["by_seed"][sd][0][k]
-                                   for sd in common]))
-                p = float(np.mean([on["by_seed"][sd][1][k] - off["by_seed"][sd][1][k]
-                                   for sd in common]))
-                signs[k] = {"measured": m, "predicted": p,
-                            "ok": bool(np.sign(m) == np.sign(p)) if judge else None}
+            signs = prefill_check.paired_signs(on, off, common, judge)
             out["signs"][f"{mode}_{load}"] = {"seeds": common, "judged": judge, **signs}
             n = on["mean_output"]
             m_on, m_off = (float(np.mean([score(c["by_seed"][sd][0], n) for sd in common]))
