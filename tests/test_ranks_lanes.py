@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_ranks_fast import _bits, _variant, assert_same_trace, assert_same_value
+from test_ranks_fast import (
+    _bits,
+    _variant,
+    assert_same_tables,
+    assert_same_trace,
+    assert_same_value,
+)
 
 from simwar.api import resolve_sizes, simulate
 from simwar.config import load_config
@@ -27,12 +33,7 @@ SHIPPED = "configs/tp2_slow_rank.yaml"
 def assert_same_answers(ref, got) -> None:
     assert got.engine == "fast" and got.refused == ()
     assert all(r._trace is None for r in got.ranks)  # none kept
-    assert ref.summary.keys() == got.summary.keys()
-    for k, v in ref.summary.items():
-        assert_same_value(v, got.summary[k], k)
-    assert ref.columns.keys() == got.columns.keys()
-    for k, v in ref.columns.items():
-        assert np.array_equal(_bits(v), _bits(got.columns[k])), k
+    assert_same_tables(ref, got)
     assert [r.rank for r in ref.ranks] == [r.rank for r in got.ranks]
     for a, b in zip(ref.ranks, got.ranks):
         assert a.summary.keys() == b.summary.keys()
