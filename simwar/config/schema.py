@@ -267,7 +267,7 @@ class Prefill(StrictModel):
     host_us: TokenCost = Field({}, validate_default=True)  # see StrictModel
     """The host's extra work to prepare the prefill (µs, or {base, per_token}; split evenly
     over launches)."""
-    host_before_us: TokenCost = Field(default_factory=TokenCost)
+    host_before_us: TokenCost = Field({}, validate_default=True)  # see StrictModel
     """The host's work on the prefill before its first launch, beyond ``host_us`` (µs, or
     {base, per_token}: preparing its requests' batch, which no kernel of it can overlap; 0:
     none, every launch after its share of ``host_us`` alone)."""
