@@ -42,7 +42,7 @@ from simwar.builder import loop
 from simwar.builder.draws import Sum, Use
 from simwar.builder.loop import sizes_meta
 from simwar.builder.sizes import ArrivalProcess, StepSizes, draw_sizes
-from simwar.builder.template import NotTraceable, duration_at, structure_key, traced
+from simwar.builder.template import COMPARISONS, NotTraceable, duration_at, structure_key, traced
 from simwar.config import Config, ConfigError, load_config
 from simwar.config.budget import check_memory
 from simwar.config.clipping import clipping_warnings
@@ -501,7 +501,7 @@ def _bound_many(trace, template, rep: Config, sizes: StepSizes, members: list[in
     fit = np.ones(len(members), dtype=bool)
     for k, op, other, out in trace.decisions:
         if k in arrays:
-            fit &= _COMPARE[op](arrays[k], other) == out
+            fit &= COMPARISONS[op](arrays[k], other) == out  # element by element
     by_seed: dict[int, list[int]] = {}
     for j in np.flatnonzero(fit).tolist():
         by_seed.setdefault(resolved[members[j]]["seed"], []).append(j)
@@ -553,10 +553,6 @@ def _values(resolved: dict, picked: dict):
     return value
 
 
-_COMPARE = {"gt": np.greater, "ge": np.greater_equal, "lt": np.less, "le": np.less_equal,
-            "eq": np.equal, "ne": np.not_equal}
-
-
 def _adds_a_varying_duration(template, varying: dict) -> bool:
     """Whether a drawn parameter of the template adds a duration that varies between runs
     (its column would be each run's own: bound one by one)."""
@@ -573,14 +569,7 @@ def _adds_a_varying_duration(template, varying: dict) -> bool:
 def _bound(trace, template, rep: Config, sizes: StepSizes, resolved: dict):
     """The plan of the run ``resolved`` from the templates traced for ``rep`` (a config of
     the same structure key), or None when it decides otherwise on a duration."""
-    values: dict[str, object] = {}
-
-    def value(key: str):
-        v = values.get(key)
-        if v is None:
-            v = values[key] = duration_at(resolved, key)
-        return v
-
+    value = _values(resolved, {})
     if not trace.fits(value):
         return None
     cfg = rep.model_copy(update={"seed": resolved["seed"], "name": resolved["name"]})

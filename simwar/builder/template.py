@@ -34,8 +34,9 @@ class NotTraceable(PlanRefused):
     """A duration was used in a way a template cannot carry; plan the run on its own."""
 
 
-_OPS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le,
-        "eq": operator.eq, "ne": operator.ne}
+#: a traced comparison's operator by name (numbers, or numpy arrays element by element)
+COMPARISONS = {"gt": operator.gt, "ge": operator.ge, "lt": operator.lt, "le": operator.le,
+               "eq": operator.eq, "ne": operator.ne}
 
 
 class _Decisions(list):
@@ -44,7 +45,7 @@ class _Decisions(list):
     def compare(self, key: str, value: float, op: str, other) -> bool:
         if isinstance(other, (Tagged, Ref)) or not isinstance(other, (int, float)):
             raise NotTraceable(f"{key}: compared with {other!r}")
-        out = _OPS[op](value, other)
+        out = COMPARISONS[op](value, other)
         self.append((key, op, other, out))
         return out
 
@@ -137,7 +138,7 @@ class TemplateTrace:
         decisions (then it shares these templates)."""
         for key, op, other, out in self.decisions:
             v = value(key)
-            if isinstance(v, (Dist, Affine)) or _OPS[op](v, other) != out:
+            if isinstance(v, (Dist, Affine)) or COMPARISONS[op](v, other) != out:
                 return False
         return True
 
