@@ -223,7 +223,7 @@ def _together(cols: dict, metas: list[dict], hazards: list, runs: list[RunMeta])
                 valid[key.column] = x[:, ~nan[0]]
         return valid[key.column]
 
-    if len({run.workload is None for run in runs}) == 1 and runs[0].workload is None:
+    if all(run.workload is None for run in runs):
         # one list of keys for every run: each key evaluated once, the dicts built from rows
         keys = summary_keys(cols, runs[0])
         return assemble_many([run.name for run in runs], len(m["step"]), keys,

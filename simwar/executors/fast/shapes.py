@@ -77,8 +77,8 @@ class ShapeRun:
             ctx.shape = interned.setdefault(ctx.shape, ctx.shape)
             # and contexts of one structure and the same constants one kind: their steps
             # are one block (a decode step after a prefill step and after a decode step)
+            # (the interned constants are these, bit for bit: ctx.consts stands as it is)
             ctx.fixed = interned.setdefault((ctx.shape, _exact(ctx.fixed)), ctx.fixed)
-            ctx.consts = tuple(x for x in ctx.fixed if x is not None)
             # the block it runs: its structure and which parameters are drawn (a number,
             # the same for every run sharing ``interned``)
             ctx.block = interned.setdefault(("block", ctx.shape, ctx.slots), len(interned))
