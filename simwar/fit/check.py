@@ -61,7 +61,7 @@ from simwar.config import load_config
 from simwar.fit.compare import compare_figure, figure
 from simwar.fit.durations import shift
 from simwar.fit.from_capture import FitError, check_mapping, duration_mean, fit_model
-from simwar.fit.profiler import left_out_line, left_out_steps
+from simwar.fit.profiler import HOST_COSTS, left_out_line, left_out_steps
 from simwar.fit.profiler_cost import for_capture
 from simwar.fit.shape_check import (
     SHAPE_FIGURES,
@@ -328,8 +328,8 @@ def profiler_back(cap) -> dict[str, float]:
         add(f"cpu.{item}", kept["cpu"][item], net["cpu"][item])
     for a, b in zip(kept["phases"], net["phases"]):
         add(f"phases.{b['name']}.host_us", a["host_us"], b["host_us"])
-    for key in net["costs"]:
-        if key not in ("sync_wake_us", "cross_stream_us"):  # device-side latencies
+    for key in HOST_COSTS:  # not the device-side latencies
+        if key in net["costs"]:
             add(f"costs.{key}", kept["costs"][key], net["costs"][key])
     if "prefill" in net and "prefill" in kept:
         add("prefill.host_us", kept["prefill"]["host_us"], net["prefill"]["host_us"])

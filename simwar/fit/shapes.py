@@ -73,7 +73,7 @@ import numpy as np
 
 from simwar.core.trace import OpKind, Trace
 from simwar.fit.layout import StepLayout, columns
-from simwar.fit.prefix import MIN_PREFIX_STEPS, prefix_line, prefixes
+from simwar.fit.prefix import MIN_PREFIX_STEPS, _r, _r6, prefix_line, prefixes
 
 #: the phase name whose kernels are a prefill's work (the mapping's ``phases`` name it)
 PREFILL_PHASE = "prefill"
@@ -239,8 +239,8 @@ def split_prefill(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, p
             kept[k] = replace(lay, units=rest)
         if not pre:
             continue
-        got = _sample(k, shape if shape != "decode" else "decode", kinds.tokens.get(k, -1)
-                      if shape != "decode" else 0, pre, lay, s0, e0, op_start, op_end, prof)
+        got = _sample(k, shape, kinds.tokens.get(k, -1) if shape != "decode" else 0, pre, lay,
+                      s0, e0, op_start, op_end, prof)
         last = pre[-1].calls[-1]  # the decode unit whose host region holds the prefill's
         got.then = next((i for i, u in enumerate(rest) if s0[u.calls[0]] > s0[last]),
                         len(rest))
@@ -659,14 +659,6 @@ def _text(v) -> str:
             f" + {v['per_token_prefix']:g} x prefix" if v.get("per_token_prefix") else "") \
             + " µs"
     return f"{v:g} µs"
-
-
-def _r(v: float) -> float:
-    return round(float(v), 3)
-
-
-def _r6(v: float) -> float:
-    return round(float(v), 6)
 
 
 def prompt_groups(kinds: StepKinds, steps: list[int], chunk: int) -> list[tuple[int, int]]:
