@@ -46,7 +46,7 @@ code of a block that an earlier candidate compiled (:mod:`simwar.executors.fast.
 caches it by shape; the candidates run in an order that puts those sharing their first
 iteration side by side, :func:`_screen_order`).
 
-:func:`screen` runs the candidates, :func:`simulate_config` the confirming runs at full
+:func:`screen` runs the candidates, :func:`_full_length` the confirming runs at full
 length: no other place simulates.
 
 Imports: simwar's config, policies, api and the fast executor (numpy, pandas, simpy through
@@ -348,15 +348,6 @@ def _publish_needs(phase, pos: str, in_graph: bool, new_phase: bool) -> str:
 
 
 # --------------------------------------------------------------------------- simulation
-def simulate_config(cfg: Config, fast: bool = True):
-    """Simulate one config through :func:`simwar.api.simulate` (the confirming runs).
-
-    ``fast``: the fast executor; False (the confirming runs at full length): the
-    config's own ``engine`` (both give the same results; the tests hold them equal).
-    """
-    return simulate(cfg, engine="fast" if fast else None)
-
-
 #: the policy keys a candidate overrides, each value one :func:`space` made from the
 #: config's own phases and the registry, so valid there (and phases.<P>.read_ends)
 POLICY_KEYS = frozenset({"barrier", "placement", "plan_stream", "needs_cpu_seq_lens",
@@ -614,7 +605,8 @@ def advise(cfg, objective: str = "step_us_mean", *, screen_steps: int = SCREEN_S
 
 
 def _full_length(cfg: Config, cand: Candidate) -> dict:
-    return dict(simulate_config(load_config(cfg, cand.overrides), fast=False).summary)
+    # at full length, on the config's own engine (the fast executor's answers are the same)
+    return dict(simulate(load_config(cfg, cand.overrides)).summary)
 
 
 def _choose(eligible: list[Candidate], objective: str, tie: float, order) -> Candidate:

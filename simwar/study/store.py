@@ -5,7 +5,8 @@ another sweep's results is refused (:func:`check_out_dir`, :class:`SweepConflict
 Each batch of runs that finishes is written at once, atomically, as one Parquet table of its
 rows (``OUT/batches/<first run id>-<batch hash>.parquet``, :meth:`RunStore.save_batch`): a
 sweep killed at any point loses the batch in flight and nothing else, and a rerun skips
-every run whose row a batch file holds (by run key, :meth:`RunStore.stored`). Per-run files
+every run whose row a batch file holds (by run id and run key,
+:meth:`RunStore.stored_rows`). Per-run files
 (``OUT/runs/<run key>.json``: the run's summary and config) are written only on request
 (``run_files=True``, ``simwar sweep --run-files``); those of an earlier sweep are read back
 all the same, so a sweep resumes from either. ``results.parquet`` and ``results.csv`` are
