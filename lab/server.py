@@ -604,9 +604,8 @@ class Bench:
                         prompt_tokens="64..512" if prefill_on else None)
             steplog, sched, _ = self.server.run(case, self.loads.arrivals(case), timing=True)
             pilots[key] = summarize(steplog, sched, True, warm)["step_us_mean"]
-        rps = self._shapes_pilot(cases)
-        pilots.update({k: v for k, v in rps.items() if k.startswith("step_")})
-        rps = {k: v for k, v in rps.items() if not k.startswith("step_")}
+        rps, shapes_steps = self._shapes_pilot(cases)
+        pilots.update(shapes_steps)
         self.loads = Loads(pilots, args.accept_tokens, pilot_rps=rps)
         rates = {load: self.loads.rate(load) for load in
                  ("light", "medium", "saturated", "prefill_light", "prefill_medium",
@@ -625,15 +624,16 @@ class Bench:
                        "pilot_requests_per_s": rps,
                        "load_rates_per_s": rates, "cuda_sync_events": self.sync_events}
 
-    def _shapes_pilot(self, cases: list[Case]) -> dict:
+    def _shapes_pilot(self, cases: list[Case]) -> tuple[dict, dict]:
         """Where a case runs a shapes load: a closed loop of :data:`SHAPES_PILOT` requests
-        with that case's lengths, SGLang's default scheduling and overlap; its request rate,
-        N / its mean latency (``shapes_<N>``), and its mean step µs (``step_shapes_<N>``).
+        with that case's lengths, SGLang's default scheduling and overlap; ``(rates, steps)``:
+        its request rate, N / its mean latency (``{"shapes_<N>": ...}``), and its mean step
+        µs (``{"step_shapes_<N>": ...}``); two empty mappings where no case runs one.
         Without a finished request (a dry run's few steps) the latency is taken as its step
         time × (``ceil(output / accept)`` decode steps + the N requests' prefill steps)."""
         shaped = [c for c in cases if c.load in SHAPES_LOADS]
         if not shaped:
-            return {}
+            return {}, {}
         args, c, n = self.args, shaped[0], SHAPES_PILOT
         steps, warm = (min(200, args.dry_steps), 2) if args.dry_run else (200, 40)
         case = Case(f"pilot_shapes_{n}", steps, "closed", concurrency=n, warmup=warm,
@@ -646,7 +646,7 @@ class Bench:
             out = Dist.parse(c.output_tokens).mean()
             prefill = n * Dist.parse(c.prompt_tokens).mean() / c.chunk_tokens
             lat = step * (math.ceil(out / args.accept_tokens) + prefill)
-        return {f"shapes_{n}": n / (lat * 1e-6), f"step_shapes_{n}": step}
+        return {f"shapes_{n}": n / (lat * 1e-6)}, {f"step_shapes_{n}": step}
 
     def run_case(self, case: Case) -> dict:
         """One case: timed (or sanitized) or profiled; returns its metrics."""

@@ -218,13 +218,19 @@ def check_lengths(case: Case, accept: float, max_context: int, max_chunk: int) -
     staging buffer."""
     if case.prompt_tokens and not 0 < case.chunk_tokens <= max_chunk:
         raise ValueError(f"{case.name}: chunk_tokens {case.chunk_tokens} not in 1..{max_chunk}")
-    out = Dist.parse(case.output_tokens)
-    first = Dist.parse(case.prompt_tokens) if case.prompt_tokens else Dist.parse(
-        case.context_tokens)
-    need = first.hi + math.ceil(out.hi / accept) + 4
+    need = slots_needed(case, accept)
     if need > max_context:
-        raise ValueError(f"{case.name}: prompt/context up to {first.hi} + {out.hi} output "
-                         f"tokens need {need} slots > max_context {max_context}")
+        first = Dist.parse(case.prompt_tokens or case.context_tokens)
+        raise ValueError(f"{case.name}: prompt/context up to {first.hi} + "
+                         f"{Dist.parse(case.output_tokens).hi} output tokens need {need} "
+                         f"slots > max_context {max_context}")
+
+
+def slots_needed(case: Case, accept: float) -> int:
+    """The context slots a request of ``case`` can hold until it leaves: its longest prompt
+    (or context), its longest output at ``accept`` tokens a step, and 4 spare."""
+    first = Dist.parse(case.prompt_tokens or case.context_tokens)
+    return first.hi + math.ceil(Dist.parse(case.output_tokens).hi / accept) + 4
 
 
 #: the command line's case flags (``args`` attributes) that override a suite's cases
@@ -260,10 +266,7 @@ def sized_for(cases: list[Case], accept: float, max_context: int, max_chunk: int
     more where a case needs it (the context rounded up to a multiple of 128)."""
     ctx, chunk = max_context, max_chunk
     for c in cases:
-        out = Dist.parse(c.output_tokens)
-        first = Dist.parse(c.prompt_tokens or c.context_tokens)
-        need = first.hi + math.ceil(out.hi / accept) + 4
-        ctx = max(ctx, -(-need // 128) * 128)
+        ctx = max(ctx, -(-slots_needed(c, accept) // 128) * 128)
         if c.prompt_tokens:
             chunk = max(chunk, c.chunk_tokens)
     return ctx, chunk
@@ -271,4 +274,4 @@ def sized_for(cases: list[Case], accept: float, max_context: int, max_chunk: int
 
 __all__ = ["BARRIERS", "LOADS", "OVERRIDES", "SHAPES_LENGTHS", "SHAPES_LOADS", "SHAPES_PILOT",
            "SHAPES_REPEATS", "TARGETS", "Case", "Loads", "check_lengths", "select_cases",
-           "sized_for", "suite_cases"]
+           "sized_for", "slots_needed", "suite_cases"]
