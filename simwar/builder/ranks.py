@@ -126,15 +126,18 @@ def coupled(ops: Iterable[HostOp], cfg: Config, rc: Config, rank: int,
     ranks run in lockstep (:mod:`simwar.executors.lockstep.ranks`); the Trace then has
     the zero-length spans, so the executors that keep one take the ranks as they are.
     ``value(name, index)``: the number of draw ``index`` of ``draws[name]``
-    (:func:`coupling_draws`; default: the number itself; a plan's: a symbolic use of it);
+    (:func:`coupling_draws`, given with :func:`late_work` merged where ``uniform``, as a
+    plan does once for its every iteration; default: the number itself; a plan's: a
+    symbolic use of it);
     ``steps``: the step from which no iteration is coupled (default: the config's; a plan
     builds the drain at another step)."""
     steps = cfg.steps if steps is None else steps
     par = cfg.parallel
     ranks = cfg.ranks if cfg.ranks is not None else Ranks()
-    draws = coupling_draws(cfg, rc, rank) if draws is None else draws
-    if uniform:
-        draws = {**draws, **late_work(draws)}
+    if draws is None:
+        draws = coupling_draws(cfg, rc, rank)
+        if uniform:
+            draws = {**draws, **late_work(draws)}
     if value is None:
         def value(name, index: int) -> float:
             return float(draws[name][index])
