@@ -12,6 +12,7 @@ run's (``docs/profiler-cost.md``), and ``--check`` must add the cost back to the
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ import yaml
 from simwar.api import simulate
 from simwar.capture.mapping import load_mapping
 from simwar.capture.open import open_capture
-from simwar.capture.synthetic import SGLANG_CPU_MAPPING, write_kineto
+from simwar.capture.synthetic import SGLANG_CPU_MAPPING, Style, write_kineto
 from simwar.cli.app import main
 from simwar.fit.from_capture import fit_model
 from simwar.fit.layout import regions, step_layouts
@@ -221,7 +222,7 @@ def test_check_adds_the_profilers_cost_back(synthetic):
     steps, _ = import_report(cap.bound)
     default = load_config(fit_model(cap, capture="c").config)
     kept = load_config(fit_model(cap, capture="c", profiler_cost=False).config)
-    back = profiler_back(cap)
+    back = profiler_back(cap, default)
     assert back and all(v > 0 for v in back.values())
     assert back["cpu.schedule_us"] == pytest.approx(
         kept.cpu.schedule_us - default.cpu.schedule_us, abs=1e-3)
@@ -233,4 +234,55 @@ def test_check_adds_the_profilers_cost_back(synthetic):
     added, bare = lead_error(default), lead_error(default, profiler_cost=False)
     as_kept = lead_error(kept, profiler_cost=False)
     assert abs(bare) > 5.0 and added == pytest.approx(as_kept, abs=0.5)
-    assert profiler_back(synthetic["plain"]) == {}  # nothing recorded, nothing added
+    plain = synthetic["plain"]
+    assert profiler_back(plain, fit_model(plain).config) == {}  # nothing recorded, none added
+
+
+def test_check_adds_back_the_cost_of_a_fit_made_alike(tmp_path, capsys):
+    """The profiler's cost ``--check`` adds back is the fit that keeps it less the checked
+    fit, the two made with the same arguments: here ``--unprofiled-step-us`` per bucket (which
+    scales the host times too), given to ``--fit`` and ``--check`` in one command, or to
+    ``--check`` alone; a fit with the defaults would add back a cost ~2-5x as large."""
+    from simwar.capture.stalls import import_report
+    from simwar.config import load_config
+    from simwar.fit.check import check_fit, profiler_back, with_profiler
+    from simwar.fit.from_capture import duration_mean
+    from simwar.fit.profiler import scale_device
+
+    sweep = {"batch_sizes": [1, 3, 6, 8, 11, 16, 20, 27, 32, 40, 52, 64, 58, 44, 31, 24, 16,
+                             12, 8, 5, 2], "graph_buckets": [8, 16, 32, 64]}
+    sim = simulate(ROOT / "configs" / "dspark_fine.yaml",
+                   {"steps": 100, "warmup_steps": 6, "workload": sweep,
+                    "phases.verify.body_us": {"base": 1200, "per_seq": 45}})
+    path = write_kineto(sim.trace, tmp_path / "prof.json.gz", profiled=True,
+                        style=Style(names="sglang", batch_ranges=True,
+                                    copies=("result_copy",)))
+    cap = open_capture(path)
+    truth = simulate(scale_device(fit_model(cap).config, 0.96, 0.9)).summary["by_bucket"]
+    targets = {b: v["step_us_mean"] for b, v in truth.items()}
+    args = {"unprofiled_step_us": targets}
+    net = fit_model(cap, **args).config
+    kept = fit_model(cap, **args, profiler_cost=False).config
+    by_hand = {k: round(duration_mean(kept["cpu"][k]) - duration_mean(net["cpu"][k]), 3)
+               for k in net["cpu"]}
+    steps, _ = import_report(cap.bound)
+    got = check_fit(cap, load_config(net), "c", steps, "c", fit_args=args)
+    for key, us in got["profiler_back"].items():
+        if key.startswith("cpu."):
+            assert us == pytest.approx(by_hand[key[4:]], abs=2e-3), key
+    # the check of the same config with that cost added back by hand: the same figures
+    alike = check_fit(cap, with_profiler(load_config(net), got["profiler_back"]), "c", steps,
+                      "c", profiler_cost=False)
+    assert alike["rows"] == got["rows"]
+    default = profiler_back(cap, net)  # a fit with other arguments: another cost
+    assert default["cpu.ingest_us"] > 2 * got["profiler_back"]["cpu.ingest_us"]
+    # the command line: the fit's own arguments, in the command that fits it or given again
+    given = ",".join(f"{b}={us:.3f}" for b, us in targets.items())
+    out = tmp_path / "fitted.yaml"
+    for extra in (["--fit", "-o", str(out)], []):
+        main(["import", str(path), *extra, "--check", str(out), "--unprofiled-step-us", given,
+              "--json", "--no-progress"])
+        back = json.loads(capsys.readouterr().out)["check"]["profiler_back"]
+        assert back == pytest.approx(profiler_back(cap, load_config(out), args), abs=2e-3)
+        assert back["cpu.ingest_us"] < default["cpu.ingest_us"] / 2
+

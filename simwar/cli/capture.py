@@ -91,15 +91,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", metavar="YAML",
                    help="where --fit (or --fit-costs) writes its config")
     p.add_argument("--dist", choices=("best", "empirical", "normal", "lognormal"),
-                   default="best", help="distribution --fit writes (default: best by KS)")
+                   default="best", help="distribution --fit writes (default: best by KS); with "
+                   "--check alone: the one the checked file was fitted with")
     p.add_argument("--policy", metavar="BARRIER",
                    help="the barrier policy for --fit when the capture cannot show it (no CUDA "
                         "sync events, or none that name a record or an event): fine, coarse, "
-                        "none or host_sync")
+                        "none or host_sync; with --check alone: the one the checked file was "
+                        "fitted with, as --dist, --unprofiled-step-us and --extrapolate-buckets "
+                        "(the profiler's cost --check adds back is measured by a fit that keeps "
+                        "it, made with the same)")
     p.add_argument("--unprofiled-step-us", default=None, metavar="US|BUCKET=US,...",
                    help="with --fit: the loop's mean step time without the profiler (from the "
                         "server's own log): every device time is rescaled to meet it; or per "
-                        "graph bucket (8=1682,16=1726,...): device and host time rescaled")
+                        "graph bucket (8=1682,16=1726,...): device and host time rescaled; with "
+                        "--check alone: the one the checked file was fitted with")
     p.add_argument("--keep-profiler-cost", action="store_true",
                    help="with --fit: keep the profiler's own host cost in the fitted host times "
                         "(default: subtracted by the capture's event counts at the measured "
@@ -108,7 +113,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extrapolate-buckets", action="store_true",
                    help="with --fit: a graph phase's per-bucket durations also give the graph "
                         "buckets the capture never ran, from the line over the measured "
-                        "buckets (without it a run reaching one is refused)")
+                        "buckets (without it a run reaching one is refused); with --check alone: "
+                        "the checked file was fitted with it")
     p.add_argument("--check", metavar="YAML",
                    help="simulate this fitted config and compare it with the capture (exit 1 "
                         "when step time, forward gap or launch-ahead misses its bound)")
@@ -149,14 +155,16 @@ def command(args) -> int:
     if (args.overrides or args.additions) and not args.check:
         raise UserError(f"{'--set' if args.overrides else '--add'} applies to --check (the "
                         f"simulation of a fitted config)")
-    if args.policy is not None and not args.fit:
-        raise UserError("--policy applies to --fit")
-    if args.unprofiled_step_us is not None and not args.fit:
-        raise UserError("--unprofiled-step-us applies to --fit")
+    # with --check alone: how the checked file was fitted (the fit that keeps the profiler's
+    # cost, which --check adds back, is made with the same)
+    if args.policy is not None and not (args.fit or args.check):
+        raise UserError("--policy applies to --fit and --check")
+    if args.unprofiled_step_us is not None and not (args.fit or args.check):
+        raise UserError("--unprofiled-step-us applies to --fit and --check")
     if args.keep_profiler_cost and not (args.fit or args.check):
         raise UserError("--keep-profiler-cost applies to --fit and --check")
-    if args.extrapolate_buckets and not args.fit:
-        raise UserError("--extrapolate-buckets applies to --fit")
+    if args.extrapolate_buckets and not (args.fit or args.check):
+        raise UserError("--extrapolate-buckets applies to --fit and --check")
     unprofiled = None
     if args.unprofiled_step_us is not None:
         # lazy: start-up time of the CLI (the fit loads numpy and the simulator)
@@ -344,6 +352,8 @@ def _dotted(cfg: dict, key: str):
 def _check(cap, args, loaded, report, steps) -> dict:
     """Simulate the ``--check`` config and compare it with the capture's ``report`` (``steps``:
     its per-step table): :func:`simwar.fit.check.check_fit`."""
+    from simwar.config import load_config  # lazy: start-up time of the CLI (pydantic)
+
     # lazy: start-up time of the CLI (the check runs the simulator)
     from simwar.fit.check import check_fit
     from simwar.fit.from_capture import FitError  # lazy: start-up time of the CLI
@@ -351,9 +361,16 @@ def _check(cap, args, loaded, report, steps) -> dict:
     cfg, items = loaded
     if args.fit:  # the file just written
         cfg = _check_config(args)[0]
+    # the profiler's cost is added back as the file was fitted: the file without --set and
+    # --add, and the fit's own arguments (a fit that kept the cost, made with the same)
+    fitted = load_config(args.check) if items else cfg
+    fit_args = {"dist": args.dist, "policy": args.policy,
+                "unprofiled_step_us": args.unprofiled,
+                "extrapolate_buckets": args.extrapolate_buckets}
     try:
         return check_fit(cap, cfg, run_label(cfg.name, items), steps, report["file"],
-                         profiler_cost=not args.keep_profiler_cost)
+                         profiler_cost=not args.keep_profiler_cost, fitted=fitted,
+                         fit_args=fit_args)
     except FitError as e:
         raise UserError(str(e)) from None
 

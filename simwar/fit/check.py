@@ -26,9 +26,10 @@ for a request are left out as the capture's ``idle`` steps are.
 **The profiler's cost**: the default fit takes the profiler's own host cost out of the
 capture's host times (:mod:`simwar.fit.profiler_cost`), so the fitted config is the
 unprofiled server; the check compares it with the profiled capture after adding that cost
-back to each host duration (:func:`profiler_back`: the fit that keeps it less the default
-fit, per key; :func:`with_profiler`). ``--keep-profiler-cost`` says the checked config holds
-it already (fitted with that flag): nothing is added.
+back to each host duration (:func:`profiler_back`: the fit that keeps it, made with the
+arguments the checked one was made with, less the checked fit, per key;
+:func:`with_profiler`). ``--keep-profiler-cost`` says the checked config holds it already
+(fitted with that flag): nothing is added.
 
 Steps that are not the loop's own (the profiler's stalls, the loop waiting for requests:
 :func:`simwar.fit.profiler.left_out_steps`) are left out of both sides, with the steps before
@@ -306,17 +307,22 @@ def relaunch(trace, summary: dict, drop=()) -> dict:
     return out
 
 
-def profiler_back(cap) -> dict[str, float]:
-    """The profiler's own host cost the fit takes out of a profiled capture, per host
-    duration of the fitted config (µs per step or per call: ``cpu.*``, ``phases.NAME.host_us``,
-    ``costs.*``, ``prefill.host_us``): the mean of the fit that keeps it less the mean of the
-    default fit, the two fits of the same capture. Empty for a capture the profiler recorded
-    no event of (a simulation written as a capture)."""
+def profiler_back(cap, fitted, fit_args: dict | None = None) -> dict[str, float]:
+    """The profiler's own host cost the fit took out of a profiled capture, per host duration
+    of the fitted config ``fitted`` (a loaded config or its mapping: the default fit's, the
+    profiler's cost taken out; µs per step or per call: ``cpu.*``, ``phases.NAME.host_us``,
+    ``costs.*``, ``prefill.host_us``): the mean of the fit that keeps it less ``fitted``'s.
+    The fit that keeps it is made with ``fit_args`` (:func:`~simwar.fit.from_capture.fit_model`'s
+    keyword arguments ``fitted`` was made with: ``dist``, ``policy``, ``unprofiled_step_us``,
+    ``extrapolate_buckets``; None: its defaults), so that the two differ by the profiler's
+    cost alone. Empty for a capture the profiler recorded no event of (a simulation written
+    as a capture)."""
     prof = for_capture(cap.bound)
     if not prof.times:
         return {}
-    kept = fit_model(cap, profiler_cost=False).config
-    net = fit_model(cap).config
+    args = {k: v for k, v in (fit_args or {}).items() if k != "profiler_cost"}
+    kept = load_config(fit_model(cap, **args, profiler_cost=False).config).model_dump()
+    net = load_config(fitted).model_dump()
     out: dict[str, float] = {}
 
     def add(key: str, a, b) -> None:
@@ -329,9 +335,9 @@ def profiler_back(cap) -> dict[str, float]:
     for a, b in zip(kept["phases"], net["phases"]):
         add(f"phases.{b['name']}.host_us", a["host_us"], b["host_us"])
     for key in HOST_COSTS:  # not the device-side latencies
-        if key in net["costs"]:
+        if net["costs"].get(key) is not None and kept["costs"].get(key) is not None:
             add(f"costs.{key}", kept["costs"][key], net["costs"][key])
-    if "prefill" in net and "prefill" in kept:
+    if net.get("prefill") and kept.get("prefill"):
         add("prefill.host_us", kept["prefill"]["host_us"], net["prefill"]["host_us"])
     return out
 
@@ -360,13 +366,17 @@ def with_profiler(cfg, back: dict[str, float]):
     return load_config(cfg, items)
 
 
-def check_fit(cap, cfg, label: str, steps, file: str, profiler_cost: bool = True) -> dict:
+def check_fit(cap, cfg, label: str, steps, file: str, profiler_cost: bool = True,
+              fitted=None, fit_args: dict | None = None) -> dict:
     """Simulate the fitted config ``cfg`` (named ``label``) and compare it with the capture
     ``cap`` (``steps``: its per-step table, :func:`simwar.capture.stalls.import_report`'s;
     ``file``: its name in the head line), the steps the profiler stalled left out of both.
     ``profiler_cost``: the fitted config is the unprofiled server's (the fit's default), so
     the profiler's own host cost is added back to it before the comparison
     (:func:`profiler_back`); False: the config holds it already (``--keep-profiler-cost``).
+    ``fitted``: the config as fitted, before what-if overrides (default ``cfg``) and
+    ``fit_args``: the fit's keyword arguments it was made with (default: the fit's defaults),
+    which the profiler's cost is measured against (:func:`profiler_back`).
 
     A mapping key that matches nothing in the capture is a
     :class:`simwar.fit.from_capture.FitError`. Returns the figures, the verdict (``ok``) and
@@ -374,7 +384,8 @@ def check_fit(cap, cfg, label: str, steps, file: str, profiler_cost: bool = True
     """
     imp, mapping = cap.bound, cap.mapping
     check_mapping(imp, mapping, cap.label)
-    back = profiler_back(cap) if profiler_cost else {}
+    back = profiler_back(cap, cfg if fitted is None else fitted, fit_args) \
+        if profiler_cost else {}
     sim = simulate(with_profiler(cfg, back))
     warm = int(imp.trace.meta.get("warmup_steps", 0))
     left = {k: v for k, v in left_out_steps(imp, mapping).items() if k >= warm}

@@ -603,15 +603,16 @@ def launch_cost(costs: dict, batch: int) -> float:
 
 def duration_mean(v) -> float:
     """A fitted duration's mean (an affine one's at size 0, its noise's mean included; a
-    per-bucket table's over its buckets)."""
+    per-bucket table's over its buckets), as fitted or as a loaded config dumps it (its
+    unused keys None)."""
     if isinstance(v, dict):
-        if "mean" in v:
+        if v.get("mean") is not None:
             return float(v["mean"])
         if v.get("per_bucket"):
             return float(np.mean(list(v["per_bucket"].values())))
-        if "low" in v and "high" in v:
+        if v.get("low") is not None and v.get("high") is not None:
             return (float(v["low"]) + float(v["high"])) / 2
-        if "base" in v:
+        if v.get("base") is not None:
             return float(v["base"]) + (duration_mean(v["noise"]) if v.get("noise") else 0.0)
         return float(np.mean(v.get("values") or [0.0]))
     return float(v)
