@@ -12,6 +12,7 @@ the prefill's costs must be the config's, and the step time of every shape withi
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -20,8 +21,9 @@ from simwar.capture.open import open_capture
 from simwar.capture.stalls import import_report
 from simwar.capture.synthetic import Style, write_kineto
 from simwar.config import load_config
-from simwar.fit.check import check_fit
-from simwar.fit.from_capture import FitError, fit_model
+from simwar.config.load import get_dotted
+from simwar.fit.check import check_fit, profiler_back
+from simwar.fit.from_capture import FitError, duration_mean, fit_model
 from simwar.fit.layout import step_layouts
 from simwar.fit.policy import detect_roles
 from simwar.fit.prefix import prefixes
@@ -30,6 +32,7 @@ from simwar.fit.profiler import (
     GPU_KEYS,
     HOST_COSTS,
     PHASE_KEYS,
+    host_keys,
     scale_device,
     scale_host,
 )
@@ -183,6 +186,32 @@ def test_idle_steps_fit_scheduling_idle(graph, tmp_path):
     assert checked["ok"], checked["text"]
     rows = {r["key"]: r for r in checked["rows"]}
     assert rows["by_shape.idle.own_us_mean"]["ok"] is True
+
+
+def test_the_check_adds_the_profilers_cost_back_to_every_host_key(tmp_path, monkeypatch):
+    """The check adds the profiler's cost back to the host durations a host at another speed
+    scales (``scale_host``), one list (``host_keys``): the idle step's host time of a profiled
+    capture with idle steps, and a prefill's host time before its window, too."""
+    sim = simulate(str(CONFIG), {**SHORT, **IDLE}, engine="simpy")
+    path = write_kineto(sim.trace, tmp_path / "idle.json.gz", profiled=True,
+                        style=Style(names="sglang", batch_ranges=True, copies=("result_copy",)))
+    cap = open_capture(path, {"preset": "sglang", "idle": None})
+    net, kept = fit_model(cap).config, fit_model(cap, profiler_cost=False).config
+    back = profiler_back(cap, net)
+    idle = kept["scheduling"]["idle"]["host_us"] - net["scheduling"]["idle"]["host_us"]
+    assert idle > 1.0 and back["scheduling.idle.host_us"] == pytest.approx(idle, abs=1e-3)
+    steps, _ = import_report(cap.bound)
+    assert check_fit(cap, load_config(net), "fitted", steps, "idle")["profiler_back"] == back
+    # every host key, whatever its section: a fit that keeps half as much again of each
+    net["prefill"]["host_before_us"] = {"base": 50.0, "per_token": 0.01}
+    monkeypatch.setattr("simwar.fit.check.fit_model",
+                        lambda cap, **kw: SimpleNamespace(config=scale_host(net, 1.5)))
+    back = profiler_back(cap, net)
+    dumped = load_config(net).model_dump()
+    held = {k for k in host_keys(dumped) if duration_mean(get_dotted(dumped, k)) > 0.01}
+    assert {"prefill.host_us", "prefill.host_before_us", "scheduling.idle.host_us"} <= held
+    assert set(back) == held
+    assert back["prefill.host_before_us"] == pytest.approx(25.0, abs=1e-3)
 
 
 def test_unprofiled_rescaling_scales_the_shapes_forwards():

@@ -308,6 +308,7 @@ def _additions(path: str, additions: list[str]) -> list:
     """``--add KEY=US`` as overrides: the fitted file's duration at KEY, shifted by US µs."""
     # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import ConfigError, Override, load_config
+    from simwar.config.load import get_dotted
     from simwar.fit.durations import shift  # lazy: start-up time of the CLI (numpy)
 
     if not additions:
@@ -322,8 +323,8 @@ def _additions(path: str, additions: list[str]) -> list:
         except ValueError:
             raise UserError(f"--add {item}: expected KEY=US (a number of µs)") from None
         try:
-            value = _dotted(cfg, key)
-        except (KeyError, IndexError, TypeError, StopIteration):
+            value = get_dotted(cfg, key)
+        except KeyError:
             raise UserError(f"--add {item}: {key} is not a key of {path}") from None
         try:
             shifted = shift(value, us)
@@ -335,18 +336,6 @@ def _additions(path: str, additions: list[str]) -> list:
     except ConfigError as e:
         raise UserError(str(e)) from None
     return out
-
-
-def _dotted(cfg: dict, key: str):
-    node = cfg
-    parts = key.split(".")
-    for part in parts:
-        if isinstance(node, list):
-            node = next(p for p in node if p.get("name") == part) if not part.isdigit() \
-                else node[int(part)]
-        else:
-            node = node[part]
-    return node
 
 
 def _check(cap, args, loaded, report, steps) -> dict:

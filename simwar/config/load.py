@@ -330,6 +330,26 @@ def set_dotted(data: dict, key: str, value: Any) -> None:
         raise _not_a_section(parts[:-1], node)
 
 
+def get_dotted(data: dict, key: str) -> Any:
+    """The value at ``a.b.0.c`` in nested dicts/lists, walked as :func:`set_dotted` walks it
+    (``phases.NAME.key``: a phase by name); KeyError where nothing is there."""
+    node: Any = data
+    for part in key.split("."):
+        if isinstance(node, list):
+            if part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+                continue
+            node = next((p for p in node if isinstance(p, dict) and p.get("name") == part),
+                        None)
+            if node is None:
+                raise KeyError(key)
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            raise KeyError(key)
+    return node
+
+
 def _not_a_section(parts: list[str], node: Any) -> ConfigError:
     """A dotted key that goes on past a plain value (``name.foo.bar``: ``name`` is text)."""
     return ConfigError(f"{'.'.join(parts)}: is {_kind(node)}, not a section with keys")
@@ -508,6 +528,7 @@ def read_batch_sizes(path: str | Path) -> list[int]:
     return out
 
 
-__all__ = ["DEFAULT_CONFIG", "Override", "YamlRuleError", "load_config", "load_yaml_text",
-           "override_list", "parse_override", "read_batch_sizes", "read_files", "read_yaml",
-           "rank_overrides", "resolve_paths", "set_dotted", "validate", "yaml_value"]
+__all__ = ["DEFAULT_CONFIG", "Override", "YamlRuleError", "get_dotted", "load_config",
+           "load_yaml_text", "override_list", "parse_override", "read_batch_sizes",
+           "read_files", "read_yaml", "rank_overrides", "resolve_paths", "set_dotted",
+           "validate", "yaml_value"]

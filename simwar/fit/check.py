@@ -59,10 +59,11 @@ from simwar.analysis.metrics import launch_ahead_depth, measured, step_frame, su
 from simwar.analysis.views import forward_kernels
 from simwar.api import simulate
 from simwar.config import load_config
+from simwar.config.load import get_dotted
 from simwar.fit.compare import compare_figure, figure
 from simwar.fit.durations import shift
 from simwar.fit.from_capture import FitError, check_mapping, duration_mean, fit_model
-from simwar.fit.profiler import HOST_COSTS, left_out_line, left_out_steps
+from simwar.fit.profiler import host_keys, left_out_line, left_out_steps
 from simwar.fit.profiler_cost import for_capture
 from simwar.fit.shape_check import (
     SHAPE_FIGURES,
@@ -310,8 +311,9 @@ def relaunch(trace, summary: dict, drop=()) -> dict:
 def profiler_back(cap, fitted, fit_args: dict | None = None) -> dict[str, float]:
     """The profiler's own host cost the fit took out of a profiled capture, per host duration
     of the fitted config ``fitted`` (a loaded config or its mapping: the default fit's, the
-    profiler's cost taken out; µs per step or per call: ``cpu.*``, ``phases.NAME.host_us``,
-    ``costs.*``, ``prefill.host_us``): the mean of the fit that keeps it less ``fitted``'s.
+    profiler's cost taken out; µs per step or per call; the keys
+    :func:`simwar.fit.profiler.host_keys` names): the mean of the fit that keeps it less
+    ``fitted``'s.
     The fit that keeps it is made with ``fit_args`` (:func:`~simwar.fit.from_capture.fit_model`'s
     keyword arguments ``fitted`` was made with: ``dist``, ``policy``, ``unprofiled_step_us``,
     ``extrapolate_buckets``; None: its defaults), so that the two differ by the profiler's
@@ -324,21 +326,13 @@ def profiler_back(cap, fitted, fit_args: dict | None = None) -> dict[str, float]
     kept = load_config(fit_model(cap, **args, profiler_cost=False).config).model_dump()
     net = load_config(fitted).model_dump()
     out: dict[str, float] = {}
-
-    def add(key: str, a, b) -> None:
-        d = duration_mean(a) - duration_mean(b)
+    for key in host_keys(net):  # the host durations, as a host at another speed scales them
+        try:
+            d = duration_mean(get_dotted(kept, key)) - duration_mean(get_dotted(net, key))
+        except (KeyError, TypeError):  # a key the fit that keeps it has not (edited by hand)
+            continue
         if d > 1e-3:
             out[key] = round(d, 3)
-
-    for item in net["cpu"]:
-        add(f"cpu.{item}", kept["cpu"][item], net["cpu"][item])
-    for a, b in zip(kept["phases"], net["phases"]):
-        add(f"phases.{b['name']}.host_us", a["host_us"], b["host_us"])
-    for key in HOST_COSTS:  # not the device-side latencies
-        if net["costs"].get(key) is not None and kept["costs"].get(key) is not None:
-            add(f"costs.{key}", kept["costs"][key], net["costs"][key])
-    if net.get("prefill") and kept.get("prefill"):
-        add("prefill.host_us", kept["prefill"]["host_us"], net["prefill"]["host_us"])
     return out
 
 
@@ -350,18 +344,9 @@ def with_profiler(cfg, back: dict[str, float]):
     data = cfg.model_dump()
     items = {}
     for key, us in back.items():
-        node = data
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = next(p for p in node if p.get("name") == part) \
-                if isinstance(node, list) else node.get(part)
-            if node is None:
-                break
-        if node is None or parts[-1] not in node:
-            continue  # a key the checked config does not have (edited by hand)
         try:
-            items[key] = shift(node[parts[-1]], us)
-        except TypeError:
+            items[key] = shift(get_dotted(data, key), us)
+        except (KeyError, TypeError):  # a key the checked config does not have (edited)
             continue
     return load_config(cfg, items)
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from simwar.api import simulate
 from simwar.capture.sizes import step_bounds
+from simwar.config.load import get_dotted, set_dotted
 
 #: what a fitted file says of the device times it keeps
 CUPTI_NOTE = ("device times are the profiled run's: under CUPTI, kernels of CUDA graphs run "
@@ -158,35 +159,42 @@ def scale_device(cfg: dict, f: float, host: float = 1.0) -> dict:
     return scale_host(out, host)
 
 
+def host_keys(cfg: dict, work: bool = True) -> list[str]:
+    """The dotted keys (:func:`simwar.config.load.get_dotted`'s) of the host durations a
+    config holds, fitted or a loaded config's dump (a key whose value is None is not held):
+    the host API calls' costs (:data:`HOST_COSTS`, not the device latencies ``sync_wake_us``
+    and ``cross_stream_us``) and, with ``work``, the loop's CPU work (:data:`CPU_KEYS`), each
+    phase's host time (``phases.NAME.host_us``) and the prefill's and the idle step's
+    (``host_us``, ``host_before_us``; an eager prefill's launches cost ``costs.launch_us``
+    each). The one list of what runs on the host: :func:`scale_host` scales it, the check adds
+    the profiler's cost back to it (:func:`simwar.fit.check.profiler_back`)."""
+    out = [f"costs.{k}" for k in HOST_COSTS if (cfg.get("costs") or {}).get(k) is not None]
+    if not work:
+        return out
+    out += [f"cpu.{k}" for k in CPU_KEYS if (cfg.get("cpu") or {}).get(k) is not None]
+    out += [f"phases.{p['name']}.host_us" for p in cfg.get("phases") or []
+            if p.get("host_us") is not None]
+    for where, sec in (("prefill", cfg.get("prefill")),
+                       ("scheduling.idle", (cfg.get("scheduling") or {}).get("idle"))):
+        out += [f"{where}.{k}" for k in ("host_us", "host_before_us")
+                if sec and sec.get(k) is not None]
+    return out
+
+
 def scale_host(cfg: dict, f: float, work: bool = True, keep=()) -> dict:
-    """A copy of a config with every host duration multiplied by ``f``, nothing on the device
-    touched: the host API calls' costs (:data:`HOST_COSTS`, not the device latencies
-    ``sync_wake_us`` and ``cross_stream_us``) and, with ``work``, the loop's CPU work
-    (:data:`CPU_KEYS`), each phase's host time (``host_us``) and the prefill's and the idle
-    step's host time (an eager prefill's launches cost ``costs.launch_us`` each: scaled with
-    the costs). One rule for a host that ran at another speed than the one the config
-    describes, faster (``f`` < 1) or slower: ``--unprofiled-step-us`` per bucket, a timed
-    run's measured host speed (``simwar compare --host-speed measured``, the lab's checkers).
-    ``work`` False: the calls only (a replay's CPU work is spins timed to their nominal
-    duration, whatever the host's speed); ``keep``: dotted keys left as they are (work the
-    server pads to a time target, e.g. ``cpu.schedule_us``). ``f`` 1: an exact copy."""
+    """A copy of a config with every host duration (:func:`host_keys`) multiplied by ``f``,
+    nothing on the device touched. One rule for a host that ran at another speed than the one
+    the config describes, faster (``f`` < 1) or slower: ``--unprofiled-step-us`` per bucket, a
+    timed run's measured host speed (``simwar compare --host-speed measured``, the lab's
+    checkers). ``work`` False: the calls only (a replay's CPU work is spins timed to their
+    nominal duration, whatever the host's speed); ``keep``: dotted keys left as they are (work
+    the server pads to a time target, e.g. ``cpu.schedule_us``). ``f`` 1: an exact copy."""
     out = copy.deepcopy(cfg)
     if f == 1.0:
         return out
-    sections = [("costs", HOST_COSTS)] + ([("cpu", CPU_KEYS)] if work else [])
-    for section, keys in sections:
-        for key in keys:
-            if key in (out.get(section) or {}) and f"{section}.{key}" not in keep:
-                out[section][key] = _scale(out[section][key], f)
-    if work:
-        for p in out.get("phases") or []:
-            if "host_us" in p and f"phases.{p.get('name')}.host_us" not in keep:
-                p["host_us"] = _scale(p["host_us"], f)
-        for where, sec in (("prefill", out.get("prefill")),
-                           ("scheduling.idle", (out.get("scheduling") or {}).get("idle"))):
-            for key in ("host_us", "host_before_us"):
-                if sec and key in sec and f"{where}.{key}" not in keep:
-                    sec[key] = _scale(sec[key], f)
+    for key in host_keys(out, work):
+        if key not in keep:
+            set_dotted(out, key, _scale(get_dotted(out, key), f))
     return out
 
 
