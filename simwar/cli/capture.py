@@ -308,7 +308,7 @@ def _additions(path: str, additions: list[str]) -> list:
     """``--add KEY=US`` as overrides: the fitted file's duration at KEY, shifted by US µs."""
     # lazy: start-up time of the CLI (the config schema loads pydantic)
     from simwar.config import ConfigError, Override, load_config
-    from simwar.config.load import get_dotted
+    from simwar.config.load import get_dotted  # lazy: start-up time of the CLI
     from simwar.fit.durations import shift  # lazy: start-up time of the CLI (numpy)
 
     if not additions:
