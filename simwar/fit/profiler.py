@@ -168,12 +168,13 @@ def host_keys(cfg: dict, work: bool = True) -> list[str]:
     (``host_us``, ``host_before_us``; an eager prefill's launches cost ``costs.launch_us``
     each). The one list of what runs on the host: :func:`scale_host` scales it, the check adds
     the profiler's cost back to it (:func:`simwar.fit.check.profiler_back`)."""
-    out = [f"costs.{k}" for k in HOST_COSTS if (cfg.get("costs") or {}).get(k) is not None]
+    costs = [f"costs.{k}" for k in HOST_COSTS if (cfg.get("costs") or {}).get(k) is not None]
     if not work:
-        return out
-    out += [f"cpu.{k}" for k in CPU_KEYS if (cfg.get("cpu") or {}).get(k) is not None]
+        return costs
+    out = [f"cpu.{k}" for k in CPU_KEYS if (cfg.get("cpu") or {}).get(k) is not None]
     out += [f"phases.{p['name']}.host_us" for p in cfg.get("phases") or []
             if p.get("host_us") is not None]
+    out += costs
     for where, sec in (("prefill", cfg.get("prefill")),
                        ("scheduling.idle", (cfg.get("scheduling") or {}).get("idle"))):
         out += [f"{where}.{k}" for k in ("host_us", "host_before_us")
