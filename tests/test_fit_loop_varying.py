@@ -470,6 +470,20 @@ def test_cli_fit_writes_the_batches_beside_the_config_and_checks_per_bucket(tmp_
     assert "within the bounds" in capsys.readouterr().out
 
 
+def test_the_fit_names_its_graph_buckets_once(tmp_path, monkeypatch):
+    """The config's graph buckets (the capture's, without an idle step's batch 0) are taken
+    once per fit: every per-bucket table, clamped line, workload and header line uses them."""
+    import simwar.fit.from_capture as fc
+
+    _, path = capture(tmp_path, CONFIGS / "dspark_fine.yaml", CASES["dspark_sweep_2.11"][1])
+    calls = []
+    real = fc.graph_buckets
+    monkeypatch.setattr(fc, "graph_buckets", lambda sizes: calls.append(1) or real(sizes))
+    _, _, fit = fit_capture(path)
+    assert len(calls) == 1 and fit.config["workload"]["graph_buckets"] == BUCKETS
+    assert any("graph_buckets [8, 16, 32, 64]" in line for line in fit.header)
+
+
 def test_unprofiled_step_time_per_bucket_rescales_host_and_device(tmp_path):
     # the profiler slows the host too: per-bucket step times give both factors back
     _, path = capture(tmp_path, CONFIGS / "dspark_fine.yaml", CASES["dspark_sweep_2.11"][1])

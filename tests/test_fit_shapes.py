@@ -262,6 +262,40 @@ def test_scale_host_scales_exactly_the_host_keys():
     assert scale_device(cfg, 1.0, 1.6) == scale_host(cfg, 1.6)
 
 
+def test_scale_device_copies_the_config_once(monkeypatch):
+    """Device and host scaled in one copy (the host's in place, not a copy of the copy)."""
+    import simwar.fit.profiler as profiler
+
+    copies = []
+    real = profiler.copy.deepcopy
+    monkeypatch.setattr(profiler.copy, "deepcopy", lambda x: copies.append(1) or real(x))
+    cfg = {"cpu": {"schedule_us": 100.0}, "gpu": {"schedule_prep_us": 10.0},
+           "phases": [{"name": "forward", "host_us": 30.0, "body_us": 200.0}]}
+    out = scale_device(cfg, 0.5, 2.0)
+    assert len(copies) == 1 and out["cpu"]["schedule_us"] == 200.0
+    assert out["phases"][0] == {"name": "forward", "host_us": 60.0, "body_us": 100.0}
+    assert cfg["phases"][0]["host_us"] == 30.0  # the caller's untouched
+
+
+def test_a_forwards_window_starts_after_the_call_before_its_first_launch():
+    """One rule (the prefill's window, the idle forward's host time, the CPU work outside the
+    window): the end of the step's last call that ended before the first launch began, but
+    the forward's own calls; else the default (the step's start); never before the step."""
+    from simwar.fit.layout import StepLayout
+    from simwar.fit.shapes import _window_start
+
+    s0 = [10.0, 20.0, 40.0, 5.0]  # calls 0, 1 before the launch (2), 3 a call of its own
+    e0 = [15.0, 30.0, 45.0, 35.0]
+    lay = StepLayout(0, 12.0, 100.0, [0, 1, 2, 3], [], [], [], [], [], [], None, None, None)
+    assert _window_start(lay, 2, s0, e0) == 35.0
+    assert _window_start(lay, 2, s0, e0, skip={3}) == 30.0
+    assert _window_start(lay, 1, s0, e0) == 15.0
+    assert _window_start(lay, 0, s0, e0) == 12.0  # nothing before: the step's start
+    assert _window_start(lay, 0, s0, e0, default=10.0) == 12.0  # never before the step
+    lay = StepLayout(0, 0.0, 100.0, [0, 1, 2, 3], [], [], [], [], [], [], None, None, None)
+    assert _window_start(lay, 0, s0, e0, default=10.0) == 10.0
+
+
 def _leaves(node, where=""):
     """A nested config's numbers by dotted key."""
     if isinstance(node, dict):

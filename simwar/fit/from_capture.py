@@ -238,10 +238,13 @@ def fit_model(cap: Capture, *, capture: str = "",
         for k, v in zip(sorted(lays), graph_cost["cost"][cheapest]):
             s.add("costs.graph_launch_us", v, k)
     fits: dict[str, SizedFit] = {}
-    _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits, extrapolate_buckets)
-    shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess, idle)
+    buckets = graph_buckets(sizes)
+    _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits, extrapolate_buckets,
+          buckets)
+    shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess, idle,
+                          buckets)
     if sizes.varying and not shape_lines:
-        _workload(cfg, sizes, warm, warnings)
+        _workload(cfg, sizes, warm, warnings, buckets)
     try:
         load_config(cfg)
     except ConfigError as e:  # pragma: no cover - the fit writes only valid values
@@ -302,7 +305,8 @@ def profiler_cost_line(prof: ProfilerCost | None, lays) -> str:
 
 
 def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping: Mapping,
-            warnings: list[str], excess: float = 0.0, idle=None) -> list[str]:
+            warnings: list[str], excess: float = 0.0, idle=None, buckets: list[int] = ()
+            ) -> list[str]:
     """A capture whose steps prefill: the config's ``prefill`` and ``scheduling`` sections
     (with ``idle``, the capture's idle steps, :func:`simwar.fit.shapes.idle_samples`:
     ``scheduling.idle``) and a workload of requests with prompts (:mod:`simwar.fit.shapes`);
@@ -341,7 +345,7 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
     accept = float(cfg["accept"]["tokens"])
     bounds = [(lays[k].start, lays[k].end) for k in lays]
     span = (max(b for _, b in bounds) - min(a for a, _ in bounds)) if bounds else 1.0
-    wl, wl_line = shape_workload(kinds, steps, batch, accept, span, graph_buckets(sizes),
+    wl, wl_line = shape_workload(kinds, steps, batch, accept, span, buckets,
                                  section["chunk_tokens"])
     cfg["workload"] = wl
     never = [s for s in ("decode", "prefill", "mixed") if s not in seen
@@ -400,7 +404,8 @@ def _with_reads(mapping: Mapping, reads: dict) -> Mapping:
     return out
 
 
-def _workload(cfg: dict, sizes: CaptureSizes, warm: int, warnings: list[str]) -> None:
+def _workload(cfg: dict, sizes: CaptureSizes, warm: int, warnings: list[str],
+              buckets: list[int]) -> None:
     """The fitted config replays the capture's own batches, step by step (its own length, to
     its last step with forward work: the drain after it runs no batch)."""
     ran = np.flatnonzero(sizes.batch > 0)
@@ -416,8 +421,8 @@ def _workload(cfg: dict, sizes: CaptureSizes, warm: int, warnings: list[str]) ->
         warnings.append(f"{filled} steps without a batch (no device work) replay the batch "
                         f"before them")
     wl: dict = {"batch_sizes": batch}
-    if graph_buckets(sizes):
-        wl["graph_buckets"] = graph_buckets(sizes)
+    if buckets:
+        wl["graph_buckets"] = buckets
     cfg["workload"] = wl
     if len(batch) >= warm + 3:  # replay the capture's steps one for one
         cfg["steps"] = len(batch)
@@ -516,7 +521,7 @@ def _config(trace, lays, roles, names, mapping: Mapping, pol: PolicyInference, s
 def graph_buckets(sizes: CaptureSizes) -> list[int]:
     """The graph buckets the capture's decode steps ran (an idle step's graph of batch 0, as
     a graph launched for no request reads, is none: the config's buckets are batches >= 1)."""
-    return [int(b) for b in sizes.buckets if b > 0]
+    return [int(b) for b in sizes.buckets or () if b > 0]
 
 
 #: keys whose size is the batch of the step whose result is processed (k-1 in step k)
@@ -536,26 +541,27 @@ def _size_of(key: str, cfg: dict, sizes: CaptureSizes, steps: list[int]):
 
 
 def _fit_key(key: str, values, cfg: dict, s: Samples, dist: str,
-             sizes: CaptureSizes | None, fits: dict, extrapolate: bool = False):
+             sizes: CaptureSizes | None, fits: dict, extrapolate: bool = False,
+             buckets: list[int] = ()):
     if sizes is None:
         return _fit(values, dist)
     size, x = _size_of(key, cfg, sizes, s.steps_of(key))
-    if size == "bucket" and graph_buckets(sizes):  # a graph phase's device time: its bucket's
+    if size == "bucket" and buckets:  # a graph phase's device time: its bucket's
         reached = {int(v) for v in sizes.bucket[sizes.batch > 0].tolist()}  # by the replay
-        f = fit_per_bucket(values, x, dist, graph_buckets(sizes), extrapolate, reached)
+        f = fit_per_bucket(values, x, dist, buckets, extrapolate, reached)
     else:  # a line, clamped >= 0 up to the largest batch the config runs
-        f = fit_sized(values, x, dist, size, max(graph_buckets(sizes), default=None))
+        f = fit_sized(values, x, dist, size, max(buckets, default=None))
     fits[key] = f
     return f.value, f.detail
 
 
 def _fill(cfg: dict, s: Samples, dist: str, details: dict,
           sizes: CaptureSizes | None = None, fits: dict | None = None,
-          extrapolate: bool = False) -> None:
+          extrapolate: bool = False, buckets: list[int] = ()) -> None:
     """Write each sampled key into the config as a fitted distribution (or a constant);
     with ``sizes`` (a capture whose batch changes), against each sample's size (a graph
-    phase's device time per bucket; ``extrapolate``: its buckets the capture never ran
-    too)."""
+    phase's device time per bucket of ``buckets``, :func:`graph_buckets`; ``extrapolate``:
+    its buckets the capture never ran too)."""
     fits = {} if fits is None else fits
     for key, values in s.items():
         if not values:
@@ -563,7 +569,7 @@ def _fill(cfg: dict, s: Samples, dist: str, details: dict,
         parts = key.split(".")
         if parts[0] == "costs":
             continue
-        value, detail = _fit_key(key, values, cfg, s, dist, sizes, fits, extrapolate)
+        value, detail = _fit_key(key, values, cfg, s, dist, sizes, fits, extrapolate, buckets)
         details[key] = detail
         if parts[0] == "phases":
             entry = next(p for p in cfg["phases"] if p["name"] == parts[1])
@@ -575,13 +581,14 @@ def _fill(cfg: dict, s: Samples, dist: str, details: dict,
         values = s.get(f"costs.{name}")
         if values and len(values) >= 3:
             costs[name], details[f"costs.{name}"] = _fit_key(f"costs.{name}", values, cfg, s,
-                                                            dist, sizes, fits)
+                                                            dist, sizes, fits,
+                                                            buckets=buckets)
         else:
             costs[name] = _r(float(np.mean(values))) if values else default
     values = s.get("costs.wait_stream_us")
     if values and len(values) >= 3:
         costs["wait_stream_us"], details["costs.wait_stream_us"] = _fit_key(
-            "costs.wait_stream_us", values, cfg, s, dist, sizes, fits)
+            "costs.wait_stream_us", values, cfg, s, dist, sizes, fits, buckets=buckets)
     else:
         costs["wait_stream_us"] = _r(duration_mean(costs["event_record_us"])
                                      + duration_mean(costs["wait_event_us"]))
@@ -708,7 +715,8 @@ def _sized_header(sizes: CaptureSizes, fits: dict, left_out: dict, counted: set,
                      f"{unprofiled:g} µs.")
     if not sizes.varying or not workload:
         return lines
-    wl_buckets = f", graph_buckets {graph_buckets(sizes)}" if graph_buckets(sizes) else ""
+    buckets = workload.get("graph_buckets")  # the fit's own (graph_buckets)
+    wl_buckets = f", graph_buckets {buckets}" if buckets else ""
     if "batch_sizes" in workload:  # else requests with prompts: the shapes' header says
         n = len(workload["batch_sizes"])
         lines.append(f"Workload: the capture's own {n} batches (batch_sizes_file)"

@@ -144,7 +144,7 @@ def scale_device(cfg: dict, f: float, host: float = 1.0) -> dict:
     """A copy of a fitted config with every device duration multiplied by ``f`` (and every
     host duration by ``host``, :func:`scale_host`): the decode phases', the loop's and its
     costs', and those of the prefill and the idle step a capture with shapes gets."""
-    out = copy.deepcopy(cfg)
+    out = copy.deepcopy(cfg)  # one copy: the host's scaled in it
     for p in out.get("phases", []):
         for key in PHASE_KEYS:
             if key in p:
@@ -156,7 +156,8 @@ def scale_device(cfg: dict, f: float, host: float = 1.0) -> dict:
     for sec in (out.get("prefill"), (out.get("scheduling") or {}).get("idle")):
         if sec and "forward_us" in sec:
             sec["forward_us"] = _scale(sec["forward_us"], f)
-    return scale_host(out, host)
+    _scale_host(out, host)
+    return out
 
 
 def host_keys(cfg: dict, work: bool = True) -> list[str]:
@@ -191,12 +192,17 @@ def scale_host(cfg: dict, f: float, work: bool = True, keep=()) -> dict:
     nominal duration, whatever the host's speed); ``keep``: dotted keys left as they are (work
     the server pads to a time target, e.g. ``cpu.schedule_us``). ``f`` 1: an exact copy."""
     out = copy.deepcopy(cfg)
-    if f == 1.0:
-        return out
-    for key in host_keys(out, work):
-        if key not in keep:
-            set_dotted(out, key, _scale(get_dotted(out, key), f))
+    _scale_host(out, f, work, keep)
     return out
+
+
+def _scale_host(cfg: dict, f: float, work: bool = True, keep=()) -> None:
+    """:func:`scale_host` in place."""
+    if f == 1.0:
+        return
+    for key in host_keys(cfg, work):
+        if key not in keep:
+            set_dotted(cfg, key, _scale(get_dotted(cfg, key), f))
 
 
 def parse_unprofiled(text: str) -> float | dict[int, float]:

@@ -251,9 +251,7 @@ def split_prefill(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, p
 def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> PrefillSample:
     calls = [c for u in units for c in u.calls]
     first, last = calls[0], calls[-1]
-    before = [c for c in lay.calls if e0[c] <= s0[first] and c not in calls]
-    begin = max((float(e0[c]) for c in before), default=float(s0[first]))
-    begin = max(begin, lay.start)
+    begin = _window_start(lay, first, s0, e0, float(s0[first]), set(calls))
     t_last = float(s0[last])
     host = t_last - begin
     window = fitted = float(e0[last]) - begin
@@ -278,6 +276,17 @@ def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> Pre
     return PrefillSample(k, shape, tokens, max(host, 0.0), max(window, 0.0), device, graph,
                          launches=len(calls), launch_us=spent, busy_us=busy,
                          end_us=float(end), fit_window_us=max(fitted, 0.0))
+
+
+def _window_start(lay: StepLayout, first: int, s0, e0, default: float | None = None,
+                 skip=()) -> float:
+    """Where the host window of a forward whose first launch call is ``first`` starts in its
+    step ``lay``: at the end of the step's last call that ended before that launch began (but
+    the calls of ``skip``: the forward's own), else at ``default`` (None: the step's start);
+    never before the step's start. (``s0``, ``e0``: the spans' start and end.)"""
+    ends = [float(e0[c]) for c in lay.calls if e0[c] <= s0[first] and c not in skip]
+    at = max(ends) if ends else (lay.start if default is None else default)
+    return max(at, lay.start)
 
 
 def _busy(ops, op_start, op_end, since: float) -> float:
@@ -316,7 +325,7 @@ def idle_samples(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, pr
         if kinds.shape.get(k) != "idle" or not lay.units:
             continue
         first = lay.units[0].calls[0]
-        begin = max([float(e0[c]) for c in lay.calls if e0[c] <= s0[first]] + [lay.start])
+        begin = _window_start(lay, first, s0, e0)
         host = float(s0[first]) - begin
         if prof is not None:
             host = prof.less(host, begin, float(s0[first]))
@@ -415,8 +424,7 @@ def cpu_outside(trace: Trace, lay: StepLayout, units, prof=None, before_only: bo
     s0, e0 = columns(trace, "spans", "start_us", "end_us")
     first = units[0].calls[0]
     last = units[-1].calls[-1]
-    before = [c for c in lay.calls if e0[c] <= s0[first]]
-    lo = max([float(e0[c]) for c in before] + [lay.start])
+    lo = _window_start(lay, first, s0, e0)
     if loop_only and lay.sched_calls:  # up to its schedule-stream calls: the loop's own
         lo = min(lo, float(s0[lay.sched_calls[0]]))
     hi = float(e0[last])
