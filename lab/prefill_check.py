@@ -39,10 +39,10 @@ sweep's (:func:`lab.check.host_speed` on its steps without a prefill) is reporte
 The data, the fit, the host-speed rule, the rows and the command line are
 :mod:`lab.check`'s (shared with :mod:`lab.server_check`); the prefill model, the cases'
 what-if, the figures and the on-vs-off signs are this module's (:mod:`lab.shapes_check`
-reads its prefill with the same readers, :func:`step_ranges`, :func:`profiler_cost_of` and
-:func:`token_line`, and asks and compares its cases with :func:`what_if`, :func:`measured`,
-:func:`predicted` and :func:`cell`). Runs where simulation runs
-(simwar's full stack), not on the GPU machine.
+reads a capture's steps and the profiler's cost in its host ranges with the same readers,
+:func:`step_marks`, :func:`step_at` and :func:`profiler_cost_of`, and asks and compares its
+cases with :func:`what_if`, :func:`measured`, :func:`predicted` and :func:`cell`). Runs where
+simulation runs (simwar's full stack), not on the GPU machine.
 """
 
 from __future__ import annotations
@@ -77,33 +77,50 @@ def _lengths(text: str) -> dict:
     return {"dist": "uniform", "low": int(lo) - 1, "high": int(hi or lo)}
 
 
-def step_ranges(events: list, steps: list, name: str, cat: str = "user_annotation",
-            less=None) -> dict:
-    """Step -> the duration of the range ``name`` in that ProfilerStep (host ranges: by the
-    step range holding them); ``less(ts, dur)``: the duration it becomes."""
+#: the range each ``prof.step()`` opens (lab.server): ``ProfilerStep#<k>``
+STEP_MARK = "ProfilerStep#"
+
+
+def step_marks(events: list) -> list[dict]:
+    """A capture's step ranges (its raw ``traceEvents``' ``ProfilerStep#k`` host ranges), by
+    start: the one reader of a capture's steps here and in :mod:`lab.shapes_check`."""
+    return sorted((e for e in events if e.get("cat") == "user_annotation"
+                   and str(e.get("name", "")).startswith(STEP_MARK)), key=lambda e: e["ts"])
+
+
+def step_at(marks: list[dict], ts: float) -> int | None:
+    """The step (``k`` of ``ProfilerStep#k``) whose range of ``marks`` holds the time ``ts``;
+    None: none."""
+    return next((int(m["name"][len(STEP_MARK):]) for m in marks
+                 if m["ts"] <= ts < m["ts"] + m["dur"]), None)
+
+
+def _step_ranges(events: list, marks: list, name: str, less=None) -> dict:
+    """Step -> the duration of the host range ``name`` in that step (by the step range of
+    ``marks`` holding its start); ``less(ts, dur)``: the duration it becomes."""
     out = {}
     for e in events:
-        if e.get("cat") == cat and e.get("name") == name:
-            k = next((int(s["name"][len("ProfilerStep#"):]) for s in steps
-                      if s["ts"] <= e["ts"] < s["ts"] + s["dur"]), None)
+        if e.get("cat") == "user_annotation" and e.get("name") == name:
+            k = step_at(marks, e["ts"])
             if k is not None:
                 dur = float(e["dur"])
                 out[k] = less(float(e["ts"]), dur) if less is not None else dur
     return out
 
 
-def profiler_cost_of(capture: Path, steps: list):
+def profiler_cost_of(capture: Path, marks: list):
     """``less(ts, dur)``: a host range of the capture (its raw ``ts``) less the profiler's own
     cost in it, by the capture's event counts (:mod:`simwar.fit.profiler_cost`), never below
-    zero. The capture's clock is tied to the import's by the ProfilerStep ranges."""
+    zero. The capture's clock is tied to the import's by its step ranges (``marks``,
+    :func:`step_marks`)."""
     cap = open_capture(capture, preset="sglang")
     prof = for_capture(cap.bound)
-    starts = {name: a for name, a, _ in cap.bound.annotations if name.startswith("ProfilerStep#")}
-    shift = float(np.median([s["ts"] - starts[s["name"]] for s in steps if s["name"] in starts]))
+    starts = {name: a for name, a, _ in cap.bound.annotations if name.startswith(STEP_MARK)}
+    shift = float(np.median([m["ts"] - starts[m["name"]] for m in marks if m["name"] in starts]))
     return lambda ts, dur: prof.less(dur, ts - shift, ts - shift + dur)
 
 
-def token_line(x: list, y: list) -> dict:
+def _token_line(x: list, y: list) -> dict:
     """``{base, per_token}`` by least squares; the mean where the line has a negative part."""
     b, a = np.polyfit(x, y, 1) if np.ptp(x) else (0.0, float(np.mean(y)))
     if b < 0 or a < 0:
@@ -120,13 +137,12 @@ def prefill_model(folder: Path, host_scale: float, device_scale: float,
     if not capture.exists():
         raise check.ServerDataError(f"{capture}: not found (the profiled prefill case)")
     events = json.loads(gzip.decompress(capture.read_bytes()))["traceEvents"]
-    steps = [e for e in events if e.get("cat") == "user_annotation"
-             and str(e.get("name", "")).startswith("ProfilerStep#")]
+    marks = step_marks(events)
     path = check.metrics_file(folder, PREFILL_METRICS) or folder / PREFILL_METRICS
     tokens = check.read_metrics(path)["steps"]["prefill_tokens"]
-    less = profiler_cost_of(capture, steps) if profiler_cost else None
-    run = step_ranges(events, steps, "scheduler.run_batch", less=less)
-    prep = step_ranges(events, steps, "scheduler.prepare_for_decode", less=less)
+    less = profiler_cost_of(capture, marks) if profiler_cost else None
+    run = _step_ranges(events, marks, "scheduler.run_batch", less=less)
+    prep = _step_ranges(events, marks, "scheduler.prepare_for_decode", less=less)
     ks = [k for k in sorted(run) if k >= warmup and k in prep and k < len(tokens)]
     plain = [run[k] + prep[k] for k in ks if tokens[k] == 0]
     with_prefill = [k for k in ks if tokens[k] > 0]
@@ -146,14 +162,13 @@ def prefill_model(folder: Path, host_scale: float, device_scale: float,
     tail_x, tail = [], []
     for pair in cpu.values():
         h, g = pair.get("user_annotation"), pair.get("gpu_user_annotation")
-        k = next((int(s["name"][len("ProfilerStep#"):]) for s in steps if h is not None
-                  and s["ts"] <= h["ts"] < s["ts"] + s["dur"]), None)
+        k = step_at(marks, h["ts"]) if h is not None else None
         if g is None or k is None or k < warmup:
             continue
         tail_x.append(float(tokens[k]))
         tail.append(device_scale * max(0.0, g["ts"] + g["dur"] - (h["ts"] + h["dur"])))
-    return {"section": {"chunk_tokens": 256, "forward_us": token_line(tail_x, tail),
-                        "host_us": token_line(x, host), "graph": "eager"},
+    return {"section": {"chunk_tokens": 256, "forward_us": _token_line(tail_x, tail),
+                        "host_us": _token_line(x, host), "graph": "eager"},
             "from": f"{PREFILL_CAPTURE}: {len(x)} prefill steps; host: run_batch + "
                     f"prepare over the {len(plain)} steps without prefill, mean "
                     f"{np.mean(host):.0f} µs (x {host_scale:.3f}, the sweep's host factor); "

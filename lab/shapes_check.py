@@ -202,14 +202,11 @@ def net_unpadded(capture: Path, metrics: dict, keep_profiler_cost: bool = False
     if keep_profiler_cost:
         return batch[keep], (b - a)[keep]
     events = json.loads(gzip.decompress(capture.read_bytes()))["traceEvents"]
-    marks = [e for e in events if e.get("cat") == "user_annotation"
-             and str(e.get("name", "")).startswith("ProfilerStep#")]
-    starts = sorted((s["ts"], s["ts"] + s["dur"], int(s["name"][len("ProfilerStep#"):]))
-                    for s in marks)
+    marks = prefill_check.step_marks(events)
     offsets = []
     for e in events:
         if e.get("cat") == "user_annotation" and e.get("name") == "scheduler.prepare_for_decode":
-            k = next((n for t0, t1, n in starts if t0 <= e["ts"] < t1), None)
+            k = prefill_check.step_at(marks, e["ts"])
             if k is not None and k < len(a):
                 offsets.append(float(e["ts"]) - a[k])
     if not offsets:

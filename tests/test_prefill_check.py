@@ -83,3 +83,24 @@ def test_what_overlap_changes_is_predicted_where_the_measurement_is_clear(result
 def test_the_command_prints_the_table(capsys):
     assert main([str(DEFAULT_DIR)]) == 0
     assert "TPOT µs meas. / pred. (err)" in capsys.readouterr().out
+
+
+def test_a_captures_steps_have_one_reader():
+    """The step ranges of a capture (``ProfilerStep#k``), read once by start, and the step
+    holding a time: the prefill model's and the shapes checker's host ranges (by
+    ``lab.shapes_check.net_unpadded``) are placed in their steps by the same reader."""
+    import inspect
+
+    from lab import shapes_check
+    from lab.prefill_check import step_at, step_marks
+
+    events = [{"cat": "user_annotation", "name": "ProfilerStep#4", "ts": 30.0, "dur": 10.0},
+              {"cat": "user_annotation", "name": "ProfilerStep#3", "ts": 10.0, "dur": 20.0},
+              {"cat": "kernel", "name": "ProfilerStep#9", "ts": 0.0, "dur": 99.0},
+              {"cat": "user_annotation", "name": "scheduler.run_batch", "ts": 12.0, "dur": 1}]
+    marks = step_marks(events)
+    assert [m["name"] for m in marks] == ["ProfilerStep#3", "ProfilerStep#4"]
+    assert [step_at(marks, t) for t in (9.9, 10.0, 29.9, 30.0, 39.9, 40.0)] == \
+        [None, 3, 3, 4, 4, None]
+    source = inspect.getsource(shapes_check.net_unpadded)
+    assert "step_marks(" in source and "ProfilerStep" not in source
