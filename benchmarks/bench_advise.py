@@ -107,7 +107,8 @@ parts = {"config": cum("config/load.py", "load_config")
          "codegen + compile": cum("fast/codegen.py", "compile_block"),
          "summary": cum("fast/execute.py", "summary")}
 run = cum("executors/fast/__init__.py", "run_config")
-calls = cum("simwar/api.py", "simulate")  # none where the screen runs the executor itself
+# what the screen calls: a Runner's run (none where it ran the executor itself, or simulate)
+calls = cum("simwar/api.py", "run") or cum("simwar/api.py", "simulate")
 parts["simulate's own"] = calls - run - parts["summary"] if calls else 0.0
 parts["pass, table, races"] = (run - parts["plan_config"] - parts["race plan"]
                                - parts["codegen + compile"])
