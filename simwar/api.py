@@ -14,6 +14,9 @@ argument (the config's ``engine:``) names one:
 - ``auto`` (the default, also the config's ``engine:`` default): ``fast``; the trace is
   simulated by the reference the first time ``Result.trace`` is read.
 
+:class:`Runner` is that order for one validated config, its memory check and executor chosen
+once (:func:`simulate` is :func:`~simwar.config.load_config` and a Runner's run; ``advise``'s
+screen runs its candidates, variants of one config, through one Runner).
 :func:`simulate_many` runs batches of alike runs on the ``lockstep`` executor. Which
 executor runs, and why the ones preferred to it refused, is decided in one table
 (:mod:`simwar.executors.choice`, :func:`choose`); a refusal found only while planning is a
