@@ -3,6 +3,7 @@
     python benchmarks/bench_advise.py [--phases 3 12 50] [--detect-steps 1000]
                                       [--before DIR] [--repeat 1] [--jobs N]
     python benchmarks/bench_advise.py --breakdown 8 [--phases 50] [--before DIR]
+    python benchmarks/bench_advise.py --structures [--phases 50]
 
 A custom algorithm of P phases (graph kinds full, eager, breakable in turn; each reads
 ``req_to_token``; the last declares ``post_replay``; 5 ms of body in all), fine barrier:
@@ -26,6 +27,12 @@ by cProfile's cumulative times (scaled to it) into the candidate's config, the p
 (``plan_config``), the race plan, code generation and ``compile``, the pass with its
 per-step table and races, the summary, ``simulate``'s own work (the executor's choice, the
 checks, the result) and the rest (the search around the screen).
+
+``--structures``: how many candidates the screen runs, how many distinct programs they are
+(lockstep groups: :func:`simwar.executors.lockstep.group_key` of each screened plan), and
+how many *families*: programs equal but for the forward stream's records (where read-done
+is published) and what waits and syncs bind to, i.e. what sharing one program among
+candidates that differ only in where read-done is published would have to run.
 """
 
 from __future__ import annotations
@@ -107,13 +114,45 @@ parts = {"config": cum("config/load.py", "load_config")
          "codegen + compile": cum("fast/codegen.py", "compile_block"),
          "summary": cum("fast/execute.py", "summary")}
 run = cum("executors/fast/__init__.py", "run_config")
-calls = cum("simwar/api.py", "simulate")  # none where the screen runs the executor itself
+# what the screen calls: a Runner's run (none where it ran the executor itself, or simulate)
+calls = cum("simwar/api.py", "run") or cum("simwar/api.py", "simulate")
 parts["simulate's own"] = calls - run - parts["summary"] if calls else 0.0
 parts["pass, table, races"] = (run - parts["plan_config"] - parts["race plan"]
                                - parts["codegen + compile"])
 parts["the rest"] = total - sum(parts.values())
 ms = {k: 1000 * cpu / n * v / total for k, v in parts.items()}
 print(json.dumps({"cpu_s": cpu, "candidates": n, "ms": ms}))
+"""
+
+
+STRUCTURES = """
+import collections, json, sys
+from simwar.builder.sizes import draw_sizes
+from simwar.config import load_config
+from simwar.executors.fast.plan import plan_config
+from simwar.executors.lockstep import group_key
+from simwar.study import advise as A
+cfg = load_config(json.loads(sys.argv[1]))
+base = load_config(cfg, {"steps": A.SCREEN_STEPS, "warmup_steps": A.SCREEN_WARMUP})
+def strip(h):  # a host op without the forward stream's records and what binds to them
+    if h.kind == "record" and h.stream == "forward":
+        return None
+    if h.kind == "graph":
+        return h._replace(nodes=tuple(n for n in h.nodes if n.kind != "r"))
+    if h.kind in ("wait_event", "sync") and h.bind is not None:
+        return h._replace(bind="bound")
+    return h
+cands = A.space(cfg)
+groups, families, shapes = set(), collections.Counter(), set()
+for c in cands:
+    run = A.candidate_config(base, c.overrides)
+    plan = plan_config(run, draw_sizes(run))
+    groups.add(group_key(plan))
+    shapes.update(b.shape for b in plan.blocks)
+    families[tuple(tuple(x for x in map(strip, b.shape.host) if x is not None)
+                   for b in plan.blocks)] += 1
+print(json.dumps({"candidates": len(cands), "programs": len(groups), "shapes": len(shapes),
+                  "families": sorted(families.values(), reverse=True)}))
 """
 
 
@@ -150,7 +189,17 @@ def main() -> int:
                          "core, the command's default)")
     ap.add_argument("--breakdown", type=int, metavar="K",
                     help="only the screen's breakdown, over every K-th candidate")
+    ap.add_argument("--structures", action="store_true",
+                    help="only count the candidates, their programs and their families")
     args = ap.parse_args()
+    if args.structures:
+        for p in args.phases:
+            r = child(ROOT, STRUCTURES, json.dumps(config(p)))
+            fam = r["families"]
+            print(f"{p} phases: {r['candidates']} candidates, {r['programs']} distinct "
+                  f"programs ({r['shapes']} distinct shapes), {len(fam)} families but for "
+                  f"where read-done is published (sizes {fam})")
+        return 0
     trees = {"this tree": ROOT}
     if args.before:
         trees = {"before": args.before.resolve(), **trees}

@@ -14,6 +14,9 @@ argument (the config's ``engine:``) names one:
 - ``auto`` (the default, also the config's ``engine:`` default): ``fast``; the trace is
   simulated by the reference the first time ``Result.trace`` is read.
 
+:class:`Runner` is that order for one validated config, its memory check and executor chosen
+once (:func:`simulate` is :func:`~simwar.config.load_config` and a Runner's run; ``advise``'s
+screen runs its candidates, variants of one config, through one Runner).
 :func:`simulate_many` runs batches of alike runs on the ``lockstep`` executor. Which
 executor runs, and why the ones preferred to it refused, is decided in one table
 (:mod:`simwar.executors.choice`, :func:`choose`); a refusal found only while planning is a
@@ -343,21 +346,61 @@ def simulate(cfg: Config | dict | str | None = None, overrides=None, engine: str
     reaches it: ``simpy`` at each step, ``fast`` after each chunk of its pass (a few
     hundredths to a few tenths of a second of work apart), both with ``steps`` at the end.
     """
-    cfg = load_config(cfg, overrides)
-    check_memory(cfg)  # before anything is allocated
-    choice = choose(cfg, engine, trace_for=trace_for)
-    requested = engine or cfg.engine
-    if choice.name is None:
-        raise ConfigError(f"engine {requested}: {'; '.join(why for _, why in choice.refused)}")
-    with gc_paused():
-        if cfg.tp > 1:
-            return _simulate_ranks(cfg, choice, requested, progress)
-        if choice.name == "simpy":
-            return _simulate_simpy(cfg, requested, progress, choice.refused)
-        result = _simulate_fast(cfg, requested, summary_only, progress, choice.refused)
-    if progress is not None:
-        progress(cfg.steps)
-    return result
+    return Runner(load_config(cfg, overrides), engine, summary_only=summary_only,
+                  trace_for=trace_for).run(progress=progress)
+
+
+class Runner:
+    """Runs of one validated config: what :func:`simulate` decides before a run, decided once.
+
+    ``Runner(cfg, engine, summary_only=, trace_for=)`` checks the memory the run needs and
+    chooses its executor (:func:`choose`: ``engine`` and ``trace_for`` as :func:`simulate`
+    takes them; every executor refusing is a :class:`~simwar.config.ConfigError`);
+    :meth:`run` runs it. :func:`simulate` is :func:`~simwar.config.load_config` and one
+    Runner's run. A caller that simulates many variants of one validated config (``advise``'s
+    candidates: a barrier, where a record goes) passes each to :meth:`run`: the check and
+    the choice read the run's size, workload, ranks and engine, which a variant must keep
+    (:meth:`run` refuses one that does not), so they are the base's.
+    """
+
+    def __init__(self, cfg: Config, engine: str | None = None, *, summary_only: bool = False,
+                 trace_for: str | None = None):
+        check_memory(cfg)  # before anything is allocated
+        choice = choose(cfg, engine, trace_for=trace_for)
+        self.requested = engine or cfg.engine
+        if choice.name is None:
+            raise ConfigError(f"engine {self.requested}: "
+                              f"{'; '.join(why for _, why in choice.refused)}")
+        self.config = cfg
+        self.choice = choice
+        self.summary_only = summary_only
+
+    def run(self, variant: Config | None = None,
+            progress: Callable[[int], None] | None = None) -> Result:
+        """Simulate the config, or ``variant`` of it (validated, of the same steps, ranks,
+        engine, workload and CPU: what the check and the choice read); ``progress`` as
+        :func:`simulate`'s."""
+        cfg = self.config if variant is None else self._variant(variant)
+        choice, requested = self.choice, self.requested
+        with gc_paused():
+            if cfg.tp > 1:
+                return _simulate_ranks(cfg, choice, requested, progress)
+            if choice.name == "simpy":
+                return _simulate_simpy(cfg, requested, progress, choice.refused)
+            result = _simulate_fast(cfg, requested, self.summary_only, progress,
+                                    choice.refused)
+        if progress is not None:
+            progress(cfg.steps)
+        return result
+
+    def _variant(self, cfg: Config) -> Config:
+        base = self.config
+        for key in ("steps", "tp", "engine", "workload", "cpu"):
+            a, b = getattr(base, key), getattr(cfg, key)
+            if a is not b and a != b:
+                raise ValueError(f"a variant run by this Runner keeps the config's {key} "
+                                 f"(the memory check and the executor's choice read it)")
+        return cfg
 
 
 def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None] | None = None,

@@ -1,10 +1,10 @@
 """``advise``'s screen: what it spares each candidate leaves every answer as it was.
 
 A candidate's config is copied, not validated again (equal to ``load_config``'s for every
-candidate of the shipped configs); its run is the fast executor's, called directly (equal to
-``simulate``'s); blocks an earlier candidate compiled are reused (the codegen cache is hit,
-the summaries unchanged); and worker processes rank the candidates exactly as one process
-does.
+candidate of the shipped configs); its run is one ``simwar.api.Runner``'s of the screen's
+config (equal to ``simulate``'s); blocks an earlier candidate compiled are reused (the
+codegen cache is hit, the summaries unchanged); and worker processes rank the candidates
+exactly as one process does.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from simwar.api import simulate
+from simwar.api import Runner, simulate
 from simwar.builder.sizes import draw_sizes
 from simwar.config import load_config
 from simwar.executors.fast import codegen
@@ -80,6 +80,19 @@ def test_the_screen_gives_simulates_summaries_and_reuses_compiled_blocks(monkeyp
     for c in cands:
         assert c.summary == simulate(load_config(cfg, {**c.overrides, **SHORT}),
                                      engine="fast").summary, c.description
+
+
+def test_one_runner_runs_each_variant_as_simulate_does():
+    # the screen's Runner: the memory check and the executor chosen once for the base config
+    base = load_config(load_config(_custom(3)), SHORT)
+    runner = Runner(base, "fast")
+    for cand in space(base)[::7]:
+        variant = candidate_config(base, cand.overrides)
+        assert runner.run(variant).summary == simulate(variant, engine="fast").summary
+    assert runner.run().summary == simulate(base, engine="fast").summary
+    # a variant of another size would escape the check and the choice made for the base
+    with pytest.raises(ValueError, match="keeps the config's steps"):
+        runner.run(load_config(base, {"steps": 61}))
 
 
 def test_two_worker_processes_rank_the_candidates_bit_for_bit(monkeypatch):

@@ -41,7 +41,8 @@ group, and each pays for its own plan, generated code and race windows. What the
 spares each one: the validation (a candidate's config is the validated screen config with
 its overrides copied in, :func:`candidate_config`, equal to what
 :func:`~simwar.config.load_config` gives), :func:`simwar.api.simulate`'s per-run choice of
-executor and memory check (made once for the screen: the overrides change neither), and the
+executor and memory check (made once for the screen by one :class:`simwar.api.Runner`, which
+runs every candidate: the overrides change neither), and the
 code of a block that an earlier candidate compiled (:mod:`simwar.executors.fast.codegen`
 caches it by shape; the candidates run in an order that puts those sharing their first
 iteration side by side, :func:`_screen_order`).
@@ -49,8 +50,8 @@ iteration side by side, :func:`_screen_order`).
 :func:`screen` runs the candidates, :func:`_full_length` the confirming runs at full
 length: no other place simulates.
 
-Imports: simwar's config, policies, api and the fast executor (numpy, pandas, simpy through
-them); the standard library's multiprocessing for ``jobs``.
+Imports: simwar's config, policies and api (the executors, numpy, pandas, simpy through it);
+the standard library's multiprocessing for ``jobs``.
 """
 
 from __future__ import annotations
@@ -63,15 +64,11 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from simwar.api import simulate
-from simwar.builder.sizes import draw_sizes
+from simwar.api import Runner, simulate
 from simwar.config import Config, load_config
-from simwar.config.budget import check_memory
 from simwar.config.policies import BARRIERS, barrier, publish_point
 from simwar.config.schema import MIN_MEASURED
-from simwar.config.workload import REQUEST_SOURCES
 from simwar.core.collector import gc_paused
-from simwar.executors.fast import run_config
 from simwar.study.pools import process_pool
 
 #: objective name -> (summary key, direction: +1 larger is better, -1 smaller is better)
@@ -390,24 +387,18 @@ class _Screen:
     """Screens candidates of one config: each its summary at the screen's length.
 
     ``base``: the config at the screen's length, validated. What :func:`simwar.api.simulate`
-    decides per run is decided here once: the executor (the fast executor's one pass for a
-    run of one rank whose batches do not depend on its own times; anything else goes through
-    ``simulate`` itself) and the memory check (a candidate's overrides change neither: they
-    are the barrier and where records go, not the run's size or its workload).
+    decides before a run (the memory check, the executor: ``fast``) is decided once, by one
+    :class:`simwar.api.Runner` of ``base``: a candidate's overrides change neither (they
+    are the barrier and where records go, not the run's size, ranks or workload), so each
+    candidate is a variant the Runner runs.
     """
 
     def __init__(self, base: Config):
         self.base = base
-        source = base.workload.source if base.workload is not None else "constant"
-        self.direct = base.tp == 1 and source not in REQUEST_SOURCES
-        if self.direct:
-            check_memory(base)
+        self.runner = Runner(base, "fast")
 
     def summary(self, overrides: dict) -> dict:
-        cfg = candidate_config(self.base, overrides)
-        if self.direct:  # simulate(cfg, engine="fast")'s run, its choices made once
-            return run_config(cfg, draw_sizes(cfg)).summary
-        return dict(simulate(cfg, engine="fast").summary)
+        return self.runner.run(candidate_config(self.base, overrides)).summary
 
 
 def _screen_order(cands: list[Candidate]) -> list[int]:
