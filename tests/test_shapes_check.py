@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from lab.shapes_check import DEFAULT_DIR, evaluate, main, trace
+from lab.shapes_check import DEFAULT_DIR, closed_lengths, evaluate, main, trace
 from simwar.config.schema import TokenCost
 
 # slow: the evaluation fits both 1.5 MB captures (about 4-7 s each on two shared cores; ~15-25 s
@@ -194,6 +194,20 @@ def test_a_poisson_repeat_is_replayed_with_its_own_requests_and_more():
     m["case"]["seed"] += 1  # another seed's requests are not the repeat's
     with pytest.raises(ValueError, match="not its seed's"):
         trace(m)
+
+
+def test_a_closed_loop_repeat_sends_its_own_requests_in_order_and_more():
+    from lab.check import read_metrics
+
+    m = read_metrics(DEFAULT_DIR / "shapes_sglang_closed16_normal_r0.metrics.json.gz")
+    got = closed_lengths(m)
+    n = len(m["requests"]["arrival_us"])
+    assert len(got["output_tokens"]) >= 4 * n
+    for key in ("output_tokens", "prompt_tokens"):  # in the order the client sent them
+        assert got[key][:n] == m["requests"][key]
+    m["case"]["seed"] += 1  # another seed's requests are not the repeat's
+    with pytest.raises(ValueError, match="not its seed's"):
+        closed_lengths(m)
 
 
 def test_the_command_prints_the_table_and_fails_on_a_miss(result, capsys, monkeypatch):
