@@ -25,7 +25,7 @@ that goes below zero before the admission cap of 64, CLAMPED (:func:`clamp_lines
 
 **Each case** is then a what-if of its mode's model: its arrivals (a Poisson repeat replays
 its own requests; a closed loop is a closed loop sending the repeat's own requests in order,
-:func:`closed_lengths`), lengths, chunk, loop
+:func:`lab.prefill_check.closed_lengths`), lengths, chunk, loop
 (``policy.overlap``), barrier and length. Compared, as :mod:`lab.prefill_check` compares
 them (its :func:`~lab.prefill_check.measured` and :func:`~lab.prefill_check.predicted`):
 TPOT, throughput (decode tokens per second), TTFT mean to the first token's forward end and
@@ -257,36 +257,10 @@ def trace(metrics: dict, longer: float = 4.0) -> dict:
                       "prompt_tokens": [r.prompt_tokens for r in made]}}
 
 
-def closed_lengths(metrics: dict, longer: float = 4.0) -> dict:
-    """A closed-loop repeat's requests as ``workload.closed_loop.lengths``: the server's own
-    lengths in the order its client sent them (:class:`lab.server_requests.Arrivals` of the
-    case's seed and concurrency: the i-th request sent has the seed's i-th lengths, whatever
-    the timing), ``longer`` x as many as the repeat sent, whose first are the repeat's own
-    (checked). Drawn afresh instead, a closed loop of 16 predicts the first tokens of other
-    requests: on the third run the `sglang` normal loop's predicted TTFT went 20.9-27.5 ms
-    over ten seeds, against 28.0 measured, and the first 16 requests, which all arrive at
-    the start and wait behind each other's prompts, weigh on every mean."""
-    case, req = metrics["case"], metrics["requests"]
-    arr = Arrivals(seed=int(case["seed"]), output=Dist.parse(case["output_tokens"]),
-                   prompt=Dist.parse(case["prompt_tokens"]),
-                   concurrency=int(metrics["arrivals"]["concurrency"]))
-    n = len(req["arrival_us"])
-    while len(arr.made) < longer * n:
-        arr.finished(0.0)  # one more sent: its lengths are the seed's next
-    made = arr.made
-    if any(r.prompt_tokens != p or r.output_tokens != o for r, p, o in
-           zip(made, req["prompt_tokens"], req["output_tokens"])):
-        raise check.ServerDataError(f"{case['name']}: its requests are not its seed's")
-    return {"output_tokens": [r.output_tokens for r in made],
-            "prompt_tokens": [r.prompt_tokens for r in made]}
-
-
 def _predict(config: dict, metrics: dict, rule: str | None = None) -> dict:
     change = prefill_check.what_if(config, config["prefill"], metrics)
     if "arrivals" in change["workload"]:
         change["workload"]["arrivals"] = trace(metrics)
-    elif "closed_loop" in change["workload"]:  # the repeat's own requests, in order sent
-        change["workload"]["closed_loop"]["lengths"] = closed_lengths(metrics)
     if rule is not None:
         change["scheduling.rule"] = rule
     change["seed"] = int(metrics["case"].get("seed", 0))

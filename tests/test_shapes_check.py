@@ -14,7 +14,8 @@ import json
 
 import pytest
 
-from lab.shapes_check import DEFAULT_DIR, closed_lengths, evaluate, main, trace
+from lab.prefill_check import closed_lengths
+from lab.shapes_check import DEFAULT_DIR, evaluate, main, trace
 from simwar.config.schema import TokenCost
 
 # slow: the evaluation fits both 1.5 MB captures (about 4-7 s each on two shared cores; ~15-25 s
