@@ -24,7 +24,8 @@ the capture never ran (32 and 64), EXTRAPOLATED (:func:`extrapolate_buckets`), a
 that goes below zero before the admission cap of 64, CLAMPED (:func:`clamp_lines`).
 
 **Each case** is then a what-if of its mode's model: its arrivals (a Poisson repeat replays
-its own requests, a closed loop is a closed loop of its seed), lengths, chunk, loop
+its own requests; a closed loop is a closed loop sending the repeat's own requests in order,
+:func:`lab.prefill_check.closed_lengths`), lengths, chunk, loop
 (``policy.overlap``), barrier and length. Compared, as :mod:`lab.prefill_check` compares
 them (its :func:`~lab.prefill_check.measured` and :func:`~lab.prefill_check.predicted`):
 TPOT, throughput (decode tokens per second), TTFT mean to the first token's forward end and

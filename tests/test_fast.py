@@ -99,7 +99,10 @@ VARIANTS = {
                         "slo": {"ttft": 20000, "tpot": 2500},
                         **AFFINE, **NOISY},
     "closed_loop_off": {"steps": 60, "warmup_steps": 3, "policy.overlap": False,
-                        "workload": {"closed_loop": {"concurrency": 6},
+                        # the first requests' lengths listed (a measured run's), then drawn
+                        "workload": {"closed_loop": {"concurrency": 6, "lengths": {
+                                         "output_tokens": [3, 11, 1, 7, 12, 5, 9, 2],
+                                         "prompt_tokens": [40, 700, 300, 5, 512, 90, 260, 1]}},
                                      "output_tokens": {"dist": "uniform", "low": 1, "high": 12},
                                      "prompt_tokens": 300},
                         "prefill": {"chunk_tokens": 256, "forward_us": {"per_token": 2}}},

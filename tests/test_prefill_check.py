@@ -19,10 +19,10 @@ pytestmark = pytest.mark.skipif(not (DEFAULT_DIR / "prefill_light_overlap_r0.met
 
 #: (case, figure) that miss their target on the committed run (calibration/README.md says why),
 #: with the profiler's own host cost subtracted (the default)
-MISSES = {("closed8_normal", "ttft_forward_us"), ("closed8_normal", "ttft_us"),
-          ("closed8_overlap", "ttft_forward_us"), ("closed8_overlap", "ttft_us"),
-          ("light_overlap", "ttft_forward_us"), ("light_overlap", "ttft_us"),
+MISSES = {("light_overlap", "ttft_forward_us"), ("light_overlap", "ttft_us"),
           ("medium_overlap", "tokens_per_s"), ("medium_overlap", "tpot_us")}
+#: (the closed loop's TTFTs, +10.8 to +19.4 % with its requests drawn afresh, are within
+#: 4.5 % with the repeat's own: lab.prefill_check.closed_lengths)
 #: (medium_overlap's TPOT, -4.9 % with the graph phases a line in the bucket, is -5.1 % with
 #: them per bucket: a miss, listed; with the profiler's cost kept, medium_normal's TTFT to
 #: the forward's end went from +11.4 % to +9.0 %, within its 10 %, and is no longer listed)
@@ -30,10 +30,8 @@ MISSES = {("closed8_normal", "ttft_forward_us"), ("closed8_normal", "ttft_us"),
 WRONG_SIGNS = {("light", "ttft_forward_us"), ("medium", "tokens_per_s")}
 #: the same with the profiler's cost kept (--keep-profiler-cost: the fit before it was taken
 #: out)
-MISSES_KEPT = {("closed8_normal", "ttft_forward_us"), ("closed8_normal", "ttft_us"),
-               ("closed8_overlap", "tokens_per_s"), ("closed8_overlap", "ttft_forward_us"),
-               ("closed8_overlap", "ttft_us"), ("light_overlap", "ttft_forward_us"),
-               ("medium_normal", "ttft_us"), ("medium_overlap", "ttft_us")}
+MISSES_KEPT = {("light_overlap", "ttft_forward_us"), ("medium_normal", "ttft_us"),
+               ("medium_overlap", "ttft_us")}
 WRONG_SIGNS_KEPT = {("light", "ttft_forward_us")}
 
 

@@ -14,6 +14,7 @@ import json
 
 import pytest
 
+from lab.prefill_check import closed_lengths
 from lab.shapes_check import DEFAULT_DIR, evaluate, main, trace
 from simwar.config.schema import TokenCost
 
@@ -28,6 +29,9 @@ pytestmark = [pytest.mark.skipif(not (DEFAULT_DIR / "shapes_sglang_light_overlap
 #: HOST_SPEED_MAX left out): (case, figure) within their target on the committed run; every
 #: other judged one misses
 WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "tpot_us"),
+          ("mixed_closed16_normal", "ttft_forward_us"), ("mixed_closed16_normal", "ttft_us"),
+          ("mixed_closed16_overlap", "tokens_per_s"), ("mixed_closed16_overlap", "tpot_us"),
+          ("mixed_closed16_overlap", "ttft_forward_us"), ("mixed_closed16_overlap", "ttft_us"),
           ("mixed_light_normal", "tokens_per_s"), ("mixed_light_normal", "ttft_us"),
           ("mixed_medium_normal", "tokens_per_s"), ("mixed_medium_normal", "tpot_us"),
           ("mixed_medium_normal", "ttft_forward_us"), ("mixed_medium_normal", "ttft_us"),
@@ -59,22 +63,24 @@ MIXED = {"closed16_normal": ("mixed", "mixed", None), "closed16_overlap": ("mixe
 #: unpadded host durations x its factor, lab.shapes_check.host_at) and every repeat judged:
 #: (case, figure) within their target; every other one misses
 MEASURED_WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "tpot_us"),
-                   ("mixed_closed16_overlap", "tokens_per_s"),
-                   ("mixed_light_normal", "tokens_per_s"), ("mixed_light_normal", "ttft_us"),
-                   ("mixed_light_overlap", "tokens_per_s"), ("mixed_light_overlap", "tpot_us"),
-                   ("mixed_light_overlap", "ttft_forward_us"), ("mixed_light_overlap", "ttft_us"),
-                   ("mixed_medium_normal", "tokens_per_s"),
+                   ("mixed_closed16_normal", "ttft_forward_us"),
+                   ("mixed_closed16_normal", "ttft_us"), ("mixed_closed16_overlap", "tokens_per_s"),
+                   ("mixed_closed16_overlap", "tpot_us"),
+                   ("mixed_closed16_overlap", "ttft_forward_us"),
+                   ("mixed_closed16_overlap", "ttft_us"), ("mixed_light_normal", "tokens_per_s"),
+                   ("mixed_light_normal", "ttft_us"), ("mixed_light_overlap", "tokens_per_s"),
+                   ("mixed_light_overlap", "tpot_us"), ("mixed_light_overlap", "ttft_forward_us"),
+                   ("mixed_light_overlap", "ttft_us"), ("mixed_medium_normal", "tokens_per_s"),
                    ("mixed_medium_normal", "ttft_forward_us"), ("mixed_medium_normal", "ttft_us"),
                    ("mixed_medium_overlap", "tokens_per_s"), ("mixed_medium_overlap", "tpot_us"),
-                   ("mixed_medium_overlap", "ttft_forward_us"),
-                   ("mixed_medium_overlap", "ttft_us"), ("sglang_closed16_normal", "tokens_per_s"),
+                   ("mixed_medium_overlap", "ttft_forward_us"), ("mixed_medium_overlap", "ttft_us"),
+                   ("sglang_closed16_normal", "tokens_per_s"),
                    ("sglang_closed16_normal", "tpot_us"),
                    ("sglang_closed16_overlap", "ttft_forward_us"),
                    ("sglang_closed16_overlap", "ttft_us"), ("sglang_light_normal", "tokens_per_s"),
-                   ("sglang_light_normal", "tpot_us"),
-                   ("sglang_light_normal", "ttft_forward_us"), ("sglang_light_normal", "ttft_us"),
-                   ("sglang_light_overlap", "tokens_per_s"), ("sglang_light_overlap", "tpot_us"),
-                   ("sglang_medium_normal", "tokens_per_s"),
+                   ("sglang_light_normal", "tpot_us"), ("sglang_light_normal", "ttft_forward_us"),
+                   ("sglang_light_normal", "ttft_us"), ("sglang_light_overlap", "tokens_per_s"),
+                   ("sglang_light_overlap", "tpot_us"), ("sglang_medium_normal", "tokens_per_s"),
                    ("sglang_medium_overlap", "tokens_per_s"), ("sglang_medium_overlap", "tpot_us"),
                    ("sglang_medium_overlap", "ttft_forward_us"),
                    ("sglang_medium_overlap", "ttft_us")}
@@ -189,6 +195,20 @@ def test_a_poisson_repeat_is_replayed_with_its_own_requests_and_more():
     m["case"]["seed"] += 1  # another seed's requests are not the repeat's
     with pytest.raises(ValueError, match="not its seed's"):
         trace(m)
+
+
+def test_a_closed_loop_repeat_sends_its_own_requests_in_order_and_more():
+    from lab.check import read_metrics
+
+    m = read_metrics(DEFAULT_DIR / "shapes_sglang_closed16_normal_r0.metrics.json.gz")
+    got = closed_lengths(m)
+    n = len(m["requests"]["arrival_us"])
+    assert len(got["output_tokens"]) >= 4 * n
+    for key in ("output_tokens", "prompt_tokens"):  # in the order the client sent them
+        assert got[key][:n] == m["requests"][key]
+    m["case"]["seed"] += 1  # another seed's requests are not the repeat's
+    with pytest.raises(ValueError, match="not its seed's"):
+        closed_lengths(m)
 
 
 def test_the_command_prints_the_table_and_fails_on_a_miss(result, capsys, monkeypatch):

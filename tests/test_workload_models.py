@@ -85,6 +85,30 @@ def test_a_closed_loop_keeps_the_name_saved_traces_give_it():
     assert sizes.meta()["source"] == "arrivals"
 
 
+def test_a_closed_loop_sends_its_listed_lengths_first_then_draws():
+    """``closed_loop.lengths``: the i-th request sent has the i-th lengths (a measured run's
+    own requests, replayed); past the lists, the draws a run without them would begin with."""
+    from simwar.api import simulate
+
+    wl = {"closed_loop": {"concurrency": 3}, "output_tokens": {"dist": "uniform", "low": 1,
+                                                                 "high": 9},
+          "prompt_tokens": {"dist": "uniform", "low": 10, "high": 600}, "max_batch": 3}
+    pf = {"chunk_tokens": 256, "forward_us": {"per_token": 2}}
+    listed = {"output_tokens": [7, 1, 4, 9], "prompt_tokens": [500, 12, 300, 33]}
+    runs = [simulate(None, {"steps": 80, "warmup_steps": 0, "prefill": pf, "engine": "simpy",
+                            "workload": w}).requests
+            for w in (wl, {**wl, "closed_loop": {"concurrency": 3, "lengths": listed}})]
+    drawn, replayed = (r.sort_values("arrival_us", kind="stable") for r in runs)
+    n = len(listed["output_tokens"])
+    for key in ("output_tokens", "prompt_tokens"):
+        assert replayed[key].tolist()[:n] == listed[key]
+        assert replayed[key].tolist()[n:n + 5] == drawn[key].tolist()[:5]
+    with pytest.raises(ConfigError, match=r"closed_loop.lengths.prompt_tokens: give it with "
+                                          r"workload.prompt_tokens"):
+        load_config(None, {"workload": {**wl, "prompt_tokens": None,
+                                        "closed_loop": {"concurrency": 3, "lengths": listed}}})
+
+
 def test_the_rules_for_requests_hold_for_a_closed_loop_by_name():
     closed = {"workload": SOURCES["closed_loop"][0]}
     with pytest.raises(ConfigError, match="are not modelled with parallel.tp > 1"):

@@ -75,7 +75,8 @@ iteration, so a request finished by step k leaves before batch k+1 (no extra ste
 ``workload.closed_loop`` keeps ``concurrency`` requests in flight: they arrive at time 0,
 and each request that leaves before batch k is replaced by one arriving at iteration k's
 start (when the host has processed the finishing result: the client's reply, sent again at
-once).
+once). ``closed_loop.lengths`` gives the requests' lengths in the order sent (a measured
+run's own requests); past its lists they are drawn.
 
 Imports: numpy, :mod:`simwar.config` and :mod:`simwar.builder.draws`; nothing from executors
 (realizing arrivals runs the executor: :mod:`simwar.api` orders it).
@@ -267,6 +268,8 @@ class ArrivalProcess:
                                     "workload.max_batch").tolist()
         self.closed = wl.source == "closed_loop"
         self.trace = wl.trace
+        #: a closed loop's requests' lengths in the order sent (None: drawn)
+        self.lengths = wl.closed_loop.lengths if self.closed else None
         self.gap_us = 1e6 / wl.arrivals.rate_per_s if not self.closed and self.trace is None \
             else math.inf
         self.output = wl.output_tokens
@@ -337,6 +340,8 @@ class ArrivalProcess:
     def _output(self, rid: int) -> int:
         if self.trace is not None:
             return int(self.trace.output_tokens[rid])
+        if self.lengths is not None and rid < len(self.lengths.output_tokens):
+            return int(self.lengths.output_tokens[rid])
         if isinstance(self.output, int):
             return self.output
         if not self._outs:
@@ -348,6 +353,9 @@ class ArrivalProcess:
         if self.trace is not None:
             p = self.trace.prompt_tokens
             return 0 if p is None else int(p[rid])
+        if self.lengths is not None and self.lengths.prompt_tokens is not None \
+                and rid < len(self.lengths.prompt_tokens):
+            return int(self.lengths.prompt_tokens[rid])
         if self.prompt is None:
             return 0
         if isinstance(self.prompt, int):

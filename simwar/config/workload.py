@@ -158,6 +158,37 @@ def buckets_of(batch, buckets: list[int] | None,
     return b[idx]
 
 
+class ClosedLoopLengths(StrictModel):
+    """A closed loop's requests' lengths in the order the loop sends them (a server's log, or
+    its client's seed): the i-th request sent, the first ``concurrency`` at the start
+    included, has the i-th lengths; the requests past the lists draw theirs from
+    ``workload.output_tokens`` and ``prompt_tokens``. A closed loop's waits depend on which
+    request comes when (a burst of long prompts queues every first token behind it), so a
+    prediction of a measured run sends the run's own requests, as ``arrivals.trace`` does for
+    an open loop."""
+
+    output_tokens: list[int]
+    """Each request's output tokens, in the order sent."""
+    prompt_tokens: list[int] | None = None
+    """Each request's prompt tokens, in the order sent (with workload.prompt_tokens)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> ClosedLoopLengths:
+        n = len(self.output_tokens)
+        if not n:
+            raise ValueError("workload.closed_loop.lengths.output_tokens: empty (one length per "
+                             "request, in the order sent)")
+        if self.prompt_tokens is not None and len(self.prompt_tokens) != n:
+            raise ValueError(f"workload.closed_loop.lengths.prompt_tokens: "
+                             f"{len(self.prompt_tokens)} values for {n} output_tokens")
+        for key in ("output_tokens", "prompt_tokens"):
+            for i, x in enumerate(getattr(self, key) or ()):
+                if not x >= 1:
+                    raise ValueError(f"workload.closed_loop.lengths.{key}.{i}: a positive "
+                                     f"number of tokens, got {x!r}")
+        return self
+
+
 class ClosedLoop(StrictModel):
     """``concurrency`` requests in flight: each finished request is replaced by a new one,
     which arrives when the host has processed the finishing step's result (the benchmark
@@ -165,6 +196,9 @@ class ClosedLoop(StrictModel):
 
     concurrency: int = Field(ge=1)
     """Requests in flight at every moment."""
+    lengths: ClosedLoopLengths | None = None
+    """The requests' lengths in the order sent (output_tokens, prompt_tokens lists); past
+    them, drawn from workload.output_tokens and prompt_tokens (None: all drawn)."""
 
 
 
@@ -422,6 +456,12 @@ class ClosedLoopRequests(_Requests):
         elif positive_int(self.max_batch) and self.max_batch < n:
             raise ValueError(f"workload.max_batch: {self.max_batch} is below "
                              f"closed_loop.concurrency ({n})")
+        lengths = self.closed_loop.lengths
+        if lengths is not None and (lengths.prompt_tokens is None) != (self.prompt_tokens
+                                                                      is None):
+            # the listed requests and the drawn ones past them: prompts for all or for none
+            raise ValueError("workload.closed_loop.lengths.prompt_tokens: give it with "
+                             "workload.prompt_tokens (the draws past the list), or neither")
         super()._check_source(info)
 
 
