@@ -378,7 +378,8 @@ class Runner:
     def run(self, variant: Config | None = None,
             progress: Callable[[int], None] | None = None) -> Result:
         """Simulate the config, or ``variant`` of it (validated, of the same steps, ranks,
-        engine, workload and CPU: what the check and the choice read); ``progress`` as
+        engine, workload, CPU, scheduling, prefill and phases' collectives: what the check and
+        the choice read); ``progress`` as
         :func:`simulate`'s."""
         cfg = self.config if variant is None else self._variant(variant)
         choice, requested = self.choice, self.requested
@@ -395,12 +396,20 @@ class Runner:
 
     def _variant(self, cfg: Config) -> Config:
         base = self.config
-        for key in ("steps", "tp", "engine", "workload", "cpu"):
+        for key in ("steps", "tp", "engine", "workload", "cpu", "scheduling", "prefill"):
             a, b = getattr(base, key), getattr(cfg, key)
             if a is not b and a != b:
                 raise ValueError(f"a variant run by this Runner keeps the config's {key} "
                                  f"(the memory check and the executor's choice read it)")
+        if _op_counts(base) != _op_counts(cfg):
+            raise ValueError("a variant run by this Runner keeps the config's phases and "
+                             "their collectives (the memory check counts them)")
         return cfg
+
+
+def _op_counts(cfg: Config) -> list[tuple[str, int]]:
+    """What the memory check reads of a config's phases: each one's collectives' count."""
+    return [(p.name, sum(c.count for c in p.collectives)) for p in cfg.phase_table()]
 
 
 def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None] | None = None,

@@ -93,6 +93,9 @@ def test_one_runner_runs_each_variant_as_simulate_does():
     # a variant of another size would escape the check and the choice made for the base
     with pytest.raises(ValueError, match="keeps the config's steps"):
         runner.run(load_config(base, {"steps": 61}))
+    # the choice reads the scheduling (a rule picking shapes as it runs): kept too
+    with pytest.raises(ValueError, match="keeps the config's scheduling"):
+        runner.run(load_config(base, {"scheduling.idle": {"forward_us": 5}}))
 
 
 def test_two_worker_processes_rank_the_candidates_bit_for_bit(monkeypatch):
