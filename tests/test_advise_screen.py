@@ -94,8 +94,9 @@ def test_one_runner_runs_each_variant_as_simulate_does():
     with pytest.raises(ValueError, match="keeps the config's steps"):
         runner.run(load_config(base, {"steps": 61}))
     # the choice reads the scheduling (a rule picking shapes as it runs): kept too
+    shaped = load_config(CONFIGS / "sglang_default_prefill.yaml", {"steps": 50})
     with pytest.raises(ValueError, match="keeps the config's scheduling"):
-        runner.run(load_config(base, {"scheduling.idle": {"forward_us": 5}}))
+        Runner(shaped, "fast").run(load_config(shaped, {"scheduling.max_consecutive_prefill": 2}))
 
 
 def test_two_worker_processes_rank_the_candidates_bit_for_bit(monkeypatch):
