@@ -158,7 +158,7 @@ class ChromeTraceWriter:
         self._tracks(w, core, start_r, end_r, tid, texts)
         keep = core if self.steps is None else core[(sp.step[core] >= self.steps[0])
                                                    & (sp.step[core] <= self.steps[1])]
-        self._slices(w, keep, esc, pid, tid, start_ns, start_r, end_r)
+        self._slices(w, keep, esc, pid, tid, start_ns, end_ns, start_r, end_r)
         self._records(w, esc, lane_pid)
         self.counters.add(w)
         self._flows(w, esc, pid, tid, start_r, end_r, texts)
@@ -168,18 +168,14 @@ class ChromeTraceWriter:
         the lane's spans by start, end and id), carried from window to window."""
         sp = w.spans
         lanes = sp.lane[core]
-        order = group_order(lanes)
-        ids = core[order]
-        bounds = np.flatnonzero(np.diff(lanes[order])) + 1
-        for group in np.split(ids, bounds):
-            if not len(group):
-                continue
+        for code in present(lanes).tolist():  # a few lanes: a pass each, no sort
+            group = core[lanes == code]
             s, e = start_r[group], end_r[group]
             if not bool(np.all((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] >= e[:-1])))):
                 group = group[np.lexsort((group, e, s))]  # by start, end and id
-            lane = texts[int(sp.lane[group[0]])]
+                s, e = start_r[group], end_r[group]
+            lane = texts[code]
             ends = self.tracks.setdefault(lane, [])
-            s, e = start_r[group], end_r[group]
             if len(ends) <= 1:  # the usual case: each span after the one before it
                 before = np.r_[ends[0] if ends else -_INF, e[:-1]]
                 if bool(np.all(s >= before)):
@@ -203,7 +199,7 @@ class ChromeTraceWriter:
                      "args": {"name": f"{lane} (overlapping {j - 1})"}},
                     separators=(",", ":")))
 
-    def _slices(self, w, ids, esc, pid, tid, start_ns, start_r, end_r) -> None:
+    def _slices(self, w, ids, esc, pid, tid, start_ns, end_ns, start_r, end_r) -> None:
         """The ``X`` events of spans ``ids``, a group of alike spans at a time."""
         if not len(ids):
             return
@@ -222,7 +218,15 @@ class ChromeTraceWriter:
         first = order[np.r_[0, cuts]]
         groups = np.stack([pid[ids][first], tid[ids][first], kind[first], call[first],
                            phase[first], site[first]], axis=1)
-        dur_ns_all = round_ns(end_r[ids] - start_r[ids])
+        end_ns, begin_ns = end_ns[ids], start_ns[ids]
+        if max(int(end_ns.max()), -int(end_ns.min()), int(begin_ns.max()),
+               -int(begin_ns.min())) < 2 ** 43:
+            # (end - start) of the rounded times, rounded to the ns, is the difference of
+            # their ns (the float's error far below half a ns; never -0.0, both times being
+            # made from integer ns)
+            dur_ns_all = end_ns - begin_ns
+        else:
+            dur_ns_all = round_ns(end_r[ids] - start_r[ids])
         texts = w.strings + [""]
         for g, part in zip(groups.tolist(), np.split(order, cuts)):
             p, t, k, c, ph, si = g
@@ -239,7 +243,7 @@ class ChromeTraceWriter:
             mid = f'","cat":"{SPAN_KINDS[k]}","pid":{p},"tid":{t},"ts":'
             self._write(rows(head, name.inside(), mid,
                              *number_text(start_ns[sel], sp.start_us[sel], ',"dur":'),
-                             *number_text(dur_ns_all[part], end_r[sel] - start_r[sel],
+                             *number_text(dur_ns_all[part], dur_ns_all[part],
                                           ',"args":{"step":'),
                              int_text(sp.step[sel]), args + "}}"))
 
@@ -475,15 +479,17 @@ def _kernel_neighbours(ops, core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Counters:
-    """``forwards_in_flight`` and ``launch_ahead``, as steps become complete."""
+    """``forwards_in_flight`` and ``launch_ahead``, as steps become complete. The steps not
+    yet complete are held as arrays (steps ascending), a window's at a time."""
 
     def __init__(self, writer: ChromeTraceWriter):
         self.w = writer
-        self.launch: dict[int, float] = {}  # step -> its run_batch time (the last one wins)
-        self.end: dict[int, float] = {}  # step -> its forward's end (so far)
+        # step -> its run_batch time (the last one wins), and its forward's end (so far)
+        self.launch = (np.zeros(0, dtype=np.int64), np.zeros(0))
+        self.end = (np.zeros(0, dtype=np.int64), np.zeros(0))
         self.pending = (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
         self.depth = 0
-        self.ends: list[float] = []  # forward ends of the final steps with both (the last)
+        self.ends = np.zeros(0)  # forward ends of the final steps with both (the last)
         self.dropped = 0  # ... and how many came before them
         self.sorted = True  # the forward ends come in order (kept whole otherwise)
 
@@ -492,33 +498,26 @@ class _Counters:
         core = np.flatnonzero(w.marker_core) if w.marker_core is not None else \
             np.arange(len(m))
         rb = core[m.name[core] == w.code("run_batch")]
-        self.launch.update(zip(m.step[rb].tolist(), m.time_us[rb].tolist()))
+        self.launch = _merge(self.launch, m.step[rb].astype(np.int64), m.time_us[rb], None)
         ops = w.ops
         fwd = w.code(self.w.forward)
         ids = np.arange(w.core_op, len(ops))
         kern = ids[(ops.kind[ids] == OpKind.KERNEL) & (ops.lane[ids] == fwd)
                    & (ops.phase[ids] != w.code(""))]
         if len(kern):
-            st = ops.step[kern]
-            if bool(np.all(st[1:] >= st[:-1])):  # in step order (the usual case): runs
-                cuts = np.r_[0, np.flatnonzero(st[1:] != st[:-1]) + 1]
-                steps, end = st[cuts], np.maximum.reduceat(ops.end_us[kern], cuts)
-            else:
-                steps, inv = np.unique(st, return_inverse=True)
-                end = np.full(len(steps), -np.inf)
-                np.maximum.at(end, inv.ravel(), ops.end_us[kern])
-            new = dict(zip(steps.tolist(), end.tolist()))
-            for k in new.keys() & self.end.keys():  # a step across two windows
-                new[k] = max(new[k], self.end[k])
-            self.end.update(new)
+            self.end = _merge(self.end, ops.step[kern].astype(np.int64), ops.end_us[kern],
+                              np.maximum)
         self._advance(w.complete_below, w.clock)
 
     def _advance(self, below: float, clock: float) -> None:
-        pop_l, pop_e = self.launch.pop, self.end.pop
-        final = sorted(k for k in self.launch.keys() | self.end.keys() if k < below)
-        launch = np.asarray([pop_l(k, np.nan) for k in final], dtype=np.float64)
-        end = np.asarray([pop_e(k, np.nan) for k in final], dtype=np.float64)
-        steps = np.asarray(final, dtype=np.int64)
+        (ls, lt), (es, et) = self.launch, self.end
+        nl, ne = int(np.searchsorted(ls, below)), int(np.searchsorted(es, below))  # < below
+        steps = np.union1d(ls[:nl], es[:ne])
+        launch = np.full(len(steps), np.nan)
+        launch[np.searchsorted(steps, ls[:nl])] = lt[:nl]
+        end = np.full(len(steps), np.nan)
+        end[np.searchsorted(steps, es[:ne])] = et[:ne]
+        self.launch, self.end = (ls[nl:], lt[nl:]), (es[ne:], et[ne:])
         both = ~np.isnan(launch) & ~np.isnan(end)
         shown = self.w.steps
         # launch_ahead at each launch: the forwards before it not yet finished (bisect over
@@ -527,10 +526,10 @@ class _Counters:
         before = len(self.ends) + self.dropped + np.cumsum(both) - both  # both-steps < k
         new_ends = end[both]
         if self.sorted and len(new_ends) and (
-                (self.ends and new_ends[0] < self.ends[-1])
+                (len(self.ends) and new_ends[0] < self.ends[-1])
                 or bool(np.any(new_ends[1:] < new_ends[:-1]))):
             self.sorted = False
-        ends = np.concatenate([np.asarray(self.ends, dtype=np.float64), new_ends])
+        ends = np.concatenate([self.ends, new_ends])
         t = launch[has]
         b = before[has]
         if self.sorted:
@@ -545,11 +544,11 @@ class _Counters:
         pick = np.ones(len(t), dtype=bool) if shown is None else \
             (steps[has] >= shown[0]) & (steps[has] <= shown[1])
         self._write("launch_ahead", "depth", t[pick], (b - found)[pick])
-        self.ends = ends.tolist()
+        self.ends = ends
         if self.sorted and len(self.ends) > 2 * _HISTORY:
             cut = len(self.ends) - _HISTORY
             self.dropped += cut
-            del self.ends[:cut]
+            self.ends = self.ends[cut:].copy()
         # forwards_in_flight: changes in time order (an end before a launch at one time);
         # those before every time still to come are final
         pt, pd, ps = self.pending
@@ -559,7 +558,8 @@ class _Counters:
         s = np.concatenate([ps, steps[both], steps[both]])
         order = np.lexsort((d, t))
         t, d, s = t[order], d[order], s[order]
-        horizon = min([clock, *self.launch.values(), *self.end.values()])
+        horizon = min(clock, float(self.launch[1].min(initial=_INF)),
+                      float(self.end[1].min(initial=_INF)))
         ready = t < horizon
         depth = self.depth + np.cumsum(d[ready])
         if ready.any():
@@ -578,6 +578,24 @@ class _Counters:
 
     def close(self) -> None:
         self._advance(_INF, _INF)
+
+
+def _merge(held: tuple, steps: np.ndarray, values: np.ndarray, combine) -> tuple:
+    """Per-step values ``held`` (steps ascending) and new ones, as arrays by step ascending:
+    a step given more than once keeps its last value (``combine`` None) or ``combine`` of
+    them all (``np.maximum``)."""
+    hs, hv = held
+    s = np.concatenate([hs, steps])
+    v = np.concatenate([hv, values.astype(np.float64)])
+    if not len(s) or bool(np.all(s[1:] > s[:-1])):  # ascending, each once: the usual case
+        return s, v
+    order = np.argsort(s, kind="stable")
+    s, v = s[order], v[order]
+    firsts = np.r_[True, s[1:] != s[:-1]]
+    if combine is None:  # the last of each run of equal steps
+        return s[np.r_[firsts[1:], True]], v[np.r_[firsts[1:], True]]
+    at = np.flatnonzero(firsts)
+    return s[at], combine.reduceat(v, at)
 
 
 # --------------------------------------------------------------------------- entry points
