@@ -1,7 +1,7 @@
 """JSON text made column by column: numbers as ``json.dumps`` writes them, escaped strings,
 the rows of alike events, and the groupings the Perfetto export needs, each a vectorized pass.
 
-- :func:`round_ns`, :func:`rounded`: ``round(x, 3)`` exactly as Python rounds (integer ns);
+- :func:`round_ns`: ``round(x, 3)`` exactly as Python rounds, as integer ns;
 - :func:`rows`: the JSON text of a group of alike events as one block of fixed-width rows
   (a ``uint8`` array, a row per event), from constant texts and columns: :class:`Int`
   (integers), :func:`number_text` (a rounded float as ``repr`` writes it), :class:`Text`
@@ -37,10 +37,6 @@ TS_DIGITS = 3  # ns resolution: Perfetto stores integer ns
 _FRACTIONS = [("." + f"{r:03d}".rstrip("0")) if r else ".0" for r in range(1000)]
 
 
-def round_us(x: float) -> float:
-    return float(round(x, TS_DIGITS))
-
-
 # --------------------------------------------------------------------------- numbers
 def round_ns(x: np.ndarray) -> np.ndarray:
     """``round(x, 3) * 1000`` as exact integers (Python's correctly rounded ``round``)."""
@@ -58,21 +54,6 @@ def round_ns(x: np.ndarray) -> np.ndarray:
     for i in np.flatnonzero(risky).tolist():
         out[i] = int(f"{round(float(x[i]), TS_DIGITS):.3f}".replace(".", ""))
     return out
-
-
-def ns_of_rounded(x: np.ndarray) -> np.ndarray:
-    """:func:`round_ns` of values rounded to the ns already (:func:`rounded`'s): ``x * 1000``
-    is then within a few ulps of an integer, far from a half, below 2**43."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.rint(x * 1000.0)
-    if len(y) and not (-2.0 ** 43 < y.min() and y.max() < 2.0 ** 43):  # NaN too
-        return round_ns(x)
-    return y.astype(np.int64)
-
-
-def rounded(x: np.ndarray) -> np.ndarray:
-    """``round(x, 3)`` element-wise, exactly as Python rounds (the value of :func:`round_ns`)."""
-    return round_ns(x) / 1000.0
 
 
 def _cells(texts: list, width: int, right: bool = False) -> np.ndarray:

@@ -75,12 +75,9 @@ from simwar.plots.jsoncols import (
     group_order,
     int_text,
     json_str,
-    ns_of_rounded,
     number_text,
     present,
     round_ns,
-    round_us,
-    rounded,
     rows,
 )
 
@@ -313,11 +310,13 @@ class ChromeTraceWriter:
         op_span[sp.op[dev][::-1]] = dev[::-1]  # the first span of an op wins
 
         def near(spans, at_end) -> np.ndarray:
+            """Where a flow binds to a span: just inside its end or start, in integer ns
+            (the rounded µs times 1000; the flows' times are carried so)."""
             a, b = start_r[spans], end_r[spans]
             inset = np.minimum(10 ** -TS_DIGITS, (b - a) / 2)
             if isinstance(at_end, bool):  # one end for all: the other is not computed
-                return rounded(b - inset) if at_end else rounded(a + inset)
-            return np.where(at_end, rounded(b - inset), rounded(a + inset))
+                return round_ns(b - inset) if at_end else round_ns(a + inset)
+            return np.where(at_end, round_ns(b - inset), round_ns(a + inset))
 
         def exported(spans) -> np.ndarray:
             if self.steps is None:
@@ -339,10 +338,11 @@ class ChromeTraceWriter:
                    near(dst, False), sp.step[dst], args)
 
         # the kernel each record captured: the last one issued on its lane before it
-        prev, nxt = _kernel_neighbours(ops, core)
+        neighbours = _KernelNeighbours(ops, core)
         recs = core[ops.kind[core] == OpKind.RECORD]
-        info = np.full((len(recs), 4), np.nan)  # pid, tid, ts, step of the captured kernel
-        local = prev[recs - w.core_op]
+        # pid, tid, ts (ns), step of the captured kernel
+        info = np.full((len(recs), 4), np.nan)
+        local = neighbours.before(recs)
         has = local >= 0
         ks = op_span[local[has]]
         info[has] = np.stack([pid[ks], tid[ks], near(ks, True), sp.step[ks]], axis=1)
@@ -387,7 +387,7 @@ class ChromeTraceWriter:
             dst = op_span[users]
             later = dst < 0  # a wait that never held its stream: its lane's next kernel
             if kind == OpKind.WAIT and later.any():
-                nk = nxt[users[later] - w.core_op]
+                nk = neighbours.after(users[later])
                 here = nk >= 0
                 idx = np.flatnonzero(later)
                 dst[idx[here]] = op_span[nk[here]]
@@ -414,7 +414,7 @@ class ChromeTraceWriter:
 
     def _emit(self, cat, name, sp, st, sts, dp, dt, dts, step, args) -> None:
         """Flow pairs: ``s`` at (sp, st, sts), ``f`` at (dp, dt, dts); args after the step.
-        The times are rounded to the ns already (``near``'s, in ``_flows``)."""
+        The times are integer ns (``near``'s, in ``_flows``)."""
         n = len(sp)
         if not n:
             return
@@ -423,11 +423,11 @@ class ChromeTraceWriter:
         steps = int_text(step)
         name = name.inside()  # its cells made once for both ends
         for ph, p, t, ts in (("s", sp, st, sts), ("f", dp, dt, dts)):
-            ts = np.asarray(ts, dtype=np.float64)
+            ts = np.asarray(ts).astype(np.int64)  # ns (exact integers when carried as floats)
             self._write(rows(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"',
                              name, '","pid":', int_text(p), ',"tid":',
                              int_text(t), ',"ts":',
-                             *number_text(ns_of_rounded(ts), ts, ',"bp":"e","args":{"step":'),
+                             *number_text(ts, ts, ',"bp":"e","args":{"step":'),
                              steps,
                              args))
 
@@ -438,7 +438,7 @@ class ChromeTraceWriter:
         for ph, p, t, ts in (("s", int(info[0]), int(info[1]), float(info[2])),
                              ("f", dp, dt, dts)):
             e = {"ph": ph, "id": self.flow_id, "cat": cat, "name": event, "pid": int(p),
-                 "tid": int(t), "ts": round_us(ts), "bp": "e", "args": args}
+                 "tid": int(t), "ts": ts / 1000.0, "bp": "e", "args": args}
             self._write_text("," + json.dumps(e, separators=(",", ":")))
 
     def close(self) -> None:
@@ -448,34 +448,37 @@ class ChromeTraceWriter:
             {"generator": "simwar", **self.meta}, separators=(",", ":")) + "}")
 
 
-def _kernel_neighbours(ops, core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per core op (by position): the last kernel op issued on its lane before it and the
-    first after it, among the core ops (-1: none)."""
-    n = len(core)
-    if not n:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    lane = ops.lane[core]
-    order = group_order(lane)
-    lanes_sorted = lane[order]
-    start = np.r_[0, np.flatnonzero(np.diff(lanes_sorted)) + 1]
-    group = np.zeros(n, dtype=np.int64)
-    group[start] = start
-    group = np.maximum.accumulate(group)
-    end = np.r_[start[1:], n]
-    group_end = np.repeat(end, np.diff(np.r_[start, n]))
-    pos = np.arange(n)
-    is_kernel = ops.kind[core[order]] == OpKind.KERNEL
-    at_or_before = np.maximum.accumulate(np.where(is_kernel, pos, -1))
-    before = np.r_[-1, at_or_before[:-1]]
-    before = np.where(before >= group, before, -1)
-    at_or_after = np.minimum.accumulate(np.where(is_kernel, pos, n)[::-1])[::-1]
-    after = np.r_[at_or_after[1:], n]
-    after = np.where(after < group_end, after, n)
-    prev = np.full(n, -1, dtype=np.int64)
-    nxt = np.full(n, -1, dtype=np.int64)
-    prev[order] = np.where(before >= 0, core[order][np.maximum(before, 0)], -1)
-    nxt[order] = np.where(after < n, core[order][np.minimum(after, n - 1)], -1)
-    return prev, nxt
+class _KernelNeighbours:
+    """The kernel ops of each lane among the core ops ``core`` (ascending op ids), to find
+    an op's neighbours on its lane: the last kernel issued before it and the first after it
+    (-1: none). Only the ops asked about are looked up (records, and waits that never held
+    their stream: a few per step)."""
+
+    def __init__(self, ops, core: np.ndarray):
+        self.lane = ops.lane
+        self.span = len(ops) + 1  # lane * span + op id: by lane, then by op id
+        kernels = core[ops.kind[core] == OpKind.KERNEL]
+        keys = self.lane[kernels].astype(np.int64) * self.span + kernels
+        self.keys = keys[group_order(self.lane[kernels])]  # ascending: ids ascend per lane
+        self.kernels = self.keys % self.span
+
+    def _at(self, ops: np.ndarray, shift: int) -> np.ndarray:
+        if not len(self.keys):
+            return np.full(len(ops), -1, dtype=np.int64)
+        key = self.lane[ops].astype(np.int64) * self.span + ops
+        i = np.searchsorted(self.keys, key) + shift  # the kernel just before or after it
+        ok = (i >= 0) & (i < len(self.keys))
+        i = np.where(ok, i, 0)
+        ok &= self.keys[i] // self.span == key // self.span  # ... on its own lane
+        return np.where(ok, self.kernels[i], -1)
+
+    def before(self, ops: np.ndarray) -> np.ndarray:
+        """Per op, the last kernel op issued on its lane before it."""
+        return self._at(np.asarray(ops, dtype=np.int64), -1)
+
+    def after(self, ops: np.ndarray) -> np.ndarray:
+        """Per op (none a kernel), the first kernel op issued on its lane after it."""
+        return self._at(np.asarray(ops, dtype=np.int64), 0)
 
 
 class _Counters:
