@@ -1,6 +1,6 @@
 """Memory of a full trace, the cost of a windowed timeline, and the streaming Perfetto export.
 
-    python benchmarks/bench_trace.py [memory|timeline|export|all]
+    python benchmarks/bench_trace.py [memory|timeline|export|breakdown|all]
                                      [--config configs/dspark_fine.yaml] [--small 2000]
                                      [--large 42000] [--timeline-config configs/dspark_coarse.yaml]
                                      [--window-steps 2000 20000]
@@ -22,6 +22,12 @@
   tree at ``--before-steps`` (a tree whose export holds the whole run in memory needs
   ~60 KiB per step), the two runs interleaved ``--repeat`` times, best of each, and the
   ratio of their CPU time per step; at equal steps, whether the two files are the same bytes.
+- **Breakdown** of the export at ``--export-steps`` (CPU time, best of ``--repeat``, fresh
+  processes): ``simwar run`` without ``--trace`` (the imports and the summary's run), the
+  trace mode's pass alone (its windows made and dropped), and the pass with the writer into
+  a sink that keeps nothing, the writer split into its text (the rows' bytes:
+  ``simwar.plots.jsoncols.rows``) and the rest (groups, names, tracks, flows' bindings,
+  counters). What the whole command costs beyond these is the file's writing.
 """
 
 from __future__ import annotations
@@ -66,6 +72,44 @@ if sys.argv[3] == "1":
     fig.savefig("/dev/null", format="png", dpi=110)
 t2 = time.process_time()
 print(json.dumps({"run_s": t1 - t0, "timeline_s": t2 - t1}))
+"""
+
+
+BREAKDOWN = """
+import json, sys, time
+from simwar.api import trace_windows
+from simwar.config import load_config
+from simwar.plots import perfetto
+cfg = load_config(sys.argv[1], {"steps": int(sys.argv[2])})
+windows, lanes, meta = trace_windows(cfg)
+cpu = time.process_time
+out = {"pass_s": 0.0, "writer_s": 0.0, "text_s": 0.0}
+if sys.argv[3] == "pass":
+    t = cpu()
+    for w in windows:
+        pass
+    out["pass_s"] = cpu() - t
+else:
+    rows = perfetto.rows
+    def timed(*parts):
+        t = cpu()
+        block = rows(*parts)
+        out["text_s"] += cpu() - t
+        return block
+    perfetto.rows = timed
+    class Sink:
+        def write(self, data):
+            pass
+    writer = perfetto.ChromeTraceWriter(Sink(), lanes, meta)
+    it = iter(windows)
+    t = cpu()
+    for w in it:
+        a = cpu()
+        writer.add(w)
+        out["writer_s"] += cpu() - a
+    writer.close()
+    out["pass_s"] = cpu() - t - out["writer_s"]
+print(json.dumps(out))
 """
 
 
@@ -127,10 +171,40 @@ def bench_export(args) -> None:
               f"before, an export held the whole run)")
 
 
+def plain_run(config: str, steps: int) -> float:
+    """CPU time of ``simwar run CONFIG --set steps=N --quiet`` (no trace) in a fresh process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", "import sys\nfrom simwar.cli import main\n"
+                    "sys.exit(main(sys.argv[1:]))", "run", str(ROOT / config), "--set",
+                    f"steps={steps}", "--quiet"], cwd=ROOT, check=True, capture_output=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def breakdown(args) -> None:
+    steps = args.export_steps
+    best: dict[str, float] = {}
+    for _ in range(args.repeat):
+        parts = {"run": plain_run(args.config, steps),
+                 **{f"alone_{k}": v for k, v in child(BREAKDOWN, ROOT / args.config, steps,
+                                                       "pass").items()},
+                 **child(BREAKDOWN, ROOT / args.config, steps, "writer")}
+        for k, v in parts.items():
+            best[k] = min(best.get(k, v), v)
+    text = best["text_s"]
+    print(f"simwar run {args.config} --trace at {steps} steps, CPU s (best of {args.repeat}):")
+    print(f"  simwar run without --trace (imports, the summary's run) {best['run']:.2f}")
+    print(f"  the trace mode's pass alone {best['alone_pass_s']:.2f} "
+          f"(beside the writer: {best['pass_s']:.2f})")
+    print(f"  the writer {best['writer_s']:.2f}: the text (rows' bytes) {text:.2f}, the rest "
+          f"(groups, names, tracks, flows, counters) {best['writer_s'] - text:.2f}")
+    print("  (the whole command, `export`, adds the file's writing to these)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", nargs="?", default="all", choices=("memory", "timeline", "export",
-                                                               "all"))
+    ap.add_argument("what", nargs="?", default="all",
+                    choices=("memory", "timeline", "export", "breakdown", "all"))
     ap.add_argument("--config", default="configs/dspark_fine.yaml")
     ap.add_argument("--small", type=int, default=2000)
     ap.add_argument("--large", type=int, default=42000)
@@ -143,6 +217,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.what in ("export", "all"):
         bench_export(args)
+    if args.what == "breakdown":
+        breakdown(args)
     if args.what in ("memory", "all"):
         memory(args)
     if args.what in ("timeline", "all"):

@@ -1,7 +1,7 @@
 """JSON text made column by column: numbers as ``json.dumps`` writes them, escaped strings,
 the rows of alike events, and the groupings the Perfetto export needs, each a vectorized pass.
 
-- :func:`round_ns`, :func:`rounded`: ``round(x, 3)`` exactly as Python rounds (integer ns);
+- :func:`round_ns`: ``round(x, 3)`` exactly as Python rounds, as integer ns;
 - :func:`rows`: the JSON text of a group of alike events as one block of fixed-width rows
   (a ``uint8`` array, a row per event), from constant texts and columns: :class:`Int`
   (integers), :func:`number_text` (a rounded float as ``repr`` writes it), :class:`Text`
@@ -37,10 +37,6 @@ TS_DIGITS = 3  # ns resolution: Perfetto stores integer ns
 _FRACTIONS = [("." + f"{r:03d}".rstrip("0")) if r else ".0" for r in range(1000)]
 
 
-def round_us(x: float) -> float:
-    return float(round(x, TS_DIGITS))
-
-
 # --------------------------------------------------------------------------- numbers
 def round_ns(x: np.ndarray) -> np.ndarray:
     """``round(x, 3) * 1000`` as exact integers (Python's correctly rounded ``round``)."""
@@ -58,21 +54,6 @@ def round_ns(x: np.ndarray) -> np.ndarray:
     for i in np.flatnonzero(risky).tolist():
         out[i] = int(f"{round(float(x[i]), TS_DIGITS):.3f}".replace(".", ""))
     return out
-
-
-def ns_of_rounded(x: np.ndarray) -> np.ndarray:
-    """:func:`round_ns` of values rounded to the ns already (:func:`rounded`'s): ``x * 1000``
-    is then within a few ulps of an integer, far from a half, below 2**43."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.rint(x * 1000.0)
-    if len(y) and not (-2.0 ** 43 < y.min() and y.max() < 2.0 ** 43):  # NaN too
-        return round_ns(x)
-    return y.astype(np.int64)
-
-
-def rounded(x: np.ndarray) -> np.ndarray:
-    """``round(x, 3)`` element-wise, exactly as Python rounds (the value of :func:`round_ns`)."""
-    return round_ns(x) / 1000.0
 
 
 def _cells(texts: list, width: int, right: bool = False) -> np.ndarray:
@@ -106,14 +87,28 @@ class Int:
     """Integers as ``json.dumps`` writes them (a column of :func:`rows`; right-aligned, the
     spaces before the digits: whitespace after the key's colon)."""
 
-    __slots__ = ("v", "_cells")
+    __slots__ = ("v", "_cells", "_range")
 
     def __init__(self, values):
         self.v = np.asarray(values, dtype=np.int64)
         self._cells = None
+        self._range = None
 
     def __len__(self) -> int:
         return len(self.v)
+
+    def range(self) -> tuple[int, int]:
+        """The least and the greatest value (0, 0 for none), found once."""
+        if self._range is None:
+            v = self.v
+            self._range = (int(v.min()), int(v.max())) if len(v) else (0, 0)
+        return self._range
+
+    def single(self) -> str | None:
+        """The text of every row, where all rows hold one value (a pid, a tid): :func:`rows`
+        writes it into the rows' constant text, no column copied."""
+        lo, hi = self.range()
+        return str(hi) if len(self.v) and lo == hi else None
 
     def cells(self) -> np.ndarray:
         """The texts as fixed-width cells (a ``V`` column, maybe a strided view)."""
@@ -121,22 +116,23 @@ class Int:
             return self._cells
         v = self.v
         m = len(v)
-        lo, hi = (int(v.min()), int(v.max())) if m else (0, 0)
+        lo, hi = self.range()
         if lo < 0:  # never in a simulated run: written one by one
             texts = [str(x).encode() for x in v.tolist()]
             self._cells = _cells(texts, max(map(len, texts)), right=True)
             return self._cells
         width = len(str(hi))
-        if lo == hi:  # one value (a pid, a tid): one cell, repeated without a copy
-            cell = np.frombuffer(str(hi).encode(), dtype=f"V{width}")
-            self._cells = np.broadcast_to(cell, (m,))
+        if lo == hi:  # one value: one cell, repeated without a copy (a stride of 0)
+            self._cells = np.ndarray((m,), dtype=f"V{width}", buffer=str(hi).encode(),
+                                     strides=(0,))
             return self._cells
         nq = (width + 3) // 4
         quads = np.empty((m, nq), dtype=np.uint32)
         # every value as wide as the widest: each quad below the first is all digits (its
         # zeros too), so no quad needs to know whether digits come before it
         full = lo >= 10 ** (width - 1)
-        x = v
+        # 32-bit arithmetic where the values fit (a division by 10000 twice as fast)
+        x = v.astype(np.int32) if hi < 2 ** 31 else v
         for c in range(nq - 1, 0, -1):  # the lowest four digits first
             rest = x // 10000
             idx = x - rest * 10000
@@ -175,21 +171,23 @@ class Strings:
         key = (quoted, pre, post)
         full = self._full.get(key)
         if full is None:
-            head, tail = pre.encode(), (post + '"' * quoted).encode()
-            m = len(self.texts)
-            longest = len(head) + int(self.lens.max(initial=0)) + len(tail)
-            size = (longest + 8) // 8 * 8
-            rows = np.full((m, size), 32, dtype=np.uint8)
-            rows[:, :len(head)] = np.frombuffer(head, dtype=np.uint8)
-            plain = _cells(self.texts, int(self.lens.max(initial=0)) + 1)
-            rows[:, len(head):len(head) + plain.dtype.itemsize] = \
-                plain.view(np.uint8).reshape(m, plain.dtype.itemsize)
-            if tail:  # right after each text
-                at = len(head) + self.lens[:, None] + np.arange(len(tail))
-                rows[np.arange(m)[:, None], at] = np.frombuffer(tail, dtype=np.uint8)
-            full = rows.view(np.uint64)
-            self._full[key] = full
+            full = self._full[key] = self._make(quoted, pre, post)
         return full
+
+    def _make(self, quoted: bool, pre: str, post: str) -> np.ndarray:
+        head, tail = pre.encode(), (post + '"' * quoted).encode()
+        m = len(self.texts)
+        longest = len(head) + int(self.lens.max(initial=0)) + len(tail)
+        size = (longest + 8) // 8 * 8
+        rows = np.full((m, size), 32, dtype=np.uint8)
+        rows[:, :len(head)] = np.frombuffer(head, dtype=np.uint8)
+        plain = _cells(self.texts, int(self.lens.max(initial=0)) + 1)
+        rows[:, len(head):len(head) + plain.dtype.itemsize] = \
+            plain.view(np.uint8).reshape(m, plain.dtype.itemsize)
+        if tail:  # right after each text
+            at = len(head) + self.lens[:, None] + np.arange(len(tail))
+            rows[np.arange(m)[:, None], at] = np.frombuffer(tail, dtype=np.uint8)
+        return rows.view(np.uint64)
 
     def cells(self, codes: np.ndarray, quoted: bool, pre: str = "",
               post: str = "") -> np.ndarray:
@@ -198,10 +196,19 @@ class Strings:
         width = int(self.lens[codes].max()) + quoted + len(pre) + len(post)
         if not width:
             return np.zeros(len(codes), dtype="V0")
-        # whole rows of words gathered (numpy's take of numbers: a fancy index of ``V``
-        # cells copies byte strings one by one, ten times slower), then the first
+        # rows of words gathered (numpy's take of numbers: a fancy index of ``V`` cells
+        # copies byte strings one by one, ten times slower), only the words that hold
+        # ``width`` bytes (the table is as wide as its longest entry), then the first
         # ``width`` bytes of each (no entry picked is longer)
-        return _first_bytes(self._table(quoted, pre, post).take(codes, axis=0), width)
+        table = self._table(quoted, pre, post)
+        words = (width + 7) // 8
+        if words < table.shape[1]:
+            key = (quoted, pre, post, words)
+            narrow = self._full.get(key)
+            if narrow is None:
+                narrow = self._full[key] = np.ascontiguousarray(table[:, :words])
+            table = narrow
+        return _first_bytes(table.take(codes, axis=0), width)
 
 
 def _first_bytes(words: np.ndarray, width: int) -> np.ndarray:
@@ -353,12 +360,21 @@ def int_text(a) -> Int:
     return Int(a)
 
 
+def _constant(part):
+    """A column of one text (a pid, a tid, a name) as that text: part of the rows' constant
+    text, no column copied (the same bytes: its cells would be as wide as the text)."""
+    if isinstance(part, (str, _Fraction)):
+        return part
+    one = part.single()
+    return part if one is None else one
+
+
 def rows(*parts) -> np.ndarray:
     """The rows of alike events: ``parts`` are constant texts and columns (:class:`Int`,
     :class:`Text`, :func:`number_text`'s), a value per event; one ``uint8`` row per event,
     all of one width (see the module docstring)."""
     n = next((len(p) for p in parts if not isinstance(p, str)), 0)
-    parts = list(parts)
+    parts = [_constant(p) for p in parts]
     template = bytearray()
     fills: list = []  # (offset, cells)
     for i, p in enumerate(parts):

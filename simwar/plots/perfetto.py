@@ -75,12 +75,9 @@ from simwar.plots.jsoncols import (
     group_order,
     int_text,
     json_str,
-    ns_of_rounded,
     number_text,
     present,
     round_ns,
-    round_us,
-    rounded,
     rows,
 )
 
@@ -158,7 +155,7 @@ class ChromeTraceWriter:
         self._tracks(w, core, start_r, end_r, tid, texts)
         keep = core if self.steps is None else core[(sp.step[core] >= self.steps[0])
                                                    & (sp.step[core] <= self.steps[1])]
-        self._slices(w, keep, esc, pid, tid, start_ns, start_r, end_r)
+        self._slices(w, keep, esc, pid, tid, start_ns, end_ns, start_r, end_r)
         self._records(w, esc, lane_pid)
         self.counters.add(w)
         self._flows(w, esc, pid, tid, start_r, end_r, texts)
@@ -168,18 +165,14 @@ class ChromeTraceWriter:
         the lane's spans by start, end and id), carried from window to window."""
         sp = w.spans
         lanes = sp.lane[core]
-        order = group_order(lanes)
-        ids = core[order]
-        bounds = np.flatnonzero(np.diff(lanes[order])) + 1
-        for group in np.split(ids, bounds):
-            if not len(group):
-                continue
+        for code in present(lanes).tolist():  # a few lanes: a pass each, no sort
+            group = core[lanes == code]
             s, e = start_r[group], end_r[group]
             if not bool(np.all((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] >= e[:-1])))):
                 group = group[np.lexsort((group, e, s))]  # by start, end and id
-            lane = texts[int(sp.lane[group[0]])]
+                s, e = start_r[group], end_r[group]
+            lane = texts[code]
             ends = self.tracks.setdefault(lane, [])
-            s, e = start_r[group], end_r[group]
             if len(ends) <= 1:  # the usual case: each span after the one before it
                 before = np.r_[ends[0] if ends else -_INF, e[:-1]]
                 if bool(np.all(s >= before)):
@@ -203,7 +196,7 @@ class ChromeTraceWriter:
                      "args": {"name": f"{lane} (overlapping {j - 1})"}},
                     separators=(",", ":")))
 
-    def _slices(self, w, ids, esc, pid, tid, start_ns, start_r, end_r) -> None:
+    def _slices(self, w, ids, esc, pid, tid, start_ns, end_ns, start_r, end_r) -> None:
         """The ``X`` events of spans ``ids``, a group of alike spans at a time."""
         if not len(ids):
             return
@@ -222,7 +215,15 @@ class ChromeTraceWriter:
         first = order[np.r_[0, cuts]]
         groups = np.stack([pid[ids][first], tid[ids][first], kind[first], call[first],
                            phase[first], site[first]], axis=1)
-        dur_ns_all = round_ns(end_r[ids] - start_r[ids])
+        end_ns, begin_ns = end_ns[ids], start_ns[ids]
+        if max(int(end_ns.max()), -int(end_ns.min()), int(begin_ns.max()),
+               -int(begin_ns.min())) < 2 ** 43:
+            # (end - start) of the rounded times, rounded to the ns, is the difference of
+            # their ns (the float's error far below half a ns; never -0.0, both times being
+            # made from integer ns)
+            dur_ns_all = end_ns - begin_ns
+        else:
+            dur_ns_all = round_ns(end_r[ids] - start_r[ids])
         texts = w.strings + [""]
         for g, part in zip(groups.tolist(), np.split(order, cuts)):
             p, t, k, c, ph, si = g
@@ -239,7 +240,7 @@ class ChromeTraceWriter:
             mid = f'","cat":"{SPAN_KINDS[k]}","pid":{p},"tid":{t},"ts":'
             self._write(rows(head, name.inside(), mid,
                              *number_text(start_ns[sel], sp.start_us[sel], ',"dur":'),
-                             *number_text(dur_ns_all[part], end_r[sel] - start_r[sel],
+                             *number_text(dur_ns_all[part], dur_ns_all[part],
                                           ',"args":{"step":'),
                              int_text(sp.step[sel]), args + "}}"))
 
@@ -309,11 +310,13 @@ class ChromeTraceWriter:
         op_span[sp.op[dev][::-1]] = dev[::-1]  # the first span of an op wins
 
         def near(spans, at_end) -> np.ndarray:
+            """Where a flow binds to a span: just inside its end or start, in integer ns
+            (the rounded µs times 1000; the flows' times are carried so)."""
             a, b = start_r[spans], end_r[spans]
             inset = np.minimum(10 ** -TS_DIGITS, (b - a) / 2)
             if isinstance(at_end, bool):  # one end for all: the other is not computed
-                return rounded(b - inset) if at_end else rounded(a + inset)
-            return np.where(at_end, rounded(b - inset), rounded(a + inset))
+                return round_ns(b - inset) if at_end else round_ns(a + inset)
+            return np.where(at_end, round_ns(b - inset), round_ns(a + inset))
 
         def exported(spans) -> np.ndarray:
             if self.steps is None:
@@ -335,10 +338,11 @@ class ChromeTraceWriter:
                    near(dst, False), sp.step[dst], args)
 
         # the kernel each record captured: the last one issued on its lane before it
-        prev, nxt = _kernel_neighbours(ops, core)
+        neighbours = _KernelNeighbours(ops, core)
         recs = core[ops.kind[core] == OpKind.RECORD]
-        info = np.full((len(recs), 4), np.nan)  # pid, tid, ts, step of the captured kernel
-        local = prev[recs - w.core_op]
+        # pid, tid, ts (ns), step of the captured kernel
+        info = np.full((len(recs), 4), np.nan)
+        local = neighbours.before(recs)
         has = local >= 0
         ks = op_span[local[has]]
         info[has] = np.stack([pid[ks], tid[ks], near(ks, True), sp.step[ks]], axis=1)
@@ -383,7 +387,7 @@ class ChromeTraceWriter:
             dst = op_span[users]
             later = dst < 0  # a wait that never held its stream: its lane's next kernel
             if kind == OpKind.WAIT and later.any():
-                nk = nxt[users[later] - w.core_op]
+                nk = neighbours.after(users[later])
                 here = nk >= 0
                 idx = np.flatnonzero(later)
                 dst[idx[here]] = op_span[nk[here]]
@@ -410,7 +414,7 @@ class ChromeTraceWriter:
 
     def _emit(self, cat, name, sp, st, sts, dp, dt, dts, step, args) -> None:
         """Flow pairs: ``s`` at (sp, st, sts), ``f`` at (dp, dt, dts); args after the step.
-        The times are rounded to the ns already (``near``'s, in ``_flows``)."""
+        The times are integer ns (``near``'s, in ``_flows``)."""
         n = len(sp)
         if not n:
             return
@@ -419,11 +423,11 @@ class ChromeTraceWriter:
         steps = int_text(step)
         name = name.inside()  # its cells made once for both ends
         for ph, p, t, ts in (("s", sp, st, sts), ("f", dp, dt, dts)):
-            ts = np.asarray(ts, dtype=np.float64)
+            ts = np.asarray(ts).astype(np.int64)  # ns (exact integers when carried as floats)
             self._write(rows(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"',
                              name, '","pid":', int_text(p), ',"tid":',
                              int_text(t), ',"ts":',
-                             *number_text(ns_of_rounded(ts), ts, ',"bp":"e","args":{"step":'),
+                             *number_text(ts, ts, ',"bp":"e","args":{"step":'),
                              steps,
                              args))
 
@@ -434,7 +438,7 @@ class ChromeTraceWriter:
         for ph, p, t, ts in (("s", int(info[0]), int(info[1]), float(info[2])),
                              ("f", dp, dt, dts)):
             e = {"ph": ph, "id": self.flow_id, "cat": cat, "name": event, "pid": int(p),
-                 "tid": int(t), "ts": round_us(ts), "bp": "e", "args": args}
+                 "tid": int(t), "ts": ts / 1000.0, "bp": "e", "args": args}
             self._write_text("," + json.dumps(e, separators=(",", ":")))
 
     def close(self) -> None:
@@ -444,46 +448,51 @@ class ChromeTraceWriter:
             {"generator": "simwar", **self.meta}, separators=(",", ":")) + "}")
 
 
-def _kernel_neighbours(ops, core: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per core op (by position): the last kernel op issued on its lane before it and the
-    first after it, among the core ops (-1: none)."""
-    n = len(core)
-    if not n:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    lane = ops.lane[core]
-    order = group_order(lane)
-    lanes_sorted = lane[order]
-    start = np.r_[0, np.flatnonzero(np.diff(lanes_sorted)) + 1]
-    group = np.zeros(n, dtype=np.int64)
-    group[start] = start
-    group = np.maximum.accumulate(group)
-    end = np.r_[start[1:], n]
-    group_end = np.repeat(end, np.diff(np.r_[start, n]))
-    pos = np.arange(n)
-    is_kernel = ops.kind[core[order]] == OpKind.KERNEL
-    at_or_before = np.maximum.accumulate(np.where(is_kernel, pos, -1))
-    before = np.r_[-1, at_or_before[:-1]]
-    before = np.where(before >= group, before, -1)
-    at_or_after = np.minimum.accumulate(np.where(is_kernel, pos, n)[::-1])[::-1]
-    after = np.r_[at_or_after[1:], n]
-    after = np.where(after < group_end, after, n)
-    prev = np.full(n, -1, dtype=np.int64)
-    nxt = np.full(n, -1, dtype=np.int64)
-    prev[order] = np.where(before >= 0, core[order][np.maximum(before, 0)], -1)
-    nxt[order] = np.where(after < n, core[order][np.minimum(after, n - 1)], -1)
-    return prev, nxt
+class _KernelNeighbours:
+    """The kernel ops of each lane among the core ops ``core`` (ascending op ids), to find
+    an op's neighbours on its lane: the last kernel issued before it and the first after it
+    (-1: none). Only the ops asked about are looked up (records, and waits that never held
+    their stream: a few per step)."""
+
+    def __init__(self, ops, core: np.ndarray):
+        self.lane = ops.lane
+        self.span = len(ops) + 1  # lane * span + op id: by lane, then by op id
+        kernels = core[ops.kind[core] == OpKind.KERNEL]
+        keys = self.lane[kernels].astype(np.int64) * self.span + kernels
+        self.keys = keys[group_order(self.lane[kernels])]  # ascending: ids ascend per lane
+        self.kernels = self.keys % self.span
+
+    def _at(self, ops: np.ndarray, shift: int) -> np.ndarray:
+        if not len(self.keys):
+            return np.full(len(ops), -1, dtype=np.int64)
+        key = self.lane[ops].astype(np.int64) * self.span + ops
+        i = np.searchsorted(self.keys, key) + shift  # the kernel just before or after it
+        ok = (i >= 0) & (i < len(self.keys))
+        i = np.where(ok, i, 0)
+        ok &= self.keys[i] // self.span == key // self.span  # ... on its own lane
+        return np.where(ok, self.kernels[i], -1)
+
+    def before(self, ops: np.ndarray) -> np.ndarray:
+        """Per op, the last kernel op issued on its lane before it."""
+        return self._at(np.asarray(ops, dtype=np.int64), -1)
+
+    def after(self, ops: np.ndarray) -> np.ndarray:
+        """Per op (none a kernel), the first kernel op issued on its lane after it."""
+        return self._at(np.asarray(ops, dtype=np.int64), 0)
 
 
 class _Counters:
-    """``forwards_in_flight`` and ``launch_ahead``, as steps become complete."""
+    """``forwards_in_flight`` and ``launch_ahead``, as steps become complete. The steps not
+    yet complete are held as arrays (steps ascending), a window's at a time."""
 
     def __init__(self, writer: ChromeTraceWriter):
         self.w = writer
-        self.launch: dict[int, float] = {}  # step -> its run_batch time (the last one wins)
-        self.end: dict[int, float] = {}  # step -> its forward's end (so far)
+        # step -> its run_batch time (the last one wins), and its forward's end (so far)
+        self.launch = (np.zeros(0, dtype=np.int64), np.zeros(0))
+        self.end = (np.zeros(0, dtype=np.int64), np.zeros(0))
         self.pending = (np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
         self.depth = 0
-        self.ends: list[float] = []  # forward ends of the final steps with both (the last)
+        self.ends = np.zeros(0)  # forward ends of the final steps with both (the last)
         self.dropped = 0  # ... and how many came before them
         self.sorted = True  # the forward ends come in order (kept whole otherwise)
 
@@ -492,33 +501,26 @@ class _Counters:
         core = np.flatnonzero(w.marker_core) if w.marker_core is not None else \
             np.arange(len(m))
         rb = core[m.name[core] == w.code("run_batch")]
-        self.launch.update(zip(m.step[rb].tolist(), m.time_us[rb].tolist()))
+        self.launch = _merge(self.launch, m.step[rb].astype(np.int64), m.time_us[rb], None)
         ops = w.ops
         fwd = w.code(self.w.forward)
         ids = np.arange(w.core_op, len(ops))
         kern = ids[(ops.kind[ids] == OpKind.KERNEL) & (ops.lane[ids] == fwd)
                    & (ops.phase[ids] != w.code(""))]
         if len(kern):
-            st = ops.step[kern]
-            if bool(np.all(st[1:] >= st[:-1])):  # in step order (the usual case): runs
-                cuts = np.r_[0, np.flatnonzero(st[1:] != st[:-1]) + 1]
-                steps, end = st[cuts], np.maximum.reduceat(ops.end_us[kern], cuts)
-            else:
-                steps, inv = np.unique(st, return_inverse=True)
-                end = np.full(len(steps), -np.inf)
-                np.maximum.at(end, inv.ravel(), ops.end_us[kern])
-            new = dict(zip(steps.tolist(), end.tolist()))
-            for k in new.keys() & self.end.keys():  # a step across two windows
-                new[k] = max(new[k], self.end[k])
-            self.end.update(new)
+            self.end = _merge(self.end, ops.step[kern].astype(np.int64), ops.end_us[kern],
+                              np.maximum)
         self._advance(w.complete_below, w.clock)
 
     def _advance(self, below: float, clock: float) -> None:
-        pop_l, pop_e = self.launch.pop, self.end.pop
-        final = sorted(k for k in self.launch.keys() | self.end.keys() if k < below)
-        launch = np.asarray([pop_l(k, np.nan) for k in final], dtype=np.float64)
-        end = np.asarray([pop_e(k, np.nan) for k in final], dtype=np.float64)
-        steps = np.asarray(final, dtype=np.int64)
+        (ls, lt), (es, et) = self.launch, self.end
+        nl, ne = int(np.searchsorted(ls, below)), int(np.searchsorted(es, below))  # < below
+        steps = np.union1d(ls[:nl], es[:ne])
+        launch = np.full(len(steps), np.nan)
+        launch[np.searchsorted(steps, ls[:nl])] = lt[:nl]
+        end = np.full(len(steps), np.nan)
+        end[np.searchsorted(steps, es[:ne])] = et[:ne]
+        self.launch, self.end = (ls[nl:], lt[nl:]), (es[ne:], et[ne:])
         both = ~np.isnan(launch) & ~np.isnan(end)
         shown = self.w.steps
         # launch_ahead at each launch: the forwards before it not yet finished (bisect over
@@ -527,10 +529,10 @@ class _Counters:
         before = len(self.ends) + self.dropped + np.cumsum(both) - both  # both-steps < k
         new_ends = end[both]
         if self.sorted and len(new_ends) and (
-                (self.ends and new_ends[0] < self.ends[-1])
+                (len(self.ends) and new_ends[0] < self.ends[-1])
                 or bool(np.any(new_ends[1:] < new_ends[:-1]))):
             self.sorted = False
-        ends = np.concatenate([np.asarray(self.ends, dtype=np.float64), new_ends])
+        ends = np.concatenate([self.ends, new_ends])
         t = launch[has]
         b = before[has]
         if self.sorted:
@@ -545,11 +547,11 @@ class _Counters:
         pick = np.ones(len(t), dtype=bool) if shown is None else \
             (steps[has] >= shown[0]) & (steps[has] <= shown[1])
         self._write("launch_ahead", "depth", t[pick], (b - found)[pick])
-        self.ends = ends.tolist()
+        self.ends = ends
         if self.sorted and len(self.ends) > 2 * _HISTORY:
             cut = len(self.ends) - _HISTORY
             self.dropped += cut
-            del self.ends[:cut]
+            self.ends = self.ends[cut:].copy()
         # forwards_in_flight: changes in time order (an end before a launch at one time);
         # those before every time still to come are final
         pt, pd, ps = self.pending
@@ -559,7 +561,8 @@ class _Counters:
         s = np.concatenate([ps, steps[both], steps[both]])
         order = np.lexsort((d, t))
         t, d, s = t[order], d[order], s[order]
-        horizon = min([clock, *self.launch.values(), *self.end.values()])
+        horizon = min(clock, float(self.launch[1].min(initial=_INF)),
+                      float(self.end[1].min(initial=_INF)))
         ready = t < horizon
         depth = self.depth + np.cumsum(d[ready])
         if ready.any():
@@ -578,6 +581,24 @@ class _Counters:
 
     def close(self) -> None:
         self._advance(_INF, _INF)
+
+
+def _merge(held: tuple, steps: np.ndarray, values: np.ndarray, combine) -> tuple:
+    """Per-step values ``held`` (steps ascending) and new ones, as arrays by step ascending:
+    a step given more than once keeps its last value (``combine`` None) or ``combine`` of
+    them all (``np.maximum``)."""
+    hs, hv = held
+    s = np.concatenate([hs, steps])
+    v = np.concatenate([hv, values.astype(np.float64)])
+    if not len(s) or bool(np.all(s[1:] > s[:-1])):  # ascending, each once: the usual case
+        return s, v
+    order = np.argsort(s, kind="stable")
+    s, v = s[order], v[order]
+    firsts = np.r_[True, s[1:] != s[:-1]]
+    if combine is None:  # the last of each run of equal steps
+        return s[np.r_[firsts[1:], True]], v[np.r_[firsts[1:], True]]
+    at = np.flatnonzero(firsts)
+    return s[at], combine.reduceat(v, at)
 
 
 # --------------------------------------------------------------------------- entry points
