@@ -215,11 +215,13 @@ def test_main_leaves_the_garbage_collector_as_it_found_it(capsys):
     capsys.readouterr()
 
 
-def test_a_hit_reads_no_yaml(cache):
+def test_a_hit_reads_no_yaml_and_builds_no_validator(cache):
     code = ("import sys; from simwar.cli import main; main(); "
-            "print('yaml' in sys.modules, file=sys.stderr)")
+            "from simwar.config import Config, Phase; "
+            "print(('yaml' in sys.modules, Config.__pydantic_complete__, "
+            "Phase.__pydantic_complete__), file=sys.stderr)")
     env = {**os.environ, "SIMWAR_CACHE_DIR": str(cache.parent), "PYTHONPATH": str(REPO)}
     found = [subprocess.run([sys.executable, "-c", code, "run", "--set", "steps=50", "--quiet"],
                             env=env, capture_output=True, text=True, check=True).stderr.strip()
              for _ in range(2)]
-    assert found == ["True", "False"]
+    assert found == ["(True, True, True)", "(False, False, False)"]
