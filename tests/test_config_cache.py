@@ -159,6 +159,20 @@ def test_another_environment_or_a_broken_entry_is_a_miss(tmp_path, cache, monkey
     assert load_cached(path, [], _never)[0].steps == 300
 
 
+def test_a_changed_source_changes_the_environment(tmp_path, monkeypatch):
+    package = tmp_path / "config"
+    package.mkdir()
+    source = package / "schema.py"
+    source.write_text("A = 1\n")
+    monkeypatch.setattr(config_cache, "SOURCES", (package,))
+    before = config_cache._environment()
+    source.write_text("A = 22\n")
+    assert config_cache._environment() != before
+    assert set(config_cache.SOURCES) == {package}
+    monkeypatch.undo()
+    assert {p.name for p in config_cache.SOURCES} == {"config", "core"}
+
+
 def test_what_is_never_cached(tmp_path, cache, monkeypatch):
     (tmp_path / "sizes.csv").write_text("batch_size\n4\n8\n")
     path = tmp_path / "cfg.yaml"

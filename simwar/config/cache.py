@@ -9,7 +9,8 @@ values, its phase models and the overrides as parsed), pickled.
 An entry is used only when everything its validation read is the same, compared in full, not
 by a hash: the config file's bytes, its path and the options' text (``--set``, ``--slo``),
 simwar's version and the size and modification time of each source file of
-:mod:`simwar.config` (as Python's own bytecode cache checks its sources), the versions of
+:mod:`simwar.config` and of :mod:`simwar.core`, the one package of simwar it imports (as
+Python's own bytecode cache checks its sources), the versions of
 Python, pydantic, pydantic-core and PyYAML, and the registered barrier policies. Otherwise
 the config is validated afresh and the entry rewritten. Never cached: an invalid config (its
 error line comes from the validation, every time), a config that names another file (a
@@ -55,6 +56,9 @@ CACHE_DIR_ENV = "SIMWAR_CACHE_DIR"
 NO_CACHE_ENV = "SIMWAR_NO_CACHE"
 #: entries kept; writing one more removes the oldest
 MAX_ENTRIES = 256
+#: the packages whose sources a validation runs: the config's and the one below it (layers:
+#: simwar.config imports only simwar.core of simwar's own modules, tests/test_layers.py)
+SOURCES = (Path(__file__).parent, Path(__file__).parents[1] / "core")
 #: the layout of an entry (bumped when it changes: an entry of another layout is a miss)
 FORMAT = 1
 
@@ -116,10 +120,11 @@ def _bytes_of(path: Path) -> bytes | None:
 
 def _environment() -> tuple:
     """What a validation depends on besides its inputs (see the module docstring)."""
-    here = Path(__file__).parent
-    with os.scandir(here) as entries:
-        sources = sorted((e.name, e.stat().st_size, e.stat().st_mtime_ns) for e in entries
-                         if e.name.endswith(".py"))
+    sources = []
+    for package in SOURCES:
+        with os.scandir(package) as entries:
+            sources += sorted((f"{package.name}/{e.name}", e.stat().st_size, e.stat().st_mtime_ns)
+                              for e in entries if e.name.endswith(".py"))
     barriers = tuple((name, type(b).__module__, type(b).__qualname__)
                      for name, b in BARRIERS.items())
     return (simwar.__version__, sys.version, pydantic.VERSION, pydantic_core.__version__,
