@@ -5,14 +5,19 @@
 - **run 500**: ``simwar run --set steps=500 --quiet`` in a fresh process, CPU time (user +
   system, children's rusage), best of ``--repeat``; with ``--before`` the other tree's runs
   are interleaved with this one's (drifts of a shared machine hit both alike) and their
-  ratio printed. Measured twice: as this environment runs Python (it sets
-  ``PYTHONDONTWRITEBYTECODE``, so simwar's modules are compiled at every start) and with a
-  bytecode cache (``PYTHONPYCACHEPREFIX`` in a temporary directory, warmed first).
+  ratio printed. Measured in three modes: as this environment runs Python (it sets
+  ``PYTHONDONTWRITEBYTECODE``, so simwar's modules are compiled at every start), with a
+  bytecode cache (``PYTHONPYCACHEPREFIX`` in a temporary directory, warmed first), both
+  with the cache of validated configs empty (``SIMWAR_CACHE_DIR``, a new directory for each
+  run: a first run, writing its entry), and with both caches warm (a repeat run: its config
+  read back from the cache, :mod:`simwar.config.cache`; a tree without that cache validates
+  as in the other modes).
 - **floor**: the same, of a process that only imports the libraries such a run loads before
   any of simwar runs (numpy, yaml, pydantic and the parts of it a validation loads; with the
-  settings :mod:`simwar.cli` makes first), in the same modes, interleaved with the runs:
-  what the start-up cannot go below while it imports them (``run 500`` minus it is simwar's
-  own share).
+  settings :mod:`simwar.cli` makes first, its garbage collector's included), in the same
+  modes, interleaved with the runs: what the start-up cannot go below while it imports them
+  (``run 500`` minus it is simwar's own share). A repeat run reads no YAML: its floor leaves
+  yaml out.
 - **imports**: ``python -X importtime`` of that run, the smallest self time of each module
   over ``--repeat`` runs, summed by package (simwar, numpy, pydantic, ...).
 - **instructions** (``--instructions``, needs valgrind): the same runs and floor, once each
@@ -32,6 +37,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,11 +47,18 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = ["-c", "import sys; from simwar.cli import main; sys.exit(main())", "run", "--set",
        "steps=500", "--quiet"]
 #: a process importing only what ``simwar run`` imports of other packages (its floor)
-#: (with the settings the command line makes before them: one OpenBLAS thread, no plugins)
-FLOOR = ["-c", "import os; os.environ.setdefault('OPENBLAS_NUM_THREADS', '1'); "
+#: (with the settings the command line makes before them: one OpenBLAS thread, no plugins,
+#: the garbage collector off during the imports and everything frozen at the exit)
+FLOOR = ["-c", "import gc, os; gc.disable(); "
+         "os.environ.setdefault('OPENBLAS_NUM_THREADS', '1'); "
          "os.environ.setdefault('PYDANTIC_DISABLE_PLUGINS', '__all__'); "
          "import argparse, numpy, yaml, annotated_types, pydantic, pydantic.main, "
-         "pydantic.types, pydantic.plugin._loader"]
+         "pydantic.types, pydantic.plugin._loader; gc.freeze()"]
+#: the floor of a repeat run (its config from the cache: no YAML read)
+FLOOR_WARM = [FLOOR[0], FLOOR[1].replace(" yaml,", "")]
+#: mode -> (a bytecode cache, the cache of validated configs warm)
+MODES = {"no bytecode cache": (False, False), "bytecode cached": (True, False),
+         "both caches warm": (True, True)}
 PLAN = """
 import json, sys, time
 from simwar.api import build_program
@@ -58,12 +71,32 @@ print(json.dumps({"host_ops": len(p.ops), "us_per_op": 1e6 * best / len(p.ops)})
 """
 
 
-def env_for(tree: Path, pyc: str | None) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+#: the temporary directories of a measurement (bytecode and config caches), removed at its end
+SCRATCH = Path(tempfile.mkdtemp(prefix="simwar-startup-"))
+
+
+def scratch(what: str) -> str:
+    """A new, empty directory under :data:`SCRATCH`."""
+    return tempfile.mkdtemp(prefix=f"{what}-", dir=SCRATCH)
+
+
+def env_for(tree: Path, pyc: str | None, configs: str | None = None) -> dict:
+    """The environment of a run of ``tree``: with the bytecode cache ``pyc`` (or none) and the
+    cache of validated configs in ``configs`` (or a new, empty directory)."""
+    env = {**os.environ, "PYTHONPATH": str(tree),
+           "SIMWAR_CACHE_DIR": configs or scratch("cfg")}
+    env.pop("SIMWAR_NO_CACHE", None)
     if pyc is not None:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PYTHONPYCACHEPREFIX"] = pyc
     return env
+
+
+def args_cwd(name: str, mode: str, trees: dict) -> tuple[list[str], Path]:
+    """The command line and directory of a case: a tree's run, or the floor of a mode."""
+    if name == "floor":
+        return (FLOOR_WARM if MODES[mode][1] else FLOOR), ROOT
+    return RUN, trees[name]
 
 
 def cpu_of(args: list[str], env: dict, cwd: Path) -> float:
@@ -76,14 +109,16 @@ def cpu_of(args: list[str], env: dict, cwd: Path) -> float:
 
 def run500(trees: dict, repeat: int) -> dict:
     """Best CPU time of each (tree, mode), and of the floor per mode (tree ``floor``)."""
-    pyc = tempfile.mkdtemp(prefix="simwar-pyc-")
-    cases = {(name, mode): env_for(tree, pyc if mode == "bytecode cached" else None)
-             for name, tree in {**trees, "floor": ROOT}.items()
-             for mode in ("no bytecode cache", "bytecode cached")}
+    pyc = scratch("pyc")
+    configs = {name: scratch("cfg") for name in trees}
+    cases = {(name, mode): (tree, MODES[mode]) for name, tree in {**trees, "floor": ROOT}.items()
+             for mode in MODES}
 
-    def once(k, env):
-        return cpu_of(FLOOR if k[0] == "floor" else RUN, env,
-                      ROOT if k[0] == "floor" else trees[k[0]])
+    def once(k, case):
+        tree, (cached, warm) = case
+        env = env_for(tree, pyc if cached else None, configs.get(k[0]) if warm else None)
+        args, cwd = args_cwd(*k, trees)
+        return cpu_of(args, env, cwd)
 
     for k, env in cases.items():  # warm-up: the bytecode cache, the disk cache
         once(k, env)
@@ -96,16 +131,16 @@ def run500(trees: dict, repeat: int) -> dict:
 
 def instructions(trees: dict) -> dict:
     """Instructions executed (callgrind's ``Ir``) of each (tree, mode) and of the floor."""
-    pyc = tempfile.mkdtemp(prefix="simwar-pyc-")
+    pyc = scratch("pyc")
     out = {}
     for name, tree in {**trees, "floor": ROOT}.items():
-        for mode in ("no bytecode cache", "bytecode cached"):
-            env = {**env_for(tree, pyc if mode == "bytecode cached" else None),
-                   "PYTHONHASHSEED": "0"}
-            args = FLOOR if name == "floor" else RUN
-            cwd = ROOT if name == "floor" else tree
+        for mode, (cached, warm) in MODES.items():
+            env = {**env_for(tree, pyc if cached else None), "PYTHONHASHSEED": "0"}
+            args, cwd = args_cwd(name, mode, trees)
             subprocess.run([sys.executable, *args], env=env, cwd=cwd, check=True,
-                           stdout=subprocess.DEVNULL)  # warms the bytecode cache
+                           stdout=subprocess.DEVNULL)  # warms the bytecode cache (and configs)
+            if not warm:  # a first run: the cache of validated configs empty
+                env["SIMWAR_CACHE_DIR"] = scratch("cfg")
             err = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
                                   sys.executable, *args], env=env, cwd=cwd, check=True,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -145,7 +180,7 @@ def _print_rows(figures: dict, trees: dict, before, cell, places: int, tail) -> 
     """One line per bytecode mode: each tree's figure (``cell``), before / now where there is
     a before tree (``places`` decimals), and ``tail`` of (floor, this tree's own share, the
     before tree's own share or None)."""
-    for mode in ("no bytecode cache", "bytecode cached"):
+    for mode in MODES:
         line = "  %-18s" % mode + "".join(f"  {name}: {cell(figures[(name, mode)])}"
                                           for name in trees)
         now, floor = figures[("this tree", mode)], figures[("floor", mode)]
@@ -189,4 +224,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        shutil.rmtree(SCRATCH, ignore_errors=True)

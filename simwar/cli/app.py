@@ -19,11 +19,12 @@ an argument error cost no more than the standard library.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import sys
 
 from simwar import __version__
-from simwar.cli.common import UserError
+from simwar.cli.common import UserError, start_up
 from simwar.core.files import interrupts_noted
 
 #: command name -> its module under ``simwar.cli``, in the order ``simwar --help`` lists them
@@ -46,14 +47,25 @@ COMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``simwar ARGV`` (default: ``sys.argv[1:]``) and return its exit code."""
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    # lazy: start-up time of the CLI (the config schema loads pydantic)
-    from simwar.config import ConfigError
+    in_process = argv is not None  # called by a program that goes on after it
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:
+        if in_process:  # its start-up's objects are garbage like any others once it returns
+            gc.unfreeze()
+        else:  # the process exits: its last collection would walk every object for nothing
+            gc.freeze()
+
+
+def _main(argv: list[str]) -> int:
+    with start_up():
+        parser = build_parser(argv[0] if argv and argv[0] in COMMANDS else None)
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        # lazy: start-up time of the CLI (the config schema loads pydantic)
+        from simwar.config import ConfigError
 
     try:
         # Ctrl-C is noted as well as raised, so that one swallowed on its way (inside a

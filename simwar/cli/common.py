@@ -18,6 +18,7 @@
 - :func:`is_sweep_file` (``validate``, ``show``), :func:`load_measured` (``calibrate``,
   ``compare``), and a sweep's results table with its ``--where`` filters
   (:func:`read_results`, :func:`filter_rows`: ``plot``, ``results``);
+- :func:`start_up`, the garbage collector's rule for a command's start-up;
 - :func:`work_bar`, the progress bar of ``explain``'s and ``import --fit``'s walks over a
   capture's steps (on a terminal only).
 
@@ -32,6 +33,7 @@ module.
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import json
 import os
@@ -125,6 +127,26 @@ def num(value, spec: str = ".1f") -> str:
     if text.startswith("-") and not any(c in "123456789" for c in text):
         text = text[1:]
     return text
+
+
+@contextlib.contextmanager
+def start_up():
+    """A command's start-up (its imports, its config's validation): the cyclic garbage
+    collector is off while it runs, and what it made is frozen after it (``gc.freeze``: left
+    out of later collections until a run's :func:`~simwar.core.collector.gc_paused`
+    unfreezes everything). Nearly everything a start-up makes lives until the exit
+    (modules, classes, the config), so a collection during it frees next to nothing.
+    :func:`main <simwar.cli.app.main>` freezes everything again before the process exits
+    (the interpreter's last collection would walk it all), or, called with its arguments (in
+    a process that goes on after it), unfreezes it."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was:
+            gc.enable()
 
 
 def run_label(name: str, overrides: list) -> str:

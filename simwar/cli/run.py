@@ -28,6 +28,7 @@ from simwar.cli.common import (
     num,
     run_label,
     stall_lines,
+    start_up,
 )
 from simwar.config.schema import ENGINES
 from simwar.core.files import jsonable
@@ -76,25 +77,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def command(args) -> int:
-    # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
-    from simwar.api import choose, simulate
-    from simwar.config import (  # lazy: start-up time of the CLI
-        Override,
-        load_config,
-        override_list,
-        parse_slo,
-    )
+    with start_up():  # the imports and the config: objects that live until the exit
+        # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
+        from simwar.api import choose, simulate
+        from simwar.config import (  # lazy: start-up time of the CLI
+            Override,
+            load_config,
+            override_list,
+            parse_slo,
+        )
+        from simwar.config.cache import load_cached  # lazy: start-up time of the CLI
 
-    outputs.check_paths(args)  # a wrong output path costs nothing, and overwrites no input
-    if args.races < 0:
-        raise UserError(f"--races {args.races}: expected 0 or a positive number")
-    items = override_list(args.overrides)
-    if args.slo is not None:
-        items.append(Override("slo", parse_slo(args.slo), f"--slo {args.slo}"))
-    if args.costs:
-        phases = [p.name for p in load_config(args.config, items).phase_table()]
-        items = costs_file_overrides(args.costs, phases) + items  # --set wins
-    cfg = load_config(args.config, items)
+        outputs.check_paths(args)  # a wrong output path costs nothing, and overwrites no input
+        if args.races < 0:
+            raise UserError(f"--races {args.races}: expected 0 or a positive number")
+
+        def overrides() -> list[Override]:  # --set, then --slo
+            items = override_list(args.overrides)
+            if args.slo is not None:
+                items.append(Override("slo", parse_slo(args.slo), f"--slo {args.slo}"))
+            return items
+
+        if args.costs:
+            items = overrides()
+            phases = [p.name for p in load_config(args.config, items).phase_table()]
+            items = costs_file_overrides(args.costs, phases) + items  # --set wins
+            cfg = load_config(args.config, items)
+        else:  # a config run before with these options comes from the cache
+            options = [f"--set {item}" for item in args.overrides]
+            options += [f"--slo {args.slo}"] if args.slo is not None else []
+            cfg, items = load_cached(args.config, options, overrides)
     want = outputs.trace_options(args)
     trace_for = want[0] if want else None
     if args.trace and cfg.tp > 1 and trace_for is None:  # the ranks' Traces, side by side

@@ -14,6 +14,8 @@
   here, not by the validation), validation, the error's blame;
 - :mod:`simwar.config.algorithms`: the built-in phase tables (plain data);
 - :mod:`simwar.config.policies`: barrier policies and the read-done publish rule.
+- :mod:`simwar.config.cache`: the cache of validated configs that ``simwar run`` reads a
+  repeat run's config from (imported by the command, not here).
 
 Imports: pydantic and yaml (through schema and load); nothing from build, executors or above.
 """

@@ -15,7 +15,8 @@ validates the result against :class:`simwar.config.schema.Config`, giving it wha
 hold. A :class:`ConfigError`
 names the place to fix: the file and key, or the override that caused it (:func:`_blame`).
 
-Imports: yaml, :mod:`simwar.config.schema` and :mod:`simwar.config.workload`; nothing from
+Imports: :mod:`simwar.config.schema` and :mod:`simwar.config.workload`, yaml at the first YAML
+read (:func:`_loader_class`); nothing from
 builder, executors or above.
 """
 
@@ -23,13 +24,13 @@ from __future__ import annotations
 
 import copy
 import csv
+import functools
 import json
 import math
 import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
 from pydantic import ValidationError
 
 from simwar.config.schema import SLO_METRICS, Config, ConfigError, first_error
@@ -48,32 +49,38 @@ MAX_DEPTH = 64
 MAX_NODES = 1_000_000
 
 
-class _Loader(yaml.SafeLoader):
+@functools.cache
+def _loader_class() -> type:
     """PyYAML's safe loader, with YAML 1.2's floats: ``1e3`` and ``2E-5`` are numbers, and
-    collections nested at most :data:`MAX_DEPTH` deep."""
+    collections nested at most :data:`MAX_DEPTH` deep. Made at the first YAML read (yaml is
+    imported then, not with the config: a run whose config comes from the cache of validated
+    configs, :mod:`simwar.config.cache`, reads no YAML)."""
+    import yaml
 
-    _depth = 0
+    class _Loader(yaml.SafeLoader):
+        _depth = 0
 
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.MappingStartEvent, yaml.SequenceStartEvent):
-            self._depth += 1
-            try:
-                if self._depth > MAX_DEPTH:
-                    mark = self.peek_event().start_mark
-                    raise YamlRuleError(f"nested deeper than {MAX_DEPTH} levels (line "
-                                        f"{mark.line + 1})")
-                return super().compose_node(parent, index)
-            finally:
-                self._depth -= 1
-        return super().compose_node(parent, index)
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.MappingStartEvent, yaml.SequenceStartEvent):
+                self._depth += 1
+                try:
+                    if self._depth > MAX_DEPTH:
+                        mark = self.peek_event().start_mark
+                        raise YamlRuleError(f"nested deeper than {MAX_DEPTH} levels (line "
+                                            f"{mark.line + 1})")
+                    return super().compose_node(parent, index)
+                finally:
+                    self._depth -= 1
+            return super().compose_node(parent, index)
 
+    _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in
+                                       yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    _Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+        list("-+0123456789."))
+    return _Loader
 
-_Loader.yaml_implicit_resolvers = {k: list(v) for k, v in
-                                   yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
 
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 
@@ -82,21 +89,24 @@ class YamlRuleError(ValueError):
     """A document PyYAML would read, against one of :func:`read_yaml`'s own rules."""
 
 
-def _check_node(loader: _Loader, node: yaml.Node, where: str) -> None:
+def _check_node(loader, node, where: str) -> None:
     """Duplicate keys and non-finite numbers anywhere under ``node`` (``where``: its key),
     and at most :data:`MAX_NODES` values once aliases are expanded.
 
     Each node is checked once, however many aliases name it (a node met again is an alias:
     its expanded size is remembered, not walked again)."""
+    import yaml
+
     sizes: dict[int, int] = {}
-    if _checked(loader, node, where, sizes) > MAX_NODES:
+    if _checked(loader, node, where, sizes, yaml) > MAX_NODES:
         raise YamlRuleError(f"more than {MAX_NODES:,} values once its aliases (*name) are "
                             f"expanded; write the values out or use fewer aliases")
 
 
-def _checked(loader: _Loader, node: yaml.Node, where: str, sizes: dict[int, int]) -> int:
+def _checked(loader, node, where: str, sizes: dict[int, int], yaml) -> int:
     """:func:`_check_node` of one node: its expanded size (values under it, itself
-    included), each node checked once (``sizes``: the nodes already checked)."""
+    included), each node checked once (``sizes``: the nodes already checked; ``yaml``: the
+    module, imported once by the caller rather than at each node)."""
     if id(node) in sizes:
         return sizes[id(node)]
     sizes[id(node)] = 1  # a recursive alias (a node inside itself) counts once
@@ -112,12 +122,12 @@ def _checked(loader: _Loader, node: yaml.Node, where: str, sizes: dict[int, int]
                     raise YamlRuleError(f"{child}: duplicate key (lines {seen[name]} and "
                                         f"{line}); give it once")
                 seen[name] = line
-            size += 1 + _checked(loader, value, child, sizes)
+            size += 1 + _checked(loader, value, child, sizes, yaml)
             if size > MAX_NODES:
                 break
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            size += _checked(loader, item, f"{where}.{i}" if where else str(i), sizes)
+            size += _checked(loader, item, f"{where}.{i}" if where else str(i), sizes, yaml)
             if size > MAX_NODES:
                 break
     elif isinstance(node, yaml.ScalarNode) and node.tag == _FLOAT_TAG:
@@ -132,7 +142,7 @@ def _checked(loader: _Loader, node: yaml.Node, where: str, sizes: dict[int, int]
 
 def load_yaml_text(text: str) -> Any:
     """A YAML document under :func:`read_yaml`'s rules (``YamlRuleError`` when broken)."""
-    loader = _Loader(text)
+    loader = _loader_class()(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -146,6 +156,8 @@ def load_yaml_text(text: str) -> Any:
 def yaml_value(raw: str) -> Any:
     """A ``--set`` value as YAML reads it (text that is not YAML stays text); a non-finite
     number is a :class:`ConfigError`."""
+    import yaml  # lazy: see _loader_class
+
     try:
         value = load_yaml_text(raw)
     except YamlRuleError as e:
@@ -173,6 +185,8 @@ def _text_of(path: Path) -> str:
 def read_yaml(path: str | Path) -> dict:
     """The top-level mapping of a YAML file; a missing, unreadable or empty file is an error,
     and so are a key given twice and a non-finite number (see the module docstring)."""
+    import yaml  # lazy: see _loader_class
+
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"{path}: file not found")

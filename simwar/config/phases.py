@@ -154,3 +154,13 @@ def phase_model(resolved: dict) -> Phase:
             _MODELS.clear()
         hit = _MODELS[id(resolved)] = (resolved, Phase(**resolved))
     return hit[1]
+
+
+def share_phase_models(resolved: list[dict], models: list[Phase]) -> None:
+    """Make ``models`` :func:`phase_model`'s models of the dicts ``resolved`` (pairwise): a
+    config read back from the cache of validated configs (:mod:`simwar.config.cache`) comes
+    with the phase models validated with it, so its phase table builds no validator."""
+    if len(_MODELS) + len(resolved) > _MODELS_LIMIT:
+        _MODELS.clear()
+    for d, model in zip(resolved, models, strict=True):
+        _MODELS[id(d)] = (d, model)
