@@ -15,7 +15,10 @@ excluded: that is ``config_hash``), the seed and the simwar version. Each batch 
 finishes is written at once, atomically, as one Parquet table of its rows
 (:mod:`simwar.study.store`), so a sweep killed at any point loses only the batches in
 flight, and a rerun skips every run whose row is stored; per-run files
-(``runs/<run key>.json``) are written only on request (``run_files``). The tables
+(``runs/<run key>.json``) are written only on request (``run_files``; the runs whose rows
+come from an earlier sweep's files are committed together, a batch per piece of runs handed
+out). Runs that share a run key (a grid listing one value twice) are simulated once per
+piece, a row for each. The tables
 ``results.parquet`` and ``results.csv`` are the batches' rows in run-id order, written when
 all runs are done; a sweep interrupted (Ctrl-C: :class:`SweepInterrupted`) or failed writes
 them with the runs that finished before it stops.
@@ -576,9 +579,17 @@ def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
         else:
             kept.append(table)
 
+    found: list[tuple[Run, dict]] = []  # rows read from an earlier sweep's ``runs/``
+
+    def commit_found() -> None:
+        """The runs found in run files since the last call, committed as one batch."""
+        if found:
+            commit([run for run, _ in found], {run.run_key: summary for run, summary in found})
+            found.clear()
+
     def pending(report) -> Iterator[Run]:
         """The runs to simulate, expanded lazily; a run with its own file (an earlier
-        sweep's ``runs/``) gets its row from it."""
+        sweep's ``runs/``) gets its row from it (:func:`commit_found`)."""
         files = store is not None and store.runs_dir.is_dir()
         for run in plan.iter_runs():
             if (run.run_id, run.run_key) in done_rows:
@@ -586,7 +597,7 @@ def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
                 continue
             summary = store.load(run) if files else None
             if summary is not None:
-                commit([run], {run.run_key: summary})
+                found.append((run, summary))
                 counts["stored"] += 1
                 report.skipped(1)
                 continue
@@ -607,17 +618,31 @@ def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
                 # sweep, 3 % of its time)
                 with gc_paused():
                     batch = list(itertools.islice(todo, BATCH * workers))
+                    commit_found()  # those met while the piece was gathered: one batch
                     if not batch:
                         break
-                    for task, summaries in execute(lockstep_tasks(batch, workers)):
-                        commit(task, {run.run_key: s for run, s in zip(task, summaries)})
-                        counts["simulated"] += len(task)  # finished: in the tables from now on
-                        report.done(len(task))
+                    # a run whose key an earlier run of the piece has (a grid listing a value
+                    # twice) is the same run: simulated once, a row for each
+                    again: dict[str, list[Run]] = {}
+                    first: dict[str, Run] = {}
+                    for run in batch:
+                        if run.run_key in first:
+                            again.setdefault(run.run_key, []).append(run)
+                        else:
+                            first[run.run_key] = run
+                    for task, summaries in execute(lockstep_tasks(list(first.values()),
+                                                                  workers)):
+                        rows = task + [r for run in task for r in again.get(run.run_key, ())]
+                        commit(rows, {run.run_key: s for run, s in zip(task, summaries)})
+                        counts["simulated"] += len(rows)  # finished: in the tables from now on
+                        report.done(len(rows))
     except BaseException as e:
         # interrupted or failed: the tables of what finished, to read before resuming
         done = 0
         if isinstance(e, KeyboardInterrupt):
             interrupt_handled()  # this Ctrl-C is answered here: the tables are meant to commit
+        with contextlib.suppress(Exception):  # else they are read from their files next time
+            commit_found()
         if store is not None:
             partial = join_tables(store.tables())
             if partial.num_rows:
