@@ -549,7 +549,6 @@ def _unrolled(lines: list[str], body: list, cols: list, width: int) -> list[str]
         else:
             run.append(line)
     flush()
-    for r in range(width):
-        out.append(f"    S_{r} = S[{r}]")
+    for r in range(width):  # S_r still lane r's state (no lane rebinds it)
         out += [_lane(line, r) for line in tail]
     return out
