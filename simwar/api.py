@@ -42,8 +42,15 @@ from simwar.builder import loop
 from simwar.builder.draws import Sum, Use
 from simwar.builder.loop import sizes_meta
 from simwar.builder.sizes import ArrivalProcess, StepSizes, draw_sizes
-from simwar.builder.template import COMPARISONS, NotTraceable, duration_at, structure_key, traced
-from simwar.config import Config, ConfigError, load_config
+from simwar.builder.template import (
+    COMPARISONS,
+    NotTraceable,
+    duration_at,
+    structure_key,
+    traced,
+    value_at,
+)
+from simwar.config import Config, ConfigError, duration_keys, load_config
 from simwar.config.budget import check_memory
 from simwar.config.clipping import clipping_warnings
 from simwar.config.workload import REQUEST_SOURCES
@@ -475,26 +482,13 @@ def _bound_many(trace, template, rep: Config, sizes: StepSizes, members: list[in
     one). Returns ``{position: plan}``."""
     if len(members) < 2:
         return {}
-    first = resolved[members[0]]
-    where = [(section, name) for section in ("cpu", "gpu", "costs")
-             for name, v in first[section].items() if name.endswith("_us")]
-    where += [("phases", i, name) for i, p in enumerate(first["phases"])
-              for name in p if name.endswith("_us")]
-
-    def key(w) -> str:
-        return f"{w[0]}.{w[1]}" if w[0] != "phases" else \
-            f"phases.{first['phases'][w[1]]['name']}.{w[2]}"
-
     varying: dict[str, list] = {}
-    for w in where:
-        if w[0] == "phases":
-            column = [resolved[i]["phases"][w[1]][w[2]] for i in members]
-        else:
-            column = [resolved[i][w[0]][w[1]] for i in members]
+    for key, _, _ in duration_keys(rep):  # rep: the config of members[0]
+        column = [value_at(resolved[i], key) for i in members]
         if any(v != column[0] or type(v) is not type(column[0]) for v in column):
             if any(type(v) not in (int, float) for v in column):
                 return {}  # distributions or affine durations differ: draws differ
-            varying[key(w)] = column
+            varying[key] = column
     if _adds_a_varying_duration(template, varying):
         return {}
     arrays = {k: np.array(v, dtype=np.float64) for k, v in varying.items()}
@@ -502,16 +496,20 @@ def _bound_many(trace, template, rep: Config, sizes: StepSizes, members: list[in
     for k, op, other, out in trace.decisions:
         if k in arrays:
             fit &= COMPARISONS[op](arrays[k], other) == out  # element by element
+    fitting = np.flatnonzero(fit).tolist()
+    # the decisions on the durations every run has alike: one answer for all of them (those
+    # on the varying ones were just taken element by element)
+    if not fitting or not trace.fits(_values(resolved[members[fitting[0]]],
+                                             {k: float(a[fitting[0]]) for k, a in arrays.items()})):
+        return {}
     by_seed: dict[int, list[int]] = {}
-    for j in np.flatnonzero(fit).tolist():
+    for j in fitting:
         by_seed.setdefault(resolved[members[j]]["seed"], []).append(j)
     plans = {}
     for seed, js in by_seed.items():
         picked = {k: a[js] for k, a in arrays.items()}
         lead = resolved[members[js[0]]]
         value = _values(lead, picked)
-        if not trace.fits(_values(lead, {k: float(a[0]) for k, a in picked.items()})):
-            continue
         cfg = rep.model_copy(update={"seed": seed, "name": lead["name"]})
         run_sizes = draw_sizes(cfg) if rep.varies else sizes
         iterations = trace.for_run(cfg, run_sizes, value)

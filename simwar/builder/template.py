@@ -211,13 +211,21 @@ def duration_at(resolved: dict, key: str):
     parts = key.split(".")
     if parts[-1] == "noise":
         return _duration(duration_at(resolved, ".".join(parts[:-1])).noise)
+    return _duration(value_at(resolved, key))
+
+
+def value_at(resolved: dict, key: str):
+    """The value at a dotted duration key of a resolved config mapping, as it is there: a
+    number, or a distribution's or an affine duration's mapping (a phase named by its
+    ``name``, the other keys section by section)."""
+    parts = key.split(".")
     if parts[0] == "phases":
-        value = next(p for p in resolved["phases"] if p["name"] == parts[1])[parts[2]]
-    else:
-        value = resolved[parts[0]][parts[1]]
-    return _duration(value)
+        return next(p for p in resolved["phases"] if p["name"] == parts[1])[parts[2]]
+    value = resolved
+    for part in parts:
+        value = value[part]
+    return value
 
 
 __all__ = ["NotTraceable", "Ref", "Tagged", "TemplateTrace", "Tracing", "duration_at",
-           "structure_key",
-           "traced"]
+           "structure_key", "traced", "value_at"]
