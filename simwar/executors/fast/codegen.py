@@ -98,7 +98,8 @@ SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
                            "_returns": rules.returns}, True, True)
 #: the lockstep executor's: arrays of one element per run
 _MANY = {"_begins": rules.begins_many, "_released": rules.released_many,
-         "_returns": rules.returns_many, "_add": np.add, "_sub": np.subtract, "_empty": np.empty}
+         "_returns": rules.returns_many, "_add": np.add, "_sub": np.subtract, "_empty": np.empty,
+         "_any": np.any}
 ARRAY = Target("array", _MANY, False, False, True)
 #: the same over per-step arrays whose rows are copies read and written back (runs picked
 #: out of a group's, :mod:`simwar.executors.lockstep.shapes`)
@@ -194,7 +195,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     # (``Z_``); every value kept (a tail, a record, a logged time) is a new array
     arr = target in (ARRAY, PICKED)
     above: set[str] = set()
-    sums: list[int] = []  # the array target: where in ``body`` a window sum is added to
+    sums: list[tuple] = []  # the array target: where in ``body`` a window sum is added to
     closes: list[tuple[int, str]] = []  # ... and where a window closes, at which step
 
     def advance(step: str) -> None:
@@ -209,7 +210,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     def summed(acc: str, a: str, b: str) -> None:
         """``acc += a - b`` (a window sum)."""
         if arr:
-            sums.append(len(body))
+            sums.append((len(body), acc, a, b))
             emit(f"_sub({a}, {b}, Z_); _add({acc}, Z_, {acc})")
         else:
             emit(f"{acc} += {a} - {b}")
@@ -412,14 +413,21 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         emit("H1 = (" + "".join(f"r{i}, " for i in range(nrec)) + ")")
     # the array target, where a segment closes one window, at its own step, after every sum
     # it adds to (so none carries to the next segment): the sums are added in the rows of
-    # ``BU`` and ``DE`` themselves (zero until closed: 0.0 plus a sum is the sum), with no
-    # copy into them and no zeroing as the window closes; what an earlier block carried is
-    # added to the first segment's rows first, so every sum is added in the same order
+    # ``BU`` and ``DE`` themselves, the first of each written there (a row is 0.0 until
+    # closed, and 0.0 plus a difference >= 0 is that difference), with no copy into them and
+    # no zeroing as the window closes. A window carried from the block before (``S.w``,
+    # ``S.dp`` not 0) is the picked form's to run, for one pass (the function refuses it:
+    # :func:`simwar.executors.lockstep.execute.run_passes`)
     direct = bool(target.rows_in_place and len(closes) == 1 and closes[0][1] == "ki"
-                  and all(i < closes[0][0] for i in sums))
+                  and all(i < closes[0][0] for i, *_ in sums))
     if direct:
         at, indent = closes[0][0], body[closes[0][0]][1]
         body[at] = ("cl = ki", indent)
+        for acc in ("W", "Dp"):
+            first = next((x for x in sums if x[1] == acc), None)
+            if first is not None:
+                i, _, a, b = first
+                body[i] = (f"_sub({a}, {b}, {acc})", body[i][1])
         body.insert(0, ("W = BU[ki]; Dp = DE[ki]", 2))
 
     cols = [p for p in params if p.startswith("c")]
@@ -448,9 +456,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src("BU = S.busy; DE = S.dep; cw = S.cw; cl = S.cl; W = S.w; Dp = S.dp; bad = S.bad", 1)
         if direct:  # the sums in the rows closed (see above), a scratch row
             src("Z_ = _empty(len(t))", 1)
-            src("if len(KS):", 1)
-            src("R_ = BU[KS[0]]; _add(R_, W, R_); R_ = DE[KS[0]]; _add(R_, Dp, R_); "
-                "W = Dp = 0.0", 2)
+            src("if len(KS) and (_any(W) or _any(Dp)):", 1)
+            src("raise ValueError('a window carried into a block that sums its windows in "
+                "their rows: its first pass runs in the picked form')", 2)
             src("W_ = W; Dp_ = Dp", 1)
         elif arr:  # the sums' arrays of the block's own, and a scratch row (see _generate)
             src("WD = _empty((3, len(t))); WD[0] = W; WD[1] = Dp; W, Dp, Z_ = WD; WD = WD[:2]",
@@ -496,6 +504,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     fn = namespace["block"]
     fn.source = code
     fn.layout = tuple(layout)
+    fn.sums_in_rows = direct  # takes no window carried from the block before (see above)
     return fn
 
 
