@@ -32,7 +32,7 @@ loads neither.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -380,31 +380,42 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
     run's own times; ``simpy`` asked for; tensor-parallel ranks; a plan the lockstep pass
     cannot take) runs alone, as :func:`simulate` runs it.
 
-    ``on_done(indices, summaries)``: called as each batch or lone run finishes, with the
-    positions of its configs (a sweep writes its run files there, so an interrupted sweep
-    keeps what finished). ``keys``: each config's
-    :func:`~simwar.builder.template.structure_key` when the caller knows it (a sweep's runs
-    made from one template share theirs), else computed here.
+    ``on_done(indices, summaries)``: called as each batch finishes (the runs of one structure
+    that run alone: together), with the positions of its configs (:func:`simulate_batches`).
+    ``keys``: each config's :func:`~simwar.builder.template.structure_key` when the caller
+    knows it (a sweep's runs made from one template share theirs), else computed here.
     """
-    # lazy: start-up time (a single run, the command line's usual case, needs no lockstep)
-    from simwar.executors import lockstep
-
-    resolved = [c.model_dump(mode="json") if isinstance(c, Config) else c for c in configs]
-    out: list[dict | None] = [None] * len(resolved)
-
-    def done(indices: list[int], summaries: list[dict]) -> None:
+    out: list[dict | None] = [None] * len(configs)
+    for indices, summaries in simulate_batches(configs, keys):
         for i, s in zip(indices, summaries):
             out[i] = s
         if on_done is not None:
             on_done(indices, summaries)
+    return out
+
+
+def simulate_batches(configs: list, keys: list[str] | None = None
+                     ) -> Iterator[tuple[list[int], list[dict]]]:
+    """:func:`simulate_many`'s summaries as they finish: ``(positions, summaries)`` for the
+    runs of one structure key that run alone (together, once all have run), then for each
+    lockstep batch. Runs of different structure keys whose plans come out alike (two
+    algorithms of the same iteration shapes) share their batches, each numpy call of a step
+    paid once for all of them (a sweep with one worker hands several structures over at
+    once for that: :func:`simwar.study.sweeps.sweep`)."""
+    # lazy: start-up time (a single run, the command line's usual case, needs no lockstep)
+    from simwar.executors import lockstep
+
+    resolved = [c.model_dump(mode="json") if isinstance(c, Config) else c for c in configs]
 
     similar: dict[str, list[int]] = {}
     for i, r in enumerate(resolved):
         similar.setdefault(structure_key(r) if keys is None else keys[i], []).append(i)
     groups: dict[tuple, list] = {}
     keyed: dict[int, tuple] = {}  # group keys by id of the plan (held in ``groups``)
-    alone: list[int] = []
+    lone: list[list[int]] = []  # per structure key, the runs that run alone
     for members in similar.values():
+        alone: list[int] = []
+        lone.append(alone)
         rep = load_config(resolved[members[0]])
         if choose(rep, purpose="many").key != "lockstep":
             alone += members
@@ -447,22 +458,24 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
             if key is None:
                 key = keyed[id(by)] = lockstep.group_key(by)
             groups.setdefault(key, []).append((i, plan))
-    with gc_paused():
-        for i in alone:
-            done([i], [simulate(resolved[i]).summary])
-        for members in groups.values():
-            size = lockstep.batch_size(members[0][1].hi - members[0][1].lo)
-            # batches of one size (the last no smaller): each reuses the last one's arrays
-            size = -(-len(members) // -(-len(members) // size))
-            for b in range(0, len(members), size):
-                batch = members[b:b + size]
+    for alone in lone:
+        if alone:
+            with gc_paused():
+                summaries = [simulate(resolved[i]).summary for i in alone]
+            yield alone, summaries
+    for members in groups.values():
+        size = lockstep.batch_size(members[0][1].hi - members[0][1].lo)
+        # batches of one size (the last no smaller): each reuses the last one's arrays
+        size = -(-len(members) // -(-len(members) // size))
+        for b in range(0, len(members), size):
+            batch = members[b:b + size]
+            with gc_paused():
                 try:
                     summaries = lockstep.run_group([plan for _, plan in batch])
                 except lockstep.NotLockstep:
                     summaries = [_simulate_fast(load_config(resolved[i]), "fast", False).summary
                                  for i, _ in batch]
-                done([i for i, _ in batch], summaries)
-    return out
+            yield [i for i, _ in batch], summaries
 
 
 #: templates traced per structure: each binds at once the runs that take its decisions

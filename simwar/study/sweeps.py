@@ -53,7 +53,9 @@ Backends: ``local`` (in-process for one job, else a process pool) and ``ray``
 the runs that share their iteration shapes run together, in lockstep
 (:func:`simwar.api.simulate_many`, :mod:`simwar.executors.lockstep`): a task is a lockstep
 batch, cut so that every worker has one (:func:`lockstep_tasks`), and each run's summary is
-the one it has run by itself, bit for bit. The progress (runs/s and the time left) moves
+the one it has run by itself, bit for bit. In one process the tasks of a piece run at once,
+so that structures whose plans come out alike share their lockstep groups, a table per
+lockstep batch. The progress (runs/s and the time left) moves
 as each task's results come back.
 
 Size: the spec, its expansion and the backends are the steps of one pipeline over the same
@@ -82,7 +84,11 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simwar import __version__
-from simwar.api import simulate, simulate_many  # imported once, inherited by forked workers
+from simwar.api import (  # imported once, inherited by forked workers
+    simulate,
+    simulate_batches,
+    simulate_many,
+)
 from simwar.builder.template import structure_key
 from simwar.config import (
     ConfigError,
@@ -690,8 +696,13 @@ def _backend(name: str, *, jobs: int, pending: int, ray_address: str | None
 
 
 def _in_process(tasks: list[Task]) -> Iterator[tuple[Task, list[dict]]]:
-    for task in tasks:
-        yield task, run_many(*_task_of(task))
+    """The tasks' runs all at once (their structures one after another), so that those whose
+    plans come out alike run as one lockstep group (:func:`simwar.api.simulate_batches`),
+    each lockstep batch's runs coming back as it finishes (those of a structure that run
+    alone: together)."""
+    runs = [run for task in tasks for run in task]
+    for indices, summaries in simulate_batches(*_task_of(runs)):
+        yield [runs[i] for i in indices], [jsonable(s) for s in summaries]
 
 
 def _run_numbered(item: tuple[int, list[dict], list | None]) -> tuple[int, list[dict]]:
