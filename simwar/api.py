@@ -48,7 +48,7 @@ from simwar.builder.template import (
     duration_at,
     structure_key,
     traced,
-    value_at,
+    value_path,
 )
 from simwar.config import Config, ConfigError, duration_keys, load_config
 from simwar.config.budget import check_memory
@@ -496,8 +496,10 @@ def _bound_many(trace, template, rep: Config, sizes: StepSizes, members: list[in
     if len(members) < 2:
         return {}
     varying: dict[str, list] = {}
+    rows = [resolved[i] for i in members]
     for key, _, _ in duration_keys(rep):  # rep: the config of members[0]
-        column = [value_at(resolved[i], key) for i in members]
+        a, b, *c = value_path(rows[0], key)  # the same in every row: one structure key
+        column = [r[a][b] for r in rows] if not c else [r[a][b][c[0]] for r in rows]
         if any(v != column[0] or type(v) is not type(column[0]) for v in column):
             if any(type(v) not in (int, float) for v in column):
                 return {}  # distributions or affine durations differ: draws differ
