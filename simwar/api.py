@@ -35,7 +35,7 @@ loads neither.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -45,8 +45,15 @@ from simwar.builder import loop
 from simwar.builder.draws import Sum, Use
 from simwar.builder.loop import sizes_meta
 from simwar.builder.sizes import ArrivalProcess, StepSizes, draw_sizes
-from simwar.builder.template import COMPARISONS, NotTraceable, duration_at, structure_key, traced
-from simwar.config import Config, ConfigError, load_config
+from simwar.builder.template import (
+    COMPARISONS,
+    NotTraceable,
+    duration_at,
+    structure_key,
+    traced,
+    value_path,
+)
+from simwar.config import Config, ConfigError, duration_keys, load_config
 from simwar.config.budget import check_memory
 from simwar.config.clipping import clipping_warnings
 from simwar.config.workload import REQUEST_SOURCES
@@ -425,31 +432,42 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
     run's own times; ``simpy`` asked for; tensor-parallel ranks; a plan the lockstep pass
     cannot take) runs alone, as :func:`simulate` runs it.
 
-    ``on_done(indices, summaries)``: called as each batch or lone run finishes, with the
-    positions of its configs (a sweep writes its run files there, so an interrupted sweep
-    keeps what finished). ``keys``: each config's
-    :func:`~simwar.builder.template.structure_key` when the caller knows it (a sweep's runs
-    made from one template share theirs), else computed here.
+    ``on_done(indices, summaries)``: called as each batch finishes (the runs of one structure
+    that run alone: together), with the positions of its configs (:func:`simulate_batches`).
+    ``keys``: each config's :func:`~simwar.builder.template.structure_key` when the caller
+    knows it (a sweep's runs made from one template share theirs), else computed here.
     """
-    # lazy: start-up time (a single run, the command line's usual case, needs no lockstep)
-    from simwar.executors import lockstep
-
-    resolved = [c.model_dump(mode="json") if isinstance(c, Config) else c for c in configs]
-    out: list[dict | None] = [None] * len(resolved)
-
-    def done(indices: list[int], summaries: list[dict]) -> None:
+    out: list[dict | None] = [None] * len(configs)
+    for indices, summaries in simulate_batches(configs, keys):
         for i, s in zip(indices, summaries):
             out[i] = s
         if on_done is not None:
             on_done(indices, summaries)
+    return out
+
+
+def simulate_batches(configs: list, keys: list[str] | None = None
+                     ) -> Iterator[tuple[list[int], list[dict]]]:
+    """:func:`simulate_many`'s summaries as they finish: ``(positions, summaries)`` for the
+    runs of one structure key that run alone (together, once all have run), then for each
+    lockstep batch. Runs of different structure keys whose plans come out alike (two
+    algorithms of the same iteration shapes) share their batches, each numpy call of a step
+    paid once for all of them (a sweep with one worker hands several structures over at
+    once for that: :func:`simwar.study.sweeps.sweep`)."""
+    # lazy: start-up time (a single run, the command line's usual case, needs no lockstep)
+    from simwar.executors import lockstep
+
+    resolved = [c.model_dump(mode="json") if isinstance(c, Config) else c for c in configs]
 
     similar: dict[str, list[int]] = {}
     for i, r in enumerate(resolved):
         similar.setdefault(structure_key(r) if keys is None else keys[i], []).append(i)
     groups: dict[tuple, list] = {}
     keyed: dict[int, tuple] = {}  # group keys by id of the plan (held in ``groups``)
-    alone: list[int] = []
+    lone: list[list[int]] = []  # per structure key, the runs that run alone
     for members in similar.values():
+        alone: list[int] = []
+        lone.append(alone)
         rep = load_config(resolved[members[0]])
         if choose(rep, purpose="many").key != "lockstep":
             alone += members
@@ -492,22 +510,24 @@ def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None
             if key is None:
                 key = keyed[id(by)] = lockstep.group_key(by)
             groups.setdefault(key, []).append((i, plan))
-    with gc_paused():
-        for i in alone:
-            done([i], [simulate(resolved[i]).summary])
-        for members in groups.values():
-            size = lockstep.batch_size(members[0][1].hi - members[0][1].lo)
-            # batches of one size (the last no smaller): each reuses the last one's arrays
-            size = -(-len(members) // -(-len(members) // size))
-            for b in range(0, len(members), size):
-                batch = members[b:b + size]
+    for alone in lone:
+        if alone:
+            with gc_paused():
+                summaries = [simulate(resolved[i]).summary for i in alone]
+            yield alone, summaries
+    for members in groups.values():
+        size = lockstep.batch_size(members[0][1].hi - members[0][1].lo)
+        # batches of one size (the last no smaller): each reuses the last one's arrays
+        size = -(-len(members) // -(-len(members) // size))
+        for b in range(0, len(members), size):
+            batch = members[b:b + size]
+            with gc_paused():
                 try:
                     summaries = lockstep.run_group([plan for _, plan in batch])
                 except lockstep.NotLockstep:
                     summaries = [_simulate_fast(load_config(resolved[i]), "fast", False).summary
                                  for i, _ in batch]
-                done([i for i, _ in batch], summaries)
-    return out
+            yield [i for i, _ in batch], summaries
 
 
 #: templates traced per structure: each binds at once the runs that take its decisions
@@ -527,26 +547,15 @@ def _bound_many(trace, template, rep: Config, sizes: StepSizes, members: list[in
     one). Returns ``{position: plan}``."""
     if len(members) < 2:
         return {}
-    first = resolved[members[0]]
-    where = [(section, name) for section in ("cpu", "gpu", "costs")
-             for name, v in first[section].items() if name.endswith("_us")]
-    where += [("phases", i, name) for i, p in enumerate(first["phases"])
-              for name in p if name.endswith("_us")]
-
-    def key(w) -> str:
-        return f"{w[0]}.{w[1]}" if w[0] != "phases" else \
-            f"phases.{first['phases'][w[1]]['name']}.{w[2]}"
-
     varying: dict[str, list] = {}
-    for w in where:
-        if w[0] == "phases":
-            column = [resolved[i]["phases"][w[1]][w[2]] for i in members]
-        else:
-            column = [resolved[i][w[0]][w[1]] for i in members]
+    rows = [resolved[i] for i in members]
+    for key, _, _ in duration_keys(rep):  # rep: the config of members[0]
+        a, b, *c = value_path(rows[0], key)  # the same in every row: one structure key
+        column = [r[a][b] for r in rows] if not c else [r[a][b][c[0]] for r in rows]
         if any(v != column[0] or type(v) is not type(column[0]) for v in column):
             if any(type(v) not in (int, float) for v in column):
                 return {}  # distributions or affine durations differ: draws differ
-            varying[key(w)] = column
+            varying[key] = column
     if _adds_a_varying_duration(template, varying):
         return {}
     arrays = {k: np.array(v, dtype=np.float64) for k, v in varying.items()}
@@ -554,16 +563,20 @@ def _bound_many(trace, template, rep: Config, sizes: StepSizes, members: list[in
     for k, op, other, out in trace.decisions:
         if k in arrays:
             fit &= COMPARISONS[op](arrays[k], other) == out  # element by element
+    fitting = np.flatnonzero(fit).tolist()
+    # the decisions on the durations every run has alike: one answer for all of them (those
+    # on the varying ones were just taken element by element)
+    if not fitting or not trace.fits(_values(resolved[members[fitting[0]]],
+                                             {k: float(a[fitting[0]]) for k, a in arrays.items()})):
+        return {}
     by_seed: dict[int, list[int]] = {}
-    for j in np.flatnonzero(fit).tolist():
+    for j in fitting:
         by_seed.setdefault(resolved[members[j]]["seed"], []).append(j)
     plans = {}
     for seed, js in by_seed.items():
         picked = {k: a[js] for k, a in arrays.items()}
         lead = resolved[members[js[0]]]
         value = _values(lead, picked)
-        if not trace.fits(_values(lead, {k: float(a[0]) for k, a in picked.items()})):
-            continue
         cfg = rep.model_copy(update={"seed": seed, "name": lead["name"]})
         run_sizes = draw_sizes(cfg) if rep.varies else sizes
         iterations = trace.for_run(cfg, run_sizes, value)

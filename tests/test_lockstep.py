@@ -311,3 +311,37 @@ def test_a_batchs_fresh_arrays_are_private_to_a_forked_worker():
         os._exit(0)
     os.waitpid(pid, 0)
     assert not arr.any()
+
+
+def test_a_window_carried_into_a_block_is_added_first_when_summed_in_its_rows():
+    """A block whose segments each close one window sums it in the rows of ``busy`` and
+    ``dep`` themselves (the array target), its first sum written there; a window carried in
+    from the block before is added first, as the form that sums in a scratch row and copies
+    (``picked``) adds it, bit for bit (the pass runs that form for its first segment)."""
+    from simwar.executors.fast.codegen import compile_block
+    from simwar.executors.lockstep.execute import State, _stack_consts, run_passes
+
+    cfgs = [load_config(None, {"steps": 12, "warmup_steps": 2, "cpu.schedule_us": v})
+            for v in (150.0, 400.0, 900.0)]
+    plans = [fast.plan_config(c, draw_sizes(c)) for c in cfgs]
+    plan = plans[0]
+    main = max(range(len(plan.blocks)), key=lambda i: plan.blocks[i].n)
+    got = {}
+    for target in ("array", "picked"):
+        state = State(plan.lo, plan.hi, plan.sites, plan.depth, len(plans))
+        for bi, b in enumerate(plan.blocks):
+            slots = tuple(c is None for c in b.consts)
+            assert not any(slots)
+            how = (b.shape, slots, "forward", False, (), plan.depth)
+            fn = compile_block(*how, target=target)
+            steps = [k - plan.lo for k in b.steps]
+            if bi == main:
+                assert fn.sums_in_rows == (target == "array")
+                state.w, state.dp = np.array([3.0, 0.1, 7.25]), np.array([1.5, 0.0, 0.3])
+                if target == "array":
+                    with pytest.raises(ValueError, match="carried"):
+                        fn(steps, _stack_consts(plans, bi), (), state)
+            run_passes(fn, how, steps, _stack_consts(plans, bi), (), state)
+        got[target] = [a.copy() for a in (state.busy, state.dep, state.fs, state.fe,
+                                          *state.blocked.values())]
+    assert all(np.array_equal(a, b) for a, b in zip(got["array"], got["picked"]))

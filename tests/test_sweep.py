@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -228,6 +229,58 @@ def test_rerun_skips_finished_runs_and_redoes_only_missing_ones(tmp_path):
     nothing = []
     sweep(small_spec(), out, overrides=SHORT, progress=nothing.append)
     assert nothing == []
+
+
+def test_runs_found_in_run_files_are_committed_as_one_batch(tmp_path):
+    first = sweep(small_spec(), tmp_path / "a", overrides=SHORT, run_files=True)
+    out = tmp_path / "b"  # another directory holding only the run files
+    shutil.copytree(tmp_path / "a" / "runs", out / "runs")
+    simulated = []
+    again = sweep(small_spec(), out, overrides=SHORT, progress=simulated.append)
+    assert simulated == [] and again.attrs["runs_stored"] == len(first)
+    assert len(list((out / "batches").glob("*.parquet"))) == 1
+    pd.testing.assert_frame_equal(again, first)
+
+
+def test_runs_of_one_run_key_are_simulated_once_and_each_has_its_row(tmp_path, monkeypatch):
+    spec = {"base": str(DSPARK_FINE), "grid": {"cpu.schedule_us": [500, 900, 500, 500]}}
+    told = []
+    real = sweeps.simulate_batches
+    monkeypatch.setattr(sweeps, "simulate_batches",
+                        lambda configs, *a: told.append(len(configs)) or real(configs, *a))
+    frame = sweep(spec, tmp_path / "out", overrides=SHORT)
+    assert sum(told) == 2 and len(frame) == 4 and frame.attrs["runs_simulated"] == 4
+    assert frame["run_key"].nunique() == 2
+    metrics = frame.drop(columns=["run_id", "name"]).set_index("cpu.schedule_us")
+    assert metrics.loc[500].nunique().max() == 1  # three rows, one run
+    alone = sweep({**spec, "grid": {"cpu.schedule_us": [500, 900]}}, overrides=SHORT)
+    assert frame.iloc[[0, 1]].reset_index(drop=True).drop(columns=["run_id"]).equals(
+        alone.drop(columns=["run_id"]))
+    nothing = []  # and a rerun finds all four rows stored
+    sweep(spec, tmp_path / "out", overrides=SHORT, progress=nothing.append)
+    assert nothing == []
+
+
+def test_one_process_runs_structures_whose_plans_come_out_alike_as_one_group(tmp_path,
+                                                                             monkeypatch):
+    from simwar.executors import lockstep
+
+    groups = []
+    real = lockstep.run_group
+    monkeypatch.setattr(lockstep, "run_group",
+                        lambda plans, *a, **k: groups.append(len(plans)) or real(plans, *a, **k))
+    # eagle's fine barrier plans as its coarse one: two structure keys, one plan structure
+    spec = {"base": {"name": "alike", "algorithm": "eagle", "accept": {"tokens": 3.2}},
+            "grid": {"policy.barrier": ["coarse", "fine"], "cpu.schedule_us": [300, 900, 2000]}}
+    frame = sweep(spec, tmp_path / "out", overrides=SHORT)
+    assert groups == [6]
+    assert len(list((tmp_path / "out" / "batches").glob("*.parquet"))) == 1
+    for run in load_sweep(spec, SHORT).runs:
+        got = frame.loc[frame["run_id"] == run.run_id].iloc[0]
+        want = jsonable(simulate(run.config).summary)
+        for metric in ("step_us_mean", "gpu_idle_us_mean", "cpu_blocked_us_mean", "races",
+                       "tokens_per_s"):
+            assert got[metric] == want[metric], metric
 
 
 def test_two_local_jobs_give_the_same_rows_as_one(tmp_path):

@@ -211,13 +211,28 @@ def duration_at(resolved: dict, key: str):
     parts = key.split(".")
     if parts[-1] == "noise":
         return _duration(duration_at(resolved, ".".join(parts[:-1])).noise)
+    return _duration(value_at(resolved, key))
+
+
+def value_at(resolved: dict, key: str):
+    """The value at a dotted duration key of a resolved config mapping, as it is there: a
+    number, or a distribution's or an affine duration's mapping (:func:`value_path`)."""
+    value = resolved
+    for part in value_path(resolved, key):
+        value = value[part]
+    return value
+
+
+def value_path(resolved: dict, key: str) -> tuple:
+    """Where a dotted duration key's value is in a resolved config mapping: its keys and
+    positions one after another (a phase at its position in ``phases``, found by its
+    ``name``; the other keys section by section). Mappings of one structure key share it."""
+    parts = key.split(".")
     if parts[0] == "phases":
-        value = next(p for p in resolved["phases"] if p["name"] == parts[1])[parts[2]]
-    else:
-        value = resolved[parts[0]][parts[1]]
-    return _duration(value)
+        at = next(i for i, p in enumerate(resolved["phases"]) if p["name"] == parts[1])
+        return ("phases", at, parts[2])
+    return tuple(parts)
 
 
 __all__ = ["NotTraceable", "Ref", "Tagged", "TemplateTrace", "Tracing", "duration_at",
-           "structure_key",
-           "traced"]
+           "structure_key", "traced", "value_at", "value_path"]

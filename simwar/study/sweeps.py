@@ -15,7 +15,10 @@ excluded: that is ``config_hash``), the seed and the simwar version. Each batch 
 finishes is written at once, atomically, as one Parquet table of its rows
 (:mod:`simwar.study.store`), so a sweep killed at any point loses only the batches in
 flight, and a rerun skips every run whose row is stored; per-run files
-(``runs/<run key>.json``) are written only on request (``run_files``). The tables
+(``runs/<run key>.json``) are written only on request (``run_files``; the runs whose rows
+come from an earlier sweep's files are committed together, a batch per piece of runs handed
+out). Runs that share a run key (a grid listing one value twice) are simulated once per
+piece, a row for each. The tables
 ``results.parquet`` and ``results.csv`` are the batches' rows in run-id order, written when
 all runs are done; a sweep interrupted (Ctrl-C: :class:`SweepInterrupted`) or failed writes
 them with the runs that finished before it stops.
@@ -50,7 +53,9 @@ Backends: ``local`` (in-process for one job, else a process pool) and ``ray``
 the runs that share their iteration shapes run together, in lockstep
 (:func:`simwar.api.simulate_many`, :mod:`simwar.executors.lockstep`): a task is a lockstep
 batch, cut so that every worker has one (:func:`lockstep_tasks`), and each run's summary is
-the one it has run by itself, bit for bit. The progress (runs/s and the time left) moves
+the one it has run by itself, bit for bit. In one process the tasks of a piece run at once,
+so that structures whose plans come out alike share their lockstep groups, a table per
+lockstep batch. The progress (runs/s and the time left) moves
 as each task's results come back.
 
 Size: the spec, its expansion and the backends are the steps of one pipeline over the same
@@ -79,7 +84,11 @@ import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from simwar import __version__
-from simwar.api import simulate, simulate_many  # imported once, inherited by forked workers
+from simwar.api import (  # imported once, inherited by forked workers
+    simulate,
+    simulate_batches,
+    simulate_many,
+)
 from simwar.builder.template import structure_key
 from simwar.config import (
     ConfigError,
@@ -576,9 +585,17 @@ def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
         else:
             kept.append(table)
 
+    found: list[tuple[Run, dict]] = []  # rows read from an earlier sweep's ``runs/``
+
+    def commit_found() -> None:
+        """The runs found in run files since the last call, committed as one batch."""
+        if found:
+            commit([run for run, _ in found], {run.run_key: summary for run, summary in found})
+            found.clear()
+
     def pending(report) -> Iterator[Run]:
         """The runs to simulate, expanded lazily; a run with its own file (an earlier
-        sweep's ``runs/``) gets its row from it."""
+        sweep's ``runs/``) gets its row from it (:func:`commit_found`)."""
         files = store is not None and store.runs_dir.is_dir()
         for run in plan.iter_runs():
             if (run.run_id, run.run_key) in done_rows:
@@ -586,7 +603,7 @@ def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
                 continue
             summary = store.load(run) if files else None
             if summary is not None:
-                commit([run], {run.run_key: summary})
+                found.append((run, summary))
                 counts["stored"] += 1
                 report.skipped(1)
                 continue
@@ -607,17 +624,31 @@ def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
                 # sweep, 3 % of its time)
                 with gc_paused():
                     batch = list(itertools.islice(todo, BATCH * workers))
+                    commit_found()  # those met while the piece was gathered: one batch
                     if not batch:
                         break
-                    for task, summaries in execute(lockstep_tasks(batch, workers)):
-                        commit(task, {run.run_key: s for run, s in zip(task, summaries)})
-                        counts["simulated"] += len(task)  # finished: in the tables from now on
-                        report.done(len(task))
+                    # a run whose key an earlier run of the piece has (a grid listing a value
+                    # twice) is the same run: simulated once, a row for each
+                    again: dict[str, list[Run]] = {}
+                    first: dict[str, Run] = {}
+                    for run in batch:
+                        if run.run_key in first:
+                            again.setdefault(run.run_key, []).append(run)
+                        else:
+                            first[run.run_key] = run
+                    for task, summaries in execute(lockstep_tasks(list(first.values()),
+                                                                  workers)):
+                        rows = task + [r for run in task for r in again.get(run.run_key, ())]
+                        commit(rows, {run.run_key: s for run, s in zip(task, summaries)})
+                        counts["simulated"] += len(rows)  # finished: in the tables from now on
+                        report.done(len(rows))
     except BaseException as e:
         # interrupted or failed: the tables of what finished, to read before resuming
         done = 0
         if isinstance(e, KeyboardInterrupt):
             interrupt_handled()  # this Ctrl-C is answered here: the tables are meant to commit
+        with contextlib.suppress(Exception):  # else they are read from their files next time
+            commit_found()
         if store is not None:
             partial = join_tables(store.tables())
             if partial.num_rows:
@@ -665,8 +696,13 @@ def _backend(name: str, *, jobs: int, pending: int, ray_address: str | None
 
 
 def _in_process(tasks: list[Task]) -> Iterator[tuple[Task, list[dict]]]:
-    for task in tasks:
-        yield task, run_many(*_task_of(task))
+    """The tasks' runs all at once (their structures one after another), so that those whose
+    plans come out alike run as one lockstep group (:func:`simwar.api.simulate_batches`),
+    each lockstep batch's runs coming back as it finishes (those of a structure that run
+    alone: together)."""
+    runs = [run for task in tasks for run in task]
+    for indices, summaries in simulate_batches(*_task_of(runs)):
+        yield [runs[i] for i in indices], [jsonable(s) for s in summaries]
 
 
 def _run_numbered(item: tuple[int, list[dict], list | None]) -> tuple[int, list[dict]]:

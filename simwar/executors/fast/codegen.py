@@ -18,7 +18,9 @@ element, so every run's numbers are the scalar target's, bit for bit. What is st
 group, so it stays plain Python on integers in both. The targets differ only where
 :class:`Target` says: the rules bound, how a held wait adds to the window, how a pass reads
 its parameter columns (the array target: one 2-d array per column, a row per pass); the
-array target has no ``collect`` and no trace mode.
+array target has no ``collect`` and no trace mode. Its *picked* form is the same text where
+the per-step arrays' rows are read and written back rather than views (the runs of a group
+picked out of the state's: :mod:`simwar.executors.lockstep.shapes`).
 
 A third, the *lanes* target (:mod:`simwar.executors.lockstep.ranks`: tensor-parallel
 ranks), is the scalar text once per lane, each lane's names its own (``t_0``, ``t_1``),
@@ -38,7 +40,10 @@ windows, from one forward's end to the next's, summed as it goes) or ``kin``, ``
 log or kept in a tail stays what it was); only the host clock and the window's sums, which
 nothing else holds, are added to in place (numpy's ``add`` with its output given: the sums
 the rows of one array of the block's own, zeroed in one call as a window closes, each
-difference made in a scratch row), and an op's ``begins`` on a tail set since the host
+difference made in a scratch row; where a segment closes one window, at its own step, after
+every sum it adds to, the sums are added in the rows of ``busy`` and ``dep`` that the window
+closes, with nothing to copy or zero; a sync's blocked time in its row likewise), and an
+op's ``begins`` on a tail set since the host
 clock last moved (so at or after it) is that tail, with no call: numpy's calls, a few
 hundred ns each whatever a group's size, are what a lockstep step costs.
 
@@ -82,22 +87,30 @@ class Target:
     #: the parameter columns: lists zipped with the steps (scalar), or one 2-d array per
     #: column, a row per pass (array)
     zipped_columns: bool
+    #: the array target's per-step arrays are numpy arrays, whose row ``S.busy[k]`` is a
+    #: view: a sum is added in the row itself (``False``: rows read and written back, as
+    #: for a group's runs picked out of the state's, :mod:`simwar.executors.lockstep.shapes`)
+    rows_in_place: bool = False
 
 
 #: the fast executor's: floats
 SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
                            "_returns": rules.returns}, True, True)
 #: the lockstep executor's: arrays of one element per run
-ARRAY = Target("array", {"_begins": rules.begins_many, "_released": rules.released_many,
-                         "_returns": rules.returns_many, "_add": np.add, "_sub": np.subtract,
-                         "_empty": np.empty}, False, False)
+_MANY = {"_begins": rules.begins_many, "_released": rules.released_many,
+         "_returns": rules.returns_many, "_add": np.add, "_sub": np.subtract, "_empty": np.empty,
+         "_any": np.any}
+ARRAY = Target("array", _MANY, False, False, True)
+#: the same over per-step arrays whose rows are copies read and written back (runs picked
+#: out of a group's, :mod:`simwar.executors.lockstep.shapes`)
+PICKED = Target("picked", _MANY, False, False)
 #: tensor-parallel ranks in lockstep (:mod:`simwar.executors.lockstep.ranks`): the scalar
 #: target's text once per rank (a lane), each lane's variables its own, the lanes met at
 #: each collective (:func:`_unrolled`)
 LANES = Target("lanes", {"_begins": rules.begins, "_released": rules.released,
                          "_returns": rules.returns, "collective_ends": rules.collective_ends,
                          "host_collective_leaves": rules.host_collective_leaves}, True, True)
-TARGETS = {t.name: t for t in (SCALAR, ARRAY, LANES)}
+TARGETS = {t.name: t for t in (SCALAR, ARRAY, PICKED, LANES)}
 
 
 class _Src:
@@ -129,8 +142,8 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     mode of the module docstring; ``feed``: ``C`` is a callable ``C(ki, t)`` called at the
     top of each pass with its step index and the host clock, returning the pass's column
     values (a workload fixed as the run goes: :func:`simwar.executors.fast.realize`);
-    ``target``: ``"scalar"``, ``"array"`` or ``"lanes"`` (:class:`Target`; the array and
-    lanes targets take neither ``collect`` nor ``trace``); ``lanes``: the lanes target's
+    ``target``: ``"scalar"``, ``"array"``, ``"picked"`` or ``"lanes"`` (:class:`Target`; all
+    but the scalar take neither ``collect`` nor ``trace``); ``lanes``: the lanes target's
     number of lanes (:func:`_unrolled` says what its function takes).
     """
     key = (shape.host, slots, fwd, collect, log, depth, trace, feed, target, lanes)
@@ -180,8 +193,10 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     # ``add`` with its output given (``WD``: the two sums as the rows of one array, both
     # zeroed at once as a window closes), a difference added to one made in a scratch row
     # (``Z_``); every value kept (a tail, a record, a logged time) is a new array
-    arr = target is ARRAY
+    arr = target in (ARRAY, PICKED)
     above: set[str] = set()
+    sums: list[tuple] = []  # the array target: where in ``body`` a window sum is added to
+    closes: list[tuple[int, str]] = []  # ... and where a window closes, at which step
 
     def advance(step: str) -> None:
         """The host clock moves on by ``step``."""
@@ -195,6 +210,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     def summed(acc: str, a: str, b: str) -> None:
         """``acc += a - b`` (a window sum)."""
         if arr:
+            sums.append((len(body), acc, a, b))
             emit(f"_sub({a}, {b}, Z_); _add({acc}, Z_, {acc})")
         else:
             emit(f"{acc} += {a} - {b}")
@@ -272,6 +288,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                     # step closed twice (its forward in two segments) takes the collect path
                     # (the array target: its batch runs one by one)
                     emit(f"if {ks} <= cl: bad = True")
+                    if arr:
+                        closes.append((len(body), ks))
                     emit(f"BU[{ks}] = W; DE[{ks}] = Dp; " + ("WD.fill(0.0)" if arr else
                                                              "W = 0.0; Dp = 0.0") + f"; cl = {ks}")
         log_times(dev_index, "s", "e")
@@ -359,7 +377,10 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             above.clear()
             emit("t0 = t")
             emit(f"t = returns(t0, {host}, {f}, {wake})")
-            if arr:
+            if target.rows_in_place:  # added in the row (``row += Z_`` writes it back too)
+                emit(f"_sub(t, t0, Z_); BR_ = B{sites.index(h.site)}[{step_index(h.off)}]; "
+                     "_add(BR_, Z_, BR_)")
+            elif arr:
                 emit(f"_sub(t, t0, Z_); B{sites.index(h.site)}[{step_index(h.off)}] += Z_")
             elif not trace:
                 emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
@@ -390,6 +411,24 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         for d in range(depth, 1, -1):
             emit(f"H{d} = H{d - 1}")
         emit("H1 = (" + "".join(f"r{i}, " for i in range(nrec)) + ")")
+    # the array target, where a segment closes one window, at its own step, after every sum
+    # it adds to (so none carries to the next segment): the sums are added in the rows of
+    # ``BU`` and ``DE`` themselves, the first of each written there (a row is 0.0 until
+    # closed, and 0.0 plus a difference >= 0 is that difference), with no copy into them and
+    # no zeroing as the window closes. A window carried from the block before (``S.w``,
+    # ``S.dp`` not 0) is the picked form's to run, for one pass (the function refuses it:
+    # :func:`simwar.executors.lockstep.execute.run_passes`)
+    direct = bool(target.rows_in_place and len(closes) == 1 and closes[0][1] == "ki"
+                  and all(i < closes[0][0] for i, *_ in sums))
+    if direct:
+        at, indent = closes[0][0], body[closes[0][0]][1]
+        body[at] = ("cl = ki", indent)
+        for acc in ("W", "Dp"):
+            first = next((x for x in sums if x[1] == acc), None)
+            if first is not None:
+                i, _, a, b = first
+                body[i] = (f"_sub({a}, {b}, {acc})", body[i][1])
+        body.insert(0, ("W = BU[ki]; Dp = DE[ki]", 2))
 
     cols = [p for p in params if p.startswith("c")]
     consts = [p for p in params if p.startswith("k")]
@@ -415,7 +454,13 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             "WE_ = S.wout.append", 1)
     else:
         src("BU = S.busy; DE = S.dep; cw = S.cw; cl = S.cl; W = S.w; Dp = S.dp; bad = S.bad", 1)
-        if arr:  # the sums' arrays of the block's own, and a scratch row (see _generate)
+        if direct:  # the sums in the rows closed (see above), a scratch row
+            src("Z_ = _empty(len(t))", 1)
+            src("if len(KS) and (_any(W) or _any(Dp)):", 1)
+            src("raise ValueError('a window carried into a block that sums its windows in "
+                "their rows: its first pass runs in the picked form')", 2)
+            src("W_ = W; Dp_ = Dp", 1)
+        elif arr:  # the sums' arrays of the block's own, and a scratch row (see _generate)
             src("WD = _empty((3, len(t))); WD[0] = W; WD[1] = Dp; W, Dp, Z_ = WD; WD = WD[:2]",
                 1)
     if logs:  # one statement for all: a block may log a hundred times, and each statement
@@ -446,7 +491,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src(f"TL[{lane!r}] = {var}", 1)
     if depth:
         src("S.hist = [" + "".join(f"H{d}, " for d in range(1, depth + 1)) + "]", 1)
-    if not collect and not trace:
+    if direct:  # every sum in a row closed: nothing carries to the next block
+        src("S.cw = cw; S.cl = cl; S.w = W_; S.dp = Dp_; S.bad = bad", 1)
+    elif not collect and not trace:
         src("S.cw = cw; S.cl = cl; S.w = W; S.dp = Dp; S.bad = bad", 1)
     if unrolled:
         src.lines = _unrolled(src.lines, body, cols, width)
@@ -457,6 +504,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     fn = namespace["block"]
     fn.source = code
     fn.layout = tuple(layout)
+    fn.sums_in_rows = direct  # takes no window carried from the block before (see above)
     return fn
 
 
@@ -510,7 +558,6 @@ def _unrolled(lines: list[str], body: list, cols: list, width: int) -> list[str]
         else:
             run.append(line)
     flush()
-    for r in range(width):
-        out.append(f"    S_{r} = S[{r}]")
+    for r in range(width):  # S_r still lane r's state (no lane rebinds it)
         out += [_lane(line, r) for line in tail]
     return out

@@ -89,6 +89,9 @@ class DeviceOp:
     accesses: tuple = ()  # ((buffer, Mode), ...) in the engine's order: reads, then writes
     bind: SyncBinding | None = None  # waits and syncs (None: bound to nothing)
     bound_op: int | None = None  # a wait_stream's wait: the device op index of its record
+    #: a collective's (tensor-parallel ranks): "host" (a host collective, the sync op the
+    #: engine records for it) or "device" (a collective kernel); "" for every other op
+    coll: str = ""
 
 
 class Shape:
@@ -268,7 +271,7 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
                     dev.append(DeviceOp(OpKind.RECORD, op.stream, h.off, node.event))
                 elif n.kind == "c":  # a collective kernel: the engine's op, no accesses
                     dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
-                                        node.phase))
+                                        node.phase, coll="device"))
                 else:
                     dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
                                         node.phase, n.accesses))
@@ -287,7 +290,7 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
         elif kind is Synchronize:
             dev.append(DeviceOp(OpKind.SYNC, "cpu", h.off, op.event, bind=h.bind))
         elif kind is HostCollective:  # the engine records it as a sync op bound to nothing
-            dev.append(DeviceOp(OpKind.SYNC, "cpu", h.off, op.name))
+            dev.append(DeviceOp(OpKind.SYNC, "cpu", h.off, op.name, coll="host"))
     return dev, records
 
 

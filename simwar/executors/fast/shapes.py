@@ -179,8 +179,9 @@ class _Context:
 
     @property
     def array_fn(self):
-        """The block in the array target (:mod:`simwar.executors.fast.codegen`)."""
+        """The block in the array target over runs picked out of a group's
+        (:mod:`simwar.executors.fast.codegen`: its ``picked`` form)."""
         if self._array_fn is None:
             self._array_fn = compile_block(self.shape, self.slots, FORWARD, False, (),
-                                           self.depth, target="array")
+                                           self.depth, target="picked")
         return self._array_fn

@@ -253,6 +253,21 @@ class _LockstepTally:
         return self
 
 
+def run_passes(fn, how: tuple, ks, consts: tuple, cols, state: State) -> None:
+    """Run the passes ``ks`` of a block compiled in the array target (``fn``;
+    ``compile_block(*how)``'s arguments but the feed and target), its parameter columns
+    ``cols`` (a 2-d array per column, a row per pass, or a feed's callable). A block that sums
+    its windows in the rows they close (``fn.sums_in_rows``: :mod:`~simwar.executors.fast.codegen`)
+    takes no window carried from the block before: its first pass then runs in the picked
+    form, which adds to it in the same order, and the rest as compiled."""
+    if fn.sums_in_rows and len(ks) and (np.any(state.w) or np.any(state.dp)):
+        feed = callable(cols)
+        compile_block(*how, feed=feed, target="picked")(
+            ks[:1], consts, cols if feed else [c[:1] for c in cols], state)
+        ks, cols = ks[1:], cols if feed else [c[1:] for c in cols]
+    fn(ks, consts, cols, state)
+
+
 def run_group(plans: list[Plan], window: int = 2, feeds: list | None = None) -> list[dict]:
     """The summaries of runs whose plans share a :func:`group_key`, in their order.
 
@@ -277,8 +292,8 @@ def run_group(plans: list[Plan], window: int = 2, feeds: list | None = None) -> 
     first, last = measured
     for bi, b in enumerate(plan.blocks):
         slots = tuple(c is None for c in b.consts)
-        fn = compile_block(b.shape, slots, fwd, False, races.logs_of(bi), depth,
-                           feed=feeds is not None, target="array")
+        how = (b.shape, slots, fwd, False, races.logs_of(bi), depth)
+        fn = compile_block(*how, feed=feeds is not None, target="array")
         state.logs = races.log_arrays(bi)
         consts = _stack_consts(plans, bi)
         for start in range(0, b.n, CHUNK):
@@ -292,7 +307,7 @@ def run_group(plans: list[Plan], window: int = 2, feeds: list | None = None) -> 
                                      for feed, p in zip(feeds, plans)])
             else:
                 cols = _stack_columns(plans, bi, start, stop) if any(slots) else ()
-            fn(ks, consts, cols, state)
+            run_passes(fn, how, ks, consts, cols, state)
             races.tally(first, last)
     if state.bad:
         raise NotLockstep("forward steps issued out of order")

@@ -224,10 +224,10 @@ def _collectives(plan: Plan, logged: list) -> Collectives:
     base = 0
     for b in plan.blocks:
         nops = len(b.shape.ops)
-        host, kernels = _coll_index(b.shape)
-        # (device op index, device?, name, step offset), in issue order
-        mine = [(d, int(d in kernels), o.label, o.off) for d, o in enumerate(b.shape.ops)
-                if d in host or d in kernels]
+        # (device op index, device?, name, step offset), in issue order (the collectives the
+        # plan's device ops name: :func:`simwar.executors.fast.plan._devices`)
+        mine = [(d, int(o.coll == "device"), o.label, o.off) for d, o in enumerate(b.shape.ops)
+                if o.coll]
         if mine:
             passes = np.arange(b.n)
             steps = np.asarray(b.steps, dtype=np.int64)
@@ -252,35 +252,6 @@ def _collectives(plan: Plan, logged: list) -> Collectives:
     tables = [{"key": key, "device": dev.tolist(), "name": name, "step": stp, "op": ops,
                "arrive": times[:, 0, r], "leave": times[:, 1, r]} for r in range(n)]
     return Collectives(tables)
-
-
-_INDEX: dict = {}
-
-
-def _coll_index(shape) -> tuple[set, set]:
-    """The device op indices of a shape's host collectives and of its collective kernels
-    (walking its host ops as the device ops are issued)."""
-    got = _INDEX.get(shape.host)
-    if got is not None:
-        return got
-    host, dev = set(), set()
-    d = 0
-    for h in shape.host:
-        kind = h.kind
-        if kind == "hcoll":
-            host.add(d)
-            d += 1
-        elif kind == "graph":
-            for node in h.nodes:
-                if node.kind == "c":
-                    dev.add(d)
-                d += 1
-        elif kind in ("launch", "record", "wait_event", "sync"):
-            d += 1
-        elif kind == "wait_stream":
-            d += 2
-    _INDEX[shape.host] = got = (host, dev)
-    return got
 
 
 __all__ = ["RankRun", "RanksApart", "run_plans", "run_ranks"]
