@@ -45,16 +45,19 @@ at each repeat's measured host speed (:func:`host_at`): the repeat's unpadded ho
 over the capture's on its own such steps less the profiler's cost in them
 (:func:`net_unpadded`: the host speed the fitted model describes), read from the repeat's
 own host stamps, an input about the machine, not an outcome. The model's host durations
-(:func:`simwar.fit.profiler.scale_host`: the loop's CPU work, each phase's and the prefill's
-host time, the host API calls; nothing on the device) are multiplied by it, a faster repeat
-scaled down as a slower one up, but for the work the mini-server pads to a time target and
-the prefill's preparation before its launches (:data:`PADDED`: the data show neither
-following the decode steps' host speed); every repeat is judged, each with its factor
-shown. ``--as-captured``: the table before, every repeat at the capture's host
-speed, and the host-speed rule (:func:`lab.check.host_speed`, as :mod:`lab.prefill_check`
-applies it: a repeat whose host ran more than :data:`lab.check.HOST_SPEED_MAX` times slower
-than the capture's stamps is reported, not judged, its speed in brackets; a case with none
-judged, and the signs and recommendations that pair it, reported whole). Reported too: where
+(:func:`simwar.fit.profiler.scale_host`: the loop's CPU work, each phase's host time, the
+host API calls; nothing on the device) are multiplied by it, a faster repeat scaled down as a
+slower one up, but for the work the mini-server pads to a time target (:data:`PADDED`, kept
+as captured) and the prefill's host time, its preparation and its launches
+(:data:`PREFILL_HOST`), multiplied instead by the repeat's host speed on its steps that
+prefill (:func:`prefill_speed`: the same unpadded work on those steps over the capture's at
+the same tokens, as stamped; the data show it apart from the decode steps'); every repeat is
+judged, each with its two factors shown. ``--as-captured``: the table before, every repeat
+at the capture's host speed, and the host-speed rule (:func:`lab.check.host_speed`, as
+:mod:`lab.prefill_check` applies it: a repeat whose host ran more than
+:data:`lab.check.HOST_SPEED_MAX` times slower than the capture's stamps is reported, not
+judged, its speed in brackets; a case with none judged, and the signs and recommendations
+that pair it, reported whole). Reported too: where
 ``DIR/twins`` holds them, the profiler's effect on the host stages of un-profiled and
 profiled twins (:func:`twins`).
 
@@ -77,7 +80,7 @@ from lab.server_requests import Arrivals, Dist
 from simwar.api import simulate
 from simwar.capture.open import open_capture
 from simwar.fit.from_capture import fit_model
-from simwar.fit.profiler import scale_host
+from simwar.fit.profiler import host_keys, scale_host
 
 DEFAULT_DIR = check.DEFAULT_DIR / "shapes"
 CASE = re.compile(r"^shapes_(?P<mode>sglang|mixed)_(?P<load>light|medium|closed16)_"
@@ -171,18 +174,61 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
             "extrapolated": extrapolated, "clamped": clamped,
             "host_line": (float(base), float(slope)),
             "host_line_net": (float(net_base), float(net_slope)),
+            "prefill_line": prefill_line(capture, metrics),
             "buckets": list((config.get("workload") or {}).get("graph_buckets") or [])}
 
 
 #: the host work a repeat's measured speed does not move, kept as captured: what the
-#: mini-server pads to a time target (lab.server: its ``schedule`` and ``process`` ranges),
-#: and a prefill's preparation before its first launch (``prefill.host_before_us``, 1.27 of
-#: its 1.43 ms in prepare_for_decode on the mixed capture), which the twins show apart from
-#: the decode steps' host speed (prefill prepare x0.69-1.64 profiled over un-profiled where
-#: the decode steps' launch ran x1.13-3.81) and which, scaled with it, leaves the rerun's
-#: TTFTs 13-26 % short (27 of 48 figures against 37)
-PADDED = ("cpu.ingest_us", "cpu.schedule_us", "cpu.process_result_us",
-          "prefill.host_before_us")
+#: mini-server pads to a time target (lab.server: its ``schedule`` and ``process`` ranges)
+PADDED = ("cpu.ingest_us", "cpu.schedule_us", "cpu.process_result_us")
+#: the host work of a step that prefills, at the repeat's host speed on such steps
+#: (:func:`prefill_speed`), not the decode steps': the prefill's preparation before its first
+#: launch (``prefill.host_before_us``) and its launch window (``prefill.host_us``). The data
+#: keep the two speeds apart: on the first run the repeats' decode steps ran x0.69-2.08 of the
+#: capture's host work and their prefill steps x0.96-1.41 (the closed loop x1.97-2.03 and
+#: x1.30-1.35: a prefill launched over 2.8 ms where the decode speed made it 4.2 ms; the light
+#: load x0.69-0.87 and x1.26), and the twins show the prefill's prepare and launch apart from
+#: the decode steps' (x0.53-1.64 profiled over un-profiled where the decode launch ran
+#: x1.13-3.81)
+PREFILL_HOST = ("prefill.host_us", "prefill.host_before_us")
+
+
+def prefill_unpadded(metrics: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per measured step that prefills (a prefill step of its own or a mixed step):
+    ``(prompt tokens, host work the server does not pad)``, :func:`lab.check._unpadded`'s
+    span (prepare, launch, barrier) on the steps :func:`lab.check._unpadded` leaves out with
+    ``decode_only``."""
+    st = metrics["steps"]
+    steps = check.measured_steps(metrics)
+    tokens = np.asarray(st["prefill_tokens"], dtype=float)[steps]
+    work = (np.asarray(st["t_barrier_us"], dtype=float)
+            - np.asarray(st["t_batch_us"], dtype=float))[steps]
+    ok = (tokens > 0) & np.isfinite(work)
+    return tokens[ok], work[ok]
+
+
+def prefill_line(capture: Path, metrics: dict) -> tuple[float, float]:
+    """``(a, b)``: the capture's :func:`prefill_unpadded` host work as ``a + b x tokens``,
+    least squares, as stamped: the fit keeps the profiler's cost in an eager prefill's host
+    time (:data:`simwar.fit.shapes.EAGER_PREFILL_LESS_PROFILER`), so its steps as they ran
+    are the host speed the model's prefill describes."""
+    x, y = prefill_unpadded(metrics)
+    if len(x) < 3 or np.ptp(x) == 0:
+        raise check.ServerDataError(f"{capture}: fewer than 3 steps that prefill, or all of "
+                                    f"one size (the prefill's host speed needs a line)")
+    slope, base = np.polyfit(x, y, 1)
+    return float(base), float(slope)
+
+
+def prefill_speed(metrics: dict, line: tuple[float, float]) -> float:
+    """How much slower a repeat's host ran its steps that prefill than the capture's (NaN:
+    none): its :func:`prefill_unpadded` work over the capture's :func:`prefill_line` at the
+    same tokens, as :func:`lab.check.host_speed` takes the decode steps' at the same
+    batches."""
+    x, y = prefill_unpadded(metrics)
+    if not len(x):
+        return math.nan
+    return float(y.sum() / (line[0] + line[1] * x).sum())
 
 
 def net_unpadded(capture: Path, metrics: dict, keep_profiler_cost: bool = False
@@ -218,12 +264,19 @@ def net_unpadded(capture: Path, metrics: dict, keep_profiler_cost: bool = False
     return batch[keep], np.array([less(a[k] + shift, b[k] - a[k]) for k in keep])
 
 
-def host_at(config: dict, speed: float) -> dict:
-    """``config`` with its host durations at a repeat's measured host ``speed``
-    (:func:`simwar.fit.profiler.scale_host`; NaN, unknown: as captured), its lines clamped
-    again (:func:`clamp_lines`: a line bent to reach zero at the cap, scaled and rounded,
-    may end a rounding below it)."""
-    out = scale_host(config, speed if math.isfinite(speed) else 1.0, keep=PADDED)
+def host_at(config: dict, speed: float, prefill: float = math.nan) -> dict:
+    """``config`` with its host durations at a repeat's measured host speeds
+    (:func:`simwar.fit.profiler.scale_host`; NaN, unknown: as captured): the prefill's
+    (:data:`PREFILL_HOST`) at ``prefill``, the speed of the repeat's steps that prefill
+    (:func:`prefill_speed`), the others at ``speed``, the decode steps' (but
+    :data:`PADDED`); its lines clamped again (:func:`clamp_lines`: a line bent to reach zero
+    at the cap, scaled and rounded, may end a rounding below it)."""
+    def known(v: float) -> float:
+        return v if math.isfinite(v) else 1.0
+
+    out = scale_host(config, known(speed), keep=PADDED + PREFILL_HOST)
+    out = scale_host(out, known(prefill),
+                     keep=[k for k in host_keys(out) if k not in PREFILL_HOST])
     clamp_lines(out)
     return out
 
@@ -336,12 +389,16 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         # out; --as-captured: as stamped, the rule's reference before)
         line = models[mode]["host_line" if as_captured else "host_line_net"]
         speeds = [check.host_speed(r, line, decode_only=True) for r in repeats]
+        prefill_speeds: list = [None] * len(repeats)
         if as_captured:  # the capture's host speed; a repeat slower by more than
             # HOST_SPEED_MAX is reported, not judged; a case without a judged one likewise
             configs = [models[mode]["config"]] * len(repeats)
             judged = [not v > check.HOST_SPEED_MAX for v in speeds]
         else:  # the model's host at each repeat's speed, faster or slower: all judged
-            configs = [host_at(models[mode]["config"], v) for v in speeds]
+            # and its steps that prefill at theirs (PREFILL_HOST says why)
+            prefill_speeds = [prefill_speed(r, models[mode]["prefill_line"]) for r in repeats]
+            configs = [host_at(models[mode]["config"], v, p)
+                       for v, p in zip(speeds, prefill_speeds)]
             judged = [True] * len(repeats)
         reps = [prefill_check.measured(r) for r in repeats]
         sims = [_predict(c, r) for c, r in zip(configs, repeats)]
@@ -355,7 +412,8 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         seeds = [int(r["case"].get("seed", 0)) for r in repeats]
         out["cases"][f"{mode}_{load}_{loop}"] = {
             "mode": mode, "load": load, "loop": loop, "repeats": len(repeats), "rows": rows,
-            "host_speed": speeds, "judged": judged, "scaled": not as_captured,
+            "host_speed": speeds, "prefill_host_speed": prefill_speeds, "judged": judged,
+            "scaled": not as_captured,
             "requests": (meas["requests"][0], pred["requests"]), "mean_output": out_mean,
             "by_seed": {sd: (m, p) for sd, m, p in zip(seeds, reps, sims)},
             "judged_seeds": {sd for sd, ok in zip(seeds, judged) if ok}}
@@ -447,12 +505,21 @@ def model_line(m: dict) -> str:
             f"{check.MAX_BATCH}: " + (", ".join(m["clamped"]) or "none"))
 
 
+def speeds(case: dict) -> str:
+    """A case's repeats' host speeds (:func:`lab.prefill_check.speeds`), each with its steps'
+    that prefill where it was predicted at it (``x1.97/1.30``)."""
+    out = prefill_check.speeds(case).split(", ")
+    return ", ".join(f"{a}/{p:.2f}" if p is not None and math.isfinite(p) else a
+                     for a, p in zip(out, case.get("prefill_host_speed") or [None] * len(out)))
+
+
 def speed_line(result: dict) -> str:
     """How the repeats' host speeds were used, in words."""
     if all(c.get("scaled") for c in result["cases"].values()):
-        return ("Each repeat predicted at its own host speed (the factor shown: its unpadded "
-                "host work over the capture's; the model's host durations x it), every "
-                "repeat judged.")
+        return ("Each repeat predicted at its own host speeds (the factors shown: its unpadded "
+                "host work over the capture's, on the steps that prefill nothing / on those "
+                "that prefill; the model's host durations x the first, its prefill's x the "
+                "second), every repeat judged.")
     return (f"Every repeat predicted at the capture's host speed (--as-captured); a repeat "
             f"whose host ran more than {check.HOST_SPEED_MAX}x slower is not judged (its "
             f"speed in brackets).")
@@ -463,7 +530,7 @@ def markdown(result: dict) -> str:
     rows = []
     for c in result["cases"].values():
         m, p = c["requests"]
-        rows.append([c["mode"], c["load"], c["loop"], prefill_check.speeds(c),
+        rows.append([c["mode"], c["load"], c["loop"], speeds(c),
                      f"{m:.0f} / {p:.0f}",
                      *(prefill_check.cell(c["rows"][k], k) for k in FIGURES)])
     signs = []

@@ -63,25 +63,31 @@ MIXED = {"closed16_normal": ("mixed", "mixed", None), "closed16_overlap": ("mixe
 #: unpadded host durations x its factor, lab.shapes_check.host_at) and every repeat judged:
 #: (case, figure) within their target; every other one misses
 MEASURED_WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "tpot_us"),
-                   ("mixed_closed16_normal", "ttft_forward_us"),
-                   ("mixed_closed16_normal", "ttft_us"), ("mixed_closed16_overlap", "tokens_per_s"),
+                   ("mixed_closed16_normal", "ttft_us"),
+                   ("mixed_closed16_overlap", "tokens_per_s"),
                    ("mixed_closed16_overlap", "tpot_us"),
                    ("mixed_closed16_overlap", "ttft_forward_us"),
                    ("mixed_closed16_overlap", "ttft_us"), ("mixed_light_normal", "tokens_per_s"),
                    ("mixed_light_normal", "ttft_us"), ("mixed_light_overlap", "tokens_per_s"),
                    ("mixed_light_overlap", "tpot_us"), ("mixed_light_overlap", "ttft_forward_us"),
                    ("mixed_light_overlap", "ttft_us"), ("mixed_medium_normal", "tokens_per_s"),
-                   ("mixed_medium_normal", "ttft_forward_us"), ("mixed_medium_normal", "ttft_us"),
-                   ("mixed_medium_overlap", "tokens_per_s"), ("mixed_medium_overlap", "tpot_us"),
-                   ("mixed_medium_overlap", "ttft_forward_us"), ("mixed_medium_overlap", "ttft_us"),
-                   ("sglang_closed16_normal", "tokens_per_s"),
-                   ("sglang_closed16_normal", "tpot_us"),
+                   ("mixed_medium_normal", "ttft_us"), ("mixed_medium_overlap", "tokens_per_s"),
+                   ("mixed_medium_overlap", "tpot_us"),
+                   ("mixed_medium_overlap", "ttft_forward_us"),
+                   ("mixed_medium_overlap", "ttft_us"), ("sglang_closed16_normal", "tokens_per_s"),
+                   ("sglang_closed16_normal", "tpot_us"), ("sglang_closed16_normal", "ttft_us"),
+                   ("sglang_closed16_overlap", "tokens_per_s"),
+                   ("sglang_closed16_overlap", "tpot_us"),
                    ("sglang_closed16_overlap", "ttft_forward_us"),
                    ("sglang_closed16_overlap", "ttft_us"), ("sglang_light_normal", "tokens_per_s"),
                    ("sglang_light_normal", "tpot_us"), ("sglang_light_normal", "ttft_forward_us"),
                    ("sglang_light_normal", "ttft_us"), ("sglang_light_overlap", "tokens_per_s"),
-                   ("sglang_light_overlap", "tpot_us"), ("sglang_medium_normal", "tokens_per_s"),
-                   ("sglang_medium_overlap", "tokens_per_s"), ("sglang_medium_overlap", "tpot_us"),
+                   ("sglang_light_overlap", "tpot_us"),
+                   ("sglang_light_overlap", "ttft_forward_us"),
+                   ("sglang_light_overlap", "ttft_us"), ("sglang_medium_normal", "tokens_per_s"),
+                   ("sglang_medium_normal", "ttft_forward_us"),
+                   ("sglang_medium_normal", "ttft_us"), ("sglang_medium_overlap", "tokens_per_s"),
+                   ("sglang_medium_overlap", "tpot_us"),
                    ("sglang_medium_overlap", "ttft_forward_us"),
                    ("sglang_medium_overlap", "ttft_us")}
 #: each repeat's measured host speed against the capture's host work net of the profiler
@@ -91,8 +97,15 @@ SPEEDS = {"mixed_closed16_normal": [0.85, 1.03], "mixed_closed16_overlap": [0.79
           "sglang_closed16_normal": [2.06, 2.08], "sglang_closed16_overlap": [1.97, 2.03],
           "sglang_light_normal": [0.73, 0.74], "sglang_light_overlap": [0.69, 0.87],
           "sglang_medium_normal": [1.97, 2.02], "sglang_medium_overlap": [1.05, 1.6]}
+#: and on its steps that prefill, against the capture's such steps as stamped
+PREFILL_SPEEDS = {"mixed_closed16_normal": [0.82, 0.93], "mixed_closed16_overlap": [0.82, 0.84],
+                  "mixed_light_normal": [1.13, 1.09], "mixed_light_overlap": [1.27, 1.27],
+                  "mixed_medium_normal": [0.89, 0.97], "mixed_medium_overlap": [1.12, 0.91],
+                  "sglang_closed16_normal": [1.33, 1.37], "sglang_closed16_overlap": [1.3, 1.35],
+                  "sglang_light_normal": [0.96, 0.99], "sglang_light_overlap": [1.26, 1.26],
+                  "sglang_medium_normal": [1.41, 1.34], "sglang_medium_overlap": [1.13, 1.22]}
 MEASURED_WRONG_SIGNS = {("sglang_closed16", "ttft_us"), ("sglang_light", "requests_per_s"),
-                        ("sglang_light", "tokens_per_s")}
+                        ("sglang_light", "tokens_per_s"), ("sglang_light", "ttft_us")}
 MEASURED_OVERLAP = {"sglang_light": ("on", "on", True), "sglang_medium": ("on", "on", True),
                     "sglang_closed16": ("on", "on", True), "mixed_light": ("on", "on", True),
                     "mixed_medium": ("on", "on", True), "mixed_closed16": ("on", "on", True)}
@@ -121,6 +134,7 @@ def test_each_repeat_is_predicted_at_its_own_host_speed(measured):
     for name, case in measured["cases"].items():
         assert case["judged"] == [True, True] and case["scaled"]
         assert [round(v, 2) for v in case["host_speed"]] == SPEEDS[name]
+        assert [round(v, 2) for v in case["prefill_host_speed"]] == PREFILL_SPEEDS[name]
         for figure, row in case["rows"].items():
             if row["ok"] is None:  # step time and request rate: reported, no target
                 continue
@@ -276,3 +290,23 @@ def test_the_what_ifs_ask_the_same_model_for_mixed_chunk_and_chunk_size(capsys):
     assert main(["--what-if", "--chunks", "2048"]) == 0
     assert "| sglang_mixed | 2048 | predicted |" in capsys.readouterr().out
     assert main(["--what-if", "--chunks", "x"]) == 2
+
+
+def test_a_repeats_prefill_runs_at_its_own_host_speed():
+    """host_at: the prefill's host keys at the speed of the repeat's steps that prefill, the
+    other host keys at its decode steps', the padded ones as captured, the device untouched;
+    a speed unknown (NaN) leaves its keys as captured."""
+    from lab.shapes_check import host_at
+
+    config = {"cpu": {"schedule_us": 100.0, "prepare_us": 10.0},
+              "phases": [{"name": "forward", "host_us": 20.0, "forward_us": 500.0}],
+              "prefill": {"chunk_tokens": 256, "forward_us": 900.0, "host_us": 40.0,
+                          "host_before_us": {"base": 30.0, "per_token": 0.5}}}
+    out = host_at(config, 2.0, 1.5)
+    assert out["cpu"] == {"schedule_us": 100.0, "prepare_us": 20.0}
+    assert out["phases"][0]["host_us"] == 40.0 and out["phases"][0]["forward_us"] == 500.0
+    pf = out["prefill"]
+    assert pf["host_us"] == 60.0 and pf["forward_us"] == 900.0
+    assert pf["host_before_us"] == {"base": 45.0, "per_token": 0.75}
+    same = host_at(config, 2.0, float("nan"))["prefill"]
+    assert same["host_us"] == 40.0 and same["host_before_us"] == config["prefill"]["host_before_us"]
