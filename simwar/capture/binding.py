@@ -160,14 +160,7 @@ def bind(calls: list[RuntimeCall], devs_by_corr: dict[int, DeviceEvent | tuple |
         kinds = _LazyKinds(calls, devs_by_corr)  # every use names its record: rule 1 only
         work = None
     else:
-        kind_of: dict[tuple, Call] = {}  # (name, issued work) -> kind: a few names recur
-        kinds = []
-        for c in calls:
-            key = (c.name, c.correlation in devs_by_corr)
-            k = kind_of.get(key)
-            if k is None:
-                k = kind_of[key] = call_kind(*key)
-            kinds.append(k)
+        kinds = [call_kind(c.name, c.correlation in devs_by_corr) for c in calls]
         work = _Work(calls, kinds, devs_by_corr)
     claimed: set[int] = set()
     left: list[_Use] = []

@@ -5,7 +5,7 @@ what was counted, ignored and inferred on the way); ``simwar import``, ``explain
 ``races``, the size stage and the fit read them (through
 :class:`simwar.capture.open.Capture`).
 
-Imports: the standard library and :mod:`simwar.core.trace`.
+Imports: the standard library, numpy and :mod:`simwar.core.trace`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+import numpy as np
 
 from simwar.core.trace import Trace
 
@@ -59,6 +61,17 @@ class DeviceInfos(Mapping):
             raise ValueError(f"device op {op} added after op {ops[-1]}")
         ops.append(op)
         self._codes.append(code)
+
+    def extend(self, ops: array, codes: array) -> None:
+        """Ops ``ops`` (increasing, after every op added so far) have the facts of ``codes``:
+        :meth:`add` of each, in one step."""
+        if len(ops) != len(codes):
+            raise ValueError(f"{len(ops)} device ops and {len(codes)} codes")
+        new = np.frombuffer(ops, np.int64) if len(ops) else np.zeros(0, np.int64)
+        if (len(new) and self._ops and new[0] <= self._ops[-1]) or bool((np.diff(new) <= 0).any()):
+            raise ValueError("device ops added out of increasing order")
+        self._ops.extend(ops)
+        self._codes.extend(codes)
 
     def get(self, op: int, default=None):
         ops = self._ops

@@ -184,6 +184,7 @@ def gc_paused(fn):
     return paused
 
 
+@functools.cache  # a few names recur: the kind is found once per (name, issued)
 def call_kind(name: str, issued_work: bool) -> Call:
     """The call kind of a host runtime call named ``name`` (CUDA, driver or HIP).
 
@@ -329,6 +330,10 @@ class _Classifier:
         self.device, self.runtime = cap.device_events, cap.runtime_calls
         self.annotations = cap.annotations
         self.other: Counter = Counter()  # (cat, ph) of events of other phases
+        #: Kineto's flow arrows (``ac2g``, most of a capture's other events) by phase, counted
+        #: apart (no key tuple, no hash of a fresh category string per arrow); into ``other``
+        #: at the end, where the first of each phase put its key
+        self.flows: dict[str, int] = {}
         self.n = 0  # events fed
         #: equal values kept as one object (thread ids, launch dims): memory, not meaning
         self.same = {}.setdefault
@@ -337,7 +342,7 @@ class _Classifier:
         self.n += len(events)
         if "first_event_ts" not in self.cap.meta:
             _first_complete(events, self.cap.meta)
-        fast, read, other = self.fast, self.read, self.other
+        fast, read, other, flows = self.fast, self.read, self.other, self.flows
         for ev in events:
             if type(ev) is not RawEvent:
                 read(ev)
@@ -347,8 +352,13 @@ class _Classifier:
                 if not fast(ev):
                     read(ev)
             elif type(ph) is str and ph in _FLOWS and type(ev.cat) is str \
-                    and ev.cat != FRAME_CAT:
-                other[(ev.cat, ph)] += 1  # a flow arrow (ac2g): counted, as read() would
+                    and ev.cat != FRAME_CAT:  # a flow arrow: counted, as read() would
+                if ph in flows and ev.cat == "ac2g":
+                    flows[ph] += 1
+                else:
+                    other[(ev.cat, ph)] += 1
+                    if ev.cat == "ac2g":
+                        flows[ph] = 0
             else:
                 read(ev)
 
@@ -516,6 +526,8 @@ class _Classifier:
 
     def finish(self) -> None:
         cap = self.cap
+        for ph, n in self.flows.items():
+            self.other[("ac2g", ph)] += n
         for (cat, ph), n in self.other.items():
             cap.ignored[f"{cat if isinstance(cat, str) and cat else 'ph'}:{ph}"] += n
         cap.counts.update(Counter(d.kind for d in cap.device_events))

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from array import array
 from collections import Counter
 from operator import attrgetter
 from pathlib import Path
@@ -527,8 +528,11 @@ class CaptureTraceBuilder:
             return f"event{e}" if e is not None else ""
 
         lane_of, add_op, infos = self.lane_of, rec.op, self._infos
-        new_info, add_info = self.device_info.new, self.device_info.add
-        add_work = measured.add
+        new_info = self.device_info.new
+        info_ops, info_codes = array("q"), array("i")  # each device op's facts, added at the end
+        add_info_op, add_info_code = info_ops.append, info_codes.append
+        work_of: dict[str, tuple] = {}  # lane -> the appends of its measured work's columns
+        KERNEL = OpKind.KERNEL
 
         def device_op(d: DeviceEvent, step: int, issue: float, phase: str, call: int) -> None:
             """A measured kernel, memcpy or memset: a kernel op (``call``: its launch); the
@@ -536,19 +540,24 @@ class CaptureTraceBuilder:
             lane = lane_of[(d.device, d.stream)]
             start = d.ts + g - o
             end = start + d.dur
-            op = add_op(OpKind.KERNEL, lane, step, d.name, "", -1, issue, start, end, phase,
-                        call)
+            op = add_op(KERNEL, lane, step, d.name, "", -1, issue, start, end, phase, call)
             key = (d.kind, d.name, d.grid, d.block, d.bytes)
             code = infos.get(key)
             if code is None:  # one record for equal facts: most ops repeat a few kernels' facts
                 code = infos[key] = new_info(DeviceInfo(d.kind, d.grid, d.block, d.bytes,
                                                         copy_kind(d.name)))
-            add_info(op, code)
-            add_work(lane, issue, start, end)
+            add_info_op(op)
+            add_info_code(code)
+            work = work_of.get(lane)
+            if work is None:
+                work = work_of[lane] = measured.appends(lane)
+            work[0](issue)
+            work[1](end)
+            work[2](start)
 
         # the loop's lookups, bound once (it runs once per host call and device op)
         kernel_phase, host = self.kernel_phase, rec.host
-        kind_of: dict[tuple[str, bool], Call] = {}  # (name, issued work) -> call kind
+        rule_phase = self._rule_phase.get  # kernel_phase's memo, read first
         in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
         bound_records = set_bound_records(bnd)
@@ -581,9 +590,7 @@ class CaptureTraceBuilder:
             devs = take_devs(c.correlation, None)
             name = c.name
             issued = devs is not None
-            kind = kind_of.get((name, issued))
-            if kind is None:
-                kind = kind_of[(name, issued)] = call_kind(name, issued)
+            kind = call_kind(name, issued)
             if issued:
                 if type(devs) is tuple:  # several ops (launch_work)
                     devs = sorted(devs, key=_ts)
@@ -591,7 +598,9 @@ class CaptureTraceBuilder:
                     phase = next((p for p in phases if p), "")
                 else:  # most launches: the one op itself
                     devs = (devs,)
-                    phase = kernel_phase(devs[0].name, ann_phase)
+                    phase = rule_phase(devs[0].name)  # kernel_phase where a rule named it
+                    if not phase:
+                        phase = kernel_phase(devs[0].name, ann_phase)
                     phases = (phase,)
                     phase = phase or ""
                 call = host(kind, step, start, end, name, phase, "", rec.next_op, host_lane)
@@ -665,6 +674,8 @@ class CaptureTraceBuilder:
                 host(kind, step, start, end, name, "", "", -1, host_lane)
 
         del payload, order, item_steps  # what follows holds no more than the Trace it finishes
+        self.device_info.extend(info_ops, info_codes)
+        del info_ops, info_codes
         if consume:  # emptied by the loop, but a dict keeps its table until cleared
             by_corr.clear()
             syncs_by_corr.clear()
