@@ -371,8 +371,16 @@ class CaptureTraceBuilder:
     def _gpu_offset(self, by_corr) -> float:
         """Device-clock correction; 'auto' shifts so no kernel starts before its launch."""
         off = self.m.gpu_clock_offset_us
-        lead = np.array([d.ts - c.ts for c in self.cap.runtime_calls if c.correlation in by_corr
-                         for d in launch_work(by_corr[c.correlation])], dtype=np.float64)
+        lead = array("d")  # each launched op's start less its call's, one lookup a call
+        add, get = lead.append, by_corr.get
+        for c in self.cap.runtime_calls:
+            work = get(c.correlation)
+            if work is not None:
+                if type(work) is DeviceEvent:
+                    add(work.ts - c.ts)
+                else:
+                    lead.extend([d.ts - c.ts for d in work])
+        lead = np.frombuffer(lead, np.float64) if len(lead) else np.zeros(0)
         if off == "auto":
             early = lead[lead < 0]
             off = -float(early.min()) if len(early) else 0.0
