@@ -54,7 +54,6 @@ optional callback.
 
 from __future__ import annotations
 
-import bisect
 import re
 from array import array
 from collections import Counter
@@ -436,19 +435,10 @@ class CaptureTraceBuilder:
             hit = self._step_names[name] = self.steps_re.search(name) is not None
         return hit
 
-    def step_at(self, t: float) -> int:
-        """Step of a host time: the last step started at or before t (−1 outside)."""
-        if not self.steps:
-            return 0
-        i = bisect.bisect_right(self._step_starts, t) - 1
-        if i < 0:
-            return -1
-        if i == len(self.steps) - 1 and t > self.steps[-1][1]:
-            return -1
-        return i
-
     def steps_at(self, times: np.ndarray) -> np.ndarray:
-        """:meth:`step_at` of each of ``times`` (µs, host clock), by one search."""
+        """The step of each of ``times`` (µs, host clock), by one search: the last step
+        started at or before it (-1: before the first, or after the last one's end; 0 of
+        each where there are no steps)."""
         if not self.steps:
             return np.zeros(len(times), np.int64)
         step = np.searchsorted(np.asarray(self._step_starts, float), times, side="right") - 1
@@ -782,12 +772,17 @@ class CaptureTraceBuilder:
             rec.marker("step", 0, 0.0)
         run_batch: dict[int, float] = {}
         if self.run_batch_re is not None:
+            search, hit = self.run_batch_re.search, {}  # the pattern tried once a name
+            times = []
             for a in host_ann:
-                if self.run_batch_re.search(a.name):
-                    t = a.ts - self.origin
-                    k = self.step_at(t)
-                    if k >= 0 and k not in run_batch:
-                        run_batch[k] = t
+                h = hit.get(a.name)
+                if h is None:
+                    h = hit[a.name] = search(a.name) is not None
+                if h:
+                    times.append(a.ts - self.origin)
+            for k, t in zip(self.steps_at(np.asarray(times, float)).tolist(), times):
+                if k >= 0 and k not in run_batch:
+                    run_batch[k] = t
             if not run_batch:
                 self.warnings.append(f"no annotation matches run_batch '{self.m.run_batch}': "
                                      f"using the first forward launch of each step")
