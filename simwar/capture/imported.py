@@ -73,6 +73,18 @@ class DeviceInfos(Mapping):
         self._ops.extend(ops)
         self._codes.extend(codes)
 
+    def of_ops(self, ops: list[int]) -> list[DeviceInfo | None]:
+        """:meth:`get` of each of ``ops`` (None: not a device op), by one search."""
+        if not self._ops:
+            return [None] * len(ops)
+        mine = np.frombuffer(self._ops, np.int64)
+        want = np.asarray(ops, dtype=np.int64)
+        at = np.minimum(np.searchsorted(mine, want), len(mine) - 1)
+        codes = np.frombuffer(self._codes, np.int32)[at]
+        facts = self._facts
+        return [facts[c] if hit else None
+                for c, hit in zip(codes.tolist(), (mine[at] == want).tolist())]
+
     def get(self, op: int, default=None):
         ops = self._ops
         i = bisect.bisect_left(ops, op)
