@@ -251,7 +251,7 @@ def read_capture(path: str | Path, progress: ProgressFn | None = None,
                                 f"(expected a list of trace events)")
     classify.finish()
     _meta(cap, meta)
-    _check_plausible(cap)
+    _check_plausible(cap, classify.extent)
     if progress is not None:
         progress(total, total)
     return cap
@@ -335,6 +335,7 @@ class _Classifier:
         #: at the end, where the first of each phase put its key
         self.flows: dict[str, int] = {}
         self.n = 0  # events fed
+        self.extent = _Extent(cap)  # what the plausibility check reads, batch by batch
         #: equal values kept as one object (thread ids, launch dims): memory, not meaning
         self.same = {}.setdefault
 
@@ -361,6 +362,7 @@ class _Classifier:
                         flows[ph] = 0
             else:
                 read(ev)
+        self.extent.add()
 
     def reset(self) -> None:
         """Forget every event fed (a later top-level ``traceEvents`` replaces them)."""
@@ -679,19 +681,48 @@ def _what(v) -> str:
     return "a non-numeric"
 
 
-def _check_plausible(cap: CaptureEvents) -> None:
-    """Implausible times (a capture written in ns where µs are expected): counted problems.
-    The times are taken out of the records as numpy columns (by ``attrgetter``, no
-    Python-level loop: seven generator passes were a tenth of the reader's time)."""
-    seqs = (cap.device_events, cap.runtime_calls, cap.annotations)
-    ts = [np.fromiter(map(_TS, seq), np.float64, len(seq)) for seq in seqs]
-    dur = [np.fromiter(map(_DUR, seq), np.float64, len(seq)) for seq in seqs]
-    long = int(np.count_nonzero(dur[0] > PLAUSIBLE_DUR_US))
+class _Extent:
+    """What the plausibility check reads of the kept records, summed batch by batch while
+    they are fresh in memory (a pass over every record at the end took about a tenth of the
+    reader's time): per list (device work, runtime calls, ranges) the earliest start and the
+    latest end (numpy's min and max: NaN as a whole column's would give it), and how many
+    device ops are implausibly long."""
+
+    def __init__(self, cap: CaptureEvents):
+        self.seqs = (cap.device_events, cap.runtime_calls, cap.annotations)
+        self.done = [0, 0, 0]  # records already summed, per list
+        self.starts: list = [None, None, None]
+        self.ends: list = [None, None, None]
+        self.long = 0
+
+    def add(self) -> None:
+        """Sum the records appended since the last call."""
+        for k, seq in enumerate(self.seqs):
+            lo = self.done[k]
+            if len(seq) == lo:
+                continue
+            part = seq[lo:]
+            ts = np.fromiter(map(_TS, part), np.float64, len(part))
+            dur = np.fromiter(map(_DUR, part), np.float64, len(part))
+            start, end = ts.min(), (ts + dur).max()
+            self.starts[k] = start if self.starts[k] is None else np.minimum(self.starts[k],
+                                                                             start)
+            self.ends[k] = end if self.ends[k] is None else np.maximum(self.ends[k], end)
+            if k == 0:
+                self.long += int(np.count_nonzero(dur > PLAUSIBLE_DUR_US))
+            self.done[k] = len(seq)
+
+
+def _check_plausible(cap: CaptureEvents, extent: _Extent) -> None:
+    """Implausible times (a capture written in ns where µs are expected): counted problems,
+    from the kept records' extent (:class:`_Extent`, summed as they were read)."""
+    extent.add()
+    long = extent.long
     if long:
         cap.problems[("device", f"longer than {PLAUSIBLE_DUR_US / 1e6:.0f} s (implausible: "
                                 f"are 'ts'/'dur' in ns, not µs?)")] += long
-    starts = [float(t.min()) for t in ts if len(t)]
-    ends = [float((t + d).max()) for t, d in zip(ts, dur) if len(t)]
+    starts = [float(t) for t in extent.starts if t is not None]
+    ends = [float(t) for t in extent.ends if t is not None]
     if starts and ends and max(ends) - min(starts) > PLAUSIBLE_SPAN_US:
         span = (max(ends) - min(starts)) / 1e6
         cap.problems[("capture", f"spans {span:.0f} s (implausible for a profile: are "
