@@ -251,7 +251,8 @@ def read_capture(path: str | Path, progress: ProgressFn | None = None,
                                 f"(expected a list of trace events)")
     classify.finish()
     _meta(cap, meta)
-    _check_plausible(cap, classify.extent)
+    cap.columns = classify.extent.columns()
+    _check_plausible(cap, cap.columns)
     if progress is not None:
         progress(total, total)
     return cap
@@ -335,7 +336,7 @@ class _Classifier:
         #: at the end, where the first of each phase put its key
         self.flows: dict[str, int] = {}
         self.n = 0  # events fed
-        self.extent = _Extent(cap)  # what the plausibility check reads, batch by batch
+        self.extent = _Extent(cap)  # the records' columns, batch by batch
         #: equal values kept as one object (thread ids, launch dims): memory, not meaning
         self.same = {}.setdefault
 
@@ -681,48 +682,65 @@ def _what(v) -> str:
     return "a non-numeric"
 
 
+#: the columns the reader keeps of each list of records (:class:`_Extent`), for the
+#: plausibility check and the sanity checks (:func:`simwar.capture.sanity.check_capture`)
+COLUMNS = {"device_events": ("ts", "dur", "device", "stream"),
+           "runtime_calls": ("ts", "dur", "pid", "correlation"),
+           "sync_events": ("ts",), "annotations": ("ts", "dur")}
+_FLOAT_FIELDS = ("ts", "dur")
+
+
 class _Extent:
-    """What the plausibility check reads of the kept records, summed batch by batch while
-    they are fresh in memory (a pass over every record at the end took about a tenth of the
-    reader's time): per list (device work, runtime calls, ranges) the earliest start and the
-    latest end (numpy's min and max: NaN as a whole column's would give it), and how many
-    device ops are implausibly long."""
+    """Columns of the kept records, taken batch by batch while the records are fresh in
+    memory (a pass over every record after reading, with each record's memory long out of
+    the cache, cost about a tenth of the reader's time and as much again in the sanity
+    checks): :data:`COLUMNS` of each list, in numpy chunks; an integer column with a value
+    beyond int64 (the reader keeps any JSON integer) is dropped (None), and its readers then
+    take the records' own values. :meth:`columns` joins them once reading is done."""
 
     def __init__(self, cap: CaptureEvents):
-        self.seqs = (cap.device_events, cap.runtime_calls, cap.annotations)
-        self.done = [0, 0, 0]  # records already summed, per list
-        self.starts: list = [None, None, None]
-        self.ends: list = [None, None, None]
-        self.long = 0
+        self.seqs = {name: getattr(cap, name) for name in COLUMNS}
+        self.done = dict.fromkeys(COLUMNS, 0)  # records already taken, per list
+        self.chunks: dict[str, dict[str, list | None]] = {
+            name: {f: [] for f in fs} for name, fs in COLUMNS.items()}
 
     def add(self) -> None:
-        """Sum the records appended since the last call."""
-        for k, seq in enumerate(self.seqs):
-            lo = self.done[k]
+        """Take the records appended since the last call."""
+        for name, seq in self.seqs.items():
+            lo = self.done[name]
             if len(seq) == lo:
                 continue
             part = seq[lo:]
-            ts = np.fromiter(map(_TS, part), np.float64, len(part))
-            dur = np.fromiter(map(_DUR, part), np.float64, len(part))
-            start, end = ts.min(), (ts + dur).max()
-            self.starts[k] = start if self.starts[k] is None else np.minimum(self.starts[k],
-                                                                             start)
-            self.ends[k] = end if self.ends[k] is None else np.maximum(self.ends[k], end)
-            if k == 0:
-                self.long += int(np.count_nonzero(dur > PLAUSIBLE_DUR_US))
-            self.done[k] = len(seq)
+            for f, chunks in self.chunks[name].items():
+                if chunks is None:
+                    continue
+                try:
+                    chunks.append(np.fromiter(map(attrgetter(f), part),
+                                              np.float64 if f in _FLOAT_FIELDS else np.int64,
+                                              len(part)))
+                except OverflowError:
+                    self.chunks[name][f] = None
+            self.done[name] = len(seq)
+
+    def columns(self) -> dict[str, dict[str, np.ndarray | None]]:
+        """Every list's columns, each as one array (None: dropped)."""
+        self.add()
+        return {name: {f: None if c is None else np.concatenate(c) if c else
+                       np.zeros(0, np.float64 if f in _FLOAT_FIELDS else np.int64)
+                       for f, c in fields_.items()}
+                for name, fields_ in self.chunks.items()}
 
 
-def _check_plausible(cap: CaptureEvents, extent: _Extent) -> None:
+def _check_plausible(cap: CaptureEvents, columns: dict) -> None:
     """Implausible times (a capture written in ns where µs are expected): counted problems,
-    from the kept records' extent (:class:`_Extent`, summed as they were read)."""
-    extent.add()
-    long = extent.long
+    from the columns taken as the records were read (:class:`_Extent`)."""
+    lists = [columns[name] for name in ("device_events", "runtime_calls", "annotations")]
+    long = int(np.count_nonzero(lists[0]["dur"] > PLAUSIBLE_DUR_US))
     if long:
         cap.problems[("device", f"longer than {PLAUSIBLE_DUR_US / 1e6:.0f} s (implausible: "
                                 f"are 'ts'/'dur' in ns, not µs?)")] += long
-    starts = [float(t) for t in extent.starts if t is not None]
-    ends = [float(t) for t in extent.ends if t is not None]
+    starts = [float(c["ts"].min()) for c in lists if len(c["ts"])]
+    ends = [float((c["ts"] + c["dur"]).max()) for c in lists if len(c["ts"])]
     if starts and ends and max(ends) - min(starts) > PLAUSIBLE_SPAN_US:
         span = (max(ends) - min(starts)) / 1e6
         cap.problems[("capture", f"spans {span:.0f} s (implausible for a profile: are "
