@@ -6,7 +6,7 @@ by :mod:`simwar.core.rules` on each stream's measured tail
 (:class:`MeasuredLanes`), once :class:`simwar.capture.to_trace.CaptureTraceBuilder`
 has recorded every measured op.
 
-Imports: the standard library, numpy and :mod:`simwar.core`; never the simulator
+Imports: the standard library, msgspec, numpy and :mod:`simwar.core`; never the simulator
 (api, executors, build).
 """
 
@@ -14,16 +14,18 @@ from __future__ import annotations
 
 from array import array
 from collections import defaultdict
-from typing import NamedTuple
 
+import msgspec
 import numpy as np
 
 from simwar.core.recorder import Recorder
 from simwar.core.rules import begins_where, released_where
 
 
-class PendingRecord(NamedTuple):
-    """A record op whose firing is inferred once every measured kernel is known."""
+class PendingRecord(msgspec.Struct, frozen=True, gc=False):
+    """A record op whose firing is inferred once every measured kernel is known (a msgspec
+    struct, as the capture's records: a third smaller than a named tuple, and these are held
+    at the import's peak)."""
 
     op: int
     lane: str
@@ -32,20 +34,13 @@ class PendingRecord(NamedTuple):
     graph_end: float | None = None
 
 
-class PendingWait(NamedTuple):
+class PendingWait(msgspec.Struct, frozen=True, gc=False):
     """A stream-wait op whose reach and release are inferred once every kernel is known."""
 
     op: int
     lane: str
     issue: float
     bound: int  # the record op it waits for, -1: none
-
-
-class Issued(NamedTuple):
-    """Measured device work: when its host call issued it and when it started."""
-
-    issue: float
-    start: float
 
 
 class MeasuredLanes:

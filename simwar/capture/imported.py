@@ -64,12 +64,18 @@ class DeviceInfos(Mapping):
 
     def extend(self, ops: array, codes: array) -> None:
         """Ops ``ops`` (increasing, after every op added so far) have the facts of ``codes``:
-        :meth:`add` of each, in one step."""
+        :meth:`add` of each, in one step (the first ones' columns are kept as given: the
+        caller hands them over)."""
         if len(ops) != len(codes):
             raise ValueError(f"{len(ops)} device ops and {len(codes)} codes")
+        if ops.typecode != "q" or codes.typecode != "i":
+            raise TypeError("device ops come as array('q'), their codes as array('i')")
         new = np.frombuffer(ops, np.int64) if len(ops) else np.zeros(0, np.int64)
         if (len(new) and self._ops and new[0] <= self._ops[-1]) or bool((np.diff(new) <= 0).any()):
             raise ValueError("device ops added out of increasing order")
+        if not self._ops:  # the first ops: their columns taken as they are (no copy)
+            self._ops, self._codes = ops, codes
+            return
         self._ops.extend(ops)
         self._codes.extend(codes)
 

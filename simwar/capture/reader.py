@@ -84,6 +84,7 @@ import gzip
 import re
 import sys
 import zlib
+from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import fields
@@ -694,15 +695,18 @@ class _Extent:
     """Columns of the kept records, taken batch by batch while the records are fresh in
     memory (a pass over every record after reading, with each record's memory long out of
     the cache, cost about a tenth of the reader's time and as much again in the sanity
-    checks): :data:`COLUMNS` of each list, in numpy chunks; an integer column with a value
-    beyond int64 (the reader keeps any JSON integer) is dropped (None), and its readers then
-    take the records' own values. :meth:`columns` joins them once reading is done."""
+    checks): :data:`COLUMNS` of each list, each one typed array grown in place (numpy chunks
+    joined at the end left their holes in the heap: a higher peak later); an integer column
+    with a value beyond int64 (the reader keeps any JSON integer) is dropped (None), and its
+    readers then take the records' own values. :meth:`columns` hands them over as numpy
+    arrays on the same memory."""
 
     def __init__(self, cap: CaptureEvents):
         self.seqs = {name: getattr(cap, name) for name in COLUMNS}
         self.done = dict.fromkeys(COLUMNS, 0)  # records already taken, per list
-        self.chunks: dict[str, dict[str, list | None]] = {
-            name: {f: [] for f in fs} for name, fs in COLUMNS.items()}
+        self.cols: dict[str, dict[str, array | None]] = {
+            name: {f: array("d" if f in _FLOAT_FIELDS else "q") for f in fs}
+            for name, fs in COLUMNS.items()}
 
     def add(self) -> None:
         """Take the records appended since the last call."""
@@ -711,24 +715,22 @@ class _Extent:
             if len(seq) == lo:
                 continue
             part = seq[lo:]
-            for f, chunks in self.chunks[name].items():
-                if chunks is None:
+            cols = self.cols[name]
+            for f, col in cols.items():
+                if col is None:
                     continue
                 try:
-                    chunks.append(np.fromiter(map(attrgetter(f), part),
-                                              np.float64 if f in _FLOAT_FIELDS else np.int64,
-                                              len(part)))
-                except OverflowError:
-                    self.chunks[name][f] = None
+                    col.fromlist(list(map(attrgetter(f), part)))
+                except (OverflowError, TypeError):
+                    cols[f] = None
             self.done[name] = len(seq)
 
     def columns(self) -> dict[str, dict[str, np.ndarray | None]]:
-        """Every list's columns, each as one array (None: dropped)."""
+        """Every list's columns as numpy arrays (None: dropped)."""
         self.add()
-        return {name: {f: None if c is None else np.concatenate(c) if c else
-                       np.zeros(0, np.float64 if f in _FLOAT_FIELDS else np.int64)
-                       for f, c in fields_.items()}
-                for name, fields_ in self.chunks.items()}
+        return {name: {f: None if c is None else np.frombuffer(c, c.typecode) if len(c) else
+                       np.zeros(0, c.typecode) for f, c in cols.items()}
+                for name, cols in self.cols.items()}
 
 
 def _check_plausible(cap: CaptureEvents, columns: dict) -> None:
