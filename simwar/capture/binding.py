@@ -117,6 +117,13 @@ class Binding:
     rule: dict[int, str] = field(default_factory=dict)
     in_graph: set[int] = field(default_factory=set)
     unbound: Counter = field(default_factory=Counter)
+    _bound: set[int] | None = field(default=None, repr=False, compare=False)
+
+    def bound_records(self) -> set[int]:
+        """The record calls some wait or sync binds to (made once, when first asked)."""
+        if self._bound is None:
+            self._bound = set(self.record_of.values())
+        return self._bound
 
     def rules(self) -> Counter:
         """How many uses each rule bound."""

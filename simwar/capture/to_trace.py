@@ -76,6 +76,7 @@ from simwar.capture.rank_files import align
 from simwar.capture.ranks import (
     RankCapture,
     clock_offsets,
+    primary_rank,
     split_processes,
     step_skew,
 )
@@ -134,7 +135,7 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str],
     _, clock_note = clock_offsets(caps)
     firsts = [(_first_ts(r.cap), r.clock_offset_us) for r in ranks]
     origin = min((t + off for t, off in firsts if t is not None), default=0.0)
-    primary = _primary(ranks, mapping)
+    primary = primary_rank(ranks, mapping)
     if consume:  # the records live on in the ranks' captures alone
         own = {id(r.cap) for r in ranks}
         for c in given + caps:
@@ -201,26 +202,13 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str],
 
 _ts = attrgetter("ts")
 _UNTRIED = object()  # a name the phase rules were not tried on yet
+_NO_ID = object()  # equal to no thread id (no host thread)
 
 
 def _first_ts(cap: CaptureEvents) -> float | None:
     starts = [min(map(_ts, seq)) for seq in (cap.device_events, cap.runtime_calls,
                                              cap.annotations, cap.sync_events) if seq]
     return min(starts) if starts else None
-
-
-def _primary(ranks: list[RankCapture], mapping: Mapping) -> int:
-    """The rank analysed as the trace: the mapping's ``process``, else the one with the most
-    step ranges, else rank 0."""
-    if mapping.process is not None:
-        for i, r in enumerate(ranks):
-            if r.pid == mapping.process:
-                return i
-    if len(ranks) == 1:
-        return 0
-    rx = re.compile(mapping.steps)
-    n = [sum(1 for a in r.cap.annotations if rx.search(a.name)) for r in ranks]
-    return max(range(len(ranks)), key=lambda i: (n[i], -i))
 
 
 class CaptureTraceBuilder:
@@ -285,12 +273,19 @@ class CaptureTraceBuilder:
             if s.correlation >= 0:
                 syncs_by_corr[s.correlation] = s
         self.binding = bind(calls, by_corr, syncs_by_corr)
-        host_calls = [c for c in calls if (c.pid, c.tid) == self.host]
-        # other threads: their launches, the records a use binds to, their stream waits
-        bound_records = set(self.binding.record_of.values())
-        other_calls = [c for c in calls if (c.pid, c.tid) != self.host and (
-            c.correlation in by_corr or c.correlation in bound_records
-            or call_kind(c.name, False) is Call.WAIT_EVENT)]
+        # the host thread's calls, and of the other threads': their launches, the records a
+        # use binds to, their stream waits (one pass over the calls)
+        bound_records = self.binding.bound_records()
+        host_calls: list[RuntimeCall] = []
+        other_calls: list[RuntimeCall] = []
+        to_host, to_other = host_calls.append, other_calls.append
+        pid, tid = self.host if self.host is not None else (_NO_ID, _NO_ID)
+        for c in calls:
+            if c.pid == pid and c.tid == tid:
+                to_host(c)
+            elif c.correlation in by_corr or c.correlation in bound_records \
+                    or call_kind(c.name, False) is Call.WAIT_EVENT:
+                to_other(c)
         self.counts["host_runtime_calls"] = len(host_calls)
         self.counts["other_thread_calls"] = len(other_calls)
         self.ignored["runtime_other_threads"] += (len(cap.runtime_calls) - len(host_calls)
@@ -560,7 +555,7 @@ class CaptureTraceBuilder:
         rule_phase = self._rule_phase.get  # kernel_phase's memo, read first
         in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
-        bound_records = set_bound_records(bnd)
+        bound_records = bnd.bound_records()
         take_devs = by_corr.pop if consume else by_corr.get
         take_sync = syncs_by_corr.pop if consume else syncs_by_corr.get
         for index, step in zip(indices(order), indices(item_steps)):
@@ -795,11 +790,3 @@ class CaptureTraceBuilder:
         if self.steps:
             rec.marker("end", -1, self.steps[-1][1])
 
-
-def set_bound_records(b: Binding) -> set[int]:
-    """The record calls some wait or sync binds to (cached on the binding)."""
-    cached = getattr(b, "_bound_records", None)
-    if cached is None:
-        cached = set(b.record_of.values())
-        b._bound_records = cached
-    return cached
