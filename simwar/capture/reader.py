@@ -252,8 +252,7 @@ def read_capture(path: str | Path, progress: ProgressFn | None = None,
                                 f"(expected a list of trace events)")
     classify.finish()
     _meta(cap, meta)
-    cap.columns = classify.extent.columns()
-    _check_plausible(cap, cap.columns)
+    _check_plausible(cap)
     if progress is not None:
         progress(total, total)
     return cap
@@ -544,6 +543,7 @@ class _Classifier:
                 kind = _kind_of(cat)
                 if kind is not None:
                     self.cap.problems[(kind, "with a 'B' that no 'E' closes (dropped)")] += 1
+        cap.columns = self.extent.columns()
 
     def complete(self, cat, name, pid, tid, ts, dur, args) -> None:
         cap = self.cap
@@ -733,10 +733,10 @@ class _Extent:
                 for name, cols in self.cols.items()}
 
 
-def _check_plausible(cap: CaptureEvents, columns: dict) -> None:
+def _check_plausible(cap: CaptureEvents) -> None:
     """Implausible times (a capture written in ns where µs are expected): counted problems,
-    from the columns taken as the records were read (:class:`_Extent`)."""
-    lists = [columns[name] for name in ("device_events", "runtime_calls", "annotations")]
+    from the columns taken as the records were read (:attr:`CaptureEvents.columns`)."""
+    lists = [cap.columns[name] for name in ("device_events", "runtime_calls", "annotations")]
     long = int(np.count_nonzero(lists[0]["dur"] > PLAUSIBLE_DUR_US))
     if long:
         cap.problems[("device", f"longer than {PLAUSIBLE_DUR_US / 1e6:.0f} s (implausible: "
