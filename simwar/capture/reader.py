@@ -60,7 +60,8 @@ decoded by msgspec into :class:`RawEvent` structs that keep only the fields used
 (msgspec skips the rest without building them), and reads exactly what ``json.load``
 reads: where blocks fall never changes the result, and a file ``json.load`` refuses is a
 one-line :class:`KinetoFormatError` with the byte offset in the file. Memory is the used
-events plus one block.
+events, the columns of them that the checks read (:attr:`CaptureEvents.columns`, taken
+batch by batch while the records are fresh in memory) and one block.
 
 The file is over 600 lines because the check of every field it reads (the malformed-event
 rules above) is one unit: split, each half would restate the other.
