@@ -186,7 +186,7 @@ def gc_paused(fn):
     return paused
 
 
-@functools.cache  # a few names recur: the kind is found once per (name, issued)
+@functools.lru_cache(maxsize=4096)  # a few names recur: the kind found once a (name, issued)
 def call_kind(name: str, issued_work: bool) -> Call:
     """The call kind of a host runtime call named ``name`` (CUDA, driver or HIP).
 
