@@ -14,6 +14,7 @@ import pytest
 from simwar.api import simulate
 from simwar.capture.open import open_capture
 from simwar.capture.presets import detect_preset, load_preset
+from simwar.capture.reader import read_capture
 from simwar.capture.step_shapes import shape_of, shape_summary
 from simwar.capture.synthetic import Style, write_kineto
 from simwar.cli.explain import load_source
@@ -121,8 +122,6 @@ def test_a_with_stack_capture_without_stage_ranges_names_its_stages_by_frames(tm
 
 
 def test_frames_every_name_for_detection_records_only_for_the_kept_ones(tmp_path):
-    from simwar.capture.frames import read_frames
-
     ev = [{"ph": "X", "cat": "python_function", "name": n, "pid": 1, "tid": t, "ts": ts,
            "dur": 5.0} for n, t, ts in [
                ("/w/sglang/srt/managers/scheduler.py(4614): run_batch", 7, 10.0),
@@ -132,9 +131,10 @@ def test_frames_every_name_for_detection_records_only_for_the_kept_ones(tmp_path
     ev.append({"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 1.0, "dur": 1.0})
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"traceEvents": ev}))
-    names, kept = read_frames(path, "/sglang/srt/")
+    cap = read_capture(path, frames="/sglang/srt/")
+    names, kept = cap.frame_names, cap.frames
     assert names == {e["name"] for e in ev[:4]}
     # a time that is no number (a bool) is no frame; a tid that is no integer reads as 0
     assert [(f.name.rsplit(": ", 1)[1], f.tid, f.ts) for f in kept] == \
         [("run_batch", 7, 10.0), ("forward", 0, 12.0)]
-    assert len(read_frames(path)[1]) == 3
+    assert len(read_capture(path, frames="").frames) == 3

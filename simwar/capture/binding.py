@@ -78,7 +78,7 @@ the host records after an eager phase, or before a graph, is taken for the last 
 in-graph node, and a record of another event that alone follows one graph launch (a
 timing event after one graph) for the wait's record.
 
-Imports: the standard library and :mod:`simwar.capture.reader`'s records; never the
+Imports: the standard library, msgspec and :mod:`simwar.capture.reader`'s records; never the
 simulator (api, executors, build).
 """
 
@@ -89,12 +89,15 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from operator import attrgetter
 
+import msgspec
+
 from simwar.capture.reader import DeviceEvent, RuntimeCall, SyncEvent, call_kind
 from simwar.capture.records import launch_work
 from simwar.core.trace import Call
 
 WAIT_USE, SYNC_USE = "Stream Wait Event", "Event Sync"
 _TS = attrgetter("ts")
+_POS = attrgetter("pos")
 
 
 @dataclass
@@ -114,14 +117,22 @@ class Binding:
     rule: dict[int, str] = field(default_factory=dict)
     in_graph: set[int] = field(default_factory=set)
     unbound: Counter = field(default_factory=Counter)
+    _bound: set[int] | None = field(default=None, repr=False, compare=False)
+
+    def bound_records(self) -> set[int]:
+        """The record calls some wait or sync binds to (made once, when first asked)."""
+        if self._bound is None:
+            self._bound = set(self.record_of.values())
+        return self._bound
 
     def rules(self) -> Counter:
         """How many uses each rule bound."""
         return Counter(self.rule.values())
 
 
-@dataclass
-class _Use:
+class _Use(msgspec.Struct, frozen=True, gc=False):
+    """A wait or sync of the process (a msgspec struct: made by C code, one per use)."""
+
     pos: int  # position of the host call in the process's calls
     corr: int
     tid: int
@@ -153,21 +164,14 @@ def bind(calls: list[RuntimeCall], devs_by_corr: dict[int, DeviceEvent | tuple |
         if s.kind == WAIT_USE and s.stream is None:
             continue  # a wait whose stream is not in the capture: not placed at all
         uses.append(_Use(i, c.correlation, c.tid, s.kind, s.event_id, s.stream, s.device))
-    uses.sort(key=lambda u: u.pos)
+    uses.sort(key=_POS)
     n_uses = Counter(u.event for u in uses if u.event is not None)
     if all(syncs_by_corr[u.corr].record_correlation is not None
            and syncs_by_corr[u.corr].wait_on_stream is not None for u in uses):
         kinds = _LazyKinds(calls, devs_by_corr)  # every use names its record: rule 1 only
         work = None
     else:
-        kind_of: dict[tuple, Call] = {}  # (name, issued work) -> kind: a few names recur
-        kinds = []
-        for c in calls:
-            key = (c.name, c.correlation in devs_by_corr)
-            k = kind_of.get(key)
-            if k is None:
-                k = kind_of[key] = call_kind(*key)
-            kinds.append(k)
+        kinds = [call_kind(c.name, c.correlation in devs_by_corr) for c in calls]
         work = _Work(calls, kinds, devs_by_corr)
     claimed: set[int] = set()
     left: list[_Use] = []

@@ -5,7 +5,7 @@ torch.profiler with ``with_stack=True`` (SGLang's default) writes each Python ca
 scheduler.py(2919): _run_batch_inner``, ``vllm/v1/worker/gpu_model_runner.py(3380):
 execute_model``. A capture without ``record_function`` stage ranges still names its
 scheduler's stages this way, and the frame around a host call says which function made it
-(the copy that blocked the host, the graph replay). :func:`read_frames` reads them as
+(the copy that blocked the host, the graph replay). They are read as
 :class:`~simwar.capture.reader.Annotation` records (name, pid, tid, ts, dur), the shape
 the importer's ranges have.
 
@@ -22,19 +22,8 @@ Imports: the standard library and :mod:`simwar.capture.reader`.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from simwar.capture.reader import FRAME_CAT, Annotation, read_capture
-
-
-def read_frames(path: str | Path, keep: str | None = None) -> tuple[set[str], list[Annotation]]:
-    """``(names, frames)``: the name of every ``python_function`` event of a capture, and as
-    ranges those whose name matches ``keep`` (None: all) with a numeric time and length (ids
-    that are not integers, as some exporters write them, become 0): the reader's one pass
-    (:func:`simwar.capture.reader.read_capture` with ``frames``), for a caller that wants the
-    frames alone."""
-    cap = read_capture(path, frames="" if keep is None else keep)
-    return cap.frame_names, cap.frames
+from simwar.capture.reader import FRAME_CAT, Annotation
 
 
 def engine_frames(frames, pattern: str | None) -> list[Annotation]:
@@ -54,4 +43,4 @@ def short_name(name: str) -> str:
     return f"{head.rsplit('/', 1)[1]}){sep[1:]}{tail}"
 
 
-__all__ = ["FRAME_CAT", "engine_frames", "read_frames", "short_name"]
+__all__ = ["FRAME_CAT", "engine_frames", "short_name"]

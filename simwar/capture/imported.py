@@ -5,7 +5,7 @@ what was counted, ignored and inferred on the way); ``simwar import``, ``explain
 ``races``, the size stage and the fit read them (through
 :class:`simwar.capture.open.Capture`).
 
-Imports: the standard library and :mod:`simwar.core.trace`.
+Imports: the standard library, numpy and :mod:`simwar.core.trace`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from array import array
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+import numpy as np
 
 from simwar.core.trace import Trace
 
@@ -59,6 +61,35 @@ class DeviceInfos(Mapping):
             raise ValueError(f"device op {op} added after op {ops[-1]}")
         ops.append(op)
         self._codes.append(code)
+
+    def extend(self, ops: array, codes: array) -> None:
+        """Ops ``ops`` (increasing, after every op added so far) have the facts of ``codes``:
+        :meth:`add` of each, in one step (the first ones' columns are kept as given: the
+        caller hands them over)."""
+        if len(ops) != len(codes):
+            raise ValueError(f"{len(ops)} device ops and {len(codes)} codes")
+        if ops.typecode != "q" or codes.typecode != "i":
+            raise TypeError("device ops come as array('q'), their codes as array('i')")
+        new = np.frombuffer(ops, np.int64) if len(ops) else np.zeros(0, np.int64)
+        if (len(new) and self._ops and new[0] <= self._ops[-1]) or bool((np.diff(new) <= 0).any()):
+            raise ValueError("device ops added out of increasing order")
+        if not self._ops:  # the first ops: their columns taken as they are (no copy)
+            self._ops, self._codes = ops, codes
+            return
+        self._ops.extend(ops)
+        self._codes.extend(codes)
+
+    def of_ops(self, ops: list[int]) -> list[DeviceInfo | None]:
+        """:meth:`get` of each of ``ops`` (None: not a device op), by one search."""
+        if not self._ops:
+            return [None] * len(ops)
+        mine = np.frombuffer(self._ops, np.int64)
+        want = np.asarray(ops, dtype=np.int64)
+        at = np.minimum(np.searchsorted(mine, want), len(mine) - 1)
+        codes = np.frombuffer(self._codes, np.int32)[at]
+        facts = self._facts
+        return [facts[c] if hit else None
+                for c, hit in zip(codes.tolist(), (mine[at] == want).tolist())]
 
     def get(self, op: int, default=None):
         ops = self._ops

@@ -34,6 +34,7 @@ Imports: numpy, the standard library, :mod:`simwar.capture.reader` and
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -70,6 +71,21 @@ def clock_offsets(caps: list[CaptureEvents]) -> tuple[list[float], str | None]:
         return [0.0] * len(caps), ("not every file has baseTimeNanoseconds: the files are "
                                    "taken to share one clock")
     return [(b - bases[0]) / 1000.0 for b in bases], None
+
+
+def primary_rank(ranks: list[RankCapture], mapping) -> int:
+    """The rank analysed as the trace: the mapping's ``process`` (a
+    :class:`~simwar.capture.mapping.Mapping`), else the one with the most step ranges, else
+    rank 0."""
+    if mapping.process is not None:
+        for i, r in enumerate(ranks):
+            if r.pid == mapping.process:
+                return i
+    if len(ranks) == 1:
+        return 0
+    rx = re.compile(mapping.steps)
+    n = [sum(1 for a in r.cap.annotations if rx.search(a.name)) for r in ranks]
+    return max(range(len(ranks)), key=lambda i: (n[i], -i))
 
 
 def split_processes(caps: list[CaptureEvents]) -> tuple[list[RankCapture], Counter]:

@@ -60,7 +60,8 @@ decoded by msgspec into :class:`RawEvent` structs that keep only the fields used
 (msgspec skips the rest without building them), and reads exactly what ``json.load``
 reads: where blocks fall never changes the result, and a file ``json.load`` refuses is a
 one-line :class:`KinetoFormatError` with the byte offset in the file. Memory is the used
-events plus one block.
+events, the columns of them that the checks read (:attr:`CaptureEvents.columns`, taken
+batch by batch while the records are fresh in memory) and one block.
 
 The file is over 600 lines because the check of every field it reads (the malformed-event
 rules above) is one unit: split, each half would restate the other.
@@ -84,6 +85,7 @@ import gzip
 import re
 import sys
 import zlib
+from array import array
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import fields
@@ -184,6 +186,7 @@ def gc_paused(fn):
     return paused
 
 
+@functools.lru_cache(maxsize=4096)  # a few names recur: the kind found once a (name, issued)
 def call_kind(name: str, issued_work: bool) -> Call:
     """The call kind of a host runtime call named ``name`` (CUDA, driver or HIP).
 
@@ -329,7 +332,12 @@ class _Classifier:
         self.device, self.runtime = cap.device_events, cap.runtime_calls
         self.annotations = cap.annotations
         self.other: Counter = Counter()  # (cat, ph) of events of other phases
+        #: Kineto's flow arrows (``ac2g``, most of a capture's other events) by phase, counted
+        #: apart (no key tuple, no hash of a fresh category string per arrow); into ``other``
+        #: at the end, where the first of each phase put its key
+        self.flows: dict[str, int] = {}
         self.n = 0  # events fed
+        self.extent = _Extent(cap)  # the records' columns, batch by batch
         #: equal values kept as one object (thread ids, launch dims): memory, not meaning
         self.same = {}.setdefault
 
@@ -337,7 +345,7 @@ class _Classifier:
         self.n += len(events)
         if "first_event_ts" not in self.cap.meta:
             _first_complete(events, self.cap.meta)
-        fast, read, other = self.fast, self.read, self.other
+        fast, read, other, flows = self.fast, self.read, self.other, self.flows
         for ev in events:
             if type(ev) is not RawEvent:
                 read(ev)
@@ -347,10 +355,16 @@ class _Classifier:
                 if not fast(ev):
                     read(ev)
             elif type(ph) is str and ph in _FLOWS and type(ev.cat) is str \
-                    and ev.cat != FRAME_CAT:
-                other[(ev.cat, ph)] += 1  # a flow arrow (ac2g): counted, as read() would
+                    and ev.cat != FRAME_CAT:  # a flow arrow: counted, as read() would
+                if ph in flows and ev.cat == "ac2g":
+                    flows[ph] += 1
+                else:
+                    other[(ev.cat, ph)] += 1
+                    if ev.cat == "ac2g":
+                        flows[ph] = 0
             else:
                 read(ev)
+        self.extent.add()
 
     def reset(self) -> None:
         """Forget every event fed (a later top-level ``traceEvents`` replaces them)."""
@@ -516,6 +530,8 @@ class _Classifier:
 
     def finish(self) -> None:
         cap = self.cap
+        for ph, n in self.flows.items():
+            self.other[("ac2g", ph)] += n
         for (cat, ph), n in self.other.items():
             cap.ignored[f"{cat if isinstance(cat, str) and cat else 'ph'}:{ph}"] += n
         cap.counts.update(Counter(d.kind for d in cap.device_events))
@@ -528,6 +544,7 @@ class _Classifier:
                 kind = _kind_of(cat)
                 if kind is not None:
                     self.cap.problems[(kind, "with a 'B' that no 'E' closes (dropped)")] += 1
+        cap.columns = self.extent.columns()
 
     def complete(self, cat, name, pid, tid, ts, dur, args) -> None:
         cap = self.cap
@@ -667,19 +684,66 @@ def _what(v) -> str:
     return "a non-numeric"
 
 
+#: the columns the reader keeps of each list of records (:class:`_Extent`), for the
+#: plausibility check and the sanity checks (:func:`simwar.capture.sanity.check_capture`)
+COLUMNS = {"device_events": ("ts", "dur", "device", "stream"),
+           "runtime_calls": ("ts", "dur", "pid", "correlation"),
+           "sync_events": ("ts",), "annotations": ("ts", "dur")}
+_FLOAT_FIELDS = ("ts", "dur")
+
+
+class _Extent:
+    """Columns of the kept records, taken batch by batch while the records are fresh in
+    memory (a pass over every record after reading, with each record's memory long out of
+    the cache, cost about a tenth of the reader's time and as much again in the sanity
+    checks): :data:`COLUMNS` of each list, each one typed array grown in place (numpy chunks
+    joined at the end left their holes in the heap: a higher peak later); an integer column
+    with a value beyond int64 (the reader keeps any JSON integer) is dropped (None), and its
+    readers then take the records' own values. :meth:`columns` hands them over as numpy
+    arrays on the same memory."""
+
+    def __init__(self, cap: CaptureEvents):
+        self.seqs = {name: getattr(cap, name) for name in COLUMNS}
+        self.done = dict.fromkeys(COLUMNS, 0)  # records already taken, per list
+        self.cols: dict[str, dict[str, array | None]] = {
+            name: {f: array("d" if f in _FLOAT_FIELDS else "q") for f in fs}
+            for name, fs in COLUMNS.items()}
+
+    def add(self) -> None:
+        """Take the records appended since the last call."""
+        for name, seq in self.seqs.items():
+            lo = self.done[name]
+            if len(seq) == lo:
+                continue
+            part = seq[lo:]
+            cols = self.cols[name]
+            for f, col in cols.items():
+                if col is None:
+                    continue
+                try:
+                    col.fromlist(list(map(attrgetter(f), part)))
+                except (OverflowError, TypeError):
+                    cols[f] = None
+            self.done[name] = len(seq)
+
+    def columns(self) -> dict[str, dict[str, np.ndarray | None]]:
+        """Every list's columns as numpy arrays (None: dropped)."""
+        self.add()
+        return {name: {f: None if c is None else np.frombuffer(c, c.typecode) if len(c) else
+                       np.zeros(0, c.typecode) for f, c in cols.items()}
+                for name, cols in self.cols.items()}
+
+
 def _check_plausible(cap: CaptureEvents) -> None:
-    """Implausible times (a capture written in ns where µs are expected): counted problems.
-    The times are taken out of the records as numpy columns (by ``attrgetter``, no
-    Python-level loop: seven generator passes were a tenth of the reader's time)."""
-    seqs = (cap.device_events, cap.runtime_calls, cap.annotations)
-    ts = [np.fromiter(map(_TS, seq), np.float64, len(seq)) for seq in seqs]
-    dur = [np.fromiter(map(_DUR, seq), np.float64, len(seq)) for seq in seqs]
-    long = int(np.count_nonzero(dur[0] > PLAUSIBLE_DUR_US))
+    """Implausible times (a capture written in ns where µs are expected): counted problems,
+    from the columns taken as the records were read (:attr:`CaptureEvents.columns`)."""
+    lists = [cap.columns[name] for name in ("device_events", "runtime_calls", "annotations")]
+    long = int(np.count_nonzero(lists[0]["dur"] > PLAUSIBLE_DUR_US))
     if long:
         cap.problems[("device", f"longer than {PLAUSIBLE_DUR_US / 1e6:.0f} s (implausible: "
                                 f"are 'ts'/'dur' in ns, not µs?)")] += long
-    starts = [float(t.min()) for t in ts if len(t)]
-    ends = [float((t + d).max()) for t, d in zip(ts, dur) if len(t)]
+    starts = [float(c["ts"].min()) for c in lists if len(c["ts"])]
+    ends = [float((c["ts"] + c["dur"]).max()) for c in lists if len(c["ts"])]
     if starts and ends and max(ends) - min(starts) > PLAUSIBLE_SPAN_US:
         span = (max(ends) - min(starts)) / 1e6
         cap.problems[("capture", f"spans {span:.0f} s (implausible for a profile: are "

@@ -172,6 +172,10 @@ class CaptureEvents:
     #: pattern (none without one), with a numeric time and length (ids that are not
     #: integers, as some exporters write them, become 0)
     frames: list[Annotation] = field(default_factory=list)
+    #: columns of the lists as the reader kept them (``{list: {field: array or None}}``,
+    #: :data:`simwar.capture.reader.COLUMNS`), for the sanity checks; valid while a list has
+    #: as many records as its columns, dropped once read (None: none)
+    columns: dict | None = field(default=None, repr=False, compare=False)
 
 
 def problem_lines(cap: CaptureEvents) -> list[str]:

@@ -33,18 +33,20 @@ import numpy as np
 
 from simwar.capture.reader import CaptureEvents
 
+_DUR = attrgetter("dur")
 #: kernels on one stream may overlap by this much (clock jitter of real captures) unwarned
 OVERLAP_TOLERANCE_US = 2.0
 #: a median runtime call longer than this (µs) means the capture is not in µs
 CALL_MEDIAN_LIMIT_US = 500.0
 
 
-def _once(items: list) -> tuple[list, int]:
+def _once(items: list, ts: np.ndarray | None = None) -> tuple[list, int]:
     """``items`` with exact repeats dropped (first kept, order kept), and how many were.
     A repeat has its original's start: only the items whose ``ts`` another item shares are
     compared whole (most captures have none of those, and hashing every record whole took
-    a twentieth of a large import)."""
-    ts = np.fromiter(map(attrgetter("ts"), items), np.float64, len(items))
+    a twentieth of a large import). ``ts``: the items' starts, if the reader kept them."""
+    if ts is None:
+        ts = np.fromiter(map(attrgetter("ts"), items), np.float64, len(items))
     order = np.argsort(ts, kind="stable")
     same = ts[order[1:]] == ts[order[:-1]]
     if not same.any():
@@ -69,34 +71,54 @@ def check_capture(cap: CaptureEvents) -> tuple[CaptureEvents, list[str]]:
     warnings: list[str] = []
     lists = {}
     repeated = Counter()
+    cols = _columns(cap)
     for name in ("device_events", "runtime_calls", "sync_events", "annotations"):
-        lists[name], repeated[name] = _once(getattr(cap, name))
+        lists[name], repeated[name] = _once(getattr(cap, name), cols[name].get("ts"))
     if sum(repeated.values()):
+        cols = dict.fromkeys(cols, {})  # the lists changed: their columns no longer fit
         what = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in repeated.items() if n)
         warnings.append(f"{what} appear more than once (the same event at the same time: a "
                         f"file joined with itself?); each is kept once")
         cap = dataclasses.replace(cap, **lists)
-    shared = _shared_ids(cap.runtime_calls)
+    shared = _shared_ids(cap.runtime_calls, cols["runtime_calls"])
     if shared:
         warnings.append(f"{shared} runtime calls share a correlation id with another call of "
                         f"their process: the device work of those ids is matched to one of "
                         f"them, a guess")
-    count, worst = _overlaps(cap)
+    count, worst = _overlaps(cap, cols["device_events"])
     if count:
         warnings.append(f"{count} device ops start before the previous op on their stream "
                         f"ends (by up to {worst:.1f} µs): a stream runs one op at a time, so "
                         f"the capture's times are inconsistent; busy and idle times count "
                         f"the union of each stream's work")
-    calls = [c.dur for c in cap.runtime_calls]
+    calls = cols["runtime_calls"].get("dur")
+    if calls is None:
+        calls = np.fromiter(map(_DUR, cap.runtime_calls), np.float64, len(cap.runtime_calls))
     # the reader warns of a capture whose span is too long for µs: one warning of the units
     said = any("ns, not µs" in str(problem) for _, problem in cap.problems)
-    if calls and not said:
-        median = statistics.median(calls)
+    if len(calls) and not said:
+        # numpy's median is statistics.median's (the middle value, or the mean of the two)
+        # without sorting a list of floats; a NaN, which numpy would answer, left to it
+        median = statistics.median(calls.tolist()) if np.isnan(calls).any() else \
+            float(np.median(calls))
         if median > CALL_MEDIAN_LIMIT_US:
             warnings.append(f"the median runtime call lasts {median:.0f} µs (a launch takes a "
                             f"few µs): the capture's times look like ns, not the µs Kineto "
                             f"writes (read as µs, every time is 1000x too long)")
     return cap, warnings
+
+
+def _columns(cap: CaptureEvents) -> dict[str, dict]:
+    """The columns the reader kept of each list (:attr:`CaptureEvents.columns`), those that
+    still fit it (as many values as records; {} for a list without), dropped from the capture
+    (they serve these checks once)."""
+    kept, cap.columns = cap.columns or {}, None
+    out = {}
+    for name in ("device_events", "runtime_calls", "sync_events", "annotations"):
+        n = len(getattr(cap, name))
+        out[name] = {f: c for f, c in kept.get(name, {}).items()
+                     if c is not None and len(c) == n}
+    return out
 
 
 def _keys(values: list) -> np.ndarray:
@@ -111,14 +133,19 @@ def _keys(values: list) -> np.ndarray:
                            len(values))
 
 
-def _shared_ids(calls: list) -> int:
+def _shared_ids(calls: list, cols: dict) -> int:
     """How many of ``calls`` share their (process, correlation id) with another call (ids
-    below 0, none, left out): by one sort of the two columns."""
-    calls = [c for c in calls if c.correlation >= 0]
-    if len(calls) < 2:
+    below 0, none, left out): by one sort of the two columns (``cols``: the reader's, where
+    it kept them)."""
+    if "pid" in cols and "correlation" in cols:
+        keep = cols["correlation"] >= 0
+        pid, corr = cols["pid"][keep], cols["correlation"][keep]
+    else:
+        calls = [c for c in calls if c.correlation >= 0]
+        pid = _keys([c.pid for c in calls])
+        corr = _keys([c.correlation for c in calls])
+    if len(corr) < 2:
         return 0
-    pid = _keys([c.pid for c in calls])
-    corr = _keys([c.correlation for c in calls])
     order = np.lexsort((corr, pid))
     pid, corr = pid[order], corr[order]
     same = (pid[1:] == pid[:-1]) & (corr[1:] == corr[:-1])
@@ -128,7 +155,7 @@ def _shared_ids(calls: list) -> int:
     return int(in_group.sum())
 
 
-def _overlaps(cap: CaptureEvents) -> tuple[int, float]:
+def _overlaps(cap: CaptureEvents, cols: dict) -> tuple[int, float]:
     """Device ops that start more than the tolerance before the work before them on their
     stream ends: ``(count, worst overlap in µs)``. By numpy: the ops sorted by stream, start
     and end, the reach before each one the running maximum of its stream's ends (a tuple per
@@ -137,10 +164,14 @@ def _overlaps(cap: CaptureEvents) -> tuple[int, float]:
     n = len(devs)
     if n < 2:
         return 0, 0.0
-    device = _keys([d.device for d in devs])
-    stream = _keys([d.stream for d in devs])
-    start = np.fromiter((d.ts for d in devs), np.float64, n)
-    end = start + np.fromiter((d.dur for d in devs), np.float64, n)
+    if all(f in cols for f in ("ts", "dur", "device", "stream")):  # the reader's columns
+        device, stream, start = cols["device"], cols["stream"], cols["ts"]
+        end = start + cols["dur"]
+    else:
+        device = _keys([d.device for d in devs])
+        stream = _keys([d.stream for d in devs])
+        start = np.fromiter((d.ts for d in devs), np.float64, n)
+        end = start + np.fromiter((d.dur for d in devs), np.float64, n)
     order = np.lexsort((end, start, stream, device))
     device, stream, start, end = device[order], stream[order], start[order], end[order]
     cut = np.flatnonzero((device[1:] != device[:-1]) | (stream[1:] != stream[:-1])) + 1

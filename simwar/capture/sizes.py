@@ -164,11 +164,13 @@ def graph_keys(imp) -> dict[int, tuple]:
     kern = kern[np.lexsort((kern, ops.start_us[kern], by))]
     bounds = np.searchsorted(rank[ops.call[kern]], np.arange(len(graphs) + 1)).tolist()
     kern_ids, labels = kern.tolist(), ops.label[kern].tolist()
+    # each kernel's facts by one search where the import keeps them as a DeviceInfos
+    facts = info.of_ops(kern_ids) if hasattr(info, "of_ops") else list(map(info.get, kern_ids))
     per: dict[int, list] = {}
     for i, step in enumerate(spans.step[graphs].tolist()):
         sig = []
         for j in range(bounds[i], bounds[i + 1]):
-            d = info.get(kern_ids[j])
+            d = facts[j]
             sig.append((trace.text(labels[j]),) + ((d.grid, d.block) if d is not None
                                                     else ((), ())))
         per.setdefault(step, []).append(tuple(sig))

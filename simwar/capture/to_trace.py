@@ -54,8 +54,8 @@ optional callback.
 
 from __future__ import annotations
 
-import bisect
 import re
+from array import array
 from collections import Counter
 from operator import attrgetter
 from pathlib import Path
@@ -76,6 +76,7 @@ from simwar.capture.rank_files import align
 from simwar.capture.ranks import (
     RankCapture,
     clock_offsets,
+    primary_rank,
     split_processes,
     step_skew,
 )
@@ -134,7 +135,7 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str],
     _, clock_note = clock_offsets(caps)
     firsts = [(_first_ts(r.cap), r.clock_offset_us) for r in ranks]
     origin = min((t + off for t, off in firsts if t is not None), default=0.0)
-    primary = _primary(ranks, mapping)
+    primary = primary_rank(ranks, mapping)
     if consume:  # the records live on in the ranks' captures alone
         own = {id(r.cap) for r in ranks}
         for c in given + caps:
@@ -201,26 +202,13 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str],
 
 _ts = attrgetter("ts")
 _UNTRIED = object()  # a name the phase rules were not tried on yet
+_NO_ID = object()  # equal to no thread id (no host thread)
 
 
 def _first_ts(cap: CaptureEvents) -> float | None:
     starts = [min(map(_ts, seq)) for seq in (cap.device_events, cap.runtime_calls,
                                              cap.annotations, cap.sync_events) if seq]
     return min(starts) if starts else None
-
-
-def _primary(ranks: list[RankCapture], mapping: Mapping) -> int:
-    """The rank analysed as the trace: the mapping's ``process``, else the one with the most
-    step ranges, else rank 0."""
-    if mapping.process is not None:
-        for i, r in enumerate(ranks):
-            if r.pid == mapping.process:
-                return i
-    if len(ranks) == 1:
-        return 0
-    rx = re.compile(mapping.steps)
-    n = [sum(1 for a in r.cap.annotations if rx.search(a.name)) for r in ranks]
-    return max(range(len(ranks)), key=lambda i: (n[i], -i))
 
 
 class CaptureTraceBuilder:
@@ -285,12 +273,19 @@ class CaptureTraceBuilder:
             if s.correlation >= 0:
                 syncs_by_corr[s.correlation] = s
         self.binding = bind(calls, by_corr, syncs_by_corr)
-        host_calls = [c for c in calls if (c.pid, c.tid) == self.host]
-        # other threads: their launches, the records a use binds to, their stream waits
-        bound_records = set(self.binding.record_of.values())
-        other_calls = [c for c in calls if (c.pid, c.tid) != self.host and (
-            c.correlation in by_corr or c.correlation in bound_records
-            or call_kind(c.name, False) is Call.WAIT_EVENT)]
+        # the host thread's calls, and of the other threads': their launches, the records a
+        # use binds to, their stream waits (one pass over the calls)
+        bound_records = self.binding.bound_records()
+        host_calls: list[RuntimeCall] = []
+        other_calls: list[RuntimeCall] = []
+        to_host, to_other = host_calls.append, other_calls.append
+        pid, tid = self.host if self.host is not None else (_NO_ID, _NO_ID)
+        for c in calls:
+            if c.pid == pid and c.tid == tid:
+                to_host(c)
+            elif c.correlation in by_corr or c.correlation in bound_records \
+                    or call_kind(c.name, False) is Call.WAIT_EVENT:
+                to_other(c)
         self.counts["host_runtime_calls"] = len(host_calls)
         self.counts["other_thread_calls"] = len(other_calls)
         self.ignored["runtime_other_threads"] += (len(cap.runtime_calls) - len(host_calls)
@@ -370,8 +365,16 @@ class CaptureTraceBuilder:
     def _gpu_offset(self, by_corr) -> float:
         """Device-clock correction; 'auto' shifts so no kernel starts before its launch."""
         off = self.m.gpu_clock_offset_us
-        lead = np.array([d.ts - c.ts for c in self.cap.runtime_calls if c.correlation in by_corr
-                         for d in launch_work(by_corr[c.correlation])], dtype=np.float64)
+        lead = array("d")  # each launched op's start less its call's, one lookup a call
+        add, get = lead.append, by_corr.get
+        for c in self.cap.runtime_calls:
+            work = get(c.correlation)
+            if work is not None:
+                if type(work) is DeviceEvent:
+                    add(work.ts - c.ts)
+                else:
+                    lead.extend([d.ts - c.ts for d in work])
+        lead = np.frombuffer(lead, np.float64) if len(lead) else np.zeros(0)
         if off == "auto":
             early = lead[lead < 0]
             off = -float(early.min()) if len(early) else 0.0
@@ -427,19 +430,10 @@ class CaptureTraceBuilder:
             hit = self._step_names[name] = self.steps_re.search(name) is not None
         return hit
 
-    def step_at(self, t: float) -> int:
-        """Step of a host time: the last step started at or before t (−1 outside)."""
-        if not self.steps:
-            return 0
-        i = bisect.bisect_right(self._step_starts, t) - 1
-        if i < 0:
-            return -1
-        if i == len(self.steps) - 1 and t > self.steps[-1][1]:
-            return -1
-        return i
-
     def steps_at(self, times: np.ndarray) -> np.ndarray:
-        """:meth:`step_at` of each of ``times`` (µs, host clock), by one search."""
+        """The step of each of ``times`` (µs, host clock), by one search: the last step
+        started at or before it (-1: before the first, or after the last one's end; 0 of
+        each where there are no steps)."""
         if not self.steps:
             return np.zeros(len(times), np.int64)
         step = np.searchsorted(np.asarray(self._step_starts, float), times, side="right") - 1
@@ -502,6 +496,8 @@ class CaptureTraceBuilder:
         # item was a twentieth of the import's CPU time)
         item_steps = self.steps_at(issue_times)[order]
         del issue_times
+        if len(order) < 2**31:  # held through the loop, at the import's peak: half as wide
+            order, item_steps = order.astype(np.int32), item_steps.astype(np.int32)
 
         rec = Recorder()
         measured = MeasuredLanes()
@@ -527,8 +523,11 @@ class CaptureTraceBuilder:
             return f"event{e}" if e is not None else ""
 
         lane_of, add_op, infos = self.lane_of, rec.op, self._infos
-        new_info, add_info = self.device_info.new, self.device_info.add
-        add_work = measured.add
+        new_info = self.device_info.new
+        info_ops, info_codes = array("q"), array("i")  # each device op's facts, added at the end
+        add_info_op, add_info_code = info_ops.append, info_codes.append
+        work_of: dict[str, tuple] = {}  # lane -> the appends of its measured work's columns
+        KERNEL = OpKind.KERNEL
 
         def device_op(d: DeviceEvent, step: int, issue: float, phase: str, call: int) -> None:
             """A measured kernel, memcpy or memset: a kernel op (``call``: its launch); the
@@ -536,22 +535,27 @@ class CaptureTraceBuilder:
             lane = lane_of[(d.device, d.stream)]
             start = d.ts + g - o
             end = start + d.dur
-            op = add_op(OpKind.KERNEL, lane, step, d.name, "", -1, issue, start, end, phase,
-                        call)
+            op = add_op(KERNEL, lane, step, d.name, "", -1, issue, start, end, phase, call)
             key = (d.kind, d.name, d.grid, d.block, d.bytes)
             code = infos.get(key)
             if code is None:  # one record for equal facts: most ops repeat a few kernels' facts
                 code = infos[key] = new_info(DeviceInfo(d.kind, d.grid, d.block, d.bytes,
                                                         copy_kind(d.name)))
-            add_info(op, code)
-            add_work(lane, issue, start, end)
+            add_info_op(op)
+            add_info_code(code)
+            work = work_of.get(lane)
+            if work is None:
+                work = work_of[lane] = measured.appends(lane)
+            work[0](issue)
+            work[1](end)
+            work[2](start)
 
         # the loop's lookups, bound once (it runs once per host call and device op)
         kernel_phase, host = self.kernel_phase, rec.host
-        kind_of: dict[tuple[str, bool], Call] = {}  # (name, issued work) -> call kind
+        rule_phase = self._rule_phase.get  # kernel_phase's memo, read first
         in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
-        bound_records = set_bound_records(bnd)
+        bound_records = bnd.bound_records()
         take_devs = by_corr.pop if consume else by_corr.get
         take_sync = syncs_by_corr.pop if consume else syncs_by_corr.get
         for index, step in zip(indices(order), indices(item_steps)):
@@ -581,9 +585,7 @@ class CaptureTraceBuilder:
             devs = take_devs(c.correlation, None)
             name = c.name
             issued = devs is not None
-            kind = kind_of.get((name, issued))
-            if kind is None:
-                kind = kind_of[(name, issued)] = call_kind(name, issued)
+            kind = call_kind(name, issued)
             if issued:
                 if type(devs) is tuple:  # several ops (launch_work)
                     devs = sorted(devs, key=_ts)
@@ -591,7 +593,9 @@ class CaptureTraceBuilder:
                     phase = next((p for p in phases if p), "")
                 else:  # most launches: the one op itself
                     devs = (devs,)
-                    phase = kernel_phase(devs[0].name, ann_phase)
+                    phase = rule_phase(devs[0].name)  # kernel_phase where a rule named it
+                    if not phase:
+                        phase = kernel_phase(devs[0].name, ann_phase)
                     phases = (phase,)
                     phase = phase or ""
                 call = host(kind, step, start, end, name, phase, "", rec.next_op, host_lane)
@@ -665,6 +669,8 @@ class CaptureTraceBuilder:
                 host(kind, step, start, end, name, "", "", -1, host_lane)
 
         del payload, order, item_steps  # what follows holds no more than the Trace it finishes
+        self.device_info.extend(info_ops, info_codes)
+        del info_ops, info_codes
         if consume:  # emptied by the loop, but a dict keeps its table until cleared
             by_corr.clear()
             syncs_by_corr.clear()
@@ -763,12 +769,17 @@ class CaptureTraceBuilder:
             rec.marker("step", 0, 0.0)
         run_batch: dict[int, float] = {}
         if self.run_batch_re is not None:
+            search, hit = self.run_batch_re.search, {}  # the pattern tried once a name
+            times = []
             for a in host_ann:
-                if self.run_batch_re.search(a.name):
-                    t = a.ts - self.origin
-                    k = self.step_at(t)
-                    if k >= 0 and k not in run_batch:
-                        run_batch[k] = t
+                h = hit.get(a.name)
+                if h is None:
+                    h = hit[a.name] = search(a.name) is not None
+                if h:
+                    times.append(a.ts - self.origin)
+            for k, t in zip(self.steps_at(np.asarray(times, float)).tolist(), times):
+                if k >= 0 and k not in run_batch:
+                    run_batch[k] = t
             if not run_batch:
                 self.warnings.append(f"no annotation matches run_batch '{self.m.run_batch}': "
                                      f"using the first forward launch of each step")
@@ -779,11 +790,3 @@ class CaptureTraceBuilder:
         if self.steps:
             rec.marker("end", -1, self.steps[-1][1])
 
-
-def set_bound_records(b: Binding) -> set[int]:
-    """The record calls some wait or sync binds to (cached on the binding)."""
-    cached = getattr(b, "_bound_records", None)
-    if cached is None:
-        cached = set(b.record_of.values())
-        b._bound_records = cached
-    return cached

@@ -83,8 +83,10 @@ class _Columns:
         if not self.pending:
             return
         code = self.interner.__getitem__
+        # fromlist of a list: about a quarter of the time of extend from a tuple, which
+        # converts item by item through the sequence protocol (a large import's rows)
         for values, arr, is_text in zip(zip(*self.pending), self.arrays, self.kinds):
-            arr.extend(map(code, values) if is_text else values)
+            arr.fromlist(list(map(code, values)) if is_text else list(values))
         self.pending.clear()
 
     def take(self) -> dict[str, np.ndarray]:
@@ -163,6 +165,12 @@ class Recorder:
     def set_times(self, op: int, start: float, end: float) -> None:
         self.op_start[op] = start
         self.op_end[op] = end
+
+    def set_times_many(self, ops: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:
+        """:meth:`set_times` of each of ``ops`` (ids already added), in one step."""
+        if len(ops):
+            np.frombuffer(self.op_start, np.float64)[ops] = start
+            np.frombuffer(self.op_end, np.float64)[ops] = end
 
     def access(self, op: int, buffer: str, write: bool, step: int, phase: str = "") -> None:
         self._accesses.add((op, buffer, 1 if write else 0, step, phase))

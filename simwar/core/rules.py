@@ -82,6 +82,20 @@ def host_collective_leaves(arrival: float, last: float, cost_us: float,
 begins_many = _np.maximum
 
 
+def begins_where(tail, ready):
+    """:func:`begins` of arrays by the scalar form's own comparison, element by element: the
+    same choice for every value, NaN and ties included (an import's inferred times, which the
+    lockstep's caveat above does not cover)."""
+    return _np.where(tail > ready, tail, ready)
+
+
+def released_where(reach, fired, latency_us: float, same_stream):
+    """:func:`released` of arrays (``same_stream`` an array of bools), by its own comparison
+    element by element, as :func:`begins_where`."""
+    t = _np.where(same_stream, fired, fired + latency_us)
+    return _np.where(t > reach, t, reach)
+
+
 def released_many(reach, fired, latency_us, same_stream: bool):
     """:func:`released` of arrays."""
     return _np.maximum(fired if same_stream else fired + latency_us, reach)
