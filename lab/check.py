@@ -3,10 +3,13 @@
 :mod:`lab.server_check` (decode loads and barriers) and :mod:`lab.prefill_check` (prompts,
 overlap on and off) read the folder ``python -m lab.server OUT`` wrote on the GPU machine
 (committed under ``tests/data/server``), predict from the same fit of its sweeping-load
-capture (:func:`sweep`), judge only the repeats whose host ran at the sweep's speed
-(:func:`judged_repeats`), ask the fit each case as a what-if (:func:`what_if`) and hold each
-figure, measured against predicted, to a bound (:func:`row`), in a Markdown table or JSON
-from one command line (:func:`command`). Which cases, the what-if of each, the figures and
+capture (:func:`sweep`), measure each repeat's host speed against the sweep's
+(:func:`host_speed`: :mod:`lab.server_check` judges only the repeats that ran at it,
+:func:`judged_repeats`, as ``lab.prefill_check --as-captured`` does; by default
+:mod:`lab.prefill_check` predicts each repeat at its own, :mod:`lab.host_speed`), ask the
+fit each case as a what-if (:func:`what_if`) and hold each figure, measured against
+predicted, to a bound (:func:`row`), in a Markdown table or JSON from one command line
+(:func:`command`). Which cases, the what-if of each, the figures and
 their bounds are each checker's.
 
 Runs where simulation runs (simwar's full stack), not on the GPU machine: it reads the

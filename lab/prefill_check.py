@@ -18,14 +18,23 @@ with SGLang's overlap loop and its normal loop, timed without the profiler and r
   a line through both: ``host_us``); what the device still runs after the host's last launch
   (``forward_us``) is read from the one prefill capture, ``prefill_light_overlap_profiled``:
   per step, the ``prefill`` range on the GPU (``gpu_user_annotation``) past the end of the
-  same range on the host (tied by their External id), against the step's prefill tokens.
-  The capture's own host range is not used: under CUPTI each eager launch costs more, and the
+  same range on the host (tied by their External id), against the step's prefill tokens. The
+  capture's own host range is not used: under CUPTI each eager launch costs more, and the
   capture's prefill took 2.3x the un-profiled one (the sweep's host factor, 0.88, is that of
-  graph launches); where it is used, each range is first less the profiler's own host cost in
-  it, by the capture's event counts (:func:`profiler_cost_of`: the sweep's fit takes it out of
-  its host times the same way, and its host factor is then 0.95);
-- each case: its arrivals (rate, or the closed loop's concurrency), lengths, chunk, loop
-  (``policy.overlap``), barrier and length.
+  graph launches); where it is used, each range is first less the profiler's own host cost
+  in it, by the capture's event counts (:func:`lab.host_speed.profiler_cost_of`: the sweep's
+  fit takes it out of its host times the same way, and its host factor is then 0.95);
+- each case: its arrivals (a Poisson repeat's own requests, run on with its seed's later ones,
+  :func:`trace`; a closed loop's own requests in order, :func:`closed_lengths`), lengths,
+  chunk, loop (``policy.overlap``), barrier and length;
+- **each repeat at its own host speeds** (the default; :mod:`lab.host_speed`, the shapes
+  checker's rule): the model's host durations times the repeat's host speed on its steps
+  that prefill nothing (:func:`lab.check.host_speed`: its unpadded host work over the
+  un-profiled sweep's at the same batches, the host the fit is rescaled to), but for the work
+  the server pads (:data:`lab.host_speed.PADDED`), and the prefill's host time times its speed
+  on its steps that prefill (:func:`lab.host_speed.prefill_speed`, over the prefill capture's
+  such steps as the model's prefill holds them: less the profiler's cost, x the sweep's host
+  factor); every repeat judged, each with its two factors shown.
 
 **Compared** (the repeats' mean, per-request figures over the requests whose last token's
 step is measured, as the simulator's summary takes them): TPOT (first to last token's
@@ -33,15 +42,18 @@ forward end per further token), throughput (decode tokens per second of measured
 batch x accepted tokens over the step time), request throughput, TTFT to the first token's
 forward end and to its result processed on the host, mean step time. Targets
 (:data:`TARGETS`): TPOT and throughput within 5 %, TTFT mean within 10 %, and for each load
-the sign of every on-vs-off difference as measured. A repeat whose host ran slower than the
-sweep's (:func:`lab.check.host_speed` on its steps without a prefill) is reported, not judged.
+the sign of every on-vs-off difference as measured. ``--as-captured``: the table before,
+every repeat at the sweep's host speed, and one whose host ran more than
+:data:`lab.check.HOST_SPEED_MAX` times slower than the sweep's (:func:`lab.check.host_speed`
+on its steps without a prefill) reported, not judged.
 
-The data, the fit, the host-speed rule, the rows and the command line are
-:mod:`lab.check`'s (shared with :mod:`lab.server_check`); the prefill model, the cases'
-what-if, the figures and the on-vs-off signs are this module's (:mod:`lab.shapes_check`
-reads a capture's steps and the profiler's cost in its host ranges with the same readers,
-:func:`step_marks`, :func:`step_at` and :func:`profiler_cost_of`, and asks and compares its
-cases with :func:`what_if`, :func:`measured`, :func:`predicted` and :func:`cell`). Runs where
+The data, the fit, the host-speed measure, the rows and the command line are
+:mod:`lab.check`'s (shared with :mod:`lab.server_check`); a repeat at its host speeds and the
+readers of a capture's steps and of the profiler's cost in its host ranges are
+:mod:`lab.host_speed`'s (shared with :mod:`lab.shapes_check`); the prefill model, the cases'
+what-if, the figures and the on-vs-off signs are this module's (:mod:`lab.shapes_check` asks
+and compares its cases with :func:`what_if`, :func:`measured`, :func:`predicted` and
+:func:`cell`). Runs where
 simulation runs (simwar's full stack), not on the GPU machine.
 """
 
@@ -49,6 +61,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -56,10 +69,16 @@ from pathlib import Path
 import numpy as np
 
 from lab import check
+from lab.host_speed import (
+    host_at,
+    prefill_line,
+    prefill_speed,
+    profiler_cost_of,
+    step_at,
+    step_marks,
+)
 from lab.server_requests import Arrivals, Dist
 from simwar.api import simulate
-from simwar.capture.open import open_capture
-from simwar.fit.profiler_cost import for_capture
 
 CASE = re.compile(r"^prefill_(?P<load>light|medium|closed8)_(?P<loop>overlap|normal)"
                   r"_r(?P<r>\d+)\.metrics\.json(\.gz)?$")
@@ -78,24 +97,6 @@ def _lengths(text: str) -> dict:
     return {"dist": "uniform", "low": int(lo) - 1, "high": int(hi or lo)}
 
 
-#: the range each ``prof.step()`` opens (lab.server): ``ProfilerStep#<k>``
-STEP_MARK = "ProfilerStep#"
-
-
-def step_marks(events: list) -> list[dict]:
-    """A capture's step ranges (its raw ``traceEvents``' ``ProfilerStep#k`` host ranges), by
-    start: the one reader of a capture's steps here and in :mod:`lab.shapes_check`."""
-    return sorted((e for e in events if e.get("cat") == "user_annotation"
-                   and str(e.get("name", "")).startswith(STEP_MARK)), key=lambda e: e["ts"])
-
-
-def step_at(marks: list[dict], ts: float) -> int | None:
-    """The step (``k`` of ``ProfilerStep#k``) whose range of ``marks`` holds the time ``ts``;
-    None: none."""
-    return next((int(m["name"][len(STEP_MARK):]) for m in marks
-                 if m["ts"] <= ts < m["ts"] + m["dur"]), None)
-
-
 def _step_ranges(events: list, marks: list, name: str, less=None) -> dict:
     """Step -> the duration of the host range ``name`` in that step (by the step range of
     ``marks`` holding its start); ``less(ts, dur)``: the duration it becomes."""
@@ -107,18 +108,6 @@ def _step_ranges(events: list, marks: list, name: str, less=None) -> dict:
                 dur = float(e["dur"])
                 out[k] = less(float(e["ts"]), dur) if less is not None else dur
     return out
-
-
-def profiler_cost_of(capture: Path, marks: list):
-    """``less(ts, dur)``: a host range of the capture (its raw ``ts``) less the profiler's own
-    cost in it, by the capture's event counts (:mod:`simwar.fit.profiler_cost`), never below
-    zero. The capture's clock is tied to the import's by its step ranges (``marks``,
-    :func:`step_marks`)."""
-    cap = open_capture(capture, preset="sglang")
-    prof = for_capture(cap.bound)
-    starts = {name: a for name, a, _ in cap.bound.annotations if name.startswith(STEP_MARK)}
-    shift = float(np.median([m["ts"] - starts[m["name"]] for m in marks if m["name"] in starts]))
-    return lambda ts, dur: prof.less(dur, ts - shift, ts - shift + dur)
 
 
 def _token_line(x: list, y: list) -> dict:
@@ -201,22 +190,41 @@ def closed_lengths(metrics: dict, longer: float = 4.0) -> dict:
             "prompt_tokens": [r.prompt_tokens for r in made]}
 
 
+def trace(metrics: dict, longer: float = 4.0) -> dict:
+    """A Poisson repeat's requests as ``workload.arrivals.trace``, run on past its end: the
+    server's own arrivals of the case's seed (:class:`lab.server_requests.Arrivals`: the gaps
+    and lengths come from the seed, whatever the timing), ``longer`` x as long as the
+    measured ones, whose first requests are the repeat's own (checked). The repeat's own
+    alone end where the server stopped: a predicted run slower than the server's (a repeat
+    at a slower host) needs requests the repeat never received, and without them its loop
+    ran out of requests to wait for (simwar now says so: ``workload.arrivals.trace``)."""
+    case, req = metrics["case"], metrics["requests"]
+    arr = Arrivals(seed=int(case["seed"]), output=Dist.parse(case["output_tokens"]),
+                   prompt=Dist.parse(case["prompt_tokens"]),
+                   rate=float(metrics["arrivals"]["rate_per_s"]))
+    made = arr.due(longer * max(req["arrival_us"]) * 1e-6)
+    n = len(req["arrival_us"])
+    if len(made) < n or any(abs(r.arrival * 1e6 - t) > 1.0 or r.prompt_tokens != p
+                            for r, t, p in zip(made, req["arrival_us"], req["prompt_tokens"])):
+        raise check.ServerDataError(f"{case['name']}: its requests are not its seed's")
+    return {"trace": {"arrival_us": [r.arrival * 1e6 for r in made],
+                      "output_tokens": [r.output_tokens for r in made],
+                      "prompt_tokens": [r.prompt_tokens for r in made]}}
+
+
 def what_if(fit_config: dict, prefill: dict, metrics: dict) -> dict:
     """The overrides that turn the fitted config into one measured prefill case: a Poisson
-    load replays the requests the repeat received (``workload.arrivals.trace``: their
-    arrival times and lengths; a repeat of 250 steps sees 20-140 requests, too few for
-    another draw of the same rate to give its throughput), a closed loop is a closed loop
-    sending the repeat's own requests in order (:func:`closed_lengths`)."""
+    load replays the requests the repeat received, run on with its seed's later ones
+    (:func:`trace`; a repeat of 250 steps sees 20-140 requests, too few for another draw of
+    the same rate to give its throughput), a closed loop is a closed loop sending the
+    repeat's own requests in order (:func:`closed_lengths`)."""
     case, arrivals = metrics["case"], metrics.get("arrivals") or {}
     wl: dict = {"max_batch": check.MAX_BATCH,
                 "output_tokens": check.output_tokens(case.get("output_tokens", "16..128")),
                 "prompt_tokens": _lengths(case.get("prompt_tokens", "64..512"))}
     if "rate_per_s" in arrivals:
-        req = metrics["requests"]
         del wl["output_tokens"], wl["prompt_tokens"]
-        wl["arrivals"] = {"trace": {"arrival_us": [float(x) for x in req["arrival_us"]],
-                                    "output_tokens": [int(x) for x in req["output_tokens"]],
-                                    "prompt_tokens": [int(x) for x in req["prompt_tokens"]]}}
+        wl["arrivals"] = trace(metrics)
     elif "concurrency" in arrivals:  # the repeat's own requests, in the order sent
         wl["closed_loop"] = {"concurrency": int(arrivals["concurrency"]),
                              "lengths": closed_lengths(metrics)}
@@ -260,43 +268,66 @@ def predicted(summary: dict) -> dict:
             "requests": summary["requests_completed"]}
 
 
-def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False) -> dict:
+def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
+             as_captured: bool = False) -> dict:
     """Fit, predict every prefill case, compare (see the module docstring);
     ``keep_profiler_cost``: the fit and the prefill's host time with the profiler's host cost
-    kept."""
+    kept; ``as_captured``: every repeat at the sweep's host speed, those slower by more than
+    :data:`lab.check.HOST_SPEED_MAX` not judged (the table before each repeat's host speed
+    was an input)."""
     folder = Path(folder or check.DEFAULT_DIR)
     sw = check.sweep(folder, CASE, ("load", "loop"), "prefill_*.metrics.json[.gz] (the "
                      "prefill cases: python -m lab.server OUT --suite prefill)",
                      keep_profiler_cost)
     fit = sw.fit
-    config = fit.config  # its lines clamped >= 0 at batch 0 by the fit (prefill-only steps)
     pf = prefill_model(folder, fit.host_scale, fit.scale,
                        profiler_cost=not keep_profiler_cost)
+    # the fit's lines are clamped >= 0 at batch 0 by the fit (prefill-only steps)
+    config = {**fit.config, "prefill": pf["section"]}
+    # the host speed the model's prefill describes: the capture's steps that prefill, as the
+    # prefill's host time is read from them (less the profiler's cost, x the sweep's factor)
+    path = check.metrics_file(folder, PREFILL_METRICS) or folder / PREFILL_METRICS
+    line = prefill_line(folder / PREFILL_CAPTURE, check.read_metrics(path),
+                        net=not keep_profiler_cost, scale=fit.host_scale)
     out = {"fit": {"scale": fit.scale, "host_scale": fit.host_scale, "prefill": pf,
+                   "prefill_line": line,
                    "clamped": sorted(k for k, f in fit.fits.items() if f.clamped)},
            "cases": {}, "signs": {}}
     for (load, loop), repeats in sw.cases.items():
-        # the host speed on the steps that prefill nothing (a prefill's launch lengthens the
-        # others)
-        speeds, judged = check.judged_repeats(repeats, sw.line, decode_only=True)
+        # each repeat's host speed (lab.check.host_speed: its unpadded host work on the steps
+        # that prefill nothing, over the un-profiled sweep's at the same batches: the host the
+        # fit is rescaled to), from its own host stamps: an input about the machine
+        speeds = [check.host_speed(r, sw.line, decode_only=True) for r in repeats]
+        prefill_speeds: list = [None] * len(repeats)
+        if as_captured:  # the sweep's host speed; a repeat slower by more than
+            # HOST_SPEED_MAX is reported, not judged (all judged where none is)
+            configs = [config] * len(repeats)
+            kept = check.judged_repeats(repeats, sw.line, decode_only=True)[1]
+            judged = [any(r is j for j in kept) for r in repeats]
+        else:  # the model's host at each repeat's speeds (lab.host_speed): all judged
+            prefill_speeds = [prefill_speed(r, line) for r in repeats]
+            configs = [host_at(config, v, p) for v, p in zip(speeds, prefill_speeds)]
+            judged = [True] * len(repeats)
+        use = [i for i, ok in enumerate(judged) if ok]
         # each repeat is predicted with its own requests (a closed loop: its own seed)
-        sims = [predicted(simulate(config, {**what_if(config, pf["section"], r),
-                                            "seed": int(r["case"].get("seed", 0))}).summary)
-                for r in judged]
+        sims = [predicted(simulate(configs[i], {
+            **what_if(configs[i], configs[i]["prefill"], repeats[i]),
+            "seed": int(repeats[i]["case"].get("seed", 0))}).summary) for i in use]
         change = what_if(config, pf["section"], repeats[0])
-        reps = [measured(r) for r in judged]
+        reps = [measured(repeats[i]) for i in use]
         meas = {k: check.mean_spread([r[k] for r in reps]) for k in reps[0]}
         pred = {k: float(np.mean([s[k] for s in sims])) for k in sims[0]}
         rows = {k: check.relative_row(meas[k][0], pred[k], TARGETS.get(k), meas[k][1])
                 for k in FIGURES}
         change = {k: v for k, v in change.items() if k != "workload"}  # (the trace is long)
-        seeds = [int(r["case"].get("seed", 0)) for r in judged]
+        seeds = [int(repeats[i]["case"].get("seed", 0)) for i in use]
         out["cases"][f"{load}_{loop}"] = {"load": load, "loop": loop, "what_if": change,
                                           "by_seed": {sd: (m, p) for sd, m, p in
                                                       zip(seeds, reps, sims)},
                                           "repeats": len(repeats), "host_speed": speeds,
-                                          "judged": [any(r is j for j in judged)
-                                                     for r in repeats], "rows": rows,
+                                          "prefill_host_speed": prefill_speeds,
+                                          "scaled": not as_captured, "judged": judged,
+                                          "rows": rows,
                                           "requests": (meas["requests"][0], pred["requests"])}
     for load in sorted({c["load"] for c in out["cases"].values()}):
         on, off = out["cases"].get(f"{load}_overlap"), out["cases"].get(f"{load}_normal")
@@ -326,10 +357,15 @@ def cell(row: dict, key: str) -> str:
 
 
 def speeds(case: dict) -> str:
-    """A case's repeats' host speeds, those not judged in brackets."""
-    return ", ".join(f"x{v:.2f}" if ok else f"(x{v:.2f})"
-                     for v, ok in zip(case["host_speed"], case["judged"]))
-
+    """A case's repeats' host speeds, those not judged in brackets, each with its steps'
+    that prefill where it was predicted at it (``x1.97/1.30``: decode steps / steps that
+    prefill)."""
+    pre = case.get("prefill_host_speed") or [None] * len(case["host_speed"])
+    out = []
+    for v, p, ok in zip(case["host_speed"], pre, case["judged"]):
+        text = f"x{v:.2f}" + (f"/{p:.2f}" if p is not None and math.isfinite(p) else "")
+        out.append(text if ok else f"({text})")
+    return ", ".join(out)
 
 
 def paired_signs(on: dict, off: dict, common: list, judge: bool = True) -> dict:
@@ -359,6 +395,13 @@ def markdown(result: dict) -> str:
             f"{sec['host_us']['per_token']:.4f} x tokens µs, device "
             f"{sec['forward_us']['base']:.1f} + {sec['forward_us']['per_token']:.4f} x tokens "
             f"µs, in chunks of {sec['chunk_tokens']} ({pf['from']}).")
+    if all(c.get("scaled") for c in result["cases"].values()):  # (--as-captured: as before)
+        a, b = result["fit"]["prefill_line"]
+        head += ("\n\nEach repeat predicted at its own host speeds (the factors shown: its "
+                 "unpadded host work over the un-profiled sweep's, on the steps that prefill "
+                 "nothing / over the prefill capture's on those that prefill, "
+                 f"{a:.0f} {b:+.3f} x tokens µs; the model's host durations x the first, "
+                 "its prefill's x the second), every repeat judged.")
     cases = []
     for c in result["cases"].values():
         m, p = c["requests"]
@@ -381,7 +424,13 @@ def main(argv: list[str] | None = None) -> int:
     # the listed misses are the comparison's findings (tests/test_prefill_check.py), not a
     # failure of the command: it exits 0 whatever the verdict
     return check.command(argv, "python -m lab.prefill_check", __doc__.split("\n\n")[0],
-                         evaluate, markdown, status_is_verdict=False)
+                         evaluate, markdown, status_is_verdict=False,
+                         flags={"--as-captured": ("as_captured", AS_CAPTURED_HELP)})
+
+
+AS_CAPTURED_HELP = (f"predict every repeat at the sweep's host speed and leave out those "
+                    f"whose host ran more than {check.HOST_SPEED_MAX}x slower (the table "
+                    f"before each repeat's measured host speed was an input)")
 
 
 if __name__ == "__main__":

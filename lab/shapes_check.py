@@ -21,10 +21,11 @@ prefill's, :data:`simwar.fit.shapes.EAGER_PREFILL_LESS_PROFILER`). Every key of 
 used as it writes it: ``scheduling.rule``, and the whole ``prefill:`` section. Two things a
 what-if at these loads needs are still done here, marked in the output: the graph buckets
 the capture never ran (32 and 64), EXTRAPOLATED (:func:`extrapolate_buckets`), and a line
-that goes below zero before the admission cap of 64, CLAMPED (:func:`clamp_lines`).
+that goes below zero before the admission cap of 64, CLAMPED (:func:`lab.host_speed.clamp_lines`).
 
 **Each case** is then a what-if of its mode's model: its arrivals (a Poisson repeat replays
-its own requests; a closed loop is a closed loop sending the repeat's own requests in order,
+its own requests, run on with its seed's later ones, :func:`lab.prefill_check.trace`; a
+closed loop is a closed loop sending the repeat's own requests in order,
 :func:`lab.prefill_check.closed_lengths`), lengths, chunk, loop
 (``policy.overlap``), barrier and length. Compared, as :mod:`lab.prefill_check` compares
 them (its :func:`~lab.prefill_check.measured` and :func:`~lab.prefill_check.predicted`):
@@ -38,37 +39,36 @@ against the measured mixed cases. A recommendation picks the lower mean request 
 TTFT + TPOT x (mean output - 1) (:func:`score`). Exit status 1 when a judged figure, sign
 or recommendation misses.
 
-**Each repeat at its own host speed** (the default). The GPU machine's host runs at speeds
-0.4-2x apart between runs of one session, so a model fitted from one capture is predicted
-at each repeat's measured host speed (:func:`host_at`): the repeat's unpadded host work
-(prepare, launch, barrier: :func:`lab.check.host_speed`) on its steps that prefill nothing,
-over the capture's on its own such steps less the profiler's cost in them
-(:func:`net_unpadded`: the host speed the fitted model describes), read from the repeat's
-own host stamps, an input about the machine, not an outcome. The model's host durations
-(:func:`simwar.fit.profiler.scale_host`: the loop's CPU work, each phase's host time, the
-host API calls; nothing on the device) are multiplied by it, a faster repeat scaled down as a
-slower one up, but for the work the mini-server pads to a time target (:data:`PADDED`, kept
-as captured) and the prefill's host time, its preparation and its launches
-(:data:`PREFILL_HOST`), multiplied instead by the repeat's host speed on its steps that
-prefill (:func:`prefill_speed`: the same unpadded work on those steps over the capture's at
-the same tokens, as stamped; the data show it apart from the decode steps'); every repeat is
-judged, each with its two factors shown. ``--as-captured``: the table before, every repeat
-at the capture's host speed, and the host-speed rule (:func:`lab.check.host_speed`, as
-:mod:`lab.prefill_check` applies it: a repeat whose host ran more than
+**Each repeat at its own host speed** (the default; :mod:`lab.host_speed`, the rule
+:mod:`lab.prefill_check` applies too). The GPU machine's host runs at speeds 0.4-2x apart
+between runs of one session, so a model fitted from one capture is predicted at each
+repeat's measured host speed (:func:`~lab.host_speed.host_at`): the repeat's unpadded host
+work (prepare, launch, barrier: :func:`lab.check.host_speed`) on its steps that prefill
+nothing, over the capture's on its own such steps less the profiler's cost in them
+(:func:`~lab.host_speed.net_unpadded`: the host speed the fitted model describes), read from
+the repeat's own host stamps, an input about the machine, not an outcome. The model's host
+durations (:func:`simwar.fit.profiler.scale_host`: the loop's CPU work, each phase's host
+time, the host API calls; nothing on the device) are multiplied by it, a faster repeat
+scaled down as a slower one up, but for the work the mini-server pads to a time target
+(:data:`~lab.host_speed.PADDED`, kept as captured) and the prefill's host time, its
+preparation and its launches (:data:`~lab.host_speed.PREFILL_HOST`), multiplied instead by
+the repeat's host speed on its steps that prefill (:func:`~lab.host_speed.prefill_speed`:
+the same unpadded work on those steps over the capture's at the same tokens, as stamped; the
+data show it apart from the decode steps'); every repeat is judged, each with its two
+factors shown. ``--as-captured``: the table before, every repeat at the capture's host
+speed, and the host-speed rule (:func:`lab.check.host_speed`, as ``python -m
+lab.prefill_check --as-captured`` applies it: a repeat whose host ran more than
 :data:`lab.check.HOST_SPEED_MAX` times slower than the capture's stamps is reported, not
 judged, its speed in brackets; a case with none judged, and the signs and recommendations
-that pair it, reported whole). Reported too: where
-``DIR/twins`` holds them, the profiler's effect on the host stages of un-profiled and
-profiled twins (:func:`twins`).
+that pair it, reported whole). Reported too: where ``DIR/twins`` holds them, the profiler's
+effect on the host stages of un-profiled and profiled twins (:func:`twins`).
 
 Runs where simulation runs (simwar's full stack), not on the GPU machine.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
-import math
 import re
 import sys
 from pathlib import Path
@@ -76,11 +76,10 @@ from pathlib import Path
 import numpy as np
 
 from lab import check, prefill_check
-from lab.server_requests import Arrivals, Dist
+from lab.host_speed import clamp_lines, host_at, net_unpadded, prefill_line, prefill_speed
 from simwar.api import simulate
 from simwar.capture.open import open_capture
 from simwar.fit.from_capture import fit_model
-from simwar.fit.profiler import host_keys, scale_host
 
 DEFAULT_DIR = check.DEFAULT_DIR / "shapes"
 CASE = re.compile(r"^shapes_(?P<mode>sglang|mixed)_(?P<load>light|medium|closed16)_"
@@ -97,27 +96,6 @@ SERVER_BUCKETS = (8, 16, 32, 64)
 
 def capture_path(folder: Path, mode: str) -> Path:
     return folder / f"shapes_{mode}_medium_overlap_profiled.kineto.json.gz"
-
-
-def clamp_lines(node, where: str = "") -> list[str]:
-    """CLAMPED here: every ``{base, per_seq}`` line of ``node`` that goes below zero at a
-    batch up to the admission cap is bent to reach zero there, in place; returns the keys
-    it changed. The fit clamps its lines over the batches its own workload runs (the
-    capture's, up to 16 here), not the 64 a what-if asks for (the mixed capture's
-    ``costs.launch_us`` goes below zero at 19)."""
-    out = []
-    if isinstance(node, dict):
-        if "base" in node and "per_seq" in node:
-            top = node["base"] + node["per_seq"] * check.MAX_BATCH
-            if node["base"] >= 0 > top:
-                node["per_seq"] = -node["base"] / check.MAX_BATCH
-                out.append(where)
-        for k, v in node.items():
-            out += clamp_lines(v, f"{where}.{k}" if where else str(k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            out += clamp_lines(v, f"{where}[{i}]")
-    return out
 
 
 def extrapolate_buckets(node, buckets, where: str = "") -> list[str]:
@@ -178,139 +156,14 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
             "buckets": list((config.get("workload") or {}).get("graph_buckets") or [])}
 
 
-#: the host work a repeat's measured speed does not move, kept as captured: what the
-#: mini-server pads to a time target (lab.server: its ``schedule`` and ``process`` ranges)
-PADDED = ("cpu.ingest_us", "cpu.schedule_us", "cpu.process_result_us")
-#: the host work of a step that prefills, at the repeat's host speed on such steps
-#: (:func:`prefill_speed`), not the decode steps': the prefill's preparation before its first
-#: launch (``prefill.host_before_us``) and its launch window (``prefill.host_us``). The data
-#: keep the two speeds apart: on the first run the repeats' decode steps ran x0.69-2.08 of the
-#: capture's host work and their prefill steps x0.96-1.41 (the closed loop x1.97-2.03 and
-#: x1.30-1.35: a prefill launched over 2.8 ms where the decode speed made it 4.2 ms; the light
-#: load x0.69-0.87 and x1.26), and the twins show the prefill's prepare and launch apart from
-#: the decode steps' (x0.53-1.64 profiled over un-profiled where the decode launch ran
-#: x1.13-3.81)
-PREFILL_HOST = ("prefill.host_us", "prefill.host_before_us")
-
-
-def prefill_unpadded(metrics: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Per measured step that prefills (a prefill step of its own or a mixed step):
-    ``(prompt tokens, host work the server does not pad)``, :func:`lab.check._unpadded`'s
-    span (prepare, launch, barrier) on the steps :func:`lab.check._unpadded` leaves out with
-    ``decode_only``."""
-    st = metrics["steps"]
-    steps = check.measured_steps(metrics)
-    tokens = np.asarray(st["prefill_tokens"], dtype=float)[steps]
-    work = (np.asarray(st["t_barrier_us"], dtype=float)
-            - np.asarray(st["t_batch_us"], dtype=float))[steps]
-    ok = (tokens > 0) & np.isfinite(work)
-    return tokens[ok], work[ok]
-
-
-def prefill_line(capture: Path, metrics: dict) -> tuple[float, float]:
-    """``(a, b)``: the capture's :func:`prefill_unpadded` host work as ``a + b x tokens``,
-    least squares, as stamped: the fit keeps the profiler's cost in an eager prefill's host
-    time (:data:`simwar.fit.shapes.EAGER_PREFILL_LESS_PROFILER`), so its steps as they ran
-    are the host speed the model's prefill describes."""
-    x, y = prefill_unpadded(metrics)
-    if len(x) < 3 or np.ptp(x) == 0:
-        raise check.ServerDataError(f"{capture}: fewer than 3 steps that prefill, or all of "
-                                    f"one size (the prefill's host speed needs a line)")
-    slope, base = np.polyfit(x, y, 1)
-    return float(base), float(slope)
-
-
-def prefill_speed(metrics: dict, line: tuple[float, float]) -> float:
-    """How much slower a repeat's host ran its steps that prefill than the capture's (NaN:
-    none): its :func:`prefill_unpadded` work over the capture's :func:`prefill_line` at the
-    same tokens, as :func:`lab.check.host_speed` takes the decode steps' at the same
-    batches."""
-    x, y = prefill_unpadded(metrics)
-    if not len(x):
-        return math.nan
-    return float(y.sum() / (line[0] + line[1] * x).sum())
-
-
-def net_unpadded(capture: Path, metrics: dict, keep_profiler_cost: bool = False
-                 ) -> tuple[np.ndarray, np.ndarray]:
-    """The profiled run's :func:`lab.check._unpadded` host work on its steps that prefill
-    nothing, less the profiler's own cost in each (the capture's events in the step's host
-    window, :func:`lab.prefill_check.profiler_cost_of`), as the fit takes it out of the
-    model's host times: the host speed the model describes. The metrics' host stamps are
-    put on the capture's clock by each step's ``scheduler.prepare_for_decode`` range (it
-    starts at the step's ``t_batch_us``; the median offset)."""
-    st = metrics["steps"]
-    steps = check.measured_steps(metrics)
-    batch = np.asarray(st["batch"], dtype=float)
-    a = np.asarray(st["t_batch_us"], dtype=float)
-    b = np.asarray(st["t_barrier_us"], dtype=float)
-    keep = [k for k in range(steps.start, steps.stop) if batch[k] > 0
-            and st["prefill_tokens"][k] == 0 and np.isfinite(b[k] - a[k])]
-    if keep_profiler_cost:
-        return batch[keep], (b - a)[keep]
-    events = json.loads(gzip.decompress(capture.read_bytes()))["traceEvents"]
-    marks = prefill_check.step_marks(events)
-    offsets = []
-    for e in events:
-        if e.get("cat") == "user_annotation" and e.get("name") == "scheduler.prepare_for_decode":
-            k = prefill_check.step_at(marks, e["ts"])
-            if k is not None and k < len(a):
-                offsets.append(float(e["ts"]) - a[k])
-    if not offsets:
-        raise check.ServerDataError(f"{capture}: no scheduler.prepare_for_decode range to "
-                                    f"tie the host stamps to the capture's clock")
-    shift = float(np.median(offsets))
-    less = prefill_check.profiler_cost_of(capture, marks)
-    return batch[keep], np.array([less(a[k] + shift, b[k] - a[k]) for k in keep])
-
-
-def host_at(config: dict, speed: float, prefill: float = math.nan) -> dict:
-    """``config`` with its host durations at a repeat's measured host speeds
-    (:func:`simwar.fit.profiler.scale_host`; NaN, unknown: as captured): the prefill's
-    (:data:`PREFILL_HOST`) at ``prefill``, the speed of the repeat's steps that prefill
-    (:func:`prefill_speed`), the others at ``speed``, the decode steps' (but
-    :data:`PADDED`); its lines clamped again (:func:`clamp_lines`: a line bent to reach zero
-    at the cap, scaled and rounded, may end a rounding below it)."""
-    def known(v: float) -> float:
-        return v if math.isfinite(v) else 1.0
-
-    out = scale_host(config, known(speed), keep=PADDED + PREFILL_HOST)
-    out = scale_host(out, known(prefill),
-                     keep=[k for k in host_keys(out) if k not in PREFILL_HOST])
-    clamp_lines(out)
-    return out
-
-
 def score(figures: dict, mean_output: float) -> float:
     """A request's mean time as a recommendation weighs it: TTFT (to its result on the
     host) + TPOT x (mean output - 1)."""
     return figures["ttft_us"] + figures["tpot_us"] * (mean_output - 1.0)
 
 
-def trace(metrics: dict, longer: float = 4.0) -> dict:
-    """A Poisson repeat's requests as ``workload.arrivals.trace``, run on past its end: the
-    server's own arrivals of the case's seed (:class:`lab.server_requests.Arrivals`: the gaps
-    and lengths come from the seed, whatever the timing), ``longer`` x as long as the
-    measured ones, whose first requests are the repeat's own (checked): a predicted run
-    slower than the server's needs requests the repeat never received."""
-    case, req = metrics["case"], metrics["requests"]
-    arr = Arrivals(seed=int(case["seed"]), output=Dist.parse(case["output_tokens"]),
-                   prompt=Dist.parse(case["prompt_tokens"]),
-                   rate=float(metrics["arrivals"]["rate_per_s"]))
-    made = arr.due(longer * max(req["arrival_us"]) * 1e-6)
-    n = len(req["arrival_us"])
-    if len(made) < n or any(abs(r.arrival * 1e6 - t) > 1.0 or r.prompt_tokens != p
-                            for r, t, p in zip(made, req["arrival_us"], req["prompt_tokens"])):
-        raise check.ServerDataError(f"{case['name']}: its requests are not its seed's")
-    return {"trace": {"arrival_us": [r.arrival * 1e6 for r in made],
-                      "output_tokens": [r.output_tokens for r in made],
-                      "prompt_tokens": [r.prompt_tokens for r in made]}}
-
-
 def _predict(config: dict, metrics: dict, rule: str | None = None) -> dict:
     change = prefill_check.what_if(config, config["prefill"], metrics)
-    if "arrivals" in change["workload"]:
-        change["workload"]["arrivals"] = trace(metrics)
     if rule is not None:
         change["scheduling.rule"] = rule
     change["seed"] = int(metrics["case"].get("seed", 0))
@@ -505,14 +358,6 @@ def model_line(m: dict) -> str:
             f"{check.MAX_BATCH}: " + (", ".join(m["clamped"]) or "none"))
 
 
-def speeds(case: dict) -> str:
-    """A case's repeats' host speeds (:func:`lab.prefill_check.speeds`), each with its steps'
-    that prefill where it was predicted at it (``x1.97/1.30``)."""
-    out = prefill_check.speeds(case).split(", ")
-    return ", ".join(f"{a}/{p:.2f}" if p is not None and math.isfinite(p) else a
-                     for a, p in zip(out, case.get("prefill_host_speed") or [None] * len(out)))
-
-
 def speed_line(result: dict) -> str:
     """How the repeats' host speeds were used, in words."""
     if all(c.get("scaled") for c in result["cases"].values()):
@@ -530,7 +375,7 @@ def markdown(result: dict) -> str:
     rows = []
     for c in result["cases"].values():
         m, p = c["requests"]
-        rows.append([c["mode"], c["load"], c["loop"], speeds(c),
+        rows.append([c["mode"], c["load"], c["loop"], prefill_check.speeds(c),
                      f"{m:.0f} / {p:.0f}",
                      *(prefill_check.cell(c["rows"][k], k) for k in FIGURES)])
     signs = []

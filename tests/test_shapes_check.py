@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from lab.prefill_check import closed_lengths
-from lab.shapes_check import DEFAULT_DIR, evaluate, main, trace
+from lab.prefill_check import closed_lengths, trace
+from lab.shapes_check import DEFAULT_DIR, evaluate, main
 from simwar.config.schema import TokenCost
 
 # slow: the evaluation fits both 1.5 MB captures (about 4-7 s each on two shared cores; ~15-25 s
@@ -60,7 +60,7 @@ MIXED = {"closed16_normal": ("mixed", "mixed", None), "closed16_overlap": ("mixe
          "medium_overlap": ("mixed", "mixed", True)}
 
 #: the default table, each repeat predicted at its own measured host speed (the model's
-#: unpadded host durations x its factor, lab.shapes_check.host_at) and every repeat judged:
+#: unpadded host durations x its factor, lab.host_speed.host_at) and every repeat judged:
 #: (case, figure) within their target; every other one misses
 MEASURED_WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "tpot_us"),
                    ("mixed_closed16_normal", "ttft_us"),
@@ -296,7 +296,7 @@ def test_a_repeats_prefill_runs_at_its_own_host_speed():
     """host_at: the prefill's host keys at the speed of the repeat's steps that prefill, the
     other host keys at its decode steps', the padded ones as captured, the device untouched;
     a speed unknown (NaN) leaves its keys as captured."""
-    from lab.shapes_check import host_at
+    from lab.host_speed import host_at
 
     config = {"cpu": {"schedule_us": 100.0, "prepare_us": 10.0},
               "phases": [{"name": "forward", "host_us": 20.0, "forward_us": 500.0}],

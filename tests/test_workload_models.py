@@ -109,6 +109,21 @@ def test_a_closed_loop_sends_its_listed_lengths_first_then_draws():
                                         "closed_loop": {"concurrency": 3, "lengths": listed}}})
 
 
+def test_a_trace_that_ends_before_the_run_is_one_line_in_every_engine():
+    """A trace whose requests have all finished with steps still to run: one line naming
+    the key, the same from both engines, in place of an IndexError where the loop waited
+    for a request past the trace's last (the lab's replays of slower hosts ran into it)."""
+    from simwar.api import simulate
+
+    change = {"steps": 200, "warmup_steps": 0, "workload": {
+        "max_batch": 8, "arrivals": {"trace": {"arrival_us": [0, 10], "output_tokens": [4, 4]}}}}
+    for engine in ("simpy", "fast"):
+        with pytest.raises(ConfigError, match=r"^workload.arrivals.trace: its 2 requests have "
+                                              r"all finished by step 4 of 200 "):
+            simulate(None, {**change, "engine": engine})
+    assert simulate(None, {**change, "steps": 4}).summary["requests_completed"] == 2
+
+
 def test_the_rules_for_requests_hold_for_a_closed_loop_by_name():
     closed = {"workload": SOURCES["closed_loop"][0]}
     with pytest.raises(ConfigError, match="are not modelled with parallel.tp > 1"):

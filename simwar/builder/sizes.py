@@ -92,6 +92,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simwar.builder.draws import sample
+from simwar.config.base import ConfigError
 from simwar.config.schema import REQUEST_SOURCES, SHAPES, Config, buckets_of
 
 #: the generator stream of each random source: ``default_rng([seed, STREAMS[name]])``
@@ -407,6 +408,13 @@ class ArrivalProcess:
             sizes.bucket[k] = self.bucket_at[0]
             return idle
         if not self.active and not self.queue:
+            if self.trace is not None and math.isinf(self.next_time):
+                # every request of the trace came and went: the loop would wait forever
+                raise ConfigError(
+                    f"workload.arrivals.trace: its {len(self.arrival)} requests have all "
+                    f"finished by step {k} of {len(self.sizes.batch)} and none is left to "
+                    f"arrive; expected a trace that lasts the run (more requests, or fewer "
+                    f"steps)")
             idle = self.next_time - t
             t = self.next_time
             self._arrive_until(t)

@@ -1,0 +1,192 @@
+"""Each repeat at its own host speed: the one rule of the mini-server's checkers.
+
+The GPU machine's host runs at speeds 0.4-2x apart between runs of one session, so a model
+fitted from one capture is predicted at each repeat's measured host speed, read from the
+repeat's own host stamps (an input about the machine, not an outcome) and applied by
+simwar's one rule for a host at another speed, :func:`simwar.fit.profiler.scale_host`
+(:func:`host_at`). Two factors per repeat:
+
+- **the decode steps'**: the repeat's unpadded host work (prepare, launch, barrier:
+  :func:`lab.check.host_speed`) on its steps that prefill nothing, over the host work the
+  model describes at the same batches (:mod:`lab.shapes_check`: its capture's, less the
+  profiler's cost in each step, :func:`net_unpadded`; :mod:`lab.prefill_check`: the
+  un-profiled sweep's its fit is rescaled to). Every host duration of the model is multiplied
+  by it but for the work the mini-server pads to a time target (:data:`PADDED`) and the
+  prefill's (:data:`PREFILL_HOST`);
+- **the steps' that prefill**: the same unpadded work on the repeat's steps with a chunk over
+  the line in tokens the model's prefill describes (:func:`prefill_line`,
+  :func:`prefill_speed`); the prefill's host keys are multiplied by it.
+
+Here too are the readers both checkers place a capture's host ranges with: its step ranges
+(:func:`step_marks`, :func:`step_at`) and the profiler's own cost in a range
+(:func:`profiler_cost_of`). Runs where simulation runs (simwar's full stack).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from lab import check
+from simwar.capture.open import open_capture
+from simwar.fit.profiler import host_keys, scale_host
+from simwar.fit.profiler_cost import for_capture
+
+#: the range each ``prof.step()`` opens (lab.server): ``ProfilerStep#<k>``
+STEP_MARK = "ProfilerStep#"
+#: the host work a repeat's measured speed does not move, kept as captured: what the
+#: mini-server pads to a time target (lab.server: its ``schedule`` and ``process`` ranges)
+PADDED = ("cpu.ingest_us", "cpu.schedule_us", "cpu.process_result_us")
+#: the host work of a step that prefills, at the repeat's host speed on such steps
+#: (:func:`prefill_speed`), not the decode steps': the prefill's preparation before its first
+#: launch (``prefill.host_before_us``) and its launch window (``prefill.host_us``). The data
+#: keep the two speeds apart: on the shapes suite's first run the repeats' decode steps ran
+#: x0.69-2.08 of the capture's host work and their prefill steps x0.96-1.41 (the closed loop
+#: x1.97-2.03 and x1.30-1.35: a prefill launched over 2.8 ms where the decode speed made it
+#: 4.2 ms; the light load x0.69-0.87 and x1.26), and the twins show the prefill's prepare and
+#: launch apart from the decode steps' (x0.53-1.64 profiled over un-profiled where the decode
+#: launch ran x1.13-3.81)
+PREFILL_HOST = ("prefill.host_us", "prefill.host_before_us")
+
+
+def step_marks(events: list) -> list[dict]:
+    """A capture's step ranges (its raw ``traceEvents``' ``ProfilerStep#k`` host ranges), by
+    start: the one reader of a capture's steps of the lab's checkers."""
+    return sorted((e for e in events if e.get("cat") == "user_annotation"
+                   and str(e.get("name", "")).startswith(STEP_MARK)), key=lambda e: e["ts"])
+
+
+def step_at(marks: list[dict], ts: float) -> int | None:
+    """The step (``k`` of ``ProfilerStep#k``) whose range of ``marks`` holds the time ``ts``;
+    None: none."""
+    return next((int(m["name"][len(STEP_MARK):]) for m in marks
+                 if m["ts"] <= ts < m["ts"] + m["dur"]), None)
+
+
+def profiler_cost_of(capture: Path, marks: list):
+    """``less(ts, dur)``: a host range of the capture (its raw ``ts``) less the profiler's own
+    cost in it, by the capture's event counts (:mod:`simwar.fit.profiler_cost`), never below
+    zero. The capture's clock is tied to the import's by its step ranges (``marks``,
+    :func:`step_marks`)."""
+    cap = open_capture(capture, preset="sglang")
+    prof = for_capture(cap.bound)
+    starts = {name: a for name, a, _ in cap.bound.annotations if name.startswith(STEP_MARK)}
+    shift = float(np.median([m["ts"] - starts[m["name"]] for m in marks if m["name"] in starts]))
+    return lambda ts, dur: prof.less(dur, ts - shift, ts - shift + dur)
+
+
+def prefill_unpadded(metrics: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per measured step that prefills (a prefill step of its own or a mixed step):
+    ``(prompt tokens, host work the server does not pad)``, :func:`lab.check._unpadded`'s
+    span (prepare, launch, barrier) on the steps :func:`lab.check._unpadded` leaves out with
+    ``decode_only``, as stamped."""
+    st = metrics["steps"]
+    steps = check.measured_steps(metrics)
+    tokens = np.asarray(st["prefill_tokens"], dtype=float)[steps]
+    work = (np.asarray(st["t_barrier_us"], dtype=float)
+            - np.asarray(st["t_batch_us"], dtype=float))[steps]
+    ok = (tokens > 0) & np.isfinite(work)
+    return tokens[ok], work[ok]
+
+
+def net_unpadded(capture: Path, metrics: dict, keep_profiler_cost: bool = False,
+                 prefill: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """The profiled run's :func:`lab.check._unpadded` host work on its steps that prefill
+    nothing, against their batch (``prefill``: on its steps that prefill, against their
+    tokens), less the profiler's own cost in each (the capture's events in the step's host
+    window, :func:`profiler_cost_of`), as a fit takes it out of the model's host times: the
+    host speed the model describes. The metrics' host stamps are put on the capture's clock
+    by each step's ``scheduler.prepare_for_decode`` range (it starts at the step's
+    ``t_batch_us``; the median offset). ``keep_profiler_cost``: as stamped."""
+    st = metrics["steps"]
+    steps = check.measured_steps(metrics)
+    size = np.asarray(st["prefill_tokens" if prefill else "batch"], dtype=float)
+    tokens = np.asarray(st["prefill_tokens"], dtype=float)
+    a = np.asarray(st["t_batch_us"], dtype=float)
+    b = np.asarray(st["t_barrier_us"], dtype=float)
+    keep = [k for k in range(steps.start, steps.stop) if size[k] > 0
+            and (tokens[k] > 0) == prefill and np.isfinite(b[k] - a[k])]
+    if keep_profiler_cost:
+        return size[keep], (b - a)[keep]
+    events = json.loads(gzip.decompress(capture.read_bytes()))["traceEvents"]
+    marks = step_marks(events)
+    offsets = []
+    for e in events:
+        if e.get("cat") == "user_annotation" and e.get("name") == "scheduler.prepare_for_decode":
+            k = step_at(marks, e["ts"])
+            if k is not None and k < len(a):
+                offsets.append(float(e["ts"]) - a[k])
+    if not offsets:
+        raise check.ServerDataError(f"{capture}: no scheduler.prepare_for_decode range to "
+                                    f"tie the host stamps to the capture's clock")
+    shift = float(np.median(offsets))
+    less = profiler_cost_of(capture, marks)
+    return size[keep], np.array([less(a[k] + shift, b[k] - a[k]) for k in keep])
+
+
+def prefill_line(capture: Path, metrics: dict, net: bool = False,
+                 scale: float = 1.0) -> tuple[float, float]:
+    """``(a, b)``: the capture's host work on its steps that prefill as ``a + b x tokens``,
+    least squares, times ``scale``: the host speed the model's prefill describes. As stamped
+    where the model keeps the profiler's cost in the prefill's host time (the shapes fit's
+    eager prefill: :data:`simwar.fit.shapes.EAGER_PREFILL_LESS_PROFILER`); ``net``: less the
+    profiler's cost in each step (:func:`net_unpadded`), where the model takes it out (the
+    prefill checker's, whose prefill is also x the sweep's host factor: ``scale``)."""
+    x, y = net_unpadded(capture, metrics, keep_profiler_cost=not net, prefill=True)
+    if len(x) < 3 or np.ptp(x) == 0:
+        raise check.ServerDataError(f"{capture}: fewer than 3 steps that prefill, or all of "
+                                    f"one size (the prefill's host speed needs a line)")
+    slope, base = np.polyfit(x, y, 1)
+    return float(base) * scale, float(slope) * scale
+
+
+def prefill_speed(metrics: dict, line: tuple[float, float]) -> float:
+    """How much slower a repeat's host ran its steps that prefill than the model's (NaN:
+    none): its :func:`prefill_unpadded` work over :func:`prefill_line` at the same tokens, as
+    :func:`lab.check.host_speed` takes the decode steps' at the same batches."""
+    x, y = prefill_unpadded(metrics)
+    if not len(x):
+        return math.nan
+    return float(y.sum() / (line[0] + line[1] * x).sum())
+
+
+def clamp_lines(node, where: str = "") -> list[str]:
+    """CLAMPED: every ``{base, per_seq}`` line of ``node`` that goes below zero at a batch up
+    to the admission cap is bent to reach zero there, in place; returns the keys it changed.
+    A fit clamps its lines over the batches its own workload runs (the shapes capture's, up
+    to 16), not the 64 a what-if asks for (the mixed capture's ``costs.launch_us`` goes below
+    zero at 19)."""
+    out = []
+    if isinstance(node, dict):
+        if "base" in node and "per_seq" in node:
+            top = node["base"] + node["per_seq"] * check.MAX_BATCH
+            if node["base"] >= 0 > top:
+                node["per_seq"] = -node["base"] / check.MAX_BATCH
+                out.append(where)
+        for k, v in node.items():
+            out += clamp_lines(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += clamp_lines(v, f"{where}[{i}]")
+    return out
+
+
+def host_at(config: dict, speed: float, prefill: float = math.nan) -> dict:
+    """``config`` with its host durations at a repeat's measured host speeds
+    (:func:`simwar.fit.profiler.scale_host`; NaN, unknown: as captured): the prefill's
+    (:data:`PREFILL_HOST`) at ``prefill``, the speed of the repeat's steps that prefill
+    (:func:`prefill_speed`), the others at ``speed``, the decode steps' (but
+    :data:`PADDED`); its lines clamped again (:func:`clamp_lines`: a line bent to reach zero
+    at the cap, scaled and rounded, may end a rounding below it)."""
+    def known(v: float) -> float:
+        return v if math.isfinite(v) else 1.0
+
+    out = scale_host(config, known(speed), keep=PADDED + PREFILL_HOST)
+    out = scale_host(out, known(prefill),
+                     keep=[k for k in host_keys(out) if k not in PREFILL_HOST])
+    clamp_lines(out)
+    return out
