@@ -19,9 +19,10 @@ with SGLang's overlap loop and its normal loop, timed without the profiler and r
   (``forward_us``) is read from the one prefill capture, ``prefill_light_overlap_profiled``:
   per step, the ``prefill`` range on the GPU (``gpu_user_annotation``) past the end of the
   same range on the host (tied by their External id), against the step's prefill tokens. The
-  capture's own host range is not used: under CUPTI each eager launch costs more, and the
-  capture's prefill took 2.3x the un-profiled one (the sweep's host factor, 0.88, is that of
-  graph launches); where it is used, each range is first less the profiler's own host cost
+  capture's own host range is not the model's host cost: under CUPTI each eager launch costs
+  more, and the capture's prefill took 2.3x the un-profiled one (the sweep's host factor,
+  0.88, is that of graph launches); it is the yardstick of each repeat's prefill speed
+  (below), and where it is used, each range is first less the profiler's own host cost
   in it, by the capture's event counts (:func:`lab.host_speed.profiler_cost_of`: the sweep's
   fit takes it out of its host times the same way, and its host factor is then 0.95);
 - each case: its arrivals (a Poisson repeat's own requests, run on with its seed's later ones,
