@@ -81,6 +81,7 @@ def command(args) -> int:
         # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
         from simwar.api import choose, simulate
         from simwar.config import (  # lazy: start-up time of the CLI
+            ConfigError,
             Override,
             load_config,
             override_list,
@@ -119,9 +120,12 @@ def command(args) -> int:
     if args.summary_only and choice.name == "simpy":
         raise UserError("--summary-only: needs the fast executor (--engine fast or auto)")
     outputs.check(args, cfg)
-    with run_progress(cfg.steps, quiet=args.quiet) as progress:
-        result = simulate(cfg, engine=args.engine, summary_only=args.summary_only,
-                          progress=progress, trace_for=trace_for)
+    try:
+        with run_progress(cfg.steps, quiet=args.quiet) as progress:
+            result = simulate(cfg, engine=args.engine, summary_only=args.summary_only,
+                              progress=progress, trace_for=trace_for)
+    except ConfigError as e:  # found only as it runs (the memory check, a trace that runs out)
+        raise ConfigError(f"{args.config}: {e}" if args.config else str(e)) from None
     if not args.quiet:  # which executor ran, and why each one preferred to it refused
         print(f"simwar: {result.executor_line}", file=sys.stderr)
     for warning in result.warnings:  # printed even with --quiet: the results may mislead
