@@ -393,6 +393,7 @@ def split_host(s, samples: dict[int, PrefillSample]) -> float:
     if len(decode) < max(MIN_DECODE_STEPS, MIN_DECODE_SHARE * len(steps)):
         return 0.0
     excess = dict.fromkeys(mixed, 0.0)
+    first = next((k for k in keys if k.startswith("phases.")), None)
     for key in keys:
         shift = 1 if key in PREVIOUS else 0
         of = [k - shift for k in s.steps_of(key)]
@@ -404,7 +405,7 @@ def split_host(s, samples: dict[int, PrefillSample]) -> float:
         for v, k in zip(values, of):
             if k in excess:
                 excess[k] += v - base
-                if key in BEFORE:  # work the loop does before it launches the forward
+                if key in BEFORE or key == first:  # before it launches the forward
                     samples[k].extra_before_us += v - base
         s.keep(key, lambda i, of=of: of[i] not in mixed)
     for k, extra in excess.items():
@@ -670,14 +671,16 @@ def _text(v) -> str:
 
 
 def prompt_groups(kinds: StepKinds, steps: list[int], chunk: int) -> list[tuple[int, int]]:
-    """``(requests, tokens)`` of each run of prefill steps whose chunks carry a request over
-    (every step of the run but the last is a full chunk, ``chunk`` tokens): the requests whose
-    prompts it prefilled (each step's, less the one carried in from the step before) and their
+    """``(requests, tokens)`` of each run of steps that prefill (prefill steps of their own or
+    mixed steps, whose chunks are the same queue's) whose chunks carry a request over (every
+    step of the run but the last is a full chunk, ``chunk`` tokens): the requests whose
+    prompts it prefilled (each step's, less the one carried in from the step before; a step
+    whose range does not count its chunk's requests, as a mixed step's, one) and their
     tokens. A run of one request gives its prompt exactly."""
     out: list[tuple[int, int]] = []
     cur = None
     for k in steps:
-        if kinds.shape.get(k) != "prefill" or kinds.tokens.get(k, -1) < 0:
+        if kinds.shape.get(k) not in ("prefill", "mixed") or kinds.tokens.get(k, -1) < 0:
             cur = None
             continue
         n, t = kinds.requests.get(k, 1), kinds.tokens[k]
