@@ -384,7 +384,7 @@ def test_a_mixed_steps_excess_before_its_first_kernel_is_the_prefills_preparatio
         s.add("phases.forward.host_us", 20.0 + 90 * mixed, k)
         s.add("phases.draft.host_us", 10.0 + 40 * mixed, k)
     samples = {k: PrefillSample(k, "mixed", 100, 0.0, 0.0, 0.0, False) for k in (3, 7)}
-    assert split_host(s, samples) == pytest.approx(500 + 30 + 90 + 40)
+    assert split_host(s, samples, "forward") == pytest.approx(500 + 30 + 90 + 40)
     for p in samples.values():
         assert p.extra_before_us == pytest.approx(500 + 90)
         assert p.extra_us == pytest.approx(500 + 30 + 90 + 40)

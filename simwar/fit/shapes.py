@@ -375,14 +375,18 @@ PREVIOUS = ("cpu.process_result_us",)
 BEFORE = ("cpu.ingest_us", "cpu.schedule_us", "cpu.prepare_us")
 
 
-def split_host(s, samples: dict[int, PrefillSample]) -> float:
+def split_host(s, samples: dict[int, PrefillSample], first: str | None = None) -> float:
     """The loop's host work (``cpu.*``, ``phases.NAME.host_us`` in the
     :class:`simwar.fit.samples.Samples` ``s``) from the decode steps alone, and each mixed
     step's excess over their means (summed over the keys: the host work its prefill adds
     outside its dispatch, e.g. preparing the new requests) added to that step's prefill host
-    time. A capture with too few decode steps (:data:`MIN_DECODE_STEPS`,
-    :data:`MIN_DECODE_SHARE`) keeps every step's samples. Returns the mean excess per mixed
-    step (0: not split)."""
+    time. The excess of the work the loop does before it launches the forward
+    (:data:`BEFORE`) and of the first phase's host time (``first``: its name; on the server
+    the rest of the batch's preparation up to its first copy) is before the step's first
+    kernel, so it is also the prefill's preparation before its first launch
+    (``extra_before_us``, ``prefill.host_before_us``). A capture with too few decode steps
+    (:data:`MIN_DECODE_STEPS`, :data:`MIN_DECODE_SHARE`) keeps every step's samples. Returns
+    the mean excess per mixed step (0: not split)."""
     mixed = {k for k, p in samples.items() if p.shape == "mixed"}
     keys = [k for k in s if k.startswith("cpu.") or (k.startswith("phases.")
                                                      and k.endswith(".host_us"))]
@@ -393,7 +397,7 @@ def split_host(s, samples: dict[int, PrefillSample]) -> float:
     if len(decode) < max(MIN_DECODE_STEPS, MIN_DECODE_SHARE * len(steps)):
         return 0.0
     excess = dict.fromkeys(mixed, 0.0)
-    first = next((k for k in keys if k.startswith("phases.")), None)
+    first_key = f"phases.{first}.host_us" if first else None
     for key in keys:
         shift = 1 if key in PREVIOUS else 0
         of = [k - shift for k in s.steps_of(key)]
@@ -405,7 +409,7 @@ def split_host(s, samples: dict[int, PrefillSample]) -> float:
         for v, k in zip(values, of):
             if k in excess:
                 excess[k] += v - base
-                if key in BEFORE or key == first:  # before it launches the forward
+                if key in BEFORE or key == first_key:  # before its first kernel
                     samples[k].extra_before_us += v - base
         s.keep(key, lambda i, of=of: of[i] not in mixed)
     for k, extra in excess.items():
