@@ -52,7 +52,7 @@ SERVER_MAPPING = {
     "preset": "sglang",
     "phases": {"^draft$": "draft", "^verify$": "verify", "^sample$": "sample",
                "^prefill$": "prefill"},
-    "batch": r"^(?:decode|mixed) bs=(\d+)$",
+    "batch": r"^(?:decode|mixed) bs=(\d+)(?: toks=\d+)?$",
     "shape": r"^(?P<mode>decode|prefill|mixed) bs=(?P<batch>\d+)(?: toks=(?P<tokens>\d+))?$"}
 #: a repeat whose host ran this much slower than the sweep's (its unpadded host work per step
 #: against the sweep's at the same batch) is reported, not judged: the fit knows one host speed

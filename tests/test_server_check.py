@@ -137,3 +137,20 @@ def test_h200_server_fit_meets_the_targets_but_the_listed_misses():
                               "gap_us_mean", "races") if not k[f]["ok"]}
         missed |= {f"bucket {b}" for b, v in k["per_bucket"].items() if v["ok"] is False}
         assert missed == MISSES.get(name, set()), (name, markdown(result))
+
+
+def test_the_server_mapping_reads_a_mixed_steps_batch_from_its_range():
+    """The mini-server's ranges (``lab.server.step_range``): a decode and a mixed step's ``bs``
+    is its decode batch, read by ``batch``; a prefill step's is the requests in its chunk, a
+    shape's count and no decode batch (the step has none: 0)."""
+    import re
+
+    from lab.check import SERVER_MAPPING
+    from lab.server import step_range
+
+    rx = re.compile(SERVER_MAPPING["batch"])
+    assert rx.search(step_range("decode", 6, 0, 0)).group(1) == "6"
+    assert rx.search(step_range("mixed", 5, 2, 1483)).group(1) == "5"
+    assert rx.search(step_range("prefill", 0, 3, 2048)) is None
+    shape = re.compile(SERVER_MAPPING["shape"])
+    assert shape.search(step_range("prefill", 0, 3, 2048)).group("batch") == "3"

@@ -229,7 +229,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     cpu_notes = sample_cpu_work(trace, imp, lays, mapping, names, cfg, s, graph_cost, warnings,
                                 prof)
     give_back(s, names, prefills)
-    excess = split_host(s, prefills) + prefill_step_host(
+    excess = split_host(s, prefills, names[0] if names else None) + prefill_step_host(
         trace, fitted, lays, prefills, prof, sizes.batch if sizes.varying else None)
     stage()
     details: dict[str, dict] = {}

@@ -30,6 +30,7 @@ simulator.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -297,9 +298,29 @@ def work_us(trace: Trace, op_ids: list[int]) -> float:
 
 
 def queued_gap(trace: Trace, before: int | None, after: int | None) -> float:
-    """The device gap between two ops if the later was issued before the earlier ended."""
+    """The device gap between two ops if the later was issued before the earlier ended, up
+    to the first kernel its stream started after the earlier ended (the later op, or the
+    work of a unit the layout does not hold between them: a mixed step's prefill chunk
+    between two decode phases, whose device time is the prefill's, not the phase's)."""
     if before is None or after is None:
         return 0.0
     start, ends, issued = columns(trace, "ops", "start_us", "end_us", "issue_us")
     end, s, issue = ends[before], start[after], issued[after]
-    return s - end if issue <= end and s > end else 0.0
+    if not (issue <= end and s > end):
+        return 0.0
+    starts = lane_kernel_starts(trace, int(trace.ops.lane[after]))
+    i = bisect.bisect_left(starts, end)
+    return min(s, starts[i]) - end if i < len(starts) else s - end
+
+
+def lane_kernel_starts(trace: Trace, lane: int) -> memoryview:
+    """The start times of the kernels of one lane (a stream's code), sorted; made once per
+    trace and lane and kept with :func:`columns`' views."""
+    cache = trace.__dict__.setdefault("_simwar_columns", {})
+    col = cache.get(("lane_kernel_starts", lane))
+    if col is None:
+        ops = trace.ops
+        keep = (ops.lane == lane) & (ops.kind == OpKind.KERNEL)
+        col = cache[("lane_kernel_starts", lane)] = memoryview(
+            np.ascontiguousarray(np.sort(np.asarray(ops.start_us)[keep])))
+    return col

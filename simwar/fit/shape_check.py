@@ -47,9 +47,13 @@ def sim_kinds(meta: dict, n: int) -> tuple[list[str], np.ndarray]:
 #: the sizes a shape's figures follow (:func:`at_sizes`): a decode step's batch; a prefill
 #: step's tokens and the batch of the step before it, whose result it processes and whose
 #: requests it pauses; a mixed step's batch and tokens; an idle step's batch before it (whose
-#: result it processes)
-SIZES = {"decode": ("batch",), "prefill": ("tokens", "before"), "mixed": ("batch", "tokens"),
-         "idle": ("before",)}
+#: result it processes); and for each, the prompt tokens the step before prefilled
+#: (``before_tokens``): a step's time is its forward's end less the one before's, so the
+#: longer the forward before, the more of this step's host work runs under it (on the H200's
+#: mixed captures the simulated queue ran the mixed step before a mixed step 130 tokens
+#: larger than the capture did: 1 % of the mixed step's time)
+SIZES = {"decode": ("batch", "before_tokens"), "prefill": ("tokens", "before", "before_tokens"),
+         "mixed": ("batch", "tokens", "before_tokens"), "idle": ("before", "before_tokens")}
 
 
 def sim_waits(meta: dict) -> set[int]:
@@ -64,7 +68,8 @@ def sim_waits(meta: dict) -> set[int]:
 def shape_frame(table, shapes: dict[int, str], tokens: dict[int, float], drop=()) -> dict:
     """Per shape, the measured steps' columns (``step``, ``step_us``, the
     :data:`SHAPE_FIGURES`, ``batch``, ``bucket``, ``tokens``, the batch of the step before,
-    ``before``, and the shape of the step before, ``after``: its index in
+    ``before``, the prompt tokens of the step before, ``before_tokens``, and the shape of
+    the step before, ``after``: its index in
     :data:`SHAPE_ORDER`, -1 none) of a per-step table (the capture's or a simulation's),
     without ``drop`` (the steps left out and those around them) and the steps without a
     step time."""
@@ -86,7 +91,7 @@ def shape_frame(table, shapes: dict[int, str], tokens: dict[int, float], drop=()
         if s not in SHAPE_ORDER:
             continue
         d = out.setdefault(s, {c: [] for c in (*cols, "batch", "bucket", "tokens", "before",
-                                                "after")})
+                                                "before_tokens", "after")})
         for c in cols:
             d[c].append(cols[c][i])
         d["batch"].append(batch[i])
@@ -95,6 +100,7 @@ def shape_frame(table, shapes: dict[int, str], tokens: dict[int, float], drop=()
         last = shapes.get(k - 1)
         d["after"].append(SHAPE_ORDER.index(last) if last in SHAPE_ORDER else -1)
         d["tokens"].append(tokens.get(k, 0.0))
+        d["before_tokens"].append(tokens.get(k - 1, 0.0))
     return {s: {c: np.asarray(v, dtype=float) for c, v in d.items()} for s, d in out.items()}
 
 

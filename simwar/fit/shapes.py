@@ -375,14 +375,18 @@ PREVIOUS = ("cpu.process_result_us",)
 BEFORE = ("cpu.ingest_us", "cpu.schedule_us", "cpu.prepare_us")
 
 
-def split_host(s, samples: dict[int, PrefillSample]) -> float:
+def split_host(s, samples: dict[int, PrefillSample], first: str | None = None) -> float:
     """The loop's host work (``cpu.*``, ``phases.NAME.host_us`` in the
     :class:`simwar.fit.samples.Samples` ``s``) from the decode steps alone, and each mixed
     step's excess over their means (summed over the keys: the host work its prefill adds
     outside its dispatch, e.g. preparing the new requests) added to that step's prefill host
-    time. A capture with too few decode steps (:data:`MIN_DECODE_STEPS`,
-    :data:`MIN_DECODE_SHARE`) keeps every step's samples. Returns the mean excess per mixed
-    step (0: not split)."""
+    time. The excess of the work the loop does before it launches the forward
+    (:data:`BEFORE`) and of the first phase's host time (``first``: its name; on the server
+    the rest of the batch's preparation up to its first copy) is before the step's first
+    kernel, so it is also the prefill's preparation before its first launch
+    (``extra_before_us``, ``prefill.host_before_us``). A capture with too few decode steps
+    (:data:`MIN_DECODE_STEPS`, :data:`MIN_DECODE_SHARE`) keeps every step's samples. Returns
+    the mean excess per mixed step (0: not split)."""
     mixed = {k for k, p in samples.items() if p.shape == "mixed"}
     keys = [k for k in s if k.startswith("cpu.") or (k.startswith("phases.")
                                                      and k.endswith(".host_us"))]
@@ -393,6 +397,7 @@ def split_host(s, samples: dict[int, PrefillSample]) -> float:
     if len(decode) < max(MIN_DECODE_STEPS, MIN_DECODE_SHARE * len(steps)):
         return 0.0
     excess = dict.fromkeys(mixed, 0.0)
+    first_key = f"phases.{first}.host_us" if first else None
     for key in keys:
         shift = 1 if key in PREVIOUS else 0
         of = [k - shift for k in s.steps_of(key)]
@@ -404,7 +409,7 @@ def split_host(s, samples: dict[int, PrefillSample]) -> float:
         for v, k in zip(values, of):
             if k in excess:
                 excess[k] += v - base
-                if key in BEFORE:  # work the loop does before it launches the forward
+                if key in BEFORE or key == first_key:  # before its first kernel
                     samples[k].extra_before_us += v - base
         s.keep(key, lambda i, of=of: of[i] not in mixed)
     for k, extra in excess.items():
@@ -670,14 +675,16 @@ def _text(v) -> str:
 
 
 def prompt_groups(kinds: StepKinds, steps: list[int], chunk: int) -> list[tuple[int, int]]:
-    """``(requests, tokens)`` of each run of prefill steps whose chunks carry a request over
-    (every step of the run but the last is a full chunk, ``chunk`` tokens): the requests whose
-    prompts it prefilled (each step's, less the one carried in from the step before) and their
+    """``(requests, tokens)`` of each run of steps that prefill (prefill steps of their own or
+    mixed steps, whose chunks are the same queue's) whose chunks carry a request over (every
+    step of the run but the last is a full chunk, ``chunk`` tokens): the requests whose
+    prompts it prefilled (each step's, less the one carried in from the step before; a step
+    whose range does not count its chunk's requests, as a mixed step's, one) and their
     tokens. A run of one request gives its prompt exactly."""
     out: list[tuple[int, int]] = []
     cur = None
     for k in steps:
-        if kinds.shape.get(k) != "prefill" or kinds.tokens.get(k, -1) < 0:
+        if kinds.shape.get(k) not in ("prefill", "mixed") or kinds.tokens.get(k, -1) < 0:
             cur = None
             continue
         n, t = kinds.requests.get(k, 1), kinds.tokens[k]
