@@ -383,11 +383,12 @@ class Runner:
         self.summary_only = summary_only
 
     def run(self, variant: Config | None = None,
-            progress: Callable[[int], None] | None = None) -> Result:
+            progress: Callable[[int], None] | None = None, *, family=None) -> Result:
         """Simulate the config, or ``variant`` of it (validated, of the same steps, ranks,
         engine, workload, CPU, scheduling, prefill and phases' collectives: what the check and
         the choice read); ``progress`` as
-        :func:`simulate`'s."""
+        :func:`simulate`'s. ``family``: a :class:`simwar.builder.moves.Family` the variant
+        belongs to (the one-pass executor's plan takes its iterations from it)."""
         cfg = self.config if variant is None else self._variant(variant)
         choice, requested = self.choice, self.requested
         with gc_paused():
@@ -396,7 +397,7 @@ class Runner:
             if choice.name == "simpy":
                 return _simulate_simpy(cfg, requested, progress, choice.refused)
             result = _simulate_fast(cfg, requested, self.summary_only, progress,
-                                    choice.refused)
+                                    choice.refused, family)
         if progress is not None:
             progress(cfg.steps)
         return result
@@ -752,9 +753,10 @@ class RankResult:
 
 
 def _simulate_fast(cfg: Config, requested: str, summary_only: bool, progress=None,
-                   refused=()) -> Result:
+                   refused=(), family=None) -> Result:
     sizes, run = _resolve(cfg, summary_only, progress)
     if run is None:  # the realizing run is the run (arrivals); else run it now
-        run = fast.run_config(cfg, sizes, summary_only=summary_only, progress=progress)
+        run = fast.run_config(cfg, sizes, summary_only=summary_only, progress=progress,
+                              family=family)
     return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns, meta=run.meta,
                   requested=requested, refused=refused)

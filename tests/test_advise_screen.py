@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from simwar.api import Runner, simulate
+from simwar.api import Runner, resolve_sizes, simulate
+from simwar.builder.loop import plan_iterations
+from simwar.builder.moves import Family, moved_iterations
 from simwar.builder.sizes import draw_sizes
 from simwar.config import load_config
 from simwar.executors.fast import codegen
@@ -136,3 +138,39 @@ def test_a_candidate_shares_the_phase_models_of_the_phases_it_keeps():
     # a config validated again has dicts of its own, so models of its own
     again = load_config(cfg)
     assert not any(a is b for a, b in zip(base, load_config(again, {"seed": 2}).phase_table()))
+
+
+@pytest.mark.parametrize("source", ["eagle_fine.yaml", "dflash_legacy_host_sync.yaml",
+                                    "none_fine_pre_replay_fallback.yaml", _custom(5)],
+                         ids=lambda s: s if isinstance(s, str) else s["name"])
+def test_a_family_members_iterations_moved_are_the_ones_its_build_gives(source):
+    """The candidates that differ only in where read-done is published: each one's
+    iterations, its record moved from the family's first, equal its own build's (the ops,
+    their draws and the meta); where moving does not apply (an in-graph record, a drawn
+    cost), :func:`moved_iterations` says so and the member is built."""
+    base = load_config(load_config(source if isinstance(source, dict) else CONFIGS / source),
+                       SHORT)
+    families: dict = {}
+    moved = 0
+    for cand in space(base):
+        cfg = candidate_config(base, cand.overrides)
+        pol = cfg.policy
+        family = families.setdefault(
+            (pol.barrier, pol.placement, pol.plan_stream, pol.needs_cpu_seq_lens), Family())
+        sizes = resolve_sizes(cfg)
+        ref = plan_iterations(cfg, sizes)
+        if family.base is not None:
+            its = moved_iterations(family.base, cfg)
+            if its is not None:
+                moved += 1
+                member = (family.base, cfg)
+                assert its.ops == ref.ops, cand.description
+                assert (its.uses, its.contexts, its.meta) == (ref.uses, ref.contexts, ref.meta)
+                assert its.phases == ref.phases and its.cfg is cfg
+        got = family.iterations(cfg, sizes)
+        assert got.ops == ref.ops and got.meta == ref.meta, cand.description
+    assert moved > 0
+    # a config that differs in anything else is not a member
+    family_base, cfg = member
+    other = load_config(cfg, {"costs.event_record_us": 3.0})
+    assert moved_iterations(family_base, other) is None

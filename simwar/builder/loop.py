@@ -314,6 +314,9 @@ class IterationPlan:
         self.contexts = contexts or [{} for _ in ops]  # per skeleton iteration
         self.sizes = sizes
         self.noise_of: dict[int, int] = {}  # affine key -> the key of its noise's draws
+        #: per iteration, where a host read-done record of each publish point goes (None:
+        #: not kept; :func:`plan_iterations`)
+        self.spots: list[dict] | None = None
 
     def segments(self) -> list[tuple[int, int, int]]:
         """The run's iterations (the drain last) as ``(skeleton iteration, first, count)``."""
@@ -357,36 +360,46 @@ class IterationPlan:
 
 
 def plan_iterations(cfg: Config, sizes: StepSizes, phases: list[Phase] | None = None,
-                    drawer: Symbolic | None = None) -> IterationPlan:
+                    drawer: Symbolic | None = None, spots: bool = False) -> IterationPlan:
     """Build the first iterations and the drain symbolically (no numbers drawn), at the
     run's per-step ``sizes``. An arrivals run's may not be realized yet (while
     :func:`simwar.executors.fast.realize` fixes them): the templates' structure never
     depends on the sizes, and their step-dependent values are filled later
     (:meth:`~simwar.builder.draws.AffineTable.fill`). ``phases``, ``drawer``: a phase table
-    and a symbolic drawer of the caller's (:func:`simwar.builder.template.traced`)."""
+    and a symbolic drawer of the caller's (:func:`simwar.builder.template.traced`).
+    ``spots``: keep, per iteration, where a host read-done record of each publish point
+    goes (``out.spots``: :mod:`simwar.builder.moves` moves the record there)."""
     sym = drawer if drawer is not None else Symbolic()
     b = LoopBuilder(cfg, sym, sizes, phases)
     n = min(cfg.steps, SKELETON)
     ops: list[list] = []
     uses: list[dict] = []
     contexts: list[dict] = []
+    kept: list[dict] = []
     sym.new_iteration(0)
     for k in range(n):
         start = len(b.ops)
+        b.spots = {} if spots else None
         b.iteration(k)
         ops.append(b.ops[start:])
+        if spots:
+            kept.append({key: i - start for key, i in b.spots.items()})
         u, c = sym.new_iteration(k + 1)
         uses.append(u)
         contexts.append(c)
     start = len(b.ops)
+    b.spots = {} if spots else None
     b.drain(n)
     ops.append(b.ops[start:])
+    if spots:
+        kept.append({key: i - start for key, i in b.spots.items()})
     u, c = sym.new_iteration()
     uses.append(u)
     contexts.append(c)
     out = IterationPlan(cfg, ops, uses, dict(sym.dists), b.meta(), b.phases,
                         dict(sym.affines), contexts, sizes)
     out.noise_of = dict(sym.noise_of)
+    out.spots = kept if spots else None
     return out
 
 
@@ -433,6 +446,9 @@ class LoopBuilder:
         self.writes = tuple(cfg.gpu.writes)
         # the step-k event each barrier kind waits/syncs on
         self.read_done: dict[int, str] = {}
+        #: where a host read-done record of each publish point goes in ``ops``, when kept
+        #: (a dict: ``(phase index, position) -> index``; :mod:`simwar.builder.moves`)
+        self.spots: dict | None = None
 
     # ---- host API calls, with their costs drawn per call
     def _draw(self, d, padded: bool = False):
@@ -613,16 +629,20 @@ class LoopBuilder:
             self.launch("forward", f"{name}.load_batch", ph.load_batch_us, k, name, reads=reads)
         body_reads = reads if ph.graph == "breakable" else ()
         if ph.graph == "eager":
+            self._spot(i, "pre_replay")
             if pos == "pre_replay":
                 self.publish_record(k)
             if _positive(ph.prep_us):
                 self.launch("forward", f"{name}.prep", ph.prep_us, k, name, reads=reads)
+            self._spot(i, "in_replay")
             if pos == "in_replay":
                 self.publish_record(k)
             self.launch("forward", f"{name}.body", ph.body_us, k, name)
+            self._spot(i, "post_replay")
             if pos == "post_replay":
                 self.publish_record(k)
             return
+        self._spot(i, "pre_replay")
         if pos == "pre_replay":
             self.publish_record(k)
         nodes: list = []
@@ -640,8 +660,15 @@ class LoopBuilder:
                              int(sz.bucket[k]))
         self.ops.append(GraphLaunch("forward", graph, tuple(nodes), k, name,
                                     self._cost(costs.graph_launch_us)))
+        self._spot(i, "in_replay", "post_replay")  # a host record: after the launch
         if pos == "post_replay" or (pos == "in_replay" and not self.point.in_graph):
             self.publish_record(k)
+
+    def _spot(self, i: int, *positions: str) -> None:
+        """Where a host read-done record of phase ``i`` at ``positions`` goes: here."""
+        if self.spots is not None:
+            for pos in positions:
+                self.spots[(i, pos)] = len(self.ops)
 
     def prefill_chunk(self, k: int, publish: bool = False) -> None:
         """Step k's prefill tokens (a chunk, mixed before the decode phases or in a prefill

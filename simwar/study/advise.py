@@ -42,7 +42,10 @@ spares each one: the validation (a candidate's config is the validated screen co
 its overrides copied in, :func:`candidate_config`, equal to what
 :func:`~simwar.config.load_config` gives), :func:`simwar.api.simulate`'s per-run choice of
 executor and memory check (made once for the screen by one :class:`simwar.api.Runner`, which
-runs every candidate: the overrides change neither), and the
+runs every candidate: the overrides change neither), the builder's iterations of the
+candidates that differ only in where read-done is published (a *family*: its members'
+iterations are its first's with the read-done record moved, :mod:`simwar.builder.moves`,
+where that record is a host record and the costs are numbers), and the
 code of a block that an earlier candidate compiled (:mod:`simwar.executors.fast.codegen`
 caches it by shape; the candidates run in an order that puts those sharing their first
 iteration side by side, :func:`_screen_order`).
@@ -65,6 +68,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from simwar.api import Runner, simulate
+from simwar.builder.moves import Family
 from simwar.config import Config, load_config
 from simwar.config.policies import BARRIERS, barrier, publish_point
 from simwar.config.schema import MIN_MEASURED
@@ -396,9 +400,14 @@ class _Screen:
     def __init__(self, base: Config):
         self.base = base
         self.runner = Runner(base, "fast")
+        self.families: dict[tuple, Family] = {}
 
     def summary(self, overrides: dict) -> dict:
-        return self.runner.run(candidate_config(self.base, overrides)).summary
+        cfg = candidate_config(self.base, overrides)
+        pol = cfg.policy  # the candidates that differ only in where read-done is published
+        key = (pol.barrier, pol.placement, pol.plan_stream, pol.needs_cpu_seq_lens)
+        family = self.families.setdefault(key, Family())
+        return self.runner.run(cfg, family=family).summary
 
 
 def _screen_order(cands: list[Candidate]) -> list[int]:

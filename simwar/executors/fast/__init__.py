@@ -233,13 +233,14 @@ def run_meta(cfg, sizes) -> dict:
 
 
 def run_config(cfg, sizes, window: int = 2, summary_only: bool = False,
-               progress=None) -> FastRun:
+               progress=None, family=None) -> FastRun:
     """Simulate a config in one pass (its Program is never built); ``sizes``: the run's
     per-step sizes (:func:`simwar.api.resolve_sizes`); ``progress(step)``: called as the
-    pass goes (:func:`~simwar.executors.fast.execute.run_plan`)."""
+    pass goes (:func:`~simwar.executors.fast.execute.run_plan`); ``family``: as
+    :func:`~simwar.executors.fast.plan.plan_config`'s."""
     one_rank(cfg)
     try:
-        plan = plan_config(cfg, sizes)
+        plan = plan_config(cfg, sizes, family=family)
     except Unsettled:  # iterations that never settle into one shape: take the Program
         plan = plan_program(build_program(cfg, sizes))
     return run_plan(plan, window, summary_only=summary_only, progress=progress)

@@ -517,7 +517,7 @@ def _sites(shapes) -> set:
     return {h.site for sh in shapes for h in sh.host if h.kind in ("sync", "hcoll")}
 
 
-def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
+def plan_config(cfg, sizes, *, fill: bool = True, family=None) -> Plan:
     """Shapes and blocks of a config's run, without building its Program.
 
     The builder builds the first iterations and the drain with symbolic durations
@@ -531,12 +531,15 @@ def plan_config(cfg, sizes, *, fill: bool = True) -> Plan:
 
     ``sizes``: the run's per-step sizes (:func:`simwar.api.resolve_sizes`);
     ``fill=False`` leaves the affine values to be filled as the run goes (``plan.table``,
-    see :func:`simwar.executors.fast.realize`).
+    see :func:`simwar.executors.fast.realize`). ``family``: a
+    :class:`simwar.builder.moves.Family` the config belongs to, which gives its iterations
+    (built once for configs that differ only in where read-done is published).
     """
     if sizes.shape is not None:
         raise Unsettled(f"scheduling.rule {cfg.scheduling.rule}: the scheduler picks each "
                         f"step's shape from its queue, so the run is planned from its Program")
-    iterations = plan_iterations(cfg, sizes)
+    iterations = (plan_iterations(cfg, sizes) if family is None
+                  else family.iterations(cfg, sizes))
     return bind(plan_template(iterations), iterations.sampler(fill=fill), sizes=sizes)
 
 

@@ -1,0 +1,113 @@
+"""Iterations of configs that differ only in where read-done is published, built once.
+
+``advise`` screens *families* of candidates: configs equal but for where read-done is
+published (``policy.publish_phase`` and the phases' ``read_ends``), up to three per phase
+that reads. Their iterations are the same host ops but for one: the read-done record of
+each step, ``read_done[k]`` on the forward stream, which every barrier binds to by its
+name. So a family's iterations are built once (:func:`~simwar.builder.loop.plan_iterations`
+keeping where a host record of each publish point goes: ``spots``), and a member's are
+those with the record moved to its point (:func:`moved_iterations`): the same op, at the
+place its own build would put it, which is what its build gives (the tests hold the two
+equal for every candidate of the shipped configs it applies to).
+
+It applies where nothing else moves with the record: a host record (an in-graph node is
+part of its graph launch), costs that are numbers (a drawn cost's draws go to its uses in
+program order, so moving a use renumbers the draws between its two places) and durations
+that do not vary with the step (their per-use values are laid out in program order too).
+Elsewhere the member's iterations are built as usual.
+
+Imports: simwar's config and the builder's loop.
+"""
+
+from __future__ import annotations
+
+from simwar.builder.loop import IterationPlan, LoopBuilder, plan_iterations
+from simwar.builder.sizes import StepSizes
+from simwar.config.policies import publish_point
+from simwar.config.schema import Config
+from simwar.core.program import Record
+
+#: the meta keys family members may differ in
+_PUBLISH_META = frozenset({"publish_phase", "publish_position", "publish_reason"})
+
+
+class Family:
+    """The iterations of configs that differ only in where read-done is published
+    (``advise``'s screen keeps one per family of candidates): the first config's are built
+    keeping the publish points' spots, every later one's moved from them where
+    :func:`moved_iterations` applies, built as usual elsewhere (a base whose record is not a
+    host record is replaced by the next config's)."""
+
+    def __init__(self) -> None:
+        self.base: IterationPlan | None = None
+
+    def iterations(self, cfg: Config, sizes: StepSizes) -> IterationPlan:
+        if self.base is not None:
+            moved = moved_iterations(self.base, cfg)
+            if moved is not None:
+                return moved
+        its = plan_iterations(cfg, sizes, spots=True)
+        if self.base is None or _host_spot(self.base.cfg, self.base.phases) is None:
+            self.base = its  # one the next members can move from, where any can
+        return its
+
+
+def _host_spot(cfg: Config, phases) -> tuple[int, str] | None:
+    """The spot of ``cfg``'s read-done record, when it is a host record in a phase."""
+    pol = cfg.policy
+    point = publish_point(phases, pol.publish_phase, pol.external_events,
+                          pol.in_replay_fallback)
+    if point.phase is None or point.in_graph:
+        return None
+    return point.index, point.position
+
+
+def _same_but_publish(a: Config, b: Config) -> bool:
+    """``b`` is ``a`` but for ``policy.publish_phase`` and the phases' ``read_ends``."""
+    for name in type(a).model_fields:
+        x, y = getattr(a, name), getattr(b, name)
+        if x is y:
+            continue
+        if name == "policy":
+            if x.model_copy(update={"publish_phase": y.publish_phase}) != y:
+                return False
+        elif name == "phases":
+            if len(x) != len(y) or any({**p, "read_ends": None} != {**q, "read_ends": None}
+                                       for p, q in zip(x, y)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def moved_iterations(base: IterationPlan, cfg: Config) -> IterationPlan | None:
+    """``plan_iterations(cfg, sizes)`` from ``base`` (built with ``spots`` for a config that
+    differs from ``cfg`` only in where read-done is published, at the same sizes): its ops
+    with each step's read-done record moved to ``cfg``'s point. None where that does not
+    apply (see the module docstring)."""
+    if base.spots is None or base.dists or base.affines or base.noise_of:
+        return None
+    if not _same_but_publish(base.cfg, cfg):
+        return None
+    phases = cfg.phase_table()
+    src, dst = _host_spot(base.cfg, base.phases), _host_spot(cfg, phases)
+    if src is None or dst is None:
+        return None
+    ops: list[list] = []
+    for iteration, spots in zip(base.ops, base.spots):
+        a, b = spots.get(src), spots.get(dst)
+        if a is None and b is None:  # no phase ran (a step of its own): nothing moves
+            ops.append(list(iteration))
+            continue
+        if a is None or b is None or type(iteration[a]) is not Record:
+            return None
+        moved = iteration[:a] + iteration[a + 1:]
+        moved.insert(b - 1 if b > a else b, iteration[a])
+        ops.append(moved)
+    meta = LoopBuilder(cfg, None, base.sizes, phases).meta()
+    if {k: v for k, v in meta.items() if k not in _PUBLISH_META} != {
+            k: v for k, v in base.meta.items() if k not in _PUBLISH_META}:
+        return None
+    out = IterationPlan(cfg, ops, [dict(u) for u in base.uses], {}, meta, phases, {},
+                        [dict(c) for c in base.contexts], base.sizes)
+    return out
