@@ -157,9 +157,10 @@ class ChromeTraceWriter:
                                                        & (sp.step[core] <= self.steps[1])]
             groups = slice_groups(w, keep, pid, tid, shape.none, shape.empty)
         self._slices(w, groups, esc, texts, start_ns, end_ns, start_r, end_r)
-        self._records(w, esc, shape.lane_pid)
-        self.counters.add(w)
-        self._flows(w, shape.flows(w), esc, pid, tid, start_r, end_r, texts)
+        flows = shape.flows(w)
+        self._records(w, esc, shape.lane_pid, flows.recs)
+        self.counters.add(w, shape)
+        self._flows(w, flows, esc, pid, tid, start_r, end_r, texts)
 
     def _shape(self, w) -> WindowShape:
         """The window's :class:`~simwar.plots.perfetto_shape.WindowShape`: one of the last
@@ -188,7 +189,7 @@ class ChromeTraceWriter:
             lane = texts[code]
             ends = self.tracks.setdefault(lane, [])
             if len(ends) <= 1:  # the usual case: each span after the one before it
-                before = np.r_[ends[0] if ends else -_INF, e[:-1]]
+                before = np.concatenate(([ends[0] if ends else -_INF], e[:-1]))
                 if bool(np.all(s >= before)):
                     ends[:] = [float(e[-1])]
                     continue
@@ -247,10 +248,10 @@ class ChromeTraceWriter:
         codes = np.asarray(codes)
         return Text(esc, np.where(codes >= 0, codes, self._none))
 
-    def _records(self, w, esc, lane_pid) -> None:
+    def _records(self, w, esc, lane_pid, recs) -> None:
+        """Record operations as instant events (``recs``: the core's record ops)."""
         ops = w.ops
-        ids = np.arange(w.core_op, len(ops))
-        ids = ids[(ops.kind[ids] == OpKind.RECORD) & (ops.start_us[ids] >= 0)]
+        ids = recs[ops.start_us[recs] >= 0]
         if self.steps is not None:
             st = ops.step[ids]
             ids = ids[(st >= self.steps[0]) & (st <= self.steps[1])]
@@ -415,17 +416,14 @@ class _Counters:
         self.dropped = 0  # ... and how many came before them
         self.sorted = True  # the forward ends come in order (kept whole otherwise)
 
-    def add(self, w) -> None:
+    def add(self, w, shape: WindowShape) -> None:
         m = w.markers
         core = np.flatnonzero(w.marker_core) if w.marker_core is not None else \
             np.arange(len(m))
         rb = core[m.name[core] == w.code("run_batch")]
         self.launch = _merge(self.launch, m.step[rb].astype(np.int64), m.time_us[rb], None)
         ops = w.ops
-        fwd = w.code(self.w.forward)
-        ids = np.arange(w.core_op, len(ops))
-        kern = ids[(ops.kind[ids] == OpKind.KERNEL) & (ops.lane[ids] == fwd)
-                   & (ops.phase[ids] != w.code(""))]
+        kern = shape.forward_kernels(w, w.code(self.w.forward))
         if len(kern):
             self.end = _merge(self.end, ops.step[kern].astype(np.int64), ops.end_us[kern],
                               np.maximum)

@@ -60,6 +60,7 @@ class WindowShape:
         self.lane_spans = [(code, self.core[lanes == code]) for code in present(lanes).tolist()]
         self._groups = None
         self._flows = None
+        self._forward: dict[int, np.ndarray] = {}
 
     def matches(self, w) -> bool:
         """Whether window ``w`` has this structure (its columns, codes and lanes equal)."""
@@ -84,6 +85,17 @@ class WindowShape:
             tid = np.ones(len(w.spans), dtype=np.int64)
             self._groups = slice_groups(w, self.core, self.pid, tid, self.none, self.empty)
         return self._groups
+
+    def forward_kernels(self, w, forward: int) -> np.ndarray:
+        """The core's kernel ops of a phase on lane ``forward`` (a code), ascending."""
+        kern = self._forward.get(forward)
+        if kern is None:
+            ops = w.ops
+            ids = np.arange(w.core_op, len(ops))
+            kern = self._forward[forward] = ids[
+                (ops.kind[ids] == OpKind.KERNEL) & (ops.lane[ids] == forward)
+                & (ops.phase[ids] != self.empty)]
+        return kern
 
     def flows(self, w) -> Flows:
         if self._flows is None:
