@@ -84,7 +84,8 @@ __all__ = ["ChromeTraceWriter", "chrome_trace", "write_chrome_trace", "write_run
 HOST_PID = 1
 _INF = float("inf")
 _HISTORY = 4096  # forward ends kept for the launch-ahead counter
-_SHAPES = 4  # window structures kept (a steady run streams one, its first and last others)
+_SHAPES = 4  # window structures kept (a steady run streams one; its first and last windows
+#              are others, let go once a later structure comes)
 
 
 # --------------------------------------------------------------------------- the writer
@@ -168,12 +169,13 @@ class ChromeTraceWriter:
         makes each window's: its groups are of those steps' spans)."""
         for i, shape in enumerate(self.shapes):
             if shape.matches(w):
+                shape.hits += 1
                 if i:
                     self.shapes.insert(0, self.shapes.pop(i))
                 return shape
         shape = WindowShape(w, self.pid)
-        if self.steps is None:
-            self.shapes = [shape] + self.shapes[:_SHAPES - 1]
+        if self.steps is None:  # those never taken again are let go (their memory too)
+            self.shapes = [shape] + [s for s in self.shapes if s.hits][:_SHAPES - 1]
         return shape
 
     def _tracks(self, shape, start_r, end_r, tid, texts) -> bool:
@@ -227,7 +229,7 @@ class ChromeTraceWriter:
             dur_ns = end_ns - start_ns
         else:
             dur_ns = round_ns(end_r - start_r)
-        for p, t, k, c, ph, si, _, sel, recipe in groups:
+        for p, t, k, c, ph, si, sel, recipe in groups:
             name = name_text(recipe, esc)
             args = f',"kind":"{SPAN_KINDS[k]}"'
             if texts[ph]:

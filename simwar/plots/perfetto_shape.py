@@ -60,6 +60,7 @@ class WindowShape:
         self.lane_spans = [(code, self.core[lanes == code]) for code in present(lanes).tolist()]
         self._groups = None
         self._flows = None
+        self.hits = 0  # later windows of this structure
         self._forward: dict[int, np.ndarray] = {}
 
     def matches(self, w) -> bool:
@@ -111,9 +112,8 @@ def codes(values: np.ndarray, none: int) -> np.ndarray:
 # --------------------------------------------------------------------------- slices
 def slice_groups(w, ids, pid, tid, none: int, empty: int) -> list:
     """The spans ``ids`` as groups of alike spans (process, track, kind, call kind, phase,
-    site): per group ``(pid, tid, kind, call, phase, site, part, rows, name)``, ``part``
-    its places in ``ids``, ``rows`` its spans and ``name`` the recipe of their names
-    (:func:`name_text`)."""
+    site): per group ``(pid, tid, kind, call, phase, site, rows, name)``, ``rows`` its
+    spans and ``name`` the recipe of their names (:func:`name_text`)."""
     if not len(ids):
         return []
     sp = w.spans
@@ -135,7 +135,7 @@ def slice_groups(w, ids, pid, tid, none: int, empty: int) -> list:
     for g, part in zip(heads.tolist(), np.split(order, cuts)):
         p, t, k, c, ph, si = g
         sel = ids[part]
-        out.append((p, t, k, c, ph, si, part, sel, _name_recipe(w, sel, k, c, none, empty)))
+        out.append((p, t, k, c, ph, si, sel, _name_recipe(w, sel, k, c, none, empty)))
     return out
 
 
