@@ -374,3 +374,54 @@ def test_integer_columns_of_one_value_one_width_or_many(values):
     # width, so each quad below the first is all digits; widths mixed, zeros and all)
     got = json.loads("[" + rows(",[", int_text(values), "]").tobytes().decode()[1:] + "]")
     assert got == [[v] for v in values]
+
+
+def test_windows_of_one_structure_share_their_shape_and_write_the_same_bytes(monkeypatch):
+    # a steady run streams windows whose span and op columns are equal, codes and all (only
+    # times, steps and the texts of step-named strings differ): the writer derives their
+    # groups, names' recipes and flows' bindings once, and must write the bytes of a writer
+    # that derives them window by window
+    import dataclasses
+    import io
+
+    from simwar.api import resolve_sizes
+    from simwar.config import load_config
+    from simwar.executors.fast import trace as T
+    from simwar.executors.fast.plan import plan_config
+    from simwar.plots import perfetto
+    from simwar.plots.perfetto_shape import WindowShape
+
+    cfg = load_config("configs/dspark_fine.yaml", {"steps": 120, "warmup_steps": 5})
+    plan = plan_config(cfg, resolve_sizes(cfg))
+    windows = list(T.windows(plan, chunk=8, margin=2))
+    made = []
+
+    class Counted(WindowShape):
+        def __init__(self, w, pid_of):
+            made.append(w)
+            super().__init__(w, pid_of)
+
+    def export() -> bytes:
+        out = io.BytesIO()
+        writer = perfetto.ChromeTraceWriter(out, T.lanes(plan), T.meta(plan))
+        for w in windows:
+            writer.add(w)
+        writer.close()
+        return out.getvalue()
+
+    monkeypatch.setattr(perfetto, "WindowShape", Counted)
+    shared = export()
+    # 17 windows: the first three (the run's start, the margin growing), twelve of one
+    # structure, the last two
+    assert len(windows) == 17 and len(made) == 5
+    made.clear()
+    monkeypatch.setattr(Counted, "matches", lambda self, w: False)
+    assert export() == shared and len(made) == len(windows)
+    # a window of the same codes whose lane is another stream is not of the shape
+    a, b = windows[4], windows[5]
+    shape = WindowShape(a, {})
+    assert shape.matches(b)
+    lane = int(b.ops.lane[b.core_op])
+    strings = list(b.strings)
+    strings[lane] = strings[lane] + "_other"
+    assert not shape.matches(dataclasses.replace(b, strings=strings))

@@ -154,12 +154,13 @@ class Strings:
     entries by code: the table's cells are made once (a row of bytes per entry, padded to
     the longest), and a column takes its rows, as wide as its own longest entry."""
 
-    __slots__ = ("texts", "lens", "_full")
+    __slots__ = ("texts", "lens", "_full", "_plain")
 
     def __init__(self, texts: list[str]):
         self.texts = texts
         self.lens = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         self._full: dict[tuple, np.ndarray] = {}
+        self._plain = None  # the texts as cells, for every table made of them
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -181,7 +182,9 @@ class Strings:
         size = (longest + 8) // 8 * 8
         rows = np.full((m, size), 32, dtype=np.uint8)
         rows[:, :len(head)] = np.frombuffer(head, dtype=np.uint8)
-        plain = _cells(self.texts, int(self.lens.max(initial=0)) + 1)
+        plain = self._plain
+        if plain is None:
+            plain = self._plain = _cells(self.texts, int(self.lens.max(initial=0)) + 1)
         rows[:, len(head):len(head) + plain.dtype.itemsize] = \
             plain.view(np.uint8).reshape(m, plain.dtype.itemsize)
         if tail:  # right after each text

@@ -70,22 +70,22 @@ from simwar.plots.jsoncols import (
     choose,
     compose,
     constant,
-    dense,
     escaped,
-    group_order,
     int_text,
     json_str,
     number_text,
-    present,
     round_ns,
     rows,
 )
+from simwar.plots.perfetto_shape import Flows, WindowShape, name_text, slice_groups
 
 __all__ = ["ChromeTraceWriter", "chrome_trace", "write_chrome_trace", "write_run"]
 
 HOST_PID = 1
 _INF = float("inf")
 _HISTORY = 4096  # forward ends kept for the launch-ahead counter
+_SHAPES = 4  # window structures kept (a steady run streams one; its first and last windows
+#              are others, let go once a later structure comes)
 
 
 # --------------------------------------------------------------------------- the writer
@@ -112,6 +112,7 @@ class ChromeTraceWriter:
         self.records = (np.zeros(0, dtype=np.int64), np.zeros((0, 4), dtype=np.float64))
         self.pending_waits: dict[str, list] = {}  # lane -> flows waiting for its next kernel
         self.counters = _Counters(self)
+        self.shapes: list[WindowShape] = []  # the last windows' structures, latest first
         events = []
         for i, lane in enumerate(self.lanes):
             p = self.pid[lane]
@@ -139,34 +140,50 @@ class ChromeTraceWriter:
         """Write the events of one window (a Trace is a window of itself)."""
         w = window_of(window)
         check_interrupt()  # a long export stops at the next window after Ctrl-C
-        sp, ops = w.spans, w.ops
+        sp = w.spans
         texts = w.strings + [""]
         esc = escaped(texts)
-        lane_pid = np.zeros(len(texts), dtype=np.int64)
-        for c in np.union1d(present(sp.lane), present(ops.lane)).tolist():
-            lane_pid[c] = self.pid.get(texts[c], 0)
-        self._none = len(texts) - 1  # the code of "" in ``esc`` for a code of -1
-        self._empty = w.code("")
-        core = np.flatnonzero(w.span_core) if w.span_core is not None else np.arange(len(sp))
+        shape = self._shape(w)
+        self._none = shape.none  # the code of "" in ``esc`` for a code of -1
         start_ns, end_ns = round_ns(sp.start_us), round_ns(sp.end_us)
         start_r, end_r = start_ns / 1000.0, end_ns / 1000.0
-        pid = lane_pid[sp.lane]
+        pid = shape.pid
         tid = np.ones(len(sp), dtype=np.int64)
-        self._tracks(w, core, start_r, end_r, tid, texts)
-        keep = core if self.steps is None else core[(sp.step[core] >= self.steps[0])
-                                                   & (sp.step[core] <= self.steps[1])]
-        self._slices(w, keep, esc, pid, tid, start_ns, end_ns, start_r, end_r)
-        self._records(w, esc, lane_pid)
-        self.counters.add(w)
-        self._flows(w, esc, pid, tid, start_r, end_r, texts)
+        one_track = self._tracks(shape, start_r, end_r, tid, texts)
+        core = shape.core
+        if self.steps is None and one_track:
+            groups = shape.groups(w)
+        else:
+            keep = core if self.steps is None else core[(sp.step[core] >= self.steps[0])
+                                                       & (sp.step[core] <= self.steps[1])]
+            groups = slice_groups(w, keep, pid, tid, shape.none, shape.empty)
+        self._slices(w, groups, esc, texts, start_ns, end_ns, start_r, end_r)
+        flows = shape.flows(w)
+        self._records(w, esc, shape.lane_pid, flows.recs)
+        self.counters.add(w, shape)
+        self._flows(w, flows, esc, pid, tid, start_r, end_r, texts)
 
-    def _tracks(self, w, core, start_r, end_r, tid, texts) -> None:
+    def _shape(self, w) -> WindowShape:
+        """The window's :class:`~simwar.plots.perfetto_shape.WindowShape`: one of the last
+        few windows' where the structure is theirs, else made (an export of some steps only
+        makes each window's: its groups are of those steps' spans)."""
+        for i, shape in enumerate(self.shapes):
+            if shape.matches(w):
+                shape.hits += 1
+                if i:
+                    self.shapes.insert(0, self.shapes.pop(i))
+                return shape
+        shape = WindowShape(w, self.pid)
+        if self.steps is None:  # those never taken again are let go (their memory too)
+            self.shapes = [shape] + [s for s in self.shapes if s.hits][:_SHAPES - 1]
+        return shape
+
+    def _tracks(self, shape, start_r, end_r, tid, texts) -> bool:
         """Each core span's track: the first of its lane's tracks it fits after (greedy over
-        the lane's spans by start, end and id), carried from window to window."""
-        sp = w.spans
-        lanes = sp.lane[core]
-        for code in present(lanes).tolist():  # a few lanes: a pass each, no sort
-            group = core[lanes == code]
+        the lane's spans by start, end and id), carried from window to window. Whether every
+        span is on its lane's first track (``tid`` left 1)."""
+        one_track = True
+        for code, group in shape.lane_spans:  # a few lanes: a pass each, no sort
             s, e = start_r[group], end_r[group]
             if not bool(np.all((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] >= e[:-1])))):
                 group = group[np.lexsort((group, e, s))]  # by start, end and id
@@ -174,10 +191,11 @@ class ChromeTraceWriter:
             lane = texts[code]
             ends = self.tracks.setdefault(lane, [])
             if len(ends) <= 1:  # the usual case: each span after the one before it
-                before = np.r_[ends[0] if ends else -_INF, e[:-1]]
+                before = np.concatenate(([ends[0] if ends else -_INF], e[:-1]))
                 if bool(np.all(s >= before)):
                     ends[:] = [float(e[-1])]
                     continue
+            one_track = False
             new = []
             for span, a, b in zip(group.tolist(), s.tolist(), e.tolist()):
                 for j, end in enumerate(ends):
@@ -195,40 +213,24 @@ class ChromeTraceWriter:
                     {"ph": "M", "name": "thread_name", "pid": self.pid.get(lane, 0), "tid": j,
                      "args": {"name": f"{lane} (overlapping {j - 1})"}},
                     separators=(",", ":")))
+        return one_track
 
-    def _slices(self, w, ids, esc, pid, tid, start_ns, end_ns, start_r, end_r) -> None:
-        """The ``X`` events of spans ``ids``, a group of alike spans at a time."""
-        if not len(ids):
+    def _slices(self, w, groups, esc, texts, start_ns, end_ns, start_r, end_r) -> None:
+        """The ``X`` events of the spans of ``groups`` (alike spans:
+        :func:`~simwar.plots.perfetto_shape.slice_groups`), a group at a time."""
+        if not groups:
             return
         sp = w.spans
-        kind, call = sp.kind[ids], sp.call[ids]
-        phase, site = sp.phase[ids], sp.site[ids]
-        # one small integer per alike group: the fields combined, made dense
-        fields = [pid[ids], tid[ids], kind.astype(np.int64), call.astype(np.int64),
-                  dense(phase), dense(site)]
-        key = np.zeros(len(ids), dtype=np.int64)
-        for values in fields:
-            key = key * (int(values.max()) + 1) + values
-        key = dense(key)
-        order = group_order(key)
-        cuts = np.flatnonzero(np.diff(key[order])) + 1
-        first = order[np.r_[0, cuts]]
-        groups = np.stack([pid[ids][first], tid[ids][first], kind[first], call[first],
-                           phase[first], site[first]], axis=1)
-        end_ns, begin_ns = end_ns[ids], start_ns[ids]
-        if max(int(end_ns.max()), -int(end_ns.min()), int(begin_ns.max()),
-               -int(begin_ns.min())) < 2 ** 43:
+        if max(int(end_ns.max()), -int(end_ns.min()), int(start_ns.max()),
+               -int(start_ns.min())) < 2 ** 43:
             # (end - start) of the rounded times, rounded to the ns, is the difference of
             # their ns (the float's error far below half a ns; never -0.0, both times being
             # made from integer ns)
-            dur_ns_all = end_ns - begin_ns
+            dur_ns = end_ns - start_ns
         else:
-            dur_ns_all = round_ns(end_r[ids] - start_r[ids])
-        texts = w.strings + [""]
-        for g, part in zip(groups.tolist(), np.split(order, cuts)):
-            p, t, k, c, ph, si = g
-            sel = ids[part]
-            name = self._name_of(w, sel, k, c, esc)
+            dur_ns = round_ns(end_r - start_r)
+        for p, t, k, c, ph, si, sel, recipe in groups:
+            name = name_text(recipe, esc)
             args = f',"kind":"{SPAN_KINDS[k]}"'
             if texts[ph]:
                 args += f',"phase":{json_str(texts[ph])}'
@@ -238,53 +240,20 @@ class ChromeTraceWriter:
                 args += f',"call":"{CALLS[c]}"'
             head = ',{"ph":"X","name":"'
             mid = f'","cat":"{SPAN_KINDS[k]}","pid":{p},"tid":{t},"ts":'
+            dur = dur_ns[sel]
             self._write(rows(head, name.inside(), mid,
                              *number_text(start_ns[sel], sp.start_us[sel], ',"dur":'),
-                             *number_text(dur_ns_all[part], dur_ns_all[part],
-                                          ',"args":{"step":'),
+                             *number_text(dur, dur, ',"args":{"step":'),
                              int_text(sp.step[sel]), args + "}}"))
 
     def _take(self, esc, codes) -> Text:
         codes = np.asarray(codes)
         return Text(esc, np.where(codes >= 0, codes, self._none))
 
-    def _name_of(self, w, rows, kind: int, call: int, esc) -> Text:
-        """The slice names of spans ``rows`` (all of one kind and call kind): host calls by
-        their call kind, label and op's lane, waits by what they wait for, others' labels."""
-        sp, ops = w.spans, w.ops
-        label = sp.label[rows]
-        if call in (Call.WAIT_EVENT, Call.WAIT_STREAM, Call.RECORD, Call.SYNCHRONIZE):
-            op = sp.op[rows]
-            has = op >= 0
-            safe = np.where(has, op, 0)
-            event = np.where(has, ops.event[safe], -1)
-            named = (event >= 0) & (event != self._empty)
-            event_or_label = np.where(named, event, label)
-            if call in (Call.WAIT_STREAM, Call.WAIT_EVENT):
-                lane = self._take(esc, np.where(has, ops.lane[safe], -1))
-                lane_text = choose(has, lane, constant("?", len(rows)))
-                if call == Call.WAIT_STREAM:
-                    return compose(lane_text, ".wait_stream(", self._take(esc, label), ")")
-                return compose(lane_text, ".wait_event(", self._take(esc, event_or_label), ")")
-            word = "record " if call == Call.RECORD else "sync "
-            return compose(word, self._take(esc, event_or_label))
-        if call == Call.NONE and kind == SpanKind.WAIT:
-            op = sp.op[rows]
-            has = op >= 0
-            safe = np.where(has, op, 0)
-            c = np.where(has, ops.call[safe], -1)
-            by_stream = (c >= 0) & (sp.call[np.maximum(c, 0)] == Call.WAIT_STREAM)
-            ev = ops.event[safe]
-            what = np.where(by_stream, sp.label[np.maximum(c, 0)],
-                            np.where((ev >= 0) & (ev != self._empty), ev, ops.label[safe]))
-            named = compose("wait for ", self._take(esc, what))
-            return choose(has, named, self._take(esc, label))
-        return self._take(esc, label)
-
-    def _records(self, w, esc, lane_pid) -> None:
+    def _records(self, w, esc, lane_pid, recs) -> None:
+        """Record operations as instant events (``recs``: the core's record ops)."""
         ops = w.ops
-        ids = np.arange(w.core_op, len(ops))
-        ids = ids[(ops.kind[ids] == OpKind.RECORD) & (ops.start_us[ids] >= 0)]
+        ids = recs[ops.start_us[recs] >= 0]
         if self.steps is not None:
             st = ops.step[ids]
             ids = ids[(st >= self.steps[0]) & (st <= self.steps[1])]
@@ -299,15 +268,11 @@ class ChromeTraceWriter:
                          int_text(ops.step[ids]), ',"event":"', ev, '"}}'))
 
     # ---- flows
-    def _flows(self, w, esc, pid, tid, start_r, end_r, texts) -> None:
+    def _flows(self, w, fl: Flows, esc, pid, tid, start_r, end_r, texts) -> None:
+        """The window's flows: the spans they join from ``fl`` (its structure's), their
+        times and steps from the window, records and waits carried across windows."""
         sp, ops = w.spans, w.ops
-        n = len(ops)
-        core = np.arange(w.core_op, n)
-        op_span = np.full(n, -1, dtype=np.int64)
-        kinds = sp.kind
-        dev = np.flatnonzero((sp.op >= 0) & ((kinds == SpanKind.KERNEL) | (kinds == SpanKind.WAIT)
-                                             | (kinds == SpanKind.BLOCKED)))
-        op_span[sp.op[dev][::-1]] = dev[::-1]  # the first span of an op wins
+        op_span = fl.op_span
 
         def near(spans, at_end) -> np.ndarray:
             """Where a flow binds to a span: just inside its end or start, in integer ns
@@ -319,34 +284,25 @@ class ChromeTraceWriter:
             return np.where(at_end, round_ns(b - inset), round_ns(a + inset))
 
         def exported(spans) -> np.ndarray:
-            if self.steps is None:
-                return np.ones(len(spans), dtype=bool)
             st = sp.step[spans]
             return (st >= self.steps[0]) & (st <= self.steps[1])
 
         # launch: each kernel from the host call that issued it
-        kern = core[(ops.kind[core] == OpKind.KERNEL) & (ops.call[core] >= 0)]
-        kern = kern[op_span[kern] >= 0]
-        src, dst = ops.call[kern], op_span[kern]
-        ok = exported(src) & exported(dst)
-        src, dst = src[ok], dst[ok]
-        graph = sp.call[src] == Call.GRAPH_LAUNCH
-        name = self._take(esc, sp.label[src])
+        src, dst, label, graph = fl.launch_src, fl.launch_dst, fl.launch_label, fl.launch_graph
+        if self.steps is not None:
+            ok = exported(src) & exported(dst)
+            src, dst, label, graph = src[ok], dst[ok], label[ok], graph[ok]
         args = choose(graph, constant(',"graph":true}}', len(graph)),
                       constant(',"graph":false}}', len(graph)))
-        self._emit("launch", name, pid[src], tid[src], near(src, True), pid[dst], tid[dst],
-                   near(dst, False), sp.step[dst], args)
+        self._emit("launch", Text(esc, label), pid[src], tid[src], near(src, True), pid[dst],
+                   tid[dst], near(dst, False), sp.step[dst], args)
 
-        # the kernel each record captured: the last one issued on its lane before it
-        neighbours = _KernelNeighbours(ops, core)
-        recs = core[ops.kind[core] == OpKind.RECORD]
+        # the kernel each record captured: the last one issued on its lane before it;
         # pid, tid, ts (ns), step of the captured kernel
+        recs, has, ks = fl.recs, fl.rec_has, fl.rec_kernel
         info = np.full((len(recs), 4), np.nan)
-        local = neighbours.before(recs)
-        has = local >= 0
-        ks = op_span[local[has]]
         info[has] = np.stack([pid[ks], tid[ks], near(ks, True), sp.step[ks]], axis=1)
-        for i in np.flatnonzero(~has).tolist():
+        for i in fl.rec_missing.tolist():
             carried = self.last_kernel.get(texts[int(ops.lane[recs[i]])])
             if carried is not None:
                 info[i] = carried
@@ -357,37 +313,35 @@ class ChromeTraceWriter:
         all_info = np.concatenate([old_info[keep], info])
         self.records = (all_ids, all_info)
         # the last kernel of each lane, for the next windows' records
-        for lane_code in np.unique(ops.lane[core]).tolist():
-            on = core[(ops.lane[core] == lane_code) & (ops.kind[core] == OpKind.KERNEL)]
-            if len(on):
-                s = op_span[on[-1]]
-                self.last_kernel[texts[lane_code]] = (pid[s], tid[s], near(np.array([s]),
-                                                                          True)[0], sp.step[s])
+        if fl.last_kernel:
+            last = np.asarray([s for _, s in fl.last_kernel], dtype=np.int64)
+            ts = near(last, True)
+            for (lane_code, s), t in zip(fl.last_kernel, ts):
+                self.last_kernel[texts[lane_code]] = (pid[s], tid[s], t, sp.step[s])
         # pending waits whose next kernel is in this window
         for lane, flows in list(self.pending_waits.items()):
-            on = core[(ops.kind[core] == OpKind.KERNEL) & (ops.lane[core] == w.code(lane))]
-            if not len(on):
+            s = fl.first_kernel.get(w.code(lane))
+            if s is None:
                 continue
-            s = op_span[on[0]]
             for f in flows:
                 if self.steps is None or self.steps[0] <= sp.step[s] <= self.steps[1]:
                     self._emit_one(f, pid[s], tid[s], float(near(np.array([s]), False)[0]))
             del self.pending_waits[lane]
 
         for kind, cat in ((OpKind.WAIT, "record_wait"), (OpKind.SYNC, "record_sync")):
-            users = core[(ops.kind[core] == kind) & (ops.bound[core] >= 0)]
+            users, bound, dst, nk, event = fl.users[kind]
             if not len(users):
                 continue
-            where = np.searchsorted(all_ids, ops.bound[users] + w.op_base)
+            bound = bound + w.op_base
+            where = np.searchsorted(all_ids, bound)
             where = np.minimum(where, len(all_ids) - 1)
-            found = all_ids[where] == ops.bound[users] + w.op_base
+            found = all_ids[where] == bound
             src_info = all_info[where]
             ok = found & ~np.isnan(src_info[:, 0])
-            users, src_info = users[ok], src_info[ok]
-            dst = op_span[users]
+            users, src_info, dst, nk, event = users[ok], src_info[ok], dst[ok], nk[ok], event[ok]
             later = dst < 0  # a wait that never held its stream: its lane's next kernel
             if kind == OpKind.WAIT and later.any():
-                nk = neighbours.after(users[later])
+                nk = nk[later]
                 here = nk >= 0
                 idx = np.flatnonzero(later)
                 dst[idx[here]] = op_span[nk[here]]
@@ -397,13 +351,14 @@ class ChromeTraceWriter:
                         self.pending_waits.setdefault(texts[int(ops.lane[u])], []).append(
                             (cat, texts[int(ops.event[u])], src_info[i], int(ops.step[u])))
             sel = dst >= 0
-            users, src_info, dst = users[sel], src_info[sel], dst[sel]
-            ok = np.asarray([self._src_exported(r) for r in src_info], dtype=bool) \
-                if self.steps is not None else np.ones(len(users), dtype=bool)
-            ok &= exported(dst)
-            users, src_info, dst = users[ok], src_info[ok], dst[ok]
+            if not sel.all():
+                users, src_info, dst, event = users[sel], src_info[sel], dst[sel], event[sel]
+            if self.steps is not None:
+                ok = np.asarray([self._src_exported(r) for r in src_info], dtype=bool)
+                ok &= exported(dst)
+                users, src_info, dst, event = users[ok], src_info[ok], dst[ok], event[ok]
             held = (sp.kind[dst] == SpanKind.WAIT) | (sp.kind[dst] == SpanKind.BLOCKED)
-            event = self._take(esc, ops.event[users])
+            event = Text(esc, event)
             args = compose(',"event":"', event, '"}}')
             self._emit(cat, event, src_info[:, 0].astype(np.int64),
                        src_info[:, 1].astype(np.int64), src_info[:, 2], pid[dst], tid[dst],
@@ -448,39 +403,6 @@ class ChromeTraceWriter:
             {"generator": "simwar", **self.meta}, separators=(",", ":")) + "}")
 
 
-class _KernelNeighbours:
-    """The kernel ops of each lane among the core ops ``core`` (ascending op ids), to find
-    an op's neighbours on its lane: the last kernel issued before it and the first after it
-    (-1: none). Only the ops asked about are looked up (records, and waits that never held
-    their stream: a few per step)."""
-
-    def __init__(self, ops, core: np.ndarray):
-        self.lane = ops.lane
-        self.span = len(ops) + 1  # lane * span + op id: by lane, then by op id
-        kernels = core[ops.kind[core] == OpKind.KERNEL]
-        keys = self.lane[kernels].astype(np.int64) * self.span + kernels
-        self.keys = keys[group_order(self.lane[kernels])]  # ascending: ids ascend per lane
-        self.kernels = self.keys % self.span
-
-    def _at(self, ops: np.ndarray, shift: int) -> np.ndarray:
-        if not len(self.keys):
-            return np.full(len(ops), -1, dtype=np.int64)
-        key = self.lane[ops].astype(np.int64) * self.span + ops
-        i = np.searchsorted(self.keys, key) + shift  # the kernel just before or after it
-        ok = (i >= 0) & (i < len(self.keys))
-        i = np.where(ok, i, 0)
-        ok &= self.keys[i] // self.span == key // self.span  # ... on its own lane
-        return np.where(ok, self.kernels[i], -1)
-
-    def before(self, ops: np.ndarray) -> np.ndarray:
-        """Per op, the last kernel op issued on its lane before it."""
-        return self._at(np.asarray(ops, dtype=np.int64), -1)
-
-    def after(self, ops: np.ndarray) -> np.ndarray:
-        """Per op (none a kernel), the first kernel op issued on its lane after it."""
-        return self._at(np.asarray(ops, dtype=np.int64), 0)
-
-
 class _Counters:
     """``forwards_in_flight`` and ``launch_ahead``, as steps become complete. The steps not
     yet complete are held as arrays (steps ascending), a window's at a time."""
@@ -496,17 +418,14 @@ class _Counters:
         self.dropped = 0  # ... and how many came before them
         self.sorted = True  # the forward ends come in order (kept whole otherwise)
 
-    def add(self, w) -> None:
+    def add(self, w, shape: WindowShape) -> None:
         m = w.markers
         core = np.flatnonzero(w.marker_core) if w.marker_core is not None else \
             np.arange(len(m))
         rb = core[m.name[core] == w.code("run_batch")]
         self.launch = _merge(self.launch, m.step[rb].astype(np.int64), m.time_us[rb], None)
         ops = w.ops
-        fwd = w.code(self.w.forward)
-        ids = np.arange(w.core_op, len(ops))
-        kern = ids[(ops.kind[ids] == OpKind.KERNEL) & (ops.lane[ids] == fwd)
-                   & (ops.phase[ids] != w.code(""))]
+        kern = shape.forward_kernels(w, w.code(self.w.forward))
         if len(kern):
             self.end = _merge(self.end, ops.step[kern].astype(np.int64), ops.end_us[kern],
                               np.maximum)

@@ -189,13 +189,6 @@ class _Piece:
                       self.steps[k:], {j: v[k:] for j, v in self.idle.items()})
 
 
-def _codes(strings: _Strings, value, n: int, width: int | None = None) -> np.ndarray:
-    """A text column of ``n`` passes: one code for a constant, else each value's."""
-    if isinstance(value, str):
-        return np.full(n, strings.code(value), dtype=np.int32)
-    return strings.column(value)
-
-
 def _fact(spec, facts: list):
     """A layout entry's value: a constant, or the piece's fact slot ``("f", j)``."""
     return facts[spec[1]] if isinstance(spec, tuple) else spec
@@ -223,19 +216,34 @@ def _piece(p: _Piece, run: dict, win_op0: int, hs0: int, strings: _Strings):
     n, D, V, F = p.n, lay.ndev, p.vals, p.facts
     steps = p.steps
     code = strings.code
+    slots: dict[int, np.ndarray] = {}
+
+    def text(spec):
+        """A text column's codes: a constant's code, or a name slot's (coded once: a slot
+        names a host span, its op's label and its event alike)."""
+        if not isinstance(spec, tuple):
+            return code(spec)
+        value = F[spec[1]]
+        if isinstance(value, str):
+            return code(value)
+        codes = slots.get(spec[1])
+        if codes is None:
+            codes = slots[spec[1]] = strings.column(value)
+        return codes
+
     passes = np.arange(n, dtype=np.int64)
     ops_at = (p.op0 - win_op0) + passes * D  # each pass's first op, in the window
     nh = len(lay.hs)
     host = {"lane": np.full(n * nh, code(HOST), dtype=np.int32)}
     if nh:
         hs = lay.hs
-        host["label"] = _grid([_codes(strings, _fact(h[2], F), n) for h in hs], n, np.int32)
+        host["label"] = _grid([text(h[2]) for h in hs], n, np.int32)
         host["kind"] = _grid([h[0] for h in hs], n, np.int8)
         host["step"] = _grid([_fact(h[6], F) if isinstance(h[6], tuple) else steps + h[6]
                               for h in hs], n, np.int32)
         host["start_us"] = V[:, [h[7] for h in hs]].ravel()
         host["end_us"] = V[:, [h[8] for h in hs]].ravel()
-        host["phase"] = _grid([_codes(strings, _fact(h[3], F), n) for h in hs], n, np.int32)
+        host["phase"] = _grid([text(h[3]) for h in hs], n, np.int32)
         host["site"] = _grid([code(h[4]) for h in hs], n, np.int32)
         host["op"] = _grid([ops_at + h[5] if h[5] >= 0 else -1 for h in hs], n, np.int64)
         host["call"] = _grid([h[1] for h in hs], n, np.int8)
@@ -257,8 +265,8 @@ def _piece(p: _Piece, run: dict, win_op0: int, hs0: int, strings: _Strings):
         ops["lane"] = _grid([code(o[0]) for o in lo], n, np.int32)
         ops["kind"] = _grid([o[1] for o in lo], n, np.int8)
         ops["step"] = _grid([steps + o[2] for o in lo], n, np.int32)
-        ops["label"] = _grid([_codes(strings, _fact(o[3], F), n) for o in lo], n, np.int32)
-        ops["event"] = _grid([_codes(strings, _fact(o[4], F), n) for o in lo], n, np.int32)
+        ops["label"] = _grid([text(o[3]) for o in lo], n, np.int32)
+        ops["event"] = _grid([text(o[4]) for o in lo], n, np.int32)
         ops["bound"] = _grid([_bound(o[5], p, run, ops_at, win_op0) for o in lo], n, np.int64)
         ops["issue_us"] = V[:, [o[6] for o in lo]].ravel()
         ops["start_us"] = V[:, [o[7] for o in lo]].ravel()
