@@ -87,10 +87,7 @@ class ArrivalTrace(StrictModel):
             if v is not None and len(v) != n:
                 raise ValueError(f"workload.arrivals.trace.{key}: {len(v)} values for {n} "
                                  f"arrivals")
-            for i, x in enumerate(v or ()):
-                if not x >= 1:
-                    raise ValueError(f"workload.arrivals.trace.{key}.{i}: a positive number "
-                                     f"of tokens, got {x!r}")
+        _check_tokens(self, "workload.arrivals.trace")
         t = self.arrival_us
         for i in range(n):
             if not (math.isfinite(t[i]) and t[i] >= 0 and (i == 0 or t[i] >= t[i - 1])):
@@ -181,12 +178,17 @@ class ClosedLoopLengths(StrictModel):
         if self.prompt_tokens is not None and len(self.prompt_tokens) != n:
             raise ValueError(f"workload.closed_loop.lengths.prompt_tokens: "
                              f"{len(self.prompt_tokens)} values for {n} output_tokens")
-        for key in ("output_tokens", "prompt_tokens"):
-            for i, x in enumerate(getattr(self, key) or ()):
-                if not x >= 1:
-                    raise ValueError(f"workload.closed_loop.lengths.{key}.{i}: a positive "
-                                     f"number of tokens, got {x!r}")
+        _check_tokens(self, "workload.closed_loop.lengths")
         return self
+
+
+def _check_tokens(lists, where: str) -> None:
+    """Each listed request's output and prompt tokens positive (one rule for a log's lengths,
+    open or closed loop)."""
+    for key in ("output_tokens", "prompt_tokens"):
+        for i, x in enumerate(getattr(lists, key) or ()):
+            if not x >= 1:
+                raise ValueError(f"{where}.{key}.{i}: a positive number of tokens, got {x!r}")
 
 
 class ClosedLoop(StrictModel):
