@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args) -> int:
     # lazy: start-up time of the CLI (the config schema loads pydantic)
-    from simwar.config import load_config, parse_override
+    from simwar.config import ConfigError, load_config, parse_override
     from simwar.config.schema import MIN_MEASURED  # lazy: start-up time of the CLI
 
     # lazy: start-up time of the CLI (the search runs the simulator)
@@ -80,7 +80,7 @@ def command(args) -> int:
     try:
         advice = advise(cfg, args.objective, screen_steps=args.screen_steps or SCREEN_STEPS,
                         jobs=args.jobs, progress=bar)
-    except AdviseError as e:
+    except (AdviseError, ConfigError) as e:  # ConfigError: found as it runs (the memory check)
         raise UserError(f"{args.config}: {e}") from None
     finally:
         bar.close()

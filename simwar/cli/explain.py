@@ -118,8 +118,10 @@ def command(args) -> int:
                             f"the config itself, or a trace saved with Trace.save or simwar "
                             f"import --save-trace") from None
         raise UserError(f"{src.path}: {e}{_why_no_steps(what, args.mapping)}") from None
-    except ConfigError:  # the config's own error (a ValueError too), not --steps's
-        raise
+    except ConfigError as e:  # the config's own (a ValueError too), not --steps's: found as
+        # it runs (the memory check), so named with its file as a config's every other error
+        raise ConfigError(f"{src.path}: {e}" if src.path and not str(e).startswith(
+            f"{src.path}:") else str(e)) from None
     except ValueError as e:
         raise UserError(f"--steps {args.steps}: {e}") from None
     if args.timeline:
