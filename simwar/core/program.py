@@ -16,7 +16,7 @@ module must stay importable there (``Program.from_json``).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import FrozenInstanceError
 from typing import Union
 
 FORMAT_VERSION = 1
@@ -52,31 +52,89 @@ def _step_name(template: str, step: int, key: str, text: str) -> StepName:
     return name
 
 
+# --------------------------------------------------------------------------- records
+_set = object.__setattr__
+
+
+class _Record:
+    """What the Program's records share: fields in ``__slots__`` set once by ``__init__``,
+    compared, hashed, shown and pickled by their values, as a frozen dataclass's are.
+
+    Written out rather than made by ``@dataclass(frozen=True, slots=True)``: dataclasses
+    compiles each class's methods from generated source at every import (about 3.5 M
+    instructions a class, 52 M for this module's, a twentieth of a short ``simwar run``);
+    these are compiled once into the bytecode cache. The fields are the ``__slots__``, in
+    order (``__init__`` takes them in that order, with the same defaults)."""
+
+    __slots__ = ()
+
+    def _values(self) -> tuple:
+        return tuple([getattr(self, name) for name in self.__slots__])
+
+    def __eq__(self, other):
+        if other.__class__ is self.__class__:
+            return self._values() == other._values()
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__qualname__}({fields})"
+
+    def __reduce__(self):
+        return type(self), self._values()
+
+    def __setattr__(self, name, value):
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name):
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def as_dict(self) -> dict:
+        """The fields as a mapping, records among them (a launch's kernel, a graph's nodes)
+        as mappings too (as :func:`dataclasses.asdict` gives them)."""
+        return {name: _plain(getattr(self, name)) for name in self.__slots__}
+
+
+def _plain(value):
+    if isinstance(value, _Record):
+        return value.as_dict()
+    if type(value) in (tuple, list):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
 # --------------------------------------------------------------------------- device work
-@dataclass(frozen=True, slots=True)
-class Kernel:
+class Kernel(_Record):
     """Device work of a given length; ``reads``/``writes`` name shared buffers."""
 
-    label: str
-    duration_us: float
-    reads: tuple[str, ...] = ()
-    writes: tuple[str, ...] = ()
-    phase: str = ""
+    __slots__ = ("label", "duration_us", "reads", "writes", "phase")
+
+    def __init__(self, label: str, duration_us: float, reads: tuple[str, ...] = (),
+                 writes: tuple[str, ...] = (), phase: str = ""):
+        _set(self, "label", label)
+        _set(self, "duration_us", duration_us)
+        _set(self, "reads", reads)
+        _set(self, "writes", writes)
+        _set(self, "phase", phase)
 
 
-@dataclass(frozen=True, slots=True)
-class GraphRecord:
+class GraphRecord(_Record):
     """An in-graph event-record node (``Event(external=True)`` recorded at capture).
 
     It fires when graph execution reaches it; each launch of the graph re-arms
     it, so a wait issued after the launch binds to this launch's node.
     """
 
-    event: str
+    __slots__ = ("event",)
+
+    def __init__(self, event: str):
+        _set(self, "event", event)
 
 
-@dataclass(frozen=True, slots=True)
-class Collective:
+class Collective(_Record):
     """A device collective kernel (an NCCL all-reduce) of a tensor-parallel rank.
 
     It begins by the stream rules like any kernel and completes at the latest rank's begin
@@ -85,76 +143,93 @@ class Collective:
     structure); a single-rank executor runs it as a kernel of ``duration_us``.
     """
 
-    label: str
-    duration_us: float
-    phase: str = ""
+    __slots__ = ("label", "duration_us", "phase")
+
+    def __init__(self, label: str, duration_us: float, phase: str = ""):
+        _set(self, "label", label)
+        _set(self, "duration_us", duration_us)
+        _set(self, "phase", phase)
 
 
 GraphNode = Union[Kernel, GraphRecord, Collective]
 
 
 # --------------------------------------------------------------------------- host operations
-@dataclass(frozen=True, slots=True)
-class StepMarker:
+class StepMarker(_Record):
     """Start of scheduler iteration ``step`` (no host time)."""
 
-    step: int
+    __slots__ = ("step",)
+
+    def __init__(self, step: int):
+        _set(self, "step", step)
 
 
-@dataclass(frozen=True, slots=True)
-class CpuWork:
+class CpuWork(_Record):
     """Host busy time (Python scheduling, result processing, dispatch)."""
 
-    label: str
-    duration_us: float
-    step: int
+    __slots__ = ("label", "duration_us", "step")
+
+    def __init__(self, label: str, duration_us: float, step: int):
+        _set(self, "label", label)
+        _set(self, "duration_us", duration_us)
+        _set(self, "step", step)
 
 
-@dataclass(frozen=True, slots=True)
-class Launch:
+class Launch(_Record):
     """Launch one kernel on ``stream``; the host call costs ``host_us``."""
 
-    stream: str
-    kernel: Kernel
-    step: int
-    host_us: float = 0.0
+    __slots__ = ("stream", "kernel", "step", "host_us")
+
+    def __init__(self, stream: str, kernel: Kernel, step: int, host_us: float = 0.0):
+        _set(self, "stream", stream)
+        _set(self, "kernel", kernel)
+        _set(self, "step", step)
+        _set(self, "host_us", host_us)
 
 
-@dataclass(frozen=True, slots=True)
-class GraphLaunch:
+class GraphLaunch(_Record):
     """``cudaGraphLaunch`` of graph ``graph`` on ``stream``.
 
     Launches with the same ``graph`` name share one captured graph: executors
     that capture (the harness) capture it once and replay it.
     """
 
-    stream: str
-    graph: str
-    nodes: tuple[GraphNode, ...]
-    step: int
-    phase: str = ""
-    host_us: float = 0.0
+    __slots__ = ("stream", "graph", "nodes", "step", "phase", "host_us")
+
+    def __init__(self, stream: str, graph: str, nodes: tuple[GraphNode, ...], step: int,
+                 phase: str = "", host_us: float = 0.0):
+        _set(self, "stream", stream)
+        _set(self, "graph", graph)
+        _set(self, "nodes", nodes)
+        _set(self, "step", step)
+        _set(self, "phase", phase)
+        _set(self, "host_us", host_us)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(_Record):
     """``event.record(stream)``: captures the tail of ``stream`` at the host call."""
 
-    event: str
-    stream: str
-    step: int
-    host_us: float = 0.0
+    __slots__ = ("event", "stream", "step", "host_us")
+
+    def __init__(self, event: str, stream: str, step: int, host_us: float = 0.0):
+        _set(self, "event", event)
+        _set(self, "stream", stream)
+        _set(self, "step", step)
+        _set(self, "host_us", host_us)
 
 
-@dataclass(frozen=True, slots=True)
-class WaitEvent:
+class WaitEvent(_Record):
     """``stream.wait_event(event)``: binds to the latest record issued before it."""
 
-    stream: str
-    event: str
-    step: int
-    host_us: float = 0.0
-    latency_us: float = 0.0  # device latency when released by another stream
+    __slots__ = ("stream", "event", "step", "host_us", "latency_us")
+
+    def __init__(self, stream: str, event: str, step: int, host_us: float = 0.0,
+                 latency_us: float = 0.0):
+        _set(self, "stream", stream)
+        _set(self, "event", event)
+        _set(self, "step", step)
+        _set(self, "host_us", host_us)
+        _set(self, "latency_us", latency_us)  # device latency when released by another stream
 
 
 def tail_event(other: str) -> str:
@@ -162,8 +237,7 @@ def tail_event(other: str) -> str:
     return other + ".tail"
 
 
-@dataclass(frozen=True, slots=True)
-class WaitStream:
+class WaitStream(_Record):
     """``stream.wait_stream(other)``: a fresh record on ``other`` plus a wait.
 
     The rule every executor applies: at the host call, a record of :attr:`tail_event` on
@@ -171,11 +245,15 @@ class WaitStream:
     latency paid unless :attr:`same_stream`.
     """
 
-    stream: str
-    other: str
-    step: int
-    host_us: float = 0.0
-    latency_us: float = 0.0
+    __slots__ = ("stream", "other", "step", "host_us", "latency_us")
+
+    def __init__(self, stream: str, other: str, step: int, host_us: float = 0.0,
+                 latency_us: float = 0.0):
+        _set(self, "stream", stream)
+        _set(self, "other", other)
+        _set(self, "step", step)
+        _set(self, "host_us", host_us)
+        _set(self, "latency_us", latency_us)
 
     @property
     def tail_event(self) -> str:
@@ -186,36 +264,43 @@ class WaitStream:
         return self.stream == self.other
 
 
-@dataclass(frozen=True, slots=True)
-class Synchronize:
+class Synchronize(_Record):
     """Host blocks until ``event`` completes (``site`` names the block for metrics)."""
 
-    event: str
-    step: int
-    site: str
-    host_us: float = 0.0
-    wake_us: float = 0.0  # host wake-up latency when it really blocked
+    __slots__ = ("event", "step", "site", "host_us", "wake_us")
+
+    def __init__(self, event: str, step: int, site: str, host_us: float = 0.0,
+                 wake_us: float = 0.0):
+        _set(self, "event", event)
+        _set(self, "step", step)
+        _set(self, "site", site)
+        _set(self, "host_us", host_us)
+        _set(self, "wake_us", wake_us)  # host wake-up latency when it really blocked
 
 
-@dataclass(frozen=True, slots=True)
-class Marker:
+class Marker(_Record):
     """A named instant on the host timeline (e.g. ``run_batch``) used by metrics."""
 
-    name: str
-    step: int
+    __slots__ = ("name", "step")
+
+    def __init__(self, name: str, step: int):
+        _set(self, "name", name)
+        _set(self, "step", step)
 
 
-@dataclass(frozen=True, slots=True)
-class HostCollective:
+class HostCollective(_Record):
     """A host collective across tensor-parallel ranks (SGLang's per-step request broadcast
     over the CPU group, a DP-attention all-gather): the host leaves when the last rank
     arrives plus ``cost_us``, and ``wake_us`` later when it waited (a blocking wait). The
     k-th host collective of a rank is the k-th of every rank."""
 
-    name: str
-    step: int
-    cost_us: float
-    wake_us: float = 0.0
+    __slots__ = ("name", "step", "cost_us", "wake_us")
+
+    def __init__(self, name: str, step: int, cost_us: float, wake_us: float = 0.0):
+        _set(self, "name", name)
+        _set(self, "step", step)
+        _set(self, "cost_us", cost_us)
+        _set(self, "wake_us", wake_us)
 
 
 HostOp = Union[StepMarker, CpuWork, Launch, GraphLaunch, Record, WaitEvent, WaitStream,
@@ -227,7 +312,6 @@ _OP_TYPES = {cls.__name__: cls for cls in (StepMarker, CpuWork, Launch, GraphLau
 
 
 # --------------------------------------------------------------------------- program
-@dataclass(slots=True)
 class Program:
     """An ordered host program.
 
@@ -235,9 +319,26 @@ class Program:
     accepted tokens per step, config name) and is copied into the Trace.
     """
 
-    ops: list[HostOp]
-    streams: tuple[str, ...] = STREAMS
-    meta: dict = field(default_factory=dict)
+    __slots__ = ("ops", "streams", "meta")
+
+    def __init__(self, ops: list[HostOp], streams: tuple[str, ...] = STREAMS,
+                 meta: dict | None = None):
+        self.ops = ops
+        self.streams = streams
+        self.meta = {} if meta is None else meta
+
+    def __eq__(self, other):
+        if other.__class__ is self.__class__:
+            return (self.ops, self.streams, self.meta) == (other.ops, other.streams, other.meta)
+        return NotImplemented
+
+    __hash__ = None  # mutable, as a dataclass that is not frozen
+
+    def __repr__(self) -> str:
+        return f"Program(ops={self.ops!r}, streams={self.streams!r}, meta={self.meta!r})"
+
+    def __reduce__(self):
+        return Program, (self.ops, self.streams, self.meta)
 
     # ---- inspection
     def steps(self) -> int:
@@ -263,10 +364,10 @@ class Program:
     def to_dict(self) -> dict:
         ops = []
         for op in self.ops:
-            d = asdict(op)
+            d = op.as_dict()
             d["op"] = type(op).__name__
             if type(op) is GraphLaunch:
-                d["nodes"] = [dict(asdict(n), node=type(n).__name__) for n in op.nodes]
+                d["nodes"] = [dict(n.as_dict(), node=type(n).__name__) for n in op.nodes]
             ops.append(d)
         return {
             "format": "simwar.program",
