@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from simwar.core import rules
-from simwar.core.trace import OpKind
+from simwar.core.kinds import OpKind
 from simwar.executors.fast.plan import MARKS, Shape
 
 _CODE: OrderedDict = OrderedDict()  # compiled block functions, by (shape, slot kinds, ...)
