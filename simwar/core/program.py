@@ -8,16 +8,17 @@ durations are already drawn (the builder samples them once from a seeded
 generator), so the program never branches on timing and every executor
 replays exactly the same schedule.
 
-Imports: the standard library only. The GPU harness loads programs on a
-machine that has torch but none of simwar's other dependencies, so this
-module must stay importable there (``Program.from_json``).
+Imports: the standard library only (and :mod:`simwar.core.frozen`, the same). The GPU
+harness loads programs on a machine that has torch but none of simwar's other
+dependencies, so this module must stay importable there (``Program.from_json``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import FrozenInstanceError
 from typing import Union
+
+from simwar.core.frozen import Frozen, set_field
 
 FORMAT_VERSION = 1
 
@@ -52,76 +53,22 @@ def _step_name(template: str, step: int, key: str, text: str) -> StepName:
     return name
 
 
-# --------------------------------------------------------------------------- records
-_set = object.__setattr__
-
-
-class _Record:
-    """What the Program's records share: fields in ``__slots__`` set once by ``__init__``,
-    compared, hashed, shown and pickled by their values, as a frozen dataclass's are.
-
-    Written out rather than made by ``@dataclass(frozen=True, slots=True)``: dataclasses
-    compiles each class's methods from generated source at every import (about 3.5 M
-    instructions a class, 52 M for this module's, a twentieth of a short ``simwar run``);
-    these are compiled once into the bytecode cache. The fields are the ``__slots__``, in
-    order (``__init__`` takes them in that order, with the same defaults)."""
-
-    __slots__ = ()
-
-    def _values(self) -> tuple:
-        return tuple([getattr(self, name) for name in self.__slots__])
-
-    def __eq__(self, other):
-        if other.__class__ is self.__class__:
-            return self._values() == other._values()
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._values())
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
-        return f"{type(self).__qualname__}({fields})"
-
-    def __reduce__(self):
-        return type(self), self._values()
-
-    def __setattr__(self, name, value):
-        raise FrozenInstanceError(f"cannot assign to field {name!r}")
-
-    def __delattr__(self, name):
-        raise FrozenInstanceError(f"cannot delete field {name!r}")
-
-    def as_dict(self) -> dict:
-        """The fields as a mapping, records among them (a launch's kernel, a graph's nodes)
-        as mappings too (as :func:`dataclasses.asdict` gives them)."""
-        return {name: _plain(getattr(self, name)) for name in self.__slots__}
-
-
-def _plain(value):
-    if isinstance(value, _Record):
-        return value.as_dict()
-    if type(value) in (tuple, list):
-        return type(value)(_plain(v) for v in value)
-    return value
-
-
 # --------------------------------------------------------------------------- device work
-class Kernel(_Record):
+class Kernel(Frozen):
     """Device work of a given length; ``reads``/``writes`` name shared buffers."""
 
     __slots__ = ("label", "duration_us", "reads", "writes", "phase")
 
     def __init__(self, label: str, duration_us: float, reads: tuple[str, ...] = (),
                  writes: tuple[str, ...] = (), phase: str = ""):
-        _set(self, "label", label)
-        _set(self, "duration_us", duration_us)
-        _set(self, "reads", reads)
-        _set(self, "writes", writes)
-        _set(self, "phase", phase)
+        set_field(self, "label", label)
+        set_field(self, "duration_us", duration_us)
+        set_field(self, "reads", reads)
+        set_field(self, "writes", writes)
+        set_field(self, "phase", phase)
 
 
-class GraphRecord(_Record):
+class GraphRecord(Frozen):
     """An in-graph event-record node (``Event(external=True)`` recorded at capture).
 
     It fires when graph execution reaches it; each launch of the graph re-arms
@@ -131,10 +78,10 @@ class GraphRecord(_Record):
     __slots__ = ("event",)
 
     def __init__(self, event: str):
-        _set(self, "event", event)
+        set_field(self, "event", event)
 
 
-class Collective(_Record):
+class Collective(Frozen):
     """A device collective kernel (an NCCL all-reduce) of a tensor-parallel rank.
 
     It begins by the stream rules like any kernel and completes at the latest rank's begin
@@ -146,48 +93,48 @@ class Collective(_Record):
     __slots__ = ("label", "duration_us", "phase")
 
     def __init__(self, label: str, duration_us: float, phase: str = ""):
-        _set(self, "label", label)
-        _set(self, "duration_us", duration_us)
-        _set(self, "phase", phase)
+        set_field(self, "label", label)
+        set_field(self, "duration_us", duration_us)
+        set_field(self, "phase", phase)
 
 
 GraphNode = Union[Kernel, GraphRecord, Collective]
 
 
 # --------------------------------------------------------------------------- host operations
-class StepMarker(_Record):
+class StepMarker(Frozen):
     """Start of scheduler iteration ``step`` (no host time)."""
 
     __slots__ = ("step",)
 
     def __init__(self, step: int):
-        _set(self, "step", step)
+        set_field(self, "step", step)
 
 
-class CpuWork(_Record):
+class CpuWork(Frozen):
     """Host busy time (Python scheduling, result processing, dispatch)."""
 
     __slots__ = ("label", "duration_us", "step")
 
     def __init__(self, label: str, duration_us: float, step: int):
-        _set(self, "label", label)
-        _set(self, "duration_us", duration_us)
-        _set(self, "step", step)
+        set_field(self, "label", label)
+        set_field(self, "duration_us", duration_us)
+        set_field(self, "step", step)
 
 
-class Launch(_Record):
+class Launch(Frozen):
     """Launch one kernel on ``stream``; the host call costs ``host_us``."""
 
     __slots__ = ("stream", "kernel", "step", "host_us")
 
     def __init__(self, stream: str, kernel: Kernel, step: int, host_us: float = 0.0):
-        _set(self, "stream", stream)
-        _set(self, "kernel", kernel)
-        _set(self, "step", step)
-        _set(self, "host_us", host_us)
+        set_field(self, "stream", stream)
+        set_field(self, "kernel", kernel)
+        set_field(self, "step", step)
+        set_field(self, "host_us", host_us)
 
 
-class GraphLaunch(_Record):
+class GraphLaunch(Frozen):
     """``cudaGraphLaunch`` of graph ``graph`` on ``stream``.
 
     Launches with the same ``graph`` name share one captured graph: executors
@@ -198,38 +145,38 @@ class GraphLaunch(_Record):
 
     def __init__(self, stream: str, graph: str, nodes: tuple[GraphNode, ...], step: int,
                  phase: str = "", host_us: float = 0.0):
-        _set(self, "stream", stream)
-        _set(self, "graph", graph)
-        _set(self, "nodes", nodes)
-        _set(self, "step", step)
-        _set(self, "phase", phase)
-        _set(self, "host_us", host_us)
+        set_field(self, "stream", stream)
+        set_field(self, "graph", graph)
+        set_field(self, "nodes", nodes)
+        set_field(self, "step", step)
+        set_field(self, "phase", phase)
+        set_field(self, "host_us", host_us)
 
 
-class Record(_Record):
+class Record(Frozen):
     """``event.record(stream)``: captures the tail of ``stream`` at the host call."""
 
     __slots__ = ("event", "stream", "step", "host_us")
 
     def __init__(self, event: str, stream: str, step: int, host_us: float = 0.0):
-        _set(self, "event", event)
-        _set(self, "stream", stream)
-        _set(self, "step", step)
-        _set(self, "host_us", host_us)
+        set_field(self, "event", event)
+        set_field(self, "stream", stream)
+        set_field(self, "step", step)
+        set_field(self, "host_us", host_us)
 
 
-class WaitEvent(_Record):
+class WaitEvent(Frozen):
     """``stream.wait_event(event)``: binds to the latest record issued before it."""
 
     __slots__ = ("stream", "event", "step", "host_us", "latency_us")
 
     def __init__(self, stream: str, event: str, step: int, host_us: float = 0.0,
                  latency_us: float = 0.0):
-        _set(self, "stream", stream)
-        _set(self, "event", event)
-        _set(self, "step", step)
-        _set(self, "host_us", host_us)
-        _set(self, "latency_us", latency_us)  # device latency when released by another stream
+        set_field(self, "stream", stream)
+        set_field(self, "event", event)
+        set_field(self, "step", step)
+        set_field(self, "host_us", host_us)
+        set_field(self, "latency_us", latency_us)  # device latency when released by another stream
 
 
 def tail_event(other: str) -> str:
@@ -237,7 +184,7 @@ def tail_event(other: str) -> str:
     return other + ".tail"
 
 
-class WaitStream(_Record):
+class WaitStream(Frozen):
     """``stream.wait_stream(other)``: a fresh record on ``other`` plus a wait.
 
     The rule every executor applies: at the host call, a record of :attr:`tail_event` on
@@ -249,11 +196,11 @@ class WaitStream(_Record):
 
     def __init__(self, stream: str, other: str, step: int, host_us: float = 0.0,
                  latency_us: float = 0.0):
-        _set(self, "stream", stream)
-        _set(self, "other", other)
-        _set(self, "step", step)
-        _set(self, "host_us", host_us)
-        _set(self, "latency_us", latency_us)
+        set_field(self, "stream", stream)
+        set_field(self, "other", other)
+        set_field(self, "step", step)
+        set_field(self, "host_us", host_us)
+        set_field(self, "latency_us", latency_us)
 
     @property
     def tail_event(self) -> str:
@@ -264,31 +211,31 @@ class WaitStream(_Record):
         return self.stream == self.other
 
 
-class Synchronize(_Record):
+class Synchronize(Frozen):
     """Host blocks until ``event`` completes (``site`` names the block for metrics)."""
 
     __slots__ = ("event", "step", "site", "host_us", "wake_us")
 
     def __init__(self, event: str, step: int, site: str, host_us: float = 0.0,
                  wake_us: float = 0.0):
-        _set(self, "event", event)
-        _set(self, "step", step)
-        _set(self, "site", site)
-        _set(self, "host_us", host_us)
-        _set(self, "wake_us", wake_us)  # host wake-up latency when it really blocked
+        set_field(self, "event", event)
+        set_field(self, "step", step)
+        set_field(self, "site", site)
+        set_field(self, "host_us", host_us)
+        set_field(self, "wake_us", wake_us)  # host wake-up latency when it really blocked
 
 
-class Marker(_Record):
+class Marker(Frozen):
     """A named instant on the host timeline (e.g. ``run_batch``) used by metrics."""
 
     __slots__ = ("name", "step")
 
     def __init__(self, name: str, step: int):
-        _set(self, "name", name)
-        _set(self, "step", step)
+        set_field(self, "name", name)
+        set_field(self, "step", step)
 
 
-class HostCollective(_Record):
+class HostCollective(Frozen):
     """A host collective across tensor-parallel ranks (SGLang's per-step request broadcast
     over the CPU group, a DP-attention all-gather): the host leaves when the last rank
     arrives plus ``cost_us``, and ``wake_us`` later when it waited (a blocking wait). The
@@ -297,10 +244,10 @@ class HostCollective(_Record):
     __slots__ = ("name", "step", "cost_us", "wake_us")
 
     def __init__(self, name: str, step: int, cost_us: float, wake_us: float = 0.0):
-        _set(self, "name", name)
-        _set(self, "step", step)
-        _set(self, "cost_us", cost_us)
-        _set(self, "wake_us", wake_us)
+        set_field(self, "name", name)
+        set_field(self, "step", step)
+        set_field(self, "cost_us", cost_us)
+        set_field(self, "wake_us", wake_us)
 
 
 HostOp = Union[StepMarker, CpuWork, Launch, GraphLaunch, Record, WaitEvent, WaitStream,
