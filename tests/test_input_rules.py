@@ -133,3 +133,30 @@ def test_a_misspelt_phase_on_a_custom_table_is_an_error_not_a_new_phase():
 def test_a_sweep_over_a_misspelt_custom_phase_is_refused():
     with pytest.raises(ConfigError, match="'fwdd' is not a phase of the custom table"):
         load_sweep({"base": CUSTOM, "grid": {"phases.fwdd.body_us": [1, 2]}})
+
+
+def test_libyaml_events_read_every_yaml_file_as_the_python_loader_does():
+    """Documents are read with libyaml's events where PyYAML has them; every YAML file of the
+    project (configs, sweeps, mappings, the bad inputs) gives the same values, or an error in
+    both, and a document nested too deep for the C composer is refused by the depth guard."""
+    yaml = pytest.importorskip("yaml")
+    from simwar.config.load import YamlRuleError, _load, _loader_classes, load_yaml_text
+
+    python, c = _loader_classes()
+    if c is None:
+        pytest.skip("PyYAML without libyaml")
+    root = Path(__file__).parents[1]
+    files = [f for d in ("configs", "simwar", "tests", "examples") for f in
+             sorted((root / d).rglob("*.y*ml"))]
+    assert len(files) > 50
+    for f in files:
+        text = f.read_text(errors="replace")
+        got = []
+        for loader in (python, c):
+            try:
+                got.append(repr(_load(loader, text)))
+            except (yaml.YAMLError, YamlRuleError) as e:
+                got.append(type(e).__name__)
+        assert got[0] == got[1], f
+    with pytest.raises(YamlRuleError, match="nested deeper than 64 levels"):
+        load_yaml_text("a: " + "[" * 200_000 + "]" * 200_000)

@@ -34,11 +34,14 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from simwar.core.trace import Mode, OpKind, Trace
+from simwar.core.kinds import Mode, OpKind
+
+if TYPE_CHECKING:
+    from simwar.core.trace import Trace  # annotations only: a run keeps no Trace
 
 
 class Race(NamedTuple):

@@ -48,11 +48,13 @@ import numpy as np
 
 from simwar.analysis.hazards import HazardReport, detect
 from simwar.analysis.summary import Key, assemble, measured_mask
+from simwar.core.kinds import OpKind, SpanKind
 from simwar.core.run_meta import RunMeta
-from simwar.core.trace import OpKind, SpanKind, Trace
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from simwar.core.trace import Trace  # annotations only: a run keeps no Trace
 
 SITES = ("result_copy", "verify_done", "seq_lens", "barrier")
 

@@ -16,7 +16,7 @@ hold. A :class:`ConfigError`
 names the place to fix: the file and key, or the override that caused it (:func:`_blame`).
 
 Imports: :mod:`simwar.config.schema` and :mod:`simwar.config.workload`, yaml at the first YAML
-read (:func:`_loader_class`); nothing from
+read (:func:`_loader_classes`); nothing from
 builder, executors or above.
 """
 
@@ -50,14 +50,24 @@ MAX_NODES = 1_000_000
 
 
 @functools.cache
-def _loader_class() -> type:
+def _loader_classes() -> tuple[type, type | None]:
     """PyYAML's safe loader, with YAML 1.2's floats: ``1e3`` and ``2E-5`` are numbers, and
-    collections nested at most :data:`MAX_DEPTH` deep. Made at the first YAML read (yaml is
-    imported then, not with the config: a run whose config comes from the cache of validated
-    configs, :mod:`simwar.config.cache`, reads no YAML)."""
-    import yaml
+    collections nested at most :data:`MAX_DEPTH` deep; and the same loader reading its events
+    from libyaml (PyYAML's C parser) where PyYAML was built with it, else None.
 
-    class _Loader(yaml.SafeLoader):
+    The second reads a document in C up to its events, then composes, checks and constructs
+    it as the first does (the same Python composer, with its depth guard, and the same
+    resolver and constructor: the same values); PyYAML's own C loader composes in C too,
+    which has no depth guard (a document nested a million deep overflows its stack).
+    Made at the first YAML read (yaml is imported then, not with the config: a run whose
+    config comes from the cache of validated configs, :mod:`simwar.config.cache`, reads no
+    YAML)."""
+    import yaml
+    from yaml.composer import Composer
+    from yaml.constructor import SafeConstructor
+    from yaml.resolver import Resolver
+
+    class _Depth:
         _depth = 0
 
         def compose_node(self, parent, index):
@@ -73,13 +83,28 @@ def _loader_class() -> type:
                     self._depth -= 1
             return super().compose_node(parent, index)
 
+    class _Loader(_Depth, yaml.SafeLoader):
+        pass
+
     _Loader.yaml_implicit_resolvers = {k: list(v) for k, v in
                                        yaml.SafeLoader.yaml_implicit_resolvers.items()}
     _Loader.add_implicit_resolver(
         "tag:yaml.org,2002:float",
         re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
         list("-+0123456789."))
-    return _Loader
+    if not yaml.__with_libyaml__:
+        return _Loader, None
+
+    class _CLoader(_Depth, Composer, yaml.cyaml.CParser, SafeConstructor, Resolver):
+        # Composer before CParser: its get_single_node (and compose_node) replace the C ones
+        def __init__(self, stream):
+            yaml.cyaml.CParser.__init__(self, stream)
+            Composer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+    _CLoader.yaml_implicit_resolvers = _Loader.yaml_implicit_resolvers
+    return _Loader, _CLoader
 
 
 _FLOAT_TAG = "tag:yaml.org,2002:float"
@@ -141,8 +166,26 @@ def _checked(loader, node, where: str, sizes: dict[int, int], yaml) -> int:
 
 
 def load_yaml_text(text: str) -> Any:
-    """A YAML document under :func:`read_yaml`'s rules (``YamlRuleError`` when broken)."""
-    loader = _loader_class()(text)
+    """A YAML document under :func:`read_yaml`'s rules (``YamlRuleError`` when broken).
+
+    Read with libyaml's events where PyYAML has them (:func:`_loader_classes`); a document
+    that fails there, or holds a character PyYAML's reader refuses, is read again by the
+    pure-Python loader, whose error (and its line and column) is the one raised: an error
+    reads the same with or without libyaml."""
+    import yaml
+
+    python, c = _loader_classes()
+    if c is not None and not yaml.reader.Reader.NON_PRINTABLE.search(text):
+        try:
+            return _load(c, text)
+        except (yaml.YAMLError, YamlRuleError):
+            pass  # read again for the pure-Python loader's words
+    return _load(python, text)
+
+
+def _load(loader_class: type, text: str) -> Any:
+    """``text`` read by ``loader_class`` under :func:`read_yaml`'s rules."""
+    loader = loader_class(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -156,7 +199,7 @@ def load_yaml_text(text: str) -> Any:
 def yaml_value(raw: str) -> Any:
     """A ``--set`` value as YAML reads it (text that is not YAML stays text); a non-finite
     number is a :class:`ConfigError`."""
-    import yaml  # lazy: see _loader_class
+    import yaml  # lazy: see _loader_classes
 
     try:
         value = load_yaml_text(raw)
@@ -185,7 +228,7 @@ def _text_of(path: Path) -> str:
 def read_yaml(path: str | Path) -> dict:
     """The top-level mapping of a YAML file; a missing, unreadable or empty file is an error,
     and so are a key given twice and a non-finite number (see the module docstring)."""
-    import yaml  # lazy: see _loader_class
+    import yaml  # lazy: see _loader_classes
 
     path = Path(path)
     if not path.exists():

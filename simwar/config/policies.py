@@ -27,21 +27,25 @@ per-step events).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
+from simwar.core.frozen import Frozen, set_field
 from simwar.core.program import StepName
 
 
-@dataclass(frozen=True)
-class PublishPoint:
+class PublishPoint(Frozen):
     """Where this step's read-done is recorded (``phase`` None: not published)."""
 
-    phase: str | None
-    index: int | None
-    position: str | None  # pre_replay | in_replay | post_replay (after fallback)
-    in_graph: bool
-    reason: str
+    __slots__ = ("phase", "index", "position", "in_graph", "reason")
+
+    def __init__(self, phase: str | None, index: int | None, position: str | None,
+                 in_graph: bool, reason: str):
+        set_field(self, "phase", phase)
+        set_field(self, "index", index)
+        set_field(self, "position", position)  # pre_replay | in_replay | post_replay (after
+        # fallback)
+        set_field(self, "in_graph", in_graph)
+        set_field(self, "reason", reason)
 
 
 def publish_point(phases: Sequence, publish_phase: str = "auto", external_events: bool = True,

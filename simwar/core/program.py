@@ -8,16 +8,17 @@ durations are already drawn (the builder samples them once from a seeded
 generator), so the program never branches on timing and every executor
 replays exactly the same schedule.
 
-Imports: the standard library only. The GPU harness loads programs on a
-machine that has torch but none of simwar's other dependencies, so this
-module must stay importable there (``Program.from_json``).
+Imports: the standard library only (and :mod:`simwar.core.frozen`, the same). The GPU
+harness loads programs on a machine that has torch but none of simwar's other
+dependencies, so this module must stay importable there (``Program.from_json``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from typing import Union
+
+from simwar.core.frozen import Frozen, set_field
 
 FORMAT_VERSION = 1
 
@@ -53,30 +54,34 @@ def _step_name(template: str, step: int, key: str, text: str) -> StepName:
 
 
 # --------------------------------------------------------------------------- device work
-@dataclass(frozen=True, slots=True)
-class Kernel:
+class Kernel(Frozen):
     """Device work of a given length; ``reads``/``writes`` name shared buffers."""
 
-    label: str
-    duration_us: float
-    reads: tuple[str, ...] = ()
-    writes: tuple[str, ...] = ()
-    phase: str = ""
+    __slots__ = ("label", "duration_us", "reads", "writes", "phase")
+
+    def __init__(self, label: str, duration_us: float, reads: tuple[str, ...] = (),
+                 writes: tuple[str, ...] = (), phase: str = ""):
+        set_field(self, "label", label)
+        set_field(self, "duration_us", duration_us)
+        set_field(self, "reads", reads)
+        set_field(self, "writes", writes)
+        set_field(self, "phase", phase)
 
 
-@dataclass(frozen=True, slots=True)
-class GraphRecord:
+class GraphRecord(Frozen):
     """An in-graph event-record node (``Event(external=True)`` recorded at capture).
 
     It fires when graph execution reaches it; each launch of the graph re-arms
     it, so a wait issued after the launch binds to this launch's node.
     """
 
-    event: str
+    __slots__ = ("event",)
+
+    def __init__(self, event: str):
+        set_field(self, "event", event)
 
 
-@dataclass(frozen=True, slots=True)
-class Collective:
+class Collective(Frozen):
     """A device collective kernel (an NCCL all-reduce) of a tensor-parallel rank.
 
     It begins by the stream rules like any kernel and completes at the latest rank's begin
@@ -85,76 +90,93 @@ class Collective:
     structure); a single-rank executor runs it as a kernel of ``duration_us``.
     """
 
-    label: str
-    duration_us: float
-    phase: str = ""
+    __slots__ = ("label", "duration_us", "phase")
+
+    def __init__(self, label: str, duration_us: float, phase: str = ""):
+        set_field(self, "label", label)
+        set_field(self, "duration_us", duration_us)
+        set_field(self, "phase", phase)
 
 
 GraphNode = Union[Kernel, GraphRecord, Collective]
 
 
 # --------------------------------------------------------------------------- host operations
-@dataclass(frozen=True, slots=True)
-class StepMarker:
+class StepMarker(Frozen):
     """Start of scheduler iteration ``step`` (no host time)."""
 
-    step: int
+    __slots__ = ("step",)
+
+    def __init__(self, step: int):
+        set_field(self, "step", step)
 
 
-@dataclass(frozen=True, slots=True)
-class CpuWork:
+class CpuWork(Frozen):
     """Host busy time (Python scheduling, result processing, dispatch)."""
 
-    label: str
-    duration_us: float
-    step: int
+    __slots__ = ("label", "duration_us", "step")
+
+    def __init__(self, label: str, duration_us: float, step: int):
+        set_field(self, "label", label)
+        set_field(self, "duration_us", duration_us)
+        set_field(self, "step", step)
 
 
-@dataclass(frozen=True, slots=True)
-class Launch:
+class Launch(Frozen):
     """Launch one kernel on ``stream``; the host call costs ``host_us``."""
 
-    stream: str
-    kernel: Kernel
-    step: int
-    host_us: float = 0.0
+    __slots__ = ("stream", "kernel", "step", "host_us")
+
+    def __init__(self, stream: str, kernel: Kernel, step: int, host_us: float = 0.0):
+        set_field(self, "stream", stream)
+        set_field(self, "kernel", kernel)
+        set_field(self, "step", step)
+        set_field(self, "host_us", host_us)
 
 
-@dataclass(frozen=True, slots=True)
-class GraphLaunch:
+class GraphLaunch(Frozen):
     """``cudaGraphLaunch`` of graph ``graph`` on ``stream``.
 
     Launches with the same ``graph`` name share one captured graph: executors
     that capture (the harness) capture it once and replay it.
     """
 
-    stream: str
-    graph: str
-    nodes: tuple[GraphNode, ...]
-    step: int
-    phase: str = ""
-    host_us: float = 0.0
+    __slots__ = ("stream", "graph", "nodes", "step", "phase", "host_us")
+
+    def __init__(self, stream: str, graph: str, nodes: tuple[GraphNode, ...], step: int,
+                 phase: str = "", host_us: float = 0.0):
+        set_field(self, "stream", stream)
+        set_field(self, "graph", graph)
+        set_field(self, "nodes", nodes)
+        set_field(self, "step", step)
+        set_field(self, "phase", phase)
+        set_field(self, "host_us", host_us)
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
+class Record(Frozen):
     """``event.record(stream)``: captures the tail of ``stream`` at the host call."""
 
-    event: str
-    stream: str
-    step: int
-    host_us: float = 0.0
+    __slots__ = ("event", "stream", "step", "host_us")
+
+    def __init__(self, event: str, stream: str, step: int, host_us: float = 0.0):
+        set_field(self, "event", event)
+        set_field(self, "stream", stream)
+        set_field(self, "step", step)
+        set_field(self, "host_us", host_us)
 
 
-@dataclass(frozen=True, slots=True)
-class WaitEvent:
+class WaitEvent(Frozen):
     """``stream.wait_event(event)``: binds to the latest record issued before it."""
 
-    stream: str
-    event: str
-    step: int
-    host_us: float = 0.0
-    latency_us: float = 0.0  # device latency when released by another stream
+    __slots__ = ("stream", "event", "step", "host_us", "latency_us")
+
+    def __init__(self, stream: str, event: str, step: int, host_us: float = 0.0,
+                 latency_us: float = 0.0):
+        set_field(self, "stream", stream)
+        set_field(self, "event", event)
+        set_field(self, "step", step)
+        set_field(self, "host_us", host_us)
+        set_field(self, "latency_us", latency_us)  # device latency when released by another stream
 
 
 def tail_event(other: str) -> str:
@@ -162,8 +184,7 @@ def tail_event(other: str) -> str:
     return other + ".tail"
 
 
-@dataclass(frozen=True, slots=True)
-class WaitStream:
+class WaitStream(Frozen):
     """``stream.wait_stream(other)``: a fresh record on ``other`` plus a wait.
 
     The rule every executor applies: at the host call, a record of :attr:`tail_event` on
@@ -171,11 +192,15 @@ class WaitStream:
     latency paid unless :attr:`same_stream`.
     """
 
-    stream: str
-    other: str
-    step: int
-    host_us: float = 0.0
-    latency_us: float = 0.0
+    __slots__ = ("stream", "other", "step", "host_us", "latency_us")
+
+    def __init__(self, stream: str, other: str, step: int, host_us: float = 0.0,
+                 latency_us: float = 0.0):
+        set_field(self, "stream", stream)
+        set_field(self, "other", other)
+        set_field(self, "step", step)
+        set_field(self, "host_us", host_us)
+        set_field(self, "latency_us", latency_us)
 
     @property
     def tail_event(self) -> str:
@@ -186,36 +211,43 @@ class WaitStream:
         return self.stream == self.other
 
 
-@dataclass(frozen=True, slots=True)
-class Synchronize:
+class Synchronize(Frozen):
     """Host blocks until ``event`` completes (``site`` names the block for metrics)."""
 
-    event: str
-    step: int
-    site: str
-    host_us: float = 0.0
-    wake_us: float = 0.0  # host wake-up latency when it really blocked
+    __slots__ = ("event", "step", "site", "host_us", "wake_us")
+
+    def __init__(self, event: str, step: int, site: str, host_us: float = 0.0,
+                 wake_us: float = 0.0):
+        set_field(self, "event", event)
+        set_field(self, "step", step)
+        set_field(self, "site", site)
+        set_field(self, "host_us", host_us)
+        set_field(self, "wake_us", wake_us)  # host wake-up latency when it really blocked
 
 
-@dataclass(frozen=True, slots=True)
-class Marker:
+class Marker(Frozen):
     """A named instant on the host timeline (e.g. ``run_batch``) used by metrics."""
 
-    name: str
-    step: int
+    __slots__ = ("name", "step")
+
+    def __init__(self, name: str, step: int):
+        set_field(self, "name", name)
+        set_field(self, "step", step)
 
 
-@dataclass(frozen=True, slots=True)
-class HostCollective:
+class HostCollective(Frozen):
     """A host collective across tensor-parallel ranks (SGLang's per-step request broadcast
     over the CPU group, a DP-attention all-gather): the host leaves when the last rank
     arrives plus ``cost_us``, and ``wake_us`` later when it waited (a blocking wait). The
     k-th host collective of a rank is the k-th of every rank."""
 
-    name: str
-    step: int
-    cost_us: float
-    wake_us: float = 0.0
+    __slots__ = ("name", "step", "cost_us", "wake_us")
+
+    def __init__(self, name: str, step: int, cost_us: float, wake_us: float = 0.0):
+        set_field(self, "name", name)
+        set_field(self, "step", step)
+        set_field(self, "cost_us", cost_us)
+        set_field(self, "wake_us", wake_us)
 
 
 HostOp = Union[StepMarker, CpuWork, Launch, GraphLaunch, Record, WaitEvent, WaitStream,
@@ -227,7 +259,6 @@ _OP_TYPES = {cls.__name__: cls for cls in (StepMarker, CpuWork, Launch, GraphLau
 
 
 # --------------------------------------------------------------------------- program
-@dataclass(slots=True)
 class Program:
     """An ordered host program.
 
@@ -235,9 +266,26 @@ class Program:
     accepted tokens per step, config name) and is copied into the Trace.
     """
 
-    ops: list[HostOp]
-    streams: tuple[str, ...] = STREAMS
-    meta: dict = field(default_factory=dict)
+    __slots__ = ("ops", "streams", "meta")
+
+    def __init__(self, ops: list[HostOp], streams: tuple[str, ...] = STREAMS,
+                 meta: dict | None = None):
+        self.ops = ops
+        self.streams = streams
+        self.meta = {} if meta is None else meta
+
+    def __eq__(self, other):
+        if other.__class__ is self.__class__:
+            return (self.ops, self.streams, self.meta) == (other.ops, other.streams, other.meta)
+        return NotImplemented
+
+    __hash__ = None  # mutable, as a dataclass that is not frozen
+
+    def __repr__(self) -> str:
+        return f"Program(ops={self.ops!r}, streams={self.streams!r}, meta={self.meta!r})"
+
+    def __reduce__(self):
+        return Program, (self.ops, self.streams, self.meta)
 
     # ---- inspection
     def steps(self) -> int:
@@ -263,10 +311,10 @@ class Program:
     def to_dict(self) -> dict:
         ops = []
         for op in self.ops:
-            d = asdict(op)
+            d = op.as_dict()
             d["op"] = type(op).__name__
             if type(op) is GraphLaunch:
-                d["nodes"] = [dict(asdict(n), node=type(n).__name__) for n in op.nodes]
+                d["nodes"] = [dict(n.as_dict(), node=type(n).__name__) for n in op.nodes]
             ops.append(d)
         return {
             "format": "simwar.program",

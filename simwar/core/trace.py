@@ -48,60 +48,28 @@ from __future__ import annotations
 import gzip
 import json
 from dataclasses import dataclass, field
-from enum import IntEnum
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 
 from simwar.core.files import write_text_atomic
+from simwar.core.kinds import (  # noqa: F401 (re-exported)
+    CALLS,
+    HOST,
+    MODES,
+    OP_KINDS,
+    SPAN_KINDS,
+    Call,
+    Mode,
+    OpKind,
+    SpanKind,
+)
 from simwar.core.run_meta import RunMeta
 
 FORMAT_VERSION = 3
 #: versions read: 2 kept every meta key in ``meta``, 3 keeps the run record's apart
 READ_VERSIONS = (2, 3)
-
-HOST = "cpu"  # the lane of the scheduler thread
-
-
-class SpanKind(IntEnum):
-    CPU = 0  # host work
-    API = 1  # a host API call
-    BLOCKED = 2  # host inside a synchronize
-    KERNEL = 3  # device work
-    WAIT = 4  # a stream held by a cross-stream dependency
-
-
-class Call(IntEnum):
-    """What a host span is: the typed host call (device spans: NONE)."""
-
-    NONE = 0
-    CPU = 1
-    LAUNCH = 2
-    GRAPH_LAUNCH = 3
-    RECORD = 4
-    WAIT_EVENT = 5
-    WAIT_STREAM = 6
-    SYNCHRONIZE = 7
-    OTHER = 8  # an imported runtime call of no kind above
-
-
-class OpKind(IntEnum):
-    KERNEL = 0
-    RECORD = 1
-    WAIT = 2
-    SYNC = 3
-
-
-class Mode(IntEnum):
-    READ = 0
-    WRITE = 1
-
-
-SPAN_KINDS = tuple(k.name.lower() for k in SpanKind)
-CALLS = tuple("" if k is Call.NONE else k.name.lower() for k in Call)
-OP_KINDS = tuple(k.name.lower() for k in OpKind)
-MODES = tuple(k.name.lower() for k in Mode)
 
 
 # --------------------------------------------------------------------------- named rows

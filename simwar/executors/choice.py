@@ -39,18 +39,25 @@ from typing import Callable
 
 from simwar.config import ENGINES, Config, ConfigError
 from simwar.config.workload import REQUEST_SOURCES
+from simwar.core.frozen import Frozen, set_field
 from simwar.core.refusals import PlanRefused
 
 #: what a run is for: one run, a batch of runs (``simulate_many``), a Trace streamed
 PURPOSES = ("run", "many", "trace")
 
 
-@dataclass(frozen=True)
-class Need:
+class Need(Frozen):
     """What the caller needs of the run beyond its summary: ``trace``, what needs the run's
     Trace kept (an option such as ``--timeline``, named in the reason), or None."""
 
-    trace: str | None = None
+    __slots__ = ("trace",)
+
+    def __init__(self, trace: str | None = None):
+        set_field(self, "trace", trace)
+
+
+#: a run that needs nothing beyond its summary
+NO_NEED = Need()
 
 
 Rule = Callable[[Config, Need], "str | None"]
@@ -76,18 +83,21 @@ def _own_feedback(cfg: Config, need: Need) -> str | None:
     return why
 
 
-@dataclass(frozen=True)
-class Executor:
+class Executor(Frozen):
     """One way to run a config: ``name`` (what a Result reports as its ``engine``), what it
     is, and ``rules``: each returns why it refuses a config, or None; ``plan_rules`` the
     same of the one-pass plan of a run (checked after planning, before running)."""
 
-    name: str
-    about: str
-    rules: tuple[Rule, ...] = ()
-    plan_rules: tuple[Callable[[object], "str | None"], ...] = ()
+    __slots__ = ("name", "about", "rules", "plan_rules")
 
-    def refusal(self, cfg: Config, need: Need = Need()) -> str | None:
+    def __init__(self, name: str, about: str, rules: tuple[Rule, ...] = (),
+                 plan_rules: tuple[Callable[[object], str | None], ...] = ()):
+        set_field(self, "name", name)
+        set_field(self, "about", about)
+        set_field(self, "rules", rules)
+        set_field(self, "plan_rules", plan_rules)
+
+    def refusal(self, cfg: Config, need: Need = NO_NEED) -> str | None:
         """Why this executor refuses ``cfg`` (the first rule that does), or None."""
         for rule in self.rules:
             reason = rule(cfg, need)
@@ -130,7 +140,7 @@ class Choice:
     refused: tuple[tuple[str, str], ...] = ()
     rest: tuple[str, ...] = ()
     cfg: Config | None = field(default=None, repr=False, compare=False)
-    need: Need = field(default=Need(), repr=False, compare=False)
+    need: Need = field(default=NO_NEED, repr=False, compare=False)
 
     @property
     def name(self) -> str | None:

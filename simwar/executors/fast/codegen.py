@@ -62,35 +62,40 @@ from __future__ import annotations
 import keyword
 import re
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import numpy as np
 
 from simwar.core import rules
-from simwar.core.trace import OpKind
+from simwar.core.frozen import Frozen, set_field
+from simwar.core.kinds import OpKind
 from simwar.executors.fast.plan import MARKS, Shape
 
 _CODE: OrderedDict = OrderedDict()  # compiled block functions, by (shape, slot kinds, ...)
 _CODE_LIMIT = 512
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(Frozen):
     """What a compiled block's variables are, and the few lines that differ with it."""
 
-    name: str
-    rules: dict  # the rules' names in the generated code -> the functions bound to them
-    #: a wait on the forward stream adds what it held to the step window only when it held
-    #: something (scalar), or always (array: it adds 0.0 where the wait held nothing, the
-    #: same sum, and no run's branch is taken for another's)
-    held_if_positive: bool
-    #: the parameter columns: lists zipped with the steps (scalar), or one 2-d array per
-    #: column, a row per pass (array)
-    zipped_columns: bool
-    #: the array target's per-step arrays are numpy arrays, whose row ``S.busy[k]`` is a
-    #: view: a sum is added in the row itself (``False``: rows read and written back, as
-    #: for a group's runs picked out of the state's, :mod:`simwar.executors.lockstep.shapes`)
-    rows_in_place: bool = False
+    __slots__ = ("name", "rules", "held_if_positive", "zipped_columns", "rows_in_place")
+
+    # rules: the rules' names in the generated code -> the functions bound to them.
+    # held_if_positive: a wait on the forward stream adds what it held to the step window
+    # only when it held something (scalar), or always (array: it adds 0.0 where the wait
+    # held nothing, the same sum, and no run's branch is taken for another's).
+    # zipped_columns: the parameter columns are lists zipped with the steps (scalar), or one
+    # 2-d array per column, a row per pass (array).
+    # rows_in_place: the array target's per-step arrays are numpy arrays, whose row
+    # ``S.busy[k]`` is a view: a sum is added in the row itself (False: rows read and
+    # written back, as for a group's runs picked out of the state's,
+    # :mod:`simwar.executors.lockstep.shapes`)
+    def __init__(self, name: str, rules: dict, held_if_positive: bool, zipped_columns: bool,
+                 rows_in_place: bool = False):
+        set_field(self, "name", name)
+        set_field(self, "rules", rules)
+        set_field(self, "held_if_positive", held_if_positive)
+        set_field(self, "zipped_columns", zipped_columns)
+        set_field(self, "rows_in_place", rows_in_place)
 
 
 #: the fast executor's: floats

@@ -30,7 +30,7 @@ from simwar.analysis.metrics import (
     idle_windows,
     summarize,
 )
-from simwar.core.trace import OpKind
+from simwar.core.kinds import OpKind
 from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.plan import Block, Plan
 from simwar.executors.fast.races import FastHazards, RacePlan

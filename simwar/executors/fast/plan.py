@@ -27,6 +27,7 @@ import numpy as np
 
 from simwar.builder.draws import Sum, Use
 from simwar.builder.loop import plan_iterations
+from simwar.core.kinds import Mode, OpKind
 from simwar.core.program import (
     Collective,
     CpuWork,
@@ -43,7 +44,6 @@ from simwar.core.program import (
     WaitStream,
 )
 from simwar.core.refusals import PlanRefused
-from simwar.core.trace import Mode, OpKind
 from simwar.executors.fast.records import (  # noqa: F401 (the plan's records, re-exported)
     BINDINGS,
     GRAPH_NODES,

@@ -23,32 +23,38 @@ from __future__ import annotations
 import heapq
 import itertools
 from array import array
-from dataclasses import dataclass
 
 import numpy as np
 
 from simwar.analysis.hazards import HazardReport, Race, candidate_pairs, race_kind
+from simwar.core.frozen import Frozen, set_field
 from simwar.executors.fast.plan import Plan
 
 
-@dataclass(frozen=True)
-class _RaceTpl:
+class _RaceTpl(Frozen):
     """A pair of accesses of a window of shapes, relative to the later access's segment."""
 
-    buffer: str
-    kind: str
-    latent: bool
-    a_back: int  # segments between the earlier access's segment and the later's
-    a_dev: int
-    a_sub: int  # index of the access within its op (ordering ties)
-    a_label: str
-    a_lane: str
-    a_phase: str
-    b_dev: int
-    b_sub: int
-    b_label: str
-    b_lane: str
-    b_phase: str
+    __slots__ = ("buffer", "kind", "latent", "a_back", "a_dev", "a_sub", "a_label", "a_lane",
+                 "a_phase", "b_dev", "b_sub", "b_label", "b_lane", "b_phase")
+
+    def __init__(self, buffer: str, kind: str, latent: bool, a_back: int, a_dev: int, a_sub: int,
+                 a_label: str, a_lane: str, a_phase: str, b_dev: int, b_sub: int, b_label: str,
+                 b_lane: str, b_phase: str):
+        set_field(self, "buffer", buffer)
+        set_field(self, "kind", kind)
+        set_field(self, "latent", latent)
+        # a_back: segments between the earlier access's segment and the later's
+        set_field(self, "a_back", a_back)
+        set_field(self, "a_dev", a_dev)
+        set_field(self, "a_sub", a_sub)  # index of the access within its op (ordering ties)
+        set_field(self, "a_label", a_label)
+        set_field(self, "a_lane", a_lane)
+        set_field(self, "a_phase", a_phase)
+        set_field(self, "b_dev", b_dev)
+        set_field(self, "b_sub", b_sub)
+        set_field(self, "b_label", b_label)
+        set_field(self, "b_lane", b_lane)
+        set_field(self, "b_phase", b_phase)
 
 
 def _op_lists(shape) -> tuple:
