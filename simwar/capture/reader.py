@@ -748,6 +748,3 @@ def _check_plausible(cap: CaptureEvents) -> None:
         span = (max(ends) - min(starts)) / 1e6
         cap.problems[("capture", f"spans {span:.0f} s (implausible for a profile: are "
                                  f"'ts'/'dur' in ns, not µs?)")] += 1
-
-
-_TS, _DUR = attrgetter("ts"), attrgetter("dur")
