@@ -155,8 +155,6 @@ CALL_KINDS: dict[str, Call] = {
     **dict.fromkeys(SYNC_CALLS, Call.SYNCHRONIZE)}
 CALL_KINDS.update({hip: CALL_KINDS[cuda] for hip, cuda in HIP_TO_CUDA.items()
                    if cuda in CALL_KINDS})
-#: the CUDA name a runtime call stands for (its own name when it is not HIP)
-CUDA_NAME = dict(HIP_TO_CUDA)
 #: CUPTI writes an invalid stream id as uint32 -1
 _INVALID_STREAMS = {-1, 4294967295}
 #: a capture spanning longer than this is implausible for a profile (ts written in ns?)
