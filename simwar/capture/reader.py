@@ -335,7 +335,7 @@ class _Classifier:
         #: at the end, where the first of each phase put its key
         self.flows: dict[str, int] = {}
         self.n = 0  # events fed
-        self.extent = _Extent(cap)  # the records' columns, batch by batch
+        self.kept_columns = _KeptColumns(cap)  # the records' columns, batch by batch
         #: equal values kept as one object (thread ids, launch dims): memory, not meaning
         self.same = {}.setdefault
 
@@ -362,7 +362,7 @@ class _Classifier:
                         flows[ph] = 0
             else:
                 read(ev)
-        self.extent.add()
+        self.kept_columns.add()
 
     def reset(self) -> None:
         """Forget every event fed (a later top-level ``traceEvents`` replaces them)."""
@@ -542,7 +542,7 @@ class _Classifier:
                 kind = _kind_of(cat)
                 if kind is not None:
                     self.cap.problems[(kind, "with a 'B' that no 'E' closes (dropped)")] += 1
-        cap.columns = self.extent.columns()
+        cap.columns = self.kept_columns.columns()
 
     def complete(self, cat, name, pid, tid, ts, dur, args) -> None:
         cap = self.cap
@@ -682,7 +682,7 @@ def _what(v) -> str:
     return "a non-numeric"
 
 
-#: the columns the reader keeps of each list of records (:class:`_Extent`), for the
+#: the columns the reader keeps of each list of records (:class:`_KeptColumns`), for the
 #: plausibility check and the sanity checks (:func:`simwar.capture.sanity.check_capture`)
 COLUMNS = {"device_events": ("ts", "dur", "device", "stream"),
            "runtime_calls": ("ts", "dur", "pid", "correlation"),
@@ -690,7 +690,7 @@ COLUMNS = {"device_events": ("ts", "dur", "device", "stream"),
 _FLOAT_FIELDS = ("ts", "dur")
 
 
-class _Extent:
+class _KeptColumns:
     """Columns of the kept records, taken batch by batch while the records are fresh in
     memory (a pass over every record after reading, with each record's memory long out of
     the cache, cost about a tenth of the reader's time and as much again in the sanity
