@@ -315,10 +315,11 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
             configs = [host_at(config, v, p) for v, p in zip(speeds, prefill_speeds)]
             judged = [True] * len(repeats)
         use = [i for i, ok in enumerate(judged) if ok]
+        seeds = [int(repeats[i]["case"].get("seed", 0)) for i in use]
         # each repeat is predicted with its own requests (a closed loop: its own seed)
         sims = [predicted(simulate(configs[i], {
-            **what_if(configs[i], configs[i]["prefill"], repeats[i]),
-            "seed": int(repeats[i]["case"].get("seed", 0))}).summary) for i in use]
+            **what_if(configs[i], configs[i]["prefill"], repeats[i]), "seed": sd}).summary)
+            for i, sd in zip(use, seeds)]
         change = what_if(config, pf["section"], repeats[0])
         reps = [measured(repeats[i]) for i in use]
         meas = {k: check.mean_spread([r[k] for r in reps]) for k in reps[0]}
@@ -326,7 +327,6 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         rows = {k: check.relative_row(meas[k][0], pred[k], TARGETS.get(k), meas[k][1])
                 for k in FIGURES}
         change = {k: v for k, v in change.items() if k != "workload"}  # (the trace is long)
-        seeds = [int(repeats[i]["case"].get("seed", 0)) for i in use]
         out["cases"][f"{load}_{loop}"] = {"load": load, "loop": loop, "what_if": change,
                                           "by_seed": {sd: (m, p) for sd, m, p in
                                                       zip(seeds, reps, sims)},
