@@ -166,6 +166,14 @@ def prefill_model(folder: Path, host_scale: float, device_scale: float,
                     f"device after the host's last launch: mean {np.mean(tail):.1f} µs"}
 
 
+def _seed_arrivals(case: dict, seed: int, **how) -> Arrivals:
+    """The mini-server's client of a case (:class:`lab.server_requests.Arrivals`): the
+    requests its ``seed`` makes, their lengths drawn as the case says; ``how``: its rate or
+    its closed loop's concurrency."""
+    return Arrivals(seed=seed, output=Dist.parse(case["output_tokens"]),
+                    prompt=Dist.parse(case["prompt_tokens"]), **how)
+
+
 def closed_lengths(metrics: dict, longer: float = 4.0) -> dict:
     """A closed-loop repeat's requests as ``workload.closed_loop.lengths``: the server's own
     lengths in the order its client sent them (:class:`lab.server_requests.Arrivals` of the
@@ -177,9 +185,8 @@ def closed_lengths(metrics: dict, longer: float = 4.0) -> dict:
     normal loop went 20.9-27.5 ms of TTFT over ten seeds against 28.0 measured
     (calibration/README.md, "Why the closed loops' TTFT was short")."""
     case, req = metrics["case"], metrics["requests"]
-    arr = Arrivals(seed=int(case.get("seed", 0)), output=Dist.parse(case["output_tokens"]),
-                   prompt=Dist.parse(case["prompt_tokens"]),
-                   concurrency=int(metrics["arrivals"]["concurrency"]))
+    arr = _seed_arrivals(case, int(case.get("seed", 0)),
+                         concurrency=int(metrics["arrivals"]["concurrency"]))
     n = len(req["arrival_us"])
     while len(arr.made) < longer * n:
         arr.finished(0.0)  # one more sent: its lengths are the seed's next
@@ -200,9 +207,7 @@ def trace(metrics: dict, longer: float = 4.0) -> dict:
     at a slower host) needs requests the repeat never received, and without them its loop
     ran out of requests to wait for (simwar now says so: ``workload.arrivals.trace``)."""
     case, req = metrics["case"], metrics["requests"]
-    arr = Arrivals(seed=int(case["seed"]), output=Dist.parse(case["output_tokens"]),
-                   prompt=Dist.parse(case["prompt_tokens"]),
-                   rate=float(metrics["arrivals"]["rate_per_s"]))
+    arr = _seed_arrivals(case, int(case["seed"]), rate=float(metrics["arrivals"]["rate_per_s"]))
     made = arr.due(longer * max(req["arrival_us"]) * 1e-6)
     n = len(req["arrival_us"])
     if len(made) < n or any(abs(r.arrival * 1e6 - t) > 1.0 or r.prompt_tokens != p
@@ -310,10 +315,11 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
             configs = [host_at(config, v, p) for v, p in zip(speeds, prefill_speeds)]
             judged = [True] * len(repeats)
         use = [i for i, ok in enumerate(judged) if ok]
+        seeds = [int(repeats[i]["case"].get("seed", 0)) for i in use]
         # each repeat is predicted with its own requests (a closed loop: its own seed)
         sims = [predicted(simulate(configs[i], {
-            **what_if(configs[i], configs[i]["prefill"], repeats[i]),
-            "seed": int(repeats[i]["case"].get("seed", 0))}).summary) for i in use]
+            **what_if(configs[i], configs[i]["prefill"], repeats[i]), "seed": sd}).summary)
+            for i, sd in zip(use, seeds)]
         change = what_if(config, pf["section"], repeats[0])
         reps = [measured(repeats[i]) for i in use]
         meas = {k: check.mean_spread([r[k] for r in reps]) for k in reps[0]}
@@ -321,7 +327,6 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         rows = {k: check.relative_row(meas[k][0], pred[k], TARGETS.get(k), meas[k][1])
                 for k in FIGURES}
         change = {k: v for k, v in change.items() if k != "workload"}  # (the trace is long)
-        seeds = [int(repeats[i]["case"].get("seed", 0)) for i in use]
         out["cases"][f"{load}_{loop}"] = {"load": load, "loop": loop, "what_if": change,
                                           "by_seed": {sd: (m, p) for sd, m, p in
                                                       zip(seeds, reps, sims)},

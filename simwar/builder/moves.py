@@ -108,6 +108,5 @@ def moved_iterations(base: IterationPlan, cfg: Config) -> IterationPlan | None:
     if {k: v for k, v in meta.items() if k not in _PUBLISH_META} != {
             k: v for k, v in base.meta.items() if k not in _PUBLISH_META}:
         return None
-    out = IterationPlan(cfg, ops, [dict(u) for u in base.uses], {}, meta, phases, {},
-                        [dict(c) for c in base.contexts], base.sizes)
-    return out
+    return IterationPlan(cfg, ops, [dict(u) for u in base.uses], {}, meta, phases, {},
+                         [dict(c) for c in base.contexts], base.sizes)

@@ -155,8 +155,6 @@ CALL_KINDS: dict[str, Call] = {
     **dict.fromkeys(SYNC_CALLS, Call.SYNCHRONIZE)}
 CALL_KINDS.update({hip: CALL_KINDS[cuda] for hip, cuda in HIP_TO_CUDA.items()
                    if cuda in CALL_KINDS})
-#: the CUDA name a runtime call stands for (its own name when it is not HIP)
-CUDA_NAME = dict(HIP_TO_CUDA)
 #: CUPTI writes an invalid stream id as uint32 -1
 _INVALID_STREAMS = {-1, 4294967295}
 #: a capture spanning longer than this is implausible for a profile (ts written in ns?)
@@ -337,7 +335,7 @@ class _Classifier:
         #: at the end, where the first of each phase put its key
         self.flows: dict[str, int] = {}
         self.n = 0  # events fed
-        self.extent = _Extent(cap)  # the records' columns, batch by batch
+        self.kept_columns = _KeptColumns(cap)  # the records' columns, batch by batch
         #: equal values kept as one object (thread ids, launch dims): memory, not meaning
         self.same = {}.setdefault
 
@@ -364,7 +362,7 @@ class _Classifier:
                         flows[ph] = 0
             else:
                 read(ev)
-        self.extent.add()
+        self.kept_columns.add()
 
     def reset(self) -> None:
         """Forget every event fed (a later top-level ``traceEvents`` replaces them)."""
@@ -544,7 +542,7 @@ class _Classifier:
                 kind = _kind_of(cat)
                 if kind is not None:
                     self.cap.problems[(kind, "with a 'B' that no 'E' closes (dropped)")] += 1
-        cap.columns = self.extent.columns()
+        cap.columns = self.kept_columns.columns()
 
     def complete(self, cat, name, pid, tid, ts, dur, args) -> None:
         cap = self.cap
@@ -684,7 +682,7 @@ def _what(v) -> str:
     return "a non-numeric"
 
 
-#: the columns the reader keeps of each list of records (:class:`_Extent`), for the
+#: the columns the reader keeps of each list of records (:class:`_KeptColumns`), for the
 #: plausibility check and the sanity checks (:func:`simwar.capture.sanity.check_capture`)
 COLUMNS = {"device_events": ("ts", "dur", "device", "stream"),
            "runtime_calls": ("ts", "dur", "pid", "correlation"),
@@ -692,7 +690,7 @@ COLUMNS = {"device_events": ("ts", "dur", "device", "stream"),
 _FLOAT_FIELDS = ("ts", "dur")
 
 
-class _Extent:
+class _KeptColumns:
     """Columns of the kept records, taken batch by batch while the records are fresh in
     memory (a pass over every record after reading, with each record's memory long out of
     the cache, cost about a tenth of the reader's time and as much again in the sanity
@@ -748,6 +746,3 @@ def _check_plausible(cap: CaptureEvents) -> None:
         span = (max(ends) - min(starts)) / 1e6
         cap.problems[("capture", f"spans {span:.0f} s (implausible for a profile: are "
                                  f"'ts'/'dur' in ns, not µs?)")] += 1
-
-
-_TS, _DUR = attrgetter("ts"), attrgetter("dur")

@@ -13,7 +13,7 @@
 - :mod:`simwar.config.load`: YAML files, dotted overrides, the files a config names (read
   here, not by the validation), validation, the error's blame;
 - :mod:`simwar.config.algorithms`: the built-in phase tables (plain data);
-- :mod:`simwar.config.policies`: barrier policies and the read-done publish rule.
+- :mod:`simwar.config.policies`: barrier policies and the read-done publish rule;
 - :mod:`simwar.config.cache`: the cache of validated configs that ``simwar run`` reads a
   repeat run's config from (imported by the command, not here).
 

@@ -381,7 +381,8 @@ def check_fit(cap, cfg, label: str, steps, file: str, profiler_cost: bool = True
     check_mapping(imp, mapping, cap.label)
     back = profiler_back(cap, cfg if fitted is None else fitted, fit_args) \
         if profiler_cost else {}
-    sim = simulate(with_profiler(cfg, back))
+    checked = with_profiler(cfg, back)  # every run's config (the seeds' runs: its copies)
+    sim = simulate(checked)
     warm = int(imp.trace.meta.get("warmup_steps", 0))
     left = {k: v for k, v in left_out_steps(imp, mapping).items() if k >= warm}
     captured = summary_without(steps, imp.trace.meta, None, left)
@@ -400,8 +401,8 @@ def check_fit(cap, cfg, label: str, steps, file: str, profiler_cost: bool = True
         cf = shape_frame(steps, kinds.shape, {k: float(t) for k, t in kinds.tokens.items()},
                          drop)
         runs = [sim_shape_frame(sim, left)] + [
-            sim_shape_frame(simulate(with_profiler(cfg, back).model_copy(
-                update={"seed": cfg.seed + i})), left) for i in range(1, SHAPE_SEEDS)]
+            sim_shape_frame(simulate(checked.model_copy(update={"seed": cfg.seed + i})), left)
+            for i in range(1, SHAPE_SEEDS)]
         sf = pool_frames(runs)
         rows = [r._replace(bound=None, ok=None) for r in rows] + shape_rows(cf, sf)
         seeds_line = seed_spread_line(cf, runs, cfg.seed)

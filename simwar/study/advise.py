@@ -53,8 +53,9 @@ iteration side by side, :func:`_screen_order`).
 :func:`screen` runs the candidates, :func:`_full_length` the confirming runs at full
 length: no other place simulates.
 
-Imports: simwar's config, policies and api (the executors, numpy, pandas, simpy through it);
-the standard library's multiprocessing for ``jobs``.
+Imports: simwar's config, policies, api (the executors, numpy, pandas, simpy through it) and
+the builder's families (:mod:`simwar.builder.moves`); the standard library's multiprocessing
+for ``jobs``.
 """
 
 from __future__ import annotations
