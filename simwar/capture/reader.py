@@ -82,6 +82,7 @@ from __future__ import annotations
 import functools
 import gc
 import gzip
+import math
 import re
 import sys
 import zlib
@@ -251,6 +252,9 @@ def read_capture(path: str | Path, progress: ProgressFn | None = None,
                                 f"(expected a list of trace events)")
     classify.finish()
     _meta(cap, meta)
+    bad = _not_finite(cap)
+    if bad:
+        raise KinetoFormatError(f"{path}: {bad} (expected finite times in µs)")
     _check_plausible(cap)
     if progress is not None:
         progress(total, total)
@@ -486,8 +490,8 @@ class _Classifier:
             keep = self.keep_frame[name] = rx.search(name) is not None
         if keep:
             self.cap.frames.append(Annotation(name, pid if type(pid) is int else 0,
-                                              tid if type(tid) is int else 0, float(ts),
-                                              float(dur)))
+                                              tid if type(tid) is int else 0,
+                                              _float_or_inf(ts), _float_or_inf(dur)))
 
     def metadata(self, name, pid, tid, args) -> None:
         cap = self.cap
@@ -556,14 +560,15 @@ class _Classifier:
             elif cat == "overhead":
                 if _number(ts) and _number(dur) and isinstance(name, str):
                     cap.overhead.append(Annotation(sys.intern(name), _int(pid) or 0,
-                                                   _int(tid) or 0, float(ts), float(dur)))
+                                                   _int(tid) or 0, _float_or_inf(ts),
+                                                   _float_or_inf(dur)))
                 else:
                     cap.ignored["overhead"] += 1
                 return
             else:
                 if cat in COUNTED_HOST_CATS and _number(ts):
                     cap.host_events.setdefault(cat, []).append((_int(pid) or 0,
-                                                                _int(tid) or 0, float(ts)))
+                                                                _int(tid) or 0, _float_or_inf(ts)))
                 cap.ignored[cat or "uncategorized"] += 1
                 return
         if isinstance(ts, bool) or not isinstance(ts, (int, float)):
@@ -578,7 +583,10 @@ class _Classifier:
         if not isinstance(name, str):
             cap.problems[(_word(kind), "without a 'name' (dropped)")] += 1
             return
-        ts, dur = float(ts), float(dur)
+        try:
+            ts, dur = float(ts), float(dur)
+        except OverflowError:  # an integer beyond a float: an infinity, refused after reading
+            ts, dur = _float_or_inf(ts), _float_or_inf(dur)
         intern = sys.intern
         if args is None:
             args = _NO_ARGS
@@ -636,7 +644,10 @@ def _first_complete(events: list, meta: dict) -> None:
         else:
             continue
         if ph == "X" and _number(ts):
-            meta["first_event_ts"] = float(ts)
+            try:
+                meta["first_event_ts"] = float(ts)
+            except OverflowError:  # beyond a float: refused with the records' times
+                continue
             return
 
 
@@ -730,6 +741,29 @@ class _KeptColumns:
         return {name: {f: None if c is None else np.frombuffer(c, c.typecode) if len(c) else
                        np.zeros(0, c.typecode) for f, c in cols.items()}
                 for name, cols in self.cols.items()}
+
+
+def _float_or_inf(v: int | float) -> float:
+    """``v`` as a float, an integer beyond a float's range as the infinity of its sign."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
+def _not_finite(cap: CaptureEvents) -> str | None:
+    """What of the kept records' times is not a finite number, or None: an infinity (JSON's
+    ``1e400``, or an integer beyond a float's range, :func:`_float_or_inf`) or a NaN; from the
+    columns, one numpy pass each (the per-event loop checks types only)."""
+    for name, cols in cap.columns.items():
+        for f in _FLOAT_FIELDS:
+            if f not in cols:
+                continue
+            col = cols[f]
+            if col is None or not np.isfinite(col).all():
+                kind = name.removesuffix("s").replace("_", " ")
+                return f"a {kind}'s '{f}' is not a finite number"
+    return None
 
 
 def _check_plausible(cap: CaptureEvents) -> None:
