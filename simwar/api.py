@@ -54,13 +54,13 @@ from simwar.builder.template import (
     value_path,
 )
 from simwar.config import Config, ConfigError, duration_keys, load_config
-from simwar.config.budget import check_memory
+from simwar.config.budget import check_memory, memory_inputs
 from simwar.config.clipping import clipping_warnings
 from simwar.config.workload import REQUEST_SOURCES
 from simwar.core.collector import gc_paused
 from simwar.core.program import Program
 from simwar.executors import fast
-from simwar.executors.choice import EXECUTORS, Choice, choose, describe
+from simwar.executors.choice import EXECUTORS, Choice, choice_inputs, choose, describe
 from simwar.executors.fast.plan import Unsettled
 
 #: realized arrivals sequences kept, by the config's content (realizing one runs the config)
@@ -384,9 +384,9 @@ class Runner:
 
     def run(self, variant: Config | None = None,
             progress: Callable[[int], None] | None = None, *, family=None) -> Result:
-        """Simulate the config, or ``variant`` of it (validated, of the same steps, ranks,
-        engine, workload, CPU, scheduling, prefill and phases' collectives: what the check and
-        the choice read); ``progress`` as
+        """Simulate the config, or ``variant`` of it (validated, equal in what the check
+        and the choice read: :func:`~simwar.config.budget.memory_inputs`,
+        :func:`~simwar.executors.choice.choice_inputs`); ``progress`` as
         :func:`simulate`'s. ``family``: a :class:`simwar.builder.moves.Family` the variant
         belongs to (the one-pass executor's plan takes its iterations from it)."""
         cfg = self.config if variant is None else self._variant(variant)
@@ -404,20 +404,13 @@ class Runner:
 
     def _variant(self, cfg: Config) -> Config:
         base = self.config
-        for key in ("steps", "tp", "engine", "workload", "cpu", "scheduling", "prefill"):
-            a, b = getattr(base, key), getattr(cfg, key)
-            if a is not b and a != b:
-                raise ValueError(f"a variant run by this Runner keeps the config's {key} "
-                                 f"(the memory check and the executor's choice read it)")
-        if _op_counts(base) != _op_counts(cfg):
-            raise ValueError("a variant run by this Runner keeps the config's phases and "
-                             "their collectives (the memory check counts them)")
+        for inputs in (memory_inputs, choice_inputs):  # what the check and the choice read
+            for key, value in inputs(base).items():
+                other = inputs(cfg)[key]
+                if value is not other and value != other:
+                    raise ValueError(f"a variant run by this Runner keeps the config's {key} "
+                                     f"(the memory check and the executor's choice read it)")
         return cfg
-
-
-def _op_counts(cfg: Config) -> list[tuple[str, int]]:
-    """What the memory check reads of a config's phases: each one's collectives' count."""
-    return [(p.name, sum(c.count for c in p.collectives)) for p in cfg.phase_table()]
 
 
 def simulate_many(configs: list, on_done: Callable[[list[int], list[dict]], None] | None = None,

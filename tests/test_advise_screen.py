@@ -95,10 +95,14 @@ def test_one_runner_runs_each_variant_as_simulate_does():
     # a variant of another size would escape the check and the choice made for the base
     with pytest.raises(ValueError, match="keeps the config's steps"):
         runner.run(load_config(base, {"steps": 61}))
-    # the choice reads the scheduling (a rule picking shapes as it runs): kept too
+    # the choice reads the shapes the scheduling picks from: kept too (another bound on
+    # consecutive prefill steps picks from the same shapes, and is run)
     shaped = load_config(CONFIGS / "sglang_default_prefill.yaml", {"steps": 50})
     with pytest.raises(ValueError, match="keeps the config's scheduling"):
-        Runner(shaped, "fast").run(load_config(shaped, {"scheduling.max_consecutive_prefill": 2}))
+        Runner(shaped, "fast").run(load_config(shaped, {"scheduling.rule": "sglang_mixed"}))
+    bounded = load_config(shaped, {"scheduling.max_consecutive_prefill": 2})
+    # (repr: a mean of no requests is NaN in both, which == would call different)
+    assert repr(Runner(shaped, "fast").run(bounded).summary) == repr(simulate(bounded).summary)
 
 
 def test_two_worker_processes_rank_the_candidates_bit_for_bit(monkeypatch):

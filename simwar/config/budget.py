@@ -73,6 +73,14 @@ def _floor_us(duration: Any) -> float:
     return low
 
 
+def memory_inputs(cfg) -> dict:
+    """What :func:`memory_estimate` reads of a config, by key: two configs equal in it need
+    the same memory (``simwar.api.Runner`` holds a variant to its base's check by it)."""
+    return {"steps": cfg.steps, "parallel.tp": cfg.tp, "workload": cfg.workload, "cpu": cfg.cpu,
+            "phases' collectives": [sum(c.count for c in p.collectives)
+                                    for p in cfg.phase_table()]}
+
+
 def memory_estimate(cfg) -> tuple[int, str]:
     """``(bytes, what)``: the memory a run of ``cfg`` needs at least, and what it grows
     with, in words."""

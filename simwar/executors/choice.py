@@ -158,6 +158,14 @@ class Choice:
         return describe(self.name, self.refused)
 
 
+def choice_inputs(cfg: Config) -> dict:
+    """What the executors' rules (:data:`EXECUTORS`) and :func:`requested` read of a config,
+    by key: two configs equal in it are chosen alike (``simwar.api.Runner`` holds a variant
+    to its base's choice by it)."""
+    return {"engine": cfg.engine, "parallel.tp": cfg.tp, "workload": cfg.workload,
+            "scheduling": (cfg.shapes, cfg.shapes_vary)}
+
+
 def describe(name: str | None, refused) -> str:
     """One line: the executor that ran and why each one preferred to it refused, e.g.
     ``executor simpy: fast refused: --timeline needs a trace`` (a Result's ``engine`` and
