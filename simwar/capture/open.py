@@ -39,12 +39,12 @@ from simwar.capture.reader import (
     CaptureEvents,
     KinetoFormatError,
     ProgressFn,
-    gc_paused,
     read_capture,
 )
 from simwar.capture.sizes import CaptureSizes, SizesError, size_capture, step_bounds
 from simwar.capture.step_shapes import StepShape, step_shapes
 from simwar.capture.to_trace import KinetoImport, bind_capture
+from simwar.core.collector import gc_off
 from simwar.core.trace import Trace
 
 
@@ -104,7 +104,7 @@ def mapping_label(mapping: Mapping) -> str:
     return f"preset {name}" if name else "mapping"
 
 
-@gc_paused
+@gc_off()
 def open_capture(paths, mapping=None, preset: str | None = None,
                  progress: ProgressFn | None = None) -> Capture:
     """Read, map, bind and size a capture (see the module docstring).
@@ -157,7 +157,7 @@ def _check_not_frames_only(path: Path, ev: CaptureEvents) -> None:
             f"ProfilerActivity.CUDA])")
 
 
-@gc_paused
+@gc_off()
 def finish_capture(bound: KinetoImport, mapping: Mapping, paths=(),
                    mapping_file: str | None = None) -> Capture:
     """The size stage on a bound import: the :class:`Capture` of it (what

@@ -72,7 +72,8 @@ are :mod:`simwar.capture.records`': msgspec structs, whose constructor is C code
 Python-level call per event) and which take a third less memory than named tuples.
 
 Imports: numpy, the standard library, :mod:`simwar.capture.records`,
-:mod:`simwar.capture.trace_json` and :mod:`simwar.core.trace`; never the
+:mod:`simwar.capture.trace_json`, :mod:`simwar.core.trace` and :mod:`simwar.core.collector`
+(the collector off while a capture is read); never the
 simulator (api, executors, build) and no pandas. Nothing prints: progress goes
 to an optional callback.
 """
@@ -80,7 +81,6 @@ to an optional callback.
 from __future__ import annotations
 
 import functools
-import gc
 import gzip
 import math
 import re
@@ -105,6 +105,7 @@ from simwar.capture.records import (
     SyncEvent,
 )
 from simwar.capture.trace_json import KinetoFormatError, TraceJSON
+from simwar.core.collector import gc_off
 from simwar.core.trace import Call
 
 #: categories of device work (older captures spell some differently)
@@ -167,24 +168,6 @@ PLAUSIBLE_DUR_US = 60e6
 ProgressFn = Callable[[int, int], None]
 
 
-def gc_paused(fn):
-    """``fn`` run with Python's cyclic garbage collector paused (and resumed after, if it
-    ran before). An import allocates a few records per event and no reference cycles
-    (tuples, floats, strings), and the collector, which walks every live container each
-    time enough new ones have piled up, took about a third of a large import's CPU time
-    (``benchmarks/bench_import.py``). Nested calls pause it once."""
-    @functools.wraps(fn)
-    def paused(*args, **kwargs):
-        was = gc.isenabled()
-        gc.disable()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            if was:
-                gc.enable()
-    return paused
-
-
 @functools.lru_cache(maxsize=4096)  # a few names recur: the kind found once a (name, issued)
 def call_kind(name: str, issued_work: bool) -> Call:
     """The call kind of a host runtime call named ``name`` (CUDA, driver or HIP).
@@ -215,7 +198,7 @@ META_KEYS = ("baseTimeNanoseconds", "displayTimeUnit", "deviceProperties", "dist
              "simwar")
 
 
-@gc_paused
+@gc_off()  # the records make no cycles: see simwar.core.collector
 def read_capture(path: str | Path, progress: ProgressFn | None = None,
                  chunk_bytes: int = 1 << 20, frames: str | None = None) -> CaptureEvents:
     """Read a ``.json`` or ``.json.gz`` Kineto capture into a :class:`CaptureEvents` in one pass.

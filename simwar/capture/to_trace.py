@@ -84,7 +84,6 @@ from simwar.capture.reader import (
     ProgressFn,
     call_kind,
     copy_kind,
-    gc_paused,
     read_capture,
 )
 from simwar.capture.records import (
@@ -99,13 +98,14 @@ from simwar.capture.records import (
 )
 from simwar.capture.sanity import check_capture
 from simwar.capture.threads import ThreadNames, host_thread, launch_threads
+from simwar.core.collector import gc_off
 from simwar.core.program import tail_event
 from simwar.core.ranks import side_by_side
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
 
 
-@gc_paused
+@gc_off()
 def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path | None = None,
                   progress: ProgressFn | None = None) -> KinetoImport:
     """Read a Kineto capture (or several per-rank captures, a list of paths) and build its
@@ -116,7 +116,7 @@ def import_kineto(path: str | Path | list, mapping: Mapping | dict | str | Path 
     return bind_capture(caps, mapping, [p.name for p in paths], consume=True)
 
 
-@gc_paused
+@gc_off()
 def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str],
                  consume: bool = False) -> KinetoImport:
     """The import of one or more read captures (files) under a mapping: one Trace per rank,

@@ -24,22 +24,22 @@
 
 A leaf of the command line: the command modules import from here, never from each other.
 
-Imports: the standard library and :mod:`simwar.core.files` at the top; the config schema,
-the sweep and fit modules, tqdm and matplotlib inside the functions that need them, so that
-``simwar --help`` and a command's argument checks load none of them. Never a command's
-module.
+Imports: the standard library, :mod:`simwar.core.collector` and :mod:`simwar.core.files` at
+the top; the config schema, the sweep and fit modules, tqdm and matplotlib inside the
+functions that need them, so that ``simwar --help`` and a command's argument checks load
+none of them. Never a command's module.
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
 import io
 import json
 import os
 import sys
 from pathlib import Path
 
+from simwar.core.collector import gc_off
 from simwar.core.files import NotAFileError, write_bytes_atomic, write_target
 
 __all__ = ["UserError", "costs_file_overrides", "costs_overrides", "read_costs_file", "num",
@@ -129,7 +129,6 @@ def num(value, spec: str = ".1f") -> str:
     return text
 
 
-@contextlib.contextmanager
 def start_up():
     """A command's start-up (its imports, its config's validation): the cyclic garbage
     collector is off while it runs, and what it made is frozen after it (``gc.freeze``: left
@@ -139,14 +138,7 @@ def start_up():
     :func:`main <simwar.cli.app.main>` freezes everything again before the process exits
     (the interpreter's last collection would walk it all), or, called with its arguments (in
     a process that goes on after it), unfreezes it."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if was:
-            gc.enable()
+    return gc_off(freeze_after=True)
 
 
 def run_label(name: str, overrides: list) -> str:
