@@ -14,6 +14,9 @@ import numpy as np
 import pytest
 
 from simwar.analysis.metrics import merged, step_frame
+from simwar.capture.reader import read_capture
+from simwar.capture.records import CaptureEvents, RuntimeCall
+from simwar.capture.sanity import check_capture
 from simwar.capture.to_trace import import_kineto
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,3 +91,24 @@ def test_merged_keeps_disjoint_intervals_and_unions_overlapping_ones():
     assert merged(s, e)[0] is s and merged(s, e)[1] is e
     ms, me = merged(np.array([0.0, 2.0, 30.0, 31.0]), np.array([5.0, 8.0, 40.0, 35.0]))
     assert ms.tolist() == [0.0, 30.0] and me.tolist() == [8.0, 40.0]
+
+
+def test_the_checks_answer_the_same_from_the_readers_columns_or_the_records(tmp_path):
+    doc = _doc()
+    _overlapping(doc)
+    path = _write(tmp_path, doc)
+    with_columns, from_records = read_capture(path), read_capture(path)
+    assert with_columns.columns
+    from_records.columns = None
+    warned = check_capture(with_columns)[1]
+    assert any("start before the previous op" in w for w in warned)
+    assert check_capture(from_records)[1] == warned
+
+
+def test_correlation_ids_beyond_int64_are_grouped_and_those_below_0_left_out():
+    big = 2 ** 70
+    calls = [RuntimeCall("cudaLaunchKernel", 1, 1, float(ts), 1.0, correlation)
+             for ts, correlation in enumerate((big, big, -big, -big, -1, -1, 5, 6))]
+    for reordered in (calls, calls[::-1]):
+        warned = check_capture(CaptureEvents(runtime_calls=list(reordered)))[1]
+        assert [w.split(" runtime calls share")[0] for w in warned if "share" in w] == ["2"]

@@ -33,20 +33,28 @@ import numpy as np
 
 from simwar.capture.reader import CaptureEvents
 
-_DUR = attrgetter("dur")
 #: kernels on one stream may overlap by this much (clock jitter of real captures) unwarned
 OVERLAP_TOLERANCE_US = 2.0
 #: a median runtime call longer than this (µs) means the capture is not in µs
 CALL_MEDIAN_LIMIT_US = 500.0
 
 
-def _once(items: list, ts: np.ndarray | None = None) -> tuple[list, int]:
+def _column(items: list, cols: dict, field: str, ids: bool = False) -> np.ndarray:
+    """The field ``field`` of every one of ``items``: the reader's column (``cols``, see
+    :func:`_columns`), else rebuilt from the records: ids by :func:`_keys`, anything else
+    (times) as float64."""
+    col = cols.get(field)
+    if col is not None:
+        return col
+    values = map(attrgetter(field), items)
+    return _keys(list(values)) if ids else np.fromiter(values, np.float64, len(items))
+
+
+def _once(items: list, ts: np.ndarray) -> tuple[list, int]:
     """``items`` with exact repeats dropped (first kept, order kept), and how many were.
-    A repeat has its original's start: only the items whose ``ts`` another item shares are
-    compared whole (most captures have none of those, and hashing every record whole took
-    a twentieth of a large import). ``ts``: the items' starts, if the reader kept them."""
-    if ts is None:
-        ts = np.fromiter(map(attrgetter("ts"), items), np.float64, len(items))
+    A repeat has its original's start: only the items whose ``ts`` (their starts) another
+    item shares are compared whole (most captures have none of those, and hashing every
+    record whole took a twentieth of a large import)."""
     order = np.argsort(ts, kind="stable")
     same = ts[order[1:]] == ts[order[:-1]]
     if not same.any():
@@ -73,7 +81,8 @@ def check_capture(cap: CaptureEvents) -> tuple[CaptureEvents, list[str]]:
     repeated = Counter()
     cols = _columns(cap)
     for name in ("device_events", "runtime_calls", "sync_events", "annotations"):
-        lists[name], repeated[name] = _once(getattr(cap, name), cols[name].get("ts"))
+        items = getattr(cap, name)
+        lists[name], repeated[name] = _once(items, _column(items, cols[name], "ts"))
     if sum(repeated.values()):
         cols = dict.fromkeys(cols, {})  # the lists changed: their columns no longer fit
         what = ", ".join(f"{n} {name.replace('_', ' ')}" for name, n in repeated.items() if n)
@@ -91,9 +100,7 @@ def check_capture(cap: CaptureEvents) -> tuple[CaptureEvents, list[str]]:
                         f"ends (by up to {worst:.1f} µs): a stream runs one op at a time, so "
                         f"the capture's times are inconsistent; busy and idle times count "
                         f"the union of each stream's work")
-    calls = cols["runtime_calls"].get("dur")
-    if calls is None:
-        calls = np.fromiter(map(_DUR, cap.runtime_calls), np.float64, len(cap.runtime_calls))
+    calls = _column(cap.runtime_calls, cols["runtime_calls"], "dur")
     # the reader warns of a capture whose span is too long for µs: one warning of the units
     said = any("ns, not µs" in str(problem) for _, problem in cap.problems)
     if len(calls) and not said:
@@ -123,27 +130,23 @@ def _columns(cap: CaptureEvents) -> dict[str, dict]:
 
 def _keys(values: list) -> np.ndarray:
     """Integer ids as an int64 column to sort and compare; where one lies beyond int64 (the
-    reader keeps any JSON integer), a code per distinct value instead: the callers only group
-    equal ids."""
+    reader keeps any JSON integer), a code per distinct value instead, of the value's sign:
+    the callers only group equal ids and leave out those below 0."""
     try:
         return np.fromiter(values, np.int64, len(values))
     except OverflowError:
         codes: dict = {}
-        return np.fromiter((codes.setdefault(v, len(codes)) for v in values), np.int64,
-                           len(values))
+        return np.fromiter((codes.setdefault(v, len(codes) if v >= 0 else -1 - len(codes))
+                            for v in values), np.int64, len(values))
 
 
 def _shared_ids(calls: list, cols: dict) -> int:
     """How many of ``calls`` share their (process, correlation id) with another call (ids
     below 0, none, left out): by one sort of the two columns (``cols``: the reader's, where
     it kept them)."""
-    if "pid" in cols and "correlation" in cols:
-        keep = cols["correlation"] >= 0
-        pid, corr = cols["pid"][keep], cols["correlation"][keep]
-    else:
-        calls = [c for c in calls if c.correlation >= 0]
-        pid = _keys([c.pid for c in calls])
-        corr = _keys([c.correlation for c in calls])
+    corr = _column(calls, cols, "correlation", ids=True)
+    keep = corr >= 0
+    pid, corr = _column(calls, cols, "pid", ids=True)[keep], corr[keep]
     if len(corr) < 2:
         return 0
     order = np.lexsort((corr, pid))
@@ -164,14 +167,10 @@ def _overlaps(cap: CaptureEvents, cols: dict) -> tuple[int, float]:
     n = len(devs)
     if n < 2:
         return 0, 0.0
-    if all(f in cols for f in ("ts", "dur", "device", "stream")):  # the reader's columns
-        device, stream, start = cols["device"], cols["stream"], cols["ts"]
-        end = start + cols["dur"]
-    else:
-        device = _keys([d.device for d in devs])
-        stream = _keys([d.stream for d in devs])
-        start = np.fromiter((d.ts for d in devs), np.float64, n)
-        end = start + np.fromiter((d.dur for d in devs), np.float64, n)
+    device = _column(devs, cols, "device", ids=True)
+    stream = _column(devs, cols, "stream", ids=True)
+    start = _column(devs, cols, "ts")
+    end = start + _column(devs, cols, "dur")
     order = np.lexsort((end, start, stream, device))
     device, stream, start, end = device[order], stream[order], start[order], end[order]
     cut = np.flatnonzero((device[1:] != device[:-1]) | (stream[1:] != stream[:-1])) + 1
