@@ -23,6 +23,7 @@ from simwar.api import simulate
 from simwar.cli.app import main
 from simwar.config import ConfigError
 from simwar.core.files import jsonable
+from simwar.study.store import RunStore
 from simwar.study.sweeps import ID_COLUMNS, load_sweep, sweep
 
 REPO = Path(__file__).resolve().parents[1]
@@ -240,6 +241,32 @@ def test_runs_found_in_run_files_are_committed_as_one_batch(tmp_path):
     assert simulated == [] and again.attrs["runs_stored"] == len(first)
     assert len(list((out / "batches").glob("*.parquet"))) == 1
     pd.testing.assert_frame_equal(again, first)
+
+
+def test_a_write_error_committing_found_runs_after_an_interrupt_is_one_line(tmp_path, capsys,
+                                                                           monkeypatch):
+    spec = write_sweep(tmp_path, """
+        base: {steps: 30, warmup_steps: 5}
+        grid: {cpu.schedule_us: [300, 600, 900]}
+    """)
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "a"), "--no-progress",
+                 "--run-files"]) == 0
+    out = tmp_path / "b"  # the run files alone, and no room for a batch: "batches" is a file
+    shutil.copytree(tmp_path / "a" / "runs", out / "runs")
+    (out / "batches").write_text("")
+    loads, real = [], RunStore.load
+
+    def load(store, run):  # Ctrl-C once a run has been found in its file
+        loads.append(run)
+        if len(loads) == 2:
+            raise KeyboardInterrupt
+        return real(store, run)
+
+    monkeypatch.setattr(RunStore, "load", load)
+    capsys.readouterr()
+    assert main(["sweep", str(spec), "--out", str(out), "--no-progress"]) == 2
+    assert capsys.readouterr().err == f"simwar: error: {out / 'batches'}: file exists\n"
+    assert not (out / "results.parquet").exists()
 
 
 def test_runs_of_one_run_key_are_simulated_once_and_each_has_its_row(tmp_path, monkeypatch):

@@ -647,8 +647,14 @@ def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
         done = 0
         if isinstance(e, KeyboardInterrupt):
             interrupt_handled()  # this Ctrl-C is answered here: the tables are meant to commit
-        with contextlib.suppress(Exception):  # else they are read from their files next time
+        try:
             commit_found()
+        except OSError:
+            # the same write again, failing as it did (the found runs are read from their
+            # files next time): the sweep's own error is the one to report; a sweep stopped
+            # otherwise (an interrupt, a run's error) would never have said it
+            if not isinstance(e, OSError):
+                raise
         if store is not None:
             partial = join_tables(store.tables())
             if partial.num_rows:
