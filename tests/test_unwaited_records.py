@@ -15,7 +15,6 @@ records at a host cost of 1 us do move some figure (the comparison can fail).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import random
 from pathlib import Path
@@ -26,7 +25,7 @@ import pytest
 from simwar.api import resolve_sizes
 from simwar.builder.loop import build_program
 from simwar.config import load_config
-from simwar.core.program import GraphLaunch, GraphRecord, Launch, Record
+from simwar.core.program import GraphLaunch, GraphRecord, Launch, Program, Record
 from simwar.executors import fast
 from simwar.study.advise import candidate_config, space
 
@@ -53,11 +52,11 @@ def _unwaited(program, cost: float):
         if type(op) is GraphLaunch and len(op.nodes) > 1:
             nodes = [x for i, node in enumerate(op.nodes)
                      for x in ((GraphRecord(f"unwaited.node[{n}.{i}]"), node) if i else (node,))]
-            op = dataclasses.replace(op, nodes=tuple(nodes))
+            op = op.replace(nodes=tuple(nodes))
         ops.append(op)
         if type(op) in (Launch, GraphLaunch) and op.stream == "forward":
             ops.append(Record(f"unwaited[{n}]", "forward", op.step, cost))
-    return dataclasses.replace(program, ops=ops), len(ops) - len(program.ops)
+    return Program(ops, program.streams, program.meta), len(ops) - len(program.ops)
 
 
 def _same(a, b) -> bool:

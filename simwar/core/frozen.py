@@ -53,6 +53,12 @@ class Frozen:
     def __delattr__(self, name):
         raise FrozenInstanceError(f"cannot delete field {name!r}")
 
+    def replace(self, **changes) -> Frozen:
+        """A copy with ``changes`` to its fields (as :func:`dataclasses.replace` gives one of
+        a frozen dataclass; every ``__init__`` takes its fields by their names)."""
+        return type(self)(**{name: changes.pop(name, getattr(self, name))
+                             for name in self.__slots__}, **changes)
+
     def as_dict(self) -> dict:
         """The fields as a mapping, records among them (in tuples and lists too) as mappings
         (as :func:`dataclasses.asdict` gives them)."""
