@@ -56,6 +56,7 @@ simulator (api, executors, build).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -228,6 +229,21 @@ class Mapping(BaseModel):
 
     def cpu_rules(self) -> list[tuple[re.Pattern, str]]:
         return [(re.compile(p), item) for p, item in self.cpu.items()]
+
+    def step_test(self) -> Callable[[str], bool]:
+        """The one test of whether a range is a step's: its name matches ``steps``, searched
+        once a name (most range names recur every step); the importer's and the choice of
+        the primary rank's (:func:`simwar.capture.ranks.primary_rank`)."""
+        rx = re.compile(self.steps)
+        seen: dict[str, bool] = {}
+
+        def is_step(name: str) -> bool:
+            hit = seen.get(name)
+            if hit is None:
+                hit = seen[name] = rx.search(name) is not None
+            return hit
+
+        return is_step
 
     def lane_of_role(self, role: str) -> str | None:
         """The lane the mapping gives the builder's stream ``role`` (None: not named)."""

@@ -34,7 +34,6 @@ Imports: numpy, the standard library, :mod:`simwar.capture.reader` and
 
 from __future__ import annotations
 
-import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -83,8 +82,8 @@ def primary_rank(ranks: list[RankCapture], mapping) -> int:
                 return i
     if len(ranks) == 1:
         return 0
-    rx = re.compile(mapping.steps)
-    n = [sum(1 for a in r.cap.annotations if rx.search(a.name)) for r in ranks]
+    is_step = mapping.step_test()
+    n = [sum(1 for a in r.cap.annotations if is_step(a.name)) for r in ranks]
     return max(range(len(ranks)), key=lambda i: (n[i], -i))
 
 

@@ -239,8 +239,8 @@ class CaptureTraceBuilder:
         self.ignored: Counter = Counter(cap.ignored)
         self.phase_rules = mapping.phase_rules()
         self.site_rules = mapping.site_rules()
-        self.steps_re = re.compile(mapping.steps)
-        self._step_names: dict[str, bool] = {}  # range name -> whether it is a step's
+        #: whether a range is a step's (the mapping's one step test)
+        self.is_step = mapping.step_test()
         self.run_batch_re = re.compile(mapping.run_batch) if mapping.run_batch else None
         self._given_origin = origin
         self.host_name = ""
@@ -421,14 +421,6 @@ class CaptureTraceBuilder:
                 return (f"; its ranges like '{hit}' are the steps of --preset {preset} (give "
                         f"--preset {preset}, or steps: in a mapping)")
         return ""
-
-    def is_step(self, name: str) -> bool:
-        """Whether a range's name matches the steps pattern (searched once a name: most
-        range names recur every step)."""
-        hit = self._step_names.get(name)
-        if hit is None:
-            hit = self._step_names[name] = self.steps_re.search(name) is not None
-        return hit
 
     def steps_at(self, times: np.ndarray) -> np.ndarray:
         """The step of each of ``times`` (µs, host clock), by one search: the last step
