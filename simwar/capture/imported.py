@@ -178,6 +178,10 @@ class KinetoImport:
     #: issued them), as sorted host times on the trace's clock: what the fit counts in each
     #: host interval to subtract the profiler's own cost (:mod:`simwar.fit.profiler_cost`)
     profiler_events: dict = field(default_factory=dict)
+    #: the capture's own time (its files' ``ts``, µs) that is the trace's 0: a capture time
+    #: ``ts`` is ``ts - origin_us`` on the trace's clock (what places the file's raw events,
+    #: which the import does not keep, in the trace's steps)
+    origin_us: float = 0.0
 
     @property
     def ignored_total(self) -> int:

@@ -160,6 +160,7 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str],
         for (_, imp, info), t, a, d in zip(built, traces, ranges, shifts):
             if d:
                 info.clock_offset_us += d
+                imp.origin_us -= d  # the trace moved by d: its 0 is d earlier in the file
                 imp.trace = info.trace = t
                 if imp.annotations and a:  # the counted events move with the ranges
                     shift = a[0][1] - imp.annotations[0][1]
@@ -185,7 +186,7 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str],
                           main.device_names, overhead=main.overhead,
                           device_info=main.device_info, ranks=infos,
                           device_syncs=main.device_syncs,
-                          profiler_events=main.profiler_events)
+                          profiler_events=main.profiler_events, origin_us=main.origin_us)
     result.unmodelled = dict(sum((Counter(c.unmodelled) for c in caps), Counter()))
     result.collectives, result.collective_shift_us = collectives, shifts
     if len(infos) > 1:
@@ -316,7 +317,8 @@ class CaptureTraceBuilder:
                     for a in sorted(cap.overhead, key=lambda a: a.ts)]
         return KinetoImport(trace, dict(self.counts), dict(self.ignored), self.warnings,
                             annotations, names, overhead=overhead, device_info=self.device_info,
-                            device_syncs=self.device_syncs, profiler_events=profiler_events)
+                            device_syncs=self.device_syncs, profiler_events=profiler_events,
+                            origin_us=self.origin)
 
     def _profiler_events(self, host_calls, host_ann, by_corr) -> dict:
         """:attr:`KinetoImport.profiler_events`: the host thread's recorded events by kind,
