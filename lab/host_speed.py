@@ -18,7 +18,7 @@ simwar's one rule for a host at another speed, :func:`simwar.fit.profiler.scale_
   :func:`prefill_speed`); the prefill's host keys are multiplied by it.
 
 Here too are the readers both checkers place a capture's host ranges with: its step ranges
-(:func:`step_marks`, :func:`step_at`) and the profiler's own cost in a range
+(:class:`CaptureSteps`, the import's) and the profiler's own cost in a range
 (:func:`profiler_cost_of`). Runs where simulation runs (simwar's full stack).
 """
 
@@ -33,11 +33,10 @@ import numpy as np
 
 from lab import check
 from simwar.capture.open import open_capture
+from simwar.capture.sizes import step_bounds
 from simwar.fit.profiler import host_keys, scale_host
 from simwar.fit.profiler_cost import for_capture
 
-#: the range each ``prof.step()`` opens (lab.server): ``ProfilerStep#<k>``
-STEP_MARK = "ProfilerStep#"
 #: the host work a repeat's measured speed does not move, kept as captured: what the
 #: mini-server pads to a time target (lab.server: its ``schedule`` and ``process`` ranges)
 PADDED = ("cpu.ingest_us", "cpu.schedule_us", "cpu.process_result_us")
@@ -53,29 +52,45 @@ PADDED = ("cpu.ingest_us", "cpu.schedule_us", "cpu.process_result_us")
 PREFILL_HOST = ("prefill.host_us", "prefill.host_before_us")
 
 
-def step_marks(events: list) -> list[dict]:
-    """A capture's step ranges (its raw ``traceEvents``' ``ProfilerStep#k`` host ranges), by
-    start: the one reader of a capture's steps of the lab's checkers."""
-    return sorted((e for e in events if e.get("cat") == "user_annotation"
-                   and str(e.get("name", "")).startswith(STEP_MARK)), key=lambda e: e["ts"])
+class CaptureSteps:
+    """A capture's steps as its import numbers them (the Trace's step markers,
+    :func:`simwar.capture.sizes.step_bounds`: step ``k`` from its start to the next one's),
+    placed on the file's own clock by the import's origin
+    (:attr:`~simwar.capture.imported.KinetoImport.origin_us`): the one reader of a capture's
+    steps of the lab's checkers, whose raw ranges (``ts``) :meth:`at` puts in their steps."""
+
+    def __init__(self, bounds: list[tuple[float, float]], origin_us: float):
+        self.starts = np.array([a for a, _ in bounds], dtype=float)
+        self.ends = np.array([b for _, b in bounds], dtype=float)
+        self.origin_us = float(origin_us)
+
+    @classmethod
+    def of(cls, cap) -> CaptureSteps:
+        """The steps of an opened capture (:func:`simwar.capture.open.open_capture`)."""
+        return cls(step_bounds(cap.trace), cap.bound.origin_us)
+
+    def at(self, ts: float) -> int | None:
+        """The step holding the capture time ``ts`` (the file's ``ts``, µs), by one search of
+        the sorted starts; None: before the first step or at/after the last one's end."""
+        t = ts - self.origin_us  # as the import put the file's times on the trace's clock
+        k = int(np.searchsorted(self.starts, t, side="right")) - 1
+        return k if k >= 0 and t < self.ends[k] else None
 
 
-def step_at(marks: list[dict], ts: float) -> int | None:
-    """The step (``k`` of ``ProfilerStep#k``) whose range of ``marks`` holds the time ``ts``;
-    None: none."""
-    return next((int(m["name"][len(STEP_MARK):]) for m in marks
-                 if m["ts"] <= ts < m["ts"] + m["dur"]), None)
-
-
-def profiler_cost_of(capture: Path, marks: list):
-    """``less(ts, dur)``: a host range of the capture (its raw ``ts``) less the profiler's own
-    cost in it, by the capture's event counts (:mod:`simwar.fit.profiler_cost`), never below
-    zero. The capture's clock is tied to the import's by its step ranges (``marks``,
-    :func:`step_marks`)."""
+def open_steps(capture: Path):
+    """``(cap, steps)``: the capture opened with the mini-server's preset and its
+    :class:`CaptureSteps`."""
     cap = open_capture(capture, preset="sglang")
+    return cap, CaptureSteps.of(cap)
+
+
+def profiler_cost_of(cap):
+    """``less(ts, dur)``: a host range of the opened capture ``cap`` (at its file's ``ts``)
+    less the profiler's own cost in it, by the capture's event counts
+    (:mod:`simwar.fit.profiler_cost`), never below zero. The file's clock is the import's
+    less its origin (:attr:`~simwar.capture.imported.KinetoImport.origin_us`)."""
     prof = for_capture(cap.bound)
-    starts = {name: a for name, a, _ in cap.bound.annotations if name.startswith(STEP_MARK)}
-    shift = float(np.median([m["ts"] - starts[m["name"]] for m in marks if m["name"] in starts]))
+    shift = cap.bound.origin_us
     return lambda ts, dur: prof.less(dur, ts - shift, ts - shift + dur)
 
 
@@ -113,18 +128,18 @@ def net_unpadded(capture: Path, metrics: dict, keep_profiler_cost: bool = False,
     if keep_profiler_cost:
         return size[keep], (b - a)[keep]
     events = json.loads(gzip.decompress(capture.read_bytes()))["traceEvents"]
-    marks = step_marks(events)
+    cap, steps = open_steps(capture)
     offsets = []
     for e in events:
         if e.get("cat") == "user_annotation" and e.get("name") == "scheduler.prepare_for_decode":
-            k = step_at(marks, e["ts"])
+            k = steps.at(e["ts"])
             if k is not None and k < len(a):
                 offsets.append(float(e["ts"]) - a[k])
     if not offsets:
         raise check.ServerDataError(f"{capture}: no scheduler.prepare_for_decode range to "
                                     f"tie the host stamps to the capture's clock")
     shift = float(np.median(offsets))
-    less = profiler_cost_of(capture, marks)
+    less = profiler_cost_of(cap)
     return size[keep], np.array([less(a[k] + shift, b[k] - a[k]) for k in keep])
 
 

@@ -72,11 +72,10 @@ import numpy as np
 from lab import check
 from lab.host_speed import (
     host_at,
+    open_steps,
     prefill_line,
     prefill_speed,
     profiler_cost_of,
-    step_at,
-    step_marks,
 )
 from lab.server_requests import Arrivals, Dist
 from simwar.api import simulate
@@ -98,13 +97,14 @@ def _lengths(text: str) -> dict:
     return {"dist": "uniform", "low": int(lo) - 1, "high": int(hi or lo)}
 
 
-def _step_ranges(events: list, marks: list, name: str, less=None) -> dict:
-    """Step -> the duration of the host range ``name`` in that step (by the step range of
-    ``marks`` holding its start); ``less(ts, dur)``: the duration it becomes."""
+def _step_ranges(events: list, steps, name: str, less=None) -> dict:
+    """Step -> the duration of the host range ``name`` in that step (by the step of
+    ``steps``, :class:`lab.host_speed.CaptureSteps`, holding its start); ``less(ts, dur)``:
+    the duration it becomes."""
     out = {}
     for e in events:
         if e.get("cat") == "user_annotation" and e.get("name") == name:
-            k = step_at(marks, e["ts"])
+            k = steps.at(e["ts"])
             if k is not None:
                 dur = float(e["dur"])
                 out[k] = less(float(e["ts"]), dur) if less is not None else dur
@@ -128,12 +128,12 @@ def prefill_model(folder: Path, host_scale: float, device_scale: float,
     if not capture.exists():
         raise check.ServerDataError(f"{capture}: not found (the profiled prefill case)")
     events = json.loads(gzip.decompress(capture.read_bytes()))["traceEvents"]
-    marks = step_marks(events)
+    cap, steps = open_steps(capture)
     path = check.metrics_file(folder, PREFILL_METRICS) or folder / PREFILL_METRICS
     tokens = check.read_metrics(path)["steps"]["prefill_tokens"]
-    less = profiler_cost_of(capture, marks) if profiler_cost else None
-    run = _step_ranges(events, marks, "scheduler.run_batch", less=less)
-    prep = _step_ranges(events, marks, "scheduler.prepare_for_decode", less=less)
+    less = profiler_cost_of(cap) if profiler_cost else None
+    run = _step_ranges(events, steps, "scheduler.run_batch", less=less)
+    prep = _step_ranges(events, steps, "scheduler.prepare_for_decode", less=less)
     ks = [k for k in sorted(run) if k >= warmup and k in prep and k < len(tokens)]
     plain = [run[k] + prep[k] for k in ks if tokens[k] == 0]
     with_prefill = [k for k in ks if tokens[k] > 0]
@@ -153,7 +153,7 @@ def prefill_model(folder: Path, host_scale: float, device_scale: float,
     tail_x, tail = [], []
     for pair in cpu.values():
         h, g = pair.get("user_annotation"), pair.get("gpu_user_annotation")
-        k = step_at(marks, h["ts"]) if h is not None else None
+        k = steps.at(h["ts"]) if h is not None else None
         if g is None or k is None or k < warmup:
             continue
         tail_x.append(float(tokens[k]))

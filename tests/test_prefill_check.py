@@ -134,26 +134,36 @@ def test_the_command_prints_the_table(result, as_captured, capsys, monkeypatch):
 
 
 def test_a_captures_steps_have_one_reader():
-    """The step ranges of a capture (``ProfilerStep#k``), read once by start, and the step
-    holding a time (``lab.host_speed``): the prefill model's host ranges and the capture's
-    host work net of the profiler (``net_unpadded``, both checkers' reference) are placed in
-    their steps by the same reader."""
+    """The steps of a capture are its import's (``lab.host_speed.CaptureSteps``: the
+    Trace's step bounds, on the file's clock by the import's origin), searched, never read
+    off the ranges' names: each ``ProfilerStep#k`` range of the file starts step ``k`` (the
+    mini-server records every step from its first), a time before the first step or at the
+    last one's end is in none; the prefill model's host ranges and the capture's host work
+    net of the profiler (``net_unpadded``, both checkers' reference) use this reader."""
+    import gzip
     import inspect
+    import json
 
     from lab import host_speed, prefill_check
-    from lab.host_speed import step_at, step_marks
+    from lab.host_speed import CaptureSteps, open_steps
 
-    events = [{"cat": "user_annotation", "name": "ProfilerStep#4", "ts": 30.0, "dur": 10.0},
-              {"cat": "user_annotation", "name": "ProfilerStep#3", "ts": 10.0, "dur": 20.0},
-              {"cat": "kernel", "name": "ProfilerStep#9", "ts": 0.0, "dur": 99.0},
-              {"cat": "user_annotation", "name": "scheduler.run_batch", "ts": 12.0, "dur": 1}]
-    marks = step_marks(events)
-    assert [m["name"] for m in marks] == ["ProfilerStep#3", "ProfilerStep#4"]
-    assert [step_at(marks, t) for t in (9.9, 10.0, 29.9, 30.0, 39.9, 40.0)] == \
-        [None, 3, 3, 4, 4, None]
+    capture = DEFAULT_DIR / prefill_check.PREFILL_CAPTURE
+    events = json.loads(gzip.decompress(capture.read_bytes()))["traceEvents"]
+    marks = sorted((e for e in events if e.get("cat") == "user_annotation"
+                    and e["name"].startswith("ProfilerStep#")), key=lambda e: e["ts"])
+    _, steps = open_steps(capture)
+    assert len(marks) == len(steps.starts) > 10
+    assert [steps.at(m["ts"]) for m in marks] == [int(m["name"][13:]) for m in marks]
+    assert [steps.at(m["ts"] + m["dur"] / 2) for m in marks] == list(range(len(marks)))
+    last = marks[-1]
+    assert steps.at(marks[0]["ts"] - 1.0) is None
+    assert steps.at(last["ts"] + last["dur"]) is None
+    toy = CaptureSteps([(10.0, 30.0), (30.0, 40.0)], origin_us=100.0)
+    assert [toy.at(t) for t in (109.9, 110.0, 129.9, 130.0, 139.9, 140.0)] == \
+        [None, 0, 0, 1, 1, None]
     for fn in (host_speed.net_unpadded, prefill_check.prefill_model):
         source = inspect.getsource(fn)
-        assert "step_marks(" in source and "ProfilerStep" not in source
+        assert "open_steps(" in source and "ProfilerStep" not in source
 
 
 def test_both_checkers_use_one_host_speed_rule():
