@@ -365,9 +365,10 @@ class Runner:
     takes them; every executor refusing is a :class:`~simwar.config.ConfigError`);
     :meth:`run` runs it. :func:`simulate` is :func:`~simwar.config.load_config` and one
     Runner's run. A caller that simulates many variants of one validated config (``advise``'s
-    candidates: a barrier, where a record goes) passes each to :meth:`run`: the check and
-    the choice read the run's size, workload, ranks and engine, which a variant must keep
-    (:meth:`run` refuses one that does not), so they are the base's.
+    candidates: a barrier, where a record goes) passes each to :meth:`run`: a variant keeps
+    what the check and the choice read (:func:`~simwar.config.budget.memory_inputs`,
+    :func:`~simwar.executors.choice.choice_inputs`; :meth:`run` refuses one that does not),
+    so they are the base's.
     """
 
     def __init__(self, cfg: Config, engine: str | None = None, *, summary_only: bool = False,
