@@ -42,7 +42,9 @@ MAX_BATCH = 64
 #: how simwar reads the mini-server's captures: SGLang's preset, each step's decode batch and
 #: shape from the range around its forward (``lab.server.step_range``): ``decode bs=<B>``,
 #: ``prefill bs=<N> toks=<T>`` (no decode batch: N requests in the chunk), ``mixed bs=<B>
-#: toks=<T>``. Captures written before the shapes named a mixed step ``decode bs=<B>`` with
+#: toks=<T> reqs=<N>`` (B decoding; N requests in the chunk, read as the shape's ``context``
+#: requests, as vLLM's names count them; captures before ``reqs`` do not name N). Captures
+#: written before the shapes named a mixed step ``decode bs=<B>`` with
 #: a ``prefill`` range inside: they read as decode steps, as the preset read them. The
 #: ``prefill`` range's kernels are a phase of their own (``chunk``), not the preset's default
 #: phase (``forward``, where load_batch's copy is): a step that prefills then has another
@@ -52,8 +54,9 @@ SERVER_MAPPING = {
     "preset": "sglang",
     "phases": {"^draft$": "draft", "^verify$": "verify", "^sample$": "sample",
                "^prefill$": "prefill"},
-    "batch": r"^(?:decode|mixed) bs=(\d+)(?: toks=\d+)?$",
-    "shape": r"^(?P<mode>decode|prefill|mixed) bs=(?P<batch>\d+)(?: toks=(?P<tokens>\d+))?$"}
+    "batch": r"^(?:decode|mixed) bs=(\d+)(?: toks=\d+)?(?: reqs=\d+)?$",
+    "shape": (r"^(?P<mode>decode|prefill|mixed) bs=(?P<batch>\d+)(?: toks=(?P<tokens>\d+))?"
+              r"(?: reqs=(?P<context>\d+))?$")}
 #: a repeat whose host ran this much slower than the sweep's (its unpadded host work per step
 #: against the sweep's at the same batch) is reported, not judged: the fit knows one host speed
 HOST_SPEED_MAX = 1.15

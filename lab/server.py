@@ -25,7 +25,7 @@ each iteration is one ``prof.step()``, so ``ProfilerStep#k``; the drain is in th
 3. ``scheduler.run_batch``: ``forward.wait_stream(schedule)``; on the **forward stream**,
    inside a range naming the step's shape (:func:`step_range`: ``decode bs=<B>``, B the
    real decode batch; ``prefill bs=<N> toks=<T>``, a chunk of T tokens of N requests and no
-   decode; ``mixed bs=<B> toks=<T>``, both): ``load_batch``, ``prefill`` (eager, with a
+   decode; ``mixed bs=<B> toks=<T> reqs=<N>``, both): ``load_batch``, ``prefill`` (eager, with a
    chunk), ``draft`` and ``verify`` graphs of bucket ``bucket(B)`` (the smallest of 8, 16,
    32, 64 >= B; none when B = 0), ``sample`` (eager); then ``copy.wait_stream(forward)``,
    the result's D2H on the **copy stream**, ``copy_done`` recorded.
@@ -215,11 +215,14 @@ from simwar.harness.csan import SHARED, CsanCollector, PointerMap, Region, descr
 def step_range(shape: str, batch: int, requests: int, tokens: int) -> str:
     """The range around a step's forward, naming its shape (simwar reads it from the capture:
     ``lab.check.SERVER_MAPPING``): ``decode bs=<B>``, ``prefill bs=<N> toks=<T>`` (N requests
-    in the chunk, T tokens), ``mixed bs=<B> toks=<T>`` (B decoding, T prefill tokens)."""
+    in the chunk, T tokens), ``mixed bs=<B> toks=<T> reqs=<N>`` (B decoding, T prefill tokens
+    of N requests: SGLang's log names a mixed batch's new requests, ``#new-seq``, as it does
+    a prefill batch's; the fit reads which chunk continues a carried-over request from them).
+    Captures written before ``reqs`` named a mixed step ``mixed bs=<B> toks=<T>``."""
     if shape == "prefill":
         return f"prefill bs={requests} toks={tokens}"
     if shape == "mixed":
-        return f"mixed bs={batch} toks={tokens}"
+        return f"mixed bs={batch} toks={tokens} reqs={requests}"
     return f"decode bs={batch}"
 
 

@@ -154,3 +154,8 @@ def test_the_server_mapping_reads_a_mixed_steps_batch_from_its_range():
     assert rx.search(step_range("prefill", 0, 3, 2048)) is None
     shape = re.compile(SERVER_MAPPING["shape"])
     assert shape.search(step_range("prefill", 0, 3, 2048)).group("batch") == "3"
+    mixed = shape.search(step_range("mixed", 5, 2, 1483))
+    assert (mixed.group("batch"), mixed.group("tokens"), mixed.group("context")) == (
+        "5", "1483", "2")
+    old = shape.search("mixed bs=5 toks=1483")  # a capture from before ``reqs``
+    assert (old.group("batch"), old.group("context")) == ("5", None)
