@@ -26,17 +26,13 @@ from lab.server_requests import (
 
 BARRIERS = ("fine", "coarse", "none", "planted")
 LOADS = ("light", "medium", "saturated", "ramp", "prefill_light", "prefill_medium",
-         "shapes_light", "shapes_medium", "shapes_sweep", "closed")
+         "shapes_light", "shapes_medium", "closed")
 #: load -> requests in the system it aims at, and whether its requests are prefilled
 TARGETS = {"light": (5, False), "medium": (20, False), "saturated": (64, False),
            "prefill_light": (6, True), "prefill_medium": (20, True)}
 #: the shapes suite's loads: a share of the pilot closed loop's request rate
 #: (:data:`SHAPES_PILOT` requests, SGLang's default scheduling, the suite's lengths)
-SHAPES_LOADS = {"shapes_light": 0.3, "shapes_medium": 0.6, "shapes_sweep": 0.6}
-#: the requests a shapes sweep starts with, all sent at once (then the medium load's
-#: arrivals): their prefill steps, then a decode batch that drains from bucket 64 to 8, so a
-#: capture of it holds every graph bucket (the medium load's alone can hold bucket 8 only)
-SHAPES_SWEEP_BURST = 48
+SHAPES_LOADS = {"shapes_light": 0.3, "shapes_medium": 0.6}
 SHAPES_PILOT = 16
 #: the shapes suite's lengths: prompts longer than the chunk budget are carried over
 SHAPES_LENGTHS = {"prompt_tokens": "256..4096", "chunk_tokens": 2048,
@@ -155,9 +151,6 @@ def _shapes_cases() -> list[Case]:
     profiled = [Case(f"shapes_{mode}_medium_overlap_profiled", 200, "shapes_medium", seed=300,
                      profiled=True, schedule=mode, warmup=20, **SHAPES_LENGTHS)
                 for mode in POLICIES[::-1]]
-    profiled += [Case(f"shapes_{mode}_sweep_overlap_profiled", 300, "shapes_sweep", seed=300,
-                      profiled=True, schedule=mode, warmup=20, **SHAPES_LENGTHS)
-                 for mode in POLICIES[::-1]]
     return rounds[0] + rounds[1] + profiled + [c for rd in rounds[2:] for c in rd]
 
 
@@ -202,8 +195,7 @@ class Loads:
               "context": Dist.parse(case.context_tokens)}
         if case.concurrency and (case.load == "closed" or case.rate is None):
             return Arrivals(concurrency=case.concurrency, **kw)
-        initial = {"light": 5, "medium": 20, "saturated": 64, "ramp": 1,
-                   "shapes_sweep": SHAPES_SWEEP_BURST}.get(case.load, 0)
+        initial = {"light": 5, "medium": 20, "saturated": 64, "ramp": 1}.get(case.load, 0)
         if case.rate is not None:
             return Arrivals(rate=case.rate, initial=initial, **kw)
         if case.load == "ramp":
@@ -281,6 +273,5 @@ def sized_for(cases: list[Case], accept: float, max_context: int, max_chunk: int
 
 
 __all__ = ["BARRIERS", "LOADS", "OVERRIDES", "SHAPES_LENGTHS", "SHAPES_LOADS", "SHAPES_PILOT",
-           "SHAPES_SWEEP_BURST",
            "SHAPES_REPEATS", "TARGETS", "Case", "Loads", "check_lengths", "select_cases",
            "sized_for", "slots_needed", "suite_cases"]
