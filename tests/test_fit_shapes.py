@@ -544,3 +544,19 @@ def test_the_h200_mixed_capture_fits_its_chunk_once_and_its_requests():
     wl = fit.config["workload"]
     assert 30 < wl["arrivals"]["rate_per_s"] < 45
     assert wl["prompt_tokens"]["dist"] == "lognormal" and wl["prompt_tokens"]["mean"] > 1500
+
+
+def test_the_rule_a_capture_shows_is_mixed_where_any_step_mixes():
+    """SGLang's mixed chunk runs a prefill step of its own when no request decodes (nothing
+    to mix into), so a mixed-mode capture at a varying load holds a few: any mixed step
+    makes the rule ``sglang_mixed``; prefill steps with no mixed step, ``sglang``."""
+    from simwar.fit.shapes import StepKinds, rule_of
+
+    def rule(*shapes):
+        kinds = StepKinds(shape=dict(enumerate(shapes)))
+        return rule_of(kinds, range(len(shapes)))
+
+    assert rule("prefill", "mixed", "decode", "mixed", "prefill") == "sglang_mixed"
+    assert rule("decode", "mixed") == "sglang_mixed"
+    assert rule("prefill", "decode", "prefill") == "sglang"
+    assert rule("decode", "decode") == "sglang_mixed"  # no prompts: the default rule

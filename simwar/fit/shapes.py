@@ -55,9 +55,10 @@ chunks (:func:`prefixes`: from each step's tokens and requests, never from times
 prefills nothing is a decode step in the simulator as on the server (no prefill launched),
 so the loop's host work is fitted as captured whatever the rule. It also writes
 ``chunk_tokens`` (the largest chunk seen), ``graph`` and the scheduling rule the steps show
-(:func:`rule_of`: prefill steps of their own → ``sglang``; chunks inside decode steps →
-``sglang_mixed``), and :func:`shape_workload` a workload of requests with prompts as the
-capture's arrived. ``--check`` compares each shape's figures: :mod:`simwar.fit.shape_check`.
+(:func:`rule_of`: chunks inside decode steps → ``sglang_mixed``, whose prefill steps of
+their own are those with nothing decoding; prefill steps of their own alone → ``sglang``),
+and :func:`shape_workload` a workload of requests with prompts as the capture's arrived.
+``--check`` compares each shape's figures: :mod:`simwar.fit.shape_check`.
 
 Imports: numpy, the standard library and simwar's capture and fit layout modules; never the
 simulator.
@@ -515,10 +516,12 @@ def token_line(x, y) -> tuple[dict | float, str]:
 
 
 def rule_of(kinds: StepKinds, steps) -> str:
-    """The scheduling rule the steps show: prefill steps of their own → ``sglang``; prefill
-    chunks inside decode steps only → ``sglang_mixed``."""
+    """The scheduling rule the steps show: any mixed step → ``sglang_mixed`` (SGLang's mixed
+    chunk mixes a chunk into the running batch whenever it has one, so its prefill steps of
+    their own are those with no request decoding: a capture of it at a varying load holds a
+    few); prefill steps of their own and no mixed step → ``sglang``."""
     seen = kinds.counts(steps)
-    return "sglang" if seen.get("prefill") else "sglang_mixed"
+    return "sglang_mixed" if seen.get("mixed") or not seen.get("prefill") else "sglang"
 
 
 #: the most launches a fitted eager prefill models (:data:`simwar.config.schema.MAX_LAUNCHES`:
