@@ -94,10 +94,7 @@ down.
 ``closed``: ``--concurrency`` requests. The realized batch is in each case's metrics.
 ``shapes_light`` and ``shapes_medium``: 0.3 and 0.6 × the request rate of a pilot closed
 loop of 16 with the case's lengths under SGLang's default scheduling (16 / its mean latency),
-run only when a case needs them; ``shapes_ramp``: a triangular rate from the light load's
-up to 1.5 × the pilot's request rate at half the run's expected length (steps × the pilot's
-step time) and back (``lab.server_cases.SHAPES_RAMP_PEAK``), so the batch passes every
-graph bucket while prompts arrive one by one (the suite's sweeping captures).
+run only when a case needs them.
 
 **Suites** (fixed seeds; ``--dry-run`` caps the steps; about 80 s in all on the H200, and
 ~2 min more for ``shapes``). ``--cpu`` pins the loop's thread to one core
@@ -115,8 +112,7 @@ graph bucket while prompts arrive one by one (the suite's sweeping captures).
   prompts 64..512, chunk 256, timed) and ``prefill_light_overlap_profiled`` (120 steps);
 - ``shapes``: ``shapes_<sglang|mixed>_<light|medium|closed16>_<overlap|normal>_r<0-2>``
   (400 steps, timed; prompts 256..4096 in a 2,048-token budget, outputs 16..128) and
-  ``shapes_<sglang|mixed>_medium_overlap_profiled`` (200 steps) and
-  ``shapes_<sglang|mixed>_ramp_overlap_profiled`` (300 steps), in rounds: round r runs
+  ``shapes_<sglang|mixed>_medium_overlap_profiled`` (200 steps), in rounds: round r runs
   repeat r of every case, its order rotated, the profiled cases between rounds 2 and 3 (a
   slow stretch of host takes one repeat of a few cases, not every repeat of one); the pools
   and the chunk buffers grow to hold the prompts (``max_context`` 4,224: every decode gather
@@ -638,7 +634,7 @@ class Bench:
         µs (``{"step_shapes_<N>": ...}``); two empty mappings where no case runs one.
         Without a finished request (a dry run's few steps) the latency is taken as its step
         time × (``ceil(output / accept)`` decode steps + the N requests' prefill steps)."""
-        shaped = [c for c in cases if c.load in SHAPES_LOADS or c.load == "shapes_ramp"]
+        shaped = [c for c in cases if c.load in SHAPES_LOADS]
         if not shaped:
             return {}, {}
         args, c, n = self.args, shaped[0], SHAPES_PILOT

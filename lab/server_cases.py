@@ -26,18 +26,13 @@ from lab.server_requests import (
 
 BARRIERS = ("fine", "coarse", "none", "planted")
 LOADS = ("light", "medium", "saturated", "ramp", "prefill_light", "prefill_medium",
-         "shapes_light", "shapes_medium", "shapes_ramp", "closed")
+         "shapes_light", "shapes_medium", "closed")
 #: load -> requests in the system it aims at, and whether its requests are prefilled
 TARGETS = {"light": (5, False), "medium": (20, False), "saturated": (64, False),
            "prefill_light": (6, True), "prefill_medium": (20, True)}
 #: the shapes suite's loads: a share of the pilot closed loop's request rate
 #: (:data:`SHAPES_PILOT` requests, SGLang's default scheduling, the suite's lengths)
 SHAPES_LOADS = {"shapes_light": 0.3, "shapes_medium": 0.6}
-#: the shapes suite's ramp (its sweeping captures): a triangular rate from the light load's
-#: share of the pilot's request rate up to this share, past what the server can serve, and
-#: back, so the decode batch passes every graph bucket while prompts still arrive one by one
-#: (chunks of every size), as the decode suite's ``fit_ramp`` sweeps its batch
-SHAPES_RAMP_PEAK = 1.5
 SHAPES_PILOT = 16
 #: the shapes suite's lengths: prompts longer than the chunk budget are carried over
 SHAPES_LENGTHS = {"prompt_tokens": "256..4096", "chunk_tokens": 2048,
@@ -156,9 +151,6 @@ def _shapes_cases() -> list[Case]:
     profiled = [Case(f"shapes_{mode}_medium_overlap_profiled", 200, "shapes_medium", seed=300,
                      profiled=True, schedule=mode, warmup=20, **SHAPES_LENGTHS)
                 for mode in POLICIES[::-1]]
-    profiled += [Case(f"shapes_{mode}_ramp_overlap_profiled", 300, "shapes_ramp", seed=300,
-                      profiled=True, schedule=mode, warmup=20, **SHAPES_LENGTHS)
-                 for mode in POLICIES[::-1]]
     return rounds[0] + rounds[1] + profiled + [c for rd in rounds[2:] for c in rd]
 
 
@@ -193,13 +185,6 @@ class Loads:
         r = rate_for(n, step, self.steps_per_request(prefill))
         return 1.15 * r if load == "saturated" else r
 
-    def shapes_ramp(self, steps: int) -> Ramp:
-        """The shapes suite's ramp (:data:`SHAPES_RAMP_PEAK`) over the run's expected length
-        at the pilot closed loop's step time, peaking at half of it."""
-        rps = self.pilot_rps[f"shapes_{SHAPES_PILOT}"]
-        return Ramp(SHAPES_LOADS["shapes_light"] * rps, SHAPES_RAMP_PEAK * rps,
-                    steps * self.pilot_step_us[f"step_shapes_{SHAPES_PILOT}"] * 1e-6, rise=0.5)
-
     def ramp(self, steps: int) -> Ramp:
         return Ramp(0.5 * self.rate("light"), 1.1 * self.rate("saturated") / 1.15,
                     steps * self.pilot_step_us["20"] * 1e-6, rise=0.5)
@@ -215,8 +200,6 @@ class Loads:
             return Arrivals(rate=case.rate, initial=initial, **kw)
         if case.load == "ramp":
             return Arrivals(ramp=self.ramp(case.steps), initial=initial, **kw)
-        if case.load == "shapes_ramp":
-            return Arrivals(ramp=self.shapes_ramp(case.steps), **kw)
         return Arrivals(rate=self.rate(case.load), initial=initial, **kw)
 
     def describe(self, case: Case) -> dict:
@@ -227,8 +210,6 @@ class Loads:
             return {"rate_per_s": case.rate}
         if case.load == "ramp":
             return {"ramp": asdict(self.ramp(case.steps))}
-        if case.load == "shapes_ramp":
-            return {"ramp": asdict(self.shapes_ramp(case.steps))}
         return {"rate_per_s": self.rate(case.load)}
 
 
@@ -292,6 +273,5 @@ def sized_for(cases: list[Case], accept: float, max_context: int, max_chunk: int
 
 
 __all__ = ["BARRIERS", "LOADS", "OVERRIDES", "SHAPES_LENGTHS", "SHAPES_LOADS", "SHAPES_PILOT",
-           "SHAPES_RAMP_PEAK",
            "SHAPES_REPEATS", "TARGETS", "Case", "Loads", "check_lengths", "select_cases",
            "sized_for", "slots_needed", "suite_cases"]
