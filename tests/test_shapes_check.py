@@ -311,3 +311,48 @@ def test_a_repeats_prefill_runs_at_its_own_host_speed():
     assert pf["host_before_us"] == {"base": 45.0, "per_token": 0.75}
     same = host_at(config, 2.0, float("nan"))["prefill"]
     assert same["host_us"] == 40.0 and same["host_before_us"] == config["prefill"]["host_before_us"]
+
+
+def test_a_bucket_the_fit_has_no_value_for_is_not_extrapolated_from_one():
+    """A per-bucket table of one bucket gives no line: extrapolate_buckets leaves it, and
+    unfitted_buckets names each bucket it lacks with the tables that lack it."""
+    from lab.shapes_check import extrapolate_buckets, unfitted_buckets
+
+    config = {"phases": [{"name": "draft", "prep_us": {"per_bucket": {8: 5.0}}},
+                         {"name": "verify", "body_us": {"per_bucket": {8: 10.0, 16: 14.0}}}]}
+    assert extrapolate_buckets(config, (8, 16, 32)) == ["phases.verify.body_us.per_bucket.32"]
+    assert config["phases"][1]["body_us"]["per_bucket"][32] == 22.0
+    assert unfitted_buckets(config, (8, 16, 32)) == {16: ["phases.draft.prep_us.per_bucket"],
+                                                      32: ["phases.draft.prep_us.per_bucket"]}
+
+
+def test_a_mode_whose_capture_ran_one_bucket_is_not_predicted(capsys):
+    """The fifth run's mixed capture ran decode bucket 8 alone: the mixed model has no graph
+    cost at 16-64 and no line to extrapolate one on, and the server admits up to 64, so
+    every mixed case is reported NOT PREDICTED with why (the Markdown and the JSON), the
+    signs and recommendations that pair one not judged, the sglang cases predicted as ever;
+    the exit status 3, as nothing judged misses (1 where something does)."""
+    folder = DEFAULT_DIR / "run5"
+    rc = main([str(folder), "--json"])
+    got = json.loads(capsys.readouterr().out)
+    assert got["models"]["mixed"]["fitted_buckets"] == [8]
+    assert sorted(got["models"]["mixed"]["unfitted"]) == ["16", "32", "64"]
+    lost = {n for n, c in got["cases"].items() if c.get("not_predicted")}
+    assert lost == {n for n in got["cases"] if n.startswith("mixed_")} and len(lost) == 6
+    assert set(got["not_predicted"]) == lost
+    why = got["not_predicted"]["mixed_closed16_normal"]["300"]
+    assert "bucket(s) 8 only" in why and "ran bucket(s) 16 in this repeat" in why
+    for name in lost:
+        assert all(r["ok"] is None for r in got["cases"][name]["rows"].values())
+    for key in ("mixed_light", "mixed_medium", "mixed_closed16"):
+        assert got["overlap"][key]["ok"] is None and got["overlap"][key]["predicted"] is None
+        assert all(v["ok"] is None for k, v in got["signs"][key].items()
+                   if isinstance(v, dict))
+    assert all(v["ok"] is None for v in got["mixed"].values())
+    assert any(r["ok"] is not None for n, c in got["cases"].items() if n.startswith("sglang_")
+               for r in c["rows"].values())
+    assert got["ok"] is True and rc == 3  # every sglang figure judged is within its target
+    from lab.shapes_check import markdown
+    text = markdown(got)
+    assert "NOT PREDICTED" in text and "| mixed | light | overlap |" in text
+    assert "not predicted" in text.split("| mixed | light | overlap |")[1].split("\n")[0]
