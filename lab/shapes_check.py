@@ -24,8 +24,9 @@ the capture never ran (32 and 64), EXTRAPOLATED (:func:`extrapolate_buckets`), a
 that goes below zero before the admission cap of 64, CLAMPED (:func:`lab.host_speed.clamp_lines`).
 A capture that ran one graph bucket alone gives no line to extrapolate the others on: its
 mode's cases are NOT PREDICTED (:func:`_attempt`: measured only, with the reason, in the
-Markdown and the JSON's ``not_predicted``; the signs and recommendations that pair them are
-not judged either), and the exit status is 3 where nothing judged misses.
+Markdown and the JSON's ``not_predicted``; the on-vs-off signs and overlap recommendations
+that pair them are not judged either; the mixed-chunk what-if, the ``sglang`` model's, is),
+and the exit status is 3 where nothing judged misses.
 
 **Each case** is then a what-if of its mode's model: its arrivals (a Poisson repeat replays
 its own requests, run on with its seed's later ones, :func:`lab.prefill_check.trace`; a
@@ -372,8 +373,10 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         common, judge = _pairs(sg, mx)
         common = [sd for sd in common if sd in preds]
         n = sg["mean_output"]
-        lost = _not_predicted(sg, mx) or [f"the what-if (seed {sd}) not predicted"
-                                          for sd in common if preds[sd] is None]
+        # the what-if is the sglang model's (the mixed mode's measured only): the mixed
+        # model not predicting its own cases does not take this recommendation
+        lost = _not_predicted(sg) or [f"the what-if (seed {sd}) not predicted"
+                                      for sd in common if preds[sd] is None]
         if lost:
             out["mixed"][f"{load}_{loop}"] = _unpredicted_advice(
                 "mixed", "separate", [score(c["by_seed"][sd][0], n) for c in (mx, sg)
@@ -536,8 +539,9 @@ def markdown(result: dict) -> str:
                   ] if twin_rows else []
     lost = [f"- {name}, seed {sd}: {why}" for name, by in result.get("not_predicted", {}).items()
             for sd, why in by.items()]
-    lost_lines = (["", "NOT PREDICTED (reported, not judged; the signs and recommendations "
-                   "that pair them too):", *lost] if lost else [])
+    lost_lines = (["", "NOT PREDICTED (reported, not judged; so are the on-vs-off signs and "
+                   "overlap recommendations that pair them; the mixed-chunk what-if is the "
+                   "sglang model's):", *lost] if lost else [])
     return "\n".join([
         "Models, each from its mode's one capture (simwar's fit; EXTRAPOLATED, CLAMPED: by "
         "this checker):",
