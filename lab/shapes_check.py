@@ -571,7 +571,14 @@ def what_if_table(folder: Path, case: str = WHAT_IF_CASE,
     if path is None:
         raise check.ServerDataError(f"{folder}: no {case}.metrics.json[.gz]")
     metrics = check.read_metrics(path)
-    config = model(folder, "sglang")["config"]
+    m = model(folder, "sglang")
+    if m["unfitted"]:  # as evaluate's cases (_attempt): no bucket's cost guessed
+        raise check.ServerDataError(
+            f"{capture_path(folder, 'sglang')}: the fit has graph costs for bucket(s) "
+            f"{', '.join(map(str, m['fitted_buckets'])) or 'none'} only (its capture ran no "
+            f"other: no line to extrapolate the others on), and the server admits up to "
+            f"{check.MAX_BATCH}: the what-ifs are not predicted")
+    config = m["config"]
     n = float(np.mean(metrics["requests"]["output_tokens"]))
     rows = []
     for rule in ("sglang", "sglang_mixed"):

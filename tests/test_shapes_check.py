@@ -383,3 +383,17 @@ def test_the_fourth_runs_verdicts():
     assert {k: (v["measured"], v["predicted"], v["ok"])
             for k, v in got["mixed"].items()} == RUN4_MIXED
     assert got["ok"] is True and got["not_predicted"] == {}
+
+
+def test_the_what_ifs_are_not_predicted_from_a_model_without_the_servers_buckets(
+        monkeypatch, capsys):
+    """A sglang model whose capture ran one bucket: the what-ifs say so in one line (exit
+    status 2), no bucket's cost guessed."""
+    from lab import shapes_check
+
+    monkeypatch.setattr(shapes_check, "model", lambda folder, mode: {
+        "unfitted": {16: ["phases.draft.prep_us.per_bucket"]}, "fitted_buckets": [8]})
+    assert main(["--what-if", "--chunks", "2048"]) == 2
+    err = capsys.readouterr().err
+    assert "bucket(s) 8 only" in err and "the what-ifs are not predicted" in err
+    assert len(err.strip().splitlines()) == 1
