@@ -285,7 +285,8 @@ def command(argv: list[str] | None, prog: str, description: str,
     """A checker's command line: ``[FOLDER] [--json] [--keep-profiler-cost]`` and the
     checker's own ``flags`` (``--flag``: (``evaluate``'s keyword it sets True, its help));
     exit status 2 when the folder lacks something, else (``status_is_verdict``) 1 when a
-    figure misses its target, or 0."""
+    figure misses its target, 3 when none misses but some were not predicted (the result's
+    ``not_predicted``: the verdict is incomplete), or 0."""
     ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("folder", type=Path, nargs="?", default=DEFAULT_DIR)
     ap.add_argument("--json", action="store_true", help="print the numbers as JSON")
@@ -303,4 +304,6 @@ def command(argv: list[str] | None, prog: str, description: str,
         print(f"simwar: error: {e}", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=1, default=str) if args.json else markdown(result))
-    return 1 if status_is_verdict and not result["ok"] else 0
+    if status_is_verdict and not result["ok"]:
+        return 1
+    return 3 if status_is_verdict and result.get("not_predicted") else 0

@@ -22,6 +22,11 @@ used as it writes it: ``scheduling.rule``, and the whole ``prefill:`` section. T
 what-if at these loads needs are still done here, marked in the output: the graph buckets
 the capture never ran (32 and 64), EXTRAPOLATED (:func:`extrapolate_buckets`), and a line
 that goes below zero before the admission cap of 64, CLAMPED (:func:`lab.host_speed.clamp_lines`).
+A capture that ran one graph bucket alone gives no line to extrapolate the others on: its
+mode's cases are NOT PREDICTED (:func:`_attempt`: measured only, with the reason, in the
+Markdown and the JSON's ``not_predicted``; the on-vs-off signs and overlap recommendations
+that pair them are not judged either; the mixed-chunk what-if, the ``sglang`` model's, is),
+and the exit status is 3 where nothing judged misses.
 
 **Each case** is then a what-if of its mode's model: its arrivals (a Poisson repeat replays
 its own requests, run on with its seed's later ones, :func:`lab.prefill_check.trace`; a
@@ -37,7 +42,7 @@ measured against predicted: overlap on or off, per mode and load, and "should I 
 chunk?" per load and loop, a what-if of the ``sglang`` model with the rule ``sglang_mixed``
 against the measured mixed cases. A recommendation picks the lower mean request time,
 TTFT + TPOT x (mean output - 1) (:func:`score`). Exit status 1 when a judged figure, sign
-or recommendation misses.
+or recommendation misses; else 3 when a case was not predicted (the verdict incomplete).
 
 **Each repeat at its own host speed** (the default; :mod:`lab.host_speed`, the rule
 :mod:`lab.prefill_check` applies too). The GPU machine's host runs at speeds 0.4-2x apart
@@ -69,6 +74,7 @@ Runs where simulation runs (simwar's full stack), not on the GPU machine.
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -126,6 +132,30 @@ def extrapolate_buckets(node, buckets, where: str = "") -> list[str]:
     return out
 
 
+def unfitted_buckets(node, buckets) -> dict[int, list[str]]:
+    """The ``buckets`` some ``per_bucket`` table of ``node`` still lacks after
+    :func:`extrapolate_buckets` (a capture that ran one bucket gives no line to extrapolate
+    on): each bucket with the keys of the tables that lack it."""
+    out: dict[int, list[str]] = {}
+
+    def walk(n, where: str) -> None:
+        if isinstance(n, dict):
+            table = n.get("per_bucket")
+            if isinstance(table, dict):
+                for b in buckets:
+                    if b not in table and str(b) not in table:
+                        out.setdefault(b, []).append(f"{where}.per_bucket")
+            for k, v in n.items():
+                if k != "per_bucket":
+                    walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(n, list):
+            for i, v in enumerate(n):
+                walk(v, f"{where}.{v.get('name', i) if isinstance(v, dict) else i}")
+
+    walk(node, "")
+    return dict(sorted(out.items()))
+
+
 def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
     """``mode``'s fitted config (simwar's fit: ``scheduling:`` and ``prefill:`` its own), its
     graph buckets the capture never ran EXTRAPOLATED here (:func:`extrapolate_buckets`)."""
@@ -137,6 +167,7 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
     fit = fit_model(cap, capture=capture.name, profiler_cost=not keep_profiler_cost)
     config = json.loads(json.dumps(fit.config))
     clamped, extrapolated = clamp_lines(config), extrapolate_buckets(config, SERVER_BUCKETS)
+    unfitted = unfitted_buckets(config, SERVER_BUCKETS)
     config["workload"]["graph_buckets"] = list(SERVER_BUCKETS)
     for key in ("prefill", "scheduling"):
         if key not in config:
@@ -150,10 +181,33 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
     net_slope, net_base = np.polyfit(x, y, 1)
     return {"config": config, "warnings": list(fit.warnings),
             "extrapolated": extrapolated, "clamped": clamped,
+            "unfitted": {b: keys for b, keys in unfitted.items()},
+            "fitted_buckets": [b for b in SERVER_BUCKETS if b not in unfitted],
             "host_line": (float(base), float(slope)),
             "host_line_net": (float(net_base), float(net_slope)),
             "prefill_line": prefill_line(capture, metrics),
             "buckets": list((config.get("workload") or {}).get("graph_buckets") or [])}
+
+
+def _attempt(m: dict, config: dict, metrics: dict, rule: str | None = None
+             ) -> tuple[dict | None, str]:
+    """``(figures, "")``: a repeat predicted by the mode's model ``m`` (:func:`model`); or
+    ``(None, why)`` where the model lacks a graph bucket the server runs (``m["unfitted"]``:
+    its capture ran fewer than two buckets, so :func:`extrapolate_buckets` had no line to
+    extrapolate on; a bucket's cost is not copied from another, nor taken from anything but
+    the capture). The server admits up to :data:`lab.check.MAX_BATCH` requests in the
+    buckets :data:`SERVER_BUCKETS`, and so does the simulation, so no case of that mode can
+    be simulated as the server ran it: each is reported "not predicted", not judged, with
+    the buckets this repeat ran."""
+    if not m["unfitted"]:
+        return _predict(config, metrics, rule), ""
+    st, steps = metrics["steps"], check.measured_steps(metrics)
+    ran = sorted({int(b) for b in np.asarray(st["bucket"])[steps] if int(b) > 0})
+    have = ", ".join(map(str, m["fitted_buckets"])) or "none"
+    return None, (f"the fit has graph costs for bucket(s) {have} only (its capture ran no "
+                  f"other: no line to extrapolate the others on); the server admits up to "
+                  f"{check.MAX_BATCH} in buckets {', '.join(map(str, SERVER_BUCKETS))} and "
+                  f"ran bucket(s) {', '.join(map(str, ran)) or 'none'} in this repeat")
 
 
 def score(figures: dict, mean_output: float) -> float:
@@ -232,7 +286,7 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
                                "scheduling": d["config"]["scheduling"],
                                "phases": d["config"]["phases"]}
                             for m, d in models.items()},
-                 "cases": {}, "signs": {}, "overlap": {}, "mixed": {}}
+                 "cases": {}, "signs": {}, "overlap": {}, "mixed": {}, "not_predicted": {}}
     what_if_mixed: dict = {}
     for (mode, load, loop), repeats in cases.items():
         # each repeat's host speed (lab.check.host_speed: its unpadded host work on the steps
@@ -254,25 +308,38 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
                        for v, p in zip(speeds, prefill_speeds)]
             judged = [True] * len(repeats)
         reps = [prefill_check.measured(r) for r in repeats]
-        sims = [_predict(c, r) for c, r in zip(configs, repeats)]
+        seeds = [int(r["case"].get("seed", 0)) for r in repeats]
+        tried = [_attempt(models[mode], c, r) for c, r in zip(configs, repeats)]
+        sims = [p for p, _ in tried]
+        # a repeat the fit cannot predict (a bucket it has no value for): the whole case is
+        # reported "not predicted", its figures measured only, none judged
+        missing = {sd: why for sd, (p, why) in zip(seeds, tried) if p is None}
         use = [i for i, ok in enumerate(judged) if ok] or list(range(len(repeats)))
         meas = {k: check.mean_spread([reps[i][k] for i in use]) for k in reps[0]}
-        pred = {k: float(np.mean([sims[i][k] for i in use])) for k in sims[0]}
-        rows = {k: check.relative_row(meas[k][0], pred[k],
-                                      TARGETS.get(k) if any(judged) else None, meas[k][1])
+        pred = {k: float(np.mean([sims[i][k] for i in use])) if not missing else math.nan
+                for k in reps[0]}
+        rows = {k: check.relative_row(meas[k][0], pred[k], TARGETS.get(k)
+                                      if any(judged) and not missing else None, meas[k][1])
                 for k in FIGURES}
         out_mean = float(np.mean([np.mean(r["requests"]["output_tokens"]) for r in repeats]))
-        seeds = [int(r["case"].get("seed", 0)) for r in repeats]
-        out["cases"][f"{mode}_{load}_{loop}"] = {
+        name = f"{mode}_{load}_{loop}"
+        out["cases"][name] = {
             "mode": mode, "load": load, "loop": loop, "repeats": len(repeats), "rows": rows,
             "host_speed": speeds, "prefill_host_speed": prefill_speeds, "judged": judged,
             "scaled": not as_captured,
             "requests": (meas["requests"][0], pred["requests"]), "mean_output": out_mean,
             "by_seed": {sd: (m, p) for sd, m, p in zip(seeds, reps, sims)},
             "judged_seeds": {sd for sd, ok in zip(seeds, judged) if ok}}
+        if missing:
+            out["cases"][name]["not_predicted"] = missing
+            out["not_predicted"][name] = missing
         if mode == "sglang":  # the what-if: the same model, mixed chunk turned on
-            mixed = [_predict(c, r, rule=RULES["mixed"]) for c, r in zip(configs, repeats)]
-            what_if_mixed[(load, loop)] = {sd: p for sd, p in zip(seeds, mixed)}
+            mixed = [_attempt(models[mode], c, r, rule=RULES["mixed"])
+                     for c, r in zip(configs, repeats)]
+            what_if_mixed[(load, loop)] = {sd: p for sd, (p, _) in zip(seeds, mixed)}
+            for sd, (p, why) in zip(seeds, mixed):
+                if p is None:
+                    out["not_predicted"].setdefault(f"what-if mixed {load}_{loop}", {})[sd] = why
     for mode in MODES:
         for load in ("light", "medium", "closed16"):
             on = out["cases"].get(f"{mode}_{load}_overlap")
@@ -280,6 +347,15 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
             if on is None or off is None:
                 continue
             common, judge = _pairs(on, off)
+            lost = _not_predicted(on, off)
+            if lost:  # a case of the pair not predicted: measured only, nothing judged
+                out["signs"][f"{mode}_{load}"] = {"seeds": common, "judged": False,
+                                                  "not_predicted": lost,
+                                                  **_measured_signs(on, off, common)}
+                out["overlap"][f"{mode}_{load}"] = _unpredicted_advice(
+                    "on", "off", [score(c["by_seed"][sd][0], on["mean_output"]) for c in
+                                  (on, off) for sd in common], lost)
+                continue
             signs = prefill_check.paired_signs(on, off, common, judge)
             out["signs"][f"{mode}_{load}"] = {"seeds": common, "judged": judge, **signs}
             n = on["mean_output"]
@@ -297,6 +373,15 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         common, judge = _pairs(sg, mx)
         common = [sd for sd in common if sd in preds]
         n = sg["mean_output"]
+        # the what-if is the sglang model's (the mixed mode's measured only): the mixed
+        # model not predicting its own cases does not take this recommendation
+        lost = _not_predicted(sg) or [f"the what-if (seed {sd}) not predicted"
+                                      for sd in common if preds[sd] is None]
+        if lost:
+            out["mixed"][f"{load}_{loop}"] = _unpredicted_advice(
+                "mixed", "separate", [score(c["by_seed"][sd][0], n) for c in (mx, sg)
+                                      for sd in common], lost)
+            continue
         m_mx = float(np.mean([score(mx["by_seed"][sd][0], n) for sd in common]))
         m_sg = float(np.mean([score(sg["by_seed"][sd][0], n) for sd in common]))
         p_mx = float(np.mean([score(preds[sd], n) for sd in common]))
@@ -314,6 +399,30 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         c["judged_seeds"] = sorted(c["judged_seeds"])
     out["twins"] = twins(folder)  # reported, not judged
     return out
+
+
+def _not_predicted(*cases: dict) -> list[str]:
+    """The cases among ``cases`` that were not predicted, named (empty: all were)."""
+    return [f"{c['mode']}_{c['load']}_{c['loop']} not predicted" for c in cases
+            if c.get("not_predicted")]
+
+
+def _measured_signs(on: dict, off: dict, common: list) -> dict:
+    """Per figure, the on-vs-off difference measured (mean over the ``common`` seeds), none
+    predicted, not judged."""
+    return {k: {"measured": float(np.mean([on["by_seed"][sd][0][k] - off["by_seed"][sd][0][k]
+                                           for sd in common])),
+                "predicted": math.nan, "ok": None} for k in FIGURES}
+
+
+def _unpredicted_advice(yes: str, no: str, scores: list[float], lost: list[str]) -> dict:
+    """A recommendation measured only (``scores``: ``yes``'s per seed, then ``no``'s), its
+    prediction missing (``lost`` says why): not judged."""
+    half = len(scores) // 2
+    m_yes, m_no = float(np.mean(scores[:half])), float(np.mean(scores[half:]))
+    return {"measured": yes if m_yes < m_no else no, "predicted": None, "ok": None,
+            "measured_us": {yes: m_yes, no: m_no}, "predicted_us": {},
+            "not_predicted": lost}
 
 
 def _pairs(a: dict, b: dict) -> tuple[list[int], bool]:
@@ -343,6 +452,19 @@ def _line(node: dict, unit: str = "tokens") -> str:
     return out
 
 
+def _measured_cell(row: dict, key: str) -> str:
+    """A figure measured, not predicted."""
+    scale = 1e-3 if key.startswith("ttft") else 1.0
+    fmt = ".1f" if key == "requests_per_s" or scale != 1.0 else ".0f"
+    return f"{row['measured'] * scale:{fmt}} / not predicted"
+
+
+def _measured_sign(sign: dict, key: str) -> str:
+    """An on-vs-off difference measured, not predicted (TTFTs in ms)."""
+    scale = 1e-3 if key.startswith("ttft") else 1.0
+    return f"{sign[key]['measured'] * scale:+.1f} / not predicted"
+
+
 def model_line(m: dict) -> str:
     """A mode's fitted model in one line: its rule, every key of its ``prefill:`` section
     and the buckets the fit extrapolated."""
@@ -355,7 +477,11 @@ def model_line(m: dict) -> str:
              if k not in ("host_us", "forward_us", "host_before_us")]
     return (", ".join(bits) + f"; graph buckets {m['buckets']}, EXTRAPOLATED here: "
             + (", ".join(m["extrapolated"]) or "none") + f"; CLAMPED here at batch "
-            f"{check.MAX_BATCH}: " + (", ".join(m["clamped"]) or "none"))
+            f"{check.MAX_BATCH}: " + (", ".join(m["clamped"]) or "none")
+            + (f"; NO VALUE for bucket(s) {', '.join(map(str, m['unfitted']))} (the capture "
+               f"ran {', '.join(map(str, m['fitted_buckets'])) or 'none'} alone: no line to "
+               f"extrapolate on: its cases are NOT PREDICTED)"
+               if m.get("unfitted") else ""))
 
 
 def speed_line(result: dict) -> str:
@@ -375,11 +501,19 @@ def markdown(result: dict) -> str:
     rows = []
     for c in result["cases"].values():
         m, p = c["requests"]
+        if c.get("not_predicted"):  # measured only
+            rows.append([c["mode"], c["load"], c["loop"], prefill_check.speeds(c),
+                         f"{m:.0f} / -", *(_measured_cell(c["rows"][k], k) for k in FIGURES)])
+            continue
         rows.append([c["mode"], c["load"], c["loop"], prefill_check.speeds(c),
                      f"{m:.0f} / {p:.0f}",
                      *(prefill_check.cell(c["rows"][k], k) for k in FIGURES)])
     signs = []
     for key, sign in result["signs"].items():
+        if sign.get("not_predicted"):
+            signs.append([key.replace("_", " "),
+                          *(_measured_sign(sign, k) for k in FIGURES)])
+            continue
         cells = [prefill_check.sign_values(sign, k)
                  + {True: "", False: " WRONG SIGN", None: " (not judged)"}[sign[k]["ok"]]
                  for k in FIGURES]
@@ -389,9 +523,11 @@ def markdown(result: dict) -> str:
                             ("mixed chunk?", result["mixed"])):
         for key, a in table.items():
             ms = " / ".join(f"{k} {v / 1e3:.1f}" for k, v in a["measured_us"].items())
-            ps = " / ".join(f"{k} {v / 1e3:.1f}" for k, v in a["predicted_us"].items())
-            advice.append([question, key.replace("_", " "), a["measured"], a["predicted"],
-                           ms, ps, {True: "", False: "WRONG", None: "not judged"}[a["ok"]]])
+            ps = " / ".join(f"{k} {v / 1e3:.1f}" for k, v in a["predicted_us"].items()) or "-"
+            verdict = ("not predicted" if a.get("not_predicted") else
+                       {True: "", False: "WRONG", None: "not judged"}[a["ok"]])
+            advice.append([question, key.replace("_", " "), a["measured"],
+                           a["predicted"] or "-", ms, ps, verdict])
     twin_rows = [[str(t["run"]), t["mode"],
                   *(f"{t['unprofiled'][sh][st]:.0f} / {t['profiled'][sh][st]:.0f} "
                     f"(x{t['ratio'][sh][st]:.2f})" for sh in ("prefill", "decode")
@@ -401,6 +537,11 @@ def markdown(result: dict) -> str:
                   *check.table(["run", "mode", "prefill prepare", "prefill launch",
                                 "decode prepare", "decode launch"], twin_rows)
                   ] if twin_rows else []
+    lost = [f"- {name}, seed {sd}: {why}" for name, by in result.get("not_predicted", {}).items()
+            for sd, why in by.items()]
+    lost_lines = (["", "NOT PREDICTED (reported, not judged; so are the on-vs-off signs and "
+                   "overlap recommendations that pair them; the mixed-chunk what-if is the "
+                   "sglang model's):", *lost] if lost else [])
     return "\n".join([
         "Models, each from its mode's one capture (simwar's fit; EXTRAPOLATED, CLAMPED: by "
         "this checker):",
@@ -411,7 +552,7 @@ def markdown(result: dict) -> str:
                       *(LABELS[k] for k in FIGURES[1:])], signs), "",
         *check.table(["question", "case", "measured", "predicted",
                       "measured score ms", "predicted score ms", ""], advice),
-        *twin_table])
+        *lost_lines, *twin_table])
 
 
 #: the what-if's default case and chunk sizes (``--what-if``)
@@ -430,7 +571,14 @@ def what_if_table(folder: Path, case: str = WHAT_IF_CASE,
     if path is None:
         raise check.ServerDataError(f"{folder}: no {case}.metrics.json[.gz]")
     metrics = check.read_metrics(path)
-    config = model(folder, "sglang")["config"]
+    m = model(folder, "sglang")
+    if m["unfitted"]:  # as evaluate's cases (_attempt): no bucket's cost guessed
+        raise check.ServerDataError(
+            f"{capture_path(folder, 'sglang')}: the fit has graph costs for bucket(s) "
+            f"{', '.join(map(str, m['fitted_buckets'])) or 'none'} only (its capture ran no "
+            f"other: no line to extrapolate the others on), and the server admits up to "
+            f"{check.MAX_BATCH}: the what-ifs are not predicted")
+    config = m["config"]
     n = float(np.mean(metrics["requests"]["output_tokens"]))
     rows = []
     for rule in ("sglang", "sglang_mixed"):

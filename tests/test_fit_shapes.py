@@ -406,17 +406,19 @@ def test_unknown_step_kind_is_one_line(tmp_path):
         fit_model(cap)
 
 
-@pytest.mark.parametrize("name, shape, tokens", [
-    ("sglang_extend_bs15", "prefill", 15360),  # step[EXTEND bs=15 toks=15360]: eager extend
-    ("sglang_decode_bs32", "decode", None),
-    ("vllm_mixed_piecewise", "mixed", 8155),  # context 9 (8155 tokens), generation 37
-    ("vllm_decode_full_bs32", "decode", None)])
-def test_real_engines_steps_have_their_shapes(name, shape, tokens):
+@pytest.mark.parametrize("name, shape, tokens, requests", [
+    ("sglang_extend_bs15", "prefill", 15360, 15),  # step[EXTEND bs=15 toks=15360]: eager
+    ("sglang_decode_bs32", "decode", None, None),
+    ("vllm_mixed_piecewise", "mixed", 8155, 9),  # context 9 (8155 tokens), generation 37
+    ("vllm_decode_full_bs32", "decode", None, None)])
+def test_real_engines_steps_have_their_shapes(name, shape, tokens, requests):
     """The public captures of real engines (tests/data/real: one step each, too few to fit):
-    each step's shape from its engine's own range, the prompts' tokens where it names them."""
+    each step's shape from its engine's own range, the prompts' tokens where it names them,
+    and the chunk's requests (a mixed step's: vLLM's context count, not its whole batch)."""
     kinds = classify(open_capture(ROOT / "tests" / "data" / "real" / f"{name}.json.gz"))
     assert kinds.shape == {0: shape}
     assert kinds.tokens.get(0) == tokens
+    assert kinds.requests.get(0) == requests
 
 
 def test_the_mini_servers_mixed_steps_are_read_from_its_prefill_range():
@@ -560,3 +562,26 @@ def test_the_rule_a_capture_shows_is_mixed_where_any_step_mixes():
     assert rule("decode", "mixed") == "sglang_mixed"
     assert rule("prefill", "decode", "prefill") == "sglang"
     assert rule("decode", "decode") == "sglang_mixed"  # no prompts: the default rule
+
+
+def test_the_h200_mixed_steps_name_their_chunks_requests():
+    """The fourth H200 run's mixed capture names each mixed step's chunk requests (``mixed
+    bs=B toks=T reqs=N``, read as the shape's ``context`` group): the mixed steps carry
+    their requests, so the carried chunks over a known prefix give the forward its
+    ``per_token_prefix`` and the workload counts each request's prompt once (a mixed step
+    counted one request before: 24 requests, 26 a second, where the ranges name 32)."""
+    from lab.check import SERVER_MAPPING
+
+    cap = open_capture(ROOT / "tests" / "data" / "server" / "shapes" / "run4"
+                       / "shapes_mixed_medium_overlap_profiled.kineto.json.gz", SERVER_MAPPING)
+    kinds = classify(cap)
+    mixed = kinds.steps("mixed")
+    assert len(mixed) == 47 and all(kinds.requests[k] >= 1 for k in mixed)
+    assert max(kinds.requests[k] for k in mixed) == 3
+    pre, carried = prefixes(kinds, 2048)
+    assert carried == 24 and sum(v > 0 for v in pre.values()) == 6
+    fit = fit_model(cap)
+    assert fit.config["prefill"]["forward_us"]["per_token_prefix"] > 0
+    assert any("24 steps continued a carried-over request, 6 of them" in line
+               for line in fit.header)
+    assert 30 < fit.config["workload"]["arrivals"]["rate_per_s"] < 40

@@ -11,6 +11,7 @@ moves any of them fails here and is reported there.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -311,3 +312,88 @@ def test_a_repeats_prefill_runs_at_its_own_host_speed():
     assert pf["host_before_us"] == {"base": 45.0, "per_token": 0.75}
     same = host_at(config, 2.0, float("nan"))["prefill"]
     assert same["host_us"] == 40.0 and same["host_before_us"] == config["prefill"]["host_before_us"]
+
+
+def test_a_bucket_the_fit_has_no_value_for_is_not_extrapolated_from_one():
+    """A per-bucket table of one bucket gives no line: extrapolate_buckets leaves it, and
+    unfitted_buckets names each bucket it lacks with the tables that lack it."""
+    from lab.shapes_check import extrapolate_buckets, unfitted_buckets
+
+    config = {"phases": [{"name": "draft", "prep_us": {"per_bucket": {8: 5.0}}},
+                         {"name": "verify", "body_us": {"per_bucket": {8: 10.0, 16: 14.0}}}]}
+    assert extrapolate_buckets(config, (8, 16, 32)) == ["phases.verify.body_us.per_bucket.32"]
+    assert config["phases"][1]["body_us"]["per_bucket"][32] == 22.0
+    assert unfitted_buckets(config, (8, 16, 32)) == {16: ["phases.draft.prep_us.per_bucket"],
+                                                      32: ["phases.draft.prep_us.per_bucket"]}
+
+
+def test_a_mode_whose_capture_ran_one_bucket_is_not_predicted(capsys, monkeypatch):
+    """The fifth run's mixed capture ran decode bucket 8 alone: the mixed model has no graph
+    cost at 16-64 and no line to extrapolate one on, and the server admits up to 64, so
+    every mixed case is reported NOT PREDICTED with why (the Markdown and the JSON), the
+    signs and recommendations that pair one not judged, and the exit status is 3 (nothing
+    judged, nothing missed: the verdict incomplete). The mixed mode alone here (its fit, no
+    simulation): the sglang cases of the run are predicted as ever."""
+    from lab import shapes_check
+
+    monkeypatch.setattr(shapes_check, "MODES", ("mixed",))
+    monkeypatch.setattr(shapes_check, "CASE", re.compile(
+        shapes_check.CASE.pattern.replace("(?P<mode>sglang|mixed)", "(?P<mode>mixed)")))
+    folder = DEFAULT_DIR / "run5"
+    assert main([str(folder), "--json"]) == 3
+    got = json.loads(capsys.readouterr().out)
+    assert got["models"]["mixed"]["fitted_buckets"] == [8]
+    assert sorted(got["models"]["mixed"]["unfitted"]) == ["16", "32", "64"]
+    assert got["ok"] is True and len(got["cases"]) == 6
+    assert set(got["not_predicted"]) == set(got["cases"])
+    why = got["not_predicted"]["mixed_closed16_normal"]["300"]
+    assert "bucket(s) 8 only" in why and "ran bucket(s) 16 in this repeat" in why
+    assert all(r["ok"] is None for c in got["cases"].values() for r in c["rows"].values())
+    for key in ("mixed_light", "mixed_medium", "mixed_closed16"):
+        assert got["overlap"][key]["ok"] is None and got["overlap"][key]["predicted"] is None
+        assert all(v["ok"] is None for v in got["signs"][key].values() if isinstance(v, dict))
+    assert main([str(folder)]) == 3
+    text = capsys.readouterr().out
+    assert "NOT PREDICTED" in text and "NO VALUE for bucket(s) 16, 32, 64" in text
+    assert "/ not predicted" in text.split("| mixed | light | overlap |")[1].split("\n")[0]
+
+
+#: the fourth run (``run4``, mixed steps naming their chunk's requests), each repeat at its
+#: own host speed: every one of the 48 judged figures within its target, every sign and
+#: recommendation right (the mixed fit's carried chunks: 47 of 48 before)
+RUN4_OVERLAP = {k: ("on", "on", True) for k in ("sglang_light", "sglang_medium",
+                                                "sglang_closed16", "mixed_light",
+                                                "mixed_medium", "mixed_closed16")}
+RUN4_MIXED = {f"{load}_{loop}": ("mixed", "mixed", True) for load in ("light", "medium",
+                                                                      "closed16")
+              for loop in ("overlap", "normal")}
+
+
+def test_the_fourth_runs_verdicts():
+    got = evaluate(DEFAULT_DIR / "run4")
+    judged = [(n, f) for n, c in got["cases"].items() for f, r in c["rows"].items()
+              if r["ok"] is not None]
+    missed = [(n, f, c["rows"][f]["error"]) for n, c in got["cases"].items()
+              for f, r in c["rows"].items() if r["ok"] is False]
+    assert len(judged) == 48 and missed == []
+    assert [(k, f) for k, sign in got["signs"].items() for f, v in sign.items()
+            if isinstance(v, dict) and v["ok"] is False] == []
+    assert {k: (v["measured"], v["predicted"], v["ok"])
+            for k, v in got["overlap"].items()} == RUN4_OVERLAP
+    assert {k: (v["measured"], v["predicted"], v["ok"])
+            for k, v in got["mixed"].items()} == RUN4_MIXED
+    assert got["ok"] is True and got["not_predicted"] == {}
+
+
+def test_the_what_ifs_are_not_predicted_from_a_model_without_the_servers_buckets(
+        monkeypatch, capsys):
+    """A sglang model whose capture ran one bucket: the what-ifs say so in one line (exit
+    status 2), no bucket's cost guessed."""
+    from lab import shapes_check
+
+    monkeypatch.setattr(shapes_check, "model", lambda folder, mode: {
+        "unfitted": {16: ["phases.draft.prep_us.per_bucket"]}, "fitted_buckets": [8]})
+    assert main(["--what-if", "--chunks", "2048"]) == 2
+    err = capsys.readouterr().err
+    assert "bucket(s) 8 only" in err and "the what-ifs are not predicted" in err
+    assert len(err.strip().splitlines()) == 1

@@ -8,7 +8,7 @@ its times:
 
 - **the step's shape range** (the mapping's ``shape`` regex: :mod:`simwar.capture.step_shapes`;
   the presets read SGLang's ``step[EXTEND bs=15 toks=15360]`` and the mini-server's ``decode
-  bs=B``, ``prefill bs=N toks=T``, ``mixed bs=B toks=T``): its mode word is one of
+  bs=B``, ``prefill bs=N toks=T``, ``mixed bs=B toks=T reqs=N``): its mode word is one of
   :data:`MODES` (SGLang's forward modes EXTEND, DECODE, MIXED, IDLE and its speculative ones,
   which decode); a word the table does not name is a :class:`ShapeError` (one line);
 - **the step's prefill work**: forward kernels of the phase ``prefill`` (the mapping's
@@ -107,7 +107,8 @@ class ShapeError(ValueError):
 class StepKinds:
     """Per step of the capture: its shape (:data:`SHAPE_ORDER`, or ``idle``), the prompt
     tokens it prefilled (-1: its range names none) and the requests in its prefill chunk
-    (-1: not named)."""
+    (absent: not named; a prefill step's batch, or the range's ``context`` group: vLLM's
+    context count, the mini-server's mixed ``reqs=N``)."""
 
     shape: dict[int, str] = field(default_factory=dict)
     tokens: dict[int, int] = field(default_factory=dict)
@@ -146,7 +147,7 @@ def classify(cap, where: str = "capture") -> StepKinds:
     (:class:`simwar.capture.open.Capture`: its shape ranges, ``cap.shapes``, and its trace)."""
     trace = cap.bound.trace
     with_prefill, with_decode = _work_steps(trace)
-    ranged: dict[int, tuple[str, int, int, bool]] = {}
+    ranged: dict[int, tuple[str, int, int, bool, int]] = {}
     rx = re.compile(cap.mapping.shape) if cap.mapping.shape else None
     for s in cap.shapes:
         if s.step < 0:
@@ -163,13 +164,16 @@ def classify(cap, where: str = "capture") -> StepKinds:
         tokens = s.tokens
         if (groups.get("context_tokens") or "").isdigit():  # the prompts' own (vLLM's names)
             tokens = int(groups["context_tokens"])
+        # the chunk's requests where the range counts them apart from the decoding ones
+        # (vLLM's context count; the mini-server's mixed ``reqs=N``): -1 where it does not
+        chunk = int(groups["context"]) if (groups.get("context") or "").isdigit() else -1
         mode = MODES[word]
         held = ranged.get(s.step)
         if held is None or RANK[mode] > RANK[held[0]]:  # a step of several forwards (SGLang's
-            ranged[s.step] = (mode, s.batch, tokens, named)  # EXTEND, then DRAFT_EXTEND)
+            ranged[s.step] = (mode, s.batch, tokens, named, chunk)  # EXTEND, DRAFT_EXTEND)
     out = StepKinds()
     for k in sorted(with_prefill | with_decode | set(ranged)):
-        mode, batch, tokens, named = ranged.get(k, ("", -1, -1, False))
+        mode, batch, tokens, named, chunk = ranged.get(k, ("", -1, -1, False, -1))
         if mode == "idle" or (mode == "decode" and batch == 0 and k not in with_prefill):
             out.shape[k] = "idle"  # a forward with no request (a decode of none: the same)
             continue
@@ -186,7 +190,9 @@ def classify(cap, where: str = "capture") -> StepKinds:
         decodes = mode in ("decode", "mixed") or k in with_decode
         out.shape[k] = "mixed" if (decodes and mode != "prefill") else "prefill"
         out.tokens[k] = toks
-        if mode == "prefill" and batch >= 0:
+        if chunk >= 0:  # a mixed step's (or any step's) chunk requests, named
+            out.requests[k] = chunk
+        elif mode == "prefill" and batch >= 0:  # a prefill step's batch is its chunk's
             out.requests[k] = batch
     return out
 
@@ -682,7 +688,8 @@ def prompt_groups(kinds: StepKinds, steps: list[int], chunk: int) -> list[tuple[
     mixed steps, whose chunks are the same queue's) whose chunks carry a request over (every
     step of the run but the last is a full chunk, ``chunk`` tokens): the requests whose
     prompts it prefilled (each step's, less the one carried in from the step before; a step
-    whose range does not count its chunk's requests, as a mixed step's, one) and their
+    whose range does not count its chunk's requests, as an older capture's mixed step, one)
+    and their
     tokens. A run of one request gives its prompt exactly."""
     out: list[tuple[int, int]] = []
     cur = None
