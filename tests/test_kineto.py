@@ -228,6 +228,30 @@ def test_absolute_clock_and_skewed_gpu_clock(three_steps):
         base.launch_lead_us.tolist()[:2]
 
 
+def test_every_op_of_a_graph_launch_is_its_work(tmp_path):
+    """A launch of several device ops (a graph's nodes): each is the launch's work, for the
+    clock check (a node that is not the first starting before the launch) as for the ops
+    the launch issued (its nodes, in start order)."""
+    d = json.loads((DATA / "three_steps.json").read_text())
+    for e in d["traceEvents"]:  # step 0's second graph node: on stream 9, 12 µs early
+        if e.get("name") == "k_verify_2" and e["args"]["correlation"] == 2:
+            e.update(tid=9, ts=1030.0)
+            e["args"]["stream"] = 9
+    path = tmp_path / "early_node.json"
+    path.write_text(json.dumps(d))
+    early = import_kineto(path, MAPPING)
+    assert early.counts["device_before_launch"] == 1
+    assert any("GPU clock looks offset" in w for w in early.warnings)
+    fixed = import_kineto(path, {**MAPPING, "gpu_clock_offset_us": "auto"})
+    assert fixed.trace.meta["gpu_clock_offset_us"] == 12.0
+    assert fixed.counts["device_before_launch"] == 0
+    ops = fixed.trace.ops
+    graph = [s.span_id for s in fixed.trace.spans if s.call == "graph_launch" and s.step == 0]
+    nodes = [o for o in ops if o.call == graph[0]]
+    assert [(o.label, o.lane) for o in nodes] == [("k_verify_2", "stream9"),
+                                                  ("k_verify_1", "forward")]
+
+
 def test_missing_stream_args_fall_back_to_the_tid(three_steps):
     imp = import_kineto(DATA / "no_stream_args.json", MAPPING)
     assert list(imp.trace.spans) == list(three_steps.trace.spans)

@@ -372,10 +372,9 @@ class CaptureTraceBuilder:
         for c in self.cap.runtime_calls:
             work = get(c.correlation)
             if work is not None:
-                if type(work) is DeviceEvent:
-                    add(work.ts - c.ts)
-                else:
-                    lead.extend([d.ts - c.ts for d in work])
+                t = c.ts
+                for d in launch_work(work):
+                    add(d.ts - t)
         lead = np.frombuffer(lead, np.float64) if len(lead) else np.zeros(0)
         if off == "auto":
             early = lead[lead < 0]
@@ -581,12 +580,12 @@ class CaptureTraceBuilder:
             issued = devs is not None
             kind = call_kind(name, issued)
             if issued:
-                if type(devs) is tuple:  # several ops (launch_work)
+                devs = launch_work(devs)
+                if len(devs) > 1:  # several ops (a graph launch)
                     devs = sorted(devs, key=_ts)
                     phases = [kernel_phase(d.name, ann_phase) for d in devs]
                     phase = next((p for p in phases if p), "")
-                else:  # most launches: the one op itself
-                    devs = (devs,)
+                else:  # most launches: one op
                     phase = rule_phase(devs[0].name)  # kernel_phase where a rule named it
                     if not phase:
                         phase = kernel_phase(devs[0].name, ann_phase)
