@@ -24,7 +24,7 @@ import yaml
 from simwar.analysis.idle import gap_cause, idle_breakdown
 from simwar.analysis.metrics import analyze
 from simwar.api import simulate
-from simwar.capture.mapping import load_mapping
+from simwar.capture.mapping import FirstMatch, load_mapping
 from simwar.capture.reader import KinetoFormatError, read_capture
 from simwar.capture.stalls import import_report
 from simwar.capture.synthetic import write_kineto
@@ -324,6 +324,28 @@ def test_mapping_errors_are_one_line(mapping, fragment):
         load_mapping(mapping)
     assert "\n" not in str(info.value)
     assert fragment.split(":")[0] in str(info.value)
+
+
+def test_a_mappings_name_rules_give_the_first_match_searched_once_a_name():
+    """Steps, phases, sites and CPU items: the first rule whose regex finds the name wins,
+    None (False for the step test) where none does; each name is searched once."""
+    m = load_mapping({"steps": "^step", "phases": {"^verify": "verify", "verify": "other"},
+                      "sites": {"copy": "result_copy"}, "cpu": {"^sched": "schedule"}})
+    phase_of = m.phase_of()
+    assert [phase_of[n] for n in ("verify_k", "k_verify", "gemm")] == ["verify", "other", None]
+    assert m.site_of()["result_copy"] == "result_copy" and m.site_of()["x"] is None
+    assert m.cpu_item_of()["sched.next"] == "schedule"
+    is_step = m.step_test()
+    assert (is_step("step#3"), is_step("ProfilerStep#3")) == (True, False)
+    searched = []
+
+    class Rx:
+        def search(self, name):
+            searched.append(name)
+            return name == "b"
+
+    rules = FirstMatch([(Rx(), 1)])
+    assert [rules[n] for n in "abab"] == [None, 1, None, 1] and searched == ["a", "b"]
 
 
 # --------------------------------------------------------------------------- round trips

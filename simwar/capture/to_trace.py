@@ -202,7 +202,6 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str],
 
 
 _ts = attrgetter("ts")
-_UNTRIED = object()  # a name the phase rules were not tried on yet
 _NO_ID = object()  # equal to no thread id (no host thread)
 
 
@@ -234,12 +233,12 @@ class CaptureTraceBuilder:
         self.warnings: list[str] = problem_lines(cap)
         self.device_info = DeviceInfos()
         self._infos: dict[tuple, int] = {}  # equal facts, one DeviceInfo (its code)
-        self._rule_phase: dict[str, str | None] = {}  # kernel name -> its rule's phase
         self.device_syncs: list[int] = []
         self.counts: Counter = Counter()
         self.ignored: Counter = Counter(cap.ignored)
-        self.phase_rules = mapping.phase_rules()
-        self.site_rules = mapping.site_rules()
+        #: a name's phase by the mapping's rules (None: none matches), and a range's site
+        self.phase_of = mapping.phase_of()
+        self.site_of = mapping.site_of()
         #: whether a range is a step's (the mapping's one step test)
         self.is_step = mapping.step_test()
         self.run_batch_re = re.compile(mapping.run_batch) if mapping.run_batch else None
@@ -297,8 +296,7 @@ class CaptureTraceBuilder:
         host_ann = sorted((a for a in cap.annotations if (a.pid, a.tid) == self.host)
                           if self.host else cap.annotations, key=lambda a: (a.ts, -a.dur))
         self.steps = self._steps(host_ann)
-        enclosing = enclosing_ranges(host_calls, host_ann, self.phase_rules,
-                                     self.site_rules)
+        enclosing = enclosing_ranges(host_calls, host_ann, self.phase_of, self.site_of)
 
         # what is read of the records after the assembly, taken before it (a consuming
         # build frees each record as the assembly passes it)
@@ -435,11 +433,9 @@ class CaptureTraceBuilder:
 
     def kernel_phase(self, name: str, from_annotation: str | None) -> str:
         """A device op's phase: the first phase rule its name matches, else the range it was
-        launched in, else the mapping's unmatched phase (the rules are tried once a name)."""
-        phase = self._rule_phase.get(name, _UNTRIED)
-        if phase is _UNTRIED:
-            phase = self._rule_phase[name] = next(
-                (ph for rx, ph in self.phase_rules if rx.search(name)), None)
+        launched in, else the mapping's unmatched phase (the rules are tried once a name:
+        :class:`~simwar.capture.mapping.FirstMatch`)."""
+        phase = self.phase_of[name]
         if phase is not None:
             return phase
         if from_annotation is not None:
@@ -545,7 +541,6 @@ class CaptureTraceBuilder:
 
         # the loop's lookups, bound once (it runs once per host call and device op)
         kernel_phase, host = self.kernel_phase, rec.host
-        rule_phase = self._rule_phase.get  # kernel_phase's memo, read first
         in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
         bound_records = bnd.bound_records()
@@ -586,9 +581,7 @@ class CaptureTraceBuilder:
                     phases = [kernel_phase(d.name, ann_phase) for d in devs]
                     phase = next((p for p in phases if p), "")
                 else:  # most launches: one op
-                    phase = rule_phase(devs[0].name)  # kernel_phase where a rule named it
-                    if not phase:
-                        phase = kernel_phase(devs[0].name, ann_phase)
+                    phase = kernel_phase(devs[0].name, ann_phase)
                     phases = (phase,)
                     phase = phase or ""
                 call = host(kind, step, start, end, name, phase, "", rec.next_op, host_lane)
