@@ -275,7 +275,7 @@ class CaptureTraceBuilder:
         self.binding = bind(calls, by_corr, syncs_by_corr)
         # the host thread's calls, and of the other threads': their launches, the records a
         # use binds to, their stream waits (one pass over the calls)
-        bound_records = self.binding.bound_records()
+        bound_records = self.binding.bound_records
         host_calls: list[RuntimeCall] = []
         other_calls: list[RuntimeCall] = []
         to_host, to_other = host_calls.append, other_calls.append
@@ -543,7 +543,7 @@ class CaptureTraceBuilder:
         kernel_phase, host = self.kernel_phase, rec.host
         in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
-        bound_records = bnd.bound_records()
+        bound_records = bnd.bound_records
         take_devs = by_corr.pop if consume else by_corr.get
         take_sync = syncs_by_corr.pop if consume else syncs_by_corr.get
         for index, step in zip(indices(order), indices(item_steps)):
