@@ -105,6 +105,22 @@ def test_the_checks_answer_the_same_from_the_readers_columns_or_the_records(tmp_
     assert check_capture(from_records)[1] == warned
 
 
+def test_the_readers_columns_serve_only_the_list_they_were_taken_of(tmp_path):
+    """Another list of as many records (a capture's lists replaced after reading) is checked
+    by its own values, not by the columns of the list it replaced."""
+    doc = _doc()
+    clean = read_capture(_write(tmp_path, doc))
+    _overlapping(doc)
+    overlapping = read_capture(_write(tmp_path, doc))
+    assert len(overlapping.device_events) == len(clean.device_events)
+    overlapping.device_events = list(clean.device_events)  # same length, other records
+    assert not [w for w in check_capture(overlapping)[1] if "previous op" in w]
+    stale = read_capture(_write(tmp_path, doc))
+    stale.device_events = list(stale.device_events)  # the same records, another list
+    assert stale.columns["device_events"].fit(stale.device_events) is False
+    assert any("previous op" in w for w in check_capture(stale)[1])
+
+
 def test_correlation_ids_beyond_int64_are_grouped_and_those_below_0_left_out():
     big = 2 ** 70
     calls = [RuntimeCall("cudaLaunchKernel", 1, 1, float(ts), 1.0, correlation)

@@ -25,6 +25,7 @@ import pytest
 import simwar
 import simwar.cli.common as common
 from simwar.analysis.host_ranges import HostRanges
+from simwar.capture.mapping import FirstMatch
 from simwar.capture.synthetic import Style, write_kineto
 from simwar.cli import main
 from simwar.fit.samples import _MappedRanges
@@ -66,14 +67,14 @@ def test_mapped_ranges_of_a_window_are_the_scans_in_the_captures_order():
         a = rng.uniform(0, 1000)
         anns.append((rng.choice(names), a, a + rng.choice([0.0, rng.uniform(0, 30),
                                                           rng.uniform(0, 400)])))
-    ranges = _MappedRanges(anns, rules)
+    ranges = _MappedRanges(anns, FirstMatch(rules))
     for _ in range(200):
         lo = rng.uniform(-50, 1050)
         hi = lo + rng.uniform(0, 80)
         scan = [(a, b, next(it for rx, it in rules if rx.search(n))) for n, a, b in anns
                 if not (b <= lo or a >= hi) and any(rx.search(n) for rx, _ in rules)]
         assert ranges.overlapping(lo, hi) == scan
-    assert _MappedRanges(anns, []).overlapping(0, 1000) == []
+    assert _MappedRanges(anns, FirstMatch([])).overlapping(0, 1000) == []
 
 
 class _Terminal(io.StringIO):

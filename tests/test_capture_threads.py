@@ -134,6 +134,8 @@ def test_binding_uses_only_relations(tmp_path):
     shifted = {c: [replace(d, ts=d.ts + 1e6) for d in ds] for c, ds in by_corr.items()}
     b = bind(calls, shifted, {c: replace(s, ts=-s.ts) for c, s in syncs.items()})
     assert a.record_of == b.record_of and a.rule == b.rule and a.stream == b.stream
+    # the record calls bound to are kept with the binding (the values of record_of)
+    assert a.bound_records == set(a.record_of.values()) and len(a.bound_records) > 1
 
 
 def test_launches_by_corr_hold_one_op_as_its_record_and_several_in_file_order():

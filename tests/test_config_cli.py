@@ -131,3 +131,21 @@ def test_every_public_name_of_the_package_resolves():
         assert getattr(simwar, name) is not None, name
     cfg = load_config(None, {"steps": 30, "warmup_steps": 5})
     assert type(simwar.build_program(cfg)) is simwar.Program
+
+
+def test_schema_re_exports_the_iteration_shape_models():
+    """The prefill and scheduling sections live in simwar.config.shapes; ``from
+    simwar.config.schema import X`` still gives each of its public names, and a config with
+    them round-trips through pickle (the config cache's entries)."""
+    import pickle
+
+    from simwar.config import schema, shapes
+
+    for name in shapes.__all__:
+        assert name in schema.__all__ and getattr(schema, name) is getattr(shapes, name), name
+    cfg = load_config(None, {"steps": 30, "warmup_steps": 5, "scheduling": {"rule": "sglang"},
+                             "workload": {"arrivals": {"rate_per_s": 100}, "output_tokens": 4,
+                                          "max_batch": 8, "prompt_tokens": 64},
+                             "prefill": {"forward_us": {"base": 50, "per_token": 0.5}}})
+    assert type(cfg.prefill) is shapes.Prefill and type(cfg.scheduling) is shapes.Scheduling
+    assert pickle.loads(pickle.dumps(cfg)) == cfg

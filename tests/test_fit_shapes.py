@@ -585,3 +585,32 @@ def test_the_h200_mixed_steps_name_their_chunks_requests():
     assert any("24 steps continued a carried-over request, 6 of them" in line
                for line in fit.header)
     assert 30 < fit.config["workload"]["arrivals"]["rate_per_s"] < 40
+
+
+def test_a_queued_gap_ends_at_its_streams_next_kernel():
+    """A decode phase's tail gap stops at the kernel its stream runs next (a mixed step's
+    prefill chunk between two phases), found by issue order on that stream: another
+    stream's kernel and a record on the same stream in between are not its work."""
+    from simwar.core.recorder import Recorder
+    from simwar.core.trace import Call, OpKind
+    from simwar.fit.layout import queued_gap
+
+    rec = Recorder()
+    rec.marker("step", 0, 0.0)
+
+    def kernel(lane, issue, start, end):
+        call = rec.host(Call.LAUNCH, 0, issue - 1, issue, "k", op=rec.next_op)
+        return rec.op(OpKind.KERNEL, lane, 0, "k", issue=issue, start=start, end=end,
+                      call=call)
+
+    a = kernel("forward", 1, 2, 10)
+    kernel("copy", 2, 11, 13)  # another stream's kernel, between in time and in issue
+    rec.op(OpKind.RECORD, "forward", 0, "r", issue=3, start=10, end=10)
+    chunk = kernel("forward", 4, 14, 20)  # a unit the layout does not hold
+    b = kernel("forward", 5, 30, 40)
+    late = kernel("forward", 50, 60, 70)  # issued after the earlier op ended: no gap
+    trace = rec.finish({"warmup_steps": 0})
+    assert queued_gap(trace, a, b) == 4.0  # 10 -> the chunk's start, 14
+    assert queued_gap(trace, chunk, b) == 10.0  # 20 -> 30: the later op itself
+    assert queued_gap(trace, b, late) == 0.0
+    assert queued_gap(trace, None, b) == queued_gap(trace, a, None) == 0.0

@@ -24,7 +24,7 @@ import yaml
 from simwar.analysis.idle import gap_cause, idle_breakdown
 from simwar.analysis.metrics import analyze
 from simwar.api import simulate
-from simwar.capture.mapping import load_mapping
+from simwar.capture.mapping import FirstMatch, load_mapping
 from simwar.capture.reader import KinetoFormatError, read_capture
 from simwar.capture.stalls import import_report
 from simwar.capture.synthetic import write_kineto
@@ -228,6 +228,30 @@ def test_absolute_clock_and_skewed_gpu_clock(three_steps):
         base.launch_lead_us.tolist()[:2]
 
 
+def test_every_op_of_a_graph_launch_is_its_work(tmp_path):
+    """A launch of several device ops (a graph's nodes): each is the launch's work, for the
+    clock check (a node that is not the first starting before the launch) as for the ops
+    the launch issued (its nodes, in start order)."""
+    d = json.loads((DATA / "three_steps.json").read_text())
+    for e in d["traceEvents"]:  # step 0's second graph node: on stream 9, 12 µs early
+        if e.get("name") == "k_verify_2" and e["args"]["correlation"] == 2:
+            e.update(tid=9, ts=1030.0)
+            e["args"]["stream"] = 9
+    path = tmp_path / "early_node.json"
+    path.write_text(json.dumps(d))
+    early = import_kineto(path, MAPPING)
+    assert early.counts["device_before_launch"] == 1
+    assert any("GPU clock looks offset" in w for w in early.warnings)
+    fixed = import_kineto(path, {**MAPPING, "gpu_clock_offset_us": "auto"})
+    assert fixed.trace.meta["gpu_clock_offset_us"] == 12.0
+    assert fixed.counts["device_before_launch"] == 0
+    ops = fixed.trace.ops
+    graph = [s.span_id for s in fixed.trace.spans if s.call == "graph_launch" and s.step == 0]
+    nodes = [o for o in ops if o.call == graph[0]]
+    assert [(o.label, o.lane) for o in nodes] == [("k_verify_2", "stream9"),
+                                                  ("k_verify_1", "forward")]
+
+
 def test_missing_stream_args_fall_back_to_the_tid(three_steps):
     imp = import_kineto(DATA / "no_stream_args.json", MAPPING)
     assert list(imp.trace.spans) == list(three_steps.trace.spans)
@@ -300,6 +324,28 @@ def test_mapping_errors_are_one_line(mapping, fragment):
         load_mapping(mapping)
     assert "\n" not in str(info.value)
     assert fragment.split(":")[0] in str(info.value)
+
+
+def test_a_mappings_name_rules_give_the_first_match_searched_once_a_name():
+    """Steps, phases, sites and CPU items: the first rule whose regex finds the name wins,
+    None (False for the step test) where none does; each name is searched once."""
+    m = load_mapping({"steps": "^step", "phases": {"^verify": "verify", "verify": "other"},
+                      "sites": {"copy": "result_copy"}, "cpu": {"^sched": "schedule"}})
+    phase_of = m.phase_of()
+    assert [phase_of[n] for n in ("verify_k", "k_verify", "gemm")] == ["verify", "other", None]
+    assert m.site_of()["result_copy"] == "result_copy" and m.site_of()["x"] is None
+    assert m.cpu_item_of()["sched.next"] == "schedule"
+    is_step = m.step_test()
+    assert (is_step("step#3"), is_step("ProfilerStep#3")) == (True, False)
+    searched = []
+
+    class Rx:
+        def search(self, name):
+            searched.append(name)
+            return name == "b"
+
+    rules = FirstMatch([(Rx(), 1)])
+    assert [rules[n] for n in "abab"] == [None, 1, None, 1] and searched == ["a", "b"]
 
 
 # --------------------------------------------------------------------------- round trips

@@ -18,7 +18,7 @@ from simwar.capture import open as front_door
 from simwar.capture.open import open_capture
 from simwar.capture.presets import map_capture
 from simwar.capture.reader import read_capture
-from simwar.capture.sizes import SizesError, size_capture
+from simwar.capture.sizes import SizesError, graph_keys, size_capture
 from simwar.capture.synthetic import Style, write_kineto
 from simwar.capture.to_trace import bind_capture
 from simwar.cli.app import main
@@ -58,6 +58,20 @@ def test_open_capture_is_the_four_stages_with_the_sizes_in_the_trace(varying):
     bound = bind_capture(events, mapping, [path.name])
     assert bound.counts == cap.counts and len(bound.trace.ops) == len(cap.trace.ops)
     assert size_capture(bound, mapping).batch.tolist() == sizes.batch.tolist()
+
+
+def test_graph_keys_read_each_kernels_launch_dims_from_the_imports_facts(varying):
+    """The size stage's graph keys take every graph kernel's grid and block from the
+    import's DeviceInfos (one search for them all, as a lookup per op gives them)."""
+    _, path = varying
+    bound = open_capture(path).bound
+    info = bound.device_info
+    ops = list(range(len(bound.trace.ops)))
+    assert info.of_ops(ops) == [info.get(o) for o in ops]
+    keys = graph_keys(bound)
+    assert len(set(keys.values())) == 2  # the buckets 8 and 64
+    assert all(grid and block for key in keys.values() for graph in key
+               for _, grid, block in graph)
 
 
 def test_a_mapping_file_is_the_label_and_a_bad_one_fails_before_the_capture_is_read(

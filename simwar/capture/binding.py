@@ -107,8 +107,9 @@ class Binding:
     ``record_of``: a wait's or sync's host call → the call that recorded its event (a
     record call, or a graph launch for an in-graph node); ``stream``: each such record
     call → ``(device, stream)``; ``event``: each record call → the event id; ``rule``:
-    each bound use → the rule that bound it; ``unbound``: what no rule bound, by
-    ``"<kind>: <reason>"``.
+    each bound use → the rule that bound it; ``bound_records``: the record calls some wait
+    or sync binds to (the values of ``record_of``, kept with it by the one function that
+    binds a use); ``unbound``: what no rule bound, by ``"<kind>: <reason>"``.
     """
 
     record_of: dict[int, int] = field(default_factory=dict)
@@ -117,13 +118,7 @@ class Binding:
     rule: dict[int, str] = field(default_factory=dict)
     in_graph: set[int] = field(default_factory=set)
     unbound: Counter = field(default_factory=Counter)
-    _bound: set[int] | None = field(default=None, repr=False, compare=False)
-
-    def bound_records(self) -> set[int]:
-        """The record calls some wait or sync binds to (made once, when first asked)."""
-        if self._bound is None:
-            self._bound = set(self.record_of.values())
-        return self._bound
+    bound_records: set[int] = field(default_factory=set)
 
     def rules(self) -> Counter:
         """How many uses each rule bound."""
@@ -269,7 +264,9 @@ def bind(calls: list[RuntimeCall], devs_by_corr: dict[int, DeviceEvent | tuple |
 
 
 def _bound(b: Binding, u: _Use, rec: int, rule: str, where, event) -> None:
+    """Binds use ``u`` to record call ``rec`` by ``rule``: the one place a binding grows."""
     b.record_of[u.corr] = rec
+    b.bound_records.add(rec)
     b.rule[u.corr] = rule
     if where is not None:
         b.stream.setdefault(rec, where)

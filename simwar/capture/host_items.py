@@ -43,17 +43,14 @@ def indices(order: np.ndarray, chunk: int = 1 << 16):
                                for lo in range(0, len(order), chunk))
 
 
-def enclosing_ranges(calls: list, ann: list, phase_rules: list, site_rules: list) -> list:
+def enclosing_ranges(calls: list, ann: list, phase_of: dict[str, str | None],
+                     site_of: dict[str, str | None]) -> list:
     """For each host call (by start), ``(phase, site)``: of the ranges ``ann`` (by start, the
     outer first) open at its start, the phase of the innermost whose name a phase rule
-    matches and the site of the innermost a site rule matches (None: none). The rules are
-    ``(regex, value)`` pairs, the first match wins; ranges no rule matches are left off the
-    stack, and the rules are tried once a name."""
-    tags: dict[str, tuple | None] = {}  # range name -> (phase, site), None: no rule
-
-    def first(rules, name):
-        return next((v for rx, v in rules if rx.search(name)), None)
-
+    matches and the site of the innermost a site rule matches (None: none). ``phase_of`` and
+    ``site_of``: a range name's phase and site by the mapping's rules (None: no rule
+    matches; :meth:`simwar.capture.mapping.Mapping.phase_of`, each name searched once);
+    ranges no rule matches are left off the stack."""
     out = []
     none = (None, None)  # shared: most calls sit in no mapped range
     stack: list[tuple[float, str | None, str | None]] = []  # (end, phase, site)
@@ -66,13 +63,10 @@ def enclosing_ranges(calls: list, ann: list, phase_rules: list, site_rules: list
         while j < n and ann[j].ts <= t:
             a = ann[j]
             j += 1
-            tag = tags.get(a.name, none)
-            if tag is none:
-                phase, site = first(phase_rules, a.name), first(site_rules, a.name)
-                tag = tags[a.name] = None if phase is None and site is None else (phase, site)
-            if tag is not None:
+            phase, site = phase_of[a.name], site_of[a.name]
+            if phase is not None or site is not None:
                 end = a.ts + a.dur
-                stack.append((end, *tag))
+                stack.append((end, phase, site))
                 changed = True
                 if end < low or end != end:  # a NaN end stays the low until it is dropped
                     low = end

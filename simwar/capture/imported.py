@@ -158,7 +158,7 @@ class KinetoImport:
     #: on the trace's clock: what ``simwar import --fit`` leaves out with their steps
     overhead: list[tuple[str, float, float]] = field(default_factory=list)
     #: per device op id: its kind (kernel, memcpy, memset), launch dims and bytes
-    device_info: Mapping[int, DeviceInfo] = field(default_factory=DeviceInfos)
+    device_info: DeviceInfos = field(default_factory=DeviceInfos)
     ranks: list[RankImport] = field(default_factory=list)
     combined: Trace | None = None
     #: device events of kinds simwar does not model, by category (e.g. MTIA's)

@@ -77,6 +77,25 @@ PROFILER_STEP = r"^ProfilerStep#\d+$"
 CPU_ITEMS = ("ingest", "schedule", "prepare", "process_result")
 
 
+class FirstMatch(dict):
+    """``rules[name]``: the value of the first ``(regex, value)`` rule whose regex finds
+    ``name`` (``default`` where none does), searched once a name and kept: most names (kernels,
+    ranges) recur every step, so a lookup is a dict's. The one memo of a mapping's name rules
+    (:meth:`Mapping.step_test`, :meth:`Mapping.phase_of`, :meth:`Mapping.site_of`,
+    :meth:`Mapping.cpu_item_of`)."""
+
+    __slots__ = ("default", "rules")
+
+    def __init__(self, rules: list[tuple[re.Pattern, Any]], default: Any = None):
+        super().__init__()
+        self.rules = rules
+        self.default = default
+
+    def __missing__(self, name: str) -> Any:
+        value = self[name] = next((v for rx, v in self.rules if rx.search(name)), self.default)
+        return value
+
+
 class Mapping(BaseModel):
     """Validated import mapping (see the module docstring for the YAML form)."""
 
@@ -220,30 +239,26 @@ class Mapping(BaseModel):
             _compile(pattern)
         return v
 
-    # ---- compiled views used by the importer
-    def phase_rules(self) -> list[tuple[re.Pattern, str]]:
-        return [(re.compile(p), name) for p, name in self.phases.items()]
+    # ---- compiled views used by the importer: each a FirstMatch (its regexes searched once a
+    # name), made once per import
+    def phase_of(self) -> FirstMatch:
+        """A name's phase by the ``phases`` rules (None: no rule matches): the importer's,
+        for a kernel's name and for the ranges around its launch."""
+        return FirstMatch([(re.compile(p), name) for p, name in self.phases.items()])
 
-    def site_rules(self) -> list[tuple[re.Pattern, str]]:
-        return [(re.compile(p), name) for p, name in self.sites.items()]
+    def site_of(self) -> FirstMatch:
+        """A range name's sync site by the ``sites`` rules (None: no rule matches)."""
+        return FirstMatch([(re.compile(p), name) for p, name in self.sites.items()])
 
-    def cpu_rules(self) -> list[tuple[re.Pattern, str]]:
-        return [(re.compile(p), item) for p, item in self.cpu.items()]
+    def cpu_item_of(self) -> FirstMatch:
+        """A range name's CPU work item by the ``cpu`` rules (None: no rule matches)."""
+        return FirstMatch([(re.compile(p), item) for p, item in self.cpu.items()])
 
     def step_test(self) -> Callable[[str], bool]:
-        """The one test of whether a range is a step's: its name matches ``steps``, searched
-        once a name (most range names recur every step); the importer's and the choice of
-        the primary rank's (:func:`simwar.capture.ranks.primary_rank`)."""
-        rx = re.compile(self.steps)
-        seen: dict[str, bool] = {}
-
-        def is_step(name: str) -> bool:
-            hit = seen.get(name)
-            if hit is None:
-                hit = seen[name] = rx.search(name) is not None
-            return hit
-
-        return is_step
+        """The one test of whether a range is a step's: its name matches ``steps``; the
+        importer's and the choice of the primary rank's
+        (:func:`simwar.capture.ranks.primary_rank`)."""
+        return FirstMatch([(re.compile(self.steps), True)], False).__getitem__
 
     def lane_of_role(self, role: str) -> str | None:
         """The lane the mapping gives the builder's stream ``role`` (None: not named)."""

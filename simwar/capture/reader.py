@@ -99,6 +99,7 @@ from simwar.capture.records import (
     Annotation,
     CaptureEvents,
     DeviceEvent,
+    KeptColumns,
     RawArgs,
     RawEvent,
     RuntimeCall,
@@ -692,7 +693,8 @@ class _KeptColumns:
     joined at the end left their holes in the heap: a higher peak later); an integer column
     with a value beyond int64 (the reader keeps any JSON integer) is dropped (None), and its
     readers then take the records' own values. :meth:`columns` hands them over as numpy
-    arrays on the same memory."""
+    arrays on the same memory, each list's with the list they were taken of
+    (:class:`~simwar.capture.records.KeptColumns`)."""
 
     def __init__(self, cap: CaptureEvents):
         self.seqs = {name: getattr(cap, name) for name in COLUMNS}
@@ -718,12 +720,14 @@ class _KeptColumns:
                     cols[f] = None
             self.done[name] = len(seq)
 
-    def columns(self) -> dict[str, dict[str, np.ndarray | None]]:
-        """Every list's columns as numpy arrays (None: dropped)."""
+    def columns(self) -> dict[str, KeptColumns]:
+        """Every list's columns as numpy arrays (None: dropped), with the list and how many
+        of its records they hold."""
         self.add()
-        return {name: {f: None if c is None else np.frombuffer(c, c.typecode) if len(c) else
-                       np.zeros(0, c.typecode) for f, c in cols.items()}
-                for name, cols in self.cols.items()}
+        return {name: KeptColumns(self.seqs[name], self.done[name], {
+            f: None if c is None else np.frombuffer(c, c.typecode) if len(c) else
+            np.zeros(0, c.typecode) for f, c in cols.items()})
+            for name, cols in self.cols.items()}
 
 
 def _float_or_inf(v: int | float) -> float:
@@ -738,7 +742,8 @@ def _not_finite(cap: CaptureEvents) -> str | None:
     """What of the kept records' times is not a finite number, or None: an infinity (JSON's
     ``1e400``, or an integer beyond a float's range, :func:`_float_or_inf`) or a NaN; from the
     columns, one numpy pass each (the per-event loop checks types only)."""
-    for name, cols in cap.columns.items():
+    for name, kept in cap.columns.items():
+        cols = kept.cols
         for f in _FLOAT_FIELDS:
             if f not in cols:
                 continue
@@ -752,7 +757,8 @@ def _not_finite(cap: CaptureEvents) -> str | None:
 def _check_plausible(cap: CaptureEvents) -> None:
     """Implausible times (a capture written in ns where µs are expected): counted problems,
     from the columns taken as the records were read (:attr:`CaptureEvents.columns`)."""
-    lists = [cap.columns[name] for name in ("device_events", "runtime_calls", "annotations")]
+    lists = [cap.columns[name].cols for name in ("device_events", "runtime_calls",
+                                                  "annotations")]
     long = int(np.count_nonzero(lists[0]["dur"] > PLAUSIBLE_DUR_US))
     if long:
         cap.problems[("device", f"longer than {PLAUSIBLE_DUR_US / 1e6:.0f} s (implausible: "

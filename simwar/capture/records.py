@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -137,6 +137,23 @@ class Annotation(msgspec.Struct, frozen=True, gc=False):
     dur: float
 
 
+class KeptColumns(NamedTuple):
+    """Columns the reader took of one list of records as it read them: ``cols`` (field ->
+    array, None: dropped) hold the values of the first ``n`` records of ``of``, the list
+    itself. They are that list's while it is the same list object holding ``n`` records
+    (after reading, a list is only appended to, or replaced): see
+    :meth:`fit`."""
+
+    of: list
+    n: int
+    cols: dict
+
+    def fit(self, records: list) -> bool:
+        """Whether the columns are ``records``' values: taken of this very list, which
+        holds just the records they were taken of."""
+        return records is self.of and len(records) == self.n
+
+
 @dataclass
 class CaptureEvents:
     """The used events of one capture, plus counts of everything seen.
@@ -172,9 +189,9 @@ class CaptureEvents:
     #: pattern (none without one), with a numeric time and length (ids that are not
     #: integers, as some exporters write them, become 0)
     frames: list[Annotation] = field(default_factory=list)
-    #: columns of the lists as the reader kept them (``{list: {field: array or None}}``,
-    #: :data:`simwar.capture.reader.COLUMNS`), for the sanity checks; valid while a list has
-    #: as many records as its columns, dropped once read (None: none)
+    #: columns of the lists as the reader kept them (``{list name: KeptColumns}``,
+    #: :data:`simwar.capture.reader.COLUMNS`), for the sanity checks; a list's are used
+    #: only while they fit it (:meth:`KeptColumns.fit`), dropped once read (None: none)
     columns: dict | None = field(default=None, repr=False, compare=False)
 
 

@@ -116,15 +116,16 @@ def check_capture(cap: CaptureEvents) -> tuple[CaptureEvents, list[str]]:
 
 
 def _columns(cap: CaptureEvents) -> dict[str, dict]:
-    """The columns the reader kept of each list (:attr:`CaptureEvents.columns`), those that
-    still fit it (as many values as records; {} for a list without), dropped from the capture
-    (they serve these checks once)."""
+    """The columns the reader kept of each list (:attr:`CaptureEvents.columns`) where they
+    fit it (taken of that very list, which holds just those records:
+    :meth:`~simwar.capture.records.KeptColumns.fit`; {} for a list without: its values come
+    from the records), dropped from the capture (they serve these checks once)."""
     kept, cap.columns = cap.columns or {}, None
     out = {}
     for name in ("device_events", "runtime_calls", "sync_events", "annotations"):
-        n = len(getattr(cap, name))
-        out[name] = {f: c for f, c in kept.get(name, {}).items()
-                     if c is not None and len(c) == n}
+        k = kept.get(name)
+        fits = k is not None and k.fit(getattr(cap, name))
+        out[name] = {f: c for f, c in k.cols.items() if c is not None} if fits else {}
     return out
 
 

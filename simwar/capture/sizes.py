@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from simwar.analysis.views import forward_kernels
+from simwar.capture.imported import KinetoImport
 from simwar.capture.mapping import Mapping
 from simwar.core.trace import Call, OpKind, Trace
 
@@ -110,7 +111,8 @@ def step_label(trace: Trace, k: int) -> str:
     return f"step {k} ({names[k]})" if k < len(names) else f"step {k}"
 
 
-def batch_ranges(imp, mapping: Mapping, where: str = "mapping") -> dict[int, tuple[int, str]]:
+def batch_ranges(imp: KinetoImport, mapping: Mapping,
+                 where: str = "mapping") -> dict[int, tuple[int, str]]:
     """Per step, ``(batch, range name)`` from the mapping's ``batch`` regex (empty without one).
 
     A range counts for the step its start falls in; two ranges of one step that give
@@ -148,12 +150,11 @@ def batch_ranges(imp, mapping: Mapping, where: str = "mapping") -> dict[int, tup
     return out
 
 
-def graph_keys(imp) -> dict[int, tuple]:
+def graph_keys(imp: KinetoImport) -> dict[int, tuple]:
     """Per step that launched CUDA graphs: its graph key, the tuple of each graph launch's
     kernels as ``(name, grid, block)`` (in launch order)."""
     trace = imp.trace
     spans, ops = trace.spans, trace.ops
-    info = imp.device_info
     graphs = np.flatnonzero(spans.call == Call.GRAPH_LAUNCH)
     graphs = graphs[np.lexsort((graphs, spans.start_us[graphs]))]
     # each graph launch's kernels, by (launch order, start, op id), in one sort
@@ -164,8 +165,7 @@ def graph_keys(imp) -> dict[int, tuple]:
     kern = kern[np.lexsort((kern, ops.start_us[kern], by))]
     bounds = np.searchsorted(rank[ops.call[kern]], np.arange(len(graphs) + 1)).tolist()
     kern_ids, labels = kern.tolist(), ops.label[kern].tolist()
-    # each kernel's facts by one search where the import keeps them as a DeviceInfos
-    facts = info.of_ops(kern_ids) if hasattr(info, "of_ops") else list(map(info.get, kern_ids))
+    facts = imp.device_info.of_ops(kern_ids)  # each kernel's facts, by one search
     per: dict[int, list] = {}
     for i, step in enumerate(spans.step[graphs].tolist()):
         sig = []
@@ -184,7 +184,7 @@ def _graph_kernels(trace: Trace) -> np.ndarray:
     return kern[spans.call[ops.call[kern]] == Call.GRAPH_LAUNCH]
 
 
-def _graph_time(imp, steps: list[int]) -> float:
+def _graph_time(imp: KinetoImport, steps: list[int]) -> float:
     """Mean device time of the graph launches of ``steps`` (their kernels' lengths, summed
     launch by launch in op order)."""
     trace = imp.trace
@@ -203,7 +203,7 @@ def _device_steps(trace: Trace) -> set[int]:
     return set(np.unique(trace.ops.step[forward_kernels(trace)]).tolist())
 
 
-def size_capture(imp, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
+def size_capture(imp: KinetoImport, mapping: Mapping, where: str = "mapping") -> CaptureSizes:
     """The per-step sizes of an imported capture (see the module docstring).
 
     ``where`` is the name errors start with (the mapping's file or preset).

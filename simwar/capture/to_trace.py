@@ -202,7 +202,6 @@ def bind_capture(caps: list[CaptureEvents], mapping: Mapping, names: list[str],
 
 
 _ts = attrgetter("ts")
-_UNTRIED = object()  # a name the phase rules were not tried on yet
 _NO_ID = object()  # equal to no thread id (no host thread)
 
 
@@ -234,12 +233,12 @@ class CaptureTraceBuilder:
         self.warnings: list[str] = problem_lines(cap)
         self.device_info = DeviceInfos()
         self._infos: dict[tuple, int] = {}  # equal facts, one DeviceInfo (its code)
-        self._rule_phase: dict[str, str | None] = {}  # kernel name -> its rule's phase
         self.device_syncs: list[int] = []
         self.counts: Counter = Counter()
         self.ignored: Counter = Counter(cap.ignored)
-        self.phase_rules = mapping.phase_rules()
-        self.site_rules = mapping.site_rules()
+        #: a name's phase by the mapping's rules (None: none matches), and a range's site
+        self.phase_of = mapping.phase_of()
+        self.site_of = mapping.site_of()
         #: whether a range is a step's (the mapping's one step test)
         self.is_step = mapping.step_test()
         self.run_batch_re = re.compile(mapping.run_batch) if mapping.run_batch else None
@@ -276,7 +275,7 @@ class CaptureTraceBuilder:
         self.binding = bind(calls, by_corr, syncs_by_corr)
         # the host thread's calls, and of the other threads': their launches, the records a
         # use binds to, their stream waits (one pass over the calls)
-        bound_records = self.binding.bound_records()
+        bound_records = self.binding.bound_records
         host_calls: list[RuntimeCall] = []
         other_calls: list[RuntimeCall] = []
         to_host, to_other = host_calls.append, other_calls.append
@@ -297,8 +296,7 @@ class CaptureTraceBuilder:
         host_ann = sorted((a for a in cap.annotations if (a.pid, a.tid) == self.host)
                           if self.host else cap.annotations, key=lambda a: (a.ts, -a.dur))
         self.steps = self._steps(host_ann)
-        enclosing = enclosing_ranges(host_calls, host_ann, self.phase_rules,
-                                     self.site_rules)
+        enclosing = enclosing_ranges(host_calls, host_ann, self.phase_of, self.site_of)
 
         # what is read of the records after the assembly, taken before it (a consuming
         # build frees each record as the assembly passes it)
@@ -372,10 +370,9 @@ class CaptureTraceBuilder:
         for c in self.cap.runtime_calls:
             work = get(c.correlation)
             if work is not None:
-                if type(work) is DeviceEvent:
-                    add(work.ts - c.ts)
-                else:
-                    lead.extend([d.ts - c.ts for d in work])
+                t = c.ts
+                for d in launch_work(work):
+                    add(d.ts - t)
         lead = np.frombuffer(lead, np.float64) if len(lead) else np.zeros(0)
         if off == "auto":
             early = lead[lead < 0]
@@ -436,11 +433,9 @@ class CaptureTraceBuilder:
 
     def kernel_phase(self, name: str, from_annotation: str | None) -> str:
         """A device op's phase: the first phase rule its name matches, else the range it was
-        launched in, else the mapping's unmatched phase (the rules are tried once a name)."""
-        phase = self._rule_phase.get(name, _UNTRIED)
-        if phase is _UNTRIED:
-            phase = self._rule_phase[name] = next(
-                (ph for rx, ph in self.phase_rules if rx.search(name)), None)
+        launched in, else the mapping's unmatched phase (the rules are tried once a name:
+        :class:`~simwar.capture.mapping.FirstMatch`)."""
+        phase = self.phase_of[name]
         if phase is not None:
             return phase
         if from_annotation is not None:
@@ -546,10 +541,9 @@ class CaptureTraceBuilder:
 
         # the loop's lookups, bound once (it runs once per host call and device op)
         kernel_phase, host = self.kernel_phase, rec.host
-        rule_phase = self._rule_phase.get  # kernel_phase's memo, read first
         in_graph, bound_stream, record_of = bnd.in_graph, bnd.stream, bnd.record_of
         thread_lane: dict[int, str] = {}
-        bound_records = bnd.bound_records()
+        bound_records = bnd.bound_records
         take_devs = by_corr.pop if consume else by_corr.get
         take_sync = syncs_by_corr.pop if consume else syncs_by_corr.get
         for index, step in zip(indices(order), indices(item_steps)):
@@ -581,15 +575,13 @@ class CaptureTraceBuilder:
             issued = devs is not None
             kind = call_kind(name, issued)
             if issued:
-                if type(devs) is tuple:  # several ops (launch_work)
+                devs = launch_work(devs)
+                if len(devs) > 1:  # several ops (a graph launch)
                     devs = sorted(devs, key=_ts)
                     phases = [kernel_phase(d.name, ann_phase) for d in devs]
                     phase = next((p for p in phases if p), "")
-                else:  # most launches: the one op itself
-                    devs = (devs,)
-                    phase = rule_phase(devs[0].name)  # kernel_phase where a rule named it
-                    if not phase:
-                        phase = kernel_phase(devs[0].name, ann_phase)
+                else:  # most launches: one op
+                    phase = kernel_phase(devs[0].name, ann_phase)
                     phases = (phase,)
                     phase = phase or ""
                 call = host(kind, step, start, end, name, phase, "", rec.next_op, host_lane)

@@ -373,12 +373,12 @@ def _load_capture(p: Path | list, mapping: str | None, preset: str | None) -> So
         raise UserError(str(e)) from None
     result, m = cap.bound, cap.mapping
     skip = [re.compile(x) for x in (m.steps, m.batch) if x]
-    rules = m.cpu_rules()
+    item_of = m.cpu_item_of()
     ranges = []
     for name, a, b in result.annotations:
         if any(rx.search(name) for rx in skip):
             continue
-        item = next((it for rx, it in rules if rx.search(name)), None)
+        item = item_of[name]
         shown = short_name(name)
         ranges.append((f"{shown} ({item})" if item and item not in name.split(".")[-1] else shown,
                        a, b))

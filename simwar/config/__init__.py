@@ -10,6 +10,8 @@
   tokens;
 - :mod:`simwar.config.phases`: the phase table and how a config's algorithm resolves to it;
 - :mod:`simwar.config.workload`: the workload, one model per batch source;
+- :mod:`simwar.config.shapes`: iteration shapes: the prefill, its token-priced durations, the
+  idle batch and the scheduling rule;
 - :mod:`simwar.config.load`: YAML files, dotted overrides, the files a config names (read
   here, not by the validation), validation, the error's blame;
 - :mod:`simwar.config.algorithms`: the built-in phase tables (plain data);

@@ -299,28 +299,32 @@ def work_us(trace: Trace, op_ids: list[int]) -> float:
 
 def queued_gap(trace: Trace, before: int | None, after: int | None) -> float:
     """The device gap between two ops if the later was issued before the earlier ended, up
-    to the first kernel its stream started after the earlier ended (the later op, or the
-    work of a unit the layout does not hold between them: a mixed step's prefill chunk
-    between two decode phases, whose device time is the prefill's, not the phase's)."""
+    to the next kernel of the later op's stream after the earlier (the later op, or the work
+    of a unit the layout does not hold between them: a mixed step's prefill chunk between two
+    decode phases, whose device time is the prefill's, not the phase's).
+
+    "Next" is by op id: ops are in host issue order, the order a stream runs its work, so on
+    the earlier op's own stream (every use in the fit) the next kernel is its successor
+    there; on another stream, that stream's first kernel issued after it."""
     if before is None or after is None:
         return 0.0
     start, ends, issued = columns(trace, "ops", "start_us", "end_us", "issue_us")
     end, s, issue = ends[before], start[after], issued[after]
     if not (issue <= end and s > end):
         return 0.0
-    starts = lane_kernel_starts(trace, int(trace.ops.lane[after]))
-    i = bisect.bisect_left(starts, end)
-    return min(s, starts[i]) - end if i < len(starts) else s - end
+    kernels = lane_kernels(trace, int(trace.ops.lane[after]))
+    i = bisect.bisect_right(kernels, before)
+    return min(s, start[kernels[i]]) - end if i < len(kernels) else s - end
 
 
-def lane_kernel_starts(trace: Trace, lane: int) -> memoryview:
-    """The start times of the kernels of one lane (a stream's code), sorted; made once per
-    trace and lane and kept with :func:`columns`' views."""
+def lane_kernels(trace: Trace, lane: int) -> memoryview:
+    """The op ids of the kernels of one lane (a stream's code), in issue order (the order
+    the stream runs them); made once per trace and lane and kept with :func:`columns`'
+    views."""
     cache = trace.__dict__.setdefault("_simwar_columns", {})
-    col = cache.get(("lane_kernel_starts", lane))
+    col = cache.get(("lane_kernels", lane))
     if col is None:
         ops = trace.ops
-        keep = (ops.lane == lane) & (ops.kind == OpKind.KERNEL)
-        col = cache[("lane_kernel_starts", lane)] = memoryview(
-            np.ascontiguousarray(np.sort(np.asarray(ops.start_us)[keep])))
+        col = cache[("lane_kernels", lane)] = memoryview(np.ascontiguousarray(
+            np.flatnonzero((ops.lane == lane) & (ops.kind == OpKind.KERNEL))))
     return col

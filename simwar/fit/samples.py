@@ -344,7 +344,7 @@ def sample_cpu_work(trace, imp, lays, mapping: Mapping, names, cfg, s: Samples, 
     model_r = {name: float(np.median(v)) for name, v in model.items()}
     graph_mean = costs["graph_launch_us"]
 
-    ranges = _MappedRanges(imp.annotations, mapping.cpu_rules())
+    ranges = _MappedRanges(imp.annotations, mapping.cpu_item_of())
     mapped_items = set(mapping.cpu.values())
     notes: dict[str, dict[str, list[float]]] = {}
     clipped = Counter()
@@ -428,7 +428,8 @@ def _merge(cap: dict, model: dict) -> dict:
 class _MappedRanges:
     """The capture's annotation ranges a ``cpu`` rule maps to an item, found per step.
 
-    Each range's rule is matched once (the first rule whose regex finds its name), and a
+    Each range's item is its name's by the mapping's ``cpu`` rules (``item_of``:
+    :meth:`simwar.capture.mapping.Mapping.cpu_item_of`, each name searched once), and a
     step's ranges come from its window by binary search over the ranges sorted by start,
     with the running maximum of their ends bounding the search from below: per step the
     work is the ranges near it, not the whole capture (which made the fit quadratic in
@@ -436,11 +437,11 @@ class _MappedRanges:
     to the last bit as a scan of every range.
     """
 
-    def __init__(self, annotations, rules):
+    def __init__(self, annotations, item_of):
         self.mapped: list[tuple[float, float, str]] = []
-        if rules:
+        if item_of.rules:
             for name, a, b in annotations:
-                item = next((it for rx, it in rules if rx.search(name)), None)
+                item = item_of[name]
                 if item is not None:
                     self.mapped.append((a, b, item))
         starts = np.array([m[0] for m in self.mapped], dtype=float)
