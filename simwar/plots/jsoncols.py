@@ -3,7 +3,8 @@ the rows of alike events, and the groupings the Perfetto export needs, each a ve
 
 - :func:`round_ns`: ``round(x, 3)`` exactly as Python rounds, as integer ns;
 - :func:`rows`: the JSON text of a group of alike events as one block of fixed-width rows
-  (a ``uint8`` array, a row per event), from constant texts and columns: :class:`Int`
+  (a ``uint8`` array, a row per event; :func:`write_rows` hands them to a file a piece at
+  a time), from constant texts and columns: :class:`Int`
   (integers), :func:`number_text` (a rounded float as ``repr`` writes it), :class:`Text`
   (strings of a table by code, escaped once per table: :class:`Strings`, :func:`escaped`;
   names made of parts: :func:`compose`, :func:`choose`). Each field of a row takes the
@@ -372,10 +373,9 @@ def _constant(part):
     return part if one is None else one
 
 
-def rows(*parts) -> np.ndarray:
-    """The rows of alike events: ``parts`` are constant texts and columns (:class:`Int`,
-    :class:`Text`, :func:`number_text`'s), a value per event; one ``uint8`` row per event,
-    all of one width (see the module docstring)."""
+def _layout(parts) -> tuple[bytearray, list, int]:
+    """The rows' constant text (one row), where each column's cells go in it, and the rows'
+    count (see :func:`rows`)."""
     n = next((len(p) for p in parts if not isinstance(p, str)), 0)
     parts = [_constant(p) for p in parts]
     template = bytearray()
@@ -390,20 +390,59 @@ def rows(*parts) -> np.ndarray:
                 raise ValueError("a quoted text column must be followed by its quote")
             parts[i + 1] = nxt[1:]
         cells = p.cells()
-        fills.append((len(template), cells))
+        if cells.dtype.itemsize:
+            fills.append((len(template), cells))
         template += b" " * cells.dtype.itemsize
-    width = len(template)
-    # the constants, every row (a bytearray repeated: copies that double, twice as fast as
-    # numpy's broadcast of a row)
-    out = np.frombuffer(template * n, dtype=np.uint8).reshape(n, width)
-    if not n:
-        return out
+    return template, fills, n
+
+
+def _made(template: bytearray, m: int) -> np.ndarray:
+    """``m`` rows of the constant text (a bytearray repeated: copies that double, twice as
+    fast as numpy's broadcast of a row)."""
+    return np.frombuffer(template * m, dtype=np.uint8).reshape(m, len(template))
+
+
+def _fill(out: np.ndarray, fills: list, a: int, b: int) -> None:
+    """Rows ``a..b`` of the columns into the first ``b - a`` rows of ``out``: one copy of
+    fixed-size cells into each column of the rows."""
+    width = out.shape[1]
     for off, cells in fills:
-        size = cells.dtype.itemsize
-        if size:  # one copy of fixed-size cells into a column of the rows
-            np.ndarray((n,), dtype=cells.dtype, buffer=out, offset=off, strides=(width,))[...] \
-                = cells
+        np.ndarray((b - a,), dtype=cells.dtype, buffer=out, offset=off,
+                   strides=(width,))[...] = cells[a:b]
+
+
+def rows(*parts) -> np.ndarray:
+    """The rows of alike events: ``parts`` are constant texts and columns (:class:`Int`,
+    :class:`Text`, :func:`number_text`'s), a value per event; one ``uint8`` row per event,
+    all of one width (see the module docstring)."""
+    template, fills, n = _layout(parts)
+    out = _made(template, n)
+    if n:
+        _fill(out, fills, 0, n)
     return out
+
+
+#: the most bytes of rows :func:`write_rows` makes before handing them on: rows made a
+#: piece at a time in one buffer stay in the processor's cache while their columns are
+#: copied in and while the file takes them (a whole block of megabytes, made at once, is
+#: made in new memory and read back from main memory: ``simwar run --trace`` 8% slower,
+#: docs/benchmarks.md)
+PIECE_BYTES = 1 << 19
+
+
+def write_rows(write, *parts, piece: int | None = None) -> None:
+    """:func:`rows` of ``parts``, handed to ``write`` a piece of at most ``piece`` bytes
+    (:data:`PIECE_BYTES`; a row at least) at a time: a view of one buffer, filled again with
+    the next piece's rows once ``write`` returns (``write`` copies what it keeps)."""
+    template, fills, n = _layout(parts)
+    if not n:
+        return
+    per = max(1, (PIECE_BYTES if piece is None else piece) // max(1, len(template)))
+    out = _made(template, min(n, per))
+    for a in range(0, n, per):
+        b = min(n, a + per)
+        _fill(out, fills, a, b)
+        write(memoryview(out[:b - a]).cast("B"))
 
 
 _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')
