@@ -391,6 +391,17 @@ def test_integer_columns_of_one_value_one_width_or_many(values):
     assert got == [[v] for v in values]
 
 
+@pytest.mark.parametrize("ns", [[1000, 2000, 123456000], [999, 1999, 10 ** 12 + 999],
+                                [500, 1500], [1000, 1500, 1999], [0, 0]])
+def test_times_of_one_fraction_or_many_write_as_json_dumps(ns):
+    # a column whose digits after the point are one text (whole µs, or all one inset from
+    # them) is written in the rows' constant text: the same text as json.dumps's
+    ns = np.asarray(ns, dtype=np.int64)
+    x = ns / 1000.0
+    text = rows(",[", *number_text(ns, x, "]")).tobytes().decode()
+    assert text.replace(" ", "") == "".join(f",[{json.dumps(v)}]" for v in x.tolist())
+
+
 def test_windows_of_one_structure_share_their_shape_and_write_the_same_bytes(monkeypatch):
     # a steady run streams windows whose span and op columns are equal, codes and all (only
     # times, steps and the texts of step-named strings differ): the writer derives their

@@ -134,16 +134,19 @@ class Int:
         full = lo >= 10 ** (width - 1)
         # 32-bit arithmetic where the values fit (a division by 10000 twice as fast)
         x = v.astype(np.int32) if hi < 2 ** 31 else v
+        # (each quad taken straight into its column of ``quads``: a third faster than a
+        # gather into a new array copied there)
         for c in range(nq - 1, 0, -1):  # the lowest four digits first
             rest = x // 10000
             idx = x - rest * 10000
             if full:
-                quads[:, c] = _QUADS_FULL[idx]
+                np.take(_QUADS_FULL, idx, out=quads[:, c])
             else:
                 idx += (rest > 0) * 10000  # digits before it: its zeros are digits
-                quads[:, c] = (_QUADS_LAST if c == nq - 1 else _QUADS)[idx]
+                np.take(_QUADS_LAST if c == nq - 1 else _QUADS, idx, out=quads[:, c])
             x = rest
-        quads[:, 0] = (_QUADS if nq > 1 else _QUADS_LAST)[x]  # below 10000: no digits before
+        # below 10000: no digits before
+        np.take(_QUADS if nq > 1 else _QUADS_LAST, x, out=quads[:, 0])
         # the last ``width`` bytes of each row (the blank quads' bytes before them dropped)
         self._cells = np.ndarray((m,), dtype=f"V{width}", buffer=quads,
                                  offset=4 * nq - width, strides=(4 * nq,))
@@ -340,6 +343,14 @@ class _Fraction:
     def __len__(self) -> int:
         return len(self.r)
 
+    def single(self) -> str | None:
+        """The one text of every row, where there is one (a column of whole µs, of times one
+        inset from whole µs: most columns of a run of whole-µs costs)."""
+        r = self.r
+        if len(r) and int(r.min()) == int(r.max()):
+            return _FRACTIONS[int(r[0])]
+        return None
+
     def cells(self) -> np.ndarray:
         width = int(_FRACTION_LEN[self.r].max()) if len(self.r) else 2
         return _first_bytes(_FRACTION_WORDS.take(self.r), width)
@@ -365,9 +376,10 @@ def int_text(a) -> Int:
 
 
 def _constant(part):
-    """A column of one text (a pid, a tid, a name) as that text: part of the rows' constant
-    text, no column copied (the same bytes: its cells would be as wide as the text)."""
-    if isinstance(part, (str, _Fraction)):
+    """A column of one text (a pid, a tid, a name, the digits after the point) as that
+    text: part of the rows' constant text, no column copied (the same bytes: its cells would
+    be as wide as the text)."""
+    if isinstance(part, str):
         return part
     one = part.single()
     return part if one is None else one
