@@ -46,14 +46,19 @@ def round_ns(x: np.ndarray) -> np.ndarray:
     d = np.rint(y)
     # x * 1000 is within half an ulp of the exact product: only a product near a half can
     # round the other way, and beyond 2**43 the ulp is too coarse to tell (NaN: risky too)
-    e = y - d
+    if len(d) and not (-2.0 ** 43 < d.min() and d.max() < 2.0 ** 43):
+        big = ~(np.abs(y) < 2.0 ** 43)
+    else:
+        big = None
+    e = np.subtract(y, d, out=y)  # (y no longer needed: its memory taken)
     np.abs(e, out=e)
     risky = e >= 0.4989
-    if len(d) and not (-2.0 ** 43 < d.min() and d.max() < 2.0 ** 43):
-        risky |= ~(np.abs(y) < 2.0 ** 43)
+    if big is not None:
+        risky |= big
     out = d.astype(np.int64)
-    for i in np.flatnonzero(risky).tolist():
-        out[i] = int(f"{round(float(x[i]), TS_DIGITS):.3f}".replace(".", ""))
+    if risky.any():
+        for i in np.flatnonzero(risky).tolist():
+            out[i] = int(f"{round(float(x[i]), TS_DIGITS):.3f}".replace(".", ""))
     return out
 
 
