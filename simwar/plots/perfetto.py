@@ -38,7 +38,8 @@ and the counters' pending changes. A streamed run's events are those of its whol
 exported at once; only their order in the file and the flows' ids differ (a lane whose
 spans overlap across windows would be split window by window, which no simulated run
 needs: its lanes never overlap). The JSON text is made a group of alike events at a time,
-as blocks of fixed-width rows copied column by column (:mod:`simwar.plots.jsoncols`:
+as fixed-width rows copied column by column and handed to the file a piece of rows at a
+time, each made in cache (:func:`simwar.plots.jsoncols.write_rows`;
 numbers exactly as ``json.dumps`` writes the rounded floats; a shorter value is followed by
 spaces where JSON allows them, so the file parses to the same events as ``json.dumps``'s
 text, a few per cent larger). JSON rather than Perfetto's protobuf format: it is what torch.profiler
