@@ -447,8 +447,8 @@ def rows(*parts) -> np.ndarray:
 #: the most bytes of rows :func:`write_rows` makes before handing them on: rows made a
 #: piece at a time in one buffer stay in the processor's cache while their columns are
 #: copied in and while the file takes them (a whole block of megabytes, made at once, is
-#: made in new memory and read back from main memory: ``simwar run --trace`` 8% slower,
-#: docs/benchmarks.md)
+#: made in new memory and read back from main memory: twice the system time of the file's
+#: writing, docs/benchmarks.md)
 PIECE_BYTES = 1 << 19
 
 
