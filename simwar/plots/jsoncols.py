@@ -83,7 +83,7 @@ def _quads(last: bool) -> np.ndarray:
     power = 10 ** np.arange(3, -1, -1)  # each digit's
     full = (i // power % 10 + ord("0")).astype(np.uint8)
     short = full.copy()
-    blank = i < power  # a zero before the first digit (made at import: by arrays, 20x a loop)
+    blank = i < power  # a zero before the first digit (made at import: by arrays, 5x a loop)
     blank[0, 3] = not last
     short[blank] = ord(" ")
     return np.concatenate([short, full]).view(np.uint32).ravel()
