@@ -26,8 +26,9 @@
   processes): ``simwar run`` without ``--trace`` (the imports and the summary's run), the
   trace mode's pass alone (its windows made and dropped), and the pass with the writer into
   a sink that keeps nothing, the writer split into its text (the rows' bytes:
-  ``simwar.plots.jsoncols.rows``) and the rest (groups, names, tracks, flows' bindings,
-  counters). What the whole command costs beyond these is the file's writing.
+  ``simwar.plots.jsoncols.write_rows``, ``rows`` in a tree without it) and the rest
+  (groups, names, tracks, flows' bindings, counters). What the whole command costs beyond
+  these is the file's writing.
 """
 
 from __future__ import annotations
@@ -90,13 +91,16 @@ if sys.argv[3] == "pass":
         pass
     out["pass_s"] = cpu() - t
 else:
-    rows = perfetto.rows
+    # the rows' text: write_rows where the writer has it (its sink here keeps nothing), else
+    # rows (a tree before write_rows: the block handed to the writer's write)
+    hook = "write_rows" if hasattr(perfetto, "write_rows") else "rows"
+    make = getattr(perfetto, hook)
     def timed(*parts):
         t = cpu()
-        block = rows(*parts)
+        block = make(*parts)
         out["text_s"] += cpu() - t
         return block
-    perfetto.rows = timed
+    setattr(perfetto, hook, timed)
     class Sink:
         def write(self, data):
             pass

@@ -18,7 +18,15 @@ from simwar.cli.app import main
 from simwar.core.recorder import Recorder
 from simwar.core.trace import HOST, Call, OpKind, Trace
 from simwar.executors.engine import Engine
-from simwar.plots.jsoncols import Text, compose, escaped, int_text, number_text, rows
+from simwar.plots.jsoncols import (
+    Text,
+    compose,
+    escaped,
+    int_text,
+    number_text,
+    rows,
+    write_rows,
+)
 from simwar.plots.perfetto import chrome_trace, write_chrome_trace
 
 SMALL = {"steps": 12, "warmup_steps": 2}
@@ -347,16 +355,23 @@ def test_run_trace_shows_its_writing_on_a_terminal(tmp_path, monkeypatch, capsys
        names=st.lists(st.text(max_size=6), min_size=1, max_size=40),
        ns=st.lists(st.integers(-10**9, 10**15), min_size=1, max_size=40))
 def test_fixed_width_rows_parse_as_json_dumps_writes(ints, names, ns):
-    # every field padded to its column's widest value: the text parses to json.dumps's
+    # every field padded to its column's widest value: the text parses to json.dumps's;
+    # written a piece at a time, the same bytes
     n = min(len(ints), len(names), len(ns))
     ints, names, ns = ints[:n], names[:n], np.asarray(ns[:n], dtype=np.int64)
     table = escaped(sorted(set(names)))
     code = {s: i for i, s in enumerate(sorted(set(names)))}
     name = Text(table, [code[s] for s in names])
     x = ns / 1000.0
-    block = rows(',{"n":"', name.inside(), '","i":', int_text(ints), ',"t":',
-                 *number_text(ns, x, ',"w":"'), compose("<", name, ">").inside(), '"}')
+    parts = (',{"n":"', name.inside(), '","i":', int_text(ints), ',"t":',
+             *number_text(ns, x, ',"w":"'), compose("<", name, ">").inside(), '"}')
+    block = rows(*parts)
     assert len({len(r) for r in block}) == 1  # one width
+    for piece in (1, len(block[0]) * 3 - 1, 1 << 20):  # a row, two, all: the same bytes
+        written = []
+        write_rows(lambda b, kept=written: kept.append(bytes(b)), *parts, piece=piece)
+        assert b"".join(written) == block.tobytes()
+        assert len(written) == -(-n // max(1, piece // len(block[0])))
     got = json.loads("[" + block.tobytes().decode()[1:] + "]")
     want = [{"n": s, "i": i, "t": round(float(v), 3), "w": f"<{s}>"}
             for s, i, v in zip(names, ints, x)]
@@ -374,6 +389,17 @@ def test_integer_columns_of_one_value_one_width_or_many(values):
     # width, so each quad below the first is all digits; widths mixed, zeros and all)
     got = json.loads("[" + rows(",[", int_text(values), "]").tobytes().decode()[1:] + "]")
     assert got == [[v] for v in values]
+
+
+@pytest.mark.parametrize("ns", [[1000, 2000, 123456000], [999, 1999, 10 ** 12 + 999],
+                                [500, 1500], [1000, 1500, 1999], [0, 0]])
+def test_times_of_one_fraction_or_many_write_as_json_dumps(ns):
+    # a column whose digits after the point are one text (whole µs, or all one inset from
+    # them) is written in the rows' constant text: the same text as json.dumps's
+    ns = np.asarray(ns, dtype=np.int64)
+    x = ns / 1000.0
+    text = rows(",[", *number_text(ns, x, "]")).tobytes().decode()
+    assert text.replace(" ", "") == "".join(f",[{json.dumps(v)}]" for v in x.tolist())
 
 
 def test_windows_of_one_structure_share_their_shape_and_write_the_same_bytes(monkeypatch):

@@ -3,7 +3,8 @@ the rows of alike events, and the groupings the Perfetto export needs, each a ve
 
 - :func:`round_ns`: ``round(x, 3)`` exactly as Python rounds, as integer ns;
 - :func:`rows`: the JSON text of a group of alike events as one block of fixed-width rows
-  (a ``uint8`` array, a row per event), from constant texts and columns: :class:`Int`
+  (a ``uint8`` array, a row per event; :func:`write_rows` hands them to a file a piece at
+  a time), from constant texts and columns: :class:`Int`
   (integers), :func:`number_text` (a rounded float as ``repr`` writes it), :class:`Text`
   (strings of a table by code, escaped once per table: :class:`Strings`, :func:`escaped`;
   names made of parts: :func:`compose`, :func:`choose`). Each field of a row takes the
@@ -45,14 +46,19 @@ def round_ns(x: np.ndarray) -> np.ndarray:
     d = np.rint(y)
     # x * 1000 is within half an ulp of the exact product: only a product near a half can
     # round the other way, and beyond 2**43 the ulp is too coarse to tell (NaN: risky too)
-    e = y - d
+    if len(d) and not (-2.0 ** 43 < d.min() and d.max() < 2.0 ** 43):
+        big = ~(np.abs(y) < 2.0 ** 43)
+    else:
+        big = None
+    e = np.subtract(y, d, out=y)  # (y no longer needed: its memory taken)
     np.abs(e, out=e)
     risky = e >= 0.4989
-    if len(d) and not (-2.0 ** 43 < d.min() and d.max() < 2.0 ** 43):
-        risky |= ~(np.abs(y) < 2.0 ** 43)
+    if big is not None:
+        risky |= big
     out = d.astype(np.int64)
-    for i in np.flatnonzero(risky).tolist():
-        out[i] = int(f"{round(float(x[i]), TS_DIGITS):.3f}".replace(".", ""))
+    if risky.any():
+        for i in np.flatnonzero(risky).tolist():
+            out[i] = int(f"{round(float(x[i]), TS_DIGITS):.3f}".replace(".", ""))
     return out
 
 
@@ -73,9 +79,14 @@ def _cells(texts: list, width: int, right: bool = False) -> np.ndarray:
 #: four decimal digits per entry; entries 0..9999 without their leading zeros (right-aligned,
 #: 0 itself blank: a quad before the number's first digit), 10000.. with them
 def _quads(last: bool) -> np.ndarray:
-    short = [(str(i).encode() if (i or last) else b"") for i in range(10000)]
-    full = [f"{i:04d}".encode() for i in range(10000)]
-    return _cells(short + full, 4, right=True).view(np.uint32)
+    i = np.arange(10000)[:, None]
+    power = 10 ** np.arange(3, -1, -1)  # each digit's
+    full = (i // power % 10 + ord("0")).astype(np.uint8)
+    short = full.copy()
+    blank = i < power  # a zero before the first digit (made at import: by arrays, 5x a loop)
+    blank[0, 3] = not last
+    short[blank] = ord(" ")
+    return np.concatenate([short, full]).view(np.uint32).ravel()
 
 
 _QUADS = _quads(False)
@@ -133,16 +144,19 @@ class Int:
         full = lo >= 10 ** (width - 1)
         # 32-bit arithmetic where the values fit (a division by 10000 twice as fast)
         x = v.astype(np.int32) if hi < 2 ** 31 else v
+        # (each quad taken straight into its column of ``quads``: a third faster than a
+        # gather into a new array copied there)
         for c in range(nq - 1, 0, -1):  # the lowest four digits first
             rest = x // 10000
             idx = x - rest * 10000
             if full:
-                quads[:, c] = _QUADS_FULL[idx]
+                np.take(_QUADS_FULL, idx, out=quads[:, c])
             else:
                 idx += (rest > 0) * 10000  # digits before it: its zeros are digits
-                quads[:, c] = (_QUADS_LAST if c == nq - 1 else _QUADS)[idx]
+                np.take(_QUADS_LAST if c == nq - 1 else _QUADS, idx, out=quads[:, c])
             x = rest
-        quads[:, 0] = (_QUADS if nq > 1 else _QUADS_LAST)[x]  # below 10000: no digits before
+        # below 10000: no digits before
+        np.take(_QUADS if nq > 1 else _QUADS_LAST, x, out=quads[:, 0])
         # the last ``width`` bytes of each row (the blank quads' bytes before them dropped)
         self._cells = np.ndarray((m,), dtype=f"V{width}", buffer=quads,
                                  offset=4 * nq - width, strides=(4 * nq,))
@@ -257,7 +271,7 @@ class Text:
     def single(self) -> str | None:
         """The one text of every row, where there is one."""
         c = self.codes
-        if len(c) and int(c.min()) == int(c.max()):
+        if len(c) and c[0] == c[-1] and int(c.min()) == int(c.max()):
             return self.pre + self.table.texts[int(c[0])] + self.post
         return None
 
@@ -339,6 +353,14 @@ class _Fraction:
     def __len__(self) -> int:
         return len(self.r)
 
+    def single(self) -> str | None:
+        """The one text of every row, where there is one (a column of whole µs, of times one
+        inset from whole µs: most columns of a run of whole-µs costs)."""
+        r = self.r
+        if len(r) and r[0] == r[-1] and int(r.min()) == int(r.max()):  # (ends first: cheap)
+            return _FRACTIONS[int(r[0])]
+        return None
+
     def cells(self) -> np.ndarray:
         width = int(_FRACTION_LEN[self.r].max()) if len(self.r) else 2
         return _first_bytes(_FRACTION_WORDS.take(self.r), width)
@@ -364,18 +386,18 @@ def int_text(a) -> Int:
 
 
 def _constant(part):
-    """A column of one text (a pid, a tid, a name) as that text: part of the rows' constant
-    text, no column copied (the same bytes: its cells would be as wide as the text)."""
-    if isinstance(part, (str, _Fraction)):
+    """A column of one text (a pid, a tid, a name, the digits after the point) as that
+    text: part of the rows' constant text, no column copied (the same bytes: its cells would
+    be as wide as the text)."""
+    if isinstance(part, str):
         return part
     one = part.single()
     return part if one is None else one
 
 
-def rows(*parts) -> np.ndarray:
-    """The rows of alike events: ``parts`` are constant texts and columns (:class:`Int`,
-    :class:`Text`, :func:`number_text`'s), a value per event; one ``uint8`` row per event,
-    all of one width (see the module docstring)."""
+def _layout(parts) -> tuple[bytearray, list, int]:
+    """The rows' constant text (one row), where each column's cells go in it, and the rows'
+    count (see :func:`rows`)."""
     n = next((len(p) for p in parts if not isinstance(p, str)), 0)
     parts = [_constant(p) for p in parts]
     template = bytearray()
@@ -390,20 +412,59 @@ def rows(*parts) -> np.ndarray:
                 raise ValueError("a quoted text column must be followed by its quote")
             parts[i + 1] = nxt[1:]
         cells = p.cells()
-        fills.append((len(template), cells))
+        if cells.dtype.itemsize:
+            fills.append((len(template), cells))
         template += b" " * cells.dtype.itemsize
-    width = len(template)
-    # the constants, every row (a bytearray repeated: copies that double, twice as fast as
-    # numpy's broadcast of a row)
-    out = np.frombuffer(template * n, dtype=np.uint8).reshape(n, width)
-    if not n:
-        return out
+    return template, fills, n
+
+
+def _made(template: bytearray, m: int) -> np.ndarray:
+    """``m`` rows of the constant text (a bytearray repeated: copies that double, twice as
+    fast as numpy's broadcast of a row)."""
+    return np.frombuffer(template * m, dtype=np.uint8).reshape(m, len(template))
+
+
+def _fill(out: np.ndarray, fills: list, a: int, b: int) -> None:
+    """Rows ``a..b`` of the columns into the first ``b - a`` rows of ``out``: one copy of
+    fixed-size cells into each column of the rows."""
+    width = out.shape[1]
     for off, cells in fills:
-        size = cells.dtype.itemsize
-        if size:  # one copy of fixed-size cells into a column of the rows
-            np.ndarray((n,), dtype=cells.dtype, buffer=out, offset=off, strides=(width,))[...] \
-                = cells
+        np.ndarray((b - a,), dtype=cells.dtype, buffer=out, offset=off,
+                   strides=(width,))[...] = cells[a:b]
+
+
+def rows(*parts) -> np.ndarray:
+    """The rows of alike events: ``parts`` are constant texts and columns (:class:`Int`,
+    :class:`Text`, :func:`number_text`'s), a value per event; one ``uint8`` row per event,
+    all of one width (see the module docstring)."""
+    template, fills, n = _layout(parts)
+    out = _made(template, n)
+    if n:
+        _fill(out, fills, 0, n)
     return out
+
+
+#: the most bytes of rows :func:`write_rows` makes before handing them on: rows made a
+#: piece at a time in one buffer stay in the processor's cache while their columns are
+#: copied in and while the file takes them (a whole block of megabytes, made at once, is
+#: made in new memory and read back from main memory: twice the system time of the file's
+#: writing, docs/benchmarks.md)
+PIECE_BYTES = 1 << 19
+
+
+def write_rows(write, *parts, piece: int | None = None) -> None:
+    """:func:`rows` of ``parts``, handed to ``write`` a piece of at most ``piece`` bytes
+    (:data:`PIECE_BYTES`; a row at least) at a time: a view of one buffer, filled again with
+    the next piece's rows once ``write`` returns (``write`` copies what it keeps)."""
+    template, fills, n = _layout(parts)
+    if not n:
+        return
+    per = max(1, (PIECE_BYTES if piece is None else piece) // max(1, len(template)))
+    out = _made(template, min(n, per))
+    for a in range(0, n, per):
+        b = min(n, a + per)
+        _fill(out, fills, a, b)
+        write(memoryview(out[:b - a]).cast("B"))
 
 
 _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')

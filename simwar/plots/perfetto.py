@@ -38,7 +38,8 @@ and the counters' pending changes. A streamed run's events are those of its whol
 exported at once; only their order in the file and the flows' ids differ (a lane whose
 spans overlap across windows would be split window by window, which no simulated run
 needs: its lanes never overlap). The JSON text is made a group of alike events at a time,
-as blocks of fixed-width rows copied column by column (:mod:`simwar.plots.jsoncols`:
+as fixed-width rows copied column by column and handed to the file a piece of rows at a
+time, each made in cache (:func:`simwar.plots.jsoncols.write_rows`;
 numbers exactly as ``json.dumps`` writes the rounded floats; a shorter value is followed by
 spaces where JSON allows them, so the file parses to the same events as ``json.dumps``'s
 text, a few per cent larger). JSON rather than Perfetto's protobuf format: it is what torch.profiler
@@ -75,7 +76,7 @@ from simwar.plots.jsoncols import (
     json_str,
     number_text,
     round_ns,
-    rows,
+    write_rows,
 )
 from simwar.plots.perfetto_shape import Flows, WindowShape, name_text, slice_groups
 
@@ -129,11 +130,10 @@ class ChromeTraceWriter:
     def _write_text(self, text: str) -> None:
         self.out.write(text.encode())
 
-    def _write(self, block: np.ndarray) -> None:
-        """Write a block of event rows (:func:`~simwar.plots.jsoncols.rows`; each row begins
-        with its comma)."""
-        if block.size:
-            self.out.write(memoryview(np.ascontiguousarray(block)).cast("B"))
+    def _write(self, *parts) -> None:
+        """Write the rows of alike events made of ``parts`` (constant texts and columns:
+        :func:`~simwar.plots.jsoncols.write_rows`; each row begins with its comma)."""
+        write_rows(self.out.write, *parts)
 
     # ---- one window
     def add(self, window) -> None:
@@ -241,10 +241,10 @@ class ChromeTraceWriter:
             head = ',{"ph":"X","name":"'
             mid = f'","cat":"{SPAN_KINDS[k]}","pid":{p},"tid":{t},"ts":'
             dur = dur_ns[sel]
-            self._write(rows(head, name.inside(), mid,
-                             *number_text(start_ns[sel], sp.start_us[sel], ',"dur":'),
-                             *number_text(dur, dur, ',"args":{"step":'),
-                             int_text(sp.step[sel]), args + "}}"))
+            self._write(head, name.inside(), mid,
+                        *number_text(start_ns[sel], sp.start_us[sel], ',"dur":'),
+                        *number_text(dur, dur, ',"args":{"step":'),
+                        int_text(sp.step[sel]), args + "}}")
 
     def _take(self, esc, codes) -> Text:
         codes = np.asarray(codes)
@@ -262,10 +262,10 @@ class ChromeTraceWriter:
         x = ops.start_us[ids]
         ev = self._take(esc, ops.event[ids]).inside()  # its cells made once, taken twice
         pids = lane_pid[ops.lane[ids]]
-        self._write(rows(',{"ph":"i","s":"t","name":"record ', ev,
-                         '","cat":"record","pid":', int_text(pids), ',"tid":1,"ts":',
-                         *number_text(round_ns(x), x, ',"args":{"step":'),
-                         int_text(ops.step[ids]), ',"event":"', ev, '"}}'))
+        self._write(',{"ph":"i","s":"t","name":"record ', ev,
+                    '","cat":"record","pid":', int_text(pids), ',"tid":1,"ts":',
+                    *number_text(round_ns(x), x, ',"args":{"step":'),
+                    int_text(ops.step[ids]), ',"event":"', ev, '"}}')
 
     # ---- flows
     def _flows(self, w, fl: Flows, esc, pid, tid, start_r, end_r, texts) -> None:
@@ -379,12 +379,9 @@ class ChromeTraceWriter:
         name = name.inside()  # its cells made once for both ends
         for ph, p, t, ts in (("s", sp, st, sts), ("f", dp, dt, dts)):
             ts = np.asarray(ts).astype(np.int64)  # ns (exact integers when carried as floats)
-            self._write(rows(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"',
-                             name, '","pid":', int_text(p), ',"tid":',
-                             int_text(t), ',"ts":',
-                             *number_text(ts, ts, ',"bp":"e","args":{"step":'),
-                             steps,
-                             args))
+            self._write(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"',
+                        name, '","pid":', int_text(p), ',"tid":', int_text(t), ',"ts":',
+                        *number_text(ts, ts, ',"bp":"e","args":{"step":'), steps, args)
 
     def _emit_one(self, flow, dp: int, dt: int, dts: float) -> None:
         cat, event, info, step = flow
@@ -494,9 +491,8 @@ class _Counters:
     def _write(self, name: str, arg: str, t: np.ndarray, v: np.ndarray) -> None:
         if not len(t):
             return
-        self.w._write(rows(f',{{"ph":"C","name":"{name}","pid":{HOST_PID},"tid":0,"ts":',
-                           *number_text(round_ns(t), t, f',"args":{{"{arg}":'), int_text(v),
-                           "}}"))
+        self.w._write(f',{{"ph":"C","name":"{name}","pid":{HOST_PID},"tid":0,"ts":',
+                      *number_text(round_ns(t), t, f',"args":{{"{arg}":'), int_text(v), "}}")
 
     def close(self) -> None:
         self._advance(_INF, _INF)
