@@ -19,8 +19,6 @@ Imports: pydantic and the modules of :mod:`simwar.config` below it (numpy lazily
 from builder, executors or above.
 """
 
-from __future__ import annotations
-
 import math
 from typing import Annotated, Any, Literal
 
@@ -111,7 +109,7 @@ class Policy(StrictModel):
     k-1's result in iteration k; 2: a what-if, step k-2's)."""
 
     @model_validator(mode="after")
-    def _ahead(self) -> Policy:
+    def _ahead(self) -> "Policy":
         if self.launch_ahead > 1 and not self.overlap:
             raise ValueError(f"launch_ahead {self.launch_ahead} runs ahead in the overlap loop; "
                              f"with overlap false each result is processed in its own iteration")
@@ -307,7 +305,7 @@ class Prefill(StrictModel):
         return int(v)
 
     @model_validator(mode="after")
-    def _eager(self) -> Prefill:
+    def _eager(self) -> "Prefill":
         if self.launches > 1 and self.graph != "eager":
             raise ValueError(f"prefill.launches: {self.launches} launches are an eager "
                              f"prefill's kernels; graph {self.graph} is one graph launch "
@@ -386,7 +384,7 @@ class Scheduling(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _rule(self) -> Scheduling:
+    def _rule(self) -> "Scheduling":
         if self.max_consecutive_prefill is not None and self.rule != "sglang":
             raise ValueError(f"max_consecutive_prefill bounds the prefill steps of the "
                              f"sglang rule; rule {self.rule} runs none")
@@ -536,7 +534,7 @@ class Config(StrictModel):
         return data
 
     @model_validator(mode="after")
-    def _resolve(self) -> Config:
+    def _resolve(self) -> "Config":
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be < steps ({self.steps})")
         if self.steps < self.warmup_steps + MIN_MEASURED + 1:
