@@ -14,7 +14,8 @@
   as in the other modes).
 - **floor**: the same, of a process that only imports the libraries such a run loads before
   any of simwar runs (numpy, yaml, pydantic and the parts of it a validation loads; with the
-  settings :mod:`simwar.cli` makes first, its garbage collector's included), in the same
+  settings :mod:`simwar.cli` makes first, its garbage collector's included, and without
+  ``importlib.metadata``, which it defers), in the same
   modes, interleaved with the runs: what the start-up cannot go below while it imports them
   (``run 500`` minus it is simwar's own share). A repeat run reads no YAML: its floor leaves
   yaml out.
@@ -48,12 +49,14 @@ RUN = ["-c", "import sys; from simwar.cli import main; sys.exit(main())", "run",
        "steps=500", "--quiet"]
 #: a process importing only what ``simwar run`` imports of other packages (its floor)
 #: (with the settings the command line makes before them: one OpenBLAS thread, no plugins,
-#: the garbage collector off during the imports and everything frozen at the exit)
+#: the garbage collector off during the imports and everything frozen at the exit; with the
+#: plugins off the command line defers ``importlib.metadata``, which pydantic's plugin
+#: loader imports, so the floor leaves that loader out: its own code is a few lines)
 FLOOR = ["-c", "import gc, os; gc.disable(); "
          "os.environ.setdefault('OPENBLAS_NUM_THREADS', '1'); "
          "os.environ.setdefault('PYDANTIC_DISABLE_PLUGINS', '__all__'); "
          "import argparse, numpy, yaml, annotated_types, pydantic, pydantic.main, "
-         "pydantic.types, pydantic.plugin._loader; gc.freeze()"]
+         "pydantic.types; gc.freeze()"]
 #: the floor of a repeat run (its config from the cache: no YAML read)
 FLOOR_WARM = [FLOOR[0], FLOOR[1].replace(" yaml,", "")]
 #: mode -> (a bytecode cache, the cache of validated configs warm)

@@ -153,17 +153,22 @@ def hb_sequence(trace: Trace, facts: HbFacts) -> HbSequence:
     return seq
 
 
-@dataclass
 class RaceReport(HazardReport):
     """The races of :func:`latent_races` (a :class:`HazardReport`: ``latent``, ``observed``)
     and, per race, ``known``: the trace op of the earlier access's lane that is the latest its
     later access is ordered after (-1: none of that lane's work), and ``known_added``: whether
     that is an item the facts added (the tail of the lane at the device sync ``known``)."""
 
-    known: list[int] = field(default_factory=list)
-    known_added: list[bool] = field(default_factory=list)
-    #: per race, the rules (:attr:`Accesses.rule`) of its earlier and later access
-    rules: list[tuple[str, str]] = field(default_factory=list)
+    _fields = ("races", "known", "known_added", "rules")
+
+    def __init__(self, races: list[Race] | None = None, known: list[int] | None = None,
+                 known_added: list[bool] | None = None,
+                 rules: list[tuple[str, str]] | None = None):
+        super().__init__(races)
+        self.known = [] if known is None else known
+        self.known_added = [] if known_added is None else known_added
+        #: per race, the rules (:attr:`Accesses.rule`) of its earlier and later access
+        self.rules = [] if rules is None else rules
 
     def hazards(self) -> HazardReport:
         return HazardReport(list(self.races))

@@ -27,17 +27,17 @@ far away; the default covers the k / k+1 reuse of the overlap loop).
 Each race names its two accesses by op id (``first_op``, ``second_op``), so a reader finds
 the spans of both without matching labels or times.
 
-Imports: the standard library and numpy (``frame()`` imports pandas lazily).
+Imports: the standard library, numpy and simwar.core (``frame()`` imports pandas lazily).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from simwar.core.frozen import MutableRecord
 from simwar.core.kinds import Mode, OpKind
 
 if TYPE_CHECKING:
@@ -65,9 +65,13 @@ class Race(NamedTuple):
         return self.overlap_us > 0
 
 
-@dataclass
-class HazardReport:
-    races: list[Race] = field(default_factory=list)
+class HazardReport(MutableRecord):
+    """The races of a run (:class:`Race`), in the order found."""
+
+    _fields = ("races",)
+
+    def __init__(self, races: list[Race] | None = None):
+        self.races = [] if races is None else races
 
     @property
     def latent(self) -> list[Race]:

@@ -78,8 +78,9 @@ start (when the host has processed the finishing result: the client's reply, sen
 once). ``closed_loop.lengths`` gives the requests' lengths in the order sent (a measured
 run's own requests); past its lists they are drawn.
 
-Imports: numpy, :mod:`simwar.config` and :mod:`simwar.builder.draws`; nothing from executors
-(realizing arrivals runs the executor: :mod:`simwar.api` orders it).
+Imports: numpy, :mod:`simwar.config`, :mod:`simwar.core.frozen` and
+:mod:`simwar.builder.draws`; nothing from executors (realizing arrivals runs the executor:
+:mod:`simwar.api` orders it).
 """
 
 from __future__ import annotations
@@ -87,13 +88,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
 from simwar.builder.draws import sample
 from simwar.config.base import ConfigError
 from simwar.config.schema import REQUEST_SOURCES, SHAPES, Config, buckets_of
+from simwar.core.frozen import MutableRecord
 
 #: the generator stream of each random source: ``default_rng([seed, STREAMS[name]])``
 STREAMS = {"batch": 1, "accept": 2, "arrivals": 3, "output": 4, "prompt": 5}
@@ -114,44 +115,60 @@ def has_host_before(pf) -> bool:
     c = pf.host_before_us
     return bool(c.base or c.per_token or c.per_token_prefix)
 
-@dataclass
-class StepSizes:
+class StepSizes(MutableRecord):
     """Per-step arrays of one run (see the module docstring)."""
 
-    batch: np.ndarray  # int64, one per step
-    bucket: np.ndarray  # int64
-    accept: np.ndarray  # float64
-    buckets: list[int] | None = None
-    #: arrivals only: host time waited for a request at the top of each iteration
-    #: (steps + 1 entries: the drain waits for nothing)
-    idle: np.ndarray | None = None
-    #: arrivals only: per admitted request (arrays of equal length)
-    requests: dict | None = None
-    #: prompts only: prompt tokens prefilled in each step, and what that costs (µs)
-    prefill_tokens: np.ndarray | None = None
-    prefill_us: np.ndarray | None = None
-    prefill_host_us: np.ndarray | None = None
-    #: ``prefill.host_before_us`` given only: the host's work before the prefill's first launch
-    prefill_host_before_us: np.ndarray | None = None
-    #: prompts only: the (chunk token, cached token) pairs of each step's attention over the
-    #: prefixes its requests have in the cache (``prefill.forward_us.per_token_prefix``)
-    prefill_prefix: np.ndarray | None = None
-    #: ``prefill.launches`` > 1 only: each launch's share of ``prefill_us`` and
-    #: ``prefill_host_us`` (the kernel and the host dispatch of each of the step's launches)
-    prefill_launch_us: np.ndarray | None = None
-    prefill_launch_host_us: np.ndarray | None = None
-    #: the program's meta carries the per-step arrays (a workload section, or varying
-    #: accepted tokens)
-    per_step: bool = False
-    #: graph launches carry their size in their name (``verify.graph@32``): one captured
-    #: graph per (phase, bucket)
-    suffix: bool = False
-    #: the workload's batch source (``constant`` without one): :mod:`simwar.config.workload`
-    source: str = "constant"
-    #: a run whose scheduler picks each step's shape (``scheduling.rule: sglang``): the
-    #: shape of each step, an index into :data:`~simwar.config.schema.SHAPES` (None: every
-    #: step has the rule's one shape)
-    shape: np.ndarray | None = None
+    _fields = ("batch", "bucket", "accept", "buckets", "idle", "requests", "prefill_tokens",
+               "prefill_us", "prefill_host_us", "prefill_host_before_us", "prefill_prefix",
+               "prefill_launch_us", "prefill_launch_host_us", "per_step", "suffix", "source",
+               "shape")
+
+    def __init__(self, batch: np.ndarray, bucket: np.ndarray, accept: np.ndarray,
+                 buckets: list[int] | None = None, idle: np.ndarray | None = None,
+                 requests: dict | None = None, prefill_tokens: np.ndarray | None = None,
+                 prefill_us: np.ndarray | None = None,
+                 prefill_host_us: np.ndarray | None = None,
+                 prefill_host_before_us: np.ndarray | None = None,
+                 prefill_prefix: np.ndarray | None = None,
+                 prefill_launch_us: np.ndarray | None = None,
+                 prefill_launch_host_us: np.ndarray | None = None, per_step: bool = False,
+                 suffix: bool = False, source: str = "constant",
+                 shape: np.ndarray | None = None):
+        self.batch = batch  # int64, one per step
+        self.bucket = bucket  # int64
+        self.accept = accept  # float64
+        self.buckets = buckets
+        #: arrivals only: host time waited for a request at the top of each iteration
+        #: (steps + 1 entries: the drain waits for nothing)
+        self.idle = idle
+        #: arrivals only: per admitted request (arrays of equal length)
+        self.requests = requests
+        #: prompts only: prompt tokens prefilled in each step, and what that costs (µs)
+        self.prefill_tokens = prefill_tokens
+        self.prefill_us = prefill_us
+        self.prefill_host_us = prefill_host_us
+        #: ``prefill.host_before_us`` given only: the host's work before the prefill's first
+        #: launch
+        self.prefill_host_before_us = prefill_host_before_us
+        #: prompts only: the (chunk token, cached token) pairs of each step's attention over
+        #: the prefixes its requests have in the cache (``prefill.forward_us.per_token_prefix``)
+        self.prefill_prefix = prefill_prefix
+        #: ``prefill.launches`` > 1 only: each launch's share of ``prefill_us`` and
+        #: ``prefill_host_us`` (the kernel and the host dispatch of each of the step's launches)
+        self.prefill_launch_us = prefill_launch_us
+        self.prefill_launch_host_us = prefill_launch_host_us
+        #: the program's meta carries the per-step arrays (a workload section, or varying
+        #: accepted tokens)
+        self.per_step = per_step
+        #: graph launches carry their size in their name (``verify.graph@32``): one captured
+        #: graph per (phase, bucket)
+        self.suffix = suffix
+        #: the workload's batch source (``constant`` without one): :mod:`simwar.config.workload`
+        self.source = source
+        #: a run whose scheduler picks each step's shape (``scheduling.rule: sglang``): the
+        #: shape of each step, an index into :data:`~simwar.config.schema.SHAPES` (None: every
+        #: step has the rule's one shape)
+        self.shape = shape
 
     def meta(self) -> dict:
         """The ``meta.workload`` block (plain lists: programs and traces are JSON)."""

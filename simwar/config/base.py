@@ -9,8 +9,6 @@ infinite or undefined.
 Imports: pydantic only (the bottom of :mod:`simwar.config`).
 """
 
-from __future__ import annotations
-
 import math
 import typing
 from typing import Any
@@ -98,7 +96,11 @@ class StrictModel(BaseModel):
     # at its first use (~3 ms of a run's start-up). Likewise a section's default is its
     # values as data, validated by the config's validator (validate_default), not
     # default_factory=Section: constructing the section would build its own validator, a
-    # second one, for each config that leaves the section out
+    # second one, for each config that leaves the section out. The modules that define config
+    # models (this one, durations, phases, workload, schema) do not postpone their
+    # annotations (no `from __future__ import annotations`): pydantic would compile and
+    # evaluate each field's annotation text at every import (~12 M instructions a start-up);
+    # a method's return type naming its own class is quoted instead
     model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
     @model_validator(mode="before")

@@ -11,8 +11,6 @@ uses: :func:`simwar.config.schema.duration_keys`). :data:`Duration` is that choi
 Imports: pydantic and :mod:`simwar.config.base`.
 """
 
-from __future__ import annotations
-
 import math
 from typing import Annotated, Any, Literal, Union
 
@@ -42,7 +40,7 @@ class Dist(StrictModel):
     never negative); a distribution clipped in more than 1% of its draws gets a warning."""
 
     @model_validator(mode="after")
-    def _check(self) -> Dist:
+    def _check(self) -> "Dist":
         need = {"normal": ("mean", "std"), "lognormal": ("mean", "std"),
                 "uniform": ("low", "high"), "empirical": ("values",)}[self.dist]
         for key in need:
@@ -124,7 +122,7 @@ class Affine(StrictModel):
         return dict(sorted(out.items()))
 
     @model_validator(mode="after")
-    def _one_form(self) -> Affine:
+    def _one_form(self) -> "Affine":
         if self.per_bucket is not None and (self.base or self.per_seq or self.per_token):
             raise ValueError("per_bucket: a table per bucket replaces base, per_seq and "
                              "per_token (give one or the other)")

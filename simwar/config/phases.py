@@ -9,8 +9,6 @@ Imports: pydantic, :mod:`simwar.config.base`, :mod:`simwar.config.durations` and
 :mod:`simwar.config.algorithms`.
 """
 
-from __future__ import annotations
-
 import re
 from typing import Any, Literal
 

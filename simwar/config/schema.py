@@ -20,8 +20,6 @@ Imports: pydantic and the modules of :mod:`simwar.config` below it (numpy lazily
 from builder, executors or above.
 """
 
-from __future__ import annotations
-
 import math
 from typing import Annotated, Any, Literal
 
@@ -121,7 +119,7 @@ class Policy(StrictModel):
     k-1's result in iteration k; 2: a what-if, step k-2's)."""
 
     @model_validator(mode="after")
-    def _ahead(self) -> Policy:
+    def _ahead(self) -> "Policy":
         if self.launch_ahead > 1 and not self.overlap:
             raise ValueError(f"launch_ahead {self.launch_ahead} runs ahead in the overlap loop; "
                              f"with overlap false each result is processed in its own iteration")
@@ -342,7 +340,7 @@ class Config(StrictModel):
         return data
 
     @model_validator(mode="after")
-    def _resolve(self) -> Config:
+    def _resolve(self) -> "Config":
         if self.warmup_steps >= self.steps:
             raise ValueError(f"warmup_steps ({self.warmup_steps}) must be < steps ({self.steps})")
         if self.steps < self.warmup_steps + MIN_MEASURED + 1:

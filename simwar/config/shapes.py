@@ -15,8 +15,6 @@ Imports: pydantic and the modules of :mod:`simwar.config` below it (base, durati
 workload).
 """
 
-from __future__ import annotations
-
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -135,7 +133,7 @@ class Prefill(StrictModel):
         return int(v)
 
     @model_validator(mode="after")
-    def _eager(self) -> Prefill:
+    def _eager(self) -> "Prefill":
         if self.launches > 1 and self.graph != "eager":
             raise ValueError(f"prefill.launches: {self.launches} launches are an eager "
                              f"prefill's kernels; graph {self.graph} is one graph launch "
@@ -214,7 +212,7 @@ class Scheduling(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _rule(self) -> Scheduling:
+    def _rule(self) -> "Scheduling":
         if self.max_consecutive_prefill is not None and self.rule != "sglang":
             raise ValueError(f"max_consecutive_prefill bounds the prefill steps of the "
                              f"sglang rule; rule {self.rule} runs none")

@@ -28,8 +28,6 @@ Imports: pydantic, :mod:`simwar.config.base` and :mod:`simwar.config.durations` 
 lazily).
 """
 
-from __future__ import annotations
-
 import math
 from typing import Annotated, Any, Callable, ClassVar, Union
 
@@ -78,7 +76,7 @@ class ArrivalTrace(StrictModel):
     """Each request's prompt tokens (needs a prefill: section; None: no prompts)."""
 
     @model_validator(mode="after")
-    def _check(self) -> ArrivalTrace:
+    def _check(self) -> "ArrivalTrace":
         n = len(self.arrival_us)
         if not n:
             raise ValueError("workload.arrivals.trace.arrival_us: empty (one time per request)")
@@ -106,7 +104,7 @@ class Arrivals(StrictModel):
     """The requests as they arrived, from a server's log (or give rate_per_s)."""
 
     @model_validator(mode="after")
-    def _one(self) -> Arrivals:
+    def _one(self) -> "Arrivals":
         if (self.rate_per_s is None) == (self.trace is None):
             raise ValueError("workload.arrivals: give rate_per_s or trace (one of them)")
         return self
@@ -170,7 +168,7 @@ class ClosedLoopLengths(StrictModel):
     """Each request's prompt tokens, in the order sent (with workload.prompt_tokens)."""
 
     @model_validator(mode="after")
-    def _check(self) -> ClosedLoopLengths:
+    def _check(self) -> "ClosedLoopLengths":
         n = len(self.output_tokens)
         if not n:
             raise ValueError("workload.closed_loop.lengths.output_tokens: empty (one length per "
@@ -259,7 +257,7 @@ class _BatchSource(StrictModel):
     an error naming the step)."""
 
     @model_validator(mode="after")
-    def _check(self, info: ValidationInfo) -> _BatchSource:
+    def _check(self, info: ValidationInfo) -> "_BatchSource":
         buckets = self.graph_buckets
         if buckets is not None:
             if not buckets:

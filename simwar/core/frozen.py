@@ -10,6 +10,11 @@ their text at every import, about 3.5 M instructions a class: for the records on
 assignment with :class:`dataclasses.FrozenInstanceError`, as a frozen dataclass is, and all of
 it is compiled once into the bytecode cache.
 
+:class:`MutableRecord` is the same for a record whose fields change after it is made (a plan,
+the per-step sizes of a run: a plain dataclass's): its fields are named in ``_fields`` and
+kept in the instance's ``__dict__`` (a copy may update that directly); it is compared and
+shown by their values, and is not hashable, as a dataclass with ``eq`` is.
+
 Imports: the standard library only (:mod:`simwar.core.program` stays importable where simwar's
 other dependencies are not).
 """
@@ -71,3 +76,23 @@ def _plain(value):
     if type(value) in (tuple, list):
         return type(value)(_plain(v) for v in value)
     return value
+
+
+class MutableRecord:
+    """Fields named in ``_fields`` (in order: ``__init__`` takes them in that order), set by
+    ``__init__`` and changeable afterwards; compared and shown by their values, unhashable."""
+
+    _fields: tuple[str, ...] = ()
+    __hash__ = None  # a mutable record, as a dataclass with eq=True and not frozen
+
+    def _values(self) -> tuple:
+        return tuple([getattr(self, name) for name in self._fields])
+
+    def __eq__(self, other):
+        if other.__class__ is self.__class__:
+            return self._values() == other._values()
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
+        return f"{type(self).__qualname__}({fields})"

@@ -18,69 +18,87 @@ others and reads the same.
 A field whose absence differs from any value (the barrier a config asked for, when the run
 came from a capture) is None when the key is absent.
 
-Imports: the standard library only.
+Imports: the standard library and :mod:`simwar.core.frozen`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
 from typing import Any
+
+from simwar.core.frozen import Frozen, set_field
 
 __all__ = ["RunMeta"]
 
 
-@dataclass(frozen=True)
-class RunMeta:
+class RunMeta(Frozen):
     """The typed run facts of a Trace's ``meta`` (see the module docstring).
 
     Every field is the meta key of the same name; a key that is absent takes the default.
     """
 
-    #: the config's name (a capture's, or empty)
-    name: str = ""
-    #: which executor or importer wrote the trace: ``sim``, ``kineto``, ``replay``, ...
-    source: str = ""
-    #: the file a capture was read from
-    file: str | None = None
-    #: the speculative-decoding algorithm (``dflash``, ``eagle``, ...; empty for a capture)
-    algorithm: str = ""
-    seed: int | None = None
-    #: scheduler iterations run, and the first of them that the figures count
-    steps: int | None = None
-    warmup_steps: int = 0
-    #: the batch and tokens accepted per request per step of a run of one size
-    batch_size: float = 1
-    accept_tokens: float = 1.0
-    #: a run whose batch changes every step: per-step arrays (``batch_size``,
-    #: ``graph_bucket``, ``accept_tokens``, ...) and the requests that arrived
-    workload: Mapping | None = None
-    #: request latency bounds (``ttft_ms``, ...) of a run with requests
-    slo: Mapping | None = None
-    #: the lane of the forward stream
-    forward_stream: str = "forward"
-    #: the barrier the config asked for, the one the run applied, and where it sits
-    barrier: str | None = None
-    barrier_effective: str | None = None
-    placement: str | None = None
-    #: where the read-done is recorded, and why there
-    publish_phase: str | None = None
-    publish_position: str | None = None
-    publish_reason: str | None = None
-    #: False for a run with overlap scheduling off (the normal loop)
-    overlap: bool | None = None
-    #: a tensor-parallel rank: its rank, the ranks, its seed and its collectives (op ids,
-    #: host or device, instance)
-    rank: int | None = None
-    tp: int | None = None
-    rank_seed: int | None = None
-    collectives: Mapping | None = None
-    #: a capture's scheduler thread ``[pid, tid]``, its name, why it was chosen, and every
-    #: thread that launched work ``[name, tid, launches]``
-    host_thread: list | None = None
-    host_thread_name: str | None = None
-    host_thread_reason: str | None = None
-    launch_threads: list | None = None
+    __slots__ = ("name", "source", "file", "algorithm", "seed", "steps", "warmup_steps",
+                 "batch_size", "accept_tokens", "workload", "slo", "forward_stream", "barrier",
+                 "barrier_effective", "placement", "publish_phase", "publish_position",
+                 "publish_reason", "overlap", "rank", "tp", "rank_seed", "collectives",
+                 "host_thread", "host_thread_name", "host_thread_reason", "launch_threads")
+
+    def __init__(self, name: str = "", source: str = "", file: str | None = None,
+                 algorithm: str = "", seed: int | None = None, steps: int | None = None,
+                 warmup_steps: int = 0, batch_size: float = 1, accept_tokens: float = 1.0,
+                 workload: Mapping | None = None, slo: Mapping | None = None,
+                 forward_stream: str = "forward", barrier: str | None = None,
+                 barrier_effective: str | None = None, placement: str | None = None,
+                 publish_phase: str | None = None, publish_position: str | None = None,
+                 publish_reason: str | None = None, overlap: bool | None = None,
+                 rank: int | None = None, tp: int | None = None, rank_seed: int | None = None,
+                 collectives: Mapping | None = None, host_thread: list | None = None,
+                 host_thread_name: str | None = None, host_thread_reason: str | None = None,
+                 launch_threads: list | None = None):
+        #: the config's name (a capture's, or empty)
+        set_field(self, "name", name)
+        #: which executor or importer wrote the trace: ``sim``, ``kineto``, ``replay``, ...
+        set_field(self, "source", source)
+        #: the file a capture was read from
+        set_field(self, "file", file)
+        #: the speculative-decoding algorithm (``dflash``, ``eagle``, ...; empty for a capture)
+        set_field(self, "algorithm", algorithm)
+        set_field(self, "seed", seed)
+        #: scheduler iterations run, and the first of them that the figures count
+        set_field(self, "steps", steps)
+        set_field(self, "warmup_steps", warmup_steps)
+        #: the batch and tokens accepted per request per step of a run of one size
+        set_field(self, "batch_size", batch_size)
+        set_field(self, "accept_tokens", accept_tokens)
+        #: a run whose batch changes every step: per-step arrays (``batch_size``,
+        #: ``graph_bucket``, ``accept_tokens``, ...) and the requests that arrived
+        set_field(self, "workload", workload)
+        #: request latency bounds (``ttft_ms``, ...) of a run with requests
+        set_field(self, "slo", slo)
+        #: the lane of the forward stream
+        set_field(self, "forward_stream", forward_stream)
+        #: the barrier the config asked for, the one the run applied, and where it sits
+        set_field(self, "barrier", barrier)
+        set_field(self, "barrier_effective", barrier_effective)
+        set_field(self, "placement", placement)
+        #: where the read-done is recorded, and why there
+        set_field(self, "publish_phase", publish_phase)
+        set_field(self, "publish_position", publish_position)
+        set_field(self, "publish_reason", publish_reason)
+        #: False for a run with overlap scheduling off (the normal loop)
+        set_field(self, "overlap", overlap)
+        #: a tensor-parallel rank: its rank, the ranks, its seed and its collectives (op ids,
+        #: host or device, instance)
+        set_field(self, "rank", rank)
+        set_field(self, "tp", tp)
+        set_field(self, "rank_seed", rank_seed)
+        set_field(self, "collectives", collectives)
+        #: a capture's scheduler thread ``[pid, tid]``, its name, why it was chosen, and every
+        #: thread that launched work ``[name, tid, launches]``
+        set_field(self, "host_thread", host_thread)
+        set_field(self, "host_thread_name", host_thread_name)
+        set_field(self, "host_thread_reason", host_thread_reason)
+        set_field(self, "launch_threads", launch_threads)
 
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> RunMeta:
@@ -123,4 +141,4 @@ class RunMeta:
         return self.barrier if self.barrier_effective is None else self.barrier_effective
 
 
-_KEYS = frozenset(f.name for f in fields(RunMeta))
+_KEYS = frozenset(RunMeta.__slots__)

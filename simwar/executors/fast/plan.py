@@ -20,13 +20,13 @@ this one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 
 from simwar.builder.draws import Sum, Use
 from simwar.builder.loop import plan_iterations
+from simwar.core.frozen import MutableRecord
 from simwar.core.kinds import Mode, OpKind
 from simwar.core.program import (
     Collective,
@@ -77,21 +77,25 @@ class Unsettled(PlanRefused):
     cannot be planned from its first iterations: plan it from its Program instead."""
 
 
-@dataclass
-class DeviceOp:
+class DeviceOp(MutableRecord):
     """One device-visible op of a shape, in issue order (its op id is base + index)."""
 
-    kind: int  # OpKind
-    lane: str
-    off: int  # step offset from the segment's step
-    label: str = ""
-    phase: str = ""
-    accesses: tuple = ()  # ((buffer, Mode), ...) in the engine's order: reads, then writes
-    bind: SyncBinding | None = None  # waits and syncs (None: bound to nothing)
-    bound_op: int | None = None  # a wait_stream's wait: the device op index of its record
-    #: a collective's (tensor-parallel ranks): "host" (a host collective, the sync op the
-    #: engine records for it) or "device" (a collective kernel); "" for every other op
-    coll: str = ""
+    _fields = ("kind", "lane", "off", "label", "phase", "accesses", "bind", "bound_op", "coll")
+
+    def __init__(self, kind: int, lane: str, off: int, label: str = "", phase: str = "",
+                 accesses: tuple = (), bind: SyncBinding | None = None,
+                 bound_op: int | None = None, coll: str = ""):
+        self.kind = kind  # OpKind
+        self.lane = lane
+        self.off = off  # step offset from the segment's step
+        self.label = label
+        self.phase = phase
+        self.accesses = accesses  # ((buffer, Mode), ...) in the engine's order: reads, writes
+        self.bind = bind  # waits and syncs (None: bound to nothing)
+        self.bound_op = bound_op  # a wait_stream's wait: the device op index of its record
+        #: a collective's (tensor-parallel ranks): "host" (a host collective, the sync op the
+        #: engine records for it) or "device" (a collective kernel); "" for every other op
+        self.coll = coll
 
 
 class Shape:
@@ -312,51 +316,61 @@ def _segments(ops) -> list[tuple[int | None, list]]:
 
 
 # =========================================================================== plans
-@dataclass
-class Block:
+class Block(MutableRecord):
     """Consecutive segments of one shape: ``steps`` (their marker steps), parameters."""
 
-    shape: Shape
-    g0: int  # first segment index
-    steps: range | list  # marker step of each segment (0 for a prefix)
-    consts: tuple  # per parameter slot: a number, or None for a column
-    columns: object  # callable(start, stop) -> list of column lists, in slot order
-    marked: bool = True  # False: a prefix before the first step marker
-    #: the host ops its segments were shaped from: an index into ``Plan.skeleton`` (a
-    #: config's plan: the iteration standing for every segment of the block; a Program's:
-    #: the block's first segment, the others following it)
-    source: int = 0
+    _fields = ("shape", "g0", "steps", "consts", "columns", "marked", "source")
+
+    def __init__(self, shape: Shape, g0: int, steps: range | list, consts: tuple,
+                 columns: object, marked: bool = True, source: int = 0):
+        self.shape = shape
+        self.g0 = g0  # first segment index
+        self.steps = steps  # marker step of each segment (0 for a prefix)
+        self.consts = consts  # per parameter slot: a number, or None for a column
+        self.columns = columns  # callable(start, stop) -> list of column lists, in slot order
+        self.marked = marked  # False: a prefix before the first step marker
+        #: the host ops its segments were shaped from: an index into ``Plan.skeleton`` (a
+        #: config's plan: the iteration standing for every segment of the block; a Program's:
+        #: the block's first segment, the others following it)
+        self.source = source
 
     @property
     def n(self) -> int:
         return len(self.steps)
 
 
-@dataclass
-class Plan:
+class Plan(MutableRecord):
     """A program as blocks of shapes, ready for
     :func:`simwar.executors.fast.execute.run_plan`."""
 
-    blocks: list[Block]
-    meta: dict
-    lo: int  # smallest step
-    hi: int  # largest step
-    negative: bool = False
-    offsets: set = field(default_factory=set)
-    sites: set = field(default_factory=set)
-    table: object = None  # a config's AffineTable (per-use values of varying durations)
-    #: the host ops behind the shapes (names, for the trace mode): per segment for a
-    #: Program's plan, per skeleton iteration for a config's (``skeleton_steps``: the step
-    #: each was built at; None for a Program's, whose segments are their own)
-    skeleton: list = field(default_factory=list)
-    skeleton_steps: list | None = None
-    skeleton_shapes: list | None = None  # a config's: the shape of each skeleton iteration
-    sizes: object = None  # a config's per-step sizes (graph buckets name graph launches)
-    #: a plan bound with others at once (:func:`simwar.api.simulate_many`): ``(together,
-    #: n)``, the plan of all of them (each constant an array of one element per run, or a
-    #: number they share) and this run's element; the lockstep pass takes the arrays as
-    #: they are rather than stacking each run's numbers again
-    bound: tuple | None = None
+    _fields = ("blocks", "meta", "lo", "hi", "negative", "offsets", "sites", "table",
+               "skeleton", "skeleton_steps", "skeleton_shapes", "sizes", "bound")
+
+    def __init__(self, blocks: list[Block], meta: dict, lo: int, hi: int,
+                 negative: bool = False, offsets: set | None = None, sites: set | None = None,
+                 table: object = None, skeleton: list | None = None,
+                 skeleton_steps: list | None = None, skeleton_shapes: list | None = None,
+                 sizes: object = None, bound: tuple | None = None):
+        self.blocks = blocks
+        self.meta = meta
+        self.lo = lo  # smallest step
+        self.hi = hi  # largest step
+        self.negative = negative
+        self.offsets = set() if offsets is None else offsets
+        self.sites = set() if sites is None else sites
+        self.table = table  # a config's AffineTable (per-use values of varying durations)
+        #: the host ops behind the shapes (names, for the trace mode): per segment for a
+        #: Program's plan, per skeleton iteration for a config's (``skeleton_steps``: the step
+        #: each was built at; None for a Program's, whose segments are their own)
+        self.skeleton = [] if skeleton is None else skeleton
+        self.skeleton_steps = skeleton_steps
+        self.skeleton_shapes = skeleton_shapes  # a config's: each skeleton iteration's shape
+        self.sizes = sizes  # a config's per-step sizes (graph buckets name graph launches)
+        #: a plan bound with others at once (:func:`simwar.api.simulate_many`): ``(together,
+        #: n)``, the plan of all of them (each constant an array of one element per run, or a
+        #: number they share) and this run's element; the lockstep pass takes the arrays as
+        #: they are rather than stacking each run's numbers again
+        self.bound = bound
 
     @property
     def depth(self) -> int:
@@ -578,18 +592,22 @@ class PreparedBlock(NamedTuple):
     skeleton_index: int
 
 
-@dataclass
-class Template:
+class Template(MutableRecord):
     """A config's run as blocks of shapes whose parameters are not yet numbers
     (:class:`TemplateBlock`)."""
 
-    iterations: object  # the IterationPlan
-    blocks: list[TemplateBlock]
-    offsets: set
-    sites: set
-    steps: int
-    shapes: list = field(default_factory=list)  # the shape of each skeleton iteration
-    prepared: list[PreparedBlock] | None = None  # made by bind, once
+    _fields = ("iterations", "blocks", "offsets", "sites", "steps", "shapes", "prepared")
+
+    def __init__(self, iterations: object, blocks: list[TemplateBlock], offsets: set,
+                 sites: set, steps: int, shapes: list | None = None,
+                 prepared: list[PreparedBlock] | None = None):
+        self.iterations = iterations  # the IterationPlan
+        self.blocks = blocks
+        self.offsets = offsets
+        self.sites = sites
+        self.steps = steps
+        self.shapes = [] if shapes is None else shapes  # the shape of each skeleton iteration
+        self.prepared = prepared  # made by bind, once
 
 
 def plan_template(iterations, ranks: bool = False) -> Template:
