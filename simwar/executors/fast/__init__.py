@@ -111,7 +111,7 @@ from simwar.builder.loop import LoopBuilder, build_program
 from simwar.config import ConfigError
 from simwar.core.program import Program
 from simwar.executors.fast.codegen import compile_block
-from simwar.executors.fast.execute import FastRun, _finish, _State, run_plan
+from simwar.executors.fast.execute import FastRun, _finish, _State, nonnegative, run_plan
 from simwar.executors.fast.plan import Unsettled, plan_config, plan_program
 from simwar.executors.fast.races import RacePlan
 from simwar.executors.fast.union import family_codes
@@ -293,7 +293,7 @@ def _union_code(plan, unions: list, m: int):
         if u is None or any(h.kind == "sync" and h.site not in sites for h in u.shape.host):
             return None
         fn = compile_block(u.shape, (False,) * u.shape.nparams, fwd, False, u.log, depth,
-                           union=u.guards)
+                           union=u.guards, nonneg=nonnegative(plan, plan.blocks[bi]))
         return fn, u.consts(m, plan.blocks[bi].consts), u.log_order(m, log)
 
     return codes

@@ -18,6 +18,7 @@ must not import the package's entry points (:mod:`simwar.executors.fast` imports
 
 from __future__ import annotations
 
+import math
 from array import array
 
 import numpy as np
@@ -40,6 +41,13 @@ CHUNK = 1 << 15
 #: host operations run per call at most: a shape with many operations runs fewer passes
 #: per call, so that a call (and the time between two progress reports) stays short
 CHUNK_OPS = CHUNK * 40
+
+
+def nonnegative(plan: Plan, block: Block) -> bool:
+    """Whether every parameter of ``block`` is a constant at or above 0 and not -0.0 (what
+    :func:`~simwar.executors.fast.codegen.compile_block`'s ``nonneg`` takes; a NaN is not)."""
+    return not plan.negative and all(
+        c is not None and c >= 0 and math.copysign(1.0, c) > 0 for c in block.consts)
 
 
 def chunk_passes(block: Block) -> int:
@@ -143,7 +151,8 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
             given = codes(bi, log) if codes is not None and not attempt else None
             if given is None:
                 fn = compile_block(b.shape, slots, fwd, attempt, log, depth,
-                                   feed=feed is not None)
+                                   feed=feed is not None,
+                                   nonneg=feed is None and nonnegative(plan, b))
                 consts = tuple(c for c in b.consts if c is not None)
             else:
                 fn, consts, order = given
