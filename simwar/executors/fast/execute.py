@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from collections import deque
 
 import numpy as np
 
@@ -121,8 +122,9 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
     made already. ``codes(block index, its logged op times)``: the compiled code to run a
     block with, where it is not the block's own (a family's union,
     :mod:`simwar.executors.fast.union`): ``(function, constants, log order)``, the log
-    order giving per log of the code the index of the block's log it is (-1: a scratch
-    log), or None for the block's own code; asked in the first attempt only.
+    order giving per log of the code the index of the block's log it is (-1: none, the
+    times go to a log that keeps nothing), or None for the block's own code; asked in the
+    first attempt only.
     """
     meta = plan.meta
     reached = -1  # the furthest step reported to ``progress``
@@ -156,8 +158,8 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
                 consts = tuple(c for c in b.consts if c is not None)
             else:
                 fn, consts, order = given
-                own = state.logs
-                state.logs = [own[j] if j >= 0 else array("d") for j in order]
+                own, sink = state.logs, deque(maxlen=0)  # keeps nothing, whatever the length
+                state.logs = [own[j] if j >= 0 else sink for j in order]
             keys = b.steps
             chunk = chunk_passes(b)
             for start in range(0, b.n, chunk):

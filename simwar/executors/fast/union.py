@@ -10,9 +10,9 @@ than running them, so a family's blocks are compiled once, as their *union*
 run only where a per-run flag says (``if G3:`` in the generated code,
 :func:`simwar.executors.fast.codegen.compile_block`'s ``union``), each member run on it with
 its own numbers: its parameters at the union's slots, its flags, its logged op times into
-its own logs (the union logs every member's; what a member does not log goes to a scratch
-array), and the records its later segments bind to picked in its own order (``HP``). A
-member so runs exactly its own ops, in its own order, on its own numbers: the same
+its own logs (the union logs every member's; what a member does not log goes to a log
+that keeps nothing), and the records its later segments bind to picked in its own order
+(``HP``). A member so runs exactly its own ops, in its own order, on its own numbers: the same
 arithmetic as its own code, so every figure is bit for bit its own (the tests compare the
 two on candidates of the shipped configs).
 
