@@ -409,14 +409,15 @@ class _Screen:
         (:meth:`simwar.api.Runner.run_family`: their code compiled once)."""
         cfgs = [candidate_config(self.base, over) for over in overrides]
         out: list[dict] = []
-        for key, group in itertools.groupby(cfgs, key=_family_key):
+        for key, group in itertools.groupby(cfgs, key=lambda c: _family_key(c.policy)):
             family = self.families.setdefault(key, Family())
             out += [r.summary for r in self.runner.run_family(list(group), family)]
         return out
 
 
-def _family_key(cfg: Config) -> tuple:
-    pol = cfg.policy
+def _family_key(pol) -> tuple:
+    """What a family's members share, of a config's policy or a candidate's knobs (the
+    rest is where read-done is published)."""
     return (pol.barrier, pol.placement, pol.plan_stream, pol.needs_cpu_seq_lens)
 
 
@@ -428,12 +429,9 @@ def _screen_order(cands: list[Candidate]) -> list[int]:
         "" if x is None else x for x in cands[i].key))
 
 
-def _knob_family(k: Knobs) -> tuple:
-    return (k.barrier, k.placement, k.plan_stream, k.needs_cpu_seq_lens)
-
-
-#: candidates of one family screened together in this process before it hands the rest to
-#: worker processes (where it may: ``jobs`` > 1), so that it looks at the clock often
+#: a family's candidates screened together in this process at most (:meth:`_Screen.summaries`)
+#: before it hands the rest to worker processes (``jobs`` > 1), so that it looks at the
+#: clock often
 FAMILY_PART = 16
 #: seconds of screening in this process before the rest is handed to worker processes
 #: (starting them costs about a tenth of a second: a small space is done sooner alone)
@@ -463,10 +461,11 @@ def screen(cfg: Config, cands: list[Candidate], steps: int, warmup: int, *, jobs
     with gc_paused():
         while done < total and (jobs == 1 or total - done < 2
                                 or time.perf_counter() - start < ALONE_S):
-            # the rest of the family of the next candidate, at most a worker's share
-            fam = _knob_family(cands[order[done]].knobs)
+            # the next candidate's family (run together), at most FAMILY_PART of it when
+            # workers may take the rest
+            fam = _family_key(cands[order[done]].knobs)
             part = list(itertools.takewhile(
-                lambda i, fam=fam: _knob_family(cands[i].knobs) == fam,
+                lambda i, fam=fam: _family_key(cands[i].knobs) == fam,
                 order[done:done + (FAMILY_PART if jobs > 1 else total)]))
             for i, summary in zip(part, runner.summaries([cands[i].overrides
                                                           for i in part])):
