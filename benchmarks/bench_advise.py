@@ -25,8 +25,9 @@ one process: its CPU time is its wall-clock time, but for what else runs on the 
 of the space (the confirming runs left out): the CPU time of the screen unprofiled, split
 by cProfile's cumulative times (scaled to it) into the candidate's config, the plan
 (``plan_config``), the race plan, code generation and ``compile``, the pass with its
-per-step table and races, the summary, ``simulate``'s own work (the executor's choice, the
-checks, the result) and the rest (the search around the screen).
+per-step table and races, the union of a family's shapes (:mod:`simwar.executors.fast.union`),
+the summary, ``simulate``'s own work (the executor's choice, the checks, the result) and the
+rest (the search around the screen).
 
 ``--structures``: how many candidates the screen runs, how many distinct programs they are
 (lockstep groups: :func:`simwar.executors.lockstep.group_key` of each screened plan), and
@@ -112,13 +113,17 @@ parts = {"config": cum("config/load.py", "load_config")
          "plan_config": cum("fast/plan.py", "plan_config"),
          "race plan": cum("fast/races.py", "_plan_windows"),
          "codegen + compile": cum("fast/codegen.py", "compile_block"),
+         "family's union": cum("fast/union.py", "family_codes"),
          "summary": cum("fast/execute.py", "summary")}
-run = cum("executors/fast/__init__.py", "run_config")
-# what the screen calls: a Runner's run (none where it ran the executor itself, or simulate)
-calls = cum("simwar/api.py", "run") or cum("simwar/api.py", "simulate")
+run = (cum("executors/fast/__init__.py", "run_config")
+       + cum("executors/fast/__init__.py", "run_family"))
+# what the screen calls: a Runner's run or run_family (none where it ran the executor
+# itself, or simulate)
+calls = (cum("simwar/api.py", "run") + cum("simwar/api.py", "run_family")
+         or cum("simwar/api.py", "simulate"))
 parts["simulate's own"] = calls - run - parts["summary"] if calls else 0.0
 parts["pass, table, races"] = (run - parts["plan_config"] - parts["race plan"]
-                               - parts["codegen + compile"])
+                               - parts["codegen + compile"] - parts["family's union"])
 parts["the rest"] = total - sum(parts.values())
 ms = {k: 1000 * cpu / n * v / total for k, v in parts.items()}
 print(json.dumps({"cpu_s": cpu, "candidates": n, "ms": ms}))

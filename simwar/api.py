@@ -403,6 +403,27 @@ class Runner:
             progress(cfg.steps)
         return result
 
+    def run_family(self, variants: list[Config], family=None) -> list[Result]:
+        """``[self.run(v, family=family) for v in variants]``, bit for bit, for variants that
+        differ only in where read-done is published (an ``advise`` family): on the one-pass
+        executor their plans run on code compiled once for all of them
+        (:func:`simwar.executors.fast.run_family`)."""
+        cfgs = [self._variant(v) for v in variants]
+        if self.choice.name != "fast" or len(cfgs) < 2 or any(c.tp > 1 for c in cfgs):
+            return [self.run(v, family=family) for v in variants]
+        choice, requested = self.choice, self.requested
+        with gc_paused():
+            resolved = [_resolve(cfg, self.summary_only) for cfg in cfgs]
+            todo = [m for m, (_, run) in enumerate(resolved) if run is None]
+            runs = dict(zip(todo, fast.run_family([cfgs[m] for m in todo],
+                                                  [resolved[m][0] for m in todo],
+                                                  summary_only=self.summary_only,
+                                                  family=family)))
+        return [Result(cfg, "fast", run.summary, run.hazards, columns=run.columns,
+                       meta=run.meta, requested=requested, refused=choice.refused)
+                for cfg, run in ((cfgs[m], runs[m] if m in runs else resolved[m][1])
+                                 for m in range(len(cfgs)))]
+
     def _variant(self, cfg: Config) -> Config:
         base = self.config
         for inputs in (memory_inputs, choice_inputs):  # what the check and the choice read

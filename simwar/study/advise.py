@@ -37,18 +37,18 @@ config's own length with the reference executor, so the advised figures are the 
 
 **The screen's cost.** A candidate moves a record or changes a barrier, so its program
 differs from every other's in structure, not in numbers: no two candidates share a lockstep
-group, and each pays for its own plan, generated code and race windows. What the screen
-spares each one: the validation (a candidate's config is the validated screen config with
-its overrides copied in, :func:`candidate_config`, equal to what
-:func:`~simwar.config.load_config` gives), :func:`simwar.api.simulate`'s per-run choice of
-executor and memory check (made once for the screen by one :class:`simwar.api.Runner`, which
-runs every candidate: the overrides change neither), the builder's iterations of the
-candidates that differ only in where read-done is published (a *family*: its members'
-iterations are its first's with the read-done record moved, :mod:`simwar.builder.moves`,
-where that record is a host record and the costs are numbers), and the
-code of a block that an earlier candidate compiled (:mod:`simwar.executors.fast.codegen`
-caches it by shape; the candidates run in an order that puts those sharing their first
-iteration side by side, :func:`_screen_order`).
+group, and each pays for its own plan and race windows. What the screen spares each one:
+the validation (a candidate's config is the validated screen config with its overrides
+copied in, :func:`candidate_config`, equal to what :func:`~simwar.config.load_config`
+gives), :func:`simwar.api.simulate`'s per-run choice of executor and memory check (made
+once for the screen by one :class:`simwar.api.Runner`, which runs every candidate: the
+overrides change neither), and, for the candidates that differ only in where read-done is
+published (a *family*, side by side in the screen's order, :func:`_screen_order`, and run
+together, :meth:`simwar.api.Runner.run_family`), the builder's iterations (its members'
+are its first's with the read-done record moved, :mod:`simwar.builder.moves`, where that
+record is a host record and the costs are numbers) and the compiled code: each block's
+code is compiled once for the family, as the union of its members' shapes, each member
+run on it with its own numbers (:mod:`simwar.executors.fast.union`).
 
 :func:`screen` runs the candidates, :func:`_full_length` the confirming runs at full
 length: no other place simulates.
@@ -403,24 +403,36 @@ class _Screen:
         self.runner = Runner(base, "fast")
         self.families: dict[tuple, Family] = {}
 
-    def summary(self, overrides: dict) -> dict:
-        cfg = candidate_config(self.base, overrides)
-        pol = cfg.policy  # the candidates that differ only in where read-done is published
-        key = (pol.barrier, pol.placement, pol.plan_stream, pol.needs_cpu_seq_lens)
-        family = self.families.setdefault(key, Family())
-        return self.runner.run(cfg, family=family).summary
+    def summaries(self, overrides: list[dict]) -> list[dict]:
+        """The summary of each candidate (of these overrides), those of one family (the
+        candidates that differ only in where read-done is published) run together
+        (:meth:`simwar.api.Runner.run_family`: their code compiled once)."""
+        cfgs = [candidate_config(self.base, over) for over in overrides]
+        out: list[dict] = []
+        for key, group in itertools.groupby(cfgs, key=lambda c: _family_key(c.policy)):
+            family = self.families.setdefault(key, Family())
+            out += [r.summary for r in self.runner.run_family(list(group), family)]
+        return out
+
+
+def _family_key(pol) -> tuple:
+    """What a family's members share, of a config's policy or a candidate's knobs (the
+    rest is where read-done is published)."""
+    return (pol.barrier, pol.placement, pol.plan_stream, pol.needs_cpu_seq_lens)
 
 
 def _screen_order(cands: list[Candidate]) -> list[int]:
-    """The order the candidates are screened in: by their program key with the barrier
-    last, so that candidates whose first iteration is one shape (a barrier at the loop's
-    top has not run yet at step 0: ``fine`` and ``host_sync`` of one publish point) come
-    one after the other and the second finds the first's compiled code and race windows
-    in the executor's caches, which keep the most recent few hundred."""
+    """The order the candidates are screened in: by their program key, so that a family's
+    members (its first four items: the barrier, placement, plan stream and CPU mirror) are
+    side by side, and run together (:meth:`_Screen.summaries`)."""
     return sorted(range(len(cands)), key=lambda i: tuple(
-        "" if x is None else x for x in (*cands[i].key[1:], *cands[i].key[:1])))
+        "" if x is None else x for x in cands[i].key))
 
 
+#: a family's candidates screened together in this process at most (:meth:`_Screen.summaries`)
+#: before it hands the rest to worker processes (``jobs`` > 1), so that it looks at the
+#: clock often
+FAMILY_PART = 16
 #: seconds of screening in this process before the rest is handed to worker processes
 #: (starting them costs about a tenth of a second: a small space is done sooner alone)
 ALONE_S = 0.5
@@ -449,9 +461,16 @@ def screen(cfg: Config, cands: list[Candidate], steps: int, warmup: int, *, jobs
     with gc_paused():
         while done < total and (jobs == 1 or total - done < 2
                                 or time.perf_counter() - start < ALONE_S):
-            cand = cands[order[done]]
-            cand.summary = runner.summary(cand.overrides)
-            done += 1
+            # the next candidate's family (run together), at most FAMILY_PART of it when
+            # workers may take the rest
+            fam = _family_key(cands[order[done]].knobs)
+            part = list(itertools.takewhile(
+                lambda i, fam=fam: _family_key(cands[i].knobs) == fam,
+                order[done:done + (FAMILY_PART if jobs > 1 else total)]))
+            for i, summary in zip(part, runner.summaries([cands[i].overrides
+                                                          for i in part])):
+                cands[i].summary = summary
+            done += len(part)
             if progress is not None:
                 progress(done, total)
     if done == total:
@@ -482,7 +501,7 @@ def _start_worker(base: Config) -> None:
 
 def _screen_part(part: list[tuple[int, dict]]) -> list[tuple[int, dict]]:
     with gc_paused():
-        return [(i, _WORKER.summary(over)) for i, over in part]
+        return list(zip([i for i, _ in part], _WORKER.summaries([over for _, over in part])))
 
 
 def _pool(workers: int, base: Config):

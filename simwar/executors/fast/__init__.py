@@ -89,7 +89,11 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
 - :mod:`~simwar.executors.fast.tracecols` and :mod:`~simwar.executors.fast.trace`: the
   trace mode, the run as a stream of Trace windows equal to the SimPy engine's Trace
   (:func:`~simwar.executors.fast.trace.windows`; the blocks compiled with ``trace=True``);
-- here: the entry points, :func:`run_config` (a config), :func:`run` (any Program) and
+- :mod:`~simwar.executors.fast.union`: one compiled code for the plans of configs that
+  differ only in their records and what binds to them (a family of ``advise``'s
+  candidates), each run on it with its own numbers;
+- here: the entry points, :func:`run_config` (a config), :func:`run_family` (configs that
+  differ in where their records go, their code compiled once), :func:`run` (any Program) and
   :func:`realize` (a workload whose batches depend on simulated time; its feed,
   :func:`realizing_feed`, serves the lockstep executor's groups too).
 
@@ -106,9 +110,11 @@ from simwar.analysis.metrics import SITES
 from simwar.builder.loop import LoopBuilder, build_program
 from simwar.config import ConfigError
 from simwar.core.program import Program
-from simwar.executors.fast.execute import FastRun, _finish, _State, run_plan
+from simwar.executors.fast.codegen import compile_block
+from simwar.executors.fast.execute import FastRun, _finish, _State, nonnegative, run_plan
 from simwar.executors.fast.plan import Unsettled, plan_config, plan_program
 from simwar.executors.fast.races import RacePlan
+from simwar.executors.fast.union import family_codes
 
 
 def one_rank(cfg) -> None:
@@ -244,6 +250,53 @@ def run_config(cfg, sizes, window: int = 2, summary_only: bool = False,
     except Unsettled:  # iterations that never settle into one shape: take the Program
         plan = plan_program(build_program(cfg, sizes))
     return run_plan(plan, window, summary_only=summary_only, progress=progress)
+
+
+def run_family(cfgs: list, sizes: list, window: int = 2, summary_only: bool = False,
+               family=None) -> list[FastRun]:
+    """``[run_config(c, s, window, summary_only, family=family) for c, s in ...]``, each
+    run bit for bit that, with the blocks the plans have in common compiled once: where the
+    configs differ only in where records go and what binds to them (``advise``'s families),
+    a block's code is the union of theirs (:mod:`simwar.executors.fast.union`), each run on
+    it with its own numbers; elsewhere each plan runs its own code."""
+    plans = []
+    for cfg, sz in zip(cfgs, sizes):
+        one_rank(cfg)
+        try:
+            plans.append(plan_config(cfg, sz, family=family))
+        except Unsettled:
+            plans.append(plan_program(build_program(cfg, sz)))
+    races = [RacePlan(plan, window) for plan in plans]
+    unions = None
+    if len(plans) > 1:
+        unions = family_codes(plans, [[r.logs_of(bi) for bi in range(len(p.blocks))]
+                                      for p, r in zip(plans, races)])
+    out = []
+    for m, (plan, race) in enumerate(zip(plans, races)):
+        codes = None if unions is None else _union_code(plan, unions, m)
+        out.append(run_plan(plan, window, summary_only=summary_only, races=race,
+                            codes=codes))
+        plans[m] = races[m] = None  # each run's plan is done with: its memory goes
+    return out
+
+
+def _union_code(plan, unions: list, m: int):
+    """The ``codes`` of :func:`~simwar.executors.fast.execute.run_plan` that runs member
+    ``m``'s blocks on the unions' code (a block without one, or whose union blocks at a
+    site the member's plan has no column for, runs its own)."""
+    fwd = plan.meta.get("forward_stream", "forward")
+    sites = set(SITES) | plan.sites
+    depth = plan.depth
+
+    def codes(bi: int, log: tuple):
+        u = unions[bi]
+        if u is None or any(h.kind == "sync" and h.site not in sites for h in u.shape.host):
+            return None
+        fn = compile_block(u.shape, (False,) * u.shape.nparams, fwd, False, u.log, depth,
+                           union=u.guards, nonneg=nonnegative(plan, plan.blocks[bi]))
+        return fn, u.consts(m, plan.blocks[bi].consts), u.log_order(m, log)
+
+    return codes
 
 
 def run(program: Program, window: int = 2) -> FastRun:

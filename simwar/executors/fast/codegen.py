@@ -137,7 +137,8 @@ def _lanevar(lane: str, lanes: dict) -> str:
 
 def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple,
                   depth: int, trace: bool = False, feed: bool = False,
-                  target: str = "scalar", lanes: int = 0):
+                  target: str = "scalar", lanes: int = 0, union: tuple | None = None,
+                  nonneg: bool = False):
     """The function running a block of ``shape`` (cached).
 
     ``slots``: per parameter, True for a column, False for a constant; ``log``: sorted
@@ -149,9 +150,19 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     values (a workload fixed as the run goes: :func:`simwar.executors.fast.realize`);
     ``target``: ``"scalar"``, ``"array"``, ``"picked"`` or ``"lanes"`` (:class:`Target`; all
     but the scalar take neither ``collect`` nor ``trace``); ``lanes``: the lanes target's
-    number of lanes (:func:`_unrolled` says what its function takes).
+    number of lanes (:func:`_unrolled` says what its function takes); ``union``: the shape
+    is a family's union (:mod:`simwar.executors.fast.union`) and these its guarded ops,
+    ``(host op index, graph node index or -1)`` in the order of their flags: ``K`` ends
+    with one flag per guarded op (the op runs where it is true) and ``HP``, which picks
+    the run's own records, in its order, from the tuple of the union's (the scalar target
+    only, and no collect, trace or feed). ``nonneg``: every parameter the block is run with
+    is a number at or above 0 and not -0.0 (the scalar target's caller checks them; the
+    array target's runs hold them, :mod:`simwar.executors.lockstep`): a tail set since the
+    host clock last moved is at or after it, and ``begins`` of it is the tail itself, with no
+    call (as the array target takes it).
     """
-    key = (shape.host, slots, fwd, collect, log, depth, trace, feed, target, lanes)
+    key = (shape.host, slots, fwd, collect, log, depth, trace, feed, target, lanes, union,
+           nonneg)
     fn = _CODE.get(key)
     if fn is not None:
         _CODE.move_to_end(key)
@@ -159,7 +170,10 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     tgt = TARGETS[target]
     if tgt is not SCALAR and (collect or trace):
         raise ValueError(f"the {target} target has no collect or trace mode")
-    fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed, tgt, lanes)
+    if union is not None and (tgt is not SCALAR or collect or trace or feed):
+        raise ValueError("a union's code is the scalar target's, with no collect, trace or feed")
+    fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed, tgt, lanes, union,
+                   nonneg)
     _CODE[key] = fn
     if len(_CODE) > _CODE_LIMIT:
         _CODE.popitem(last=False)
@@ -167,7 +181,8 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
 
 
 def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, depth: int,
-              trace: bool, feed: bool, target: Target, width: int = 0):
+              trace: bool, feed: bool, target: Target, width: int = 0,
+              union: tuple | None = None, nonneg: bool = False):
     """Write and compile the block function of :func:`compile_block` (its ``.source``: the
     generated text; in trace mode its ``.layout``)."""
     src = _Src()
@@ -191,6 +206,17 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     def emit(line: str, indent: int = 2) -> None:
         body.append((line, indent))
 
+    # a union's guarded ops: each op's lines run under its flag (the op's own, as a member
+    # that has it runs them)
+    flag = {at: f"G{i}" for i, at in enumerate(union or ())}
+
+    def guarded(start: int, at: tuple[int, int], known: set) -> None:
+        """The op's lines from ``start`` under its flag; ``known``: the tails and records at
+        or after the host clock before the op (what stays so whether it runs or not)."""
+        if at in flag:
+            body[start:] = [(f"if {flag[at]}:", 2)] + [(x, i + 1) for x, i in body[start:]]
+            above.intersection_update(known)
+
     # the array target's fewer numpy calls and arrays: the tails known to be at or after the
     # host clock since it last moved (``begins`` of one is the tail itself: a maximum of
     # two numbers is the larger, and a run's times are neither NaN nor -0.0); the host clock
@@ -199,6 +225,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     # zeroed at once as a window closes), a difference added to one made in a scratch row
     # (``Z_``); every value kept (a tail, a record, a logged time) is a new array
     arr = target in (ARRAY, PICKED)
+    skip = arr or nonneg  # the tails above the host clock are known (see begun)
     above: set[str] = set()
     sums: list[tuple] = []  # the array target: where in ``body`` a window sum is added to
     closes: list[tuple[int, str]] = []  # ... and where a window closes, at which step
@@ -210,7 +237,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
 
     def begun(tv: str) -> str:
         """``begins(tv, t)``, or the tail ``tv`` where it is known to be at or after t."""
-        return tv if arr and tv in above else f"begins({tv}, t)"
+        return tv if skip and tv in above else f"begins({tv}, t)"
 
     def summed(acc: str, a: str, b: str) -> None:
         """``acc += a - b`` (a window sum)."""
@@ -340,6 +367,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         keep("h", -1, "t")
     for hi, h in enumerate(shape.host):
         kind = h.kind
+        start, known = len(body), set(above)
         if kind == "cpu":
             advance(next(pi))
         elif kind == "launch":
@@ -349,9 +377,11 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         elif kind == "graph":
             advance(next(pi))
             _lanevar(h.stream, lanes)  # the graph's lane, even for a graph of no nodes
-            for node in h.nodes:
+            for ni, node in enumerate(h.nodes):
                 if node.kind == "r":
+                    at, before = len(body), set(above)
                     record(f"r{rec}", h.stream, dev)
+                    guarded(at, (hi, ni), before)
                     rec += 1
                 elif node.kind == "c":
                     kernel(dev, h.stream, next(pi), collective=True)
@@ -407,6 +437,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                 emit(f"RD[{step_index(h.off)}] = t")
         else:  # pragma: no cover
             raise AssertionError(kind)
+        guarded(start, (hi, -1), known)
         if trace and kind not in MARKS:
             keep("h", hi, "t")  # the host clock after this host op
     if trace:
@@ -415,7 +446,10 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     if depth:
         for d in range(depth, 1, -1):
             emit(f"H{d} = H{d - 1}")
-        emit("H1 = (" + "".join(f"r{i}, " for i in range(nrec)) + ")")
+        if union is not None:  # the run's own records, in its order
+            emit("H1 = HP((" + "".join(f"r{i}, " for i in range(nrec)) + "))")
+        else:
+            emit("H1 = (" + "".join(f"r{i}, " for i in range(nrec)) + ")")
     # the array target, where a segment closes one window, at its own step, after every sum
     # it adds to (so none carries to the next segment): the sums are added in the rows of
     # ``BU`` and ``DE`` themselves, the first of each written there (a row is 0.0 until
@@ -437,9 +471,13 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
 
     cols = [p for p in params if p.startswith("c")]
     consts = [p for p in params if p.startswith("k")]
+    if union is not None:
+        consts += [*flag.values(), "HP"]
     src("def block(KS, K, C, S):", 0)
     if consts:
         src(f"({', '.join(consts)},) = K", 1)
+    if union is not None and depth and nrec:  # a record a run does not fire is picked by none
+        src(" = ".join(f"r{i}" for i in range(nrec)) + " = 0.0", 1)
     src("t = S.t", 1)
     src("TL = S.tails", 1)
     for lane, var in lanes.items():

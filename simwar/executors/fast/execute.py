@@ -18,7 +18,9 @@ must not import the package's entry points (:mod:`simwar.executors.fast` imports
 
 from __future__ import annotations
 
+import math
 from array import array
+from collections import deque
 
 import numpy as np
 
@@ -40,6 +42,13 @@ CHUNK = 1 << 15
 #: host operations run per call at most: a shape with many operations runs fewer passes
 #: per call, so that a call (and the time between two progress reports) stays short
 CHUNK_OPS = CHUNK * 40
+
+
+def nonnegative(plan: Plan, block: Block) -> bool:
+    """Whether every parameter of ``block`` is a constant at or above 0 and not -0.0 (what
+    :func:`~simwar.executors.fast.codegen.compile_block`'s ``nonneg`` takes; a NaN is not)."""
+    return not plan.negative and all(
+        c is not None and c >= 0 and math.copysign(1.0, c) > 0 for c in block.consts)
 
 
 def chunk_passes(block: Block) -> int:
@@ -96,7 +105,8 @@ def _filled(n: int, value: float) -> array:
 
 
 def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
-             summary_only: bool = False, feed=None, progress=None) -> FastRun:
+             summary_only: bool = False, feed=None, progress=None, races=None,
+             codes=None) -> FastRun:
     """Run a plan: the per-step columns, and the races (see :mod:`simwar.executors.fast`).
 
     ``summary_only``: keep no per-step table; rows are summarized as they become final
@@ -108,13 +118,20 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
     ``progress(step)``: called after each chunk of passes (:func:`chunk_passes`: a bounded
     amount of work, a few hundredths of a second to a few tenths) with the furthest marker
     step run so far; never with a smaller step than before.
+    ``races``: the plan's :class:`~simwar.executors.fast.races.RacePlan` at ``window``, where
+    made already. ``codes(block index, its logged op times)``: the compiled code to run a
+    block with, where it is not the block's own (a family's union,
+    :mod:`simwar.executors.fast.union`): ``(function, constants, log order)``, the log
+    order giving per log of the code the index of the block's log it is (-1: none, the
+    times go to a log that keeps nothing), or None for the block's own code; asked in the
+    first attempt only.
     """
     meta = plan.meta
     reached = -1  # the furthest step reported to ``progress``
     fwd = meta.get("forward_stream", "forward")
     blocks = plan.blocks
     depth = plan.depth
-    races = RacePlan(plan, window)
+    races = RacePlan(plan, window) if races is None else races
     sites = set(SITES) | plan.sites
     streaming = summary_only and _monotone(blocks)
     if streaming:
@@ -133,8 +150,16 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
             slots = tuple(c is None for c in b.consts)
             log = races.logs_of(bi)
             state.logs = races.log_arrays(bi)
-            fn = compile_block(b.shape, slots, fwd, attempt, log, depth, feed=feed is not None)
-            consts = tuple(c for c in b.consts if c is not None)
+            given = codes(bi, log) if codes is not None and not attempt else None
+            if given is None:
+                fn = compile_block(b.shape, slots, fwd, attempt, log, depth,
+                                   feed=feed is not None,
+                                   nonneg=feed is None and nonnegative(plan, b))
+                consts = tuple(c for c in b.consts if c is not None)
+            else:
+                fn, consts, order = given
+                own, sink = state.logs, deque(maxlen=0)  # keeps nothing, whatever the length
+                state.logs = [own[j] if j >= 0 else sink for j in order]
             keys = b.steps
             chunk = chunk_passes(b)
             for start in range(0, b.n, chunk):
