@@ -15,51 +15,50 @@ each iteration is one ``prof.step()``, so ``ProfilerStep#k``; the drain is in th
 1. ``scheduler.recv_requests``: requests arrived by now (host clock) are queued, each
    "tokenized" (Python over its prompt). If nothing is running or waiting,
    ``scheduler.wait_requests``: the host polls until the next arrival.
-2. ``scheduler.get_next_batch_to_run``: batch k is fixed (:class:`~lab.server_requests.
-   Scheduler`: admission up to ``max_batch`` = 64, rows and KV slots from FIFO
-   free lists, one new slot per decoding request, the prefill chunk), a batch entry built per
-   request; then ``scheduler.prepare_for_decode``: the step's writes packed into a pinned
-   buffer, copied H2D into the step's staging buffer and scattered into ``req_to_token``
-   (``index_put_``: admissions' slots, the new slots, the marker stamps) on the **schedule
-   stream**.
-3. ``scheduler.run_batch``: ``forward.wait_stream(schedule)``; on the **forward stream**,
-   inside a range naming the step's shape (:func:`step_range`: ``decode bs=<B>``, B the
-   real decode batch; ``prefill bs=<N> toks=<T>``, a chunk of T tokens of N requests and no
-   decode; ``mixed bs=<B> toks=<T> reqs=<N>``, both): ``load_batch``, ``prefill`` (eager, with a
-   chunk), ``draft`` and ``verify`` graphs of bucket ``bucket(B)`` (the smallest of 8, 16,
-   32, 64 >= B; none when B = 0), ``sample`` (eager); then ``copy.wait_stream(forward)``,
-   the result's D2H on the **copy stream**, ``copy_done`` recorded.
-4. The barrier (``--barrier``): ``fine``: ``schedule.wait_event(read_done)``, the verify
-   graph's in-graph node after its gather; ``coarse``: ``schedule.wait_stream(forward)``;
-   ``none``: nothing; ``planted`` (a bug of the vLLM kind): a host record of an event on the
-   forward stream after the draft graph and before verify, whose gather still reads
-   ``req_to_token``, and the wait on it. With B = 0 nothing is published: ``fine`` and
-   ``planted`` fall back to ``coarse``, as SGLang's scheduler does.
-5. ``scheduler.process_batch_result`` for step k-1 (``--no-overlap``: for step k, SGLang's
-   normal loop, before k+1 is scheduled): ``copy_done.synchronize()``, the race check, per
-   request tokens appended, finishes, "detokenize" string work; at its end the finishes are
-   streamed (a closed loop's client sends its next request then, as SGLang's
-   ``stream_output`` at the end of ``process_batch_result``). ``--hidden-sync`` adds a D2H
-   copy of the step's logprobs into a strided pinned slice, issued on the forward stream;
-   torch performs it synchronously, so the host waits for the forward just launched.
+2. ``scheduler.get_next_batch_to_run``: batch k is fixed (:class:`~lab.server_requests.Scheduler`:
+   admission up to ``max_batch`` = 64, a prompt's with its first chunk as SGLang's ``PrefillAdder``
+   in both modes, rows and KV slots from FIFO free lists, one new slot per decoding request, the
+   chunk's slots), a batch entry built per request; then ``scheduler.prepare_for_decode``: the
+   step's writes packed into a pinned buffer, copied H2D into the step's staging buffer and
+   scattered into ``req_to_token`` (``index_put_``: admissions' slots, the new slots, the marker
+   stamps) on the **schedule stream**.
+3. ``scheduler.run_batch``: ``forward.wait_stream(schedule)``; on the **forward stream**, inside a
+   range naming the step's shape (:func:`step_range`: ``decode bs=<B>``, B the real decode batch;
+   ``prefill bs=<N> toks=<T>``, a chunk of T tokens of N requests and no decode; ``mixed bs=<B>
+   toks=<T> reqs=<N>``, both): ``load_batch``, ``prefill`` (eager, with a chunk), ``draft`` and
+   ``verify`` graphs of bucket ``bucket(B)`` (the smallest of 8, 16, 32, 64 >= B; none when B = 0),
+   ``sample`` (eager); then ``copy.wait_stream(forward)``, the result's D2H on the **copy stream**,
+   ``copy_done`` recorded.
+4. The barrier (``--barrier``): ``fine``: ``schedule.wait_event(read_done)``, the verify graph's
+   in-graph node after its gather; ``coarse``: ``schedule.wait_stream(forward)``; ``none``:
+   nothing; ``planted`` (a bug of the vLLM kind): a host record of an event on the forward stream
+   after the draft graph and before verify, whose gather still reads ``req_to_token``, and the wait
+   on it. With B = 0 nothing is published: ``fine`` and ``planted`` fall back to ``coarse``, as
+   SGLang's scheduler does.
+5. ``scheduler.process_batch_result`` for step k-1 (``--no-overlap``: for step k, SGLang's normal
+   loop, before k+1 is scheduled): ``copy_done.synchronize()``, the race check, per request tokens
+   appended, finishes, "detokenize" string work; at its end the finishes are streamed (a closed
+   loop's client sends its next request then, as SGLang's ``stream_output`` at the end of
+   ``process_batch_result``). ``--hidden-sync`` adds a D2H copy of the step's logprobs into a
+   strided pinned slice, issued on the forward stream; torch performs it synchronously, so the host
+   waits for the forward just launched.
 
-**The step's shape** (``--schedule``, :data:`lab.server_requests.POLICIES`): ``mixed``
-(the default; SGLang's ``--enable-mixed-chunk``) mixes the prefill chunk into every decode
-step; ``sglang`` (SGLang's default, ``get_next_batch_to_run``) runs a **prefill step of its
-own** while prompt tokens wait (a carried-over prompt, or a waiting request with room to
-admit it): only the chunk's forward (eager, launch by launch), every decoding request paused
-(no draft or verify graph that step); a prompt longer than the ``chunk_tokens`` budget is
-carried over and prefilled over several steps, first in each, and decodes from the step after
-its last chunk; otherwise a decode step. A later chunk's attention reads its prompt's prefix
-already in the KV cache. Overlap on and off work with both (a prefill step's first token is
-processed one step later under overlap, as any result); the barrier fences the next step's
-writes against this step's reads whatever the two shapes (a prefill step publishes no graph
-read-done: ``fine`` falls back to ``coarse`` there).
+**The step's shape** (``--schedule``, :data:`lab.server_requests.POLICIES`): ``mixed`` (the
+default; SGLang's ``--enable-mixed-chunk``) mixes the prefill batch, built as SGLang's (admission
+with a first chunk), into every decode step (a prefill step of its own when nothing decodes);
+``sglang`` (SGLang's default, ``get_next_batch_to_run``) runs a **prefill step of its own** while
+prompt tokens wait (a carried-over prompt, or a waiting request with room to admit it): only the
+chunk's forward (eager, launch by launch), every decoding request paused (no draft or verify graph
+that step); a prompt longer than the ``chunk_tokens`` budget is carried over and prefilled over
+several steps, first in each, and decodes from the step after its last chunk; otherwise a decode
+step. A later chunk's attention reads its prompt's prefix already in the KV cache. Overlap on and
+off work with both (a prefill step's first token is processed one step later under overlap, as any
+result); the barrier fences the next step's writes against this step's reads whatever the two
+shapes (a prefill step publishes no graph read-done: ``fine`` falls back to ``coarse`` there).
 
-A final drain processes the last result. The finish rule: a request finished by step k is
-in batch k+1 and leaves before batch k+2 (with overlap); ``accept_tokens`` (default 2.0)
-tokens per request per decode step, the same for the whole batch
-(:mod:`lab.server_requests`).
+A final drain processes the last result. The finish rule: a request finished by step k is in batch
+k+1 and leaves before batch k+2 (with overlap); ``accept_tokens`` (default 2.0) tokens per request
+per decode step, the same for the whole batch (:mod:`lab.server_requests`).
 
 **Host work.** The scheduler's own work is real Python (dicts, lists, free lists, strings);
 two ranges are padded with more Python up to a time target

@@ -11,30 +11,36 @@ without torch, to check the rules the simulator models:
   ``random.Random`` streams of the case's seed, so a seed gives the same requests whatever
   the timing.
 - :class:`Scheduler`: admission, slot allocation, chunked prefill and the finish rule.
-  Step k's batch is fixed when :meth:`Scheduler.schedule` runs for k: every request arrived
-  by then (:meth:`Scheduler.recv`) is admitted while fewer than ``max_batch`` are running;
-  admission takes a ``req_to_token`` row from a FIFO free list and the slots of its prompt
-  (or, for a decode-only request, of its already cached context) from a FIFO free list of KV
-  slots, both as in SGLang's pools. Every decoding request gets one new KV slot per step (its
-  query token; the accepted draft tokens get none). Each decode step produces
-  ``accept_tokens`` tokens per request (a constant for the whole batch, default 2.0; the
-  request's produced count is the floor of the running sum): a request finishes in the step
-  whose tokens reach its ``output_tokens``. The scheduler learns of a finish in
-  :meth:`Scheduler.process`, which the overlap loop calls for step k after scheduling step
-  k+1, so a request finished by step k is still in batch k+1 and leaves before batch k+2
-  (without overlap, process(k) comes first and it leaves before batch k+1); its row and
-  slots go back to the free lists then, and later admissions reuse them.
-- Prefill (``prompt_tokens`` > 0): an admitted request waits in a FIFO prefill queue; each
-  step takes up to ``chunk_tokens`` prompt tokens from the queue's head (a request may be
-  split across steps, and several may share a step, at most ``max_prefill_requests``). The
-  step that takes a request's last prompt tokens gives its first token (it counts as one of
+  Step k's batch is fixed when :meth:`Scheduler.schedule` runs for k: a decode-only
+  request arrived by then (:meth:`Scheduler.recv`) is admitted while fewer than
+  ``max_batch`` are running, taking a ``req_to_token`` row from a FIFO free list and the
+  slots of its already cached context from a FIFO free list of KV slots, both as in
+  SGLang's pools; a request with a prompt is admitted with its first chunk (below). Every
+  decoding request gets one new KV slot per step (its query token; the accepted draft
+  tokens get none). Each decode step produces ``accept_tokens`` tokens per request (a
+  constant for the whole batch, default 2.0; the request's produced count is the floor of
+  the running sum): a request finishes in the step whose tokens reach its
+  ``output_tokens``. The scheduler learns of a finish in :meth:`Scheduler.process`, which
+  the overlap loop calls for step k after scheduling step k+1, so a request finished by
+  step k is still in batch k+1 and leaves before batch k+2 (without overlap, process(k)
+  comes first and it leaves before batch k+1); its row and slots go back to the free lists
+  then, and later admissions reuse them.
+- Prefill (``prompt_tokens`` > 0): each step's prefill batch is built as SGLang's
+  ``get_new_batch_prefill`` builds it (:meth:`Scheduler._add_prefill`, its
+  ``PrefillAdder``): up to ``chunk_tokens`` prompt tokens, the carried-over request first,
+  then waiting requests first come first served, each admitted with its first chunk (a row
+  then, and only the chunk's slots: ``prepare_for_extend``); a request may be split across
+  steps, and several may share a step, at most ``max_prefill_requests``. The step that takes
+  a request's last prompt tokens gives its first token (it counts as one of
   ``output_tokens``), and the request decodes from the next step on; the scheduler knows
   this when it schedules, not from a result. Two policies pick a step's shape
-  (:data:`POLICIES`): ``mixed`` (SGLang's ``--enable-mixed-chunk``) mixes the chunk into
-  every decode step, as above; ``sglang`` (SGLang's default) makes a step that has prompt
-  tokens to take a prefill step of its own, where every decoding request pauses, with
-  admission inside the prefill (:meth:`Scheduler._prefill_step`, SGLang's
-  ``PrefillAdder``), and a decode step otherwise. :attr:`StepPlan.shape` names the result.
+  (:data:`POLICIES`): ``mixed`` (SGLang's ``--enable-mixed-chunk``) mixes the prefill batch
+  into the decode step (``mix_with_running``), a prefill step of its own when nothing
+  decodes; ``sglang`` (SGLang's default) makes a step that has prompt tokens to take a
+  prefill step of its own, where every decoding request pauses
+  (:meth:`Scheduler._prefill_step`), and a decode step otherwise. Before 2026-12-02 the
+  mixed mode admitted every waiting request at once and wrote its whole prompt's slots then
+  (the shapes runs up to ``run7``). :attr:`StepPlan.shape` names the result.
 - The scheduler's Python padding to per-range time targets (:class:`HostWork`,
   :func:`python_work_until`), and the loop thread's core (:func:`pin_loop`).
 - The race check (:func:`overtaken`), the arithmetic that sizes a load (:func:`rate_for`),
@@ -295,8 +301,8 @@ class Scheduler:
         admitted = []
         while self.waiting and len(self.running) < self.max_batch and self.free_rows:
             r = self.waiting[0]
-            if self.policy == "sglang" and r.prompt_tokens:
-                break  # a prompt is admitted by its prefill step (_prefill_step)
+            if r.prompt_tokens:
+                break  # a prompt is admitted with its first chunk (_add_prefill)
             need = r.prompt_tokens or r.context_tokens
             if need > len(self.free_slots):
                 break
@@ -307,10 +313,7 @@ class Scheduler:
             cols.extend(range(need))
             vals.extend(r.slots)
             r.admit_step, r.admit_time = k, now
-            if r.prompt_tokens:
-                self.prefilling.append(r)
-            else:
-                r.decode_from = k
+            r.decode_from = k
             self.running.append(r)
             admitted.append(r)
         decode = [r for r in self.running if 0 <= r.decode_from <= k]
@@ -326,21 +329,37 @@ class Scheduler:
             rows.append(r.row)
             cols.append(self.marker)
             vals.append(stamp)
-        chunk = self.take_chunk(k)
+        chunk = []
+        if self.policy == "mixed":  # the prefill batch, mixed into the running one
+            chunk, new = self._add_prefill(k, now, rows, cols, vals)
+            admitted += new
         return StepPlan(k, stamp, decode, bucket_of(len(decode), self.buckets), admitted,
                         rows, cols, vals, chunk)
 
     def _prefill_step(self, k: int, now: float, stamp: int) -> StepPlan | None:
         """SGLang's default (``get_next_batch_to_run``): while prompt tokens wait, a prefill
-        step of its own, None otherwise. Admission is the prefill's, as SGLang's
-        ``PrefillAdder``: a budget of ``chunk_tokens`` new tokens, the carried-over request
-        (``chunked_req``) first, then waiting requests first come first served while there is
-        budget, room (``max_batch``, a row) and fewer than ``max_prefill_requests`` in the
-        chunk; a prompt longer than what is left is cut there and carried over. Only the
-        chunk's slots are allocated and written (SGLang's ``prepare_for_extend``); every
-        decoding request pauses this step."""
-        budget, chunk, admitted = self.chunk_tokens, [], []
+        step of its own (:meth:`_add_prefill`), every decoding request paused; None
+        otherwise."""
         rows, cols, vals = [], [], []
+        chunk, admitted = self._add_prefill(k, now, rows, cols, vals)
+        if not chunk:
+            return None
+        paused = sum(1 for r in self.running if 0 <= r.decode_from <= k)
+        return StepPlan(k, stamp, [], 0, admitted, rows, cols, vals, chunk, paused)
+
+    def _add_prefill(self, k: int, now: float, rows: list, cols: list, vals: list) -> tuple[
+            list[tuple[Request, int, int]], list[Request]]:
+        """Step k's prefill batch, as SGLang's ``get_new_batch_prefill`` builds it in both
+        modes (``PrefillAdder``): a budget of ``chunk_tokens`` new tokens, the carried-over
+        request (``chunked_req``) first, then waiting requests first come first served while
+        there is budget, room (``max_batch``, a row) and fewer than ``max_prefill_requests``
+        in the chunk; a prompt longer than what is left is cut there and carried over to the
+        next step, first in it. A request is admitted with its first chunk, and only the
+        chunk's slots are allocated and written (``prepare_for_extend``: appended to
+        ``rows``/``cols``/``vals``). The mixed mode then mixes the batch into the running one
+        (``mix_with_running``); with nothing decoding the step is a prefill step of its own.
+        Returns the chunk ``[(request, first position, tokens)]`` and the admitted."""
+        budget, chunk, admitted = self.chunk_tokens, [], []
         while budget > 0 and len(chunk) < self.max_prefill_requests:
             if self.prefilling:  # the carried-over request (at most one)
                 r = self.prefilling.popleft()
@@ -369,25 +388,7 @@ class Scheduler:
                 r.decode_from = k + 1
             else:
                 self.prefilling.appendleft(r)  # chunked_req: first in the next step
-        if not chunk:
-            return None
-        paused = sum(1 for r in self.running if 0 <= r.decode_from <= k)
-        return StepPlan(k, stamp, [], 0, admitted, rows, cols, vals, chunk, paused)
-
-    def take_chunk(self, k: int) -> list[tuple[Request, int, int]]:
-        """Up to ``chunk_tokens`` prompt tokens from the prefill queue's head."""
-        budget, chunk = self.chunk_tokens, []
-        while self.prefilling and budget > 0 and len(chunk) < self.max_prefill_requests:
-            r = self.prefilling[0]
-            n = min(r.prompt_tokens - r.prefilled, budget)
-            chunk.append((r, r.prefilled, n))
-            r.prefilled += n
-            budget -= n
-            if r.prefilled == r.prompt_tokens:
-                self.prefilling.popleft()
-                r.prefill_done_step = k
-                r.decode_from = k + 1
-        return chunk
+        return chunk, admitted
 
     def process(self, plan: StepPlan, now: float, tokens: list[int] | None = None) -> list[
             Request]:

@@ -192,6 +192,32 @@ def test_sglang_policy_runs_prefill_steps_of_their_own_and_carries_a_long_prompt
     assert r1.finish_step == 6 and r0.finish_step == 6
 
 
+def test_mixed_policy_admits_as_sglang_and_mixes_the_prefill_batch_into_the_decode_step():
+    """SGLang's mixed chunk builds the prefill batch as its default mode does
+    (``PrefillAdder``: a request admitted with its first chunk, only the chunk's slots
+    written, a long prompt carried over first in the next step) and mixes it into the
+    running batch; with nothing decoding, the step is a prefill step of its own."""
+    arr = Arrivals(seed=0, output=Dist(9, 9), prompt=Dist(1, 1), concurrency=3)
+    for r, p in zip(arr.made, (100, 600, 50)):
+        r.prompt_tokens = p
+    sched = _scheduler(arr, chunk_tokens=256)
+    plans = _drive(sched, 12)
+    assert [[(x.rid, s, n) for x, s, n in p.prefill] for p in plans[:4]] == [
+        [(0, 0, 100), (1, 0, 156)], [(1, 156, 256)], [(1, 412, 188), (2, 0, 50)], []]
+    r0, r1, r2 = arr.made[:3]
+    assert (r0.admit_step, r1.admit_step, r2.admit_step) == (0, 0, 2)  # with its chunk
+    assert [p.shape for p in plans[:4]] == ["prefill", "mixed", "mixed", "decode"]
+    assert [[x.rid for x in p.decode] for p in plans[:4]] == [[], [0], [0], [0, 1, 2]]
+    assert {p.paused for p in plans} == {0}
+    # step 0 writes the two chunks' slots alone: request 1's first 156, not its 600
+    assert sorted(zip(plans[0].w_rows, plans[0].w_cols)) == sorted(
+        [(r0.row, c) for c in range(100)] + [(r1.row, c) for c in range(156)])
+    # step 1: request 0's new decode slot and marker, and the carried chunk's 256 slots
+    chunk = [(r, c) for r, c in zip(plans[1].w_rows, plans[1].w_cols) if r == r1.row]
+    assert [c for _, c in chunk] == list(range(156, 412))
+    assert (r1.prefill_done_step, r1.first_token_step, r1.decode_from) == (2, 2, 3)
+
+
 def test_sglang_policy_admits_no_prompt_in_a_decode_step_and_mixed_never_pauses():
     arr = Arrivals(seed=1, output=Dist(4, 12), prompt=Dist(16, 300), concurrency=5)
     sched = _scheduler(arr, chunk_tokens=128, policy="sglang")
