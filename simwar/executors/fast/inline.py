@@ -133,6 +133,12 @@ def inline(fn: Callable, args: Sequence[str], prefix: str) -> tuple[list[str], s
     to run first, then the expression of its value. Its locals are named ``prefix`` + their
     name (so none meets a name of the code around it); an argument that is not a name or a
     constant and that the rule reads more than once is evaluated once, into such a local."""
+    lines, expr = _inline(fn, tuple(args), prefix)
+    return list(lines), expr
+
+
+@functools.lru_cache(maxsize=4096)  # a block's ops apply the rules to few distinct names
+def _inline(fn: Callable, args: tuple[str, ...], prefix: str) -> tuple[tuple[str, ...], str]:
     params, assigns, value = _definition(fn)
     if len(args) != len(params):
         raise TypeError(f"{fn.__name__} takes {len(params)} arguments, given {len(args)}")
@@ -162,4 +168,4 @@ def inline(fn: Callable, args: Sequence[str], prefix: str) -> tuple[list[str], s
     then = _Substitute(bound, {})
     for target, tree in trees[:-1]:
         lines.append(f"{target} = {ast.unparse(then.visit(tree))}")
-    return lines, ast.unparse(then.visit(trees[-1][1]))
+    return tuple(lines), ast.unparse(then.visit(trees[-1][1]))
