@@ -7,12 +7,14 @@ from __future__ import annotations
 import itertools
 import math
 import struct
+from pathlib import Path
 
 import pytest
 
 from simwar.core import rules
 from simwar.executors.fast.inline import NotInlinable, inline
 
+ROOT = Path(__file__).resolve().parents[1]
 VALUES = [0.0, -0.0, 1.5, 2.0, 1e300, -3.25, math.inf, -math.inf, math.nan]
 
 
@@ -79,3 +81,25 @@ def test_what_is_not_plain_is_refused():
     for fn in (_global, _loop, max):
         with pytest.raises(NotInlinable):
             inline(fn, ["x"], "p_")
+
+
+
+def test_a_rule_without_its_source_is_called_with_the_same_answers(monkeypatch):
+    """simwar without its sources (no text to derive): the blocks call the rules instead."""
+    from simwar.api import simulate
+    from simwar.config import load_config
+    from simwar.executors.fast import codegen
+
+    cfg = load_config(ROOT / "configs" / "dspark_fine_bimodal.yaml", {"steps": 300})
+    inlined = simulate(cfg, engine="fast")
+    blocks = [fn.source for fn in codegen._CODE.values()]
+    assert blocks and not any("begins(" in text for text in blocks)
+
+    def no_source(fn, args, prefix):
+        raise NotInlinable(f"{fn.__name__}: no Python source")
+
+    monkeypatch.setattr(codegen, "inline", no_source)
+    monkeypatch.setattr(codegen, "_CODE", type(codegen._CODE)())  # a cold cache
+    called = simulate(cfg, engine="fast")
+    assert any("begins(" in fn.source for fn in codegen._CODE.values())
+    assert called.summary == inlined.summary

@@ -75,7 +75,7 @@ import numpy as np
 from simwar.core import rules
 from simwar.core.frozen import Frozen, set_field
 from simwar.core.kinds import OpKind
-from simwar.executors.fast.inline import inline
+from simwar.executors.fast.inline import NotInlinable, inline
 from simwar.executors.fast.plan import MARKS, Shape
 
 _CODE: OrderedDict = OrderedDict()  # compiled block functions, by (shape, slot kinds, ...)
@@ -226,9 +226,12 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         """The expression of rule ``name`` of :mod:`simwar.core.rules` on ``args``: a call,
         or the rule written out (the lines it needs first emitted: call it before emitting
         the line that uses it)."""
-        if not target.inlined:
+        try:
+            if not target.inlined:
+                raise NotInlinable(name)
+            lines, expr = inline(target.rules["_" + name], args, f"{name}_")
+        except NotInlinable:  # numpy's forms, or simwar without its sources: the call
             return f"{name}({', '.join(args)})"
-        lines, expr = inline(target.rules["_" + name], args, f"{name}_")
         for line in lines:
             emit(line)
         return expr
