@@ -91,6 +91,7 @@ def test_a_rule_without_its_source_is_called_with_the_same_answers(monkeypatch):
     from simwar.executors.fast import codegen
 
     cfg = load_config(ROOT / "configs" / "dspark_fine_bimodal.yaml", {"steps": 300})
+    monkeypatch.setattr(codegen, "_CODE", type(codegen._CODE)())  # this run's blocks only
     inlined = simulate(cfg, engine="fast")
     blocks = [fn.source for fn in codegen._CODE.values()]
     assert blocks and not any("begins(" in text for text in blocks)
