@@ -5,8 +5,11 @@
 the shape and the way it is run): one loop over the block's segments whose body is the
 shape's host ops in order, each device op placed by :mod:`simwar.core.rules` (``begins``,
 ``released``, ``returns``: the functions the SimPy engine calls) on local variables, with
-no per-op objects. ``KS`` are the segments' step indices (relative to the state's origin),
-``K`` the block's constant parameters, ``C`` its parameter columns, in slot order.
+no per-op objects. The scalar targets carry those rules written out rather than calls
+(:mod:`simwar.executors.fast.inline` derives the text from their definitions: the same
+operations, the call's cost saved a few times per op). ``KS`` are the segments' step
+indices (relative to the state's origin), ``K`` the block's constant parameters, ``C`` its
+parameter columns, in slot order.
 
 **Two targets**, one text. The *scalar* target (the fast executor) runs one run: each
 variable (the host clock, a stream's tail, an op's start) is a float. The *array* target
@@ -48,19 +51,23 @@ clock last moved (so at or after it) is that tail, with no call: numpy's calls, 
 hundred ns each whatever a group's size, are what a lockstep step costs.
 
 **Trace mode** (``trace=True``, :mod:`simwar.executors.fast.trace`): the same rules on the
-same locals, no accumulators and no logs; each segment appends every time it computes to
-``S.trace`` (a list of floats), one row per segment in the order ``fn.layout`` names:
+same locals, no accumulators and no logs; each segment writes every time it computes into
+``S.trace`` (a C-contiguous float64 array of a row per segment, the rows packed in order,
+by ``struct``: a call per row, half the cost of a list extended and made an array), in the
+order ``fn.layout`` names:
 ``("h", i)`` the host clock after host op ``i`` (``("h", -1)``: at the segment's start),
 ``("s", d)``/``("e", d)`` a kernel's or a wait's start and end (a wait: reached, released),
 ``("r", d)`` a record's firing.
 
-Imports: simwar.core and the plan's types; must not import races or execute (the pass calls this).
+Imports: simwar.core, the plan's types and the inliner; must not import races or execute (the
+pass calls this).
 """
 
 from __future__ import annotations
 
 import keyword
 import re
+import struct
 from collections import OrderedDict
 
 import numpy as np
@@ -68,6 +75,7 @@ import numpy as np
 from simwar.core import rules
 from simwar.core.frozen import Frozen, set_field
 from simwar.core.kinds import OpKind
+from simwar.executors.fast.inline import NotInlinable, inline
 from simwar.executors.fast.plan import MARKS, Shape
 
 _CODE: OrderedDict = OrderedDict()  # compiled block functions, by (shape, slot kinds, ...)
@@ -77,7 +85,8 @@ _CODE_LIMIT = 512
 class Target(Frozen):
     """What a compiled block's variables are, and the few lines that differ with it."""
 
-    __slots__ = ("name", "rules", "held_if_positive", "zipped_columns", "rows_in_place")
+    __slots__ = ("name", "rules", "held_if_positive", "zipped_columns", "rows_in_place",
+                 "inlined")
 
     # rules: the rules' names in the generated code -> the functions bound to them.
     # held_if_positive: a wait on the forward stream adds what it held to the step window
@@ -89,18 +98,22 @@ class Target(Frozen):
     # ``S.busy[k]`` is a view: a sum is added in the row itself (False: rows read and
     # written back, as for a group's runs picked out of the state's,
     # :mod:`simwar.executors.lockstep.shapes`)
+    # inlined: ``begins``, ``released`` and ``returns`` written out in the text, derived from
+    # their definitions (:mod:`simwar.executors.fast.inline`: on floats, a call costs more
+    # than the rule), or called (numpy's forms over arrays)
     def __init__(self, name: str, rules: dict, held_if_positive: bool, zipped_columns: bool,
-                 rows_in_place: bool = False):
+                 rows_in_place: bool = False, inlined: bool = False):
         set_field(self, "name", name)
         set_field(self, "rules", rules)
         set_field(self, "held_if_positive", held_if_positive)
         set_field(self, "zipped_columns", zipped_columns)
         set_field(self, "rows_in_place", rows_in_place)
+        set_field(self, "inlined", inlined)
 
 
 #: the fast executor's: floats
 SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
-                           "_returns": rules.returns}, True, True)
+                           "_returns": rules.returns}, True, True, inlined=True)
 #: the lockstep executor's: arrays of one element per run
 _MANY = {"_begins": rules.begins_many, "_released": rules.released_many,
          "_returns": rules.returns_many, "_add": np.add, "_sub": np.subtract, "_empty": np.empty,
@@ -114,7 +127,8 @@ PICKED = Target("picked", _MANY, False, False)
 #: each collective (:func:`_unrolled`)
 LANES = Target("lanes", {"_begins": rules.begins, "_released": rules.released,
                          "_returns": rules.returns, "collective_ends": rules.collective_ends,
-                         "host_collective_leaves": rules.host_collective_leaves}, True, True)
+                         "host_collective_leaves": rules.host_collective_leaves}, True, True,
+                inlined=True)
 TARGETS = {t.name: t for t in (SCALAR, ARRAY, PICKED, LANES)}
 
 
@@ -235,9 +249,23 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         above.clear()
         emit(f"_add(t, {step}, t)" if arr else f"t += {step}")
 
+    def rule(name: str, *args: str) -> str:
+        """The expression of rule ``name`` of :mod:`simwar.core.rules` on ``args``: a call,
+        or the rule written out (the lines it needs first emitted: call it before emitting
+        the line that uses it)."""
+        try:
+            if not target.inlined:
+                raise NotInlinable(name)
+            lines, expr = inline(target.rules["_" + name], args, f"{name}_")
+        except NotInlinable:  # numpy's forms, or simwar without its sources: the call
+            return f"{name}({', '.join(args)})"
+        for line in lines:
+            emit(line)
+        return expr
+
     def begun(tv: str) -> str:
         """``begins(tv, t)``, or the tail ``tv`` where it is known to be at or after t."""
-        return tv if skip and tv in above else f"begins({tv}, t)"
+        return tv if skip and tv in above else rule("begins", tv, "t")
 
     def summed(acc: str, a: str, b: str) -> None:
         """``acc += a - b`` (a window sum)."""
@@ -345,10 +373,10 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             # fired at or after the host clock, so its release (fired, plus a latency >= 0)
             # is too: the larger of it and the tail is the larger of it, the tail and the
             # clock, with no reach to compute (nothing sums or logs it)
-            emit(f"{ts} = rel = released({ts}, {fired_at}, {lat}, {same_stream})")
+            emit(f"{ts} = rel = {rule('released', ts, fired_at, lat, str(same_stream))}")
         else:
             emit(f"reach = {begun(ts)}")
-            emit(f"{ts} = rel = released(reach, {fired_at}, {lat}, {same_stream})")
+            emit(f"{ts} = rel = {rule('released', 'reach', fired_at, lat, str(same_stream))}")
             if stream == fwd and not trace:
                 if collect:
                     emit("if rel > reach:")
@@ -411,7 +439,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             f = "None" if h.bind is None else fired(h.bind)
             above.clear()
             emit("t0 = t")
-            emit(f"t = returns(t0, {host}, {f}, {wake})")
+            emit(f"t = {rule('returns', 't0', host, f, wake)}")
             if target.rows_in_place:  # added in the row (``row += Z_`` writes it back too)
                 emit(f"_sub(t, t0, Z_); BR_ = B{sites.index(h.site)}[{step_index(h.off)}]; "
                      "_add(BR_, Z_, BR_)")
@@ -440,8 +468,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         guarded(start, (hi, -1), known)
         if trace and kind not in MARKS:
             keep("h", hi, "t")  # the host clock after this host op
-    if trace:
-        emit("TR((" + "".join(f"q{i}, " for i in range(len(layout))) + "))")
+    if trace:  # the segment's row, its floats packed into the buffer at once
+        emit("TR(BUF, TO, " + "".join(f"q{i}, " for i in range(len(layout))) + f"); "
+             f"TO += {8 * len(layout)}")
     # record times kept for later segments
     if depth:
         for d in range(depth, 1, -1):
@@ -485,7 +514,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     for d in range(1, depth + 1):
         src(f"H{d} = S.hist[{d - 1}]", 1)
     if trace:
-        src("TR = S.trace.extend", 1)
+        src("TR = _PACK; BUF = S.trace; TO = 0", 1)
     else:
         src("FS = S.fs; FE = S.fe; LA = S.launch; RD = S.done", 1)
         for n, site in enumerate(sites):
@@ -542,6 +571,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src.lines = _unrolled(src.lines, body, cols, width)
     code = "\n".join(src.lines) + "\n"
     namespace = dict(target.rules)
+    if trace:
+        namespace["_PACK"] = struct.Struct(f"@{len(layout)}d").pack_into
     filename = f"<simwar.executors.fast.codegen {target.name} block {abs(hash(shape)):x}>"
     exec(compile(code, filename, "exec"), namespace)
     fn = namespace["block"]

@@ -224,10 +224,10 @@ def _stream(run, fns, layouts, names, lows, state, chunk, margin, steps):
         for start in range(0, b.n, chunk):
             stop = min(b.n, start + chunk)
             ks = b.steps[start:stop]
-            state.trace = []
-            cols = b.columns(start, stop) if any_col else []
-            fn(range(stop - start), consts, cols, state)
             n = stop - start
+            state.trace = vals = np.empty((n, lay.nvalues))
+            cols = b.columns(start, stop) if any_col else []
+            fn(range(n), consts, cols, state)
             seg_steps = np.asarray(ks if isinstance(ks, range) else list(ks), dtype=np.int64)
             if not b.marked:
                 seg_steps = np.zeros(n, dtype=np.int64)
@@ -237,8 +237,6 @@ def _stream(run, fns, layouts, names, lows, state, chunk, margin, steps):
             lo_here = lows[bi][start]
             wanted = steps is None or (lo_here <= steps[1]
                                        and _highest(b, lay, names[bi], start, stop) >= steps[0])
-            vals = np.fromiter(state.trace, dtype=np.float64, count=n * lay.nvalues) \
-                .reshape(n, lay.nvalues) if lay.nvalues else np.zeros((n, 0))
             piece = _Piece(bi, start, n, vals, names[bi].columns(start, n, seg_steps),
                            op_base[bi] + start * lay.ndev, seg_steps,
                            _idle(plan, b, lay, cols))
@@ -277,9 +275,9 @@ class _TraceState:
         self.t = 0.0
         self.tails: dict[str, float] = {}
         self.hist = [()] * depth
-        # the values each segment appends: a list, extended by a tuple at a time (an
-        # array('d') converts item by item, four times slower), made an array per chunk
-        self.trace: list[float] = []
+        # the rows the block writes (codegen's trace mode): a new array per chunk (a window
+        # keeps its margin's rows)
+        self.trace = np.empty((0, 0))
 
 
 def _lowest_steps(plan: Plan, layouts, names) -> list:
