@@ -563,9 +563,10 @@ WHAT_IF_CHUNKS = (512, 1024, 2048, 4096)
 def what_if_table(folder: Path, case: str = WHAT_IF_CASE,
                   chunks: tuple[int, ...] = WHAT_IF_CHUNKS) -> dict:
     """"Should I turn on mixed chunk?" and "what chunk size?" as what-ifs of the ``sglang``
-    capture's model on one repeat's requests: per rule (``sglang``, ``sglang_mixed``) and
-    ``prefill.chunk_tokens``, the predicted figures and score; with what the repeat and its
-    ``mixed`` twin (the same seed) measured at the server's own chunk."""
+    capture's model on one repeat's requests, at that repeat's own host speeds (as every case
+    of :func:`evaluate`): per rule (``sglang``, ``sglang_mixed``) and ``prefill.chunk_tokens``,
+    the predicted figures and score; with what the repeat and its ``mixed`` twin (the same
+    seed) measured at the server's own chunk."""
     folder = Path(folder)
     path = check.metrics_file(folder, f"{case}.metrics.json")
     if path is None:
@@ -578,7 +579,9 @@ def what_if_table(folder: Path, case: str = WHAT_IF_CASE,
             f"{', '.join(map(str, m['fitted_buckets'])) or 'none'} only (its capture ran no "
             f"other: no line to extrapolate the others on), and the server admits up to "
             f"{check.MAX_BATCH}: the what-ifs are not predicted")
-    config = m["config"]
+    # at the repeat's own host speeds, as every case of the table (evaluate)
+    speed = check.host_speed(metrics, m["host_line_net"], decode_only=True)
+    config = host_at(m["config"], speed, prefill_speed(metrics, m["prefill_line"]))
     n = float(np.mean(metrics["requests"]["output_tokens"]))
     rows = []
     for rule in ("sglang", "sglang_mixed"):
