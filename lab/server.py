@@ -45,31 +45,32 @@ each iteration is one ``prof.step()``, so ``ProfilerStep#k``; the drain is in th
 
 **The step's shape** (``--schedule``, :data:`lab.server_requests.POLICIES`): ``mixed`` (the
 default; SGLang's ``--enable-mixed-chunk``) mixes the prefill batch, built as SGLang's (admission
-with a first chunk), into every decode step (a prefill step of its own when nothing decodes);
-``sglang`` (SGLang's default, ``get_next_batch_to_run``) runs a **prefill step of its own** while
-prompt tokens wait (a carried-over prompt, or a waiting request with room to admit it): only the
-chunk's forward (eager, launch by launch), every decoding request paused (no draft or verify graph
-that step); a prompt longer than the ``chunk_tokens`` budget is carried over and prefilled over
-several steps, first in each, and decodes from the step after its last chunk; otherwise a decode
-step. A later chunk's attention reads its prompt's prefix already in the KV cache. Overlap on and
-off work with both (a prefill step's first token is processed one step later under overlap, as any
-result); the barrier fences the next step's writes against this step's reads whatever the two
-shapes (a prefill step publishes no graph read-done: ``fine`` falls back to ``coarse`` there).
+with a first chunk; the decodes take a token each of its budget: SGLang's
+``mixed_with_decode_tokens``), into every decode step (a prefill step of its own when nothing
+decodes); ``sglang`` (SGLang's default, ``get_next_batch_to_run``) runs a **prefill step of its
+own** while prompt tokens wait (a carried-over prompt, or a waiting request with room to admit it):
+only the chunk's forward (eager, launch by launch), every decoding request paused (no draft or
+verify graph that step); a prompt longer than the ``chunk_tokens`` budget is carried over and
+prefilled over several steps, first in each, and decodes from the step after its last chunk;
+otherwise a decode step. A later chunk's attention reads its prompt's prefix already in the KV
+cache. Overlap on and off work with both (a prefill step's first token is processed one step later
+under overlap, as any result); the barrier fences the next step's writes against this step's reads
+whatever the two shapes (a prefill step publishes no graph read-done: ``fine`` falls back to
+``coarse`` there).
 
 A final drain processes the last result. The finish rule: a request finished by step k is in batch
 k+1 and leaves before batch k+2 (with overlap); ``accept_tokens`` (default 2.0) tokens per request
 per decode step, the same for the whole batch (:mod:`lab.server_requests`).
 
-**Host work.** The scheduler's own work is real Python (dicts, lists, free lists, strings);
-two ranges are padded with more Python up to a time target
-(:class:`~lab.server_requests.HostWork`, ``base + per_req × B`` µs): the
-iteration's start to the batch built (``schedule``) and ``copy_done`` returned to the end of
-process_batch_result (``process``). Time targets, not repetition counts, because the H200
-machine's vCPU ran at two speeds 2× apart for seconds at a time. At set-up, unpadded closed
-loops measure the rest of an iteration (prepare, launch, barrier) at 5 and 64 requests; the
-targets make the host's busy time 1.3 × forward(bucket 8) at 5 requests (light loads are
-host-bound) and 0.7 × forward(bucket 64) at 64 (saturated ones are device-bound); the log
-warns where that cannot be met. A case's ``host_scale`` multiplies the targets.
+**Host work.** The scheduler's own work is real Python (dicts, lists, free lists, strings); two
+ranges are padded with more Python up to a time target (:class:`~lab.server_requests.HostWork`,
+``base + per_req × B`` µs): the iteration's start to the batch built (``schedule``) and
+``copy_done`` returned to the end of process_batch_result (``process``). Time targets, not
+repetition counts, because the H200 machine's vCPU ran at two speeds 2× apart for seconds at a
+time. At set-up, unpadded closed loops measure the rest of an iteration (prepare, launch, barrier)
+at 5 and 64 requests; the targets make the host's busy time 1.3 × forward(bucket 8) at 5 requests
+(light loads are host-bound) and 0.7 × forward(bucket 64) at 64 (saturated ones are device-bound);
+the log warns where that cannot be met. A case's ``host_scale`` multiplies the targets.
 
 **The race check.** Each step's write stamps the marker column of its batch's rows with a
 new stamp; each graph gather copies what it read there into a snapshot that goes back with
@@ -157,12 +158,11 @@ first_token_dev) / (output - 1) (requests of > 1 token), ``tpot_host_us`` likewi
 ``other`` verdicts, examples).
 
 Imports: torch (inside :func:`main`, which hands it down) and the standard library; the lab's
-GPU-side modules and simwar's GPU-side CSAN collector (:mod:`simwar.harness.csan`). Split in
-four because one file would pass 1,900 lines: this one the loop, the set-up and the CLI
-(past 750 lines by this docstring, which keeps the loop, the suites and every metric's
-definition in one place); ``server_cases`` the cases, suites and loads; ``server_model`` the
-device side; ``server_requests`` the pure-Python scheduler and metrics the tests check
-without torch.
+GPU-side modules and simwar's GPU-side CSAN collector (:mod:`simwar.harness.csan`). Split in four
+because one file would pass 1,900 lines: this one the loop, the set-up and the CLI (past 750 lines
+by this docstring, which keeps the loop, the suites and every metric's definition in one place);
+``server_cases`` the cases, suites and loads; ``server_model`` the device side; ``server_requests``
+the pure-Python scheduler and metrics the tests check without torch.
 """
 
 from __future__ import annotations

@@ -29,8 +29,10 @@ without torch, to check the rules the simulator models:
   ``get_new_batch_prefill`` builds it (:meth:`Scheduler._add_prefill`, its
   ``PrefillAdder``): up to ``chunk_tokens`` prompt tokens, the carried-over request first,
   then waiting requests first come first served, each admitted with its first chunk (a row
-  then, and only the chunk's slots: ``prepare_for_extend``); a request may be split across
-  steps, and several may share a step, at most ``max_prefill_requests``. The step that takes
+  then, and only the chunk's slots: ``prepare_for_extend``; in the mixed mode the decoding
+  requests take one token each of the budget first, SGLang's ``mixed_with_decode_tokens``);
+  a request may be split across steps, and several may share a step, at most
+  ``max_prefill_requests``. The step that takes
   a request's last prompt tokens gives its first token (it counts as one of
   ``output_tokens``), and the request decodes from the next step on; the scheduler knows
   this when it schedules, not from a result. Two policies pick a step's shape
@@ -40,7 +42,8 @@ without torch, to check the rules the simulator models:
   prefill step of its own, where every decoding request pauses
   (:meth:`Scheduler._prefill_step`), and a decode step otherwise. Before 2026-12-02 the
   mixed mode admitted every waiting request at once and wrote its whole prompt's slots then
-  (the shapes runs up to ``run7``). :attr:`StepPlan.shape` names the result.
+  (the shapes runs up to ``run7``), and up to ``run8`` its budget was the whole
+  ``chunk_tokens``, the decodes' tokens not taken out. :attr:`StepPlan.shape` names the result.
 - The scheduler's Python padding to per-range time targets (:class:`HostWork`,
   :func:`python_work_until`), and the loop thread's core (:func:`pin_loop`).
 - The race check (:func:`overtaken`), the arithmetic that sizes a load (:func:`rate_for`),
@@ -331,7 +334,7 @@ class Scheduler:
             vals.append(stamp)
         chunk = []
         if self.policy == "mixed":  # the prefill batch, mixed into the running one
-            chunk, new = self._add_prefill(k, now, rows, cols, vals)
+            chunk, new = self._add_prefill(k, now, rows, cols, vals, decoding=len(decode))
             admitted += new
         return StepPlan(k, stamp, decode, bucket_of(len(decode), self.buckets), admitted,
                         rows, cols, vals, chunk)
@@ -347,8 +350,8 @@ class Scheduler:
         paused = sum(1 for r in self.running if 0 <= r.decode_from <= k)
         return StepPlan(k, stamp, [], 0, admitted, rows, cols, vals, chunk, paused)
 
-    def _add_prefill(self, k: int, now: float, rows: list, cols: list, vals: list) -> tuple[
-            list[tuple[Request, int, int]], list[Request]]:
+    def _add_prefill(self, k: int, now: float, rows: list, cols: list, vals: list,
+                     decoding: int = 0) -> tuple[list[tuple[Request, int, int]], list[Request]]:
         """Step k's prefill batch, as SGLang's ``get_new_batch_prefill`` builds it in both
         modes (``PrefillAdder``): a budget of ``chunk_tokens`` new tokens, the carried-over
         request (``chunked_req``) first, then waiting requests first come first served while
@@ -358,8 +361,11 @@ class Scheduler:
         chunk's slots are allocated and written (``prepare_for_extend``: appended to
         ``rows``/``cols``/``vals``). The mixed mode then mixes the batch into the running one
         (``mix_with_running``); with nothing decoding the step is a prefill step of its own.
+        ``decoding``: the mixed mode's running requests, one token each of the budget
+        (SGLang passes ``running_bs`` as the adder's ``mixed_with_decode_tokens`` under
+        ``--enable-mixed-chunk``, 0 otherwise); with none left, no chunk this step.
         Returns the chunk ``[(request, first position, tokens)]`` and the admitted."""
-        budget, chunk, admitted = self.chunk_tokens, [], []
+        budget, chunk, admitted = self.chunk_tokens - decoding, [], []
         while budget > 0 and len(chunk) < self.max_prefill_requests:
             if self.prefilling:  # the carried-over request (at most one)
                 r = self.prefilling.popleft()

@@ -23,6 +23,7 @@ import pytest
 
 from lab.server_cases import Case, Loads, select_cases, sized_for, suite_cases
 from lab.server_requests import (
+    POLICIES,
     Arrivals,
     Dist,
     HostWork,
@@ -148,23 +149,33 @@ def test_prefill_chunks_take_prompts_first_come_first_served():
     assert r.finish_step == 4
 
 
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("seed", range(5))
-def test_prefill_finishes_at_the_chunk_that_holds_its_last_prompt_token(seed):
+def test_prefill_finishes_at_the_chunk_that_holds_its_last_prompt_token(seed, policy):
     rng = random.Random(seed)
     prompts = [rng.randint(1, 700) for _ in range(6)]
     chunk = rng.choice([64, 256, 300])
     arr = Arrivals(seed=seed, output=Dist(500, 500), prompt=Dist(1, 1), concurrency=6)
     for r, p in zip(arr.made, prompts):
         r.prompt_tokens = p
-    sched = _scheduler(arr, chunk_tokens=chunk, max_prefill_requests=8)
-    plans = _drive(sched, sum(prompts) // chunk + 3)
-    total = 0
-    for r, p in zip(arr.made, prompts):
-        total += p
-        # the prompts before it and its own share the chunks in arrival order
-        assert r.prefill_done_step == math.ceil(total / chunk) - 1
+    sched = _scheduler(arr, chunk_tokens=chunk, max_prefill_requests=8, policy=policy)
+    plans = _drive(sched, sum(prompts) // (chunk - 6) + 3)
+    if policy == "sglang":  # the prompts before it and its own share the chunks in order
+        want = [math.ceil(sum(prompts[:i + 1]) / chunk) - 1 for i in range(6)]
+    else:  # the same, each step's budget less one token per request decoding in it
+        want, left, k = [], list(prompts), 0
+        while len(want) < 6:
+            budget = chunk - len(want)  # none finishes: each decodes after its prefill step
+            for i in range(len(want), 6):
+                n = min(left[i], budget)
+                left[i], budget = left[i] - n, budget - n
+                if left[i]:
+                    break
+            want += [k] * sum(1 for i in range(len(want), 6) if not left[i])
+            k += 1
+    assert [r.prefill_done_step for r in arr.made[:6]] == want
     for p in plans:
-        assert p.prefill_tokens() <= chunk
+        assert p.prefill_tokens() + (len(p.decode) if policy == "mixed" else 0) <= chunk
 
 
 def test_sglang_policy_runs_prefill_steps_of_their_own_and_carries_a_long_prompt():
@@ -195,15 +206,17 @@ def test_sglang_policy_runs_prefill_steps_of_their_own_and_carries_a_long_prompt
 def test_mixed_policy_admits_as_sglang_and_mixes_the_prefill_batch_into_the_decode_step():
     """SGLang's mixed chunk builds the prefill batch as its default mode does
     (``PrefillAdder``: a request admitted with its first chunk, only the chunk's slots
-    written, a long prompt carried over first in the next step) and mixes it into the
-    running batch; with nothing decoding, the step is a prefill step of its own."""
+    written, a long prompt carried over first in the next step), its budget less one token
+    per decoding request (``mixed_with_decode_tokens``), and mixes it into the running
+    batch; with nothing decoding, the step is a prefill step of its own."""
     arr = Arrivals(seed=0, output=Dist(9, 9), prompt=Dist(1, 1), concurrency=3)
     for r, p in zip(arr.made, (100, 600, 50)):
         r.prompt_tokens = p
     sched = _scheduler(arr, chunk_tokens=256)
     plans = _drive(sched, 12)
+    # steps 1 and 2: request 0 decodes, so 255 of the 256 tokens are the chunk's
     assert [[(x.rid, s, n) for x, s, n in p.prefill] for p in plans[:4]] == [
-        [(0, 0, 100), (1, 0, 156)], [(1, 156, 256)], [(1, 412, 188), (2, 0, 50)], []]
+        [(0, 0, 100), (1, 0, 156)], [(1, 156, 255)], [(1, 411, 189), (2, 0, 50)], []]
     r0, r1, r2 = arr.made[:3]
     assert (r0.admit_step, r1.admit_step, r2.admit_step) == (0, 0, 2)  # with its chunk
     assert [p.shape for p in plans[:4]] == ["prefill", "mixed", "mixed", "decode"]
@@ -214,8 +227,42 @@ def test_mixed_policy_admits_as_sglang_and_mixes_the_prefill_batch_into_the_deco
         [(r0.row, c) for c in range(100)] + [(r1.row, c) for c in range(156)])
     # step 1: request 0's new decode slot and marker, and the carried chunk's 256 slots
     chunk = [(r, c) for r, c in zip(plans[1].w_rows, plans[1].w_cols) if r == r1.row]
-    assert [c for _, c in chunk] == list(range(156, 412))
+    assert [c for _, c in chunk] == list(range(156, 411))
     assert (r1.prefill_done_step, r1.first_token_step, r1.decode_from) == (2, 2, 3)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_the_decodes_take_their_tokens_of_the_budget_only_in_the_mixed_mode(policy):
+    """SGLang's ``get_new_batch_prefill`` gives the ``PrefillAdder`` ``running_bs`` decode
+    tokens under ``--enable-mixed-chunk`` (0 otherwise): a mixed step's chunk is the budget
+    less the decoding requests, none when they take it all; a prefill step of its own (the
+    ``sglang`` policy) pauses them and has the whole budget."""
+    arr = Arrivals(seed=0, output=Dist(50, 50), prompt=Dist(1, 1), concurrency=6)
+    for r, p in zip(arr.made, (1, 1, 1, 1, 1, 40)):
+        r.prompt_tokens = p
+    sched = _scheduler(arr, chunk_tokens=7, max_prefill_requests=8, policy=policy)
+    plans = _drive(sched, 12)
+    chunks = [[(x.rid, s, n) for x, s, n in p.prefill] for p in plans[:4]]
+    if policy == "sglang":
+        assert chunks == [[(i, 0, 1) for i in range(5)] + [(5, 0, 2)], [(5, 2, 7)],
+                          [(5, 9, 7)], [(5, 16, 7)]]
+        assert [p.paused for p in plans[:4]] == [0, 5, 5, 5]
+    else:  # five decode from step 1 on: 7 - 5 = 2 tokens a step for the carried prompt
+        assert chunks == [[(i, 0, 1) for i in range(5)] + [(5, 0, 2)], [(5, 2, 2)],
+                          [(5, 4, 2)], [(5, 6, 2)]]
+        assert [len(p.decode) for p in plans[:4]] == [0, 5, 5, 5]
+        assert [p.shape for p in plans[:2]] == ["prefill", "mixed"]
+        # the carried prompt's slots are written two by two, after its first chunk's
+        assert [c for r, c in zip(plans[1].w_rows, plans[1].w_cols)
+                if r == arr.made[5].row] == [2, 3]
+    # with the decodes taking the whole budget, a mixed step has no chunk
+    arr = Arrivals(seed=0, output=Dist(50, 50), prompt=Dist(1, 1), concurrency=9)
+    for r, p in zip(arr.made, (1,) * 8 + (40,)):
+        r.prompt_tokens = p
+    plans = _drive(_scheduler(arr, chunk_tokens=8, max_prefill_requests=8, policy=policy), 4)
+    assert [p.prefill_tokens() for p in plans[:3]] == (
+        [8, 8, 8] if policy == "sglang" else [8, 0, 0])
+    assert arr.made[8].admit_step == (1 if policy == "sglang" else -1)
 
 
 def test_sglang_policy_admits_no_prompt_in_a_decode_step_and_mixed_never_pauses():
