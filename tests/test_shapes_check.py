@@ -229,7 +229,7 @@ def test_the_command_prints_the_table_and_fails_on_a_miss(result, capsys, monkey
 
     # the evaluation once (the fixture's): the command's own is the same call
     monkeypatch.setattr(shapes_check, "evaluate",
-                        lambda folder, keep_profiler_cost, as_captured: result)
+                        lambda folder, keep_profiler_cost, as_captured, receive: result)
     assert main(["--as-captured"]) == 1
     out = capsys.readouterr().out
     assert "| sglang | closed16 | overlap | (x1.52), (x1.56) |" in out and "mixed chunk?" in out
@@ -394,3 +394,17 @@ def test_the_what_ifs_are_not_predicted_from_a_model_without_the_servers_buckets
     err = capsys.readouterr().err
     assert "bucket(s) 8 only" in err and "the what-ifs are not predicted" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_the_receive_option_charges_each_request_where_it_is_received():
+    """``--receive`` (RECEIVE_US as ``cpu.receive_us``): the time to the first token's forward
+    end rises, on a repeat whose requests arrive one by one into a loop with room."""
+    from lab.check import read_metrics
+    from lab.shapes_check import RECEIVE_US, _predict, model
+
+    m = model(DEFAULT_DIR, "sglang")
+    metrics = read_metrics(DEFAULT_DIR / "shapes_sglang_light_normal_r0.metrics.json.gz")
+    plain, paid = (_predict(m["config"], metrics, receive=r) for r in (False, True))
+    per = RECEIVE_US["per_request"] + RECEIVE_US["per_prompt_token"] * 256  # the least
+    assert paid["ttft_forward_us"] > plain["ttft_forward_us"] + per
+    assert paid["step_us"] > plain["step_us"]
