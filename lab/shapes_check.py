@@ -66,9 +66,10 @@ lab.prefill_check --as-captured`` applies it: a repeat whose host ran more than
 :data:`lab.check.HOST_SPEED_MAX` times slower than the capture's stamps is reported, not
 judged, its speed in brackets; a case with none judged, and the signs and recommendations
 that pair it, reported whole). Reported too: where ``DIR/twins`` holds them, the profiler's
-effect on the host stages of un-profiled and profiled twins (:func:`twins`). ``--receive``: every case with the server's host work per
-request received (:data:`RECEIVE_US` as ``cpu.receive_us``), measured, not fitted
-(calibration/README.md, "Why the TTFT to the first token's forward was short").
+effect on the host stages of un-profiled and profiled twins (:func:`twins`).
+``--receive``: every case with the server's host work per request received
+(:data:`RECEIVE_US` as ``cpu.receive_us``), measured, not fitted (calibration/README.md,
+"Why the TTFT to the first token's forward was short").
 
 Runs where simulation runs (simwar's full stack), not on the GPU machine.
 """
