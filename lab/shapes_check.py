@@ -67,6 +67,9 @@ lab.prefill_check --as-captured`` applies it: a repeat whose host ran more than
 judged, its speed in brackets; a case with none judged, and the signs and recommendations
 that pair it, reported whole). Reported too: where ``DIR/twins`` holds them, the profiler's
 effect on the host stages of un-profiled and profiled twins (:func:`twins`).
+``--receive``: every case with the server's host work per request received
+(:data:`RECEIVE_US` as ``cpu.receive_us``), measured, not fitted (calibration/README.md,
+"Why the TTFT to the first token's forward was short").
 
 Runs where simulation runs (simwar's full stack), not on the GPU machine.
 """
@@ -189,8 +192,18 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
             "buckets": list((config.get("workload") or {}).get("graph_buckets") or [])}
 
 
-def _attempt(m: dict, config: dict, metrics: dict, rule: str | None = None
-             ) -> tuple[dict | None, str]:
+#: ``--receive``: the mini-server's host work per request received (its ``recv_requests``
+#: "tokenizes" each prompt), least squares over the sixth run's steps (t_batch - t_begin -
+#: wait against the received requests and their prompt tokens: 20-64 µs and 0.14-0.18 µs a
+#: token over four repeats), as ``cpu.receive_us``. MEASURED here, not fitted: the capture's
+#: steps do not say which requests each received, and the fitted prefill's host line, read
+#: over every step that prefills, already holds this work on average (so the option also
+#: counts part of it twice: step time +0.6 to +2.2 points on the sixth run).
+RECEIVE_US = {"per_request": 40.0, "per_prompt_token": 0.16}
+
+
+def _attempt(m: dict, config: dict, metrics: dict, rule: str | None = None,
+             receive: bool = False) -> tuple[dict | None, str]:
     """``(figures, "")``: a repeat predicted by the mode's model ``m`` (:func:`model`); or
     ``(None, why)`` where the model lacks a graph bucket the server runs (``m["unfitted"]``:
     its capture ran fewer than two buckets, so :func:`extrapolate_buckets` had no line to
@@ -200,7 +213,7 @@ def _attempt(m: dict, config: dict, metrics: dict, rule: str | None = None
     be simulated as the server ran it: each is reported "not predicted", not judged, with
     the buckets this repeat ran."""
     if not m["unfitted"]:
-        return _predict(config, metrics, rule), ""
+        return _predict(config, metrics, rule, receive), ""
     st, steps = metrics["steps"], check.measured_steps(metrics)
     ran = sorted({int(b) for b in np.asarray(st["bucket"])[steps] if int(b) > 0})
     have = ", ".join(map(str, m["fitted_buckets"])) or "none"
@@ -216,10 +229,13 @@ def score(figures: dict, mean_output: float) -> float:
     return figures["ttft_us"] + figures["tpot_us"] * (mean_output - 1.0)
 
 
-def _predict(config: dict, metrics: dict, rule: str | None = None) -> dict:
+def _predict(config: dict, metrics: dict, rule: str | None = None,
+             receive: bool = False) -> dict:
     change = prefill_check.what_if(config, config["prefill"], metrics)
     if rule is not None:
         change["scheduling.rule"] = rule
+    if receive:  # --receive: RECEIVE_US
+        change["cpu.receive_us"] = dict(RECEIVE_US)
     change["seed"] = int(metrics["case"].get("seed", 0))
     return prefill_check.predicted(simulate(config, change).summary)
 
@@ -270,11 +286,12 @@ def twins(folder: Path) -> list[dict]:
 
 
 def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
-             as_captured: bool = False) -> dict:
+             as_captured: bool = False, receive: bool = False) -> dict:
     """Fit each mode, predict every case, compare (see the module docstring); ``as_captured``:
     every repeat predicted at the capture's host speed, those slower by more than
     :data:`lab.check.HOST_SPEED_MAX` left out (the table before the host speed was an
-    input)."""
+    input); ``receive``: every case with the server's host work per request received,
+    :data:`RECEIVE_US`."""
     folder = Path(folder or DEFAULT_DIR)
     cases = check.load_repeats(folder, CASE, ("mode", "load", "loop"))
     if not cases:
@@ -309,7 +326,8 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
             judged = [True] * len(repeats)
         reps = [prefill_check.measured(r) for r in repeats]
         seeds = [int(r["case"].get("seed", 0)) for r in repeats]
-        tried = [_attempt(models[mode], c, r) for c, r in zip(configs, repeats)]
+        tried = [_attempt(models[mode], c, r, receive=receive)
+                 for c, r in zip(configs, repeats)]
         sims = [p for p, _ in tried]
         # a repeat the fit cannot predict (a bucket it has no value for): the whole case is
         # reported "not predicted", its figures measured only, none judged
@@ -334,7 +352,7 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
             out["cases"][name]["not_predicted"] = missing
             out["not_predicted"][name] = missing
         if mode == "sglang":  # the what-if: the same model, mixed chunk turned on
-            mixed = [_attempt(models[mode], c, r, rule=RULES["mixed"])
+            mixed = [_attempt(models[mode], c, r, rule=RULES["mixed"], receive=receive)
                      for c, r in zip(configs, repeats)]
             what_if_mixed[(load, loop)] = {sd: p for sd, (p, _) in zip(seeds, mixed)}
             for sd, (p, why) in zip(seeds, mixed):
@@ -619,6 +637,10 @@ AS_CAPTURED_HELP = (f"predict every repeat at the capture's host speed and leave
                     f"before each repeat's measured host speed was an input)")
 
 
+RECEIVE_HELP = ("predict every case with the server's host work per request received, "
+                "as measured (RECEIVE_US: cpu.receive_us), not fitted")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--what-if" in argv:
@@ -643,7 +665,8 @@ def main(argv: list[str] | None = None) -> int:
         argv.insert(0, str(DEFAULT_DIR))
     return check.command(argv, "python -m lab.shapes_check", __doc__.split("\n\n")[0],
                          evaluate, markdown, status_is_verdict=True,
-                         flags={"--as-captured": ("as_captured", AS_CAPTURED_HELP)})
+                         flags={"--as-captured": ("as_captured", AS_CAPTURED_HELP),
+                                "--receive": ("receive", RECEIVE_HELP)})
 
 
 if __name__ == "__main__":

@@ -86,6 +86,8 @@ class Series:
 
 #: the host's wait for a request at the top of an iteration (arrivals only)
 WAIT_REQUESTS = Series("idle")
+#: the host's work for the requests an iteration receives (``cpu.receive_us`` given only)
+RECEIVED_US = Series("received_us")
 #: the prefill part of a step's forward, and the host's work to prepare it (prompts only:
 #: :class:`simwar.config.schema.Prefill` at the step's prefill tokens)
 PREFILL_US = Series("prefill_us")

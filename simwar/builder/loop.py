@@ -83,6 +83,7 @@ from simwar.builder.draws import (
     PREFILL_LAUNCH_HOST_US,
     PREFILL_LAUNCH_US,
     PREFILL_US,
+    RECEIVED_US,
     WAIT_REQUESTS,
     AffineTable,
     Sampler,
@@ -530,6 +531,8 @@ class LoopBuilder:
         if loop_top and not self.policy.blocks_at_prepare:
             self.policy.fence(self, k - 1)
         self.cpu("ingest", cfg.cpu.ingest_us, k)
+        if self.sizes.idle is not None and cfg.cpu.receive_us.given():  # arrivals: the
+            self.cpu("ingest.requests", RECEIVED_US, k)  # requests received at the marker
         self.cpu("schedule", cfg.cpu.schedule_us, k)
         if loop_top and self.policy.blocks_at_prepare:
             self.policy.before_prepare(self, k)

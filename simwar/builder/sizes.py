@@ -121,7 +121,7 @@ class StepSizes(MutableRecord):
     _fields = ("batch", "bucket", "accept", "buckets", "idle", "requests", "prefill_tokens",
                "prefill_us", "prefill_host_us", "prefill_host_before_us", "prefill_prefix",
                "prefill_launch_us", "prefill_launch_host_us", "per_step", "suffix", "source",
-               "shape")
+               "shape", "received_us")
 
     def __init__(self, batch: np.ndarray, bucket: np.ndarray, accept: np.ndarray,
                  buckets: list[int] | None = None, idle: np.ndarray | None = None,
@@ -133,7 +133,7 @@ class StepSizes(MutableRecord):
                  prefill_launch_us: np.ndarray | None = None,
                  prefill_launch_host_us: np.ndarray | None = None, per_step: bool = False,
                  suffix: bool = False, source: str = "constant",
-                 shape: np.ndarray | None = None):
+                 shape: np.ndarray | None = None, received_us: np.ndarray | None = None):
         self.batch = batch  # int64, one per step
         self.bucket = bucket  # int64
         self.accept = accept  # float64
@@ -169,6 +169,9 @@ class StepSizes(MutableRecord):
         #: shape of each step, an index into :data:`~simwar.config.schema.SHAPES` (None: every
         #: step has the rule's one shape)
         self.shape = shape
+        #: ``cpu.receive_us`` given only (arrivals): the host's work for the requests each
+        #: iteration receives at its marker
+        self.received_us = received_us
 
     def meta(self) -> dict:
         """The ``meta.workload`` block (plain lists: programs and traces are JSON)."""
@@ -263,6 +266,8 @@ def draw_sizes(cfg: Config) -> StepSizes:
             out.prefill_launch_host_us = np.zeros(n)
     if cfg.shapes_vary:  # realized with the arrivals
         out.shape = np.zeros(n, dtype=np.int8)
+    if src in REQUEST_SOURCES and cfg.cpu.receive_us.given():  # realized with the arrivals
+        out.received_us = np.zeros(n)
     return out
 
 
@@ -299,6 +304,9 @@ class ArrivalProcess:
         #: vLLM's token budget: the decodes take their tokens of the chunk first
         self.budgeted = sch.rule == "vllm"
         self.max_prefills = sch.max_consecutive_prefill
+        #: ``cpu.receive_us``: the host's work per request received (None: none)
+        self.receive = cfg.cpu.receive_us if sizes.received_us is not None else None
+        self.unreceived: list[int] = []  # requests arrived, not yet received by a marker
         #: ``scheduling.idle``: an idle step when no request runs or waits (not a wait)
         self.idles = sch.idle is not None
         self.prefills = 0  # prefill steps in a row so far (the sglang rule)
@@ -388,6 +396,8 @@ class ArrivalProcess:
         self.out_tokens.append(self._output(rid))
         self.prompt_tokens.append(self._prompt(rid))
         self.arrival.append(t)
+        if self.receive is not None:
+            self.unreceived.append(rid)
         self.first.append(-1)
         self.chunk_first.append(-1)
         self.admit_step.append(-1)
@@ -406,6 +416,16 @@ class ArrivalProcess:
         if k <= self.done:  # the executor may re-run a pass: the decision stands
             return float(self.sizes.idle[k])
         self.done = k
+        idle = self._fix(k, t)
+        if self.receive is not None:  # every request arrived by the marker (or the wait)
+            got = self.unreceived
+            self.sizes.received_us[k] = self.receive.at(
+                len(got), sum(self.prompt_tokens[rid] for rid in got))
+            got.clear()
+        return idle
+
+    def _fix(self, k: int, t: float) -> float:
+        """:meth:`schedule`'s decision for a step not fixed yet."""
         # finished by step k-2 (k-1 without overlap): the scheduler processed that result
         gone = self.leaving.pop(k, 0)
         self.active -= gone

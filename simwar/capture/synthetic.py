@@ -359,7 +359,11 @@ def sglang_cpu_ranges(trace: Trace, names: dict | None = None) -> list[tuple[str
         cpu = {label: (a, b) for a, b, call, label, _ in items if call == Call.CPU}
         for a, b, call, label, _ in items:
             if call == Call.CPU and label in ("ingest", "wait_requests") and names.get(label):
+                if label == "ingest" and "ingest.requests" in cpu:  # the requests received:
+                    b = cpu["ingest.requests"][1]  # SGLang's recv_requests takes them too
                 out.append((names[label], a, b))
+        if "ingest.requests" in cpu and "ingest" not in cpu and names.get("ingest"):
+            out.append((names["ingest"], *cpu["ingest.requests"]))
         rb_t = launch_at.get(k)
         if rb_t is not None:
             end = max((b for a, b, *_ in items if a < rb_t), default=None)

@@ -132,11 +132,36 @@ class Policy(StrictModel):
         return name
 
 
+class ReceiveCost(StrictModel):
+    """The host's work for each request an iteration receives (µs), after ``ingest_us``, in
+    the iteration that receives it (with arriving requests only): ``per_request`` +
+    ``per_prompt_token`` x its prompt tokens, summed over the requests received. SGLang's
+    ``recv_requests`` takes each request's token ids off its socket there, so the cost lands
+    on the iteration that admits the request, not spread over every step as ``ingest_us``
+    (calibration/README.md, "Why the TTFT to the first token's forward was short")."""
+
+    per_request: float = Field(default=0.0, ge=0)
+    """µs per request received."""
+    per_prompt_token: float = Field(default=0.0, ge=0)
+    """µs per prompt token of a request received."""
+
+    def at(self, requests: int, prompt_tokens: int) -> float:
+        """The work of receiving ``requests`` requests of ``prompt_tokens`` tokens in all."""
+        return self.per_request * requests + self.per_prompt_token * prompt_tokens
+
+    def given(self) -> bool:
+        """Whether receiving costs anything (only then does an iteration hold the op)."""
+        return bool(self.per_request or self.per_prompt_token)
+
+
 class Cpu(StrictModel):
     """The scheduler thread's own work in each iteration (µs)."""
 
     ingest_us: Duration = 100.0
     """Ingesting new requests at the top of the iteration."""
+    receive_us: ReceiveCost = Field(default_factory=ReceiveCost)
+    """The work per request received, in the iteration that receives it (arriving requests
+    only; {per_request, per_prompt_token}; 0: none, as before this key)."""
     schedule_us: Duration = 900.0
     """Scheduling the next batch."""
     prepare_us: Duration = 300.0

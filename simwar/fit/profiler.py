@@ -127,11 +127,11 @@ def _scale(value, f: float):
         if d.get("values") is not None:
             d["values"] = [round(float(v) * f, 3) for v in d["values"]]
         return d
-    for key in ("base", "per_seq"):
+    for key in ("base", "per_seq", "per_request"):
         if key in d:
             d[key] = round(float(d[key]) * f, 3)
-    for key in ("per_token", "per_token_prefix"):  # small coefficients: significant digits
-        if key in d:
+    for key in ("per_token", "per_token_prefix", "per_prompt_token"):  # small coefficients:
+        if key in d:  # significant digits
             d[key] = float(f"{float(d[key]) * f:.6g}")
     if d.get("per_bucket") is not None:
         d["per_bucket"] = {b: round(float(v) * f, 3) for b, v in d["per_bucket"].items()}
@@ -164,7 +164,8 @@ def host_keys(cfg: dict, work: bool = True) -> list[str]:
     """The dotted keys (:func:`simwar.config.load.get_dotted`'s) of the host durations a
     config holds, fitted or a loaded config's dump (a key whose value is None is not held):
     the host API calls' costs (:data:`HOST_COSTS`, not the device latencies ``sync_wake_us``
-    and ``cross_stream_us``) and, with ``work``, the loop's CPU work (:data:`CPU_KEYS`), each
+    and ``cross_stream_us``) and, with ``work``, the loop's CPU work (:data:`CPU_KEYS`, and
+    ``cpu.receive_us`` where it costs anything), each
     phase's host time (``phases.NAME.host_us``) and the prefill's and the idle step's
     (``host_us``, ``host_before_us``; an eager prefill's launches cost ``costs.launch_us``
     each). The one list of what runs on the host: :func:`scale_host` scales it, the check adds
@@ -173,6 +174,9 @@ def host_keys(cfg: dict, work: bool = True) -> list[str]:
     if not work:
         return costs
     out = [f"cpu.{k}" for k in CPU_KEYS if (cfg.get("cpu") or {}).get(k) is not None]
+    receive = (cfg.get("cpu") or {}).get("receive_us")
+    if isinstance(receive, dict) and any(receive.values()):  # given: per request received
+        out.append("cpu.receive_us")
     out += [f"phases.{p['name']}.host_us" for p in cfg.get("phases") or []
             if p.get("host_us") is not None]
     out += costs
