@@ -18,6 +18,7 @@ import random
 from pathlib import Path
 
 import pytest
+from custom_phases import custom_config
 
 from simwar.api import Runner, resolve_sizes
 from simwar.builder.moves import Family
@@ -30,17 +31,6 @@ from simwar.study.advise import candidate_config, space
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SHORT = {"steps": 60, "warmup_steps": 10}
-
-
-def _custom(phases: int) -> dict:
-    """``benchmarks/bench_advise.py``'s algorithm: graph kinds in turn, each phase reads."""
-    return {"name": f"custom-{phases}", "algorithm": "custom", "steps": 60, "warmup_steps": 10,
-            "policy": {"barrier": "fine"},
-            "phases": [{"name": f"p{i}", "graph": ("full", "eager", "breakable")[i % 3],
-                        "load_batch_us": 5.0, "prep_us": 10.0, "body_us": 300.0,
-                        "host_us": 10.0, "reads": ["req_to_token"],
-                        "read_ends": "post_replay" if i == phases - 1 else "unknown"}
-                       for i in range(phases)]}
 
 
 def _families(source) -> list[list]:
@@ -59,7 +49,7 @@ def _races(run) -> list:
     return list(run.hazards.races)
 
 
-@pytest.mark.parametrize("source", [_custom(5), "dspark_fine.yaml", "eagle_fine.yaml",
+@pytest.mark.parametrize("source", [custom_config(5), "dspark_fine.yaml", "eagle_fine.yaml",
                                     "dspark_fine_no_external_events.yaml",
                                     "dspark_fine_bimodal.yaml", "dflash_legacy_host_sync.yaml"],
                          ids=lambda s: s if isinstance(s, str) else s["name"])
@@ -81,7 +71,7 @@ def test_a_family_run_together_gives_each_member_its_own_run(source, monkeypatch
 
 
 def test_the_per_step_table_and_the_races_are_each_members_own():
-    members = max(_families(_custom(4)), key=len)
+    members = max(_families(custom_config(4)), key=len)
     members = random.Random(0).sample(members, 6)
     sizes = [resolve_sizes(c) for c in members]
     got = fast.run_family(members, sizes)
@@ -94,7 +84,7 @@ def test_the_per_step_table_and_the_races_are_each_members_own():
 
 
 def test_a_member_run_on_the_union_with_anothers_numbers_answers_as_the_other():
-    members = max(_families(_custom(4)), key=len)
+    members = max(_families(custom_config(4)), key=len)
     plans = [plan_config(c, resolve_sizes(c)) for c in members]
     races = [RacePlan(p, 2) for p in plans]
     unions = union.family_codes(plans, [[r.logs_of(b) for b in range(len(p.blocks))]

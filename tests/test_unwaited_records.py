@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from custom_phases import custom_config
 
 from simwar.api import resolve_sizes
 from simwar.builder.loop import build_program
@@ -30,17 +31,6 @@ from simwar.executors import fast
 from simwar.study.advise import candidate_config, space
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-
-
-def _custom(phases: int) -> dict:
-    """The benchmark's custom algorithm (benchmarks/bench_advise.py), graph kinds in turn."""
-    return {"name": f"custom-{phases}", "algorithm": "custom", "steps": 60, "warmup_steps": 10,
-            "policy": {"barrier": "fine"},
-            "phases": [{"name": f"p{i}", "graph": ("full", "eager", "breakable")[i % 3],
-                        "load_batch_us": 5.0, "prep_us": 10.0, "body_us": 300.0,
-                        "host_us": 10.0, "reads": ["req_to_token"],
-                        "read_ends": "post_replay" if i == phases - 1 else "unknown"}
-                       for i in range(phases)]}
 
 
 def _unwaited(program, cost: float):
@@ -69,7 +59,7 @@ def _races(run) -> list:
     return [r._replace(first_op=0, second_op=0) for r in run.hazards.races]
 
 
-@pytest.mark.parametrize("source", [_custom(6), "dspark_fine.yaml", "eagle_fine.yaml",
+@pytest.mark.parametrize("source", [custom_config(6), "dspark_fine.yaml", "eagle_fine.yaml",
                                     "sglang_default_prefill.yaml"])
 def test_a_record_nothing_waits_on_at_no_cost_changes_nothing(source):
     cfg = load_config(source if isinstance(source, dict) else CONFIGS / source)

@@ -28,26 +28,39 @@ from dataclasses import FrozenInstanceError
 set_field = object.__setattr__
 
 
-class Frozen:
-    """Fields in ``__slots__`` (in order: ``__init__`` takes them in that order), set once by
-    ``__init__``; compared, hashed, shown and pickled by their values."""
+class _ByValue:
+    """Compared and shown by the values of the fields :meth:`_names` lists, in order: what
+    :class:`Frozen` and :class:`MutableRecord` share."""
 
     __slots__ = ()
 
+    def _names(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
     def _values(self) -> tuple:
-        return tuple([getattr(self, name) for name in self.__slots__])
+        return tuple([getattr(self, name) for name in self._names()])
 
     def __eq__(self, other):
         if other.__class__ is self.__class__:
             return self._values() == other._values()
         return NotImplemented
 
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._names())
+        return f"{type(self).__qualname__}({fields})"
+
+
+class Frozen(_ByValue):
+    """Fields in ``__slots__`` (in order: ``__init__`` takes them in that order), set once by
+    ``__init__``; compared, hashed, shown and pickled by their values."""
+
+    __slots__ = ()
+
+    def _names(self) -> tuple[str, ...]:
+        return self.__slots__
+
     def __hash__(self) -> int:
         return hash(self._values())
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
-        return f"{type(self).__qualname__}({fields})"
 
     def __reduce__(self):
         return type(self), self._values()
@@ -78,21 +91,12 @@ def _plain(value):
     return value
 
 
-class MutableRecord:
+class MutableRecord(_ByValue):
     """Fields named in ``_fields`` (in order: ``__init__`` takes them in that order), set by
     ``__init__`` and changeable afterwards; compared and shown by their values, unhashable."""
 
     _fields: tuple[str, ...] = ()
     __hash__ = None  # a mutable record, as a dataclass with eq=True and not frozen
 
-    def _values(self) -> tuple:
-        return tuple([getattr(self, name) for name in self._fields])
-
-    def __eq__(self, other):
-        if other.__class__ is self.__class__:
-            return self._values() == other._values()
-        return NotImplemented
-
-    def __repr__(self) -> str:
-        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._fields)
-        return f"{type(self).__qualname__}({fields})"
+    def _names(self) -> tuple[str, ...]:
+        return self._fields
