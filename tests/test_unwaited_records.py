@@ -1,17 +1,17 @@
 """A record nothing waits on, issued at no host cost, changes no time, fact or race.
 
-This is what running an ``advise`` family as one program rests on (docs/benchmarks.md, the
-``advise`` paragraphs): the candidates that differ only in where read-done is published
-would share one program with a record at every publish point, each firing for the member
-that publishes there and costing the others 0.0 of host time (``t + 0.0`` is ``t``). A
-record on the forward stream moves that stream's tail to ``max(tail, t)``, and every later
-use of the tail is ``begins(tail, t')`` with ``t' >= t``, so nothing later moves; an
-in-graph record node fires at the node before it and delays none after it; neither adds a
-happens-before edge, as nothing waits on it. Held here on programs of candidates of the
-advise space: the per-step table, the summary and the races (but for the op ids, which the
-extra records shift) are those of the program without them, bit for bit; and the same
-records at a host cost of 1 us do move some figure (the comparison can fail).
-"""
+This is what running an ``advise`` family as one program rests on
+(docs/benchmarks-explain-advise-startup.md, the ``advise`` paragraphs): the candidates that
+differ only in where read-done is published would share one program with a record at every
+publish point, each firing for the member that publishes there and costing the others 0.0 of
+host time (``t + 0.0`` is ``t``). A record on the forward stream moves that stream's tail to
+``max(tail, t)``, and every later use of the tail is ``begins(tail, t')`` with ``t' >= t``,
+so nothing later moves; an in-graph record node fires at the node before it and delays none
+after it; neither adds a happens-before edge, as nothing waits on it. Held here on programs
+of candidates of the advise space: the per-step table, the summary and the races (but for
+the op ids, which the extra records shift) are those of the program without them, bit for
+bit; and the same records at a host cost of 1 us do move some figure (the comparison can
+fail). """
 
 from __future__ import annotations
 

@@ -448,7 +448,7 @@ def rows(*parts) -> np.ndarray:
 #: piece at a time in one buffer stay in the processor's cache while their columns are
 #: copied in and while the file takes them (a whole block of megabytes, made at once, is
 #: made in new memory and read back from main memory: twice the system time of the file's
-#: writing, docs/benchmarks.md)
+#: writing, docs/benchmarks-trace.md)
 PIECE_BYTES = 1 << 19
 
 
