@@ -614,3 +614,33 @@ def test_a_queued_gap_ends_at_its_streams_next_kernel():
     assert queued_gap(trace, chunk, b) == 10.0  # 20 -> 30: the later op itself
     assert queued_gap(trace, b, late) == 0.0
     assert queued_gap(trace, None, b) == queued_gap(trace, a, None) == 0.0
+
+
+def test_the_fit_reads_whether_the_decodes_took_their_tokens_of_the_budget_first():
+    """SGLang's mixed chunk takes the running batch's tokens out of the chunk budget first
+    (``PrefillAdder``'s ``mixed_with_decode_tokens``), so the steps that filled it hold the
+    budget less their decodes; a server giving the prompts the whole budget (the mini-server
+    before it did as SGLang) holds the budget itself. Either way the budget is read back, and
+    a full step's next continues its carried request."""
+    from simwar.fit.prefix import prefixes
+    from simwar.fit.shapes import StepKinds, budgeted, prompt_groups
+
+    def kinds(tokens, decodes):
+        k = StepKinds(shape={i: "mixed" for i in range(len(tokens))},
+                      tokens=dict(enumerate(tokens)), requests={i: 1 for i in range(len(tokens))},
+                      decodes=dict(enumerate(decodes)))
+        k.budgeted = budgeted(k)
+        return k
+
+    # one 5,000-token prompt over three steps, then a short one, decodes 3..7
+    sglang = kinds([2045, 2041, 914, 300], [3, 7, 5, 6])
+    whole = kinds([2048, 2048, 904, 300], [3, 7, 5, 6])
+    assert sglang.budgeted and not whole.budgeted
+    for k in (sglang, whole):
+        assert max(k.budget(i) for i in k.tokens) == 2048
+        assert prompt_groups(k, sorted(k.tokens), 2048) == [(1, 5000), (1, 300)]
+        pre, carried = prefixes(k, 2048)
+        assert carried == 2 and pre[3] == 0
+    assert prefixes(sglang, 2048)[0][1] == 2041 * 2045
+    # no mixed step naming its decodes (a capture of prefill steps): the whole budget
+    assert not budgeted(StepKinds(shape={0: "prefill"}, tokens={0: 2048}))

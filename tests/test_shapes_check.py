@@ -60,7 +60,9 @@ MIXED = {"closed16_normal": ("mixed", "mixed", None), "closed16_overlap": ("mixe
 
 #: the default table, each repeat predicted at its own measured host speed (the model's
 #: unpadded host durations x its factor, lab.host_speed.host_at) and every repeat judged:
-#: (case, figure) within their target; every other one misses
+#: (case, figure) within their target; every other one misses (the mixed medium load's
+#: TTFTs missed since the sglang_mixed rule takes the decodes' tokens out of the budget, as
+#: SGLang does and this run's mini-server did not)
 MEASURED_WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "tpot_us"),
                    ("mixed_closed16_overlap", "tokens_per_s"),
                    ("mixed_closed16_overlap", "tpot_us"),
@@ -69,10 +71,8 @@ MEASURED_WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_n
                    ("mixed_light_overlap", "tokens_per_s"),
                    ("mixed_light_overlap", "tpot_us"), ("mixed_light_overlap", "ttft_forward_us"),
                    ("mixed_light_overlap", "ttft_us"), ("mixed_medium_normal", "tokens_per_s"),
-                   ("mixed_medium_normal", "ttft_forward_us"),
-                   ("mixed_medium_normal", "ttft_us"), ("mixed_medium_overlap", "tokens_per_s"),
-                   ("mixed_medium_overlap", "tpot_us"),
-                   ("mixed_medium_overlap", "ttft_us"), ("sglang_closed16_normal", "tokens_per_s"),
+                   ("mixed_medium_overlap", "tokens_per_s"), ("mixed_medium_overlap", "tpot_us"),
+                   ("sglang_closed16_normal", "tokens_per_s"),
                    ("sglang_closed16_normal", "tpot_us"), ("sglang_closed16_normal", "ttft_us"),
                    ("sglang_closed16_overlap", "tokens_per_s"),
                    ("sglang_closed16_overlap", "tpot_us"),
@@ -434,3 +434,24 @@ def test_the_receive_option_charges_each_request_where_it_is_received():
     per = RECEIVE_US["per_request"] + RECEIVE_US["per_prompt_token"] * 256  # the least
     assert paid["ttft_forward_us"] > plain["ttft_forward_us"] + per
     assert paid["step_us"] > plain["step_us"]
+
+
+def test_the_ninth_runs_verdicts():
+    """The ninth run (``run9``: the mixed mode's budget as SGLang's, its decodes' tokens taken
+    first, as simwar's sglang_mixed rule takes them), each repeat at its own host speed: 44 of
+    48 figures within target, the misses both modes' normal loop at the medium load; every
+    sign and overlap recommendation right; the mixed-chunk one wrong at the light load with
+    overlap, measured within 1 %."""
+    got = evaluate(DEFAULT_DIR / "run9")
+    missed = {(n, f) for n, c in got["cases"].items() for f, r in c["rows"].items()
+              if r["ok"] is False}
+    assert missed == {("mixed_medium_normal", "tpot_us"),
+                      ("mixed_medium_normal", "ttft_forward_us"),
+                      ("mixed_medium_normal", "ttft_us"), ("sglang_medium_normal", "tpot_us")}
+    assert [(k, f) for k, sign in got["signs"].items() for f, v in sign.items()
+            if isinstance(v, dict) and v["ok"] is False] == []
+    assert {k: (v["measured"], v["predicted"], v["ok"])
+            for k, v in got["overlap"].items()} == RUN4_OVERLAP
+    assert {k: (v["measured"], v["predicted"], v["ok"]) for k, v in got["mixed"].items()} == {
+        **RUN4_MIXED, "light_overlap": ("separate", "mixed", False)}
+    assert got["not_predicted"] == {}

@@ -56,9 +56,10 @@ knows at once), producing its ``output_tokens - 1`` others. Step k's batch is th
 decoding in it, its ``prefill_tokens[k]`` the prompt tokens it prefills (``prefill_us`` and
 ``prefill_host_us``: the durations they cost). Without prompts a request decodes from its
 admission step, which produces its first token. That is the mixed rule (``scheduling.rule``
-``sglang_mixed``, the default; ``vllm`` takes the decoding requests' tokens, one each, out of
-the chunk first): a step that prefills some token is a ``mixed`` step, one that prefills none
-(no prompt token waits, or under ``vllm`` the decodes took the whole budget) a plain
+``sglang_mixed``, the default, and ``vllm`` take the decoding requests' tokens, one each, out
+of the chunk first, as SGLang's ``PrefillAdder`` with mixed chunk and vLLM's token budget do):
+a step that prefills some token is a ``mixed`` step, one that prefills none (no prompt token
+waits, or the decodes took the whole budget) a plain
 ``decode`` step, which launches no prefill (``shape[k]``: the shapes are picked as the run
 goes, as under ``sglang``; every step decodes either way, so a request's finish step does
 not depend on them). Under ``scheduling.rule: sglang`` (SGLang's default) the model also picks
@@ -301,8 +302,10 @@ class ArrivalProcess:
         sch = cfg.scheduling
         #: SGLang's default: a prefill step of its own while prompt tokens wait
         self.separate = sch.rule == "sglang"
-        #: vLLM's token budget: the decodes take their tokens of the chunk first
-        self.budgeted = sch.rule == "vllm"
+        #: the decodes take their tokens of the chunk first: vLLM's token budget, and SGLang's
+        #: mixed chunk (its ``PrefillAdder`` built with ``mixed_with_decode_tokens``, the
+        #: running batch's size, taken out of ``rem_chunk_tokens``)
+        self.budgeted = sch.rule in ("vllm", "sglang_mixed")
         self.max_prefills = sch.max_consecutive_prefill
         #: ``cpu.receive_us``: the host's work per request received (None: none)
         self.receive = cfg.cpu.receive_us if sizes.received_us is not None else None
@@ -531,8 +534,8 @@ class ArrivalProcess:
         return self.decoding
 
     def _prefill(self, k: int) -> None:
-        """Step k's chunk: up to ``chunk_tokens`` prompt tokens, first come first served
-        (the vllm rule: what the decoding requests leave of them, one token each)."""
+        """Step k's chunk: up to ``chunk_tokens`` prompt tokens, first come first served,
+        what the decoding requests leave of them, one token each (the mixed rules)."""
         budget = self.prefill.chunk_tokens
         if self.budgeted:
             budget -= self.decoding

@@ -179,8 +179,10 @@ class Scheduling(StrictModel):
     request admitted and not yet fully prefilled, a chunked one carried over included), the
     step is a prefill step of its own and every running decode pauses; otherwise a decode
     step. ``sglang_mixed``: SGLang's ``--enable-mixed-chunk``: while prompt tokens wait, a mixed
-    step (the decode step with their chunk mixed in), otherwise a plain decode step, which
-    launches no prefill (what configs without this section mean). ``vllm``: vLLM's token
+    step (the decode step with their chunk mixed in; the decoding requests take one token
+    each of ``prefill.chunk_tokens`` first, as SGLang's ``PrefillAdder`` does with mixed
+    chunk), otherwise a plain decode step, which launches no prefill (what configs without
+    this section mean). ``vllm``: vLLM's token
     budget: the decodes take their tokens of ``prefill.chunk_tokens`` first and the prompts
     the rest; a step that prefills no token is a decode step. See docs/design.md, "Iteration
     shapes"."""
@@ -188,7 +190,8 @@ class Scheduling(StrictModel):
     rule: Literal["sglang", "sglang_mixed", "vllm"] = "sglang_mixed"
     """sglang (a prefill step of its own while prompt tokens wait; decodes pause),
     sglang_mixed (--enable-mixed-chunk: a mixed step, the prefill chunk in the decode step's
-    forward, while prompt tokens wait; otherwise a decode step) or vllm (one token budget,
+    forward, its decodes' tokens taken out of the budget first, while prompt tokens wait;
+    otherwise a decode step) or vllm (one token budget,
     decodes first: a mixed step when prompt tokens get some of it; otherwise a decode step)."""
     max_consecutive_prefill: int | None = None
     """The sglang rule: at most this many prefill steps in a row while requests are

@@ -25,8 +25,10 @@ def prefixes(kinds, chunk: int) -> tuple[dict[int, int], int]:
     many steps continued a carried-over request.
 
     Read from the ranges alone (each step's tokens and requests), never from times: a step
-    continues a carried-over request when the step that prefilled before it was a full chunk
-    (``chunk`` tokens: SGLang's ``chunked_req`` is the last request of a chunk the budget cut),
+    continues a carried-over request when the step that prefilled before it used the whole
+    budget (``chunk`` tokens, its decodes' counted where they took theirs first:
+    ``StepKinds.budget``; SGLang's ``chunked_req`` is the last request of a chunk the budget
+    cut),
     and that request comes first in it. A step that continues none has prefix 0 (each of its
     requests' first chunk). A step that continues one has a known prefix when it holds that
     request alone (its tokens are the step's) and the request's earlier chunks are known (it
@@ -51,7 +53,7 @@ def prefixes(kinds, chunk: int) -> tuple[dict[int, int], int]:
         else:  # its carried request's share, or the earlier chunks', unnamed
             out[k] = -1
             held = None
-        last = t
+        last = kinds.budget(k)  # its chunk, and its decodes' tokens where they took theirs
     return out, carried_steps
 
 

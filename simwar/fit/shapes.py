@@ -54,11 +54,12 @@ chunks (:func:`prefixes`: from each step's tokens and requests, never from times
 :func:`prefix_line`). A step of the mixed rules that
 prefills nothing is a decode step in the simulator as on the server (no prefill launched),
 so the loop's host work is fitted as captured whatever the rule. It also writes
-``chunk_tokens`` (the largest chunk seen), ``graph`` and the scheduling rule the steps show
-(:func:`rule_of`: chunks inside decode steps → ``sglang_mixed``, whose prefill steps of
-their own are those with nothing decoding; prefill steps of their own alone → ``sglang``),
-and :func:`shape_workload` a workload of requests with prompts as the capture's arrived.
-``--check`` compares each shape's figures: :mod:`simwar.fit.shape_check`.
+``chunk_tokens`` (the most a step used of it: :func:`budgeted`), ``graph`` and the
+scheduling rule the steps show (:func:`rule_of`: chunks inside decode steps →
+``sglang_mixed``, whose prefill steps of their own are those with nothing decoding; prefill
+steps of their own alone → ``sglang``), and :func:`shape_workload` a workload of requests
+with prompts as the capture's arrived. ``--check`` compares each shape's figures:
+:mod:`simwar.fit.shape_check`.
 
 Imports: numpy, the standard library and simwar's capture and fit layout modules; never the
 simulator.
@@ -113,6 +114,16 @@ class StepKinds:
     shape: dict[int, str] = field(default_factory=dict)
     tokens: dict[int, int] = field(default_factory=dict)
     requests: dict[int, int] = field(default_factory=dict)
+    decodes: dict[int, int] = field(default_factory=dict)  # a mixed step's, where named
+    #: whether the decodes took their tokens of the chunk budget first (:func:`budgeted`)
+    budgeted: bool = False
+
+    def budget(self, k: int) -> int:
+        """The tokens of ``prefill.chunk_tokens`` step k used: its prompt tokens, and its
+        decodes' where they took theirs first (:attr:`budgeted`); -1 where its range names
+        no tokens."""
+        t = self.tokens.get(k, -1)
+        return t + self.decodes.get(k, 0) if t >= 0 and self.budgeted else t
 
     def steps(self, *shapes: str) -> list[int]:
         return sorted(k for k, s in self.shape.items() if s in shapes)
@@ -168,12 +179,18 @@ def classify(cap, where: str = "capture") -> StepKinds:
         # (vLLM's context count; the mini-server's mixed ``reqs=N``): -1 where it does not
         chunk = int(groups["context"]) if (groups.get("context") or "").isdigit() else -1
         mode = MODES[word]
+        # its decodes' tokens: vLLM's generation tokens (or count), else a mixed range's batch
+        # where no context count sits beside it in the batch
+        dec = next((int(groups[g]) for g in ("generation_tokens", "generation")
+                    if (groups.get(g) or "").isdigit()), -1)
+        if dec < 0 and mode == "mixed" and (groups.get("batch") or "").isdigit():
+            dec = s.batch
         held = ranged.get(s.step)
         if held is None or RANK[mode] > RANK[held[0]]:  # a step of several forwards (SGLang's
-            ranged[s.step] = (mode, s.batch, tokens, named, chunk)  # EXTEND, DRAFT_EXTEND)
+            ranged[s.step] = (mode, s.batch, tokens, named, chunk, dec)  # EXTEND, DRAFT_EXTEND)
     out = StepKinds()
     for k in sorted(with_prefill | with_decode | set(ranged)):
-        mode, batch, tokens, named, chunk = ranged.get(k, ("", -1, -1, False, -1))
+        mode, batch, tokens, named, chunk, dec = ranged.get(k, ("", -1, -1, False, -1, -1))
         if mode == "idle" or (mode == "decode" and batch == 0 and k not in with_prefill):
             out.shape[k] = "idle"  # a forward with no request (a decode of none: the same)
             continue
@@ -190,11 +207,29 @@ def classify(cap, where: str = "capture") -> StepKinds:
         decodes = mode in ("decode", "mixed") or k in with_decode
         out.shape[k] = "mixed" if (decodes and mode != "prefill") else "prefill"
         out.tokens[k] = toks
+        if out.shape[k] == "mixed" and dec > 0:
+            out.decodes[k] = dec
         if chunk >= 0:  # a mixed step's (or any step's) chunk requests, named
             out.requests[k] = chunk
         elif mode == "prefill" and batch >= 0:  # a prefill step's batch is its chunk's
             out.requests[k] = batch
+    out.budgeted = budgeted(out)
     return out
+
+
+def budgeted(kinds: StepKinds) -> bool:
+    """Whether the capture's mixed steps gave their decodes (the range's ``bs=B``, vLLM's
+    generation tokens) their tokens of the chunk budget first (SGLang's mixed chunk:
+    ``PrefillAdder``'s ``mixed_with_decode_tokens``; vLLM), from the ranges: then prompt plus
+    decode tokens is the same on every step that filled it; with the whole budget, the prompt
+    tokens are. The reading with more steps at its largest value wins (a tie, or no decodes named:
+    the whole budget)."""
+    steps = [k for k, t in kinds.tokens.items() if t > 0]
+    if not any(k in kinds.decodes for k in steps):
+        return False
+    plain = [kinds.tokens[k] for k in steps]
+    summed = [kinds.tokens[k] + kinds.decodes.get(k, 0) for k in steps]
+    return summed.count(max(summed)) > plain.count(max(plain))
 
 
 @dataclass
@@ -573,7 +608,11 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
     got = [p for p in samples.values() if p.shape in ("prefill", "mixed")]
     graph = "piecewise" if got and sum(p.graph for p in got) * 2 > len(got) else "eager"
     x = [p.tokens for p in got]
-    named = [t for t in x if t > 0]
+    # the budget: the most a step used of it (its decodes' tokens too where they took theirs
+    # first: StepKinds.budget)
+    used = [kinds.budget(p.step) if kinds is not None and p.step in kinds.tokens else p.tokens
+            for p in got]
+    named = [t for t in used if t > 0]
     chunk = max(named) if named else 8192
     launches, mean_launches = launch_count(got) if graph == "eager" else (1, 0.0)
     befores: list[float] = []
@@ -669,7 +708,9 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
                 f"its requests), before its first launch ({how_b})"]
                if "host_before_us" in section else []),
              launch_line,
-             f"  prefill.chunk_tokens {chunk}: the largest chunk seen"
+             f"  prefill.chunk_tokens {chunk}: the most a step used"
+             + (" (its chunk and its decodes' tokens, which took theirs first)"
+                if kinds is not None and kinds.budgeted else " (its chunk)")
              + ("" if named else " (the ranges name no tokens: simwar's default)")
              + f"; prefill.graph {graph} (how its launches ran)."]
     return section, lines
@@ -698,13 +739,14 @@ def prompt_groups(kinds: StepKinds, steps: list[int], chunk: int) -> list[tuple[
             cur = None
             continue
         n, t = kinds.requests.get(k, 1), kinds.tokens[k]
+        full = kinds.budget(k) >= chunk
         if cur is None:
             cur = [n, t]
             out.append(cur)
         else:
             cur[0] += max(0, n - 1)
             cur[1] += t
-        if t < chunk:  # the queue's prompts all prefilled: the next step starts afresh
+        if not full:  # the queue's prompts all prefilled: the next step starts afresh
             cur = None
     return [(max(n, 1), t) for n, t in out]
 
@@ -749,7 +791,7 @@ def shape_workload(kinds: StepKinds, steps: list[int], batch, accept: float, dur
 
 
 
-__all__ = ["FIT_MAX_LAUNCHES", "IdleSample", "MODES", "PREFILL_PHASE",
+__all__ = ["FIT_MAX_LAUNCHES", "IdleSample", "MODES", "PREFILL_PHASE", "budgeted",
            "PrefillSample", "idle_samples", "idle_section",
            "RANK", "SHAPE_ORDER", "ShapeError", "StepKinds", "classify", "cpu_outside",
            "give_back", "launch_count", "prefill_section",
