@@ -400,28 +400,6 @@ def test_the_what_ifs_are_not_predicted_from_a_model_without_the_servers_buckets
     assert len(err.strip().splitlines()) == 1
 
 
-def test_the_eighth_runs_verdicts():
-    """The eighth run (``run8``: the mixed mode building its prefill batch as SGLang does,
-    a request admitted with its first chunk), each repeat at its own host speed: every one
-    of the 48 judged figures within its target, every sign and overlap recommendation right;
-    one mixed-chunk recommendation wrong, at the light load with overlap, where the server
-    measured separate steps better by 0.3 % (140.7 against 141.2 ms) and the model mixed
-    ones by 6 %."""
-    got = evaluate(DEFAULT_DIR / "run8")
-    judged = [(n, f) for n, c in got["cases"].items() for f, r in c["rows"].items()
-              if r["ok"] is not None]
-    missed = [(n, f) for n, c in got["cases"].items() for f, r in c["rows"].items()
-              if r["ok"] is False]
-    assert len(judged) == 48 and missed == []
-    assert [(k, f) for k, sign in got["signs"].items() for f, v in sign.items()
-            if isinstance(v, dict) and v["ok"] is False] == []
-    assert {k: (v["measured"], v["predicted"], v["ok"])
-            for k, v in got["overlap"].items()} == RUN4_OVERLAP
-    assert {k: (v["measured"], v["predicted"], v["ok"]) for k, v in got["mixed"].items()} == {
-        **RUN4_MIXED, "light_overlap": ("separate", "mixed", False)}
-    assert got["not_predicted"] == {}
-
-
 def test_the_receive_option_charges_each_request_where_it_is_received():
     """``--receive`` (RECEIVE_US as ``cpu.receive_us``): the time to the first token's forward
     end rises, on a repeat whose requests arrive one by one into a loop with room."""
@@ -436,18 +414,27 @@ def test_the_receive_option_charges_each_request_where_it_is_received():
     assert paid["step_us"] > plain["step_us"]
 
 
-def test_the_ninth_runs_verdicts():
-    """The ninth run (``run9``: the mixed mode's budget as SGLang's, its decodes' tokens taken
-    first, as simwar's sglang_mixed rule takes them), each repeat at its own host speed: 44 of
-    48 figures within target, the misses both modes' normal loop at the medium load; every
-    sign and overlap recommendation right; the mixed-chunk one wrong at the light load with
-    overlap, measured within 1 %."""
-    got = evaluate(DEFAULT_DIR / "run9")
+#: the eighth run (``run8``: the mixed mode building its prefill batch as SGLang does, a
+#: request admitted with its first chunk, the whole budget its prompts') and the ninth
+#: (``run9``: its budget as SGLang's too, the decodes' tokens taken first, as the sglang_mixed
+#: rule takes them), each repeat at its own host speed: the (case, figure) missing their
+#: target (the ninth: both modes' normal loop at the medium load); every sign and overlap
+#: recommendation right; the mixed-chunk one wrong at the light load with overlap, where the
+#: server measured the two within 1 % and the model favours mixed steps by 3-6 %
+LATEST_MISSES = {"run8": set(),
+                 "run9": {("mixed_medium_normal", "tpot_us"),
+                          ("mixed_medium_normal", "ttft_forward_us"),
+                          ("mixed_medium_normal", "ttft_us"), ("sglang_medium_normal", "tpot_us")}}
+
+
+@pytest.mark.parametrize("run", sorted(LATEST_MISSES))
+def test_the_latest_runs_verdicts(run):
+    got = evaluate(DEFAULT_DIR / run)
+    judged = [(n, f) for n, c in got["cases"].items() for f, r in c["rows"].items()
+              if r["ok"] is not None]
     missed = {(n, f) for n, c in got["cases"].items() for f, r in c["rows"].items()
               if r["ok"] is False}
-    assert missed == {("mixed_medium_normal", "tpot_us"),
-                      ("mixed_medium_normal", "ttft_forward_us"),
-                      ("mixed_medium_normal", "ttft_us"), ("sglang_medium_normal", "tpot_us")}
+    assert len(judged) == 48 and missed == LATEST_MISSES[run]
     assert [(k, f) for k, sign in got["signs"].items() for f, v in sign.items()
             if isinstance(v, dict) and v["ok"] is False] == []
     assert {k: (v["measured"], v["predicted"], v["ok"])
