@@ -29,13 +29,10 @@ set_field = object.__setattr__
 
 
 class _ByValue:
-    """Compared and shown by the values of the fields :meth:`_names` lists, in order: what
-    :class:`Frozen` and :class:`MutableRecord` share."""
+    """Compared and shown by the values of its fields, in order: what :class:`Frozen` and
+    :class:`MutableRecord` share; each names its fields by its ``_names()``."""
 
     __slots__ = ()
-
-    def _names(self) -> tuple[str, ...]:
-        raise NotImplementedError
 
     def _values(self) -> tuple:
         return tuple([getattr(self, name) for name in self._names()])
