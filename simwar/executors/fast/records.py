@@ -156,6 +156,27 @@ GRAPH_NODES = {"r": GraphRecordNode, "k": GraphKernelNode, "c": GraphCollectiveN
 BINDINGS = {"wait_event": EventBinding, "sync": SyncBinding}
 
 
+#: device ops and parameter slots of each host-op kind, in the generated code's order (a
+#: graph's: one device op per node; its launch's host cost, then one slot per kernel or
+#: collective node: :func:`device_ops`, :func:`param_slots`)
+_DEVICE_OPS = {"cpu": 0, "launch": 1, "record": 1, "wait_stream": 2, "wait_event": 1,
+               "sync": 1, "hcoll": 1, **{mark: 0 for mark in MARKS}}
+_PARAM_SLOTS = {"cpu": 1, "launch": 2, "record": 1, "wait_stream": 2, "wait_event": 2,
+                "sync": 2, "hcoll": 2, **{mark: 0 for mark in MARKS}}
+
+
+def device_ops(h) -> int:
+    """The device ops one host op makes (the columns it takes in a segment)."""
+    return len(h.nodes) if h.kind == "graph" else _DEVICE_OPS[h.kind]
+
+
+def param_slots(h) -> int:
+    """The parameter slots one host op takes, in the generated code's order."""
+    if h.kind == "graph":
+        return 1 + sum(node.kind != "r" for node in h.nodes)
+    return _PARAM_SLOTS[h.kind]
+
+
 def host_records(host: tuple) -> tuple:
     """Plain host-op tuples (each in its record's field order) as records."""
     out = []

@@ -32,6 +32,7 @@ from simwar.core.trace import (
     window_of,
 )
 from simwar.executors.fast.plan import MARKS, Plan
+from simwar.executors.fast.records import param_slots
 
 _INF = float("inf")
 
@@ -61,7 +62,7 @@ class _Layout:
                 continue
             end = col[("h", hi)]
             span = len(hs)
-            param += _nparams(h)
+            param += param_slots(h)
             if kind == "cpu":
                 self.cpu_params[span] = param - 1
                 hs.append((SpanKind.CPU, Call.CPU, ("f", fact), "", "", -1, ("f", fact + 1),
@@ -134,14 +135,6 @@ class _Layout:
         self.nfacts = fact
         self.start = col[("h", -1)]
         self.end = prev  # the host clock after the segment
-
-
-def _nparams(h: tuple) -> int:
-    """Parameter slots of one host op, in codegen's order."""
-    if h.kind == "graph":
-        return 1 + sum(node.kind == "k" for node in h.nodes)
-    return {"cpu": 1, "launch": 2, "record": 1, "wait_stream": 2, "wait_event": 2,
-            "sync": 2}[h.kind]
 
 
 # --------------------------------------------------------------------------- windows

@@ -36,22 +36,12 @@ from simwar.executors.fast.records import (
     HostSyncOp,
     HostWaitEvent,
     SyncBinding,
+    device_ops,
+    param_slots,
 )
 
 #: host ops a member may have or not, around the family's backbone
 PLACED = frozenset({"record", "wait_event", "sync"})
-_DEVS = {"cpu": 0, "launch": 1, "record": 1, "wait_stream": 2, "wait_event": 1, "sync": 1,
-         "hcoll": 1, "run_batch": 0, "result_done": 0}
-_PARAMS = {"cpu": 1, "launch": 2, "record": 1, "wait_stream": 2, "wait_event": 2, "sync": 2,
-           "hcoll": 2, "run_batch": 0, "result_done": 0}
-
-
-def _devs(h) -> int:
-    return len(h.nodes) if h.kind == "graph" else _DEVS[h.kind]
-
-
-def _params(h) -> int:
-    return 1 + sum(n.kind != "r" for n in h.nodes) if h.kind == "graph" else _PARAMS[h.kind]
 
 
 def _backbone_key(h):
@@ -281,8 +271,8 @@ def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
     for h in host:
         dev0.append(len(ops))
         par0.append(nparams)
-        ops += [None] * _devs(h)
-        nparams += _params(h)
+        ops += [None] * device_ops(h)
+        nparams += param_slots(h)
     records = [d for hu, h in enumerate(host) for d in
                ([dev0[hu]] if h.kind == "record" else
                 [dev0[hu] + i for i, x in enumerate(h.nodes) if x.kind == "r"]
@@ -306,8 +296,8 @@ def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
                         p += 1
                         params.append(p)
                 continue
-            params += range(par0[hu], par0[hu] + _params(h))
-            for i in range(_devs(h)):
+            params += range(par0[hu], par0[hu] + param_slots(h))
+            for i in range(device_ops(h)):
                 devs.append(dev0[hu] + i)
                 ops[dev0[hu] + i] = sh.ops[d]
                 d += 1
@@ -329,7 +319,7 @@ def _host_of_record(shape: Shape, record: int) -> int:
     for hi, h in enumerate(shape.host):
         if d == dev and h.kind == "record":
             return hi
-        d += _devs(h)
+        d += device_ops(h)
         if d > dev:
             return -1
     return -1
@@ -349,7 +339,7 @@ def _graph_record(shape: Shape, record: int, where: list, graph_rec: dict) -> in
                     gap += 1
                     run = 0
             return graph_rec[(where[hi][1], gap, run)]
-        d += _devs(h)
+        d += device_ops(h)
     raise ValueError(f"record {record} is not a record of the shape")
 
 
