@@ -129,17 +129,10 @@ def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
         for h in sh.host:
             if h.kind not in PLACED:
                 if h.kind == "graph":  # its record nodes: a count per gap between kernels
-                    gap = 0
                     counts = nodes[g]
-                    run = 0
-                    for node in h.nodes:
-                        if node.kind == "r":
-                            run += 1
-                        else:
-                            counts[gap] = max(counts.get(gap, 0), run)
-                            gap += 1
-                            run = 0
-                    counts[gap] = max(counts.get(gap, 0), run)
+                    for gap, k in _places(h.nodes):
+                        if k >= 0:
+                            counts[gap] = max(counts.get(gap, 0), k + 1)
                 mine.append(("b", g))
                 g += 1
                 pos = 0
@@ -228,17 +221,13 @@ def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
             hu = len(host)
             for m, hi in members:
                 hmap[m][hi] = hu
-                gap = run = 0
-                for ni, node in enumerate(shapes[m].host[hi].nodes):
-                    if node.kind == "r":
-                        u = _node_index(counts, gap, run)
+                for ni, (gap, k) in enumerate(_places(shapes[m].host[hi].nodes)):
+                    if k >= 0:
+                        u = _node_index(counts, gap, k)
                         present[u].add(m)
-                        nmap[(m, hi, ni)] = u
-                        run += 1
-                    else:
-                        nmap[(m, hi, ni)] = _node_index(counts, gap + 1, 0) - 1
-                        gap += 1
-                        run = 0
+                    else:  # the kernel after gap ``gap``'s records
+                        u = _node_index(counts, gap + 1, 0) - 1
+                    nmap[(m, hi, ni)] = u
             host.append(HostGraph(h.kind, h.stream, h.off, tuple(union_nodes)))
             for u, who in present.items():
                 guard(hu, u, who)
@@ -307,6 +296,22 @@ def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
     return Union(shape, tuple(guards), maps, tuple(log))
 
 
+def _places(nodes) -> list[tuple[int, int]]:
+    """Per graph node, ``(gap, k)``: a record node's kernel gap (the kernels before it) and
+    its index among that gap's records; a kernel or collective node's index among them, -1."""
+    out = []
+    gap = run = 0
+    for node in nodes:
+        if node.kind == "r":
+            out.append((gap, run))
+            run += 1
+        else:
+            out.append((gap, -1))
+            gap += 1
+            run = 0
+    return out
+
+
 def _node_index(counts: dict, gap: int, k: int) -> int:
     """The union graph's node index of record ``k`` of kernel gap ``gap``."""
     return sum(counts.get(g, 0) + 1 for g in range(gap)) + k
@@ -331,14 +336,7 @@ def _graph_record(shape: Shape, record: int, where: list, graph_rec: dict) -> in
     d = 0
     for hi, h in enumerate(shape.host):
         if h.kind == "graph" and d <= dev < d + len(h.nodes):
-            gap = run = 0
-            for node in h.nodes[:dev - d]:
-                if node.kind == "r":
-                    run += 1
-                else:
-                    gap += 1
-                    run = 0
-            return graph_rec[(where[hi][1], gap, run)]
+            return graph_rec[(where[hi][1], *_places(h.nodes)[dev - d])]
         d += device_ops(h)
     raise ValueError(f"record {record} is not a record of the shape")
 
