@@ -101,8 +101,6 @@ def _defer_metadata() -> None:
     importlib.metadata = module  # as an import sets it (``import importlib.metadata as m``)
 
 
-#: held while a deferred module runs (a second thread using it waits for it, then finds it run)
-_LOCK = _thread.RLock()
 _defer_metadata()
 
 from simwar.cli.app import main  # noqa: E402  (after the settings read at import)
