@@ -253,15 +253,16 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         """The expression of rule ``name`` of :mod:`simwar.core.rules` on ``args``: a call,
         or the rule written out (the lines it needs first emitted: call it before emitting
         the line that uses it)."""
-        try:
-            if not target.inlined:
-                raise NotInlinable(name)
-            lines, expr = inline(target.rules["_" + name], args, f"{name}_")
-        except NotInlinable:  # numpy's forms, or simwar without its sources: the call
-            return f"{name}({', '.join(args)})"
-        for line in lines:
-            emit(line)
-        return expr
+        if target.inlined:  # not numpy's forms
+            try:
+                lines, expr = inline(target.rules["_" + name], args, f"{name}_")
+            except NotInlinable:  # simwar without its sources: the call
+                pass
+            else:
+                for line in lines:
+                    emit(line)
+                return expr
+        return f"{name}({', '.join(args)})"
 
     def begun(tv: str) -> str:
         """``begins(tv, t)``, or the tail ``tv`` where it is known to be at or after t."""
