@@ -244,12 +244,17 @@ def run_config(cfg, sizes, window: int = 2, summary_only: bool = False,
     per-step sizes (:func:`simwar.api.resolve_sizes`); ``progress(step)``: called as the
     pass goes (:func:`~simwar.executors.fast.execute.run_plan`); ``family``: as
     :func:`~simwar.executors.fast.plan.plan_config`'s."""
+    return run_plan(_plan(cfg, sizes, family), window, summary_only=summary_only,
+                    progress=progress)
+
+
+def _plan(cfg, sizes, family):
+    """A one-rank config's plan (:func:`~simwar.executors.fast.plan.plan_config`)."""
     one_rank(cfg)
     try:
-        plan = plan_config(cfg, sizes, family=family)
+        return plan_config(cfg, sizes, family=family)
     except Unsettled:  # iterations that never settle into one shape: take the Program
-        plan = plan_program(build_program(cfg, sizes))
-    return run_plan(plan, window, summary_only=summary_only, progress=progress)
+        return plan_program(build_program(cfg, sizes))
 
 
 def run_family(cfgs: list, sizes: list, window: int = 2, summary_only: bool = False,
@@ -259,13 +264,7 @@ def run_family(cfgs: list, sizes: list, window: int = 2, summary_only: bool = Fa
     configs differ only in where records go and what binds to them (``advise``'s families),
     a block's code is the union of theirs (:mod:`simwar.executors.fast.union`), each run on
     it with its own numbers; elsewhere each plan runs its own code."""
-    plans = []
-    for cfg, sz in zip(cfgs, sizes):
-        one_rank(cfg)
-        try:
-            plans.append(plan_config(cfg, sz, family=family))
-        except Unsettled:
-            plans.append(plan_program(build_program(cfg, sz)))
+    plans = [_plan(cfg, sz, family) for cfg, sz in zip(cfgs, sizes)]
     races = [RacePlan(plan, window) for plan in plans]
     unions = None
     if len(plans) > 1:
