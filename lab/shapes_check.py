@@ -107,7 +107,23 @@ def capture_path(folder: Path, mode: str) -> Path:
     return folder / f"shapes_{mode}_medium_overlap_profiled.kineto.json.gz"
 
 
-def extrapolate_buckets(node, buckets, where: str = "") -> list[str]:
+def _per_bucket_tables(node, where: str = ""):
+    """Every ``per_bucket`` table of a config's tree, with where it is (``phases.draft.
+    prep_us``: a list's items named by their ``name``), parents before children."""
+    if isinstance(node, dict):
+        table = node.get("per_bucket")
+        if isinstance(table, dict):
+            yield where, table
+        for k, v in node.items():
+            if k != "per_bucket":
+                yield from _per_bucket_tables(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            name = v.get("name", i) if isinstance(v, dict) else i
+            yield from _per_bucket_tables(v, f"{where}.{name}")
+
+
+def extrapolate_buckets(node, buckets) -> list[str]:
     """EXTRAPOLATED here: every ``per_bucket`` table of ``node`` gets the ``buckets`` it lacks
     from the line through its two largest, never below the largest; in place; returns the
     keys changed. The fit's own ``extrapolate_buckets`` reaches only the buckets the
@@ -115,23 +131,16 @@ def extrapolate_buckets(node, buckets, where: str = "") -> list[str]:
     8-16), and naming the server's buckets in the mapping makes the fit refuse the
     capture's prefill steps (no batch range, no graph): still filled here."""
     out = []
-    if isinstance(node, dict):
-        table = node.get("per_bucket")
-        if isinstance(table, dict) and len(table) >= 2:
-            have = sorted(int(b) for b in table)
-            (b0, v0), (b1, v1) = ((b, table[b if b in table else str(b)]) for b in have[-2:])
-            slope = (v1 - v0) / (b1 - b0)
-            for b in buckets:
-                if b not in table and str(b) not in table:
-                    table[b] = max(v1, v1 + slope * (b - b1))
-                    out.append(f"{where}.per_bucket.{b}")
-        for k, v in node.items():
-            if k != "per_bucket":
-                out += extrapolate_buckets(v, buckets, f"{where}.{k}" if where else str(k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            name = v.get("name", i) if isinstance(v, dict) else i
-            out += extrapolate_buckets(v, buckets, f"{where}.{name}")
+    for where, table in _per_bucket_tables(node):
+        if len(table) < 2:
+            continue
+        have = sorted(int(b) for b in table)
+        (b0, v0), (b1, v1) = ((b, table[b if b in table else str(b)]) for b in have[-2:])
+        slope = (v1 - v0) / (b1 - b0)
+        for b in buckets:
+            if b not in table and str(b) not in table:
+                table[b] = max(v1, v1 + slope * (b - b1))
+                out.append(f"{where}.per_bucket.{b}")
     return out
 
 
@@ -140,22 +149,10 @@ def unfitted_buckets(node, buckets) -> dict[int, list[str]]:
     :func:`extrapolate_buckets` (a capture that ran one bucket gives no line to extrapolate
     on): each bucket with the keys of the tables that lack it."""
     out: dict[int, list[str]] = {}
-
-    def walk(n, where: str) -> None:
-        if isinstance(n, dict):
-            table = n.get("per_bucket")
-            if isinstance(table, dict):
-                for b in buckets:
-                    if b not in table and str(b) not in table:
-                        out.setdefault(b, []).append(f"{where}.per_bucket")
-            for k, v in n.items():
-                if k != "per_bucket":
-                    walk(v, f"{where}.{k}" if where else str(k))
-        elif isinstance(n, list):
-            for i, v in enumerate(n):
-                walk(v, f"{where}.{v.get('name', i) if isinstance(v, dict) else i}")
-
-    walk(node, "")
+    for where, table in _per_bucket_tables(node):
+        for b in buckets:
+            if b not in table and str(b) not in table:
+                out.setdefault(b, []).append(f"{where}.per_bucket")
     return dict(sorted(out.items()))
 
 
