@@ -367,7 +367,7 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         out["signs"][load] = {"seeds": common, **paired_signs(on, off, common)}
     out["ok"] = all(r["ok"] is not False for c in out["cases"].values()
                     for r in c["rows"].values()) and \
-        all(v[k]["ok"] for v in out["signs"].values() for k in FIGURES)
+        all(v[k]["ok"] is not False for v in out["signs"].values() for k in FIGURES)
     return out
 
 
@@ -395,17 +395,37 @@ def speeds(case: dict) -> str:
     return ", ".join(out)
 
 
+def settled(diffs: list[float]) -> bool:
+    """Whether paired repeats measure a difference's direction: every seed's difference (the
+    same requests on both sides) has one sign. Where they disagree the measurement cannot
+    tell which side is the larger (a mean of +1 ms over seeds of -0.9, +9.0 and -4.1 ms says
+    nothing the next repeat would not overturn), so a sign or a recommendation resting on it
+    is reported, not judged: too close to call. The one rule both checkers judge by."""
+    signs = {float(np.sign(d)) for d in diffs}
+    return len(diffs) > 0 and len(signs) == 1 and 0.0 not in signs
+
+
 def paired_signs(on: dict, off: dict, common: list, judge: bool = True) -> dict:
     """Per figure, the on-vs-off difference measured and predicted, each the mean over the
     ``common`` seeds (the same requests in both loops), and whether their signs agree (None:
-    not judged)."""
+    not judged; ``settled`` False: the seeds' measured differences disagree in sign, too
+    close to call, :func:`settled`)."""
     signs = {}
     for k in FIGURES:
-        m = float(np.mean([on["by_seed"][sd][0][k] - off["by_seed"][sd][0][k] for sd in common]))
+        diffs = [on["by_seed"][sd][0][k] - off["by_seed"][sd][0][k] for sd in common]
+        m = float(np.mean(diffs))
         p = float(np.mean([on["by_seed"][sd][1][k] - off["by_seed"][sd][1][k] for sd in common]))
-        signs[k] = {"measured": m, "predicted": p,
-                    "ok": bool(np.sign(m) == np.sign(p)) if judge else None}
+        ok = settled(diffs)
+        signs[k] = {"measured": m, "predicted": p, "settled": ok,
+                    "ok": bool(np.sign(m) == np.sign(p)) if judge and ok else None}
     return signs
+
+
+def sign_mark(sign: dict) -> str:
+    """What a sign's cell says after its values: nothing where it is right."""
+    if sign["ok"] is None:
+        return " (too close to call)" if sign.get("settled") is False else " (not judged)"
+    return "" if sign["ok"] else " WRONG SIGN"
 
 def sign_values(sign: dict, key: str) -> str:
     """An on-vs-off difference, measured / predicted (TTFTs in ms)."""
@@ -436,8 +456,7 @@ def markdown(result: dict) -> str:
                       *(cell(c["rows"][k], k) for k in FIGURES)])
     signs = []
     for load, sign in result["signs"].items():
-        cells = [sign_values(sign, k) + ("" if sign[k]["ok"] else " WRONG SIGN")
-                 for k in FIGURES]
+        cells = [sign_values(sign, k) + sign_mark(sign[k]) for k in FIGURES]
         signs.append([load, ", ".join(map(str, sign["seeds"])), *cells])
     return "\n".join([
         head, "",

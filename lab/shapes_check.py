@@ -374,8 +374,7 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
             signs = prefill_check.paired_signs(on, off, common, judge)
             out["signs"][f"{mode}_{load}"] = {"seeds": common, "judged": judge, **signs}
             n = on["mean_output"]
-            m_on, m_off = (float(np.mean([score(c["by_seed"][sd][0], n) for sd in common]))
-                           for c in (on, off))
+            m_on, m_off = ([score(c["by_seed"][sd][0], n) for sd in common] for c in (on, off))
             p_on, p_off = (float(np.mean([score(c["by_seed"][sd][1], n) for sd in common]))
                            for c in (on, off))
             out["overlap"][f"{mode}_{load}"] = _advice("on", "off", m_on, m_off, p_on, p_off,
@@ -397,8 +396,8 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
                 "mixed", "separate", [score(c["by_seed"][sd][0], n) for c in (mx, sg)
                                       for sd in common], lost)
             continue
-        m_mx = float(np.mean([score(mx["by_seed"][sd][0], n) for sd in common]))
-        m_sg = float(np.mean([score(sg["by_seed"][sd][0], n) for sd in common]))
+        m_mx = [score(mx["by_seed"][sd][0], n) for sd in common]
+        m_sg = [score(sg["by_seed"][sd][0], n) for sd in common]
         p_mx = float(np.mean([score(preds[sd], n) for sd in common]))
         p_sg = float(np.mean([score(sg["by_seed"][sd][1], n) for sd in common]))
         out["mixed"][f"{load}_{loop}"] = _advice("mixed", "separate", m_mx, m_sg, p_mx, p_sg,
@@ -448,13 +447,18 @@ def _pairs(a: dict, b: dict) -> tuple[list[int], bool]:
     return (both, True) if both else (sorted(set(a["by_seed"]) & set(b["by_seed"])), False)
 
 
-def _advice(yes: str, no: str, m_yes: float, m_no: float, p_yes: float, p_no: float,
-            judged: bool = True) -> dict:
-    """A recommendation, measured and predicted: ``yes`` where its score is the lower
-    (``ok`` None where it is not judged)."""
-    meas, pred = (yes if m_yes < m_no else no), (yes if p_yes < p_no else no)
-    return {"measured": meas, "predicted": pred, "ok": meas == pred if judged else None,
-            "measured_us": {yes: m_yes, no: m_no}, "predicted_us": {yes: p_yes, no: p_no}}
+def _advice(yes: str, no: str, m_yes: list[float], m_no: list[float], p_yes: float,
+            p_no: float, judged: bool = True) -> dict:
+    """A recommendation, measured (``m_yes``/``m_no``: each side's score per paired seed) and
+    predicted: ``yes`` where its score is the lower. ``ok`` None where it is not judged, and
+    where the seeds disagree on which side is lower (``settled`` False: too close to call,
+    :func:`lab.prefill_check.settled`, the rule the signs are judged by)."""
+    a, b = float(np.mean(m_yes)), float(np.mean(m_no))
+    meas, pred = (yes if a < b else no), (yes if p_yes < p_no else no)
+    ok = prefill_check.settled([y - x for y, x in zip(m_yes, m_no)])
+    return {"measured": meas, "predicted": pred, "settled": ok,
+            "ok": meas == pred if judged and ok else None,
+            "measured_us": {yes: a, no: b}, "predicted_us": {yes: p_yes, no: p_no}}
 
 
 def _line(node: dict, unit: str = "tokens") -> str:
@@ -529,8 +533,7 @@ def markdown(result: dict) -> str:
             signs.append([key.replace("_", " "),
                           *(_measured_sign(sign, k) for k in FIGURES)])
             continue
-        cells = [prefill_check.sign_values(sign, k)
-                 + {True: "", False: " WRONG SIGN", None: " (not judged)"}[sign[k]["ok"]]
+        cells = [prefill_check.sign_values(sign, k) + prefill_check.sign_mark(sign[k])
                  for k in FIGURES]
         signs.append([key.replace("_", " "), *cells])
     advice = []
@@ -540,6 +543,7 @@ def markdown(result: dict) -> str:
             ms = " / ".join(f"{k} {v / 1e3:.1f}" for k, v in a["measured_us"].items())
             ps = " / ".join(f"{k} {v / 1e3:.1f}" for k, v in a["predicted_us"].items()) or "-"
             verdict = ("not predicted" if a.get("not_predicted") else
+                       "too close to call" if a.get("settled") is False else
                        {True: "", False: "WRONG", None: "not judged"}[a["ok"]])
             advice.append([question, key.replace("_", " "), a["measured"],
                            a["predicted"] or "-", ms, ps, verdict])

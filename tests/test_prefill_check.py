@@ -36,24 +36,26 @@ PREFILL_SPEEDS = {"closed8_normal": [0.93, 0.91], "closed8_overlap": [0.94, 0.93
 #: (8 % of it at the medium load): the medium normal loop's TTFTs +11 %, its TTFT's sign
 #: (none of these before that rule, but the light load's two signs)
 MISSES = {("medium_normal", "ttft_forward_us"), ("medium_normal", "ttft_us")}
-WRONG_SIGNS = {("light", "requests_per_s"), ("light", "ttft_forward_us"), ("medium", "ttft_us")}
+#: (every wrong sign of these runs is one their two repeats disagree on: too close to call,
+#: not judged, lab.prefill_check.settled: the light load's request rate and TTFT to the
+#: forward, the medium load's throughput and TTFT)
+WRONG_SIGNS: set[tuple[str, str]] = set()
 #: the same with the profiler's cost kept (--keep-profiler-cost: the fit before it was taken
 #: out); the prefill's steps then ran x0.81-1.22 of the capture's as stamped
 PREFILL_SPEEDS_KEPT = {"closed8_normal": [0.83, 0.81], "closed8_overlap": [0.84, 0.83],
                        "light_normal": [0.93, 0.86], "light_overlap": [1.22, 0.98],
                        "medium_normal": [0.85, 0.86], "medium_overlap": [0.93, 1.13]}
 MISSES_KEPT: set[tuple[str, str]] = set()
-WRONG_SIGNS_KEPT = {("light", "requests_per_s"), ("light", "ttft_forward_us"),
-                    ("medium", "tokens_per_s")}
+WRONG_SIGNS_KEPT: set[tuple[str, str]] = set()
 #: --as-captured (every repeat at the sweep's host speed, one slower by more than
 #: HOST_SPEED_MAX not judged: the table before), profiler's cost subtracted and kept
 AS_CAPTURED_MISSES = {("light_overlap", "ttft_forward_us"), ("light_overlap", "ttft_us"),
                       ("medium_normal", "ttft_forward_us"), ("medium_normal", "ttft_us")}
-AS_CAPTURED_WRONG_SIGNS = {("light", "ttft_forward_us"), ("medium", "tokens_per_s")}
+AS_CAPTURED_WRONG_SIGNS = {("medium", "tokens_per_s")}  # its one judged seed
 AS_CAPTURED_MISSES_KEPT = {("closed8_overlap", "tokens_per_s"), ("closed8_overlap", "tpot_us"),
                            ("light_overlap", "ttft_forward_us"), ("medium_normal", "tpot_us"),
                            ("medium_normal", "ttft_forward_us"), ("medium_normal", "ttft_us")}
-AS_CAPTURED_WRONG_SIGNS_KEPT = {("light", "ttft_forward_us")}
+AS_CAPTURED_WRONG_SIGNS_KEPT: set[tuple[str, str]] = set()
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +102,9 @@ def _verdicts(result, misses, wrong_signs, prefill_speeds=None):
     assert len(judged) == 24 and misses <= judged  # 6 cases x 4 targets
     for load, signs in result["signs"].items():
         for figure in FIGURES:
-            s = signs[figure]
-            assert s["ok"] == ((load, figure) not in wrong_signs), (load, figure, s)
+            s = signs[figure]  # judged where the repeats settle its sign (one rule)
+            assert (s["ok"] is False) == ((load, figure) in wrong_signs), (load, figure, s)
+            assert (s["ok"] is None) == (not s["settled"]), (load, figure, s)
     if prefill_speeds is None:  # the medium load's second overlapped repeat: 1.6x slower
         assert result["cases"]["medium_overlap"]["judged"] == [True, False]
         assert result["signs"]["medium"]["seeds"] == [200]
@@ -119,7 +122,9 @@ def test_what_overlap_changes_is_predicted_where_the_measurement_is_clear(result
     assert signs["requests_per_s"]["predicted"] > 0 and signs["ttft_us"]["predicted"] > 0
     assert signs["ttft_forward_us"]["predicted"] < 0
     text = markdown(result)
-    assert "| closed8 | overlap |" in text and "WRONG SIGN" in text
+    # every wrong sign of these runs is one the repeats leave unsettled: not judged
+    assert "| closed8 | overlap |" in text and "WRONG SIGN" not in text
+    assert text.count("(too close to call)") == 4
 
 
 def test_the_command_prints_the_table(result, as_captured, capsys, monkeypatch):
