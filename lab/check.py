@@ -194,6 +194,20 @@ def _unpadded(metrics: dict, decode_only: bool = False) -> tuple[np.ndarray, np.
     return batch[ok], other[ok]
 
 
+def rising_line(x, y) -> tuple[float, float]:
+    """``(a, b)``: ``y = a + b x`` by least squares, or the mean and 0 where that line falls:
+    no host work shrinks as the step holds more requests, so a falling line says the host's
+    speed moved with the batch during the run (the tenth shapes run's capture: 1.5-2x slower
+    for the 40 steps whose batch was 1-3), and extrapolated to larger batches it makes every
+    repeat's host look several times slower (the rule of simwar's fit,
+    :func:`simwar.fit.affine.fit_sized`)."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    b, a = np.polyfit(x, y, 1) if np.ptp(x) else (0.0, float(np.mean(y)))
+    if b < 0:
+        return float(np.mean(y)), 0.0
+    return float(a), float(b)
+
+
 def host_line(timed: dict) -> tuple[float, float] | None:
     """``(a, b)``: the sweep's unpadded host work per step (prepare, launch and barrier: the
     host work the server does not pad to a time target) as ``a + b x batch``, least squares
@@ -201,8 +215,7 @@ def host_line(timed: dict) -> tuple[float, float] | None:
     x, y = _unpadded(timed)
     if len(x) < 3 or np.ptp(x) == 0:
         return None
-    b, a = np.polyfit(x, y, 1)
-    return float(a), float(b)
+    return rising_line(x, y)
 
 
 def host_speed(metrics: dict, line: tuple[float, float] | None,

@@ -155,8 +155,8 @@ def prefill_line(capture: Path, metrics: dict, net: bool = False,
     if len(x) < 3 or np.ptp(x) == 0:
         raise check.ServerDataError(f"{capture}: fewer than 3 steps that prefill, or all of "
                                     f"one size (the prefill's host speed needs a line)")
-    slope, base = np.polyfit(x, y, 1)
-    return float(base) * scale, float(slope) * scale
+    base, slope = check.rising_line(x, y)
+    return base * scale, slope * scale
 
 
 def prefill_speed(metrics: dict, line: tuple[float, float]) -> float:

@@ -175,10 +175,8 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
                                         f"capture whose steps prefill is expected)")
     name = capture.name.replace(".kineto.json.gz", ".metrics.json")
     metrics = check.read_metrics(check.metrics_file(folder, name) or folder / name)
-    x, y = check._unpadded(metrics, decode_only=True)
-    slope, base = np.polyfit(x, y, 1)
-    x, y = net_unpadded(capture, metrics, keep_profiler_cost)
-    net_slope, net_base = np.polyfit(x, y, 1)
+    base, slope = check.rising_line(*check._unpadded(metrics, decode_only=True))
+    net_base, net_slope = check.rising_line(*net_unpadded(capture, metrics, keep_profiler_cost))
     return {"config": config, "warnings": list(fit.warnings),
             "extrapolated": extrapolated, "clamped": clamped,
             "unfitted": {b: keys for b, keys in unfitted.items()},

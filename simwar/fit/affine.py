@@ -12,6 +12,11 @@ as :func:`simwar.fit.durations.fit_values` does:
   :data:`T_MIN` (3: two-sided p below about 0.003 for the hundreds of steps a capture holds,
   0.013 at ten) with at least two distinct sizes; samples that do not vary at all are a
   constant. An exact relation (no residual) is significant whenever its slope is not 0.
+  **A falling line is never taken**: no work of a step shrinks as it holds more requests, so
+  a significant negative slope says something else moved with the size during the capture
+  (on the tenth H200 shapes run the host ran 1.5-2x slower for the 40 steps in which the
+  batch had fallen to 1-3, and the lines fitted across them fell by up to 14 µs a request,
+  carried to batch 16 as a host 2-4x too fast); the samples' distribution is taken.
 - **the residual** is the ``noise``: a duration's noise draw is added on top and cannot be
   negative, so the fitted line is moved down to the smallest residual and the residuals above
   it are fitted as a distribution (``--dist``); no spread, no noise.
@@ -163,7 +168,10 @@ def fit_sized(y, x, dist: str = "best", size: str = "batch",
         else:
             t = b / math.sqrt(s2 / sxx)
     per_size = {}
-    if abs(t) < T_MIN:
+    # a duration that falls as the step grows is no cost of its size: where a capture shows
+    # one, something else moved with the size (the host's speed drifting during the capture
+    # while the batch ran low), and a line would carry it to sizes the capture never ran
+    if abs(t) < T_MIN or b < 0:
         value, detail = _constant(y, dist)
         m = _mean(value)
         for s in sizes:
