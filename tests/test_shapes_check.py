@@ -414,6 +414,30 @@ def test_the_receive_option_charges_each_request_where_it_is_received():
     assert paid["step_us"] > plain["step_us"]
 
 
+def test_a_fitted_receive_is_the_models_and_the_option_puts_the_measured_one_in_its_place():
+    """A capture that names its receive gives its mode's model ``cpu.receive_us`` (the line
+    says so; a run before the range fits none); ``--receive`` predicts with RECEIVE_US in
+    place of the fitted one, not on top of it."""
+    import copy
+
+    from lab.check import read_metrics
+    from lab.shapes_check import RECEIVE_US, _predict, model, model_line
+
+    m = model(DEFAULT_DIR, "sglang")
+    assert m["receive"] is None and "receive none fitted" in model_line(
+        {**m, "prefill": m["config"]["prefill"], "scheduling": m["config"]["scheduling"]})
+    fitted = copy.deepcopy(m["config"])
+    fitted["cpu"]["receive_us"] = {"per_request": 400.0, "per_prompt_token": 1.0}
+    line = model_line({**m, "receive": fitted["cpu"]["receive_us"],
+                       "prefill": fitted["prefill"], "scheduling": fitted["scheduling"]})
+    assert "receive 400 µs a request + 1 µs a prompt token (fitted)" in line
+    measured = copy.deepcopy(m["config"])
+    measured["cpu"]["receive_us"] = dict(RECEIVE_US)
+    metrics = read_metrics(DEFAULT_DIR / "shapes_sglang_light_normal_r0.metrics.json.gz")
+    assert _predict(fitted, metrics, receive=True) == _predict(measured, metrics)
+    assert _predict(fitted, metrics) != _predict(measured, metrics)
+
+
 #: the eighth run (``run8``: the mixed mode building its prefill batch as SGLang does, a
 #: request admitted with its first chunk, the whole budget its prompts') and the ninth
 #: (``run9``: its budget as SGLang's too, the decodes' tokens taken first, as the sglang_mixed
