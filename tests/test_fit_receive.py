@@ -34,10 +34,10 @@ SHORT = {"steps": 600, "warmup_steps": 10, "prefill.launches": 8,
          "cpu.receive_us": RECEIVE}
 
 
-def _received(over: dict) -> tuple:
+def _received(over: dict, config: Path = CONFIG) -> tuple:
     """``((step, requests, prompt tokens), ...)`` of each iteration that received requests,
     from the run's admissions, checked against the work the sizes charged there."""
-    sz = resolve_sizes(load_config(str(CONFIG), over))
+    sz = resolve_sizes(load_config(str(config), over))
     n = np.zeros(len(sz.batch), dtype=int)
     tokens = np.zeros(len(sz.batch), dtype=int)
     for k, p in zip(sz.requests["admit_step"], sz.requests["prompt_tokens"]):
@@ -78,6 +78,27 @@ def test_the_fit_gives_the_receive_back_and_counts_it_once(rule, tmp_path):
     assert len(shapes) == 2
     for key in shapes:
         assert abs(rows[key]["error"]) <= 0.03, checked["text"]
+
+
+def test_a_replay_of_decode_steps_says_its_steps_lack_the_receive(tmp_path):
+    """Decode-only requests (no prompt) at a light load: the receive per request is given
+    back and out of the ingest; the fitted config replays the capture's batches, where no
+    request arrives, and the header says how much a step lacks."""
+    src = ROOT / "configs" / "dspark_fine.yaml"
+    over = {"steps": 400, "warmup_steps": 10, "cpu.receive_us": RECEIVE,
+            "workload": {"arrivals": {"rate_per_s": 100}, "max_batch": 64, "initial_batch": 8,
+                         "output_tokens": {"dist": "uniform", "low": 16, "high": 64},
+                         "graph_buckets": [8, 16, 32, 64]}}
+    sim = simulate(str(src), over, engine="simpy")
+    path = write_kineto(sim.trace, tmp_path / "decode.json.gz",
+                        style=Style(names="sglang", batch_ranges=True, copies=("result_copy",),
+                                    receives=_received(over, src)))
+    fit = fit_model(open_capture(path))
+    cpu = fit.config["cpu"]
+    assert cpu["receive_us"] == {"per_request": 40.0, "per_prompt_token": 0.0}
+    assert cpu["ingest_us"] == 100.0 and "arrivals" not in fit.config["workload"]
+    assert any(line.startswith("  The config replays the capture's batches: no request "
+                               "arrives") for line in fit.header)
 
 
 def test_without_the_ranges_the_prefill_holds_the_receive(tmp_path):

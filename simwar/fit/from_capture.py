@@ -283,7 +283,9 @@ def fit_model(cap: Capture, *, capture: str = "",
     header = _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost,
                      cpu_notes, capture, mapping_name, version, warm, mapping)
     header.append(profiler_cost_line(prof, lays))
-    header += receive_lines(receive, how_r, received)
+    wl = cfg.get("workload") or {}
+    header += receive_lines(receive, how_r, received, len(fitted),
+                            replay=not ({"arrivals", "closed_loop"} & set(wl)))
     header += shape_lines
     header += _sized_header(sizes, fits, left_out, set(all_lays), warm, (scale, host_scale),
                             unprofiled_step_us, cfg.get("workload"))

@@ -112,8 +112,9 @@ def receive_line(received: list[Received]) -> tuple[dict | None, str]:
             how += "; per_request < 0: per token alone"
     else:
         per_req, per_tok = _through_zero(n, y), 0.0
-        how += ("; the ranges name no tokens" if t.min() < 0 else
-                "; tokens in a fixed ratio to requests") + ": per request alone"
+        how += ("; the ranges name no tokens" if t.min() < 0 else "; no prompt tokens"
+                if not t.any() else "; tokens in a fixed ratio to requests") + \
+            ": per request alone"
     return {"per_request": round(max(float(per_req), 0.0), 3),
             "per_prompt_token": round(max(float(per_tok), 0.0), 6)}, how
 
@@ -123,8 +124,11 @@ def _through_zero(x: np.ndarray, y: np.ndarray) -> float:
     return max(float((x * y).sum()) / xx, 0.0) if xx > 0 else 0.0
 
 
-def receive_lines(value: dict | None, how: str, received: list[Received]) -> list[str]:
-    """The header's lines on the receive (none without a range)."""
+def receive_lines(value: dict | None, how: str, received: list[Received],
+                  steps: int = 0, replay: bool = False) -> list[str]:
+    """The header's lines on the receive (none without a range); ``replay``: the config
+    replays the capture's batches (no requests arrive, so nothing is received), over
+    ``steps`` fitted steps."""
     if value is None:
         return []
     per_step = {}
@@ -136,5 +140,9 @@ def receive_lines(value: dict | None, how: str, received: list[Received]) -> lis
             f"host time (less the calls in them and the profiler's cost there; {how}); "
             f"{mean:.1f} µs in each of the {len(per_step)} steps that received, taken out of "
             f"the host regions and CPU ranges that hold them (cpu.ingest_us, the prefill's "
-            f"host time), so it is counted once."]
+            f"host time), so it is counted once."] + (
+        [f"  The config replays the capture's batches: no request arrives, so its steps "
+         f"receive none and lack this work ({sum(per_step.values()) / max(steps, 1):.1f} µs "
+         f"a fitted step on average); a what-if with arrivals charges it per request."]
+        if replay else [])
 
