@@ -56,7 +56,8 @@ durations (:func:`simwar.fit.profiler.scale_host`: the loop's CPU work, each pha
 time, the host API calls; nothing on the device) are multiplied by it, a faster repeat
 scaled down as a slower one up, but for the work the mini-server pads to a time target
 (:data:`~lab.host_speed.PADDED`, kept as captured) and the prefill's host time, its
-preparation and its launches (:data:`~lab.host_speed.PREFILL_HOST`), multiplied instead by
+preparation and its launches, and the fitted receive (:data:`~lab.host_speed.PREFILL_HOST`),
+multiplied instead by
 the repeat's host speed on its steps that prefill (:func:`~lab.host_speed.prefill_speed`:
 the same unpadded work on those steps over the capture's at the same tokens, as stamped; the
 data show it apart from the decode steps'); every repeat is judged, each with its two

@@ -301,12 +301,16 @@ def test_a_repeats_prefill_runs_at_its_own_host_speed():
     a speed unknown (NaN) leaves its keys as captured."""
     from lab.host_speed import host_at
 
-    config = {"cpu": {"schedule_us": 100.0, "prepare_us": 10.0},
+    config = {"cpu": {"schedule_us": 100.0, "prepare_us": 10.0,
+                      "receive_us": {"per_request": 40.0, "per_prompt_token": 0.2}},
               "phases": [{"name": "forward", "host_us": 20.0, "forward_us": 500.0}],
               "prefill": {"chunk_tokens": 256, "forward_us": 900.0, "host_us": 40.0,
                           "host_before_us": {"base": 30.0, "per_token": 0.5}}}
     out = host_at(config, 2.0, 1.5)
-    assert out["cpu"] == {"schedule_us": 100.0, "prepare_us": 20.0}
+    # the receive with the prefill's: a request is received in the step that admits it with
+    # its first chunk
+    assert out["cpu"] == {"schedule_us": 100.0, "prepare_us": 20.0, "receive_us": {
+        "per_request": 60.0, "per_prompt_token": pytest.approx(0.3)}}
     assert out["phases"][0]["host_us"] == 40.0 and out["phases"][0]["forward_us"] == 500.0
     pf = out["prefill"]
     assert pf["host_us"] == 60.0 and pf["forward_us"] == 900.0
