@@ -4,8 +4,10 @@ A shortened ``configs/sglang_default_prefill.yaml`` with a known receive cost is
 written as a server's profile with a ``recv reqs=N toks=T`` range around each iteration's
 receive work (the mini-server's name, in SGLang's preset); the fit must give the cost back,
 take it out of the loop's other host work (``cpu.ingest_us`` as configured, no
-``prefill.host_before_us`` holding it) and check within 3 % per shape. A committed capture
-without the ranges fits as before (``receive`` is the preset's, dropped where nothing matches).
+``prefill.host_before_us`` holding it) and check within 3 % per shape. The mini-server's
+H200 capture with the range (``shapes/run10``) gives its receive out of the prefill's
+preparation; a committed capture without the ranges fits as before (``receive`` is the
+preset's, dropped where nothing matches).
 """
 
 from __future__ import annotations
@@ -124,6 +126,29 @@ def test_a_committed_capture_without_the_ranges_fits_as_before():
     fit = fit_model(cap)
     assert "receive_us" not in fit.config["cpu"]
     assert not any(line.startswith("Receive:") for line in fit.header)
+
+
+def test_the_tenth_runs_capture_gives_its_receive_out_of_the_prefills_preparation():
+    """The mini-server's first capture with the range (H200, ``shapes/run10``, SGLang's default
+    scheduling): a receive per request and per token, taken out of the prefill's preparation
+    (the steps that receive are those that prefill: the decode steps', ``cpu.ingest_us``, is
+    the same), and ``--check`` within 3 % per shape."""
+    from lab.check import SERVER_MAPPING
+
+    path = (ROOT / "tests" / "data" / "server" / "shapes" / "run10"
+            / "shapes_sglang_medium_overlap_profiled.kineto.json.gz")
+    cap = open_capture(path, SERVER_MAPPING)
+    fit = fit_model(cap)
+    plain = fit_model(open_capture(path, {**SERVER_MAPPING, "receive": None})).config
+    receive = fit.config["cpu"]["receive_us"]
+    assert receive["per_request"] > 0 and receive["per_prompt_token"] > 0
+    assert "receive_us" not in plain["cpu"]
+    assert fit.config["cpu"]["ingest_us"] == plain["cpu"]["ingest_us"]
+    before, was = fit.config["prefill"]["host_before_us"], plain["prefill"]["host_before_us"]
+    assert before["per_token"] < was["per_token"]
+    steps, _ = import_report(cap.bound)
+    checked = check_fit(cap, load_config(fit.config), "fitted", steps, path.name)
+    assert checked["ok"], checked["text"]
 
 
 def _ranges(rows) -> list[Received]:
