@@ -149,6 +149,11 @@ def test_the_tenth_runs_capture_gives_its_receive_out_of_the_prefills_preparatio
     steps, _ = import_report(cap.bound)
     checked = check_fit(cap, load_config(fit.config), "fitted", steps, path.name)
     assert checked["ok"], checked["text"]
+    # the profiler's cost in each range (its own event), back per request as captured
+    kept = fit_model(cap, profiler_cost=False).config["cpu"]["receive_us"]
+    assert checked["profiler_back"]["cpu.receive_us"] == pytest.approx(
+        kept["per_request"] - receive["per_request"], abs=1e-3)
+    assert 0 < checked["profiler_back"]["cpu.receive_us"] < 5
 
 
 def _ranges(rows) -> list[Received]:
