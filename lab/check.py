@@ -49,7 +49,12 @@ MAX_BATCH = 64
 #: ``prefill`` range's kernels are a phase of their own (``chunk``), not the preset's default
 #: phase (``forward``, where load_batch's copy is): a step that prefills then has another
 #: structure than a decode step, and the fit's phase table is the decode steps' alone (with
-#: the default phase, a mixed step's prefill became ``forward``'s 175 µs per request)
+#: the default phase, a mixed step's prefill became ``forward``'s 175 µs per request). The
+#: receive's range (``recv reqs=<N> toks=<T>``, ``lab.server_requests.receive_range``:
+#: ``cpu.receive_us``, :mod:`simwar.fit.receive`) is read by the preset's ``receive``
+#: pattern, not named here: a preset's entry that matches nothing is dropped, so the runs
+#: written before the range (up to ``shapes/run9``) fit as before, where a key of this mapping
+#: that matched nothing would refuse them
 SERVER_MAPPING = {
     "preset": "sglang",
     "phases": {"^draft$": "draft", "^verify$": "verify", "^sample$": "sample",

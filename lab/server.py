@@ -13,8 +13,9 @@ Without ``--suite`` it runs one case made of the flags (``--load``, ``--rate``,
 each iteration is one ``prof.step()``, so ``ProfilerStep#k``; the drain is in the last):
 
 1. ``scheduler.recv_requests``: requests arrived by now (host clock) are queued, each
-   "tokenized" (Python over its prompt). If nothing is running or waiting,
-   ``scheduler.wait_requests``: the host polls until the next arrival.
+   "tokenized" (Python over its prompt) in a range ``recv reqs=<N> toks=<T>`` (N > 0 only:
+   :func:`~lab.server_requests.receive_range`). If nothing is running or waiting,
+   ``scheduler.wait_requests``: the host polls until the next arrival and receives it there.
 2. ``scheduler.get_next_batch_to_run``: batch k is fixed (:class:`~lab.server_requests.Scheduler`:
    admission up to ``max_batch`` = 64, a prompt's with its first chunk as SGLang's ``PrefillAdder``
    in both modes, rows and KV slots from FIFO free lists, one new slot per decoding request, the
@@ -205,8 +206,10 @@ from lab.server_requests import (
     overtaken,
     pin_loop,
     python_work_until,
+    receive_range,
     request_arrays,
     summarize,
+    wait_until,
 )
 from simwar.harness.csan import SHARED, CsanCollector, PointerMap, Region, describe
 
@@ -327,7 +330,7 @@ class Server:
             with rf("scheduler.wait_requests"):
                 if math.isinf(sched.arrivals.next_time()):
                     raise RuntimeError(f"{case.name}: nothing running and no request to come")
-                _wait_until(self.start + sched.arrivals.next_time())
+                wait_until(self.start + sched.arrivals.next_time())
                 col["wait_us"][k] = (time.perf_counter() - start) * 1e6
                 start = time.perf_counter()
                 self._recv()
@@ -391,10 +394,14 @@ class Server:
         col["t_barrier_us"][k] = self._now() * 1e6
 
     def _recv(self) -> None:
-        """Queue the arrivals; "tokenize" each (Python over its prompt or context)."""
-        for r in self.sched.recv(self._now()):
-            n = r.prompt_tokens or r.context_tokens
-            r.text = str(hash(tuple((r.rid * 31 + i * 17) & 0xFFFF for i in range(n))))
+        """Queue the arrivals; "tokenize" each (Python over its prompt or context) in a range."""
+        arrived = self.sched.recv(self._now())
+        if not arrived:
+            return
+        tokens = [r.prompt_tokens or r.context_tokens for r in arrived]
+        with self.torch.profiler.record_function(receive_range(len(arrived), sum(tokens))):
+            for r, n in zip(arrived, tokens):
+                r.text = str(hash(tuple((r.rid * 31 + i * 17) & 0xFFFF for i in range(n))))
 
     def _write(self, plan, parity: int) -> tuple[int, int, int, int]:
         """The step's table writes and inputs: pinned → staging (H2D) → ``index_put_``, on the
@@ -441,17 +448,6 @@ class Server:
             col["proc_end_us"][k] = end * 1e6
             # the finishes go out at the processing's end, as SGLang's stream_output
             self.sched.stream(done, end)
-
-
-def _wait_until(t: float) -> None:
-    """Poll until host time ``t`` (perf_counter seconds), as SGLang's scheduler polls its
-    socket; sleep only through long waits (a sleeping core may come back slower)."""
-    while True:
-        left = t - time.perf_counter()
-        if left <= 0:
-            return
-        if left > 0.02:
-            time.sleep(left - 0.01)
 
 
 def csan_verdict(collector: CsanCollector, server: Server, warmup: int) -> dict:

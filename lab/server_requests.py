@@ -44,8 +44,10 @@ without torch, to check the rules the simulator models:
   mixed mode admitted every waiting request at once and wrote its whole prompt's slots then
   (the shapes runs up to ``run7``), and up to ``run8`` its budget was the whole
   ``chunk_tokens``, the decodes' tokens not taken out. :attr:`StepPlan.shape` names the result.
+- The name of the range around the receive's work (:func:`receive_range`).
 - The scheduler's Python padding to per-range time targets (:class:`HostWork`,
-  :func:`python_work_until`), and the loop thread's core (:func:`pin_loop`).
+  :func:`python_work_until`), its polling for an arrival (:func:`wait_until`), and the loop
+  thread's core (:func:`pin_loop`).
 - The race check (:func:`overtaken`), the arithmetic that sizes a load (:func:`rate_for`),
   and the metrics: the per-step log (:class:`StepLog`), the per-request arrays and the
   summary (:func:`request_arrays`, :func:`summarize`; definitions in
@@ -241,6 +243,18 @@ SHAPES = {False: {False: "idle", True: "prefill"}, True: {False: "decode", True:
 #: ``mixed``: today's loop (the chunk mixed into the decode forward); ``sglang``: SGLang's
 #: default (a prefill step of its own while prompt tokens wait)
 POLICIES = ("mixed", "sglang")
+
+
+def receive_range(requests: int, tokens: int) -> str:
+    """The range around the "tokenizing" of the requests an iteration receives
+    (``lab.server``'s ``Server._recv``, in ``scheduler.recv_requests``, or in
+    ``scheduler.wait_requests`` for those that arrive while the host waits): ``recv reqs=<N>
+    toks=<T>``, N requests of T tokens in all (each a prompt's, or a decode-only request's
+    context: the tokens it arrives with). Its duration is that work alone: simwar fits
+    ``cpu.receive_us`` from it (``lab.check.SERVER_MAPPING``). Written only where N > 0: an
+    empty one holds no work to fit and would add the profiler's cost of a range to every
+    step. Captures before 2026-12-02 (the shapes runs up to ``run9``) have none."""
+    return f"recv reqs={requests} toks={tokens}"
 
 
 def bucket_of(batch: int, buckets: tuple[int, ...]) -> int:
@@ -462,6 +476,17 @@ def python_work_until(deadline: float, salt: int = 0) -> int:
     while time.perf_counter() < deadline:
         acc = python_work(8, acc)
     return acc
+
+
+def wait_until(t: float) -> None:
+    """Poll until host time ``t`` (perf_counter seconds), as SGLang's scheduler polls its
+    socket; sleep only through long waits (a sleeping core may come back slower)."""
+    while True:
+        left = t - time.perf_counter()
+        if left <= 0:
+            return
+        if left > 0.02:
+            time.sleep(left - 0.01)
 
 
 @dataclass(frozen=True)

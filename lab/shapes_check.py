@@ -56,7 +56,8 @@ durations (:func:`simwar.fit.profiler.scale_host`: the loop's CPU work, each pha
 time, the host API calls; nothing on the device) are multiplied by it, a faster repeat
 scaled down as a slower one up, but for the work the mini-server pads to a time target
 (:data:`~lab.host_speed.PADDED`, kept as captured) and the prefill's host time, its
-preparation and its launches (:data:`~lab.host_speed.PREFILL_HOST`), multiplied instead by
+preparation and its launches, and the fitted receive (:data:`~lab.host_speed.PREFILL_HOST`),
+multiplied instead by
 the repeat's host speed on its steps that prefill (:func:`~lab.host_speed.prefill_speed`:
 the same unpadded work on those steps over the capture's at the same tokens, as stamped; the
 data show it apart from the decode steps'); every repeat is judged, each with its two
@@ -67,9 +68,14 @@ lab.prefill_check --as-captured`` applies it: a repeat whose host ran more than
 judged, its speed in brackets; a case with none judged, and the signs and recommendations
 that pair it, reported whole). Reported too: where ``DIR/twins`` holds them, the profiler's
 effect on the host stages of un-profiled and profiled twins (:func:`twins`).
-``--receive``: every case with the server's host work per request received
-(:data:`RECEIVE_US` as ``cpu.receive_us``), measured, not fitted (calibration/README.md,
-"Why the TTFT to the first token's forward was short").
+**The receive.** A capture that names each iteration's received requests (``recv reqs=N
+toks=T``, the shapes runs from ``run10`` on) gives its mode's model ``cpu.receive_us``, fitted
+(:mod:`simwar.fit.receive`, its time out of the loop's other host work), and the cases use it
+(each mode's line says which). ``--receive``: every case with the server's host work per request
+received as MEASURED instead (:data:`RECEIVE_US` as ``cpu.receive_us``, replacing a fitted one;
+for the runs before the range, which fit none, added to a model whose prefill host line holds
+part of it: calibration/README.md, "Why the TTFT to the first token's forward was short" and
+"The receive, fitted").
 
 Runs where simulation runs (simwar's full stack), not on the GPU machine.
 """
@@ -184,16 +190,18 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
             "host_line": (float(base), float(slope)),
             "host_line_net": (float(net_base), float(net_slope)),
             "prefill_line": prefill_line(capture, metrics),
+            "receive": (config.get("cpu") or {}).get("receive_us"),
             "buckets": list((config.get("workload") or {}).get("graph_buckets") or [])}
 
 
 #: ``--receive``: the mini-server's host work per request received (its ``recv_requests``
 #: "tokenizes" each prompt), least squares over the sixth run's steps (t_batch - t_begin -
 #: wait against the received requests and their prompt tokens: 20-64 µs and 0.14-0.18 µs a
-#: token over four repeats), as ``cpu.receive_us``. MEASURED here, not fitted: the capture's
-#: steps do not say which requests each received, and the fitted prefill's host line, read
-#: over every step that prefills, already holds this work on average (so the option also
-#: counts part of it twice: step time +0.6 to +2.2 points on the sixth run).
+#: token over four repeats), as ``cpu.receive_us``. MEASURED here, not fitted: in place of the
+#: fitted one where the capture names its receive; before the range (up to ``run9``) the
+#: capture's steps do not say which requests each received, and the fitted prefill's host
+#: line, read over every step that prefills, already holds this work on average (so the option
+#: also counts part of it twice there: step time +0.6 to +2.2 points on the sixth run).
 RECEIVE_US = {"per_request": 40.0, "per_prompt_token": 0.16}
 
 
@@ -229,7 +237,7 @@ def _predict(config: dict, metrics: dict, rule: str | None = None,
     change = prefill_check.what_if(config, config["prefill"], metrics)
     if rule is not None:
         change["scheduling.rule"] = rule
-    if receive:  # --receive: RECEIVE_US
+    if receive:  # --receive: RECEIVE_US, in place of a fitted one
         change["cpu.receive_us"] = dict(RECEIVE_US)
     change["seed"] = int(metrics["case"].get("seed", 0))
     return prefill_check.predicted(simulate(config, change).summary)
@@ -483,8 +491,8 @@ def _measured_sign(sign: dict, key: str) -> str:
 
 
 def model_line(m: dict) -> str:
-    """A mode's fitted model in one line: its rule, every key of its ``prefill:`` section
-    and the buckets the fit extrapolated."""
+    """A mode's fitted model in one line: its rule, every key of its ``prefill:`` section,
+    its fitted receive (``cpu.receive_us``) and the buckets the fit extrapolated."""
     sec = m["prefill"]
     bits = [f"rule {m['scheduling']['rule']}", f"prefill host {_line(sec['host_us'])} µs",
             f"device {_line(sec['forward_us'])} µs"]
@@ -492,6 +500,9 @@ def model_line(m: dict) -> str:
         bits.append(f"host before its launches {_line(sec['host_before_us'])} µs")
     bits += [f"{k} {v}" for k, v in sec.items()
              if k not in ("host_us", "forward_us", "host_before_us")]
+    r = m.get("receive")
+    bits.append(f"receive {r['per_request']:g} µs a request + {r['per_prompt_token']:g} µs a "
+                f"prompt token (fitted)" if r else "receive none fitted (no recv ranges)")
     return (", ".join(bits) + f"; graph buckets {m['buckets']}, EXTRAPOLATED here: "
             + (", ".join(m["extrapolated"]) or "none") + f"; CLAMPED here at batch "
             f"{check.MAX_BATCH}: " + (", ".join(m["clamped"]) or "none")
@@ -637,7 +648,8 @@ AS_CAPTURED_HELP = (f"predict every repeat at the capture's host speed and leave
 
 
 RECEIVE_HELP = ("predict every case with the server's host work per request received, "
-                "as measured (RECEIVE_US: cpu.receive_us), not fitted")
+                "as measured (RECEIVE_US: cpu.receive_us), in place of the fitted one where "
+                "the capture names its receive")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import gzip
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,7 @@ from lab.server_requests import (
     mean_decode_steps,
     overtaken,
     rate_for,
+    receive_range,
     summarize,
 )
 
@@ -522,6 +524,38 @@ def test_dry_run_capture_has_the_ranges(dry_run):
     raw = gzip.decompress((dry_run / "races_planted.kineto.json.gz").read_bytes())
     names = {e.get("name") for e in json.loads(raw)["traceEvents"]}
     assert {"draft", "verify", "load_batch"} <= names
+
+
+RECEIVE = re.compile(r"^recv reqs=(\d+) toks=(\d+)$")
+
+
+def test_the_receive_range_names_the_requests_and_their_tokens():
+    assert RECEIVE.match(receive_range(3, 1200)).groups() == ("3", "1200")
+
+
+@pytest.mark.parametrize("name", ["smoke_prefill_profiled", "hostsync_medium"])
+def test_dry_run_capture_names_the_requests_each_iteration_receives(dry_run, name):
+    """Each ``recv`` range names the next N requests in arrival order and their T tokens (a
+    prompt's, or a decode-only request's context), inside the loop's receive (or wait)."""
+    raw = gzip.decompress((dry_run / f"{name}.kineto.json.gz").read_bytes())
+    events = [e for e in json.loads(raw)["traceEvents"]
+              if e.get("ph") == "X" and e.get("cat") == "user_annotation"]
+    outer = [e for e in events
+             if e["name"] in ("scheduler.recv_requests", "scheduler.wait_requests")]
+    recv = sorted((e for e in events if RECEIVE.match(e["name"])), key=lambda e: e["ts"])
+    m = _metrics(dry_run, name)
+    req = m["requests"]
+    tokens = [p or c for p, c in zip(req["prompt_tokens"], req["context_tokens"])]
+    assert recv and len(recv) < len(m["steps"]["batch"]) + 1  # at most one an iteration
+    seen = 0
+    for e in recv:
+        n, t = map(int, RECEIVE.match(e["name"]).groups())
+        assert n > 0 and t == sum(tokens[seen:seen + n]), e["name"]
+        seen += n
+        assert any(o["tid"] == e["tid"] and o["ts"] <= e["ts"]
+                   and e["ts"] + e["dur"] <= o["ts"] + o["dur"] for o in outer), e["name"]
+    admitted = [i for i, a in enumerate(req["admit_step"]) if a >= 0]
+    assert admitted and max(admitted) < seen <= len(tokens)
 
 
 #: the shapes suite's dry run: small prompts in small chunks, closed loops of 3 (the suite's

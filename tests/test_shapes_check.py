@@ -314,12 +314,16 @@ def test_a_repeats_prefill_runs_at_its_own_host_speed():
     a speed unknown (NaN) leaves its keys as captured."""
     from lab.host_speed import host_at
 
-    config = {"cpu": {"schedule_us": 100.0, "prepare_us": 10.0},
+    config = {"cpu": {"schedule_us": 100.0, "prepare_us": 10.0,
+                      "receive_us": {"per_request": 40.0, "per_prompt_token": 0.2}},
               "phases": [{"name": "forward", "host_us": 20.0, "forward_us": 500.0}],
               "prefill": {"chunk_tokens": 256, "forward_us": 900.0, "host_us": 40.0,
                           "host_before_us": {"base": 30.0, "per_token": 0.5}}}
     out = host_at(config, 2.0, 1.5)
-    assert out["cpu"] == {"schedule_us": 100.0, "prepare_us": 20.0}
+    # the receive with the prefill's: a request is received in the step that admits it with
+    # its first chunk
+    assert out["cpu"] == {"schedule_us": 100.0, "prepare_us": 20.0, "receive_us": {
+        "per_request": 60.0, "per_prompt_token": pytest.approx(0.3)}}
     assert out["phases"][0]["host_us"] == 40.0 and out["phases"][0]["forward_us"] == 500.0
     pf = out["prefill"]
     assert pf["host_us"] == 60.0 and pf["forward_us"] == 900.0
@@ -432,6 +436,30 @@ def test_the_receive_option_charges_each_request_where_it_is_received():
     per = RECEIVE_US["per_request"] + RECEIVE_US["per_prompt_token"] * 256  # the least
     assert paid["ttft_forward_us"] > plain["ttft_forward_us"] + per
     assert paid["step_us"] > plain["step_us"]
+
+
+def test_a_fitted_receive_is_the_models_and_the_option_puts_the_measured_one_in_its_place():
+    """A capture that names its receive gives its mode's model ``cpu.receive_us`` (the line
+    says so; a run before the range fits none); ``--receive`` predicts with RECEIVE_US in
+    place of the fitted one, not on top of it."""
+    import copy
+
+    from lab.check import read_metrics
+    from lab.shapes_check import RECEIVE_US, _predict, model, model_line
+
+    m = model(DEFAULT_DIR, "sglang")
+    assert m["receive"] is None and "receive none fitted" in model_line(
+        {**m, "prefill": m["config"]["prefill"], "scheduling": m["config"]["scheduling"]})
+    fitted = copy.deepcopy(m["config"])
+    fitted["cpu"]["receive_us"] = {"per_request": 400.0, "per_prompt_token": 1.0}
+    line = model_line({**m, "receive": fitted["cpu"]["receive_us"],
+                       "prefill": fitted["prefill"], "scheduling": fitted["scheduling"]})
+    assert "receive 400 µs a request + 1 µs a prompt token (fitted)" in line
+    measured = copy.deepcopy(m["config"])
+    measured["cpu"]["receive_us"] = dict(RECEIVE_US)
+    metrics = read_metrics(DEFAULT_DIR / "shapes_sglang_light_normal_r0.metrics.json.gz")
+    assert _predict(fitted, metrics, receive=True) == _predict(measured, metrics)
+    assert _predict(fitted, metrics) != _predict(measured, metrics)
 
 
 #: the eighth run (``run8``: the mixed mode building its prefill batch as SGLang does, a

@@ -531,8 +531,14 @@ class LoopBuilder:
         if loop_top and not self.policy.blocks_at_prepare:
             self.policy.fence(self, k - 1)
         self.cpu("ingest", cfg.cpu.ingest_us, k)
-        if self.sizes.idle is not None and cfg.cpu.receive_us.given():  # arrivals: the
-            self.cpu("ingest.requests", RECEIVED_US, k)  # requests received at the marker
+        # arrivals: the requests received at the marker. Tested on ``idle``, not on
+        # ``received_us``: a shape-picking run's realization builds its iterations from
+        # :func:`shape_template`, whose sizes carry ``idle`` but no ``received_us``: there the
+        # op would be missing, the waits it realizes (replayed as fixed waits) too long, and
+        # the run behind by every receive before each wait (tests/test_receive.py's lone
+        # requests: 2x, 3x the cost, read as a double charge)
+        if self.sizes.idle is not None and cfg.cpu.receive_us.given():
+            self.cpu("ingest.requests", RECEIVED_US, k)
         self.cpu("schedule", cfg.cpu.schedule_us, k)
         if loop_top and self.policy.blocks_at_prepare:
             self.policy.before_prepare(self, k)

@@ -18,6 +18,9 @@ A mapping is a small YAML file (every key optional)::
                                      #   simwar.capture.step_shapes; the fit reads each
                                      #   step's decode/prefill/mixed: simwar.fit.shapes)
     idle: '^wait_requests$'          # ranges where the loop waits for requests (left out)
+    receive: '^recv reqs=(?P<requests>\\d+) toks=(?P<tokens>\\d+)$'   # a range around the
+                                     #   host's work of receiving requests: its requests and
+                                     #   their prompt tokens (cpu.receive_us: simwar.fit.receive)
     graph_buckets: [8, 16, 32, 64]   # the captured graphs' batch sizes (simwar.capture.sizes)
     phases:                          # regex -> phase, tried in order on the kernel name,
       'draft': draft                 #   then on the annotations enclosing its launch
@@ -75,6 +78,9 @@ from simwar.config import ConfigError, first_error, read_yaml
 PROFILER_STEP = r"^ProfilerStep#\d+$"
 #: the config's CPU work a ``cpu`` rule may name (``simwar.config.schema.Cpu``)
 CPU_ITEMS = ("ingest", "schedule", "prepare", "process_result")
+#: the named groups of a ``receive`` pattern: the range's requests and their prompt tokens
+RECEIVE_GROUPS = ("requests", "tokens")
+RECEIVE_EXAMPLE = r"^recv reqs=(?P<requests>\d+) toks=(?P<tokens>\d+)$"
 
 
 class FirstMatch(dict):
@@ -113,6 +119,7 @@ class Mapping(BaseModel):
     batch: str | None = None
     shape: str | None = None
     idle: str | None = None
+    receive: str | None = None
     graph_buckets: list[int] | None = None
     phases: dict[str, str] = Field(default_factory=dict)
     default_phase: str | None = None
@@ -157,6 +164,18 @@ class Mapping(BaseModel):
         if v is not None and not _compile(v).groupindex:
             raise ValueError(f"'{v}' has no named group; expected groups such as (?P<mode>...), "
                              f"(?P<batch>\\d+), (?P<tokens>\\d+)")
+        return v
+
+    @field_validator("receive")
+    @classmethod
+    def _receive(cls, v: str | None) -> str | None:
+        if v is not None:
+            groups = set(_compile(v).groupindex)
+            if "requests" not in groups or groups - set(RECEIVE_GROUPS):
+                named = ", ".join(sorted(groups)) or "no group"
+                raise ValueError(f"'{v}' names {named}; expected the named groups "
+                                 f"(?P<requests>\\d+) and optionally (?P<tokens>\\d+), "
+                                 f"e.g. '{RECEIVE_EXAMPLE}'")
         return v
 
     @field_validator("graph_buckets", mode="before")
@@ -281,9 +300,9 @@ def unmatched_keys(mapping: Mapping, kernel_names, annotation_names) -> list[str
     """The mapping's regexes that match nothing in a capture, one sentence each.
 
     ``phases`` rules are tried on kernel names and annotation names (as the
-    importer does), ``sites``, ``cpu``, ``steps``, ``run_batch``, ``batch``, ``idle`` and
-    ``shape`` on annotation names. Each sentence names the key and how many candidates there
-    were. A preset's entries (:attr:`Mapping.soft`) are optional and never listed.
+    importer does), ``sites``, ``cpu``, ``steps``, ``run_batch``, ``batch``, ``idle``,
+    ``shape`` and ``receive`` on annotation names. Each sentence names the key and how many
+    candidates there were. A preset's entries (:attr:`Mapping.soft`) are optional and never listed.
     """
     kernels = sorted(set(kernel_names))
     notes = sorted(set(annotation_names))
@@ -307,7 +326,7 @@ def unmatched_keys(mapping: Mapping, kernel_names, annotation_names) -> list[str
     check("steps", mapping.steps, notes, "annotation names")
     if mapping.run_batch is not None:
         check("run_batch", mapping.run_batch, notes, "annotation names")
-    for key in ("batch", "idle", "shape"):
+    for key in ("batch", "idle", "shape", "receive"):
         if getattr(mapping, key) is not None:
             check(key, getattr(mapping, key), notes, "annotation names")
     return out

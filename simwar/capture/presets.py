@@ -5,12 +5,12 @@ holding a server's own range names. :func:`map_capture` builds the mapping a cap
 with: the preset's keys, then a mapping file's, each of which replaces the preset's key of
 the same name (``cpu:`` in the file replaces the preset's whole ``cpu``). The preset's own
 entries are optional in a capture: :func:`resolve` drops each one (a ``cpu``, ``phases``,
-``sites`` or ``writes`` rule, ``batch``, ``run_batch``, ``idle``) that matches nothing the
-capture holds, where a mapping file's entry that matches nothing stays an error; its ``reads``
-of a phase the capture lacks are dropped by the fit (and by :mod:`simwar.capture.accesses`,
-with its ``reads`` regexes that map nothing). A preset's ``reads`` and ``writes`` are the
-server's shared buffers where its kernel or range names make them identifiable (the preset
-files say which).
+``sites`` or ``writes`` rule, ``batch``, ``run_batch``, ``idle``, ``shape``, ``receive``) that
+matches nothing the capture holds, where a mapping file's entry that matches nothing stays an
+error; its ``reads`` of a phase the capture lacks are dropped by the fit (and by
+:mod:`simwar.capture.accesses`, with its ``reads`` regexes that map nothing). A preset's
+``reads`` and ``writes`` are the server's shared buffers where its kernel or range names make
+them identifiable (the preset files say which).
 
 A mapping file may name its preset (``preset: sglang``); ``--preset`` names it on the command
 line (both, and different, is an error). Without either and without a mapping file,
@@ -41,7 +41,7 @@ from simwar.config import ConfigError, first_error, read_yaml
 PRESET_DIR = Path(__file__).resolve().parents[1] / "data" / "presets"
 #: the keys a preset's entries are dropped from when they match nothing (dicts by pattern)
 SOFT_DICTS = ("phases", "sites", "cpu", "writes")
-SOFT_REGEXES = ("batch", "run_batch", "idle", "shape")
+SOFT_REGEXES = ("batch", "run_batch", "idle", "shape", "receive")
 #: a preset's own key, not a mapping's: how the engine is told apart (``signature``: regexes
 #: of range and Python-frame names only it writes) and its source files' frames (``frames``)
 ENGINE_KEY = "engine"

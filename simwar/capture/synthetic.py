@@ -37,7 +37,8 @@ fresh event every time, an in-graph node is one event per captured graph, a per-
 of the simulator (``copy_done[k]``) is one of two events used in turn, or, named in
 ``fresh_events``, a new event each step; the one place a 2.11-style capture is written);
 ``copies`` (device ops of these labels written as ``gpu_memcpy``: a real capture's result
-D2H, ``result_copy``, is a copy, not a kernel); ``overhead`` (Kineto
+D2H, ``result_copy``, is a copy, not a kernel); ``receives`` (a ``recv reqs=<N> toks=<T>``
+range around the named steps' receive work, the mini-server's name); ``overhead`` (Kineto
 ``overhead`` events at given host times); ``blocking_sites`` (the host synchronizes of
 those sites written as a ``cudaMemcpyAsync`` that blocks until its copy, issued on the
 record's stream, ends: a hidden host sync). In a trace whose batch changes every step, each
@@ -112,6 +113,9 @@ class Style:
     #: allocates afresh each step, so each id is synced once and no rule can bind it
     fresh_events: tuple = ()
     copies: tuple = ()  # labels of device ops written as gpu_memcpy (the result D2H)
+    #: ((step, requests, prompt tokens), ...): a ``recv reqs=N toks=T`` range around each of
+    #: those steps' receive work (``cpu.receive_us``), as the mini-server names it
+    receives: tuple = ()
 
     def __post_init__(self):
         if self.names not in RANGE_NAMES:
@@ -331,6 +335,10 @@ def _annotations(trace: Trace, ts, style: Style) -> Iterator[dict]:
         for name, a, b in sglang_cpu_ranges(trace, names["cpu"]):
             ext += 1
             yield _annotation(name, ts(a), b - a, ext)
+    if style.receives:
+        for name, a, b in received_ranges(trace, style.receives):
+            ext += 1
+            yield _annotation(name, ts(a), b - a, ext)
     if names["phases"] is not None or style.batch_ranges:
         for name, a, b in phase_ranges(trace, names["phases"], style.batch_ranges):
             ext += 1
@@ -375,6 +383,22 @@ def sglang_cpu_ranges(trace: Trace, names: dict | None = None) -> list[tuple[str
         if sync is not None and names.get("process_result"):
             end = max(b for a, b, *_ in items if a >= sync[0])
             out.append((names["process_result"], sync[0], end))
+    return out
+
+
+def received_ranges(trace: Trace, receives) -> list[tuple[str, float, float]]:
+    """``(name, start_us, end_us)``: ``recv reqs=<N> toks=<T>`` around the receive work
+    (the host's ``ingest.requests`` span) of each step ``receives`` names as ``(step, N,
+    T)``."""
+    named = {int(k): (int(n), int(t)) for k, n, t in receives}
+    spans = trace.spans
+    pick = np.flatnonzero((spans.lane == trace.code(HOST)) & (spans.call == Call.CPU)
+                          & (spans.label == trace.code("ingest.requests")))
+    out = []
+    for k, a, b in zip(spans.step[pick].tolist(), spans.start_us[pick].tolist(),
+                       spans.end_us[pick].tolist()):
+        if k in named:
+            out.append((f"recv reqs={named[k][0]} toks={named[k][1]}", a, b))
     return out
 
 

@@ -318,12 +318,16 @@ def relaunch(trace, summary: dict, drop=()) -> dict:
     return out
 
 
+#: the receive (``{per_request, per_prompt_token}``): its profiler cost is per request
+RECEIVE = "cpu.receive_us"
+
+
 def profiler_back(cap, fitted, fit_args: dict | None = None) -> dict[str, float]:
     """The profiler's own host cost the fit took out of a profiled capture, per host duration
     of the fitted config ``fitted`` (a loaded config or its mapping: the default fit's, the
-    profiler's cost taken out; µs per step or per call; the keys
-    :func:`simwar.fit.profiler.host_keys` names): the mean of the fit that keeps it less
-    ``fitted``'s.
+    profiler's cost taken out; µs per step or per call, the receive's per request received;
+    the keys :func:`simwar.fit.profiler.host_keys` names): the mean of the fit that keeps it
+    less ``fitted``'s.
     The fit that keeps it is made with ``fit_args`` (:func:`~simwar.fit.from_capture.fit_model`'s
     keyword arguments ``fitted`` was made with: ``dist``, ``policy``, ``unprofiled_step_us``,
     ``extrapolate_buckets``; None: its defaults), so that the two differ by the profiler's
@@ -338,7 +342,10 @@ def profiler_back(cap, fitted, fit_args: dict | None = None) -> dict[str, float]
     out: dict[str, float] = {}
     for key in host_keys(net):  # the host durations, as a host at another speed scales them
         try:
-            d = duration_mean(get_dotted(kept, key)) - duration_mean(get_dotted(net, key))
+            if key == RECEIVE:  # the profiler's cost in each range (its own event): per request
+                d = get_dotted(kept, key)["per_request"] - get_dotted(net, key)["per_request"]
+            else:
+                d = duration_mean(get_dotted(kept, key)) - duration_mean(get_dotted(net, key))
         except (KeyError, TypeError):  # a key the fit that keeps it has not (edited by hand)
             continue
         if d > 1e-3:
@@ -355,7 +362,9 @@ def with_profiler(cfg, back: dict[str, float]):
     items = {}
     for key, us in back.items():
         try:
-            items[key] = shift(get_dotted(data, key), us)
+            value = get_dotted(data, key)
+            items[key] = ({**value, "per_request": value["per_request"] + us} if key == RECEIVE
+                          else shift(value, us))
         except (KeyError, TypeError):  # a key the checked config does not have (edited)
             continue
     return load_config(cfg, items)

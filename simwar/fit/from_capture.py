@@ -10,7 +10,9 @@ reproduces the capture and ``--set`` asks what-if questions of it.
 forward's units, syncs, host regions); :mod:`simwar.capture.sizes` read each step's batch
 and graph bucket when the capture was opened; :mod:`simwar.fit.policy` reads which stream
 is which and the barrier policy; :mod:`simwar.fit.samples` measures, per step, the
-phases' device time, the schedule-stream work, the host costs and the CPU work.
+phases' device time, the schedule-stream work, the host costs and the CPU work;
+:mod:`simwar.fit.receive` the host's work of receiving requests where the capture names it in
+ranges (``cpu.receive_us``, out of the other host figures).
 This module checks the capture and mapping, leaves out the steps the profiler stalled
 (:mod:`simwar.fit.profiler`), reads each step's shape and takes the prefill's units out of
 the steps that prefill (:mod:`simwar.fit.shapes`: a capture whose steps prefill gets the
@@ -57,6 +59,7 @@ from simwar.fit.profiler import (
 )
 from simwar.fit.profiler_cost import KINDS as PROFILED_KINDS
 from simwar.fit.profiler_cost import CostTable, ProfilerCost, for_capture
+from simwar.fit.receive import held_by_step, receive_line, receive_lines, receive_ranges
 from simwar.fit.samples import COST_DEFAULTS, Samples, sample_cpu_work, sample_device_and_costs
 from simwar.fit.shapes import (
     SHAPE_ORDER,
@@ -186,6 +189,9 @@ def fit_model(cap: Capture, *, capture: str = "",
         kinds = classify(cap, where)
     except ShapeError as e:
         raise FitError(str(e)) from None
+    # the receive ranges' time is cpu.receive_us alone: out of the other host figures
+    received = receive_ranges(imp, mapping.receive, lays, prof)
+    held = held_by_step(received)
     fitted, (lays, prefills) = lays, split_prefill(trace, lays, kinds, prof)
     idle = idle_samples(trace, fitted, kinds, prof)
     if len(lays) < 2:
@@ -227,10 +233,10 @@ def fit_model(cap: Capture, *, capture: str = "",
     stage()
     cfg = _config(trace, lays, roles, names, mapping, pol, steps, warmup, capture)
     cpu_notes = sample_cpu_work(trace, imp, lays, mapping, names, cfg, s, graph_cost, warnings,
-                                prof)
+                                prof, held)
     give_back(s, names, prefills)
     excess = split_host(s, prefills, names[0] if names else None) + prefill_step_host(
-        trace, fitted, lays, prefills, prof, sizes.batch if sizes.varying else None)
+        trace, fitted, lays, prefills, prof, sizes.batch if sizes.varying else None, held)
     stage()
     details: dict[str, dict] = {}
     if graph_cost["cost"]:  # the cheapest graph's launches sample costs.graph_launch_us
@@ -245,6 +251,9 @@ def fit_model(cap: Capture, *, capture: str = "",
                           buckets)
     if sizes.varying and not shape_lines:
         _workload(cfg, sizes, warm, warnings, buckets)
+    receive, how_r = receive_line(received)
+    if receive is not None:
+        cfg["cpu"]["receive_us"] = receive
     try:
         load_config(cfg)
     except ConfigError as e:  # pragma: no cover - the fit writes only valid values
@@ -274,6 +283,9 @@ def fit_model(cap: Capture, *, capture: str = "",
     header = _header(trace, lays, all_lays, roles, role_notes, names, pol, s, graph_cost,
                      cpu_notes, capture, mapping_name, version, warm, mapping)
     header.append(profiler_cost_line(prof, lays))
+    wl = cfg.get("workload") or {}
+    header += receive_lines(receive, how_r, received, len(fitted),
+                            replay=not ({"arrivals", "closed_loop"} & set(wl)))
     header += shape_lines
     header += _sized_header(sizes, fits, left_out, set(all_lays), warm, (scale, host_scale),
                             unprofiled_step_us, cfg.get("workload"))

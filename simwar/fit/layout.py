@@ -231,7 +231,7 @@ def _syncs(syncs, fl, start, trace, copy_lane, fwd, sched_calls, f0):
 
 
 # --------------------------------------------------------------------------- regions
-def regions(trace: Trace, lay: StepLayout, prof=None) -> dict[str, float]:
+def regions(trace: Trace, lay: StepLayout, prof=None, held=()) -> dict[str, float]:
     """Host time per region of a step, synchronize calls left out.
 
     Layouts whose regions are compared must share their :meth:`StepLayout.signature`.
@@ -243,7 +243,10 @@ def regions(trace: Trace, lay: StepLayout, prof=None) -> dict[str, float]:
     length of every synchronize call inside it (their blocking is the simulation's to
     reproduce; their own cost is the same in a capture and its model). ``prof`` (a
     :class:`simwar.fit.profiler_cost.ProfilerCost`): each value also less the profiler's own
-    host cost in the region outside those syncs, never below zero.
+    host cost in the region outside those syncs, never below zero. ``held``: host work
+    another config key holds, ``(start, end, µs)`` (the receive ranges:
+    :mod:`simwar.fit.receive`), each taken out of the region that holds its start, never below
+    zero.
     """
     s0, e0 = columns(trace, "spans", "start_us", "end_us")
     marks: list[tuple[str, float]] = [("A", lay.start)]
@@ -275,7 +278,23 @@ def regions(trace: Trace, lay: StepLayout, prof=None) -> dict[str, float]:
                                       if y > a and x < b)
             value -= min(max(cut, 0.0), max(value, 0.0))
         out[name] = out.get(name, 0.0) + value
+    for x, _, us in held:
+        name = next((n for (n, a), (_, b) in zip(marks, marks[1:])
+                     if a <= x < b and not n.startswith("__")), None)
+        if name is not None:
+            out[name] -= min(us, max(out[name], 0.0))
     return out
+
+
+def merged(intervals, lo: float, hi: float) -> list[tuple[float, float]]:
+    """``intervals`` clipped to ``[lo, hi]`` and merged where they overlap."""
+    out: list[list[float]] = []
+    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 def work_us(trace: Trace, op_ids: list[int]) -> float:

@@ -3,7 +3,8 @@
 :func:`prefixes` reads, from each step's shape range alone (its tokens and requests, never
 times), which prefill steps continue a carried-over request and how many (chunk token, cached
 token) pairs each holds (``StepSizes.prefill_prefix``, docs/design.md "Prefill");
-:func:`prefix_line` fits ``forward_us`` as ``{base, per_token, per_token_prefix}`` over them.
+:func:`prefix_line` fits ``forward_us`` as ``{base, per_token, per_token_prefix}`` over them,
+and :func:`token_line` the prefill's other lines, ``{base, per_token}``.
 :mod:`simwar.fit.shapes` writes the prefill section with them.
 
 Imports: numpy only.
@@ -84,6 +85,27 @@ def prefix_line(x, prefix, y) -> tuple[dict | float, str]:
     return out, how
 
 
+def token_line(x, y) -> tuple[dict | float, str]:
+    """``{base, per_token}`` by least squares over the steps' tokens, clamped so that neither
+    is negative (a negative slope: the mean; a negative base: the line through 0); tokens
+    not named (``x`` < 0): the mean. Returns the value and how it was fitted."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if len(y) == 0:
+        return 0.0, "no sample"
+    if np.any(x < 0) or np.ptp(x) == 0:
+        why = "the ranges name no tokens" if np.any(x < 0) else "one token count"
+        return _r(max(float(y.mean()), 0.0)), f"mean of {len(y)} ({why})"
+    slope, base = np.polyfit(x, y, 1)
+    how = f"least squares over {len(y)} steps, {int(x.min())}-{int(x.max())} tokens"
+    if slope < 0:
+        return _r(max(float(y.mean()), 0.0)), how + f"; slope {slope:.4g} < 0: the mean"
+    if base < 0:
+        slope = float((x * y).sum() / (x * x).sum())
+        return {"base": 0.0, "per_token": _r6(max(slope, 0.0))}, how + \
+            "; base < 0: the line through 0"
+    return {"base": _r(base), "per_token": _r6(slope)}, how
+
+
 def _r(v: float) -> float:
     return round(float(v), 3)
 
@@ -92,4 +114,4 @@ def _r6(v: float) -> float:
     return round(float(v), 6)
 
 
-__all__ = ["MIN_PREFIX_STEPS", "prefix_line", "prefixes"]
+__all__ = ["MIN_PREFIX_STEPS", "prefix_line", "prefixes", "token_line"]

@@ -55,6 +55,7 @@ from simwar.fit.layout import (
     Roles,
     StepLayout,
     columns,
+    merged,
     queued_gap,
     regions,
     step_layouts,
@@ -314,7 +315,7 @@ def _constant_costs(s: Samples, graph_cost) -> dict:
 
 
 def sample_cpu_work(trace, imp, lays, mapping: Mapping, names, cfg, s: Samples, graph_cost,
-                    warnings, prof=None) -> dict:
+                    warnings, prof=None, held=None) -> dict:
     """CPU work per step: each region's host time less the fitted loop's own API calls.
 
     ``cfg`` is the fitted config so far (its device times and costs still unfitted: their
@@ -322,6 +323,8 @@ def sample_cpu_work(trace, imp, lays, mapping: Mapping, names, cfg, s: Samples, 
     µs per step the header reports. ``prof`` (a
     :class:`simwar.fit.profiler_cost.ProfilerCost`): every region and mapped range less the
     profiler's own host cost in it (the API calls' costs in ``s`` are already net of it).
+    ``held``: per step, host work another key holds (``(start, end, µs)``: the receive
+    ranges, :mod:`simwar.fit.receive`), out of its region and of the mapped range around it.
     """
     costs = _constant_costs(s, graph_cost)
     base = {**cfg, "costs": costs, "steps": 8, "warmup_steps": 0, "name": "zero-cpu"}
@@ -350,7 +353,8 @@ def sample_cpu_work(trace, imp, lays, mapping: Mapping, names, cfg, s: Samples, 
     clipped = Counter()
     n_units = len(names)
     for k, lay in lays.items():
-        cap = regions(trace, lay, prof)
+        own = held.get(k, ()) if held else ()
+        cap = regions(trace, lay, prof, own)
         cpu = _merge(cap, dict(model_r))
         # a costlier graph launch: its extra host time goes before it (where the device
         # waits for it), out of the region that holds the launch
@@ -361,7 +365,7 @@ def sample_cpu_work(trace, imp, lays, mapping: Mapping, names, cfg, s: Samples, 
             holder = f"host_{i + 1}" if i + 1 < n_units else "tail"
             cpu[f"host_{i}"] = cpu.get(f"host_{i}", 0.0) + extra
             cpu[holder] = cpu.get(holder, 0.0) - extra
-        nets = _mapped_nets(trace, ranges, lay, prof)
+        nets = _mapped_nets(trace, ranges, lay, prof, own)
         items = {it: 0.0 for it in (*CPU_ITEMS, "post_launch")}
         host = [0.0] * n_units
         for region, value in cpu.items():
@@ -465,10 +469,11 @@ class _MappedRanges:
 
 
 def _mapped_nets(trace: Trace, ranges: _MappedRanges, lay: StepLayout,
-                 prof=None) -> dict[str, float]:
-    """Per CPU item: the step's mapped ranges, net of the API calls (and blocking) and of
-    other mapped ranges inside them, clipped to the item's region; with ``prof``, also net
-    of the profiler's own cost in what is left (the events outside those calls and ranges)."""
+                 prof=None, held=()) -> dict[str, float]:
+    """Per CPU item: the step's mapped ranges, net of the API calls (and blocking), of
+    other mapped ranges and of the ``held`` ranges (``(start, end, µs)``) inside them, clipped
+    to the item's region; with ``prof``, also net of the profiler's own cost in what is left
+    (the events outside those calls and ranges)."""
     if not ranges.mapped:
         return {}
     s0, e0 = columns(trace, "spans", "start_us", "end_us")
@@ -488,24 +493,13 @@ def _mapped_nets(trace: Trace, ranges: _MappedRanges, lay: StepLayout,
         if b2 <= a2:
             continue
         inner = calls + [(x, y) for x, y, it in mapped if (x, y, it) != (a, b, item)
-                         and x >= a and y <= b]
+                         and x >= a and y <= b] + [(x, y) for x, y, _ in held]
         net = (b2 - a2) - _covered(inner, a2, b2)
         if prof is not None:
-            cut = prof.us(a2, b2) - sum(prof.us(x, y) for x, y in _merged(inner, a2, b2))
+            cut = prof.us(a2, b2) - sum(prof.us(x, y) for x, y in merged(inner, a2, b2))
             net -= min(max(cut, 0.0), max(net, 0.0))
         out[item] = out.get(item, 0.0) + net
     return out
-
-
-def _merged(intervals, lo: float, hi: float) -> list[tuple[float, float]]:
-    """``intervals`` clipped to ``[lo, hi]`` and merged where they overlap."""
-    out: list[list[float]] = []
-    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
 
 
 def _covered(intervals, lo: float, hi: float) -> float:

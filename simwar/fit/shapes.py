@@ -75,7 +75,7 @@ import numpy as np
 
 from simwar.core.trace import OpKind, Trace
 from simwar.fit.layout import StepLayout, columns
-from simwar.fit.prefix import MIN_PREFIX_STEPS, _r, _r6, prefix_line, prefixes
+from simwar.fit.prefix import MIN_PREFIX_STEPS, _r, prefix_line, prefixes, token_line
 
 #: the phase name whose kernels are a prefill's work (the mapping's ``phases`` name it)
 PREFILL_PHASE = "prefill"
@@ -487,7 +487,8 @@ def cpu_outside(trace: Trace, lay: StepLayout, units, prof=None, before_only: bo
 
 
 def prefill_step_host(trace: Trace, lays: dict[int, StepLayout], decode: dict[int, StepLayout],
-                      samples: dict[int, PrefillSample], prof=None, batch=None) -> float:
+                      samples: dict[int, PrefillSample], prof=None, batch=None,
+                      held=None) -> float:
     """Each prefill step's (of its own) CPU work around its forward (:func:`cpu_outside`)
     beyond the decode steps' mean (``decode``: their layouts without prefill units), added to
     its prefill host time: scheduling a prefill batch, which the config's loop CPU work (the
@@ -508,13 +509,17 @@ def prefill_step_host(trace: Trace, lays: dict[int, StepLayout], decode: dict[in
     ``run_batch`` up to the batch's first copy), which a simulated prefill step of its own
     does not run (it has no decode phase), so counting it in their baseline took it out of
     every prefill's preparation (on the H200's ``sglang`` captures 70-160 µs; in a simulated
-    capture nothing but calls lies there, so its fit is unchanged)."""
+    capture nothing but calls lies there, so its fit is unchanged).
+
+    ``held``: per step, the receive ranges' ``(start, end, µs)`` (:mod:`simwar.fit.receive`;
+    at the loop's top, before the forward), out of every step's CPU work here."""
     steps = [k for k, p in samples.items() if p.shape == "prefill" and k in lays]
     if not steps or not decode:
         return 0.0
+    less = {k: sum(us for *_, us in v) for k, v in (held or {}).items()}
     base = float(np.mean([cpu_outside(trace, lay, lay.units, prof, loop_only=True)
-                          for lay in decode.values()]))
-    befores = {k: cpu_outside(trace, lay, lay.units, prof, True, True)
+                          - less.get(k, 0.0) for k, lay in decode.items()]))
+    befores = {k: cpu_outside(trace, lay, lay.units, prof, True, True) - less.get(k, 0.0)
                for k, lay in decode.items()}
     first = float(np.mean(list(befores.values())))
     at_zero = first
@@ -527,33 +532,13 @@ def prefill_step_host(trace: Trace, lays: dict[int, StepLayout], decode: dict[in
                 at_zero = float(icpt)
     out = []
     for k in steps:
-        extra = cpu_outside(trace, lays[k], lays[k].units, prof) - base + (first - at_zero)
+        own = less.get(k, 0.0)
+        extra = cpu_outside(trace, lays[k], lays[k].units, prof) - own - base + (first - at_zero)
         samples[k].extra_us += extra
         samples[k].extra_before_us += cpu_outside(trace, lays[k], lays[k].units, prof,
-                                                  True) - at_zero
+                                                  True) - own - at_zero
         out.append(extra)
     return float(np.mean(out))
-
-
-def token_line(x, y) -> tuple[dict | float, str]:
-    """``{base, per_token}`` by least squares over the steps' tokens, clamped so that neither
-    is negative (a negative slope: the mean; a negative base: the line through 0); tokens
-    not named (``x`` < 0): the mean. Returns the value and how it was fitted."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    if len(y) == 0:
-        return 0.0, "no sample"
-    if np.any(x < 0) or np.ptp(x) == 0:
-        why = "the ranges name no tokens" if np.any(x < 0) else "one token count"
-        return _r(max(float(y.mean()), 0.0)), f"mean of {len(y)} ({why})"
-    slope, base = np.polyfit(x, y, 1)
-    how = f"least squares over {len(y)} steps, {int(x.min())}-{int(x.max())} tokens"
-    if slope < 0:
-        return _r(max(float(y.mean()), 0.0)), how + f"; slope {slope:.4g} < 0: the mean"
-    if base < 0:
-        slope = float((x * y).sum() / (x * x).sum())
-        return {"base": 0.0, "per_token": _r6(max(slope, 0.0))}, how + \
-            "; base < 0: the line through 0"
-    return {"base": _r(base), "per_token": _r6(slope)}, how
 
 
 def rule_of(kinds: StepKinds, steps) -> str:
