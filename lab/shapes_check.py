@@ -56,11 +56,14 @@ durations (:func:`simwar.fit.profiler.scale_host`: the loop's CPU work, each pha
 time, the host API calls; nothing on the device) are multiplied by it, a faster repeat
 scaled down as a slower one up, but for the work the mini-server pads to a time target
 (:data:`~lab.host_speed.PADDED`, kept as captured) and the prefill's host time, its
-preparation and its launches (:data:`~lab.host_speed.PREFILL_HOST`), multiplied instead by
-the repeat's host speed on its steps that prefill (:func:`~lab.host_speed.prefill_speed`:
-the same unpadded work on those steps over the capture's at the same tokens, as stamped; the
-data show it apart from the decode steps'); every repeat is judged, each with its two
-factors shown. ``--as-captured``: the table before, every repeat at the capture's host
+preparation and its launches (:data:`~lab.host_speed.PREFILL_HOST`), each multiplied instead
+by the repeat's host speed on its steps that prefill in the stretch of the stamps that times
+it (:func:`~lab.host_speed.prefill_part_speeds`: ``prepare_for_decode`` for the preparation,
+the launches and barrier for the launches, over the capture's at the same tokens, as
+stamped; the data show each apart from the decode steps' and from each other); every repeat
+is judged, with its decode steps' factor and its steps' that prefill over the whole unpadded
+work shown (:func:`~lab.host_speed.prefill_speed`; the parts in the JSON's
+``prefill_part_speeds``). ``--as-captured``: the table before, every repeat at the capture's host
 speed, and the host-speed rule (:func:`lab.check.host_speed`, as ``python -m
 lab.prefill_check --as-captured`` applies it: a repeat whose host ran more than
 :data:`lab.check.HOST_SPEED_MAX` times slower than the capture's stamps is reported, not
@@ -85,7 +88,15 @@ from pathlib import Path
 import numpy as np
 
 from lab import check, prefill_check
-from lab.host_speed import clamp_lines, host_at, net_unpadded, prefill_line, prefill_speed
+from lab.host_speed import (
+    clamp_lines,
+    host_at,
+    net_unpadded,
+    prefill_line,
+    prefill_lines,
+    prefill_part_speeds,
+    prefill_speed,
+)
 from simwar.api import simulate
 from simwar.capture.open import open_capture
 from simwar.fit.from_capture import fit_model
@@ -186,6 +197,7 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
             "host_line": (float(base), float(slope)),
             "host_line_net": (float(net_base), float(net_slope)),
             "prefill_line": prefill_line(capture, metrics),
+            "prefill_lines": prefill_lines(capture, metrics),
             "buckets": list((config.get("workload") or {}).get("graph_buckets") or [])}
 
 
@@ -226,14 +238,23 @@ def score(figures: dict, mean_output: float) -> float:
     return figures["ttft_us"] + figures["tpot_us"] * (mean_output - 1.0)
 
 
-def _predict(config: dict, metrics: dict, rule: str | None = None,
-             receive: bool = False) -> dict:
+def what_if_change(config: dict, metrics: dict, rule: str | None = None,
+                   receive: bool = False) -> dict:
+    """The overrides that make ``config`` one repeat (``metrics``) as every case is predicted
+    (:func:`lab.prefill_check.what_if`, the repeat's seed; ``rule``: another scheduling rule;
+    ``receive``: :data:`RECEIVE_US`); :mod:`lab.shapes_steps` simulates the same."""
     change = prefill_check.what_if(config, config["prefill"], metrics)
     if rule is not None:
         change["scheduling.rule"] = rule
     if receive:  # --receive: RECEIVE_US
         change["cpu.receive_us"] = dict(RECEIVE_US)
     change["seed"] = int(metrics["case"].get("seed", 0))
+    return change
+
+
+def _predict(config: dict, metrics: dict, rule: str | None = None,
+             receive: bool = False) -> dict:
+    change = what_if_change(config, metrics, rule, receive)
     return prefill_check.predicted(simulate(config, change).summary)
 
 
@@ -318,8 +339,8 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         else:  # the model's host at each repeat's speed, faster or slower: all judged
             # and its steps that prefill at theirs (PREFILL_HOST says why)
             prefill_speeds = [prefill_speed(r, models[mode]["prefill_line"]) for r in repeats]
-            configs = [host_at(models[mode]["config"], v, p)
-                       for v, p in zip(speeds, prefill_speeds)]
+            parts = [prefill_part_speeds(r, models[mode]["prefill_lines"]) for r in repeats]
+            configs = [host_at(models[mode]["config"], v, p) for v, p in zip(speeds, parts)]
             judged = [True] * len(repeats)
         reps = [prefill_check.measured(r) for r in repeats]
         seeds = [int(r["case"].get("seed", 0)) for r in repeats]
@@ -341,6 +362,7 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         out["cases"][name] = {
             "mode": mode, "load": load, "loop": loop, "repeats": len(repeats), "rows": rows,
             "host_speed": speeds, "prefill_host_speed": prefill_speeds, "judged": judged,
+            "prefill_part_speeds": None if as_captured else parts,
             "scaled": not as_captured,
             "requests": (meas["requests"][0], pred["requests"]), "mean_output": out_mean,
             "by_seed": {sd: (m, p) for sd, m, p in zip(seeds, reps, sims)},
@@ -504,8 +526,9 @@ def speed_line(result: dict) -> str:
     if all(c.get("scaled") for c in result["cases"].values()):
         return ("Each repeat predicted at its own host speeds (the factors shown: its unpadded "
                 "host work over the capture's, on the steps that prefill nothing / on those "
-                "that prefill; the model's host durations x the first, its prefill's x the "
-                "second), every repeat judged.")
+                "that prefill; the model's host durations x the first, its prefill's "
+                "preparation and launches each x that ratio on its own stretch of the "
+                "stamps), every repeat judged.")
     return (f"Every repeat predicted at the capture's host speed (--as-captured); a repeat "
             f"whose host ran more than {check.HOST_SPEED_MAX}x slower is not judged (its "
             f"speed in brackets).")
@@ -596,7 +619,7 @@ def what_if_table(folder: Path, case: str = WHAT_IF_CASE,
             f"{check.MAX_BATCH}: the what-ifs are not predicted")
     # at the repeat's own host speeds, as every case of the table (evaluate)
     speed = check.host_speed(metrics, m["host_line_net"], decode_only=True)
-    config = host_at(m["config"], speed, prefill_speed(metrics, m["prefill_line"]))
+    config = host_at(m["config"], speed, prefill_part_speeds(metrics, m["prefill_lines"]))
     n = float(np.mean(metrics["requests"]["output_tokens"]))
     rows = []
     for rule in ("sglang", "sglang_mixed"):

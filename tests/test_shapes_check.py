@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from lab.host_speed import PREFILL_SPANS
 from lab.prefill_check import closed_lengths, trace
 from lab.shapes_check import DEFAULT_DIR, evaluate, main
 from simwar.config.schema import TokenCost
@@ -58,36 +59,13 @@ MIXED = {"closed16_normal": ("mixed", "mixed", None), "closed16_overlap": ("mixe
          "light_overlap": ("separate", "mixed", None), "medium_normal": ("mixed", "mixed", None),
          "medium_overlap": ("mixed", "mixed", True)}
 
-#: the default table, each repeat predicted at its own measured host speed (the model's
-#: unpadded host durations x its factor, lab.host_speed.host_at) and every repeat judged:
-#: (case, figure) within their target; every other one misses (the mixed medium load's
-#: TTFTs missed since the sglang_mixed rule takes the decodes' tokens out of the budget, as
-#: SGLang does and this run's mini-server did not)
-MEASURED_WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "tpot_us"),
-                   ("mixed_closed16_overlap", "tokens_per_s"),
-                   ("mixed_closed16_overlap", "tpot_us"),
-                   ("mixed_closed16_overlap", "ttft_forward_us"),
-                   ("mixed_closed16_overlap", "ttft_us"), ("mixed_light_normal", "tokens_per_s"),
-                   ("mixed_light_overlap", "tokens_per_s"),
-                   ("mixed_light_overlap", "tpot_us"), ("mixed_light_overlap", "ttft_forward_us"),
-                   ("mixed_light_overlap", "ttft_us"), ("mixed_medium_normal", "tokens_per_s"),
-                   ("mixed_medium_overlap", "tokens_per_s"), ("mixed_medium_overlap", "tpot_us"),
-                   ("sglang_closed16_normal", "tokens_per_s"),
-                   ("sglang_closed16_normal", "tpot_us"), ("sglang_closed16_normal", "ttft_us"),
-                   ("sglang_closed16_overlap", "tokens_per_s"),
-                   ("sglang_closed16_overlap", "tpot_us"),
-                   ("sglang_closed16_overlap", "ttft_forward_us"),
-                   ("sglang_closed16_overlap", "ttft_us"), ("sglang_light_normal", "tokens_per_s"),
-                   ("sglang_light_normal", "tpot_us"), ("sglang_light_normal", "ttft_forward_us"),
-                   ("sglang_light_normal", "ttft_us"), ("sglang_light_overlap", "tokens_per_s"),
-                   ("sglang_light_overlap", "tpot_us"),
-                   ("sglang_light_overlap", "ttft_forward_us"),
-                   ("sglang_light_overlap", "ttft_us"), ("sglang_medium_normal", "tokens_per_s"),
-                   ("sglang_medium_normal", "ttft_forward_us"),
-                   ("sglang_medium_normal", "ttft_us"), ("sglang_medium_overlap", "tokens_per_s"),
-                   ("sglang_medium_overlap", "tpot_us"),
-                   ("sglang_medium_overlap", "ttft_forward_us"),
-                   ("sglang_medium_overlap", "ttft_us")}
+#: the default table, each repeat predicted at its own measured host speeds (the model's
+#: unpadded host durations x its factor, the prefill's preparation and launches each x its
+#: own: lab.host_speed.host_at, prefill_part_speeds) and every repeat judged: the (case,
+#: figure) missing their target; every other judged one is within (36 of 48 with one factor
+#: for the prefill's host: calibration/README.md, "The ninth run's misses")
+MEASURED_MISSES = {("sglang_closed16_overlap", "tpot_us"), ("sglang_medium_normal", "tpot_us"),
+                   ("sglang_medium_normal", "ttft_forward_us")}
 #: each repeat's measured host speed against the capture's host work net of the profiler
 SPEEDS = {"mixed_closed16_normal": [0.85, 1.03], "mixed_closed16_overlap": [0.79, 0.78],
           "mixed_light_normal": [1.35, 1.26], "mixed_light_overlap": [1.47, 1.53],
@@ -133,12 +111,14 @@ def test_each_repeat_is_predicted_at_its_own_host_speed(measured):
         assert case["judged"] == [True, True] and case["scaled"]
         assert [round(v, 2) for v in case["host_speed"]] == SPEEDS[name]
         assert [round(v, 2) for v in case["prefill_host_speed"]] == PREFILL_SPEEDS[name]
+        assert all(set(p) == set(PREFILL_SPANS) for p in case["prefill_part_speeds"])
         for figure, row in case["rows"].items():
             if row["ok"] is None:  # step time and request rate: reported, no target
                 continue
             judged.add((name, figure))
-            assert row["ok"] == ((name, figure) in MEASURED_WITHIN), (name, figure, row["error"])
-    assert len(judged) == 48 and MEASURED_WITHIN <= judged
+            assert row["ok"] == ((name, figure) not in MEASURED_MISSES), (name, figure,
+                                                                           row["error"])
+    assert len(judged) == 48 and MEASURED_MISSES <= judged
     wrong = {(key, k) for key, sign in measured["signs"].items() for k, v in sign.items()
              if isinstance(v, dict) and v["ok"] is False}
     assert wrong == MEASURED_WRONG_SIGNS
@@ -313,6 +293,11 @@ def test_a_repeats_prefill_runs_at_its_own_host_speed():
     assert pf["host_before_us"] == {"base": 45.0, "per_token": 0.75}
     same = host_at(config, 2.0, float("nan"))["prefill"]
     assert same["host_us"] == 40.0 and same["host_before_us"] == config["prefill"]["host_before_us"]
+    # each part of the prefill's host at its own speed (prefill_part_speeds), one unknown
+    parts = host_at(config, 2.0, {"prefill.host_before_us": 0.5,
+                                  "prefill.host_us": float("nan")})["prefill"]
+    assert parts["host_before_us"] == {"base": 15.0, "per_token": 0.25}
+    assert parts["host_us"] == 40.0
 
 
 def test_a_bucket_the_fit_has_no_value_for_is_not_extrapolated_from_one():
@@ -418,13 +403,13 @@ def test_the_receive_option_charges_each_request_where_it_is_received():
 #: request admitted with its first chunk, the whole budget its prompts') and the ninth
 #: (``run9``: its budget as SGLang's too, the decodes' tokens taken first, as the sglang_mixed
 #: rule takes them), each repeat at its own host speed: the (case, figure) missing their
-#: target (the ninth: both modes' normal loop at the medium load); every sign and overlap
-#: recommendation right; the mixed-chunk one wrong at the light load with overlap, where the
-#: server measured the two within 1 % and the model favours mixed steps by 3-6 %
+#: target (the ninth: the sglang mode's normal loop at the light and medium loads, its eager
+#: prefill's device time and loop tail long: calibration/README.md, "The ninth run's
+#: misses"); every sign and overlap recommendation right; the mixed-chunk one wrong at the
+#: light load with overlap, where the server measured the two within 1 % and the model
+#: favours mixed steps by 3-6 %
 LATEST_MISSES = {"run8": set(),
-                 "run9": {("mixed_medium_normal", "tpot_us"),
-                          ("mixed_medium_normal", "ttft_forward_us"),
-                          ("mixed_medium_normal", "ttft_us"), ("sglang_medium_normal", "tpot_us")}}
+                 "run9": {("sglang_light_normal", "tpot_us"), ("sglang_medium_normal", "tpot_us")}}
 
 
 @pytest.mark.parametrize("run", sorted(LATEST_MISSES))
