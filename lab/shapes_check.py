@@ -91,6 +91,7 @@ from lab import check, prefill_check
 from lab.host_speed import (
     clamp_lines,
     host_at,
+    loop_tail,
     net_unpadded,
     prefill_line,
     prefill_lines,
@@ -198,6 +199,7 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
             "host_line_net": (float(net_base), float(net_slope)),
             "prefill_line": prefill_line(capture, metrics),
             "prefill_lines": prefill_lines(capture, metrics),
+            "loop_tail": loop_tail(metrics),
             "buckets": list((config.get("workload") or {}).get("graph_buckets") or [])}
 
 
@@ -332,6 +334,8 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         line = models[mode]["host_line" if as_captured else "host_line_net"]
         speeds = [check.host_speed(r, line, decode_only=True) for r in repeats]
         prefill_speeds: list = [None] * len(repeats)
+        parts: list = [None] * len(repeats)
+        tails: list = [None] * len(repeats)
         if as_captured:  # the capture's host speed; a repeat slower by more than
             # HOST_SPEED_MAX is reported, not judged; a case without a judged one likewise
             configs = [models[mode]["config"]] * len(repeats)
@@ -340,7 +344,10 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
             # and its steps that prefill at theirs (PREFILL_HOST says why)
             prefill_speeds = [prefill_speed(r, models[mode]["prefill_line"]) for r in repeats]
             parts = [prefill_part_speeds(r, models[mode]["prefill_lines"]) for r in repeats]
-            configs = [host_at(models[mode]["config"], v, p) for v, p in zip(speeds, parts)]
+            # and its loop's turn as its stamps show it, not with the profiler's bookkeeping
+            tails = [loop_tail(r) - models[mode]["loop_tail"] for r in repeats]
+            configs = [host_at(models[mode]["config"], v, p, t)
+                       for v, p, t in zip(speeds, parts, tails)]
             judged = [True] * len(repeats)
         reps = [prefill_check.measured(r) for r in repeats]
         seeds = [int(r["case"].get("seed", 0)) for r in repeats]
@@ -363,6 +370,7 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
             "mode": mode, "load": load, "loop": loop, "repeats": len(repeats), "rows": rows,
             "host_speed": speeds, "prefill_host_speed": prefill_speeds, "judged": judged,
             "prefill_part_speeds": None if as_captured else parts,
+            "loop_tail_us": None if as_captured else tails,
             "scaled": not as_captured,
             "requests": (meas["requests"][0], pred["requests"]), "mean_output": out_mean,
             "by_seed": {sd: (m, p) for sd, m, p in zip(seeds, reps, sims)},
@@ -619,7 +627,8 @@ def what_if_table(folder: Path, case: str = WHAT_IF_CASE,
             f"{check.MAX_BATCH}: the what-ifs are not predicted")
     # at the repeat's own host speeds, as every case of the table (evaluate)
     speed = check.host_speed(metrics, m["host_line_net"], decode_only=True)
-    config = host_at(m["config"], speed, prefill_part_speeds(metrics, m["prefill_lines"]))
+    config = host_at(m["config"], speed, prefill_part_speeds(metrics, m["prefill_lines"]),
+                     loop_tail(metrics) - m["loop_tail"])
     n = float(np.mean(metrics["requests"]["output_tokens"]))
     rows = []
     for rule in ("sglang", "sglang_mixed"):

@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 
 from lab import check, shapes_check
-from lab.host_speed import host_at, prefill_part_speeds
+from lab.host_speed import host_at, loop_tail, prefill_part_speeds
 from simwar.analysis.summary import measured_mask
 from simwar.api import simulate
 
@@ -133,9 +133,11 @@ def predict(folder: Path, metrics: dict, rule: str | None = None, m: dict | None
     m = m if m is not None else shapes_check.model(folder, mode)
     speed = check.host_speed(metrics, m["host_line_net"], decode_only=True)
     parts = prefill_part_speeds(metrics, m["prefill_lines"])
-    config = host_at(m["config"], speed, parts)
+    tail = loop_tail(metrics) - m["loop_tail"]
+    config = host_at(m["config"], speed, parts, tail)
     result = simulate(config, shapes_check.what_if_change(config, metrics, rule))
-    return result, {"decode": float(speed), **{k: float(v) for k, v in parts.items()}}
+    return result, {"decode": float(speed), **{k: float(v) for k, v in parts.items()},
+                    "loop tail µs": float(tail)}
 
 
 def groups(table: dict[str, np.ndarray]) -> dict[tuple[str, int], dict]:
@@ -192,7 +194,8 @@ def markdown(out: dict) -> str:
                                 for r in (m, s)))
         cells += [f"{_cell(m, k)} / {_cell(s, k)}" for k in COLUMNS]
         rows.append([name, *cells])
-    speeds = ", ".join(f"{k} x{v:.2f}" for k, v in out["host_speed"].items())
+    speeds = ", ".join(f"{k} {v:+.0f}" if k == "loop tail µs" else f"{k} x{v:.2f}"
+                       for k, v in out["host_speed"].items())
     return "\n".join([f"shapes_{out['case']}, seed {out['seed']} (host speeds: {speeds}): "
                       f"measured / simulated, means per step (µs) but steps and time", "",
                       *check.table(heads, rows)])
