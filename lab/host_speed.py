@@ -15,7 +15,12 @@ simwar's one rule for a host at another speed, :func:`simwar.fit.profiler.scale_
   prefill's (:data:`PREFILL_HOST`);
 - **the steps' that prefill**: the same unpadded work on the repeat's steps with a chunk over
   the line in tokens the model's prefill describes (:func:`prefill_line`,
-  :func:`prefill_speed`); the prefill's host keys are multiplied by it.
+  :func:`prefill_speed`); the prefill's host keys are multiplied by it, or each by that
+  ratio on the stretch of the stamps that times it (:func:`prefill_part_speeds`, the shapes
+  checker's: its preparation, its launches).
+
+And the loop's own turn, a result processed to the next iteration's start
+(:func:`loop_tail`), the repeat's as its stamps show it in place of the profiled capture's.
 
 Here too are the readers both checkers place a capture's host ranges with: its step ranges
 (:class:`CaptureSteps`, the import's) and the profiler's own cost in a range
@@ -55,11 +60,11 @@ PREFILL_HOST = ("prefill.host_us", "prefill.host_before_us")
 #: ``prepare_for_decode`` (``t_batch_us`` to ``t_scheduled_us``: its slot writes and inputs),
 #: the launch window its ``run_batch`` and barrier (``t_scheduled_us`` to ``t_barrier_us``).
 #: The data keep them apart: on the ninth run the repeats' steps that prefill ran their
-#: preparation at x0.72-0.95 of the capture's (as stamped) and their launches at x0.43-0.70,
-#: both modes alike (the profiler lengthens each eager launch, not the Python before them),
-#: so one factor over both (:func:`prefill_speed`, the launches' mostly) made a mixed step's
-#: preparation 400-500 µs short in the medium load's normal loop (calibration/README.md, "The
-#: ninth run's misses")
+#: preparation at x0.72-0.95 (``mixed``) and x0.58-0.69 (``sglang``) of the capture's (as
+#: stamped) and their launches at x0.43-0.70 and x0.36-0.50 (the profiler lengthens each eager
+#: launch, not the Python before them), so one factor over both (:func:`prefill_speed`, the
+#: launches' mostly) made a mixed step's preparation 430-640 µs short in the medium load's
+#: normal loop (calibration/README.md, "The ninth run's misses")
 PREFILL_SPANS = {"prefill.host_before_us": ("t_batch_us", "t_scheduled_us"),
                  "prefill.host_us": ("t_scheduled_us", "t_barrier_us")}
 #: the whole unpadded span (prepare, launch, barrier: :func:`lab.check._unpadded`'s)

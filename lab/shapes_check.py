@@ -63,8 +63,11 @@ the launches and barrier for the launches, over the capture's at the same tokens
 stamped; the data show each apart from the decode steps' and from each other); every repeat
 is judged, with its decode steps' factor and its steps' that prefill over the whole unpadded
 work shown (:func:`~lab.host_speed.prefill_speed`; the parts in the JSON's
-``prefill_part_speeds``). ``--as-captured``: the table before, every repeat at the capture's host
-speed, and the host-speed rule (:func:`lab.check.host_speed`, as ``python -m
+``prefill_part_speeds``); and the loop's turn from a result processed to the next iteration
+(:func:`~lab.host_speed.loop_tail`), which the fit holds in the padded processing, the
+repeat's own in place of the capture's, which holds the profiler's bookkeeping of each step
+(``loop_tail_us``: the difference). ``--as-captured``: the table before, every repeat at the
+capture's host speed, and the host-speed rule (:func:`lab.check.host_speed`, as ``python -m
 lab.prefill_check --as-captured`` applies it: a repeat whose host ran more than
 :data:`lab.check.HOST_SPEED_MAX` times slower than the capture's stamps is reported, not
 judged, its speed in brackets; a case with none judged, and the signs and recommendations
