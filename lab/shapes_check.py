@@ -57,12 +57,17 @@ time, the host API calls; nothing on the device) are multiplied by it, a faster 
 scaled down as a slower one up, but for the work the mini-server pads to a time target
 (:data:`~lab.host_speed.PADDED`, kept as captured) and the prefill's host time, its
 preparation and its launches, and the fitted receive (:data:`~lab.host_speed.PREFILL_HOST`),
-multiplied instead by
-the repeat's host speed on its steps that prefill (:func:`~lab.host_speed.prefill_speed`:
-the same unpadded work on those steps over the capture's at the same tokens, as stamped; the
-data show it apart from the decode steps'); every repeat is judged, each with its two
-factors shown. ``--as-captured``: the table before, every repeat at the capture's host
-speed, and the host-speed rule (:func:`lab.check.host_speed`, as ``python -m
+each multiplied instead by the repeat's host speed on its steps that prefill in the stretch of
+the stamps that times it (:func:`~lab.host_speed.prefill_part_speeds`: ``prepare_for_decode``
+for the preparation and the receive, the launches and barrier for the launches, over the
+capture's at the same tokens, as stamped; the data show each apart from the decode steps' and
+from each other); every repeat is judged, with its decode steps' factor and its steps' that
+prefill over the whole unpadded work shown (:func:`~lab.host_speed.prefill_speed`; the parts in
+the JSON's ``prefill_part_speeds``); and the loop's turn from a result processed to the next
+iteration (:func:`~lab.host_speed.loop_tail`), which the fit holds in the padded processing,
+the repeat's own in place of the capture's, which holds the profiler's bookkeeping of each
+step (``loop_tail_us``: the difference). ``--as-captured``: the table before, every repeat at
+the capture's host speed, and the host-speed rule (:func:`lab.check.host_speed`, as ``python -m
 lab.prefill_check --as-captured`` applies it: a repeat whose host ran more than
 :data:`lab.check.HOST_SPEED_MAX` times slower than the capture's stamps is reported, not
 judged, its speed in brackets; a case with none judged, and the signs and recommendations
@@ -91,7 +96,16 @@ from pathlib import Path
 import numpy as np
 
 from lab import check, prefill_check
-from lab.host_speed import clamp_lines, host_at, net_unpadded, prefill_line, prefill_speed
+from lab.host_speed import (
+    clamp_lines,
+    host_at,
+    loop_tail,
+    net_unpadded,
+    prefill_line,
+    prefill_lines,
+    prefill_part_speeds,
+    prefill_speed,
+)
 from simwar.api import simulate
 from simwar.capture.open import open_capture
 from simwar.fit.from_capture import fit_model
@@ -191,6 +205,8 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
             "host_line_net": (float(net_base), float(net_slope)),
             "prefill_line": prefill_line(capture, metrics),
             "receive": (config.get("cpu") or {}).get("receive_us"),
+            "prefill_lines": prefill_lines(capture, metrics),
+            "loop_tail": loop_tail(metrics),
             "buckets": list((config.get("workload") or {}).get("graph_buckets") or [])}
 
 
@@ -232,14 +248,23 @@ def score(figures: dict, mean_output: float) -> float:
     return figures["ttft_us"] + figures["tpot_us"] * (mean_output - 1.0)
 
 
-def _predict(config: dict, metrics: dict, rule: str | None = None,
-             receive: bool = False) -> dict:
+def what_if_change(config: dict, metrics: dict, rule: str | None = None,
+                   receive: bool = False) -> dict:
+    """The overrides that make ``config`` one repeat (``metrics``) as every case is predicted
+    (:func:`lab.prefill_check.what_if`, the repeat's seed; ``rule``: another scheduling rule;
+    ``receive``: :data:`RECEIVE_US`); :mod:`lab.shapes_steps` simulates the same."""
     change = prefill_check.what_if(config, config["prefill"], metrics)
     if rule is not None:
         change["scheduling.rule"] = rule
     if receive:  # --receive: RECEIVE_US, in place of a fitted one
         change["cpu.receive_us"] = dict(RECEIVE_US)
     change["seed"] = int(metrics["case"].get("seed", 0))
+    return change
+
+
+def _predict(config: dict, metrics: dict, rule: str | None = None,
+             receive: bool = False) -> dict:
+    change = what_if_change(config, metrics, rule, receive)
     return prefill_check.predicted(simulate(config, change).summary)
 
 
@@ -317,6 +342,8 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         line = models[mode]["host_line" if as_captured else "host_line_net"]
         speeds = [check.host_speed(r, line, decode_only=True) for r in repeats]
         prefill_speeds: list = [None] * len(repeats)
+        parts: list = [None] * len(repeats)
+        tails: list = [None] * len(repeats)
         if as_captured:  # the capture's host speed; a repeat slower by more than
             # HOST_SPEED_MAX is reported, not judged; a case without a judged one likewise
             configs = [models[mode]["config"]] * len(repeats)
@@ -324,8 +351,11 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         else:  # the model's host at each repeat's speed, faster or slower: all judged
             # and its steps that prefill at theirs (PREFILL_HOST says why)
             prefill_speeds = [prefill_speed(r, models[mode]["prefill_line"]) for r in repeats]
-            configs = [host_at(models[mode]["config"], v, p)
-                       for v, p in zip(speeds, prefill_speeds)]
+            parts = [prefill_part_speeds(r, models[mode]["prefill_lines"]) for r in repeats]
+            # and its loop's turn as its stamps show it, not with the profiler's bookkeeping
+            tails = [loop_tail(r) - models[mode]["loop_tail"] for r in repeats]
+            configs = [host_at(models[mode]["config"], v, p, t)
+                       for v, p, t in zip(speeds, parts, tails)]
             judged = [True] * len(repeats)
         reps = [prefill_check.measured(r) for r in repeats]
         seeds = [int(r["case"].get("seed", 0)) for r in repeats]
@@ -347,6 +377,8 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         out["cases"][name] = {
             "mode": mode, "load": load, "loop": loop, "repeats": len(repeats), "rows": rows,
             "host_speed": speeds, "prefill_host_speed": prefill_speeds, "judged": judged,
+            "prefill_part_speeds": None if as_captured else parts,
+            "loop_tail_us": None if as_captured else tails,
             "scaled": not as_captured,
             "requests": (meas["requests"][0], pred["requests"]), "mean_output": out_mean,
             "by_seed": {sd: (m, p) for sd, m, p in zip(seeds, reps, sims)},
@@ -517,8 +549,9 @@ def speed_line(result: dict) -> str:
     if all(c.get("scaled") for c in result["cases"].values()):
         return ("Each repeat predicted at its own host speeds (the factors shown: its unpadded "
                 "host work over the capture's, on the steps that prefill nothing / on those "
-                "that prefill; the model's host durations x the first, its prefill's x the "
-                "second), every repeat judged.")
+                "that prefill; the model's host durations x the first, its prefill's "
+                "preparation and launches each x that ratio on its own stretch of the "
+                "stamps), every repeat judged.")
     return (f"Every repeat predicted at the capture's host speed (--as-captured); a repeat "
             f"whose host ran more than {check.HOST_SPEED_MAX}x slower is not judged (its "
             f"speed in brackets).")
@@ -609,7 +642,8 @@ def what_if_table(folder: Path, case: str = WHAT_IF_CASE,
             f"{check.MAX_BATCH}: the what-ifs are not predicted")
     # at the repeat's own host speeds, as every case of the table (evaluate)
     speed = check.host_speed(metrics, m["host_line_net"], decode_only=True)
-    config = host_at(m["config"], speed, prefill_speed(metrics, m["prefill_line"]))
+    config = host_at(m["config"], speed, prefill_part_speeds(metrics, m["prefill_lines"]),
+                     loop_tail(metrics) - m["loop_tail"])
     n = float(np.mean(metrics["requests"]["output_tokens"]))
     rows = []
     for rule in ("sglang", "sglang_mixed"):

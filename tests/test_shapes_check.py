@@ -15,6 +15,7 @@ import re
 
 import pytest
 
+from lab.host_speed import PREFILL_SPANS
 from lab.prefill_check import closed_lengths, trace
 from lab.shapes_check import DEFAULT_DIR, evaluate, main
 from simwar.config.schema import TokenCost
@@ -64,36 +65,13 @@ MIXED = {"closed16_normal": ("mixed", "mixed", None), "closed16_overlap": ("mixe
          "light_overlap": ("separate", "mixed", None), "medium_normal": ("mixed", "mixed", None),
          "medium_overlap": ("mixed", "mixed", True)}
 
-#: the default table, each repeat predicted at its own measured host speed (the model's
-#: unpadded host durations x its factor, lab.host_speed.host_at) and every repeat judged:
-#: (case, figure) within their target; every other one misses (the mixed medium load's
-#: TTFTs missed since the sglang_mixed rule takes the decodes' tokens out of the budget, as
-#: SGLang does and this run's mini-server did not)
-MEASURED_WITHIN = {("mixed_closed16_normal", "tokens_per_s"), ("mixed_closed16_normal", "tpot_us"),
-                   ("mixed_closed16_overlap", "tokens_per_s"),
-                   ("mixed_closed16_overlap", "tpot_us"),
-                   ("mixed_closed16_overlap", "ttft_forward_us"),
-                   ("mixed_closed16_overlap", "ttft_us"), ("mixed_light_normal", "tokens_per_s"),
-                   ("mixed_light_overlap", "tokens_per_s"),
-                   ("mixed_light_overlap", "tpot_us"), ("mixed_light_overlap", "ttft_forward_us"),
-                   ("mixed_light_overlap", "ttft_us"), ("mixed_medium_normal", "tokens_per_s"),
-                   ("mixed_medium_overlap", "tokens_per_s"), ("mixed_medium_overlap", "tpot_us"),
-                   ("sglang_closed16_normal", "tokens_per_s"),
-                   ("sglang_closed16_normal", "tpot_us"), ("sglang_closed16_normal", "ttft_us"),
-                   ("sglang_closed16_overlap", "tokens_per_s"),
-                   ("sglang_closed16_overlap", "tpot_us"),
-                   ("sglang_closed16_overlap", "ttft_forward_us"),
-                   ("sglang_closed16_overlap", "ttft_us"), ("sglang_light_normal", "tokens_per_s"),
-                   ("sglang_light_normal", "tpot_us"), ("sglang_light_normal", "ttft_forward_us"),
-                   ("sglang_light_normal", "ttft_us"), ("sglang_light_overlap", "tokens_per_s"),
-                   ("sglang_light_overlap", "tpot_us"),
-                   ("sglang_light_overlap", "ttft_forward_us"),
-                   ("sglang_light_overlap", "ttft_us"), ("sglang_medium_normal", "tokens_per_s"),
-                   ("sglang_medium_normal", "ttft_forward_us"),
-                   ("sglang_medium_normal", "ttft_us"), ("sglang_medium_overlap", "tokens_per_s"),
-                   ("sglang_medium_overlap", "tpot_us"),
-                   ("sglang_medium_overlap", "ttft_forward_us"),
-                   ("sglang_medium_overlap", "ttft_us")}
+#: the default table, each repeat predicted at its own measured host speeds (the model's
+#: unpadded host durations x its factor, the prefill's preparation and launches each x its
+#: own: lab.host_speed.host_at, prefill_part_speeds) and every repeat judged: the (case,
+#: figure) missing their target; every other judged one is within (36 of 48 with one factor
+#: for the prefill's host: calibration/README.md, "The ninth run's misses")
+MEASURED_MISSES = {("sglang_closed16_overlap", "tpot_us"), ("sglang_medium_normal", "tpot_us"),
+                   ("sglang_medium_normal", "ttft_forward_us")}
 #: each repeat's measured host speed against the capture's host work net of the profiler
 SPEEDS = {"mixed_closed16_normal": [0.85, 1.03], "mixed_closed16_overlap": [0.79, 0.78],
           "mixed_light_normal": [1.35, 1.26], "mixed_light_overlap": [1.47, 1.53],
@@ -108,7 +86,7 @@ PREFILL_SPEEDS = {"mixed_closed16_normal": [0.82, 0.93], "mixed_closed16_overlap
                   "sglang_closed16_normal": [1.33, 1.37], "sglang_closed16_overlap": [1.3, 1.35],
                   "sglang_light_normal": [0.96, 0.99], "sglang_light_overlap": [1.26, 1.26],
                   "sglang_medium_normal": [1.41, 1.34], "sglang_medium_overlap": [1.13, 1.22]}
-MEASURED_WRONG_SIGNS = {("sglang_closed16", "ttft_us"), ("sglang_light", "ttft_us")}
+MEASURED_WRONG_SIGNS = {("sglang_closed16", "ttft_us")}
 MEASURED_OVERLAP = {"sglang_light": ("on", "on", True), "sglang_medium": ("on", "on", True),
                     "sglang_closed16": ("on", "on", True), "mixed_light": ("on", "on", True),
                     "mixed_medium": ("on", "on", True), "mixed_closed16": ("on", "on", True)}
@@ -144,12 +122,14 @@ def test_each_repeat_is_predicted_at_its_own_host_speed(measured):
         assert case["judged"] == [True, True] and case["scaled"]
         assert [round(v, 2) for v in case["host_speed"]] == SPEEDS[name]
         assert [round(v, 2) for v in case["prefill_host_speed"]] == PREFILL_SPEEDS[name]
+        assert all(set(p) == set(PREFILL_SPANS) for p in case["prefill_part_speeds"])
         for figure, row in case["rows"].items():
             if row["ok"] is None:  # step time and request rate: reported, no target
                 continue
             judged.add((name, figure))
-            assert row["ok"] == ((name, figure) in MEASURED_WITHIN), (name, figure, row["error"])
-    assert len(judged) == 48 and MEASURED_WITHIN <= judged
+            assert row["ok"] == ((name, figure) not in MEASURED_MISSES), (name, figure,
+                                                                           row["error"])
+    assert len(judged) == 48 and MEASURED_MISSES <= judged
     wrong = {(key, k) for key, sign in measured["signs"].items() for k, v in sign.items()
              if isinstance(v, dict) and v["ok"] is False}
     assert wrong == MEASURED_WRONG_SIGNS
@@ -330,6 +310,33 @@ def test_a_repeats_prefill_runs_at_its_own_host_speed():
     assert pf["host_before_us"] == {"base": 45.0, "per_token": 0.75}
     same = host_at(config, 2.0, float("nan"))["prefill"]
     assert same["host_us"] == 40.0 and same["host_before_us"] == config["prefill"]["host_before_us"]
+    # each part of the prefill's host at its own speed (prefill_part_speeds), one unknown
+    parts = host_at(config, 2.0, {"prefill.host_before_us": 0.5,
+                                  "prefill.host_us": float("nan")})["prefill"]
+    assert parts["host_before_us"] == {"base": 15.0, "per_token": 0.25}
+    assert parts["host_us"] == 40.0
+    # the loop's turn: the repeat's less the capture's, added where the fit put it (the
+    # result's processing, padded, kept as captured), never below zero
+    config["cpu"]["process_result_us"] = {"base": 50.0, "per_seq": 2.0}
+    assert host_at(config, 2.0, 1.5, -60.0)["cpu"]["process_result_us"] == {
+        "base": 0.0, "per_seq": 2.0}
+    assert host_at(config, 2.0, 1.5, 8.0)["cpu"]["process_result_us"]["base"] == 58.0
+    assert host_at(config, 2.0, 1.5, float("nan"))["cpu"]["process_result_us"]["base"] == 50.0
+
+
+def test_a_runs_loop_turn_is_read_from_its_stamps():
+    """loop_tail: a result processed to the next iteration's start; the profiled capture's
+    holds the profiler's bookkeeping of each step (the ninth run: 72 and 87 µs), its
+    repeats' not (12-30 µs)."""
+    from lab.check import read_metrics
+    from lab.host_speed import loop_tail
+
+    run9 = DEFAULT_DIR / "run9"
+    for mode, captured in (("mixed", 72.5), ("sglang", 87.3)):
+        cap = read_metrics(run9 / f"shapes_{mode}_medium_overlap_profiled.metrics.json.gz")
+        assert loop_tail(cap) == pytest.approx(captured, abs=0.05)
+        for path in sorted(run9.glob(f"shapes_{mode}_*_r*.metrics.json.gz")):
+            assert 10.0 < loop_tail(read_metrics(path)) < 31.0, path.name
 
 
 def test_a_bucket_the_fit_has_no_value_for_is_not_extrapolated_from_one():
@@ -466,19 +473,19 @@ def test_a_fitted_receive_is_the_models_and_the_option_puts_the_measured_one_in_
 #: request admitted with its first chunk, the whole budget its prompts') and the ninth
 #: (``run9``: its budget as SGLang's too, the decodes' tokens taken first, as the sglang_mixed
 #: rule takes them), each repeat at its own host speed: the (case, figure) missing their
-#: target (the ninth: both modes' normal loop at the medium load); every sign and overlap
-#: recommendation right but the mixed-chunk one at the light load with overlap, where the
+#: target (the ninth: the sglang mode's normal loop at the medium load, its eager prefill's
+#: device time long: calibration/README.md, "The ninth run's misses"); every overlap
+#: recommendation right; the mixed-chunk one at the light load with overlap, where the
 #: server measured the two within 1 % and its repeats disagree on which is faster (too close
-#: to call, not judged; the model favours mixed steps by 3-6 %)
+#: to call, not judged; the model favours mixed steps by 2-6 %)
 LATEST_TOO_CLOSE = {"run8": {("mixed_light", "tokens_per_s"), ("mixed_light", "ttft_us"),
                              ("sglang_light", "requests_per_s"), ("sglang_light", "tokens_per_s"),
                              ("sglang_light", "ttft_us")},
                     "run9": {("mixed_light", "requests_per_s"), ("mixed_light", "tokens_per_s"),
                              ("sglang_light", "tokens_per_s"), ("sglang_light", "ttft_us")}}
-LATEST_MISSES = {"run8": set(),
-                 "run9": {("mixed_medium_normal", "tpot_us"),
-                          ("mixed_medium_normal", "ttft_forward_us"),
-                          ("mixed_medium_normal", "ttft_us"), ("sglang_medium_normal", "tpot_us")}}
+LATEST_MISSES = {"run8": set(), "run9": {("sglang_medium_normal", "tpot_us")}}
+#: and the on-vs-off differences predicted the wrong way round, settled by the repeats
+LATEST_WRONG_SIGNS = {"run8": [], "run9": []}
 
 
 @pytest.mark.parametrize("run", sorted(LATEST_MISSES))
@@ -490,7 +497,7 @@ def test_the_latest_runs_verdicts(run):
               if r["ok"] is False}
     assert len(judged) == 48 and missed == LATEST_MISSES[run]
     assert [(k, f) for k, sign in got["signs"].items() for f, v in sign.items()
-            if isinstance(v, dict) and v["ok"] is False] == []
+            if isinstance(v, dict) and v["ok"] is False] == LATEST_WRONG_SIGNS[run]
     assert {k: (v["measured"], v["predicted"], v["ok"])
             for k, v in got["overlap"].items()} == RUN4_OVERLAP
     assert _too_close(got) == LATEST_TOO_CLOSE[run]
