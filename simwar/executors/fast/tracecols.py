@@ -434,9 +434,9 @@ def _window(run: dict, kept: list[_Piece], core: _Piece, clock: float, below: fl
     trace = assemble(host, ops, acc, marks, strings.strings, run["meta"])
     win = {"core_op": core_op, "span_core": flags, "marker_core": marker_core,
            "span_issue": issue}
-    if sig is not None:
-        cache.insert(0, _Reuse(sig, pieces, keeps, run, trace, device, issue, win))
-        del cache[_REUSE:]
+    if sig is not None:  # those never taken again are let go (their memory too)
+        cache[:] = [_Reuse(sig, pieces, keeps, run, trace, device, issue, win)] + \
+            [e for e in cache if e.hits][:_REUSE - 1]
     return _made(run, trace, strings, win, win_op0, clock, below, is_last)
 
 
@@ -502,9 +502,10 @@ class _Reuse:
                                   keep).items():
                 places.setdefault(name, []).append(v)
             base += size
-        places = {k: np.concatenate(v).astype(np.int64) for k, v in places.items()}
+        places = {k: np.concatenate(v).astype(np.int32 if base < 2 ** 31 else np.int64)
+                  for k, v in places.items()}
         self.base = base
-        none = np.zeros(0, dtype=np.int64)
+        none = np.zeros(0, dtype=np.int32)
         self.op_at = {c: places.get("o." + c, none) for c in ("issue_us", "start_us", "end_us")}
         self.span_at = {c: np.concatenate([places.get("h." + c, none),
                                            self.op_at[c][device]])[issue]
