@@ -75,6 +75,7 @@ from simwar.plots.jsoncols import (
     int_text,
     json_str,
     number_text,
+    present,
     round_ns,
     write_rows,
 )
@@ -302,10 +303,14 @@ class ChromeTraceWriter:
         recs, has, ks = fl.recs, fl.rec_has, fl.rec_kernel
         info = np.full((len(recs), 4), np.nan)
         info[has] = np.stack([pid[ks], tid[ks], near(ks, True), sp.step[ks]], axis=1)
-        for i in fl.rec_missing.tolist():
-            carried = self.last_kernel.get(texts[int(ops.lane[recs[i]])])
-            if carried is not None:
-                info[i] = carried
+        missing = fl.rec_missing
+        if len(missing):  # captured in an earlier window: its lane's last kernel, a lane at
+            # a time (a lane without kernels has every record's here)
+            lanes = ops.lane[recs[missing]]
+            for code in present(lanes).tolist():
+                carried = self.last_kernel.get(texts[code])
+                if carried is not None:
+                    info[missing[lanes == code]] = carried
         rec_ids = recs + w.op_base
         old_ids, old_info = self.records
         keep = old_ids >= w.op_base  # records still in reach (the window's margin)
@@ -431,7 +436,9 @@ class _Counters:
     def _advance(self, below: float, clock: float) -> None:
         (ls, lt), (es, et) = self.launch, self.end
         nl, ne = int(np.searchsorted(ls, below)), int(np.searchsorted(es, below))  # < below
-        steps = np.union1d(ls[:nl], es[:ne])
+        a, b = ls[:nl], es[:ne]  # each ascending, each step once
+        # the usual case: every step complete here has both (no sort)
+        steps = a if np.array_equal(a, b) else np.union1d(a, b)
         launch = np.full(len(steps), np.nan)
         launch[np.searchsorted(steps, ls[:nl])] = lt[:nl]
         end = np.full(len(steps), np.nan)
