@@ -162,7 +162,7 @@ class ChromeTraceWriter:
         flows = shape.flows(w)
         self._records(w, esc, shape.lane_pid, flows.recs)
         self.counters.add(w, shape)
-        self._flows(w, flows, esc, pid, tid, start_r, end_r, texts)
+        self._flows(w, flows, esc, pid, tid, start_ns, end_ns, start_r, end_r, texts)
 
     def _shape(self, w) -> WindowShape:
         """The window's :class:`~simwar.plots.perfetto_shape.WindowShape`: one of the last
@@ -269,13 +269,14 @@ class ChromeTraceWriter:
                     int_text(ops.step[ids]), ',"event":"', ev, '"}}')
 
     # ---- flows
-    def _flows(self, w, fl: Flows, esc, pid, tid, start_r, end_r, texts) -> None:
+    def _flows(self, w, fl: Flows, esc, pid, tid, start_ns, end_ns, start_r, end_r,
+               texts) -> None:
         """The window's flows: the spans they join from ``fl`` (its structure's), their
         times and steps from the window, records and waits carried across windows."""
         sp, ops = w.spans, w.ops
         op_span = fl.op_span
 
-        def near(spans, at_end) -> np.ndarray:
+        def inside(spans, at_end) -> np.ndarray:
             """Where a flow binds to a span: just inside its end or start, in integer ns
             (the rounded µs times 1000; the flows' times are carried so)."""
             a, b = start_r[spans], end_r[spans]
@@ -283,6 +284,25 @@ class ChromeTraceWriter:
             if isinstance(at_end, bool):  # one end for all: the other is not computed
                 return round_ns(b - inset) if at_end else round_ns(a + inset)
             return np.where(at_end, round_ns(b - inset), round_ns(a + inset))
+
+        # times below 2**43 ns: the rounded µs are within far less than half a ns of their
+        # integer ns, so a span of 2 ns or more has its flows exactly 1 ns inside it (the
+        # inset a µs digit, or half of 2 ns), as ``inside`` computes them
+        exact = not len(end_ns) or max(int(end_ns.max()), -int(end_ns.min()),
+                                       int(start_ns.max()), -int(start_ns.min())) < 2 ** 43
+
+        def near(spans, at_end) -> np.ndarray:
+            """``inside``, in integer arithmetic where the span is 2 ns or more."""
+            if not exact:
+                return inside(spans, at_end)
+            s, e = start_ns[spans], end_ns[spans]
+            out = (e - 1 if at_end else s + 1) if isinstance(at_end, bool) else \
+                np.where(at_end, e - 1, s + 1)
+            short = (e - s) < 2
+            if short.any():
+                out[short] = inside(spans[short], at_end if isinstance(at_end, bool)
+                                    else at_end[short])
+            return out
 
         def exported(spans) -> np.ndarray:
             st = sp.step[spans]

@@ -5,7 +5,12 @@ templates, filled from a chunk's recorded times and names into recorder columns.
   constant fills each column of each row; ``_Piece``: passes of one block as run;
 - ``_window``: the pieces of a window (its margin, then its core) as a
   :class:`~simwar.core.trace.TraceWindow`, ordered by the one rule of
-  :func:`simwar.core.recorder.assemble`; :func:`join`: a run's windows back into one Trace.
+  :func:`simwar.core.recorder.assemble`; :func:`join`: a run's windows back into one Trace;
+- ``_Reuse``: a window's columns by its structure (its pieces, text codes and idle CPU
+  work, :func:`_signature`): a later window of that structure, its steps the same shifted
+  and its waits holding their streams alike, takes them (shared, read-only) with its own
+  steps and times, read at the same places among its recorded values (a steady run's
+  windows: made once, not per window).
 
 :mod:`simwar.executors.fast.trace` runs the blocks and streams the windows.
 
