@@ -451,3 +451,21 @@ def test_windows_of_one_structure_share_their_shape_and_write_the_same_bytes(mon
     strings = list(b.strings)
     strings[lane] = strings[lane] + "_other"
     assert not shape.matches(dataclasses.replace(b, strings=strings))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-(2 ** 43) + 3, 2 ** 43 - 3), st.integers(0, 10 ** 9),
+       st.sampled_from([0, 1, 2, 3, 999, 1000, 1001]))
+def test_a_flow_sits_one_ns_inside_a_span_of_two_ns_or_more(start, span, small):
+    """The writer's flow times in integer arithmetic: for times below 2**43 ns, ``round(x,
+    3)`` of a rounded time moved in by ``min(0.001, dur / 2)`` µs is 1 ns in from its end
+    (or start) once the span is 2 ns or more; shorter spans take the float formula."""
+    from simwar.plots.jsoncols import round_ns
+
+    end = min(start + (span if span % 3 else small), 2 ** 43 - 1)
+    a, b = np.array([start / 1000.0]), np.array([end / 1000.0])
+    inset = np.minimum(10 ** -3, (b - a) / 2)
+    at_end, at_start = int(round_ns(b - inset)[0]), int(round_ns(a + inset)[0])
+    assert at_end == int(f"{round(end / 1000.0 - float(inset[0]), 3):.3f}".replace(".", ""))
+    if end - start >= 2:
+        assert (at_end, at_start) == (end - 1, start + 1)

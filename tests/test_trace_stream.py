@@ -121,6 +121,42 @@ def test_a_window_holds_its_core_steps_and_what_they_bind_to():
     assert all(a[1] == b[0] for a, b in zip(seen, seen[1:]))  # the cores tile the run
 
 
+@pytest.mark.parametrize("name,overrides,least", [("dspark_fine", SHORT, 3),
+                                                  ("dspark_fine", NOISY, 0),
+                                                  ("dspark_fine_bimodal", ARRIVALS, 1)])
+def test_alike_windows_take_their_columns_made_once(monkeypatch, name, overrides, least):
+    """A window of a recent window's structure takes that window's columns but its steps
+    (shifted) and times (read at the same places): every window the one made anew, margin
+    and all; one whose waits held their streams otherwise is made anew."""
+    from simwar.executors.fast import tracecols
+
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml", overrides)
+    plan = plan_config(cfg, resolve_sizes(cfg))
+    taken = []
+    columns = tracecols._Reuse.columns
+
+    def counted(self, pieces):
+        got = columns(self, pieces)
+        taken.append(got is not None)
+        return got
+
+    monkeypatch.setattr(tracecols._Reuse, "columns", counted)
+    reused = list(T.windows(plan, chunk=7, margin=3))
+    assert sum(taken) >= least  # (a noisy run's windows are seldom alike)
+    # no window's structure taken as another's: every window made anew
+    monkeypatch.setattr(tracecols._Reuse, "sig_matches", lambda self, sig: False)
+    count = len(taken)
+    anew = list(T.windows(plan, chunk=7, margin=3))
+    assert len(taken) == count and len(anew) == len(reused)
+    for a, b in zip(reused, anew):
+        assert_same_trace(a, b)
+        assert a.strings == b.strings
+        for key in ("span_core", "marker_core", "span_issue"):
+            np.testing.assert_array_equal(getattr(a, key), getattr(b, key), err_msg=key)
+        assert (a.op_base, a.core_op, a.complete_below, a.clock, a.first, a.last) == \
+            (b.op_base, b.core_op, b.complete_below, b.clock, b.first, b.last)
+
+
 def test_only_the_windows_of_the_steps_asked_for():
     cfg = load_config(None, {"steps": 3000, "warmup_steps": 2})
     plan = plan_config(cfg, resolve_sizes(cfg))

@@ -75,6 +75,7 @@ from simwar.plots.jsoncols import (
     int_text,
     json_str,
     number_text,
+    present,
     round_ns,
     write_rows,
 )
@@ -161,7 +162,7 @@ class ChromeTraceWriter:
         flows = shape.flows(w)
         self._records(w, esc, shape.lane_pid, flows.recs)
         self.counters.add(w, shape)
-        self._flows(w, flows, esc, pid, tid, start_r, end_r, texts)
+        self._flows(w, flows, esc, pid, tid, start_ns, end_ns, start_r, end_r, texts)
 
     def _shape(self, w) -> WindowShape:
         """The window's :class:`~simwar.plots.perfetto_shape.WindowShape`: one of the last
@@ -268,13 +269,14 @@ class ChromeTraceWriter:
                     int_text(ops.step[ids]), ',"event":"', ev, '"}}')
 
     # ---- flows
-    def _flows(self, w, fl: Flows, esc, pid, tid, start_r, end_r, texts) -> None:
+    def _flows(self, w, fl: Flows, esc, pid, tid, start_ns, end_ns, start_r, end_r,
+               texts) -> None:
         """The window's flows: the spans they join from ``fl`` (its structure's), their
         times and steps from the window, records and waits carried across windows."""
         sp, ops = w.spans, w.ops
         op_span = fl.op_span
 
-        def near(spans, at_end) -> np.ndarray:
+        def inside(spans, at_end) -> np.ndarray:
             """Where a flow binds to a span: just inside its end or start, in integer ns
             (the rounded µs times 1000; the flows' times are carried so)."""
             a, b = start_r[spans], end_r[spans]
@@ -282,6 +284,25 @@ class ChromeTraceWriter:
             if isinstance(at_end, bool):  # one end for all: the other is not computed
                 return round_ns(b - inset) if at_end else round_ns(a + inset)
             return np.where(at_end, round_ns(b - inset), round_ns(a + inset))
+
+        # times below 2**43 ns: the rounded µs are within far less than half a ns of their
+        # integer ns, so a span of 2 ns or more has its flows exactly 1 ns inside it (the
+        # inset a µs digit, or half of 2 ns), as ``inside`` computes them
+        exact = not len(end_ns) or max(int(end_ns.max()), -int(end_ns.min()),
+                                       int(start_ns.max()), -int(start_ns.min())) < 2 ** 43
+
+        def near(spans, at_end) -> np.ndarray:
+            """``inside``, in integer arithmetic where the span is 2 ns or more."""
+            if not exact:
+                return inside(spans, at_end)
+            s, e = start_ns[spans], end_ns[spans]
+            out = (e - 1 if at_end else s + 1) if isinstance(at_end, bool) else \
+                np.where(at_end, e - 1, s + 1)
+            short = (e - s) < 2
+            if short.any():
+                out[short] = inside(spans[short], at_end if isinstance(at_end, bool)
+                                    else at_end[short])
+            return out
 
         def exported(spans) -> np.ndarray:
             st = sp.step[spans]
@@ -302,10 +323,14 @@ class ChromeTraceWriter:
         recs, has, ks = fl.recs, fl.rec_has, fl.rec_kernel
         info = np.full((len(recs), 4), np.nan)
         info[has] = np.stack([pid[ks], tid[ks], near(ks, True), sp.step[ks]], axis=1)
-        for i in fl.rec_missing.tolist():
-            carried = self.last_kernel.get(texts[int(ops.lane[recs[i]])])
-            if carried is not None:
-                info[i] = carried
+        missing = fl.rec_missing
+        if len(missing):  # captured in an earlier window: its lane's last kernel, a lane at
+            # a time (a lane without kernels has every record's here)
+            lanes = ops.lane[recs[missing]]
+            for code in present(lanes).tolist():
+                carried = self.last_kernel.get(texts[code])
+                if carried is not None:
+                    info[missing[lanes == code]] = carried
         rec_ids = recs + w.op_base
         old_ids, old_info = self.records
         keep = old_ids >= w.op_base  # records still in reach (the window's margin)
@@ -431,7 +456,9 @@ class _Counters:
     def _advance(self, below: float, clock: float) -> None:
         (ls, lt), (es, et) = self.launch, self.end
         nl, ne = int(np.searchsorted(ls, below)), int(np.searchsorted(es, below))  # < below
-        steps = np.union1d(ls[:nl], es[:ne])
+        a, b = ls[:nl], es[:ne]  # each ascending, each step once
+        # the usual case: every step complete here has both (no sort)
+        steps = a if np.array_equal(a, b) else np.union1d(a, b)
         launch = np.full(len(steps), np.nan)
         launch[np.searchsorted(steps, ls[:nl])] = lt[:nl]
         end = np.full(len(steps), np.nan)

@@ -207,7 +207,10 @@ def windows(plan: Plan, *, chunk: int = CHUNK, margin: int = 0,
         base += b.n * lay.ndev
     lows = _lowest_steps(plan, layouts, names)
     state = _TraceState(depth)
-    run.update(op_base=op_base, g0s=[b.g0 for b in blocks], meta=meta(plan), state=state)
+    run.update(op_base=op_base, g0s=[b.g0 for b in blocks], meta=meta(plan), state=state,
+               # alike windows' columns made once (tracecols._Reuse): where every name is a
+               # template of the step (a Program's segments name themselves)
+               reuse=[] if plan.skeleton_steps is not None else None)
     return _stream(run, fns, layouts, names, lows, state, chunk, margin, steps)
 
 

@@ -5,7 +5,12 @@ templates, filled from a chunk's recorded times and names into recorder columns.
   constant fills each column of each row; ``_Piece``: passes of one block as run;
 - ``_window``: the pieces of a window (its margin, then its core) as a
   :class:`~simwar.core.trace.TraceWindow`, ordered by the one rule of
-  :func:`simwar.core.recorder.assemble`; :func:`join`: a run's windows back into one Trace.
+  :func:`simwar.core.recorder.assemble`; :func:`join`: a run's windows back into one Trace;
+- ``_Reuse``: a window's columns by its structure (its pieces, text codes and idle CPU
+  work, :func:`_signature`): a later window of that structure, its steps the same shifted
+  and its waits holding their streams alike, takes them (shared, read-only) with its own
+  steps and times, read at the same places among its recorded values (a steady run's
+  windows: made once, not per window).
 
 :mod:`simwar.executors.fast.trace` runs the blocks and streams the windows.
 
@@ -28,10 +33,11 @@ from simwar.core.trace import (
     Call,
     OpKind,
     SpanKind,
+    Table,
     TraceWindow,
     window_of,
 )
-from simwar.executors.fast.plan import MARKS, Plan
+from simwar.executors.fast.plan import MARKS
 from simwar.executors.fast.records import param_slots
 
 _INF = float("inf")
@@ -133,6 +139,9 @@ class _Layout:
         self.hs, self.ops, self.acc, self.marks = hs, ops, acc, marks
         self.ndev = dev
         self.nfacts = fact
+        #: the furthest back a wait or sync of the shape binds (passes)
+        self.back = max((o[5][1] for o in ops if isinstance(o[5], tuple) and o[5][0] == "back"),
+                        default=0)
         self.start = col[("h", -1)]
         self.end = prev  # the host clock after the segment
 
@@ -154,6 +163,14 @@ class _Strings:
 
     def column(self, values: list) -> np.ndarray:
         codes, strings = self.codes, self.strings
+        # the usual names of a step's template: every text new and each once (a mapping made
+        # in one pass, then checked), coded in order
+        first = len(strings)
+        fresh = dict(zip(values, range(first, first + len(values))))
+        if len(fresh) == len(values) and codes.keys().isdisjoint(fresh.keys()):
+            codes.update(fresh)
+            strings.extend(values)
+            return np.arange(first, first + len(values), dtype=np.int32)
         # the texts not seen yet, in order of first appearance, coded in one go; then every
         # value's code by a mapping at C speed (no Python loop over the values)
         new = [v for v in dict.fromkeys(values) if v not in codes]
@@ -202,12 +219,13 @@ def _grid(columns: list, n: int, dtype) -> np.ndarray:
     return out.ravel()
 
 
-def _piece(p: _Piece, run: dict, win_op0: int, hs0: int, strings: _Strings):
-    """The host spans, ops, accesses and markers of one piece, as recorder columns."""
+def _texts(p: _Piece, run: dict, strings: _Strings) -> dict:
+    """The codes of a piece's text columns in ``strings``, per column a list over the
+    layout's entries (a constant's code, or a name slot's codes per pass): coded in the
+    order :func:`_piece` makes its columns, so that a window's string table is in the order
+    of its structure (alike windows code alike)."""
     lay: _Layout = run["layouts"][p.bi]
-    plan: Plan = run["plan"]
-    n, D, V, F = p.n, lay.ndev, p.vals, p.facts
-    steps = p.steps
+    F = p.facts
     code = strings.code
     slots: dict[int, np.ndarray] = {}
 
@@ -224,25 +242,57 @@ def _piece(p: _Piece, run: dict, win_op0: int, hs0: int, strings: _Strings):
             codes = slots[spec[1]] = strings.column(value)
         return codes
 
+    out = {"h.lane": code(HOST)}
+    if lay.hs:
+        hs = lay.hs
+        out["h.label"] = [text(h[2]) for h in hs]
+        out["h.phase"] = [text(h[3]) for h in hs]
+        out["h.site"] = [code(h[4]) for h in hs]
+    if lay.ndev:
+        lo = lay.ops
+        out["o.lane"] = [code(o[0]) for o in lo]
+        out["o.label"] = [text(o[3]) for o in lo]
+        out["o.event"] = [text(o[4]) for o in lo]
+        out["o.phase"] = [code(o[9]) for o in lo]
+    if lay.acc:
+        out["a.buffer"] = [code(a[1]) for a in lay.acc]
+        out["a.phase"] = [code(a[4]) for a in lay.acc]
+    marked = run["plan"].blocks[p.bi].marked
+    out["m.name"] = ([code("step")] if marked else []) + [code(m[2]) for m in lay.marks]
+    return out
+
+
+def _times(p: _Piece, lay: _Layout, marked: bool, V: np.ndarray, keep) -> dict:
+    """A piece's time columns read off its recorded values ``V`` (a row per pass; ``keep``:
+    the host spans drawn, or None for all): host spans' start and end, ops' issue, start and
+    end, markers' time. Given the places of the values instead, the places of the times."""
+    out = {}
+    if lay.hs:
+        hs = lay.hs
+        start = V[:, [h[7] for h in hs]].ravel()
+        end = V[:, [h[8] for h in hs]].ravel()
+        out["h.start_us"], out["h.end_us"] = (start, end) if keep is None else \
+            (start[keep], end[keep])
+    if lay.ndev:
+        lo = lay.ops
+        out["o.issue_us"] = V[:, [o[6] for o in lo]].ravel()
+        out["o.start_us"] = V[:, [o[7] for o in lo]].ravel()
+        out["o.end_us"] = V[:, [o[8] for o in lo]].ravel()
+    mk_time = ([V[:, lay.start]] if marked else []) + [V[:, m[1]] for m in lay.marks]
+    out["m.time_us"] = _grid(mk_time, p.n, np.float64)
+    return out
+
+
+def _piece(p: _Piece, run: dict, win_op0: int, hs0: int, T: dict):
+    """The host spans, ops, accesses and markers of one piece, as recorder columns (``T``:
+    its text columns' codes, :func:`_texts`); and which host spans were drawn (None: all)."""
+    lay: _Layout = run["layouts"][p.bi]
+    n, D, F = p.n, lay.ndev, p.facts
+    steps = p.steps
     passes = np.arange(n, dtype=np.int64)
     ops_at = (p.op0 - win_op0) + passes * D  # each pass's first op, in the window
     nh = len(lay.hs)
-    host = {"lane": np.full(n * nh, code(HOST), dtype=np.int32)}
-    if nh:
-        hs = lay.hs
-        host["label"] = _grid([text(h[2]) for h in hs], n, np.int32)
-        host["kind"] = _grid([h[0] for h in hs], n, np.int8)
-        host["step"] = _grid([_fact(h[6], F) if isinstance(h[6], tuple) else steps + h[6]
-                              for h in hs], n, np.int32)
-        host["start_us"] = V[:, [h[7] for h in hs]].ravel()
-        host["end_us"] = V[:, [h[8] for h in hs]].ravel()
-        host["phase"] = _grid([text(h[3]) for h in hs], n, np.int32)
-        host["site"] = _grid([code(h[4]) for h in hs], n, np.int32)
-        host["op"] = _grid([ops_at + h[5] if h[5] >= 0 else -1 for h in hs], n, np.int64)
-        host["call"] = _grid([h[1] for h in hs], n, np.int8)
-    else:
-        host = {name: np.zeros(0, dtype=dtype) for name, dtype, _ in SPAN_COLUMNS}
-    renumber = None
+    keep = None
     if p.idle:
         drop = np.zeros((n, nh), dtype=bool)
         for span, idle in p.idle.items():
@@ -250,21 +300,40 @@ def _piece(p: _Piece, run: dict, win_op0: int, hs0: int, strings: _Strings):
         drop = drop.ravel()
         if drop.any():
             keep = ~drop
-            renumber = np.cumsum(keep) - 1
-            host = {name: v[keep] for name, v in host.items()}
+    marked = run["plan"].blocks[p.bi].marked
+    times = _times(p, lay, marked, p.vals, keep)
+    host = {"lane": np.full(n * nh, T["h.lane"], dtype=np.int32)}
+    if nh:
+        hs = lay.hs
+        host["label"] = _grid(T["h.label"], n, np.int32)
+        host["kind"] = _grid([h[0] for h in hs], n, np.int8)
+        host["step"] = _grid([_fact(h[6], F) if isinstance(h[6], tuple) else steps + h[6]
+                              for h in hs], n, np.int32)
+        host["phase"] = _grid(T["h.phase"], n, np.int32)
+        host["site"] = _grid(T["h.site"], n, np.int32)
+        host["op"] = _grid([ops_at + h[5] if h[5] >= 0 else -1 for h in hs], n, np.int64)
+        host["call"] = _grid([h[1] for h in hs], n, np.int8)
+    else:
+        host = {name: np.zeros(0, dtype=dtype) for name, dtype, _ in SPAN_COLUMNS}
+    renumber = None
+    if keep is not None:
+        renumber = np.cumsum(keep) - 1
+        host = {name: v[keep] for name, v in host.items()}
+    if nh:
+        host["start_us"], host["end_us"] = times["h.start_us"], times["h.end_us"]
     ops: dict = {}
     if D:
         lo = lay.ops
-        ops["lane"] = _grid([code(o[0]) for o in lo], n, np.int32)
+        ops["lane"] = _grid(T["o.lane"], n, np.int32)
         ops["kind"] = _grid([o[1] for o in lo], n, np.int8)
         ops["step"] = _grid([steps + o[2] for o in lo], n, np.int32)
-        ops["label"] = _grid([text(o[3]) for o in lo], n, np.int32)
-        ops["event"] = _grid([text(o[4]) for o in lo], n, np.int32)
+        ops["label"] = _grid(T["o.label"], n, np.int32)
+        ops["event"] = _grid(T["o.event"], n, np.int32)
         ops["bound"] = _grid([_bound(o[5], p, run, ops_at, win_op0) for o in lo], n, np.int64)
-        ops["issue_us"] = V[:, [o[6] for o in lo]].ravel()
-        ops["start_us"] = V[:, [o[7] for o in lo]].ravel()
-        ops["end_us"] = V[:, [o[8] for o in lo]].ravel()
-        ops["phase"] = _grid([code(o[9]) for o in lo], n, np.int32)
+        ops["issue_us"] = times["o.issue_us"]
+        ops["start_us"] = times["o.start_us"]
+        ops["end_us"] = times["o.end_us"]
+        ops["phase"] = _grid(T["o.phase"], n, np.int32)
         call = _grid([passes * nh + o[10] for o in lo], n, np.int64)
         ops["call"] = hs0 + (call if renumber is None else renumber[call])
     else:
@@ -274,19 +343,16 @@ def _piece(p: _Piece, run: dict, win_op0: int, hs0: int, strings: _Strings):
     if lay.acc:
         la = lay.acc
         acc["op"] = _grid([ops_at + a[0] for a in la], n, np.int64)
-        acc["buffer"] = _grid([code(a[1]) for a in la], n, np.int32)
+        acc["buffer"] = _grid(T["a.buffer"], n, np.int32)
         acc["mode"] = _grid([int(a[2]) for a in la], n, np.int8)
         acc["step"] = _grid([steps + a[3] for a in la], n, np.int32)
-        acc["phase"] = _grid([code(a[4]) for a in la], n, np.int32)
+        acc["phase"] = _grid(T["a.phase"], n, np.int32)
     else:
         acc = {name: np.zeros(0, dtype=dtype) for name, dtype, _ in ACCESS_COLUMNS}
-    marked = plan.blocks[p.bi].marked
-    mk_name = ([code("step")] if marked else []) + [code(m[2]) for m in lay.marks]
     mk_step = ([steps] if marked else []) + [steps + m[0] for m in lay.marks]
-    mk_time = ([V[:, lay.start]] if marked else []) + [V[:, m[1]] for m in lay.marks]
-    marks = {"name": _grid(mk_name, n, np.int32), "step": _grid(mk_step, n, np.int32),
-             "time_us": _grid(mk_time, n, np.float64)}
-    return host, ops, acc, marks
+    marks = {"name": _grid(T["m.name"], n, np.int32), "step": _grid(mk_step, n, np.int32),
+             "time_us": times["m.time_us"]}
+    return (host, ops, acc, marks), keep
 
 
 def _bound(spec, p: _Piece, run: dict, ops_at: np.ndarray, win_op0: int):
@@ -317,21 +383,43 @@ def _bound(spec, p: _Piece, run: dict, ops_at: np.ndarray, win_op0: int):
     return out
 
 
+#: window structures kept for reuse (a steady run streams one; its first windows are
+#: others, let go once a later structure comes)
+_REUSE = 4
+
+
 def _window(run: dict, kept: list[_Piece], core: _Piece, clock: float, below: float,
             is_last: bool) -> TraceWindow:
     pieces = kept + [core]
     strings = _Strings()
+    T = [_texts(p, run, strings) for p in pieces]
+    end_code = strings.code("end") if is_last else None
     win_op0 = pieces[0].op0
+    cache = run.get("reuse")
+    sig = None
+    if cache is not None and not is_last:
+        sig = _signature(run, pieces, T, win_op0)
+        for i, entry in enumerate(cache):
+            if entry.sig_matches(sig):
+                cols = entry.columns(pieces)
+                if cols is not None:
+                    if i:
+                        cache.insert(0, cache.pop(i))
+                    entry.hits += 1
+                    return _made(run, cols, strings, entry.win, win_op0, clock, below, False)
+                break  # the structure's, but not its steps or held waits: made anew
     parts = []
+    keeps = []
     hs0 = 0
-    for p in pieces:
-        part = _piece(p, run, win_op0, hs0, strings)
+    for p, t in zip(pieces, T):
+        part, keep = _piece(p, run, win_op0, hs0, t)
         hs0 += len(part[0]["step"])
         parts.append(part)
+        keeps.append(keep)
     host, ops, acc, marks = ({name: np.concatenate([part[k][name] for part in parts])
                               for name in parts[0][k]} for k in range(4))
     if is_last:
-        marks = {"name": np.append(marks["name"], strings.code("end")),
+        marks = {"name": np.append(marks["name"], end_code),
                  "step": np.append(marks["step"], -1),
                  "time_us": np.append(marks["time_us"], run["state"].t)}
     n_ops = len(ops["kind"])
@@ -349,11 +437,120 @@ def _window(run: dict, kept: list[_Piece], core: _Piece, clock: float, below: fl
                                                     - len(parts[-1][3]["step"])
                                                     - (1 if is_last else 0))
     trace = assemble(host, ops, acc, marks, strings.strings, run["meta"])
-    return TraceWindow(trace.spans, trace.ops, trace.accesses, trace.markers, trace.strings,
-                       trace.meta, op_base=win_op0, core_op=core_op, span_core=flags,
-                       marker_core=marker_core, complete_below=below,
-                       clock=-_INF if run["plan"].negative else clock, first=win_op0 == 0,
-                       last=is_last, span_issue=issue)
+    win = {"core_op": core_op, "span_core": flags, "marker_core": marker_core,
+           "span_issue": issue}
+    if sig is not None:  # those never taken again are let go (their memory too)
+        cache[:] = [_Reuse(sig, pieces, keeps, run, trace, device, issue, win)] + \
+            [e for e in cache if e.hits][:_REUSE - 1]
+    return _made(run, trace, strings, win, win_op0, clock, below, is_last)
+
+
+def _made(run: dict, trace, strings: _Strings, win: dict, win_op0: int, clock: float,
+          below: float, is_last: bool) -> TraceWindow:
+    """The window of ``trace`` (a Trace, or its tables' columns by name)."""
+    if isinstance(trace, dict):
+        tables = [Table(name, trace[name], strings.strings)
+                  for name in ("spans", "ops", "accesses", "markers")]
+    else:
+        tables = [trace.spans, trace.ops, trace.accesses, trace.markers]
+    return TraceWindow(*tables, strings.strings, dict(run["meta"]), op_base=win_op0,
+                       complete_below=below, clock=-_INF if run["plan"].negative else clock,
+                       first=win_op0 == 0, last=is_last, **win)
+
+
+def _signature(run: dict, pieces: list[_Piece], T: list[dict], win_op0: int) -> tuple:
+    """A window's structure: what decides every column of it but the steps and times
+    (:class:`_Reuse`), as (numbers, arrays)."""
+    key: list = []
+    arrays: list = []
+    for p, t in zip(pieces, T):
+        lay = run["layouts"][p.bi]
+        # a wait bound further back than the piece's first pass: its record's place depends
+        # on where the piece begins
+        key += [p.bi, p.n, p.op0 - win_op0, p.i0 if p.i0 < lay.back else -1]
+        for codes in t.values():
+            if isinstance(codes, list):
+                for c in codes:
+                    if isinstance(c, np.ndarray):
+                        key.append(-1)
+                        arrays.append(c)
+                    else:
+                        key.append(c)
+            else:
+                key.append(codes)
+        for span, idle in p.idle.items():
+            key.append(span)
+            arrays.append(idle)
+    return tuple(key), arrays
+
+
+class _Reuse:
+    """A window's columns by its structure (:func:`_signature`): a window of the same
+    structure, whose steps are this one's shifted by one number and whose waits held their
+    streams as this one's did, has the same columns but for its steps (shifted) and times
+    (read off its recorded values at the same places)."""
+
+    def __init__(self, sig, pieces, keeps, run, trace, device, issue, win):
+        self.sig, self.win, self.hits = sig, win, 0
+        for v in win.values():  # shared by the windows that reuse them
+            if isinstance(v, np.ndarray):
+                v.flags.writeable = False
+        self.steps = np.concatenate([p.steps for p in pieces])
+        # the places of the times among the pieces' recorded values, laid end to end
+        places: dict = {}
+        base = 0
+        for p, keep in zip(pieces, keeps):
+            size = p.vals.size
+            at = np.arange(base, base + size, dtype=np.float64).reshape(p.vals.shape)
+            lay = run["layouts"][p.bi]
+            for name, v in _times(p, lay, run["plan"].blocks[p.bi].marked, at,
+                                  keep).items():
+                places.setdefault(name, []).append(v)
+            base += size
+        places = {k: np.concatenate(v).astype(np.int32 if base < 2 ** 31 else np.int64)
+                  for k, v in places.items()}
+        self.base = base
+        none = np.zeros(0, dtype=np.int32)
+        self.op_at = {c: places.get("o." + c, none) for c in ("issue_us", "start_us", "end_us")}
+        self.span_at = {c: np.concatenate([places.get("h." + c, none),
+                                           self.op_at[c][device]])[issue]
+                        for c in ("start_us", "end_us")}
+        self.mark_at = places["m.time_us"]
+        self.tables = {name: getattr(trace, name).columns()
+                       for name in ("spans", "ops", "accesses", "markers")}
+        kind, ops = trace.ops.kind, trace.ops
+        self.waits = np.flatnonzero(kind == OpKind.WAIT)
+        self.held = ops.end_us[self.waits] > ops.start_us[self.waits]
+
+    def sig_matches(self, sig) -> bool:
+        key, arrays = sig
+        mine, theirs = self.sig
+        return key == mine and all(np.array_equal(a, b) for a, b in zip(arrays, theirs))
+
+    def columns(self, pieces: list[_Piece]) -> dict | None:
+        """The tables' columns of a window of this structure made of ``pieces``; None where
+        its steps are not this one's shifted or its waits held their streams otherwise."""
+        steps = np.concatenate([p.steps for p in pieces])
+        d = int(steps[0]) - int(self.steps[0]) if len(steps) else 0
+        if not np.array_equal(steps, self.steps + d):
+            return None
+        values = np.concatenate([p.vals.ravel() for p in pieces])
+        if len(values) != self.base:
+            return None
+        ops = {c: values.take(at) for c, at in self.op_at.items()}
+        w = self.waits
+        if not np.array_equal(ops["end_us"][w] > ops["start_us"][w], self.held):
+            return None
+        out = {}
+        for name, cols in self.tables.items():
+            cols = dict(cols)
+            if d:
+                cols["step"] = cols["step"] + d
+            out[name] = cols
+        out["ops"].update(ops)
+        out["spans"].update({c: values.take(at) for c, at in self.span_at.items()})
+        out["markers"]["time_us"] = values.take(self.mark_at)
+        return out
 
 
 def join(parts) -> TraceWindow:
