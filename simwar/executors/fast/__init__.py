@@ -291,8 +291,14 @@ def _union_code(plan, unions: list, m: int):
         u = unions[bi]
         if u is None or any(h.kind == "sync" and h.site not in sites for h in u.shape.host):
             return None
-        fn = compile_block(u.shape, (False,) * u.shape.nparams, fwd, False, u.log, depth,
-                           union=u.guards, nonneg=nonnegative(plan, plan.blocks[bi]))
+        nonneg = nonnegative(plan, plan.blocks[bi])
+        # the union's function, found once per family (its cache key hashes the union's
+        # whole shape)
+        fn = u.compiled.get((fwd, depth, nonneg))
+        if fn is None:
+            fn = u.compiled[(fwd, depth, nonneg)] = compile_block(
+                u.shape, (False,) * u.shape.nparams, fwd, False, u.log, depth,
+                union=u.guards, nonneg=nonneg)
         return fn, u.consts(m, plan.blocks[bi].consts), u.log_order(m, log)
 
     return codes

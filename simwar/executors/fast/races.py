@@ -412,13 +412,23 @@ class RacePlan:
                 first = np.array([ap for _, ap, _ in where])
                 overlaps = (logs[e_rows[:, None], first[:, None] + np.arange(count)]
                             - logs[s_rows, i:i + count])
-            else:  # one pass (i < w): the earlier accesses in any block
-                ends = []
-                for r, (abi, ap, _) in zip(tpls, where):
+            else:  # one pass (i < w): the earlier accesses in any block, gathered per block
+                ends = np.empty(len(tpls), dtype=np.float64)
+                per: dict = {}  # block -> (pairs, their logs' rows, their passes)
+                for k, (r, (abi, ap, _)) in enumerate(zip(tpls, where)):
+                    at = per.get(abi)
+                    if at is None:
+                        at = per[abi] = ([], [], [])
+                    at[0].append(k)
+                    at[1].append((r.a_dev, "e"))
+                    at[2].append(ap)
+                for abi, (ks, keys, aps) in per.items():
                     a_logs, a_row = table(abi)
-                    ends.append(a_logs[a_row[(r.a_dev, "e")], ap] if a_logs is not None
-                                else self._log(abi, r.a_dev, "e")[ap])
-                overlaps = (np.array(ends, dtype=np.float64) - logs[s_rows, i])[:, None]
+                    if a_logs is not None:
+                        ends[ks] = a_logs[[a_row[key] for key in keys], aps]
+                    else:
+                        ends[ks] = [self._log(abi, d, w_)[ap] for (d, w_), ap in zip(keys, aps)]
+                overlaps = (ends - logs[s_rows, i])[:, None]
             for r, (_, _, a_op), overlap in zip(tpls, where, overlaps):
                 rows.append(_Rows(r, b_step - r.a_back, b_step, a_op,
                                   self.op_base[bi] + i * nops + r.b_dev, nops, overlap))
