@@ -70,9 +70,11 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
 
 **The parts.**
 
-- :mod:`~simwar.executors.fast.plan`: shapes and blocks (a Program or a config's run cut
-  into iteration shapes and their parameters: :func:`~simwar.executors.fast.plan.plan_program`,
-  :func:`~simwar.executors.fast.plan.plan_config`);
+- :mod:`~simwar.executors.fast.shaper` and :mod:`~simwar.executors.fast.plan`: shapes and
+  blocks (a Program or a config's run cut into iteration shapes and their parameters:
+  :func:`~simwar.executors.fast.plan.plan_program`,
+  :func:`~simwar.executors.fast.plan.plan_config`; a family's members shaped from its
+  first's reading, :class:`~simwar.executors.fast.plan.ShapeMemo`);
 - :mod:`~simwar.executors.fast.codegen`: a shape compiled into the straight-line function
   that runs a block of it (over floats; its array target, over arrays of runs, is the
   lockstep executor's, :mod:`simwar.executors.lockstep`);
