@@ -40,13 +40,21 @@ class Family:
 
     def __init__(self) -> None:
         self.base: IterationPlan | None = None
+        #: whether the last iterations given are the base's ops (the base, or moved from
+        #: it): what the executor keeps of the base's (``shaping``) applies to them
+        self.shared = False
+        #: what the executor keeps of the family's plans (the fast executor's
+        #: :class:`~simwar.executors.fast.plan.ShapeMemo`: the base's ops as shaped)
+        self.shaping = None
 
     def iterations(self, cfg: Config, sizes: StepSizes) -> IterationPlan:
         if self.base is not None:
             moved = moved_iterations(self.base, cfg)
             if moved is not None:
+                self.shared = True
                 return moved
         its = plan_iterations(cfg, sizes, spots=True)
+        self.shared = self.base is None or _host_spot(self.base.cfg, self.base.phases) is None
         if self.base is None or _host_spot(self.base.cfg, self.base.phases) is None:
             self.base = its  # one the next members can move from, where any can
         return its

@@ -46,9 +46,15 @@ overrides change neither), and, for the candidates that differ only in where rea
 published (a *family*, side by side in the screen's order, :func:`_screen_order`, and run
 together, :meth:`simwar.api.Runner.run_family`), the builder's iterations (its members'
 are its first's with the read-done record moved, :mod:`simwar.builder.moves`, where that
-record is a host record and the costs are numbers) and the compiled code: each block's
-code is compiled once for the family, as the union of its members' shapes, each member
-run on it with its own numbers (:mod:`simwar.executors.fast.union`).
+record is a host record and the costs are numbers), their shaping (a member's segments are
+its first's reading of the ops that neither are nor bind to a record, spliced around its
+own records, waits and syncs: :class:`simwar.executors.fast.plan.ShapeMemo`) and the
+compiled code: each block's code is compiled once for the family, as the union of its
+members' shapes, each member run on it with its own numbers
+(:mod:`simwar.executors.fast.union`). What each member still pays for itself: its race
+windows (the happens-before moves with its record), its pass over the screen's steps, its
+table, races and summary; and a member whose record is an in-graph node (its waits bind
+to another event) its builder's iterations and their shaping.
 
 :func:`screen` runs the candidates, :func:`_full_length` the confirming runs at full
 length: no other place simulates.

@@ -70,9 +70,11 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
 
 **The parts.**
 
-- :mod:`~simwar.executors.fast.plan`: shapes and blocks (a Program or a config's run cut
-  into iteration shapes and their parameters: :func:`~simwar.executors.fast.plan.plan_program`,
-  :func:`~simwar.executors.fast.plan.plan_config`);
+- :mod:`~simwar.executors.fast.shaper` and :mod:`~simwar.executors.fast.plan`: shapes and
+  blocks (a Program or a config's run cut into iteration shapes and their parameters:
+  :func:`~simwar.executors.fast.plan.plan_program`,
+  :func:`~simwar.executors.fast.plan.plan_config`; a family's members shaped from its
+  first's reading, :class:`~simwar.executors.fast.plan.ShapeMemo`);
 - :mod:`~simwar.executors.fast.codegen`: a shape compiled into the straight-line function
   that runs a block of it (over floats; its array target, over arrays of runs, is the
   lockstep executor's, :mod:`simwar.executors.lockstep`);
@@ -291,8 +293,14 @@ def _union_code(plan, unions: list, m: int):
         u = unions[bi]
         if u is None or any(h.kind == "sync" and h.site not in sites for h in u.shape.host):
             return None
-        fn = compile_block(u.shape, (False,) * u.shape.nparams, fwd, False, u.log, depth,
-                           union=u.guards, nonneg=nonnegative(plan, plan.blocks[bi]))
+        nonneg = nonnegative(plan, plan.blocks[bi])
+        # the union's function, found once per family (its cache key hashes the union's
+        # whole shape)
+        fn = u.compiled.get((fwd, depth, nonneg))
+        if fn is None:
+            fn = u.compiled[(fwd, depth, nonneg)] = compile_block(
+                u.shape, (False,) * u.shape.nparams, fwd, False, u.log, depth,
+                union=u.guards, nonneg=nonneg)
         return fn, u.consts(m, plan.blocks[bi].consts), u.log_order(m, log)
 
     return codes

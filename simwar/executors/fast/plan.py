@@ -1,9 +1,8 @@
 """Shapes and blocks: a program, or a config's run, cut into iteration shapes and their numbers.
 
 - :class:`DeviceOp`, :class:`Shape`: the structure of one *segment* (the host ops from one step
-  marker to the next: one scheduler iteration), hashable, with each wait's and sync's binding
-  resolved as "record ``i`` of the segment ``d`` back"; ``_Shaper`` makes them from host ops,
-  in program order, and ``_segments`` cuts a program at its step markers.
+  marker to the next: one scheduler iteration), made by :mod:`simwar.executors.fast.shaper`
+  (re-exported here), with a family's members' ops read once (:class:`ShapeMemo`).
 - :class:`Block`, :class:`Plan`: consecutive segments of one shape with their parameters
   (durations, host costs, latencies: a constant or one column per parameter slot); a plan is
   the whole run as a few blocks.
@@ -13,8 +12,8 @@
 
 The package docstring (:mod:`simwar.executors.fast`) says why a run is a few blocks.
 
-Imports: simwar.core; :mod:`simwar.builder.loop` only inside :func:`plan_config` (lazily, see
-there). Must not import the executor's other parts (codegen, execute, races): they build on
+Imports: simwar.core, the builder's loop and draws, the shaper and the plan's records. Must
+not import the executor's other parts (codegen, execute, races): they build on
 this one.
 """
 
@@ -27,22 +26,7 @@ import numpy as np
 from simwar.builder.draws import Sum, Use
 from simwar.builder.loop import plan_iterations
 from simwar.core.frozen import MutableRecord
-from simwar.core.kinds import Mode, OpKind
-from simwar.core.program import (
-    Collective,
-    CpuWork,
-    GraphLaunch,
-    GraphRecord,
-    HostCollective,
-    Launch,
-    Marker,
-    Program,
-    Record,
-    StepMarker,
-    Synchronize,
-    WaitEvent,
-    WaitStream,
-)
+from simwar.core.program import Program
 from simwar.core.refusals import PlanRefused
 from simwar.executors.fast.records import (  # noqa: F401 (the plan's records, re-exported)
     BINDINGS,
@@ -63,256 +47,21 @@ from simwar.executors.fast.records import (  # noqa: F401 (the plan's records, r
     SyncBinding,
     host_records,
 )
-
-
-class RanksOnly(PlanRefused):
-    """A tensor-parallel collective (a host collective, or a collective kernel of a graph):
-    the fast executor's plans run one rank; its ranks run in :mod:`simwar.executors.fast.ranks`
-    (the choice table refuses tensor-parallel configs before planning, so this is what a
-    Program built by hand meets)."""
+from simwar.executors.fast.shaper import (  # noqa: F401 (the shapes, re-exported)
+    DeviceOp,
+    RanksOnly,
+    Shape,
+    ShapeMemo,
+    _devices,
+    _segments,
+    _Shaper,
+    _template,
+)
 
 
 class Unsettled(PlanRefused):
     """A config's iterations do not settle into one shape from the third on, so its run
     cannot be planned from its first iterations: plan it from its Program instead."""
-
-
-class DeviceOp(MutableRecord):
-    """One device-visible op of a shape, in issue order (its op id is base + index)."""
-
-    _fields = ("kind", "lane", "off", "label", "phase", "accesses", "bind", "bound_op", "coll")
-
-    def __init__(self, kind: int, lane: str, off: int, label: str = "", phase: str = "",
-                 accesses: tuple = (), bind: SyncBinding | None = None,
-                 bound_op: int | None = None, coll: str = ""):
-        self.kind = kind  # OpKind
-        self.lane = lane
-        self.off = off  # step offset from the segment's step
-        self.label = label
-        self.phase = phase
-        self.accesses = accesses  # ((buffer, Mode), ...) in the engine's order: reads, writes
-        self.bind = bind  # waits and syncs (None: bound to nothing)
-        self.bound_op = bound_op  # a wait_stream's wait: the device op index of its record
-        #: a collective's (tensor-parallel ranks): "host" (a host collective, the sync op the
-        #: engine records for it) or "device" (a collective kernel); "" for every other op
-        self.coll = coll
-
-
-class Shape:
-    """The structure of one segment, hashable; ``params`` slots are filled per segment.
-
-    ``host`` lists the host operations as tuples (see :meth:`_Shaper.segment`); ``ops`` the
-    device ops they issue; ``records`` maps a record index to its device op index.
-    """
-
-    __slots__ = ("host", "ops", "records", "nparams", "_hash")
-
-    def __init__(self, host: tuple, ops: list[DeviceOp], records: list[int], nparams: int):
-        self.host = host
-        self.ops = ops
-        self.records = records
-        self.nparams = nparams
-        self._hash = hash(host)
-
-    def __hash__(self) -> int:
-        return self._hash
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Shape) and self.host == other.host
-
-
-def _accesses(k) -> tuple:
-    return tuple((b, Mode.READ) for b in k.reads) + tuple((b, Mode.WRITE) for b in k.writes)
-
-
-class _Shaper:
-    """Turns segments (lists of host ops) into shapes and parameter lists, in program order.
-
-    Bindings are resolved across segments as the engine resolves them at the host call:
-    a wait or sync binds to the most recent record of its event issued before it.
-
-    A segment's host tuple (its structure) and parameters are read in one pass; its device
-    ops are built only for a structure not seen before (shapes are kept by host tuple), so
-    a program of many alike iterations costs little more than reading its ops. For the same
-    reason each host op is read into a plain tuple in its record's field order
-    (:data:`HOST_RECORDS`; a NamedTuple costs several times a tuple to make, per op of the
-    program): equal to, and hashed as, the records a new shape is then made of
-    (:func:`host_records`).
-    """
-
-    def __init__(self, symbolic: bool = False, ranks: bool = False) -> None:
-        # symbolic: parameters may be draws and references to config keys (plan_template),
-        # which must never be compared (a traced reference records the comparison)
-        self.symbolic = symbolic
-        # ranks: collectives are shaped (a lockstep over tensor-parallel ranks), not refused
-        self.ranks = ranks
-        self.latest: dict[str, tuple[int, int, str]] = {}  # event -> (segment, record, lane)
-        self.negative = False  # a negative number was seen (the overlap shortcut needs >= 0)
-        self.offsets: set[int] = set()  # step offsets of accesses
-        self.shapes: dict[tuple, Shape] = {}
-        self._acc: dict[tuple, tuple] = {}  # (reads, writes) -> accesses
-
-    def _access(self, k) -> tuple:
-        key = (k.reads, k.writes)
-        acc = self._acc.get(key)
-        if acc is None:
-            acc = self._acc[key] = _accesses(k)
-        return acc
-
-    def segment(self, g: int, base: int, ops) -> tuple[Shape, list]:
-        host: list[tuple] = []
-        params: list = []
-        latest = self.latest
-        nrec = 0  # records of this segment so far
-        add, num = host.append, params.append
-        access = self._access
-        offsets = self.offsets
-        for op in ops:
-            kind = type(op)
-            if kind is CpuWork:
-                add(("cpu",))
-                num(op.duration_us)
-            elif kind is Launch:
-                k = op.kernel
-                off = op.step - base
-                acc = access(k)
-                add(("launch", op.stream, off, k.label, k.phase, acc))
-                num(op.host_us)
-                num(k.duration_us)
-                if acc:
-                    offsets.add(off)
-            elif kind is GraphLaunch:
-                off = op.step - base
-                nodes = []
-                num(op.host_us)
-                stream = op.stream
-                for node in op.nodes:
-                    if type(node) is GraphRecord:
-                        nodes.append(("r",))
-                        latest[node.event] = (g, nrec, stream)
-                        nrec += 1
-                    elif type(node) is Collective:
-                        if self.ranks:  # a lockstep over ranks (executors/lockstep/ranks.py)
-                            nodes.append(("c", node.label, node.phase))
-                            num(node.duration_us)
-                            continue
-                        raise RanksOnly(f"a Collective node ({node.label}) of graph {op.graph}: "
-                                        f"the fast executor's plans run one rank")
-                    else:
-                        acc = access(node)
-                        nodes.append(("k", node.label, node.phase, acc))
-                        num(node.duration_us)
-                        if acc:
-                            offsets.add(off)
-                add(("graph", stream, off, tuple(nodes)))
-            elif kind is Record:
-                off = op.step - base
-                add(("record", op.stream, off))
-                num(op.host_us)
-                latest[op.event] = (g, nrec, op.stream)
-                nrec += 1
-            elif kind is WaitStream:
-                add(("wait_stream", op.stream, op.other, op.step - base))
-                num(op.host_us)
-                num(op.latency_us)
-            elif kind is WaitEvent:
-                b = latest.get(op.event)
-                add(("wait_event", op.stream, op.step - base,
-                     None if b is None else (g - b[0], b[1], b[2] == op.stream)))
-                num(op.host_us)
-                num(op.latency_us)
-            elif kind is Synchronize:
-                b = latest.get(op.event)
-                add(("sync", op.step - base, op.site, None if b is None else (g - b[0], b[1])))
-                num(op.host_us)
-                num(op.wake_us)
-            elif kind is Marker:
-                if op.name in MARKS:
-                    add((op.name, op.step - base))
-            elif kind is StepMarker:
-                pass
-            elif kind is HostCollective:
-                if self.ranks:  # its site: its name, as the engine records it
-                    add(("hcoll", op.step - base, op.name))
-                    num(op.cost_us)
-                    num(op.wake_us)
-                    continue
-                raise RanksOnly(f"a HostCollective ({op.name}): the fast executor's plans run "
-                                f"one rank")
-            else:
-                raise TypeError(f"unknown host op {op!r}")
-        if not self.negative:
-            if self.symbolic:  # only numbers count
-                self.negative = any(isinstance(x, (int, float)) and x < 0 for x in params)
-            else:  # a Program's: numbers only, compared in C
-                self.negative = min(params, default=0) < 0
-        key = tuple(host)  # equal to, and hashed as, the shape's records
-        shape = self.shapes.get(key)
-        if shape is None:
-            named = host_records(key)
-            dev, records = _devices(named, ops)
-            shape = self.shapes[key] = Shape(named, dev, records, len(params))
-        return shape, params
-
-
-def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
-    """The device ops a segment's host ops issue (in issue order), and which are records."""
-    dev: list[DeviceOp] = []
-    records: list[int] = []
-    it = iter(host)
-    for op in ops:
-        kind = type(op)
-        if kind is StepMarker or (kind is Marker and op.name not in MARKS):
-            continue
-        h = next(it)
-        if kind is Launch:
-            k = op.kernel
-            dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, k.label, k.phase, h.accesses))
-        elif kind is GraphLaunch:
-            for node, n in zip(op.nodes, h.nodes):
-                if n.kind == "r":
-                    records.append(len(dev))
-                    dev.append(DeviceOp(OpKind.RECORD, op.stream, h.off, node.event))
-                elif n.kind == "c":  # a collective kernel: the engine's op, no accesses
-                    dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
-                                        node.phase, coll="device"))
-                else:
-                    dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
-                                        node.phase, n.accesses))
-        elif kind is Record:
-            records.append(len(dev))
-            dev.append(DeviceOp(OpKind.RECORD, op.stream, h.off, op.event))
-        elif kind is WaitStream:
-            # the two device ops of WaitStream's rule: the record, then the wait bound to it
-            dev.append(DeviceOp(OpKind.RECORD, h.other, h.off, h.tail_event))
-            dev.append(DeviceOp(OpKind.WAIT, h.stream, h.off, h.tail_event,
-                                bound_op=len(dev) - 1))
-        elif kind is WaitEvent:
-            bind = h.bind
-            dev.append(DeviceOp(OpKind.WAIT, op.stream, h.off, op.event,
-                                bind=None if bind is None else SyncBinding(bind.back, bind.record)))
-        elif kind is Synchronize:
-            dev.append(DeviceOp(OpKind.SYNC, "cpu", h.off, op.event, bind=h.bind))
-        elif kind is HostCollective:  # the engine records it as a sync op bound to nothing
-            dev.append(DeviceOp(OpKind.SYNC, "cpu", h.off, op.name, coll="host"))
-    return dev, records
-
-
-def _segments(ops) -> list[tuple[int | None, list]]:
-    """Cut host ops at step markers: ``(step or None for a prefix, ops)``."""
-    out: list[tuple[int | None, list]] = []
-    cur: list = []
-    step = None
-    for op in ops:
-        if type(op) is StepMarker:
-            if cur or step is not None:
-                out.append((step, cur))
-            cur, step = [op], op.step
-        else:
-            cur.append(op)
-    if cur or step is not None:
-        out.append((step, cur))
-    return out
 
 
 # =========================================================================== plans
@@ -554,7 +303,15 @@ def plan_config(cfg, sizes, *, fill: bool = True, family=None) -> Plan:
                         f"step's shape from its queue, so the run is planned from its Program")
     iterations = (plan_iterations(cfg, sizes) if family is None
                   else family.iterations(cfg, sizes))
-    return bind(plan_template(iterations), iterations.sampler(fill=fill), sizes=sizes)
+    if family is not None and family.shared:
+        # the base's ops, or a member's moved from them: each read once (ShapeMemo)
+        if iterations is family.base:
+            family.shaping = ShapeMemo()  # a new base: what was kept was another's
+        template = plan_template(iterations, memo=family.shaping,
+                                 store=iterations is family.base)
+    else:
+        template = plan_template(iterations)
+    return bind(template, iterations.sampler(fill=fill), sizes=sizes)
 
 
 class TemplateBlock(NamedTuple):
@@ -610,21 +367,25 @@ class Template(MutableRecord):
         self.prepared = prepared  # made by bind, once
 
 
-def plan_template(iterations, ranks: bool = False) -> Template:
+def plan_template(iterations, ranks: bool = False, memo: ShapeMemo | None = None,
+                  store: bool = False) -> Template:
     """The blocks of a run from its iteration templates (an
     :class:`~simwar.builder.loop.IterationPlan`), see :func:`plan_config`; ``ranks``: a
-    tensor-parallel rank's, its collectives shaped (:mod:`simwar.executors.lockstep.ranks`)."""
+    tensor-parallel rank's, its collectives shaped (:mod:`simwar.executors.lockstep.ranks`);
+    ``memo``: a family's (:class:`ShapeMemo`), its ops read once for every member (``store``:
+    these iterations' ops go into it, the family's first's)."""
     plan = iterations
     n = len(plan.ops) - 1
-    shaper = _Shaper(symbolic=True, ranks=ranks)
+    shaper = _Shaper(symbolic=True, ranks=ranks, memo=memo, store=store)
     shapes: list[Shape] = []
     params: list[list] = []
+    keys: list[list] = []  # each iteration's constants and draws, compared
     for i, ops in enumerate(plan.ops):
         sh, p = shaper.segment(i, i, ops)
         shapes.append(sh)
         params.append(p)
+        keys.append(shaper.keys if memo is not None else _template(p))
     steps_total = plan.steps
-    keys = [_template(p) for p in params]  # each iteration's constants and draws, compared
     if steps_total > n and any(shapes[i] != shapes[n - 1] or keys[i] != keys[n - 1]
                                for i in range(2, n)):
         raise Unsettled("the builder's iterations do not settle into one shape")
@@ -703,23 +464,6 @@ def bind(template: Template, sampler, value=None, meta: dict | None = None,
                sizes=sizes)
     out.table = table
     return out
-
-
-def _template(params: list) -> list:
-    """A segment's parameters as compared between iterations: the same constants in the same
-    slots and draws of the same distributions give equal templates."""
-
-    def key(x):
-        t = type(x)
-        if t is float or t is int:  # first: most parameters are numbers
-            return ("c", str(x))
-        if isinstance(x, Use):
-            return ("u", x.key, x.index)
-        if isinstance(x, Sum):
-            return ("s", key(x.a), key(x.b))
-        return ("r", x.key)  # a Ref: a duration of the config
-
-    return [key(x) for x in params]
 
 
 def _draw_columns(specs: list, arrays: dict, starts: dict, uses: dict, live, const):

@@ -412,13 +412,23 @@ class RacePlan:
                 first = np.array([ap for _, ap, _ in where])
                 overlaps = (logs[e_rows[:, None], first[:, None] + np.arange(count)]
                             - logs[s_rows, i:i + count])
-            else:  # one pass (i < w): the earlier accesses in any block
-                ends = []
-                for r, (abi, ap, _) in zip(tpls, where):
+            else:  # one pass (i < w): the earlier accesses in any block, gathered per block
+                ends = np.empty(len(tpls), dtype=np.float64)
+                per: dict = {}  # block -> (pairs, their logs' rows, their passes)
+                for k, (r, (abi, ap, _)) in enumerate(zip(tpls, where)):
+                    at = per.get(abi)
+                    if at is None:
+                        at = per[abi] = ([], [], [])
+                    at[0].append(k)
+                    at[1].append((r.a_dev, "e"))
+                    at[2].append(ap)
+                for abi, (ks, keys, aps) in per.items():
                     a_logs, a_row = table(abi)
-                    ends.append(a_logs[a_row[(r.a_dev, "e")], ap] if a_logs is not None
-                                else self._log(abi, r.a_dev, "e")[ap])
-                overlaps = (np.array(ends, dtype=np.float64) - logs[s_rows, i])[:, None]
+                    if a_logs is not None:
+                        ends[ks] = a_logs[[a_row[key] for key in keys], aps]
+                    else:
+                        ends[ks] = [self._log(abi, d, w_)[ap] for (d, w_), ap in zip(keys, aps)]
+                overlaps = (ends - logs[s_rows, i])[:, None]
             for r, (_, _, a_op), overlap in zip(tpls, where, overlaps):
                 rows.append(_Rows(r, b_step - r.a_back, b_step, a_op,
                                   self.op_base[bi] + i * nops + r.b_dev, nops, overlap))
@@ -540,20 +550,51 @@ class FastHazards:
                                                            key=buffer_order.get))}
         self.lo, self.hi = lo, hi
         self._races: list[Race] | None = None
+        self._cols: tuple | None = None  # the rows as columns (counts)
 
-    def counts(self, first: int, last: int) -> tuple[int, int, int]:
-        """``(races, overlaps, race steps)`` of the races within steps ``first..last``."""
-        races = overlaps = 0
-        steps = _Intervals()
-        for row in self.rows:
-            row = row.within(first, last)
-            if row is None:
-                continue
-            if row.pair.latent:
-                races += len(row)
-                steps.add(row.b_step, row.b_step + len(row))
-            overlaps += int(np.count_nonzero(row.overlap > 0))
-        return races, overlaps, steps.total()
+    def counts(self, first: int, last: int | None) -> tuple[int, int, int]:
+        """``(races, overlaps, race steps)`` of the races within steps ``first..last``.
+
+        Over every row at once: each row's part within the steps (``_Rows.within``'s
+        ``j0..j1``), its overlaps counted from one running count of the positive overlaps of
+        all rows laid end to end, the race steps as the size of the union of the latent rows'
+        later steps (intervals sorted by start: each adds what reaches past the ones before
+        it). Integers throughout: the same counts as row by row."""
+        a, b, n, latent, off, positive = self._columns()
+        j0 = np.minimum(n, np.maximum(0, np.maximum(first - a, first - b)))
+        j1 = n if last is None else np.minimum(n, np.minimum(last - a + 1, last - b + 1))
+        j1 = np.maximum(j0, j1)  # empty where it would end before it starts
+        overlaps = int((positive[off + j1] - positive[off + j0]).sum())
+        size = (j1 - j0)[latent]
+        races = int(size.sum())
+        lo = (b + j0)[latent][size > 0]
+        hi = (b + j1)[latent][size > 0]
+        if len(lo) == 0:
+            return races, overlaps, 0
+        order = np.argsort(lo, kind="stable")
+        lo, hi = lo[order], hi[order]
+        reach = np.maximum.accumulate(hi)  # the furthest step covered up to each interval
+        before = np.concatenate(([lo[0]], reach[:-1]))
+        steps = int(np.maximum(0, hi - np.maximum(lo, before)).sum())
+        return races, overlaps, steps
+
+    def _columns(self) -> tuple:
+        """The rows as columns (made once): their earlier and later steps, lengths, latent
+        flags, where each starts among all overlaps laid end to end, and the running count
+        of positive overlaps there (one more element than the overlaps)."""
+        if self._cols is None:
+            rows = self.rows
+            n = np.array([len(r.overlap) for r in rows], dtype=np.int64)
+            off = np.zeros(len(rows), dtype=np.int64)
+            if len(rows) > 1:
+                np.cumsum(n[:-1], out=off[1:])
+            flat = np.concatenate([r.overlap for r in rows]) if rows else np.zeros(0)
+            positive = np.zeros(len(flat) + 1, dtype=np.int64)
+            np.cumsum(flat > 0, out=positive[1:])
+            self._cols = (np.array([r.a_step for r in rows], dtype=np.int64),
+                          np.array([r.b_step for r in rows], dtype=np.int64), n,
+                          np.array([r.pair.latent for r in rows], dtype=bool), off, positive)
+        return self._cols
 
     def since(self, step: int) -> FastHazards:
         """Only races whose two accesses belong to steps >= ``step`` (as HazardReport)."""

@@ -79,6 +79,7 @@ class Union:
         self.guards = guards  # ((host index, node index or -1), ...): the flags G0, G1, ...
         self.maps = maps  # per member: (param map, dev map, flags, picked records)
         self.log = log  # the union's logged op times, sorted
+        self.compiled: dict = {}  # its compiled function, per what else the code depends on
 
     def consts(self, m: int, consts: tuple) -> tuple:
         params, _, flags, pick = self.maps[m]
