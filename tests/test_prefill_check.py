@@ -27,7 +27,7 @@ SPEEDS = {"closed8_normal": [1.07, 1.08], "closed8_overlap": [0.98, 1.0],
 #: and on its steps that prefill, over the prefill capture's such steps as the model's prefill
 #: holds them (less the profiler's cost, x the sweep's host factor)
 PREFILL_SPEEDS = {"closed8_normal": [0.93, 0.91], "closed8_overlap": [0.94, 0.93],
-                  "light_normal": [1.04, 0.96], "light_overlap": [1.37, 1.1],
+                  "light_normal": [1.04, 0.96], "light_overlap": [1.36, 1.09],
                   "medium_normal": [0.95, 0.96], "medium_overlap": [1.04, 1.26]}
 #: the default (each repeat at its own host speeds, every repeat judged): (case, figure)
 #: missing its target; (load, figure) whose on-vs-off difference the prediction gets the
@@ -35,25 +35,27 @@ PREFILL_SPEEDS = {"closed8_normal": [0.93, 0.91], "closed8_overlap": [0.94, 0.93
 #: mixed steps; the sglang_mixed rule, as SGLang, takes the decodes' tokens out of it first
 #: (8 % of it at the medium load): the medium normal loop's TTFTs +11 %, its TTFT's sign
 #: (none of these before that rule, but the light load's two signs)
-MISSES = {("medium_normal", "ttft_forward_us"), ("medium_normal", "ttft_us")}
-#: (every wrong sign of these runs is one their two repeats disagree on: too close to call,
-#: not judged, lab.prefill_check.settled: the light load's request rate and TTFT to the
-#: forward, the medium load's throughput and TTFT)
-WRONG_SIGNS: set[tuple[str, str]] = set()
+MISSES: set[tuple[str, str]] = set()
+#: (the light load's request rate and TTFT to the forward and the medium load's throughput
+#: and TTFT are too close to call, their two repeats disagreeing: not judged,
+#: lab.prefill_check.settled; the medium load's request rate, +2.5 req/s measured, is
+#: predicted -1.3 with this round's host lines and loop turn: calibration/README.md)
+WRONG_SIGNS = {("medium", "requests_per_s")}
 #: the same with the profiler's cost kept (--keep-profiler-cost: the fit before it was taken
 #: out); the prefill's steps then ran x0.81-1.22 of the capture's as stamped
 PREFILL_SPEEDS_KEPT = {"closed8_normal": [0.83, 0.81], "closed8_overlap": [0.84, 0.83],
                        "light_normal": [0.93, 0.86], "light_overlap": [1.22, 0.98],
-                       "medium_normal": [0.85, 0.86], "medium_overlap": [0.93, 1.13]}
+                       "medium_normal": [0.85, 0.85], "medium_overlap": [0.93, 1.12]}
 MISSES_KEPT: set[tuple[str, str]] = set()
 WRONG_SIGNS_KEPT: set[tuple[str, str]] = set()
 #: --as-captured (every repeat at the sweep's host speed, one slower by more than
 #: HOST_SPEED_MAX not judged: the table before), profiler's cost subtracted and kept
 AS_CAPTURED_MISSES = {("light_overlap", "ttft_forward_us"), ("light_overlap", "ttft_us"),
                       ("medium_normal", "ttft_forward_us"), ("medium_normal", "ttft_us")}
-AS_CAPTURED_WRONG_SIGNS = {("medium", "tokens_per_s")}  # its one judged seed
+AS_CAPTURED_WRONG_SIGNS = {("light", "ttft_us"), ("medium", "tokens_per_s")}
 AS_CAPTURED_MISSES_KEPT = {("closed8_overlap", "tokens_per_s"), ("closed8_overlap", "tpot_us"),
-                           ("light_overlap", "ttft_forward_us"), ("medium_normal", "tpot_us"),
+                           ("light_overlap", "ttft_forward_us"), ("light_overlap", "ttft_us"),
+                           ("medium_normal", "tpot_us"),
                            ("medium_normal", "ttft_forward_us"), ("medium_normal", "ttft_us")}
 AS_CAPTURED_WRONG_SIGNS_KEPT: set[tuple[str, str]] = set()
 
@@ -122,8 +124,9 @@ def test_what_overlap_changes_is_predicted_where_the_measurement_is_clear(result
     assert signs["requests_per_s"]["predicted"] > 0 and signs["ttft_us"]["predicted"] > 0
     assert signs["ttft_forward_us"]["predicted"] < 0
     text = markdown(result)
-    # every wrong sign of these runs is one the repeats leave unsettled: not judged
-    assert "| closed8 | overlap |" in text and "WRONG SIGN" not in text
+    # the one settled sign predicted the wrong way round, and the four the repeats leave
+    # unsettled (not judged)
+    assert "| closed8 | overlap |" in text and text.count("WRONG SIGN") == 1
     assert text.count("(too close to call)") == 4
 
 
