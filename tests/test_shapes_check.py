@@ -482,11 +482,26 @@ LATEST_TOO_CLOSE = {"run8": {("mixed_light", "tokens_per_s"), ("mixed_light", "t
                              ("sglang_light", "requests_per_s"), ("sglang_light", "tokens_per_s"),
                              ("sglang_light", "ttft_us")},
                     "run9": {("mixed_light", "requests_per_s"), ("mixed_light", "tokens_per_s"),
-                             ("sglang_light", "tokens_per_s"), ("sglang_light", "ttft_us")}}
+                             ("sglang_light", "tokens_per_s"), ("sglang_light", "ttft_us")},
+                    "run11": {("mixed_light", "requests_per_s"), ("mixed_light", "tokens_per_s"),
+                              ("sglang_light", "requests_per_s"),
+                              ("sglang_light", "tokens_per_s"),
+                              ("sglang_light", "ttft_forward_us"), ("sglang_light", "ttft_us")}}
+#: the eleventh run: the tenth's mini-server run after this round's changes were made (out of
+#: sample): the mixed medium normal loop's TPOT and TTFTs miss, nothing else
 LATEST_MISSES = {"run8": set(), "run9": {("mixed_medium_normal", "tpot_us"),
-                                         ("sglang_medium_normal", "tpot_us")}}
+                                         ("sglang_medium_normal", "tpot_us")},
+                 "run11": {("mixed_medium_normal", "tpot_us"),
+                           ("mixed_medium_normal", "ttft_forward_us"),
+                           ("mixed_medium_normal", "ttft_us")}}
 #: and the on-vs-off differences predicted the wrong way round, settled by the repeats
-LATEST_WRONG_SIGNS = {"run8": [], "run9": []}
+LATEST_WRONG_SIGNS = {"run8": [], "run9": [], "run11": []}
+#: the mixed-chunk recommendations the repeats leave too close to call (the others: mixed,
+#: measured and predicted)
+LATEST_MIXED_TOO_CLOSE = {"run8": {"light_overlap": "separate", "light_normal": "mixed"},
+                          "run9": {"light_overlap": "separate"},
+                          "run11": {"light_normal": "mixed", "light_overlap": "mixed",
+                                    "medium_normal": "mixed"}}
 
 
 @pytest.mark.parametrize("run", sorted(LATEST_MISSES))
@@ -502,8 +517,8 @@ def test_the_latest_runs_verdicts(run):
     assert {k: (v["measured"], v["predicted"], v["ok"])
             for k, v in got["overlap"].items()} == RUN4_OVERLAP
     assert _too_close(got) == LATEST_TOO_CLOSE[run]
+    close = LATEST_MIXED_TOO_CLOSE[run]
     assert {k: (v["measured"], v["predicted"], v["ok"]) for k, v in got["mixed"].items()} == {
-        **{k: ("mixed", "mixed", True) for k in RUN4_MIXED},
-        "light_overlap": ("separate", "mixed", None)} | (
-        {"light_normal": ("mixed", "mixed", None)} if run == "run8" else {})
+        k: (close[k], "mixed", None) if k in close else ("mixed", "mixed", True)
+        for k in RUN4_MIXED}
     assert got["not_predicted"] == {}
