@@ -117,9 +117,10 @@ def test_a_folder_without_the_capture_is_one_line(tmp_path, capsys):
 #: line in the bucket put buckets 16 and 32 about 2 % above their measured means, which offset
 #: part of the slower host of that load's judged repeat. The per-bucket tables also brought
 #: the medium loads' forward gap closer: medium_fine's from -65 µs to -36 µs, within its
-#: max(25 µs, 25 %) of 38 µs, so no longer listed.)
+#: max(25 µs, 25 %) of 38 µs, so no longer listed. medium_coarse's bucket 32, -3.8 %, is
+#: within since a falling line is no longer fitted, simwar.fit.affine.fit_sized.)
 MISSES = {"light_fine": {"bucket 16"},
-          "medium_coarse": {"batch_mean", "gap_us_mean", "bucket 32"},
+          "medium_coarse": {"batch_mean", "gap_us_mean"},
           "medium_fine": {"batch_mean"},
           "medium_none": {"batch_mean", "gap_us_mean", "bucket 32"}}
 

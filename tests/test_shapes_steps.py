@@ -51,20 +51,20 @@ def test_both_sides_are_grouped_by_shape_and_bucket(got):
             assert r["result_us"] + r["prepare_us"] + r["launch_us"] == pytest.approx(
                 r["gap_us"], abs=1e-6)
     assert set(got["total"]["measured"]) >= set(COLUMNS)
-    assert got["host_speed"]["decode"] == pytest.approx(0.62, abs=0.005)
+    assert got["host_speed"]["decode"] == pytest.approx(0.586, abs=0.005)
 
 
 def test_the_repeat_shows_where_the_prediction_falls_short(got):
     """What the tool found on this repeat: the graph bucket 32 the mixed capture never ran
     (extrapolated on the line through 8 and 16) is 5-8 % short on the device in a decode
     step; the preparation before a mixed step's launches, each part of the prefill's host
-    at its own speed (the preparation x0.94, the launches x0.56), within 10 %."""
+    at its own speed (the preparation x0.94, the launches x0.54), within 10 %."""
     g = got["groups"]
     dec32 = g["decode 32"]
     assert -0.08 < dec32["simulated"]["fwd_us"] / dec32["measured"]["fwd_us"] - 1 < -0.05
     speeds = got["host_speed"]
     assert speeds["prefill.host_before_us"] == pytest.approx(0.94, abs=0.005)
-    assert speeds["prefill.host_us"] == pytest.approx(0.56, abs=0.005)
+    assert speeds["prefill.host_us"] == pytest.approx(0.54, abs=0.005)
     for name in ("mixed 8", "mixed 16", "mixed 32"):
         m, s = g[name]["measured"]["prepare_us"], g[name]["simulated"]["prepare_us"]
         assert abs(s / m - 1) < 0.10, (name, m, s)
