@@ -113,10 +113,10 @@ def _step_ranges(events: list, steps, name: str, less=None) -> dict:
 
 def _token_line(x: list, y: list) -> dict:
     """``{base, per_token}`` by least squares; the mean where the line has a negative part."""
-    b, a = np.polyfit(x, y, 1) if np.ptp(x) else (0.0, float(np.mean(y)))
-    if b < 0 or a < 0:
+    a, b = check.rising_line(x, y)
+    if a < 0:
         a, b = float(np.mean(y)), 0.0
-    return {"base": float(a), "per_token": float(b)}
+    return {"base": a, "per_token": b}
 
 
 def prefill_model(folder: Path, host_scale: float, device_scale: float,
@@ -426,6 +426,7 @@ def sign_mark(sign: dict) -> str:
     if sign["ok"] is None:
         return " (too close to call)" if sign.get("settled") is False else " (not judged)"
     return "" if sign["ok"] else " WRONG SIGN"
+
 
 def sign_values(sign: dict, key: str) -> str:
     """An on-vs-off difference, measured / predicted (TTFTs in ms)."""

@@ -221,6 +221,22 @@ def model(folder: Path, mode: str, keep_profiler_cost: bool = False) -> dict:
 RECEIVE_US = {"per_request": 40.0, "per_prompt_token": 0.16}
 
 
+def at_repeat(m: dict, metrics: dict, speed: float | None = None):
+    """``(config, speed, parts, tail)``: the mode's model ``m`` (:func:`model`) at the repeat
+    ``metrics``'s own host speeds, the one rule of the table's cases, its what-ifs and
+    :mod:`lab.shapes_steps`: its decode steps' factor (``speed``, :func:`lab.check.host_speed`
+    on the model's host line net of the profiler, computed where not given), each prefill host
+    key's on the stretch of the stamps that times it (``parts``,
+    :func:`~lab.host_speed.prefill_part_speeds`), and its loop's turn as its stamps show it, not
+    with the profiler's bookkeeping (``tail``, µs beyond the capture's,
+    :func:`~lab.host_speed.loop_tail`)."""
+    if speed is None:
+        speed = check.host_speed(metrics, m["host_line_net"], decode_only=True)
+    parts = prefill_part_speeds(metrics, m["prefill_lines"])
+    tail = loop_tail(metrics) - m["loop_tail"]
+    return host_at(m["config"], speed, parts, tail), speed, parts, tail
+
+
 def _attempt(m: dict, config: dict, metrics: dict, rule: str | None = None,
              receive: bool = False) -> tuple[dict | None, str]:
     """``(figures, "")``: a repeat predicted by the mode's model ``m`` (:func:`model`); or
@@ -351,11 +367,8 @@ def evaluate(folder: Path | None = None, keep_profiler_cost: bool = False,
         else:  # the model's host at each repeat's speed, faster or slower: all judged
             # and its steps that prefill at theirs (PREFILL_HOST says why)
             prefill_speeds = [prefill_speed(r, models[mode]["prefill_line"]) for r in repeats]
-            parts = [prefill_part_speeds(r, models[mode]["prefill_lines"]) for r in repeats]
-            # and its loop's turn as its stamps show it, not with the profiler's bookkeeping
-            tails = [loop_tail(r) - models[mode]["loop_tail"] for r in repeats]
-            configs = [host_at(models[mode]["config"], v, p, t)
-                       for v, p, t in zip(speeds, parts, tails)]
+            made = [at_repeat(models[mode], r, v) for r, v in zip(repeats, speeds)]
+            configs, parts, tails = ([x[i] for x in made] for i in (0, 2, 3))
             judged = [True] * len(repeats)
         reps = [prefill_check.measured(r) for r in repeats]
         seeds = [int(r["case"].get("seed", 0)) for r in repeats]
@@ -640,10 +653,7 @@ def what_if_table(folder: Path, case: str = WHAT_IF_CASE,
             f"{', '.join(map(str, m['fitted_buckets'])) or 'none'} only (its capture ran no "
             f"other: no line to extrapolate the others on), and the server admits up to "
             f"{check.MAX_BATCH}: the what-ifs are not predicted")
-    # at the repeat's own host speeds, as every case of the table (evaluate)
-    speed = check.host_speed(metrics, m["host_line_net"], decode_only=True)
-    config = host_at(m["config"], speed, prefill_part_speeds(metrics, m["prefill_lines"]),
-                     loop_tail(metrics) - m["loop_tail"])
+    config = at_repeat(m, metrics)[0]  # as every case of the table (evaluate)
     n = float(np.mean(metrics["requests"]["output_tokens"]))
     rows = []
     for rule in ("sglang", "sglang_mixed"):

@@ -46,7 +46,6 @@ from pathlib import Path
 import numpy as np
 
 from lab import check, shapes_check
-from lab.host_speed import host_at, loop_tail, prefill_part_speeds
 from simwar.analysis.summary import measured_mask
 from simwar.api import simulate
 
@@ -131,10 +130,7 @@ def predict(folder: Path, metrics: dict, rule: str | None = None, m: dict | None
     own host speeds, the same what-if; returns ``(result, speeds)``."""
     mode = metrics["case"]["schedule"]
     m = m if m is not None else shapes_check.model(folder, mode)
-    speed = check.host_speed(metrics, m["host_line_net"], decode_only=True)
-    parts = prefill_part_speeds(metrics, m["prefill_lines"])
-    tail = loop_tail(metrics) - m["loop_tail"]
-    config = host_at(m["config"], speed, parts, tail)
+    config, speed, parts, tail = shapes_check.at_repeat(m, metrics)
     result = simulate(config, shapes_check.what_if_change(config, metrics, rule))
     return result, {"decode": float(speed), **{k: float(v) for k, v in parts.items()},
                     "loop tail µs": float(tail)}

@@ -291,7 +291,7 @@ def test_fitted_lines_are_clamped_non_negative_at_every_batch_the_config_runs():
     assert "base raised by" in rising.text()
     # a falling line (significant) is no cost of the size: the samples' distribution, never
     # negative at batch 128 where the line would be
-    falling = fit_sized(200 - 2 * x + rng.normal(0, 2, len(x)), x, high=128)
+    falling = fit_sized(200 - 2 * x + rng.normal(0, 2, len(x)), x)
     assert falling.t < -3 and falling.kind == "constant" and falling.clamped == 0
     assert "per_seq" not in falling.value and falling.value["mean"] > 0
     # a prefill-only step (batch 0) with the clamped lines: the fitted config runs prompts

@@ -21,9 +21,9 @@ as :func:`simwar.fit.durations.fit_values` does:
   negative, so the fitted line is moved down to the smallest residual and the residuals above
   it are fitted as a distribution (``--dist``); no spread, no noise.
 - **the clamp**: a what-if may ask for batches the capture never ran, so a line is made
-  non-negative over every size the config can run, from :data:`LOW` (0: a step that only
-  prefills, in a what-if with prompts) to the largest graph bucket (or size seen), by raising
-  ``base``; :attr:`SizedFit.clamped` says by how much, and the fitted file's header says so.
+  non-negative over every size the config can run: a line never falls, so at :data:`LOW` (0:
+  a step that only prefills, in a what-if with prompts), by raising ``base``;
+  :attr:`SizedFit.clamped` says by how much, and the fitted file's header says so.
 - **per bucket** (:func:`fit_per_bucket`, a graph phase's device time where the config has
   graph buckets): each bucket's measured mean, not a line (``{per_bucket: {8: ..., 16: ...}}``);
   the spread around each bucket's mean is the noise, as for a line. A bucket of the
@@ -144,12 +144,9 @@ def _constant(y: np.ndarray, dist: str):
 LOW = 0
 
 
-def fit_sized(y, x, dist: str = "best", size: str = "batch",
-              high: float | None = None) -> SizedFit:
-    """Fit samples ``y`` (µs) against the sizes ``x`` they ran at (see the module docstring).
-
-    ``high``: the largest size the config can run (default: the largest seen); a fitted line
-    is clamped to be >= 0 from :data:`LOW` to it."""
+def fit_sized(y, x, dist: str = "best", size: str = "batch") -> SizedFit:
+    """Fit samples ``y`` (µs) against the sizes ``x`` they ran at (see the module docstring);
+    a fitted line is clamped to be >= 0 from :data:`LOW` up."""
     y = np.asarray(y, dtype=float)
     x = np.asarray(x, dtype=float)
     n = len(y)
@@ -185,10 +182,8 @@ def fit_sized(y, x, dist: str = "best", size: str = "batch",
     ss = float(((y - y.mean()) ** 2).sum())
     r2 = 1.0 - float((r ** 2).sum()) / ss if ss > 0 else 1.0
     # the line moved down to the smallest residual, clamped so that it is never negative
-    # from LOW (rising) to the largest size the config runs (falling); the residuals above
-    # it are the noise
-    high = float(x.max()) if high is None else max(float(high), float(x.max()))
-    floor = max(-b * LOW, -b * high) + 0.0  # + 0.0: never -0.0
+    # from LOW up (it rises); the residuals above it are the noise
+    floor = -b * LOW + 0.0  # + 0.0: never -0.0
     clamped = max(0.0, floor - (a + float(r.min())))
     base = max(a + float(r.min()), floor)
     noise = np.maximum(y - (base + b * x), 0.0)
@@ -201,7 +196,7 @@ def fit_sized(y, x, dist: str = "best", size: str = "batch",
         detail = {**nd, "affine": True}
     elif float(noise.mean()) > 1e-9:
         value["base"] = _r(base + float(noise.mean()))
-    need = max(-value["per_seq"] * LOW, -value["per_seq"] * high)
+    need = -value["per_seq"] * LOW
     if value["base"] < need:  # the clamp holds for the rounded coefficients too
         value["base"] = math.ceil(need * 1000) / 1000
     extra = float(noise.mean()) if "noise" in value else 0.0  # the noise's mean, everywhere

@@ -561,8 +561,8 @@ def _fit_key(key: str, values, cfg: dict, s: Samples, dist: str,
     if size == "bucket" and buckets:  # a graph phase's device time: its bucket's
         reached = {int(v) for v in sizes.bucket[sizes.batch > 0].tolist()}  # by the replay
         f = fit_per_bucket(values, x, dist, buckets, extrapolate, reached)
-    else:  # a line, clamped >= 0 up to the largest batch the config runs
-        f = fit_sized(values, x, dist, size, max(buckets, default=None))
+    else:  # a line, clamped >= 0 from batch 0 up (it never falls)
+        f = fit_sized(values, x, dist, size)
     fits[key] = f
     return f.value, f.detail
 
