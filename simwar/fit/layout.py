@@ -274,9 +274,8 @@ def regions(trace: Trace, lay: StepLayout, prof=None, held=()) -> dict[str, floa
         inside = sum(max(0.0, min(b, y) - max(a, x)) for x, y in sync_iv)
         value = (b - a) - inside
         if prof is not None:
-            cut = prof.us(a, b) - sum(prof.us(max(a, x), min(b, y)) for x, y in sync_iv
-                                      if y > a and x < b)
-            value -= min(max(cut, 0.0), max(value, 0.0))
+            value = prof.less_outside(value, a, b, [(max(a, x), min(b, y)) for x, y in sync_iv
+                                                    if y > a and x < b])
         out[name] = out.get(name, 0.0) + value
     for x, _, us in held:
         name = next((n for (n, a), (_, b) in zip(marks, marks[1:])

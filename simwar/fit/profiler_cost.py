@@ -97,6 +97,13 @@ class ProfilerCost:
                 total += c * int(np.searchsorted(t, b, "left") - np.searchsorted(t, a, "left"))
         return total
 
+    def less_outside(self, value: float, a: float, b: float, inner) -> float:
+        """``value`` (a host duration over ``[a, b)`` net of the ``inner`` intervals in it,
+        each within it) less the profiler's cost in ``[a, b)`` outside them, at most
+        ``value``: the one rule the fit nets a host range or region by."""
+        cut = self.us(a, b) - sum(self.us(x, y) for x, y in inner)
+        return value - min(max(cut, 0.0), max(value, 0.0))
+
     def less(self, value: float, a: float, b: float) -> float:
         """``value`` (a host duration measured over ``[a, b)``) less the profiler's cost in
         that interval, never below zero."""

@@ -74,8 +74,7 @@ def receive_ranges(imp, pattern: str | None, lays: dict[int, StepLayout],
         calls = merged([(float(s0[c]), float(e0[c])) for c in lay.calls], a, b)
         net = (b - a) - sum(y - x for x, y in calls)
         if prof is not None:
-            cut = prof.us(a, b) - sum(prof.us(x, y) for x, y in calls)
-            net -= min(max(cut, 0.0), max(net, 0.0))
+            net = prof.less_outside(net, a, b, calls)
         out.append(Received(keys[i], float(a), float(b), got[0], got[1], max(net, 0.0)))
     return sorted(out, key=lambda r: r.start)
 

@@ -496,8 +496,7 @@ def _mapped_nets(trace: Trace, ranges: _MappedRanges, lay: StepLayout,
                          and x >= a and y <= b] + [(x, y) for x, y, _ in held]
         net = (b2 - a2) - _covered(inner, a2, b2)
         if prof is not None:
-            cut = prof.us(a2, b2) - sum(prof.us(x, y) for x, y in merged(inner, a2, b2))
-            net -= min(max(cut, 0.0), max(net, 0.0))
+            net = prof.less_outside(net, a2, b2, merged(inner, a2, b2))
         out[item] = out.get(item, 0.0) + net
     return out
 
