@@ -25,6 +25,7 @@ from simwar.config import load_config
 from simwar.config.load import get_dotted
 from simwar.fit.check import SHAPE_SEEDS, check_fit, profiler_back
 from simwar.fit.from_capture import FitError, duration_mean, fit_model
+from simwar.fit.launches import launch_device, launch_shares, shares_device
 from simwar.fit.layout import step_layouts
 from simwar.fit.policy import detect_roles
 from simwar.fit.prefix import prefixes
@@ -39,14 +40,13 @@ from simwar.fit.profiler import (
 )
 from simwar.fit.samples import Samples
 from simwar.fit.shape_check import at_sizes, shape_frame
+from simwar.fit.shape_workload import prompt_groups
 from simwar.fit.shapes import (
     PrefillSample,
     StepKinds,
     classify,
     cpu_outside,
-    launch_device,
     prefill_section,
-    prompt_groups,
     split_host,
     token_line,
 )
@@ -623,7 +623,7 @@ def test_the_fit_reads_whether_the_decodes_took_their_tokens_of_the_budget_first
     before it did as SGLang) holds the budget itself. Either way the budget is read back, and
     a full step's next continues its carried request."""
     from simwar.fit.prefix import prefixes
-    from simwar.fit.shapes import StepKinds, budgeted, prompt_groups
+    from simwar.fit.shapes import StepKinds, budgeted
 
     def kinds(tokens, decodes):
         k = StepKinds(shape={i: "mixed" for i in range(len(tokens))},
@@ -644,3 +644,56 @@ def test_the_fit_reads_whether_the_decodes_took_their_tokens_of_the_budget_first
     assert prefixes(sglang, 2048)[0][1] == 2041 * 2045
     # no mixed step naming its decodes (a capture of prefill steps): the whole budget
     assert not budgeted(StepKinds(shape={0: "prefill"}, tokens={0: 2048}))
+
+
+def test_launch_shares_are_each_groups_share_of_its_steps_time():
+    """An eager prefill's launch calls cut into ``launches`` groups in issue order: each
+    group's host time (less the modelled launch call) and its kernels' device time as a
+    share of the step's, averaged over the steps, written as weights (equal: all 1)."""
+    steps = [(np.array([10.0, 20.0, 30.0, 40.0]), np.array([100.0, 0.0, 0.0, 300.0]), 5.0),
+             (np.array([10.0, 20.0, 30.0]), np.array([1.0, 1.0, 1.0]), 5.0)]
+    host, device, used = launch_shares(steps, 2)
+    # groups [0, 0, 1, 1] and [0, 0, 1]: hosts 25/65 and 25/25, devices 100/300 and 2/1
+    assert used == 2
+    want_h = np.mean([[25 / 90, 65 / 90], [0.5, 0.5]], axis=0) * 2
+    want_d = np.mean([[0.25, 0.75], [2 / 3, 1 / 3]], axis=0) * 2
+    assert host == pytest.approx(want_h, abs=1e-3) and device == pytest.approx(want_d, abs=1e-3)
+    assert launch_shares(steps, 1) == ([], [], 0)  # one launch: nothing to share
+    assert launch_shares(steps[1:], 4) == ([], [], 0)  # fewer calls than launches
+
+
+def test_shares_device_ends_the_last_kernel_where_the_capture_did():
+    """The least device time at which a prefill of weighted launches ends its last kernel at
+    the captured end: device-bound, the kernels back to back after the first launch;
+    launch-bound, what the kernels after the last launch run; never below zero."""
+    # launches at 50 and 100 µs; kernels 1/4 and 3/4 of D: 50 + D = 500
+    assert shares_device(500.0, 100.0, [1, 1], [1, 3]) == pytest.approx(450.0)
+    # launch-bound: the last kernel (3/4 of D) starts at 100 and ends at 130: D = 40
+    assert shares_device(130.0, 100.0, [1, 1], [1, 3]) == pytest.approx(40.0)
+    assert shares_device(90.0, 100.0, [1, 1], [1, 3]) == 0.0
+    # equal shares give launch_device's answer
+    assert shares_device(5000.0, 3200.0, [1] * 32, [1] * 32) == \
+        pytest.approx(launch_device(5000.0, 3200.0, 32))
+
+
+def test_a_prefills_launch_shares_are_fitted_back_from_its_capture(tmp_path):
+    """A simulated capture of a prefill of 4 launches with weighted shares: the fit with
+    ``launch_shares`` gives the weights back (the host's net of the launch call) and the
+    device time; the default fit writes equal shares."""
+    shares = {"prefill.launches": 4, "prefill.host_shares": [1.0, 0.5, 2.0, 0.5],
+              "prefill.device_shares": [0.2, 2.4, 0.4, 1.0]}
+    cfg = load_config(str(CONFIG), {**SHORT, **shares, "scheduling.rule": "sglang"})
+    sim = simulate(cfg, engine="simpy")
+    path = write_kineto(sim.trace, tmp_path / "shares.json.gz",
+                        style=Style(names="sglang", batch_ranges=True, copies=("result_copy",)))
+    cap = open_capture(path)
+    fit = fit_model(cap, launch_shares=True)
+    pf = fit.config["prefill"]
+    assert pf["launches"] == 4
+    assert pf["device_shares"] == pytest.approx(shares["prefill.device_shares"], abs=0.01)
+    assert pf["host_shares"] == pytest.approx(shares["prefill.host_shares"], abs=0.05)
+    for key, want in FORWARD.items():
+        assert pf["forward_us"][key] == pytest.approx(want, rel=0.01)
+    assert any("each launch its measured share" in line for line in fit.header)
+    plain = fit_model(cap).config["prefill"]
+    assert "device_shares" not in plain and "host_shares" not in plain

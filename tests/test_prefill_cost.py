@@ -75,12 +75,16 @@ def test_launches_one_keeps_the_program_bit_for_bit():
 
 
 @pytest.mark.parametrize("rule", ["sglang_mixed", "vllm"])
-def test_one_shape_runs_take_launches_and_the_prefix_term_in_every_executor(rule):
+@pytest.mark.parametrize("weighted", [False, True])
+def test_one_shape_runs_take_launches_and_the_prefix_term_in_every_executor(rule, weighted):
     """A one-shape run (the chunk mixed into every step) is planned from iteration templates
-    and its series read per use (launches > 1: several uses per iteration), and a group of
-    such runs realizes its arrivals in lockstep: each gives the SimPy engine's answer."""
+    and its series read per use (launches > 1: several uses per iteration; weighted: each
+    launch its own share), and a group of such runs realizes its arrivals in lockstep: each
+    gives the SimPy engine's answer."""
     pf = {**BURSTY["prefill"], "launches": 5, "read_ends": "in_replay",
           "forward_us": {"base": 150, "per_token": 1.5, "per_token_prefix": 0.002}}
+    if weighted:
+        pf.update(host_shares=[3, 1, 0, 1, 1], device_shares=[0.1, 2.5, 0.4, 0, 7])
     configs = [load_config(None, {**BURSTY, "seed": seed, "prefill": pf,
                                   "scheduling": {"rule": rule}}) for seed in range(2)]
     for cfg, summary in zip(configs, lockstep.realize_group(configs)):
@@ -89,7 +93,44 @@ def test_one_shape_runs_take_launches_and_the_prefix_term_in_every_executor(rule
         assert _same_summary(summary, simwar.simulate(cfg, engine="simpy").summary)
     sz = resolve_sizes(configs[0])
     assert sz.prefill_prefix.any()  # prompts longer than the chunk: later chunks pay more
-    np.testing.assert_array_equal(sz.prefill_launch_us, sz.prefill_us / 5)
+    if not weighted:
+        np.testing.assert_array_equal(sz.prefill_launch_us, sz.prefill_us / 5)
+    else:  # the whole scaled per launch, no array of equal shares
+        assert sz.prefill_launch_us is None and sz.prefill_launch_host_us is None
+
+
+def test_weighted_launches_take_their_shares_of_the_prefill():
+    """``prefill.host_shares`` and ``device_shares``: each launch's host dispatch and kernel
+    take weight / sum of the step's prefill host and device time (the same total as equal
+    shares), in launch order; a long kernel behind a short first one lets the host launch
+    the rest under it."""
+    def launches(over):
+        cfg = load_config(None, {**ONE, "prefill.launches": 3, "prefill.host_us": 300, **over})
+        sz = resolve_sizes(cfg)
+        ops = build_program(cfg).ops
+        k = int(np.flatnonzero(sz.prefill_tokens)[0])
+        dev = [op.kernel.duration_us for op in ops if isinstance(op, Launch)
+               and op.kernel.label == "prefill.forward" and op.step == k]
+        host = [op.duration_us for op in ops if getattr(op, "label", "") == "prefill.dispatch"
+                and op.step == k]
+        return sz.prefill_us[k], sz.prefill_host_us[k], dev, host
+    us, host_us, dev, host = launches({"prefill.device_shares": [1, 0, 3],
+                                       "prefill.host_shares": [2, 2, 4]})
+    assert dev == pytest.approx([us / 4, 0.0, us * 3 / 4]) and sum(dev) == pytest.approx(us)
+    assert host == pytest.approx([host_us / 4, host_us / 4, host_us / 2])
+    _, _, dev_eq, host_eq = launches({})
+    assert dev_eq == pytest.approx([us / 3] * 3) and host_eq == pytest.approx([host_us / 3] * 3)
+    # the long kernel first runs under the host's other launches; last, after all of them
+    # (equal weights written out are equal shares)
+    def run(shares):
+        over = {**BURSTY, "prefill.launches": 3, "prefill.host_us": 3000,
+                "policy.overlap": False}  # (with overlap the host hides the difference)
+        if shares:
+            over["prefill.device_shares"] = shares
+        return simwar.simulate(None, over).summary
+    a, b, c, d = run([8, 1, 1]), run([1, 1, 8]), run([1, 1, 1]), run(None)
+    assert a["step_us_mean"] < b["step_us_mean"]
+    assert c["step_us_mean"] == pytest.approx(d["step_us_mean"], rel=1e-12)
 
 
 @pytest.mark.parametrize("ends", ["post_replay", "in_replay", "pre_replay", "unknown"])

@@ -235,16 +235,18 @@ IDLE = {"forward_us": {"dist": "normal", "mean": 400, "std": 60}, "host_us": 25}
        graph=st.sampled_from(["eager", "piecewise"]), steps=st.integers(8, 60),
        prompts=st.sampled_from([40, {"dist": "uniform", "low": 1, "high": 1500}]),
        consecutive=st.booleans(), launches=st.sampled_from([1, 3]),
+       shares=st.sampled_from([((), ()), ((1.0, 0.0, 5.0), ()), ((), (0.2, 3.0, 0.7)),
+                               ((0.5, 2.0, 1.0), (4.0, 0.0, 1.0))]),
        ends=st.sampled_from(["post_replay", "in_replay", "pre_replay", "unknown"]),
        prefix=st.sampled_from([0.0, 0.002]), before=st.sampled_from([0, 70]),
        idle=st.sampled_from([None, "eager", "full"]),
        rule=st.sampled_from(["sglang", "sglang", "sglang_mixed", "vllm"]))
 def test_fast_equals_simpy_on_random_shape_mixes(seed, rate, chunk, bound, overlap, barrier,
                                                  graph, steps, prompts, consecutive, launches,
-                                                 ends, prefix, before, idle, rule):
+                                                 shares, ends, prefix, before, idle, rule):
     """Random mixes of every shape (prefill, decode, mixed, idle) and every prefill form
-    (launches, where its read-done is recorded, a prefix-attention term, host work before
-    its first launch)."""
+    (launches, equal or weighted shares, where its read-done is recorded, a prefix-attention
+    term, host work before its first launch)."""
     eager = graph == "eager" or launches > 1
     wl = {**BURSTY["workload"], "arrivals": {"rate_per_s": rate}, "initial_batch": seed % 5,
           "prompt_tokens": prompts}
@@ -253,6 +255,8 @@ def test_fast_equals_simpy_on_random_shape_mixes(seed, rate, chunk, bound, overl
           else "post_replay",
           "forward_us": {**BURSTY["prefill"]["forward_us"], "per_token_prefix": prefix},
           "host_before_us": {"base": before, "per_token": before / 1000}}
+    if launches == 3:
+        pf.update(host_shares=list(shares[0]), device_shares=list(shares[1]))
     sch = {"rule": rule}
     if rule == "sglang":
         sch.update(max_consecutive_prefill=bound,

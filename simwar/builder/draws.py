@@ -73,15 +73,46 @@ def sample(rng: np.random.Generator, d: Dist, n: int) -> np.ndarray:
 
 class Series:
     """A builder-made duration read from a per-iteration array of the run's sizes
-    (``idle``: the wait for a first request under arrivals)."""
+    (``idle``: the wait for a first request under arrivals), times ``scale`` when it has one
+    (a launch's share of its step's prefill: :func:`launch_series`). Every drawer reads it
+    through :meth:`values` and :meth:`value`: one rule, so every executor has the same
+    numbers."""
 
-    __slots__ = ("name",)
+    __slots__ = ("name", "scale")
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, scale: float | None = None):
         self.name = name
+        self.scale = scale
+
+    def values(self, sizes, idx) -> np.ndarray:
+        """The values at steps ``idx`` (an index array) of ``sizes``."""
+        got = getattr(sizes, self.name)[idx]
+        return got if self.scale is None else got * self.scale
+
+    def value(self, array: np.ndarray, i: int) -> float:
+        """The value at step ``i`` of ``array`` (this series' array of the run's sizes), as
+        :meth:`values` computes it."""
+        return array.item(i) if self.scale is None else array.item(i) * self.scale
 
     def __repr__(self) -> str:
-        return f"Series({self.name!r})"
+        return f"Series({self.name!r})" if self.scale is None else \
+            f"Series({self.name!r}, {self.scale!r})"
+
+
+_LAUNCH_SERIES: dict[tuple, tuple[Series, ...]] = {}
+
+
+def launch_series(name: str, weights: list[float]) -> tuple[Series, ...]:
+    """Each launch's share of the series ``name`` (``prefill_us`` or ``prefill_host_us``):
+    ``weights[i] / sum(weights)`` of it. The same objects for the same weights in every
+    build, since a run's draws are keyed by the object (its symbolic plan and its numbers
+    are two builds)."""
+    key = (name, tuple(weights))
+    got = _LAUNCH_SERIES.get(key)
+    if got is None:
+        total = float(sum(weights))
+        got = _LAUNCH_SERIES[key] = tuple(Series(name, float(w) / total) for w in weights)
+    return got
 
 
 #: the host's wait for a request at the top of an iteration (arrivals only)
@@ -235,7 +266,7 @@ class AffineTable:
                 for j, (off, padded) in enumerate(ctx):
                     idx = np.minimum(ks + off, last)
                     if type(obj) is Series:
-                        block[:, j] = getattr(sizes, obj.name)[idx]
+                        block[:, j] = obj.values(sizes, idx)
                         continue
                     size = (sizes.bucket if padded else sizes.batch)[idx].astype(float)
                     tokens = sizes.accept[idx]
@@ -286,8 +317,9 @@ class AffineTable:
         for key, pos, noise in noisy:
             pos += (k - s0) * len(values[key])
             values[key] = tuple(v + noise(pos + j) for j, v in enumerate(values[key]))
-        for key, offs, arr in series:
-            values[key] = tuple(arr.item(k + off if k + off < last else last) for off in offs)
+        for key, offs, arr, obj in series:
+            values[key] = tuple(obj.value(arr, k + off if k + off < last else last)
+                                for off in offs)
         return values
 
     def _values(self, si: int, steps: list, at: tuple) -> dict[int, tuple]:
@@ -315,14 +347,15 @@ class AffineTable:
     def _role_uses(self, si: int) -> tuple:
         """Segment ``si``'s step offsets, ``None`` (its values are memoized per sizes), its
         noisy durations ``(key, position of their first use at iteration s0, noise getter)``
-        and its series ``(key, step offsets, array)``."""
+        and its series ``(key, step offsets, array, the Series)``."""
         role, s0, _ = self.segments[si]
         offsets, noisy, series = set(), [], []
         for key, ctx in self.plan.contexts[role].items():
             obj = self.plan.affines[key]
             offsets.update(off for off, _ in ctx)
             if type(obj) is Series:
-                series.append((key, [off for off, _ in ctx], getattr(self.sizes, obj.name)))
+                series.append((key, [off for off, _ in ctx], getattr(self.sizes, obj.name),
+                               obj))
             elif key in self.noise:
                 noisy.append((key, self.offsets[key][si], self.noise[key].item))
         return sorted(offsets), None, noisy, series

@@ -89,6 +89,7 @@ from simwar.builder.draws import (
     Sampler,
     Series,
     Symbolic,
+    launch_series,
     sample,
 )
 from simwar.builder.sizes import StepSizes, has_host_before
@@ -213,7 +214,7 @@ class StreamSampler:
         i = at if at < self._last else self._last
         sz = self.sizes
         if type(d) is Series:
-            return getattr(sz, d.name).item(i)
+            return d.value(getattr(sz, d.name), i)
         size = float((sz.bucket if padded else sz.batch).item(i))
         tokens = sz.accept.item(i)
         v = d.value(size, tokens)
@@ -684,8 +685,8 @@ class LoopBuilder:
         step of its own; the host's work on it before its step's launches,
         ``prefill.host_before_us``, is the iteration's, after ``cpu.prepare``):
         ``prefill.launches`` times host work then a kernel (eager: each
-        launch's share of the step's host and device time, so the GPU runs a kernel while the
-        host dispatches the next), or host work then one graph launch (piecewise, or full);
+        launch's share of the step's host and device time, equal or by ``prefill.host_shares``
+        and ``device_shares``, so the GPU runs a kernel while the host dispatches the next), or host work then one graph launch (piecewise, or full);
         each nothing when no token is prefilled. ``publish``: a prefill step of its own,
         which records its read-done where ``prefill.read_ends`` says, when the run publishes
         one (a fine barrier then fences the step at it; publishing nothing leaves the step
@@ -701,20 +702,33 @@ class LoopBuilder:
             self.ops.append(GraphLaunch("forward", "prefill.graph", (node,), k, "prefill",
                                         self._cost(self.cfg.costs.graph_launch_us)))
         else:
-            one = pf.launches == 1
-            host = PREFILL_HOST_US if one else PREFILL_LAUNCH_HOST_US
-            dev = PREFILL_US if one else PREFILL_LAUNCH_US
+            hosts, devs = self._launch_shares
             for i in range(pf.launches):
-                self.cpu("prefill.dispatch", host, k)
+                self.cpu("prefill.dispatch", hosts[i], k)
                 if i == 0 and ends == "pre_replay":
                     self.publish_record(k)
                 # with in_replay the first kernel (the attention metadata) alone reads
-                self.launch("forward", "prefill.forward", dev, k, "prefill",
+                self.launch("forward", "prefill.forward", devs[i], k, "prefill",
                             reads=reads if i == 0 or pf.read_ends != "in_replay" else ())
                 if i == 0 and ends == "in_replay":
                     self.publish_record(k)
         if ends == "post_replay":
             self.publish_record(k)
+
+    @property
+    def _launch_shares(self) -> tuple[tuple, tuple]:
+        """Each eager prefill launch's host and device durations: the whole (one launch), an
+        equal share (``prefill_launch_*``) or its weight's (``prefill.host_shares``,
+        ``device_shares``: :func:`~simwar.builder.draws.launch_series`)."""
+        pf = self.prefill
+        n = pf.launches
+        if n == 1:
+            return (PREFILL_HOST_US,), (PREFILL_US,)
+        hosts = launch_series("prefill_host_us", pf.host_shares) if pf.host_shares else \
+            (PREFILL_LAUNCH_HOST_US,) * n
+        devs = launch_series("prefill_us", pf.device_shares) if pf.device_shares else \
+            (PREFILL_LAUNCH_US,) * n
+        return hosts, devs
 
     def idle_forward(self, k: int) -> None:
         """Step k's DP-attention idle batch (``scheduling.idle``): host work, then the idle

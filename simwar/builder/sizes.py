@@ -154,8 +154,9 @@ class StepSizes(MutableRecord):
         #: prompts only: the (chunk token, cached token) pairs of each step's attention over
         #: the prefixes its requests have in the cache (``prefill.forward_us.per_token_prefix``)
         self.prefill_prefix = prefill_prefix
-        #: ``prefill.launches`` > 1 only: each launch's share of ``prefill_us`` and
-        #: ``prefill_host_us`` (the kernel and the host dispatch of each of the step's launches)
+        #: ``prefill.launches`` > 1 only, without ``prefill.device_shares`` (``host_shares``):
+        #: each launch's equal share of ``prefill_us`` (``prefill_host_us``): the kernel and the
+        #: host dispatch of each of the step's launches
         self.prefill_launch_us = prefill_launch_us
         self.prefill_launch_host_us = prefill_launch_host_us
         #: the program's meta carries the per-step arrays (a workload section, or varying
@@ -262,9 +263,11 @@ def draw_sizes(cfg: Config) -> StepSizes:
         out.prefill_prefix = np.zeros(n, dtype=np.int64)
         if has_host_before(cfg.prefill):
             out.prefill_host_before_us = np.zeros(n)
-        if cfg.prefill.launches > 1:
-            out.prefill_launch_us = np.zeros(n)
-            out.prefill_launch_host_us = np.zeros(n)
+        if cfg.prefill.launches > 1:  # equal shares only: weighted ones scale the whole
+            if not cfg.prefill.device_shares:
+                out.prefill_launch_us = np.zeros(n)
+            if not cfg.prefill.host_shares:
+                out.prefill_launch_host_us = np.zeros(n)
     if cfg.shapes_vary:  # realized with the arrivals
         out.shape = np.zeros(n, dtype=np.int8)
     if src in REQUEST_SOURCES and cfg.cpu.receive_us.given():  # realized with the arrivals
@@ -567,8 +570,10 @@ class ArrivalProcess:
         host = s.prefill_host_us[k] = pf.host_us.at(used, prefix)
         if s.prefill_host_before_us is not None:
             s.prefill_host_before_us[k] = pf.host_before_us.at(used, prefix)
-        if s.prefill_launch_us is not None:  # each launch its share (prefill.launches)
+        # each launch its equal share (prefill.launches; weighted shares: launch_series)
+        if s.prefill_launch_us is not None:
             s.prefill_launch_us[k] = us / pf.launches
+        if s.prefill_launch_host_us is not None:
             s.prefill_launch_host_us[k] = host / pf.launches
 
     def _first(self, rid: int, k: int) -> None:

@@ -4,7 +4,7 @@
                         [--strict]
     simwar import TRACE [--mapping MAP.yaml] --fit -o fitted.yaml [--dist best] [--policy P]
                         [--unprofiled-step-us US|BUCKET=US,...] [--keep-profiler-cost]
-                        [--extrapolate-buckets]
+                        [--extrapolate-buckets] [--launch-shares]
     simwar import TRACE [--mapping MAP.yaml] --check fitted.yaml [--set KEY=VALUE ...]
     simwar import TRACE --mapping MAP.yaml --fit-costs -o costs.yaml
 
@@ -115,6 +115,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "buckets the capture never ran, from the line over the measured "
                         "buckets (without it a run reaching one is refused); with --check alone: "
                         "the checked file was fitted with it")
+    p.add_argument("--launch-shares", action="store_true",
+                   help="with --fit: an eager prefill's launches each take their measured "
+                        "share of its host and device time (prefill.host_shares, "
+                        "device_shares; default: equal shares, calibration/README.md says "
+                        "why); with --check alone: the checked file was fitted with it")
     p.add_argument("--check", metavar="YAML",
                    help="simulate this fitted config and compare it with the capture (exit 1 "
                         "when step time, forward gap or launch-ahead misses its bound)")
@@ -165,6 +170,8 @@ def command(args) -> int:
         raise UserError("--keep-profiler-cost applies to --fit and --check")
     if args.extrapolate_buckets and not (args.fit or args.check):
         raise UserError("--extrapolate-buckets applies to --fit and --check")
+    if args.launch_shares and not (args.fit or args.check):
+        raise UserError("--launch-shares applies to --fit and --check")
     unprofiled = None
     if args.unprofiled_step_us is not None:
         # lazy: start-up time of the CLI (the fit loads numpy and the simulator)
@@ -355,7 +362,8 @@ def _check(cap, args, loaded, report, steps) -> dict:
     fitted = load_config(args.check) if items else cfg
     fit_args = {"dist": args.dist, "policy": args.policy,
                 "unprofiled_step_us": args.unprofiled,
-                "extrapolate_buckets": args.extrapolate_buckets}
+                "extrapolate_buckets": args.extrapolate_buckets,
+                "launch_shares": args.launch_shares}
     try:
         return check_fit(cap, cfg, run_label(cfg.name, items), steps, report["file"],
                          profiler_cost=not args.keep_profiler_cost, fitted=fitted,
@@ -437,7 +445,7 @@ def _write_model(cap, args, path: Path):
                               where=str(path), unprofiled_step_us=args.unprofiled,
                               profiler_cost=not args.keep_profiler_cost,
                               extrapolate_buckets=args.extrapolate_buckets,
-                              progress=progress)
+                              launch_shares=args.launch_shares, progress=progress)
     except FitError as e:
         raise UserError(str(e)) from None
     config = model.config

@@ -15,6 +15,7 @@ Imports: pydantic and the modules of :mod:`simwar.config` below it (base, durati
 workload).
 """
 
+import math
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -90,10 +91,10 @@ class Prefill(StrictModel):
     """The most prompt tokens a step prefills (SGLang's --chunked-prefill-size)."""
     forward_us: TokenCost
     """The prefill part of the forward, on the forward stream before the decode phases (µs, or
-    {base, per_token, per_token_prefix}; split evenly over launches)."""
+    {base, per_token, per_token_prefix}; split over launches by device_shares)."""
     host_us: TokenCost = Field({}, validate_default=True)  # see StrictModel
-    """The host's extra work to prepare the prefill (µs, or {base, per_token}; split evenly
-    over launches)."""
+    """The host's extra work to prepare the prefill (µs, or {base, per_token}; split over
+    launches by host_shares)."""
     host_before_us: TokenCost = Field({}, validate_default=True)  # see StrictModel
     """The host's work on the prefill before its first launch, beyond ``host_us`` (µs, or
     {base, per_token}: preparing its requests' batch, which no kernel of it can overlap; 0:
@@ -109,6 +110,14 @@ class Prefill(StrictModel):
     """Kernel launches of an eager prefill (1..32): each a host dispatch taking its share of
     host_us, then its kernel taking its share of forward_us, so the GPU runs the first
     kernels while the host still launches the others (1: host work, then one kernel)."""
+    host_shares: list[float] = Field(default_factory=list)
+    """Each launch's share of host_us, one weight per launch (launches of them, >= 0, any
+    positive sum; each launch takes host_us x its weight / their sum; empty: equal shares).
+    A real eager prefill's launches are not alike: the fit measures them from the capture."""
+    device_shares: list[float] = Field(default_factory=list)
+    """Each launch's kernel's share of forward_us, as host_shares (empty: equal shares): a
+    prefill's long kernels (attention, the large GEMMs) keep the GPU busy while the host
+    launches the short ones after them, which equal shares cannot show."""
     read_ends: PrefillReadEnds = "post_replay"
     """Where a prefill step's read-done is recorded (when the run publishes one): post_replay
     (after its last kernel: every kernel reads prefill.reads), in_replay (after its first
@@ -138,6 +147,14 @@ class Prefill(StrictModel):
             raise ValueError(f"prefill.launches: {self.launches} launches are an eager "
                              f"prefill's kernels; graph {self.graph} is one graph launch "
                              f"(give launches 1, or graph eager)")
+        for key in ("host_shares", "device_shares"):
+            got = getattr(self, key)
+            if got and (len(got) != self.launches or not sum(got) > 0
+                        or not all(0 <= w < math.inf for w in got)):
+                raise ValueError(f"prefill.{key}: one finite weight >= 0 per launch "
+                                 f"(prefill.launches {self.launches}) with a positive sum, "
+                                 f"got {len(got)} weight{'s' if len(got) != 1 else ''} "
+                                 f"{got!r}")
         if self.read_ends == "in_replay" and self.launches == 1:
             raise ValueError("prefill.read_ends: in_replay ends the reads after the first of "
                              "several kernels; give prefill.launches > 1 (eager)")

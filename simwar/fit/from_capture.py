@@ -61,6 +61,7 @@ from simwar.fit.profiler_cost import KINDS as PROFILED_KINDS
 from simwar.fit.profiler_cost import CostTable, ProfilerCost, for_capture
 from simwar.fit.receive import held_by_step, receive_line, receive_lines, receive_ranges
 from simwar.fit.samples import COST_DEFAULTS, Samples, sample_cpu_work, sample_device_and_costs
+from simwar.fit.shape_workload import shape_workload
 from simwar.fit.shapes import (
     SHAPE_ORDER,
     ShapeError,
@@ -71,7 +72,6 @@ from simwar.fit.shapes import (
     prefill_section,
     prefill_step_host,
     rule_of,
-    shape_workload,
     split_host,
     split_prefill,
 )
@@ -135,7 +135,8 @@ def fit_model(cap: Capture, *, capture: str = "",
               steps: int = FIT_STEPS, warmup: int = FIT_WARMUP, version: str = "",
               where: str = "", unprofiled_step_us: float | dict | None = None,
               profiler_cost: CostTable | str | bool | None = True,
-              extrapolate_buckets: bool = False, progress=None) -> ModelFit:
+              extrapolate_buckets: bool = False, launch_shares: bool = False,
+              progress=None) -> ModelFit:
     """The whole loop of an opened capture (a :class:`simwar.capture.open.Capture`) as a
     config.
 
@@ -149,7 +150,11 @@ def fit_model(cap: Capture, *, capture: str = "",
     or a table file with that one; False or None keeps it (``--keep-profiler-cost``: the fit
     of the capture's host times as they stand). ``extrapolate_buckets``: a graph phase's
     per-bucket table gives the graph buckets the capture never ran too, from the line over
-    the measured ones (else they are left out, and warned of). A capture bound by other means (a
+    the measured ones (else they are left out, and warned of). ``launch_shares``: an eager
+    prefill's launches each take their measured share of its host and device time
+    (``prefill.host_shares``, ``device_shares``: :mod:`simwar.fit.launches`), else equal
+    shares (the default: calibration/README.md, "Each launch its own share", says why). A
+    capture bound by other means (a
     :class:`simwar.capture.to_trace.KinetoImport` and its mapping) is finished with
     :func:`simwar.capture.open.finish_capture` first. ``progress(done, total)``: called after
     each of the fit's walks over the steps (``FIT_STAGES`` in all: the CLI's bar on a
@@ -248,7 +253,7 @@ def fit_model(cap: Capture, *, capture: str = "",
     _fill(cfg, s, dist, details, sizes if sizes.varying else None, fits, extrapolate_buckets,
           buckets)
     shape_lines = _shapes(cfg, kinds, prefills, lays, sizes, mapping, warnings, excess, idle,
-                          buckets)
+                          buckets, launch_shares)
     if sizes.varying and not shape_lines:
         _workload(cfg, sizes, warm, warnings, buckets)
     receive, how_r = receive_line(received)
@@ -317,8 +322,8 @@ def profiler_cost_line(prof: ProfilerCost | None, lays) -> str:
 
 
 def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping: Mapping,
-            warnings: list[str], excess: float = 0.0, idle=None, buckets: list[int] = ()
-            ) -> list[str]:
+            warnings: list[str], excess: float = 0.0, idle=None, buckets: list[int] = (),
+            launch_shares: bool = False) -> list[str]:
     """A capture whose steps prefill: the config's ``prefill`` and ``scheduling`` sections
     (with ``idle``, the capture's idle steps, :func:`simwar.fit.shapes.idle_samples`:
     ``scheduling.idle``) and a workload of requests with prompts (:mod:`simwar.fit.shapes`);
@@ -343,7 +348,8 @@ def _shapes(cfg: dict, kinds, prefills: dict, lays, sizes: CaptureSizes, mapping
             else int(cfg["batch_size"]))
     section, lines = prefill_section(fitted, sorted({b for r in mapping.reads.values()
                                                      for b in r}) or ["req_to_token"], excess,
-                                     lambda batch: launch_cost(cfg["costs"], batch), kinds)
+                                     lambda batch: launch_cost(cfg["costs"], batch), kinds,
+                                     launch_shares)
     rule = rule_of(kinds, steps)
     cfg["prefill"] = section
     cfg["scheduling"] = {"rule": rule}

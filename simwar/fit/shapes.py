@@ -57,8 +57,8 @@ so the loop's host work is fitted as captured whatever the rule. It also writes
 ``chunk_tokens`` (the most a step used of it: :func:`budgeted`), ``graph`` and the
 scheduling rule the steps show (:func:`rule_of`: chunks inside decode steps →
 ``sglang_mixed``, whose prefill steps of their own are those with nothing decoding; prefill
-steps of their own alone → ``sglang``), and :func:`shape_workload` a workload of requests
-with prompts as the capture's arrived. ``--check`` compares each shape's figures:
+steps of their own alone → ``sglang``); :mod:`simwar.fit.shape_workload` writes a workload
+of requests with prompts as the capture's arrived. ``--check`` compares each shape's figures:
 :mod:`simwar.fit.shape_check`.
 
 Imports: numpy, the standard library and simwar's capture and fit layout modules; never the
@@ -74,6 +74,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from simwar.core.trace import OpKind, Trace
+from simwar.fit.launches import (
+    FIT_MAX_LAUNCHES,
+    launch_count,
+    launch_device,
+    launch_shares,
+    shares_device,
+)
 from simwar.fit.layout import StepLayout, columns
 from simwar.fit.prefix import MIN_PREFIX_STEPS, _r, prefix_line, prefixes, token_line
 
@@ -257,6 +264,10 @@ class PrefillSample:
     prefix: int = -1  # its (chunk token, cached token) pairs (-1: the ranges do not say)
     extra_us: float = 0.0  # host work its step took around the forward beyond a decode step's
     extra_before_us: float = 0.0  # the part of it before the forward's window
+    # per launch call in issue order: its host time (from the call before's end, the first
+    # from the window's start, to its own end) and its kernels' device time (ops.call)
+    call_host: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    call_device: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def split_prefill(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, prof=None
@@ -266,7 +277,7 @@ def split_prefill(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, p
     its prefill took (see the module docstring). ``prof``: the profiler's own host cost
     (:class:`simwar.fit.profiler_cost.ProfilerCost`), taken out of the host figures."""
     s0, e0 = columns(trace, "spans", "start_us", "end_us")
-    op_start, op_end = columns(trace, "ops", "start_us", "end_us")
+    op_start, op_end, op_call = columns(trace, "ops", "start_us", "end_us", "call")
     kept: dict[int, StepLayout] = {}
     samples: dict[int, PrefillSample] = {}
     for k, lay in lays.items():
@@ -282,7 +293,7 @@ def split_prefill(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, p
         if not pre:
             continue
         got = _sample(k, shape, kinds.tokens.get(k, -1) if shape != "decode" else 0, pre, lay,
-                      s0, e0, op_start, op_end, prof)
+                      s0, e0, op_start, op_end, op_call, prof)
         last = pre[-1].calls[-1]  # the decode unit whose host region holds the prefill's
         got.then = next((i for i, u in enumerate(rest) if s0[u.calls[0]] > s0[last]),
                         len(rest))
@@ -290,7 +301,8 @@ def split_prefill(trace: Trace, lays: dict[int, StepLayout], kinds: StepKinds, p
     return kept, samples
 
 
-def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> PrefillSample:
+def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, op_call, prof
+            ) -> PrefillSample:
     calls = [c for u in units for c in u.calls]
     first, last = calls[0], calls[-1]
     begin = _window_start(lay, first, s0, e0, float(s0[first]), set(calls))
@@ -315,9 +327,18 @@ def _sample(k, shape, tokens, units, lay, s0, e0, op_start, op_end, prof) -> Pre
     # the stream (the step before's forward: the simulated run waits for its own)
     wait = max(0.0, float(op_start[ops[0]]) - float(e0[first])) if ops else 0.0
     end = (max(op_end[o] for o in ops) - begin - wait) if ops else 0.0
+    ends = np.array([float(e0[c]) for c in calls])
+    call_host = np.diff(ends, prepend=begin)
+    index = {c: i for i, c in enumerate(calls)}
+    call_device = np.zeros(len(calls))
+    for o in ops:  # each kernel its launch call's (the trace's launch edge)
+        i = index.get(int(op_call[o]), -1)
+        if i >= 0:
+            call_device[i] += float(op_end[o] - op_start[o])
     return PrefillSample(k, shape, tokens, max(host, 0.0), max(window, 0.0), device, graph,
                          launches=len(calls), launch_us=spent, busy_us=busy,
-                         end_us=float(end), fit_window_us=max(fitted, 0.0))
+                         end_us=float(end), fit_window_us=max(fitted, 0.0),
+                         call_host=call_host, call_device=call_device)
 
 
 def _window_start(lay: StepLayout, first: int, s0, e0, default: float | None = None,
@@ -550,31 +571,9 @@ def rule_of(kinds: StepKinds, steps) -> str:
     return "sglang_mixed" if seen.get("mixed") or not seen.get("prefill") else "sglang"
 
 
-#: the most launches a fitted eager prefill models (:data:`simwar.config.schema.MAX_LAUNCHES`:
-#: a capture's hundreds of kernels are modelled as at most this many launches)
-FIT_MAX_LAUNCHES = 32
-def launch_device(end: float, window: float, launches: int) -> float:
-    """The device time of a prefill of ``launches`` launches whose simulated host window is
-    ``window`` (each launch ``window / launches`` of host, then its kernel, ``device /
-    launches``, after it and after the kernel before) that ends its last kernel at ``end``
-    from the window's start: device-bound (``end >= window / launches + window``) ``end``
-    less the first launch; launch-bound ``launches x`` what the last kernel runs after the
-    last launch (>= 0)."""
-    h = window / max(launches, 1)
-    if end >= h + window:
-        return end - h
-    return max(0.0, launches * (end - window))
-
-
-def launch_count(got: list[PrefillSample]) -> tuple[int, float]:
-    """``(launches, mean)``: an eager prefill's launches per step as the config models them
-    (the mean count, rounded, 1 to :data:`FIT_MAX_LAUNCHES`), and the mean itself."""
-    mean = float(np.mean([p.launches for p in got])) if got else 0.0
-    return max(1, min(FIT_MAX_LAUNCHES, int(round(mean)))), mean
-
-
 def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess: float = 0.0,
-                    launch_cost=None, kinds: StepKinds | None = None) -> tuple[dict, list[str]]:
+                    launch_cost=None, kinds: StepKinds | None = None, shares: bool = False
+                    ) -> tuple[dict, list[str]]:
     """``(prefill section, header lines)`` from the steps that prefilled tokens (``excess``:
     the mean host work a mixed step added outside its prefill, :func:`split_host`).
 
@@ -586,7 +585,10 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
     ``costs.launch_us`` at the step's batch plus ``host_call_us``; the simulated prefill then
     spends the window's host time over its launches, each kernel after its own), plus its
     step's host work beyond a decode step's but the part before the window, which is
-    ``host_before_us`` (before the first launch). A graph
+    ``host_before_us`` (before the first launch); ``shares``: each launch its measured
+    share of the host and device time (``host_shares``, ``device_shares``:
+    :func:`~simwar.fit.launches.launch_shares`), the device time the kernels' busy time or
+    more (:func:`~simwar.fit.launches.shares_device`). A graph
     prefill: host time to its launch, the device time after it. ``kinds``: the steps'
     ranges, whose carried-over chunks give ``forward_us.per_token_prefix``
     (:func:`prefixes`)."""
@@ -599,7 +601,10 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
             for p in got]
     named = [t for t in used if t > 0]
     chunk = max(named) if named else 8192
-    launches, mean_launches = launch_count(got) if graph == "eager" else (1, 0.0)
+    launches, mean_launches = launch_count([p.launches for p in got]) if graph == "eager" \
+        else (1, 0.0)
+    host_w: list[float] = []
+    device_w: list[float] = []
     befores: list[float] = []
     if graph == "eager":
         cost = (lambda batch: 0.0) if launch_cost is None else launch_cost
@@ -611,12 +616,21 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
         befores = [max(0.0, p.extra_before_us) for p in got]
         hosts = [max(0.0, p.fit_window_us - launches * cost(p.batch) + p.extra_us - b)
                  for p, b in zip(got, befores)]
-        # the kernels' busy time, or more where the capture's forward ended later than that
-        # after the simulated launches: short kernels that waited for their launches between
-        # long ones (which equal shares do not)
-        devices = [max(p.busy_us, launch_device(p.end_us + p.extra_before_us - b,
-                                                p.fit_window_us + p.extra_us - b, launches))
-                   for p, b in zip(got, befores)]
+        # each launch its measured share of the host and device time (launch_shares): the
+        # long kernels run under the launches of the short ones after them
+        if shares:
+            host_w, device_w, _ = launch_shares(
+                [(p.call_host, p.call_device, cost(p.batch)) for p in got], launches)
+        if device_w:  # the busy time, or more where the capture's forward ended later
+            devices = [max(p.busy_us, shares_device(
+                p.end_us + p.extra_before_us - b, p.fit_window_us + p.extra_us - b,
+                host_w or [1.0] * launches, device_w)) for p, b in zip(got, befores)]
+        else:  # one launch (or no step with enough calls): the busy time, or more where the
+            # capture's forward ended later than that after the simulated launch(es)
+            devices = [max(p.busy_us, launch_device(p.end_us + p.extra_before_us - b,
+                                                    p.fit_window_us + p.extra_us - b,
+                                                    launches))
+                       for p, b in zip(got, befores)]
     else:
         hosts = [max(0.0, p.host_us + p.extra_us) for p in got]
         devices = [p.device_us for p in got]
@@ -655,11 +669,18 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
         section["host_before_us"] = before
     if launches > 1:
         section["launches"] = launches
+        if host_w:
+            section["host_shares"] = host_w
+        if device_w:
+            section["device_shares"] = device_w
     calls = max(sum(p.launches for p in got), 1)
     per_call = sum(p.launch_us for p in got) / calls
     window = float(np.mean([p.fit_window_us + p.extra_us for p in got])) if got else 0.0
     if graph == "eager":
-        dev_line = ("the prefill kernels' whole device time, or more where the capture's "
+        dev_line = ("the prefill kernels' busy device time, or more where the capture's "
+                    "forward ended later than that after the simulated launches, each launch's "
+                    "kernel its measured share (prefill.device_shares)" if device_w else
+                    "the prefill kernels' whole device time, or more where the capture's "
                     "forward ended later than that after the simulated launches (each launch's "
                     "kernel takes its share)")
         kept = ("less the profiler's cost there" if EAGER_PREFILL_LESS_PROFILER else
@@ -671,9 +692,15 @@ def prefill_section(samples: dict[int, PrefillSample], reads: list[str], excess:
                        f"launches per prefill (mean; {per_call:.2f} µs of host each)"
                        + (f", modelled as {launches} (at most {FIT_MAX_LAUNCHES})"
                           if mean_launches > launches + 0.5 else "")
-                       + f"; each launch's host time host_us/{launches} + the launch call "
-                         f"({window / max(launches, 1):.1f} µs on average: the window "
-                         f"{window:.1f} µs over {launches}), each kernel after its launch")
+                       + (f"; each launch its measured share of the host and device time "
+                          f"(prefill.host_shares, device_shares: the launch calls cut into "
+                          f"{launches} groups in issue order; the largest device share "
+                          f"{max(device_w, default=1.0) / launches:.0%}, the smallest "
+                          f"{min(device_w, default=1.0) / launches:.1%}), each kernel after "
+                          f"its launch" if host_w or device_w else
+                          f"; each launch's host time host_us/{launches} + the launch call "
+                          f"({window / max(launches, 1):.1f} µs on average: the window "
+                          f"{window:.1f} µs over {launches}), each kernel after its launch"))
     else:
         dev_line = "the device work after its graph launch"
         host_line = ("host time from the call before its launch to the launch, less the "
@@ -709,76 +736,9 @@ def _text(v) -> str:
     return f"{v:g} µs"
 
 
-def prompt_groups(kinds: StepKinds, steps: list[int], chunk: int) -> list[tuple[int, int]]:
-    """``(requests, tokens)`` of each run of steps that prefill (prefill steps of their own or
-    mixed steps, whose chunks are the same queue's) whose chunks carry a request over (every
-    step of the run but the last is a full chunk, ``chunk`` tokens): the requests whose
-    prompts it prefilled (each step's, less the one carried in from the step before; a step
-    whose range does not count its chunk's requests, as an older capture's mixed step, one)
-    and their
-    tokens. A run of one request gives its prompt exactly."""
-    out: list[tuple[int, int]] = []
-    cur = None
-    for k in steps:
-        if kinds.shape.get(k) not in ("prefill", "mixed") or kinds.tokens.get(k, -1) < 0:
-            cur = None
-            continue
-        n, t = kinds.requests.get(k, 1), kinds.tokens[k]
-        full = kinds.budget(k) >= chunk
-        if cur is None:
-            cur = [n, t]
-            out.append(cur)
-        else:
-            cur[0] += max(0, n - 1)
-            cur[1] += t
-        if not full:  # the queue's prompts all prefilled: the next step starts afresh
-            cur = None
-    return [(max(n, 1), t) for n, t in out]
-
-
-def shape_workload(kinds: StepKinds, steps: list[int], batch, accept: float, duration_us: float,
-                   buckets, chunk: int) -> tuple[dict, str]:
-    """``(workload, header line)``: requests arriving as the capture's did on average, so
-    that the fitted config runs every shape the capture ran (its steps cannot be replayed one
-    for one: a step's shape follows the simulated queue). The requests are those whose
-    prompt began in a fitted step (:func:`prompt_groups` of the prefill steps; without them,
-    the decode batch's growth), the rate their count over the fitted steps' time, the prompt
-    a lognormal of the groups' tokens per request (their mean and spread), the output the
-    decode tokens per request, plus the first."""
-    groups = prompt_groups(kinds, steps, chunk)
-    grown = sum(max(0, batch[k] - batch[k - 1]) for k in steps if k - 1 in batch and k in batch)
-    requests = max(sum(n for n, _ in groups) or grown, 1)
-    tokens = [kinds.tokens[k] for k in steps if kinds.tokens.get(k, -1) > 0]
-    mean = sum(tokens) / requests if tokens else 256.0
-    per = [t / n for n, t in groups]
-    std = float(np.std(per)) if len(per) > 1 else 0.0
-    prompt: int | dict = max(int(round(mean)), 1)
-    if std > 0.05 * mean:
-        prompt = {"dist": "lognormal", "mean": round(mean, 1), "std": round(std, 1)}
-    decoded = sum(batch.get(k, 0) for k in steps if kinds.shape.get(k) != "prefill") * accept
-    output = max(1, int(round(decoded / requests + 1)))
-    rate = requests / max(duration_us, 1.0) * 1e6
-    top = max([batch.get(k, 0) for k in steps] + [1])
-    max_batch = top if not buckets else min(top, max(buckets))
-    wl = {"arrivals": {"rate_per_s": round(rate, 3)}, "max_batch": int(max_batch),
-          "initial_batch": 0, "output_tokens": output, "prompt_tokens": prompt}
-    if buckets:
-        wl["graph_buckets"] = list(buckets)
-    shown = f"lognormal prompts (mean {mean:.0f}, std {std:.0f} tokens: the carried-over runs " \
-        f"of prefill steps, per request)" if isinstance(prompt, dict) else \
-        f"{prompt} prompt tokens each (their mean)"
-    line = (f"Workload: requests arriving at the capture's mean rate ({requests} requests "
-            f"began their prompt in the fitted steps: {rate:.1f}/s), {shown}, {output} output "
-            f"tokens (their mean), max_batch {max_batch}: each run's queue picks its shapes, "
-            f"so `--check` compares each shape's figures at the capture's sizes, not step for "
-            f"step.")
-    return wl, line
-
-
-
 __all__ = ["FIT_MAX_LAUNCHES", "IdleSample", "MODES", "PREFILL_PHASE", "budgeted",
            "PrefillSample", "idle_samples", "idle_section",
            "RANK", "SHAPE_ORDER", "ShapeError", "StepKinds", "classify", "cpu_outside",
            "give_back", "launch_count", "prefill_section",
-           "prefill_step_host", "prompt_groups", "rule_of",
-           "shape_workload", "split_host", "split_prefill", "token_line"]
+           "prefill_step_host", "rule_of",
+           "split_host", "split_prefill", "token_line"]
