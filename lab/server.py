@@ -502,7 +502,8 @@ def build_parser() -> argparse.ArgumentParser:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--suite", help="comma-separated: fit, loads, races, hostsync, prefill, "
-                                    "shapes, smoke (none: one case from the flags)")
+                                    "shapes, shapes_normal, smoke (none: one case from the "
+                                    "flags)")
     ap.add_argument("--cases", help="comma-separated case names to keep")
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny shapes on the CPU, no streams or graphs (tests)")

@@ -118,13 +118,15 @@ def suite_cases(name: str) -> list[Case]:
                         profiled=True, prompt_tokens=prompts, warmup=30)])
     if name == "shapes":
         return _shapes_cases()
+    if name == "shapes_normal":
+        return _shapes_normal_cases()
     if name == "smoke":
         return [Case("smoke_decode", 40, "medium", seed=5),
                 Case("smoke_prefill_profiled", 30, "closed", concurrency=4, seed=5,
                      profiled=True, prompt_tokens="64..300"),
                 Case("smoke_eager", 20, "light", "planted", seed=5, eager=True)]
     raise ValueError(f"--suite: {name!r} is not a suite (fit, loads, races, hostsync, "
-                     f"prefill, shapes, smoke)")
+                     f"prefill, shapes, shapes_normal, smoke)")
 
 
 #: the shapes suite's timed repeats per case (seeds 300, 301, ...)
@@ -152,6 +154,25 @@ def _shapes_cases() -> list[Case]:
                      profiled=True, schedule=mode, warmup=20, **SHAPES_LENGTHS)
                 for mode in POLICIES[::-1]]
     return rounds[0] + rounds[1] + profiled + [c for rd in rounds[2:] for c in rd]
+
+
+def _shapes_normal_cases() -> list[Case]:
+    """The profiler's effect on a step that prefills, by loop: the medium load of each mode
+    profiled in the normal loop too (``shapes_<mode>_medium_normal_profiled``), each profiled
+    case between timed twins of its own loop (``..._r0`` before it, ``..._r1`` after, the
+    shapes suite's seeds), so that a prefill forward's profiled and unprofiled spans can be
+    set side by side in each loop (calibration/README.md, "Each launch its own share")."""
+    out = []
+    for mode in POLICIES[::-1]:
+        for ov in (False, True):
+            loop = "overlap" if ov else "normal"
+            timed = [Case(f"shapes_{mode}_medium_{loop}_r{r}", 400, "shapes_medium",
+                          seed=300 + r, overlap=ov, schedule=mode, warmup=40,
+                          **SHAPES_LENGTHS) for r in range(2)]
+            out += [timed[0], Case(f"shapes_{mode}_medium_{loop}_profiled", 200,
+                                   "shapes_medium", seed=300, profiled=True, overlap=ov,
+                                   schedule=mode, warmup=20, **SHAPES_LENGTHS), timed[1]]
+    return out
 
 
 @dataclass(frozen=True)

@@ -395,6 +395,18 @@ def test_case_selection():
     # the pools grow to the longest prompt, the chunk to the budget
     assert sized_for(shapes, 2.0, 1024, 1024) == (4224, 2048)
     assert sized_for(suite_cases("prefill"), 2.0, 1024, 1024) == (1024, 1024)
+    # the profiler's effect by loop: each mode's medium load profiled in both loops, each
+    # between timed twins of its own loop
+    twins = suite_cases("shapes_normal")
+    assert [c.name for c in twins if c.profiled] == [
+        f"shapes_{m}_medium_{loop}_profiled" for m in ("sglang", "mixed")
+        for loop in ("normal", "overlap")]
+    for i, c in enumerate(twins):
+        if c.profiled:
+            before, after = twins[i - 1], twins[i + 1]
+            assert (before.seed, after.seed, c.seed) == (300, 301, 300)
+            assert {before.overlap, after.overlap, before.schedule, after.schedule} == \
+                {c.overlap, c.schedule}
 
 
 def test_cpu_pins_the_loop_only_where_the_process_has_cores_to_spare(monkeypatch):
