@@ -114,6 +114,7 @@ from simwar.config import ConfigError
 from simwar.core.program import Program
 from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.execute import FastRun, _finish, _State, nonnegative, run_plan
+from simwar.executors.fast.famraces import family_race_plans
 from simwar.executors.fast.plan import Unsettled, plan_config, plan_program
 from simwar.executors.fast.races import RacePlan
 from simwar.executors.fast.union import family_codes
@@ -267,11 +268,14 @@ def run_family(cfgs: list, sizes: list, window: int = 2, summary_only: bool = Fa
     a block's code is the union of theirs (:mod:`simwar.executors.fast.union`), each run on
     it with its own numbers; elsewhere each plan runs its own code."""
     plans = [_plan(cfg, sz, family) for cfg, sz in zip(cfgs, sizes)]
-    races = [RacePlan(plan, window) for plan in plans]
-    unions = None
-    if len(plans) > 1:
-        unions = family_codes(plans, [[r.logs_of(bi) for bi in range(len(p.blocks))]
-                                      for p, r in zip(plans, races)])
+    unions = family_codes(plans) if len(plans) > 1 else None
+    # the members' race windows from one pass over the unions (famraces), their logs then
+    # the unions'
+    races = family_race_plans(plans, unions, window)
+    if unions is not None:
+        for bi, u in enumerate(unions):
+            if u is not None:
+                u.set_log([r.logs_of(bi) for r in races])
     out = []
     for m, (plan, race) in enumerate(zip(plans, races)):
         codes = None if unions is None else _union_code(plan, unions, m)

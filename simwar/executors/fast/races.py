@@ -139,6 +139,16 @@ _WINDOWS: dict = {}
 _WINDOWS_LIMIT = 512  # windows kept before the cache is emptied
 
 
+def window_segments(plan: Plan, window: int) -> list[int | None]:
+    """The block of each segment of the sequence a windowed race plan's one pass goes over
+    (:meth:`RacePlan._fill`: each block cut to its first ``window + 1``; None: a segment of
+    an unmarked block, left out)."""
+    out: list[int | None] = []
+    for bi, b in enumerate(plan.blocks):
+        out += [bi if b.marked else None] * min(b.n, window + 1)
+    return out
+
+
 class RacePlan:
     """Which pairs to check where, which op times to log, and the races once run.
 
@@ -153,7 +163,7 @@ class RacePlan:
     turns the logged times into the races.
     """
 
-    def __init__(self, plan: Plan, window: int):
+    def __init__(self, plan: Plan, window: int, windows: dict | None = None):
         self.plan = plan
         self.window = window
         blocks = plan.blocks
@@ -162,22 +172,28 @@ class RacePlan:
         for b in blocks:
             self.op_base.append(base)
             base += b.n * len(b.shape.ops)
-        marked = [b for b in blocks if b.marked]
-        consecutive = all(isinstance(b.steps, range) for b in marked) and all(
-            x.steps[-1] + 1 == y.steps[0] for x, y in zip(marked, marked[1:]))
-        prefix_ok = all(b.marked or not any(op.accesses for op in b.shape.ops) for b in blocks)
-        self.windowed = (not plan.negative and plan.offsets <= {0} and consecutive
-                         and prefix_ok)
+        self.windowed = self.fits(plan)
         self.logs: list[list[tuple[int, str]]] = [[] for _ in blocks]
         self.groups: list[tuple] = []  # (block, first pass, count, pairs)
         self.cache = _WINDOWS
         if self.windowed:
-            self._plan_windows()
+            self._plan_windows(windows)
         else:
             for bi, b in enumerate(blocks):
                 self.logs[bi] = sorted({(d, w) for d, op in enumerate(b.shape.ops)
                                         if op.accesses for w in "se"})
         self.arrays: list[list[array]] = []
+
+    @staticmethod
+    def fits(plan: Plan) -> bool:
+        """Whether the plan's races are windowed (see the class): its steps consecutive
+        segments, every access its segment's step's."""
+        blocks = plan.blocks
+        marked = [b for b in blocks if b.marked]
+        consecutive = all(isinstance(b.steps, range) for b in marked) and all(
+            x.steps[-1] + 1 == y.steps[0] for x, y in zip(marked, marked[1:]))
+        prefix_ok = all(b.marked or not any(op.accesses for op in b.shape.ops) for b in blocks)
+        return not plan.negative and plan.offsets <= {0} and consecutive and prefix_ok
 
     # ---- planning
     def _segment(self, g: int) -> tuple[int, int]:
@@ -192,7 +208,11 @@ class RacePlan:
                 hi = mid - 1
         return lo, g - blocks[lo].g0
 
-    def _plan_windows(self) -> None:
+    def _plan_windows(self, windows: dict | None) -> None:
+        """The pairs of each window, and the op times logged for them. ``windows``: the
+        latent pairs of the pass over the run's segments (:meth:`_fill`'s, by the index of
+        the later access's segment in :func:`window_segments`' sequence) where known (a
+        family's, :mod:`simwar.executors.fast.famraces`), else found here."""
         w = self.window
         blocks = self.plan.blocks
         need: list[set] = [set() for _ in blocks]
@@ -220,8 +240,9 @@ class RacePlan:
                 c = first[bi] + i
                 key = tuple(padded[c:c + w + 1])  # the shapes of segments g - w .. g
                 ids = tuple(map(id, key))
-                if ids not in mine:
-                    mine[ids] = self.cache.get((key, w))
+                if ids not in mine:  # (as _fill takes it: the first segment of the window)
+                    mine[ids] = (self.cache.get((key, w)) if windows is None
+                                 else windows.get(c, []))
                 parts.append((bi, i, count, key, ids, c))
         if any(tpls is None for tpls in mine.values()):
             self._fill(seq, parts, mine)

@@ -81,6 +81,12 @@ class Union:
         self.log = log  # the union's logged op times, sorted
         self.compiled: dict = {}  # its compiled function, per what else the code depends on
 
+    def set_log(self, logs: list[tuple]) -> None:
+        """The union's logged op times: every member's (``logs``: per member, its own)."""
+        maps = self.maps
+        self.log = tuple(sorted({(maps[m][1][dev], w) for m, lg in enumerate(logs)
+                                 for dev, w in lg}))
+
     def consts(self, m: int, consts: tuple) -> tuple:
         params, _, flags, pick = self.maps[m]
         out = [0.0] * self.shape.nparams
@@ -107,8 +113,9 @@ def _pick(idx: list[int]):
     return operator.itemgetter(*idx)
 
 
-def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
-    """The union of one block's member shapes (None where there is none, see the module)."""
+def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union | None:
+    """The union of one block's member shapes (None where there is none, see the module);
+    ``logs``: per member, its logged op times (None: set later, :meth:`Union.set_log`)."""
     n = len(shapes)
     backbone = None
     gaps: list[list[_Slot]] = []
@@ -292,9 +299,10 @@ def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
                 ops[dev0[hu] + i] = sh.ops[d]
                 d += 1
         maps.append((params, devs, tuple(flags[m]), _pick(pick[m])))
-    shape = Shape(tuple(host), ops, records, nparams)
-    log = sorted({(maps[m][1][dev], w) for m in range(n) for dev, w in logs[m]})
-    return Union(shape, tuple(guards), maps, tuple(log))
+    out = Union(Shape(tuple(host), ops, records, nparams), tuple(guards), maps, None)
+    if logs is not None:
+        out.set_log(logs)
+    return out
 
 
 def _places(nodes) -> list[tuple[int, int]]:
@@ -342,10 +350,12 @@ def _graph_record(shape: Shape, record: int, where: list, graph_rec: dict) -> in
     raise ValueError(f"record {record} is not a record of the shape")
 
 
-def family_codes(plans: list[Plan], logs: list[list[tuple]]) -> list[Union | None] | None:
+def family_codes(plans: list[Plan], logs: list[list[tuple]] | None = None
+                 ) -> list[Union | None] | None:
     """Per block, the union of the members' shapes (None for a block that has none), or
     None where the members' plans are not of the same blocks. ``logs``: per member, per
-    block, its logged op times (:meth:`~simwar.executors.fast.races.RacePlan.logs_of`)."""
+    block, its logged op times (:meth:`~simwar.executors.fast.races.RacePlan.logs_of`;
+    None: set later, :meth:`Union.set_log`)."""
     first = plans[0]
     for p in plans:
         if len(p.blocks) != len(first.blocks) or p.depth != first.depth:
@@ -359,5 +369,6 @@ def family_codes(plans: list[Plan], logs: list[list[tuple]]) -> list[Union | Non
         if any(c is None for b in blocks for c in b.consts):
             out.append(None)
             continue
-        out.append(block_union([b.shape for b in blocks], [lg[bi] for lg in logs]))
+        out.append(block_union([b.shape for b in blocks],
+                               None if logs is None else [lg[bi] for lg in logs]))
     return out
