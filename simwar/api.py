@@ -407,7 +407,11 @@ class Runner:
         """``[self.run(v, family=family) for v in variants]``, bit for bit, for variants that
         differ only in where read-done is published (an ``advise`` family): on the one-pass
         executor their plans run on code compiled once for all of them
-        (:func:`simwar.executors.fast.run_family`)."""
+        (:func:`simwar.executors.fast.run_family`), as the lanes of one lockstep pass where
+        they can (:func:`simwar.executors.lockstep.family.run_family`)."""
+        # lazy: start-up time (a single run needs no lockstep)
+        from simwar.executors.lockstep.family import run_family
+
         cfgs = [self._variant(v) for v in variants]
         if self.choice.name != "fast" or len(cfgs) < 2 or any(c.tp > 1 for c in cfgs):
             return [self.run(v, family=family) for v in variants]
@@ -415,10 +419,10 @@ class Runner:
         with gc_paused():
             resolved = [_resolve(cfg, self.summary_only) for cfg in cfgs]
             todo = [m for m, (_, run) in enumerate(resolved) if run is None]
-            runs = dict(zip(todo, fast.run_family([cfgs[m] for m in todo],
-                                                  [resolved[m][0] for m in todo],
-                                                  summary_only=self.summary_only,
-                                                  family=family)))
+            runs = dict(zip(todo, run_family([cfgs[m] for m in todo],
+                                             [resolved[m][0] for m in todo],
+                                             summary_only=self.summary_only,
+                                             family=family)))
         return [Result(cfg, "fast", run.summary, run.hazards, columns=run.columns,
                        meta=run.meta, requested=requested, refused=choice.refused)
                 for cfg, run in ((cfgs[m], runs[m] if m in runs else resolved[m][1])

@@ -117,7 +117,7 @@ SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
 #: the lockstep executor's: arrays of one element per run
 _MANY = {"_begins": rules.begins_many, "_released": rules.released_many,
          "_returns": rules.returns_many, "_add": np.add, "_sub": np.subtract, "_empty": np.empty,
-         "_any": np.any}
+         "_any": np.any, "_where": np.where, "_multiply": np.multiply, "_zeros": np.zeros}
 ARRAY = Target("array", _MANY, False, False, True)
 #: the same over per-step arrays whose rows are copies read and written back (runs picked
 #: out of a group's, :mod:`simwar.executors.lockstep.shapes`)
@@ -168,8 +168,10 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     is a family's union (:mod:`simwar.executors.fast.union`) and these its guarded ops,
     ``(host op index, graph node index or -1)`` in the order of their flags: ``K`` ends
     with one flag per guarded op (the op runs where it is true) and ``HP``, which picks
-    the run's own records, in its order, from the tuple of the union's (the scalar target
-    only, and no collect, trace or feed). ``nonneg``: every parameter the block is run with
+    the run's own records, in its order, from the tuple of the union's (the scalar target,
+    or the array target with the runs a family's members, each flag an array of a truth
+    value per run: :mod:`simwar.executors.lockstep.family`; no collect, trace or feed).
+    ``nonneg``: every parameter the block is run with
     is a number at or above 0 and not -0.0 (the scalar target's caller checks them; the
     array target's runs hold them, :mod:`simwar.executors.lockstep`): a tail set since the
     host clock last moved is at or after it, and ``begins`` of it is the tail itself, with no
@@ -184,8 +186,9 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     tgt = TARGETS[target]
     if tgt is not SCALAR and (collect or trace):
         raise ValueError(f"the {target} target has no collect or trace mode")
-    if union is not None and (tgt is not SCALAR or collect or trace or feed):
-        raise ValueError("a union's code is the scalar target's, with no collect, trace or feed")
+    if union is not None and (tgt not in (SCALAR, ARRAY) or collect or trace or feed):
+        raise ValueError("a union's code is the scalar or the array target's, with no collect, "
+                         "trace or feed")
     fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed, tgt, lanes, union,
                    nonneg)
     _CODE[key] = fn
@@ -221,14 +224,22 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         body.append((line, indent))
 
     # a union's guarded ops: each op's lines run under its flag (the op's own, as a member
-    # that has it runs them)
+    # that has it runs them). The array target's runs are members side by side: there a
+    # guarded op runs for every run, and what it sets is kept only where its flag (an array
+    # of a truth value per run) is true (``_where``): a tail, the host clock after a sync,
+    # and what a wait adds to the window (times 0 elsewhere: adding a zero leaves a sum as
+    # it was); its host cost is 0.0 for a run without it (:meth:`Union.consts`), and
+    # ``t + 0.0`` is ``t``; its records and logged times are read only by the runs that
+    # have it
     flag = {at: f"G{i}" for i, at in enumerate(union or ())}
+    masked = union is not None and target is ARRAY
 
     def guarded(start: int, at: tuple[int, int], known: set) -> None:
         """The op's lines from ``start`` under its flag; ``known``: the tails and records at
         or after the host clock before the op (what stays so whether it runs or not)."""
         if at in flag:
-            body[start:] = [(f"if {flag[at]}:", 2)] + [(x, i + 1) for x, i in body[start:]]
+            if not masked:
+                body[start:] = [(f"if {flag[at]}:", 2)] + [(x, i + 1) for x, i in body[start:]]
             above.intersection_update(known)
 
     # the array target's fewer numpy calls and arrays: the tails known to be at or after the
@@ -355,20 +366,30 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                                                              "W = 0.0; Dp = 0.0") + f"; cl = {ks}")
         log_times(dev_index, "s", "e")
 
-    def record(var: str, lane: str, dev_index: int) -> None:
+    def record(var: str, lane: str, dev_index: int, mask: str | None = None) -> None:
         """A record on ``lane`` (an event's, or a wait_stream's of the lane's tail): it fires
-        when the lane reaches it, into ``var``."""
+        when the lane reaches it, into ``var`` (``mask``: the runs it is kept for, above)."""
         tv = _lanevar(lane, lanes)
-        emit(f"{var} = {tv} = {begun(tv)}")
+        if mask is not None:
+            emit(f"{var} = {begun(tv)}; {tv} = _where({mask}, {var}, {tv})")
+        else:
+            emit(f"{var} = {tv} = {begun(tv)}")
         above.update((tv, var))
         log_times(dev_index, var, var)
 
     def wait(stream: str, fired_at: str | None, lat: str, same_stream: bool,
-             dev_index: int) -> None:
+             dev_index: int, mask: str | None = None) -> None:
         """A wait on ``stream`` bound to a record fired at ``fired_at`` (None: bound to
-        nothing, a no-op)."""
+        nothing, a no-op); ``mask``: the runs it is kept for (above)."""
         ts = _lanevar(stream, lanes)
-        if fired_at is None:
+        if mask is not None:
+            emit(f"reach = {begun(ts)}")
+            emit("rel = reach" if fired_at is None else
+                 f"rel = {rule('released', 'reach', fired_at, lat, str(same_stream))}")
+            emit(f"{ts} = _where({mask}, rel, {ts})")
+            if stream == fwd and fired_at is not None:
+                emit(f"_sub(rel, reach, Z_); _multiply(Z_, {mask}, Z_); _add(Dp, Z_, Dp)")
+        elif fired_at is None:
             emit(f"{ts} = reach = rel = {begun(ts)}")
         elif arr and fired_at in above and stream != fwd and (dev_index, "s") not in logs:
             # fired at or after the host clock, so its release (fired, plus a latency >= 0)
@@ -397,6 +418,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     for hi, h in enumerate(shape.host):
         kind = h.kind
         start, known = len(body), set(above)
+        mask = flag.get((hi, -1)) if masked else None
         if kind == "cpu":
             advance(next(pi))
         elif kind == "launch":
@@ -409,7 +431,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             for ni, node in enumerate(h.nodes):
                 if node.kind == "r":
                     at, before = len(body), set(above)
-                    record(f"r{rec}", h.stream, dev)
+                    record(f"r{rec}", h.stream, dev,
+                           flag.get((hi, ni)) if masked else None)
                     guarded(at, (hi, ni), before)
                     rec += 1
                 elif node.kind == "c":
@@ -419,7 +442,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                 dev += 1
         elif kind == "record":
             advance(next(pi))
-            record(f"r{rec}", h.stream, dev)
+            record(f"r{rec}", h.stream, dev, mask)
             rec += 1
             dev += 1
         elif kind == "wait_stream":  # WaitStream's rule: other's tail recorded, then waited
@@ -433,14 +456,15 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             advance(host)
             bind = h.bind
             wait(h.stream, None if bind is None else fired(bind), lat,
-                 bind is not None and bind.same_stream, dev)
+                 bind is not None and bind.same_stream, dev, mask)
             dev += 1
         elif kind == "sync":
             host, wake = next(pi), next(pi)
             f = "None" if h.bind is None else fired(h.bind)
             above.clear()
             emit("t0 = t")
-            emit(f"t = {rule('returns', 't0', host, f, wake)}")
+            back = rule('returns', 't0', host, f, wake)
+            emit(f"t = _where({mask}, {back}, t0)" if mask is not None else f"t = {back}")
             if target.rows_in_place:  # added in the row (``row += Z_`` writes it back too)
                 emit(f"_sub(t, t0, Z_); BR_ = B{sites.index(h.site)}[{step_index(h.off)}]; "
                      "_add(BR_, Z_, BR_)")
@@ -487,7 +511,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     # no zeroing as the window closes. A window carried from the block before (``S.w``,
     # ``S.dp`` not 0) is the picked form's to run, for one pass (the function refuses it:
     # :func:`simwar.executors.lockstep.execute.run_passes`)
-    direct = bool(target.rows_in_place and len(closes) == 1 and closes[0][1] == "ki"
+    direct = bool(target.rows_in_place and not masked and len(closes) == 1
+                  and closes[0][1] == "ki"
                   and all(i < closes[0][0] for i, *_ in sums))
     if direct:
         at, indent = closes[0][0], body[closes[0][0]][1]
@@ -507,7 +532,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     if consts:
         src(f"({', '.join(consts)},) = K", 1)
     if union is not None and depth and nrec:  # a record a run does not fire is picked by none
-        src(" = ".join(f"r{i}" for i in range(nrec)) + " = 0.0", 1)
+        src(" = ".join(f"r{i}" for i in range(nrec))
+            + (" = _zeros(len(S.t))" if masked else " = 0.0"), 1)
     src("t = S.t", 1)
     src("TL = S.tails", 1)
     for lane, var in lanes.items():

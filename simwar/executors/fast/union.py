@@ -80,6 +80,9 @@ class Union:
         self.maps = maps  # per member: (param map, dev map, flags, picked records)
         self.log = log  # the union's logged op times, sorted
         self.compiled: dict = {}  # its compiled function, per what else the code depends on
+        #: per member: its records, in its order, as the union's record indices (``maps``'
+        #: picks as lists: the lockstep lanes pick them per run)
+        self.picks: list[list[int]] = []
 
     def set_log(self, logs: list[tuple]) -> None:
         """The union's logged op times: every member's (``logs``: per member, its own)."""
@@ -300,6 +303,7 @@ def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union |
                 d += 1
         maps.append((params, devs, tuple(flags[m]), _pick(pick[m])))
     out = Union(Shape(tuple(host), ops, records, nparams), tuple(guards), maps, None)
+    out.picks = pick
     if logs is not None:
         out.set_log(logs)
     return out
