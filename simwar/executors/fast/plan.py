@@ -420,6 +420,9 @@ def plan_template(iterations, ranks: bool = False, memo: ShapeMemo | None = None
 
 def _drawn(x) -> bool:
     """Whether a parameter holds a draw (a column; else a constant of the run)."""
+    t = type(x)
+    if t is float or t is int:  # first: most parameters are numbers
+        return False
     return isinstance(x, Use) or (isinstance(x, Sum) and (_drawn(x.a) or _drawn(x.b)))
 
 

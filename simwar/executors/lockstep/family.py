@@ -15,7 +15,10 @@ the same operations in the same order on the same numbers, bit for bit
 Each member keeps its own race plan (:mod:`simwar.executors.fast.famraces`): the union logs
 every member's op times for every lane, and a member's logs are its lane of the ones it
 logs. Its per-step table, races and summary are then made by the one-pass executor's
-``_finish`` from its lane of the per-step facts, as its own run makes them from its own.
+``_finish`` from its lane of the per-step facts, as its own run makes them from its own;
+the summaries of all of them at once (:func:`~simwar.analysis.batched.summarize_many`, as
+the lockstep executor's groups take theirs: each :func:`~simwar.analysis.metrics.summarize`'s
+bit for bit).
 
 :func:`run_family` takes a family where it can (every block a union of constants that are
 numbers at or above 0 and not -0.0, the members' race plans windowed, the forwards in
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from simwar.analysis.batched import summarize_many
 from simwar.analysis.metrics import SITES
 from simwar.executors import fast
 from simwar.executors.fast.codegen import compile_block
@@ -99,10 +103,27 @@ def _lanes(plans: list, unions: list, races: list) -> list:
             _share_logs(u, bi, state.logs, races, n)
         if state.bad:
             raise NotLockstep("forward steps issued out of order")
-        return [_finish(p, _Lane(state, m), r, fwd) for m, (p, r) in enumerate(zip(plans,
+        runs = [_finish(p, _Lane(state, m), r, fwd) for m, (p, r) in enumerate(zip(plans,
                                                                                      races))]
     finally:
         state.release()
+    _summaries(runs)
+    return runs
+
+
+def _summaries(runs: list) -> None:
+    """Each run's summary, of every run at once where their tables have the same steps
+    (:func:`~simwar.analysis.batched.summarize_many`: each :func:`summarize`'s, bit for
+    bit, as the lockstep executor's groups take theirs); else each made when read."""
+    first = runs[0].columns
+    if any(r.columns.keys() != first.keys()
+           or not np.array_equal(r.columns["step"], first["step"]) for r in runs):
+        return
+    columns = {k: v if k == "step" else np.stack([r.columns[k] for r in runs])
+               for k, v in first.items()}
+    for run, summary in zip(runs, summarize_many(columns, [r.meta for r in runs],
+                                                 [r.hazards for r in runs])):
+        run.set_summary(summary)
 
 
 def _consts(u, consts: list[tuple]) -> tuple:
