@@ -69,6 +69,7 @@ def family_windows(plans: list, unions: list, window: int) -> list[dict | None] 
     present: list = []  # per op: a row mask of the members that have it (None: all)
     bound: dict[int, np.ndarray] = {}  # op -> per member, the op it is bound to (-1: none)
     acc: list[tuple] = []  # (op, buffer, mode, step, sub) in op order
+    bound_ops: dict = {}  # a member shape's id -> its waits and syncs bound to an op
     base: list[int | None] = []
     for j, sh in enumerate(shapes):
         if sh is None:
@@ -91,18 +92,20 @@ def family_windows(plans: list, unions: list, window: int) -> list[dict | None] 
         for m, p in enumerate(plans):
             own = p.blocks[bi].shape
             devs = unions[bi].maps[m][1]
-            for d, op in enumerate(own.ops):
+            binds = bound_ops.get(id(own))
+            if binds is None:
+                binds = bound_ops[id(own)] = [(d, op) for d, op in enumerate(own.ops)
+                                              if op.bound_op is not None or op.bind is not None]
+            for d, op in binds:
                 if op.bound_op is not None:
                     target = b0 + devs[op.bound_op]
-                elif op.bind is not None:
+                else:
                     jp = j - op.bind.back
                     if jp < 0 or shapes[jp] is None:
                         continue
                     pb = seq_blocks[jp]
                     rec = plans[m].blocks[pb].shape.records[op.bind.record]
                     target = base[jp] + unions[pb].maps[m][1][rec]
-                else:
-                    continue
                 row = bound.get(b0 + devs[d])
                 if row is None:
                     row = bound[b0 + devs[d]] = np.full(n, -1, dtype=np.int64)

@@ -165,9 +165,11 @@ def _picker(picks: list[list[int]]):
 def _share_logs(u, bi: int, logs: list, races: list, n: int) -> None:
     """Each member's logged op times of block ``bi``: its lane of the union's logs it logs,
     into its race plan's arrays."""
-    table = [np.array(log, dtype=np.float64).reshape(len(log), n) for log in logs]
+    # a row per lane (each member's log a row of it, contiguous, as its race plan reads it)
+    table = [np.ascontiguousarray(np.array(log, dtype=np.float64).reshape(len(log), n).T)
+             for log in logs]
     for m, r in enumerate(races):
         own = r.arrays[bi]
         for ui, j in enumerate(u.log_order(m, r.logs_of(bi))):
             if j >= 0:
-                own[j] = np.ascontiguousarray(table[ui][:, m])
+                own[j] = table[ui][m]
