@@ -371,7 +371,10 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         when the lane reaches it, into ``var`` (``mask``: the runs it is kept for, above)."""
         tv = _lanevar(lane, lanes)
         if mask is not None:
-            emit(f"{var} = {begun(tv)}; {tv} = _where({mask}, {var}, {tv})")
+            fires = begun(tv)
+            # (a tail at or after the host clock: the record fires at it, which it keeps)
+            emit(f"{var} = {tv}" if fires == tv else
+                 f"{var} = {fires}; {tv} = _where({mask}, {var}, {tv})")
         else:
             emit(f"{var} = {tv} = {begun(tv)}")
         above.update((tv, var))
