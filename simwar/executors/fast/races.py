@@ -20,6 +20,7 @@ execute (the pass calls this).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from array import array
@@ -389,7 +390,7 @@ class RacePlan:
         row per logged time), the same differences, element by element, as one per pair."""
         w = self.window
         blocks = self.plan.blocks
-        rows = []
+        parts = []  # per group: its pairs' progressions (FastHazards makes the rows)
         tables: dict = {}
 
         def table(bi: int):
@@ -410,6 +411,18 @@ class RacePlan:
             b_step = b.steps[0] + i
             logs, row = table(bi)
             s_rows = [row[(r.b_dev, "s")] for r in tpls]
+            b_op = self.op_base[bi] + i * nops  # the later access's op id, but for its index
+            if i >= w and logs is not None and logs.shape[1] >= i + count \
+                    and len(tpls) * count <= 1 << 20:
+                # the earlier accesses in the same block: one gather for the group
+                first = i - np.array([r.a_back for r in tpls], dtype=np.int64)
+                e_rows = np.array([row[(r.a_dev, "e")] for r in tpls])
+                overlaps = (logs[e_rows[:, None], first[:, None] + np.arange(count)]
+                            - logs[s_rows, i:i + count])
+                a_ops = self.op_base[bi] + first * nops + np.array([r.a_dev for r in tpls],
+                                                                   dtype=np.int64)
+                parts.append((tpls, b_step, a_ops, b_op, nops, overlaps))
+                continue
             where: list[tuple] = []  # per pair: its earlier access's block, pass and op id
             back: dict = {}  # segments back -> (block, pass, the pass's first op id)
             for r in tpls:
@@ -428,11 +441,6 @@ class RacePlan:
                 overlaps = [self._log(abi, r.a_dev, "e")[ap:ap + count]
                             - self._log(bi, r.b_dev, "s")[i:i + count]
                             for r, (abi, ap, _) in zip(tpls, where)]
-            elif i >= w:
-                e_rows = np.array([row[(r.a_dev, "e")] for r in tpls])
-                first = np.array([ap for _, ap, _ in where])
-                overlaps = (logs[e_rows[:, None], first[:, None] + np.arange(count)]
-                            - logs[s_rows, i:i + count])
             else:  # one pass (i < w): the earlier accesses in any block, gathered per block
                 ends = np.empty(len(tpls), dtype=np.float64)
                 per: dict = {}  # block -> (pairs, their logs' rows, their passes)
@@ -450,10 +458,9 @@ class RacePlan:
                     else:
                         ends[ks] = [self._log(abi, d, w_)[ap] for (d, w_), ap in zip(keys, aps)]
                 overlaps = (ends - logs[s_rows, i])[:, None]
-            for r, (_, _, a_op), overlap in zip(tpls, where, overlaps):
-                rows.append(_Rows(r, b_step - r.a_back, b_step, a_op,
-                                  self.op_base[bi] + i * nops + r.b_dev, nops, overlap))
-        return FastHazards(rows, self._buffer_order(), self.plan.lo, self.plan.hi)
+            parts.append((tpls, b_step, [a_op for _, _, a_op in where], b_op, nops, overlaps))
+        # (the buffers' order only when the races are listed: counting needs none)
+        return FastHazards(None, self._first_shapes(), self.plan.lo, self.plan.hi, parts)
 
     def _finish_full(self) -> FastHazards:
         blocks = self.plan.blocks
@@ -479,22 +486,29 @@ class RacePlan:
         return FastHazards(rows, self._buffer_order(), self.plan.lo, self.plan.hi)
 
     def _buffer_order(self) -> dict:
-        """Buffer -> (op id, access index) of its first access: the engine lists races so.
+        """Buffer -> (op id, access index) of its first access: the engine lists races so."""
+        return self._first_shapes()()
 
-        Op ids grow with the block, so a buffer's first access is in the first block of a
-        shape that accesses it: each shape is read once, at its first block."""
-        first: dict = {}
-        seen: set = set()
+    def _first_shapes(self):
+        """What :meth:`_buffer_order` reads (op ids grow with the block, so a buffer's first
+        access is in the first block of a shape that accesses it: each shape read once, at
+        its first block), as a call that makes it (it keeps the shapes only)."""
+        firsts: dict = {}
         for bi, b in enumerate(self.plan.blocks):
-            if id(b.shape) in seen:
-                continue
-            seen.add(id(b.shape))
-            for dev, op in enumerate(b.shape.ops):
-                for sub, (buf, _) in enumerate(op.accesses):
-                    here = (self.op_base[bi] + dev, sub)
-                    if buf not in first or here < first[buf]:
-                        first[buf] = here
-        return first
+            firsts.setdefault(id(b.shape), (self.op_base[bi], b.shape))
+        return functools.partial(_first_accesses, list(firsts.values()))
+
+
+def _first_accesses(shapes: list[tuple]) -> dict:
+    """Buffer -> (op id, access index) of its first access among ``(op id base, shape)``."""
+    first: dict = {}
+    for base, shape in shapes:
+        for dev, op in enumerate(shape.ops):
+            for sub, (buf, _) in enumerate(op.accesses):
+                here = (base + dev, sub)
+                if buf not in first or here < first[buf]:
+                    first[buf] = here
+    return first
 
 
 class _Rows:
@@ -564,11 +578,17 @@ class FastHazards:
     ``frame()``; and adds ``counts(first_step, last_step)`` for the summary.
     """
 
-    def __init__(self, rows: list[_Rows], buffer_order: dict, lo: int, hi: int):
-        self.rows = rows
-        self.buffer_order = buffer_order
-        self.rank = {buf: n for n, buf in enumerate(sorted(buffer_order,
-                                                           key=buffer_order.get))}
+    def __init__(self, rows: list[_Rows] | None, buffer_order, lo: int, hi: int,
+                 parts: list | None = None):
+        # ``parts`` (rows None): per group of a windowed run, its pairs' progressions as
+        # ``(pairs, later step, earlier op ids, later op id but for the pair's, stride,
+        # overlaps: a row per pair)``, the rows made from them when first read; counted
+        # without them (``_columns``)
+        self._rows = rows
+        self._parts = parts
+        # buffer -> its first access (a dict, or what makes it when first read)
+        self._order = buffer_order
+        self._rank: dict | None = None
         self.lo, self.hi = lo, hi
         self._races: list[Race] | None = None
         self._cols: tuple | None = None  # the rows as columns (counts)
@@ -599,10 +619,34 @@ class FastHazards:
         steps = int(np.maximum(0, hi - np.maximum(lo, before)).sum())
         return races, overlaps, steps
 
+    @property
+    def buffer_order(self) -> dict:
+        if callable(self._order):
+            self._order = self._order()
+        return self._order
+
+    @property
+    def rank(self) -> dict:
+        """Buffer -> its rank in the races' order (by its first access)."""
+        if self._rank is None:
+            order = self.buffer_order
+            self._rank = {buf: n for n, buf in enumerate(sorted(order, key=order.get))}
+        return self._rank
+
+    @property
+    def rows(self) -> list[_Rows]:
+        if self._rows is None:
+            self._rows = [_Rows(r, b_step - r.a_back, b_step, a_op, b_op + r.b_dev, nops, ov)
+                          for tpls, b_step, a_ops, b_op, nops, overlaps in self._parts
+                          for r, a_op, ov in zip(tpls, a_ops, overlaps)]
+        return self._rows
+
     def _columns(self) -> tuple:
         """The rows as columns (made once): their earlier and later steps, lengths, latent
         flags, where each starts among all overlaps laid end to end, and the running count
         of positive overlaps there (one more element than the overlaps)."""
+        if self._cols is None and self._rows is None:
+            self._cols = self._part_columns()
         if self._cols is None:
             rows = self.rows
             n = np.array([len(r.overlap) for r in rows], dtype=np.int64)
@@ -616,6 +660,26 @@ class FastHazards:
                           np.array([r.b_step for r in rows], dtype=np.int64), n,
                           np.array([r.pair.latent for r in rows], dtype=bool), off, positive)
         return self._cols
+
+    def _part_columns(self) -> tuple:
+        """:meth:`_columns` from the parts, the rows not made: the same integers."""
+        a, b, n, latent, flat = [], [], [], [], []
+        for tpls, b_step, _, _, _, overlaps in self._parts:
+            a.append(b_step - np.array([r.a_back for r in tpls], dtype=np.int64))
+            b.append(np.full(len(tpls), b_step, dtype=np.int64))
+            n.append(np.array([len(ov) for ov in overlaps], dtype=np.int64))
+            latent.append(np.array([r.latent for r in tpls], dtype=bool))
+            flat += [overlaps.ravel()] if isinstance(overlaps, np.ndarray) else list(overlaps)
+        n = np.concatenate(n) if n else np.zeros(0, dtype=np.int64)
+        off = np.zeros(len(n), dtype=np.int64)
+        if len(n) > 1:
+            np.cumsum(n[:-1], out=off[1:])
+        flat = np.concatenate(flat) if flat else np.zeros(0)
+        positive = np.zeros(len(flat) + 1, dtype=np.int64)
+        np.cumsum(flat > 0, out=positive[1:])
+        return (np.concatenate(a) if a else np.zeros(0, dtype=np.int64),
+                np.concatenate(b) if b else np.zeros(0, dtype=np.int64), n,
+                np.concatenate(latent) if latent else np.zeros(0, dtype=bool), off, positive)
 
     def since(self, step: int) -> FastHazards:
         """Only races whose two accesses belong to steps >= ``step`` (as HazardReport)."""
