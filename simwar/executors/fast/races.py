@@ -667,7 +667,9 @@ class FastHazards:
         for tpls, b_step, _, _, _, overlaps in self._parts:
             a.append(b_step - np.array([r.a_back for r in tpls], dtype=np.int64))
             b.append(np.full(len(tpls), b_step, dtype=np.int64))
-            n.append(np.array([len(ov) for ov in overlaps], dtype=np.int64))
+            n.append(np.full(len(tpls), overlaps.shape[1], dtype=np.int64)
+                     if isinstance(overlaps, np.ndarray) else
+                     np.array([len(ov) for ov in overlaps], dtype=np.int64))
             latent.append(np.array([r.latent for r in tpls], dtype=bool))
             flat += [overlaps.ravel()] if isinstance(overlaps, np.ndarray) else list(overlaps)
         n = np.concatenate(n) if n else np.zeros(0, dtype=np.int64)
