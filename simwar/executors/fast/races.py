@@ -412,52 +412,46 @@ class RacePlan:
             logs, row = table(bi)
             s_rows = [row[(r.b_dev, "s")] for r in tpls]
             b_op = self.op_base[bi] + i * nops  # the later access's op id, but for its index
-            if i >= w and logs is not None and logs.shape[1] >= i + count \
-                    and len(tpls) * count <= 1 << 20:
-                # the earlier accesses in the same block: one gather for the group
-                first = i - np.array([r.a_back for r in tpls], dtype=np.int64)
-                e_rows = np.array([row[(r.a_dev, "e")] for r in tpls])
-                overlaps = (logs[e_rows[:, None], first[:, None] + np.arange(count)]
-                            - logs[s_rows, i:i + count])
-                a_ops = self.op_base[bi] + first * nops + np.array([r.a_dev for r in tpls],
-                                                                   dtype=np.int64)
-                parts.append((tpls, b_step, a_ops, b_op, nops, overlaps))
-                continue
+            if logs is not None and logs.shape[1] >= i + count and len(tpls) * count <= 1 << 20:
+                a_back = np.array([r.a_back for r in tpls], dtype=np.int64)
+                a_dev = np.array([r.a_dev for r in tpls], dtype=np.int64)
+                if i >= w:  # the earlier accesses in the same block: one gather for the group
+                    first = i - a_back
+                    e_rows = np.array([row[(r.a_dev, "e")] for r in tpls])
+                    overlaps = (logs[e_rows[:, None], first[:, None] + np.arange(count)]
+                                - logs[s_rows, i:i + count])
+                    parts.append((tpls, b_step, self.op_base[bi] + first * nops + a_dev, b_op,
+                                  nops, overlaps))
+                    continue
+                # one pass (i < w): the earlier accesses in any block, a gather per segment
+                ends = np.empty(len(tpls), dtype=np.float64)
+                a_ops = np.empty(len(tpls), dtype=np.int64)
+                for back in sorted(set(a_back.tolist())):
+                    abi, ap = self._segment(b.g0 + i - back)
+                    a_logs, a_row = table(abi)
+                    if a_logs is None:
+                        break
+                    mine = np.flatnonzero(a_back == back)
+                    a_ops[mine] = (self.op_base[abi] + ap * len(blocks[abi].shape.ops)
+                                   + a_dev[mine])
+                    ends[mine] = a_logs[[a_row[(d, "e")] for d in a_dev[mine].tolist()], ap]
+                else:
+                    parts.append((tpls, b_step, a_ops, b_op, nops,
+                                  (ends - logs[s_rows, i])[:, None]))
+                    continue
+            # one pair at a time (logs of unequal lengths, or a table too large)
             where: list[tuple] = []  # per pair: its earlier access's block, pass and op id
             back: dict = {}  # segments back -> (block, pass, the pass's first op id)
             for r in tpls:
-                if i >= w:  # the earlier access is in the same block
-                    ap = i - r.a_back
-                    where.append((bi, ap, self.op_base[bi] + ap * nops + r.a_dev))
-                    continue
                 seg = back.get(r.a_back)
                 if seg is None:
-                    abi, ap = self._segment(b.g0 + i - r.a_back)
+                    abi, ap = self._segment(b.g0 + i - r.a_back) if i < w else (bi, i - r.a_back)
                     seg = back[r.a_back] = (abi, ap, self.op_base[abi]
                                             + ap * len(blocks[abi].shape.ops))
                 where.append((seg[0], seg[1], seg[2] + r.a_dev))
-            if (logs is None or logs.shape[1] < i + count
-                    or len(tpls) * count > 1 << 20):  # one pair at a time (a table's size)
-                overlaps = [self._log(abi, r.a_dev, "e")[ap:ap + count]
-                            - self._log(bi, r.b_dev, "s")[i:i + count]
-                            for r, (abi, ap, _) in zip(tpls, where)]
-            else:  # one pass (i < w): the earlier accesses in any block, gathered per block
-                ends = np.empty(len(tpls), dtype=np.float64)
-                per: dict = {}  # block -> (pairs, their logs' rows, their passes)
-                for k, (r, (abi, ap, _)) in enumerate(zip(tpls, where)):
-                    at = per.get(abi)
-                    if at is None:
-                        at = per[abi] = ([], [], [])
-                    at[0].append(k)
-                    at[1].append((r.a_dev, "e"))
-                    at[2].append(ap)
-                for abi, (ks, keys, aps) in per.items():
-                    a_logs, a_row = table(abi)
-                    if a_logs is not None:
-                        ends[ks] = a_logs[[a_row[key] for key in keys], aps]
-                    else:
-                        ends[ks] = [self._log(abi, d, w_)[ap] for (d, w_), ap in zip(keys, aps)]
-                overlaps = (ends - logs[s_rows, i])[:, None]
+            overlaps = [self._log(abi, r.a_dev, "e")[ap:ap + count]
+                        - self._log(bi, r.b_dev, "s")[i:i + count]
+                        for r, (abi, ap, _) in zip(tpls, where)]
             parts.append((tpls, b_step, [a_op for _, _, a_op in where], b_op, nops, overlaps))
         # (the buffers' order only when the races are listed: counting needs none)
         return FastHazards(None, self._first_shapes(), self.plan.lo, self.plan.hi, parts)
