@@ -230,14 +230,19 @@ def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union |
                 if gap < len(kernels):
                     union_nodes.append(kernels[gap])
             hu = len(host)
+            union_of: dict = {}  # a member graph's nodes (by id) -> the union node of each
             for m, hi in members:
                 hmap[m][hi] = hu
-                for ni, (gap, k) in enumerate(_places(shapes[m].host[hi].nodes)):
-                    if k >= 0:
-                        u = _node_index(counts, gap, k)
+                graph_nodes = shapes[m].host[hi].nodes
+                us = union_of.get(id(graph_nodes))
+                if us is None:  # (most members' graphs are the same nodes)
+                    us = union_of[id(graph_nodes)] = [
+                        _node_index(counts, gap, k) if k >= 0 else
+                        _node_index(counts, gap + 1, 0) - 1  # the kernel after gap's records
+                        for gap, k in _places(graph_nodes)]
+                for ni, (node, u) in enumerate(zip(graph_nodes, us)):
+                    if node.kind == "r":
                         present[u].add(m)
-                    else:  # the kernel after gap ``gap``'s records
-                        u = _node_index(counts, gap + 1, 0) - 1
                     nmap[(m, hi, ni)] = u
             host.append(HostGraph(h.kind, h.stream, h.off, tuple(union_nodes)))
             for u, who in present.items():
