@@ -58,6 +58,7 @@ def _same(run, ref) -> None:
                                     "dspark_fine_bimodal.yaml"],
                          ids=lambda s: s if isinstance(s, str) else s["name"])
 def test_each_lane_is_its_members_own_run(source, monkeypatch):
+    monkeypatch.setattr(lanes, "LANES_MIN", 2)  # these families are small: lanes all the same
     ran = []
     real = lanes._lanes
     monkeypatch.setattr(lanes, "_lanes", lambda *a: ran.append(len(a[0])) or real(*a))
@@ -78,9 +79,19 @@ def test_lanes_taken_for_the_custom_algorithms_families():
         assert len(lanes._lanes(plans, unions, races)) == len(members)
 
 
-def test_a_runner_runs_a_family_as_it_runs_each_member():
+def test_a_runner_runs_a_family_as_it_runs_each_member(monkeypatch):
+    monkeypatch.setattr(lanes, "LANES_MIN", 2)
     members = max(_families(custom_config(5)), key=len)
     runner = Runner(members[0], "fast")
     together = runner.run_family(members, Family())
     for cfg, res in zip(members, together):
         assert repr(res.summary) == repr(runner.run(cfg).summary)
+
+
+def test_a_family_of_fewer_members_than_lanes_take_runs_one_by_one(monkeypatch):
+    members = max(_families(custom_config(4)), key=len)
+    assert len(members) < lanes.LANES_MIN
+    monkeypatch.setattr(lanes, "_lanes", lambda *a: pytest.fail("lanes for a small family"))
+    sizes = [resolve_sizes(c) for c in members]
+    for cfg, sz, run in zip(members, sizes, lanes.run_family(members, sizes)):
+        _same(run, fast.run_config(cfg, sz))

@@ -20,9 +20,9 @@ the summaries of all of them at once (:func:`~simwar.analysis.batched.summarize_
 the lockstep executor's groups take theirs: each :func:`~simwar.analysis.metrics.summarize`'s
 bit for bit).
 
-:func:`run_family` takes a family where it can (every block a union of constants that are
-numbers at or above 0 and not -0.0, the members' race plans windowed, the forwards in
-order), and otherwise runs the members one by one, as
+:func:`run_family` takes a family of :data:`LANES_MIN` members or more where it can (every
+block a union of constants that are numbers at or above 0 and not -0.0, the members' race
+plans windowed, the forwards in order), and otherwise runs the members one by one, as
 :func:`simwar.executors.fast.run_family` does.
 
 Imports: numpy, simwar.analysis.metrics, the one-pass executor (its family plans, codegen,
@@ -40,13 +40,20 @@ from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.execute import _finish, marks_results
 from simwar.executors.lockstep.execute import CHUNK, NotLockstep, State, _unfit
 
+#: the fewest members run as lanes: a lockstep pass costs numpy's fixed cost per call, about
+#: four calls per op of the union whatever the lanes, against an op's run per member in one
+#: pass; with fewer members the one-pass runs cost less (``advise`` on the benchmark's custom
+#: algorithm, at one process: 3 phases, families of 9, 0.16 s as one-pass runs against 0.25 s
+#: as lanes; 12 phases, families of 36, 1.06 to 1.20 s against 1.01 to 1.06 s)
+LANES_MIN = 24
+
 
 def run_family(cfgs: list, sizes: list, window: int = 2, summary_only: bool = False,
                family=None) -> list:
     """:func:`simwar.executors.fast.run_family`'s runs, bit for bit, the members as lanes of
-    one pass where they can be (see the module)."""
+    one pass where they can be (see the module) and are :data:`LANES_MIN` or more."""
     plans, unions, races = fast.family_plans(cfgs, sizes, window, family)
-    if unions is not None and not summary_only:
+    if unions is not None and not summary_only and len(plans) >= LANES_MIN:
         try:
             return _lanes(plans, unions, races)
         except NotLockstep:
