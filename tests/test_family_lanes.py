@@ -95,3 +95,23 @@ def test_a_family_of_fewer_members_than_lanes_take_runs_one_by_one(monkeypatch):
     sizes = [resolve_sizes(c) for c in members]
     for cfg, sz, run in zip(members, sizes, lanes.run_family(members, sizes)):
         _same(run, fast.run_config(cfg, sz))
+
+
+@pytest.mark.parametrize("source", [custom_config(6), "eagle_fine.yaml",
+                                    "dflash_legacy_host_sync.yaml"],
+                         ids=lambda s: s if isinstance(s, str) else s["name"])
+def test_the_races_counted_over_the_lanes_are_each_members_counts(source, monkeypatch):
+    # the counts of a family's lanes come from the family's race pass and the union's logs
+    # (lanes._LaneRaces), not from each member's race plan: over any steps, they are its own
+    monkeypatch.setattr(lanes, "LANES_MIN", 2)
+    counted = []
+    real = lanes._LaneRaces
+    monkeypatch.setattr(lanes, "_LaneRaces", lambda *a: counted.append(real(*a)) or counted[-1])
+    for members in _families(source):
+        sizes = [resolve_sizes(c) for c in members]
+        got = lanes.run_family(members, sizes, family=Family())
+        for cfg, sz, run in zip(members, sizes, got):
+            ref = fast.run_config(cfg, sz).hazards
+            for first, last in [(0, None), (5, 30), (12, 12), (40, 49), (8, 49)]:
+                assert run.hazards.counts(first, last) == ref.counts(first, last)
+    assert counted

@@ -118,7 +118,7 @@ from simwar.config import ConfigError
 from simwar.core.program import Program
 from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.execute import FastRun, _finish, _State, nonnegative, run_plan
-from simwar.executors.fast.famraces import family_race_plans
+from simwar.executors.fast.famraces import family_pairs, family_race_plans
 from simwar.executors.fast.plan import Unsettled, plan_config, plan_program
 from simwar.executors.fast.races import RacePlan
 from simwar.executors.fast.union import family_codes
@@ -278,16 +278,29 @@ def family_plans(cfgs: list, sizes: list, window: int = 2, family=None) -> tuple
     """The plans of a family's configs, the unions of their blocks (None: none) and their
     race plans: what :func:`run_members` runs (and the lockstep executor's lanes,
     :mod:`simwar.executors.lockstep.family`)."""
+    plans, unions, pairs = family_unions(cfgs, sizes, window, family)
+    return plans, unions, member_races(plans, unions, pairs, window)
+
+
+def family_unions(cfgs: list, sizes: list, window: int = 2, family=None) -> tuple:
+    """The plans of a family's configs, the unions of their blocks (None: none) and the
+    family's one race pass over them (:func:`~simwar.executors.fast.famraces.family_pairs`;
+    None: none)."""
     plans = [_plan(cfg, sz, family) for cfg, sz in zip(cfgs, sizes)]
     unions = family_codes(plans) if len(plans) > 1 else None
-    # the members' race windows from one pass over the unions (famraces), their logs then
-    # the unions'
-    races = family_race_plans(plans, unions, window)
+    pairs = family_pairs(plans, unions, window) if unions is not None else None
+    return plans, unions, pairs
+
+
+def member_races(plans: list, unions: list | None, pairs, window: int = 2) -> list:
+    """Each member's race plan (its windows from the family's pass, ``pairs``, where there
+    is one), and the unions' logged op times then every member's."""
+    races = family_race_plans(plans, unions, window, pairs)
     if unions is not None:
         for bi, u in enumerate(unions):
             if u is not None:
                 u.set_log([r.logs_of(bi) for r in races])
-    return plans, unions, races
+    return races
 
 
 def run_members(plans: list, unions: list | None, races: list, window: int = 2,

@@ -34,10 +34,13 @@ from simwar.core.kinds import Mode, OpKind
 from simwar.executors.fast.races import RacePlan, _RaceTpl, window_segments
 
 
-def family_race_plans(plans: list, unions: list | None, window: int) -> list[RacePlan]:
+def family_race_plans(plans: list, unions: list | None, window: int,
+                      pairs: FamilyPairs | None = None) -> list[RacePlan]:
     """Each member's :class:`RacePlan`, its windows from the family's one pass where it
-    can (see the module), else its own."""
-    given = family_windows(plans, unions, window) if unions is not None else None
+    can (see the module; ``pairs``: that pass, where made already), else its own."""
+    if pairs is None and unions is not None:
+        pairs = family_pairs(plans, unions, window)
+    given = pairs.windows() if pairs is not None else None
     if given is None:
         return [RacePlan(p, window) for p in plans]
     return [RacePlan(p, window, windows=g) for p, g in zip(plans, given)]
@@ -48,6 +51,55 @@ def family_windows(plans: list, unions: list, window: int) -> list[dict | None] 
     sequence :func:`~simwar.executors.fast.races.window_segments` makes of its plan (what
     :class:`RacePlan` takes as ``windows``; None for a member whose plan is not windowed),
     or None where the family's pass does not apply."""
+    pairs = family_pairs(plans, unions, window)
+    return None if pairs is None else pairs.windows()
+
+
+class FamilyPairs:
+    """The family's one pass: its segments' union ops (``shapes``, ``base``: each segment's
+    first op), accesses and latent pairs (``found``: ``(i, k, latent rows)``), and each
+    member's op of each union op (``inv``, per block)."""
+
+    def __init__(self, plans, unions, window, seq_blocks, shapes, base, inv, acc, found):
+        self.plans, self.unions, self.window = plans, unions, window
+        self.seq_blocks, self.shapes, self.base, self.inv = seq_blocks, shapes, base, inv
+        self.acc, self.found = acc, found
+
+    def where(self, i: int, k: int) -> tuple[int, int, int, int]:
+        """``(ja, jb, ua, ub)``: the segments and union ops of accesses ``i`` and ``k``."""
+        a_op, b_op = self.acc[i][0], self.acc[k][0]
+        ja, jb = _segment_of(self.base, a_op), _segment_of(self.base, b_op)
+        return ja, jb, a_op - self.base[ja], b_op - self.base[jb]
+
+    def logs(self) -> dict[int, set]:
+        """Per block, the union's op times some member's race plan logs (each member's own
+        where every window of its plan is its own segment's: :meth:`own_windows`)."""
+        out: dict[int, set] = {}
+        for i, k, _ in self.found:
+            ja, jb, ua, ub = self.where(i, k)
+            out.setdefault(self.seq_blocks[jb], set()).add((ub, "s"))
+            out.setdefault(self.seq_blocks[ja], set()).add((ua, "e"))
+        return out
+
+    def own_windows(self) -> bool:
+        """Whether each member's race plan takes every window from its own segment (none
+        stands for another of the same shapes, :meth:`RacePlan._plan_windows`)."""
+        w = self.window
+        for p in self.plans:
+            seq = [None] * w + [None if bi is None or not p.blocks[bi].marked
+                                else p.blocks[bi].shape for bi in self.seq_blocks]
+            keys = [tuple(map(id, seq[c:c + w + 1])) for c in range(len(self.seq_blocks))]
+            if len(set(keys)) != len(keys):
+                return False
+        return True
+
+    def windows(self, only: int | None = None) -> list[dict | None]:
+        """:func:`family_windows`' (``only``: that member's alone, the others None)."""
+        return _templates(self, only)
+
+
+def family_pairs(plans: list, unions: list, window: int) -> FamilyPairs | None:
+    """The family's one pass (:class:`FamilyPairs`), or None where it does not apply."""
     first = plans[0]
     seq_blocks = window_segments(first, window)  # block index per segment (None: a prefix)
     if any(bi is not None and unions[bi] is None for bi in seq_blocks):
@@ -111,20 +163,28 @@ def family_windows(plans: list, unions: list, window: int) -> list[dict | None] 
                     row = bound[b0 + devs[d]] = np.full(n, -1, dtype=np.int64)
                 row[m] = target
     found = _latent_pairs(lane, kind, present, bound, acc, window, n)
-    # each member's templates, of its own ops (a template equal for several members made once)
-    out: list[dict | None] = [{} if RacePlan.fits(p) else None for p in plans]
+    return FamilyPairs(plans, unions, window, seq_blocks, shapes, base, inv, acc, found)
+
+
+def _templates(fp: FamilyPairs, only: int | None) -> list[dict | None]:
+    """Each member's templates, of its own ops (a template equal for several members made
+    once)."""
+    n = len(fp.plans)
+    out: list[dict | None] = [{} if RacePlan.fits(p) and only in (None, m) else None
+                              for m, p in enumerate(fp.plans)]
     made: dict = {}
     members = np.arange(n)
-    for i, k, latent in found:
-        a_op, buf, a_mode, _, a_sub = acc[i]
-        b_op, _, b_mode, _, b_sub = acc[k]
-        ja, jb = _segment_of(base, a_op), _segment_of(base, b_op)
-        ua, ub = a_op - base[ja], b_op - base[jb]
+    shapes, inv, seq_blocks, acc = fp.shapes, fp.inv, fp.seq_blocks, fp.acc
+    for i, k, latent in fp.found:
+        _, buf, a_mode, _, a_sub = acc[i]
+        _, _, b_mode, _, b_sub = acc[k]
+        ja, jb, ua, ub = fp.where(i, k)
         a, b = shapes[ja].ops[ua], shapes[jb].ops[ub]
         das = inv[seq_blocks[ja]][:, ua]
         dbs = inv[seq_blocks[jb]][:, ub]
         what = race_kind(a_mode, b_mode)
-        for m in members[latent].tolist():
+        for m in (members[latent].tolist() if only is None else
+                  [only] if latent[only] else []):
             got = out[m]
             if got is None:
                 continue

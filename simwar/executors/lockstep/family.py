@@ -12,13 +12,19 @@ its own order for the segments after. Every lane's numbers are so its member's o
 the same operations in the same order on the same numbers, bit for bit
 (``tests/test_family_lanes.py`` against each member run alone).
 
-Each member keeps its own race plan (:mod:`simwar.executors.fast.famraces`): the union logs
-every member's op times for every lane, and a member's logs are its lane of the ones it
-logs. Its per-step table, races and summary are then made by the one-pass executor's
-``_finish`` from its lane of the per-step facts, as its own run makes them from its own;
-the summaries of all of them at once (:func:`~simwar.analysis.batched.summarize_many`, as
-the lockstep executor's groups take theirs: each :func:`~simwar.analysis.metrics.summarize`'s
-bit for bit).
+The races: the family's one race pass (:mod:`simwar.executors.fast.famraces`) gives each
+pair of accesses compared and the members it is latent for; the union logs the op times any
+member's race plan would, for every lane. Where each member's windows are its own segments'
+(``FamilyPairs.own_windows``), the members' race counts (what the summary reads) are taken
+over the lanes at once (:class:`_LaneRaces`: each pair's overlaps one difference of two
+logged rows, counted in the lanes it is latent for, over the steps the summary asks), and a
+member's race plan, its logs (its lane of the union's) and its races as progressions are
+made only when its races are read (:class:`_LaneHazards`): each its own run's. Elsewhere
+each member's race plan is made first and its logs are its lane's. Its per-step table is
+made by the one-pass executor's ``_finish`` from its lane of the per-step facts, as its own
+run makes it; the summaries of all of them at once
+(:func:`~simwar.analysis.batched.summarize_many`, as the lockstep executor's groups take
+theirs: each :func:`~simwar.analysis.metrics.summarize`'s bit for bit).
 
 :func:`run_family` takes a family of :data:`LANES_MIN` members or more where it can (every
 block a union of constants that are numbers at or above 0 and not -0.0, the members' race
@@ -38,6 +44,7 @@ from simwar.analysis.metrics import SITES
 from simwar.executors import fast
 from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.execute import _finish, marks_results
+from simwar.executors.fast.races import FastHazards, RacePlan
 from simwar.executors.lockstep.execute import CHUNK, NotLockstep, State, _unfit
 
 #: the fewest members run as lanes: a lockstep pass costs numpy's fixed cost per call, about
@@ -52,12 +59,23 @@ def run_family(cfgs: list, sizes: list, window: int = 2, summary_only: bool = Fa
                family=None) -> list:
     """:func:`simwar.executors.fast.run_family`'s runs, bit for bit, the members as lanes of
     one pass where they can be (see the module) and are :data:`LANES_MIN` or more."""
-    plans, unions, races = fast.family_plans(cfgs, sizes, window, family)
+    plans, unions, pairs = fast.family_unions(cfgs, sizes, window, family)
     if unions is not None and not summary_only and len(plans) >= LANES_MIN:
+        races = None
+        if pairs is not None and pairs.own_windows() and all(map(RacePlan.fits, plans)):
+            # the races counted over the lanes, each member's race plan made when its races
+            # are read (_LaneHazards): the unions log what any member's would
+            logs = pairs.logs()
+            for bi, u in enumerate(unions):
+                if u is not None:
+                    u.log = tuple(sorted(logs.get(bi, ())))
+        else:
+            races = fast.member_races(plans, unions, pairs, window)
         try:
-            return _lanes(plans, unions, races)
+            return _lanes(plans, unions, races, pairs, window)
         except NotLockstep:
             pass
+    races = fast.member_races(plans, unions, pairs, window)
     return fast.run_members(plans, unions, races, window, summary_only)
 
 
@@ -77,13 +95,15 @@ class _Lane:
         self.blocked = {site: np.ascontiguousarray(v[:, m]) for site, v in state.blocked.items()}
 
 
-def _lanes(plans: list, unions: list, races: list) -> list:
+def _lanes(plans: list, unions: list, races: list | None, pairs=None, window: int = 2) -> list:
+    """The members' runs as lanes (``races``: their race plans; None: their races counted
+    over the lanes from ``pairs``, the family's race pass, see :class:`_LaneRaces`)."""
     first = plans[0]
     n = len(plans)
     meta = first.meta
     fwd = meta.get("forward_stream", "forward")
     sites = set(SITES) | first.sites
-    if (any(u is None for u in unions) or any(not r.windowed for r in races)
+    if (any(u is None for u in unions) or not all(map(RacePlan.fits, plans))
             or any(p.negative or p.lo != first.lo or p.hi != first.hi
                    or set(SITES) | p.sites != sites
                    or p.meta.get("forward_stream", "forward") != fwd for p in plans)):
@@ -92,8 +112,9 @@ def _lanes(plans: list, unions: list, races: list) -> list:
         raise NotLockstep("a sync at a site a member has no column for")
     depth = first.depth
     state = State(first.lo, first.hi, sites, depth, n, marks_results(first))
+    tables: dict[int, dict] = {}  # per block: the union's logs, a row per pass (lazy races)
     try:
-        for r in races:
+        for r in races or ():
             r.reset()
         for bi, b in enumerate(first.blocks):
             u = unions[bi]
@@ -107,9 +128,16 @@ def _lanes(plans: list, unions: list, races: list) -> list:
                 ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
                     [k - lo for k in ks]
                 fn(ks, consts, (), state)
-            _share_logs(u, bi, state.logs, races, n)
+            if races is not None:
+                _share_logs(u, bi, state.logs, races, n)
+            else:
+                tables[bi] = {entry: np.array(log, dtype=np.float64).reshape(len(log), n)
+                              for entry, log in zip(u.log, state.logs)}
         if state.bad:
             raise NotLockstep("forward steps issued out of order")
+        if races is None:
+            counted = _LaneRaces(pairs, tables, window)
+            races = [_Given(_LaneHazards(counted, m)) for m in range(n)]
         runs = [_finish(p, _Lane(state, m), r, fwd) for m, (p, r) in enumerate(zip(plans,
                                                                                      races))]
     finally:
@@ -180,3 +208,139 @@ def _share_logs(u, bi: int, logs: list, races: list, n: int) -> None:
         for ui, j in enumerate(u.log_order(m, r.logs_of(bi))):
             if j >= 0:
                 own[j] = table[ui][m]
+
+
+class _Given:
+    """What ``_finish`` asks of a race plan, for races already made (:class:`_LaneHazards`)."""
+
+    windowed = True
+
+    def __init__(self, hazards):
+        self.hazards = hazards
+
+    def finish(self, state):
+        return self.hazards
+
+
+class _LaneRaces:
+    """The race counts of a family's lanes, every member's at once, from the family's race
+    pass (``pairs``: each pair and the members it is latent for) and the union's logs
+    (``tables``: per block, each logged op time a row per pass, a column per lane).
+
+    Each member's counts are its race plan's (:meth:`FastHazards.counts` of its own run):
+    its pairs are the pass's latent for it, each in the group of its later access's segment
+    (a member's every window its own segment's: ``FamilyPairs.own_windows``), its overlaps
+    the same differences of the same logged times (its lane's), counted over the same steps
+    (``j0 .. j1`` of each pair, the same for every member); the race steps the union of the
+    pairs' later steps, per member."""
+
+    def __init__(self, pairs, tables: dict, window: int):
+        self.pairs, self.tables, self.window = pairs, tables, window
+        self.cache: dict = {}
+
+    def of(self, m: int, first: int, last: int | None) -> tuple[int, int, int]:
+        got = self.cache.get((first, last))
+        if got is None:
+            got = self.cache[(first, last)] = self._counts(first, last)
+        return got[m]
+
+    def _counts(self, first: int, last: int | None) -> list[tuple[int, int, int]]:
+        fp, w = self.pairs, self.window
+        blocks = fp.plans[0].blocks
+        n = len(fp.plans)
+        part: dict[int, tuple[int, int]] = {}  # seq segment -> (block, pass)
+        c = 0
+        for bi, b in enumerate(blocks):
+            for i in range(min(b.n, w + 1)):
+                part[c] = (bi, i)
+                c += 1
+        groups: dict[tuple, list] = {}  # (later segment, segments back) -> its pairs
+        for i, k, latent in fp.found:
+            ja, jb, ua, ub = fp.where(i, k)
+            groups.setdefault((jb, jb - ja), []).append((ua, ub, latent))
+        races = np.zeros(n, dtype=np.int64)
+        overlaps = np.zeros(n, dtype=np.int64)
+        spans: list[tuple[int, int, np.ndarray]] = []
+        for (jb, back), members in groups.items():
+            bi, i = part[jb]
+            b = blocks[bi]
+            count = 1 if i < w else b.n - w
+            b_step = b.steps[0] + i
+            a_step = b_step - back
+            j0 = min(count, max(0, first - a_step, first - b_step))
+            j1 = count if last is None else min(count, last - a_step + 1, last - b_step + 1)
+            if j1 <= j0:
+                continue
+            if i >= w:
+                abi, ap = bi, i - back
+            else:
+                abi, ap = _segment(blocks, b.g0 + i - back)
+            latent = np.array([x[2] for x in members])
+            e_log, s_log = self.tables[abi], self.tables[bi]
+            positive = np.zeros((len(members), n), dtype=np.int64)
+            for q in range(0, len(members), 32):  # (a few MB of differences at a time)
+                part_of = members[q:q + 32]
+                ends = np.array([e_log[(ua, "e")][ap + j0:ap + j1] for ua, _, _ in part_of])
+                starts = np.array([s_log[(ub, "s")][i + j0:i + j1] for _, ub, _ in part_of])
+                positive[q:q + 32] = np.count_nonzero(ends - starts > 0, axis=1)
+            races += latent.sum(axis=0) * (j1 - j0)
+            overlaps += (positive * latent).sum(axis=0)
+            spans.append((b_step + j0, b_step + j1, latent.any(axis=0)))
+        steps = np.zeros(n, dtype=np.int64)
+        if spans:
+            lo = min(x[0] for x in spans)
+            covered = np.zeros((n, max(x[1] for x in spans) - lo), dtype=bool)
+            for a, z, who in spans:
+                covered[who, a - lo:z - lo] = True
+            steps = covered.sum(axis=1)
+        return [(int(r), int(o), int(s)) for r, o, s in zip(races, overlaps, steps)]
+
+
+def _segment(blocks: list, g: int) -> tuple[int, int]:
+    """(block, pass) of segment ``g`` (as :meth:`RacePlan._segment`)."""
+    bi = max(j for j, b in enumerate(blocks) if b.g0 <= g)
+    return bi, g - blocks[bi].g0
+
+
+class _LaneHazards(FastHazards):
+    """A member's races, counted over the lanes (:class:`_LaneRaces`); its race plan, logs
+    and progressions made when its races are read (each as its own run's)."""
+
+    def __init__(self, counted: _LaneRaces, m: int):
+        plan = counted.pairs.plans[m]
+        super().__init__(None, None, plan.lo, plan.hi, None)
+        self._counted, self._m = counted, m
+        self._made = False
+
+    def _make(self) -> None:
+        if self._made:
+            return
+        self._made = True
+        counted, m = self._counted, self._m
+        fp = counted.pairs
+        races = RacePlan(fp.plans[m], counted.window, windows=fp.windows(only=m)[m])
+        races.reset()
+        for bi, table in counted.tables.items():
+            devs = fp.unions[bi].maps[m][1]
+            own = races.arrays[bi]
+            for j, (dev, what) in enumerate(races.logs[bi]):
+                own[j] = np.ascontiguousarray(table[(devs[dev], what)][:, m])
+        made = races.finish(None)
+        self._parts, self._order = made._parts, made._order
+
+    @property
+    def rows(self):
+        self._make()
+        return FastHazards.rows.fget(self)
+
+    @property
+    def buffer_order(self) -> dict:
+        self._make()
+        return FastHazards.buffer_order.fget(self)
+
+    def _columns(self) -> tuple:
+        self._make()
+        return FastHazards._columns(self)
+
+    def counts(self, first: int, last: int | None) -> tuple[int, int, int]:
+        return self._counted.of(self._m, first, last)
