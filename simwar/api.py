@@ -382,6 +382,7 @@ class Runner:
         self.config = cfg
         self.choice = choice
         self.summary_only = summary_only
+        self._inputs: list[dict] | None = None  # what _variant compares, of the config
 
     def run(self, variant: Config | None = None,
             progress: Callable[[int], None] | None = None, *, family=None) -> Result:
@@ -429,10 +430,13 @@ class Runner:
                                  for m in range(len(cfgs)))]
 
     def _variant(self, cfg: Config) -> Config:
-        base = self.config
-        for inputs in (memory_inputs, choice_inputs):  # what the check and the choice read
-            for key, value in inputs(base).items():
-                other = inputs(cfg)[key]
+        if self._inputs is None:  # the config's, read once (a screen runs many variants)
+            self._inputs = [inputs(self.config) for inputs in (memory_inputs, choice_inputs)]
+        # what the check and the choice read
+        for inputs, mine in zip((memory_inputs, choice_inputs), self._inputs):
+            theirs = inputs(cfg)
+            for key, value in mine.items():
+                other = theirs[key]
                 if value is not other and value != other:
                     raise ValueError(f"a variant run by this Runner keeps the config's {key} "
                                      f"(the memory check and the executor's choice read it)")
