@@ -164,7 +164,7 @@ class _Shaper:
                 shape = memo.shapes.get((key, events))
             if shape is None:
                 named = host_records(key) if memo is None else memo.records(key)
-                dev, records = _devices(named, ops)
+                dev, records = _devices(named, ops, None if memo is None else memo.kernels)
                 shape = Shape(named, dev, records, len(params))
                 if memo is not None:
                     memo.shapes[(key, events)] = shape
@@ -317,6 +317,7 @@ class ShapeMemo:
     def __init__(self) -> None:
         self.kept: dict = {}  # segment's base -> the pure ops' reading (see keep)
         self.shapes: dict = {}  # (host tuple, events) -> Shape
+        self.kernels: dict = {}  # a launched kernel's device op, by what it is made of
         self._named: dict = {}  # host tuple -> its record
 
     def keep(self, shaper: _Shaper, base: int, ops) -> None:
@@ -391,8 +392,11 @@ class ShapeMemo:
         return tuple(out)
 
 
-def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
-    """The device ops a segment's host ops issue (in issue order), and which are records."""
+def _devices(host: tuple, ops, kernels: dict | None = None
+             ) -> tuple[list[DeviceOp], list[int]]:
+    """The device ops a segment's host ops issue (in issue order), and which are records
+    (``kernels``: a family's launched kernels' device ops, each made once for its members:
+    nothing changes a device op once made)."""
     dev: list[DeviceOp] = []
     records: list[int] = []
     it = iter(host)
@@ -403,7 +407,16 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
         h = next(it)
         if kind is Launch:
             k = op.kernel
-            dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, k.label, k.phase, h.accesses))
+            if kernels is None:
+                dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, k.label, k.phase,
+                                    h.accesses))
+                continue
+            key = (op.stream, h.off, k.label, k.phase, h.accesses)
+            made = kernels.get(key)
+            if made is None:
+                made = kernels[key] = DeviceOp(OpKind.KERNEL, op.stream, h.off, k.label,
+                                               k.phase, h.accesses)
+            dev.append(made)
         elif kind is GraphLaunch:
             for node, n in zip(op.nodes, h.nodes):
                 if n.kind == "r":
@@ -412,9 +425,16 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
                 elif n.kind == "c":  # a collective kernel: the engine's op, no accesses
                     dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
                                         node.phase, coll="device"))
-                else:
+                elif kernels is None:
                     dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
                                         node.phase, n.accesses))
+                else:
+                    key = (op.stream, h.off, node.label, node.phase, n.accesses)
+                    made = kernels.get(key)
+                    if made is None:
+                        made = kernels[key] = DeviceOp(OpKind.KERNEL, op.stream, h.off,
+                                                       node.label, node.phase, n.accesses)
+                    dev.append(made)
         elif kind is Record:
             records.append(len(dev))
             dev.append(DeviceOp(OpKind.RECORD, op.stream, h.off, op.event))
