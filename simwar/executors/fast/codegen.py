@@ -115,9 +115,15 @@ class Target(Frozen):
 SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
                            "_returns": rules.returns}, True, True, inlined=True)
 #: the lockstep executor's: arrays of one element per run
+def _per_lane(values: tuple, which: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+    """Element ``j`` of ``values[which[j]]``, for each lane ``j`` (a union's merged wait)."""
+    return np.array(values)[which, lanes]
+
+
 _MANY = {"_begins": rules.begins_many, "_released": rules.released_many,
          "_returns": rules.returns_many, "_add": np.add, "_sub": np.subtract, "_empty": np.empty,
-         "_any": np.any, "_where": np.where, "_multiply": np.multiply, "_zeros": np.zeros}
+         "_any": np.any, "_where": np.where, "_multiply": np.multiply, "_zeros": np.zeros,
+         "_arange": np.arange, "_argmax": np.argmax, "_or": np.logical_or, "_per_lane": _per_lane}
 ARRAY = Target("array", _MANY, False, False, True)
 #: the same over per-step arrays whose rows are copies read and written back (runs picked
 #: out of a group's, :mod:`simwar.executors.lockstep.shapes`)
@@ -152,7 +158,7 @@ def _lanevar(lane: str, lanes: dict) -> str:
 def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple,
                   depth: int, trace: bool = False, feed: bool = False,
                   target: str = "scalar", lanes: int = 0, union: tuple | None = None,
-                  nonneg: bool = False):
+                  nonneg: bool = False, merged: tuple = ()):
     """The function running a block of ``shape`` (cached).
 
     ``slots``: per parameter, True for a column, False for a constant; ``log``: sorted
@@ -175,10 +181,13 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     is a number at or above 0 and not -0.0 (the scalar target's caller checks them; the
     array target's runs hold them, :mod:`simwar.executors.lockstep`): a tail set since the
     host clock last moved is at or after it, and ``begins`` of it is the tail itself, with no
-    call (as the array target takes it).
+    call (as the array target takes it). ``merged``: a union's waits run as one in the array
+    target (:attr:`~simwar.executors.fast.union.Union.merged`: ``(host op index, count)``, each
+    run has one of the ``count`` at most, so one wait on each run's own host cost, latency and
+    record, kept where it has one, is what its own runs).
     """
     key = (shape.host, slots, fwd, collect, log, depth, trace, feed, target, lanes, union,
-           nonneg)
+           nonneg, merged)
     fn = _CODE.get(key)
     if fn is not None:
         _CODE.move_to_end(key)
@@ -190,7 +199,7 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
         raise ValueError("a union's code is the scalar or the array target's, with no collect, "
                          "trace or feed")
     fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed, tgt, lanes, union,
-                   nonneg)
+                   nonneg, merged)
     _CODE[key] = fn
     if len(_CODE) > _CODE_LIMIT:
         _CODE.popitem(last=False)
@@ -199,7 +208,7 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
 
 def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, depth: int,
               trace: bool, feed: bool, target: Target, width: int = 0,
-              union: tuple | None = None, nonneg: bool = False):
+              union: tuple | None = None, nonneg: bool = False, merged: tuple = ()):
     """Write and compile the block function of :func:`compile_block` (its ``.source``: the
     generated text; in trace mode its ``.layout``)."""
     src = _Src()
@@ -416,12 +425,42 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
 
     dev = 0  # device op index
     rec = 0  # record index
+    # a union's waits run as one (the array target's lanes; none logged): first host op ->
+    # how many, and the lines before the loop that make their one wait's numbers
+    merge_at = dict(merged) if masked else {}
+    ahead: list[str] = []
+    skipped: set[int] = set()
     if trace:
         keep("h", -1, "t")
     for hi, h in enumerate(shape.host):
+        if hi in skipped:  # (a merged wait's, run with its first)
+            continue
         kind = h.kind
         start, known = len(body), set(above)
         mask = flag.get((hi, -1)) if masked else None
+        if kind == "wait_event" and hi in merge_at and not any(
+                (d, w) in logs for d in range(dev, dev + merge_at[hi]) for w in "se"):
+            group = shape.host[hi:hi + merge_at[hi]]
+            skipped.update(range(hi + 1, hi + len(group)))
+            names = [(next(pi), next(pi)) for _ in group]  # each variant's host and latency
+            flags = ", ".join(flag[(hi + q, -1)] for q in range(len(group)))
+            g = f"MW{len(ahead)}_"
+            # each run's own numbers: the others' are 0.0, and x + 0.0 is x
+            ahead += [f"{g}H = " + " + ".join(x for x, _ in names),
+                      f"{g}L = " + " + ".join(x for _, x in names),
+                      f"{g}G = _or.reduce(({flags},))", f"{g}I = _argmax(({flags},), axis=0)"]
+            advance(f"{g}H")
+            ts = _lanevar(h.stream, lanes)
+            emit(f"reach = {begun(ts)}")
+            emit(f"F_ = _per_lane(({''.join(fired(v.bind) + ', ' for v in group)}), {g}I, LN_)")
+            emit(f"rel = {rule('released', 'reach', 'F_', f'{g}L', str(h.bind.same_stream))}")
+            emit(f"{ts} = _where({g}G, rel, {ts})")
+            if h.stream == fwd:
+                emit(f"_sub(rel, reach, Z_); _multiply(Z_, {g}G, Z_); _add(Dp, Z_, Dp)")
+            above.add(ts)
+            above.intersection_update(known)  # (as a guarded op's: see guarded)
+            dev += len(group)
+            continue
         if kind == "cpu":
             advance(next(pi))
         elif kind == "launch":
@@ -534,6 +573,10 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     src("def block(KS, K, C, S):", 0)
     if consts:
         src(f"({', '.join(consts)},) = K", 1)
+    if ahead:  # the merged waits' numbers (see the loop), once a call
+        src("LN_ = _arange(len(S.t))", 1)
+        for line in ahead:
+            src(line, 1)
     if union is not None and depth and nrec:  # a record a run does not fire is picked by none
         src(" = ".join(f"r{i}" for i in range(nrec))
             + (" = _zeros(len(S.t))" if masked else " = 0.0"), 1)

@@ -83,6 +83,10 @@ class Union:
         #: per member: its records, in its order, as the union's record indices (``maps``'
         #: picks as lists: the lockstep lanes pick them per run)
         self.picks: list[list[int]] = []
+        #: ``(host op index, count)``: consecutive waits that are one wait of the members,
+        #: each variant bound to other records (each member has one of them at most): the
+        #: lockstep lanes run them as one (:func:`~simwar.executors.fast.codegen.compile_block`)
+        self.merged: tuple = ()
 
     def set_log(self, logs: list[tuple]) -> None:
         """The union's logged op times: every member's (``logs``: per member, its own)."""
@@ -199,6 +203,7 @@ def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union |
     # the union's host ops: a placed op bound differently by members is one op per binding
     host: list = []
     guards: list[tuple[int, int]] = []
+    merged: list[tuple[int, int]] = []  # see Union.merged
     flags: list[list[bool]] = [[] for _ in range(n)]
     hmap: list[dict[int, int]] = [{} for _ in range(n)]  # member host index -> union's
     nmap: dict = {}  # (member, host index, node index) -> union node index
@@ -259,6 +264,8 @@ def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union |
                 h = h._replace(bind=(EventBinding(0, bound, b.same_stream)
                                      if h.kind == "wait_event" else SyncBinding(0, bound)))
             variants.setdefault(h, []).append((m, hi))
+        if len(variants) > 1 and item.key[0] == "wait_event" and not item.key[3]:
+            merged.append((len(host), len(variants)))  # one wait, each member its binding
         for h, who in variants.items():
             for m, hi in who:
                 hmap[m][hi] = len(host)
@@ -309,6 +316,7 @@ def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union |
         maps.append((params, devs, tuple(flags[m]), _pick(pick[m])))
     out = Union(Shape(tuple(host), ops, records, nparams), tuple(guards), maps, None)
     out.picks = pick
+    out.merged = tuple(merged)
     if logs is not None:
         out.set_log(logs)
     return out

@@ -120,7 +120,7 @@ def _lanes(plans: list, unions: list, races: list | None, pairs=None, window: in
             u = unions[bi]
             consts = _consts(u, [p.blocks[bi].consts for p in plans])
             fn = compile_block(u.shape, (False,) * u.shape.nparams, fwd, False, u.log, depth,
-                               target="array", union=u.guards)
+                               target="array", union=u.guards, merged=u.merged)
             state.logs = [[] for _ in u.log]
             for start in range(0, b.n, CHUNK):
                 ks = b.steps[start:min(b.n, start + CHUNK)]
