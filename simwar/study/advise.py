@@ -53,12 +53,13 @@ compiled code: each block's code is compiled once for the family, as the union o
 members' shapes (:mod:`simwar.executors.fast.union`); the race windows, every member's
 from one pass over the unions, their vector clocks side by side
 (:mod:`simwar.executors.fast.famraces`: the happens-before moves with the record, the
-accesses compared do not); and the pass over the screen's steps, the members as the lanes
-of one lockstep pass over the unions, each on its own numbers
-(:mod:`simwar.executors.lockstep.family`). What each member still pays for itself: its
-share of the union, its table, races and summary from its lane; and a member whose record
-is an in-graph node (its waits bind to another event) its builder's iterations and their
-shaping.
+accesses compared do not); and, for a family of 24 members or more, the pass over the
+screen's steps, the members as the lanes of one lockstep pass over the unions, each on its
+own numbers, their race counts taken over the lanes at once
+(:mod:`simwar.executors.lockstep.family`). A member whose record is an in-graph node is
+moved from the family's first too (the node in its phase's graph launch). What each member
+still pays for itself: its share of the union and of the plan's shaping, its table from
+its lane, its summary's share.
 
 :func:`screen` runs the candidates, :func:`_full_length` the confirming runs at full
 length: no other place simulates.
