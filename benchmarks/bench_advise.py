@@ -24,10 +24,12 @@ one process: its CPU time is its wall-clock time, but for what else runs on the 
 ``--breakdown K``: where the screen's time goes, per candidate, for every K-th candidate
 of the space (the confirming runs left out): the CPU time of the screen unprofiled, split
 by cProfile's cumulative times (scaled to it) into the candidate's config, the plan
-(``plan_config``), the race plan, code generation and ``compile``, the pass with its
-per-step table and races, the union of a family's shapes (:mod:`simwar.executors.fast.union`),
-the summary, ``simulate``'s own work (the executor's choice, the checks, the result) and the
-rest (the search around the screen).
+(``plan_config``), the race plan (with a family's one pass over its unions,
+:mod:`simwar.executors.fast.famraces`), code generation and ``compile``, the pass with its
+per-step table and races (a family's lanes in lockstep too,
+:mod:`simwar.executors.lockstep.family`), the union of a family's shapes
+(:mod:`simwar.executors.fast.union`), the summary, ``simulate``'s own work (the executor's
+choice, the checks, the result) and the rest (the search around the screen).
 
 ``--structures``: how many candidates the screen runs, how many distinct programs they are
 (lockstep groups: :func:`simwar.executors.lockstep.group_key` of each screened plan), and
@@ -111,12 +113,17 @@ total = cum("study/advise.py", "advise")
 parts = {"config": cum("config/load.py", "load_config")
          + cum("study/advise.py", "candidate_config"),
          "plan_config": cum("fast/plan.py", "plan_config"),
-         "race plan": cum("fast/races.py", "_plan_windows"),
+         # (a family's windows from one pass over its unions: famraces, where it has one)
+         "race plan": cum("fast/races.py", "_plan_windows")
+         + cum("fast/famraces.py", "family_windows"),
          "codegen + compile": cum("fast/codegen.py", "compile_block"),
          "family's union": cum("fast/union.py", "family_codes"),
-         "summary": cum("fast/execute.py", "summary")}
+         "summary": cum("fast/execute.py", "summary")
+         + cum("lockstep/family.py", "_summaries")}
+# (a family's members as lanes of one lockstep pass: lockstep/family.py, where it has one)
 run = (cum("executors/fast/__init__.py", "run_config")
-       + cum("executors/fast/__init__.py", "run_family"))
+       + cum("executors/fast/__init__.py", "run_family")
+       + cum("lockstep/family.py", "run_family"))
 # what the screen calls: a Runner's run or run_family (none where it ran the executor
 # itself, or simulate)
 calls = (cum("simwar/api.py", "run") + cum("simwar/api.py", "run_family")

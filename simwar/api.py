@@ -382,6 +382,7 @@ class Runner:
         self.config = cfg
         self.choice = choice
         self.summary_only = summary_only
+        self._inputs: list[dict] | None = None  # what _variant compares, of the config
 
     def run(self, variant: Config | None = None,
             progress: Callable[[int], None] | None = None, *, family=None) -> Result:
@@ -407,7 +408,11 @@ class Runner:
         """``[self.run(v, family=family) for v in variants]``, bit for bit, for variants that
         differ only in where read-done is published (an ``advise`` family): on the one-pass
         executor their plans run on code compiled once for all of them
-        (:func:`simwar.executors.fast.run_family`)."""
+        (:func:`simwar.executors.fast.run_family`), as the lanes of one lockstep pass where
+        they can (:func:`simwar.executors.lockstep.family.run_family`)."""
+        # lazy: start-up time (a single run needs no lockstep)
+        from simwar.executors.lockstep.family import run_family
+
         cfgs = [self._variant(v) for v in variants]
         if self.choice.name != "fast" or len(cfgs) < 2 or any(c.tp > 1 for c in cfgs):
             return [self.run(v, family=family) for v in variants]
@@ -415,20 +420,23 @@ class Runner:
         with gc_paused():
             resolved = [_resolve(cfg, self.summary_only) for cfg in cfgs]
             todo = [m for m, (_, run) in enumerate(resolved) if run is None]
-            runs = dict(zip(todo, fast.run_family([cfgs[m] for m in todo],
-                                                  [resolved[m][0] for m in todo],
-                                                  summary_only=self.summary_only,
-                                                  family=family)))
+            runs = dict(zip(todo, run_family([cfgs[m] for m in todo],
+                                             [resolved[m][0] for m in todo],
+                                             summary_only=self.summary_only,
+                                             family=family)))
         return [Result(cfg, "fast", run.summary, run.hazards, columns=run.columns,
                        meta=run.meta, requested=requested, refused=choice.refused)
                 for cfg, run in ((cfgs[m], runs[m] if m in runs else resolved[m][1])
                                  for m in range(len(cfgs)))]
 
     def _variant(self, cfg: Config) -> Config:
-        base = self.config
-        for inputs in (memory_inputs, choice_inputs):  # what the check and the choice read
-            for key, value in inputs(base).items():
-                other = inputs(cfg)[key]
+        if self._inputs is None:  # the config's, read once (a screen runs many variants)
+            self._inputs = [inputs(self.config) for inputs in (memory_inputs, choice_inputs)]
+        # what the check and the choice read
+        for inputs, mine in zip((memory_inputs, choice_inputs), self._inputs):
+            theirs = inputs(cfg)
+            for key, value in mine.items():
+                other = theirs[key]
                 if value is not other and value != other:
                     raise ValueError(f"a variant run by this Runner keeps the config's {key} "
                                      f"(the memory check and the executor's choice read it)")

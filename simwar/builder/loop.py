@@ -120,6 +120,14 @@ from simwar.core.program import (
     WaitStream,
 )
 
+#: the event of a step's host read-done record (:meth:`LoopBuilder.publish_record`)
+READ_DONE = "read_done[{}]"
+
+
+def node_event(phase: str) -> str:
+    """The event of ``phase``'s in-graph read-done node (every step's launch re-arms it)."""
+    return f"{phase}.read_done"
+
 
 def build_program(cfg: Config, sizes: StepSizes) -> Program:
     """The run's Program: every host operation of every iteration, durations drawn (a
@@ -659,7 +667,7 @@ class LoopBuilder:
         if _positive(ph.prep_us):
             nodes.append(Kernel(f"{name}.prep", self._draw(ph.prep_us, True), reads, (), name))
         if pos == "in_replay" and self.point.in_graph:
-            event = f"{name}.read_done"
+            event = node_event(name)
             nodes.append(GraphRecord(event))
             self.read_done[k] = event
         nodes.append(Kernel(f"{name}.body", self._draw(ph.body_us, True), body_reads, (), name))
@@ -752,7 +760,7 @@ class LoopBuilder:
             self.record(StepName("publish_ready[{}]", k), "forward", k)
 
     def publish_record(self, k: int) -> None:
-        event = StepName("read_done[{}]", k)
+        event = StepName(READ_DONE, k)
         self.record(event, "forward", k)
         self.read_done[k] = event
 

@@ -10,22 +10,30 @@ those with the record moved to its point (:func:`moved_iterations`): the same op
 place its own build would put it, which is what its build gives (the tests hold the two
 equal for every candidate of the shipped configs it applies to).
 
-It applies where nothing else moves with the record: a host record (an in-graph node is
-part of its graph launch), costs that are numbers (a drawn cost's draws go to its uses in
-program order, so moving a use renumbers the draws between its two places) and durations
-that do not vary with the step (their per-use values are laid out in program order too).
-Elsewhere the member's iterations are built as usual.
+A member whose read-done is an in-graph node (``in_replay`` in a graph phase, with external
+events) has no host record: its publishing phase's graph launch carries the node, after the
+graph's prep kernel (:meth:`~simwar.builder.loop.LoopBuilder.phase`), and every wait and
+sync on read-done names that node's event (``<phase>.read_done``) instead of the step's
+``read_done[k]``. Its iterations are the first's with the host record taken out, that
+graph launch given the node, and those waits and syncs renamed: again what its build gives
+(the same tests).
+
+It applies where nothing else moves with the record: the family's first's record a host
+record, costs that are numbers (a drawn cost's draws go to its uses in program order, so
+moving a use renumbers the draws between its two places) and durations that do not vary
+with the step (their per-use values are laid out in program order too). Elsewhere the
+member's iterations are built as usual.
 
 Imports: simwar's config and the builder's loop.
 """
 
 from __future__ import annotations
 
-from simwar.builder.loop import IterationPlan, LoopBuilder, plan_iterations
+from simwar.builder.loop import READ_DONE, IterationPlan, LoopBuilder, node_event, plan_iterations
 from simwar.builder.sizes import StepSizes
 from simwar.config.policies import publish_point
 from simwar.config.schema import Config
-from simwar.core.program import Record
+from simwar.core.program import GraphLaunch, GraphRecord, Kernel, Record, Synchronize, WaitEvent
 
 #: the meta keys family members may differ in
 _PUBLISH_META = frozenset({"publish_phase", "publish_position", "publish_reason"})
@@ -70,6 +78,44 @@ def _host_spot(cfg: Config, phases) -> tuple[int, str] | None:
     return point.index, point.position
 
 
+def _node_phase(cfg: Config, phases) -> str | None:
+    """The phase whose in-graph node is ``cfg``'s read-done record, if it is one."""
+    pol = cfg.policy
+    point = publish_point(phases, pol.publish_phase, pol.external_events,
+                          pol.in_replay_fallback)
+    return point.phase if point.phase is not None and point.in_graph else None
+
+
+def _to_node(iteration: list, at: int | None, phase: str) -> list | None:
+    """An iteration of the first's with its host read-done record (at ``at``; None: none
+    this step) made ``phase``'s in-graph node (see the module); None where its ops are not
+    as the builder makes them."""
+    event = node_event(phase)
+    out: list = []
+    graphs = 0
+    for j, op in enumerate(iteration):
+        kind = type(op)
+        if j == at:
+            if kind is not Record:
+                return None
+            continue
+        if kind is GraphLaunch and op.phase == phase:
+            nodes = op.nodes
+            if not 1 <= len(nodes) <= 2 or any(type(n) is not Kernel for n in nodes):
+                return None
+            # the node after the graph's prep kernel, before its body
+            op = GraphLaunch(op.stream, op.graph, (*nodes[:-1], GraphRecord(event), nodes[-1]),
+                             op.step, op.phase, op.host_us)
+            graphs += 1
+        elif kind in (WaitEvent, Synchronize) and \
+                getattr(op.event, "template", None) == READ_DONE:
+            op = op.replace(event=event)
+        out.append(op)
+    if graphs != (at is not None):  # the phase ran, and published, in the same steps
+        return None
+    return out
+
+
 def _same_but_publish(a: Config, b: Config) -> bool:
     """``b`` is ``a`` but for ``policy.publish_phase`` and the phases' ``read_ends``."""
     for name in type(a).model_fields:
@@ -99,10 +145,17 @@ def moved_iterations(base: IterationPlan, cfg: Config) -> IterationPlan | None:
         return None
     phases = cfg.phase_table()
     src, dst = _host_spot(base.cfg, base.phases), _host_spot(cfg, phases)
-    if src is None or dst is None:
+    node = _node_phase(cfg, phases) if dst is None else None
+    if src is None or (dst is None and node is None):
         return None
     ops: list[list] = []
     for iteration, spots in zip(base.ops, base.spots):
+        if node is not None:
+            moved = _to_node(iteration, spots.get(src), node)
+            if moved is None:
+                return None
+            ops.append(moved)
+            continue
         a, b = spots.get(src), spots.get(dst)
         if a is None and b is None:  # no phase ran (a step of its own): nothing moves
             ops.append(list(iteration))

@@ -50,11 +50,16 @@ record is a host record and the costs are numbers), their shaping (a member's se
 its first's reading of the ops that neither are nor bind to a record, spliced around its
 own records, waits and syncs: :class:`simwar.executors.fast.plan.ShapeMemo`) and the
 compiled code: each block's code is compiled once for the family, as the union of its
-members' shapes, each member run on it with its own numbers
-(:mod:`simwar.executors.fast.union`). What each member still pays for itself: its race
-windows (the happens-before moves with its record), its pass over the screen's steps, its
-table, races and summary; and a member whose record is an in-graph node (its waits bind
-to another event) its builder's iterations and their shaping.
+members' shapes (:mod:`simwar.executors.fast.union`); the race windows, every member's
+from one pass over the unions, their vector clocks side by side
+(:mod:`simwar.executors.fast.famraces`: the happens-before moves with the record, the
+accesses compared do not); and, for a family of 24 members or more, the pass over the
+screen's steps, the members as the lanes of one lockstep pass over the unions, each on its
+own numbers, their race counts taken over the lanes at once
+(:mod:`simwar.executors.lockstep.family`). A member whose record is an in-graph node is
+moved from the family's first too (the node in its phase's graph launch). What each member
+still pays for itself: its share of the union and of the plan's shaping, its table from
+its lane, its summary's share.
 
 :func:`screen` runs the candidates, :func:`_full_length` the confirming runs at full
 length: no other place simulates.

@@ -94,8 +94,12 @@ summarizes rows as they become final (the flusher of :mod:`~simwar.executors.fas
 - :mod:`~simwar.executors.fast.union`: one compiled code for the plans of configs that
   differ only in their records and what binds to them (a family of ``advise``'s
   candidates), each run on it with its own numbers;
+- :mod:`~simwar.executors.fast.famraces`: such a family's race windows, every member's,
+  from one pass over the unions (its members' vector clocks side by side);
 - here: the entry points, :func:`run_config` (a config), :func:`run_family` (configs that
-  differ in where their records go, their code compiled once), :func:`run` (any Program) and
+  differ in where their records go, their code compiled once: :func:`family_plans`, then
+  :func:`run_members`; the lockstep executor runs them as lanes,
+  :mod:`simwar.executors.lockstep.family`), :func:`run` (any Program) and
   :func:`realize` (a workload whose batches depend on simulated time; its feed,
   :func:`realizing_feed`, serves the lockstep executor's groups too).
 
@@ -114,6 +118,7 @@ from simwar.config import ConfigError
 from simwar.core.program import Program
 from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.execute import FastRun, _finish, _State, nonnegative, run_plan
+from simwar.executors.fast.famraces import family_pairs, family_race_plans
 from simwar.executors.fast.plan import Unsettled, plan_config, plan_program
 from simwar.executors.fast.races import RacePlan
 from simwar.executors.fast.union import family_codes
@@ -266,12 +271,42 @@ def run_family(cfgs: list, sizes: list, window: int = 2, summary_only: bool = Fa
     configs differ only in where records go and what binds to them (``advise``'s families),
     a block's code is the union of theirs (:mod:`simwar.executors.fast.union`), each run on
     it with its own numbers; elsewhere each plan runs its own code."""
+    return run_members(*family_plans(cfgs, sizes, window, family), window, summary_only)
+
+
+def family_plans(cfgs: list, sizes: list, window: int = 2, family=None) -> tuple:
+    """The plans of a family's configs, the unions of their blocks (None: none) and their
+    race plans: what :func:`run_members` runs (and the lockstep executor's lanes,
+    :mod:`simwar.executors.lockstep.family`)."""
+    plans, unions, pairs = family_unions(cfgs, sizes, window, family)
+    return plans, unions, member_races(plans, unions, pairs, window)
+
+
+def family_unions(cfgs: list, sizes: list, window: int = 2, family=None) -> tuple:
+    """The plans of a family's configs, the unions of their blocks (None: none) and the
+    family's one race pass over them (:func:`~simwar.executors.fast.famraces.family_pairs`;
+    None: none)."""
     plans = [_plan(cfg, sz, family) for cfg, sz in zip(cfgs, sizes)]
-    races = [RacePlan(plan, window) for plan in plans]
-    unions = None
-    if len(plans) > 1:
-        unions = family_codes(plans, [[r.logs_of(bi) for bi in range(len(p.blocks))]
-                                      for p, r in zip(plans, races)])
+    unions = family_codes(plans) if len(plans) > 1 else None
+    pairs = family_pairs(plans, unions, window) if unions is not None else None
+    return plans, unions, pairs
+
+
+def member_races(plans: list, unions: list | None, pairs, window: int = 2) -> list:
+    """Each member's race plan (its windows from the family's pass, ``pairs``, where there
+    is one), and the unions' logged op times then every member's."""
+    races = family_race_plans(plans, unions, window, pairs)
+    if unions is not None:
+        for bi, u in enumerate(unions):
+            if u is not None:
+                u.set_log([r.logs_of(bi) for r in races])
+    return races
+
+
+def run_members(plans: list, unions: list | None, races: list, window: int = 2,
+                summary_only: bool = False) -> list[FastRun]:
+    """Each member of :func:`family_plans`' family run in one pass, on the unions' code where
+    there is one."""
     out = []
     for m, (plan, race) in enumerate(zip(plans, races)):
         codes = None if unions is None else _union_code(plan, unions, m)

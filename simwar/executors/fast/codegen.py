@@ -115,9 +115,15 @@ class Target(Frozen):
 SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
                            "_returns": rules.returns}, True, True, inlined=True)
 #: the lockstep executor's: arrays of one element per run
+def _per_lane(values: tuple, which: np.ndarray, lanes: np.ndarray) -> np.ndarray:
+    """Element ``j`` of ``values[which[j]]``, for each lane ``j`` (a union's merged wait)."""
+    return np.array(values)[which, lanes]
+
+
 _MANY = {"_begins": rules.begins_many, "_released": rules.released_many,
          "_returns": rules.returns_many, "_add": np.add, "_sub": np.subtract, "_empty": np.empty,
-         "_any": np.any}
+         "_any": np.any, "_where": np.where, "_multiply": np.multiply, "_zeros": np.zeros,
+         "_arange": np.arange, "_argmax": np.argmax, "_or": np.logical_or, "_per_lane": _per_lane}
 ARRAY = Target("array", _MANY, False, False, True)
 #: the same over per-step arrays whose rows are copies read and written back (runs picked
 #: out of a group's, :mod:`simwar.executors.lockstep.shapes`)
@@ -152,7 +158,7 @@ def _lanevar(lane: str, lanes: dict) -> str:
 def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple,
                   depth: int, trace: bool = False, feed: bool = False,
                   target: str = "scalar", lanes: int = 0, union: tuple | None = None,
-                  nonneg: bool = False):
+                  nonneg: bool = False, merged: tuple = ()):
     """The function running a block of ``shape`` (cached).
 
     ``slots``: per parameter, True for a column, False for a constant; ``log``: sorted
@@ -168,15 +174,20 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     is a family's union (:mod:`simwar.executors.fast.union`) and these its guarded ops,
     ``(host op index, graph node index or -1)`` in the order of their flags: ``K`` ends
     with one flag per guarded op (the op runs where it is true) and ``HP``, which picks
-    the run's own records, in its order, from the tuple of the union's (the scalar target
-    only, and no collect, trace or feed). ``nonneg``: every parameter the block is run with
+    the run's own records, in its order, from the tuple of the union's (the scalar target,
+    or the array target with the runs a family's members, each flag an array of a truth
+    value per run: :mod:`simwar.executors.lockstep.family`; no collect, trace or feed).
+    ``nonneg``: every parameter the block is run with
     is a number at or above 0 and not -0.0 (the scalar target's caller checks them; the
     array target's runs hold them, :mod:`simwar.executors.lockstep`): a tail set since the
     host clock last moved is at or after it, and ``begins`` of it is the tail itself, with no
-    call (as the array target takes it).
+    call (as the array target takes it). ``merged``: a union's waits run as one in the array
+    target (:attr:`~simwar.executors.fast.union.Union.merged`: ``(host op index, count)``, each
+    run has one of the ``count`` at most, so one wait on each run's own host cost, latency and
+    record, kept where it has one, is what its own runs).
     """
     key = (shape.host, slots, fwd, collect, log, depth, trace, feed, target, lanes, union,
-           nonneg)
+           nonneg, merged)
     fn = _CODE.get(key)
     if fn is not None:
         _CODE.move_to_end(key)
@@ -184,10 +195,11 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     tgt = TARGETS[target]
     if tgt is not SCALAR and (collect or trace):
         raise ValueError(f"the {target} target has no collect or trace mode")
-    if union is not None and (tgt is not SCALAR or collect or trace or feed):
-        raise ValueError("a union's code is the scalar target's, with no collect, trace or feed")
+    if union is not None and (tgt not in (SCALAR, ARRAY) or collect or trace or feed):
+        raise ValueError("a union's code is the scalar or the array target's, with no collect, "
+                         "trace or feed")
     fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed, tgt, lanes, union,
-                   nonneg)
+                   nonneg, merged)
     _CODE[key] = fn
     if len(_CODE) > _CODE_LIMIT:
         _CODE.popitem(last=False)
@@ -196,7 +208,7 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
 
 def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, depth: int,
               trace: bool, feed: bool, target: Target, width: int = 0,
-              union: tuple | None = None, nonneg: bool = False):
+              union: tuple | None = None, nonneg: bool = False, merged: tuple = ()):
     """Write and compile the block function of :func:`compile_block` (its ``.source``: the
     generated text; in trace mode its ``.layout``)."""
     src = _Src()
@@ -221,14 +233,22 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         body.append((line, indent))
 
     # a union's guarded ops: each op's lines run under its flag (the op's own, as a member
-    # that has it runs them)
+    # that has it runs them). The array target's runs are members side by side: there a
+    # guarded op runs for every run, and what it sets is kept only where its flag (an array
+    # of a truth value per run) is true (``_where``): a tail, the host clock after a sync,
+    # and what a wait adds to the window (times 0 elsewhere: adding a zero leaves a sum as
+    # it was); its host cost is 0.0 for a run without it (:meth:`Union.consts`), and
+    # ``t + 0.0`` is ``t``; its records and logged times are read only by the runs that
+    # have it
     flag = {at: f"G{i}" for i, at in enumerate(union or ())}
+    masked = union is not None and target is ARRAY
 
     def guarded(start: int, at: tuple[int, int], known: set) -> None:
         """The op's lines from ``start`` under its flag; ``known``: the tails and records at
         or after the host clock before the op (what stays so whether it runs or not)."""
         if at in flag:
-            body[start:] = [(f"if {flag[at]}:", 2)] + [(x, i + 1) for x, i in body[start:]]
+            if not masked:
+                body[start:] = [(f"if {flag[at]}:", 2)] + [(x, i + 1) for x, i in body[start:]]
             above.intersection_update(known)
 
     # the array target's fewer numpy calls and arrays: the tails known to be at or after the
@@ -355,20 +375,33 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                                                              "W = 0.0; Dp = 0.0") + f"; cl = {ks}")
         log_times(dev_index, "s", "e")
 
-    def record(var: str, lane: str, dev_index: int) -> None:
+    def record(var: str, lane: str, dev_index: int, mask: str | None = None) -> None:
         """A record on ``lane`` (an event's, or a wait_stream's of the lane's tail): it fires
-        when the lane reaches it, into ``var``."""
+        when the lane reaches it, into ``var`` (``mask``: the runs it is kept for, above)."""
         tv = _lanevar(lane, lanes)
-        emit(f"{var} = {tv} = {begun(tv)}")
+        if mask is not None:
+            fires = begun(tv)
+            # (a tail at or after the host clock: the record fires at it, which it keeps)
+            emit(f"{var} = {tv}" if fires == tv else
+                 f"{var} = {fires}; {tv} = _where({mask}, {var}, {tv})")
+        else:
+            emit(f"{var} = {tv} = {begun(tv)}")
         above.update((tv, var))
         log_times(dev_index, var, var)
 
     def wait(stream: str, fired_at: str | None, lat: str, same_stream: bool,
-             dev_index: int) -> None:
+             dev_index: int, mask: str | None = None) -> None:
         """A wait on ``stream`` bound to a record fired at ``fired_at`` (None: bound to
-        nothing, a no-op)."""
+        nothing, a no-op); ``mask``: the runs it is kept for (above)."""
         ts = _lanevar(stream, lanes)
-        if fired_at is None:
+        if mask is not None:
+            emit(f"reach = {begun(ts)}")
+            emit("rel = reach" if fired_at is None else
+                 f"rel = {rule('released', 'reach', fired_at, lat, str(same_stream))}")
+            emit(f"{ts} = _where({mask}, rel, {ts})")
+            if stream == fwd and fired_at is not None:
+                emit(f"_sub(rel, reach, Z_); _multiply(Z_, {mask}, Z_); _add(Dp, Z_, Dp)")
+        elif fired_at is None:
             emit(f"{ts} = reach = rel = {begun(ts)}")
         elif arr and fired_at in above and stream != fwd and (dev_index, "s") not in logs:
             # fired at or after the host clock, so its release (fired, plus a latency >= 0)
@@ -392,11 +425,42 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
 
     dev = 0  # device op index
     rec = 0  # record index
+    # a union's waits run as one (the array target's lanes; none logged): first host op ->
+    # how many, and the lines before the loop that make their one wait's numbers
+    merge_at = dict(merged) if masked else {}
+    ahead: list[str] = []
+    skipped: set[int] = set()
     if trace:
         keep("h", -1, "t")
     for hi, h in enumerate(shape.host):
+        if hi in skipped:  # (a merged wait's, run with its first)
+            continue
         kind = h.kind
         start, known = len(body), set(above)
+        mask = flag.get((hi, -1)) if masked else None
+        if kind == "wait_event" and hi in merge_at and not any(
+                (d, w) in logs for d in range(dev, dev + merge_at[hi]) for w in "se"):
+            group = shape.host[hi:hi + merge_at[hi]]
+            skipped.update(range(hi + 1, hi + len(group)))
+            names = [(next(pi), next(pi)) for _ in group]  # each variant's host and latency
+            flags = ", ".join(flag[(hi + q, -1)] for q in range(len(group)))
+            g = f"MW{len(ahead)}_"
+            # each run's own numbers: the others' are 0.0, and x + 0.0 is x
+            ahead += [f"{g}H = " + " + ".join(x for x, _ in names),
+                      f"{g}L = " + " + ".join(x for _, x in names),
+                      f"{g}G = _or.reduce(({flags},))", f"{g}I = _argmax(({flags},), axis=0)"]
+            advance(f"{g}H")
+            ts = _lanevar(h.stream, lanes)
+            emit(f"reach = {begun(ts)}")
+            emit(f"F_ = _per_lane(({''.join(fired(v.bind) + ', ' for v in group)}), {g}I, LN_)")
+            emit(f"rel = {rule('released', 'reach', 'F_', f'{g}L', str(h.bind.same_stream))}")
+            emit(f"{ts} = _where({g}G, rel, {ts})")
+            if h.stream == fwd:
+                emit(f"_sub(rel, reach, Z_); _multiply(Z_, {g}G, Z_); _add(Dp, Z_, Dp)")
+            above.add(ts)
+            above.intersection_update(known)  # (as a guarded op's: see guarded)
+            dev += len(group)
+            continue
         if kind == "cpu":
             advance(next(pi))
         elif kind == "launch":
@@ -409,7 +473,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             for ni, node in enumerate(h.nodes):
                 if node.kind == "r":
                     at, before = len(body), set(above)
-                    record(f"r{rec}", h.stream, dev)
+                    record(f"r{rec}", h.stream, dev,
+                           flag.get((hi, ni)) if masked else None)
                     guarded(at, (hi, ni), before)
                     rec += 1
                 elif node.kind == "c":
@@ -419,7 +484,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                 dev += 1
         elif kind == "record":
             advance(next(pi))
-            record(f"r{rec}", h.stream, dev)
+            record(f"r{rec}", h.stream, dev, mask)
             rec += 1
             dev += 1
         elif kind == "wait_stream":  # WaitStream's rule: other's tail recorded, then waited
@@ -433,14 +498,15 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             advance(host)
             bind = h.bind
             wait(h.stream, None if bind is None else fired(bind), lat,
-                 bind is not None and bind.same_stream, dev)
+                 bind is not None and bind.same_stream, dev, mask)
             dev += 1
         elif kind == "sync":
             host, wake = next(pi), next(pi)
             f = "None" if h.bind is None else fired(h.bind)
             above.clear()
             emit("t0 = t")
-            emit(f"t = {rule('returns', 't0', host, f, wake)}")
+            back = rule('returns', 't0', host, f, wake)
+            emit(f"t = _where({mask}, {back}, t0)" if mask is not None else f"t = {back}")
             if target.rows_in_place:  # added in the row (``row += Z_`` writes it back too)
                 emit(f"_sub(t, t0, Z_); BR_ = B{sites.index(h.site)}[{step_index(h.off)}]; "
                      "_add(BR_, Z_, BR_)")
@@ -487,7 +553,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     # no zeroing as the window closes. A window carried from the block before (``S.w``,
     # ``S.dp`` not 0) is the picked form's to run, for one pass (the function refuses it:
     # :func:`simwar.executors.lockstep.execute.run_passes`)
-    direct = bool(target.rows_in_place and len(closes) == 1 and closes[0][1] == "ki"
+    direct = bool(target.rows_in_place and not masked and len(closes) == 1
+                  and closes[0][1] == "ki"
                   and all(i < closes[0][0] for i, *_ in sums))
     if direct:
         at, indent = closes[0][0], body[closes[0][0]][1]
@@ -506,8 +573,13 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     src("def block(KS, K, C, S):", 0)
     if consts:
         src(f"({', '.join(consts)},) = K", 1)
+    if ahead:  # the merged waits' numbers (see the loop), once a call
+        src("LN_ = _arange(len(S.t))", 1)
+        for line in ahead:
+            src(line, 1)
     if union is not None and depth and nrec:  # a record a run does not fire is picked by none
-        src(" = ".join(f"r{i}" for i in range(nrec)) + " = 0.0", 1)
+        src(" = ".join(f"r{i}" for i in range(nrec))
+            + (" = _zeros(len(S.t))" if masked else " = 0.0"), 1)
     src("t = S.t", 1)
     src("TL = S.tails", 1)
     for lane, var in lanes.items():

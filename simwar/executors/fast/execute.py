@@ -358,6 +358,11 @@ class FastRun:
             self._summary = summarize(self.columns, self.meta, self.hazards)
         return self._summary
 
+    def set_summary(self, summary: dict) -> None:
+        """The summary, made elsewhere from the same columns and races (runs summarized
+        together: :mod:`simwar.executors.lockstep.family`)."""
+        self._summary = summary
+
 
 def _finish(plan: Plan, state: _State, races: RacePlan, fwd: str) -> FastRun:
     """The per-step columns from the accumulators (or the collected intervals), and the

@@ -418,8 +418,20 @@ def plan_template(iterations, ranks: bool = False, memo: ShapeMemo | None = None
     return Template(plan, blocks, shaper.offsets, _sites(shapes), steps_total, shapes)
 
 
+def _fixed_and_drawn(params: list) -> tuple[list, list]:
+    """A block's parameters with its drawn ones None, and the drawn ones (:func:`bind`)."""
+    drawn = [_drawn(x) for x in params]
+    if not any(drawn):  # (a config of numbers: every parameter fixed)
+        return list(params), []
+    return ([None if d else x for x, d in zip(params, drawn)],
+            [x for x, d in zip(params, drawn) if d])
+
+
 def _drawn(x) -> bool:
     """Whether a parameter holds a draw (a column; else a constant of the run)."""
+    t = type(x)
+    if t is float or t is int:  # first: most parameters are numbers
+        return False
     return isinstance(x, Use) or (isinstance(x, Sum) and (_drawn(x.a) or _drawn(x.b)))
 
 
@@ -445,13 +457,12 @@ def bind(template: Template, sampler, value=None, meta: dict | None = None,
         template.prepared = [
             PreparedBlock(tb.shape, tb.first_segment,
                           range(tb.first_step, tb.first_step + tb.segments),
-                          [None if _drawn(x) else x for x in tb.params],
-                          [x for x in tb.params if _drawn(x)], tb.draw_starts,
+                          *_fixed_and_drawn(tb.params), tb.draw_starts,
                           tb.draws_per_segment, tb.skeleton_index)
             for tb in template.blocks]
     blocks: list[Block] = []
     for pb in template.prepared:
-        consts = tuple(x if x is None or type(x) is float else const(x) for x in pb.fixed)
+        consts = tuple([x if x is None or type(x) is float else const(x) for x in pb.fixed])
         columns = _draw_columns(pb.drawn, arrays, pb.draw_starts, pb.draws_per_segment, live,
                                 const)
         blocks.append(Block(pb.shape, pb.first_segment, pb.steps, consts, columns,

@@ -20,6 +20,7 @@ execute (the pass calls this).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 from array import array
@@ -139,6 +140,16 @@ _WINDOWS: dict = {}
 _WINDOWS_LIMIT = 512  # windows kept before the cache is emptied
 
 
+def window_segments(plan: Plan, window: int) -> list[int | None]:
+    """The block of each segment of the sequence a windowed race plan's one pass goes over
+    (:meth:`RacePlan._fill`: each block cut to its first ``window + 1``; None: a segment of
+    an unmarked block, left out)."""
+    out: list[int | None] = []
+    for bi, b in enumerate(plan.blocks):
+        out += [bi if b.marked else None] * min(b.n, window + 1)
+    return out
+
+
 class RacePlan:
     """Which pairs to check where, which op times to log, and the races once run.
 
@@ -153,7 +164,7 @@ class RacePlan:
     turns the logged times into the races.
     """
 
-    def __init__(self, plan: Plan, window: int):
+    def __init__(self, plan: Plan, window: int, windows: dict | None = None):
         self.plan = plan
         self.window = window
         blocks = plan.blocks
@@ -162,22 +173,28 @@ class RacePlan:
         for b in blocks:
             self.op_base.append(base)
             base += b.n * len(b.shape.ops)
-        marked = [b for b in blocks if b.marked]
-        consecutive = all(isinstance(b.steps, range) for b in marked) and all(
-            x.steps[-1] + 1 == y.steps[0] for x, y in zip(marked, marked[1:]))
-        prefix_ok = all(b.marked or not any(op.accesses for op in b.shape.ops) for b in blocks)
-        self.windowed = (not plan.negative and plan.offsets <= {0} and consecutive
-                         and prefix_ok)
+        self.windowed = self.fits(plan)
         self.logs: list[list[tuple[int, str]]] = [[] for _ in blocks]
         self.groups: list[tuple] = []  # (block, first pass, count, pairs)
         self.cache = _WINDOWS
         if self.windowed:
-            self._plan_windows()
+            self._plan_windows(windows)
         else:
             for bi, b in enumerate(blocks):
                 self.logs[bi] = sorted({(d, w) for d, op in enumerate(b.shape.ops)
                                         if op.accesses for w in "se"})
         self.arrays: list[list[array]] = []
+
+    @staticmethod
+    def fits(plan: Plan) -> bool:
+        """Whether the plan's races are windowed (see the class): its steps consecutive
+        segments, every access its segment's step's."""
+        blocks = plan.blocks
+        marked = [b for b in blocks if b.marked]
+        consecutive = all(isinstance(b.steps, range) for b in marked) and all(
+            x.steps[-1] + 1 == y.steps[0] for x, y in zip(marked, marked[1:]))
+        prefix_ok = all(b.marked or not any(op.accesses for op in b.shape.ops) for b in blocks)
+        return not plan.negative and plan.offsets <= {0} and consecutive and prefix_ok
 
     # ---- planning
     def _segment(self, g: int) -> tuple[int, int]:
@@ -192,7 +209,11 @@ class RacePlan:
                 hi = mid - 1
         return lo, g - blocks[lo].g0
 
-    def _plan_windows(self) -> None:
+    def _plan_windows(self, windows: dict | None) -> None:
+        """The pairs of each window, and the op times logged for them. ``windows``: the
+        latent pairs of the pass over the run's segments (:meth:`_fill`'s, by the index of
+        the later access's segment in :func:`window_segments`' sequence) where known (a
+        family's, :mod:`simwar.executors.fast.famraces`), else found here."""
         w = self.window
         blocks = self.plan.blocks
         need: list[set] = [set() for _ in blocks]
@@ -220,8 +241,9 @@ class RacePlan:
                 c = first[bi] + i
                 key = tuple(padded[c:c + w + 1])  # the shapes of segments g - w .. g
                 ids = tuple(map(id, key))
-                if ids not in mine:
-                    mine[ids] = self.cache.get((key, w))
+                if ids not in mine:  # (as _fill takes it: the first segment of the window)
+                    mine[ids] = (self.cache.get((key, w)) if windows is None
+                                 else windows.get(c, []))
                 parts.append((bi, i, count, key, ids, c))
         if any(tpls is None for tpls in mine.values()):
             self._fill(seq, parts, mine)
@@ -368,7 +390,7 @@ class RacePlan:
         row per logged time), the same differences, element by element, as one per pair."""
         w = self.window
         blocks = self.plan.blocks
-        rows = []
+        parts = []  # per group: its pairs' progressions (FastHazards makes the rows)
         tables: dict = {}
 
         def table(bi: int):
@@ -389,50 +411,50 @@ class RacePlan:
             b_step = b.steps[0] + i
             logs, row = table(bi)
             s_rows = [row[(r.b_dev, "s")] for r in tpls]
+            b_op = self.op_base[bi] + i * nops  # the later access's op id, but for its index
+            if logs is not None and logs.shape[1] >= i + count and len(tpls) * count <= 1 << 20:
+                a_back = np.array([r.a_back for r in tpls], dtype=np.int64)
+                a_dev = np.array([r.a_dev for r in tpls], dtype=np.int64)
+                if i >= w:  # the earlier accesses in the same block: one gather for the group
+                    first = i - a_back
+                    e_rows = np.array([row[(r.a_dev, "e")] for r in tpls])
+                    overlaps = (logs[e_rows[:, None], first[:, None] + np.arange(count)]
+                                - logs[s_rows, i:i + count])
+                    parts.append((tpls, b_step, self.op_base[bi] + first * nops + a_dev, b_op,
+                                  nops, overlaps))
+                    continue
+                # one pass (i < w): the earlier accesses in any block, a gather per segment
+                ends = np.empty(len(tpls), dtype=np.float64)
+                a_ops = np.empty(len(tpls), dtype=np.int64)
+                for back in sorted(set(a_back.tolist())):
+                    abi, ap = self._segment(b.g0 + i - back)
+                    a_logs, a_row = table(abi)
+                    if a_logs is None:
+                        break
+                    mine = np.flatnonzero(a_back == back)
+                    a_ops[mine] = (self.op_base[abi] + ap * len(blocks[abi].shape.ops)
+                                   + a_dev[mine])
+                    ends[mine] = a_logs[[a_row[(d, "e")] for d in a_dev[mine].tolist()], ap]
+                else:
+                    parts.append((tpls, b_step, a_ops, b_op, nops,
+                                  (ends - logs[s_rows, i])[:, None]))
+                    continue
+            # one pair at a time (logs of unequal lengths, or a table too large)
             where: list[tuple] = []  # per pair: its earlier access's block, pass and op id
             back: dict = {}  # segments back -> (block, pass, the pass's first op id)
             for r in tpls:
-                if i >= w:  # the earlier access is in the same block
-                    ap = i - r.a_back
-                    where.append((bi, ap, self.op_base[bi] + ap * nops + r.a_dev))
-                    continue
                 seg = back.get(r.a_back)
                 if seg is None:
-                    abi, ap = self._segment(b.g0 + i - r.a_back)
+                    abi, ap = self._segment(b.g0 + i - r.a_back) if i < w else (bi, i - r.a_back)
                     seg = back[r.a_back] = (abi, ap, self.op_base[abi]
                                             + ap * len(blocks[abi].shape.ops))
                 where.append((seg[0], seg[1], seg[2] + r.a_dev))
-            if (logs is None or logs.shape[1] < i + count
-                    or len(tpls) * count > 1 << 20):  # one pair at a time (a table's size)
-                overlaps = [self._log(abi, r.a_dev, "e")[ap:ap + count]
-                            - self._log(bi, r.b_dev, "s")[i:i + count]
-                            for r, (abi, ap, _) in zip(tpls, where)]
-            elif i >= w:
-                e_rows = np.array([row[(r.a_dev, "e")] for r in tpls])
-                first = np.array([ap for _, ap, _ in where])
-                overlaps = (logs[e_rows[:, None], first[:, None] + np.arange(count)]
-                            - logs[s_rows, i:i + count])
-            else:  # one pass (i < w): the earlier accesses in any block, gathered per block
-                ends = np.empty(len(tpls), dtype=np.float64)
-                per: dict = {}  # block -> (pairs, their logs' rows, their passes)
-                for k, (r, (abi, ap, _)) in enumerate(zip(tpls, where)):
-                    at = per.get(abi)
-                    if at is None:
-                        at = per[abi] = ([], [], [])
-                    at[0].append(k)
-                    at[1].append((r.a_dev, "e"))
-                    at[2].append(ap)
-                for abi, (ks, keys, aps) in per.items():
-                    a_logs, a_row = table(abi)
-                    if a_logs is not None:
-                        ends[ks] = a_logs[[a_row[key] for key in keys], aps]
-                    else:
-                        ends[ks] = [self._log(abi, d, w_)[ap] for (d, w_), ap in zip(keys, aps)]
-                overlaps = (ends - logs[s_rows, i])[:, None]
-            for r, (_, _, a_op), overlap in zip(tpls, where, overlaps):
-                rows.append(_Rows(r, b_step - r.a_back, b_step, a_op,
-                                  self.op_base[bi] + i * nops + r.b_dev, nops, overlap))
-        return FastHazards(rows, self._buffer_order(), self.plan.lo, self.plan.hi)
+            overlaps = [self._log(abi, r.a_dev, "e")[ap:ap + count]
+                        - self._log(bi, r.b_dev, "s")[i:i + count]
+                        for r, (abi, ap, _) in zip(tpls, where)]
+            parts.append((tpls, b_step, [a_op for _, _, a_op in where], b_op, nops, overlaps))
+        # (the buffers' order only when the races are listed: counting needs none)
+        return FastHazards(None, self._first_shapes(), self.plan.lo, self.plan.hi, parts)
 
     def _finish_full(self) -> FastHazards:
         blocks = self.plan.blocks
@@ -458,22 +480,29 @@ class RacePlan:
         return FastHazards(rows, self._buffer_order(), self.plan.lo, self.plan.hi)
 
     def _buffer_order(self) -> dict:
-        """Buffer -> (op id, access index) of its first access: the engine lists races so.
+        """Buffer -> (op id, access index) of its first access: the engine lists races so."""
+        return self._first_shapes()()
 
-        Op ids grow with the block, so a buffer's first access is in the first block of a
-        shape that accesses it: each shape is read once, at its first block."""
-        first: dict = {}
-        seen: set = set()
+    def _first_shapes(self):
+        """What :meth:`_buffer_order` reads (op ids grow with the block, so a buffer's first
+        access is in the first block of a shape that accesses it: each shape read once, at
+        its first block), as a call that makes it (it keeps the shapes only)."""
+        firsts: dict = {}
         for bi, b in enumerate(self.plan.blocks):
-            if id(b.shape) in seen:
-                continue
-            seen.add(id(b.shape))
-            for dev, op in enumerate(b.shape.ops):
-                for sub, (buf, _) in enumerate(op.accesses):
-                    here = (self.op_base[bi] + dev, sub)
-                    if buf not in first or here < first[buf]:
-                        first[buf] = here
-        return first
+            firsts.setdefault(id(b.shape), (self.op_base[bi], b.shape))
+        return functools.partial(_first_accesses, list(firsts.values()))
+
+
+def _first_accesses(shapes: list[tuple]) -> dict:
+    """Buffer -> (op id, access index) of its first access among ``(op id base, shape)``."""
+    first: dict = {}
+    for base, shape in shapes:
+        for dev, op in enumerate(shape.ops):
+            for sub, (buf, _) in enumerate(op.accesses):
+                here = (base + dev, sub)
+                if buf not in first or here < first[buf]:
+                    first[buf] = here
+    return first
 
 
 class _Rows:
@@ -543,11 +572,17 @@ class FastHazards:
     ``frame()``; and adds ``counts(first_step, last_step)`` for the summary.
     """
 
-    def __init__(self, rows: list[_Rows], buffer_order: dict, lo: int, hi: int):
-        self.rows = rows
-        self.buffer_order = buffer_order
-        self.rank = {buf: n for n, buf in enumerate(sorted(buffer_order,
-                                                           key=buffer_order.get))}
+    def __init__(self, rows: list[_Rows] | None, buffer_order, lo: int, hi: int,
+                 parts: list | None = None):
+        # ``parts`` (rows None): per group of a windowed run, its pairs' progressions as
+        # ``(pairs, later step, earlier op ids, later op id but for the pair's, stride,
+        # overlaps: a row per pair)``, the rows made from them when first read; counted
+        # without them (``_columns``)
+        self._rows = rows
+        self._parts = parts
+        # buffer -> its first access (a dict, or what makes it when first read)
+        self._order = buffer_order
+        self._rank: dict | None = None
         self.lo, self.hi = lo, hi
         self._races: list[Race] | None = None
         self._cols: tuple | None = None  # the rows as columns (counts)
@@ -578,10 +613,34 @@ class FastHazards:
         steps = int(np.maximum(0, hi - np.maximum(lo, before)).sum())
         return races, overlaps, steps
 
+    @property
+    def buffer_order(self) -> dict:
+        if callable(self._order):
+            self._order = self._order()
+        return self._order
+
+    @property
+    def rank(self) -> dict:
+        """Buffer -> its rank in the races' order (by its first access)."""
+        if self._rank is None:
+            order = self.buffer_order
+            self._rank = {buf: n for n, buf in enumerate(sorted(order, key=order.get))}
+        return self._rank
+
+    @property
+    def rows(self) -> list[_Rows]:
+        if self._rows is None:
+            self._rows = [_Rows(r, b_step - r.a_back, b_step, a_op, b_op + r.b_dev, nops, ov)
+                          for tpls, b_step, a_ops, b_op, nops, overlaps in self._parts
+                          for r, a_op, ov in zip(tpls, a_ops, overlaps)]
+        return self._rows
+
     def _columns(self) -> tuple:
         """The rows as columns (made once): their earlier and later steps, lengths, latent
         flags, where each starts among all overlaps laid end to end, and the running count
         of positive overlaps there (one more element than the overlaps)."""
+        if self._cols is None and self._rows is None:
+            self._cols = self._part_columns()
         if self._cols is None:
             rows = self.rows
             n = np.array([len(r.overlap) for r in rows], dtype=np.int64)
@@ -595,6 +654,28 @@ class FastHazards:
                           np.array([r.b_step for r in rows], dtype=np.int64), n,
                           np.array([r.pair.latent for r in rows], dtype=bool), off, positive)
         return self._cols
+
+    def _part_columns(self) -> tuple:
+        """:meth:`_columns` from the parts, the rows not made: the same integers."""
+        a, b, n, latent, flat = [], [], [], [], []
+        for tpls, b_step, _, _, _, overlaps in self._parts:
+            a.append(b_step - np.array([r.a_back for r in tpls], dtype=np.int64))
+            b.append(np.full(len(tpls), b_step, dtype=np.int64))
+            n.append(np.full(len(tpls), overlaps.shape[1], dtype=np.int64)
+                     if isinstance(overlaps, np.ndarray) else
+                     np.array([len(ov) for ov in overlaps], dtype=np.int64))
+            latent.append(np.array([r.latent for r in tpls], dtype=bool))
+            flat += [overlaps.ravel()] if isinstance(overlaps, np.ndarray) else list(overlaps)
+        n = np.concatenate(n) if n else np.zeros(0, dtype=np.int64)
+        off = np.zeros(len(n), dtype=np.int64)
+        if len(n) > 1:
+            np.cumsum(n[:-1], out=off[1:])
+        flat = np.concatenate(flat) if flat else np.zeros(0)
+        positive = np.zeros(len(flat) + 1, dtype=np.int64)
+        np.cumsum(flat > 0, out=positive[1:])
+        return (np.concatenate(a) if a else np.zeros(0, dtype=np.int64),
+                np.concatenate(b) if b else np.zeros(0, dtype=np.int64), n,
+                np.concatenate(latent) if latent else np.zeros(0, dtype=bool), off, positive)
 
     def since(self, step: int) -> FastHazards:
         """Only races whose two accesses belong to steps >= ``step`` (as HazardReport)."""

@@ -164,7 +164,7 @@ class _Shaper:
                 shape = memo.shapes.get((key, events))
             if shape is None:
                 named = host_records(key) if memo is None else memo.records(key)
-                dev, records = _devices(named, ops)
+                dev, records = _devices(named, ops, None if memo is None else memo.kernels)
                 shape = Shape(named, dev, records, len(params))
                 if memo is not None:
                     memo.shapes[(key, events)] = shape
@@ -274,6 +274,15 @@ def _placed(op) -> bool:
                                and any(type(n) is GraphRecord for n in op.nodes))
 
 
+def _with_node(op, first) -> bool:
+    """Whether ``op`` is the first's graph launch ``first`` given in-graph record nodes (a
+    member whose read-done is such a node: :mod:`simwar.builder.moves`)."""
+    return (type(op) is GraphLaunch and type(first) is GraphLaunch and _placed(op)
+            and (op.stream, op.graph, op.step, op.phase, op.host_us)
+            == (first.stream, first.graph, first.step, first.phase, first.host_us)
+            and tuple(x for x in op.nodes if type(x) is not GraphRecord) == first.nodes)
+
+
 def _events(ops) -> tuple:
     """The events of a segment's records, waits and syncs (its shape's device ops name them;
     its host tuples do not)."""
@@ -291,7 +300,9 @@ class ShapeMemo:
     (:func:`plan_template`'s ``memo``).
 
     A member's iterations are the first's op objects with one record moved
-    (:mod:`simwar.builder.moves`). An op that neither is nor binds to a record (*pure*: a
+    (:mod:`simwar.builder.moves`; a member whose record is an in-graph node has, in place
+    of one of the first's graph launches, that launch with the node, which is its own op
+    here). An op that neither is nor binds to a record (*pure*: a
     launch, a graph without record nodes, CPU work, a stream wait, a marker) gives the same
     host tuple and parameters wherever it is, and reading a record, wait or sync depends
     only on the records before it. So the first's segment is kept as its pure ops' host
@@ -306,6 +317,7 @@ class ShapeMemo:
     def __init__(self) -> None:
         self.kept: dict = {}  # segment's base -> the pure ops' reading (see keep)
         self.shapes: dict = {}  # (host tuple, events) -> Shape
+        self.kernels: dict = {}  # a launched kernel's device op, by what it is made of
         self._named: dict = {}  # host tuple -> its record
 
     def keep(self, shaper: _Shaper, base: int, ops) -> None:
@@ -326,14 +338,20 @@ class ShapeMemo:
         if kept is None:
             return None
         pure, host0, params0, keys0, bounds0, offsets, negative = kept
-        at: list[int] = []  # where the member's own ops are: the first's pure ops around them
+        # the member's own ops (each with the first's pure ops before it, and whether it
+        # takes the place of the next: a graph launch given an in-graph record node), the
+        # first's pure ops around them
+        at: list[tuple[int, int, bool]] = []
         q, n = 0, len(pure)
         for j, op in enumerate(ops):
             if q < n and op is pure[q]:
                 q += 1
+            elif q < n and _with_node(op, pure[q]):
+                at.append((j, q, True))
+                q += 1
             else:
-                at.append(j)
-        placed = [ops[j] for j in at]
+                at.append((j, q, False))
+        placed = [ops[j] for j, _, _ in at]
         if q != n or not all(map(_placed, placed)):
             return None
         bounds: list = [(0, 0)]
@@ -343,8 +361,7 @@ class ShapeMemo:
         params: list = []
         keys: list = []
         q0 = 0
-        for k, j in enumerate(at):
-            q = j - k  # pure ops before it
+        for k, (_, q, replaces) in enumerate(at):
             (h0, p0), (h1, p1) = bounds0[q0], bounds0[q]
             host += host0[h0:h1]
             params += params0[p0:p1]
@@ -353,7 +370,7 @@ class ShapeMemo:
             host += host1[h0:h1]
             params += params1[p0:p1]
             keys += keys1[p0:p1]
-            q0 = q
+            q0 = q + replaces
         h0, p0 = bounds0[q0]
         host += host0[h0:]
         params += params0[p0:]
@@ -375,8 +392,11 @@ class ShapeMemo:
         return tuple(out)
 
 
-def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
-    """The device ops a segment's host ops issue (in issue order), and which are records."""
+def _devices(host: tuple, ops, kernels: dict | None = None
+             ) -> tuple[list[DeviceOp], list[int]]:
+    """The device ops a segment's host ops issue (in issue order), and which are records
+    (``kernels``: a family's launched kernels' device ops, each made once for its members:
+    nothing changes a device op once made)."""
     dev: list[DeviceOp] = []
     records: list[int] = []
     it = iter(host)
@@ -387,7 +407,16 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
         h = next(it)
         if kind is Launch:
             k = op.kernel
-            dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, k.label, k.phase, h.accesses))
+            if kernels is None:
+                dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, k.label, k.phase,
+                                    h.accesses))
+                continue
+            key = (op.stream, h.off, k.label, k.phase, h.accesses)
+            made = kernels.get(key)
+            if made is None:
+                made = kernels[key] = DeviceOp(OpKind.KERNEL, op.stream, h.off, k.label,
+                                               k.phase, h.accesses)
+            dev.append(made)
         elif kind is GraphLaunch:
             for node, n in zip(op.nodes, h.nodes):
                 if n.kind == "r":
@@ -396,9 +425,16 @@ def _devices(host: tuple, ops) -> tuple[list[DeviceOp], list[int]]:
                 elif n.kind == "c":  # a collective kernel: the engine's op, no accesses
                     dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
                                         node.phase, coll="device"))
-                else:
+                elif kernels is None:
                     dev.append(DeviceOp(OpKind.KERNEL, op.stream, h.off, node.label,
                                         node.phase, n.accesses))
+                else:
+                    key = (op.stream, h.off, node.label, node.phase, n.accesses)
+                    made = kernels.get(key)
+                    if made is None:
+                        made = kernels[key] = DeviceOp(OpKind.KERNEL, op.stream, h.off,
+                                                       node.label, node.phase, n.accesses)
+                    dev.append(made)
         elif kind is Record:
             records.append(len(dev))
             dev.append(DeviceOp(OpKind.RECORD, op.stream, h.off, op.event))

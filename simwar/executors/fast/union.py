@@ -80,6 +80,19 @@ class Union:
         self.maps = maps  # per member: (param map, dev map, flags, picked records)
         self.log = log  # the union's logged op times, sorted
         self.compiled: dict = {}  # its compiled function, per what else the code depends on
+        #: per member: its records, in its order, as the union's record indices (``maps``'
+        #: picks as lists: the lockstep lanes pick them per run)
+        self.picks: list[list[int]] = []
+        #: ``(host op index, count)``: consecutive waits that are one wait of the members,
+        #: each variant bound to other records (each member has one of them at most): the
+        #: lockstep lanes run them as one (:func:`~simwar.executors.fast.codegen.compile_block`)
+        self.merged: tuple = ()
+
+    def set_log(self, logs: list[tuple]) -> None:
+        """The union's logged op times: every member's (``logs``: per member, its own)."""
+        maps = self.maps
+        self.log = tuple(sorted({(maps[m][1][dev], w) for m, lg in enumerate(logs)
+                                 for dev, w in lg}))
 
     def consts(self, m: int, consts: tuple) -> tuple:
         params, _, flags, pick = self.maps[m]
@@ -107,8 +120,9 @@ def _pick(idx: list[int]):
     return operator.itemgetter(*idx)
 
 
-def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
-    """The union of one block's member shapes (None where there is none, see the module)."""
+def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union | None:
+    """The union of one block's member shapes (None where there is none, see the module);
+    ``logs``: per member, its logged op times (None: set later, :meth:`Union.set_log`)."""
     n = len(shapes)
     backbone = None
     gaps: list[list[_Slot]] = []
@@ -189,6 +203,7 @@ def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
     # the union's host ops: a placed op bound differently by members is one op per binding
     host: list = []
     guards: list[tuple[int, int]] = []
+    merged: list[tuple[int, int]] = []  # see Union.merged
     flags: list[list[bool]] = [[] for _ in range(n)]
     hmap: list[dict[int, int]] = [{} for _ in range(n)]  # member host index -> union's
     nmap: dict = {}  # (member, host index, node index) -> union node index
@@ -220,14 +235,19 @@ def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
                 if gap < len(kernels):
                     union_nodes.append(kernels[gap])
             hu = len(host)
+            union_of: dict = {}  # a member graph's nodes (by id) -> the union node of each
             for m, hi in members:
                 hmap[m][hi] = hu
-                for ni, (gap, k) in enumerate(_places(shapes[m].host[hi].nodes)):
-                    if k >= 0:
-                        u = _node_index(counts, gap, k)
+                graph_nodes = shapes[m].host[hi].nodes
+                us = union_of.get(id(graph_nodes))
+                if us is None:  # (most members' graphs are the same nodes)
+                    us = union_of[id(graph_nodes)] = [
+                        _node_index(counts, gap, k) if k >= 0 else
+                        _node_index(counts, gap + 1, 0) - 1  # the kernel after gap's records
+                        for gap, k in _places(graph_nodes)]
+                for ni, (node, u) in enumerate(zip(graph_nodes, us)):
+                    if node.kind == "r":
                         present[u].add(m)
-                    else:  # the kernel after gap ``gap``'s records
-                        u = _node_index(counts, gap + 1, 0) - 1
                     nmap[(m, hi, ni)] = u
             host.append(HostGraph(h.kind, h.stream, h.off, tuple(union_nodes)))
             for u, who in present.items():
@@ -244,6 +264,8 @@ def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
                 h = h._replace(bind=(EventBinding(0, bound, b.same_stream)
                                      if h.kind == "wait_event" else SyncBinding(0, bound)))
             variants.setdefault(h, []).append((m, hi))
+        if len(variants) > 1 and item.key[0] == "wait_event" and not item.key[3]:
+            merged.append((len(host), len(variants)))  # one wait, each member its binding
         for h, who in variants.items():
             for m, hi in who:
                 hmap[m][hi] = len(host)
@@ -292,9 +314,12 @@ def block_union(shapes: list[Shape], logs: list[tuple]) -> Union | None:
                 ops[dev0[hu] + i] = sh.ops[d]
                 d += 1
         maps.append((params, devs, tuple(flags[m]), _pick(pick[m])))
-    shape = Shape(tuple(host), ops, records, nparams)
-    log = sorted({(maps[m][1][dev], w) for m in range(n) for dev, w in logs[m]})
-    return Union(shape, tuple(guards), maps, tuple(log))
+    out = Union(Shape(tuple(host), ops, records, nparams), tuple(guards), maps, None)
+    out.picks = pick
+    out.merged = tuple(merged)
+    if logs is not None:
+        out.set_log(logs)
+    return out
 
 
 def _places(nodes) -> list[tuple[int, int]]:
@@ -342,10 +367,12 @@ def _graph_record(shape: Shape, record: int, where: list, graph_rec: dict) -> in
     raise ValueError(f"record {record} is not a record of the shape")
 
 
-def family_codes(plans: list[Plan], logs: list[list[tuple]]) -> list[Union | None] | None:
+def family_codes(plans: list[Plan], logs: list[list[tuple]] | None = None
+                 ) -> list[Union | None] | None:
     """Per block, the union of the members' shapes (None for a block that has none), or
     None where the members' plans are not of the same blocks. ``logs``: per member, per
-    block, its logged op times (:meth:`~simwar.executors.fast.races.RacePlan.logs_of`)."""
+    block, its logged op times (:meth:`~simwar.executors.fast.races.RacePlan.logs_of`;
+    None: set later, :meth:`Union.set_log`)."""
     first = plans[0]
     for p in plans:
         if len(p.blocks) != len(first.blocks) or p.depth != first.depth:
@@ -359,5 +386,6 @@ def family_codes(plans: list[Plan], logs: list[list[tuple]]) -> list[Union | Non
         if any(c is None for b in blocks for c in b.consts):
             out.append(None)
             continue
-        out.append(block_union([b.shape for b in blocks], [lg[bi] for lg in logs]))
+        out.append(block_union([b.shape for b in blocks],
+                               None if logs is None else [lg[bi] for lg in logs]))
     return out

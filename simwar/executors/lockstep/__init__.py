@@ -21,6 +21,10 @@ once per run.
   shapes as they go (``scheduling.rule: sglang``) each pick theirs from their own queue, and
   each step's block runs over the runs that picked it
   (:func:`~simwar.executors.lockstep.shapes.realize_shape_group`);
+- :mod:`.family`: the members of an ``advise`` family (candidates that differ only in where
+  read-done is published) as lanes of one pass over their blocks' unions, each guarded op
+  kept in the lanes of the members that have it
+  (:func:`~simwar.executors.lockstep.family.run_family`, which ``advise``'s screen runs);
 - :mod:`.ranks`: the ranks of one tensor-parallel run in lockstep, a lane per rank, met at
   their collectives (``engine: fast`` with ``parallel.tp > 1``, no Trace asked for);
 - :mod:`.execute`: the pass and the summaries; the blocks are compiled by the one-pass
