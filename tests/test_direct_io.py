@@ -107,3 +107,22 @@ def test_a_failure_leaves_nothing_gathered_behind(tmp_path):
             raise RuntimeError("stop")
     assert not path.exists()
     assert not list(tmp_path.iterdir())  # the temporary removed too
+
+
+def test_a_failed_write_is_raised_to_the_writer(tmp_path, monkeypatch):
+    """A full disk met by the writing thread: the export's with-block raises it, and the
+    destination is left as it was."""
+    path = tmp_path / "out.bin"
+    path.write_bytes(b"old")
+
+    def write(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError) as caught:
+        with atomic_file(path) as handle, direct_writes(handle) as out:
+            monkeypatch.setattr(direct_io.os, "write", write)
+            for _ in range(4):
+                out.write(b"y" * CHUNK)
+    monkeypatch.undo()
+    assert caught.value.errno == errno.ENOSPC
+    assert path.read_bytes() == b"old"

@@ -573,7 +573,7 @@ def write_run(windows, lanes, meta: dict, path: str | Path,
     ``progress(steps_done)``: called after each window with the steps written so far (its
     last step + 1; the CLI's bar on a terminal)."""
     path = Path(path)
-    # past the page cache where the file system takes it: the same bytes, a tenth of the CPU
+    # past the page cache where the file system takes it (the same bytes, less CPU)
     with atomic_file(path) as handle, direct_writes(handle) as out:
         gz = gzip.GzipFile(filename=path.name, mode="wb", fileobj=out) \
             if path.suffix == ".gz" else None
