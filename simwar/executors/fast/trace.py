@@ -105,6 +105,7 @@ class _Names:
         b = plan.blocks[bi]
         self.per_segment = plan.skeleton_steps is None  # a Program: every segment its own
         self.plan, self.block = plan, b
+        self._step_offsets: dict[str, tuple[int, int]] | None = None
         if self.per_segment:
             for ops in plan.skeleton[b.source:b.source + b.n]:
                 for op in ops:
@@ -116,6 +117,16 @@ class _Names:
         base = plan.skeleton_steps[b.source]
         facts = _facts(plan.skeleton[b.source])
         self.slots = [self._slot(x, base) for x in facts]
+        # per template of the step, the lowest and highest offset its slots name (None: no
+        # template shared by two slots, nothing to share)
+        offsets: dict[str, tuple[int, int]] = {}
+        shared = False
+        for slot in self.slots:
+            if slot[0] == "name" and slot[2] == "step":
+                lo, hi = offsets.get(slot[1], (slot[3], slot[3]))
+                shared |= slot[1] in offsets
+                offsets[slot[1]] = (min(lo, slot[3]), max(hi, slot[3]))
+        self._step_offsets = offsets if shared else None
         # the skeleton iterations of this shape must all follow the templates
         for i, ops in enumerate(plan.skeleton):
             if i == b.source or plan.skeleton_shapes[i] != b.shape:
@@ -164,6 +175,7 @@ class _Names:
         bucket = getattr(self.plan.sizes, "bucket", None)
         out = []
         ks = steps.tolist()
+        by_step = self._by_step(steps, ks)
         for slot in self.slots:
             if slot[0] == "const":
                 out.append(slot[1])
@@ -171,11 +183,26 @@ class _Names:
                 out.append(steps + slot[1])
             else:
                 fmt, off = slot[1].format, slot[3]
-                if slot[2] == "step":  # mapped at C speed: a name per pass
+                if slot[2] == "step" and by_step is not None:
+                    names, lo = by_step[slot[1]]
+                    out.append(names[off - lo:off - lo + n])
+                elif slot[2] == "step":  # mapped at C speed: a name per pass
                     out.append(list(map(fmt, (steps + off).tolist())))
                 else:
                     out.append([fmt(int(bucket[k + off])) for k in ks])
         return out
+
+    def _by_step(self, steps: np.ndarray, ks: list[int]) -> dict | None:
+        """Per template of the step, its names over the passes' steps, each step once:
+        ``(names, lowest offset)``, the name of step ``ks[0] + lowest offset + j`` at ``j``.
+        Slots of one template a step apart (``copy_done[k]`` and ``copy_done[k-1]``) share
+        the names, formatted once (and coded at once: the same objects). None where the
+        passes' steps are not consecutive (each slot formats its own)."""
+        if self._step_offsets is None or not ks or not bool(np.all(np.diff(steps) == 1)):
+            return None
+        first = ks[0]
+        return {template: (list(map(template.format, range(first + lo, ks[-1] + hi + 1))),
+                           lo) for template, (lo, hi) in self._step_offsets.items()}
 
 
 def windows(plan: Plan, *, chunk: int = CHUNK, margin: int = 0,

@@ -166,17 +166,24 @@ class _Strings:
         # the usual names of a step's template: every text new and each once (a mapping made
         # in one pass, then checked), coded in order
         first = len(strings)
-        fresh = dict(zip(values, range(first, first + len(values))))
-        if len(fresh) == len(values) and codes.keys().isdisjoint(fresh.keys()):
-            codes.update(fresh)
-            strings.extend(values)
-            return np.arange(first, first + len(values), dtype=np.int32)
-        # the texts not seen yet, in order of first appearance, coded in one go; then every
-        # value's code by a mapping at C speed (no Python loop over the values)
-        new = [v for v in dict.fromkeys(values) if v not in codes]
-        codes.update(zip(new, range(len(strings), len(strings) + len(new))))
-        strings.extend(new)
-        return np.fromiter(map(codes.__getitem__, values), dtype=np.int32, count=len(values))
+        if values and values[0] not in codes:
+            fresh = dict(zip(values, range(first, first + len(values))))
+            if len(fresh) == len(values) and codes.keys().isdisjoint(fresh.keys()):
+                codes.update(fresh)
+                strings.extend(values)
+                return np.arange(first, first + len(values), dtype=np.int32)
+        # each value's code where it has one (a slot a step behind another of its template:
+        # all but one), mapped at C speed; the texts not seen yet coded in order of first
+        # appearance
+        got = list(map(codes.get, values))
+        if None in got:
+            for i in [i for i, c in enumerate(got) if c is None]:
+                c = codes.get(values[i])  # new here, but maybe earlier in this column
+                if c is None:
+                    c = codes[values[i]] = len(strings)
+                    strings.append(values[i])
+                got[i] = c
+        return np.array(got, dtype=np.int32)
 
 
 class _Piece:
