@@ -692,10 +692,11 @@ class LoopBuilder:
         """Step k's prefill tokens (a chunk, mixed before the decode phases or in a prefill
         step of its own; the host's work on it before its step's launches,
         ``prefill.host_before_us``, is the iteration's, after ``cpu.prepare``):
-        ``prefill.launches`` times host work then a kernel (eager: each
-        launch's share of the step's host and device time, equal or by ``prefill.host_shares``
-        and ``device_shares``, so the GPU runs a kernel while the host dispatches the next), or host work then one graph launch (piecewise, or full);
-        each nothing when no token is prefilled. ``publish``: a prefill step of its own,
+        ``prefill.launches`` times host work then a kernel (eager: each launch's share of
+        the step's host and device time, equal or by ``prefill.host_shares`` and
+        ``device_shares``, so the GPU runs a kernel while the host dispatches the next), or
+        host work then one graph launch (piecewise, or full); each nothing when no token is
+        prefilled. ``publish``: a prefill step of its own,
         which records its read-done where ``prefill.read_ends`` says, when the run publishes
         one (a fine barrier then fences the step at it; publishing nothing leaves the step
         to the coarse fallback)."""
