@@ -13,36 +13,24 @@ of a fallback to each member's own), and a member's flags, parameters and logs a
 
 from __future__ import annotations
 
-import itertools
 import random
-from pathlib import Path
 
 import pytest
+from advise_families import families
 from custom_phases import custom_config
 
 from simwar.api import Runner, resolve_sizes
 from simwar.builder.moves import Family
-from simwar.config import load_config
 from simwar.executors import fast
 from simwar.executors.fast import codegen, union
 from simwar.executors.fast.plan import plan_config
 from simwar.executors.fast.races import RacePlan
-from simwar.study.advise import candidate_config, space
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SHORT = {"steps": 60, "warmup_steps": 10}
 
 
 def _families(source) -> list[list]:
-    cfg = load_config(source if isinstance(source, dict) else CONFIGS / source)
-    base = load_config(cfg, SHORT)
-    cfgs = [candidate_config(base, c.overrides) for c in space(cfg)]
-
-    def key(c):
-        pol = c.policy
-        return (pol.barrier, pol.placement, pol.plan_stream, pol.needs_cpu_seq_lens)
-
-    return [list(g) for _, g in itertools.groupby(sorted(cfgs, key=key), key=key)]
+    return families(source, SHORT)
 
 
 def _races(run) -> list:

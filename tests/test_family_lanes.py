@@ -12,33 +12,20 @@ and a family they cannot take runs one by one with the same answers.
 
 from __future__ import annotations
 
-import itertools
-from pathlib import Path
-
 import pytest
+from advise_families import families
 from custom_phases import custom_config
 
 from simwar.api import Runner, resolve_sizes
 from simwar.builder.moves import Family
-from simwar.config import load_config
 from simwar.executors import fast
 from simwar.executors.lockstep import family as lanes
-from simwar.study.advise import candidate_config, space
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SHORT = {"steps": 50, "warmup_steps": 8}
 
 
 def _families(source) -> list[list]:
-    cfg = load_config(source if isinstance(source, dict) else CONFIGS / source)
-    base = load_config(cfg, SHORT)
-    cfgs = [candidate_config(base, c.overrides) for c in space(cfg)]
-
-    def key(c):
-        pol = c.policy
-        return (pol.barrier, pol.placement, pol.plan_stream, pol.needs_cpu_seq_lens)
-
-    return [list(g) for _, g in itertools.groupby(sorted(cfgs, key=key), key=key)]
+    return families(source, SHORT)
 
 
 def _same(run, ref) -> None:

@@ -11,35 +11,22 @@ there (the comparison is not of a fallback to each member's own).
 
 from __future__ import annotations
 
-import itertools
-from pathlib import Path
-
 import pytest
+from advise_families import families
 from custom_phases import custom_config
 
 from simwar.api import resolve_sizes
 from simwar.builder.moves import Family
-from simwar.config import load_config
 from simwar.executors import fast
 from simwar.executors.fast import races
 from simwar.executors.fast.famraces import family_race_plans, family_windows
 from simwar.executors.fast.union import family_codes
-from simwar.study.advise import candidate_config, space
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SHORT = {"steps": 40, "warmup_steps": 5}
 
 
 def _families(source) -> list[list]:
-    cfg = load_config(source if isinstance(source, dict) else CONFIGS / source)
-    base = load_config(cfg, SHORT)
-    cfgs = [candidate_config(base, c.overrides) for c in space(cfg)]
-
-    def key(c):
-        pol = c.policy
-        return (pol.barrier, pol.placement, pol.plan_stream, pol.needs_cpu_seq_lens)
-
-    return [list(g) for _, g in itertools.groupby(sorted(cfgs, key=key), key=key)]
+    return families(source, SHORT)
 
 
 @pytest.mark.parametrize("source", [custom_config(5), custom_config(7), "dspark_fine.yaml",
