@@ -119,11 +119,8 @@ run only when a case needs them.
   and the chunk buffers grow to hold the prompts (``max_context`` 4,224: every decode gather
   reads that many positions), so this suite runs in a process of its own (~2 min on the
   H200);
-- ``shapes_normal``: each mode's medium load profiled in both loops
-  (``shapes_<sglang|mixed>_medium_<normal|overlap>_profiled``, 200 steps), each between timed
-  twins of its own loop (``..._r0`` before, ``..._r1`` after: the shapes suite's cases), so
-  that a prefill's profiled and un-profiled forwards can be set side by side by loop (~1 min;
-  in a process of its own, as ``shapes``);
+- ``shapes_normal``: ``shapes_<sglang|mixed>_medium_<normal|overlap>_profiled`` (200 steps),
+  each between timed twins of its loop (``..._r0``, ``..._r1``; ~1 min, a process of its own);
 - ``smoke``: three short cases (timed decode, profiled prefill, eager).
 
 **Files.** ``OUT/<case>.metrics.json`` (after each case, so a failure keeps what ran),
