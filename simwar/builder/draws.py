@@ -132,6 +132,21 @@ PREFILL_LAUNCH_HOST_US = Series("prefill_launch_host_us")
 _DRAWN = (Dist, Affine, Series)
 
 
+def launch_durations(prefill) -> tuple[tuple[Series, ...], tuple[Series, ...]]:
+    """Each eager prefill launch's host and device durations (``prefill``: the config's
+    :class:`~simwar.config.schema.Prefill`): the whole (one launch), an equal share
+    (``prefill_launch_*``) or its weight's (``prefill.host_shares``, ``device_shares``:
+    :func:`launch_series`)."""
+    n = prefill.launches
+    if n == 1:
+        return (PREFILL_HOST_US,), (PREFILL_US,)
+    hosts = launch_series("prefill_host_us", prefill.host_shares) if prefill.host_shares \
+        else (PREFILL_LAUNCH_HOST_US,) * n
+    devs = launch_series("prefill_us", prefill.device_shares) if prefill.device_shares \
+        else (PREFILL_LAUNCH_US,) * n
+    return hosts, devs
+
+
 class Use:
     """A symbolic draw: use ``index`` (within one iteration) of distribution ``key``."""
 

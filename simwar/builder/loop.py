@@ -80,8 +80,6 @@ import numpy as np
 from simwar.builder.draws import (
     PREFILL_HOST_BEFORE_US,
     PREFILL_HOST_US,
-    PREFILL_LAUNCH_HOST_US,
-    PREFILL_LAUNCH_US,
     PREFILL_US,
     RECEIVED_US,
     WAIT_REQUESTS,
@@ -89,7 +87,7 @@ from simwar.builder.draws import (
     Sampler,
     Series,
     Symbolic,
-    launch_series,
+    launch_durations,
     sample,
 )
 from simwar.builder.sizes import StepSizes, has_host_before
@@ -451,6 +449,8 @@ class LoopBuilder:
         # requests arrive (arrivals, closed loop): each processed result is marked
         self.marks_results = sizes.idle is not None
         self.prefill = cfg.prefill
+        #: each eager prefill launch's host and device durations (made once, not per step)
+        self.launch_durations = launch_durations(cfg.prefill) if cfg.prefill else None
         self.draw = draw
         self.ops: list[HostOp] = []
         self.writes = tuple(cfg.gpu.writes)
@@ -711,7 +711,7 @@ class LoopBuilder:
             self.ops.append(GraphLaunch("forward", "prefill.graph", (node,), k, "prefill",
                                         self._cost(self.cfg.costs.graph_launch_us)))
         else:
-            hosts, devs = self._launch_shares
+            hosts, devs = self.launch_durations
             for i in range(pf.launches):
                 self.cpu("prefill.dispatch", hosts[i], k)
                 if i == 0 and ends == "pre_replay":
@@ -723,21 +723,6 @@ class LoopBuilder:
                     self.publish_record(k)
         if ends == "post_replay":
             self.publish_record(k)
-
-    @property
-    def _launch_shares(self) -> tuple[tuple, tuple]:
-        """Each eager prefill launch's host and device durations: the whole (one launch), an
-        equal share (``prefill_launch_*``) or its weight's (``prefill.host_shares``,
-        ``device_shares``: :func:`~simwar.builder.draws.launch_series`)."""
-        pf = self.prefill
-        n = pf.launches
-        if n == 1:
-            return (PREFILL_HOST_US,), (PREFILL_US,)
-        hosts = launch_series("prefill_host_us", pf.host_shares) if pf.host_shares else \
-            (PREFILL_LAUNCH_HOST_US,) * n
-        devs = launch_series("prefill_us", pf.device_shares) if pf.device_shares else \
-            (PREFILL_LAUNCH_US,) * n
-        return hosts, devs
 
     def idle_forward(self, k: int) -> None:
         """Step k's DP-attention idle batch (``scheduling.idle``): host work, then the idle
