@@ -267,6 +267,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     def advance(step: str) -> None:
         """The host clock moves on by ``step``."""
         above.clear()
+        if clock[0] is not None:
+            clock[0][1].append(step)
         emit(f"_add(t, {step}, t)" if arr else f"t += {step}")
 
     def rule(name: str, *args: str) -> str:
@@ -305,10 +307,21 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         return f"H{bind.back}[{bind.record}]"
 
     layout: list[tuple[str, int]] = []  # trace mode: what each recorded value is
+    # trace mode: the host clocks the rows leave out, each a kept clock plus the host costs
+    # added to it since (numpy adds them after the block, the same additions of the same
+    # floats: ``fn.derived``): (what it is, what it adds to, the costs' parameters); a row's
+    # values cost its packing ~13 ns each
+    derived: list[tuple] = []
+    clock: list = [None]  # the kept clock the host clock is, and the costs since (or None)
 
     def keep(what: str, index: int, value: str) -> None:
-        emit(f"q{len(layout)} = {value}")
-        layout.append((what, index))
+        if what == "h" and clock[0] is not None and clock[0][1]:
+            derived.append(((what, index), *clock[0]))
+        else:
+            emit(f"q{len(layout)} = {value}")
+            layout.append((what, index))
+        if what == "h" and trace and union is None:
+            clock[0] = ((what, index), [])
 
     def log_times(dev_index: int, s: str, e: str) -> None:
         if trace:
@@ -502,6 +515,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             dev += 1
         elif kind == "sync":
             host, wake = next(pi), next(pi)
+            clock[0] = None  # (the host clock set by the rule, not a cost added)
             f = "None" if h.bind is None else fired(h.bind)
             above.clear()
             emit("t0 = t")
@@ -517,6 +531,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             dev += 1
         elif kind == "hcoll":  # a host collective (lanes: the ranks)
             cost, wake = next(pi), next(pi)
+            clock[0] = None
             above.clear()
             emit("t0 = t")
             emit("@M_ = max((t@,))")
@@ -537,7 +552,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             keep("h", hi, "t")  # the host clock after this host op
     if trace:  # the segment's row, its floats packed into the buffer at once
         emit("TR(BUF, TO, " + "".join(f"q{i}, " for i in range(len(layout))) + f"); "
-             f"TO += {8 * len(layout)}")
+             f"TO += {8 * (len(layout) + len(derived))}")
     # record times kept for later segments
     if depth:
         for d in range(depth, 1, -1):
@@ -650,7 +665,12 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     exec(compile(code, filename, "exec"), namespace)
     fn = namespace["block"]
     fn.source = code
-    fn.layout = tuple(layout)
+    # the rows' values first (each row packed from its start), the derived after them
+    fn.layout = tuple(layout) + tuple(key for key, _, _ in derived)
+    place = {key: i for i, key in enumerate(fn.layout)}
+    fn.derived = tuple((place[key], place[base], tuple(("k", consts.index(p)) if p[0] == "k" else
+                                                 ("c", cols.index(p)) for p in costs))
+                       for key, base, costs in derived)
     fn.sums_in_rows = direct  # takes no window carried from the block before (see above)
     return fn
 

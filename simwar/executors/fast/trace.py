@@ -258,6 +258,7 @@ def _stream(run, fns, layouts, names, lows, state, chunk, margin, steps):
             state.trace = vals = np.empty((n, lay.nvalues))
             cols = b.columns(start, stop) if any_col else []
             fn(range(n), consts, cols, state)
+            _derive(vals, fn.derived, consts, cols)
             seg_steps = np.asarray(ks if isinstance(ks, range) else list(ks), dtype=np.int64)
             if not b.marked:
                 seg_steps = np.zeros(n, dtype=np.int64)
@@ -275,6 +276,17 @@ def _stream(run, fns, layouts, names, lows, state, chunk, margin, steps):
             kept = _keep(kept + [piece], margin, layouts)
             if steps is not None and below > steps[1]:
                 return
+
+
+def _derive(vals: np.ndarray, derived: tuple, consts: tuple, cols: list) -> None:
+    """The host clocks the block's rows leave out (codegen's ``fn.derived``): each the
+    clock it follows plus the costs added since, in order (float64 additions, as the
+    block's own)."""
+    for j, base, costs in derived:
+        v = vals[:, base]
+        for kind, i in costs:
+            v = v + (consts[i] if kind == "k" else np.asarray(cols[i]))
+        vals[:, j] = v
 
 
 def _idle(plan: Plan, b, lay: _Layout, cols: list) -> dict:
