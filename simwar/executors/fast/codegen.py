@@ -57,7 +57,10 @@ by ``struct``: a call per row, half the cost of a list extended and made an arra
 order ``fn.layout`` names:
 ``("h", i)`` the host clock after host op ``i`` (``("h", -1)``: at the segment's start),
 ``("s", d)``/``("e", d)`` a kernel's or a wait's start and end (a wait: reached, released),
-``("r", d)`` a record's firing.
+``("r", d)`` a record's firing. A host clock that is an earlier one kept plus the host costs
+added since is not packed: it comes last in ``fn.layout``, and ``fn.derived`` says, per such
+value, its column, the column it adds to and the costs (``("k", i)``: ``K[i]``, ``("c", i)``:
+``C[i]`` per pass), which the caller adds with numpy after the call (the same additions).
 
 Imports: simwar.core, the plan's types and the inliner; must not import races or execute (the
 pass calls this).
