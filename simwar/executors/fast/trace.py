@@ -118,15 +118,15 @@ class _Names:
         facts = _facts(plan.skeleton[b.source])
         self.slots = [self._slot(x, base) for x in facts]
         # per template of the step, the lowest and highest offset its slots name (None: no
-        # template shared by two slots, nothing to share)
+        # template of the step), and its names' parts (see _numbered)
         offsets: dict[str, tuple[int, int]] = {}
-        shared = False
+        self._parts: dict[str, tuple | None] = {}
         for slot in self.slots:
             if slot[0] == "name" and slot[2] == "step":
                 lo, hi = offsets.get(slot[1], (slot[3], slot[3]))
-                shared |= slot[1] in offsets
                 offsets[slot[1]] = (min(lo, slot[3]), max(hi, slot[3]))
-        self._step_offsets = offsets if shared else None
+                self._parts[slot[1]] = _parts(slot[1])
+        self._step_offsets = offsets or None
         # the skeleton iterations of this shape must all follow the templates
         for i, ops in enumerate(plan.skeleton):
             if i == b.source or plan.skeleton_shapes[i] != b.shape:
@@ -196,13 +196,38 @@ class _Names:
         """Per template of the step, its names over the passes' steps, each step once:
         ``(names, lowest offset)``, the name of step ``ks[0] + lowest offset + j`` at ``j``.
         Slots of one template a step apart (``copy_done[k]`` and ``copy_done[k-1]``) share
-        the names, formatted once (and coded at once: the same objects). None where the
-        passes' steps are not consecutive (each slot formats its own)."""
+        the names, made once (and coded at once: the same objects). None where the passes'
+        steps are not consecutive (each slot formats its own)."""
         if self._step_offsets is None or not ks or not bool(np.all(np.diff(steps) == 1)):
             return None
-        first = ks[0]
-        return {template: (list(map(template.format, range(first + lo, ks[-1] + hi + 1))),
+        first, last = ks[0], ks[-1]
+        return {template: (_numbered(template, self._parts[template], first + lo, last + hi),
                            lo) for template, (lo, hi) in self._step_offsets.items()}
+
+
+def _parts(template: str) -> tuple | None:
+    """A template's names as parts (:func:`_numbered`): its text before its one plain field
+    and, per two last digits of a number, those digits and its text after the field; None
+    where ``template.format(k)`` is not that text around ``str(k)`` (another field, a format
+    spec, an escaped brace)."""
+    parts = template.split("{}")
+    if len(parts) != 2 or any("{" in p or "}" in p for p in parts):
+        return None
+    return parts[0], [f"{r:02d}{parts[1]}" for r in range(100)]
+
+
+def _numbered(template: str, parts: tuple | None, lo: int, hi: int) -> list[str]:
+    """``template.format(k)`` for the steps ``k`` from ``lo`` to ``hi``, the same texts made
+    by one concatenation each: a hundred consecutive numbers of 3 digits or more share
+    their text but the last two digits (``str`` of an int, as ``format`` writes it, costs
+    a formatting per name)."""
+    if parts is None or lo < 100:
+        return list(map(template.format, range(lo, hi + 1)))
+    head, tails = parts
+    h0 = lo // 100
+    base = h0 * 100
+    heads = [head + str(h) for h in range(h0, hi // 100 + 1)]
+    return [h + t for h in heads for t in tails][lo - base:hi + 1 - base]
 
 
 def windows(plan: Plan, *, chunk: int = CHUNK, margin: int = 0,
