@@ -57,9 +57,10 @@ by ``struct``: a call per row, half the cost of a list extended and made an arra
 order ``fn.layout`` names:
 ``("h", i)`` the host clock after host op ``i`` (``("h", -1)``: at the segment's start),
 ``("s", d)``/``("e", d)`` a kernel's or a wait's start and end (a wait: reached, released),
-``("r", d)`` a record's firing. A host clock that is an earlier one kept plus the host costs
-added since is not packed: it comes last in ``fn.layout``, and ``fn.derived`` says, per such
-value, its column, the column it adds to and the costs (``("k", i)``: ``K[i]``, ``("c", i)``:
+``("r", d)`` a record's firing. A value that is one kept plus parameters (a host clock: an
+earlier one plus the host costs added since; a kernel's end: its start plus its duration)
+is not packed: it comes last in ``fn.layout``, and ``fn.derived`` says, per such value, its
+column, the column it adds to and the parameters (``("k", i)``: ``K[i]``, ``("c", i)``:
 ``C[i]`` per pass), which the caller adds with numpy after the call (the same additions).
 
 Imports: simwar.core, the plan's types and the inliner; must not import races or execute (the
@@ -310,10 +311,11 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         return f"H{bind.back}[{bind.record}]"
 
     layout: list[tuple[str, int]] = []  # trace mode: what each recorded value is
-    # trace mode: the host clocks the rows leave out, each a kept clock plus the host costs
-    # added to it since (numpy adds them after the block, the same additions of the same
-    # floats: ``fn.derived``): (what it is, what it adds to, the costs' parameters); a row's
-    # values cost its packing ~13 ns each
+    # trace mode: the values the rows leave out, each a kept value plus parameters (a host
+    # clock: a kept clock plus the host costs added since; a kernel's end: its start plus its
+    # duration), which numpy adds after the block, the same additions of the same floats
+    # (``fn.derived``): (what it is, what it adds to, the parameters); a row's values cost
+    # its packing ~13 ns each
     derived: list[tuple] = []
     clock: list = [None]  # the kept clock the host clock is, and the costs since (or None)
 
@@ -389,7 +391,11 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                         closes.append((len(body), ks))
                     emit(f"BU[{ks}] = W; DE[{ks}] = Dp; " + ("WD.fill(0.0)" if arr else
                                                              "W = 0.0; Dp = 0.0") + f"; cl = {ks}")
-        log_times(dev_index, "s", "e")
+        if trace and not collective:  # its end: its start plus its duration (fn.derived)
+            keep("s", dev_index, "s")
+            derived.append((("e", dev_index), ("s", dev_index), [dur]))
+        else:
+            log_times(dev_index, "s", "e")
 
     def record(var: str, lane: str, dev_index: int, mask: str | None = None) -> None:
         """A record on ``lane`` (an event's, or a wait_stream's of the lane's tail): it fires
