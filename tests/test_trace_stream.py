@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from golden import NOISY as GOLDEN_NOISY
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from programs import programs
 
 from simwar.api import build_program, resolve_sizes, simulate, trace_windows
@@ -200,3 +201,57 @@ def test_requests_with_prompts_and_the_normal_loop_stream_the_engines_trace(work
                   "prefill": {"chunk_tokens": 256, "forward_us": {"base": 80, "per_token": 1},
                               "host_us": {"base": 40, "per_token": 0.1},
                               "graph": "piecewise" if overlap else "eager"}})
+
+
+def test_names_of_a_template_are_its_formatted_texts():
+    """A template's names made by concatenation (trace._numbered) are ``template.format``'s,
+    across hundreds and below them; a template not of one plain field is formatted."""
+    for template in ("copy_done[{}]", "{}", "x{}", "{}y", "a{{b}}{}", "s{:03d}", "{}-{}"):
+        parts = T._parts(template)
+        assert (parts is None) == (template in ("a{{b}}{}", "s{:03d}", "{}-{}"))
+        if template == "{}-{}":
+            continue
+        for lo, hi in ((0, 0), (0, 250), (99, 101), (100, 199), (137, 2400), (9990, 10012)):
+            assert T._numbered(template, parts, lo, hi) == \
+                [template.format(k) for k in range(lo, hi + 1)]
+
+
+_TEMPLATES = [("a[", "]"), ("a", "b"), ("a1", "b"), ("", "b"), ("a", "")]
+_POOL = ["", "a[5]", "a[05]", "a[-1]", "a[x]", "a15b", "a1b", "ab", "a[7]", "a12", "b", "7b",
+         "a[120]", "a1120b", "a120b", "120b"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.tuples(st.just("code"), st.sampled_from(_POOL)),
+    st.tuples(st.just("plain"), st.lists(st.sampled_from(_POOL), max_size=6)),
+    st.tuples(st.just("named"), st.sampled_from(_TEMPLATES), st.integers(0, 130),
+              st.integers(0, 12))), max_size=12))
+def test_a_windows_string_table_codes_names_by_their_steps_as_texts(calls):
+    """tracecols._Strings, its Named columns coded by their steps: every text the code it
+    was first given, new texts coded in order, as a table of texts alone codes them."""
+    from simwar.executors.fast.tracecols import Named, _Strings
+
+    got, want = _Strings(), {"": 0}
+    order = [""]
+
+    def coded(text):
+        if text not in want:
+            want[text] = len(order)
+            order.append(text)
+        return want[text]
+
+    for call in calls:
+        if call[0] == "code":
+            assert got.code(call[1]) == coded(call[1])
+            continue
+        if call[0] == "plain":
+            values = call[1]
+        else:
+            (head, tail), first, n = call[1:]
+            values = Named([f"{head}{k}{tail}" for k in range(first, first + n)], head, tail,
+                           first)
+        codes = got.column(values)
+        assert codes.dtype == np.int32
+        assert codes.tolist() == [coded(v) for v in values]
+    assert got.strings == order

@@ -46,7 +46,7 @@ from simwar.core.refusals import PlanRefused
 from simwar.core.trace import HOST, TraceWindow
 from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.plan import MARKS, Plan
-from simwar.executors.fast.tracecols import _Layout, _Piece, _window, join
+from simwar.executors.fast.tracecols import Named, _Layout, _Piece, _window, join
 
 __all__ = ["TraceUnsupported", "windows", "join", "lanes", "meta", "CHUNK"]
 
@@ -185,7 +185,11 @@ class _Names:
                 fmt, off = slot[1].format, slot[3]
                 if slot[2] == "step" and by_step is not None:
                     names, lo = by_step[slot[1]]
-                    out.append(names[off - lo:off - lo + n])
+                    names = names[off - lo:off - lo + n]
+                    parts = self._parts[slot[1]]
+                    if parts is not None and ks[0] + off >= 0:  # coded by their steps
+                        names = Named(names, parts[0], parts[2], ks[0] + off)
+                    out.append(names)
                 elif slot[2] == "step":  # mapped at C speed: a name per pass
                     out.append(list(map(fmt, (steps + off).tolist())))
                 else:
@@ -206,14 +210,15 @@ class _Names:
 
 
 def _parts(template: str) -> tuple | None:
-    """A template's names as parts (:func:`_numbered`): its text before its one plain field
-    and, per two last digits of a number, those digits and its text after the field; None
+    """A template's names as parts (:func:`_numbered`): its text before its one plain field,
+    per two last digits of a number those digits and its text after the field, and its text
+    after the field; None
     where ``template.format(k)`` is not that text around ``str(k)`` (another field, a format
     spec, an escaped brace)."""
     parts = template.split("{}")
     if len(parts) != 2 or any("{" in p or "}" in p for p in parts):
         return None
-    return parts[0], [f"{r:02d}{parts[1]}" for r in range(100)]
+    return parts[0], [f"{r:02d}{parts[1]}" for r in range(100)], parts[1]
 
 
 def _numbered(template: str, parts: tuple | None, lo: int, hi: int) -> list[str]:
@@ -223,7 +228,7 @@ def _numbered(template: str, parts: tuple | None, lo: int, hi: int) -> list[str]
     a formatting per name)."""
     if parts is None or lo < 100:
         return list(map(template.format, range(lo, hi + 1)))
-    head, tails = parts
+    head, tails, _ = parts
     h0 = lo // 100
     base = h0 * 100
     heads = [head + str(h) for h in range(h0, hi // 100 + 1)]

@@ -6,6 +6,8 @@ templates, filled from a chunk's recorded times and names into recorder columns.
 - ``_window``: the pieces of a window (its margin, then its core) as a
   :class:`~simwar.core.trace.TraceWindow`, ordered by the one rule of
   :func:`simwar.core.recorder.assemble`; :func:`join`: a run's windows back into one Trace;
+- ``_Strings``: a window's string table, where :class:`Named` columns (a template's names
+  over consecutive steps) are coded by their steps, their texts never hashed;
 - ``_Reuse``: a window's columns by its structure (its pieces, text codes and idle CPU
   work, :func:`_signature`): a later window of that structure, its steps the same shifted
   and its waits holding their streams alike, takes them (shared, read-only) with its own
@@ -20,6 +22,7 @@ Imports: numpy, simwar.core and the executor's plan.
 from __future__ import annotations
 
 import bisect
+import itertools
 
 import numpy as np
 
@@ -147,26 +150,74 @@ class _Layout:
 
 
 # --------------------------------------------------------------------------- windows
+class Named(list):
+    """Names of one template over consecutive steps: ``head + str(k) + tail`` for the steps
+    ``k`` from ``first`` on (``first`` >= 0), as :mod:`simwar.executors.fast.trace` makes
+    them. :class:`_Strings` codes them by their steps, with no text hashed (a slice of one is
+    a plain list)."""
+
+    __slots__ = ("head", "tail", "first")
+
+    def __init__(self, names, head: str, tail: str, first: int):
+        super().__init__(names)
+        self.head, self.tail, self.first = head, tail, first
+
+
+def _step_of(text: str, head: str, tail: str) -> int | None:
+    """The step ``k`` whose name ``head + str(k) + tail`` is ``text`` (None: none)."""
+    n = len(text) - len(tail)
+    if n <= len(head) or not text.startswith(head) or not text.endswith(tail):
+        return None
+    digits = text[len(head):n]
+    # a step's text: ASCII digits, no leading zero (steps are numpy int64: 19 digits at most)
+    if len(digits) > 19 or not (digits.isascii() and digits.isdigit()):
+        return None
+    k = int(digits)
+    return k if str(k) == digits else None
+
+
 class _Strings:
-    """One window's string table (code 0 is the empty text, as the recorder's)."""
+    """One window's string table (code 0 is the empty text, as the recorder's).
+
+    Each text has one code, the first it was given, in order of coding; the texts in
+    ``codes``, and the names of :class:`Named` columns as runs of consecutive steps coded
+    consecutively (a window's names of a step's template: thousands of new texts, whose
+    hashing and insertion in ``codes`` cost most of their coding), found by their steps."""
 
     def __init__(self) -> None:
         self.strings: list[str] = [""]
         self.codes: dict[str, int] = {"": 0}
+        #: per template (head, tail): its runs [first step, last step, first step's code]
+        self.runs: dict[tuple[str, str], list[list[int]]] = {}
+        #: per template: how many of ``codes`` were read, and the steps of its names there
+        self._plain: dict[tuple[str, str], tuple[int, dict[int, int]]] = {}
+
+    def _find(self, text: str) -> int | None:
+        c = self.codes.get(text)
+        if c is None and self.runs:
+            for (head, tail), runs in self.runs.items():
+                k = _step_of(text, head, tail)
+                if k is not None:
+                    for lo, hi, c0 in runs:
+                        if lo <= k <= hi:
+                            return c0 + k - lo
+        return c
 
     def code(self, text: str) -> int:
-        c = self.codes.get(text)
+        c = self._find(text)
         if c is None:
             c = self.codes[text] = len(self.strings)
             self.strings.append(str(text))
         return c
 
     def column(self, values: list) -> np.ndarray:
+        if type(values) is Named and self._apart(values.head, values.tail):
+            return self._named(values)
         codes, strings = self.codes, self.strings
         # the usual names of a step's template: every text new and each once (a mapping made
         # in one pass, then checked), coded in order
         first = len(strings)
-        if values and values[0] not in codes:
+        if values and not self.runs and values[0] not in codes:
             fresh = dict(zip(values, range(first, first + len(values))))
             if len(fresh) == len(values) and codes.keys().isdisjoint(fresh.keys()):
                 codes.update(fresh)
@@ -178,12 +229,53 @@ class _Strings:
         got = list(map(codes.get, values))
         if None in got:
             for i in [i for i, c in enumerate(got) if c is None]:
-                c = codes.get(values[i])  # new here, but maybe earlier in this column
+                c = self._find(values[i])  # new here, but maybe earlier in this column
                 if c is None:
                     c = codes[values[i]] = len(strings)
                     strings.append(values[i])
                 got[i] = c
         return np.array(got, dtype=np.int32)
+
+    def _apart(self, head: str, tail: str) -> bool:
+        """No other template's run can hold a name of this one (heads and tails unrelated)."""
+        for h, t in self.runs:
+            if ((h, t) != (head, tail) and (h.startswith(head) or head.startswith(h))
+                    and (t.endswith(tail) or tail.endswith(t))):
+                return False
+        return True
+
+    def _named(self, values: Named) -> np.ndarray:
+        """A :class:`Named` column's codes: a step's name coded already keeps its code (in a
+        run of its template, or in ``codes``), the others coded in order of their steps (as
+        they come), as runs."""
+        key = (values.head, values.tail)
+        first, n = values.first, len(values)
+        out = np.full(n, -1, dtype=np.int64)
+        runs = self.runs.setdefault(key, [])
+        for lo, hi, c0 in runs:
+            a, b = max(lo, first), min(hi, first + n - 1)
+            if a <= b:
+                out[a - first:b - first + 1] = np.arange(c0 + a - lo, c0 + b - lo + 1)
+        read, steps = self._plain.get(key, (0, {}))
+        if read < len(self.codes):  # the texts coded since: which are names of the template
+            for text, c in itertools.islice(self.codes.items(), read, None):
+                k = _step_of(text, *key)
+                if k is not None:
+                    steps[k] = c
+            self._plain[key] = (len(self.codes), steps)
+        for k, c in steps.items():
+            if 0 <= k - first < n:
+                out[k - first] = c
+        new = np.flatnonzero(out < 0)
+        if len(new):
+            code = len(self.strings)
+            for block in np.split(new, np.flatnonzero(np.diff(new) != 1) + 1):
+                i, j = int(block[0]), int(block[-1]) + 1
+                runs.append([first + i, first + j - 1, code])
+                self.strings.extend(values[i:j])
+                out[i:j] = np.arange(code, code + j - i)
+                code += j - i
+        return out.astype(np.int32)
 
 
 class _Piece:
