@@ -312,11 +312,12 @@ def _derive(vals: np.ndarray, derived: tuple, consts: tuple, cols: list) -> None
     """The host clocks the block's rows leave out (codegen's ``fn.derived``): each the
     clock it follows plus the costs added since, in order (float64 additions, as the
     block's own)."""
+    add = np.add
     for j, base, costs in derived:
-        v = vals[:, base]
-        for kind, i in costs:
-            v = v + (consts[i] if kind == "k" else np.asarray(cols[i]))
-        vals[:, j] = v
+        v, out = vals[:, base], vals[:, j]
+        for kind, i in costs:  # into the column itself: no array made per addition
+            add(v, consts[i] if kind == "k" else np.asarray(cols[i], dtype=np.float64), out=out)
+            v = out
 
 
 def _idle(plan: Plan, b, lay: _Layout, cols: list) -> dict:
