@@ -318,12 +318,19 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     # its packing ~13 ns each
     derived: list[tuple] = []
     clock: list = [None]  # the kept clock the host clock is, and the costs since (or None)
+    packed: list[str] = []  # what the row packs: a copy, or a name the pass sets once
+    # trace mode: an op's values in names of its own (set once a pass: packed as they are,
+    # with no copy, ~4 ns each)
+    own = (lambda name, d: f"{name}{d}") if trace else (lambda name, d: name)
 
     def keep(what: str, index: int, value: str) -> None:
         if what == "h" and clock[0] is not None and clock[0][1]:
             derived.append(((what, index), *clock[0]))
         else:
-            emit(f"q{len(layout)} = {value}")
+            if value == "t":  # the host clock moves on: a copy
+                emit(f"q{len(layout)} = {value}")
+                value = f"q{len(layout)}"
+            packed.append(value)
             layout.append((what, index))
         if what == "h" and trace and union is None:
             clock[0] = ((what, index), [])
@@ -353,6 +360,14 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     def kernel(dev_index: int, lane: str, dur: str, collective: bool = False) -> None:
         op = shape.ops[dev_index]
         tv = _lanevar(lane, lanes)
+        if trace and not collective:  # its end: its start plus its duration (fn.derived)
+            s = own("s", dev_index)
+            emit(f"{s} = {begun(tv)}")
+            emit(f"{tv} = {s} + {dur}")
+            keep("s", dev_index, s)
+            derived.append((("e", dev_index), ("s", dev_index), [dur]))
+            above.add(tv)
+            return
         emit(f"s = {begun(tv)}")
         if collective:
             # a device collective (lanes: the ranks): it ends on every rank at the last
@@ -391,11 +406,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                         closes.append((len(body), ks))
                     emit(f"BU[{ks}] = W; DE[{ks}] = Dp; " + ("WD.fill(0.0)" if arr else
                                                              "W = 0.0; Dp = 0.0") + f"; cl = {ks}")
-        if trace and not collective:  # its end: its start plus its duration (fn.derived)
-            keep("s", dev_index, "s")
-            derived.append((("e", dev_index), ("s", dev_index), [dur]))
-        else:
-            log_times(dev_index, "s", "e")
+        log_times(dev_index, "s", "e")
 
     def record(var: str, lane: str, dev_index: int, mask: str | None = None) -> None:
         """A record on ``lane`` (an event's, or a wait_stream's of the lane's tail): it fires
@@ -424,12 +435,23 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             if stream == fwd and fired_at is not None:
                 emit(f"_sub(rel, reach, Z_); _multiply(Z_, {mask}, Z_); _add(Dp, Z_, Dp)")
         elif fired_at is None:
-            emit(f"{ts} = reach = rel = {begun(ts)}")
+            reach, rel = own("reach", dev_index), own("rel", dev_index)
+            emit(f"{ts} = {reach} = {rel} = {begun(ts)}")
+            above.add(ts)
+            log_times(dev_index, reach, rel)
+            return
         elif arr and fired_at in above and stream != fwd and (dev_index, "s") not in logs:
             # fired at or after the host clock, so its release (fired, plus a latency >= 0)
             # is too: the larger of it and the tail is the larger of it, the tail and the
             # clock, with no reach to compute (nothing sums or logs it)
             emit(f"{ts} = rel = {rule('released', ts, fired_at, lat, str(same_stream))}")
+        elif trace:
+            reach, rel = own("reach", dev_index), own("rel", dev_index)
+            emit(f"{reach} = {begun(ts)}")
+            emit(f"{ts} = {rel} = {rule('released', reach, fired_at, lat, str(same_stream))}")
+            above.add(ts)
+            log_times(dev_index, reach, rel)
+            return
         else:
             emit(f"reach = {begun(ts)}")
             emit(f"{ts} = rel = {rule('released', 'reach', fired_at, lat, str(same_stream))}")
@@ -512,8 +534,9 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         elif kind == "wait_stream":  # WaitStream's rule: other's tail recorded, then waited
             host, lat = next(pi), next(pi)
             advance(host)
-            record("x", h.other, dev)
-            wait(h.stream, "x", lat, h.same_stream, dev + 1)
+            x = own("x", dev)
+            record(x, h.other, dev)
+            wait(h.stream, x, lat, h.same_stream, dev + 1)
             dev += 2
         elif kind == "wait_event":
             host, lat = next(pi), next(pi)
@@ -560,7 +583,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         if trace and kind not in MARKS:
             keep("h", hi, "t")  # the host clock after this host op
     if trace:  # the segment's row, its floats packed into the buffer at once
-        emit("TR(BUF, TO, " + "".join(f"q{i}, " for i in range(len(layout))) + f"); "
+        emit("TR(BUF, TO, " + "".join(f"{v}, " for v in packed) + f"); "
              f"TO += {8 * (len(layout) + len(derived))}")
     # record times kept for later segments
     if depth:
