@@ -289,7 +289,9 @@ def _stream(run, fns, layouts, names, lows, state, chunk, margin, steps):
             cols = b.columns(start, stop) if any_col else []
             fn(range(n), consts, cols, state)
             _derive(vals, fn.derived, consts, cols)
-            seg_steps = np.asarray(ks if isinstance(ks, range) else list(ks), dtype=np.int64)
+            # (numpy reads a range a number at a time: its arange is the same array)
+            seg_steps = (np.arange(ks.start, ks.stop, ks.step, dtype=np.int64)
+                         if isinstance(ks, range) else np.asarray(list(ks), dtype=np.int64))
             if not b.marked:
                 seg_steps = np.zeros(n, dtype=np.int64)
             is_last = bi == last_block and stop == b.n
