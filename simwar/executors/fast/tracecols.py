@@ -204,7 +204,9 @@ class _Strings:
         return c
 
     def code(self, text: str) -> int:
-        c = self._find(text)
+        c = self.codes.get(text)
+        if c is None and self.runs:
+            c = self._find(text)
         if c is None:
             c = self.codes[text] = len(self.strings)
             self.strings.append(str(text))
@@ -269,7 +271,10 @@ class _Strings:
         new = np.flatnonzero(out < 0)
         if len(new):
             code = len(self.strings)
-            for block in np.split(new, np.flatnonzero(np.diff(new) != 1) + 1):
+            # (the usual: one run of new names, its steps consecutive)
+            blocks = [new] if new[-1] - new[0] == len(new) - 1 else \
+                np.split(new, np.flatnonzero(np.diff(new) != 1) + 1)
+            for block in blocks:
                 i, j = int(block[0]), int(block[-1]) + 1
                 runs.append([first + i, first + j - 1, code])
                 self.strings.extend(values[i:j])
