@@ -385,14 +385,27 @@ class Runner:
         self._inputs: list[dict] | None = None  # what _variant compares, of the config
 
     def run(self, variant: Config | None = None,
-            progress: Callable[[int], None] | None = None, *, family=None) -> Result:
+            progress: Callable[[int], None] | None = None, *, family=None,
+            trace=None) -> Result:
         """Simulate the config, or ``variant`` of it (validated, equal in what the check
         and the choice read: :func:`~simwar.config.budget.memory_inputs`,
         :func:`~simwar.executors.choice.choice_inputs`); ``progress`` as
         :func:`simulate`'s. ``family``: a :class:`simwar.builder.moves.Family` the variant
-        belongs to (the one-pass executor's plan takes its iterations from it)."""
+        belongs to (the one-pass executor's plan takes its iterations from it).
+        ``trace``: ``(stream, take)``, the stream :meth:`trace_stream` gave for the config
+        and a callable each of the run's Trace windows is handed to as the pass makes it
+        (the same windows as :func:`trace_windows`', the same Result as without it)."""
         cfg = self.config if variant is None else self._variant(variant)
         choice, requested = self.choice, self.requested
+        if trace is not None:
+            if variant is not None or family is not None:
+                raise ValueError("a traced run is of the Runner's own config")
+            with gc_paused():
+                run = fast.run_plan(trace[0].plan, trace=trace, progress=progress)
+            if progress is not None:
+                progress(cfg.steps)
+            return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns,
+                          meta=run.meta, requested=requested, refused=choice.refused)
         with gc_paused():
             if cfg.tp > 1:
                 return _simulate_ranks(cfg, choice, requested, progress)
@@ -403,6 +416,25 @@ class Runner:
         if progress is not None:
             progress(cfg.steps)
         return result
+
+    def trace_stream(self, steps: tuple[int, int] | None = None):
+        """The Trace windows of the config's run, made by the run's own pass
+        (:meth:`run` with ``trace``): a :class:`~simwar.executors.fast.trace.Stream` (its
+        ``lanes`` and ``meta``: what a writer needs before the first window; ``steps`` as
+        :func:`trace_windows`'), or None where the run's pass cannot make them: the
+        ``simpy`` executor (its Trace is kept), ranks, a summary-only run, a workload
+        realized as it runs (:func:`trace_windows` after the run then). Raises
+        :class:`~simwar.executors.fast.trace.TraceUnsupported` as :func:`trace_windows`."""
+        cfg = self.config
+        if self.choice.name != "fast" or cfg.tp > 1 or self.summary_only:
+            return None
+        sizes = draw_sizes(cfg)  # (as _resolve draws them for the run)
+        if sizes.source in REQUEST_SOURCES:
+            return None
+        # lazy: start-up time of the CLI (a run that streams no trace does not load the mode)
+        from simwar.executors.fast import trace as fast_trace
+
+        return fast_trace.stream(fast.run_plan_of(cfg, sizes), steps=steps)
 
     def run_family(self, variants: list[Config], family=None) -> list[Result]:
         """``[self.run(v, family=family) for v in variants]``, bit for bit, for variants that

@@ -30,6 +30,7 @@ from simwar.executors.choice import EXECUTORS, describe
 from simwar.executors.fast import ranks as fast_ranks
 from simwar.executors.fast.execute import marks_results
 from simwar.executors.fast.plan import Unsettled
+from simwar.executors.fast.trace import Stream as TraceStream
 from simwar.executors.fast.trace import TraceUnsupported
 from simwar.executors.lockstep import NotLockstep
 from simwar.executors.lockstep import ranks as lanes
@@ -265,7 +266,8 @@ def test_cli_trace_export_says_why_the_trace_mode_refused(tmp_path, capsys, monk
     def refuse(*args, **kwargs):
         raise TraceUnsupported("a name changes with the step without a template")
 
-    monkeypatch.setattr(api, "trace_windows", refuse)
+    # both ways the trace mode makes windows: in the run's pass, and after the run
+    monkeypatch.setattr(TraceStream, "__init__", refuse)
     out = tmp_path / "t.json"
     assert main(["run", "--set", "steps=20", "--set", "warmup_steps=2", "--trace",
                  str(out)]) == 0

@@ -334,12 +334,15 @@ def test_run_trace_shows_its_writing_on_a_terminal(tmp_path, monkeypatch, capsys
     import sys
 
     import simwar.cli.common as common
+    import simwar.cli.run as cli_run
 
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
+    # the run's bar (the file written in its pass) and the writer's (written after a run)
     monkeypatch.setattr(common, "BAR_DELAY_S", 0)
+    monkeypatch.setattr(cli_run, "PROGRESS_DELAY_S", 0.0)
     out = tmp_path / "x.json.gz"
     for quiet, shown in (([], True), (["--quiet"], False)):
         monkeypatch.setattr(sys, "stderr", Terminal())

@@ -7,11 +7,13 @@ after.
 ``--timeline`` draws :func:`simwar.plots.stall_figure` (the stall timeline of a few steps
 and a zoom on the first forward-stream bubble) from the run's Trace: :func:`trace_options`
 names it, so that ``run`` picks an executor that keeps it. ``--trace`` writes Chrome trace-event
-JSON for Perfetto (:mod:`simwar.plots.perfetto`) as the run is simulated again in the
-fast executor's trace mode (:func:`simwar.api.trace_windows`): memory of one window,
-whatever the run's length, the file written as it is produced (and nothing left of it
-after a failure or Ctrl-C); a run that kept its trace (``--engine simpy``, or a
-tensor-parallel run on any engine: its ranks side by side) exports that.
+JSON for Perfetto (:mod:`simwar.plots.perfetto`) as the run is simulated, its windows made
+by the one-pass executor's own pass (:func:`traced_run`: the summary and the trace of one
+pass; a workload realized as it runs, or ``--timeline`` beside it: by its trace mode
+after the run, :func:`simwar.api.trace_windows`): memory of one window, whatever the
+run's length, the file written as it is produced (and nothing left of it after a failure
+or Ctrl-C); a run that kept its trace (``--engine simpy``, or a tensor-parallel run on
+any engine: its ranks side by side) exports that.
 ``--steps-window`` limits both to steps A..B.
 
 Imports: ``simwar.cli.common`` at the top; matplotlib and the plots inside :func:`write`.
@@ -75,8 +77,38 @@ def check(args, config) -> None:
         parse_window(args.steps_window, config.steps)
 
 
-def write(args, result) -> None:
-    """Write what the options ask for, each file noted on stderr (unless ``--quiet``)."""
+def trace_stream(args, runner):
+    """The windows ``--trace`` writes, made by the run's own pass (:func:`traced_run`):
+    the runner's :meth:`~simwar.api.Runner.trace_stream`, or None where the trace is
+    written after the run (:func:`write`: no ``--trace``, ``--timeline`` beside it, a run
+    the one pass cannot trace; the trace mode refusing the run is told there)."""
+    if not args.trace or trace_options(args):
+        return None
+    from simwar.executors.fast.trace import TraceUnsupported  # lazy: start-up time
+
+    window = parse_window(args.steps_window, runner.config.steps) if args.steps_window \
+        else None
+    try:
+        return runner.trace_stream(window)
+    except TraceUnsupported:  # names the trace mode cannot make: the run's Trace, after it
+        return None
+
+
+def traced_run(args, runner, stream, progress):
+    """The run, its ``--trace`` written by its one pass as it goes (``stream``:
+    :func:`trace_stream`'s): the Result, the file noted on stderr (unless ``--quiet``)."""
+    from simwar.plots.perfetto import run_writer  # lazy: start-up time of the CLI
+
+    out = output_path(args.trace, "--trace")
+    with run_writer(stream.lanes, stream.meta, out, stream.steps) as take:
+        result = runner.run(progress=progress, trace=(stream, take))
+    _note(args, f"simwar: wrote {out}")
+    return result
+
+
+def write(args, result, traced: bool = False) -> None:
+    """Write what the options ask for, each file noted on stderr (unless ``--quiet``);
+    ``traced``: ``--trace`` was written by the run's pass already (:func:`traced_run`)."""
     check(args, result.config)
     if args.timeline:
         out = output_path(args.timeline, "--timeline", image=True)
@@ -87,7 +119,7 @@ def write(args, result) -> None:
 
         save_figure(stall_figure(result, window), out)
         _note(args, f"simwar: wrote {out}")
-    if args.trace:
+    if args.trace and not traced:
         out = output_path(args.trace, "--trace")
         window = parse_window(args.steps_window, result.config.steps) if args.steps_window \
             else None

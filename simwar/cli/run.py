@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import sys
+from pathlib import Path
 
 from simwar.cli import outputs
 from simwar.cli.common import (
@@ -79,7 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def command(args) -> int:
     with start_up():  # the imports and the config: objects that live until the exit
         # lazy: start-up time of the CLI (the simulator; the config schema loads pydantic)
-        from simwar.api import choose, simulate
+        from simwar.api import Runner, choose
         from simwar.config import (  # lazy: start-up time of the CLI
             ConfigError,
             Override,
@@ -121,9 +122,13 @@ def command(args) -> int:
         raise UserError("--summary-only: needs the fast executor (--engine fast or auto)")
     outputs.check(args, cfg)
     try:
-        with run_progress(cfg.steps, quiet=args.quiet) as progress:
-            result = simulate(cfg, engine=args.engine, summary_only=args.summary_only,
-                              progress=progress, trace_for=trace_for)
+        runner = Runner(cfg, args.engine, summary_only=args.summary_only, trace_for=trace_for)
+        stream = outputs.trace_stream(args, runner)  # --trace made by the run's own pass
+        what = "simulating" if stream is None else \
+            f"simulating, writing {Path(args.trace).name}"
+        with run_progress(cfg.steps, quiet=args.quiet, desc=what) as progress:
+            result = runner.run(progress=progress) if stream is None else \
+                outputs.traced_run(args, runner, stream, progress)
     except ConfigError as e:  # found only as it runs (the memory check, a trace that runs out)
         raise ConfigError(f"{args.config}: {e}" if args.config else str(e)) from None
     if not args.quiet:  # which executor ran, and why each one preferred to it refused
@@ -131,7 +136,7 @@ def command(args) -> int:
     for warning in result.warnings:  # printed even with --quiet: the results may mislead
         print(f"simwar: warning: {warning}", file=sys.stderr)
     result.summary["name"] = run_label(cfg.name, items)
-    outputs.write(args, result)
+    outputs.write(args, result, traced=stream is not None)
     if args.json:
         print(json.dumps(jsonable(result.summary), sort_keys=True))
     else:
@@ -145,8 +150,9 @@ def command(args) -> int:
 
 
 @contextlib.contextmanager
-def run_progress(steps: int, quiet: bool = False):
-    """A progress callback for ``simulate``: a tqdm bar on stderr, or None.
+def run_progress(steps: int, quiet: bool = False, desc: str = "simulating"):
+    """A progress callback for ``simulate``: a tqdm bar on stderr (``desc`` before it), or
+    None.
 
     The bar shows only after ``PROGRESS_DELAY_S`` seconds and only when stderr is a
     terminal (tqdm's own rule); ``quiet`` turns it off.
@@ -157,7 +163,7 @@ def run_progress(steps: int, quiet: bool = False):
     # lazy: start-up time of the CLI (tqdm)
     from tqdm import tqdm
 
-    bar = tqdm(total=steps, unit="step", desc="simulating", file=sys.stderr, leave=False,
+    bar = tqdm(total=steps, unit="step", desc=desc, file=sys.stderr, leave=False,
                delay=PROGRESS_DELAY_S, dynamic_ncols=True, disable=None)
     if bar.disable:
         bar.close()

@@ -54,6 +54,7 @@ importing it loads the package ``simwar.plots``, whose figures load lazily.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import gzip
 import io
 import json
@@ -82,7 +83,7 @@ from simwar.plots.jsoncols import (
 )
 from simwar.plots.perfetto_shape import Flows, WindowShape, name_text, slice_groups
 
-__all__ = ["ChromeTraceWriter", "chrome_trace", "write_chrome_trace", "write_run"]
+__all__ = ["ChromeTraceWriter", "chrome_trace", "write_chrome_trace", "write_run", "run_writer"]
 
 HOST_PID = 1
 _INF = float("inf")
@@ -572,19 +573,28 @@ def write_run(windows, lanes, meta: dict, path: str | Path,
     when this fails or is interrupted (:func:`simwar.core.files.atomic_file`).
     ``progress(steps_done)``: called after each window with the steps written so far (its
     last step + 1; the CLI's bar on a terminal)."""
+    with run_writer(lanes, meta, path, steps) as take:
+        for w in windows:
+            take(w)
+            if progress is not None:
+                step = window_of(w).spans.step
+                if len(step):
+                    progress(int(step.max()) + 1)
+    return Path(path)
+
+
+@contextlib.contextmanager
+def run_writer(lanes, meta: dict, path: str | Path, steps: tuple[int, int] | None = None):
+    """The file of :func:`write_run`, its windows handed to the callable this gives as
+    they are made (a run's pass: :func:`simwar.cli.outputs.traced_run`); the file is
+    whole at a normal end, and nothing is left of it after a failure or an interrupt."""
     path = Path(path)
     # past the page cache where the file system takes it (the same bytes, less CPU)
     with atomic_file(path) as handle, direct_writes(handle) as out:
         gz = gzip.GzipFile(filename=path.name, mode="wb", fileobj=out) \
             if path.suffix == ".gz" else None
         writer = ChromeTraceWriter(gz or out, lanes, meta, steps)
-        for w in windows:
-            writer.add(w)
-            if progress is not None:
-                step = window_of(w).spans.step
-                if len(step):
-                    progress(int(step.max()) + 1)
+        yield writer.add
         writer.close()
         if gz is not None:
             gz.close()
-    return path

@@ -255,6 +255,11 @@ def run_config(cfg, sizes, window: int = 2, summary_only: bool = False,
                     progress=progress)
 
 
+def run_plan_of(cfg, sizes):
+    """The plan :func:`run_config` runs for a config (no family)."""
+    return _plan(cfg, sizes, None)
+
+
 def _plan(cfg, sizes, family):
     """A one-rank config's plan (:func:`~simwar.executors.fast.plan.plan_config`)."""
     one_rank(cfg)

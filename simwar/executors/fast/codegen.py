@@ -162,7 +162,7 @@ def _lanevar(lane: str, lanes: dict) -> str:
 def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple,
                   depth: int, trace: bool = False, feed: bool = False,
                   target: str = "scalar", lanes: int = 0, union: tuple | None = None,
-                  nonneg: bool = False, merged: tuple = ()):
+                  nonneg: bool = False, merged: tuple = (), sums: bool = False):
     """The function running a block of ``shape`` (cached).
 
     ``slots``: per parameter, True for a column, False for a constant; ``log``: sorted
@@ -189,9 +189,12 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     target (:attr:`~simwar.executors.fast.union.Union.merged`: ``(host op index, count)``, each
     run has one of the ``count`` at most, so one wait on each run's own host cost, latency and
     record, kept where it has one, is what its own runs).
+    ``sums`` (with ``trace``): the trace mode's rows *and* the accumulators and logs of a
+    run's pass, from the same lines (one pass makes a run's summary and its trace:
+    :func:`simwar.executors.fast.execute.run_plan`'s ``trace``).
     """
     key = (shape.host, slots, fwd, collect, log, depth, trace, feed, target, lanes, union,
-           nonneg, merged)
+           nonneg, merged, sums)
     fn = _CODE.get(key)
     if fn is not None:
         _CODE.move_to_end(key)
@@ -199,11 +202,13 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     tgt = TARGETS[target]
     if tgt is not SCALAR and (collect or trace):
         raise ValueError(f"the {target} target has no collect or trace mode")
+    if sums and (not trace or collect):
+        raise ValueError("sums are the trace mode's, with no collect")
     if union is not None and (tgt not in (SCALAR, ARRAY) or collect or trace or feed):
         raise ValueError("a union's code is the scalar or the array target's, with no collect, "
                          "trace or feed")
     fn = _generate(shape, slots, fwd, collect, log, depth, trace, feed, tgt, lanes, union,
-                   nonneg, merged)
+                   nonneg, merged, sums)
     _CODE[key] = fn
     if len(_CODE) > _CODE_LIMIT:
         _CODE.popitem(last=False)
@@ -212,9 +217,12 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
 
 def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, depth: int,
               trace: bool, feed: bool, target: Target, width: int = 0,
-              union: tuple | None = None, nonneg: bool = False, merged: tuple = ()):
+              union: tuple | None = None, nonneg: bool = False, merged: tuple = (),
+              sums: bool = False):
     """Write and compile the block function of :func:`compile_block` (its ``.source``: the
     generated text; in trace mode its ``.layout``)."""
+    # the trace mode's rows only, no accumulator or log (``sums``: both, one pass)
+    rows_only = trace and not sums
     src = _Src()
     lanes: dict[str, str] = {}
     params = [f"k{j}" if not col else f"c{j}" for j, col in enumerate(slots)]
@@ -342,7 +350,12 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             else:
                 keep("s", dev_index, s)
                 keep("e", dev_index, e)
-            return
+            if rows_only:
+                return
+        logged(dev_index, s, e)
+
+    def logged(dev_index: int, s: str, e: str) -> None:
+        """The op's times appended to the logs that take them (the races')."""
         if (dev_index, "s") in logs:
             emit(f"{logs[(dev_index, 's')]}({s})")
         if (dev_index, "e") in logs:
@@ -363,10 +376,17 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         if trace and not collective:  # its end: its start plus its duration (fn.derived)
             s = own("s", dev_index)
             emit(f"{s} = {begun(tv)}")
-            emit(f"{tv} = {s} + {dur}")
+            if rows_only:
+                emit(f"{tv} = {s} + {dur}")
+            else:  # (the sums read the end: the same addition, kept in a name of its own)
+                e = own("e", dev_index)
+                emit(f"{tv} = {e} = {s} + {dur}")
             keep("s", dev_index, s)
             derived.append((("e", dev_index), ("s", dev_index), [dur]))
             above.add(tv)
+            if not rows_only:
+                kernel_sums(op, dev_index, lane, s, e)
+                logged(dev_index, s, e)
             return
         emit(f"s = {begun(tv)}")
         if collective:
@@ -380,23 +400,29 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         else:
             emit(f"{tv} = e = s + {dur}")
             above.add(tv)  # s at or after t, a duration >= 0 (a plan with none below 0)
-        if lane == fwd and not trace:
+        if not rows_only:
+            kernel_sums(op, dev_index, lane, "s", "e")
+        log_times(dev_index, "s", "e")
+
+    def kernel_sums(op, dev_index: int, lane: str, s: str, e: str) -> None:
+        """A forward kernel's part of the per-step sums (its start ``s``, its end ``e``)."""
+        if lane == fwd:
             ks = step_index(op.off)
             if op.phase:
                 if collect:
-                    emit(f"if s < FS[{ks}]: FS[{ks}] = s")
-                    emit(f"if e > FE[{ks}]: FE[{ks}] = e")
+                    emit(f"if {s} < FS[{ks}]: FS[{ks}] = {s}")
+                    emit(f"if {e} > FE[{ks}]: FE[{ks}] = {e}")
                 else:
                     if first_of.get(op.off) == dev_index:
                         emit(f"if {ks} != cw:")
                         emit(f"if {ks} < cw: bad = True", 3)
-                        emit(f"cw = {ks}; FS[cw] = s", 3)
+                        emit(f"cw = {ks}; FS[cw] = {s}", 3)
                     if last_of.get(op.off) == dev_index:
-                        emit(f"FE[{ks}] = e")
+                        emit(f"FE[{ks}] = {e}")
             if collect:
-                emit("KS_(s); KE_(e)")
+                emit(f"KS_({s}); KE_({e})")
             else:
-                summed("W", "e", "s")
+                summed("W", e, s)
                 if op.phase and last_of.get(op.off) == dev_index:
                     # the window of step k ends with forward k: [end of k-1, end of k); a
                     # step closed twice (its forward in two segments) takes the collect path
@@ -406,7 +432,6 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                         closes.append((len(body), ks))
                     emit(f"BU[{ks}] = W; DE[{ks}] = Dp; " + ("WD.fill(0.0)" if arr else
                                                              "W = 0.0; Dp = 0.0") + f"; cl = {ks}")
-        log_times(dev_index, "s", "e")
 
     def record(var: str, lane: str, dev_index: int, mask: str | None = None) -> None:
         """A record on ``lane`` (an event's, or a wait_stream's of the lane's tail): it fires
@@ -445,25 +470,22 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             # is too: the larger of it and the tail is the larger of it, the tail and the
             # clock, with no reach to compute (nothing sums or logs it)
             emit(f"{ts} = rel = {rule('released', ts, fired_at, lat, str(same_stream))}")
-        elif trace:
+        else:  # (the trace mode: in names of the op's own, which its row packs)
             reach, rel = own("reach", dev_index), own("rel", dev_index)
             emit(f"{reach} = {begun(ts)}")
             emit(f"{ts} = {rel} = {rule('released', reach, fired_at, lat, str(same_stream))}")
-            above.add(ts)
+            if stream == fwd and not rows_only:
+                if collect:
+                    emit(f"if {rel} > {reach}:")
+                    emit(f"WS_({reach}); WE_({rel})", 3)
+                elif target.held_if_positive:
+                    emit(f"if {rel} > {reach}:")
+                    emit(f"Dp += {rel} - {reach}", 3)
+                else:
+                    summed("Dp", rel, reach)
+            above.add(ts)  # released no earlier than reached
             log_times(dev_index, reach, rel)
             return
-        else:
-            emit(f"reach = {begun(ts)}")
-            emit(f"{ts} = rel = {rule('released', 'reach', fired_at, lat, str(same_stream))}")
-            if stream == fwd and not trace:
-                if collect:
-                    emit("if rel > reach:")
-                    emit("WS_(reach); WE_(rel)", 3)
-                elif target.held_if_positive:
-                    emit("if rel > reach:")
-                    emit("Dp += rel - reach", 3)
-                else:
-                    summed("Dp", "rel", "reach")
         above.add(ts)  # released no earlier than reached
         log_times(dev_index, "reach", "rel")
 
@@ -558,7 +580,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                      "_add(BR_, Z_, BR_)")
             elif arr:
                 emit(f"_sub(t, t0, Z_); B{sites.index(h.site)}[{step_index(h.off)}] += Z_")
-            elif not trace:
+            elif not rows_only:
                 emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
             dev += 1
         elif kind == "hcoll":  # a host collective (lanes: the ranks)
@@ -572,10 +594,10 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             emit("CL(t0); CL(t)")
             dev += 1
         elif kind == "run_batch":
-            if not trace:
+            if not rows_only:
                 emit(f"LA[{step_index(h.off)}] = t")
         elif kind == "result_done":  # the host instant a result has been processed
-            if not trace:
+            if not rows_only:
                 emit(f"RD[{step_index(h.off)}] = t")
         else:  # pragma: no cover
             raise AssertionError(kind)
@@ -635,11 +657,11 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src(f"H{d} = S.hist[{d - 1}]", 1)
     if trace:
         src("TR = _PACK; BUF = S.trace; TO = 0", 1)
-    else:
+    if not rows_only:
         src("FS = S.fs; FE = S.fe; LA = S.launch; RD = S.done", 1)
         for n, site in enumerate(sites):
             src(f"B{n} = S.blocked[{site!r}]", 1)
-    if trace:
+    if rows_only:
         pass
     elif collect:
         src("KS_ = S.kin.append; KE_ = S.kout.append; WS_ = S.win.append; "
@@ -685,7 +707,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         src("S.hist = [" + "".join(f"H{d}, " for d in range(1, depth + 1)) + "]", 1)
     if direct:  # every sum in a row closed: nothing carries to the next block
         src("S.cw = cw; S.cl = cl; S.w = W_; S.dp = Dp_; S.bad = bad", 1)
-    elif not collect and not trace:
+    elif not collect and not rows_only:
         src("S.cw = cw; S.cl = cl; S.w = W; S.dp = Dp; S.bad = bad", 1)
     if unrolled:
         src.lines = _unrolled(src.lines, body, cols, width)

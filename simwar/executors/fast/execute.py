@@ -106,7 +106,7 @@ def _filled(n: int, value: float) -> array:
 
 def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
              summary_only: bool = False, feed=None, progress=None, races=None,
-             codes=None) -> FastRun:
+             codes=None, trace=None) -> FastRun:
     """Run a plan: the per-step columns, and the races (see :mod:`simwar.executors.fast`).
 
     ``summary_only``: keep no per-step table; rows are summarized as they become final
@@ -125,7 +125,15 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
     order giving per log of the code the index of the block's log it is (-1: none, the
     times go to a log that keeps nothing), or None for the block's own code; asked in the
     first attempt only.
+    ``trace``: a :class:`simwar.executors.fast.trace.Stream` of this plan and ``window``,
+    with its sink: ``(stream, take)``. The pass then also makes the run's Trace windows,
+    each handed to ``take`` as its chunk is run (the blocks compiled with the trace mode's
+    rows and the sums at once, a chunk the stream's): a run's summary and its trace from one
+    pass. A second attempt (forward steps issued out of order) takes no trace: the first
+    made every window (its times are the run's; only its sums are refused).
     """
+    if trace is not None and (feed is not None or codes is not None):
+        raise ValueError("a traced pass runs the plan's own code, with no feed")
     meta = plan.meta
     reached = -1  # the furthest step reported to ``progress``
     fwd = meta.get("forward_stream", "forward")
@@ -144,6 +152,10 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
         rolling = streaming and not attempt
         state = _State(plan.lo, plan.hi, sites, depth, attempt,
                        rows=min(2 * CHUNK + 64, plan.hi - plan.lo + 1) if rolling else None)
+        traced = trace is not None and not attempt
+        if traced:
+            stream, take = trace
+            stream.attach(state)
         flusher = _Flusher(state, plan, fwd, races) if rolling else None
         races.reset(tally=Tally(len(races.groups)) if rolling else None)
         for bi, b in enumerate(blocks):
@@ -154,14 +166,15 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
             if given is None:
                 fn = compile_block(b.shape, slots, fwd, attempt, log, depth,
                                    feed=feed is not None,
-                                   nonneg=feed is None and nonnegative(plan, b))
+                                   nonneg=feed is None and nonnegative(plan, b),
+                                   trace=traced, sums=traced)
                 consts = tuple(c for c in b.consts if c is not None)
             else:
                 fn, consts, order = given
                 own, sink = state.logs, deque(maxlen=0)  # keeps nothing, whatever the length
                 state.logs = [own[j] if j >= 0 else sink for j in order]
             keys = b.steps
-            chunk = chunk_passes(b)
+            chunk = stream.chunk if traced else chunk_passes(b)
             for start in range(0, b.n, chunk):
                 stop = min(b.n, start + chunk)
                 ks = keys[start:stop]
@@ -174,7 +187,13 @@ def run_plan(plan: Plan, window: int = 2, collect: bool | None = None,
                     cols = feed(bi, b, start)
                 else:
                     cols = b.columns(start, stop) if any(slots) else []
+                if traced:
+                    stream.rows(bi, stop - start)
                 fn(ks, consts, cols, state)
+                if traced:
+                    made = stream.piece(bi, start, stop, cols)
+                    if made is not None:
+                        take(made)
                 if progress is not None:
                     reached = max(reached, keys[stop - 1])
                     progress(reached)

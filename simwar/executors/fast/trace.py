@@ -48,7 +48,7 @@ from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.plan import MARKS, Plan
 from simwar.executors.fast.tracecols import Named, _Layout, _Piece, _window, join
 
-__all__ = ["TraceUnsupported", "windows", "join", "lanes", "meta", "CHUNK"]
+__all__ = ["TraceUnsupported", "Stream", "windows", "join", "lanes", "meta", "CHUNK"]
 
 #: segments per window (a window of dspark_fine is ~10 MiB of columns)
 CHUNK = 2048
@@ -245,69 +245,133 @@ def windows(plan: Plan, *, chunk: int = CHUNK, margin: int = 0,
     goes on only as far as it must). Raises :class:`TraceUnsupported` for a plan whose names
     are not templates.
     """
-    blocks = plan.blocks
-    depth = plan.depth
-    margin = max(margin, depth)  # a core op's bound record is always in its window
+    fns = _trace_fns(plan)
+    return Stream(plan, fns, chunk=chunk, margin=margin, steps=steps).alone(fns)
+
+
+def stream(plan: Plan, *, chunk: int = CHUNK, margin: int = 0,
+           steps: tuple[int, int] | None = None) -> Stream:
+    """The :class:`Stream` of the windows :func:`windows` makes, for a run's own pass to
+    make them (:func:`simwar.executors.fast.execute.run_plan`'s ``trace``)."""
+    return Stream(plan, _trace_fns(plan), chunk=chunk, margin=margin, steps=steps)
+
+
+def _trace_fns(plan: Plan) -> list:
+    """Each block's function in the trace mode alone (rows only)."""
     fwd = plan.meta.get("forward_stream", "forward")
-    fns, layouts, names = [], [], []
-    for bi, b in enumerate(blocks):
-        fn = compile_block(b.shape, tuple(c is None for c in b.consts), fwd, False, (), depth,
-                           trace=True)
-        fns.append(fn)
-        layouts.append(_Layout(b.shape, fn.layout))
-        names.append(_Names(plan, bi))
-    run = {"plan": plan, "layouts": layouts}
-    op_base = []
-    base = 0
-    for b, lay in zip(blocks, layouts):
-        op_base.append(base)
-        base += b.n * lay.ndev
-    lows = _lowest_steps(plan, layouts, names)
-    state = _TraceState(depth)
-    run.update(op_base=op_base, g0s=[b.g0 for b in blocks], meta=meta(plan), state=state,
-               # alike windows' columns made once (tracecols._Reuse): where every name is a
-               # template of the step (a Program's segments name themselves)
-               reuse=[] if plan.skeleton_steps is not None else None)
-    return _stream(run, fns, layouts, names, lows, state, chunk, margin, steps)
+    return [compile_block(b.shape, tuple(c is None for c in b.consts), fwd, False, (),
+                          plan.depth, trace=True) for b in plan.blocks]
 
 
-def _stream(run, fns, layouts, names, lows, state, chunk, margin, steps):
-    plan = run["plan"]
-    blocks = plan.blocks
-    op_base = run["op_base"]
-    kept: list[_Piece] = []  # the margin: the last pieces' last segments
-    last_block = len(blocks) - 1
-    for bi, b in enumerate(blocks):
-        lay, fn = layouts[bi], fns[bi]
-        consts = tuple(c for c in b.consts if c is not None)
-        any_col = any(c is None for c in b.consts)
-        for start in range(0, b.n, chunk):
-            stop = min(b.n, start + chunk)
-            ks = b.steps[start:stop]
-            n = stop - start
-            state.trace = vals = np.empty((n, lay.nvalues))
-            cols = b.columns(start, stop) if any_col else []
-            fn(range(n), consts, cols, state)
-            _derive(vals, fn.derived, consts, cols)
-            # (numpy reads a range a number at a time: its arange is the same array)
-            seg_steps = (np.arange(ks.start, ks.stop, ks.step, dtype=np.int64)
-                         if isinstance(ks, range) else np.asarray(list(ks), dtype=np.int64))
-            if not b.marked:
-                seg_steps = np.zeros(n, dtype=np.int64)
-            is_last = bi == last_block and stop == b.n
-            below = lows[bi][stop] if stop < b.n else (lows[bi + 1][0] if bi < last_block
-                                                       else _INF)
-            lo_here = lows[bi][start]
-            wanted = steps is None or (lo_here <= steps[1]
-                                       and _highest(b, lay, names[bi], start, stop) >= steps[0])
-            piece = _Piece(bi, start, n, vals, names[bi].columns(start, n, seg_steps),
-                           op_base[bi] + start * lay.ndev, seg_steps,
-                           _idle(plan, b, lay, cols))
-            if wanted or is_last:
-                yield _window(run, kept, piece, state.t, below, is_last)
-            kept = _keep(kept + [piece], margin, layouts)
-            if steps is not None and below > steps[1]:
-                return
+class Stream:
+    """The windows of a run, made a chunk of ``chunk`` segments at a time as its pass runs
+    them (each segment writing its row of times into ``state.trace``: :meth:`rows`), each
+    after ``margin`` earlier segments of context (see :func:`windows`).
+
+    Two passes drive it: its own (:meth:`alone`, the trace mode's functions, nothing else
+    kept: :func:`windows`), or a run's (:func:`simwar.executors.fast.execute.run_plan`'s
+    ``trace``: functions compiled with the trace mode's rows *and* the run's sums, so that
+    one pass makes the run's summary and its trace). Either calls :meth:`rows` before a
+    chunk of a block's passes and :meth:`piece` after it, in order, on the same ``state``
+    (:meth:`attach`). ``fns``: each block's compiled function, for its rows' layout (the
+    same in both kinds).
+    """
+
+    def __init__(self, plan: Plan, fns: list, *, chunk: int = CHUNK, margin: int = 0,
+                 steps: tuple[int, int] | None = None):
+        blocks = plan.blocks
+        self.plan, self.chunk, self.steps = plan, chunk, steps
+        # a core op's bound record is always in its window
+        self.margin = max(margin, plan.depth)
+        self.layouts = [_Layout(b.shape, fn.layout) for b, fn in zip(blocks, fns)]
+        # the values a row leaves out (codegen's ``fn.derived``), added after each chunk
+        self.derived = [fn.derived for fn in fns]
+        self.consts = [tuple(c for c in b.consts if c is not None) for b in blocks]
+        self.names = [_Names(plan, bi) for bi in range(len(blocks))]
+        run = {"plan": plan, "layouts": self.layouts}
+        op_base = []
+        base = 0
+        for b, lay in zip(blocks, self.layouts):
+            op_base.append(base)
+            base += b.n * lay.ndev
+        self.op_base = op_base
+        self.lows = _lowest_steps(plan, self.layouts, self.names)
+        run.update(op_base=op_base, g0s=[b.g0 for b in blocks], meta=meta(plan),
+                   # alike windows' columns made once (tracecols._Reuse): where every name
+                   # is a template of the step (a Program's segments name themselves)
+                   reuse=[] if plan.skeleton_steps is not None else None)
+        self.run = run
+        self.kept: list[_Piece] = []  # the margin: the last pieces' last segments
+        self.finished = False  # past the steps asked for: no more windows
+        self.attach(_TraceState(plan.depth))
+
+    @property
+    def lanes(self) -> list[str]:
+        """Every lane the run records anything on (:func:`lanes`)."""
+        return lanes(self.plan)
+
+    @property
+    def meta(self) -> dict:
+        """The run's facts (:func:`meta`)."""
+        return meta(self.plan)
+
+    def attach(self, state) -> None:
+        """The state the pass runs on (the host clock, the tails and the rows)."""
+        self.state = self.run["state"] = state
+
+    def rows(self, bi: int, n: int) -> None:
+        """Before a chunk of ``n`` passes of block ``bi``: the rows its segments write."""
+        self.state.trace = np.empty((n, self.layouts[bi].nvalues))
+
+    def piece(self, bi: int, start: int, stop: int, cols: list) -> TraceWindow | None:
+        """After passes ``start..stop`` of block ``bi`` ran (``cols``: their parameter
+        columns): the window whose core they are, where one is wanted (None else)."""
+        if self.finished:
+            return None
+        plan, steps, lows = self.plan, self.steps, self.lows
+        b, lay, names = plan.blocks[bi], self.layouts[bi], self.names[bi]
+        _derive(self.state.trace, self.derived[bi], self.consts[bi], cols)
+        last_block = len(plan.blocks) - 1
+        n = stop - start
+        ks = b.steps[start:stop]
+        # (numpy reads a range a number at a time: its arange is the same array)
+        seg_steps = (np.arange(ks.start, ks.stop, ks.step, dtype=np.int64)
+                     if isinstance(ks, range) else np.asarray(list(ks), dtype=np.int64))
+        if not b.marked:
+            seg_steps = np.zeros(n, dtype=np.int64)
+        is_last = bi == last_block and stop == b.n
+        below = lows[bi][stop] if stop < b.n else (lows[bi + 1][0] if bi < last_block
+                                                   else _INF)
+        lo_here = lows[bi][start]
+        wanted = steps is None or (lo_here <= steps[1]
+                                   and _highest(b, lay, names, start, stop) >= steps[0])
+        piece = _Piece(bi, start, n, self.state.trace, names.columns(start, n, seg_steps),
+                       self.op_base[bi] + start * lay.ndev, seg_steps,
+                       _idle(plan, b, lay, cols))
+        window = _window(self.run, self.kept, piece, self.state.t, below, is_last) \
+            if wanted or is_last else None
+        self.kept = _keep(self.kept + [piece], self.margin, self.layouts)
+        if steps is not None and below > steps[1]:
+            self.finished = True
+        return window
+
+    def alone(self, fns: list) -> Iterator[TraceWindow]:
+        """The trace mode's own pass (``fns``: its functions, rows only): the windows as it
+        makes them, as far as the steps asked for."""
+        state = self.state
+        for bi, b in enumerate(self.plan.blocks):
+            fn, consts = fns[bi], self.consts[bi]
+            any_col = any(c is None for c in b.consts)
+            for start in range(0, b.n, self.chunk):
+                stop = min(b.n, start + self.chunk)
+                cols = b.columns(start, stop) if any_col else []
+                self.rows(bi, stop - start)
+                fn(range(stop - start), consts, cols, state)
+                window = self.piece(bi, start, stop, cols)
+                if window is not None:
+                    yield window
+                if self.finished:
+                    return
 
 
 def _derive(vals: np.ndarray, derived: tuple, consts: tuple, cols: list) -> None:
