@@ -24,7 +24,9 @@
   ratio of their CPU time per step; at equal steps, whether the two files are the same bytes.
 - **Breakdown** of the export at ``--export-steps`` (CPU time, best of ``--repeat``, fresh
   processes): ``simwar run`` without ``--trace`` (the imports and the summary's run), the
-  trace mode's pass alone (its windows made and dropped), and the pass with the writer into
+  trace mode's pass alone (its windows made and dropped), the run's one pass that makes its
+  summary and its windows at once (what ``run --trace`` runs; in a tree before it, the run
+  and then the trace mode's pass), and the pass with the writer into
   a sink that keeps nothing, the writer split into its text (the rows' bytes:
   ``simwar.plots.jsoncols.write_rows``, ``rows`` in a tree without it) and the rest
   (groups, names, tracks, flows' bindings, counters). What the whole command costs beyond
@@ -82,9 +84,24 @@ from simwar.api import trace_windows
 from simwar.config import load_config
 from simwar.plots import perfetto
 cfg = load_config(sys.argv[1], {"steps": int(sys.argv[2])})
-windows, lanes, meta = trace_windows(cfg)
 cpu = time.process_time
 out = {"pass_s": 0.0, "writer_s": 0.0, "text_s": 0.0}
+if sys.argv[3] == "onepass":  # the run's pass making its summary and its windows
+    from simwar.api import Runner
+    runner = Runner(cfg, "fast")
+    if hasattr(runner, "trace_stream"):
+        t = cpu()
+        runner.run(trace=(runner.trace_stream(), lambda w: None))
+        out["pass_s"] = cpu() - t
+    else:  # a tree before the one pass: the run, then the trace mode's own
+        t = cpu()
+        runner.run()
+        for w in trace_windows(cfg)[0]:
+            pass
+        out["pass_s"] = cpu() - t
+    print(json.dumps(out))
+    sys.exit(0)
+windows, lanes, meta = trace_windows(cfg)
 if sys.argv[3] == "pass":
     t = cpu()
     for w in windows:
@@ -192,6 +209,7 @@ def breakdown(args) -> None:
         parts = {"run": plain_run(args.config, steps),
                  **{f"alone_{k}": v for k, v in child(BREAKDOWN, ROOT / args.config, steps,
                                                        "pass").items()},
+                 "onepass": child(BREAKDOWN, ROOT / args.config, steps, "onepass")["pass_s"],
                  **child(BREAKDOWN, ROOT / args.config, steps, "writer")}
         for k, v in parts.items():
             best[k] = min(best.get(k, v), v)
@@ -200,6 +218,8 @@ def breakdown(args) -> None:
     print(f"  simwar run without --trace (imports, the summary's run) {best['run']:.2f}")
     print(f"  the trace mode's pass alone {best['alone_pass_s']:.2f} "
           f"(beside the writer: {best['pass_s']:.2f})")
+    print(f"  the run's one pass, its summary and its windows (what `run --trace` runs) "
+          f"{best['onepass']:.2f}")
     print(f"  the writer {best['writer_s']:.2f}: the text (rows' bytes) {text:.2f}, the rest "
           f"(groups, names, tracks, flows, counters) {best['writer_s'] - text:.2f}")
     print("  (the whole command, `export`, adds the file's writing to these)")
