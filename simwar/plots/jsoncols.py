@@ -105,6 +105,14 @@ class Int:
         self._cells = None
         self._range = None
 
+    @classmethod
+    def _of(cls, v: np.ndarray, lo: int, hi: int) -> Int:
+        """Non-negative integers ``v`` (any unsigned or 64-bit dtype) whose least and greatest
+        values are known."""
+        self = cls.__new__(cls)
+        self.v, self._cells, self._range = v, None, (lo, hi)
+        return self
+
     def __len__(self) -> int:
         return len(self.v)
 
@@ -142,21 +150,28 @@ class Int:
         # every value as wide as the widest: each quad below the first is all digits (its
         # zeros too), so no quad needs to know whether digits come before it
         full = lo >= 10 ** (width - 1)
-        # 32-bit arithmetic where the values fit (a division by 10000 twice as fast)
-        x = v.astype(np.int32) if hi < 2 ** 31 else v
+        # unsigned 32-bit arithmetic where the values fit (a division by 10000 three times
+        # as fast as int64's)
+        x = v if v.dtype == np.uint32 else v.astype(np.uint32) if hi < 2 ** 32 else v
         # (each quad taken straight into its column of ``quads``: a third faster than a
-        # gather into a new array copied there)
+        # gather into a new array copied there; the indices are in the table: no wrap)
         for c in range(nq - 1, 0, -1):  # the lowest four digits first
             rest = x // 10000
-            idx = x - rest * 10000
+            idx = rest * 10000
+            np.subtract(x, idx, out=idx)
             if full:
-                np.take(_QUADS_FULL, idx, out=quads[:, c])
+                np.take(_QUADS_FULL, idx, out=quads[:, c], mode="wrap")
             else:
-                idx += (rest > 0) * 10000  # digits before it: its zeros are digits
-                np.take(_QUADS_LAST if c == nq - 1 else _QUADS, idx, out=quads[:, c])
+                idx += (rest > 0) * np.uint32(10000)  # digits before it: its zeros are digits
+                np.take(_QUADS_LAST if c == nq - 1 else _QUADS, idx, out=quads[:, c],
+                        mode="wrap")
             x = rest
-        # below 10000: no digits before
-        np.take(_QUADS if nq > 1 else _QUADS_LAST, x, out=quads[:, 0])
+        if width % 4 == 1 and (full or nq == 1):
+            # one digit in the first quad, never blank: its byte made (no take; the blank
+            # bytes before it are not in the cells)
+            np.add(x, 48, out=quads.view(np.uint8)[:, 3], casting="unsafe")
+        else:  # below 10000: no digits before
+            np.take(_QUADS if nq > 1 else _QUADS_LAST, x, out=quads[:, 0], mode="wrap")
         # the last ``width`` bytes of each row (the blank quads' bytes before them dropped)
         self._cells = np.ndarray((m,), dtype=f"V{width}", buffer=quads,
                                  offset=4 * nq - width, strides=(4 * nq,))
@@ -378,7 +393,11 @@ def number_text(ns: np.ndarray, x: np.ndarray, tail: str = "") -> list:
         return [texts(text), tail]
     q = ns // 1000
     r = ns - q * 1000
-    return [Int(q), _Fraction(r), tail]
+    hi = int(ns.max()) if len(ns) else 0
+    # q ascends with ns: its range is theirs divided (no pass over q); 32 bits where they
+    # fit, as Int.cells takes them (no copy there)
+    return [Int._of(q.astype(np.uint32) if hi < 1000 << 32 else q, lo // 1000, hi // 1000),
+            _Fraction(r), tail]
 
 
 def int_text(a) -> Int:
