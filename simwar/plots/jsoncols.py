@@ -94,6 +94,10 @@ _QUADS_LAST = _quads(True)  # the lowest quad: 0 is "0"
 _QUADS_FULL = _QUADS[10000:]  # four digits, zeros and all
 
 
+#: the integer dtypes an :class:`Int` keeps as they are (others: int64)
+_NARROW = (np.dtype(np.int32), np.dtype(np.uint32))
+
+
 class Int:
     """Integers as ``json.dumps`` writes them (a column of :func:`rows`; right-aligned, the
     spaces before the digits: whitespace after the key's colon)."""
@@ -101,7 +105,9 @@ class Int:
     __slots__ = ("v", "_cells", "_range")
 
     def __init__(self, values):
-        self.v = np.asarray(values, dtype=np.int64)
+        v = np.asarray(values)
+        # 32-bit columns (a trace's steps) as they are: Int.cells takes them without a copy
+        self.v = v if v.dtype in _NARROW else np.asarray(v, dtype=np.int64)
         self._cells = None
         self._range = None
 
@@ -152,7 +158,9 @@ class Int:
         full = lo >= 10 ** (width - 1)
         # unsigned 32-bit arithmetic where the values fit (a division by 10000 three times
         # as fast as int64's)
-        x = v if v.dtype == np.uint32 else v.astype(np.uint32) if hi < 2 ** 32 else v
+        # (a 32-bit column's non-negative values are their own unsigned bits: no copy)
+        x = v.view(np.uint32) if v.dtype in _NARROW else \
+            v.astype(np.uint32) if hi < 2 ** 32 else v
         # (each quad taken straight into its column of ``quads``: a third faster than a
         # gather into a new array copied there; the indices are in the table: no wrap)
         for c in range(nq - 1, 0, -1):  # the lowest four digits first
