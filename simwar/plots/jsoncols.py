@@ -494,6 +494,45 @@ def write_rows(write, *parts, piece: int | None = None) -> None:
         write(memoryview(out[:b - a]).cast("B"))
 
 
+def write_rows_into(sink, *parts, piece: int | None = None) -> None:
+    """:func:`write_rows` made in ``sink``'s own buffer (a
+    :class:`~simwar.core.direct_io.DirectWriter`: ``room()``, ``advance(n)``, ``write``):
+    each piece of rows is made where the file's bytes are gathered, not copied there (a
+    piece at most as large as the room left; a row across the buffer's end is written)."""
+    template, fills, n = _layout(parts)
+    width = len(template)
+    if not (n and width):
+        return
+    per = max(1, (PIECE_BYTES if piece is None else piece) // width)
+    a = 0
+    while a < n:
+        with sink.room() as room:
+            k = min(n - a, per, len(room) // width)
+            if k:
+                out = np.frombuffer(room, dtype=np.uint8, count=k * width).reshape(k, width)
+                _repeat(room, template, k * width)
+                _fill(out, fills, a, a + k)
+                del out  # (the room's view released before the bytes are taken)
+        if not k:  # less than a row of room: this row written (across the buffer's end)
+            one = _made(template, 1)
+            _fill(one, fills, a, a + 1)
+            sink.write(memoryview(one).cast("B"))
+            k = 1
+        else:
+            sink.advance(k * width)
+        a += k
+
+
+def _repeat(room: memoryview, template: bytearray, size: int) -> None:
+    """The first ``size`` bytes of ``room`` as ``template`` repeated (copies that double)."""
+    room[:len(template)] = template
+    done = len(template)
+    while done < size:
+        step = min(done, size - done)
+        room[done:done + step] = room[:step]
+        done += step
+
+
 _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')
 
 

@@ -79,6 +79,7 @@ from simwar.plots.jsoncols import (
     present,
     round_ns,
     write_rows,
+    write_rows_into,
 )
 from simwar.plots.perfetto_shape import Flows, WindowShape, name_text, slice_groups
 
@@ -102,6 +103,7 @@ class ChromeTraceWriter:
 
     def __init__(self, handle, lanes, meta: dict, steps: tuple[int, int] | None = None):
         self.out = handle
+        self.into = hasattr(handle, "room")  # a DirectWriter: rows made in its buffer
         self.lanes = ordered_lanes(set(lanes) | {HOST})
         self.pid = {lane: HOST_PID + i for i, lane in enumerate(self.lanes)}
         self.meta = {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool))}
@@ -134,8 +136,12 @@ class ChromeTraceWriter:
 
     def _write(self, *parts) -> None:
         """Write the rows of alike events made of ``parts`` (constant texts and columns:
-        :func:`~simwar.plots.jsoncols.write_rows`; each row begins with its comma)."""
-        write_rows(self.out.write, *parts)
+        :func:`~simwar.plots.jsoncols.write_rows`; each row begins with its comma), made in
+        the file's buffer where the handle offers it (``write_rows_into``)."""
+        if self.into:
+            write_rows_into(self.out, *parts)
+        else:
+            write_rows(self.out.write, *parts)
 
     # ---- one window
     def add(self, window) -> None:
