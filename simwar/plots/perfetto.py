@@ -199,11 +199,18 @@ class ChromeTraceWriter:
         one_track = True
         for code, group in shape.lane_spans:  # a few lanes: a pass each, no sort
             s, e = start_r[group], end_r[group]
+            lane = texts[code]
+            ends = self.tracks.setdefault(lane, [])
+            # the usual case in two passes: each span (none ending before it starts) starts
+            # once the one before it has ended, the first after the lane's track: in order
+            # by start, end and id, each after the one before it (as checked below)
+            if len(ends) <= 1 and s[0] >= (ends[0] if ends else -_INF) \
+                    and bool(np.all(s[1:] >= e[:-1])) and bool(np.all(e >= s)):
+                ends[:] = [float(e[-1])]
+                continue
             if not bool(np.all((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] >= e[:-1])))):
                 group = group[np.lexsort((group, e, s))]  # by start, end and id
                 s, e = start_r[group], end_r[group]
-            lane = texts[code]
-            ends = self.tracks.setdefault(lane, [])
             if len(ends) <= 1:  # the usual case: each span after the one before it
                 before = np.concatenate(([ends[0] if ends else -_INF], e[:-1]))
                 if bool(np.all(s >= before)):
