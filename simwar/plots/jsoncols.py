@@ -4,7 +4,8 @@ the rows of alike events, and the groupings the Perfetto export needs, each a ve
 - :func:`round_ns`: ``round(x, 3)`` exactly as Python rounds, as integer ns;
 - :func:`rows`: the JSON text of a group of alike events as one block of fixed-width rows
   (a ``uint8`` array, a row per event; :func:`write_rows` hands them to a file a piece at
-  a time), from constant texts and columns: :class:`Int`
+  a time, :func:`write_rows_into` makes each piece in the file's own buffer), from
+  constant texts and columns: :class:`Int`
   (integers), :func:`number_text` (a rounded float as ``repr`` writes it), :class:`Text`
   (strings of a table by code, escaped once per table: :class:`Strings`, :func:`escaped`;
   names made of parts: :func:`compose`, :func:`choose`). Each field of a row takes the

@@ -39,7 +39,8 @@ exported at once; only their order in the file and the flows' ids differ (a lane
 spans overlap across windows would be split window by window, which no simulated run
 needs: its lanes never overlap). The JSON text is made a group of alike events at a time,
 as fixed-width rows copied column by column and handed to the file a piece of rows at a
-time, each made in cache (:func:`simwar.plots.jsoncols.write_rows`;
+time, each made in cache, or made in the file's own buffer where the file is written past
+the page cache (:func:`simwar.plots.jsoncols.write_rows`, ``write_rows_into``;
 numbers exactly as ``json.dumps`` writes the rounded floats; a shorter value is followed by
 spaces where JSON allows them, so the file parses to the same events as ``json.dumps``'s
 text, a few per cent larger). JSON rather than Perfetto's protobuf format: it is what torch.profiler
