@@ -500,3 +500,30 @@ def test_rows_made_in_a_direct_writers_buffer_are_the_rows(tmp_path, monkeypatch
             out.close()
     want = b"[" + b"x" * 100 + rows(*parts).tobytes() + rows(*parts[:2], '"}').tobytes()
     assert path.read_bytes() == want
+
+
+def test_a_failure_while_rows_are_made_in_the_buffer_is_that_failure(tmp_path, monkeypatch):
+    # an interrupt while a piece is made in a DirectWriter's buffer: the interrupt reaches the
+    # caller (no BufferError for the views its traceback holds), and the writer still closes
+    import fcntl
+
+    from simwar.core import direct_io
+    from simwar.plots import jsoncols
+
+    real, calls = jsoncols._fill, []
+
+    def fill(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real(*args)
+
+    monkeypatch.setattr(jsoncols, "_fill", fill)
+    with open(tmp_path / "rows.bin", "wb") as handle:
+        out = direct_io.DirectWriter(handle.fileno(), fcntl.fcntl(handle.fileno(),
+                                                                  fcntl.F_GETFL))
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                jsoncols.write_rows_into(out, ",", int_text(np.arange(5000)), piece=100)
+            finally:
+                out.close()

@@ -93,8 +93,8 @@ class DirectWriter:
     def room(self) -> memoryview:
         """The free bytes of the buffer being filled (one at least), for a caller that makes
         its bytes in place (the rows of :func:`simwar.plots.jsoncols.write_rows_into`: no
-        copy into the buffer); :meth:`advance` then takes the first ones made. Release the
-        view (and anything made on it) before anything else is written."""
+        copy into the buffer); :meth:`advance` then takes the first ones made. Nothing is
+        to be made there once they are taken or anything else is written."""
         return memoryview(self.current)[self.fill:]
 
     def advance(self, n: int) -> None:

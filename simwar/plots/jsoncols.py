@@ -507,20 +507,23 @@ def write_rows_into(sink, *parts, piece: int | None = None) -> None:
     per = max(1, (PIECE_BYTES if piece is None else piece) // width)
     a = 0
     while a < n:
-        with sink.room() as room:
-            k = min(n - a, per, len(room) // width)
-            if k:
-                out = np.frombuffer(room, dtype=np.uint8, count=k * width).reshape(k, width)
-                _repeat(room, template, k * width)
-                _fill(out, fills, a, a + k)
-                del out  # (the room's view released before the bytes are taken)
-        if not k:  # less than a row of room: this row written (across the buffer's end)
+        # (the views on the room are not released by hand: a view still held by a failure's
+        # traceback would turn the failure into a BufferError; nothing is made on a room
+        # once it is taken)
+        room = sink.room()
+        k = min(n - a, per, len(room) // width)
+        if k:
+            out = np.frombuffer(room, dtype=np.uint8, count=k * width).reshape(k, width)
+            _repeat(room, template, k * width)
+            _fill(out, fills, a, a + k)
+            del out, room
+            sink.advance(k * width)
+        else:  # less than a row of room: this row written (across the buffer's end)
+            del room
             one = _made(template, 1)
             _fill(one, fills, a, a + 1)
             sink.write(memoryview(one).cast("B"))
             k = 1
-        else:
-            sink.advance(k * width)
         a += k
 
 
