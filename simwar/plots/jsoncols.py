@@ -234,7 +234,7 @@ class Strings:
               post: str = "") -> np.ndarray:
         if not len(codes):
             return np.zeros(0, dtype="V1")
-        width = int(self.lens[codes].max()) + quoted + len(pre) + len(post)
+        width = int(self.lens.take(codes).max()) + quoted + len(pre) + len(post)
         if not width:
             return np.zeros(len(codes), dtype="V0")
         # rows of words gathered (numpy's take of numbers: a fancy index of ``V`` cells
@@ -386,7 +386,7 @@ class _Fraction:
         return None
 
     def cells(self) -> np.ndarray:
-        width = int(_FRACTION_LEN[self.r].max()) if len(self.r) else 2
+        width = int(_FRACTION_LEN.take(self.r).max()) if len(self.r) else 2
         return _first_bytes(_FRACTION_WORDS.take(self.r), width)
 
 
