@@ -472,3 +472,61 @@ def test_a_flow_sits_one_ns_inside_a_span_of_two_ns_or_more(start, span, small):
     assert at_end == int(f"{round(end / 1000.0 - float(inset[0]), 3):.3f}".replace(".", ""))
     if end - start >= 2:
         assert (at_end, at_start) == (end - 1, start + 1)
+
+
+@pytest.mark.parametrize("piece", [1, 200, 1 << 20])
+def test_rows_made_in_a_direct_writers_buffer_are_the_rows(tmp_path, monkeypatch, piece):
+    # write_rows_into makes each piece where a DirectWriter gathers the file's bytes: pieces
+    # cut at the buffer's end, a row across it written; the file is rows()'s bytes
+    import fcntl
+
+    from simwar.core import direct_io
+    from simwar.plots.jsoncols import write_rows_into
+
+    monkeypatch.setattr(direct_io, "CHUNK", 2 * direct_io.ALIGN)  # many buffers' ends
+    ints = np.arange(5000) * 7919 % 100003
+    table = escaped(["a", "bcd", 'e"f'])
+    parts = (',{"n":"', Text(table, ints % 3).inside(), '","i":', int_text(ints), ',"t":',
+             *number_text(ints * 1001, ints * 1.001, "}"))
+    path = tmp_path / "rows.bin"
+    with open(path, "wb") as handle:
+        handle.write(b"[")  # an offset that is no whole row
+        handle.flush()
+        out = direct_io.DirectWriter(handle.fileno(), fcntl.fcntl(handle.fileno(),
+                                                                  fcntl.F_GETFL))
+        try:
+            out.write(b"x" * 100)
+            write_rows_into(out, *parts, piece=piece)
+            write_rows_into(out, *parts[:2], '"}', piece=piece)
+            out.finish()
+        finally:
+            out.close()
+    want = b"[" + b"x" * 100 + rows(*parts).tobytes() + rows(*parts[:2], '"}').tobytes()
+    assert path.read_bytes() == want
+
+
+def test_a_failure_while_rows_are_made_in_the_buffer_is_that_failure(tmp_path, monkeypatch):
+    # an interrupt while a piece is made in a DirectWriter's buffer: the interrupt reaches the
+    # caller (no BufferError for the views its traceback holds), and the writer still closes
+    import fcntl
+
+    from simwar.core import direct_io
+    from simwar.plots import jsoncols
+
+    real, calls = jsoncols._fill, []
+
+    def fill(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        real(*args)
+
+    monkeypatch.setattr(jsoncols, "_fill", fill)
+    with open(tmp_path / "rows.bin", "wb") as handle:
+        out = direct_io.DirectWriter(handle.fileno(), fcntl.fcntl(handle.fileno(),
+                                                                  fcntl.F_GETFL))
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                jsoncols.write_rows_into(out, ",", int_text(np.arange(5000)), piece=100)
+            finally:
+                out.close()

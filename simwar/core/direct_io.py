@@ -13,9 +13,11 @@ with ``O_DIRECT``, the device reads the bytes straight from the writer's memory:
 :data:`CHUNK` bytes, each handed whole to a thread that writes it while the next is filled
 (a direct write returns only once the device has the bytes: without the thread the export
 would wait for the device at every buffer); the tail that does not fill a block is written
-the ordinary way at the end. Where the file system refuses ``O_DIRECT`` (at the start or at
-any write), or keeps files in memory anyway (tmpfs, whose "direct" writes are its ordinary
-ones: the copy here would only add to them), the bytes go through the handle as before.
+the ordinary way at the end. A caller may also make its bytes in the buffer itself
+(:meth:`DirectWriter.room`, :meth:`DirectWriter.advance`: no copy at all). Where the file
+system refuses ``O_DIRECT`` (at the start or at any write), or keeps files in memory anyway
+(tmpfs, whose "direct" writes are its ordinary ones: the copy here would only add to
+them), the bytes go through the handle as before.
 The file's bytes are the same either way; nothing is committed here (the handle's owner
 flushes, syncs and renames).
 
@@ -88,6 +90,23 @@ class DirectWriter:
                     self._raise()
         return n
 
+    def room(self) -> memoryview:
+        """The free bytes of the buffer being filled (one at least), for a caller that makes
+        its bytes in place (the rows of :func:`simwar.plots.jsoncols.write_rows_into`: no
+        copy into the buffer); :meth:`advance` then takes the first ones made. Nothing is
+        to be made there once they are taken or anything else is written."""
+        return memoryview(self.current)[self.fill:]
+
+    def advance(self, n: int) -> None:
+        """Take the first ``n`` bytes of :meth:`room` as written."""
+        if not 0 <= n <= CHUNK - self.fill:
+            raise ValueError(f"advance({n}): {CHUNK - self.fill} bytes of room")
+        self.fill += n
+        if self.fill == CHUNK:
+            self._hand_over(CHUNK)
+            self.current = self.free.get()
+            self._raise()
+
     def _hand_over(self, size: int) -> None:
         self._raise()
         self.full.put((self.current, size))
@@ -157,7 +176,10 @@ class DirectWriter:
         self._stop()
         self._buffered()
         for b in self.buffers:
-            b.close()
+            try:
+                b.close()
+            except BufferError:  # a view made on it still held (by a failure's traceback):
+                pass  # unmapped once that goes
 
 
 @contextlib.contextmanager

@@ -4,7 +4,8 @@ the rows of alike events, and the groupings the Perfetto export needs, each a ve
 - :func:`round_ns`: ``round(x, 3)`` exactly as Python rounds, as integer ns;
 - :func:`rows`: the JSON text of a group of alike events as one block of fixed-width rows
   (a ``uint8`` array, a row per event; :func:`write_rows` hands them to a file a piece at
-  a time), from constant texts and columns: :class:`Int`
+  a time, :func:`write_rows_into` makes each piece in the file's own buffer), from
+  constant texts and columns: :class:`Int`
   (integers), :func:`number_text` (a rounded float as ``repr`` writes it), :class:`Text`
   (strings of a table by code, escaped once per table: :class:`Strings`, :func:`escaped`;
   names made of parts: :func:`compose`, :func:`choose`). Each field of a row takes the
@@ -94,6 +95,10 @@ _QUADS_LAST = _quads(True)  # the lowest quad: 0 is "0"
 _QUADS_FULL = _QUADS[10000:]  # four digits, zeros and all
 
 
+#: the integer dtypes an :class:`Int` keeps as they are (others: int64)
+_NARROW = (np.dtype(np.int32), np.dtype(np.uint32))
+
+
 class Int:
     """Integers as ``json.dumps`` writes them (a column of :func:`rows`; right-aligned, the
     spaces before the digits: whitespace after the key's colon)."""
@@ -101,9 +106,19 @@ class Int:
     __slots__ = ("v", "_cells", "_range")
 
     def __init__(self, values):
-        self.v = np.asarray(values, dtype=np.int64)
+        v = np.asarray(values)
+        # 32-bit columns (a trace's steps) as they are: Int.cells takes them without a copy
+        self.v = v if v.dtype in _NARROW else np.asarray(v, dtype=np.int64)
         self._cells = None
         self._range = None
+
+    @classmethod
+    def _of(cls, v: np.ndarray, lo: int, hi: int) -> Int:
+        """Non-negative integers ``v`` (any unsigned or 64-bit dtype) whose least and greatest
+        values are known."""
+        self = cls.__new__(cls)
+        self.v, self._cells, self._range = v, None, (lo, hi)
+        return self
 
     def __len__(self) -> int:
         return len(self.v)
@@ -142,21 +157,30 @@ class Int:
         # every value as wide as the widest: each quad below the first is all digits (its
         # zeros too), so no quad needs to know whether digits come before it
         full = lo >= 10 ** (width - 1)
-        # 32-bit arithmetic where the values fit (a division by 10000 twice as fast)
-        x = v.astype(np.int32) if hi < 2 ** 31 else v
+        # unsigned 32-bit arithmetic where the values fit (a division by 10000 three times
+        # as fast as int64's)
+        # (a 32-bit column's non-negative values are their own unsigned bits: no copy)
+        x = v.view(np.uint32) if v.dtype in _NARROW else \
+            v.astype(np.uint32) if hi < 2 ** 32 else v
         # (each quad taken straight into its column of ``quads``: a third faster than a
-        # gather into a new array copied there)
+        # gather into a new array copied there; the indices are in the table: no wrap)
         for c in range(nq - 1, 0, -1):  # the lowest four digits first
             rest = x // 10000
-            idx = x - rest * 10000
+            idx = rest * 10000
+            np.subtract(x, idx, out=idx)
             if full:
-                np.take(_QUADS_FULL, idx, out=quads[:, c])
+                np.take(_QUADS_FULL, idx, out=quads[:, c], mode="wrap")
             else:
-                idx += (rest > 0) * 10000  # digits before it: its zeros are digits
-                np.take(_QUADS_LAST if c == nq - 1 else _QUADS, idx, out=quads[:, c])
+                idx += (rest > 0) * np.uint32(10000)  # digits before it: its zeros are digits
+                np.take(_QUADS_LAST if c == nq - 1 else _QUADS, idx, out=quads[:, c],
+                        mode="wrap")
             x = rest
-        # below 10000: no digits before
-        np.take(_QUADS if nq > 1 else _QUADS_LAST, x, out=quads[:, 0])
+        if width % 4 == 1 and (full or nq == 1):
+            # one digit in the first quad, never blank: its byte made (no take; the blank
+            # bytes before it are not in the cells)
+            np.add(x, 48, out=quads.view(np.uint8)[:, 3], casting="unsafe")
+        else:  # below 10000: no digits before
+            np.take(_QUADS if nq > 1 else _QUADS_LAST, x, out=quads[:, 0], mode="wrap")
         # the last ``width`` bytes of each row (the blank quads' bytes before them dropped)
         self._cells = np.ndarray((m,), dtype=f"V{width}", buffer=quads,
                                  offset=4 * nq - width, strides=(4 * nq,))
@@ -210,7 +234,7 @@ class Strings:
               post: str = "") -> np.ndarray:
         if not len(codes):
             return np.zeros(0, dtype="V1")
-        width = int(self.lens[codes].max()) + quoted + len(pre) + len(post)
+        width = int(self.lens.take(codes).max()) + quoted + len(pre) + len(post)
         if not width:
             return np.zeros(len(codes), dtype="V0")
         # rows of words gathered (numpy's take of numbers: a fancy index of ``V`` cells
@@ -362,7 +386,7 @@ class _Fraction:
         return None
 
     def cells(self) -> np.ndarray:
-        width = int(_FRACTION_LEN[self.r].max()) if len(self.r) else 2
+        width = int(_FRACTION_LEN.take(self.r).max()) if len(self.r) else 2
         return _first_bytes(_FRACTION_WORDS.take(self.r), width)
 
 
@@ -378,7 +402,11 @@ def number_text(ns: np.ndarray, x: np.ndarray, tail: str = "") -> list:
         return [texts(text), tail]
     q = ns // 1000
     r = ns - q * 1000
-    return [Int(q), _Fraction(r), tail]
+    hi = int(ns.max()) if len(ns) else 0
+    # q ascends with ns: its range is theirs divided (no pass over q); 32 bits where they
+    # fit, as Int.cells takes them (no copy there)
+    return [Int._of(q.astype(np.uint32) if hi < 1000 << 32 else q, lo // 1000, hi // 1000),
+            _Fraction(r), tail]
 
 
 def int_text(a) -> Int:
@@ -465,6 +493,48 @@ def write_rows(write, *parts, piece: int | None = None) -> None:
         b = min(n, a + per)
         _fill(out, fills, a, b)
         write(memoryview(out[:b - a]).cast("B"))
+
+
+def write_rows_into(sink, *parts, piece: int | None = None) -> None:
+    """:func:`write_rows` made in ``sink``'s own buffer (a
+    :class:`~simwar.core.direct_io.DirectWriter`: ``room()``, ``advance(n)``, ``write``):
+    each piece of rows is made where the file's bytes are gathered, not copied there (a
+    piece at most as large as the room left; a row across the buffer's end is written)."""
+    template, fills, n = _layout(parts)
+    width = len(template)
+    if not (n and width):
+        return
+    per = max(1, (PIECE_BYTES if piece is None else piece) // width)
+    a = 0
+    while a < n:
+        # (the views on the room are not released by hand: a view still held by a failure's
+        # traceback would turn the failure into a BufferError; nothing is made on a room
+        # once it is taken)
+        room = sink.room()
+        k = min(n - a, per, len(room) // width)
+        if k:
+            out = np.frombuffer(room, dtype=np.uint8, count=k * width).reshape(k, width)
+            _repeat(room, template, k * width)
+            _fill(out, fills, a, a + k)
+            del out, room
+            sink.advance(k * width)
+        else:  # less than a row of room: this row written (across the buffer's end)
+            del room
+            one = _made(template, 1)
+            _fill(one, fills, a, a + 1)
+            sink.write(memoryview(one).cast("B"))
+            k = 1
+        a += k
+
+
+def _repeat(room: memoryview, template: bytearray, size: int) -> None:
+    """The first ``size`` bytes of ``room`` as ``template`` repeated (copies that double)."""
+    room[:len(template)] = template
+    done = len(template)
+    while done < size:
+        step = min(done, size - done)
+        room[done:done + step] = room[:step]
+        done += step
 
 
 _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f]')

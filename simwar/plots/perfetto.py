@@ -39,7 +39,8 @@ exported at once; only their order in the file and the flows' ids differ (a lane
 spans overlap across windows would be split window by window, which no simulated run
 needs: its lanes never overlap). The JSON text is made a group of alike events at a time,
 as fixed-width rows copied column by column and handed to the file a piece of rows at a
-time, each made in cache (:func:`simwar.plots.jsoncols.write_rows`;
+time, each made in cache, or made in the file's own buffer where the file is written past
+the page cache (:func:`simwar.plots.jsoncols.write_rows`, ``write_rows_into``;
 numbers exactly as ``json.dumps`` writes the rounded floats; a shorter value is followed by
 spaces where JSON allows them, so the file parses to the same events as ``json.dumps``'s
 text, a few per cent larger). JSON rather than Perfetto's protobuf format: it is what torch.profiler
@@ -80,6 +81,7 @@ from simwar.plots.jsoncols import (
     present,
     round_ns,
     write_rows,
+    write_rows_into,
 )
 from simwar.plots.perfetto_shape import Flows, WindowShape, name_text, slice_groups
 
@@ -103,6 +105,7 @@ class ChromeTraceWriter:
 
     def __init__(self, handle, lanes, meta: dict, steps: tuple[int, int] | None = None):
         self.out = handle
+        self.into = hasattr(handle, "room")  # a DirectWriter: rows made in its buffer
         self.lanes = ordered_lanes(set(lanes) | {HOST})
         self.pid = {lane: HOST_PID + i for i, lane in enumerate(self.lanes)}
         self.meta = {k: v for k, v in meta.items() if isinstance(v, (str, int, float, bool))}
@@ -135,8 +138,12 @@ class ChromeTraceWriter:
 
     def _write(self, *parts) -> None:
         """Write the rows of alike events made of ``parts`` (constant texts and columns:
-        :func:`~simwar.plots.jsoncols.write_rows`; each row begins with its comma)."""
-        write_rows(self.out.write, *parts)
+        :func:`~simwar.plots.jsoncols.write_rows`; each row begins with its comma), made in
+        the file's buffer where the handle offers it (``write_rows_into``)."""
+        if self.into:
+            write_rows_into(self.out, *parts)
+        else:
+            write_rows(self.out.write, *parts)
 
     # ---- one window
     def add(self, window) -> None:
@@ -150,6 +157,12 @@ class ChromeTraceWriter:
         self._none = shape.none  # the code of "" in ``esc`` for a code of -1
         start_ns, end_ns = round_ns(sp.start_us), round_ns(sp.end_us)
         start_r, end_r = start_ns / 1000.0, end_ns / 1000.0
+        # the times' range, found once: the slices' and the flows' integer arithmetic on ns
+        # is exact below 2**43 ns, and a time's float is needed only at 0 ns or below
+        first = int(start_ns.min()) if len(sp) else 0
+        small = not len(sp) or max(int(end_ns.max()), -int(end_ns.min()), int(start_ns.max()),
+                                   -first) < 2 ** 43
+        ns = (start_ns, end_ns, small, first > 0)
         pid = shape.pid
         tid = np.ones(len(sp), dtype=np.int64)
         one_track = self._tracks(shape, start_r, end_r, tid, texts)
@@ -160,11 +173,11 @@ class ChromeTraceWriter:
             keep = core if self.steps is None else core[(sp.step[core] >= self.steps[0])
                                                        & (sp.step[core] <= self.steps[1])]
             groups = slice_groups(w, keep, pid, tid, shape.none, shape.empty)
-        self._slices(w, groups, esc, texts, start_ns, end_ns, start_r, end_r)
+        self._slices(w, groups, esc, texts, ns, start_r, end_r)
         flows = shape.flows(w)
         self._records(w, esc, shape.lane_pid, flows.recs)
         self.counters.add(w, shape)
-        self._flows(w, flows, esc, pid, tid, start_ns, end_ns, start_r, end_r, texts)
+        self._flows(w, flows, esc, pid, tid, ns, start_r, end_r, texts)
 
     def _shape(self, w) -> WindowShape:
         """The window's :class:`~simwar.plots.perfetto_shape.WindowShape`: one of the last
@@ -188,11 +201,18 @@ class ChromeTraceWriter:
         one_track = True
         for code, group in shape.lane_spans:  # a few lanes: a pass each, no sort
             s, e = start_r[group], end_r[group]
+            lane = texts[code]
+            ends = self.tracks.setdefault(lane, [])
+            # the usual case in two passes: each span (none ending before it starts) starts
+            # once the one before it has ended, the first after the lane's track: in order
+            # by start, end and id, each after the one before it (as checked below)
+            if len(ends) <= 1 and s[0] >= (ends[0] if ends else -_INF) \
+                    and bool(np.all(s[1:] >= e[:-1])) and bool(np.all(e >= s)):
+                ends[:] = [float(e[-1])]
+                continue
             if not bool(np.all((s[1:] > s[:-1]) | ((s[1:] == s[:-1]) & (e[1:] >= e[:-1])))):
                 group = group[np.lexsort((group, e, s))]  # by start, end and id
                 s, e = start_r[group], end_r[group]
-            lane = texts[code]
-            ends = self.tracks.setdefault(lane, [])
             if len(ends) <= 1:  # the usual case: each span after the one before it
                 before = np.concatenate(([ends[0] if ends else -_INF], e[:-1]))
                 if bool(np.all(s >= before)):
@@ -218,14 +238,15 @@ class ChromeTraceWriter:
                     separators=(",", ":")))
         return one_track
 
-    def _slices(self, w, groups, esc, texts, start_ns, end_ns, start_r, end_r) -> None:
+    def _slices(self, w, groups, esc, texts, ns, start_r, end_r) -> None:
         """The ``X`` events of the spans of ``groups`` (alike spans:
-        :func:`~simwar.plots.perfetto_shape.slice_groups`), a group at a time."""
+        :func:`~simwar.plots.perfetto_shape.slice_groups`), a group at a time (``ns``: the
+        times in ns, whether they are below 2**43 ns and whether all are above 0)."""
         if not groups:
             return
         sp = w.spans
-        if max(int(end_ns.max()), -int(end_ns.min()), int(start_ns.max()),
-               -int(start_ns.min())) < 2 ** 43:
+        start_ns, end_ns, small, positive = ns
+        if small:
             # (end - start) of the rounded times, rounded to the ns, is the difference of
             # their ns (the float's error far below half a ns; never -0.0, both times being
             # made from integer ns)
@@ -244,8 +265,9 @@ class ChromeTraceWriter:
             head = ',{"ph":"X","name":"'
             mid = f'","cat":"{SPAN_KINDS[k]}","pid":{p},"tid":{t},"ts":'
             dur = dur_ns[sel]
-            self._write(head, name.inside(), mid,
-                        *number_text(start_ns[sel], sp.start_us[sel], ',"dur":'),
+            ts = start_ns[sel]
+            self._write(head, name.inside(), mid,  # (the floats: for a time of 0 ns or less)
+                        *number_text(ts, ts if positive else sp.start_us[sel], ',"dur":'),
                         *number_text(dur, dur, ',"args":{"step":'),
                         int_text(sp.step[sel]), args + "}}")
 
@@ -271,8 +293,7 @@ class ChromeTraceWriter:
                     int_text(ops.step[ids]), ',"event":"', ev, '"}}')
 
     # ---- flows
-    def _flows(self, w, fl: Flows, esc, pid, tid, start_ns, end_ns, start_r, end_r,
-               texts) -> None:
+    def _flows(self, w, fl: Flows, esc, pid, tid, ns, start_r, end_r, texts) -> None:
         """The window's flows: the spans they join from ``fl`` (its structure's), their
         times and steps from the window, records and waits carried across windows."""
         sp, ops = w.spans, w.ops
@@ -290,8 +311,7 @@ class ChromeTraceWriter:
         # times below 2**43 ns: the rounded µs are within far less than half a ns of their
         # integer ns, so a span of 2 ns or more has its flows exactly 1 ns inside it (the
         # inset a µs digit, or half of 2 ns), as ``inside`` computes them
-        exact = not len(end_ns) or max(int(end_ns.max()), -int(end_ns.min()),
-                                       int(start_ns.max()), -int(start_ns.min())) < 2 ** 43
+        start_ns, end_ns, exact, _ = ns
 
         def near(spans, at_end) -> np.ndarray:
             """``inside``, in integer arithmetic where the span is 2 ns or more."""
@@ -405,7 +425,7 @@ class ChromeTraceWriter:
         steps = int_text(step)
         name = name.inside()  # its cells made once for both ends
         for ph, p, t, ts in (("s", sp, st, sts), ("f", dp, dt, dts)):
-            ts = np.asarray(ts).astype(np.int64)  # ns (exact integers when carried as floats)
+            ts = np.asarray(ts, dtype=np.int64)  # ns (exact integers when carried as floats)
             self._write(f',{{"ph":"{ph}","id":', ids, f',"cat":"{cat}","name":"',
                         name, '","pid":', int_text(p), ',"tid":', int_text(t), ',"ts":',
                         *number_text(ts, ts, ',"bp":"e","args":{"step":'), steps, args)
