@@ -404,8 +404,7 @@ class Runner:
                 run = fast.run_plan(trace[0].plan, trace=trace, progress=progress)
             if progress is not None:
                 progress(cfg.steps)
-            return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns,
-                          meta=run.meta, requested=requested, refused=choice.refused)
+            return _fast_result(cfg, run, requested, choice.refused)
         with gc_paused():
             if cfg.tp > 1:
                 return _simulate_ranks(cfg, choice, requested, progress)
@@ -456,8 +455,7 @@ class Runner:
                                              [resolved[m][0] for m in todo],
                                              summary_only=self.summary_only,
                                              family=family)))
-        return [Result(cfg, "fast", run.summary, run.hazards, columns=run.columns,
-                       meta=run.meta, requested=requested, refused=choice.refused)
+        return [_fast_result(cfg, run, requested, choice.refused)
                 for cfg, run in ((cfgs[m], runs[m] if m in runs else resolved[m][1])
                                  for m in range(len(cfgs)))]
 
@@ -813,5 +811,10 @@ def _simulate_fast(cfg: Config, requested: str, summary_only: bool, progress=Non
     if run is None:  # the realizing run is the run (arrivals); else run it now
         run = fast.run_config(cfg, sizes, summary_only=summary_only, progress=progress,
                               family=family)
+    return _fast_result(cfg, run, requested, refused)
+
+
+def _fast_result(cfg: Config, run, requested: str, refused) -> Result:
+    """The Result of a one-pass run (a :class:`~simwar.executors.fast.execute.FastRun`)."""
     return Result(cfg, "fast", run.summary, run.hazards, columns=run.columns, meta=run.meta,
                   requested=requested, refused=refused)

@@ -452,6 +452,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         """A wait on ``stream`` bound to a record fired at ``fired_at`` (None: bound to
         nothing, a no-op); ``mask``: the runs it is kept for (above)."""
         ts = _lanevar(stream, lanes)
+        # (the trace mode: in names of the op's own, which its row packs)
+        reach, rel = own("reach", dev_index), own("rel", dev_index)
         if mask is not None:
             emit(f"reach = {begun(ts)}")
             emit("rel = reach" if fired_at is None else
@@ -460,18 +462,13 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             if stream == fwd and fired_at is not None:
                 emit(f"_sub(rel, reach, Z_); _multiply(Z_, {mask}, Z_); _add(Dp, Z_, Dp)")
         elif fired_at is None:
-            reach, rel = own("reach", dev_index), own("rel", dev_index)
             emit(f"{ts} = {reach} = {rel} = {begun(ts)}")
-            above.add(ts)
-            log_times(dev_index, reach, rel)
-            return
         elif arr and fired_at in above and stream != fwd and (dev_index, "s") not in logs:
             # fired at or after the host clock, so its release (fired, plus a latency >= 0)
             # is too: the larger of it and the tail is the larger of it, the tail and the
             # clock, with no reach to compute (nothing sums or logs it)
             emit(f"{ts} = rel = {rule('released', ts, fired_at, lat, str(same_stream))}")
-        else:  # (the trace mode: in names of the op's own, which its row packs)
-            reach, rel = own("reach", dev_index), own("rel", dev_index)
+        else:
             emit(f"{reach} = {begun(ts)}")
             emit(f"{ts} = {rel} = {rule('released', reach, fired_at, lat, str(same_stream))}")
             if stream == fwd and not rows_only:
@@ -483,11 +480,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                     emit(f"Dp += {rel} - {reach}", 3)
                 else:
                     summed("Dp", rel, reach)
-            above.add(ts)  # released no earlier than reached
-            log_times(dev_index, reach, rel)
-            return
         above.add(ts)  # released no earlier than reached
-        log_times(dev_index, "reach", "rel")
+        log_times(dev_index, reach, rel)
 
     dev = 0  # device op index
     rec = 0  # record index

@@ -212,9 +212,8 @@ class _Names:
 def _parts(template: str) -> tuple | None:
     """A template's names as parts (:func:`_numbered`): its text before its one plain field,
     per two last digits of a number those digits and its text after the field, and its text
-    after the field; None
-    where ``template.format(k)`` is not that text around ``str(k)`` (another field, a format
-    spec, an escaped brace)."""
+    after the field; None where ``template.format(k)`` is not that text around ``str(k)``
+    (another field, a format spec, an escaped brace)."""
     parts = template.split("{}")
     if len(parts) != 2 or any("{" in p or "}" in p for p in parts):
         return None
@@ -375,9 +374,9 @@ class Stream:
 
 
 def _derive(vals: np.ndarray, derived: tuple, consts: tuple, cols: list) -> None:
-    """The host clocks the block's rows leave out (codegen's ``fn.derived``): each the
-    clock it follows plus the costs added since, in order (float64 additions, as the
-    block's own)."""
+    """The values the block's rows leave out (codegen's ``fn.derived``: a host clock, the
+    clock it follows plus the costs added since; a kernel's end, its start plus its
+    duration), each added in order (float64 additions, as the block's own)."""
     add = np.add
     for j, base, costs in derived:
         v, out = vals[:, base], vals[:, j]
