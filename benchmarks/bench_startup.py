@@ -5,13 +5,15 @@
 - **run 500**: ``simwar run --set steps=500 --quiet`` in a fresh process, CPU time (user +
   system, children's rusage), best of ``--repeat``; with ``--before`` the other tree's runs
   are interleaved with this one's (drifts of a shared machine hit both alike) and their
-  ratio printed. Measured in three modes: as this environment runs Python (it sets
+  ratio printed. Measured in four modes: as this environment runs Python (it sets
   ``PYTHONDONTWRITEBYTECODE``, so simwar's modules are compiled at every start), with a
   bytecode cache (``PYTHONPYCACHEPREFIX`` in a temporary directory, warmed first), both
   with the cache of validated configs empty (``SIMWAR_CACHE_DIR``, a new directory for each
-  run: a first run, writing its entry), and with both caches warm (a repeat run: its config
-  read back from the cache, :mod:`simwar.config.cache`; a tree without that cache validates
-  as in the other modes).
+  run: the first run of an install, writing its entries); *new config*: with the bytecode
+  cache and a cache holding only the validator's schema that an earlier run wrote (a config
+  not run before, on an install that has run one: validated, its validator built from that
+  schema); and with both caches warm (a repeat run: its config read back from the cache,
+  :mod:`simwar.config.cache`). A tree without these caches validates as in the first modes.
 - **floor**: the same, of a process that only imports the libraries such a run loads before
   any of simwar runs (numpy, yaml, pydantic and the parts of it a validation loads; with the
   settings :mod:`simwar.cli` makes first, its garbage collector's included, and without
@@ -45,6 +47,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: the cache of validated configs (:mod:`simwar.config.cache`): empty (the first run of an
+#: install), holding only the validator's schema (a config not run before, on an install that
+#: has run one), or holding this run's config too (a repeat run)
+COLD, SCHEMA, WARM = "empty", "the validator's schema", "warm"
 RUN = ["-c", "import sys; from simwar.cli import main; sys.exit(main())", "run", "--set",
        "steps=500", "--quiet"]
 #: a process importing only what ``simwar run`` imports of other packages (its floor)
@@ -59,9 +65,10 @@ FLOOR = ["-c", "import gc, os; gc.disable(); "
          "pydantic.types; gc.freeze()"]
 #: the floor of a repeat run (its config from the cache: no YAML read)
 FLOOR_WARM = [FLOOR[0], FLOOR[1].replace(" yaml,", "")]
-#: mode -> (a bytecode cache, the cache of validated configs warm)
-MODES = {"no bytecode cache": (False, False), "bytecode cached": (True, False),
-         "both caches warm": (True, True)}
+#: mode -> (a bytecode cache, what the cache of validated configs holds: nothing, only the
+#: validator's schema that an earlier run wrote, or this run's config too)
+MODES = {"no bytecode cache": (False, COLD), "bytecode cached": (True, COLD),
+         "new config": (True, SCHEMA), "both caches warm": (True, WARM)}
 PLAN = """
 import json, sys, time
 from simwar.api import build_program
@@ -83,6 +90,17 @@ def scratch(what: str) -> str:
     return tempfile.mkdtemp(prefix=f"{what}-", dir=SCRATCH)
 
 
+def with_schema(warm: str) -> str:
+    """A new cache directory holding only the validator's schema of the cache ``warm`` (an
+    empty one for a tree that keeps none)."""
+    new = scratch("cfg")
+    kept = Path(warm) / "configs" / "validator"
+    if kept.exists():
+        (Path(new) / "configs").mkdir(mode=0o700)
+        shutil.copy2(kept, Path(new) / "configs" / "validator")
+    return new
+
+
 def env_for(tree: Path, pyc: str | None, configs: str | None = None) -> dict:
     """The environment of a run of ``tree``: with the bytecode cache ``pyc`` (or none) and the
     cache of validated configs in ``configs`` (or a new, empty directory)."""
@@ -98,7 +116,7 @@ def env_for(tree: Path, pyc: str | None, configs: str | None = None) -> dict:
 def args_cwd(name: str, mode: str, trees: dict) -> tuple[list[str], Path]:
     """The command line and directory of a case: a tree's run, or the floor of a mode."""
     if name == "floor":
-        return (FLOOR_WARM if MODES[mode][1] else FLOOR), ROOT
+        return (FLOOR_WARM if MODES[mode][1] == WARM else FLOOR), ROOT
     return RUN, trees[name]
 
 
@@ -118,8 +136,11 @@ def run500(trees: dict, repeat: int) -> dict:
              for mode in MODES}
 
     def once(k, case):
-        tree, (cached, warm) = case
-        env = env_for(tree, pyc if cached else None, configs.get(k[0]) if warm else None)
+        tree, (cached, held) = case
+        warm = configs.get(k[0])
+        env = env_for(tree, pyc if cached else None,
+                      warm if held == WARM else with_schema(warm) if held == SCHEMA and warm
+                      else None)
         args, cwd = args_cwd(*k, trees)
         return cpu_of(args, env, cwd)
 
@@ -137,13 +158,15 @@ def instructions(trees: dict) -> dict:
     pyc = scratch("pyc")
     out = {}
     for name, tree in {**trees, "floor": ROOT}.items():
-        for mode, (cached, warm) in MODES.items():
+        for mode, (cached, held) in MODES.items():
             env = {**env_for(tree, pyc if cached else None), "PYTHONHASHSEED": "0"}
             args, cwd = args_cwd(name, mode, trees)
             subprocess.run([sys.executable, *args], env=env, cwd=cwd, check=True,
                            stdout=subprocess.DEVNULL)  # warms the bytecode cache (and configs)
-            if not warm:  # a first run: the cache of validated configs empty
+            if held == COLD:  # a first run: the cache of validated configs empty
                 env["SIMWAR_CACHE_DIR"] = scratch("cfg")
+            elif held == SCHEMA:  # a new config: only the validator's schema kept
+                env["SIMWAR_CACHE_DIR"] = with_schema(env["SIMWAR_CACHE_DIR"])
             err = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
                                   sys.executable, *args], env=env, cwd=cwd, check=True,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,

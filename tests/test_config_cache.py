@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import pickle
 import struct
 import subprocess
 import sys
@@ -98,7 +99,7 @@ def test_a_repeat_load_is_the_config_a_validation_gives(name, cache, tmp_path):
     sets = ["steps=300", "policy.barrier=coarse"]
     options = [f"--set {s}" for s in sets]
     first, items = load_cached(path, options, _parse(sets))
-    assert len(list(cache.iterdir())) == 1
+    assert len(list(cache.glob("*.pickle"))) == 1
     again, items_again = load_cached(path, options, _never)
     fresh = _fresh(path, sets)
     _same(first, fresh)
@@ -146,7 +147,7 @@ def test_another_environment_or_a_broken_entry_is_a_miss(tmp_path, cache, monkey
     path = tmp_path / "cfg.yaml"
     path.write_text("steps: 300\n")
     load_cached(path, [], _parse([]))
-    (entry,) = cache.iterdir()
+    (entry,) = cache.glob("*.pickle")
     real = config_cache._environment()
     monkeypatch.setattr(config_cache, "_environment", lambda: (*real, "another pydantic"))
     with pytest.raises(AssertionError, match="a hit parses no option"):
@@ -178,10 +179,10 @@ def test_what_is_never_cached(tmp_path, cache, monkeypatch):
     path = tmp_path / "cfg.yaml"
     path.write_text("steps: 300\nworkload:\n  batch_sizes_file: sizes.csv\n")
     assert load_cached(path, [], _parse([]))[0].steps == 300
-    assert not cache.exists() or not list(cache.iterdir())  # its CSV is part of it
+    assert not cache.exists() or not list(cache.glob("*.pickle"))  # (its CSV is part of it)
     monkeypatch.setenv("SIMWAR_NO_CACHE", "1")
     load_cached(None, [], _parse([]))
-    assert not cache.exists() or not list(cache.iterdir())
+    assert not cache.exists() or not list(cache.glob("*.pickle"))
 
 
 def _run_json(args: list[str], capsys) -> dict:
@@ -194,7 +195,7 @@ def test_simwar_run_answers_the_same_from_the_cache(cache, capsys):
             "workload={arrivals: {rate_per_s: 200}, max_batch: 8, output_tokens: 16}",
             "--slo", "ttft=20ms"]
     cold = _run_json(args, capsys)
-    (entry,) = cache.iterdir()
+    (entry,) = cache.glob("*.pickle")
     written = entry.stat().st_mtime_ns
     assert _run_json(args, capsys) == cold
     assert entry.stat().st_mtime_ns == written  # read back, not validated and rewritten
@@ -239,3 +240,88 @@ def test_a_hit_reads_no_yaml_and_builds_no_validator(cache):
                             env=env, capture_output=True, text=True, check=True).stderr.strip()
              for _ in range(2)]
     assert found == ["(True, True, True)", "(False, False, False)"]
+
+
+#: a process validating configs through the cache, printing what it gave (each config's
+#: dump and phase table, or its error line), whether it generated the Config's schema, and
+#: that schema with its functions named (a partial by its function and arguments)
+VALIDATE = """
+import json, sys
+import pydantic._internal._generate_schema as G
+generated = []
+inner = G.GenerateSchema._model_schema
+def spy(self, cls):
+    generated.append(cls.__name__)
+    return inner(self, cls)
+G.GenerateSchema._model_schema = spy
+from simwar.config import Config, ConfigError, override_list
+from simwar.config.cache import load_cached
+out = []
+for path, sets in json.loads(sys.argv[1]):
+    try:
+        cfg, _ = load_cached(path, [f"--set {s}" for s in sets], lambda: override_list(sets))
+        out.append(repr((cfg.model_dump(), cfg.phase_table())))
+    except ConfigError as e:
+        out.append(str(e))
+def named(x):
+    if isinstance(x, dict):
+        return {k: named(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [named(v) for v in x]
+    if hasattr(x, "func") and hasattr(x, "args"):
+        return ["partial", named(x.func), list(x.args)]
+    if callable(x):
+        return f"{getattr(x, '__module__', '')}.{getattr(x, '__qualname__', repr(x))}"
+    return repr(x)
+print(json.dumps({"generated": "Config" in generated, "out": out,
+                  "schema": named(Config.__pydantic_core_schema__)}))
+"""
+
+
+def _validate(inputs: list, cache_dir: Path, **extra) -> dict:
+    """:data:`VALIDATE` of ``inputs``, each a config not in the cache (its entries removed
+    first: only the validator's schema is kept)."""
+    for entry in (cache_dir / "configs").glob("*.pickle"):
+        entry.unlink()
+    env = {**os.environ, "SIMWAR_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(REPO)}
+    env.pop("SIMWAR_NO_CACHE", None)
+    env.update(extra)
+    done = subprocess.run([sys.executable, "-c", VALIDATE, json.dumps(inputs)], env=env,
+                          cwd=REPO, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_a_validator_built_from_the_kept_schema_is_the_generated_one(tmp_path):
+    custom = tmp_path / "custom.yaml"
+    custom.write_text(CUSTOM)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: true\n")
+    inputs = [[str(REPO / n) if n != "custom.yaml" else str(custom), ["steps=300"]]
+              for n in CONFIGS]
+    inputs += [[str(bad), []],  # each model's own rule (a boolean for a number)
+               [None, ["workload={output_tokens: 0}"]],  # a partial's check (workload._count)
+               [None, ["workload={output_tokens: {dist: uniform, low: 2}}"]],
+               [None, ["gpu.writes=[]", "bogus=1"]], [None, ["warmup_steps=3000"]]]
+    cache_dir = tmp_path / "cache"
+    first = _validate(inputs, cache_dir)
+    kept = cache_dir / "configs" / "validator"
+    assert first["generated"] and kept.exists()
+    second = _validate(inputs, cache_dir)
+    assert not second["generated"], "the kept schema was not taken"
+    assert second["out"] == first["out"]
+    assert second["schema"] == first["schema"]
+    assert sum(not o.startswith("(") for o in first["out"]) == 5  # the bad ones failed
+    # a kept schema of another environment, or one cut short, is not taken (and is rewritten)
+    with open(kept, "rb") as f:
+        material = pickle.load(f)
+        schema = pickle.load(f)
+    kept.write_bytes(pickle.dumps((*material[:1], "another pydantic")) + pickle.dumps(schema))
+    third = _validate(inputs[:2], cache_dir)
+    assert third["generated"] and third["out"] == first["out"][:2]
+    assert not _validate(inputs[:1], cache_dir)["generated"]  # (rewritten by the third)
+    kept.write_bytes(kept.read_bytes()[:100])
+    assert _validate(inputs[:1], cache_dir)["generated"]
+    # with the cache off nothing is written
+    off = tmp_path / "off"
+    assert _validate(inputs[:1], off, SIMWAR_NO_CACHE="1")["generated"]
+    assert not off.exists()

@@ -23,6 +23,13 @@ UNION_TAGS = {"float", "Dist", "Affine", "int", "ConstantBatch", "BatchSizes", "
               "DrawnBatch", "ArrivingRequests", "ClosedLoopRequests"}
 
 
+def default_buffers() -> list[str]:
+    """The shared buffers a write or a prefill touches when the config names none: the
+    request-to-token table. A module's function, not a lambda: the validator's schema holds
+    each default factory, and :mod:`simwar.config.cache` pickles that schema."""
+    return ["req_to_token"]
+
+
 class ConfigError(ValueError):
     """One-line, user-facing configuration error (file, key, expectation)."""
 

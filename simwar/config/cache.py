@@ -18,6 +18,14 @@ workload's ``batch_sizes_file``, or per-rank overrides, which may), a ``--costs`
 stream (``<(cat cfg.yaml)``). An entry that cannot be read back is a miss; one that cannot be
 written is not written (the run goes on).
 
+The cache also keeps the core schema of the Config's validator (one entry, ``validator``,
+beside the configs' entries), for the same environment (simwar's and the libraries' versions
+and the sources above): a run whose config is not in the cache still validates it, but its
+validator is built from that schema rather than generating it in Python
+(:func:`simwar.config.schema.prebuilt_schema`; the generation is about half of building the
+validator, ~12 ms of a first run's start-up). The first run of an install (or of changed
+sources) generates it and writes the entry; an entry that cannot be read back is a miss.
+
 Where: ``$SIMWAR_CACHE_DIR/configs``, else ``configs`` in the user's cache directory
 (``$XDG_CACHE_HOME/simwar``, ``~/.cache/simwar``; ``~/Library/Caches/simwar`` on macOS,
 ``%LOCALAPPDATA%\\simwar`` on Windows: platformdirs' rules, written out as importing it
@@ -47,7 +55,7 @@ import simwar
 from simwar.config.load import DEFAULT_CONFIG, Override, load_config
 from simwar.config.phases import share_phase_models
 from simwar.config.policies import BARRIERS
-from simwar.config.schema import Config
+from simwar.config.schema import Config, prebuilt_schema
 from simwar.config.workload import BatchSizesFile
 
 #: the environment variable naming the cache's directory (its ``configs`` folder)
@@ -61,6 +69,9 @@ MAX_ENTRIES = 256
 SOURCES = (Path(__file__).parent, Path(__file__).parents[1] / "core")
 #: the layout of an entry (bumped when it changes: an entry of another layout is a miss)
 FORMAT = 1
+#: the entry of the Config validator's core schema, in the entries' folder (not a
+#: ``*.pickle``: not one of the :data:`MAX_ENTRIES`)
+VALIDATOR = "validator"
 
 
 def cache_dir() -> Path | None:
@@ -90,23 +101,45 @@ def load_cached(source: str | Path | None, options: list[str],
     Errors are :func:`load_config`'s, raised in the same order (a hit is a config that
     validated with these very inputs)."""
     where = cache_dir()
-    path = Path(DEFAULT_CONFIG if source is None else source)
-    text = _bytes_of(path) if where is not None else None
-    if text is None:
+    if where is None:
         items = overrides()
         return load_config(source, items), items
-    material = (FORMAT, _environment(), str(source), text, tuple(options))
+    path = Path(DEFAULT_CONFIG if source is None else source)
+    text = _bytes_of(path)
+    environment = _environment()
+    if text is None:
+        items = overrides()
+        return _validated(where, environment, source, items), items
+    material = (FORMAT, environment, str(source), text, tuple(options))
     entry = where / f"{zlib.crc32(repr((os.path.abspath(path), options)).encode()):08x}.pickle"
     hit = _read(entry, material)
     if hit is not None:
         return hit
     items = overrides()
-    cfg = load_config(source, items)
+    cfg = _validated(where, environment, source, items)
     if (not isinstance(cfg.workload, BatchSizesFile)
             and not (cfg.ranks is not None and cfg.ranks.per_rank)
             and _bytes_of(path) == text):  # not changed while it was validated
         _write(where, entry, material, (cfg, cfg.phase_table(), items))
     return cfg, items
+
+
+def _validated(where: Path, environment: tuple, source, items: list[Override]) -> Config:
+    """``load_config(source, items)``, its validator (where this process has not built it
+    yet) built from the cache's schema when it holds one for ``environment``; where it did
+    not, the schema that the validation generated is written to it (a config that fails
+    validation too: its schema was generated all the same)."""
+    entry = where / VALIDATOR
+    material = (FORMAT, environment)
+    built = Config.__pydantic_complete__
+    kept = None if built else _load(entry, material)
+    prebuilt_schema(kept if isinstance(kept, dict) else None)
+    try:
+        return load_config(source, items)
+    finally:
+        prebuilt_schema(None)  # (one not taken: the validator was built before)
+        if not built and kept is None and Config.__pydantic_complete__:
+            _write(where, entry, material, Config.__pydantic_core_schema__)
 
 
 def _bytes_of(path: Path) -> bytes | None:
@@ -141,18 +174,28 @@ def _yaml_stamp() -> tuple | None:
     return spec.origin, st.st_size, st.st_mtime_ns
 
 
-def _read(entry: Path, material: tuple) -> tuple[Config, list[Override]] | None:
-    """The entry's config and overrides when it was written for ``material``; None
-    otherwise (no entry, another input, or one that cannot be read back)."""
+def _load(entry: Path, material: tuple):
+    """The entry's payload when it was written for ``material``; None otherwise (no entry,
+    another input, or one that cannot be read back)."""
     try:
         with open(entry, "rb") as f:
             if pickle.load(f) != material:
                 return None
-            cfg, models, items = pickle.load(f)
+            return pickle.load(f)
     except FileNotFoundError:
         return None
     except Exception:  # noqa: BLE001  (any entry that cannot be read back is a miss: the
         return None  # validation runs as without a cache, and the entry is rewritten)
+
+
+def _read(entry: Path, material: tuple) -> tuple[Config, list[Override]] | None:
+    """The entry's config and overrides when it was written for ``material``; None
+    otherwise (no entry, another input, or one that cannot be read back)."""
+    payload = _load(entry, material)
+    try:
+        cfg, models, items = payload
+    except (TypeError, ValueError):
+        return None
     if type(cfg) is not Config:
         return None
     share_phase_models(cfg.phases, models)
@@ -177,8 +220,9 @@ def _write(where: Path, entry: Path, material: tuple, payload: tuple) -> None:
         entries = sorted(where.glob("*.pickle"), key=lambda p: p.stat().st_mtime_ns)
         for old in entries[:-MAX_ENTRIES]:
             old.unlink(missing_ok=True)
-    except (OSError, pickle.PicklingError):  # the cache is only a shortcut: the run goes on
-        return
+    except (OSError, pickle.PicklingError, AttributeError, TypeError):
+        return  # the cache is only a shortcut: the run goes on (a payload that does not pickle,
+        # such as a schema holding a lambda a later change adds, is not written)
 
 
 __all__ = ["CACHE_DIR_ENV", "MAX_ENTRIES", "NO_CACHE_ENV", "cache_dir", "load_cached"]

@@ -29,6 +29,7 @@ from simwar.config.algorithms import BUILTIN
 from simwar.config.base import (
     ConfigError,
     StrictModel,
+    default_buffers,
     finite_error,
     first_error,
     non_finite,
@@ -193,7 +194,7 @@ class Gpu(StrictModel):
     result_copy_stream: Literal["copy", "forward"] = "copy"
     """The stream the result copy runs on: its own copy stream (after the forward), or the
     forward stream."""
-    writes: list[str] = Field(default_factory=lambda: ["req_to_token"])
+    writes: list[str] = Field(default_factory=default_buffers)
     """The shared buffers the schedule and result writes write (the phases' reads name
     them)."""
 
@@ -303,6 +304,22 @@ class Parallel(StrictModel):
     """The wake-up of a blocked rank (wait: block; µs, or a distribution)."""
 
 
+#: the schema the next build of Config's validator takes (at most one; see
+#: :func:`prebuilt_schema`)
+_PREBUILT: list = []
+
+
+def prebuilt_schema(schema: dict | None) -> None:
+    """Have the next build of :class:`Config`'s validator take ``schema``, the core schema an
+    earlier build of this same install made (``Config.__pydantic_core_schema__``), instead of
+    generating it; None: generate it (a schema given and not yet taken is dropped). Only the
+    cache of validated configs calls it, with a schema it kept for the same sources and
+    library versions (:mod:`simwar.config.cache`); a Config already built is not rebuilt."""
+    _PREBUILT.clear()
+    if schema is not None:
+        _PREBUILT.append(schema)
+
+
 class Config(StrictModel):
     """One simulated run: the algorithm's phase table, the loop's policy, CPU and GPU
     durations, host API costs, and what changes from step to step."""
@@ -355,6 +372,17 @@ class Config(StrictModel):
     slo: Annotated[dict | None, BeforeValidator(_slo)] = None
     """Service-level objectives per request, in µs ({ttft: 200000, tpot: 30000}): the
     summary adds the goodput (requests/s meeting every bound) and the share meeting them."""
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
+        # pydantic's hook for a type's schema: the validator's schema as an earlier run of
+        # this very install generated it, where the cache of validated configs holds one
+        # (simwar.config.cache, through prebuilt_schema); else generated as for any model.
+        # Generating it is nearly all of building the validator (~18 ms of a first run's
+        # start-up; the validator built from it, in pydantic-core, well under 1 ms)
+        if source is Config and _PREBUILT:
+            return _PREBUILT.pop()
+        return handler(source)
 
     @model_validator(mode="before")
     @classmethod

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from simwar.config.base import StrictModel
+from simwar.config.base import StrictModel, default_buffers
 from simwar.config.durations import RankDuration
 from simwar.config.workload import positive_int
 
@@ -104,7 +104,7 @@ class Prefill(StrictModel):
     piecewise CUDA graph for extend) or full (a graph launch of a graph captured for the
     prefill step alone: graph-only, so it cannot run mixed into a decode step; needs
     scheduling.rule sglang)."""
-    reads: list[str] = Field(default_factory=lambda: ["req_to_token"])
+    reads: list[str] = Field(default_factory=default_buffers)
     """The shared buffers the prefill reads."""
     launches: int = 1
     """Kernel launches of an eager prefill (1..32): each a host dispatch taking its share of

@@ -28,6 +28,7 @@ Imports: pydantic, :mod:`simwar.config.base` and :mod:`simwar.config.durations` 
 lazily).
 """
 
+import functools
 import math
 from typing import Annotated, Any, Callable, ClassVar, Union
 
@@ -205,22 +206,24 @@ class ClosedLoop(StrictModel):
 
 def _count(key: str) -> Callable[[Any], Any]:
     """The check of ``workload.KEY``, a number of tokens per request: a positive integer or a
-    distribution (drawn per request)."""
+    distribution (drawn per request). A partial of a module's function, not a closure: the
+    validator's schema holds it, and :mod:`simwar.config.cache` pickles that schema."""
+    return functools.partial(_check_count, key)
 
-    def check(v: Any) -> Any:
-        if v is None or isinstance(v, Dist):
-            return v
-        if isinstance(v, dict):
-            try:
-                return Dist(**v)
-            except ValidationError as e:
-                raise ValueError(f"workload.{key}: {first_error(e)}") from None
-        if not positive_int(v):
-            raise ValueError(f"workload.{key}: a positive integer or a distribution "
-                             f"{{dist: ...}}, got {v!r}")
-        return int(v)
 
-    return check
+def _check_count(key: str, v: Any) -> Any:
+    """:func:`_count`'s check of ``v``, the value of ``workload.KEY``."""
+    if v is None or isinstance(v, Dist):
+        return v
+    if isinstance(v, dict):
+        try:
+            return Dist(**v)
+        except ValidationError as e:
+            raise ValueError(f"workload.{key}: {first_error(e)}") from None
+    if not positive_int(v):
+        raise ValueError(f"workload.{key}: a positive integer or a distribution "
+                         f"{{dist: ...}}, got {v!r}")
+    return int(v)
 
 
 def _drawn_batch(v: Any) -> Any:
