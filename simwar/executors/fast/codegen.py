@@ -120,7 +120,8 @@ SCALAR = Target("scalar", {"_begins": rules.begins, "_released": rules.released,
                            "_returns": rules.returns}, True, True, inlined=True)
 #: the lockstep executor's: arrays of one element per run
 def _per_lane(values: tuple, which: np.ndarray, lanes: np.ndarray) -> np.ndarray:
-    """Element ``j`` of ``values[which[j]]``, for each lane ``j`` (a union's merged wait)."""
+    """Element ``j`` of ``values[which[j]]``, for each lane ``j`` (a union's merged wait or
+    sync)."""
     return np.array(values)[which, lanes]
 
 
@@ -185,10 +186,11 @@ def compile_block(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tupl
     is a number at or above 0 and not -0.0 (the scalar target's caller checks them; the
     array target's runs hold them, :mod:`simwar.executors.lockstep`): a tail set since the
     host clock last moved is at or after it, and ``begins`` of it is the tail itself, with no
-    call (as the array target takes it). ``merged``: a union's waits run as one in the array
-    target (:attr:`~simwar.executors.fast.union.Union.merged`: ``(host op index, count)``, each
-    run has one of the ``count`` at most, so one wait on each run's own host cost, latency and
-    record, kept where it has one, is what its own runs).
+    call (as the array target takes it). ``merged``: a union's waits, and its host syncs, run
+    as one in the array target (:attr:`~simwar.executors.fast.union.Union.merged`: ``(host op
+    index, count)``, each run has one of the ``count`` at most, so one wait or sync on each
+    run's own host cost, latency or wake-up and record, kept where it has one, is what its
+    own runs).
     ``sums`` (with ``trace``): the trace mode's rows *and* the accumulators and logs of a
     run's pass, from the same lines (one pass makes a run's summary and its trace:
     :func:`simwar.executors.fast.execute.run_plan`'s ``trace``).
@@ -282,6 +284,16 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
         if clock[0] is not None:
             clock[0][1].append(step)
         emit(f"_add(t, {step}, t)" if arr else f"t += {step}")
+
+    def blocked(h) -> None:
+        """A sync's blocked time (the host clock's move, ``t - t0``) added to its site's."""
+        if target.rows_in_place:  # added in the row (``row += Z_`` writes it back too)
+            emit(f"_sub(t, t0, Z_); BR_ = B{sites.index(h.site)}[{step_index(h.off)}]; "
+                 "_add(BR_, Z_, BR_)")
+        elif arr:
+            emit(f"_sub(t, t0, Z_); B{sites.index(h.site)}[{step_index(h.off)}] += Z_")
+        elif not rows_only:
+            emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
 
     def rule(name: str, *args: str) -> str:
         """The expression of rule ``name`` of :mod:`simwar.core.rules` on ``args``: a call,
@@ -485,34 +497,45 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
 
     dev = 0  # device op index
     rec = 0  # record index
-    # a union's waits run as one (the array target's lanes; none logged): first host op ->
-    # how many, and the lines before the loop that make their one wait's numbers
+    # a union's waits and syncs run as one (the array target's lanes; none logged): first
+    # host op -> how many, and the lines before the loop that make their one op's numbers
     merge_at = dict(merged) if masked else {}
     ahead: list[str] = []
     skipped: set[int] = set()
     if trace:
         keep("h", -1, "t")
     for hi, h in enumerate(shape.host):
-        if hi in skipped:  # (a merged wait's, run with its first)
+        if hi in skipped:  # (a merged wait's or sync's, run with its first)
             continue
         kind = h.kind
         start, known = len(body), set(above)
         mask = flag.get((hi, -1)) if masked else None
-        if kind == "wait_event" and hi in merge_at and not any(
+        if hi in merge_at and not any(
                 (d, w) in logs for d in range(dev, dev + merge_at[hi]) for w in "se"):
             group = shape.host[hi:hi + merge_at[hi]]
             skipped.update(range(hi + 1, hi + len(group)))
-            names = [(next(pi), next(pi)) for _ in group]  # each variant's host and latency
+            # each variant's host cost and latency (a wait's) or wake-up (a sync's)
+            names = [(next(pi), next(pi)) for _ in group]
             flags = ", ".join(flag[(hi + q, -1)] for q in range(len(group)))
             g = f"MW{len(ahead)}_"
             # each run's own numbers: the others' are 0.0, and x + 0.0 is x
             ahead += [f"{g}H = " + " + ".join(x for x, _ in names),
                       f"{g}L = " + " + ".join(x for _, x in names),
                       f"{g}G = _or.reduce(({flags},))", f"{g}I = _argmax(({flags},), axis=0)"]
+            fired_at = f"_per_lane(({''.join(fired(v.bind) + ', ' for v in group)}), {g}I, LN_)"
+            if kind == "sync":  # the sync's lines, as one run's (below) on its own numbers
+                clock[0] = None
+                above.clear()
+                emit("t0 = t")
+                emit(f"F_ = {fired_at}")
+                emit(f"t = _where({g}G, {rule('returns', 't0', f'{g}H', 'F_', f'{g}L')}, t0)")
+                blocked(h)
+                dev += len(group)
+                continue
             advance(f"{g}H")
             ts = _lanevar(h.stream, lanes)
             emit(f"reach = {begun(ts)}")
-            emit(f"F_ = _per_lane(({''.join(fired(v.bind) + ', ' for v in group)}), {g}I, LN_)")
+            emit(f"F_ = {fired_at}")
             emit(f"rel = {rule('released', 'reach', 'F_', f'{g}L', str(h.bind.same_stream))}")
             emit(f"{ts} = _where({g}G, rel, {ts})")
             if h.stream == fwd:
@@ -569,13 +592,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             emit("t0 = t")
             back = rule('returns', 't0', host, f, wake)
             emit(f"t = _where({mask}, {back}, t0)" if mask is not None else f"t = {back}")
-            if target.rows_in_place:  # added in the row (``row += Z_`` writes it back too)
-                emit(f"_sub(t, t0, Z_); BR_ = B{sites.index(h.site)}[{step_index(h.off)}]; "
-                     "_add(BR_, Z_, BR_)")
-            elif arr:
-                emit(f"_sub(t, t0, Z_); B{sites.index(h.site)}[{step_index(h.off)}] += Z_")
-            elif not rows_only:
-                emit(f"B{sites.index(h.site)}[{step_index(h.off)}] += t - t0")
+            blocked(h)
             dev += 1
         elif kind == "hcoll":  # a host collective (lanes: the ranks)
             cost, wake = next(pi), next(pi)

@@ -83,9 +83,10 @@ class Union:
         #: per member: its records, in its order, as the union's record indices (``maps``'
         #: picks as lists: the lockstep lanes pick them per run)
         self.picks: list[list[int]] = []
-        #: ``(host op index, count)``: consecutive waits that are one wait of the members,
-        #: each variant bound to other records (each member has one of them at most): the
-        #: lockstep lanes run them as one (:func:`~simwar.executors.fast.codegen.compile_block`)
+        #: ``(host op index, count)``: consecutive waits (or host syncs) that are one wait
+        #: (sync) of the members, each variant bound to other records (each member has one of
+        #: them at most): the lockstep lanes run them as one
+        #: (:func:`~simwar.executors.fast.codegen.compile_block`)
         self.merged: tuple = ()
 
     def set_log(self, logs: list[tuple]) -> None:
@@ -264,8 +265,8 @@ def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union |
                 h = h._replace(bind=(EventBinding(0, bound, b.same_stream)
                                      if h.kind == "wait_event" else SyncBinding(0, bound)))
             variants.setdefault(h, []).append((m, hi))
-        if len(variants) > 1 and item.key[0] == "wait_event" and not item.key[3]:
-            merged.append((len(host), len(variants)))  # one wait, each member its binding
+        if len(variants) > 1 and item.key[0] in ("wait_event", "sync") and not item.key[3]:
+            merged.append((len(host), len(variants)))  # one wait or sync, each its binding
         for h, who in variants.items():
             for m, hi in who:
                 hmap[m][hi] = len(host)
