@@ -34,7 +34,7 @@ from simwar.core.program import (
     WaitStream,
 )
 from simwar.core.refusals import PlanRefused
-from simwar.executors.fast.records import MARKS, SyncBinding, host_records
+from simwar.executors.fast.records import MARKS, SyncBinding, device_ops, host_records
 
 
 class RanksOnly(PlanRefused):
@@ -156,15 +156,21 @@ class _Shaper:
                 self.negative = self.negative or self._below(params)
                 events = _events(ops)
             else:
-                host, params, self.keys, events = spliced
+                host, params, self.keys, events, parts = spliced
         key = tuple(host)  # equal to, and hashed as, the shape's records
         shape = self.shapes.get(key)
         if shape is None:
             if memo is not None:  # a family's members share their equal shapes
                 shape = memo.shapes.get((key, events))
             if shape is None:
-                named = host_records(key) if memo is None else memo.records(key)
-                dev, records = _devices(named, ops, None if memo is None else memo.kernels)
+                if memo is None:
+                    named = host_records(key)
+                    dev, records = _devices(named, ops)
+                elif spliced is None:
+                    named = memo.records(key)
+                    dev, records = _devices(named, ops, memo.kernels)
+                else:  # spliced as its host tuples were
+                    named, dev, records = memo.build(base, parts)
                 shape = Shape(named, dev, records, len(params))
                 if memo is not None:
                     memo.shapes[(key, events)] = shape
@@ -319,6 +325,8 @@ class ShapeMemo:
         self.shapes: dict = {}  # (host tuple, events) -> Shape
         self.kernels: dict = {}  # a launched kernel's device op, by what it is made of
         self._named: dict = {}  # host tuple -> its record
+        self._devs: dict = {}  # segment's base -> its pure ops' records and device ops
+        self._shifted: dict = {}  # (stream wait's wait, shift) -> the wait moved by it
 
     def keep(self, shaper: _Shaper, base: int, ops) -> None:
         """Read the pure ops of the first's segment at ``base`` apart (a shaper of its own:
@@ -377,7 +385,70 @@ class ShapeMemo:
         keys += keys0[p0:]
         shaper.offsets |= offsets
         shaper.negative = shaper.negative or negative or shaper._below(params1)
-        return host, params, keys, _events(placed)
+        return host, params, keys, _events(placed), (at, placed, host1, bounds)
+
+    def build(self, base: int, parts: tuple) -> tuple[tuple, list, list[int]]:
+        """The records, device ops and record indices (:func:`_devices`) of a member's new
+        shape from :meth:`splice`'s ``parts``, spliced as its host tuples are: the first's
+        pure ops' device ops, made once (a stream wait's wait, which names its record's
+        index, moved with it), around the member's own ops' (equal to reading the whole
+        segment: the tests compare every device op)."""
+        at, placed, host1, bounds = parts
+        named0, dev0, dcum, waits = self._pure_devices(base)
+        pure, _, _, _, bounds0 = self.kept[base][:5]
+        named: list = []
+        dev: list = []
+        records: list[int] = []
+
+        def span(qa: int, qb: int) -> None:
+            h0, h1 = bounds0[qa][0], bounds0[qb][0]
+            named.extend(named0[h0:h1])
+            d0, d1 = dcum[h0], dcum[h1]
+            piece = dev0[d0:d1]
+            shift = len(dev) - d0
+            if shift:
+                for i in waits:
+                    if d0 <= i < d1:
+                        piece[i - d0] = self._shift(dev0[i], shift)
+            dev.extend(piece)
+
+        q0 = 0
+        for k, (_, q, replaces) in enumerate(at):
+            span(q0, q)
+            own = self.records(tuple(host1[bounds[k][0]:bounds[k + 1][0]]))
+            named.extend(own)
+            more, recs = _devices(own, (placed[k],), self.kernels)
+            records.extend(len(dev) + r for r in recs)
+            dev.extend(more)
+            q0 = q + replaces
+        span(q0, len(pure))
+        return tuple(named), dev, records
+
+    def _pure_devices(self, base: int) -> tuple:
+        """The first's pure ops at ``base``: their records, device ops, the device ops before
+        each host op (and after the last), and which device ops are stream waits' waits."""
+        got = self._devs.get(base)
+        if got is None:
+            pure, host0 = self.kept[base][:2]
+            named0 = self.records(tuple(host0))
+            dev0, records = _devices(named0, pure, self.kernels)
+            assert not records  # (a pure op is no record)
+            dcum = [0]
+            for h in named0:
+                dcum.append(dcum[-1] + device_ops(h))
+            waits = [i for i, d in enumerate(dev0) if d.bound_op is not None]
+            got = self._devs[base] = (named0, dev0, dcum, waits)
+        return got
+
+    def _shift(self, wait: DeviceOp, shift: int) -> DeviceOp:
+        """A stream wait's wait, its record's index moved by ``shift`` (made once)."""
+        key = (id(wait), shift)
+        got = self._shifted.get(key)
+        if got is None or got[0] is not wait:
+            got = self._shifted[key] = (wait, DeviceOp(
+                wait.kind, wait.lane, wait.off, wait.label, wait.phase, wait.accesses,
+                wait.bind, wait.bound_op + shift, wait.coll))
+        return got[1]
 
     def records(self, host: tuple) -> tuple:
         """:func:`~simwar.executors.fast.records.host_records` of ``host``, each host op's

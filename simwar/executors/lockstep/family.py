@@ -282,7 +282,9 @@ class _LaneRaces:
                 part_of = members[q:q + 32]
                 ends = np.array([e_log[(ua, "e")][ap + j0:ap + j1] for ua, _, _ in part_of])
                 starts = np.array([s_log[(ub, "s")][i + j0:i + j1] for _, ub, _ in part_of])
-                positive[q:q + 32] = np.count_nonzero(ends - starts > 0, axis=1)
+                # (a > b is a - b > 0 for every two doubles: a difference of two unequal
+                # ones is never 0, and NaN and inf - inf compare false both ways)
+                positive[q:q + 32] = np.count_nonzero(ends > starts, axis=1)
             races += latent.sum(axis=0) * (j1 - j0)
             overlaps += (positive * latent).sum(axis=0)
             spans.append((b_step + j0, b_step + j1, latent.any(axis=0)))
