@@ -277,14 +277,12 @@ class _LaneRaces:
                 abi, ap = _segment(blocks, b.g0 + i - back)
             latent = np.array([x[2] for x in members])
             e_log, s_log = self.tables[abi], self.tables[bi]
-            positive = np.zeros((len(members), n), dtype=np.int64)
-            for q in range(0, len(members), 32):  # (a few MB of differences at a time)
-                part_of = members[q:q + 32]
-                ends = np.array([e_log[(ua, "e")][ap + j0:ap + j1] for ua, _, _ in part_of])
-                starts = np.array([s_log[(ub, "s")][i + j0:i + j1] for _, ub, _ in part_of])
+            positive = np.empty((len(members), n), dtype=np.int64)
+            for q, (ua, ub, _) in enumerate(members):  # each pair's rows, compared in place
                 # (a > b is a - b > 0 for every two doubles: a difference of two unequal
                 # ones is never 0, and NaN and inf - inf compare false both ways)
-                positive[q:q + 32] = np.count_nonzero(ends > starts, axis=1)
+                positive[q] = np.count_nonzero(
+                    e_log[(ua, "e")][ap + j0:ap + j1] > s_log[(ub, "s")][i + j0:i + j1], axis=0)
             races += latent.sum(axis=0) * (j1 - j0)
             overlaps += (positive * latent).sum(axis=0)
             spans.append((b_step + j0, b_step + j1, latent.any(axis=0)))
