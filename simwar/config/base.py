@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
+from typing_extensions import TypeAliasType
 
 #: the tags pydantic puts in an error's place for a branch of a union (a duration's
 #: ``float``, ``Dist`` or ``Affine``; the workload's model of each batch source,
@@ -150,4 +151,6 @@ def _takes(annotation: Any, types: tuple) -> bool:
     """Whether a field's type admits one of ``types`` (``int | None``, ``float | Dist``...)."""
     if any(annotation is t for t in types):
         return True
+    if isinstance(annotation, TypeAliasType):  # a named type (Duration): what it names
+        return _takes(annotation.__value__, types)
     return any(_takes(arg, types) for arg in typing.get_args(annotation))

@@ -23,8 +23,9 @@ beside the configs' entries), for the same environment (simwar's and the librari
 and the sources above): a run whose config is not in the cache still validates it, but its
 validator is built from that schema rather than generating it in Python
 (:func:`simwar.config.schema.prebuilt_schema`; generating it is nearly all of building the
-validator: 14.5 ms of a first run's start-up, against 2 ms from the kept schema). The first run of an install (or of changed
-sources) generates it and writes the entry; an entry that cannot be read back is a miss.
+validator: about 12 ms of a first run's start-up, against under 2 ms from the kept schema).
+The first run of an install (or of changed sources) generates it and writes the entry; an
+entry that cannot be read back is a miss.
 
 Where: ``$SIMWAR_CACHE_DIR/configs``, else ``configs`` in the user's cache directory
 (``$XDG_CACHE_HOME/simwar``, ``~/.cache/simwar``; ``~/Library/Caches/simwar`` on macOS,

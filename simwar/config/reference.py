@@ -38,6 +38,7 @@ from typing import Any, Union
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
+from typing_extensions import TypeAliasType
 
 from simwar.config import Config, Phase
 
@@ -77,12 +78,17 @@ def _is_model(tp: Any) -> bool:
 
 
 def _strip(tp: Any) -> tuple[Any, list[Any]]:
-    """``(type, metadata)`` with every ``Annotated`` layer removed, its metadata kept."""
+    """``(type, metadata)`` with every ``Annotated`` layer removed, its metadata kept, and a
+    named type (``Duration``) read as what it names."""
     meta: list[Any] = []
-    while typing.get_origin(tp) is typing.Annotated:
-        meta.extend(tp.__metadata__)
-        tp = typing.get_args(tp)[0]
-    return tp, meta
+    while True:
+        if isinstance(tp, TypeAliasType):
+            tp = tp.__value__
+        elif typing.get_origin(tp) is typing.Annotated:
+            meta.extend(tp.__metadata__)
+            tp = typing.get_args(tp)[0]
+        else:
+            return tp, meta
 
 
 def _union_args(tp: Any) -> tuple[Any, ...] | None:

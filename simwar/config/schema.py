@@ -378,8 +378,8 @@ class Config(StrictModel):
         # pydantic's hook for a type's schema: the validator's schema as an earlier run of
         # this very install generated it, where the cache of validated configs holds one
         # (simwar.config.cache, through prebuilt_schema); else generated as for any model.
-        # Generating it is nearly all of building the validator: 14.5 ms, against 2 ms from
-        # the kept schema, unpickling it included (measured with the command line's settings)
+        # Generating it is nearly all of building the validator: about 12 ms, against under
+        # 2 ms from the kept schema, unpickling it included (with the command line's settings)
         if source is Config and _PREBUILT:
             return _PREBUILT.pop()
         return handler(source)
