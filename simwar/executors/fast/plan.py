@@ -420,10 +420,10 @@ def plan_template(iterations, ranks: bool = False, memo: ShapeMemo | None = None
 
 def _fixed_and_drawn(params: list) -> tuple[list, list]:
     """A block's parameters with its drawn ones None, and the drawn ones (:func:`bind`)."""
-    if set(map(type, params)) <= _NUMBERS:  # (a config of numbers: every parameter fixed,
-        return list(params), []  # its types looked at in C)
+    if set(map(type, params)) <= _NUMBERS:  # numbers only (their types looked at in C)
+        return list(params), []
     drawn = [_drawn(x) for x in params]
-    if not any(drawn):  # (a config of numbers: every parameter fixed)
+    if not any(drawn):  # (numbers and the config's durations: every parameter fixed)
         return list(params), []
     return ([None if d else x for x, d in zip(params, drawn)],
             [x for x, d in zip(params, drawn) if d])
