@@ -321,6 +321,12 @@ def test_a_validator_built_from_the_kept_schema_is_the_generated_one(tmp_path):
     assert not _validate(inputs[:1], cache_dir)["generated"]  # (rewritten by the third)
     kept.write_bytes(kept.read_bytes()[:100])
     assert _validate(inputs[:1], cache_dir)["generated"]
+    # a kept schema that does not build (or is no schema) is a miss too, and is rewritten
+    for payload in ({"type": "no such schema"}, ["not a schema"]):
+        kept.write_bytes(pickle.dumps(material) + pickle.dumps(payload))
+        again = _validate(inputs, cache_dir)
+        assert again["generated"] and again["out"] == first["out"]
+        assert not _validate(inputs[:1], cache_dir)["generated"]
     # with the cache off nothing is written
     off = tmp_path / "off"
     assert _validate(inputs[:1], off, SIMWAR_NO_CACHE="1")["generated"]

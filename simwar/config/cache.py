@@ -25,7 +25,7 @@ validator is built from that schema rather than generating it in Python
 (:func:`simwar.config.schema.prebuilt_schema`; generating it is nearly all of building the
 validator: about 12 ms of a first run's start-up, against under 2 ms from the kept schema).
 The first run of an install (or of changed sources) generates it and writes the entry; an
-entry that cannot be read back is a miss.
+entry that cannot be read back, or whose schema pydantic does not build, is a miss.
 
 Where: ``$SIMWAR_CACHE_DIR/configs``, else ``configs`` in the user's cache directory
 (``$XDG_CACHE_HOME/simwar``, ``~/.cache/simwar``; ``~/Library/Caches/simwar`` on macOS,
@@ -134,11 +134,19 @@ def _validated(where: Path, environment: tuple, source, items: list[Override]) -
     material = (FORMAT, environment)
     built = Config.__pydantic_complete__
     kept = None if built else _load(entry, material)
-    prebuilt_schema(kept if isinstance(kept, dict) else None)
+    if not isinstance(kept, dict):
+        kept = None
+    if kept is not None:  # the validator built now, from the kept schema
+        prebuilt_schema(kept)
+        try:
+            Config.model_rebuild()
+        except Exception:  # noqa: BLE001  (a kept schema that does not build is a miss: the
+            kept = None  # validation generates it, and the entry is rewritten)
+        finally:
+            prebuilt_schema(None)
     try:
         return load_config(source, items)
     finally:
-        prebuilt_schema(None)  # (one not taken: the validator was built before)
         if not built and kept is None and Config.__pydantic_complete__:
             _write(where, entry, material, Config.__pydantic_core_schema__)
 
