@@ -653,7 +653,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     src("def block(KS, K, C, S):", 0)
     if consts:
         src(f"({', '.join(consts)},) = K", 1)
-    if ahead:  # the merged waits' numbers (see the loop), once a call
+    if ahead:  # the merged waits' and syncs' numbers (see the loop), once a call
         src("LN_ = _arange(len(S.t))", 1)
         for line in ahead:
             src(line, 1)

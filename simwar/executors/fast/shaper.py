@@ -317,7 +317,9 @@ class ShapeMemo:
     and syncs, read by the member's shaper in order (:meth:`splice`): what reading the
     member's whole segment gives (the tests hold the two plans equal for every candidate
     of the shipped configs and the benchmark). The members' equal shapes (equal host
-    tuples and record, wait and sync events) are one object.
+    tuples and record, wait and sync events) are one object, and a member's new shape is
+    spliced too: its records and device ops are the first's pure ops', made once, around its
+    own (:meth:`build`).
     """
 
     def __init__(self) -> None:
