@@ -22,7 +22,7 @@ The cache also keeps the core schema of the Config's validator (one entry, ``val
 beside the configs' entries), for the same environment (simwar's and the libraries' versions
 and the sources above): a run whose config is not in the cache still validates it, but its
 validator is built from that schema rather than generating it in Python
-(:func:`simwar.config.schema.prebuilt_schema`; generating it is nearly all of building the
+(:func:`simwar.config.schema.build_validator_from`; generating it is nearly all of building the
 validator: about 12 ms of a first run's start-up, against under 2 ms from the kept schema).
 The first run of an install (or of changed sources) generates it and writes the entry; an
 entry that cannot be read back, or whose schema pydantic does not build, is a miss.
@@ -56,7 +56,7 @@ import simwar
 from simwar.config.load import DEFAULT_CONFIG, Override, load_config
 from simwar.config.phases import share_phase_models
 from simwar.config.policies import BARRIERS
-from simwar.config.schema import Config, prebuilt_schema
+from simwar.config.schema import Config, build_validator_from
 from simwar.config.workload import BatchSizesFile
 
 #: the environment variable naming the cache's directory (its ``configs`` folder)
@@ -137,13 +137,10 @@ def _validated(where: Path, environment: tuple, source, items: list[Override]) -
     if not isinstance(kept, dict):
         kept = None
     if kept is not None:  # the validator built now, from the kept schema
-        prebuilt_schema(kept)
         try:
-            Config.model_rebuild()
+            build_validator_from(kept)
         except Exception:  # noqa: BLE001  (a kept schema that does not build is a miss: the
             kept = None  # validation generates it, and the entry is rewritten)
-        finally:
-            prebuilt_schema(None)
     try:
         return load_config(source, items)
     finally:

@@ -304,20 +304,21 @@ class Parallel(StrictModel):
     """The wake-up of a blocked rank (wait: block; µs, or a distribution)."""
 
 
-#: the schema the next build of Config's validator takes (at most one; see
-#: :func:`prebuilt_schema`)
+#: the schema a build of Config's validator takes (see :func:`build_validator_from`)
 _PREBUILT: list = []
 
 
-def prebuilt_schema(schema: dict | None) -> None:
-    """Have the next build of :class:`Config`'s validator take ``schema``, the core schema an
-    earlier build of this same install made (``Config.__pydantic_core_schema__``), instead of
-    generating it; None: generate it (a schema given and not yet taken is dropped). Only the
-    cache of validated configs calls it, with a schema it kept for the same sources and
-    library versions (:mod:`simwar.config.cache`); a Config already built is not rebuilt."""
-    _PREBUILT.clear()
-    if schema is not None:
-        _PREBUILT.append(schema)
+def build_validator_from(schema: dict) -> None:
+    """Build :class:`Config`'s validator from ``schema``, the core schema an earlier build of
+    this same install made (``Config.__pydantic_core_schema__``), instead of generating it (a
+    Config already built is left as it is). Only the cache of validated configs calls it,
+    with a schema it kept for the same sources and library versions
+    (:mod:`simwar.config.cache`); raises what pydantic raises for a schema it cannot build."""
+    _PREBUILT[:] = [schema]
+    try:
+        Config.model_rebuild()
+    finally:
+        _PREBUILT.clear()
 
 
 class Config(StrictModel):
@@ -377,7 +378,7 @@ class Config(StrictModel):
     def __get_pydantic_core_schema__(cls, source: Any, handler: Any) -> Any:
         # pydantic's hook for a type's schema: the validator's schema as an earlier run of
         # this very install generated it, where the cache of validated configs holds one
-        # (simwar.config.cache, through prebuilt_schema); else generated as for any model.
+        # (simwar.config.cache, through build_validator_from); else generated as for any model.
         # Generating it is nearly all of building the validator: about 12 ms, against under
         # 2 ms from the kept schema, unpickling it included (with the command line's settings)
         if source is Config and _PREBUILT:

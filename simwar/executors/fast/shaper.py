@@ -141,6 +141,7 @@ class _Shaper:
 
     def segment(self, g: int, base: int, ops) -> tuple[Shape, list]:
         memo = self.memo
+        parts = None  # a spliced segment's parts (ShapeMemo.build)
         if memo is None:
             host, params = self._read(g, base, ops)
             if not self.negative:
@@ -166,7 +167,7 @@ class _Shaper:
                 if memo is None:
                     named = host_records(key)
                     dev, records = _devices(named, ops)
-                elif spliced is None:
+                elif parts is None:
                     named = memo.records(key)
                     dev, records = _devices(named, ops, memo.kernels)
                 else:  # spliced as its host tuples were
@@ -328,7 +329,7 @@ class ShapeMemo:
         self.kernels: dict = {}  # a launched kernel's device op, by what it is made of
         self._named: dict = {}  # host tuple -> its record
         self._devs: dict = {}  # segment's base -> its pure ops' records and device ops
-        self._shifted: dict = {}  # (stream wait's wait, shift) -> the wait moved by it
+        self._shifted: dict = {}  # (base, device op, shift) -> a stream wait's wait moved
 
     def keep(self, shaper: _Shaper, base: int, ops) -> None:
         """Read the pure ops of the first's segment at ``base`` apart (a shaper of its own:
@@ -411,7 +412,7 @@ class ShapeMemo:
             if shift:
                 for i in waits:
                     if d0 <= i < d1:
-                        piece[i - d0] = self._shift(dev0[i], shift)
+                        piece[i - d0] = self._shift(base, i, shift)
             dev.extend(piece)
 
         q0 = 0
@@ -442,15 +443,17 @@ class ShapeMemo:
             got = self._devs[base] = (named0, dev0, dcum, waits)
         return got
 
-    def _shift(self, wait: DeviceOp, shift: int) -> DeviceOp:
-        """A stream wait's wait, its record's index moved by ``shift`` (made once)."""
-        key = (id(wait), shift)
-        got = self._shifted.get(key)
-        if got is None or got[0] is not wait:
-            got = self._shifted[key] = (wait, DeviceOp(
+    def _shift(self, base: int, i: int, shift: int) -> DeviceOp:
+        """Device op ``i`` of the first's pure ops at ``base``, a stream wait's wait, its
+        record's index moved by ``shift`` (made once)."""
+        key = (base, i, shift)
+        moved = self._shifted.get(key)
+        if moved is None:
+            wait = self._devs[base][1][i]
+            moved = self._shifted[key] = DeviceOp(
                 wait.kind, wait.lane, wait.off, wait.label, wait.phase, wait.accesses,
-                wait.bind, wait.bound_op + shift, wait.coll))
-        return got[1]
+                wait.bind, wait.bound_op + shift, wait.coll)
+        return moved
 
     def records(self, host: tuple) -> tuple:
         """:func:`~simwar.executors.fast.records.host_records` of ``host``, each host op's
