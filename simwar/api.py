@@ -569,7 +569,30 @@ def simulate_batches(configs: list, keys: list[str] | None = None
             with gc_paused():
                 summaries = [simulate(resolved[i]).summary for i in alone]
             yield alone, summaries
-    for members in groups.values():
+    grouped = list(groups.values())
+    for united in lockstep.unite([members[0][1] for members in grouped]):
+        if len(united) > 1:  # groups that differ in an op or two: one pass, if one batch
+            every = [x for g in united for x in grouped[g]]
+            if len(every) <= lockstep.batch_size(every[0][1].hi - every[0][1].lo):
+                with gc_paused():
+                    try:
+                        summaries = lockstep.run_united([[plan for _, plan in grouped[g]]
+                                                         for g in united])
+                    except lockstep.NotLockstep:
+                        summaries = None
+                if summaries is not None:
+                    yield [i for i, _ in every], summaries
+                    continue
+        yield from _batches([grouped[g] for g in united], resolved)
+
+
+def _batches(groups: list[list], resolved: list[dict]
+             ) -> Iterator[tuple[list[int], list[dict]]]:
+    """:func:`simulate_batches`' lockstep batches of each group (``(position, plan)`` of
+    its runs), each run alone where its batch cannot run in lockstep."""
+    from simwar.executors import lockstep
+
+    for members in groups:
         size = lockstep.batch_size(members[0][1].hi - members[0][1].lo)
         # batches of one size (the last no smaller): each reuses the last one's arrays
         size = -(-len(members) // -(-len(members) // size))

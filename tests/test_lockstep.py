@@ -130,10 +130,13 @@ def test_runs_that_pick_their_shapes_run_alone_each_its_own_summary():
 def test_a_grid_runs_in_lockstep_and_its_constants_and_draws_are_per_run(monkeypatch):
     """The groups really run together (one pass per batch), whatever each run's numbers,
     each run's plan bound from its group's one template (none planned on its own)."""
-    calls = []
+    calls, united = [], []
     real = lockstep.run_group
     monkeypatch.setattr(lockstep, "run_group",
                         lambda plans, *a: calls.append(len(plans)) or real(plans, *a))
+    real_united = lockstep.run_united
+    monkeypatch.setattr(lockstep, "run_united", lambda groups, *a: united.append(
+        [len(g) for g in groups]) or real_united(groups, *a))
     own = []
     real_plan = fast.plan_config
     monkeypatch.setattr(fast, "plan_config", lambda *a, **k: own.append(1) or real_plan(*a, **k))
@@ -144,7 +147,9 @@ def test_a_grid_runs_in_lockstep_and_its_constants_and_draws_are_per_run(monkeyp
             "repeats": 2}
     runs = load_sweep(spec).runs
     got = simulate_many([run.config for run in runs])
-    assert sorted(calls) == [4, 4, 8, 8]  # per barrier: constants (8 runs), a distribution (4)
+    # per barrier: constants (8 runs), a distribution (4: drawn per pass, its own group); the
+    # two barriers' constants differ in one op a step, and run as one pass
+    assert sorted(calls) == [4, 4] and united == [[8, 8]]
     assert not own  # every plan bound from a template
     monkeypatch.undo()
     for run, summary in zip(runs, got):
@@ -155,10 +160,13 @@ def test_a_grid_runs_in_lockstep_and_its_constants_and_draws_are_per_run(monkeyp
 def test_per_bucket_tables_swept_share_one_template(monkeypatch):
     """Runs whose graph phases differ only in their per-bucket tables (and a table with
     noise) run as one group bound from one template, each run its own numbers."""
-    calls = []
+    calls, united = [], []
     real = lockstep.run_group
     monkeypatch.setattr(lockstep, "run_group",
                         lambda plans, *a: calls.append(len(plans)) or real(plans, *a))
+    real_united = lockstep.run_united
+    monkeypatch.setattr(lockstep, "run_united", lambda groups, *a: united.append(
+        [len(g) for g in groups]) or real_united(groups, *a))
     own = []
     real_plan = fast.plan_config
     monkeypatch.setattr(fast, "plan_config", lambda *a, **k: own.append(1) or real_plan(*a, **k))
@@ -345,3 +353,85 @@ def test_a_window_carried_into_a_block_is_added_first_when_summed_in_its_rows():
         got[target] = [a.copy() for a in (state.busy, state.dep, state.fs, state.fe,
                                           *state.blocked.values())]
     assert all(np.array_equal(a, b) for a, b in zip(got["array"], got["picked"]))
+
+
+BARRIERS = ["none", "coarse", "fine", "host_sync"]
+
+
+def _barrier_grid(algorithm: str, placement: str, **base) -> list:
+    spec = {"base": {"steps": 30, "warmup_steps": 3, "algorithm": algorithm,
+                     "policy": {"placement": placement}, **base},
+            "grid": {"policy.barrier": BARRIERS, "cpu.schedule_us": [200.0, 900.0],
+                     "gpu.result_writes_us": [15.0, DISTS[1]]}}
+    # each run named (a plan's meta says which run it is)
+    return [{**run.config, "name": f"run{run.run_id}"} for run in load_sweep(spec).runs]
+
+
+@pytest.mark.parametrize("placement", ["after_launch", "loop_top"])
+@pytest.mark.parametrize("algorithm", ["none", "eagle", "dflash", "dspark"])
+def test_groups_that_differ_in_their_barrier_run_united_each_its_own_run(
+        monkeypatch, algorithm, placement):
+    """A sweep over the barriers: the groups of constants (no wait, a stream wait, a wait on
+    an event, a host sync at the step's end) run as one pass over their blocks' unions
+    (lockstep.run_united), the coarse and fine runs in it whatever the algorithm; every
+    summary is that run's own, bit for bit (races included); the groups drawn per pass run
+    as groups of their own."""
+    united = []
+    real = lockstep.run_united
+    monkeypatch.setattr(lockstep, "run_united", lambda groups, *a: united.append(
+        [[p.meta["name"] for p in g] for g in groups]) or real(groups, *a))
+    runs = _barrier_grid(algorithm, placement)
+    barrier = {run["name"]: run["policy"]["barrier"] for run in runs}
+    got = simulate_many(runs)
+    assert len(united) == 1 and len(united[0]) >= 2
+    together = {barrier[name] for group in united[0] for name in group}
+    assert {"coarse", "fine"} <= together
+    assert sum(map(len, united[0])) == 2 * len(together)  # the drawn runs: not united
+    monkeypatch.undo()
+    for run, summary in zip(runs, got):
+        assert_same_summary(summary, simulate(run).summary)
+    races = [s["races"] for s in got if barrier[s["name"]] in together]
+    assert len(set(races)) > 1  # groups of different races, each counted as its own
+
+
+def test_a_united_set_larger_than_a_batch_runs_as_its_groups(monkeypatch):
+    """Groups that would unite but do not fit in one batch run as their own groups, each
+    run its own summary."""
+    monkeypatch.setattr(lockstep, "batch_size", lambda steps: 3)
+    calls = []
+    real = lockstep.run_group
+    monkeypatch.setattr(lockstep, "run_group",
+                        lambda plans, *a: calls.append(len(plans)) or real(plans, *a))
+    monkeypatch.setattr(lockstep, "run_united", lambda *a: pytest.fail("united"))
+    runs = _barrier_grid("dspark", "after_launch")
+    got = simulate_many(runs)
+    assert calls and max(calls) <= 3
+    monkeypatch.undo()
+    for run, summary in zip(runs, got):
+        assert_same_summary(summary, simulate(run).summary)
+
+
+def test_groups_unite_only_where_their_unions_cost_less():
+    """``unite`` leaves out a group whose union with the others would hold more than
+    ``MOST_OPS`` host ops per op of a block's largest shape (eagle's host sync: a sync and
+    its record in a block of three ops), and unites the rest."""
+    from simwar.executors.fast.union import PLACED_WAITS, family_codes
+    from simwar.executors.lockstep.united import MOST_OPS, unite
+
+    plans = []
+    for b in BARRIERS:
+        cfg = load_config(None, {"steps": 30, "warmup_steps": 3, "algorithm": "eagle",
+                                 "policy": {"barrier": b}})
+        plans.append(fast.plan_config(cfg, draw_sizes(cfg)))
+    coarse, fine = plans[1], plans[2]
+    assert lockstep.group_key(coarse) == lockstep.group_key(fine)  # eagle: one group
+    reps = [plans[0], coarse, plans[3]]
+
+    def pays(ps):
+        unions = family_codes(ps, placed=PLACED_WAITS)
+        return all(u is not None and len(u.shape.host)
+                   <= MOST_OPS * max(len(p.blocks[bi].shape.host) for p in ps)
+                   for bi, u in enumerate(unions))
+
+    assert pays(reps[:2]) and not pays(reps)
+    assert unite(reps) == [[0, 1], [2]]

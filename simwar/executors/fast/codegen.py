@@ -574,8 +574,10 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             host, lat = next(pi), next(pi)
             advance(host)
             x = own("x", dev)
-            record(x, h.other, dev)
-            wait(h.stream, x, lat, h.same_stream, dev + 1)
+            # (a union's guarded stream wait, PLACED_WAITS: both parts kept only where its
+            # flag is true, as a record's and a wait's on their own)
+            record(x, h.other, dev, mask)
+            wait(h.stream, x, lat, h.same_stream, dev + 1, mask)
             dev += 2
         elif kind == "wait_event":
             host, lat = next(pi), next(pi)

@@ -42,6 +42,9 @@ from simwar.executors.fast.records import (
 
 #: host ops a member may have or not, around the family's backbone
 PLACED = frozenset({"record", "wait_event", "sync"})
+#: ... and where members may also differ in their stream waits (a sweep's barriers: a
+#: whole-forward stream wait in one, a wait on a published read-done event in another)
+PLACED_WAITS = PLACED | {"wait_stream"}
 
 
 def _backbone_key(h):
@@ -52,7 +55,7 @@ def _backbone_key(h):
 
 def _placed_key(h):
     """What a placed op is but for its binding (members bind one op to different records)."""
-    if h.kind == "record":
+    if h.kind in ("record", "wait_stream"):
         return h
     if h.kind == "wait_event":
         return (h.kind, h.stream, h.off, h.bind is None, h.bind is not None
@@ -111,7 +114,7 @@ class Union:
         return [mine.get(entry, -1) for entry in self.log]
 
 
-def _pick(idx: list[int]):
+def pick_in_order(idx: list[int]):
     """The member's records, in its order, from the tuple of the union's."""
     if not idx:
         return lambda rec: ()
@@ -121,9 +124,12 @@ def _pick(idx: list[int]):
     return operator.itemgetter(*idx)
 
 
-def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union | None:
+def block_union(shapes: list[Shape], logs: list[tuple] | None = None,
+                placed: frozenset = PLACED) -> Union | None:
     """The union of one block's member shapes (None where there is none, see the module);
-    ``logs``: per member, its logged op times (None: set later, :meth:`Union.set_log`)."""
+    ``logs``: per member, its logged op times (None: set later, :meth:`Union.set_log`);
+    ``placed``: the kinds of host op a member may have or not (:data:`PLACED`, or
+    :data:`PLACED_WAITS`)."""
     n = len(shapes)
     backbone = None
     gaps: list[list[_Slot]] = []
@@ -131,7 +137,7 @@ def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union |
     where: list[list] = []  # per member: per host op, ("b", j) or its _Slot
     spine: list[list[int]] = []  # per member: the host op index of each backbone op
     for m, sh in enumerate(shapes):
-        keys = [_backbone_key(h) for h in sh.host if h.kind not in PLACED]
+        keys = [_backbone_key(h) for h in sh.host if h.kind not in placed]
         if backbone is None:
             backbone = keys
             gaps = [[] for _ in range(len(keys) + 1)]
@@ -139,11 +145,11 @@ def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union |
         elif keys != backbone:
             return None
         mine: list = []
-        spine.append([hi for hi, h in enumerate(sh.host) if h.kind not in PLACED])
+        spine.append([hi for hi, h in enumerate(sh.host) if h.kind not in placed])
         g = 0
         pos = 0  # where in the gap the next placed op may match
         for h in sh.host:
-            if h.kind not in PLACED:
+            if h.kind not in placed:
                 if h.kind == "graph":  # its record nodes: a count per gap between kernels
                     counts = nodes[g]
                     for gap, k in _places(h.nodes):
@@ -314,7 +320,7 @@ def block_union(shapes: list[Shape], logs: list[tuple] | None = None) -> Union |
                 devs.append(dev0[hu] + i)
                 ops[dev0[hu] + i] = sh.ops[d]
                 d += 1
-        maps.append((params, devs, tuple(flags[m]), _pick(pick[m])))
+        maps.append((params, devs, tuple(flags[m]), pick_in_order(pick[m])))
     out = Union(Shape(tuple(host), ops, records, nparams), tuple(guards), maps, None)
     out.picks = pick
     out.merged = tuple(merged)
@@ -368,8 +374,8 @@ def _graph_record(shape: Shape, record: int, where: list, graph_rec: dict) -> in
     raise ValueError(f"record {record} is not a record of the shape")
 
 
-def family_codes(plans: list[Plan], logs: list[list[tuple]] | None = None
-                 ) -> list[Union | None] | None:
+def family_codes(plans: list[Plan], logs: list[list[tuple]] | None = None,
+                 placed: frozenset = PLACED) -> list[Union | None] | None:
     """Per block, the union of the members' shapes (None for a block that has none), or
     None where the members' plans are not of the same blocks. ``logs``: per member, per
     block, its logged op times (:meth:`~simwar.executors.fast.races.RacePlan.logs_of`;
@@ -388,5 +394,5 @@ def family_codes(plans: list[Plan], logs: list[list[tuple]] | None = None
             out.append(None)
             continue
         out.append(block_union([b.shape for b in blocks],
-                               None if logs is None else [lg[bi] for lg in logs]))
+                               None if logs is None else [lg[bi] for lg in logs], placed))
     return out

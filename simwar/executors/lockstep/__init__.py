@@ -21,6 +21,9 @@ once per run.
   shapes as they go (``scheduling.rule: sglang``) each pick theirs from their own queue, and
   each step's block runs over the runs that picked it
   (:func:`~simwar.executors.lockstep.shapes.realize_shape_group`);
+- :func:`~simwar.executors.lockstep.united.run_united`: groups that differ in an op or two
+  a step (two barriers: a stream wait in one, a wait on an event in the other) as one pass
+  over their blocks' unions, a lane per run (:func:`~.united.unite` finds them);
 - :mod:`.family`: the members of an ``advise`` family (candidates that differ only in where
   read-done is published) as lanes of one pass over their blocks' unions, each guarded op
   kept in the lanes of the members that have it
@@ -39,6 +42,7 @@ from __future__ import annotations
 from simwar.executors.lockstep import execute
 from simwar.executors.lockstep.execute import NotLockstep, group_key, run_group
 from simwar.executors.lockstep.shapes import realize_shape_group
+from simwar.executors.lockstep.united import run_united, unite
 
 #: bytes of per-step facts a batch may hold (a row per step, a column per run: forward start
 #: and end, launch, busy and held time, blocked time at one or two sites)
@@ -67,4 +71,4 @@ def batch_size(steps: int) -> int:
 
 
 __all__ = ["BATCH_BYTES", "MAX_BATCH", "NotLockstep", "batch_size", "group_key", "realize_group",
-           "run_group"]
+           "run_group", "run_united", "unite"]

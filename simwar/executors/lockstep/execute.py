@@ -252,6 +252,11 @@ class _LockstepTally:
     def result(self, plan, first, last) -> _LockstepTally:
         return self
 
+    def totals(self, lanes=slice(None)) -> list[tuple[int, int, int]]:
+        """Each run's (races, overlapping races, race steps) (``lanes``: of those runs)."""
+        steps = self.steps.total()
+        return [(self.races, int(o), steps) for o in self.overlaps[lanes].tolist()]
+
 
 def run_passes(fn, how: tuple, ks, consts: tuple, cols, state: State) -> None:
     """Run the passes ``ks`` of a block compiled in the array target (``fn``;
@@ -312,7 +317,7 @@ def run_group(plans: list[Plan], window: int = 2, feeds: list | None = None) -> 
     if state.bad:
         raise NotLockstep("forward steps issued out of order")
     races.counted(first, last)
-    out = _summaries(plans, state, tally, measured)
+    out = _summaries(plans, state, tally.totals(), measured)
     state.release()
     return out
 
@@ -347,8 +352,12 @@ def _run_rows(fact: np.ndarray, j0: int, j1: int, out: np.ndarray) -> np.ndarray
     return out
 
 
-def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
-               measured: tuple[int, int]) -> list[dict]:
+def _summaries(plans: list[Plan], state: State, totals: list[tuple[int, int, int]],
+               measured: tuple[int, int], spans: list[tuple[int, int]] | None = None
+               ) -> list[dict]:
+    """Each run's summary from its column of the per-step facts (``totals``: its race
+    counts). ``spans``: ranges of runs of one structure (a united batch's groups,
+    :mod:`.united`), none of whose chunks holds another's runs (default: all one)."""
     present = np.isfinite(state.fs)
     idx = np.flatnonzero(present[:, 0])
     if not np.array_equal(present.any(axis=1), present.all(axis=1)):
@@ -362,37 +371,45 @@ def _summaries(plans: list[Plan], state: State, tally: _LockstepTally,
     if marks:
         facts["done"] = state.done[idx]
     facts.update({("blocked", site): v[idx] for site, v in state.blocked.items()})
-    totals = [(tally.races, int(o), tally.steps.total()) for o in tally.overlaps.tolist()]
     out: list[dict] = []
     chunk = min(len(plans), summary_runs(len(steps)))
     span = min(len(plans), max(1, ROWS_BYTES // (8 * max(1, len(steps)) * chunk)) * chunk)
     buffers = {k: np.empty((span, len(steps))) for k in facts}
-    for j0 in range(0, len(plans), chunk):
-        j1 = min(len(plans), j0 + chunk)
-        if j0 % span == 0:  # the next span of runs as rows (each chunk's rows a view of it)
-            spanned = {k: _run_rows(v, j0, min(len(plans), j0 + span), buffers[k])
-                       for k, v in facts.items()}
-        rows = {k: v[j0 % span:j0 % span + j1 - j0] for k, v in spanned.items()}
-        blocked = {k[1]: v for k, v in rows.items() if isinstance(k, tuple)}
-        zero = np.broadcast_to(0.0, rows["fs"].shape)  # the sites no op syncs at
-        blocked.update({site: zero for site in set(SITES) - set(blocked)})
-        metas = [p.meta for p in plans[j0:j1]]
-        counts = [_RunCounts(t, measured) for t in totals[j0:j1]]
-        if any(m.get("workload") for m in metas):  # each run's own per-step facts
-            for j, meta in enumerate(metas):
-                cols = columns_from_arrays(steps, rows["fs"][j], rows["fe"][j],
-                                           rows["busy"][j], rows["dep"][j],
-                                           {site: np.ascontiguousarray(v[j])
-                                            for site, v in blocked.items()},
-                                           rows["launch"][j], StepFacts(meta),
-                                           rows["done"][j] if marks else None)
-                out.append(summarize(cols, meta, counts[j]))
-            continue
-        columns = columns_from_arrays(steps, rows["fs"], rows["fe"], rows["busy"], rows["dep"],
-                                      blocked, rows["launch"], StepFacts(metas[0]),
-                                      rows.get("done"))
-        out += summarize_many(columns, metas, counts)
+    for a, z in spans or [(0, len(plans))]:
+        for s0 in range(a, z, span):  # the next span of runs as rows (each chunk's a view)
+            s1 = min(z, s0 + span)
+            spanned = {k: _run_rows(v, s0, s1, buffers[k]) for k, v in facts.items()}
+            for j0 in range(s0, s1, chunk):
+                j1 = min(s1, j0 + chunk)
+                rows = {k: v[j0 - s0:j1 - s0] for k, v in spanned.items()}
+                out += _chunk_summaries(plans[j0:j1], rows, steps, marks,
+                                        [_RunCounts(t, measured) for t in totals[j0:j1]])
     return out
+
+
+def _chunk_summaries(plans: list[Plan], rows: dict, steps: np.ndarray, marks: bool,
+                     counts: list) -> list[dict]:
+    """The summaries of a chunk of runs of one structure, their facts ``rows`` (a row per
+    run)."""
+    blocked = {k[1]: v for k, v in rows.items() if isinstance(k, tuple)}
+    zero = np.broadcast_to(0.0, rows["fs"].shape)  # the sites no op syncs at
+    blocked.update({site: zero for site in set(SITES) - set(blocked)})
+    metas = [p.meta for p in plans]
+    if any(m.get("workload") for m in metas):  # each run's own per-step facts
+        out = []
+        for j, meta in enumerate(metas):
+            cols = columns_from_arrays(steps, rows["fs"][j], rows["fe"][j],
+                                       rows["busy"][j], rows["dep"][j],
+                                       {site: np.ascontiguousarray(v[j])
+                                        for site, v in blocked.items()},
+                                       rows["launch"][j], StepFacts(meta),
+                                       rows["done"][j] if marks else None)
+            out.append(summarize(cols, meta, counts[j]))
+        return out
+    columns = columns_from_arrays(steps, rows["fs"], rows["fe"], rows["busy"], rows["dep"],
+                                  blocked, rows["launch"], StepFacts(metas[0]),
+                                  rows.get("done"))
+    return summarize_many(columns, metas, counts)
 
 
 def realize_group(cfgs: list, window: int = 2) -> list[dict]:

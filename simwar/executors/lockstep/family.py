@@ -45,6 +45,7 @@ from simwar.executors import fast
 from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.execute import _finish, marks_results
 from simwar.executors.fast.races import FastHazards, RacePlan
+from simwar.executors.fast.union import pick_in_order
 from simwar.executors.lockstep.execute import CHUNK, NotLockstep, State, _unfit
 
 #: the fewest members run as lanes: a lockstep pass costs numpy's fixed cost per call, about
@@ -161,11 +162,14 @@ def _summaries(runs: list) -> None:
         run.set_summary(summary)
 
 
-def _consts(u, consts: list[tuple]) -> tuple:
+def _consts(u, consts: list[tuple], members: list[int] | None = None) -> tuple:
     """The union's ``K`` for the lanes: per parameter an array of each member's (a 0-d one
     where all are equal), per flag an array of truth values, and the picker of each lane's
-    records (:func:`_picker`)."""
-    rows = [u.consts(m, c) for m, c in enumerate(consts)]
+    records (:func:`_picker`). ``consts``: per lane, its own block's constants; ``members``:
+    per lane, the member of the union it is (default: lane m is member m)."""
+    if members is None:
+        members = range(len(consts))
+    rows = [u.consts(m, c) for m, c in zip(members, consts)]
     k = u.shape.nparams
     params = np.array([r[:k] for r in rows], dtype=np.float64).reshape(len(rows), k)
     if _unfit(params):
@@ -174,7 +178,7 @@ def _consts(u, consts: list[tuple]) -> tuple:
                  for col in params.T]
     flags = np.array([r[k:-1] for r in rows], dtype=bool).reshape(len(rows), len(u.guards))
     out += [np.ascontiguousarray(col) for col in flags.T]
-    out.append(_picker(u.picks))
+    out.append(_picker([u.picks[m] for m in members]))
     return tuple(out)
 
 
@@ -183,6 +187,8 @@ def _picker(picks: list[list[int]]):
     lane), each lane's in its member's order (a member with fewer records has its last
     ones padded with record 0's, which none of its ops reads)."""
     n = len(picks)
+    if n and all(p == picks[0] for p in picks):  # every lane's the same records: no gather
+        return pick_in_order(picks[0])
     most = max((len(p) for p in picks), default=0)
     idx = np.zeros((most, n), dtype=np.intp)
     for m, p in enumerate(picks):

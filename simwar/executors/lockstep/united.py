@@ -1,0 +1,149 @@
+"""Lockstep groups of different structures run as one pass over their blocks' unions.
+
+A sweep's groups (:func:`~simwar.executors.lockstep.execute.group_key`: runs of one
+structure) often differ in one op per step: a whole-forward stream wait in one barrier, a
+wait on a published read-done event in another, the same kernels, launches and CPU work
+around them. A lockstep pass costs numpy's fixed cost per call, per op and step, whatever
+the number of runs (about 80 calls a step for a group of 100 runs), so two such groups cost
+nearly twice what one of twice the runs costs. :func:`unite` finds the groups whose plans
+have the same frame (the same blocks over the same steps, sites, warm-up and forward
+stream; only the shapes differ) and whose blocks each have a union
+(:func:`~simwar.executors.fast.union.family_codes` with
+:data:`~simwar.executors.fast.union.PLACED_WAITS`: records, waits on events, host syncs
+*and stream waits* may differ around one backbone). :func:`run_united` runs them as lanes
+of one pass on the unions' code, in the code generator's array target: each guarded op's
+results kept only in the lanes of the groups that have it (its host cost 0.0 in the
+others), each lane on its own run's parameters, its records picked in its group's order;
+so every lane's numbers are its own run's, the same operations in the same order, bit for
+bit (``tests/test_lockstep.py``'s random grids of two barriers, against each run alone).
+
+Races: each group's race plan, as its own pass would make it
+(:class:`~simwar.executors.fast.races.RacePlan`); the union logs every op time any of them
+logs, and after each chunk of passes each plan takes its own logs (the same arrays, every
+lane's) and counts its pairs over them; a run's counts are its group's, in its lane. The
+summaries are the lockstep executor's (:func:`~simwar.executors.lockstep.execute._summaries`),
+a group's runs never in one chunk with another's.
+
+Imports: numpy, the one-pass executor's unions, codegen and races, this package's pass.
+"""
+
+from __future__ import annotations
+
+from simwar.executors.fast.codegen import compile_block
+from simwar.executors.fast.execute import marks_results
+from simwar.executors.fast.plan import Plan
+from simwar.executors.fast.races import RacePlan
+from simwar.executors.fast.union import PLACED_WAITS, family_codes
+from simwar.executors.lockstep.execute import (
+    CHUNK,
+    NotLockstep,
+    State,
+    _LockstepTally,
+    _measured_range,
+    _summaries,
+    group_key,
+)
+from simwar.executors.lockstep.family import _consts
+
+#: a union is run only where each of its blocks has at most this many host ops per host op
+#: of its largest group's block (a guarded op runs in every lane: a union of shapes that
+#: differ in more than a few ops costs more than their passes apart)
+MOST_OPS = 1.2
+
+
+def _frame(plan: Plan, window: int) -> tuple:
+    """:func:`group_key` but for the blocks' shapes (and so their parameters) and the sites
+    synced at (each a column of every run's, 0.0 where its run has no sync there, as
+    :func:`~simwar.executors.lockstep.execute._summaries` gives a site no op syncs at):
+    groups of one frame may unite."""
+    blocks, lo, hi, _sites, *rest = group_key(plan, window)
+    return (tuple(b[1:4] for b in blocks), lo, hi, *rest)
+
+
+def unite(reps: list[Plan], window: int = 2) -> list[list[int]]:
+    """The groups (each given by one of its plans, ``reps``) that run as one pass: lists of
+    their indices, every group in one list, in the order of their first."""
+    out: list[list[int]] = []
+    frames: dict[tuple, list[list[int]]] = {}
+    for gi, rep in enumerate(reps):
+        for united in frames.setdefault(_frame(rep, window), []):
+            if _pays([reps[g] for g in united] + [rep]):
+                united.append(gi)
+                break
+        else:
+            united = [gi]
+            frames[_frame(rep, window)].append(united)
+            out.append(united)
+    return out
+
+
+def _pays(reps: list[Plan]) -> bool:
+    """Whether the plans' blocks have unions that cost less than their passes apart."""
+    unions = family_codes(reps, placed=PLACED_WAITS)
+    if unions is None or any(u is None for u in unions):
+        return False
+    return all(len(u.shape.host) <= MOST_OPS * max(len(p.blocks[bi].shape.host) for p in reps)
+               for bi, u in enumerate(unions))
+
+
+def run_united(groups: list[list[Plan]], window: int = 2) -> list[dict]:
+    """The summaries of the runs of ``groups`` (each a list of plans of one
+    :func:`group_key`, together a list of :func:`unite`), in their order: one pass over the
+    blocks' unions, a lane per run (see the module)."""
+    reps = [g[0] for g in groups]
+    plan = reps[0]
+    fwd = plan.meta.get("forward_stream", "forward")
+    unions = family_codes(reps, placed=PLACED_WAITS)
+    if unions is None or any(u is None for u in unions):
+        raise NotLockstep("groups without a union")
+    if len({_frame(r, window) for r in reps}) > 1 or any(r.negative for r in reps):
+        raise NotLockstep("groups of different frames, or negative durations")
+    measured = _measured_range(plan, fwd)
+    races = [RacePlan(r, window) for r in reps]
+    if measured is None or any(_measured_range(r, fwd) != measured for r in reps) or \
+            not all(r.windowed for r in races):
+        raise NotLockstep("races compared over all accesses, or holes in the steps")
+    plans = [p for g in groups for p in g]
+    members = [gi for gi, g in enumerate(groups) for _ in g]
+    n = len(plans)
+    depth = plan.depth
+    sites = set().union(*(r.sites for r in reps))
+    state = State(plan.lo, plan.hi, sites, depth, n, marks_results(plan))
+    tallies = [_LockstepTally(n) for _ in groups]
+    for r, tally in zip(races, tallies):
+        r.reset(new_log=list, tally=tally)
+    first, last = measured
+    try:
+        for bi, b in enumerate(plan.blocks):
+            u = unions[bi]
+            # the union logs what any group's race plan logs; each takes its own
+            own = [[(u.maps[g][1][dev], what) for dev, what in r.logs_of(bi)]
+                   for g, r in enumerate(races)]
+            u.log = tuple(sorted({entry for entries in own for entry in entries}))
+            at = {entry: i for i, entry in enumerate(u.log)}
+            fn = compile_block(u.shape, (False,) * u.shape.nparams, fwd, False, u.log, depth,
+                               target="array", union=u.guards, merged=u.merged)
+            consts = _consts(u, [p.blocks[bi].consts for p in plans], members)
+            logs = state.logs = [[] for _ in u.log]
+            for start in range(0, b.n, CHUNK):
+                ks = b.steps[start:min(b.n, start + CHUNK)]
+                lo = state.origin
+                ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
+                    [k - lo for k in ks]
+                fn(ks, consts, (), state)
+                for entries, r in zip(own, races):  # each plan's logs, then its counts
+                    for mine, entry in zip(r.log_arrays(bi), entries):
+                        mine.extend(logs[at[entry]])
+                    r.tally(first, last)
+                for log in logs:
+                    log.clear()
+        if state.bad:
+            raise NotLockstep("forward steps issued out of order")
+        totals, spans = [], []
+        for g, r, tally in zip(groups, races, tallies):
+            r.counted(first, last)
+            spans.append((len(totals), len(totals) + len(g)))
+            totals += tally.totals(slice(*spans[-1]))
+        return _summaries(plans, state, totals, measured, spans)
+    finally:
+        state.release()
