@@ -435,3 +435,47 @@ def test_groups_unite_only_where_their_unions_cost_less():
 
     assert pays(reps[:2]) and not pays(reps)
     assert unite(reps) == [[0, 1], [2]]
+
+
+def test_a_window_carried_into_a_unions_block_is_added_first_in_every_lane():
+    """A union's block whose segments each close one window sums it in the rows of ``busy``
+    and ``dep`` (every sum an add, in the lanes too); a window carried in from the block
+    before is added to the first pass's row first: each lane's rows equal its run's alone,
+    given the same carried window, bit for bit."""
+    from simwar.executors.fast.codegen import compile_block
+    from simwar.executors.fast.union import PLACED_WAITS, family_codes
+    from simwar.executors.lockstep.execute import State, _stack_consts, run_passes
+    from simwar.executors.lockstep.family import _consts
+
+    runs = (("coarse", 150.0), ("fine", 400.0), ("coarse", 900.0))
+    cfgs = [load_config(None, {"steps": 12, "warmup_steps": 2, "algorithm": "dspark",
+                               "policy": {"barrier": b}, "cpu.schedule_us": v})
+            for b, v in runs]
+    plans = [fast.plan_config(c, draw_sizes(c)) for c in cfgs]
+    plan = plans[0]
+    unions = family_codes(plans[:2], placed=PLACED_WAITS)
+    assert all(u is not None for u in unions) and any(u.guards for u in unions)
+    main = max(range(len(plan.blocks)), key=lambda i: plan.blocks[i].n)
+    w, dp = np.array([3.0, 0.1, 7.25]), np.array([1.5, 0.0, 0.3])
+    lanes = State(plan.lo, plan.hi, plan.sites, plan.depth, len(plans))
+    for bi, b in enumerate(plan.blocks):
+        u = unions[bi]
+        fn = compile_block(u.shape, (False,) * u.shape.nparams, "forward", False, (),
+                           plan.depth, target="array", union=u.guards, merged=u.merged)
+        if bi == main:
+            assert "W = BU[ki]" in fn.source and not fn.sums_in_rows  # in the rows, adds
+            lanes.w, lanes.dp = w.copy(), dp.copy()
+        fn([k - plan.lo for k in b.steps],
+           _consts(u, [p.blocks[bi].consts for p in plans], [0, 1, 0]), (), lanes)
+    for j, p in enumerate(plans):
+        alone = State(p.lo, p.hi, p.sites, p.depth, 1)
+        for bi, b in enumerate(p.blocks):
+            how = (b.shape, (False,) * len(b.consts), "forward", False, (), p.depth)
+            if bi == main:
+                alone.w, alone.dp = w[j:j + 1].copy(), dp[j:j + 1].copy()
+            run_passes(compile_block(*how, target="array"), how,
+                       [k - p.lo for k in b.steps], _stack_consts([p], bi), (), alone)
+        for a, b in [(lanes.busy, alone.busy), (lanes.dep, alone.dep), (lanes.fs, alone.fs),
+                     (lanes.fe, alone.fe)] + [(lanes.blocked[s], alone.blocked[s])
+                                              for s in p.sites]:
+            assert np.array_equal(a[:, j], b[:, 0], equal_nan=True)

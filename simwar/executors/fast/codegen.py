@@ -472,6 +472,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
                  f"rel = {rule('released', 'reach', fired_at, lat, str(same_stream))}")
             emit(f"{ts} = _where({mask}, rel, {ts})")
             if stream == fwd and fired_at is not None:
+                sums.append((len(body), "Dp", None, None))  # (an add, never the first's)
                 emit(f"_sub(rel, reach, Z_); _multiply(Z_, {mask}, Z_); _add(Dp, Z_, Dp)")
         elif fired_at is None:
             emit(f"{ts} = {reach} = {rel} = {begun(ts)}")
@@ -539,6 +540,7 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             emit(f"rel = {rule('released', 'reach', 'F_', f'{g}L', str(h.bind.same_stream))}")
             emit(f"{ts} = _where({g}G, rel, {ts})")
             if h.stream == fwd:
+                sums.append((len(body), "Dp", None, None))  # (as a guarded wait's)
                 emit(f"_sub(rel, reach, Z_); _multiply(Z_, {g}G, Z_); _add(Dp, Z_, Dp)")
             above.add(ts)
             above.intersection_update(known)  # (as a guarded op's: see guarded)
@@ -634,14 +636,16 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     # closed, and 0.0 plus a difference >= 0 is that difference), with no copy into them and
     # no zeroing as the window closes. A window carried from the block before (``S.w``,
     # ``S.dp`` not 0) is the picked form's to run, for one pass (the function refuses it:
-    # :func:`simwar.executors.lockstep.execute.run_passes`)
-    direct = bool(target.rows_in_place and not masked and len(closes) == 1
+    # :func:`simwar.executors.lockstep.execute.run_passes`). A union's lanes (``masked``, no
+    # picked form) add every sum to its row, the first too, so a window carried in is added
+    # to the first pass's row before them: the same sums in the same order as kept apart
+    direct = bool(target.rows_in_place and len(closes) == 1
                   and closes[0][1] == "ki"
                   and all(i < closes[0][0] for i, *_ in sums))
     if direct:
         at, indent = closes[0][0], body[closes[0][0]][1]
         body[at] = ("cl = ki", indent)
-        for acc in ("W", "Dp"):
+        for acc in () if masked else ("W", "Dp"):
             first = next((x for x in sums if x[1] == acc), None)
             if first is not None:
                 i, _, a, b = first
@@ -681,7 +685,12 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
             "WE_ = S.wout.append", 1)
     else:
         src("BU = S.busy; DE = S.dep; cw = S.cw; cl = S.cl; W = S.w; Dp = S.dp; bad = S.bad", 1)
-        if direct:  # the sums in the rows closed (see above), a scratch row
+        if direct and masked:  # the sums in the rows closed, a window carried in first
+            src("Z_ = _empty(len(t))", 1)
+            src("if len(KS) and (_any(W) or _any(Dp)):", 1)
+            src("BU[KS[0]] += W; DE[KS[0]] += Dp", 2)
+            src("W_ = Dp_ = 0.0", 1)
+        elif direct:  # the sums in the rows closed (see above), a scratch row
             src("Z_ = _empty(len(t))", 1)
             src("if len(KS) and (_any(W) or _any(Dp)):", 1)
             src("raise ValueError('a window carried into a block that sums its windows in "
@@ -738,7 +747,8 @@ def _generate(shape: Shape, slots: tuple, fwd: str, collect: bool, log: tuple, d
     fn.derived = tuple((place[key], place[base], tuple(("k", consts.index(p)) if p[0] == "k" else
                                                  ("c", cols.index(p)) for p in costs))
                        for key, base, costs in derived)
-    fn.sums_in_rows = direct  # takes no window carried from the block before (see above)
+    # takes no window carried from the block before (see above; a union's lanes add it)
+    fn.sums_in_rows = direct and not masked
     return fn
 
 
