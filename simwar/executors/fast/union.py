@@ -53,6 +53,12 @@ def _backbone_key(h):
     return h
 
 
+def backbone_of(shape: Shape, placed: frozenset = PLACED) -> list:
+    """The shape's backbone: its host ops but the ``placed`` ones (the graphs' record nodes
+    left out). Shapes of different backbones have no union."""
+    return [_backbone_key(h) for h in shape.host if h.kind not in placed]
+
+
 def _placed_key(h):
     """What a placed op is but for its binding (members bind one op to different records)."""
     if h.kind in ("record", "wait_stream"):
@@ -137,7 +143,7 @@ def block_union(shapes: list[Shape], logs: list[tuple] | None = None,
     where: list[list] = []  # per member: per host op, ("b", j) or its _Slot
     spine: list[list[int]] = []  # per member: the host op index of each backbone op
     for m, sh in enumerate(shapes):
-        keys = [_backbone_key(h) for h in sh.host if h.kind not in placed]
+        keys = backbone_of(sh, placed)
         if backbone is None:
             backbone = keys
             gaps = [[] for _ in range(len(keys) + 1)]

@@ -24,7 +24,8 @@ lane's) and counts its pairs over them; a run's counts are its group's, in its l
 summaries are the lockstep executor's (:func:`~simwar.executors.lockstep.execute._summaries`),
 a group's runs never in one chunk with another's.
 
-Imports: numpy, the one-pass executor's unions, codegen and races, this package's pass.
+Imports: the one-pass executor's plans, unions, codegen and races; this package's pass and
+its family lanes' constants.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.execute import marks_results
 from simwar.executors.fast.plan import Plan
 from simwar.executors.fast.races import RacePlan
-from simwar.executors.fast.union import PLACED_WAITS, family_codes
+from simwar.executors.fast.union import PLACED_WAITS, backbone_of, family_codes
 from simwar.executors.lockstep.execute import (
     CHUNK,
     NotLockstep,
@@ -54,10 +55,11 @@ MOST_OPS = 1.2
 def _frame(plan: Plan, window: int) -> tuple:
     """:func:`group_key` but for the blocks' shapes (and so their parameters) and the sites
     synced at (each a column of every run's, 0.0 where its run has no sync there, as
-    :func:`~simwar.executors.lockstep.execute._summaries` gives a site no op syncs at):
-    groups of one frame may unite."""
+    :func:`~simwar.executors.lockstep.execute._summaries` gives a site no op syncs at),
+    with each block's backbone: groups of one frame may unite (others have no union)."""
     blocks, lo, hi, _sites, *rest = group_key(plan, window)
-    return (tuple(b[1:4] for b in blocks), lo, hi, *rest)
+    return (tuple(b[1:4] for b in blocks), lo, hi, *rest,
+            tuple(tuple(backbone_of(b.shape, PLACED_WAITS)) for b in plan.blocks))
 
 
 def unite(reps: list[Plan], window: int = 2) -> list[list[int]]:
@@ -66,14 +68,14 @@ def unite(reps: list[Plan], window: int = 2) -> list[list[int]]:
     out: list[list[int]] = []
     frames: dict[tuple, list[list[int]]] = {}
     for gi, rep in enumerate(reps):
-        for united in frames.setdefault(_frame(rep, window), []):
+        alike = frames.setdefault(_frame(rep, window), [])
+        for united in alike:
             if _pays([reps[g] for g in united] + [rep]):
                 united.append(gi)
                 break
         else:
-            united = [gi]
-            frames[_frame(rep, window)].append(united)
-            out.append(united)
+            alike.append([gi])
+            out.append(alike[-1])
     return out
 
 
