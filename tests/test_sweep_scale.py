@@ -151,7 +151,9 @@ def test_the_cli_refuses_a_huge_sweep_unless_yes(tmp_path, capsys, monkeypatch):
 
 
 def test_a_sweep_logs_lines_not_a_bar_when_stderr_is_no_terminal(tmp_path, capsys):
-    spec = {"base": SHORT, "grid": {"policy.barrier": ["none", "coarse", "fine"],  # 30 runs
+    # 30 runs of three algorithms: three lockstep batches (runs of one algorithm under
+    # several barriers would be one), a line as each finishes
+    spec = {"base": SHORT, "grid": {"algorithm": ["none", "eagle", "dflash"],
                                     "cpu.schedule_us": list(range(100, 1100, 100))}}
     sweep(spec, tmp_path / "out", progress=True)
     err = capsys.readouterr().err
