@@ -590,7 +590,7 @@ def _batches(groups: list[list], resolved: list[dict]
              ) -> Iterator[tuple[list[int], list[dict]]]:
     """:func:`simulate_batches`' lockstep batches of each group (``(position, plan)`` of
     its runs), each run alone where its batch cannot run in lockstep."""
-    from simwar.executors import lockstep
+    from simwar.executors import lockstep  # lazy, as simulate_batches' (start-up time)
 
     for members in groups:
         size = lockstep.batch_size(members[0][1].hi - members[0][1].lo)

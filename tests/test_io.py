@@ -91,10 +91,10 @@ def test_files_get_the_mode_a_plain_open_would_give(tmp_path, umask_022):
 def test_sweep_files_and_run_outputs_follow_the_umask(tmp_path, umask_022, capsys):
     out = tmp_path / "out"
     sweeps.sweep({"base": {"steps": 30, "warmup_steps": 5},
-                  "grid": {"policy.barrier": ["coarse", "fine"]}}, out, run_files=True)
+                  "grid": {"algorithm": ["none", "dspark"]}}, out, run_files=True)
     files = [out / "sweep.yaml", out / "results.parquet", out / "results.csv",
              *sorted((out / "runs").glob("*.json")), *sorted((out / "batches").glob("*"))]
-    assert len(files) == 7
+    assert len(files) == 7  # two runs, a batch table each
     assert {_mode(p) for p in files} == {0o644}
     assert main(["run", "--set", "steps=30", "--set", "warmup_steps=5", "--quiet",
                  "--trace", str(tmp_path / "t.json"), "--timeline",

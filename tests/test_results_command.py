@@ -62,9 +62,10 @@ def test_results_sorts_filters_chooses_columns_and_writes_csv(out, capsys):
 
 
 def test_results_of_an_interrupted_sweep_are_the_runs_that_finished(tmp_path, capsys):
-    # a lockstep batch per barrier (one iteration shape each), in run order
+    # a lockstep batch per algorithm (one iteration shape each), in run order (the barriers
+    # of one algorithm would run as one batch)
     spec = {"base": {"steps": 60, "warmup_steps": 5},
-            "grid": {"policy.barrier": ["none", "coarse", "fine", "host_sync"],
+            "grid": {"algorithm": ["none", "eagle", "dflash", "dspark"],
                      "cpu.schedule_us": [100 * i for i in range(1, 6)]}}
     done = []
 
