@@ -411,12 +411,12 @@ def test_a_united_set_larger_than_a_batch_runs_as_its_groups(monkeypatch):
         assert_same_summary(summary, simulate(run).summary)
 
 
-def test_groups_unite_only_where_their_unions_cost_less():
-    """``unite`` leaves out a group whose union with the others would hold more than
-    ``MOST_OPS`` host ops per op of a block's largest shape (eagle's host sync: a sync and
-    its record in a block of three ops), and unites the rest."""
-    from simwar.executors.fast.union import PLACED_WAITS, family_codes
-    from simwar.executors.lockstep.united import MOST_OPS, unite
+def test_groups_unite_only_where_their_unions_cost_less(monkeypatch):
+    """``unite`` unites the groups of the four barriers (eagle's coarse and fine one group
+    already) where the union's ops, an op a group lacks counted ``GUARD_COST`` times, are
+    fewer than the groups' apart over their blocks' passes; with a lacking op costed
+    higher than a group's whole block, only the groups whose union lacks none unite."""
+    from simwar.executors.lockstep import united
 
     plans = []
     for b in BARRIERS:
@@ -425,16 +425,10 @@ def test_groups_unite_only_where_their_unions_cost_less():
         plans.append(fast.plan_config(cfg, draw_sizes(cfg)))
     coarse, fine = plans[1], plans[2]
     assert lockstep.group_key(coarse) == lockstep.group_key(fine)  # eagle: one group
-    reps = [plans[0], coarse, plans[3]]
-
-    def pays(ps):
-        unions = family_codes(ps, placed=PLACED_WAITS)
-        return all(u is not None and len(u.shape.host)
-                   <= MOST_OPS * max(len(p.blocks[bi].shape.host) for p in ps)
-                   for bi, u in enumerate(unions))
-
-    assert pays(reps[:2]) and not pays(reps)
-    assert unite(reps) == [[0, 1], [2]]
+    reps = [plans[0], coarse, plans[3], fine]
+    assert united.unite(reps) == [[0, 1, 2, 3]]
+    monkeypatch.setattr(united, "GUARD_COST", 1000.0)
+    assert united.unite(reps) == [[0], [1, 3], [2]]
 
 
 def test_a_window_carried_into_a_unions_block_is_added_first_in_every_lane():

@@ -46,10 +46,9 @@ from simwar.executors.lockstep.execute import (
 )
 from simwar.executors.lockstep.family import _consts
 
-#: a union is run only where each of its blocks has at most this many host ops per host op
-#: of its largest group's block (a guarded op runs in every lane: a union of shapes that
-#: differ in more than a few ops costs more than their passes apart)
-MOST_OPS = 1.2
+#: what an op a lane may lack costs in the union's pass, in ops a lane has: it runs in every
+#: lane, and its results are kept by a ``where`` (or a masked sum) in those that have it
+GUARD_COST = 2.0
 
 
 def _frame(plan: Plan, window: int) -> tuple:
@@ -80,12 +79,23 @@ def unite(reps: list[Plan], window: int = 2) -> list[list[int]]:
 
 
 def _pays(reps: list[Plan]) -> bool:
-    """Whether the plans' blocks have unions that cost less than their passes apart."""
+    """Whether the plans' blocks have unions that cost less than their passes apart.
+
+    A lockstep pass costs about one numpy call per host op and pass (a few more for a
+    kernel or a wait, the same for every group), whatever its runs: numpy's fixed cost per
+    call is most of it up to a batch of runs (a call over 100 runs costs about what one
+    over 1 does). So the union's cost is its host ops, an op a group lacks counted
+    :data:`GUARD_COST` times, and the groups' apart the sum of theirs, each over its block's
+    passes (the generated code of the benchmark's grids: 64 to 95 numpy calls a pass for a
+    union of two to four barriers, against 112 to 343 for its groups apart)."""
     unions = family_codes(reps, placed=PLACED_WAITS)
     if unions is None or any(u is None for u in unions):
         return False
-    return all(len(u.shape.host) <= MOST_OPS * max(len(p.blocks[bi].shape.host) for p in reps)
-               for bi, u in enumerate(unions))
+    blocks = reps[0].blocks
+    united = sum(b.n * (len(u.shape.host) + (GUARD_COST - 1) * len(u.guards))
+                 for b, u in zip(blocks, unions))
+    apart = sum(b.n * len(p.blocks[bi].shape.host) for p in reps for bi, b in enumerate(blocks))
+    return united < apart
 
 
 def run_united(groups: list[list[Plan]], window: int = 2) -> list[dict]:
