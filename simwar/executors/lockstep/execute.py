@@ -258,6 +258,17 @@ class _LockstepTally:
         return [(self.races, int(o), steps) for o in self.overlaps[lanes].tolist()]
 
 
+def block_chunks(block, origin: int, chunk: int = CHUNK):
+    """The passes of ``block`` (a plan's) ``chunk`` at a time, as ``(start, stop, ks)``:
+    passes ``start..stop-1``, ``ks`` their steps as rows of the state (less ``origin``, its
+    first step)."""
+    for start in range(0, block.n, chunk):
+        stop = min(block.n, start + chunk)
+        ks = block.steps[start:stop]
+        yield start, stop, (range(ks.start - origin, ks.stop - origin)
+                            if isinstance(ks, range) else [k - origin for k in ks])
+
+
 def run_passes(fn, how: tuple, ks, consts: tuple, cols, state: State) -> None:
     """Run the passes ``ks`` of a block compiled in the array target (``fn``;
     ``compile_block(*how)``'s arguments but the feed and target), its parameter columns
@@ -301,12 +312,7 @@ def run_group(plans: list[Plan], window: int = 2, feeds: list | None = None) -> 
         fn = compile_block(*how, feed=feeds is not None, target="array")
         state.logs = races.log_arrays(bi)
         consts = _stack_consts(plans, bi)
-        for start in range(0, b.n, CHUNK):
-            stop = min(b.n, start + CHUNK)
-            ks = b.steps[start:stop]
-            lo = state.origin
-            ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
-                [k - lo for k in ks]
+        for start, stop, ks in block_chunks(b, state.origin):
             if feeds is not None:
                 cols = _fed_columns([feed(bi, p.blocks[bi], start)
                                      for feed, p in zip(feeds, plans)])

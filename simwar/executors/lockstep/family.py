@@ -46,7 +46,7 @@ from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.execute import _finish, marks_results
 from simwar.executors.fast.races import FastHazards, RacePlan
 from simwar.executors.fast.union import pick_in_order
-from simwar.executors.lockstep.execute import CHUNK, NotLockstep, State, _unfit
+from simwar.executors.lockstep.execute import NotLockstep, State, _unfit, block_chunks
 
 #: the fewest members run as lanes: a lockstep pass costs numpy's fixed cost per call, about
 #: four calls per op of the union whatever the lanes, against an op's run per member in one
@@ -123,11 +123,7 @@ def _lanes(plans: list, unions: list, races: list | None, pairs=None, window: in
             fn = compile_block(u.shape, (False,) * u.shape.nparams, fwd, False, u.log, depth,
                                target="array", union=u.guards, merged=u.merged)
             state.logs = [[] for _ in u.log]
-            for start in range(0, b.n, CHUNK):
-                ks = b.steps[start:min(b.n, start + CHUNK)]
-                lo = state.origin
-                ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
-                    [k - lo for k in ks]
+            for _, _, ks in block_chunks(b, state.origin):
                 fn(ks, consts, (), state)
             if races is not None:
                 _share_logs(u, bi, state.logs, races, n)

@@ -59,6 +59,7 @@ from simwar.executors.fast.codegen import compile_block
 from simwar.executors.fast.execute import _finish, _State
 from simwar.executors.fast.plan import Plan, Unsettled, bind, plan_program, plan_template
 from simwar.executors.fast.races import RacePlan
+from simwar.executors.lockstep.execute import block_chunks
 
 #: passes of a block run per call of its compiled function
 CHUNK = 4096
@@ -189,18 +190,13 @@ def run_plans(plans: list[Plan], window: int = 2, progress=None
     for bi, b in enumerate(plan.blocks):
         blocks = [p.blocks[bi] for p in plans]
         fn = None
-        for start in range(0, b.n, CHUNK):
-            stop = min(b.n, start + CHUNK)
+        for start, stop, ks in block_chunks(b, states[0].origin, CHUNK):
             slots, consts, cols = _parameters(blocks, start, stop)
             if fn is None:
                 fn = compile_block(b.shape, slots, fwd, False, races[0].logs_of(bi), depth,
                                    target="lanes", lanes=n)
                 for st, rp in zip(states, races):
                     st.logs = rp.log_arrays(bi)
-            ks = b.steps[start:stop]
-            lo = states[0].origin
-            ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
-                [k - lo for k in ks]
             fn(ks, consts, cols, states)
             if progress is not None:
                 progress(b.steps[stop - 1])

@@ -36,12 +36,12 @@ from simwar.executors.fast.plan import Plan
 from simwar.executors.fast.races import RacePlan
 from simwar.executors.fast.union import PLACED_WAITS, backbone_of, family_codes
 from simwar.executors.lockstep.execute import (
-    CHUNK,
     NotLockstep,
     State,
     _LockstepTally,
     _measured_range,
     _summaries,
+    block_chunks,
     group_key,
 )
 from simwar.executors.lockstep.family import _consts
@@ -137,11 +137,7 @@ def run_united(groups: list[list[Plan]], window: int = 2) -> list[dict]:
                                target="array", union=u.guards, merged=u.merged)
             consts = _consts(u, [p.blocks[bi].consts for p in plans], members)
             logs = state.logs = [[] for _ in u.log]
-            for start in range(0, b.n, CHUNK):
-                ks = b.steps[start:min(b.n, start + CHUNK)]
-                lo = state.origin
-                ks = range(ks.start - lo, ks.stop - lo) if isinstance(ks, range) else \
-                    [k - lo for k in ks]
+            for _, _, ks in block_chunks(b, state.origin):
                 fn(ks, consts, (), state)
                 for entries, r in zip(own, races):  # each plan's logs, then its counts
                     for mine, entry in zip(r.log_arrays(bi), entries):
