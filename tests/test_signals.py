@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from simwar.core.files import TMP_SUFFIX, interrupts_noted
 
@@ -35,9 +36,10 @@ def test_sigterm_is_noted_as_sigint_inside_the_block_only():
 
 def test_a_sigtermed_sweep_writes_its_tables_and_no_temporary(tmp_path):
     sweep = tmp_path / "s.yaml"
-    # a lockstep batch per barrier and placement (eight iteration shapes): it stops between
+    # a lockstep batch of 100 runs per algorithm (its two placements run as one, as its
+    # barriers would; the algorithms do not unite): it stops between
     sweep.write_text(f"base: {REPO / 'configs' / 'dspark_fine.yaml'}\n"
-                     "grid:\n  policy.barrier: [none, coarse, fine, host_sync]\n"
+                     "grid:\n  algorithm: [none, eagle, dflash, dspark]\n"
                      "  policy.placement: [after_launch, loop_top]\n"
                      "  cpu.schedule_us: [" + ", ".join(str(100 + i) for i in range(50))
                      + "]\n  steps: [2000]\n")
@@ -57,7 +59,7 @@ def test_a_sigtermed_sweep_writes_its_tables_and_no_temporary(tmp_path):
     assert "Traceback" not in err
     assert "interrupted" in err
     table = pd.read_parquet(out / "results.parquet")
-    assert 50 <= len(table) < 400 and len(table) % 50 == 0  # whole batches
+    assert 100 <= len(table) < 400 and len(table) % 100 == 0  # whole batches
     assert not [p for p in out.rglob(f"*{TMP_SUFFIX}")]
 
 
@@ -97,3 +99,36 @@ def test_a_sigtermed_trace_export_leaves_no_temporary(tmp_path):
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1] == "simwar: interrupted"
     assert os.listdir(tmp_path) == []
+
+
+def test_an_interrupt_while_the_results_tables_are_written_still_writes_them(tmp_path,
+                                                                             monkeypatch):
+    """Every run done, an interrupt arriving as the results tables are written is answered
+    as one between batches: the tables of every run are written, and the sweep says it was
+    interrupted (before, the tables' write was abandoned, the batches left to a rerun)."""
+    from simwar.study import sweeps
+
+    real = sweeps.write_tables
+    calls = []
+
+    def interrupted_once(table, out_dir):
+        calls.append(table.num_rows)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        real(table, out_dir)
+
+    monkeypatch.setattr(sweeps, "write_tables", interrupted_once)
+    spec = {"base": {"steps": 30, "warmup_steps": 5},
+            "grid": {"cpu.schedule_us": [100.0, 200.0, 300.0]}}
+    stopped = None
+    with interrupts_noted():
+        try:
+            sweeps.sweep(spec, tmp_path / "out")
+        except sweeps.SweepInterrupted as e:
+            stopped = e
+        except KeyboardInterrupt:  # (pytest would take it for its own and stop the session)
+            pytest.fail("the interrupt left the sweep unanswered")
+    assert stopped is not None, "the sweep finished as if not interrupted"
+    assert (stopped.finished, stopped.total, stopped.out_dir) == (3, 3, tmp_path / "out")
+    assert calls == [3, 3]
+    assert len(pd.read_parquet(tmp_path / "out" / "results.parquet")) == 3

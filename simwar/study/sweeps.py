@@ -642,6 +642,11 @@ def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
                         commit(rows, {run.run_key: s for run, s in zip(task, summaries)})
                         counts["simulated"] += len(rows)  # finished: in the tables from now on
                         report.done(len(rows))
+        # every run done: the results tables (an interrupt while they are written is answered
+        # below, as one between batches: they are written, and the sweep says so)
+        table = join_tables(store.tables() if store is not None else kept)
+        if store is not None:
+            write_tables(table, store.out_dir)
     except BaseException as e:
         # interrupted or failed: the tables of what finished, to read before resuming
         done = 0
@@ -663,9 +668,6 @@ def _run_sweep(plan: Sweep, store: RunStore | None, *, jobs: int, backend: str,
         if isinstance(e, KeyboardInterrupt):
             raise SweepInterrupted(done, plan.count, store.out_dir if store else None) from None
         raise
-    table = join_tables(store.tables() if store is not None else kept)
-    if store is not None:
-        write_tables(table, store.out_dir)
     frame = table.to_pandas()
     frame.attrs.update(runs_stored=counts["stored"], runs_simulated=counts["simulated"])
     return frame
