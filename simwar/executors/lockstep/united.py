@@ -6,11 +6,12 @@ wait on a published read-done event in another, the same kernels, launches and C
 around them. A lockstep pass costs numpy's fixed cost per call, per op and step, whatever
 the number of runs (about 80 calls a step for a group of 100 runs), so two such groups cost
 nearly twice what one of twice the runs costs. :func:`unite` finds the groups whose plans
-have the same frame (the same blocks over the same steps, sites, warm-up and forward
-stream; only the shapes differ) and whose blocks each have a union
+have the same frame (the same blocks over the same steps, warm-up, forward stream and
+backbone; the shapes and the sites synced at may differ) and whose blocks each have a union
 (:func:`~simwar.executors.fast.union.family_codes` with
 :data:`~simwar.executors.fast.union.PLACED_WAITS`: records, waits on events, host syncs
-*and stream waits* may differ around one backbone). :func:`run_united` runs them as lanes
+*and stream waits* may differ around one backbone) that costs less than the groups' passes
+apart (:func:`_pays`). :func:`run_united` runs them as lanes
 of one pass on the unions' code, in the code generator's array target: each guarded op's
 results kept only in the lanes of the groups that have it (its host cost 0.0 in the
 others), each lane on its own run's parameters, its records picked in its group's order;
